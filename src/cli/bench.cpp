@@ -1,0 +1,25 @@
+#include "bench/kernels_bench.h"
+#include "cli/commands.h"
+#include "core/threads.h"
+
+namespace loom::cli {
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure loom's speed");
+  bench->require_subcommand(1);
+  CLI::App* kernels = bench->add_subcommand("kernels", "GFLOP/s of matmul and tokens/s of attention on the CPU");
+  auto opts = std::make_shared<bench::KernelBenchOptions>();
+  auto threads = std::make_shared<int>(default_num_threads());
+  kernels->add_flag("--json", opts->json, "print JSON Lines, one object per measurement");
+  kernels->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
+      ->check(CLI::PositiveNumber);
+  kernels->add_option("--filter", opts->filter, "only measurements whose op contains this text");
+  kernels->add_option("--seconds", opts->min_seconds, "minimum measuring time per case")->check(CLI::PositiveNumber);
+  kernels->callback([opts, threads, &exit_code] {
+    set_num_threads(*threads);
+    opts->threads = *threads;
+    exit_code = bench::run_kernel_bench(*opts);
+  });
+}
+
+}  // namespace loom::cli

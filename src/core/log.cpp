@@ -1,0 +1,34 @@
+#include "core/log.h"
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+
+namespace loom {
+
+namespace {
+std::atomic<int> g_rank{0};
+std::atomic<int> g_world{1};
+std::atomic<LogLevel> g_level{LogLevel::info};
+std::mutex g_mutex;
+}  // namespace
+
+void set_log_rank(int rank, int world_size) {
+  g_rank = rank;
+  g_world = world_size;
+}
+void set_log_level(LogLevel level) { g_level = level; }
+int log_rank() { return g_rank; }
+
+void log_line(LogLevel level, const std::string& message) {
+  if (level < g_level.load()) return;
+  static constexpr const char* tags[] = {"debug: ", "", "warning: ", "error: "};
+  std::lock_guard lock(g_mutex);
+  // Errors and warnings go to stderr, progress to stdout; both carry the rank.
+  std::FILE* out = level >= LogLevel::warn ? stderr : stdout;
+  std::fprintf(out, "[rank %d/%d] %s%s\n", g_rank.load(), g_world.load(), tags[static_cast<int>(level)],
+               message.c_str());
+  std::fflush(out);
+}
+
+}  // namespace loom

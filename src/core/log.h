@@ -1,0 +1,30 @@
+// Logging with a rank prefix: "[rank r/N] message".
+//
+// The process's rank is its identity, not configuration: main() sets it once
+// (set_log_rank) after the communicator exists; it is the one piece of
+// process-wide state in core, kept here so every module's log lines carry it.
+#pragma once
+
+#include <string>
+
+#include "core/error.h"
+
+namespace loom {
+
+enum class LogLevel { debug, info, warn, error };
+
+void set_log_rank(int rank, int world_size);
+void set_log_level(LogLevel level);
+int log_rank();
+void log_line(LogLevel level, const std::string& message);
+
+template <typename... Args>
+void log_info(Args&&... args) { log_line(LogLevel::info, concat(std::forward<Args>(args)...)); }
+template <typename... Args>
+void log_warn(Args&&... args) { log_line(LogLevel::warn, concat(std::forward<Args>(args)...)); }
+template <typename... Args>
+void log_error(Args&&... args) { log_line(LogLevel::error, concat(std::forward<Args>(args)...)); }
+template <typename... Args>
+void log_debug(Args&&... args) { log_line(LogLevel::debug, concat(std::forward<Args>(args)...)); }
+
+}  // namespace loom

@@ -1,0 +1,146 @@
+#include "core/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <new>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace loom {
+
+std::string_view mem_tag_name(MemTag t) {
+  static constexpr std::string_view names[kNumMemTags] = {
+      "params", "grads", "master", "optimizer", "activations", "comm", "kv_cache", "workspace"};
+  return names[static_cast<int>(t)];
+}
+
+Storage& Storage::operator=(Storage&& o) noexcept {
+  if (this != &o) {
+    release();
+    pool_ = o.pool_;
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.pool_ = nullptr;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Storage::release() {
+  if (pool_) pool_->free(data_, bytes_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+namespace {
+void update_peak(std::atomic<size_t>& peak, size_t value) {
+  size_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void MemoryTracker::add(MemTag tag, size_t bytes) {
+  const int i = static_cast<int>(tag);
+  update_peak(peak_[i], current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  update_peak(peak_total_, current_total_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void MemoryTracker::sub(MemTag tag, size_t bytes) {
+  current_[static_cast<int>(tag)].fetch_sub(bytes, std::memory_order_relaxed);
+  current_total_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+MemoryReport MemoryTracker::report() const {
+  MemoryReport r;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    r.tags[i].current = current_[i].load(std::memory_order_relaxed);
+    r.tags[i].peak = peak_[i].load(std::memory_order_relaxed);
+  }
+  r.current_total = current_total_.load(std::memory_order_relaxed);
+  r.peak_total = peak_total_.load(std::memory_order_relaxed);
+  return r;
+}
+
+void MemoryTracker::reset_peaks() {
+  for (int i = 0; i < kNumMemTags; ++i) peak_[i].store(current_[i].load());
+  peak_total_.store(current_total_.load());
+}
+
+namespace {
+std::string mib(size_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1024.0 * 1024.0);
+  return os.str();
+}
+}  // namespace
+
+std::string MemoryReport::table() const {
+  std::ostringstream os;
+  os << std::left << std::setw(12) << "tag" << std::right << std::setw(14) << "current MiB" << std::setw(14)
+     << "peak MiB" << "\n";
+  for (int i = 0; i < kNumMemTags; ++i)
+    os << std::left << std::setw(12) << mem_tag_name(static_cast<MemTag>(i)) << std::right << std::setw(14)
+       << mib(tags[i].current) << std::setw(14) << mib(tags[i].peak) << "\n";
+  os << std::left << std::setw(12) << "total" << std::right << std::setw(14) << mib(current_total) << std::setw(14)
+     << mib(peak_total) << "\n";
+  return os.str();
+}
+
+std::string MemoryReport::json() const {
+  std::ostringstream os;
+  os << "{";
+  auto entry = [&os](std::string_view name, size_t current, size_t peak) {
+    os << "\"" << name << "\":{\"current_bytes\":" << current << ",\"peak_bytes\":" << peak << "}";
+  };
+  for (int i = 0; i < kNumMemTags; ++i) {
+    entry(mem_tag_name(static_cast<MemTag>(i)), tags[i].current, tags[i].peak);
+    os << ",";
+  }
+  entry("total", current_total, peak_total);
+  os << "}";
+  return os.str();
+}
+
+Storage Pool::allocate(size_t bytes) {
+  LOOM_REQUIRE(device_.is_cpu(), "pool ", mem_tag_name(tag_), ": no allocator for device ", device_name(device_));
+  Storage s;
+  if (bytes > 0) {
+    // aligned_alloc needs a size that is a multiple of the alignment.
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    s.data_ = std::aligned_alloc(kAlignment, rounded);
+    if (!s.data_)
+      fail("out of memory: pool ", mem_tag_name(tag_), " could not allocate ", bytes, " bytes (",
+           mib(bytes), " MiB)");
+  }
+  s.pool_ = this;
+  s.bytes_ = bytes;
+  tracker_->add(tag_, bytes);
+  return s;
+}
+
+void Pool::free(void* data, size_t bytes) {
+  std::free(data);
+  tracker_->sub(tag_, bytes);
+}
+
+OwnedTensor Pool::empty(DType dtype, Shape shape) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  return OwnedTensor(allocate(bytes), dtype, shape, device_);
+}
+
+OwnedTensor Pool::zeros(DType dtype, Shape shape) {
+  OwnedTensor t = empty(dtype, shape);
+  if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+Pools::Pools(Device device) {
+  for (int i = 0; i < kNumMemTags; ++i) pools_[i] = std::make_unique<Pool>(static_cast<MemTag>(i), device, tracker_);
+}
+
+}  // namespace loom

@@ -1,0 +1,129 @@
+// Tagged memory pools with current and peak bytes per tag (DESIGN.md §3).
+//
+// Every byte loom allocates for tensors comes from a Pool named by what it
+// holds, so a run can say where its memory went (`--memory-report`) and the
+// memory model in plan/ can be held to measured numbers.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <memory>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+enum class MemTag : uint8_t { params, grads, master, optimizer, activations, comm, kv_cache, workspace };
+inline constexpr int kNumMemTags = 8;
+std::string_view mem_tag_name(MemTag t);
+
+inline constexpr size_t kAlignment = 64;  // bytes: a cache line, and an AVX-512 vector
+
+class Pool;
+
+// Bytes owned by a pool; returned to it on destruction. Move-only.
+class Storage {
+ public:
+  Storage() = default;
+  Storage(Storage&& o) noexcept { *this = std::move(o); }
+  Storage& operator=(Storage&& o) noexcept;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() { release(); }
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  void release();
+
+ private:
+  friend class Pool;
+  Pool* pool_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A tensor that owns its storage: usable wherever a Tensor view is expected.
+class OwnedTensor : public Tensor {
+ public:
+  OwnedTensor() = default;
+  OwnedTensor(Storage storage, DType dtype, Shape shape, Device device)
+      : Tensor(storage.data(), dtype, shape, device), storage_(std::move(storage)) {}
+  OwnedTensor(OwnedTensor&&) noexcept = default;
+  OwnedTensor& operator=(OwnedTensor&&) noexcept = default;
+
+ private:
+  Storage storage_;
+};
+
+struct TagUsage {
+  size_t current = 0;
+  size_t peak = 0;
+};
+
+// A snapshot of bytes per tag: printable as a table and as JSON.
+struct MemoryReport {
+  std::array<TagUsage, kNumMemTags> tags{};
+  size_t current_total = 0;
+  size_t peak_total = 0;  // peak of the sum, not the sum of peaks
+
+  const TagUsage& operator[](MemTag t) const { return tags[static_cast<int>(t)]; }
+  std::string table() const;
+  std::string json() const;  // {"params":{"current_bytes":..,"peak_bytes":..},...,"total":{...}}
+};
+
+// Counts current and peak bytes per tag for one device. Thread-safe.
+class MemoryTracker {
+ public:
+  void add(MemTag tag, size_t bytes);
+  void sub(MemTag tag, size_t bytes);
+  MemoryReport report() const;
+  void reset_peaks();
+
+ private:
+  std::array<std::atomic<size_t>, kNumMemTags> current_{};
+  std::array<std::atomic<size_t>, kNumMemTags> peak_{};
+  std::atomic<size_t> current_total_{0};
+  std::atomic<size_t> peak_total_{0};
+};
+
+// Allocates 64-byte-aligned host memory for one tag and counts it.
+class Pool {
+ public:
+  Pool(MemTag tag, Device device, MemoryTracker& tracker) : tag_(tag), device_(device), tracker_(&tracker) {}
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  MemTag tag() const { return tag_; }
+  Device device() const { return device_; }
+  Storage allocate(size_t bytes);
+  // A contiguous tensor with uninitialised (allocate) or zeroed (zeros) data.
+  OwnedTensor empty(DType dtype, Shape shape);
+  OwnedTensor zeros(DType dtype, Shape shape);
+
+ private:
+  friend class Storage;
+  void free(void* data, size_t bytes);
+
+  MemTag tag_;
+  Device device_;
+  MemoryTracker* tracker_;
+};
+
+// One pool per tag on a device, sharing a tracker.
+class Pools {
+ public:
+  explicit Pools(Device device = Device::cpu());
+  Pool& operator[](MemTag tag) { return *pools_[static_cast<int>(tag)]; }
+  MemoryReport report() const { return tracker_.report(); }
+  void reset_peaks() { tracker_.reset_peaks(); }
+
+ private:
+  MemoryTracker tracker_;
+  std::array<std::unique_ptr<Pool>, kNumMemTags> pools_;
+};
+
+}  // namespace loom

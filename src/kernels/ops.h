@@ -1,0 +1,168 @@
+// The kernel interface: every op the model and the optimizer use.
+//
+// Conventions (all ops):
+// - Shapes in comments use llm.c letters: B batch, T sequence, C model dim,
+//   NH heads, NKV key/value heads, HS head size, V vocab, N rows (leading dims
+//   flattened), F feed-forward width.
+// - Outputs come first, then inputs. The caller allocates every output
+//   (memory is planned by the caller, kernels never allocate tensors).
+// - Floating operands are f32 or bf16 (bf16 is storage only: arithmetic is
+//   f32, accumulation is f32). Statistics saved for backward (mean, rstd,
+//   lse) are always f32. Gradients of bf16 operands may be f32 or bf16.
+// - Forward ops write (=) their outputs; an elementwise forward may run in
+//   place (y is x). Backward ops ACCUMULATE (+=) into every gradient they are
+//   given, so gradient accumulation and residual branches need no extra adds
+//   (llm.c); the caller zeroes gradients. An undefined Tensor() gradient is
+//   skipped. Gradients never alias inputs.
+// - Operands must be on the CPU and contiguous unless an op says otherwise.
+//   Misuse (shape, dtype, device, layout) throws loom::Error naming the op
+//   and the operands, e.g. "linear_forward: x has 100 features but w expects
+//   96 (x=f32(4, 100), w=f32(32, 96))".
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/tensor.h"
+
+namespace loom::kernels {
+
+// ---- matmul / linear ------------------------------------------------------
+
+struct MatmulOpts {
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.f;
+  float beta = 0.f;  // 1 accumulates into c
+};
+
+// c = alpha * op(a) @ op(b) + beta * c
+// a: (M, K), or (K, M) with trans_a; b: (K, N), or (N, K) with trans_b; c: (M, N).
+// Batched: a leading dim Bt on c and on a and/or b (a 2-D operand is shared
+// by every batch). a and b share a dtype; c has it too or is f32.
+void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts = {});
+// Gradients of c = op(a) @ op(b) (alpha = 1): da += dc-derived, db += ...
+void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b,
+                     const MatmulOpts& opts = {});
+
+// y = x @ w^T + bias      x: (N, IC) (leading dims flattened)  w: (OC, IC)
+// bias: (OC) or undefined  y: (N, OC). PyTorch / Hugging Face weight layout.
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+// dx += dy @ w   dw += dy^T @ x   dbias += sum over rows of dy
+void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w);
+
+// ---- normalisation ---------------------------------------------------------
+
+// y = (x - mean) * rstd * w + b over the last dim.
+// x, y: (N, C)  w, b: (C)  mean, rstd: (N) f32 (may be undefined in inference)
+void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                       float eps);
+void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd);
+
+// y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) (Llama).  rstd: (N) f32
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
+
+// ---- activations (elementwise, any shape) ---------------------------------
+
+// GELU, tanh approximation (GPT-2; PyTorch approximate="tanh").
+void gelu_forward(Tensor y, const Tensor& x);
+void gelu_backward(Tensor dx, const Tensor& dy, const Tensor& x);
+// SiLU: x * sigmoid(x).
+void silu_forward(Tensor y, const Tensor& x);
+void silu_backward(Tensor dx, const Tensor& dy, const Tensor& x);
+// SwiGLU: y = silu(gate) * up     gate, up, y: (N, F)
+void swiglu_forward(Tensor y, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dy, const Tensor& gate, const Tensor& up);
+
+// ---- rotary position embedding --------------------------------------------
+
+// Hugging Face Llama convention (rotate_half): element i < HS/2 pairs with
+// i + HS/2 and turns by angle pos * theta^(-2i/HS).
+// x, y: (B, T, NH, HS), HS even   pos: (T) or (B, T) i32. y may be x.
+void rope_forward(Tensor y, const Tensor& x, const Tensor& pos, float theta);
+// dx += R(pos)^T dy
+void rope_backward(Tensor dx, const Tensor& dy, const Tensor& pos, float theta);
+
+// ---- softmax ---------------------------------------------------------------
+
+// Over the last dim.  x, y: (N, D)
+void softmax_forward(Tensor y, const Tensor& x);
+// dx += y * (dy - sum(dy * y))
+void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y);
+
+// ---- embedding -------------------------------------------------------------
+
+// y[b, t] = wte[tokens[b, t]] + wpe[pos_offset + t]
+// tokens: (B, T) i32  wte: (V, C)  wpe: (maxT, C) or undefined (no learned positions)  y: (B, T, C)
+// A token outside [0, V) or a position past maxT is a loom::Error.
+void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset = 0);
+void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset = 0);
+
+// ---- attention ---------------------------------------------------------------
+
+// Causal scaled-dot-product attention, flash-style: tiled with an online
+// softmax, so no (T, T) matrix is ever materialised; scale = 1 / sqrt(HS).
+// q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS), Tk >= Tq, NH % NKV == 0 (GQA:
+// head h reads kv head h / (NH / NKV)). Query t sits at position Tk - Tq + t
+// and sees keys 0 ..= that position (Tq == Tk in training; Tq < Tk when
+// decoding against a cache). q, k, v may be strided along B and T (a view
+// into a cache); each (b, t) row of heads is contiguous.
+// out: (B, Tq, NH, HS)  lse: (B, NH, Tq) f32 log-sum-exp of the scaled
+// scores, saved for backward (may be undefined in inference).
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v);
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse);
+
+// ---- loss ------------------------------------------------------------------
+
+// Mean cross-entropy of logits against targets, fused with its gradient and
+// computed over chunks of the vocabulary (an online log-sum-exp), so no second
+// full-size copy of the logits ever exists.
+// logits: (N, V) (leading dims flattened)  targets: (N) i32, rows equal to
+// ignore_index are skipped  losses: (N) f32 per-row loss (0 where ignored) or undefined.
+// dlogits: like logits, or undefined (loss only). It is WRITTEN, not
+// accumulated, and may be logits itself (in place):
+//   dlogits = dloss * (softmax(logits) - onehot(target)) / n_valid, 0 on ignored rows.
+// Returns the mean loss over non-ignored rows (0 if there are none).
+// A target outside [0, V) that is not ignore_index is a loom::Error.
+float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor& logits, const Tensor& targets,
+                                     int32_t ignore_index = -100, float dloss = 1.f);
+
+// ---- optimizer and reductions ---------------------------------------------
+
+// AdamW as in PyTorch (decoupled weight decay, bias correction):
+//   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// with g = grad * grad_scale (unscaling and clipping folded in).
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.f;
+  int64_t step = 1;  // 1-based, after incrementing
+  float grad_scale = 1.f;
+};
+// param, m, v: (N) f32 master state  grad: (N) f32 or bf16
+// param_copy: (N) bf16 or f32 copy of the updated param (the compute weights
+// under mixed precision), or undefined.
+void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor param_copy, const AdamWConfig& cfg);
+
+// Sum of squares of all elements (f32 or bf16), accumulated in double.
+double sum_squares(const Tensor& t);
+// sqrt of the sum of squares over all the tensors.
+double global_norm(std::span<const Tensor> tensors);
+// False if any element is NaN or Inf (fp16 loss-scaling overflow check).
+bool all_finite(const Tensor& t);
+// t *= s in place.
+void scale(Tensor t, float s);
+// y = a + b (y may be a or b): residual adds.   Same shape, any float dtypes.
+void add(Tensor y, const Tensor& a, const Tensor& b);
+// dst = src converted (f32, bf16, f16 in any direction; RNE), same shape.
+void cast(Tensor dst, const Tensor& src);
+// Every element = value.
+void fill(Tensor t, float value);
+
+}  // namespace loom::kernels

@@ -1,0 +1,52 @@
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+
+std::string describe(std::initializer_list<Operand> operands) {
+  std::string s;
+  for (const Operand& o : operands) {
+    if (!s.empty()) s += ", ";
+    s += o.name;
+    s += "=";
+    s += o.t.defined() ? o.t.str() : std::string("undefined");
+  }
+  return s;
+}
+
+void require_cpu_contiguous(const char* op, std::initializer_list<Operand> operands) {
+  for (const Operand& o : operands) {
+    if (!o.t.defined()) op_fail(op, {o}, o.name, " is required");
+    if (!o.t.device().is_cpu()) op_fail(op, {o}, o.name, " is on ", device_name(o.t.device()), ", expected cpu");
+    if (!o.t.is_contiguous()) op_fail(op, {o}, o.name, " must be contiguous");
+  }
+}
+
+void require_float(const char* op, Operand x) {
+  if (x.t.dtype() != DType::f32 && x.t.dtype() != DType::bf16)
+    op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32 or bf16");
+}
+
+void require_dtype(const char* op, Operand x, DType dtype) {
+  if (x.t.dtype() != dtype)
+    op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected ", dtype_name(dtype));
+}
+
+void require_shape(const char* op, Operand x, const Shape& shape) {
+  if (!(x.t.shape() == shape)) op_fail(op, {x}, x.name, " must have shape ", shape.str());
+}
+
+void require_same_shape(const char* op, Operand a, Operand b) {
+  if (!(a.t.shape() == b.t.shape())) op_fail(op, {a, b}, a.name, " and ", b.name, " must have the same shape");
+}
+
+void require_ndim(const char* op, Operand x, int ndim) {
+  if (x.t.ndim() != ndim) op_fail(op, {x}, x.name, " must have ", ndim, " dims");
+}
+
+void require_grad_dtype(const char* op, Operand grad, DType of) {
+  if (grad.t.dtype() != DType::f32 && grad.t.dtype() != of)
+    op_fail(op, {grad}, grad.name, " has dtype ", dtype_name(grad.t.dtype()), ", expected f32 or ",
+            dtype_name(of));
+}
+
+}  // namespace loom::kernels

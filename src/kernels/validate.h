@@ -1,0 +1,52 @@
+// Argument checks shared by the kernels: each failure is a loom::Error that
+// names the op and the operands involved (ops.h conventions).
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace loom::kernels {
+
+// A named operand, for messages: {"x", x}.
+struct Operand {
+  const char* name;
+  const Tensor& t;
+};
+
+// "x=f32(4, 100), w=f32(32, 96)"
+std::string describe(std::initializer_list<Operand> operands);
+
+template <typename... Args>
+[[noreturn]] void op_fail(const char* op, std::initializer_list<Operand> operands, Args&&... what) {
+  throw Error(concat(op, ": ", std::forward<Args>(what)..., " (", describe(operands), ")"));
+}
+
+// Each operand is defined, on the CPU and contiguous.
+void require_cpu_contiguous(const char* op, std::initializer_list<Operand> operands);
+// dtype is f32 or bf16.
+void require_float(const char* op, Operand x);
+void require_dtype(const char* op, Operand x, DType dtype);
+void require_shape(const char* op, Operand x, const Shape& shape);
+void require_same_shape(const char* op, Operand a, Operand b);
+void require_ndim(const char* op, Operand x, int ndim);
+// A gradient of an operand of dtype `of`: f32, or the same dtype as `of`.
+void require_grad_dtype(const char* op, Operand grad, DType of);
+
+// Leading dims flattened: numel / size(-1).
+inline int64_t rows(const Tensor& t) { return t.ndim() == 0 ? 1 : (t.size(-1) ? t.numel() / t.size(-1) : 0); }
+
+// Calls f.template operator()<T>() with T = float or bf16 for a float dtype.
+template <typename F>
+decltype(auto) dispatch_float(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::bf16: return f.template operator()<bf16>();
+    default: LOOM_CHECK(false, "dispatch_float: dtype ", dtype_name(dtype), " reached a float kernel");
+  }
+}
+
+}  // namespace loom::kernels
