@@ -1,23 +1,207 @@
+// `loom bench kernels`: matmul GFLOP/s at square shapes and at every GEMM of a
+// GPT-2 124M training step, and attention forward+backward tokens/s.
+//
+// Each case runs once to warm up (creating the oneDNN primitive, touching
+// the pages), then repeats until --seconds have elapsed (at least 3 times).
+// The reported time is the BEST repetition (the machine is shared: the
+// minimum is the most reproducible statistic); the median is printed too.
+// tests/ref/bench_torch_kernels.py measures the same cases in PyTorch.
 #include "bench/kernels_bench.h"
 
+#include <cblas.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "core/memory.h"
 #include "kernels/ops.h"
 
 namespace loom::bench {
+namespace {
+
+// GPT-2 124M, one training step of B*T = 512 rows (also in bench_torch_kernels.py).
+constexpr int64_t kRows = 512, kC = 768, kV = 50257;
+
+// c (M, N) = op(a) @ op(b) (+= with beta = 1, the backward convention).
+struct MatmulCase {
+  std::string name;
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+  float beta;
+};
+
+std::vector<MatmulCase> matmul_cases() {
+  std::vector<MatmulCase> cases;
+  for (int64_t s : {1024, 2048, 4096}) cases.push_back({"square_" + std::to_string(s), s, s, s, false, false, 0.f});
+  struct Linear {
+    const char* name;
+    int64_t in, out;
+  };
+  const Linear linears[] = {{"qkv", kC, 3 * kC}, {"attn_proj", kC, kC}, {"fc", kC, 4 * kC},
+                            {"mlp_proj", 4 * kC, kC}, {"lm_head", kC, kV}};
+  // linear: y = x @ w^T, dx += dy @ w, dw += dy^T @ x   (x: (rows, in), w: (out, in))
+  for (const Linear& l : linears) {
+    const std::string name = std::string("gpt2_") + l.name;
+    cases.push_back({name + "_fwd", kRows, l.out, l.in, false, true, 0.f});
+    cases.push_back({name + "_dx", kRows, l.in, l.out, false, false, 1.f});
+    cases.push_back({name + "_dw", l.out, l.in, kRows, true, false, 1.f});
+  }
+  return cases;
+}
+
+struct AttentionCase {
+  int64_t b, t, nh, hs;
+};
+const AttentionCase kAttentionCases[] = {{1, 512, 12, 64}, {1, 1024, 12, 64}};
+
+struct Timing {
+  double best = 0, median = 0;
+  int reps = 0;
+};
+
+Timing measure(const std::function<void()>& run, double min_seconds) {
+  using clock = std::chrono::steady_clock;
+  run();  // warm-up
+  std::vector<double> times;
+  const auto start = clock::now();
+  while (times.size() < 3 || std::chrono::duration<double>(clock::now() - start).count() < min_seconds) {
+    const auto t0 = clock::now();
+    run();
+    times.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return {times.front(), times[times.size() / 2], static_cast<int>(times.size())};
+}
+
+// Uniform values in [-1, 1) from a fixed xorshift stream (fast for 40M elements).
+void fill_random(Tensor t, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    const float v = static_cast<float>(s >> 40) / static_cast<float>(1 << 23) - 1.f;
+    if (t.dtype() == DType::f32) t.data_as<float>()[i] = v;
+    else t.data_as<bf16>()[i] = to_bf16(v);
+  }
+}
+
+bool selected(const KernelBenchOptions& opts, const std::string& op, DType dtype, const std::string& name) {
+  if (opts.filter.empty()) return true;
+  for (const std::string& s : {op, std::string(dtype_name(dtype)), name})
+    if (s.find(opts.filter) != std::string::npos) return true;
+  return false;
+}
+
+void print_matmul(const KernelBenchOptions& opts, const char* op, DType dtype, const MatmulCase& c, Timing t) {
+  const double gflops = 2.0 * c.m * c.n * c.k / t.best / 1e9;
+  if (opts.json) {
+    std::printf(
+        "{\"op\":\"%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"trans_a\":%s,"
+        "\"trans_b\":%s,\"beta\":%g,\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"gflops\":%.2f,"
+        "\"threads\":%d}\n",
+        op, dtype_name(dtype).data(), c.name.c_str(), static_cast<long long>(c.m), static_cast<long long>(c.n),
+        static_cast<long long>(c.k), c.trans_a ? "true" : "false", c.trans_b ? "true" : "false", c.beta, t.best,
+        t.median, t.reps, gflops, opts.threads);
+  } else {
+    std::printf("%-16s %-5s %-20s %6lld %6lld %6lld %3s %3s %4g %10.3f %10.3f %9.1f\n", op, dtype_name(dtype).data(),
+                c.name.c_str(), static_cast<long long>(c.m), static_cast<long long>(c.n),
+                static_cast<long long>(c.k), c.trans_a ? "T" : "N", c.trans_b ? "T" : "N", c.beta, t.best * 1e3,
+                t.median * 1e3, gflops);
+  }
+  std::fflush(stdout);
+}
+
+// Operands stored as the case reads them: a is (K, M) when trans_a, b is (N, K) when trans_b.
+Timing time_matmul(Pools& pools, DType dtype, const MatmulCase& c, double min_seconds, bool openblas) {
+  Pool& pool = pools[MemTag::workspace];
+  OwnedTensor a = pool.empty(dtype, c.trans_a ? Shape{c.k, c.m} : Shape{c.m, c.k});
+  OwnedTensor b = pool.empty(dtype, c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n});
+  OwnedTensor out = pool.zeros(dtype, {c.m, c.n});
+  fill_random(a, 1);
+  fill_random(b, 2);
+  if (!openblas) {
+    const kernels::MatmulOpts o{c.trans_a, c.trans_b, 1.f, c.beta};
+    return measure([&] { kernels::matmul(out, a, b, o); }, min_seconds);
+  }
+  // The backend comparison behind src/kernels/cpu/matmul.cpp's choice (f32 only:
+  // Debian's OpenBLAS exports no bf16 GEMM).
+  return measure(
+      [&] {
+        cblas_sgemm(CblasRowMajor, c.trans_a ? CblasTrans : CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans,
+                    c.m, c.n, c.k, 1.f, a.data_as<float>(), c.trans_a ? c.m : c.k, b.data_as<float>(),
+                    c.trans_b ? c.k : c.n, c.beta, out.data_as<float>(), c.n);
+      },
+      min_seconds);
+}
+
+void bench_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, const AttentionCase& c) {
+  Pool& pool = pools[MemTag::workspace];
+  const Shape shape{c.b, c.t, c.nh, c.hs};
+  OwnedTensor q = pool.empty(dtype, shape), k = pool.empty(dtype, shape), v = pool.empty(dtype, shape);
+  OwnedTensor out = pool.empty(dtype, shape), dout = pool.empty(dtype, shape);
+  OwnedTensor dq = pool.zeros(dtype, shape), dk = pool.zeros(dtype, shape), dv = pool.zeros(dtype, shape);
+  OwnedTensor lse = pool.empty(DType::f32, {c.b, c.nh, c.t});
+  fill_random(q, 3);
+  fill_random(k, 4);
+  fill_random(v, 5);
+  fill_random(dout, 6);
+  const Timing t = measure(
+      [&] {
+        kernels::attention_forward(out, lse, q, k, v);
+        kernels::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+      },
+      opts.min_seconds);
+  const double tokens_per_s = static_cast<double>(c.b * c.t) / t.best;
+  if (opts.json) {
+    std::printf(
+        "{\"op\":\"attention_fwd_bwd\",\"dtype\":\"%s\",\"b\":%lld,\"t\":%lld,\"nh\":%lld,\"hs\":%lld,"
+        "\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"tokens_per_s\":%.1f,\"threads\":%d}\n",
+        dtype_name(dtype).data(), static_cast<long long>(c.b), static_cast<long long>(c.t),
+        static_cast<long long>(c.nh), static_cast<long long>(c.hs), t.best, t.median, t.reps, tokens_per_s,
+        opts.threads);
+  } else {
+    std::printf("%-18s %-5s b=%lld t=%-5lld nh=%-3lld hs=%-3lld %10.3f %10.3f %12.0f\n", "attention_fwd_bwd",
+                dtype_name(dtype).data(), static_cast<long long>(c.b), static_cast<long long>(c.t),
+                static_cast<long long>(c.nh), static_cast<long long>(c.hs), t.best * 1e3, t.median * 1e3,
+                tokens_per_s);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
 
 int run_kernel_bench(const KernelBenchOptions& opts) {
   Pools pools;
-  const int64_t n = 1024;
-  OwnedTensor a = pools[MemTag::workspace].zeros(DType::f32, {n, n});
-  OwnedTensor b = pools[MemTag::workspace].zeros(DType::f32, {n, n});
-  OwnedTensor c = pools[MemTag::workspace].zeros(DType::f32, {n, n});
-  const auto t0 = std::chrono::steady_clock::now();
-  kernels::matmul(c, a, b);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("matmul f32 %lld^3: %.1f GFLOP/s\n", static_cast<long long>(n), 2.0 * n * n * n / s / 1e9);
+  if (!opts.json)
+    std::printf("loom bench kernels: %d threads, best and median of repeats over >= %g s per case\n\n%-16s %-5s "
+                "%-20s %6s %6s %6s %3s %3s %4s %10s %10s %9s\n",
+                opts.threads, opts.min_seconds, "op", "dtype", "case", "m", "n", "k", "ta", "tb", "beta", "best_ms",
+                "median_ms", "GFLOP/s");
+  std::vector<std::pair<const char*, DType>> variants = {{"matmul", DType::f32}, {"matmul", DType::bf16}};
+  if (opts.openblas) variants.push_back({"matmul_openblas", DType::f32});
+  for (const auto& [op, dtype] : variants) {
+    for (const MatmulCase& c : matmul_cases()) {
+      if (!selected(opts, op, dtype, c.name)) continue;
+      const bool blas = std::string(op) == "matmul_openblas";
+      print_matmul(opts, op, dtype, c, time_matmul(pools, dtype, c, opts.min_seconds, blas));
+    }
+  }
+  bool header = false;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const AttentionCase& c : kAttentionCases) {
+      if (!selected(opts, "attention_fwd_bwd", dtype, "")) continue;
+      if (!opts.json && !header) {
+        std::printf("\n%-18s %-5s %-26s %10s %10s %12s\n", "op", "dtype", "shape", "best_ms", "median_ms",
+                    "tokens/s");
+        header = true;
+      }
+      bench_attention(pools, opts, dtype, c);
+    }
+  }
   return 0;
 }
 

@@ -8,9 +8,10 @@ namespace loom::bench {
 
 struct KernelBenchOptions {
   bool json = false;        // JSON Lines instead of a table
-  std::string filter;       // only ops containing this text
+  std::string filter;       // only cases whose op, dtype or case name contains this text
   double min_seconds = 0.5; // measure each case at least this long
   int threads = 1;          // recorded in the output
+  bool openblas = false;    // also time OpenBLAS sgemm at the f32 matmul cases (the backend comparison)
 };
 
 // Runs the benchmark, prints results to stdout; returns the exit code.

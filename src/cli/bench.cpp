@@ -13,7 +13,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   kernels->add_flag("--json", opts->json, "print JSON Lines, one object per measurement");
   kernels->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::PositiveNumber);
-  kernels->add_option("--filter", opts->filter, "only measurements whose op contains this text");
+  kernels->add_option("--filter", opts->filter,
+                      "only measurements whose op, dtype or case name contains this text (e.g. bf16, lm_head)");
+  kernels->add_flag("--openblas", opts->openblas, "also time OpenBLAS sgemm at the f32 matmul cases");
   kernels->add_option("--seconds", opts->min_seconds, "minimum measuring time per case")->check(CLI::PositiveNumber);
   kernels->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);

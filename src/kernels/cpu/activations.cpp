@@ -1,0 +1,234 @@
+// Elementwise activations: GELU (tanh approximation), SiLU, SwiGLU.
+//
+// Every op walks the flat element range in chunks of kChunk: each operand is
+// loaded into an f32 buffer, the math runs on contiguous floats (vectorised,
+// with a polynomial exp), and the result is stored (=) or accumulated (+=).
+// A chunk is fully loaded before anything is stored, so any forward may run
+// in place whatever output aliases whatever input (y is x, gate or up), and a
+// gradient may be f32 or the operand's dtype with no template per combination.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+constexpr int64_t kChunk = 1024;       // floats per buffer: 4 KiB, stays in L1
+constexpr int64_t kParallelMin = 16;   // chunks below which threads cost more than they save
+
+// ---- f32 buffers <-> storage ------------------------------------------------
+
+void load_chunk(float* dst, const Tensor& t, int64_t off, int64_t n) {
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    const T* src = t.data_as<T>() + off;
+    for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src[i]);
+  });
+}
+
+void store_chunk(const Tensor& t, int64_t off, int64_t n, const float* src) {
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    T* dst = t.data_as<T>() + off;
+    for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(src[i]);
+  });
+}
+
+void accumulate_chunk(const Tensor& t, int64_t off, int64_t n, const float* src) {
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    T* dst = t.data_as<T>() + off;
+    for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + src[i]);
+  });
+}
+
+// Calls body(off, n) for every chunk of [0, numel), in parallel when large.
+template <typename Body>
+void for_chunks(int64_t numel, const Body& body) {
+  const int64_t nchunks = (numel + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (nchunks >= kParallelMin)
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t off = c * kChunk;
+    body(off, std::min(kChunk, numel - off));
+  }
+}
+
+// ---- math ---------------------------------------------------------------------
+
+// exp(x) within ~2 ulp (Cephes expf): x = n ln2 + r, |r| <= ln2/2, exp(r) by a
+// degree-6 polynomial, 2^n put into the exponent bits. Branch-free, so the
+// loops that call it vectorise (glibc's expf does not without -ffast-math).
+// exp(x) = +inf above 88.72; arguments below -87 give ~1e-38 instead of a
+// smaller number, which every caller here (1 / (1 + exp)) absorbs.
+inline float exp_f32(float x) {
+  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  const float rounder = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (xc * 1.44269504088896341f + rounder) - rounder;
+  float r = std::fma(n, -0.693359375f, xc);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float e = std::fma(p, r * r, r) + 1.0f;
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x > 88.72f ? std::numeric_limits<float>::infinity() : e * scale;
+}
+
+inline float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
+
+// GELU tanh form 0.5 x (1 + tanh(u)), u = k (x + c x^3), written as
+// x * sigmoid(2u) (1 + tanh(u) = 2 sigmoid(2u)): no cancellation for x << 0.
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+
+void gelu_chunk(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = kGeluK * (x[i] + kGeluC * x[i] * x[i] * x[i]);
+    y[i] = x[i] * sigmoid(2.0f * u);
+  }
+}
+
+// d/dx [x s(2u)] = s + x s (1 - s) 2 u',  u' = k (1 + 3 c x^2).   g = dy * that.
+// x is clamped to +-20 first: beyond |x| ~ 10 the f32 derivative is exactly 1
+// or 0 already, and the clamp keeps s (1 - s) = 0 from meeting u' = inf (NaN).
+void gelu_grad_chunk(float* g, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xc = std::min(std::max(x[i], -20.0f), 20.0f);
+    const float x2 = xc * xc;
+    const float u = kGeluK * (xc + kGeluC * x2 * xc);
+    const float s = sigmoid(2.0f * u);
+    const float du = kGeluK * (1.0f + 3.0f * kGeluC * x2);
+    g[i] = dy[i] * (s + xc * s * (1.0f - s) * 2.0f * du);
+  }
+}
+
+void silu_chunk(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
+}
+
+// d/dx [x s(x)] = s (1 + x (1 - s)).
+inline float silu_grad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+void silu_grad_chunk(float* g, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = dy[i] * silu_grad(x[i]);
+}
+
+// y = silu(gate) * up
+void swiglu_chunk(float* y, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+}
+
+// dgate = dy * up * silu'(gate)   dup = dy * silu(gate)
+void swiglu_grad_chunk(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    dgate[i] = dy[i] * up[i] * silu_grad(gate[i]);
+    dup[i] = dy[i] * gate[i] * sigmoid(gate[i]);
+  }
+}
+
+// ---- shared drivers -------------------------------------------------------------
+
+// y = f(x) for a unary op; validates y and x.
+template <typename ChunkFn>
+void unary_forward(const char* op, Tensor y, const Tensor& x, ChunkFn fn) {
+  require_cpu_contiguous(op, {{"y", y}, {"x", x}});
+  require_float(op, {"x", x});
+  require_dtype(op, {"y", y}, x.dtype());
+  require_same_shape(op, {"y", y}, {"x", x});
+  for_chunks(x.numel(), [&](int64_t off, int64_t n) {
+    float xb[kChunk], yb[kChunk];
+    load_chunk(xb, x, off, n);
+    fn(yb, xb, n);
+    store_chunk(y, off, n, yb);
+  });
+}
+
+// dx += dy * f'(x) for a unary op; validates every operand, skips an undefined dx.
+template <typename ChunkFn>
+void unary_backward(const char* op, Tensor dx, const Tensor& dy, const Tensor& x, ChunkFn fn) {
+  require_cpu_contiguous(op, {{"dy", dy}, {"x", x}});
+  require_float(op, {"x", x});
+  require_grad_dtype(op, {"dy", dy}, x.dtype());
+  require_same_shape(op, {"dy", dy}, {"x", x});
+  if (!dx.defined()) return;
+  require_cpu_contiguous(op, {{"dx", dx}});
+  require_grad_dtype(op, {"dx", dx}, x.dtype());
+  require_same_shape(op, {"dx", dx}, {"x", x});
+  for_chunks(x.numel(), [&](int64_t off, int64_t n) {
+    float xb[kChunk], dyb[kChunk], gb[kChunk];
+    load_chunk(xb, x, off, n);
+    load_chunk(dyb, dy, off, n);
+    fn(gb, dyb, xb, n);
+    accumulate_chunk(dx, off, n, gb);
+  });
+}
+
+void check_swiglu_inputs(const char* op, const Tensor& gate, const Tensor& up) {
+  require_cpu_contiguous(op, {{"gate", gate}, {"up", up}});
+  require_float(op, {"gate", gate});
+  require_dtype(op, {"up", up}, gate.dtype());
+  require_same_shape(op, {"up", up}, {"gate", gate});
+}
+
+void check_swiglu_grad(const char* op, Operand grad, const Tensor& gate) {
+  require_cpu_contiguous(op, {grad});
+  require_grad_dtype(op, grad, gate.dtype());
+  require_same_shape(op, grad, {"gate", gate});
+}
+
+}  // namespace
+
+void gelu_forward(Tensor y, const Tensor& x) { unary_forward("gelu_forward", y, x, gelu_chunk); }
+
+void gelu_backward(Tensor dx, const Tensor& dy, const Tensor& x) {
+  unary_backward("gelu_backward", dx, dy, x, gelu_grad_chunk);
+}
+
+void silu_forward(Tensor y, const Tensor& x) { unary_forward("silu_forward", y, x, silu_chunk); }
+
+void silu_backward(Tensor dx, const Tensor& dy, const Tensor& x) {
+  unary_backward("silu_backward", dx, dy, x, silu_grad_chunk);
+}
+
+void swiglu_forward(Tensor y, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  check_swiglu_inputs(op, gate, up);
+  require_cpu_contiguous(op, {{"y", y}});
+  require_dtype(op, {"y", y}, gate.dtype());
+  require_same_shape(op, {"y", y}, {"gate", gate});
+  for_chunks(gate.numel(), [&](int64_t off, int64_t n) {
+    float gb[kChunk], ub[kChunk], yb[kChunk];
+    load_chunk(gb, gate, off, n);
+    load_chunk(ub, up, off, n);
+    swiglu_chunk(yb, gb, ub, n);
+    store_chunk(y, off, n, yb);
+  });
+}
+
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dy, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_backward";
+  check_swiglu_inputs(op, gate, up);
+  check_swiglu_grad(op, {"dy", dy}, gate);
+  if (dgate.defined()) check_swiglu_grad(op, {"dgate", dgate}, gate);
+  if (dup.defined()) check_swiglu_grad(op, {"dup", dup}, gate);
+  if (!dgate.defined() && !dup.defined()) return;
+  for_chunks(gate.numel(), [&](int64_t off, int64_t n) {
+    float gb[kChunk], ub[kChunk], dyb[kChunk], dgb[kChunk], dub[kChunk];
+    load_chunk(gb, gate, off, n);
+    load_chunk(ub, up, off, n);
+    load_chunk(dyb, dy, off, n);
+    swiglu_grad_chunk(dgb, dub, dyb, gb, ub, n);
+    if (dgate.defined()) accumulate_chunk(dgate, off, n, dgb);
+    if (dup.defined()) accumulate_chunk(dup, off, n, dub);
+  });
+}
+
+}  // namespace loom::kernels

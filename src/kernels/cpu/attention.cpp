@@ -1,0 +1,152 @@
+// Tile machinery and validation shared by attention_forward.cpp and
+// attention_backward.cpp (declared in attention_tiles.h).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels::attention {
+
+namespace {
+
+// (b, t) rows of heads contiguous: stride 1 along HS and HS along heads
+// (a dim of extent 1 may have any stride).
+void require_rows_of_heads(const char* op, Operand x) {
+  const Tensor& t = x.t;
+  const bool ok = (t.size(3) <= 1 || t.stride(3) == 1) && (t.size(2) <= 1 || t.stride(2) == t.size(3));
+  if (!ok)
+    op_fail(op, {x}, x.name, "'s rows of heads must be contiguous: strides along (heads, HS) must be (", t.size(3),
+            ", 1), got (", t.stride(2), ", ", t.stride(3), ")");
+}
+
+}  // namespace
+
+Geometry check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::initializer_list<Operand> all = {{"q", q}, {"k", k}, {"v", v}};
+  for (const Operand& o : all) {
+    if (!o.t.defined()) op_fail(op, {o}, o.name, " is required");
+    if (!o.t.device().is_cpu()) op_fail(op, {o}, o.name, " is on ", device_name(o.t.device()), ", expected cpu");
+    require_ndim(op, o, 4);
+  }
+  require_float(op, {"q", q});
+  require_dtype(op, {"k", k}, q.dtype());
+  require_dtype(op, {"v", v}, q.dtype());
+  require_same_shape(op, {"k", k}, {"v", v});
+  Geometry g;
+  g.B = q.size(0), g.Tq = q.size(1), g.NH = q.size(2), g.HS = q.size(3);
+  g.Tk = k.size(1), g.NKV = k.size(2);
+  if (k.size(0) != g.B) op_fail(op, all, "q has batch ", g.B, " but k has batch ", k.size(0));
+  if (k.size(3) != g.HS) op_fail(op, all, "q has head size ", g.HS, " but k has head size ", k.size(3));
+  if (g.HS < 1) op_fail(op, all, "head size must be at least 1");
+  if (g.NKV < 1 || g.NH % g.NKV != 0)
+    op_fail(op, all, "q has ", g.NH, " heads, not a multiple of the ", g.NKV, " kv heads of k and v");
+  if (g.Tk < g.Tq) op_fail(op, all, "k has ", g.Tk, " positions, fewer than the ", g.Tq, " queries of q");
+  for (const Operand& o : all) require_rows_of_heads(op, o);
+  g.HSp = round_up(g.HS, kLanes);
+  g.off = g.Tk - g.Tq;
+  g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.HS)));
+  return g;
+}
+
+void load_tile(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, int64_t n, int64_t n_pad, int64_t h,
+               int64_t HSp, float mul) {
+  dispatch_float(x.dtype, [&]<typename T>() {
+    const T* base = static_cast<const T*>(x.data);
+    for (int64_t r = 0; r < n; ++r) {
+      const T* src = base + x.at(b, t0 + r, h);
+      float* d = dst + r * ld;
+      for (int64_t i = 0; i < x.HS; ++i) d[i] = load_f32(src[i]) * mul;
+      std::fill(d + x.HS, d + HSp, 0.f);
+    }
+  });
+  for (int64_t r = n; r < n_pad; ++r) std::fill_n(dst + r * ld, HSp, 0.f);
+}
+
+View rows_tile(float* dst, const Rows& x, int64_t b, int64_t t0, int64_t n, int64_t n_pad, int64_t h, int64_t HSp) {
+  if (x.dtype == DType::f32 && x.HS == HSp && t0 + n_pad <= x.T)
+    return {static_cast<const float*>(x.data) + x.at(b, t0, h), x.st};
+  load_tile(dst, HSp, x, b, t0, n, n_pad, h, HSp);
+  return {dst, HSp};
+}
+
+// d outer, c inner: stores run along dst rows, and the n source rows (at most
+// a block) stay in L1 while d sweeps them.
+void load_tile_t(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, int64_t n, int64_t n_pad, int64_t h,
+                 float mul) {
+  LOOM_CHECK(n <= kMaxBlock, "load_tile_t: ", n, " rows");
+  dispatch_float(x.dtype, [&]<typename T>() {
+    const T* src[kMaxBlock];
+    for (int64_t c = 0; c < n; ++c) src[c] = static_cast<const T*>(x.data) + x.at(b, t0 + c, h);
+    for (int64_t d = 0; d < x.HS; ++d) {
+      float* row = dst + d * ld;
+      for (int64_t c = 0; c < n; ++c) row[c] = load_f32(src[c][d]) * mul;
+      std::fill(row + n, row + n_pad, 0.f);
+    }
+  });
+}
+
+void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t t0, int64_t n, int64_t h, float mul) {
+  const int64_t T = y.size(1), heads = y.size(2), HS = y.size(3);
+  dispatch_float(y.dtype(), [&]<typename T_>() {
+    for (int64_t r = 0; r < n; ++r) {
+      T_* dst = y.data_as<T_>() + ((b * T + t0 + r) * heads + h) * HS;
+      const float* s = src + r * ld;
+      for (int64_t i = 0; i < HS; ++i) dst[i] = store_as<T_>(load_f32(dst[i]) + s[i] * mul);
+    }
+  });
+}
+
+namespace {
+
+// One kLanes-wide f32 vector (GCC/Clang vector extension: a zmm register
+// with AVX-512, split into narrower registers elsewhere).
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Vec load_vec(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// A micro-tile of C: kRowBlock rows x W vectors kept in registers while K
+// runs; each step loads W vectors of one B row and broadcasts one A element
+// per row. W = 2 gives 8 independent FMA chains (enough to cover the FMA
+// latency) for 6 loads. Written with vector types because GCC spills plain
+// float arrays of this size to the stack.
+template <int W>
+void micro_tile(float* __restrict cr, int64_t ldc, const float* __restrict a, int64_t ars, int64_t acs,
+                const float* __restrict bp, int64_t ldb, int64_t K, Store store) {
+  
+  Vec c[kRowBlock][W] = {};
+  for (int64_t kk = 0; kk < K; ++kk) {
+    Vec bv[W];
+    for (int w = 0; w < W; ++w) bv[w] = load_vec(bp + kk * ldb + w * kLanes);
+    for (int r = 0; r < kRowBlock; ++r) {
+      const float x = a[r * ars + kk * acs];
+      for (int w = 0; w < W; ++w) c[r][w] += x * bv[w];
+    }
+  }
+  for (int r = 0; r < kRowBlock; ++r) {
+    for (int w = 0; w < W; ++w) {
+      float* p = cr + r * ldc + w * kLanes;
+      store_vec(p, store == Store::add ? c[r][w] + load_vec(p) : c[r][w]);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int64_t K, Store store) {
+  LOOM_CHECK(b.cs == 1 && M % kRowBlock == 0 && N % kLanes == 0, "gemm_tile: M=", M, " N=", N, " b.cs=", b.cs);
+  for (int64_t i = 0; i < M; i += kRowBlock) {
+    const float* ai = a.p + i * a.rs;
+    int64_t n = 0;
+    for (; n + 2 * kLanes <= N; n += 2 * kLanes) micro_tile<2>(c + i * ldc + n, ldc, ai, a.rs, a.cs, b.p + n, b.rs, K, store);
+    if (n < N) micro_tile<1>(c + i * ldc + n, ldc, ai, a.rs, a.cs, b.p + n, b.rs, K, store);
+  }
+}
+
+}  // namespace loom::kernels::attention

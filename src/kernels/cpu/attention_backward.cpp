@@ -1,0 +1,149 @@
+// Causal flash attention backward on the CPU (ops.h): FlashAttention-2 (Dao
+// 2023), Algorithm 2. P is recomputed per tile from the saved lse, so no
+// (T, T) matrix exists:
+//   D = rowsum(dO * O)   P = exp(S - lse)   dV += P^T dO   dP = dO V^T
+//   dS = P * (dP - D)    dQ += dS K * scale   dK += dS^T Q * scale
+// Each task owns one (b, kv head) and every query head that reads it (GQA),
+// so all of dk, dv and dq it touches are its own: no atomics, and the result
+// does not depend on the thread count. Gradients are summed in f32 scratch
+// and added (+=) to dq, dk, dv once at the end of the task.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+using namespace attention;
+
+struct BackwardArgs {
+  Tensor dq, dk, dv;
+  Rows dout, q, k, v, out;
+  const float* lse;  // (B, NH, Tq)
+  Geometry g;
+};
+
+// Per-thread f32 scratch of one backward task.
+struct BackwardTiles {
+  // Whole sequences of one head, (Tq_pad or Tk_pad, HSp): q is pre-scaled,
+  // dq / dk / dv accumulate over the task.
+  std::vector<float> q, dout, dq, dk, dv, D;
+  std::vector<float> k, kt, vt, p, ds;  // tiles of one key block / (query, key) pair
+  BackwardTiles(const Geometry& g, int64_t Tq_pad, int64_t Tk_pad)
+      : q(Tq_pad * g.HSp), dout(Tq_pad * g.HSp), dq(Tq_pad * g.HSp), dk(Tk_pad * g.HSp), dv(Tk_pad * g.HSp),
+        D(Tq_pad), k(kBlockK * g.HSp), kt(g.HSp * kBlockK), vt(g.HSp * kBlockK), p(kBlockQ * kBlockK),
+        ds(kBlockQ * kBlockK) {}
+};
+
+// p[r, c] = exp(p[r, c] - lse[r]) where key j0 + c is visible to query row r
+// (position off + q0 + r), else 0; padded rows r >= rows are all 0.
+void probabilities(float* p, const float* lse, const Geometry& g, int64_t q0, int64_t rows, int64_t mr, int64_t j0,
+                   int64_t cols, int64_t nc) {
+  for (int64_t r = 0; r < mr; ++r) {
+    float* s = p + r * kBlockK;
+    const int64_t limit = r < rows ? std::clamp<int64_t>(g.off + q0 + r - j0 + 1, 0, cols) : 0;
+    const float m = r < rows ? lse[r] : 0.f;
+    for (int64_t c = 0; c < limit; ++c) s[c] = exp_f32(s[c] - m);
+    std::fill(s + limit, s + nc, 0.f);
+  }
+}
+
+// All query blocks of head h against key block [j0, j0 + cols); w.k, w.kt,
+// w.vt hold that block.
+void backward_key_block(const BackwardArgs& a, BackwardTiles& w, const float* lse, int64_t j0, int64_t cols) {
+  const Geometry& g = a.g;
+  const int64_t HSp = g.HSp, nc = round_up(cols, kLanes), mc = round_up(cols, kRowBlock);
+  // Queries before position j0 see none of these keys.
+  for (int64_t q0 = std::max<int64_t>(0, j0 - g.off) / kBlockQ * kBlockQ; q0 < g.Tq; q0 += kBlockQ) {
+    const int64_t rows = std::min(kBlockQ, g.Tq - q0), mr = round_up(rows, kRowBlock);
+    const float* qi = w.q.data() + q0 * HSp;
+    const float* doi = w.dout.data() + q0 * HSp;
+    float* p = w.p.data();
+    float* ds = w.ds.data();
+    gemm_tile(p, kBlockK, {qi, HSp}, {w.kt.data(), kBlockK}, mr, nc, g.HS, Store::write);  // S = Q K^T (q scaled)
+    probabilities(p, lse + q0, g, q0, rows, mr, j0, cols, nc);
+    if (a.dv.defined())  // dV += P^T dO
+      gemm_tile(w.dv.data() + j0 * HSp, HSp, {p, 1, kBlockK}, {doi, HSp}, mc, HSp, rows, Store::add);
+    gemm_tile(ds, kBlockK, {doi, HSp}, {w.vt.data(), kBlockK}, mr, nc, g.HS, Store::write);  // dP = dO V^T
+    for (int64_t r = 0; r < mr; ++r) {
+      const float D = w.D[q0 + r];
+      for (int64_t c = 0; c < nc; ++c) ds[r * kBlockK + c] = p[r * kBlockK + c] * (ds[r * kBlockK + c] - D);
+    }
+    if (a.dk.defined())  // dK += dS^T (Q * scale)
+      gemm_tile(w.dk.data() + j0 * HSp, HSp, {ds, 1, kBlockK}, {qi, HSp}, mc, HSp, rows, Store::add);
+    if (a.dq.defined())  // dQ += dS K   (times scale when added to dq)
+      gemm_tile(w.dq.data() + q0 * HSp, HSp, {ds, kBlockK}, {w.k.data(), HSp}, mr, HSp, cols, Store::add);
+  }
+}
+
+// Query head h of batch b: loads q, dout and D, runs every key block.
+void backward_head(const BackwardArgs& a, BackwardTiles& w, int64_t b, int64_t h, int64_t Tq_pad) {
+  const Geometry& g = a.g;
+  const int64_t HSp = g.HSp, kvh = h / g.group();
+  load_tile(w.q.data(), HSp, a.q, b, 0, g.Tq, Tq_pad, h, HSp, g.scale);
+  load_tile(w.dout.data(), HSp, a.dout, b, 0, g.Tq, Tq_pad, h, HSp);
+  load_tile(w.dq.data(), HSp, a.out, b, 0, g.Tq, Tq_pad, h, HSp);  // out, borrowing dq's scratch
+  for (int64_t t = 0; t < Tq_pad; ++t) {
+    float D = 0.f;
+    for (int64_t d = 0; d < HSp; ++d) D += w.dout[t * HSp + d] * w.dq[t * HSp + d];
+    w.D[t] = D;
+  }
+  std::fill(w.dq.begin(), w.dq.end(), 0.f);
+  const float* lse = a.lse + (b * g.NH + h) * g.Tq;
+  for (int64_t j0 = 0; j0 < g.Tk; j0 += kBlockK) {
+    const int64_t cols = std::min(kBlockK, g.Tk - j0);
+    load_tile(w.k.data(), HSp, a.k, b, j0, cols, round_up(cols, kRowBlock), kvh, HSp);
+    load_tile_t(w.kt.data(), kBlockK, a.k, b, j0, cols, round_up(cols, kLanes), kvh);
+    load_tile_t(w.vt.data(), kBlockK, a.v, b, j0, cols, round_up(cols, kLanes), kvh);
+    backward_key_block(a, w, lse, j0, cols);
+  }
+  if (a.dq.defined()) add_tile(a.dq, w.dq.data(), HSp, b, 0, g.Tq, h, g.scale);
+}
+
+void require_grad(const char* op, Operand grad, Operand of) {
+  if (!grad.t.defined()) return;
+  require_cpu_contiguous(op, {grad});
+  require_same_shape(op, grad, of);
+  require_grad_dtype(op, grad, of.t.dtype());
+}
+
+}  // namespace
+
+// dq: like q  dk, dv: like k  (f32 or the input's dtype, contiguous, or undefined)
+// dout, out: (B, Tq, NH, HS) contiguous   lse: (B, NH, Tq) f32 from attention_forward
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse) {
+  constexpr const char* op = "attention_backward";
+  const Geometry g = check_qkv(op, q, k, v);
+  require_cpu_contiguous(op, {{"dout", dout}, {"out", out}, {"lse", lse}});
+  require_float(op, {"out", out});
+  require_same_shape(op, {"out", out}, {"q", q});
+  require_same_shape(op, {"dout", dout}, {"q", q});
+  require_grad_dtype(op, {"dout", dout}, out.dtype());
+  require_dtype(op, {"lse", lse}, DType::f32);
+  require_shape(op, {"lse", lse}, Shape{g.B, g.NH, g.Tq});
+  require_grad(op, {"dq", dq}, {"q", q});
+  require_grad(op, {"dk", dk}, {"k", k});
+  require_grad(op, {"dv", dv}, {"v", v});
+  if (!dq.defined() && !dk.defined() && !dv.defined()) return;
+  const BackwardArgs args{dq, dk, dv, Rows(dout), Rows(q), Rows(k), Rows(v), Rows(out), lse.data_as<float>(), g};
+  const int64_t Tq_pad = round_up(g.Tq, kBlockQ), Tk_pad = round_up(g.Tk, kBlockK);
+#pragma omp parallel
+  {
+    BackwardTiles w(g, Tq_pad, Tk_pad);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < g.B * g.NKV; ++i) {
+      const int64_t b = i / g.NKV, kvh = i % g.NKV;
+      std::fill(w.dk.begin(), w.dk.end(), 0.f);
+      std::fill(w.dv.begin(), w.dv.end(), 0.f);
+      for (int64_t h = kvh * g.group(); h < (kvh + 1) * g.group(); ++h) backward_head(args, w, b, h, Tq_pad);
+      if (dk.defined()) add_tile(dk, w.dk.data(), g.HSp, b, 0, g.Tk, kvh, 1.f);
+      if (dv.defined()) add_tile(dv, w.dv.data(), g.HSp, b, 0, g.Tk, kvh, 1.f);
+    }
+  }
+}
+
+}  // namespace loom::kernels

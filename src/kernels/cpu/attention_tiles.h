@@ -1,0 +1,99 @@
+// Shared pieces of the CPU flash attention (attention_forward.cpp,
+// attention_backward.cpp): the problem geometry and its validation, f32 tile
+// loads from strided f32/bf16 operands, a small register-blocked GEMM on
+// tiles, and an exp that vectorises. Internal to src/kernels/cpu.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace loom::kernels::attention {
+
+inline constexpr int64_t kBlockQ = 64;  // query rows per tile (multiple of kRowBlock)
+inline constexpr int64_t kBlockK = 64;  // keys per tile (multiple of kLanes)
+inline constexpr int64_t kMaxBlock = kBlockQ > kBlockK ? kBlockQ : kBlockK;
+inline constexpr int64_t kLanes = 16;   // f32 lanes of an AVX-512 vector: tile widths are padded to it
+inline constexpr int64_t kRowBlock = 8; // rows per GEMM micro-tile: tile heights are padded to it
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS). Query t sits at position off + t.
+struct Geometry {
+  int64_t B = 0, Tq = 0, Tk = 0, NH = 0, NKV = 0, HS = 0;
+  int64_t HSp = 0;   // HS padded to kLanes: the row length of every f32 tile
+  int64_t off = 0;   // Tk - Tq
+  float scale = 0;   // 1 / sqrt(HS)
+  int64_t group() const { return NH / NKV; }  // query heads per kv head
+};
+
+// An f32 tile operand: element (r, c) at p[r * rs + c * cs], so a transposed
+// tile is the same memory with the strides swapped.
+struct View {
+  const float* p;
+  int64_t rs;
+  int64_t cs = 1;
+};
+enum class Store { write, add };
+
+// Validates q, k, v (dtypes, ranks, shapes, GQA, row layout) and returns the
+// geometry; throws loom::Error naming `op` and the operands.
+Geometry check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v);
+
+// A (B, T, heads, HS) operand whose (b, t) rows of heads are contiguous, with
+// any strides along B and T (a view into a cache).
+struct Rows {
+  const void* data;
+  DType dtype;
+  int64_t sb, st, T, HS;
+  explicit Rows(const Tensor& t)
+      : data(t.data()), dtype(t.dtype()), sb(t.stride(0)), st(t.stride(1)), T(t.size(1)), HS(t.size(3)) {}
+  int64_t at(int64_t b, int64_t t, int64_t h) const { return b * sb + t * st + h * HS; }
+};
+
+// dst[r, :] = x[b, t0 + r, h, :] * mul for r < n, zero-padded to HSp columns
+// and to n_pad rows.   dst: (n_pad, HSp), rows ld apart.
+void load_tile(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, int64_t n, int64_t n_pad, int64_t h,
+               int64_t HSp, float mul = 1.f);
+// Rows [t0, t0 + n) of head h as an f32 tile of n_pad rows and HSp columns:
+// the operand's own memory when it is f32, HS == HSp and the n_pad rows exist
+// (padding rows then hold the next positions: callers ignore them), else a
+// load_tile into dst.
+View rows_tile(float* dst, const Rows& x, int64_t b, int64_t t0, int64_t n, int64_t n_pad, int64_t h, int64_t HSp);
+// Transposed: dst[d, c] = x[b, t0 + c, h, d] * mul for d < HS, c < n; zero
+// for n <= c < n_pad.   dst: (HS, n_pad), rows ld apart.
+void load_tile_t(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, int64_t n, int64_t n_pad, int64_t h,
+                 float mul = 1.f);
+// y[b, t0 + r, h, :] += src[r, :] * mul for r < n; y contiguous (B, T, heads, HS).
+void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t t0, int64_t n, int64_t h, float mul);
+
+// C (M, N) = or += A (M, K) @ B (K, N), all f32; C rows ldc apart, b.cs == 1.
+// M % kRowBlock == 0 and N % kLanes == 0: callers pad their tiles.
+void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int64_t K, Store store);
+
+// exp(x) in f32 without branches, so loops over it vectorise (glibc's expf
+// does not without -ffast-math). Cephes expf: x = n ln2 + r, |r| <= ln2 / 2,
+// a degree-6 polynomial for e^r (about 1 ulp from expf), times 2^n built in
+// the exponent bits. exp(x) = 0 for x < -87 (and for -inf: masked scores).
+inline float exp_f32(float x) {
+  constexpr float kMin = -87.f, kMax = 88.f;
+  const float xc = x < kMin ? kMin : (x > kMax ? kMax : x);
+  // Round to nearest by adding and removing 1.5 * 2^23 (floorf would block
+  // vectorisation under GCC's default -ftrapping-math).
+  constexpr float kRound = 12582912.f;
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < kMin ? 0.f : p * two_n;
+}
+
+}  // namespace loom::kernels::attention

@@ -1,0 +1,219 @@
+// Fused cross-entropy forward + backward (ops.h), streamed over the vocabulary.
+//
+// Per row, pass 1 reads the logits once in L1-sized chunks and keeps a running
+// (max, sum of exp): the online log-sum-exp (Milakov & Gimelshein 2018, "Online
+// normalizer calculation for softmax"). Pass 2 reads them again and writes
+//   dlogits = dloss * (softmax - onehot(target)) / n_valid
+// element by element, so no V-sized temporary exists and dlogits may be
+// logits itself (each element is read before it is overwritten).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+constexpr const char* kOp = "cross_entropy_forward_backward";
+constexpr int64_t kChunk = 2048;  // floats per chunk: 8 KiB, stays in L1
+
+// exp(x) for x <= 0, written so that GCC vectorises it (glibc's expf only
+// vectorises under -ffast-math). Cephes expf: x = n ln2 + r, |r| <= ln2 / 2,
+// a degree-6 polynomial for exp(r) (~1 ulp), 2^n built from exponent bits.
+// Below -87, exp(x) < 2^-125: returned as 0 (keeps 2^n a normal float).
+// NaN in gives NaN out.
+inline float exp_nonpos(float x) {
+  const float xc = std::max(x, -87.f);
+  // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
+  const float t = xc * 1.44269504088896341f + 12582912.f;
+  const float n = t - 12582912.f;
+  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 split in two for exactness
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  const float two_n = std::bit_cast<float>((ni + 127) << 23);
+  return x < -87.f ? 0.f : p * two_n;
+}
+
+// A chunk of a row as f32: the row itself for f32, a converted copy for bf16.
+template <typename T>
+inline const float* chunk_f32(const T* src, int64_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) buf[i] = load_f32(src[i]);
+    return buf;
+  }
+}
+
+// log(sum_j exp(x_j)) over one row of V logits, in one streaming pass.
+template <typename T>
+double row_logsumexp(const T* x, int64_t V) {
+  alignas(64) float buf[kChunk];
+  float m = -INFINITY;  // running max
+  double s = 0;         // running sum of exp(x - m)
+  for (int64_t c = 0; c < V; c += kChunk) {
+    const int64_t n = std::min(kChunk, V - c);
+    const float* xc = chunk_f32(x + c, n, buf);
+    float cm = -INFINITY;
+#pragma omp simd reduction(max : cm)
+    for (int64_t i = 0; i < n; ++i) cm = std::max(cm, xc[i]);
+    if (cm > m) {  // rescale the sum to the new max; exp(-inf) = 0 on the first chunk
+      s *= std::exp(static_cast<double>(m) - static_cast<double>(cm));
+      m = cm;
+    }
+    float cs = 0;
+#pragma omp simd reduction(+ : cs)
+    for (int64_t i = 0; i < n; ++i) cs += exp_nonpos(xc[i] - m);
+    s += cs;
+  }
+  return static_cast<double>(m) + std::log(s);
+}
+
+// d_j = scale * softmax_j over one row, then d_target -= scale. x_target is
+// passed in because d may be x (in place) and overwrites it. lse is split in
+// f32 hi + lo so that its rounding to f32 does not add to the exponent's
+// error (that error is the relative error of softmax_j).
+template <typename T, typename G>
+void row_dlogits(G* d, const T* x, int64_t V, double lse, int32_t target, float x_target, float scale) {
+  const float hi = static_cast<float>(lse);
+  const float lo = static_cast<float>(lse - static_cast<double>(hi));
+  alignas(64) float buf[kChunk];
+  for (int64_t c = 0; c < V; c += kChunk) {
+    const int64_t n = std::min(kChunk, V - c);
+    const float* xc = chunk_f32(x + c, n, buf);
+    G* dc = d + c;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dc[i] = store_as<G>(scale * exp_nonpos((xc[i] - hi) - lo));
+  }
+  d[target] = store_as<G>(scale * (exp_nonpos((x_target - hi) - lo) - 1.f));
+}
+
+template <typename G>
+void row_zero(G* d, int64_t V) {
+  const G zero = store_as<G>(0.f);
+  std::fill(d, d + V, zero);
+}
+
+struct CeArgs {
+  int64_t N, V;
+  const int32_t* targets;
+  int32_t ignore_index;
+  float scale;        // dloss / n_valid
+  double* row_loss;   // (N) out
+};
+
+// Both passes over every row, rows in parallel. G is void for loss only.
+template <typename T, typename G>
+void ce_rows(G* dlogits, const T* logits, const CeArgs& a) {
+#pragma omp parallel for schedule(static) if (a.N * a.V > 65536)
+  for (int64_t r = 0; r < a.N; ++r) {
+    const T* x = logits + r * a.V;
+    const int32_t t = a.targets[r];
+    if (t == a.ignore_index) {
+      a.row_loss[r] = 0;
+      if constexpr (!std::is_void_v<G>) row_zero(dlogits + r * a.V, a.V);
+      continue;
+    }
+    const float x_t = load_f32(x[t]);
+    const double lse = row_logsumexp(x, a.V);
+    a.row_loss[r] = lse - static_cast<double>(x_t);
+    if constexpr (!std::is_void_v<G>)
+      row_dlogits(dlogits + r * a.V, x, a.V, lse, t, x_t, a.scale);
+  }
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto* a0 = static_cast<const unsigned char*>(a.data());
+  const auto* b0 = static_cast<const unsigned char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+void validate(const Tensor& dlogits, const Tensor& losses, const Tensor& logits, const Tensor& targets) {
+  require_cpu_contiguous(kOp, {{"logits", logits}, {"targets", targets}});
+  require_float(kOp, {"logits", logits});
+  if (logits.ndim() < 2) op_fail(kOp, {{"logits", logits}}, "logits must be (N, V) with at least 2 dims");
+  if (logits.size(-1) == 0) op_fail(kOp, {{"logits", logits}}, "logits has an empty vocabulary");
+  require_dtype(kOp, {"targets", targets}, DType::i32);
+  const int64_t N = rows(logits);
+  if (targets.numel() != N)
+    op_fail(kOp, {{"logits", logits}, {"targets", targets}}, "targets has ", targets.numel(),
+            " elements but logits has ", N, " rows");
+  if (losses.defined()) {
+    require_cpu_contiguous(kOp, {{"losses", losses}});
+    require_dtype(kOp, {"losses", losses}, DType::f32);
+    if (losses.numel() != N)
+      op_fail(kOp, {{"logits", logits}, {"losses", losses}}, "losses has ", losses.numel(),
+              " elements but logits has ", N, " rows");
+    if (overlaps(losses, logits)) op_fail(kOp, {{"losses", losses}, {"logits", logits}}, "losses overlaps logits");
+  }
+  if (dlogits.defined()) {
+    require_cpu_contiguous(kOp, {{"dlogits", dlogits}});
+    require_float(kOp, {"dlogits", dlogits});
+    require_same_shape(kOp, {"dlogits", dlogits}, {"logits", logits});
+    if (dlogits.data() == logits.data()) {
+      if (dlogits.dtype() != logits.dtype())
+        op_fail(kOp, {{"dlogits", dlogits}, {"logits", logits}}, "in place, dlogits must have the dtype of logits");
+    } else if (overlaps(dlogits, logits)) {
+      op_fail(kOp, {{"dlogits", dlogits}, {"logits", logits}},
+              "dlogits partly overlaps logits (only exact in-place use is allowed)");
+    }
+  }
+}
+
+// Every target is ignore_index or in [0, V); returns how many are not ignored.
+// Checked before any output is written, so a bad target leaves them intact.
+int64_t count_valid_targets(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+  const int32_t* t = targets.data_as<int32_t>();
+  const int64_t V = logits.size(-1);
+  int64_t n_valid = 0;
+  for (int64_t r = 0; r < targets.numel(); ++r) {
+    if (t[r] == ignore_index) continue;
+    if (t[r] < 0 || t[r] >= V)
+      op_fail(kOp, {{"logits", logits}, {"targets", targets}}, "target ", t[r], " at row ", r, " is outside [0, ", V,
+              ") and is not ignore_index ", ignore_index);
+    ++n_valid;
+  }
+  return n_valid;
+}
+
+}  // namespace
+
+float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor& logits, const Tensor& targets,
+                                     int32_t ignore_index, float dloss) {
+  validate(dlogits, losses, logits, targets);
+  const int64_t n_valid = count_valid_targets(logits, targets, ignore_index);
+  const int64_t N = rows(logits);
+  // Per-row losses in double, summed serially below: the mean does not depend
+  // on the thread count (bitwise reproducible runs, DESIGN.md §6).
+  std::vector<double> row_loss(N);
+  CeArgs args{N, logits.size(-1), targets.data_as<int32_t>(), ignore_index,
+              n_valid ? static_cast<float>(static_cast<double>(dloss) / static_cast<double>(n_valid)) : 0.f,
+              row_loss.data()};
+  dispatch_float(logits.dtype(), [&]<typename T>() {
+    const T* x = logits.data_as<const T>();
+    if (!dlogits.defined()) return ce_rows<T, void>(nullptr, x, args);
+    dispatch_float(dlogits.dtype(), [&]<typename G>() { ce_rows<T, G>(dlogits.data_as<G>(), x, args); });
+  });
+  if (losses.defined()) {
+    float* l = losses.data_as<float>();
+    for (int64_t r = 0; r < N; ++r) l[r] = static_cast<float>(row_loss[r]);
+  }
+  if (n_valid == 0) return 0.f;
+  double total = 0;
+  for (int64_t r = 0; r < N; ++r) total += row_loss[r];
+  return static_cast<float>(total / static_cast<double>(n_valid));
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,186 @@
+// Token + learned position embedding, forward and backward (ops.h).
+//
+// The backward is a scatter-add (many (b, t) may share a token). It is made
+// deterministic without atomics: the (b, t) indices are sorted by token, each
+// token's rows are summed in f32 in (b, t) order by one thread, and the sum is
+// added to dwte once. So every run gives the same bits for any thread count,
+// and a bf16 dwte is rounded once per token rather than once per occurrence.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+// Elements below which a parallel region costs more than it saves (decode
+// steps, tiny test shapes).
+constexpr int64_t kMinParallel = 1 << 15;
+
+// Row r of a contiguous (rows, n) float tensor as f32.
+const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
+  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
+  const bf16* src = t.data_as<bf16>() + r * n;
+  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
+  return buf;
+}
+
+// t[r, :] += v, in t's dtype.
+void add_row(Tensor t, int64_t r, int64_t n, const float* v) {
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    T* dst = t.data_as<T>() + r * n;
+    for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
+  });
+}
+
+// b has a's dtype: "y has dtype f32 but wte has bf16".
+void require_same_dtype(const char* op, Operand b, Operand a) {
+  if (b.t.dtype() != a.t.dtype())
+    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
+            dtype_name(a.t.dtype()));
+}
+
+// tokens: (B, T) i32, every token in [0, V).
+void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
+  const int32_t* tok = tokens.data_as<int32_t>();
+  const int64_t T = tokens.size(1);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    if (tok[i] < 0 || tok[i] >= V)
+      fail(op, ": token ", tok[i], " at (b, t) = (", i / T, ", ", i % T, ") is outside the vocabulary: allowed [0, ",
+           V, ")");
+  }
+}
+
+// Positions pos_offset + t for t in [0, T) are rows of a (maxT, C) table.
+void check_positions(const char* op, int64_t pos_offset, int64_t T, int64_t maxT) {
+  if (T == 0) return;
+  if (pos_offset < 0) fail(op, ": pos_offset ", pos_offset, " is negative: allowed positions are [0, ", maxT, ")");
+  if (pos_offset + T > maxT) {
+    const int64_t t = std::max<int64_t>(0, maxT - pos_offset);  // the first position past the table
+    fail(op, ": position ", pos_offset + t, " (pos_offset ", pos_offset, " + t ", t,
+         ") is past the position table's ", maxT, " rows: allowed positions are [0, ", maxT, ")");
+  }
+}
+
+// A (rows, C) float table whose column count must be C.
+void check_table(const char* op, Operand table, int64_t C) {
+  require_cpu_contiguous(op, {table});
+  require_float(op, table);
+  require_ndim(op, table, 2);
+  if (table.t.size(1) != C) op_fail(op, {table}, table.name, " has ", table.t.size(1), " columns, expected C = ", C);
+}
+
+void check_tokens_operand(const char* op, const Tensor& tokens) {
+  require_cpu_contiguous(op, {{"tokens", tokens}});
+  require_dtype(op, {"tokens", tokens}, DType::i32);
+  require_ndim(op, {"tokens", tokens}, 2);
+}
+
+// dwte[tok] += sum of dy rows with that token.  dy: (N, C)  tokens: (N)
+void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t N, int64_t C) {
+  std::vector<int64_t> order(static_cast<size_t>(N));  // (token, index) packed, sorted: groups by token
+  for (int64_t i = 0; i < N; ++i) order[i] = static_cast<int64_t>(tokens[i]) * N + i;
+  std::sort(order.begin(), order.end());
+  std::vector<int64_t> starts;  // group g is order[starts[g], starts[g + 1])
+  for (int64_t i = 0; i < N; ++i)
+    if (i == 0 || order[i] / N != order[i - 1] / N) starts.push_back(i);
+  starts.push_back(N);
+  const int64_t n_groups = static_cast<int64_t>(starts.size()) - 1;
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    std::vector<float> buf(2 * static_cast<size_t>(C));  // dy row, sum
+    float* acc = buf.data() + C;
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t g = 0; g < n_groups; ++g) {
+      std::fill(acc, acc + C, 0.f);
+      for (int64_t j = starts[g]; j < starts[g + 1]; ++j) {
+        const float* d = load_row(dy, order[j] % N, C, buf.data());
+        for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
+      }
+      add_row(dwte, order[starts[g]] / N, C, acc);
+    }
+  }
+}
+
+// dwpe[pos_offset + t] += sum over b of dy[b, t].  dy: (B, T, C)
+void wpe_backward(Tensor dwpe, const Tensor& dy, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+#pragma omp parallel if (B * T * C >= kMinParallel)
+  {
+    std::vector<float> buf(2 * static_cast<size_t>(C));  // dy row, sum
+    float* acc = buf.data() + C;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(acc, acc + C, 0.f);
+      for (int64_t b = 0; b < B; ++b) {
+        const float* d = load_row(dy, b * T + t, C, buf.data());
+        for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
+      }
+      add_row(dwpe, pos_offset + t, C, acc);
+    }
+  }
+}
+
+}  // namespace
+
+// y[b, t] = wte[tokens[b, t]] + wpe[pos_offset + t]
+// tokens: (B, T) i32  wte: (V, C)  wpe: (maxT, C) in wte's dtype or undefined  y: (B, T, C) in wte's dtype
+void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset) {
+  constexpr const char* op = "embedding_forward";
+  check_tokens_operand(op, tokens);
+  require_cpu_contiguous(op, {{"wte", wte}});
+  require_float(op, {"wte", wte});
+  require_ndim(op, {"wte", wte}, 2);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
+  require_cpu_contiguous(op, {{"y", y}});
+  require_same_dtype(op, {"y", y}, {"wte", wte});
+  require_shape(op, {"y", y}, Shape{B, T, C});
+  if (wpe.defined()) {
+    check_table(op, {"wpe", wpe}, C);
+    require_same_dtype(op, {"wpe", wpe}, {"wte", wte});
+    check_positions(op, pos_offset, T, wpe.size(0));
+  }
+  check_tokens(op, tokens, V);
+  const int32_t* tok = tokens.data_as<int32_t>();
+  dispatch_float(wte.dtype(), [&]<typename E>() {
+    const E* te = wte.data_as<E>();
+    const E* pe = wpe.defined() ? wpe.data_as<E>() : nullptr;
+    E* out = y.data_as<E>();
+#pragma omp parallel for schedule(static) if (B * T * C >= kMinParallel)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const E* e = te + static_cast<int64_t>(tok[bt]) * C;
+      E* o = out + bt * C;
+      if (pe) {
+        const E* p = pe + (pos_offset + bt % T) * C;
+        for (int64_t i = 0; i < C; ++i) o[i] = store_as<E>(load_f32(e[i]) + load_f32(p[i]));
+      } else {
+        std::copy(e, e + C, o);
+      }
+    }
+  });
+}
+
+// dwte += scatter-add of dy by token; dwpe[pos_offset + t] += sum over b of dy[b, t].
+// dy: (B, T, C) float  dwte: (V, C), dwpe: (maxT, C), each f32 or bf16 or undefined.
+void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset) {
+  constexpr const char* op = "embedding_backward";
+  check_tokens_operand(op, tokens);
+  require_cpu_contiguous(op, {{"dy", dy}});
+  require_float(op, {"dy", dy});
+  require_ndim(op, {"dy", dy}, 3);
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = dy.size(2);
+  if (dy.size(0) != B || dy.size(1) != T)
+    op_fail(op, {{"dy", dy}, {"tokens", tokens}}, "dy must have shape (B, T, C) with (B, T) from tokens");
+  if (dwte.defined()) {
+    check_table(op, {"dwte", dwte}, C);
+    check_tokens(op, tokens, dwte.size(0));
+  }
+  if (dwpe.defined()) {
+    check_table(op, {"dwpe", dwpe}, C);
+    check_positions(op, pos_offset, T, dwpe.size(0));
+  }
+  if (dwte.defined()) wte_backward(dwte, dy, tokens.data_as<int32_t>(), B * T, C);
+  if (dwpe.defined()) wpe_backward(dwpe, dy, B, T, C, pos_offset);
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,276 @@
+// CPU matmul and linear (ops.h): argument checks, the backward formulas and
+// the bias gradient here; every GEMM goes to oneDNN (matmul_onednn.cpp).
+//
+// Backend choice, measured on this project's machine (AMD EPYC Zen 4, 2
+// threads, GFLOP/s, best of repeated runs; BENCHMARKS.md has the commands):
+//   f32   oneDNN 2.6.3 vs OpenBLAS 0.3.21 sgemm
+//           2048^3                           @BENCH_F32_SQ@
+//           GPT-2 fc (512x768 @ 768x3072^T)  @BENCH_F32_FC@
+//           lm-head dW (50257x512^T @ 512x768) @BENCH_F32_DW@
+//         oneDNN is as fast at square shapes and faster at the GPT-2 shapes,
+//         most of all the transposed-A weight-gradient GEMMs.
+//   bf16  oneDNN only: Debian's OpenBLAS 0.3.21 is built without
+//         BUILD_BFLOAT16, so cblas_sbgemm is declared in <cblas.h> but not
+//         exported by libopenblas.so.0 (it does not link). oneDNN runs its
+//         brgemm avx512_core_bf16 kernels (vdpbf16ps, f32 accumulation):
+//         @BENCH_BF16@
+// One library for both dtypes also gives one code path to test.
+//
+// Accumulation: beta = 1 is oneDNN's sum post-op, which reads c in its own
+// dtype (f32 or bf16), adds in f32 and writes back, so the += convention of
+// the backward ops needs no temporary. The one workspace: a backward GEMM
+// whose operands mix f32 and bf16 (dc or dy is f32 while a, b, x, w are bf16,
+// e.g. f32 logits of a bf16 LM head) first rounds the f32 operand to bf16 in
+// a per-thread buffer, as PyTorch autocast does, because oneDNN's bf16 GEMM
+// takes both inputs in bf16. (Also a per-thread f32 buffer sums the batches of
+// a bf16 gradient of a shared operand, so it is rounded to bf16 once.)
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/matmul_onednn.h"
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+using cpu::Gemm;
+
+int64_t leading(const Tensor& t) {  // product of all but the last two dims
+  int64_t n = 1;
+  for (int d = 0; d + 2 < t.ndim(); ++d) n *= t.size(d);
+  return n;
+}
+
+// t: (..., C) -> (prod(...), C); explicit extents, so empty tensors work too.
+Tensor as_matrix(const Tensor& t) {
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.ndim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, t.size(-1)});
+}
+
+bool same_leading_dims(const Tensor& x, const Tensor& c) {
+  for (int d = 0; d + 2 < c.ndim(); ++d)
+    if (x.size(d) != c.size(d)) return false;
+  return true;
+}
+
+bool overlap(const Tensor& x, const Tensor& y) {
+  const auto* xb = static_cast<const char*>(x.data());
+  const auto* yb = static_cast<const char*>(y.data());
+  return x.nbytes() > 0 && y.nbytes() > 0 && xb < yb + y.nbytes() && yb < xb + x.nbytes();
+}
+
+std::string matrix_str(int64_t r, int64_t c) { return concat("(", r, ", ", c, ")"); }
+
+// Checks c = op(a) @ op(b) per ops.h (c may be named dc in backward).
+void check_matmul(const char* op, Operand c, Operand a, Operand b, const MatmulOpts& o) {
+  require_cpu_contiguous(op, {c, a, b});
+  require_float(op, a);
+  require_float(op, c);
+  if (a.t.dtype() != b.t.dtype()) op_fail(op, {a, b}, a.name, " and ", b.name, " must share a dtype");
+  if (c.t.dtype() != a.t.dtype() && c.t.dtype() != DType::f32)
+    op_fail(op, {c, a}, c.name, " has dtype ", dtype_name(c.t.dtype()), ", expected f32 or ", a.name, "'s ",
+            dtype_name(a.t.dtype()));
+  const int nd = c.t.ndim();
+  if (nd < 2) op_fail(op, {c}, c.name, " must have at least 2 dims");
+  for (Operand x : {a, b}) {
+    if (x.t.ndim() != 2 && x.t.ndim() != nd)
+      op_fail(op, {c, x}, x.name, " must have 2 dims or as many as ", c.name, " (", nd, ")");
+    if (x.t.ndim() == nd && !same_leading_dims(x.t, c.t))
+      op_fail(op, {c, x}, "batch dims of ", x.name, " and ", c.name, " differ");
+  }
+  if (nd > 2 && a.t.ndim() == 2 && b.t.ndim() == 2)
+    op_fail(op, {c, a, b}, c.name, " is batched but neither ", a.name, " nor ", b.name, " is");
+  const int64_t m = a.t.size(o.trans_a ? -1 : -2), ka = a.t.size(o.trans_a ? -2 : -1);
+  const int64_t kb = b.t.size(o.trans_b ? -1 : -2), n = b.t.size(o.trans_b ? -2 : -1);
+  if (ka != kb)
+    op_fail(op, {a, b}, "op(", a.name, ") is ", matrix_str(m, ka), " but op(", b.name, ") is ", matrix_str(kb, n),
+            ": inner dims differ (trans_a=", o.trans_a, ", trans_b=", o.trans_b, ")");
+  if (c.t.size(-2) != m || c.t.size(-1) != n)
+    op_fail(op, {c, a, b}, c.name, " must end in ", matrix_str(m, n), " = op(", a.name, ") @ op(", b.name, ")");
+  if (overlap(c.t, a.t) || overlap(c.t, b.t)) op_fail(op, {c, a, b}, c.name, " must not overlap its inputs");
+}
+
+// A gradient: defined -> on the CPU, contiguous, shaped and typed like x.
+void check_grad(const char* op, Operand g, Operand x) {
+  if (!g.t.defined()) return;
+  require_cpu_contiguous(op, {g});
+  require_same_shape(op, g, x);
+  require_grad_dtype(op, g, x.t.dtype());
+}
+
+// f32 -> bf16 copy of a GEMM operand whose partner is bf16 (see the top).
+Tensor bf16_workspace(const Tensor& t) {
+  thread_local std::vector<bf16> buffer;
+  if (buffer.size() < static_cast<size_t>(t.numel())) buffer.resize(t.numel());
+  const float* src = t.data_as<float>();
+  bf16* dst = buffer.data();
+  const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+  return Tensor(dst, DType::bf16, t.shape());
+}
+
+// c = alpha * op(a) @ op(b) (+ bias) + beta * c on validated operands; a and
+// b may mix f32 and bf16 (backward), the f32 one is then rounded to bf16.
+void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Tensor& bias = {}) {
+  if (a.dtype() == DType::f32 && b.dtype() == DType::bf16) a = bf16_workspace(a);
+  if (a.dtype() == DType::bf16 && b.dtype() == DType::f32) b = bf16_workspace(b);
+  Gemm g;
+  g.c = c.data();
+  g.a = a.data();
+  g.b = b.data();
+  g.bias = bias.defined() ? bias.data() : nullptr;
+  g.ab = a.dtype();
+  g.c_dtype = c.dtype();
+  g.bias_dtype = bias.dtype();
+  g.batch = leading(c);
+  g.m = c.size(-2);
+  g.n = c.size(-1);
+  g.k = a.size(ta ? -2 : -1);
+  g.a_batched = a.ndim() > 2;
+  g.b_batched = b.ndim() > 2;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.alpha = alpha;
+  g.beta = beta;
+  cpu::gemm_run(g);
+}
+
+Tensor matrix_of_batch(const Tensor& t, int64_t i) {  // t: (..., R, C) -> batch i as (R, C)
+  if (t.ndim() == 2) return t;
+  return t.reshape({leading(t), t.size(-2), t.size(-1)}).slice(0, i, 1).reshape({t.size(-2), t.size(-1)});
+}
+
+// out += alpha * op(x) @ op(y). When out is one matrix but x and y are
+// batched (the gradient of an operand shared across batches), the batches'
+// products are summed into out.
+void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, float alpha) {
+  if (out.ndim() > 2 || (x.ndim() == 2 && y.ndim() == 2)) return gemm(out, x, y, tx, ty, alpha, 1.f);
+  if (tx && !ty && x.ndim() > 2 && y.ndim() > 2) {
+    // sum_i x_i^T y_i = [x_0; x_1; ...]^T [y_0; y_1; ...]: one GEMM, K = batch * rows.
+    return gemm(out, as_matrix(x), as_matrix(y), true, false, alpha, 1.f);
+  }
+  // One GEMM per batch, += into out. A bf16 out would be rounded after each
+  // batch, so the sum goes through an f32 workspace and is rounded once.
+  Tensor sum = out;
+  thread_local std::vector<float> workspace;
+  if (out.dtype() == DType::bf16) {
+    workspace.assign(out.numel(), 0.f);
+    sum = Tensor(workspace.data(), DType::f32, out.shape());
+  }
+  const int64_t batch = std::max(leading(x), leading(y));
+  for (int64_t i = 0; i < batch; ++i)
+    gemm(sum, matrix_of_batch(x, i), matrix_of_batch(y, i), tx, ty, alpha, 1.f);
+  if (out.dtype() == DType::bf16) {
+    bf16* o = out.data_as<bf16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = to_bf16(from_bf16(o[i]) + workspace[i]);
+  }
+}
+
+template <typename TD, typename TB>
+void bias_grad(TB* dbias, const TD* dy, int64_t rows, int64_t oc) {
+  constexpr int64_t kBlock = 128;  // columns per task: the partial sums stay in registers/L1
+  const int64_t blocks = (oc + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, len = std::min(kBlock, oc - c0);
+    float acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const TD* row = dy + r * oc + c0;
+      for (int64_t j = 0; j < len; ++j) acc[j] += load_f32(row[j]);
+    }
+    for (int64_t j = 0; j < len; ++j) dbias[c0 + j] = store_as<TB>(load_f32(dbias[c0 + j]) + acc[j]);
+  }
+}
+
+// x: (..., IC) with y or dy: (..., OC) of the same leading dims, w: (OC, IC).
+void check_linear(const char* op, Operand y, Operand x, Operand w) {
+  require_cpu_contiguous(op, {y, x, w});
+  require_float(op, x);
+  require_float(op, y);
+  require_ndim(op, w, 2);
+  if (x.t.ndim() < 1) op_fail(op, {x}, x.name, " must have at least 1 dim");
+  if (w.t.dtype() != x.t.dtype()) op_fail(op, {x, w}, x.name, " and ", w.name, " must share a dtype");
+  if (y.t.dtype() != x.t.dtype() && y.t.dtype() != DType::f32)
+    op_fail(op, {y, x}, y.name, " has dtype ", dtype_name(y.t.dtype()), ", expected f32 or ", x.name, "'s ",
+            dtype_name(x.t.dtype()));
+  if (x.t.size(-1) != w.t.size(1))
+    op_fail(op, {x, w}, x.name, " has ", x.t.size(-1), " features but ", w.name, " expects ", w.t.size(1));
+  Shape expect = x.t.shape();
+  expect[expect.ndim() - 1] = w.t.size(0);
+  require_shape(op, y, expect);
+  if (overlap(y.t, x.t) || overlap(y.t, w.t)) op_fail(op, {y, x, w}, y.name, " must not overlap its inputs");
+}
+
+}  // namespace
+
+void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
+  check_matmul("matmul", {"c", c}, {"a", a}, {"b", b}, opts);
+  gemm(c, a, b, opts.trans_a, opts.trans_b, opts.alpha, opts.beta);
+}
+
+// c = alpha op(a) op(b):  d op(a) = alpha dc op(b)^T,  d op(b) = alpha op(a)^T dc;
+// with trans_a (trans_b) the gradient of a (b) is the transpose of that.
+void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b,
+                     const MatmulOpts& opts) {
+  const char* op = "matmul_backward";
+  check_matmul(op, {"dc", dc}, {"a", a}, {"b", b}, opts);
+  check_grad(op, {"da", da}, {"a", a});
+  check_grad(op, {"db", db}, {"b", b});
+  for (const Tensor* g : {&da, &db})
+    if (g->defined() && (overlap(*g, dc) || overlap(*g, a) || overlap(*g, b)))
+      op_fail(op, {{"da", da}, {"db", db}}, "gradients must not overlap the inputs");
+  const float alpha = opts.alpha;
+  if (da.defined()) {
+    if (!opts.trans_a) accumulate(da, dc, b, false, !opts.trans_b, alpha);  // da = dc op(b)^T
+    else accumulate(da, b, dc, opts.trans_b, true, alpha);                  // da = op(b) dc^T
+  }
+  if (db.defined()) {
+    if (!opts.trans_b) accumulate(db, a, dc, !opts.trans_a, false, alpha);  // db = op(a)^T dc
+    else accumulate(db, dc, a, true, opts.trans_a, alpha);                  // db = dc^T op(a)
+  }
+}
+
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const char* op = "linear_forward";
+  check_linear(op, {"y", y}, {"x", x}, {"w", w});
+  if (bias.defined()) {
+    require_cpu_contiguous(op, {{"bias", bias}});
+    require_shape(op, {"bias", bias}, {w.size(0)});
+    if (bias.dtype() != DType::f32 && bias.dtype() != w.dtype())
+      op_fail(op, {{"bias", bias}, {"w", w}}, "bias has dtype ", dtype_name(bias.dtype()), ", expected f32 or w's ",
+              dtype_name(w.dtype()));
+  }
+  // y (N, OC) = x (N, IC) @ w^T (IC, OC) + bias
+  gemm(as_matrix(y), as_matrix(x), w, false, true, 1.f, 0.f, bias);
+}
+
+void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const char* op = "linear_backward";
+  check_linear(op, {"dy", dy}, {"x", x}, {"w", w});
+  check_grad(op, {"dx", dx}, {"x", x});
+  check_grad(op, {"dw", dw}, {"w", w});
+  const int64_t oc = w.size(0);
+  if (dbias.defined()) {
+    require_cpu_contiguous(op, {{"dbias", dbias}});
+    require_float(op, {"dbias", dbias});
+    require_shape(op, {"dbias", dbias}, {oc});
+  }
+  for (const Tensor* g : {&dx, &dw, &dbias})
+    if (g->defined() && (overlap(*g, dy) || overlap(*g, x) || overlap(*g, w)))
+      op_fail(op, {{"dx", dx}, {"dw", dw}, {"dbias", dbias}}, "gradients must not overlap the inputs");
+  const Tensor dy2 = as_matrix(dy);  // (N, OC)
+  if (dx.defined()) gemm(as_matrix(dx), dy2, w, false, false, 1.f, 1.f);  // dx += dy @ w
+  if (dw.defined()) gemm(dw, dy2, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
+  if (dbias.defined()) {
+    dispatch_float(dy.dtype(), [&]<typename TD>() {
+      dispatch_float(dbias.dtype(), [&]<typename TB>() {
+        bias_grad(dbias.data_as<TB>(), dy.data_as<TD>(), dy2.size(0), oc);
+      });
+    });
+  }
+}
+
+}  // namespace loom::kernels

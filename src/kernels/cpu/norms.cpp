@@ -1,0 +1,296 @@
+// LayerNorm (GPT-2) and RMSNorm (Llama) over the last dim, forward and
+// backward (ops.h). Rows are independent: each row is loaded as f32 (the
+// tensor's own memory when it is f32, a per-thread buffer when it is bf16),
+// computed in f32, then stored in the operand's dtype.
+//
+// dw/db are sums over rows. They are reduced deterministically: rows are cut
+// into at most kMaxBlocks fixed blocks (a function of N only, not of the
+// thread count), each block sums its rows in order into its own partial row,
+// and the partials are added in block order. So every run gives the same
+// bits for any thread count or schedule.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+// Elements below which a parallel region costs more than it saves (decode
+// steps, tiny test shapes).
+constexpr int64_t kMinParallel = 1 << 15;
+
+constexpr int64_t kMaxBlocks = 64;
+constexpr int64_t kColChunk = 256;  // columns per task when combining partials
+
+// Row r of a contiguous (rows, n) float tensor as f32.
+const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
+  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
+  const bf16* src = t.data_as<bf16>() + r * n;
+  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
+  return buf;
+}
+
+// t[offset, offset + n) = v (write) or += v (accumulate), in t's dtype.
+void put(Tensor t, int64_t offset, int64_t n, const float* v, bool accumulate) {
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    T* dst = t.data_as<T>() + offset;
+    if (accumulate) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(v[i]);
+    }
+  });
+}
+
+// Fixed row blocks: block k covers [begin(k), begin(k + 1)).
+struct RowBlocks {
+  int64_t n_rows, n_blocks;
+  explicit RowBlocks(int64_t rows) : n_rows(rows), n_blocks(std::min(rows, kMaxBlocks)) {}
+  int64_t begin(int64_t k) const { return k * n_rows / n_blocks; }
+};
+
+// grads[g] += sum over blocks of partial[k][g] (in block order), for each
+// defined gradient g. partial: (n_blocks, n_grads, C) f32.
+void add_partials(std::initializer_list<Tensor> grads, const std::vector<float>& partial, int64_t n_blocks,
+                  int64_t C) {
+  const int64_t n_grads = static_cast<int64_t>(grads.size());
+  const int64_t n_chunks = (C + kColChunk - 1) / kColChunk;
+#pragma omp parallel for collapse(2) schedule(static) if (n_blocks * n_grads * C >= kMinParallel)
+  for (int64_t g = 0; g < n_grads; ++g) {
+    for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
+      const Tensor& grad = grads.begin()[g];
+      if (!grad.defined()) continue;
+      const int64_t c0 = chunk * kColChunk, n = std::min(kColChunk, C - c0);
+      float acc[kColChunk] = {};
+      for (int64_t k = 0; k < n_blocks; ++k) {
+        const float* p = partial.data() + (k * n_grads + g) * C + c0;
+        for (int64_t i = 0; i < n; ++i) acc[i] += p[i];
+      }
+      put(grad, c0, n, acc, true);
+    }
+  }
+}
+
+// ---- validation --------------------------------------------------------------
+
+// b has a's dtype: "y has dtype f32 but x has bf16".
+void require_same_dtype(const char* op, Operand b, Operand a) {
+  if (b.t.dtype() != a.t.dtype())
+    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
+            dtype_name(a.t.dtype()));
+}
+
+// x: (..., C) float; y like x; w (and b if defined): (C) in x's dtype.
+int64_t check_norm_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
+  require_cpu_contiguous(op, {{"x", x}, {"w", w}});
+  require_float(op, {"x", x});
+  if (x.ndim() < 1) op_fail(op, {{"x", x}}, "x must have at least 1 dim");
+  const int64_t C = x.size(-1);
+  require_same_dtype(op, {"w", w}, {"x", x});
+  require_shape(op, {"w", w}, Shape{C});
+  if (b.defined()) {
+    require_cpu_contiguous(op, {{"b", b}});
+    require_same_dtype(op, {"b", b}, {"x", x});
+    require_shape(op, {"b", b}, Shape{C});
+  }
+  return C;
+}
+
+// A per-row statistic: f32 with one element per row of x.
+void check_stat(const char* op, Operand stat, const Tensor& x) {
+  require_cpu_contiguous(op, {stat});
+  require_dtype(op, stat, DType::f32);
+  if (stat.t.numel() != rows(x))
+    op_fail(op, {stat, {"x", x}}, stat.name, " must have one element per row of x (", rows(x), ")");
+}
+
+void check_forward(const char* op, const Tensor& y, const Tensor& x) {
+  require_cpu_contiguous(op, {{"y", y}});
+  require_same_dtype(op, {"y", y}, {"x", x});
+  require_same_shape(op, {"y", y}, {"x", x});
+}
+
+// dy like x (f32 or x's dtype); each defined gradient is shaped like its
+// operand, f32 or the operand's dtype.
+void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Tensor& x,
+                    std::initializer_list<std::pair<Operand, const Tensor*>> param_grads) {
+  require_cpu_contiguous(op, {{"dy", dy}});
+  require_grad_dtype(op, {"dy", dy}, x.dtype());
+  require_same_shape(op, {"dy", dy}, {"x", x});
+  if (dx.defined()) {
+    require_cpu_contiguous(op, {{"dx", dx}});
+    require_grad_dtype(op, {"dx", dx}, x.dtype());
+    require_same_shape(op, {"dx", dx}, {"x", x});
+  }
+  for (const auto& [grad, param] : param_grads) {
+    if (!grad.t.defined()) continue;
+    require_cpu_contiguous(op, {grad});
+    require_grad_dtype(op, grad, param->dtype());
+    require_shape(op, grad, param->shape());
+  }
+}
+
+// Per-thread f32 scratch rows.
+struct Scratch {
+  std::vector<float> buf;
+  Scratch(int64_t n_rows, int64_t C) : buf(static_cast<size_t>(n_rows * C)) {}
+  float* row(int64_t i, int64_t C) { return buf.data() + i * C; }
+};
+
+}  // namespace
+
+// ---- LayerNorm ------------------------------------------------------------------
+
+// x, y: (..., C)  w: (C)  b: (C) or undefined (no bias)  mean, rstd: one f32
+// per row of x ((N) or x's leading shape), or undefined (inference).
+void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                       float eps) {
+  constexpr const char* op = "layernorm_forward";
+  const int64_t C = check_norm_params(op, x, w, b);
+  check_forward(op, y, x);
+  if (mean.defined()) check_stat(op, {"mean", mean}, x);
+  if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
+  const int64_t N = rows(x);
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    Scratch s(4, C);  // x, w, b, y
+    const float* wf = load_row(w, 0, C, s.row(1, C));
+    const float* bf = b.defined() ? load_row(b, 0, C, s.row(2, C)) : nullptr;
+    float* yr = s.row(3, C);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* xr = load_row(x, r, C, s.row(0, C));
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < C; ++i) sum += xr[i];
+      const float m = sum / static_cast<float>(C);
+      float var = 0.f;  // two-pass: no cancellation for rows with a large mean
+#pragma omp simd reduction(+ : var)
+      for (int64_t i = 0; i < C; ++i) var += (xr[i] - m) * (xr[i] - m);
+      const float rs = 1.f / std::sqrt(var / static_cast<float>(C) + eps);
+      for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * wf[i] + (bf ? bf[i] : 0.f);
+      put(y, r * C, C, yr, false);
+      if (mean.defined()) mean.data_as<float>()[r] = m;
+      if (rstd.defined()) rstd.data_as<float>()[r] = rs;
+    }
+  }
+}
+
+// xhat = (x - mean) * rstd, g = w * dy:
+//   dx += rstd * (g - mean(g) - xhat * mean(g * xhat))   dw += dy * xhat   db += dy
+void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd) {
+  constexpr const char* op = "layernorm_backward";
+  const int64_t C = check_norm_params(op, x, w, Tensor());
+  check_backward(op, dx, dy, x, {{{"dw", dw}, &w}, {{"db", db}, &w}});
+  check_stat(op, {"mean", mean}, x);
+  check_stat(op, {"rstd", rstd}, x);
+  const int64_t N = rows(x);
+  const RowBlocks blocks(N);
+  const bool want_params = dw.defined() || db.defined();
+  std::vector<float> partial(want_params ? static_cast<size_t>(blocks.n_blocks * 2 * C) : 0, 0.f);
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    Scratch s(4, C);  // x, dy, w, dx
+    const float* wf = load_row(w, 0, C, s.row(2, C));
+    float* g = s.row(3, C);
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < blocks.n_blocks; ++k) {
+      float* pdw = want_params ? partial.data() + k * 2 * C : nullptr;
+      float* pdb = want_params ? pdw + C : nullptr;
+      for (int64_t r = blocks.begin(k); r < blocks.begin(k + 1); ++r) {
+        const float* xr = load_row(x, r, C, s.row(0, C));
+        const float* dyr = load_row(dy, r, C, s.row(1, C));
+        const float m = mean.data_as<float>()[r], rs = rstd.data_as<float>()[r];
+        if (want_params) {
+          for (int64_t i = 0; i < C; ++i) {
+            pdw[i] += dyr[i] * ((xr[i] - m) * rs);
+            pdb[i] += dyr[i];
+          }
+        }
+        if (!dx.defined()) continue;
+        float sum_g = 0.f, sum_gx = 0.f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+        for (int64_t i = 0; i < C; ++i) {
+          const float gi = wf[i] * dyr[i];
+          sum_g += gi;
+          sum_gx += gi * ((xr[i] - m) * rs);
+        }
+        const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
+        for (int64_t i = 0; i < C; ++i) g[i] = rs * (wf[i] * dyr[i] - mg - (xr[i] - m) * rs * mgx);
+        put(dx, r * C, C, g, true);
+      }
+    }
+  }
+  if (want_params) add_partials({dw, db}, partial, blocks.n_blocks, C);
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------
+
+// Hugging Face LlamaRMSNorm in f32: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps).
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
+  constexpr const char* op = "rmsnorm_forward";
+  const int64_t C = check_norm_params(op, x, w, Tensor());
+  check_forward(op, y, x);
+  if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
+  const int64_t N = rows(x);
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    Scratch s(3, C);  // x, w, y
+    const float* wf = load_row(w, 0, C, s.row(1, C));
+    float* yr = s.row(2, C);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* xr = load_row(x, r, C, s.row(0, C));
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
+      const float rs = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+      for (int64_t i = 0; i < C; ++i) yr[i] = wf[i] * (xr[i] * rs);
+      put(y, r * C, C, yr, false);
+      if (rstd.defined()) rstd.data_as<float>()[r] = rs;
+    }
+  }
+}
+
+// dx += rstd * w * dy - x * rstd^3 * mean(w * dy * x)   dw += dy * x * rstd
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  constexpr const char* op = "rmsnorm_backward";
+  const int64_t C = check_norm_params(op, x, w, Tensor());
+  check_backward(op, dx, dy, x, {{{"dw", dw}, &w}});
+  check_stat(op, {"rstd", rstd}, x);
+  const int64_t N = rows(x);
+  const RowBlocks blocks(N);
+  std::vector<float> partial(dw.defined() ? static_cast<size_t>(blocks.n_blocks * C) : 0, 0.f);
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    Scratch s(4, C);  // x, dy, w, dx
+    const float* wf = load_row(w, 0, C, s.row(2, C));
+    float* g = s.row(3, C);
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < blocks.n_blocks; ++k) {
+      float* pdw = dw.defined() ? partial.data() + k * C : nullptr;
+      for (int64_t r = blocks.begin(k); r < blocks.begin(k + 1); ++r) {
+        const float* xr = load_row(x, r, C, s.row(0, C));
+        const float* dyr = load_row(dy, r, C, s.row(1, C));
+        const float rs = rstd.data_as<float>()[r];
+        if (pdw) {
+          for (int64_t i = 0; i < C; ++i) pdw[i] += dyr[i] * (xr[i] * rs);
+        }
+        if (!dx.defined()) continue;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t i = 0; i < C; ++i) sum += wf[i] * dyr[i] * xr[i];
+        const float k3 = rs * rs * rs * sum / static_cast<float>(C);
+        for (int64_t i = 0; i < C; ++i) g[i] = rs * wf[i] * dyr[i] - xr[i] * k3;
+        put(dx, r * C, C, g, true);
+      }
+    }
+  }
+  if (dw.defined()) add_partials({dw}, partial, blocks.n_blocks, C);
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,232 @@
+// AdamW and the reductions the optimizer step needs (ops.h): gradient norm
+// for clipping, the finiteness check for fp16 loss scaling, in-place scale.
+//
+// Reductions are deterministic and independent of the thread count: the
+// elements are cut into a fixed number of blocks (not one per thread), each
+// block is summed in a fixed vectorised order in double, and the block sums
+// are added serially. A run is bitwise reproducible whatever OMP_NUM_THREADS.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+constexpr int64_t kParallelMin = 1 << 15;  // elements below which threads cost more than they save
+
+// Calls f.template operator()<T>() with T = float, bf16 or f16.
+template <typename F>
+decltype(auto) dispatch_float16(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::bf16: return f.template operator()<bf16>();
+    case DType::f16: return f.template operator()<f16>();
+    default: LOOM_CHECK(false, "dtype ", dtype_name(dtype), " reached a float kernel");
+  }
+}
+
+void require_float16(const char* op, Operand x) {
+  if (!dtype_is_float(x.t.dtype()))
+    op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32, bf16 or f16");
+}
+
+// ---- adamw -------------------------------------------------------------------
+
+// Scalars of one step, formed as torch.optim.AdamW forms them (in double,
+// then used as f32 by its f32 kernels), so the update matches it closely.
+struct AdamWScalars {
+  float decay;          // 1 - lr * wd
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float bc2_sqrt;       // sqrt(1 - beta2^t)
+  float neg_step_size;  // -lr / (1 - beta1^t)
+  float eps, grad_scale;
+};
+
+AdamWScalars adamw_scalars(const AdamWConfig& c) {
+  const double t = static_cast<double>(c.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), t);
+  return {static_cast<float>(1.0 - static_cast<double>(c.lr) * c.weight_decay),
+          c.beta1,
+          static_cast<float>(1.0 - c.beta1),
+          c.beta2,
+          static_cast<float>(1.0 - c.beta2),
+          static_cast<float>(std::sqrt(bc2)),
+          static_cast<float>(-static_cast<double>(c.lr) / bc1),
+          c.eps,
+          c.grad_scale};
+}
+
+// sqrt of each element, in place. std::sqrt does not vectorise without
+// -fno-math-errno (it may set errno), so use the IEEE vector instruction
+// where there is one: the same correctly rounded result.
+void sqrt_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
+
+constexpr int64_t kAdamChunk = 512;  // elements per chunk: the sqrt scratch stays in L1
+
+// One chunk of n <= kAdamChunk elements, in torch.optim.AdamW's order of
+// operations. G: grad storage (float, bf16). P: param_copy storage, or void.
+template <typename G, typename P>
+void adamw_chunk(float* p, float* m, float* v, const G* grad, P* copy, int64_t n, const AdamWScalars& s) {
+  alignas(64) float root[kAdamChunk];
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = load_f32(grad[i]) * s.grad_scale;
+    m[i] = m[i] * s.beta1 + s.one_minus_beta1 * g;
+    v[i] = v[i] * s.beta2 + s.one_minus_beta2 * g * g;
+    root[i] = v[i];
+  }
+  sqrt_inplace(root, n);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float denom = root[i] / s.bc2_sqrt + s.eps;
+    const float pn = p[i] * s.decay + s.neg_step_size * m[i] / denom;
+    p[i] = pn;
+    if constexpr (!std::is_void_v<P>) copy[i] = store_as<P>(pn);
+  }
+}
+
+template <typename G, typename P>
+void adamw_loop(float* p, float* m, float* v, const G* grad, P* copy, int64_t n, const AdamWScalars& s) {
+  const int64_t chunks = (n + kAdamChunk - 1) / kAdamChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i = c * kAdamChunk, len = std::min(kAdamChunk, n - i);
+    P* copy_c = nullptr;
+    if constexpr (!std::is_void_v<P>) copy_c = copy + i;
+    adamw_chunk<G, P>(p + i, m + i, v + i, grad + i, copy_c, len, s);
+  }
+}
+
+void adamw_validate(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad,
+                    const Tensor& param_copy, const AdamWConfig& cfg) {
+  constexpr const char* op = "adamw_step";
+  require_cpu_contiguous(op, {{"param", param}, {"m", m}, {"v", v}, {"grad", grad}});
+  require_dtype(op, {"param", param}, DType::f32);
+  require_dtype(op, {"m", m}, DType::f32);
+  require_dtype(op, {"v", v}, DType::f32);
+  require_float(op, {"grad", grad});
+  require_same_shape(op, {"m", m}, {"param", param});
+  require_same_shape(op, {"v", v}, {"param", param});
+  require_same_shape(op, {"grad", grad}, {"param", param});
+  if (param_copy.defined()) {
+    require_cpu_contiguous(op, {{"param_copy", param_copy}});
+    require_float(op, {"param_copy", param_copy});
+    require_same_shape(op, {"param_copy", param_copy}, {"param", param});
+  }
+  LOOM_REQUIRE(cfg.step >= 1, op, ": step must be >= 1 (1-based, after incrementing), got ", cfg.step);
+  LOOM_REQUIRE(cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f && cfg.beta2 < 1.f, op,
+               ": betas must lie in [0, 1), got beta1=", cfg.beta1, " beta2=", cfg.beta2);
+  LOOM_REQUIRE(cfg.eps > 0.f, op, ": eps must be > 0, got ", cfg.eps);
+}
+
+// ---- reductions --------------------------------------------------------------
+
+constexpr int kBlocks = 64;  // fixed block count: the sum order never depends on threads
+
+template <typename T>
+double block_sum_squares(const T* x, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = load_f32(x[i]);
+    s += xi * xi;
+  }
+  return s;
+}
+
+template <typename T>
+double sum_squares_of(const T* x, int64_t n) {
+  if (n < kParallelMin) return block_sum_squares(x, n);
+  double partial[kBlocks];
+  const int64_t block = (n + kBlocks - 1) / kBlocks;
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < kBlocks; ++b) {
+    const int64_t lo = std::min(n, b * block), hi = std::min(n, lo + block);
+    partial[b] = block_sum_squares(x + lo, hi - lo);
+  }
+  double s = 0;
+  for (double p : partial) s += p;
+  return s;
+}
+
+// The bits of the exponent field: all ones means Inf or NaN.
+template <typename T> struct ExpMask;
+template <> struct ExpMask<float> { using U = uint32_t; static constexpr U value = 0x7f800000u; };
+template <> struct ExpMask<bf16> { using U = uint16_t; static constexpr U value = 0x7f80u; };
+template <> struct ExpMask<f16> { using U = uint16_t; static constexpr U value = 0x7c00u; };
+
+template <typename T>
+bool all_finite_of(const T* x, int64_t n) {
+  using U = typename ExpMask<T>::U;
+  constexpr U mask = ExpMask<T>::value;
+  const U* bits = reinterpret_cast<const U*>(x);
+  int bad = 0;  // an OR is order-independent, so this is deterministic too
+#pragma omp parallel for simd reduction(| : bad) schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) bad |= (bits[i] & mask) == mask;
+  return bad == 0;
+}
+
+double sum_squares_checked(const char* op, const char* name, const Tensor& t) {
+  require_cpu_contiguous(op, {{name, t}});
+  require_float16(op, {name, t});
+  return dispatch_float16(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
+}
+
+}  // namespace
+
+void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor param_copy, const AdamWConfig& cfg) {
+  adamw_validate(param, m, v, grad, param_copy, cfg);
+  const AdamWScalars s = adamw_scalars(cfg);
+  float* p = param.data_as<float>();
+  dispatch_float(grad.dtype(), [&]<typename G>() {
+    const G* g = grad.data_as<const G>();
+    if (!param_copy.defined())
+      return adamw_loop<G, void>(p, m.data_as<float>(), v.data_as<float>(), g, nullptr, param.numel(), s);
+    dispatch_float(param_copy.dtype(), [&]<typename P>() {
+      adamw_loop<G, P>(p, m.data_as<float>(), v.data_as<float>(), g, param_copy.data_as<P>(), param.numel(), s);
+    });
+  });
+}
+
+double sum_squares(const Tensor& t) { return sum_squares_checked("sum_squares", "t", t); }
+
+double global_norm(std::span<const Tensor> tensors) {
+  double s = 0;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    s += sum_squares_checked("global_norm", concat("tensors[", i, "]").c_str(), tensors[i]);
+  return std::sqrt(s);
+}
+
+bool all_finite(const Tensor& t) {
+  require_cpu_contiguous("all_finite", {{"t", t}});
+  require_float16("all_finite", {"t", t});
+  return dispatch_float16(t.dtype(), [&]<typename T>() { return all_finite_of(t.data_as<const T>(), t.numel()); });
+}
+
+void scale(Tensor t, float s) {
+  require_cpu_contiguous("scale", {{"t", t}});
+  require_float16("scale", {"t", t});
+  dispatch_float16(t.dtype(), [&]<typename T>() {
+    T* x = t.data_as<T>();
+    const int64_t n = t.numel();
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) x[i] = store_as<T>(load_f32(x[i]) * s);
+  });
+}
+
+}  // namespace loom::kernels

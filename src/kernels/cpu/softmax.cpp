@@ -1,0 +1,145 @@
+// Softmax over the last dim, forward and backward (ops.h). Each row is loaded
+// as f32 (the tensor's own memory when f32, a per-thread buffer when bf16),
+// computed in f32 and stored in the operand's dtype; rows run in parallel.
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+namespace {
+
+// Elements below which a parallel region costs more than it saves (decode
+// steps, tiny test shapes).
+constexpr int64_t kMinParallel = 1 << 15;
+
+// Row r of a contiguous (rows, n) float tensor as f32.
+const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
+  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
+  const bf16* src = t.data_as<bf16>() + r * n;
+  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
+  return buf;
+}
+
+// t[r, :] = v (write) or t[r, :] += v (accumulate), in t's dtype.
+void put_row(Tensor t, int64_t r, int64_t n, const float* v, bool accumulate) {
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    T* dst = t.data_as<T>() + r * n;
+    if (accumulate) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(v[i]);
+    }
+  });
+}
+
+// b has a's dtype: "y has dtype f32 but x has bf16".
+void require_same_dtype(const char* op, Operand b, Operand a) {
+  if (b.t.dtype() != a.t.dtype())
+    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
+            dtype_name(a.t.dtype()));
+}
+
+// exp(x) for x <= 0 (and -inf), within 2 ulp, branch-free so that loops
+// over it vectorise (std::exp does not without -ffast-math). Cephes expf:
+// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-7 polynomial, 2^n
+// built in the exponent bits. Below -87.33 (2^-126) it returns 0; NaN stays NaN.
+inline float exp_nonpositive(float x) {
+  constexpr float kMin = -87.33654f, kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float xc = x < kMin ? kMin : x;
+  const float z = xc * 1.44269504088896341f + kRound;  // n in the low mantissa bits of z
+  const float n = z - kRound;
+  float r = xc - n * 0.693359375f;  // ln2 split in two for an exact product with n
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.f;
+  const uint32_t pow2n = (std::bit_cast<uint32_t>(z) - 0x4B400000u + 127u) << 23;  // 2^n, n >= -126
+  const float y = er * std::bit_cast<float>(pow2n);
+  return x < kMin ? 0.f : y;
+}
+
+// One row: out = exp(x - max(x)) / sum(exp(x - max(x))). out may be x.
+// Subtracting the max keeps every exponent <= 0, so nothing overflows.
+void softmax_row(float* out, const float* x, int64_t D) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < D; ++i) m = x[i] > m ? x[i] : m;  // std::max does not vectorise here
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) out[i] = exp_nonpositive(x[i] - m);
+  double sum = 0.;  // double: a vocabulary-sized row (D = 50257) sums to 1e-7 relative
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < D; ++i) sum += out[i];
+  const float inv = static_cast<float>(1. / sum);
+  for (int64_t i = 0; i < D; ++i) out[i] *= inv;
+}
+
+}  // namespace
+
+// x, y: (..., D), same dtype and shape; y may be x.
+void softmax_forward(Tensor y, const Tensor& x) {
+  constexpr const char* op = "softmax_forward";
+  require_cpu_contiguous(op, {{"y", y}, {"x", x}});
+  require_float(op, {"x", x});
+  if (x.ndim() < 1) op_fail(op, {{"x", x}}, "x must have at least 1 dim");
+  require_same_dtype(op, {"y", y}, {"x", x});
+  require_same_shape(op, {"y", y}, {"x", x});
+  const int64_t N = rows(x), D = x.size(-1);
+  const bool direct = y.dtype() == DType::f32;  // write straight into y
+#pragma omp parallel if (N * D >= kMinParallel)
+  {
+    std::vector<float> buf(direct ? 0 : static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* xr = load_row(x, r, D, buf.data());
+      if (direct) {
+        softmax_row(y.data_as<float>() + r * D, xr, D);
+      } else {
+        softmax_row(buf.data(), xr, D);
+        put_row(y, r, D, buf.data(), false);
+      }
+    }
+  }
+}
+
+// dx += y * (dy - sum(dy * y))     y: (..., D)  dy, dx: like y, f32 or y's dtype.
+void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y) {
+  constexpr const char* op = "softmax_backward";
+  require_cpu_contiguous(op, {{"dy", dy}, {"y", y}});
+  require_float(op, {"y", y});
+  if (y.ndim() < 1) op_fail(op, {{"y", y}}, "y must have at least 1 dim");
+  require_grad_dtype(op, {"dy", dy}, y.dtype());
+  require_same_shape(op, {"dy", dy}, {"y", y});
+  if (!dx.defined()) return;
+  require_cpu_contiguous(op, {{"dx", dx}});
+  require_grad_dtype(op, {"dx", dx}, y.dtype());
+  require_same_shape(op, {"dx", dx}, {"y", y});
+  const int64_t N = rows(y), D = y.size(-1);
+#pragma omp parallel if (N * D >= kMinParallel)
+  {
+    std::vector<float> buf(3 * static_cast<size_t>(D));  // y, dy, dx
+    float* g = buf.data() + 2 * D;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      const float* yr = load_row(y, r, D, buf.data());
+      const float* dyr = load_row(dy, r, D, buf.data() + D);
+      double dot = 0.;  // double, as the forward's sum
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < D; ++i) dot += dyr[i] * yr[i];
+      const float dotf = static_cast<float>(dot);
+      for (int64_t i = 0; i < D; ++i) g[i] = yr[i] * (dyr[i] - dotf);
+      put_row(dx, r, D, g, true);
+    }
+  }
+}
+
+}  // namespace loom::kernels

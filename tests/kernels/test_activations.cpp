@@ -1,0 +1,301 @@
+// GELU (tanh), SiLU and SwiGLU against PyTorch (tests/ref/ref_activations.py),
+// finite differences, the bf16 path and misuse.
+//
+// Tolerances:
+// - f32 vs the float64 reference: rel 1e-5, abs 1e-6 (elementwise, DESIGN.md
+//   §6). The abs term covers values near zero: gradients cross zero (GELU'
+//   near x = -0.75, SiLU' near x = -1.28) where the result is a difference of
+//   O(1) f32 terms, so a few f32 ulps of 1 (~1e-7) is the best possible.
+// - bf16 vs the f32 path on the same bf16-rounded inputs: rel 2^-8 (one bf16
+//   ulp), abs 1e-6. The math is f32 on both paths, so bf16 differs only by the
+//   final rounding (half an ulp); in practice the results are identical.
+// - finite differences: central, h = 1e-2 on f32, rel 1e-2, abs 1e-3: the
+//   truncation error h^2 f'''/6 is ~1e-5 and f32 rounding of the loss
+//   (~1e-7 / 2h) ~1e-5, both far inside.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/compare.h"
+#include "common/ref.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace loom {
+namespace {
+
+using kernels::gelu_backward;
+using kernels::gelu_forward;
+using kernels::silu_backward;
+using kernels::silu_forward;
+using kernels::swiglu_backward;
+using kernels::swiglu_forward;
+using test::RefCase;
+
+constexpr double kRtol = 1e-5, kAtol = 1e-6;
+constexpr double kBf16Rtol = 1.0 / 256, kBf16Atol = 1e-6;
+const char* const kCases[] = {"btc", "t1", "nf", "tails"};
+
+RefCase load_case(const std::string& name) { return RefCase("activations_" + name + ".ref"); }
+
+Tensor f32(std::vector<float>& v, const Shape& s) { return Tensor(v.data(), DType::f32, s); }
+Tensor bf(std::vector<bf16>& v, const Shape& s) { return Tensor(v.data(), DType::bf16, s); }
+
+std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
+  return out;
+}
+std::vector<float> from_bf16_vec(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = from_bf16(v[i]);
+  return out;
+}
+
+// Known, non-zero gradient contents, to check backward adds (+=) to them.
+std::vector<float> prefill(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.25f * static_cast<float>(i % 7) - 0.75f;
+  return v;
+}
+std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+// A unary activation and the names of its reference outputs.
+struct Unary {
+  const char* name;
+  void (*forward)(Tensor, const Tensor&);
+  void (*backward)(Tensor, const Tensor&, const Tensor&);
+  const char* y_key;
+  const char* dx_key;
+};
+const Unary kGelu{"gelu", gelu_forward, gelu_backward, "gelu_y", "gelu_dx"};
+const Unary kSilu{"silu", silu_forward, silu_backward, "silu_y", "silu_dx"};
+
+void expect_forward_matches_torch(const Unary& op) {
+  for (const char* c : kCases) {
+    SCOPED_TRACE(c);
+    RefCase rc = load_case(c);
+    std::vector<float> x = rc["x"].floats(), y(x.size(), NAN);
+    op.forward(f32(y, rc["x"].shape), f32(x, rc["x"].shape));
+    EXPECT_ALL_CLOSE(y, rc[op.y_key].floats(), kRtol, kAtol);
+  }
+}
+
+void expect_forward_in_place(const Unary& op) {
+  RefCase rc = load_case("nf");
+  std::vector<float> x = rc["x"].floats();
+  op.forward(f32(x, rc["x"].shape), f32(x, rc["x"].shape));
+  EXPECT_ALL_CLOSE(x, rc[op.y_key].floats(), kRtol, kAtol);
+}
+
+void expect_backward_accumulates_torch_grad(const Unary& op) {
+  for (const char* c : kCases) {
+    SCOPED_TRACE(c);
+    RefCase rc = load_case(c);
+    const Shape s = rc["x"].shape;
+    std::vector<float> x = rc["x"].floats(), dy = rc["dy_x"].floats(), dx = prefill(x.size());
+    const std::vector<float> expected = plus(dx, rc[op.dx_key].floats());
+    op.backward(f32(dx, s), f32(dy, s), f32(x, s));
+    EXPECT_ALL_CLOSE(dx, expected, kRtol, kAtol);
+    op.backward(Tensor(), f32(dy, s), f32(x, s));  // an undefined gradient is skipped
+  }
+}
+
+void expect_backward_matches_finite_differences(const Unary& op) {
+  std::vector<float> x = {-4.f, -2.5f, -1.3f, -0.7f, -0.1f, 0.f, 0.3f, 0.9f, 1.7f, 3.1f, 5.f};
+  std::vector<float> w = {0.3f, -1.1f, 0.8f, 1.5f, -0.4f, 0.9f, -0.7f, 1.2f, 0.5f, -0.9f, 0.6f};
+  const Shape s{static_cast<int64_t>(x.size())};
+  std::vector<float> y(x.size()), dx(x.size(), 0.f);
+  auto loss = [&] {
+    op.forward(f32(y, s), f32(x, s));
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * w[i];
+    return sum;
+  };
+  const std::vector<double> fd = test::finite_difference(loss, x, 1e-2f);
+  op.backward(f32(dx, s), f32(w, s), f32(x, s));
+  EXPECT_ALL_CLOSE(dx, std::vector<float>(fd.begin(), fd.end()), 1e-2, 1e-3);
+}
+
+// bf16 x, y, dy, dx against the f32 path fed the same bf16-rounded values.
+void expect_bf16_matches_f32_path(const Unary& op) {
+  RefCase rc = load_case("btc");
+  const Shape s = rc["x"].shape;
+  std::vector<bf16> xb = to_bf16_vec(rc["x"].floats()), dyb = to_bf16_vec(rc["dy_x"].floats());
+  std::vector<float> x = from_bf16_vec(xb), dy = from_bf16_vec(dyb);
+  std::vector<float> y(x.size()), dx = from_bf16_vec(to_bf16_vec(prefill(x.size())));
+  std::vector<bf16> yb(x.size()), dxb = to_bf16_vec(dx);
+  std::vector<float> dx_f32_grad = dx;  // a f32 gradient of the bf16 operand
+  op.forward(f32(y, s), f32(x, s));
+  op.backward(f32(dx, s), f32(dy, s), f32(x, s));
+  op.forward(bf(yb, s), bf(xb, s));
+  op.backward(bf(dxb, s), bf(dyb, s), bf(xb, s));
+  op.backward(f32(dx_f32_grad, s), bf(dyb, s), bf(xb, s));
+  EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
+  EXPECT_ALL_CLOSE(from_bf16_vec(dxb), dx, kBf16Rtol, kBf16Atol);
+  EXPECT_ALL_CLOSE(dx_f32_grad, dx, kRtol, kAtol);
+}
+
+// Runs f, expects a loom::Error whose message names the op and `shape`.
+template <typename F>
+void expect_error(F f, const std::string& op, const std::string& shape) {
+  try {
+    f();
+    ADD_FAILURE() << "no loom::Error for " << op;
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(op), std::string::npos) << what;
+    EXPECT_NE(what.find(shape), std::string::npos) << what;
+  }
+}
+
+void expect_misuse_errors(const Unary& op) {
+  std::vector<float> a(12), b(12), c(12);
+  std::vector<bf16> h(12);
+  std::vector<int32_t> n(12);
+  const std::string fwd = std::string(op.name) + "_forward", bwd = std::string(op.name) + "_backward";
+  expect_error([&] { op.forward(f32(a, {3, 4}), f32(b, {4, 3})); }, fwd, "(4, 3)");
+  expect_error([&] { op.forward(bf(h, {3, 4}), f32(b, {3, 4})); }, fwd, "bf16(3, 4)");
+  expect_error([&] { op.forward(f32(a, {3, 4}), Tensor(n.data(), DType::i32, {3, 4})); }, fwd, "i32(3, 4)");
+  expect_error([&] { op.forward(Tensor(), f32(b, {3, 4})); }, fwd, "undefined");
+  expect_error([&] { op.backward(f32(a, {12}), f32(b, {3, 4}), f32(c, {3, 4})); }, bwd, "f32(12,)");
+  expect_error([&] { op.backward(f32(a, {3, 4}), f32(b, {2, 6}), f32(c, {3, 4})); }, bwd, "(2, 6)");
+  expect_error([&] { op.backward(f32(a, {3, 4}), bf(h, {3, 4}), f32(c, {3, 4})); }, bwd, "bf16(3, 4)");
+  const Tensor strided = f32(a, {3, 4}).slice(1, 0, 2);
+  expect_error([&] { op.forward(f32(b, {3, 2}), strided); }, fwd, "f32(3, 2)");
+}
+
+TEST(Gelu, ForwardMatchesTorchF32) { expect_forward_matches_torch(kGelu); }
+TEST(Gelu, ForwardRunsInPlace) { expect_forward_in_place(kGelu); }
+TEST(Gelu, BackwardAccumulatesTorchGradF32) { expect_backward_accumulates_torch_grad(kGelu); }
+TEST(Gelu, BackwardMatchesFiniteDifferences) { expect_backward_matches_finite_differences(kGelu); }
+TEST(Gelu, Bf16MatchesF32Path) { expect_bf16_matches_f32_path(kGelu); }
+TEST(Gelu, MisuseThrowsNamingOpAndShapes) { expect_misuse_errors(kGelu); }
+
+TEST(Silu, ForwardMatchesTorchF32) { expect_forward_matches_torch(kSilu); }
+TEST(Silu, ForwardRunsInPlace) { expect_forward_in_place(kSilu); }
+TEST(Silu, BackwardAccumulatesTorchGradF32) { expect_backward_accumulates_torch_grad(kSilu); }
+TEST(Silu, BackwardMatchesFiniteDifferences) { expect_backward_matches_finite_differences(kSilu); }
+TEST(Silu, Bf16MatchesF32Path) { expect_bf16_matches_f32_path(kSilu); }
+TEST(Silu, MisuseThrowsNamingOpAndShapes) { expect_misuse_errors(kSilu); }
+
+// Extreme inputs give the limits, never NaN: gelu(x) -> x or 0, gelu' -> 1 or 0.
+TEST(Gelu, SaturatesWithoutNaNAtExtremes) {
+  std::vector<float> x = {-1e30f, -200.f, -89.f, 89.f, 200.f, 1e30f}, y(6), dy(6, 1.f), dx(6, 0.f);
+  const Shape s{6};
+  gelu_forward(f32(y, s), f32(x, s));
+  gelu_backward(f32(dx, s), f32(dy, s), f32(x, s));
+  EXPECT_ALL_CLOSE(y, (std::vector<float>{0.f, 0.f, 0.f, 89.f, 200.f, 1e30f}), 1e-6, 1e-30);
+  EXPECT_ALL_CLOSE(dx, (std::vector<float>{0.f, 0.f, 0.f, 1.f, 1.f, 1.f}), 1e-6, 1e-30);
+}
+
+TEST(SwiGlu, ForwardMatchesTorchF32) {
+  for (const char* c : kCases) {
+    SCOPED_TRACE(c);
+    RefCase rc = load_case(c);
+    const Shape s = rc["gate"].shape;
+    std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats(), y(gate.size(), NAN);
+    swiglu_forward(f32(y, s), f32(gate, s), f32(up, s));
+    EXPECT_ALL_CLOSE(y, rc["swiglu_y"].floats(), kRtol, kAtol);
+  }
+}
+
+TEST(SwiGlu, ForwardRunsInPlaceOverGateOrUp) {
+  RefCase rc = load_case("nf");
+  const Shape s = rc["gate"].shape;
+  std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats();
+  swiglu_forward(f32(gate, s), f32(gate, s), f32(up, s));
+  EXPECT_ALL_CLOSE(gate, rc["swiglu_y"].floats(), kRtol, kAtol);
+  gate = rc["gate"].floats();
+  swiglu_forward(f32(up, s), f32(gate, s), f32(up, s));
+  EXPECT_ALL_CLOSE(up, rc["swiglu_y"].floats(), kRtol, kAtol);
+}
+
+TEST(SwiGlu, BackwardAccumulatesTorchGradF32) {
+  for (const char* c : kCases) {
+    SCOPED_TRACE(c);
+    RefCase rc = load_case(c);
+    const Shape s = rc["gate"].shape;
+    std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats(), dy = rc["dy_glu"].floats();
+    std::vector<float> dgate = prefill(gate.size()), dup = dgate;
+    const std::vector<float> want_dgate = plus(dgate, rc["swiglu_dgate"].floats());
+    const std::vector<float> want_dup = plus(dup, rc["swiglu_dup"].floats());
+    swiglu_backward(f32(dgate, s), f32(dup, s), f32(dy, s), f32(gate, s), f32(up, s));
+    EXPECT_ALL_CLOSE(dgate, want_dgate, kRtol, kAtol);
+    EXPECT_ALL_CLOSE(dup, want_dup, kRtol, kAtol);
+  }
+}
+
+TEST(SwiGlu, BackwardSkipsUndefinedGradients) {
+  RefCase rc = load_case("btc");
+  const Shape s = rc["gate"].shape;
+  std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats(), dy = rc["dy_glu"].floats();
+  std::vector<float> dgate(gate.size(), 0.f), dup(gate.size(), 0.f);
+  swiglu_backward(f32(dgate, s), Tensor(), f32(dy, s), f32(gate, s), f32(up, s));
+  swiglu_backward(Tensor(), f32(dup, s), f32(dy, s), f32(gate, s), f32(up, s));
+  swiglu_backward(Tensor(), Tensor(), f32(dy, s), f32(gate, s), f32(up, s));
+  EXPECT_ALL_CLOSE(dgate, rc["swiglu_dgate"].floats(), kRtol, kAtol);
+  EXPECT_ALL_CLOSE(dup, rc["swiglu_dup"].floats(), kRtol, kAtol);
+}
+
+TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
+  std::vector<float> gate = {-4.f, -1.3f, -0.2f, 0.4f, 1.1f, 3.5f}, up = {0.7f, -1.2f, 2.f, 0.5f, -0.3f, 1.4f};
+  std::vector<float> w = {0.3f, -1.1f, 0.8f, 1.5f, -0.4f, 0.9f};
+  const Shape s{2, 3};
+  std::vector<float> y(6), dgate(6, 0.f), dup(6, 0.f);
+  auto loss = [&] {
+    swiglu_forward(f32(y, s), f32(gate, s), f32(up, s));
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * w[i];
+    return sum;
+  };
+  const std::vector<double> fd_gate = test::finite_difference(loss, gate, 1e-2f);
+  const std::vector<double> fd_up = test::finite_difference(loss, up, 1e-2f);
+  swiglu_backward(f32(dgate, s), f32(dup, s), f32(w, s), f32(gate, s), f32(up, s));
+  EXPECT_ALL_CLOSE(dgate, std::vector<float>(fd_gate.begin(), fd_gate.end()), 1e-2, 1e-3);
+  EXPECT_ALL_CLOSE(dup, std::vector<float>(fd_up.begin(), fd_up.end()), 1e-2, 1e-3);
+}
+
+TEST(SwiGlu, Bf16MatchesF32Path) {
+  RefCase rc = load_case("btc");
+  const Shape s = rc["gate"].shape;
+  std::vector<bf16> gb = to_bf16_vec(rc["gate"].floats()), ub = to_bf16_vec(rc["up"].floats());
+  std::vector<bf16> dyb = to_bf16_vec(rc["dy_glu"].floats());
+  std::vector<float> gate = from_bf16_vec(gb), up = from_bf16_vec(ub), dy = from_bf16_vec(dyb);
+  const size_t n = gate.size();
+  std::vector<float> y(n), dgate = from_bf16_vec(to_bf16_vec(prefill(n))), dup = dgate;
+  std::vector<bf16> yb(n), dgate_b = to_bf16_vec(dgate);
+  std::vector<float> dup_f32_grad = dup;  // f32 gradient of a bf16 operand
+  swiglu_forward(f32(y, s), f32(gate, s), f32(up, s));
+  swiglu_backward(f32(dgate, s), f32(dup, s), f32(dy, s), f32(gate, s), f32(up, s));
+  swiglu_forward(bf(yb, s), bf(gb, s), bf(ub, s));
+  swiglu_backward(bf(dgate_b, s), f32(dup_f32_grad, s), bf(dyb, s), bf(gb, s), bf(ub, s));
+  EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
+  EXPECT_ALL_CLOSE(from_bf16_vec(dgate_b), dgate, kBf16Rtol, kBf16Atol);
+  EXPECT_ALL_CLOSE(dup_f32_grad, dup, kRtol, kAtol);
+}
+
+TEST(SwiGlu, MisuseThrowsNamingOpAndShapes) {
+  std::vector<float> a(12), b(12), c(12), d(12), e(12);
+  std::vector<bf16> h(12);
+  expect_error([&] { swiglu_forward(f32(a, {3, 4}), f32(b, {3, 4}), f32(c, {4, 3})); }, "swiglu_forward", "(4, 3)");
+  expect_error([&] { swiglu_forward(f32(a, {3, 4}), f32(b, {3, 4}), bf(h, {3, 4})); }, "swiglu_forward",
+               "bf16(3, 4)");
+  expect_error([&] { swiglu_forward(f32(a, {2, 6}), f32(b, {3, 4}), f32(c, {3, 4})); }, "swiglu_forward",
+               "f32(2, 6)");
+  expect_error([&] { swiglu_backward(f32(a, {3, 4}), f32(b, {12}), f32(c, {3, 4}), f32(d, {3, 4}), f32(e, {3, 4})); },
+               "swiglu_backward", "f32(12,)");
+  expect_error([&] { swiglu_backward(f32(a, {3, 4}), f32(b, {3, 4}), f32(c, {4, 3}), f32(d, {3, 4}), f32(e, {3, 4})); },
+               "swiglu_backward", "(4, 3)");
+  expect_error([&] { swiglu_backward(Tensor(), Tensor(), bf(h, {3, 4}), f32(d, {3, 4}), f32(e, {3, 4})); },
+               "swiglu_backward", "bf16(3, 4)");
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,252 @@
+// Token + position embedding against PyTorch (tests/ref/ref_embedding.py),
+// finite differences, the bf16 path against the f32 path, determinism of the
+// scatter-add, and misuse (tokens and positions out of range).
+//
+// Tolerances (|a - e| <= atol + rtol |e|):
+// - f32 vs torch (float64 from the same f32 inputs): y is one f32 add, so
+//   rtol 1e-6 atol 0; dwte, dwpe are sums over repeated tokens / over B:
+//   rtol 1e-5 atol 1e-6.
+// - bf16 storage vs the f32 path on the same (rounded) inputs: one bf16
+//   rounding of each stored value (2^-9 relative): rtol 1e-2 atol 1e-6 for y;
+//   bf16 gradients rtol 1e-2 atol 1e-2 (prefill of order 1 rounded once);
+//   f32 gradients from bf16 dy are the f32 path's: rtol 1e-6 atol 1e-6.
+// - finite differences: the embedding is linear, so central differences
+//   (h = 1e-2) are exact up to f32 round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/compare.h"
+#include "common/ref.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels {
+namespace {
+
+using test::all_close;
+using test::RefCase;
+using Floats = std::vector<float>;
+
+const char* const kCases[] = {"gpt2", "t1", "nopos"};
+
+// Owned storage of one dtype, filled from floats (rounded to bf16 if asked).
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  Tensor t;
+  Buffer(const Floats& v, DType dtype, Shape shape) : bytes(v.size() * dtype_size(dtype)) {
+    t = Tensor(bytes.data(), dtype, shape);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dtype == DType::f32) t.data_as<float>()[i] = v[i];
+      else t.data_as<bf16>()[i] = to_bf16(v[i]);
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Floats floats() const { return test::to_floats(t); }
+};
+
+Floats rounded_to_bf16(Floats v) {
+  for (float& f : v) f = from_bf16(to_bf16(f));
+  return v;
+}
+
+Floats plus(Floats a, const Floats& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+// One case: wpe, dwpe0 empty when there are no learned positions.
+struct EmbeddingInputs {
+  int64_t B = 0, T = 0, C = 0, V = 0, max_t = 0, pos_offset = 0;
+  std::vector<int32_t> tokens;
+  Floats wte, wpe, dy, dwte0, dwpe0;
+};
+
+EmbeddingInputs load_inputs(RefCase& rc) {
+  EmbeddingInputs in;
+  in.B = rc["tokens"].shape[0], in.T = rc["tokens"].shape[1];
+  in.V = rc["wte"].shape[0], in.C = rc["wte"].shape[1];
+  in.pos_offset = static_cast<int64_t>(rc["pos_offset"].scalar());
+  const Tensor tokens = rc["tokens"].view();
+  in.tokens.assign(tokens.data_as<int32_t>(), tokens.data_as<int32_t>() + tokens.numel());
+  in.wte = rc["wte"].floats(), in.dy = rc["dy"].floats(), in.dwte0 = rc["dwte_prefill"].floats();
+  if (rc.has("wpe")) {
+    in.max_t = rc["wpe"].shape[0];
+    in.wpe = rc["wpe"].floats(), in.dwpe0 = rc["dwpe_prefill"].floats();
+  }
+  return in;
+}
+
+struct EmbeddingOutputs {
+  Floats y, dwte, dwpe;
+};
+
+// Forward, then backward into the pre-filled gradients. act: dtype of wte,
+// wpe, y; grad: dtype of dy, dwte, dwpe.
+EmbeddingOutputs run_embedding(EmbeddingInputs in, DType act, DType grad) {
+  const Shape bt{in.B, in.T}, btc{in.B, in.T, in.C}, table{in.max_t, in.C};
+  const Tensor tokens(in.tokens.data(), DType::i32, bt);
+  Buffer wte(in.wte, act, Shape{in.V, in.C}), wpe(in.wpe, act, table), y(Floats(in.B * in.T * in.C), act, btc);
+  Buffer dy(in.dy, grad, btc), dwte(in.dwte0, grad, Shape{in.V, in.C}), dwpe(in.dwpe0, grad, table);
+  const bool learned = !in.wpe.empty();
+  embedding_forward(y.t, tokens, wte.t, learned ? wpe.t : Tensor(), in.pos_offset);
+  embedding_backward(dwte.t, learned ? dwpe.t : Tensor(), dy.t, tokens, in.pos_offset);
+  return {y.floats(), dwte.floats(), learned ? dwpe.floats() : Floats()};
+}
+
+TEST(Embedding, ForwardMatchesTorchF32) {
+  for (const char* name : kCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("embedding_") + name + ".ref");
+    EXPECT_TRUE(all_close(run_embedding(load_inputs(rc), DType::f32, DType::f32).y, rc["y"].floats(), 1e-6, 0));
+  }
+}
+
+TEST(Embedding, BackwardScatterAddsTorchGradientsOntoPrefillF32) {
+  for (const char* name : kCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("embedding_") + name + ".ref");
+    const EmbeddingInputs in = load_inputs(rc);
+    const EmbeddingOutputs out = run_embedding(in, DType::f32, DType::f32);
+    EXPECT_TRUE(all_close(out.dwte, plus(in.dwte0, rc["dwte"].floats()), 1e-5, 1e-6));
+    if (rc.has("dwpe")) {
+      EXPECT_TRUE(all_close(out.dwpe, plus(in.dwpe0, rc["dwpe"].floats()), 1e-5, 1e-6));
+    }
+  }
+}
+
+TEST(Embedding, Bf16MatchesF32PathOnRoundedInputs) {
+  for (const char* name : kCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("embedding_") + name + ".ref");
+    EmbeddingInputs in = load_inputs(rc);
+    for (Floats* v : {&in.wte, &in.wpe, &in.dy, &in.dwte0, &in.dwpe0}) *v = rounded_to_bf16(*v);
+    const EmbeddingOutputs ref = run_embedding(in, DType::f32, DType::f32);
+    const EmbeddingOutputs f32_grads = run_embedding(in, DType::bf16, DType::f32);
+    EXPECT_TRUE(all_close(f32_grads.y, ref.y, 1e-2, 1e-6)) << "y";
+    EXPECT_TRUE(all_close(f32_grads.dwte, ref.dwte, 1e-6, 1e-6)) << "dwte, f32 gradients";
+    EXPECT_TRUE(all_close(f32_grads.dwpe, ref.dwpe, 1e-6, 1e-6)) << "dwpe, f32 gradients";
+    const EmbeddingOutputs bf16_grads = run_embedding(in, DType::bf16, DType::bf16);
+    EXPECT_TRUE(all_close(bf16_grads.dwte, ref.dwte, 1e-2, 1e-2)) << "dwte, bf16 gradients";
+    EXPECT_TRUE(all_close(bf16_grads.dwpe, ref.dwpe, 1e-2, 1e-2)) << "dwpe, bf16 gradients";
+  }
+}
+
+// A tiny table with repeated tokens; loss = sum(y * r), analytic gradient = backward with dy = r.
+TEST(Embedding, GradientsMatchFiniteDifferences) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  EmbeddingInputs in;
+  in.B = 2, in.T = 3, in.C = 3, in.V = 7, in.max_t = 5, in.pos_offset = 1;
+  in.tokens = {3, 0, 3, 6, 3, 0};
+  for (Floats* v : {&in.wte, &in.wpe, &in.dy}) v->resize(v == &in.wte ? 21 : v == &in.wpe ? 15 : 18);
+  for (Floats* v : {&in.wte, &in.wpe, &in.dy})
+    for (float& f : *v) f = normal(rng);
+  in.dwte0 = Floats(21), in.dwpe0 = Floats(15);
+  const EmbeddingOutputs analytic = run_embedding(in, DType::f32, DType::f32);
+  EmbeddingInputs probe = in;
+  const auto loss = [&] {
+    const Floats y = run_embedding(probe, DType::f32, DType::f32).y;
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * in.dy[i];
+    return s;
+  };
+  const auto fd = [&](Floats& v) {
+    const std::vector<double> g = test::finite_difference(loss, v, 1e-2f);
+    return Floats(g.begin(), g.end());
+  };
+  EXPECT_TRUE(all_close(analytic.dwte, fd(probe.wte), 1e-2, 1e-3)) << "dwte";
+  EXPECT_TRUE(all_close(analytic.dwpe, fd(probe.wpe), 1e-2, 1e-3)) << "dwpe";
+}
+
+// The scatter-add sums each token's rows in (b, t) order on one thread.
+TEST(Embedding, BackwardIsBitwiseIdenticalAcrossThreadCounts) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int32_t> pick(0, 49);
+  EmbeddingInputs in;
+  in.B = 8, in.T = 512, in.C = 64, in.V = 1000, in.max_t = 512;
+  for (int64_t i = 0; i < in.B * in.T; ++i) in.tokens.push_back(pick(rng) * 20);  // 50 distinct, ~80 repeats each
+  in.wte = Floats(in.V * in.C), in.wpe = Floats(in.max_t * in.C);
+  in.dy = Floats(in.B * in.T * in.C);
+  for (float& f : in.dy) f = normal(rng);
+  in.dwte0 = Floats(in.V * in.C), in.dwpe0 = Floats(in.max_t * in.C);
+  const int saved = num_threads();
+  std::vector<EmbeddingOutputs> runs;
+  for (int threads : {1, 2, 3, 8}) {
+    set_num_threads(threads);
+    runs.push_back(run_embedding(in, DType::f32, DType::f32));
+  }
+  set_num_threads(saved);
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(runs[i].dwte.data(), runs[0].dwte.data(), runs[0].dwte.size() * 4)) << "run " << i;
+    EXPECT_EQ(0, std::memcmp(runs[i].dwpe.data(), runs[0].dwpe.data(), runs[0].dwpe.size() * 4)) << "run " << i;
+  }
+}
+
+// ---- misuse ---------------------------------------------------------------------------------
+
+void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
+  try {
+    call();
+    ADD_FAILURE() << "expected loom::Error";
+  } catch (const Error& e) {
+    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+
+// Small valid operands: tokens (2, 3), wte (10, 4), wpe (8, 4), y (2, 3, 4).
+struct SmallOperands {
+  std::vector<int32_t> toks{1, 2, 3, 4, 5, 6};
+  Floats te = Floats(40), pe = Floats(32), ys = Floats(24);
+  Tensor tokens{toks.data(), DType::i32, Shape{2, 3}};
+  Tensor wte{te.data(), DType::f32, Shape{10, 4}}, wpe{pe.data(), DType::f32, Shape{8, 4}};
+  Tensor y{ys.data(), DType::f32, Shape{2, 3, 4}};
+};
+
+TEST(Embedding, TokenOutsideVocabularyNamesValueIndexAndRange) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  toks[5] = 10;
+  expect_error([&] { embedding_forward(y, tokens, wte, wpe, 0); },
+               {"embedding_forward", "token 10", "(b, t) = (1, 2)", "[0, 10)"});
+  expect_error([&] { embedding_backward(wte, wpe, y, tokens, 0); },
+               {"embedding_backward", "token 10", "(b, t) = (1, 2)", "[0, 10)"});
+  toks[5] = 6, toks[1] = -3;
+  expect_error([&] { embedding_forward(y, tokens, wte, Tensor(), 0); },
+               {"embedding_forward", "token -3", "(b, t) = (0, 1)", "[0, 10)"});
+}
+
+TEST(Embedding, PositionPastTableNamesValueIndexAndRange) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  // T = 3 from offset 6 reaches position 8, the first past an 8-row table.
+  expect_error([&] { embedding_forward(y, tokens, wte, wpe, 6); },
+               {"embedding_forward", "position 8", "t 2", "[0, 8)"});
+  expect_error([&] { embedding_backward(wte, wpe, y, tokens, 6); },
+               {"embedding_backward", "position 8", "t 2", "[0, 8)"});
+  expect_error([&] { embedding_forward(y, tokens, wte, wpe, -1); }, {"embedding_forward", "pos_offset -1"});
+  EXPECT_NO_THROW(embedding_forward(y, tokens, wte, wpe, 5));  // positions 5..7: the table's last rows
+  EXPECT_NO_THROW(embedding_forward(y, tokens, wte, Tensor(), 100));  // no table, no limit
+}
+
+TEST(Embedding, ShapeAndDtypeMismatchesNameTheOpAndShapes) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  Tensor y_bad(ys.data(), DType::f32, Shape{2, 4, 3}), wpe_bad(pe.data(), DType::f32, Shape{4, 8});
+  Tensor tokens_f32(toks.data(), DType::f32, Shape{2, 3}), wte_bf16(te.data(), DType::bf16, Shape{10, 4});
+  expect_error([&] { embedding_forward(y_bad, tokens, wte, wpe, 0); }, {"embedding_forward", "y", "(2, 3, 4)", "f32(2, 4, 3)"});
+  expect_error([&] { embedding_forward(y, tokens, wte, wpe_bad, 0); }, {"embedding_forward", "wpe", "f32(4, 8)"});
+  expect_error([&] { embedding_forward(y, tokens_f32, wte, wpe, 0); }, {"embedding_forward", "tokens", "f32(2, 3)"});
+  expect_error([&] { embedding_forward(y, tokens, wte_bf16, wpe, 0); }, {"embedding_forward", "y", "wte", "bf16(10, 4)"});
+  expect_error([&] { embedding_backward(wte, wpe, y_bad, tokens, 0); }, {"embedding_backward", "dy", "f32(2, 4, 3)"});
+  expect_error([&] { embedding_backward(wpe_bad, Tensor(), y, tokens, 0); }, {"embedding_backward", "dwte", "f32(4, 8)"});
+}
+
+}  // namespace
+}  // namespace loom::kernels

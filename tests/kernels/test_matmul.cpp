@@ -1,0 +1,368 @@
+// matmul and linear against PyTorch (tests/ref/ref_matmul.py), the +=
+// convention, finite differences, the bf16 path against the f32 path, the
+// thread safety of the primitive cache, and misuse.
+//
+// Tolerances (|a - e| <= atol + rtol |e|):
+// - f32 vs torch (float64 from the same f32 inputs): rtol 1e-5 atol 1e-5 for
+//   K <= 100 (sums of <= 100 products of O(1) values: f32 round-off ~1e-6);
+//   the LM-head dx sums K = 50257 products: a long reduction, rtol 1e-4 atol 1e-4.
+// - bf16 vs the f32 path on the SAME bf16-rounded inputs: a product of two
+//   bf16 values is exact in f32 and both paths accumulate in f32, so with an
+//   f32 output only the summation order differs: rtol 1e-5 atol 1e-5. With a
+//   bf16 output (or bf16 gradient), add one rounding to bf16 (<= 2^-9
+//   relative): rtol 4e-3 (2^-8) atol 1e-5.
+// - finite differences (f32, central, h = 1e-2): the loss is linear in each
+//   single element, so the difference quotient has no truncation error; only
+//   the f32 round-off of the loss (~1e-6 / 2h = 5e-5): rtol 1e-3 atol 1e-3.
+#include <cmath>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/compare.h"
+#include "common/ref.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels {
+namespace {
+
+using test::all_close;
+using test::RefCase;
+using Floats = std::vector<float>;
+
+const char* const kMatmulCases[] = {"nn",       "nt",          "tn",       "tt",          "alpha_beta",
+                                    "beta_neg", "m1",          "batched",  "batched_tt",  "shared_a",
+                                    "shared_a_tt", "shared_b", "shared_b_ta", "shared_b_tt", "shared_b_4d"};
+const char* const kLinearCases[] = {"bias", "nobias", "row1", "lmhead"};
+
+// Owned storage of one dtype, filled from floats (rounded if bf16).
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  Tensor t;
+  Buffer(const Floats& v, DType dtype, Shape shape) : bytes(v.size() * dtype_size(dtype)) {
+    t = Tensor(bytes.data(), dtype, shape);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (dtype == DType::f32) t.data_as<float>()[i] = v[i];
+      else t.data_as<bf16>()[i] = to_bf16(v[i]);
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Floats floats() const { return test::to_floats(t); }
+};
+
+Floats rounded_to_bf16(Floats v) {
+  for (float& f : v) f = from_bf16(to_bf16(f));
+  return v;
+}
+
+Floats plus(Floats a, const Floats& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+Floats random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  Floats v(n);
+  for (float& f : v) f = d(rng);
+  return v;
+}
+
+MatmulOpts opts_of(RefCase& rc) {
+  return {rc["trans_a"].scalar() != 0.f, rc["trans_b"].scalar() != 0.f, rc["alpha"].scalar(), rc["beta"].scalar()};
+}
+
+TEST(Matmul, ForwardMatchesTorchF32ForEveryTransposeBatchAndAlphaBeta) {
+  for (const char* name : kMatmulCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("matmul_") + name + ".ref");
+    const MatmulOpts o = opts_of(rc);
+    // With beta = 0, c's old contents must be ignored: start from NaN.
+    Buffer c(o.beta != 0.f ? rc["c0"].floats() : Floats(rc["c0"].shape.numel(), NAN), DType::f32, rc["c0"].shape);
+    matmul(c.t, rc["a"].view(), rc["b"].view(), o);
+    EXPECT_ALL_CLOSE(c.floats(), rc["c"].floats(), 1e-5, 1e-5);
+  }
+}
+
+TEST(Matmul, BackwardMatchesTorchAndAccumulates) {
+  uint32_t seed = 1;
+  for (const char* name : kMatmulCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("matmul_") + name + ".ref");
+    const Floats da0 = random_floats(rc["a"].shape.numel(), seed++), db0 = random_floats(rc["b"].shape.numel(), seed++);
+    Buffer da(da0, DType::f32, rc["a"].shape), db(db0, DType::f32, rc["b"].shape);
+    matmul_backward(da.t, db.t, rc["dc"].view(), rc["a"].view(), rc["b"].view(), opts_of(rc));
+    EXPECT_ALL_CLOSE(da.floats(), plus(da0, rc["da"].floats()), 1e-5, 1e-5);
+    EXPECT_ALL_CLOSE(db.floats(), plus(db0, rc["db"].floats()), 1e-5, 1e-5);
+  }
+}
+
+TEST(Matmul, BackwardSkipsUndefinedGradients) {
+  RefCase rc("matmul_shared_a.ref");
+  Buffer da(Floats(rc["a"].shape.numel(), 0.f), DType::f32, rc["a"].shape);
+  matmul_backward(da.t, Tensor(), rc["dc"].view(), rc["a"].view(), rc["b"].view(), opts_of(rc));
+  EXPECT_ALL_CLOSE(da.floats(), rc["da"].floats(), 1e-5, 1e-5);
+  Buffer db(Floats(rc["b"].shape.numel(), 0.f), DType::f32, rc["b"].shape);
+  matmul_backward(Tensor(), db.t, rc["dc"].view(), rc["a"].view(), rc["b"].view(), opts_of(rc));
+  EXPECT_ALL_CLOSE(db.floats(), rc["db"].floats(), 1e-5, 1e-5);
+}
+
+TEST(Matmul, EmptyInnerDimGivesBetaTimesC) {
+  std::vector<float> a, b;
+  Buffer c(Floats(12, 1.5f), DType::f32, {3, 4});
+  matmul(c.t, Tensor(a.data(), DType::f32, {3, 0}), Tensor(b.data(), DType::f32, {0, 4}), {.beta = 2.f});
+  EXPECT_ALL_CLOSE(c.floats(), Floats(12, 3.f), 0, 0);
+}
+
+TEST(Linear, ForwardMatchesTorchF32WithAndWithoutBias) {
+  for (const char* name : kLinearCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("linear_") + name + ".ref");
+    Buffer y(Floats(rc["y"].shape.numel(), NAN), DType::f32, rc["y"].shape);
+    linear_forward(y.t, rc["x"].view(), rc["w"].view(), rc.has("bias") ? rc["bias"].view() : Tensor());
+    EXPECT_ALL_CLOSE(y.floats(), rc["y"].floats(), 1e-5, 1e-5);
+  }
+}
+
+TEST(Linear, BackwardMatchesTorchAndAccumulates) {
+  uint32_t seed = 100;
+  for (const char* name : kLinearCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("linear_") + name + ".ref");
+    const Shape oc_shape{rc["w"].shape[0]};
+    const Floats dx0 = random_floats(rc["x"].shape.numel(), seed++), dw0 = random_floats(rc["w"].shape.numel(), seed++);
+    const Floats db0 = random_floats(oc_shape.numel(), seed++);
+    Buffer dx(dx0, DType::f32, rc["x"].shape), dw(dw0, DType::f32, rc["w"].shape), db(db0, DType::f32, oc_shape);
+    const bool has_bias = rc.has("bias");
+    linear_backward(dx.t, dw.t, has_bias ? db.t : Tensor(), rc["dy"].view(), rc["x"].view(), rc["w"].view());
+    // dx of the LM head sums 50257 products per element: the reduction tolerance.
+    const double tol = std::string(name) == "lmhead" ? 1e-4 : 1e-5;
+    EXPECT_ALL_CLOSE(dx.floats(), plus(dx0, rc["dx"].floats()), tol, tol);
+    EXPECT_ALL_CLOSE(dw.floats(), plus(dw0, rc["dw"].floats()), 1e-5, 1e-5);
+    EXPECT_ALL_CLOSE(db.floats(), has_bias ? plus(db0, rc["dbias"].floats()) : db0, 1e-5, 1e-5);
+  }
+}
+
+TEST(Linear, BackwardSkipsUndefinedGradients) {
+  RefCase rc("linear_bias.ref");
+  const Shape oc_shape{rc["w"].shape[0]};
+  Buffer db(Floats(oc_shape.numel(), 0.f), DType::f32, oc_shape);
+  linear_backward(Tensor(), Tensor(), db.t, rc["dy"].view(), rc["x"].view(), rc["w"].view());
+  EXPECT_ALL_CLOSE(db.floats(), rc["dbias"].floats(), 1e-5, 1e-5);
+  Buffer dw(Floats(rc["w"].shape.numel(), 0.f), DType::f32, rc["w"].shape);
+  linear_backward(Tensor(), dw.t, Tensor(), rc["dy"].view(), rc["x"].view(), rc["w"].view());
+  EXPECT_ALL_CLOSE(dw.floats(), rc["dw"].floats(), 1e-5, 1e-5);
+}
+
+// loss = sum(out * r) in double, out from the kernel under test.
+double weighted_sum(const Tensor& out, const Floats& r) {
+  double s = 0;
+  for (size_t i = 0; i < r.size(); ++i) s += static_cast<double>(out.data_as<float>()[i]) * r[i];
+  return s;
+}
+
+TEST(Linear, GradientsMatchFiniteDifferences) {
+  Floats x = random_floats(6, 1), w = random_floats(12, 2), bias = random_floats(4, 3);
+  const Floats r = random_floats(8, 4);  // dloss/dy
+  Floats y(8);
+  const Tensor yt(y.data(), DType::f32, {2, 4});
+  auto loss = [&] {
+    linear_forward(yt, Tensor(x.data(), DType::f32, {2, 3}), Tensor(w.data(), DType::f32, {4, 3}),
+                   Tensor(bias.data(), DType::f32, {4}));
+    return weighted_sum(yt, r);
+  };
+  Buffer dx(Floats(6, 0.f), DType::f32, {2, 3}), dw(Floats(12, 0.f), DType::f32, {4, 3}), db(Floats(4, 0.f), DType::f32, {4});
+  linear_backward(dx.t, dw.t, db.t, Tensor(const_cast<float*>(r.data()), DType::f32, {2, 4}),
+                  Tensor(x.data(), DType::f32, {2, 3}), Tensor(w.data(), DType::f32, {4, 3}));
+  auto as_floats = [](const std::vector<double>& v) { return Floats(v.begin(), v.end()); };
+  EXPECT_ALL_CLOSE(dx.floats(), as_floats(test::finite_difference(loss, x, 1e-2f)), 1e-3, 1e-3);
+  EXPECT_ALL_CLOSE(dw.floats(), as_floats(test::finite_difference(loss, w, 1e-2f)), 1e-3, 1e-3);
+  EXPECT_ALL_CLOSE(db.floats(), as_floats(test::finite_difference(loss, bias, 1e-2f)), 1e-3, 1e-3);
+}
+
+TEST(Matmul, GradientsMatchFiniteDifferencesWithTransposesAndSharedOperand) {
+  // c (2, 4, 5) = 0.5 * op(a) @ op(b): a (2, 3, 4) read transposed, b (5, 3) shared and transposed.
+  Floats a = random_floats(24, 5), b = random_floats(15, 6);
+  const Floats r = random_floats(40, 7);
+  const MatmulOpts o{.trans_a = true, .trans_b = true, .alpha = 0.5f};
+  Floats c(40);
+  const Tensor ct(c.data(), DType::f32, {2, 4, 5});
+  auto loss = [&] {
+    matmul(ct, Tensor(a.data(), DType::f32, {2, 3, 4}), Tensor(b.data(), DType::f32, {5, 3}), o);
+    return weighted_sum(ct, r);
+  };
+  Buffer da(Floats(24, 0.f), DType::f32, {2, 3, 4}), db(Floats(15, 0.f), DType::f32, {5, 3});
+  matmul_backward(da.t, db.t, Tensor(const_cast<float*>(r.data()), DType::f32, {2, 4, 5}),
+                  Tensor(a.data(), DType::f32, {2, 3, 4}), Tensor(b.data(), DType::f32, {5, 3}), o);
+  auto as_floats = [](const std::vector<double>& v) { return Floats(v.begin(), v.end()); };
+  EXPECT_ALL_CLOSE(da.floats(), as_floats(test::finite_difference(loss, a, 1e-2f)), 1e-3, 1e-3);
+  EXPECT_ALL_CLOSE(db.floats(), as_floats(test::finite_difference(loss, b, 1e-2f)), 1e-3, 1e-3);
+}
+
+// Tolerance of a bf16-path result against the f32 path on rounded inputs.
+double bf16_rtol(DType out) { return out == DType::f32 ? 1e-5 : 4e-3; }
+
+TEST(MatmulBf16, ForwardMatchesF32OnRoundedInputs) {
+  for (const char* name : {"nn", "nt", "tn", "tt", "alpha_beta", "shared_b", "shared_a_tt", "batched"}) {
+    RefCase rc(std::string("matmul_") + name + ".ref");
+    const MatmulOpts o = opts_of(rc);
+    const Floats a = rounded_to_bf16(rc["a"].floats()), b = rounded_to_bf16(rc["b"].floats());
+    const Floats c0 = rounded_to_bf16(rc["c0"].floats());
+    Buffer a32(a, DType::f32, rc["a"].shape), b32(b, DType::f32, rc["b"].shape), c32(c0, DType::f32, rc["c0"].shape);
+    matmul(c32.t, a32.t, b32.t, o);
+    Buffer a16(a, DType::bf16, rc["a"].shape), b16(b, DType::bf16, rc["b"].shape);
+    for (DType out : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(name) + " c=" + std::string(dtype_name(out)));
+      Buffer c(c0, out, rc["c0"].shape);
+      matmul(c.t, a16.t, b16.t, o);
+      EXPECT_ALL_CLOSE(c.floats(), c32.floats(), bf16_rtol(out), 1e-5);
+    }
+  }
+}
+
+TEST(MatmulBf16, BackwardMatchesF32OnRoundedInputs) {
+  for (const char* name : {"nn", "nt", "tn", "tt", "alpha_beta", "shared_b", "shared_a", "batched_tt"}) {
+    RefCase rc(std::string("matmul_") + name + ".ref");
+    const MatmulOpts o = opts_of(rc);
+    const Floats a = rounded_to_bf16(rc["a"].floats()), b = rounded_to_bf16(rc["b"].floats());
+    const Floats dc = rounded_to_bf16(rc["dc"].floats());
+    const Floats da0 = rounded_to_bf16(random_floats(a.size(), 11)), db0 = rounded_to_bf16(random_floats(b.size(), 12));
+    const Shape as = rc["a"].shape, bs = rc["b"].shape, cs = rc["dc"].shape;
+    Buffer a32(a, DType::f32, as), b32(b, DType::f32, bs), dc32(dc, DType::f32, cs);
+    Buffer da32(da0, DType::f32, as), db32(db0, DType::f32, bs);
+    matmul_backward(da32.t, db32.t, dc32.t, a32.t, b32.t, o);
+    Buffer a16(a, DType::bf16, as), b16(b, DType::bf16, bs);
+    // dc in f32 (an f32 c from bf16 inputs) is rounded to bf16 by the kernel: it holds bf16 values here.
+    for (DType dc_dtype : {DType::bf16, DType::f32}) {
+      for (DType grad : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(concat(name, " dc=", dtype_name(dc_dtype), " grads=", dtype_name(grad)));
+        Buffer dct(dc, dc_dtype, cs), da(da0, grad, as), db(db0, grad, bs);
+        matmul_backward(da.t, db.t, dct.t, a16.t, b16.t, o);
+        EXPECT_ALL_CLOSE(da.floats(), da32.floats(), bf16_rtol(grad), 1e-5);
+        EXPECT_ALL_CLOSE(db.floats(), db32.floats(), bf16_rtol(grad), 1e-5);
+      }
+    }
+  }
+}
+
+TEST(LinearBf16, ForwardAndBackwardMatchF32OnRoundedInputs) {
+  for (const char* name : {"bias", "row1"}) {
+    RefCase rc(std::string("linear_") + name + ".ref");
+    const Shape xs = rc["x"].shape, ws = rc["w"].shape, ys = rc["y"].shape, bs{ws[0]};
+    const Floats x = rounded_to_bf16(rc["x"].floats()), w = rounded_to_bf16(rc["w"].floats());
+    const Floats bias = rounded_to_bf16(rc["bias"].floats()), dy = rounded_to_bf16(rc["dy"].floats());
+    Buffer x32(x, DType::f32, xs), w32(w, DType::f32, ws), b32(bias, DType::f32, bs), dy32(dy, DType::f32, ys);
+    Buffer y32(Floats(ys.numel()), DType::f32, ys);
+    Buffer dx32(Floats(xs.numel(), 0.f), DType::f32, xs), dw32(Floats(ws.numel(), 0.f), DType::f32, ws);
+    Buffer db32(Floats(bs.numel(), 0.f), DType::f32, bs);
+    linear_forward(y32.t, x32.t, w32.t, b32.t);
+    linear_backward(dx32.t, dw32.t, db32.t, dy32.t, x32.t, w32.t);
+    Buffer x16(x, DType::bf16, xs), w16(w, DType::bf16, ws), dy16(dy, DType::bf16, ys);
+    for (DType out : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(concat(name, " y, bias and gradients in ", dtype_name(out)));
+      Buffer y(Floats(ys.numel()), out, ys), b(bias, out, bs);
+      linear_forward(y.t, x16.t, w16.t, b.t);
+      EXPECT_ALL_CLOSE(y.floats(), y32.floats(), bf16_rtol(out), 1e-5);
+      Buffer dx(Floats(xs.numel(), 0.f), out, xs), dw(Floats(ws.numel(), 0.f), out, ws);
+      Buffer db(Floats(bs.numel(), 0.f), out, bs);
+      linear_backward(dx.t, dw.t, db.t, dy16.t, x16.t, w16.t);
+      EXPECT_ALL_CLOSE(dx.floats(), dx32.floats(), bf16_rtol(out), 1e-5);
+      EXPECT_ALL_CLOSE(dw.floats(), dw32.floats(), bf16_rtol(out), 1e-5);
+      EXPECT_ALL_CLOSE(db.floats(), db32.floats(), bf16_rtol(out), 1e-5);
+    }
+  }
+}
+
+// c = a @ b in double, row-major (M, K) @ (K, N).
+Floats naive_matmul(const Floats& a, const Floats& b, int64_t m, int64_t n, int64_t k) {
+  Floats c(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += static_cast<double>(a[i * k + p]) * b[p * n + j];
+      c[i * n + j] = static_cast<float>(s);
+    }
+  return c;
+}
+
+TEST(Matmul, ConcurrentCallsFromManyThreadsAreCorrect) {
+  // Each thread runs its own shapes (creating primitives) and shared ones
+  // (reusing them) at the same time as the others.
+  const int64_t shapes[][3] = {{17, 9, 33}, {8, 8, 8}, {31, 5, 64}, {4, 40, 12}};
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int iter = 0; iter < 20; ++iter) {
+        const auto& s = shapes[(t + iter) % 4];
+        const int64_t m = s[0] + (iter % 2) * t, n = s[1], k = s[2];
+        const Floats a = random_floats(m * k, 1000 * t + iter), b = random_floats(k * n, 2000 * t + iter);
+        Floats c(m * n);
+        matmul(Tensor(c.data(), DType::f32, {m, n}), Tensor(const_cast<float*>(a.data()), DType::f32, {m, k}),
+               Tensor(const_cast<float*>(b.data()), DType::f32, {k, n}));
+        if (!all_close(c, naive_matmul(a, b, m, n, k), 1e-5, 1e-5)) ++failures[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures, std::vector<int>(4, 0));
+}
+
+// Runs f, expects a loom::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no loom::Error thrown";
+  } catch (const Error& e) {
+    for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(MatmulMisuse, ErrorsNameTheOpAndShapes) {
+  std::vector<float> f(4096);
+  std::vector<bf16> h(4096);
+  auto t = [&](Shape s) { return Tensor(f.data(), DType::f32, s); };
+  auto t2 = [&](Shape s) { return Tensor(f.data() + 2048, DType::f32, s); };
+  Floats cbuf(256);
+  const Tensor c(cbuf.data(), DType::f32, {5, 3});
+  expect_error([&] { matmul(c, t({5, 7}), t2({6, 3})); }, {"matmul: ", "(5, 7)", "(6, 3)", "inner dims"});
+  expect_error([&] { matmul(c, t({5, 7}), Tensor(h.data(), DType::bf16, {7, 3})); },
+               {"matmul: ", "share a dtype", "bf16(7, 3)"});
+  expect_error([&] { matmul(Tensor(h.data(), DType::bf16, {5, 3}), t({5, 7}), t2({7, 3})); },
+               {"matmul: ", "c has dtype bf16", "f32(5, 7)"});
+  expect_error([&] { matmul(c, t({5, 7}), t2({7, 4})); }, {"matmul: ", "c must end in (5, 4)", "f32(5, 3)"});
+  expect_error([&] { matmul(Tensor(cbuf.data(), DType::f32, {3, 5, 4}), t({3, 5, 7}), t2({2, 7, 4})); },
+               {"matmul: ", "batch dims", "f32(2, 7, 4)"});
+  expect_error([&] { matmul(c, t({5, 8}).slice(1, 0, 7), t2({7, 3})); }, {"matmul: ", "contiguous"});
+  expect_error([&] { matmul(c, Tensor(cbuf.data(), DType::f32, {5, 7}), t2({7, 3})); }, {"matmul: ", "overlap"});
+  expect_error([&] { matmul_backward(t({5, 7}), Tensor(), Tensor(cbuf.data(), DType::f32, {5, 4}), t({5, 7}), t2({7, 3})); },
+               {"matmul_backward: ", "dc must end in (5, 3)"});
+}
+
+TEST(LinearMisuse, ErrorsNameTheOpAndShapes) {
+  std::vector<float> f(8192), g(8192);
+  std::vector<bf16> h(4096);
+  const Tensor x(f.data(), DType::f32, {4, 100}), w(f.data() + 400, DType::f32, {32, 96});
+  const Tensor y(g.data(), DType::f32, {4, 32});
+  expect_error([&] { linear_forward(y, x, w, Tensor()); },
+               {"linear_forward: x has 100 features but w expects 96 (x=f32(4, 100), w=f32(32, 96))"});
+  const Tensor w100(f.data() + 400, DType::f32, {32, 100});
+  expect_error([&] { linear_forward(y, x, w100, Tensor(f.data() + 4000, DType::f32, {31})); },
+               {"linear_forward: ", "bias must have shape (32,)", "bias=f32(31,)"});
+  expect_error([&] { linear_forward(y, x, Tensor(h.data(), DType::bf16, {32, 100}), Tensor()); },
+               {"linear_forward: ", "share a dtype", "w=bf16(32, 100)"});
+  expect_error([&] { linear_forward(Tensor(g.data(), DType::f32, {4, 31}), x, w100, Tensor()); },
+               {"linear_forward: ", "y must have shape (4, 32)"});
+  expect_error([&] { linear_backward(Tensor(), Tensor(h.data(), DType::bf16, {32, 100}), Tensor(), y, x, w100); },
+               {"linear_backward: ", "dw has dtype bf16, expected f32"});
+  expect_error([&] { linear_backward(Tensor(), Tensor(), Tensor(g.data() + 1000, DType::f32, {33}), y, x, w100); },
+               {"linear_backward: ", "dbias must have shape (32,)"});
+}
+
+}  // namespace
+}  // namespace loom::kernels
