@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "kernels/ops.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {
@@ -56,28 +57,6 @@ void for_chunks(int64_t numel, const Body& body) {
 }
 
 // ---- math ---------------------------------------------------------------------
-
-// exp(x) within ~2 ulp (Cephes expf): x = n ln2 + r, |r| <= ln2/2, exp(r) by a
-// degree-6 polynomial, 2^n put into the exponent bits. Branch-free, so the
-// loops that call it vectorise (glibc's expf does not without -ffast-math).
-// exp(x) = +inf above 88.72; arguments below -87 give ~1e-38 instead of a
-// smaller number, which every caller here (1 / (1 + exp)) absorbs.
-inline float exp_f32(float x) {
-  const float xc = std::min(std::max(x, -87.0f), 88.0f);
-  const float rounder = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (xc * 1.44269504088896341f + rounder) - rounder;
-  float r = std::fma(n, -0.693359375f, xc);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  const float e = std::fma(p, r * r, r) + 1.0f;
-  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x > 88.72f ? std::numeric_limits<float>::infinity() : e * scale;
-}
 
 inline float sigmoid(float z) { return 1.0f / (1.0f + exp_f32(-z)); }
 

@@ -1,13 +1,14 @@
 // Shared pieces of the CPU flash attention (attention_forward.cpp,
 // attention_backward.cpp): the problem geometry and its validation, f32 tile
 // loads from strided f32/bf16 operands, a small register-blocked GEMM on
-// tiles, and an exp that vectorises. Internal to src/kernels/cpu.
+// tiles. Internal to src/kernels/cpu.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace loom::kernels::attention {
 
@@ -71,29 +72,5 @@ void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t 
 // C (M, N) = or += A (M, K) @ B (K, N), all f32; C rows ldc apart, b.cs == 1.
 // M % kRowBlock == 0 and N % kLanes == 0: callers pad their tiles.
 void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int64_t K, Store store);
-
-// exp(x) in f32 without branches, so loops over it vectorise (glibc's expf
-// does not without -ffast-math). Cephes expf: x = n ln2 + r, |r| <= ln2 / 2,
-// a degree-6 polynomial for e^r (about 1 ulp from expf), times 2^n built in
-// the exponent bits. exp(x) = 0 for x < -87 (and for -inf: masked scores).
-inline float exp_f32(float x) {
-  constexpr float kMin = -87.f, kMax = 88.f;
-  const float xc = x < kMin ? kMin : (x > kMax ? kMax : x);
-  // Round to nearest by adding and removing 1.5 * 2^23 (floorf would block
-  // vectorisation under GCC's default -ftrapping-math).
-  constexpr float kRound = 12582912.f;
-  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < kMin ? 0.f : p * two_n;
-}
 
 }  // namespace loom::kernels::attention

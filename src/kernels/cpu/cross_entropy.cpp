@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {
@@ -21,29 +22,6 @@ namespace {
 
 constexpr const char* kOp = "cross_entropy_forward_backward";
 constexpr int64_t kChunk = 2048;  // floats per chunk: 8 KiB, stays in L1
-
-// exp(x) for x <= 0, written so that GCC vectorises it (glibc's expf only
-// vectorises under -ffast-math). Cephes expf: x = n ln2 + r, |r| <= ln2 / 2,
-// a degree-6 polynomial for exp(r) (~1 ulp), 2^n built from exponent bits.
-// Below -87, exp(x) < 2^-125: returned as 0 (keeps 2^n a normal float).
-// NaN in gives NaN out.
-inline float exp_nonpos(float x) {
-  const float xc = std::max(x, -87.f);
-  // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
-  const float t = xc * 1.44269504088896341f + 12582912.f;
-  const float n = t - 12582912.f;
-  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 split in two for exactness
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.f;
-  const float two_n = std::bit_cast<float>((ni + 127) << 23);
-  return x < -87.f ? 0.f : p * two_n;
-}
 
 // A chunk of a row as f32: the row itself for f32, a converted copy for bf16.
 template <typename T>
@@ -75,7 +53,7 @@ double row_logsumexp(const T* x, int64_t V) {
     }
     float cs = 0;
 #pragma omp simd reduction(+ : cs)
-    for (int64_t i = 0; i < n; ++i) cs += exp_nonpos(xc[i] - m);
+    for (int64_t i = 0; i < n; ++i) cs += exp_f32(xc[i] - m);
     s += cs;
   }
   return static_cast<double>(m) + std::log(s);
@@ -95,9 +73,9 @@ void row_dlogits(G* d, const T* x, int64_t V, double lse, int32_t target, float 
     const float* xc = chunk_f32(x + c, n, buf);
     G* dc = d + c;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dc[i] = store_as<G>(scale * exp_nonpos((xc[i] - hi) - lo));
+    for (int64_t i = 0; i < n; ++i) dc[i] = store_as<G>(scale * exp_f32((xc[i] - hi) - lo));
   }
-  d[target] = store_as<G>(scale * (exp_nonpos((x_target - hi) - lo) - 1.f));
+  d[target] = store_as<G>(scale * (exp_f32((x_target - hi) - lo) - 1.f));
 }
 
 template <typename G>

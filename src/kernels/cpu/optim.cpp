@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #if defined(__AVX__)
-#include <immintrin.h>
 #endif
 
 #include "kernels/ops.h"
@@ -65,35 +64,19 @@ AdamWScalars adamw_scalars(const AdamWConfig& c) {
           c.grad_scale};
 }
 
-// sqrt of each element, in place. std::sqrt does not vectorise without
-// -fno-math-errno (it may set errno), so use the IEEE vector instruction
-// where there is one: the same correctly rounded result.
-void sqrt_inplace(float* x, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
-#endif
-  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
-}
-
-constexpr int64_t kAdamChunk = 512;  // elements per chunk: the sqrt scratch stays in L1
+constexpr int64_t kAdamChunk = 512;  // elements per parallel work item
 
 // One chunk of n <= kAdamChunk elements, in torch.optim.AdamW's order of
 // operations. G: grad storage (float, bf16). P: param_copy storage, or void.
+// std::sqrt vectorises here because loom builds with -fno-math-errno.
 template <typename G, typename P>
 void adamw_chunk(float* p, float* m, float* v, const G* grad, P* copy, int64_t n, const AdamWScalars& s) {
-  alignas(64) float root[kAdamChunk];
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float g = load_f32(grad[i]) * s.grad_scale;
     m[i] = m[i] * s.beta1 + s.one_minus_beta1 * g;
     v[i] = v[i] * s.beta2 + s.one_minus_beta2 * g * g;
-    root[i] = v[i];
-  }
-  sqrt_inplace(root, n);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float denom = root[i] / s.bc2_sqrt + s.eps;
+    const float denom = std::sqrt(v[i]) / s.bc2_sqrt + s.eps;
     const float pn = p[i] * s.decay + s.neg_step_size * m[i] / denom;
     p[i] = pn;
     if constexpr (!std::is_void_v<P>) copy[i] = store_as<P>(pn);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {
@@ -45,29 +46,6 @@ void require_same_dtype(const char* op, Operand b, Operand a) {
             dtype_name(a.t.dtype()));
 }
 
-// exp(x) for x <= 0 (and -inf), within 2 ulp, branch-free so that loops
-// over it vectorise (std::exp does not without -ffast-math). Cephes expf:
-// x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-7 polynomial, 2^n
-// built in the exponent bits. Below -87.33 (2^-126) it returns 0; NaN stays NaN.
-inline float exp_nonpositive(float x) {
-  constexpr float kMin = -87.33654f, kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float xc = x < kMin ? kMin : x;
-  const float z = xc * 1.44269504088896341f + kRound;  // n in the low mantissa bits of z
-  const float n = z - kRound;
-  float r = xc - n * 0.693359375f;  // ln2 split in two for an exact product with n
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * r * r + r + 1.f;
-  const uint32_t pow2n = (std::bit_cast<uint32_t>(z) - 0x4B400000u + 127u) << 23;  // 2^n, n >= -126
-  const float y = er * std::bit_cast<float>(pow2n);
-  return x < kMin ? 0.f : y;
-}
-
 // One row: out = exp(x - max(x)) / sum(exp(x - max(x))). out may be x.
 // Subtracting the max keeps every exponent <= 0, so nothing overflows.
 void softmax_row(float* out, const float* x, int64_t D) {
@@ -75,7 +53,7 @@ void softmax_row(float* out, const float* x, int64_t D) {
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < D; ++i) m = x[i] > m ? x[i] : m;  // std::max does not vectorise here
 #pragma omp simd
-  for (int64_t i = 0; i < D; ++i) out[i] = exp_nonpositive(x[i] - m);
+  for (int64_t i = 0; i < D; ++i) out[i] = exp_f32(x[i] - m);
   double sum = 0.;  // double: a vocabulary-sized row (D = 50257) sums to 1e-7 relative
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < D; ++i) sum += out[i];
