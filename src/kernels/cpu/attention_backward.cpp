@@ -8,9 +8,10 @@
 // does not depend on the thread count. Gradients are summed in f32 scratch
 // and added (+=) to dq, dk, dv once at the end of the task.
 #include <algorithm>
-#include <vector>
+#include <utility>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
@@ -26,16 +27,24 @@ struct BackwardArgs {
   Geometry g;
 };
 
-// Per-thread f32 scratch of one backward task.
+// Per-thread f32 scratch of one backward task, carved from the thread's
+// scratch slot a. Every size is a multiple of kLanes floats, so every array
+// starts 64-byte aligned.
 struct BackwardTiles {
   // Whole sequences of one head, (Tq_pad or Tk_pad, HSp): q is pre-scaled,
-  // dq / dk / dv accumulate over the task.
-  std::vector<float> q, dout, dq, dk, dv, D;
-  std::vector<float> k, kt, vt, p, ds;  // tiles of one key block / (query, key) pair
-  BackwardTiles(const Geometry& g, int64_t Tq_pad, int64_t Tk_pad)
-      : q(Tq_pad * g.HSp), dout(Tq_pad * g.HSp), dq(Tq_pad * g.HSp), dk(Tk_pad * g.HSp), dv(Tk_pad * g.HSp),
-        D(Tq_pad), k(kBlockK * g.HSp), kt(g.HSp * kBlockK), vt(g.HSp * kBlockK), p(kBlockQ * kBlockK),
-        ds(kBlockQ * kBlockK) {}
+  // dq / dk / dv accumulate over the task. D: (Tq_pad).
+  float *q, *dout, *dq, *dk, *dv, *D;
+  float *k, *kt, *vt, *p, *ds;  // tiles of one key block / (query, key) pair
+  int64_t nq, nk;  // floats in q, dout, dq and in dk, dv
+  BackwardTiles(const Geometry& g, int64_t Tq_pad, int64_t Tk_pad) : nq(Tq_pad * g.HSp), nk(Tk_pad * g.HSp) {
+    const std::pair<float**, int64_t> parts[] = {
+        {&q, nq}, {&dout, nq}, {&dq, nq}, {&dk, nk}, {&dv, nk}, {&D, Tq_pad}, {&k, kBlockK * g.HSp},
+        {&kt, g.HSp * kBlockK}, {&vt, g.HSp * kBlockK}, {&p, kBlockQ * kBlockK}, {&ds, kBlockQ * kBlockK}};
+    int64_t total = 0;
+    for (const auto& part : parts) total += part.second;
+    float* at = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(total));
+    for (const auto& [ptr, n] : parts) *ptr = std::exchange(at, at + n);
+  }
 };
 
 // p[r, c] = exp(p[r, c] - lse[r]) where key j0 + c is visible to query row r
@@ -59,23 +68,23 @@ void backward_key_block(const BackwardArgs& a, BackwardTiles& w, const float* ls
   // Queries before position j0 see none of these keys.
   for (int64_t q0 = std::max<int64_t>(0, j0 - g.off) / kBlockQ * kBlockQ; q0 < g.Tq; q0 += kBlockQ) {
     const int64_t rows = std::min(kBlockQ, g.Tq - q0), mr = round_up(rows, kRowBlock);
-    const float* qi = w.q.data() + q0 * HSp;
-    const float* doi = w.dout.data() + q0 * HSp;
-    float* p = w.p.data();
-    float* ds = w.ds.data();
-    gemm_tile(p, kBlockK, {qi, HSp}, {w.kt.data(), kBlockK}, mr, nc, g.HS, Store::write);  // S = Q K^T (q scaled)
+    const float* qi = w.q + q0 * HSp;
+    const float* doi = w.dout + q0 * HSp;
+    float* p = w.p;
+    float* ds = w.ds;
+    gemm_tile(p, kBlockK, {qi, HSp}, {w.kt, kBlockK}, mr, nc, g.HS, Store::write);  // S = Q K^T (q scaled)
     probabilities(p, lse + q0, g, q0, rows, mr, j0, cols, nc);
     if (a.dv.defined())  // dV += P^T dO
-      gemm_tile(w.dv.data() + j0 * HSp, HSp, {p, 1, kBlockK}, {doi, HSp}, mc, HSp, rows, Store::add);
-    gemm_tile(ds, kBlockK, {doi, HSp}, {w.vt.data(), kBlockK}, mr, nc, g.HS, Store::write);  // dP = dO V^T
+      gemm_tile(w.dv + j0 * HSp, HSp, {p, 1, kBlockK}, {doi, HSp}, mc, HSp, rows, Store::add);
+    gemm_tile(ds, kBlockK, {doi, HSp}, {w.vt, kBlockK}, mr, nc, g.HS, Store::write);  // dP = dO V^T
     for (int64_t r = 0; r < mr; ++r) {
       const float D = w.D[q0 + r];
       for (int64_t c = 0; c < nc; ++c) ds[r * kBlockK + c] = p[r * kBlockK + c] * (ds[r * kBlockK + c] - D);
     }
     if (a.dk.defined())  // dK += dS^T (Q * scale)
-      gemm_tile(w.dk.data() + j0 * HSp, HSp, {ds, 1, kBlockK}, {qi, HSp}, mc, HSp, rows, Store::add);
+      gemm_tile(w.dk + j0 * HSp, HSp, {ds, 1, kBlockK}, {qi, HSp}, mc, HSp, rows, Store::add);
     if (a.dq.defined())  // dQ += dS K   (times scale when added to dq)
-      gemm_tile(w.dq.data() + q0 * HSp, HSp, {ds, kBlockK}, {w.k.data(), HSp}, mr, HSp, cols, Store::add);
+      gemm_tile(w.dq + q0 * HSp, HSp, {ds, kBlockK}, {w.k, HSp}, mr, HSp, cols, Store::add);
   }
 }
 
@@ -83,24 +92,24 @@ void backward_key_block(const BackwardArgs& a, BackwardTiles& w, const float* ls
 void backward_head(const BackwardArgs& a, BackwardTiles& w, int64_t b, int64_t h, int64_t Tq_pad) {
   const Geometry& g = a.g;
   const int64_t HSp = g.HSp, kvh = h / g.group();
-  load_tile(w.q.data(), HSp, a.q, b, 0, g.Tq, Tq_pad, h, HSp, g.scale);
-  load_tile(w.dout.data(), HSp, a.dout, b, 0, g.Tq, Tq_pad, h, HSp);
-  load_tile(w.dq.data(), HSp, a.out, b, 0, g.Tq, Tq_pad, h, HSp);  // out, borrowing dq's scratch
+  load_tile(w.q, HSp, a.q, b, 0, g.Tq, Tq_pad, h, HSp, g.scale);
+  load_tile(w.dout, HSp, a.dout, b, 0, g.Tq, Tq_pad, h, HSp);
+  load_tile(w.dq, HSp, a.out, b, 0, g.Tq, Tq_pad, h, HSp);  // out, borrowing dq's scratch
   for (int64_t t = 0; t < Tq_pad; ++t) {
     float D = 0.f;
     for (int64_t d = 0; d < HSp; ++d) D += w.dout[t * HSp + d] * w.dq[t * HSp + d];
     w.D[t] = D;
   }
-  std::fill(w.dq.begin(), w.dq.end(), 0.f);
+  std::fill_n(w.dq, w.nq, 0.f);
   const float* lse = a.lse + (b * g.NH + h) * g.Tq;
   for (int64_t j0 = 0; j0 < g.Tk; j0 += kBlockK) {
     const int64_t cols = std::min(kBlockK, g.Tk - j0);
-    load_tile(w.k.data(), HSp, a.k, b, j0, cols, round_up(cols, kRowBlock), kvh, HSp);
-    load_tile_t(w.kt.data(), kBlockK, a.k, b, j0, cols, round_up(cols, kLanes), kvh);
-    load_tile_t(w.vt.data(), kBlockK, a.v, b, j0, cols, round_up(cols, kLanes), kvh);
+    load_tile(w.k, HSp, a.k, b, j0, cols, round_up(cols, kRowBlock), kvh, HSp);
+    load_tile_t(w.kt, kBlockK, a.k, b, j0, cols, round_up(cols, kLanes), kvh);
+    load_tile_t(w.vt, kBlockK, a.v, b, j0, cols, round_up(cols, kLanes), kvh);
     backward_key_block(a, w, lse, j0, cols);
   }
-  if (a.dq.defined()) add_tile(a.dq, w.dq.data(), HSp, b, 0, g.Tq, h, g.scale);
+  if (a.dq.defined()) add_tile(a.dq, w.dq, HSp, b, 0, g.Tq, h, g.scale);
 }
 
 void require_grad(const char* op, Operand grad, Operand of) {
@@ -137,11 +146,11 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < g.B * g.NKV; ++i) {
       const int64_t b = i / g.NKV, kvh = i % g.NKV;
-      std::fill(w.dk.begin(), w.dk.end(), 0.f);
-      std::fill(w.dv.begin(), w.dv.end(), 0.f);
+      std::fill_n(w.dk, w.nk, 0.f);
+      std::fill_n(w.dv, w.nk, 0.f);
       for (int64_t h = kvh * g.group(); h < (kvh + 1) * g.group(); ++h) backward_head(args, w, b, h, Tq_pad);
-      if (dk.defined()) add_tile(dk, w.dk.data(), g.HSp, b, 0, g.Tk, kvh, 1.f);
-      if (dv.defined()) add_tile(dv, w.dv.data(), g.HSp, b, 0, g.Tk, kvh, 1.f);
+      if (dk.defined()) add_tile(dk, w.dk, g.HSp, b, 0, g.Tk, kvh, 1.f);
+      if (dv.defined()) add_tile(dv, w.dv, g.HSp, b, 0, g.Tk, kvh, 1.f);
     }
   }
 }

@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
+#include <utility>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
@@ -17,15 +18,23 @@ namespace {
 
 using namespace attention;
 
-// Per-thread f32 scratch of one forward task. Scores are kept transposed,
-// (keys, queries), so the softmax statistics of a query are one lane of a
-// vector and the per-key loops below vectorise across queries.
+// Per-thread f32 scratch of one forward task, carved from the thread's
+// scratch slot a. Scores are kept transposed, (keys, queries), so the softmax
+// statistics of a query are one lane of a vector and the per-key loops below
+// vectorise across queries. Every size is a multiple of kLanes floats, so
+// every array starts 64-byte aligned.
 struct ForwardTiles {
-  std::vector<float> qt, k, v, st, acc;  // (HS, BQ) (BK, HSp) (BK, HSp) (BK, BQ) (BQ, HSp)
-  std::vector<float> m, l, mx, alpha, sum;  // (BQ): running max and sum, and per-tile temporaries
-  explicit ForwardTiles(int64_t HSp)
-      : qt(HSp * kBlockQ), k(kBlockK * HSp), v(kBlockK * HSp), st(kBlockK * kBlockQ), acc(kBlockQ * HSp),
-        m(kBlockQ), l(kBlockQ), mx(kBlockQ), alpha(kBlockQ), sum(kBlockQ) {}
+  float *qt, *k, *v, *st, *acc;  // (HS, BQ) (BK, HSp) (BK, HSp) (BK, BQ) (BQ, HSp)
+  float *m, *l, *mx, *alpha, *sum;  // (BQ): running max and sum, and per-tile temporaries
+  explicit ForwardTiles(int64_t HSp) {
+    const std::pair<float**, int64_t> parts[] = {
+        {&qt, HSp * kBlockQ}, {&k, kBlockK * HSp}, {&v, kBlockK * HSp}, {&st, kBlockK * kBlockQ},
+        {&acc, kBlockQ * HSp}, {&m, kBlockQ}, {&l, kBlockQ}, {&mx, kBlockQ}, {&alpha, kBlockQ}, {&sum, kBlockQ}};
+    int64_t total = 0;
+    for (const auto& part : parts) total += part.second;
+    float* p = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(total));
+    for (const auto& [ptr, n] : parts) *ptr = std::exchange(p, p + n);
+  }
 };
 
 // Online softmax over the score tile st (cols keys x nq query lanes), in
@@ -34,13 +43,10 @@ struct ForwardTiles {
 // to lane r iff c - r <= first (first = off + q0 - j0).
 void online_softmax(ForwardTiles& w, int64_t cols, int64_t nq, int64_t mr, int64_t first, int64_t HSp) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float* m = w.m.data();
-  float* mx = w.mx.data();
-  float* alpha = w.alpha.data();
-  float* sum = w.sum.data();
+  float *m = w.m, *mx = w.mx, *alpha = w.alpha, *sum = w.sum;
   std::fill_n(mx, nq, kNegInf);
   for (int64_t c = 0; c < cols; ++c) {
-    float* s = w.st.data() + c * kBlockQ;
+    float* s = w.st + c * kBlockQ;
     std::fill(s, s + std::clamp<int64_t>(c - first, 0, nq), kNegInf);
     for (int64_t r = 0; r < nq; ++r) mx[r] = s[r] > mx[r] ? s[r] : mx[r];
   }
@@ -53,7 +59,7 @@ void online_softmax(ForwardTiles& w, int64_t cols, int64_t nq, int64_t mr, int64
     sum[r] = 0.f;
   }
   for (int64_t c = 0; c < cols; ++c) {
-    float* s = w.st.data() + c * kBlockQ;
+    float* s = w.st + c * kBlockQ;
     for (int64_t r = 0; r < nq; ++r) {
       s[r] = exp_f32(s[r] - m[r]);
       sum[r] += s[r];
@@ -61,7 +67,7 @@ void online_softmax(ForwardTiles& w, int64_t cols, int64_t nq, int64_t mr, int64
   }
   for (int64_t r = 0; r < nq; ++r) w.l[r] = w.l[r] * alpha[r] + sum[r];
   for (int64_t r = 0; r < mr; ++r) {
-    float* acc = w.acc.data() + r * HSp;
+    float* acc = w.acc + r * HSp;
     for (int64_t d = 0; d < HSp; ++d) acc[d] *= alpha[r];
   }
 }
@@ -78,7 +84,7 @@ void store_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, in
   dispatch_float(a.out.dtype(), [&]<typename T>() {
     for (int64_t r = 0; r < rows; ++r) {
       T* dst = a.out.data_as<T>() + ((b * g.Tq + q0 + r) * g.NH + h) * g.HS;
-      const float* acc = w.acc.data() + r * g.HSp;
+      const float* acc = w.acc + r * g.HSp;
       const float inv = 1.f / w.l[r];
       for (int64_t d = 0; d < g.HS; ++d) dst[d] = store_as<T>(acc[d] * inv);
     }
@@ -94,19 +100,19 @@ void forward_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, 
   const Geometry& g = a.g;
   const int64_t HSp = g.HSp, kvh = h / g.group();
   const int64_t rows = std::min(kBlockQ, g.Tq - q0), mr = round_up(rows, kRowBlock), nq = round_up(rows, kLanes);
-  load_tile_t(w.qt.data(), kBlockQ, a.q, b, q0, rows, nq, h, g.scale);  // scores = k . (q * scale)
-  std::fill_n(w.acc.data(), mr * HSp, 0.f);
-  std::fill_n(w.m.data(), nq, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.l.data(), nq, 0.f);
+  load_tile_t(w.qt, kBlockQ, a.q, b, q0, rows, nq, h, g.scale);  // scores = k . (q * scale)
+  std::fill_n(w.acc, mr * HSp, 0.f);
+  std::fill_n(w.m, nq, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.l, nq, 0.f);
   const int64_t last = g.off + q0 + rows - 1;  // position of the block's last query
   for (int64_t j0 = 0; j0 <= last; j0 += kBlockK) {
     const int64_t cols = std::min(kBlockK, last + 1 - j0), mc = round_up(cols, kRowBlock);
-    const View k = rows_tile(w.k.data(), a.k, b, j0, cols, mc, kvh, HSp);
-    const View v = rows_tile(w.v.data(), a.v, b, j0, cols, cols, kvh, HSp);
-    gemm_tile(w.st.data(), kBlockQ, k, {w.qt.data(), kBlockQ}, mc, nq, g.HS, Store::write);  // S^T = K Q^T
+    const View k = rows_tile(w.k, a.k, b, j0, cols, mc, kvh, HSp);
+    const View v = rows_tile(w.v, a.v, b, j0, cols, cols, kvh, HSp);
+    gemm_tile(w.st, kBlockQ, k, {w.qt, kBlockQ}, mc, nq, g.HS, Store::write);  // S^T = K Q^T
     online_softmax(w, cols, nq, mr, g.off + q0 - j0, HSp);
     // acc += P V, P = (S^T)^T: (mr, HSp)
-    gemm_tile(w.acc.data(), HSp, {w.st.data(), 1, kBlockQ}, v, mr, HSp, cols, Store::add);
+    gemm_tile(w.acc, HSp, {w.st, 1, kBlockQ}, v, mr, HSp, cols, Store::add);
   }
   store_block(a, w, b, h, q0, rows);
 }

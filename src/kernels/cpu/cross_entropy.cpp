@@ -11,8 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/validate.h"
@@ -175,10 +175,10 @@ float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor
   const int64_t N = rows(logits);
   // Per-row losses in double, summed serially below: the mean does not depend
   // on the thread count (bitwise reproducible runs, DESIGN.md §6).
-  std::vector<double> row_loss(N);
+  double* row_loss = thread_scratch<double>(ScratchSlot::a, static_cast<size_t>(N));  // every row written
   CeArgs args{N, logits.size(-1), targets.data_as<int32_t>(), ignore_index,
               n_valid ? static_cast<float>(static_cast<double>(dloss) / static_cast<double>(n_valid)) : 0.f,
-              row_loss.data()};
+              row_loss};
   dispatch_float(logits.dtype(), [&]<typename T>() {
     const T* x = logits.data_as<const T>();
     if (!dlogits.defined()) return ce_rows<T, void>(nullptr, x, args);

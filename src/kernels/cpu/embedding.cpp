@@ -6,8 +6,8 @@
 // added to dwte once. So every run gives the same bits for any thread count,
 // and a bf16 dwte is rounded once per token rather than once per occurrence.
 #include <algorithm>
-#include <vector>
 
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
@@ -79,23 +79,25 @@ void check_tokens_operand(const char* op, const Tensor& tokens) {
 
 // dwte[tok] += sum of dy rows with that token.  dy: (N, C)  tokens: (N)
 void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t N, int64_t C) {
-  std::vector<int64_t> order(static_cast<size_t>(N));  // (token, index) packed, sorted: groups by token
+  // (token, index) packed, sorted: groups by token
+  int64_t* order = thread_scratch<int64_t>(ScratchSlot::a, static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) order[i] = static_cast<int64_t>(tokens[i]) * N + i;
-  std::sort(order.begin(), order.end());
-  std::vector<int64_t> starts;  // group g is order[starts[g], starts[g + 1])
+  std::sort(order, order + N);
+  // Group g is order[starts[g], starts[g + 1]); at most N groups.
+  int64_t* starts = thread_scratch<int64_t>(ScratchSlot::b, static_cast<size_t>(N) + 1);
+  int64_t n_groups = 0;
   for (int64_t i = 0; i < N; ++i)
-    if (i == 0 || order[i] / N != order[i - 1] / N) starts.push_back(i);
-  starts.push_back(N);
-  const int64_t n_groups = static_cast<int64_t>(starts.size()) - 1;
+    if (i == 0 || order[i] / N != order[i - 1] / N) starts[n_groups++] = i;
+  starts[n_groups] = N;
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    std::vector<float> buf(2 * static_cast<size_t>(C));  // dy row, sum
-    float* acc = buf.data() + C;
+    float* buf = thread_scratch<float>(ScratchSlot::c, 2 * static_cast<size_t>(C));  // dy row, sum
+    float* acc = buf + C;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t g = 0; g < n_groups; ++g) {
       std::fill(acc, acc + C, 0.f);
       for (int64_t j = starts[g]; j < starts[g + 1]; ++j) {
-        const float* d = load_row(dy, order[j] % N, C, buf.data());
+        const float* d = load_row(dy, order[j] % N, C, buf);
         for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
       }
       add_row(dwte, order[starts[g]] / N, C, acc);
@@ -107,13 +109,13 @@ void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t 
 void wpe_backward(Tensor dwpe, const Tensor& dy, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
 #pragma omp parallel if (B * T * C >= kMinParallel)
   {
-    std::vector<float> buf(2 * static_cast<size_t>(C));  // dy row, sum
-    float* acc = buf.data() + C;
+    float* buf = thread_scratch<float>(ScratchSlot::c, 2 * static_cast<size_t>(C));  // dy row, sum
+    float* acc = buf + C;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       std::fill(acc, acc + C, 0.f);
       for (int64_t b = 0; b < B; ++b) {
-        const float* d = load_row(dy, b * T + t, C, buf.data());
+        const float* d = load_row(dy, b * T + t, C, buf);
         for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
       }
       add_row(dwpe, pos_offset + t, C, acc);

@@ -10,8 +10,8 @@
 // bits for any thread count or schedule.
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
@@ -54,8 +54,7 @@ struct RowBlocks {
 
 // grads[g] += sum over blocks of partial[k][g] (in block order), for each
 // defined gradient g. partial: (n_blocks, n_grads, C) f32.
-void add_partials(std::initializer_list<Tensor> grads, const std::vector<float>& partial, int64_t n_blocks,
-                  int64_t C) {
+void add_partials(std::initializer_list<Tensor> grads, const float* partial, int64_t n_blocks, int64_t C) {
   const int64_t n_grads = static_cast<int64_t>(grads.size());
   const int64_t n_chunks = (C + kColChunk - 1) / kColChunk;
 #pragma omp parallel for collapse(2) schedule(static) if (n_blocks * n_grads * C >= kMinParallel)
@@ -66,7 +65,7 @@ void add_partials(std::initializer_list<Tensor> grads, const std::vector<float>&
       const int64_t c0 = chunk * kColChunk, n = std::min(kColChunk, C - c0);
       float acc[kColChunk] = {};
       for (int64_t k = 0; k < n_blocks; ++k) {
-        const float* p = partial.data() + (k * n_grads + g) * C + c0;
+        const float* p = partial + (k * n_grads + g) * C + c0;
         for (int64_t i = 0; i < n; ++i) acc[i] += p[i];
       }
       put(grad, c0, n, acc, true);
@@ -133,11 +132,14 @@ void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Te
   }
 }
 
-// Per-thread f32 scratch rows.
-struct Scratch {
-  std::vector<float> buf;
-  Scratch(int64_t n_rows, int64_t C) : buf(static_cast<size_t>(n_rows * C)) {}
-  float* row(int64_t i, int64_t C) { return buf.data() + i * C; }
+// n_rows f32 rows of C floats in the calling thread's scratch slot b (slot a
+// holds the backward's partial sums).
+struct ScratchRows {
+  float* buf;
+  int64_t C;
+  ScratchRows(int64_t n_rows, int64_t n_cols)
+      : buf(thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(n_rows * n_cols))), C(n_cols) {}
+  float* row(int64_t i) const { return buf + i * C; }
 };
 
 }  // namespace
@@ -156,13 +158,13 @@ void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, cons
   const int64_t N = rows(x);
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    Scratch s(4, C);  // x, w, b, y
-    const float* wf = load_row(w, 0, C, s.row(1, C));
-    const float* bf = b.defined() ? load_row(b, 0, C, s.row(2, C)) : nullptr;
-    float* yr = s.row(3, C);
+    ScratchRows s(4, C);  // x, w, b, y
+    const float* wf = load_row(w, 0, C, s.row(1));
+    const float* bf = b.defined() ? load_row(b, 0, C, s.row(2)) : nullptr;
+    float* yr = s.row(3);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
-      const float* xr = load_row(x, r, C, s.row(0, C));
+      const float* xr = load_row(x, r, C, s.row(0));
       float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t i = 0; i < C; ++i) sum += xr[i];
@@ -191,19 +193,23 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
   const int64_t N = rows(x);
   const RowBlocks blocks(N);
   const bool want_params = dw.defined() || db.defined();
-  std::vector<float> partial(want_params ? static_cast<size_t>(blocks.n_blocks * 2 * C) : 0, 0.f);
+  // (n_blocks, 2, C): each block's dw and db sums, zeroed and written by the thread that owns
+  // the block.
+  const int64_t n_partial = want_params ? blocks.n_blocks * 2 * C : 0;
+  float* partial = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(n_partial));
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    Scratch s(4, C);  // x, dy, w, dx
-    const float* wf = load_row(w, 0, C, s.row(2, C));
-    float* g = s.row(3, C);
+    ScratchRows s(4, C);  // x, dy, w, dx
+    const float* wf = load_row(w, 0, C, s.row(2));
+    float* g = s.row(3);
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < blocks.n_blocks; ++k) {
-      float* pdw = want_params ? partial.data() + k * 2 * C : nullptr;
+      float* pdw = want_params ? partial + k * 2 * C : nullptr;
       float* pdb = want_params ? pdw + C : nullptr;
+      if (want_params) std::fill_n(pdw, 2 * C, 0.f);
       for (int64_t r = blocks.begin(k); r < blocks.begin(k + 1); ++r) {
-        const float* xr = load_row(x, r, C, s.row(0, C));
-        const float* dyr = load_row(dy, r, C, s.row(1, C));
+        const float* xr = load_row(x, r, C, s.row(0));
+        const float* dyr = load_row(dy, r, C, s.row(1));
         const float m = mean.data_as<float>()[r], rs = rstd.data_as<float>()[r];
         if (want_params) {
           for (int64_t i = 0; i < C; ++i) {
@@ -239,12 +245,12 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
   const int64_t N = rows(x);
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    Scratch s(3, C);  // x, w, y
-    const float* wf = load_row(w, 0, C, s.row(1, C));
-    float* yr = s.row(2, C);
+    ScratchRows s(3, C);  // x, w, y
+    const float* wf = load_row(w, 0, C, s.row(1));
+    float* yr = s.row(2);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
-      const float* xr = load_row(x, r, C, s.row(0, C));
+      const float* xr = load_row(x, r, C, s.row(0));
       float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
@@ -264,18 +270,21 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   check_stat(op, {"rstd", rstd}, x);
   const int64_t N = rows(x);
   const RowBlocks blocks(N);
-  std::vector<float> partial(dw.defined() ? static_cast<size_t>(blocks.n_blocks * C) : 0, 0.f);
+  // (n_blocks, C): each block's dw sum, zeroed and written by the thread that owns the block.
+  const int64_t n_partial = dw.defined() ? blocks.n_blocks * C : 0;
+  float* partial = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(n_partial));
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    Scratch s(4, C);  // x, dy, w, dx
-    const float* wf = load_row(w, 0, C, s.row(2, C));
-    float* g = s.row(3, C);
+    ScratchRows s(4, C);  // x, dy, w, dx
+    const float* wf = load_row(w, 0, C, s.row(2));
+    float* g = s.row(3);
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < blocks.n_blocks; ++k) {
-      float* pdw = dw.defined() ? partial.data() + k * C : nullptr;
+      float* pdw = dw.defined() ? partial + k * C : nullptr;
+      if (pdw) std::fill_n(pdw, C, 0.f);
       for (int64_t r = blocks.begin(k); r < blocks.begin(k + 1); ++r) {
-        const float* xr = load_row(x, r, C, s.row(0, C));
-        const float* dyr = load_row(dy, r, C, s.row(1, C));
+        const float* xr = load_row(x, r, C, s.row(0));
+        const float* dyr = load_row(dy, r, C, s.row(1));
         const float rs = rstd.data_as<float>()[r];
         if (pdw) {
           for (int64_t i = 0; i < C; ++i) pdw[i] += dyr[i] * (xr[i] * rs);

@@ -12,8 +12,8 @@
 // results match a float64 reference to f32 accuracy (tests/kernels/test_rope.cpp).
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
@@ -78,7 +78,7 @@ template <RopeMode kMode, typename TIn, typename TOut>
 void rope_apply(const Tensor& out, const Tensor& in, const Tensor& pos, float theta, const RopeShape& s) {
   const int64_t h = s.HS / 2;
   // inv_freq[i] = theta^(-2i / HS)
-  std::vector<double> inv_freq(h);
+  double* inv_freq = thread_scratch<double>(ScratchSlot::a, static_cast<size_t>(h));  // read by every thread
   for (int64_t i = 0; i < h; ++i) inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / s.HS);
   const int32_t* p = pos.data_as<int32_t>();
   const TIn* src = in.data_as<TIn>();
@@ -87,9 +87,8 @@ void rope_apply(const Tensor& out, const Tensor& in, const Tensor& pos, float th
   const int64_t rows_per_angle = s.pos_per_batch ? 1 : s.B;
 #pragma omp parallel if (s.B * s.T * s.NH * s.HS >= (1 << 15))
   {
-    // Per-thread scratch: cos, sin (h each), one input and one output head.
-    std::vector<float> scratch(2 * h + 2 * s.HS);
-    float* cos_f = scratch.data();
+    // Per-thread: cos, sin (h each), one input and one output head.
+    float* cos_f = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(2 * h + 2 * s.HS));
     float* sin_f = cos_f + h;
     float* in_f = sin_f + h;
     float* out_f = in_f + s.HS;

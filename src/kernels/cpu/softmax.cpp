@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cmath>
 #include <limits>
-#include <vector>
 
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/validate.h"
@@ -75,15 +75,15 @@ void softmax_forward(Tensor y, const Tensor& x) {
   const bool direct = y.dtype() == DType::f32;  // write straight into y
 #pragma omp parallel if (N * D >= kMinParallel)
   {
-    std::vector<float> buf(direct ? 0 : static_cast<size_t>(D));
+    float* buf = thread_scratch<float>(ScratchSlot::a, direct ? 0 : static_cast<size_t>(D));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
-      const float* xr = load_row(x, r, D, buf.data());
+      const float* xr = load_row(x, r, D, buf);
       if (direct) {
         softmax_row(y.data_as<float>() + r * D, xr, D);
       } else {
-        softmax_row(buf.data(), xr, D);
-        put_row(y, r, D, buf.data(), false);
+        softmax_row(buf, xr, D);
+        put_row(y, r, D, buf, false);
       }
     }
   }
@@ -104,12 +104,12 @@ void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y) {
   const int64_t N = rows(y), D = y.size(-1);
 #pragma omp parallel if (N * D >= kMinParallel)
   {
-    std::vector<float> buf(3 * static_cast<size_t>(D));  // y, dy, dx
-    float* g = buf.data() + 2 * D;
+    float* buf = thread_scratch<float>(ScratchSlot::a, 3 * static_cast<size_t>(D));  // y, dy, dx
+    float* g = buf + 2 * D;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
-      const float* yr = load_row(y, r, D, buf.data());
-      const float* dyr = load_row(dy, r, D, buf.data() + D);
+      const float* yr = load_row(y, r, D, buf);
+      const float* dyr = load_row(dy, r, D, buf + D);
       double dot = 0.;  // double, as the forward's sum
 #pragma omp simd reduction(+ : dot)
       for (int64_t i = 0; i < D; ++i) dot += dyr[i] * yr[i];

@@ -1,0 +1,187 @@
+// Per-thread kernel scratch (src/kernels/cpu/scratch.h): reuse, growth,
+// slots, alignment, the byte count over threads, and that kernels stop
+// growing it once a shape has been seen (DESIGN.md §1.4: the step loop does
+// not allocate).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/threads.h"
+#include "kernels/cpu/scratch.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels {
+namespace {
+
+constexpr ScratchSlot kSlots[] = {ScratchSlot::a, ScratchSlot::b, ScratchSlot::c, ScratchSlot::d};
+
+bool aligned64(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
+TEST(ThreadScratch, RepeatedRequestThatFitsReturnsTheSamePointer) {
+  float* first = thread_scratch<float>(ScratchSlot::a, 1000);
+  const size_t bytes = scratch_bytes();
+  EXPECT_EQ(thread_scratch<float>(ScratchSlot::a, 1000), first);
+  EXPECT_EQ(thread_scratch<float>(ScratchSlot::a, 10), first);
+  EXPECT_EQ(thread_scratch<char>(ScratchSlot::a, 4000), static_cast<void*>(first));
+  EXPECT_EQ(scratch_bytes(), bytes);
+}
+
+TEST(ThreadScratch, LargerRequestGrowsTheBufferAndTheByteCount) {
+  // On a fresh thread, so the count starts from this thread's zero.
+  std::thread([] {
+    const size_t before = scratch_bytes();
+    thread_scratch<float>(ScratchSlot::b, 16);
+    EXPECT_EQ(scratch_bytes(), before + 64);
+    const size_t n = 1 << 20;  // 4 MiB: past glibc's mmap threshold
+    float* p = thread_scratch<float>(ScratchSlot::b, n);
+    EXPECT_EQ(scratch_bytes(), before + n * sizeof(float));  // replaced, not added
+    p[0] = 1.f;
+    p[n - 1] = 2.f;  // the whole request is usable
+    EXPECT_EQ(p[0] + p[n - 1], 3.f);
+  }).join();
+}
+
+TEST(ThreadScratch, DistinctSlotsGiveNonOverlappingMemory) {
+  const size_t n = 3000;
+  char* p[4];
+  for (int i = 0; i < 4; ++i) {
+    p[i] = thread_scratch<char>(kSlots[i], n);
+    std::memset(p[i], i + 1, n);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) EXPECT_TRUE(p[i] + n <= p[j] || p[j] + n <= p[i]) << "slots " << i << ", " << j;
+    EXPECT_EQ(p[i][0], i + 1);
+    EXPECT_EQ(p[i][n - 1], i + 1);
+  }
+}
+
+TEST(ThreadScratch, MemoryIs64ByteAlignedForAnySizeAndType) {
+  for (size_t n : {0, 1, 3, 17, 1000, 100003}) {
+    EXPECT_TRUE(aligned64(thread_scratch<char>(ScratchSlot::a, n))) << n;
+    EXPECT_TRUE(aligned64(thread_scratch<double>(ScratchSlot::b, n))) << n;
+    EXPECT_TRUE(aligned64(thread_scratch<int64_t>(ScratchSlot::c, n))) << n;
+    EXPECT_TRUE(aligned64(thread_scratch<float>(ScratchSlot::d, n))) << n;
+  }
+}
+
+TEST(ThreadScratch, ZeroElementsGivesAValidPointer) {
+  float* p = thread_scratch<float>(ScratchSlot::d, 0);
+  EXPECT_NE(p, nullptr);
+  EXPECT_TRUE(aligned64(p));
+  float* q = thread_scratch<float>(ScratchSlot::d, 64);
+  q[63] = 1.f;
+  EXPECT_EQ(q[63], 1.f);
+}
+
+TEST(ThreadScratch, ByteCountIncludesEveryLiveThreadAndDropsWhenOneExits) {
+  thread_scratch<float>(ScratchSlot::a, 1);
+  const size_t base = scratch_bytes();
+  const size_t n = 3 << 20;
+  std::atomic<int> stage{0};  // 1: the thread holds its scratch; 2: it may exit
+  std::thread worker([&] {
+    thread_scratch<char>(ScratchSlot::a, n);
+    thread_scratch<char>(ScratchSlot::c, n);
+    stage = 1;
+    while (stage.load() != 2) std::this_thread::yield();
+  });
+  while (stage.load() != 1) std::this_thread::yield();
+  EXPECT_EQ(scratch_bytes(), base + 2 * n);  // n is a multiple of 64
+  stage = 2;
+  worker.join();
+  EXPECT_EQ(scratch_bytes(), base);
+}
+
+// ---- kernels in steady state -----------------------------------------------
+
+std::vector<float> pattern(size_t n, float f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(f * static_cast<float>(i)) + 0.1f;
+  return v;
+}
+
+Tensor f32(std::vector<float>& v, Shape s) { return Tensor(v.data(), DType::f32, s); }
+
+// Large enough for the norms' parallel path (N * C >= 2^15).
+struct LayerNormCase {
+  static constexpr int64_t N = 64, C = 1024;
+  std::vector<float> x = pattern(N * C, 0.37f), w = pattern(C, 0.11f), b = pattern(C, 0.05f);
+  std::vector<float> dy = pattern(N * C, 0.23f), y = std::vector<float>(N * C);
+  std::vector<float> mean = std::vector<float>(N), rstd = std::vector<float>(N);
+  std::vector<float> dx = std::vector<float>(N * C), dw = std::vector<float>(C), db = std::vector<float>(C);
+  LayerNormCase() {
+    layernorm_forward(f32(y, {N, C}), f32(mean, {N}), f32(rstd, {N}), f32(x, {N, C}), f32(w, {C}), f32(b, {C}),
+                      1e-5f);
+  }
+  void backward() {
+    std::fill(dx.begin(), dx.end(), 0.f);
+    std::fill(dw.begin(), dw.end(), 0.f);
+    std::fill(db.begin(), db.end(), 0.f);
+    layernorm_backward(f32(dx, {N, C}), f32(dw, {C}), f32(db, {C}), f32(dy, {N, C}), f32(x, {N, C}), f32(w, {C}),
+                       f32(mean, {N}), f32(rstd, {N}));
+  }
+};
+
+TEST(ThreadScratch, LayerNormBackwardDoesNotGrowScratchOnASecondCall) {
+  set_num_threads(2);
+  LayerNormCase c;
+  c.backward();
+  const size_t after_first = scratch_bytes();
+  EXPECT_GE(after_first, LayerNormCase::C * 4 * sizeof(float));  // at least one thread's rows
+  c.backward();
+  EXPECT_EQ(scratch_bytes(), after_first);
+}
+
+TEST(ThreadScratch, LayerNormBackwardReusingScratchGivesTheSameBits) {
+  // The partial dw/db sums live in reused scratch: a second call must not see
+  // the first call's sums.
+  set_num_threads(2);
+  LayerNormCase c;
+  c.backward();
+  const std::vector<float> dx = c.dx, dw = c.dw, db = c.db;
+  c.backward();
+  EXPECT_EQ(c.dx, dx);
+  EXPECT_EQ(c.dw, dw);
+  EXPECT_EQ(c.db, db);
+}
+
+TEST(ThreadScratch, RmsNormBackwardReusingScratchGivesTheSameBits) {
+  set_num_threads(2);
+  const int64_t N = 64, C = 1024;
+  std::vector<float> x = pattern(N * C, 0.37f), w = pattern(C, 0.11f), dy = pattern(N * C, 0.23f);
+  std::vector<float> y(N * C), rstd(N);
+  rmsnorm_forward(f32(y, {N, C}), f32(rstd, {N}), f32(x, {N, C}), f32(w, {C}), 1e-5f);
+  std::vector<float> dw_first;
+  for (int call = 0; call < 2; ++call) {
+    std::vector<float> dx(N * C), dw(C);
+    rmsnorm_backward(f32(dx, {N, C}), f32(dw, {C}), f32(dy, {N, C}), f32(x, {N, C}), f32(w, {C}), f32(rstd, {N}));
+    if (call == 0) dw_first = dw;
+    else EXPECT_EQ(dw, dw_first);
+  }
+}
+
+TEST(ThreadScratch, AttentionForwardBackwardDoNotGrowScratchOnASecondCall) {
+  set_num_threads(2);
+  const int64_t B = 1, T = 100, NH = 3, HS = 64;
+  const Shape s{B, T, NH, HS};
+  const size_t n = B * T * NH * HS;
+  std::vector<float> q = pattern(n, 0.31f), k = pattern(n, 0.17f), v = pattern(n, 0.07f), dout = pattern(n, 0.29f);
+  std::vector<float> out(n), lse(B * NH * T), dq(n), dk(n), dv(n);
+  auto step = [&] {
+    attention_forward(f32(out, s), f32(lse, {B, NH, T}), f32(q, s), f32(k, s), f32(v, s));
+    attention_backward(f32(dq, s), f32(dk, s), f32(dv, s), f32(dout, s), f32(q, s), f32(k, s), f32(v, s),
+                       f32(out, s), f32(lse, {B, NH, T}));
+  };
+  step();
+  const size_t after_first = scratch_bytes();
+  step();
+  EXPECT_EQ(scratch_bytes(), after_first);
+}
+
+}  // namespace
+}  // namespace loom::kernels
