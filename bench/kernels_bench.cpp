@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/memory.h"
@@ -177,28 +178,28 @@ void bench_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, 
 int run_kernel_bench(const KernelBenchOptions& opts) {
   Pools pools;
   if (!opts.json)
-    std::printf("loom bench kernels: %d threads, best and median of repeats over >= %g s per case\n\n%-16s %-5s "
-                "%-20s %6s %6s %6s %3s %3s %4s %10s %10s %9s\n",
-                opts.threads, opts.min_seconds, "op", "dtype", "case", "m", "n", "k", "ta", "tb", "beta", "best_ms",
-                "median_ms", "GFLOP/s");
+    std::printf("loom bench kernels: %d threads; best and median of repeats over >= %g s per case\nreproduce: %s\n",
+                opts.threads, opts.min_seconds, opts.command.c_str());
   std::vector<std::pair<const char*, DType>> variants = {{"matmul", DType::f32}, {"matmul", DType::bf16}};
   if (opts.openblas) variants.push_back({"matmul_openblas", DType::f32});
+  bool header = false;
   for (const auto& [op, dtype] : variants) {
     for (const MatmulCase& c : matmul_cases()) {
       if (!selected(opts, op, dtype, c.name)) continue;
+      if (!opts.json && !std::exchange(header, true))
+        std::printf("\n%-16s %-5s %-20s %6s %6s %6s %3s %3s %4s %10s %10s %9s\n", "op", "dtype", "case", "m", "n",
+                    "k", "ta", "tb", "beta", "best_ms", "median_ms", "GFLOP/s");
       const bool blas = std::string(op) == "matmul_openblas";
       print_matmul(opts, op, dtype, c, time_matmul(pools, dtype, c, opts.min_seconds, blas));
     }
   }
-  bool header = false;
+  header = false;
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const AttentionCase& c : kAttentionCases) {
       if (!selected(opts, "attention_fwd_bwd", dtype, "")) continue;
-      if (!opts.json && !header) {
+      if (!opts.json && !std::exchange(header, true))
         std::printf("\n%-18s %-5s %-26s %10s %10s %12s\n", "op", "dtype", "shape", "best_ms", "median_ms",
                     "tokens/s");
-        header = true;
-      }
       bench_attention(pools, opts, dtype, c);
     }
   }

@@ -12,6 +12,7 @@ struct KernelBenchOptions {
   double min_seconds = 0.5; // measure each case at least this long
   int threads = 1;          // recorded in the output
   bool openblas = false;    // also time OpenBLAS sgemm at the f32 matmul cases (the backend comparison)
+  std::string command;      // the command line that reproduces the run, printed with the table
 };
 
 // Runs the benchmark, prints results to stdout; returns the exit code.

@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   g++ cmake make pkg-config   # toolchain (g++ 12, CMake 3.25)
   libdnnl-dev                 # oneDNN: bf16 and f32 GEMMs (AVX-512 BF16)
-  libopenblas-openmp-dev      # OpenBLAS, OpenMP threading: f32 GEMMs
+  libopenblas-openmp-dev      # OpenBLAS: the f32 GEMM loom bench kernels --openblas compares
   nlohmann-json3-dev          # JSON (reports, --json output)
   libcli11-dev                # command-line parsing
   libgtest-dev                # tests

@@ -4,11 +4,12 @@
 
 namespace loom::cli {
 
-void add_bench_command(CLI::App& app, int& exit_code) {
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line) {
   CLI::App* bench = app.add_subcommand("bench", "Measure loom's speed");
   bench->require_subcommand(1);
   CLI::App* kernels = bench->add_subcommand("kernels", "GFLOP/s of matmul and tokens/s of attention on the CPU");
   auto opts = std::make_shared<bench::KernelBenchOptions>();
+  opts->command = command_line;
   auto threads = std::make_shared<int>(default_num_threads());
   kernels->add_flag("--json", opts->json, "print JSON Lines, one object per measurement");
   kernels->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")

@@ -5,8 +5,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace loom::cli {
 
-void add_bench_command(CLI::App& app, int& exit_code);  // loom bench kernels
+// command_line: the process's arguments joined, printed by benchmarks so a
+// reader can reproduce their figures.
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels
 
 }  // namespace loom::cli

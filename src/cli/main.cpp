@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <exception>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -13,8 +14,10 @@ int main(int argc, char** argv) {
   CLI::App app{"loom: train and serve transformer language models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");
+  std::string command_line = argv[0];
+  for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
   int exit_code = 0;
-  loom::cli::add_bench_command(app, exit_code);
+  loom::cli::add_bench_command(app, exit_code, command_line);
   try {
     app.parse(argc, argv);  // runs the chosen command's callback
   } catch (const CLI::ParseError& e) {

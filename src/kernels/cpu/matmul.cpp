@@ -2,28 +2,31 @@
 // the bias gradient here; every GEMM goes to oneDNN (matmul_onednn.cpp).
 //
 // Backend choice, measured on this project's machine (AMD EPYC Zen 4, 2
-// threads, GFLOP/s, best of repeated runs; BENCHMARKS.md has the commands):
-//   f32   oneDNN 2.6.3 vs OpenBLAS 0.3.21 sgemm
-//           2048^3                           @BENCH_F32_SQ@
-//           GPT-2 fc (512x768 @ 768x3072^T)  @BENCH_F32_FC@
-//           lm-head dW (50257x512^T @ 512x768) @BENCH_F32_DW@
-//         oneDNN is as fast at square shapes and faster at the GPT-2 shapes,
-//         most of all the transposed-A weight-gradient GEMMs.
+// threads, GFLOP/s, best of 2 runs of `loom bench kernels --openblas`;
+// BENCHMARKS.md has the commands and every case):
+//   f32   oneDNN 2.6.3 brgemm avx512_core vs OpenBLAS 0.3.21 cblas_sgemm:
+//           2048^3                              214 vs 200
+//           GPT-2 fc fwd (512x768 @ 768x3072)   219 vs 209
+//           GPT-2 lm-head dW (50257x512^T @ 512x768)  203 vs 209
+//         over the 18 f32 cases oneDNN / OpenBLAS is 0.95-1.10 (median
+//         1.05): a tie within the machine's run-to-run noise (up to 17%);
+//         both run near the 2 cores' f32 FMA peak.
 //   bf16  oneDNN only: Debian's OpenBLAS 0.3.21 is built without
 //         BUILD_BFLOAT16, so cblas_sbgemm is declared in <cblas.h> but not
-//         exported by libopenblas.so.0 (it does not link). oneDNN runs its
-//         brgemm avx512_core_bf16 kernels (vdpbf16ps, f32 accumulation):
-//         @BENCH_BF16@
-// One library for both dtypes also gives one code path to test.
+//         exported by libopenblas.so.0 (it does not link). oneDNN runs brgemm
+//         avx512_core_bf16 (vdpbf16ps, f32 accumulation): 423 at 2048^3,
+//         1.97x its f32.
+// So oneDNN for both dtypes: one backend, one primitive cache, one code path
+// to test, and f32 on par with OpenBLAS.
 //
 // Accumulation: beta = 1 is oneDNN's sum post-op, which reads c in its own
 // dtype (f32 or bf16), adds in f32 and writes back, so the += convention of
-// the backward ops needs no temporary. The one workspace: a backward GEMM
-// whose operands mix f32 and bf16 (dc or dy is f32 while a, b, x, w are bf16,
-// e.g. f32 logits of a bf16 LM head) first rounds the f32 operand to bf16 in
-// a per-thread buffer, as PyTorch autocast does, because oneDNN's bf16 GEMM
-// takes both inputs in bf16. (Also a per-thread f32 buffer sums the batches of
-// a bf16 gradient of a shared operand, so it is rounded to bf16 once.)
+// the backward ops needs no temporary. Two per-thread workspaces remain:
+// (1) a backward GEMM whose operands mix f32 and bf16 (dc or dy is f32 while
+// a, b, x, w are bf16, e.g. the f32 logits of a bf16 LM head) first rounds
+// the f32 operand to bf16, as PyTorch autocast does, because oneDNN's bf16
+// GEMM takes both inputs in bf16; (2) the bf16 gradient of an operand shared
+// by every batch sums the per-batch GEMMs in f32 and is rounded once.
 #include <algorithm>
 #include <vector>
 

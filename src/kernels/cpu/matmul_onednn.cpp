@@ -165,7 +165,7 @@ void gemm_run(const Gemm& g) {
               g.ab, g.c_dtype, g.bias ? g.bias_dtype : DType::f32, 0, 0};
   std::memcpy(&key.alpha_bits, &g.alpha, sizeof g.alpha);
   std::memcpy(&key.beta_bits, &g.beta, sizeof g.beta);
-  if (key.batch > 1 && !key.a_batched && !key.b_batched) key.batch = 1;  // defensive: nothing varies per batch
+  LOOM_CHECK(g.batch == 1 || g.a_batched || g.b_batched, "gemm: batch ", g.batch, " but no batched operand");
   // Batched a @ shared b is one (batch*M, K) @ (K, N) GEMM: bigger, faster,
   // one primitive for every batch count with the same rows.
   if (key.batch > 1 && key.a_batched && !key.b_batched && !key.trans_a) {
