@@ -21,16 +21,17 @@
 //
 // Accumulation: beta = 1 is oneDNN's sum post-op, which reads c in its own
 // dtype (f32 or bf16), adds in f32 and writes back, so the += convention of
-// the backward ops needs no temporary. Two per-thread workspaces remain:
+// the backward ops needs no temporary. Two per-thread workspaces (scratch.h
+// slots a and b) remain:
 // (1) a backward GEMM whose operands mix f32 and bf16 (dc or dy is f32 while
 // a, b, x, w are bf16, e.g. the f32 logits of a bf16 LM head) first rounds
 // the f32 operand to bf16, as PyTorch autocast does, because oneDNN's bf16
 // GEMM takes both inputs in bf16; (2) the bf16 gradient of an operand shared
 // by every batch sums the per-batch GEMMs in f32 and is rounded once.
 #include <algorithm>
-#include <vector>
 
 #include "kernels/cpu/matmul_onednn.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
@@ -104,12 +105,11 @@ void check_grad(const char* op, Operand g, Operand x) {
 }
 
 // f32 -> bf16 copy of a GEMM operand whose partner is bf16 (see the top).
+// Uses scratch slot a (accumulate holds slot b around it).
 Tensor bf16_workspace(const Tensor& t) {
-  thread_local std::vector<bf16> buffer;
-  if (buffer.size() < static_cast<size_t>(t.numel())) buffer.resize(t.numel());
-  const float* src = t.data_as<float>();
-  bf16* dst = buffer.data();
   const int64_t n = t.numel();
+  const float* src = t.data_as<float>();
+  bf16* dst = thread_scratch<bf16>(ScratchSlot::a, static_cast<size_t>(n));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
   return Tensor(dst, DType::bf16, t.shape());
@@ -158,10 +158,11 @@ void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, 
   // One GEMM per batch, += into out. A bf16 out would be rounded after each
   // batch, so the sum goes through an f32 workspace and is rounded once.
   Tensor sum = out;
-  thread_local std::vector<float> workspace;
+  float* workspace = nullptr;
   if (out.dtype() == DType::bf16) {
-    workspace.assign(out.numel(), 0.f);
-    sum = Tensor(workspace.data(), DType::f32, out.shape());
+    workspace = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(out.numel()));
+    std::fill_n(workspace, out.numel(), 0.f);
+    sum = Tensor(workspace, DType::f32, out.shape());
   }
   const int64_t batch = std::max(leading(x), leading(y));
   for (int64_t i = 0; i < batch; ++i)

@@ -6,7 +6,7 @@
 // created on first use and kept in a process-wide cache behind a mutex.
 // Executing a primitive concurrently from several threads is safe because
 // the primitives use a user scratchpad: each calling thread passes its own
-// (thread_local) scratchpad and stream, so no state is shared during
+// scratchpad (scratch.h slot d) and thread_local stream, so no state is shared during
 // execution. The ISA is oneDNN's own dispatch (avx512_core_bf16 on Zen 4);
 // nothing here sets ONEDNN_* variables (DESIGN.md §1.5).
 #include "kernels/cpu/matmul_onednn.h"
@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "kernels/cpu/scratch.h"
 
 namespace loom::kernels::cpu {
 namespace {
@@ -116,25 +117,6 @@ std::shared_ptr<GemmPrimitive> cached_primitive(const GemmKey& key) {
   return cache.emplace(key, create_primitive(key)).first->second;
 }
 
-// One per thread, grown to the largest scratchpad that thread has needed.
-class Scratchpad {
- public:
-  ~Scratchpad() { std::free(data_); }
-  void* get(size_t bytes) {
-    if (bytes > bytes_) {
-      std::free(data_);
-      bytes_ = (bytes + 63) / 64 * 64;
-      data_ = std::aligned_alloc(64, bytes_);
-      LOOM_CHECK(data_ != nullptr, "gemm: cannot allocate a ", bytes_, "-byte oneDNN scratchpad");
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 float load(const void* p, DType t, int64_t i) {
   return t == DType::f32 ? static_cast<const float*>(p)[i] : from_bf16(static_cast<const bf16*>(p)[i]);
 }
@@ -176,7 +158,6 @@ void gemm_run(const Gemm& g) {
 
   const std::shared_ptr<GemmPrimitive> p = cached_primitive(key);
   thread_local dnnl::stream stream(cpu_engine());
-  thread_local Scratchpad scratchpad;
   dnnl::engine& engine = cpu_engine();
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, memory(p->a_md, engine, const_cast<void*>(g.a))},
@@ -185,7 +166,9 @@ void gemm_run(const Gemm& g) {
   };
   if (g.bias) args.emplace(DNNL_ARG_BIAS, memory(p->bias_md, engine, const_cast<void*>(g.bias)));
   if (const size_t bytes = p->scratchpad_md.get_size(); bytes > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(p->scratchpad_md, engine, scratchpad.get(bytes)));
+    // Slot d: matmul.cpp holds slots a and b around this call.
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 memory(p->scratchpad_md, engine, thread_scratch<std::byte>(ScratchSlot::d, bytes)));
   try {
     p->prim.execute(stream, args);
     stream.wait();
