@@ -26,6 +26,17 @@ void require_float(const char* op, Operand x) {
     op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32 or bf16");
 }
 
+void require_any_float(const char* op, Operand x) {
+  if (!dtype_is_float(x.t.dtype()))
+    op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32, bf16 or f16");
+}
+
+void require_same_dtype(const char* op, Operand b, Operand a) {
+  if (b.t.dtype() != a.t.dtype())
+    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
+            dtype_name(a.t.dtype()));
+}
+
 void require_dtype(const char* op, Operand x, DType dtype) {
   if (x.t.dtype() != dtype)
     op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected ", dtype_name(dtype));

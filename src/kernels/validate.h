@@ -29,6 +29,10 @@ template <typename... Args>
 void require_cpu_contiguous(const char* op, std::initializer_list<Operand> operands);
 // dtype is f32 or bf16.
 void require_float(const char* op, Operand x);
+// dtype is f32, bf16 or f16 (the ops that also serve fp16 loss scaling).
+void require_any_float(const char* op, Operand x);
+// b has a's dtype: "y has dtype f32 but x has bf16".
+void require_same_dtype(const char* op, Operand b, Operand a);
 void require_dtype(const char* op, Operand x, DType dtype);
 void require_shape(const char* op, Operand x, const Shape& shape);
 void require_same_shape(const char* op, Operand a, Operand b);
@@ -47,6 +51,13 @@ decltype(auto) dispatch_float(DType dtype, F&& f) {
     case DType::bf16: return f.template operator()<bf16>();
     default: LOOM_CHECK(false, "dispatch_float: dtype ", dtype_name(dtype), " reached a float kernel");
   }
+}
+
+// As dispatch_float, and T = f16 too.
+template <typename F>
+decltype(auto) dispatch_any_float(DType dtype, F&& f) {
+  if (dtype == DType::f16) return f.template operator()<f16>();
+  return dispatch_float(dtype, std::forward<F>(f));
 }
 
 }  // namespace loom::kernels

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernels/ops.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/ops.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {

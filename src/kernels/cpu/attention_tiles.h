@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace loom::kernels::attention {
@@ -36,7 +37,6 @@ struct View {
   int64_t rs;
   int64_t cs = 1;
 };
-enum class Store { write, add };
 
 // Validates q, k, v (dtypes, ranks, shapes, GQA, row layout) and returns the
 // geometry; throws loom::Error naming `op` and the operands.

@@ -13,8 +13,8 @@
 #include <type_traits>
 
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/ops.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {

@@ -7,6 +7,7 @@
 // and a bf16 dwte is rounded once per token rather than once per occurrence.
 #include <algorithm>
 
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -14,32 +15,6 @@
 namespace loom::kernels {
 namespace {
 
-// Elements below which a parallel region costs more than it saves (decode
-// steps, tiny test shapes).
-constexpr int64_t kMinParallel = 1 << 15;
-
-// Row r of a contiguous (rows, n) float tensor as f32.
-const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
-  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
-  const bf16* src = t.data_as<bf16>() + r * n;
-  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
-  return buf;
-}
-
-// t[r, :] += v, in t's dtype.
-void add_row(Tensor t, int64_t r, int64_t n, const float* v) {
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    T* dst = t.data_as<T>() + r * n;
-    for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
-  });
-}
-
-// b has a's dtype: "y has dtype f32 but wte has bf16".
-void require_same_dtype(const char* op, Operand b, Operand a) {
-  if (b.t.dtype() != a.t.dtype())
-    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
-            dtype_name(a.t.dtype()));
-}
 
 // tokens: (B, T) i32, every token in [0, V).
 void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
@@ -100,7 +75,7 @@ void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t 
         const float* d = load_row(dy, order[j] % N, C, buf);
         for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
       }
-      add_row(dwte, order[starts[g]] / N, C, acc);
+      store_span(dwte, (order[starts[g]] / N) * C, C, acc, Store::add);
     }
   }
 }
@@ -118,7 +93,7 @@ void wpe_backward(Tensor dwpe, const Tensor& dy, int64_t B, int64_t T, int64_t C
         const float* d = load_row(dy, b * T + t, C, buf);
         for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
       }
-      add_row(dwpe, pos_offset + t, C, acc);
+      store_span(dwpe, (pos_offset + t) * C, C, acc, Store::add);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -18,32 +19,8 @@
 namespace loom::kernels {
 namespace {
 
-// Elements below which a parallel region costs more than it saves (decode
-// steps, tiny test shapes).
-constexpr int64_t kMinParallel = 1 << 15;
-
 constexpr int64_t kMaxBlocks = 64;
 constexpr int64_t kColChunk = 256;  // columns per task when combining partials
-
-// Row r of a contiguous (rows, n) float tensor as f32.
-const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
-  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
-  const bf16* src = t.data_as<bf16>() + r * n;
-  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
-  return buf;
-}
-
-// t[offset, offset + n) = v (write) or += v (accumulate), in t's dtype.
-void put(Tensor t, int64_t offset, int64_t n, const float* v, bool accumulate) {
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    T* dst = t.data_as<T>() + offset;
-    if (accumulate) {
-      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(v[i]);
-    }
-  });
-}
 
 // Fixed row blocks: block k covers [begin(k), begin(k + 1)).
 struct RowBlocks {
@@ -68,19 +45,12 @@ void add_partials(std::initializer_list<Tensor> grads, const float* partial, int
         const float* p = partial + (k * n_grads + g) * C + c0;
         for (int64_t i = 0; i < n; ++i) acc[i] += p[i];
       }
-      put(grad, c0, n, acc, true);
+      store_span(grad, c0, n, acc, Store::add);
     }
   }
 }
 
 // ---- validation --------------------------------------------------------------
-
-// b has a's dtype: "y has dtype f32 but x has bf16".
-void require_same_dtype(const char* op, Operand b, Operand a) {
-  if (b.t.dtype() != a.t.dtype())
-    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
-            dtype_name(a.t.dtype()));
-}
 
 // x: (..., C) float; y like x; w (and b if defined): (C) in x's dtype.
 int64_t check_norm_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -174,7 +144,7 @@ void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, cons
       for (int64_t i = 0; i < C; ++i) var += (xr[i] - m) * (xr[i] - m);
       const float rs = 1.f / std::sqrt(var / static_cast<float>(C) + eps);
       for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * wf[i] + (bf ? bf[i] : 0.f);
-      put(y, r * C, C, yr, false);
+      store_span(y, r * C, C, yr, Store::write);
       if (mean.defined()) mean.data_as<float>()[r] = m;
       if (rstd.defined()) rstd.data_as<float>()[r] = rs;
     }
@@ -227,7 +197,7 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
         }
         const float mg = sum_g / static_cast<float>(C), mgx = sum_gx / static_cast<float>(C);
         for (int64_t i = 0; i < C; ++i) g[i] = rs * (wf[i] * dyr[i] - mg - (xr[i] - m) * rs * mgx);
-        put(dx, r * C, C, g, true);
+        store_span(dx, r * C, C, g, Store::add);
       }
     }
   }
@@ -256,7 +226,7 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
       for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
       const float rs = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
       for (int64_t i = 0; i < C; ++i) yr[i] = wf[i] * (xr[i] * rs);
-      put(y, r * C, C, yr, false);
+      store_span(y, r * C, C, yr, Store::write);
       if (rstd.defined()) rstd.data_as<float>()[r] = rs;
     }
   }
@@ -295,7 +265,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
         for (int64_t i = 0; i < C; ++i) sum += wf[i] * dyr[i] * xr[i];
         const float k3 = rs * rs * rs * sum / static_cast<float>(C);
         for (int64_t i = 0; i < C; ++i) g[i] = rs * wf[i] * dyr[i] - xr[i] * k3;
-        put(dx, r * C, C, g, true);
+        store_span(dx, r * C, C, g, Store::add);
       }
     }
   }

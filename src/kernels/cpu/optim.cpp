@@ -13,29 +13,13 @@
 #if defined(__AVX__)
 #endif
 
+#include "kernels/cpu/rows.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {
 namespace {
 
-constexpr int64_t kParallelMin = 1 << 15;  // elements below which threads cost more than they save
-
-// Calls f.template operator()<T>() with T = float, bf16 or f16.
-template <typename F>
-decltype(auto) dispatch_float16(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::bf16: return f.template operator()<bf16>();
-    case DType::f16: return f.template operator()<f16>();
-    default: LOOM_CHECK(false, "dtype ", dtype_name(dtype), " reached a float kernel");
-  }
-}
-
-void require_float16(const char* op, Operand x) {
-  if (!dtype_is_float(x.t.dtype()))
-    op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32, bf16 or f16");
-}
 
 // ---- adamw -------------------------------------------------------------------
 
@@ -86,7 +70,7 @@ void adamw_chunk(float* p, float* m, float* v, const G* grad, P* copy, int64_t n
 template <typename G, typename P>
 void adamw_loop(float* p, float* m, float* v, const G* grad, P* copy, int64_t n, const AdamWScalars& s) {
   const int64_t chunks = (n + kAdamChunk - 1) / kAdamChunk;
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for schedule(static) if (n > kMinParallel)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t i = c * kAdamChunk, len = std::min(kAdamChunk, n - i);
     P* copy_c = nullptr;
@@ -134,7 +118,7 @@ double block_sum_squares(const T* x, int64_t n) {
 
 template <typename T>
 double sum_squares_of(const T* x, int64_t n) {
-  if (n < kParallelMin) return block_sum_squares(x, n);
+  if (n < kMinParallel) return block_sum_squares(x, n);
   double partial[kBlocks];
   const int64_t block = (n + kBlocks - 1) / kBlocks;
 #pragma omp parallel for schedule(static)
@@ -159,15 +143,15 @@ bool all_finite_of(const T* x, int64_t n) {
   constexpr U mask = ExpMask<T>::value;
   const U* bits = reinterpret_cast<const U*>(x);
   int bad = 0;  // an OR is order-independent, so this is deterministic too
-#pragma omp parallel for simd reduction(| : bad) schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd reduction(| : bad) schedule(static) if (n > kMinParallel)
   for (int64_t i = 0; i < n; ++i) bad |= (bits[i] & mask) == mask;
   return bad == 0;
 }
 
 double sum_squares_checked(const char* op, const char* name, const Tensor& t) {
   require_cpu_contiguous(op, {{name, t}});
-  require_float16(op, {name, t});
-  return dispatch_float16(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
+  require_any_float(op, {name, t});
+  return dispatch_any_float(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
 }
 
 }  // namespace
@@ -197,17 +181,17 @@ double global_norm(std::span<const Tensor> tensors) {
 
 bool all_finite(const Tensor& t) {
   require_cpu_contiguous("all_finite", {{"t", t}});
-  require_float16("all_finite", {"t", t});
-  return dispatch_float16(t.dtype(), [&]<typename T>() { return all_finite_of(t.data_as<const T>(), t.numel()); });
+  require_any_float("all_finite", {"t", t});
+  return dispatch_any_float(t.dtype(), [&]<typename T>() { return all_finite_of(t.data_as<const T>(), t.numel()); });
 }
 
 void scale(Tensor t, float s) {
   require_cpu_contiguous("scale", {{"t", t}});
-  require_float16("scale", {"t", t});
-  dispatch_float16(t.dtype(), [&]<typename T>() {
+  require_any_float("scale", {"t", t});
+  dispatch_any_float(t.dtype(), [&]<typename T>() {
     T* x = t.data_as<T>();
     const int64_t n = t.numel();
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (n > kMinParallel)
     for (int64_t i = 0; i < n; ++i) x[i] = store_as<T>(load_f32(x[i]) * s);
   });
 }

@@ -7,44 +7,15 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/ops.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {
 namespace {
 
-// Elements below which a parallel region costs more than it saves (decode
-// steps, tiny test shapes).
-constexpr int64_t kMinParallel = 1 << 15;
-
-// Row r of a contiguous (rows, n) float tensor as f32.
-const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
-  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
-  const bf16* src = t.data_as<bf16>() + r * n;
-  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
-  return buf;
-}
-
-// t[r, :] = v (write) or t[r, :] += v (accumulate), in t's dtype.
-void put_row(Tensor t, int64_t r, int64_t n, const float* v, bool accumulate) {
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    T* dst = t.data_as<T>() + r * n;
-    if (accumulate) {
-      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(v[i]);
-    }
-  });
-}
-
-// b has a's dtype: "y has dtype f32 but x has bf16".
-void require_same_dtype(const char* op, Operand b, Operand a) {
-  if (b.t.dtype() != a.t.dtype())
-    op_fail(op, {b, a}, b.name, " has dtype ", dtype_name(b.t.dtype()), " but ", a.name, " has ",
-            dtype_name(a.t.dtype()));
-}
 
 // One row: out = exp(x - max(x)) / sum(exp(x - max(x))). out may be x.
 // Subtracting the max keeps every exponent <= 0, so nothing overflows.
@@ -83,7 +54,7 @@ void softmax_forward(Tensor y, const Tensor& x) {
         softmax_row(y.data_as<float>() + r * D, xr, D);
       } else {
         softmax_row(buf, xr, D);
-        put_row(y, r, D, buf, false);
+        store_span(y, r * D, D, buf, Store::write);
       }
     }
   }
@@ -115,7 +86,7 @@ void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y) {
       for (int64_t i = 0; i < D; ++i) dot += dyr[i] * yr[i];
       const float dotf = static_cast<float>(dot);
       for (int64_t i = 0; i < D; ++i) g[i] = yr[i] * (dyr[i] - dotf);
-      put_row(dx, r, D, g, true);
+      store_span(dx, r * D, D, g, Store::add);
     }
   }
 }
