@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
 
@@ -182,10 +183,12 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
                 opts.threads, opts.min_seconds, opts.command.c_str());
   std::vector<std::pair<const char*, DType>> variants = {{"matmul", DType::f32}, {"matmul", DType::bf16}};
   if (opts.openblas) variants.push_back({"matmul_openblas", DType::f32});
+  int64_t measured = 0;
   bool header = false;
   for (const auto& [op, dtype] : variants) {
     for (const MatmulCase& c : matmul_cases()) {
       if (!selected(opts, op, dtype, c.name)) continue;
+      ++measured;
       if (!opts.json && !std::exchange(header, true))
         std::printf("\n%-16s %-5s %-20s %6s %6s %6s %3s %3s %4s %10s %10s %9s\n", "op", "dtype", "case", "m", "n",
                     "k", "ta", "tb", "beta", "best_ms", "median_ms", "GFLOP/s");
@@ -197,12 +200,16 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const AttentionCase& c : kAttentionCases) {
       if (!selected(opts, "attention_fwd_bwd", dtype, "")) continue;
+      ++measured;
       if (!opts.json && !std::exchange(header, true))
         std::printf("\n%-18s %-5s %-26s %10s %10s %12s\n", "op", "dtype", "shape", "best_ms", "median_ms",
                     "tokens/s");
       bench_attention(pools, opts, dtype, c);
     }
   }
+  LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter,
+               "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd), ",
+               "a dtype (f32, bf16) or a case name (square_1024, gpt2_lm_head_dw, ...)");
   return 0;
 }
 
