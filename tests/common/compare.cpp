@@ -43,8 +43,8 @@ std::vector<float> to_floats(const Tensor& t) {
   return out;
 }
 
-std::vector<double> finite_difference(const std::function<double()>& loss, std::span<float> x, float h) {
-  std::vector<double> grad(x.size());
+std::vector<float> finite_difference(const std::function<double()>& loss, std::span<float> x, float h) {
+  std::vector<float> grad(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const float saved = x[i];
     x[i] = saved + h;
@@ -52,9 +52,15 @@ std::vector<double> finite_difference(const std::function<double()>& loss, std::
     x[i] = saved - h;
     const double down = loss();
     x[i] = saved;
-    grad[i] = (up - down) / (2.0 * static_cast<double>(h));
+    grad[i] = static_cast<float>((up - down) / (2.0 * static_cast<double>(h)));
   }
   return grad;
+}
+
+double weighted_sum(std::span<const float> y, std::span<const float> w) {
+  double s = 0;
+  for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * w[i];
+  return s;
 }
 
 }  // namespace loom::test

@@ -19,8 +19,12 @@ namespace loom::test {
 std::vector<float> to_floats(const Tensor& t);
 
 // Central finite differences of a scalar function of x's elements:
-// grad[i] ~ (loss(x + h e_i) - loss(x - h e_i)) / 2h. x is restored.
-std::vector<double> finite_difference(const std::function<double()>& loss, std::span<float> x, float h);
+// grad[i] ~ (loss(x + h e_i) - loss(x - h e_i)) / 2h, formed in double and
+// returned as float to compare with a kernel's gradient. x is restored.
+std::vector<float> finite_difference(const std::function<double()>& loss, std::span<float> x, float h);
+// sum_i y[i] * w[i] in double: a scalar loss whose gradient wrt y is w, so
+// the analytic gradient is the backward with dy = w.
+double weighted_sum(std::span<const float> y, std::span<const float> w);
 
 }  // namespace loom::test
 

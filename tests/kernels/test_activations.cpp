@@ -20,7 +20,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "kernels/ops.h"
 
 namespace loom {
@@ -32,39 +32,22 @@ using kernels::silu_backward;
 using kernels::silu_forward;
 using kernels::swiglu_backward;
 using kernels::swiglu_forward;
+using test::bf16_view;
+using test::expect_error;
+using test::f32_view;
+using test::from_bf16_vec;
+using test::i32_view;
+using test::plus;
+using test::prefill;
 using test::RefCase;
+using test::rounded_to_bf16;
+using test::to_bf16_vec;
 
 constexpr double kRtol = 1e-5, kAtol = 1e-6;
 constexpr double kBf16Rtol = 1.0 / 256, kBf16Atol = 1e-6;
 const char* const kCases[] = {"btc", "t1", "nf", "tails"};
 
 RefCase load_case(const std::string& name) { return RefCase("activations_" + name + ".ref"); }
-
-Tensor f32(std::vector<float>& v, const Shape& s) { return Tensor(v.data(), DType::f32, s); }
-Tensor bf(std::vector<bf16>& v, const Shape& s) { return Tensor(v.data(), DType::bf16, s); }
-
-std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-std::vector<float> from_bf16_vec(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_bf16(v[i]);
-  return out;
-}
-
-// Known, non-zero gradient contents, to check backward adds (+=) to them.
-std::vector<float> prefill(size_t n) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = 0.25f * static_cast<float>(i % 7) - 0.75f;
-  return v;
-}
-std::vector<float> plus(const std::vector<float>& a, const std::vector<float>& b) {
-  std::vector<float> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
-  return out;
-}
 
 // A unary activation and the names of its reference outputs.
 struct Unary {
@@ -82,7 +65,7 @@ void expect_forward_matches_torch(const Unary& op) {
     SCOPED_TRACE(c);
     RefCase rc = load_case(c);
     std::vector<float> x = rc["x"].floats(), y(x.size(), NAN);
-    op.forward(f32(y, rc["x"].shape), f32(x, rc["x"].shape));
+    op.forward(f32_view(y, rc["x"].shape), f32_view(x, rc["x"].shape));
     EXPECT_ALL_CLOSE(y, rc[op.y_key].floats(), kRtol, kAtol);
   }
 }
@@ -90,7 +73,7 @@ void expect_forward_matches_torch(const Unary& op) {
 void expect_forward_in_place(const Unary& op) {
   RefCase rc = load_case("nf");
   std::vector<float> x = rc["x"].floats();
-  op.forward(f32(x, rc["x"].shape), f32(x, rc["x"].shape));
+  op.forward(f32_view(x, rc["x"].shape), f32_view(x, rc["x"].shape));
   EXPECT_ALL_CLOSE(x, rc[op.y_key].floats(), kRtol, kAtol);
 }
 
@@ -101,9 +84,9 @@ void expect_backward_accumulates_torch_grad(const Unary& op) {
     const Shape s = rc["x"].shape;
     std::vector<float> x = rc["x"].floats(), dy = rc["dy_x"].floats(), dx = prefill(x.size());
     const std::vector<float> expected = plus(dx, rc[op.dx_key].floats());
-    op.backward(f32(dx, s), f32(dy, s), f32(x, s));
+    op.backward(f32_view(dx, s), f32_view(dy, s), f32_view(x, s));
     EXPECT_ALL_CLOSE(dx, expected, kRtol, kAtol);
-    op.backward(Tensor(), f32(dy, s), f32(x, s));  // an undefined gradient is skipped
+    op.backward(Tensor(), f32_view(dy, s), f32_view(x, s));  // an undefined gradient is skipped
   }
 }
 
@@ -113,14 +96,12 @@ void expect_backward_matches_finite_differences(const Unary& op) {
   const Shape s{static_cast<int64_t>(x.size())};
   std::vector<float> y(x.size()), dx(x.size(), 0.f);
   auto loss = [&] {
-    op.forward(f32(y, s), f32(x, s));
-    double sum = 0;
-    for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * w[i];
-    return sum;
+    op.forward(f32_view(y, s), f32_view(x, s));
+    return test::weighted_sum(y, w);
   };
-  const std::vector<double> fd = test::finite_difference(loss, x, 1e-2f);
-  op.backward(f32(dx, s), f32(w, s), f32(x, s));
-  EXPECT_ALL_CLOSE(dx, std::vector<float>(fd.begin(), fd.end()), 1e-2, 1e-3);
+  const std::vector<float> fd = test::finite_difference(loss, x, 1e-2f);
+  op.backward(f32_view(dx, s), f32_view(w, s), f32_view(x, s));
+  EXPECT_ALL_CLOSE(dx, fd, 1e-2, 1e-3);
 }
 
 // bf16 x, y, dy, dx against the f32 path fed the same bf16-rounded values.
@@ -129,46 +110,34 @@ void expect_bf16_matches_f32_path(const Unary& op) {
   const Shape s = rc["x"].shape;
   std::vector<bf16> xb = to_bf16_vec(rc["x"].floats()), dyb = to_bf16_vec(rc["dy_x"].floats());
   std::vector<float> x = from_bf16_vec(xb), dy = from_bf16_vec(dyb);
-  std::vector<float> y(x.size()), dx = from_bf16_vec(to_bf16_vec(prefill(x.size())));
+  std::vector<float> y(x.size()), dx = rounded_to_bf16(prefill(x.size()));
   std::vector<bf16> yb(x.size()), dxb = to_bf16_vec(dx);
   std::vector<float> dx_f32_grad = dx;  // a f32 gradient of the bf16 operand
-  op.forward(f32(y, s), f32(x, s));
-  op.backward(f32(dx, s), f32(dy, s), f32(x, s));
-  op.forward(bf(yb, s), bf(xb, s));
-  op.backward(bf(dxb, s), bf(dyb, s), bf(xb, s));
-  op.backward(f32(dx_f32_grad, s), bf(dyb, s), bf(xb, s));
+  op.forward(f32_view(y, s), f32_view(x, s));
+  op.backward(f32_view(dx, s), f32_view(dy, s), f32_view(x, s));
+  op.forward(bf16_view(yb, s), bf16_view(xb, s));
+  op.backward(bf16_view(dxb, s), bf16_view(dyb, s), bf16_view(xb, s));
+  op.backward(f32_view(dx_f32_grad, s), bf16_view(dyb, s), bf16_view(xb, s));
   EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
   EXPECT_ALL_CLOSE(from_bf16_vec(dxb), dx, kBf16Rtol, kBf16Atol);
   EXPECT_ALL_CLOSE(dx_f32_grad, dx, kRtol, kAtol);
-}
-
-// Runs f, expects a loom::Error whose message names the op and `shape`.
-template <typename F>
-void expect_error(F f, const std::string& op, const std::string& shape) {
-  try {
-    f();
-    ADD_FAILURE() << "no loom::Error for " << op;
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(op), std::string::npos) << what;
-    EXPECT_NE(what.find(shape), std::string::npos) << what;
-  }
 }
 
 void expect_misuse_errors(const Unary& op) {
   std::vector<float> a(12), b(12), c(12);
   std::vector<bf16> h(12);
   std::vector<int32_t> n(12);
+  const Shape s{3, 4};
   const std::string fwd = std::string(op.name) + "_forward", bwd = std::string(op.name) + "_backward";
-  expect_error([&] { op.forward(f32(a, {3, 4}), f32(b, {4, 3})); }, fwd, "(4, 3)");
-  expect_error([&] { op.forward(bf(h, {3, 4}), f32(b, {3, 4})); }, fwd, "bf16(3, 4)");
-  expect_error([&] { op.forward(f32(a, {3, 4}), Tensor(n.data(), DType::i32, {3, 4})); }, fwd, "i32(3, 4)");
-  expect_error([&] { op.forward(Tensor(), f32(b, {3, 4})); }, fwd, "undefined");
-  expect_error([&] { op.backward(f32(a, {12}), f32(b, {3, 4}), f32(c, {3, 4})); }, bwd, "f32(12,)");
-  expect_error([&] { op.backward(f32(a, {3, 4}), f32(b, {2, 6}), f32(c, {3, 4})); }, bwd, "(2, 6)");
-  expect_error([&] { op.backward(f32(a, {3, 4}), bf(h, {3, 4}), f32(c, {3, 4})); }, bwd, "bf16(3, 4)");
-  const Tensor strided = f32(a, {3, 4}).slice(1, 0, 2);
-  expect_error([&] { op.forward(f32(b, {3, 2}), strided); }, fwd, "f32(3, 2)");
+  expect_error([&] { op.forward(f32_view(a, s), f32_view(b, {4, 3})); }, {fwd, "(4, 3)"});
+  expect_error([&] { op.forward(bf16_view(h, s), f32_view(b, s)); }, {fwd, "bf16(3, 4)"});
+  expect_error([&] { op.forward(f32_view(a, s), i32_view(n, s)); }, {fwd, "i32(3, 4)"});
+  expect_error([&] { op.forward(Tensor(), f32_view(b, s)); }, {fwd, "undefined"});
+  expect_error([&] { op.backward(f32_view(a, {12}), f32_view(b, s), f32_view(c, s)); }, {bwd, "f32(12,)"});
+  expect_error([&] { op.backward(f32_view(a, s), f32_view(b, {2, 6}), f32_view(c, s)); }, {bwd, "(2, 6)"});
+  expect_error([&] { op.backward(f32_view(a, s), bf16_view(h, s), f32_view(c, s)); }, {bwd, "bf16(3, 4)"});
+  const Tensor strided = f32_view(a, s).slice(1, 0, 2);
+  expect_error([&] { op.forward(f32_view(b, {3, 2}), strided); }, {fwd, "f32(3, 2)"});
 }
 
 TEST(Gelu, ForwardMatchesTorchF32) { expect_forward_matches_torch(kGelu); }
@@ -189,8 +158,8 @@ TEST(Silu, MisuseThrowsNamingOpAndShapes) { expect_misuse_errors(kSilu); }
 TEST(Gelu, SaturatesWithoutNaNAtExtremes) {
   std::vector<float> x = {-1e30f, -200.f, -89.f, 89.f, 200.f, 1e30f}, y(6), dy(6, 1.f), dx(6, 0.f);
   const Shape s{6};
-  gelu_forward(f32(y, s), f32(x, s));
-  gelu_backward(f32(dx, s), f32(dy, s), f32(x, s));
+  gelu_forward(f32_view(y, s), f32_view(x, s));
+  gelu_backward(f32_view(dx, s), f32_view(dy, s), f32_view(x, s));
   EXPECT_ALL_CLOSE(y, (std::vector<float>{0.f, 0.f, 0.f, 89.f, 200.f, 1e30f}), 1e-6, 1e-30);
   EXPECT_ALL_CLOSE(dx, (std::vector<float>{0.f, 0.f, 0.f, 1.f, 1.f, 1.f}), 1e-6, 1e-30);
 }
@@ -201,7 +170,7 @@ TEST(SwiGlu, ForwardMatchesTorchF32) {
     RefCase rc = load_case(c);
     const Shape s = rc["gate"].shape;
     std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats(), y(gate.size(), NAN);
-    swiglu_forward(f32(y, s), f32(gate, s), f32(up, s));
+    swiglu_forward(f32_view(y, s), f32_view(gate, s), f32_view(up, s));
     EXPECT_ALL_CLOSE(y, rc["swiglu_y"].floats(), kRtol, kAtol);
   }
 }
@@ -210,10 +179,10 @@ TEST(SwiGlu, ForwardRunsInPlaceOverGateOrUp) {
   RefCase rc = load_case("nf");
   const Shape s = rc["gate"].shape;
   std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats();
-  swiglu_forward(f32(gate, s), f32(gate, s), f32(up, s));
+  swiglu_forward(f32_view(gate, s), f32_view(gate, s), f32_view(up, s));
   EXPECT_ALL_CLOSE(gate, rc["swiglu_y"].floats(), kRtol, kAtol);
   gate = rc["gate"].floats();
-  swiglu_forward(f32(up, s), f32(gate, s), f32(up, s));
+  swiglu_forward(f32_view(up, s), f32_view(gate, s), f32_view(up, s));
   EXPECT_ALL_CLOSE(up, rc["swiglu_y"].floats(), kRtol, kAtol);
 }
 
@@ -226,7 +195,7 @@ TEST(SwiGlu, BackwardAccumulatesTorchGradF32) {
     std::vector<float> dgate = prefill(gate.size()), dup = dgate;
     const std::vector<float> want_dgate = plus(dgate, rc["swiglu_dgate"].floats());
     const std::vector<float> want_dup = plus(dup, rc["swiglu_dup"].floats());
-    swiglu_backward(f32(dgate, s), f32(dup, s), f32(dy, s), f32(gate, s), f32(up, s));
+    swiglu_backward(f32_view(dgate, s), f32_view(dup, s), f32_view(dy, s), f32_view(gate, s), f32_view(up, s));
     EXPECT_ALL_CLOSE(dgate, want_dgate, kRtol, kAtol);
     EXPECT_ALL_CLOSE(dup, want_dup, kRtol, kAtol);
   }
@@ -237,9 +206,9 @@ TEST(SwiGlu, BackwardSkipsUndefinedGradients) {
   const Shape s = rc["gate"].shape;
   std::vector<float> gate = rc["gate"].floats(), up = rc["up"].floats(), dy = rc["dy_glu"].floats();
   std::vector<float> dgate(gate.size(), 0.f), dup(gate.size(), 0.f);
-  swiglu_backward(f32(dgate, s), Tensor(), f32(dy, s), f32(gate, s), f32(up, s));
-  swiglu_backward(Tensor(), f32(dup, s), f32(dy, s), f32(gate, s), f32(up, s));
-  swiglu_backward(Tensor(), Tensor(), f32(dy, s), f32(gate, s), f32(up, s));
+  swiglu_backward(f32_view(dgate, s), Tensor(), f32_view(dy, s), f32_view(gate, s), f32_view(up, s));
+  swiglu_backward(Tensor(), f32_view(dup, s), f32_view(dy, s), f32_view(gate, s), f32_view(up, s));
+  swiglu_backward(Tensor(), Tensor(), f32_view(dy, s), f32_view(gate, s), f32_view(up, s));
   EXPECT_ALL_CLOSE(dgate, rc["swiglu_dgate"].floats(), kRtol, kAtol);
   EXPECT_ALL_CLOSE(dup, rc["swiglu_dup"].floats(), kRtol, kAtol);
 }
@@ -250,16 +219,14 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   const Shape s{2, 3};
   std::vector<float> y(6), dgate(6, 0.f), dup(6, 0.f);
   auto loss = [&] {
-    swiglu_forward(f32(y, s), f32(gate, s), f32(up, s));
-    double sum = 0;
-    for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * w[i];
-    return sum;
+    swiglu_forward(f32_view(y, s), f32_view(gate, s), f32_view(up, s));
+    return test::weighted_sum(y, w);
   };
-  const std::vector<double> fd_gate = test::finite_difference(loss, gate, 1e-2f);
-  const std::vector<double> fd_up = test::finite_difference(loss, up, 1e-2f);
-  swiglu_backward(f32(dgate, s), f32(dup, s), f32(w, s), f32(gate, s), f32(up, s));
-  EXPECT_ALL_CLOSE(dgate, std::vector<float>(fd_gate.begin(), fd_gate.end()), 1e-2, 1e-3);
-  EXPECT_ALL_CLOSE(dup, std::vector<float>(fd_up.begin(), fd_up.end()), 1e-2, 1e-3);
+  const std::vector<float> fd_gate = test::finite_difference(loss, gate, 1e-2f);
+  const std::vector<float> fd_up = test::finite_difference(loss, up, 1e-2f);
+  swiglu_backward(f32_view(dgate, s), f32_view(dup, s), f32_view(w, s), f32_view(gate, s), f32_view(up, s));
+  EXPECT_ALL_CLOSE(dgate, fd_gate, 1e-2, 1e-3);
+  EXPECT_ALL_CLOSE(dup, fd_up, 1e-2, 1e-3);
 }
 
 TEST(SwiGlu, Bf16MatchesF32Path) {
@@ -269,13 +236,14 @@ TEST(SwiGlu, Bf16MatchesF32Path) {
   std::vector<bf16> dyb = to_bf16_vec(rc["dy_glu"].floats());
   std::vector<float> gate = from_bf16_vec(gb), up = from_bf16_vec(ub), dy = from_bf16_vec(dyb);
   const size_t n = gate.size();
-  std::vector<float> y(n), dgate = from_bf16_vec(to_bf16_vec(prefill(n))), dup = dgate;
+  std::vector<float> y(n), dgate = rounded_to_bf16(prefill(n)), dup = dgate;
   std::vector<bf16> yb(n), dgate_b = to_bf16_vec(dgate);
   std::vector<float> dup_f32_grad = dup;  // f32 gradient of a bf16 operand
-  swiglu_forward(f32(y, s), f32(gate, s), f32(up, s));
-  swiglu_backward(f32(dgate, s), f32(dup, s), f32(dy, s), f32(gate, s), f32(up, s));
-  swiglu_forward(bf(yb, s), bf(gb, s), bf(ub, s));
-  swiglu_backward(bf(dgate_b, s), f32(dup_f32_grad, s), bf(dyb, s), bf(gb, s), bf(ub, s));
+  swiglu_forward(f32_view(y, s), f32_view(gate, s), f32_view(up, s));
+  swiglu_backward(f32_view(dgate, s), f32_view(dup, s), f32_view(dy, s), f32_view(gate, s), f32_view(up, s));
+  swiglu_forward(bf16_view(yb, s), bf16_view(gb, s), bf16_view(ub, s));
+  swiglu_backward(bf16_view(dgate_b, s), f32_view(dup_f32_grad, s), bf16_view(dyb, s), bf16_view(gb, s),
+                  bf16_view(ub, s));
   EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
   EXPECT_ALL_CLOSE(from_bf16_vec(dgate_b), dgate, kBf16Rtol, kBf16Atol);
   EXPECT_ALL_CLOSE(dup_f32_grad, dup, kRtol, kAtol);
@@ -284,17 +252,16 @@ TEST(SwiGlu, Bf16MatchesF32Path) {
 TEST(SwiGlu, MisuseThrowsNamingOpAndShapes) {
   std::vector<float> a(12), b(12), c(12), d(12), e(12);
   std::vector<bf16> h(12);
-  expect_error([&] { swiglu_forward(f32(a, {3, 4}), f32(b, {3, 4}), f32(c, {4, 3})); }, "swiglu_forward", "(4, 3)");
-  expect_error([&] { swiglu_forward(f32(a, {3, 4}), f32(b, {3, 4}), bf(h, {3, 4})); }, "swiglu_forward",
-               "bf16(3, 4)");
-  expect_error([&] { swiglu_forward(f32(a, {2, 6}), f32(b, {3, 4}), f32(c, {3, 4})); }, "swiglu_forward",
-               "f32(2, 6)");
-  expect_error([&] { swiglu_backward(f32(a, {3, 4}), f32(b, {12}), f32(c, {3, 4}), f32(d, {3, 4}), f32(e, {3, 4})); },
-               "swiglu_backward", "f32(12,)");
-  expect_error([&] { swiglu_backward(f32(a, {3, 4}), f32(b, {3, 4}), f32(c, {4, 3}), f32(d, {3, 4}), f32(e, {3, 4})); },
-               "swiglu_backward", "(4, 3)");
-  expect_error([&] { swiglu_backward(Tensor(), Tensor(), bf(h, {3, 4}), f32(d, {3, 4}), f32(e, {3, 4})); },
-               "swiglu_backward", "bf16(3, 4)");
+  const Shape s{3, 4};
+  const char* fwd = "swiglu_forward";
+  const char* bwd = "swiglu_backward";
+  expect_error([&] { swiglu_forward(f32_view(a, s), f32_view(b, s), f32_view(c, {4, 3})); }, {fwd, "(4, 3)"});
+  expect_error([&] { swiglu_forward(f32_view(a, s), f32_view(b, s), bf16_view(h, s)); }, {fwd, "bf16(3, 4)"});
+  expect_error([&] { swiglu_forward(f32_view(a, {2, 6}), f32_view(b, s), f32_view(c, s)); }, {fwd, "f32(2, 6)"});
+  const Tensor dgate = f32_view(a, s), gate = f32_view(d, s), up = f32_view(e, s);
+  expect_error([&] { swiglu_backward(dgate, f32_view(b, {12}), f32_view(c, s), gate, up); }, {bwd, "f32(12,)"});
+  expect_error([&] { swiglu_backward(dgate, f32_view(b, s), f32_view(c, {4, 3}), gate, up); }, {bwd, "(4, 3)"});
+  expect_error([&] { swiglu_backward(Tensor(), Tensor(), bf16_view(h, s), gate, up); }, {bwd, "bf16(3, 4)"});
 }
 
 }  // namespace

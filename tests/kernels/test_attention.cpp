@@ -7,7 +7,6 @@
 // reduction tolerance applies: rtol 1e-4, with atol 1e-5 for elements that
 // cancel to near zero (inputs and outputs are O(1)). lse: rtol 1e-5.
 #include <cmath>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,7 +15,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "core/threads.h"
 #include "kernels/ops.h"
 
@@ -42,11 +41,6 @@ std::vector<float> iota_pattern(size_t n) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = 0.25f * std::sin(0.7f * static_cast<float>(i));
   return v;
-}
-
-std::vector<float> plus(std::vector<float> a, const std::vector<float>& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
 }
 
 struct Outputs {
@@ -171,16 +165,14 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
   Buf w = random({B, Tq, NH, HS}), out({B, Tq, NH, HS}), lse({B, NH, Tq});
   auto loss = [&] {
     attention_forward(out.t(), lse.t(), q.t(), k.t(), v.t());
-    double s = 0;
-    for (size_t i = 0; i < out.data.size(); ++i) s += static_cast<double>(out.data[i]) * w.data[i];
-    return s;
+    return weighted_sum(out.data, w.data);
   };
   loss();
   Buf dq(q.shape), dk(k.shape), dv(v.shape);
   attention_backward(dq.t(), dk.t(), dv.t(), w.t(), q.t(), k.t(), v.t(), out.t(), lse.t());
   for (auto [x, dx, name] : {std::tuple{&q, &dq, "dq"}, std::tuple{&k, &dk, "dk"}, std::tuple{&v, &dv, "dv"}}) {
-    const std::vector<double> fd = finite_difference(loss, x->data, 1e-2f);
-    EXPECT_ALL_CLOSE(dx->data, std::vector<float>(fd.begin(), fd.end()), 1e-2, 1e-3) << name;
+    const std::vector<float> fd = finite_difference(loss, x->data, 1e-2f);
+    EXPECT_ALL_CLOSE(dx->data, fd, 1e-2, 1e-3) << name;
   }
   set_num_threads(saved);
 }
@@ -196,10 +188,8 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 TEST(Attention, Bf16MatchesF32OnRoundedInputs) {
   RefCase c("attention_t130.ref");
   auto rounded = [&](const char* name) {
-    std::vector<float> x = c[name].floats();
-    std::vector<bf16> h(x.size());
-    for (size_t i = 0; i < x.size(); ++i) x[i] = from_bf16(h[i] = to_bf16(x[i]));
-    return std::pair{Buf<float>(c[name].shape, x), Buf<bf16>(c[name].shape, h)};
+    const std::vector<bf16> h = to_bf16_vec(c[name].floats());
+    return std::pair{Buf<float>(c[name].shape, from_bf16_vec(h)), Buf<bf16>(c[name].shape, h)};
   };
   auto [q, qh] = rounded("q");
   auto [k, kh] = rounded("k");
@@ -254,16 +244,6 @@ TEST(Attention, ResultsAreBitwiseIdenticalAcrossThreadCounts) {
 }
 
 // ---- misuse ------------------------------------------------------------------
-
-// f throws loom::Error whose message contains every one of parts.
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a loom::Error";
-  } catch (const Error& e) {
-    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
 
 struct Misuse {
   Buf<> q, k, v, out, lse;

@@ -13,37 +13,17 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "kernels/ops.h"
 
 namespace loom {
 namespace {
 
+using test::Buffer;
+using test::expect_error;
 using test::RefCase;
 
 constexpr DType kFloatDtypes[] = {DType::f32, DType::bf16, DType::f16};
-
-// Host memory of any float dtype, filled from floats through store_as (RNE).
-struct HostTensor {
-  DType dtype;
-  Shape shape;
-  std::vector<unsigned char> bytes;
-
-  HostTensor(DType d, Shape s, const std::vector<float>& values = {}) : dtype(d), shape(s) {
-    bytes.resize(static_cast<size_t>(s.numel()) * dtype_size(d));
-    for (size_t i = 0; i < values.size(); ++i) set(static_cast<int64_t>(i), values[i]);
-  }
-  Tensor view() { return Tensor(bytes.data(), dtype, shape); }
-  void set(int64_t i, float x) {
-    switch (dtype) {
-      case DType::f32: reinterpret_cast<float*>(bytes.data())[i] = x; break;
-      case DType::bf16: reinterpret_cast<bf16*>(bytes.data())[i] = to_bf16(x); break;
-      case DType::f16: reinterpret_cast<f16*>(bytes.data())[i] = to_f16(x); break;
-      default: FAIL() << "HostTensor::set on " << dtype_name(dtype);
-    }
-  }
-  std::vector<float> floats() { return test::to_floats(view()); }
-};
 
 // Bitwise equality of two float vectors, except that any NaN equals any NaN.
 ::testing::AssertionResult same_values(const std::vector<float>& actual, const std::vector<float>& expected) {
@@ -57,23 +37,6 @@ struct HostTensor {
   return ::testing::AssertionFailure() << misses << " of " << actual.size() << " differ; first at " << first
                                        << ": actual " << actual[first] << " expected " << expected[first];
 }
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no loom::Error thrown)";
-}
-
-#define EXPECT_ERROR(stmt, op, part)                       \
-  do {                                                     \
-    const std::string msg_ = error_of([&] { stmt; });      \
-    EXPECT_NE(msg_.find(op), std::string::npos) << msg_;   \
-    EXPECT_NE(msg_.find(part), std::string::npos) << msg_; \
-  } while (0)
 
 // Values spanning every exponent and sign, plus NaN and Inf.
 std::vector<float> varied(int64_t n) {
@@ -101,7 +64,7 @@ TEST(Cast, MatchesTorchInEveryDirectionOnEdgeAndRandomValues) {
   for (const Dir& d : dirs) {
     SCOPED_TRACE(std::string(d.src) + " -> " + d.want);
     Tensor src = rc[d.src].view();
-    HostTensor dst(d.dst, src.shape());
+    Buffer dst(d.dst, src.shape());
     kernels::cast(dst.view(), src);
     ASSERT_EQ(rc[d.want].dtype, d.dst);
     EXPECT_TRUE(same_values(dst.floats(), rc[d.want].floats()));  // bitwise: -0 stays -0
@@ -133,7 +96,7 @@ TEST(Cast, RoundsToNearestEvenAndKeepsSpecials) {
       {-0.f, -0.f, -0.f},
   };
   const int64_t n = std::size(cases);
-  HostTensor x(DType::f32, {n}), b(DType::bf16, {n}), h(DType::f16, {n});
+  Buffer x(DType::f32, {n}), b(DType::bf16, {n}), h(DType::f16, {n});
   for (int64_t i = 0; i < n; ++i) x.set(i, cases[i].x);
   kernels::cast(b.view(), x.view());
   kernels::cast(h.view(), x.view());
@@ -144,9 +107,9 @@ TEST(Cast, RoundsToNearestEvenAndKeepsSpecials) {
     EXPECT_TRUE(same_values({hv[i]}, {cases[i].f16_value}));
   }
   // NaN stays NaN through every direction, and Inf stays Inf.
-  HostTensor nan32(DType::f32, {2}, {NAN, -NAN});
+  Buffer nan32(DType::f32, {2}, {NAN, -NAN});
   for (DType mid : {DType::bf16, DType::f16}) {
-    HostTensor m(mid, {2}), back(DType::f32, {2});
+    Buffer m(mid, {2}), back(DType::f32, {2});
     kernels::cast(m.view(), nan32.view());
     kernels::cast(back.view(), m.view());
     for (float f : back.floats()) EXPECT_TRUE(std::isnan(f)) << dtype_name(mid);
@@ -157,10 +120,10 @@ TEST(Cast, EqualsDtypeHelpersBitwiseForEveryPairOnALargeTensor) {
   const int64_t n = 100003;  // parallel path, ragged end
   const std::vector<float> x = varied(n);
   for (DType from : kFloatDtypes) {
-    HostTensor src(from, {n}, x);
+    Buffer src(from, {n}, x);
     for (DType to : kFloatDtypes) {
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
-      HostTensor dst(to, {n}), want(to, {n}, src.floats());  // want: core/dtype.h conversions of the same values
+      Buffer dst(to, {n}), want(to, {n}, src.floats());  // want: core/dtype.h conversions of the same values
       kernels::cast(dst.view(), src.view());
       EXPECT_EQ(dst.bytes, want.bytes);
     }
@@ -168,12 +131,12 @@ TEST(Cast, EqualsDtypeHelpersBitwiseForEveryPairOnALargeTensor) {
 }
 
 TEST(Cast, MisuseThrowsNamingTheOpAndShapes) {
-  HostTensor a(DType::f32, {2, 3}), b(DType::bf16, {3, 2}), i(DType::i32, {2, 3}), big(DType::f32, {8});
-  EXPECT_ERROR(kernels::cast(b.view(), a.view()), "cast", "bf16(3, 2)");
-  EXPECT_ERROR(kernels::cast(i.view(), a.view()), "cast", "dst has dtype i32");
-  EXPECT_ERROR(kernels::cast(a.view(), i.view()), "cast", "src has dtype i32");
+  Buffer a(DType::f32, {2, 3}), b(DType::bf16, {3, 2}), i(DType::i32, {2, 3}), big(DType::f32, {8});
+  expect_error([&] { kernels::cast(b.view(), a.view()); }, {"cast", "bf16(3, 2)"});
+  expect_error([&] { kernels::cast(i.view(), a.view()); }, {"cast", "dst has dtype i32"});
+  expect_error([&] { kernels::cast(a.view(), i.view()); }, {"cast", "src has dtype i32"});
   Tensor lo(big.bytes.data(), DType::f32, {6}), hi(big.bytes.data() + 8, DType::bf16, {6});
-  EXPECT_ERROR(kernels::cast(hi, lo), "cast", "overlaps");
+  expect_error([&] { kernels::cast(hi, lo); }, {"cast", "overlaps"});
 }
 
 // ---- add --------------------------------------------------------------------
@@ -191,11 +154,11 @@ TEST(Add, IsTheF32SumRoundedOnceForEveryDtypeCombination) {
       for (DType db : kFloatDtypes) {
         SCOPED_TRACE(std::string(dtype_name(dy)) + " = " + std::string(dtype_name(da)) + " + " +
                      std::string(dtype_name(db)));
-        HostTensor a(da, {n}, xa), b(db, {n}, xb), y(dy, {n});
+        Buffer a(da, {n}, xa), b(db, {n}, xb), y(dy, {n});
         const std::vector<float> fa = a.floats(), fb = b.floats();
         std::vector<float> sum(n);
         for (int64_t k = 0; k < n; ++k) sum[k] = fa[k] + fb[k];
-        HostTensor want(dy, {n}, sum);
+        Buffer want(dy, {n}, sum);
         kernels::add(y.view(), a.view(), b.view());
         EXPECT_TRUE(same_values(y.floats(), want.floats()));
       }
@@ -205,31 +168,31 @@ TEST(Add, InPlaceOnEitherOperand) {
   for (DType d : kFloatDtypes) {
     SCOPED_TRACE(std::string(dtype_name(d)));
     const std::vector<float> xa = {1.f, -2.5f, 3.25f, 1e3f, 0.f}, xb = {0.5f, 0.5f, -3.25f, 24.f, -0.f};
-    HostTensor a(d, {5}, xa), b(d, {5}, xb), want(d, {5});
+    Buffer a(d, {5}, xa), b(d, {5}, xb), want(d, {5});
     kernels::add(want.view(), a.view(), b.view());
-    HostTensor a2 = a, b2 = b;
+    Buffer a2 = a, b2 = b;
     kernels::add(a2.view(), a2.view(), b.view());
     kernels::add(b2.view(), a.view(), b2.view());
     EXPECT_EQ(a2.bytes, want.bytes);
     EXPECT_EQ(b2.bytes, want.bytes);
-    HostTensor twice(d, {5});
+    Buffer twice(d, {5});
     kernels::add(a.view(), a.view(), a.view());  // y = a + a: every operand the same memory
-    kernels::add(twice.view(), HostTensor(d, {5}, xa).view(), HostTensor(d, {5}, xa).view());
+    kernels::add(twice.view(), Buffer(d, {5}, xa).view(), Buffer(d, {5}, xa).view());
     EXPECT_EQ(a.bytes, twice.bytes);
   }
 }
 
 TEST(Add, MisuseThrowsNamingTheOpAndShapes) {
-  HostTensor a(DType::f32, {2, 3}), b(DType::f32, {3, 2}), i(DType::i32, {2, 3}), y(DType::f32, {6});
-  HostTensor big(DType::f32, {16});
-  EXPECT_ERROR(kernels::add(a.view(), a.view(), b.view()), "add", "f32(3, 2)");
-  EXPECT_ERROR(kernels::add(y.view(), a.view(), a.view()), "add", "y=f32(6,)");
-  EXPECT_ERROR(kernels::add(a.view(), a.view(), i.view()), "add", "b has dtype i32");
-  EXPECT_ERROR(kernels::add(i.view(), a.view(), a.view()), "add", "y has dtype i32");
+  Buffer a(DType::f32, {2, 3}), b(DType::f32, {3, 2}), i(DType::i32, {2, 3}), y(DType::f32, {6});
+  Buffer big(DType::f32, {16});
+  expect_error([&] { kernels::add(a.view(), a.view(), b.view()); }, {"add", "f32(3, 2)"});
+  expect_error([&] { kernels::add(y.view(), a.view(), a.view()); }, {"add", "y=f32(6,)"});
+  expect_error([&] { kernels::add(a.view(), a.view(), i.view()); }, {"add", "b has dtype i32"});
+  expect_error([&] { kernels::add(i.view(), a.view(), a.view()); }, {"add", "y has dtype i32"});
   Tensor x0(big.bytes.data(), DType::f32, {8}), x1(big.bytes.data() + 4, DType::f32, {8});
-  EXPECT_ERROR(kernels::add(x1, x0, x0), "add", "overlaps");
+  expect_error([&] { kernels::add(x1, x0, x0); }, {"add", "overlaps"});
   Tensor as_bf16(big.bytes.data(), DType::bf16, {8});
-  EXPECT_ERROR(kernels::add(as_bf16, x0, x0), "add", "overlaps");
+  expect_error([&] { kernels::add(as_bf16, x0, x0); }, {"add", "overlaps"});
 }
 
 // ---- fill -------------------------------------------------------------------
@@ -239,7 +202,7 @@ TEST(Fill, WritesTheRoundedValueEverywhere) {
   for (DType d : kFloatDtypes) {
     for (float value : {1.f / 3.f, -0.f, 1e5f, NAN}) {
       SCOPED_TRACE(std::string(dtype_name(d)) + " " + std::to_string(value));
-      HostTensor t(d, {n}, varied(n)), want(d, {n}, std::vector<float>(n, value));
+      Buffer t(d, {n}, varied(n)), want(d, {n}, std::vector<float>(n, value));
       kernels::fill(t.view(), value);
       EXPECT_TRUE(same_values(t.floats(), want.floats()));
     }
@@ -247,9 +210,9 @@ TEST(Fill, WritesTheRoundedValueEverywhere) {
 }
 
 TEST(Fill, MisuseThrowsNamingTheOp) {
-  HostTensor i(DType::i32, {3});
-  EXPECT_ERROR(kernels::fill(i.view(), 1.f), "fill", "t has dtype i32");
-  EXPECT_ERROR(kernels::fill(Tensor(), 1.f), "fill", "t is required");
+  Buffer i(DType::i32, {3});
+  expect_error([&] { kernels::fill(i.view(), 1.f); }, {"fill", "t has dtype i32"});
+  expect_error([&] { kernels::fill(Tensor(), 1.f); }, {"fill", "t is required"});
 }
 
 }  // namespace

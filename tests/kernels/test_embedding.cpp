@@ -13,7 +13,6 @@
 // - finite differences: the embedding is linear, so central differences
 //   (h = 1e-2) are exact up to f32 round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,7 +21,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "core/threads.h"
 #include "kernels/ops.h"
 
@@ -30,35 +29,14 @@ namespace loom::kernels {
 namespace {
 
 using test::all_close;
+using test::Buffer;
+using test::expect_error;
+using test::Floats;
+using test::plus;
 using test::RefCase;
-using Floats = std::vector<float>;
+using test::rounded_to_bf16;
 
 const char* const kCases[] = {"gpt2", "t1", "nopos"};
-
-// Owned storage of one dtype, filled from floats (rounded to bf16 if asked).
-struct Buffer {
-  std::vector<unsigned char> bytes;
-  Tensor t;
-  Buffer(const Floats& v, DType dtype, Shape shape) : bytes(v.size() * dtype_size(dtype)) {
-    t = Tensor(bytes.data(), dtype, shape);
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (dtype == DType::f32) t.data_as<float>()[i] = v[i];
-      else t.data_as<bf16>()[i] = to_bf16(v[i]);
-    }
-  }
-  Buffer(const Buffer&) = delete;
-  Floats floats() const { return test::to_floats(t); }
-};
-
-Floats rounded_to_bf16(Floats v) {
-  for (float& f : v) f = from_bf16(to_bf16(f));
-  return v;
-}
-
-Floats plus(Floats a, const Floats& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
 
 // One case: wpe, dwpe0 empty when there are no learned positions.
 struct EmbeddingInputs {
@@ -91,11 +69,11 @@ struct EmbeddingOutputs {
 EmbeddingOutputs run_embedding(EmbeddingInputs in, DType act, DType grad) {
   const Shape bt{in.B, in.T}, btc{in.B, in.T, in.C}, table{in.max_t, in.C};
   const Tensor tokens(in.tokens.data(), DType::i32, bt);
-  Buffer wte(in.wte, act, Shape{in.V, in.C}), wpe(in.wpe, act, table), y(Floats(in.B * in.T * in.C), act, btc);
-  Buffer dy(in.dy, grad, btc), dwte(in.dwte0, grad, Shape{in.V, in.C}), dwpe(in.dwpe0, grad, table);
+  Buffer wte(act, Shape{in.V, in.C}, in.wte), wpe(act, table, in.wpe), y(act, btc);
+  Buffer dy(grad, btc, in.dy), dwte(grad, Shape{in.V, in.C}, in.dwte0), dwpe(grad, table, in.dwpe0);
   const bool learned = !in.wpe.empty();
-  embedding_forward(y.t, tokens, wte.t, learned ? wpe.t : Tensor(), in.pos_offset);
-  embedding_backward(dwte.t, learned ? dwpe.t : Tensor(), dy.t, tokens, in.pos_offset);
+  embedding_forward(y.view(), tokens, wte.view(), learned ? wpe.view() : Tensor(), in.pos_offset);
+  embedding_backward(dwte.view(), learned ? dwpe.view() : Tensor(), dy.view(), tokens, in.pos_offset);
   return {y.floats(), dwte.floats(), learned ? dwpe.floats() : Floats()};
 }
 
@@ -150,16 +128,8 @@ TEST(Embedding, GradientsMatchFiniteDifferences) {
   in.dwte0 = Floats(21), in.dwpe0 = Floats(15);
   const EmbeddingOutputs analytic = run_embedding(in, DType::f32, DType::f32);
   EmbeddingInputs probe = in;
-  const auto loss = [&] {
-    const Floats y = run_embedding(probe, DType::f32, DType::f32).y;
-    double s = 0;
-    for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * in.dy[i];
-    return s;
-  };
-  const auto fd = [&](Floats& v) {
-    const std::vector<double> g = test::finite_difference(loss, v, 1e-2f);
-    return Floats(g.begin(), g.end());
-  };
+  const auto loss = [&] { return test::weighted_sum(run_embedding(probe, DType::f32, DType::f32).y, in.dy); };
+  const auto fd = [&](Floats& v) { return test::finite_difference(loss, v, 1e-2f); };
   EXPECT_TRUE(all_close(analytic.dwte, fd(probe.wte), 1e-2, 1e-3)) << "dwte";
   EXPECT_TRUE(all_close(analytic.dwpe, fd(probe.wpe), 1e-2, 1e-3)) << "dwpe";
 }
@@ -190,15 +160,6 @@ TEST(Embedding, BackwardIsBitwiseIdenticalAcrossThreadCounts) {
 }
 
 // ---- misuse ---------------------------------------------------------------------------------
-
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
-  }
-}
 
 // Small valid operands: tokens (2, 3), wte (10, 4), wpe (8, 4), y (2, 3, 4).
 struct SmallOperands {

@@ -14,7 +14,6 @@
 // - finite differences (f32, central, h = 1e-2): truncation error ~h^2 = 1e-4
 //   times third derivatives of order 1-10, round-off ~1e-7 / h: rtol 1e-2 atol 2e-3.
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,7 +22,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "core/threads.h"
 #include "kernels/ops.h"
 
@@ -31,42 +30,15 @@ namespace loom::kernels {
 namespace {
 
 using test::all_close;
+using test::Buffer;
+using test::expect_error;
+using test::Floats;
+using test::plus;
+using test::random_floats;
 using test::RefCase;
-using Floats = std::vector<float>;
+using test::rounded_to_bf16;
 
 const char* const kCases[] = {"c100", "n1", "c768"};
-
-// Owned storage of one dtype, filled from floats (rounded to bf16 if asked).
-struct Buffer {
-  std::vector<unsigned char> bytes;
-  Tensor t;
-  Buffer(const Floats& v, DType dtype, Shape shape) : bytes(v.size() * dtype_size(dtype)) {
-    t = Tensor(bytes.data(), dtype, shape);
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (dtype == DType::f32) t.data_as<float>()[i] = v[i];
-      else t.data_as<bf16>()[i] = to_bf16(v[i]);
-    }
-  }
-  Buffer(const Buffer&) = delete;
-  Floats floats() const { return test::to_floats(t); }
-};
-
-Floats rounded_to_bf16(Floats v) {
-  for (float& f : v) f = from_bf16(to_bf16(f));
-  return v;
-}
-
-Floats plus(Floats a, const Floats& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
-
-Floats random_floats(size_t n, std::mt19937& rng, float scale = 1.f, float shift = 0.f) {
-  std::normal_distribution<float> d;
-  Floats v(n);
-  for (float& f : v) f = d(rng) * scale + shift;
-  return v;
-}
 
 // One case's inputs and pre-filled gradients (b unused by RMSNorm).
 struct NormInputs {
@@ -100,21 +72,21 @@ struct NormOutputs {
 // b, y; grad: dtype of dy, dx, dw, db.
 NormOutputs run_layernorm(const NormInputs& in, DType act, DType grad) {
   const Shape cs{in.C()}, ns{in.N()};
-  Buffer x(in.x, act, in.shape), w(in.w, act, cs), b(in.b, act, cs), y(Floats(in.x.size()), act, in.shape);
-  Buffer mean(Floats(in.N()), DType::f32, ns), rstd(Floats(in.N()), DType::f32, ns);
-  Buffer dy(in.dy, grad, in.shape), dx(in.dx0, grad, in.shape), dw(in.dw0, grad, cs), db(in.db0, grad, cs);
-  layernorm_forward(y.t, mean.t, rstd.t, x.t, w.t, b.t, in.eps);
-  layernorm_backward(dx.t, dw.t, db.t, dy.t, x.t, w.t, mean.t, rstd.t);
+  Buffer x(act, in.shape, in.x), w(act, cs, in.w), b(act, cs, in.b), y(act, in.shape);
+  Buffer mean(DType::f32, ns), rstd(DType::f32, ns);
+  Buffer dy(grad, in.shape, in.dy), dx(grad, in.shape, in.dx0), dw(grad, cs, in.dw0), db(grad, cs, in.db0);
+  layernorm_forward(y.view(), mean.view(), rstd.view(), x.view(), w.view(), b.view(), in.eps);
+  layernorm_backward(dx.view(), dw.view(), db.view(), dy.view(), x.view(), w.view(), mean.view(), rstd.view());
   return {y.floats(), mean.floats(), rstd.floats(), dx.floats(), dw.floats(), db.floats()};
 }
 
 NormOutputs run_rmsnorm(const NormInputs& in, DType act, DType grad) {
   const Shape cs{in.C()};
-  Buffer x(in.x, act, in.shape), w(in.w, act, cs), y(Floats(in.x.size()), act, in.shape);
-  Buffer rstd(Floats(in.N()), DType::f32, Shape{in.N()});
-  Buffer dy(in.dy, grad, in.shape), dx(in.dx0, grad, in.shape), dw(in.dw0, grad, cs);
-  rmsnorm_forward(y.t, rstd.t, x.t, w.t, in.eps);
-  rmsnorm_backward(dx.t, dw.t, dy.t, x.t, w.t, rstd.t);
+  Buffer x(act, in.shape, in.x), w(act, cs, in.w), y(act, in.shape);
+  Buffer rstd(DType::f32, Shape{in.N()});
+  Buffer dy(grad, in.shape, in.dy), dx(grad, in.shape, in.dx0), dw(grad, cs, in.dw0);
+  rmsnorm_forward(y.view(), rstd.view(), x.view(), w.view(), in.eps);
+  rmsnorm_backward(dx.view(), dw.view(), dy.view(), x.view(), w.view(), rstd.view());
   return {y.floats(), {}, rstd.floats(), dx.floats(), dw.floats(), {}};
 }
 
@@ -216,14 +188,9 @@ void expect_gradients_match_finite_differences(bool layernorm) {
   NormInputs probe = in;
   const auto loss = [&] {
     const Floats y = layernorm ? run_layernorm(probe, DType::f32, DType::f32).y : run_rmsnorm(probe, DType::f32, DType::f32).y;
-    double s = 0;
-    for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * in.dy[i];
-    return s;
+    return test::weighted_sum(y, in.dy);
   };
-  const auto fd = [&](Floats& v) {
-    const std::vector<double> g = test::finite_difference(loss, v, 1e-2f);
-    return Floats(g.begin(), g.end());
-  };
+  const auto fd = [&](Floats& v) { return test::finite_difference(loss, v, 1e-2f); };
   EXPECT_TRUE(all_close(analytic.dx, fd(probe.x), 1e-2, 2e-3)) << "dx";
   EXPECT_TRUE(all_close(analytic.dw, fd(probe.w), 1e-2, 2e-3)) << "dw";
   if (layernorm) {
@@ -263,27 +230,18 @@ TEST(LayerNorm, WeightGradientsAreBitwiseIdenticalAcrossThreadCounts) {
 TEST(LayerNorm, UndefinedStatisticsAndGradientsAreSkipped) {
   RefCase rc("layernorm_c100.ref");
   NormInputs in = load_inputs(rc, true);
-  Buffer x(in.x, DType::f32, in.shape), w(in.w, DType::f32, Shape{in.C()}), b(in.b, DType::f32, Shape{in.C()});
-  Buffer y(Floats(in.x.size()), DType::f32, in.shape);
-  layernorm_forward(y.t, Tensor(), Tensor(), x.t, w.t, b.t, in.eps);
+  Buffer x(DType::f32, in.shape, in.x), w(DType::f32, Shape{in.C()}, in.w), b(DType::f32, Shape{in.C()}, in.b);
+  Buffer y(DType::f32, in.shape);
+  layernorm_forward(y.view(), Tensor(), Tensor(), x.view(), w.view(), b.view(), in.eps);
   EXPECT_TRUE(all_close(y.floats(), rc["y"].floats(), 1e-5, 1e-5));
   const NormOutputs full = run_layernorm(in, DType::f32, DType::f32);
-  Buffer mean(full.mean, DType::f32, Shape{in.N()}), rstd(full.rstd, DType::f32, Shape{in.N()});
-  Buffer dy(in.dy, DType::f32, in.shape), dw(in.dw0, DType::f32, Shape{in.C()});
-  layernorm_backward(Tensor(), dw.t, Tensor(), dy.t, x.t, w.t, mean.t, rstd.t);
+  Buffer mean(DType::f32, Shape{in.N()}, full.mean), rstd(DType::f32, Shape{in.N()}, full.rstd);
+  Buffer dy(DType::f32, in.shape, in.dy), dw(DType::f32, Shape{in.C()}, in.dw0);
+  layernorm_backward(Tensor(), dw.view(), Tensor(), dy.view(), x.view(), w.view(), mean.view(), rstd.view());
   EXPECT_EQ(dw.floats(), full.dw);
 }
 
 // ---- misuse --------------------------------------------------------------------------------
-
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
-  }
-}
 
 TEST(LayerNorm, MisuseThrowsErrorsNamingTheOpAndShapes) {
   Floats xs(4 * 100), ws(101), ms(4);

@@ -22,6 +22,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
+#include "common/tensors.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "kernels/ops.h"
@@ -29,46 +30,9 @@
 namespace loom {
 namespace {
 
+using test::Buffer;
+using test::expect_error;
 using test::RefCase;
-
-// Host memory of any float dtype, filled from floats through store_as (RNE).
-struct HostTensor {
-  DType dtype;
-  Shape shape;
-  std::vector<unsigned char> bytes;
-
-  HostTensor(DType d, Shape s, const std::vector<float>& values = {}) : dtype(d), shape(s) {
-    bytes.resize(static_cast<size_t>(s.numel()) * dtype_size(d));
-    for (size_t i = 0; i < values.size(); ++i) set(static_cast<int64_t>(i), values[i]);
-  }
-  Tensor view() { return Tensor(bytes.data(), dtype, shape); }
-  void set(int64_t i, float x) {
-    switch (dtype) {
-      case DType::f32: reinterpret_cast<float*>(bytes.data())[i] = x; break;
-      case DType::bf16: reinterpret_cast<bf16*>(bytes.data())[i] = to_bf16(x); break;
-      case DType::f16: reinterpret_cast<f16*>(bytes.data())[i] = to_f16(x); break;
-      default: FAIL() << "HostTensor::set on " << dtype_name(dtype);
-    }
-  }
-  std::vector<float> floats() { return test::to_floats(view()); }
-};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no loom::Error thrown)";
-}
-
-#define EXPECT_ERROR(stmt, op, part)                                      \
-  do {                                                                    \
-    const std::string msg_ = error_of([&] { stmt; });                     \
-    EXPECT_NE(msg_.find(op), std::string::npos) << msg_;                  \
-    EXPECT_NE(msg_.find(part), std::string::npos) << msg_;                \
-  } while (0)
 
 kernels::AdamWConfig config_of(RefCase& rc) {
   kernels::AdamWConfig c;
@@ -139,11 +103,11 @@ TEST(AdamW, Bf16GradMatchesF32PathOnRoundedGradAndBf16CopyIsRoundedParam) {
   const std::vector<float> p0 = rc["param0"].floats();
   const Shape s{static_cast<int64_t>(p0.size())};
   std::vector<float> p32 = p0, m32(p0.size()), v32(p0.size()), p16 = p0, m16(p0.size()), v16(p0.size());
-  HostTensor copy(DType::bf16, s);
+  Buffer copy(DType::bf16, s);
   for (int k = 1; k <= 3; ++k) {
     cfg.step = k;
-    HostTensor g16(DType::bf16, s, rc["grad_" + std::to_string(k)].floats());
-    HostTensor g32(DType::f32, s, g16.floats());
+    Buffer g16(DType::bf16, s, rc["grad_" + std::to_string(k)].floats());
+    Buffer g32(DType::f32, s, g16.floats());
     kernels::adamw_step(Tensor(p32.data(), DType::f32, s), Tensor(m32.data(), DType::f32, s),
                         Tensor(v32.data(), DType::f32, s), g32.view(), Tensor(), cfg);
     kernels::adamw_step(Tensor(p16.data(), DType::f32, s), Tensor(m16.data(), DType::f32, s),
@@ -152,7 +116,7 @@ TEST(AdamW, Bf16GradMatchesF32PathOnRoundedGradAndBf16CopyIsRoundedParam) {
   EXPECT_EQ(p16, p32);
   EXPECT_EQ(m16, m32);
   EXPECT_EQ(v16, v32);
-  HostTensor expected_copy(DType::bf16, s, p16);
+  Buffer expected_copy(DType::bf16, s, p16);
   EXPECT_EQ(copy.bytes, expected_copy.bytes);
 }
 
@@ -170,24 +134,31 @@ TEST(AdamW, FirstStepFromZeroStateMovesEachParamByLr) {
 
 TEST(AdamW, MisuseThrowsNamingTheOpAndOperand) {
   const int64_t n = 8;
-  HostTensor p(DType::f32, {n}), m(DType::f32, {n}), v(DType::f32, {n}), g(DType::f32, {n});
-  HostTensor m16(DType::bf16, {n}), p16(DType::bf16, {n}), g_short(DType::f32, {n - 1}), gi(DType::i32, {n});
-  HostTensor copy_short(DType::bf16, {n + 1});
+  Buffer p(DType::f32, {n}), m(DType::f32, {n}), v(DType::f32, {n}), g(DType::f32, {n});
+  Buffer m16(DType::bf16, {n}), p16(DType::bf16, {n}), g_short(DType::f32, {n - 1}), gi(DType::i32, {n});
+  Buffer copy_short(DType::bf16, {n + 1});
   kernels::AdamWConfig cfg;
   const char* op = "adamw_step";
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m16.view(), v.view(), g.view(), Tensor(), cfg), op, "m has dtype bf16");
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), m16.view(), g.view(), Tensor(), cfg), op, "v has dtype bf16");
-  EXPECT_ERROR(kernels::adamw_step(p16.view(), m.view(), v.view(), g.view(), Tensor(), cfg), op,
-               "param has dtype bf16");
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), v.view(), g_short.view(), Tensor(), cfg), op, "f32(7,)");
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), v.view(), gi.view(), Tensor(), cfg), op, "grad has dtype i32");
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), v.view(), g.view(), copy_short.view(), cfg), op, "bf16(9,)");
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), v.view(), Tensor(), Tensor(), cfg), op, "grad is required");
+  expect_error([&] { kernels::adamw_step(p.view(), m16.view(), v.view(), g.view(), Tensor(), cfg); },
+               {op, "m has dtype bf16"});
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), m16.view(), g.view(), Tensor(), cfg); },
+               {op, "v has dtype bf16"});
+  expect_error([&] { kernels::adamw_step(p16.view(), m.view(), v.view(), g.view(), Tensor(), cfg); },
+               {op, "param has dtype bf16"});
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), v.view(), g_short.view(), Tensor(), cfg); },
+               {op, "f32(7,)"});
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), v.view(), gi.view(), Tensor(), cfg); },
+               {op, "grad has dtype i32"});
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), v.view(), g.view(), copy_short.view(), cfg); },
+               {op, "bf16(9,)"});
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), v.view(), Tensor(), Tensor(), cfg); },
+               {op, "grad is required"});
   cfg.step = 0;
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), v.view(), g.view(), Tensor(), cfg), op, "step must be >= 1");
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), v.view(), g.view(), Tensor(), cfg); },
+               {op, "step must be >= 1"});
   cfg.step = 1;
   cfg.beta2 = 1.f;
-  EXPECT_ERROR(kernels::adamw_step(p.view(), m.view(), v.view(), g.view(), Tensor(), cfg), op, "betas");
+  expect_error([&] { kernels::adamw_step(p.view(), m.view(), v.view(), g.view(), Tensor(), cfg); }, {op, "betas"});
 }
 
 // ---- reductions ---------------------------------------------------------------
@@ -219,11 +190,11 @@ TEST(GlobalNorm, MatchesTorchVectorNormOverMixedTensors) {
 TEST(SumSquares, F16AndEmptyTensors) {
   std::vector<float> x(70001);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.1f * static_cast<float>(i)) * 300.f;
-  HostTensor h(DType::f16, {static_cast<int64_t>(x.size())}, x);
+  Buffer h(DType::f16, {static_cast<int64_t>(x.size())}, x);
   double expected = 0;
   for (float f : h.floats()) expected += static_cast<double>(f) * f;
   EXPECT_NEAR(kernels::sum_squares(h.view()), expected, 1e-12 * expected);
-  HostTensor empty(DType::f32, {0});
+  Buffer empty(DType::f32, {0});
   EXPECT_EQ(kernels::sum_squares(empty.view()), 0.0);
 }
 
@@ -242,7 +213,7 @@ TEST(AllFinite, DetectsNanAndInfAnywhereInEveryFloatDtype) {
   const int64_t n = 100000;  // large enough for the parallel path
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
     SCOPED_TRACE(std::string(dtype_name(d)));
-    HostTensor h(d, {n}, std::vector<float>(n, 1.5f));
+    Buffer h(d, {n}, std::vector<float>(n, 1.5f));
     EXPECT_TRUE(kernels::all_finite(h.view()));
     for (int64_t pos : {int64_t{0}, n / 2 + 3, n - 1}) {
       for (float bad : {NAN, INFINITY, -INFINITY}) {
@@ -255,15 +226,15 @@ TEST(AllFinite, DetectsNanAndInfAnywhereInEveryFloatDtype) {
 }
 
 TEST(AllFinite, LargestFiniteValuesAndSubnormalsAreFinite) {
-  HostTensor f32(DType::f32, {4}, {FLT_MAX, -FLT_MAX, 1e-45f, -0.f});
+  Buffer f32(DType::f32, {4}, {FLT_MAX, -FLT_MAX, 1e-45f, -0.f});
   EXPECT_TRUE(kernels::all_finite(f32.view()));
   // 3.38e38 is the largest finite bf16 (0x7f7f); FLT_MAX rounds up to Inf in bf16.
-  HostTensor b(DType::bf16, {3}, {3.38e38f, -3.38e38f, 1e-40f});
+  Buffer b(DType::bf16, {3}, {3.38e38f, -3.38e38f, 1e-40f});
   EXPECT_TRUE(kernels::all_finite(b.view()));
   b.set(1, FLT_MAX);
   EXPECT_FALSE(kernels::all_finite(b.view()));
   // 65504 is the largest finite f16; 65520 rounds to Inf.
-  HostTensor h(DType::f16, {3}, {65504.f, -65504.f, 6e-8f});
+  Buffer h(DType::f16, {3}, {65504.f, -65504.f, 6e-8f});
   EXPECT_TRUE(kernels::all_finite(h.view()));
   h.set(2, 65520.f);
   EXPECT_FALSE(kernels::all_finite(h.view()));
@@ -278,26 +249,26 @@ TEST(Scale, EqualsRoundedProductInEveryFloatDtype) {
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {
     SCOPED_TRACE(std::string(dtype_name(d)));
     const int64_t n = static_cast<int64_t>(x.size());
-    HostTensor h(d, {n}, x);
+    Buffer h(d, {n}, x);
     std::vector<float> before = h.floats(), expected(before.size());
     for (size_t i = 0; i < before.size(); ++i) expected[i] = before[i] * s;
-    HostTensor want(d, {n}, expected);  // rounded to d like the kernel must
+    Buffer want(d, {n}, expected);  // rounded to d like the kernel must
     kernels::scale(h.view(), s);
     EXPECT_ALL_CLOSE(h.floats(), want.floats(), 0, 0);
   }
 }
 
 TEST(Reductions, MisuseThrowsNamingTheOp) {
-  HostTensor i32(DType::i32, {4});
+  Buffer i32(DType::i32, {4});
   std::vector<float> buf(24);
   Tensor strided = Tensor(buf.data(), DType::f32, {4, 6}).slice(1, 0, 3);
-  EXPECT_ERROR(kernels::sum_squares(i32.view()), "sum_squares", "t has dtype i32");
-  EXPECT_ERROR(kernels::all_finite(i32.view()), "all_finite", "t has dtype i32");
-  EXPECT_ERROR(kernels::scale(i32.view(), 2.f), "scale", "t has dtype i32");
-  EXPECT_ERROR(kernels::sum_squares(strided), "sum_squares", "must be contiguous");
-  EXPECT_ERROR(kernels::sum_squares(Tensor()), "sum_squares", "t is required");
+  expect_error([&] { kernels::sum_squares(i32.view()); }, {"sum_squares", "t has dtype i32"});
+  expect_error([&] { kernels::all_finite(i32.view()); }, {"all_finite", "t has dtype i32"});
+  expect_error([&] { kernels::scale(i32.view(), 2.f); }, {"scale", "t has dtype i32"});
+  expect_error([&] { kernels::sum_squares(strided); }, {"sum_squares", "must be contiguous"});
+  expect_error([&] { kernels::sum_squares(Tensor()); }, {"sum_squares", "t is required"});
   std::vector<Tensor> ts = {Tensor(buf.data(), DType::f32, {24}), i32.view()};
-  EXPECT_ERROR(kernels::global_norm(ts), "global_norm", "tensors[1] has dtype i32");
+  expect_error([&] { kernels::global_norm(ts); }, {"global_norm", "tensors[1] has dtype i32"});
 }
 
 }  // namespace

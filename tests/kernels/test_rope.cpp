@@ -20,7 +20,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "kernels/ops.h"
 
 namespace loom {
@@ -28,34 +28,21 @@ namespace {
 
 using kernels::rope_backward;
 using kernels::rope_forward;
+using test::bf16_view;
+using test::expect_error;
+using test::f32_view;
+using test::from_bf16_vec;
+using test::i32_view;
+using test::plus;
+using test::prefill;
 using test::RefCase;
+using test::rounded_to_bf16;
+using test::to_bf16_vec;
 
 constexpr double kRtol = 1e-5, kAtol = 1e-6;
 constexpr double kBf16Rtol = 1.0 / 256, kBf16Atol = 1e-6;
 const char* const kCases[] = {"basic",     "batch_pos",          "t1",       "hs2",
                               "large_pos", "large_pos_theta5e5", "threaded", "threaded_batch_pos"};
-
-Tensor f32(std::vector<float>& v, const Shape& s) { return Tensor(v.data(), DType::f32, s); }
-Tensor bf(std::vector<bf16>& v, const Shape& s) { return Tensor(v.data(), DType::bf16, s); }
-Tensor i32(std::vector<int32_t>& v, const Shape& s) { return Tensor(v.data(), DType::i32, s); }
-
-std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-std::vector<float> from_bf16_vec(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_bf16(v[i]);
-  return out;
-}
-
-// Known, non-zero gradient contents, to check backward adds (+=) to them.
-std::vector<float> prefill(size_t n) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = 0.25f * static_cast<float>(i % 7) - 0.75f;
-  return v;
-}
 
 // One reference case, with its inputs as mutable buffers.
 struct Case {
@@ -71,7 +58,7 @@ struct Case {
     const std::vector<float> p = rc["pos"].floats();
     pos.assign(p.begin(), p.end());
   }
-  Tensor pos_t() { return i32(pos, pos_shape); }
+  Tensor pos_t() { return i32_view(pos, pos_shape); }
 };
 
 TEST(Rope, ForwardMatchesTorchF32) {
@@ -79,7 +66,7 @@ TEST(Rope, ForwardMatchesTorchF32) {
     SCOPED_TRACE(name);
     Case c(name);
     std::vector<float> y(c.x.size(), NAN);
-    rope_forward(f32(y, c.shape), f32(c.x, c.shape), c.pos_t(), c.theta);
+    rope_forward(f32_view(y, c.shape), f32_view(c.x, c.shape), c.pos_t(), c.theta);
     EXPECT_ALL_CLOSE(y, c.rc["y"].floats(), kRtol, kAtol);
   }
 }
@@ -90,8 +77,8 @@ TEST(Rope, LargePositionsMatchFloat64Reference) {
     SCOPED_TRACE(name);
     Case c(name);
     std::vector<float> y(c.x.size(), NAN), dx(c.x.size(), 0.f);
-    rope_forward(f32(y, c.shape), f32(c.x, c.shape), c.pos_t(), c.theta);
-    rope_backward(f32(dx, c.shape), f32(c.dy, c.shape), c.pos_t(), c.theta);
+    rope_forward(f32_view(y, c.shape), f32_view(c.x, c.shape), c.pos_t(), c.theta);
+    rope_backward(f32_view(dx, c.shape), f32_view(c.dy, c.shape), c.pos_t(), c.theta);
     EXPECT_ALL_CLOSE(y, c.rc["y"].floats(), kRtol, kAtol);
     EXPECT_ALL_CLOSE(dx, c.rc["dx"].floats(), kRtol, kAtol);
   }
@@ -101,7 +88,7 @@ TEST(Rope, ForwardRunsInPlace) {
   for (const char* name : {"threaded", "threaded_batch_pos", "hs2"}) {
     SCOPED_TRACE(name);
     Case c(name);
-    rope_forward(f32(c.x, c.shape), f32(c.x, c.shape), c.pos_t(), c.theta);
+    rope_forward(f32_view(c.x, c.shape), f32_view(c.x, c.shape), c.pos_t(), c.theta);
     EXPECT_ALL_CLOSE(c.x, c.rc["y"].floats(), kRtol, kAtol);
   }
 }
@@ -110,11 +97,11 @@ TEST(Rope, BackwardAccumulatesTorchGradF32) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
     Case c(name);
-    std::vector<float> dx = prefill(c.x.size()), expected = c.rc["dx"].floats();
-    for (size_t i = 0; i < dx.size(); ++i) expected[i] += dx[i];
-    rope_backward(f32(dx, c.shape), f32(c.dy, c.shape), c.pos_t(), c.theta);
+    std::vector<float> dx = prefill(c.x.size());
+    const std::vector<float> expected = plus(dx, c.rc["dx"].floats());
+    rope_backward(f32_view(dx, c.shape), f32_view(c.dy, c.shape), c.pos_t(), c.theta);
     EXPECT_ALL_CLOSE(dx, expected, kRtol, kAtol);
-    rope_backward(Tensor(), f32(c.dy, c.shape), c.pos_t(), c.theta);  // an undefined gradient is skipped
+    rope_backward(Tensor(), f32_view(c.dy, c.shape), c.pos_t(), c.theta);  // an undefined gradient is skipped
   }
 }
 
@@ -122,8 +109,8 @@ TEST(Rope, BackwardAccumulatesTorchGradF32) {
 TEST(Rope, BackwardUndoesForward) {
   Case c("batch_pos");
   std::vector<float> y(c.x.size()), back(c.x.size(), 0.f);
-  rope_forward(f32(y, c.shape), f32(c.x, c.shape), c.pos_t(), c.theta);
-  rope_backward(f32(back, c.shape), f32(y, c.shape), c.pos_t(), c.theta);
+  rope_forward(f32_view(y, c.shape), f32_view(c.x, c.shape), c.pos_t(), c.theta);
+  rope_backward(f32_view(back, c.shape), f32_view(y, c.shape), c.pos_t(), c.theta);
   EXPECT_ALL_CLOSE(back, c.x, kRtol, kAtol);
 }
 
@@ -134,11 +121,10 @@ TEST(Rope, BatchPositionsMatchSharedPositions) {
   std::vector<int32_t> pos_bt;
   for (int64_t b = 0; b < B; ++b) pos_bt.insert(pos_bt.end(), c.pos.begin(), c.pos.end());
   std::vector<float> y(c.x.size()), dx = prefill(c.x.size());
-  rope_forward(f32(y, c.shape), f32(c.x, c.shape), i32(pos_bt, {B, T}), c.theta);
+  rope_forward(f32_view(y, c.shape), f32_view(c.x, c.shape), i32_view(pos_bt, {B, T}), c.theta);
   EXPECT_ALL_CLOSE(y, c.rc["y"].floats(), kRtol, kAtol);
-  std::vector<float> expected = c.rc["dx"].floats();
-  for (size_t i = 0; i < dx.size(); ++i) expected[i] += dx[i];
-  rope_backward(f32(dx, c.shape), f32(c.dy, c.shape), i32(pos_bt, {B, T}), c.theta);
+  const std::vector<float> expected = plus(dx, c.rc["dx"].floats());
+  rope_backward(f32_view(dx, c.shape), f32_view(c.dy, c.shape), i32_view(pos_bt, {B, T}), c.theta);
   EXPECT_ALL_CLOSE(dx, expected, kRtol, kAtol);
 }
 
@@ -151,14 +137,12 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
   }
   std::vector<int32_t> pos = {3, 17, 250, 4001};  // (B, T)
   auto loss = [&] {
-    rope_forward(f32(y, s), f32(x, s), i32(pos, {2, 2}), 10000.f);
-    double sum = 0;
-    for (size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * w[i];
-    return sum;
+    rope_forward(f32_view(y, s), f32_view(x, s), i32_view(pos, {2, 2}), 10000.f);
+    return test::weighted_sum(y, w);
   };
-  const std::vector<double> fd = test::finite_difference(loss, x, 1e-2f);
-  rope_backward(f32(dx, s), f32(w, s), i32(pos, {2, 2}), 10000.f);
-  EXPECT_ALL_CLOSE(dx, std::vector<float>(fd.begin(), fd.end()), 1e-2, 1e-3);
+  const std::vector<float> fd = test::finite_difference(loss, x, 1e-2f);
+  rope_backward(f32_view(dx, s), f32_view(w, s), i32_view(pos, {2, 2}), 10000.f);
+  EXPECT_ALL_CLOSE(dx, fd, 1e-2, 1e-3);
 }
 
 // bf16 x, y, dy, dx (and an f32 dx of a bf16 dy) against the f32 path fed the
@@ -169,33 +153,20 @@ TEST(Rope, Bf16MatchesF32Path) {
     Case c(name);
     std::vector<bf16> xb = to_bf16_vec(c.x), dyb = to_bf16_vec(c.dy), yb(c.x.size());
     std::vector<float> x = from_bf16_vec(xb), dy = from_bf16_vec(dyb), y(c.x.size());
-    std::vector<float> dx = from_bf16_vec(to_bf16_vec(prefill(c.x.size())));
+    std::vector<float> dx = rounded_to_bf16(prefill(c.x.size()));
     std::vector<bf16> dxb = to_bf16_vec(dx);
     std::vector<float> dx_f32_grad = dx;
-    rope_forward(f32(y, c.shape), f32(x, c.shape), c.pos_t(), c.theta);
-    rope_backward(f32(dx, c.shape), f32(dy, c.shape), c.pos_t(), c.theta);
-    rope_forward(bf(yb, c.shape), bf(xb, c.shape), c.pos_t(), c.theta);
-    rope_backward(bf(dxb, c.shape), bf(dyb, c.shape), c.pos_t(), c.theta);
-    rope_backward(f32(dx_f32_grad, c.shape), bf(dyb, c.shape), c.pos_t(), c.theta);
+    rope_forward(f32_view(y, c.shape), f32_view(x, c.shape), c.pos_t(), c.theta);
+    rope_backward(f32_view(dx, c.shape), f32_view(dy, c.shape), c.pos_t(), c.theta);
+    rope_forward(bf16_view(yb, c.shape), bf16_view(xb, c.shape), c.pos_t(), c.theta);
+    rope_backward(bf16_view(dxb, c.shape), bf16_view(dyb, c.shape), c.pos_t(), c.theta);
+    rope_backward(f32_view(dx_f32_grad, c.shape), bf16_view(dyb, c.shape), c.pos_t(), c.theta);
     EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
     EXPECT_ALL_CLOSE(from_bf16_vec(dxb), dx, kBf16Rtol, kBf16Atol);
     EXPECT_ALL_CLOSE(dx_f32_grad, dx, kRtol, kAtol);
     // bf16 in place.
-    rope_forward(bf(xb, c.shape), bf(xb, c.shape), c.pos_t(), c.theta);
+    rope_forward(bf16_view(xb, c.shape), bf16_view(xb, c.shape), c.pos_t(), c.theta);
     EXPECT_ALL_CLOSE(from_bf16_vec(xb), from_bf16_vec(yb), 0, 0);
-  }
-}
-
-// Runs f, expects a loom::Error whose message names the op and `text`.
-template <typename F>
-void expect_error(F f, const std::string& op, const std::string& text) {
-  try {
-    f();
-    ADD_FAILURE() << "no loom::Error for " << op << " (" << text << ")";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(op), std::string::npos) << what;
-    EXPECT_NE(what.find(text), std::string::npos) << what;
   }
 }
 
@@ -207,22 +178,23 @@ TEST(Rope, MisuseThrowsNamingOpAndShapes) {
   const char* fwd = "rope_forward";
   const char* bwd = "rope_backward";
   const Shape s{2, 3, 2, 6};
-  expect_error([&] { rope_forward(f32(a, {2, 3, 3, 4}), f32(b, {2, 3, 4, 3}), i32(p, {3}), 1e4f); }, fwd,
-               "x=f32(2, 3, 4, 3)");  // odd HS
-  expect_error([&] { rope_forward(f32(a, s), f32(b, s), i32(p, {4}), 1e4f); }, fwd, "pos=i32(4,)");
-  expect_error([&] { rope_forward(f32(a, s), f32(b, s), i32(p, {3, 2}), 1e4f); }, fwd, "pos=i32(3, 2)");
-  expect_error([&] { rope_forward(f32(a, s), f32(b, s), i32(p, {2, 3, 1}), 1e4f); }, fwd, "(2, 3)");
-  expect_error([&] { rope_forward(f32(a, s), f32(b, s), Tensor(p64.data(), DType::i64, {3}), 1e4f); }, fwd,
-               "pos=i64(3,)");
-  expect_error([&] { rope_forward(f32(a, s), f32(b, s), f32(b, {3}), 1e4f); }, fwd, "pos=f32(3,)");
-  expect_error([&] { rope_forward(f32(a, {2, 3, 12}), f32(b, {2, 3, 12}), i32(p, {3}), 1e4f); }, fwd,
-               "x=f32(2, 3, 12)");
-  expect_error([&] { rope_forward(f32(a, {2, 3, 6, 2}), f32(b, s), i32(p, {3}), 1e4f); }, fwd, "y=f32(2, 3, 6, 2)");
-  expect_error([&] { rope_forward(bf(h, s), f32(b, s), i32(p, {3}), 1e4f); }, fwd, "y=bf16(2, 3, 2, 6)");
-  expect_error([&] { rope_forward(f32(a, s), f32(b, s), i32(p, {3}), 0.f); }, fwd, "theta");
-  expect_error([&] { rope_backward(f32(a, {2, 3, 6, 2}), f32(b, s), i32(p, {3}), 1e4f); }, bwd, "dx=f32(2, 3, 6, 2)");
-  expect_error([&] { rope_backward(f32(a, s), f32(b, s), i32(p, {2, 2}), 1e4f); }, bwd, "pos=i32(2, 2)");
-  expect_error([&] { rope_backward(Tensor(), f32(b, s), i32(p, {5}), 1e4f); }, bwd, "pos=i32(5,)");
+  // Valid operands: out (y or dx) and in (x or dy) (B, T, NH, HS), pos (T).
+  const Tensor out = f32_view(a, s), in = f32_view(b, s), pos = i32_view(p, {3});
+  expect_error([&] { rope_forward(f32_view(a, {2, 3, 3, 4}), f32_view(b, {2, 3, 4, 3}), pos, 1e4f); },
+               {fwd, "x=f32(2, 3, 4, 3)"});  // odd HS
+  expect_error([&] { rope_forward(out, in, i32_view(p, {4}), 1e4f); }, {fwd, "pos=i32(4,)"});
+  expect_error([&] { rope_forward(out, in, i32_view(p, {3, 2}), 1e4f); }, {fwd, "pos=i32(3, 2)"});
+  expect_error([&] { rope_forward(out, in, i32_view(p, {2, 3, 1}), 1e4f); }, {fwd, "(2, 3)"});
+  expect_error([&] { rope_forward(out, in, Tensor(p64.data(), DType::i64, {3}), 1e4f); }, {fwd, "pos=i64(3,)"});
+  expect_error([&] { rope_forward(out, in, f32_view(b, {3}), 1e4f); }, {fwd, "pos=f32(3,)"});
+  expect_error([&] { rope_forward(f32_view(a, {2, 3, 12}), f32_view(b, {2, 3, 12}), pos, 1e4f); },
+               {fwd, "x=f32(2, 3, 12)"});
+  expect_error([&] { rope_forward(f32_view(a, {2, 3, 6, 2}), in, pos, 1e4f); }, {fwd, "y=f32(2, 3, 6, 2)"});
+  expect_error([&] { rope_forward(bf16_view(h, s), in, pos, 1e4f); }, {fwd, "y=bf16(2, 3, 2, 6)"});
+  expect_error([&] { rope_forward(out, in, pos, 0.f); }, {fwd, "theta"});
+  expect_error([&] { rope_backward(f32_view(a, {2, 3, 6, 2}), in, pos, 1e4f); }, {bwd, "dx=f32(2, 3, 6, 2)"});
+  expect_error([&] { rope_backward(out, in, i32_view(p, {2, 2}), 1e4f); }, {bwd, "pos=i32(2, 2)"});
+  expect_error([&] { rope_backward(Tensor(), in, i32_view(p, {5}), 1e4f); }, {bwd, "pos=i32(5,)"});
 }
 
 }  // namespace

@@ -12,12 +12,15 @@
 
 #include <gtest/gtest.h>
 
+#include "common/tensors.h"
 #include "core/threads.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
 namespace {
+
+using test::f32_view;
 
 constexpr ScratchSlot kSlots[] = {ScratchSlot::a, ScratchSlot::b, ScratchSlot::c, ScratchSlot::d};
 
@@ -105,8 +108,6 @@ std::vector<float> pattern(size_t n, float f) {
   return v;
 }
 
-Tensor f32(std::vector<float>& v, Shape s) { return Tensor(v.data(), DType::f32, s); }
-
 // Large enough for the norms' parallel path (N * C >= 2^15).
 struct LayerNormCase {
   static constexpr int64_t N = 64, C = 1024;
@@ -115,15 +116,15 @@ struct LayerNormCase {
   std::vector<float> mean = std::vector<float>(N), rstd = std::vector<float>(N);
   std::vector<float> dx = std::vector<float>(N * C), dw = std::vector<float>(C), db = std::vector<float>(C);
   LayerNormCase() {
-    layernorm_forward(f32(y, {N, C}), f32(mean, {N}), f32(rstd, {N}), f32(x, {N, C}), f32(w, {C}), f32(b, {C}),
-                      1e-5f);
+    layernorm_forward(f32_view(y, {N, C}), f32_view(mean, {N}), f32_view(rstd, {N}), f32_view(x, {N, C}),
+                      f32_view(w, {C}), f32_view(b, {C}), 1e-5f);
   }
   void backward() {
     std::fill(dx.begin(), dx.end(), 0.f);
     std::fill(dw.begin(), dw.end(), 0.f);
     std::fill(db.begin(), db.end(), 0.f);
-    layernorm_backward(f32(dx, {N, C}), f32(dw, {C}), f32(db, {C}), f32(dy, {N, C}), f32(x, {N, C}), f32(w, {C}),
-                       f32(mean, {N}), f32(rstd, {N}));
+    layernorm_backward(f32_view(dx, {N, C}), f32_view(dw, {C}), f32_view(db, {C}), f32_view(dy, {N, C}),
+                       f32_view(x, {N, C}), f32_view(w, {C}), f32_view(mean, {N}), f32_view(rstd, {N}));
   }
 };
 
@@ -155,11 +156,12 @@ TEST(ThreadScratch, RmsNormBackwardReusingScratchGivesTheSameBits) {
   const int64_t N = 64, C = 1024;
   std::vector<float> x = pattern(N * C, 0.37f), w = pattern(C, 0.11f), dy = pattern(N * C, 0.23f);
   std::vector<float> y(N * C), rstd(N);
-  rmsnorm_forward(f32(y, {N, C}), f32(rstd, {N}), f32(x, {N, C}), f32(w, {C}), 1e-5f);
+  rmsnorm_forward(f32_view(y, {N, C}), f32_view(rstd, {N}), f32_view(x, {N, C}), f32_view(w, {C}), 1e-5f);
   std::vector<float> dw_first;
   for (int call = 0; call < 2; ++call) {
     std::vector<float> dx(N * C), dw(C);
-    rmsnorm_backward(f32(dx, {N, C}), f32(dw, {C}), f32(dy, {N, C}), f32(x, {N, C}), f32(w, {C}), f32(rstd, {N}));
+    rmsnorm_backward(f32_view(dx, {N, C}), f32_view(dw, {C}), f32_view(dy, {N, C}), f32_view(x, {N, C}),
+                     f32_view(w, {C}), f32_view(rstd, {N}));
     if (call == 0) dw_first = dw;
     else EXPECT_EQ(dw, dw_first);
   }
@@ -173,9 +175,9 @@ TEST(ThreadScratch, AttentionForwardBackwardDoNotGrowScratchOnASecondCall) {
   std::vector<float> q = pattern(n, 0.31f), k = pattern(n, 0.17f), v = pattern(n, 0.07f), dout = pattern(n, 0.29f);
   std::vector<float> out(n), lse(B * NH * T), dq(n), dk(n), dv(n);
   auto step = [&] {
-    attention_forward(f32(out, s), f32(lse, {B, NH, T}), f32(q, s), f32(k, s), f32(v, s));
-    attention_backward(f32(dq, s), f32(dk, s), f32(dv, s), f32(dout, s), f32(q, s), f32(k, s), f32(v, s),
-                       f32(out, s), f32(lse, {B, NH, T}));
+    attention_forward(f32_view(out, s), f32_view(lse, {B, NH, T}), f32_view(q, s), f32_view(k, s), f32_view(v, s));
+    attention_backward(f32_view(dq, s), f32_view(dk, s), f32_view(dv, s), f32_view(dout, s), f32_view(q, s),
+                       f32_view(k, s), f32_view(v, s), f32_view(out, s), f32_view(lse, {B, NH, T}));
   };
   step();
   const size_t after_first = scratch_bytes();

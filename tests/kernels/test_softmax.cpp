@@ -13,7 +13,6 @@
 // - finite differences (f32, central, h = 1e-2): truncation ~h^2 times third
 //   derivatives of order 1, round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
 #include <cmath>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,42 +21,21 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
-#include "core/error.h"
+#include "common/tensors.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
 namespace {
 
 using test::all_close;
+using test::Buffer;
+using test::expect_error;
+using test::Floats;
+using test::plus;
 using test::RefCase;
-using Floats = std::vector<float>;
+using test::rounded_to_bf16;
 
 const char* const kCases[] = {"c100", "n1", "large", "vocab"};
-
-// Owned storage of one dtype, filled from floats (rounded to bf16 if asked).
-struct Buffer {
-  std::vector<unsigned char> bytes;
-  Tensor t;
-  Buffer(const Floats& v, DType dtype, Shape shape) : bytes(v.size() * dtype_size(dtype)) {
-    t = Tensor(bytes.data(), dtype, shape);
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (dtype == DType::f32) t.data_as<float>()[i] = v[i];
-      else t.data_as<bf16>()[i] = to_bf16(v[i]);
-    }
-  }
-  Buffer(const Buffer&) = delete;
-  Floats floats() const { return test::to_floats(t); }
-};
-
-Floats rounded_to_bf16(Floats v) {
-  for (float& f : v) f = from_bf16(to_bf16(f));
-  return v;
-}
-
-Floats plus(Floats a, const Floats& b) {
-  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  return a;
-}
 
 struct SoftmaxInputs {
   Shape shape;
@@ -75,10 +53,10 @@ struct SoftmaxOutputs {
 // Forward, then backward (from this y) into the pre-filled dx.
 // act: dtype of x and y; grad: dtype of dy and dx.
 SoftmaxOutputs run_softmax(const SoftmaxInputs& in, DType act, DType grad) {
-  Buffer x(in.x, act, in.shape), y(Floats(in.x.size()), act, in.shape);
-  Buffer dy(in.dy, grad, in.shape), dx(in.dx0, grad, in.shape);
-  softmax_forward(y.t, x.t);
-  softmax_backward(dx.t, dy.t, y.t);
+  Buffer x(act, in.shape, in.x), y(act, in.shape);
+  Buffer dy(grad, in.shape, in.dy), dx(grad, in.shape, in.dx0);
+  softmax_forward(y.view(), x.view());
+  softmax_backward(dx.view(), dy.view(), y.view());
   return {y.floats(), dx.floats()};
 }
 
@@ -120,9 +98,9 @@ TEST(Softmax, InPlaceForwardMatchesOutOfPlace) {
   RefCase rc("softmax_c100.ref");
   for (DType dtype : {DType::f32, DType::bf16}) {
     const SoftmaxInputs in = load_inputs(rc);
-    Buffer x(in.x, dtype, in.shape), y(Floats(in.x.size()), dtype, in.shape);
-    softmax_forward(y.t, x.t);
-    softmax_forward(x.t, x.t);
+    Buffer x(dtype, in.shape, in.x), y(dtype, in.shape);
+    softmax_forward(y.view(), x.view());
+    softmax_forward(x.view(), x.view());
     EXPECT_EQ(x.floats(), y.floats()) << dtype_name(dtype);
   }
 }
@@ -151,29 +129,14 @@ TEST(Softmax, GradientsMatchFiniteDifferences) {
   for (size_t i = 0; i < 21; ++i) in.x[i] = 2.f * normal(rng), in.dy[i] = normal(rng);
   const Floats analytic = run_softmax(in, DType::f32, DType::f32).dx;
   SoftmaxInputs probe = in;
-  const auto loss = [&] {
-    const Floats y = run_softmax(probe, DType::f32, DType::f32).y;
-    double s = 0;
-    for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * in.dy[i];
-    return s;
-  };
-  const std::vector<double> fd = test::finite_difference(loss, probe.x, 1e-2f);
-  EXPECT_TRUE(all_close(analytic, Floats(fd.begin(), fd.end()), 1e-2, 1e-3));
+  const auto loss = [&] { return test::weighted_sum(run_softmax(probe, DType::f32, DType::f32).y, in.dy); };
+  EXPECT_TRUE(all_close(analytic, test::finite_difference(loss, probe.x, 1e-2f), 1e-2, 1e-3));
 }
 
 TEST(Softmax, UndefinedGradientIsSkipped) {
   Floats ys(8, 0.125f), dys(8, 1.f);
   Tensor y(ys.data(), DType::f32, Shape{1, 8}), dy(dys.data(), DType::f32, Shape{1, 8});
   EXPECT_NO_THROW(softmax_backward(Tensor(), dy, y));
-}
-
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "expected loom::Error";
-  } catch (const Error& e) {
-    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
-  }
 }
 
 TEST(Softmax, MisuseThrowsErrorsNamingTheOpAndShapes) {
