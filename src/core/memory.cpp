@@ -1,5 +1,6 @@
 #include "core/memory.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
@@ -108,6 +109,7 @@ std::string MemoryReport::json() const {
 
 Storage Pool::allocate(size_t bytes) {
   LOOM_REQUIRE(device_.is_cpu(), "pool ", mem_tag_name(tag_), ": no allocator for device ", device_name(device_));
+  LOOM_REQUIRE(bytes <= SIZE_MAX - kAlignment, "pool ", mem_tag_name(tag_), ": cannot allocate ", bytes, " bytes");
   Storage s;
   if (bytes > 0) {
     // aligned_alloc needs a size that is a multiple of the alignment.
@@ -129,7 +131,10 @@ void Pool::free(void* data, size_t bytes) {
 }
 
 OwnedTensor Pool::empty(DType dtype, Shape shape) {
-  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  shape.validate();
+  size_t bytes = 0;
+  LOOM_REQUIRE(!__builtin_mul_overflow(static_cast<size_t>(shape.numel()), dtype_size(dtype), &bytes), "pool ",
+               mem_tag_name(tag_), ": a ", dtype_name(dtype), shape.str(), " tensor does not fit in memory");
   return OwnedTensor(allocate(bytes), dtype, shape, device_);
 }
 

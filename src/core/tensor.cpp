@@ -27,6 +27,14 @@ int64_t Shape::numel() const {
   return n;
 }
 
+void Shape::validate() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim_; ++i) {
+    LOOM_REQUIRE(dims_[i] >= 0, "negative extent in shape ", str());
+    LOOM_REQUIRE(!__builtin_mul_overflow(n, dims_[i], &n), "shape ", str(), " has more than 2^63 elements");
+  }
+}
+
 std::string Shape::str() const {
   std::ostringstream os;
   os << "(";
@@ -44,9 +52,9 @@ bool operator==(const Shape& a, const Shape& b) {
 
 Tensor::Tensor(void* data, DType dtype, Shape shape, Device device)
     : data_(data), dtype_(dtype), device_(device), shape_(shape) {
+  shape.validate();
   int64_t stride = 1;
   for (int i = shape.ndim() - 1; i >= 0; --i) {
-    LOOM_REQUIRE(shape[i] >= 0, "negative extent in shape ", shape.str());
     strides_[i] = stride;
     stride *= shape[i];
   }

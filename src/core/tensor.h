@@ -35,7 +35,9 @@ class Shape {
   int ndim() const { return ndim_; }
   int64_t operator[](int i) const { return dims_[i]; }
   int64_t& operator[](int i) { return dims_[i]; }
-  int64_t numel() const;
+  int64_t numel() const;  // of a validated shape
+  // Every extent >= 0 and the element count fits int64; else loom::Error.
+  void validate() const;
   const int64_t* data() const { return dims_.data(); }
   std::string str() const;  // "(2, 3, 4)"
   friend bool operator==(const Shape& a, const Shape& b);

@@ -10,10 +10,15 @@
 //   f32, accumulation is f32). Statistics saved for backward (mean, rstd,
 //   lse) are always f32. Gradients of bf16 operands may be f32 or bf16.
 // - Forward ops write (=) their outputs; an elementwise forward may run in
-//   place (y is x). Backward ops ACCUMULATE (+=) into every gradient they are
-//   given, so gradient accumulation and residual branches need no extra adds
-//   (llm.c); the caller zeroes gradients. An undefined Tensor() gradient is
-//   skipped. Gradients never alias inputs.
+//   place (y is exactly x; a partial overlap is an error). Backward ops
+//   ACCUMULATE (+=) into every gradient they are given, so gradient
+//   accumulation and residual branches need no extra adds (llm.c); the caller
+//   zeroes gradients. An undefined Tensor() gradient is skipped. Gradients
+//   never alias inputs.
+// - Results are bitwise reproducible for a given thread count. Every op but
+//   the GEMMs (matmul, linear: oneDNN may split K across threads) also gives
+//   the same bits for any thread count: its reductions use fixed blocks
+//   combined in a fixed order.
 // - Operands must be on the CPU and contiguous unless an op says otherwise.
 //   Misuse (shape, dtype, device, layout) throws loom::Error naming the op
 //   and the operands, e.g. "linear_forward: x has 100 features but w expects
@@ -38,10 +43,13 @@ struct MatmulOpts {
 
 // c = alpha * op(a) @ op(b) + beta * c
 // a: (M, K), or (K, M) with trans_a; b: (K, N), or (N, K) with trans_b; c: (M, N).
-// Batched: a leading dim Bt on c and on a and/or b (a 2-D operand is shared
-// by every batch). a and b share a dtype; c has it too or is f32.
+// Batched: c may have leading batch dims; a and b each have the same leading
+// dims or are 2-D (then shared by every batch). a and b share a dtype; c has
+// it too or is f32.
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts = {});
-// Gradients of c = op(a) @ op(b) (alpha = 1): da += dc-derived, db += ...
+// Gradients of c = alpha * op(a) @ op(b): da += alpha * dc @ op(b)^T (laid
+// out as a), db likewise. An f32 dc with bf16 a, b is rounded to bf16 for the
+// GEMM, as PyTorch autocast does.
 void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b,
                      const MatmulOpts& opts = {});
 
@@ -122,7 +130,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 // full-size copy of the logits ever exists.
 // logits: (N, V) (leading dims flattened)  targets: (N) i32, rows equal to
 // ignore_index are skipped  losses: (N) f32 per-row loss (0 where ignored) or undefined.
-// dlogits: like logits, or undefined (loss only). It is WRITTEN, not
+// dlogits: logits' shape, f32 or logits' dtype, or undefined (loss only). It is WRITTEN, not
 // accumulated, and may be logits itself (in place):
 //   dlogits = dloss * (softmax(logits) - onehot(target)) / n_valid, 0 on ignored rows.
 // Returns the mean loss over non-ignored rows (0 if there are none).

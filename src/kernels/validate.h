@@ -39,6 +39,20 @@ void require_same_shape(const char* op, Operand a, Operand b);
 void require_ndim(const char* op, Operand x, int ndim);
 // A gradient of an operand of dtype `of`: f32, or the same dtype as `of`.
 void require_grad_dtype(const char* op, Operand grad, DType of);
+// The gradient of operand `of`: skipped if undefined, else on the CPU,
+// contiguous, shaped like `of` and typed per require_grad_dtype.
+void require_grad(const char* op, Operand grad, Operand of);
+
+// True if the two tensors' byte ranges intersect (empty tensors never do).
+bool overlaps(const Tensor& a, const Tensor& b);
+// `out` must not share memory with `in`.
+void require_no_overlap(const char* op, Operand out, Operand in);
+// Gradients never alias inputs (ops.h): each defined gradient shares no
+// memory with any input nor with another gradient.
+void require_grads_apart(const char* op, std::initializer_list<Operand> grads, std::initializer_list<Operand> inputs);
+// `out` may be exactly `in` (same start and dtype: in place) but must not
+// partly overlap it.
+void require_no_partial_overlap(const char* op, Operand out, Operand in);
 
 // Leading dims flattened: numel / size(-1).
 inline int64_t rows(const Tensor& t) { return t.ndim() == 0 ? 1 : (t.size(-1) ? t.numel() / t.size(-1) : 0); }

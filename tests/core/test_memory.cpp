@@ -77,3 +77,14 @@ TEST(Memory, OwnedTensorIsATensorView) {
   EXPECT_TRUE(v.is_contiguous());
   EXPECT_EQ(v.slice(0, 2, 1).data_as<float>(), t.data_as<float>() + 16);
 }
+
+TEST(Memory, NegativeOrOverflowingShapesAreErrorsAndLeaveTheReportClean) {
+  Pools pools;
+  EXPECT_THROW(pools[MemTag::activations].empty(DType::f32, {-1, 4}), Error);
+  EXPECT_THROW(pools[MemTag::activations].empty(DType::f32, {int64_t{1} << 40, int64_t{1} << 40}), Error);
+  EXPECT_THROW(pools[MemTag::activations].empty(DType::f32, {int64_t{1} << 62}), Error);  // 2^64 bytes
+  EXPECT_THROW(pools[MemTag::activations].allocate(SIZE_MAX - 8), Error);
+  const MemoryReport r = pools.report();
+  EXPECT_EQ(r[MemTag::activations].peak, 0u);
+  EXPECT_EQ(r.peak_total, 0u);
+}

@@ -86,3 +86,11 @@ TEST(Tensor, SingletonDimsDoNotBreakContiguity) {
   EXPECT_TRUE(t.slice(0, 0, 1).is_contiguous());
   EXPECT_TRUE(t.slice(1, 1, 1).is_contiguous());
 }
+
+TEST(Tensor, ShapeValidationRejectsNegativeAndOverflowingExtents) {
+  EXPECT_THROW((Shape{2, -3}).validate(), Error);
+  EXPECT_THROW((Shape{int64_t{1} << 32, int64_t{1} << 32}).validate(), Error);
+  EXPECT_NO_THROW((Shape{int64_t{1} << 31, int64_t{1} << 31}).validate());
+  float x = 0;
+  EXPECT_THROW(Tensor(&x, DType::f32, {int64_t{1} << 40, int64_t{1} << 40}), Error);
+}

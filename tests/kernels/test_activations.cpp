@@ -138,6 +138,10 @@ void expect_misuse_errors(const Unary& op) {
   expect_error([&] { op.backward(f32_view(a, s), bf16_view(h, s), f32_view(c, s)); }, {bwd, "bf16(3, 4)"});
   const Tensor strided = f32_view(a, s).slice(1, 0, 2);
   expect_error([&] { op.forward(f32_view(b, {3, 2}), strided); }, {fwd, "f32(3, 2)"});
+  // y may be exactly x (in place) but not shifted against it; gradients never alias inputs.
+  std::vector<float> big(13);
+  expect_error([&] { op.forward(Tensor(big.data() + 1, DType::f32, s), f32_view(big, s)); }, {fwd, "overlaps x"});
+  expect_error([&] { op.backward(f32_view(a, s), f32_view(a, s), f32_view(c, s)); }, {bwd, "must not overlap dy"});
 }
 
 TEST(Gelu, ForwardMatchesTorchF32) { expect_forward_matches_torch(kGelu); }
@@ -262,6 +266,11 @@ TEST(SwiGlu, MisuseThrowsNamingOpAndShapes) {
   expect_error([&] { swiglu_backward(dgate, f32_view(b, {12}), f32_view(c, s), gate, up); }, {bwd, "f32(12,)"});
   expect_error([&] { swiglu_backward(dgate, f32_view(b, s), f32_view(c, {4, 3}), gate, up); }, {bwd, "(4, 3)"});
   expect_error([&] { swiglu_backward(Tensor(), Tensor(), bf16_view(h, s), gate, up); }, {bwd, "bf16(3, 4)"});
+  expect_error([&] { swiglu_backward(dgate, dgate, f32_view(c, s), gate, up); }, {bwd, "dgate must not overlap dup"});
+  expect_error([&] { swiglu_backward(Tensor(), up, f32_view(c, s), gate, up); }, {bwd, "dup must not overlap up"});
+  std::vector<float> big(13);
+  expect_error([&] { swiglu_forward(Tensor(big.data() + 1, DType::f32, s), f32_view(big, s), up); },
+               {"swiglu_forward", "overlaps gate"});
 }
 
 }  // namespace

@@ -215,7 +215,7 @@ TEST(CrossEntropy, MisuseThrowsNamingTheOpAndShapes) {
   const int64_t N = 4, V = 10;
   std::vector<float> logits(N * V), dl(N * V), losses(N), wide(N * V * 2);
   std::vector<int32_t> targets(N, 1), targets3(3, 1);
-  std::vector<bf16> dl16(N * V);
+  std::vector<bf16> dl16(N * V);  // bf16 scratch for wrong-dtype operands
   const Tensor x = f32_view(logits, {N, V}), tgt = i32_view(targets, {N});
   const char* op = "cross_entropy_forward_backward";
   expect_error([&] { cross_entropy_forward_backward(Tensor(), Tensor(), x, i32_view(targets3, {3})); },
@@ -227,8 +227,14 @@ TEST(CrossEntropy, MisuseThrowsNamingTheOpAndShapes) {
   expect_error([&] { cross_entropy_forward_backward(Tensor(), f32_view(losses, {N - 1}), x, tgt); }, {op, "f32(3,)"});
   expect_error([&] { cross_entropy_forward_backward(Tensor(), bf16_view(dl16, {N}), x, tgt); },
                {op, "losses has dtype bf16"});
+  // A bf16 gradient of f32 logits is refused (f32 or the logits' dtype), in place or not.
   expect_error([&] { cross_entropy_forward_backward(Tensor(logits.data(), DType::bf16, {N, V}), Tensor(), x, tgt); },
-               {op, "in place"});
+               {op, "dlogits has dtype bf16, expected f32"});
+  expect_error([&] { cross_entropy_forward_backward(bf16_view(dl16, {N, V}), Tensor(), x, tgt); },
+               {op, "dlogits has dtype bf16, expected f32"});
+  // losses must not share memory with dlogits.
+  expect_error([&] { cross_entropy_forward_backward(f32_view(dl, {N, V}), f32_view(dl, {N}), x, tgt); },
+               {op, "losses must not overlap dlogits"});
   expect_error(
       [&] {
         cross_entropy_forward_backward(f32_view(wide, {N, V}).reshape({N, V}), Tensor(),

@@ -12,6 +12,7 @@
 //   f32 gradients from bf16 dy are the f32 path's: rtol 1e-6 atol 1e-6.
 // - finite differences: the embedding is linear, so central differences
 //   (h = 1e-2) are exact up to f32 round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -192,6 +193,11 @@ TEST(Embedding, PositionPastTableNamesValueIndexAndRange) {
   expect_error([&] { embedding_backward(wte, wpe, y, tokens, 6); },
                {"embedding_backward", "position 8", "t 2", "[0, 8)"});
   expect_error([&] { embedding_forward(y, tokens, wte, wpe, -1); }, {"embedding_forward", "pos_offset -1"});
+  // pos_offset + T overflows int64: still past the table, not a wrapped-around small position.
+  const int64_t huge = INT64_MAX - 1;
+  expect_error([&] { embedding_forward(y, tokens, wte, wpe, huge); },
+               {"embedding_forward", "position 9223372036854775806", "t 0", "[0, 8)"});
+  expect_error([&] { embedding_backward(wte, wpe, y, tokens, huge); }, {"embedding_backward", "[0, 8)"});
   EXPECT_NO_THROW(embedding_forward(y, tokens, wte, wpe, 5));  // positions 5..7: the table's last rows
   EXPECT_NO_THROW(embedding_forward(y, tokens, wte, Tensor(), 100));  // no table, no limit
 }

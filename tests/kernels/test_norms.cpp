@@ -263,6 +263,8 @@ TEST(LayerNorm, MisuseThrowsErrorsNamingTheOpAndShapes) {
                {"layernorm_backward", "dw", "f32(101,)"});
   expect_error([&] { layernorm_backward(x, Tensor(), Tensor(), x.reshape({100, 4}), x, w, mean, mean); },
                {"layernorm_backward", "dy", "f32(100, 4)", "f32(4, 100)"});
+  expect_error([&] { layernorm_backward(x, Tensor(), Tensor(), x, x, w, mean, mean); },
+               {"layernorm_backward", "dx must not overlap dy"});
 }
 
 TEST(RMSNorm, MisuseThrowsErrorsNamingTheOpAndShapes) {
@@ -276,6 +278,7 @@ TEST(RMSNorm, MisuseThrowsErrorsNamingTheOpAndShapes) {
   expect_error([&] { rmsnorm_forward(y, rstd_bad, x, w, 1e-6f); }, {"rmsnorm_forward", "rstd", "f32(5,)"});
   expect_error([&] { rmsnorm_backward(x, w_bad, x, x, w, rstd); }, {"rmsnorm_backward", "dw", "f32(101,)"});
   expect_error([&] { rmsnorm_backward(x, w, x, x, w, Tensor()); }, {"rmsnorm_backward", "rstd is required"});
+  expect_error([&] { rmsnorm_backward(x, Tensor(), x, x, w, rstd); }, {"rmsnorm_backward", "dx must not overlap dy"});
 }
 
 }  // namespace

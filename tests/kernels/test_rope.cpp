@@ -192,6 +192,14 @@ TEST(Rope, MisuseThrowsNamingOpAndShapes) {
   expect_error([&] { rope_forward(f32_view(a, {2, 3, 6, 2}), in, pos, 1e4f); }, {fwd, "y=f32(2, 3, 6, 2)"});
   expect_error([&] { rope_forward(bf16_view(h, s), in, pos, 1e4f); }, {fwd, "y=bf16(2, 3, 2, 6)"});
   expect_error([&] { rope_forward(out, in, pos, 0.f); }, {fwd, "theta"});
+  // y partly overlapping x (here shifted by one head) would read rotated
+  // values; only exact in-place use (y == x) is allowed.
+  std::vector<float> wide(a.size() + 6);
+  expect_error([&] { rope_forward(f32_view(wide, s), Tensor(wide.data() + 6, DType::f32, s), pos, 1e4f); },
+               {fwd, "y", "overlaps", "x"});
+  expect_error([&] { rope_forward(Tensor(wide.data() + 6, DType::f32, s), f32_view(wide, s), pos, 1e4f); },
+               {fwd, "y", "overlaps", "x"});
+  EXPECT_NO_THROW(rope_forward(f32_view(a, s), f32_view(a, s), pos, 1e4f));  // in place
   expect_error([&] { rope_backward(f32_view(a, {2, 3, 6, 2}), in, pos, 1e4f); }, {bwd, "dx=f32(2, 3, 6, 2)"});
   expect_error([&] { rope_backward(out, in, i32_view(p, {2, 2}), 1e4f); }, {bwd, "pos=i32(2, 2)"});
   expect_error([&] { rope_backward(Tensor(), in, i32_view(p, {5}), 1e4f); }, {bwd, "pos=i32(5,)"});

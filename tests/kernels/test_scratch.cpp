@@ -1,7 +1,8 @@
 // Per-thread kernel scratch (src/kernels/cpu/scratch.h): reuse, growth,
-// slots, alignment, the byte count over threads, and that kernels stop
-// growing it once a shape has been seen (DESIGN.md §1.4: the step loop does
-// not allocate).
+// slots, alignment, the byte count over threads, per-thread slices reserved
+// before an OpenMP region, impossible requests failing as loom::Error (not
+// an abort), and that kernels stop growing it once a shape has been seen
+// (DESIGN.md §1.4: the step loop does not allocate).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -11,8 +12,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "common/tensors.h"
+#include "core/error.h"
 #include "core/threads.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
@@ -20,6 +23,7 @@
 namespace loom::kernels {
 namespace {
 
+using test::expect_error;
 using test::f32_view;
 
 constexpr ScratchSlot kSlots[] = {ScratchSlot::a, ScratchSlot::b, ScratchSlot::c, ScratchSlot::d};
@@ -98,6 +102,115 @@ TEST(ThreadScratch, ByteCountIncludesEveryLiveThreadAndDropsWhenOneExits) {
   stage = 2;
   worker.join();
   EXPECT_EQ(scratch_bytes(), base);
+}
+
+// ---- per-thread slices for OpenMP regions -------------------------------------
+
+TEST(ThreadSlices, ReserveBeforeTheRegionGivesEachThreadItsOwnAlignedSlice) {
+  set_num_threads(4);
+  for (size_t n : {0, 1, 17, 1000, 4096}) {
+    SCOPED_TRACE(n);
+    const ThreadSlices<float> slices(ScratchSlot::a, n);
+    ASSERT_EQ(slices.threads(), omp_get_max_threads());
+    ASSERT_EQ(slices.threads(), 4);
+    EXPECT_EQ(slices.stride_bytes() % 64, 0u);
+    EXPECT_GE(slices.stride_bytes(), std::max<size_t>(n * sizeof(float), 64));
+    const size_t bytes = scratch_bytes();  // the whole reservation is made by now
+    std::vector<float*> mine(4, nullptr);
+    int team = 0;
+#pragma omp parallel
+    {
+      const int t = omp_get_thread_num();
+      float* p = slices.mine();
+      mine[t] = p;
+      std::fill(p, p + n, static_cast<float>(t));  // every thread writes its whole slice at once
+#pragma omp single
+      team = omp_get_num_threads();
+    }
+    EXPECT_EQ(team, 4);
+    EXPECT_EQ(scratch_bytes(), bytes);  // nothing allocated inside the region
+    for (int t = 0; t < 4; ++t) {
+      ASSERT_NE(mine[t], nullptr) << t;
+      EXPECT_EQ(mine[t], slices.slice(t)) << t;
+      EXPECT_TRUE(aligned64(mine[t])) << t;
+      for (int u = t + 1; u < 4; ++u) {
+        EXPECT_NE(mine[t], mine[u]);
+        EXPECT_TRUE(mine[t] + n <= mine[u] || mine[u] + n <= mine[t]) << t << ", " << u;
+      }
+      // No other thread wrote into this slice.
+      EXPECT_TRUE(std::all_of(mine[t], mine[t] + n, [&](float x) { return x == static_cast<float>(t); })) << t;
+    }
+  }
+}
+
+TEST(ThreadSlices, FewerSlicesServeARegionCappedToThem) {
+  set_num_threads(4);
+  const ThreadSlices<double> slices(ScratchSlot::b, 3, 2);
+  EXPECT_EQ(slices.threads(), 2);
+  EXPECT_EQ(slices.stride_bytes(), 64u);
+  std::vector<double*> mine(2, nullptr);
+#pragma omp parallel num_threads(slices.threads())
+  mine[omp_get_thread_num()] = slices.mine();
+  EXPECT_EQ(mine[0], slices.slice(0));
+  EXPECT_EQ(mine[1], slices.slice(1));
+  EXPECT_EQ(reinterpret_cast<char*>(mine[1]) - reinterpret_cast<char*>(mine[0]), 64);
+  EXPECT_EQ(ThreadSlices<float>(ScratchSlot::c, 8, 0).threads(), 1);  // no tasks: still one slice
+}
+
+TEST(ThreadSlices, AreOneBufferInTheCallersSlot) {
+  // The slices are the calling thread's slot: a later request for that slot
+  // reuses them, and a region's workers get no scratch of their own.
+  std::thread([] {
+    const size_t before = scratch_bytes();
+    const ThreadSlices<float> slices(ScratchSlot::a, 100, 3);  // 400 -> 448 bytes a slice
+    EXPECT_EQ(slices.stride_bytes(), 448u);
+    EXPECT_EQ(scratch_bytes(), before + 3 * 448);
+    EXPECT_EQ(thread_scratch<float>(ScratchSlot::a, 10), slices.slice(0));
+  }).join();
+}
+
+// ---- impossible requests --------------------------------------------------------
+
+TEST(ThreadScratch, ImpossibleRequestThrowsLoomErrorAndKeepsTheOldBuffer) {
+  float* old = thread_scratch<float>(ScratchSlot::a, 100);
+  const size_t bytes = scratch_bytes();
+  // 2^62 floats: the byte count overflows size_t.
+  expect_error([] { thread_scratch<float>(ScratchSlot::a, size_t{1} << 62); }, {"out of memory", "kernel scratch"});
+  // Just below the overflow check: no allocator can give it.
+  expect_error([] { thread_scratch<char>(ScratchSlot::a, SIZE_MAX - 64); }, {"out of memory", "kernel scratch"});
+  // 2^60 bytes: fits size_t, but not the address space.
+  expect_error([] { thread_scratch<char>(ScratchSlot::a, size_t{1} << 60); },
+               {"out of memory: kernel scratch needs 1152921504606846976 bytes"});
+  EXPECT_EQ(scratch_bytes(), bytes);
+  EXPECT_EQ(thread_scratch<float>(ScratchSlot::a, 100), old);  // the slot still holds its buffer
+}
+
+TEST(ThreadSlices, ImpossibleReservationThrowsLoomErrorBeforeAnyRegion) {
+  const size_t bytes = scratch_bytes();
+  // Per thread: 2^62 floats overflows.
+  expect_error([] { ThreadSlices<float>(ScratchSlot::b, size_t{1} << 62, 4); }, {"out of memory", "kernel scratch"});
+  // Per thread fits, threads x stride overflows: 8 x 2^62 bytes.
+  expect_error([] { ThreadSlices<char>(ScratchSlot::b, size_t{1} << 62, 8); }, {"out of memory", "kernel scratch"});
+  // No overflow, more than the address space: 4 x 2^58 bytes.
+  expect_error([] { ThreadSlices<char>(ScratchSlot::b, size_t{1} << 58, 4); }, {"out of memory", "kernel scratch"});
+  EXPECT_EQ(scratch_bytes(), bytes);
+}
+
+// A kernel whose per-thread buffers cannot be had fails with a loom::Error
+// that the caller can catch; this used to throw inside the OpenMP region, and
+// so abort. The operands are views whose data is never read: the kernel fails
+// before touching it.
+TEST(ThreadScratch, KernelWhoseScratchCannotBeHadThrowsLoomError) {
+  set_num_threads(2);
+  const int64_t D = int64_t{1} << 46;  // 3 rows of 2^46 floats per thread: 768 TiB each
+  std::vector<float> tiny(16);  // never read: the scratch request fails first
+  const Tensor huge(tiny.data(), DType::f32, Shape{1, D});
+  // In place (allowed); bf16 rows are converted into D floats of scratch per thread.
+  const Tensor huge_bf16(tiny.data(), DType::bf16, Shape{1, D});
+  expect_error([&] { softmax_forward(huge_bf16, huge_bf16); }, {"out of memory", "kernel scratch"});
+  const Tensor w(tiny.data(), DType::f32, Shape{D});  // LayerNorm: 4 rows of C floats per thread
+  expect_error([&] { layernorm_forward(huge, Tensor(), Tensor(), huge, w, Tensor(), 1e-5f); },
+               {"out of memory", "kernel scratch"});
 }
 
 // ---- kernels in steady state -----------------------------------------------

@@ -1,17 +1,17 @@
 // Elementwise activations: GELU (tanh approximation), SiLU, SwiGLU.
 //
 // Every op walks the flat element range in chunks of kChunk: each operand is
-// loaded into an f32 buffer, the math runs on contiguous floats (vectorised,
-// with a polynomial exp), and the result is stored (=) or accumulated (+=).
-// A chunk is fully loaded before anything is stored, so any forward may run
-// in place whatever output aliases whatever input (y is x, gate or up), and a
-// gradient may be f32 or the operand's dtype with no template per combination.
+// read as f32 (in place for f32, converted into a buffer for bf16), the math
+// writes contiguous floats to a buffer (vectorised, with a polynomial exp),
+// and the result is stored (=) or accumulated (+=). The output is written
+// only from that buffer, so a forward may run in place (y is x, gate or up),
+// and a gradient may be f32 or the operand's dtype with no template per
+// combination.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -19,37 +19,13 @@
 namespace loom::kernels {
 namespace {
 
-constexpr int64_t kChunk = 1024;       // floats per buffer: 4 KiB, stays in L1
-constexpr int64_t kParallelMin = 16;   // chunks below which threads cost more than they save
-
-// ---- f32 buffers <-> storage ------------------------------------------------
-
-void load_chunk(float* dst, const Tensor& t, int64_t off, int64_t n) {
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    const T* src = t.data_as<T>() + off;
-    for (int64_t i = 0; i < n; ++i) dst[i] = load_f32(src[i]);
-  });
-}
-
-void store_chunk(const Tensor& t, int64_t off, int64_t n, const float* src) {
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    T* dst = t.data_as<T>() + off;
-    for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(src[i]);
-  });
-}
-
-void accumulate_chunk(const Tensor& t, int64_t off, int64_t n, const float* src) {
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    T* dst = t.data_as<T>() + off;
-    for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + src[i]);
-  });
-}
+constexpr int64_t kChunk = 1024;  // floats per buffer: 4 KiB, stays in L1
 
 // Calls body(off, n) for every chunk of [0, numel), in parallel when large.
 template <typename Body>
 void for_chunks(int64_t numel, const Body& body) {
   const int64_t nchunks = (numel + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (nchunks >= kParallelMin)
+#pragma omp parallel for schedule(static) if (numel >= kMinParallel)
   for (int64_t c = 0; c < nchunks; ++c) {
     const int64_t off = c * kChunk;
     body(off, std::min(kChunk, numel - off));
@@ -122,11 +98,11 @@ void unary_forward(const char* op, Tensor y, const Tensor& x, ChunkFn fn) {
   require_float(op, {"x", x});
   require_dtype(op, {"y", y}, x.dtype());
   require_same_shape(op, {"y", y}, {"x", x});
+  require_no_partial_overlap(op, {"y", y}, {"x", x});
   for_chunks(x.numel(), [&](int64_t off, int64_t n) {
     float xb[kChunk], yb[kChunk];
-    load_chunk(xb, x, off, n);
-    fn(yb, xb, n);
-    store_chunk(y, off, n, yb);
+    fn(yb, load_span(x, off, n, xb), n);
+    store_span(y, off, n, yb, Store::write);
   });
 }
 
@@ -138,15 +114,12 @@ void unary_backward(const char* op, Tensor dx, const Tensor& dy, const Tensor& x
   require_grad_dtype(op, {"dy", dy}, x.dtype());
   require_same_shape(op, {"dy", dy}, {"x", x});
   if (!dx.defined()) return;
-  require_cpu_contiguous(op, {{"dx", dx}});
-  require_grad_dtype(op, {"dx", dx}, x.dtype());
-  require_same_shape(op, {"dx", dx}, {"x", x});
+  require_grad(op, {"dx", dx}, {"x", x});
+  require_grads_apart(op, {{"dx", dx}}, {{"dy", dy}, {"x", x}});
   for_chunks(x.numel(), [&](int64_t off, int64_t n) {
     float xb[kChunk], dyb[kChunk], gb[kChunk];
-    load_chunk(xb, x, off, n);
-    load_chunk(dyb, dy, off, n);
-    fn(gb, dyb, xb, n);
-    accumulate_chunk(dx, off, n, gb);
+    fn(gb, load_span(dy, off, n, dyb), load_span(x, off, n, xb), n);
+    store_span(dx, off, n, gb, Store::add);
   });
 }
 
@@ -157,11 +130,7 @@ void check_swiglu_inputs(const char* op, const Tensor& gate, const Tensor& up) {
   require_same_shape(op, {"up", up}, {"gate", gate});
 }
 
-void check_swiglu_grad(const char* op, Operand grad, const Tensor& gate) {
-  require_cpu_contiguous(op, {grad});
-  require_grad_dtype(op, grad, gate.dtype());
-  require_same_shape(op, grad, {"gate", gate});
-}
+
 
 }  // namespace
 
@@ -183,30 +152,30 @@ void swiglu_forward(Tensor y, const Tensor& gate, const Tensor& up) {
   require_cpu_contiguous(op, {{"y", y}});
   require_dtype(op, {"y", y}, gate.dtype());
   require_same_shape(op, {"y", y}, {"gate", gate});
+  require_no_partial_overlap(op, {"y", y}, {"gate", gate});
+  require_no_partial_overlap(op, {"y", y}, {"up", up});
   for_chunks(gate.numel(), [&](int64_t off, int64_t n) {
     float gb[kChunk], ub[kChunk], yb[kChunk];
-    load_chunk(gb, gate, off, n);
-    load_chunk(ub, up, off, n);
-    swiglu_chunk(yb, gb, ub, n);
-    store_chunk(y, off, n, yb);
+    swiglu_chunk(yb, load_span(gate, off, n, gb), load_span(up, off, n, ub), n);
+    store_span(y, off, n, yb, Store::write);
   });
 }
 
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dy, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
   check_swiglu_inputs(op, gate, up);
-  check_swiglu_grad(op, {"dy", dy}, gate);
-  if (dgate.defined()) check_swiglu_grad(op, {"dgate", dgate}, gate);
-  if (dup.defined()) check_swiglu_grad(op, {"dup", dup}, gate);
+  require_cpu_contiguous(op, {{"dy", dy}});
+  require_grad(op, {"dy", dy}, {"gate", gate});
+  require_grad(op, {"dgate", dgate}, {"gate", gate});
+  require_grad(op, {"dup", dup}, {"gate", gate});
+  require_grads_apart(op, {{"dgate", dgate}, {"dup", dup}}, {{"dy", dy}, {"gate", gate}, {"up", up}});
   if (!dgate.defined() && !dup.defined()) return;
   for_chunks(gate.numel(), [&](int64_t off, int64_t n) {
     float gb[kChunk], ub[kChunk], dyb[kChunk], dgb[kChunk], dub[kChunk];
-    load_chunk(gb, gate, off, n);
-    load_chunk(ub, up, off, n);
-    load_chunk(dyb, dy, off, n);
-    swiglu_grad_chunk(dgb, dub, dyb, gb, ub, n);
-    if (dgate.defined()) accumulate_chunk(dgate, off, n, dgb);
-    if (dup.defined()) accumulate_chunk(dup, off, n, dub);
+    swiglu_grad_chunk(dgb, dub, load_span(dy, off, n, dyb), load_span(gate, off, n, gb), load_span(up, off, n, ub),
+                      n);
+    if (dgate.defined()) store_span(dgate, off, n, dgb, Store::add);
+    if (dup.defined()) store_span(dup, off, n, dub, Store::add);
   });
 }
 

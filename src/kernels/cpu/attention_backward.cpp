@@ -7,6 +7,8 @@
 // so all of dk, dv and dq it touches are its own: no atomics, and the result
 // does not depend on the thread count. Gradients are summed in f32 scratch
 // and added (+=) to dq, dk, dv once at the end of the task.
+#include <omp.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -27,8 +29,8 @@ struct BackwardArgs {
   Geometry g;
 };
 
-// Per-thread f32 scratch of one backward task, carved from the thread's
-// scratch slot a. Every size is a multiple of kLanes floats, so every array
+// One thread's f32 scratch for its backward tasks, laid out in a slice of
+// ThreadSlices. Every size is a multiple of kLanes floats, so every array
 // starts 64-byte aligned.
 struct BackwardTiles {
   // Whole sequences of one head, (Tq_pad or Tk_pad, HSp): q is pre-scaled,
@@ -36,14 +38,17 @@ struct BackwardTiles {
   float *q, *dout, *dq, *dk, *dv, *D;
   float *k, *kt, *vt, *p, *ds;  // tiles of one key block / (query, key) pair
   int64_t nq, nk;  // floats in q, dout, dq and in dk, dv
-  BackwardTiles(const Geometry& g, int64_t Tq_pad, int64_t Tk_pad) : nq(Tq_pad * g.HSp), nk(Tk_pad * g.HSp) {
+  int64_t floats = 0;  // the total
+  // Lays the arrays out from base, or only counts them (floats) when base is null.
+  BackwardTiles(const Geometry& g, int64_t Tq_pad, int64_t Tk_pad, float* base)
+      : nq(Tq_pad * g.HSp), nk(Tk_pad * g.HSp) {
     const std::pair<float**, int64_t> parts[] = {
         {&q, nq}, {&dout, nq}, {&dq, nq}, {&dk, nk}, {&dv, nk}, {&D, Tq_pad}, {&k, kBlockK * g.HSp},
         {&kt, g.HSp * kBlockK}, {&vt, g.HSp * kBlockK}, {&p, kBlockQ * kBlockK}, {&ds, kBlockQ * kBlockK}};
-    int64_t total = 0;
-    for (const auto& part : parts) total += part.second;
-    float* at = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(total));
-    for (const auto& [ptr, n] : parts) *ptr = std::exchange(at, at + n);
+    for (const auto& [ptr, n] : parts) {
+      *ptr = base ? base + floats : nullptr;
+      floats += n;
+    }
   }
 };
 
@@ -112,13 +117,6 @@ void backward_head(const BackwardArgs& a, BackwardTiles& w, int64_t b, int64_t h
   if (a.dq.defined()) add_tile(a.dq, w.dq, HSp, b, 0, g.Tq, h, g.scale);
 }
 
-void require_grad(const char* op, Operand grad, Operand of) {
-  if (!grad.t.defined()) return;
-  require_cpu_contiguous(op, {grad});
-  require_same_shape(op, grad, of);
-  require_grad_dtype(op, grad, of.t.dtype());
-}
-
 }  // namespace
 
 // dq: like q  dk, dv: like k  (f32 or the input's dtype, contiguous, or undefined)
@@ -137,14 +135,21 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   require_grad(op, {"dq", dq}, {"q", q});
   require_grad(op, {"dk", dk}, {"k", k});
   require_grad(op, {"dv", dv}, {"v", v});
+  require_grads_apart(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}},
+                      {{"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
   if (!dq.defined() && !dk.defined() && !dv.defined()) return;
   const BackwardArgs args{dq, dk, dv, Rows(dout), Rows(q), Rows(k), Rows(v), Rows(out), lse.data_as<float>(), g};
-  const int64_t Tq_pad = round_up(g.Tq, kBlockQ), Tk_pad = round_up(g.Tk, kBlockK);
-#pragma omp parallel
+  const int64_t Tq_pad = round_up(g.Tq, kBlockQ), Tk_pad = round_up(g.Tk, kBlockK), n_tasks = g.B * g.NKV;
+  // One slice per thread, and no more threads than tasks: each slice holds
+  // whole sequences, so an idle thread's would be large.
+  const ThreadSlices<float> slices(ScratchSlot::a,
+                                   static_cast<size_t>(BackwardTiles(g, Tq_pad, Tk_pad, nullptr).floats),
+                                   static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_tasks)));
+#pragma omp parallel num_threads(slices.threads())
   {
-    BackwardTiles w(g, Tq_pad, Tk_pad);
+    BackwardTiles w(g, Tq_pad, Tk_pad, slices.mine());
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < g.B * g.NKV; ++i) {
+    for (int64_t i = 0; i < n_tasks; ++i) {
       const int64_t b = i / g.NKV, kvh = i % g.NKV;
       std::fill_n(w.dk, w.nk, 0.f);
       std::fill_n(w.dv, w.nk, 0.f);

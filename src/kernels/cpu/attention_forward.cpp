@@ -3,6 +3,8 @@
 // the key blocks its queries can see, keeping a running max m and sum l per
 // row and rescaling the output accumulator when m grows, so only a
 // (kBlockQ, kBlockK) score tile ever exists.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,22 +20,24 @@ namespace {
 
 using namespace attention;
 
-// Per-thread f32 scratch of one forward task, carved from the thread's
-// scratch slot a. Scores are kept transposed, (keys, queries), so the softmax
+// One thread's f32 scratch for its forward tasks, laid out in a slice of
+// ThreadSlices. Scores are kept transposed, (keys, queries), so the softmax
 // statistics of a query are one lane of a vector and the per-key loops below
 // vectorise across queries. Every size is a multiple of kLanes floats, so
 // every array starts 64-byte aligned.
 struct ForwardTiles {
   float *qt, *k, *v, *st, *acc;  // (HS, BQ) (BK, HSp) (BK, HSp) (BK, BQ) (BQ, HSp)
   float *m, *l, *mx, *alpha, *sum;  // (BQ): running max and sum, and per-tile temporaries
-  explicit ForwardTiles(int64_t HSp) {
+  int64_t floats = 0;  // the total
+  // Lays the arrays out from base, or only counts them (floats) when base is null.
+  ForwardTiles(int64_t HSp, float* base) {
     const std::pair<float**, int64_t> parts[] = {
         {&qt, HSp * kBlockQ}, {&k, kBlockK * HSp}, {&v, kBlockK * HSp}, {&st, kBlockK * kBlockQ},
         {&acc, kBlockQ * HSp}, {&m, kBlockQ}, {&l, kBlockQ}, {&mx, kBlockQ}, {&alpha, kBlockQ}, {&sum, kBlockQ}};
-    int64_t total = 0;
-    for (const auto& part : parts) total += part.second;
-    float* p = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(total));
-    for (const auto& [ptr, n] : parts) *ptr = std::exchange(p, p + n);
+    for (const auto& [ptr, n] : parts) {
+      *ptr = base ? base + floats : nullptr;
+      floats += n;
+    }
   }
 };
 
@@ -132,14 +136,17 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
     require_shape(op, {"lse", lse}, Shape{g.B, g.NH, g.Tq});
   }
   const ForwardArgs args{out, lse, Rows(q), Rows(k), Rows(v), g};
-  const int64_t n_qb = (g.Tq + kBlockQ - 1) / kBlockQ, n_bh = g.B * g.NH;
-#pragma omp parallel
+  const int64_t n_qb = (g.Tq + kBlockQ - 1) / kBlockQ, n_bh = g.B * g.NH, n_tasks = n_qb * n_bh;
+  // One slice per thread, and no more threads than tasks.
+  const ThreadSlices<float> slices(ScratchSlot::a, static_cast<size_t>(ForwardTiles(g.HSp, nullptr).floats),
+                                   static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_tasks)));
+#pragma omp parallel num_threads(slices.threads())
   {
-    ForwardTiles w(g.HSp);
+    ForwardTiles w(g.HSp, slices.mine());
     // Blocks of one head are handed out together (its k and v stay in
     // cache), late ones first: they see the most keys.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_qb * n_bh; ++i) {
+    for (int64_t i = 0; i < n_tasks; ++i) {
       const int64_t bh = i / n_qb, qb = n_qb - 1 - i % n_qb;
       forward_block(args, w, bh / g.NH, bh % g.NH, qb * kBlockQ);
     }

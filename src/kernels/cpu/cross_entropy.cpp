@@ -112,12 +112,6 @@ void ce_rows(G* dlogits, const T* logits, const CeArgs& a) {
   }
 }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto* a0 = static_cast<const unsigned char*>(a.data());
-  const auto* b0 = static_cast<const unsigned char*>(b.data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 void validate(const Tensor& dlogits, const Tensor& losses, const Tensor& logits, const Tensor& targets) {
   require_cpu_contiguous(kOp, {{"logits", logits}, {"targets", targets}});
   require_float(kOp, {"logits", logits});
@@ -134,19 +128,12 @@ void validate(const Tensor& dlogits, const Tensor& losses, const Tensor& logits,
     if (losses.numel() != N)
       op_fail(kOp, {{"logits", logits}, {"losses", losses}}, "losses has ", losses.numel(),
               " elements but logits has ", N, " rows");
-    if (overlaps(losses, logits)) op_fail(kOp, {{"losses", losses}, {"logits", logits}}, "losses overlaps logits");
+    require_no_overlap(kOp, {"losses", losses}, {"logits", logits});
   }
   if (dlogits.defined()) {
-    require_cpu_contiguous(kOp, {{"dlogits", dlogits}});
-    require_float(kOp, {"dlogits", dlogits});
-    require_same_shape(kOp, {"dlogits", dlogits}, {"logits", logits});
-    if (dlogits.data() == logits.data()) {
-      if (dlogits.dtype() != logits.dtype())
-        op_fail(kOp, {{"dlogits", dlogits}, {"logits", logits}}, "in place, dlogits must have the dtype of logits");
-    } else if (overlaps(dlogits, logits)) {
-      op_fail(kOp, {{"dlogits", dlogits}, {"logits", logits}},
-              "dlogits partly overlaps logits (only exact in-place use is allowed)");
-    }
+    require_grad(kOp, {"dlogits", dlogits}, {"logits", logits});
+    require_no_partial_overlap(kOp, {"dlogits", dlogits}, {"logits", logits});
+    if (losses.defined()) require_no_overlap(kOp, {"losses", losses}, {"dlogits", dlogits});
   }
 }
 

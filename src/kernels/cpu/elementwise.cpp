@@ -16,15 +16,6 @@ namespace loom::kernels {
 namespace {
 
 
-// An output may be exactly an input (in place) but must not partly overlap it.
-void require_no_partial_overlap(const char* op, Operand out, Operand in) {
-  const auto* o = static_cast<const unsigned char*>(out.t.data());
-  const auto* i = static_cast<const unsigned char*>(in.t.data());
-  const bool overlap = o < i + in.t.nbytes() && i < o + out.t.nbytes();
-  if (overlap && !(o == i && out.t.dtype() == in.t.dtype()))
-    op_fail(op, {out, in}, out.name, " overlaps ", in.name, " (only exact in-place use is allowed)");
-}
-
 template <typename Y, typename A, typename B>
 void add_loop(Y* y, const A* a, const B* b, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kMinParallel)

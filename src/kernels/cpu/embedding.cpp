@@ -15,7 +15,6 @@
 namespace loom::kernels {
 namespace {
 
-
 // tokens: (B, T) i32, every token in [0, V).
 void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
   const int32_t* tok = tokens.data_as<int32_t>();
@@ -31,7 +30,7 @@ void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
 void check_positions(const char* op, int64_t pos_offset, int64_t T, int64_t maxT) {
   if (T == 0) return;
   if (pos_offset < 0) fail(op, ": pos_offset ", pos_offset, " is negative: allowed positions are [0, ", maxT, ")");
-  if (pos_offset + T > maxT) {
+  if (T > maxT || pos_offset > maxT - T) {  // pos_offset + T > maxT, without overflow
     const int64_t t = std::max<int64_t>(0, maxT - pos_offset);  // the first position past the table
     fail(op, ": position ", pos_offset + t, " (pos_offset ", pos_offset, " + t ", t,
          ") is past the position table's ", maxT, " rows: allowed positions are [0, ", maxT, ")");
@@ -64,9 +63,10 @@ void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t 
   for (int64_t i = 0; i < N; ++i)
     if (i == 0 || order[i] / N != order[i - 1] / N) starts[n_groups++] = i;
   starts[n_groups] = N;
+  const ThreadSlices<float> bufs(ScratchSlot::c, 2 * static_cast<size_t>(C));  // per thread: dy row, sum
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    float* buf = thread_scratch<float>(ScratchSlot::c, 2 * static_cast<size_t>(C));  // dy row, sum
+    float* buf = bufs.mine();
     float* acc = buf + C;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t g = 0; g < n_groups; ++g) {
@@ -82,9 +82,10 @@ void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t 
 
 // dwpe[pos_offset + t] += sum over b of dy[b, t].  dy: (B, T, C)
 void wpe_backward(Tensor dwpe, const Tensor& dy, int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+  const ThreadSlices<float> bufs(ScratchSlot::c, 2 * static_cast<size_t>(C));  // per thread: dy row, sum
 #pragma omp parallel if (B * T * C >= kMinParallel)
   {
-    float* buf = thread_scratch<float>(ScratchSlot::c, 2 * static_cast<size_t>(C));  // dy row, sum
+    float* buf = bufs.mine();
     float* acc = buf + C;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
@@ -156,6 +157,7 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor
     check_table(op, {"dwpe", dwpe}, C);
     check_positions(op, pos_offset, T, dwpe.size(0));
   }
+  require_grads_apart(op, {{"dwte", dwte}, {"dwpe", dwpe}}, {{"dy", dy}, {"tokens", tokens}});
   if (dwte.defined()) wte_backward(dwte, dy, tokens.data_as<int32_t>(), B * T, C);
   if (dwpe.defined()) wpe_backward(dwpe, dy, B, T, C, pos_offset);
 }

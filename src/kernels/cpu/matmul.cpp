@@ -59,12 +59,6 @@ bool same_leading_dims(const Tensor& x, const Tensor& c) {
   return true;
 }
 
-bool overlap(const Tensor& x, const Tensor& y) {
-  const auto* xb = static_cast<const char*>(x.data());
-  const auto* yb = static_cast<const char*>(y.data());
-  return x.nbytes() > 0 && y.nbytes() > 0 && xb < yb + y.nbytes() && yb < xb + x.nbytes();
-}
-
 std::string matrix_str(int64_t r, int64_t c) { return concat("(", r, ", ", c, ")"); }
 
 // Checks c = op(a) @ op(b) per ops.h (c may be named dc in backward).
@@ -93,15 +87,7 @@ void check_matmul(const char* op, Operand c, Operand a, Operand b, const MatmulO
             ": inner dims differ (trans_a=", o.trans_a, ", trans_b=", o.trans_b, ")");
   if (c.t.size(-2) != m || c.t.size(-1) != n)
     op_fail(op, {c, a, b}, c.name, " must end in ", matrix_str(m, n), " = op(", a.name, ") @ op(", b.name, ")");
-  if (overlap(c.t, a.t) || overlap(c.t, b.t)) op_fail(op, {c, a, b}, c.name, " must not overlap its inputs");
-}
-
-// A gradient: defined -> on the CPU, contiguous, shaped and typed like x.
-void check_grad(const char* op, Operand g, Operand x) {
-  if (!g.t.defined()) return;
-  require_cpu_contiguous(op, {g});
-  require_same_shape(op, g, x);
-  require_grad_dtype(op, g, x.t.dtype());
+  if (overlaps(c.t, a.t) || overlaps(c.t, b.t)) op_fail(op, {c, a, b}, c.name, " must not overlap its inputs");
 }
 
 // f32 -> bf16 copy of a GEMM operand whose partner is bf16 (see the top).
@@ -205,7 +191,7 @@ void check_linear(const char* op, Operand y, Operand x, Operand w) {
   Shape expect = x.t.shape();
   expect[expect.ndim() - 1] = w.t.size(0);
   require_shape(op, y, expect);
-  if (overlap(y.t, x.t) || overlap(y.t, w.t)) op_fail(op, {y, x, w}, y.name, " must not overlap its inputs");
+  if (overlaps(y.t, x.t) || overlaps(y.t, w.t)) op_fail(op, {y, x, w}, y.name, " must not overlap its inputs");
 }
 
 }  // namespace
@@ -221,11 +207,9 @@ void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, co
                      const MatmulOpts& opts) {
   const char* op = "matmul_backward";
   check_matmul(op, {"dc", dc}, {"a", a}, {"b", b}, opts);
-  check_grad(op, {"da", da}, {"a", a});
-  check_grad(op, {"db", db}, {"b", b});
-  for (const Tensor* g : {&da, &db})
-    if (g->defined() && (overlap(*g, dc) || overlap(*g, a) || overlap(*g, b)))
-      op_fail(op, {{"da", da}, {"db", db}}, "gradients must not overlap the inputs");
+  require_grad(op, {"da", da}, {"a", a});
+  require_grad(op, {"db", db}, {"b", b});
+  require_grads_apart(op, {{"da", da}, {"db", db}}, {{"dc", dc}, {"a", a}, {"b", b}});
   const float alpha = opts.alpha;
   if (da.defined()) {
     if (!opts.trans_a) accumulate(da, dc, b, false, !opts.trans_b, alpha);  // da = dc op(b)^T
@@ -254,17 +238,15 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
   const char* op = "linear_backward";
   check_linear(op, {"dy", dy}, {"x", x}, {"w", w});
-  check_grad(op, {"dx", dx}, {"x", x});
-  check_grad(op, {"dw", dw}, {"w", w});
+  require_grad(op, {"dx", dx}, {"x", x});
+  require_grad(op, {"dw", dw}, {"w", w});
   const int64_t oc = w.size(0);
   if (dbias.defined()) {
     require_cpu_contiguous(op, {{"dbias", dbias}});
     require_float(op, {"dbias", dbias});
     require_shape(op, {"dbias", dbias}, {oc});
   }
-  for (const Tensor* g : {&dx, &dw, &dbias})
-    if (g->defined() && (overlap(*g, dy) || overlap(*g, x) || overlap(*g, w)))
-      op_fail(op, {{"dx", dx}, {"dw", dw}, {"dbias", dbias}}, "gradients must not overlap the inputs");
+  require_grads_apart(op, {{"dx", dx}, {"dw", dw}, {"dbias", dbias}}, {{"dy", dy}, {"x", x}, {"w", w}});
   const Tensor dy2 = as_matrix(dy);  // (N, OC)
   if (dx.defined()) gemm(as_matrix(dx), dy2, w, false, false, 1.f, 1.f);  // dx += dy @ w
   if (dw.defined()) gemm(dw, dy2, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x

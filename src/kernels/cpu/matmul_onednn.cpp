@@ -100,6 +100,10 @@ std::shared_ptr<GemmPrimitive> create_primitive(const GemmKey& key) {
     p->scratchpad_md = pd.scratchpad_desc();
     p->prim = dnnl::matmul(pd);
   } catch (const dnnl::error& e) {
+    // oneDNN 2.6 has bf16 GEMMs only on CPUs with AVX-512 (avx512_core and
+    // up): elsewhere a bf16 run is a user choice this machine cannot serve.
+    if (e.status == dnnl_unimplemented && key.ab == DType::bf16)
+      fail("matmul: this CPU has no bf16 GEMM (oneDNN needs AVX-512 for bf16); use dtype f32");
     LOOM_CHECK(false, "oneDNN matmul creation failed: ", e.what(), " (batch ", key.batch, ", m ", key.m, ", n ",
                key.n, ", k ", key.k, ", ", dtype_name(key.ab), " -> ", dtype_name(key.c_dtype), ")");
   }

@@ -82,34 +82,31 @@ void check_forward(const char* op, const Tensor& y, const Tensor& x) {
   require_same_shape(op, {"y", y}, {"x", x});
 }
 
-// dy like x (f32 or x's dtype); each defined gradient is shaped like its
-// operand, f32 or the operand's dtype.
-void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Tensor& x,
-                    std::initializer_list<std::pair<Operand, const Tensor*>> param_grads) {
+// dy like x, f32 or x's dtype; dx (if defined) likewise. Parameter gradients
+// are checked by the callers with require_grad.
+void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Tensor& x) {
   require_cpu_contiguous(op, {{"dy", dy}});
   require_grad_dtype(op, {"dy", dy}, x.dtype());
   require_same_shape(op, {"dy", dy}, {"x", x});
-  if (dx.defined()) {
-    require_cpu_contiguous(op, {{"dx", dx}});
-    require_grad_dtype(op, {"dx", dx}, x.dtype());
-    require_same_shape(op, {"dx", dx}, {"x", x});
-  }
-  for (const auto& [grad, param] : param_grads) {
-    if (!grad.t.defined()) continue;
-    require_cpu_contiguous(op, {grad});
-    require_grad_dtype(op, grad, param->dtype());
-    require_shape(op, grad, param->shape());
-  }
+  require_grad(op, {"dx", dx}, {"x", x});
 }
 
-// n_rows f32 rows of C floats in the calling thread's scratch slot b (slot a
-// holds the backward's partial sums).
-struct ScratchRows {
-  float* buf;
-  int64_t C;
-  ScratchRows(int64_t n_rows, int64_t n_cols)
-      : buf(thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(n_rows * n_cols))), C(n_cols) {}
-  float* row(int64_t i) const { return buf + i * C; }
+// n_rows f32 rows of C floats for each thread of a region, reserved by the
+// calling thread before the region in its scratch slot b (slot a holds the
+// backward's partial sums). Inside the region, mine() gives the thread's rows.
+class ScratchRows {
+ public:
+  struct Rows {
+    float* buf;
+    int64_t C;
+    float* row(int64_t i) const { return buf + i * C; }
+  };
+  ScratchRows(int64_t n_rows, int64_t C) : slices_(ScratchSlot::b, static_cast<size_t>(n_rows * C)), C_(C) {}
+  Rows mine() const { return {slices_.mine(), C_}; }
+
+ private:
+  ThreadSlices<float> slices_;
+  int64_t C_;
 };
 
 }  // namespace
@@ -126,9 +123,10 @@ void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, cons
   if (mean.defined()) check_stat(op, {"mean", mean}, x);
   if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
   const int64_t N = rows(x);
+  const ScratchRows scratch(4, C);  // x, w, b, y
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    ScratchRows s(4, C);  // x, w, b, y
+    const ScratchRows::Rows s = scratch.mine();
     const float* wf = load_row(w, 0, C, s.row(1));
     const float* bf = b.defined() ? load_row(b, 0, C, s.row(2)) : nullptr;
     float* yr = s.row(3);
@@ -157,9 +155,13 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
                         const Tensor& mean, const Tensor& rstd) {
   constexpr const char* op = "layernorm_backward";
   const int64_t C = check_norm_params(op, x, w, Tensor());
-  check_backward(op, dx, dy, x, {{{"dw", dw}, &w}, {{"db", db}, &w}});
+  check_backward(op, dx, dy, x);
+  require_grad(op, {"dw", dw}, {"w", w});
+  require_grad(op, {"db", db}, {"w", w});
   check_stat(op, {"mean", mean}, x);
   check_stat(op, {"rstd", rstd}, x);
+  require_grads_apart(op, {{"dx", dx}, {"dw", dw}, {"db", db}},
+                      {{"dy", dy}, {"x", x}, {"w", w}, {"mean", mean}, {"rstd", rstd}});
   const int64_t N = rows(x);
   const RowBlocks blocks(N);
   const bool want_params = dw.defined() || db.defined();
@@ -167,9 +169,10 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
   // the block.
   const int64_t n_partial = want_params ? blocks.n_blocks * 2 * C : 0;
   float* partial = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(n_partial));
+  const ScratchRows scratch(4, C);  // x, dy, w, dx
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    ScratchRows s(4, C);  // x, dy, w, dx
+    const ScratchRows::Rows s = scratch.mine();
     const float* wf = load_row(w, 0, C, s.row(2));
     float* g = s.row(3);
 #pragma omp for schedule(static)
@@ -213,9 +216,10 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
   check_forward(op, y, x);
   if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
   const int64_t N = rows(x);
+  const ScratchRows scratch(3, C);  // x, w, y
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    ScratchRows s(3, C);  // x, w, y
+    const ScratchRows::Rows s = scratch.mine();
     const float* wf = load_row(w, 0, C, s.row(1));
     float* yr = s.row(2);
 #pragma omp for schedule(static)
@@ -236,16 +240,19 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd) {
   constexpr const char* op = "rmsnorm_backward";
   const int64_t C = check_norm_params(op, x, w, Tensor());
-  check_backward(op, dx, dy, x, {{{"dw", dw}, &w}});
+  check_backward(op, dx, dy, x);
+  require_grad(op, {"dw", dw}, {"w", w});
   check_stat(op, {"rstd", rstd}, x);
+  require_grads_apart(op, {{"dx", dx}, {"dw", dw}}, {{"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}});
   const int64_t N = rows(x);
   const RowBlocks blocks(N);
   // (n_blocks, C): each block's dw sum, zeroed and written by the thread that owns the block.
   const int64_t n_partial = dw.defined() ? blocks.n_blocks * C : 0;
   float* partial = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(n_partial));
+  const ScratchRows scratch(4, C);  // x, dy, w, dx
 #pragma omp parallel if (N * C >= kMinParallel)
   {
-    ScratchRows s(4, C);  // x, dy, w, dx
+    const ScratchRows::Rows s = scratch.mine();
     const float* wf = load_row(w, 0, C, s.row(2));
     float* g = s.row(3);
 #pragma omp for schedule(static)

@@ -4,14 +4,12 @@
 // Reductions are deterministic and independent of the thread count: the
 // elements are cut into a fixed number of blocks (not one per thread), each
 // block is summed in a fixed vectorised order in double, and the block sums
-// are added serially. A run is bitwise reproducible whatever OMP_NUM_THREADS.
+// are added serially: the same bits whatever the thread count.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
-
-#if defined(__AVX__)
-#endif
 
 #include "kernels/cpu/rows.h"
 #include "kernels/ops.h"
@@ -141,10 +139,9 @@ template <typename T>
 bool all_finite_of(const T* x, int64_t n) {
   using U = typename ExpMask<T>::U;
   constexpr U mask = ExpMask<T>::value;
-  const U* bits = reinterpret_cast<const U*>(x);
   int bad = 0;  // an OR is order-independent, so this is deterministic too
 #pragma omp parallel for simd reduction(| : bad) schedule(static) if (n > kMinParallel)
-  for (int64_t i = 0; i < n; ++i) bad |= (bits[i] & mask) == mask;
+  for (int64_t i = 0; i < n; ++i) bad |= (std::bit_cast<U>(x[i]) & mask) == mask;
   return bad == 0;
 }
 

@@ -85,10 +85,11 @@ void rope_apply(const Tensor& out, const Tensor& in, const Tensor& pos, float th
   TOut* dst = out.data_as<TOut>();
   const int64_t angle_rows = s.pos_per_batch ? s.B * s.T : s.T;
   const int64_t rows_per_angle = s.pos_per_batch ? 1 : s.B;
+  // Per thread: cos, sin (h each), one input and one output head.
+  const ThreadSlices<float> bufs(ScratchSlot::b, static_cast<size_t>(2 * h + 2 * s.HS));
 #pragma omp parallel if (s.B * s.T * s.NH * s.HS >= (1 << 15))
   {
-    // Per-thread: cos, sin (h each), one input and one output head.
-    float* cos_f = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(2 * h + 2 * s.HS));
+    float* cos_f = bufs.mine();
     float* sin_f = cos_f + h;
     float* in_f = sin_f + h;
     float* out_f = in_f + s.HS;
@@ -117,6 +118,7 @@ void rope_forward(Tensor y, const Tensor& x, const Tensor& pos, float theta) {
   require_cpu_contiguous(op, {{"y", y}});
   require_dtype(op, {"y", y}, x.dtype());
   require_same_shape(op, {"y", y}, {"x", x});
+  require_no_partial_overlap(op, {"y", y}, {"x", x});  // y == x (in place) is fine
   dispatch_float(x.dtype(), [&]<typename T>() { rope_apply<RopeMode::forward_write, T, T>(y, x, pos, theta, s); });
 }
 
@@ -127,6 +129,7 @@ void rope_backward(Tensor dx, const Tensor& dy, const Tensor& pos, float theta) 
   require_cpu_contiguous(op, {{"dx", dx}});
   require_float(op, {"dx", dx});
   require_same_shape(op, {"dx", dx}, {"dy", dy});
+  require_grads_apart(op, {{"dx", dx}}, {{"dy", dy}});
   dispatch_float(dy.dtype(), [&]<typename TIn>() {
     dispatch_float(dx.dtype(), [&]<typename TOut>() {
       rope_apply<RopeMode::backward_accumulate, TIn, TOut>(dx, dy, pos, theta, s);

@@ -1,5 +1,5 @@
 // Row access shared by the CPU kernels that work one (rows, n) row at a time
-// in f32 whatever the storage dtype (norms, softmax, embedding). Internal to
+// or span at a time in f32 whatever the storage dtype. Internal to
 // src/kernels/cpu.
 #pragma once
 
@@ -15,13 +15,18 @@ namespace loom::kernels {
 // (decode steps, tiny test shapes).
 inline constexpr int64_t kMinParallel = 1 << 15;
 
-// Row r of a contiguous (rows, n) f32 or bf16 tensor as f32: the tensor's own
-// memory for f32, else converted into buf (n floats).
-inline const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
-  if (t.dtype() == DType::f32) return t.data_as<float>() + r * n;
-  const bf16* src = t.data_as<bf16>() + r * n;
+// Elements [offset, offset + n) of a contiguous f32 or bf16 tensor as f32:
+// the tensor's own memory for f32, else converted into buf (n floats).
+inline const float* load_span(const Tensor& t, int64_t offset, int64_t n, float* buf) {
+  if (t.dtype() == DType::f32) return t.data_as<float>() + offset;
+  const bf16* src = t.data_as<bf16>() + offset;
   for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
   return buf;
+}
+
+// Row r of a contiguous (rows, n) tensor as f32 (load_span).
+inline const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) {
+  return load_span(t, r * n, n, buf);
 }
 
 enum class Store { write, add };

@@ -6,14 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace loom::kernels {
 namespace {
-
-constexpr size_t kAlign = 64;  // a cache line, and an AVX-512 vector
 
 std::atomic<size_t> g_scratch_bytes{0};
 
@@ -37,18 +35,22 @@ thread_local ThreadScratch t_scratch;
 
 }  // namespace
 
+size_t scratch_round_bytes(size_t count, size_t size) {
+  LOOM_REQUIRE(size == 0 || count <= (SIZE_MAX - kAlignment) / size, "out of memory: kernel scratch needs ", count,
+               " x ", size, " bytes, more than the address space");
+  // A multiple of kAlignment, as std::aligned_alloc requires.
+  return count * size == 0 ? kAlignment : (count * size + kAlignment - 1) / kAlignment * kAlignment;
+}
+
 void* thread_scratch_raw(ScratchSlot slot, size_t count, size_t size) {
   const int i = static_cast<int>(slot);
   LOOM_CHECK(i >= 0 && i < kScratchSlots, "scratch slot ", i);
-  LOOM_CHECK(size == 0 || count <= (SIZE_MAX - kAlign) / size, "scratch request of ", count, " x ", size, " bytes");
-  // At least one line, so that a request of 0 still gets a distinct pointer;
-  // a multiple of kAlign, as std::aligned_alloc requires.
-  const size_t bytes = count * size == 0 ? kAlign : (count * size + kAlign - 1) / kAlign * kAlign;
+  const size_t bytes = scratch_round_bytes(count, size);
   Buffer& b = t_scratch.slots[i];
   if (bytes > b.bytes) {
-    // Allocate before freeing: if it throws, the slot still holds its old buffer.
-    void* p = std::aligned_alloc(kAlign, bytes);
-    if (p == nullptr) throw std::bad_alloc();
+    // Allocate before freeing: if it fails, the slot still holds its old buffer.
+    void* p = std::aligned_alloc(kAlignment, bytes);
+    LOOM_REQUIRE(p != nullptr, "out of memory: kernel scratch needs ", bytes, " bytes (", bytes >> 20, " MiB)");
     std::free(b.p);
     g_scratch_bytes.fetch_add(bytes - b.bytes, std::memory_order_relaxed);
     b.p = p;

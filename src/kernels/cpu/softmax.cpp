@@ -1,10 +1,7 @@
 // Softmax over the last dim, forward and backward (ops.h). Each row is loaded
 // as f32 (the tensor's own memory when f32, a per-thread buffer when bf16),
 // computed in f32 and stored in the operand's dtype; rows run in parallel.
-#include <algorithm>
-#include <bit>
 #include <cstdint>
-#include <cmath>
 #include <limits>
 
 #include "kernels/cpu/rows.h"
@@ -15,7 +12,6 @@
 
 namespace loom::kernels {
 namespace {
-
 
 // One row: out = exp(x - max(x)) / sum(exp(x - max(x))). out may be x.
 // Subtracting the max keeps every exponent <= 0, so nothing overflows.
@@ -42,11 +38,13 @@ void softmax_forward(Tensor y, const Tensor& x) {
   if (x.ndim() < 1) op_fail(op, {{"x", x}}, "x must have at least 1 dim");
   require_same_dtype(op, {"y", y}, {"x", x});
   require_same_shape(op, {"y", y}, {"x", x});
+  require_no_partial_overlap(op, {"y", y}, {"x", x});
   const int64_t N = rows(x), D = x.size(-1);
   const bool direct = y.dtype() == DType::f32;  // write straight into y
+  const ThreadSlices<float> bufs(ScratchSlot::a, direct ? 0 : static_cast<size_t>(D));
 #pragma omp parallel if (N * D >= kMinParallel)
   {
-    float* buf = thread_scratch<float>(ScratchSlot::a, direct ? 0 : static_cast<size_t>(D));
+    float* buf = bufs.mine();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
       const float* xr = load_row(x, r, D, buf);
@@ -72,10 +70,12 @@ void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y) {
   require_cpu_contiguous(op, {{"dx", dx}});
   require_grad_dtype(op, {"dx", dx}, y.dtype());
   require_same_shape(op, {"dx", dx}, {"y", y});
+  require_grads_apart(op, {{"dx", dx}}, {{"dy", dy}, {"y", y}});
   const int64_t N = rows(y), D = y.size(-1);
+  const ThreadSlices<float> bufs(ScratchSlot::a, 3 * static_cast<size_t>(D));  // y, dy, dx
 #pragma omp parallel if (N * D >= kMinParallel)
   {
-    float* buf = thread_scratch<float>(ScratchSlot::a, 3 * static_cast<size_t>(D));  // y, dy, dx
+    float* buf = bufs.mine();
     float* g = buf + 2 * D;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {

@@ -18,7 +18,9 @@ inline float exp_f32(float x) {
   constexpr float kMin = -87.33654f;  // ln(2^-126)
   constexpr float kMax = 88.72283f;   // ln(FLT_MAX)
   constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float xc = x < kMin ? kMin : (x > kMax ? kMax : x);
+  // NaN fails both comparisons and is clamped to kMin, so the int conversion
+  // below is always defined; the NaN itself is returned at the end.
+  const float xc = x >= kMin ? (x <= kMax ? x : kMax) : kMin;
   const float n = (xc * 1.44269504088896341f + kRound) - kRound;
   float r = xc - n * 0.693359375f;  // ln 2 in two parts: n * the first is exact
   r = r - n * -2.12194440e-4f;
@@ -32,7 +34,7 @@ inline float exp_f32(float x) {
   const int32_t ni = static_cast<int32_t>(n);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
   const float y = p * std::bit_cast<float>((n1 + 127) << 23) * std::bit_cast<float>((n2 + 127) << 23);
-  return x < kMin ? 0.f : (x > kMax ? std::numeric_limits<float>::infinity() : y);
+  return x < kMin ? 0.f : (x > kMax ? std::numeric_limits<float>::infinity() : (x == x ? y : x));
 }
 
 }  // namespace loom::kernels
