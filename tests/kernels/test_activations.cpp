@@ -26,22 +26,8 @@
 namespace loom {
 namespace {
 
-using kernels::gelu_backward;
-using kernels::gelu_forward;
-using kernels::silu_backward;
-using kernels::silu_forward;
-using kernels::swiglu_backward;
-using kernels::swiglu_forward;
-using test::bf16_view;
-using test::expect_error;
-using test::f32_view;
-using test::from_bf16_vec;
-using test::i32_view;
-using test::plus;
-using test::prefill;
-using test::RefCase;
-using test::rounded_to_bf16;
-using test::to_bf16_vec;
+using namespace loom::test;
+using namespace loom::kernels;
 
 constexpr double kRtol = 1e-5, kAtol = 1e-6;
 constexpr double kBf16Rtol = 1.0 / 256, kBf16Atol = 1e-6;

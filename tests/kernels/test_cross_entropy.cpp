@@ -27,14 +27,8 @@
 namespace loom {
 namespace {
 
-using kernels::cross_entropy_forward_backward;
-using test::bf16_view;
-using test::expect_error;
-using test::f32_view;
-using test::from_bf16_vec;
-using test::i32_view;
-using test::RefCase;
-using test::to_bf16_vec;
+using namespace loom::test;
+using namespace loom::kernels;
 
 const char* const kCases[] = {"gpt2", "v100", "n1", "rescale"};
 

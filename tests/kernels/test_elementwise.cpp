@@ -19,9 +19,7 @@
 namespace loom {
 namespace {
 
-using test::Buffer;
-using test::expect_error;
-using test::RefCase;
+using namespace loom::test;
 
 constexpr DType kFloatDtypes[] = {DType::f32, DType::bf16, DType::f16};
 

@@ -29,13 +29,7 @@
 namespace loom::kernels {
 namespace {
 
-using test::all_close;
-using test::Buffer;
-using test::expect_error;
-using test::Floats;
-using test::plus;
-using test::RefCase;
-using test::rounded_to_bf16;
+using namespace loom::test;
 
 const char* const kCases[] = {"gpt2", "t1", "nopos"};
 

@@ -30,15 +30,7 @@
 namespace loom::kernels {
 namespace {
 
-using test::all_close;
-using test::Buffer;
-using test::expect_error;
-using test::Floats;
-using test::plus;
-using test::random_floats;
-using test::RefCase;
-using test::rounded_to_bf16;
-using test::weighted_sum;
+using namespace loom::test;
 
 const char* const kMatmulCases[] = {"nn",       "nt",          "tn",       "tt",          "alpha_beta",
                                     "beta_neg", "m1",          "batched",  "batched_tt",  "shared_a",

@@ -30,9 +30,7 @@
 namespace loom {
 namespace {
 
-using test::Buffer;
-using test::expect_error;
-using test::RefCase;
+using namespace loom::test;
 
 kernels::AdamWConfig config_of(RefCase& rc) {
   kernels::AdamWConfig c;
