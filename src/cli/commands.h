@@ -12,5 +12,6 @@ namespace loom::cli {
 // command_line: the process's arguments joined, printed by benchmarks so a
 // reader can reproduce their figures.
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels
+void add_data_command(CLI::App& app);  // loom data prepare
 
 }  // namespace loom::cli

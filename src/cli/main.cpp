@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
   int exit_code = 0;
   loom::cli::add_bench_command(app, exit_code, command_line);
+  loom::cli::add_data_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen command's callback
   } catch (const CLI::ParseError& e) {

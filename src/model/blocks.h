@@ -1,0 +1,84 @@
+// Internal to model/: per-layer views of weights, gradients and activations,
+// and the GPT-2 / Llama block forward and backward (gpt2.cpp, llama.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.h"
+#include "core/tensor.h"
+
+namespace loom::model {
+
+// Sizes every block kernel call needs.
+struct Dims {
+  int64_t B, T, C, NH, NKV, HS, F;
+  float eps, theta;
+  int64_t N() const { return B * T; }
+};
+
+// Views into the parameter (or gradient) buffer; undefined where the family
+// has no such tensor (Llama: biases, w_up's GPT-2 counterpart).
+struct LayerWeights {
+  Tensor norm1_w, norm1_b;  // (C): ln_1 / input_layernorm
+  Tensor wq, wk, wv;        // (C, C), (NKV*HS, C), (NKV*HS, C); GPT-2: row blocks of c_attn
+  Tensor bq, bk, bv;        // (C), (C), (C); GPT-2 only
+  Tensor wo, bo;            // (C, C), (C): c_proj / o_proj
+  Tensor norm2_w, norm2_b;  // (C): ln_2 / post_attention_layernorm
+  Tensor w_fc, b_fc;        // (F, C), (F): GPT-2 c_fc; Llama gate_proj (no bias)
+  Tensor w_up;              // (F, C): Llama up_proj
+  Tensor w_out, b_out;      // (C, F), (C): GPT-2 mlp.c_proj; Llama down_proj (no bias)
+};
+
+// What a block's backward needs from its forward.
+struct LayerActs {
+  Tensor norm1, mean1, rstd1;  // (B, T, C), (B*T), (B*T); mean1 GPT-2 only
+  Tensor q, k, v;              // (B, T, NH, HS), (B, T, NKV, HS) x2; Llama q, k after RoPE
+  Tensor att, lse;             // (B, T, NH, HS), (B, NH, T)
+  Tensor res1;                 // (B, T, C) = x + attention branch
+  Tensor norm2, mean2, rstd2;  // as norm1
+  Tensor fc, up, act;          // (B, T, F): GPT-2 fc (pre-GELU), -, GELU(fc); Llama gate, up, SwiGLU
+};
+
+// Backward temporaries shared by every layer; each is zeroed before a kernel
+// accumulates into it.
+struct Scratch {
+  Tensor dnorm;                // (B, T, C)
+  Tensor dq, dk, dv;           // like q, k, v
+  Tensor dq_rot, dk_rot;       // Llama: gradients wrt q, k after RoPE
+  Tensor datt;                 // (B, T, NH, HS)
+  Tensor dfc, dup, dact;       // (B, T, F)
+};
+
+// out = block(x)            x, out: (B, T, C)
+void gpt2_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d);
+// On entry dres holds d out; on return d x. Parameter gradients += into g.
+void gpt2_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
+                         const LayerActs& a, Scratch& s, const Dims& d);
+// pos: (T) i32 positions for RoPE.
+void llama_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Tensor& pos,
+                         const Dims& d);
+void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
+                          const LayerActs& a, Scratch& s, const Tensor& pos, const Dims& d);
+
+// A contiguous tensor's elements as (rows, cols).
+inline Tensor rows_of(const Tensor& t, int64_t cols) { return t.reshape({t.numel() / cols, cols}); }
+
+// Activations, scratch and per-layer views of one Model.
+struct ModelState {
+  std::vector<OwnedTensor> owned;  // storage of everything below
+  Dims dims{};
+  Tensor tokens, targets, pos;     // (B, T) i32 copies, (T) i32 0..T-1
+  std::vector<Tensor> resid;       // n_layer + 1 of (B, T, C): resid[0] embeddings, resid[l + 1] block l out
+  std::vector<LayerActs> acts;
+  std::vector<LayerWeights> w, g;  // weights and gradients per layer
+  Tensor normf, meanf, rstdf;      // (B, T, C), (B*T), (B*T)
+  Tensor logits;                   // (B, T, V)
+  Tensor dres, dnormf;             // (B, T, C)
+  Scratch s;
+  // Embeddings, final norm, lm head (the token embedding when tied).
+  Tensor wte, wpe, normf_w, normf_b, lm_head;
+  Tensor dwte, dwpe, dnormf_w, dnormf_b, dlm_head;
+};
+
+}  // namespace loom::model

@@ -1,0 +1,100 @@
+#include "model/config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace loom::model {
+namespace {
+
+struct Preset {
+  const char* name;
+  ModelConfig cfg;
+};
+
+ModelConfig gpt2(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t vocab, int64_t max_seq) {
+  ModelConfig c;
+  c.family = Family::gpt2;
+  c.n_layer = n_layer, c.n_embd = n_embd, c.n_head = n_head, c.n_kv_head = n_head;
+  c.d_ff = 4 * n_embd, c.vocab_size = vocab, c.max_seq_len = max_seq;
+  c.tie_embeddings = true;
+  return c;
+}
+
+ModelConfig llama(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t n_kv_head, int64_t d_ff, int64_t vocab,
+                  int64_t max_seq) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.n_layer = n_layer, c.n_embd = n_embd, c.n_head = n_head, c.n_kv_head = n_kv_head;
+  c.d_ff = d_ff, c.vocab_size = vocab, c.max_seq_len = max_seq;
+  c.tie_embeddings = false;
+  return c;
+}
+
+// GPT-2 sizes from Radford et al. 2019 (124M is the smallest, 350M "medium").
+// llama-110m uses GPT-2's vocabulary (50257) until loom has a SentencePiece
+// tokenizer; d_ff 2048 is Llama's 8/3 * C rounded to a multiple of 256.
+const Preset kPresets[] = {
+    {"gpt2-124m", gpt2(12, 768, 12, 50257, 1024)},
+    {"gpt2-350m", gpt2(24, 1024, 16, 50257, 1024)},
+    {"llama-110m", llama(12, 768, 12, 12, 2048, 50257, 1024)},
+    {"gpt2-tiny", gpt2(2, 64, 4, 512, 64)},
+    {"llama-tiny", llama(2, 64, 4, 2, 172, 512, 64)},
+};
+
+void require_positive(const char* key, int64_t v) {
+  LOOM_REQUIRE(v > 0, "model.", key, " = ", v, " is invalid: allowed values are integers >= 1");
+}
+
+}  // namespace
+
+std::string_view family_name(Family f) { return f == Family::gpt2 ? "gpt2" : "llama"; }
+
+Family family_from_name(std::string_view name) {
+  if (name == "gpt2") return Family::gpt2;
+  if (name == "llama") return Family::llama;
+  fail("model.family = '", name, "' is unknown: allowed values are gpt2, llama");
+}
+
+void ModelConfig::validate() const {
+  require_positive("n_layer", n_layer);
+  require_positive("n_embd", n_embd);
+  require_positive("n_head", n_head);
+  require_positive("n_kv_head", n_kv_head);
+  require_positive("d_ff", d_ff);
+  require_positive("vocab_size", vocab_size);
+  require_positive("max_seq_len", max_seq_len);
+  LOOM_REQUIRE(n_embd % n_head == 0, "model.n_embd = ", n_embd, " is not divisible by model.n_head = ", n_head,
+               ": n_embd must be a multiple of n_head (head size = n_embd / n_head)");
+  LOOM_REQUIRE(n_head % n_kv_head == 0, "model.n_head = ", n_head, " is not divisible by model.n_kv_head = ",
+               n_kv_head, ": n_kv_head must divide n_head (grouped-query attention)");
+  LOOM_REQUIRE(std::isfinite(norm_eps) && norm_eps > 0.f, "model.norm_eps = ", norm_eps,
+               " is invalid: allowed values are finite and > 0");
+  if (family == Family::gpt2) {
+    LOOM_REQUIRE(n_kv_head == n_head, "model.n_kv_head = ", n_kv_head, " differs from model.n_head = ", n_head,
+                 ": family gpt2 has no grouped-query attention (set n_kv_head = n_head or family = llama)");
+  } else {
+    LOOM_REQUIRE(head_size() % 2 == 0, "model.n_embd / model.n_head = ", n_embd, " / ", n_head, " = ", head_size(),
+                 " is odd: family llama needs an even head size for RoPE");
+    LOOM_REQUIRE(std::isfinite(rope_theta) && rope_theta > 0.f, "model.rope_theta = ", rope_theta,
+                 " is invalid: allowed values are finite and > 0");
+  }
+  LOOM_REQUIRE(n_expert == 0, "model.n_expert = ", n_expert,
+               ": mixture-of-experts is not supported yet: allowed value is 0");
+}
+
+ModelConfig model_preset(std::string_view name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return p.cfg;
+  std::string valid;
+  for (const Preset& p : kPresets) valid += (valid.empty() ? "" : ", ") + std::string(p.name);
+  fail("model.preset = '", name, "' is unknown: valid presets are ", valid);
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+}  // namespace loom::model

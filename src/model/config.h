@@ -1,0 +1,49 @@
+// ModelConfig: the [model] section of a run's config (DESIGN.md §7), named
+// presets, and validation with user-facing messages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::model {
+
+enum class Family : uint8_t { gpt2, llama };
+std::string_view family_name(Family f);
+// "gpt2" | "llama"; anything else is a loom::Error listing the allowed names.
+Family family_from_name(std::string_view name);
+
+// GPT-2: learned positions, LayerNorm (with bias), GELU MLP, biases
+// everywhere, n_kv_head == n_head. Llama: RoPE, RMSNorm, SwiGLU MLP, no
+// biases, GQA (n_kv_head divides n_head).
+struct ModelConfig {
+  Family family = Family::gpt2;
+  int64_t n_layer = 12;
+  int64_t n_embd = 768;     // C
+  int64_t n_head = 12;      // NH
+  int64_t n_kv_head = 12;   // NKV
+  int64_t d_ff = 3072;      // F
+  int64_t vocab_size = 50257;  // V
+  int64_t max_seq_len = 1024;  // maxT: GPT-2's position table rows; Llama's longest sequence
+  float rope_theta = 10000.f;  // Llama only
+  float norm_eps = 1e-5f;
+  bool tie_embeddings = true;  // lm head reads the token embedding
+  // Mixture of experts (Llama MLP): accepted as keys, n_expert > 0 not supported yet.
+  int64_t n_expert = 0;
+  int64_t top_k = 2;
+  float capacity_factor = 1.25f;
+  float aux_loss_coef = 0.01f;
+
+  int64_t head_size() const { return n_embd / n_head; }  // HS
+  int64_t kv_dim() const { return n_kv_head * head_size(); }  // NKV * HS
+  // Throws loom::Error naming the `model.<key>`, its value and what is allowed.
+  void validate() const;
+};
+
+// Named presets: gpt2-124m, gpt2-350m, llama-110m, and the tiny test models
+// gpt2-tiny, llama-tiny. An unknown name is a loom::Error listing the valid ones.
+ModelConfig model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+
+}  // namespace loom::model

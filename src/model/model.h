@@ -1,0 +1,84 @@
+// Model: one transformer (GPT-2 or Llama) with its parameters, gradients and
+// activations laid out once for a (B, T) micro-batch (llm.c): the step
+// allocates nothing.
+//
+//   Model m(cfg, B, T, pools);
+//   m.init_params(seed);                 // or m.load_params(file)
+//   m.zero_grads();
+//   float loss = m.forward(tokens, targets);
+//   m.backward();                        // grads += d loss / d params
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace loom::model {
+
+struct ModelState;  // activations and per-layer views (model/blocks.h)
+
+// How tensors in a safetensors file are laid out: loom's (out, in) for every
+// linear, or Hugging Face's (GPT-2 Conv1D weights transposed, see params.h).
+enum class ParamLayout : uint8_t { loom, hf };
+
+class Model {
+ public:
+  // Validates cfg; B, T >= 1 and T <= cfg.max_seq_len. Parameters and
+  // gradients (zeroed) come from pools[params] / pools[grads], activations
+  // and backward scratch from pools[activations]. Parameters are not
+  // initialised: call init_params or load_params.
+  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  int64_t batch_size() const { return B_; }
+  int64_t seq_len() const { return T_; }
+  const std::vector<ParamSpec>& param_specs() const { return specs_; }
+  int64_t num_params() const { return params_.numel(); }
+
+  // Every parameter (gradient) packed in spec order: (P) f32. The optimizer
+  // may update it as one flat tensor.
+  Tensor params() const { return params_; }
+  Tensor grads() const { return grads_; }
+  // One parameter (gradient) by name, with its spec's shape; unknown names
+  // are a loom::Error.
+  Tensor param(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+
+  // Sharding-invariant init (params.h) of every parameter.
+  void init_params(uint64_t seed);
+  // Reads every parameter by name; a missing tensor or a wrong shape or dtype
+  // (f32 only for now) is a loom::Error naming the file and tensor. Tensors
+  // the model does not use (HF GPT-2's attn.bias mask buffers) are ignored.
+  void load_params(const io::SafetensorsFile& file, ParamLayout layout = ParamLayout::loom);
+
+  // tokens, targets: (B, T) i32. Returns the mean cross-entropy over targets
+  // (entries equal to -100 are ignored), or 0 when targets is undefined
+  // (logits only; backward is then not allowed).
+  float forward(const Tensor& tokens, const Tensor& targets = Tensor());
+  // (B, T, V) f32; valid after forward until backward (which overwrites it
+  // with its gradient).
+  Tensor logits() const;
+  // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
+  // averages k accumulated micro-batches.
+  void backward(float dloss = 1.f);
+  void zero_grads();
+
+ private:
+  ModelConfig cfg_;
+  int64_t B_, T_;
+  std::vector<ParamSpec> specs_;
+  OwnedTensor params_, grads_;
+  std::unique_ptr<ModelState> state_;
+  bool has_targets_ = false;
+};
+
+}  // namespace loom::model
