@@ -3,7 +3,7 @@
 # and fast when everything is present: apt-get runs only for what is missing.
 # Versions are those of Debian 12, itself a pinned release: loom is built and
 # tested against oneDNN 2.6.3, OpenBLAS 0.3.21, PyTorch 1.13.1 (references),
-# GoogleTest 1.12.1, CLI11 2.3.2, nlohmann-json 3.11.2.
+# GoogleTest 1.12.1, CLI11 2.3.2, nlohmann-json 3.11.2, toml++ 3.3.0.
 set -euo pipefail
 
 packages=(
@@ -12,6 +12,7 @@ packages=(
   libopenblas-openmp-dev      # OpenBLAS: the f32 GEMM loom bench kernels --openblas compares
   nlohmann-json3-dev          # JSON (reports, --json output)
   libcli11-dev                # command-line parsing
+  libtomlplusplus-dev         # toml++ 3.3.0: run configs (configs/*.toml)
   libgtest-dev                # tests
   python3-torch               # PyTorch: reference values for kernel tests
 )

@@ -13,5 +13,9 @@ namespace loom::cli {
 // reader can reproduce their figures.
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels
 void add_data_command(CLI::App& app);  // loom data prepare
+void add_train_command(CLI::App& app);  // loom train
+void add_eval_command(CLI::App& app);   // loom eval
+void add_generate_command(CLI::App& app);  // loom generate
+void add_convert_command(CLI::App& app);   // loom convert, loom init-model
 
 }  // namespace loom::cli

@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   loom::cli::add_bench_command(app, exit_code, command_line);
   loom::cli::add_data_command(app);
+  loom::cli::add_train_command(app);
+  loom::cli::add_eval_command(app);
+  loom::cli::add_generate_command(app);
+  loom::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen command's callback
   } catch (const CLI::ParseError& e) {

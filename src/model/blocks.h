@@ -3,10 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/memory.h"
 #include "core/tensor.h"
+#include "model/config.h"
+#include "model/params.h"
 
 namespace loom::model {
 
@@ -30,10 +34,34 @@ struct LayerWeights {
   Tensor w_out, b_out;      // (C, F), (C): GPT-2 mlp.c_proj; Llama down_proj (no bias)
 };
 
+// Embeddings, final norm and lm head; wpe, normf_b GPT-2 only; lm_head is
+// wte when tied.
+struct HeadWeights {
+  Tensor wte, wpe, normf_w, normf_b, lm_head;  // (V, C), (maxT, C), (C), (C), (V, C)
+};
+
+// Views by name into a flat buffer (the parameters or the gradients) laid out
+// by specs, which must outlive it.
+class ParamViews {
+ public:
+  ParamViews(const std::vector<ParamSpec>& specs, Tensor flat);
+  Tensor operator()(const std::string& name) const;
+  LayerWeights layer(const ModelConfig& cfg, int64_t i) const;
+  HeadWeights head(const ModelConfig& cfg) const;
+
+ private:
+  Tensor flat_;
+  std::unordered_map<std::string, const ParamSpec*> index_;
+};
+
 // What a block's backward needs from its forward.
 struct LayerActs {
   Tensor norm1, mean1, rstd1;  // (B, T, C), (B*T), (B*T); mean1 GPT-2 only
   Tensor q, k, v;              // (B, T, NH, HS), (B, T, NKV, HS) x2; Llama q, k after RoPE
+  // Decoding only (model/decoder.h): (B, P + T, NKV, HS) views of the KV
+  // cache that attention reads, whose last T rows are k, v; undefined in
+  // training, where attention reads k, v.
+  Tensor k_ctx, v_ctx;
   Tensor att, lse;             // (B, T, NH, HS), (B, NH, T)
   Tensor res1;                 // (B, T, C) = x + attention branch
   Tensor norm2, mean2, rstd2;  // as norm1

@@ -16,7 +16,9 @@ void gpt2_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, Laye
   linear_forward(rows_of(a.q, C), rows_of(a.norm1, C), w.wq, w.bq);  // (N, C) @ (C, C)^T
   linear_forward(rows_of(a.k, C), rows_of(a.norm1, C), w.wk, w.bk);
   linear_forward(rows_of(a.v, C), rows_of(a.norm1, C), w.wv, w.bv);
-  attention_forward(a.att, a.lse, a.q, a.k, a.v);      // (B,T,NH,HS), lse (B,NH,T)
+  // Decoding reads the whole cache (k_ctx, v_ctx); training reads k, v.
+  attention_forward(a.att, a.lse, a.q, a.k_ctx.defined() ? a.k_ctx : a.k,
+                    a.v_ctx.defined() ? a.v_ctx : a.v);  // (B,T,NH,HS), lse (B,NH,T)
   linear_forward(rows_of(a.res1, C), rows_of(a.att, C), w.wo, w.bo);  // (N, C)
   add(a.res1, a.res1, x);
   layernorm_forward(a.norm2, a.mean2, a.rstd2, a.res1, w.norm2_w, w.norm2_b, d.eps);

@@ -18,7 +18,9 @@ void llama_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, Lay
   linear_forward(rows_of(a.v, KV), rows_of(a.norm1, C), w.wv, Tensor());
   rope_forward(a.q, a.q, pos, d.theta);  // in place: backward needs only pos
   rope_forward(a.k, a.k, pos, d.theta);
-  attention_forward(a.att, a.lse, a.q, a.k, a.v);  // (B,T,NH,HS), lse (B,NH,T)
+  // Decoding reads the whole cache (k_ctx, v_ctx); training reads k, v.
+  attention_forward(a.att, a.lse, a.q, a.k_ctx.defined() ? a.k_ctx : a.k,
+                    a.v_ctx.defined() ? a.v_ctx : a.v);  // (B,T,NH,HS), lse (B,NH,T)
   linear_forward(rows_of(a.res1, C), rows_of(a.att, C), w.wo, Tensor());
   add(a.res1, a.res1, x);
   rmsnorm_forward(a.norm2, a.rstd2, a.res1, w.norm2_w, d.eps);

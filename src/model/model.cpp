@@ -3,7 +3,6 @@
 #include "model/model.h"
 
 #include <cstring>
-#include <unordered_map>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -15,59 +14,12 @@ using namespace loom::kernels;
 
 namespace {
 
-Tensor view_of(const Tensor& flat, const ParamSpec& spec) {
-  return Tensor(flat.data_as<float>() + spec.offset, DType::f32, spec.shape);
-}
-
 const ParamSpec& find_spec(const std::vector<ParamSpec>& specs, const std::string& name) {
   for (const ParamSpec& s : specs)
     if (s.name == name) return s;
   fail("model has no parameter '", name, "': names follow Hugging Face (e.g. '", specs.front().name, "', ",
        specs.size(), " parameters in all)");
 }
-
-// Per-layer views of `flat` (the parameters or the gradients).
-class Views {
- public:
-  Views(const std::vector<ParamSpec>& specs, Tensor flat) : flat_(flat) {
-    for (const ParamSpec& s : specs) index_.emplace(s.name, &s);
-  }
-  Tensor operator()(const std::string& name) const {
-    auto it = index_.find(name);
-    LOOM_CHECK(it != index_.end(), "no parameter ", name);
-    return view_of(flat_, *it->second);
-  }
-
-  LayerWeights gpt2_layer(int64_t i, int64_t C) const {
-    const std::string p = concat("h.", i, ".");
-    LayerWeights w;
-    w.norm1_w = (*this)(p + "ln_1.weight"), w.norm1_b = (*this)(p + "ln_1.bias");
-    const Tensor qkv = (*this)(p + "attn.c_attn.weight"), qkv_b = (*this)(p + "attn.c_attn.bias");
-    w.wq = qkv.slice(0, 0, C), w.wk = qkv.slice(0, C, C), w.wv = qkv.slice(0, 2 * C, C);
-    w.bq = qkv_b.slice(0, 0, C), w.bk = qkv_b.slice(0, C, C), w.bv = qkv_b.slice(0, 2 * C, C);
-    w.wo = (*this)(p + "attn.c_proj.weight"), w.bo = (*this)(p + "attn.c_proj.bias");
-    w.norm2_w = (*this)(p + "ln_2.weight"), w.norm2_b = (*this)(p + "ln_2.bias");
-    w.w_fc = (*this)(p + "mlp.c_fc.weight"), w.b_fc = (*this)(p + "mlp.c_fc.bias");
-    w.w_out = (*this)(p + "mlp.c_proj.weight"), w.b_out = (*this)(p + "mlp.c_proj.bias");
-    return w;
-  }
-
-  LayerWeights llama_layer(int64_t i) const {
-    const std::string p = concat("model.layers.", i, ".");
-    LayerWeights w;
-    w.norm1_w = (*this)(p + "input_layernorm.weight");
-    w.wq = (*this)(p + "self_attn.q_proj.weight"), w.wk = (*this)(p + "self_attn.k_proj.weight");
-    w.wv = (*this)(p + "self_attn.v_proj.weight"), w.wo = (*this)(p + "self_attn.o_proj.weight");
-    w.norm2_w = (*this)(p + "post_attention_layernorm.weight");
-    w.w_fc = (*this)(p + "mlp.gate_proj.weight"), w.w_up = (*this)(p + "mlp.up_proj.weight");
-    w.w_out = (*this)(p + "mlp.down_proj.weight");
-    return w;
-  }
-
- private:
-  Tensor flat_;
-  std::unordered_map<std::string, const ParamSpec*> index_;
-};
 
 // Allocates activation tensors from one pool and keeps their storage.
 struct Allocator {
@@ -87,6 +39,53 @@ void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T) {
 }
 
 }  // namespace
+
+ParamViews::ParamViews(const std::vector<ParamSpec>& specs, Tensor flat) : flat_(flat) {
+  for (const ParamSpec& s : specs) index_.emplace(s.name, &s);
+}
+
+Tensor ParamViews::operator()(const std::string& name) const {
+  auto it = index_.find(name);
+  LOOM_CHECK(it != index_.end(), "no parameter ", name);
+  return param_view(flat_, *it->second);
+}
+
+LayerWeights ParamViews::layer(const ModelConfig& cfg, int64_t i) const {
+  const ParamViews& v = *this;
+  LayerWeights w;
+  if (cfg.family == Family::gpt2) {
+    const std::string p = concat("h.", i, ".");
+    const int64_t C = cfg.n_embd;
+    w.norm1_w = v(p + "ln_1.weight"), w.norm1_b = v(p + "ln_1.bias");
+    const Tensor qkv = v(p + "attn.c_attn.weight"), qkv_b = v(p + "attn.c_attn.bias");
+    w.wq = qkv.slice(0, 0, C), w.wk = qkv.slice(0, C, C), w.wv = qkv.slice(0, 2 * C, C);
+    w.bq = qkv_b.slice(0, 0, C), w.bk = qkv_b.slice(0, C, C), w.bv = qkv_b.slice(0, 2 * C, C);
+    w.wo = v(p + "attn.c_proj.weight"), w.bo = v(p + "attn.c_proj.bias");
+    w.norm2_w = v(p + "ln_2.weight"), w.norm2_b = v(p + "ln_2.bias");
+    w.w_fc = v(p + "mlp.c_fc.weight"), w.b_fc = v(p + "mlp.c_fc.bias");
+    w.w_out = v(p + "mlp.c_proj.weight"), w.b_out = v(p + "mlp.c_proj.bias");
+    return w;
+  }
+  const std::string p = concat("model.layers.", i, ".");
+  w.norm1_w = v(p + "input_layernorm.weight");
+  w.wq = v(p + "self_attn.q_proj.weight"), w.wk = v(p + "self_attn.k_proj.weight");
+  w.wv = v(p + "self_attn.v_proj.weight"), w.wo = v(p + "self_attn.o_proj.weight");
+  w.norm2_w = v(p + "post_attention_layernorm.weight");
+  w.w_fc = v(p + "mlp.gate_proj.weight"), w.w_up = v(p + "mlp.up_proj.weight");
+  w.w_out = v(p + "mlp.down_proj.weight");
+  return w;
+}
+
+HeadWeights ParamViews::head(const ModelConfig& cfg) const {
+  const ParamViews& v = *this;
+  const bool gpt2 = cfg.family == Family::gpt2;
+  HeadWeights h;
+  h.wte = v(gpt2 ? "wte.weight" : "model.embed_tokens.weight");
+  if (gpt2) h.wpe = v("wpe.weight"), h.normf_b = v("ln_f.bias");
+  h.normf_w = v(gpt2 ? "ln_f.weight" : "model.norm.weight");
+  h.lm_head = cfg.tie_embeddings ? h.wte : v("lm_head.weight");
+  return h;
+}
 
 Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools)
     : cfg_(cfg), B_(B), T_(T), specs_(model::param_specs(cfg)), state_(std::make_unique<ModelState>()) {
@@ -134,53 +133,22 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools)
   s.dfc = alloc({B, T, F}), s.dact = alloc({B, T, F});
   if (!gpt2) s.dup = alloc({B, T, F});
 
-  const Views pv(specs_, params_), gv(specs_, grads_);
-  for (int64_t l = 0; l < L; ++l) {
-    st.w.push_back(gpt2 ? pv.gpt2_layer(l, C) : pv.llama_layer(l));
-    st.g.push_back(gpt2 ? gv.gpt2_layer(l, C) : gv.llama_layer(l));
-  }
-  const char* wte = gpt2 ? "wte.weight" : "model.embed_tokens.weight";
-  st.wte = pv(wte), st.dwte = gv(wte);
-  if (gpt2) st.wpe = pv("wpe.weight"), st.dwpe = gv("wpe.weight");
-  const char* normf = gpt2 ? "ln_f.weight" : "model.norm.weight";
-  st.normf_w = pv(normf), st.dnormf_w = gv(normf);
-  if (gpt2) st.normf_b = pv("ln_f.bias"), st.dnormf_b = gv("ln_f.bias");
-  st.lm_head = cfg.tie_embeddings ? st.wte : pv("lm_head.weight");
-  st.dlm_head = cfg.tie_embeddings ? st.dwte : gv("lm_head.weight");
+  const ParamViews pv(specs_, params_), gv(specs_, grads_);
+  for (int64_t l = 0; l < L; ++l) st.w.push_back(pv.layer(cfg, l)), st.g.push_back(gv.layer(cfg, l));
+  const HeadWeights w = pv.head(cfg), g = gv.head(cfg);
+  st.wte = w.wte, st.wpe = w.wpe, st.normf_w = w.normf_w, st.normf_b = w.normf_b, st.lm_head = w.lm_head;
+  st.dwte = g.wte, st.dwpe = g.wpe, st.dnormf_w = g.normf_w, st.dnormf_b = g.normf_b, st.dlm_head = g.lm_head;
 }
 
 Model::~Model() = default;
 
-Tensor Model::param(const std::string& name) const { return view_of(params_, find_spec(specs_, name)); }
-Tensor Model::grad(const std::string& name) const { return view_of(grads_, find_spec(specs_, name)); }
+Tensor Model::param(const std::string& name) const { return param_view(params_, find_spec(specs_, name)); }
+Tensor Model::grad(const std::string& name) const { return param_view(grads_, find_spec(specs_, name)); }
 
-void Model::init_params(uint64_t seed) {
-  for (const ParamSpec& s : specs_) init_param(view_of(params_, s), s, seed);
-}
+void Model::init_params(uint64_t seed) { model::init_params(params_, specs_, seed); }
 
 void Model::load_params(const io::SafetensorsFile& file, ParamLayout layout) {
-  for (const ParamSpec& s : specs_) {
-    LOOM_REQUIRE(file.has(s.name), file.path(), ": tensor '", s.name, "' is missing (model family ",
-                 family_name(cfg_.family), " needs ", specs_.size(), " tensors)");
-    const io::TensorInfo& info = file.info(s.name);
-    const bool transposed = layout == ParamLayout::hf && s.hf_transposed;
-    const Shape want = transposed ? Shape{s.shape[1], s.shape[0]} : s.shape;
-    LOOM_REQUIRE(info.dtype == DType::f32, file.path(), ": tensor '", s.name, "' has dtype ",
-                 dtype_name(info.dtype), ": allowed dtype is F32");
-    LOOM_REQUIRE(info.shape == want, file.path(), ": tensor '", s.name, "' has shape ", info.shape.str(),
-                 ", expected ", want.str(), " for this model config");
-    const Tensor dst = view_of(params_, s);
-    if (!transposed) {
-      file.read(s.name, dst);
-      continue;
-    }
-    std::vector<float> tmp(static_cast<size_t>(s.numel()));
-    file.read(s.name, Tensor(tmp.data(), DType::f32, want));
-    const int64_t rows = s.shape[0], cols = s.shape[1];  // dst (rows, cols) = tmp (cols, rows)^T
-    float* d = dst.data_as<float>();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) d[r * cols + c] = tmp[static_cast<size_t>(c * rows + r)];
-  }
+  model::load_params(params_, specs_, file, layout);
 }
 
 float Model::forward(const Tensor& tokens, const Tensor& targets) {

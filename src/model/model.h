@@ -23,10 +23,6 @@ namespace loom::model {
 
 struct ModelState;  // activations and per-layer views (model/blocks.h)
 
-// How tensors in a safetensors file are laid out: loom's (out, in) for every
-// linear, or Hugging Face's (GPT-2 Conv1D weights transposed, see params.h).
-enum class ParamLayout : uint8_t { loom, hf };
-
 class Model {
  public:
   // Validates cfg; B, T >= 1 and T <= cfg.max_seq_len. Parameters and
@@ -55,9 +51,7 @@ class Model {
 
   // Sharding-invariant init (params.h) of every parameter.
   void init_params(uint64_t seed);
-  // Reads every parameter by name; a missing tensor or a wrong shape or dtype
-  // (f32 only for now) is a loom::Error naming the file and tensor. Tensors
-  // the model does not use (HF GPT-2's attn.bias mask buffers) are ignored.
+  // model::load_params (params.h) into params().
   void load_params(const io::SafetensorsFile& file, ParamLayout layout = ParamLayout::loom);
 
   // tokens, targets: (B, T) i32. Returns the mean cross-entropy over targets

@@ -19,10 +19,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 #include "model/config.h"
 
 namespace loom::model {
@@ -51,5 +53,26 @@ int64_t param_count(const std::vector<ParamSpec>& specs);
 // spec's shape except dim 0 (a 1-D spec is sliced along its only dim).
 // normal: N(0, init_std) from Philox keyed by rng_key(name); ones; zeros.
 void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_begin = 0);
+
+// How tensors in a safetensors file are laid out: loom's (out, in) for every
+// linear, or Hugging Face's (GPT-2 Conv1D weights transposed).
+enum class ParamLayout : uint8_t { loom, hf };
+
+// The whole-model operations on a flat parameter buffer, flat: (P) f32
+// packed in spec order (Model::params(), or a Decoder's own weights).
+// A view of one parameter, with its spec's shape.
+Tensor param_view(const Tensor& flat, const ParamSpec& spec);
+void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed);
+// Reads every parameter by name; a missing tensor or a wrong shape or dtype
+// (f32 only for now) is a loom::Error naming the file and tensor. Tensors
+// the model does not use (HF GPT-2's attn.bias mask buffers) are ignored. In
+// the hf layout, names may carry transformers' "transformer." prefix (what
+// GPT2LMHeadModel.save_pretrained writes).
+void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsFile& file,
+                 ParamLayout layout = ParamLayout::loom);
+// Writes every parameter to a safetensors file at path (atomically), named as
+// the specs name them, in the given layout.
+void save_params(const std::string& path, const std::vector<ParamSpec>& specs, const Tensor& flat,
+                 ParamLayout layout = ParamLayout::loom, const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace loom::model

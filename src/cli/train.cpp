@@ -1,0 +1,111 @@
+// loom train: a run config (train/config.h) -> the fp32 training loop
+// (train/trainer.h). loom eval: a saved model's loss over token shards.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "io/safetensors.h"
+#include "model/config_json.h"
+#include "train/config.h"
+#include "train/evaluate.h"
+#include "train/trainer.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  train::TrainOptions options;
+  int threads = default_num_threads();
+};
+
+struct EvalArgs {
+  std::string model;
+  std::vector<std::string> data;
+  int64_t seq_len = 0;  // 0: the model's max_seq_len
+  int64_t batch = 4;
+  bool json = false;
+  int threads = default_num_threads();
+};
+
+// A loom or Hugging Face model directory, or a model.safetensors file inside one.
+model::ModelDir open_model(const std::string& path) {
+  namespace fs = std::filesystem;
+  LOOM_REQUIRE(fs::exists(path), "--model '", path, "' does not exist");
+  if (fs::is_directory(path)) return model::load_model_dir(path);
+  const fs::path parent = fs::path(path).parent_path();
+  model::ModelDir m = model::load_model_dir(parent.empty() ? "." : parent.string());
+  m.weights = path;
+  return m;
+}
+
+void run_eval(const EvalArgs& a) {
+  set_num_threads(a.threads);
+  const model::ModelDir dir = open_model(a.model);
+  const int64_t T = a.seq_len > 0 ? a.seq_len : dir.config.max_seq_len;
+  LOOM_REQUIRE(T <= dir.config.max_seq_len, "--seq-len ", T, " is invalid: allowed values are 1 to the model's ",
+               "max_seq_len = ", dir.config.max_seq_len);
+  Pools pools;
+  model::Model m(dir.config, a.batch, T, pools);
+  m.load_params(io::SafetensorsFile::open(dir.weights), dir.layout);
+  const train::EvalResult r = train::evaluate_shards(m, a.data);
+  if (a.json) {
+    const nlohmann::ordered_json j = {{"loss", r.loss}, {"perplexity", r.perplexity}, {"tokens", r.tokens},
+                                      {"seq_len", T},   {"model", a.model}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("eval: loss %.4f, perplexity %.2f over %lld tokens (%lld windows of %lld)\n", r.loss, r.perplexity,
+                static_cast<long long>(r.tokens), static_cast<long long>(r.windows), static_cast<long long>(T));
+  }
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "train",
+      "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Single process, fp32. At the "
+      "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
+      "and loom generate read.");
+  auto a = std::make_shared<TrainArgs>();
+  cmd->add_option("--config", a->config, "TOML run config")->required();
+  cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
+  cmd->add_option("--metrics", a->options.metrics_path, "JSON Lines file, one object per step (overrides log.metrics)");
+  cmd->add_option("--out", a->options.out_dir, "directory for the final model (overrides checkpoint.dir)");
+  cmd->add_flag("--memory-report", a->options.memory_report, "print current and peak bytes per memory tag at the end");
+  cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
+      ->check(CLI::Range(1, 1024));
+  cmd->callback([a] {
+    set_num_threads(a->threads);
+    const train::RunConfig cfg = train::load_run_config(a->config, a->overrides);
+    train::run_training(cfg, a->options);
+  });
+}
+
+void add_eval_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "eval",
+      "Mean next-token loss and perplexity of a model over every window of token shards, in order. --model is a "
+      "directory written by loom train (loom_config.json + model.safetensors), a Hugging Face directory as loom "
+      "convert writes it (config.json + model.safetensors), or a model.safetensors file inside either.");
+  auto a = std::make_shared<EvalArgs>();
+  cmd->add_option("--model", a->model, "model directory or model.safetensors file")->required();
+  cmd->add_option("--data", a->data, "token shards (.bin paths or globs), e.g. data/brown/val_000000.bin")->required();
+  cmd->add_option("--seq-len", a->seq_len, "window length T (default: the model's max_seq_len)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--batch", a->batch, "windows per forward pass")->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object: loss, perplexity, tokens");
+  cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
+      ->check(CLI::Range(1, 1024));
+  cmd->callback([a] { run_eval(*a); });
+}
+
+}  // namespace loom::cli

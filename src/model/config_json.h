@@ -1,0 +1,58 @@
+// ModelConfig as JSON, in loom's own form and in Hugging Face's config.json,
+// and model directories (a config plus model.safetensors) in either form.
+//
+// loom model dir:  loom_config.json  {"family": "gpt2", "n_layer": 12, ...}:
+//                  the DESIGN.md §7 [model] keys, all written;
+//                  model.safetensors in loom's layout (params.h names).
+// HF model dir:    config.json (GPT2Config or LlamaConfig keys),
+//                  model.safetensors in HF's layout (GPT-2 Conv1D transposed).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "model/params.h"
+
+namespace loom::model {
+
+inline constexpr const char* kLoomConfigFile = "loom_config.json";
+inline constexpr const char* kHfConfigFile = "config.json";
+inline constexpr const char* kWeightsFile = "model.safetensors";
+
+// Every [model] key but preset.
+nlohmann::json model_config_to_json(const ModelConfig& cfg);
+// Keys as in a config's [model] section: "preset" (optional) first, then the
+// explicit keys over it; absent keys keep ModelConfig's defaults. An unknown
+// key, a value of the wrong type or an invalid config is a loom::Error that
+// starts with `where` (e.g. the file) and names the key.
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+
+// Hugging Face config.json: GPT2Config ("model_type": "gpt2") or LlamaConfig
+// ("llama"), with "architectures" and "torch_dtype": "float32".
+nlohmann::json hf_config_to_json(const ModelConfig& cfg);
+// Reads the keys loom's models need; HF defaults apply where HF has one
+// (GPT-2 n_inner = 4 n_embd, Llama num_key_value_heads = num_attention_heads,
+// rope_theta 10000). Features loom does not implement (rope_scaling, biases
+// in Llama, another activation) are a loom::Error naming where and the key.
+ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string& where);
+
+// Reads a JSON file; a missing or unparsable file is a loom::Error naming it.
+nlohmann::json read_json_file(const std::string& path);
+// Writes JSON (indented) atomically: path + ".tmp", then rename.
+void write_json_file(const std::string& path, const nlohmann::json& j);
+
+struct ModelDir {
+  ModelConfig config;
+  std::string weights;  // path of model.safetensors
+  ParamLayout layout = ParamLayout::loom;
+};
+// Recognises a loom dir (loom_config.json) or else an HF dir (config.json);
+// neither, or a missing model.safetensors, is a loom::Error naming the dir.
+ModelDir load_model_dir(const std::string& dir);
+// Writes dir/<config> and dir/model.safetensors (creating dir) for a model
+// whose flat (P) f32 parameters follow param_specs(cfg), in either form.
+void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout);
+
+}  // namespace loom::model

@@ -1,0 +1,80 @@
+// Whole-model parameter init, import and export over a flat buffer (params.h).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "model/params.h"
+
+namespace loom::model {
+namespace {
+
+// The file's name for a spec: as is, or (hf layout) with transformers'
+// "transformer." prefix when only that one is present.
+std::string file_name_of(const io::SafetensorsFile& file, const std::string& name, ParamLayout layout) {
+  if (layout == ParamLayout::hf && !file.has(name) && file.has("transformer." + name)) return "transformer." + name;
+  return name;
+}
+
+// dst (rows, cols) = src (cols, rows)^T
+void transpose_into(float* dst, const float* src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = src[c * rows + r];
+}
+
+}  // namespace
+
+Tensor param_view(const Tensor& flat, const ParamSpec& spec) {
+  return Tensor(flat.data_as<float>() + spec.offset, DType::f32, spec.shape);
+}
+
+void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed) {
+  for (const ParamSpec& s : specs) init_param(param_view(flat, s), s, seed);
+}
+
+void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsFile& file,
+                 ParamLayout layout) {
+  LOOM_CHECK(flat.numel() == param_count(specs), "flat buffer ", flat.str(), " for ", param_count(specs), " params");
+  for (const ParamSpec& s : specs) {
+    const std::string name = file_name_of(file, s.name, layout);
+    LOOM_REQUIRE(file.has(name), file.path(), ": tensor '", s.name, "' is missing (the model needs ", specs.size(),
+                 " tensors)");
+    const io::TensorInfo& info = file.info(name);
+    const bool transposed = layout == ParamLayout::hf && s.hf_transposed;
+    const Shape want = transposed ? Shape{s.shape[1], s.shape[0]} : s.shape;
+    LOOM_REQUIRE(info.dtype == DType::f32, file.path(), ": tensor '", name, "' has dtype ",
+                 dtype_name(info.dtype), ": allowed dtype is F32");
+    LOOM_REQUIRE(info.shape == want, file.path(), ": tensor '", name, "' has shape ", info.shape.str(),
+                 ", expected ", want.str(), " for this model config");
+    const Tensor dst = param_view(flat, s);
+    if (!transposed) {
+      file.read(name, dst);
+      continue;
+    }
+    std::vector<float> tmp(static_cast<size_t>(s.numel()));
+    file.read(name, Tensor(tmp.data(), DType::f32, want));
+    transpose_into(dst.data_as<float>(), tmp.data(), s.shape[0], s.shape[1]);
+  }
+}
+
+void save_params(const std::string& path, const std::vector<ParamSpec>& specs, const Tensor& flat, ParamLayout layout,
+                 const std::map<std::string, std::string>& metadata) {
+  LOOM_CHECK(flat.numel() == param_count(specs), "flat buffer ", flat.str(), " for ", param_count(specs), " params");
+  std::vector<std::vector<float>> transposed;  // storage of the Conv1D copies
+  transposed.reserve(specs.size());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const ParamSpec& s : specs) {
+    const Tensor src = param_view(flat, s);
+    if (layout != ParamLayout::hf || !s.hf_transposed) {
+      tensors.emplace_back(s.name, src);
+      continue;
+    }
+    const int64_t rows = s.shape[0], cols = s.shape[1];  // HF holds (cols, rows)
+    std::vector<float>& t = transposed.emplace_back(static_cast<size_t>(s.numel()));
+    transpose_into(t.data(), src.data_as<float>(), cols, rows);
+    tensors.emplace_back(s.name, Tensor(t.data(), DType::f32, {cols, rows}));
+  }
+  io::write_safetensors(path, tensors, metadata);
+}
+
+}  // namespace loom::model

@@ -1,0 +1,354 @@
+#include "train/config.h"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace loom::train {
+namespace {
+
+constexpr int64_t kIntMax = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// One assignment of a key, from the file or from --set, with where it came
+// from for error messages.
+class Value {
+ public:
+  Value(const toml::node* node, std::string raw, std::string origin, std::string key)
+      : node_(node), raw_(std::move(raw)), origin_(std::move(origin)), key_(std::move(key)) {}
+
+  const std::string& key() const { return key_; }
+  const std::string& origin() const { return origin_; }
+
+  [[noreturn]] void invalid(std::string_view allowed) const {
+    fail(origin_, ": ", key_, " = ", text(), " is invalid: allowed values are ", allowed);
+  }
+  [[noreturn]] void unsupported(std::string_view allowed) const {
+    fail(origin_, ": ", key_, " = ", text(), " is not supported yet: allowed ", allowed);
+  }
+
+  int64_t integer(int64_t lo, int64_t hi = kIntMax) const {
+    std::optional<int64_t> v = node_ != nullptr && node_->is_integer() ? node_->value<int64_t>() : std::nullopt;
+    if (!v || *v < lo || *v > hi) invalid(int_range(lo, hi));
+    return *v;
+  }
+  // A float or an integer in [lo, hi] (lo excluded when lo_open).
+  double number(double lo, bool lo_open, double hi = kInf) const {
+    std::optional<double> v;
+    if (node_ != nullptr && (node_->is_floating_point() || node_->is_integer())) v = node_->value<double>();
+    if (!v || !std::isfinite(*v) || *v < lo || (lo_open && *v == lo) || *v > hi)
+      invalid(concat("numbers ", lo_open ? "> " : ">= ", lo, hi < kInf ? concat(" and <= ", hi) : ""));
+    return *v;
+  }
+  bool boolean() const {
+    if (node_ == nullptr || !node_->is_boolean()) invalid("true, false");
+    return *node_->value<bool>();
+  }
+  // A --set value that is not valid TOML is taken as a bare string.
+  std::string string() const {
+    if (node_ == nullptr) return raw_;
+    if (!node_->is_string()) invalid("strings");
+    return *node_->value<std::string>();
+  }
+  std::string choice(std::initializer_list<std::string_view> allowed) const {
+    std::string v = node_ == nullptr || node_->is_string() ? string() : "";
+    for (std::string_view a : allowed)
+      if (v == a) return v;
+    std::string list;
+    for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+    invalid(list);
+  }
+  // A string, or an array of strings.
+  std::vector<std::string> strings() const {
+    if (node_ == nullptr || node_->is_string()) return {string()};
+    std::vector<std::string> out;
+    if (const toml::array* a = node_->as_array()) {
+      for (const toml::node& e : *a) {
+        if (!e.is_string()) invalid("a string or an array of strings");
+        out.push_back(*e.value<std::string>());
+      }
+      if (!out.empty()) return out;
+    }
+    invalid("a string or a non-empty array of strings");
+  }
+
+ private:
+  std::string text() const {
+    if (node_ == nullptr) return "'" + raw_ + "'";
+    if (node_->is_string()) return "'" + *node_->value<std::string>() + "'";
+    if (node_->is_table()) return "a table";
+    if (node_->is_floating_point()) {  // shortest round-trip form: 0.1, not 0.10000000000000001
+      char buf[32];
+      const auto r = std::to_chars(buf, buf + sizeof buf, *node_->value<double>());
+      return std::string(buf, r.ptr);
+    }
+    std::ostringstream os;
+    node_->visit([&](auto&& n) { os << n; });
+    return os.str();
+  }
+  static std::string int_range(int64_t lo, int64_t hi) {
+    if (hi == kIntMax) return concat("integers >= ", lo);
+    if (lo == hi) return concat(lo);
+    return concat("integers from ", lo, " to ", hi);
+  }
+
+  const toml::node* node_;
+  std::string raw_;
+  std::string origin_;
+  std::string key_;
+};
+
+using Apply = std::function<void(RunConfig&, const Value&)>;
+
+struct KeySpec {
+  const char* section;
+  const char* key;
+  Apply apply;
+};
+
+// A positive integer that must be 1 until the feature exists.
+Apply must_be_one(int64_t ParallelConfig::*field) {
+  return [field](RunConfig& c, const Value& v) {
+    c.parallel.*field = v.integer(1);
+    if (c.parallel.*field != 1) v.unsupported("value is 1 (single process)");
+  };
+}
+
+// The key table: every key loom accepts, its type and allowed values.
+// Defaults are not here: they are RunConfig's member initialisers.
+const std::vector<KeySpec>& key_specs() {
+  using R = RunConfig;
+  using V = Value;
+  static const std::vector<KeySpec> specs = {
+      // model.preset is applied before every other model key (see apply_all).
+      {"model", "preset", [](R& c, const V& v) {
+         c.model_preset = v.string();
+         try {
+           c.model = model::model_preset(c.model_preset);
+         } catch (const Error& e) {
+           fail(v.origin(), ": ", e.what());
+         }
+       }},
+      {"model", "family", [](R& c, const V& v) { c.model.family = model::family_from_name(v.choice({"gpt2", "llama"})); }},
+      {"model", "n_layer", [](R& c, const V& v) { c.model.n_layer = v.integer(1); }},
+      {"model", "n_embd", [](R& c, const V& v) { c.model.n_embd = v.integer(1); }},
+      {"model", "n_head", [](R& c, const V& v) { c.model.n_head = v.integer(1); }},
+      {"model", "n_kv_head", [](R& c, const V& v) { c.model.n_kv_head = v.integer(1); }},
+      {"model", "d_ff", [](R& c, const V& v) { c.model.d_ff = v.integer(1); }},
+      {"model", "vocab_size", [](R& c, const V& v) { c.model.vocab_size = v.integer(1, INT32_MAX); }},
+      {"model", "max_seq_len", [](R& c, const V& v) { c.model.max_seq_len = v.integer(1); }},
+      {"model", "rope_theta", [](R& c, const V& v) { c.model.rope_theta = static_cast<float>(v.number(0, true)); }},
+      {"model", "norm_eps", [](R& c, const V& v) { c.model.norm_eps = static_cast<float>(v.number(0, true, 1)); }},
+      {"model", "tie_embeddings", [](R& c, const V& v) { c.model.tie_embeddings = v.boolean(); }},
+      {"model", "n_expert", [](R& c, const V& v) { c.model.n_expert = v.integer(0); }},
+      {"model", "top_k", [](R& c, const V& v) { c.model.top_k = v.integer(1); }},
+      {"model", "capacity_factor", [](R& c, const V& v) { c.model.capacity_factor = static_cast<float>(v.number(0, true)); }},
+      {"model", "aux_loss_coef", [](R& c, const V& v) { c.model.aux_loss_coef = static_cast<float>(v.number(0, false)); }},
+
+      {"data", "train", [](R& c, const V& v) { c.data.train = v.strings(); }},
+      {"data", "val", [](R& c, const V& v) { c.data.val = v.strings(); }},
+      {"data", "shuffle", [](R& c, const V& v) { c.data.shuffle = v.boolean(); }},
+
+      {"train", "seq_len", [](R& c, const V& v) { c.train.seq_len = v.integer(1); }},
+      {"train", "micro_batch", [](R& c, const V& v) { c.train.micro_batch = v.integer(1); }},
+      {"train", "grad_accum", [](R& c, const V& v) { c.train.grad_accum = v.integer(1); }},
+      {"train", "steps", [](R& c, const V& v) { c.train.steps = v.integer(1); }},
+      {"train", "lr", [](R& c, const V& v) { c.train.lr = v.number(0, true); }},
+      {"train", "min_lr", [](R& c, const V& v) { c.train.min_lr = v.number(0, false); }},
+      {"train", "warmup_steps", [](R& c, const V& v) { c.train.warmup_steps = v.integer(0); }},
+      {"train", "weight_decay", [](R& c, const V& v) { c.train.weight_decay = v.number(0, false); }},
+      {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false); }},
+      {"train", "dtype", [](R& c, const V& v) {
+         c.train.dtype = v.choice({"fp32", "bf16", "fp16"});
+         if (c.train.dtype != "fp32") v.unsupported("value is fp32 (mixed precision comes later)");
+       }},
+      {"train", "recompute", [](R& c, const V& v) {
+         c.train.recompute = v.choice({"none", "selective", "full"});
+         if (c.train.recompute != "none") v.unsupported("value is none");
+       }},
+      {"train", "seed", [](R& c, const V& v) { c.train.seed = static_cast<uint64_t>(v.integer(0)); }},
+      {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0); }},
+      {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1); }},
+
+      {"parallel", "dp", must_be_one(&ParallelConfig::dp)},
+      {"parallel", "tp", must_be_one(&ParallelConfig::tp)},
+      {"parallel", "pp", must_be_one(&ParallelConfig::pp)},
+      {"parallel", "cp", must_be_one(&ParallelConfig::cp)},
+      {"parallel", "ep", must_be_one(&ParallelConfig::ep)},
+      {"parallel", "zero_stage", [](R& c, const V& v) { c.parallel.zero_stage = v.integer(0, 3); }},
+      {"parallel", "sequence_parallel", [](R& c, const V& v) { c.parallel.sequence_parallel = v.boolean(); }},
+      {"parallel", "pp_schedule", [](R& c, const V& v) { c.parallel.pp_schedule = v.choice({"afab", "1f1b", "interleaved"}); }},
+      {"parallel", "virtual_stages", [](R& c, const V& v) { c.parallel.virtual_stages = v.integer(1); }},
+      {"parallel", "bucket_mb", [](R& c, const V& v) { c.parallel.bucket_mb = v.number(0, true); }},
+      {"parallel", "offload_optimizer", [](R& c, const V& v) { c.parallel.offload_optimizer = v.boolean(); }},
+      {"parallel", "comm_algo", [](R& c, const V& v) { c.parallel.comm_algo = v.choice({"mpi", "ring"}); }},
+      {"parallel", "timeout_s", [](R& c, const V& v) { c.parallel.timeout_s = v.number(0, true); }},
+
+      {"checkpoint", "dir", [](R& c, const V& v) { c.checkpoint.dir = v.string(); }},
+      {"checkpoint", "every", [](R& c, const V& v) {
+         c.checkpoint.every = v.integer(0);
+         if (c.checkpoint.every != 0) v.unsupported("value is 0 (checkpointing comes later)");
+       }},
+      {"checkpoint", "keep", [](R& c, const V& v) { c.checkpoint.keep = v.integer(0); }},
+      {"checkpoint", "resume", [](R& c, const V& v) {
+         c.checkpoint.resume = v.string();
+         if (c.checkpoint.resume.empty()) v.invalid("auto, never or a checkpoint path");
+       }},
+
+      {"log", "metrics", [](R& c, const V& v) { c.log.metrics = v.string(); }},
+      {"log", "every", [](R& c, const V& v) { c.log.every = v.integer(1); }},
+      {"log", "trace", [](R& c, const V& v) { c.log.trace = v.string(); }},
+      {"log", "peak_tflops", [](R& c, const V& v) { c.log.peak_tflops = v.number(0, false); }},
+  };
+  return specs;
+}
+
+const KeySpec* find_key(std::string_view section, std::string_view key) {
+  for (const KeySpec& s : key_specs())
+    if (section == s.section && key == s.key) return &s;
+  return nullptr;
+}
+
+std::string allowed_sections() {
+  std::string out;
+  for (const KeySpec& s : key_specs()) {
+    std::string name = concat("[", s.section, "]");
+    if (out.find(name) == std::string::npos) out += (out.empty() ? "" : ", ") + name;
+  }
+  return out;
+}
+
+std::string allowed_keys(std::string_view section) {
+  std::string out;
+  for (const KeySpec& s : key_specs())
+    if (section == s.section) out += (out.empty() ? "" : ", ") + std::string(s.key);
+  return out;
+}
+
+// Fails unless section.key is in the table.
+void require_known(std::string_view section, std::string_view key, const std::string& origin) {
+  if (allowed_keys(section).empty())
+    fail(origin, ": unknown section [", section, "]: allowed sections are ", allowed_sections());
+  if (!key.empty() && find_key(section, key) == nullptr)
+    fail(origin, ": unknown key ", section, ".", key, ": allowed keys in [", section, "] are ", allowed_keys(section));
+}
+
+std::string line_origin(const std::string& source, const toml::node& n) {
+  const auto line = n.source().begin.line;
+  return line > 0 ? concat(source, ":", line) : source;
+}
+
+struct Parsed {
+  std::vector<std::unique_ptr<toml::table>> tables;  // own every node the values point to
+  std::map<std::string, Value> values;               // "section.key" -> its last assignment
+};
+
+void collect_file(Parsed& p, std::string_view text, const std::string& source) {
+  toml::table table;
+  try {
+    table = toml::parse(text, std::string_view(source));
+  } catch (const toml::parse_error& e) {
+    fail(source, ":", e.source().begin.line, ": invalid TOML: ", e.description());
+  }
+  p.tables.push_back(std::make_unique<toml::table>(std::move(table)));
+  for (auto&& [section_key, section_node] : *p.tables.back()) {
+    const std::string section(section_key.str());
+    const std::string origin = line_origin(source, section_node);
+    const toml::table* section_table = section_node.as_table();
+    if (section_table == nullptr) {
+      if (allowed_keys(section).empty())
+        fail(origin, ": unknown key ", section, ": keys live in the sections ", allowed_sections());
+      fail(origin, ": ", section, " must be a section [", section, "], not a value");
+    }
+    require_known(section, "", origin);
+    for (auto&& [key, node] : *section_table) {
+      const std::string key_origin = line_origin(source, node);
+      require_known(section, key.str(), key_origin);
+      const std::string full = section + "." + std::string(key.str());
+      p.values.insert_or_assign(full, Value(&node, "", key_origin, full));
+    }
+  }
+}
+
+void collect_override(Parsed& p, const std::string& arg) {
+  const std::string origin = concat("--set ", arg);
+  const size_t eq = arg.find('=');
+  const size_t dot = arg.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    fail(origin, ": expected section.key=value, e.g. --set train.lr=3e-4");
+  const std::string section = arg.substr(0, dot), key = arg.substr(dot + 1, eq - dot - 1), raw = arg.substr(eq + 1);
+  require_known(section, key, origin);
+  // The value is TOML (3e-4, true, "x", ["a", "b"]); anything else is a bare string.
+  const toml::node* node = nullptr;
+  try {
+    auto table = std::make_unique<toml::table>(toml::parse(std::string_view("v = " + raw), std::string_view("--set")));
+    node = table->get("v");
+    p.tables.push_back(std::move(table));
+  } catch (const toml::parse_error&) {
+  }
+  const std::string full = section + "." + key;
+  p.values.insert_or_assign(full, Value(node, raw, origin, full));
+}
+
+RunConfig apply_all(const Parsed& p) {
+  RunConfig c;
+  // The preset first: explicit model keys override it whatever their order.
+  if (auto it = p.values.find("model.preset"); it != p.values.end()) find_key("model", "preset")->apply(c, it->second);
+  for (const auto& [full, value] : p.values) {
+    if (full == "model.preset") continue;
+    const size_t dot = full.find('.');
+    find_key(full.substr(0, dot), full.substr(dot + 1))->apply(c, value);
+  }
+  // GPT-2 has no grouped-query attention: n_kv_head follows an overridden n_head.
+  if (c.model.family == model::Family::gpt2 && !p.values.contains("model.n_kv_head")) c.model.n_kv_head = c.model.n_head;
+  return c;
+}
+
+// Constraints across keys, checked once every key is set.
+void validate(const RunConfig& c, const std::string& source) {
+  try {
+    c.model.validate();
+  } catch (const Error& e) {
+    fail(source, ": ", e.what());
+  }
+  LOOM_REQUIRE(!c.data.train.empty(), source, ": data.train is missing: set it to the training shards, e.g. ",
+               "train = \"data/brown/train_*.bin\"");
+  LOOM_REQUIRE(c.train.eval_every == 0 || !c.data.val.empty(), source, ": data.val is missing but train.eval_every = ",
+               c.train.eval_every, ": set data.val or train.eval_every = 0");
+  LOOM_REQUIRE(c.train.seq_len <= c.model.max_seq_len, source, ": train.seq_len = ", c.train.seq_len,
+               " is invalid: allowed values are <= model.max_seq_len = ", c.model.max_seq_len);
+  LOOM_REQUIRE(c.train.min_lr <= c.train.lr, source, ": train.min_lr = ", c.train.min_lr,
+               " is invalid: allowed values are <= train.lr = ", c.train.lr);
+}
+
+}  // namespace
+
+RunConfig parse_run_config(std::string_view toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  Parsed p;
+  collect_file(p, toml_text, source);
+  for (const std::string& arg : overrides) collect_override(p, arg);
+  RunConfig c = apply_all(p);
+  validate(c, source);
+  return c;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_REQUIRE(in.good(), "config '", path, "' cannot be read: no such file or not readable");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), path, overrides);
+}
+
+}  // namespace loom::train

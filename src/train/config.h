@@ -1,0 +1,91 @@
+// RunConfig: a training run's TOML config (DESIGN.md §7), with `--set
+// section.key=value` overrides. Every default lives in the member
+// initialisers below; config.cpp holds the key table (names, types, allowed
+// values) and nothing else repeats them.
+//
+//   RunConfig c = load_run_config("configs/quickstart.toml", {"train.lr=3e-4"});
+//
+// Unknown sections and keys, a value of the wrong type and an out-of-range
+// value are loom::Error naming the file (and line) or the --set argument, the
+// key, the value and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+
+namespace loom::train {
+
+struct DataConfig {
+  std::vector<std::string> train;  // paths or globs of .bin shards; required
+  std::vector<std::string> val;    // required when train.eval_every > 0
+  bool shuffle = true;             // train windows in a seeded order per epoch (val is always in order)
+};
+
+struct TrainConfig {
+  int64_t seq_len = 1024;     // T
+  int64_t micro_batch = 4;    // B
+  int64_t grad_accum = 1;     // micro-batches per step
+  int64_t steps = 1000;
+  double lr = 6e-4;           // peak, after warmup
+  double min_lr = 6e-5;       // end of the cosine decay
+  int64_t warmup_steps = 100;
+  double weight_decay = 0.1;  // 2-D weights only (optimizer.h)
+  double grad_clip = 1.0;     // max global grad norm; 0 = no clipping
+  std::string dtype = "fp32";      // fp32 (bf16, fp16: not supported yet)
+  std::string recompute = "none";  // none (selective, full: not supported yet)
+  uint64_t seed = 1337;
+  int64_t eval_every = 100;   // steps; 0 = never
+  int64_t eval_steps = 20;    // val batches per evaluation
+};
+
+// Parsed and range-checked; every axis must be 1 for now.
+struct ParallelConfig {
+  int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int64_t zero_stage = 0;
+  bool sequence_parallel = false;
+  std::string pp_schedule = "1f1b";
+  int64_t virtual_stages = 1;
+  double bucket_mb = 25.0;
+  bool offload_optimizer = false;
+  std::string comm_algo = "mpi";
+  double timeout_s = 600.0;
+};
+
+// Checkpointing is not implemented yet: every must be 0. `dir` is where
+// `loom train` writes the final model.safetensors + loom_config.json.
+struct CheckpointConfig {
+  std::string dir;
+  int64_t every = 0;
+  int64_t keep = 0;  // 0 = keep all
+  std::string resume = "auto";  // auto | never | PATH
+};
+
+struct LogConfig {
+  std::string metrics;  // JSONL path; empty = none
+  int64_t every = 1;    // progress line every N steps
+  std::string trace;    // Chrome-trace path (not written yet)
+  // Peak FLOP/s behind MFU, in TFLOP/s; 0 = measure an f32 GEMM at start-up.
+  double peak_tflops = 0.0;
+};
+
+struct RunConfig {
+  std::string model_preset;  // empty: ModelConfig's defaults
+  model::ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+};
+
+// Reads `path` and applies `overrides` ("section.key=value", later wins).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same for TOML text; `source` names it in errors (e.g. the path).
+RunConfig parse_run_config(std::string_view toml_text, const std::string& source,
+                           const std::vector<std::string>& overrides = {});
+
+}  // namespace loom::train

@@ -1,0 +1,227 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kernels/ops.h"
+#include "model/config_json.h"
+
+namespace loom::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::span<int32_t> span_of(const Tensor& t) { return {t.data_as<int32_t>(), static_cast<size_t>(t.numel())}; }
+
+DataLoaderOptions loader_options(const RunConfig& c, const std::vector<std::string>& shards, bool shuffle) {
+  DataLoaderOptions o;
+  o.shards = shards;
+  o.batch = c.train.micro_batch;
+  o.seq_len = c.train.seq_len;
+  o.shuffle = shuffle;
+  o.seed = c.train.seed;
+  o.vocab_size = c.model.vocab_size;
+  return o;
+}
+
+std::string format_duration(double s) {
+  const auto total = static_cast<int64_t>(std::max(0.0, s));
+  char buf[32];
+  if (total >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(total / 60), static_cast<long long>(total % 60));
+  return buf;
+}
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg, Pools& pools)
+    : cfg_(cfg),
+      schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
+      train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle)) {
+  if (cfg.train.eval_every > 0) val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false));
+  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
+  model_ = std::make_unique<model::Model>(cfg.model, B, T, pools);
+  model_->init_params(cfg.train.seed);
+  AdamWOptions opt;
+  opt.weight_decay = cfg.train.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(*model_, pools, opt);
+  tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
+  targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
+}
+
+double Trainer::flops_per_token() const {
+  const model::ModelConfig& m = cfg_.model;
+  return 6.0 * static_cast<double>(model_->num_params()) +
+         12.0 * static_cast<double>(m.n_layer * m.n_embd * cfg_.train.seq_len);
+}
+
+StepStats Trainer::step() {
+  const auto start = Clock::now();
+  const int64_t accum = cfg_.train.grad_accum;
+  StepStats s;
+  model_->zero_grads();
+  double loss_sum = 0;
+  for (int64_t k = 0; k < accum; ++k) {
+    train_data_.next(span_of(tokens_), span_of(targets_));
+    loss_sum += model_->forward(tokens_, targets_);
+    model_->backward(1.f / static_cast<float>(accum));
+  }
+  const Tensor grads = model_->grads();
+  s.grad_norm = kernels::global_norm(std::span<const Tensor>(&grads, 1));
+  const double clip = cfg_.train.grad_clip;
+  // Clipping is folded into AdamW's grad_scale (kernels/ops.h).
+  const float grad_scale = clip > 0 && s.grad_norm > clip ? static_cast<float>(clip / s.grad_norm) : 1.f;
+  s.lr = schedule_.at(optimizer_->steps_taken());
+  optimizer_->step(*model_, s.lr, grad_scale);
+  s.step = optimizer_->steps_taken();
+  s.loss = loss_sum / static_cast<double>(accum);
+  s.tokens = accum * cfg_.train.micro_batch * cfg_.train.seq_len;
+  s.seconds = seconds_since(start);
+  return s;
+}
+
+double Trainer::evaluate() {
+  LOOM_CHECK(val_data_ != nullptr, "evaluate without val data");
+  const int64_t B = cfg_.train.micro_batch;
+  const int64_t batches = std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / B));
+  double sum = 0;
+  for (int64_t k = 0; k < batches; ++k) {
+    val_data_->batch_at(k * B, span_of(tokens_), span_of(targets_));
+    sum += model_->forward(tokens_, targets_);
+  }
+  return sum / static_cast<double>(batches);
+}
+
+double measure_peak_flops() {
+  constexpr int64_t n = 1024;
+  MemoryTracker tracker;
+  Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  OwnedTensor a = pool.empty(DType::f32, {n, n}), b = pool.empty(DType::f32, {n, n}), c = pool.empty(DType::f32, {n, n});
+  kernels::fill(a, 0.5f);
+  kernels::fill(b, 0.25f);
+  kernels::matmul(c, a, b);  // warm-up: oneDNN builds its kernel
+  double best = 1e30;
+  for (int i = 0; i < 8; ++i) {
+    const auto start = Clock::now();
+    kernels::matmul(c, a, b);
+    best = std::min(best, seconds_since(start));
+  }
+  return 2.0 * n * n * n / best;
+}
+
+void save_model(const model::Model& model, const std::string& dir) {
+  model::save_model_dir(dir, model.config(), model.params(), model::ParamLayout::loom);
+}
+
+namespace {
+
+// The progress line, the metrics file and the summary of a run.
+class Reporter {
+ public:
+  Reporter(const RunConfig& cfg, const TrainOptions& options, double flops_per_token, double peak_flops)
+      : cfg_(cfg), options_(options), flops_per_token_(flops_per_token), peak_flops_(peak_flops) {
+    const std::string path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
+    if (!path.empty()) {
+      metrics_.open(path, std::ios::trunc);
+      LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path, "'");
+    }
+  }
+
+  void initial_eval(double val_loss) {
+    if (options_.progress) log_info("step 0/", cfg_.train.steps, " | val loss ", fixed(val_loss, 4));
+    if (metrics_.is_open()) write({{"step", 0}, {"val_loss", val_loss}});
+  }
+
+  void step(const StepStats& s, double elapsed, size_t peak_bytes) {
+    const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
+    const double mfu = flops_per_token_ * tokens_per_s / peak_flops_;
+    if (metrics_.is_open()) {
+      nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
+                                  {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
+      if (s.val_loss) j["val_loss"] = *s.val_loss;
+      write(j);
+    }
+    if (!options_.progress || (s.step % cfg_.log.every != 0 && s.step != cfg_.train.steps && !s.val_loss)) return;
+    const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(cfg_.train.steps - s.step);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.0f MiB | "
+                  "ETA %s",
+                  static_cast<long long>(s.step), static_cast<long long>(cfg_.train.steps), s.loss, s.lr, s.grad_norm,
+                  tokens_per_s, 100.0 * mfu, mib(peak_bytes), format_duration(eta).c_str());
+    std::string text = line;
+    if (s.val_loss) text += " | val loss " + fixed(*s.val_loss, 4);
+    log_info(text);
+  }
+
+ private:
+  static std::string fixed(double v, int digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+  }
+  void write(const nlohmann::ordered_json& j) {
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+
+  const RunConfig& cfg_;
+  const TrainOptions& options_;
+  double flops_per_token_;
+  double peak_flops_;
+  std::ofstream metrics_;
+};
+
+}  // namespace
+
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
+  TrainSummary summary;
+  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops();
+  Pools pools;
+  Trainer trainer(cfg, pools);
+  const TrainConfig& t = cfg.train;
+  if (options.progress) {
+    log_info("train: ", model::family_name(cfg.model.family), " ", trainer.model().num_params(), " parameters, ",
+             t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
+             summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)");
+  }
+  Reporter reporter(cfg, options, trainer.flops_per_token(), summary.peak_flops);
+  const bool eval = t.eval_every > 0;
+  if (eval) {
+    summary.initial_val_loss = trainer.evaluate();
+    reporter.initial_eval(*summary.initial_val_loss);
+  }
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < t.steps; ++i) {
+    StepStats s = trainer.step();
+    if (eval && (s.step % t.eval_every == 0 || s.step == t.steps)) s.val_loss = trainer.evaluate();
+    if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
+    reporter.step(s, seconds_since(start), pools.report().peak_total);
+    summary.steps.push_back(s);
+  }
+  summary.seconds = seconds_since(start);
+  const std::string out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;
+  if (!out_dir.empty()) {
+    save_model(trainer.model(), out_dir);
+    if (options.progress) log_info("train: wrote ", out_dir, "/model.safetensors and ", out_dir, "/loom_config.json");
+  }
+  if (options.memory_report) std::printf("%s", pools.report().table().c_str());
+  return summary;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,99 @@
+// The single-process fp32 training loop (DESIGN.md §7): a step is grad_accum
+// micro-batches of (micro_batch, seq_len) tokens, averaged (backward with
+// dloss = 1 / grad_accum), global-norm clipped and applied with AdamW under
+// a warmup + cosine learning rate.
+//
+//   Pools pools;
+//   Trainer t(cfg, pools);
+//   for (...) StepStats s = t.step();
+//   double val = t.evaluate();
+//
+// Deterministic: the same config and seed (and thread count) give bitwise
+// identical losses.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "model/model.h"
+#include "train/config.h"
+#include "train/data_loader.h"
+#include "train/lr_schedule.h"
+#include "train/optimizer.h"
+
+namespace loom::train {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based: updates done after this step
+  double loss = 0;   // mean over the step's micro-batches
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double seconds = 0;    // wall time of the step
+  int64_t tokens = 0;    // micro_batch * grad_accum * seq_len
+  std::optional<double> val_loss;
+};
+
+class Trainer {
+ public:
+  // Opens the data (train, and val when eval_every > 0), builds the model
+  // and initialises it from train.seed. Throws loom::Error for bad data.
+  Trainer(const RunConfig& cfg, Pools& pools);
+
+  StepStats step();
+  // Mean loss over the first eval_steps batches of val (fewer if val holds
+  // fewer windows), always the same batches; no gradients.
+  double evaluate();
+
+  const RunConfig& config() const { return cfg_; }
+  model::Model& model() { return *model_; }
+  int64_t steps_done() const { return optimizer_->steps_taken(); }
+  // Model FLOPs per trained token: 6 N + 12 n_layer n_embd seq_len (the
+  // attention scores and mixing, forward and backward: PaLM appendix B).
+  double flops_per_token() const;
+
+ private:
+  RunConfig cfg_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrSchedule schedule_;
+  DataLoader train_data_;
+  std::unique_ptr<DataLoader> val_data_;
+  OwnedTensor tokens_, targets_;  // (B, T) i32
+};
+
+struct TrainOptions {
+  std::string metrics_path;  // JSONL, one object per step; overrides log.metrics when set
+  std::string out_dir;       // final model.safetensors + loom_config.json; overrides checkpoint.dir
+  bool memory_report = false;
+  bool progress = true;      // progress lines on stdout
+};
+
+struct TrainSummary {
+  std::vector<StepStats> steps;
+  std::optional<double> initial_val_loss;  // before the first step
+  std::optional<double> final_val_loss;
+  double seconds = 0;
+  double peak_flops = 0;  // FLOP/s behind MFU
+};
+
+// Runs cfg.train.steps steps with evaluation (before the first step, every
+// eval_every steps and after the last), progress lines every log.every
+// steps, metrics, and the final model written to out_dir / checkpoint.dir.
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options);
+
+// FLOP/s of an f32 1024^3 GEMM on this process's threads, best of 8 runs:
+// the peak MFU is measured against when log.peak_tflops = 0. It is what this
+// machine's GEMM reaches now, not the hardware's peak (a busy machine lowers
+// it, and the model's larger GEMMs may beat it: MFU can then read over 100%);
+// set log.peak_tflops for a datasheet figure.
+double measure_peak_flops();
+
+// Writes dir/model.safetensors (every parameter under its spec name, loom
+// layout) and dir/loom_config.json (model/config_json.h); creates dir.
+void save_model(const model::Model& model, const std::string& dir);
+
+}  // namespace loom::train

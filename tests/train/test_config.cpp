@@ -1,0 +1,192 @@
+#include "train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loom::train {
+namespace {
+
+const char* kMinimal = R"([model]
+preset = "gpt2-tiny"
+[data]
+train = "train_*.bin"
+val = "val_*.bin"
+[train]
+seq_len = 32
+)";
+
+// Parses and expects a loom::Error whose message contains every part.
+void expect_error(const std::string& text, const std::vector<std::string>& overrides,
+                  std::initializer_list<std::string> parts) {
+  try {
+    parse_run_config(text, "run.toml", overrides);
+    FAIL() << "no error; expected one containing '" << *parts.begin() << "'";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+TEST(RunConfig, ValidFileSetsEveryKeyOfEverySection) {
+  const RunConfig c = parse_run_config(R"([model]
+family = "llama"
+n_layer = 3
+n_embd = 96
+n_head = 6
+n_kv_head = 2
+d_ff = 256
+vocab_size = 1000
+max_seq_len = 128
+rope_theta = 500000.0
+norm_eps = 1e-6
+tie_embeddings = false
+[data]
+train = ["a.bin", "b_*.bin"]
+val = "v.bin"
+shuffle = false
+[train]
+seq_len = 64
+micro_batch = 2
+grad_accum = 4
+steps = 50
+lr = 1e-3
+min_lr = 0
+warmup_steps = 5
+weight_decay = 0.0
+grad_clip = 0.5
+dtype = "fp32"
+recompute = "none"
+seed = 42
+eval_every = 10
+eval_steps = 3
+[parallel]
+dp = 1
+zero_stage = 1
+pp_schedule = "afab"
+bucket_mb = 50
+[checkpoint]
+dir = "out"
+every = 0
+keep = 3
+resume = "never"
+[log]
+metrics = "m.jsonl"
+every = 5
+)",
+                                       "run.toml");
+  EXPECT_EQ(c.model.family, model::Family::llama);
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_FLOAT_EQ(c.model.rope_theta, 500000.f);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"a.bin", "b_*.bin"}));
+  EXPECT_EQ(c.data.val, std::vector<std::string>{"v.bin"});
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.train.grad_accum, 4);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.train.min_lr, 0.0);  // an integer is accepted for a float key
+  EXPECT_EQ(c.train.seed, 42u);
+  EXPECT_EQ(c.parallel.zero_stage, 1);
+  EXPECT_EQ(c.parallel.pp_schedule, "afab");
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_EQ(c.checkpoint.resume, "never");
+  EXPECT_EQ(c.log.metrics, "m.jsonl");
+  EXPECT_EQ(c.log.every, 5);
+}
+
+TEST(RunConfig, AbsentKeysKeepTheDefaults) {
+  const RunConfig c = parse_run_config(kMinimal, "run.toml");
+  const TrainConfig d;
+  EXPECT_DOUBLE_EQ(c.train.lr, d.lr);
+  EXPECT_EQ(c.train.steps, d.steps);
+  EXPECT_EQ(c.train.dtype, "fp32");
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.log.every, LogConfig{}.every);
+}
+
+TEST(RunConfig, ExplicitModelKeysOverrideThePresetInAnyOrder) {
+  const RunConfig c = parse_run_config("[model]\nn_layer = 3\npreset = \"gpt2-tiny\"\nn_head = 8\n"
+                                       "[data]\ntrain = \"t.bin\"\nval = \"v.bin\"\n[train]\nseq_len = 16\n",
+                                       "run.toml");
+  const model::ModelConfig tiny = model::model_preset("gpt2-tiny");
+  EXPECT_EQ(c.model_preset, "gpt2-tiny");
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.n_embd, tiny.n_embd);
+  EXPECT_EQ(c.model.n_head, 8);
+  EXPECT_EQ(c.model.n_kv_head, 8);  // GPT-2: follows n_head
+}
+
+TEST(RunConfig, SetOverridesTheFileWithTypedValues) {
+  const RunConfig c = parse_run_config(
+      kMinimal, "run.toml",
+      {"train.lr=3e-4", "train.steps=7", "data.train=data/x_*.bin", "data.val=[\"a.bin\", \"b.bin\"]",
+       "model.tie_embeddings=false", "train.steps=9", "model.preset=llama-tiny"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.train.steps, 9);  // the later --set wins
+  EXPECT_EQ(c.data.train, std::vector<std::string>{"data/x_*.bin"});
+  EXPECT_EQ(c.data.val, (std::vector<std::string>{"a.bin", "b.bin"}));
+  EXPECT_EQ(c.model.family, model::Family::llama);
+  EXPECT_FALSE(c.model.tie_embeddings);
+}
+
+TEST(RunConfigErrors, UnknownSectionNamesTheFileLineAndSection) {
+  expect_error(std::string(kMinimal) + "[optimiser]\nlr = 1\n", {},
+               {"run.toml:8", "unknown section [optimiser]", "[model], [data], [train]"});
+}
+
+TEST(RunConfigErrors, UnknownKeyNamesTheFileLineKeyAndAllowedKeys) {
+  expect_error(std::string(kMinimal) + "learning_rate = 0.1\n", {},
+               {"run.toml:8", "unknown key train.learning_rate", "seq_len, micro_batch"});
+}
+
+TEST(RunConfigErrors, UnknownKeyInSetNamesTheArgument) {
+  expect_error(kMinimal, {"train.lrr=1"}, {"--set train.lrr=1", "unknown key train.lrr"});
+  expect_error(kMinimal, {"lr=1"}, {"--set lr=1", "expected section.key=value"});
+}
+
+TEST(RunConfigErrors, WrongTypeNamesTheKeyValueAndAllowedValues) {
+  expect_error(std::string(kMinimal) + "steps = \"ten\"\n", {},
+               {"run.toml:8", "train.steps = 'ten' is invalid", "integers >= 1"});
+  expect_error(kMinimal, {"train.steps=1.5"}, {"--set train.steps=1.5", "train.steps = 1.5", "integers >= 1"});
+  expect_error(kMinimal, {"data.shuffle=yes"}, {"data.shuffle = 'yes'", "true, false"});
+}
+
+TEST(RunConfigErrors, OutOfRangeNamesTheKeyValueAndRange) {
+  expect_error(kMinimal, {"train.lr=-0.1"}, {"train.lr = -0.1 is invalid", "numbers > 0"});
+  expect_error(kMinimal, {"train.micro_batch=0"}, {"train.micro_batch = 0", "integers >= 1"});
+  expect_error(kMinimal, {"parallel.zero_stage=4"}, {"parallel.zero_stage = 4", "integers from 0 to 3"});
+  expect_error(kMinimal, {"parallel.pp_schedule=gpipe"}, {"'gpipe'", "afab, 1f1b, interleaved"});
+  expect_error(kMinimal, {"train.seq_len=65"}, {"train.seq_len = 65", "model.max_seq_len = 64"});
+  expect_error(kMinimal, {"train.min_lr=1"}, {"train.min_lr = 1", "<= train.lr"});
+}
+
+TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
+  expect_error(kMinimal, {"train.dtype=bf16"}, {"train.dtype = 'bf16' is not supported yet", "fp32"});
+  expect_error(kMinimal, {"train.recompute=full"}, {"train.recompute = 'full' is not supported yet"});
+  expect_error(kMinimal, {"parallel.tp=2"}, {"parallel.tp = 2 is not supported yet"});
+  expect_error(kMinimal, {"checkpoint.every=100"}, {"checkpoint.every = 100 is not supported yet"});
+}
+
+TEST(RunConfigErrors, InvalidModelAndPresetNameTheKey) {
+  expect_error(kMinimal, {"model.n_head=5"}, {"run.toml", "model.n_embd = 64 is not divisible by model.n_head = 5"});
+  expect_error(kMinimal, {"model.preset=gpt5"}, {"--set model.preset=gpt5", "gpt5", "gpt2-124m"});
+}
+
+TEST(RunConfigErrors, MissingDataAndBadTomlAndMissingFile) {
+  expect_error("[train]\nseq_len = 8\n", {}, {"data.train is missing"});
+  expect_error("[train]\nseq_len = = 8\n", {}, {"run.toml:2", "invalid TOML"});
+  expect_error("steps = 3\n", {}, {"run.toml:1", "unknown key steps"});
+  try {
+    load_run_config("/nonexistent/run.toml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'/nonexistent/run.toml' cannot be read"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace loom::train
