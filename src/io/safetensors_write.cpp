@@ -1,17 +1,14 @@
 // Writer: the layout the reference writer produces (huggingface/safetensors,
 // tensor.rs `prepare`), written to a temporary file and renamed into place so
 // a crash never leaves a half-written file under the final name (DESIGN §7).
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 
@@ -30,17 +27,6 @@ int dtype_rank(DType t) {
     case DType::i64: return 5;
   }
   LOOM_CHECK(false, "unknown dtype ", static_cast<int>(t));
-}
-
-void write_all(int fd, const void* data, size_t n, const std::string& tmp) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (n > 0) {
-    const ssize_t put = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (put < 0 && errno == EINTR) continue;
-    LOOM_REQUIRE(put > 0, "cannot write '", tmp, "': ", std::strerror(errno));
-    p += put;
-    n -= static_cast<size_t>(put);
-  }
 }
 
 using Entry = std::pair<std::string, Tensor>;
@@ -95,36 +81,14 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
                        const std::map<std::string, std::string>& metadata) {
   const std::vector<const Entry*> order = checked_order(tensors, path);
   const std::string header = header_json(order, metadata, path);
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  LOOM_REQUIRE(fd >= 0, "cannot create '", tmp, "': ", std::strerror(errno));
-  try {
-    unsigned char n[8];
-    for (int i = 0; i < 8; ++i) n[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
-    write_all(fd, n, 8, tmp);
-    write_all(fd, header.data(), header.size(), tmp);
-    for (const Entry* e : order)
-      if (e->second.nbytes() > 0) write_all(fd, e->second.data(), e->second.nbytes(), tmp);
-    LOOM_REQUIRE(::fsync(fd) == 0, "cannot fsync '", tmp, "': ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  const int closed = ::close(fd);
-  if (closed != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    fail("cannot move '", tmp, "' to '", path, "': ", std::strerror(err));
-  }
-  // The rename is durable once the directory entry is on disk too.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  AtomicFile file(path);
+  unsigned char n[8];
+  for (int i = 0; i < 8; ++i) n[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  file.write(n, 8);
+  file.write(header);
+  for (const Entry* e : order)
+    if (e->second.nbytes() > 0) file.write(e->second.data(), e->second.nbytes());
+  file.commit();
 }
 
 }  // namespace loom::io

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace loom::model {
@@ -198,18 +199,7 @@ json read_json_file(const std::string& path) {
   }
 }
 
-void write_json_file(const std::string& path, const json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    LOOM_REQUIRE(out, "cannot write '", tmp, "'");
-    out << j.dump(2) << "\n";
-    LOOM_REQUIRE(out.good(), "writing '", tmp, "' failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  LOOM_REQUIRE(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
-}
+void write_json_file(const std::string& path, const json& j) { write_file_atomic(path, j.dump(2) + "\n"); }
 
 ModelDir load_model_dir(const std::string& dir) {
   LOOM_REQUIRE(fs::is_directory(dir), "model directory '", dir, "' does not exist");

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace loom::text {
@@ -21,25 +22,6 @@ static_assert(std::endian::native == std::endian::little, "shards are read and w
 namespace {
 
 std::string errno_text() { return std::strerror(errno); }
-
-void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("cannot write shard '", path, "': ", errno_text());
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
-// Makes the rename itself durable.
-void fsync_dir(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
 
 }  // namespace
 
@@ -73,25 +55,10 @@ void write_shard(const std::string& path, std::span<const int32_t> tokens, int v
                " tokens exceed the format's int32 count");
   header[2] = static_cast<int32_t>(tokens.size());
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("cannot create shard '", tmp, "': ", errno_text());
-  try {
-    write_all(fd, header, sizeof(header), tmp);
-    write_all(fd, body.data(), body.size(), tmp);
-    if (::fsync(fd) != 0) fail("cannot fsync shard '", tmp, "': ", errno_text());
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    fail("cannot rename '", tmp, "' to '", path, "': ", why);
-  }
-  fsync_dir(std::filesystem::path(path).parent_path());
+  AtomicFile file(path);
+  file.write(header, sizeof(header));
+  file.write(body.data(), body.size());
+  file.commit();
 }
 
 Shard Shard::open(const std::string& path) {
