@@ -1,13 +1,13 @@
 #include "bench/kernels_bench.h"
+#include "bench/train_bench.h"
 #include "cli/commands.h"
 #include "core/threads.h"
 
 namespace loom::cli {
+namespace {
 
-void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line) {
-  CLI::App* bench = app.add_subcommand("bench", "Measure loom's speed");
-  bench->require_subcommand(1);
-  CLI::App* kernels = bench->add_subcommand("kernels", "GFLOP/s of matmul and tokens/s of attention on the CPU");
+void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& command_line) {
+  CLI::App* kernels = bench.add_subcommand("kernels", "GFLOP/s of matmul and tokens/s of attention on the CPU");
   auto opts = std::make_shared<bench::KernelBenchOptions>();
   opts->command = command_line;
   auto threads = std::make_shared<int>(default_num_threads());
@@ -24,6 +24,41 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& command
     opts->threads = *threads;
     exit_code = bench::run_kernel_bench(*opts);
   });
+}
+
+void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line) {
+  CLI::App* train = bench.add_subcommand(
+      "train", "tokens/s, MFU and peak memory of training steps of a preset model on random tokens");
+  auto opts = std::make_shared<bench::TrainBenchOptions>();
+  opts->command = command_line;
+  auto threads = std::make_shared<int>(default_num_threads());
+  train->add_option("--model", opts->model, "model preset (gpt2-124m, gpt2-350m, llama-110m, gpt2-tiny, ...)")
+      ->capture_default_str();
+  train->add_option("--batch", opts->batch, "B: sequences per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  train->add_option("--seq", opts->seq, "T: tokens per sequence")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  train->add_option("--steps", opts->steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  train->add_option("--warmup", opts->warmup, "untimed steps before them")->capture_default_str()->check(
+      CLI::Range(0, 1 << 20));
+  train->add_option("--dtype", opts->dtype, "fp32 | bf16 (bf16 is not supported yet)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  train->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
+      ->check(CLI::Range(1, 1024));
+  train->add_flag("--json", opts->json, "print one JSON Lines object");
+  train->callback([opts, threads, &exit_code] {
+    set_num_threads(*threads);
+    opts->threads = *threads;
+    exit_code = bench::run_train_bench(*opts);
+  });
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure loom's speed");
+  bench->require_subcommand(1);
+  add_bench_kernels(*bench, exit_code, command_line);
+  add_bench_train(*bench, exit_code, command_line);
 }
 
 }  // namespace loom::cli

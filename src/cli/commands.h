@@ -11,7 +11,7 @@ namespace loom::cli {
 
 // command_line: the process's arguments joined, printed by benchmarks so a
 // reader can reproduce their figures.
-void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels, train
 void add_data_command(CLI::App& app);  // loom data prepare
 void add_train_command(CLI::App& app);  // loom train
 void add_eval_command(CLI::App& app);   // loom eval

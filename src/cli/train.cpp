@@ -73,7 +73,9 @@ void add_train_command(CLI::App& app) {
       "train",
       "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Single process, fp32. At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
-      "and loom generate read.");
+      "and loom generate read. With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
+      "many steps and at the end; checkpoint.resume = auto (the default) resumes from checkpoint.dir/latest when it "
+      "exists, never starts fresh, a step dir resumes from it.");
   auto a = std::make_shared<TrainArgs>();
   cmd->add_option("--config", a->config, "TOML run config")->required();
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");

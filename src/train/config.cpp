@@ -13,6 +13,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "model/config_json.h"
 
 namespace loom::train {
 namespace {
@@ -197,7 +198,6 @@ const std::vector<KeySpec>& key_specs() {
       {"checkpoint", "dir", [](R& c, const V& v) { c.checkpoint.dir = v.string(); }},
       {"checkpoint", "every", [](R& c, const V& v) {
          c.checkpoint.every = v.integer(0);
-         if (c.checkpoint.every != 0) v.unsupported("value is 0 (checkpointing comes later)");
        }},
       {"checkpoint", "keep", [](R& c, const V& v) { c.checkpoint.keep = v.integer(0); }},
       {"checkpoint", "resume", [](R& c, const V& v) {
@@ -329,6 +329,8 @@ void validate(const RunConfig& c, const std::string& source) {
                " is invalid: allowed values are <= model.max_seq_len = ", c.model.max_seq_len);
   LOOM_REQUIRE(c.train.min_lr <= c.train.lr, source, ": train.min_lr = ", c.train.min_lr,
                " is invalid: allowed values are <= train.lr = ", c.train.lr);
+  LOOM_REQUIRE(c.checkpoint.every == 0 || !c.checkpoint.dir.empty(), source, ": checkpoint.dir is missing but ",
+               "checkpoint.every = ", c.checkpoint.every, ": set checkpoint.dir or checkpoint.every = 0");
 }
 
 }  // namespace
@@ -341,6 +343,48 @@ RunConfig parse_run_config(std::string_view toml_text, const std::string& source
   RunConfig c = apply_all(p);
   validate(c, source);
   return c;
+}
+
+nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
+  nlohmann::ordered_json j;
+  j["model"] = model::model_config_to_json(c.model);
+  j["data"] = {{"train", c.data.train}, {"val", c.data.val}, {"shuffle", c.data.shuffle}};
+  const TrainConfig& t = c.train;
+  j["train"] = {{"seq_len", t.seq_len},
+                {"micro_batch", t.micro_batch},
+                {"grad_accum", t.grad_accum},
+                {"steps", t.steps},
+                {"lr", t.lr},
+                {"min_lr", t.min_lr},
+                {"warmup_steps", t.warmup_steps},
+                {"weight_decay", t.weight_decay},
+                {"grad_clip", t.grad_clip},
+                {"dtype", t.dtype},
+                {"recompute", t.recompute},
+                {"seed", t.seed},
+                {"eval_every", t.eval_every},
+                {"eval_steps", t.eval_steps}};
+  const ParallelConfig& p = c.parallel;
+  j["parallel"] = {{"dp", p.dp},
+                   {"tp", p.tp},
+                   {"pp", p.pp},
+                   {"cp", p.cp},
+                   {"ep", p.ep},
+                   {"zero_stage", p.zero_stage},
+                   {"sequence_parallel", p.sequence_parallel},
+                   {"pp_schedule", p.pp_schedule},
+                   {"virtual_stages", p.virtual_stages},
+                   {"bucket_mb", p.bucket_mb},
+                   {"offload_optimizer", p.offload_optimizer},
+                   {"comm_algo", p.comm_algo},
+                   {"timeout_s", p.timeout_s}};
+  j["checkpoint"] = {{"dir", c.checkpoint.dir},
+                     {"every", c.checkpoint.every},
+                     {"keep", c.checkpoint.keep},
+                     {"resume", c.checkpoint.resume}};
+  j["log"] = {{"metrics", c.log.metrics}, {"every", c.log.every}, {"trace", c.log.trace},
+              {"peak_tflops", c.log.peak_tflops}};
+  return j;
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

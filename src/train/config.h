@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/config.h"
 
 namespace loom::train {
@@ -55,13 +57,16 @@ struct ParallelConfig {
   double timeout_s = 600.0;
 };
 
-// Checkpointing is not implemented yet: every must be 0. `dir` is where
-// `loom train` writes the final model.safetensors + loom_config.json.
+// Checkpoints (train/checkpoint.h) go to dir/step_NNNNNN/ every `every` steps
+// and after the last step; `dir` is also where `loom train` writes the final
+// model.safetensors + loom_config.json.
 struct CheckpointConfig {
-  std::string dir;
-  int64_t every = 0;
-  int64_t keep = 0;  // 0 = keep all
-  std::string resume = "auto";  // auto | never | PATH
+  std::string dir;    // required when every > 0
+  int64_t every = 0;  // steps; 0 = no checkpoints
+  int64_t keep = 0;   // newest step dirs kept; 0 = keep all
+  // auto: resume from dir/latest if it exists, else start fresh; never; or
+  // the path of a step dir.
+  std::string resume = "auto";
 };
 
 struct LogConfig {
@@ -87,5 +92,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 // The same for TOML text; `source` names it in errors (e.g. the path).
 RunConfig parse_run_config(std::string_view toml_text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
+
+// Every key, section by section as in the TOML (model without preset: its
+// explicit values), for checkpoint manifests.
+nlohmann::ordered_json run_config_to_json(const RunConfig& c);
 
 }  // namespace loom::train

@@ -30,6 +30,13 @@ class AdamW {
   // folded in); step_ is incremented first (bias correction is 1-based).
   void step(model::Model& model, double lr, float grad_scale);
   int64_t steps_taken() const { return step_; }
+  const AdamWOptions& options() const { return opt_; }
+
+  // The state a checkpoint saves and restores (train/checkpoint.h): the
+  // moments, (P) f32 laid out like Model::params(), and the update count.
+  Tensor m() const { return m_; }
+  Tensor v() const { return v_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
 
  private:
   AdamWOptions opt_;

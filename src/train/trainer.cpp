@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
+#include "train/checkpoint.h"
 
 namespace loom::train {
 namespace {
@@ -133,11 +134,15 @@ namespace {
 // The progress line, the metrics file and the summary of a run.
 class Reporter {
  public:
-  Reporter(const RunConfig& cfg, const TrainOptions& options, double flops_per_token, double peak_flops)
-      : cfg_(cfg), options_(options), flops_per_token_(flops_per_token), peak_flops_(peak_flops) {
+  // first_step: the steps done before this run (a resumed run appends to the
+  // metrics file and estimates its ETA from its own steps).
+  Reporter(const RunConfig& cfg, const TrainOptions& options, double flops_per_token, double peak_flops,
+           int64_t first_step)
+      : cfg_(cfg), options_(options), flops_per_token_(flops_per_token), peak_flops_(peak_flops),
+        first_step_(first_step) {
     const std::string path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
     if (!path.empty()) {
-      metrics_.open(path, std::ios::trunc);
+      metrics_.open(path, first_step > 0 ? std::ios::app : std::ios::trunc);
       LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path, "'");
     }
   }
@@ -157,7 +162,8 @@ class Reporter {
       write(j);
     }
     if (!options_.progress || (s.step % cfg_.log.every != 0 && s.step != cfg_.train.steps && !s.val_loss)) return;
-    const double eta = elapsed / static_cast<double>(s.step) * static_cast<double>(cfg_.train.steps - s.step);
+    const double eta =
+        elapsed / static_cast<double>(s.step - first_step_) * static_cast<double>(cfg_.train.steps - s.step);
     char line[256];
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.0f MiB | "
@@ -184,6 +190,7 @@ class Reporter {
   const TrainOptions& options_;
   double flops_per_token_;
   double peak_flops_;
+  int64_t first_step_;
   std::ofstream metrics_;
 };
 
@@ -200,19 +207,30 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
              t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
              summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)");
   }
-  Reporter reporter(cfg, options, trainer.flops_per_token(), summary.peak_flops);
+  const std::string resume_dir = checkpoint_to_resume(cfg.checkpoint);
+  if (!resume_dir.empty()) {
+    load_checkpoint(trainer, resume_dir);
+    if (options.progress) log_info("resumed from ", resume_dir, " at step ", trainer.steps_done());
+  }
+  const int64_t first_step = trainer.steps_done();
+  Reporter reporter(cfg, options, trainer.flops_per_token(), summary.peak_flops, first_step);
   const bool eval = t.eval_every > 0;
-  if (eval) {
+  if (eval && first_step == 0) {
     summary.initial_val_loss = trainer.evaluate();
     reporter.initial_eval(*summary.initial_val_loss);
   }
+  const CheckpointConfig& ckpt = cfg.checkpoint;
   const auto start = Clock::now();
-  for (int64_t i = 0; i < t.steps; ++i) {
+  for (int64_t i = first_step; i < t.steps; ++i) {
     StepStats s = trainer.step();
     if (eval && (s.step % t.eval_every == 0 || s.step == t.steps)) s.val_loss = trainer.evaluate();
     if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
     reporter.step(s, seconds_since(start), pools.report().peak_total);
     summary.steps.push_back(s);
+    if (ckpt.every > 0 && (s.step % ckpt.every == 0 || s.step == t.steps)) {
+      const std::string dir = save_checkpoint(trainer, ckpt.dir, ckpt.keep);
+      if (options.progress) log_info("checkpoint: wrote ", dir);
+    }
   }
   summary.seconds = seconds_since(start);
   const std::string out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;

@@ -51,6 +51,11 @@ class Trainer {
   const RunConfig& config() const { return cfg_; }
   model::Model& model() { return *model_; }
   int64_t steps_done() const { return optimizer_->steps_taken(); }
+  // The state besides the parameters that the next step depends on, for
+  // checkpoints (train/checkpoint.h); the LR follows from steps_done().
+  AdamW& optimizer() { return *optimizer_; }
+  DataLoader& train_data() { return train_data_; }
+  const LrSchedule& lr_schedule() const { return schedule_; }
   // Model FLOPs per trained token: 6 N + 12 n_layer n_embd seq_len (the
   // attention scores and mixing, forward and backward: PaLM appendix B).
   double flops_per_token() const;
@@ -80,9 +85,12 @@ struct TrainSummary {
   double peak_flops = 0;  // FLOP/s behind MFU
 };
 
-// Runs cfg.train.steps steps with evaluation (before the first step, every
-// eval_every steps and after the last), progress lines every log.every
-// steps, metrics, and the final model written to out_dir / checkpoint.dir.
+// Resumes as checkpoint.resume says (train/checkpoint.h), then runs up to
+// cfg.train.steps steps in all with evaluation (before the first step of a
+// fresh run, every eval_every steps and after the last), progress lines every
+// log.every steps, metrics, checkpoints every checkpoint.every steps and
+// after the last, and the final model written to out_dir / checkpoint.dir.
+// summary.steps holds this run's steps only.
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options);
 
 // FLOP/s of an f32 1024^3 GEMM on this process's threads, best of 8 runs:

@@ -168,7 +168,12 @@ TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
   expect_error(kMinimal, {"train.dtype=bf16"}, {"train.dtype = 'bf16' is not supported yet", "fp32"});
   expect_error(kMinimal, {"train.recompute=full"}, {"train.recompute = 'full' is not supported yet"});
   expect_error(kMinimal, {"parallel.tp=2"}, {"parallel.tp = 2 is not supported yet"});
-  expect_error(kMinimal, {"checkpoint.every=100"}, {"checkpoint.every = 100 is not supported yet"});
+}
+
+TEST(RunConfigErrors, CheckpointEveryNeedsADir) {
+  expect_error(kMinimal, {"checkpoint.every=100"}, {"checkpoint.dir is missing but checkpoint.every = 100"});
+  EXPECT_EQ(parse_run_config(kMinimal, "run.toml", {"checkpoint.every=100", "checkpoint.dir=ckpt"}).checkpoint.every,
+            100);
 }
 
 TEST(RunConfigErrors, InvalidModelAndPresetNameTheKey) {

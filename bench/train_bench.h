@@ -1,0 +1,27 @@
+// `loom bench train`: tokens/s, step time, MFU and peak memory of full
+// training steps (forward, backward, global-norm clip, AdamW) of a preset
+// model on random tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom::bench {
+
+struct TrainBenchOptions {
+  std::string model = "gpt2-124m";  // a model preset (model/config.h)
+  int64_t batch = 4;                // B: sequences per step
+  int64_t seq = 128;                // T: tokens per sequence
+  int steps = 10;                   // timed steps
+  int warmup = 2;                   // untimed steps before them
+  std::string dtype = "fp32";       // fp32 | bf16 (bf16: not supported yet, an error)
+  bool json = false;                // one JSON Lines object instead of a table
+  int threads = 1;                  // recorded in the output
+  std::string command;              // the command line that reproduces the run
+};
+
+// Runs the benchmark, prints the result to stdout; returns the exit code.
+// Unknown presets, bf16 and T > max_seq_len are loom::Errors.
+int run_train_bench(const TrainBenchOptions& opts);
+
+}  // namespace loom::bench

@@ -1,0 +1,372 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "model/config_json.h"
+
+namespace loom::train {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+// Tensor names in a rank file: the same prefix + parameter name for the
+// parameter and its two AdamW moments.
+constexpr const char* kParamsPrefix = "params/";
+constexpr const char* kAdamMPrefix = "adam_m/";
+constexpr const char* kAdamVPrefix = "adam_v/";
+
+json shape_json(const Shape& s) {
+  json a = json::array();
+  for (int i = 0; i < s.ndim(); ++i) a.push_back(s[i]);
+  return a;
+}
+
+// Each parameter and its moments, under their checkpoint names: views of the
+// trainer's flat buffers.
+std::vector<std::pair<std::string, Tensor>> state_tensors(Trainer& t) {
+  const model::Model& m = t.model();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const model::ParamSpec& spec : m.param_specs()) {
+    out.emplace_back(kParamsPrefix + spec.name, model::param_view(m.params(), spec));
+    out.emplace_back(kAdamMPrefix + spec.name, model::param_view(t.optimizer().m(), spec));
+    out.emplace_back(kAdamVPrefix + spec.name, model::param_view(t.optimizer().v(), spec));
+  }
+  return out;
+}
+
+json manifest_json(Trainer& t, const std::vector<std::pair<std::string, Tensor>>& tensors, const json& files) {
+  const RunConfig& c = t.config();
+  const std::string rank_file = checkpoint_rank_file_name(0);
+  json tensor_specs = json::object();
+  for (const auto& [name, tensor] : tensors) {
+    // One whole shard on rank 0: the form a sharded run extends with one
+    // entry per rank, each with its offset into the global shape.
+    json offset = json::array();
+    for (int i = 0; i < tensor.shape().ndim(); ++i) offset.push_back(0);
+    const json shard = {{"rank", 0}, {"file", rank_file}, {"offset", offset}, {"shape", shape_json(tensor.shape())}};
+    const json spec = {{"dtype", io::safetensors_dtype_name(tensor.dtype())},
+                       {"shape", shape_json(tensor.shape())},
+                       {"shards", json::array({shard})}};
+    tensor_specs[name] = spec;
+  }
+  const AdamWOptions& o = t.optimizer().options();
+  const LrSchedule& lr = t.lr_schedule();
+  json j;
+  j["format"] = "loom-checkpoint";
+  j["format_version"] = kCheckpointFormatVersion;
+  j["step"] = t.steps_done();
+  j["mesh"] = {{"dp", c.parallel.dp}, {"tp", c.parallel.tp}, {"pp", c.parallel.pp},
+               {"cp", c.parallel.cp}, {"ep", c.parallel.ep}};
+  j["config"] = run_config_to_json(c);
+  j["data"] = {{"position", t.train_data().position()},
+               {"epoch", t.train_data().epoch()},
+               {"windows_per_epoch", t.train_data().windows_per_epoch()},
+               {"shards", t.train_data().shard_paths()}};
+  // The only randomness: init (overwritten by the restored parameters) and the
+  // shuffle order, a function of (seed, epoch) and the position above.
+  j["rng"] = {{"seed", c.train.seed}, {"shuffle", c.data.shuffle}};
+  j["optimizer"] = {{"type", "adamw"},        {"steps_taken", t.optimizer().steps_taken()},
+                    {"beta1", o.beta1},       {"beta2", o.beta2},
+                    {"eps", o.eps},           {"weight_decay", o.weight_decay}};
+  j["lr_schedule"] = {{"lr", lr.lr},       {"min_lr", lr.min_lr}, {"warmup_steps", lr.warmup_steps},
+                      {"steps", lr.steps}, {"next_lr", lr.at(t.steps_done())}};
+  j["tensors"] = tensor_specs;
+  j["files"] = files;
+  return j;
+}
+
+// Step dirs under root, oldest first.
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.rfind("step_", 0) != 0 || name.size() <= 5) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) continue;
+    out.emplace_back(std::stoll(name.substr(5)), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void prune_step_dirs(const fs::path& root, int64_t keep, const fs::path& newest) {
+  if (keep <= 0) return;
+  const auto dirs = step_dirs(root);
+  const int64_t extra = static_cast<int64_t>(dirs.size()) - keep;
+  for (int64_t i = 0; i < extra; ++i) {
+    if (dirs[i].second == newest) continue;
+    std::error_code ec;
+    fs::remove_all(dirs[i].second, ec);
+    LOOM_REQUIRE(!ec, "cannot delete the old checkpoint '", dirs[i].second.string(), "': ", ec.message());
+  }
+}
+
+template <typename T>
+T manifest_value(const json& j, const char* key, const std::string& where) {
+  LOOM_REQUIRE(j.is_object() && j.contains(key), where, ": key '", key, "' is missing");
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    fail(where, ": key '", key, "' has the wrong type: ", j.at(key).dump());
+  }
+}
+
+// The first [model] key whose value differs between the checkpoint and the run.
+void check_same_model(const json& saved, const json& run, const std::string& where) {
+  LOOM_REQUIRE(saved.is_object(), where, ": config.model is missing");
+  for (const auto& [key, value] : run.items()) {
+    LOOM_REQUIRE(saved.contains(key), where, ": the checkpoint's config.model has no key '", key, "'");
+    LOOM_REQUIRE(saved.at(key) == value, where, ": the checkpoint is of another model: model.", key, " is ",
+                 saved.at(key).dump(), " in the checkpoint but ", value.dump(), " in this run's config");
+  }
+  for (const auto& [key, value] : saved.items())
+    LOOM_REQUIRE(run.contains(key), where, ": the checkpoint's config.model has an unknown key '", key, "'");
+}
+
+// Train and data keys that differ from the checkpoint's run: allowed, but
+// the continuation then differs from the uninterrupted run, so each is named.
+// Not named: train.steps (a longer run), the eval keys (no effect on the
+// state) and the shard paths (often spelled otherwise; data.position counts
+// windows, whatever the files).
+void warn_changed_keys(const json& saved_config, const json& run_config, const std::string& where) {
+  const auto quiet = [](const std::string& key) {
+    return key == "steps" || key == "eval_every" || key == "eval_steps" || key == "train" || key == "val";
+  };
+  for (const char* section : {"data", "train"}) {
+    if (!saved_config.contains(section)) continue;
+    for (const auto& [key, value] : run_config.at(section).items()) {
+      const json& saved = saved_config.at(section);
+      if (quiet(key) || !saved.contains(key) || saved.at(key) == value) continue;
+      log_warn("resuming with ", section, ".", key, " = ", value.dump(), ", but ", where, " has ",
+               saved.at(key).dump());
+    }
+  }
+}
+
+// Presence, size and sha256 of every file the manifest lists.
+void check_files(const json& files, const fs::path& dir, const std::string& where) {
+  LOOM_REQUIRE(files.is_array() && !files.empty(), where, ": 'files' is missing or empty");
+  for (const json& f : files) {
+    const std::string name = manifest_value<std::string>(f, "name", where);
+    const auto bytes = manifest_value<uint64_t>(f, "bytes", where);
+    const std::string sha = manifest_value<std::string>(f, "sha256", where);
+    const fs::path path = dir / name;
+    LOOM_REQUIRE(fs::is_regular_file(path), "checkpoint file '", path.string(), "' is missing (listed in ", where,
+                 ")");
+    const uint64_t size = fs::file_size(path);
+    LOOM_REQUIRE(size >= bytes, "checkpoint file '", path.string(), "' is truncated: ", size, " bytes, but ", where,
+                 " says ", bytes);
+    LOOM_REQUIRE(size == bytes, "checkpoint file '", path.string(), "' has ", size, " bytes, but ", where, " says ",
+                 bytes);
+    const std::string actual = sha256_file_hex(path.string());
+    LOOM_REQUIRE(actual == sha, "checkpoint file '", path.string(), "' is corrupted: its sha256 is ", actual,
+                 " but ", where, " says ", sha);
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%06lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string checkpoint_rank_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
+  return buf;
+}
+
+std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep) {
+  LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
+  const fs::path dir = fs::path(root) / checkpoint_step_dir_name(trainer.steps_done());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  LOOM_REQUIRE(!ec, "cannot create the checkpoint directory '", dir.string(), "': ", ec.message());
+  // A dir left by an earlier run is incomplete from here until the new manifest lands.
+  fs::remove(dir / kCheckpointManifestFile, ec);
+  const auto tensors = state_tensors(trainer);
+  const std::string rank_file = checkpoint_rank_file_name(0);
+  const fs::path rank_path = dir / rank_file;
+  io::write_safetensors(rank_path.string(), tensors,
+                        {{"format", "loom-checkpoint"}, {"step", std::to_string(trainer.steps_done())}});
+  const json files = json::array({{{"name", rank_file},
+                                   {"rank", 0},
+                                   {"bytes", fs::file_size(rank_path)},
+                                   {"sha256", sha256_file_hex(rank_path.string())}}});
+  write_file_atomic((dir / kCheckpointManifestFile).string(), manifest_json(trainer, tensors, files).dump(2) + "\n");
+  write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), dir.filename().string() + "\n");
+  prune_step_dirs(root, keep, dir);
+  return dir.string();
+}
+
+std::string checkpoint_to_resume(const CheckpointConfig& c) {
+  if (c.resume == "never") return "";
+  const bool automatic = c.resume == "auto";
+  const fs::path root = automatic ? fs::path(c.dir) : fs::path(c.resume);
+  if (automatic && c.dir.empty()) return "";
+  LOOM_REQUIRE(automatic || fs::is_directory(root), "checkpoint.resume = '", c.resume,
+               "' is not a directory: allowed values are auto, never or a checkpoint step dir");
+  if (!automatic && fs::exists(root / kCheckpointManifestFile)) return root.string();
+  const fs::path latest = root / kCheckpointLatestFile;
+  if (!fs::exists(latest)) {
+    LOOM_REQUIRE(automatic, "checkpoint.resume = '", c.resume, "' holds neither ", kCheckpointManifestFile, " nor ",
+                 kCheckpointLatestFile);
+    return "";
+  }
+  std::ifstream in(latest);
+  std::string name;
+  std::getline(in, name);
+  LOOM_REQUIRE(!name.empty(), "checkpoint file '", latest.string(), "' is empty: it should name a step dir");
+  const fs::path target = root / name;
+  LOOM_REQUIRE(fs::is_directory(target), "checkpoint file '", latest.string(), "' names '", name,
+               "', which does not exist in ", root.string());
+  return target.string();
+}
+
+int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
+  const fs::path dir(step_dir);
+  const std::string where = (dir / kCheckpointManifestFile).string();
+  LOOM_REQUIRE(fs::is_directory(dir), "checkpoint '", step_dir, "' does not exist");
+  LOOM_REQUIRE(fs::exists(where), "checkpoint manifest '", where, "' is missing: the checkpoint is incomplete");
+  const nlohmann::json m = model::read_json_file(where);
+  const auto version = manifest_value<int64_t>(m, "format_version", where);
+  LOOM_REQUIRE(version == kCheckpointFormatVersion, where, ": format_version ", version,
+               " is not supported: this loom reads format_version ", kCheckpointFormatVersion);
+  LOOM_REQUIRE(m.contains("config") && m["config"].contains("model"), where, ": config.model is missing");
+  check_same_model(m["config"]["model"], model::model_config_to_json(trainer.config().model), where);
+  for (const char* axis : {"dp", "tp", "pp", "cp", "ep"})
+    LOOM_REQUIRE(manifest_value<int64_t>(m.value("mesh", nlohmann::json::object()), axis, where) == 1, where,
+                 ": mesh.", axis, " is not 1: resharding a checkpoint is not supported yet");
+  check_files(m["files"], dir, where);
+  const auto step = manifest_value<int64_t>(m, "step", where);
+  const auto position = manifest_value<int64_t>(m.value("data", nlohmann::json::object()), "position", where);
+  LOOM_REQUIRE(step >= 0 && position >= 0, where, ": step ", step, " or data.position ", position, " is negative");
+
+  const io::SafetensorsFile file = io::SafetensorsFile::open((dir / checkpoint_rank_file_name(0)).string());
+  const auto tensors = state_tensors(trainer);
+  for (const auto& [name, dst] : tensors) {
+    LOOM_REQUIRE(file.has(name), "checkpoint file '", file.path(), "' has no tensor '", name, "'");
+    const io::TensorInfo& info = file.info(name);
+    LOOM_REQUIRE(info.dtype == dst.dtype() && info.shape == dst.shape(), "checkpoint file '", file.path(),
+                 "': tensor '", name, "' has another dtype or shape than this run's model");
+  }
+  // Everything is checked: from here on the trainer changes.
+  warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
+  for (const auto& [name, dst] : tensors) file.read(name, dst);
+  trainer.optimizer().set_steps_taken(step);
+  trainer.train_data().set_position(position);
+  return step;
+}
+
+// ---- SHA-256, FIPS 180-4 §6.2 ----
+
+namespace {
+
+constexpr std::array<uint32_t, 64> kSha256K = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+constexpr uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+}  // namespace
+
+Sha256::Sha256()
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+
+void Sha256::compress(const uint8_t* p) {
+  std::array<uint32_t, 64> w;
+  for (int i = 0; i < 16; ++i)
+    w[i] = uint32_t{p[4 * i]} << 24 | uint32_t{p[4 * i + 1]} << 16 | uint32_t{p[4 * i + 2]} << 8 | p[4 * i + 3];
+  for (int i = 16; i < 64; ++i) {
+    const uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+  for (int i = 0; i < 64; ++i) {
+    const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kSha256K[i] + w[i];
+    const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+  }
+  h_[0] += a, h_[1] += b, h_[2] += c, h_[3] += d, h_[4] += e, h_[5] += f, h_[6] += g, h_[7] += h;
+}
+
+void Sha256::update(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  total_bytes_ += bytes;
+  while (bytes > 0) {
+    const size_t n = std::min(bytes, buffer_.size() - buffered_);
+    std::memcpy(buffer_.data() + buffered_, p, n);
+    buffered_ += n, p += n, bytes -= n;
+    if (buffered_ == buffer_.size()) {
+      compress(buffer_.data());
+      buffered_ = 0;
+    }
+  }
+}
+
+std::array<uint8_t, 32> Sha256::finish() {
+  const uint64_t bits = total_bytes_ * 8;
+  const uint8_t one = 0x80, zero = 0;
+  update(&one, 1);
+  while (buffered_ != 56) update(&zero, 1);
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
+  update(length, 8);
+  std::array<uint8_t, 32> out;
+  for (int i = 0; i < 32; ++i) out[i] = static_cast<uint8_t>(h_[i / 4] >> (24 - 8 * (i % 4)));
+  return out;
+}
+
+namespace {
+
+std::string hex(const std::array<uint8_t, 32>& digest) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (const uint8_t b : digest) s += {digits[b >> 4], digits[b & 15]};
+  return s;
+}
+
+}  // namespace
+
+std::string sha256_hex(std::string_view data) {
+  Sha256 h;
+  h.update(data.data(), data.size());
+  return hex(h.finish());
+}
+
+std::string sha256_file_hex(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_REQUIRE(in.good(), "cannot read '", path, "'");
+  Sha256 h;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    h.update(buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  LOOM_REQUIRE(in.eof(), "reading '", path, "' failed");
+  return hex(h.finish());
+}
+
+}  // namespace loom::train

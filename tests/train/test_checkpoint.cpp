@@ -1,0 +1,307 @@
+#include "train/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "text/shards.h"
+#include "train/trainer.h"
+
+namespace loom::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Sha256, MatchesTheFips180Vectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST(Sha256, OneMillionAsFedInUnevenPiecesMatchesTheFips180Vector) {
+  const std::string a(1'000'000, 'a');
+  Sha256 h;
+  size_t done = 0;
+  for (size_t piece = 1; done < a.size(); piece = piece * 3 % 1000 + 1) {
+    const size_t n = std::min(piece, a.size() - done);
+    h.update(a.data() + done, n);
+    done += n;
+  }
+  const auto digest = h.finish();
+  char hex[65];
+  for (int i = 0; i < 32; ++i) std::snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+  EXPECT_EQ(std::string(hex), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(sha256_hex(a), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// A learnable stream: token i is i mod 37.
+std::vector<int32_t> counting_tokens(int64_t n) {
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i % 37);
+  return t;
+}
+
+std::vector<float> copy_of(const Tensor& t) {
+  const float* p = t.data_as<float>();
+  return {p, p + t.numel()};
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Every file under dir with its bytes.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out[e.path().string()] = e.is_regular_file() ? read_text(e.path()) : "<dir>";
+  return out;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_test_checkpoint_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    text::write_shard((dir_ / "train_000000.bin").string(), counting_tokens(4000), 1);
+    text::write_shard((dir_ / "val_000000.bin").string(), counting_tokens(500), 1);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  RunConfig config() const {
+    RunConfig c;
+    c.model = model::model_preset("gpt2-tiny");
+    c.data.train = {(dir_ / "train_*.bin").string()};
+    c.data.val = {(dir_ / "val_*.bin").string()};
+    c.train.seq_len = 16;
+    c.train.micro_batch = 2;
+    c.train.grad_accum = 2;
+    c.train.steps = 20;
+    c.train.lr = 1e-2;
+    c.train.min_lr = 1e-3;
+    c.train.warmup_steps = 2;
+    c.train.eval_every = 10;
+    c.train.eval_steps = 2;
+    c.log.peak_tflops = 1.0;
+    return c;
+  }
+
+  // Steps t to `until`, appending each loss and each eval_every val loss.
+  static void train_until(Trainer& t, int64_t until, std::vector<double>& losses) {
+    while (t.steps_done() < until) {
+      const StepStats s = t.step();
+      losses.push_back(s.loss);
+      if (s.step % t.config().train.eval_every == 0) losses.push_back(t.evaluate());
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointTest, TwentyStepsEqualTenPlusResumePlusTenBitwise) {
+  const RunConfig c = config();
+  std::vector<double> straight, resumed;
+  Pools p1;
+  Trainer full(c, p1);
+  train_until(full, 20, straight);
+
+  const fs::path root = dir_ / "ckpt";
+  {
+    Pools p2;
+    Trainer first(c, p2);
+    train_until(first, 10, resumed);
+    EXPECT_EQ(save_checkpoint(first, root.string(), 0), (root / "step_000010").string());
+  }
+  RunConfig rc = c;
+  rc.checkpoint.dir = root.string();
+  const std::string from = checkpoint_to_resume(rc.checkpoint);
+  ASSERT_EQ(from, (root / "step_000010").string());
+  Pools p3;
+  Trainer second(rc, p3);
+  EXPECT_EQ(load_checkpoint(second, from), 10);
+  EXPECT_EQ(second.steps_done(), 10);
+  train_until(second, 20, resumed);
+
+  ASSERT_EQ(straight.size(), resumed.size());
+  EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(double)), 0);
+  EXPECT_EQ(copy_of(full.model().params()), copy_of(second.model().params()));
+  EXPECT_EQ(copy_of(full.optimizer().m()), copy_of(second.optimizer().m()));
+  EXPECT_EQ(copy_of(full.optimizer().v()), copy_of(second.optimizer().v()));
+  EXPECT_EQ(full.train_data().position(), second.train_data().position());
+}
+
+// The same claim through run_training: a run resumed from the step-10
+// checkpoint of a 20-step run writes the same step-20 checkpoint, byte for byte.
+TEST_F(CheckpointTest, RunTrainingResumedAtStepTenWritesTheSameStepTwentyCheckpoint) {
+  TrainOptions quiet;
+  quiet.progress = false;
+  RunConfig c = config();
+  c.checkpoint.dir = (dir_ / "a").string();
+  c.checkpoint.every = 10;
+  const TrainSummary straight = run_training(c, quiet);
+  ASSERT_EQ(straight.steps.size(), 20u);
+
+  c.checkpoint.dir = (dir_ / "b").string();
+  c.checkpoint.resume = (dir_ / "a" / "step_000010").string();
+  const TrainSummary resumed = run_training(c, quiet);
+  ASSERT_EQ(resumed.steps.size(), 10u);
+  EXPECT_FALSE(resumed.initial_val_loss.has_value());
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(resumed.steps[i].step, straight.steps[10 + i].step);
+    EXPECT_EQ(resumed.steps[i].loss, straight.steps[10 + i].loss) << "step " << resumed.steps[i].step;
+    EXPECT_EQ(resumed.steps[i].lr, straight.steps[10 + i].lr);
+  }
+  EXPECT_EQ(resumed.final_val_loss, straight.final_val_loss);
+  EXPECT_EQ(read_text(dir_ / "a" / "step_000020" / "rank_00000.safetensors"),
+            read_text(dir_ / "b" / "step_000020" / "rank_00000.safetensors"));
+  EXPECT_EQ(read_text(dir_ / "a" / "model.safetensors"), read_text(dir_ / "b" / "model.safetensors"));
+}
+
+TEST_F(CheckpointTest, KeepLeavesTheNewestStepDirsAndLatestNamesTheLast) {
+  TrainOptions quiet;
+  quiet.progress = false;
+  RunConfig c = config();
+  c.train.steps = 7;
+  c.train.eval_every = 0;
+  c.checkpoint.dir = (dir_ / "ckpt").string();
+  c.checkpoint.every = 2;
+  c.checkpoint.keep = 2;
+  run_training(c, quiet);
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt"))
+    if (e.is_directory()) steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<std::string>{"step_000006", "step_000007"}));
+  EXPECT_EQ(read_text(dir_ / "ckpt" / "latest"), "step_000007\n");
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "latest.tmp"));
+}
+
+TEST_F(CheckpointTest, ManifestRecordsStepConfigMeshShapesAndDigests) {
+  Pools pools;
+  Trainer t(config(), pools);
+  t.step();
+  const fs::path step_dir = save_checkpoint(t, (dir_ / "ckpt").string(), 0);
+  const nlohmann::json m = nlohmann::json::parse(read_text(step_dir / "manifest.json"));
+  EXPECT_EQ(m["format_version"], kCheckpointFormatVersion);
+  EXPECT_EQ(m["step"], 1);
+  EXPECT_EQ(m["data"]["position"], 2 * 2);  // micro_batch x grad_accum samples
+  EXPECT_EQ(m["mesh"]["tp"], 1);
+  EXPECT_EQ(m["config"]["model"]["n_layer"], t.config().model.n_layer);
+  EXPECT_EQ(m["config"]["train"]["grad_accum"], 2);
+  EXPECT_EQ(m["tensors"]["params/wte.weight"]["shape"],
+            nlohmann::json::array({t.config().model.vocab_size, t.config().model.n_embd}));
+  EXPECT_EQ(m["tensors"]["adam_v/wte.weight"]["dtype"], "F32");
+  EXPECT_EQ(m["tensors"]["adam_m/ln_f.bias"]["shards"][0]["file"], "rank_00000.safetensors");
+  EXPECT_EQ(m["files"][0]["sha256"], sha256_hex(read_text(step_dir / "rank_00000.safetensors")));
+}
+
+// A checkpoint after 2 steps, damaged by `damage`; resuming from it must
+// throw a loom::Error containing every part, and change neither a file nor
+// the trainer.
+class CheckpointErrorTest : public CheckpointTest {
+ protected:
+  void expect_resume_error(const std::function<void(const fs::path& step_dir)>& damage,
+                           std::initializer_list<std::string> parts, RunConfig run = RunConfig()) {
+    const RunConfig c = config();
+    const fs::path root = dir_ / "ckpt";
+    {
+      Pools pools;
+      Trainer t(c, pools);
+      t.step(), t.step();
+      save_checkpoint(t, root.string(), 0);
+    }
+    damage(root / "step_000002");
+    const auto before = snapshot(root);
+    if (run.data.train.empty()) run = c;
+    run.checkpoint.dir = root.string();
+    Pools pools;
+    Trainer fresh(run, pools);
+    const std::vector<float> params = copy_of(fresh.model().params());
+    try {
+      load_checkpoint(fresh, checkpoint_to_resume(run.checkpoint));
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      for (const std::string& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg << "\nmissing: " << part;
+    }
+    EXPECT_EQ(snapshot(root), before);
+    EXPECT_EQ(copy_of(fresh.model().params()), params);
+    EXPECT_EQ(fresh.steps_done(), 0);
+  }
+};
+
+TEST_F(CheckpointErrorTest, TruncatedFileIsNamed) {
+  expect_resume_error([](const fs::path& d) { fs::resize_file(d / "rank_00000.safetensors", 1000); },
+                      {"step_000002/rank_00000.safetensors' is truncated: 1000 bytes", "manifest.json"});
+}
+
+TEST_F(CheckpointErrorTest, CorruptedByteIsASha256Mismatch) {
+  expect_resume_error(
+      [](const fs::path& d) {
+        const fs::path f = d / "rank_00000.safetensors";
+        std::string bytes = read_text(f);
+        bytes[bytes.size() / 2] ^= 0x01;
+        std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
+      },
+      {"step_000002/rank_00000.safetensors' is corrupted: its sha256 is", "manifest.json says"});
+}
+
+TEST_F(CheckpointErrorTest, WrongFormatVersionIsNamed) {
+  expect_resume_error(
+      [](const fs::path& d) {
+        nlohmann::ordered_json m = nlohmann::ordered_json::parse(read_text(d / "manifest.json"));
+        m["format_version"] = 99;
+        std::ofstream(d / "manifest.json", std::ios::trunc) << m.dump(2);
+      },
+      {"step_000002/manifest.json: format_version 99 is not supported", "reads format_version 1"});
+}
+
+TEST_F(CheckpointErrorTest, AnotherModelNamesTheDifferingKey) {
+  RunConfig run = config();
+  run.model.n_layer += 1;
+  expect_resume_error([](const fs::path&) {},
+                      {"step_000002/manifest.json", "another model: model.n_layer is " +
+                                                        std::to_string(run.model.n_layer - 1) + " in the checkpoint but " +
+                                                        std::to_string(run.model.n_layer)},
+                      run);
+}
+
+TEST_F(CheckpointErrorTest, LatestNamingAMissingDirIsNamed) {
+  expect_resume_error([](const fs::path& d) { std::ofstream(d.parent_path() / "latest", std::ios::trunc) << "step_000099\n"; },
+                      {"ckpt/latest' names 'step_000099', which does not exist"});
+}
+
+TEST_F(CheckpointErrorTest, MissingListedFileIsNamed) {
+  expect_resume_error([](const fs::path& d) { fs::remove(d / "rank_00000.safetensors"); },
+                      {"step_000002/rank_00000.safetensors' is missing", "manifest.json"});
+}
+
+TEST_F(CheckpointTest, ResumeAutoWithoutLatestStartsFreshAndNeverIgnoresLatest) {
+  CheckpointConfig c;
+  c.dir = (dir_ / "none").string();
+  EXPECT_EQ(checkpoint_to_resume(c), "");
+  fs::create_directories(dir_ / "ckpt" / "step_000003");
+  std::ofstream(dir_ / "ckpt" / "latest") << "step_000003\n";
+  c.dir = (dir_ / "ckpt").string();
+  EXPECT_EQ(checkpoint_to_resume(c), (dir_ / "ckpt" / "step_000003").string());
+  c.resume = "never";
+  EXPECT_EQ(checkpoint_to_resume(c), "");
+  c.resume = (dir_ / "no_such_dir").string();
+  EXPECT_THROW(checkpoint_to_resume(c), Error);
+}
+
+}  // namespace
+}  // namespace loom::train
