@@ -114,8 +114,8 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
 }  // namespace
 
 int run_train_bench(const TrainBenchOptions& o) {
-  LOOM_REQUIRE(o.dtype == "fp32", "bench train: --dtype ", o.dtype,
-               ": bf16 training is not supported yet (the model computes in fp32 only); use --dtype fp32");
+  LOOM_REQUIRE(o.dtype == "fp32" || o.dtype == "bf16", "bench train: --dtype ", o.dtype, ": ", o.dtype,
+               " training is not supported yet: use --dtype fp32 or bf16");
   const std::vector<std::string> presets = model::model_preset_names();
   if (std::find(presets.begin(), presets.end(), o.model) == presets.end()) {
     std::string valid;
@@ -129,7 +129,7 @@ int run_train_bench(const TrainBenchOptions& o) {
   const size_t rss_before = max_rss_bytes();
 
   Pools pools;
-  model::Model m(cfg, o.batch, o.seq, pools);
+  model::Model m(cfg, o.batch, o.seq, pools, o.dtype == "bf16" ? DType::bf16 : DType::f32);
   m.init_params(kSeed);
   train::AdamW opt(m, pools, train::AdamWOptions{});
   OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});

@@ -39,7 +39,7 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   train->add_option("--steps", opts->steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   train->add_option("--warmup", opts->warmup, "untimed steps before them")->capture_default_str()->check(
       CLI::Range(0, 1 << 20));
-  train->add_option("--dtype", opts->dtype, "fp32 | bf16 (bf16 is not supported yet)")
+  train->add_option("--dtype", opts->dtype, "fp32 | bf16 (bf16 compute, fp32 master weights and optimizer state)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
   train->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")

@@ -21,11 +21,14 @@ const ParamSpec& find_spec(const std::vector<ParamSpec>& specs, const std::strin
        specs.size(), " parameters in all)");
 }
 
-// Allocates activation tensors from one pool and keeps their storage.
+// Allocates activation tensors from one pool and keeps their storage; the
+// default dtype is the compute dtype.
 struct Allocator {
   Pool& pool;
   std::vector<OwnedTensor>& owned;
-  Tensor operator()(Shape shape, DType dtype = DType::f32) {
+  DType compute;
+  Tensor operator()(Shape shape) { return (*this)(shape, compute); }
+  Tensor operator()(Shape shape, DType dtype) {
     owned.push_back(pool.empty(dtype, shape));
     return owned.back();
   }
@@ -87,13 +90,16 @@ HeadWeights ParamViews::head(const ModelConfig& cfg) const {
   return h;
 }
 
-Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools)
+Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute)
     : cfg_(cfg), B_(B), T_(T), specs_(model::param_specs(cfg)), state_(std::make_unique<ModelState>()) {
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(T >= 1 && T <= cfg.max_seq_len, "sequence length ", T, " is invalid: allowed values are 1 to ",
                "model.max_seq_len = ", cfg.max_seq_len);
+  LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16, "model compute dtype ", dtype_name(compute),
+               " is not supported: allowed are f32 and bf16");
   const int64_t P = param_count(specs_);
-  params_ = pools[MemTag::params].empty(DType::f32, {P});
+  params_ = pools[MemTag::params].empty(compute, {P});
+  if (compute != DType::f32) master_ = pools[MemTag::master].empty(DType::f32, {P});
   grads_ = pools[MemTag::grads].zeros(DType::f32, {P});
 
   ModelState& st = *state_;
@@ -101,7 +107,8 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools)
   const int64_t C = cfg.n_embd, HS = cfg.head_size(), NH = cfg.n_head, NKV = cfg.n_kv_head, F = cfg.d_ff;
   const int64_t L = cfg.n_layer, V = cfg.vocab_size;
   st.dims = {B, T, C, NH, NKV, HS, F, cfg.norm_eps, cfg.rope_theta};
-  Allocator alloc{pools[MemTag::activations], st.owned};
+  Allocator alloc{pools[MemTag::activations], st.owned, compute};
+  const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
 
   st.tokens = alloc({B, T}, DType::i32);
   st.targets = alloc({B, T}, DType::i32);
@@ -110,28 +117,28 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools)
   for (int64_t l = 0; l <= L; ++l) st.resid.push_back(alloc({B, T, C}));
   for (int64_t l = 0; l < L; ++l) {
     LayerActs a;
-    a.norm1 = alloc({B, T, C}), a.rstd1 = alloc({B * T});
-    if (gpt2) a.mean1 = alloc({B * T});
+    a.norm1 = alloc({B, T, C}), a.rstd1 = alloc({B * T}, f32);
+    if (gpt2) a.mean1 = alloc({B * T}, f32);
     a.q = alloc({B, T, NH, HS}), a.k = alloc({B, T, NKV, HS}), a.v = alloc({B, T, NKV, HS});
-    a.att = alloc({B, T, NH, HS}), a.lse = alloc({B, NH, T});
+    a.att = alloc({B, T, NH, HS}), a.lse = alloc({B, NH, T}, f32);
     a.res1 = alloc({B, T, C});
-    a.norm2 = alloc({B, T, C}), a.rstd2 = alloc({B * T});
-    if (gpt2) a.mean2 = alloc({B * T});
+    a.norm2 = alloc({B, T, C}), a.rstd2 = alloc({B * T}, f32);
+    if (gpt2) a.mean2 = alloc({B * T}, f32);
     a.fc = alloc({B, T, F}), a.act = alloc({B, T, F});
     if (!gpt2) a.up = alloc({B, T, F});
     st.acts.push_back(a);
   }
-  st.normf = alloc({B, T, C}), st.rstdf = alloc({B * T});
-  if (gpt2) st.meanf = alloc({B * T});
+  st.normf = alloc({B, T, C}), st.rstdf = alloc({B * T}, f32);
+  if (gpt2) st.meanf = alloc({B * T}, f32);
   st.logits = alloc({B, T, V});
-  st.dres = alloc({B, T, C}), st.dnormf = alloc({B, T, C});
+  st.dres = alloc({B, T, C}, f32), st.dnormf = alloc({B, T, C}, f32);
   Scratch& s = st.s;
-  s.dnorm = alloc({B, T, C});
-  s.dq = alloc({B, T, NH, HS}), s.dk = alloc({B, T, NKV, HS}), s.dv = alloc({B, T, NKV, HS});
-  if (!gpt2) s.dq_rot = alloc({B, T, NH, HS}), s.dk_rot = alloc({B, T, NKV, HS});
-  s.datt = alloc({B, T, NH, HS});
-  s.dfc = alloc({B, T, F}), s.dact = alloc({B, T, F});
-  if (!gpt2) s.dup = alloc({B, T, F});
+  s.dnorm = alloc({B, T, C}, f32);
+  s.dq = alloc({B, T, NH, HS}, f32), s.dk = alloc({B, T, NKV, HS}, f32), s.dv = alloc({B, T, NKV, HS}, f32);
+  if (!gpt2) s.dq_rot = alloc({B, T, NH, HS}, f32), s.dk_rot = alloc({B, T, NKV, HS}, f32);
+  s.datt = alloc({B, T, NH, HS}, f32);
+  s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
+  if (!gpt2) s.dup = alloc({B, T, F}, f32);
 
   const ParamViews pv(specs_, params_), gv(specs_, grads_);
   for (int64_t l = 0; l < L; ++l) st.w.push_back(pv.layer(cfg, l)), st.g.push_back(gv.layer(cfg, l));
@@ -145,10 +152,18 @@ Model::~Model() = default;
 Tensor Model::param(const std::string& name) const { return param_view(params_, find_spec(specs_, name)); }
 Tensor Model::grad(const std::string& name) const { return param_view(grads_, find_spec(specs_, name)); }
 
-void Model::init_params(uint64_t seed) { model::init_params(params_, specs_, seed); }
+void Model::init_params(uint64_t seed) {
+  model::init_params(master_params(), specs_, seed);
+  sync_params();
+}
 
 void Model::load_params(const io::SafetensorsFile& file, ParamLayout layout) {
-  model::load_params(params_, specs_, file, layout);
+  model::load_params(master_params(), specs_, file, layout);
+  sync_params();
+}
+
+void Model::sync_params() {
+  if (master_.defined()) cast(params_, master_);
 }
 
 float Model::forward(const Tensor& tokens, const Tensor& targets) {

@@ -7,6 +7,14 @@
 //   m.zero_grads();
 //   float loss = m.forward(tokens, targets);
 //   m.backward();                        // grads += d loss / d params
+//
+// Mixed precision (DESIGN.md §6): built with compute = bf16, the model holds
+// its compute weights params() and its activations in bf16, and owns the f32
+// master weights master_params() (pools[master]) that init, load, save,
+// checkpoints and the optimizer work on; params() is their bf16 rounding
+// (sync_params, or AdamW's param_copy). Gradients are f32 either way, as are
+// the norm statistics, attention lse and the backward scratch. Under f32,
+// master_params() is params() itself.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +36,8 @@ class Model {
   // Validates cfg; B, T >= 1 and T <= cfg.max_seq_len. Parameters and
   // gradients (zeroed) come from pools[params] / pools[grads], activations
   // and backward scratch from pools[activations]. Parameters are not
-  // initialised: call init_params or load_params.
-  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools);
+  // initialised: call init_params or load_params. compute: f32 or bf16.
+  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -39,26 +47,32 @@ class Model {
   int64_t seq_len() const { return T_; }
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
   int64_t num_params() const { return params_.numel(); }
+  DType compute_dtype() const { return params_.dtype(); }
 
-  // Every parameter (gradient) packed in spec order: (P) f32. The optimizer
-  // may update it as one flat tensor.
+  // Every parameter (gradient) packed in spec order: (P) in the compute
+  // dtype (gradients: f32). The optimizer may update it as one flat tensor.
   Tensor params() const { return params_; }
   Tensor grads() const { return grads_; }
-  // One parameter (gradient) by name, with its spec's shape; unknown names
-  // are a loom::Error.
+  // (P) f32 master weights: params() under f32 compute, else their own buffer.
+  Tensor master_params() const { return master_.defined() ? Tensor(master_) : Tensor(params_); }
+  // params() = master_params() rounded to the compute dtype (a no-op under
+  // f32): after anything but AdamW (which writes both) changes the master.
+  void sync_params();
+  // One parameter (compute dtype) or gradient by name, with its spec's shape;
+  // unknown names are a loom::Error.
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
 
   // Sharding-invariant init (params.h) of every parameter.
   void init_params(uint64_t seed);
-  // model::load_params (params.h) into params().
+  // model::load_params (params.h) into master_params().
   void load_params(const io::SafetensorsFile& file, ParamLayout layout = ParamLayout::loom);
 
   // tokens, targets: (B, T) i32. Returns the mean cross-entropy over targets
   // (entries equal to -100 are ignored), or 0 when targets is undefined
   // (logits only; backward is then not allowed).
   float forward(const Tensor& tokens, const Tensor& targets = Tensor());
-  // (B, T, V) f32; valid after forward until backward (which overwrites it
+  // (B, T, V) in the compute dtype; valid after forward until backward (which overwrites it
   // with its gradient).
   Tensor logits() const;
   // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
@@ -71,6 +85,7 @@ class Model {
   int64_t B_, T_;
   std::vector<ParamSpec> specs_;
   OwnedTensor params_, grads_;
+  OwnedTensor master_;  // (P) f32 under bf16 compute; undefined under f32
   std::unique_ptr<ModelState> state_;
   bool has_targets_ = false;
 };

@@ -59,8 +59,9 @@ void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_be
 enum class ParamLayout : uint8_t { loom, hf };
 
 // The whole-model operations on a flat parameter buffer, flat: (P) f32
-// packed in spec order (Model::params(), or a Decoder's own weights).
-// A view of one parameter, with its spec's shape.
+// packed in spec order (Model::master_params(), or a Decoder's own weights).
+// A view of one parameter, with its spec's shape (and flat's dtype: a bf16
+// flat buffer gives bf16 views).
 Tensor param_view(const Tensor& flat, const ParamSpec& spec);
 void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed);
 // Reads every parameter by name; a missing tensor or a wrong shape or dtype

@@ -25,7 +25,7 @@ void transpose_into(float* dst, const float* src, int64_t rows, int64_t cols) {
 }  // namespace
 
 Tensor param_view(const Tensor& flat, const ParamSpec& spec) {
-  return Tensor(flat.data_as<float>() + spec.offset, DType::f32, spec.shape);
+  return flat.slice(0, spec.offset, spec.numel()).reshape(spec.shape);
 }
 
 void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed) {

@@ -34,13 +34,13 @@ json shape_json(const Shape& s) {
   return a;
 }
 
-// Each parameter and its moments, under their checkpoint names: views of the
-// trainer's flat buffers.
+// Each parameter (its f32 master under mixed precision) and its moments,
+// under their checkpoint names: views of the trainer's flat buffers.
 std::vector<std::pair<std::string, Tensor>> state_tensors(Trainer& t) {
   const model::Model& m = t.model();
   std::vector<std::pair<std::string, Tensor>> out;
   for (const model::ParamSpec& spec : m.param_specs()) {
-    out.emplace_back(kParamsPrefix + spec.name, model::param_view(m.params(), spec));
+    out.emplace_back(kParamsPrefix + spec.name, model::param_view(m.master_params(), spec));
     out.emplace_back(kAdamMPrefix + spec.name, model::param_view(t.optimizer().m(), spec));
     out.emplace_back(kAdamVPrefix + spec.name, model::param_view(t.optimizer().v(), spec));
   }
@@ -268,6 +268,7 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   // Everything is checked: from here on the trainer changes.
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
   for (const auto& [name, dst] : tensors) file.read(name, dst);
+  trainer.model().sync_params();  // bf16 compute weights from the f32 master
   trainer.optimizer().set_steps_taken(step);
   trainer.train_data().set_position(position);
   return step;

@@ -171,7 +171,7 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false); }},
       {"train", "dtype", [](R& c, const V& v) {
          c.train.dtype = v.choice({"fp32", "bf16", "fp16"});
-         if (c.train.dtype != "fp32") v.unsupported("value is fp32 (mixed precision comes later)");
+         if (c.train.dtype == "fp16") v.unsupported("values are fp32 and bf16 (fp16 loss scaling comes later)");
        }},
       {"train", "recompute", [](R& c, const V& v) {
          c.train.recompute = v.choice({"none", "selective", "full"});
@@ -385,6 +385,12 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
   j["log"] = {{"metrics", c.log.metrics}, {"every", c.log.every}, {"trace", c.log.trace},
               {"peak_tflops", c.log.peak_tflops}};
   return j;
+}
+
+DType compute_dtype(const TrainConfig& t) {
+  LOOM_REQUIRE(t.dtype == "fp32" || t.dtype == "bf16", "train.dtype = '", t.dtype,
+               "' is not supported yet: allowed values are fp32 and bf16");
+  return t.dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "model/config.h"
 
 namespace loom::train {
@@ -37,7 +38,7 @@ struct TrainConfig {
   int64_t warmup_steps = 100;
   double weight_decay = 0.1;  // 2-D weights only (optimizer.h)
   double grad_clip = 1.0;     // max global grad norm; 0 = no clipping
-  std::string dtype = "fp32";      // fp32 (bf16, fp16: not supported yet)
+  std::string dtype = "fp32";      // fp32, or bf16 mixed precision (DESIGN.md §6); fp16: not supported yet
   std::string recompute = "none";  // none (selective, full: not supported yet)
   uint64_t seed = 1337;
   int64_t eval_every = 100;   // steps; 0 = never
@@ -86,6 +87,9 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   LogConfig log;
 };
+
+// The model's compute dtype for train.dtype: f32 for fp32, bf16 for bf16.
+DType compute_dtype(const TrainConfig& t);
 
 // Reads `path` and applies `overrides` ("section.key=value", later wins).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -11,7 +11,10 @@ AdamW::AdamW(const model::Model& model, Pools& pools, const AdamWOptions& option
 
 void AdamW::step(model::Model& model, double lr, float grad_scale) {
   ++step_;
-  const Tensor params = model.params(), grads = model.grads();
+  // Under bf16 compute AdamW updates the f32 master and writes its bf16
+  // rounding into the compute weights (param_copy).
+  const Tensor master = model.master_params(), grads = model.grads();
+  const Tensor copy = model.compute_dtype() == DType::f32 ? Tensor() : model.params();
   for (const model::ParamSpec& spec : model.param_specs()) {
     kernels::AdamWConfig cfg;
     cfg.lr = static_cast<float>(lr);
@@ -22,8 +25,9 @@ void AdamW::step(model::Model& model, double lr, float grad_scale) {
     cfg.step = step_;
     cfg.grad_scale = grad_scale;
     const int64_t n = spec.numel();
-    kernels::adamw_step(params.slice(0, spec.offset, n), m_.slice(0, spec.offset, n), v_.slice(0, spec.offset, n),
-                        grads.slice(0, spec.offset, n), Tensor(), cfg);
+    kernels::adamw_step(master.slice(0, spec.offset, n), m_.slice(0, spec.offset, n), v_.slice(0, spec.offset, n),
+                        grads.slice(0, spec.offset, n), copy.defined() ? copy.slice(0, spec.offset, n) : Tensor(),
+                        cfg);
   }
 }
 

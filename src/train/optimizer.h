@@ -1,5 +1,7 @@
-// AdamW over a model's flat parameters, with fp32 first and second moments
-// from pools[optimizer] laid out like the parameters (one (P) buffer each).
+// AdamW over a model's flat f32 master parameters (Model::master_params()),
+// with fp32 first and second moments from pools[optimizer] laid out like the
+// parameters (one (P) buffer each). Under bf16 compute each update also
+// writes the bf16 compute weights (kernels::adamw_step's param_copy).
 //
 // Weight decay applies to 2-D weights only (linear weights and the
 // embeddings), not to norm weights or biases, as nanoGPT and llm.c do: the
@@ -33,7 +35,7 @@ class AdamW {
   const AdamWOptions& options() const { return opt_; }
 
   // The state a checkpoint saves and restores (train/checkpoint.h): the
-  // moments, (P) f32 laid out like Model::params(), and the update count.
+  // moments, (P) f32 laid out like Model::master_params(), and the update count.
   Tensor m() const { return m_; }
   Tensor v() const { return v_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }

@@ -56,7 +56,7 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools)
       train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle)) {
   if (cfg.train.eval_every > 0) val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false));
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
-  model_ = std::make_unique<model::Model>(cfg.model, B, T, pools);
+  model_ = std::make_unique<model::Model>(cfg.model, B, T, pools, compute_dtype(cfg.train));
   model_->init_params(cfg.train.seed);
   AdamWOptions opt;
   opt.weight_decay = cfg.train.weight_decay;
@@ -126,7 +126,7 @@ double measure_peak_flops() {
 }
 
 void save_model(const model::Model& model, const std::string& dir) {
-  model::save_model_dir(dir, model.config(), model.params(), model::ParamLayout::loom);
+  model::save_model_dir(dir, model.config(), model.master_params(), model::ParamLayout::loom);
 }
 
 namespace {

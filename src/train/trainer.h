@@ -1,7 +1,9 @@
-// The single-process fp32 training loop (DESIGN.md §7): a step is grad_accum
+// The single-process training loop (DESIGN.md §7): a step is grad_accum
 // micro-batches of (micro_batch, seq_len) tokens, averaged (backward with
 // dloss = 1 / grad_accum), global-norm clipped and applied with AdamW under
-// a warmup + cosine learning rate.
+// a warmup + cosine learning rate. train.dtype = bf16 builds the model with
+// bf16 compute; the model owns the f32 master weights (model/model.h), which
+// AdamW updates and checkpoints and save_model write.
 //
 //   Pools pools;
 //   Trainer t(cfg, pools);
@@ -100,8 +102,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options);
 // set log.peak_tflops for a datasheet figure.
 double measure_peak_flops();
 
-// Writes dir/model.safetensors (every parameter under its spec name, loom
-// layout) and dir/loom_config.json (model/config_json.h); creates dir.
+// Writes dir/model.safetensors (every parameter, f32 master weights, under
+// its spec name, loom layout) and dir/loom_config.json (model/config_json.h); creates dir.
 void save_model(const model::Model& model, const std::string& dir);
 
 }  // namespace loom::train
