@@ -174,19 +174,6 @@ void bench_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, 
   std::fflush(stdout);
 }
 
-
-// Empty if this CPU runs bf16 GEMMs, else the reason (no AVX-512 for oneDNN).
-std::string bf16_matmul_unavailable(Pools& pools) {
-  OwnedTensor a = pools[MemTag::workspace].zeros(DType::bf16, {1, 1});
-  OwnedTensor c = pools[MemTag::workspace].zeros(DType::bf16, {1, 1});
-  try {
-    kernels::matmul(c, a, a);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
-
 }  // namespace
 
 int run_kernel_bench(const KernelBenchOptions& opts) {
@@ -195,7 +182,7 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
     std::printf("loom bench kernels: %d threads; best and median of repeats over >= %g s per case\nreproduce: %s\n",
                 opts.threads, opts.min_seconds, opts.command.c_str());
   std::vector<std::pair<const char*, DType>> variants = {{"matmul", DType::f32}};
-  if (const std::string why = bf16_matmul_unavailable(pools); why.empty())
+  if (const std::string why = kernels::bf16_matmul_unsupported_reason(); why.empty())
     variants.push_back({"matmul", DType::bf16});
   else
     std::fprintf(stderr, "bench kernels: skipping the bf16 matmul cases: %s\n", why.c_str());

@@ -27,12 +27,18 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "core/tensor.h"
 
 namespace loom::kernels {
 
 // ---- matmul / linear ------------------------------------------------------
+
+// Empty when this CPU runs bf16 GEMMs, else the reason (oneDNN 2.6 has them
+// only with AVX-512), as the loom::Error a bf16 matmul would throw says it.
+// Probed once per process.
+std::string bf16_matmul_unsupported_reason();
 
 struct MatmulOpts {
   bool trans_a = false;

@@ -17,6 +17,7 @@
 #include "kernels/ops.h"
 #include "text/shards.h"
 #include "train/trainer.h"
+#include "tiny_run.h"
 
 namespace loom::train {
 namespace {
@@ -46,13 +47,6 @@ TEST(Sha256, OneMillionAsFedInUnevenPiecesMatchesTheFips180Vector) {
   EXPECT_EQ(sha256_hex(a), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
-// A learnable stream: token i is i mod 37.
-std::vector<int32_t> counting_tokens(int64_t n) {
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i % 37);
-  return t;
-}
-
 std::vector<float> copy_of(const Tensor& t) {
   const float* p = t.data_as<float>();
   return {p, p + t.numel()};
@@ -76,34 +70,9 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
   return out;
 }
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_test_checkpoint_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    text::write_shard((dir_ / "train_000000.bin").string(), counting_tokens(4000), 1);
-    text::write_shard((dir_ / "val_000000.bin").string(), counting_tokens(500), 1);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  RunConfig config() const {
-    RunConfig c;
-    c.model = model::model_preset("gpt2-tiny");
-    c.data.train = {(dir_ / "train_*.bin").string()};
-    c.data.val = {(dir_ / "val_*.bin").string()};
-    c.train.seq_len = 16;
-    c.train.micro_batch = 2;
-    c.train.grad_accum = 2;
-    c.train.steps = 20;
-    c.train.lr = 1e-2;
-    c.train.min_lr = 1e-3;
-    c.train.warmup_steps = 2;
-    c.train.eval_every = 10;
-    c.train.eval_steps = 2;
-    c.log.peak_tflops = 1.0;
-    return c;
-  }
+  CheckpointTest() : TinyRunTest("loom_test_checkpoint") {}
 
   // Steps t to `until`, appending each loss and each eval_every val loss.
   static void train_until(Trainer& t, int64_t until, std::vector<double>& losses) {
@@ -117,8 +86,6 @@ class CheckpointTest : public ::testing::Test {
   // A 20-step run vs 10 steps, save, resume in a new trainer, 10 more: the
   // same losses, parameters, moments and data position, bitwise.
   static void expect_resume_is_bitwise(const RunConfig& c, const fs::path& root);
-
-  fs::path dir_;
 };
 
 TEST_F(CheckpointTest, TwentyStepsEqualTenPlusResumePlusTenBitwise) {
@@ -130,16 +97,7 @@ TEST_F(CheckpointTest, TwentyStepsEqualTenPlusResumePlusTenBitwise) {
 TEST_F(CheckpointTest, Bf16TwentyStepsEqualTenPlusResumePlusTenBitwise) {
   RunConfig c = config();
   c.train.dtype = "bf16";
-  {
-    Pools pools;
-    OwnedTensor a = pools[MemTag::workspace].zeros(DType::bf16, {1, 1});
-    OwnedTensor o = pools[MemTag::workspace].zeros(DType::bf16, {1, 1});
-    try {
-      kernels::matmul(o, a, a);
-    } catch (const Error&) {
-      GTEST_SKIP() << "this CPU has no bf16 GEMM";
-    }
-  }
+  if (!kernels::bf16_matmul_unsupported_reason().empty()) GTEST_SKIP() << "this CPU has no bf16 GEMM";
   expect_resume_is_bitwise(c, dir_ / "ckpt_bf16");
 }
 

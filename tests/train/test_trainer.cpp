@@ -17,47 +17,16 @@
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
+#include "tiny_run.h"
 
 namespace loom::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A learnable stream: token i is i mod 37 (next token = this one + 1, mod 37).
-std::vector<int32_t> counting_tokens(int64_t n) {
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i % 37);
-  return t;
-}
-
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public TinyRunTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_test_trainer_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    text::write_shard((dir_ / "train_000000.bin").string(), counting_tokens(4000), 1);
-    text::write_shard((dir_ / "val_000000.bin").string(), counting_tokens(500), 1);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  RunConfig config() const {
-    RunConfig c;
-    c.model = model::model_preset("gpt2-tiny");
-    c.data.train = {(dir_ / "train_*.bin").string()};
-    c.data.val = {(dir_ / "val_*.bin").string()};
-    c.train.seq_len = 16;
-    c.train.micro_batch = 2;
-    c.train.grad_accum = 2;
-    c.train.steps = 20;
-    c.train.lr = 1e-2;
-    c.train.min_lr = 1e-3;
-    c.train.warmup_steps = 2;
-    c.train.eval_every = 10;
-    c.train.eval_steps = 2;
-    return c;
-  }
-
-  fs::path dir_;
+  TrainerTest() : TinyRunTest("loom_test_trainer") {}
 };
 
 TEST(LrSchedule, LinearWarmupThenCosineDecayToMinLr) {
@@ -128,17 +97,7 @@ TEST_F(TrainerTest, GradAccumulationMatchesALargerMicroBatch) {
 }
 
 // oneDNN has bf16 GEMMs only on AVX-512 CPUs; elsewhere bf16 is a user error.
-bool bf16_gemm_available() {
-  Pools pools;
-  OwnedTensor a = pools[MemTag::workspace].zeros(DType::bf16, {1, 1});
-  OwnedTensor c = pools[MemTag::workspace].zeros(DType::bf16, {1, 1});
-  try {
-    kernels::matmul(c, a, a);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
+bool bf16_gemm_available() { return kernels::bf16_matmul_unsupported_reason().empty(); }
 
 // DESIGN.md §6: "bf16 run vs fp32 run, first 20 steps: abs loss diff <= 2e-2",
 // at the quickstart's lr 3e-3 (observed max 2.1e-3 for gpt2-tiny). At this

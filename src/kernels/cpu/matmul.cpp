@@ -259,4 +259,17 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const
   }
 }
 
+std::string bf16_matmul_unsupported_reason() {
+  static const std::string reason = [] {
+    bf16 a{0}, c{0};
+    try {
+      matmul(Tensor(&c, DType::bf16, {1, 1}), Tensor(&a, DType::bf16, {1, 1}), Tensor(&a, DType::bf16, {1, 1}));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  return reason;
+}
+
 }  // namespace loom::kernels
