@@ -39,6 +39,8 @@ void run_generate(const GenerateArgs& args) {
   // An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do.
   std::vector<int32_t> prompt = tok.encode(args.prompt);
   if (prompt.empty()) prompt.push_back(tok.eot_id());
+  LOOM_REQUIRE(static_cast<int64_t>(prompt.size()) <= dir.config.max_seq_len, "--prompt is ", prompt.size(),
+               " tokens but the model's max_seq_len is ", dir.config.max_seq_len, ": shorten the prompt");
   infer::GenerateOptions gen = args.gen;
   gen.stop_token = tok.eot_id();
   std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);

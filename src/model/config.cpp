@@ -1,6 +1,8 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <cstdint>
+#include <utility>
 
 #include "core/error.h"
 
@@ -64,6 +66,19 @@ void ModelConfig::validate() const {
   require_positive("d_ff", d_ff);
   require_positive("vocab_size", vocab_size);
   require_positive("max_seq_len", max_seq_len);
+  // Sizes beyond int32 are no model this code can hold, and bounding them
+  // keeps every size product below in int64 (no overflow).
+  constexpr int64_t kMaxDim = int64_t{1} << 31;
+  for (auto [key, value] : {std::pair{"n_layer", n_layer}, {"n_embd", n_embd}, {"n_head", n_head},
+                            {"n_kv_head", n_kv_head}, {"d_ff", d_ff}, {"vocab_size", vocab_size},
+                            {"max_seq_len", max_seq_len}})
+    LOOM_REQUIRE(value <= kMaxDim, "model.", key, " = ", value, " is too large: allowed values are 1 to ", kMaxDim);
+  // Parameters (counted in floating point: the exact count could overflow).
+  const double C = static_cast<double>(n_embd), F = static_cast<double>(d_ff);
+  const double approx = static_cast<double>(n_layer) * (4 * C * C + 3 * C * F) +
+                        2 * static_cast<double>(vocab_size) * C + static_cast<double>(max_seq_len) * C;
+  LOOM_REQUIRE(approx < 0x1p50, "model with n_layer = ", n_layer, ", n_embd = ", n_embd, ", d_ff = ", d_ff,
+               ", vocab_size = ", vocab_size, " has about ", approx, " parameters: more than 2^50 is not supported");
   LOOM_REQUIRE(n_embd % n_head == 0, "model.n_embd = ", n_embd, " is not divisible by model.n_head = ", n_head,
                ": n_embd must be a multiple of n_head (head size = n_embd / n_head)");
   LOOM_REQUIRE(n_head % n_kv_head == 0, "model.n_head = ", n_head, " is not divisible by model.n_kv_head = ",

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/atomic_file.h"
@@ -30,7 +32,10 @@ class Keys {
   float number(const char* key) const {
     const json& v = at(key);
     LOOM_REQUIRE(v.is_number(), where_, ": key '", key, "' = ", v.dump(), " is not a number");
-    return v.get<float>();
+    const double d = v.get<double>();
+    LOOM_REQUIRE(std::abs(d) <= std::numeric_limits<float>::max(), where_, ": key '", key, "' = ", v.dump(),
+                 " is out of range: at most ", std::numeric_limits<float>::max(), " in magnitude");
+    return static_cast<float>(d);
   }
   bool boolean(const char* key) const {
     const json& v = at(key);

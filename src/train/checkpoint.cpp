@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -95,8 +96,15 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& root) {
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     if (!e.is_directory() || name.rfind("step_", 0) != 0 || name.size() <= 5) continue;
+    // Only names loom writes (step_ and up to 18 digits) are step dirs; any
+    // other directory there is left alone.
     if (!std::all_of(name.begin() + 5, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) continue;
-    out.emplace_back(std::stoll(name.substr(5)), e.path());
+    int64_t step = 0;
+    const char* first = name.data() + 5;
+    const char* last = name.data() + name.size();
+    const auto [end, err] = std::from_chars(first, last, step);
+    if (err != std::errc() || end != last || name.size() > 5 + 18) continue;
+    out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -252,7 +260,7 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   for (const char* axis : {"dp", "tp", "pp", "cp", "ep"})
     LOOM_REQUIRE(manifest_value<int64_t>(m.value("mesh", nlohmann::json::object()), axis, where) == 1, where,
                  ": mesh.", axis, " is not 1: resharding a checkpoint is not supported yet");
-  check_files(m["files"], dir, where);
+  check_files(m.value("files", nlohmann::json()), dir, where);
   const auto step = manifest_value<int64_t>(m, "step", where);
   const auto position = manifest_value<int64_t>(m.value("data", nlohmann::json::object()), "position", where);
   LOOM_REQUIRE(step >= 0 && position >= 0, where, ": step ", step, " or data.position ", position, " is negative");

@@ -287,6 +287,7 @@ void collect_override(Parsed& p, const std::string& arg) {
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
     fail(origin, ": expected section.key=value, e.g. --set train.lr=3e-4");
   const std::string section = arg.substr(0, dot), key = arg.substr(dot + 1, eq - dot - 1), raw = arg.substr(eq + 1);
+  if (key.empty()) fail(origin, ": the key after '", section, ".' is empty: expected section.key=value");
   require_known(section, key, origin);
   // The value is TOML (3e-4, true, "x", ["a", "b"]); anything else is a bare string.
   const toml::node* node = nullptr;

@@ -55,6 +55,9 @@ TEST(ModelConfig, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   expect_error(with([](ModelConfig& c) { c.norm_eps = 0.f; }), {"model.norm_eps"});
   expect_error(with([](ModelConfig& c) { c.rope_theta = -1.f; }), {"model.rope_theta"});
   expect_error(with([](ModelConfig& c) { c.n_expert = 8; }), {"model.n_expert = 8", "not supported yet"});
+  expect_error(with([](ModelConfig& c) { c.n_layer = int64_t{1} << 62; }), {"model.n_layer", "too large"});
+  expect_error(with([](ModelConfig& c) { c.n_layer = 1 << 20, c.n_embd = 1 << 20, c.n_head = 1 << 10, c.n_kv_head = 1 << 10; }),
+               {"parameters", "more than 2^50"});
   ModelConfig g = model_preset("gpt2-tiny");
   g.n_kv_head = 2;
   expect_error([g] { g.validate(); }, {"model.n_kv_head = 2", "gpt2"});

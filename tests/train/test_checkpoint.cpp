@@ -178,6 +178,26 @@ TEST_F(CheckpointTest, KeepLeavesTheNewestStepDirsAndLatestNamesTheLast) {
   EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "latest.tmp"));
 }
 
+// Directories that are not loom's step dirs (a name too long for a step
+// number, a user's own folder) are neither parsed as steps nor pruned.
+TEST_F(CheckpointTest, KeepIgnoresDirectoriesThatAreNotStepDirs) {
+  TrainOptions quiet;
+  quiet.progress = false;
+  RunConfig c = config();
+  c.train.steps = 4;
+  c.train.eval_every = 0;
+  c.checkpoint.dir = (dir_ / "ckpt").string();
+  c.checkpoint.every = 2;
+  c.checkpoint.keep = 1;
+  fs::create_directories(dir_ / "ckpt" / "step_99999999999999999999999");
+  fs::create_directories(dir_ / "ckpt" / "step_notes");
+  run_training(c, quiet);
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_99999999999999999999999"));
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_notes"));
+  EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_000004"));
+  EXPECT_FALSE(fs::exists(dir_ / "ckpt" / "step_000002"));
+}
+
 TEST_F(CheckpointTest, ManifestRecordsStepConfigMeshShapesAndDigests) {
   Pools pools;
   Trainer t(config(), pools);

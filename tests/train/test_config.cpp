@@ -146,6 +146,8 @@ TEST(RunConfigErrors, UnknownKeyNamesTheFileLineKeyAndAllowedKeys) {
 TEST(RunConfigErrors, UnknownKeyInSetNamesTheArgument) {
   expect_error(kMinimal, {"train.lrr=1"}, {"--set train.lrr=1", "unknown key train.lrr"});
   expect_error(kMinimal, {"lr=1"}, {"--set lr=1", "expected section.key=value"});
+  expect_error(kMinimal, {"train.=3"}, {"--set train.=3", "the key after 'train.' is empty"});
+  expect_error(kMinimal, {"model.=x"}, {"--set model.=x", "the key after 'model.' is empty"});
 }
 
 TEST(RunConfigErrors, WrongTypeNamesTheKeyValueAndAllowedValues) {
