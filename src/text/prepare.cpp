@@ -143,6 +143,7 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, C
   for (const std::string& input : inputs) {
     LOOM_REQUIRE(fs::exists(input), "input '", input, "' does not exist");
     if (!fs::is_directory(input)) {
+      LOOM_REQUIRE(fs::is_regular_file(input), "input '", input, "' is neither a regular file nor a directory");
       files.push_back(input);
       continue;
     }
