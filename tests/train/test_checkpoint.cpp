@@ -86,6 +86,20 @@ class CheckpointTest : public TinyRunTest {
   // A 20-step run vs 10 steps, save, resume in a new trainer, 10 more: the
   // same losses, parameters, moments and data position, bitwise.
   static void expect_resume_is_bitwise(const RunConfig& c, const fs::path& root);
+
+  // run_training for `steps` steps without eval, saving every 2 steps into
+  // dir_/ckpt and keeping the last `keep`.
+  void run_checkpointing(int64_t steps, int64_t keep) const {
+    RunConfig c = config();
+    c.train.steps = steps;
+    c.train.eval_every = 0;
+    c.checkpoint.dir = (dir_ / "ckpt").string();
+    c.checkpoint.every = 2;
+    c.checkpoint.keep = keep;
+    TrainOptions quiet;
+    quiet.progress = false;
+    run_training(c, quiet);
+  }
 };
 
 TEST_F(CheckpointTest, TwentyStepsEqualTenPlusResumePlusTenBitwise) {
@@ -160,15 +174,7 @@ TEST_F(CheckpointTest, RunTrainingResumedAtStepTenWritesTheSameStepTwentyCheckpo
 }
 
 TEST_F(CheckpointTest, KeepLeavesTheNewestStepDirsAndLatestNamesTheLast) {
-  TrainOptions quiet;
-  quiet.progress = false;
-  RunConfig c = config();
-  c.train.steps = 7;
-  c.train.eval_every = 0;
-  c.checkpoint.dir = (dir_ / "ckpt").string();
-  c.checkpoint.every = 2;
-  c.checkpoint.keep = 2;
-  run_training(c, quiet);
+  run_checkpointing(7, 2);
   std::vector<std::string> steps;
   for (const auto& e : fs::directory_iterator(dir_ / "ckpt"))
     if (e.is_directory()) steps.push_back(e.path().filename().string());
@@ -181,17 +187,9 @@ TEST_F(CheckpointTest, KeepLeavesTheNewestStepDirsAndLatestNamesTheLast) {
 // Directories that are not loom's step dirs (a name too long for a step
 // number, a user's own folder) are neither parsed as steps nor pruned.
 TEST_F(CheckpointTest, KeepIgnoresDirectoriesThatAreNotStepDirs) {
-  TrainOptions quiet;
-  quiet.progress = false;
-  RunConfig c = config();
-  c.train.steps = 4;
-  c.train.eval_every = 0;
-  c.checkpoint.dir = (dir_ / "ckpt").string();
-  c.checkpoint.every = 2;
-  c.checkpoint.keep = 1;
   fs::create_directories(dir_ / "ckpt" / "step_99999999999999999999999");
   fs::create_directories(dir_ / "ckpt" / "step_notes");
-  run_training(c, quiet);
+  run_checkpointing(4, 1);
   EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_99999999999999999999999"));
   EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_notes"));
   EXPECT_TRUE(fs::exists(dir_ / "ckpt" / "step_000004"));

@@ -40,8 +40,8 @@ TEST(LrSchedule, LinearWarmupThenCosineDecayToMinLr) {
   EXPECT_GT(s.at(109), 0.1);
 }
 
-TEST_F(TrainerTest, SameConfigAndSeedGiveBitwiseIdenticalLosses) {
-  const RunConfig c = config();
+// Two trainers from the same config: 4 step losses and a val loss, bitwise equal.
+void expect_two_runs_bitwise_identical(const RunConfig& c) {
   std::vector<double> a, b;
   for (std::vector<double>* out : {&a, &b}) {
     Pools pools;
@@ -52,6 +52,8 @@ TEST_F(TrainerTest, SameConfigAndSeedGiveBitwiseIdenticalLosses) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
 }
+
+TEST_F(TrainerTest, SameConfigAndSeedGiveBitwiseIdenticalLosses) { expect_two_runs_bitwise_identical(config()); }
 
 TEST_F(TrainerTest, AnotherSeedGivesOtherLosses) {
   RunConfig c = config();
@@ -129,15 +131,7 @@ TEST_F(TrainerTest, Bf16SameConfigAndSeedGiveBitwiseIdenticalLosses) {
   if (!bf16_gemm_available()) GTEST_SKIP() << "this CPU has no bf16 GEMM";
   RunConfig c = config();
   c.train.dtype = "bf16";
-  std::vector<double> a, b;
-  for (std::vector<double>* out : {&a, &b}) {
-    Pools pools;
-    Trainer t(c, pools);
-    for (int i = 0; i < 4; ++i) out->push_back(t.step().loss);
-    out->push_back(t.evaluate());
-  }
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
+  expect_two_runs_bitwise_identical(c);
 }
 
 TEST_F(TrainerTest, Bf16KeepsMasterWeightsAndOptimizerStateInF32) {
