@@ -88,24 +88,26 @@ void print_json(const TrainBenchOptions& o, const Result& r) {
                      r.memory.tags[i].peak);
   }
   std::printf(
-      "{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
+      "{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"recompute\":\"%s\",\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
       "\"num_params\":%lld,\"tokens_per_s\":%.1f,\"step_seconds\":%.6g,\"best_step_seconds\":%.6g,"
       "\"flops_per_token\":%.6g,\"peak_gflops\":%.2f,\"mfu\":%.4f,\"peak_bytes\":%zu,\"peak_bytes_by_tag\":{%s},"
       "\"max_rss_growth_bytes\":%zu,\"impl\":\"loom\"}\n",
-      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(), o.threads,
-      o.steps, o.warmup, static_cast<long long>(r.num_params), r.tokens_per_s, r.step.median, r.step.best,
+      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(),
+      o.threads, o.steps, o.warmup, static_cast<long long>(r.num_params), r.tokens_per_s, r.step.median, r.step.best,
       r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.memory.peak_total, by_tag.c_str(), r.rss_growth);
 }
 
 void print_table(const TrainBenchOptions& o, const Result& r) {
-  std::printf("loom bench train: %s (%lld parameters), B=%lld T=%lld, %s, %d threads; %d warm-up + %d timed steps\n",
-              o.model.c_str(), static_cast<long long>(r.num_params), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq), o.dtype.c_str(), o.threads, o.warmup, o.steps);
+  std::printf(
+      "loom bench train: %s (%lld parameters), B=%lld T=%lld, %s, recompute %s, %d threads; %d warm-up + %d timed "
+      "steps\n",
+      o.model.c_str(), static_cast<long long>(r.num_params), static_cast<long long>(o.batch),
+      static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(), o.threads, o.warmup, o.steps);
   std::printf("reproduce: %s\n", o.command.c_str());
   std::printf("tokens/s        %12.1f  (best step)\n", r.tokens_per_s);
   std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
-  std::printf("MFU             %11.1f%%  of %.1f GFLOP/s (f32 1024^3 GEMM measured at start-up)\n", 100 * r.mfu,
-              r.peak_flops / 1e9);
+  std::printf("MFU             %11.1f%%  of %.1f GFLOP/s (%s 1024^3 GEMM measured at start-up)\n", 100 * r.mfu,
+              r.peak_flops / 1e9, o.dtype == "bf16" ? "bf16" : "f32");
   std::printf("FLOPs per token %12.4g  = 6 N + 12 n_layer n_embd T\n", r.flops_per_token);
   std::printf("max RSS growth  %12.1f MiB\n\n%s", static_cast<double>(r.rss_growth) / (1024.0 * 1024.0),
               r.memory.table().c_str());
@@ -125,11 +127,12 @@ int run_train_bench(const TrainBenchOptions& o) {
   const model::ModelConfig cfg = model::model_preset(o.model);
   Result r;
   // Before any model memory: the GEMM's buffers then do not count as growth.
-  r.peak_flops = train::measure_peak_flops();
+  const DType compute = o.dtype == "bf16" ? DType::bf16 : DType::f32;
+  r.peak_flops = train::measure_peak_flops(compute);
   const size_t rss_before = max_rss_bytes();
 
   Pools pools;
-  model::Model m(cfg, o.batch, o.seq, pools, o.dtype == "bf16" ? DType::bf16 : DType::f32);
+  model::Model m(cfg, o.batch, o.seq, pools, compute, model::recompute_from_name(o.recompute));
   m.init_params(kSeed);
   train::AdamW opt(m, pools, train::AdamWOptions{});
   OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});

@@ -15,6 +15,7 @@ struct TrainBenchOptions {
   int steps = 10;                   // timed steps
   int warmup = 2;                   // untimed steps before them
   std::string dtype = "fp32";       // fp32 | bf16 (mixed precision: bf16 compute, fp32 master)
+  std::string recompute = "none";   // none | selective | full (model/model.h)
   bool json = false;                // one JSON Lines object instead of a table
   int threads = 1;                  // recorded in the output
   std::string command;              // the command line that reproduces the run

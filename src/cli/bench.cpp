@@ -42,6 +42,10 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   train->add_option("--dtype", opts->dtype, "fp32 | bf16 (bf16 compute, fp32 master weights and optimizer state)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  train->add_option("--recompute", opts->recompute,
+                    "none | selective (rerun norms, attention core, activation in backward) | full (rerun blocks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   train->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
   train->add_flag("--json", opts->json, "print one JSON Lines object");

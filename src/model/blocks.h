@@ -83,6 +83,12 @@ void gpt2_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, Laye
 // On entry dres holds d out; on return d x. Parameter gradients += into g.
 void gpt2_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
                          const LayerActs& a, Scratch& s, const Dims& d);
+// Selective recompute (model.h): rebuilds what the selective policy drops —
+// norm outputs and statistics, attention output and lse, the activation
+// function's output — from x and the kept q, k, v, res1, fc (and up). Bitwise
+// what the forward wrote.
+void gpt2_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d);
+void llama_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d);
 // pos: (T) i32 positions for RoPE.
 void llama_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Tensor& pos,
                          const Dims& d);

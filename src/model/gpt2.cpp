@@ -28,6 +28,13 @@ void gpt2_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, Laye
   add(out, out, a.res1);
 }
 
+void gpt2_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d) {
+  layernorm_forward(a.norm1, a.mean1, a.rstd1, x, w.norm1_w, w.norm1_b, d.eps);
+  attention_forward(a.att, a.lse, a.q, a.k, a.v);
+  layernorm_forward(a.norm2, a.mean2, a.rstd2, a.res1, w.norm2_w, w.norm2_b, d.eps);
+  gelu_forward(a.act, a.fc);
+}
+
 void gpt2_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
                          const LayerActs& a, Scratch& s, const Dims& d) {
   const int64_t C = d.C, F = d.F;

@@ -31,6 +31,13 @@ void llama_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, Lay
   add(out, out, a.res1);
 }
 
+void llama_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d) {
+  rmsnorm_forward(a.norm1, a.rstd1, x, w.norm1_w, d.eps);
+  attention_forward(a.att, a.lse, a.q, a.k, a.v);  // q, k were kept after RoPE
+  rmsnorm_forward(a.norm2, a.rstd2, a.res1, w.norm2_w, d.eps);
+  swiglu_forward(a.act, a.fc, a.up);
+}
+
 void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
                           const LayerActs& a, Scratch& s, const Tensor& pos, const Dims& d) {
   const int64_t C = d.C, F = d.F, KV = d.NKV * d.HS;

@@ -22,17 +22,87 @@ const ParamSpec& find_spec(const std::vector<ParamSpec>& specs, const std::strin
 }
 
 // Allocates activation tensors from one pool and keeps their storage; the
-// default dtype is the compute dtype.
+// default dtype is the compute dtype. Without a pool it only counts bytes
+// (Model::activation_bytes) and hands out tensors with no data.
 struct Allocator {
-  Pool& pool;
-  std::vector<OwnedTensor>& owned;
+  Pool* pool;
+  std::vector<OwnedTensor>* owned;
   DType compute;
+  int64_t bytes = 0;
   Tensor operator()(Shape shape) { return (*this)(shape, compute); }
   Tensor operator()(Shape shape, DType dtype) {
-    owned.push_back(pool.empty(dtype, shape));
-    return owned.back();
+    shape.validate();
+    bytes += shape.numel() * static_cast<int64_t>(dtype_size(dtype));
+    if (!pool) return Tensor(nullptr, dtype, shape);
+    owned->push_back(pool->empty(dtype, shape));
+    return owned->back();
   }
 };
+
+// The activations a block's backward reads that selective recompute drops
+// (norm outputs and statistics, the attention core's output and lse, the
+// activation function's output): fields of a LayerActs with nothing else set.
+LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2) {
+  const int64_t B = d.B, T = d.T, C = d.C;
+  const DType f32 = DType::f32;  // norm statistics and lse
+  LayerActs a;
+  a.norm1 = alloc({B, T, C}), a.rstd1 = alloc({B * T}, f32);
+  if (gpt2) a.mean1 = alloc({B * T}, f32);
+  a.att = alloc({B, T, d.NH, d.HS}), a.lse = alloc({B, d.NH, T}, f32);
+  a.norm2 = alloc({B, T, C}), a.rstd2 = alloc({B * T}, f32);
+  if (gpt2) a.mean2 = alloc({B * T}, f32);
+  a.act = alloc({B, T, d.F});
+  return a;
+}
+
+// `dropped` completed with the GEMM outputs every policy but full keeps per
+// block (q, k, v, res1, fc, up).
+LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2) {
+  const int64_t B = d.B, T = d.T;
+  a.q = alloc({B, T, d.NH, d.HS}), a.k = alloc({B, T, d.NKV, d.HS}), a.v = alloc({B, T, d.NKV, d.HS});
+  a.res1 = alloc({B, T, d.C});
+  a.fc = alloc({B, T, d.F});
+  if (!gpt2) a.up = alloc({B, T, d.F});
+  return a;
+}
+
+// Activations (st.resid, st.acts, final norm, logits) and backward scratch
+// of a (B, T) micro-batch under a recompute policy (model.h).
+void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, Recompute recompute) {
+  const Dims& d = st.dims;
+  const bool gpt2 = cfg.family == Family::gpt2;
+  const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;
+  const int64_t L = cfg.n_layer, V = cfg.vocab_size;
+  const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
+
+  st.tokens = alloc({B, T}, DType::i32);
+  st.targets = alloc({B, T}, DType::i32);
+  st.pos = alloc({T}, DType::i32);
+  for (int64_t l = 0; l <= L; ++l) st.resid.push_back(alloc({B, T, C}));
+  if (recompute == Recompute::full) {  // every layer aliases one set
+    st.acts.assign(L, with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
+  } else if (recompute == Recompute::selective) {  // every layer aliases one set of the dropped ones
+    const LayerActs shared = dropped_acts(alloc, d, gpt2);
+    for (int64_t l = 0; l < L; ++l) st.acts.push_back(with_kept_acts(shared, alloc, d, gpt2));
+  } else {
+    for (int64_t l = 0; l < L; ++l) st.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
+  }
+  st.normf = alloc({B, T, C}), st.rstdf = alloc({B * T}, f32);
+  if (gpt2) st.meanf = alloc({B * T}, f32);
+  st.logits = alloc({B, T, V});
+  st.dres = alloc({B, T, C}, f32), st.dnormf = alloc({B, T, C}, f32);
+  Scratch& s = st.s;
+  s.dnorm = alloc({B, T, C}, f32);
+  s.dq = alloc({B, T, NH, HS}, f32), s.dk = alloc({B, T, NKV, HS}, f32), s.dv = alloc({B, T, NKV, HS}, f32);
+  if (!gpt2) s.dq_rot = alloc({B, T, NH, HS}, f32), s.dk_rot = alloc({B, T, NKV, HS}, f32);
+  s.datt = alloc({B, T, NH, HS}, f32);
+  s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
+  if (!gpt2) s.dup = alloc({B, T, F}, f32);
+}
+
+Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T) {
+  return {B, T, cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_size(), cfg.d_ff, cfg.norm_eps, cfg.rope_theta};
+}
 
 void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T) {
   LOOM_REQUIRE(t.dtype() == DType::i32 && t.ndim() == 2 && t.size(0) == B && t.size(1) == T && t.is_contiguous() &&
@@ -90,8 +160,38 @@ HeadWeights ParamViews::head(const ModelConfig& cfg) const {
   return h;
 }
 
-Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute)
-    : cfg_(cfg), B_(B), T_(T), specs_(model::param_specs(cfg)), state_(std::make_unique<ModelState>()) {
+std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+Recompute recompute_from_name(std::string_view name) {
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+    if (recompute_name(r) == name) return r;
+  fail("recompute policy '", name, "' is unknown: allowed values are none, selective, full");
+}
+
+int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute) {
+  cfg.validate();
+  LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
+  ModelState st;
+  st.dims = dims_of(cfg, B, T);
+  Allocator counter{nullptr, nullptr, compute};
+  layout_activations(st, counter, cfg, recompute);
+  return counter.bytes;
+}
+
+Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute, Recompute recompute)
+    : cfg_(cfg),
+      B_(B),
+      T_(T),
+      recompute_(recompute),
+      specs_(model::param_specs(cfg)),
+      state_(std::make_unique<ModelState>()) {
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(T >= 1 && T <= cfg.max_seq_len, "sequence length ", T, " is invalid: allowed values are 1 to ",
                "model.max_seq_len = ", cfg.max_seq_len);
@@ -103,43 +203,12 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   grads_ = pools[MemTag::grads].zeros(DType::f32, {P});
 
   ModelState& st = *state_;
-  const bool gpt2 = cfg.family == Family::gpt2;
-  const int64_t C = cfg.n_embd, HS = cfg.head_size(), NH = cfg.n_head, NKV = cfg.n_kv_head, F = cfg.d_ff;
-  const int64_t L = cfg.n_layer, V = cfg.vocab_size;
-  st.dims = {B, T, C, NH, NKV, HS, F, cfg.norm_eps, cfg.rope_theta};
-  Allocator alloc{pools[MemTag::activations], st.owned, compute};
-  const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
-
-  st.tokens = alloc({B, T}, DType::i32);
-  st.targets = alloc({B, T}, DType::i32);
-  st.pos = alloc({T}, DType::i32);
+  st.dims = dims_of(cfg, B, T);
+  Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
+  layout_activations(st, alloc, cfg, recompute);
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);
-  for (int64_t l = 0; l <= L; ++l) st.resid.push_back(alloc({B, T, C}));
-  for (int64_t l = 0; l < L; ++l) {
-    LayerActs a;
-    a.norm1 = alloc({B, T, C}), a.rstd1 = alloc({B * T}, f32);
-    if (gpt2) a.mean1 = alloc({B * T}, f32);
-    a.q = alloc({B, T, NH, HS}), a.k = alloc({B, T, NKV, HS}), a.v = alloc({B, T, NKV, HS});
-    a.att = alloc({B, T, NH, HS}), a.lse = alloc({B, NH, T}, f32);
-    a.res1 = alloc({B, T, C});
-    a.norm2 = alloc({B, T, C}), a.rstd2 = alloc({B * T}, f32);
-    if (gpt2) a.mean2 = alloc({B * T}, f32);
-    a.fc = alloc({B, T, F}), a.act = alloc({B, T, F});
-    if (!gpt2) a.up = alloc({B, T, F});
-    st.acts.push_back(a);
-  }
-  st.normf = alloc({B, T, C}), st.rstdf = alloc({B * T}, f32);
-  if (gpt2) st.meanf = alloc({B * T}, f32);
-  st.logits = alloc({B, T, V});
-  st.dres = alloc({B, T, C}, f32), st.dnormf = alloc({B, T, C}, f32);
-  Scratch& s = st.s;
-  s.dnorm = alloc({B, T, C}, f32);
-  s.dq = alloc({B, T, NH, HS}, f32), s.dk = alloc({B, T, NKV, HS}, f32), s.dv = alloc({B, T, NKV, HS}, f32);
-  if (!gpt2) s.dq_rot = alloc({B, T, NH, HS}, f32), s.dk_rot = alloc({B, T, NKV, HS}, f32);
-  s.datt = alloc({B, T, NH, HS}, f32);
-  s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
-  if (!gpt2) s.dup = alloc({B, T, F}, f32);
 
+  const int64_t L = cfg.n_layer;
   const ParamViews pv(specs_, params_), gv(specs_, grads_);
   for (int64_t l = 0; l < L; ++l) st.w.push_back(pv.layer(cfg, l)), st.g.push_back(gv.layer(cfg, l));
   const HeadWeights w = pv.head(cfg), g = gv.head(cfg);
@@ -210,6 +279,14 @@ void Model::backward(float dloss) {
   if (gpt2) layernorm_backward(st.dres, st.dnormf_w, st.dnormf_b, st.dnormf, x, st.normf_w, st.meanf, st.rstdf);
   else rmsnorm_backward(st.dres, st.dnormf_w, st.dnormf, x, st.normf_w, st.rstdf);
   for (int64_t l = cfg_.n_layer - 1; l >= 0; --l) {
+    // Under full recompute the block's output is rewritten with the same bits.
+    if (recompute_ == Recompute::full) {
+      if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], st.w[l], st.acts[l], d);
+      else llama_block_forward(st.resid[l + 1], st.resid[l], st.w[l], st.acts[l], st.pos, d);
+    } else if (recompute_ == Recompute::selective) {
+      if (gpt2) gpt2_block_recompute(st.resid[l], st.w[l], st.acts[l], d);
+      else llama_block_recompute(st.resid[l], st.w[l], st.acts[l], d);
+    }
     if (gpt2) gpt2_block_backward(st.dres, st.resid[l], st.w[l], st.g[l], st.acts[l], st.s, d);
     else llama_block_backward(st.dres, st.resid[l], st.w[l], st.g[l], st.acts[l], st.s, st.pos, d);
   }

@@ -15,11 +15,24 @@
 // (sync_params, or AdamW's param_copy). Gradients are f32 either way, as are
 // the norm statistics, attention lse and the backward scratch. Under f32,
 // master_params() is params() itself.
+//
+// Recompute (DESIGN.md §4) trades compute for activation memory; every policy
+// gives bitwise the same losses and gradients:
+//   none       every block keeps what its backward reads.
+//   selective  blocks keep only their GEMM outputs (q, k, v, the attention
+//              residual, the MLP's fc / gate and up); backward reruns the
+//              parts without a GEMM — norms, the attention core, the
+//              activation function — into buffers shared by all layers
+//              (torchtitan's op-level policy, which also saves only matmul
+//              outputs; the attention core is Megatron's selective choice).
+//   full       blocks keep only their input (the residual stream); backward
+//              reruns the whole block forward into one shared set of buffers.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/memory.h"
@@ -31,13 +44,19 @@ namespace loom::model {
 
 struct ModelState;  // activations and per-layer views (model/blocks.h)
 
+enum class Recompute : uint8_t { none, selective, full };
+std::string_view recompute_name(Recompute r);
+// "none", "selective", "full"; anything else is a loom::Error listing them.
+Recompute recompute_from_name(std::string_view name);
+
 class Model {
  public:
   // Validates cfg; B, T >= 1 and T <= cfg.max_seq_len. Parameters and
   // gradients (zeroed) come from pools[params] / pools[grads], activations
   // and backward scratch from pools[activations]. Parameters are not
   // initialised: call init_params or load_params. compute: f32 or bf16.
-  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32);
+  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
+        Recompute recompute = Recompute::none);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -48,6 +67,11 @@ class Model {
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
   int64_t num_params() const { return params_.numel(); }
   DType compute_dtype() const { return params_.dtype(); }
+  Recompute recompute() const { return recompute_; }
+  // Bytes the activations pool holds for a model built with these arguments
+  // (activations and backward scratch), from the same layout the
+  // constructor allocates, without allocating.
+  static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute);
 
   // Every parameter (gradient) packed in spec order: (P) in the compute
   // dtype (gradients: f32). The optimizer may update it as one flat tensor.
@@ -83,6 +107,7 @@ class Model {
  private:
   ModelConfig cfg_;
   int64_t B_, T_;
+  Recompute recompute_;
   std::vector<ParamSpec> specs_;
   OwnedTensor params_, grads_;
   OwnedTensor master_;  // (P) f32 under bf16 compute; undefined under f32

@@ -173,10 +173,7 @@ const std::vector<KeySpec>& key_specs() {
          c.train.dtype = v.choice({"fp32", "bf16", "fp16"});
          if (c.train.dtype == "fp16") v.unsupported("values are fp32 and bf16 (fp16 loss scaling comes later)");
        }},
-      {"train", "recompute", [](R& c, const V& v) {
-         c.train.recompute = v.choice({"none", "selective", "full"});
-         if (c.train.recompute != "none") v.unsupported("value is none");
-       }},
+      {"train", "recompute", [](R& c, const V& v) { c.train.recompute = v.choice({"none", "selective", "full"}); }},
       {"train", "seed", [](R& c, const V& v) { c.train.seed = static_cast<uint64_t>(v.integer(0)); }},
       {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0); }},
       {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1); }},

@@ -39,7 +39,7 @@ struct TrainConfig {
   double weight_decay = 0.1;  // 2-D weights only (optimizer.h)
   double grad_clip = 1.0;     // max global grad norm; 0 = no clipping
   std::string dtype = "fp32";      // fp32, or bf16 mixed precision (DESIGN.md §6); fp16: not supported yet
-  std::string recompute = "none";  // none (selective, full: not supported yet)
+  std::string recompute = "none";  // none, selective, full (model/model.h)
   uint64_t seed = 1337;
   int64_t eval_every = 100;   // steps; 0 = never
   int64_t eval_steps = 20;    // val batches per evaluation

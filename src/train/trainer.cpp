@@ -50,13 +50,35 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 
 }  // namespace
 
+std::string recompute_report(const model::Model& m, const MemoryReport& report) {
+  const model::ModelConfig& cfg = m.config();
+  auto layout = [&](model::Recompute r) {
+    return model::Model::activation_bytes(cfg, m.batch_size(), m.seq_len(), m.compute_dtype(), r);
+  };
+  const int64_t none = layout(model::Recompute::none), chosen = layout(m.recompute());
+  const size_t peak = report[MemTag::activations].peak;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "recompute = %s: activations peak %.1f MiB measured; model layout %.1f MiB "
+                "(none %.1f, selective %.1f, full %.1f MiB): %.1f%% less than none",
+                std::string(model::recompute_name(m.recompute())).c_str(), mib(peak), mib(chosen), mib(none),
+                mib(layout(model::Recompute::selective)), mib(layout(model::Recompute::full)),
+                100.0 * (1.0 - static_cast<double>(chosen) / static_cast<double>(none)));
+  return buf;
+}
+
+namespace {
+
+}  // namespace
+
 Trainer::Trainer(const RunConfig& cfg, Pools& pools)
     : cfg_(cfg),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
       train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle)) {
   if (cfg.train.eval_every > 0) val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false));
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
-  model_ = std::make_unique<model::Model>(cfg.model, B, T, pools, compute_dtype(cfg.train));
+  model_ = std::make_unique<model::Model>(cfg.model, B, T, pools, compute_dtype(cfg.train),
+                                          model::recompute_from_name(cfg.train.recompute));
   model_->init_params(cfg.train.seed);
   AdamWOptions opt;
   opt.weight_decay = cfg.train.weight_decay;
@@ -108,11 +130,11 @@ double Trainer::evaluate() {
   return sum / static_cast<double>(batches);
 }
 
-double measure_peak_flops() {
+double measure_peak_flops(DType dtype) {
   constexpr int64_t n = 1024;
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
-  OwnedTensor a = pool.empty(DType::f32, {n, n}), b = pool.empty(DType::f32, {n, n}), c = pool.empty(DType::f32, {n, n});
+  OwnedTensor a = pool.empty(dtype, {n, n}), b = pool.empty(dtype, {n, n}), c = pool.empty(dtype, {n, n});
   kernels::fill(a, 0.5f);
   kernels::fill(b, 0.25f);
   kernels::matmul(c, a, b);  // warm-up: oneDNN builds its kernel
@@ -198,7 +220,7 @@ class Reporter {
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
   TrainSummary summary;
-  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops();
+  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
   Pools pools;
   Trainer trainer(cfg, pools);
   const TrainConfig& t = cfg.train;
@@ -238,7 +260,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
     save_model(trainer.model(), out_dir);
     if (options.progress) log_info("train: wrote ", out_dir, "/model.safetensors and ", out_dir, "/loom_config.json");
   }
-  if (options.memory_report) std::printf("%s", pools.report().table().c_str());
+  if (options.memory_report) {
+    std::printf("%s", pools.report().table().c_str());
+    std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
+  }
   return summary;
 }
 

@@ -95,12 +95,18 @@ struct TrainSummary {
 // summary.steps holds this run's steps only.
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options);
 
-// FLOP/s of an f32 1024^3 GEMM on this process's threads, best of 8 runs:
-// the peak MFU is measured against when log.peak_tflops = 0. It is what this
-// machine's GEMM reaches now, not the hardware's peak (a busy machine lowers
-// it, and the model's larger GEMMs may beat it: MFU can then read over 100%);
-// set log.peak_tflops for a datasheet figure.
-double measure_peak_flops();
+// FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
+// process's threads, best of 8 runs: the peak MFU is measured against when
+// log.peak_tflops = 0. It is what this machine's GEMM reaches now, not the
+// hardware's peak (a busy machine lowers it, and the model's larger GEMMs may
+// beat it: MFU can then read over 100%); set log.peak_tflops for a datasheet
+// figure.
+double measure_peak_flops(DType dtype = DType::f32);
+
+// One line for --memory-report: the measured activations peak of `report`,
+// and the activation bytes of m's layout under each recompute policy with the
+// chosen one's reduction against none.
+std::string recompute_report(const model::Model& m, const MemoryReport& report);
 
 // Writes dir/model.safetensors (every parameter, f32 master weights, under
 // its spec name, loom layout) and dir/loom_config.json (model/config_json.h); creates dir.

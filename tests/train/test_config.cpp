@@ -168,7 +168,7 @@ TEST(RunConfigErrors, OutOfRangeNamesTheKeyValueAndRange) {
 
 TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
   expect_error(kMinimal, {"train.dtype=fp16"}, {"train.dtype = 'fp16' is not supported yet", "fp32 and bf16"});
-  expect_error(kMinimal, {"train.recompute=full"}, {"train.recompute = 'full' is not supported yet"});
+  expect_error(kMinimal, {"train.recompute=some"}, {"train.recompute", "'some'", "none, selective, full"});
   expect_error(kMinimal, {"parallel.tp=2"}, {"parallel.tp = 2 is not supported yet"});
 }
 
