@@ -6,9 +6,12 @@
 //   flattened), F feed-forward width.
 // - Outputs come first, then inputs. The caller allocates every output
 //   (memory is planned by the caller, kernels never allocate tensors).
-// - Floating operands are f32 or bf16 (bf16 is storage only: arithmetic is
-//   f32, accumulation is f32). Statistics saved for backward (mean, rstd,
-//   lse) are always f32. Gradients of bf16 operands may be f32 or bf16.
+// - Floating operands are f32, bf16 or f16 (IEEE binary16). The 16-bit types
+//   are storage only: arithmetic is f32, accumulation is f32, and a result is
+//   rounded once (RNE) on store. Wherever an op accepts bf16 it accepts f16
+//   in the same roles. Statistics saved for backward (mean, rstd, lse) are
+//   always f32. Gradients of bf16 / f16 operands may be f32 or the operand's
+//   dtype.
 // - Forward ops write (=) their outputs; an elementwise forward may run in
 //   place (y is exactly x; a partial overlap is an error). Backward ops
 //   ACCUMULATE (+=) into every gradient they are given, so gradient
@@ -51,11 +54,13 @@ struct MatmulOpts {
 // a: (M, K), or (K, M) with trans_a; b: (K, N), or (N, K) with trans_b; c: (M, N).
 // Batched: c may have leading batch dims; a and b each have the same leading
 // dims or are 2-D (then shared by every batch). a and b share a dtype; c has
-// it too or is f32.
+// it too or is f32. f16 runs as an f32 GEMM on operands widened to f32
+// (oneDNN 2.6 has no f16 GEMM on CPUs without AVX512-FP16).
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts = {});
 // Gradients of c = alpha * op(a) @ op(b): da += alpha * dc @ op(b)^T (laid
 // out as a), db likewise. An f32 dc with bf16 a, b is rounded to bf16 for the
-// GEMM, as PyTorch autocast does.
+// GEMM, as PyTorch autocast does; with f16 a, b the GEMM runs in f32 and dc
+// is used as is.
 void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b,
                      const MatmulOpts& opts = {});
 
@@ -159,12 +164,12 @@ struct AdamWConfig {
   int64_t step = 1;  // 1-based, after incrementing
   float grad_scale = 1.f;
 };
-// param, m, v: (N) f32 master state  grad: (N) f32 or bf16
-// param_copy: (N) bf16 or f32 copy of the updated param (the compute weights
+// param, m, v: (N) f32 master state  grad: (N) f32, bf16 or f16
+// param_copy: (N) bf16, f16 or f32 copy of the updated param (the compute weights
 // under mixed precision), or undefined.
 void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor param_copy, const AdamWConfig& cfg);
 
-// Sum of squares of all elements (f32 or bf16), accumulated in double.
+// Sum of squares of all elements (f32, bf16 or f16), accumulated in double.
 double sum_squares(const Tensor& t);
 // sqrt of the sum of squares over all the tensors.
 double global_norm(std::span<const Tensor> tensors);

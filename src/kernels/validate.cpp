@@ -25,11 +25,6 @@ void require_cpu_contiguous(const char* op, std::initializer_list<Operand> opera
 }
 
 void require_float(const char* op, Operand x) {
-  if (x.t.dtype() != DType::f32 && x.t.dtype() != DType::bf16)
-    op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32 or bf16");
-}
-
-void require_any_float(const char* op, Operand x) {
   if (!dtype_is_float(x.t.dtype()))
     op_fail(op, {x}, x.name, " has dtype ", dtype_name(x.t.dtype()), ", expected f32, bf16 or f16");
 }

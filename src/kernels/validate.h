@@ -27,10 +27,8 @@ template <typename... Args>
 
 // Each operand is defined, on the CPU and contiguous.
 void require_cpu_contiguous(const char* op, std::initializer_list<Operand> operands);
-// dtype is f32 or bf16.
+// dtype is f32, bf16 or f16.
 void require_float(const char* op, Operand x);
-// dtype is f32, bf16 or f16 (the ops that also serve fp16 loss scaling).
-void require_any_float(const char* op, Operand x);
 // b has a's dtype: "y has dtype f32 but x has bf16".
 void require_same_dtype(const char* op, Operand b, Operand a);
 void require_dtype(const char* op, Operand x, DType dtype);
@@ -57,21 +55,16 @@ void require_no_partial_overlap(const char* op, Operand out, Operand in);
 // Leading dims flattened: numel / size(-1).
 inline int64_t rows(const Tensor& t) { return t.ndim() == 0 ? 1 : (t.size(-1) ? t.numel() / t.size(-1) : 0); }
 
-// Calls f.template operator()<T>() with T = float or bf16 for a float dtype.
+// Calls f.template operator()<T>() with T = float, bf16 or f16 for a float
+// dtype (validated before: require_float).
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, F&& f) {
   switch (dtype) {
     case DType::f32: return f.template operator()<float>();
     case DType::bf16: return f.template operator()<bf16>();
+    case DType::f16: return f.template operator()<f16>();
     default: LOOM_CHECK(false, "dispatch_float: dtype ", dtype_name(dtype), " reached a float kernel");
   }
-}
-
-// As dispatch_float, and T = f16 too.
-template <typename F>
-decltype(auto) dispatch_any_float(DType dtype, F&& f) {
-  if (dtype == DType::f16) return f.template operator()<f16>();
-  return dispatch_float(dtype, std::forward<F>(f));
 }
 
 }  // namespace loom::kernels

@@ -9,6 +9,8 @@
 // - bf16 vs the f32 path on the same bf16-rounded inputs: rel 2^-8 (one bf16
 //   ulp), abs 1e-6. The math is f32 on both paths, so bf16 differs only by the
 //   final rounding (half an ulp); in practice the results are identical.
+// - f16 likewise: rel 2^-10, abs 2.5e-7 (the bf16 ones times 1/4; f16
+//   rounds to 2^-12 relative, 8x finer than bf16).
 // - finite differences: central, h = 1e-2 on f32, rel 1e-2, abs 1e-3: the
 //   truncation error h^2 f'''/6 is ~1e-5 and f32 rounding of the loss
 //   (~1e-7 / 2h) ~1e-5, both far inside.
@@ -21,6 +23,7 @@
 #include "common/compare.h"
 #include "common/ref.h"
 #include "common/tensors.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom {
@@ -90,24 +93,28 @@ void expect_backward_matches_finite_differences(const Unary& op) {
   EXPECT_ALL_CLOSE(dx, fd, 1e-2, 1e-3);
 }
 
-// bf16 x, y, dy, dx against the f32 path fed the same bf16-rounded values.
-void expect_bf16_matches_f32_path(const Unary& op) {
+// H (bf16 or f16) x, y, dy, dx against the f32 path fed the same H-rounded
+// values; k scales the bf16 tolerances (kF16Tighter for f16).
+template <typename H>
+void expect_half_matches_f32_path(const Unary& op, double k) {
   RefCase rc = load_case("btc");
   const Shape s = rc["x"].shape;
-  std::vector<bf16> xb = to_bf16_vec(rc["x"].floats()), dyb = to_bf16_vec(rc["dy_x"].floats());
-  std::vector<float> x = from_bf16_vec(xb), dy = from_bf16_vec(dyb);
-  std::vector<float> y(x.size()), dx = rounded_to_bf16(prefill(x.size()));
-  std::vector<bf16> yb(x.size()), dxb = to_bf16_vec(dx);
-  std::vector<float> dx_f32_grad = dx;  // a f32 gradient of the bf16 operand
+  std::vector<H> xb = to_half_vec<H>(rc["x"].floats()), dyb = to_half_vec<H>(rc["dy_x"].floats());
+  std::vector<float> x = from_half_vec(xb), dy = from_half_vec(dyb);
+  std::vector<float> y(x.size()), dx = rounded_to_half<H>(prefill(x.size()));
+  std::vector<H> yb(x.size()), dxb = to_half_vec<H>(dx);
+  std::vector<float> dx_f32_grad = dx;  // a f32 gradient of the H operand
   op.forward(f32_view(y, s), f32_view(x, s));
   op.backward(f32_view(dx, s), f32_view(dy, s), f32_view(x, s));
-  op.forward(bf16_view(yb, s), bf16_view(xb, s));
-  op.backward(bf16_view(dxb, s), bf16_view(dyb, s), bf16_view(xb, s));
-  op.backward(f32_view(dx_f32_grad, s), bf16_view(dyb, s), bf16_view(xb, s));
-  EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
-  EXPECT_ALL_CLOSE(from_bf16_vec(dxb), dx, kBf16Rtol, kBf16Atol);
+  op.forward(half_view(yb, s), half_view(xb, s));
+  op.backward(half_view(dxb, s), half_view(dyb, s), half_view(xb, s));
+  op.backward(f32_view(dx_f32_grad, s), half_view(dyb, s), half_view(xb, s));
+  EXPECT_ALL_CLOSE(from_half_vec(yb), y, k * kBf16Rtol, k * kBf16Atol);
+  EXPECT_ALL_CLOSE(from_half_vec(dxb), dx, k * kBf16Rtol, k * kBf16Atol);
   EXPECT_ALL_CLOSE(dx_f32_grad, dx, kRtol, kAtol);
 }
+void expect_bf16_matches_f32_path(const Unary& op) { expect_half_matches_f32_path<bf16>(op, 1.0); }
+void expect_f16_matches_f32_path(const Unary& op) { expect_half_matches_f32_path<f16>(op, kF16Tighter); }
 
 void expect_misuse_errors(const Unary& op) {
   std::vector<float> a(12), b(12), c(12);
@@ -135,6 +142,7 @@ TEST(Gelu, ForwardRunsInPlace) { expect_forward_in_place(kGelu); }
 TEST(Gelu, BackwardAccumulatesTorchGradF32) { expect_backward_accumulates_torch_grad(kGelu); }
 TEST(Gelu, BackwardMatchesFiniteDifferences) { expect_backward_matches_finite_differences(kGelu); }
 TEST(Gelu, Bf16MatchesF32Path) { expect_bf16_matches_f32_path(kGelu); }
+TEST(Gelu, F16MatchesF32Path) { expect_f16_matches_f32_path(kGelu); }
 TEST(Gelu, MisuseThrowsNamingOpAndShapes) { expect_misuse_errors(kGelu); }
 
 TEST(Silu, ForwardMatchesTorchF32) { expect_forward_matches_torch(kSilu); }
@@ -142,6 +150,7 @@ TEST(Silu, ForwardRunsInPlace) { expect_forward_in_place(kSilu); }
 TEST(Silu, BackwardAccumulatesTorchGradF32) { expect_backward_accumulates_torch_grad(kSilu); }
 TEST(Silu, BackwardMatchesFiniteDifferences) { expect_backward_matches_finite_differences(kSilu); }
 TEST(Silu, Bf16MatchesF32Path) { expect_bf16_matches_f32_path(kSilu); }
+TEST(Silu, F16MatchesF32Path) { expect_f16_matches_f32_path(kSilu); }
 TEST(Silu, MisuseThrowsNamingOpAndShapes) { expect_misuse_errors(kSilu); }
 
 // Extreme inputs give the limits, never NaN: gelu(x) -> x or 0, gelu' -> 1 or 0.
@@ -219,25 +228,35 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   EXPECT_ALL_CLOSE(dup, fd_up, 1e-2, 1e-3);
 }
 
-TEST(SwiGlu, Bf16MatchesF32Path) {
+// H (bf16 or f16) gate, up, y, dy, dgate (and an f32 dup) against the f32
+// path on the same H-rounded values; then the model's combination: f32 dy,
+// dgate, dup of H gate, up. k scales the bf16 tolerances.
+template <typename H>
+void expect_swiglu_half_matches_f32_path(double k) {
   RefCase rc = load_case("btc");
   const Shape s = rc["gate"].shape;
-  std::vector<bf16> gb = to_bf16_vec(rc["gate"].floats()), ub = to_bf16_vec(rc["up"].floats());
-  std::vector<bf16> dyb = to_bf16_vec(rc["dy_glu"].floats());
-  std::vector<float> gate = from_bf16_vec(gb), up = from_bf16_vec(ub), dy = from_bf16_vec(dyb);
+  std::vector<H> gb = to_half_vec<H>(rc["gate"].floats()), ub = to_half_vec<H>(rc["up"].floats());
+  std::vector<H> dyb = to_half_vec<H>(rc["dy_glu"].floats());
+  std::vector<float> gate = from_half_vec(gb), up = from_half_vec(ub), dy = from_half_vec(dyb);
   const size_t n = gate.size();
-  std::vector<float> y(n), dgate = rounded_to_bf16(prefill(n)), dup = dgate;
-  std::vector<bf16> yb(n), dgate_b = to_bf16_vec(dgate);
-  std::vector<float> dup_f32_grad = dup;  // f32 gradient of a bf16 operand
+  std::vector<float> y(n), dgate = rounded_to_half<H>(prefill(n)), dup = dgate;
+  std::vector<H> yb(n), dgate_b = to_half_vec<H>(dgate);
+  std::vector<float> dup_f32_grad = dup, dgate_f32 = dgate, dup_f32 = dup;  // f32 gradients of H operands
   swiglu_forward(f32_view(y, s), f32_view(gate, s), f32_view(up, s));
   swiglu_backward(f32_view(dgate, s), f32_view(dup, s), f32_view(dy, s), f32_view(gate, s), f32_view(up, s));
-  swiglu_forward(bf16_view(yb, s), bf16_view(gb, s), bf16_view(ub, s));
-  swiglu_backward(bf16_view(dgate_b, s), f32_view(dup_f32_grad, s), bf16_view(dyb, s), bf16_view(gb, s),
-                  bf16_view(ub, s));
-  EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
-  EXPECT_ALL_CLOSE(from_bf16_vec(dgate_b), dgate, kBf16Rtol, kBf16Atol);
+  swiglu_forward(half_view(yb, s), half_view(gb, s), half_view(ub, s));
+  swiglu_backward(half_view(dgate_b, s), f32_view(dup_f32_grad, s), half_view(dyb, s), half_view(gb, s),
+                  half_view(ub, s));
+  swiglu_backward(f32_view(dgate_f32, s), f32_view(dup_f32, s), f32_view(dy, s), half_view(gb, s), half_view(ub, s));
+  EXPECT_ALL_CLOSE(from_half_vec(yb), y, k * kBf16Rtol, k * kBf16Atol);
+  EXPECT_ALL_CLOSE(from_half_vec(dgate_b), dgate, k * kBf16Rtol, k * kBf16Atol);
   EXPECT_ALL_CLOSE(dup_f32_grad, dup, kRtol, kAtol);
+  EXPECT_ALL_CLOSE(dgate_f32, dgate, kRtol, kAtol);
+  EXPECT_ALL_CLOSE(dup_f32, dup, kRtol, kAtol);
 }
+
+TEST(SwiGlu, Bf16MatchesF32Path) { expect_swiglu_half_matches_f32_path<bf16>(1.0); }
+TEST(SwiGlu, F16MatchesF32Path) { expect_swiglu_half_matches_f32_path<f16>(kF16Tighter); }
 
 TEST(SwiGlu, MisuseThrowsNamingOpAndShapes) {
   std::vector<float> a(12), b(12), c(12), d(12), e(12);

@@ -1,6 +1,6 @@
 // attention_forward / attention_backward (ops.h) against PyTorch float64
 // (tests/ref/ref_attention.py), with strided views, finite differences, the
-// bf16 path, determinism across thread counts and misuse.
+// bf16 and f16 paths, determinism across thread counts and misuse.
 //
 // Tolerances, f32 vs PyTorch float64: every output is a reduction (over HS
 // for the scores, over up to Tk keys for out, dq, dk, dv), so DESIGN.md §6's
@@ -17,6 +17,7 @@
 #include "common/ref.h"
 #include "common/tensors.h"
 #include "core/threads.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom::test {
@@ -184,41 +185,54 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 // rounding (<= 2^-9 relative): rtol 1e-2, atol 1e-2. The gradients add the
 // rounding of out inside D = rowsum(dout * out), which P and K spread over a
 // whole row, then their own rounding: rtol 2e-2, atol 2e-2 (values are O(1);
-// the worst seen is 7.5e-3 absolute on dq of magnitude 0.2).
-TEST(Attention, Bf16MatchesF32OnRoundedInputs) {
+// the worst seen is 7.5e-3 absolute on dq of magnitude 0.2). f16: the same
+// times 1/4 (out 2.5e-3, gradients 5e-3).
+// H = bf16 or f16; k scales the bf16 tolerances (kF16Tighter for f16: f16
+// rounds to 2^-12 relative, 8x finer than bf16).
+template <typename H>
+void expect_half_matches_f32_on_rounded_inputs(double k) {
   RefCase c("attention_t130.ref");
   auto rounded = [&](const char* name) {
-    const std::vector<bf16> h = to_bf16_vec(c[name].floats());
-    return std::pair{Buf<float>(c[name].shape, from_bf16_vec(h)), Buf<bf16>(c[name].shape, h)};
+    const std::vector<H> h = to_half_vec<H>(c[name].floats());
+    return std::pair{Buf<float>(c[name].shape, from_half_vec(h)), Buf<H>(c[name].shape, h)};
   };
   auto [q, qh] = rounded("q");
-  auto [k, kh] = rounded("k");
+  auto [k_, kh] = rounded("k");
   auto [v, vh] = rounded("v");
   auto [dout, douth] = rounded("dout");
-  const Shape qs = q.shape, ks = k.shape, ls{qs[0], qs[2], qs[1]};
+  const Shape qs = q.shape, ks = k_.shape, ls{qs[0], qs[2], qs[1]};
 
   Buf out(qs), lse(ls), dq(qs), dk(ks), dv(ks);
-  attention_forward(out.t(), lse.t(), q.t(), k.t(), v.t());
-  attention_backward(dq.t(), dk.t(), dv.t(), dout.t(), q.t(), k.t(), v.t(), out.t(), lse.t());
+  attention_forward(out.t(), lse.t(), q.t(), k_.t(), v.t());
+  attention_backward(dq.t(), dk.t(), dv.t(), dout.t(), q.t(), k_.t(), v.t(), out.t(), lse.t());
 
-  Buf<bf16> outh(qs), dqh(qs), dkh(ks), dvh(ks);
+  Buf<H> outh(qs), dqh(qs), dkh(ks), dvh(ks);
   Buf lseh(ls);
   attention_forward(outh.t(), lseh.t(), qh.t(), kh.t(), vh.t());
   attention_backward(dqh.t(), dkh.t(), dvh.t(), douth.t(), qh.t(), kh.t(), vh.t(), outh.t(), lseh.t());
 
   EXPECT_EQ(lseh.data, lse.data);
-  EXPECT_ALL_CLOSE(to_floats(outh.t()), out.data, 1e-2, 1e-2) << "out";
-  EXPECT_ALL_CLOSE(to_floats(dqh.t()), dq.data, 2e-2, 2e-2) << "dq";
-  EXPECT_ALL_CLOSE(to_floats(dkh.t()), dk.data, 2e-2, 2e-2) << "dk";
-  EXPECT_ALL_CLOSE(to_floats(dvh.t()), dv.data, 2e-2, 2e-2) << "dv";
+  EXPECT_ALL_CLOSE(to_floats(outh.t()), out.data, k * 1e-2, k * 1e-2) << "out";
+  EXPECT_ALL_CLOSE(to_floats(dqh.t()), dq.data, k * 2e-2, k * 2e-2) << "dq";
+  EXPECT_ALL_CLOSE(to_floats(dkh.t()), dk.data, k * 2e-2, k * 2e-2) << "dk";
+  EXPECT_ALL_CLOSE(to_floats(dvh.t()), dv.data, k * 2e-2, k * 2e-2) << "dv";
 
-  // f32 gradients of bf16 operands (ops.h allows either): no rounding of their own.
+  // f32 gradients of H operands (ops.h allows either): no rounding of their own.
   Buf dqf(qs), dkf(ks), dvf(ks);
   attention_backward(dqf.t(), dkf.t(), dvf.t(), douth.t(), qh.t(), kh.t(), vh.t(), outh.t(), lseh.t());
-  EXPECT_ALL_CLOSE(dqf.data, dq.data, 2e-2, 2e-2) << "dq f32";
-  EXPECT_ALL_CLOSE(dkf.data, dk.data, 2e-2, 2e-2) << "dk f32";
-  EXPECT_ALL_CLOSE(dvf.data, dv.data, 2e-2, 2e-2) << "dv f32";
+  EXPECT_ALL_CLOSE(dqf.data, dq.data, k * 2e-2, k * 2e-2) << "dq f32";
+  EXPECT_ALL_CLOSE(dkf.data, dk.data, k * 2e-2, k * 2e-2) << "dk f32";
+  EXPECT_ALL_CLOSE(dvf.data, dv.data, k * 2e-2, k * 2e-2) << "dv f32";
+  // The model's combination: f32 dout (the f32 gradient of out) and f32 gradients.
+  Buf dqm(qs), dkm(ks), dvm(ks);
+  attention_backward(dqm.t(), dkm.t(), dvm.t(), dout.t(), qh.t(), kh.t(), vh.t(), outh.t(), lseh.t());
+  EXPECT_EQ(dqm.data, dqf.data) << "dout holds the same values in f32 and H";
+  EXPECT_EQ(dkm.data, dkf.data);
+  EXPECT_EQ(dvm.data, dvf.data);
 }
+
+TEST(Attention, Bf16MatchesF32OnRoundedInputs) { expect_half_matches_f32_on_rounded_inputs<bf16>(1.0); }
+TEST(Attention, F16MatchesF32OnRoundedInputs) { expect_half_matches_f32_on_rounded_inputs<f16>(kF16Tighter); }
 
 // ---- determinism -----------------------------------------------------------
 

@@ -7,6 +7,9 @@
 // - bf16 logits vs the f32 path on the same bf16-rounded logits: the loss is
 //   the same arithmetic (rel 1e-6); bf16 dlogits carry one RNE rounding,
 //   at most 2^-9 relative: rel 4e-3.
+// - f16 logits likewise: loss rel 1e-6; f16 dlogits rel 1e-3 (4x tighter:
+//   one f16 rounding is at most 2^-12 relative), atol 3e-8 for the f16
+//   subnormals (spacing 2^-24) that small probabilities become.
 // - finite differences: f32 central differences with h = 1e-2 on a (3, 7)
 //   problem; truncation error ~h^2 |f'''| / 6 < 1e-5 and rounding error
 //   ~eps |loss| / h ~ 3e-5, against gradients of order 1e-2..1e-1: rel 1e-2,
@@ -22,6 +25,7 @@
 #include "common/ref.h"
 #include "common/tensors.h"
 #include "core/threads.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom {
@@ -76,37 +80,47 @@ TEST(CrossEntropy, LossOnlyMatchesTorchAndLeavesLogitsUntouched) {
   EXPECT_EQ(logits, rc["logits"].floats());
 }
 
-TEST(CrossEntropy, Bf16MatchesF32PathOnRoundedLogits) {
+// H (bf16 or f16) logits against the f32 path on the same H-rounded logits:
+// H dlogits to rtol / atol, f32 dlogits of H logits to 1e-6, H in place
+// bitwise equal to H separate (the model's use: dlogits overwrite logits).
+template <typename H>
+void expect_half_matches_f32_path(double rtol, double atol) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
     RefCase rc(std::string("cross_entropy_") + name + ".ref");
     const Shape shape = rc["logits"].shape;
     const float dloss = rc["dloss"].scalar();
     Tensor targets = rc["targets"].view();
-    std::vector<bf16> x16 = to_bf16_vec(rc["logits"].floats());
-    std::vector<float> x32 = from_bf16_vec(x16), d32(x32.size()), l32(shape[0]);
+    std::vector<H> x16 = to_half_vec<H>(rc["logits"].floats());
+    std::vector<float> x32 = from_half_vec(x16), d32(x32.size()), l32(shape[0]);
     const float loss32 =
         cross_entropy_forward_backward(f32_view(d32, shape), f32_view(l32, {shape[0]}), f32_view(x32, shape), targets,
                                        -100, dloss);
-    // bf16 logits, bf16 dlogits (separate)
-    std::vector<bf16> d16(x16.size());
+    // H logits, H dlogits (separate)
+    std::vector<H> d16(x16.size());
     std::vector<float> l16(shape[0]);
-    const float loss16 = cross_entropy_forward_backward(bf16_view(d16, shape), f32_view(l16, {shape[0]}),
-                                                        bf16_view(x16, shape), targets, -100, dloss);
+    const float loss16 = cross_entropy_forward_backward(half_view(d16, shape), f32_view(l16, {shape[0]}),
+                                                        half_view(x16, shape), targets, -100, dloss);
     EXPECT_NEAR(loss16, loss32, 1e-6 * std::abs(loss32));
     EXPECT_ALL_CLOSE(l16, l32, 1e-6, 0);
-    EXPECT_ALL_CLOSE(from_bf16_vec(d16), d32, 4e-3, 1e-12);
-    // bf16 logits, f32 dlogits: no rounding of the result at all.
+    EXPECT_ALL_CLOSE(from_half_vec(d16), d32, rtol, atol);
+    // H logits, f32 dlogits: no rounding of the result at all.
     std::vector<float> d16_32(x16.size());
-    cross_entropy_forward_backward(f32_view(d16_32, shape), Tensor(), bf16_view(x16, shape), targets, -100, dloss);
+    cross_entropy_forward_backward(f32_view(d16_32, shape), Tensor(), half_view(x16, shape), targets, -100, dloss);
     EXPECT_ALL_CLOSE(d16_32, d32, 1e-6, 1e-15);
-    // bf16 in place equals bf16 separate.
-    const float loss_in = cross_entropy_forward_backward(bf16_view(x16, shape), Tensor(), bf16_view(x16, shape),
+    // H in place equals H separate.
+    const float loss_in = cross_entropy_forward_backward(half_view(x16, shape), Tensor(), half_view(x16, shape),
                                                          targets, -100, dloss);
     EXPECT_EQ(loss_in, loss16);
-    EXPECT_EQ(0, std::memcmp(x16.data(), d16.data(), d16.size() * sizeof(bf16)));
+    EXPECT_EQ(0, std::memcmp(x16.data(), d16.data(), d16.size() * sizeof(H)));
   }
 }
+
+TEST(CrossEntropy, Bf16MatchesF32PathOnRoundedLogits) { expect_half_matches_f32_path<bf16>(4e-3, 1e-12); }
+// f16 dlogits below 2^-14 are subnormal, spaced 2^-24 apart: their rounding
+// error is up to 2^-25 ~ 3e-8 absolute (dlogits of the V = 50257 case are
+// ~1e-6, so this is real, and why fp16 training scales its loss).
+TEST(CrossEntropy, F16MatchesF32PathOnRoundedLogits) { expect_half_matches_f32_path<f16>(1e-3, 3e-8); }
 
 TEST(CrossEntropy, IgnoredRowsHaveZeroLossAndGradientAndLeaveTheMean) {
   // Rows 0 and 2 ignored with a custom ignore_index: the loss is the mean of rows 1 and 3.

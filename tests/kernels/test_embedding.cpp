@@ -1,5 +1,5 @@
 // Token + position embedding against PyTorch (tests/ref/ref_embedding.py),
-// finite differences, the bf16 path against the f32 path, determinism of the
+// finite differences, the bf16 and f16 paths against the f32 path, determinism of the
 // scatter-add, and misuse (tokens and positions out of range).
 //
 // Tolerances (|a - e| <= atol + rtol |e|):
@@ -10,6 +10,8 @@
 //   rounding of each stored value (2^-9 relative): rtol 1e-2 atol 1e-6 for y;
 //   bf16 gradients rtol 1e-2 atol 1e-2 (prefill of order 1 rounded once);
 //   f32 gradients from bf16 dy are the f32 path's: rtol 1e-6 atol 1e-6.
+// - f16 likewise, with the rounding tolerances times 1/4 (f16 rounds to
+//   2^-12 relative, 8x finer than bf16): y 2.5e-3, f16 gradients 2.5e-3.
 // - finite differences: the embedding is linear, so central differences
 //   (h = 1e-2) are exact up to f32 round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "common/compare.h"
 #include "common/ref.h"
 #include "common/tensors.h"
+#include "kernels/half_util.h"
 #include "core/threads.h"
 #include "kernels/ops.h"
 
@@ -93,22 +96,27 @@ TEST(Embedding, BackwardScatterAddsTorchGradientsOntoPrefillF32) {
   }
 }
 
-TEST(Embedding, Bf16MatchesF32PathOnRoundedInputs) {
+// half (bf16 or f16) storage against the f32 path on the same rounded
+// inputs; k scales the bf16 tolerances of the rounded values (kF16Tighter for f16).
+void expect_half_matches_f32(DType half, double k) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
     RefCase rc(std::string("embedding_") + name + ".ref");
     EmbeddingInputs in = load_inputs(rc);
-    for (Floats* v : {&in.wte, &in.wpe, &in.dy, &in.dwte0, &in.dwpe0}) *v = rounded_to_bf16(*v);
+    for (Floats* v : {&in.wte, &in.wpe, &in.dy, &in.dwte0, &in.dwpe0}) *v = rounded_to(half, *v);
     const EmbeddingOutputs ref = run_embedding(in, DType::f32, DType::f32);
-    const EmbeddingOutputs f32_grads = run_embedding(in, DType::bf16, DType::f32);
-    EXPECT_TRUE(all_close(f32_grads.y, ref.y, 1e-2, 1e-6)) << "y";
+    const EmbeddingOutputs f32_grads = run_embedding(in, half, DType::f32);
+    EXPECT_TRUE(all_close(f32_grads.y, ref.y, k * 1e-2, 1e-6)) << "y";
     EXPECT_TRUE(all_close(f32_grads.dwte, ref.dwte, 1e-6, 1e-6)) << "dwte, f32 gradients";
     EXPECT_TRUE(all_close(f32_grads.dwpe, ref.dwpe, 1e-6, 1e-6)) << "dwpe, f32 gradients";
-    const EmbeddingOutputs bf16_grads = run_embedding(in, DType::bf16, DType::bf16);
-    EXPECT_TRUE(all_close(bf16_grads.dwte, ref.dwte, 1e-2, 1e-2)) << "dwte, bf16 gradients";
-    EXPECT_TRUE(all_close(bf16_grads.dwpe, ref.dwpe, 1e-2, 1e-2)) << "dwpe, bf16 gradients";
+    const EmbeddingOutputs half_grads = run_embedding(in, half, half);
+    EXPECT_TRUE(all_close(half_grads.dwte, ref.dwte, k * 1e-2, k * 1e-2)) << "dwte, half gradients";
+    EXPECT_TRUE(all_close(half_grads.dwpe, ref.dwpe, k * 1e-2, k * 1e-2)) << "dwpe, half gradients";
   }
 }
+
+TEST(Embedding, Bf16MatchesF32PathOnRoundedInputs) { expect_half_matches_f32(DType::bf16, 1.0); }
+TEST(Embedding, F16MatchesF32PathOnRoundedInputs) { expect_half_matches_f32(DType::f16, kF16Tighter); }
 
 // A tiny table with repeated tokens; loss = sum(y * r), analytic gradient = backward with dy = r.
 TEST(Embedding, GradientsMatchFiniteDifferences) {

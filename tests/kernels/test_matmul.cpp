@@ -1,5 +1,5 @@
 // matmul and linear against PyTorch (tests/ref/ref_matmul.py), the +=
-// convention, finite differences, the bf16 path against the f32 path, the
+// convention, finite differences, the bf16 and f16 paths against the f32 path, the
 // thread safety of the primitive cache, and misuse.
 //
 // Tolerances (|a - e| <= atol + rtol |e|):
@@ -11,6 +11,9 @@
 //   f32 output only the summation order differs: rtol 1e-5 atol 1e-5. With a
 //   bf16 output (or bf16 gradient), add one rounding to bf16 (<= 2^-9
 //   relative): rtol 4e-3 (2^-8) atol 1e-5.
+// - f16 likewise (f16 operands run as an f32 GEMM on widened copies): f32
+//   outputs 1e-5; f16 outputs or gradients rtol 1e-3 (4x tighter; one f16
+//   rounding is <= 2^-12 relative) atol 1e-5.
 // - finite differences (f32, central, h = 1e-2): the loss is linear in each
 //   single element, so the difference quotient has no truncation error; only
 //   the f32 round-off of the loss (~1e-6 / 2h = 5e-5): rtol 1e-3 atol 1e-3.
@@ -25,6 +28,7 @@
 #include "common/ref.h"
 #include "common/tensors.h"
 #include "core/error.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -160,76 +164,98 @@ TEST(Matmul, GradientsMatchFiniteDifferencesWithTransposesAndSharedOperand) {
   EXPECT_ALL_CLOSE(db.floats(), test::finite_difference(loss, b, 1e-2f), 1e-3, 1e-3);
 }
 
-// Tolerance of a bf16-path result against the f32 path on rounded inputs.
-double bf16_rtol(DType out) { return out == DType::f32 ? 1e-5 : 4e-3; }
+// Tolerance of a half-path (bf16 or f16) result against the f32 path on
+// rounded inputs: f32 outputs differ only in summation order; a half output
+// adds one rounding (bf16 2^-8 with margin, f16 4x tighter: 1e-3).
+double half_rtol(DType half, DType out) {
+  if (out == DType::f32) return 1e-5;
+  return half == DType::bf16 ? 4e-3 : 4e-3 * kF16Tighter;
+}
 
-TEST(MatmulBf16, ForwardMatchesF32OnRoundedInputs) {
+void expect_matmul_forward_half_matches_f32(DType half) {
   for (const char* name : {"nn", "nt", "tn", "tt", "alpha_beta", "shared_b", "shared_a_tt", "batched"}) {
     RefCase rc(std::string("matmul_") + name + ".ref");
     const MatmulOpts o = opts_of(rc);
-    const Floats a = rounded_to_bf16(rc["a"].floats()), b = rounded_to_bf16(rc["b"].floats());
-    const Floats c0 = rounded_to_bf16(rc["c0"].floats());
+    const Floats a = rounded_to(half, rc["a"].floats()), b = rounded_to(half, rc["b"].floats());
+    const Floats c0 = rounded_to(half, rc["c0"].floats());
     Buffer a32(DType::f32, rc["a"].shape, a), b32(DType::f32, rc["b"].shape, b), c32(DType::f32, rc["c0"].shape, c0);
     matmul(c32.view(), a32.view(), b32.view(), o);
-    Buffer a16(DType::bf16, rc["a"].shape, a), b16(DType::bf16, rc["b"].shape, b);
-    for (DType out : {DType::f32, DType::bf16}) {
+    Buffer a16(half, rc["a"].shape, a), b16(half, rc["b"].shape, b);
+    for (DType out : {DType::f32, half}) {
       SCOPED_TRACE(std::string(name) + " c=" + std::string(dtype_name(out)));
       Buffer c(out, rc["c0"].shape, c0);
       matmul(c.view(), a16.view(), b16.view(), o);
-      EXPECT_ALL_CLOSE(c.floats(), c32.floats(), bf16_rtol(out), 1e-5);
+      EXPECT_ALL_CLOSE(c.floats(), c32.floats(), half_rtol(half, out), 1e-5);
     }
   }
 }
 
-TEST(MatmulBf16, BackwardMatchesF32OnRoundedInputs) {
+void expect_matmul_backward_half_matches_f32(DType half) {
   for (const char* name : {"nn", "nt", "tn", "tt", "alpha_beta", "shared_b", "shared_a", "batched_tt"}) {
     RefCase rc(std::string("matmul_") + name + ".ref");
     const MatmulOpts o = opts_of(rc);
-    const Floats a = rounded_to_bf16(rc["a"].floats()), b = rounded_to_bf16(rc["b"].floats());
-    const Floats dc = rounded_to_bf16(rc["dc"].floats());
-    const Floats da0 = rounded_to_bf16(random_floats(a.size(), 11)), db0 = rounded_to_bf16(random_floats(b.size(), 12));
+    const Floats a = rounded_to(half, rc["a"].floats()), b = rounded_to(half, rc["b"].floats());
+    const Floats dc = rounded_to(half, rc["dc"].floats());
+    const Floats da0 = rounded_to(half, random_floats(a.size(), 11)), db0 = rounded_to(half, random_floats(b.size(), 12));
     const Shape as = rc["a"].shape, bs = rc["b"].shape, cs = rc["dc"].shape;
     Buffer a32(DType::f32, as, a), b32(DType::f32, bs, b), dc32(DType::f32, cs, dc);
     Buffer da32(DType::f32, as, da0), db32(DType::f32, bs, db0);
     matmul_backward(da32.view(), db32.view(), dc32.view(), a32.view(), b32.view(), o);
-    Buffer a16(DType::bf16, as, a), b16(DType::bf16, bs, b);
-    // dc in f32 (an f32 c from bf16 inputs) is rounded to bf16 by the kernel: it holds bf16 values here.
-    for (DType dc_dtype : {DType::bf16, DType::f32}) {
-      for (DType grad : {DType::f32, DType::bf16}) {
+    Buffer a16(half, as, a), b16(half, bs, b);
+    // dc in f32 (an f32 c from half inputs): rounded to bf16 by the kernel for
+    // bf16 operands, used as is for f16 (f32 GEMM); it holds half values here.
+    for (DType dc_dtype : {half, DType::f32}) {
+      for (DType grad : {DType::f32, half}) {
         SCOPED_TRACE(concat(name, " dc=", dtype_name(dc_dtype), " grads=", dtype_name(grad)));
         Buffer dct(dc_dtype, cs, dc), da(grad, as, da0), db(grad, bs, db0);
         matmul_backward(da.view(), db.view(), dct.view(), a16.view(), b16.view(), o);
-        EXPECT_ALL_CLOSE(da.floats(), da32.floats(), bf16_rtol(grad), 1e-5);
-        EXPECT_ALL_CLOSE(db.floats(), db32.floats(), bf16_rtol(grad), 1e-5);
+        EXPECT_ALL_CLOSE(da.floats(), da32.floats(), half_rtol(half, grad), 1e-5);
+        EXPECT_ALL_CLOSE(db.floats(), db32.floats(), half_rtol(half, grad), 1e-5);
       }
     }
   }
 }
 
-TEST(LinearBf16, ForwardAndBackwardMatchF32OnRoundedInputs) {
+void expect_linear_half_matches_f32(DType half) {
   for (const char* name : {"bias", "row1"}) {
     RefCase rc(std::string("linear_") + name + ".ref");
     const Shape xs = rc["x"].shape, ws = rc["w"].shape, ys = rc["y"].shape, bs{ws[0]};
-    const Floats x = rounded_to_bf16(rc["x"].floats()), w = rounded_to_bf16(rc["w"].floats());
-    const Floats bias = rounded_to_bf16(rc["bias"].floats()), dy = rounded_to_bf16(rc["dy"].floats());
+    const Floats x = rounded_to(half, rc["x"].floats()), w = rounded_to(half, rc["w"].floats());
+    const Floats bias = rounded_to(half, rc["bias"].floats()), dy = rounded_to(half, rc["dy"].floats());
     Buffer x32(DType::f32, xs, x), w32(DType::f32, ws, w), b32(DType::f32, bs, bias), dy32(DType::f32, ys, dy);
     Buffer y32(DType::f32, ys), dx32(DType::f32, xs), dw32(DType::f32, ws), db32(DType::f32, bs);
     linear_forward(y32.view(), x32.view(), w32.view(), b32.view());
     linear_backward(dx32.view(), dw32.view(), db32.view(), dy32.view(), x32.view(), w32.view());
-    Buffer x16(DType::bf16, xs, x), w16(DType::bf16, ws, w), dy16(DType::bf16, ys, dy);
-    for (DType out : {DType::f32, DType::bf16}) {
+    Buffer x16(half, xs, x), w16(half, ws, w), dy16(half, ys, dy);
+    for (DType out : {DType::f32, half}) {
       SCOPED_TRACE(concat(name, " y, bias and gradients in ", dtype_name(out)));
       Buffer y(out, ys), b(out, bs, bias);
       linear_forward(y.view(), x16.view(), w16.view(), b.view());
-      EXPECT_ALL_CLOSE(y.floats(), y32.floats(), bf16_rtol(out), 1e-5);
+      EXPECT_ALL_CLOSE(y.floats(), y32.floats(), half_rtol(half, out), 1e-5);
       Buffer dx(out, xs), dw(out, ws), db(out, bs);
       linear_backward(dx.view(), dw.view(), db.view(), dy16.view(), x16.view(), w16.view());
-      EXPECT_ALL_CLOSE(dx.floats(), dx32.floats(), bf16_rtol(out), 1e-5);
-      EXPECT_ALL_CLOSE(dw.floats(), dw32.floats(), bf16_rtol(out), 1e-5);
-      EXPECT_ALL_CLOSE(db.floats(), db32.floats(), bf16_rtol(out), 1e-5);
+      EXPECT_ALL_CLOSE(dx.floats(), dx32.floats(), half_rtol(half, out), 1e-5);
+      EXPECT_ALL_CLOSE(dw.floats(), dw32.floats(), half_rtol(half, out), 1e-5);
+      EXPECT_ALL_CLOSE(db.floats(), db32.floats(), half_rtol(half, out), 1e-5);
     }
+    // The model's other combination: f32 dy (a residual-stream gradient) and
+    // f32 gradients of half x, w.
+    Buffer dx(DType::f32, xs), dw(DType::f32, ws), db(DType::f32, bs);
+    linear_backward(dx.view(), dw.view(), db.view(), dy32.view(), x16.view(), w16.view());
+    EXPECT_ALL_CLOSE(dx.floats(), dx32.floats(), 1e-5, 1e-5);
+    EXPECT_ALL_CLOSE(dw.floats(), dw32.floats(), 1e-5, 1e-5);
+    EXPECT_ALL_CLOSE(db.floats(), db32.floats(), 1e-5, 1e-5);
   }
 }
+
+TEST(MatmulBf16, ForwardMatchesF32OnRoundedInputs) { expect_matmul_forward_half_matches_f32(DType::bf16); }
+TEST(MatmulBf16, BackwardMatchesF32OnRoundedInputs) { expect_matmul_backward_half_matches_f32(DType::bf16); }
+TEST(LinearBf16, ForwardAndBackwardMatchF32OnRoundedInputs) { expect_linear_half_matches_f32(DType::bf16); }
+TEST(MatmulF16, ForwardMatchesF32OnRoundedInputs) { expect_matmul_forward_half_matches_f32(DType::f16); }
+TEST(MatmulF16, BackwardMatchesF32OnRoundedInputs) { expect_matmul_backward_half_matches_f32(DType::f16); }
+TEST(LinearF16, ForwardAndBackwardMatchF32OnRoundedInputs) { expect_linear_half_matches_f32(DType::f16); }
+
+
 
 // c = a @ b in double, row-major (M, K) @ (K, N).
 Floats naive_matmul(const Floats& a, const Floats& b, int64_t m, int64_t n, int64_t k) {

@@ -1,5 +1,5 @@
 // LayerNorm and RMSNorm against PyTorch (tests/ref/ref_norms.py), finite
-// differences, the bf16 path against the f32 path, determinism of the dw/db
+// differences, the bf16 and f16 paths against the f32 path, determinism of the dw/db
 // reduction, and misuse.
 //
 // Tolerances (|a - e| <= atol + rtol |e|):
@@ -11,6 +11,8 @@
 // - bf16 storage and bf16 gradients vs the f32 path: one bf16 rounding of each
 //   stored result (relative 2^-9 = 0.002), plus the rounding of the prefill sum:
 //   rtol 1e-2 atol 1e-2.
+// - f16 likewise: f32 gradients 1e-6; f16 gradients 2.5e-3 / 2.5e-3 (4x
+//   tighter: f16 rounds to 2^-12 relative, 8x finer than bf16).
 // - finite differences (f32, central, h = 1e-2): truncation error ~h^2 = 1e-4
 //   times third derivatives of order 1-10, round-off ~1e-7 / h: rtol 1e-2 atol 2e-3.
 #include <cstring>
@@ -24,6 +26,7 @@
 #include "common/ref.h"
 #include "common/tensors.h"
 #include "core/threads.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -52,8 +55,8 @@ NormInputs load_inputs(RefCase& rc, bool layernorm) {
   return in;
 }
 
-NormInputs rounded(NormInputs in) {
-  for (Floats* v : {&in.x, &in.w, &in.b, &in.dy, &in.dx0, &in.dw0, &in.db0}) *v = rounded_to_bf16(*v);
+NormInputs rounded(NormInputs in, DType half) {
+  for (Floats* v : {&in.x, &in.w, &in.b, &in.dy, &in.dx0, &in.dw0, &in.db0}) *v = rounded_to(half, *v);
   return in;
 }
 
@@ -140,31 +143,40 @@ void expect_outputs_close(const NormOutputs& a, const NormOutputs& e, double rto
   EXPECT_TRUE(all_close(a.db, e.db, rtol, atol)) << "db";
 }
 
-TEST(LayerNorm, Bf16MatchesF32PathOnRoundedInputs) {
+// half (bf16 or f16) storage against the f32 path on the same rounded
+// inputs: f32 gradients of half inputs to 1e-6, half gradients to tol.
+void expect_layernorm_half_matches_f32(DType half, double tol) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
     RefCase rc(std::string("layernorm_") + name + ".ref");
-    const NormInputs in = rounded(load_inputs(rc, true));
+    const NormInputs in = rounded(load_inputs(rc, true), half);
     const NormOutputs ref = run_layernorm(in, DType::f32, DType::f32);
-    NormOutputs f32_grads = run_layernorm(in, DType::bf16, DType::f32);
-    f32_grads.y = ref.y;  // y is stored in bf16 here; checked below
+    NormOutputs f32_grads = run_layernorm(in, half, DType::f32);
+    f32_grads.y = ref.y;  // y is stored in the half dtype here; checked below
     expect_outputs_close(f32_grads, ref, 1e-6, 1e-6);
-    expect_outputs_close(run_layernorm(in, DType::bf16, DType::bf16), ref, 1e-2, 1e-2);
+    expect_outputs_close(run_layernorm(in, half, half), ref, tol, tol);
   }
 }
 
-TEST(RMSNorm, Bf16MatchesF32PathOnRoundedInputs) {
+void expect_rmsnorm_half_matches_f32(DType half, double tol) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
     RefCase rc(std::string("rmsnorm_") + name + ".ref");
-    const NormInputs in = rounded(load_inputs(rc, false));
+    const NormInputs in = rounded(load_inputs(rc, false), half);
     const NormOutputs ref = run_rmsnorm(in, DType::f32, DType::f32);
-    NormOutputs f32_grads = run_rmsnorm(in, DType::bf16, DType::f32);
+    NormOutputs f32_grads = run_rmsnorm(in, half, DType::f32);
     f32_grads.y = ref.y;
     expect_outputs_close(f32_grads, ref, 1e-6, 1e-6);
-    expect_outputs_close(run_rmsnorm(in, DType::bf16, DType::bf16), ref, 1e-2, 1e-2);
+    expect_outputs_close(run_rmsnorm(in, half, half), ref, tol, tol);
   }
 }
+
+TEST(LayerNorm, Bf16MatchesF32PathOnRoundedInputs) { expect_layernorm_half_matches_f32(DType::bf16, 1e-2); }
+TEST(LayerNorm, F16MatchesF32PathOnRoundedInputs) {
+  expect_layernorm_half_matches_f32(DType::f16, 1e-2 * kF16Tighter);
+}
+TEST(RMSNorm, Bf16MatchesF32PathOnRoundedInputs) { expect_rmsnorm_half_matches_f32(DType::bf16, 1e-2); }
+TEST(RMSNorm, F16MatchesF32PathOnRoundedInputs) { expect_rmsnorm_half_matches_f32(DType::f16, 1e-2 * kF16Tighter); }
 
 // ---- finite differences ----------------------------------------------------------------
 

@@ -7,8 +7,9 @@
 //   the magnitude of the terms summed into them (|p| + |update|,
 //   b1 |m| + (1 - b1) |g|), since where those cancel a rounding difference
 //   (e.g. FMA contraction) is relative to the terms, not to the result.
-// - bf16 gradients: bitwise equal to the f32 path given the same rounded
-//   gradients (a bf16 value is exact in f32).
+// - bf16 and f16 gradients: bitwise equal to the f32 path given the same
+//   rounded gradients (a bf16 or f16 value is exact in f32); the bf16 / f16
+//   param copy is bitwise the rounded f32 param.
 // - sum of squares / global norm vs float64 torch: rel 1e-10 (double
 //   accumulation of squares that are exact in double; only the summation
 //   order differs).
@@ -95,27 +96,43 @@ TEST(AdamW, MatchesTorchOverFiveStepsWithWeightDecayAndGradScale) {
   }
 }
 
-TEST(AdamW, Bf16GradMatchesF32PathOnRoundedGradAndBf16CopyIsRoundedParam) {
+// A half (bf16 or f16) gradient gives the f32 path's bits on the rounded
+// gradient (a half value is exact in f32), and the half param copy is the
+// updated f32 param rounded once; also with an f32 gradient (the model's
+// combination: f32 gradients, half compute weights).
+void expect_half_grad_and_copy_exact(DType half) {
   RefCase rc("optim_adamw.ref");
   kernels::AdamWConfig cfg = config_of(rc);
   const std::vector<float> p0 = rc["param0"].floats();
   const Shape s{static_cast<int64_t>(p0.size())};
   std::vector<float> p32 = p0, m32(p0.size()), v32(p0.size()), p16 = p0, m16(p0.size()), v16(p0.size());
-  Buffer copy(DType::bf16, s);
+  Buffer copy(half, s), copy2(half, s);
+  std::vector<float> p2 = p0, m2(p0.size()), v2(p0.size());
   for (int k = 1; k <= 3; ++k) {
     cfg.step = k;
-    Buffer g16(DType::bf16, s, rc["grad_" + std::to_string(k)].floats());
+    Buffer g16(half, s, rc["grad_" + std::to_string(k)].floats());
     Buffer g32(DType::f32, s, g16.floats());
     kernels::adamw_step(Tensor(p32.data(), DType::f32, s), Tensor(m32.data(), DType::f32, s),
                         Tensor(v32.data(), DType::f32, s), g32.view(), Tensor(), cfg);
     kernels::adamw_step(Tensor(p16.data(), DType::f32, s), Tensor(m16.data(), DType::f32, s),
                         Tensor(v16.data(), DType::f32, s), g16.view(), copy.view(), cfg);
+    kernels::adamw_step(Tensor(p2.data(), DType::f32, s), Tensor(m2.data(), DType::f32, s),
+                        Tensor(v2.data(), DType::f32, s), g32.view(), copy2.view(), cfg);
   }
   EXPECT_EQ(p16, p32);
   EXPECT_EQ(m16, m32);
   EXPECT_EQ(v16, v32);
-  Buffer expected_copy(DType::bf16, s, p16);
+  EXPECT_EQ(p2, p32);
+  Buffer expected_copy(half, s, p16);
   EXPECT_EQ(copy.bytes, expected_copy.bytes);
+  EXPECT_EQ(copy2.bytes, expected_copy.bytes);
+}
+
+TEST(AdamW, Bf16GradMatchesF32PathOnRoundedGradAndBf16CopyIsRoundedParam) {
+  expect_half_grad_and_copy_exact(DType::bf16);
+}
+TEST(AdamW, F16GradMatchesF32PathOnRoundedGradAndF16CopyIsRoundedParam) {
+  expect_half_grad_and_copy_exact(DType::f16);
 }
 
 TEST(AdamW, FirstStepFromZeroStateMovesEachParamByLr) {

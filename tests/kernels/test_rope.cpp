@@ -1,5 +1,5 @@
 // Rotary position embedding against Hugging Face's rotate_half formula in
-// float64 (tests/ref/ref_rope.py), finite differences, the bf16 path and misuse.
+// float64 (tests/ref/ref_rope.py), finite differences, the bf16 and f16 paths and misuse.
 //
 // Tolerances:
 // - f32 vs the float64 reference: rel 1e-5, abs 1e-6, at every position
@@ -9,6 +9,8 @@
 //   HF's float32 path, would be off by up to ~5e-4 rad at pos 8192 and fail.)
 // - bf16 vs the f32 path on the same bf16-rounded inputs: rel 2^-8 (one bf16
 //   ulp), abs 1e-6: the math is f32 on both paths, only the store rounds.
+// - f16 likewise: rel 2^-10, abs 2.5e-7 (the bf16 ones times 1/4; f16
+//   rounds to 2^-12 relative, 8x finer).
 // - finite differences: rope is linear in x, so central differences with
 //   h = 1e-2 are exact up to f32 rounding of the loss (~1e-6 / 2h): rel 1e-2,
 //   abs 1e-3.
@@ -21,6 +23,7 @@
 #include "common/compare.h"
 #include "common/ref.h"
 #include "common/tensors.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom {
@@ -135,30 +138,34 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
   EXPECT_ALL_CLOSE(dx, fd, 1e-2, 1e-3);
 }
 
-// bf16 x, y, dy, dx (and an f32 dx of a bf16 dy) against the f32 path fed the
-// same bf16-rounded values.
-TEST(Rope, Bf16MatchesF32Path) {
+// H (bf16 or f16) x, y, dy, dx (and an f32 dx of an H dy) against the f32
+// path fed the same H-rounded values; k scales the bf16 tolerances.
+template <typename H>
+void expect_half_matches_f32(double k) {
   for (const char* name : {"basic", "threaded_batch_pos"}) {
     SCOPED_TRACE(name);
     Case c(name);
-    std::vector<bf16> xb = to_bf16_vec(c.x), dyb = to_bf16_vec(c.dy), yb(c.x.size());
-    std::vector<float> x = from_bf16_vec(xb), dy = from_bf16_vec(dyb), y(c.x.size());
-    std::vector<float> dx = rounded_to_bf16(prefill(c.x.size()));
-    std::vector<bf16> dxb = to_bf16_vec(dx);
+    std::vector<H> xb = to_half_vec<H>(c.x), dyb = to_half_vec<H>(c.dy), yb(c.x.size());
+    std::vector<float> x = from_half_vec(xb), dy = from_half_vec(dyb), y(c.x.size());
+    std::vector<float> dx = rounded_to_half<H>(prefill(c.x.size()));
+    std::vector<H> dxb = to_half_vec<H>(dx);
     std::vector<float> dx_f32_grad = dx;
     rope_forward(f32_view(y, c.shape), f32_view(x, c.shape), c.pos_t(), c.theta);
     rope_backward(f32_view(dx, c.shape), f32_view(dy, c.shape), c.pos_t(), c.theta);
-    rope_forward(bf16_view(yb, c.shape), bf16_view(xb, c.shape), c.pos_t(), c.theta);
-    rope_backward(bf16_view(dxb, c.shape), bf16_view(dyb, c.shape), c.pos_t(), c.theta);
-    rope_backward(f32_view(dx_f32_grad, c.shape), bf16_view(dyb, c.shape), c.pos_t(), c.theta);
-    EXPECT_ALL_CLOSE(from_bf16_vec(yb), y, kBf16Rtol, kBf16Atol);
-    EXPECT_ALL_CLOSE(from_bf16_vec(dxb), dx, kBf16Rtol, kBf16Atol);
+    rope_forward(half_view(yb, c.shape), half_view(xb, c.shape), c.pos_t(), c.theta);
+    rope_backward(half_view(dxb, c.shape), half_view(dyb, c.shape), c.pos_t(), c.theta);
+    rope_backward(f32_view(dx_f32_grad, c.shape), half_view(dyb, c.shape), c.pos_t(), c.theta);
+    EXPECT_ALL_CLOSE(from_half_vec(yb), y, k * kBf16Rtol, k * kBf16Atol);
+    EXPECT_ALL_CLOSE(from_half_vec(dxb), dx, k * kBf16Rtol, k * kBf16Atol);
     EXPECT_ALL_CLOSE(dx_f32_grad, dx, kRtol, kAtol);
-    // bf16 in place.
-    rope_forward(bf16_view(xb, c.shape), bf16_view(xb, c.shape), c.pos_t(), c.theta);
-    EXPECT_ALL_CLOSE(from_bf16_vec(xb), from_bf16_vec(yb), 0, 0);
+    // In place.
+    rope_forward(half_view(xb, c.shape), half_view(xb, c.shape), c.pos_t(), c.theta);
+    EXPECT_ALL_CLOSE(from_half_vec(xb), from_half_vec(yb), 0, 0);
   }
 }
+
+TEST(Rope, Bf16MatchesF32Path) { expect_half_matches_f32<bf16>(1.0); }
+TEST(Rope, F16MatchesF32Path) { expect_half_matches_f32<f16>(kF16Tighter); }
 
 TEST(Rope, MisuseThrowsNamingOpAndShapes) {
   std::vector<float> a(2 * 3 * 2 * 6), b(a.size());

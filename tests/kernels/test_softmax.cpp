@@ -1,5 +1,5 @@
 // Softmax over the last dim against PyTorch (tests/ref/ref_softmax.py), finite
-// differences, the bf16 path against the f32 path, in-place use and misuse.
+// differences, the bf16 and f16 paths against the f32 path, in-place use and misuse.
 //
 // Tolerances (|a - e| <= atol + rtol |e|):
 // - f32 vs torch (float64 from the same f32 inputs): y rtol 1e-5 atol 1e-7
@@ -10,6 +10,8 @@
 //   bf16-stored y (relative error 2^-9), so dx rtol 1e-2 atol 1e-3.
 // - bf16 storage and bf16 gradients: one more bf16 rounding of each stored
 //   result (2^-9 relative): y rtol 1e-2 atol 1e-6, dx rtol 1e-2 atol 1e-2.
+// - f16: every bf16 tolerance times 1/4 (f16 rounds to 2^-12 relative, 8x
+//   finer; probabilities below 2^-14 are f16 subnormals, within atol).
 // - finite differences (f32, central, h = 1e-2): truncation ~h^2 times third
 //   derivatives of order 1, round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
 #include <cmath>
@@ -22,6 +24,7 @@
 #include "common/compare.h"
 #include "common/ref.h"
 #include "common/tensors.h"
+#include "kernels/half_util.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -90,7 +93,7 @@ TEST(Softmax, LargeInputsGiveFiniteRowsThatSumToOne) {
 
 TEST(Softmax, InPlaceForwardMatchesOutOfPlace) {
   RefCase rc("softmax_c100.ref");
-  for (DType dtype : {DType::f32, DType::bf16}) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     const SoftmaxInputs in = load_inputs(rc);
     Buffer x(dtype, in.shape, in.x), y(dtype, in.shape);
     softmax_forward(y.view(), x.view());
@@ -99,21 +102,26 @@ TEST(Softmax, InPlaceForwardMatchesOutOfPlace) {
   }
 }
 
-TEST(Softmax, Bf16MatchesF32PathOnRoundedInputs) {
+// half (bf16 or f16) storage against the f32 path on the same rounded
+// inputs; k scales the bf16 tolerances (kF16Tighter for f16).
+void expect_half_matches_f32(DType half, double k) {
   for (const char* name : kCases) {
     SCOPED_TRACE(name);
     RefCase rc(std::string("softmax_") + name + ".ref");
     SoftmaxInputs in = load_inputs(rc);
-    for (Floats* v : {&in.x, &in.dy, &in.dx0}) *v = rounded_to_bf16(*v);
+    for (Floats* v : {&in.x, &in.dy, &in.dx0}) *v = rounded_to(half, *v);
     const SoftmaxOutputs ref = run_softmax(in, DType::f32, DType::f32);
-    const SoftmaxOutputs f32_grads = run_softmax(in, DType::bf16, DType::f32);
-    EXPECT_TRUE(all_close(f32_grads.y, ref.y, 1e-2, 1e-6)) << "y";
-    EXPECT_TRUE(all_close(f32_grads.dx, ref.dx, 1e-2, 1e-3)) << "dx, f32 gradients";
-    const SoftmaxOutputs bf16_grads = run_softmax(in, DType::bf16, DType::bf16);
-    EXPECT_TRUE(all_close(bf16_grads.y, ref.y, 1e-2, 1e-6)) << "y";
-    EXPECT_TRUE(all_close(bf16_grads.dx, ref.dx, 1e-2, 1e-2)) << "dx, bf16 gradients";
+    const SoftmaxOutputs f32_grads = run_softmax(in, half, DType::f32);
+    EXPECT_TRUE(all_close(f32_grads.y, ref.y, k * 1e-2, k * 1e-6)) << "y";
+    EXPECT_TRUE(all_close(f32_grads.dx, ref.dx, k * 1e-2, k * 1e-3)) << "dx, f32 gradients";
+    const SoftmaxOutputs half_grads = run_softmax(in, half, half);
+    EXPECT_TRUE(all_close(half_grads.y, ref.y, k * 1e-2, k * 1e-6)) << "y";
+    EXPECT_TRUE(all_close(half_grads.dx, ref.dx, k * 1e-2, k * 1e-2)) << "dx, half gradients";
   }
 }
+
+TEST(Softmax, Bf16MatchesF32PathOnRoundedInputs) { expect_half_matches_f32(DType::bf16, 1.0); }
+TEST(Softmax, F16MatchesF32PathOnRoundedInputs) { expect_half_matches_f32(DType::f16, kF16Tighter); }
 
 // loss = sum(y * r) for random r; the analytic gradient is the backward with dy = r.
 TEST(Softmax, GradientsMatchFiniteDifferences) {

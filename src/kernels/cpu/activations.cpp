@@ -1,7 +1,7 @@
 // Elementwise activations: GELU (tanh approximation), SiLU, SwiGLU.
 //
 // Every op walks the flat element range in chunks of kChunk: each operand is
-// read as f32 (in place for f32, converted into a buffer for bf16), the math
+// read as f32 (in place for f32, converted into a buffer for bf16/f16), the math
 // writes contiguous floats to a buffer (vectorised, with a polynomial exp),
 // and the result is stored (=) or accumulated (+=). The output is written
 // only from that buffer, so a forward may run in place (y is x, gate or up),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/validate.h"
@@ -57,7 +58,12 @@ void load_tile(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, int
     for (int64_t r = 0; r < n; ++r) {
       const T* src = base + x.at(b, t0 + r, h);
       float* d = dst + r * ld;
-      for (int64_t i = 0; i < x.HS; ++i) d[i] = load_f32(src[i]) * mul;
+      if constexpr (std::is_same_v<T, f16>) {  // vectorised conversion, then the scale
+        span_to_f32(d, src, x.HS);
+        for (int64_t i = 0; i < x.HS; ++i) d[i] *= mul;
+      } else {
+        for (int64_t i = 0; i < x.HS; ++i) d[i] = to_f32(src[i]) * mul;
+      }
       std::fill(d + x.HS, d + HSp, 0.f);
     }
   });
@@ -81,7 +87,7 @@ void load_tile_t(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, i
     for (int64_t c = 0; c < n; ++c) src[c] = static_cast<const T*>(x.data) + x.at(b, t0 + c, h);
     for (int64_t d = 0; d < x.HS; ++d) {
       float* row = dst + d * ld;
-      for (int64_t c = 0; c < n; ++c) row[c] = load_f32(src[c][d]) * mul;
+      for (int64_t c = 0; c < n; ++c) row[c] = to_f32(src[c][d]) * mul;
       std::fill(row + n, row + n_pad, 0.f);
     }
   });
@@ -93,7 +99,7 @@ void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t 
     for (int64_t r = 0; r < n; ++r) {
       T_* dst = y.data_as<T_>() + ((b * T + t0 + r) * heads + h) * HS;
       const float* s = src + r * ld;
-      for (int64_t i = 0; i < HS; ++i) dst[i] = store_as<T_>(load_f32(dst[i]) + s[i] * mul);
+      for (int64_t i = 0; i < HS; ++i) dst[i] = from_f32<T_>(to_f32(dst[i]) + s[i] * mul);
     }
   });
 }

@@ -90,7 +90,7 @@ void store_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, in
       T* dst = a.out.data_as<T>() + ((b * g.Tq + q0 + r) * g.NH + h) * g.HS;
       const float* acc = w.acc + r * g.HSp;
       const float inv = 1.f / w.l[r];
-      for (int64_t d = 0; d < g.HS; ++d) dst[d] = store_as<T>(acc[d] * inv);
+      for (int64_t d = 0; d < g.HS; ++d) dst[d] = from_f32<T>(acc[d] * inv);
     }
   });
   if (a.lse.defined()) {

@@ -1,6 +1,6 @@
 // Shared pieces of the CPU flash attention (attention_forward.cpp,
 // attention_backward.cpp): the problem geometry and its validation, f32 tile
-// loads from strided f32/bf16 operands, a small register-blocked GEMM on
+// loads from strided f32/bf16/f16 operands, a small register-blocked GEMM on
 // tiles. Internal to src/kernels/cpu.
 #pragma once
 

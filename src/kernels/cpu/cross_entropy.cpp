@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/ops.h"
@@ -23,14 +24,14 @@ namespace {
 constexpr const char* kOp = "cross_entropy_forward_backward";
 constexpr int64_t kChunk = 2048;  // floats per chunk: 8 KiB, stays in L1
 
-// A chunk of a row as f32: the row itself for f32, a converted copy for bf16.
+// A chunk of a row as f32: the row itself for f32, a converted copy for
+// bf16 and f16.
 template <typename T>
 inline const float* chunk_f32(const T* src, int64_t n, float* buf) {
   if constexpr (std::is_same_v<T, float>) {
     return src;
   } else {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) buf[i] = load_f32(src[i]);
+    span_to_f32(buf, src, n);
     return buf;
   }
 }
@@ -72,15 +73,23 @@ void row_dlogits(G* d, const T* x, int64_t V, double lse, int32_t target, float 
     const int64_t n = std::min(kChunk, V - c);
     const float* xc = chunk_f32(x + c, n, buf);
     G* dc = d + c;
+    if constexpr (std::is_same_v<G, f16>) {
+      // f16 has no vectorised per-element store: the chunk goes through buf
+      // (xc is read before buf is written: it may be buf itself).
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dc[i] = store_as<G>(scale * exp_f32((xc[i] - hi) - lo));
+      for (int64_t i = 0; i < n; ++i) buf[i] = scale * exp_f32((xc[i] - hi) - lo);
+      span_from_f32(dc, buf, n);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) dc[i] = from_f32<G>(scale * exp_f32((xc[i] - hi) - lo));
+    }
   }
-  d[target] = store_as<G>(scale * (exp_f32((x_target - hi) - lo) - 1.f));
+  d[target] = from_f32<G>(scale * (exp_f32((x_target - hi) - lo) - 1.f));
 }
 
 template <typename G>
 void row_zero(G* d, int64_t V) {
-  const G zero = store_as<G>(0.f);
+  const G zero = from_f32<G>(0.f);
   std::fill(d, d + V, zero);
 }
 
@@ -104,7 +113,7 @@ void ce_rows(G* dlogits, const T* logits, const CeArgs& a) {
       if constexpr (!std::is_void_v<G>) row_zero(dlogits + r * a.V, a.V);
       continue;
     }
-    const float x_t = load_f32(x[t]);
+    const float x_t = to_f32(x[t]);
     const double lse = row_logsumexp(x, a.V);
     a.row_loss[r] = lse - static_cast<double>(x_t);
     if constexpr (!std::is_void_v<G>)

@@ -6,6 +6,7 @@
 // added to dwte once. So every run gives the same bits for any thread count,
 // and a bf16 dwte is rounded once per token rather than once per occurrence.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
@@ -43,6 +44,19 @@ void check_table(const char* op, Operand table, int64_t C) {
   require_float(op, table);
   require_ndim(op, table, 2);
   if (table.t.size(1) != C) op_fail(op, {table}, table.name, " has ", table.t.size(1), " columns, expected C = ", C);
+}
+
+// o = e + p in f16, through f32 (vectorised conversions, one rounding).
+void add_rows_f16(f16* o, const f16* e, const f16* p, int64_t C) {
+  constexpr int64_t kPiece = 256;
+  alignas(64) float ef[kPiece], pf[kPiece];
+  for (int64_t c0 = 0; c0 < C; c0 += kPiece) {
+    const int64_t n = std::min(kPiece, C - c0);
+    span_to_f32(ef, e + c0, n);
+    span_to_f32(pf, p + c0, n);
+    for (int64_t i = 0; i < n; ++i) ef[i] += pf[i];
+    span_from_f32(o + c0, ef, n);
+  }
 }
 
 void check_tokens_operand(const char* op, const Tensor& tokens) {
@@ -130,7 +144,11 @@ void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const 
       E* o = out + bt * C;
       if (pe) {
         const E* p = pe + (pos_offset + bt % T) * C;
-        for (int64_t i = 0; i < C; ++i) o[i] = store_as<E>(load_f32(e[i]) + load_f32(p[i]));
+        if constexpr (std::is_same_v<E, f16>) {
+          add_rows_f16(o, e, p, C);
+        } else {
+          for (int64_t i = 0; i < C; ++i) o[i] = from_f32<E>(to_f32(e[i]) + to_f32(p[i]));
+        }
       } else {
         std::copy(e, e + C, o);
       }
@@ -139,7 +157,7 @@ void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const 
 }
 
 // dwte += scatter-add of dy by token; dwpe[pos_offset + t] += sum over b of dy[b, t].
-// dy: (B, T, C) float  dwte: (V, C), dwpe: (maxT, C), each f32 or bf16 or undefined.
+// dy: (B, T, C) float  dwte: (V, C), dwpe: (maxT, C), each f32, bf16, f16 or undefined.
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset) {
   constexpr const char* op = "embedding_backward";
   check_tokens_operand(op, tokens);

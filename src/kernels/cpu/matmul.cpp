@@ -16,7 +16,13 @@
 //         exported by libopenblas.so.0 (it does not link). oneDNN runs brgemm
 //         avx512_core_bf16 (vdpbf16ps, f32 accumulation): 423 at 2048^3,
 //         1.97x its f32.
-// So oneDNN for both dtypes: one backend, one primitive cache, one code path
+//   f16   oneDNN 2.6 has no f16 matmul on this CPU (primitive creation is
+//         unimplemented: it needs AVX512-FP16), and OpenBLAS has no hgemm. So
+//         f16 operands are widened to f32 in scratch and the f32 GEMM runs
+//         (f32 accumulation, exact products): 197-204 at 2048^3 against
+//         201-213 for f32 in the same runs (the widening costs ~3%). Not
+//         bf16: that would throw away 3 of f16's 11 significand bits.
+// So oneDNN for every dtype: one backend, one primitive cache, one code path
 // to test, and f32 on par with OpenBLAS.
 //
 // Accumulation: beta = 1 is oneDNN's sum post-op, which reads c in its own
@@ -26,11 +32,14 @@
 // (1) a backward GEMM whose operands mix f32 and bf16 (dc or dy is f32 while
 // a, b, x, w are bf16, e.g. the f32 logits of a bf16 LM head) first rounds
 // the f32 operand to bf16, as PyTorch autocast does, because oneDNN's bf16
-// GEMM takes both inputs in bf16; (2) the bf16 gradient of an operand shared
-// by every batch sums the per-batch GEMMs in f32 and is rounded once.
+// GEMM takes both inputs in bf16 (f16 operands instead are all widened to
+// f32 in slot a, see gemm_f16); (2) the bf16 or f16 gradient of an operand
+// shared by every batch sums the per-batch GEMMs in f32 and is rounded once.
 #include <algorithm>
 
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_onednn.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -101,9 +110,59 @@ Tensor bf16_workspace(const Tensor& t) {
   return Tensor(dst, DType::bf16, t.shape());
 }
 
+void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Tensor& bias = {});
+
+bool is_f16(const Tensor& t) { return t.defined() && t.dtype() == DType::f16; }
+
+// dst = src as f32 (src f16, contiguous), in parallel when large.
+void widen_f16(float* dst, const Tensor& src) {
+  constexpr int64_t kPiece = 4096;
+  const f16* s = src.data_as<const f16>();
+  const int64_t n = src.numel(), pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (n >= kMinParallel)
+  for (int64_t p = 0; p < pieces; ++p) span_to_f32(dst + p * kPiece, s + p * kPiece, std::min(kPiece, n - p * kPiece));
+}
+
+// The f16 GEMM (see the top): every f16 operand is widened to f32 in one
+// scratch request (slot a; accumulate holds slot b around it), the f32 GEMM
+// runs, and an f16 c is rounded once from its f32 result (which started from
+// c itself when beta != 0, as oneDNN's sum post-op reads c).
+void gemm_f16(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias) {
+  const auto need = [](const Tensor& t) { return is_f16(t) ? t.numel() : int64_t{0}; };
+  const int64_t na = need(a), nb = need(b), nc = need(c), nbias = need(bias);
+  float* ws = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(na + nb + nc + nbias));
+  const auto widen = [&](Tensor& t, int64_t n) {
+    if (!n) return;
+    widen_f16(ws, t);
+    t = Tensor(ws, DType::f32, t.shape());
+    ws += n;
+  };
+  const Tensor c16 = c;
+  if (nc && beta == 0.f) {  // c's old contents are not read
+    c = Tensor(ws, DType::f32, c.shape());
+    ws += nc;
+  } else {
+    widen(c, nc);
+  }
+  widen(a, na);
+  widen(b, nb);
+  widen(bias, nbias);
+  gemm(c, a, b, ta, tb, alpha, beta, bias);
+  if (!nc) return;
+  const float* r = c.data_as<const float>();
+  f16* out = c16.data_as<f16>();
+  constexpr int64_t kPiece = 4096;
+  const int64_t pieces = (nc + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (nc >= kMinParallel)
+  for (int64_t p = 0; p < pieces; ++p)
+    span_from_f32(out + p * kPiece, r + p * kPiece, std::min(kPiece, nc - p * kPiece));
+}
+
 // c = alpha * op(a) @ op(b) (+ bias) + beta * c on validated operands; a and
-// b may mix f32 and bf16 (backward), the f32 one is then rounded to bf16.
-void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Tensor& bias = {}) {
+// b may mix f32 and bf16 (backward), the f32 one is then rounded to bf16, or
+// f32 and f16 (widened to f32 by gemm_f16, as is anything f16).
+void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Tensor& bias) {
+  if (is_f16(a) || is_f16(b) || is_f16(c) || is_f16(bias)) return gemm_f16(c, a, b, ta, tb, alpha, beta, bias);
   if (a.dtype() == DType::f32 && b.dtype() == DType::bf16) a = bf16_workspace(a);
   if (a.dtype() == DType::bf16 && b.dtype() == DType::f32) b = bf16_workspace(b);
   Gemm g;
@@ -141,11 +200,12 @@ void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, 
     // sum_i x_i^T y_i = [x_0; x_1; ...]^T [y_0; y_1; ...]: one GEMM, K = batch * rows.
     return gemm(out, as_matrix(x), as_matrix(y), true, false, alpha, 1.f);
   }
-  // One GEMM per batch, += into out. A bf16 out would be rounded after each
-  // batch, so the sum goes through an f32 workspace and is rounded once.
+  // One GEMM per batch, += into out. A bf16 or f16 out would be rounded
+  // after each batch, so the sum goes through an f32 workspace and is
+  // rounded once.
   Tensor sum = out;
   float* workspace = nullptr;
-  if (out.dtype() == DType::bf16) {
+  if (out.dtype() != DType::f32) {
     workspace = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(out.numel()));
     std::fill_n(workspace, out.numel(), 0.f);
     sum = Tensor(workspace, DType::f32, out.shape());
@@ -153,10 +213,8 @@ void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, 
   const int64_t batch = std::max(leading(x), leading(y));
   for (int64_t i = 0; i < batch; ++i)
     gemm(sum, matrix_of_batch(x, i), matrix_of_batch(y, i), tx, ty, alpha, 1.f);
-  if (out.dtype() == DType::bf16) {
-    bf16* o = out.data_as<bf16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = to_bf16(from_bf16(o[i]) + workspace[i]);
-  }
+  if (out.dtype() != DType::f32)
+    dispatch_float(out.dtype(), [&]<typename T>() { span_add_f32(out.data_as<T>(), workspace, out.numel()); });
 }
 
 template <typename TD, typename TB>
@@ -169,9 +227,9 @@ void bias_grad(TB* dbias, const TD* dy, int64_t rows, int64_t oc) {
     float acc[kBlock] = {};
     for (int64_t r = 0; r < rows; ++r) {
       const TD* row = dy + r * oc + c0;
-      for (int64_t j = 0; j < len; ++j) acc[j] += load_f32(row[j]);
+      for (int64_t j = 0; j < len; ++j) acc[j] += to_f32(row[j]);
     }
-    for (int64_t j = 0; j < len; ++j) dbias[c0 + j] = store_as<TB>(load_f32(dbias[c0 + j]) + acc[j]);
+    for (int64_t j = 0; j < len; ++j) dbias[c0 + j] = from_f32<TB>(to_f32(dbias[c0 + j]) + acc[j]);
   }
 }
 

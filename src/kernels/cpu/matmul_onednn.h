@@ -12,8 +12,9 @@ namespace loom::kernels::cpu {
 // Row-major, contiguous: a is (batch_a, M, K), or (batch_a, K, M) with
 // trans_a; b is (batch_b, K, N), or (batch_b, N, K) with trans_b; c is
 // (batch, M, N); batch_a / batch_b are batch, or 1 for an operand shared by
-// every batch. bias: (N) or null. a and b have dtype ab (f32 or bf16); c is
-// f32 or ab; bias is f32 or ab. Arguments are trusted: matmul.cpp validates.
+// every batch. bias: (N) or null. a and b have dtype ab (f32 or bf16; f16 is
+// widened to f32 by matmul.cpp first); c is f32 or ab; bias is f32 or ab.
+// Arguments are trusted: matmul.cpp validates.
 struct Gemm {
   void* c = nullptr;
   const void* a = nullptr;

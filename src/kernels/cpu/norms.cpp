@@ -1,6 +1,6 @@
 // LayerNorm (GPT-2) and RMSNorm (Llama) over the last dim, forward and
 // backward (ops.h). Rows are independent: each row is loaded as f32 (the
-// tensor's own memory when it is f32, a per-thread buffer when it is bf16),
+// tensor's own memory when it is f32, a per-thread buffer when it is bf16 or f16),
 // computed in f32, then stored in the operand's dtype.
 //
 // dw/db are sums over rows. They are reduced deterministically: rows are cut

@@ -49,19 +49,36 @@ AdamWScalars adamw_scalars(const AdamWConfig& c) {
 constexpr int64_t kAdamChunk = 512;  // elements per parallel work item
 
 // One chunk of n <= kAdamChunk elements, in torch.optim.AdamW's order of
-// operations. G: grad storage (float, bf16). P: param_copy storage, or void.
-// std::sqrt vectorises here because loom builds with -fno-math-errno.
+// operations. G: grad storage (float, bf16, f16). P: param_copy storage, or
+// void. std::sqrt vectorises here because loom builds with -fno-math-errno.
+// f16 has no per-element conversion GCC vectorises, so an f16 grad is
+// widened into a buffer first and an f16 copy is rounded from p afterwards:
+// the same values.
 template <typename G, typename P>
 void adamw_chunk(float* p, float* m, float* v, const G* grad, P* copy, int64_t n, const AdamWScalars& s) {
+  if constexpr (std::is_same_v<G, f16>) {
+    alignas(64) float g32[kAdamChunk];
+    span_to_f32(g32, grad, n);
+    if constexpr (std::is_same_v<P, f16>) {
+      adamw_chunk<float, void>(p, m, v, g32, nullptr, n, s);
+      span_from_f32(copy, p, n);
+    } else {
+      adamw_chunk<float, P>(p, m, v, g32, copy, n, s);
+    }
+  } else if constexpr (std::is_same_v<P, f16>) {
+    adamw_chunk<G, void>(p, m, v, grad, nullptr, n, s);
+    span_from_f32(copy, p, n);
+  } else {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = load_f32(grad[i]) * s.grad_scale;
-    m[i] = m[i] * s.beta1 + s.one_minus_beta1 * g;
-    v[i] = v[i] * s.beta2 + s.one_minus_beta2 * g * g;
-    const float denom = std::sqrt(v[i]) / s.bc2_sqrt + s.eps;
-    const float pn = p[i] * s.decay + s.neg_step_size * m[i] / denom;
-    p[i] = pn;
-    if constexpr (!std::is_void_v<P>) copy[i] = store_as<P>(pn);
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = to_f32(grad[i]) * s.grad_scale;
+      m[i] = m[i] * s.beta1 + s.one_minus_beta1 * g;
+      v[i] = v[i] * s.beta2 + s.one_minus_beta2 * g * g;
+      const float denom = std::sqrt(v[i]) / s.bc2_sqrt + s.eps;
+      const float pn = p[i] * s.decay + s.neg_step_size * m[i] / denom;
+      p[i] = pn;
+      if constexpr (!std::is_void_v<P>) copy[i] = from_f32<P>(pn);
+    }
   }
 }
 
@@ -108,7 +125,7 @@ double block_sum_squares(const T* x, int64_t n) {
   double s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) {
-    const double xi = load_f32(x[i]);
+    const double xi = to_f32(x[i]);
     s += xi * xi;
   }
   return s;
@@ -147,8 +164,8 @@ bool all_finite_of(const T* x, int64_t n) {
 
 double sum_squares_checked(const char* op, const char* name, const Tensor& t) {
   require_cpu_contiguous(op, {{name, t}});
-  require_any_float(op, {name, t});
-  return dispatch_any_float(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
+  require_float(op, {name, t});
+  return dispatch_float(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
 }
 
 }  // namespace
@@ -178,18 +195,18 @@ double global_norm(std::span<const Tensor> tensors) {
 
 bool all_finite(const Tensor& t) {
   require_cpu_contiguous("all_finite", {{"t", t}});
-  require_any_float("all_finite", {"t", t});
-  return dispatch_any_float(t.dtype(), [&]<typename T>() { return all_finite_of(t.data_as<const T>(), t.numel()); });
+  require_float("all_finite", {"t", t});
+  return dispatch_float(t.dtype(), [&]<typename T>() { return all_finite_of(t.data_as<const T>(), t.numel()); });
 }
 
 void scale(Tensor t, float s) {
   require_cpu_contiguous("scale", {{"t", t}});
-  require_any_float("scale", {"t", t});
-  dispatch_any_float(t.dtype(), [&]<typename T>() {
+  require_float("scale", {"t", t});
+  dispatch_float(t.dtype(), [&]<typename T>() {
     T* x = t.data_as<T>();
     const int64_t n = t.numel();
 #pragma omp parallel for simd schedule(static) if (n > kMinParallel)
-    for (int64_t i = 0; i < n; ++i) x[i] = store_as<T>(load_f32(x[i]) * s);
+    for (int64_t i = 0; i < n; ++i) x[i] = from_f32<T>(to_f32(x[i]) * s);
   });
 }
 

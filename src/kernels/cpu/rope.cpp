@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/ops.h"
 #include "kernels/validate.h"
@@ -62,13 +63,10 @@ void rotate_head(float* __restrict out_f, const float* __restrict in_f, const fl
 template <RopeMode kMode, typename TIn, typename TOut>
 void rope_head(TOut* dst, const TIn* src, int64_t off, float* in_f, float* out_f, const float* cos_f,
                const float* sin_f, int64_t HS) {
-  for (int64_t i = 0; i < HS; ++i) in_f[i] = load_f32(src[off + i]);
+  span_to_f32(in_f, src + off, HS);
   rotate_head<kMode>(out_f, in_f, cos_f, sin_f, HS / 2);
-  if constexpr (kMode == RopeMode::forward_write) {
-    for (int64_t i = 0; i < HS; ++i) dst[off + i] = store_as<TOut>(out_f[i]);
-  } else {
-    for (int64_t i = 0; i < HS; ++i) dst[off + i] = store_as<TOut>(load_f32(dst[off + i]) + out_f[i]);
-  }
+  if constexpr (kMode == RopeMode::forward_write) span_from_f32(dst + off, out_f, HS);
+  else span_add_f32(dst + off, out_f, HS);
 }
 
 // cos/sin are computed once per distinct position row ("angle row"): per (b, t)

@@ -5,8 +5,11 @@
 
 #include <cstdint>
 
+#include <type_traits>
+
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "kernels/cpu/half.h"
 #include "kernels/validate.h"
 
 namespace loom::kernels {
@@ -15,12 +18,13 @@ namespace loom::kernels {
 // (decode steps, tiny test shapes).
 inline constexpr int64_t kMinParallel = 1 << 15;
 
-// Elements [offset, offset + n) of a contiguous f32 or bf16 tensor as f32:
-// the tensor's own memory for f32, else converted into buf (n floats).
+// Elements [offset, offset + n) of a contiguous f32, bf16 or f16 tensor as
+// f32: the tensor's own memory for f32, else converted into buf (n floats).
 inline const float* load_span(const Tensor& t, int64_t offset, int64_t n, float* buf) {
   if (t.dtype() == DType::f32) return t.data_as<float>() + offset;
-  const bf16* src = t.data_as<bf16>() + offset;
-  for (int64_t i = 0; i < n; ++i) buf[i] = from_bf16(src[i]);
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, float>) span_to_f32(buf, t.data_as<T>() + offset, n);
+  });
   return buf;
 }
 
@@ -31,15 +35,13 @@ inline const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) 
 
 enum class Store { write, add };
 
-// t's elements [offset, offset + n) = v, or += v, in t's dtype (f32, bf16).
+// t's elements [offset, offset + n) = v, or += v, in t's dtype (f32, bf16,
+// f16), rounded once (RNE).
 inline void store_span(Tensor t, int64_t offset, int64_t n, const float* v, Store mode) {
   dispatch_float(t.dtype(), [&]<typename T>() {
     T* dst = t.data_as<T>() + offset;
-    if (mode == Store::add) {
-      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(load_f32(dst[i]) + v[i]);
-    } else {
-      for (int64_t i = 0; i < n; ++i) dst[i] = store_as<T>(v[i]);
-    }
+    if (mode == Store::add) span_add_f32(dst, v, n);
+    else span_from_f32(dst, v, n);
   });
 }
 

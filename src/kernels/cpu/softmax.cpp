@@ -1,5 +1,5 @@
 // Softmax over the last dim, forward and backward (ops.h). Each row is loaded
-// as f32 (the tensor's own memory when f32, a per-thread buffer when bf16),
+// as f32 (the tensor's own memory when f32, a per-thread buffer when bf16/f16),
 // computed in f32 and stored in the operand's dtype; rows run in parallel.
 #include <cstdint>
 #include <limits>
