@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <optional>
 #include <cstdio>
 #include <span>
 #include <string>
@@ -62,14 +64,18 @@ struct StepTimes {
   double median = 0, best = 0;
 };
 
-// One training step as train::Trainer::step does it, with grad_accum = 1.
-void train_step(model::Model& m, train::AdamW& opt, const Tensor& tokens, const Tensor& targets) {
+// One training step as train::Trainer::step does it, with grad_accum = 1;
+// scaler: fp16's dynamic loss scaling, else null.
+void train_step(model::Model& m, train::AdamW& opt, const Tensor& tokens, const Tensor& targets,
+                train::DynamicLossScaler* scaler) {
+  const double loss_scale = scaler ? scaler->scale() : 1.0;
   m.zero_grads();
   m.forward(tokens, targets);
-  m.backward();
+  m.backward(static_cast<float>(loss_scale));
   const Tensor grads = m.grads();
-  const double norm = kernels::global_norm(std::span<const Tensor>(&grads, 1));
-  opt.step(m, kLr, norm > kGradClip ? static_cast<float>(kGradClip / norm) : 1.f);
+  const double norm = kernels::global_norm(std::span<const Tensor>(&grads, 1)) / loss_scale;
+  if (scaler && !scaler->update(std::isfinite(norm))) return;
+  opt.step(m, kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
 }
 
 struct Result {
@@ -107,7 +113,7 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
   std::printf("tokens/s        %12.1f  (best step)\n", r.tokens_per_s);
   std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
   std::printf("MFU             %11.1f%%  of %.1f GFLOP/s (%s 1024^3 GEMM measured at start-up)\n", 100 * r.mfu,
-              r.peak_flops / 1e9, o.dtype == "bf16" ? "bf16" : "f32");
+              r.peak_flops / 1e9, o.dtype.c_str());
   std::printf("FLOPs per token %12.4g  = 6 N + 12 n_layer n_embd T\n", r.flops_per_token);
   std::printf("max RSS growth  %12.1f MiB\n\n%s", static_cast<double>(r.rss_growth) / (1024.0 * 1024.0),
               r.memory.table().c_str());
@@ -116,8 +122,8 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
 }  // namespace
 
 int run_train_bench(const TrainBenchOptions& o) {
-  LOOM_REQUIRE(o.dtype == "fp32" || o.dtype == "bf16", "bench train: --dtype ", o.dtype, ": ", o.dtype,
-               " training is not supported yet: use --dtype fp32 or bf16");
+  LOOM_REQUIRE(o.dtype == "fp32" || o.dtype == "bf16" || o.dtype == "fp16", "bench train: --dtype ", o.dtype,
+               " is invalid: allowed are fp32, bf16 and fp16");
   const std::vector<std::string> presets = model::model_preset_names();
   if (std::find(presets.begin(), presets.end(), o.model) == presets.end()) {
     std::string valid;
@@ -127,7 +133,7 @@ int run_train_bench(const TrainBenchOptions& o) {
   const model::ModelConfig cfg = model::model_preset(o.model);
   Result r;
   // Before any model memory: the GEMM's buffers then do not count as growth.
-  const DType compute = o.dtype == "bf16" ? DType::bf16 : DType::f32;
+  const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
   r.peak_flops = train::measure_peak_flops(compute);
   const size_t rss_before = max_rss_bytes();
 
@@ -140,11 +146,14 @@ int run_train_bench(const TrainBenchOptions& o) {
   fill_tokens(tokens, cfg.vocab_size, kSeed);
   fill_tokens(targets, cfg.vocab_size, kSeed + 1);
 
-  for (int i = 0; i < o.warmup; ++i) train_step(m, opt, tokens, targets);
+  std::optional<train::DynamicLossScaler> scaler;
+  if (compute == DType::f16) scaler.emplace(train::TrainConfig{}.loss_scale, train::TrainConfig{}.loss_scale_window);
+  train::DynamicLossScaler* s = scaler ? &*scaler : nullptr;
+  for (int i = 0; i < o.warmup; ++i) train_step(m, opt, tokens, targets, s);
   std::vector<double> times;
   for (int i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
-    train_step(m, opt, tokens, targets);
+    train_step(m, opt, tokens, targets, s);
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());

@@ -14,7 +14,8 @@ struct TrainBenchOptions {
   int64_t seq = 128;                // T: tokens per sequence
   int steps = 10;                   // timed steps
   int warmup = 2;                   // untimed steps before them
-  std::string dtype = "fp32";       // fp32 | bf16 (mixed precision: bf16 compute, fp32 master)
+  std::string dtype = "fp32";       // fp32 | bf16 | fp16 (mixed precision: 16-bit compute, fp32 master;
+                                    // fp16 with dynamic loss scaling)
   std::string recompute = "none";   // none | selective | full (model/model.h)
   bool json = false;                // one JSON Lines object instead of a table
   int threads = 1;                  // recorded in the output

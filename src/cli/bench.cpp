@@ -39,9 +39,11 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   train->add_option("--steps", opts->steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   train->add_option("--warmup", opts->warmup, "untimed steps before them")->capture_default_str()->check(
       CLI::Range(0, 1 << 20));
-  train->add_option("--dtype", opts->dtype, "fp32 | bf16 (bf16 compute, fp32 master weights and optimizer state)")
+  train->add_option("--dtype", opts->dtype,
+                    "fp32 | bf16 | fp16 (16-bit compute, fp32 master weights and optimizer state; fp16 with dynamic "
+                    "loss scaling)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   train->add_option("--recompute", opts->recompute,
                     "none | selective (rerun norms, attention core, activation in backward) | full (rerun blocks)")
       ->capture_default_str()

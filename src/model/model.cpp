@@ -195,8 +195,8 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(T >= 1 && T <= cfg.max_seq_len, "sequence length ", T, " is invalid: allowed values are 1 to ",
                "model.max_seq_len = ", cfg.max_seq_len);
-  LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16, "model compute dtype ", dtype_name(compute),
-               " is not supported: allowed are f32 and bf16");
+  LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
+               dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
   const int64_t P = param_count(specs_);
   params_ = pools[MemTag::params].empty(compute, {P});
   if (compute != DType::f32) master_ = pools[MemTag::master].empty(DType::f32, {P});

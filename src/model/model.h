@@ -8,10 +8,10 @@
 //   float loss = m.forward(tokens, targets);
 //   m.backward();                        // grads += d loss / d params
 //
-// Mixed precision (DESIGN.md §6): built with compute = bf16, the model holds
-// its compute weights params() and its activations in bf16, and owns the f32
+// Mixed precision (DESIGN.md §6): built with compute = bf16 (or f16), the
+// model holds its compute weights params() and its activations in that dtype, and owns the f32
 // master weights master_params() (pools[master]) that init, load, save,
-// checkpoints and the optimizer work on; params() is their bf16 rounding
+// checkpoints and the optimizer work on; params() is their rounding
 // (sync_params, or AdamW's param_copy). Gradients are f32 either way, as are
 // the norm statistics, attention lse and the backward scratch. Under f32,
 // master_params() is params() itself.
@@ -54,7 +54,7 @@ class Model {
   // Validates cfg; B, T >= 1 and T <= cfg.max_seq_len. Parameters and
   // gradients (zeroed) come from pools[params] / pools[grads], activations
   // and backward scratch from pools[activations]. Parameters are not
-  // initialised: call init_params or load_params. compute: f32 or bf16.
+  // initialised: call init_params or load_params. compute: f32, bf16 or f16.
   Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
         Recompute recompute = Recompute::none);
   ~Model();
@@ -110,7 +110,7 @@ class Model {
   Recompute recompute_;
   std::vector<ParamSpec> specs_;
   OwnedTensor params_, grads_;
-  OwnedTensor master_;  // (P) f32 under bf16 compute; undefined under f32
+  OwnedTensor master_;  // (P) f32 under bf16 / f16 compute; undefined under f32
   std::unique_ptr<ModelState> state_;
   bool has_targets_ = false;
 };

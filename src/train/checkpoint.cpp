@@ -84,6 +84,8 @@ json manifest_json(Trainer& t, const std::vector<std::pair<std::string, Tensor>>
                     {"eps", o.eps},           {"weight_decay", o.weight_decay}};
   j["lr_schedule"] = {{"lr", lr.lr},       {"min_lr", lr.min_lr}, {"warmup_steps", lr.warmup_steps},
                       {"steps", lr.steps}, {"next_lr", lr.at(t.steps_done())}};
+  if (const DynamicLossScaler* s = t.loss_scaler())
+    j["loss_scale"] = {{"scale", s->scale()}, {"good_steps", s->good_steps()}, {"window", s->window()}};
   j["tensors"] = tensor_specs;
   j["files"] = files;
   return j;
@@ -264,6 +266,20 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   const auto step = manifest_value<int64_t>(m, "step", where);
   const auto position = manifest_value<int64_t>(m.value("data", nlohmann::json::object()), "position", where);
   LOOM_REQUIRE(step >= 0 && position >= 0, where, ": step ", step, " or data.position ", position, " is negative");
+  const auto updates = manifest_value<int64_t>(m.value("optimizer", nlohmann::json::object()), "steps_taken", where);
+  LOOM_REQUIRE(updates >= 0 && updates <= step, where, ": optimizer.steps_taken ", updates,
+               " is invalid: allowed are 0 to step = ", step);
+  DynamicLossScaler* scaler = trainer.loss_scaler();
+  double loss_scale = 0;
+  int64_t good_steps = 0;
+  if (scaler) {
+    LOOM_REQUIRE(m.contains("loss_scale"), where, ": loss_scale is missing: the checkpoint was not written by an ",
+                 "fp16 run, and this run is fp16");
+    loss_scale = manifest_value<double>(m["loss_scale"], "scale", where);
+    good_steps = manifest_value<int64_t>(m["loss_scale"], "good_steps", where);
+    DynamicLossScaler check(scaler->scale(), scaler->window());
+    check.restore(loss_scale, good_steps);  // a loom::Error for impossible values, before anything changes
+  }
 
   const io::SafetensorsFile file = io::SafetensorsFile::open((dir / checkpoint_rank_file_name(0)).string());
   const auto tensors = state_tensors(trainer);
@@ -277,7 +293,9 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
   for (const auto& [name, dst] : tensors) file.read(name, dst);
   trainer.model().sync_params();  // bf16 compute weights from the f32 master
-  trainer.optimizer().set_steps_taken(step);
+  trainer.set_steps_done(step);
+  trainer.optimizer().set_steps_taken(updates);
+  if (scaler) scaler->restore(loss_scale, good_steps);
   trainer.train_data().set_position(position);
   return step;
 }

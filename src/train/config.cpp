@@ -169,10 +169,9 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "warmup_steps", [](R& c, const V& v) { c.train.warmup_steps = v.integer(0); }},
       {"train", "weight_decay", [](R& c, const V& v) { c.train.weight_decay = v.number(0, false); }},
       {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false); }},
-      {"train", "dtype", [](R& c, const V& v) {
-         c.train.dtype = v.choice({"fp32", "bf16", "fp16"});
-         if (c.train.dtype == "fp16") v.unsupported("values are fp32 and bf16 (fp16 loss scaling comes later)");
-       }},
+      {"train", "dtype", [](R& c, const V& v) { c.train.dtype = v.choice({"fp32", "bf16", "fp16"}); }},
+      {"train", "loss_scale", [](R& c, const V& v) { c.train.loss_scale = v.number(0, true); }},
+      {"train", "loss_scale_window", [](R& c, const V& v) { c.train.loss_scale_window = v.integer(1); }},
       {"train", "recompute", [](R& c, const V& v) { c.train.recompute = v.choice({"none", "selective", "full"}); }},
       {"train", "seed", [](R& c, const V& v) { c.train.seed = static_cast<uint64_t>(v.integer(0)); }},
       {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0); }},
@@ -358,6 +357,8 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                 {"weight_decay", t.weight_decay},
                 {"grad_clip", t.grad_clip},
                 {"dtype", t.dtype},
+                {"loss_scale", t.loss_scale},
+                {"loss_scale_window", t.loss_scale_window},
                 {"recompute", t.recompute},
                 {"seed", t.seed},
                 {"eval_every", t.eval_every},
@@ -386,9 +387,10 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
 }
 
 DType compute_dtype(const TrainConfig& t) {
-  LOOM_REQUIRE(t.dtype == "fp32" || t.dtype == "bf16", "train.dtype = '", t.dtype,
-               "' is not supported yet: allowed values are fp32 and bf16");
-  return t.dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (t.dtype == "bf16") return DType::bf16;
+  if (t.dtype == "fp16") return DType::f16;
+  LOOM_REQUIRE(t.dtype == "fp32", "train.dtype = '", t.dtype, "' is invalid: allowed values are fp32, bf16, fp16");
+  return DType::f32;
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -38,7 +38,11 @@ struct TrainConfig {
   int64_t warmup_steps = 100;
   double weight_decay = 0.1;  // 2-D weights only (optimizer.h)
   double grad_clip = 1.0;     // max global grad norm; 0 = no clipping
-  std::string dtype = "fp32";      // fp32, or bf16 mixed precision (DESIGN.md §6); fp16: not supported yet
+  std::string dtype = "fp32";      // fp32, or bf16 / fp16 mixed precision (DESIGN.md §6)
+  // fp16 only: dynamic loss scaling (train/loss_scaler.h) starts at
+  // loss_scale and doubles after loss_scale_window overflow-free steps.
+  double loss_scale = 65536.0;     // 2^16, torch GradScaler's default
+  int64_t loss_scale_window = 1000;  // Megatron's default
   std::string recompute = "none";  // none, selective, full (model/model.h)
   uint64_t seed = 1337;
   int64_t eval_every = 100;   // steps; 0 = never
@@ -88,7 +92,7 @@ struct RunConfig {
   LogConfig log;
 };
 
-// The model's compute dtype for train.dtype: f32 for fp32, bf16 for bf16.
+// The model's compute dtype for train.dtype: f32, bf16 or f16.
 DType compute_dtype(const TrainConfig& t);
 
 // Reads `path` and applies `overrides` ("section.key=value", later wins).

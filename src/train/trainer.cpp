@@ -67,10 +67,6 @@ std::string recompute_report(const model::Model& m, const MemoryReport& report) 
   return buf;
 }
 
-namespace {
-
-}  // namespace
-
 Trainer::Trainer(const RunConfig& cfg, Pools& pools)
     : cfg_(cfg),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
@@ -83,6 +79,7 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools)
   AdamWOptions opt;
   opt.weight_decay = cfg.train.weight_decay;
   optimizer_ = std::make_unique<AdamW>(*model_, pools, opt);
+  if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
   tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
   targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
 }
@@ -97,21 +94,29 @@ StepStats Trainer::step() {
   const auto start = Clock::now();
   const int64_t accum = cfg_.train.grad_accum;
   StepStats s;
+  // fp16: gradients carry the loss scale until the update divides it out.
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   model_->zero_grads();
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
     train_data_.next(span_of(tokens_), span_of(targets_));
     loss_sum += model_->forward(tokens_, targets_);
-    model_->backward(1.f / static_cast<float>(accum));
+    model_->backward(static_cast<float>(loss_scale / static_cast<double>(accum)));
   }
   const Tensor grads = model_->grads();
-  s.grad_norm = kernels::global_norm(std::span<const Tensor>(&grads, 1));
-  const double clip = cfg_.train.grad_clip;
-  // Clipping is folded into AdamW's grad_scale (kernels/ops.h).
-  const float grad_scale = clip > 0 && s.grad_norm > clip ? static_cast<float>(clip / s.grad_norm) : 1.f;
-  s.lr = schedule_.at(optimizer_->steps_taken());
-  optimizer_->step(*model_, s.lr, grad_scale);
-  s.step = optimizer_->steps_taken();
+  s.grad_norm = kernels::global_norm(std::span<const Tensor>(&grads, 1)) / loss_scale;
+  s.lr = schedule_.at(steps_);
+  if (scaler_) {
+    s.loss_scale = loss_scale;
+    s.skipped = !scaler_->update(std::isfinite(s.grad_norm));
+  }
+  if (!s.skipped) {
+    const double clip = cfg_.train.grad_clip;
+    // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
+    const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
+    optimizer_->step(*model_, s.lr, static_cast<float>(clip_factor / loss_scale));
+  }
+  s.step = ++steps_;
   s.loss = loss_sum / static_cast<double>(accum);
   s.tokens = accum * cfg_.train.micro_batch * cfg_.train.seq_len;
   s.seconds = seconds_since(start);
@@ -180,9 +185,13 @@ class Reporter {
     if (metrics_.is_open()) {
       nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
                                   {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
+      if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
       if (s.val_loss) j["val_loss"] = *s.val_loss;
       write(j);
     }
+    if (s.skipped && options_.progress)
+      log_warn("step ", s.step, ": gradients overflowed at loss scale ", s.loss_scale,
+               ": update skipped, loss scale halved");
     if (!options_.progress || (s.step % cfg_.log.every != 0 && s.step != cfg_.train.steps && !s.val_loss)) return;
     const double eta =
         elapsed / static_cast<double>(s.step - first_step_) * static_cast<double>(cfg_.train.steps - s.step);
@@ -193,6 +202,7 @@ class Reporter {
                   static_cast<long long>(s.step), static_cast<long long>(cfg_.train.steps), s.loss, s.lr, s.grad_norm,
                   tokens_per_s, 100.0 * mfu, mib(peak_bytes), format_duration(eta).c_str());
     std::string text = line;
+    if (s.loss_scale > 0) text += concat(" | loss scale ", s.loss_scale, s.skipped ? " (skipped)" : "");
     if (s.val_loss) text += " | val loss " + fixed(*s.val_loss, 4);
     log_info(text);
   }

@@ -3,7 +3,8 @@
 // dloss = 1 / grad_accum), global-norm clipped and applied with AdamW under
 // a warmup + cosine learning rate. train.dtype = bf16 builds the model with
 // bf16 compute; the model owns the f32 master weights (model/model.h), which
-// AdamW updates and checkpoints and save_model write.
+// AdamW updates and checkpoints and save_model write. train.dtype = fp16 does
+// the same with f16 compute and dynamic loss scaling (train/loss_scaler.h).
 //
 //   Pools pools;
 //   Trainer t(cfg, pools);
@@ -24,6 +25,7 @@
 #include "model/model.h"
 #include "train/config.h"
 #include "train/data_loader.h"
+#include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
 
@@ -37,6 +39,11 @@ struct StepStats {
   double seconds = 0;    // wall time of the step
   int64_t tokens = 0;    // micro_batch * grad_accum * seq_len
   std::optional<double> val_loss;
+  // fp16 (train/loss_scaler.h): the loss scale this step's backward used
+  // (0 without fp16) and whether its gradients overflowed, so its update was
+  // skipped (grad_norm is then Inf or NaN).
+  double loss_scale = 0;
+  bool skipped = false;
 };
 
 class Trainer {
@@ -52,7 +59,12 @@ class Trainer {
 
   const RunConfig& config() const { return cfg_; }
   model::Model& model() { return *model_; }
-  int64_t steps_done() const { return optimizer_->steps_taken(); }
+  // Steps run, including steps an fp16 overflow skipped (Megatron counts them
+  // too): the LR schedule and data follow it; AdamW counts applied updates.
+  int64_t steps_done() const { return steps_; }
+  void set_steps_done(int64_t steps) { steps_ = steps; }
+  // The fp16 loss scaler; null under fp32 and bf16.
+  DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
   // The state besides the parameters that the next step depends on, for
   // checkpoints (train/checkpoint.h); the LR follows from steps_done().
   AdamW& optimizer() { return *optimizer_; }
@@ -69,6 +81,8 @@ class Trainer {
   LrSchedule schedule_;
   DataLoader train_data_;
   std::unique_ptr<DataLoader> val_data_;
+  std::optional<DynamicLossScaler> scaler_;
+  int64_t steps_ = 0;
   OwnedTensor tokens_, targets_;  // (B, T) i32
 };
 

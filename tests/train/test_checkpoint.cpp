@@ -115,6 +115,15 @@ TEST_F(CheckpointTest, Bf16TwentyStepsEqualTenPlusResumePlusTenBitwise) {
   expect_resume_is_bitwise(c, dir_ / "ckpt_bf16");
 }
 
+// fp16 also restores the loss scaler: a window of 3 makes the scale change
+// inside both halves of the run.
+TEST_F(CheckpointTest, Fp16TwentyStepsEqualTenPlusResumePlusTenBitwise) {
+  RunConfig c = config();
+  c.train.dtype = "fp16";
+  c.train.loss_scale_window = 3;
+  expect_resume_is_bitwise(c, dir_ / "ckpt_fp16");
+}
+
 void CheckpointTest::expect_resume_is_bitwise(const RunConfig& c, const fs::path& root) {
   std::vector<double> straight, resumed;
   Pools p1;

@@ -167,7 +167,8 @@ TEST(RunConfigErrors, OutOfRangeNamesTheKeyValueAndRange) {
 }
 
 TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
-  expect_error(kMinimal, {"train.dtype=fp16"}, {"train.dtype = 'fp16' is not supported yet", "fp32 and bf16"});
+  expect_error(kMinimal, {"train.dtype=fp8"}, {"train.dtype = 'fp8' is invalid", "fp32, bf16, fp16"});
+  expect_error(kMinimal, {"train.loss_scale=0"}, {"train.loss_scale = 0 is invalid", "numbers > 0"});
   expect_error(kMinimal, {"train.recompute=some"}, {"train.recompute", "'some'", "none, selective, full"});
   expect_error(kMinimal, {"parallel.tp=2"}, {"parallel.tp = 2 is not supported yet"});
 }

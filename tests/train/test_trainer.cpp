@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/compare.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
@@ -147,6 +148,93 @@ TEST_F(TrainerTest, Bf16KeepsMasterWeightsAndOptimizerStateInF32) {
   EXPECT_EQ(r[MemTag::optimizer].current, 2 * 4 * P);
   EXPECT_EQ(t.optimizer().m().dtype(), DType::f32);
   EXPECT_EQ(t.optimizer().v().dtype(), DType::f32);
+}
+
+// fp16 (f16 compute, dynamic loss scaling) against fp32 under the same
+// bound as bf16 (DESIGN.md §6), at the quickstart's lr.
+TEST_F(TrainerTest, Fp16RunMatchesFp32RunOver20Steps) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    RunConfig c = config();
+    c.model = model::model_preset(preset);
+    c.train.eval_every = 0;
+    c.train.lr = 3e-3, c.train.min_lr = 3e-4;
+    Pools p32, p16;
+    Trainer f32(c, p32);
+    c.train.dtype = "fp16";
+    Trainer h16(c, p16);
+    EXPECT_EQ(h16.model().compute_dtype(), DType::f16);
+    double worst = 0;
+    for (int i = 0; i < 20; ++i) {
+      const StepStats e = f32.step(), a = h16.step();
+      worst = std::max(worst, std::fabs(a.loss - e.loss));
+      EXPECT_NEAR(a.loss, e.loss, 2e-2) << preset << " step " << i + 1;
+      EXPECT_FALSE(a.skipped) << preset << " step " << i + 1;
+      EXPECT_EQ(a.loss_scale, 65536.0);
+    }
+    std::printf("%s fp16 vs fp32 over 20 steps: max |loss diff| %.2e\n", preset, worst);
+  }
+}
+
+TEST_F(TrainerTest, Fp16SameConfigAndSeedGiveBitwiseIdenticalLosses) {
+  RunConfig c = config();
+  c.train.dtype = "fp16";
+  expect_two_runs_bitwise_identical(c);
+}
+
+// A loss scale of 2^40 overflows f16's dlogits (max 65504): those steps are
+// skipped — weights, AdamW's update count and moments untouched — and the
+// scale halves each time until the gradients are finite; then updates run.
+TEST_F(TrainerTest, Fp16OverflowSkipsTheUpdateAndHalvesTheLossScale) {
+  RunConfig c = config();
+  c.train.dtype = "fp16";
+  c.train.loss_scale = 1099511627776.0;  // 2^40
+  Pools pools;
+  Trainer t(c, pools);
+  const std::vector<float> before = loom::test::to_floats(t.model().master_params());
+  StepStats s = t.step();
+  EXPECT_TRUE(s.skipped);
+  EXPECT_EQ(s.step, 1);
+  EXPECT_EQ(s.loss_scale, 1099511627776.0);
+  EXPECT_FALSE(std::isfinite(s.grad_norm));
+  EXPECT_EQ(t.loss_scaler()->scale(), 549755813888.0);
+  EXPECT_EQ(t.optimizer().steps_taken(), 0);
+  EXPECT_EQ(loom::test::to_floats(t.model().master_params()), before);
+  int skipped = 1;
+  while (t.step().skipped) ++skipped;
+  EXPECT_GT(skipped, 5);  // 2^40 / 2^skipped must fall below ~1e4 * N before dlogits fit
+  EXPECT_EQ(t.optimizer().steps_taken(), 1);
+  EXPECT_EQ(t.steps_done(), skipped + 1);
+  EXPECT_NE(loom::test::to_floats(t.model().master_params()), before);
+  std::printf("2^40 loss scale: %d steps skipped, then scale %g\n", skipped, t.loss_scaler()->scale());
+}
+
+TEST_F(TrainerTest, Fp16LossScaleDoublesAfterTheWindowOfFiniteSteps) {
+  RunConfig c = config();
+  c.train.dtype = "fp16";
+  c.train.loss_scale = 256;
+  c.train.loss_scale_window = 3;
+  Pools pools;
+  Trainer t(c, pools);
+  std::vector<double> scales;
+  for (int i = 0; i < 7; ++i) scales.push_back(t.step().loss_scale);
+  EXPECT_EQ(scales, (std::vector<double>{256, 256, 256, 512, 512, 512, 1024}));
+}
+
+TEST(DynamicLossScaler, HalvesOnOverflowDoublesAfterWindowAndRejectsBadState) {
+  DynamicLossScaler s(8, 2);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale(), 4);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.good_steps(), 1);
+  EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale(), 8);
+  EXPECT_EQ(s.good_steps(), 0);
+  DynamicLossScaler one(1, 2);
+  EXPECT_FALSE(one.update(false));
+  EXPECT_EQ(one.scale(), 1);  // never below 1
+  EXPECT_THROW(DynamicLossScaler(0, 2), Error);
+  EXPECT_THROW(DynamicLossScaler(8, 0), Error);
+  EXPECT_THROW(s.restore(8, 2), Error);  // good steps must stay below the window
 }
 
 TEST(AdamW, WeightDecayAppliesTo2DWeightsOnly) {
