@@ -3,7 +3,8 @@
 # and fast when everything is present: apt-get runs only for what is missing.
 # Versions are those of Debian 12, itself a pinned release: loom is built and
 # tested against oneDNN 2.6.3, OpenBLAS 0.3.21, PyTorch 1.13.1 (references),
-# GoogleTest 1.12.1, CLI11 2.3.2, nlohmann-json 3.11.2, toml++ 3.3.0.
+# GoogleTest 1.12.1, CLI11 2.3.2, nlohmann-json 3.11.2, toml++ 3.3.0,
+# OpenMPI 4.1.4.
 set -euo pipefail
 
 packages=(
@@ -15,6 +16,8 @@ packages=(
   libtomlplusplus-dev         # toml++ 3.3.0: run configs (configs/*.toml)
   libgtest-dev                # tests
   python3-torch               # PyTorch: reference values for kernel tests
+  libopenmpi-dev openmpi-bin  # OpenMPI 4.1.4: launch (mpirun) and connect processes
+  procps                      # pgrep: the comm watchdog test checks no rank is left running
 )
 
 missing=()

@@ -1,3 +1,4 @@
+#include "bench/comm_bench.h"
 #include "bench/kernels_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
@@ -58,6 +59,34 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   });
 }
 
+// Runs on every rank of an mpirun job (a plain process is a world of one).
+void add_bench_comm(CLI::App& bench, int& exit_code, const std::string& command_line) {
+  CLI::App* comm = bench.add_subcommand(
+      "comm", "time, algbw and busbw of a collective over the ranks of an mpirun job (nccl-tests convention)");
+  auto opts = std::make_shared<bench::CommBenchOptions>();
+  opts->command = command_line;
+  auto min = std::make_shared<std::string>("1K");
+  auto max = std::make_shared<std::string>("256M");
+  comm->add_option("--op", opts->op, "the collective")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "all_to_all"}));
+  comm->add_option("--algo", opts->algo, "mpi: MPI's collectives; ring: loom's ring algorithms")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mpi", "ring"}));
+  comm->add_option("--min", *min, "smallest size in bytes (K, M, G suffixes)")->capture_default_str();
+  comm->add_option("--max", *max, "largest size in bytes; sizes double from --min")->capture_default_str();
+  comm->add_option("--iters", opts->iters, "at most this many timed iterations per size (>= 3, about 1 s per size)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  comm->add_flag("--check-collectives", opts->check_collectives, "verify every rank issues the same collective");
+  comm->add_flag("--json", opts->json, "print JSON Lines, one object per size");
+  comm->callback([opts, min, max, &exit_code] {
+    opts->min_bytes = bench::parse_bytes(*min);
+    opts->max_bytes = bench::parse_bytes(*max);
+    exit_code = bench::run_comm_bench(*opts);
+  });
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line) {
@@ -65,6 +94,7 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& command
   bench->require_subcommand(1);
   add_bench_kernels(*bench, exit_code, command_line);
   add_bench_train(*bench, exit_code, command_line);
+  add_bench_comm(*bench, exit_code, command_line);
 }
 
 }  // namespace loom::cli

@@ -1,0 +1,100 @@
+// Communicator: the collectives and point-to-point operations every
+// parallelism is built on (DESIGN.md §2 comm). Backends: MPI (OpenMPI; the
+// default, also a single process started without mpirun), NCCL on GPUs.
+//
+// Every operation is asynchronous: it returns a Work handle at once and runs
+// while the caller computes; `->wait()` makes it blocking. Rules:
+//   - Buffers are contiguous Tensors of f32, bf16, i32 or i64 on the
+//     communicator's device; they must stay alive and untouched until the
+//     Work completes. bf16 sums and averages accumulate in f32.
+//   - Collectives on one communicator run one at a time in issue order, and
+//     every member must issue the same collectives in the same order.
+//   - send/recv are posted in issue order but do not wait for each other, so
+//     a rank may post a send and a recv to the same peer (the pipeline's
+//     exchange) without deadlock.
+//   - Every blocking wait has a deadline (Options::timeout_s). Past it the
+//     whole job aborts with one message naming the operation, its sequence
+//     number, the communicator and the ranks that did not arrive.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace loom::comm {
+
+enum class ReduceOp : uint8_t { sum, avg, max };
+// Reductions and gathers: MPI's own collectives, or loom's ring algorithms on
+// point-to-point messages (parallel.comm_algo).
+enum class Algo : uint8_t { mpi, ring };
+
+std::string_view reduce_op_name(ReduceOp op);
+std::string_view algo_name(Algo algo);
+// Parses "mpi" / "ring"; loom::Error listing the allowed names otherwise.
+Algo algo_from_name(std::string_view name);
+
+struct Options {
+  double timeout_s = 300;           // parallel.timeout_s
+  Algo algo = Algo::mpi;            // parallel.comm_algo
+  bool check_collectives = false;   // --check-collectives: verify every rank issues the same op
+};
+
+// Elements [offset, offset + count) of an n-element buffer held by `rank` when
+// it is split across `size` ranks: contiguous in rank order, the first
+// n % size ranks hold one element more. Used by reduce_scatter / all_gather
+// and by every sharded flat buffer (ZeRO).
+struct Range {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+Range shard_range(int64_t n, int size, int rank);
+
+// A pending operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation is complete; rethrows its loom::Error.
+  virtual void wait() = 0;
+  // True once complete; never blocks.
+  virtual bool test() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // For messages: "world", "tp", "dp", ... with the world ranks it holds.
+  virtual const std::string& name() const = 0;
+  virtual Device device() const = 0;
+  virtual const Options& options() const = 0;
+
+  // buf (n) <- op over ranks of buf; in place.
+  virtual WorkPtr all_reduce(Tensor buf, ReduceOp op) = 0;
+  // out (shard_range(n, size, rank).count) <- op over ranks of in (n), this rank's range.
+  virtual WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) = 0;
+  // out (n) <- every rank's in (shard_range(n, size, r).count), in rank order.
+  virtual WorkPtr all_gather(Tensor out, Tensor in) = 0;
+  // buf <- root's buf.
+  virtual WorkPtr broadcast(Tensor buf, int root) = 0;
+  virtual WorkPtr send(Tensor buf, int peer, int tag = 0) = 0;
+  virtual WorkPtr recv(Tensor buf, int peer, int tag = 0) = 0;
+  // in and out hold size() equal blocks; block j of in goes to rank j, block
+  // i of out comes from rank i.
+  virtual WorkPtr all_to_all(Tensor out, Tensor in) = 0;
+  // Blocks of the given element counts (size() each), packed in rank order.
+  virtual WorkPtr all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                               std::span<const int64_t> in_counts) = 0;
+  virtual WorkPtr barrier() = 0;
+
+  // The ranks that pass the same color form a new communicator, ordered by
+  // key (MPI_Comm_split). Collective over this communicator.
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+};
+
+}  // namespace loom::comm

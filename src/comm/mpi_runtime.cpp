@@ -1,0 +1,56 @@
+#include "comm/mpi_runtime.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace loom::comm {
+namespace {
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+void mpi_ensure_initialized() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (initialized) {
+      MPI_Query_thread(&provided);
+    } else {
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      std::atexit(finalize_at_exit);
+    }
+    // Each communicator's progress thread calls MPI alongside the caller.
+    LOOM_REQUIRE(provided == MPI_THREAD_MULTIPLE,
+                 "the MPI library provides thread level ", provided, " but loom needs MPI_THREAD_MULTIPLE (",
+                 MPI_THREAD_MULTIPLE, "): use an MPI built with thread support (OpenMPI >= 3)");
+  });
+}
+
+void mpi_abort_job(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    default: LOOM_CHECK(false, "mpi_type: dtype ", dtype_name(dtype), " is not a comm dtype");
+  }
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,22 @@
+// The process's MPI library: initialised once, finalised at exit.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "core/dtype.h"
+
+namespace loom::comm {
+
+// MPI_Init_thread(MPI_THREAD_MULTIPLE) on first call (a process started
+// without mpirun is a world of one); MPI_Finalize runs at process exit, so
+// every communicator must be destroyed before then. loom::Error if the
+// library gives less than MPI_THREAD_MULTIPLE.
+void mpi_ensure_initialized();
+// Prints `message` (one line, to stderr) and aborts every process of the job.
+[[noreturn]] void mpi_abort_job(const std::string& message);
+// The MPI datatype of one element of a comm dtype (bf16 moves as uint16).
+MPI_Datatype mpi_type(DType dtype);
+
+}  // namespace loom::comm

@@ -1,0 +1,165 @@
+#include "comm/nccl/nccl_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "comm/mpi_runtime.h"
+#include "comm/nccl/nccl_communicator.h"
+#include "core/error.h"
+
+namespace loom::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A pending NCCL operation: the CUDA event recorded after it on its stream.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclState> state, NcclLink* link, cudaEvent_t event, std::string what,
+           int64_t seq)
+      : state_(std::move(state)), link_(link), event_(event), what_(std::move(what)), seq_(seq) {}
+  ~NcclWork() override { cudaEventDestroy(event_); }
+
+  bool test() override {
+    if (done_) return true;
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaSuccess) return done_ = true;
+    if (err != cudaErrorNotReady) abort_job(concat("failed: CUDA error: ", cudaGetErrorString(err)));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(link_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress)
+      abort_job(concat("failed: NCCL error: ", ncclGetErrorString(async), ": ",
+                       ncclGetLastError(link_->comm)));
+    return false;
+  }
+
+  // Yields while the op is young, then sleeps with a growing pause (up to
+  // 1 ms): the GPU finishes it, spinning would only steal a core.
+  void wait() override {
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration<double>(state_->options.timeout_s);
+    int sleep_us = 20;
+    while (!test()) {
+      const auto now = Clock::now();
+      if (now > deadline)
+        abort_job(concat("did not complete within ", state_->options.timeout_s, " s"));
+      if (now - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+        sleep_us = std::min(sleep_us * 2, 1000);
+      }
+    }
+  }
+
+ private:
+  // The NCCL communicator is aborted first so no kernel stays stuck on it.
+  [[noreturn]] void abort_job(const std::string& why) {
+    const std::string message =
+        concat("[rank ", state_->rank, " of '", state_->name, "'] nccl watchdog: ", what_, " #", seq_,
+               " on communicator '", state_->name, "' ", why, ". Aborting the job.");
+    ncclCommAbort(link_->comm);
+    link_->comm = nullptr;
+    mpi_abort_job(message);
+  }
+
+  std::shared_ptr<NcclState> state_;
+  NcclLink* link_;  // inside *state_
+  cudaEvent_t event_;
+  std::string what_;
+  int64_t seq_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+void cuda_require(cudaError_t err, const std::string& what) {
+  LOOM_REQUIRE(err == cudaSuccess, "nccl backend: ", what, " failed: ", cudaGetErrorString(err));
+}
+
+void nccl_require(ncclResult_t res, ncclComm_t comm, const std::string& what) {
+  LOOM_REQUIRE(res == ncclSuccess, "nccl backend: ", what, " failed: ", ncclGetErrorString(res),
+               comm ? concat(": ", ncclGetLastError(comm)) : std::string());
+}
+
+WorkPtr make_nccl_work(std::shared_ptr<NcclState> state, NcclLink& link, std::string what, int64_t seq) {
+  cudaEvent_t event = nullptr;
+  cuda_require(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  const cudaError_t err = cudaEventRecord(event, link.stream);
+  if (err != cudaSuccess) cudaEventDestroy(event);
+  cuda_require(err, "cudaEventRecord");
+  return std::make_shared<NcclWork>(std::move(state), &link, event, std::move(what), seq);
+}
+
+NcclState::~NcclState() {
+  cudaSetDevice(device);
+  NcclLink* links[] = {&coll, &up, &down};
+  for (NcclLink* l : links)
+    if (l->stream) cudaStreamSynchronize(l->stream);
+  for (NcclLink* l : links) {
+    if (l->comm) ncclCommDestroy(l->comm);
+    if (l->stream) cudaStreamDestroy(l->stream);
+  }
+  if (barrier_buf) cudaFree(barrier_buf);
+}
+
+// Three unique ids (collectives, up, down) made on rank 0 travel through the
+// bootstrap as i64 words; every rank then joins the three NCCL communicators
+// in the same order.
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device,
+                                   const Options& options)
+    : bootstrap_(std::move(bootstrap)), state_(std::make_shared<NcclState>()) {
+  NcclState& s = *state_;
+  s.device = device;
+  s.rank = bootstrap_->rank();
+  s.size = bootstrap_->size();
+  s.name = bootstrap_->name();
+  s.options = options;
+  cuda_require(cudaSetDevice(device), concat("cudaSetDevice(", device, ")"));
+
+  std::array<ncclUniqueId, 3> ids{};
+  static_assert(sizeof(ids) % sizeof(int64_t) == 0);
+  std::array<int64_t, sizeof(ids) / sizeof(int64_t)> words{};
+  if (s.rank == 0) {
+    for (ncclUniqueId& id : ids) nccl_require(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+    std::memcpy(words.data(), ids.data(), sizeof(ids));
+  }
+  bootstrap_->broadcast(Tensor(words.data(), DType::i64, {static_cast<int64_t>(words.size())}), 0)->wait();
+  std::memcpy(ids.data(), words.data(), sizeof(ids));
+
+  NcclLink* links[] = {&s.coll, &s.up, &s.down};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    cuda_require(cudaStreamCreate(&links[i]->stream), "cudaStreamCreate");
+    nccl_require(ncclCommInitRank(&links[i]->comm, s.size, ids[i], s.rank), nullptr,
+                 concat("ncclCommInitRank for communicator '", s.name, "'"));
+  }
+  cuda_require(cudaMalloc(&s.barrier_buf, sizeof(float)), "cudaMalloc of the barrier word");
+}
+
+int cuda_device_count(std::string* reason) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    if (reason) *reason = cudaGetErrorString(err);
+    return 0;
+  }
+  if (n == 0 && reason) *reason = "the CUDA runtime reports 0 devices";
+  return n;
+}
+
+std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options) {
+  LOOM_REQUIRE(options.timeout_s > 0, "comm timeout_s = ", options.timeout_s,
+               " is invalid: it must be > 0 seconds");
+  std::string reason;
+  const int n = cuda_device_count(&reason);
+  LOOM_REQUIRE(n > 0, "nccl backend: no CUDA device: ", reason);
+  LOOM_REQUIRE(device >= 0 && device < n, "nccl backend: CUDA device ", device,
+               " does not exist: this process sees ", n, " device(s), 0..", n - 1);
+  return std::make_unique<NcclCommunicator>(bootstrap.split(0, bootstrap.rank(), "world"), device,
+                                            options);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,62 @@
+// The NCCL backend: Communicators over NVIDIA's NCCL for tensors in GPU
+// memory, connected through a bootstrap Communicator (MPI) that launches and
+// names the processes. Built only where the CUDA toolkit and NCCL are found
+// (the library loom_comm_nccl defines LOOM_HAVE_NCCL=1 for its users).
+//
+// How it maps the Communicator contract (comm/communicator.h):
+//   - Each communicator owns three NCCL communicators over the same ranks,
+//     each with its own CUDA stream: one for collectives, and one per
+//     direction of point-to-point traffic (lower -> higher rank, higher ->
+//     lower). So a send and a recv with the same peer (the pipeline's
+//     exchange) never wait for each other. NCCL has no tags: messages in one
+//     direction between two ranks match in issue order whatever their tag,
+//     and a rank cannot send to itself (loom::Error).
+//   - An op is enqueued on its stream at once; its Work holds a CUDA event
+//     recorded after it. test() queries the event; wait() polls it with a
+//     backoff (sleeping, not spinning) until Options::timeout_s, then aborts
+//     the NCCL communicator and the whole job with a message naming the op,
+//     its sequence number and the communicator. An asynchronous NCCL error
+//     aborts the job the same way.
+//   - Ordering with compute: the streams are blocking streams, so an op runs
+//     after work already queued on the device's legacy default stream; work
+//     on other streams must be synchronised by the caller before the call.
+//     After wait() returns, the result is visible to every stream.
+//   - reduce_scatter / all_gather with n divisible by size() use NCCL's own
+//     collective; otherwise (shard_range gives the first n % size ranks one
+//     more element) they run as size() grouped ncclReduce / ncclBroadcast
+//     calls, one per shard, with no padding copies.
+//   - all_to_all(_v): grouped ncclSend/ncclRecv. barrier: a one-element
+//     all-reduce.
+//   - split: the bootstrap communicator is split the same way (its name, with
+//     the world ranks, names the new communicator) and a fresh NCCL unique id
+//     is broadcast through it; ranks therefore match the bootstrap's exactly.
+//   - check_collectives: every collective first exchanges its description
+//     through the bootstrap communicator (blocking) and a mismatch is a
+//     loom::Error. Options::algo is ignored: NCCL picks its own algorithms.
+//
+// Deviation from the contract: bf16 sums and averages are reduced by NCCL in
+// bf16 (ncclBfloat16: each partial sum is rounded to bf16), not accumulated
+// in f32 as the MPI backend does; an f32 path needs a conversion kernel,
+// which this C++-only library does not have.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace loom::comm {
+
+// Number of CUDA devices this process can use. 0 when there is none, with
+// *reason (if given) saying why: the CUDA runtime's error ("no CUDA-capable
+// device is detected", "CUDA driver version is insufficient ...") or
+// "the CUDA runtime reports 0 devices".
+int cuda_device_count(std::string* reason = nullptr);
+
+// The NCCL communicator of every rank of `bootstrap`, on GPU `device` of this
+// process (Device::cuda(device)); named "world". Collective over bootstrap;
+// the result keeps its own split of it, so bootstrap may be destroyed first.
+// loom::Error if `device` is not a usable CUDA device or options are invalid.
+std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options = {});
+
+}  // namespace loom::comm

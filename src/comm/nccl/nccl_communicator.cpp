@@ -1,0 +1,241 @@
+#include "comm/nccl/nccl_communicator.h"
+
+#include <algorithm>
+#include <exception>
+#include <vector>
+
+#include "comm/validate.h"
+#include "core/error.h"
+
+// ncclAvg, ncclBfloat16 and ncclCommGetAsyncError's semantics used here.
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0), "loom's NCCL backend needs NCCL 2.10 or newer");
+
+namespace loom::comm {
+namespace {
+
+enum CollKind : int64_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kAllToAll, kAllToAllV, kBarrier };
+constexpr const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                      "all_to_all", "all_to_all_v",   "barrier"};
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    default: LOOM_CHECK(false, "nccl_type: dtype ", dtype_name(dtype), " is not a comm dtype");
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+  }
+  LOOM_CHECK(false, "nccl_op: unknown ReduceOp ", static_cast<int>(op));
+}
+
+// Element `offset` of a contiguous tensor.
+void* at_element(const Tensor& t, int64_t offset) {
+  return static_cast<char*>(t.data()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+std::string describe_desc(const std::array<int64_t, 5>& d) {
+  const int64_t kind = d[1];
+  const char* name = kind >= 0 && kind <= kBarrier ? kKindNames[kind] : "?";
+  return concat(name, " #", d[0], " (count ", d[2], ", dtype ", d[3], ", op/root ", d[4], ")");
+}
+
+// Makes ncclGroupEnd run even when a call inside the group throws.
+class NcclGroup {
+ public:
+  explicit NcclGroup(const std::string& what) : what_(what) { nccl_require(ncclGroupStart(), nullptr, what); }
+  ~NcclGroup() noexcept(false) {
+    const ncclResult_t res = ncclGroupEnd();
+    if (std::uncaught_exceptions() == 0) nccl_require(res, nullptr, what_);
+  }
+
+ private:
+  const std::string& what_;
+};
+
+}  // namespace
+
+template <typename F>
+WorkPtr NcclCommunicator::issue(NcclLink& link, std::string what, int64_t seq, F&& enqueue) {
+  cuda_require(cudaSetDevice(state_->device), concat("cudaSetDevice(", state_->device, ")"));
+  enqueue(link, what);
+  return make_nccl_work(state_, link, std::move(what), seq);
+}
+
+// Every rank's description of this collective through the bootstrap
+// communicator; any difference is a user error on every rank.
+void NcclCommunicator::check_same_collective(CollDesc mine, const std::string& what) {
+  if (!state_->options.check_collectives) return;
+  std::vector<int64_t> all(mine.size() * size());
+  bootstrap_->all_gather(Tensor(all.data(), DType::i64, {static_cast<int64_t>(all.size())}),
+                         Tensor(mine.data(), DType::i64, {static_cast<int64_t>(mine.size())}))
+      ->wait();
+  for (int r = 0; r < size(); ++r) {
+    CollDesc theirs;
+    std::copy_n(all.begin() + r * mine.size(), mine.size(), theirs.begin());
+    if (mine[2] < 0 || theirs[2] < 0) theirs[2] = mine[2] = -1;  // all_to_all_v counts may differ
+    LOOM_REQUIRE(theirs == mine, "check_collectives: communicator '", name(), "': rank ", rank(), " issued ",
+                 what, " = ", describe_desc(mine), " but rank ", r, " issued ", describe_desc(theirs));
+  }
+}
+
+WorkPtr NcclCommunicator::all_reduce(Tensor buf, ReduceOp op) {
+  const CallSite at{"all_reduce", name(), size(), device()};
+  validate_buffer(at, "buf", buf);
+  validate_reduce_op(at, buf.dtype(), op);
+  const int64_t seq = ++coll_seq_;
+  std::string what = concat("all_reduce(", describe(buf), ", ", reduce_op_name(op), ")");
+  check_same_collective({seq, kAllReduce, buf.numel(), static_cast<int64_t>(buf.dtype()), static_cast<int64_t>(op)},
+                        what);
+  return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
+    nccl_require(ncclAllReduce(buf.data(), buf.data(), buf.numel(), nccl_type(buf.dtype()), nccl_op(op), l.comm,
+                               l.stream),
+                 l.comm, w);
+  });
+}
+
+// n divisible by size: NCCL's reduce-scatter; otherwise one ncclReduce per
+// shard (shard_range), rooted at the shard's owner, in one group.
+WorkPtr NcclCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
+  const CallSite at{"reduce_scatter", name(), size(), device()};
+  validate_reduce_scatter(at, rank(), out, in, op);
+  const int64_t seq = ++coll_seq_;
+  std::string what = concat("reduce_scatter(", describe(in), ", ", reduce_op_name(op), ")");
+  check_same_collective({seq, kReduceScatter, in.numel(), static_cast<int64_t>(in.dtype()), static_cast<int64_t>(op)},
+                        what);
+  return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
+    const int64_t n = in.numel();
+    const ncclDataType_t type = nccl_type(in.dtype());
+    if (n % size() == 0) {
+      nccl_require(ncclReduceScatter(in.data(), out.data(), n / size(), type, nccl_op(op), l.comm, l.stream), l.comm,
+                   w);
+      return;
+    }
+    NcclGroup group(w);
+    for (int r = 0; r < size(); ++r) {
+      const Range shard = shard_range(n, size(), r);
+      nccl_require(ncclReduce(at_element(in, shard.offset), out.data(), shard.count, type, nccl_op(op), r, l.comm,
+                              l.stream),
+                   l.comm, w);
+    }
+  });
+}
+
+// n divisible by size: NCCL's all-gather; otherwise one ncclBroadcast per
+// shard from its owner into its place in out, in one group.
+WorkPtr NcclCommunicator::all_gather(Tensor out, Tensor in) {
+  const CallSite at{"all_gather", name(), size(), device()};
+  validate_all_gather(at, rank(), out, in);
+  const int64_t seq = ++coll_seq_;
+  std::string what = concat("all_gather(", describe(out), ")");
+  check_same_collective({seq, kAllGather, out.numel(), static_cast<int64_t>(out.dtype()), -1}, what);
+  return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
+    const int64_t n = out.numel();
+    const ncclDataType_t type = nccl_type(out.dtype());
+    if (n % size() == 0) {
+      nccl_require(ncclAllGather(in.data(), out.data(), n / size(), type, l.comm, l.stream), l.comm, w);
+      return;
+    }
+    NcclGroup group(w);
+    for (int r = 0; r < size(); ++r) {
+      const Range shard = shard_range(n, size(), r);
+      nccl_require(ncclBroadcast(in.data(), at_element(out, shard.offset), shard.count, type, r, l.comm, l.stream),
+                   l.comm, w);
+    }
+  });
+}
+
+WorkPtr NcclCommunicator::broadcast(Tensor buf, int root) {
+  const CallSite at{"broadcast", name(), size(), device()};
+  validate_buffer(at, "buf", buf);
+  validate_peer(at, "root", root);
+  const int64_t seq = ++coll_seq_;
+  std::string what = concat("broadcast(", describe(buf), ", root ", root, ")");
+  check_same_collective({seq, kBroadcast, buf.numel(), static_cast<int64_t>(buf.dtype()), root}, what);
+  return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
+    nccl_require(ncclBroadcast(buf.data(), buf.data(), buf.numel(), nccl_type(buf.dtype()), root, l.comm, l.stream),
+                 l.comm, w);
+  });
+}
+
+// A message from a lower to a higher rank travels on `up`, the reverse on
+// `down`: a send and a recv between the same two ranks use different
+// streams, so neither waits for the other.
+WorkPtr NcclCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag) {
+  const char* op = is_send ? "send" : "recv";
+  const CallSite at{op, name(), size(), device()};
+  validate_buffer(at, "buf", buf);
+  validate_peer(at, "peer", peer);
+  LOOM_REQUIRE(peer != rank(), op, " on communicator '", name(), "': peer ", peer,
+               " is this rank: the NCCL backend cannot send to itself");
+  LOOM_REQUIRE(tag >= 0 && tag <= 32767, op, " on communicator '", name(), "': tag ", tag,
+               " is out of range: allowed 0..32767");
+  const bool upward = is_send ? peer > rank() : peer < rank();
+  NcclLink& link = upward ? state_->up : state_->down;
+  std::string what = concat(op, "(", describe(buf), is_send ? ", to " : ", from ", peer, ", tag ", tag, ")");
+  return issue(link, std::move(what), ++p2p_seq_, [&](NcclLink& l, const std::string& w) {
+    const ncclDataType_t type = nccl_type(buf.dtype());
+    nccl_require(is_send ? ncclSend(buf.data(), buf.numel(), type, peer, l.comm, l.stream)
+                         : ncclRecv(buf.data(), buf.numel(), type, peer, l.comm, l.stream),
+                 l.comm, w);
+  });
+}
+
+WorkPtr NcclCommunicator::send(Tensor buf, int peer, int tag) { return issue_p2p(true, buf, peer, tag); }
+WorkPtr NcclCommunicator::recv(Tensor buf, int peer, int tag) { return issue_p2p(false, buf, peer, tag); }
+
+WorkPtr NcclCommunicator::all_to_all(Tensor out, Tensor in) {
+  const CallSite at{"all_to_all", name(), size(), device()};
+  validate_all_to_all(at, out, in);
+  const int64_t block = in.numel() / size();
+  const std::vector<int64_t> counts(size(), block);
+  return all_to_all_v(out, counts, in, counts);
+}
+
+// Grouped ncclSend/ncclRecv with every rank (itself included: NCCL pairs a
+// self send and recv inside one group).
+WorkPtr NcclCommunicator::all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                                       std::span<const int64_t> in_counts) {
+  const CallSite at{"all_to_all_v", name(), size(), device()};
+  validate_all_to_all_v(at, out, out_counts, in, in_counts);
+  const int64_t seq = ++coll_seq_;
+  std::string what = concat("all_to_all_v(", describe(in), " -> ", out.numel(), " elements)");
+  check_same_collective({seq, kAllToAllV, -1, static_cast<int64_t>(in.dtype()), -1}, what);
+  std::vector<int64_t> out_offsets(size()), in_offsets(size());
+  for (int r = 1; r < size(); ++r) {
+    out_offsets[r] = out_offsets[r - 1] + out_counts[r - 1];
+    in_offsets[r] = in_offsets[r - 1] + in_counts[r - 1];
+  }
+  return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
+    const ncclDataType_t type = nccl_type(in.dtype());
+    NcclGroup group(w);
+    for (int r = 0; r < size(); ++r) {
+      nccl_require(ncclSend(at_element(in, in_offsets[r]), in_counts[r], type, r, l.comm, l.stream), l.comm, w);
+      nccl_require(ncclRecv(at_element(out, out_offsets[r]), out_counts[r], type, r, l.comm, l.stream), l.comm, w);
+    }
+  });
+}
+
+WorkPtr NcclCommunicator::barrier() {
+  const int64_t seq = ++coll_seq_;
+  std::string what = "barrier";
+  check_same_collective({seq, kBarrier, 1, static_cast<int64_t>(DType::f32), -1}, what);
+  return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
+    float* word = state_->barrier_buf;
+    nccl_require(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, l.comm, l.stream), l.comm, w);
+  });
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  LOOM_REQUIRE(color >= 0, "split of communicator '", this->name(), "': color ", color, " is negative");
+  return std::make_unique<NcclCommunicator>(bootstrap_->split(color, key, name), state_->device, state_->options);
+}
+
+}  // namespace loom::comm

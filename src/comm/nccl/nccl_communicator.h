@@ -1,0 +1,86 @@
+// NcclCommunicator: the Communicator of the NCCL backend (nccl_backend.h
+// says how it maps the contract). Internal to src/comm/nccl.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace loom::comm {
+
+// Throws loom::Error naming `what` when a CUDA / NCCL call fails at issue.
+void cuda_require(cudaError_t err, const std::string& what);
+void nccl_require(ncclResult_t res, ncclComm_t comm, const std::string& what);
+
+// One NCCL communicator and the stream its operations run on.
+struct NcclLink {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// What a communicator shares with its pending Works (which may outlive it).
+struct NcclState {
+  int device = 0;
+  int rank = 0;
+  int size = 1;
+  std::string name;
+  Options options;
+  NcclLink coll;  // collectives
+  NcclLink up;    // point-to-point from lower to higher rank
+  NcclLink down;  // point-to-point from higher to lower rank
+  float* barrier_buf = nullptr;  // one device float for barrier()
+  NcclState() = default;
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
+  ~NcclState();  // drains the streams, then frees everything
+};
+
+// A Work for the ops just enqueued on link's stream: a CUDA event recorded
+// after them; seq and what name the op in watchdog messages.
+WorkPtr make_nccl_work(std::shared_ptr<NcclState> state, NcclLink& link, std::string what, int64_t seq);
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `bootstrap` (whose ranks and name it takes): creates the
+  // three NCCL communicators from unique ids made on rank 0.
+  NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, const Options& options);
+
+  int rank() const override { return state_->rank; }
+  int size() const override { return state_->size; }
+  const std::string& name() const override { return state_->name; }
+  Device device() const override { return Device::cuda(state_->device); }
+  const Options& options() const override { return state_->options; }
+
+  WorkPtr all_reduce(Tensor buf, ReduceOp op) override;
+  WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) override;
+  WorkPtr all_gather(Tensor out, Tensor in) override;
+  WorkPtr broadcast(Tensor buf, int root) override;
+  WorkPtr send(Tensor buf, int peer, int tag) override;
+  WorkPtr recv(Tensor buf, int peer, int tag) override;
+  WorkPtr all_to_all(Tensor out, Tensor in) override;
+  WorkPtr all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                       std::span<const int64_t> in_counts) override;
+  WorkPtr barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+ private:
+  // A collective's identity, compared across ranks by check_collectives.
+  using CollDesc = std::array<int64_t, 5>;  // seq, kind, count, dtype, op or root
+  // Runs `enqueue` (the NCCL calls) on link's stream, records the Work's event.
+  template <typename F>
+  WorkPtr issue(NcclLink& link, std::string what, int64_t seq, F&& enqueue);
+  void check_same_collective(CollDesc mine, const std::string& what);
+  WorkPtr issue_p2p(bool is_send, Tensor buf, int peer, int tag);
+
+  std::unique_ptr<Communicator> bootstrap_;  // same ranks; for split and checks
+  std::shared_ptr<NcclState> state_;
+  int64_t coll_seq_ = 0;
+  int64_t p2p_seq_ = 0;
+};
+
+}  // namespace loom::comm

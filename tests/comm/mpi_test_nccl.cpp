@@ -1,0 +1,290 @@
+// The NCCL backend (comm/nccl/nccl_backend.h) at every world size that
+// tests/mpi.cmake runs: every op against a direct computation on the host,
+// as in mpi_test_comm.cpp. Needs one CUDA device per rank; elsewhere each
+// test is skipped with the reason (no device, or fewer devices than ranks).
+// Built against loom_comm_nccl where it exists (LOOM_HAVE_NCCL); without it
+// the suite is one skipped test saying so.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/mpi_env.h"
+#include "common/tensors.h"
+#include "core/error.h"
+
+#if LOOM_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "comm/nccl/nccl_backend.h"
+#endif
+
+namespace loom::comm {
+namespace {
+
+using test::world;
+
+#if !LOOM_HAVE_NCCL
+
+TEST(Nccl, SkippedWithoutTheNcclBackend) {
+  GTEST_SKIP() << "the NCCL backend is not built (no CUDA toolkit / NCCL found) or not linked";
+}
+
+#else
+
+// Why the device tests cannot run on this machine, or "" when they can.
+const std::string& skip_reason() {
+  static const std::string reason = [] {
+    std::string why;
+    const int n = cuda_device_count(&why);
+    if (n == 0) return "no CUDA device: " + why;
+    if (n < world().size())
+      return concat("needs one CUDA device per rank: ", world().size(), " ranks, ", n, " devices");
+    return std::string();
+  }();
+  return reason;
+}
+
+// The NCCL world, made on first use (collective: every rank runs the same
+// tests in the same order).
+Communicator& nccl() {
+  static std::unique_ptr<Communicator> c = nccl_world(world(), world().rank() % cuda_device_count());
+  return *c;
+}
+
+class Nccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!skip_reason().empty()) GTEST_SKIP() << skip_reason();
+  }
+};
+
+// A device buffer of n elements of T; a Tensor on the communicator's device.
+template <typename T>
+class DeviceVec {
+ public:
+  explicit DeviceVec(const std::vector<T>& host) : n_(static_cast<int64_t>(host.size())) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(bytes(), 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  explicit DeviceVec(int64_t n) : DeviceVec(std::vector<T>(n)) {}
+  ~DeviceVec() { cudaFree(ptr_); }
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+
+  Tensor tensor() const { return Tensor(ptr_, dtype_of<T>::value, {n_}, nccl().device()); }
+  std::vector<T> host() const {
+    std::vector<T> v(n_);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+
+ private:
+  size_t bytes() const { return static_cast<size_t>(n_) * sizeof(T); }
+  void* ptr_ = nullptr;
+  int64_t n_;
+};
+
+template <typename T> T store(double x) { return static_cast<T>(x); }
+template <> bf16 store<bf16>(double x) { return to_bf16(static_cast<float>(x)); }
+template <typename T> double load(T x) { return static_cast<double>(x); }
+template <> double load<bf16>(bf16 x) { return from_bf16(x); }
+
+// Halves in [-7.5, 7.5] (floats) or integers: every partial sum over up to 8
+// ranks is exact even in bf16, so sums and maxima compare exactly.
+template <typename T>
+double value(int rank, int64_t i) {
+  const double v = static_cast<double>((rank * 7 + i * 13) % 31 - 15);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) return v * 0.5;
+  if constexpr (std::is_same_v<T, int64_t>) return v + static_cast<double>(int64_t{rank} << 33);
+  return v;
+}
+
+template <typename T>
+std::vector<T> filled(int rank, int64_t begin, int64_t n) {
+  std::vector<T> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = store<T>(value<T>(rank, begin + i));
+  return v;
+}
+
+template <typename T>
+double reduced(int size, int64_t i, ReduceOp op) {
+  double acc = value<T>(0, i);
+  for (int r = 1; r < size; ++r) acc = op == ReduceOp::max ? std::max(acc, value<T>(r, i)) : acc + value<T>(r, i);
+  return op == ReduceOp::avg ? acc / size : acc;
+}
+
+// avg divides on the device (in bf16 for bf16, see nccl_backend.h).
+template <typename T>
+double tolerance(ReduceOp op) {
+  if (op != ReduceOp::avg) return 0;
+  return std::is_same_v<T, bf16> ? 8.0 / 256 : 1e-6;
+}
+
+std::vector<int64_t> counts(int size) { return {0, 1, size - 1, size + 1, 4 * size, 4099}; }
+
+template <typename T>
+void check_all_reduce(int64_t n, ReduceOp op) {
+  Communicator& c = nccl();
+  DeviceVec<T> buf(filled<T>(c.rank(), 0, n));
+  c.all_reduce(buf.tensor(), op)->wait();
+  const std::vector<T> got = buf.host();
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_NEAR(load(got[i]), reduced<T>(c.size(), i, op), tolerance<T>(op))
+        << dtype_name(dtype_of<T>::value) << " " << reduce_op_name(op) << " n " << n << " i " << i;
+}
+
+template <typename T>
+void check_reduce_scatter(int64_t n, ReduceOp op) {
+  Communicator& c = nccl();
+  const Range own = shard_range(n, c.size(), c.rank());
+  DeviceVec<T> in(filled<T>(c.rank(), 0, n)), out(own.count);
+  c.reduce_scatter(out.tensor(), in.tensor(), op)->wait();
+  const std::vector<T> got = out.host();
+  for (int64_t i = 0; i < own.count; ++i)
+    ASSERT_NEAR(load(got[i]), reduced<T>(c.size(), own.offset + i, op), tolerance<T>(op))
+        << dtype_name(dtype_of<T>::value) << " " << reduce_op_name(op) << " n " << n << " i " << i;
+}
+
+template <typename T>
+void check_all_gather(int64_t n) {
+  Communicator& c = nccl();
+  const Range own = shard_range(n, c.size(), c.rank());
+  DeviceVec<T> in(filled<T>(c.rank(), own.offset, own.count)), out(n);
+  c.all_gather(out.tensor(), in.tensor())->wait();
+  const std::vector<T> got = out.host();
+  for (int r = 0; r < c.size(); ++r) {
+    const Range rr = shard_range(n, c.size(), r);
+    for (int64_t i = rr.offset; i < rr.offset + rr.count; ++i)
+      ASSERT_EQ(load(got[i]), value<T>(r, i)) << "n " << n << " i " << i;
+  }
+}
+
+TEST_F(Nccl, AllReduceMatchesDirectComputationForEveryDtypeOpAndCount) {
+  for (int64_t n : counts(nccl().size())) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+      check_all_reduce<float>(n, op);
+      check_all_reduce<bf16>(n, op);
+    }
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      check_all_reduce<int32_t>(n, op);
+      check_all_reduce<int64_t>(n, op);
+    }
+  }
+}
+
+TEST_F(Nccl, ReduceScatterGivesEachRankItsShardOfTheReductionForAnyCount) {
+  for (int64_t n : counts(nccl().size())) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+      check_reduce_scatter<float>(n, op);
+      check_reduce_scatter<bf16>(n, op);
+    }
+    check_reduce_scatter<int64_t>(n, ReduceOp::sum);
+  }
+}
+
+TEST_F(Nccl, AllGatherPlacesEveryRanksShardForAnyCount) {
+  for (int64_t n : counts(nccl().size())) {
+    check_all_gather<float>(n);
+    check_all_gather<bf16>(n);
+    check_all_gather<int32_t>(n);
+  }
+}
+
+TEST_F(Nccl, BroadcastFromEveryRootReachesEveryRank) {
+  Communicator& c = nccl();
+  for (int root = 0; root < c.size(); ++root) {
+    DeviceVec<float> buf(filled<float>(c.rank(), 0, 1001));
+    c.broadcast(buf.tensor(), root)->wait();
+    EXPECT_EQ(buf.host(), filled<float>(root, 0, 1001)) << "root " << root;
+  }
+}
+
+// Each rank posts a send to both neighbours before its receives, the
+// pipeline's exchange: the two directions must not wait for each other.
+TEST_F(Nccl, SendAndRecvWithBothNeighboursDoNotDeadlock) {
+  Communicator& c = nccl();
+  if (c.size() == 1) {
+    DeviceVec<float> buf(4);
+    test::expect_error([&] { c.send(buf.tensor(), 0); }, {"cannot send to itself"});
+    return;
+  }
+  const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+  DeviceVec<int32_t> to_next(filled<int32_t>(c.rank(), 0, 513)), to_prev(filled<int32_t>(c.rank(), 7, 513));
+  DeviceVec<int32_t> from_prev(513), from_next(513);
+  std::vector<WorkPtr> works = {c.send(to_next.tensor(), next), c.send(to_prev.tensor(), prev)};
+  works.push_back(c.recv(from_prev.tensor(), prev));
+  works.push_back(c.recv(from_next.tensor(), next));
+  for (const WorkPtr& w : works) w->wait();
+  EXPECT_EQ(from_prev.host(), filled<int32_t>(prev, 0, 513));
+  EXPECT_EQ(from_next.host(), filled<int32_t>(next, 7, 513));
+}
+
+// Block j of rank r's input holds value(r, 1000 j + k); rank i receives it
+// as block r of its output.
+TEST_F(Nccl, AllToAllAndAllToAllVDeliverEveryBlock) {
+  Communicator& c = nccl();
+  const int size = c.size(), me = c.rank();
+  std::vector<int64_t> in_counts(size), out_counts(size);
+  for (int j = 0; j < size; ++j) {
+    in_counts[j] = (me + j) % 3 + 1;   // to j
+    out_counts[j] = (j + me) % 3 + 1;  // from j: j's in_counts[me]
+  }
+  for (bool uneven : {false, true}) {
+    std::vector<int64_t> in_n = uneven ? in_counts : std::vector<int64_t>(size, 5);
+    std::vector<int64_t> out_n = uneven ? out_counts : std::vector<int64_t>(size, 5);
+    std::vector<float> in_host, expect;
+    for (int j = 0; j < size; ++j)
+      for (int64_t k = 0; k < in_n[j]; ++k) in_host.push_back(value<float>(me, 1000 * j + k));
+    for (int i = 0; i < size; ++i)
+      for (int64_t k = 0; k < out_n[i]; ++k) expect.push_back(value<float>(i, 1000 * me + k));
+    DeviceVec<float> in(in_host), out(static_cast<int64_t>(expect.size()));
+    if (uneven)
+      c.all_to_all_v(out.tensor(), out_n, in.tensor(), in_n)->wait();
+    else
+      c.all_to_all(out.tensor(), in.tensor())->wait();
+    EXPECT_EQ(out.host(), expect) << (uneven ? "all_to_all_v" : "all_to_all");
+  }
+}
+
+TEST_F(Nccl, SplitByParityReachesExactlyItsMembersAndBarrierCompletes) {
+  Communicator& c = nccl();
+  auto half = c.split(c.rank() % 2, c.rank(), "parity");
+  EXPECT_NE(half->name().find("parity"), std::string::npos) << half->name();
+  DeviceVec<int64_t> bits(std::vector<int64_t>{int64_t{1} << c.rank()});
+  half->all_reduce(bits.tensor(), ReduceOp::sum)->wait();
+  int64_t expect = 0;
+  for (int r = c.rank() % 2; r < c.size(); r += 2) expect |= int64_t{1} << r;
+  EXPECT_EQ(bits.host()[0], expect);
+  EXPECT_EQ(half->rank(), c.rank() / 2);
+  half->barrier()->wait();
+  c.barrier()->wait();
+}
+
+TEST_F(Nccl, HostTensorIsAnErrorNamingTheDevices) {
+  std::vector<float> host(4);
+  test::expect_error([&] { nccl().all_reduce(Tensor(host.data(), DType::f32, {4}), ReduceOp::sum); },
+                     {"all_reduce", "is on cpu", "cuda:"});
+}
+
+// Runs on machines without a GPU too: the checks come before any collective.
+TEST(NcclSetup, MissingDeviceIsAnErrorWithTheReason) {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  if (n == 0) {
+    EXPECT_FALSE(why.empty());
+    test::expect_error([] { nccl_world(world(), 0); }, {"nccl backend: no CUDA device: ", why});
+  } else {
+    test::expect_error([&] { nccl_world(world(), n); }, {"CUDA device ", "does not exist"});
+  }
+  test::expect_error([] { nccl_world(world(), 0, Options{.timeout_s = 0}); }, {"timeout_s = 0"});
+}
+
+#endif
+
+}  // namespace
+}  // namespace loom::comm

@@ -1,0 +1,13 @@
+// For multi-rank tests (tests/<module>/mpi_test_<name>.cpp, run by
+// tests/mpi.cmake under mpirun at several world sizes).
+#pragma once
+
+#include "comm/communicator.h"
+
+namespace loom::test {
+
+// The world communicator with default Options, created (and MPI initialised)
+// by the test main before any test runs.
+comm::Communicator& world();
+
+}  // namespace loom::test

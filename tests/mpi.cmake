@@ -1,0 +1,52 @@
+# Multi-rank tests: tests/<module>/mpi_test_<name>.cpp -> executable
+# mpi_test_<name> (linked with loom_<module> and the MPI test main), run
+# under mpirun at 1, 2, 3, 4 and 8 ranks as CTest tests mpi.<name>.np<N>.
+# --oversubscribe: up to 8 ranks on a 2-core machine; --allow-run-as-root:
+# CI runs as root. One MPI job at a time (RESOURCE_LOCK), so 8-rank jobs do
+# not pile on each other.
+find_package(MPI REQUIRED COMPONENTS CXX)
+set(LOOM_MPIRUN ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root)
+
+add_library(loom_mpi_test_main STATIC common/mpi_main.cpp)
+target_include_directories(loom_mpi_test_main PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(loom_mpi_test_main PUBLIC loom_comm GTest::gtest)
+
+file(GLOB mpi_test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*/mpi_test_*.cpp)
+foreach(source ${mpi_test_sources})
+  get_filename_component(name ${source} NAME_WE)
+  string(REPLACE "mpi_test_" "" short ${name})
+  add_executable(${name} ${source})
+  target_link_libraries(${name} PRIVATE loom_mpi_test_main loom_test_common)
+  get_filename_component(module_dir ${source} DIRECTORY)
+  get_filename_component(module ${module_dir} NAME)
+  if(TARGET loom_${module})
+    target_link_libraries(${name} PRIVATE loom_${module})
+  endif()
+  # A backend built as its own library (tests/comm/mpi_test_nccl -> loom_comm_nccl).
+  if(TARGET loom_${module}_${short})
+    target_link_libraries(${name} PRIVATE loom_${module}_${short})
+  endif()
+  foreach(np 1 2 3 4 8)
+    add_test(NAME mpi.${short}.np${np} COMMAND ${LOOM_MPIRUN} -np ${np} $<TARGET_FILE:${name}>)
+    set_tests_properties(mpi.${short}.np${np} PROPERTIES TIMEOUT 300 RESOURCE_LOCK loom_mpi)
+  endforeach()
+endforeach()
+
+# The comm watchdog: one of 3 ranks sleeps 30 s before a collective with a
+# 2 s timeout; the job must abort within timeout + 5 s, name the op, its
+# sequence number, the communicator and the sleeping rank, and leave no
+# process behind.
+add_executable(hang_probe comm/hang_probe.cpp)
+target_link_libraries(hang_probe PRIVATE loom_comm)
+add_test(NAME mpi.comm.WatchdogAbortsJobNamingTheMissingRank
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/comm/watchdog_test.sh $<TARGET_FILE:hang_probe> ${LOOM_MPIRUN})
+set_tests_properties(mpi.comm.WatchdogAbortsJobNamingTheMissingRank PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi)
+
+# loom bench comm under mpirun: one JSON line per size with busbw.
+if(TARGET loom)
+  add_test(NAME mpi.comm.BenchCommPrintsJsonLinesWithBusbw
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench comm --op all_reduce --algo ring --min 1K --max 2K
+                   --iters 3 --json)
+  set_tests_properties(mpi.comm.BenchCommPrintsJsonLinesWithBusbw PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":1024,\"seconds\":[0-9.e-]+,\"algbw_gbps\":[0-9.e-]+,\"busbw_gbps\":[0-9.e-]+\\}\n\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":2048,")
+endif()
