@@ -50,3 +50,18 @@ if(TARGET loom)
   set_tests_properties(mpi.comm.BenchCommPrintsJsonLinesWithBusbw PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
     PASS_REGULAR_EXPRESSION "\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":1024,\"seconds\":[0-9.e-]+,\"algbw_gbps\":[0-9.e-]+,\"busbw_gbps\":[0-9.e-]+\\}\n\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":2048,")
 endif()
+
+# mpirun -np N loom <command>: a single-process command runs once, on rank 0
+# (its error printed once, exit status passed to every rank); train checks
+# that the mesh covers the world.
+if(TARGET loom)
+  add_test(NAME mpi.cli.SingleProcessCommandRunsOnRankZeroOnly
+           COMMAND ${LOOM_MPIRUN} -np 3 $<TARGET_FILE:loom> eval --model ${CMAKE_BINARY_DIR}/no_such_model --data x)
+  set_tests_properties(mpi.cli.SingleProcessCommandRunsOnRankZeroOnly PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "\\[rank 0/3\\] error: --model '[^']*no_such_model' does not exist"
+    FAIL_REGULAR_EXPRESSION "\\[rank [12]/3\\]")
+  add_test(NAME mpi.cli.TrainMeshMustCoverTheWorld
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> train --config ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
+  set_tests_properties(mpi.cli.TrainMeshMustCoverTheWorld PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "\\[rank [01]/2\\] error: parallel: pp\\*dp\\*cp\\*tp = 1\\*1\\*1\\*1 = 1 does not equal the world size 2")
+endif()

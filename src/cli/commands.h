@@ -13,7 +13,8 @@ namespace loom::cli {
 // reader can reproduce their figures.
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels, train
 void add_data_command(CLI::App& app);  // loom data prepare
-void add_train_command(CLI::App& app);  // loom train
+// world_size: processes of the mpirun job (1 without mpirun).
+void add_train_command(CLI::App& app, int world_size);  // loom train
 void add_eval_command(CLI::App& app);   // loom eval
 void add_generate_command(CLI::App& app);  // loom generate
 void add_convert_command(CLI::App& app);   // loom convert, loom init-model

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
+#include "mesh/layout.h"
 #include "model/config_json.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -68,10 +69,11 @@ void run_eval(const EvalArgs& a) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app) {
+void add_train_command(CLI::App& app, int world_size) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Single process, fp32. At the "
+      "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Single process; train.dtype = "
+      "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full. At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
       "and loom generate read. With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
       "many steps and at the end; checkpoint.resume = auto (the default) resumes from checkpoint.dir/latest when it "
@@ -84,9 +86,14 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--memory-report", a->options.memory_report, "print current and peak bytes per memory tag at the end");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
-  cmd->callback([a] {
+  cmd->callback([a, world_size] {
     set_num_threads(a->threads);
     const train::RunConfig cfg = train::load_run_config(a->config, a->overrides);
+    // Every rank of an mpirun job trains: the mesh must cover them all.
+    const train::ParallelConfig& p = cfg.parallel;
+    mesh::validate_shape({static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
+                          static_cast<int>(p.tp), static_cast<int>(p.ep)},
+                         world_size);
     train::run_training(cfg, a->options);
   });
 }

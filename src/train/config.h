@@ -59,7 +59,7 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   bool offload_optimizer = false;
   std::string comm_algo = "mpi";
-  double timeout_s = 600.0;
+  double timeout_s = 300.0;  // every blocking wait on a communicator (comm/communicator.h)
 };
 
 // Checkpoints (train/checkpoint.h) go to dir/step_NNNNNN/ every `every` steps
