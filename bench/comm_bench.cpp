@@ -86,12 +86,16 @@ int64_t parse_bytes(std::string_view text) {
   const bool numeric = !digits.empty() && digits.size() <= 12 &&
                        std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
   LOOM_REQUIRE(numeric, "size '", text, "' is invalid: use bytes with an optional K, M or G suffix (e.g. 1K, 256M)");
-  return std::stoll(std::string(digits)) * unit;
+  const int64_t value = std::stoll(std::string(digits));  // at most 12 digits: no overflow
+  LOOM_REQUIRE(value <= kMaxBenchBytes / unit, "bench comm: --min/--max size '", text, "' is out of range: allowed 4 to ", kMaxBenchBytes,
+               " bytes (2^31-1 f32 elements, MPI's per-message limit)");
+  return value * unit;
 }
 
 int run_comm_bench(const CommBenchOptions& opts) {
-  LOOM_REQUIRE(opts.min_bytes >= 4 && opts.min_bytes <= opts.max_bytes, "bench comm: --min ", opts.min_bytes,
-               " and --max ", opts.max_bytes, " bytes: need 4 <= min <= max");
+  LOOM_REQUIRE(opts.min_bytes >= 4 && opts.min_bytes <= opts.max_bytes && opts.max_bytes <= kMaxBenchBytes,
+               "bench comm: --min ", opts.min_bytes, " and --max ", opts.max_bytes, " bytes: need 4 <= min <= max <= ",
+               kMaxBenchBytes, " (2^31-1 f32 elements)");
   comm::Options copts;
   copts.algo = comm::algo_from_name(opts.algo);
   copts.check_collectives = opts.check_collectives;

@@ -24,7 +24,11 @@ struct CommBenchOptions {
   std::string command;            // the command line that reproduces the run
 };
 
-// "1K", "256M", "1G", "4096" -> bytes (binary units); loom::Error otherwise.
+// The largest --min / --max: 2^31-1 f32 elements (MPI counts are int), so
+// sizes and their doubling never overflow int64.
+inline constexpr int64_t kMaxBenchBytes = ((int64_t{1} << 31) - 1) * 4;
+// "1K", "256M", "1G", "4096" -> bytes (binary units); loom::Error otherwise,
+// also above kMaxBenchBytes.
 int64_t parse_bytes(std::string_view text);
 // Runs on every rank of the job; rank 0 prints. Returns the exit code.
 int run_comm_bench(const CommBenchOptions& opts);

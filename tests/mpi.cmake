@@ -38,9 +38,17 @@ endforeach()
 # process behind.
 add_executable(hang_probe comm/hang_probe.cpp)
 target_link_libraries(hang_probe PRIVATE loom_comm)
-add_test(NAME mpi.comm.WatchdogAbortsJobNamingTheMissingRank
-         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/comm/watchdog_test.sh $<TARGET_FILE:hang_probe> ${LOOM_MPIRUN})
-set_tests_properties(mpi.comm.WatchdogAbortsJobNamingTheMissingRank PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi)
+# The same deadline holds for a rank that polls test(), and for one that
+# destroys the communicator while the op is pending (the drain's deadline).
+foreach(mode_test wait:WatchdogAbortsJobNamingTheMissingRank test:WatchdogAbortsPollingTestNamingTheMissingRank
+        destroy:WatchdogAbortsDestroyWithPendingWorkNamingTheOp)
+  string(REPLACE ":" ";" parts ${mode_test})
+  list(GET parts 0 mode)
+  list(GET parts 1 test_name)
+  add_test(NAME mpi.comm.${test_name}
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/comm/watchdog_test.sh ${mode} $<TARGET_FILE:hang_probe> ${LOOM_MPIRUN})
+  set_tests_properties(mpi.comm.${test_name} PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi)
+endforeach()
 
 # loom bench comm under mpirun: one JSON line per size with busbw.
 if(TARGET loom)
@@ -49,6 +57,14 @@ if(TARGET loom)
                    --iters 3 --json)
   set_tests_properties(mpi.comm.BenchCommPrintsJsonLinesWithBusbw PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
     PASS_REGULAR_EXPRESSION "\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":1024,\"seconds\":[0-9.e-]+,\"algbw_gbps\":[0-9.e-]+,\"busbw_gbps\":[0-9.e-]+\\}\n\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":2048,")
+endif()
+
+# A size past the cap is one error line, not an int64 overflow.
+if(TARGET loom)
+  add_test(NAME mpi.comm.BenchCommRejectsSizesPastTheCap
+           COMMAND sh -c "\"$<TARGET_FILE:loom>\" bench comm --min 1K --max 999999999999G 2>&1; echo \"exit=$?\"")
+  set_tests_properties(mpi.comm.BenchCommRejectsSizesPastTheCap PROPERTIES TIMEOUT 60 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "--min/--max size '999999999999G' is out of range: allowed 4 to 8589934588 bytes.*exit=[1-9]")
 endif()
 
 # mpirun -np N loom <command>: a single-process command runs once, on rank 0

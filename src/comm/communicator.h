@@ -14,7 +14,15 @@
 //     exchange) without deadlock.
 //   - Every blocking wait has a deadline (Options::timeout_s). Past it the
 //     whole job aborts with one message naming the operation, its sequence
-//     number, the communicator and the ranks that did not arrive.
+//     number, the communicator and the ranks that did not arrive. test()
+//     keeps the same deadline, counted from the issue.
+//   - Destroying a communicator with pending Work finishes that work first
+//     (every member must still issue the matching operations); whatever is
+//     still pending timeout_s after destruction began aborts the job with the
+//     watchdog's message naming the unfinished operations.
+//   - MPI errors (e.g. a recv smaller than the message sent to it) finish the
+//     Work with a loom::Error naming the op, its sequence number, the
+//     communicator and the peer; wait() rethrows it.
 #pragma once
 
 #include <cstdint>
@@ -77,8 +85,12 @@ class Communicator {
   // buf (n) <- op over ranks of buf; in place.
   virtual WorkPtr all_reduce(Tensor buf, ReduceOp op) = 0;
   // out (shard_range(n, size, rank).count) <- op over ranks of in (n), this rank's range.
+  // Aliasing: out may be exactly this rank's range of in (in place, ZeRO);
+  // in is then left unchanged outside out. Any other overlap is a loom::Error.
   virtual WorkPtr reduce_scatter(Tensor out, Tensor in, ReduceOp op) = 0;
   // out (n) <- every rank's in (shard_range(n, size, r).count), in rank order.
+  // Aliasing: in may be exactly this rank's range of out (in place, ZeRO);
+  // any other overlap is a loom::Error.
   virtual WorkPtr all_gather(Tensor out, Tensor in) = 0;
   // buf <- root's buf.
   virtual WorkPtr broadcast(Tensor buf, int root) = 0;

@@ -44,9 +44,15 @@ void OpWork::finish(std::exception_ptr error) {
 }
 
 bool OpWork::test() {
-  std::lock_guard lock(m_);
-  return done_;
+  {
+    std::lock_guard lock(m_);
+    if (done_) return true;
+  }
+  if (Clock::now() - issued_at_ > std::chrono::duration<double>(info_->options.timeout_s)) watchdog_abort();
+  return false;
 }
+
+std::string OpWork::label() const { return concat(what_, " #", seq_, " on communicator '", info_->name, "'"); }
 
 void OpWork::wait() {
   std::unique_lock lock(m_);
@@ -61,11 +67,10 @@ void OpWork::wait() {
 // Asks every other member which collective it has issued last (its engine
 // answers from its own thread, even while its caller sleeps or computes):
 // those below this op's sequence number never arrived.
-void OpWork::watchdog_abort() {
+void OpWork::watchdog_abort(const std::string& context) {
   const CommInfo& info = *info_;
-  std::string head = concat("[rank ", info.world_ranks.at(info.rank), "] comm watchdog: ", what_, " #", seq_,
-                            " on communicator '", info.name, "' did not complete within ", info.options.timeout_s,
-                            " s; ");
+  std::string head = concat("[rank ", info.world_ranks.at(info.rank), "] comm watchdog: ", context, label(),
+                            " did not complete within ", info.options.timeout_s, " s; ");
   if (peer_ >= 0)
     mpi_abort_job(concat(head, "the rank that did not arrive: peer ", describe_rank(info, peer_), ". Aborting the job."));
 
@@ -103,9 +108,15 @@ Engine::Engine(MPI_Comm comm, std::shared_ptr<const CommInfo> info) : comm_(comm
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() {
+Engine::~Engine() { stop(); }
+
+void Engine::stop() {
+  if (!thread_.joinable()) return;
   {
     std::lock_guard lock(m_);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(info_->options.timeout_s));
+    drain_deadline_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
     stop_ = true;
   }
   cv_.notify_all();
@@ -132,12 +143,53 @@ void Engine::submit_p2p(std::shared_ptr<OpWork> work, P2pPost post) {
   cv_.notify_all();
 }
 
+namespace {
+
+// The loom::Error of a point-to-point op that MPI failed (a receive smaller
+// than the matching send: MPI_ERR_TRUNCATE).
+std::exception_ptr p2p_error(const OpWork& work, const CommInfo& info, int code) {
+  const char* hint = work.what().rfind("recv", 0) == 0
+                         ? " (is the receive buffer smaller than the message the peer sent?)"
+                         : "";
+  return std::make_exception_ptr(Error(concat(work.label(), " failed with peer ", describe_rank(info, work.peer()),
+                                              ": ", mpi_error_text(code), hint)));
+}
+
+}  // namespace
+
 void Engine::post_p2p(Pending& p) {
-  MPI_Request req;
+  MPI_Request req = MPI_REQUEST_NULL;
   const P2pPost& q = p.post;
-  if (q.is_send) MPI_Isend(q.buf, q.count, q.type, q.peer, q.tag, comm_, &req);
-  else MPI_Irecv(q.buf, q.count, q.type, q.peer, q.tag, comm_, &req);
+  const int rc = q.is_send ? MPI_Isend(q.buf, q.count, q.type, q.peer, q.tag, comm_, &req)
+                           : MPI_Irecv(q.buf, q.count, q.type, q.peer, q.tag, comm_, &req);
+  if (rc != MPI_SUCCESS) {
+    p.work->finish(p2p_error(*p.work, *info_, rc));
+    return;
+  }
   active_p2p_.emplace_back(std::move(p.work), req);
+}
+
+void Engine::check_drain_deadline() {
+  const int64_t deadline = drain_deadline_ns_.load();
+  if (deadline == INT64_MAX) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  if (now < deadline) return;
+  std::shared_ptr<OpWork> oldest = running_;
+  std::string pending;
+  auto add = [&](const std::shared_ptr<OpWork>& w) {
+    if (!oldest) oldest = w;
+    pending += concat(pending.empty() ? "" : ", ", w->what(), " #", w->seq());
+  };
+  if (running_) add(running_);
+  for (const Pending& c : collectives_) add(c.work);
+  for (const auto& a : active_p2p_) add(a.first);
+  {
+    std::lock_guard lock(m_);
+    for (const Pending& c : incoming_) add(c.work);
+  }
+  LOOM_CHECK(oldest, "drain deadline passed with nothing pending");
+  oldest->watchdog_abort(concat("communicator '", info_->name, "' was destroyed with unfinished operations (",
+                                pending, "); "));
 }
 
 void Engine::serve_queries(bool& progressed) {
@@ -172,9 +224,10 @@ bool Engine::poll() {
   }
   for (size_t i = 0; i < active_p2p_.size();) {
     int flag = 0;
-    MPI_Test(&active_p2p_[i].second, &flag, MPI_STATUS_IGNORE);
-    if (flag) {
-      active_p2p_[i].first->finish(nullptr);
+    const int rc = MPI_Test(&active_p2p_[i].second, &flag, MPI_STATUS_IGNORE);
+    if (flag || rc != MPI_SUCCESS) {
+      OpWork& work = *active_p2p_[i].first;
+      work.finish(rc == MPI_SUCCESS ? nullptr : p2p_error(work, *info_, rc));
       active_p2p_.erase(active_p2p_.begin() + static_cast<std::ptrdiff_t>(i));
       progressed = true;
     } else {
@@ -182,6 +235,7 @@ bool Engine::poll() {
     }
   }
   serve_queries(progressed);
+  check_drain_deadline();
   return progressed;
 }
 
@@ -189,11 +243,18 @@ void Engine::wait(MPI_Request* req) {
   Backoff backoff;
   for (;;) {
     int flag = 0;
-    MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    const int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      throw Error(concat(running_label(), " failed: ", mpi_error_text(rc)));
+    }
     if (flag) return;
     if (poll()) backoff.reset();
     else backoff.pause();
   }
+}
+
+std::string Engine::running_label() const {
+  return running_ ? running_->label() : concat("an operation on communicator '", info_->name, "'");
 }
 
 void Engine::loop() {
@@ -204,11 +265,13 @@ void Engine::loop() {
       Pending c = std::move(collectives_.front());
       collectives_.pop_front();
       std::exception_ptr error;
+      running_ = c.work;
       try {
         c.body();
       } catch (...) {
         error = std::current_exception();
       }
+      running_.reset();
       c.work->finish(error);
       backoff.reset();
       continue;

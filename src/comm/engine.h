@@ -16,6 +16,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,22 +46,29 @@ struct CommInfo {
 class OpWork : public Work {
  public:
   OpWork(std::shared_ptr<const CommInfo> info, std::string what, int64_t seq, int peer)
-      : info_(std::move(info)), what_(std::move(what)), seq_(seq), peer_(peer) {}
+      : info_(std::move(info)), what_(std::move(what)), seq_(seq), peer_(peer),
+        issued_at_(std::chrono::steady_clock::now()) {}
   void wait() override;
+  // Past issue + timeout_s an incomplete op trips the watchdog here too, so a
+  // caller that polls instead of waiting is not left spinning forever.
   bool test() override;
   void finish(std::exception_ptr error);
+  // The watchdog's message and job abort; `context` (may be empty) opens the
+  // message's reason, e.g. that the communicator is being destroyed.
+  [[noreturn]] void watchdog_abort(const std::string& context = "");
+  // "send(f32[8], to 1, tag 0) #3 on communicator 'world'"
+  std::string label() const;
 
   const std::string& what() const { return what_; }
   int64_t seq() const { return seq_; }
   int peer() const { return peer_; }  // -1 for collectives
 
  private:
-  [[noreturn]] void watchdog_abort();
-
   std::shared_ptr<const CommInfo> info_;
   std::string what_;  // "all_reduce(f32, 1000 elements, sum)"
   int64_t seq_;
   int peer_;
+  std::chrono::steady_clock::time_point issued_at_;
   std::mutex m_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -80,7 +88,14 @@ class Engine {
  public:
   // comm carries user point-to-point messages and MPI's collectives.
   Engine(MPI_Comm comm, std::shared_ptr<const CommInfo> info);
-  ~Engine();  // finishes every queued operation, then stops the thread
+  // Finishes every queued operation, then stops the thread. Operations still
+  // pending timeout_s after destruction began trip the watchdog (job abort
+  // naming them): a destructor must not hang forever on a missing peer.
+  // stop() at destruction, if not called before.
+  ~Engine();
+  // The drain and stop described above; the owner calls it while everything
+  // the queued bodies use is still alive. Idempotent.
+  void stop();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -92,8 +107,12 @@ class Engine {
   int64_t issued_collectives() const { return issued_.load(); }
 
   // Engine thread, inside a collective body: completes req while driving
-  // everything else.
+  // everything else; an MPI error becomes a loom::Error naming the running
+  // collective (MPI_ERRORS_RETURN is set on every loom communicator).
   void wait(MPI_Request* req);
+  // Engine thread: "all_reduce(...) #4 on communicator 'world'" of the
+  // collective whose body runs now, for error messages.
+  std::string running_label() const;
 
  private:
   struct Pending {
@@ -105,6 +124,8 @@ class Engine {
   bool poll();  // posts new p2p ops, tests active ones, answers queries; true if anything happened
   void post_p2p(Pending& p);
   void serve_queries(bool& progressed);
+  // Aborts the job once a destructor's drain has run past its deadline.
+  void check_drain_deadline();
 
   MPI_Comm comm_;
   std::shared_ptr<const CommInfo> info_;
@@ -114,9 +135,13 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Pending> incoming_;  // guarded by m_
   bool stop_ = false;             // guarded by m_
+  // steady_clock nanoseconds by which a destructor's drain must finish; set
+  // once by ~Engine, read by the engine thread.
+  std::atomic<int64_t> drain_deadline_ns_{INT64_MAX};
 
   // Engine thread only.
   std::deque<Pending> collectives_;
+  std::shared_ptr<OpWork> running_;  // the collective whose body runs now
   std::vector<std::pair<std::shared_ptr<OpWork>, MPI_Request>> active_p2p_;
   MPI_Request query_req_ = MPI_REQUEST_NULL;
   int64_t query_buf_ = 0;

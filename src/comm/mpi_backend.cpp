@@ -45,9 +45,13 @@ std::unique_ptr<Communicator> mpi_world(const Options& options) {
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const Options& options)
     : comm_(comm), info_(std::make_shared<CommInfo>()) {
+  // Errors come back as return codes (turned into loom::Error naming the op)
+  // instead of MPI's default abort with MPI's own text.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_dup(comm_, &ring_);
   MPI_Comm_dup(comm_, &ctl_);
   MPI_Comm_dup(comm_, &split_);
+  for (MPI_Comm c : {ring_, ctl_, split_}) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
   info_->name = std::move(name);
   info_->options = options;
   info_->ctl = ctl_;
@@ -58,7 +62,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, const Options&
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  engine_.reset();  // finishes queued ops; nothing uses the communicators after this
+  // Finishes queued ops while engine_ is still set: their bodies call it
+  // (unique_ptr::reset nulls the pointer before deleting). Nothing uses the
+  // MPI communicators after this.
+  engine_->stop();
+  engine_.reset();
   for (MPI_Comm* c : {&comm_, &ring_, &ctl_, &split_}) MPI_Comm_free(c);
 }
 

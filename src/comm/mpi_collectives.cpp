@@ -7,6 +7,7 @@
 #include "comm/mpi_runtime.h"
 #include "comm/reduce.h"
 #include "comm/ring.h"
+#include "comm/validate.h"
 #include "core/error.h"
 
 namespace loom::comm {
@@ -21,12 +22,12 @@ class MpiP2p final : public P2p {
   int size() const override { return size_; }
   int isend(const void* data, size_t bytes, int peer) override {
     reqs_.emplace_back();
-    MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &reqs_.back());
+    check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &reqs_.back()), "send", bytes, peer);
     return static_cast<int>(reqs_.size()) - 1;
   }
   int irecv(void* data, size_t bytes, int peer) override {
     reqs_.emplace_back();
-    MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &reqs_.back());
+    check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &reqs_.back()), "receive", bytes, peer);
     return static_cast<int>(reqs_.size()) - 1;
   }
   void wait(int h) override { engine_.wait(&reqs_.at(h)); }
@@ -36,6 +37,13 @@ class MpiP2p final : public P2p {
   }
 
  private:
+  // The Work of the running collective gets this error (Engine::loop).
+  void check(int rc, const char* what, size_t bytes, int peer) {
+    if (rc != MPI_SUCCESS)
+      throw Error(concat(engine_.running_label(), ": ring algorithm: posting a ", what, " of ", bytes, " bytes with ring peer ", peer,
+                         " failed: ", mpi_error_text(rc)));
+  }
+
   Engine& engine_;
   MPI_Comm comm_;
   int rank_, size_;
@@ -115,9 +123,11 @@ void MpiCommunicator::run_reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   const Range own = shard_range(n, size(), rank());
   const DType dtype = in.dtype() == DType::bf16 ? DType::f32 : in.dtype();
   const size_t es = dtype_size(dtype);
-  // The ring reduces in place, and bf16 goes through f32: both need a copy of in.
+  // The ring reduces in place, bf16 goes through f32, and in place (out is
+  // this rank's range of in; MPI forbids overlapping buffers, and MPI_IN_PLACE
+  // on in itself would overwrite other ranks' ranges of it): all need a copy of in.
   void* result = out.data();
-  if (in.dtype() == DType::bf16 || info_->options.algo == Algo::ring) {
+  if (in.dtype() == DType::bf16 || info_->options.algo == Algo::ring || is_own_shard(in, out, own)) {
     scratch_.resize(std::max(scratch_.size(), static_cast<size_t>(n) * es));
     if (in.dtype() == DType::bf16) bf16_to_f32(reinterpret_cast<float*>(scratch_.data()), in.data_as<bf16>(), n);
     else std::memcpy(scratch_.data(), in.data(), static_cast<size_t>(n) * es);
@@ -159,13 +169,36 @@ void MpiCommunicator::run_all_gather(Tensor out, Tensor in) {
     displs[r] = static_cast<int>(rr.offset);
   }
   MPI_Datatype t = mpi_type(out.dtype());
+  // In place (in is this rank's range of out): MPI forbids overlapping buffers.
+  const void* src = is_own_shard(out, in, own) ? MPI_IN_PLACE : in.data();
   MPI_Request req;
-  MPI_Iallgatherv(in.data(), static_cast<int>(own.count), t, out.data(), counts.data(), displs.data(), t, comm_, &req);
+  MPI_Iallgatherv(src, static_cast<int>(own.count), t, out.data(), counts.data(), displs.data(), t, comm_, &req);
   complete(req);
+}
+
+// check_collectives: every rank gathers every rank's send and receive
+// counts, so all of them find the same first pair that disagrees.
+void MpiCommunicator::check_all_to_all_v_counts(const std::vector<int64_t>& out_counts,
+                                                const std::vector<int64_t>& in_counts) {
+  const int n = size();
+  std::vector<int64_t> mine(in_counts);
+  mine.insert(mine.end(), out_counts.begin(), out_counts.end());
+  std::vector<int64_t> all(static_cast<size_t>(2 * n) * n);  // rank r: in_counts, then out_counts
+  MPI_Request req;
+  MPI_Iallgather(mine.data(), 2 * n, MPI_INT64_T, all.data(), 2 * n, MPI_INT64_T, comm_, &req);
+  complete(req);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      const int64_t sends = all[static_cast<size_t>(2 * n) * i + j];           // rank i's in_counts[j]
+      const int64_t expects = all[static_cast<size_t>(2 * n) * j + n + i];     // rank j's out_counts[i]
+      LOOM_REQUIRE(sends == expects, "check_collectives: ", engine_->running_label(), ": rank ", i, " sends ", sends, " elements to rank ", j, " (in_counts[", j,
+                   "]) but rank ", j, " expects ", expects, " from rank ", i, " (out_counts[", i, "])");
+    }
 }
 
 void MpiCommunicator::run_all_to_all_v(Tensor out, std::vector<int64_t> out_counts, Tensor in,
                                        std::vector<int64_t> in_counts) {
+  if (info_->options.check_collectives) check_all_to_all_v_counts(out_counts, in_counts);
   std::vector<int> sc(size()), sd(size()), rc(size()), rd(size());
   int64_t so = 0, ro = 0;
   for (int r = 0; r < size(); ++r) {

@@ -66,6 +66,7 @@ class MpiCommunicator final : public Communicator {
   void run_all_reduce(Tensor buf, ReduceOp op);
   void run_reduce_scatter(Tensor out, Tensor in, ReduceOp op);
   void run_all_gather(Tensor out, Tensor in);
+  void check_all_to_all_v_counts(const std::vector<int64_t>& out_counts, const std::vector<int64_t>& in_counts);
   void run_all_to_all_v(Tensor out, std::vector<int64_t> out_counts, Tensor in, std::vector<int64_t> in_counts);
   // Runs req's MPI collective to completion on the engine.
   void complete(MPI_Request req);

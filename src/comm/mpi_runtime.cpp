@@ -43,6 +43,13 @@ void mpi_abort_job(const std::string& message) {
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
+  return std::string(text, static_cast<size_t>(len));
+}
+
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
     case DType::f32: return MPI_FLOAT;

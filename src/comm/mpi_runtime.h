@@ -16,6 +16,8 @@ namespace loom::comm {
 void mpi_ensure_initialized();
 // Prints `message` (one line, to stderr) and aborts every process of the job.
 [[noreturn]] void mpi_abort_job(const std::string& message);
+// MPI's text for an error code ("MPI_ERR_TRUNCATE: message truncated").
+std::string mpi_error_text(int code);
 // The MPI datatype of one element of a comm dtype (bf16 moves as uint16).
 MPI_Datatype mpi_type(DType dtype);
 

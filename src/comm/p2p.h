@@ -1,5 +1,5 @@
 // The point-to-point layer loom's ring algorithms run on: MPI in the MPI
-// backend (mpi_p2p.h), an in-memory transport between threads in the unit
+// backend (MpiP2p in mpi_collectives.cpp), an in-memory transport between threads in the unit
 // tests. Messages from one rank to another match the receives posted for
 // them in posting order (MPI's non-overtaking rule for one tag), which is
 // all the ring needs: both ends split a chunk into the same pieces.

@@ -9,7 +9,29 @@ namespace {
 
 std::string where(const CallSite& at) { return concat(at.op, " on communicator '", at.comm, "': "); }
 
+// The only overlap MPI and NCCL allow between a shard and its whole buffer is
+// the exact in-place one: anything else would read what is being written.
+void validate_shard_overlap(const CallSite& at, int rank, const Tensor& whole, const char* whole_name,
+                            const Tensor& shard, const char* shard_name) {
+  const Range own = shard_range(whole.numel(), at.size, rank);
+  if (shard.numel() == 0 || whole.numel() == 0 || is_own_shard(whole, shard, own)) return;
+  const auto* w = static_cast<const std::byte*>(whole.data());
+  const auto* s = static_cast<const std::byte*>(shard.data());
+  const size_t wb = static_cast<size_t>(whole.numel()) * dtype_size(whole.dtype());
+  const size_t sb = static_cast<size_t>(shard.numel()) * dtype_size(shard.dtype());
+  const bool overlap = s < w + wb && w < s + sb;
+  LOOM_REQUIRE(!overlap, where(at), shard_name, " overlaps ", whole_name, " but is not rank ", rank,
+               "'s own range of it (elements ", own.offset, "..", own.offset + own.count,
+               "): pass disjoint buffers, or exactly that range for in place");
+}
+
 }  // namespace
+
+bool is_own_shard(const Tensor& whole, const Tensor& shard, Range own) {
+  if (shard.numel() == 0 || shard.numel() != own.count || shard.dtype() != whole.dtype()) return false;
+  return shard.data() ==
+         static_cast<const std::byte*>(whole.data()) + static_cast<size_t>(own.offset) * dtype_size(whole.dtype());
+}
 
 std::string describe(const Tensor& t) { return concat(dtype_name(t.dtype()), ", ", t.numel(), " elements"); }
 
@@ -45,6 +67,7 @@ void validate_reduce_scatter(const CallSite& at, int rank, const Tensor& out, co
   const Range r = shard_range(in.numel(), at.size, rank);
   LOOM_REQUIRE(out.numel() == r.count, where(at), "out has ", out.numel(), " elements but rank ", rank,
                "'s shard of ", in.numel(), " over ", at.size, " ranks is ", r.count, " (shard_range)");
+  validate_shard_overlap(at, rank, in, "in", out, "out");
 }
 
 void validate_all_gather(const CallSite& at, int rank, const Tensor& out, const Tensor& in) {
@@ -54,6 +77,7 @@ void validate_all_gather(const CallSite& at, int rank, const Tensor& out, const 
   const Range r = shard_range(out.numel(), at.size, rank);
   LOOM_REQUIRE(in.numel() == r.count, where(at), "in has ", in.numel(), " elements but rank ", rank, "'s shard of ",
                out.numel(), " over ", at.size, " ranks is ", r.count, " (shard_range)");
+  validate_shard_overlap(at, rank, out, "out", in, "in");
 }
 
 void validate_all_to_all(const CallSite& at, const Tensor& out, const Tensor& in) {

@@ -25,6 +25,10 @@ void validate_buffer(const CallSite& at, const char* arg, const Tensor& t);
 void validate_reduce_op(const CallSite& at, DType dtype, ReduceOp op);
 void validate_same_dtype(const CallSite& at, const Tensor& out, const Tensor& in);
 void validate_peer(const CallSite& at, const char* arg, int peer);
+// In place: `shard` is exactly elements [own.offset, own.offset + own.count)
+// of `whole` (same dtype, non-empty). reduce_scatter (shard = out) and
+// all_gather (shard = in) accept that aliasing and reject any other overlap.
+bool is_own_shard(const Tensor& whole, const Tensor& shard, Range own);
 void validate_reduce_scatter(const CallSite& at, int rank, const Tensor& out, const Tensor& in, ReduceOp op);
 void validate_all_gather(const CallSite& at, int rank, const Tensor& out, const Tensor& in);
 void validate_all_to_all(const CallSite& at, const Tensor& out, const Tensor& in);

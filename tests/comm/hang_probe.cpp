@@ -1,12 +1,17 @@
-// A job with a hung rank, for the watchdog test (watchdog_test.sh):
-//   hang_probe TIMEOUT_S SLEEP_RANK SLEEP_S [marker]
+// A job with a hung rank, for the watchdog tests (watchdog_test.sh):
+//   hang_probe TIMEOUT_S SLEEP_RANK SLEEP_S [marker] [wait|test|destroy]
 // Every rank runs one all_reduce on a communicator named "probe"; then
 // SLEEP_RANK sleeps SLEEP_S seconds before the second all_reduce while the
-// others wait on it with a deadline of TIMEOUT_S. Rank 0 prints the time it
-// starts waiting, so the driver can measure how long the abort took.
+// others, with a deadline of TIMEOUT_S,
+//   wait:    wait() on it;
+//   test:    poll test() on it (the deadline counts from the issue);
+//   destroy: drop its Work and destroy the communicator (the drain's deadline).
+// Rank 0 prints the time it starts waiting, so the driver can measure how
+// long the abort took.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -14,13 +19,14 @@
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: hang_probe TIMEOUT_S SLEEP_RANK SLEEP_S [marker]\n");
+    std::fprintf(stderr, "usage: hang_probe TIMEOUT_S SLEEP_RANK SLEEP_S [marker] [wait|test|destroy]\n");
     return 2;
   }
   loom::comm::Options opts;
   opts.timeout_s = std::atof(argv[1]);
   const int sleep_rank = std::atoi(argv[2]);
   const int sleep_s = std::atoi(argv[3]);
+  const std::string mode = argc > 5 ? argv[5] : "wait";
   auto world = loom::comm::mpi_world(opts);
   auto probe = world->split(0, world->rank(), "probe");
   std::vector<float> buf(4, 1.0f);
@@ -32,8 +38,16 @@ int main(int argc, char** argv) {
     std::printf("probe: rank 0 waits on the second all_reduce at %.3f\n", now);
     std::fflush(stdout);
   }
-  probe->all_reduce(t, loom::comm::ReduceOp::sum)->wait();
-  std::printf("probe: rank %d finished\n", probe->rank());
+  loom::comm::WorkPtr work = probe->all_reduce(t, loom::comm::ReduceOp::sum);
+  if (mode == "test" && probe->rank() != sleep_rank) {
+    while (!work->test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } else if (mode == "destroy" && probe->rank() != sleep_rank) {
+    work.reset();
+    probe.reset();  // drains the all_reduce: the watchdog must end it
+  } else {
+    work->wait();
+  }
+  std::printf("probe: rank %d finished\n", world->rank());
   probe.reset();
   world.reset();
   return 0;

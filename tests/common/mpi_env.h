@@ -6,7 +6,8 @@
 
 namespace loom::test {
 
-// The world communicator with default Options, created (and MPI initialised)
+// The world communicator (default Options but timeout_s = 60, below ctest's
+// TIMEOUT), created (and MPI initialised)
 // by the test main before any test runs.
 comm::Communicator& world();
 

@@ -46,7 +46,11 @@ comm::Communicator& world() { return *world_ptr(); }
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   auto& world = loom::test::world_ptr();
-  world = loom::comm::mpi_world();
+  // 60 s, well under ctest's TIMEOUT 300 (tests/mpi.cmake): a hang ends in
+  // the watchdog's message naming the op, not in ctest's silent kill.
+  loom::comm::Options options;
+  options.timeout_s = 60;
+  world = loom::comm::mpi_world(options);
   loom::set_log_rank(world->rank(), world->size());
   if (world->rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
