@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/mpi_backend.h"
+#include "comm/rank_values.h"
 #include "common/mpi_env.h"
 #include "core/error.h"
 
@@ -23,6 +24,7 @@ namespace loom::comm {
 namespace {
 
 using test::world;
+using namespace test_values;
 
 // The world again with the given options (a collective call: every rank
 // makes the same calls in the same order).
@@ -34,29 +36,6 @@ Communicator& world_with(Algo algo, bool check = false) {
 }
 
 const Algo kAlgos[] = {Algo::mpi, Algo::ring};
-
-// Storage of each dtype, converted through double.
-template <typename T> T store(double x) { return static_cast<T>(x); }
-template <> bf16 store<bf16>(double x) { return to_bf16(static_cast<float>(x)); }
-template <typename T> double load(T x) { return static_cast<double>(x); }
-template <> double load<bf16>(bf16 x) { return from_bf16(x); }
-
-// Small halves (floats) or integers (with a high bit for i64): every sum over
-// up to 8 ranks is exact in every dtype, in any order.
-template <typename T>
-double value(int rank, int64_t i) {
-  const double v = static_cast<double>((rank * 7 + i * 13) % 31 - 15);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) return v * 0.5;
-  if constexpr (std::is_same_v<T, int64_t>) return v + static_cast<double>(int64_t{rank} << 33);
-  return v;
-}
-
-template <typename T>
-std::vector<T> filled(int rank, int64_t n) {
-  std::vector<T> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = store<T>(value<T>(rank, i));
-  return v;
-}
 
 // op over ranks of value(r, i), computed as the backend does (avg: f32 sum / size).
 template <typename T>

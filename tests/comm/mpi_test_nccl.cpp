@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "comm/rank_values.h"
 #include "common/mpi_env.h"
 #include "common/tensors.h"
 #include "core/error.h"
@@ -27,6 +28,7 @@ namespace loom::comm {
 namespace {
 
 using test::world;
+using namespace test_values;
 
 #if !LOOM_HAVE_NCCL
 
@@ -89,28 +91,6 @@ class DeviceVec {
   int64_t n_;
 };
 
-template <typename T> T store(double x) { return static_cast<T>(x); }
-template <> bf16 store<bf16>(double x) { return to_bf16(static_cast<float>(x)); }
-template <typename T> double load(T x) { return static_cast<double>(x); }
-template <> double load<bf16>(bf16 x) { return from_bf16(x); }
-
-// Halves in [-7.5, 7.5] (floats) or integers: every partial sum over up to 8
-// ranks is exact even in bf16, so sums and maxima compare exactly.
-template <typename T>
-double value(int rank, int64_t i) {
-  const double v = static_cast<double>((rank * 7 + i * 13) % 31 - 15);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) return v * 0.5;
-  if constexpr (std::is_same_v<T, int64_t>) return v + static_cast<double>(int64_t{rank} << 33);
-  return v;
-}
-
-template <typename T>
-std::vector<T> filled(int rank, int64_t begin, int64_t n) {
-  std::vector<T> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = store<T>(value<T>(rank, begin + i));
-  return v;
-}
-
 template <typename T>
 double reduced(int size, int64_t i, ReduceOp op) {
   double acc = value<T>(0, i);
@@ -130,7 +110,7 @@ std::vector<int64_t> counts(int size) { return {0, 1, size - 1, size + 1, 4 * si
 template <typename T>
 void check_all_reduce(int64_t n, ReduceOp op) {
   Communicator& c = nccl();
-  DeviceVec<T> buf(filled<T>(c.rank(), 0, n));
+  DeviceVec<T> buf(filled<T>(c.rank(), n));
   c.all_reduce(buf.tensor(), op)->wait();
   const std::vector<T> got = buf.host();
   for (int64_t i = 0; i < n; ++i)
@@ -142,7 +122,7 @@ template <typename T>
 void check_reduce_scatter(int64_t n, ReduceOp op) {
   Communicator& c = nccl();
   const Range own = shard_range(n, c.size(), c.rank());
-  DeviceVec<T> in(filled<T>(c.rank(), 0, n)), out(own.count);
+  DeviceVec<T> in(filled<T>(c.rank(), n)), out(own.count);
   c.reduce_scatter(out.tensor(), in.tensor(), op)->wait();
   const std::vector<T> got = out.host();
   for (int64_t i = 0; i < own.count; ++i)
@@ -154,7 +134,7 @@ template <typename T>
 void check_all_gather(int64_t n) {
   Communicator& c = nccl();
   const Range own = shard_range(n, c.size(), c.rank());
-  DeviceVec<T> in(filled<T>(c.rank(), own.offset, own.count)), out(n);
+  DeviceVec<T> in(filled<T>(c.rank(), own.count, own.offset)), out(n);
   c.all_gather(out.tensor(), in.tensor())->wait();
   const std::vector<T> got = out.host();
   for (int r = 0; r < c.size(); ++r) {
@@ -198,9 +178,9 @@ TEST_F(Nccl, AllGatherPlacesEveryRanksShardForAnyCount) {
 TEST_F(Nccl, BroadcastFromEveryRootReachesEveryRank) {
   Communicator& c = nccl();
   for (int root = 0; root < c.size(); ++root) {
-    DeviceVec<float> buf(filled<float>(c.rank(), 0, 1001));
+    DeviceVec<float> buf(filled<float>(c.rank(), 1001));
     c.broadcast(buf.tensor(), root)->wait();
-    EXPECT_EQ(buf.host(), filled<float>(root, 0, 1001)) << "root " << root;
+    EXPECT_EQ(buf.host(), filled<float>(root, 1001)) << "root " << root;
   }
 }
 
@@ -214,14 +194,14 @@ TEST_F(Nccl, SendAndRecvWithBothNeighboursDoNotDeadlock) {
     return;
   }
   const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
-  DeviceVec<int32_t> to_next(filled<int32_t>(c.rank(), 0, 513)), to_prev(filled<int32_t>(c.rank(), 7, 513));
+  DeviceVec<int32_t> to_next(filled<int32_t>(c.rank(), 513)), to_prev(filled<int32_t>(c.rank(), 513, 7));
   DeviceVec<int32_t> from_prev(513), from_next(513);
   std::vector<WorkPtr> works = {c.send(to_next.tensor(), next), c.send(to_prev.tensor(), prev)};
   works.push_back(c.recv(from_prev.tensor(), prev));
   works.push_back(c.recv(from_next.tensor(), next));
   for (const WorkPtr& w : works) w->wait();
-  EXPECT_EQ(from_prev.host(), filled<int32_t>(prev, 0, 513));
-  EXPECT_EQ(from_next.host(), filled<int32_t>(next, 7, 513));
+  EXPECT_EQ(from_prev.host(), filled<int32_t>(prev, 513));
+  EXPECT_EQ(from_next.host(), filled<int32_t>(next, 513, 7));
 }
 
 // Block j of rank r's input holds value(r, 1000 j + k); rank i receives it
