@@ -52,8 +52,18 @@ class OwnedTensor : public Tensor {
   OwnedTensor() = default;
   OwnedTensor(Storage storage, DType dtype, Shape shape, Device device)
       : Tensor(storage.data(), dtype, shape, device), storage_(std::move(storage)) {}
-  OwnedTensor(OwnedTensor&&) noexcept = default;
-  OwnedTensor& operator=(OwnedTensor&&) noexcept = default;
+  // A moved-from OwnedTensor is undefined (no dangling view of the storage).
+  OwnedTensor(OwnedTensor&& o) noexcept : Tensor(o), storage_(std::move(o.storage_)) {
+    static_cast<Tensor&>(o) = Tensor();
+  }
+  OwnedTensor& operator=(OwnedTensor&& o) noexcept {
+    if (this != &o) {
+      static_cast<Tensor&>(*this) = o;
+      storage_ = std::move(o.storage_);
+      static_cast<Tensor&>(o) = Tensor();
+    }
+    return *this;
+  }
 
  private:
   Storage storage_;
