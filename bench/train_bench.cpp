@@ -26,7 +26,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "train/optimizer.h"
+#include "parallel/dp.h"
 #include "train/trainer.h"
 
 namespace loom::bench {
@@ -66,16 +66,16 @@ struct StepTimes {
 
 // One training step as train::Trainer::step does it, with grad_accum = 1;
 // scaler: fp16's dynamic loss scaling, else null.
-void train_step(model::Model& m, train::AdamW& opt, const Tensor& tokens, const Tensor& targets,
+void train_step(model::Model& m, parallel::DataParallel& dp, const Tensor& tokens, const Tensor& targets,
                 train::DynamicLossScaler* scaler) {
   const double loss_scale = scaler ? scaler->scale() : 1.0;
-  m.zero_grads();
+  dp.zero_grads();
+  dp.begin_micro_batch(true);
   m.forward(tokens, targets);
   m.backward(static_cast<float>(loss_scale));
-  const Tensor grads = m.grads();
-  const double norm = kernels::global_norm(std::span<const Tensor>(&grads, 1)) / loss_scale;
+  const double norm = dp.grad_norm() / loss_scale;
   if (scaler && !scaler->update(std::isfinite(norm))) return;
-  opt.step(m, kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
+  dp.update(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
 }
 
 struct Result {
@@ -138,9 +138,10 @@ int run_train_bench(const TrainBenchOptions& o) {
   const size_t rss_before = max_rss_bytes();
 
   Pools pools;
-  model::Model m(cfg, o.batch, o.seq, pools, compute, model::recompute_from_name(o.recompute));
-  m.init_params(kSeed);
-  train::AdamW opt(m, pools, train::AdamWOptions{});
+  model::Model m(cfg, o.batch, o.seq, pools, compute, model::recompute_from_name(o.recompute),
+                 parallel::DataParallel::model_storage(0));
+  parallel::DataParallel opt(m, nullptr, {}, {}, pools);
+  opt.init_params(kSeed);
   OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
   OwnedTensor targets = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
   fill_tokens(tokens, cfg.vocab_size, kSeed);

@@ -10,7 +10,8 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
-#include "mesh/layout.h"
+#include "comm/mpi_backend.h"
+#include "mesh/mesh.h"
 #include "model/config_json.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -25,6 +26,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   train::TrainOptions options;
   int threads = default_num_threads();
+  bool check_collectives = false;
 };
 
 struct EvalArgs {
@@ -72,7 +74,8 @@ void run_eval(const EvalArgs& a) {
 void add_train_command(CLI::App& app, int world_size) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Single process; train.dtype = "
+      "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Data parallel under mpirun -np "
+      "<parallel.dp> (parallel.zero_stage 0-3, bucket_mb, offload_optimizer); train.dtype = "
       "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full. At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
       "and loom generate read. With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
@@ -83,7 +86,11 @@ void add_train_command(CLI::App& app, int world_size) {
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
   cmd->add_option("--metrics", a->options.metrics_path, "JSON Lines file, one object per step (overrides log.metrics)");
   cmd->add_option("--out", a->options.out_dir, "directory for the final model (overrides checkpoint.dir)");
-  cmd->add_flag("--memory-report", a->options.memory_report, "print current and peak bytes per memory tag at the end");
+  cmd->add_flag("--memory-report", a->options.memory_report,
+                "print current and peak bytes per memory tag at the end (every rank: under ZeRO each holds a shard)");
+  cmd->add_flag("--check-collectives", a->check_collectives,
+                "debug: ranks verify they issue the same collective (op, size, dtype) in the same order and report "
+                "the first mismatch instead of hanging");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
   cmd->callback([a, world_size] {
@@ -91,10 +98,21 @@ void add_train_command(CLI::App& app, int world_size) {
     const train::RunConfig cfg = train::load_run_config(a->config, a->overrides);
     // Every rank of an mpirun job trains: the mesh must cover them all.
     const train::ParallelConfig& p = cfg.parallel;
-    mesh::validate_shape({static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
-                          static_cast<int>(p.tp), static_cast<int>(p.ep)},
-                         world_size);
-    train::run_training(cfg, a->options);
+    const mesh::MeshShape shape{static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
+                                static_cast<int>(p.tp), static_cast<int>(p.ep)};
+    mesh::validate_shape(shape, world_size);
+    if (world_size == 1) {  // a plain process: no MPI
+      train::run_training(cfg, a->options);
+      return;
+    }
+    // The job's communicators carry the run's [parallel] settings.
+    comm::Options options;
+    options.timeout_s = p.timeout_s;
+    options.algo = comm::algo_from_name(p.comm_algo);
+    options.check_collectives = a->check_collectives;
+    const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
+    mesh::Mesh mesh(shape, *world);
+    train::run_training(cfg, a->options, &mesh.dp());
   });
 }
 

@@ -276,4 +276,20 @@ void SafetensorsFile::read(const std::string& name, Tensor dst) const {
                "could not be read: the file is shorter than when it was opened");
 }
 
+void SafetensorsFile::read_range(const std::string& name, int64_t first, Tensor dst) const {
+  const TensorInfo& t = info(name);
+  const std::string where = concat("safetensors file '", path_, "': tensor '", name, "' ");
+  LOOM_REQUIRE(fd_ >= 0, where, "read from a closed file");
+  LOOM_REQUIRE(dst.device().is_cpu() && dst.is_contiguous() && dst.dtype() == t.dtype, where, "is ",
+               dtype_name(t.dtype), " but the destination is ", dst.str());
+  const int64_t n = t.shape.numel();
+  LOOM_REQUIRE(first >= 0 && first + dst.numel() <= n, where, "has ", n, " elements: elements [", first, ", ",
+               first + dst.numel(), ") are outside it");
+  if (dst.numel() == 0) return;
+  const uint64_t elem = dtype_size(t.dtype);
+  LOOM_REQUIRE(pread_all(fd_, dst.data(), static_cast<uint64_t>(dst.numel()) * elem,
+                         data_start_ + t.begin + static_cast<uint64_t>(first) * elem),
+               where, "could not be read: the file is shorter than when it was opened");
+}
+
 }  // namespace loom::io

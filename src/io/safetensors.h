@@ -59,6 +59,10 @@ class SafetensorsFile {
   // Copies tensor `name` into dst: a contiguous CPU tensor of the same dtype
   // and shape.
   void read(const std::string& name, Tensor dst) const;
+  // Copies dst.numel() elements of tensor `name`, flattened, from element
+  // `first` on into dst (contiguous CPU, same dtype); the range must lie
+  // inside the tensor.
+  void read_range(const std::string& name, int64_t first, Tensor dst) const;
 
  private:
   SafetensorsFile() = default;

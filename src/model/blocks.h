@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -41,16 +42,19 @@ struct HeadWeights {
 };
 
 // Views by name into a flat buffer (the parameters or the gradients) laid out
-// by specs, which must outlive it.
+// by specs, which must outlive it. The buffer may hold only the elements from
+// `base` on (one unit of the model: model.h), which then hold every name asked for.
 class ParamViews {
  public:
-  ParamViews(const std::vector<ParamSpec>& specs, Tensor flat);
+  ParamViews(const std::vector<ParamSpec>& specs, Tensor flat, int64_t base = 0);
+  void rebind(Tensor flat, int64_t base) { flat_ = flat, base_ = base; }
   Tensor operator()(const std::string& name) const;
   LayerWeights layer(const ModelConfig& cfg, int64_t i) const;
   HeadWeights head(const ModelConfig& cfg) const;
 
  private:
   Tensor flat_;
+  int64_t base_ = 0;
   std::unordered_map<std::string, const ParamSpec*> index_;
 };
 
@@ -113,6 +117,9 @@ struct ModelState {
   // Embeddings, final norm, lm head (the token embedding when tied).
   Tensor wte, wpe, normf_w, normf_b, lm_head;
   Tensor dwte, dwpe, dnormf_w, dnormf_b, dlm_head;
+  // Name index of the parameters / gradients, rebound to a unit's buffer
+  // when the model does not own them (model.h Storage).
+  std::unique_ptr<ParamViews> param_views, grad_views;
 };
 
 }  // namespace loom::model

@@ -113,14 +113,17 @@ void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T) {
 
 }  // namespace
 
-ParamViews::ParamViews(const std::vector<ParamSpec>& specs, Tensor flat) : flat_(flat) {
+ParamViews::ParamViews(const std::vector<ParamSpec>& specs, Tensor flat, int64_t base) : flat_(flat), base_(base) {
   for (const ParamSpec& s : specs) index_.emplace(s.name, &s);
 }
 
 Tensor ParamViews::operator()(const std::string& name) const {
   auto it = index_.find(name);
   LOOM_CHECK(it != index_.end(), "no parameter ", name);
-  return param_view(flat_, *it->second);
+  const ParamSpec& spec = *it->second;
+  LOOM_CHECK(spec.offset >= base_ && spec.offset + spec.numel() <= base_ + flat_.numel(), "parameter ", name,
+             " is outside the bound unit");
+  return flat_.slice(0, spec.offset - base_, spec.numel()).reshape(spec.shape);
 }
 
 LayerWeights ParamViews::layer(const ModelConfig& cfg, int64_t i) const {
@@ -185,11 +188,32 @@ int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DT
   return counter.bytes;
 }
 
-Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute, Recompute recompute)
+std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
+  const bool gpt2 = cfg.family == Family::gpt2;
+  auto first_of_layer = [&](int64_t l) {
+    const std::string prefix = gpt2 ? concat("h.", l, ".") : concat("model.layers.", l, ".");
+    for (const ParamSpec& s : specs)
+      if (s.name.rfind(prefix, 0) == 0) return s.offset;
+    fail("model has no parameters of layer ", l);
+  };
+  std::vector<int64_t> starts = {0};
+  for (int64_t l = 0; l < cfg.n_layer; ++l) starts.push_back(first_of_layer(l));
+  const std::string final_norm = gpt2 ? "ln_f.weight" : "model.norm.weight";
+  starts.push_back(find_spec(specs, final_norm).offset);
+  starts.push_back(param_count(specs));
+  std::vector<Unit> units;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) units.push_back({starts[i], starts[i + 1]});
+  return units;
+}
+
+Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute, Recompute recompute,
+             const Storage& storage)
     : cfg_(cfg),
       B_(B),
       T_(T),
       recompute_(recompute),
+      compute_(compute),
+      storage_(storage),
       specs_(model::param_specs(cfg)),
       state_(std::make_unique<ModelState>()) {
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
@@ -197,10 +221,11 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
                "model.max_seq_len = ", cfg.max_seq_len);
   LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
+  units_ = model_units(cfg, specs_);
   const int64_t P = param_count(specs_);
-  params_ = pools[MemTag::params].empty(compute, {P});
-  if (compute != DType::f32) master_ = pools[MemTag::master].empty(DType::f32, {P});
-  grads_ = pools[MemTag::grads].zeros(DType::f32, {P});
+  if (storage.params) params_ = pools[MemTag::params].empty(compute, {P});
+  if (storage.master && compute != DType::f32) master_ = pools[MemTag::master].empty(DType::f32, {P});
+  if (storage.grads) grads_ = pools[MemTag::grads].zeros(DType::f32, {P});
 
   ModelState& st = *state_;
   st.dims = dims_of(cfg, B, T);
@@ -209,30 +234,136 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);
 
   const int64_t L = cfg.n_layer;
-  const ParamViews pv(specs_, params_), gv(specs_, grads_);
-  for (int64_t l = 0; l < L; ++l) st.w.push_back(pv.layer(cfg, l)), st.g.push_back(gv.layer(cfg, l));
-  const HeadWeights w = pv.head(cfg), g = gv.head(cfg);
-  st.wte = w.wte, st.wpe = w.wpe, st.normf_w = w.normf_w, st.normf_b = w.normf_b, st.lm_head = w.lm_head;
-  st.dwte = g.wte, st.dwpe = g.wpe, st.dnormf_w = g.normf_w, st.dnormf_b = g.normf_b, st.dlm_head = g.lm_head;
+  st.param_views = std::make_unique<ParamViews>(specs_, params_);
+  st.grad_views = std::make_unique<ParamViews>(specs_, grads_);
+  const ParamViews &pv = *st.param_views, &gv = *st.grad_views;
+  if (storage.params) {
+    for (int64_t l = 0; l < L; ++l) st.w.push_back(pv.layer(cfg, l));
+    const HeadWeights w = pv.head(cfg);
+    st.wte = w.wte, st.wpe = w.wpe, st.normf_w = w.normf_w, st.normf_b = w.normf_b, st.lm_head = w.lm_head;
+  }
+  if (storage.grads) {
+    for (int64_t l = 0; l < L; ++l) st.g.push_back(gv.layer(cfg, l));
+    const HeadWeights g = gv.head(cfg);
+    st.dwte = g.wte, st.dwpe = g.wpe, st.dnormf_w = g.normf_w, st.dnormf_b = g.normf_b, st.dlm_head = g.lm_head;
+  }
 }
 
 Model::~Model() = default;
 
-Tensor Model::param(const std::string& name) const { return param_view(params_, find_spec(specs_, name)); }
-Tensor Model::grad(const std::string& name) const { return param_view(grads_, find_spec(specs_, name)); }
+Tensor Model::param(const std::string& name) const {
+  LOOM_REQUIRE(params_.defined(), "Model::param: the model does not own its parameters (ZeRO-3 shards them)");
+  return param_view(params_, find_spec(specs_, name));
+}
+Tensor Model::grad(const std::string& name) const {
+  LOOM_REQUIRE(grads_.defined(), "Model::grad: the model does not own its gradients (ZeRO-2/3 shard them)");
+  return param_view(grads_, find_spec(specs_, name));
+}
 
 void Model::init_params(uint64_t seed) {
+  LOOM_REQUIRE(master_params().defined(), "Model::init_params: the model does not own its master weights");
   model::init_params(master_params(), specs_, seed);
   sync_params();
 }
 
 void Model::load_params(const io::SafetensorsFile& file, ParamLayout layout) {
+  LOOM_REQUIRE(master_params().defined(), "Model::load_params: the model does not own its master weights");
   model::load_params(master_params(), specs_, file, layout);
   sync_params();
 }
 
 void Model::sync_params() {
-  if (master_.defined()) cast(params_, master_);
+  if (master_.defined() && params_.defined()) cast(params_, master_);
+}
+
+Tensor Model::unit_params(int unit, Pass pass) {
+  const Unit& u = units_[unit];
+  if (storage_.params) return params_.slice(0, u.begin, u.numel());
+  LOOM_REQUIRE(hooks_ != nullptr, "Model: built without its parameters, and no hooks are set to provide them");
+  Tensor t = hooks_->acquire_params(unit, pass);
+  LOOM_CHECK(t.dtype() == compute_ && t.numel() == u.numel() && t.is_contiguous(), "hooks gave unit ", unit,
+             " parameters ", t.str(), ", expected ", u.numel(), " contiguous ", dtype_name(compute_));
+  return t;
+}
+
+void Model::release(int unit) {
+  if (!storage_.params) hooks_->release_params(unit);
+}
+
+Tensor Model::unit_grads(int unit) {
+  const Unit& u = units_[unit];
+  if (storage_.grads) return grads_.slice(0, u.begin, u.numel());
+  LOOM_REQUIRE(hooks_ != nullptr, "Model: built without its gradients, and no hooks are set to provide them");
+  Tensor t = hooks_->acquire_grads(unit);
+  LOOM_CHECK(t.dtype() == DType::f32 && t.numel() == u.numel() && t.is_contiguous(), "hooks gave unit ", unit,
+             " gradients ", t.str(), ", expected ", u.numel(), " contiguous f32");
+  return t;
+}
+
+void Model::grads_done(int unit) {
+  if (hooks_) hooks_->grads_ready(unit);
+}
+
+namespace {
+const char* embedding_name(const ModelConfig& c) {
+  return c.family == Family::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+}
+const char* final_norm_name(const ModelConfig& c) { return c.family == Family::gpt2 ? "ln_f.weight" : "model.norm.weight"; }
+}  // namespace
+
+HeadWeights Model::bind_embeddings() {
+  ParamViews& pv = *state_->param_views;
+  pv.rebind(unit_params(0, Pass::forward), units_[0].begin);
+  HeadWeights w;
+  w.wte = pv(embedding_name(cfg_));
+  if (cfg_.family == Family::gpt2) w.wpe = pv("wpe.weight");
+  return w;
+}
+
+HeadWeights Model::bind_head(Pass pass) {
+  ParamViews& pv = *state_->param_views;
+  const int head = static_cast<int>(cfg_.n_layer) + 1;
+  HeadWeights w;
+  pv.rebind(unit_params(head, pass), units_[head].begin);
+  w.normf_w = pv(final_norm_name(cfg_));
+  if (cfg_.family == Family::gpt2) w.normf_b = pv("ln_f.bias");
+  if (!cfg_.tie_embeddings) {
+    w.lm_head = pv("lm_head.weight");
+  } else {
+    pv.rebind(unit_params(0, pass), units_[0].begin);
+    w.lm_head = pv(embedding_name(cfg_));
+  }
+  return w;
+}
+
+void Model::release_head() {
+  release(static_cast<int>(cfg_.n_layer) + 1);
+  if (cfg_.tie_embeddings) release(0);
+}
+
+HeadWeights Model::bind_head_grads() {
+  ParamViews& gv = *state_->grad_views;
+  const int head = static_cast<int>(cfg_.n_layer) + 1;
+  HeadWeights g;
+  gv.rebind(unit_grads(head), units_[head].begin);
+  g.normf_w = gv(final_norm_name(cfg_));
+  if (cfg_.family == Family::gpt2) g.normf_b = gv("ln_f.bias");
+  if (!cfg_.tie_embeddings) {
+    g.lm_head = gv("lm_head.weight");
+  } else {
+    gv.rebind(unit_grads(0), units_[0].begin);
+    g.lm_head = gv(embedding_name(cfg_));
+  }
+  return g;
+}
+
+HeadWeights Model::bind_embedding_grads() {
+  ParamViews& gv = *state_->grad_views;
+  gv.rebind(unit_grads(0), units_[0].begin);
+  HeadWeights g;
+  g.wte = gv(embedding_name(cfg_));
+  if (cfg_.family == Family::gpt2) g.wpe = gv("wpe.weight");
+  return g;
 }
 
 float Model::forward(const Tensor& tokens, const Tensor& targets) {
@@ -246,19 +377,30 @@ float Model::forward(const Tensor& tokens, const Tensor& targets) {
     check_batch("targets", targets, B_, T_);
     std::memcpy(st.targets.data(), targets.data(), targets.nbytes());
   }
-  embedding_forward(st.resid[0], st.tokens, st.wte, st.wpe);  // (B,T,C); Llama: no wpe
-  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], st.w[l], st.acts[l], d);
-    else llama_block_forward(st.resid[l + 1], st.resid[l], st.w[l], st.acts[l], st.pos, d);
+  const int L = static_cast<int>(cfg_.n_layer);
+  const bool own = storage_.params;
+  ParamViews& pv = *st.param_views;
+  HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};
+  if (!own) w = bind_embeddings();
+  embedding_forward(st.resid[0], st.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
+  if (!own) release(0);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerWeights bound;
+    if (!own) pv.rebind(unit_params(1 + l, Pass::forward), units_[1 + l].begin), bound = pv.layer(cfg_, l);
+    const LayerWeights& lw = own ? st.w[l] : bound;
+    if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], d);
+    else llama_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], st.pos, d);
+    if (!own) release(1 + l);
   }
-  const Tensor& x = st.resid[cfg_.n_layer];
-  if (gpt2) layernorm_forward(st.normf, st.meanf, st.rstdf, x, st.normf_w, st.normf_b, d.eps);
-  else rmsnorm_forward(st.normf, st.rstdf, x, st.normf_w, d.eps);
-  linear_forward(rows_of(st.logits, cfg_.vocab_size), rows_of(st.normf, d.C), st.lm_head, Tensor());  // (N, V)
+  if (!own) w = bind_head(Pass::forward);
+  const Tensor& x = st.resid[L];
+  if (gpt2) layernorm_forward(st.normf, st.meanf, st.rstdf, x, w.normf_w, w.normf_b, d.eps);
+  else rmsnorm_forward(st.normf, st.rstdf, x, w.normf_w, d.eps);
+  linear_forward(rows_of(st.logits, cfg_.vocab_size), rows_of(st.normf, d.C), w.lm_head, Tensor());  // (N, V)
+  if (!own) release_head();
   if (!has_targets_) return 0.f;
   return cross_entropy_forward_backward(Tensor(), Tensor(), st.logits, st.targets);
 }
-
 Tensor Model::logits() const { return state_->logits; }
 
 void Model::backward(float dloss) {
@@ -269,30 +411,50 @@ void Model::backward(float dloss) {
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
   const int64_t V = cfg_.vocab_size, C = d.C;
+  const int L = static_cast<int>(cfg_.n_layer);
+  const bool own = storage_.params, own_grads = storage_.grads;
+  ParamViews &pv = *st.param_views, &gv = *st.grad_views;
+  HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};
+  HeadWeights g{st.dwte, st.dwpe, st.dnormf_w, st.dnormf_b, st.dlm_head};
+  if (!own) w = bind_head(Pass::backward);
+  if (!own_grads) g = bind_head_grads();
   // dlogits overwrite the logits in place: (B, T, V)
   cross_entropy_forward_backward(st.logits, Tensor(), st.logits, st.targets, -100, dloss);
   fill(st.dnormf, 0.f);
-  linear_backward(rows_of(st.dnormf, C), st.dlm_head, Tensor(), rows_of(st.logits, V), rows_of(st.normf, C),
-                  st.lm_head);  // tied: the lm-head gradient adds into dwte
+  linear_backward(rows_of(st.dnormf, C), g.lm_head, Tensor(), rows_of(st.logits, V), rows_of(st.normf, C),
+                  w.lm_head);  // tied: the lm-head gradient adds into dwte
   fill(st.dres, 0.f);
-  const Tensor& x = st.resid[cfg_.n_layer];
-  if (gpt2) layernorm_backward(st.dres, st.dnormf_w, st.dnormf_b, st.dnormf, x, st.normf_w, st.meanf, st.rstdf);
-  else rmsnorm_backward(st.dres, st.dnormf_w, st.dnormf, x, st.normf_w, st.rstdf);
-  for (int64_t l = cfg_.n_layer - 1; l >= 0; --l) {
+  const Tensor& x = st.resid[L];
+  if (gpt2) layernorm_backward(st.dres, g.normf_w, g.normf_b, st.dnormf, x, w.normf_w, st.meanf, st.rstdf);
+  else rmsnorm_backward(st.dres, g.normf_w, st.dnormf, x, w.normf_w, st.rstdf);
+  if (!own) release_head();
+  grads_done(L + 1);
+  for (int l = L - 1; l >= 0; --l) {
+    LayerWeights bound_w, bound_g;
+    if (!own) pv.rebind(unit_params(1 + l, Pass::backward), units_[1 + l].begin), bound_w = pv.layer(cfg_, l);
+    if (!own_grads) gv.rebind(unit_grads(1 + l), units_[1 + l].begin), bound_g = gv.layer(cfg_, l);
+    const LayerWeights& lw = own ? st.w[l] : bound_w;
+    const LayerWeights& lg = own_grads ? st.g[l] : bound_g;
     // Under full recompute the block's output is rewritten with the same bits.
     if (recompute_ == Recompute::full) {
-      if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], st.w[l], st.acts[l], d);
-      else llama_block_forward(st.resid[l + 1], st.resid[l], st.w[l], st.acts[l], st.pos, d);
+      if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], d);
+      else llama_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], st.pos, d);
     } else if (recompute_ == Recompute::selective) {
-      if (gpt2) gpt2_block_recompute(st.resid[l], st.w[l], st.acts[l], d);
-      else llama_block_recompute(st.resid[l], st.w[l], st.acts[l], d);
+      if (gpt2) gpt2_block_recompute(st.resid[l], lw, st.acts[l], d);
+      else llama_block_recompute(st.resid[l], lw, st.acts[l], d);
     }
-    if (gpt2) gpt2_block_backward(st.dres, st.resid[l], st.w[l], st.g[l], st.acts[l], st.s, d);
-    else llama_block_backward(st.dres, st.resid[l], st.w[l], st.g[l], st.acts[l], st.s, st.pos, d);
+    if (gpt2) gpt2_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, d);
+    else llama_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, st.pos, d);
+    if (!own) release(1 + l);
+    grads_done(1 + l);
   }
-  embedding_backward(st.dwte, st.dwpe, st.dres, st.tokens);
+  if (!own_grads) g = bind_embedding_grads();
+  embedding_backward(g.wte, g.wpe, st.dres, st.tokens);
+  grads_done(0);
 }
 
-void Model::zero_grads() { fill(grads_, 0.f); }
+void Model::zero_grads() {
+  if (grads_.defined()) fill(grads_, 0.f);
+}
 
 }  // namespace loom::model

@@ -42,9 +42,53 @@
 
 namespace loom::model {
 
-struct ModelState;  // activations and per-layer views (model/blocks.h)
+struct ModelState;   // activations and per-layer views (model/blocks.h)
+struct HeadWeights;  // embeddings, final norm, lm head (model/blocks.h)
 
 enum class Recompute : uint8_t { none, selective, full };
+
+// Units (DESIGN.md §5 DP/ZeRO): the contiguous ranges of the flat parameter
+// buffer that the model reads together, in spec order: unit 0 the embeddings
+// (wte, wpe / embed_tokens), unit 1 + l layer l, unit L + 1 the final norm
+// (and lm_head when untied). Forward reads them 0, 1, ..., L + 1 (and 0 again
+// for a tied head); backward finishes their gradients L + 1, L, ..., 0.
+struct Unit {
+  int64_t begin = 0, end = 0;  // elements of the flat parameter buffer
+  int64_t numel() const { return end - begin; }
+};
+enum class Pass : uint8_t { forward, backward };
+
+// What data parallelism (parallel/dp.h) plugs into a Model: where the
+// parameters and gradients of a model that does not own them live, and when
+// gradients are complete.
+class StepHooks {
+ public:
+  virtual ~StepHooks() = default;
+  // Only for a model built without its parameters (Storage::params = false):
+  // unit u's parameters, (numel) in the compute dtype, which the model reads
+  // until release_params(u). A unit may be acquired again before release
+  // (a tied lm head reads unit 0 while the head is acquired).
+  virtual Tensor acquire_params(int unit, Pass pass) = 0;
+  virtual void release_params(int unit) = 0;
+  // Only for a model built without its gradients (Storage::grads = false):
+  // the (numel) f32 buffer backward adds unit u's gradients into, zeroed by
+  // the hooks at the start of each backward. Called again before
+  // grads_ready(u) (a tied head and the embedding both add into unit 0), it
+  // returns the same buffer.
+  virtual Tensor acquire_grads(int unit) = 0;
+  // Unit u's gradients of this backward are complete (order L + 1, ..., 0).
+  virtual void grads_ready(int unit) = 0;
+};
+
+// Which parameter state a Model allocates itself. ZeRO shards the rest
+// (parallel/dp.h): stage 1 the master weights, stage 2 also the gradients,
+// stage 3 also the parameters. A model without its own parameters or
+// gradients needs hooks (set_hooks) before forward.
+struct Storage {
+  bool params = true;
+  bool master = true;  // f32 master weights under bf16 / f16 compute
+  bool grads = true;
+};
 std::string_view recompute_name(Recompute r);
 // "none", "selective", "full"; anything else is a loom::Error listing them.
 Recompute recompute_from_name(std::string_view name);
@@ -56,7 +100,7 @@ class Model {
   // and backward scratch from pools[activations]. Parameters are not
   // initialised: call init_params or load_params. compute: f32, bf16 or f16.
   Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
-        Recompute recompute = Recompute::none);
+        Recompute recompute = Recompute::none, const Storage& storage = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -65,20 +109,31 @@ class Model {
   int64_t batch_size() const { return B_; }
   int64_t seq_len() const { return T_; }
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
-  int64_t num_params() const { return params_.numel(); }
-  DType compute_dtype() const { return params_.dtype(); }
+  int64_t num_params() const { return units_.back().end; }
+  DType compute_dtype() const { return compute_; }
   Recompute recompute() const { return recompute_; }
   // Bytes the activations pool holds for a model built with these arguments
   // (activations and backward scratch), from the same layout the
   // constructor allocates, without allocating.
   static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute);
 
+  const std::vector<Unit>& units() const { return units_; }
+  const Storage& storage() const { return storage_; }
+  // Hooks stay with the model until replaced (nullptr: none); they must
+  // outlive every forward and backward that uses them.
+  void set_hooks(StepHooks* hooks) { hooks_ = hooks; }
+
   // Every parameter (gradient) packed in spec order: (P) in the compute
   // dtype (gradients: f32). The optimizer may update it as one flat tensor.
+  // Undefined where Storage left them out.
   Tensor params() const { return params_; }
   Tensor grads() const { return grads_; }
-  // (P) f32 master weights: params() under f32 compute, else their own buffer.
-  Tensor master_params() const { return master_.defined() ? Tensor(master_) : Tensor(params_); }
+  // (P) f32 master weights: params() under f32 compute, else their own
+  // buffer (undefined when Storage::master is false).
+  Tensor master_params() const {
+    if (compute_ != DType::f32) return master_;
+    return params_;
+  }
   // params() = master_params() rounded to the compute dtype (a no-op under
   // f32): after anything but AdamW (which writes both) changes the master.
   void sync_params();
@@ -87,7 +142,8 @@ class Model {
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
 
-  // Sharding-invariant init (params.h) of every parameter.
+  // Sharding-invariant init (params.h) of every parameter. Both need the
+  // model's own master weights (or f32 parameters).
   void init_params(uint64_t seed);
   // model::load_params (params.h) into master_params().
   void load_params(const io::SafetensorsFile& file, ParamLayout layout = ParamLayout::loom);
@@ -105,10 +161,25 @@ class Model {
   void zero_grads();
 
  private:
+  // Units through the hooks (a model without its own parameters or gradients).
+  Tensor unit_params(int unit, Pass pass);
+  Tensor unit_grads(int unit);
+  void release(int unit);
+  void grads_done(int unit);
+  HeadWeights bind_embeddings();           // wte, wpe of unit 0
+  HeadWeights bind_head(Pass pass);        // final norm and lm head (unit L + 1, and 0 when tied)
+  void release_head();
+  HeadWeights bind_head_grads();           // their gradients
+  HeadWeights bind_embedding_grads();      // dwte, dwpe
+
   ModelConfig cfg_;
   int64_t B_, T_;
   Recompute recompute_;
+  DType compute_;
+  Storage storage_;
   std::vector<ParamSpec> specs_;
+  std::vector<Unit> units_;
+  StepHooks* hooks_ = nullptr;
   OwnedTensor params_, grads_;
   OwnedTensor master_;  // (P) f32 under bf16 / f16 compute; undefined under f32
   std::unique_ptr<ModelState> state_;

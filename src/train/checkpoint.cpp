@@ -1,6 +1,7 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "core/log.h"
 #include "io/safetensors.h"
 #include "model/config_json.h"
+#include "parallel/dp.h"
 
 namespace loom::train {
 namespace {
@@ -23,11 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
-// Tensor names in a rank file: the same prefix + parameter name for the
-// parameter and its two AdamW moments.
-constexpr const char* kParamsPrefix = "params/";
-constexpr const char* kAdamMPrefix = "adam_m/";
-constexpr const char* kAdamVPrefix = "adam_v/";
+// Tensors of a rank file: the rank's packed shard (parallel/dp.h segments)
+// of the f32 master weights and of the two AdamW moments.
+constexpr const char* kMasterTensor = "master";
+constexpr const char* kAdamMTensor = "adam_m";
+constexpr const char* kAdamVTensor = "adam_v";
 
 json shape_json(const Shape& s) {
   json a = json::array();
@@ -35,42 +37,34 @@ json shape_json(const Shape& s) {
   return a;
 }
 
-// Each parameter (its f32 master under mixed precision) and its moments,
-// under their checkpoint names: views of the trainer's flat buffers.
-std::vector<std::pair<std::string, Tensor>> state_tensors(Trainer& t) {
-  const model::Model& m = t.model();
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (const model::ParamSpec& spec : m.param_specs()) {
-    out.emplace_back(kParamsPrefix + spec.name, model::param_view(m.master_params(), spec));
-    out.emplace_back(kAdamMPrefix + spec.name, model::param_view(t.optimizer().m(), spec));
-    out.emplace_back(kAdamVPrefix + spec.name, model::param_view(t.optimizer().v(), spec));
-  }
-  return out;
+json segments_json(const std::vector<parallel::Segment>& segments) {
+  json a = json::array();
+  for (const parallel::Segment& s : segments) a.push_back({s.offset, s.count, s.shard_offset});
+  return a;
 }
 
-json manifest_json(Trainer& t, const std::vector<std::pair<std::string, Tensor>>& tensors, const json& files) {
+json manifest_json(Trainer& t, const json& files) {
   const RunConfig& c = t.config();
-  const std::string rank_file = checkpoint_rank_file_name(0);
-  json tensor_specs = json::object();
-  for (const auto& [name, tensor] : tensors) {
-    // One whole shard on rank 0: the form a sharded run extends with one
-    // entry per rank, each with its offset into the global shape.
-    json offset = json::array();
-    for (int i = 0; i < tensor.shape().ndim(); ++i) offset.push_back(0);
-    const json shard = {{"rank", 0}, {"file", rank_file}, {"offset", offset}, {"shape", shape_json(tensor.shape())}};
-    const json spec = {{"dtype", io::safetensors_dtype_name(tensor.dtype())},
-                       {"shape", shape_json(tensor.shape())},
-                       {"shards", json::array({shard})}};
-    tensor_specs[name] = spec;
+  const parallel::DataParallel& dp = t.dp();
+  json params = json::object();
+  for (const model::ParamSpec& spec : t.model().param_specs())
+    params[spec.name] = {{"offset", spec.offset}, {"shape", shape_json(spec.shape)}};
+  json shards = json::array();
+  for (int r = 0; r < dp.size(); ++r) {
+    const auto segments = parallel::shard_segments(dp.buckets(), dp.options().zero_stage, dp.size(), r);
+    int64_t numel = 0;
+    for (const parallel::Segment& s : segments) numel += s.count;
+    shards.push_back({{"rank", r}, {"file", checkpoint_rank_file_name(r)}, {"numel", numel},
+                      {"segments", segments_json(segments)}});
   }
-  const AdamWOptions& o = t.optimizer().options();
+  const parallel::AdamWOptions& o = dp.adamw_options();
   const LrSchedule& lr = t.lr_schedule();
   json j;
   j["format"] = "loom-checkpoint";
   j["format_version"] = kCheckpointFormatVersion;
   j["step"] = t.steps_done();
   j["mesh"] = {{"dp", c.parallel.dp}, {"tp", c.parallel.tp}, {"pp", c.parallel.pp},
-               {"cp", c.parallel.cp}, {"ep", c.parallel.ep}};
+               {"cp", c.parallel.cp}, {"ep", c.parallel.ep}, {"zero_stage", c.parallel.zero_stage}};
   j["config"] = run_config_to_json(c);
   j["data"] = {{"position", t.train_data().position()},
                {"epoch", t.train_data().epoch()},
@@ -79,16 +73,21 @@ json manifest_json(Trainer& t, const std::vector<std::pair<std::string, Tensor>>
   // The only randomness: init (overwritten by the restored parameters) and the
   // shuffle order, a function of (seed, epoch) and the position above.
   j["rng"] = {{"seed", c.train.seed}, {"shuffle", c.data.shuffle}};
-  j["optimizer"] = {{"type", "adamw"},        {"steps_taken", t.optimizer().steps_taken()},
+  j["optimizer"] = {{"type", "adamw"},        {"steps_taken", dp.steps_taken()},
                     {"beta1", o.beta1},       {"beta2", o.beta2},
                     {"eps", o.eps},           {"weight_decay", o.weight_decay}};
   j["lr_schedule"] = {{"lr", lr.lr},       {"min_lr", lr.min_lr}, {"warmup_steps", lr.warmup_steps},
                       {"steps", lr.steps}, {"next_lr", lr.at(t.steps_done())}};
   if (const DynamicLossScaler* s = t.loss_scaler())
     j["loss_scale"] = {{"scale", s->scale()}, {"good_steps", s->good_steps()}, {"window", s->window()}};
-  j["tensors"] = tensor_specs;
+  j["parameters"] = {{"numel", t.model().num_params()}, {"tensors", params}};
+  j["shards"] = shards;
   j["files"] = files;
   return j;
+}
+
+void barrier(Trainer& t) {
+  if (comm::Communicator* g = t.dp().group()) g->barrier()->wait();
 }
 
 // Step dirs under root, oldest first.
@@ -203,24 +202,55 @@ std::string checkpoint_rank_file_name(int rank) {
 
 std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep) {
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
+  parallel::DataParallel& dp = trainer.dp();
+  const bool lead = dp.rank() == 0;
   const fs::path dir = fs::path(root) / checkpoint_step_dir_name(trainer.steps_done());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  LOOM_REQUIRE(!ec, "cannot create the checkpoint directory '", dir.string(), "': ", ec.message());
-  // A dir left by an earlier run is incomplete from here until the new manifest lands.
-  fs::remove(dir / kCheckpointManifestFile, ec);
-  const auto tensors = state_tensors(trainer);
-  const std::string rank_file = checkpoint_rank_file_name(0);
+  if (lead) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    LOOM_REQUIRE(!ec, "cannot create the checkpoint directory '", dir.string(), "': ", ec.message());
+    // A dir left by an earlier run is incomplete from here until the new manifest lands.
+    fs::remove(dir / kCheckpointManifestFile, ec);
+  }
+  barrier(trainer);
+  // Every rank writes its shard.
+  MemoryTracker tracker;
+  Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  OwnedTensor master = pool.empty(DType::f32, {dp.shard_numel()});
+  dp.pack_master(master);
+  const std::string rank_file = checkpoint_rank_file_name(dp.rank());
   const fs::path rank_path = dir / rank_file;
-  io::write_safetensors(rank_path.string(), tensors,
-                        {{"format", "loom-checkpoint"}, {"step", std::to_string(trainer.steps_done())}});
-  const json files = json::array({{{"name", rank_file},
-                                   {"rank", 0},
-                                   {"bytes", fs::file_size(rank_path)},
-                                   {"sha256", sha256_file_hex(rank_path.string())}}});
-  write_file_atomic((dir / kCheckpointManifestFile).string(), manifest_json(trainer, tensors, files).dump(2) + "\n");
-  write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), dir.filename().string() + "\n");
-  prune_step_dirs(root, keep, dir);
+  io::write_safetensors(rank_path.string(),
+                        {{kMasterTensor, Tensor(master)}, {kAdamMTensor, dp.m()}, {kAdamVTensor, dp.v()}},
+                        {{"format", "loom-checkpoint"}, {"step", std::to_string(trainer.steps_done())},
+                         {"rank", std::to_string(dp.rank())}});
+  // Rank 0 lists every rank's file: (bytes, sha256 as 64 hex characters).
+  constexpr int kRecord = 9;
+  std::array<int64_t, kRecord> mine{};
+  mine[0] = static_cast<int64_t>(fs::file_size(rank_path));
+  const std::string sha = sha256_file_hex(rank_path.string());
+  std::memcpy(&mine[1], sha.data(), 64);
+  std::vector<int64_t> all(static_cast<size_t>(kRecord) * dp.size());
+  if (comm::Communicator* g = dp.group())
+    g->all_gather(Tensor(all.data(), DType::i64, {static_cast<int64_t>(all.size())}),
+                  Tensor(mine.data(), DType::i64, {kRecord}))
+        ->wait();
+  else
+    std::copy(mine.begin(), mine.end(), all.begin());
+  if (lead) {
+    json files = json::array();
+    for (int r = 0; r < dp.size(); ++r) {
+      const int64_t* rec = &all[static_cast<size_t>(r) * kRecord];
+      files.push_back({{"name", checkpoint_rank_file_name(r)},
+                       {"rank", r},
+                       {"bytes", rec[0]},
+                       {"sha256", std::string(reinterpret_cast<const char*>(rec + 1), 64)}});
+    }
+    write_file_atomic((dir / kCheckpointManifestFile).string(), manifest_json(trainer, files).dump(2) + "\n");
+    write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), dir.filename().string() + "\n");
+    prune_step_dirs(root, keep, dir);
+  }
+  barrier(trainer);  // nobody resumes or reads before the manifest is there
   return dir.string();
 }
 
@@ -248,6 +278,59 @@ std::string checkpoint_to_resume(const CheckpointConfig& c) {
   return target.string();
 }
 
+namespace {
+
+// One saved rank's shard: its file and where its segments sit.
+struct SavedShard {
+  std::string file;
+  int64_t numel = 0;
+  std::vector<parallel::Segment> segments;
+};
+
+// The saved shards, checked to cover the P flat parameters exactly once.
+std::vector<SavedShard> saved_shards(const json& m, int64_t P, const std::string& where) {
+  LOOM_REQUIRE(m.contains("shards") && m["shards"].is_array() && !m["shards"].empty(), where,
+               ": 'shards' is missing or empty");
+  std::vector<SavedShard> out;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const json& sh : m["shards"]) {
+    SavedShard s;
+    s.file = manifest_value<std::string>(sh, "file", where);
+    s.numel = manifest_value<int64_t>(sh, "numel", where);
+    LOOM_REQUIRE(sh.contains("segments") && sh["segments"].is_array(), where, ": shard '", s.file,
+                 "' has no segments");
+    int64_t packed = 0;
+    for (const json& seg : sh["segments"]) {
+      LOOM_REQUIRE(seg.is_array() && seg.size() == 3 && seg[0].is_number_integer() && seg[1].is_number_integer() &&
+                       seg[2].is_number_integer(),
+                   where, ": shard '", s.file, "' has a malformed segment ", seg.dump(),
+                   " (expected [offset, count, shard_offset])");
+      const parallel::Segment g{seg[0].get<int64_t>(), seg[1].get<int64_t>(), seg[2].get<int64_t>()};
+      LOOM_REQUIRE(g.offset >= 0 && g.count >= 0 && g.offset + g.count <= P && g.shard_offset >= 0 &&
+                       g.shard_offset + g.count <= s.numel,
+                   where, ": shard '", s.file, "' segment ", seg.dump(), " lies outside the ", P,
+                   " parameters or its ", s.numel, "-element shard");
+      packed += g.count;
+      if (g.count > 0) ranges.emplace_back(g.offset, g.count);
+      s.segments.push_back(g);
+    }
+    LOOM_REQUIRE(packed == s.numel, where, ": shard '", s.file, "' segments hold ", packed, " elements, not numel ",
+                 s.numel);
+    out.push_back(std::move(s));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  int64_t next = 0;
+  for (const auto& [offset, count] : ranges) {
+    LOOM_REQUIRE(offset == next, where, ": the shards ", offset < next ? "overlap" : "leave a gap", " at parameter element ",
+                 std::min(offset, next));
+    next = offset + count;
+  }
+  LOOM_REQUIRE(next == P, where, ": the shards cover ", next, " of the model's ", P, " parameters");
+  return out;
+}
+
+}  // namespace
+
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
@@ -259,9 +342,11 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
                " is not supported: this loom reads format_version ", kCheckpointFormatVersion);
   LOOM_REQUIRE(m.contains("config") && m["config"].contains("model"), where, ": config.model is missing");
   check_same_model(m["config"]["model"], model::model_config_to_json(trainer.config().model), where);
-  for (const char* axis : {"dp", "tp", "pp", "cp", "ep"})
+  // dp and the ZeRO stage may change on resume: the state is read by flat
+  // parameter ranges, whatever the shards.
+  for (const char* axis : {"tp", "pp", "cp", "ep"})
     LOOM_REQUIRE(manifest_value<int64_t>(m.value("mesh", nlohmann::json::object()), axis, where) == 1, where,
-                 ": mesh.", axis, " is not 1: resharding a checkpoint is not supported yet");
+                 ": mesh.", axis, " is not 1: resharding a checkpoint over ", axis, " is not supported yet");
   check_files(m.value("files", nlohmann::json()), dir, where);
   const auto step = manifest_value<int64_t>(m, "step", where);
   const auto position = manifest_value<int64_t>(m.value("data", nlohmann::json::object()), "position", where);
@@ -280,21 +365,54 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
     DynamicLossScaler check(scaler->scale(), scaler->window());
     check.restore(loss_scale, good_steps);  // a loom::Error for impossible values, before anything changes
   }
-
-  const io::SafetensorsFile file = io::SafetensorsFile::open((dir / checkpoint_rank_file_name(0)).string());
-  const auto tensors = state_tensors(trainer);
-  for (const auto& [name, dst] : tensors) {
-    LOOM_REQUIRE(file.has(name), "checkpoint file '", file.path(), "' has no tensor '", name, "'");
-    const io::TensorInfo& info = file.info(name);
-    LOOM_REQUIRE(info.dtype == dst.dtype() && info.shape == dst.shape(), "checkpoint file '", file.path(),
-                 "': tensor '", name, "' has another dtype or shape than this run's model");
+  const model::Model& model = trainer.model();
+  const int64_t P = model.num_params();
+  const json& params = m.value("parameters", json::object());
+  LOOM_REQUIRE(manifest_value<int64_t>(params, "numel", where) == P, where, ": parameters.numel is not the model's ",
+               P);
+  for (const model::ParamSpec& spec : model.param_specs()) {
+    const json& tensors = params.value("tensors", json::object());
+    LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
+    LOOM_REQUIRE(manifest_value<int64_t>(tensors[spec.name], "offset", where) == spec.offset &&
+                     tensors[spec.name].value("shape", json()) == shape_json(spec.shape),
+                 where, ": parameter '", spec.name, "' has another offset or shape than this run's model");
   }
-  // Everything is checked: from here on the trainer changes.
+  const std::vector<SavedShard> shards = saved_shards(m, P, where);
+  std::vector<io::SafetensorsFile> files;
+  for (const SavedShard& s : shards) {
+    files.push_back(io::SafetensorsFile::open((dir / s.file).string()));
+    for (const char* name : {kMasterTensor, kAdamMTensor, kAdamVTensor}) {
+      LOOM_REQUIRE(files.back().has(name), "checkpoint file '", files.back().path(), "' has no tensor '", name, "'");
+      const io::TensorInfo& info = files.back().info(name);
+      LOOM_REQUIRE(info.dtype == DType::f32 && info.shape == Shape({s.numel}), "checkpoint file '",
+                   files.back().path(), "': tensor '", name, "' is not f32 (", s.numel, ") as the manifest says");
+    }
+  }
+  // Everything is checked: read this rank's segments from whichever saved
+  // shards hold them.
+  parallel::DataParallel& dp = trainer.dp();
+  MemoryTracker tracker;
+  Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  const int64_t S = dp.shard_numel();
+  OwnedTensor master = pool.empty(DType::f32, {S}), adam_m = pool.empty(DType::f32, {S}),
+              adam_v = pool.empty(DType::f32, {S});
+  for (const parallel::Segment& mine : dp.segments()) {
+    for (size_t f = 0; f < shards.size(); ++f) {
+      for (const parallel::Segment& saved : shards[f].segments) {
+        const int64_t lo = std::max(mine.offset, saved.offset);
+        const int64_t hi = std::min(mine.offset + mine.count, saved.offset + saved.count);
+        if (lo >= hi) continue;
+        const int64_t src = saved.shard_offset + (lo - saved.offset), dst = mine.shard_offset + (lo - mine.offset);
+        files[f].read_range(kMasterTensor, src, Tensor(master).slice(0, dst, hi - lo));
+        files[f].read_range(kAdamMTensor, src, Tensor(adam_m).slice(0, dst, hi - lo));
+        files[f].read_range(kAdamVTensor, src, Tensor(adam_v).slice(0, dst, hi - lo));
+      }
+    }
+  }
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
-  for (const auto& [name, dst] : tensors) file.read(name, dst);
-  trainer.model().sync_params();  // bf16 compute weights from the f32 master
+  dp.load_state(master, adam_m, adam_v);
   trainer.set_steps_done(step);
-  trainer.optimizer().set_steps_taken(updates);
+  dp.set_steps_taken(updates);
   if (scaler) scaler->restore(loss_scale, good_steps);
   trainer.train_data().set_position(position);
   return step;

@@ -5,10 +5,20 @@
 //   checkpoint.dir/
 //     latest                      "step_000010\n": the newest complete step dir
 //     step_000010/
-//       rank_00000.safetensors    params/<name>, adam_m/<name>, adam_v/<name>: f32
-//       manifest.json             written last: format_version, step, config,
-//                                 mesh, tensors (global shape, dtype, shards),
+//       rank_00000.safetensors    one per dp rank: master, adam_m, adam_v, each
+//       rank_00001.safetensors    the rank's packed (S) f32 shard (parallel/dp.h)
+//       manifest.json             written last (by dp rank 0): format_version,
+//                                 step, config, mesh (dp, zero_stage, ...),
+//                                 parameters (numel; each tensor's flat offset
+//                                 and shape), shards (per rank: file, numel,
+//                                 segments [offset, count, shard_offset]),
 //                                 files (bytes, sha256), data, optimizer, lr
+//
+// Resharding: a checkpoint is read by flat parameter ranges, so a run may
+// resume under another dp size or ZeRO stage (saved at dp = 2 ZeRO-3, resumed
+// at dp = 1 or dp = 4 ZeRO-1): each rank reads its new segments from
+// whichever saved shards hold them. Every rank writes its own file and reads
+// from a shared filesystem (one machine, or a shared checkpoint.dir).
 //
 // Every file is written to a temporary name, fsynced and renamed; the
 // manifest is the last file of a step dir and `latest` is updated after it,
@@ -18,7 +28,12 @@
 // A resume restores everything the next step depends on: parameters, AdamW
 // moments and update count (hence the LR, a function of it), and the train
 // data position; the val batches and the init seed hold no state. N steps
-// equal k steps + save + load + (N - k) steps bitwise.
+// equal k steps + save + load + (N - k) steps bitwise (under the same dp
+// size and stage; another layout continues with the same losses up to
+// the reduction order's rounding).
+//
+// save_checkpoint and load_checkpoint are collective over the trainer's dp
+// group.
 //
 //   const std::string dir = checkpoint_to_resume(cfg.checkpoint);  // "" = fresh
 //   if (!dir.empty()) load_checkpoint(trainer, dir);
@@ -37,7 +52,7 @@
 
 namespace loom::train {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kCheckpointLatestFile = "latest";
 inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 

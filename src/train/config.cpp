@@ -121,7 +121,7 @@ struct KeySpec {
 Apply must_be_one(int64_t ParallelConfig::*field) {
   return [field](RunConfig& c, const Value& v) {
     c.parallel.*field = v.integer(1);
-    if (c.parallel.*field != 1) v.unsupported("value is 1 (single process)");
+    if (c.parallel.*field != 1) v.unsupported("value is 1 (this parallelism is not implemented yet)");
   };
 }
 
@@ -163,6 +163,7 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "seq_len", [](R& c, const V& v) { c.train.seq_len = v.integer(1); }},
       {"train", "micro_batch", [](R& c, const V& v) { c.train.micro_batch = v.integer(1); }},
       {"train", "grad_accum", [](R& c, const V& v) { c.train.grad_accum = v.integer(1); }},
+      {"train", "global_batch", [](R& c, const V& v) { c.train.global_batch = v.integer(0); }},
       {"train", "steps", [](R& c, const V& v) { c.train.steps = v.integer(1); }},
       {"train", "lr", [](R& c, const V& v) { c.train.lr = v.number(0, true); }},
       {"train", "min_lr", [](R& c, const V& v) { c.train.min_lr = v.number(0, false); }},
@@ -177,7 +178,7 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0); }},
       {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1); }},
 
-      {"parallel", "dp", must_be_one(&ParallelConfig::dp)},
+      {"parallel", "dp", [](R& c, const V& v) { c.parallel.dp = v.integer(1, 1 << 20); }},
       {"parallel", "tp", must_be_one(&ParallelConfig::tp)},
       {"parallel", "pp", must_be_one(&ParallelConfig::pp)},
       {"parallel", "cp", must_be_one(&ParallelConfig::cp)},
@@ -306,6 +307,19 @@ RunConfig apply_all(const Parsed& p) {
     const size_t dot = full.find('.');
     find_key(full.substr(0, dot), full.substr(dot + 1))->apply(c, value);
   }
+  // train.global_batch (Megatron's global batch size) sets grad_accum.
+  if (auto it = p.values.find("train.global_batch"); it != p.values.end() && c.train.global_batch > 0) {
+    const int64_t G = c.train.global_batch, per_micro = c.parallel.dp * c.train.micro_batch;
+    if (G % per_micro != 0)
+      fail(it->second.origin(), ": train.global_batch = ", G, " is not divisible by parallel.dp x train.micro_batch = ",
+           c.parallel.dp, " x ", c.train.micro_batch, " = ", per_micro, ": allowed values are multiples of ", per_micro);
+    const int64_t accum = G / per_micro;
+    if (p.values.contains("train.grad_accum") && c.train.grad_accum != accum)
+      fail(it->second.origin(), ": train.global_batch = ", G, " with parallel.dp = ", c.parallel.dp,
+           " and train.micro_batch = ", c.train.micro_batch, " needs train.grad_accum = ", accum,
+           ", but train.grad_accum = ", c.train.grad_accum, ": set only one of them");
+    c.train.grad_accum = accum;
+  }
   // GPT-2 has no grouped-query attention: n_kv_head follows an overridden n_head.
   if (c.model.family == model::Family::gpt2 && !p.values.contains("model.n_kv_head")) c.model.n_kv_head = c.model.n_head;
   return c;
@@ -350,6 +364,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
   j["train"] = {{"seq_len", t.seq_len},
                 {"micro_batch", t.micro_batch},
                 {"grad_accum", t.grad_accum},
+                {"global_batch", t.global_batch},
                 {"steps", t.steps},
                 {"lr", t.lr},
                 {"min_lr", t.min_lr},

@@ -32,11 +32,15 @@ struct TrainConfig {
   int64_t seq_len = 1024;     // T
   int64_t micro_batch = 4;    // B
   int64_t grad_accum = 1;     // micro-batches per step
+  // Sequences per step over every dp rank, = parallel.dp x micro_batch x
+  // grad_accum; when set (> 0) it sets grad_accum, and must be divisible by
+  // dp x micro_batch. 0: grad_accum as given.
+  int64_t global_batch = 0;
   int64_t steps = 1000;
   double lr = 6e-4;           // peak, after warmup
   double min_lr = 6e-5;       // end of the cosine decay
   int64_t warmup_steps = 100;
-  double weight_decay = 0.1;  // 2-D weights only (optimizer.h)
+  double weight_decay = 0.1;  // 2-D weights only (parallel/dp.h)
   double grad_clip = 1.0;     // max global grad norm; 0 = no clipping
   std::string dtype = "fp32";      // fp32, or bf16 / fp16 mixed precision (DESIGN.md §6)
   // fp16 only: dynamic loss scaling (train/loss_scaler.h) starts at
@@ -49,7 +53,8 @@ struct TrainConfig {
   int64_t eval_steps = 20;    // val batches per evaluation
 };
 
-// Parsed and range-checked; every axis must be 1 for now.
+// Parsed and range-checked; dp is implemented (parallel/dp.h), the other
+// axes must be 1 for now. The world size must be pp * dp * cp * tp.
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   int64_t zero_stage = 0;

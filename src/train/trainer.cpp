@@ -24,8 +24,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 std::span<int32_t> span_of(const Tensor& t) { return {t.data_as<int32_t>(), static_cast<size_t>(t.numel())}; }
 
-DataLoaderOptions loader_options(const RunConfig& c, const std::vector<std::string>& shards, bool shuffle) {
+DataLoaderOptions loader_options(const RunConfig& c, const std::vector<std::string>& shards, bool shuffle,
+                                 comm::Communicator* dp) {
   DataLoaderOptions o;
+  if (dp != nullptr) o.rank = dp->rank(), o.world = dp->size();
   o.shards = shards;
   o.batch = c.train.micro_batch;
   o.seq_len = c.train.seq_len;
@@ -67,18 +69,36 @@ std::string recompute_report(const model::Model& m, const MemoryReport& report) 
   return buf;
 }
 
-Trainer::Trainer(const RunConfig& cfg, Pools& pools)
+namespace {
+
+comm::Communicator* checked_group(const RunConfig& cfg, comm::Communicator* dp) {
+  const int64_t size = dp != nullptr ? dp->size() : 1;
+  LOOM_REQUIRE(size == cfg.parallel.dp, "parallel.dp = ", cfg.parallel.dp, " but the data-parallel group has ", size,
+               " ranks: run with mpirun -np ", cfg.parallel.dp, " (world = pp * dp * cp * tp)");
+  return dp;
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp)
     : cfg_(cfg),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
-      train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle)) {
-  if (cfg.train.eval_every > 0) val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false));
+      train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle, checked_group(cfg, dp))) {
+  if (cfg.train.eval_every > 0)
+    val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, dp));
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
+  const int stage = static_cast<int>(cfg.parallel.zero_stage);
   model_ = std::make_unique<model::Model>(cfg.model, B, T, pools, compute_dtype(cfg.train),
-                                          model::recompute_from_name(cfg.train.recompute));
-  model_->init_params(cfg.train.seed);
-  AdamWOptions opt;
+                                          model::recompute_from_name(cfg.train.recompute),
+                                          parallel::DataParallel::model_storage(stage));
+  parallel::DpOptions dpo;
+  dpo.zero_stage = stage;
+  dpo.bucket_mb = cfg.parallel.bucket_mb;
+  dpo.offload_optimizer = cfg.parallel.offload_optimizer;
+  parallel::AdamWOptions opt;
   opt.weight_decay = cfg.train.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(*model_, pools, opt);
+  dp_ = std::make_unique<parallel::DataParallel>(*model_, dp, dpo, opt, pools);
+  dp_->init_params(cfg.train.seed);
   if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
   tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
   targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
@@ -96,15 +116,15 @@ StepStats Trainer::step() {
   StepStats s;
   // fp16: gradients carry the loss scale until the update divides it out.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  model_->zero_grads();
+  dp_->zero_grads();
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
+    dp_->begin_micro_batch(k == accum - 1);
     train_data_.next(span_of(tokens_), span_of(targets_));
     loss_sum += model_->forward(tokens_, targets_);
     model_->backward(static_cast<float>(loss_scale / static_cast<double>(accum)));
   }
-  const Tensor grads = model_->grads();
-  s.grad_norm = kernels::global_norm(std::span<const Tensor>(&grads, 1)) / loss_scale;
+  s.grad_norm = dp_->grad_norm() / loss_scale;
   s.lr = schedule_.at(steps_);
   if (scaler_) {
     s.loss_scale = loss_scale;
@@ -114,25 +134,26 @@ StepStats Trainer::step() {
     const double clip = cfg_.train.grad_clip;
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
     const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
-    optimizer_->step(*model_, s.lr, static_cast<float>(clip_factor / loss_scale));
+    dp_->update(s.lr, static_cast<float>(clip_factor / loss_scale));
   }
   s.step = ++steps_;
-  s.loss = loss_sum / static_cast<double>(accum);
-  s.tokens = accum * cfg_.train.micro_batch * cfg_.train.seq_len;
+  s.loss = dp_->mean(loss_sum / static_cast<double>(accum));
+  s.tokens = dp_->size() * accum * cfg_.train.micro_batch * cfg_.train.seq_len;
   s.seconds = seconds_since(start);
   return s;
 }
 
 double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate without val data");
-  const int64_t B = cfg_.train.micro_batch;
-  const int64_t batches = std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / B));
+  const int64_t global_batch = cfg_.train.micro_batch * dp_->size();
+  const int64_t batches =
+      std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));
   double sum = 0;
   for (int64_t k = 0; k < batches; ++k) {
-    val_data_->batch_at(k * B, span_of(tokens_), span_of(targets_));
+    val_data_->batch_at(k * global_batch, span_of(tokens_), span_of(targets_));
     sum += model_->forward(tokens_, targets_);
   }
-  return sum / static_cast<double>(batches);
+  return dp_->mean(sum / static_cast<double>(batches));
 }
 
 double measure_peak_flops(DType dtype) {
@@ -152,8 +173,13 @@ double measure_peak_flops(DType dtype) {
   return 2.0 * n * n * n / best;
 }
 
-void save_model(const model::Model& model, const std::string& dir) {
-  model::save_model_dir(dir, model.config(), model.master_params(), model::ParamLayout::loom);
+void save_model(Trainer& trainer, const std::string& dir) {
+  const model::Model& m = trainer.model();
+  MemoryTracker tracker;
+  Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  OwnedTensor full = pool.empty(DType::f32, {m.num_params()});
+  trainer.dp().gather_master(full);
+  if (trainer.dp().rank() == 0) model::save_model_dir(dir, m.config(), full, model::ParamLayout::loom);
 }
 
 namespace {
@@ -228,11 +254,17 @@ class Reporter {
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp) {
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
   Pools pools;
-  Trainer trainer(cfg, pools);
+  Trainer trainer(cfg, pools, dp);
+  // Only dp rank 0 reports; every rank trains, evaluates and checkpoints.
+  const bool lead = trainer.dp().rank() == 0;
+  TrainOptions options = run_options;
+  if (!lead) options.progress = false, options.metrics_path.clear(), options.memory_report = false;
+  RunConfig quiet = cfg;
+  if (!lead) quiet.log.metrics.clear();
   const TrainConfig& t = cfg.train;
   if (options.progress) {
     log_info("train: ", model::family_name(cfg.model.family), " ", trainer.model().num_params(), " parameters, ",
@@ -245,7 +277,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
     if (options.progress) log_info("resumed from ", resume_dir, " at step ", trainer.steps_done());
   }
   const int64_t first_step = trainer.steps_done();
-  Reporter reporter(cfg, options, trainer.flops_per_token(), summary.peak_flops, first_step);
+  Reporter reporter(quiet, options, trainer.flops_per_token(), summary.peak_flops, first_step);
   const bool eval = t.eval_every > 0;
   if (eval && first_step == 0) {
     summary.initial_val_loss = trainer.evaluate();
@@ -267,11 +299,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options) {
   summary.seconds = seconds_since(start);
   const std::string out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;
   if (!out_dir.empty()) {
-    save_model(trainer.model(), out_dir);
+    save_model(trainer, out_dir);
     if (options.progress) log_info("train: wrote ", out_dir, "/model.safetensors and ", out_dir, "/loom_config.json");
   }
-  if (options.memory_report) {
-    std::printf("%s", pools.report().table().c_str());
+  if (run_options.memory_report) {
+    // Every rank's own table: under ZeRO each holds its shard.
+    std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), "]\n", pools.report().table()).c_str());
     std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
   }
   return summary;

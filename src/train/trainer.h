@@ -11,6 +11,11 @@
 //   for (...) StepStats s = t.step();
 //   double val = t.evaluate();
 //
+// Data parallelism (parallel/dp.h): given the dp group, each rank trains its
+// replica (or shard: parallel.zero_stage) on its slice of every global batch
+// of dp x micro_batch x grad_accum sequences; losses are averaged over the
+// group. Without a group the run is a group of one (stage 0 = plain training).
+//
 // Deterministic: the same config and seed (and thread count) give bitwise
 // identical losses.
 #pragma once
@@ -27,7 +32,8 @@
 #include "train/data_loader.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
-#include "train/optimizer.h"
+#include "comm/communicator.h"
+#include "parallel/dp.h"
 
 namespace loom::train {
 
@@ -37,7 +43,7 @@ struct StepStats {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double seconds = 0;    // wall time of the step
-  int64_t tokens = 0;    // micro_batch * grad_accum * seq_len
+  int64_t tokens = 0;    // dp * micro_batch * grad_accum * seq_len
   std::optional<double> val_loss;
   // fp16 (train/loss_scaler.h): the loss scale this step's backward used
   // (0 without fp16) and whether its gradients overflowed, so its update was
@@ -50,11 +56,14 @@ class Trainer {
  public:
   // Opens the data (train, and val when eval_every > 0), builds the model
   // and initialises it from train.seed. Throws loom::Error for bad data.
-  Trainer(const RunConfig& cfg, Pools& pools);
+  // dp: the data-parallel group, whose size must be parallel.dp (nullptr:
+  // parallel.dp must be 1). Collective over dp, as are step, evaluate and
+  // the checkpoint functions.
+  Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp = nullptr);
 
   StepStats step();
-  // Mean loss over the first eval_steps batches of val (fewer if val holds
-  // fewer windows), always the same batches; no gradients.
+  // Mean loss over the first eval_steps global batches of val (fewer if val
+  // holds fewer windows; each rank its slice), always the same; no gradients.
   double evaluate();
 
   const RunConfig& config() const { return cfg_; }
@@ -65,9 +74,9 @@ class Trainer {
   void set_steps_done(int64_t steps) { steps_ = steps; }
   // The fp16 loss scaler; null under fp32 and bf16.
   DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
-  // The state besides the parameters that the next step depends on, for
-  // checkpoints (train/checkpoint.h); the LR follows from steps_done().
-  AdamW& optimizer() { return *optimizer_; }
+  // The optimizer and the sharded state (master weights, AdamW moments, update
+  // count) for checkpoints (train/checkpoint.h); the LR follows from steps_done().
+  parallel::DataParallel& dp() { return *dp_; }
   DataLoader& train_data() { return train_data_; }
   const LrSchedule& lr_schedule() const { return schedule_; }
   // Model FLOPs per trained token: 6 N + 12 n_layer n_embd seq_len (the
@@ -77,7 +86,7 @@ class Trainer {
  private:
   RunConfig cfg_;
   std::unique_ptr<model::Model> model_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<parallel::DataParallel> dp_;
   LrSchedule schedule_;
   DataLoader train_data_;
   std::unique_ptr<DataLoader> val_data_;
@@ -101,13 +110,14 @@ struct TrainSummary {
   double peak_flops = 0;  // FLOP/s behind MFU
 };
 
-// Resumes as checkpoint.resume says (train/checkpoint.h), then runs up to
+// dp: as for Trainer. Only dp rank 0 prints and writes metrics and the final
+// model. Resumes as checkpoint.resume says (train/checkpoint.h), then runs up to
 // cfg.train.steps steps in all with evaluation (before the first step of a
 // fresh run, every eval_every steps and after the last), progress lines every
 // log.every steps, metrics, checkpoints every checkpoint.every steps and
 // after the last, and the final model written to out_dir / checkpoint.dir.
 // summary.steps holds this run's steps only.
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options);
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr);
 
 // FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
 // process's threads, best of 8 runs: the peak MFU is measured against when
@@ -123,7 +133,8 @@ double measure_peak_flops(DType dtype = DType::f32);
 std::string recompute_report(const model::Model& m, const MemoryReport& report);
 
 // Writes dir/model.safetensors (every parameter, f32 master weights, under
-// its spec name, loom layout) and dir/loom_config.json (model/config_json.h); creates dir.
-void save_model(const model::Model& model, const std::string& dir);
+// its spec name, loom layout) and dir/loom_config.json (model/config_json.h);
+// creates dir. Collective: every rank gathers the weights, rank 0 writes.
+void save_model(Trainer& trainer, const std::string& dir);
 
 }  // namespace loom::train

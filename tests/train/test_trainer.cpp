@@ -17,11 +17,18 @@
 #include "text/shards.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
-#include "train/optimizer.h"
+#include "parallel/dp.h"
 #include "tiny_run.h"
 
 namespace loom::train {
 namespace {
+
+// The f32 master weights of a trainer's (single-rank) shard.
+std::vector<float> master_of(Trainer& t) {
+  std::vector<float> out(static_cast<size_t>(t.dp().shard_numel()));
+  t.dp().pack_master(Tensor(out.data(), DType::f32, {static_cast<int64_t>(out.size())}));
+  return out;
+}
 
 namespace fs = std::filesystem;
 
@@ -155,8 +162,8 @@ TEST_F(TrainerTest, Bf16KeepsMasterWeightsAndOptimizerStateInF32) {
   EXPECT_EQ(r[MemTag::master].current, 4 * P);
   EXPECT_EQ(r[MemTag::grads].current, 4 * P);
   EXPECT_EQ(r[MemTag::optimizer].current, 2 * 4 * P);
-  EXPECT_EQ(t.optimizer().m().dtype(), DType::f32);
-  EXPECT_EQ(t.optimizer().v().dtype(), DType::f32);
+  EXPECT_EQ(t.dp().m().dtype(), DType::f32);
+  EXPECT_EQ(t.dp().v().dtype(), DType::f32);
 }
 
 TEST_F(TrainerTest, Fp16RunMatchesFp32RunOver20Steps) { expect_run_matches_fp32_over_20_steps("fp16", DType::f16); }
@@ -176,21 +183,21 @@ TEST_F(TrainerTest, Fp16OverflowSkipsTheUpdateAndHalvesTheLossScale) {
   c.train.loss_scale = 1099511627776.0;  // 2^40
   Pools pools;
   Trainer t(c, pools);
-  const std::vector<float> before = loom::test::to_floats(t.model().master_params());
+  const std::vector<float> before = master_of(t);
   StepStats s = t.step();
   EXPECT_TRUE(s.skipped);
   EXPECT_EQ(s.step, 1);
   EXPECT_EQ(s.loss_scale, 1099511627776.0);
   EXPECT_FALSE(std::isfinite(s.grad_norm));
   EXPECT_EQ(t.loss_scaler()->scale(), 549755813888.0);
-  EXPECT_EQ(t.optimizer().steps_taken(), 0);
-  EXPECT_EQ(loom::test::to_floats(t.model().master_params()), before);
+  EXPECT_EQ(t.dp().steps_taken(), 0);
+  EXPECT_EQ(master_of(t), before);
   int skipped = 1;
   while (t.step().skipped) ++skipped;
   EXPECT_GT(skipped, 5);  // 2^40 / 2^skipped must fall below ~1e4 * N before dlogits fit
-  EXPECT_EQ(t.optimizer().steps_taken(), 1);
+  EXPECT_EQ(t.dp().steps_taken(), 1);
   EXPECT_EQ(t.steps_done(), skipped + 1);
-  EXPECT_NE(loom::test::to_floats(t.model().master_params()), before);
+  EXPECT_NE(master_of(t), before);
   std::printf("2^40 loss scale: %d steps skipped, then scale %g\n", skipped, t.loss_scaler()->scale());
 }
 
@@ -225,22 +232,23 @@ TEST(DynamicLossScaler, HalvesOnOverflowDoublesAfterWindowAndRejectsBadState) {
 
 TEST(AdamW, WeightDecayAppliesTo2DWeightsOnly) {
   Pools pools;
-  model::Model m(model::model_preset("gpt2-tiny"), 1, 4, pools);
-  m.init_params(1);
-  m.zero_grads();  // zero gradients: the update is the decay alone
+  model::Model m(model::model_preset("gpt2-tiny"), 1, 4, pools, DType::f32, model::Recompute::none,
+                 parallel::DataParallel::model_storage(0));
+  parallel::AdamWOptions o;
+  o.weight_decay = 0.5;
+  parallel::DataParallel dp(m, nullptr, {}, o, pools);
+  dp.init_params(1);
+  dp.zero_grads();  // zero gradients: the update is the decay alone
   const float wte0 = m.param("wte.weight").data_as<float>()[5];
   const float fc0 = m.param("h.0.mlp.c_fc.weight").data_as<float>()[3];
   const float ln0 = m.param("h.0.ln_1.weight").data_as<float>()[0];
   const float bias0 = m.param("h.0.attn.c_attn.bias").data_as<float>()[0];
-  AdamWOptions o;
-  o.weight_decay = 0.5;
-  AdamW opt(m, pools, o);
-  opt.step(m, 0.1, 1.f);
+  dp.update(0.1, 1.f);
   EXPECT_FLOAT_EQ(m.param("wte.weight").data_as<float>()[5], wte0 * (1.f - 0.1f * 0.5f));
   EXPECT_FLOAT_EQ(m.param("h.0.mlp.c_fc.weight").data_as<float>()[3], fc0 * (1.f - 0.1f * 0.5f));
   EXPECT_EQ(m.param("h.0.ln_1.weight").data_as<float>()[0], ln0);
   EXPECT_EQ(m.param("h.0.attn.c_attn.bias").data_as<float>()[0], bias0);
-  EXPECT_EQ(opt.steps_taken(), 1);
+  EXPECT_EQ(dp.steps_taken(), 1);
 }
 
 TEST_F(TrainerTest, EvaluateShardsCoversEveryWindowOnce) {

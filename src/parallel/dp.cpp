@@ -1,0 +1,438 @@
+#include "parallel/dp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace loom::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A run of a segment inside one parameter: AdamW's weight decay is per tensor.
+struct Piece {
+  int64_t offset = 0, count = 0, shard_offset = 0;
+  bool decay = false;
+};
+
+std::vector<Piece> pieces_of(const std::vector<Segment>& segments, const std::vector<model::ParamSpec>& specs) {
+  std::vector<Piece> out;
+  for (const Segment& s : segments) {
+    for (const model::ParamSpec& p : specs) {
+      const int64_t lo = std::max(s.offset, p.offset), hi = std::min(s.offset + s.count, p.offset + p.numel());
+      if (lo >= hi) continue;
+      out.push_back({lo, hi - lo, s.shard_offset + (lo - s.offset), p.shape.ndim() >= 2});
+    }
+  }
+  return out;
+}
+
+int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
+
+}  // namespace
+
+std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb) {
+  LOOM_REQUIRE(!units.empty(), "make_buckets: no units");
+  LOOM_REQUIRE(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = ", zero_stage,
+               " is invalid: allowed values are 0, 1, 2, 3");
+  LOOM_REQUIRE(bucket_mb > 0, "parallel.bucket_mb = ", bucket_mb, " is invalid: it must be > 0");
+  const int n = static_cast<int>(units.size());
+  std::vector<Bucket> out;
+  if (zero_stage == 3) {
+    for (int u = 0; u < n; ++u) out.push_back({u, u, units[u].begin, units[u].end});
+    return out;
+  }
+  // Backward finishes units from the last to the first: a bucket grows
+  // downwards from its last unit until it holds bucket_mb of f32 gradients.
+  const double limit = bucket_mb * 1024.0 * 1024.0;
+  int last = n - 1;
+  for (int u = n - 1; u >= 0; --u) {
+    const double bytes = 4.0 * static_cast<double>(units[last].end - units[u].begin);
+    if (bytes >= limit || u == 0) {
+      out.push_back({u, last, units[u].begin, units[last].end});
+      last = u - 1;
+    }
+  }
+  std::reverse(out.begin(), out.end());  // flat order
+  return out;
+}
+
+std::vector<Segment> shard_segments(const std::vector<Bucket>& buckets, int zero_stage, int size, int rank) {
+  LOOM_REQUIRE(size >= 1 && rank >= 0 && rank < size, "shard_segments: rank ", rank, " of ", size);
+  std::vector<Segment> out;
+  int64_t packed = 0;
+  for (const Bucket& b : buckets) {
+    const comm::Range r = zero_stage == 0 ? comm::Range{0, b.numel()} : comm::shard_range(b.numel(), size, rank);
+    out.push_back({b.begin + r.offset, r.count, packed});
+    packed += r.count;
+  }
+  return out;
+}
+
+model::Storage DataParallel::model_storage(int zero_stage) {
+  model::Storage s;
+  s.master = false;
+  s.grads = zero_stage < 2;
+  s.params = zero_stage < 3;
+  return s;
+}
+
+struct DataParallel::Impl {
+  explicit Impl(Pools& p) : pools(p) {}
+  Pools& pools;
+  std::vector<int> unit_bucket;  // unit -> bucket
+  std::vector<Piece> pieces;
+  bool communicate = true;  // this micro-batch's backward reduces (stages 0, 1: the last one)
+  // Stages 0 and 1: the collectives of this step, waited for in grad_norm().
+  std::vector<comm::WorkPtr> pending;
+  // Stages 2 and 3: one gradient buffer per bucket while backward fills it,
+  // then while its reduce_scatter runs.
+  struct GradBuffer {
+    OwnedTensor buf;
+    comm::WorkPtr work;
+    int bucket = -1;
+  };
+  std::vector<OwnedTensor> open;  // by bucket: acquired, not yet finished
+  std::deque<GradBuffer> reducing;
+  // Stage 3: gathered parameters of each unit.
+  struct Gathered {
+    OwnedTensor buf;
+    comm::WorkPtr work;
+    int refs = 0;
+  };
+  std::vector<Gathered> gathered;
+  std::vector<int> order[2];  // the units forward / backward acquires, in order
+  size_t cursor[2] = {0, 0};
+};
+
+DataParallel::DataParallel(model::Model& model, comm::Communicator* comm, const DpOptions& options,
+                           const AdamWOptions& adamw, Pools& pools)
+    : opt_(options), adamw_(adamw), model_(model), comm_(comm) {
+  if (comm_ != nullptr) rank_ = comm_->rank(), size_ = comm_->size();
+  if (size_ == 1) comm_ = nullptr;
+  const int stage = opt_.zero_stage;
+  const model::Storage want = model_storage(stage), has = model.storage();
+  LOOM_REQUIRE(has.params == want.params && has.grads == want.grads && has.master == want.master,
+               "DataParallel: the model was not built with DataParallel::model_storage(", stage, ")");
+  buckets_ = make_buckets(model.units(), stage, opt_.bucket_mb);
+  segments_ = shard_segments(buckets_, stage, size_, rank_);
+  for (const Segment& s : segments_) shard_numel_ += s.count;
+  impl_ = std::unique_ptr<Impl>(new Impl{pools});
+  Impl& im = *impl_;
+  im.unit_bucket.assign(model.units().size(), 0);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    for (int u = buckets_[b].first_unit; u <= buckets_[b].last_unit; ++u) im.unit_bucket[u] = b;
+  im.pieces = pieces_of(segments_, model.param_specs());
+  im.open.resize(buckets_.size());
+  im.gathered.resize(model.units().size());
+  const int L = static_cast<int>(model.config().n_layer);
+  const bool tied = model.config().tie_embeddings;
+  for (int u = 0; u <= L + 1; ++u) im.order[0].push_back(u);
+  if (tied) im.order[0].push_back(0);
+  im.order[1].push_back(L + 1);
+  if (tied) im.order[1].push_back(0);
+  for (int u = L; u >= 1; --u) im.order[1].push_back(u);
+
+  const int64_t S = shard_numel_;
+  const DType compute = model.compute_dtype();
+  if (compute != DType::f32 || opt_.offload_optimizer) master_ = pools[MemTag::master].zeros(DType::f32, {S});
+  m_ = pools[MemTag::optimizer].zeros(DType::f32, {S});
+  v_ = pools[MemTag::optimizer].zeros(DType::f32, {S});
+  if (stage >= 2) grad_shard_ = pools[MemTag::grads].zeros(DType::f32, {S});
+  if (stage == 3) param_shard_ = pools[MemTag::params].zeros(compute, {S});
+  if (opt_.offload_optimizer) host_grads_ = pools[MemTag::optimizer].zeros(DType::f32, {S});
+  model.set_hooks(this);
+}
+
+DataParallel::~DataParallel() {
+  model_.set_hooks(nullptr);
+  // Outstanding collectives read buffers freed below: finish them first.
+  try {
+    for (auto& w : impl_->pending) w->wait();
+    for (auto& g : impl_->reducing) g.work->wait();
+    for (auto& g : impl_->gathered)
+      if (g.work) g.work->wait();
+  } catch (...) {
+  }
+}
+
+void DataParallel::init_params(uint64_t seed) {
+  const int64_t P = model_.num_params();
+  OwnedTensor full = impl_->pools[MemTag::workspace].empty(DType::f32, {P});
+  model::init_params(full, model_.param_specs(), seed);
+  if (opt_.zero_stage < 3) kernels::cast(model_.params(), full);  // the whole model on every rank
+  for (const Segment& s : segments_) {
+    const Tensor src = Tensor(full).slice(0, s.offset, s.count);
+    if (master_.defined()) kernels::cast(Tensor(master_).slice(0, s.shard_offset, s.count), src);
+    if (param_shard_.defined()) kernels::cast(Tensor(param_shard_).slice(0, s.shard_offset, s.count), src);
+  }
+}
+
+void DataParallel::zero_grads() {
+  if (opt_.zero_stage < 2) model_.zero_grads();
+  else kernels::fill(grad_shard_, 0.f);
+}
+
+void DataParallel::begin_micro_batch(bool last) { impl_->communicate = last || opt_.zero_stage >= 2; }
+
+// ---- gradients ----
+
+Tensor DataParallel::acquire_grads(int unit) {
+  Impl& im = *impl_;
+  LOOM_CHECK(opt_.zero_stage >= 2, "acquire_grads under ZeRO stage ", opt_.zero_stage);
+  const int b = im.unit_bucket[unit];
+  const Bucket& bk = buckets_[b];
+  if (!im.open[b].defined()) im.open[b] = im.pools[MemTag::comm].zeros(DType::f32, {bk.numel()});
+  const model::Unit& u = model_.units()[unit];
+  return Tensor(im.open[b]).slice(0, u.begin - bk.begin, u.numel());
+}
+
+void DataParallel::grads_ready(int unit) {
+  Impl& im = *impl_;
+  const int b = im.unit_bucket[unit];
+  const Bucket& bk = buckets_[b];
+  if (unit != bk.first_unit) return;  // the bucket's lowest unit finishes it
+  const Segment& seg = segments_[b];
+  if (opt_.zero_stage < 2) {
+    if (!im.communicate || comm_ == nullptr) return;
+    const Tensor grads = model_.grads();
+    const Tensor in = grads.slice(0, bk.begin, bk.numel());
+    stats_.ops++, stats_.bytes += bytes_of(in);
+    if (opt_.zero_stage == 0) im.pending.push_back(comm_->all_reduce(in, comm::ReduceOp::avg));
+    else im.pending.push_back(comm_->reduce_scatter(grads.slice(0, seg.offset, seg.count), in, comm::ReduceOp::avg));
+    return;
+  }
+  OwnedTensor buf = std::move(im.open[b]);
+  LOOM_CHECK(buf.defined(), "bucket ", b, " finished without gradients");
+  const Tensor piece = Tensor(buf).slice(0, seg.offset - bk.begin, seg.count);
+  if (comm_ == nullptr) {
+    kernels::add(Tensor(grad_shard_).slice(0, seg.shard_offset, seg.count),
+                 Tensor(grad_shard_).slice(0, seg.shard_offset, seg.count), piece);
+    return;
+  }
+  stats_.ops++, stats_.bytes += bytes_of(buf);
+  comm::WorkPtr work = comm_->reduce_scatter(piece, buf, comm::ReduceOp::avg);
+  im.reducing.push_back({std::move(buf), std::move(work), b});
+  // Finished reductions are added into the shard; at most two stay in flight
+  // (the memory of stage 2 is the shard plus a few buckets).
+  auto retire = [&](bool block) {
+    Impl::GradBuffer& g = im.reducing.front();
+    if (!block && !g.work->test()) return false;
+    if (block) {
+      const auto start = Clock::now();
+      g.work->wait();
+      stats_.exposed_seconds += seconds_since(start);
+    }
+    const Segment& s = segments_[g.bucket];
+    Tensor dst = Tensor(grad_shard_).slice(0, s.shard_offset, s.count);
+    kernels::add(dst, dst, Tensor(g.buf).slice(0, s.offset - buckets_[g.bucket].begin, s.count));
+    im.reducing.pop_front();
+    return true;
+  };
+  while (!im.reducing.empty() && retire(false)) {
+  }
+  while (im.reducing.size() > 2) retire(true);
+  if (unit == 0)  // backward is over: the shard must hold this micro-batch before the next one
+    while (!im.reducing.empty()) retire(true);
+}
+
+double DataParallel::grad_norm() {
+  Impl& im = *impl_;
+  const auto start = Clock::now();
+  for (auto& w : im.pending) w->wait();
+  im.pending.clear();
+  stats_.exposed_seconds += seconds_since(start);
+  const int stage = opt_.zero_stage;
+  double sum = 0;
+  for (const Segment& s : segments_) {
+    const Tensor g = stage < 2 ? model_.grads().slice(0, s.offset, s.count)
+                               : Tensor(grad_shard_).slice(0, s.shard_offset, s.count);
+    sum += kernels::sum_squares(g);
+  }
+  // Stage 0: every rank holds the whole averaged gradient.
+  if (stage > 0) sum = mean(sum) * size_;
+  return std::sqrt(sum);
+}
+
+double DataParallel::mean(double value) {
+  if (comm_ == nullptr) return value;
+  // Exchanged as bit patterns and summed in rank order: exact and the same everywhere.
+  int64_t mine = 0;
+  std::memcpy(&mine, &value, sizeof mine);
+  std::vector<int64_t> all(size_);
+  comm_->all_gather(Tensor(all.data(), DType::i64, {size_}), Tensor(&mine, DType::i64, {1}))->wait();
+  double sum = 0;
+  for (int64_t bits : all) {
+    double v = 0;
+    std::memcpy(&v, &bits, sizeof v);
+    sum += v;
+  }
+  return sum / size_;
+}
+
+// ---- the update ----
+
+void DataParallel::update(double lr, float grad_scale) {
+  Impl& im = *impl_;
+  ++step_;
+  const int stage = opt_.zero_stage;
+  kernels::AdamWConfig cfg;
+  cfg.lr = static_cast<float>(lr);
+  cfg.beta1 = static_cast<float>(adamw_.beta1);
+  cfg.beta2 = static_cast<float>(adamw_.beta2);
+  cfg.eps = static_cast<float>(adamw_.eps);
+  cfg.step = step_;
+  cfg.grad_scale = grad_scale;
+  for (const Piece& p : im.pieces) {
+    // Where the reduced gradient, the weights the model reads and the master live.
+    Tensor grad = stage < 2 ? model_.grads().slice(0, p.offset, p.count)
+                            : Tensor(grad_shard_).slice(0, p.shard_offset, p.count);
+    const Tensor weights = stage < 3 ? model_.params().slice(0, p.offset, p.count)
+                                     : Tensor(param_shard_).slice(0, p.shard_offset, p.count);
+    if (host_grads_.defined()) {  // offload: the update reads a host copy
+      Tensor host = Tensor(host_grads_).slice(0, p.shard_offset, p.count);
+      std::memcpy(host.data(), grad.data(), static_cast<size_t>(bytes_of(host)));
+      grad = host;
+    }
+    const Tensor master = master_.defined() ? Tensor(master_).slice(0, p.shard_offset, p.count) : weights;
+    cfg.weight_decay = p.decay ? static_cast<float>(adamw_.weight_decay) : 0.f;
+    kernels::adamw_step(master, Tensor(m_).slice(0, p.shard_offset, p.count),
+                        Tensor(v_).slice(0, p.shard_offset, p.count), grad,
+                        master_.defined() ? weights : Tensor(), cfg);
+  }
+  if (stage == 1 || stage == 2) {
+    // Every rank updated its piece of each bucket; all_gather the rest in place.
+    std::vector<comm::WorkPtr> works;
+    if (comm_ != nullptr)
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        const Tensor out = model_.params().slice(0, buckets_[b].begin, buckets_[b].numel());
+        works.push_back(comm_->all_gather(out, model_.params().slice(0, segments_[b].offset, segments_[b].count)));
+      }
+    for (auto& w : works) w->wait();
+  }
+}
+
+// ---- stage 3 parameters ----
+
+Tensor DataParallel::acquire_params(int unit, model::Pass pass) {
+  Impl& im = *impl_;
+  LOOM_CHECK(opt_.zero_stage == 3, "acquire_params under ZeRO stage ", opt_.zero_stage);
+  auto issue = [&](int u) {
+    Impl::Gathered& g = im.gathered[u];
+    if (g.buf.defined()) return;
+    const Segment& s = segments_[im.unit_bucket[u]];
+    g.buf = im.pools[MemTag::comm].empty(model_.compute_dtype(), {model_.units()[u].numel()});
+    const Tensor mine = Tensor(param_shard_).slice(0, s.shard_offset, s.count);
+    if (comm_ == nullptr) {
+      std::memcpy(g.buf.data(), mine.data(), static_cast<size_t>(bytes_of(mine)));
+    } else {
+      g.work = comm_->all_gather(g.buf, mine);
+    }
+  };
+  issue(unit);
+  Impl::Gathered& g = im.gathered[unit];
+  if (g.work) {
+    const auto start = Clock::now();
+    g.work->wait();
+    stats_.exposed_seconds += seconds_since(start);
+    g.work.reset();
+  }
+  ++g.refs;
+  // Prefetch the unit this pass reads next.
+  const auto& order = im.order[static_cast<int>(pass)];
+  size_t& cursor = im.cursor[static_cast<int>(pass)];
+  if (cursor >= order.size() || order[cursor] != unit) {
+    const auto it = std::find(order.begin(), order.end(), unit);
+    cursor = static_cast<size_t>(it - order.begin());
+  }
+  ++cursor;
+  if (cursor < order.size()) issue(order[cursor]);
+  return g.buf;
+}
+
+void DataParallel::release_params(int unit) {
+  Impl::Gathered& g = impl_->gathered[unit];
+  LOOM_CHECK(g.refs > 0, "release_params(", unit, ") without acquire");
+  if (--g.refs == 0) g.buf = OwnedTensor();
+}
+
+// ---- checkpoints and export ----
+
+void DataParallel::pack_master(Tensor out) const {
+  LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == shard_numel_, "pack_master: ", out.str());
+  for (const Segment& s : segments_) {
+    Tensor dst = out.slice(0, s.shard_offset, s.count);
+    if (master_.defined()) kernels::cast(dst, Tensor(master_).slice(0, s.shard_offset, s.count));
+    else if (param_shard_.defined()) kernels::cast(dst, Tensor(param_shard_).slice(0, s.shard_offset, s.count));
+    else kernels::cast(dst, model_.params().slice(0, s.offset, s.count));
+  }
+}
+
+void DataParallel::load_state(const Tensor& master, const Tensor& m, const Tensor& v) {
+  for (const Tensor* t : {&master, &m, &v})
+    LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == shard_numel_, "load_state: ", t->str());
+  kernels::cast(m_, m);
+  kernels::cast(v_, v);
+  for (const Segment& s : segments_) {
+    const Tensor src = master.slice(0, s.shard_offset, s.count);
+    if (master_.defined()) kernels::cast(Tensor(master_).slice(0, s.shard_offset, s.count), src);
+    if (param_shard_.defined()) kernels::cast(Tensor(param_shard_).slice(0, s.shard_offset, s.count), src);
+    else kernels::cast(model_.params().slice(0, s.offset, s.count), src);
+  }
+  if (comm_ != nullptr && (opt_.zero_stage == 1 || opt_.zero_stage == 2)) {
+    std::vector<comm::WorkPtr> works;
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      works.push_back(comm_->all_gather(model_.params().slice(0, buckets_[b].begin, buckets_[b].numel()),
+                                        model_.params().slice(0, segments_[b].offset, segments_[b].count)));
+    for (auto& w : works) w->wait();
+  }
+}
+
+void DataParallel::gather_master(Tensor out) {
+  LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == model_.num_params(), "gather_master: ", out.str());
+  OwnedTensor packed = impl_->pools[MemTag::workspace].empty(DType::f32, {shard_numel_});
+  pack_master(packed);
+  for (const Segment& s : segments_)
+    std::memcpy(out.slice(0, s.offset, s.count).data(), Tensor(packed).slice(0, s.shard_offset, s.count).data(),
+                static_cast<size_t>(s.count) * 4);
+  if (comm_ == nullptr || opt_.zero_stage == 0) return;
+  std::vector<comm::WorkPtr> works;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    works.push_back(comm_->all_gather(out.slice(0, buckets_[b].begin, buckets_[b].numel()),
+                                      out.slice(0, segments_[b].offset, segments_[b].count)));
+  for (auto& w : works) w->wait();
+}
+
+double DataParallel::measure_gradient_comm_seconds(int repeats) {
+  if (comm_ == nullptr) return 0;
+  double best = 1e30;
+  OwnedTensor scratch;
+  int64_t largest = 0;
+  for (const Bucket& b : buckets_) largest = std::max(largest, b.numel());
+  scratch = impl_->pools[MemTag::comm].zeros(DType::f32, {largest});
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    comm_->barrier()->wait();
+    const auto start = Clock::now();
+    std::vector<comm::WorkPtr> works;
+    for (size_t b = buckets_.size(); b-- > 0;) {
+      const Tensor in = Tensor(scratch).slice(0, 0, buckets_[b].numel());
+      const Segment& s = segments_[b];
+      if (opt_.zero_stage == 0) works.push_back(comm_->all_reduce(in, comm::ReduceOp::avg));
+      else works.push_back(comm_->reduce_scatter(in.slice(0, s.offset - buckets_[b].begin, s.count), in,
+                                                 comm::ReduceOp::avg));
+      // Buckets share the scratch buffer: one at a time.
+      works.back()->wait();
+    }
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+}  // namespace loom::parallel
