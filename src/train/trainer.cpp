@@ -207,7 +207,8 @@ class Reporter {
 
   void step(const StepStats& s, double elapsed, size_t peak_bytes) {
     const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
-    const double mfu = flops_per_token_ * tokens_per_s / peak_flops_;
+    // tokens_per_s counts every dp rank; peak_flops is one rank's.
+    const double mfu = flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp);
     if (metrics_.is_open()) {
       nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
                                   {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};

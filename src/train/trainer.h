@@ -107,7 +107,7 @@ struct TrainSummary {
   std::optional<double> initial_val_loss;  // before the first step
   std::optional<double> final_val_loss;
   double seconds = 0;
-  double peak_flops = 0;  // FLOP/s behind MFU
+  double peak_flops = 0;  // FLOP/s of one rank behind MFU (MFU = model FLOP/s of all ranks / (dp x peak))
 };
 
 // dp: as for Trainer. Only dp rank 0 prints and writes metrics and the final
