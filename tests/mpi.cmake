@@ -22,6 +22,10 @@ foreach(source ${mpi_test_sources})
   if(TARGET loom_${module})
     target_link_libraries(${name} PRIVATE loom_${module})
   endif()
+  # The data-parallel tests train through train::Trainer and its checkpoints.
+  if(module STREQUAL "parallel")
+    target_link_libraries(${name} PRIVATE loom_train)
+  endif()
   # A backend built as its own library (tests/comm/mpi_test_nccl -> loom_comm_nccl).
   if(TARGET loom_${module}_${short})
     target_link_libraries(${name} PRIVATE loom_${module}_${short})

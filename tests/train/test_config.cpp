@@ -179,6 +179,22 @@ TEST(RunConfigErrors, CheckpointEveryNeedsADir) {
             100);
 }
 
+// global_batch = dp x micro_batch x grad_accum sets grad_accum; a global
+// batch that no whole grad_accum reaches names both sides of the product.
+TEST(RunConfigErrors, GlobalBatchNotDivisibleByDpTimesMicroBatchNamesBoth) {
+  const std::vector<std::string> dp4 = {"parallel.dp=4", "train.micro_batch=3"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), dp4.begin(), dp4.end());
+    return extra;
+  };
+  EXPECT_EQ(parse_run_config(kMinimal, "run.toml", with({"train.global_batch=24"})).train.grad_accum, 2);
+  expect_error(kMinimal, with({"train.global_batch=30"}),
+               {"--set train.global_batch=30", "train.global_batch = 30 is not divisible by",
+                "parallel.dp x train.micro_batch = 4 x 3 = 12"});
+  expect_error(kMinimal, with({"train.global_batch=24", "train.grad_accum=3"}),
+               {"train.global_batch = 24", "needs train.grad_accum = 2", "train.grad_accum = 3"});
+}
+
 TEST(RunConfigErrors, InvalidModelAndPresetNameTheKey) {
   expect_error(kMinimal, {"model.n_head=5"}, {"run.toml", "model.n_embd = 64 is not divisible by model.n_head = 5"});
   expect_error(kMinimal, {"model.preset=gpt5"}, {"--set model.preset=gpt5", "gpt5", "gpt2-124m"});

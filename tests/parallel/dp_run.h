@@ -1,0 +1,118 @@
+// Shared by the multi-rank data-parallel tests: a directory every rank of
+// the world sees (data shards and checkpoints), a tiny run config over it,
+// and running a trainer for a few steps.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/mpi_env.h"
+#include "core/memory.h"
+#include "model/config.h"
+#include "text/shards.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace loom::test {
+
+// /tmp/loom_mpi_dp_<rank 0's pid>: rank 0 names it (a pid is unique among
+// the running jobs, so concurrent test runs do not collide) and broadcasts
+// the name. Collective over the world.
+inline std::filesystem::path shared_temp_dir(const std::string& prefix) {
+  comm::Communicator& w = world();
+  int64_t pid = w.rank() == 0 ? static_cast<int64_t>(::getpid()) : 0;
+  w.broadcast(Tensor(&pid, DType::i64, {1}), 0)->wait();
+  return std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(pid));
+}
+
+// A token stream with something to learn beyond unigram counts: a fixed
+// 61-token "sentence" of pseudo-random ids below `vocab`, repeated.
+inline std::vector<int32_t> repeated_sentence_tokens(int64_t n, int32_t vocab) {
+  std::vector<int32_t> sentence(61);
+  uint32_t x = 12345;
+  for (int32_t& t : sentence) {
+    x = x * 1664525u + 1013904223u;  // Numerical Recipes' LCG
+    t = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+  }
+  std::vector<int32_t> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = sentence[i % 61];
+  return out;
+}
+
+// gpt2-tiny, T = 16, 20 steps at lr 3e-3 with warmup, shuffled train data,
+// no evaluation; dp ranks of micro_batch sequences, grad_accum micro-batches.
+// The lr is below tiny_run.h's 1e-2 on purpose: at 1e-2 the loss spikes in
+// the first steps (5.1 to 7.5 at step 5), and the spikes blow a rounding
+// difference between two reduction orders (1e-8 at step 1) up to 5e-5 after
+// 20 steps (N = 3, fp32); at 3e-3 the loss falls smoothly (6.25 to ~3.5) and
+// the difference stays near 1e-7.
+// bucket_mb is small so that stages 0-2 cut the ~0.5 MiB of gradients into
+// several buckets instead of one.
+inline train::RunConfig dp_config(const std::filesystem::path& data_dir, int64_t dp, int64_t zero_stage,
+                                  int64_t micro_batch, int64_t grad_accum) {
+  train::RunConfig c;
+  c.model = model::model_preset("gpt2-tiny");
+  c.data.train = {(data_dir / "train_*.bin").string()};
+  c.data.shuffle = true;
+  c.train.seq_len = 16;
+  c.train.micro_batch = micro_batch;
+  c.train.grad_accum = grad_accum;
+  c.train.steps = 20;
+  c.train.lr = 3e-3;
+  c.train.min_lr = 3e-4;
+  c.train.warmup_steps = 2;
+  c.train.eval_every = 0;
+  c.parallel.dp = dp;
+  c.parallel.zero_stage = zero_stage;
+  c.parallel.bucket_mb = 0.1;
+  c.log.peak_tflops = 1.0;
+  return c;
+}
+
+// Steps t until it has done `until` steps; the stats of the steps run.
+inline std::vector<train::StepStats> train_until(train::Trainer& t, int64_t until) {
+  std::vector<train::StepStats> out;
+  while (t.steps_done() < until) out.push_back(t.step());
+  return out;
+}
+
+inline std::vector<double> losses_of(const std::vector<train::StepStats>& steps) {
+  std::vector<double> out;
+  for (const train::StepStats& s : steps) out.push_back(s.loss);
+  return out;
+}
+
+// A fresh trainer of cfg on `group` (nullptr: alone), `steps` steps: the losses.
+inline std::vector<double> run_losses(const train::RunConfig& cfg, comm::Communicator* group, int64_t steps) {
+  Pools pools;
+  train::Trainer t(cfg, pools, group);
+  return losses_of(train_until(t, steps));
+}
+
+// rank 0's values on every rank of w (n values everywhere). Collective.
+inline std::vector<double> broadcast_values(comm::Communicator& w, std::vector<double> values, size_t n) {
+  values.resize(n);
+  static_assert(sizeof(double) == sizeof(int64_t));
+  w.broadcast(Tensor(values.data(), DType::i64, {static_cast<int64_t>(n)}), 0)->wait();
+  return values;
+}
+
+// max_i |a_i - b_i| / |b_i|; +inf if the sizes differ, NaN if any term is.
+inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(a[i] - b[i]) / std::abs(b[i]);
+    if (!(d <= worst)) worst = d;  // a NaN wins, so that it fails the caller's bound
+  }
+  return worst;
+}
+
+}  // namespace loom::test

@@ -1,0 +1,344 @@
+// Data parallelism end to end (parallel/dp.h through train::Trainer), on
+// the world of N ranks: every ZeRO stage trains like one process holding the
+// whole global batch, checkpoints move between dp sizes and stages, and a dp
+// size that does not match the group is refused.
+//
+// The single-process reference runs on rank 0 alone and its numbers are
+// broadcast: at N = 8 on two cores, eight copies of it would cost more than
+// the runs under test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "kernels/ops.h"
+#include "parallel/dp_run.h"
+#include "train/checkpoint.h"
+
+namespace loom::test {
+namespace {
+
+namespace fs = std::filesystem;
+using train::RunConfig;
+using train::StepStats;
+using train::Trainer;
+
+constexpr int64_t kSteps = 20;
+// fp32 losses of another reduction order (the group's averaging, the
+// reduce-scatter's, another GEMM batch) agree to a few ulps at the first step
+// and drift apart slowly: 2e-7 after 20 steps at N = 1 to 8. 1e-5 is what the
+// issue asks for.
+constexpr double kTolerance = 1e-5;
+// The global gradient norm is compared too, as the direct evidence that it
+// spans every shard (one shard's norm would be off by ~1/sqrt(N)). It is a
+// root of a sum of squares of values that are themselves sums of cancelling
+// terms, so it carries more of the rounding than the loss: up to 8e-6 at
+// N = 3, where averaging divides by 3 inexactly.
+constexpr double kNormTolerance = 1e-4;
+
+// What a run leaves to compare: per step the loss and the global gradient
+// norm before clipping.
+struct Curve {
+  std::vector<double> losses, grad_norms;
+};
+
+Curve curve_of(const std::vector<StepStats>& steps) {
+  Curve c;
+  for (const StepStats& s : steps) c.losses.push_back(s.loss), c.grad_norms.push_back(s.grad_norm);
+  return c;
+}
+
+// The same global batch, trained by one process: dp x micro_batch sequences
+// per micro-batch, no group, the plain (stage 0) optimizer.
+RunConfig alone(RunConfig c) {
+  c.train.micro_batch *= c.parallel.dp;
+  c.parallel.dp = 1;
+  c.parallel.zero_stage = 0;
+  c.parallel.offload_optimizer = false;
+  return c;
+}
+
+// Printed by rank 0 so that the observed differences appear in the test log.
+void report(const std::string& what, double loss_diff, double norm_diff = -1) {
+  if (world().rank() != 0) return;
+  if (norm_diff >= 0)
+    std::printf("[dp N=%d] %s: max relative difference: loss %.3g, grad norm %.3g\n", world().size(), what.c_str(),
+                loss_diff, norm_diff);
+  else
+    std::printf("[dp N=%d] %s: max relative loss difference %.3g\n", world().size(), what.c_str(), loss_diff);
+  std::fflush(stdout);
+}
+
+class DataParallelTest : public ::testing::Test {
+ protected:
+  // Every rank sees the same train shard in dir_ (rank 0 writes it).
+  static void SetUpTestSuite() {
+    set_num_threads(1);
+    dir_ = shared_temp_dir("loom_mpi_dp");
+    if (world().rank() == 0) {
+      fs::remove_all(dir_);
+      fs::create_directories(dir_);
+      text::write_shard((dir_ / "train_000000.bin").string(), repeated_sentence_tokens(4000, 512), 1);
+    }
+    world().barrier()->wait();
+  }
+  static void TearDownTestSuite() {
+    world().barrier()->wait();
+    if (world().rank() == 0) fs::remove_all(dir_);
+  }
+
+  static int world_size() { return world().size(); }
+  // Sequences per dp rank per micro-batch: about 8 over the group (at least
+  // 1 each), so that the run learns smoothly enough at every N for small
+  // rounding differences to stay small.
+  static int64_t micro_batch() { return std::max(1, 8 / world_size()); }
+
+  // cfg trained kSteps steps with the world as its dp group.
+  static Curve run_on_world(const RunConfig& cfg) {
+    Pools pools;
+    Trainer t(cfg, pools, &world());
+    return curve_of(train_until(t, kSteps));
+  }
+
+  // cfg trained kSteps steps by rank 0 alone, on every rank; cached by the
+  // whole config, since several dp runs share one reference.
+  static Curve reference(const RunConfig& cfg) {
+    const std::string key = train::run_config_to_json(cfg).dump();
+    auto it = references_.find(key);
+    if (it != references_.end()) return it->second;
+    Curve c;
+    if (world().rank() == 0) c = run_on_rank_zero(cfg);
+    c.losses = broadcast_values(world(), c.losses, kSteps);
+    c.grad_norms = broadcast_values(world(), c.grad_norms, kSteps);
+    return references_[key] = c;
+  }
+
+  static Curve run_on_rank_zero(const RunConfig& cfg) {
+    Pools pools;
+    Trainer t(cfg, pools);
+    return curve_of(train_until(t, kSteps));
+  }
+
+  static fs::path dir_;
+  static std::map<std::string, Curve> references_;
+};
+
+fs::path DataParallelTest::dir_;
+std::map<std::string, Curve> DataParallelTest::references_;
+
+// ---------------------------------------------------------------------------
+// Equivalence: dp = N under each ZeRO stage against one process.
+
+class DataParallelEquivalence : public DataParallelTest,
+                                public ::testing::WithParamInterface<std::tuple<int, int>> {};
+
+TEST_P(DataParallelEquivalence, LossMatchesSingleProcessOver20Steps) {
+  const auto [stage, accum] = GetParam();
+  const RunConfig c = dp_config(dir_, world_size(), stage, micro_batch(), accum);
+  const Curve dp = run_on_world(c);
+  const Curve one = reference(alone(c));
+  const double loss_diff = max_relative_difference(dp.losses, one.losses);
+  const double norm_diff = max_relative_difference(dp.grad_norms, one.grad_norms);
+  report("fp32 zero_stage=" + std::to_string(stage) + " grad_accum=" + std::to_string(accum), loss_diff, norm_diff);
+  EXPECT_LE(loss_diff, kTolerance);
+  EXPECT_LE(norm_diff, kNormTolerance);
+  EXPECT_LT(one.losses.back(), 0.8 * one.losses.front()) << "the reference run should learn the data";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DataParallelEquivalence,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(1, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& p) {
+                           return "zero" + std::to_string(std::get<0>(p.param)) + "_accum" +
+                                  std::to_string(std::get<1>(p.param));
+                         });
+
+// bf16 compute weights are the rounding of the f32 master weights element by
+// element, so a shard rounds exactly as the whole buffer does, and at N = 2
+// the first steps are bitwise equal. What differs is the f32 accumulation
+// order of the reductions and of the GEMMs over another batch size: where a
+// result sits at a bf16 rounding boundary it rounds the other way, one bf16
+// step (2^-8 relative), and the runs drift apart. Under N = 3 the scale
+// 1 / (B T) of the cross-entropy gradient is 1/32 on a rank but 1/96 alone,
+// and the bf16 rounding of dlogits differs from the first step (grad norm
+// 2e-3 apart there). Observed: 1.4e-4 to 2.2e-4 at N = 2 to 8; the bound,
+// 2e-3, is a quarter of one bf16 step.
+TEST_F(DataParallelTest, Bf16Zero3LossMatchesSingleProcessBf16) {
+  if (!kernels::bf16_matmul_unsupported_reason().empty()) GTEST_SKIP() << "this CPU has no bf16 GEMM";
+  RunConfig c = dp_config(dir_, world_size(), 3, micro_batch(), 1);
+  c.train.dtype = "bf16";
+  const Curve dp = run_on_world(c);
+  const Curve one = reference(alone(c));
+  const double loss_diff = max_relative_difference(dp.losses, one.losses);
+  report("bf16 zero_stage=3", loss_diff, max_relative_difference(dp.grad_norms, one.grad_norms));
+  EXPECT_LE(loss_diff, 2e-3);
+}
+
+// Offloading moves the master weights and moments to host memory and runs
+// the same update there: on a CPU run that is the same arithmetic, bitwise.
+TEST_F(DataParallelTest, OffloadOptimizerGivesBitwiseTheSameLosses) {
+  for (int stage : {1, 3}) {
+    RunConfig c = dp_config(dir_, world_size(), stage, micro_batch(), 1);
+    const Curve kept = run_on_world(c);
+    c.parallel.offload_optimizer = true;
+    const Curve offloaded = run_on_world(c);
+    report("offload_optimizer zero_stage=" + std::to_string(stage) + " vs not offloaded",
+           max_relative_difference(offloaded.losses, kept.losses));
+    EXPECT_EQ(offloaded.losses, kept.losses) << "zero_stage " << stage;
+    EXPECT_EQ(offloaded.grad_norms, kept.grad_norms) << "zero_stage " << stage;
+  }
+}
+
+// With grad_clip far below the gradient norm every step is clipped, by
+// clip / norm: the norm must be the global one (compared with the single
+// process's directly), or each rank would scale its piece by another factor.
+TEST_F(DataParallelTest, ClippingEveryStepMatchesSingleProcessSoTheNormSpansAllShards) {
+  constexpr double kClip = 0.01;
+  for (int stage : {2, 3}) {
+    RunConfig c = dp_config(dir_, world_size(), stage, micro_batch(), 2);
+    c.train.grad_clip = kClip;
+    const Curve dp = run_on_world(c);
+    const Curve one = reference(alone(c));
+    for (size_t i = 0; i < dp.grad_norms.size(); ++i)
+      ASSERT_GT(dp.grad_norms[i], kClip) << "step " << i + 1 << " was not clipped";
+    const double loss_diff = max_relative_difference(dp.losses, one.losses);
+    const double norm_diff = max_relative_difference(dp.grad_norms, one.grad_norms);
+    report("grad_clip=0.01 zero_stage=" + std::to_string(stage) + " grad_accum=2", loss_diff, norm_diff);
+    EXPECT_LE(loss_diff, kTolerance) << "zero_stage " << stage;
+    EXPECT_LE(norm_diff, kNormTolerance) << "zero_stage " << stage;
+  }
+  // Clipping must matter to these losses, or matching them proves nothing
+  // about it: the same run without clipping lands far outside the tolerance.
+  RunConfig c = dp_config(dir_, world_size(), 0, micro_batch(), 2);
+  c.train.grad_clip = kClip;
+  const Curve clipped = reference(alone(c));
+  c.train.grad_clip = 0;
+  const double effect = max_relative_difference(clipped.losses, reference(alone(c)).losses);
+  report("grad_clip=0.01 vs no clipping, one process", effect);
+  EXPECT_GT(effect, 100 * kTolerance);
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoint resharding.
+
+// Where a run trains: its dp size and stage, its group, and whether this rank
+// is in it (ranks outside wait). Rank 0 is in every layout.
+struct Layout {
+  std::string name;
+  int64_t dp = 1, zero_stage = 0;
+  comm::Communicator* group = nullptr;
+  bool member = false;
+};
+
+class DataParallelCheckpointTest : public DataParallelTest {
+ protected:
+  // The global batch: a multiple of every dp size used below (N, 2 and 1),
+  // at least 8 sequences.
+  static int64_t global_batch() {
+    const int64_t step = world_size() % 2 == 0 ? world_size() : 2 * world_size();
+    return step * ((8 + step - 1) / step);
+  }
+
+  static RunConfig config_of(const Layout& l) { return dp_config(dir_, l.dp, l.zero_stage, global_batch() / l.dp, 1); }
+
+  // 10 steps in layout l, then a checkpoint under root; the losses on every rank.
+  static std::vector<double> train_and_save(const Layout& l, const fs::path& root) {
+    std::vector<double> losses;
+    if (l.member) {
+      Pools pools;
+      Trainer t(config_of(l), pools, l.group);
+      losses = losses_of(train_until(t, kSteps / 2));
+      save_checkpoint(t, root.string(), 0);
+    }
+    // save_checkpoint ends in a barrier of its group, so once rank 0 sends,
+    // every file of the checkpoint is written.
+    return broadcast_values(world(), losses, kSteps / 2);
+  }
+
+  // Layout l loads step_dir and trains steps 11 to 20: their losses on every rank.
+  static std::vector<double> resume(const Layout& l, const fs::path& step_dir) {
+    std::vector<double> losses;
+    if (l.member) {
+      Pools pools;
+      Trainer t(config_of(l), pools, l.group);
+      EXPECT_EQ(load_checkpoint(t, step_dir.string()), kSteps / 2) << l.name;
+      losses = losses_of(train_until(t, kSteps));
+    }
+    return broadcast_values(world(), losses, kSteps / 2);
+  }
+
+  // Saved at `from`, resumed under each of `to`: the first 10 losses and the
+  // continued 10 match the uninterrupted single-process run's.
+  void expect_resumes_continue(const Layout& from, const std::vector<Layout>& to, const std::string& root_name) {
+    const Layout one{"dp=1", 1, 0, nullptr, world().rank() == 0};
+    const std::vector<double> straight = reference(config_of(one)).losses;
+    const std::vector<double> first(straight.begin(), straight.begin() + kSteps / 2);
+    const std::vector<double> last(straight.begin() + kSteps / 2, straight.end());
+
+    const fs::path root = dir_ / root_name;
+    const std::vector<double> saved = train_and_save(from, root);
+    const double saved_diff = max_relative_difference(saved, first);
+    report("checkpoint: steps 1-10 at " + from.name, saved_diff);
+    EXPECT_LE(saved_diff, kTolerance) << from.name;
+
+    const fs::path step_dir = root / train::checkpoint_step_dir_name(kSteps / 2);
+    for (const Layout& l : to) {
+      const double diff = max_relative_difference(resume(l, step_dir), last);
+      report("checkpoint: saved at " + from.name + ", steps 11-20 resumed at " + l.name, diff);
+      EXPECT_LE(diff, kTolerance) << "saved at " << from.name << ", resumed at " << l.name;
+    }
+  }
+};
+
+std::string layout_name(int64_t dp, int64_t stage) {
+  return "dp=" + std::to_string(dp) + " zero_stage=" + std::to_string(stage);
+}
+
+// Saved at dp = N ZeRO-3; resumed alone, at dp = N ZeRO-1 and on a pair of
+// ranks at ZeRO-0. With N >= 3 also the other way: saved on the pair at
+// ZeRO-3 and resumed at dp = N ZeRO-1 and alone (at N = 4: the issue's
+// "saved at dp=2 ZeRO-3, resumed at dp=1 and at dp=4 ZeRO-1").
+TEST_F(DataParallelCheckpointTest, CheckpointResumesUnderAnotherDpSizeAndStage) {
+  const int N = world_size(), rank = world().rank();
+  // Ranks 0 and 1 form the pair; the others get a group they leave unused.
+  std::unique_ptr<comm::Communicator> pair_group = world().split(rank < 2 ? 0 : 1, rank, "dp_pair");
+  auto on_world = [&](int64_t stage) { return Layout{layout_name(N, stage), N, stage, &world(), true}; };
+  auto on_pair = [&](int64_t stage) { return Layout{layout_name(2, stage), 2, stage, pair_group.get(), rank < 2}; };
+  const Layout one{"dp=1 (one process)", 1, 0, nullptr, rank == 0};
+
+  std::vector<Layout> to = {one, on_world(1)};
+  if (N >= 2) to.push_back(on_pair(0));
+  expect_resumes_continue(on_world(3), to, "ckpt_world_zero3");
+  if (N >= 3) expect_resumes_continue(on_pair(3), {on_world(1), one}, "ckpt_pair_zero3");
+}
+
+// ---------------------------------------------------------------------------
+// Impossible configs.
+
+void expect_trainer_error(const RunConfig& c, comm::Communicator* group, const std::vector<std::string>& parts) {
+  try {
+    Pools pools;
+    Trainer t(c, pools, group);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+TEST_F(DataParallelTest, TrainerRejectsParallelDpOtherThanTheGroupSize) {
+  const int N = world_size();
+  expect_trainer_error(dp_config(dir_, N + 1, 0, 1, 1), &world(),
+                       {"parallel.dp = " + std::to_string(N + 1), "group has " + std::to_string(N) + " ranks"});
+  expect_trainer_error(dp_config(dir_, 2, 1, 1, 1), nullptr, {"parallel.dp = 2", "group has 1 ranks"});
+}
+
+}  // namespace
+}  // namespace loom::test
