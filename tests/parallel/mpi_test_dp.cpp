@@ -333,6 +333,23 @@ void expect_trainer_error(const RunConfig& c, comm::Communicator* group, const s
   }
 }
 
+// With grad_accum = 3, stages 0 and 1 reduce each bucket once per step (in
+// the last micro-batch's backward); stages 2 and 3 keep only a gradient
+// shard, so they reduce every micro-batch's buckets.
+TEST_F(DataParallelTest, StagesZeroAndOneCommunicateOnlyInTheLastMicroBatch) {
+  const int N = world_size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    Pools pools;
+    Trainer t(dp_config(dir_, N, stage, 1, 3), pools, &world());
+    t.dp().reset_comm_stats();
+    t.step();
+    const int64_t buckets = static_cast<int64_t>(t.dp().buckets().size());
+    ASSERT_GT(buckets, 1) << "bucket_mb should cut the gradients into several buckets";
+    const int64_t expected = N == 1 ? 0 : stage < 2 ? buckets : 3 * buckets;
+    EXPECT_EQ(t.dp().comm_stats().ops, expected) << "stage " << stage;
+  }
+}
+
 TEST_F(DataParallelTest, TrainerRejectsParallelDpOtherThanTheGroupSize) {
   const int N = world_size();
   expect_trainer_error(dp_config(dir_, N + 1, 0, 1, 1), &world(),
