@@ -283,8 +283,8 @@ void SafetensorsFile::read_range(const std::string& name, int64_t first, Tensor 
   LOOM_REQUIRE(dst.device().is_cpu() && dst.is_contiguous() && dst.dtype() == t.dtype, where, "is ",
                dtype_name(t.dtype), " but the destination is ", dst.str());
   const int64_t n = t.shape.numel();
-  LOOM_REQUIRE(first >= 0 && first + dst.numel() <= n, where, "has ", n, " elements: elements [", first, ", ",
-               first + dst.numel(), ") are outside it");
+  LOOM_REQUIRE(first >= 0 && first <= n && dst.numel() <= n - first, where, "has ", n, " elements: ", dst.numel(),
+               " elements from element ", first, " are outside it");
   if (dst.numel() == 0) return;
   const uint64_t elem = dtype_size(t.dtype);
   LOOM_REQUIRE(pread_all(fd_, dst.data(), static_cast<uint64_t>(dst.numel()) * elem,

@@ -36,6 +36,12 @@ std::vector<Piece> pieces_of(const std::vector<Segment>& segments, const std::ve
 
 int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
 
+// all_gather only moves bytes: f16 parameters travel as bf16 of the same
+// size (the communicator's dtypes are f32, bf16, i32, i64).
+Tensor gather_view(const Tensor& t) {
+  return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, t.shape()) : t;
+}
+
 }  // namespace
 
 std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb) {
@@ -95,7 +101,7 @@ struct DataParallel::Impl {
   // Stages 2 and 3: one gradient buffer per bucket while backward fills it,
   // then while its reduce_scatter runs.
   struct GradBuffer {
-    OwnedTensor buf;
+    OwnedTensor buf, piece;  // the bucket's gradients, this rank's reduced piece
     comm::WorkPtr work;
     int bucket = -1;
   };
@@ -211,36 +217,40 @@ void DataParallel::grads_ready(int unit) {
   }
   OwnedTensor buf = std::move(im.open[b]);
   LOOM_CHECK(buf.defined(), "bucket ", b, " finished without gradients");
-  const Tensor piece = Tensor(buf).slice(0, seg.offset - bk.begin, seg.count);
   if (comm_ == nullptr) {
-    kernels::add(Tensor(grad_shard_).slice(0, seg.shard_offset, seg.count),
-                 Tensor(grad_shard_).slice(0, seg.shard_offset, seg.count), piece);
+    Tensor dst = Tensor(grad_shard_).slice(0, seg.shard_offset, seg.count);
+    kernels::add(dst, dst, Tensor(buf).slice(0, seg.offset - bk.begin, seg.count));
     return;
   }
+  // The reduced piece lands in its own buffer (not in place: the MPI backend
+  // would copy the whole bucket to a scratch buffer to reduce in place).
+  OwnedTensor piece = im.pools[MemTag::comm].empty(DType::f32, {seg.count});
   stats_.ops++, stats_.bytes += bytes_of(buf);
   comm::WorkPtr work = comm_->reduce_scatter(piece, buf, comm::ReduceOp::avg);
-  im.reducing.push_back({std::move(buf), std::move(work), b});
+  im.reducing.push_back({std::move(buf), std::move(piece), std::move(work), b});
   // Finished reductions are added into the shard; at most two stay in flight
-  // (the memory of stage 2 is the shard plus a few buckets).
-  auto retire = [&](bool block) {
-    Impl::GradBuffer& g = im.reducing.front();
-    if (!block && !g.work->test()) return false;
-    if (block) {
-      const auto start = Clock::now();
-      g.work->wait();
-      stats_.exposed_seconds += seconds_since(start);
-    }
-    const Segment& s = segments_[g.bucket];
-    Tensor dst = Tensor(grad_shard_).slice(0, s.shard_offset, s.count);
-    kernels::add(dst, dst, Tensor(g.buf).slice(0, s.offset - buckets_[g.bucket].begin, s.count));
-    im.reducing.pop_front();
-    return true;
-  };
-  while (!im.reducing.empty() && retire(false)) {
+  // (the memory of stage 2 is the shard plus a few buckets). The rest are
+  // retired by grad_norm(), so the last buckets overlap the next
+  // micro-batch's forward.
+  while (!im.reducing.empty() && retire_reduction(false)) {
   }
-  while (im.reducing.size() > 2) retire(true);
-  if (unit == 0)  // backward is over: the shard must hold this micro-batch before the next one
-    while (!im.reducing.empty()) retire(true);
+  while (im.reducing.size() > 2) retire_reduction(true);
+}
+
+bool DataParallel::retire_reduction(bool block) {
+  Impl& im = *impl_;
+  Impl::GradBuffer& g = im.reducing.front();
+  if (!block && !g.work->test()) return false;
+  if (block) {
+    const auto start = Clock::now();
+    g.work->wait();
+    stats_.exposed_seconds += seconds_since(start);
+  }
+  const Segment& s = segments_[g.bucket];
+  Tensor dst = Tensor(grad_shard_).slice(0, s.shard_offset, s.count);
+  kernels::add(dst, dst, g.piece);
+  im.reducing.pop_front();
+  return true;
 }
 
 double DataParallel::grad_norm() {
@@ -249,6 +259,7 @@ double DataParallel::grad_norm() {
   for (auto& w : im.pending) w->wait();
   im.pending.clear();
   stats_.exposed_seconds += seconds_since(start);
+  while (!im.reducing.empty()) retire_reduction(true);
   const int stage = opt_.zero_stage;
   double sum = 0;
   for (const Segment& s : segments_) {
@@ -313,7 +324,8 @@ void DataParallel::update(double lr, float grad_scale) {
     if (comm_ != nullptr)
       for (size_t b = 0; b < buckets_.size(); ++b) {
         const Tensor out = model_.params().slice(0, buckets_[b].begin, buckets_[b].numel());
-        works.push_back(comm_->all_gather(out, model_.params().slice(0, segments_[b].offset, segments_[b].count)));
+        works.push_back(comm_->all_gather(
+            gather_view(out), gather_view(model_.params().slice(0, segments_[b].offset, segments_[b].count))));
       }
     for (auto& w : works) w->wait();
   }
@@ -333,7 +345,7 @@ Tensor DataParallel::acquire_params(int unit, model::Pass pass) {
     if (comm_ == nullptr) {
       std::memcpy(g.buf.data(), mine.data(), static_cast<size_t>(bytes_of(mine)));
     } else {
-      g.work = comm_->all_gather(g.buf, mine);
+      g.work = comm_->all_gather(gather_view(g.buf), gather_view(mine));
     }
   };
   issue(unit);
@@ -389,8 +401,9 @@ void DataParallel::load_state(const Tensor& master, const Tensor& m, const Tenso
   if (comm_ != nullptr && (opt_.zero_stage == 1 || opt_.zero_stage == 2)) {
     std::vector<comm::WorkPtr> works;
     for (size_t b = 0; b < buckets_.size(); ++b)
-      works.push_back(comm_->all_gather(model_.params().slice(0, buckets_[b].begin, buckets_[b].numel()),
-                                        model_.params().slice(0, segments_[b].offset, segments_[b].count)));
+      works.push_back(
+          comm_->all_gather(gather_view(model_.params().slice(0, buckets_[b].begin, buckets_[b].numel())),
+                            gather_view(model_.params().slice(0, segments_[b].offset, segments_[b].count))));
     for (auto& w : works) w->wait();
   }
 }

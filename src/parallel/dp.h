@@ -164,6 +164,10 @@ class DataParallel : public model::StepHooks {
 
  private:
   struct Impl;
+  // Stages 2 and 3: adds the oldest finished gradient reduction into the
+  // shard (block: waits for it); false if it is still running.
+  bool retire_reduction(bool block);
+
   DpOptions opt_;
   AdamWOptions adamw_;
   model::Model& model_;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/safetensors.h"
+#include "kernels/ops.h"
 #include "model/config_json.h"
 #include "parallel/dp.h"
 
@@ -37,6 +38,13 @@ json shape_json(const Shape& s) {
   return a;
 }
 
+// What rank r saves: its ZeRO-1 piece of every bucket, whatever the stage,
+// so that the ranks of a stage-0 run (which all hold everything) each write
+// 1/dp of the state and the shards cover the parameters exactly once.
+std::vector<parallel::Segment> saved_segments(const parallel::DataParallel& dp, int r) {
+  return parallel::shard_segments(dp.buckets(), std::max(1, dp.options().zero_stage), dp.size(), r);
+}
+
 json segments_json(const std::vector<parallel::Segment>& segments) {
   json a = json::array();
   for (const parallel::Segment& s : segments) a.push_back({s.offset, s.count, s.shard_offset});
@@ -51,7 +59,7 @@ json manifest_json(Trainer& t, const json& files) {
     params[spec.name] = {{"offset", spec.offset}, {"shape", shape_json(spec.shape)}};
   json shards = json::array();
   for (int r = 0; r < dp.size(); ++r) {
-    const auto segments = parallel::shard_segments(dp.buckets(), dp.options().zero_stage, dp.size(), r);
+    const auto segments = saved_segments(dp, r);
     int64_t numel = 0;
     for (const parallel::Segment& s : segments) numel += s.count;
     shards.push_back({{"rank", r}, {"file", checkpoint_rank_file_name(r)}, {"numel", numel},
@@ -213,15 +221,28 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
     fs::remove(dir / kCheckpointManifestFile, ec);
   }
   barrier(trainer);
-  // Every rank writes its shard.
+  // Every rank writes its piece: copied out of the state it holds (the same
+  // segments from stage 1 on; under stage 0 a slice of the whole).
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
-  OwnedTensor master = pool.empty(DType::f32, {dp.shard_numel()});
-  dp.pack_master(master);
+  OwnedTensor held = pool.empty(DType::f32, {dp.shard_numel()});
+  dp.pack_master(held);
+  const std::vector<parallel::Segment> pieces = saved_segments(dp, dp.rank());
+  int64_t numel = 0;
+  for (const parallel::Segment& s : pieces) numel += s.count;
+  OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),
+              adam_v = pool.empty(DType::f32, {numel});
+  for (size_t b = 0; b < pieces.size(); ++b) {  // one segment per bucket in both lists
+    const parallel::Segment &to = pieces[b], &from = dp.segments()[b];
+    const int64_t at = from.shard_offset + (to.offset - from.offset);
+    kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
+    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), dp.m().slice(0, at, to.count));
+    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), dp.v().slice(0, at, to.count));
+  }
   const std::string rank_file = checkpoint_rank_file_name(dp.rank());
   const fs::path rank_path = dir / rank_file;
   io::write_safetensors(rank_path.string(),
-                        {{kMasterTensor, Tensor(master)}, {kAdamMTensor, dp.m()}, {kAdamVTensor, dp.v()}},
+                        {{kMasterTensor, Tensor(master)}, {kAdamMTensor, Tensor(adam_m)}, {kAdamVTensor, Tensor(adam_v)}},
                         {{"format", "loom-checkpoint"}, {"step", std::to_string(trainer.steps_done())},
                          {"rank", std::to_string(dp.rank())}});
   // Rank 0 lists every rank's file: (bytes, sha256 as 64 hex characters).
@@ -297,6 +318,15 @@ std::vector<SavedShard> saved_shards(const json& m, int64_t P, const std::string
     SavedShard s;
     s.file = manifest_value<std::string>(sh, "file", where);
     s.numel = manifest_value<int64_t>(sh, "numel", where);
+    LOOM_REQUIRE(s.numel >= 0 && s.numel <= P, where, ": shard '", s.file, "' has numel ", s.numel,
+                 ": allowed are 0 to the model's ", P, " parameters");
+    // Only the files the manifest lists (and whose digests check_files
+    // verified) are read, and only from the step dir.
+    bool listed = false;
+    for (const json& f : m.value("files", json::array()))
+      listed = listed || (f.is_object() && f.value("name", std::string()) == s.file);
+    LOOM_REQUIRE(listed && s.file.find('/') == std::string::npos, where, ": shard file '", s.file,
+                 "' is not one of the files the manifest lists");
     LOOM_REQUIRE(sh.contains("segments") && sh["segments"].is_array(), where, ": shard '", s.file,
                  "' has no segments");
     int64_t packed = 0;
@@ -306,8 +336,8 @@ std::vector<SavedShard> saved_shards(const json& m, int64_t P, const std::string
                    where, ": shard '", s.file, "' has a malformed segment ", seg.dump(),
                    " (expected [offset, count, shard_offset])");
       const parallel::Segment g{seg[0].get<int64_t>(), seg[1].get<int64_t>(), seg[2].get<int64_t>()};
-      LOOM_REQUIRE(g.offset >= 0 && g.count >= 0 && g.offset + g.count <= P && g.shard_offset >= 0 &&
-                       g.shard_offset + g.count <= s.numel,
+      LOOM_REQUIRE(g.offset >= 0 && g.count >= 0 && g.offset <= P && g.count <= P - g.offset &&
+                       g.shard_offset >= 0 && g.shard_offset <= s.numel && g.count <= s.numel - g.shard_offset,
                    where, ": shard '", s.file, "' segment ", seg.dump(), " lies outside the ", P,
                    " parameters or its ", s.numel, "-element shard");
       packed += g.count;

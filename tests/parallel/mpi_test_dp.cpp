@@ -181,6 +181,22 @@ TEST_F(DataParallelTest, Bf16Zero3LossMatchesSingleProcessBf16) {
   EXPECT_LE(loss_diff, 2e-3);
 }
 
+// fp16 parameters are gathered as bytes (the communicator has no f16 dtype):
+// ZeRO-1 and ZeRO-3 train like one fp16 process, with the bound and the
+// reason of the bf16 test above (f16 rounds 8x finer than bf16).
+TEST_F(DataParallelTest, Fp16ZeroStagesMatchSingleProcessFp16) {
+  for (int stage : {1, 3}) {
+    RunConfig c = dp_config(dir_, world_size(), stage, micro_batch(), 1);
+    c.train.dtype = "fp16";
+    const Curve dp = run_on_world(c);
+    const Curve one = reference(alone(c));
+    const double loss_diff = max_relative_difference(dp.losses, one.losses);
+    report("fp16 zero_stage=" + std::to_string(stage), loss_diff,
+           max_relative_difference(dp.grad_norms, one.grad_norms));
+    EXPECT_LE(loss_diff, 2e-3) << "zero_stage " << stage;
+  }
+}
+
 // Offloading moves the master weights and moments to host memory and runs
 // the same update there: on a CPU run that is the same arithmetic, bitwise.
 TEST_F(DataParallelTest, OffloadOptimizerGivesBitwiseTheSameLosses) {
@@ -317,6 +333,15 @@ TEST_F(DataParallelCheckpointTest, CheckpointResumesUnderAnotherDpSizeAndStage) 
   if (N >= 2) to.push_back(on_pair(0));
   expect_resumes_continue(on_world(3), to, "ckpt_world_zero3");
   if (N >= 3) expect_resumes_continue(on_pair(3), {on_world(1), one}, "ckpt_pair_zero3");
+}
+
+// A stage-0 run holds the whole state on every rank; each rank saves its
+// 1/N piece, and the checkpoint resumes at the same layout and alone.
+TEST_F(DataParallelCheckpointTest, StageZeroCheckpointResumesAtTheSameLayoutAndAlone) {
+  const int N = world_size();
+  const Layout stage0{layout_name(N, 0), N, 0, &world(), true};
+  const Layout one{"dp=1 (one process)", 1, 0, nullptr, world().rank() == 0};
+  expect_resumes_continue(stage0, {stage0, one, Layout{layout_name(N, 2), N, 2, &world(), true}}, "ckpt_world_zero0");
 }
 
 // ---------------------------------------------------------------------------
