@@ -8,19 +8,32 @@
 // tokens/s and MFU come from the BEST step: on a shared machine the minimum is
 // the most reproducible statistic (as in `loom bench kernels`); the median
 // step time is printed too.
+//
+// Under mpirun every rank runs the step through a DataParallel over the
+// world (--zero-stage, --bucket-mb, --comm-algo) on its own random tokens;
+// a plain process is a group of one (--zero-stage still applies).
+// A step is as fast as its slowest rank: each timed step starts at a barrier
+// and its time is the maximum over ranks. Global tokens/s = N B T / step;
+// the share of gradient communication backward hid is 1 - exposed / alone,
+// exposed being what a step waited for its collectives (median over timed
+// steps, slowest rank) and alone what they take with no compute beside them
+// (DataParallel::measure_gradient_comm_seconds, after the timed steps).
 #include "bench/train_bench.h"
 
+#include <mpi.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
@@ -78,13 +91,54 @@ void train_step(model::Model& m, parallel::DataParallel& dp, const Tensor& token
   dp.update(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
 }
 
+// Under mpirun, main() has initialised MPI before any command runs (it holds
+// the job's world while the command runs); a plain process never touches MPI.
+bool in_mpi_job() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  return initialized != 0;
+}
+
+// Element-wise maximum over the ranks of `comm` (nullptr: a group of one),
+// exchanged as f32 (comm has no f64): 7 digits are plenty for seconds.
+void max_over_ranks(comm::Communicator* comm, std::vector<double>& values) {
+  if (comm == nullptr || values.empty()) return;
+  std::vector<float> v(values.begin(), values.end());
+  comm->all_reduce(Tensor(v.data(), DType::f32, {static_cast<int64_t>(v.size())}), comm::ReduceOp::max)->wait();
+  values.assign(v.begin(), v.end());
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Data-parallel figures: in an mpirun job, or with --zero-stage > 0.
+struct DpFigures {
+  int ranks = 1;
+  double global_tokens_per_s = 0;
+  double comm_exposed = 0;  // seconds a step waited for gradient collectives (median step, slowest rank)
+  double comm_alone = 0;    // seconds they take with nothing beside them (slowest rank)
+  double comm_hidden = 0;   // 1 - exposed / alone, clamped to [0, 1]
+};
+
 struct Result {
   StepTimes step;
   double tokens_per_s = 0, flops_per_token = 0, peak_flops = 0, mfu = 0;
   int64_t num_params = 0;
   MemoryReport memory;
   size_t rss_growth = 0;
+  std::optional<DpFigures> dp;
 };
+
+std::string dp_json(const TrainBenchOptions& o, const Result& r) {
+  if (!r.dp) return "";
+  const DpFigures& d = *r.dp;
+  return concat(",\"ranks\":", d.ranks, ",\"zero_stage\":", o.zero_stage, ",\"bucket_mb\":", o.bucket_mb,
+                ",\"comm_algo\":\"", o.comm_algo, "\",\"global_tokens_per_s\":", d.global_tokens_per_s,
+                ",\"per_rank_tokens_per_s\":", r.tokens_per_s, ",\"comm_exposed_seconds\":", d.comm_exposed,
+                ",\"comm_alone_seconds\":", d.comm_alone, ",\"comm_hidden\":", d.comm_hidden);
+}
 
 void print_json(const TrainBenchOptions& o, const Result& r) {
   std::string by_tag;
@@ -97,10 +151,20 @@ void print_json(const TrainBenchOptions& o, const Result& r) {
       "{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"recompute\":\"%s\",\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
       "\"num_params\":%lld,\"tokens_per_s\":%.1f,\"step_seconds\":%.6g,\"best_step_seconds\":%.6g,"
       "\"flops_per_token\":%.6g,\"peak_gflops\":%.2f,\"mfu\":%.4f,\"peak_bytes\":%zu,\"peak_bytes_by_tag\":{%s},"
-      "\"max_rss_growth_bytes\":%zu,\"impl\":\"loom\"}\n",
+      "\"max_rss_growth_bytes\":%zu%s,\"impl\":\"loom\"}\n",
       o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(),
       o.threads, o.steps, o.warmup, static_cast<long long>(r.num_params), r.tokens_per_s, r.step.median, r.step.best,
-      r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.memory.peak_total, by_tag.c_str(), r.rss_growth);
+      r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.memory.peak_total, by_tag.c_str(), r.rss_growth,
+      dp_json(o, r).c_str());
+}
+
+void print_dp_table(const TrainBenchOptions& o, const DpFigures& d, double per_rank_tokens_per_s) {
+  std::printf("data parallel   %12d ranks, ZeRO stage %d, buckets of %g MiB, comm %s\n", d.ranks, o.zero_stage,
+              o.bucket_mb, o.comm_algo.c_str());
+  std::printf("global tokens/s %12.1f  = ranks x B x T / best step (slowest rank)\n", d.global_tokens_per_s);
+  std::printf("per-rank tok/s  %12.1f\n", per_rank_tokens_per_s);
+  std::printf("grad comm       %11.1f%%  hidden behind backward = 1 - exposed %.4f s / alone %.4f s\n",
+              100 * d.comm_hidden, d.comm_exposed, d.comm_alone);
 }
 
 void print_table(const TrainBenchOptions& o, const Result& r) {
@@ -110,8 +174,9 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
       o.model.c_str(), static_cast<long long>(r.num_params), static_cast<long long>(o.batch),
       static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(), o.threads, o.warmup, o.steps);
   std::printf("reproduce: %s\n", o.command.c_str());
-  std::printf("tokens/s        %12.1f  (best step)\n", r.tokens_per_s);
+  std::printf("tokens/s        %12.1f  (best step%s)\n", r.tokens_per_s, r.dp ? ", per rank" : "");
   std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
+  if (r.dp) print_dp_table(o, *r.dp, r.tokens_per_s);
   std::printf("MFU             %11.1f%%  of %.1f GFLOP/s (%s 1024^3 GEMM measured at start-up)\n", 100 * r.mfu,
               r.peak_flops / 1e9, o.dtype.c_str());
   std::printf("FLOPs per token %12.4g  = 6 N + 12 n_layer n_embd T\n", r.flops_per_token);
@@ -119,18 +184,68 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
               r.memory.table().c_str());
 }
 
-}  // namespace
-
-int run_train_bench(const TrainBenchOptions& o) {
+void check_options(const TrainBenchOptions& o) {
   LOOM_REQUIRE(o.dtype == "fp32" || o.dtype == "bf16" || o.dtype == "fp16", "bench train: --dtype ", o.dtype,
                " is invalid: allowed are fp32, bf16 and fp16");
+  LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
+               " is invalid: allowed are 0, 1, 2 and 3");
   const std::vector<std::string> presets = model::model_preset_names();
   if (std::find(presets.begin(), presets.end(), o.model) == presets.end()) {
     std::string valid;
     for (const std::string& p : presets) valid += (valid.empty() ? "" : ", ") + p;
     throw Error("bench train: --model '" + o.model + "' is unknown: valid presets are " + valid);
   }
+}
+
+// Timed steps: each rank's step times, and (data parallel) each step's
+// exposed communication seconds; both as the maximum over ranks.
+struct Timings {
+  std::vector<double> seconds, exposed;
+};
+
+Timings time_steps(const TrainBenchOptions& o, model::Model& m, parallel::DataParallel& dp, const Tensor& tokens,
+                   const Tensor& targets, train::DynamicLossScaler* scaler) {
+  comm::Communicator* group = dp.group();
+  for (int i = 0; i < o.warmup; ++i) train_step(m, dp, tokens, targets, scaler);
+  Timings t;
+  for (int i = 0; i < o.steps; ++i) {
+    if (group != nullptr) group->barrier()->wait();  // every rank starts the step together
+    dp.reset_comm_stats();
+    const auto t0 = Clock::now();
+    train_step(m, dp, tokens, targets, scaler);
+    t.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t.exposed.push_back(dp.comm_stats().exposed_seconds);
+  }
+  max_over_ranks(group, t.seconds);
+  max_over_ranks(group, t.exposed);
+  return t;
+}
+
+DpFigures dp_figures(parallel::DataParallel& dp, const Timings& t, double best_step, int64_t tokens_per_rank) {
+  DpFigures d;
+  d.ranks = dp.size();
+  d.global_tokens_per_s = static_cast<double>(d.ranks * tokens_per_rank) / best_step;
+  d.comm_exposed = median_of(t.exposed);
+  std::vector<double> alone{dp.measure_gradient_comm_seconds()};
+  max_over_ranks(dp.group(), alone);
+  d.comm_alone = alone[0];
+  d.comm_hidden = d.comm_alone > 0 ? std::clamp(1.0 - d.comm_exposed / d.comm_alone, 0.0, 1.0) : 0.0;
+  return d;
+}
+
+}  // namespace
+
+int run_train_bench(const TrainBenchOptions& o) {
+  check_options(o);
   const model::ModelConfig cfg = model::model_preset(o.model);
+  // An mpirun job trains data parallel over its world; a plain process is a group of one.
+  std::unique_ptr<comm::Communicator> world;
+  if (in_mpi_job()) {
+    comm::Options copts;
+    copts.algo = comm::algo_from_name(o.comm_algo);
+    world = comm::mpi_world(copts);
+  }
+  const int rank = world ? world->rank() : 0;
   Result r;
   // Before any model memory: the GEMM's buffers then do not count as growth.
   const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
@@ -139,35 +254,34 @@ int run_train_bench(const TrainBenchOptions& o) {
 
   Pools pools;
   model::Model m(cfg, o.batch, o.seq, pools, compute, model::recompute_from_name(o.recompute),
-                 parallel::DataParallel::model_storage(0));
-  parallel::DataParallel opt(m, nullptr, {}, {}, pools);
-  opt.init_params(kSeed);
+                 parallel::DataParallel::model_storage(o.zero_stage));
+  parallel::DpOptions dpo;
+  dpo.zero_stage = o.zero_stage, dpo.bucket_mb = o.bucket_mb;
+  parallel::DataParallel dp(m, world.get(), dpo, {}, pools);
+  dp.init_params(kSeed);
   OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
   OwnedTensor targets = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
-  fill_tokens(tokens, cfg.vocab_size, kSeed);
-  fill_tokens(targets, cfg.vocab_size, kSeed + 1);
+  // Every rank its own tokens (rank 0's are a plain process's).
+  fill_tokens(tokens, cfg.vocab_size, kSeed + 2 * static_cast<uint64_t>(rank));
+  fill_tokens(targets, cfg.vocab_size, kSeed + 2 * static_cast<uint64_t>(rank) + 1);
 
   std::optional<train::DynamicLossScaler> scaler;
   if (compute == DType::f16) scaler.emplace(train::TrainConfig{}.loss_scale, train::TrainConfig{}.loss_scale_window);
-  train::DynamicLossScaler* s = scaler ? &*scaler : nullptr;
-  for (int i = 0; i < o.warmup; ++i) train_step(m, opt, tokens, targets, s);
-  std::vector<double> times;
-  for (int i = 0; i < o.steps; ++i) {
-    const auto t0 = Clock::now();
-    train_step(m, opt, tokens, targets, s);
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  r.step = {times[times.size() / 2], times.front()};
+  const Timings t = time_steps(o, m, dp, tokens, targets, scaler ? &*scaler : nullptr);
+  r.step = {median_of(t.seconds), *std::min_element(t.seconds.begin(), t.seconds.end())};
   r.num_params = m.num_params();
   r.tokens_per_s = static_cast<double>(o.batch * o.seq) / r.step.best;
   r.flops_per_token = flops_per_token(cfg, r.num_params, o.seq);
   r.mfu = r.flops_per_token * r.tokens_per_s / r.peak_flops;
-  r.memory = pools.report();
+  r.memory = pools.report();  // the steps' memory, before the communication-only measurement below
+  // The data-parallel figures: in a job, or for a ZeRO stage run as a group of one.
+  if (world || o.zero_stage != 0) r.dp = dp_figures(dp, t, r.step.best, o.batch * o.seq);
   r.rss_growth = max_rss_bytes() - std::min(rss_before, max_rss_bytes());
-  if (o.json) print_json(o, r);
-  else print_table(o, r);
-  std::fflush(stdout);
+  if (rank == 0) {
+    if (o.json) print_json(o, r);
+    else print_table(o, r);
+    std::fflush(stdout);
+  }
   return 0;
 }
 

@@ -1,6 +1,8 @@
 // `loom bench train`: tokens/s, step time, MFU and peak memory of full
 // training steps (forward, backward, global-norm clip, AdamW) of a preset
-// model on random tokens.
+// model on random tokens. Under mpirun -np N every rank runs the same steps
+// data parallel (parallel/dp.h) on its own tokens; rank 0 prints, adding the
+// global tokens/s and how much gradient communication backward hid.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,10 @@ struct TrainBenchOptions {
   std::string recompute = "none";   // none | selective | full (model/model.h)
   bool json = false;                // one JSON Lines object instead of a table
   int threads = 1;                  // recorded in the output
+  // Data parallelism over the mpirun job's ranks (a plain process is a group of one).
+  int zero_stage = 0;               // 0-3 (parallel/dp.h)
+  double bucket_mb = 25.0;          // stages 0-2: f32 gradient MiB per bucket
+  std::string comm_algo = "mpi";    // mpi | ring (comm/communicator.h); under mpirun only
   std::string command;              // the command line that reproduces the run
 };
 

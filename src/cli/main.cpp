@@ -3,9 +3,9 @@
 // and calls them (DESIGN.md §1.5).
 //
 // Under mpirun every process runs main(). The commands that work across
-// processes (train, bench comm) run on every rank; every other command runs
-// on rank 0 while the other ranks wait for it and exit with its status, so
-// `mpirun -np N loom <anything>` does the work once. Every log line carries
+// processes (train, bench comm, bench train) run on every rank; every other
+// command runs on rank 0 while the other ranks wait for it and exit with its
+// status, so `mpirun -np N loom <anything>` does the work once. Every log line carries
 // "[rank r/N]".
 #include <CLI/CLI.hpp>
 
@@ -22,10 +22,10 @@
 
 namespace {
 
-// train and bench comm run on every rank; the rest on rank 0 only.
+// train, bench comm and bench train run on every rank; the rest on rank 0 only.
 bool runs_on_every_rank(int argc, char** argv) {
   const std::string first = argc > 1 ? argv[1] : "", second = argc > 2 ? argv[2] : "";
-  return first == "train" || (first == "bench" && second == "comm");
+  return first == "train" || (first == "bench" && (second == "comm" || second == "train"));
 }
 
 int run_command(int argc, char** argv, int world_size) {

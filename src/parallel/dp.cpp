@@ -170,12 +170,19 @@ DataParallel::~DataParallel() {
 }
 
 void DataParallel::init_params(uint64_t seed) {
-  const int64_t P = model_.num_params();
-  OwnedTensor full = impl_->pools[MemTag::workspace].empty(DType::f32, {P});
-  model::init_params(full, model_.param_specs(), seed);
-  if (opt_.zero_stage < 3) kernels::cast(model_.params(), full);  // the whole model on every rank
-  for (const Segment& s : segments_) {
-    const Tensor src = Tensor(full).slice(0, s.offset, s.count);
+  // One bucket at a time (buckets hold whole parameters): the temporary is
+  // the largest bucket, not the whole model, so ZeRO-3 never materialises it.
+  const std::vector<model::ParamSpec>& specs = model_.param_specs();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bk = buckets_[b];
+    OwnedTensor full = impl_->pools[MemTag::workspace].empty(DType::f32, {bk.numel()});
+    for (const model::ParamSpec& spec : specs)
+      if (spec.offset >= bk.begin && spec.offset < bk.end)
+        model::init_param(Tensor(full).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec,
+                          seed);
+    if (opt_.zero_stage < 3) kernels::cast(model_.params().slice(0, bk.begin, bk.numel()), full);  // every rank
+    const Segment& s = segments_[b];
+    const Tensor src = Tensor(full).slice(0, s.offset - bk.begin, s.count);
     if (master_.defined()) kernels::cast(Tensor(master_).slice(0, s.shard_offset, s.count), src);
     if (param_shard_.defined()) kernels::cast(Tensor(param_shard_).slice(0, s.shard_offset, s.count), src);
   }

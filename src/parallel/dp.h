@@ -115,8 +115,8 @@ class DataParallel : public model::StepHooks {
   int64_t shard_numel() const { return shard_numel_; }
 
   // Sharding-invariant init (model/params.h) of every parameter: each rank
-  // computes the whole f32 buffer in pools[workspace] (freed on return) and
-  // keeps what its stage needs.
+  // computes one bucket at a time in f32 in pools[workspace] (freed on
+  // return) and keeps what its stage needs.
   void init_params(uint64_t seed);
 
   // A step: zero_grads(), then per micro-batch begin_micro_batch(last) +
