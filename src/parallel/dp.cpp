@@ -325,17 +325,8 @@ void DataParallel::update(double lr, float grad_scale) {
                         Tensor(v_).slice(0, p.shard_offset, p.count), grad,
                         master_.defined() ? weights : Tensor(), cfg);
   }
-  if (stage == 1 || stage == 2) {
-    // Every rank updated its piece of each bucket; all_gather the rest in place.
-    std::vector<comm::WorkPtr> works;
-    if (comm_ != nullptr)
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        const Tensor out = model_.params().slice(0, buckets_[b].begin, buckets_[b].numel());
-        works.push_back(comm_->all_gather(
-            gather_view(out), gather_view(model_.params().slice(0, segments_[b].offset, segments_[b].count))));
-      }
-    for (auto& w : works) w->wait();
-  }
+  // Every rank updated its piece of each bucket; all_gather the rest in place.
+  if (stage == 1 || stage == 2) gather_pieces(model_.params());
 }
 
 // ---- stage 3 parameters ----
@@ -405,14 +396,7 @@ void DataParallel::load_state(const Tensor& master, const Tensor& m, const Tenso
     if (param_shard_.defined()) kernels::cast(Tensor(param_shard_).slice(0, s.shard_offset, s.count), src);
     else kernels::cast(model_.params().slice(0, s.offset, s.count), src);
   }
-  if (comm_ != nullptr && (opt_.zero_stage == 1 || opt_.zero_stage == 2)) {
-    std::vector<comm::WorkPtr> works;
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      works.push_back(
-          comm_->all_gather(gather_view(model_.params().slice(0, buckets_[b].begin, buckets_[b].numel())),
-                            gather_view(model_.params().slice(0, segments_[b].offset, segments_[b].count))));
-    for (auto& w : works) w->wait();
-  }
+  if (opt_.zero_stage == 1 || opt_.zero_stage == 2) gather_pieces(model_.params());
 }
 
 void DataParallel::gather_master(Tensor out) {
@@ -422,11 +406,15 @@ void DataParallel::gather_master(Tensor out) {
   for (const Segment& s : segments_)
     std::memcpy(out.slice(0, s.offset, s.count).data(), Tensor(packed).slice(0, s.shard_offset, s.count).data(),
                 static_cast<size_t>(s.count) * 4);
-  if (comm_ == nullptr || opt_.zero_stage == 0) return;
+  if (opt_.zero_stage > 0) gather_pieces(out);
+}
+
+void DataParallel::gather_pieces(Tensor flat) {
+  if (comm_ == nullptr) return;
   std::vector<comm::WorkPtr> works;
   for (size_t b = 0; b < buckets_.size(); ++b)
-    works.push_back(comm_->all_gather(out.slice(0, buckets_[b].begin, buckets_[b].numel()),
-                                      out.slice(0, segments_[b].offset, segments_[b].count)));
+    works.push_back(comm_->all_gather(gather_view(flat.slice(0, buckets_[b].begin, buckets_[b].numel())),
+                                      gather_view(flat.slice(0, segments_[b].offset, segments_[b].count))));
   for (auto& w : works) w->wait();
 }
 

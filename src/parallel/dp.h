@@ -167,6 +167,9 @@ class DataParallel : public model::StepHooks {
   // Stages 2 and 3: adds the oldest finished gradient reduction into the
   // shard (block: waits for it); false if it is still running.
   bool retire_reduction(bool block);
+  // flat (P): every rank holds its segments; all_gather each bucket in place
+  // so every rank holds everything. Collective (nothing in a group of one).
+  void gather_pieces(Tensor flat);
 
   DpOptions opt_;
   AdamWOptions adamw_;

@@ -47,11 +47,6 @@ TEST(Sha256, OneMillionAsFedInUnevenPiecesMatchesTheFips180Vector) {
   EXPECT_EQ(sha256_hex(a), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
-std::vector<float> master_of(Trainer& t) {
-  std::vector<float> out(static_cast<size_t>(t.dp().shard_numel()));
-  t.dp().pack_master(Tensor(out.data(), DType::f32, {static_cast<int64_t>(out.size())}));
-  return out;
-}
 
 std::vector<float> copy_of(const Tensor& t) {
   const float* p = t.data_as<float>();

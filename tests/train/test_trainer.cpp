@@ -23,12 +23,6 @@
 namespace loom::train {
 namespace {
 
-// The f32 master weights of a trainer's (single-rank) shard.
-std::vector<float> master_of(Trainer& t) {
-  std::vector<float> out(static_cast<size_t>(t.dp().shard_numel()));
-  t.dp().pack_master(Tensor(out.data(), DType::f32, {static_cast<int64_t>(out.size())}));
-  return out;
-}
 
 namespace fs = std::filesystem;
 

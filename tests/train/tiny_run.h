@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "text/shards.h"
 #include "train/config.h"
+#include "train/trainer.h"
 
 namespace loom::train {
 
@@ -22,6 +23,13 @@ inline std::vector<int32_t> counting_tokens(int64_t n) {
   std::vector<int32_t> t(n);
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i % 37);
   return t;
+}
+
+// The f32 master weights of a single-rank trainer (its whole shard).
+inline std::vector<float> master_of(Trainer& t) {
+  std::vector<float> out(static_cast<size_t>(t.dp().shard_numel()));
+  t.dp().pack_master(Tensor(out.data(), DType::f32, {static_cast<int64_t>(out.size())}));
+  return out;
 }
 
 class TinyRunTest : public ::testing::Test {
