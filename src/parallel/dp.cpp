@@ -95,7 +95,7 @@ struct DataParallel::Impl {
   Pools& pools;
   std::vector<int> unit_bucket;  // unit -> bucket
   std::vector<Piece> pieces;
-  bool communicate = true;  // this micro-batch's backward reduces (stages 0, 1: the last one)
+  bool communicate = true;  // stages 0 and 1: this micro-batch's backward reduces (the last one)
   // Stages 0 and 1: the collectives of this step, waited for in grad_norm().
   std::vector<comm::WorkPtr> pending;
   // Stages 2 and 3: one gradient buffer per bucket while backward fills it,
@@ -193,7 +193,7 @@ void DataParallel::zero_grads() {
   else kernels::fill(grad_shard_, 0.f);
 }
 
-void DataParallel::begin_micro_batch(bool last) { impl_->communicate = last || opt_.zero_stage >= 2; }
+void DataParallel::begin_micro_batch(bool last) { impl_->communicate = last; }
 
 // ---- gradients ----
 
