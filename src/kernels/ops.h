@@ -119,6 +119,21 @@ void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y);
 void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset = 0);
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset = 0);
 
+// Vocab-parallel embedding (Megatron's VocabParallelEmbedding): wte holds
+// rows [vocab_begin, vocab_begin + V_local) of the (padded) token table; a
+// token outside that range contributes a zero row, so the sum over the tp
+// ranks' outputs is the full embedding. The caller checks tokens against the
+// whole vocabulary; here any token >= 0 is accepted.
+// y[b, t] = (vocab_begin <= tok < vocab_begin + V_local ? wte[tok - vocab_begin] : 0)
+//           + (wpe defined ? wpe[pos_offset + t] : 0)
+// tokens: (B, T) i32  wte: (V_local, C)  wpe: (maxT, C) or undefined  y: (B, T, C)
+void embedding_shard_forward(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin,
+                             const Tensor& wpe, int64_t pos_offset = 0);
+// dwte += scatter-add of dy over the tokens in the shard's range;
+// dwpe[pos_offset + t] += sum over b of dy[b, t]. Either may be undefined.
+void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
+                              int64_t pos_offset = 0);
+
 // ---- attention ---------------------------------------------------------------
 
 // Causal scaled-dot-product attention, flash-style: tiled with an online
@@ -148,6 +163,26 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 // A target outside [0, V) that is not ignore_index is a loom::Error.
 float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor& logits, const Tensor& targets,
                                      int32_t ignore_index = -100, float dloss = 1.f);
+
+// Vocab-parallel cross-entropy (Megatron's VocabParallelCrossEntropy), the
+// per-rank halves. logits: (N, V_local) are columns [vocab_begin, vocab_begin
+// + V_local) of the full logits, of which only the first `valid` (0 <= valid
+// <= V_local) are real: the rest pad the vocabulary to a multiple of tp and
+// are masked (they enter neither the sums nor the gradient). targets: (N) i32;
+// rows equal to ignore_index are skipped.
+// Stats: lse[n] = log(sum_{j < valid} exp(logits[n, j])) (-inf when valid is
+// 0 or the row is ignored); target_logit[n] = logits[n, t - vocab_begin] when
+// t = targets[n] lies in [vocab_begin, vocab_begin + valid), else 0. Both (N)
+// f32. Over the ranks, the full row's log-sum-exp is the log-sum-exp of the
+// ranks' lse and its target logit is the sum of their target_logit.
+void cross_entropy_shard_stats(Tensor lse, Tensor target_logit, const Tensor& logits, const Tensor& targets,
+                               int64_t vocab_begin, int64_t valid, int32_t ignore_index = -100);
+// dlogits[n, j] = scale * (exp(logits[n, j] - lse[n]) - [j == targets[n] - vocab_begin]) for j < valid,
+// 0 for the padded columns j >= valid and on ignored rows. lse: (N) f32, the
+// full rows' log-sum-exp (combined over the ranks). dlogits: logits' shape,
+// f32 or logits' dtype; WRITTEN, and may be logits itself (in place).
+void cross_entropy_shard_backward(Tensor dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                                  int64_t vocab_begin, int64_t valid, float scale, int32_t ignore_index = -100);
 
 // ---- optimizer and reductions ---------------------------------------------
 

@@ -14,6 +14,7 @@
 //   problem; truncation error ~h^2 |f'''| / 6 < 1e-5 and rounding error
 //   ~eps |loss| / h ~ 3e-5, against gradients of order 1e-2..1e-1: rel 1e-2,
 //   atol 2e-4.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -252,6 +253,267 @@ TEST(CrossEntropy, MisuseThrowsNamingTheOpAndShapes) {
   const Tensor flat = f32_view(logits, {N * V});
   expect_error([&] { cross_entropy_forward_backward(Tensor(), Tensor(), flat, i32_view(targets, {1})); },
                {op, "at least 2 dims"});
+}
+
+// ---- vocab-parallel shards ----------------------------------------------------
+//
+// The full (N, V) logits of a reference case are padded to a multiple of tp
+// columns and split over tp simulated ranks; the ranks' stats are combined as
+// the tp all-reduces will (lse by log-sum-exp, target logits by sum), and each
+// rank's backward gets the combined lse. Tolerances: as above for f32 against
+// torch; the shard's lse is stored in f32 (rel error <= 2^-24 |lse| ~ 1e-6
+// for these rows), well inside rel 1e-5 on the softmax.
+
+const char* const kShardCases[] = {"gpt2", "shard_v4099", "shard_v5", "shard_low"};
+
+// Padded columns hold this: were they not masked, they would dominate every
+// row's softmax (logits here are below ~15).
+constexpr float kPadGarbage = 30.f;
+
+// Columns of rank r of tp over a vocabulary of V padded to a multiple of tp.
+struct ShardColumns {
+  int64_t V_local, begin, valid;
+};
+ShardColumns shard_columns(int64_t V, int tp, int r) {
+  const int64_t V_local = (V + tp - 1) / tp;
+  const int64_t begin = r * V_local;
+  return {V_local, begin, std::clamp<int64_t>(V - begin, 0, V_local)};
+}
+
+struct ShardRun {
+  DType act = DType::f32;   // dtype of the shards' logits
+  DType grad = DType::f32;  // dtype of their dlogits (ignored in place)
+  bool in_place = false;
+};
+
+struct ShardedCe {
+  double loss = 0;
+  Floats dlogits;               // (N, V): the shards' valid columns side by side
+  int64_t nonzero_padding = 0;  // padded dlogits that are not exactly 0
+  std::vector<Floats> lse, target_logit;  // per rank, (N)
+};
+
+// Rank r's logits: its columns of `full` (N, V), padding set to kPadGarbage.
+Floats shard_logits(const Floats& full, int64_t N, int64_t V, const ShardColumns& s) {
+  Floats x(N * s.V_local, kPadGarbage);
+  for (int64_t n = 0; n < N; ++n)
+    std::copy_n(full.begin() + n * V + s.begin, s.valid, x.begin() + n * s.V_local);
+  return x;
+}
+
+// log(sum_r exp(lse_r)) in double, -inf when every lse_r is -inf.
+double combine_lse(const std::vector<Floats>& lse, int64_t n) {
+  double m = -INFINITY;
+  for (const Floats& l : lse) m = std::max(m, static_cast<double>(l[n]));
+  if (m == -INFINITY) return m;
+  double s = 0;
+  for (const Floats& l : lse) s += std::exp(static_cast<double>(l[n]) - m);
+  return m + std::log(s);
+}
+
+// Stats on each of tp ranks, combined; mean loss over the non-ignored rows;
+// backward with scale = dloss / n_valid on each rank.
+ShardedCe run_sharded_ce(const Floats& logits, const Shape& shape, std::vector<int32_t> targets, float dloss, int tp,
+                         const ShardRun& run) {
+  const int64_t N = shape[0], V = shape[1];
+  const Tensor tgt = i32_view(targets, {N});
+  ShardedCe out;
+  std::vector<Buffer> x;
+  for (int r = 0; r < tp; ++r) {
+    const ShardColumns s = shard_columns(V, tp, r);
+    x.emplace_back(run.act, Shape{N, s.V_local}, shard_logits(logits, N, V, s));
+    out.lse.emplace_back(N, 5.f), out.target_logit.emplace_back(N, 5.f);  // written, not accumulated
+    cross_entropy_shard_stats(f32_view(out.lse[r], {N}), f32_view(out.target_logit[r], {N}), x[r].view(), tgt,
+                              s.begin, s.valid);
+  }
+  Floats lse(N);
+  int64_t n_valid = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const double full = combine_lse(out.lse, n);
+    lse[n] = static_cast<float>(full);
+    if (targets[n] == -100) continue;
+    double target = 0;
+    for (const Floats& t : out.target_logit) target += t[n];
+    out.loss += full - target;
+    ++n_valid;
+  }
+  if (n_valid) out.loss /= static_cast<double>(n_valid);
+  const float scale = n_valid ? static_cast<float>(static_cast<double>(dloss) / static_cast<double>(n_valid)) : 0.f;
+  out.dlogits.assign(N * V, NAN);
+  for (int r = 0; r < tp; ++r) {
+    const ShardColumns s = shard_columns(V, tp, r);
+    Buffer d(run.grad, Shape{N, s.V_local}, Floats(N * s.V_local, 7.f));
+    const Tensor dv = run.in_place ? x[r].view() : d.view();
+    cross_entropy_shard_backward(dv, x[r].view(), f32_view(lse, {N}), tgt, s.begin, s.valid, scale);
+    const Floats df = to_floats(dv);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t j = 0; j < s.V_local; ++j) {
+        const float v = df[n * s.V_local + j];
+        if (j < s.valid) out.dlogits[n * V + s.begin + j] = v;
+        else out.nonzero_padding += v != 0.f;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> targets_of(RefCase& rc) {
+  const Tensor t = rc["targets"].view();
+  return {t.data_as<int32_t>(), t.data_as<int32_t>() + t.numel()};
+}
+
+TEST(CrossEntropyShard, ShardsCombineToTorchLossAndGradientWithPaddingMaskedF32) {
+  for (const char* name : kShardCases) {
+    RefCase rc(std::string("cross_entropy_") + name + ".ref");
+    const Floats logits = rc["logits"].floats();
+    for (int tp : {2, 3, 4}) {
+      SCOPED_TRACE(std::string(name) + " tp=" + std::to_string(tp));
+      const ShardedCe got = run_sharded_ce(logits, rc["logits"].shape, targets_of(rc), rc["dloss"].scalar(), tp, {});
+      EXPECT_NEAR(got.loss, rc["loss"].scalar(), 1e-5 * std::abs(rc["loss"].scalar()));
+      EXPECT_ALL_CLOSE(got.dlogits, rc["dlogits"].floats(), 1e-5, 1e-12);
+      EXPECT_EQ(got.nonzero_padding, 0) << "padded columns' dlogits must be exactly 0";
+    }
+  }
+}
+
+TEST(CrossEntropyShard, InPlaceMatchesSeparateBitwise) {
+  for (const char* name : kShardCases) {
+    RefCase rc(std::string("cross_entropy_") + name + ".ref");
+    const Floats logits = rc["logits"].floats();
+    for (DType act : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(name) + " " + std::string(dtype_name(act)));
+      const ShardedCe sep =
+          run_sharded_ce(logits, rc["logits"].shape, targets_of(rc), 1.f, 3, {act, act, /*in_place=*/false});
+      const ShardedCe in =
+          run_sharded_ce(logits, rc["logits"].shape, targets_of(rc), 1.f, 3, {act, act, /*in_place=*/true});
+      EXPECT_EQ(0, std::memcmp(sep.dlogits.data(), in.dlogits.data(), sep.dlogits.size() * sizeof(float)));
+      EXPECT_EQ(in.nonzero_padding, 0);
+    }
+  }
+}
+
+// H (bf16 or f16) logits: the shards against cross_entropy_forward_backward
+// on the same H logits. f32 dlogits differ only by the f32 rounding of lse
+// (rel 1e-5, as against torch); H dlogits are each rounded once from values
+// that close, so they may differ by one H ulp (2^-7 relative for bf16, 2^-10
+// for f16; atol 6e-8 = one f16 subnormal step). The loss: rel 1e-6 (the
+// shards' lse in f32 against the full kernel's double, |lse| < 20).
+template <typename H>
+void expect_shards_match_full_kernel(double rtol_h, double atol_h) {
+  constexpr DType h = dtype_of<H>::value;
+  for (const char* name : kShardCases) {
+    RefCase rc(std::string("cross_entropy_") + name + ".ref");
+    const Shape shape = rc["logits"].shape;
+    std::vector<H> x16 = to_half_vec<H>(rc["logits"].floats());
+    const Floats rounded = from_half_vec(x16);
+    std::vector<int32_t> targets = targets_of(rc);
+    std::vector<H> d16(x16.size());
+    Floats d32(x16.size());
+    const float loss = cross_entropy_forward_backward(half_view(d16, shape), Tensor(), half_view(x16, shape),
+                                                      i32_view(targets, {shape[0]}));
+    cross_entropy_forward_backward(f32_view(d32, shape), Tensor(), half_view(x16, shape),
+                                   i32_view(targets, {shape[0]}));
+    for (int tp : {2, 3, 4}) {
+      SCOPED_TRACE(std::string(name) + " tp=" + std::to_string(tp));
+      const ShardedCe f32_grads = run_sharded_ce(rounded, shape, targets, 1.f, tp, {h, DType::f32, false});
+      EXPECT_NEAR(f32_grads.loss, loss, 1e-6 * std::abs(loss));
+      EXPECT_ALL_CLOSE(f32_grads.dlogits, d32, 1e-5, 1e-12);
+      EXPECT_EQ(f32_grads.nonzero_padding, 0);
+      const ShardedCe h_grads = run_sharded_ce(rounded, shape, targets, 1.f, tp, {h, h, false});
+      EXPECT_ALL_CLOSE(h_grads.dlogits, from_half_vec(d16), rtol_h, atol_h);
+      EXPECT_EQ(h_grads.nonzero_padding, 0);
+    }
+  }
+}
+
+TEST(CrossEntropyShard, Bf16LogitsMatchFullKernelOnSameLogits) { expect_shards_match_full_kernel<bf16>(8e-3, 1e-12); }
+TEST(CrossEntropyShard, F16LogitsMatchFullKernelOnSameLogits) { expect_shards_match_full_kernel<f16>(1e-3, 6e-8); }
+
+// V = 5 over tp = 4: columns padded to 8, the last rank's two are both padding.
+TEST(CrossEntropyShard, AllPaddingShardHasMinusInfLseZeroTargetAndZeroGradient) {
+  RefCase rc("cross_entropy_shard_v5.ref");
+  const Shape shape = rc["logits"].shape;
+  const int64_t N = shape[0];
+  const ShardColumns s = shard_columns(shape[1], 4, 3);
+  ASSERT_EQ(s.valid, 0);
+  std::vector<int32_t> targets = targets_of(rc);
+  Floats x = shard_logits(rc["logits"].floats(), N, shape[1], s), lse(N, 5.f), tl(N, 5.f), d(x.size(), 7.f);
+  const Shape local{N, s.V_local};
+  cross_entropy_shard_stats(f32_view(lse, {N}), f32_view(tl, {N}), f32_view(x, local), i32_view(targets, {N}),
+                            s.begin, s.valid);
+  EXPECT_EQ(lse, Floats(N, -INFINITY));
+  EXPECT_EQ(tl, Floats(N, 0.f));
+  Floats full_lse(N, 3.f);  // any finite lse: the columns are all masked
+  cross_entropy_shard_backward(f32_view(d, local), f32_view(x, local), f32_view(full_lse, {N}),
+                               i32_view(targets, {N}), s.begin, s.valid, 0.25f);
+  EXPECT_EQ(d, Floats(x.size(), 0.f));
+}
+
+// shard_low's targets are all below 200 of 1003: over tp = 4 (251 columns
+// each) ranks 1..3 hold none.
+TEST(CrossEntropyShard, ShardWithoutTargetsHasZeroTargetLogitsAndNoOneHot) {
+  RefCase rc("cross_entropy_shard_low.ref");
+  const Shape shape = rc["logits"].shape;
+  const int64_t N = shape[0], V = shape[1];
+  const Floats logits = rc["logits"].floats();
+  std::vector<int32_t> targets = targets_of(rc);
+  const ShardedCe got = run_sharded_ce(logits, shape, targets, 1.f, 4, {});
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(r);
+    for (int64_t n = 0; n < N; ++n) {
+      const bool ignored = targets[n] == -100;
+      EXPECT_EQ(got.lse[r][n] == -INFINITY, ignored) << "row " << n;
+      // The rank holding the target gives its logit exactly; the others 0.
+      const float expected = !ignored && r == 0 ? logits[n * V + targets[n]] : 0.f;
+      EXPECT_EQ(got.target_logit[r][n], expected) << "row " << n;
+    }
+  }
+  // No one-hot term outside rank 0: every gradient there is a positive softmax entry.
+  const int64_t begin1 = shard_columns(V, 4, 1).begin;
+  int64_t negative = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = begin1; j < V; ++j) negative += got.dlogits[n * V + j] < 0.f;
+  EXPECT_EQ(negative, 0);
+  EXPECT_ALL_CLOSE(got.dlogits, rc["dlogits"].floats(), 1e-5, 1e-12);
+}
+
+TEST(CrossEntropyShard, MisuseThrowsNamingTheOpAndOperands) {
+  const int64_t N = 4, V = 10;
+  Floats logits(N * V), dl(N * V), lse(N), tl(N);
+  std::vector<int32_t> targets(N, 1), targets3(3, 1);
+  std::vector<bf16> dl16(N * V);
+  const Tensor x = f32_view(logits, {N, V}), tgt = i32_view(targets, {N}), l = f32_view(lse, {N}),
+               t = f32_view(tl, {N});
+  const char* stats = "cross_entropy_shard_stats";
+  const char* back = "cross_entropy_shard_backward";
+  expect_error([&] { cross_entropy_shard_stats(l, t, x, tgt, 0, V + 1); }, {stats, "valid 11", "[0, V_local = 10]"});
+  expect_error([&] { cross_entropy_shard_stats(l, t, x, tgt, 0, -1); }, {stats, "valid -1"});
+  expect_error([&] { cross_entropy_shard_stats(l, t, x, tgt, -5, V); }, {stats, "vocab_begin -5"});
+  expect_error([&] { cross_entropy_shard_stats(l, t, x, i32_view(targets3, {3}), 0, V); }, {stats, "i32(3,)"});
+  expect_error([&] { cross_entropy_shard_stats(f32_view(lse, {N - 1}), t, x, tgt, 0, V); },
+               {stats, "lse has 3 elements", "f32(3,)"});
+  expect_error([&] { cross_entropy_shard_stats(l, bf16_view(dl16, {N}), x, tgt, 0, V); },
+               {stats, "target_logit has dtype bf16"});
+  expect_error([&] { cross_entropy_shard_stats(f32_view(logits, {N}), t, x, tgt, 0, V); },
+               {stats, "lse must not overlap logits"});
+  expect_error([&] { cross_entropy_shard_stats(l, l, x, tgt, 0, V); }, {stats, "overlap"});
+  expect_error([&] { cross_entropy_shard_stats(Tensor(), t, x, tgt, 0, V); }, {stats, "lse"});
+  targets[2] = -7;  // negative and not ignore_index
+  expect_error([&] { cross_entropy_shard_stats(l, t, x, tgt, 0, V); }, {stats, "target -7 at row 2", "-100"});
+  expect_error([&] { cross_entropy_shard_backward(f32_view(dl, {N, V}), x, l, tgt, 0, V, 1.f); },
+               {back, "target -7 at row 2"});
+  targets[2] = 1;
+  expect_error([&] { cross_entropy_shard_backward(Tensor(), x, l, tgt, 0, V, 1.f); }, {back, "dlogits"});
+  expect_error([&] { cross_entropy_shard_backward(bf16_view(dl16, {N, V}), x, l, tgt, 0, V, 1.f); },
+               {back, "dlogits has dtype bf16, expected f32"});
+  expect_error([&] { cross_entropy_shard_backward(f32_view(dl, {V, N}), x, l, tgt, 0, V, 1.f); },
+               {back, "f32(10, 4)"});
+  expect_error([&] { cross_entropy_shard_backward(f32_view(dl, {N, V}), x, f32_view(lse, {N - 1}), tgt, 0, V, 1.f); },
+               {back, "lse has 3 elements"});
+  expect_error([&] { cross_entropy_shard_backward(f32_view(dl, {N, V}), x, f32_view(dl, {N}), tgt, 0, V, 1.f); },
+               {back, "dlogits must not overlap lse"});
+  expect_error([&] { cross_entropy_shard_backward(f32_view(dl, {N, V}), x, l, tgt, 0, V + 1, 1.f); },
+               {back, "valid 11"});
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 //   2^-12 relative, 8x finer than bf16): y 2.5e-3, f16 gradients 2.5e-3.
 // - finite differences: the embedding is linear, so central differences
 //   (h = 1e-2) are exact up to f32 round-off ~1e-7 / h: rtol 1e-2 atol 1e-3.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -215,6 +216,177 @@ TEST(Embedding, ShapeAndDtypeMismatchesNameTheOpAndShapes) {
   expect_error([&] { embedding_forward(y, tokens, wte_bf16, wpe, 0); }, {"embedding_forward", "y", "wte", "bf16(10, 4)"});
   expect_error([&] { embedding_backward(wte, wpe, y_bad, tokens, 0); }, {"embedding_backward", "dy", "f32(2, 4, 3)"});
   expect_error([&] { embedding_backward(wpe_bad, Tensor(), y, tokens, 0); }, {"embedding_backward", "dwte", "f32(4, 8)"});
+}
+
+// ---- vocab-parallel shards ------------------------------------------------------------------
+//
+// A (V, C) table padded with zero rows to a multiple of tp and cut into tp
+// row ranges, one per simulated rank; wpe / dwpe are given to rank 0 only.
+// The sum over the ranks' outputs is what the tp all-reduce forms: exact for
+// f32 (every row is a copy or the one add of the full kernel, plus zeros), and
+// for bf16 / f16 once the f32 sum is rounded to the storage type, since the
+// full kernel also adds in f32 and rounds once. The gradients are the full
+// kernel's scatter-add restricted to a range: same sums in the same order.
+
+// The tp row ranges of the V-row table padded to a multiple of tp.
+struct VocabShards {
+  int64_t V, tp, V_local;
+  VocabShards(int64_t V, int64_t tp) : V(V), tp(tp), V_local((V + tp - 1) / tp) {}
+  int64_t begin(int64_t r) const { return r * V_local; }
+  // Rows [begin(r), begin(r) + V_local) of `table` (V, C), zero past row V.
+  Floats slice(const Floats& table, int64_t C, int64_t r) const {
+    Floats out(V_local * C, 0.f);
+    const int64_t rows = std::clamp<int64_t>(V - begin(r), 0, V_local);
+    std::copy_n(table.begin() + begin(r) * C, rows * C, out.begin());
+    return out;
+  }
+};
+
+// V = 50 (not a multiple of 3 or 4), tokens from the whole range with repeats
+// and both ends; B * T * C reaches the kernels' parallel threshold.
+EmbeddingInputs shard_inputs() {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int32_t> pick(0, 49);
+  EmbeddingInputs in;
+  in.B = 8, in.T = 64, in.C = 64, in.V = 50, in.max_t = 80, in.pos_offset = 3;
+  for (int64_t i = 0; i < in.B * in.T; ++i) in.tokens.push_back(pick(rng));
+  in.tokens[0] = 0, in.tokens[1] = 49;
+  in.wte = random_floats(in.V * in.C, rng), in.wpe = random_floats(in.max_t * in.C, rng, 0.1f);
+  in.dy = random_floats(in.B * in.T * in.C, rng);
+  in.dwte0 = random_floats(in.V * in.C, rng), in.dwpe0 = random_floats(in.max_t * in.C, rng);
+  return in;
+}
+
+TEST(EmbeddingShard, ShardOutputsSumToFullForwardBitwise) {
+  const EmbeddingInputs in = shard_inputs();
+  const Shape btc{in.B, in.T, in.C};
+  std::vector<int32_t> toks = in.tokens;
+  const Tensor tokens(toks.data(), DType::i32, Shape{in.B, in.T});
+  for (DType act : {DType::f32, DType::bf16, DType::f16}) {
+    for (bool learned : {true, false}) {
+      Buffer wte(act, Shape{in.V, in.C}, in.wte), wpe(act, Shape{in.max_t, in.C}, in.wpe), y(act, btc);
+      const Floats wte_stored = wte.floats();  // rounded to act, as the shards hold it
+      embedding_forward(y.view(), tokens, wte.view(), learned ? wpe.view() : Tensor(), in.pos_offset);
+      for (int64_t tp : {2, 3, 4}) {
+        SCOPED_TRACE(std::string(dtype_name(act)) + (learned ? " wpe" : " no wpe") + " tp=" + std::to_string(tp));
+        const VocabShards shards(in.V, tp);
+        Floats sum(y.floats().size(), 0.f);
+        for (int64_t r = 0; r < tp; ++r) {
+          Buffer wte_r(act, Shape{shards.V_local, in.C}, shards.slice(wte_stored, in.C, r));
+          Buffer y_r(act, btc, Floats(sum.size(), 5.f));  // written, not accumulated
+          embedding_shard_forward(y_r.view(), tokens, wte_r.view(), shards.begin(r),
+                                  learned && r == 0 ? wpe.view() : Tensor(), in.pos_offset);
+          const Floats part = y_r.floats();
+          for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+        }
+        EXPECT_EQ(rounded_to(act, sum), y.floats());
+      }
+    }
+  }
+}
+
+TEST(EmbeddingShard, ShardGradientsConcatenateToFullBackwardBitwise) {
+  const EmbeddingInputs in = shard_inputs();
+  const Shape btc{in.B, in.T, in.C}, table{in.max_t, in.C};
+  std::vector<int32_t> toks = in.tokens;
+  const Tensor tokens(toks.data(), DType::i32, Shape{in.B, in.T});
+  for (DType grad : {DType::f32, DType::bf16}) {
+    Buffer dy(grad, btc, in.dy), dwte(grad, Shape{in.V, in.C}, in.dwte0), dwpe(grad, table, in.dwpe0);
+    const Floats dwte0 = dwte.floats();  // the prefill as stored
+    embedding_backward(dwte.view(), dwpe.view(), dy.view(), tokens, in.pos_offset);
+    const Floats full = dwte.floats();
+    for (int64_t tp : {2, 3, 4}) {
+      SCOPED_TRACE(std::string(dtype_name(grad)) + " tp=" + std::to_string(tp));
+      const VocabShards shards(in.V, tp);
+      Floats concat;
+      for (int64_t r = 0; r < tp; ++r) {
+        Floats prefill = shards.slice(dwte0, in.C, r);
+        const int64_t rows = std::clamp<int64_t>(in.V - shards.begin(r), 0, shards.V_local);
+        std::fill(prefill.begin() + rows * in.C, prefill.end(), 0.25f);  // padded rows: no token reaches them
+        Buffer dwte_r(grad, Shape{shards.V_local, in.C}, prefill), dwpe_r(grad, table, in.dwpe0);
+        embedding_shard_backward(dwte_r.view(), r == 0 ? dwpe_r.view() : Tensor(), dy.view(), tokens,
+                                 shards.begin(r), in.pos_offset);
+        const Floats got = dwte_r.floats();
+        const auto pad = got.begin() + rows * in.C;
+        concat.insert(concat.end(), got.begin(), pad);
+        EXPECT_TRUE(std::all_of(pad, got.end(), [](float v) { return v == 0.25f; })) << "padded rows of rank " << r;
+        if (r == 0) {
+          EXPECT_EQ(dwpe_r.floats(), dwpe.floats()) << "dwpe";
+        }
+      }
+      EXPECT_EQ(concat, full);
+    }
+  }
+}
+
+// wte holds rows [10, 15) of the vocabulary; tokens on both sides of the range
+// (and the largest i32) give zero rows (wpe rows with wpe) and no gradient.
+TEST(EmbeddingShard, TokensOutsideTheShardContributeNothing) {
+  const int64_t C = 3, begin = 10;
+  std::vector<int32_t> toks = {9, 10, 14, 15, 0, INT32_MAX, 12, 10};
+  const Tensor tokens(toks.data(), DType::i32, Shape{2, 4});
+  Floats te = random_floats(5 * C, 3), pe = random_floats(4 * C, 4), dy = random_floats(8 * C, 5);
+  const auto in_shard = [&](int64_t i) { return toks[i] >= begin && toks[i] < begin + 5; };
+  for (bool learned : {false, true}) {
+    SCOPED_TRACE(learned ? "wpe" : "no wpe");
+    Floats ys(8 * C, 7.f);
+    embedding_shard_forward(f32_view(ys, {2, 4, C}), tokens, f32_view(te, {5, C}), begin,
+                            learned ? f32_view(pe, {4, C}) : Tensor(), 0);
+    for (int64_t i = 0; i < 8; ++i) {
+      for (int64_t c = 0; c < C; ++c) {
+        const float e = in_shard(i) ? te[(toks[i] - begin) * C + c] : 0.f;
+        const float p = learned ? pe[(i % 4) * C + c] : 0.f;
+        EXPECT_EQ(ys[i * C + c], e + p) << "(bt, c) = " << i << ", " << c;
+      }
+    }
+  }
+  Floats dwte(5 * C, 1.f);
+  embedding_shard_backward(f32_view(dwte, {5, C}), Tensor(), f32_view(dy, {2, 4, C}), tokens, begin, 0);
+  Floats expected(5 * C, 1.f);
+  for (int64_t i = 0; i < 8; ++i) {
+    if (!in_shard(i)) continue;
+    for (int64_t c = 0; c < C; ++c) expected[(toks[i] - begin) * C + c] += dy[i * C + c];
+  }
+  EXPECT_TRUE(all_close(dwte, expected, 1e-6, 0));
+  EXPECT_EQ(Floats(dwte.begin() + 1 * C, dwte.begin() + 2 * C), Floats(C, 1.f)) << "row of token 11: none given";
+}
+
+TEST(EmbeddingShard, NegativeTokenOrVocabBeginNamesTheOp) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  toks[4] = 1000000;  // past this shard and any vocabulary: the caller's check, not the shard's
+  EXPECT_NO_THROW(embedding_shard_forward(y, tokens, wte, 20, wpe, 0));
+  EXPECT_NO_THROW(embedding_shard_backward(wte, wpe, y, tokens, 20, 0));
+  toks[4] = -3;
+  expect_error([&] { embedding_shard_forward(y, tokens, wte, 0, wpe, 0); },
+               {"embedding_shard_forward", "token -3", "(b, t) = (1, 1)", "negative"});
+  expect_error([&] { embedding_shard_backward(wte, wpe, y, tokens, 0, 0); },
+               {"embedding_shard_backward", "token -3", "(b, t) = (1, 1)", "negative"});
+  expect_error([&] { embedding_shard_backward(Tensor(), wpe, y, tokens, 0, 0); },
+               {"embedding_shard_backward", "token -3"});
+  toks[4] = 5;
+  expect_error([&] { embedding_shard_forward(y, tokens, wte, -10, wpe, 0); },
+               {"embedding_shard_forward", "vocab_begin -10"});
+  expect_error([&] { embedding_shard_backward(wte, wpe, y, tokens, -10, 0); },
+               {"embedding_shard_backward", "vocab_begin -10"});
+}
+
+TEST(EmbeddingShard, ShapeDtypeAndPositionMismatchesNameTheOpAndShapes) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  Tensor y_bad(ys.data(), DType::f32, Shape{2, 4, 3}), wpe_bad(pe.data(), DType::f32, Shape{4, 8});
+  Tensor tokens_f32(toks.data(), DType::f32, Shape{2, 3}), wte_bf16(te.data(), DType::bf16, Shape{10, 4});
+  const char* fwd = "embedding_shard_forward";
+  const char* bwd = "embedding_shard_backward";
+  expect_error([&] { embedding_shard_forward(y_bad, tokens, wte, 0, wpe, 0); }, {fwd, "y", "(2, 3, 4)", "f32(2, 4, 3)"});
+  expect_error([&] { embedding_shard_forward(y, tokens, wte, 0, wpe_bad, 0); }, {fwd, "wpe", "f32(4, 8)"});
+  expect_error([&] { embedding_shard_forward(y, tokens_f32, wte, 0, wpe, 0); }, {fwd, "tokens", "f32(2, 3)"});
+  expect_error([&] { embedding_shard_forward(y, tokens, wte_bf16, 0, wpe, 0); }, {fwd, "y", "wte", "bf16(10, 4)"});
+  expect_error([&] { embedding_shard_forward(y, tokens, wte, 0, wpe, 6); }, {fwd, "position 8", "[0, 8)"});
+  expect_error([&] { embedding_shard_backward(wte, wpe, y_bad, tokens, 0, 0); }, {bwd, "dy", "f32(2, 4, 3)"});
+  expect_error([&] { embedding_shard_backward(wpe_bad, Tensor(), y, tokens, 0, 0); }, {bwd, "dwte", "f32(4, 8)"});
+  expect_error([&] { embedding_shard_backward(wte, wpe, y, tokens, 0, 6); }, {bwd, "position 8", "[0, 8)"});
+  expect_error([&] { embedding_shard_backward(wte, wte, y, tokens, 0, 0); }, {bwd, "dwte must not overlap dwpe"});
 }
 
 }  // namespace

@@ -48,6 +48,21 @@ def main():
     x[2, 0] = -50.0
     case(out, "rescale", x, torch.tensor([4999, 7, IGNORE, 2047]), 2.0)
 
+    # Vocab-parallel cases (the test splits the columns over tp = 2, 3, 4 ranks).
+    # Odd V crossing a 2048-column chunk on the tp = 2 shards; targets at both
+    # ends of the vocabulary, three ignored rows.
+    V = 4099
+    targets = torch.randint(0, V, (12,))
+    targets[[2, 7, 11]] = IGNORE
+    targets[0], targets[1] = 0, V - 1
+    case(out, "shard_v4099", torch.randn(12, V) * 3, targets, 1.0)
+    # V = 5: padded to 8 for tp = 4, whose last shard is all padding.
+    case(out, "shard_v5", torch.randn(6, 5) * 2, torch.tensor([0, 4, IGNORE, 2, 3, 4]), 1.0)
+    # Every target below 200 of 1003: the shards past the first hold none.
+    targets = torch.randint(0, 200, (6,))
+    targets[3] = IGNORE
+    case(out, "shard_low", torch.randn(6, 1003) * 2, targets, 1.0)
+
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
-// Fused cross-entropy forward + backward (ops.h), streamed over the vocabulary.
+// Fused cross-entropy forward + backward (ops.h), streamed over the vocabulary,
+// and its vocab-parallel halves (Megatron's VocabParallelCrossEntropy).
 //
 // Per row, pass 1 reads the logits once in L1-sized chunks and keeps a running
 // (max, sum of exp): the online log-sum-exp (Milakov & Gimelshein 2018, "Online
@@ -6,6 +7,12 @@
 //   dlogits = dloss * (softmax - onehot(target)) / n_valid
 // element by element, so no V-sized temporary exists and dlogits may be
 // logits itself (each element is read before it is overwritten).
+//
+// A tp shard holds columns [vocab_begin, vocab_begin + V_local) of the logits,
+// the last ones possibly padding. Its stats half is pass 1 over the valid
+// columns (plus the target's logit if the shard holds it); the ranks combine
+// lse_full = log(sum_r exp(lse_r)) and x_target = sum_r target_logit_r. Its
+// backward half is pass 2 against lse_full, with the padding's gradient 0.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -60,12 +67,13 @@ double row_logsumexp(const T* x, int64_t V) {
   return static_cast<double>(m) + std::log(s);
 }
 
-// d_j = scale * softmax_j over one row, then d_target -= scale. x_target is
+// d_j = scale * softmax_j over one row, then d_target -= scale (no target
+// when target < 0: a shard that does not hold it). x_target is
 // passed in because d may be x (in place) and overwrites it. lse is split in
 // f32 hi + lo so that its rounding to f32 does not add to the exponent's
 // error (that error is the relative error of softmax_j).
 template <typename T, typename G>
-void row_dlogits(G* d, const T* x, int64_t V, double lse, int32_t target, float x_target, float scale) {
+void row_dlogits(G* d, const T* x, int64_t V, double lse, int64_t target, float x_target, float scale) {
   const float hi = static_cast<float>(lse);
   const float lo = static_cast<float>(lse - static_cast<double>(hi));
   alignas(64) float buf[kChunk];
@@ -84,7 +92,7 @@ void row_dlogits(G* d, const T* x, int64_t V, double lse, int32_t target, float 
       for (int64_t i = 0; i < n; ++i) dc[i] = from_f32<G>(scale * exp_f32((xc[i] - hi) - lo));
     }
   }
-  d[target] = from_f32<G>(scale * (exp_f32((x_target - hi) - lo) - 1.f));
+  if (target >= 0) d[target] = from_f32<G>(scale * (exp_f32((x_target - hi) - lo) - 1.f));
 }
 
 template <typename G>
@@ -121,28 +129,31 @@ void ce_rows(G* dlogits, const T* logits, const CeArgs& a) {
   }
 }
 
-void validate(const Tensor& dlogits, const Tensor& losses, const Tensor& logits, const Tensor& targets) {
-  require_cpu_contiguous(kOp, {{"logits", logits}, {"targets", targets}});
-  require_float(kOp, {"logits", logits});
-  if (logits.ndim() < 2) op_fail(kOp, {{"logits", logits}}, "logits must be (N, V) with at least 2 dims");
-  if (logits.size(-1) == 0) op_fail(kOp, {{"logits", logits}}, "logits has an empty vocabulary");
-  require_dtype(kOp, {"targets", targets}, DType::i32);
+// logits (N, V) float with N = targets' elements; losses (N) f32 and dlogits
+// (logits' gradient, in place allowed) when defined. op names the caller.
+void validate(const char* op, const Tensor& dlogits, const Tensor& losses, const Tensor& logits,
+              const Tensor& targets) {
+  require_cpu_contiguous(op, {{"logits", logits}, {"targets", targets}});
+  require_float(op, {"logits", logits});
+  if (logits.ndim() < 2) op_fail(op, {{"logits", logits}}, "logits must be (N, V) with at least 2 dims");
+  if (logits.size(-1) == 0) op_fail(op, {{"logits", logits}}, "logits has an empty vocabulary");
+  require_dtype(op, {"targets", targets}, DType::i32);
   const int64_t N = rows(logits);
   if (targets.numel() != N)
-    op_fail(kOp, {{"logits", logits}, {"targets", targets}}, "targets has ", targets.numel(),
+    op_fail(op, {{"logits", logits}, {"targets", targets}}, "targets has ", targets.numel(),
             " elements but logits has ", N, " rows");
   if (losses.defined()) {
-    require_cpu_contiguous(kOp, {{"losses", losses}});
-    require_dtype(kOp, {"losses", losses}, DType::f32);
+    require_cpu_contiguous(op, {{"losses", losses}});
+    require_dtype(op, {"losses", losses}, DType::f32);
     if (losses.numel() != N)
-      op_fail(kOp, {{"logits", logits}, {"losses", losses}}, "losses has ", losses.numel(),
+      op_fail(op, {{"logits", logits}, {"losses", losses}}, "losses has ", losses.numel(),
               " elements but logits has ", N, " rows");
-    require_no_overlap(kOp, {"losses", losses}, {"logits", logits});
+    require_no_overlap(op, {"losses", losses}, {"logits", logits});
   }
   if (dlogits.defined()) {
-    require_grad(kOp, {"dlogits", dlogits}, {"logits", logits});
-    require_no_partial_overlap(kOp, {"dlogits", dlogits}, {"logits", logits});
-    if (losses.defined()) require_no_overlap(kOp, {"losses", losses}, {"dlogits", dlogits});
+    require_grad(op, {"dlogits", dlogits}, {"logits", logits});
+    require_no_partial_overlap(op, {"dlogits", dlogits}, {"logits", logits});
+    if (losses.defined()) require_no_overlap(op, {"losses", losses}, {"dlogits", dlogits});
   }
 }
 
@@ -162,11 +173,88 @@ int64_t count_valid_targets(const Tensor& logits, const Tensor& targets, int32_t
   return n_valid;
 }
 
+// ---- vocab-parallel shard ---------------------------------------------------
+
+struct ShardArgs {
+  int64_t N, V_local;
+  int64_t vocab_begin, valid;  // columns [0, valid) are real, [valid, V_local) padding
+  const int32_t* targets;
+  int32_t ignore_index;
+};
+
+// Row r's target as a column of the shard, or -1 when the row is ignored or
+// its target is not among the shard's valid columns.
+inline int64_t shard_target(const ShardArgs& a, int64_t r) {
+  const int32_t t = a.targets[r];
+  if (t == a.ignore_index) return -1;
+  const int64_t j = static_cast<int64_t>(t) - a.vocab_begin;
+  return j >= 0 && j < a.valid ? j : -1;
+}
+
+template <typename T>
+void shard_stats_rows(float* lse, float* target_logit, const T* logits, const ShardArgs& a) {
+#pragma omp parallel for schedule(static) if (a.N * a.valid > 65536)
+  for (int64_t r = 0; r < a.N; ++r) {
+    const T* x = logits + r * a.V_local;
+    const bool skip = a.targets[r] == a.ignore_index || a.valid == 0;
+    lse[r] = skip ? -INFINITY : static_cast<float>(row_logsumexp(x, a.valid));
+    const int64_t j = shard_target(a, r);
+    target_logit[r] = j >= 0 ? to_f32(x[j]) : 0.f;
+  }
+}
+
+template <typename T, typename G>
+void shard_backward_rows(G* dlogits, const T* logits, const float* lse, float scale, const ShardArgs& a) {
+#pragma omp parallel for schedule(static) if (a.N * a.V_local > 65536)
+  for (int64_t r = 0; r < a.N; ++r) {
+    const T* x = logits + r * a.V_local;
+    G* d = dlogits + r * a.V_local;
+    if (a.targets[r] == a.ignore_index) {
+      row_zero(d, a.V_local);
+      continue;
+    }
+    const int64_t j = shard_target(a, r);
+    row_dlogits(d, x, a.valid, static_cast<double>(lse[r]), j, j >= 0 ? to_f32(x[j]) : 0.f, scale);
+    row_zero(d + a.valid, a.V_local - a.valid);
+  }
+}
+
+// logits (N, V_local) and targets (N) as for the full op; vocab_begin >= 0,
+// 0 <= valid <= V_local; every target is ignore_index or >= 0 (a negative one
+// would be silently absent from every shard; the caller checks the upper end
+// against the whole vocabulary).
+ShardArgs validate_shard(const char* op, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                         int64_t valid, int32_t ignore_index) {
+  validate(op, Tensor(), Tensor(), logits, targets);
+  const int64_t V_local = logits.size(-1);
+  if (vocab_begin < 0) op_fail(op, {{"logits", logits}}, "vocab_begin ", vocab_begin, " is negative");
+  if (valid < 0 || valid > V_local)
+    op_fail(op, {{"logits", logits}}, "valid ", valid, " is outside [0, V_local = ", V_local, "]");
+  const int32_t* t = targets.data_as<int32_t>();
+  for (int64_t r = 0; r < targets.numel(); ++r) {
+    if (t[r] < 0 && t[r] != ignore_index)
+      op_fail(op, {{"targets", targets}}, "target ", t[r], " at row ", r, " is negative and is not ignore_index ",
+              ignore_index);
+  }
+  return {rows(logits), V_local, vocab_begin, valid, t, ignore_index};
+}
+
+// A per-row statistic: (N) f32, sharing no memory with the inputs.
+void check_row_stat(const char* op, Operand stat, const Tensor& logits, const Tensor& targets) {
+  require_cpu_contiguous(op, {stat});
+  require_dtype(op, stat, DType::f32);
+  if (stat.t.numel() != rows(logits))
+    op_fail(op, {{"logits", logits}, stat}, stat.name, " has ", stat.t.numel(), " elements but logits has ",
+            rows(logits), " rows");
+  require_no_overlap(op, stat, {"logits", logits});
+  require_no_overlap(op, stat, {"targets", targets});
+}
+
 }  // namespace
 
 float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor& logits, const Tensor& targets,
                                      int32_t ignore_index, float dloss) {
-  validate(dlogits, losses, logits, targets);
+  validate(kOp, dlogits, losses, logits, targets);
   const int64_t n_valid = count_valid_targets(logits, targets, ignore_index);
   const int64_t N = rows(logits);
   // Per-row losses in double, summed serially below: the mean does not depend
@@ -188,6 +276,40 @@ float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor
   double total = 0;
   for (int64_t r = 0; r < N; ++r) total += row_loss[r];
   return static_cast<float>(total / static_cast<double>(n_valid));
+}
+
+// lse[n] = log sum_{j < valid} exp(logits[n, j]); target_logit[n] = the target's logit if this shard holds it, else 0.
+// logits: (N, V_local)  targets: (N) i32  lse, target_logit: (N) f32
+void cross_entropy_shard_stats(Tensor lse, Tensor target_logit, const Tensor& logits, const Tensor& targets,
+                               int64_t vocab_begin, int64_t valid, int32_t ignore_index) {
+  constexpr const char* op = "cross_entropy_shard_stats";
+  const ShardArgs args = validate_shard(op, logits, targets, vocab_begin, valid, ignore_index);
+  check_row_stat(op, {"lse", lse}, logits, targets);
+  check_row_stat(op, {"target_logit", target_logit}, logits, targets);
+  require_no_overlap(op, {"target_logit", target_logit}, {"lse", lse});
+  dispatch_float(logits.dtype(), [&]<typename T>() {
+    shard_stats_rows<T>(lse.data_as<float>(), target_logit.data_as<float>(), logits.data_as<const T>(), args);
+  });
+}
+
+// dlogits = scale * (softmax against the full rows' lse - onehot(target)) on the valid columns, 0 elsewhere.
+// logits, dlogits: (N, V_local) (dlogits f32 or logits' dtype, may be logits)  lse: (N) f32  targets: (N) i32
+void cross_entropy_shard_backward(Tensor dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                                  int64_t vocab_begin, int64_t valid, float scale, int32_t ignore_index) {
+  constexpr const char* op = "cross_entropy_shard_backward";
+  const ShardArgs args = validate_shard(op, logits, targets, vocab_begin, valid, ignore_index);
+  check_row_stat(op, {"lse", lse}, logits, targets);
+  require_cpu_contiguous(op, {{"dlogits", dlogits}});
+  require_grad(op, {"dlogits", dlogits}, {"logits", logits});
+  require_no_partial_overlap(op, {"dlogits", dlogits}, {"logits", logits});
+  require_no_overlap(op, {"dlogits", dlogits}, {"lse", lse});
+  require_no_overlap(op, {"dlogits", dlogits}, {"targets", targets});
+  dispatch_float(logits.dtype(), [&]<typename T>() {
+    const T* x = logits.data_as<const T>();
+    dispatch_float(dlogits.dtype(), [&]<typename G>() {
+      shard_backward_rows<T, G>(dlogits.data_as<G>(), x, lse.data_as<float>(), scale, args);
+    });
+  });
 }
 
 }  // namespace loom::kernels

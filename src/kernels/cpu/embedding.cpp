@@ -1,10 +1,13 @@
-// Token + learned position embedding, forward and backward (ops.h).
+// Token + learned position embedding, forward and backward (ops.h), and its
+// vocab-parallel shard (Megatron's VocabParallelEmbedding).
 //
 // The backward is a scatter-add (many (b, t) may share a token). It is made
 // deterministic without atomics: the (b, t) indices are sorted by token, each
 // token's rows are summed in f32 in (b, t) order by one thread, and the sum is
 // added to dwte once. So every run gives the same bits for any thread count,
 // and a bf16 dwte is rounded once per token rather than once per occurrence.
+// A shard does the same over the tokens in its range, so the tp shards' dwte
+// side by side are bitwise the full table's.
 #include <algorithm>
 #include <type_traits>
 
@@ -16,15 +19,25 @@
 namespace loom::kernels {
 namespace {
 
-// tokens: (B, T) i32, every token in [0, V).
+// Tokens accepted by check_tokens for a shard: any id >= 0 (the caller checks
+// them against the whole vocabulary, ops.h).
+constexpr int64_t kAnyToken = -1;
+
+// tokens: (B, T) i32, every token in [0, V), or >= 0 for V = kAnyToken.
 void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
   const int32_t* tok = tokens.data_as<int32_t>();
   const int64_t T = tokens.size(1);
   for (int64_t i = 0; i < tokens.numel(); ++i) {
-    if (tok[i] < 0 || tok[i] >= V)
+    if (V == kAnyToken && tok[i] < 0)
+      fail(op, ": token ", tok[i], " at (b, t) = (", i / T, ", ", i % T, ") is negative: token ids are >= 0");
+    if (V != kAnyToken && (tok[i] < 0 || tok[i] >= V))
       fail(op, ": token ", tok[i], " at (b, t) = (", i / T, ", ", i % T, ") is outside the vocabulary: allowed [0, ",
            V, ")");
   }
+}
+
+void check_vocab_begin(const char* op, int64_t vocab_begin) {
+  if (vocab_begin < 0) fail(op, ": vocab_begin ", vocab_begin, " is negative: a shard's first row id is >= 0");
 }
 
 // Positions pos_offset + t for t in [0, T) are rows of a (maxT, C) table.
@@ -46,6 +59,50 @@ void check_table(const char* op, Operand table, int64_t C) {
   if (table.t.size(1) != C) op_fail(op, {table}, table.name, " has ", table.t.size(1), " columns, expected C = ", C);
 }
 
+void check_tokens_operand(const char* op, const Tensor& tokens) {
+  require_cpu_contiguous(op, {{"tokens", tokens}});
+  require_dtype(op, {"tokens", tokens}, DType::i32);
+  require_ndim(op, {"tokens", tokens}, 2);
+}
+
+// Operands of a forward but the token values: tokens (B, T) i32, wte (rows, C)
+// float, y (B, T, C) and wpe (maxT, C) or undefined in wte's dtype.
+void check_forward(const char* op, const Tensor& y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                   int64_t pos_offset) {
+  check_tokens_operand(op, tokens);
+  require_cpu_contiguous(op, {{"wte", wte}});
+  require_float(op, {"wte", wte});
+  require_ndim(op, {"wte", wte}, 2);
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = wte.size(1);
+  require_cpu_contiguous(op, {{"y", y}});
+  require_same_dtype(op, {"y", y}, {"wte", wte});
+  require_shape(op, {"y", y}, Shape{B, T, C});
+  if (wpe.defined()) {
+    check_table(op, {"wpe", wpe}, C);
+    require_same_dtype(op, {"wpe", wpe}, {"wte", wte});
+    check_positions(op, pos_offset, T, wpe.size(0));
+  }
+}
+
+// Operands of a backward but the token values: dy (B, T, C) with (B, T) from
+// tokens; dwte (rows, C), dwpe (maxT, C), each float or undefined.
+void check_backward(const char* op, const Tensor& dwte, const Tensor& dwpe, const Tensor& dy, const Tensor& tokens,
+                    int64_t pos_offset) {
+  check_tokens_operand(op, tokens);
+  require_cpu_contiguous(op, {{"dy", dy}});
+  require_float(op, {"dy", dy});
+  require_ndim(op, {"dy", dy}, 3);
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = dy.size(2);
+  if (dy.size(0) != B || dy.size(1) != T)
+    op_fail(op, {{"dy", dy}, {"tokens", tokens}}, "dy must have shape (B, T, C) with (B, T) from tokens");
+  if (dwte.defined()) check_table(op, {"dwte", dwte}, C);
+  if (dwpe.defined()) {
+    check_table(op, {"dwpe", dwpe}, C);
+    check_positions(op, pos_offset, T, dwpe.size(0));
+  }
+  require_grads_apart(op, {{"dwte", dwte}, {"dwpe", dwpe}}, {{"dy", dy}, {"tokens", tokens}});
+}
+
 // o = e + p in f16, through f32 (vectorised conversions, one rounding).
 void add_rows_f16(f16* o, const f16* e, const f16* p, int64_t C) {
   constexpr int64_t kPiece = 256;
@@ -59,26 +116,62 @@ void add_rows_f16(f16* o, const f16* e, const f16* p, int64_t C) {
   }
 }
 
-void check_tokens_operand(const char* op, const Tensor& tokens) {
-  require_cpu_contiguous(op, {{"tokens", tokens}});
-  require_dtype(op, {"tokens", tokens}, DType::i32);
-  require_ndim(op, {"tokens", tokens}, 2);
+// o = e + p, rounded once; a null term is zero (then o is a copy, no rounding).
+template <typename E>
+void embed_row(E* o, const E* e, const E* p, int64_t C) {
+  if (e && p) {
+    if constexpr (std::is_same_v<E, f16>) {
+      add_rows_f16(o, e, p, C);
+    } else {
+      for (int64_t i = 0; i < C; ++i) o[i] = from_f32<E>(to_f32(e[i]) + to_f32(p[i]));
+    }
+  } else if (e || p) {
+    const E* src = e ? e : p;
+    std::copy(src, src + C, o);
+  } else {
+    std::fill(o, o + C, from_f32<E>(0.f));
+  }
 }
 
-// dwte[tok] += sum of dy rows with that token.  dy: (N, C)  tokens: (N)
-void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t N, int64_t C) {
-  // (token, index) packed, sorted: groups by token
+// y[b, t] = wte[tok - vocab_begin] (zero when tok is outside the table's
+// rows) + wpe[pos_offset + t]. Operands validated.
+void embed_rows(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin, const Tensor& wpe,
+                int64_t pos_offset) {
+  const int64_t B = tokens.size(0), T = tokens.size(1), V_local = wte.size(0), C = wte.size(1);
+  const int32_t* tok = tokens.data_as<int32_t>();
+  dispatch_float(wte.dtype(), [&]<typename E>() {
+    const E* te = wte.data_as<E>();
+    const E* pe = wpe.defined() ? wpe.data_as<E>() : nullptr;
+    E* out = y.data_as<E>();
+#pragma omp parallel for schedule(static) if (B * T * C >= kMinParallel)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      const int64_t row = static_cast<int64_t>(tok[bt]) - vocab_begin;
+      const E* e = row >= 0 && row < V_local ? te + row * C : nullptr;
+      embed_row(out + bt * C, e, pe ? pe + (pos_offset + bt % T) * C : nullptr, C);
+    }
+  });
+}
+
+// dwte[tok - vocab_begin] += sum of dy rows with that token, over the tokens
+// in [vocab_begin, vocab_begin + dwte rows).  dy: (N, C)  tokens: (N)
+void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t N, int64_t C, int64_t vocab_begin) {
+  const int64_t V_local = dwte.size(0);
+  // (local token, index) packed, sorted: groups by token, (b, t) order within.
   int64_t* order = thread_scratch<int64_t>(ScratchSlot::a, static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) order[i] = static_cast<int64_t>(tokens[i]) * N + i;
-  std::sort(order, order + N);
-  // Group g is order[starts[g], starts[g + 1]); at most N groups.
-  int64_t* starts = thread_scratch<int64_t>(ScratchSlot::b, static_cast<size_t>(N) + 1);
+  int64_t M = 0;  // rows whose token is in the table
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = static_cast<int64_t>(tokens[i]) - vocab_begin;
+    if (row >= 0 && row < V_local) order[M++] = row * N + i;
+  }
+  std::sort(order, order + M);
+  // Group g is order[starts[g], starts[g + 1]); at most M groups.
+  int64_t* starts = thread_scratch<int64_t>(ScratchSlot::b, static_cast<size_t>(M) + 1);
   int64_t n_groups = 0;
-  for (int64_t i = 0; i < N; ++i)
+  for (int64_t i = 0; i < M; ++i)
     if (i == 0 || order[i] / N != order[i - 1] / N) starts[n_groups++] = i;
-  starts[n_groups] = N;
+  starts[n_groups] = M;
   const ThreadSlices<float> bufs(ScratchSlot::c, 2 * static_cast<size_t>(C));  // per thread: dy row, sum
-#pragma omp parallel if (N * C >= kMinParallel)
+#pragma omp parallel if (M * C >= kMinParallel)
   {
     float* buf = bufs.mine();
     float* acc = buf + C;
@@ -113,71 +206,54 @@ void wpe_backward(Tensor dwpe, const Tensor& dy, int64_t B, int64_t T, int64_t C
   }
 }
 
+// Both gradients of a validated backward; dwte holds rows [vocab_begin, ...).
+void embed_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
+                    int64_t pos_offset) {
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = dy.size(2);
+  if (dwte.defined()) wte_backward(dwte, dy, tokens.data_as<int32_t>(), B * T, C, vocab_begin);
+  if (dwpe.defined()) wpe_backward(dwpe, dy, B, T, C, pos_offset);
+}
+
 }  // namespace
 
 // y[b, t] = wte[tokens[b, t]] + wpe[pos_offset + t]
 // tokens: (B, T) i32  wte: (V, C)  wpe: (maxT, C) in wte's dtype or undefined  y: (B, T, C) in wte's dtype
 void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset) {
   constexpr const char* op = "embedding_forward";
-  check_tokens_operand(op, tokens);
-  require_cpu_contiguous(op, {{"wte", wte}});
-  require_float(op, {"wte", wte});
-  require_ndim(op, {"wte", wte}, 2);
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = wte.size(0), C = wte.size(1);
-  require_cpu_contiguous(op, {{"y", y}});
-  require_same_dtype(op, {"y", y}, {"wte", wte});
-  require_shape(op, {"y", y}, Shape{B, T, C});
-  if (wpe.defined()) {
-    check_table(op, {"wpe", wpe}, C);
-    require_same_dtype(op, {"wpe", wpe}, {"wte", wte});
-    check_positions(op, pos_offset, T, wpe.size(0));
-  }
-  check_tokens(op, tokens, V);
-  const int32_t* tok = tokens.data_as<int32_t>();
-  dispatch_float(wte.dtype(), [&]<typename E>() {
-    const E* te = wte.data_as<E>();
-    const E* pe = wpe.defined() ? wpe.data_as<E>() : nullptr;
-    E* out = y.data_as<E>();
-#pragma omp parallel for schedule(static) if (B * T * C >= kMinParallel)
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      const E* e = te + static_cast<int64_t>(tok[bt]) * C;
-      E* o = out + bt * C;
-      if (pe) {
-        const E* p = pe + (pos_offset + bt % T) * C;
-        if constexpr (std::is_same_v<E, f16>) {
-          add_rows_f16(o, e, p, C);
-        } else {
-          for (int64_t i = 0; i < C; ++i) o[i] = from_f32<E>(to_f32(e[i]) + to_f32(p[i]));
-        }
-      } else {
-        std::copy(e, e + C, o);
-      }
-    }
-  });
+  check_forward(op, y, tokens, wte, wpe, pos_offset);
+  check_tokens(op, tokens, wte.size(0));
+  embed_rows(y, tokens, wte, 0, wpe, pos_offset);
 }
 
 // dwte += scatter-add of dy by token; dwpe[pos_offset + t] += sum over b of dy[b, t].
 // dy: (B, T, C) float  dwte: (V, C), dwpe: (maxT, C), each f32, bf16, f16 or undefined.
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset) {
   constexpr const char* op = "embedding_backward";
-  check_tokens_operand(op, tokens);
-  require_cpu_contiguous(op, {{"dy", dy}});
-  require_float(op, {"dy", dy});
-  require_ndim(op, {"dy", dy}, 3);
-  const int64_t B = tokens.size(0), T = tokens.size(1), C = dy.size(2);
-  if (dy.size(0) != B || dy.size(1) != T)
-    op_fail(op, {{"dy", dy}, {"tokens", tokens}}, "dy must have shape (B, T, C) with (B, T) from tokens");
-  if (dwte.defined()) {
-    check_table(op, {"dwte", dwte}, C);
-    check_tokens(op, tokens, dwte.size(0));
-  }
-  if (dwpe.defined()) {
-    check_table(op, {"dwpe", dwpe}, C);
-    check_positions(op, pos_offset, T, dwpe.size(0));
-  }
-  require_grads_apart(op, {{"dwte", dwte}, {"dwpe", dwpe}}, {{"dy", dy}, {"tokens", tokens}});
-  if (dwte.defined()) wte_backward(dwte, dy, tokens.data_as<int32_t>(), B * T, C);
-  if (dwpe.defined()) wpe_backward(dwpe, dy, B, T, C, pos_offset);
+  check_backward(op, dwte, dwpe, dy, tokens, pos_offset);
+  if (dwte.defined()) check_tokens(op, tokens, dwte.size(0));
+  embed_backward(dwte, dwpe, dy, tokens, 0, pos_offset);
+}
+
+// y[b, t] = (token in the shard's rows ? wte[tok - vocab_begin] : 0) + wpe[pos_offset + t]
+// tokens: (B, T) i32 >= 0  wte: (V_local, C)  wpe: (maxT, C) or undefined  y: (B, T, C), in wte's dtype
+void embedding_shard_forward(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin,
+                             const Tensor& wpe, int64_t pos_offset) {
+  constexpr const char* op = "embedding_shard_forward";
+  check_forward(op, y, tokens, wte, wpe, pos_offset);
+  check_vocab_begin(op, vocab_begin);
+  check_tokens(op, tokens, kAnyToken);
+  embed_rows(y, tokens, wte, vocab_begin, wpe, pos_offset);
+}
+
+// dwte += scatter-add of dy over the tokens in the shard's rows; dwpe[pos_offset + t] += sum over b of dy[b, t].
+// dy: (B, T, C) float  dwte: (V_local, C), dwpe: (maxT, C), each f32, bf16, f16 or undefined.
+void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
+                              int64_t pos_offset) {
+  constexpr const char* op = "embedding_shard_backward";
+  check_backward(op, dwte, dwpe, dy, tokens, pos_offset);
+  check_vocab_begin(op, vocab_begin);
+  check_tokens(op, tokens, kAnyToken);
+  embed_backward(dwte, dwpe, dy, tokens, vocab_begin, pos_offset);
 }
 
 }  // namespace loom::kernels
