@@ -12,15 +12,47 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 
 namespace loom::model {
 
-// Sizes every block kernel call needs.
+// Tensor parallelism inside a block (tensor_parallel.h): the collectives
+// and the shared buffers sequence parallelism moves rows through.
+struct TpContext {
+  TensorParallelOps* ops = nullptr;  // null: no tensor parallelism
+  int size = 1, rank = 0;
+  bool sp = false;
+  Tensor gathered;  // SP: (N, C) compute dtype, a column-parallel input gathered from the row shards
+  Tensor partial;   // SP: (N, C) compute dtype, a row-parallel output before its reduce-scatter
+  Tensor dfull;     // SP: (N, C) f32, a row shard's gradient gathered to every row
+  Tensor dlocal;    // SP: (N / tp, C) f32, a column-parallel input's gradient reduced to the rank's rows
+};
+
+// Sizes every block kernel call needs. Under tensor parallelism NH, NKV and
+// F are this rank's (n_head / tp, ...), and the residual stream (block input
+// and output, norms, res1) has Nl = N / tp rows under SP, else N.
 struct Dims {
   int64_t B, T, C, NH, NKV, HS, F;
   float eps, theta;
+  TpContext tp{};
   int64_t N() const { return B * T; }
+  int64_t Q() const { return NH * HS; }    // q and attention output width
+  int64_t KV() const { return NKV * HS; }  // k, v width
 };
+
+// f forward: the column-parallel linears' input, x itself, or under SP the
+// rows gathered from every rank's shard x into d.tp.gathered.
+Tensor tp_enter(const Dims& d, const Tensor& x);
+// f backward: dfull (N, C) f32 holds this rank's partial gradient of the
+// column-parallel input; returns the summed gradient of the rank's rows
+// (dfull itself after an in-place all-reduce, or d.tp.dlocal under SP).
+Tensor tp_enter_backward(const Dims& d, Tensor dfull);
+// A row-parallel linear and g: y (the rank's rows) = sum over ranks of
+// x @ w^T, plus bias once (rank 0 adds it before the sum).
+void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+// g backward: the gradient of the row-parallel output for all N rows: dy
+// itself, or under SP the shards gathered into d.tp.dfull.
+Tensor tp_exit_backward(const Dims& d, const Tensor& dy);
 
 // Views into the parameter (or gradient) buffer; undefined where the family
 // has no such tensor (Llama: biases, w_up's GPT-2 counterpart).
@@ -110,10 +142,17 @@ struct ModelState {
   std::vector<Tensor> resid;       // n_layer + 1 of (B, T, C): resid[0] embeddings, resid[l + 1] block l out
   std::vector<LayerActs> acts;
   std::vector<LayerWeights> w, g;  // weights and gradients per layer
-  Tensor normf, meanf, rstdf;      // (B, T, C), (B*T), (B*T)
-  Tensor logits;                   // (B, T, V)
-  Tensor dres, dnormf;             // (B, T, C)
+  Tensor normf, meanf, rstdf;      // (B, T, C), (B*T), (B*T) (the residual stream's rows)
+  Tensor logits;                   // (B, T, V), or (B, T, Vl) this tp rank's vocabulary columns
+  Tensor dres, dnormf;             // residual stream rows x C, (B, T, C) f32
   Scratch s;
+  // Tensor parallelism: the rank's first vocabulary row and how many of its
+  // rows are real (not padding); the cross-entropy's (N) f32 log-sum-exp and
+  // target logit over all ranks (kept for backward); and under SP a zeroed
+  // buffer for a unit's norm-weight gradients before they are summed over tp.
+  int64_t vocab_begin = 0, vocab_valid = 0;
+  Tensor ce_lse, ce_target;
+  Tensor norm_grads;               // (4C) f32
   // Embeddings, final norm, lm head (the token embedding when tied).
   Tensor wte, wpe, normf_w, normf_b, lm_head;
   Tensor dwte, dwpe, dnormf_w, dnormf_b, dlm_head;

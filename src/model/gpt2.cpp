@@ -1,6 +1,9 @@
 // GPT-2 block (pre-LN, Radford et al. 2019):
 //   r = x + c_proj(attention(c_attn(ln_1(x))))
 //   out = r + mlp.c_proj(gelu(mlp.c_fc(ln_2(r))))
+// Under tensor parallelism c_attn and mlp.c_fc are column-parallel, the
+// c_proj's row-parallel, entered and left through f and g
+// (tensor_parallel.h); x, r, out and the norms are the rank's rows.
 #include "kernels/ops.h"
 #include "model/blocks.h"
 
@@ -9,22 +12,23 @@ namespace loom::model {
 using namespace loom::kernels;
 
 void gpt2_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d) {
-  const int64_t C = d.C, F = d.F;
-  layernorm_forward(a.norm1, a.mean1, a.rstd1, x, w.norm1_w, w.norm1_b, d.eps);  // (B,T,C)
+  const int64_t C = d.C, F = d.F, Q = d.Q();
+  layernorm_forward(a.norm1, a.mean1, a.rstd1, x, w.norm1_w, w.norm1_b, d.eps);
+  const Tensor h = rows_of(tp_enter(d, a.norm1), C);  // (N, C)
   // c_attn as three linears over its row blocks: q, k, v land contiguous in
   // the (B, T, NH, HS) layout attention wants, with no split copy.
-  linear_forward(rows_of(a.q, C), rows_of(a.norm1, C), w.wq, w.bq);  // (N, C) @ (C, C)^T
-  linear_forward(rows_of(a.k, C), rows_of(a.norm1, C), w.wk, w.bk);
-  linear_forward(rows_of(a.v, C), rows_of(a.norm1, C), w.wv, w.bv);
+  linear_forward(rows_of(a.q, Q), h, w.wq, w.bq);  // (N, C) @ (Q, C)^T
+  linear_forward(rows_of(a.k, Q), h, w.wk, w.bk);
+  linear_forward(rows_of(a.v, Q), h, w.wv, w.bv);
   // Decoding reads the whole cache (k_ctx, v_ctx); training reads k, v.
   attention_forward(a.att, a.lse, a.q, a.k_ctx.defined() ? a.k_ctx : a.k,
                     a.v_ctx.defined() ? a.v_ctx : a.v);  // (B,T,NH,HS), lse (B,NH,T)
-  linear_forward(rows_of(a.res1, C), rows_of(a.att, C), w.wo, w.bo);  // (N, C)
+  tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, w.bo);     // (rows, C)
   add(a.res1, a.res1, x);
   layernorm_forward(a.norm2, a.mean2, a.rstd2, a.res1, w.norm2_w, w.norm2_b, d.eps);
-  linear_forward(rows_of(a.fc, F), rows_of(a.norm2, C), w.w_fc, w.b_fc);  // (N, F)
+  linear_forward(rows_of(a.fc, F), rows_of(tp_enter(d, a.norm2), C), w.w_fc, w.b_fc);  // (N, F)
   gelu_forward(a.act, a.fc);
-  linear_forward(rows_of(out, C), rows_of(a.act, F), w.w_out, w.b_out);  // (N, C)
+  tp_exit(d, out, rows_of(a.act, F), w.w_out, w.b_out);
   add(out, out, a.res1);
 }
 
@@ -37,26 +41,29 @@ void gpt2_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, 
 
 void gpt2_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
                          const LayerActs& a, Scratch& s, const Dims& d) {
-  const int64_t C = d.C, F = d.F;
+  const int64_t C = d.C, F = d.F, Q = d.Q();
   // MLP branch; the residual path passes dres through unchanged.
   fill(s.dact, 0.f);
-  linear_backward(rows_of(s.dact, F), g.w_out, g.b_out, rows_of(dres, C), rows_of(a.act, F), w.w_out);
+  linear_backward(rows_of(s.dact, F), g.w_out, g.b_out, rows_of(tp_exit_backward(d, dres), C), rows_of(a.act, F),
+                  w.w_out);
   fill(s.dfc, 0.f);
   gelu_backward(s.dfc, s.dact, a.fc);
   fill(s.dnorm, 0.f);
-  linear_backward(rows_of(s.dnorm, C), g.w_fc, g.b_fc, rows_of(s.dfc, F), rows_of(a.norm2, C), w.w_fc);
-  layernorm_backward(dres, g.norm2_w, g.norm2_b, s.dnorm, a.res1, w.norm2_w, a.mean2, a.rstd2);  // dres = d res1
+  linear_backward(rows_of(s.dnorm, C), g.w_fc, g.b_fc, rows_of(s.dfc, F), rows_of(tp_enter(d, a.norm2), C), w.w_fc);
+  layernorm_backward(dres, g.norm2_w, g.norm2_b, tp_enter_backward(d, s.dnorm), a.res1, w.norm2_w, a.mean2,
+                     a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
-  linear_backward(rows_of(s.datt, C), g.wo, g.bo, rows_of(dres, C), rows_of(a.att, C), w.wo);
+  linear_backward(rows_of(s.datt, Q), g.wo, g.bo, rows_of(tp_exit_backward(d, dres), C), rows_of(a.att, Q), w.wo);
   fill(s.dq, 0.f), fill(s.dk, 0.f), fill(s.dv, 0.f);
   attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse);
   fill(s.dnorm, 0.f);
-  const Tensor n1 = rows_of(a.norm1, C), dn1 = rows_of(s.dnorm, C);
-  linear_backward(dn1, g.wq, g.bq, rows_of(s.dq, C), n1, w.wq);
-  linear_backward(dn1, g.wk, g.bk, rows_of(s.dk, C), n1, w.wk);
-  linear_backward(dn1, g.wv, g.bv, rows_of(s.dv, C), n1, w.wv);
-  layernorm_backward(dres, g.norm1_w, g.norm1_b, s.dnorm, x, w.norm1_w, a.mean1, a.rstd1);  // dres = d x
+  const Tensor n1 = rows_of(tp_enter(d, a.norm1), C), dn1 = rows_of(s.dnorm, C);
+  linear_backward(dn1, g.wq, g.bq, rows_of(s.dq, Q), n1, w.wq);
+  linear_backward(dn1, g.wk, g.bk, rows_of(s.dk, Q), n1, w.wk);
+  linear_backward(dn1, g.wv, g.bv, rows_of(s.dv, Q), n1, w.wv);
+  layernorm_backward(dres, g.norm1_w, g.norm1_b, tp_enter_backward(d, s.dnorm), x, w.norm1_w, a.mean1,
+                     a.rstd1);  // dres = d x
 }
 
 }  // namespace loom::model

@@ -1,7 +1,10 @@
 // Llama block (Touvron et al. 2023; Hugging Face LlamaDecoderLayer):
 //   r = x + o_proj(attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))),  h = rmsnorm(x)
 //   out = r + down_proj(silu(gate_proj(h2)) * up_proj(h2)),  h2 = rmsnorm(r)
-// with grouped-query attention (NKV key/value heads) and no biases.
+// with grouped-query attention (NKV key/value heads) and no biases. Under
+// tensor parallelism q/k/v and gate/up are column-parallel (a rank holds
+// NH / tp query and NKV / tp key/value heads), o_proj and down_proj
+// row-parallel, entered and left through f and g (tensor_parallel.h).
 #include "kernels/ops.h"
 #include "model/blocks.h"
 
@@ -11,23 +14,25 @@ using namespace loom::kernels;
 
 void llama_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Tensor& pos,
                          const Dims& d) {
-  const int64_t C = d.C, F = d.F, KV = d.NKV * d.HS;
-  rmsnorm_forward(a.norm1, a.rstd1, x, w.norm1_w, d.eps);  // (B,T,C)
-  linear_forward(rows_of(a.q, C), rows_of(a.norm1, C), w.wq, Tensor());   // (N, C)
-  linear_forward(rows_of(a.k, KV), rows_of(a.norm1, C), w.wk, Tensor());  // (N, NKV*HS)
-  linear_forward(rows_of(a.v, KV), rows_of(a.norm1, C), w.wv, Tensor());
+  const int64_t C = d.C, F = d.F, Q = d.Q(), KV = d.KV();
+  rmsnorm_forward(a.norm1, a.rstd1, x, w.norm1_w, d.eps);
+  const Tensor h = rows_of(tp_enter(d, a.norm1), C);       // (N, C)
+  linear_forward(rows_of(a.q, Q), h, w.wq, Tensor());      // (N, NH*HS)
+  linear_forward(rows_of(a.k, KV), h, w.wk, Tensor());     // (N, NKV*HS)
+  linear_forward(rows_of(a.v, KV), h, w.wv, Tensor());
   rope_forward(a.q, a.q, pos, d.theta);  // in place: backward needs only pos
   rope_forward(a.k, a.k, pos, d.theta);
   // Decoding reads the whole cache (k_ctx, v_ctx); training reads k, v.
   attention_forward(a.att, a.lse, a.q, a.k_ctx.defined() ? a.k_ctx : a.k,
                     a.v_ctx.defined() ? a.v_ctx : a.v);  // (B,T,NH,HS), lse (B,NH,T)
-  linear_forward(rows_of(a.res1, C), rows_of(a.att, C), w.wo, Tensor());
+  tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, Tensor());
   add(a.res1, a.res1, x);
   rmsnorm_forward(a.norm2, a.rstd2, a.res1, w.norm2_w, d.eps);
-  linear_forward(rows_of(a.fc, F), rows_of(a.norm2, C), w.w_fc, Tensor());  // gate (N, F)
-  linear_forward(rows_of(a.up, F), rows_of(a.norm2, C), w.w_up, Tensor());  // up (N, F)
+  const Tensor h2 = rows_of(tp_enter(d, a.norm2), C);
+  linear_forward(rows_of(a.fc, F), h2, w.w_fc, Tensor());  // gate (N, F)
+  linear_forward(rows_of(a.up, F), h2, w.w_up, Tensor());  // up (N, F)
   swiglu_forward(a.act, a.fc, a.up);
-  linear_forward(rows_of(out, C), rows_of(a.act, F), w.w_out, Tensor());  // (N, C)
+  tp_exit(d, out, rows_of(a.act, F), w.w_out, Tensor());
   add(out, out, a.res1);
 }
 
@@ -40,31 +45,32 @@ void llama_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a,
 
 void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
                           const LayerActs& a, Scratch& s, const Tensor& pos, const Dims& d) {
-  const int64_t C = d.C, F = d.F, KV = d.NKV * d.HS;
+  const int64_t C = d.C, F = d.F, Q = d.Q(), KV = d.KV();
   // MLP branch.
   fill(s.dact, 0.f);
-  linear_backward(rows_of(s.dact, F), g.w_out, Tensor(), rows_of(dres, C), rows_of(a.act, F), w.w_out);
+  linear_backward(rows_of(s.dact, F), g.w_out, Tensor(), rows_of(tp_exit_backward(d, dres), C), rows_of(a.act, F),
+                  w.w_out);
   fill(s.dfc, 0.f), fill(s.dup, 0.f);
   swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up);
   fill(s.dnorm, 0.f);
-  const Tensor n2 = rows_of(a.norm2, C), dn2 = rows_of(s.dnorm, C);
+  const Tensor n2 = rows_of(tp_enter(d, a.norm2), C), dn2 = rows_of(s.dnorm, C);
   linear_backward(dn2, g.w_fc, Tensor(), rows_of(s.dfc, F), n2, w.w_fc);
   linear_backward(dn2, g.w_up, Tensor(), rows_of(s.dup, F), n2, w.w_up);
-  rmsnorm_backward(dres, g.norm2_w, s.dnorm, a.res1, w.norm2_w, a.rstd2);  // dres = d res1
+  rmsnorm_backward(dres, g.norm2_w, tp_enter_backward(d, s.dnorm), a.res1, w.norm2_w, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
-  linear_backward(rows_of(s.datt, C), g.wo, Tensor(), rows_of(dres, C), rows_of(a.att, C), w.wo);
+  linear_backward(rows_of(s.datt, Q), g.wo, Tensor(), rows_of(tp_exit_backward(d, dres), C), rows_of(a.att, Q), w.wo);
   fill(s.dq_rot, 0.f), fill(s.dk_rot, 0.f), fill(s.dv, 0.f);
   attention_backward(s.dq_rot, s.dk_rot, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse);
   fill(s.dq, 0.f), fill(s.dk, 0.f);
   rope_backward(s.dq, s.dq_rot, pos, d.theta);
   rope_backward(s.dk, s.dk_rot, pos, d.theta);
   fill(s.dnorm, 0.f);
-  const Tensor n1 = rows_of(a.norm1, C), dn1 = rows_of(s.dnorm, C);
-  linear_backward(dn1, g.wq, Tensor(), rows_of(s.dq, C), n1, w.wq);
+  const Tensor n1 = rows_of(tp_enter(d, a.norm1), C), dn1 = rows_of(s.dnorm, C);
+  linear_backward(dn1, g.wq, Tensor(), rows_of(s.dq, Q), n1, w.wq);
   linear_backward(dn1, g.wk, Tensor(), rows_of(s.dk, KV), n1, w.wk);
   linear_backward(dn1, g.wv, Tensor(), rows_of(s.dv, KV), n1, w.wv);
-  rmsnorm_backward(dres, g.norm1_w, s.dnorm, x, w.norm1_w, a.rstd1);  // dres = d x
+  rmsnorm_backward(dres, g.norm1_w, tp_enter_backward(d, s.dnorm), x, w.norm1_w, a.rstd1);  // dres = d x
 }
 
 }  // namespace loom::model

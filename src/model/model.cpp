@@ -2,6 +2,8 @@
 // head and loss around the per-family blocks (gpt2.cpp, llama.cpp).
 #include "model/model.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "core/error.h"
@@ -42,15 +44,22 @@ struct Allocator {
 // The activations a block's backward reads that selective recompute drops
 // (norm outputs and statistics, the attention core's output and lse, the
 // activation function's output): fields of a LayerActs with nothing else set.
+// The residual stream's rows this rank holds: all N, or N / tp under SP
+// (tensor_parallel.h), as (B, T, C) or (Nl, C).
+Shape stream_shape(const Dims& d) {
+  if (!d.tp.sp) return {d.B, d.T, d.C};
+  return {d.N() / d.tp.size, d.C};
+}
+
 LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2) {
-  const int64_t B = d.B, T = d.T, C = d.C;
+  const int64_t B = d.B, T = d.T, Nl = stream_shape(d).numel() / d.C;
   const DType f32 = DType::f32;  // norm statistics and lse
   LayerActs a;
-  a.norm1 = alloc({B, T, C}), a.rstd1 = alloc({B * T}, f32);
-  if (gpt2) a.mean1 = alloc({B * T}, f32);
+  a.norm1 = alloc(stream_shape(d)), a.rstd1 = alloc({Nl}, f32);
+  if (gpt2) a.mean1 = alloc({Nl}, f32);
   a.att = alloc({B, T, d.NH, d.HS}), a.lse = alloc({B, d.NH, T}, f32);
-  a.norm2 = alloc({B, T, C}), a.rstd2 = alloc({B * T}, f32);
-  if (gpt2) a.mean2 = alloc({B * T}, f32);
+  a.norm2 = alloc(stream_shape(d)), a.rstd2 = alloc({Nl}, f32);
+  if (gpt2) a.mean2 = alloc({Nl}, f32);
   a.act = alloc({B, T, d.F});
   return a;
 }
@@ -60,7 +69,7 @@ LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2) {
 LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2) {
   const int64_t B = d.B, T = d.T;
   a.q = alloc({B, T, d.NH, d.HS}), a.k = alloc({B, T, d.NKV, d.HS}), a.v = alloc({B, T, d.NKV, d.HS});
-  a.res1 = alloc({B, T, d.C});
+  a.res1 = alloc(stream_shape(d));
   a.fc = alloc({B, T, d.F});
   if (!gpt2) a.up = alloc({B, T, d.F});
   return a;
@@ -68,17 +77,19 @@ LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2
 
 // Activations (st.resid, st.acts, final norm, logits) and backward scratch
 // of a (B, T) micro-batch under a recompute policy (model.h).
-void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, Recompute recompute) {
+void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, Recompute recompute,
+                        int64_t vocab) {
   const Dims& d = st.dims;
   const bool gpt2 = cfg.family == Family::gpt2;
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;
-  const int64_t L = cfg.n_layer, V = cfg.vocab_size;
+  const int64_t L = cfg.n_layer, V = vocab;  // V: this tp rank's vocabulary columns
+  const int64_t Nl = stream_shape(d).numel() / C;
   const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
 
   st.tokens = alloc({B, T}, DType::i32);
   st.targets = alloc({B, T}, DType::i32);
   st.pos = alloc({T}, DType::i32);
-  for (int64_t l = 0; l <= L; ++l) st.resid.push_back(alloc({B, T, C}));
+  for (int64_t l = 0; l <= L; ++l) st.resid.push_back(alloc(stream_shape(d)));
   if (recompute == Recompute::full) {  // every layer aliases one set
     st.acts.assign(L, with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
   } else if (recompute == Recompute::selective) {  // every layer aliases one set of the dropped ones
@@ -87,10 +98,16 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   } else {
     for (int64_t l = 0; l < L; ++l) st.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
   }
-  st.normf = alloc({B, T, C}), st.rstdf = alloc({B * T}, f32);
-  if (gpt2) st.meanf = alloc({B * T}, f32);
+  st.normf = alloc(stream_shape(d)), st.rstdf = alloc({Nl}, f32);
+  if (gpt2) st.meanf = alloc({Nl}, f32);
   st.logits = alloc({B, T, V});
-  st.dres = alloc({B, T, C}, f32), st.dnormf = alloc({B, T, C}, f32);
+  st.dres = alloc(stream_shape(d), f32), st.dnormf = alloc({B, T, C}, f32);
+  if (d.tp.size > 1) st.ce_lse = alloc({B * T}, f32), st.ce_target = alloc({B * T}, f32);
+  if (d.tp.sp) {
+    st.norm_grads = alloc({4 * C}, f32);
+    st.dims.tp.gathered = alloc({B * T, C}), st.dims.tp.partial = alloc({B * T, C});
+    st.dims.tp.dfull = alloc({B * T, C}, f32), st.dims.tp.dlocal = alloc({Nl, C}, f32);
+  }
   Scratch& s = st.s;
   s.dnorm = alloc({B, T, C}, f32);
   s.dq = alloc({B, T, NH, HS}, f32), s.dk = alloc({B, T, NKV, HS}, f32), s.dv = alloc({B, T, NKV, HS}, f32);
@@ -100,8 +117,25 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   if (!gpt2) s.dup = alloc({B, T, F}, f32);
 }
 
-Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T) {
-  return {B, T, cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_size(), cfg.d_ff, cfg.norm_eps, cfg.rope_theta};
+Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) {
+  const int t = tp.tp.size;
+  Dims d{B, T, cfg.n_embd, cfg.n_head / t, cfg.n_kv_head / t, cfg.head_size(), cfg.d_ff / t, cfg.norm_eps,
+         cfg.rope_theta};
+  d.tp.ops = t > 1 ? tp.ops : nullptr;
+  d.tp.size = t;
+  d.tp.sp = tp.sp();
+  d.tp.rank = tp.tp.rank;
+  return d;
+}
+
+// Sizes the model cannot split: heads and d_ff are checked by param_specs;
+// SP splits every sequence's tokens.
+void check_tp(const ModelConfig& cfg, int64_t T, const TpOptions& tp) {
+  (void)cfg;
+  if (!tp.sp()) return;
+  LOOM_REQUIRE(T % tp.tp.size == 0, "sequence length ", T, " is not divisible by parallel.tp = ", tp.tp.size,
+               ": sequence parallelism splits each sequence's tokens across the tp ranks, so train.seq_len must be ",
+               "a multiple of tp (or set parallel.sequence_parallel = false)");
 }
 
 void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T) {
@@ -131,9 +165,9 @@ LayerWeights ParamViews::layer(const ModelConfig& cfg, int64_t i) const {
   LayerWeights w;
   if (cfg.family == Family::gpt2) {
     const std::string p = concat("h.", i, ".");
-    const int64_t C = cfg.n_embd;
     w.norm1_w = v(p + "ln_1.weight"), w.norm1_b = v(p + "ln_1.bias");
     const Tensor qkv = v(p + "attn.c_attn.weight"), qkv_b = v(p + "attn.c_attn.bias");
+    const int64_t C = qkv.size(0) / 3;  // a tp rank's q, k, v rows: n_embd / tp each
     w.wq = qkv.slice(0, 0, C), w.wk = qkv.slice(0, C, C), w.wv = qkv.slice(0, 2 * C, C);
     w.bq = qkv_b.slice(0, 0, C), w.bk = qkv_b.slice(0, C, C), w.bv = qkv_b.slice(0, 2 * C, C);
     w.wo = v(p + "attn.c_proj.weight"), w.bo = v(p + "attn.c_proj.bias");
@@ -178,13 +212,15 @@ Recompute recompute_from_name(std::string_view name) {
   fail("recompute policy '", name, "' is unknown: allowed values are none, selective, full");
 }
 
-int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute) {
-  cfg.validate();
+int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
+                                const TpOptions& tp) {
+  (void)model::param_specs(cfg, tp.tp);  // validates cfg and the tp split
   LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
+  check_tp(cfg, T, tp);
   ModelState st;
-  st.dims = dims_of(cfg, B, T);
+  st.dims = dims_of(cfg, B, T, tp);
   Allocator counter{nullptr, nullptr, compute};
-  layout_activations(st, counter, cfg, recompute);
+  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size));
   return counter.bytes;
 }
 
@@ -207,20 +243,22 @@ std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpe
 }
 
 Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute, Recompute recompute,
-             const Storage& storage)
+             const Storage& storage, const TpOptions& tp)
     : cfg_(cfg),
       B_(B),
       T_(T),
       recompute_(recompute),
       compute_(compute),
       storage_(storage),
-      specs_(model::param_specs(cfg)),
+      tp_(tp),
+      specs_(model::param_specs(cfg, tp.tp)),
       state_(std::make_unique<ModelState>()) {
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(T >= 1 && T <= cfg.max_seq_len, "sequence length ", T, " is invalid: allowed values are 1 to ",
                "model.max_seq_len = ", cfg.max_seq_len);
   LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
+  check_tp(cfg, T, tp);
   units_ = model_units(cfg, specs_);
   const int64_t P = param_count(specs_);
   if (storage.params) params_ = pools[MemTag::params].empty(compute, {P});
@@ -228,9 +266,12 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   if (storage.grads) grads_ = pools[MemTag::grads].zeros(DType::f32, {P});
 
   ModelState& st = *state_;
-  st.dims = dims_of(cfg, B, T);
+  st.dims = dims_of(cfg, B, T, tp);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
-  layout_activations(st, alloc, cfg, recompute);
+  const int64_t Vl = vocab_per_rank(cfg, tp.tp.size);
+  layout_activations(st, alloc, cfg, recompute, Vl);
+  st.vocab_begin = tp.tp.rank * Vl;
+  st.vocab_valid = std::clamp<int64_t>(cfg.vocab_size - st.vocab_begin, 0, Vl);
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);
 
   const int64_t L = cfg.n_layer;
@@ -366,23 +407,65 @@ HeadWeights Model::bind_embedding_grads() {
   return g;
 }
 
+namespace {
+
+// Under tensor parallelism the kernels see only a vocabulary shard, so the
+// model checks ids against the whole vocabulary itself.
+void check_ids(const char* what, const Tensor& t, int64_t V, bool allow_ignore) {
+  const int32_t* p = t.data_as<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    LOOM_REQUIRE((p[i] >= 0 && p[i] < V) || (allow_ignore && p[i] == -100), "Model::forward: ", what, " ", p[i],
+                 " at index ", i, " is outside the vocabulary: allowed ids are 0 to ", V - 1,
+                 allow_ignore ? " (or -100: ignored)" : "");
+}
+
+// Under SP a norm weight's gradient from the rank's rows is partial: the
+// block writes it into `buf` (zeroed) instead, which is then summed over tp
+// and added to the real gradient (sum_norm_grads).
+LayerWeights with_norm_grads_in(LayerWeights g, const Tensor& buf, int64_t C) {
+  fill(buf, 0.f);
+  Tensor* norms[] = {&g.norm1_w, &g.norm1_b, &g.norm2_w, &g.norm2_b};
+  for (int i = 0; i < 4; ++i)
+    if (norms[i]->defined()) *norms[i] = buf.slice(0, i * C, C);
+  return g;
+}
+void sum_norm_grads(const Dims& d, const Tensor& buf, const std::array<Tensor, 4>& real) {
+  d.tp.ops->all_reduce_sum(buf);
+  for (int i = 0; i < 4; ++i)
+    if (real[i].defined()) add(real[i], real[i], buf.slice(0, i * d.C, d.C));
+}
+
+}  // namespace
+
 float Model::forward(const Tensor& tokens, const Tensor& targets) {
   ModelState& st = *state_;
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
+  const bool tp = tp_.active();
   check_batch("tokens", tokens, B_, T_);
+  LOOM_REQUIRE(!tp || tp_.ops != nullptr, "Model::forward: tensor parallelism (tp = ", tp_.tp.size,
+               ") needs its collectives (TpOptions::ops)");
+  if (tp) check_ids("token", tokens, cfg_.vocab_size, false);
   std::memcpy(st.tokens.data(), tokens.data(), tokens.nbytes());
   has_targets_ = targets.defined();
   if (has_targets_) {
     check_batch("targets", targets, B_, T_);
+    if (tp) check_ids("target", targets, cfg_.vocab_size, true);
     std::memcpy(st.targets.data(), targets.data(), targets.nbytes());
   }
   const int L = static_cast<int>(cfg_.n_layer);
+  const int64_t C = d.C, V = st.logits.size(2);
   const bool own = storage_.params;
   ParamViews& pv = *st.param_views;
   HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};
   if (!own) w = bind_embeddings();
-  embedding_forward(st.resid[0], st.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
+  if (!tp) {
+    embedding_forward(st.resid[0], st.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
+  } else {  // each token's row lives on one rank: partial sums (wpe added once), reduced by g
+    const Tensor partial = d.tp.sp ? d.tp.partial.reshape({B_, T_, C}) : st.resid[0];
+    embedding_shard_forward(partial, st.tokens, w.wte, st.vocab_begin, d.tp.rank == 0 ? w.wpe : Tensor());
+    tp_.ops->reduce(st.resid[0], partial);
+  }
   if (!own) release(0);
   for (int64_t l = 0; l < L; ++l) {
     LayerWeights bound;
@@ -396,10 +479,24 @@ float Model::forward(const Tensor& tokens, const Tensor& targets) {
   const Tensor& x = st.resid[L];
   if (gpt2) layernorm_forward(st.normf, st.meanf, st.rstdf, x, w.normf_w, w.normf_b, d.eps);
   else rmsnorm_forward(st.normf, st.rstdf, x, w.normf_w, d.eps);
-  linear_forward(rows_of(st.logits, cfg_.vocab_size), rows_of(st.normf, d.C), w.lm_head, Tensor());  // (N, V)
+  // (N, V) or this rank's (N, Vl) columns; under SP from the gathered rows.
+  linear_forward(rows_of(st.logits, V), rows_of(tp_enter(d, st.normf), C), w.lm_head, Tensor());
   if (!own) release_head();
   if (!has_targets_) return 0.f;
-  return cross_entropy_forward_backward(Tensor(), Tensor(), st.logits, st.targets);
+  if (!tp) return cross_entropy_forward_backward(Tensor(), Tensor(), st.logits, st.targets);
+  // Vocab-parallel cross-entropy: the full rows' log-sum-exp and target
+  // logit from every rank's columns; loss = mean of lse - target.
+  const Tensor targets_n = st.targets.reshape({B_ * T_});
+  cross_entropy_shard_stats(st.ce_lse, st.ce_target, rows_of(st.logits, V), targets_n, st.vocab_begin,
+                            st.vocab_valid);
+  tp_.ops->combine_cross_entropy(st.ce_lse, st.ce_target);
+  const int32_t* tg = st.targets.data_as<int32_t>();
+  const float *lse = st.ce_lse.data_as<float>(), *tl = st.ce_target.data_as<float>();
+  double sum = 0;
+  int64_t n_valid = 0;
+  for (int64_t i = 0; i < B_ * T_; ++i)
+    if (tg[i] != -100) sum += static_cast<double>(lse[i]) - tl[i], ++n_valid;
+  return n_valid == 0 ? 0.f : static_cast<float>(sum / static_cast<double>(n_valid));
 }
 Tensor Model::logits() const { return state_->logits; }
 
@@ -410,7 +507,8 @@ void Model::backward(float dloss) {
   ModelState& st = *state_;
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
-  const int64_t V = cfg_.vocab_size, C = d.C;
+  const bool tp = tp_.active(), sp = d.tp.sp;
+  const int64_t V = st.logits.size(2), C = d.C;
   const int L = static_cast<int>(cfg_.n_layer);
   const bool own = storage_.params, own_grads = storage_.grads;
   ParamViews &pv = *st.param_views, &gv = *st.grad_views;
@@ -418,15 +516,29 @@ void Model::backward(float dloss) {
   HeadWeights g{st.dwte, st.dwpe, st.dnormf_w, st.dnormf_b, st.dlm_head};
   if (!own) w = bind_head(Pass::backward);
   if (!own_grads) g = bind_head_grads();
-  // dlogits overwrite the logits in place: (B, T, V)
-  cross_entropy_forward_backward(st.logits, Tensor(), st.logits, st.targets, -100, dloss);
+  // dlogits overwrite the logits in place: (B, T, V) or the rank's (B, T, Vl)
+  if (!tp) {
+    cross_entropy_forward_backward(st.logits, Tensor(), st.logits, st.targets, -100, dloss);
+  } else {
+    const Tensor targets_n = st.targets.reshape({B_ * T_});
+    int64_t n_valid = 0;
+    for (int64_t i = 0; i < B_ * T_; ++i) n_valid += targets_n.data_as<int32_t>()[i] != -100;
+    const float scale = n_valid == 0 ? 0.f : dloss / static_cast<float>(n_valid);
+    cross_entropy_shard_backward(rows_of(st.logits, V), rows_of(st.logits, V), st.ce_lse, targets_n,
+                                 st.vocab_begin, st.vocab_valid, scale);
+  }
   fill(st.dnormf, 0.f);
-  linear_backward(rows_of(st.dnormf, C), g.lm_head, Tensor(), rows_of(st.logits, V), rows_of(st.normf, C),
+  linear_backward(rows_of(st.dnormf, C), g.lm_head, Tensor(), rows_of(st.logits, V), rows_of(tp_enter(d, st.normf), C),
                   w.lm_head);  // tied: the lm-head gradient adds into dwte
+  const Tensor dnormf = tp_enter_backward(d, st.dnormf);  // the rank's rows, summed over tp
   fill(st.dres, 0.f);
   const Tensor& x = st.resid[L];
-  if (gpt2) layernorm_backward(st.dres, g.normf_w, g.normf_b, st.dnormf, x, w.normf_w, st.meanf, st.rstdf);
-  else rmsnorm_backward(st.dres, g.normf_w, st.dnormf, x, w.normf_w, st.rstdf);
+  if (sp) fill(st.norm_grads, 0.f);
+  const Tensor dnw = sp ? st.norm_grads.slice(0, 0, C) : g.normf_w;
+  const Tensor dnb = sp && gpt2 ? st.norm_grads.slice(0, C, C) : g.normf_b;
+  if (gpt2) layernorm_backward(st.dres, dnw, dnb, dnormf, x, w.normf_w, st.meanf, st.rstdf);
+  else rmsnorm_backward(st.dres, dnw, dnormf, x, w.normf_w, st.rstdf);
+  if (sp) sum_norm_grads(d, st.norm_grads, {g.normf_w, gpt2 ? g.normf_b : Tensor(), Tensor(), Tensor()});
   if (!own) release_head();
   grads_done(L + 1);
   for (int l = L - 1; l >= 0; --l) {
@@ -434,7 +546,8 @@ void Model::backward(float dloss) {
     if (!own) pv.rebind(unit_params(1 + l, Pass::backward), units_[1 + l].begin), bound_w = pv.layer(cfg_, l);
     if (!own_grads) gv.rebind(unit_grads(1 + l), units_[1 + l].begin), bound_g = gv.layer(cfg_, l);
     const LayerWeights& lw = own ? st.w[l] : bound_w;
-    const LayerWeights& lg = own_grads ? st.g[l] : bound_g;
+    const LayerWeights& lg_real = own_grads ? st.g[l] : bound_g;
+    const LayerWeights lg = sp ? with_norm_grads_in(lg_real, st.norm_grads, C) : lg_real;
     // Under full recompute the block's output is rewritten with the same bits.
     if (recompute_ == Recompute::full) {
       if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], d);
@@ -445,11 +558,17 @@ void Model::backward(float dloss) {
     }
     if (gpt2) gpt2_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, d);
     else llama_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, st.pos, d);
+    if (sp) sum_norm_grads(d, st.norm_grads, {lg_real.norm1_w, lg_real.norm1_b, lg_real.norm2_w, lg_real.norm2_b});
     if (!own) release(1 + l);
     grads_done(1 + l);
   }
   if (!own_grads) g = bind_embedding_grads();
-  embedding_backward(g.wte, g.wpe, st.dres, st.tokens);
+  if (!tp) {
+    embedding_backward(g.wte, g.wpe, st.dres, st.tokens);
+  } else {  // every rank sees all rows' gradient: its vocabulary rows, and the whole (identical) wpe gradient
+    const Tensor dy = tp_exit_backward(d, st.dres).reshape({B_, T_, C});
+    embedding_shard_backward(g.wte, g.wpe, dy, st.tokens, st.vocab_begin);
+  }
   grads_done(0);
 }
 

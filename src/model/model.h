@@ -39,6 +39,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 
 namespace loom::model {
 
@@ -99,8 +100,11 @@ class Model {
   // gradients (zeroed) come from pools[params] / pools[grads], activations
   // and backward scratch from pools[activations]. Parameters are not
   // initialised: call init_params or load_params. compute: f32, bf16 or f16.
+  // tp: this rank's slice under tensor (and sequence) parallelism
+  // (tensor_parallel.h); its param_specs(), params and gradients are then the
+  // rank's slices, logits() its vocabulary columns.
   Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
-        Recompute recompute = Recompute::none, const Storage& storage = {});
+        Recompute recompute = Recompute::none, const Storage& storage = {}, const TpOptions& tp = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -115,7 +119,9 @@ class Model {
   // Bytes the activations pool holds for a model built with these arguments
   // (activations and backward scratch), from the same layout the
   // constructor allocates, without allocating.
-  static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute);
+  static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
+                                  const TpOptions& tp = {});
+  const TpOptions& tensor_parallel() const { return tp_; }
 
   const std::vector<Unit>& units() const { return units_; }
   const Storage& storage() const { return storage_; }
@@ -152,8 +158,9 @@ class Model {
   // (entries equal to -100 are ignored), or 0 when targets is undefined
   // (logits only; backward is then not allowed).
   float forward(const Tensor& tokens, const Tensor& targets = Tensor());
-  // (B, T, V) in the compute dtype; valid after forward until backward (which overwrites it
-  // with its gradient).
+  // (B, T, V) in the compute dtype — under tensor parallelism (B, T, Vl),
+  // this rank's vocabulary columns, padding included; valid after forward
+  // until backward (which overwrites it with its gradient).
   Tensor logits() const;
   // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
   // averages k accumulated micro-batches.
@@ -177,6 +184,7 @@ class Model {
   Recompute recompute_;
   DType compute_;
   Storage storage_;
+  TpOptions tp_;
   std::vector<ParamSpec> specs_;
   std::vector<Unit> units_;
   StepHooks* hooks_ = nullptr;

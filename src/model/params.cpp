@@ -12,76 +12,102 @@ namespace {
 // Initial std of every weight matrix and embedding (GPT-2 / HF initializer_range).
 constexpr float kInitStd = 0.02f;
 
+// Builds the spec list of one tp rank: global shapes in, the rank's slices
+// and offsets out.
 class SpecList {
  public:
-  void add(std::string name, Shape shape, ParamInit init, float std = 0.f, bool hf_transposed = false) {
-    specs_.push_back({std::move(name), shape, offset_, init, std, hf_transposed});
-    offset_ += shape.numel();
+  explicit SpecList(TpRank tp) : tp_(tp) {}
+  void add(std::string name, Shape shape, ParamInit init, float std = 0.f, bool hf_transposed = false,
+           TpSplit split = {}) {
+    ParamSpec spec{std::move(name), shape, offset_, init, std, hf_transposed, shape, split, tp_};
+    if (split.dim >= 0) {
+      if (split.extent == 0) spec.split.extent = shape[split.dim];
+      LOOM_CHECK(spec.split.extent % (split.blocks * tp_.size) == 0, spec.name, " extent ", spec.split.extent);
+      spec.shape[split.dim] = spec.split.extent / tp_.size;
+    }
+    offset_ += spec.shape.numel();
+    specs_.push_back(std::move(spec));
   }
-  void weight(std::string name, Shape shape, float std = kInitStd, bool hf_transposed = false) {
-    add(std::move(name), shape, ParamInit::normal, std, hf_transposed);
+  void weight(std::string name, Shape shape, float std = kInitStd, bool hf_transposed = false, TpSplit split = {}) {
+    add(std::move(name), shape, ParamInit::normal, std, hf_transposed, split);
   }
   std::vector<ParamSpec> take() { return std::move(specs_); }
 
  private:
+  TpRank tp_;
   std::vector<ParamSpec> specs_;
   int64_t offset_ = 0;
 };
+
+// Megatron's splits (params.h TpSplit).
+constexpr TpSplit kColumn{0, 1, 0};  // column-parallel: output rows
+constexpr TpSplit kRow{1, 1, 0};     // row-parallel: input columns
+TpSplit vocab_split(const ModelConfig& c, int tp) { return {0, 1, vocab_per_rank(c, tp) * tp}; }
 
 // Residual-branch output projections are scaled by 1/sqrt(2 n_layer) (GPT-2
 // paper §2.3): each block adds two of them to the residual stream.
 float residual_std(const ModelConfig& c) { return kInitStd / std::sqrt(2.f * static_cast<float>(c.n_layer)); }
 
-void gpt2_specs(SpecList& s, const ModelConfig& c) {
+void gpt2_specs(SpecList& s, const ModelConfig& c, int tp) {
   const int64_t C = c.n_embd, F = c.d_ff;
-  s.weight("wte.weight", {c.vocab_size, C});
+  s.weight("wte.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
   s.weight("wpe.weight", {c.max_seq_len, C});
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = concat("h.", i, ".");
     s.add(p + "ln_1.weight", {C}, ParamInit::ones);
     s.add(p + "ln_1.bias", {C}, ParamInit::zeros);
-    s.weight(p + "attn.c_attn.weight", {3 * C, C}, kInitStd, true);  // rows: q, k, v
-    s.add(p + "attn.c_attn.bias", {3 * C}, ParamInit::zeros);
-    s.weight(p + "attn.c_proj.weight", {C, C}, residual_std(c), true);
+    const TpSplit qkv{0, 3, 0};  // rows: q, k, v blocks, each split by heads
+    s.weight(p + "attn.c_attn.weight", {3 * C, C}, kInitStd, true, qkv);
+    s.add(p + "attn.c_attn.bias", {3 * C}, ParamInit::zeros, 0.f, false, qkv);
+    s.weight(p + "attn.c_proj.weight", {C, C}, residual_std(c), true, kRow);
     s.add(p + "attn.c_proj.bias", {C}, ParamInit::zeros);
     s.add(p + "ln_2.weight", {C}, ParamInit::ones);
     s.add(p + "ln_2.bias", {C}, ParamInit::zeros);
-    s.weight(p + "mlp.c_fc.weight", {F, C}, kInitStd, true);
-    s.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros);
-    s.weight(p + "mlp.c_proj.weight", {C, F}, residual_std(c), true);
+    s.weight(p + "mlp.c_fc.weight", {F, C}, kInitStd, true, kColumn);
+    s.add(p + "mlp.c_fc.bias", {F}, ParamInit::zeros, 0.f, false, kColumn);
+    s.weight(p + "mlp.c_proj.weight", {C, F}, residual_std(c), true, kRow);
     s.add(p + "mlp.c_proj.bias", {C}, ParamInit::zeros);
   }
   s.add("ln_f.weight", {C}, ParamInit::ones);
   s.add("ln_f.bias", {C}, ParamInit::zeros);
-  if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C});
+  if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
 }
 
-void llama_specs(SpecList& s, const ModelConfig& c) {
+void llama_specs(SpecList& s, const ModelConfig& c, int tp) {
   const int64_t C = c.n_embd, F = c.d_ff, KV = c.kv_dim();
-  s.weight("model.embed_tokens.weight", {c.vocab_size, C});
+  s.weight("model.embed_tokens.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = concat("model.layers.", i, ".");
     s.add(p + "input_layernorm.weight", {C}, ParamInit::ones);
-    s.weight(p + "self_attn.q_proj.weight", {C, C});
-    s.weight(p + "self_attn.k_proj.weight", {KV, C});
-    s.weight(p + "self_attn.v_proj.weight", {KV, C});
-    s.weight(p + "self_attn.o_proj.weight", {C, C}, residual_std(c));
+    s.weight(p + "self_attn.q_proj.weight", {C, C}, kInitStd, false, kColumn);
+    s.weight(p + "self_attn.k_proj.weight", {KV, C}, kInitStd, false, kColumn);
+    s.weight(p + "self_attn.v_proj.weight", {KV, C}, kInitStd, false, kColumn);
+    s.weight(p + "self_attn.o_proj.weight", {C, C}, residual_std(c), false, kRow);
     s.add(p + "post_attention_layernorm.weight", {C}, ParamInit::ones);
-    s.weight(p + "mlp.gate_proj.weight", {F, C});
-    s.weight(p + "mlp.up_proj.weight", {F, C});
-    s.weight(p + "mlp.down_proj.weight", {C, F}, residual_std(c));
+    s.weight(p + "mlp.gate_proj.weight", {F, C}, kInitStd, false, kColumn);
+    s.weight(p + "mlp.up_proj.weight", {F, C}, kInitStd, false, kColumn);
+    s.weight(p + "mlp.down_proj.weight", {C, F}, residual_std(c), false, kRow);
   }
   s.add("model.norm.weight", {C}, ParamInit::ones);
-  if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C});
+  if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
 }
 
 }  // namespace
 
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg) {
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp) {
   cfg.validate();
-  SpecList s;
-  if (cfg.family == Family::gpt2) gpt2_specs(s, cfg);
-  else llama_specs(s, cfg);
+  LOOM_REQUIRE(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "tensor-parallel rank ", tp.rank, " of ", tp.size,
+               " is invalid");
+  auto require_divides = [&](const char* key, int64_t value, const char* what) {
+    LOOM_REQUIRE(value % tp.size == 0, "parallel.tp = ", tp.size, " does not divide model.", key, " = ", value,
+                 ": tensor parallelism splits the ", what, " across the tp ranks, so tp must divide ", key);
+  };
+  require_divides("n_head", cfg.n_head, "attention heads");
+  require_divides("n_kv_head", cfg.n_kv_head, "key/value heads");
+  require_divides("d_ff", cfg.d_ff, "MLP's hidden units");
+  SpecList s(tp);
+  if (cfg.family == Family::gpt2) gpt2_specs(s, cfg, tp.size);
+  else llama_specs(s, cfg, tp.size);
   return s.take();
 }
 
@@ -89,6 +115,73 @@ int64_t param_count(const std::vector<ParamSpec>& specs) {
   int64_t n = 0;
   for (const ParamSpec& s : specs) n += s.numel();
   return n;
+}
+
+int64_t vocab_per_rank(const ModelConfig& cfg, int tp) { return (cfg.vocab_size + tp - 1) / tp; }
+
+std::vector<ShardRun> shard_runs(const ParamSpec& spec) {
+  if (spec.replicated()) return {{0, 0, spec.numel()}};
+  const TpSplit& sp = spec.split;
+  const int64_t block = sp.extent / sp.blocks;    // a block's global extent along the split dim
+  const int64_t piece = block / spec.tp.size;     // the rank's part of each block
+  const int64_t real = spec.global_shape[sp.dim];  // indices past it are padding
+  // The split dim's local index i is global index g(i); elements inside it
+  // are `inner` apart, the dims before it `outer` times over.
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < sp.dim; ++d) outer *= spec.shape[d];
+  for (int d = sp.dim + 1; d < spec.shape.ndim(); ++d) inner *= spec.shape[d];
+  const int64_t local_dim = spec.shape[sp.dim];
+  std::vector<ShardRun> runs;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t b = 0; b < sp.blocks; ++b) {
+      const int64_t g0 = b * block + spec.tp.rank * piece;  // first global index of the piece
+      const int64_t n_real = std::clamp<int64_t>(real - g0, 0, piece);
+      const int64_t local = (o * local_dim + b * piece) * inner;
+      if (n_real > 0) runs.push_back({local, (o * real + g0) * inner, n_real * inner});
+      if (n_real < piece) runs.push_back({local + n_real * inner, -1, (piece - n_real) * inner});
+    }
+  }
+  return runs;
+}
+
+namespace {
+
+void check_flat(const char* op, const Tensor& t, const std::vector<ParamSpec>& specs) {
+  LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.numel() == param_count(specs), op, ": buffer ",
+             t.str(), " for ", param_count(specs), " parameters");
+}
+
+}  // namespace
+
+void tp_slice(Tensor local, const ModelConfig& cfg, TpRank tp, const Tensor& global) {
+  const std::vector<ParamSpec> whole = param_specs(cfg), mine = param_specs(cfg, tp);
+  check_flat("tp_slice", local, mine);
+  check_flat("tp_slice", global, whole);
+  const float* src = global.data_as<float>();
+  float* dst = local.data_as<float>();
+  for (size_t i = 0; i < mine.size(); ++i)
+    for (const ShardRun& r : shard_runs(mine[i])) {
+      float* out = dst + mine[i].offset + r.local;
+      if (r.global < 0) std::fill(out, out + r.count, 0.f);
+      else std::copy_n(src + whole[i].offset + r.global, r.count, out);
+    }
+}
+
+void tp_assemble(Tensor global, const ModelConfig& cfg, int tp, std::span<const Tensor> ranks) {
+  const std::vector<ParamSpec> whole = param_specs(cfg);
+  check_flat("tp_assemble", global, whole);
+  LOOM_CHECK(static_cast<int>(ranks.size()) == tp, "tp_assemble: ", ranks.size(), " buffers for tp = ", tp);
+  float* dst = global.data_as<float>();
+  for (int r = 0; r < tp; ++r) {
+    const std::vector<ParamSpec> specs = param_specs(cfg, {tp, r});
+    check_flat("tp_assemble", ranks[r], specs);
+    const float* src = ranks[r].data_as<float>();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].replicated() && r != 0) continue;
+      for (const ShardRun& run : shard_runs(specs[i]))
+        if (run.global >= 0) std::copy_n(src + specs[i].offset + run.local, run.count, dst + whole[i].offset + run.global);
+    }
+  }
 }
 
 void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_begin) {
@@ -100,14 +193,22 @@ void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_be
              spec.name, " ", spec.shape.str(), " rows [", row_begin, ", +", dst.size(0), ") dst ", dst.str());
   for (int d = 1; d < dst.ndim(); ++d) LOOM_CHECK(dst.size(d) == spec.shape[d], "init_param: ", spec.name);
   float* out = dst.data_as<float>();
-  const int64_t n = dst.numel();
-  switch (spec.init) {
-    case ParamInit::normal:
-      rng_fill_normal(out, n, seed, rng_key(spec.name), static_cast<uint64_t>(row_begin * row_size), 0.f,
-                      spec.init_std);
-      break;
-    case ParamInit::ones: std::fill(out, out + n, 1.f); break;
-    case ParamInit::zeros: std::fill(out, out + n, 0.f); break;
+  const int64_t begin = row_begin * row_size, end = begin + dst.numel();  // the rank's flat elements
+  if (spec.init != ParamInit::normal) {
+    std::fill(out, out + dst.numel(), spec.init == ParamInit::ones ? 1.f : 0.f);
+    for (const ShardRun& r : shard_runs(spec)) {  // padding stays 0
+      const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
+      if (r.global < 0 && lo < hi) std::fill(out + lo - begin, out + hi - begin, 0.f);
+    }
+    return;
+  }
+  for (const ShardRun& r : shard_runs(spec)) {
+    const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
+    if (lo >= hi) continue;
+    if (r.global < 0) std::fill(out + lo - begin, out + hi - begin, 0.f);
+    else
+      rng_fill_normal(out + lo - begin, hi - lo, seed, rng_key(spec.name), static_cast<uint64_t>(r.global + lo - r.local),
+                      0.f, spec.init_std);
   }
 }
 

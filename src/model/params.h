@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,26 +32,82 @@ namespace loom::model {
 
 enum class ParamInit : uint8_t { normal, ones, zeros };
 
+// Tensor parallelism (DESIGN.md §5 TP, Megatron): the rank of a tp group of
+// `size` ranks whose slice of the model a spec list describes.
+struct TpRank {
+  int size = 1;
+  int rank = 0;
+};
+
+// How a tensor-parallel rank's parameter is cut from the global one.
+//   dim -1  replicated: every tp rank holds all of it (norms, wpe, the
+//           row-parallel biases, which rank 0 alone adds before the sum).
+//   dim 0   rows: column-parallel weights and biases (c_attn, c_fc, q/k/v,
+//           gate/up) and the vocab-parallel embedding and lm head.
+//   dim 1   columns: row-parallel weights (attn.c_proj, mlp.c_proj, o_proj,
+//           down_proj).
+// The split dim is `blocks` equal blocks (GPT-2's fused c_attn: q, k and v),
+// each cut into tp contiguous pieces; rank r holds piece r of every block,
+// in block order. `extent` is the split dim's global extent padded to a
+// multiple of blocks x tp: the vocabulary rounded up (V = 50257 at tp = 2 is
+// 50258 rows); global indices past the real extent are padding — zero
+// weights whose logits the loss masks out, so they never train.
+struct TpSplit {
+  int dim = -1;
+  int64_t blocks = 1;
+  int64_t extent = 0;
+};
+
 struct ParamSpec {
   std::string name;
-  Shape shape;             // global shape, loom layout
-  int64_t offset = 0;      // elements from the start of the flat parameter buffer
+  Shape shape;             // this tp rank's shape, loom layout (= global_shape without tp)
+  int64_t offset = 0;      // elements from the start of the (rank's) flat parameter buffer
   ParamInit init = ParamInit::normal;
   float init_std = 0.f;    // for ParamInit::normal
   bool hf_transposed = false;  // HF stores it as shape reversed (GPT-2 Conv1D)
+  Shape global_shape;      // the whole parameter's shape, loom layout
+  TpSplit split;
+  TpRank tp;
 
   int64_t numel() const { return shape.numel(); }
+  int64_t global_numel() const { return global_shape.numel(); }
+  bool replicated() const { return split.dim < 0; }
 };
 
 // Every parameter of the model in a fixed order (embeddings, layers, final
 // norm, lm head), with offsets packing them contiguously. Validates cfg.
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg);
+// With tp.size > 1, the specs of tp rank tp.rank: the shapes are its slices
+// and the offsets pack those (every rank's list has the same names in the
+// same order). A tp size that does not divide model.n_head,
+// model.n_kv_head or model.d_ff is a loom::Error saying what must divide what.
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp = {});
 int64_t param_count(const std::vector<ParamSpec>& specs);
+// The vocabulary rows each tp rank holds: vocab_size rounded up to a
+// multiple of tp, divided by tp.
+int64_t vocab_per_rank(const ModelConfig& cfg, int tp);
 
-// Initialises rows [row_begin, row_begin + dst.size(0)) of the parameter:
-// element at global flat index i gets init(seed, spec.name, i), so a shard
-// computes exactly its slice of the whole. dst: contiguous f32 with the
-// spec's shape except dim 0 (a 1-D spec is sliced along its only dim).
+// Where a rank's elements sit in the global tensor: the rank's flat elements
+// [local, local + count) (row-major over spec.shape) are the global tensor's
+// flat elements [global, global + count) (row-major over global_shape), or
+// padding (global = -1). The runs cover the local tensor in order; a
+// replicated spec is one run.
+struct ShardRun {
+  int64_t local = 0, global = 0, count = 0;
+};
+std::vector<ShardRun> shard_runs(const ParamSpec& spec);
+
+// Between the whole model's flat buffer (param_specs(cfg)) and tp ranks'
+// (param_specs(cfg, {tp, r})), f32: tp_slice copies rank tp.rank's elements
+// out of global (padding 0); tp_assemble fills global from every rank's
+// buffer (ranks[r] for rank r; replicated parameters from rank 0).
+void tp_slice(Tensor local, const ModelConfig& cfg, TpRank tp, const Tensor& global);
+void tp_assemble(Tensor global, const ModelConfig& cfg, int tp, std::span<const Tensor> ranks);
+
+// Initialises rows [row_begin, row_begin + dst.size(0)) of the rank's
+// parameter: the element at global flat index i gets init(seed, spec.name,
+// i), so a slice (of a tp rank, or of its rows) computes exactly its part of
+// the whole. Padding is 0. dst: contiguous f32 with the spec's shape except
+// dim 0 (a 1-D spec is sliced along its only dim).
 // normal: N(0, init_std) from Philox keyed by rng_key(name); ones; zeros.
 void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_begin = 0);
 

@@ -260,6 +260,27 @@ bool DataParallel::retire_reduction(bool block) {
   return true;
 }
 
+namespace {
+
+// The sum of a per-rank value over a group, the same bits on every rank:
+// exchanged as bit patterns and summed in rank order.
+double exact_sum(comm::Communicator* group, double value) {
+  if (group == nullptr || group->size() == 1) return value;
+  int64_t mine = 0;
+  std::memcpy(&mine, &value, sizeof mine);
+  std::vector<int64_t> all(static_cast<size_t>(group->size()));
+  group->all_gather(Tensor(all.data(), DType::i64, {group->size()}), Tensor(&mine, DType::i64, {1}))->wait();
+  double sum = 0;
+  for (int64_t bits : all) {
+    double v = 0;
+    std::memcpy(&v, &bits, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
+}  // namespace
+
 double DataParallel::grad_norm() {
   Impl& im = *impl_;
   const auto start = Clock::now();
@@ -268,32 +289,29 @@ double DataParallel::grad_norm() {
   stats_.exposed_seconds += seconds_since(start);
   while (!im.reducing.empty()) retire_reduction(true);
   const int stage = opt_.zero_stage;
+  // Under tensor parallelism a replicated parameter (model/params.h) has the
+  // same gradient on every tp rank: only tp rank 0 counts it.
+  const bool skip_replicated = tp_ != nullptr && tp_->size() > 1 && tp_->rank() != 0;
+  const std::vector<model::ParamSpec>& specs = model_.param_specs();
   double sum = 0;
   for (const Segment& s : segments_) {
     const Tensor g = stage < 2 ? model_.grads().slice(0, s.offset, s.count)
                                : Tensor(grad_shard_).slice(0, s.shard_offset, s.count);
-    sum += kernels::sum_squares(g);
+    if (!skip_replicated) {
+      sum += kernels::sum_squares(g);
+      continue;
+    }
+    for (const model::ParamSpec& spec : specs) {
+      const int64_t lo = std::max(spec.offset, s.offset), hi = std::min(spec.offset + spec.numel(), s.offset + s.count);
+      if (lo < hi && !spec.replicated()) sum += kernels::sum_squares(g.slice(0, lo - s.offset, hi - lo));
+    }
   }
   // Stage 0: every rank holds the whole averaged gradient.
-  if (stage > 0) sum = mean(sum) * size_;
-  return std::sqrt(sum);
+  if (stage > 0) sum = exact_sum(comm_, sum);
+  return std::sqrt(exact_sum(tp_, sum));
 }
 
-double DataParallel::mean(double value) {
-  if (comm_ == nullptr) return value;
-  // Exchanged as bit patterns and summed in rank order: exact and the same everywhere.
-  int64_t mine = 0;
-  std::memcpy(&mine, &value, sizeof mine);
-  std::vector<int64_t> all(size_);
-  comm_->all_gather(Tensor(all.data(), DType::i64, {size_}), Tensor(&mine, DType::i64, {1}))->wait();
-  double sum = 0;
-  for (int64_t bits : all) {
-    double v = 0;
-    std::memcpy(&v, &bits, sizeof v);
-    sum += v;
-  }
-  return sum / size_;
-}
+double DataParallel::mean(double value) { return exact_sum(comm_, value) / size_; }
 
 // ---- the update ----
 

@@ -125,8 +125,12 @@ class DataParallel : public model::StepHooks {
   // Stages 0 and 1 communicate only in the last micro-batch's backward.
   void begin_micro_batch(bool last);
   // Waits for every gradient collective, then returns the global L2 norm of
-  // the averaged gradients (the same on every rank).
+  // the averaged gradients (the same on every rank; under tensor
+  // parallelism the whole model's, each replicated parameter counted once).
   double grad_norm();
+  // The model's tensor-parallel group (parallel/tp.h; nullptr: none). Only
+  // the gradient norm spans it: dp groups are per tp rank.
+  void set_tp_group(comm::Communicator* tp) { tp_ = tp; }
   // One AdamW update of this rank's shard with gradients times grad_scale
   // (unscaling and clipping folded in), then the parameters every rank
   // needs refreshed (stages 1 and 2 all_gather them). Counts an update.
@@ -175,6 +179,7 @@ class DataParallel : public model::StepHooks {
   AdamWOptions adamw_;
   model::Model& model_;
   comm::Communicator* comm_;
+  comm::Communicator* tp_ = nullptr;
   int rank_ = 0, size_ = 1;
   std::vector<Bucket> buckets_;
   std::vector<Segment> segments_;  // one per bucket, in bucket order

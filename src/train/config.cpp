@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "model/config_json.h"
+#include "model/params.h"
 
 namespace loom::train {
 namespace {
@@ -179,7 +180,7 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1); }},
 
       {"parallel", "dp", [](R& c, const V& v) { c.parallel.dp = v.integer(1, 1 << 20); }},
-      {"parallel", "tp", must_be_one(&ParallelConfig::tp)},
+      {"parallel", "tp", [](R& c, const V& v) { c.parallel.tp = v.integer(1, 1 << 16); }},
       {"parallel", "pp", must_be_one(&ParallelConfig::pp)},
       {"parallel", "cp", must_be_one(&ParallelConfig::cp)},
       {"parallel", "ep", must_be_one(&ParallelConfig::ep)},
@@ -342,6 +343,19 @@ void validate(const RunConfig& c, const std::string& source) {
                " is invalid: allowed values are <= train.lr = ", c.train.lr);
   LOOM_REQUIRE(c.checkpoint.every == 0 || !c.checkpoint.dir.empty(), source, ": checkpoint.dir is missing but ",
                "checkpoint.every = ", c.checkpoint.every, ": set checkpoint.dir or checkpoint.every = 0");
+  // Tensor parallelism: the heads and d_ff must split evenly (the model's
+  // message says what divides what); SP splits every sequence.
+  if (c.parallel.tp > 1) {
+    try {
+      (void)model::param_specs(c.model, {static_cast<int>(c.parallel.tp), 0});
+    } catch (const Error& e) {
+      fail(source, ": ", e.what());
+    }
+    LOOM_REQUIRE(!c.parallel.sequence_parallel || c.train.seq_len % c.parallel.tp == 0, source,
+                 ": train.seq_len = ", c.train.seq_len, " is not divisible by parallel.tp = ", c.parallel.tp,
+                 ": sequence parallelism splits each sequence's tokens across the tp ranks (set seq_len to a ",
+                 "multiple of tp, or parallel.sequence_parallel = false)");
+  }
 }
 
 }  // namespace

@@ -55,7 +55,7 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 std::string recompute_report(const model::Model& m, const MemoryReport& report) {
   const model::ModelConfig& cfg = m.config();
   auto layout = [&](model::Recompute r) {
-    return model::Model::activation_bytes(cfg, m.batch_size(), m.seq_len(), m.compute_dtype(), r);
+    return model::Model::activation_bytes(cfg, m.batch_size(), m.seq_len(), m.compute_dtype(), r, m.tensor_parallel());
   };
   const int64_t none = layout(model::Recompute::none), chosen = layout(m.recompute());
   const size_t peak = report[MemTag::activations].peak;
@@ -71,26 +71,30 @@ std::string recompute_report(const model::Model& m, const MemoryReport& report) 
 
 namespace {
 
-comm::Communicator* checked_group(const RunConfig& cfg, comm::Communicator* dp) {
-  const int64_t size = dp != nullptr ? dp->size() : 1;
-  LOOM_REQUIRE(size == cfg.parallel.dp, "parallel.dp = ", cfg.parallel.dp, " but the data-parallel group has ", size,
-               " ranks: run with mpirun -np ", cfg.parallel.dp, " (world = pp * dp * cp * tp)");
-  return dp;
+comm::Communicator* checked_group(const char* key, int64_t expected, comm::Communicator* group) {
+  const int64_t size = group != nullptr ? group->size() : 1;
+  LOOM_REQUIRE(size == expected, "parallel.", key, " = ", expected, " but the group has ", size,
+               " ranks: run with mpirun -np (pp * dp * cp * tp) and build the groups from the mesh");
+  return group;
 }
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp)
+Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, comm::Communicator* tp)
     : cfg_(cfg),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
-      train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle, checked_group(cfg, dp))) {
+      train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle, checked_group("dp", cfg.parallel.dp, dp))) {
+  checked_group("tp", cfg.parallel.tp, tp);
+  if (tp != nullptr && tp->size() > 1)
+    tp_ = std::make_unique<parallel::TensorParallel>(*tp, cfg.parallel.sequence_parallel);
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, dp));
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
   const int stage = static_cast<int>(cfg.parallel.zero_stage);
   model_ = std::make_unique<model::Model>(cfg.model, B, T, pools, compute_dtype(cfg.train),
                                           model::recompute_from_name(cfg.train.recompute),
-                                          parallel::DataParallel::model_storage(stage));
+                                          parallel::DataParallel::model_storage(stage),
+                                          tp_ ? tp_->options() : model::TpOptions{});
   parallel::DpOptions dpo;
   dpo.zero_stage = stage;
   dpo.bucket_mb = cfg.parallel.bucket_mb;
@@ -98,6 +102,7 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp)
   parallel::AdamWOptions opt;
   opt.weight_decay = cfg.train.weight_decay;
   dp_ = std::make_unique<parallel::DataParallel>(*model_, dp, dpo, opt, pools);
+  if (tp_) dp_->set_tp_group(&tp_->group());
   dp_->init_params(cfg.train.seed);
   if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
   tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
@@ -106,7 +111,7 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp)
 
 double Trainer::flops_per_token() const {
   const model::ModelConfig& m = cfg_.model;
-  return 6.0 * static_cast<double>(model_->num_params()) +
+  return 6.0 * static_cast<double>(model::param_count(model::param_specs(m))) +
          12.0 * static_cast<double>(m.n_layer * m.n_embd * cfg_.train.seq_len);
 }
 
@@ -179,7 +184,21 @@ void save_model(Trainer& trainer, const std::string& dir) {
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
   OwnedTensor full = pool.empty(DType::f32, {m.num_params()});
   trainer.dp().gather_master(full);
-  if (trainer.dp().rank() == 0) model::save_model_dir(dir, m.config(), full, model::ParamLayout::loom);
+  if (trainer.tp() == nullptr) {
+    if (trainer.dp().rank() == 0) model::save_model_dir(dir, m.config(), full, model::ParamLayout::loom);
+    return;
+  }
+  // Every tp rank's slice (all the same size), then whole tensors.
+  comm::Communicator& tp = trainer.tp()->group();
+  const int64_t P = m.num_params();
+  OwnedTensor slices = pool.empty(DType::f32, {tp.size() * P});
+  tp.all_gather(slices, full)->wait();
+  if (trainer.dp().rank() != 0 || tp.rank() != 0) return;
+  std::vector<Tensor> ranks;
+  for (int r = 0; r < tp.size(); ++r) ranks.push_back(Tensor(slices).slice(0, r * P, P));
+  OwnedTensor whole = pool.empty(DType::f32, {model::param_count(model::param_specs(m.config()))});
+  model::tp_assemble(whole, m.config(), tp.size(), ranks);
+  model::save_model_dir(dir, m.config(), whole, model::ParamLayout::loom);
 }
 
 namespace {
@@ -207,8 +226,8 @@ class Reporter {
 
   void step(const StepStats& s, double elapsed, size_t peak_bytes) {
     const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
-    // tokens_per_s counts every dp rank; peak_flops is one rank's.
-    const double mfu = flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp);
+    // tokens_per_s counts every dp rank; peak_flops is one rank's (of dp x tp).
+    const double mfu = flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp * cfg_.parallel.tp);
     if (metrics_.is_open()) {
       nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
                                   {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
@@ -255,20 +274,22 @@ class Reporter {
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp) {
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp,
+                          comm::Communicator* tp) {
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
   Pools pools;
-  Trainer trainer(cfg, pools, dp);
-  // Only dp rank 0 reports; every rank trains, evaluates and checkpoints.
-  const bool lead = trainer.dp().rank() == 0;
+  Trainer trainer(cfg, pools, dp, tp);
+  // Only rank 0 of dp and tp reports; every rank trains, evaluates and checkpoints.
+  const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0;
   TrainOptions options = run_options;
   if (!lead) options.progress = false, options.metrics_path.clear(), options.memory_report = false;
   RunConfig quiet = cfg;
   if (!lead) quiet.log.metrics.clear();
   const TrainConfig& t = cfg.train;
   if (options.progress) {
-    log_info("train: ", model::family_name(cfg.model.family), " ", trainer.model().num_params(), " parameters, ",
+    log_info("train: ", model::family_name(cfg.model.family), " ",
+             model::param_count(model::param_specs(cfg.model)), " parameters, ",
              t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
              summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)");
   }
@@ -305,7 +326,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   }
   if (run_options.memory_report) {
     // Every rank's own table: under ZeRO each holds its shard.
-    std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), "]\n", pools.report().table()).c_str());
+    const std::string tp = trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "";
+    std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
+                          .c_str());
     std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
   }
   return summary;

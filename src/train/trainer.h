@@ -16,6 +16,11 @@
 // of dp x micro_batch x grad_accum sequences; losses are averaged over the
 // group. Without a group the run is a group of one (stage 0 = plain training).
 //
+// Tensor parallelism (parallel/tp.h): given the tp group, the model holds
+// this rank's slice (heads, hidden units, vocabulary rows) and the ranks of a
+// tp group train on the same data; dp groups are per tp rank (mesh.h), the
+// gradient norm spans both.
+//
 // Deterministic: the same config and seed (and thread count) give bitwise
 // identical losses.
 #pragma once
@@ -34,6 +39,7 @@
 #include "train/lr_schedule.h"
 #include "comm/communicator.h"
 #include "parallel/dp.h"
+#include "parallel/tp.h"
 
 namespace loom::train {
 
@@ -59,7 +65,9 @@ class Trainer {
   // dp: the data-parallel group, whose size must be parallel.dp (nullptr:
   // parallel.dp must be 1). Collective over dp, as are step, evaluate and
   // the checkpoint functions.
-  Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp = nullptr);
+  // tp: the tensor-parallel group, whose size must be parallel.tp (nullptr:
+  // parallel.tp must be 1).
+  Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr);
 
   StepStats step();
   // Mean loss over the first eval_steps global batches of val (fewer if val
@@ -77,14 +85,20 @@ class Trainer {
   // The optimizer and the sharded state (master weights, AdamW moments, update
   // count) for checkpoints (train/checkpoint.h); the LR follows from steps_done().
   parallel::DataParallel& dp() { return *dp_; }
+  // The tensor-parallel collectives; null without tensor parallelism.
+  parallel::TensorParallel* tp() { return tp_.get(); }
+  int tp_rank() const { return tp_ ? tp_->group().rank() : 0; }
+  int tp_size() const { return tp_ ? tp_->group().size() : 1; }
   DataLoader& train_data() { return train_data_; }
   const LrSchedule& lr_schedule() const { return schedule_; }
   // Model FLOPs per trained token: 6 N + 12 n_layer n_embd seq_len (the
-  // attention scores and mixing, forward and backward: PaLM appendix B).
+  // attention scores and mixing, forward and backward: PaLM appendix B),
+  // N the whole model's parameters (every tp rank's together).
   double flops_per_token() const;
 
  private:
   RunConfig cfg_;
+  std::unique_ptr<parallel::TensorParallel> tp_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<parallel::DataParallel> dp_;
   LrSchedule schedule_;
@@ -107,17 +121,18 @@ struct TrainSummary {
   std::optional<double> initial_val_loss;  // before the first step
   std::optional<double> final_val_loss;
   double seconds = 0;
-  double peak_flops = 0;  // FLOP/s of one rank behind MFU (MFU = model FLOP/s of all ranks / (dp x peak))
+  double peak_flops = 0;  // FLOP/s of one rank behind MFU (MFU = model FLOP/s of all ranks / (dp x tp x peak))
 };
 
-// dp: as for Trainer. Only dp rank 0 prints and writes metrics and the final
-// model. Resumes as checkpoint.resume says (train/checkpoint.h), then runs up to
+// dp, tp: as for Trainer. Only rank 0 of both prints and writes metrics and
+// the final model. Resumes as checkpoint.resume says (train/checkpoint.h), then runs up to
 // cfg.train.steps steps in all with evaluation (before the first step of a
 // fresh run, every eval_every steps and after the last), progress lines every
 // log.every steps, metrics, checkpoints every checkpoint.every steps and
 // after the last, and the final model written to out_dir / checkpoint.dir.
 // summary.steps holds this run's steps only.
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr);
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr,
+                          comm::Communicator* tp = nullptr);
 
 // FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
 // process's threads, best of 8 runs: the peak MFU is measured against when
@@ -134,7 +149,8 @@ std::string recompute_report(const model::Model& m, const MemoryReport& report);
 
 // Writes dir/model.safetensors (every parameter, f32 master weights, under
 // its spec name, loom layout) and dir/loom_config.json (model/config_json.h);
-// creates dir. Collective: every rank gathers the weights, rank 0 writes.
+// creates dir. Collective: every rank gathers the weights (over dp, then
+// the tp slices into whole tensors), rank 0 of both writes.
 void save_model(Trainer& trainer, const std::string& dir);
 
 }  // namespace loom::train

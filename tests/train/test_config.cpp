@@ -170,7 +170,21 @@ TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
   expect_error(kMinimal, {"train.dtype=fp8"}, {"train.dtype = 'fp8' is invalid", "fp32, bf16, fp16"});
   expect_error(kMinimal, {"train.loss_scale=0"}, {"train.loss_scale = 0 is invalid", "numbers > 0"});
   expect_error(kMinimal, {"train.recompute=some"}, {"train.recompute", "'some'", "none, selective, full"});
-  expect_error(kMinimal, {"parallel.tp=2"}, {"parallel.tp = 2 is not supported yet"});
+  expect_error(kMinimal, {"parallel.pp=2"}, {"parallel.pp = 2 is not supported yet"});
+}
+
+// gpt2-tiny: 4 heads, d_ff 256, seq_len 32. tp must divide the heads (and
+// KV heads, d_ff); SP must divide every sequence.
+TEST(RunConfigErrors, TensorParallelShapesThatCannotSplitSayWhatMustDivideWhat) {
+  expect_error(kMinimal, {"parallel.tp=3"}, {"run.toml", "parallel.tp = 3 does not divide model.n_head = 4"});
+  expect_error(kMinimal, {"parallel.tp=2", "model.family=llama", "model.n_kv_head=1"},
+               {"parallel.tp = 2 does not divide model.n_kv_head = 1"});
+  expect_error(kMinimal, {"parallel.tp=4", "model.d_ff=258"}, {"parallel.tp = 4 does not divide model.d_ff = 258"});
+  expect_error(kMinimal, {"parallel.tp=4", "parallel.sequence_parallel=true", "train.seq_len=30"},
+               {"train.seq_len = 30 is not divisible by parallel.tp = 4", "sequence parallelism"});
+  const RunConfig ok = parse_run_config(kMinimal, "run.toml", {"parallel.tp=4", "parallel.sequence_parallel=true"});
+  EXPECT_EQ(ok.parallel.tp, 4);
+  EXPECT_TRUE(ok.parallel.sequence_parallel);
 }
 
 TEST(RunConfigErrors, CheckpointEveryNeedsADir) {

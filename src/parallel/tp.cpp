@@ -1,0 +1,83 @@
+#include "parallel/tp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace loom::parallel {
+namespace {
+
+Tensor flat(const Tensor& t) { return t.reshape({t.numel()}); }
+
+// Adds the seconds a scope takes to a counter.
+class Timed {
+ public:
+  explicit Timed(double& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+TensorParallel::TensorParallel(comm::Communicator& tp, bool sequence_parallel)
+    : tp_(tp), sequence_parallel_(sequence_parallel) {}
+
+void TensorParallel::reduce(Tensor out, Tensor partial) {
+  Timed timed(seconds_);
+  if (!sequence_parallel_ || tp_.size() == 1) {
+    LOOM_CHECK(out.data() == partial.data(), "TensorParallel::reduce without SP is in place");
+    tp_.all_reduce(flat(partial), comm::ReduceOp::sum)->wait();
+    return;
+  }
+  LOOM_CHECK(out.numel() * tp_.size() == partial.numel(), "reduce: out ", out.str(), " partial ", partial.str());
+  tp_.reduce_scatter(flat(out), flat(partial), comm::ReduceOp::sum)->wait();
+}
+
+void TensorParallel::gather(Tensor full, const Tensor& shard) {
+  Timed timed(seconds_);
+  LOOM_CHECK(shard.numel() * tp_.size() == full.numel(), "gather: full ", full.str(), " shard ", shard.str());
+  tp_.all_gather(flat(full), flat(shard))->wait();
+}
+
+void TensorParallel::all_reduce_sum(Tensor t) {
+  Timed timed(seconds_);
+  tp_.all_reduce(flat(t), comm::ReduceOp::sum)->wait();
+}
+
+// One all-gather of every rank's (lse, target logit) pairs, then each rank
+// combines them in rank order, so every rank gets the same bits:
+//   lse = m + log(sum_r exp(lse_r - m)), m = max_r lse_r;  target = sum_r target_r.
+// A rank whose columns are all padding has lse_r = -inf and adds nothing.
+void TensorParallel::combine_cross_entropy(Tensor lse, Tensor target_logit) {
+  Timed timed(seconds_);
+  const int64_t N = lse.numel();
+  const int P = tp_.size();
+  LOOM_CHECK(lse.dtype() == DType::f32 && target_logit.dtype() == DType::f32 && target_logit.numel() == N,
+             "combine_cross_entropy: ", lse.str(), " ", target_logit.str());
+  stats_.resize(static_cast<size_t>(2 * N * (P + 1)));
+  float* mine = stats_.data() + 2 * N * P;  // this rank's pair, packed
+  std::copy_n(lse.data_as<float>(), N, mine);
+  std::copy_n(target_logit.data_as<float>(), N, mine + N);
+  tp_.all_gather(Tensor(stats_.data(), DType::f32, {2 * N * P}), Tensor(mine, DType::f32, {2 * N}))->wait();
+  float* out_lse = lse.data_as<float>();
+  float* out_target = target_logit.data_as<float>();
+  for (int64_t i = 0; i < N; ++i) {
+    float m = -INFINITY;
+    for (int r = 0; r < P; ++r) m = std::max(m, stats_[static_cast<size_t>(2 * N * r + i)]);
+    double s = 0, t = 0;
+    for (int r = 0; r < P; ++r) {
+      const float* pair = stats_.data() + 2 * N * r;
+      if (m != -INFINITY) s += std::exp(static_cast<double>(pair[i]) - m);
+      t += pair[N + i];
+    }
+    out_lse[i] = m == -INFINITY ? m : static_cast<float>(m + std::log(s));
+    out_target[i] = static_cast<float>(t);
+  }
+}
+
+}  // namespace loom::parallel
