@@ -51,19 +51,34 @@ json segments_json(const std::vector<parallel::Segment>& segments) {
   return a;
 }
 
+json split_json(const model::TpSplit& s) { return json::array({s.dim, s.blocks, s.extent}); }
+
+// The file of tp rank t, dp rank d is named by its world rank in the mesh's
+// order (tp fastest: mesh/layout.h), so a run without tp keeps rank_<dp rank>.
+int file_rank(int dp_rank, int tp_rank, int tp_size) { return dp_rank * tp_size + tp_rank; }
+
 json manifest_json(Trainer& t, const json& files) {
   const RunConfig& c = t.config();
   const parallel::DataParallel& dp = t.dp();
+  // Every tp rank's flat buffer has the same layout (param_specs gives each
+  // the same local shapes), so this rank's offsets and dp segments are every
+  // tp rank's.
   json params = json::object();
   for (const model::ParamSpec& spec : t.model().param_specs())
-    params[spec.name] = {{"offset", spec.offset}, {"shape", shape_json(spec.shape)}};
+    params[spec.name] = {{"offset", spec.offset},
+                         {"shape", shape_json(spec.shape)},
+                         {"global_shape", shape_json(spec.global_shape)},
+                         {"split", split_json(spec.split)}};
   json shards = json::array();
-  for (int r = 0; r < dp.size(); ++r) {
-    const auto segments = saved_segments(dp, r);
-    int64_t numel = 0;
-    for (const parallel::Segment& s : segments) numel += s.count;
-    shards.push_back({{"rank", r}, {"file", checkpoint_rank_file_name(r)}, {"numel", numel},
-                      {"segments", segments_json(segments)}});
+  for (int tp_rank = 0; tp_rank < t.tp_size(); ++tp_rank) {
+    for (int r = 0; r < dp.size(); ++r) {
+      const auto segments = saved_segments(dp, r);
+      int64_t numel = 0;
+      for (const parallel::Segment& s : segments) numel += s.count;
+      const int rank = file_rank(r, tp_rank, t.tp_size());
+      shards.push_back({{"rank", rank}, {"tp_rank", tp_rank}, {"dp_rank", r}, {"file", checkpoint_rank_file_name(rank)},
+                        {"numel", numel}, {"segments", segments_json(segments)}});
+    }
   }
   const parallel::AdamWOptions& o = dp.adamw_options();
   const LrSchedule& lr = t.lr_schedule();
@@ -71,7 +86,7 @@ json manifest_json(Trainer& t, const json& files) {
   j["format"] = "loom-checkpoint";
   j["format_version"] = kCheckpointFormatVersion;
   j["step"] = t.steps_done();
-  j["mesh"] = {{"dp", c.parallel.dp}, {"tp", c.parallel.tp}, {"pp", c.parallel.pp},
+  j["mesh"] = {{"dp", dp.size()}, {"tp", t.tp_size()}, {"pp", c.parallel.pp},
                {"cp", c.parallel.cp}, {"ep", c.parallel.ep}, {"zero_stage", c.parallel.zero_stage}};
   j["config"] = run_config_to_json(c);
   j["data"] = {{"position", t.train_data().position()},
@@ -88,14 +103,47 @@ json manifest_json(Trainer& t, const json& files) {
                       {"steps", lr.steps}, {"next_lr", lr.at(t.steps_done())}};
   if (const DynamicLossScaler* s = t.loss_scaler())
     j["loss_scale"] = {{"scale", s->scale()}, {"good_steps", s->good_steps()}, {"window", s->window()}};
-  j["parameters"] = {{"numel", t.model().num_params()}, {"tensors", params}};
+  // numel: the elements of one tp rank's flat buffer, which its shards cover.
+  j["parameters"] = {{"numel", t.model().num_params()},
+                     {"global_numel", model::param_count(model::param_specs(c.model))},
+                     {"tensors", params}};
   j["shards"] = shards;
   j["files"] = files;
   return j;
 }
 
+// The groups that span the trainer's ranks: dp and tp (each null when of one).
+std::array<comm::Communicator*, 2> groups(Trainer& t) {
+  return {t.dp().group(), t.tp() != nullptr ? &t.tp()->group() : nullptr};
+}
+
+// Over the whole dp x tp grid: once a rank leaves the tp barrier, every rank
+// of its tp group has left its dp barrier, which every rank of those dp groups
+// (so every rank of the grid) had reached.
 void barrier(Trainer& t) {
-  if (comm::Communicator* g = t.dp().group()) g->barrier()->wait();
+  for (comm::Communicator* g : groups(t))
+    if (g != nullptr) g->barrier()->wait();
+}
+
+// Every rank's `record` (n i64 each), grid rank order (dp-major, tp fastest):
+// gathered over dp, then those over tp. Collective over the grid.
+std::vector<int64_t> gather_records(Trainer& t, const std::vector<int64_t>& record) {
+  const size_t n = record.size();
+  const int dp = t.dp().size(), tp = t.tp_size();
+  std::vector<int64_t> over_dp(n * dp), all(n * dp * tp);
+  auto gather = [](comm::Communicator* g, std::vector<int64_t>& out, const std::vector<int64_t>& in) {
+    if (g == nullptr) return void(std::copy(in.begin(), in.end(), out.begin()));
+    g->all_gather(Tensor(out.data(), DType::i64, {static_cast<int64_t>(out.size())}),
+                  Tensor(const_cast<int64_t*>(in.data()), DType::i64, {static_cast<int64_t>(in.size())}))
+        ->wait();
+  };
+  gather(groups(t)[0], over_dp, record);
+  gather(groups(t)[1], all, over_dp);  // [tp rank][dp rank][n]
+  std::vector<int64_t> out(all.size());
+  for (int r = 0; r < tp; ++r)
+    for (int d = 0; d < dp; ++d)
+      std::copy_n(&all[(static_cast<size_t>(r) * dp + d) * n], n, &out[static_cast<size_t>(file_rank(d, r, tp)) * n]);
+  return out;
 }
 
 // Step dirs under root, oldest first.
@@ -173,25 +221,46 @@ void warn_changed_keys(const json& saved_config, const json& run_config, const s
   }
 }
 
-// Presence, size and sha256 of every file the manifest lists.
-void check_files(const json& files, const fs::path& dir, const std::string& where) {
+// Presence and size (digest = false), or the sha256 too, of one listed file.
+void check_file(const json& f, const fs::path& dir, const std::string& where, bool digest) {
+  const std::string name = manifest_value<std::string>(f, "name", where);
+  const auto bytes = manifest_value<uint64_t>(f, "bytes", where);
+  const std::string sha = manifest_value<std::string>(f, "sha256", where);
+  const fs::path path = dir / name;
+  LOOM_REQUIRE(fs::is_regular_file(path), "checkpoint file '", path.string(), "' is missing (listed in ", where, ")");
+  const uint64_t size = fs::file_size(path);
+  LOOM_REQUIRE(size >= bytes, "checkpoint file '", path.string(), "' is truncated: ", size, " bytes, but ", where,
+               " says ", bytes);
+  LOOM_REQUIRE(size == bytes, "checkpoint file '", path.string(), "' has ", size, " bytes, but ", where, " says ",
+               bytes);
+  if (!digest) return;
+  const std::string actual = sha256_file_hex(path.string());
+  LOOM_REQUIRE(actual == sha, "checkpoint file '", path.string(), "' is corrupted: its sha256 is ", actual, " but ",
+               where, " says ", sha);
+}
+
+// Every file the manifest lists. Collective over the grid: each rank checks
+// every file's presence and size, but digests only its share (file i on grid
+// rank i mod dp x tp), so the files are read once in all; then the first bad
+// file's check is repeated by every rank, so that all throw the same error.
+void check_files(Trainer& t, const json& files, const fs::path& dir, const std::string& where) {
   LOOM_REQUIRE(files.is_array() && !files.empty(), where, ": 'files' is missing or empty");
-  for (const json& f : files) {
-    const std::string name = manifest_value<std::string>(f, "name", where);
-    const auto bytes = manifest_value<uint64_t>(f, "bytes", where);
-    const std::string sha = manifest_value<std::string>(f, "sha256", where);
-    const fs::path path = dir / name;
-    LOOM_REQUIRE(fs::is_regular_file(path), "checkpoint file '", path.string(), "' is missing (listed in ", where,
-                 ")");
-    const uint64_t size = fs::file_size(path);
-    LOOM_REQUIRE(size >= bytes, "checkpoint file '", path.string(), "' is truncated: ", size, " bytes, but ", where,
-                 " says ", bytes);
-    LOOM_REQUIRE(size == bytes, "checkpoint file '", path.string(), "' has ", size, " bytes, but ", where, " says ",
-                 bytes);
-    const std::string actual = sha256_file_hex(path.string());
-    LOOM_REQUIRE(actual == sha, "checkpoint file '", path.string(), "' is corrupted: its sha256 is ", actual,
-                 " but ", where, " says ", sha);
+  for (const json& f : files) check_file(f, dir, where, false);
+  const int64_t n = static_cast<int64_t>(files.size()), ranks = int64_t{t.dp().size()} * t.tp_size();
+  int64_t first_bad = n;
+  for (int64_t i = file_rank(t.dp().rank(), t.tp_rank(), t.tp_size()); i < n && first_bad == n; i += ranks) {
+    try {
+      check_file(files[i], dir, where, true);
+    } catch (const Error&) {
+      first_bad = i;
+    }
   }
+  const std::vector<int64_t> all = gather_records(t, {first_bad});
+  first_bad = *std::min_element(all.begin(), all.end());
+  if (first_bad == n) return;
+  check_file(files[first_bad], dir, where, true);
+  fail("checkpoint file '", (dir / files[first_bad].value("name", "")).string(),
+       "' failed its sha256 check on another rank but not on this one: is checkpoint.dir shared by every rank?");
 }
 
 }  // namespace
@@ -211,7 +280,7 @@ std::string checkpoint_rank_file_name(int rank) {
 std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep) {
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
   parallel::DataParallel& dp = trainer.dp();
-  const bool lead = dp.rank() == 0;
+  const bool lead = dp.rank() == 0 && trainer.tp_rank() == 0;
   const fs::path dir = fs::path(root) / checkpoint_step_dir_name(trainer.steps_done());
   if (lead) {
     std::error_code ec;
@@ -239,28 +308,24 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
     kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), dp.m().slice(0, at, to.count));
     kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), dp.v().slice(0, at, to.count));
   }
-  const std::string rank_file = checkpoint_rank_file_name(dp.rank());
-  const fs::path rank_path = dir / rank_file;
+  const int rank = file_rank(dp.rank(), trainer.tp_rank(), trainer.tp_size());
+  const fs::path rank_path = dir / checkpoint_rank_file_name(rank);
   io::write_safetensors(rank_path.string(),
                         {{kMasterTensor, Tensor(master)}, {kAdamMTensor, Tensor(adam_m)}, {kAdamVTensor, Tensor(adam_v)}},
                         {{"format", "loom-checkpoint"}, {"step", std::to_string(trainer.steps_done())},
-                         {"rank", std::to_string(dp.rank())}});
-  // Rank 0 lists every rank's file: (bytes, sha256 as 64 hex characters).
+                         {"rank", std::to_string(rank)}, {"dp_rank", std::to_string(dp.rank())},
+                         {"tp_rank", std::to_string(trainer.tp_rank())}});
+  // Each rank digests its own file; the lead lists them all: (bytes, sha256
+  // as 64 hex characters) per rank.
   constexpr int kRecord = 9;
-  std::array<int64_t, kRecord> mine{};
+  std::vector<int64_t> mine(kRecord);
   mine[0] = static_cast<int64_t>(fs::file_size(rank_path));
   const std::string sha = sha256_file_hex(rank_path.string());
   std::memcpy(&mine[1], sha.data(), 64);
-  std::vector<int64_t> all(static_cast<size_t>(kRecord) * dp.size());
-  if (comm::Communicator* g = dp.group())
-    g->all_gather(Tensor(all.data(), DType::i64, {static_cast<int64_t>(all.size())}),
-                  Tensor(mine.data(), DType::i64, {kRecord}))
-        ->wait();
-  else
-    std::copy(mine.begin(), mine.end(), all.begin());
+  const std::vector<int64_t> all = gather_records(trainer, mine);
   if (lead) {
     json files = json::array();
-    for (int r = 0; r < dp.size(); ++r) {
+    for (int r = 0; r < dp.size() * trainer.tp_size(); ++r) {
       const int64_t* rec = &all[static_cast<size_t>(r) * kRecord];
       files.push_back({{"name", checkpoint_rank_file_name(r)},
                        {"rank", r},
@@ -301,62 +366,185 @@ std::string checkpoint_to_resume(const CheckpointConfig& c) {
 
 namespace {
 
-// One saved rank's shard: its file and where its segments sit.
-struct SavedShard {
-  std::string file;
-  int64_t numel = 0;
-  std::vector<parallel::Segment> segments;
+// A flat range [offset, offset + count) that sits at shard_offset of a packed
+// buffer: a saved shard's segment (file: which file), this rank's own
+// segment, or a saved tp rank's parameter run (offset global, shard_offset
+// its flat offset; file: the saved tp rank).
+struct Piece {
+  int64_t offset = 0, count = 0, shard_offset = 0;
+  int file = -1;
 };
 
-// The saved shards, checked to cover the P flat parameters exactly once.
-std::vector<SavedShard> saved_shards(const json& m, int64_t P, const std::string& where) {
+// Calls fn(piece, lo, hi) for each piece of `sorted` (by offset, disjoint,
+// no empty ones) that overlaps [lo, hi), with the overlap.
+template <typename Fn>
+void for_each_overlap(const std::vector<Piece>& sorted, int64_t lo, int64_t hi, Fn&& fn) {
+  auto it = std::upper_bound(sorted.begin(), sorted.end(), lo,
+                             [](int64_t v, const Piece& p) { return v < p.offset; });
+  if (it != sorted.begin()) --it;
+  for (; it != sorted.end() && it->offset < hi; ++it) {
+    const int64_t a = std::max(lo, it->offset), b = std::min(hi, it->offset + it->count);
+    if (a < b) fn(*it, a, b);
+  }
+}
+
+void sort_pieces(std::vector<Piece>& pieces) {
+  std::erase_if(pieces, [](const Piece& p) { return p.count == 0; });
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
+}
+
+// How the checkpoint's run held the parameters: its tp size, every tp rank's
+// specs (model::param_specs of the saved config), and per tp rank its shards'
+// segments (in that rank's flat coordinates; file: index into `files`).
+struct SavedLayout {
+  int tp = 1;
+  std::vector<std::vector<model::ParamSpec>> specs;  // [tp rank][parameter]
+  std::vector<std::string> files;
+  std::vector<int64_t> numel;                        // [file]
+  std::vector<std::vector<Piece>> segments;          // [tp rank], sorted
+};
+
+// The saved tp ranks' parameter layout, checked against the manifest's
+// record of it (tp rank 0's offsets and shapes are every tp rank's).
+void saved_specs(SavedLayout& s, const model::ModelConfig& cfg, const json& m, int64_t version,
+                 const std::string& where) {
+  try {
+    for (int r = 0; r < s.tp; ++r) s.specs.push_back(model::param_specs(cfg, {s.tp, r}));
+  } catch (const Error& e) {
+    fail(where, ": mesh.tp = ", s.tp, " is not a layout of this model: ", e.what());
+  }
+  const json& params = m.value("parameters", json::object());
+  const json& tensors = params.value("tensors", json::object());
+  LOOM_REQUIRE(manifest_value<int64_t>(params, "numel", where) == model::param_count(s.specs[0]), where,
+               ": parameters.numel is not the ", model::param_count(s.specs[0]),
+               " parameters per tp rank of this model at tp = ", s.tp);
+  for (const model::ParamSpec& spec : s.specs[0]) {
+    LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
+    const json& t = tensors[spec.name];
+    bool same = manifest_value<int64_t>(t, "offset", where) == spec.offset && t.value("shape", json()) == shape_json(spec.shape);
+    // Format 2 predates tensor parallelism: its shapes are the global ones.
+    if (version >= 3)
+      same = same && t.value("global_shape", json()) == shape_json(spec.global_shape) &&
+             t.value("split", json()) == split_json(spec.split);
+    LOOM_REQUIRE(same, where, ": parameter '", spec.name, "' has another offset, shape or tp split than this loom ",
+                 "gives the model at tp = ", s.tp);
+  }
+}
+
+// The saved shards, checked to cover each saved tp rank's flat parameters
+// exactly once, and to name only files the manifest lists.
+void saved_shards(SavedLayout& s, const json& m, const std::string& where) {
   LOOM_REQUIRE(m.contains("shards") && m["shards"].is_array() && !m["shards"].empty(), where,
                ": 'shards' is missing or empty");
-  std::vector<SavedShard> out;
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+  const int64_t P = model::param_count(s.specs[0]);
+  s.segments.assign(s.tp, {});
   for (const json& sh : m["shards"]) {
-    SavedShard s;
-    s.file = manifest_value<std::string>(sh, "file", where);
-    s.numel = manifest_value<int64_t>(sh, "numel", where);
-    LOOM_REQUIRE(s.numel >= 0 && s.numel <= P, where, ": shard '", s.file, "' has numel ", s.numel,
+    const std::string file = manifest_value<std::string>(sh, "file", where);
+    const auto numel = manifest_value<int64_t>(sh, "numel", where);
+    const auto tp_rank = sh.contains("tp_rank") ? manifest_value<int64_t>(sh, "tp_rank", where) : 0;
+    LOOM_REQUIRE(tp_rank >= 0 && tp_rank < s.tp, where, ": shard '", file, "' has tp_rank ", tp_rank,
+                 ": allowed are 0 to mesh.tp - 1 = ", s.tp - 1);
+    LOOM_REQUIRE(numel >= 0 && numel <= P, where, ": shard '", file, "' has numel ", numel,
                  ": allowed are 0 to the model's ", P, " parameters");
     // Only the files the manifest lists (and whose digests check_files
     // verified) are read, and only from the step dir.
     bool listed = false;
     for (const json& f : m.value("files", json::array()))
-      listed = listed || (f.is_object() && f.value("name", std::string()) == s.file);
-    LOOM_REQUIRE(listed && s.file.find('/') == std::string::npos, where, ": shard file '", s.file,
+      listed = listed || (f.is_object() && f.value("name", std::string()) == file);
+    LOOM_REQUIRE(listed && file.find('/') == std::string::npos, where, ": shard file '", file,
                  "' is not one of the files the manifest lists");
-    LOOM_REQUIRE(sh.contains("segments") && sh["segments"].is_array(), where, ": shard '", s.file,
-                 "' has no segments");
+    LOOM_REQUIRE(sh.contains("segments") && sh["segments"].is_array(), where, ": shard '", file, "' has no segments");
     int64_t packed = 0;
     for (const json& seg : sh["segments"]) {
       LOOM_REQUIRE(seg.is_array() && seg.size() == 3 && seg[0].is_number_integer() && seg[1].is_number_integer() &&
                        seg[2].is_number_integer(),
-                   where, ": shard '", s.file, "' has a malformed segment ", seg.dump(),
+                   where, ": shard '", file, "' has a malformed segment ", seg.dump(),
                    " (expected [offset, count, shard_offset])");
-      const parallel::Segment g{seg[0].get<int64_t>(), seg[1].get<int64_t>(), seg[2].get<int64_t>()};
+      const Piece g{seg[0].get<int64_t>(), seg[1].get<int64_t>(), seg[2].get<int64_t>(), static_cast<int>(s.files.size())};
       LOOM_REQUIRE(g.offset >= 0 && g.count >= 0 && g.offset <= P && g.count <= P - g.offset &&
-                       g.shard_offset >= 0 && g.shard_offset <= s.numel && g.count <= s.numel - g.shard_offset,
-                   where, ": shard '", s.file, "' segment ", seg.dump(), " lies outside the ", P,
-                   " parameters or its ", s.numel, "-element shard");
+                       g.shard_offset >= 0 && g.shard_offset <= numel && g.count <= numel - g.shard_offset,
+                   where, ": shard '", file, "' segment ", seg.dump(), " lies outside the ", P,
+                   " parameters or its ", numel, "-element shard");
       packed += g.count;
-      if (g.count > 0) ranges.emplace_back(g.offset, g.count);
-      s.segments.push_back(g);
+      s.segments[tp_rank].push_back(g);
     }
-    LOOM_REQUIRE(packed == s.numel, where, ": shard '", s.file, "' segments hold ", packed, " elements, not numel ",
-                 s.numel);
-    out.push_back(std::move(s));
+    LOOM_REQUIRE(packed == numel, where, ": shard '", file, "' segments hold ", packed, " elements, not numel ", numel);
+    s.files.push_back(file);
+    s.numel.push_back(numel);
   }
-  std::sort(ranges.begin(), ranges.end());
-  int64_t next = 0;
-  for (const auto& [offset, count] : ranges) {
-    LOOM_REQUIRE(offset == next, where, ": the shards ", offset < next ? "overlap" : "leave a gap", " at parameter element ",
-                 std::min(offset, next));
-    next = offset + count;
+  for (int r = 0; r < s.tp; ++r) {
+    sort_pieces(s.segments[r]);
+    int64_t next = 0;
+    for (const Piece& p : s.segments[r]) {
+      LOOM_REQUIRE(p.offset == next, where, ": the shards of tp rank ", r, p.offset < next ? " overlap" : " leave a gap",
+                   " at parameter element ", std::min(p.offset, next));
+      next = p.offset + p.count;
+    }
+    LOOM_REQUIRE(next == P, where, ": the shards of tp rank ", r, " cover ", next, " of its ", P, " parameters");
   }
-  LOOM_REQUIRE(next == P, where, ": the shards cover ", next, " of the model's ", P, " parameters");
-  return out;
+}
+
+// One read: `count` elements at `src` of saved file `file` go to `dst` of
+// this rank's packed shard.
+struct Read {
+  int file = 0;
+  int64_t src = 0, dst = 0, count = 0;
+};
+
+// Where in the saved files each element of this rank's dp segments (mine,
+// sorted; shard_offset into the packed shard) is: a parameter's global
+// element lies on one saved tp rank (replicated ones: read from rank 0), at
+// a flat offset there that one of that rank's shards holds. Padding
+// elements (vocabulary rows past the real ones) are not read: they are 0.
+// Returns the reads and counts the padding elements of mine.
+std::vector<Read> plan_reads(const std::vector<model::ParamSpec>& specs, const std::vector<Piece>& mine,
+                             const SavedLayout& saved, int64_t& padding) {
+  std::vector<Read> reads;
+  padding = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<Piece> sources;  // the saved tp ranks' runs of parameter i, by global offset
+    for (int r = 0; r < (saved.specs[0][i].replicated() ? 1 : saved.tp); ++r)
+      for (const model::ShardRun& run : model::shard_runs(saved.specs[r][i]))
+        if (run.global >= 0) sources.push_back({run.global, run.count, saved.specs[r][i].offset + run.local, r});
+    sort_pieces(sources);
+    for (const model::ShardRun& run : model::shard_runs(specs[i])) {
+      const int64_t flat = specs[i].offset + run.local;
+      if (run.global < 0) {
+        for_each_overlap(mine, flat, flat + run.count, [&](const Piece&, int64_t lo, int64_t hi) { padding += hi - lo; });
+        continue;
+      }
+      for_each_overlap(sources, run.global, run.global + run.count, [&](const Piece& src, int64_t lo, int64_t hi) {
+        const int64_t saved_flat = src.shard_offset + (lo - src.offset), new_flat = flat + (lo - run.global);
+        for_each_overlap(mine, new_flat, new_flat + (hi - lo), [&](const Piece& seg, int64_t a, int64_t b) {
+          const int64_t from = saved_flat + (a - new_flat), dst = seg.shard_offset + (a - seg.offset);
+          for_each_overlap(saved.segments[src.file], from, from + (b - a), [&](const Piece& file, int64_t x, int64_t y) {
+            const Read r{file.file, file.shard_offset + (x - file.offset), dst + (x - from), y - x};
+            Read* last = reads.empty() ? nullptr : &reads.back();
+            if (last && last->file == r.file && last->src + last->count == r.src && last->dst + last->count == r.dst)
+              last->count += r.count;  // contiguous in both: one read
+            else
+              reads.push_back(r);
+          });
+        });
+      });
+    }
+  }
+  return reads;
+}
+
+// The saved shards' files, each checked to hold the three (numel) f32 tensors.
+std::vector<io::SafetensorsFile> open_saved_files(const SavedLayout& saved, const fs::path& dir) {
+  std::vector<io::SafetensorsFile> files;
+  for (size_t f = 0; f < saved.files.size(); ++f) {
+    files.push_back(io::SafetensorsFile::open((dir / saved.files[f]).string()));
+    for (const char* name : {kMasterTensor, kAdamMTensor, kAdamVTensor}) {
+      LOOM_REQUIRE(files.back().has(name), "checkpoint file '", files.back().path(), "' has no tensor '", name, "'");
+      const io::TensorInfo& info = files.back().info(name);
+      LOOM_REQUIRE(info.dtype == DType::f32 && info.shape == Shape({saved.numel[f]}), "checkpoint file '",
+                   files.back().path(), "': tensor '", name, "' is not f32 (", saved.numel[f], ") as the manifest says");
+    }
+  }
+  return files;
 }
 
 }  // namespace
@@ -368,16 +556,23 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   LOOM_REQUIRE(fs::exists(where), "checkpoint manifest '", where, "' is missing: the checkpoint is incomplete");
   const nlohmann::json m = model::read_json_file(where);
   const auto version = manifest_value<int64_t>(m, "format_version", where);
-  LOOM_REQUIRE(version == kCheckpointFormatVersion, where, ": format_version ", version,
-               " is not supported: this loom reads format_version ", kCheckpointFormatVersion);
+  LOOM_REQUIRE(version >= 2 && version <= kCheckpointFormatVersion, where, ": format_version ", version,
+               " is not supported: this loom reads format_version 2 to ", kCheckpointFormatVersion);
   LOOM_REQUIRE(m.contains("config") && m["config"].contains("model"), where, ": config.model is missing");
   check_same_model(m["config"]["model"], model::model_config_to_json(trainer.config().model), where);
-  // dp and the ZeRO stage may change on resume: the state is read by flat
-  // parameter ranges, whatever the shards.
-  for (const char* axis : {"tp", "pp", "cp", "ep"})
-    LOOM_REQUIRE(manifest_value<int64_t>(m.value("mesh", nlohmann::json::object()), axis, where) == 1, where,
-                 ": mesh.", axis, " is not 1: resharding a checkpoint over ", axis, " is not supported yet");
-  check_files(m.value("files", nlohmann::json()), dir, where);
+  // dp, tp and the ZeRO stage may change on resume: the state is read by
+  // global parameter ranges, whatever the shards.
+  const json mesh = m.value("mesh", nlohmann::json::object());
+  for (const char* axis : {"pp", "cp", "ep"})
+    LOOM_REQUIRE(manifest_value<int64_t>(mesh, axis, where) == 1, where, ": mesh.", axis,
+                 " is not 1: resharding a checkpoint over ", axis, " is not supported yet");
+  SavedLayout saved;
+  const auto saved_tp = manifest_value<int64_t>(mesh, "tp", where);
+  const int64_t listed = m.value("shards", json::array()).size();
+  LOOM_REQUIRE(saved_tp >= 1 && saved_tp <= listed && (version >= 3 || saved_tp == 1), where, ": mesh.tp = ",
+               saved_tp, " is invalid: allowed are 1 to the ", listed, " shards", version < 3 ? " (1 in format 2)" : "");
+  saved.tp = static_cast<int>(saved_tp);
+  check_files(trainer, m.value("files", nlohmann::json()), dir, where);
   const auto step = manifest_value<int64_t>(m, "step", where);
   const auto position = manifest_value<int64_t>(m.value("data", nlohmann::json::object()), "position", where);
   LOOM_REQUIRE(step >= 0 && position >= 0, where, ": step ", step, " or data.position ", position, " is negative");
@@ -395,50 +590,31 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
     DynamicLossScaler check(scaler->scale(), scaler->window());
     check.restore(loss_scale, good_steps);  // a loom::Error for impossible values, before anything changes
   }
-  const model::Model& model = trainer.model();
-  const int64_t P = model.num_params();
-  const json& params = m.value("parameters", json::object());
-  LOOM_REQUIRE(manifest_value<int64_t>(params, "numel", where) == P, where, ": parameters.numel is not the model's ",
-               P);
-  for (const model::ParamSpec& spec : model.param_specs()) {
-    const json& tensors = params.value("tensors", json::object());
-    LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
-    LOOM_REQUIRE(manifest_value<int64_t>(tensors[spec.name], "offset", where) == spec.offset &&
-                     tensors[spec.name].value("shape", json()) == shape_json(spec.shape),
-                 where, ": parameter '", spec.name, "' has another offset or shape than this run's model");
-  }
-  const std::vector<SavedShard> shards = saved_shards(m, P, where);
-  std::vector<io::SafetensorsFile> files;
-  for (const SavedShard& s : shards) {
-    files.push_back(io::SafetensorsFile::open((dir / s.file).string()));
-    for (const char* name : {kMasterTensor, kAdamMTensor, kAdamVTensor}) {
-      LOOM_REQUIRE(files.back().has(name), "checkpoint file '", files.back().path(), "' has no tensor '", name, "'");
-      const io::TensorInfo& info = files.back().info(name);
-      LOOM_REQUIRE(info.dtype == DType::f32 && info.shape == Shape({s.numel}), "checkpoint file '",
-                   files.back().path(), "': tensor '", name, "' is not f32 (", s.numel, ") as the manifest says");
-    }
-  }
+  saved_specs(saved, trainer.config().model, m, version, where);
+  saved_shards(saved, m, where);
+  std::vector<io::SafetensorsFile> files = open_saved_files(saved, dir);
   // Everything is checked: read this rank's segments from whichever saved
   // shards hold them.
   parallel::DataParallel& dp = trainer.dp();
+  std::vector<Piece> mine;
+  for (const parallel::Segment& s : dp.segments()) mine.push_back({s.offset, s.count, s.shard_offset});
+  sort_pieces(mine);
+  int64_t padding = 0;
+  const std::vector<Read> reads = plan_reads(trainer.model().param_specs(), mine, saved, padding);
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
   const int64_t S = dp.shard_numel();
-  OwnedTensor master = pool.empty(DType::f32, {S}), adam_m = pool.empty(DType::f32, {S}),
-              adam_v = pool.empty(DType::f32, {S});
-  for (const parallel::Segment& mine : dp.segments()) {
-    for (size_t f = 0; f < shards.size(); ++f) {
-      for (const parallel::Segment& saved : shards[f].segments) {
-        const int64_t lo = std::max(mine.offset, saved.offset);
-        const int64_t hi = std::min(mine.offset + mine.count, saved.offset + saved.count);
-        if (lo >= hi) continue;
-        const int64_t src = saved.shard_offset + (lo - saved.offset), dst = mine.shard_offset + (lo - mine.offset);
-        files[f].read_range(kMasterTensor, src, Tensor(master).slice(0, dst, hi - lo));
-        files[f].read_range(kAdamMTensor, src, Tensor(adam_m).slice(0, dst, hi - lo));
-        files[f].read_range(kAdamVTensor, src, Tensor(adam_v).slice(0, dst, hi - lo));
-      }
-    }
+  OwnedTensor master = pool.zeros(DType::f32, {S}), adam_m = pool.zeros(DType::f32, {S}),
+              adam_v = pool.zeros(DType::f32, {S});
+  int64_t read = 0;
+  for (const Read& r : reads) {
+    files[r.file].read_range(kMasterTensor, r.src, Tensor(master).slice(0, r.dst, r.count));
+    files[r.file].read_range(kAdamMTensor, r.src, Tensor(adam_m).slice(0, r.dst, r.count));
+    files[r.file].read_range(kAdamVTensor, r.src, Tensor(adam_v).slice(0, r.dst, r.count));
+    read += r.count;
   }
+  LOOM_CHECK(read + padding == S, "load_checkpoint: read ", read, " + padding ", padding, " of the shard's ", S,
+             " elements");
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
   dp.load_state(master, adam_m, adam_v);
   trainer.set_steps_done(step);

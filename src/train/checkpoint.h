@@ -5,20 +5,34 @@
 //   checkpoint.dir/
 //     latest                      "step_000010\n": the newest complete step dir
 //     step_000010/
-//       rank_00000.safetensors    one per dp rank: master, adam_m, adam_v, each
-//       rank_00001.safetensors    the rank's packed (S) f32 shard (parallel/dp.h)
-//       manifest.json             written last (by dp rank 0): format_version,
-//                                 step, config, mesh (dp, zero_stage, ...),
-//                                 parameters (numel; each tensor's flat offset
-//                                 and shape), shards (per rank: file, numel,
-//                                 segments [offset, count, shard_offset]),
-//                                 files (bytes, sha256), data, optimizer, lr
+//       rank_00000.safetensors    one per (dp rank d, tp rank t), named by its
+//       rank_00001.safetensors    world rank d x tp + t (mesh order, tp
+//                                 fastest): master, adam_m, adam_v, each the
+//                                 rank's packed (S) f32 shard (parallel/dp.h)
+//                                 of its tp rank's flat parameters
+//       manifest.json             written last (by dp rank 0 of tp rank 0):
+//                                 format_version, step, config, mesh (dp, tp,
+//                                 zero_stage, ...), parameters (numel: one tp
+//                                 rank's flat elements, global_numel; per
+//                                 tensor its local offset and shape, its
+//                                 global_shape and tp split [dim, blocks,
+//                                 padded extent]: model/params.h), shards
+//                                 (per file: rank, tp_rank, dp_rank, numel,
+//                                 segments [offset, count, shard_offset] in
+//                                 its tp rank's flat coordinates), files
+//                                 (bytes, sha256), data, optimizer, lr
 //
-// Resharding: a checkpoint is read by flat parameter ranges, so a run may
-// resume under another dp size or ZeRO stage (saved at dp = 2 ZeRO-3, resumed
-// at dp = 1 or dp = 4 ZeRO-1): each rank reads its new segments from
-// whichever saved shards hold them. Every rank writes its own file and reads
-// from a shared filesystem (one machine, or a shared checkpoint.dir).
+// Resharding: a checkpoint is read by global parameter ranges, so a run may
+// resume under another tp size, dp size or ZeRO stage (saved at tp = 2,
+// resumed at tp = 1 or tp = 4 x dp = 2 ZeRO-1). Every tp rank's layout is
+// model::param_specs(config.model, {tp, rank}) of the saved config, so the
+// manifest only records it to check it: a rank maps each of its new
+// parameter runs (model::shard_runs) to the saved tp rank that held those
+// global elements (replicated parameters: tp rank 0), then to the saved
+// shard holding them there, and reads only its own dp segments. Vocabulary
+// padding rows are read as 0 (weights and moments). Every rank writes its
+// own file and reads from a shared filesystem (one machine, or a shared
+// checkpoint.dir). Format 2 (before tp) reads as a tp = 1 checkpoint.
 //
 // Every file is written to a temporary name, fsynced and renamed; the
 // manifest is the last file of a step dir and `latest` is updated after it,
@@ -29,11 +43,11 @@
 // moments and update count (hence the LR, a function of it), and the train
 // data position; the val batches and the init seed hold no state. N steps
 // equal k steps + save + load + (N - k) steps bitwise (under the same dp
-// size and stage; another layout continues with the same losses up to
-// the reduction order's rounding).
+// and tp sizes and stage; another layout continues with the same losses up
+// to the reduction order's rounding).
 //
 // save_checkpoint and load_checkpoint are collective over the trainer's dp
-// group.
+// and tp groups.
 //
 //   const std::string dir = checkpoint_to_resume(cfg.checkpoint);  // "" = fresh
 //   if (!dir.empty()) load_checkpoint(trainer, dir);
@@ -52,12 +66,12 @@
 
 namespace loom::train {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char* kCheckpointLatestFile = "latest";
 inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 
 std::string checkpoint_step_dir_name(int64_t step);  // step_000010
-std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors
+std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: dp rank x tp + tp rank)
 
 // Writes root/step_NNNNNN for trainer.steps_done() (replacing one left by an
 // earlier run), points root/latest at it, then deletes all but the newest
@@ -72,9 +86,10 @@ std::string checkpoint_to_resume(const CheckpointConfig& c);
 
 // Checks the whole checkpoint first (manifest format version, the model
 // config against the trainer's, every listed file's presence, size and
-// sha256, every tensor's shape), then restores the trainer's state. Any
-// problem is a loom::Error naming the file and what is wrong, thrown before
-// the trainer or any file is touched. Returns the restored step.
+// sha256 (each file digested by one rank), every tensor's shape), then
+// restores the trainer's state. Any problem is a loom::Error naming the file
+// and what is wrong, thrown on every rank before the trainer or any file is
+// touched. Returns the restored step.
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir);
 
 // SHA-256 (FIPS 180-4), for the manifest's file digests.
