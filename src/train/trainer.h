@@ -147,6 +147,19 @@ double measure_peak_flops(DType dtype = DType::f32);
 // chosen one's reduction against none.
 std::string recompute_report(const model::Model& m, const MemoryReport& report);
 
+// One line for --memory-report: the activation bytes one layer of m's layout
+// holds on this rank, next to Korthikanti et al.'s prediction ("Reducing
+// Activation Recomputation in Large Transformer Models", 2022) for its tp and
+// SP: s b h (34 + 5 a s / h) per layer, 2-byte activations, with TP
+// s b h (10 + 24 / t + 5 a s / (h t)), with TP + SP s b h / t (34 + 5 a s / h).
+// loom's attention is flash-style and keeps no s x s scores, so the 5 a s / h
+// term is left out of the prediction; bytes are scaled to the compute dtype.
+// The formula assumes d_ff = 4 h (GPT-2) and recompute = none.
+std::string activation_prediction_report(const model::Model& m);
+// The prediction above, in bytes per layer.
+double predicted_layer_activation_bytes(const model::ModelConfig& cfg, int64_t B, int64_t T, DType compute, int tp,
+                                        bool sequence_parallel);
+
 // Writes dir/model.safetensors (every parameter, f32 master weights, under
 // its spec name, loom layout) and dir/loom_config.json (model/config_json.h);
 // creates dir. Collective: every rank gathers the weights (over dp, then

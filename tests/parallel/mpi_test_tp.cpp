@@ -49,8 +49,10 @@ struct Layout {
   int dp, tp;
   bool sp;
   int zero_stage;
+  const char* recompute = "none";
   std::string name() const {
-    return concat(family, " dp=", dp, " tp=", tp, sp ? " sp" : "", " zero_stage=", zero_stage);
+    return concat(family, " dp=", dp, " tp=", tp, sp ? " sp" : "", " zero_stage=", zero_stage, " recompute=",
+                  recompute);
   }
 };
 
@@ -79,11 +81,13 @@ class TensorParallelTest : public ::testing::Test {
     c.model = std::string(l.family) == "gpt2" ? gpt2_model() : llama_model();
     c.parallel.tp = l.tp;
     c.parallel.sequence_parallel = l.sp;
+    c.train.recompute = l.recompute;
     return c;
   }
   static RunConfig alone(RunConfig c) {
     c.train.micro_batch *= c.parallel.dp;
     c.parallel.dp = 1, c.parallel.tp = 1, c.parallel.zero_stage = 0, c.parallel.sequence_parallel = false;
+    c.train.recompute = "none";
     return c;
   }
 
@@ -130,6 +134,16 @@ TEST_F(TensorParallelTest, TpEqualsWorldMatchesSingleProcessOver20Steps) {
   if (N < 2 || N > 4) GTEST_SKIP() << "tp = N runs at N = 2, 3, 4; this world has " << N << " ranks";
   for (const char* family : {"gpt2", "llama"})
     for (bool sp : {false, true}) expect_matches_one_process({family, 1, N, sp, 0});
+}
+
+// Recompute reruns parts of the forward in backward: under SP the full
+// policy reruns the block's collectives too, the selective one regathers
+// the norms' rows.
+TEST_F(TensorParallelTest, RecomputePoliciesUnderSequenceParallelismMatchSingleProcess) {
+  const int N = world().size();
+  if (N < 2 || N > 4) GTEST_SKIP() << "tp = N runs at N = 2, 3, 4; this world has " << N << " ranks";
+  expect_matches_one_process({"gpt2", 1, N, true, 0, "full"});
+  expect_matches_one_process({"llama", 1, N, true, 0, "selective"});
 }
 
 // dp x tp meshes composed with ZeRO: dp = 2 x tp = 2 under ZeRO-1 and ZeRO-3
