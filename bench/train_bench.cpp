@@ -39,7 +39,9 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "mesh/mesh.h"
 #include "parallel/dp.h"
+#include "parallel/tp.h"
 #include "train/trainer.h"
 
 namespace loom::bench {
@@ -122,6 +124,14 @@ struct DpFigures {
   double comm_hidden = 0;   // 1 - exposed / alone, clamped to [0, 1]
 };
 
+// Tensor-parallel figures: with --tp > 1.
+struct TpFigures {
+  int ranks = 1;
+  bool sequence_parallel = false;
+  double comm_seconds = 0;  // a step's seconds in the tp collectives (median step, slowest rank)
+  double comm_share = 0;    // of the median step
+};
+
 struct Result {
   StepTimes step;
   double tokens_per_s = 0, flops_per_token = 0, peak_flops = 0, mfu = 0;
@@ -129,7 +139,14 @@ struct Result {
   MemoryReport memory;
   size_t rss_growth = 0;
   std::optional<DpFigures> dp;
+  std::optional<TpFigures> tp;
 };
+
+std::string tp_json(const Result& r) {
+  if (!r.tp) return "";
+  return concat(",\"tp\":", r.tp->ranks, ",\"sequence_parallel\":", r.tp->sequence_parallel ? "true" : "false",
+                ",\"tp_comm_seconds\":", r.tp->comm_seconds, ",\"tp_comm_share\":", r.tp->comm_share);
+}
 
 std::string dp_json(const TrainBenchOptions& o, const Result& r) {
   if (!r.dp) return "";
@@ -151,11 +168,11 @@ void print_json(const TrainBenchOptions& o, const Result& r) {
       "{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"recompute\":\"%s\",\"threads\":%d,\"steps\":%d,\"warmup\":%d,"
       "\"num_params\":%lld,\"tokens_per_s\":%.1f,\"step_seconds\":%.6g,\"best_step_seconds\":%.6g,"
       "\"flops_per_token\":%.6g,\"peak_gflops\":%.2f,\"mfu\":%.4f,\"peak_bytes\":%zu,\"peak_bytes_by_tag\":{%s},"
-      "\"max_rss_growth_bytes\":%zu%s,\"impl\":\"loom\"}\n",
+      "\"max_rss_growth_bytes\":%zu%s%s,\"impl\":\"loom\"}\n",
       o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(),
       o.threads, o.steps, o.warmup, static_cast<long long>(r.num_params), r.tokens_per_s, r.step.median, r.step.best,
       r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.memory.peak_total, by_tag.c_str(), r.rss_growth,
-      dp_json(o, r).c_str());
+      dp_json(o, r).c_str(), tp_json(r).c_str());
 }
 
 void print_dp_table(const TrainBenchOptions& o, const DpFigures& d, double per_rank_tokens_per_s) {
@@ -177,6 +194,10 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
   std::printf("tokens/s        %12.1f  (best step%s)\n", r.tokens_per_s, r.dp ? ", per rank" : "");
   std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
   if (r.dp) print_dp_table(o, *r.dp, r.tokens_per_s);
+  if (r.tp)
+    std::printf("tensor parallel %12d ranks%s: %.4f s of the median step in their collectives (%.1f%%)\n",
+                r.tp->ranks, r.tp->sequence_parallel ? " (sequence parallel)" : "", r.tp->comm_seconds,
+                100 * r.tp->comm_share);
   std::printf("MFU             %11.1f%%  of %.1f GFLOP/s (%s 1024^3 GEMM measured at start-up)\n", 100 * r.mfu,
               r.peak_flops / 1e9, o.dtype.c_str());
   std::printf("FLOPs per token %12.4g  = 6 N + 12 n_layer n_embd T\n", r.flops_per_token);
@@ -189,6 +210,7 @@ void check_options(const TrainBenchOptions& o) {
                " is invalid: allowed are fp32, bf16 and fp16");
   LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
                " is invalid: allowed are 0, 1, 2 and 3");
+  LOOM_REQUIRE(o.tp >= 1, "bench train: --tp ", o.tp, " is invalid: allowed values are >= 1");
   const std::vector<std::string> presets = model::model_preset_names();
   if (std::find(presets.begin(), presets.end(), o.model) == presets.end()) {
     std::string valid;
@@ -197,37 +219,42 @@ void check_options(const TrainBenchOptions& o) {
   }
 }
 
-// Timed steps: each rank's step times, and (data parallel) each step's
-// exposed communication seconds; both as the maximum over ranks.
+// Timed steps: each rank's step times, each step's exposed gradient
+// communication seconds and its seconds in tp collectives; all as the
+// maximum over the job's ranks (world; nullptr: a plain process).
 struct Timings {
-  std::vector<double> seconds, exposed;
+  std::vector<double> seconds, exposed, tp_comm;
 };
 
-Timings time_steps(const TrainBenchOptions& o, model::Model& m, parallel::DataParallel& dp, const Tensor& tokens,
+Timings time_steps(const TrainBenchOptions& o, model::Model& m, parallel::DataParallel& dp,
+                   parallel::TensorParallel* tp, comm::Communicator* world, const Tensor& tokens,
                    const Tensor& targets, train::DynamicLossScaler* scaler) {
-  comm::Communicator* group = dp.group();
   for (int i = 0; i < o.warmup; ++i) train_step(m, dp, tokens, targets, scaler);
   Timings t;
   for (int i = 0; i < o.steps; ++i) {
-    if (group != nullptr) group->barrier()->wait();  // every rank starts the step together
+    if (world != nullptr) world->barrier()->wait();  // every rank starts the step together
     dp.reset_comm_stats();
+    if (tp) tp->reset_stats();
     const auto t0 = Clock::now();
     train_step(m, dp, tokens, targets, scaler);
     t.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     t.exposed.push_back(dp.comm_stats().exposed_seconds);
+    t.tp_comm.push_back(tp ? tp->seconds() : 0.0);
   }
-  max_over_ranks(group, t.seconds);
-  max_over_ranks(group, t.exposed);
+  max_over_ranks(world, t.seconds);
+  max_over_ranks(world, t.exposed);
+  max_over_ranks(world, t.tp_comm);
   return t;
 }
 
-DpFigures dp_figures(parallel::DataParallel& dp, const Timings& t, double best_step, int64_t tokens_per_rank) {
+DpFigures dp_figures(parallel::DataParallel& dp, comm::Communicator* world, const Timings& t, double best_step,
+                     int64_t tokens_per_rank) {
   DpFigures d;
   d.ranks = dp.size();
   d.global_tokens_per_s = static_cast<double>(d.ranks * tokens_per_rank) / best_step;
   d.comm_exposed = median_of(t.exposed);
   std::vector<double> alone{dp.measure_gradient_comm_seconds()};
-  max_over_ranks(dp.group(), alone);
+  max_over_ranks(world, alone);
   d.comm_alone = alone[0];
   d.comm_hidden = d.comm_alone > 0 ? std::clamp(1.0 - d.comm_exposed / d.comm_alone, 0.0, 1.0) : 0.0;
   return d;
@@ -246,6 +273,18 @@ int run_train_bench(const TrainBenchOptions& o) {
     world = comm::mpi_world(copts);
   }
   const int rank = world ? world->rank() : 0;
+  const int world_size = world ? world->size() : 1;
+  LOOM_REQUIRE(world_size % o.tp == 0, "bench train: --tp ", o.tp, " does not divide the job's ", world_size,
+               " ranks: run mpirun -np (a multiple of tp)");
+  // Groups: tp neighbouring ranks hold a replica, the rest is data parallel.
+  std::unique_ptr<mesh::Mesh> mesh;
+  std::unique_ptr<parallel::TensorParallel> tp;
+  comm::Communicator* dp_group = world.get();
+  if (o.tp > 1) {
+    mesh = std::make_unique<mesh::Mesh>(mesh::MeshShape{1, world_size / o.tp, 1, o.tp, 1}, *world);
+    tp = std::make_unique<parallel::TensorParallel>(mesh->tp(), o.sequence_parallel);
+    dp_group = &mesh->dp();
+  }
   Result r;
   // Before any model memory: the GEMM's buffers then do not count as growth.
   const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
@@ -254,28 +293,33 @@ int run_train_bench(const TrainBenchOptions& o) {
 
   Pools pools;
   model::Model m(cfg, o.batch, o.seq, pools, compute, model::recompute_from_name(o.recompute),
-                 parallel::DataParallel::model_storage(o.zero_stage));
+                 parallel::DataParallel::model_storage(o.zero_stage), tp ? tp->options() : model::TpOptions{});
   parallel::DpOptions dpo;
   dpo.zero_stage = o.zero_stage, dpo.bucket_mb = o.bucket_mb;
-  parallel::DataParallel dp(m, world.get(), dpo, {}, pools);
+  parallel::DataParallel dp(m, dp_group, dpo, {}, pools);
+  if (tp) dp.set_tp_group(&tp->group());
   dp.init_params(kSeed);
   OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
   OwnedTensor targets = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
-  // Every rank its own tokens (rank 0's are a plain process's).
-  fill_tokens(tokens, cfg.vocab_size, kSeed + 2 * static_cast<uint64_t>(rank));
-  fill_tokens(targets, cfg.vocab_size, kSeed + 2 * static_cast<uint64_t>(rank) + 1);
+  // Every dp rank its own tokens (rank 0's are a plain process's); a tp
+  // group shares them.
+  const uint64_t dp_rank = static_cast<uint64_t>(dp.rank());
+  fill_tokens(tokens, cfg.vocab_size, kSeed + 2 * dp_rank);
+  fill_tokens(targets, cfg.vocab_size, kSeed + 2 * dp_rank + 1);
 
   std::optional<train::DynamicLossScaler> scaler;
   if (compute == DType::f16) scaler.emplace(train::TrainConfig{}.loss_scale, train::TrainConfig{}.loss_scale_window);
-  const Timings t = time_steps(o, m, dp, tokens, targets, scaler ? &*scaler : nullptr);
+  const Timings t = time_steps(o, m, dp, tp.get(), world.get(), tokens, targets, scaler ? &*scaler : nullptr);
   r.step = {median_of(t.seconds), *std::min_element(t.seconds.begin(), t.seconds.end())};
-  r.num_params = m.num_params();
+  r.num_params = model::param_count(model::param_specs(cfg));  // the whole model, every tp rank's slice
   r.tokens_per_s = static_cast<double>(o.batch * o.seq) / r.step.best;
   r.flops_per_token = flops_per_token(cfg, r.num_params, o.seq);
-  r.mfu = r.flops_per_token * r.tokens_per_s / r.peak_flops;
+  // A tp group's ranks share its tokens and its FLOPs.
+  r.mfu = r.flops_per_token * r.tokens_per_s / (r.peak_flops * o.tp);
+  if (tp) r.tp = TpFigures{o.tp, o.sequence_parallel, median_of(t.tp_comm), median_of(t.tp_comm) / r.step.median};
   r.memory = pools.report();  // the steps' memory, before the communication-only measurement below
   // The data-parallel figures: in a job, or for a ZeRO stage run as a group of one.
-  if (world || o.zero_stage != 0) r.dp = dp_figures(dp, t, r.step.best, o.batch * o.seq);
+  if (world || o.zero_stage != 0) r.dp = dp_figures(dp, world.get(), t, r.step.best, o.batch * o.seq);
   r.rss_growth = max_rss_bytes() - std::min(rss_before, max_rss_bytes());
   if (rank == 0) {
     if (o.json) print_json(o, r);

@@ -2,7 +2,9 @@
 // training steps (forward, backward, global-norm clip, AdamW) of a preset
 // model on random tokens. Under mpirun -np N every rank runs the same steps
 // data parallel (parallel/dp.h) on its own tokens; rank 0 prints, adding the
-// global tokens/s and how much gradient communication backward hid.
+// global tokens/s and how much gradient communication backward hid. With
+// --tp, groups of tp ranks hold one model replica (parallel/tp.h) and the
+// share of a step spent in their collectives is printed.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,10 @@ struct TrainBenchOptions {
   int zero_stage = 0;               // 0-3 (parallel/dp.h)
   double bucket_mb = 25.0;          // stages 0-2: f32 gradient MiB per bucket
   std::string comm_algo = "mpi";    // mpi | ring (comm/communicator.h); under mpirun only
+  // Tensor parallelism over groups of tp neighbouring ranks (parallel/tp.h);
+  // the job's ranks / tp form the data-parallel groups.
+  int tp = 1;
+  bool sequence_parallel = false;
   std::string command;              // the command line that reproduces the run
 };
 

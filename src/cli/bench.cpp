@@ -62,6 +62,11 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   train->add_option("--comm-algo", opts->comm_algo, "under mpirun: mpi (MPI's collectives) or ring (loom's)")
       ->capture_default_str()
       ->check(CLI::IsMember({"mpi", "ring"}));
+  train->add_option("--tp", opts->tp,
+                    "under mpirun: tensor-parallel group size (neighbouring ranks; the rest data parallel)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train->add_flag("--sequence-parallel", opts->sequence_parallel, "with --tp: shard norms and residuals along tokens");
   train->add_flag("--json", opts->json, "print one JSON Lines object");
   train->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);
