@@ -130,8 +130,7 @@ Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) 
 
 // Sizes the model cannot split: heads and d_ff are checked by param_specs;
 // SP splits every sequence's tokens.
-void check_tp(const ModelConfig& cfg, int64_t T, const TpOptions& tp) {
-  (void)cfg;
+void check_tp(int64_t T, const TpOptions& tp) {
   if (!tp.sp()) return;
   LOOM_REQUIRE(T % tp.tp.size == 0, "sequence length ", T, " is not divisible by parallel.tp = ", tp.tp.size,
                ": sequence parallelism splits each sequence's tokens across the tp ranks, so train.seq_len must be ",
@@ -216,7 +215,7 @@ int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DT
                                 const TpOptions& tp) {
   (void)model::param_specs(cfg, tp.tp);  // validates cfg and the tp split
   LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
-  check_tp(cfg, T, tp);
+  check_tp(T, tp);
   ModelState st;
   st.dims = dims_of(cfg, B, T, tp);
   Allocator counter{nullptr, nullptr, compute};
@@ -258,7 +257,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
                "model.max_seq_len = ", cfg.max_seq_len);
   LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
-  check_tp(cfg, T, tp);
+  check_tp(T, tp);
   units_ = model_units(cfg, specs_);
   const int64_t P = param_count(specs_);
   if (storage.params) params_ = pools[MemTag::params].empty(compute, {P});

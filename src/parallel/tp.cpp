@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace loom::parallel {
 namespace {
@@ -29,6 +30,7 @@ TensorParallel::TensorParallel(comm::Communicator& tp, bool sequence_parallel)
 
 void TensorParallel::reduce(Tensor out, Tensor partial) {
   Timed timed(seconds_);
+  if (partial.dtype() == DType::f16) return reduce_f16(out, partial);
   if (!sequence_parallel_ || tp_.size() == 1) {
     LOOM_CHECK(out.data() == partial.data(), "TensorParallel::reduce without SP is in place");
     tp_.all_reduce(flat(partial), comm::ReduceOp::sum)->wait();
@@ -38,10 +40,31 @@ void TensorParallel::reduce(Tensor out, Tensor partial) {
   tp_.reduce_scatter(flat(out), flat(partial), comm::ReduceOp::sum)->wait();
 }
 
+// The communicator has no f16: sums of f16 partials go through f32 (a
+// rounding only at the end, like the bf16 sums the communicator does).
+void TensorParallel::reduce_f16(Tensor out, Tensor partial) {
+  const int64_t n = partial.numel(), mine = out.numel();
+  wide_.resize(static_cast<size_t>(n + mine));
+  const Tensor sum(wide_.data(), DType::f32, {n}), piece(wide_.data() + n, DType::f32, {mine});
+  kernels::cast(sum, flat(partial));
+  if (!sequence_parallel_ || tp_.size() == 1) {
+    tp_.all_reduce(sum, comm::ReduceOp::sum)->wait();
+    kernels::cast(flat(partial), sum);
+    return;
+  }
+  LOOM_CHECK(mine * tp_.size() == n, "reduce: out ", out.str(), " partial ", partial.str());
+  tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum)->wait();
+  kernels::cast(flat(out), piece);
+}
+
 void TensorParallel::gather(Tensor full, const Tensor& shard) {
   Timed timed(seconds_);
   LOOM_CHECK(shard.numel() * tp_.size() == full.numel(), "gather: full ", full.str(), " shard ", shard.str());
-  tp_.all_gather(flat(full), flat(shard))->wait();
+  // A gather only moves bytes: f16 travels as the same-sized bf16.
+  auto bytes = [](const Tensor& t) {
+    return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, {t.numel()}) : flat(t);
+  };
+  tp_.all_gather(bytes(full), bytes(shard))->wait();
 }
 
 void TensorParallel::all_reduce_sum(Tensor t) {

@@ -32,8 +32,11 @@ class TensorParallel final : public model::TensorParallelOps {
   void reset_stats() { seconds_ = 0; }
 
  private:
+  void reduce_f16(Tensor out, Tensor partial);
+
   comm::Communicator& tp_;
   bool sequence_parallel_;
+  std::vector<float> wide_;   // f16 sums in f32
   std::vector<float> stats_;  // (tp, 2, N): every rank's lse and target logit
   double seconds_ = 0;
 };
