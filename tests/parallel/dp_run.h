@@ -46,6 +46,24 @@ inline std::vector<int32_t> repeated_sentence_tokens(int64_t n, int32_t vocab) {
   return out;
 }
 
+// A shared_temp_dir holding one train shard (train_000000.bin) of n tokens
+// of repeated_sentence_tokens below 512, written by rank 0. Collective.
+inline std::filesystem::path make_shared_data_dir(const std::string& prefix, int64_t n_tokens) {
+  const std::filesystem::path dir = shared_temp_dir(prefix);
+  if (world().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    text::write_shard((dir / "train_000000.bin").string(), repeated_sentence_tokens(n_tokens, 512), 1);
+  }
+  world().barrier()->wait();
+  return dir;
+}
+// Removes it once every rank is done with it. Collective.
+inline void remove_shared_dir(const std::filesystem::path& dir) {
+  world().barrier()->wait();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // gpt2-tiny, T = 16, 20 steps at lr 3e-3 with warmup, shuffled train data,
 // no evaluation; dp ranks of micro_batch sequences, grad_accum micro-batches.
 // The lr is below tiny_run.h's 1e-2 on purpose: at 1e-2 the loss spikes in

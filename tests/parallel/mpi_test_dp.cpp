@@ -82,18 +82,9 @@ class DataParallelTest : public ::testing::Test {
   // Every rank sees the same train shard in dir_ (rank 0 writes it).
   static void SetUpTestSuite() {
     set_num_threads(1);
-    dir_ = shared_temp_dir("loom_mpi_dp");
-    if (world().rank() == 0) {
-      fs::remove_all(dir_);
-      fs::create_directories(dir_);
-      text::write_shard((dir_ / "train_000000.bin").string(), repeated_sentence_tokens(4000, 512), 1);
-    }
-    world().barrier()->wait();
+    dir_ = make_shared_data_dir("loom_mpi_dp", 4000);
   }
-  static void TearDownTestSuite() {
-    world().barrier()->wait();
-    if (world().rank() == 0) fs::remove_all(dir_);
-  }
+  static void TearDownTestSuite() { remove_shared_dir(dir_); }
 
   static int world_size() { return world().size(); }
   // Sequences per dp rank per micro-batch: about 8 over the group (at least

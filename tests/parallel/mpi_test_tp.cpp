@@ -61,18 +61,9 @@ class TensorParallelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     set_num_threads(1);
-    dir_ = shared_temp_dir("loom_mpi_tp");
-    if (world().rank() == 0) {
-      fs::remove_all(dir_);
-      fs::create_directories(dir_);
-      text::write_shard((dir_ / "train_000000.bin").string(), repeated_sentence_tokens(8000, 512), 1);
-    }
-    world().barrier()->wait();
+    dir_ = make_shared_data_dir("loom_mpi_tp", 8000);
   }
-  static void TearDownTestSuite() {
-    world().barrier()->wait();
-    if (world().rank() == 0) fs::remove_all(dir_);
-  }
+  static void TearDownTestSuite() { remove_shared_dir(dir_); }
 
   // 8 sequences of 24 tokens per step over the dp ranks (SP needs T
   // divisible by tp = 2, 3 and 4).

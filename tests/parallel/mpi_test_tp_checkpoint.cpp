@@ -76,18 +76,9 @@ class TpCheckpointTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     set_num_threads(1);
-    dir_ = shared_temp_dir("loom_mpi_tp_ckpt");
-    if (world().rank() == 0) {
-      fs::remove_all(dir_);
-      fs::create_directories(dir_);
-      text::write_shard((dir_ / "train_000000.bin").string(), repeated_sentence_tokens(4000, 512), 1);
-    }
-    world().barrier()->wait();
+    dir_ = make_shared_data_dir("loom_mpi_tp_ckpt", 4000);
   }
-  static void TearDownTestSuite() {
-    world().barrier()->wait();
-    if (world().rank() == 0) fs::remove_all(dir_);
-  }
+  static void TearDownTestSuite() { remove_shared_dir(dir_); }
 
   // A GPT-2 whose heads (12) and hidden units split at tp = 2, 3 and 4, with
   // a vocabulary (512) that tp = 3 pads to 513 rows.
