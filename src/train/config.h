@@ -82,7 +82,7 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string metrics;  // JSONL path; empty = none
   int64_t every = 1;    // progress line every N steps
-  std::string trace;    // Chrome-trace path (not written yet)
+  std::string trace;    // Chrome trace event JSON of the run (Perfetto, chrome://tracing); empty = none
   // Peak FLOP/s behind MFU, in TFLOP/s; 0 = measure an f32 GEMM at start-up.
   double peak_tflops = 0.0;
 };

@@ -4,11 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <span>
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/ops.h"
@@ -161,10 +164,17 @@ StepStats Trainer::step() {
   for (int64_t k = 0; k < accum; ++k) {
     dp_->begin_micro_batch(k == accum - 1);
     train_data_.next(span_of(tokens_), span_of(targets_));
-    loss_sum += model_->forward(tokens_, targets_);
+    {
+      TraceSpan span(trace_, "forward");
+      loss_sum += model_->forward(tokens_, targets_);
+    }
+    TraceSpan span(trace_, "backward");
     model_->backward(static_cast<float>(loss_scale / static_cast<double>(accum)));
   }
-  s.grad_norm = dp_->grad_norm() / loss_scale;
+  {
+    TraceSpan span(trace_, "grad sync wait");  // grad_norm waits for the gradient collectives
+    s.grad_norm = dp_->grad_norm() / loss_scale;
+  }
   s.lr = schedule_.at(steps_);
   if (scaler_) {
     s.loss_scale = loss_scale;
@@ -174,6 +184,7 @@ StepStats Trainer::step() {
     const double clip = cfg_.train.grad_clip;
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
     const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
+    TraceSpan span(trace_, "optimizer");
     dp_->update(s.lr, static_cast<float>(clip_factor / loss_scale));
   }
   s.step = ++steps_;
@@ -185,6 +196,7 @@ StepStats Trainer::step() {
 
 double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate without val data");
+  TraceSpan span(trace_, "evaluate");
   const int64_t global_batch = cfg_.train.micro_batch * dp_->size();
   const int64_t batches =
       std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));
@@ -307,6 +319,42 @@ class Reporter {
   std::ofstream metrics_;
 };
 
+// Over the whole dp x tp grid (as checkpoint.cpp's barrier).
+void grid_barrier(Trainer& t) {
+  if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
+  if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
+}
+
+// Null without log.trace. The barrier gives every rank the same start, so
+// their tracks line up in the merged file. Collective over the grid.
+std::unique_ptr<TraceRecorder> start_trace(const RunConfig& cfg, Trainer& t) {
+  if (cfg.log.trace.empty()) return nullptr;
+  grid_barrier(t);
+  const int pid = t.dp().rank() * t.tp_size() + t.tp_rank();
+  return std::make_unique<TraceRecorder>(pid, concat("rank ", pid));
+}
+
+// A single process writes log.trace itself; on a grid each rank writes
+// path.rank<pid>, and after a barrier rank 0 merges them into path and
+// removes them. Collective over the grid.
+void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trace) {
+  if (t.dp().size() == 1 && t.tp_size() == 1) return write_file_atomic(path, trace_document(trace.jsonl()));
+  write_file_atomic(concat(path, ".rank", trace.pid()), trace.jsonl());
+  grid_barrier(t);
+  if (trace.pid() != 0) return;
+  std::string all;
+  const int ranks = t.dp().size() * t.tp_size();
+  for (int r = 0; r < ranks; ++r) {
+    const std::string part = concat(path, ".rank", r);
+    std::ifstream in(part);
+    LOOM_REQUIRE(in.good(), "cannot read the trace part '", part,
+                 "': log.trace must be on a file system every rank sees");
+    all.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  write_file_atomic(path, trace_document(all));
+  for (int r = 0; r < ranks; ++r) std::filesystem::remove(concat(path, ".rank", r));
+}
+
 }  // namespace
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp,
@@ -334,6 +382,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     if (options.progress) log_info("resumed from ", resume_dir, " at step ", trainer.steps_done());
   }
   const int64_t first_step = trainer.steps_done();
+  const std::unique_ptr<TraceRecorder> trace = start_trace(cfg, trainer);
+  trainer.set_trace(trace.get());
   Reporter reporter(quiet, options, trainer.flops_per_token(), summary.peak_flops, first_step);
   const bool eval = t.eval_every > 0;
   if (eval && first_step == 0) {
@@ -349,11 +399,19 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     reporter.step(s, seconds_since(start), pools.report().peak_total);
     summary.steps.push_back(s);
     if (ckpt.every > 0 && (s.step % ckpt.every == 0 || s.step == t.steps)) {
-      const std::string dir = save_checkpoint(trainer, ckpt.dir, ckpt.keep);
+      std::string dir;
+      {
+        TraceSpan span(trace.get(), "checkpoint");
+        dir = save_checkpoint(trainer, ckpt.dir, ckpt.keep);
+      }
       if (options.progress) log_info("checkpoint: wrote ", dir);
     }
   }
   summary.seconds = seconds_since(start);
+  if (trace) {
+    trainer.set_trace(nullptr);
+    finish_trace(cfg.log.trace, trainer, *trace);
+  }
   const std::string out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;
   if (!out_dir.empty()) {
     save_model(trainer, out_dir);

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "core/trace.h"
 #include "model/model.h"
 #include "train/config.h"
 #include "train/data_loader.h"
@@ -95,6 +96,9 @@ class Trainer {
   // attention scores and mixing, forward and backward: PaLM appendix B),
   // N the whole model's parameters (every tp rank's together).
   double flops_per_token() const;
+  // step and evaluate record their spans (forward, backward, grad sync wait,
+  // optimizer, evaluate) into `trace`; null (the default) records nothing.
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
  private:
   RunConfig cfg_;
@@ -107,6 +111,7 @@ class Trainer {
   std::optional<DynamicLossScaler> scaler_;
   int64_t steps_ = 0;
   OwnedTensor tokens_, targets_;  // (B, T) i32
+  TraceRecorder* trace_ = nullptr;
 };
 
 struct TrainOptions {
@@ -130,7 +135,8 @@ struct TrainSummary {
 // fresh run, every eval_every steps and after the last), progress lines every
 // log.every steps, metrics, checkpoints every checkpoint.every steps and
 // after the last, and the final model written to out_dir / checkpoint.dir.
-// summary.steps holds this run's steps only.
+// summary.steps holds this run's steps only. log.trace set: every rank
+// records its timeline and rank 0 writes them all to that file (core/trace.h).
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr,
                           comm::Communicator* tp = nullptr);
 

@@ -1,0 +1,114 @@
+// log.trace: a tiny run writes a Chrome trace event file of its steps.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tiny_run.h"
+#include "train/trainer.h"
+
+namespace loom::train {
+namespace {
+
+class TrainerTraceTest : public TinyRunTest {
+ protected:
+  TrainerTraceTest() : TinyRunTest("loom_test_trainer_trace") {}
+};
+
+struct Span {
+  std::string name;
+  double ts, dur;
+};
+
+TEST_F(TrainerTraceTest, TwoStepRunWritesForwardBackwardAndOptimizerSpansInOrder) {
+  RunConfig cfg = config();
+  cfg.train.steps = 2;
+  cfg.train.eval_every = 1;
+  cfg.log.trace = (dir_ / "trace.json").string();
+  TrainOptions options;
+  options.progress = false;
+  run_training(cfg, options);
+
+  std::ifstream in(cfg.log.trace);
+  ASSERT_TRUE(in.good());
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc.at("displayTimeUnit"), "ms");
+  std::vector<Span> spans;
+  bool named = false;
+  for (const nlohmann::json& e : doc.at("traceEvents")) {
+    EXPECT_EQ(e.at("pid"), 0);
+    if (e.at("ph") == "M") {
+      named = e.at("name") == "process_name" && e.at("args").at("name") == "rank 0";
+      continue;
+    }
+    ASSERT_EQ(e.at("ph"), "X");
+    spans.push_back({e.at("name"), e.at("ts"), e.at("dur")});
+    EXPECT_GT(spans.back().dur, 0.0) << e;
+    EXPECT_GE(spans.back().ts, 0.0) << e;
+  }
+  EXPECT_TRUE(named);
+  auto count = [&](const std::string& name) {
+    return std::count_if(spans.begin(), spans.end(), [&](const Span& s) { return s.name == name; });
+  };
+  const int64_t micro_batches = cfg.train.steps * cfg.train.grad_accum;
+  EXPECT_EQ(count("forward"), micro_batches);
+  EXPECT_EQ(count("backward"), micro_batches);
+  EXPECT_EQ(count("grad sync wait"), cfg.train.steps);
+  EXPECT_EQ(count("optimizer"), cfg.train.steps);
+  EXPECT_EQ(count("evaluate"), 1 + cfg.train.steps);  // before the first step and after each
+  EXPECT_EQ(count("checkpoint"), 0);
+
+  // Events come in begin order: each micro-batch's forward ends before its
+  // backward begins, and a step's optimizer follows its last backward.
+  std::vector<std::string> order;
+  const Span* forward = nullptr;
+  const Span* backward = nullptr;
+  for (const Span& s : spans) {
+    if (s.name == "forward") forward = &s;
+    if (s.name == "backward") {
+      ASSERT_NE(forward, nullptr);
+      EXPECT_LE(forward->ts + forward->dur, s.ts);
+      backward = &s;
+    }
+    if (s.name == "optimizer") {
+      ASSERT_NE(backward, nullptr);
+      EXPECT_LE(backward->ts + backward->dur, s.ts);
+    }
+    if (s.name != "evaluate") order.push_back(s.name);
+  }
+  std::vector<std::string> expected;
+  for (int64_t i = 0; i < cfg.train.steps; ++i) {
+    for (int64_t k = 0; k < cfg.train.grad_accum; ++k) expected.insert(expected.end(), {"forward", "backward"});
+    expected.insert(expected.end(), {"grad sync wait", "optimizer"});
+  }
+  EXPECT_EQ(order, expected);
+  EXPECT_FALSE(std::filesystem::exists(cfg.log.trace + ".rank0"));
+}
+
+TEST_F(TrainerTraceTest, CheckpointsAppearAsSpans) {
+  RunConfig cfg = config();
+  cfg.train.steps = 2;
+  cfg.train.eval_every = 0;
+  cfg.checkpoint.dir = (dir_ / "ckpt").string();
+  cfg.checkpoint.every = 1;
+  cfg.log.trace = (dir_ / "trace.json").string();
+  TrainOptions options;
+  options.progress = false;
+  run_training(cfg, options);
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(cfg.log.trace));
+  int checkpoints = 0;
+  for (const nlohmann::json& e : doc.at("traceEvents"))
+    if (e.at("name") == "checkpoint") {
+      ++checkpoints;
+      EXPECT_GT(e.at("dur").get<double>(), 0.0);
+    }
+  EXPECT_EQ(checkpoints, cfg.train.steps);
+}
+
+}  // namespace
+}  // namespace loom::train
