@@ -82,7 +82,8 @@ class ParamViews {
   void rebind(Tensor flat, int64_t base) { flat_ = flat, base_ = base; }
   Tensor operator()(const std::string& name) const;
   LayerWeights layer(const ModelConfig& cfg, int64_t i) const;
-  HeadWeights head(const ModelConfig& cfg) const;
+  // The embeddings and / or the head (a pipeline stage may hold either).
+  HeadWeights head(const ModelConfig& cfg, bool embeddings = true, bool head = true) const;
 
  private:
   Tensor flat_;

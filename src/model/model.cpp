@@ -77,12 +77,13 @@ LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2
 
 // Activations (st.resid, st.acts, final norm, logits) and backward scratch
 // of a (B, T) micro-batch under a recompute policy (model.h).
+// layers: the stage's (all of them without pipeline parallelism).
 void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, Recompute recompute,
-                        int64_t vocab) {
+                        int64_t vocab, int64_t layers) {
   const Dims& d = st.dims;
   const bool gpt2 = cfg.family == Family::gpt2;
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;
-  const int64_t L = cfg.n_layer, V = vocab;  // V: this tp rank's vocabulary columns
+  const int64_t L = layers, V = vocab;  // V: this tp rank's vocabulary columns
   const int64_t Nl = stream_shape(d).numel() / C;
   const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
 
@@ -185,14 +186,20 @@ LayerWeights ParamViews::layer(const ModelConfig& cfg, int64_t i) const {
   return w;
 }
 
-HeadWeights ParamViews::head(const ModelConfig& cfg) const {
+HeadWeights ParamViews::head(const ModelConfig& cfg, bool embeddings, bool head) const {
   const ParamViews& v = *this;
   const bool gpt2 = cfg.family == Family::gpt2;
+  const char* wte = gpt2 ? "wte.weight" : "model.embed_tokens.weight";
   HeadWeights h;
-  h.wte = v(gpt2 ? "wte.weight" : "model.embed_tokens.weight");
-  if (gpt2) h.wpe = v("wpe.weight"), h.normf_b = v("ln_f.bias");
-  h.normf_w = v(gpt2 ? "ln_f.weight" : "model.norm.weight");
-  h.lm_head = cfg.tie_embeddings ? h.wte : v("lm_head.weight");
+  if (embeddings) {
+    h.wte = v(wte);
+    if (gpt2) h.wpe = v("wpe.weight");
+  }
+  if (head) {
+    if (gpt2) h.normf_b = v("ln_f.bias");
+    h.normf_w = v(gpt2 ? "ln_f.weight" : "model.norm.weight");
+    h.lm_head = v(cfg.tie_embeddings ? wte : "lm_head.weight");  // a later stage's own copy of wte when tied
+  }
   return h;
 }
 
@@ -212,18 +219,21 @@ Recompute recompute_from_name(std::string_view name) {
 }
 
 int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                const TpOptions& tp) {
-  (void)model::param_specs(cfg, tp.tp);  // validates cfg and the tp split
+                                const TpOptions& tp, PpStage stage) {
+  (void)model::param_specs(cfg, tp.tp, stage);  // validates cfg, the tp split and the stage
   LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
   check_tp(T, tp);
   ModelState st;
   st.dims = dims_of(cfg, B, T, tp);
   Allocator counter{nullptr, nullptr, compute};
-  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size));
+  const int64_t layers = stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
+  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size), layers);
   return counter.bytes;
 }
 
-std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
+// The units of a stage holding layers [first, first + n): the embeddings
+// (first stage), each layer, the head (last stage).
+std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, int64_t first, int64_t n) {
   const bool gpt2 = cfg.family == Family::gpt2;
   auto first_of_layer = [&](int64_t l) {
     const std::string prefix = gpt2 ? concat("h.", l, ".") : concat("model.layers.", l, ".");
@@ -231,10 +241,11 @@ std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpe
       if (s.name.rfind(prefix, 0) == 0) return s.offset;
     fail("model has no parameters of layer ", l);
   };
-  std::vector<int64_t> starts = {0};
-  for (int64_t l = 0; l < cfg.n_layer; ++l) starts.push_back(first_of_layer(l));
+  std::vector<int64_t> starts;
+  if (first == 0) starts.push_back(0);
+  for (int64_t l = first; l < first + n; ++l) starts.push_back(first_of_layer(l));
   const std::string final_norm = gpt2 ? "ln_f.weight" : "model.norm.weight";
-  starts.push_back(find_spec(specs, final_norm).offset);
+  if (first + n == cfg.n_layer) starts.push_back(find_spec(specs, final_norm).offset);
   starts.push_back(param_count(specs));
   std::vector<Unit> units;
   for (size_t i = 0; i + 1 < starts.size(); ++i) units.push_back({starts[i], starts[i + 1]});
@@ -242,7 +253,7 @@ std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpe
 }
 
 Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute, Recompute recompute,
-             const Storage& storage, const TpOptions& tp)
+             const Storage& storage, const TpOptions& tp, PpStage stage)
     : cfg_(cfg),
       B_(B),
       T_(T),
@@ -250,15 +261,19 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
       compute_(compute),
       storage_(storage),
       tp_(tp),
-      specs_(model::param_specs(cfg, tp.tp)),
+      specs_(model::param_specs(cfg, tp.tp, stage)),
       state_(std::make_unique<ModelState>()) {
+  first_layer_ = stage.first_layer;
+  n_layers_ = stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
+  has_embedding_ = first_layer_ == 0;
+  has_head_ = first_layer_ + n_layers_ == cfg.n_layer;
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(T >= 1 && T <= cfg.max_seq_len, "sequence length ", T, " is invalid: allowed values are 1 to ",
                "model.max_seq_len = ", cfg.max_seq_len);
   LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
   check_tp(T, tp);
-  units_ = model_units(cfg, specs_);
+  units_ = model_units(cfg, specs_, first_layer_, n_layers_);
   const int64_t P = param_count(specs_);
   if (storage.params) params_ = pools[MemTag::params].empty(compute, {P});
   if (storage.master && compute != DType::f32) master_ = pools[MemTag::master].empty(DType::f32, {P});
@@ -268,26 +283,35 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   st.dims = dims_of(cfg, B, T, tp);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
   const int64_t Vl = vocab_per_rank(cfg, tp.tp.size);
-  layout_activations(st, alloc, cfg, recompute, Vl);
+  layout_activations(st, alloc, cfg, recompute, Vl, n_layers_);
   st.vocab_begin = tp.tp.rank * Vl;
   st.vocab_valid = std::clamp<int64_t>(cfg.vocab_size - st.vocab_begin, 0, Vl);
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);
 
-  const int64_t L = cfg.n_layer;
   st.param_views = std::make_unique<ParamViews>(specs_, params_);
   st.grad_views = std::make_unique<ParamViews>(specs_, grads_);
   const ParamViews &pv = *st.param_views, &gv = *st.grad_views;
   if (storage.params) {
-    for (int64_t l = 0; l < L; ++l) st.w.push_back(pv.layer(cfg, l));
-    const HeadWeights w = pv.head(cfg);
+    for (int64_t j = 0; j < n_layers_; ++j) st.w.push_back(pv.layer(cfg, first_layer_ + j));
+    const HeadWeights w = pv.head(cfg, has_embedding_, has_head_);
     st.wte = w.wte, st.wpe = w.wpe, st.normf_w = w.normf_w, st.normf_b = w.normf_b, st.lm_head = w.lm_head;
   }
   if (storage.grads) {
-    for (int64_t l = 0; l < L; ++l) st.g.push_back(gv.layer(cfg, l));
-    const HeadWeights g = gv.head(cfg);
+    for (int64_t j = 0; j < n_layers_; ++j) st.g.push_back(gv.layer(cfg, first_layer_ + j));
+    const HeadWeights g = gv.head(cfg, has_embedding_, has_head_);
     st.dwte = g.wte, st.dwpe = g.wpe, st.dnormf_w = g.normf_w, st.dnormf_b = g.normf_b, st.dlm_head = g.lm_head;
   }
 }
+
+Tensor Model::stage_input() const {
+  LOOM_REQUIRE(!has_embedding_, "Model::stage_input: the first stage reads tokens, not activations");
+  return state_->resid[0];
+}
+Tensor Model::stage_output() const {
+  LOOM_REQUIRE(!has_head_, "Model::stage_output: the last stage ends in the loss, not activations");
+  return state_->resid[n_layers_];
+}
+Tensor Model::stage_grad() const { return state_->dres; }
 
 Model::~Model() = default;
 
@@ -362,13 +386,15 @@ HeadWeights Model::bind_embeddings() {
 
 HeadWeights Model::bind_head(Pass pass) {
   ParamViews& pv = *state_->param_views;
-  const int head = static_cast<int>(cfg_.n_layer) + 1;
+  const int head = head_unit();
   HeadWeights w;
   pv.rebind(unit_params(head, pass), units_[head].begin);
   w.normf_w = pv(final_norm_name(cfg_));
   if (cfg_.family == Family::gpt2) w.normf_b = pv("ln_f.bias");
   if (!cfg_.tie_embeddings) {
     w.lm_head = pv("lm_head.weight");
+  } else if (!has_embedding_) {  // the stage's own copy, in the head unit
+    w.lm_head = pv(embedding_name(cfg_));
   } else {
     pv.rebind(unit_params(0, pass), units_[0].begin);
     w.lm_head = pv(embedding_name(cfg_));
@@ -377,19 +403,21 @@ HeadWeights Model::bind_head(Pass pass) {
 }
 
 void Model::release_head() {
-  release(static_cast<int>(cfg_.n_layer) + 1);
-  if (cfg_.tie_embeddings) release(0);
+  release(head_unit());
+  if (cfg_.tie_embeddings && has_embedding_) release(0);
 }
 
 HeadWeights Model::bind_head_grads() {
   ParamViews& gv = *state_->grad_views;
-  const int head = static_cast<int>(cfg_.n_layer) + 1;
+  const int head = head_unit();
   HeadWeights g;
   gv.rebind(unit_grads(head), units_[head].begin);
   g.normf_w = gv(final_norm_name(cfg_));
   if (cfg_.family == Family::gpt2) g.normf_b = gv("ln_f.bias");
   if (!cfg_.tie_embeddings) {
     g.lm_head = gv("lm_head.weight");
+  } else if (!has_embedding_) {
+    g.lm_head = gv(embedding_name(cfg_));
   } else {
     gv.rebind(unit_grads(0), units_[0].begin);
     g.lm_head = gv(embedding_name(cfg_));
@@ -441,39 +469,48 @@ float Model::forward(const Tensor& tokens, const Tensor& targets) {
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
   const bool tp = tp_.active();
-  check_batch("tokens", tokens, B_, T_);
   LOOM_REQUIRE(!tp || tp_.ops != nullptr, "Model::forward: tensor parallelism (tp = ", tp_.tp.size,
                ") needs its collectives (TpOptions::ops)");
-  if (tp) check_ids("token", tokens, cfg_.vocab_size, false);
-  std::memcpy(st.tokens.data(), tokens.data(), tokens.nbytes());
+  if (has_embedding_) {
+    check_batch("tokens", tokens, B_, T_);
+    if (tp) check_ids("token", tokens, cfg_.vocab_size, false);
+    std::memcpy(st.tokens.data(), tokens.data(), tokens.nbytes());
+  }
+  LOOM_REQUIRE(has_head_ || !targets.defined(), "Model::forward: targets given to a pipeline stage without the ",
+               "head (layers ", first_layer_, " to ", first_layer_ + n_layers_ - 1, "): they go to the last stage");
   has_targets_ = targets.defined();
+  forward_done_ = true;
   if (has_targets_) {
     check_batch("targets", targets, B_, T_);
     if (tp) check_ids("target", targets, cfg_.vocab_size, true);
     std::memcpy(st.targets.data(), targets.data(), targets.nbytes());
   }
-  const int L = static_cast<int>(cfg_.n_layer);
+  const int L = static_cast<int>(n_layers_);  // the stage's layers: all without pipeline parallelism
   const int64_t C = d.C, V = st.logits.size(2);
   const bool own = storage_.params;
   ParamViews& pv = *st.param_views;
   HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};
-  if (!own) w = bind_embeddings();
-  if (!tp) {
-    embedding_forward(st.resid[0], st.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
-  } else {  // each token's row lives on one rank: partial sums (wpe added once), reduced by g
-    const Tensor partial = d.tp.sp ? d.tp.partial.reshape({B_, T_, C}) : st.resid[0];
-    embedding_shard_forward(partial, st.tokens, w.wte, st.vocab_begin, d.tp.rank == 0 ? w.wpe : Tensor());
-    tp_.ops->reduce(st.resid[0], partial);
+  if (has_embedding_) {  // later stages find their input in stage_input()
+    if (!own) w = bind_embeddings();
+    if (!tp) {
+      embedding_forward(st.resid[0], st.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
+    } else {  // each token's row lives on one rank: partial sums (wpe added once), reduced by g
+      const Tensor partial = d.tp.sp ? d.tp.partial.reshape({B_, T_, C}) : st.resid[0];
+      embedding_shard_forward(partial, st.tokens, w.wte, st.vocab_begin, d.tp.rank == 0 ? w.wpe : Tensor());
+      tp_.ops->reduce(st.resid[0], partial);
+    }
+    if (!own) release(0);
   }
-  if (!own) release(0);
-  for (int64_t l = 0; l < L; ++l) {
+  for (int l = 0; l < L; ++l) {
+    const int unit = layer_unit(l);
     LayerWeights bound;
-    if (!own) pv.rebind(unit_params(1 + l, Pass::forward), units_[1 + l].begin), bound = pv.layer(cfg_, l);
+    if (!own) pv.rebind(unit_params(unit, Pass::forward), units_[unit].begin), bound = pv.layer(cfg_, first_layer_ + l);
     const LayerWeights& lw = own ? st.w[l] : bound;
     if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], d);
     else llama_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], st.pos, d);
-    if (!own) release(1 + l);
+    if (!own) release(unit);
   }
+  if (!has_head_) return 0.f;  // the output waits in stage_output()
   if (!own) w = bind_head(Pass::forward);
   const Tensor& x = st.resid[L];
   if (gpt2) layernorm_forward(st.normf, st.meanf, st.rstdf, x, w.normf_w, w.normf_b, d.eps);
@@ -500,19 +537,63 @@ float Model::forward(const Tensor& tokens, const Tensor& targets) {
 Tensor Model::logits() const { return state_->logits; }
 
 void Model::backward(float dloss) {
-  LOOM_REQUIRE(has_targets_, "Model::backward: the last forward had no targets (or backward already ran): call ",
-               "forward(tokens, targets) first");
-  has_targets_ = false;
+  LOOM_REQUIRE(has_head_ ? has_targets_ : forward_done_, "Model::backward: the last forward had no targets (or ",
+               "backward already ran): call forward(tokens, targets) first");
+  has_targets_ = false, forward_done_ = false;
+  ModelState& st = *state_;
+  const Dims& d = st.dims;
+  const bool gpt2 = cfg_.family == Family::gpt2;
+  const bool tp = tp_.active(), sp = d.tp.sp;
+  const int64_t C = d.C;
+  const int L = static_cast<int>(n_layers_);
+  const bool own = storage_.params, own_grads = storage_.grads;
+  ParamViews &pv = *st.param_views, &gv = *st.grad_views;
+  HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};
+  HeadWeights g{st.dwte, st.dwpe, st.dnormf_w, st.dnormf_b, st.dlm_head};
+  if (has_head_) backward_head(dloss, w, g);  // else stage_grad() holds the output's gradient
+  for (int l = L - 1; l >= 0; --l) {
+    const int unit = layer_unit(l);
+    LayerWeights bound_w, bound_g;
+    if (!own) pv.rebind(unit_params(unit, Pass::backward), units_[unit].begin), bound_w = pv.layer(cfg_, first_layer_ + l);
+    if (!own_grads) gv.rebind(unit_grads(unit), units_[unit].begin), bound_g = gv.layer(cfg_, first_layer_ + l);
+    const LayerWeights& lw = own ? st.w[l] : bound_w;
+    const LayerWeights& lg_real = own_grads ? st.g[l] : bound_g;
+    const LayerWeights lg = sp ? with_norm_grads_in(lg_real, st.norm_grads, C) : lg_real;
+    // Under full recompute the block's output is rewritten with the same bits.
+    if (recompute_ == Recompute::full) {
+      if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], d);
+      else llama_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], st.pos, d);
+    } else if (recompute_ == Recompute::selective) {
+      if (gpt2) gpt2_block_recompute(st.resid[l], lw, st.acts[l], d);
+      else llama_block_recompute(st.resid[l], lw, st.acts[l], d);
+    }
+    if (gpt2) gpt2_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, d);
+    else llama_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, st.pos, d);
+    if (sp) sum_norm_grads(d, st.norm_grads, {lg_real.norm1_w, lg_real.norm1_b, lg_real.norm2_w, lg_real.norm2_b});
+    if (!own) release(unit);
+    grads_done(unit);
+  }
+  if (!has_embedding_) return;  // stage_grad() holds the input's gradient
+  if (!own_grads) g = bind_embedding_grads();
+  if (!tp) {
+    embedding_backward(g.wte, g.wpe, st.dres, st.tokens);
+  } else {  // every rank sees all rows' gradient: its vocabulary rows, and the whole (identical) wpe gradient
+    const Tensor dy = tp_exit_backward(d, st.dres).reshape({B_, T_, C});
+    embedding_shard_backward(g.wte, g.wpe, dy, st.tokens, st.vocab_begin);
+  }
+  grads_done(0);
+}
+
+// The loss's gradient through the lm head and the final norm into
+// stage_grad(): the first part of the last stage's backward.
+void Model::backward_head(float dloss, HeadWeights w, HeadWeights g) {
   ModelState& st = *state_;
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
   const bool tp = tp_.active(), sp = d.tp.sp;
   const int64_t V = st.logits.size(2), C = d.C;
-  const int L = static_cast<int>(cfg_.n_layer);
+  const int L = static_cast<int>(n_layers_);
   const bool own = storage_.params, own_grads = storage_.grads;
-  ParamViews &pv = *st.param_views, &gv = *st.grad_views;
-  HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};
-  HeadWeights g{st.dwte, st.dwpe, st.dnormf_w, st.dnormf_b, st.dlm_head};
   if (!own) w = bind_head(Pass::backward);
   if (!own_grads) g = bind_head_grads();
   // dlogits overwrite the logits in place: (B, T, V) or the rank's (B, T, Vl)
@@ -539,36 +620,7 @@ void Model::backward(float dloss) {
   else rmsnorm_backward(st.dres, dnw, dnormf, x, w.normf_w, st.rstdf);
   if (sp) sum_norm_grads(d, st.norm_grads, {g.normf_w, gpt2 ? g.normf_b : Tensor(), Tensor(), Tensor()});
   if (!own) release_head();
-  grads_done(L + 1);
-  for (int l = L - 1; l >= 0; --l) {
-    LayerWeights bound_w, bound_g;
-    if (!own) pv.rebind(unit_params(1 + l, Pass::backward), units_[1 + l].begin), bound_w = pv.layer(cfg_, l);
-    if (!own_grads) gv.rebind(unit_grads(1 + l), units_[1 + l].begin), bound_g = gv.layer(cfg_, l);
-    const LayerWeights& lw = own ? st.w[l] : bound_w;
-    const LayerWeights& lg_real = own_grads ? st.g[l] : bound_g;
-    const LayerWeights lg = sp ? with_norm_grads_in(lg_real, st.norm_grads, C) : lg_real;
-    // Under full recompute the block's output is rewritten with the same bits.
-    if (recompute_ == Recompute::full) {
-      if (gpt2) gpt2_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], d);
-      else llama_block_forward(st.resid[l + 1], st.resid[l], lw, st.acts[l], st.pos, d);
-    } else if (recompute_ == Recompute::selective) {
-      if (gpt2) gpt2_block_recompute(st.resid[l], lw, st.acts[l], d);
-      else llama_block_recompute(st.resid[l], lw, st.acts[l], d);
-    }
-    if (gpt2) gpt2_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, d);
-    else llama_block_backward(st.dres, st.resid[l], lw, lg, st.acts[l], st.s, st.pos, d);
-    if (sp) sum_norm_grads(d, st.norm_grads, {lg_real.norm1_w, lg_real.norm1_b, lg_real.norm2_w, lg_real.norm2_b});
-    if (!own) release(1 + l);
-    grads_done(1 + l);
-  }
-  if (!own_grads) g = bind_embedding_grads();
-  if (!tp) {
-    embedding_backward(g.wte, g.wpe, st.dres, st.tokens);
-  } else {  // every rank sees all rows' gradient: its vocabulary rows, and the whole (identical) wpe gradient
-    const Tensor dy = tp_exit_backward(d, st.dres).reshape({B_, T_, C});
-    embedding_shard_backward(g.wte, g.wpe, dy, st.tokens, st.vocab_begin);
-  }
-  grads_done(0);
+  grads_done(head_unit());
 }
 
 void Model::zero_grads() {

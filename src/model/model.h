@@ -52,7 +52,9 @@ enum class Recompute : uint8_t { none, selective, full };
 // buffer that the model reads together, in spec order: unit 0 the embeddings
 // (wte, wpe / embed_tokens), unit 1 + l layer l, unit L + 1 the final norm
 // (and lm_head when untied). Forward reads them 0, 1, ..., L + 1 (and 0 again
-// for a tied head); backward finishes their gradients L + 1, L, ..., 0.
+// for a tied head); backward finishes their gradients L + 1, L, ..., 0. A
+// pipeline stage's units are its parts in the same order: [embeddings], its
+// layers, [head] (a later stage's head unit holds its copy of a tied wte).
 struct Unit {
   int64_t begin = 0, end = 0;  // elements of the flat parameter buffer
   int64_t numel() const { return end - begin; }
@@ -103,8 +105,16 @@ class Model {
   // tp: this rank's slice under tensor (and sequence) parallelism
   // (tensor_parallel.h); its param_specs(), params and gradients are then the
   // rank's slices, logits() its vocabulary columns.
+  //
+  // stage: the pipeline stage's layers (params.h PpStage; default: all). A
+  // stage without the embeddings reads its input activations from
+  // stage_input() (filled by the caller before forward); one without the
+  // head leaves its output in stage_output() and, before backward, reads the
+  // output's gradient from stage_grad(), where backward leaves the input's
+  // gradient. Its units are then [embeddings], its layers, [head].
   Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
-        Recompute recompute = Recompute::none, const Storage& storage = {}, const TpOptions& tp = {});
+        Recompute recompute = Recompute::none, const Storage& storage = {}, const TpOptions& tp = {},
+        PpStage stage = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -120,8 +130,20 @@ class Model {
   // (activations and backward scratch), from the same layout the
   // constructor allocates, without allocating.
   static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                  const TpOptions& tp = {});
+                                  const TpOptions& tp = {}, PpStage stage = {});
   const TpOptions& tensor_parallel() const { return tp_; }
+  // Pipeline stage: its first layer and layer count; whether it holds the
+  // embeddings (first stage) and the head (last stage).
+  int64_t first_layer() const { return first_layer_; }
+  int64_t num_layers() const { return n_layers_; }
+  bool has_embedding() const { return has_embedding_; }
+  bool has_head() const { return has_head_; }
+  // The stage's input activations (not the first stage), output activations
+  // (not the last), and the gradient buffer (see the constructor): the
+  // residual stream's shape, compute dtype (stage_grad: f32).
+  Tensor stage_input() const;
+  Tensor stage_output() const;
+  Tensor stage_grad() const;
 
   const std::vector<Unit>& units() const { return units_; }
   const Storage& storage() const { return storage_; }
@@ -168,6 +190,9 @@ class Model {
   void zero_grads();
 
  private:
+  int layer_unit(int64_t local_layer) const { return static_cast<int>((has_embedding_ ? 1 : 0) + local_layer); }
+  int head_unit() const { return static_cast<int>(units_.size()) - 1; }
+  void backward_head(float dloss, HeadWeights w, HeadWeights g);
   // Units through the hooks (a model without its own parameters or gradients).
   Tensor unit_params(int unit, Pass pass);
   Tensor unit_grads(int unit);
@@ -192,6 +217,9 @@ class Model {
   OwnedTensor master_;  // (P) f32 under bf16 / f16 compute; undefined under f32
   std::unique_ptr<ModelState> state_;
   bool has_targets_ = false;
+  bool forward_done_ = false;  // since the last backward
+  int64_t first_layer_ = 0, n_layers_ = 0;
+  bool has_embedding_ = true, has_head_ = true;
 };
 
 }  // namespace loom::model

@@ -94,7 +94,47 @@ void llama_specs(SpecList& s, const ModelConfig& c, int tp) {
 
 }  // namespace
 
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp) {
+ParamPart param_part(const ModelConfig& cfg, const std::string& name, int64_t* layer) {
+  const std::string prefix = cfg.family == Family::gpt2 ? "h." : "model.layers.";
+  if (name.rfind(prefix, 0) == 0) {
+    if (layer) *layer = std::stoll(name.substr(prefix.size()));
+    return ParamPart::layer;
+  }
+  if (name == "wte.weight" || name == "wpe.weight" || name == "model.embed_tokens.weight") return ParamPart::embedding;
+  return ParamPart::head;
+}
+
+namespace {
+
+// The stage's parameters of a whole (tp rank's) list, repacked.
+std::vector<ParamSpec> stage_specs(const ModelConfig& cfg, std::vector<ParamSpec> all, PpStage stage) {
+  const int64_t L = cfg.n_layer;
+  const int64_t n = stage.n_layers < 0 ? L - stage.first_layer : stage.n_layers;
+  LOOM_REQUIRE(stage.first_layer >= 0 && n >= 1 && stage.first_layer + n <= L, "pipeline stage of layers [",
+               stage.first_layer, ", ", stage.first_layer + n, ") is invalid: model.n_layer = ", L,
+               " layers, and every stage needs at least one");
+  const bool first = stage.first_layer == 0, last = stage.first_layer + n == L;
+  if (first && last) return all;
+  std::vector<ParamSpec> out;
+  const ParamSpec* tied = nullptr;
+  for (const ParamSpec& spec : all) {
+    int64_t l = 0;
+    const ParamPart part = param_part(cfg, spec.name, &l);
+    const bool keep = part == ParamPart::embedding  ? first
+                      : part == ParamPart::head     ? last
+                                                    : l >= stage.first_layer && l < stage.first_layer + n;
+    if (keep) out.push_back(spec);
+    if (part == ParamPart::embedding && spec.name != "wpe.weight") tied = &spec;
+  }
+  if (last && !first && cfg.tie_embeddings) out.push_back(*tied);  // the head's copy of the embedding
+  int64_t offset = 0;
+  for (ParamSpec& spec : out) spec.offset = offset, offset += spec.numel();
+  return out;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp, PpStage stage) {
   cfg.validate();
   LOOM_REQUIRE(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "tensor-parallel rank ", tp.rank, " of ", tp.size,
                " is invalid");
@@ -108,7 +148,7 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp) {
   SpecList s(tp);
   if (cfg.family == Family::gpt2) gpt2_specs(s, cfg, tp.size);
   else llama_specs(s, cfg, tp.size);
-  return s.take();
+  return stage_specs(cfg, s.take(), stage);
 }
 
 int64_t param_count(const std::vector<ParamSpec>& specs) {

@@ -74,13 +74,31 @@ struct ParamSpec {
   bool replicated() const { return split.dim < 0; }
 };
 
+// Pipeline parallelism (DESIGN.md §5 PP): the contiguous layers a pipeline
+// stage holds, [first_layer, first_layer + n_layers) (n_layers -1: to the
+// last layer). The first stage (first_layer 0) also holds the embeddings,
+// the last one the final norm and lm head; with tied embeddings (GPT-2) a
+// last stage that is not also the first holds its own copy of wte.weight
+// for the head, after the final norm (Megatron's embedding copy: it is
+// initialised like stage 0's and its gradient is summed with stage 0's).
+struct PpStage {
+  int64_t first_layer = 0;
+  int64_t n_layers = -1;
+};
+
 // Every parameter of the model in a fixed order (embeddings, layers, final
 // norm, lm head), with offsets packing them contiguously. Validates cfg.
 // With tp.size > 1, the specs of tp rank tp.rank: the shapes are its slices
 // and the offsets pack those (every rank's list has the same names in the
 // same order). A tp size that does not divide model.n_head,
 // model.n_kv_head or model.d_ff is a loom::Error saying what must divide what.
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp = {});
+// With a pipeline stage, only the stage's parameters (above), repacked; a
+// stage outside the model's layers, or with no layer, is a loom::Error.
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {});
+// Whether a parameter belongs to a layer (and which), the embeddings or the
+// head (final norm, lm head): by its Hugging Face name.
+enum class ParamPart : uint8_t { embedding, layer, head };
+ParamPart param_part(const ModelConfig& cfg, const std::string& name, int64_t* layer = nullptr);
 int64_t param_count(const std::vector<ParamSpec>& specs);
 // The vocabulary rows each tp rank holds: vocab_size rounded up to a
 // multiple of tp, divided by tp.

@@ -138,13 +138,20 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator* comm, const 
   im.pieces = pieces_of(segments_, model.param_specs());
   im.open.resize(buckets_.size());
   im.gathered.resize(model.units().size());
-  const int L = static_cast<int>(model.config().n_layer);
-  const bool tied = model.config().tie_embeddings;
-  for (int u = 0; u <= L + 1; ++u) im.order[0].push_back(u);
-  if (tied) im.order[0].push_back(0);
-  im.order[1].push_back(L + 1);
-  if (tied) im.order[1].push_back(0);
-  for (int u = L; u >= 1; --u) im.order[1].push_back(u);
+  // The order the model acquires units' parameters (model.h), for prefetching:
+  // forward [embeddings], layers, [head] (a tied head reads unit 0 again);
+  // backward [head (+ unit 0 when tied)], the layers in reverse (the
+  // embedding's backward reads no parameters). A pipeline stage has only
+  // some of these parts.
+  const int U = static_cast<int>(model.units().size());
+  const bool emb = model.has_embedding(), head = model.has_head();
+  const bool tied_here = model.config().tie_embeddings && emb && head;
+  const int first_layer = emb ? 1 : 0, last_layer = head ? U - 2 : U - 1;
+  for (int u = 0; u < U; ++u) im.order[0].push_back(u);
+  if (tied_here) im.order[0].push_back(0);
+  if (head) im.order[1].push_back(U - 1);
+  if (tied_here) im.order[1].push_back(0);
+  for (int u = last_layer; u >= first_layer; --u) im.order[1].push_back(u);
 
   const int64_t S = shard_numel_;
   const DType compute = model.compute_dtype();
