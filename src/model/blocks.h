@@ -135,24 +135,39 @@ void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, c
 // A contiguous tensor's elements as (rows, cols).
 inline Tensor rows_of(const Tensor& t, int64_t cols) { return t.reshape({t.numel() / cols, cols}); }
 
-// Activations, scratch and per-layer views of one Model.
+// What one micro-batch's forward leaves for its backward: a Model keeps
+// `slots` of these (model.h; pipeline schedules keep several micro-batches
+// in flight).
+struct SlotActs {
+  Tensor tokens, targets;          // (B, T) i32 copies
+  std::vector<Tensor> resid;       // layers + 1 of (B, T, C): resid[0] the input, resid[l + 1] block l out
+  std::vector<LayerActs> acts;
+  Tensor normf, meanf, rstdf;      // (B, T, C), (B*T), (B*T) (the residual stream's rows)
+  Tensor logits;                   // (B, T, V), or (B, T, Vl) this tp rank's vocabulary columns
+  Tensor ce_lse, ce_target;        // tensor parallelism: (N) f32, the cross-entropy's lse and target logit
+  bool has_targets = false, forward_done = false;
+};
+
+// Activations, scratch and per-layer views of one Model. The fields of the
+// slot in use are copied (as views) into the ones below by use_slot.
 struct ModelState {
   std::vector<OwnedTensor> owned;  // storage of everything below
   Dims dims{};
-  Tensor tokens, targets, pos;     // (B, T) i32 copies, (T) i32 0..T-1
-  std::vector<Tensor> resid;       // n_layer + 1 of (B, T, C): resid[0] embeddings, resid[l + 1] block l out
-  std::vector<LayerActs> acts;
+  std::vector<SlotActs> slots;
+  Tensor tokens, targets, pos;     // the slot's; (T) i32 0..T-1
+  std::vector<Tensor> resid;       // the slot's
+  std::vector<LayerActs> acts;     // the slot's
   std::vector<LayerWeights> w, g;  // weights and gradients per layer
-  Tensor normf, meanf, rstdf;      // (B, T, C), (B*T), (B*T) (the residual stream's rows)
-  Tensor logits;                   // (B, T, V), or (B, T, Vl) this tp rank's vocabulary columns
-  Tensor dres, dnormf;             // residual stream rows x C, (B, T, C) f32
+  Tensor normf, meanf, rstdf;      // the slot's
+  Tensor logits;                   // the slot's
+  Tensor dres, dnormf;             // residual stream rows x C, (B, T, C) f32: shared by every slot
   Scratch s;
   // Tensor parallelism: the rank's first vocabulary row and how many of its
   // rows are real (not padding); the cross-entropy's (N) f32 log-sum-exp and
   // target logit over all ranks (kept for backward); and under SP a zeroed
   // buffer for a unit's norm-weight gradients before they are summed over tp.
   int64_t vocab_begin = 0, vocab_valid = 0;
-  Tensor ce_lse, ce_target;
+  Tensor ce_lse, ce_target;        // the slot's
   Tensor norm_grads;               // (4C) f32
   // Embeddings, final norm, lm head (the token embedding when tied).
   Tensor wte, wpe, normf_w, normf_b, lm_head;
@@ -160,6 +175,12 @@ struct ModelState {
   // Name index of the parameters / gradients, rebound to a unit's buffer
   // when the model does not own them (model.h Storage).
   std::unique_ptr<ParamViews> param_views, grad_views;
+
+  void use_slot(int k) {
+    const SlotActs& a = slots[k];
+    tokens = a.tokens, targets = a.targets, resid = a.resid, acts = a.acts;
+    normf = a.normf, meanf = a.meanf, rstdf = a.rstdf, logits = a.logits, ce_lse = a.ce_lse, ce_target = a.ce_target;
+  }
 };
 
 }  // namespace loom::model

@@ -77,9 +77,10 @@ LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2
 
 // Activations (st.resid, st.acts, final norm, logits) and backward scratch
 // of a (B, T) micro-batch under a recompute policy (model.h).
-// layers: the stage's (all of them without pipeline parallelism).
+// layers: the stage's (all of them without pipeline parallelism); slots:
+// micro-batches whose activations it keeps at once (model.h).
 void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, Recompute recompute,
-                        int64_t vocab, int64_t layers) {
+                        int64_t vocab, int64_t layers, int slots) {
   const Dims& d = st.dims;
   const bool gpt2 = cfg.family == Family::gpt2;
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;
@@ -87,23 +88,28 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   const int64_t Nl = stream_shape(d).numel() / C;
   const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
 
-  st.tokens = alloc({B, T}, DType::i32);
-  st.targets = alloc({B, T}, DType::i32);
   st.pos = alloc({T}, DType::i32);
-  for (int64_t l = 0; l <= L; ++l) st.resid.push_back(alloc(stream_shape(d)));
-  if (recompute == Recompute::full) {  // every layer aliases one set
-    st.acts.assign(L, with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
-  } else if (recompute == Recompute::selective) {  // every layer aliases one set of the dropped ones
-    const LayerActs shared = dropped_acts(alloc, d, gpt2);
-    for (int64_t l = 0; l < L; ++l) st.acts.push_back(with_kept_acts(shared, alloc, d, gpt2));
-  } else {
-    for (int64_t l = 0; l < L; ++l) st.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
+  // What backward recomputes is shared by every layer, and by every slot.
+  LayerActs shared;
+  if (recompute == Recompute::full) shared = with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2);
+  else if (recompute == Recompute::selective) shared = dropped_acts(alloc, d, gpt2);
+  for (int k = 0; k < slots; ++k) {
+    SlotActs a;
+    a.tokens = alloc({B, T}, DType::i32);
+    a.targets = alloc({B, T}, DType::i32);
+    for (int64_t l = 0; l <= L; ++l) a.resid.push_back(alloc(stream_shape(d)));
+    for (int64_t l = 0; l < L; ++l) {
+      if (recompute == Recompute::full) a.acts.push_back(shared);  // every layer aliases one set
+      else if (recompute == Recompute::selective) a.acts.push_back(with_kept_acts(shared, alloc, d, gpt2));
+      else a.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
+    }
+    a.normf = alloc(stream_shape(d)), a.rstdf = alloc({Nl}, f32);
+    if (gpt2) a.meanf = alloc({Nl}, f32);
+    a.logits = alloc({B, T, V});
+    if (d.tp.size > 1) a.ce_lse = alloc({B * T}, f32), a.ce_target = alloc({B * T}, f32);
+    st.slots.push_back(a);
   }
-  st.normf = alloc(stream_shape(d)), st.rstdf = alloc({Nl}, f32);
-  if (gpt2) st.meanf = alloc({Nl}, f32);
-  st.logits = alloc({B, T, V});
   st.dres = alloc(stream_shape(d), f32), st.dnormf = alloc({B, T, C}, f32);
-  if (d.tp.size > 1) st.ce_lse = alloc({B * T}, f32), st.ce_target = alloc({B * T}, f32);
   if (d.tp.sp) {
     st.norm_grads = alloc({4 * C}, f32);
     st.dims.tp.gathered = alloc({B * T, C}), st.dims.tp.partial = alloc({B * T, C});
@@ -116,6 +122,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   s.datt = alloc({B, T, NH, HS}, f32);
   s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
   if (!gpt2) s.dup = alloc({B, T, F}, f32);
+  st.use_slot(0);
 }
 
 Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) {
@@ -219,15 +226,16 @@ Recompute recompute_from_name(std::string_view name) {
 }
 
 int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                const TpOptions& tp, PpStage stage) {
-  (void)model::param_specs(cfg, tp.tp, stage);  // validates cfg, the tp split and the stage
+                                const TpOptions& tp, const StageOptions& stage) {
+  (void)model::param_specs(cfg, tp.tp, stage.layers);  // validates cfg, the tp split and the stage
+  LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
   check_tp(T, tp);
   ModelState st;
   st.dims = dims_of(cfg, B, T, tp);
   Allocator counter{nullptr, nullptr, compute};
-  const int64_t layers = stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
-  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size), layers);
+  const int64_t layers = stage.layers.n_layers < 0 ? cfg.n_layer - stage.layers.first_layer : stage.layers.n_layers;
+  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size), layers, stage.slots);
   return counter.bytes;
 }
 
@@ -253,7 +261,7 @@ std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpe
 }
 
 Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute, Recompute recompute,
-             const Storage& storage, const TpOptions& tp, PpStage stage)
+             const Storage& storage, const TpOptions& tp, const StageOptions& stage)
     : cfg_(cfg),
       B_(B),
       T_(T),
@@ -261,10 +269,11 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
       compute_(compute),
       storage_(storage),
       tp_(tp),
-      specs_(model::param_specs(cfg, tp.tp, stage)),
+      specs_(model::param_specs(cfg, tp.tp, stage.layers)),
       state_(std::make_unique<ModelState>()) {
-  first_layer_ = stage.first_layer;
-  n_layers_ = stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
+  LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
+  first_layer_ = stage.layers.first_layer;
+  n_layers_ = stage.layers.n_layers < 0 ? cfg.n_layer - first_layer_ : stage.layers.n_layers;
   has_embedding_ = first_layer_ == 0;
   has_head_ = first_layer_ + n_layers_ == cfg.n_layer;
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
@@ -283,7 +292,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   st.dims = dims_of(cfg, B, T, tp);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
   const int64_t Vl = vocab_per_rank(cfg, tp.tp.size);
-  layout_activations(st, alloc, cfg, recompute, Vl, n_layers_);
+  layout_activations(st, alloc, cfg, recompute, Vl, n_layers_, stage.slots);
   st.vocab_begin = tp.tp.rank * Vl;
   st.vocab_valid = std::clamp<int64_t>(cfg.vocab_size - st.vocab_begin, 0, Vl);
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);
@@ -303,13 +312,21 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   }
 }
 
-Tensor Model::stage_input() const {
-  LOOM_REQUIRE(!has_embedding_, "Model::stage_input: the first stage reads tokens, not activations");
-  return state_->resid[0];
+int Model::slots() const { return static_cast<int>(state_->slots.size()); }
+
+const SlotActs& Model::slot_acts(int slot) const {
+  LOOM_REQUIRE(slot >= 0 && slot < slots(), "activation slot ", slot, " is invalid: this model has ", slots(),
+               " (0 to ", slots() - 1, ")");
+  return state_->slots[slot];
 }
-Tensor Model::stage_output() const {
+
+Tensor Model::stage_input(int slot) const {
+  LOOM_REQUIRE(!has_embedding_, "Model::stage_input: the first stage reads tokens, not activations");
+  return slot_acts(slot).resid[0];
+}
+Tensor Model::stage_output(int slot) const {
   LOOM_REQUIRE(!has_head_, "Model::stage_output: the last stage ends in the loss, not activations");
-  return state_->resid[n_layers_];
+  return slot_acts(slot).resid[n_layers_];
 }
 Tensor Model::stage_grad() const { return state_->dres; }
 
@@ -464,8 +481,12 @@ void sum_norm_grads(const Dims& d, const Tensor& buf, const std::array<Tensor, 4
 
 }  // namespace
 
-float Model::forward(const Tensor& tokens, const Tensor& targets) {
+float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {
+  (void)slot_acts(slot);  // checks it
   ModelState& st = *state_;
+  st.use_slot(slot);
+  bool& has_targets_ = st.slots[slot].has_targets;
+  bool& forward_done_ = st.slots[slot].forward_done;
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
   const bool tp = tp_.active();
@@ -534,13 +555,17 @@ float Model::forward(const Tensor& tokens, const Tensor& targets) {
     if (tg[i] != -100) sum += static_cast<double>(lse[i]) - tl[i], ++n_valid;
   return n_valid == 0 ? 0.f : static_cast<float>(sum / static_cast<double>(n_valid));
 }
-Tensor Model::logits() const { return state_->logits; }
+Tensor Model::logits(int slot) const { return slot_acts(slot).logits; }
 
-void Model::backward(float dloss) {
-  LOOM_REQUIRE(has_head_ ? has_targets_ : forward_done_, "Model::backward: the last forward had no targets (or ",
-               "backward already ran): call forward(tokens, targets) first");
-  has_targets_ = false, forward_done_ = false;
+void Model::backward(float dloss, int slot) {
+  (void)slot_acts(slot);
   ModelState& st = *state_;
+  SlotActs& sl = st.slots[slot];
+  LOOM_REQUIRE(has_head_ ? sl.has_targets : sl.forward_done, "Model::backward: the last forward",
+               slots() > 1 ? concat(" of slot ", slot) : std::string(),
+               " had no targets (or backward already ran): call forward(tokens, targets) first");
+  sl.has_targets = false, sl.forward_done = false;
+  st.use_slot(slot);
   const Dims& d = st.dims;
   const bool gpt2 = cfg_.family == Family::gpt2;
   const bool tp = tp_.active(), sp = d.tp.sp;

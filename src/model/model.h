@@ -45,6 +45,7 @@ namespace loom::model {
 
 struct ModelState;   // activations and per-layer views (model/blocks.h)
 struct HeadWeights;  // embeddings, final norm, lm head (model/blocks.h)
+struct SlotActs;     // one micro-batch's activations (model/blocks.h)
 
 enum class Recompute : uint8_t { none, selective, full };
 
@@ -92,6 +93,15 @@ struct Storage {
   bool master = true;  // f32 master weights under bf16 / f16 compute
   bool grads = true;
 };
+// A pipeline stage's layers (params.h) and how many micro-batches' activations
+// it keeps at once: forward(..., slot) writes slot `slot`, backward(..., slot)
+// reads it (a pipeline schedule keeps several micro-batches in flight; the
+// backward scratch is shared). Default: the whole model, one slot.
+struct StageOptions {
+  PpStage layers;
+  int slots = 1;
+};
+
 std::string_view recompute_name(Recompute r);
 // "none", "selective", "full"; anything else is a loom::Error listing them.
 Recompute recompute_from_name(std::string_view name);
@@ -114,7 +124,7 @@ class Model {
   // gradient. Its units are then [embeddings], its layers, [head].
   Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
         Recompute recompute = Recompute::none, const Storage& storage = {}, const TpOptions& tp = {},
-        PpStage stage = {});
+        const StageOptions& stage = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -130,7 +140,7 @@ class Model {
   // (activations and backward scratch), from the same layout the
   // constructor allocates, without allocating.
   static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                  const TpOptions& tp = {}, PpStage stage = {});
+                                  const TpOptions& tp = {}, const StageOptions& stage = {});
   const TpOptions& tensor_parallel() const { return tp_; }
   // Pipeline stage: its first layer and layer count; whether it holds the
   // embeddings (first stage) and the head (last stage).
@@ -141,9 +151,10 @@ class Model {
   // The stage's input activations (not the first stage), output activations
   // (not the last), and the gradient buffer (see the constructor): the
   // residual stream's shape, compute dtype (stage_grad: f32).
-  Tensor stage_input() const;
-  Tensor stage_output() const;
+  Tensor stage_input(int slot = 0) const;
+  Tensor stage_output(int slot = 0) const;
   Tensor stage_grad() const;
+  int slots() const;
 
   const std::vector<Unit>& units() const { return units_; }
   const Storage& storage() const { return storage_; }
@@ -179,17 +190,20 @@ class Model {
   // tokens, targets: (B, T) i32. Returns the mean cross-entropy over targets
   // (entries equal to -100 are ignored), or 0 when targets is undefined
   // (logits only; backward is then not allowed).
-  float forward(const Tensor& tokens, const Tensor& targets = Tensor());
+  // slot: which activation slot (StageOptions) keeps this micro-batch's
+  // activations for its backward.
+  float forward(const Tensor& tokens, const Tensor& targets = Tensor(), int slot = 0);
   // (B, T, V) in the compute dtype — under tensor parallelism (B, T, Vl),
   // this rank's vocabulary columns, padding included; valid after forward
   // until backward (which overwrites it with its gradient).
-  Tensor logits() const;
+  Tensor logits(int slot = 0) const;
   // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
   // averages k accumulated micro-batches.
-  void backward(float dloss = 1.f);
+  void backward(float dloss = 1.f, int slot = 0);
   void zero_grads();
 
  private:
+  const SlotActs& slot_acts(int slot) const;  // checks slot
   int layer_unit(int64_t local_layer) const { return static_cast<int>((has_embedding_ ? 1 : 0) + local_layer); }
   int head_unit() const { return static_cast<int>(units_.size()) - 1; }
   void backward_head(float dloss, HeadWeights w, HeadWeights g);
@@ -216,8 +230,6 @@ class Model {
   OwnedTensor params_, grads_;
   OwnedTensor master_;  // (P) f32 under bf16 / f16 compute; undefined under f32
   std::unique_ptr<ModelState> state_;
-  bool has_targets_ = false;
-  bool forward_done_ = false;  // since the last backward
   int64_t first_layer_ = 0, n_layers_ = 0;
   bool has_embedding_ = true, has_head_ = true;
 };

@@ -3,6 +3,8 @@
 // embeddings, the last the head, with its own copy of a tied embedding), run
 // stage by stage — each stage's output copied into the next one's input,
 // each gradient back — gives the whole model's loss and gradients.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -55,7 +57,7 @@ Run run_stages(const ModelConfig& cfg, const std::vector<int64_t>& cuts, Recompu
   for (size_t s = 0; s < firsts.size(); ++s) {
     const int64_t end = s + 1 < firsts.size() ? firsts[s + 1] : cfg.n_layer;
     stages.push_back(std::make_unique<Model>(cfg, B, T, pools, DType::f32, recompute, Storage{}, TpOptions{},
-                                             PpStage{firsts[s], end - firsts[s]}));
+                                             StageOptions{{firsts[s], end - firsts[s]}}));
     stages.back()->init_params(7);
     stages.back()->zero_grads();
   }
@@ -129,6 +131,50 @@ TEST(PipelineStages, StagesHoldTheirPartsAndUnits) {
   const int64_t whole = param_count(param_specs(cfg));
   const int64_t wte = cfg.vocab_size * cfg.n_embd;
   EXPECT_EQ(first.num_params() + middle.num_params() + last.num_params(), whole + wte);
+}
+
+// Two micro-batches in flight (two slots, the second's backward first, as a
+// 1F1B warm-up makes them) accumulate the gradients of running them one
+// after the other; the second slot's logits do not disturb the first's.
+TEST(PipelineStages, SlotsKeepMicroBatchesInFlight) {
+  for (Family family : {Family::gpt2, Family::llama}) {
+    const ModelConfig cfg = four_layer(family, family == Family::gpt2);
+    Pools pools;
+    Model one(cfg, B, T, pools);
+    Model two(cfg, B, T, pools, DType::f32, Recompute::selective, {}, {}, StageOptions{{}, 2});
+    EXPECT_EQ(two.slots(), 2);
+    one.init_params(5), two.init_params(5), one.zero_grads(), two.zero_grads();
+    std::vector<int32_t> tok_a = ids(B * T, cfg.vocab_size, 3), tgt_a = ids(B * T, cfg.vocab_size, 4);
+    std::vector<int32_t> tok_b = ids(B * T, cfg.vocab_size, 5), tgt_b = ids(B * T, cfg.vocab_size, 6);
+    const Tensor ta(tok_a.data(), DType::i32, {B, T}), ga(tgt_a.data(), DType::i32, {B, T});
+    const Tensor tb(tok_b.data(), DType::i32, {B, T}), gb(tgt_b.data(), DType::i32, {B, T});
+    const float la = one.forward(ta, ga);
+    one.backward(0.5f);
+    const float lb = one.forward(tb, gb);
+    one.backward(0.5f);
+    EXPECT_EQ(two.forward(ta, ga, 0), la);
+    EXPECT_EQ(two.forward(tb, gb, 1), lb);
+    two.backward(0.5f, 1);
+    two.backward(0.5f, 0);
+    // The sums are added in the other order (a GEMM with beta = 1 folds the
+    // old gradient into its accumulation), so they agree to rounding.
+    const std::vector<float> g1 = floats(one.grads()), g2 = floats(two.grads());
+    float worst = 0, largest = 0;
+    for (size_t i = 0; i < g1.size(); ++i) worst = std::max(worst, std::abs(g1[i] - g2[i])), largest = std::max(largest, std::abs(g1[i]));
+    EXPECT_LE(worst, 1e-6f * largest);
+    // In the same order, through the second slot: bitwise.
+    two.zero_grads();
+    two.forward(ta, ga, 1), two.backward(0.5f, 1), two.forward(tb, gb, 0), two.backward(0.5f, 0);
+    EXPECT_EQ(floats(one.grads()), floats(two.grads()));
+    expect_error([&] { two.backward(0.5f, 0); }, {"of slot 0", "call forward"});
+    expect_error([&] { two.forward(ta, ga, 2); }, {"activation slot 2 is invalid", "0 to 1"});
+  }
+  // Each slot holds a whole micro-batch's activations; scratch is shared.
+  const ModelConfig cfg = four_layer(Family::gpt2, true);
+  const int64_t one_slot = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none);
+  const int64_t three = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none, {}, StageOptions{{}, 3});
+  EXPECT_GT(three, 2 * one_slot);
+  EXPECT_LT(three, 3 * one_slot);
 }
 
 TEST(PipelineStages, BadStagesAndMisuseAreClearErrors) {
