@@ -191,7 +191,8 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
       o.model.c_str(), static_cast<long long>(r.num_params), static_cast<long long>(o.batch),
       static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(), o.threads, o.warmup, o.steps);
   std::printf("reproduce: %s\n", o.command.c_str());
-  std::printf("tokens/s        %12.1f  (best step%s)\n", r.tokens_per_s, r.dp ? ", per rank" : "");
+  std::printf("tokens/s        %12.1f  (best step%s)\n", r.tokens_per_s,
+              r.tp ? ", per tp group (one replica)" : r.dp ? ", per rank" : "");
   std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
   if (r.dp) print_dp_table(o, *r.dp, r.tokens_per_s);
   if (r.tp)
