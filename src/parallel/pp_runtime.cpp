@@ -1,0 +1,340 @@
+#include "parallel/pp_runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "core/error.h"
+
+namespace loom::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The MPI standard guarantees tags up to 32767 (MPI_TAG_UB may be larger).
+constexpr int kMaxTag = 32767;
+
+// Adds the seconds of its lifetime to `total`.
+class Timed {
+ public:
+  explicit Timed(double& total) : total_(total), start_(Clock::now()) {}
+  ~Timed() { total_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double& total_;
+  Clock::time_point start_;
+};
+
+// Point-to-point messages carry bits, never arithmetic: an f16 activation
+// travels as the 2-byte dtype the communicator knows.
+Tensor wire(const Tensor& t) {
+  if (t.dtype() != DType::f16) return t;
+  return Tensor(t.data(), DType::bf16, t.shape(), t.device());
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  LOOM_CHECK(dst.nbytes() == src.nbytes() && dst.device().is_cpu() && src.device().is_cpu(), "copy ", src.str(),
+             " into ", dst.str());
+  std::memcpy(dst.data(), src.data(), src.nbytes());
+}
+
+// (micro-batch, local chunk)
+using MbChunk = std::pair<int, int>;
+// (is_grad, micro-batch, receiving local chunk)
+using MsgKey = std::tuple<bool, int, int>;
+
+}  // namespace
+
+struct PipelineRuntime::Impl {
+  // Message buffers from pools[comm], kept across steps: a step reuses the
+  // previous step's buffers instead of allocating.
+  struct Cache {
+    Pool* pool;
+    std::vector<OwnedTensor> free;
+    OwnedTensor take(DType dtype, const Shape& shape) {
+      for (auto it = free.begin(); it != free.end(); ++it)
+        if (it->dtype() == dtype && it->shape() == shape) {
+          OwnedTensor t = std::move(*it);
+          free.erase(it);
+          return t;
+        }
+      return pool->empty(dtype, shape);
+    }
+    void give(OwnedTensor t) { free.push_back(std::move(t)); }
+  };
+  struct Received {  // a gradient recv: its buffer and (unless local) its Work
+    OwnedTensor buf;
+    comm::WorkPtr work;
+  };
+  struct Sent {
+    OwnedTensor buf;
+    comm::WorkPtr work;
+  };
+
+  comm::Communicator* pp;
+  std::vector<model::Model*> chunks;
+  std::vector<PpAction> actions;  // this rank's list
+  int rank = 0, n_pp = 1, v = 1, m = 1, stages = 1;
+  Cache cache;
+
+  // One run's state; empty between runs.
+  std::vector<std::vector<int>> free_slots;  // per chunk
+  std::map<MbChunk, int> slot_of;
+  std::map<MbChunk, comm::WorkPtr> act_recv, act_send;
+  std::map<MbChunk, Received> grad_recv;
+  std::vector<Sent> grad_send;
+  std::map<MsgKey, OwnedTensor> local;  // pp = 1: messages a rank sends itself
+  double wait_s = 0, compute_s = 0, loss_sum = 0;
+
+  int stage_of(int chunk) const { return chunk * n_pp + rank; }
+  bool first(int chunk) const { return stage_of(chunk) == 0; }
+  bool last(int chunk) const { return stage_of(chunk) == stages - 1; }
+  // Unique among the messages between two ranks: the receiver's stage fixes
+  // its chunk, and (kind, micro-batch, receiving chunk) names one message.
+  int tag(bool is_grad, int micro_batch, int recv_chunk) const {
+    return (micro_batch * v + recv_chunk) * 2 + (is_grad ? 1 : 0);
+  }
+
+  int take_slot(int micro_batch, int chunk) {
+    std::vector<int>& free_list = free_slots[static_cast<size_t>(chunk)];
+    LOOM_REQUIRE(!free_list.empty(), "PipelineRuntime: chunk ", chunk, " (stage ", stage_of(chunk),
+                 ") has no free activation slot for micro-batch ", micro_batch, ": its model has ",
+                 chunks[static_cast<size_t>(chunk)]->slots(), "; build it with at least slots_needed() slots");
+    const int slot = free_list.back();
+    free_list.pop_back();
+    const bool fresh = slot_of.emplace(MbChunk{micro_batch, chunk}, slot).second;
+    LOOM_CHECK(fresh, "micro-batch ", micro_batch, " already holds a slot of chunk ", chunk);
+    return slot;
+  }
+  int slot(int micro_batch, int chunk) const {
+    auto it = slot_of.find({micro_batch, chunk});
+    LOOM_CHECK(it != slot_of.end(), "micro-batch ", micro_batch, " holds no slot of chunk ", chunk);
+    return it->second;
+  }
+  // The actions (run() dispatches on PpOp).
+  void recv_act(const PpAction& a);
+  void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets);
+  void send_act(const PpAction& a);
+  void recv_grad(const PpAction& a);
+  void backward(const PpAction& a, float dloss);
+  void send_grad(const PpAction& a);
+  void finish();
+
+  // Gradient send buffers whose sends have completed go back to the cache.
+  void reap_grad_sends() {
+    std::erase_if(grad_send, [&](Sent& s) {
+      if (!s.work->test()) return false;
+      s.work->wait();  // rethrows the send's error, if any
+      cache.give(std::move(s.buf));
+      return true;
+    });
+  }
+};
+
+PipelineRuntime::PipelineRuntime(const PpSchedule& schedule, comm::Communicator* pp,
+                                 std::vector<model::Model*> chunks, Pools& pools)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  LOOM_REQUIRE(pp != nullptr, "PipelineRuntime: no pipeline communicator given");
+  LOOM_REQUIRE(pp->size() == schedule.pp, "PipelineRuntime: the schedule is for pp = ", schedule.pp,
+               " ranks but the pipeline group '", pp->name(), "' has ", pp->size());
+  LOOM_REQUIRE(static_cast<int>(schedule.actions.size()) == schedule.pp, "PipelineRuntime: the schedule lists ",
+               schedule.actions.size(), " ranks' actions for pp = ", schedule.pp);
+  LOOM_REQUIRE(static_cast<int>(chunks.size()) == schedule.virtual_stages, "PipelineRuntime: ", chunks.size(),
+               " chunk models given for a schedule of ", schedule.virtual_stages, " chunks per rank");
+  s.pp = pp, s.chunks = std::move(chunks), s.cache.pool = &pools[MemTag::comm];
+  s.rank = pp->rank(), s.n_pp = schedule.pp, s.v = schedule.virtual_stages, s.m = schedule.micro_batches;
+  s.stages = s.n_pp * s.v;
+  s.actions = schedule.actions[static_cast<size_t>(s.rank)];
+  for (int c = 0; c < s.v; ++c) {
+    const model::Model* chunk = s.chunks[static_cast<size_t>(c)];
+    LOOM_REQUIRE(chunk != nullptr, "PipelineRuntime: chunk ", c, " has no model");
+    LOOM_REQUIRE(chunk->has_embedding() == s.first(c) && chunk->has_head() == s.last(c), "PipelineRuntime: chunk ",
+                 c, " of pipeline rank ", s.rank, " is stage ", s.stage_of(c), " of ", s.stages,
+                 ", but its model (layers ", chunk->first_layer(), " to ",
+                 chunk->first_layer() + chunk->num_layers() - 1, ") ",
+                 chunk->has_embedding() ? "holds" : "lacks", " the embeddings and ",
+                 chunk->has_head() ? "holds" : "lacks", " the head");
+    const int need = slots_needed(schedule, s.rank, c);
+    LOOM_REQUIRE(chunk->slots() >= need, "PipelineRuntime: chunk ", c, " (stage ", s.stage_of(c), ") has ",
+                 chunk->slots(), " activation slots; the ", pp_schedule_name(schedule.kind), " schedule keeps ",
+                 need, " micro-batches in flight on it");
+  }
+  // pp = 1 sends nothing over the communicator (local copies), so no tags.
+  const int64_t top_tag = (static_cast<int64_t>(s.m) * s.v) * 2 - 1;
+  LOOM_REQUIRE(s.n_pp == 1 || top_tag <= kMaxTag, "PipelineRuntime: ", s.m, " micro-batches x ", s.v,
+               " chunks need message tags up to ", top_tag, ", past ", kMaxTag,
+               ", the largest MPI guarantees: allowed micro-batches x chunks <= ", (kMaxTag + 1) / 2);
+}
+
+PipelineRuntime::~PipelineRuntime() = default;
+
+int PipelineRuntime::slots_needed(const PpSchedule& schedule, int rank, int chunk) {
+  LOOM_REQUIRE(rank >= 0 && rank < static_cast<int>(schedule.actions.size()), "PipelineRuntime::slots_needed: rank ",
+               rank, " is invalid: allowed 0 to ", static_cast<int>(schedule.actions.size()) - 1);
+  LOOM_REQUIRE(chunk >= 0 && chunk < schedule.virtual_stages, "PipelineRuntime::slots_needed: chunk ", chunk,
+               " is invalid: allowed 0 to ", schedule.virtual_stages - 1);
+  int in_flight = 0, most = 0;
+  for (const PpAction& a : schedule.actions[static_cast<size_t>(rank)]) {
+    if (a.chunk != chunk) continue;
+    if (a.op == PpOp::forward) most = std::max(most, ++in_flight);
+    if (a.op == PpOp::backward) --in_flight;
+  }
+  return most;
+}
+
+double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss) {
+  Impl& s = *impl_;
+  bool holds_last = false;
+  for (int c = 0; c < s.v; ++c) {
+    const size_t need = static_cast<size_t>(s.m);
+    LOOM_REQUIRE(!s.first(c) || tokens.size() >= need, "PipelineRuntime::run: the first stage needs ", s.m,
+                 " micro-batches of tokens, got ", tokens.size());
+    LOOM_REQUIRE(!s.last(c) || targets.size() >= need, "PipelineRuntime::run: the last stage needs ", s.m,
+                 " micro-batches of targets, got ", targets.size());
+    holds_last = holds_last || s.last(c);
+  }
+  s.wait_s = 0, s.compute_s = 0, s.loss_sum = 0;
+  s.free_slots.assign(static_cast<size_t>(s.v), {});
+  for (int c = 0; c < s.v; ++c)
+    for (int k = s.chunks[static_cast<size_t>(c)]->slots(); k-- > 0;) s.free_slots[static_cast<size_t>(c)].push_back(k);
+  for (const PpAction& a : s.actions) {
+    switch (a.op) {
+      case PpOp::recv_act: s.recv_act(a); break;
+      case PpOp::forward: s.forward(a, tokens, targets); break;
+      case PpOp::send_act: s.send_act(a); break;
+      case PpOp::recv_grad: s.recv_grad(a); break;
+      case PpOp::backward: s.backward(a, dloss); break;
+      case PpOp::send_grad: s.send_grad(a); break;
+    }
+  }
+  s.finish();
+  wait_s_ = s.wait_s, compute_s_ = s.compute_s;
+  return holds_last ? s.loss_sum / s.m : 0.0;
+}
+
+// recv_act: a slot for the micro-batch, and its input posted into the slot
+// (waited for by the forward).
+void PipelineRuntime::Impl::recv_act(const PpAction& a) {
+  const int mb = a.micro_batch, c = a.chunk;
+  const Tensor in = chunks[static_cast<size_t>(c)]->stage_input(take_slot(mb, c));
+  if (a.peer != rank) {
+    act_recv[{mb, c}] = pp->recv(wire(in), a.peer, tag(false, mb, c));
+    return;
+  }
+  auto it = local.find({false, mb, c});
+  LOOM_CHECK(it != local.end(), "recv_act m", mb, " c", c, " before its local send");
+  copy_into(in, it->second);
+  cache.give(std::move(it->second));
+  local.erase(it);
+}
+
+void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> tokens,
+                                    std::span<const Tensor> targets) {
+  const int mb = a.micro_batch, c = a.chunk;
+  const int s = first(c) ? take_slot(mb, c) : slot(mb, c);
+  if (auto it = act_recv.find({mb, c}); it != act_recv.end()) {
+    Timed t(wait_s);
+    it->second->wait();
+    act_recv.erase(it);
+  }
+  Timed t(compute_s);
+  const float loss = chunks[static_cast<size_t>(c)]->forward(first(c) ? tokens[static_cast<size_t>(mb)] : Tensor(),
+                                                             last(c) ? targets[static_cast<size_t>(mb)] : Tensor(), s);
+  if (last(c)) loss_sum += loss;
+}
+
+// send_act: the receiver is stage + 1 on rank peer, its chunk (stage + 1) / pp.
+// stage_output(slot) stays untouched until the slot's backward, which waits
+// for the send first.
+void PipelineRuntime::Impl::send_act(const PpAction& a) {
+  const int mb = a.micro_batch, c = a.chunk, to_chunk = (stage_of(c) + 1) / n_pp;
+  const Tensor out = chunks[static_cast<size_t>(c)]->stage_output(slot(mb, c));
+  if (a.peer != rank) {
+    act_send[{mb, c}] = pp->send(wire(out), a.peer, tag(false, mb, to_chunk));
+    return;
+  }
+  OwnedTensor buf = cache.take(out.dtype(), out.shape());
+  copy_into(buf, out);
+  local.emplace(MsgKey{false, mb, to_chunk}, std::move(buf));
+}
+
+// recv_grad: into a buffer of its own, since stage_grad() is shared by every
+// micro-batch's backward.
+void PipelineRuntime::Impl::recv_grad(const PpAction& a) {
+  const int mb = a.micro_batch, c = a.chunk;
+  Received r;
+  if (a.peer != rank) {
+    r.buf = cache.take(DType::f32, chunks[static_cast<size_t>(c)]->stage_grad().shape());
+    r.work = pp->recv(r.buf, a.peer, tag(true, mb, c));
+  } else {
+    auto it = local.find({true, mb, c});
+    LOOM_CHECK(it != local.end(), "recv_grad m", mb, " c", c, " before its local send");
+    r.buf = std::move(it->second);
+    local.erase(it);
+  }
+  grad_recv[{mb, c}] = std::move(r);
+}
+
+void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
+  const int mb = a.micro_batch, c = a.chunk, s = slot(mb, c);
+  model::Model& chunk = *chunks[static_cast<size_t>(c)];
+  {
+    Timed t(wait_s);
+    if (auto it = act_send.find({mb, c}); it != act_send.end()) {  // backward may rewrite the output
+      it->second->wait();
+      act_send.erase(it);
+    }
+    if (!last(c)) {
+      auto it = grad_recv.find({mb, c});
+      LOOM_CHECK(it != grad_recv.end(), "backward m", mb, " c", c, " without its recv_grad");
+      if (it->second.work) it->second.work->wait();
+      copy_into(chunk.stage_grad(), it->second.buf);
+      cache.give(std::move(it->second.buf));
+      grad_recv.erase(it);
+    }
+  }
+  {
+    Timed t(compute_s);
+    chunk.backward(dloss, s);
+  }
+  slot_of.erase({mb, c});
+  free_slots[static_cast<size_t>(c)].push_back(s);
+}
+
+// send_grad: a copy of stage_grad(), which the next backward overwrites; the
+// receiver is stage - 1, its chunk (stage - 1) / pp.
+void PipelineRuntime::Impl::send_grad(const PpAction& a) {
+  const int mb = a.micro_batch, c = a.chunk, to_chunk = (stage_of(c) - 1) / n_pp;
+  const Tensor g = chunks[static_cast<size_t>(c)]->stage_grad();
+  reap_grad_sends();
+  OwnedTensor buf = cache.take(DType::f32, g.shape());
+  copy_into(buf, g);
+  if (a.peer == rank) {
+    local.emplace(MsgKey{true, mb, to_chunk}, std::move(buf));
+    return;
+  }
+  comm::WorkPtr w = pp->send(buf, a.peer, tag(true, mb, to_chunk));
+  grad_send.push_back({std::move(buf), std::move(w)});
+}
+
+// Every send completes before run() returns (the buffers belong to the
+// models and the cache); a well-formed schedule leaves nothing else behind.
+void PipelineRuntime::Impl::finish() {
+  {
+    Timed t(wait_s);
+    for (auto& [key, w] : act_send) w->wait();
+    for (Sent& sent : grad_send) sent.work->wait(), cache.give(std::move(sent.buf));
+  }
+  act_send.clear(), grad_send.clear();
+  LOOM_CHECK(slot_of.empty() && act_recv.empty() && grad_recv.empty() && local.empty(),
+             "PipelineRuntime::run: the schedule left ", slot_of.size(), " micro-batches in flight, ",
+             act_recv.size() + grad_recv.size(), " receives unused and ", local.size(), " local messages");
+}
+
+}  // namespace loom::parallel

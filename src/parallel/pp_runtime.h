@@ -1,0 +1,68 @@
+// The pipeline runtime (DESIGN.md §5 PP): executes one rank's list of a
+// PpSchedule (parallel/pp_schedule.h) on the rank's model chunks — forward
+// and backward of micro-batch m on chunk c, activations and gradients sent to
+// and received from the neighbouring stages with non-blocking send / recv —
+// so any schedule the generators make runs through the same code.
+//
+//   PipelineRuntime rt(schedule, pp_group, {&chunk0, &chunk1}, pools);
+//   chunk models zero their gradients (or DataParallel does), then
+//   double loss = rt.run(tokens, targets, 1.f / m);  // one step's micro-batches
+//
+// With tied embeddings (GPT-2) the first and last stage each hold wte; the
+// caller sums their gradients (the trainer's embedding group), as Megatron.
+//
+// Chunk c of pipeline rank r is stage c * pp + r (pp_schedule.h); its model
+// holds that stage's layers (model.h PpStage) and at least as many
+// activation slots as the schedule has its micro-batches in flight (a slot
+// is taken by a micro-batch's forward and freed after its backward).
+// Backward accumulates into the chunks' gradients (model.h), so a step's
+// micro-batches add up as under plain gradient accumulation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/memory.h"
+#include "model/model.h"
+#include "parallel/pp_schedule.h"
+
+namespace loom::parallel {
+
+class PipelineRuntime {
+ public:
+  // pp: the pipeline group (its rank is the pipeline rank); chunks[c]: this
+  // rank's model of chunk c, for c < schedule.virtual_stages. Buffers for
+  // messages in flight come from pools[comm]. All must outlive the runtime.
+  PipelineRuntime(const PpSchedule& schedule, comm::Communicator* pp, std::vector<model::Model*> chunks,
+                  Pools& pools);
+  ~PipelineRuntime();
+  PipelineRuntime(const PipelineRuntime&) = delete;
+  PipelineRuntime& operator=(const PipelineRuntime&) = delete;
+
+  // The slots chunk c's model needs: the most micro-batches the schedule has
+  // in flight on it (pure; build the models with at least this many).
+  static int slots_needed(const PpSchedule& schedule, int rank, int chunk);
+
+  // Runs this rank's actions for one step. tokens[m], targets[m]: micro-batch
+  // m's (B, T) i32 (read only by the ranks holding the first / last stage;
+  // others may pass empty spans). dloss: each micro-batch's loss weight
+  // (1 / m averages them). Returns the mean of the micro-batches' losses on
+  // the rank holding the last stage, 0 elsewhere.
+  double run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss);
+
+  // Seconds of the last run() spent blocked on messages — receives, and
+  // sends whose buffer is needed again (what the bubble and transfers cost
+  // this rank) — and computing forward / backward.
+  double wait_seconds() const { return wait_s_; }
+  double compute_seconds() const { return compute_s_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  double wait_s_ = 0, compute_s_ = 0;
+};
+
+}  // namespace loom::parallel
