@@ -78,9 +78,11 @@ LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2
 // Activations (st.resid, st.acts, final norm, logits) and backward scratch
 // of a (B, T) micro-batch under a recompute policy (model.h).
 // layers: the stage's (all of them without pipeline parallelism); slots:
-// micro-batches whose activations it keeps at once (model.h).
+// micro-batches whose activations it keeps at once (model.h); embedding /
+// head: whether the stage holds them (only then tokens / the final norm,
+// logits and targets are kept).
 void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, Recompute recompute,
-                        int64_t vocab, int64_t layers, int slots) {
+                        int64_t vocab, int64_t layers, int slots, bool embedding, bool head) {
   const Dims& d = st.dims;
   const bool gpt2 = cfg.family == Family::gpt2;
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;
@@ -95,21 +97,24 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   else if (recompute == Recompute::selective) shared = dropped_acts(alloc, d, gpt2);
   for (int k = 0; k < slots; ++k) {
     SlotActs a;
-    a.tokens = alloc({B, T}, DType::i32);
-    a.targets = alloc({B, T}, DType::i32);
+    if (embedding) a.tokens = alloc({B, T}, DType::i32);
+    if (head) a.targets = alloc({B, T}, DType::i32);
     for (int64_t l = 0; l <= L; ++l) a.resid.push_back(alloc(stream_shape(d)));
     for (int64_t l = 0; l < L; ++l) {
       if (recompute == Recompute::full) a.acts.push_back(shared);  // every layer aliases one set
       else if (recompute == Recompute::selective) a.acts.push_back(with_kept_acts(shared, alloc, d, gpt2));
       else a.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
     }
-    a.normf = alloc(stream_shape(d)), a.rstdf = alloc({Nl}, f32);
-    if (gpt2) a.meanf = alloc({Nl}, f32);
-    a.logits = alloc({B, T, V});
-    if (d.tp.size > 1) a.ce_lse = alloc({B * T}, f32), a.ce_target = alloc({B * T}, f32);
+    if (head) {
+      a.normf = alloc(stream_shape(d)), a.rstdf = alloc({Nl}, f32);
+      if (gpt2) a.meanf = alloc({Nl}, f32);
+      a.logits = alloc({B, T, V});
+      if (d.tp.size > 1) a.ce_lse = alloc({B * T}, f32), a.ce_target = alloc({B * T}, f32);
+    }
     st.slots.push_back(a);
   }
-  st.dres = alloc(stream_shape(d), f32), st.dnormf = alloc({B, T, C}, f32);
+  st.dres = alloc(stream_shape(d), f32);
+  if (head) st.dnormf = alloc({B, T, C}, f32);
   if (d.tp.sp) {
     st.norm_grads = alloc({4 * C}, f32);
     st.dims.tp.gathered = alloc({B * T, C}), st.dims.tp.partial = alloc({B * T, C});
@@ -234,8 +239,10 @@ int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DT
   ModelState st;
   st.dims = dims_of(cfg, B, T, tp);
   Allocator counter{nullptr, nullptr, compute};
-  const int64_t layers = stage.layers.n_layers < 0 ? cfg.n_layer - stage.layers.first_layer : stage.layers.n_layers;
-  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size), layers, stage.slots);
+  const int64_t first = stage.layers.first_layer;
+  const int64_t layers = stage.layers.n_layers < 0 ? cfg.n_layer - first : stage.layers.n_layers;
+  layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size), layers, stage.slots, first == 0,
+                     first + layers == cfg.n_layer);
   return counter.bytes;
 }
 
@@ -292,7 +299,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   st.dims = dims_of(cfg, B, T, tp);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
   const int64_t Vl = vocab_per_rank(cfg, tp.tp.size);
-  layout_activations(st, alloc, cfg, recompute, Vl, n_layers_, stage.slots);
+  layout_activations(st, alloc, cfg, recompute, Vl, n_layers_, stage.slots, has_embedding_, has_head_);
   st.vocab_begin = tp.tp.rank * Vl;
   st.vocab_valid = std::clamp<int64_t>(cfg.vocab_size - st.vocab_begin, 0, Vl);
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);
@@ -499,15 +506,15 @@ float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {
   }
   LOOM_REQUIRE(has_head_ || !targets.defined(), "Model::forward: targets given to a pipeline stage without the ",
                "head (layers ", first_layer_, " to ", first_layer_ + n_layers_ - 1, "): they go to the last stage");
-  has_targets_ = targets.defined();
-  forward_done_ = true;
-  if (has_targets_) {
+  if (targets.defined()) {
     check_batch("targets", targets, B_, T_);
     if (tp) check_ids("target", targets, cfg_.vocab_size, true);
     std::memcpy(st.targets.data(), targets.data(), targets.nbytes());
   }
+  has_targets_ = targets.defined();  // the slot is live once its inputs are checked
+  forward_done_ = true;
   const int L = static_cast<int>(n_layers_);  // the stage's layers: all without pipeline parallelism
-  const int64_t C = d.C, V = st.logits.size(2);
+  const int64_t C = d.C, V = has_head_ ? st.logits.size(2) : 0;
   const bool own = storage_.params;
   ParamViews& pv = *st.param_views;
   HeadWeights w{st.wte, st.wpe, st.normf_w, st.normf_b, st.lm_head};

@@ -131,6 +131,12 @@ TEST(PipelineStages, StagesHoldTheirPartsAndUnits) {
   const int64_t whole = param_count(param_specs(cfg));
   const int64_t wte = cfg.vocab_size * cfg.n_embd;
   EXPECT_EQ(first.num_params() + middle.num_params() + last.num_params(), whole + wte);
+  // Only the last stage keeps logits (and the final norm's outputs): a stage
+  // of one layer without the head holds far less than the last one.
+  const int64_t logits = B * T * cfg.vocab_size * 4;
+  const int64_t mid = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none, {}, StageOptions{{1, 1}});
+  const int64_t end = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none, {}, StageOptions{{3, 1}});
+  EXPECT_GE(end - mid, logits);
 }
 
 // Two micro-batches in flight (two slots, the second's backward first, as a
