@@ -112,7 +112,7 @@ void add_train_command(CLI::App& app, int world_size) {
     options.check_collectives = a->check_collectives;
     const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
     mesh::Mesh mesh(shape, *world);
-    train::run_training(cfg, a->options, &mesh.dp(), &mesh.tp());
+    train::run_training(cfg, a->options, &mesh.dp(), &mesh.tp(), &mesh.pp());
   });
 }
 

@@ -126,7 +126,10 @@ std::vector<ParamSpec> stage_specs(const ModelConfig& cfg, std::vector<ParamSpec
     if (keep) out.push_back(spec);
     if (part == ParamPart::embedding && spec.name != "wpe.weight") tied = &spec;
   }
-  if (last && !first && cfg.tie_embeddings) out.push_back(*tied);  // the head's copy of the embedding
+  if (last && !first && cfg.tie_embeddings) {  // the head's copy of the embedding
+    out.push_back(*tied);
+    out.back().pp_copy = true;
+  }
   int64_t offset = 0;
   for (ParamSpec& spec : out) spec.offset = offset, offset += spec.numel();
   return out;

@@ -68,6 +68,7 @@ struct ParamSpec {
   Shape global_shape;      // the whole parameter's shape, loom layout
   TpSplit split;
   TpRank tp;
+  bool pp_copy = false;    // a later pipeline stage's copy of a tied embedding (PpStage)
 
   int64_t numel() const { return shape.numel(); }
   int64_t global_numel() const { return global_shape.numel(); }

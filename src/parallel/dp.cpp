@@ -288,35 +288,46 @@ double exact_sum(comm::Communicator* group, double value) {
 
 }  // namespace
 
-double DataParallel::grad_norm() {
+void DataParallel::wait_gradients() {
   Impl& im = *impl_;
   const auto start = Clock::now();
   for (auto& w : im.pending) w->wait();
   im.pending.clear();
   stats_.exposed_seconds += seconds_since(start);
   while (!im.reducing.empty()) retire_reduction(true);
+}
+
+double DataParallel::grad_sum_squares() {
+  wait_gradients();
   const int stage = opt_.zero_stage;
   // Under tensor parallelism a replicated parameter (model/params.h) has the
-  // same gradient on every tp rank: only tp rank 0 counts it.
+  // same gradient on every tp rank: only tp rank 0 counts it. A pipeline
+  // stage's copy of a tied embedding is counted by stage 0.
   const bool skip_replicated = tp_ != nullptr && tp_->size() > 1 && tp_->rank() != 0;
   const std::vector<model::ParamSpec>& specs = model_.param_specs();
+  const bool has_copy = std::any_of(specs.begin(), specs.end(), [](const model::ParamSpec& s) { return s.pp_copy; });
   double sum = 0;
   for (const Segment& s : segments_) {
     const Tensor g = stage < 2 ? model_.grads().slice(0, s.offset, s.count)
                                : Tensor(grad_shard_).slice(0, s.shard_offset, s.count);
-    if (!skip_replicated) {
+    if (!skip_replicated && !has_copy) {
       sum += kernels::sum_squares(g);
       continue;
     }
     for (const model::ParamSpec& spec : specs) {
       const int64_t lo = std::max(spec.offset, s.offset), hi = std::min(spec.offset + spec.numel(), s.offset + s.count);
-      if (lo < hi && !spec.replicated()) sum += kernels::sum_squares(g.slice(0, lo - s.offset, hi - lo));
+      const bool counted = !spec.pp_copy && !(skip_replicated && spec.replicated());
+      if (lo < hi && counted) sum += kernels::sum_squares(g.slice(0, lo - s.offset, hi - lo));
     }
   }
   // Stage 0: every rank holds the whole averaged gradient.
   if (stage > 0) sum = exact_sum(comm_, sum);
-  return std::sqrt(exact_sum(tp_, sum));
+  return exact_sum(tp_, sum);
 }
+
+double DataParallel::grad_norm() { return std::sqrt(grad_sum_squares()); }
+
+double exact_group_sum(comm::Communicator* group, double value) { return exact_sum(group, value); }
 
 double DataParallel::mean(double value) { return exact_sum(comm_, value) / size_; }
 

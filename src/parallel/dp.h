@@ -77,6 +77,10 @@ std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero
 struct Segment {
   int64_t offset = 0, count = 0, shard_offset = 0;
 };
+// The sum of a per-rank value over a group (nullptr: the value), the same
+// bits on every rank: exchanged as bit patterns and summed in rank order.
+double exact_group_sum(comm::Communicator* group, double value);
+
 // Pure: rank's shard under a stage (stage 0: every bucket whole).
 std::vector<Segment> shard_segments(const std::vector<Bucket>& buckets, int zero_stage, int size, int rank);
 
@@ -128,6 +132,10 @@ class DataParallel : public model::StepHooks {
   // the averaged gradients (the same on every rank; under tensor
   // parallelism the whole model's, each replicated parameter counted once).
   double grad_norm();
+  // Its square before the root (pipeline stages add theirs), and the wait
+  // for every gradient collective that both begin with.
+  double grad_sum_squares();
+  void wait_gradients();
   // The model's tensor-parallel group (parallel/tp.h; nullptr: none). Only
   // the gradient norm spans it: dp groups are per tp rank.
   void set_tp_group(comm::Communicator* tp) { tp_ = tp; }

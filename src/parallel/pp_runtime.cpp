@@ -79,6 +79,7 @@ struct PipelineRuntime::Impl {
   comm::Communicator* pp;
   std::vector<model::Model*> chunks;
   std::vector<PpAction> actions;  // this rank's list
+  std::function<void(int, int)> before_backward;
   int rank = 0, n_pp = 1, v = 1, m = 1, stages = 1;
   Cache cache;
 
@@ -218,6 +219,35 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
   return holds_last ? s.loss_sum / s.m : 0.0;
 }
 
+void PipelineRuntime::set_before_backward(std::function<void(int, int)> hook) {
+  impl_->before_backward = std::move(hook);
+}
+
+// Stage by stage (a rank's chunks in stage order): each rank's chunk c waits
+// for stage c pp + r - 1, which precedes it, so the pass cannot deadlock;
+// each slot is freed once its output is sent, since no backward follows.
+double PipelineRuntime::forward_only(const Tensor& tokens, const Tensor& targets) {
+  Impl& s = *impl_;
+  s.loss_sum = 0;
+  s.free_slots.assign(static_cast<size_t>(s.v), {});
+  for (int c = 0; c < s.v; ++c) s.free_slots[static_cast<size_t>(c)].push_back(0);
+  const int prev = (s.rank + s.n_pp - 1) % s.n_pp, next = (s.rank + 1) % s.n_pp;
+  bool holds_last = false;
+  for (int c = 0; c < s.v; ++c) {
+    if (!s.first(c)) s.recv_act({PpOp::recv_act, 0, c, prev});
+    s.forward({PpOp::forward, 0, c, -1}, std::span<const Tensor>(&tokens, 1), std::span<const Tensor>(&targets, 1));
+    if (!s.last(c)) s.send_act({PpOp::send_act, 0, c, next});
+    holds_last = holds_last || s.last(c);
+    if (auto it = s.act_send.find({0, c}); it != s.act_send.end()) {
+      it->second->wait();
+      s.act_send.erase(it);
+    }
+    s.slot_of.erase({0, c});
+  }
+  s.finish();
+  return holds_last ? s.loss_sum : 0.0;
+}
+
 // recv_act: a slot for the micro-batch, and its input posted into the slot
 // (waited for by the forward).
 void PipelineRuntime::Impl::recv_act(const PpAction& a) {
@@ -299,6 +329,7 @@ void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
       grad_recv.erase(it);
     }
   }
+  if (before_backward) before_backward(c, mb);
   {
     Timed t(compute_s);
     chunk.backward(dloss, s);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -52,6 +53,13 @@ class PipelineRuntime {
   // (1 / m averages them). Returns the mean of the micro-batches' losses on
   // the rank holding the last stage, 0 elsewhere.
   double run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss);
+  // One micro-batch forward through every stage, no backward (evaluation):
+  // the loss on the rank holding the last stage, 0 elsewhere.
+  double forward_only(const Tensor& tokens, const Tensor& targets);
+  // Called before each backward with its chunk and micro-batch (a chunk's
+  // micro-batches run backward in order 0 .. m - 1): data parallelism
+  // reduces a chunk's gradients in its last one.
+  void set_before_backward(std::function<void(int chunk, int micro_batch)> hook);
 
   // Seconds of the last run() spent blocked on messages — receives, and
   // sends whose buffer is needed again (what the bubble and transfers cost

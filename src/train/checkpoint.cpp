@@ -277,7 +277,15 @@ std::string checkpoint_rank_file_name(int rank) {
   return buf;
 }
 
+namespace {
+void require_no_pipeline(Trainer& t, const char* what) {
+  LOOM_REQUIRE(t.pp_size() == 1, what, ": checkpoints under pipeline parallelism (parallel.pp = ", t.pp_size(),
+               ") are not implemented yet");
+}
+}  // namespace
+
 std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep) {
+  require_no_pipeline(trainer, "save_checkpoint");
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
   parallel::DataParallel& dp = trainer.dp();
   const bool lead = dp.rank() == 0 && trainer.tp_rank() == 0;
@@ -550,6 +558,7 @@ std::vector<io::SafetensorsFile> open_saved_files(const SavedLayout& saved, cons
 }  // namespace
 
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
+  require_no_pipeline(trainer, "load_checkpoint");
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
   LOOM_REQUIRE(fs::is_directory(dir), "checkpoint '", step_dir, "' does not exist");

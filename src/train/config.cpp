@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/config_json.h"
 #include "model/params.h"
+#include "parallel/pp_schedule.h"
 
 namespace loom::train {
 namespace {
@@ -181,7 +182,7 @@ const std::vector<KeySpec>& key_specs() {
 
       {"parallel", "dp", [](R& c, const V& v) { c.parallel.dp = v.integer(1, 1 << 20); }},
       {"parallel", "tp", [](R& c, const V& v) { c.parallel.tp = v.integer(1, 1 << 16); }},
-      {"parallel", "pp", must_be_one(&ParallelConfig::pp)},
+      {"parallel", "pp", [](R& c, const V& v) { c.parallel.pp = v.integer(1, 1 << 16); }},
       {"parallel", "cp", must_be_one(&ParallelConfig::cp)},
       {"parallel", "ep", must_be_one(&ParallelConfig::ep)},
       {"parallel", "zero_stage", [](R& c, const V& v) { c.parallel.zero_stage = v.integer(0, 3); }},
@@ -343,6 +344,32 @@ void validate(const RunConfig& c, const std::string& source) {
                " is invalid: allowed values are <= train.lr = ", c.train.lr);
   LOOM_REQUIRE(c.checkpoint.every == 0 || !c.checkpoint.dir.empty(), source, ": checkpoint.dir is missing but ",
                "checkpoint.every = ", c.checkpoint.every, ": set checkpoint.dir or checkpoint.every = 0");
+  // Pipeline parallelism: enough layers for pp x virtual_stages stages, a
+  // schedule that fits the micro-batches, ZeRO 0-1 (as Megatron), and GPT-2's
+  // tied embedding summed over stages needs ZeRO-0's whole gradient.
+  {
+    const ParallelConfig& p = c.parallel;
+    const int64_t stages = p.pp * p.virtual_stages;
+    LOOM_REQUIRE(p.virtual_stages == 1 || p.pp > 1, source, ": parallel.virtual_stages = ", p.virtual_stages,
+                 " needs parallel.pp > 1 (interleaving splits each pipeline rank's layers)");
+    LOOM_REQUIRE(stages <= c.model.n_layer, source, ": parallel.pp x parallel.virtual_stages = ", stages,
+                 " stages for model.n_layer = ", c.model.n_layer, " layers: every stage needs at least one layer");
+    if (p.pp > 1) {
+      try {
+        (void)parallel::make_pp_schedule(parallel::pp_schedule_from_name(p.pp_schedule), static_cast<int>(p.pp),
+                                         static_cast<int>(c.train.grad_accum), static_cast<int>(p.virtual_stages));
+      } catch (const Error& e) {
+        fail(source, ": parallel.pp_schedule = ", p.pp_schedule, " with parallel.pp = ", p.pp,
+             ", parallel.virtual_stages = ", p.virtual_stages, " and train.grad_accum = ", c.train.grad_accum,
+             " (the pipeline's micro-batches): ", e.what());
+      }
+      LOOM_REQUIRE(p.zero_stage <= 1, source, ": parallel.zero_stage = ", p.zero_stage, " with parallel.pp = ", p.pp,
+                   ": pipeline parallelism composes with ZeRO stages 0 and 1 (as Megatron's); allowed 0, 1");
+      LOOM_REQUIRE(!c.model.tie_embeddings || p.zero_stage == 0, source, ": parallel.zero_stage = 1 with parallel.pp = ",
+                   p.pp, " and tied embeddings (model.tie_embeddings): the first and last stage's embedding ",
+                   "gradients are summed from ZeRO-0's whole gradient; use zero_stage = 0 or untied embeddings");
+    }
+  }
   // Tensor parallelism: the heads and d_ff must split evenly (the model's
   // message says what divides what); SP splits every sequence.
   if (c.parallel.tp > 1) {

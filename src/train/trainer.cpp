@@ -17,6 +17,7 @@
 #include "kernels/ops.h"
 #include "model/config_json.h"
 #include "train/checkpoint.h"
+#include "parallel/pp_partition.h"
 
 namespace loom::train {
 namespace {
@@ -118,33 +119,137 @@ comm::Communicator* checked_group(const char* key, int64_t expected, comm::Commu
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, comm::Communicator* tp)
+Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, comm::Communicator* tp,
+                 comm::Communicator* pp)
     : cfg_(cfg),
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
       train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle, checked_group("dp", cfg.parallel.dp, dp))) {
   checked_group("tp", cfg.parallel.tp, tp);
+  checked_group("pp", cfg.parallel.pp, pp);
   if (tp != nullptr && tp->size() > 1)
     tp_ = std::make_unique<parallel::TensorParallel>(*tp, cfg.parallel.sequence_parallel);
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, dp));
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
   const int stage = static_cast<int>(cfg.parallel.zero_stage);
-  model_ = std::make_unique<model::Model>(cfg.model, B, T, pools, compute_dtype(cfg.train),
-                                          model::recompute_from_name(cfg.train.recompute),
-                                          parallel::DataParallel::model_storage(stage),
-                                          tp_ ? tp_->options() : model::TpOptions{});
+  // Pipeline parallelism: this rank's chunks are stages c pp + r of the
+  // balanced partition, each a Model with the slots its schedule keeps in
+  // flight; without it, one chunk: the whole model.
+  const int n_pp = static_cast<int>(cfg.parallel.pp), v = static_cast<int>(cfg.parallel.virtual_stages);
+  const bool pipelined = n_pp > 1;  // (config: virtual_stages > 1 needs pp > 1)
+  std::vector<model::StageOptions> stages(1);
+  if (pipelined) {
+    pp_ = pp;
+    pp_schedule_ = parallel::make_pp_schedule(parallel::pp_schedule_from_name(cfg.parallel.pp_schedule), n_pp,
+                                              static_cast<int>(cfg.train.grad_accum), v);
+    const parallel::PpPartition part = parallel::balanced_pp_partition(cfg.model, T, n_pp * v);
+    const int r = pp != nullptr ? pp->rank() : 0;
+    stages.clear();
+    for (int c = 0; c < v; ++c) {
+      const parallel::PpPartition::Stage& st = part.stages[static_cast<size_t>(c * n_pp + r)];
+      stages.push_back({{st.first, st.count}, parallel::PipelineRuntime::slots_needed(*pp_schedule_, r, c)});
+    }
+  }
   parallel::DpOptions dpo;
   dpo.zero_stage = stage;
   dpo.bucket_mb = cfg.parallel.bucket_mb;
   dpo.offload_optimizer = cfg.parallel.offload_optimizer;
   parallel::AdamWOptions opt;
   opt.weight_decay = cfg.train.weight_decay;
-  dp_ = std::make_unique<parallel::DataParallel>(*model_, dp, dpo, opt, pools);
-  if (tp_) dp_->set_tp_group(&tp_->group());
-  dp_->init_params(cfg.train.seed);
+  for (const model::StageOptions& so : stages) {
+    models_.push_back(std::make_unique<model::Model>(
+        cfg.model, B, T, pools, compute_dtype(cfg.train), model::recompute_from_name(cfg.train.recompute),
+        parallel::DataParallel::model_storage(stage), tp_ ? tp_->options() : model::TpOptions{}, so));
+    dps_.push_back(std::make_unique<parallel::DataParallel>(*models_.back(), dp, dpo, opt, pools));
+    if (tp_) dps_.back()->set_tp_group(&tp_->group());
+    dps_.back()->init_params(cfg.train.seed);
+  }
+  if (pipelined) {
+    std::vector<model::Model*> chunks;
+    for (auto& m : models_) chunks.push_back(m.get());
+    pipe_ = std::make_unique<parallel::PipelineRuntime>(*pp_schedule_, pp, chunks, pools);
+    pipe_->set_before_backward(
+        [this](int chunk, int mb) { dps_[static_cast<size_t>(chunk)]->begin_micro_batch(mb == cfg_.train.grad_accum - 1); });
+    // GPT-2's tied embedding: stage 0 and the last stage each hold wte; their
+    // gradients are summed by the pp ranks holding them (Megatron's
+    // embedding group), or on one rank when both chunks are its own.
+    if (cfg.model.tie_embeddings && pp != nullptr && pp->size() > 1) {
+      const bool member = pp->rank() == 0 || pp->rank() == pp->size() - 1;
+      embedding_group_ = pp->split(member ? 0 : 1, pp->rank(), "embedding");
+    }
+    for (int64_t k = 0; k < cfg.train.grad_accum; ++k) {
+      micro_tokens_.push_back(pools[MemTag::activations].zeros(DType::i32, {B, T}));
+      micro_targets_.push_back(pools[MemTag::activations].zeros(DType::i32, {B, T}));
+    }
+  }
   if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
   tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
   targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
+}
+
+// The sum of the first and last stage's tied-embedding gradients, on both
+// (after the dp reduction: ZeRO-0 keeps the whole averaged gradient).
+void Trainer::sum_tied_embeddings() {
+  if (!cfg_.model.tie_embeddings) return;
+  const char* name = cfg_.model.family == model::Family::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+  model::Model* first = nullptr;
+  model::Model* last = nullptr;
+  for (auto& m : models_) {
+    if (m->has_embedding() && !m->has_head()) first = m.get();
+    if (m->has_head() && !m->has_embedding()) last = m.get();
+  }
+  if (first != nullptr && last != nullptr) {  // both on this rank (interleaving on one pp rank)
+    kernels::add(first->grad(name), first->grad(name), last->grad(name));
+    kernels::cast(last->grad(name), first->grad(name));
+    return;
+  }
+  model::Model* mine = first != nullptr ? first : last;
+  if (mine != nullptr && embedding_group_ != nullptr && embedding_group_->size() == 2)
+    embedding_group_->all_reduce(mine->grad(name).reshape({mine->grad(name).numel()}), comm::ReduceOp::sum)->wait();
+}
+
+StepStats Trainer::pipeline_step() {
+  const auto start = Clock::now();
+  const int64_t accum = cfg_.train.grad_accum;
+  StepStats s;
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  for (auto& dp : dps_) dp->zero_grads();
+  std::vector<Tensor> tokens, targets;
+  for (int64_t k = 0; k < accum; ++k) {
+    train_data_.next(span_of(micro_tokens_[k]), span_of(micro_targets_[k]));
+    tokens.push_back(micro_tokens_[k]), targets.push_back(micro_targets_[k]);
+  }
+  double loss = 0;
+  {
+    TraceSpan span(trace_, "pipeline");
+    loss = pipe_->run(tokens, targets, static_cast<float>(loss_scale / static_cast<double>(accum)));
+  }
+  double sum_squares = 0;
+  {
+    TraceSpan span(trace_, "grad sync wait");
+    for (auto& dp : dps_) dp->wait_gradients();
+    sum_tied_embeddings();
+    for (auto& dp : dps_) sum_squares += dp->grad_sum_squares();
+    sum_squares = parallel::exact_group_sum(pp_, sum_squares);
+  }
+  s.grad_norm = std::sqrt(sum_squares) / loss_scale;
+  s.lr = schedule_.at(steps_);
+  if (scaler_) {
+    s.loss_scale = loss_scale;
+    s.skipped = !scaler_->update(std::isfinite(s.grad_norm));
+  }
+  if (!s.skipped) {
+    const double clip = cfg_.train.grad_clip;
+    const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
+    TraceSpan span(trace_, "optimizer");
+    for (auto& dp : dps_) dp->update(s.lr, static_cast<float>(clip_factor / loss_scale));
+  }
+  s.step = ++steps_;
+  // The last stage's rank knows the loss; the sum over pp gives it to all.
+  s.loss = dps_[0]->mean(parallel::exact_group_sum(pp_, loss));
+  s.tokens = dps_[0]->size() * accum * cfg_.train.micro_batch * cfg_.train.seq_len;
+  s.seconds = seconds_since(start);
+  return s;
 }
 
 double Trainer::flops_per_token() const {
@@ -154,26 +259,27 @@ double Trainer::flops_per_token() const {
 }
 
 StepStats Trainer::step() {
+  if (pipe_) return pipeline_step();
   const auto start = Clock::now();
   const int64_t accum = cfg_.train.grad_accum;
   StepStats s;
   // fp16: gradients carry the loss scale until the update divides it out.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
-  dp_->zero_grads();
+  dps_[0]->zero_grads();
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
-    dp_->begin_micro_batch(k == accum - 1);
+    dps_[0]->begin_micro_batch(k == accum - 1);
     train_data_.next(span_of(tokens_), span_of(targets_));
     {
       TraceSpan span(trace_, "forward");
-      loss_sum += model_->forward(tokens_, targets_);
+      loss_sum += models_[0]->forward(tokens_, targets_);
     }
     TraceSpan span(trace_, "backward");
-    model_->backward(static_cast<float>(loss_scale / static_cast<double>(accum)));
+    models_[0]->backward(static_cast<float>(loss_scale / static_cast<double>(accum)));
   }
   {
     TraceSpan span(trace_, "grad sync wait");  // grad_norm waits for the gradient collectives
-    s.grad_norm = dp_->grad_norm() / loss_scale;
+    s.grad_norm = dps_[0]->grad_norm() / loss_scale;
   }
   s.lr = schedule_.at(steps_);
   if (scaler_) {
@@ -185,11 +291,11 @@ StepStats Trainer::step() {
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
     const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
     TraceSpan span(trace_, "optimizer");
-    dp_->update(s.lr, static_cast<float>(clip_factor / loss_scale));
+    dps_[0]->update(s.lr, static_cast<float>(clip_factor / loss_scale));
   }
   s.step = ++steps_;
-  s.loss = dp_->mean(loss_sum / static_cast<double>(accum));
-  s.tokens = dp_->size() * accum * cfg_.train.micro_batch * cfg_.train.seq_len;
+  s.loss = dps_[0]->mean(loss_sum / static_cast<double>(accum));
+  s.tokens = dps_[0]->size() * accum * cfg_.train.micro_batch * cfg_.train.seq_len;
   s.seconds = seconds_since(start);
   return s;
 }
@@ -197,15 +303,16 @@ StepStats Trainer::step() {
 double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate without val data");
   TraceSpan span(trace_, "evaluate");
-  const int64_t global_batch = cfg_.train.micro_batch * dp_->size();
+  const int64_t global_batch = cfg_.train.micro_batch * dps_[0]->size();
   const int64_t batches =
       std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));
   double sum = 0;
   for (int64_t k = 0; k < batches; ++k) {
     val_data_->batch_at(k * global_batch, span_of(tokens_), span_of(targets_));
-    sum += model_->forward(tokens_, targets_);
+    sum += pipe_ ? pipe_->forward_only(tokens_, targets_) : models_[0]->forward(tokens_, targets_);
   }
-  return dp_->mean(sum / static_cast<double>(batches));
+  if (pipe_) sum = parallel::exact_group_sum(pp_, sum);  // only the last stage's rank holds the losses
+  return dps_[0]->mean(sum / static_cast<double>(batches));
 }
 
 double measure_peak_flops(DType dtype) {
@@ -226,6 +333,8 @@ double measure_peak_flops(DType dtype) {
 }
 
 void save_model(Trainer& trainer, const std::string& dir) {
+  LOOM_REQUIRE(trainer.pp_size() == 1, "save_model: writing the model under pipeline parallelism (parallel.pp = ",
+               trainer.pp_size(), ") is not implemented yet");
   const model::Model& m = trainer.model();
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
@@ -274,7 +383,8 @@ class Reporter {
   void step(const StepStats& s, double elapsed, size_t peak_bytes) {
     const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
     // tokens_per_s counts every dp rank; peak_flops is one rank's (of dp x tp).
-    const double mfu = flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp * cfg_.parallel.tp);
+    const double mfu =
+        flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp * cfg_.parallel.tp * cfg_.parallel.pp);
     if (metrics_.is_open()) {
       nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
                                   {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
@@ -323,6 +433,11 @@ class Reporter {
 void grid_barrier(Trainer& t) {
   if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
   if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
+  if (t.pp_group() != nullptr) {
+    t.pp_group()->barrier()->wait();
+    if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
+    if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
+  }
 }
 
 // Null without log.trace. The barrier gives every rank the same start, so
@@ -330,7 +445,7 @@ void grid_barrier(Trainer& t) {
 std::unique_ptr<TraceRecorder> start_trace(const RunConfig& cfg, Trainer& t) {
   if (cfg.log.trace.empty()) return nullptr;
   grid_barrier(t);
-  const int pid = t.dp().rank() * t.tp_size() + t.tp_rank();
+  const int pid = (t.pp_rank() * t.dp().size() + t.dp().rank()) * t.tp_size() + t.tp_rank();
   return std::make_unique<TraceRecorder>(pid, concat("rank ", pid));
 }
 
@@ -338,12 +453,13 @@ std::unique_ptr<TraceRecorder> start_trace(const RunConfig& cfg, Trainer& t) {
 // path.rank<pid>, and after a barrier rank 0 merges them into path and
 // removes them. Collective over the grid.
 void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trace) {
-  if (t.dp().size() == 1 && t.tp_size() == 1) return write_file_atomic(path, trace_document(trace.jsonl()));
+  if (t.dp().size() == 1 && t.tp_size() == 1 && t.pp_size() == 1)
+    return write_file_atomic(path, trace_document(trace.jsonl()));
   write_file_atomic(concat(path, ".rank", trace.pid()), trace.jsonl());
   grid_barrier(t);
   if (trace.pid() != 0) return;
   std::string all;
-  const int ranks = t.dp().size() * t.tp_size();
+  const int ranks = t.dp().size() * t.tp_size() * t.pp_size();
   for (int r = 0; r < ranks; ++r) {
     const std::string part = concat(path, ".rank", r);
     std::ifstream in(part);
@@ -358,13 +474,17 @@ void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trac
 }  // namespace
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp,
-                          comm::Communicator* tp) {
+                          comm::Communicator* tp, comm::Communicator* pp) {
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
   Pools pools;
-  Trainer trainer(cfg, pools, dp, tp);
+  const std::string out_dir_option = run_options.out_dir.empty() ? cfg.checkpoint.dir : run_options.out_dir;
+  LOOM_REQUIRE(cfg.parallel.pp == 1 || out_dir_option.empty(), "parallel.pp = ", cfg.parallel.pp,
+               ": checkpoints and the final model are not written under pipeline parallelism yet: leave ",
+               "checkpoint.dir (and --out) unset");
+  Trainer trainer(cfg, pools, dp, tp, pp);
   // Only rank 0 of dp and tp reports; every rank trains, evaluates and checkpoints.
-  const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0;
+  const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
   TrainOptions options = run_options;
   if (!lead) options.progress = false, options.metrics_path.clear(), options.memory_report = false;
   RunConfig quiet = cfg;
@@ -419,7 +539,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   }
   if (run_options.memory_report) {
     // Every rank's own table: under ZeRO each holds its shard.
-    const std::string tp = trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "";
+    const std::string tp = (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
+                           (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
     std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
                           .c_str());
     std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());

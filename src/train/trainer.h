@@ -40,6 +40,7 @@
 #include "train/lr_schedule.h"
 #include "comm/communicator.h"
 #include "parallel/dp.h"
+#include "parallel/pp_runtime.h"
 #include "parallel/tp.h"
 
 namespace loom::train {
@@ -68,7 +69,13 @@ class Trainer {
   // the checkpoint functions.
   // tp: the tensor-parallel group, whose size must be parallel.tp (nullptr:
   // parallel.tp must be 1).
-  Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr);
+  // pp: the pipeline group (size parallel.pp; nullptr: pp must be 1). Under
+  // pipeline parallelism the rank holds virtual_stages chunks of the
+  // balanced partition (parallel/pp_partition.h), each with its own
+  // DataParallel, run by the schedule parallel.pp_schedule over grad_accum
+  // micro-batches (parallel/pp_runtime.h); model() and dp() are chunk 0's.
+  Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr,
+          comm::Communicator* pp = nullptr);
 
   StepStats step();
   // Mean loss over the first eval_steps global batches of val (fewer if val
@@ -76,7 +83,14 @@ class Trainer {
   double evaluate();
 
   const RunConfig& config() const { return cfg_; }
-  model::Model& model() { return *model_; }
+  model::Model& model() { return *models_[0]; }
+  // Pipeline parallelism: the rank's chunks (one without it).
+  int num_chunks() const { return static_cast<int>(models_.size()); }
+  model::Model& chunk(int c) { return *models_[static_cast<size_t>(c)]; }
+  parallel::DataParallel& chunk_dp(int c) { return *dps_[static_cast<size_t>(c)]; }
+  int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
+  int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
+  comm::Communicator* pp_group() { return pp_; }
   // Steps run, including steps an fp16 overflow skipped (Megatron counts them
   // too): the LR schedule and data follow it; AdamW counts applied updates.
   int64_t steps_done() const { return steps_; }
@@ -85,7 +99,7 @@ class Trainer {
   DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
   // The optimizer and the sharded state (master weights, AdamW moments, update
   // count) for checkpoints (train/checkpoint.h); the LR follows from steps_done().
-  parallel::DataParallel& dp() { return *dp_; }
+  parallel::DataParallel& dp() { return *dps_[0]; }
   // The tensor-parallel collectives; null without tensor parallelism.
   parallel::TensorParallel* tp() { return tp_.get(); }
   int tp_rank() const { return tp_ ? tp_->group().rank() : 0; }
@@ -102,9 +116,17 @@ class Trainer {
 
  private:
   RunConfig cfg_;
+  StepStats pipeline_step();
+  void sum_tied_embeddings();
+
   std::unique_ptr<parallel::TensorParallel> tp_;
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<parallel::DataParallel> dp_;
+  std::vector<std::unique_ptr<model::Model>> models_;  // the rank's chunks (one without pipelining)
+  std::vector<std::unique_ptr<parallel::DataParallel>> dps_;
+  comm::Communicator* pp_ = nullptr;
+  std::optional<parallel::PpSchedule> pp_schedule_;
+  std::unique_ptr<parallel::PipelineRuntime> pipe_;
+  std::unique_ptr<comm::Communicator> embedding_group_;  // pp ranks 0 and pp - 1 (tied embeddings)
+  std::vector<OwnedTensor> micro_tokens_, micro_targets_;  // a step's micro-batches (pipelining)
   LrSchedule schedule_;
   DataLoader train_data_;
   std::unique_ptr<DataLoader> val_data_;
@@ -138,7 +160,7 @@ struct TrainSummary {
 // summary.steps holds this run's steps only. log.trace set: every rank
 // records its timeline and rank 0 writes them all to that file (core/trace.h).
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr,
-                          comm::Communicator* tp = nullptr);
+                          comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr);
 
 // FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
 // process's threads, best of 8 runs: the peak MFU is measured against when

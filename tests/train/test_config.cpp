@@ -170,7 +170,22 @@ TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
   expect_error(kMinimal, {"train.dtype=fp8"}, {"train.dtype = 'fp8' is invalid", "fp32, bf16, fp16"});
   expect_error(kMinimal, {"train.loss_scale=0"}, {"train.loss_scale = 0 is invalid", "numbers > 0"});
   expect_error(kMinimal, {"train.recompute=some"}, {"train.recompute", "'some'", "none, selective, full"});
-  expect_error(kMinimal, {"parallel.pp=2"}, {"parallel.pp = 2 is not supported yet"});
+  expect_error(kMinimal, {"parallel.cp=2"}, {"parallel.cp = 2 is not supported yet"});
+}
+
+// gpt2-tiny: 2 layers, tied embeddings. Pipeline stages need layers, the
+// schedule must fit the micro-batches, and ZeRO stays at 0 / 1.
+TEST(RunConfigErrors, PipelineShapesThatCannotRunSayWhy) {
+  expect_error(kMinimal, {"parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=interleaved"},
+               {"parallel.pp x parallel.virtual_stages = 4 stages for model.n_layer = 2 layers"});
+  expect_error(kMinimal, {"parallel.virtual_stages=2"}, {"parallel.virtual_stages = 2 needs parallel.pp > 1"});
+  expect_error(kMinimal, {"parallel.pp=2", "model.n_layer=4", "parallel.virtual_stages=2",
+                          "parallel.pp_schedule=interleaved", "train.grad_accum=3"},
+               {"parallel.pp_schedule = interleaved", "train.grad_accum = 3"});
+  expect_error(kMinimal, {"parallel.pp=2", "parallel.zero_stage=2"}, {"ZeRO stages 0 and 1"});
+  expect_error(kMinimal, {"parallel.pp=2", "parallel.zero_stage=1"}, {"tied embeddings", "zero_stage = 0"});
+  const RunConfig ok = parse_run_config(kMinimal, "run.toml", {"parallel.pp=2", "parallel.pp_schedule=afab"});
+  EXPECT_EQ(ok.parallel.pp, 2);
 }
 
 // gpt2-tiny: 4 heads, d_ff 256, seq_len 32. tp must divide the heads (and
