@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/config_json.h"
 #include "model/params.h"
+#include "parallel/pp_partition.h"
 #include "parallel/pp_schedule.h"
 
 namespace loom::train {
@@ -83,6 +84,18 @@ class Value {
       if (!out.empty()) return out;
     }
     invalid("a string or a non-empty array of strings");
+  }
+  // A non-empty array of integers, each >= lo.
+  std::vector<int64_t> integers(int64_t lo) const {
+    std::vector<int64_t> out;
+    if (const toml::array* a = node_ != nullptr ? node_->as_array() : nullptr) {
+      for (const toml::node& e : *a) {
+        if (!e.is_integer() || *e.value<int64_t>() < lo) invalid(concat("a non-empty array of integers >= ", lo));
+        out.push_back(*e.value<int64_t>());
+      }
+    }
+    if (out.empty()) invalid(concat("a non-empty array of integers >= ", lo, ", e.g. [3, 4, 4, 1]"));
+    return out;
   }
 
  private:
@@ -189,6 +202,7 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "sequence_parallel", [](R& c, const V& v) { c.parallel.sequence_parallel = v.boolean(); }},
       {"parallel", "pp_schedule", [](R& c, const V& v) { c.parallel.pp_schedule = v.choice({"afab", "1f1b", "interleaved"}); }},
       {"parallel", "virtual_stages", [](R& c, const V& v) { c.parallel.virtual_stages = v.integer(1); }},
+      {"parallel", "pp_layers", [](R& c, const V& v) { c.parallel.pp_layers = v.integers(1); }},
       {"parallel", "bucket_mb", [](R& c, const V& v) { c.parallel.bucket_mb = v.number(0, true); }},
       {"parallel", "offload_optimizer", [](R& c, const V& v) { c.parallel.offload_optimizer = v.boolean(); }},
       {"parallel", "comm_algo", [](R& c, const V& v) { c.parallel.comm_algo = v.choice({"mpi", "ring"}); }},
@@ -354,6 +368,13 @@ void validate(const RunConfig& c, const std::string& source) {
                  " needs parallel.pp > 1 (interleaving splits each pipeline rank's layers)");
     LOOM_REQUIRE(stages <= c.model.n_layer, source, ": parallel.pp x parallel.virtual_stages = ", stages,
                  " stages for model.n_layer = ", c.model.n_layer, " layers: every stage needs at least one layer");
+    if (!p.pp_layers.empty()) {
+      try {
+        (void)parallel::explicit_pp_partition(c.model, c.train.seq_len, static_cast<int>(stages), p.pp_layers);
+      } catch (const Error& e) {
+        fail(source, ": ", e.what());
+      }
+    }
     if (p.pp > 1) {
       try {
         (void)parallel::make_pp_schedule(parallel::pp_schedule_from_name(p.pp_schedule), static_cast<int>(p.pp),
@@ -429,6 +450,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                    {"sequence_parallel", p.sequence_parallel},
                    {"pp_schedule", p.pp_schedule},
                    {"virtual_stages", p.virtual_stages},
+                   {"pp_layers", p.pp_layers},
                    {"bucket_mb", p.bucket_mb},
                    {"offload_optimizer", p.offload_optimizer},
                    {"comm_algo", p.comm_algo},

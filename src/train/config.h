@@ -61,6 +61,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b";
   int64_t virtual_stages = 1;
+  // Layers per pipeline stage (pp x virtual_stages of them, summing to
+  // model.n_layer); empty: the balanced partition (parallel/pp_partition.h).
+  std::vector<int64_t> pp_layers;
   double bucket_mb = 25.0;
   bool offload_optimizer = false;
   std::string comm_algo = "mpi";

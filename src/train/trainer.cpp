@@ -142,7 +142,10 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
     pp_ = pp;
     pp_schedule_ = parallel::make_pp_schedule(parallel::pp_schedule_from_name(cfg.parallel.pp_schedule), n_pp,
                                               static_cast<int>(cfg.train.grad_accum), v);
-    const parallel::PpPartition part = parallel::balanced_pp_partition(cfg.model, T, n_pp * v);
+    const parallel::PpPartition part =
+        cfg.parallel.pp_layers.empty()
+            ? parallel::balanced_pp_partition(cfg.model, T, n_pp * v)
+            : parallel::explicit_pp_partition(cfg.model, T, n_pp * v, cfg.parallel.pp_layers);
     const int r = pp != nullptr ? pp->rank() : 0;
     stages.clear();
     for (int c = 0; c < v; ++c) {

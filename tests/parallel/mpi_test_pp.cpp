@@ -124,6 +124,20 @@ TEST_F(PipelineTest, EverySchedulePpEqualsWorldMatchesSingleProcessOver20Steps) 
   expect_matches_one_process({"llama", "1f1b", 1, 1, N, 1, 1});  // ZeRO-1 on each stage
 }
 
+// parallel.pp_layers overrides the balanced split: stage 0 takes 6 of the 8
+// layers, and the run still trains like one process.
+TEST_F(PipelineTest, ExplicitLayersPerStageAreUsed) {
+  if (world().size() != 2) GTEST_SKIP() << "a 2-stage split runs at N = 2; this world has " << world().size();
+  RunConfig c = config({"llama", "1f1b", 1, 1, 2});
+  c.parallel.pp_layers = {6, 2};
+  mesh::Mesh m({2, 1, 1, 1, 1}, world());
+  Pools pools;
+  Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
+  EXPECT_EQ(t.chunk(0).num_layers(), world().rank() == 0 ? 6 : 2);
+  const double diff = max_relative_difference(losses_of(train_until(t, kSteps)), reference(alone(c)));
+  EXPECT_LE(diff, kTolerance);
+}
+
 // Evaluation runs one micro-batch at a time through every stage (no
 // backward): the validation loss of the whole model.
 TEST_F(PipelineTest, EvaluationThroughThePipelineEqualsTheWholeModels) {
