@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <span>
 
 #include <nlohmann/json.hpp>
@@ -336,28 +337,51 @@ double measure_peak_flops(DType dtype) {
 }
 
 void save_model(Trainer& trainer, const std::string& dir) {
-  LOOM_REQUIRE(trainer.pp_size() == 1, "save_model: writing the model under pipeline parallelism (parallel.pp = ",
-               trainer.pp_size(), ") is not implemented yet");
-  const model::Model& m = trainer.model();
+  const model::ModelConfig& cfg = trainer.model().config();
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
-  OwnedTensor full = pool.empty(DType::f32, {m.num_params()});
-  trainer.dp().gather_master(full);
-  if (trainer.tp() == nullptr) {
-    if (trainer.dp().rank() == 0) model::save_model_dir(dir, m.config(), full, model::ParamLayout::loom);
+  const bool lead_of_stage = trainer.dp().rank() == 0 && trainer.tp_rank() == 0;
+  if (trainer.tp() == nullptr && trainer.pp_size() == 1) {  // one chunk holding whole tensors
+    OwnedTensor full = pool.empty(DType::f32, {trainer.model().num_params()});
+    trainer.dp().gather_master(full);
+    if (lead_of_stage) model::save_model_dir(dir, cfg, full, model::ParamLayout::loom);
     return;
   }
-  // Every tp rank's slice (all the same size), then whole tensors.
-  comm::Communicator& tp = trainer.tp()->group();
-  const int64_t P = m.num_params();
-  OwnedTensor slices = pool.empty(DType::f32, {tp.size() * P});
-  tp.all_gather(slices, full)->wait();
-  if (trainer.dp().rank() != 0 || tp.rank() != 0) return;
-  std::vector<Tensor> ranks;
-  for (int r = 0; r < tp.size(); ++r) ranks.push_back(Tensor(slices).slice(0, r * P, P));
-  OwnedTensor whole = pool.empty(DType::f32, {model::param_count(model::param_specs(m.config()))});
-  model::tp_assemble(whole, m.config(), tp.size(), ranks);
-  model::save_model_dir(dir, m.config(), whole, model::ParamLayout::loom);
+  // Every chunk's master weights over dp, every tp rank's slices of them
+  // (the same size on each), placed by name into the whole model's buffer by
+  // dp = tp = 0 of each pipeline rank; the pipeline ranks' buffers (each
+  // parameter filled by exactly one stage, zeros elsewhere) are then summed.
+  const std::vector<model::ParamSpec> whole_specs = model::param_specs(cfg);
+  std::map<std::string, int64_t> whole_offset;
+  for (const model::ParamSpec& spec : whole_specs) whole_offset[spec.name] = spec.offset;
+  OwnedTensor whole = pool.zeros(DType::f32, {model::param_count(whole_specs)});
+  const int tp = trainer.tp_size();
+  for (int c = 0; c < trainer.num_chunks(); ++c) {
+    const model::Model& m = trainer.chunk(c);
+    const int64_t P = m.num_params();
+    OwnedTensor slices = pool.empty(DType::f32, {tp * P});
+    if (tp == 1) {
+      trainer.chunk_dp(c).gather_master(slices);
+    } else {
+      OwnedTensor full = pool.empty(DType::f32, {P});
+      trainer.chunk_dp(c).gather_master(full);
+      trainer.tp()->group().all_gather(slices, full)->wait();
+    }
+    if (!lead_of_stage) continue;
+    for (int r = 0; r < tp; ++r) {
+      const std::vector<model::ParamSpec> specs =
+          model::param_specs(cfg, {tp, r}, model::PpStage{m.first_layer(), m.num_layers()});
+      const float* src = Tensor(slices).data_as<float>() + r * P;
+      for (const model::ParamSpec& spec : specs) {
+        if (spec.pp_copy || (spec.replicated() && r != 0)) continue;  // written by stage 0 / tp rank 0
+        float* dst = Tensor(whole).data_as<float>() + whole_offset.at(spec.name);
+        for (const model::ShardRun& run : model::shard_runs(spec))
+          if (run.global >= 0) std::copy_n(src + spec.offset + run.local, run.count, dst + run.global);
+      }
+    }
+  }
+  if (trainer.pp_group() != nullptr) trainer.pp_group()->all_reduce(whole, comm::ReduceOp::sum)->wait();
+  if (lead_of_stage && trainer.pp_rank() == 0) model::save_model_dir(dir, cfg, whole, model::ParamLayout::loom);
 }
 
 namespace {
@@ -481,10 +505,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
   Pools pools;
-  const std::string out_dir_option = run_options.out_dir.empty() ? cfg.checkpoint.dir : run_options.out_dir;
-  LOOM_REQUIRE(cfg.parallel.pp == 1 || out_dir_option.empty(), "parallel.pp = ", cfg.parallel.pp,
-               ": checkpoints and the final model are not written under pipeline parallelism yet: leave ",
-               "checkpoint.dir (and --out) unset");
+  LOOM_REQUIRE(cfg.parallel.pp == 1 || cfg.checkpoint.every == 0, "parallel.pp = ", cfg.parallel.pp,
+               ": checkpoints under pipeline parallelism are not written yet: set checkpoint.every = 0");
   Trainer trainer(cfg, pools, dp, tp, pp);
   // Only rank 0 of dp and tp reports; every rank trains, evaluates and checkpoints.
   const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
