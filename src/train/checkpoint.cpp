@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "io/safetensors.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
+#include "model/params.h"
 #include "parallel/dp.h"
 
 namespace loom::train {
@@ -53,31 +56,70 @@ json segments_json(const std::vector<parallel::Segment>& segments) {
 
 json split_json(const model::TpSplit& s) { return json::array({s.dim, s.blocks, s.extent}); }
 
-// The file of tp rank t, dp rank d is named by its world rank in the mesh's
-// order (tp fastest: mesh/layout.h), so a run without tp keeps rank_<dp rank>.
-int file_rank(int dp_rank, int tp_rank, int tp_size) { return dp_rank * tp_size + tp_rank; }
+// The file of pp rank p, dp rank d, tp rank t is named by its world rank in
+// the mesh's order (pp slowest, tp fastest: mesh/layout.h, with cp = ep = 1),
+// so a run without tp and pp keeps rank_<dp rank>.
+int file_rank(int pp_rank, int dp_rank, int tp_rank, int dp_size, int tp_size) {
+  return (pp_rank * dp_size + dp_rank) * tp_size + tp_rank;
+}
+int file_rank(Trainer& t) { return file_rank(t.pp_rank(), t.dp().rank(), t.tp_rank(), t.dp().size(), t.tp_size()); }
 
-json manifest_json(Trainer& t, const json& files) {
+// The tensors of chunk c in its rank's file: master, adam_m and adam_v
+// without pipelining (the files of format 3), chunk<c>.master, ... with it.
+std::string chunk_prefix(const Trainer& t, int c) { return t.pp_size() > 1 ? concat("chunk", c, ".") : ""; }
+
+// The layers and the dp buckets of one pipeline stage (the whole model
+// without pipelining): from these the lead lists every stage's parameters
+// and every rank's shard segments.
+struct StageLayout {
+  int64_t first = 0, count = 0;
+  std::vector<parallel::Bucket> buckets;
+};
+
+// The pipeline stage a model holds, for param_specs: the whole model when
+// there is one stage (the layout of format 3).
+model::PpStage pp_stage(int64_t first, int64_t count, size_t stages) {
+  return stages == 1 ? model::PpStage{} : model::PpStage{first, count};
+}
+
+json manifest_json(Trainer& t, const json& files, const std::vector<StageLayout>& stages) {
   const RunConfig& c = t.config();
   const parallel::DataParallel& dp = t.dp();
-  // Every tp rank's flat buffer has the same layout (param_specs gives each
-  // the same local shapes), so this rank's offsets and dp segments are every
-  // tp rank's.
-  json params = json::object();
-  for (const model::ParamSpec& spec : t.model().param_specs())
-    params[spec.name] = {{"offset", spec.offset},
-                         {"shape", shape_json(spec.shape)},
-                         {"global_shape", shape_json(spec.global_shape)},
-                         {"split", split_json(spec.split)}};
+  // Every tp rank's flat buffer of a stage has the same layout (param_specs
+  // gives each the same local shapes), so tp rank 0's offsets and the dp
+  // segments are every tp rank's. A later stage's copy of the tied embedding
+  // is not listed: its values are stage 0's (their gradients are summed),
+  // and a resume reads it from there.
+  json params = json::object(), pipeline_stages = json::array();
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const std::vector<model::ParamSpec> specs =
+        model::param_specs(c.model, {t.tp_size(), 0}, pp_stage(stages[s].first, stages[s].count, stages.size()));
+    for (const model::ParamSpec& spec : specs)
+      if (!spec.pp_copy)
+        params[spec.name] = {{"stage", s},
+                             {"offset", spec.offset},
+                             {"shape", shape_json(spec.shape)},
+                             {"global_shape", shape_json(spec.global_shape)},
+                             {"split", split_json(spec.split)}};
+    pipeline_stages.push_back(
+        {{"first_layer", stages[s].first}, {"n_layers", stages[s].count}, {"numel", model::param_count(specs)}});
+  }
+  // Stage s = c x pp + p is chunk c of pp rank p (parallel/pp_partition.h).
   json shards = json::array();
-  for (int tp_rank = 0; tp_rank < t.tp_size(); ++tp_rank) {
-    for (int r = 0; r < dp.size(); ++r) {
-      const auto segments = saved_segments(dp, r);
-      int64_t numel = 0;
-      for (const parallel::Segment& s : segments) numel += s.count;
-      const int rank = file_rank(r, tp_rank, t.tp_size());
-      shards.push_back({{"rank", rank}, {"tp_rank", tp_rank}, {"dp_rank", r}, {"file", checkpoint_rank_file_name(rank)},
-                        {"numel", numel}, {"segments", segments_json(segments)}});
+  const int pp = t.pp_size();
+  for (size_t s = 0; s < stages.size(); ++s) {
+    for (int tp_rank = 0; tp_rank < t.tp_size(); ++tp_rank) {
+      for (int r = 0; r < dp.size(); ++r) {
+        const auto segments =
+            parallel::shard_segments(stages[s].buckets, std::max(1, dp.options().zero_stage), dp.size(), r);
+        int64_t numel = 0;
+        for (const parallel::Segment& seg : segments) numel += seg.count;
+        const int rank = file_rank(static_cast<int>(s) % pp, r, tp_rank, dp.size(), t.tp_size());
+        shards.push_back({{"rank", rank}, {"stage", s}, {"tp_rank", tp_rank}, {"dp_rank", r},
+                          {"file", checkpoint_rank_file_name(rank)},
+                          {"prefix", chunk_prefix(t, static_cast<int>(s) / pp)}, {"numel", numel},
+                          {"segments", segments_json(segments)}});
+      }
     }
   }
   const parallel::AdamWOptions& o = dp.adamw_options();
@@ -88,6 +130,7 @@ json manifest_json(Trainer& t, const json& files) {
   j["step"] = t.steps_done();
   j["mesh"] = {{"dp", dp.size()}, {"tp", t.tp_size()}, {"pp", c.parallel.pp},
                {"cp", c.parallel.cp}, {"ep", c.parallel.ep}, {"zero_stage", c.parallel.zero_stage}};
+  j["pipeline"] = {{"virtual_stages", t.num_chunks()}, {"stages", pipeline_stages}};
   j["config"] = run_config_to_json(c);
   j["data"] = {{"position", t.train_data().position()},
                {"epoch", t.train_data().epoch()},
@@ -103,47 +146,86 @@ json manifest_json(Trainer& t, const json& files) {
                       {"steps", lr.steps}, {"next_lr", lr.at(t.steps_done())}};
   if (const DynamicLossScaler* s = t.loss_scaler())
     j["loss_scale"] = {{"scale", s->scale()}, {"good_steps", s->good_steps()}, {"window", s->window()}};
-  // numel: the elements of one tp rank's flat buffer, which its shards cover.
-  j["parameters"] = {{"numel", t.model().num_params()},
-                     {"global_numel", model::param_count(model::param_specs(c.model))},
-                     {"tensors", params}};
+  // numel (one stage, as in format 3): the elements of one tp rank's flat
+  // buffer, which its shards cover; per stage: pipeline.stages.
+  j["parameters"] = json::object();
+  if (stages.size() == 1) j["parameters"]["numel"] = pipeline_stages[0]["numel"];
+  j["parameters"]["global_numel"] = model::param_count(model::param_specs(c.model));
+  j["parameters"]["tensors"] = params;
   j["shards"] = shards;
   j["files"] = files;
   return j;
 }
 
-// The groups that span the trainer's ranks: dp and tp (each null when of one).
-std::array<comm::Communicator*, 2> groups(Trainer& t) {
-  return {t.dp().group(), t.tp() != nullptr ? &t.tp()->group() : nullptr};
+// The groups that span the trainer's ranks: dp, tp and pp (each null when of one).
+std::array<comm::Communicator*, 3> groups(Trainer& t) {
+  return {t.dp().group(), t.tp() != nullptr ? &t.tp()->group() : nullptr, t.pp_group()};
 }
 
-// Over the whole dp x tp grid: once a rank leaves the tp barrier, every rank
-// of its tp group has left its dp barrier, which every rank of those dp groups
-// (so every rank of the grid) had reached.
+// Over the whole pp x dp x tp grid: once a rank leaves the pp barrier, every
+// rank of its pp group has left its tp barrier, so every rank of those tp
+// groups has left its dp barrier, which every rank of those dp groups (so
+// every rank of the grid) had reached.
 void barrier(Trainer& t) {
   for (comm::Communicator* g : groups(t))
     if (g != nullptr) g->barrier()->wait();
 }
 
-// Every rank's `record` (n i64 each), grid rank order (dp-major, tp fastest):
-// gathered over dp, then those over tp. Collective over the grid.
+void all_gather_i64(comm::Communicator* g, std::vector<int64_t>& out, const std::vector<int64_t>& in) {
+  if (g == nullptr) return void(std::copy(in.begin(), in.end(), out.begin()));
+  g->all_gather(Tensor(out.data(), DType::i64, {static_cast<int64_t>(out.size())}),
+                Tensor(const_cast<int64_t*>(in.data()), DType::i64, {static_cast<int64_t>(in.size())}))
+      ->wait();
+}
+
+// Every rank's `record` (n i64 each), in file rank order (pp-major, tp
+// fastest): gathered over dp, those over tp, then those over pp. Collective
+// over the grid.
 std::vector<int64_t> gather_records(Trainer& t, const std::vector<int64_t>& record) {
   const size_t n = record.size();
-  const int dp = t.dp().size(), tp = t.tp_size();
-  std::vector<int64_t> over_dp(n * dp), all(n * dp * tp);
-  auto gather = [](comm::Communicator* g, std::vector<int64_t>& out, const std::vector<int64_t>& in) {
-    if (g == nullptr) return void(std::copy(in.begin(), in.end(), out.begin()));
-    g->all_gather(Tensor(out.data(), DType::i64, {static_cast<int64_t>(out.size())}),
-                  Tensor(const_cast<int64_t*>(in.data()), DType::i64, {static_cast<int64_t>(in.size())}))
-        ->wait();
-  };
-  gather(groups(t)[0], over_dp, record);
-  gather(groups(t)[1], all, over_dp);  // [tp rank][dp rank][n]
+  const int dp = t.dp().size(), tp = t.tp_size(), pp = t.pp_size();
+  std::vector<int64_t> over_dp(n * dp), over_tp(n * dp * tp), all(n * dp * tp * pp);
+  all_gather_i64(groups(t)[0], over_dp, record);
+  all_gather_i64(groups(t)[1], over_tp, over_dp);
+  all_gather_i64(groups(t)[2], all, over_tp);  // [pp rank][tp rank][dp rank][n]
   std::vector<int64_t> out(all.size());
-  for (int r = 0; r < tp; ++r)
-    for (int d = 0; d < dp; ++d)
-      std::copy_n(&all[(static_cast<size_t>(r) * dp + d) * n], n, &out[static_cast<size_t>(file_rank(d, r, tp)) * n]);
+  for (int p = 0; p < pp; ++p)
+    for (int r = 0; r < tp; ++r)
+      for (int d = 0; d < dp; ++d)
+        std::copy_n(&all[((static_cast<size_t>(p) * tp + r) * dp + d) * n], n,
+                    &out[static_cast<size_t>(file_rank(p, d, r, dp, tp)) * n]);
   return out;
+}
+
+// Every pipeline stage's layout, stage order: each pp rank knows its own
+// chunks' (the same on every dp and tp rank), so they are gathered over pp
+// (records padded to the longest). Collective over the pp group.
+std::vector<StageLayout> stage_layouts(Trainer& t) {
+  std::vector<int64_t> mine;
+  for (int c = 0; c < t.num_chunks(); ++c) {
+    const std::vector<parallel::Bucket>& buckets = t.chunk_dp(c).buckets();
+    mine.insert(mine.end(), {t.chunk(c).first_layer(), t.chunk(c).num_layers(), static_cast<int64_t>(buckets.size())});
+    for (const parallel::Bucket& b : buckets) mine.insert(mine.end(), {b.first_unit, b.last_unit, b.begin, b.end});
+  }
+  const int pp = t.pp_size(), v = t.num_chunks();
+  std::vector<int64_t> widths(pp);
+  all_gather_i64(t.pp_group(), widths, {static_cast<int64_t>(mine.size())});
+  const size_t width = static_cast<size_t>(*std::max_element(widths.begin(), widths.end()));
+  mine.resize(width, 0);
+  std::vector<int64_t> all(width * pp);
+  all_gather_i64(t.pp_group(), all, mine);
+  std::vector<StageLayout> stages(static_cast<size_t>(pp) * v);
+  for (int p = 0; p < pp; ++p) {
+    const int64_t* rec = &all[static_cast<size_t>(p) * width];
+    for (int c = 0; c < v; ++c) {
+      StageLayout& s = stages[static_cast<size_t>(c) * pp + p];
+      s.first = *rec++, s.count = *rec++;
+      const int64_t n = *rec++;
+      for (int64_t b = 0; b < n; ++b, rec += 4)
+        s.buckets.push_back({static_cast<int>(rec[0]), static_cast<int>(rec[1]), rec[2], rec[3]});
+    }
+  }
+  return stages;
 }
 
 // Step dirs under root, oldest first.
@@ -241,14 +323,14 @@ void check_file(const json& f, const fs::path& dir, const std::string& where, bo
 
 // Every file the manifest lists. Collective over the grid: each rank checks
 // every file's presence and size, but digests only its share (file i on grid
-// rank i mod dp x tp), so the files are read once in all; then the first bad
+// rank i mod pp x dp x tp), so the files are read once in all; then the first bad
 // file's check is repeated by every rank, so that all throw the same error.
 void check_files(Trainer& t, const json& files, const fs::path& dir, const std::string& where) {
   LOOM_REQUIRE(files.is_array() && !files.empty(), where, ": 'files' is missing or empty");
   for (const json& f : files) check_file(f, dir, where, false);
-  const int64_t n = static_cast<int64_t>(files.size()), ranks = int64_t{t.dp().size()} * t.tp_size();
+  const int64_t n = static_cast<int64_t>(files.size()), ranks = int64_t{t.dp().size()} * t.tp_size() * t.pp_size();
   int64_t first_bad = n;
-  for (int64_t i = file_rank(t.dp().rank(), t.tp_rank(), t.tp_size()); i < n && first_bad == n; i += ranks) {
+  for (int64_t i = file_rank(t); i < n && first_bad == n; i += ranks) {
     try {
       check_file(files[i], dir, where, true);
     } catch (const Error&) {
@@ -277,18 +359,10 @@ std::string checkpoint_rank_file_name(int rank) {
   return buf;
 }
 
-namespace {
-void require_no_pipeline(Trainer& t, const char* what) {
-  LOOM_REQUIRE(t.pp_size() == 1, what, ": checkpoints under pipeline parallelism (parallel.pp = ", t.pp_size(),
-               ") are not implemented yet");
-}
-}  // namespace
-
 std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep) {
-  require_no_pipeline(trainer, "save_checkpoint");
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
   parallel::DataParallel& dp = trainer.dp();
-  const bool lead = dp.rank() == 0 && trainer.tp_rank() == 0;
+  const bool lead = dp.rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
   const fs::path dir = fs::path(root) / checkpoint_step_dir_name(trainer.steps_done());
   if (lead) {
     std::error_code ec;
@@ -298,31 +372,45 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
     fs::remove(dir / kCheckpointManifestFile, ec);
   }
   barrier(trainer);
-  // Every rank writes its piece: copied out of the state it holds (the same
-  // segments from stage 1 on; under stage 0 a slice of the whole).
+  const std::vector<StageLayout> stages = stage_layouts(trainer);
+  // Every rank writes its piece of each of its chunks: copied out of the
+  // state it holds (the same segments from stage 1 on; under stage 0 a slice
+  // of the whole).
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
-  OwnedTensor held = pool.empty(DType::f32, {dp.shard_numel()});
-  dp.pack_master(held);
-  const std::vector<parallel::Segment> pieces = saved_segments(dp, dp.rank());
-  int64_t numel = 0;
-  for (const parallel::Segment& s : pieces) numel += s.count;
-  OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),
-              adam_v = pool.empty(DType::f32, {numel});
-  for (size_t b = 0; b < pieces.size(); ++b) {  // one segment per bucket in both lists
-    const parallel::Segment &to = pieces[b], &from = dp.segments()[b];
-    const int64_t at = from.shard_offset + (to.offset - from.offset);
-    kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
-    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), dp.m().slice(0, at, to.count));
-    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), dp.v().slice(0, at, to.count));
+  std::vector<OwnedTensor> state;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (int c = 0; c < trainer.num_chunks(); ++c) {
+    parallel::DataParallel& cdp = trainer.chunk_dp(c);
+    OwnedTensor held = pool.empty(DType::f32, {cdp.shard_numel()});
+    cdp.pack_master(held);
+    const std::vector<parallel::Segment> pieces = saved_segments(cdp, cdp.rank());
+    int64_t numel = 0;
+    for (const parallel::Segment& s : pieces) numel += s.count;
+    OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),
+                adam_v = pool.empty(DType::f32, {numel});
+    for (size_t b = 0; b < pieces.size(); ++b) {  // one segment per bucket in both lists
+      const parallel::Segment &to = pieces[b], &from = cdp.segments()[b];
+      const int64_t at = from.shard_offset + (to.offset - from.offset);
+      kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
+      kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), cdp.m().slice(0, at, to.count));
+      kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), cdp.v().slice(0, at, to.count));
+    }
+    const std::string prefix = chunk_prefix(trainer, c);
+    tensors.emplace_back(prefix + kMasterTensor, Tensor(master));
+    tensors.emplace_back(prefix + kAdamMTensor, Tensor(adam_m));
+    tensors.emplace_back(prefix + kAdamVTensor, Tensor(adam_v));
+    state.push_back(std::move(master)), state.push_back(std::move(adam_m)), state.push_back(std::move(adam_v));
   }
-  const int rank = file_rank(dp.rank(), trainer.tp_rank(), trainer.tp_size());
+  const int rank = file_rank(trainer);
   const fs::path rank_path = dir / checkpoint_rank_file_name(rank);
-  io::write_safetensors(rank_path.string(),
-                        {{kMasterTensor, Tensor(master)}, {kAdamMTensor, Tensor(adam_m)}, {kAdamVTensor, Tensor(adam_v)}},
-                        {{"format", "loom-checkpoint"}, {"step", std::to_string(trainer.steps_done())},
-                         {"rank", std::to_string(rank)}, {"dp_rank", std::to_string(dp.rank())},
-                         {"tp_rank", std::to_string(trainer.tp_rank())}});
+  std::map<std::string, std::string> metadata{{"format", "loom-checkpoint"},
+                                              {"step", std::to_string(trainer.steps_done())},
+                                              {"rank", std::to_string(rank)},
+                                              {"dp_rank", std::to_string(dp.rank())},
+                                              {"tp_rank", std::to_string(trainer.tp_rank())}};
+  if (trainer.pp_size() > 1) metadata["pp_rank"] = std::to_string(trainer.pp_rank());
+  io::write_safetensors(rank_path.string(), tensors, metadata);
   // Each rank digests its own file; the lead lists them all: (bytes, sha256
   // as 64 hex characters) per rank.
   constexpr int kRecord = 9;
@@ -333,14 +421,14 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
   const std::vector<int64_t> all = gather_records(trainer, mine);
   if (lead) {
     json files = json::array();
-    for (int r = 0; r < dp.size() * trainer.tp_size(); ++r) {
+    for (int r = 0; r < dp.size() * trainer.tp_size() * trainer.pp_size(); ++r) {
       const int64_t* rec = &all[static_cast<size_t>(r) * kRecord];
       files.push_back({{"name", checkpoint_rank_file_name(r)},
                        {"rank", r},
                        {"bytes", rec[0]},
                        {"sha256", std::string(reinterpret_cast<const char*>(rec + 1), 64)}});
     }
-    write_file_atomic((dir / kCheckpointManifestFile).string(), manifest_json(trainer, files).dump(2) + "\n");
+    write_file_atomic((dir / kCheckpointManifestFile).string(), manifest_json(trainer, files, stages).dump(2) + "\n");
     write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), dir.filename().string() + "\n");
     prune_step_dirs(root, keep, dir);
   }
@@ -401,59 +489,124 @@ void sort_pieces(std::vector<Piece>& pieces) {
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
 }
 
-// How the checkpoint's run held the parameters: its tp size, every tp rank's
-// specs (model::param_specs of the saved config), and per tp rank its shards'
-// segments (in that rank's flat coordinates; file: index into `files`).
+// How the checkpoint's run held the parameters: its tp size, its pipeline
+// stages (one without pipelining), every (stage, tp rank)'s specs
+// (model::param_specs of the saved config), per (stage, tp rank) its shards'
+// segments (in that stage's and tp rank's flat coordinates; file: index into
+// `shards`), and which stage holds each parameter.
 struct SavedLayout {
-  int tp = 1;
-  std::vector<std::vector<model::ParamSpec>> specs;  // [tp rank][parameter]
-  std::vector<std::string> files;
-  std::vector<int64_t> numel;                        // [file]
-  std::vector<std::vector<Piece>> segments;          // [tp rank], sorted
+  struct Stage {
+    int64_t first = 0, count = 0, numel = 0;
+  };
+  struct Shard {
+    std::string file, prefix;  // tensors prefix + master, adam_m, adam_v of file
+    int64_t numel = 0;
+    int open = 0;  // index into the opened files
+  };
+  int tp = 1, pp = 1;
+  std::vector<Stage> stages;
+  std::vector<std::vector<std::vector<model::ParamSpec>>> specs;  // [stage][tp rank][parameter]
+  std::vector<Shard> shards;
+  std::vector<std::vector<std::vector<Piece>>> segments;  // [stage][tp rank], sorted
+  // Parameter name -> (stage, index in its specs); a later stage's copy of
+  // the tied embedding is not one: its name leads to stage 0's.
+  std::map<std::string, std::pair<int, size_t>> by_name;
 };
 
-// The saved tp ranks' parameter layout, checked against the manifest's
-// record of it (tp rank 0's offsets and shapes are every tp rank's).
+// The saved pipeline stages: format 4's pipeline.stages, checked to cut the
+// model's layers into mesh.pp x virtual_stages contiguous stages; before
+// format 4 (no pipelining) the whole model, of parameters.numel elements.
+void saved_stages(SavedLayout& s, const model::ModelConfig& cfg, const json& m, int64_t version,
+                  const std::string& where) {
+  if (version < 4) {
+    s.stages.push_back({0, cfg.n_layer, manifest_value<int64_t>(m.value("parameters", json::object()), "numel", where)});
+    return;
+  }
+  LOOM_REQUIRE(m.contains("pipeline") && m["pipeline"].is_object(), where, ": 'pipeline' is missing");
+  const json& p = m["pipeline"];
+  const auto v = manifest_value<int64_t>(p, "virtual_stages", where);
+  LOOM_REQUIRE(v >= 1 && p.contains("stages") && p["stages"].is_array() &&
+                   static_cast<int64_t>(p["stages"].size()) == s.pp * v,
+               where, ": pipeline.stages must list mesh.pp x pipeline.virtual_stages = ", s.pp, " x ", v,
+               " stages");
+  int64_t next = 0;
+  for (const json& st : p["stages"]) {
+    const SavedLayout::Stage stage{manifest_value<int64_t>(st, "first_layer", where),
+                                   manifest_value<int64_t>(st, "n_layers", where),
+                                   manifest_value<int64_t>(st, "numel", where)};
+    LOOM_REQUIRE(stage.first == next && stage.count >= 1 && stage.count <= cfg.n_layer - next, where,
+                 ": pipeline stage ", s.stages.size(), " holds layers ", stage.first, " to ",
+                 stage.first + stage.count - 1, ": the stages must cut the model's ", cfg.n_layer,
+                 " layers into contiguous runs of at least one, in order (next layer: ", next, ")");
+    next += stage.count;
+    s.stages.push_back(stage);
+  }
+  LOOM_REQUIRE(next == cfg.n_layer, where, ": the pipeline stages hold ", next, " of the model's ", cfg.n_layer,
+               " layers");
+}
+
+// Every saved (stage, tp rank)'s parameter layout, checked against the
+// manifest's record of it (tp rank 0's offsets and shapes are every tp
+// rank's), and the stage holding each parameter.
 void saved_specs(SavedLayout& s, const model::ModelConfig& cfg, const json& m, int64_t version,
                  const std::string& where) {
-  try {
-    for (int r = 0; r < s.tp; ++r) s.specs.push_back(model::param_specs(cfg, {s.tp, r}));
-  } catch (const Error& e) {
-    fail(where, ": mesh.tp = ", s.tp, " is not a layout of this model: ", e.what());
-  }
   const json& params = m.value("parameters", json::object());
   const json& tensors = params.value("tensors", json::object());
-  LOOM_REQUIRE(manifest_value<int64_t>(params, "numel", where) == model::param_count(s.specs[0]), where,
-               ": parameters.numel is not the ", model::param_count(s.specs[0]),
-               " parameters per tp rank of this model at tp = ", s.tp);
-  for (const model::ParamSpec& spec : s.specs[0]) {
-    LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
-    const json& t = tensors[spec.name];
-    bool same = manifest_value<int64_t>(t, "offset", where) == spec.offset && t.value("shape", json()) == shape_json(spec.shape);
-    // Format 2 predates tensor parallelism: its shapes are the global ones.
-    if (version >= 3)
-      same = same && t.value("global_shape", json()) == shape_json(spec.global_shape) &&
-             t.value("split", json()) == split_json(spec.split);
-    LOOM_REQUIRE(same, where, ": parameter '", spec.name, "' has another offset, shape or tp split than this loom ",
-                 "gives the model at tp = ", s.tp);
+  const size_t n_stages = s.stages.size();
+  for (size_t st = 0; st < n_stages; ++st) {
+    const SavedLayout::Stage& stage = s.stages[st];
+    const std::string at = n_stages == 1 ? "" : concat(", pipeline stage ", st);
+    std::vector<std::vector<model::ParamSpec>> ranks;
+    try {
+      for (int r = 0; r < s.tp; ++r)
+        ranks.push_back(model::param_specs(cfg, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages)));
+    } catch (const Error& e) {
+      fail(where, ": mesh.tp = ", s.tp, at, " is not a layout of this model: ", e.what());
+    }
+    const int64_t P = model::param_count(ranks[0]);
+    LOOM_REQUIRE(stage.numel == P, where, version < 4 ? ": parameters.numel" : concat(": pipeline.stages[", st, "].numel"),
+                 " is not the ", P, " parameters per tp rank of this model at tp = ", s.tp, at);
+    for (size_t i = 0; i < ranks[0].size(); ++i) {
+      const model::ParamSpec& spec = ranks[0][i];
+      if (spec.pp_copy) continue;
+      LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
+      const json& t = tensors[spec.name];
+      bool same = manifest_value<int64_t>(t, "offset", where) == spec.offset && t.value("shape", json()) == shape_json(spec.shape);
+      // Format 2 predates tensor parallelism: its shapes are the global ones.
+      if (version >= 3)
+        same = same && t.value("global_shape", json()) == shape_json(spec.global_shape) &&
+               t.value("split", json()) == split_json(spec.split);
+      if (version >= 4) same = same && manifest_value<int64_t>(t, "stage", where) == static_cast<int64_t>(st);
+      LOOM_REQUIRE(same, where, ": parameter '", spec.name, "' has another ", version >= 4 ? "stage, " : "",
+                   "offset, shape or tp split than this loom gives the model at tp = ", s.tp, at);
+      LOOM_CHECK(s.by_name.emplace(spec.name, std::make_pair(static_cast<int>(st), i)).second,
+                 "load_checkpoint: parameter '", spec.name, "' is in two pipeline stages");
+    }
+    s.specs.push_back(std::move(ranks));
   }
 }
 
-// The saved shards, checked to cover each saved tp rank's flat parameters
-// exactly once, and to name only files the manifest lists.
-void saved_shards(SavedLayout& s, const json& m, const std::string& where) {
+// The saved shards, checked to cover each saved (stage, tp rank)'s flat
+// parameters exactly once, and to name only files the manifest lists.
+void saved_shards(SavedLayout& s, const json& m, int64_t version, const std::string& where) {
   LOOM_REQUIRE(m.contains("shards") && m["shards"].is_array() && !m["shards"].empty(), where,
                ": 'shards' is missing or empty");
-  const int64_t P = model::param_count(s.specs[0]);
-  s.segments.assign(s.tp, {});
+  const int64_t n_stages = static_cast<int64_t>(s.stages.size());
+  s.segments.assign(n_stages, std::vector<std::vector<Piece>>(s.tp));
+  std::map<std::string, int> opened;
   for (const json& sh : m["shards"]) {
     const std::string file = manifest_value<std::string>(sh, "file", where);
     const auto numel = manifest_value<int64_t>(sh, "numel", where);
     const auto tp_rank = sh.contains("tp_rank") ? manifest_value<int64_t>(sh, "tp_rank", where) : 0;
+    const auto stage = version >= 4 ? manifest_value<int64_t>(sh, "stage", where) : 0;
+    const std::string prefix = version >= 4 ? manifest_value<std::string>(sh, "prefix", where) : "";
     LOOM_REQUIRE(tp_rank >= 0 && tp_rank < s.tp, where, ": shard '", file, "' has tp_rank ", tp_rank,
                  ": allowed are 0 to mesh.tp - 1 = ", s.tp - 1);
+    LOOM_REQUIRE(stage >= 0 && stage < n_stages, where, ": shard '", file, "' has stage ", stage,
+                 ": allowed are 0 to ", n_stages - 1, " (pipeline.stages)");
+    const int64_t P = s.stages[stage].numel;
     LOOM_REQUIRE(numel >= 0 && numel <= P, where, ": shard '", file, "' has numel ", numel,
-                 ": allowed are 0 to the model's ", P, " parameters");
+                 ": allowed are 0 to the ", P, " parameters of its stage and tp rank");
     // Only the files the manifest lists (and whose digests check_files
     // verified) are read, and only from the step dir.
     bool listed = false;
@@ -468,55 +621,65 @@ void saved_shards(SavedLayout& s, const json& m, const std::string& where) {
                        seg[2].is_number_integer(),
                    where, ": shard '", file, "' has a malformed segment ", seg.dump(),
                    " (expected [offset, count, shard_offset])");
-      const Piece g{seg[0].get<int64_t>(), seg[1].get<int64_t>(), seg[2].get<int64_t>(), static_cast<int>(s.files.size())};
+      const Piece g{seg[0].get<int64_t>(), seg[1].get<int64_t>(), seg[2].get<int64_t>(), static_cast<int>(s.shards.size())};
       LOOM_REQUIRE(g.offset >= 0 && g.count >= 0 && g.offset <= P && g.count <= P - g.offset &&
                        g.shard_offset >= 0 && g.shard_offset <= numel && g.count <= numel - g.shard_offset,
                    where, ": shard '", file, "' segment ", seg.dump(), " lies outside the ", P,
                    " parameters or its ", numel, "-element shard");
       packed += g.count;
-      s.segments[tp_rank].push_back(g);
+      s.segments[stage][tp_rank].push_back(g);
     }
     LOOM_REQUIRE(packed == numel, where, ": shard '", file, "' segments hold ", packed, " elements, not numel ", numel);
-    s.files.push_back(file);
-    s.numel.push_back(numel);
+    const int open = opened.emplace(file, static_cast<int>(opened.size())).first->second;
+    s.shards.push_back({file, prefix, numel, open});
   }
-  for (int r = 0; r < s.tp; ++r) {
-    sort_pieces(s.segments[r]);
-    int64_t next = 0;
-    for (const Piece& p : s.segments[r]) {
-      LOOM_REQUIRE(p.offset == next, where, ": the shards of tp rank ", r, p.offset < next ? " overlap" : " leave a gap",
-                   " at parameter element ", std::min(p.offset, next));
-      next = p.offset + p.count;
+  for (int64_t st = 0; st < n_stages; ++st) {
+    const std::string at = n_stages == 1 ? "" : concat(" of pipeline stage ", st);
+    for (int r = 0; r < s.tp; ++r) {
+      sort_pieces(s.segments[st][r]);
+      int64_t next = 0;
+      for (const Piece& p : s.segments[st][r]) {
+        LOOM_REQUIRE(p.offset == next, where, ": the shards of tp rank ", r, at,
+                     p.offset < next ? " overlap" : " leave a gap", " at parameter element ", std::min(p.offset, next));
+        next = p.offset + p.count;
+      }
+      LOOM_REQUIRE(next == s.stages[st].numel, where, ": the shards of tp rank ", r, at, " cover ", next, " of its ",
+                   s.stages[st].numel, " parameters");
     }
-    LOOM_REQUIRE(next == P, where, ": the shards of tp rank ", r, " cover ", next, " of its ", P, " parameters");
   }
 }
 
-// One read: `count` elements at `src` of saved file `file` go to `dst` of
+// One read: `count` elements at `src` of saved shard `shard` go to `dst` of
 // this rank's packed shard.
 struct Read {
-  int file = 0;
+  int shard = 0;
   int64_t src = 0, dst = 0, count = 0;
 };
 
-// Where in the saved files each element of this rank's dp segments (mine,
-// sorted; shard_offset into the packed shard) is: a parameter's global
-// element lies on one saved tp rank (replicated ones: read from rank 0), at
-// a flat offset there that one of that rank's shards holds. Padding
-// elements (vocabulary rows past the real ones) are not read: they are 0.
-// Returns the reads and counts the padding elements of mine.
+// Where in the saved files each element of one of this rank's chunks' dp
+// segments (mine, sorted; shard_offset into the packed shard) is: a
+// parameter is found by name in the saved stage that held it (a tied
+// embedding's copy on the last stage: stage 0's), its global element on one
+// saved tp rank (replicated ones: read from rank 0), at a flat offset of
+// that stage and tp rank that one of its shards holds. Padding elements
+// (vocabulary rows past the real ones) are not read: they are 0. Returns the
+// reads and counts the padding elements of mine.
 std::vector<Read> plan_reads(const std::vector<model::ParamSpec>& specs, const std::vector<Piece>& mine,
                              const SavedLayout& saved, int64_t& padding) {
   std::vector<Read> reads;
   padding = 0;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    std::vector<Piece> sources;  // the saved tp ranks' runs of parameter i, by global offset
-    for (int r = 0; r < (saved.specs[0][i].replicated() ? 1 : saved.tp); ++r)
-      for (const model::ShardRun& run : model::shard_runs(saved.specs[r][i]))
-        if (run.global >= 0) sources.push_back({run.global, run.count, saved.specs[r][i].offset + run.local, r});
+  for (const model::ParamSpec& spec : specs) {
+    const auto found = saved.by_name.find(spec.name);
+    LOOM_CHECK(found != saved.by_name.end(), "load_checkpoint: parameter '", spec.name, "' is in no saved stage");
+    const auto [st, j] = found->second;
+    const std::vector<std::vector<model::ParamSpec>>& held = saved.specs[st];
+    std::vector<Piece> sources;  // the saved tp ranks' runs of the parameter, by global offset
+    for (int r = 0; r < (held[0][j].replicated() ? 1 : saved.tp); ++r)
+      for (const model::ShardRun& run : model::shard_runs(held[r][j]))
+        if (run.global >= 0) sources.push_back({run.global, run.count, held[r][j].offset + run.local, r});
     sort_pieces(sources);
-    for (const model::ShardRun& run : model::shard_runs(specs[i])) {
-      const int64_t flat = specs[i].offset + run.local;
+    for (const model::ShardRun& run : model::shard_runs(spec)) {
+      const int64_t flat = spec.offset + run.local;
       if (run.global < 0) {
         for_each_overlap(mine, flat, flat + run.count, [&](const Piece&, int64_t lo, int64_t hi) { padding += hi - lo; });
         continue;
@@ -525,10 +688,10 @@ std::vector<Read> plan_reads(const std::vector<model::ParamSpec>& specs, const s
         const int64_t saved_flat = src.shard_offset + (lo - src.offset), new_flat = flat + (lo - run.global);
         for_each_overlap(mine, new_flat, new_flat + (hi - lo), [&](const Piece& seg, int64_t a, int64_t b) {
           const int64_t from = saved_flat + (a - new_flat), dst = seg.shard_offset + (a - seg.offset);
-          for_each_overlap(saved.segments[src.file], from, from + (b - a), [&](const Piece& file, int64_t x, int64_t y) {
+          for_each_overlap(saved.segments[st][src.file], from, from + (b - a), [&](const Piece& file, int64_t x, int64_t y) {
             const Read r{file.file, file.shard_offset + (x - file.offset), dst + (x - from), y - x};
             Read* last = reads.empty() ? nullptr : &reads.back();
-            if (last && last->file == r.file && last->src + last->count == r.src && last->dst + last->count == r.dst)
+            if (last && last->shard == r.shard && last->src + last->count == r.src && last->dst + last->count == r.dst)
               last->count += r.count;  // contiguous in both: one read
             else
               reads.push_back(r);
@@ -540,16 +703,20 @@ std::vector<Read> plan_reads(const std::vector<model::ParamSpec>& specs, const s
   return reads;
 }
 
-// The saved shards' files, each checked to hold the three (numel) f32 tensors.
+// The saved shards' files (each opened once), each shard checked to have its
+// three (numel) f32 tensors there.
 std::vector<io::SafetensorsFile> open_saved_files(const SavedLayout& saved, const fs::path& dir) {
   std::vector<io::SafetensorsFile> files;
-  for (size_t f = 0; f < saved.files.size(); ++f) {
-    files.push_back(io::SafetensorsFile::open((dir / saved.files[f]).string()));
-    for (const char* name : {kMasterTensor, kAdamMTensor, kAdamVTensor}) {
-      LOOM_REQUIRE(files.back().has(name), "checkpoint file '", files.back().path(), "' has no tensor '", name, "'");
-      const io::TensorInfo& info = files.back().info(name);
-      LOOM_REQUIRE(info.dtype == DType::f32 && info.shape == Shape({saved.numel[f]}), "checkpoint file '",
-                   files.back().path(), "': tensor '", name, "' is not f32 (", saved.numel[f], ") as the manifest says");
+  for (const SavedLayout::Shard& shard : saved.shards) {
+    if (shard.open == static_cast<int>(files.size()))
+      files.push_back(io::SafetensorsFile::open((dir / shard.file).string()));
+    const io::SafetensorsFile& file = files[shard.open];
+    for (const char* tensor : {kMasterTensor, kAdamMTensor, kAdamVTensor}) {
+      const std::string name = shard.prefix + tensor;
+      LOOM_REQUIRE(file.has(name), "checkpoint file '", file.path(), "' has no tensor '", name, "'");
+      const io::TensorInfo& info = file.info(name);
+      LOOM_REQUIRE(info.dtype == DType::f32 && info.shape == Shape({shard.numel}), "checkpoint file '", file.path(),
+                   "': tensor '", name, "' is not f32 (", shard.numel, ") as the manifest says");
     }
   }
   return files;
@@ -558,7 +725,6 @@ std::vector<io::SafetensorsFile> open_saved_files(const SavedLayout& saved, cons
 }  // namespace
 
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
-  require_no_pipeline(trainer, "load_checkpoint");
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
   LOOM_REQUIRE(fs::is_directory(dir), "checkpoint '", step_dir, "' does not exist");
@@ -569,13 +735,18 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
                " is not supported: this loom reads format_version 2 to ", kCheckpointFormatVersion);
   LOOM_REQUIRE(m.contains("config") && m["config"].contains("model"), where, ": config.model is missing");
   check_same_model(m["config"]["model"], model::model_config_to_json(trainer.config().model), where);
-  // dp, tp and the ZeRO stage may change on resume: the state is read by
-  // global parameter ranges, whatever the shards.
+  // dp, tp, pp (and the pipeline's partition) and the ZeRO stage may change
+  // on resume: the state is read by parameter name and global ranges,
+  // whatever the stages and shards.
   const json mesh = m.value("mesh", nlohmann::json::object());
-  for (const char* axis : {"pp", "cp", "ep"})
+  for (const char* axis : {"cp", "ep"})
     LOOM_REQUIRE(manifest_value<int64_t>(mesh, axis, where) == 1, where, ": mesh.", axis,
                  " is not 1: resharding a checkpoint over ", axis, " is not supported yet");
   SavedLayout saved;
+  const auto saved_pp = manifest_value<int64_t>(mesh, "pp", where);
+  LOOM_REQUIRE(saved_pp >= 1 && (version >= 4 || saved_pp == 1), where, ": mesh.pp = ", saved_pp,
+               " is invalid: allowed are 1 to the model's layers", version < 4 ? " (1 before format 4)" : "");
+  saved.pp = static_cast<int>(saved_pp);
   const auto saved_tp = manifest_value<int64_t>(mesh, "tp", where);
   const int64_t listed = m.value("shards", json::array()).size();
   LOOM_REQUIRE(saved_tp >= 1 && saved_tp <= listed && (version >= 3 || saved_tp == 1), where, ": mesh.tp = ",
@@ -599,35 +770,43 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
     DynamicLossScaler check(scaler->scale(), scaler->window());
     check.restore(loss_scale, good_steps);  // a loom::Error for impossible values, before anything changes
   }
+  saved_stages(saved, trainer.config().model, m, version, where);
   saved_specs(saved, trainer.config().model, m, version, where);
-  saved_shards(saved, m, where);
+  saved_shards(saved, m, version, where);
   std::vector<io::SafetensorsFile> files = open_saved_files(saved, dir);
-  // Everything is checked: read this rank's segments from whichever saved
-  // shards hold them.
-  parallel::DataParallel& dp = trainer.dp();
-  std::vector<Piece> mine;
-  for (const parallel::Segment& s : dp.segments()) mine.push_back({s.offset, s.count, s.shard_offset});
-  sort_pieces(mine);
-  int64_t padding = 0;
-  const std::vector<Read> reads = plan_reads(trainer.model().param_specs(), mine, saved, padding);
+  // Everything is checked: read each chunk's segments from whichever saved
+  // shards hold them, all before the trainer changes.
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
-  const int64_t S = dp.shard_numel();
-  OwnedTensor master = pool.zeros(DType::f32, {S}), adam_m = pool.zeros(DType::f32, {S}),
-              adam_v = pool.zeros(DType::f32, {S});
-  int64_t read = 0;
-  for (const Read& r : reads) {
-    files[r.file].read_range(kMasterTensor, r.src, Tensor(master).slice(0, r.dst, r.count));
-    files[r.file].read_range(kAdamMTensor, r.src, Tensor(adam_m).slice(0, r.dst, r.count));
-    files[r.file].read_range(kAdamVTensor, r.src, Tensor(adam_v).slice(0, r.dst, r.count));
-    read += r.count;
+  std::vector<std::array<OwnedTensor, 3>> state;  // per chunk: master, adam_m, adam_v
+  for (int c = 0; c < trainer.num_chunks(); ++c) {
+    parallel::DataParallel& dp = trainer.chunk_dp(c);
+    std::vector<Piece> mine;
+    for (const parallel::Segment& s : dp.segments()) mine.push_back({s.offset, s.count, s.shard_offset});
+    sort_pieces(mine);
+    int64_t padding = 0;
+    const std::vector<Read> reads = plan_reads(trainer.chunk(c).param_specs(), mine, saved, padding);
+    const int64_t S = dp.shard_numel();
+    std::array<OwnedTensor, 3> st{pool.zeros(DType::f32, {S}), pool.zeros(DType::f32, {S}), pool.zeros(DType::f32, {S})};
+    int64_t read = 0;
+    for (const Read& r : reads) {
+      const SavedLayout::Shard& shard = saved.shards[r.shard];
+      io::SafetensorsFile& file = files[shard.open];
+      file.read_range(shard.prefix + kMasterTensor, r.src, Tensor(st[0]).slice(0, r.dst, r.count));
+      file.read_range(shard.prefix + kAdamMTensor, r.src, Tensor(st[1]).slice(0, r.dst, r.count));
+      file.read_range(shard.prefix + kAdamVTensor, r.src, Tensor(st[2]).slice(0, r.dst, r.count));
+      read += r.count;
+    }
+    LOOM_CHECK(read + padding == S, "load_checkpoint: read ", read, " + padding ", padding, " of chunk ", c,
+               "'s shard of ", S, " elements");
+    state.push_back(std::move(st));
   }
-  LOOM_CHECK(read + padding == S, "load_checkpoint: read ", read, " + padding ", padding, " of the shard's ", S,
-             " elements");
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
-  dp.load_state(master, adam_m, adam_v);
+  for (int c = 0; c < trainer.num_chunks(); ++c) {
+    trainer.chunk_dp(c).load_state(state[c][0], state[c][1], state[c][2]);
+    trainer.chunk_dp(c).set_steps_taken(updates);
+  }
   trainer.set_steps_done(step);
-  dp.set_steps_taken(updates);
   if (scaler) scaler->restore(loss_scale, good_steps);
   trainer.train_data().set_position(position);
   return step;

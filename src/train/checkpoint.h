@@ -5,34 +5,47 @@
 //   checkpoint.dir/
 //     latest                      "step_000010\n": the newest complete step dir
 //     step_000010/
-//       rank_00000.safetensors    one per (dp rank d, tp rank t), named by its
-//       rank_00001.safetensors    world rank d x tp + t (mesh order, tp
-//                                 fastest): master, adam_m, adam_v, each the
-//                                 rank's packed (S) f32 shard (parallel/dp.h)
-//                                 of its tp rank's flat parameters
-//       manifest.json             written last (by dp rank 0 of tp rank 0):
+//       rank_00000.safetensors    one per (pp rank p, dp rank d, tp rank t),
+//       rank_00001.safetensors    named by its world rank (p x dp + d) x tp + t
+//                                 (mesh order, tp fastest): per chunk of the
+//                                 rank, master, adam_m, adam_v, each the
+//                                 chunk's packed (S) f32 shard (parallel/dp.h)
+//                                 of its tp rank's flat parameters of its
+//                                 pipeline stage (tensor names prefixed
+//                                 chunk<c>. under pipelining, bare without)
+//       manifest.json             written last (by pp, dp and tp rank 0):
 //                                 format_version, step, config, mesh (dp, tp,
-//                                 zero_stage, ...), parameters (numel: one tp
-//                                 rank's flat elements, global_numel; per
-//                                 tensor its local offset and shape, its
-//                                 global_shape and tp split [dim, blocks,
-//                                 padded extent]: model/params.h), shards
-//                                 (per file: rank, tp_rank, dp_rank, numel,
+//                                 pp, zero_stage, ...), pipeline
+//                                 (virtual_stages; per stage first_layer,
+//                                 n_layers, numel: one tp rank's flat
+//                                 elements), parameters (global_numel; per
+//                                 tensor its stage, its local offset there and
+//                                 shape, its global_shape and tp split [dim,
+//                                 blocks, padded extent]: model/params.h; a
+//                                 later stage's copy of a tied embedding is
+//                                 not listed), shards (per (stage, tp rank, dp
+//                                 rank): rank, file, tensor prefix, numel,
 //                                 segments [offset, count, shard_offset] in
-//                                 its tp rank's flat coordinates), files
-//                                 (bytes, sha256), data, optimizer, lr
+//                                 the flat coordinates of its stage and tp
+//                                 rank), files (bytes, sha256), data,
+//                                 optimizer, lr
 //
-// Resharding: a checkpoint is read by global parameter ranges, so a run may
-// resume under another tp size, dp size or ZeRO stage (saved at tp = 2,
-// resumed at tp = 1 or tp = 4 x dp = 2 ZeRO-1). Every tp rank's layout is
-// model::param_specs(config.model, {tp, rank}) of the saved config, so the
-// manifest only records it to check it: a rank maps each of its new
-// parameter runs (model::shard_runs) to the saved tp rank that held those
-// global elements (replicated parameters: tp rank 0), then to the saved
-// shard holding them there, and reads only its own dp segments. Vocabulary
-// padding rows are read as 0 (weights and moments). Every rank writes its
-// own file and reads from a shared filesystem (one machine, or a shared
-// checkpoint.dir). Format 2 (before tp) reads as a tp = 1 checkpoint.
+// Resharding: a checkpoint is read by parameter name and global ranges, so a
+// run may resume under another pp size (or virtual_stages, or partition), tp
+// size, dp size or ZeRO stage (saved at tp = 2, resumed at tp = 1 or tp = 4 x
+// dp = 2 ZeRO-1; saved at pp = 2, resumed at pp = 1 or pp = 4). Every saved
+// stage's and tp rank's layout is model::param_specs(config.model, {tp,
+// rank}, {first_layer, n_layers}) of the saved config, so the manifest only
+// records it to check it: for each parameter of each of its chunks, a rank
+// finds the saved stage that held that name (a last stage's tied embedding
+// copy: stage 0's wte, whose values it equals), maps its new runs
+// (model::shard_runs) to the saved tp rank that held those global elements
+// (replicated parameters: tp rank 0), then to the offset in that stage's and
+// rank's flat layout and the saved shard holding it there, and reads only
+// its own dp segments. Vocabulary padding rows are read as 0 (weights and
+// moments). Every rank writes its own file and reads from a shared
+// filesystem (one machine, or a shared checkpoint.dir). Format 3 (before
+// pp) reads as a pp = 1 checkpoint, format 2 (before tp) as tp = 1 too.
 //
 // Every file is written to a temporary name, fsynced and renamed; the
 // manifest is the last file of a step dir and `latest` is updated after it,
@@ -42,12 +55,12 @@
 // A resume restores everything the next step depends on: parameters, AdamW
 // moments and update count (hence the LR, a function of it), and the train
 // data position; the val batches and the init seed hold no state. N steps
-// equal k steps + save + load + (N - k) steps bitwise (under the same dp
-// and tp sizes and stage; another layout continues with the same losses up
+// equal k steps + save + load + (N - k) steps bitwise (under the same dp,
+// tp and pp sizes and stage; another layout continues with the same losses up
 // to the reduction order's rounding).
 //
-// save_checkpoint and load_checkpoint are collective over the trainer's dp
-// and tp groups.
+// save_checkpoint and load_checkpoint are collective over the trainer's dp,
+// tp and pp groups.
 //
 //   const std::string dir = checkpoint_to_resume(cfg.checkpoint);  // "" = fresh
 //   if (!dir.empty()) load_checkpoint(trainer, dir);
@@ -66,12 +79,12 @@
 
 namespace loom::train {
 
-inline constexpr int kCheckpointFormatVersion = 3;
+inline constexpr int kCheckpointFormatVersion = 4;
 inline constexpr const char* kCheckpointLatestFile = "latest";
 inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 
 std::string checkpoint_step_dir_name(int64_t step);  // step_000010
-std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: dp rank x tp + tp rank)
+std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: (pp rank x dp + dp rank) x tp + tp rank)
 
 // Writes root/step_NNNNNN for trainer.steps_done() (replacing one left by an
 // earlier run), points root/latest at it, then deletes all but the newest

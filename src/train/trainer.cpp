@@ -140,6 +140,13 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
   const bool pipelined = n_pp > 1;  // (config: virtual_stages > 1 needs pp > 1)
   std::vector<model::StageOptions> stages(1);
   if (pipelined) {
+    // The tied embedding's two copies are summed from ZeRO-0's whole
+    // gradient (config.cpp says so at parse time; a RunConfig built in code
+    // is checked here).
+    LOOM_REQUIRE(!cfg.model.tie_embeddings || stage == 0, "parallel.pp = ", n_pp,
+                 " with tied embeddings needs parallel.zero_stage = 0 (it is ", stage, ")");
+    LOOM_REQUIRE(stage <= 1, "parallel.pp = ", n_pp, " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ",
+                 stage, ")");
     pp_ = pp;
     pp_schedule_ = parallel::make_pp_schedule(parallel::pp_schedule_from_name(cfg.parallel.pp_schedule), n_pp,
                                               static_cast<int>(cfg.train.grad_accum), v);
@@ -505,8 +512,6 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
   Pools pools;
-  LOOM_REQUIRE(cfg.parallel.pp == 1 || cfg.checkpoint.every == 0, "parallel.pp = ", cfg.parallel.pp,
-               ": checkpoints under pipeline parallelism are not written yet: set checkpoint.every = 0");
   Trainer trainer(cfg, pools, dp, tp, pp);
   // Only rank 0 of dp and tp reports; every rank trains, evaluates and checkpoints.
   const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
