@@ -18,6 +18,19 @@
 // exposed being what a step waited for its collectives (median over timed
 // steps, slowest rank) and alone what they take with no compute beside them
 // (DataParallel::measure_gradient_comm_seconds, after the timed steps).
+//
+// With --pp the job's ranks form a mesh pp x dp x tp and each runs
+// train::Trainer::pipeline_step's work: its chunks of the balanced partition
+// (stage c pp + r for chunk c), each with a DataParallel over its dp group,
+// the micro-batches through parallel::PipelineRuntime, the tied-embedding
+// gradient sum, the global norm and AdamW. Per rank, the median over timed
+// steps of the pipeline's seconds (PipelineRuntime::run), of its compute
+// (forwards and backwards) and of its waits; the measured bubble is
+// (pipeline - compute) / compute on the rank that computed longest (the
+// slowest stage, which sets the pace): its idle over busy, the quantity the
+// schedule's theory (p - 1) / m, or (p - 1) / (v m) interleaved, predicts
+// for every rank of a balanced pipeline. Each rank's wait / compute is
+// printed beside it (waits are the blocked part of the non-compute time).
 #include "bench/train_bench.h"
 
 #include <mpi.h>
@@ -41,6 +54,9 @@
 #include "model/model.h"
 #include "mesh/mesh.h"
 #include "parallel/dp.h"
+#include "parallel/pp_partition.h"
+#include "parallel/pp_runtime.h"
+#include "parallel/pp_schedule.h"
 #include "parallel/tp.h"
 #include "train/trainer.h"
 
@@ -212,6 +228,12 @@ void check_options(const TrainBenchOptions& o) {
   LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
                " is invalid: allowed are 0, 1, 2 and 3");
   LOOM_REQUIRE(o.tp >= 1, "bench train: --tp ", o.tp, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(o.pp >= 1, "bench train: --pp ", o.pp, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(o.virtual_stages >= 1, "bench train: --virtual-stages ", o.virtual_stages,
+               " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(o.micro_batches >= 1, "bench train: --micro-batches ", o.micro_batches,
+               " is invalid: allowed values are >= 1");
+  parallel::pp_schedule_from_name(o.schedule);  // a loom::Error listing the names
   const std::vector<std::string> presets = model::model_preset_names();
   if (std::find(presets.begin(), presets.end(), o.model) == presets.end()) {
     std::string valid;
@@ -261,6 +283,230 @@ DpFigures dp_figures(parallel::DataParallel& dp, comm::Communicator* world, cons
   return d;
 }
 
+// ---- pipeline parallelism (--pp) ----
+
+// One rank's figures (medians over the timed steps), exchanged as doubles.
+struct PpRankFigures {
+  double pp_rank = 0, dp_rank = 0, tp_rank = 0, slots = 0, layers = 0;
+  double pipeline = 0, compute = 0, wait = 0;  // seconds of PipelineRuntime::run, its forwards and backwards, its waits
+  double peak_activations = 0;                 // bytes: pools.report()[MemTag::activations].peak
+  static constexpr int kFields = 9;
+};
+
+struct PpResult {
+  int dp = 1;
+  StepTimes step;
+  double tokens_per_s = 0;
+  double theory = 0, simulated = 0;  // bubble fraction of the schedule in unit time
+  int bottleneck = 0;                // world rank with the most compute seconds (the slowest stage)
+  double bubble = 0;                 // its (pipeline - compute) / compute
+  std::vector<PpRankFigures> ranks;  // by world rank
+};
+
+// Every rank's figures on every rank (MPI_COMM_WORLD's order is the world
+// communicator's: comm::mpi_world duplicates it).
+std::vector<PpRankFigures> gather_ranks(const PpRankFigures& mine, int world_size) {
+  const double send[PpRankFigures::kFields] = {mine.pp_rank,  mine.dp_rank, mine.tp_rank,
+                                                mine.slots,    mine.layers,  mine.pipeline,
+                                                mine.compute, mine.wait,    mine.peak_activations};
+  std::vector<double> all(static_cast<size_t>(world_size * PpRankFigures::kFields));
+  MPI_Allgather(send, PpRankFigures::kFields, MPI_DOUBLE, all.data(), PpRankFigures::kFields, MPI_DOUBLE,
+                MPI_COMM_WORLD);
+  std::vector<PpRankFigures> out(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    const double* v = all.data() + static_cast<size_t>(r * PpRankFigures::kFields);
+    out[static_cast<size_t>(r)] = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
+  }
+  return out;
+}
+
+std::string pp_theory_formula(const TrainBenchOptions& o) {
+  return o.virtual_stages > 1 ? "(p-1)/(v m)" : "(p-1)/m";
+}
+
+void print_pp_json(const TrainBenchOptions& o, const PpResult& r) {
+  std::string ranks;
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    const PpRankFigures& f = r.ranks[i];
+    ranks += concat(i == 0 ? "" : ",", "{\"rank\":", i, ",\"pp_rank\":", static_cast<int>(f.pp_rank),
+                    ",\"dp_rank\":", static_cast<int>(f.dp_rank), ",\"tp_rank\":", static_cast<int>(f.tp_rank),
+                    ",\"slots\":", static_cast<int>(f.slots), ",\"layers\":", static_cast<int>(f.layers),
+                    ",\"pipeline_seconds\":", f.pipeline,
+                    ",\"compute_seconds\":", f.compute, ",\"wait_seconds\":", f.wait,
+                    ",\"wait_over_compute\":", f.compute > 0 ? f.wait / f.compute : 0.0,
+                    ",\"peak_activation_bytes\":", static_cast<int64_t>(f.peak_activations), "}");
+  }
+  std::printf(
+      "{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"recompute\":\"%s\",\"threads\":%d,\"steps\":%d,"
+      "\"warmup\":%d,\"pp\":%d,\"dp\":%d,\"tp\":%d,\"schedule\":\"%s\",\"virtual_stages\":%d,\"micro_batches\":%d,"
+      "\"tokens_per_s\":%.1f,\"step_seconds\":%.6g,\"best_step_seconds\":%.6g,\"bubble_measured\":%.4f,"
+      "\"bubble_rank\":%d,\"bubble_theory\":%.4f,\"bubble_simulated\":%.4f,\"ranks\":[%s],\"impl\":\"loom\"}\n",
+      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
+      o.recompute.c_str(), o.threads, o.steps, o.warmup, o.pp, r.dp, o.tp, o.schedule.c_str(), o.virtual_stages,
+      o.micro_batches, r.tokens_per_s, r.step.median, r.step.best, r.bubble, r.bottleneck, r.theory, r.simulated,
+      ranks.c_str());
+}
+
+void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
+  std::printf(
+      "loom bench train: %s, B=%lld T=%lld, %s, recompute %s, %d threads; pp=%d dp=%d tp=%d, %s schedule, v=%d, "
+      "m=%d micro-batches per step; %d warm-up + %d timed steps\n",
+      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
+      o.recompute.c_str(), o.threads, o.pp, r.dp, o.tp, o.schedule.c_str(), o.virtual_stages, o.micro_batches,
+      o.warmup, o.steps);
+  std::printf("reproduce: %s\n", o.command.c_str());
+  std::printf("tokens/s        %12.1f  = dp x m x B x T / best step (slowest rank)\n", r.tokens_per_s);
+  std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
+  std::printf("bubble          %11.1f%%  measured: (pipeline - compute) / compute on rank %d (most compute: the "
+              "slowest stage)\n",
+              100 * r.bubble, r.bottleneck);
+  std::printf("                %11.1f%%  theory %s (simulated schedule: %.1f%%)\n", 100 * r.theory,
+              pp_theory_formula(o).c_str(), 100 * r.simulated);
+  std::printf("\nrank  pp  dp  tp  layers  slots  pipeline s  compute s   wait s  wait/compute  peak activations\n");
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    const PpRankFigures& f = r.ranks[i];
+    std::printf("%4zu %3d %3d %3d %7d %6d %11.4f %10.4f %8.4f %12.1f%% %13.1f MiB\n", i,
+                static_cast<int>(f.pp_rank), static_cast<int>(f.dp_rank), static_cast<int>(f.tp_rank),
+                static_cast<int>(f.layers), static_cast<int>(f.slots), f.pipeline,
+                f.compute, f.wait, f.compute > 0 ? 100 * f.wait / f.compute : 0.0,
+                f.peak_activations / (1024.0 * 1024.0));
+  }
+  std::printf("(medians over the timed steps; peak activations: pools.report()[activations].peak, which includes "
+              "the step's m micro-batches of token ids)\n");
+}
+
+int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
+  const model::ModelConfig cfg = model::model_preset(o.model);
+  const int world_size = world.size();
+  LOOM_REQUIRE(world_size % (o.pp * o.tp) == 0, "bench train: --pp ", o.pp, " x --tp ", o.tp,
+               " does not divide the job's ", world_size, " ranks: run mpirun -np (a multiple of pp x tp)");
+  mesh::Mesh mesh(mesh::MeshShape{o.pp, world_size / (o.pp * o.tp), 1, o.tp, 1}, world);
+  std::unique_ptr<parallel::TensorParallel> tp;
+  if (o.tp > 1) tp = std::make_unique<parallel::TensorParallel>(mesh.tp(), o.sequence_parallel);
+  comm::Communicator& pp = mesh.pp();
+  const int r = pp.rank(), m = o.micro_batches, v = o.virtual_stages;
+  const parallel::PpSchedule schedule =
+      parallel::make_pp_schedule(parallel::pp_schedule_from_name(o.schedule), o.pp, m, v);
+  const parallel::PpPartition part = parallel::balanced_pp_partition(cfg, o.seq, o.pp * v);
+
+  const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
+  Pools pools;
+  std::vector<std::unique_ptr<model::Model>> models;
+  std::vector<std::unique_ptr<parallel::DataParallel>> dps;
+  parallel::DpOptions dpo;
+  dpo.zero_stage = o.zero_stage, dpo.bucket_mb = o.bucket_mb;
+  int slots = 0, layers = 0;
+  for (int c = 0; c < v; ++c) {
+    const parallel::PpPartition::Stage& st = part.stages[static_cast<size_t>(c * o.pp + r)];
+    const model::StageOptions so{{st.first, st.count}, parallel::PipelineRuntime::slots_needed(schedule, r, c)};
+    slots += so.slots, layers += static_cast<int>(st.count);
+    models.push_back(std::make_unique<model::Model>(cfg, o.batch, o.seq, pools, compute,
+                                                    model::recompute_from_name(o.recompute),
+                                                    parallel::DataParallel::model_storage(o.zero_stage),
+                                                    tp ? tp->options() : model::TpOptions{}, so));
+    dps.push_back(std::make_unique<parallel::DataParallel>(*models.back(), &mesh.dp(), dpo,
+                                                           parallel::AdamWOptions{}, pools));
+    if (tp) dps.back()->set_tp_group(&tp->group());
+    dps.back()->init_params(kSeed);
+  }
+  std::vector<model::Model*> chunks;
+  for (auto& mdl : models) chunks.push_back(mdl.get());
+  parallel::PipelineRuntime rt(schedule, &pp, chunks, pools);
+  rt.set_before_backward([&](int chunk, int mb) { dps[static_cast<size_t>(chunk)]->begin_micro_batch(mb == m - 1); });
+  // Tied embeddings: the first and last stage's wte gradients are summed, as
+  // the trainer does (over the pp ranks holding them, or on one rank).
+  std::unique_ptr<comm::Communicator> embedding;
+  if (cfg.tie_embeddings && o.pp > 1) {
+    const bool member = r == 0 || r == o.pp - 1;
+    embedding = pp.split(member ? 0 : 1, r, "embedding");
+  }
+  auto sum_tied_embeddings = [&] {
+    if (!cfg.tie_embeddings) return;
+    const char* name = cfg.family == model::Family::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
+    model::Model* first = nullptr;
+    model::Model* last = nullptr;
+    for (auto& mdl : models) {
+      if (mdl->has_embedding() && !mdl->has_head()) first = mdl.get();
+      if (mdl->has_head() && !mdl->has_embedding()) last = mdl.get();
+    }
+    if (first != nullptr && last != nullptr) {
+      kernels::add(first->grad(name), first->grad(name), last->grad(name));
+      kernels::cast(last->grad(name), first->grad(name));
+      return;
+    }
+    model::Model* mine = first != nullptr ? first : last;
+    if (mine != nullptr && embedding != nullptr && embedding->size() == 2)
+      embedding->all_reduce(mine->grad(name).reshape({mine->grad(name).numel()}), comm::ReduceOp::sum)->wait();
+  };
+
+  // m micro-batches of random tokens; a dp rank its own, shared by its pp and tp group.
+  std::vector<OwnedTensor> owned_tokens, owned_targets;
+  std::vector<Tensor> tokens, targets;
+  const uint64_t dp_rank = static_cast<uint64_t>(mesh.dp().rank());
+  for (int k = 0; k < m; ++k) {
+    owned_tokens.push_back(pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq}));
+    owned_targets.push_back(pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq}));
+    const uint64_t seed = kSeed + 2 * (dp_rank * static_cast<uint64_t>(m) + static_cast<uint64_t>(k));
+    fill_tokens(owned_tokens.back(), cfg.vocab_size, seed);
+    fill_tokens(owned_targets.back(), cfg.vocab_size, seed + 1);
+    tokens.push_back(owned_tokens.back()), targets.push_back(owned_targets.back());
+  }
+
+  std::optional<train::DynamicLossScaler> scaler;
+  if (compute == DType::f16) scaler.emplace(train::TrainConfig{}.loss_scale, train::TrainConfig{}.loss_scale_window);
+  // One step of train::Trainer::pipeline_step; returns PipelineRuntime::run's seconds.
+  auto step = [&] {
+    const double loss_scale = scaler ? scaler->scale() : 1.0;
+    for (auto& dp : dps) dp->zero_grads();
+    const auto t0 = Clock::now();
+    rt.run(tokens, targets, static_cast<float>(loss_scale / m));
+    const double pipeline = std::chrono::duration<double>(Clock::now() - t0).count();
+    double sum_squares = 0;
+    for (auto& dp : dps) dp->wait_gradients();
+    sum_tied_embeddings();
+    for (auto& dp : dps) sum_squares += dp->grad_sum_squares();
+    sum_squares = parallel::exact_group_sum(&pp, sum_squares);
+    const double norm = std::sqrt(sum_squares) / loss_scale;
+    if (scaler && !scaler->update(std::isfinite(norm))) return pipeline;
+    for (auto& dp : dps) dp->update(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
+    return pipeline;
+  };
+  for (int i = 0; i < o.warmup; ++i) step();
+  std::vector<double> seconds, pipeline, computing, waiting;
+  for (int i = 0; i < o.steps; ++i) {
+    world.barrier()->wait();  // every rank starts the step together
+    const auto t0 = Clock::now();
+    pipeline.push_back(step());
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    computing.push_back(rt.compute_seconds()), waiting.push_back(rt.wait_seconds());
+  }
+  max_over_ranks(&world, seconds);
+
+  PpResult res;
+  res.dp = mesh.dp().size();
+  res.step = {median_of(seconds), *std::min_element(seconds.begin(), seconds.end())};
+  res.tokens_per_s = static_cast<double>(res.dp * m * o.batch * o.seq) / res.step.best;
+  res.theory = static_cast<double>(o.pp - 1) / static_cast<double>(v * m);
+  res.simulated = parallel::simulate_pp_schedule(schedule).bubble_fraction;
+  PpRankFigures mine;
+  mine.pp_rank = r, mine.dp_rank = mesh.dp().rank(), mine.tp_rank = tp ? tp->group().rank() : 0, mine.slots = slots;
+  mine.layers = layers;
+  mine.pipeline = median_of(pipeline), mine.compute = median_of(computing), mine.wait = median_of(waiting);
+  mine.peak_activations = static_cast<double>(pools.report()[MemTag::activations].peak);
+  res.ranks = gather_ranks(mine, world_size);
+  for (size_t i = 0; i < res.ranks.size(); ++i)
+    if (res.ranks[i].compute > res.ranks[static_cast<size_t>(res.bottleneck)].compute)
+      res.bottleneck = static_cast<int>(i);
+  const PpRankFigures& slow = res.ranks[static_cast<size_t>(res.bottleneck)];
+  res.bubble = slow.compute > 0 ? (slow.pipeline - slow.compute) / slow.compute : 0.0;
+  if (world.rank() == 0) {
+    if (o.json) print_pp_json(o, res);
+    else print_pp_table(o, res);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_train_bench(const TrainBenchOptions& o) {
@@ -272,6 +518,10 @@ int run_train_bench(const TrainBenchOptions& o) {
     comm::Options copts;
     copts.algo = comm::algo_from_name(o.comm_algo);
     world = comm::mpi_world(copts);
+  }
+  if (o.pp > 1) {
+    LOOM_REQUIRE(world != nullptr, "bench train: --pp ", o.pp, " needs an mpirun job of pp x dp x tp ranks");
+    return run_pp_bench(o, *world);
   }
   const int rank = world ? world->rank() : 0;
   const int world_size = world ? world->size() : 1;

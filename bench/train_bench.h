@@ -4,7 +4,10 @@
 // data parallel (parallel/dp.h) on its own tokens; rank 0 prints, adding the
 // global tokens/s and how much gradient communication backward hid. With
 // --tp, groups of tp ranks hold one model replica (parallel/tp.h) and the
-// share of a step spent in their collectives is printed.
+// share of a step spent in their collectives is printed. With --pp, groups
+// of pp ranks run the pipeline's stages; each rank's bubble (time waiting
+// over time computing) and peak activation memory are printed next to the
+// schedule's theory.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +34,14 @@ struct TrainBenchOptions {
   // the job's ranks / tp form the data-parallel groups.
   int tp = 1;
   bool sequence_parallel = false;
+  // Pipeline parallelism (parallel/pp_runtime.h) over pp ranks of the job
+  // (pp x dp x tp = its ranks): a step runs micro_batches micro-batches of
+  // (B, T) through the schedule (afab | 1f1b | interleaved, the latter with
+  // virtual_stages chunks per rank).
+  int pp = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  int micro_batches = 8;
   std::string command;              // the command line that reproduces the run
 };
 

@@ -27,7 +27,8 @@ void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& comma
   });
 }
 
-// Runs on every rank of an mpirun job: data parallel over the world.
+// Runs on every rank of an mpirun job: data parallel over the world (with
+// --tp / --pp: tensor / pipeline groups, the rest data parallel).
 void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line) {
   CLI::App* train = bench.add_subcommand(
       "train", "tokens/s, MFU and peak memory of training steps of a preset model on random tokens");
@@ -67,6 +68,20 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   train->add_flag("--sequence-parallel", opts->sequence_parallel, "with --tp: shard norms and residuals along tokens");
+  train->add_option("--pp", opts->pp,
+                    "under mpirun: pipeline stages (pp x dp x tp = ranks); prints each rank's bubble and peak "
+                    "activation memory next to the schedule's theory")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train->add_option("--schedule", opts->schedule, "with --pp: afab | 1f1b | interleaved")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"afab", "1f1b", "interleaved"}));
+  train->add_option("--virtual-stages", opts->virtual_stages, "with --schedule interleaved: model chunks per rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train->add_option("--micro-batches", opts->micro_batches, "with --pp: micro-batches of B x T per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   train->add_flag("--json", opts->json, "print one JSON Lines object");
   train->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);

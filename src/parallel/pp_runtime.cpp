@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -80,6 +81,7 @@ struct PipelineRuntime::Impl {
   std::vector<model::Model*> chunks;
   std::vector<PpAction> actions;  // this rank's list
   std::function<void(int, int)> before_backward;
+  TraceRecorder* trace = nullptr;
   int rank = 0, n_pp = 1, v = 1, m = 1, stages = 1;
   Cache cache;
 
@@ -99,6 +101,11 @@ struct PipelineRuntime::Impl {
   // its chunk, and (kind, micro-batch, receiving chunk) names one message.
   int tag(bool is_grad, int micro_batch, int recv_chunk) const {
     return (micro_batch * v + recv_chunk) * 2 + (is_grad ? 1 : 0);
+  }
+
+  // "forward m3 c1": built only while tracing, so tracing off formats nothing.
+  std::string span_name(const char* what, int micro_batch, int chunk) const {
+    return trace != nullptr ? concat(what, " m", micro_batch, " c", chunk) : std::string();
   }
 
   int take_slot(int micro_batch, int chunk) {
@@ -219,6 +226,8 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
   return holds_last ? s.loss_sum / s.m : 0.0;
 }
 
+void PipelineRuntime::set_trace(TraceRecorder* trace) { impl_->trace = trace; }
+
 void PipelineRuntime::set_before_backward(std::function<void(int, int)> hook) {
   impl_->before_backward = std::move(hook);
 }
@@ -269,10 +278,12 @@ void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> t
   const int mb = a.micro_batch, c = a.chunk;
   const int s = first(c) ? take_slot(mb, c) : slot(mb, c);
   if (auto it = act_recv.find({mb, c}); it != act_recv.end()) {
+    TraceSpan span(trace, "recv wait");
     Timed t(wait_s);
     it->second->wait();
     act_recv.erase(it);
   }
+  TraceSpan span(trace, span_name("forward", mb, c));
   Timed t(compute_s);
   const float loss = chunks[static_cast<size_t>(c)]->forward(first(c) ? tokens[static_cast<size_t>(mb)] : Tensor(),
                                                              last(c) ? targets[static_cast<size_t>(mb)] : Tensor(), s);
@@ -285,6 +296,7 @@ void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> t
 void PipelineRuntime::Impl::send_act(const PpAction& a) {
   const int mb = a.micro_batch, c = a.chunk, to_chunk = (stage_of(c) + 1) / n_pp;
   const Tensor out = chunks[static_cast<size_t>(c)]->stage_output(slot(mb, c));
+  TraceSpan span(trace, "send_act");
   if (a.peer != rank) {
     act_send[{mb, c}] = pp->send(wire(out), a.peer, tag(false, mb, to_chunk));
     return;
@@ -315,6 +327,8 @@ void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
   const int mb = a.micro_batch, c = a.chunk, s = slot(mb, c);
   model::Model& chunk = *chunks[static_cast<size_t>(c)];
   {
+    const bool waits = !last(c) || act_send.contains({mb, c});
+    TraceSpan span(waits ? trace : nullptr, "recv wait");
     Timed t(wait_s);
     if (auto it = act_send.find({mb, c}); it != act_send.end()) {  // backward may rewrite the output
       it->second->wait();
@@ -331,6 +345,7 @@ void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
   }
   if (before_backward) before_backward(c, mb);
   {
+    TraceSpan span(trace, span_name("backward", mb, c));
     Timed t(compute_s);
     chunk.backward(dloss, s);
   }
@@ -343,6 +358,7 @@ void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
 void PipelineRuntime::Impl::send_grad(const PpAction& a) {
   const int mb = a.micro_batch, c = a.chunk, to_chunk = (stage_of(c) - 1) / n_pp;
   const Tensor g = chunks[static_cast<size_t>(c)]->stage_grad();
+  TraceSpan span(trace, "send_grad");
   reap_grad_sends();
   OwnedTensor buf = cache.take(DType::f32, g.shape());
   copy_into(buf, g);
@@ -358,6 +374,7 @@ void PipelineRuntime::Impl::send_grad(const PpAction& a) {
 // models and the cache); a well-formed schedule leaves nothing else behind.
 void PipelineRuntime::Impl::finish() {
   {
+    TraceSpan span(act_send.empty() && grad_send.empty() ? nullptr : trace, "recv wait");
     Timed t(wait_s);
     for (auto& [key, w] : act_send) w->wait();
     for (Sent& sent : grad_send) sent.work->wait(), cache.give(std::move(sent.buf));

@@ -27,6 +27,7 @@
 
 #include "comm/communicator.h"
 #include "core/memory.h"
+#include "core/trace.h"
 #include "model/model.h"
 #include "parallel/pp_schedule.h"
 
@@ -66,6 +67,13 @@ class PipelineRuntime {
   // this rank) — and computing forward / backward.
   double wait_seconds() const { return wait_s_; }
   double compute_seconds() const { return compute_s_; }
+
+  // Records run()'s actions as spans into `trace` (null, the default: off,
+  // costing a branch per action): "forward m<m> c<c>" and "backward m<m>
+  // c<c>" (the compute), "send_act" / "send_grad" (posting a send, with the
+  // gradient's copy), "recv wait" (blocked on a receive, or on a send whose
+  // buffer the next action needs). The recorder must outlive its use.
+  void set_trace(TraceRecorder* trace);
 
  private:
   struct Impl;

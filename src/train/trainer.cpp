@@ -233,6 +233,7 @@ StepStats Trainer::pipeline_step() {
   double loss = 0;
   {
     TraceSpan span(trace_, "pipeline");
+    pipe_->set_trace(trace_);  // the runtime's actions nest inside "pipeline"
     loss = pipe_->run(tokens, targets, static_cast<float>(loss_scale / static_cast<double>(accum)));
   }
   double sum_squares = 0;
@@ -314,6 +315,7 @@ StepStats Trainer::step() {
 double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate without val data");
   TraceSpan span(trace_, "evaluate");
+  if (pipe_) pipe_->set_trace(trace_);  // the current recorder (or none), never a stale one
   const int64_t global_batch = cfg_.train.micro_batch * dps_[0]->size();
   const int64_t batches =
       std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));

@@ -4,6 +4,8 @@
 // whole model running the same micro-batches one after the other — GPT-2
 // with tied embeddings (the first and last stage's wte gradients summed) and
 // Llama untied. pp = 1 with two chunks sends to itself (local copies).
+// With a TraceRecorder the run's forwards and backwards are spans in the
+// schedule's order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "core/trace.h"
 #include "model/model.h"
 #include "parallel/pp_runtime.h"
 #include "parallel/pp_schedule.h"
@@ -204,6 +207,61 @@ TEST_F(PipelineRuntimeTest, Gpt2TiedEverySchedulesStepGivesTheWholeModelsLossAnd
 
 TEST_F(PipelineRuntimeTest, LlamaUntiedEverySchedulesStepGivesTheWholeModelsLossAndGradients) {
   for (const Case& k : cases(world().size())) expect_matches_whole(Family::llama, k);
+}
+
+// With a recorder, run() leaves one "forward m<m> c<c>" / "backward m<m>
+// c<c>" span per action of this rank, in the schedule's order and each with
+// a positive duration; one "send_act" / "send_grad" span per send; "recv
+// wait" spans on every rank that receives (pp > 1). Without one (set back to
+// null) a run records nothing.
+TEST_F(PipelineRuntimeTest, TraceHasEachMicroBatchsForwardAndBackwardSpansInScheduleOrder) {
+  const int pp = world().size(), r = world().rank();
+  const ModelConfig cfg = test_model(Family::gpt2, pp);
+  for (const Case& k : cases(pp)) {
+    SCOPED_TRACE(k.name());
+    const PpSchedule schedule = make_pp_schedule(k.kind, pp, k.m, k.v);
+    const Batches batches(k.m, cfg.vocab_size);
+    Pools pools;
+    std::vector<std::unique_ptr<Model>> chunks = build_chunks(cfg, schedule, pools);
+    for (auto& c : chunks) c->init_params(kSeed);
+    PipelineRuntime rt(schedule, &world(), pointers(chunks), pools);
+    TraceRecorder rec(r, concat("rank ", r));
+    rt.set_trace(&rec);
+    for (auto& c : chunks) c->zero_grads();
+    rt.run(batches.tokens, batches.targets, 1.f / static_cast<float>(k.m));
+
+    std::vector<std::string> expected, computed;
+    int sends_act = 0, sends_grad = 0, recvs = 0;
+    for (const PpAction& a : schedule.actions[static_cast<size_t>(r)]) {
+      if (a.op == PpOp::forward) expected.push_back(concat("forward m", a.micro_batch, " c", a.chunk));
+      if (a.op == PpOp::backward) expected.push_back(concat("backward m", a.micro_batch, " c", a.chunk));
+      sends_act += a.op == PpOp::send_act, sends_grad += a.op == PpOp::send_grad;
+      recvs += a.op == PpOp::recv_act || a.op == PpOp::recv_grad;
+    }
+    std::map<std::string, int> others;
+    for (const TraceEvent& e : rec.events()) {
+      EXPECT_GE(e.dur_us, 0) << e.name;  // every span closed
+      if (e.name.starts_with("forward ") || e.name.starts_with("backward ")) {
+        computed.push_back(e.name);
+        EXPECT_GT(e.dur_us, 0) << e.name;
+      } else {
+        ++others[e.name];
+      }
+    }
+    EXPECT_EQ(computed, expected);
+    EXPECT_EQ(others["send_act"], sends_act);
+    EXPECT_EQ(others["send_grad"], sends_grad);
+    if (pp > 1 && recvs > 0) {
+      EXPECT_GT(others["recv wait"], 0);
+    }
+    for (const auto& [name, n] : others)
+      EXPECT_TRUE(name == "send_act" || name == "send_grad" || name == "recv wait") << "unexpected span " << name;
+
+    const size_t recorded = rec.events().size();
+    rt.set_trace(nullptr);
+    rt.run(batches.tokens, batches.targets, 1.f / static_cast<float>(k.m));
+    EXPECT_EQ(rec.events().size(), recorded);
+  }
 }
 
 // slots_needed is the schedule's peak of micro-batches in flight per chunk:
