@@ -245,6 +245,13 @@ StepStats Trainer::pipeline_step() {
     sum_squares = parallel::exact_group_sum(pp_, sum_squares);
   }
   s.grad_norm = std::sqrt(sum_squares) / loss_scale;
+  // The last stage's rank knows the loss; the sum over pp gives it to all.
+  return finish_step(s, loss_scale, parallel::exact_group_sum(pp_, loss), start);
+}
+
+// The update and the step's figures, once the gradients and their norm are
+// ready: fp16 overflow skip, clipping, AdamW on every chunk.
+StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start) {
   s.lr = schedule_.at(steps_);
   if (scaler_) {
     s.loss_scale = loss_scale;
@@ -252,14 +259,14 @@ StepStats Trainer::pipeline_step() {
   }
   if (!s.skipped) {
     const double clip = cfg_.train.grad_clip;
+    // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
     const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
     TraceSpan span(trace_, "optimizer");
     for (auto& dp : dps_) dp->update(s.lr, static_cast<float>(clip_factor / loss_scale));
   }
   s.step = ++steps_;
-  // The last stage's rank knows the loss; the sum over pp gives it to all.
-  s.loss = dps_[0]->mean(parallel::exact_group_sum(pp_, loss));
-  s.tokens = dps_[0]->size() * accum * cfg_.train.micro_batch * cfg_.train.seq_len;
+  s.loss = dps_[0]->mean(loss);
+  s.tokens = dps_[0]->size() * cfg_.train.grad_accum * cfg_.train.micro_batch * cfg_.train.seq_len;
   s.seconds = seconds_since(start);
   return s;
 }
@@ -293,23 +300,7 @@ StepStats Trainer::step() {
     TraceSpan span(trace_, "grad sync wait");  // grad_norm waits for the gradient collectives
     s.grad_norm = dps_[0]->grad_norm() / loss_scale;
   }
-  s.lr = schedule_.at(steps_);
-  if (scaler_) {
-    s.loss_scale = loss_scale;
-    s.skipped = !scaler_->update(std::isfinite(s.grad_norm));
-  }
-  if (!s.skipped) {
-    const double clip = cfg_.train.grad_clip;
-    // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
-    const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
-    TraceSpan span(trace_, "optimizer");
-    dps_[0]->update(s.lr, static_cast<float>(clip_factor / loss_scale));
-  }
-  s.step = ++steps_;
-  s.loss = dps_[0]->mean(loss_sum / static_cast<double>(accum));
-  s.tokens = dps_[0]->size() * accum * cfg_.train.micro_batch * cfg_.train.seq_len;
-  s.seconds = seconds_since(start);
-  return s;
+  return finish_step(s, loss_scale, loss_sum / static_cast<double>(accum), start);
 }
 
 double Trainer::evaluate() {

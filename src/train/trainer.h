@@ -25,6 +25,7 @@
 // identical losses.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -117,6 +118,7 @@ class Trainer {
  private:
   RunConfig cfg_;
   StepStats pipeline_step();
+  StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
   void sum_tied_embeddings();
 
   std::unique_ptr<parallel::TensorParallel> tp_;

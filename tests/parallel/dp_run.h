@@ -5,16 +5,21 @@
 
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "common/mpi_env.h"
 #include "core/memory.h"
+#include "mesh/mesh.h"
 #include "model/config.h"
 #include "text/shards.h"
 #include "train/config.h"
@@ -112,6 +117,51 @@ inline std::vector<double> run_losses(const train::RunConfig& cfg, comm::Communi
   Pools pools;
   train::Trainer t(cfg, pools, group);
   return losses_of(train_until(t, steps));
+}
+
+// cfg trained `steps` steps on the mesh pp x dp x tp of the whole world: the
+// losses (the same on every rank).
+inline std::vector<double> mesh_losses(const train::RunConfig& cfg, int64_t steps) {
+  const train::ParallelConfig& p = cfg.parallel;
+  mesh::Mesh m({static_cast<int>(p.pp), static_cast<int>(p.dp), 1, static_cast<int>(p.tp), 1}, world());
+  Pools pools;
+  train::Trainer t(cfg, pools, &m.dp(), &m.tp(), &m.pp());
+  return losses_of(train_until(t, steps));
+}
+
+// rank 0's values on every rank of w (n values everywhere). Collective.
+inline std::vector<double> broadcast_values(comm::Communicator& w, std::vector<double> values, size_t n);
+
+// cfg trained `steps` steps by rank 0 alone, its losses on every rank;
+// cached by the whole config (several layouts share a reference). Collective.
+inline std::vector<double> reference_losses(const train::RunConfig& cfg, int64_t steps,
+                                            std::map<std::string, std::vector<double>>& cache) {
+  const std::string key = train::run_config_to_json(cfg).dump();
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  std::vector<double> losses;
+  if (world().rank() == 0) losses = run_losses(cfg, nullptr, steps);
+  return cache[key] = broadcast_values(world(), losses, static_cast<size_t>(steps));
+}
+
+// max_i |a_i - b_i| / |b_i|; +inf if the sizes differ, NaN if any term is.
+inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b);
+
+// A parallel layout's run of cfg on the world's mesh against the single
+// process `alone` on the same global batch: the max relative loss difference
+// over `steps` printed by rank 0 (as "[what N=n] name: ...") and held to
+// `tolerance`; the reference must learn. Collective.
+inline void expect_mesh_matches_one_process(const char* what, const std::string& name, const train::RunConfig& cfg,
+                                            const train::RunConfig& alone, int64_t steps, double tolerance,
+                                            std::map<std::string, std::vector<double>>& cache) {
+  const std::vector<double> mesh = mesh_losses(cfg, steps), one = reference_losses(alone, steps, cache);
+  const double diff = max_relative_difference(mesh, one);
+  if (world().rank() == 0) {
+    std::printf("[%s N=%d] %s: max relative loss difference %.3g (loss %.4f -> %.4f)\n", what, world().size(),
+                name.c_str(), diff, one.front(), one.back());
+    std::fflush(stdout);
+  }
+  EXPECT_LE(diff, tolerance) << name;
+  EXPECT_LT(one.back(), 0.8 * one.front()) << "the reference run should learn the data";
 }
 
 // rank 0's values on every rank of w (n values everywhere). Collective.

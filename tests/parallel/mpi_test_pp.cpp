@@ -79,34 +79,12 @@ class PipelineTest : public ::testing::Test {
     return c;
   }
 
-  static std::vector<double> run_on_mesh(const RunConfig& c) {
-    mesh::Mesh m({static_cast<int>(c.parallel.pp), static_cast<int>(c.parallel.dp), 1,
-                  static_cast<int>(c.parallel.tp), 1},
-                 world());
-    Pools pools;
-    Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
-    return losses_of(train_until(t, kSteps));
-  }
-
-  static std::vector<double> reference(const RunConfig& c) {
-    const std::string key = train::run_config_to_json(c).dump();
-    if (auto it = references_.find(key); it != references_.end()) return it->second;
-    std::vector<double> losses;
-    if (world().rank() == 0) losses = run_losses(c, nullptr, kSteps);
-    return references_[key] = broadcast_values(world(), losses, kSteps);
-  }
+  static std::vector<double> run_on_mesh(const RunConfig& c) { return mesh_losses(c, kSteps); }
+  static std::vector<double> reference(const RunConfig& c) { return reference_losses(c, kSteps, references_); }
 
   static void expect_matches_one_process(const Layout& l) {
     const RunConfig c = config(l);
-    const std::vector<double> pp = run_on_mesh(c), one = reference(alone(c));
-    const double diff = max_relative_difference(pp, one);
-    if (world().rank() == 0) {
-      std::printf("[pp N=%d] %s: max relative loss difference %.3g (loss %.4f -> %.4f)\n", world().size(),
-                  l.name().c_str(), diff, one.front(), one.back());
-      std::fflush(stdout);
-    }
-    EXPECT_LE(diff, kTolerance) << l.name();
-    EXPECT_LT(one.back(), 0.8 * one.front()) << "the reference run should learn the data";
+    expect_mesh_matches_one_process("pp", l.name(), c, alone(c), kSteps, kTolerance, references_);
   }
 
   static fs::path dir_;
