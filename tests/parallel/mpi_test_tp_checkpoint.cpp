@@ -159,8 +159,9 @@ class TpCheckpointTest : public ::testing::Test {
       const double diff_one = max_relative_difference(resumed, last_steps(one));
       report("saved at " + from.name() + ", steps 11-20 resumed at " + l.name(), diff);
       // The same layout continues bitwise (train/checkpoint.h).
-      if (l.dp == from.dp && l.tp == from.tp && l.zero_stage == from.zero_stage)
+      if (l.dp == from.dp && l.tp == from.tp && l.zero_stage == from.zero_stage) {
         EXPECT_EQ(resumed, last_steps(straight)) << "resumed at the layout it was saved at, " << l.name();
+      }
       EXPECT_LE(diff, kTolerance) << "saved at " << from.name() << ", resumed at " << l.name();
       EXPECT_LE(diff_one, kTolerance) << "saved at " << from.name() << ", resumed at " << l.name() << " vs one process";
     }
