@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,25 @@ inline std::filesystem::path make_shared_data_dir(const std::string& prefix, int
 inline void remove_shared_dir(const std::filesystem::path& dir) {
   world().barrier()->wait();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// A layout's groups on the first pp x dp x tp ranks of the world (the mesh's
+// order: tp fastest, then dp, then pp). Every rank takes part in the splits:
+// members get their groups, the others a group of the rest. Collective.
+struct SubMesh {
+  bool member = false;
+  std::unique_ptr<comm::Communicator> pp, dp, tp;
+};
+inline SubMesh sub_mesh(int pp, int dp, int tp) {
+  comm::Communicator& w = world();
+  const int rank = w.rank(), n = pp * dp * tp;
+  const int p = rank / (dp * tp), d = rank / tp % dp, t = rank % tp;
+  SubMesh g;
+  g.member = rank < n;
+  g.tp = w.split(g.member ? p * dp + d : n, rank, "tp");
+  g.dp = w.split(g.member ? p * tp + t : n, rank, "dp");
+  g.pp = w.split(g.member ? d * tp + t : n, rank, "pp");
+  return g;
 }
 
 // gpt2-tiny, T = 16, 20 steps at lr 3e-3 with warmup, shuffled train data,

@@ -59,25 +59,8 @@ struct Layout {
   }
 };
 
-// This rank's groups for a layout: every rank of the world takes part in the
-// splits; members get their pp, dp and tp groups, the others a group of the
-// rest (color ranks(): above every member's).
-struct Groups {
-  bool member = false;
-  std::unique_ptr<comm::Communicator> pp, dp, tp;
-};
-
-Groups groups_of(const Layout& l) {
-  comm::Communicator& w = world();
-  const int rank = w.rank(), n = l.ranks();
-  const int p = rank / (l.dp * l.tp), d = rank / l.tp % l.dp, t = rank % l.tp;
-  Groups g;
-  g.member = rank < n;
-  g.tp = w.split(g.member ? p * l.dp + d : n, rank, "tp");
-  g.dp = w.split(g.member ? p * l.tp + t : n, rank, "dp");
-  g.pp = w.split(g.member ? d * l.tp + t : n, rank, "pp");
-  return g;
-}
+// This rank's groups for a layout (dp_run.h sub_mesh).
+SubMesh groups_of(const Layout& l) { return sub_mesh(l.pp, l.dp, l.tp); }
 
 void report(const std::string& what, double diff) {
   if (world().rank() != 0) return;
@@ -110,7 +93,7 @@ class PpCheckpointTest : public ::testing::Test {
   // kSteps, saving under save_root after kSaveAt steps if given: the losses
   // of the steps it ran, on every rank.
   static std::vector<double> run(const Layout& l, const fs::path& resume_dir, const fs::path& save_root = {}) {
-    const Groups g = groups_of(l);
+    const SubMesh g = groups_of(l);
     std::vector<double> losses;
     if (g.member) {
       Pools pools;
@@ -208,7 +191,7 @@ TEST_F(PpCheckpointTest, ManifestWithABrokenPartitionIsRefused) {
   if (!fits(l)) GTEST_SKIP() << "a pp = 2 run needs 2 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_broken";
   {
-    const Groups g = groups_of(l);
+    const SubMesh g = groups_of(l);
     if (g.member) {
       Pools pools;
       Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());
@@ -242,7 +225,7 @@ TEST_F(PpCheckpointTest, ManifestRecordsThePartitionAndEveryRanksChunks) {
   if (!fits(l)) GTEST_SKIP() << "a pp = 2 run needs 2 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_manifest";
   {
-    const Groups g = groups_of(l);
+    const SubMesh g = groups_of(l);
     if (g.member) {
       Pools pools;
       Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());

@@ -49,22 +49,8 @@ struct Layout {
   }
 };
 
-// This rank's groups for a layout: every rank of the world takes part in the
-// splits; members get their tp and dp groups, the others a group of the rest.
-struct Groups {
-  bool member = false;
-  std::unique_ptr<comm::Communicator> dp, tp;
-};
-
-Groups groups_of(const Layout& l) {
-  comm::Communicator& w = world();
-  const int rank = w.rank();
-  Groups g;
-  g.member = rank < l.ranks();
-  g.tp = w.split(g.member ? rank / l.tp : l.dp, rank, "tp");
-  g.dp = w.split(g.member ? rank % l.tp : l.tp, rank, "dp");
-  return g;
-}
+// This rank's groups for a layout (dp_run.h sub_mesh).
+SubMesh groups_of(const Layout& l) { return sub_mesh(1, l.dp, l.tp); }
 
 void report(const std::string& what, double diff) {
   if (world().rank() != 0) return;
@@ -100,7 +86,7 @@ class TpCheckpointTest : public ::testing::Test {
   // kSteps, saving under save_root after kSaveAt steps if given: the losses
   // of the steps it ran, on every rank.
   static std::vector<double> run(const Layout& l, const fs::path& resume_dir, const fs::path& save_root = {}) {
-    const Groups g = groups_of(l);
+    const SubMesh g = groups_of(l);
     std::vector<double> losses;
     if (g.member) {
       Pools pools;
@@ -234,7 +220,7 @@ TEST_F(TpCheckpointTest, ManifestRecordsTpSizeAndEveryTpRanksShards) {
   if (!fits(l)) GTEST_SKIP() << "dp = 2 x tp = 2 needs 4 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_manifest";
   {
-    const Groups g = groups_of(l);
+    const SubMesh g = groups_of(l);
     if (g.member) {
       Pools pools;
       Trainer t(config_of(l), pools, g.dp.get(), g.tp.get());
@@ -271,7 +257,7 @@ TEST_F(TpCheckpointTest, DamagedTpShardIsRefusedOnEveryRankNamingTheFile) {
   if (!fits(tp2)) GTEST_SKIP() << "a tp = 2 run needs 2 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_damaged";
   {
-    const Groups g = groups_of(tp2);
+    const SubMesh g = groups_of(tp2);
     if (g.member) {
       Pools pools;
       Trainer t(config_of(tp2), pools, g.dp.get(), g.tp.get());
@@ -284,7 +270,7 @@ TEST_F(TpCheckpointTest, DamagedTpShardIsRefusedOnEveryRankNamingTheFile) {
   const std::string file = train::checkpoint_rank_file_name(1);
   auto expect_refused = [&](const std::string& damage, const std::string& expected) {
     for (const Layout& at : {tp2, Layout{}}) {
-      const Groups g = groups_of(at);
+      const SubMesh g = groups_of(at);
       if (!g.member) continue;
       Pools pools;
       Trainer t(config_of(at), pools, g.dp.get(), g.tp.get());
