@@ -79,7 +79,6 @@ class PipelineTest : public ::testing::Test {
     return c;
   }
 
-  static std::vector<double> run_on_mesh(const RunConfig& c) { return mesh_losses(c, kSteps); }
   static std::vector<double> reference(const RunConfig& c) { return reference_losses(c, kSteps, references_); }
 
   static void expect_matches_one_process(const Layout& l) {

@@ -78,6 +78,18 @@ class PpCheckpointTest : public ::testing::Test {
 
   // 8 sequences of 16 tokens per step in grad_accum = 4 micro-batches
   // (the pipeline's), whatever the dp size; lr 1e-3 as in mpi_test_pp.cpp.
+  // One step of layout l on its ranks, checkpointed under root. Collective.
+  static void save_after_one_step(const Layout& l, const fs::path& root) {
+    const SubMesh g = groups_of(l);
+    if (g.member) {
+      Pools pools;
+      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());
+      t.step();
+      train::save_checkpoint(t, root.string(), 0);
+    }
+    world().barrier()->wait();
+  }
+
   static RunConfig config_of(const Layout& l) {
     RunConfig c = dp_config(dir_, l.dp, l.zero_stage, 2 / l.dp, 4);
     c.model = model_of(l.family);
@@ -190,16 +202,7 @@ TEST_F(PpCheckpointTest, ManifestWithABrokenPartitionIsRefused) {
   const Layout l{"llama", 2};
   if (!fits(l)) GTEST_SKIP() << "a pp = 2 run needs 2 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_broken";
-  {
-    const SubMesh g = groups_of(l);
-    if (g.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());
-      t.step();
-      train::save_checkpoint(t, root.string(), 0);
-    }
-    world().barrier()->wait();
-  }
+  save_after_one_step(l, root);
   if (world().rank() != 0) return;
   const fs::path manifest = root / train::checkpoint_step_dir_name(1) / train::kCheckpointManifestFile;
   nlohmann::ordered_json m = nlohmann::ordered_json::parse(std::ifstream(manifest));
@@ -224,16 +227,7 @@ TEST_F(PpCheckpointTest, ManifestRecordsThePartitionAndEveryRanksChunks) {
   const Layout l{"gpt2", 2, 1, 1, 2};
   if (!fits(l)) GTEST_SKIP() << "a pp = 2 run needs 2 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_manifest";
-  {
-    const SubMesh g = groups_of(l);
-    if (g.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());
-      t.step();
-      train::save_checkpoint(t, root.string(), 0);
-    }
-    world().barrier()->wait();
-  }
+  save_after_one_step(l, root);
   if (world().rank() != 0) return;
   const fs::path step_dir = root / train::checkpoint_step_dir_name(1);
   std::ifstream in(step_dir / train::kCheckpointManifestFile);
