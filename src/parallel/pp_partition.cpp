@@ -1,9 +1,9 @@
 // Pipeline partition (parallel/pp_partition.h): per-part costs in layer
-// units, then an exact linear partition by dynamic programming.
+// units, layers handed out one at a time to ranks, then to a rank's stages.
 #include "parallel/pp_partition.h"
 
 #include <algorithm>
-#include <limits>
+#include <functional>
 #include <string_view>
 
 #include "core/error.h"
@@ -45,6 +45,7 @@ double stage_cost(int s, int stages, int64_t count, double embedding, double hea
 
 PpPartition make_partition(const std::vector<int64_t>& counts, double embedding, double head) {
   PpPartition p;
+  p.embedding_cost = embedding, p.head_cost = head;
   const int stages = static_cast<int>(counts.size());
   int64_t first = 0;
   for (int s = 0; s < stages; ++s) {
@@ -54,12 +55,43 @@ PpPartition make_partition(const std::vector<int64_t>& counts, double embedding,
   return p;
 }
 
+// `total` unit items into `bins` bins, `each` to every bin first, then one at
+// a time to the bin whose cost(bin, count) is least, ties to the highest
+// bin. With costs offset + count (each item adds 1), a bin a holding more
+// than `each` ends with cost(a) - 1 <= cost(b) for every bin b (a was least
+// when its last item came, and costs only grow): no single move of an item
+// lowers a cost without raising another as high, which for unit items means
+// the least possible maximum and the lexicographically least costs sorted
+// largest first (water-filling). Costs come from `cost` alone, so ties are
+// exact comparisons.
+std::vector<int64_t> fill_evenly(int bins, int64_t each, int64_t total,
+                                 const std::function<double(int, int64_t)>& cost) {
+  std::vector<int64_t> counts(static_cast<size_t>(bins), each);
+  for (int64_t left = total - each * bins; left > 0; --left) {
+    int least = bins - 1;
+    for (int b = bins - 2; b >= 0; --b)
+      if (cost(b, counts[b]) < cost(least, counts[least])) least = b;
+    ++counts[least];
+  }
+  return counts;
+}
+
 }  // namespace
 
 double PpPartition::max_cost() const {
   double m = 0;
   for (const Stage& s : stages) m = std::max(m, s.cost);
   return m;
+}
+
+std::vector<double> PpPartition::rank_loads(int pp) const {
+  LOOM_CHECK(pp >= 1 && stages.size() % static_cast<size_t>(pp) == 0, "pipeline partition: ", stages.size(),
+             " stages over ", pp, " ranks");
+  std::vector<int64_t> layers(static_cast<size_t>(pp), 0);
+  for (size_t s = 0; s < stages.size(); ++s) layers[s % static_cast<size_t>(pp)] += stages[s].count;
+  std::vector<double> loads;
+  for (int r = 0; r < pp; ++r) loads.push_back(stage_cost(r, pp, layers[r], embedding_cost, head_cost));
+  return loads;
 }
 
 // The LM head GEMM (V, C) runs forward and backward whether or not its weight
@@ -83,39 +115,30 @@ double pp_embedding_cost(const model::ModelConfig& cfg, int64_t seq_len) {
   return 2.0 * static_cast<double>(tables * cfg.n_embd) / layer_flops(cfg, seq_len);
 }
 
-// best[s][i]: the least possible max cost of layers [i, L) over stages
-// [s, S), each stage >= 1 layer. Costs are sums computed by stage_cost alone,
-// so equal splits give bit-equal costs and ties compare exactly. The split is
-// then read off front to back taking, at each stage, the fewest layers that
-// still reach the optimum: the lexicographically smallest counts among the
-// optimal splits. Rationale: under 1F1B stage s holds p - s micro-batches'
-// activations, so layers a tie lets move go to later stages.
-PpPartition balanced_pp_partition(const model::ModelConfig& cfg, int64_t seq_len, int stages) {
+// Two passes of fill_evenly: layers to ranks (rank r's load is
+// stage_cost(r, pp, ...): its layers + e on rank 0 + h on rank pp - 1, as
+// rank_loads evaluates it), then each rank's layers to its v stages (stage
+// c x pp + r, costed by stage_cost over all pp x v stages).
+PpPartition balanced_pp_partition(const model::ModelConfig& cfg, int64_t seq_len, int pp, int virtual_stages) {
   const int64_t L = cfg.n_layer;
-  LOOM_REQUIRE(stages >= 1, "pipeline partition: ", stages, " stages requested: at least 1 is needed");
-  LOOM_REQUIRE(stages <= L, "parallel.pp x parallel.virtual_stages = ", stages, " stages for model.n_layer = ", L,
-               " layers: every stage needs at least one layer");
+  const int v = virtual_stages;
+  LOOM_REQUIRE(pp >= 1, "pipeline partition: parallel.pp = ", pp, ": at least 1 rank is needed");
+  LOOM_REQUIRE(v >= 1, "pipeline partition: parallel.virtual_stages = ", v, ": at least 1 is needed");
+  const int64_t n_stages = static_cast<int64_t>(pp) * v;
+  LOOM_REQUIRE(n_stages <= L, "parallel.pp x parallel.virtual_stages = ", n_stages, " stages for model.n_layer = ",
+               L, " layers: every stage needs at least one layer");
+  const int stages = static_cast<int>(n_stages);
   const double embedding = pp_embedding_cost(cfg, seq_len), head = pp_head_cost(cfg, seq_len);
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
-  best[stages][L] = 0;
-  for (int s = stages - 1; s >= 0; --s) {
-    // Stage s starts at i >= s and leaves >= 1 layer for each later stage.
-    for (int64_t i = s; i <= L - (stages - s); ++i) {
-      for (int64_t c = 1; i + c <= L - (stages - s - 1); ++c)
-        best[s][i] = std::min(best[s][i], std::max(stage_cost(s, stages, c, embedding, head), best[s + 1][i + c]));
-    }
+  const std::vector<int64_t> per_rank = fill_evenly(pp, v, L, [&](int r, int64_t n) {
+    return stage_cost(r, pp, n, embedding, head);
+  });
+  std::vector<int64_t> counts(static_cast<size_t>(stages));
+  for (int r = 0; r < pp; ++r) {
+    const std::vector<int64_t> per_chunk = fill_evenly(v, 1, per_rank[r], [&](int c, int64_t n) {
+      return stage_cost(c * pp + r, stages, n, embedding, head);
+    });
+    for (int c = 0; c < v; ++c) counts[static_cast<size_t>(c * pp + r)] = per_chunk[c];
   }
-  const double target = best[0][0];
-  std::vector<int64_t> counts;
-  int64_t i = 0;
-  for (int s = 0; s < stages; ++s) {
-    int64_t c = 1;
-    while (std::max(stage_cost(s, stages, c, embedding, head), best[s + 1][i + c]) > target) ++c;
-    counts.push_back(c);
-    i += c;
-  }
-  LOOM_CHECK(i == L, "pipeline partition covers ", i, " of ", L, " layers");
   return make_partition(counts, embedding, head);
 }
 

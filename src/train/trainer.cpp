@@ -152,7 +152,7 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
                                               static_cast<int>(cfg.train.grad_accum), v);
     const parallel::PpPartition part =
         cfg.parallel.pp_layers.empty()
-            ? parallel::balanced_pp_partition(cfg.model, T, n_pp * v)
+            ? parallel::balanced_pp_partition(cfg.model, T, n_pp, v)
             : parallel::explicit_pp_partition(cfg.model, T, n_pp * v, cfg.parallel.pp_layers);
     const int r = pp != nullptr ? pp->rank() : 0;
     stages.clear();

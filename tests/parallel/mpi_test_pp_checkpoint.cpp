@@ -236,7 +236,7 @@ TEST_F(PpCheckpointTest, ManifestRecordsThePartitionAndEveryRanksChunks) {
   EXPECT_EQ(m["mesh"]["pp"], 2);
   EXPECT_EQ(m["pipeline"]["virtual_stages"], 2);
   const RunConfig c = config_of(l);
-  const parallel::PpPartition part = parallel::balanced_pp_partition(c.model, c.train.seq_len, 4);
+  const parallel::PpPartition part = parallel::balanced_pp_partition(c.model, c.train.seq_len, 2, 2);
   ASSERT_EQ(m["pipeline"]["stages"].size(), 4u);
   for (size_t s = 0; s < 4; ++s) {
     EXPECT_EQ(m["pipeline"]["stages"][s]["first_layer"], part.stages[s].first) << "stage " << s;
