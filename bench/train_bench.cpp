@@ -57,6 +57,7 @@
 #include "parallel/pp_partition.h"
 #include "parallel/pp_runtime.h"
 #include "parallel/pp_schedule.h"
+#include "parallel/pp_tied.h"
 #include "parallel/tp.h"
 #include "train/trainer.h"
 
@@ -395,6 +396,8 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   std::vector<std::unique_ptr<parallel::DataParallel>> dps;
   parallel::DpOptions dpo;
   dpo.zero_stage = o.zero_stage, dpo.bucket_mb = o.bucket_mb;
+  // Tied embeddings: the first and last stage's copies, summed as the trainer does.
+  parallel::TiedEmbedding tied(cfg, &pp);
   int slots = 0, layers = 0;
   for (int c = 0; c < v; ++c) {
     const parallel::PpPartition::Stage& st = part.stages[static_cast<size_t>(c * o.pp + r)];
@@ -404,41 +407,18 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
                                                     model::recompute_from_name(o.recompute),
                                                     parallel::DataParallel::model_storage(o.zero_stage),
                                                     tp ? tp->options() : model::TpOptions{}, so));
+    dpo.solo_params = tied.solo_params(*models.back());
     dps.push_back(std::make_unique<parallel::DataParallel>(*models.back(), &mesh.dp(), dpo,
                                                            parallel::AdamWOptions{}, pools));
     if (tp) dps.back()->set_tp_group(&tp->group());
     dps.back()->init_params(kSeed);
   }
   std::vector<model::Model*> chunks;
+  std::vector<parallel::DataParallel*> chunk_dps;
   for (auto& mdl : models) chunks.push_back(mdl.get());
+  for (auto& dp : dps) chunk_dps.push_back(dp.get());
   parallel::PipelineRuntime rt(schedule, &pp, chunks, pools);
   rt.set_before_backward([&](int chunk, int mb) { dps[static_cast<size_t>(chunk)]->begin_micro_batch(mb == m - 1); });
-  // Tied embeddings: the first and last stage's wte gradients are summed, as
-  // the trainer does (over the pp ranks holding them, or on one rank).
-  std::unique_ptr<comm::Communicator> embedding;
-  if (cfg.tie_embeddings && o.pp > 1) {
-    const bool member = r == 0 || r == o.pp - 1;
-    embedding = pp.split(member ? 0 : 1, r, "embedding");
-  }
-  auto sum_tied_embeddings = [&] {
-    if (!cfg.tie_embeddings) return;
-    const char* name = cfg.family == model::Family::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
-    model::Model* first = nullptr;
-    model::Model* last = nullptr;
-    for (auto& mdl : models) {
-      if (mdl->has_embedding() && !mdl->has_head()) first = mdl.get();
-      if (mdl->has_head() && !mdl->has_embedding()) last = mdl.get();
-    }
-    if (first != nullptr && last != nullptr) {
-      kernels::add(first->grad(name), first->grad(name), last->grad(name));
-      kernels::cast(last->grad(name), first->grad(name));
-      return;
-    }
-    model::Model* mine = first != nullptr ? first : last;
-    if (mine != nullptr && embedding != nullptr && embedding->size() == 2)
-      embedding->all_reduce(mine->grad(name).reshape({mine->grad(name).numel()}), comm::ReduceOp::sum)->wait();
-  };
-
   // m micro-batches of random tokens; a dp rank its own, shared by its pp and tp group.
   std::vector<OwnedTensor> owned_tokens, owned_targets;
   std::vector<Tensor> tokens, targets;
@@ -463,7 +443,7 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
     const double pipeline = std::chrono::duration<double>(Clock::now() - t0).count();
     double sum_squares = 0;
     for (auto& dp : dps) dp->wait_gradients();
-    sum_tied_embeddings();
+    tied.sum_grads(chunks, chunk_dps);
     for (auto& dp : dps) sum_squares += dp->grad_sum_squares();
     sum_squares = parallel::exact_group_sum(&pp, sum_squares);
     const double norm = std::sqrt(sum_squares) / loss_scale;

@@ -44,8 +44,12 @@ Tensor gather_view(const Tensor& t) {
 
 }  // namespace
 
-std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb) {
+std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb,
+                                 const std::vector<model::Unit>& solo) {
   LOOM_REQUIRE(!units.empty(), "make_buckets: no units");
+  LOOM_REQUIRE(solo.empty() || zero_stage <= 1, "DataParallel: a parameter with a bucket of its own (a tied ",
+               "embedding under pipeline parallelism) needs parallel.zero_stage 0 or 1, not ", zero_stage,
+               ": from stage 2 a unit's gradients go to one bucket buffer");
   LOOM_REQUIRE(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = ", zero_stage,
                " is invalid: allowed values are 0, 1, 2, 3");
   LOOM_REQUIRE(bucket_mb > 0, "parallel.bucket_mb = ", bucket_mb, " is invalid: it must be > 0");
@@ -67,6 +71,35 @@ std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero
     }
   }
   std::reverse(out.begin(), out.end());  // flat order
+  if (solo.empty()) return out;
+  // Cut each solo range out of its bucket: up to three buckets, each whose
+  // lowest unit is the unit holding its first element.
+  auto unit_of = [&](int64_t element) {
+    for (int u = 0; u < n; ++u)
+      if (element >= units[u].begin && element < units[u].end) return u;
+    fail("make_buckets: element ", element, " is in no unit");
+  };
+  for (size_t i = 0; i < solo.size(); ++i) {
+    const model::Unit& r = solo[i];
+    LOOM_REQUIRE(r.begin < r.end && r.begin >= units.front().begin && r.end <= units.back().end &&
+                     unit_of(r.begin) == unit_of(r.end - 1),
+                 "make_buckets: solo range [", r.begin, ", ", r.end, ") must be non-empty and inside one unit");
+    for (size_t j = 0; j < i; ++j)
+      LOOM_REQUIRE(r.end <= solo[j].begin || solo[j].end <= r.begin, "make_buckets: solo ranges [", r.begin, ", ",
+                   r.end, ") and [", solo[j].begin, ", ", solo[j].end, ") overlap");
+  }
+  for (const model::Unit& r : solo) {
+    // Disjoint ranges inside one unit: r lies inside one bucket made so far.
+    auto it = std::find_if(out.begin(), out.end(), [&](const Bucket& b) { return r.begin >= b.begin && r.begin < b.end; });
+    const Bucket b = *it;
+    LOOM_CHECK(r.end <= b.end, "solo range crosses a bucket end");
+    std::vector<Bucket> cut;
+    if (b.begin < r.begin) cut.push_back({b.first_unit, unit_of(r.begin - 1), b.begin, r.begin});
+    cut.push_back({unit_of(r.begin), unit_of(r.end - 1), r.begin, r.end});
+    if (r.end < b.end) cut.push_back({unit_of(r.end), b.last_unit, r.end, b.end});
+    it = out.erase(it);
+    out.insert(it, cut.begin(), cut.end());
+  }
   return out;
 }
 
@@ -93,7 +126,8 @@ model::Storage DataParallel::model_storage(int zero_stage) {
 struct DataParallel::Impl {
   explicit Impl(Pools& p) : pools(p) {}
   Pools& pools;
-  std::vector<int> unit_bucket;  // unit -> bucket
+  std::vector<int> unit_bucket;  // unit -> bucket (stages 2 and 3: one bucket per unit)
+  std::vector<std::vector<int>> finishes;  // unit -> the buckets whose lowest unit it is
   std::vector<Piece> pieces;
   bool communicate = true;  // stages 0 and 1: this micro-batch's backward reduces (the last one)
   // Stages 0 and 1: the collectives of this step, waited for in grad_norm().
@@ -127,7 +161,14 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator* comm, const 
   const model::Storage want = model_storage(stage), has = model.storage();
   LOOM_REQUIRE(has.params == want.params && has.grads == want.grads && has.master == want.master,
                "DataParallel: the model was not built with DataParallel::model_storage(", stage, ")");
-  buckets_ = make_buckets(model.units(), stage, opt_.bucket_mb);
+  std::vector<model::Unit> solo;
+  for (const std::string& name : opt_.solo_params) {
+    const std::vector<model::ParamSpec>& specs = model.param_specs();
+    auto it = std::find_if(specs.begin(), specs.end(), [&](const model::ParamSpec& p) { return p.name == name; });
+    LOOM_REQUIRE(it != specs.end(), "DataParallel: solo parameter '", name, "' is not a parameter of the model");
+    solo.push_back({it->offset, it->offset + it->numel()});
+  }
+  buckets_ = make_buckets(model.units(), stage, opt_.bucket_mb, solo);
   segments_ = shard_segments(buckets_, stage, size_, rank_);
   for (const Segment& s : segments_) shard_numel_ += s.count;
   impl_ = std::unique_ptr<Impl>(new Impl{pools});
@@ -135,6 +176,8 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator* comm, const 
   im.unit_bucket.assign(model.units().size(), 0);
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
     for (int u = buckets_[b].first_unit; u <= buckets_[b].last_unit; ++u) im.unit_bucket[u] = b;
+  im.finishes.resize(model.units().size());
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) im.finishes[buckets_[b].first_unit].push_back(b);
   im.pieces = pieces_of(segments_, model.param_specs());
   im.open.resize(buckets_.size());
   im.gathered.resize(model.units().size());
@@ -174,6 +217,16 @@ DataParallel::~DataParallel() {
       if (g.work) g.work->wait();
   } catch (...) {
   }
+}
+
+int DataParallel::solo_bucket(const std::string& name) const {
+  LOOM_REQUIRE(std::find(opt_.solo_params.begin(), opt_.solo_params.end(), name) != opt_.solo_params.end(),
+               "DataParallel: '", name, "' has no bucket of its own (DpOptions::solo_params)");
+  const std::vector<model::ParamSpec>& specs = model_.param_specs();
+  const auto spec = std::find_if(specs.begin(), specs.end(), [&](const model::ParamSpec& p) { return p.name == name; });
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+    if (buckets_[b].begin == spec->offset) return b;
+  LOOM_CHECK(false, "solo parameter ", name, " starts no bucket");
 }
 
 void DataParallel::init_params(uint64_t seed) {
@@ -216,19 +269,23 @@ Tensor DataParallel::acquire_grads(int unit) {
 
 void DataParallel::grads_ready(int unit) {
   Impl& im = *impl_;
+  if (opt_.zero_stage < 2) {
+    if (!im.communicate || comm_ == nullptr) return;
+    const Tensor grads = model_.grads();
+    for (int b : im.finishes[unit]) {  // the buckets whose lowest unit this is
+      const Bucket& bk = buckets_[b];
+      const Segment& seg = segments_[b];
+      const Tensor in = grads.slice(0, bk.begin, bk.numel());
+      stats_.ops++, stats_.bytes += bytes_of(in);
+      if (opt_.zero_stage == 0) im.pending.push_back(comm_->all_reduce(in, comm::ReduceOp::avg));
+      else im.pending.push_back(comm_->reduce_scatter(grads.slice(0, seg.offset, seg.count), in, comm::ReduceOp::avg));
+    }
+    return;
+  }
   const int b = im.unit_bucket[unit];
   const Bucket& bk = buckets_[b];
   if (unit != bk.first_unit) return;  // the bucket's lowest unit finishes it
   const Segment& seg = segments_[b];
-  if (opt_.zero_stage < 2) {
-    if (!im.communicate || comm_ == nullptr) return;
-    const Tensor grads = model_.grads();
-    const Tensor in = grads.slice(0, bk.begin, bk.numel());
-    stats_.ops++, stats_.bytes += bytes_of(in);
-    if (opt_.zero_stage == 0) im.pending.push_back(comm_->all_reduce(in, comm::ReduceOp::avg));
-    else im.pending.push_back(comm_->reduce_scatter(grads.slice(0, seg.offset, seg.count), in, comm::ReduceOp::avg));
-    return;
-  }
   OwnedTensor buf = std::move(im.open[b]);
   LOOM_CHECK(buf.defined(), "bucket ", b, " finished without gradients");
   if (comm_ == nullptr) {

@@ -7,7 +7,8 @@
 // into buckets of whole units: stages 0-2 merge units in backward's order
 // (the last unit first) until a bucket holds bucket_mb of f32 gradients;
 // stage 3 makes every unit a bucket (FSDP's per-layer wrapping; bucket_mb is
-// not used). A bucket finishes when backward finishes its lowest unit. Each
+// not used); a parameter named in DpOptions::solo_params is cut out into a
+// bucket of its own. A bucket finishes when backward finishes its lowest unit. Each
 // bucket is split across the group by comm::shard_range; a rank's shard is
 // its piece of every bucket (stage 0: every bucket whole), packed in bucket
 // order: segments() says where each piece sits in the flat buffer.
@@ -42,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -54,6 +56,13 @@ struct DpOptions {
   int zero_stage = 0;        // 0 (DDP) to 3 (FSDP)
   double bucket_mb = 25.0;   // stages 0-2: f32 gradient bytes per bucket, in MiB
   bool offload_optimizer = false;
+  // Parameters (by name) whose gradients form a bucket of their own, stages
+  // 0 and 1 only: the bucket's shard is then the same slice of the parameter
+  // on every model holding it with the same dp group size, whatever else the
+  // model holds. Pipeline stages use it for a tied embedding: stage 0 and the
+  // last stage each hold a copy, and under ZeRO-1 each sums just its reduced
+  // piece with the other's (see Trainer). Unknown names are a loom::Error.
+  std::vector<std::string> solo_params = {};
 };
 
 struct AdamWOptions {
@@ -69,8 +78,13 @@ struct Bucket {
   int64_t begin = 0, end = 0;
   int64_t numel() const { return end - begin; }
 };
-// Pure: the buckets of a model's units under a stage (see above).
-std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb);
+// Pure: the buckets of a model's units under a stage (see above). solo:
+// flat element ranges (stages 0 and 1), each inside one unit, cut out of
+// the bucket holding them as buckets of their own; such a bucket, and the
+// rest of a unit cut in two, finish with the unit (a bucket finishes when
+// backward finishes its lowest unit).
+std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb,
+                                 const std::vector<model::Unit>& solo = {});
 
 // One piece of a rank's shard: flat elements [offset, offset + count) of the
 // parameter buffer, at shard_offset in the rank's packed shard buffers.
@@ -116,6 +130,8 @@ class DataParallel : public model::StepHooks {
   comm::Communicator* group() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const std::vector<Segment>& segments() const { return segments_; }
+  // The bucket made of parameter `name` alone (DpOptions::solo_params).
+  int solo_bucket(const std::string& name) const;
   int64_t shard_numel() const { return shard_numel_; }
 
   // Sharding-invariant init (model/params.h) of every parameter: each rank

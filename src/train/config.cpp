@@ -386,9 +386,6 @@ void validate(const RunConfig& c, const std::string& source) {
       }
       LOOM_REQUIRE(p.zero_stage <= 1, source, ": parallel.zero_stage = ", p.zero_stage, " with parallel.pp = ", p.pp,
                    ": pipeline parallelism composes with ZeRO stages 0 and 1 (as Megatron's); allowed 0, 1");
-      LOOM_REQUIRE(!c.model.tie_embeddings || p.zero_stage == 0, source, ": parallel.zero_stage = 1 with parallel.pp = ",
-                   p.pp, " and tied embeddings (model.tie_embeddings): the first and last stage's embedding ",
-                   "gradients are summed from ZeRO-0's whole gradient; use zero_stage = 0 or untied embeddings");
     }
   }
   // Tensor parallelism: the heads and d_ff must split evenly (the model's

@@ -140,14 +140,12 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
   const bool pipelined = n_pp > 1;  // (config: virtual_stages > 1 needs pp > 1)
   std::vector<model::StageOptions> stages(1);
   if (pipelined) {
-    // The tied embedding's two copies are summed from ZeRO-0's whole
-    // gradient (config.cpp says so at parse time; a RunConfig built in code
-    // is checked here).
-    LOOM_REQUIRE(!cfg.model.tie_embeddings || stage == 0, "parallel.pp = ", n_pp,
-                 " with tied embeddings needs parallel.zero_stage = 0 (it is ", stage, ")");
     LOOM_REQUIRE(stage <= 1, "parallel.pp = ", n_pp, " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ",
                  stage, ")");
     pp_ = pp;
+    // GPT-2's tied embedding: stage 0 and the last stage each hold a copy
+    // with a dp bucket of its own; their gradients are summed each step.
+    tied_ = std::make_unique<parallel::TiedEmbedding>(cfg.model, pp);
     pp_schedule_ = parallel::make_pp_schedule(parallel::pp_schedule_from_name(cfg.parallel.pp_schedule), n_pp,
                                               static_cast<int>(cfg.train.grad_accum), v);
     const parallel::PpPartition part =
@@ -171,6 +169,7 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
     models_.push_back(std::make_unique<model::Model>(
         cfg.model, B, T, pools, compute_dtype(cfg.train), model::recompute_from_name(cfg.train.recompute),
         parallel::DataParallel::model_storage(stage), tp_ ? tp_->options() : model::TpOptions{}, so));
+    if (tied_) dpo.solo_params = tied_->solo_params(*models_.back());
     dps_.push_back(std::make_unique<parallel::DataParallel>(*models_.back(), dp, dpo, opt, pools));
     if (tp_) dps_.back()->set_tp_group(&tp_->group());
     dps_.back()->init_params(cfg.train.seed);
@@ -181,13 +180,6 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
     pipe_ = std::make_unique<parallel::PipelineRuntime>(*pp_schedule_, pp, chunks, pools);
     pipe_->set_before_backward(
         [this](int chunk, int mb) { dps_[static_cast<size_t>(chunk)]->begin_micro_batch(mb == cfg_.train.grad_accum - 1); });
-    // GPT-2's tied embedding: stage 0 and the last stage each hold wte; their
-    // gradients are summed by the pp ranks holding them (Megatron's
-    // embedding group), or on one rank when both chunks are its own.
-    if (cfg.model.tie_embeddings && pp != nullptr && pp->size() > 1) {
-      const bool member = pp->rank() == 0 || pp->rank() == pp->size() - 1;
-      embedding_group_ = pp->split(member ? 0 : 1, pp->rank(), "embedding");
-    }
     for (int64_t k = 0; k < cfg.train.grad_accum; ++k) {
       micro_tokens_.push_back(pools[MemTag::activations].zeros(DType::i32, {B, T}));
       micro_targets_.push_back(pools[MemTag::activations].zeros(DType::i32, {B, T}));
@@ -196,27 +188,6 @@ Trainer::Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp, com
   if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
   tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
   targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
-}
-
-// The sum of the first and last stage's tied-embedding gradients, on both
-// (after the dp reduction: ZeRO-0 keeps the whole averaged gradient).
-void Trainer::sum_tied_embeddings() {
-  if (!cfg_.model.tie_embeddings) return;
-  const char* name = cfg_.model.family == model::Family::gpt2 ? "wte.weight" : "model.embed_tokens.weight";
-  model::Model* first = nullptr;
-  model::Model* last = nullptr;
-  for (auto& m : models_) {
-    if (m->has_embedding() && !m->has_head()) first = m.get();
-    if (m->has_head() && !m->has_embedding()) last = m.get();
-  }
-  if (first != nullptr && last != nullptr) {  // both on this rank (interleaving on one pp rank)
-    kernels::add(first->grad(name), first->grad(name), last->grad(name));
-    kernels::cast(last->grad(name), first->grad(name));
-    return;
-  }
-  model::Model* mine = first != nullptr ? first : last;
-  if (mine != nullptr && embedding_group_ != nullptr && embedding_group_->size() == 2)
-    embedding_group_->all_reduce(mine->grad(name).reshape({mine->grad(name).numel()}), comm::ReduceOp::sum)->wait();
 }
 
 StepStats Trainer::pipeline_step() {
@@ -240,7 +211,10 @@ StepStats Trainer::pipeline_step() {
   {
     TraceSpan span(trace_, "grad sync wait");
     for (auto& dp : dps_) dp->wait_gradients();
-    sum_tied_embeddings();
+    std::vector<model::Model*> chunks;
+    std::vector<parallel::DataParallel*> dps;
+    for (size_t c = 0; c < models_.size(); ++c) chunks.push_back(models_[c].get()), dps.push_back(dps_[c].get());
+    tied_->sum_grads(chunks, dps);
     for (auto& dp : dps_) sum_squares += dp->grad_sum_squares();
     sum_squares = parallel::exact_group_sum(pp_, sum_squares);
   }

@@ -42,6 +42,7 @@
 #include "comm/communicator.h"
 #include "parallel/dp.h"
 #include "parallel/pp_runtime.h"
+#include "parallel/pp_tied.h"
 #include "parallel/tp.h"
 
 namespace loom::train {
@@ -119,7 +120,6 @@ class Trainer {
   RunConfig cfg_;
   StepStats pipeline_step();
   StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
-  void sum_tied_embeddings();
 
   std::unique_ptr<parallel::TensorParallel> tp_;
   std::vector<std::unique_ptr<model::Model>> models_;  // the rank's chunks (one without pipelining)
@@ -127,7 +127,7 @@ class Trainer {
   comm::Communicator* pp_ = nullptr;
   std::optional<parallel::PpSchedule> pp_schedule_;
   std::unique_ptr<parallel::PipelineRuntime> pipe_;
-  std::unique_ptr<comm::Communicator> embedding_group_;  // pp ranks 0 and pp - 1 (tied embeddings)
+  std::unique_ptr<parallel::TiedEmbedding> tied_;  // pipelining: the tied embedding's two copies
   std::vector<OwnedTensor> micro_tokens_, micro_targets_;  // a step's micro-batches (pipelining)
   LrSchedule schedule_;
   DataLoader train_data_;

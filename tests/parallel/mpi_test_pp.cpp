@@ -4,14 +4,15 @@
 //
 // World N runs pp = N (N = 2, 3, 4) under AFAB, 1F1B and interleaved 1F1B
 // (2 chunks per rank), for a GPT-2 with tied embeddings (summed over the
-// first and last stage; ZeRO-0) and an untied Llama; at N = 8 the
-// dp = 2 x tp = 2 x pp = 2 mesh. The single-process reference runs on rank 0
+// first and last stage) and an untied Llama; at N = 4 dp = 2 x pp = 2 under
+// ZeRO-0 and ZeRO-1, at N = 8 the dp = 2 x tp = 2 x pp = 2 mesh. The single-process reference runs on rank 0
 // alone and is broadcast.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -119,6 +120,31 @@ TEST_F(PipelineTest, ExplicitLayersPerStageAreUsed) {
   EXPECT_LE(diff, kTolerance);
 }
 
+// GPT-2's wte lives on stage 0 and, as a copy, on the last stage; their
+// gradients are summed, so after training the two copies are still the same
+// bits — under ZeRO-0 and under ZeRO-1, where each stage sums only its piece
+// of the embedding's own bucket (dp = 2 at N = 4).
+TEST_F(PipelineTest, TiedEmbeddingCopiesStayBitwiseEqual) {
+  const int N = world().size();
+  if (N != 2 && N != 4) GTEST_SKIP() << "pp = 2 (x dp = 2) runs at N = 2, 4; this world has " << N << " ranks";
+  for (int zero_stage : {0, 1}) {
+    const RunConfig c = config({"gpt2", "1f1b", N / 2, 1, 2, 1, zero_stage});
+    mesh::Mesh m({2, N / 2, 1, 1, 1}, world());
+    Pools pools;
+    Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
+    (void)train_until(t, 5);
+    const Tensor mine = t.chunk(0).param("wte.weight");
+    std::vector<float> other(static_cast<size_t>(mine.numel()));
+    const Tensor theirs(other.data(), DType::f32, mine.shape());
+    if (m.pp().rank() == 0) {
+      m.pp().recv(theirs, 1, 0)->wait();
+      EXPECT_EQ(std::memcmp(mine.data(), theirs.data(), mine.nbytes()), 0) << "zero_stage " << zero_stage;
+    } else {
+      m.pp().send(mine, 0, 0)->wait();
+    }
+  }
+}
+
 // save_model under pipeline (and tensor) parallelism writes the whole model:
 // each stage's tensors, whole across tp, the tied embedding once — the same
 // weights a single process has after the same steps.
@@ -185,13 +211,17 @@ TEST_F(PipelineTest, EvaluationThroughThePipelineEqualsTheWholeModels) {
 }
 
 // Composed meshes: dp = 2 x pp = 2 at N = 4 (ZeRO-1 on every stage, with
-// interleaving), dp = 2 x tp = 2 x pp = 2 at N = 8.
+// interleaving; GPT-2's tied embedding summed from the two stages' ZeRO-1
+// pieces as well as from ZeRO-0's whole gradient), dp = 2 x tp = 2 x pp = 2
+// at N = 8.
 TEST_F(PipelineTest, DataTimesTensorTimesPipelineMatchesSingleProcess) {
   const int N = world().size();
   if (N == 4) {
     expect_matches_one_process({"llama", "interleaved", 2, 1, 2, 2, 1});
+    expect_matches_one_process({"gpt2", "interleaved", 2, 1, 2, 2, 1});
+    expect_matches_one_process({"gpt2", "1f1b", 2, 1, 2, 1, 0});
   } else if (N == 8) {
-    expect_matches_one_process({"gpt2", "1f1b", 2, 2, 2});
+    expect_matches_one_process({"gpt2", "1f1b", 2, 2, 2, 1, 1});
     expect_matches_one_process({"llama", "interleaved", 2, 2, 2, 2, 1});
   } else {
     GTEST_SKIP() << "dp x pp meshes run at N = 4 and 8; this world has " << N << " ranks";

@@ -47,6 +47,50 @@ TEST(DpLayout, BucketsAreWholeUnitsCoveringEverythingGrownFromTheLastUnit) {
   EXPECT_THROW(make_buckets(units, 0, 0.0), Error);
 }
 
+// A solo range (a tied embedding under pp) is cut out of its bucket: the
+// pieces before and after it stay buckets, each finishing with the unit that
+// holds its first element, and the solo bucket's ZeRO-1 shard depends only
+// on its own size — two models with different neighbours shard it alike.
+TEST(DpLayout, SoloRangeGetsABucketOfItsOwnWhoseShardIgnoresItsNeighbours) {
+  const auto units = units_of({100, 50, 60, 70});
+  // Everything in one bucket; the range [110, 140) of unit 1 cut out.
+  const std::vector<Bucket> b = make_buckets(units, 1, 1000.0, {{110, 140}});
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].begin, 0);
+  EXPECT_EQ(b[0].end, 110);
+  EXPECT_EQ(b[0].first_unit, 0);
+  EXPECT_EQ(b[0].last_unit, 1);
+  EXPECT_EQ(b[1].begin, 110);
+  EXPECT_EQ(b[1].end, 140);
+  EXPECT_EQ(b[1].first_unit, 1);
+  EXPECT_EQ(b[1].last_unit, 1);
+  EXPECT_EQ(b[2].begin, 140);
+  EXPECT_EQ(b[2].end, 280);
+  EXPECT_EQ(b[2].first_unit, 1);
+  EXPECT_EQ(b[2].last_unit, 3);
+  // A whole unit as the range, at the start and at the end of the buffer.
+  const std::vector<Bucket> ends = make_buckets(units, 0, 1000.0, {{0, 100}, {210, 280}});
+  ASSERT_EQ(ends.size(), 3u);
+  EXPECT_EQ(ends[0].end, 100);
+  EXPECT_EQ(ends[1].begin, 100);
+  EXPECT_EQ(ends[1].end, 210);
+  EXPECT_EQ(ends[2].begin, 210);
+  EXPECT_EQ(ends[2].first_unit, 3);
+  // Same 30-element range in another layout: the same shard offsets within it.
+  const std::vector<Bucket> other = make_buckets(units_of({5, 30, 9}), 1, 1000.0, {{5, 35}});
+  for (int size : {2, 3, 4})
+    for (int r = 0; r < size; ++r) {
+      const Segment a = shard_segments(b, 1, size, r)[1], c = shard_segments(other, 1, size, r)[1];
+      EXPECT_EQ(a.offset - 110, c.offset - 5);
+      EXPECT_EQ(a.count, c.count);
+    }
+  // Not inside one unit, overlapping, or from stage 2: errors.
+  EXPECT_THROW(make_buckets(units, 1, 1000.0, {{90, 120}}), Error);
+  EXPECT_THROW(make_buckets(units, 1, 1000.0, {{100, 120}, {110, 130}}), Error);
+  EXPECT_THROW(make_buckets(units, 1, 1000.0, {{100, 100}}), Error);
+  EXPECT_THROW(make_buckets(units, 2, 1000.0, {{100, 120}}), Error);
+}
+
 TEST(DpLayout, ShardsPartitionEveryBucketAcrossRanksExactlyOnce) {
   const auto units = units_of({7, 13, 1, 29, 2});
   for (int stage : {1, 2, 3}) {

@@ -183,13 +183,14 @@ TEST(RunConfigErrors, PipelineShapesThatCannotRunSayWhy) {
                           "parallel.pp_schedule=interleaved", "train.grad_accum=3"},
                {"parallel.pp_schedule = interleaved", "train.grad_accum = 3"});
   expect_error(kMinimal, {"parallel.pp=2", "parallel.zero_stage=2"}, {"ZeRO stages 0 and 1"});
-  expect_error(kMinimal, {"parallel.pp=2", "parallel.zero_stage=1"}, {"tied embeddings", "zero_stage = 0"});
   expect_error(kMinimal, {"parallel.pp=2", "model.n_layer=6", "parallel.pp_layers=[2, 3]"},
                {"parallel.pp_layers sums to 5 layers but model.n_layer = 6"});
   expect_error(kMinimal, {"parallel.pp=2", "parallel.pp_layers=[1, 0]"}, {"integers >= 1"});
   expect_error(kMinimal, {"parallel.pp=2", "parallel.pp_layers=[2]"}, {"parallel.pp_layers has 1 entries", "2 stages"});
   const RunConfig ok = parse_run_config(kMinimal, "run.toml", {"parallel.pp=2", "parallel.pp_schedule=afab"});
   EXPECT_EQ(ok.parallel.pp, 2);
+  // A tied embedding under pp composes with ZeRO-1 (its own dp bucket).
+  EXPECT_EQ(parse_run_config(kMinimal, "run.toml", {"parallel.pp=2", "parallel.zero_stage=1"}).parallel.zero_stage, 1);
   const RunConfig manual =
       parse_run_config(kMinimal, "run.toml", {"parallel.pp=2", "model.n_layer=6", "parallel.pp_layers=[4, 2]"});
   EXPECT_EQ(manual.parallel.pp_layers, (std::vector<int64_t>{4, 2}));
