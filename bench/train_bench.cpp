@@ -297,7 +297,7 @@ struct PpRankFigures {
 struct PpResult {
   int dp = 1;
   StepTimes step;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0, flops_per_token = 0, peak_flops = 0, mfu = 0;
   double theory = 0, simulated = 0;  // bubble fraction of the schedule in unit time
   int bottleneck = 0;                // world rank with the most compute seconds (the slowest stage)
   double bubble = 0;                 // its (pipeline - compute) / compute
@@ -340,12 +340,13 @@ void print_pp_json(const TrainBenchOptions& o, const PpResult& r) {
   std::printf(
       "{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"recompute\":\"%s\",\"threads\":%d,\"steps\":%d,"
       "\"warmup\":%d,\"pp\":%d,\"dp\":%d,\"tp\":%d,\"schedule\":\"%s\",\"virtual_stages\":%d,\"micro_batches\":%d,"
-      "\"tokens_per_s\":%.1f,\"step_seconds\":%.6g,\"best_step_seconds\":%.6g,\"bubble_measured\":%.4f,"
-      "\"bubble_rank\":%d,\"bubble_theory\":%.4f,\"bubble_simulated\":%.4f,\"ranks\":[%s],\"impl\":\"loom\"}\n",
+      "\"tokens_per_s\":%.1f,\"flops_per_token\":%.6g,\"peak_gflops\":%.2f,\"mfu\":%.4f,\"step_seconds\":%.6g,"
+      "\"best_step_seconds\":%.6g,\"bubble_measured\":%.4f,\"bubble_rank\":%d,\"bubble_theory\":%.4f,"
+      "\"bubble_simulated\":%.4f,\"ranks\":[%s],\"impl\":\"loom\"}\n",
       o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
       o.recompute.c_str(), o.threads, o.steps, o.warmup, o.pp, r.dp, o.tp, o.schedule.c_str(), o.virtual_stages,
-      o.micro_batches, r.tokens_per_s, r.step.median, r.step.best, r.bubble, r.bottleneck, r.theory, r.simulated,
-      ranks.c_str());
+      o.micro_batches, r.tokens_per_s, r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.step.median, r.step.best,
+      r.bubble, r.bottleneck, r.theory, r.simulated, ranks.c_str());
 }
 
 void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
@@ -357,6 +358,9 @@ void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
       o.warmup, o.steps);
   std::printf("reproduce: %s\n", o.command.c_str());
   std::printf("tokens/s        %12.1f  = dp x m x B x T / best step (slowest rank)\n", r.tokens_per_s);
+  std::printf("MFU             %11.1f%%  of %d ranks x %.1f GFLOP/s (%s 1024^3 GEMM measured at start-up by every "
+              "rank at once; rank 0's)\n",
+              100 * r.mfu, o.pp * r.dp * o.tp, r.peak_flops / 1e9, o.dtype.c_str());
   std::printf("step seconds    %12.4f  median, %.4f best\n", r.step.median, r.step.best);
   std::printf("bubble          %11.1f%%  measured: (pipeline - compute) / compute on rank %d (most compute: the "
               "slowest stage)\n",
@@ -391,6 +395,9 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   const parallel::PpPartition part = parallel::balanced_pp_partition(cfg, o.seq, o.pp, v);
 
   const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
+  // Before any model memory, as the data-parallel bench does; rank 0's
+  // figure is reported (every rank runs it at the same time).
+  const double peak_flops = train::measure_peak_flops(compute);
   Pools pools;
   std::vector<std::unique_ptr<model::Model>> models;
   std::vector<std::unique_ptr<parallel::DataParallel>> dps;
@@ -466,6 +473,10 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   res.dp = mesh.dp().size();
   res.step = {median_of(seconds), *std::min_element(seconds.begin(), seconds.end())};
   res.tokens_per_s = static_cast<double>(res.dp * m * o.batch * o.seq) / res.step.best;
+  // Every rank of the pp x dp x tp job shares the model FLOPs of its tokens.
+  res.flops_per_token = flops_per_token(cfg, model::param_count(model::param_specs(cfg)), o.seq);
+  res.peak_flops = peak_flops;
+  res.mfu = res.flops_per_token * res.tokens_per_s / (peak_flops * world_size);
   res.theory = static_cast<double>(o.pp - 1) / static_cast<double>(v * m);
   res.simulated = parallel::simulate_pp_schedule(schedule).bubble_fraction;
   PpRankFigures mine;

@@ -63,6 +63,16 @@ if(TARGET loom)
     PASS_REGULAR_EXPRESSION "\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":1024,\"seconds\":[0-9.e-]+,\"algbw_gbps\":[0-9.e-]+,\"busbw_gbps\":[0-9.e-]+\\}\n\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":2048,")
 endif()
 
+# loom bench train --pp 2 under mpirun: one JSON line with the measured and
+# theoretical bubble, MFU and each rank's figures (gpt2-tiny: 1 layer a stage).
+if(TARGET loom)
+  add_test(NAME mpi.train.BenchTrainPipelinePrintsBubbleAndMfu
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model gpt2-tiny --batch 1 --seq 16
+                   --pp 2 --schedule 1f1b --micro-batches 4 --steps 2 --warmup 1 --threads 1 --json)
+  set_tests_properties(mpi.train.BenchTrainPipelinePrintsBubbleAndMfu PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "\\{\"model\":\"gpt2-tiny\",[^\n]*\"pp\":2,\"dp\":1,\"tp\":1,\"schedule\":\"1f1b\",[^\n]*\"mfu\":[0-9.]+,[^\n]*\"bubble_measured\":[0-9.e-]+,\"bubble_rank\":[01],\"bubble_theory\":0.2500,[^\n]*\"ranks\":\\[\\{\"rank\":0,\"pp_rank\":0,[^\n]*\\{\"rank\":1,\"pp_rank\":1,")
+endif()
+
 # A size past the cap is one error line, not an int64 overflow.
 if(TARGET loom)
   add_test(NAME mpi.comm.BenchCommRejectsSizesPastTheCap

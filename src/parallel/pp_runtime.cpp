@@ -68,7 +68,7 @@ struct PipelineRuntime::Impl {
     }
     void give(OwnedTensor t) { free.push_back(std::move(t)); }
   };
-  struct Received {  // a gradient recv: its buffer and (unless local) its Work
+  struct Received {  // a recv's own buffer and (unless local) its Work
     OwnedTensor buf;
     comm::WorkPtr work;
   };
@@ -88,8 +88,9 @@ struct PipelineRuntime::Impl {
   // One run's state; empty between runs.
   std::vector<std::vector<int>> free_slots;  // per chunk
   std::map<MbChunk, int> slot_of;
-  std::map<MbChunk, comm::WorkPtr> act_recv, act_send;
-  std::map<MbChunk, Received> grad_recv;
+  std::map<MbChunk, comm::WorkPtr> act_send;
+  std::map<MbChunk, Received> act_recv, grad_recv;
+  std::vector<char> posted;  // by action index: a receive already posted ahead of its place
   std::vector<Sent> grad_send;
   std::map<MsgKey, OwnedTensor> local;  // pp = 1: messages a rank sends itself
   double wait_s = 0, compute_s = 0, loss_sum = 0;
@@ -125,6 +126,7 @@ struct PipelineRuntime::Impl {
     return it->second;
   }
   // The actions (run() dispatches on PpOp).
+  void post_ahead(size_t compute);
   void recv_act(const PpAction& a);
   void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets);
   void send_act(const PpAction& a);
@@ -211,13 +213,16 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
   s.free_slots.assign(static_cast<size_t>(s.v), {});
   for (int c = 0; c < s.v; ++c)
     for (int k = s.chunks[static_cast<size_t>(c)]->slots(); k-- > 0;) s.free_slots[static_cast<size_t>(c)].push_back(k);
-  for (const PpAction& a : s.actions) {
+  s.posted.assign(s.actions.size(), 0);
+  for (size_t i = 0; i < s.actions.size(); ++i) {
+    const PpAction& a = s.actions[i];
+    if (s.posted[i]) continue;  // a receive posted during an earlier compute
     switch (a.op) {
       case PpOp::recv_act: s.recv_act(a); break;
-      case PpOp::forward: s.forward(a, tokens, targets); break;
+      case PpOp::forward: s.post_ahead(i), s.forward(a, tokens, targets); break;
       case PpOp::send_act: s.send_act(a); break;
       case PpOp::recv_grad: s.recv_grad(a); break;
-      case PpOp::backward: s.backward(a, dloss); break;
+      case PpOp::backward: s.post_ahead(i), s.backward(a, dloss); break;
       case PpOp::send_grad: s.send_grad(a); break;
     }
   }
@@ -257,30 +262,55 @@ double PipelineRuntime::forward_only(const Tensor& tokens, const Tensor& targets
   return holds_last ? s.loss_sum : 0.0;
 }
 
-// recv_act: a slot for the micro-batch, and its input posted into the slot
-// (waited for by the forward).
+// Before the compute at `compute` runs, post the receives the next compute
+// needs (the list places them right before it): their messages then arrive
+// while this compute runs instead of after it. Receives are non-blocking and
+// their tags unique, so posting early cannot deadlock; each goes to a buffer
+// of its own, so no activation slot is taken before its forward. A message a
+// rank sends itself (pp = 1) is posted in place: its send may still be ahead.
+void PipelineRuntime::Impl::post_ahead(size_t compute) {
+  for (size_t j = compute + 1; j < actions.size(); ++j) {
+    const PpAction& a = actions[j];
+    if (a.op == PpOp::forward || a.op == PpOp::backward) return;
+    if (a.peer == rank || posted[j]) continue;
+    if (a.op == PpOp::recv_act) recv_act(a), posted[j] = 1;
+    if (a.op == PpOp::recv_grad) recv_grad(a), posted[j] = 1;
+  }
+}
+
+// recv_act: the micro-batch's input into a buffer of its own, copied into
+// its activation slot by the forward (which takes the slot).
 void PipelineRuntime::Impl::recv_act(const PpAction& a) {
   const int mb = a.micro_batch, c = a.chunk;
-  const Tensor in = chunks[static_cast<size_t>(c)]->stage_input(take_slot(mb, c));
+  const Tensor in = chunks[static_cast<size_t>(c)]->stage_input(0);  // every slot's input has this shape
+  Received r;
   if (a.peer != rank) {
-    act_recv[{mb, c}] = pp->recv(wire(in), a.peer, tag(false, mb, c));
-    return;
+    TraceSpan span(trace, span_name("post recv_act", mb, c));
+    r.buf = cache.take(in.dtype(), in.shape());
+    r.work = pp->recv(wire(r.buf), a.peer, tag(false, mb, c));
+  } else {
+    auto it = local.find({false, mb, c});
+    LOOM_CHECK(it != local.end(), "recv_act m", mb, " c", c, " before its local send");
+    r.buf = std::move(it->second);
+    local.erase(it);
   }
-  auto it = local.find({false, mb, c});
-  LOOM_CHECK(it != local.end(), "recv_act m", mb, " c", c, " before its local send");
-  copy_into(in, it->second);
-  cache.give(std::move(it->second));
-  local.erase(it);
+  act_recv[{mb, c}] = std::move(r);
 }
 
 void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> tokens,
                                     std::span<const Tensor> targets) {
   const int mb = a.micro_batch, c = a.chunk;
-  const int s = first(c) ? take_slot(mb, c) : slot(mb, c);
-  if (auto it = act_recv.find({mb, c}); it != act_recv.end()) {
-    TraceSpan span(trace, "recv wait");
-    Timed t(wait_s);
-    it->second->wait();
+  const int s = take_slot(mb, c);
+  if (!first(c)) {
+    auto it = act_recv.find({mb, c});
+    LOOM_CHECK(it != act_recv.end(), "forward m", mb, " c", c, " without its recv_act");
+    {
+      TraceSpan span(it->second.work ? trace : nullptr, "recv wait");
+      Timed t(wait_s);
+      if (it->second.work) it->second.work->wait();
+    }
+    copy_into(chunks[static_cast<size_t>(c)]->stage_input(s), it->second.buf);
+    cache.give(std::move(it->second.buf));
     act_recv.erase(it);
   }
   TraceSpan span(trace, span_name("forward", mb, c));
@@ -312,6 +342,7 @@ void PipelineRuntime::Impl::recv_grad(const PpAction& a) {
   const int mb = a.micro_batch, c = a.chunk;
   Received r;
   if (a.peer != rank) {
+    TraceSpan span(trace, span_name("post recv_grad", mb, c));
     r.buf = cache.take(DType::f32, chunks[static_cast<size_t>(c)]->stage_grad().shape());
     r.work = pp->recv(r.buf, a.peer, tag(true, mb, c));
   } else {

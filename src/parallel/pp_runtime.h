@@ -11,6 +11,13 @@
 // With tied embeddings (GPT-2) the first and last stage each hold wte; the
 // caller sums their gradients (the trainer's embedding group), as Megatron.
 //
+// Transfers overlap compute: sends are posted as soon as their data exists
+// and waited for only when the buffer is needed again; each receive is
+// posted one compute ahead of its place in the list (before the forward or
+// backward preceding the one that needs it), into a buffer of its own, so
+// its message arrives while that compute runs. The communicator's progress
+// thread moves the messages (comm/engine.h).
+//
 // Chunk c of pipeline rank r is stage c * pp + r (pp_schedule.h); its model
 // holds that stage's layers (model.h PpStage) and at least as many
 // activation slots as the schedule has its micro-batches in flight (a slot
@@ -71,8 +78,10 @@ class PipelineRuntime {
   // Records run()'s actions as spans into `trace` (null, the default: off,
   // costing a branch per action): "forward m<m> c<c>" and "backward m<m>
   // c<c>" (the compute), "send_act" / "send_grad" (posting a send, with the
-  // gradient's copy), "recv wait" (blocked on a receive, or on a send whose
-  // buffer the next action needs). The recorder must outlive its use.
+  // gradient's copy), "post recv_act m<m> c<c>" / "post recv_grad m<m> c<c>"
+  // (posting a receive from another rank), "recv wait" (blocked on a
+  // receive, or on a send whose buffer the next action needs). The recorder
+  // must outlive its use.
   void set_trace(TraceRecorder* trace);
 
  private:

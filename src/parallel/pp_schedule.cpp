@@ -69,7 +69,7 @@ std::vector<Compute> compute_order(PpScheduleKind kind, int pp, int r, int m, in
 }
 
 // Wraps each compute in its transfers: the recv of its input right before it
-// (a real runtime posts it earlier, non-blocking), the send of its output
+// (pp_runtime posts it one compute earlier, non-blocking), the send of its output
 // right after. Stage s = c pp + r; its neighbours s - 1 and s + 1 live on
 // ranks r - 1 and r + 1 (mod pp).
 std::vector<PpAction> with_transfers(const std::vector<Compute>& order, int pp, int r, int v) {

@@ -5,7 +5,7 @@
 // with tied embeddings (the first and last stage's wte gradients summed) and
 // Llama untied. pp = 1 with two chunks sends to itself (local copies).
 // With a TraceRecorder the run's forwards and backwards are spans in the
-// schedule's order.
+// schedule's order, and every receive is posted one compute ahead.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -255,7 +255,33 @@ TEST_F(PipelineRuntimeTest, TraceHasEachMicroBatchsForwardAndBackwardSpansInSche
       EXPECT_GT(others["recv wait"], 0);
     }
     for (const auto& [name, n] : others)
-      EXPECT_TRUE(name == "send_act" || name == "send_grad" || name == "recv wait") << "unexpected span " << name;
+      EXPECT_TRUE(name == "send_act" || name == "send_grad" || name == "recv wait" || name.starts_with("post recv_"))
+          << "unexpected span " << name;
+
+    // Every receive from another rank is posted one compute ahead: before
+    // the span of the last compute that precedes it in the list (the compute
+    // its message can arrive during), or, with none before it, at its place.
+    std::map<std::string, size_t> at;  // span name -> its index in begin order
+    for (size_t i = 0; i < rec.events().size(); ++i) at.emplace(rec.events()[i].name, i);
+    const std::vector<PpAction>& list = schedule.actions[static_cast<size_t>(r)];
+    std::string previous_compute;
+    int posted = 0;
+    for (const PpAction& a : list) {
+      if (a.op == PpOp::forward || a.op == PpOp::backward) {
+        previous_compute = concat(a.op == PpOp::forward ? "forward" : "backward", " m", a.micro_batch, " c", a.chunk);
+        continue;
+      }
+      if ((a.op != PpOp::recv_act && a.op != PpOp::recv_grad) || a.peer == r) continue;
+      const std::string post = concat("post ", pp_op_name(a.op), " m", a.micro_batch, " c", a.chunk);
+      ASSERT_TRUE(at.contains(post)) << post;
+      ++posted;
+      if (!previous_compute.empty()) {
+        EXPECT_LT(at[post], at[previous_compute]) << post << " not before " << previous_compute;
+      }
+    }
+    int remote_recvs = 0;
+    for (const PpAction& a : list) remote_recvs += (a.op == PpOp::recv_act || a.op == PpOp::recv_grad) && a.peer != r;
+    EXPECT_EQ(posted, remote_recvs);
 
     const size_t recorded = rec.events().size();
     rt.set_trace(nullptr);
