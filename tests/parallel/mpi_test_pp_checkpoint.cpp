@@ -155,15 +155,23 @@ class PpCheckpointTest : public ::testing::Test {
 fs::path PpCheckpointTest::dir_;
 
 // The case: saved at pp = 2, resumed alone, at pp = 4, at pp = 2 x
-// dp = 2 (Llama under ZeRO-1), and at pp = 2 itself.
+// dp = 2 under ZeRO-1 (GPT-2's tied embedding too), and at pp = 2 itself.
 TEST_F(PpCheckpointTest, SavedAtPp2ResumesAtPp1Pp4AndPp2Dp2WithTheSameLosses) {
   if (world().size() < 2) GTEST_SKIP() << "a pp = 2 run needs 2 ranks; the world has " << world().size();
   for (const std::string family : {"gpt2", "llama"}) {
     const Layout pp2{family, 2};
-    const int zero = family == "llama" ? 1 : 0;
-    expect_resumes_continue(pp2, {Layout{family, 1}, Layout{family, 4}, Layout{family, 2, 2, 1, 1, zero}, pp2},
+    expect_resumes_continue(pp2, {Layout{family, 1}, Layout{family, 4}, Layout{family, 2, 2, 1, 1, 1}, pp2},
                             "ckpt_pp2_" + family);
   }
+}
+
+// Saved at pp = 2 x dp = 2 under ZeRO-1 with GPT-2's tied embedding (each
+// stage's copy in a dp bucket of its own, sharded over dp): resumed alone,
+// at pp = 2 without dp, and as saved.
+TEST_F(PpCheckpointTest, SavedAtPp2Dp2Zero1TiedResumesAlone) {
+  if (world().size() < 4) GTEST_SKIP() << "pp = 2 x dp = 2 needs 4 ranks; the world has " << world().size();
+  const Layout from{"gpt2", 2, 2, 1, 1, 1};
+  expect_resumes_continue(from, {Layout{"gpt2", 1}, Layout{"gpt2", 2}, from}, "ckpt_pp2_dp2_zero1");
 }
 
 // The other way: a checkpoint of one process resumes at pp = 2 (the tied
