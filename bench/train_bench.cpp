@@ -392,7 +392,13 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   const int r = pp.rank(), m = o.micro_batches, v = o.virtual_stages;
   const parallel::PpSchedule schedule =
       parallel::make_pp_schedule(parallel::pp_schedule_from_name(o.schedule), o.pp, m, v);
-  const parallel::PpPartition part = parallel::balanced_pp_partition(cfg, o.seq, o.pp, v);
+  parallel::PpPartition part;
+  try {
+    part = o.pp_layers.empty() ? parallel::balanced_pp_partition(cfg, o.seq, o.pp, v)
+                               : parallel::explicit_pp_partition(cfg, o.seq, o.pp * v, o.pp_layers);
+  } catch (const Error& e) {
+    throw Error(concat("bench train --pp ", o.pp, " --virtual-stages ", v, " --pp-layers: ", e.what()));
+  }
 
   const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
   // Before any model memory, as the data-parallel bench does; rank 0's

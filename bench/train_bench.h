@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace loom::bench {
 
@@ -42,6 +43,9 @@ struct TrainBenchOptions {
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   int micro_batches = 8;
+  // Layers per stage (pp x virtual_stages of them, as parallel.pp_layers);
+  // empty: the balanced partition (parallel/pp_partition.h).
+  std::vector<int64_t> pp_layers;
   std::string command;              // the command line that reproduces the run
 };
 

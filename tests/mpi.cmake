@@ -73,6 +73,16 @@ if(TARGET loom)
     PASS_REGULAR_EXPRESSION "\\{\"model\":\"gpt2-tiny\",[^\n]*\"pp\":2,\"dp\":1,\"tp\":1,\"schedule\":\"1f1b\",[^\n]*\"mfu\":[0-9.]+,[^\n]*\"bubble_measured\":[0-9.e-]+,\"bubble_rank\":[01],\"bubble_theory\":0.2500,[^\n]*\"ranks\":\\[\\{\"rank\":0,\"pp_rank\":0,[^\n]*\\{\"rank\":1,\"pp_rank\":1,")
 endif()
 
+# --pp-layers that do not add up to the model's layers: a clear error.
+if(TARGET loom)
+  add_test(NAME mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel
+           COMMAND sh -c "\"$0\" --oversubscribe --allow-run-as-root -np 2 \"$1\" bench train --model gpt2-tiny --batch 1 --seq 16 --pp 2 --pp-layers 1,2 --steps 1 2>&1; echo \"exit=$?\""
+                   ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:loom>)
+  set_tests_properties(mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel PROPERTIES TIMEOUT 120
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "error: bench train --pp 2 --virtual-stages 1 --pp-layers: parallel.pp_layers sums to 3 layers but model.n_layer = 2.*exit=[1-9]")
+endif()
+
 # A size past the cap is one error line, not an int64 overflow.
 if(TARGET loom)
   add_test(NAME mpi.comm.BenchCommRejectsSizesPastTheCap

@@ -82,6 +82,9 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   train->add_option("--micro-batches", opts->micro_batches, "with --pp: micro-batches of B x T per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  train->add_option("--pp-layers", opts->pp_layers,
+                    "with --pp: layers per stage, pp x virtual-stages of them (default: the balanced partition)")
+      ->delimiter(',');
   train->add_flag("--json", opts->json, "print one JSON Lines object");
   train->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);
