@@ -127,10 +127,9 @@ struct PipelineRuntime::Impl {
   }
   // The actions (run() dispatches on PpOp).
   void post_ahead(size_t compute);
-  void recv_act(const PpAction& a);
+  void receive(const PpAction& a);  // recv_act and recv_grad
   void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets);
   void send_act(const PpAction& a);
-  void recv_grad(const PpAction& a);
   void backward(const PpAction& a, float dloss);
   void send_grad(const PpAction& a);
   void finish();
@@ -218,10 +217,10 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
     const PpAction& a = s.actions[i];
     if (s.posted[i]) continue;  // a receive posted during an earlier compute
     switch (a.op) {
-      case PpOp::recv_act: s.recv_act(a); break;
+      case PpOp::recv_act: s.receive(a); break;
       case PpOp::forward: s.post_ahead(i), s.forward(a, tokens, targets); break;
       case PpOp::send_act: s.send_act(a); break;
-      case PpOp::recv_grad: s.recv_grad(a); break;
+      case PpOp::recv_grad: s.receive(a); break;
       case PpOp::backward: s.post_ahead(i), s.backward(a, dloss); break;
       case PpOp::send_grad: s.send_grad(a); break;
     }
@@ -248,7 +247,7 @@ double PipelineRuntime::forward_only(const Tensor& tokens, const Tensor& targets
   const int prev = (s.rank + s.n_pp - 1) % s.n_pp, next = (s.rank + 1) % s.n_pp;
   bool holds_last = false;
   for (int c = 0; c < s.v; ++c) {
-    if (!s.first(c)) s.recv_act({PpOp::recv_act, 0, c, prev});
+    if (!s.first(c)) s.receive({PpOp::recv_act, 0, c, prev});
     s.forward({PpOp::forward, 0, c, -1}, std::span<const Tensor>(&tokens, 1), std::span<const Tensor>(&targets, 1));
     if (!s.last(c)) s.send_act({PpOp::send_act, 0, c, next});
     holds_last = holds_last || s.last(c);
@@ -273,28 +272,31 @@ void PipelineRuntime::Impl::post_ahead(size_t compute) {
     const PpAction& a = actions[j];
     if (a.op == PpOp::forward || a.op == PpOp::backward) return;
     if (a.peer == rank || posted[j]) continue;
-    if (a.op == PpOp::recv_act) recv_act(a), posted[j] = 1;
-    if (a.op == PpOp::recv_grad) recv_grad(a), posted[j] = 1;
+    if (a.op == PpOp::recv_act || a.op == PpOp::recv_grad) receive(a), posted[j] = 1;
   }
 }
 
-// recv_act: the micro-batch's input into a buffer of its own, copied into
-// its activation slot by the forward (which takes the slot).
-void PipelineRuntime::Impl::recv_act(const PpAction& a) {
+// recv_act / recv_grad: the message into a buffer of its own — an input is
+// copied into its activation slot by the forward (which takes the slot), a
+// gradient into stage_grad() (shared by every micro-batch's backward) by the
+// backward.
+void PipelineRuntime::Impl::receive(const PpAction& a) {
   const int mb = a.micro_batch, c = a.chunk;
-  const Tensor in = chunks[static_cast<size_t>(c)]->stage_input(0);  // every slot's input has this shape
+  const bool is_grad = a.op == PpOp::recv_grad;
+  const model::Model& chunk = *chunks[static_cast<size_t>(c)];
+  const Tensor like = is_grad ? chunk.stage_grad() : chunk.stage_input(0);  // every slot's input has this shape
   Received r;
   if (a.peer != rank) {
-    TraceSpan span(trace, span_name("post recv_act", mb, c));
-    r.buf = cache.take(in.dtype(), in.shape());
-    r.work = pp->recv(wire(r.buf), a.peer, tag(false, mb, c));
+    TraceSpan span(trace, span_name(is_grad ? "post recv_grad" : "post recv_act", mb, c));
+    r.buf = cache.take(is_grad ? DType::f32 : like.dtype(), like.shape());
+    r.work = pp->recv(wire(r.buf), a.peer, tag(is_grad, mb, c));
   } else {
-    auto it = local.find({false, mb, c});
-    LOOM_CHECK(it != local.end(), "recv_act m", mb, " c", c, " before its local send");
+    auto it = local.find({is_grad, mb, c});
+    LOOM_CHECK(it != local.end(), pp_op_name(a.op), " m", mb, " c", c, " before its local send");
     r.buf = std::move(it->second);
     local.erase(it);
   }
-  act_recv[{mb, c}] = std::move(r);
+  (is_grad ? grad_recv : act_recv)[{mb, c}] = std::move(r);
 }
 
 void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> tokens,
@@ -334,24 +336,6 @@ void PipelineRuntime::Impl::send_act(const PpAction& a) {
   OwnedTensor buf = cache.take(out.dtype(), out.shape());
   copy_into(buf, out);
   local.emplace(MsgKey{false, mb, to_chunk}, std::move(buf));
-}
-
-// recv_grad: into a buffer of its own, since stage_grad() is shared by every
-// micro-batch's backward.
-void PipelineRuntime::Impl::recv_grad(const PpAction& a) {
-  const int mb = a.micro_batch, c = a.chunk;
-  Received r;
-  if (a.peer != rank) {
-    TraceSpan span(trace, span_name("post recv_grad", mb, c));
-    r.buf = cache.take(DType::f32, chunks[static_cast<size_t>(c)]->stage_grad().shape());
-    r.work = pp->recv(r.buf, a.peer, tag(true, mb, c));
-  } else {
-    auto it = local.find({true, mb, c});
-    LOOM_CHECK(it != local.end(), "recv_grad m", mb, " c", c, " before its local send");
-    r.buf = std::move(it->second);
-    local.erase(it);
-  }
-  grad_recv[{mb, c}] = std::move(r);
 }
 
 void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
