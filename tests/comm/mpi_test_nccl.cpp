@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -98,11 +99,13 @@ double reduced(int size, int64_t i, ReduceOp op) {
   return op == ReduceOp::avg ? acc / size : acc;
 }
 
-// avg divides on the device (in bf16 for bf16, see nccl_backend.h).
+// Sums and maxima of these values are exact. avg divides on the device in
+// f32 (bf16 too: nccl_backend.h), and bf16 then rounds once: within half a
+// bf16 ulp (at most |expect| 2^-8) of the exact mean, plus f32 slack.
 template <typename T>
-double tolerance(ReduceOp op) {
+double tolerance(ReduceOp op, double expect) {
   if (op != ReduceOp::avg) return 0;
-  return std::is_same_v<T, bf16> ? 8.0 / 256 : 1e-6;
+  return std::is_same_v<T, bf16> ? std::abs(expect) / 256 + 1e-5 : 1e-6;
 }
 
 std::vector<int64_t> counts(int size) { return {0, 1, size - 1, size + 1, 4 * size, 4099}; }
@@ -114,7 +117,7 @@ void check_all_reduce(int64_t n, ReduceOp op) {
   c.all_reduce(buf.tensor(), op)->wait();
   const std::vector<T> got = buf.host();
   for (int64_t i = 0; i < n; ++i)
-    ASSERT_NEAR(load(got[i]), reduced<T>(c.size(), i, op), tolerance<T>(op))
+    ASSERT_NEAR(load(got[i]), reduced<T>(c.size(), i, op), tolerance<T>(op, reduced<T>(c.size(), i, op)))
         << dtype_name(dtype_of<T>::value) << " " << reduce_op_name(op) << " n " << n << " i " << i;
 }
 
@@ -126,7 +129,8 @@ void check_reduce_scatter(int64_t n, ReduceOp op) {
   c.reduce_scatter(out.tensor(), in.tensor(), op)->wait();
   const std::vector<T> got = out.host();
   for (int64_t i = 0; i < own.count; ++i)
-    ASSERT_NEAR(load(got[i]), reduced<T>(c.size(), own.offset + i, op), tolerance<T>(op))
+    ASSERT_NEAR(load(got[i]), reduced<T>(c.size(), own.offset + i, op),
+                tolerance<T>(op, reduced<T>(c.size(), own.offset + i, op)))
         << dtype_name(dtype_of<T>::value) << " " << reduce_op_name(op) << " n " << n << " i " << i;
 }
 
@@ -164,6 +168,93 @@ TEST_F(Nccl, ReduceScatterGivesEachRankItsShardOfTheReductionForAnyCount) {
       check_reduce_scatter<bf16>(n, op);
     }
     check_reduce_scatter<int64_t>(n, ReduceOp::sum);
+  }
+}
+
+// Inputs on which accumulating in bf16 and in f32 disagree whatever the
+// reduction order. Element i: rank i % size holds 1, the next rank 2^-9, the
+// one after 2^-9 + 2^-16 (all exact in bf16), every other rank 0; negated for
+// odd i. With a rounding to bf16 (8 significant bits) after each addition
+// every order gives 1: 1 + 2^-9 and 1 + (2^-9 + 2^-16) round to 1, and
+// 2^-9 + (2^-9 + 2^-16) = 2^-8 + 2^-16 ties to the even 2^-8, then 1 + 2^-8
+// ties to the even 1. In f32 every partial sum is exact, so the sum is
+// 1 + 2^-8 + 2^-16, rounded once to 1 + 2^-7.
+bf16 probe_value(int rank, int size, int64_t i) {
+  const int64_t role = (rank - i % size + size) % size;
+  const float tiny = std::ldexp(1.0f, -9);
+  const float v = role == 0 ? 1.0f : role == 1 ? tiny : role == 2 ? tiny + std::ldexp(1.0f, -16) : 0.0f;
+  return to_bf16(i % 2 ? -v : v);
+}
+
+std::vector<bf16> probe_values(int rank, int size, int64_t n, int64_t begin = 0) {
+  std::vector<bf16> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = probe_value(rank, size, begin + i);
+  return v;
+}
+
+// The contract's result: the f32 sum (exact here: any order), divided by size
+// for avg, rounded to bf16 once (core/dtype.h's to_bf16, nearest even).
+bf16 f32_reduced(int size, int64_t i, ReduceOp op) {
+  float acc = 0;
+  for (int r = 0; r < size; ++r) acc += from_bf16(probe_value(r, size, i));
+  return to_bf16(op == ReduceOp::avg ? acc / static_cast<float>(size) : acc);
+}
+
+// The claim the probe rests on, checked on the host: each of the three
+// orders of its nonzero values, rounded to bf16 after each addition (the f32
+// sum of two of them is exact, so to_bf16 of it is the bf16 addition),
+// differs from the f32-accumulated result.
+void expect_probe_separates_bf16_from_f32(int size) {
+  for (int64_t i : {int64_t{0}, int64_t{1}}) {
+    std::vector<float> x;
+    for (int r = 0; r < size; ++r) {
+      const bf16 v = probe_value(r, size, i);
+      if (from_bf16(v) != 0) x.push_back(from_bf16(v));
+    }
+    ASSERT_EQ(x.size(), 3u);
+    auto add = [](float a, float b) { return from_bf16(to_bf16(a + b)); };
+    const float f32_sum = from_bf16(f32_reduced(size, i, ReduceOp::sum));
+    EXPECT_NE(add(add(x[0], x[1]), x[2]), f32_sum) << "i " << i;
+    EXPECT_NE(add(add(x[0], x[2]), x[1]), f32_sum) << "i " << i;
+    EXPECT_NE(add(add(x[1], x[2]), x[0]), f32_sum) << "i " << i;
+    EXPECT_EQ(f32_sum, i % 2 ? -(1 + std::ldexp(1.0f, -7)) : 1 + std::ldexp(1.0f, -7));
+  }
+}
+
+void expect_bitwise(const std::vector<bf16>& got, int64_t begin, ReduceOp op, const std::string& what) {
+  const int size = nccl().size();
+  for (size_t k = 0; k < got.size(); ++k) {
+    const int64_t i = begin + static_cast<int64_t>(k);
+    const bf16 expect = f32_reduced(size, i, op);
+    ASSERT_EQ(got[k].bits, expect.bits) << what << " " << reduce_op_name(op) << " i " << i << ": got "
+                                        << from_bf16(got[k]) << ", f32-accumulated " << from_bf16(expect);
+  }
+}
+
+// Sums at 3+ ranks; averages too when size is a power of two, where the f32
+// division is exact whichever way NCCL does it. Counts: one and several
+// blocks, past the conversion kernels' grid cap (8192 x 256 elements), and
+// reduce_scatter's divisible and uneven paths.
+TEST_F(Nccl, Bf16SumAndAvgAccumulateInF32AndRoundOnceWhateverTheOrder) {
+  Communicator& c = nccl();
+  const int size = c.size();
+  if (size < 3) GTEST_SKIP() << "needs 3 or more ranks for three nonzero values, have " << size;
+  expect_probe_separates_bf16_from_f32(size);
+  std::vector<ReduceOp> ops = {ReduceOp::sum};
+  if ((size & (size - 1)) == 0) ops.push_back(ReduceOp::avg);
+  const int64_t big = (int64_t{1} << 21) + 7;
+  for (ReduceOp op : ops) {
+    for (int64_t n : {int64_t{1}, int64_t{4099}, big}) {
+      DeviceVec<bf16> buf(probe_values(c.rank(), size, n));
+      c.all_reduce(buf.tensor(), op)->wait();
+      expect_bitwise(buf.host(), 0, op, concat("all_reduce n ", n));
+    }
+    for (int64_t n : {int64_t{4} * size, int64_t{4} * size + 1, big}) {
+      const Range own = shard_range(n, size, c.rank());
+      DeviceVec<bf16> in(probe_values(c.rank(), size, n)), out(own.count);
+      c.reduce_scatter(out.tensor(), in.tensor(), op)->wait();
+      expect_bitwise(out.host(), own.offset, op, concat("reduce_scatter n ", n));
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // The NCCL backend: Communicators over NVIDIA's NCCL for tensors in GPU
 // memory, connected through a bootstrap Communicator (MPI) that launches and
-// names the processes. Built only where the CUDA toolkit and NCCL are found
-// (the library loom_comm_nccl defines LOOM_HAVE_NCCL=1 for its users).
+// names the processes. Built only where the CUDA toolkit, NCCL and nvcc are
+// found (the library loom_comm_nccl defines LOOM_HAVE_NCCL=1 for its users).
 //
 // How it maps the Communicator contract (comm/communicator.h):
 //   - Each communicator owns three NCCL communicators over the same ranks,
@@ -21,6 +21,15 @@
 //     after work already queued on the device's legacy default stream; work
 //     on other streams must be synchronised by the caller before the call.
 //     After wait() returns, the result is visible to every stream.
+//   - bf16 sums and averages accumulate in f32, as the contract says: on the
+//     op's stream the bf16 input is widened into f32 temporaries
+//     (cudaMallocAsync, freed with cudaFreeAsync on the same stream after
+//     the op), NCCL reduces them as ncclFloat32 with the same op, and a
+//     second kernel (convert.cu) rounds the result to bf16 once (to nearest
+//     even) into the output. The cost: f32 temporaries of twice the bf16
+//     buffer's bytes (reduce_scatter: the input plus the output shard), two
+//     conversion kernels, and twice the bytes on the wire. bf16 max stays
+//     in bf16 (exact).
 //   - reduce_scatter / all_gather with n divisible by size() use NCCL's own
 //     collective; otherwise (shard_range gives the first n % size ranks one
 //     more element) they run as size() grouped ncclReduce / ncclBroadcast
@@ -33,11 +42,6 @@
 //   - check_collectives: every collective first exchanges its description
 //     through the bootstrap communicator (blocking) and a mismatch is a
 //     loom::Error. Options::algo is ignored: NCCL picks its own algorithms.
-//
-// Deviation from the contract: bf16 sums and averages are reduced by NCCL in
-// bf16 (ncclBfloat16: each partial sum is rounded to bf16), not accumulated
-// in f32 as the MPI backend does; an f32 path needs a conversion kernel,
-// which this C++-only library does not have.
 #pragma once
 
 #include <memory>

@@ -4,6 +4,7 @@
 #include <exception>
 #include <vector>
 
+#include "comm/nccl/convert.h"
 #include "comm/validate.h"
 #include "core/error.h"
 
@@ -60,6 +61,63 @@ class NcclGroup {
   const std::string& what_;
 };
 
+// bf16 sums and averages accumulate in f32 (the contract): NCCL reduces f32
+// copies, and the result is rounded to bf16 once. max is exact in bf16.
+bool reduces_in_f32(DType dtype, ReduceOp op) { return dtype == DType::bf16 && op != ReduceOp::max; }
+
+// n floats from the device's memory pool, allocated and freed in `stream`'s
+// order: the free is queued after everything enqueued while this lives.
+class StreamF32Scratch {
+ public:
+  StreamF32Scratch(int64_t n, cudaStream_t stream, const std::string& what) : stream_(stream), what_(what) {
+    void* p = nullptr;
+    cuda_require(cudaMallocAsync(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), stream),
+                 concat(what, ": cudaMallocAsync of ", n, " f32 temporaries"));
+    data_ = static_cast<float*>(p);
+  }
+  ~StreamF32Scratch() noexcept(false) {
+    const cudaError_t err = cudaFreeAsync(data_, stream_);
+    if (std::uncaught_exceptions() == 0) cuda_require(err, concat(what_, ": cudaFreeAsync of f32 temporaries"));
+  }
+  StreamF32Scratch(const StreamF32Scratch&) = delete;
+  StreamF32Scratch& operator=(const StreamF32Scratch&) = delete;
+
+  float* data() const { return data_; }
+
+ private:
+  float* data_ = nullptr;
+  cudaStream_t stream_;
+  const std::string& what_;
+};
+
+// in (n bf16) -> out (n f32), and back, queued on the op's stream.
+void enqueue_widen(const Tensor& in, float* out, cudaStream_t stream, const std::string& what) {
+  cuda_require(widen_bf16_to_f32(in.data(), out, in.numel(), stream), concat(what, ": bf16 -> f32 kernel launch"));
+}
+void enqueue_narrow(const float* in, const Tensor& out, cudaStream_t stream, const std::string& what) {
+  cuda_require(narrow_f32_to_bf16(in, out.data(), out.numel(), stream),
+               concat(what, ": f32 -> bf16 kernel launch"));
+}
+
+// n divisible by size: NCCL's reduce-scatter; otherwise one ncclReduce per
+// shard (shard_range), rooted at the shard's owner, in one group.
+void enqueue_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, int size, const NcclLink& l,
+                            const std::string& w) {
+  const int64_t n = in.numel();
+  const ncclDataType_t type = nccl_type(in.dtype());
+  if (n % size == 0) {
+    nccl_require(ncclReduceScatter(in.data(), out.data(), n / size, type, nccl_op(op), l.comm, l.stream), l.comm, w);
+    return;
+  }
+  NcclGroup group(w);
+  for (int r = 0; r < size; ++r) {
+    const Range shard = shard_range(n, size, r);
+    nccl_require(ncclReduce(at_element(in, shard.offset), out.data(), shard.count, type, nccl_op(op), r, l.comm,
+                            l.stream),
+                 l.comm, w);
+  }
+}
+
 }  // namespace
 
 template <typename F>
@@ -95,14 +153,21 @@ WorkPtr NcclCommunicator::all_reduce(Tensor buf, ReduceOp op) {
   check_same_collective({seq, kAllReduce, buf.numel(), static_cast<int64_t>(buf.dtype()), static_cast<int64_t>(op)},
                         what);
   return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
-    nccl_require(ncclAllReduce(buf.data(), buf.data(), buf.numel(), nccl_type(buf.dtype()), nccl_op(op), l.comm,
-                               l.stream),
-                 l.comm, w);
+    const int64_t n = buf.numel();
+    if (!reduces_in_f32(buf.dtype(), op)) {
+      nccl_require(ncclAllReduce(buf.data(), buf.data(), n, nccl_type(buf.dtype()), nccl_op(op), l.comm, l.stream),
+                   l.comm, w);
+      return;
+    }
+    StreamF32Scratch wide(n, l.stream, w);
+    enqueue_widen(buf, wide.data(), l.stream, w);
+    nccl_require(ncclAllReduce(wide.data(), wide.data(), n, ncclFloat32, nccl_op(op), l.comm, l.stream), l.comm, w);
+    enqueue_narrow(wide.data(), buf, l.stream, w);
   });
 }
 
-// n divisible by size: NCCL's reduce-scatter; otherwise one ncclReduce per
-// shard (shard_range), rooted at the shard's owner, in one group.
+// bf16 sum / avg: one scratch holds the f32 input (n) and, from the next
+// 256-byte boundary, the f32 shard (out's count) that is narrowed into out.
 WorkPtr NcclCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   const CallSite at{"reduce_scatter", name(), size(), device()};
   validate_reduce_scatter(at, rank(), out, in, op);
@@ -111,20 +176,18 @@ WorkPtr NcclCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   check_same_collective({seq, kReduceScatter, in.numel(), static_cast<int64_t>(in.dtype()), static_cast<int64_t>(op)},
                         what);
   return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
-    const int64_t n = in.numel();
-    const ncclDataType_t type = nccl_type(in.dtype());
-    if (n % size() == 0) {
-      nccl_require(ncclReduceScatter(in.data(), out.data(), n / size(), type, nccl_op(op), l.comm, l.stream), l.comm,
-                   w);
+    if (!reduces_in_f32(in.dtype(), op)) {
+      enqueue_reduce_scatter(out, in, op, size(), l, w);
       return;
     }
-    NcclGroup group(w);
-    for (int r = 0; r < size(); ++r) {
-      const Range shard = shard_range(n, size(), r);
-      nccl_require(ncclReduce(at_element(in, shard.offset), out.data(), shard.count, type, nccl_op(op), r, l.comm,
-                              l.stream),
-                   l.comm, w);
-    }
+    constexpr int64_t kAlign = 256 / sizeof(float);
+    const int64_t n = in.numel(), out_offset = (n + kAlign - 1) / kAlign * kAlign;
+    StreamF32Scratch scratch(out_offset + out.numel(), l.stream, w);
+    const Tensor wide_in(scratch.data(), DType::f32, {n}, device());
+    const Tensor wide_out(scratch.data() + out_offset, DType::f32, {out.numel()}, device());
+    enqueue_widen(in, scratch.data(), l.stream, w);
+    enqueue_reduce_scatter(wide_out, wide_in, op, size(), l, w);
+    enqueue_narrow(scratch.data() + out_offset, out, l.stream, w);
   });
 }
 
