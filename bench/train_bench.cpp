@@ -397,7 +397,8 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
     part = o.pp_layers.empty() ? parallel::balanced_pp_partition(cfg, o.seq, o.pp, v)
                                : parallel::explicit_pp_partition(cfg, o.seq, o.pp * v, o.pp_layers);
   } catch (const Error& e) {
-    throw Error(concat("bench train --pp ", o.pp, " --virtual-stages ", v, " --pp-layers: ", e.what()));
+    throw Error(concat("bench train --pp ", o.pp, " --virtual-stages ", v, o.pp_layers.empty() ? "" : " --pp-layers",
+                       ": ", e.what()));
   }
 
   const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;

@@ -7,11 +7,12 @@
 // into buckets of whole units: stages 0-2 merge units in backward's order
 // (the last unit first) until a bucket holds bucket_mb of f32 gradients;
 // stage 3 makes every unit a bucket (FSDP's per-layer wrapping; bucket_mb is
-// not used); a parameter named in DpOptions::solo_params is cut out into a
-// bucket of its own. A bucket finishes when backward finishes its lowest unit. Each
-// bucket is split across the group by comm::shard_range; a rank's shard is
-// its piece of every bucket (stage 0: every bucket whole), packed in bucket
-// order: segments() says where each piece sits in the flat buffer.
+// not used). Under stages 0-1 a parameter named in DpOptions::solo_params is
+// then cut out of its unit into a bucket of its own. A bucket finishes when
+// backward finishes its lowest unit. Each bucket is split across the group
+// by comm::shard_range; a rank's shard is its piece of every bucket (stage 0:
+// every bucket whole), packed in bucket order: segments() says where each
+// piece sits in the flat buffer.
 //
 //   stage  the model keeps   this class keeps   gradient communication per bucket
 //   0      params, grads     master*, m, v      all_reduce(avg), last micro-batch only
@@ -61,7 +62,8 @@ struct DpOptions {
   // on every model holding it with the same dp group size, whatever else the
   // model holds. Pipeline stages use it for a tied embedding: stage 0 and the
   // last stage each hold a copy, and under ZeRO-1 each sums just its reduced
-  // piece with the other's (see Trainer). Unknown names are a loom::Error.
+  // piece with the other's (parallel/pp_tied.h). Unknown names are a
+  // loom::Error.
   std::vector<std::string> solo_params = {};
 };
 

@@ -9,7 +9,8 @@
 //   double loss = rt.run(tokens, targets, 1.f / m);  // one step's micro-batches
 //
 // With tied embeddings (GPT-2) the first and last stage each hold wte; the
-// caller sums their gradients (the trainer's embedding group), as Megatron.
+// caller sums their gradients (parallel::TiedEmbedding, pp_tied.h), as
+// Megatron.
 //
 // Transfers overlap compute: sends are posted as soon as their data exists
 // and waited for only when the buffer is needed again; each receive is

@@ -359,8 +359,7 @@ void validate(const RunConfig& c, const std::string& source) {
   LOOM_REQUIRE(c.checkpoint.every == 0 || !c.checkpoint.dir.empty(), source, ": checkpoint.dir is missing but ",
                "checkpoint.every = ", c.checkpoint.every, ": set checkpoint.dir or checkpoint.every = 0");
   // Pipeline parallelism: enough layers for pp x virtual_stages stages, a
-  // schedule that fits the micro-batches, ZeRO 0-1 (as Megatron), and GPT-2's
-  // tied embedding summed over stages needs ZeRO-0's whole gradient.
+  // schedule that fits the micro-batches, and ZeRO 0-1 (as Megatron).
   {
     const ParallelConfig& p = c.parallel;
     const int64_t stages = p.pp * p.virtual_stages;
