@@ -119,6 +119,16 @@ inline train::RunConfig dp_config(const std::filesystem::path& data_dir, int64_t
   return c;
 }
 
+// The pipeline suites' model (mpi_test_pp*.cpp): 8 layers, so pp = 4 (and
+// pp = 2 or 4 with 2 chunks per rank) has whole layers on every stage; GPT-2
+// (tied, 12 heads) or Llama (GQA: 24 query / 12 key-value heads).
+inline model::ModelConfig eight_layer_model(const std::string& family) {
+  model::ModelConfig m = model::model_preset(family == "gpt2" ? "gpt2-tiny" : "llama-tiny");
+  m.n_layer = 8, m.n_embd = 96, m.d_ff = family == "gpt2" ? 384 : 240, m.vocab_size = 512;
+  m.n_head = family == "gpt2" ? 12 : 24, m.n_kv_head = 12;
+  return m;
+}
+
 // Steps t until it has done `until` steps; the stats of the steps run.
 inline std::vector<train::StepStats> train_until(train::Trainer& t, int64_t until) {
   std::vector<train::StepStats> out;

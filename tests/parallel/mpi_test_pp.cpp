@@ -35,14 +35,6 @@ using train::Trainer;
 constexpr int64_t kSteps = 20;
 constexpr double kTolerance = 1e-5;  // the bound, fp32
 
-// 8 layers: pp = 4 with 2 chunks per rank gives 8 stages of one layer.
-model::ModelConfig model_of(const std::string& family) {
-  model::ModelConfig m = model::model_preset(family == "gpt2" ? "gpt2-tiny" : "llama-tiny");
-  m.n_layer = 8, m.n_embd = 96, m.d_ff = family == "gpt2" ? 384 : 240, m.vocab_size = 512;
-  m.n_head = family == "gpt2" ? 12 : 24, m.n_kv_head = 12;
-  return m;
-}
-
 struct Layout {
   std::string family, schedule;
   int dp = 1, tp = 1, pp = 1, virtual_stages = 1, zero_stage = 0;
@@ -64,7 +56,7 @@ class PipelineTest : public ::testing::Test {
   // 8 / (4 dp) sequences each rank (the pipeline's micro-batches).
   static RunConfig config(const Layout& l) {
     RunConfig c = dp_config(dir_, l.dp, l.zero_stage, 2 / l.dp > 0 ? 2 / l.dp : 1, 4);
-    c.model = model_of(l.family);
+    c.model = eight_layer_model(l.family);
     c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.virtual_stages = l.virtual_stages;
     c.parallel.pp_schedule = l.schedule;
     // The 8-layer Llama spikes at step 6 at dp_config's 3e-3 (5.0 after 4.97),

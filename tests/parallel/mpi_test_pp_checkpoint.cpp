@@ -39,15 +39,6 @@ constexpr int64_t kSteps = 20, kSaveAt = 10;
 // issue's bound.
 constexpr double kTolerance = 1e-5;
 
-// As mpi_test_pp.cpp: 8 layers, so that pp = 4 (and pp = 2 with 2 chunks
-// per rank) has whole layers on every stage.
-model::ModelConfig model_of(const std::string& family) {
-  model::ModelConfig m = model::model_preset(family == "gpt2" ? "gpt2-tiny" : "llama-tiny");
-  m.n_layer = 8, m.n_embd = 96, m.d_ff = family == "gpt2" ? 384 : 240, m.vocab_size = 512;
-  m.n_head = family == "gpt2" ? 12 : 24, m.n_kv_head = 12;
-  return m;
-}
-
 struct Layout {
   std::string family = "gpt2";
   int pp = 1, dp = 1, tp = 1, virtual_stages = 1, zero_stage = 0;
@@ -92,7 +83,7 @@ class PpCheckpointTest : public ::testing::Test {
 
   static RunConfig config_of(const Layout& l) {
     RunConfig c = dp_config(dir_, l.dp, l.zero_stage, 2 / l.dp, 4);
-    c.model = model_of(l.family);
+    c.model = eight_layer_model(l.family);
     c.parallel.tp = l.tp, c.parallel.pp = l.pp, c.parallel.virtual_stages = l.virtual_stages;
     c.parallel.pp_schedule = l.virtual_stages > 1 ? "interleaved" : "1f1b";
     c.train.lr = 1e-3, c.train.min_lr = 1e-4;
