@@ -93,7 +93,9 @@ double expect_low_precision_matches_f32(const std::string& preset, DType compute
   for (size_t i = 0; i < e.grads.size(); ++i) {
     const double scale = max_abs(e.grads[i]), diff = max_abs_diff(a.grads[i], e.grads[i]);
     if (scale > 0) worst = std::max(worst, diff / scale);
-    if (grad_tol > 0) EXPECT_LE(diff, grad_tol * scale) << preset << " " << f32.param_specs()[i].name;
+    if (grad_tol > 0) {
+      EXPECT_LE(diff, grad_tol * scale) << preset << " " << f32.param_specs()[i].name;
+    }
   }
   std::printf("%s: loss f32 %.6f %s %.6f (|diff| %.2e); worst grad max|diff|/max|e| %.2e (loss scale %g)\n",
               preset.c_str(), e.loss, std::string(dtype_name(compute)).c_str(), a.loss, std::fabs(a.loss - e.loss),
