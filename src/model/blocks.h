@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -43,10 +44,21 @@ struct Dims {
 // f forward: the column-parallel linears' input, x itself, or under SP the
 // rows gathered from every rank's shard x into d.tp.gathered.
 Tensor tp_enter(const Dims& d, const Tensor& x);
-// f backward: dfull (N, C) f32 holds this rank's partial gradient of the
-// column-parallel input; returns the summed gradient of the rank's rows
-// (dfull itself after an in-place all-reduce, or d.tp.dlocal under SP).
-Tensor tp_enter_backward(const Dims& d, Tensor dfull);
+// One column-parallel linear of a block: y = f(x) @ w^T + b, its output
+// gradient dy, and where its weight (and bias) gradients accumulate.
+struct ColumnLinear {
+  Tensor dy, dw, db;  // db undefined: no bias
+  Tensor w;
+};
+// Backward of the column-parallel linears that share one input f(x) (q, k,
+// v; fc; gate and up), with f's backward: dx (N, C) f32, zeroed by the
+// caller, receives the rank's partial input gradient, and the summed
+// gradient of the rank's rows is returned (dx itself after an in-place
+// all-reduce, or d.tp.dlocal under SP). Megatron's overlap: the input
+// gradients are computed first and summed over tp while the weight gradients
+// are; under SP, x's rows are gathered while the input gradients are
+// computed (they do not read x). Without tp: the same kernels, plain.
+Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::initializer_list<ColumnLinear> linears);
 // A row-parallel linear and g: y (the rank's rows) = sum over ranks of
 // x @ w^T, plus bias once (rank 0 adds it before the sum).
 void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);

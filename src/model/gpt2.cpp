@@ -49,21 +49,19 @@ void gpt2_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, co
   fill(s.dfc, 0.f);
   gelu_backward(s.dfc, s.dact, a.fc);
   fill(s.dnorm, 0.f);
-  linear_backward(rows_of(s.dnorm, C), g.w_fc, g.b_fc, rows_of(s.dfc, F), rows_of(tp_enter(d, a.norm2), C), w.w_fc);
-  layernorm_backward(dres, g.norm2_w, g.norm2_b, tp_enter_backward(d, s.dnorm), a.res1, w.norm2_w, a.mean2,
-                     a.rstd2);  // dres = d res1
+  const Tensor dn2 = column_parallel_backward(d, s.dnorm, a.norm2, {{rows_of(s.dfc, F), g.w_fc, g.b_fc, w.w_fc}});
+  layernorm_backward(dres, g.norm2_w, g.norm2_b, dn2, a.res1, w.norm2_w, a.mean2, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
   linear_backward(rows_of(s.datt, Q), g.wo, g.bo, rows_of(tp_exit_backward(d, dres), C), rows_of(a.att, Q), w.wo);
   fill(s.dq, 0.f), fill(s.dk, 0.f), fill(s.dv, 0.f);
   attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse);
   fill(s.dnorm, 0.f);
-  const Tensor n1 = rows_of(tp_enter(d, a.norm1), C), dn1 = rows_of(s.dnorm, C);
-  linear_backward(dn1, g.wq, g.bq, rows_of(s.dq, Q), n1, w.wq);
-  linear_backward(dn1, g.wk, g.bk, rows_of(s.dk, Q), n1, w.wk);
-  linear_backward(dn1, g.wv, g.bv, rows_of(s.dv, Q), n1, w.wv);
-  layernorm_backward(dres, g.norm1_w, g.norm1_b, tp_enter_backward(d, s.dnorm), x, w.norm1_w, a.mean1,
-                     a.rstd1);  // dres = d x
+  const Tensor dn1 = column_parallel_backward(d, s.dnorm, a.norm1,
+                                              {{rows_of(s.dq, Q), g.wq, g.bq, w.wq},
+                                               {rows_of(s.dk, Q), g.wk, g.bk, w.wk},
+                                               {rows_of(s.dv, Q), g.wv, g.bv, w.wv}});
+  layernorm_backward(dres, g.norm1_w, g.norm1_b, dn1, x, w.norm1_w, a.mean1, a.rstd1);  // dres = d x
 }
 
 }  // namespace loom::model

@@ -53,10 +53,9 @@ void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, c
   fill(s.dfc, 0.f), fill(s.dup, 0.f);
   swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up);
   fill(s.dnorm, 0.f);
-  const Tensor n2 = rows_of(tp_enter(d, a.norm2), C), dn2 = rows_of(s.dnorm, C);
-  linear_backward(dn2, g.w_fc, Tensor(), rows_of(s.dfc, F), n2, w.w_fc);
-  linear_backward(dn2, g.w_up, Tensor(), rows_of(s.dup, F), n2, w.w_up);
-  rmsnorm_backward(dres, g.norm2_w, tp_enter_backward(d, s.dnorm), a.res1, w.norm2_w, a.rstd2);  // dres = d res1
+  const Tensor dn2 = column_parallel_backward(
+      d, s.dnorm, a.norm2, {{rows_of(s.dfc, F), g.w_fc, Tensor(), w.w_fc}, {rows_of(s.dup, F), g.w_up, Tensor(), w.w_up}});
+  rmsnorm_backward(dres, g.norm2_w, dn2, a.res1, w.norm2_w, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
   linear_backward(rows_of(s.datt, Q), g.wo, Tensor(), rows_of(tp_exit_backward(d, dres), C), rows_of(a.att, Q), w.wo);
@@ -66,11 +65,11 @@ void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, c
   rope_backward(s.dq, s.dq_rot, pos, d.theta);
   rope_backward(s.dk, s.dk_rot, pos, d.theta);
   fill(s.dnorm, 0.f);
-  const Tensor n1 = rows_of(tp_enter(d, a.norm1), C), dn1 = rows_of(s.dnorm, C);
-  linear_backward(dn1, g.wq, Tensor(), rows_of(s.dq, Q), n1, w.wq);
-  linear_backward(dn1, g.wk, Tensor(), rows_of(s.dk, KV), n1, w.wk);
-  linear_backward(dn1, g.wv, Tensor(), rows_of(s.dv, KV), n1, w.wv);
-  rmsnorm_backward(dres, g.norm1_w, tp_enter_backward(d, s.dnorm), x, w.norm1_w, a.rstd1);  // dres = d x
+  const Tensor dn1 = column_parallel_backward(d, s.dnorm, a.norm1,
+                                              {{rows_of(s.dq, Q), g.wq, Tensor(), w.wq},
+                                               {rows_of(s.dk, KV), g.wk, Tensor(), w.wk},
+                                               {rows_of(s.dv, KV), g.wv, Tensor(), w.wv}});
+  rmsnorm_backward(dres, g.norm1_w, dn1, x, w.norm1_w, a.rstd1);  // dres = d x
 }
 
 }  // namespace loom::model

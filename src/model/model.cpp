@@ -640,9 +640,10 @@ void Model::backward_head(float dloss, HeadWeights w, HeadWeights g) {
                                  st.vocab_begin, st.vocab_valid, scale);
   }
   fill(st.dnormf, 0.f);
-  linear_backward(rows_of(st.dnormf, C), g.lm_head, Tensor(), rows_of(st.logits, V), rows_of(tp_enter(d, st.normf), C),
-                  w.lm_head);  // tied: the lm-head gradient adds into dwte
-  const Tensor dnormf = tp_enter_backward(d, st.dnormf);  // the rank's rows, summed over tp
+  // The vocab-parallel head is column-parallel (tied: its gradient adds into
+  // dwte); dnormf: the rank's rows, summed over tp.
+  const Tensor dnormf =
+      column_parallel_backward(d, st.dnormf, st.normf, {{rows_of(st.logits, V), g.lm_head, Tensor(), w.lm_head}});
   fill(st.dres, 0.f);
   const Tensor& x = st.resid[L];
   if (sp) fill(st.norm_grads, 0.f);

@@ -1,6 +1,8 @@
 // The f / g operators of a tensor-parallel block (tensor_parallel.h) on the
 // model's buffers; with no tp context each is the identity, so the
-// single-process blocks run exactly the kernels they always did.
+// single-process blocks compute exactly what they always did.
+#include <memory>
+
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/blocks.h"
@@ -13,14 +15,26 @@ Tensor tp_enter(const Dims& d, const Tensor& x) {
   return d.tp.gathered;
 }
 
-Tensor tp_enter_backward(const Dims& d, Tensor dfull) {
-  if (!d.tp.ops) return dfull;
-  if (!d.tp.sp) {
-    d.tp.ops->reduce(dfull, dfull);
-    return dfull;
+Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::initializer_list<ColumnLinear> linears) {
+  const int64_t C = d.C;
+  std::unique_ptr<TpPending> gathering;
+  Tensor input = x;  // what the linears read in forward: x's rows gathered under SP
+  if (d.tp.sp) {
+    gathering = d.tp.ops->start_gather(d.tp.gathered, rows_of(x, C));
+    input = d.tp.gathered;
   }
-  d.tp.ops->reduce(d.tp.dlocal, rows_of(dfull, d.C));
-  return d.tp.dlocal;
+  const Tensor in = rows_of(input, C), dx_rows = rows_of(dx, C);
+  for (const ColumnLinear& l : linears) kernels::linear_backward(dx_rows, Tensor(), Tensor(), l.dy, in, l.w);
+  if (gathering) gathering->wait();
+  std::unique_ptr<TpPending> summing;
+  Tensor summed = dx;
+  if (d.tp.ops != nullptr) {
+    if (d.tp.sp) summed = d.tp.dlocal;
+    summing = d.tp.ops->start_reduce(summed, d.tp.sp ? dx_rows : dx);
+  }
+  for (const ColumnLinear& l : linears) kernels::linear_backward(Tensor(), l.dw, l.db, l.dy, in, l.w);
+  if (summing) summing->wait();
+  return summed;
 }
 
 void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {

@@ -32,6 +32,14 @@
 // sharded: the norms, residual adds (and dropout) run on N / tp rows, same
 // communication volume, 1/tp of that region's activations.
 //
+// Overlap (Megatron's): in backward, f's sum of a column-parallel input
+// gradient does not block the weight gradients, which need only dY and X:
+// the input gradient is computed first, its sum started, the weight
+// gradients computed, then the sum waited for (blocks.h
+// column_parallel_backward). Under SP the gather of X's rows is started
+// before the input gradient (which does not read X) and waited for after.
+// Forward's f and g block: their results are needed at once.
+//
 // Under SP a rank holds rows [r N/tp, (r + 1) N/tp) of the micro-batch's
 // N = B x T tokens (B-major), which needs T divisible by tp (Megatron's rule).
 // Replicated parameters: the row-parallel biases are added by rank 0 only,
@@ -47,16 +55,34 @@
 // rank ever holds the full logits.
 #pragma once
 
+#include <memory>
+
 #include "core/tensor.h"
 #include "model/params.h"
 
 namespace loom::model {
+
+// A collective started by TensorParallelOps::start_reduce / start_gather:
+// wait() blocks until its result is in place (a second call returns at
+// once). Destroying it unwaited waits first.
+class TpPending {
+ public:
+  virtual ~TpPending() = default;
+  virtual void wait() = 0;
+};
 
 // The collectives over the tp group; parallel/tp.h implements them on a
 // comm::Communicator. Tensors are contiguous, f32 or the compute dtype.
 class TensorParallelOps {
  public:
   virtual ~TensorParallelOps() = default;
+  // reduce / gather started without waiting, so the caller computes while
+  // they run (Megatron's overlap: a column-parallel input gradient is summed
+  // while the weight gradients are computed; under SP the input rows are
+  // gathered while the input gradient is). Until wait(), the inputs must not
+  // change and the outputs not be read. One of each may be in flight.
+  virtual std::unique_ptr<TpPending> start_reduce(Tensor out, Tensor partial) = 0;
+  virtual std::unique_ptr<TpPending> start_gather(Tensor full, const Tensor& shard) = 0;
   // g forward and f backward: the sum over the tp ranks of partial (N, C).
   // Without SP, out is partial itself (all-reduce in place); with SP, out
   // (N / tp, C) receives this rank's rows of the sum (reduce-scatter).

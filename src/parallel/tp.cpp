@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -28,43 +30,70 @@ class Timed {
 TensorParallel::TensorParallel(comm::Communicator& tp, bool sequence_parallel)
     : tp_(tp), sequence_parallel_(sequence_parallel) {}
 
-void TensorParallel::reduce(Tensor out, Tensor partial) {
-  Timed timed(seconds_);
-  if (partial.dtype() == DType::f16) return reduce_f16(out, partial);
-  if (!sequence_parallel_ || tp_.size() == 1) {
-    LOOM_CHECK(out.data() == partial.data(), "TensorParallel::reduce without SP is in place");
-    tp_.all_reduce(flat(partial), comm::ReduceOp::sum)->wait();
-    return;
+// A started collective: its Work, and what completes it after the wait (the
+// f16 path's cast back). Time in wait() counts as exposed.
+class TensorParallel::Pending final : public model::TpPending {
+ public:
+  Pending(TensorParallel& owner, comm::WorkPtr work, std::function<void()> finish = {})
+      : owner_(owner), work_(std::move(work)), finish_(std::move(finish)) {}
+  ~Pending() override {
+    if (done_) return;
+    try {
+      wait();
+    } catch (...) {  // an error already on its way out: the job aborts on it
+    }
   }
-  LOOM_CHECK(out.numel() * tp_.size() == partial.numel(), "reduce: out ", out.str(), " partial ", partial.str());
-  tp_.reduce_scatter(flat(out), flat(partial), comm::ReduceOp::sum)->wait();
-}
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    Timed timed(owner_.seconds_);
+    work_->wait();
+    if (finish_) finish_();
+  }
 
-// The communicator has no f16: sums of f16 partials go through f32 (a
+ private:
+  TensorParallel& owner_;
+  comm::WorkPtr work_;
+  std::function<void()> finish_;
+  bool done_ = false;
+};
+
+void TensorParallel::reduce(Tensor out, Tensor partial) { start_reduce(out, partial)->wait(); }
+
+// Without SP an all-reduce in place, with SP a reduce-scatter into the rank's
+// rows. The communicator has no f16: sums of f16 partials go through f32 (a
 // rounding only at the end, like the bf16 sums the communicator does).
-void TensorParallel::reduce_f16(Tensor out, Tensor partial) {
+std::unique_ptr<model::TpPending> TensorParallel::start_reduce(Tensor out, Tensor partial) {
+  Timed timed(seconds_);
+  const bool scatter = sequence_parallel_ && tp_.size() > 1;
+  LOOM_CHECK(scatter ? out.numel() * tp_.size() == partial.numel() : out.data() == partial.data(),
+             "TensorParallel::reduce: out ", out.str(), " partial ", partial.str(),
+             scatter ? " (SP: out holds 1/tp of the rows)" : " (without SP: in place)");
+  if (partial.dtype() != DType::f16) {
+    return std::make_unique<Pending>(*this, scatter ? tp_.reduce_scatter(flat(out), flat(partial), comm::ReduceOp::sum)
+                                                    : tp_.all_reduce(flat(partial), comm::ReduceOp::sum));
+  }
   const int64_t n = partial.numel(), mine = out.numel();
   wide_.resize(static_cast<size_t>(n + mine));
   const Tensor sum(wide_.data(), DType::f32, {n}), piece(wide_.data() + n, DType::f32, {mine});
   kernels::cast(sum, flat(partial));
-  if (!sequence_parallel_ || tp_.size() == 1) {
-    tp_.all_reduce(sum, comm::ReduceOp::sum)->wait();
-    kernels::cast(flat(partial), sum);
-    return;
-  }
-  LOOM_CHECK(mine * tp_.size() == n, "reduce: out ", out.str(), " partial ", partial.str());
-  tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum)->wait();
-  kernels::cast(flat(out), piece);
+  if (!scatter)
+    return std::make_unique<Pending>(*this, tp_.all_reduce(sum, comm::ReduceOp::sum),
+                                     [partial, sum] { kernels::cast(flat(partial), sum); });
+  return std::make_unique<Pending>(*this, tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum),
+                                   [out, piece] { kernels::cast(flat(out), piece); });
 }
 
-void TensorParallel::gather(Tensor full, const Tensor& shard) {
+void TensorParallel::gather(Tensor full, const Tensor& shard) { start_gather(full, shard)->wait(); }
+
+std::unique_ptr<model::TpPending> TensorParallel::start_gather(Tensor full, const Tensor& shard) {
   Timed timed(seconds_);
   LOOM_CHECK(shard.numel() * tp_.size() == full.numel(), "gather: full ", full.str(), " shard ", shard.str());
   // A gather only moves bytes: f16 travels as the same-sized bf16.
   auto bytes = [](const Tensor& t) {
     return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, {t.numel()}) : flat(t);
   };
-  tp_.all_gather(bytes(full), bytes(shard))->wait();
+  return std::make_unique<Pending>(*this, tp_.all_gather(bytes(full), bytes(shard)));
 }
 
 void TensorParallel::all_reduce_sum(Tensor t) {

@@ -4,6 +4,7 @@
 // gradient-norm bookkeeping a tp group needs.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -13,8 +14,9 @@ namespace loom::parallel {
 
 class TensorParallel final : public model::TensorParallelOps {
  public:
-  // tp: the group (mesh.tp()); must outlive this object. Every collective
-  // is blocking: the model needs its result at once.
+  // tp: the group (mesh.tp()); must outlive this object. reduce, gather,
+  // all_reduce_sum and combine_cross_entropy block; start_reduce and
+  // start_gather return while the communicator's progress thread runs them.
   explicit TensorParallel(comm::Communicator& tp, bool sequence_parallel = false);
 
   // What a Model of this rank is built with.
@@ -23,16 +25,19 @@ class TensorParallel final : public model::TensorParallelOps {
 
   void reduce(Tensor out, Tensor partial) override;
   void gather(Tensor full, const Tensor& shard) override;
+  std::unique_ptr<model::TpPending> start_reduce(Tensor out, Tensor partial) override;
+  std::unique_ptr<model::TpPending> start_gather(Tensor full, const Tensor& shard) override;
   void all_reduce_sum(Tensor t) override;
   void combine_cross_entropy(Tensor lse, Tensor target_logit) override;
 
-  // Seconds spent in these collectives since the last reset (the share of
-  // a step spent communicating, for `loom bench train`).
+  // Seconds the caller spent in these collectives since the last reset:
+  // blocking calls whole, started ones while issuing and in wait() (the
+  // communication a step did not hide, for `loom bench train`).
   double seconds() const { return seconds_; }
   void reset_stats() { seconds_ = 0; }
 
  private:
-  void reduce_f16(Tensor out, Tensor partial);
+  class Pending;
 
   comm::Communicator& tp_;
   bool sequence_parallel_;

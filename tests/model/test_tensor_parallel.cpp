@@ -11,8 +11,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -457,6 +460,108 @@ TEST(TensorParallelMemory, PerLayerActivationsMatchKorthikantiWithin15Percent) {
                   tp, int(sp), measured, measured / sbh, predicted, predicted / sbh, measured / predicted);
       EXPECT_NEAR(measured, predicted, 0.15 * predicted) << "tp " << tp << " sp " << sp;
     }
+}
+
+}  // namespace
+}  // namespace loom::model
+
+namespace loom::model {
+namespace {
+
+// Stands in for one rank of a tp = 2 group whose other rank contributes
+// zeros (numbers do not matter here, only when things happen). It records,
+// for every started reduce, the model's summed squared gradients when the
+// reduce starts and when it is waited for, and whether a started gather was
+// waited for before it.
+class RecordingTpOps final : public TensorParallelOps {
+ public:
+  struct Reduce {
+    double grads_at_start = 0, grads_at_wait = -1;
+    bool gather_waited_before = true;
+  };
+  const Model* model = nullptr;
+  std::vector<Reduce> reduces;
+  int gathers_started = 0, gathers_waited = 0;
+
+  void reduce(Tensor out, Tensor partial) override { keep_rows(out, partial); }
+  void gather(Tensor full, const Tensor& shard) override { spread(full, shard); }
+  void all_reduce_sum(Tensor) override {}
+  void combine_cross_entropy(Tensor, Tensor) override {}
+
+  std::unique_ptr<TpPending> start_reduce(Tensor out, Tensor partial) override {
+    keep_rows(out, partial);
+    reduces.push_back({grad_squares(), -1, gathers_waited == gathers_started});
+    return std::make_unique<Waiter>([this, i = reduces.size() - 1] { reduces[i].grads_at_wait = grad_squares(); });
+  }
+  std::unique_ptr<TpPending> start_gather(Tensor full, const Tensor& shard) override {
+    spread(full, shard);
+    ++gathers_started;
+    return std::make_unique<Waiter>([this] { ++gathers_waited; });
+  }
+
+ private:
+  class Waiter final : public TpPending {
+   public:
+    explicit Waiter(std::function<void()> on_wait) : on_wait_(std::move(on_wait)) {}
+    ~Waiter() override { wait(); }
+    void wait() override {
+      if (on_wait_) std::exchange(on_wait_, nullptr)();
+    }
+
+   private:
+    std::function<void()> on_wait_;
+  };
+
+  double grad_squares() const {
+    const Tensor g = model->grads();
+    const float* v = g.data_as<float>();
+    double s = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) s += static_cast<double>(v[i]) * v[i];
+    return s;
+  }
+  // SP: this rank's rows (the first half); without SP the sum is in place.
+  static void keep_rows(Tensor out, const Tensor& partial) {
+    if (out.data() != partial.data())
+      std::memcpy(out.data(), partial.data(), static_cast<size_t>(out.numel()) * dtype_size(out.dtype()));
+  }
+  static void spread(Tensor full, const Tensor& shard) {
+    const size_t bytes = static_cast<size_t>(shard.numel()) * dtype_size(shard.dtype());
+    for (int64_t r = 0; r * shard.numel() < full.numel(); ++r)
+      std::memcpy(static_cast<char*>(full.data()) + r * bytes, shard.data(), bytes);
+  }
+};
+
+// Megatron's overlap in backward: each column-parallel input gradient (q/k/v,
+// fc or gate/up, the vocab-parallel head) starts its sum over tp before the
+// weight gradients of those linears are computed and is waited for after:
+// the model's gradients grow between every start and its wait. Under SP the
+// input rows' gather is started and waited for before that sum starts.
+TEST(TensorParallelOverlap, InputGradientSumRunsWhileWeightGradientsAreComputed) {
+  for (const NamedConfig& nc : {NamedConfig{"gpt2", gpt2_config(512, true)}, NamedConfig{"llama", llama_config(512, false)}}) {
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(concat(nc.name, sp ? " SP" : ""));
+      Pools pools;
+      RecordingTpOps ops;
+      Model m(nc.cfg, 2, 8, pools, DType::f32, Recompute::none, Storage{}, TpOptions{{2, 0}, sp, &ops});
+      ops.model = &m;
+      m.init_params(7);
+      std::vector<int32_t> ids(16);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37) % 512);
+      const Tensor tokens(ids.data(), DType::i32, {2, 8}), targets(ids.data(), DType::i32, {2, 8});
+      m.zero_grads();
+      (void)m.forward(tokens, targets);
+      ASSERT_TRUE(ops.reduces.empty()) << "forward only uses blocking sums";
+      m.backward(1.f);
+      // Per layer: attention's q, k, v and the MLP's input; plus the head.
+      ASSERT_EQ(ops.reduces.size(), static_cast<size_t>(2 * nc.cfg.n_layer + 1));
+      for (const RecordingTpOps::Reduce& r : ops.reduces) {
+        EXPECT_GE(r.grads_at_wait, 0) << "waited for";
+        EXPECT_GT(r.grads_at_wait, r.grads_at_start) << "weight gradients computed while the sum was in flight";
+        EXPECT_TRUE(r.gather_waited_before);
+      }
+      EXPECT_EQ(ops.gathers_started, ops.gathers_waited);
+    }
+  }
 }
 
 }  // namespace
