@@ -73,15 +73,22 @@ std::unique_ptr<model::TpPending> TensorParallel::start_reduce(Tensor out, Tenso
     return std::make_unique<Pending>(*this, scatter ? tp_.reduce_scatter(flat(out), flat(partial), comm::ReduceOp::sum)
                                                     : tp_.all_reduce(flat(partial), comm::ReduceOp::sum));
   }
+  // wide_ holds this sum until its wait(): one f16 sum in flight at a time.
+  LOOM_CHECK(!wide_busy_, "TensorParallel: an f16 reduce started while another is in flight");
+  wide_busy_ = true;
   const int64_t n = partial.numel(), mine = out.numel();
   wide_.resize(static_cast<size_t>(n + mine));
   const Tensor sum(wide_.data(), DType::f32, {n}), piece(wide_.data() + n, DType::f32, {mine});
   kernels::cast(sum, flat(partial));
   if (!scatter)
-    return std::make_unique<Pending>(*this, tp_.all_reduce(sum, comm::ReduceOp::sum),
-                                     [partial, sum] { kernels::cast(flat(partial), sum); });
-  return std::make_unique<Pending>(*this, tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum),
-                                   [out, piece] { kernels::cast(flat(out), piece); });
+    return std::make_unique<Pending>(*this, tp_.all_reduce(sum, comm::ReduceOp::sum), [this, partial, sum] {
+      kernels::cast(flat(partial), sum);
+      wide_busy_ = false;
+    });
+  return std::make_unique<Pending>(*this, tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum), [this, out, piece] {
+    kernels::cast(flat(out), piece);
+    wide_busy_ = false;
+  });
 }
 
 void TensorParallel::gather(Tensor full, const Tensor& shard) { start_gather(full, shard)->wait(); }

@@ -42,6 +42,7 @@ class TensorParallel final : public model::TensorParallelOps {
   comm::Communicator& tp_;
   bool sequence_parallel_;
   std::vector<float> wide_;   // f16 sums in f32
+  bool wide_busy_ = false;    // an f16 sum in wide_ not yet waited for
   std::vector<float> stats_;  // (tp, 2, N): every rank's lse and target logit
   double seconds_ = 0;
 };

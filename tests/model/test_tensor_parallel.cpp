@@ -1,8 +1,9 @@
 // Tensor parallelism without communication (tensor_parallel.h, params.h):
 // how each tp rank's parameter specs cut the global ones, the slice and
 // assemble helpers built on them, sharding-invariant initialisation, the
-// user errors for splits that cannot be made, and the activation memory one
-// layer takes against Korthikanti et al. 2022.
+// user errors for splits that cannot be made, the activation memory one
+// layer takes against Korthikanti et al. 2022, and the order in which
+// backward overlaps its tp sums with the weight gradients.
 //
 // Configs: GPT-2 (12 heads, d_ff 384) tied with V = 512 and untied with
 // V = 50257 (padded at every tp), Llama GQA (24 heads, 12 KV heads,
