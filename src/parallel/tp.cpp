@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <utility>
 
@@ -30,22 +33,37 @@ class Timed {
 TensorParallel::TensorParallel(comm::Communicator& tp, bool sequence_parallel)
     : tp_(tp), sequence_parallel_(sequence_parallel) {}
 
-// A started collective: its Work, and what completes it after the wait (the
-// f16 path's cast back). Time in wait() counts as exposed.
+// A started collective: its Work, what completes it after the wait (the
+// f16 path's cast back) and the flag of the buffer it holds (f16: wide_),
+// released when the wait ends, even by an error. Time in wait() counts as
+// exposed.
 class TensorParallel::Pending final : public model::TpPending {
  public:
-  Pending(TensorParallel& owner, comm::WorkPtr work, std::function<void()> finish = {})
-      : owner_(owner), work_(std::move(work)), finish_(std::move(finish)) {}
+  Pending(TensorParallel& owner, comm::WorkPtr work, std::function<void()> finish = {}, bool* busy = nullptr)
+      : owner_(owner), work_(std::move(work)), finish_(std::move(finish)), busy_(busy) {}
+  // Every caller waits; an unwaited one is waited for here. A destructor
+  // cannot throw: while another error unwinds the stack this one is dropped
+  // (that one is reported), otherwise it is printed and the process aborts
+  // (as the communicator's watchdog does) rather than be lost.
   ~Pending() override {
     if (done_) return;
     try {
       wait();
-    } catch (...) {  // an error already on its way out: the job aborts on it
+    } catch (const std::exception& e) {
+      if (std::uncaught_exceptions() > 0) return;
+      std::fprintf(stderr, "loom: a tensor-parallel collective failed and was never waited for: %s\n", e.what());
+      std::abort();
     }
   }
   void wait() override {
     if (done_) return;
     done_ = true;
+    struct Release {
+      bool* flag;
+      ~Release() {
+        if (flag != nullptr) *flag = false;
+      }
+    } release{busy_};
     Timed timed(owner_.seconds_);
     work_->wait();
     if (finish_) finish_();
@@ -55,6 +73,7 @@ class TensorParallel::Pending final : public model::TpPending {
   TensorParallel& owner_;
   comm::WorkPtr work_;
   std::function<void()> finish_;
+  bool* busy_;
   bool done_ = false;
 };
 
@@ -75,20 +94,15 @@ std::unique_ptr<model::TpPending> TensorParallel::start_reduce(Tensor out, Tenso
   }
   // wide_ holds this sum until its wait(): one f16 sum in flight at a time.
   LOOM_CHECK(!wide_busy_, "TensorParallel: an f16 reduce started while another is in flight");
-  wide_busy_ = true;
   const int64_t n = partial.numel(), mine = out.numel();
   wide_.resize(static_cast<size_t>(n + mine));
   const Tensor sum(wide_.data(), DType::f32, {n}), piece(wide_.data() + n, DType::f32, {mine});
   kernels::cast(sum, flat(partial));
-  if (!scatter)
-    return std::make_unique<Pending>(*this, tp_.all_reduce(sum, comm::ReduceOp::sum), [this, partial, sum] {
-      kernels::cast(flat(partial), sum);
-      wide_busy_ = false;
-    });
-  return std::make_unique<Pending>(*this, tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum), [this, out, piece] {
-    kernels::cast(flat(out), piece);
-    wide_busy_ = false;
-  });
+  comm::WorkPtr work = scatter ? tp_.reduce_scatter(piece, sum, comm::ReduceOp::sum)
+                               : tp_.all_reduce(sum, comm::ReduceOp::sum);
+  wide_busy_ = true;
+  if (!scatter) return std::make_unique<Pending>(*this, work, [partial, sum] { kernels::cast(flat(partial), sum); }, &wide_busy_);
+  return std::make_unique<Pending>(*this, work, [out, piece] { kernels::cast(flat(out), piece); }, &wide_busy_);
 }
 
 void TensorParallel::gather(Tensor full, const Tensor& shard) { start_gather(full, shard)->wait(); }

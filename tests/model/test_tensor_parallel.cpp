@@ -471,13 +471,15 @@ namespace {
 
 // Stands in for one rank of a tp = 2 group whose other rank contributes
 // zeros (numbers do not matter here, only when things happen). It records,
-// for every started reduce, the model's summed squared gradients when the
-// reduce starts and when it is waited for, and whether a started gather was
+// for every started reduce, the model's summed squared gradients and its
+// input's when the reduce starts and when it is waited for (a real
+// collective reads the input until then), and whether a started gather was
 // waited for before it.
 class RecordingTpOps final : public TensorParallelOps {
  public:
   struct Reduce {
     double grads_at_start = 0, grads_at_wait = -1;
+    double input_at_start = 0, input_at_wait = -1;
     bool gather_waited_before = true;
   };
   const Model* model = nullptr;
@@ -490,9 +492,12 @@ class RecordingTpOps final : public TensorParallelOps {
   void combine_cross_entropy(Tensor, Tensor) override {}
 
   std::unique_ptr<TpPending> start_reduce(Tensor out, Tensor partial) override {
-    keep_rows(out, partial);
-    reduces.push_back({grad_squares(), -1, gathers_waited == gathers_started});
-    return std::make_unique<Waiter>([this, i = reduces.size() - 1] { reduces[i].grads_at_wait = grad_squares(); });
+    reduces.push_back({grad_squares(), -1, squares(partial), -1, gathers_waited == gathers_started});
+    return std::make_unique<Waiter>([this, out, partial, i = reduces.size() - 1] {
+      reduces[i].grads_at_wait = grad_squares();
+      reduces[i].input_at_wait = squares(partial);
+      keep_rows(out, partial);  // the result lands at the wait, as a real one's may
+    });
   }
   std::unique_ptr<TpPending> start_gather(Tensor full, const Tensor& shard) override {
     spread(full, shard);
@@ -513,13 +518,13 @@ class RecordingTpOps final : public TensorParallelOps {
     std::function<void()> on_wait_;
   };
 
-  double grad_squares() const {
-    const Tensor g = model->grads();
-    const float* v = g.data_as<float>();
+  static double squares(const Tensor& t) {
+    const float* v = t.data_as<float>();
     double s = 0;
-    for (int64_t i = 0; i < g.numel(); ++i) s += static_cast<double>(v[i]) * v[i];
+    for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(v[i]) * v[i];
     return s;
   }
+  double grad_squares() const { return squares(model->grads()); }
   // SP: this rank's rows (the first half); without SP the sum is in place.
   static void keep_rows(Tensor out, const Tensor& partial) {
     if (out.data() != partial.data())
@@ -558,8 +563,11 @@ TEST(TensorParallelOverlap, InputGradientSumRunsWhileWeightGradientsAreComputed)
       for (const RecordingTpOps::Reduce& r : ops.reduces) {
         EXPECT_GE(r.grads_at_wait, 0) << "waited for";
         EXPECT_GT(r.grads_at_wait, r.grads_at_start) << "weight gradients computed while the sum was in flight";
+        EXPECT_EQ(r.input_at_wait, r.input_at_start) << "the summed input gradient untouched while in flight";
         EXPECT_TRUE(r.gather_waited_before);
       }
+      // SP: one started gather before each of those sums; none without SP.
+      EXPECT_EQ(ops.gathers_started, sp ? static_cast<int>(ops.reduces.size()) : 0);
       EXPECT_EQ(ops.gathers_started, ops.gathers_waited);
     }
   }
