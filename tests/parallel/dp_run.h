@@ -173,6 +173,13 @@ inline std::vector<double> reference_losses(const train::RunConfig& cfg, int64_t
   return cache[key] = broadcast_values(world(), losses, static_cast<size_t>(steps));
 }
 
+// Rank 0 prints "[tag N=n] what: max relative loss difference d".
+inline void report_difference(const char* tag, const std::string& what, double diff) {
+  if (world().rank() != 0) return;
+  std::printf("[%s N=%d] %s: max relative loss difference %.3g\n", tag, world().size(), what.c_str(), diff);
+  std::fflush(stdout);
+}
+
 // max_i |a_i - b_i| / |b_i|; +inf if the sizes differ, NaN if any term is.
 inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b);
 

@@ -53,12 +53,6 @@ struct Layout {
 // This rank's groups for a layout (dp_run.h sub_mesh).
 SubMesh groups_of(const Layout& l) { return sub_mesh(l.pp, l.dp, l.tp); }
 
-void report(const std::string& what, double diff) {
-  if (world().rank() != 0) return;
-  std::printf("[pp checkpoint N=%d] %s: max relative loss difference %.3g\n", world().size(), what.c_str(), diff);
-  std::fflush(stdout);
-}
-
 class PpCheckpointTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -131,7 +125,7 @@ class PpCheckpointTest : public ::testing::Test {
       ++resumed_at;
       const std::vector<double> resumed = run(l, step_dir);
       const double diff = max_relative_difference(resumed, rest);
-      report("saved at " + from.name() + ", steps 11-20 resumed at " + l.name(), diff);
+      report_difference("pp checkpoint", "saved at " + from.name() + ", steps 11-20 resumed at " + l.name(), diff);
       if (l == from) {
         EXPECT_EQ(resumed, rest) << "resumed at the layout it was saved at, " << l.name();
       }

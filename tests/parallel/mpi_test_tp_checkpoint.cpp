@@ -52,12 +52,6 @@ struct Layout {
 // This rank's groups for a layout (dp_run.h sub_mesh).
 SubMesh groups_of(const Layout& l) { return sub_mesh(1, l.dp, l.tp); }
 
-void report(const std::string& what, double diff) {
-  if (world().rank() != 0) return;
-  std::printf("[tp checkpoint N=%d] %s: max relative loss difference %.3g\n", world().size(), what.c_str(), diff);
-  std::fflush(stdout);
-}
-
 class TpCheckpointTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -135,7 +129,7 @@ class TpCheckpointTest : public ::testing::Test {
     const std::vector<double> straight = run(from, {}, root);
     const std::vector<double> one = single_process();
     const double from_diff = max_relative_difference(straight, one);
-    report("uninterrupted " + from.name() + " vs one process", from_diff);
+    report_difference("tp checkpoint", "uninterrupted " + from.name() + " vs one process", from_diff);
     EXPECT_LE(from_diff, kTolerance) << from.name() << " does not train like one process";
     const fs::path step_dir = root / train::checkpoint_step_dir_name(kSaveAt);
     for (const Layout& l : to) {
@@ -143,7 +137,7 @@ class TpCheckpointTest : public ::testing::Test {
       const std::vector<double> resumed = run(l, step_dir);
       const double diff = max_relative_difference(resumed, last_steps(straight));
       const double diff_one = max_relative_difference(resumed, last_steps(one));
-      report("saved at " + from.name() + ", steps 11-20 resumed at " + l.name(), diff);
+      report_difference("tp checkpoint", "saved at " + from.name() + ", steps 11-20 resumed at " + l.name(), diff);
       // The same layout continues bitwise (train/checkpoint.h).
       if (l.dp == from.dp && l.tp == from.tp && l.zero_stage == from.zero_stage) {
         EXPECT_EQ(resumed, last_steps(straight)) << "resumed at the layout it was saved at, " << l.name();
@@ -208,7 +202,7 @@ TEST_F(TpCheckpointTest, Format2CheckpointResumesAsTp1) {
   for (const Layout& l : {Layout{}, Layout{1, 2, 0}}) {
     if (!fits(l)) continue;
     const double diff = max_relative_difference(run(l, step_dir), last_steps(one));
-    report("format 2 checkpoint, steps 11-20 resumed at " + l.name(), diff);
+    report_difference("tp checkpoint", "format 2 checkpoint, steps 11-20 resumed at " + l.name(), diff);
     EXPECT_LE(diff, kTolerance) << l.name();
   }
 }
