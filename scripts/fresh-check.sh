@@ -49,7 +49,7 @@ if ((refresh)) || [[ ! -s $base ]]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
   fi
   echo "fresh-check: building a minimal Debian 12 root into $base"
-  mmdebstrap --variant=minbase --quiet bookworm "$base.partial" \
+  mmdebstrap --variant=minbase --format=tar --quiet bookworm "$base.partial" \
     "deb http://deb.debian.org/debian bookworm main" \
     "deb http://deb.debian.org/debian bookworm-updates main" \
     "deb http://deb.debian.org/debian-security bookworm-security main"
@@ -74,11 +74,14 @@ mkdir -p "$root/work"
 git clone -q "$repo" "$root/work/loom"
 echo "fresh-check: cloned $(git -C "$repo" rev-parse --short HEAD) into a new Debian 12 root at $root"
 
-# Network settings only: name resolution, the host's apt acquire settings
-# (a proxy, a mirror's validity rules) and its local CA certificates (a
-# TLS-inspecting proxy's among them; update-ca-certificates keeps them when
-# setup.sh installs ca-certificates).
+# Network settings only: name resolution; the /etc/hosts every installed
+# Debian has (debian-installer, cloud images and containers write one,
+# mmdebstrap does not; without it each mpirun waits 5 s on DNS); the host's
+# apt acquire settings (a proxy, a mirror's validity rules); its local CA
+# certificates (a TLS-inspecting proxy's among them: update-ca-certificates
+# keeps them when setup.sh installs ca-certificates).
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' "$(uname -n)" >"$root/etc/hosts"
 cp -a /etc/apt/apt.conf.d/. "$root/etc/apt/apt.conf.d/" 2>/dev/null || true
 mkdir -p "$root/usr/local/share/ca-certificates" "$root/etc/ssl/certs"
 cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
