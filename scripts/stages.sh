@@ -9,6 +9,7 @@ stage() {
   stage_times+=("$name $((SECONDS - start)) s")
 }
 stage_summary() {
-  local IFS=,
-  echo "$(basename "$0"): stage times: ${stage_times[*]}"
+  local joined
+  joined=$(printf '%s, ' "${stage_times[@]}")
+  echo "$(basename "$0"): stage times: ${joined%, }"
 }
