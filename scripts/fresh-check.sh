@@ -14,8 +14,9 @@
 # --refresh rebuilds the cached base root. Needs root (chroot and mounts) and,
 # the first time, mmdebstrap (installed with apt-get if missing). The base
 # root (~170 MB) is cached in /var/tmp/loom-fresh-check. Only the clone, DNS,
-# the host's apt settings and local CA certificates enter the root, so apt and
-# npm reach their registries as they do on the host. Exit status: the command's.
+# a Debian /etc/hosts, the host's apt settings and local CA certificates enter
+# the root, so apt and npm reach their registries as they do on the host.
+# Exit status: the command's.
 set -euo pipefail
 
 die() { echo "fresh-check: error: $*" >&2; exit 2; }
