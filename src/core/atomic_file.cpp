@@ -51,17 +51,21 @@ void AtomicFile::commit() {
     fail("cannot move '", tmp_, "' to '", path_, "': ", why);
   }
   const std::filesystem::path dir = std::filesystem::path(path_).parent_path();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  fsync_directory(dir.empty() ? "." : dir.string());
 }
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
   AtomicFile file(path);
   file.write(contents);
   file.commit();
+}
+
+bool fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ::fsync(fd);
+  ::close(fd);
+  return true;
 }
 
 }  // namespace loom

@@ -33,4 +33,9 @@ class AtomicFile {
 // The whole file in one call.
 void write_file_atomic(const std::string& path, std::string_view contents);
 
+// fsync of a directory, so that the renames and creations inside it survive
+// a crash. False if it cannot be opened (no read permission): the entries
+// are then only as durable as the file system makes them by itself.
+bool fsync_directory(const std::string& dir);
+
 }  // namespace loom

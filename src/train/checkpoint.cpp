@@ -22,6 +22,7 @@
 #include "model/config_json.h"
 #include "model/params.h"
 #include "parallel/dp.h"
+#include "train/checkpoint_dir.h"
 
 namespace loom::train {
 namespace {
@@ -228,37 +229,22 @@ std::vector<StageLayout> stage_layouts(Trainer& t) {
   return stages;
 }
 
-// Step dirs under root, oldest first.
-std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& root) {
-  std::vector<std::pair<int64_t, fs::path>> out;
+// Renames the complete tmp dir to dir. A dir of that name already there
+// (an earlier run's, set aside otherwise: checkpoint_dir.h) is replaced:
+// moved to dir.old first, so that a crash in between leaves one of the two.
+void publish_step_dir(const fs::path& tmp, const fs::path& dir) {
+  fsync_directory(tmp.string());
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || name.rfind("step_", 0) != 0 || name.size() <= 5) continue;
-    // Only names loom writes (step_ and up to 18 digits) are step dirs; any
-    // other directory there is left alone.
-    if (!std::all_of(name.begin() + 5, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) continue;
-    int64_t step = 0;
-    const char* first = name.data() + 5;
-    const char* last = name.data() + name.size();
-    const auto [end, err] = std::from_chars(first, last, step);
-    if (err != std::errc() || end != last || name.size() > 5 + 18) continue;
-    out.emplace_back(step, e.path());
+  const fs::path old = dir.string() + ".old";
+  if (fs::exists(dir)) {
+    fs::remove_all(old, ec);
+    fs::rename(dir, old, ec);
+    LOOM_REQUIRE(!ec, "cannot move the checkpoint '", dir.string(), "' aside: ", ec.message());
   }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-void prune_step_dirs(const fs::path& root, int64_t keep, const fs::path& newest) {
-  if (keep <= 0) return;
-  const auto dirs = step_dirs(root);
-  const int64_t extra = static_cast<int64_t>(dirs.size()) - keep;
-  for (int64_t i = 0; i < extra; ++i) {
-    if (dirs[i].second == newest) continue;
-    std::error_code ec;
-    fs::remove_all(dirs[i].second, ec);
-    LOOM_REQUIRE(!ec, "cannot delete the old checkpoint '", dirs[i].second.string(), "': ", ec.message());
-  }
+  fs::rename(tmp, dir, ec);
+  LOOM_REQUIRE(!ec, "cannot rename '", tmp.string(), "' to '", dir.string(), "': ", ec.message());
+  fsync_directory(dir.parent_path().string());
+  fs::remove_all(old, ec);
 }
 
 template <typename T>
@@ -359,17 +345,19 @@ std::string checkpoint_rank_file_name(int rank) {
   return buf;
 }
 
-std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep) {
+std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep, const std::string& protect) {
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
   parallel::DataParallel& dp = trainer.dp();
   const bool lead = dp.rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
-  const fs::path dir = fs::path(root) / checkpoint_step_dir_name(trainer.steps_done());
+  const std::string name = checkpoint_step_dir_name(trainer.steps_done());
+  // Written as name.tmp and renamed into place once complete, so that a
+  // step dir is always a complete checkpoint (checkpoint_dir.h).
+  const fs::path dir = fs::path(root) / name, tmp = fs::path(root) / (name + ".tmp");
   if (lead) {
     std::error_code ec;
-    fs::create_directories(dir, ec);
-    LOOM_REQUIRE(!ec, "cannot create the checkpoint directory '", dir.string(), "': ", ec.message());
-    // A dir left by an earlier run is incomplete from here until the new manifest lands.
-    fs::remove(dir / kCheckpointManifestFile, ec);
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    LOOM_REQUIRE(!ec, "cannot create the checkpoint directory '", tmp.string(), "': ", ec.message());
   }
   barrier(trainer);
   const std::vector<StageLayout> stages = stage_layouts(trainer);
@@ -403,7 +391,7 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
     state.push_back(std::move(master)), state.push_back(std::move(adam_m)), state.push_back(std::move(adam_v));
   }
   const int rank = file_rank(trainer);
-  const fs::path rank_path = dir / checkpoint_rank_file_name(rank);
+  const fs::path rank_path = tmp / checkpoint_rank_file_name(rank);
   std::map<std::string, std::string> metadata{{"format", "loom-checkpoint"},
                                               {"step", std::to_string(trainer.steps_done())},
                                               {"rank", std::to_string(rank)},
@@ -428,36 +416,13 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
                        {"bytes", rec[0]},
                        {"sha256", std::string(reinterpret_cast<const char*>(rec + 1), 64)}});
     }
-    write_file_atomic((dir / kCheckpointManifestFile).string(), manifest_json(trainer, files, stages).dump(2) + "\n");
-    write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), dir.filename().string() + "\n");
-    prune_step_dirs(root, keep, dir);
+    write_file_atomic((tmp / kCheckpointManifestFile).string(), manifest_json(trainer, files, stages).dump(2) + "\n");
+    publish_step_dir(tmp, dir);
+    write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), name + "\n");
+    prune_step_dirs(root, keep, protect);
   }
   barrier(trainer);  // nobody resumes or reads before the manifest is there
   return dir.string();
-}
-
-std::string checkpoint_to_resume(const CheckpointConfig& c) {
-  if (c.resume == "never") return "";
-  const bool automatic = c.resume == "auto";
-  const fs::path root = automatic ? fs::path(c.dir) : fs::path(c.resume);
-  if (automatic && c.dir.empty()) return "";
-  LOOM_REQUIRE(automatic || fs::is_directory(root), "checkpoint.resume = '", c.resume,
-               "' is not a directory: allowed values are auto, never or a checkpoint step dir");
-  if (!automatic && fs::exists(root / kCheckpointManifestFile)) return root.string();
-  const fs::path latest = root / kCheckpointLatestFile;
-  if (!fs::exists(latest)) {
-    LOOM_REQUIRE(automatic, "checkpoint.resume = '", c.resume, "' holds neither ", kCheckpointManifestFile, " nor ",
-                 kCheckpointLatestFile);
-    return "";
-  }
-  std::ifstream in(latest);
-  std::string name;
-  std::getline(in, name);
-  LOOM_REQUIRE(!name.empty(), "checkpoint file '", latest.string(), "' is empty: it should name a step dir");
-  const fs::path target = root / name;
-  LOOM_REQUIRE(fs::is_directory(target), "checkpoint file '", latest.string(), "' names '", name,
-               "', which does not exist in ", root.string());
-  return target.string();
 }
 
 namespace {
@@ -727,9 +692,15 @@ std::vector<io::SafetensorsFile> open_saved_files(const SavedLayout& saved, cons
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
-  LOOM_REQUIRE(fs::is_directory(dir), "checkpoint '", step_dir, "' does not exist");
-  LOOM_REQUIRE(fs::exists(where), "checkpoint manifest '", where, "' is missing: the checkpoint is incomplete");
-  const nlohmann::json m = model::read_json_file(where);
+  if (!fs::is_directory(dir)) throw IncompleteCheckpoint(concat("checkpoint '", step_dir, "' does not exist"));
+  if (!fs::exists(where))
+    throw IncompleteCheckpoint(concat("checkpoint manifest '", where, "' is missing: the checkpoint is incomplete"));
+  nlohmann::json m;
+  try {
+    m = model::read_json_file(where);
+  } catch (const Error& e) {
+    throw IncompleteCheckpoint(e.what());
+  }
   const auto version = manifest_value<int64_t>(m, "format_version", where);
   LOOM_REQUIRE(version >= 2 && version <= kCheckpointFormatVersion, where, ": format_version ", version,
                " is not supported: this loom reads format_version 2 to ", kCheckpointFormatVersion);
@@ -752,8 +723,19 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   LOOM_REQUIRE(saved_tp >= 1 && saved_tp <= listed && (version >= 3 || saved_tp == 1), where, ": mesh.tp = ",
                saved_tp, " is invalid: allowed are 1 to the ", listed, " shards", version < 3 ? " (1 in format 2)" : "");
   saved.tp = static_cast<int>(saved_tp);
-  check_files(trainer, m.value("files", nlohmann::json()), dir, where);
+  try {
+    check_files(trainer, m.value("files", nlohmann::json()), dir, where);
+  } catch (const IncompleteCheckpoint&) {
+    throw;
+  } catch (const Error& e) {
+    throw IncompleteCheckpoint(e.what());
+  }
   const auto step = manifest_value<int64_t>(m, "step", where);
+  const fs::path normal = dir.lexically_normal();
+  const std::string name = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
+  const int64_t named = step_dir_step(name);
+  LOOM_REQUIRE(named < 0 || named == step, where, ": step ", step, " does not match the directory name '", name,
+               "': the manifest was edited or the directory renamed");
   const auto position = manifest_value<int64_t>(m.value("data", nlohmann::json::object()), "position", where);
   LOOM_REQUIRE(step >= 0 && position >= 0, where, ": step ", step, " or data.position ", position, " is negative");
   const auto updates = manifest_value<int64_t>(m.value("optimizer", nlohmann::json::object()), "steps_taken", where);

@@ -3,7 +3,11 @@
 // point leaves the previous checkpoint usable.
 //
 //   checkpoint.dir/
-//     latest                      "step_000010\n": the newest complete step dir
+//     latest                      "step_000010\n": the step dir saved last (a
+//                                 hint: resume = auto checks the step dirs
+//                                 themselves, train/checkpoint_dir.h)
+//     loom.lock                   held by the run using the dir (core/dir_lock.h)
+//     abandoned/                  step dirs of other timelines, set aside
 //     step_000010/
 //       rank_00000.safetensors    one per (pp rank p, dp rank d, tp rank t),
 //       rank_00001.safetensors    named by its world rank (p x dp + d) x tp + t
@@ -47,10 +51,11 @@
 // filesystem (one machine, or a shared checkpoint.dir). Format 3 (before
 // pp) reads as a pp = 1 checkpoint, format 2 (before tp) as tp = 1 too.
 //
-// Every file is written to a temporary name, fsynced and renamed; the
-// manifest is the last file of a step dir and `latest` is updated after it,
-// so a step dir without a manifest is incomplete and `latest` always names a
-// complete one. Older step dirs are deleted (checkpoint.keep) only after that.
+// A step dir is written as step_NNNNNN.tmp (every file fsynced, the
+// manifest last), then renamed into place; `latest` is updated after that,
+// and older step dirs are deleted (checkpoint.keep) only after that too. So
+// a step dir is always complete, and a crash at any point leaves every
+// complete checkpoint there was, or the new one in its place.
 //
 // A resume restores everything the next step depends on: parameters, AdamW
 // moments and update count (hence the LR, a function of it), and the train
@@ -62,8 +67,7 @@
 // save_checkpoint and load_checkpoint are collective over the trainer's dp,
 // tp and pp groups.
 //
-//   const std::string dir = checkpoint_to_resume(cfg.checkpoint);  // "" = fresh
-//   if (!dir.empty()) load_checkpoint(trainer, dir);
+//   const std::string dir = resume_checkpoint(trainer, cfg.checkpoint);  // checkpoint_dir.h; "" = fresh
 //   ...
 //   save_checkpoint(trainer, cfg.checkpoint.dir, cfg.checkpoint.keep);
 #pragma once
@@ -86,23 +90,21 @@ inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 std::string checkpoint_step_dir_name(int64_t step);  // step_000010
 std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: (pp rank x dp + dp rank) x tp + tp rank)
 
-// Writes root/step_NNNNNN for trainer.steps_done() (replacing one left by an
-// earlier run), points root/latest at it, then deletes all but the newest
-// `keep` step dirs (keep = 0: none). Returns the step dir's path.
-std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep);
-
-// The step dir that checkpoint.resume selects, or "" to start fresh: never;
-// auto = the one root/latest names, or fresh when there is no latest; or a
-// path (a step dir, or a checkpoint.dir holding latest). A latest naming a
-// missing dir, or a path that does not exist, is a loom::Error.
-std::string checkpoint_to_resume(const CheckpointConfig& c);
+// Writes root/step_NNNNNN for trainer.steps_done() (through
+// step_NNNNNN.tmp; replacing one of that name), points root/latest at it,
+// then deletes all but the newest `keep` step dirs (keep = 0: none), never
+// `protect`. Returns the step dir's path.
+std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep, const std::string& protect = "");
 
 // Checks the whole checkpoint first (manifest format version, the model
 // config against the trainer's, every listed file's presence, size and
 // sha256 (each file digested by one rank), every tensor's shape), then
 // restores the trainer's state. Any problem is a loom::Error naming the file
 // and what is wrong, thrown on every rank before the trainer or any file is
-// touched. Returns the restored step.
+// touched; a checkpoint that is not complete (manifest or files missing,
+// truncated, corrupt) throws IncompleteCheckpoint (checkpoint_dir.h), and a
+// manifest whose step differs from its step dir's name is an error. Returns
+// the restored step.
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir);
 
 // SHA-256 (FIPS 180-4), for the manifest's file digests.

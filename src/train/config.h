@@ -47,6 +47,13 @@ struct TrainConfig {
   // loss_scale and doubles after loss_scale_window overflow-free steps.
   double loss_scale = 65536.0;     // 2^16, torch GradScaler's default
   int64_t loss_scale_window = 1000;  // Megatron's default
+  // fp16: an overflow at a loss scale at or below min_loss_scale is a bad
+  // step (the scaler's own floor is 1: train/loss_scaler.h).
+  double min_loss_scale = 1.0;
+  // Divergence guard (train/run.cpp): a bad step (non-finite loss or gradient
+  // norm, or an fp16 overflow at min_loss_scale) skips its update; more than
+  // max_bad_steps of them in a row stop the run with an error.
+  int64_t max_bad_steps = 0;
   std::string recompute = "none";  // none, selective, full (model/model.h)
   uint64_t seed = 1337;
   int64_t eval_every = 100;   // steps; 0 = never

@@ -42,17 +42,6 @@ DataLoaderOptions loader_options(const RunConfig& c, const std::vector<std::stri
   return o;
 }
 
-std::string format_duration(double s) {
-  const auto total = static_cast<int64_t>(std::max(0.0, s));
-  char buf[32];
-  if (total >= 3600)
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(total / 3600),
-                  static_cast<long long>(total / 60 % 60));
-  else
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(total / 60), static_cast<long long>(total % 60));
-  return buf;
-}
-
 double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
 }  // namespace
@@ -227,10 +216,16 @@ StepStats Trainer::pipeline_step() {
 // ready: fp16 overflow skip, clipping, AdamW on every chunk.
 StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start) {
   s.lr = schedule_.at(steps_);
+  s.loss = dps_[0]->mean(loss);  // the same on every rank, as grad_norm
+  const bool finite_loss = std::isfinite(s.loss);
   if (scaler_) {
     s.loss_scale = loss_scale;
     s.skipped = !scaler_->update(std::isfinite(s.grad_norm));
+    s.bad = !finite_loss || (s.skipped && loss_scale <= cfg_.train.min_loss_scale);
+  } else {
+    s.bad = !finite_loss || !std::isfinite(s.grad_norm);
   }
+  s.skipped = s.skipped || s.bad;  // a diverged step's update would write Inf / NaN weights
   if (!s.skipped) {
     const double clip = cfg_.train.grad_clip;
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
@@ -239,7 +234,6 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
     for (auto& dp : dps_) dp->update(s.lr, static_cast<float>(clip_factor / loss_scale));
   }
   s.step = ++steps_;
-  s.loss = dps_[0]->mean(loss);
   s.tokens = dps_[0]->size() * cfg_.train.grad_accum * cfg_.train.micro_batch * cfg_.train.seq_len;
   s.seconds = seconds_since(start);
   return s;
@@ -356,194 +350,6 @@ void save_model(Trainer& trainer, const std::string& dir) {
   }
   if (trainer.pp_group() != nullptr) trainer.pp_group()->all_reduce(whole, comm::ReduceOp::sum)->wait();
   if (lead_of_stage && trainer.pp_rank() == 0) model::save_model_dir(dir, cfg, whole, model::ParamLayout::loom);
-}
-
-namespace {
-
-// The progress line, the metrics file and the summary of a run.
-class Reporter {
- public:
-  // first_step: the steps done before this run (a resumed run appends to the
-  // metrics file and estimates its ETA from its own steps).
-  Reporter(const RunConfig& cfg, const TrainOptions& options, double flops_per_token, double peak_flops,
-           int64_t first_step)
-      : cfg_(cfg), options_(options), flops_per_token_(flops_per_token), peak_flops_(peak_flops),
-        first_step_(first_step) {
-    const std::string path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
-    if (!path.empty()) {
-      metrics_.open(path, first_step > 0 ? std::ios::app : std::ios::trunc);
-      LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path, "'");
-    }
-  }
-
-  void initial_eval(double val_loss) {
-    if (options_.progress) log_info("step 0/", cfg_.train.steps, " | val loss ", fixed(val_loss, 4));
-    if (metrics_.is_open()) write({{"step", 0}, {"val_loss", val_loss}});
-  }
-
-  void step(const StepStats& s, double elapsed, size_t peak_bytes) {
-    const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
-    // tokens_per_s counts every dp rank; peak_flops is one rank's (of dp x tp).
-    const double mfu =
-        flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp * cfg_.parallel.tp * cfg_.parallel.pp);
-    if (metrics_.is_open()) {
-      nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
-                                  {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
-      if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
-      if (s.val_loss) j["val_loss"] = *s.val_loss;
-      write(j);
-    }
-    if (s.skipped && options_.progress)
-      log_warn("step ", s.step, ": gradients overflowed at loss scale ", s.loss_scale,
-               ": update skipped, loss scale halved");
-    if (!options_.progress || (s.step % cfg_.log.every != 0 && s.step != cfg_.train.steps && !s.val_loss)) return;
-    const double eta =
-        elapsed / static_cast<double>(s.step - first_step_) * static_cast<double>(cfg_.train.steps - s.step);
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.0f MiB | "
-                  "ETA %s",
-                  static_cast<long long>(s.step), static_cast<long long>(cfg_.train.steps), s.loss, s.lr, s.grad_norm,
-                  tokens_per_s, 100.0 * mfu, mib(peak_bytes), format_duration(eta).c_str());
-    std::string text = line;
-    if (s.loss_scale > 0) text += concat(" | loss scale ", s.loss_scale, s.skipped ? " (skipped)" : "");
-    if (s.val_loss) text += " | val loss " + fixed(*s.val_loss, 4);
-    log_info(text);
-  }
-
- private:
-  static std::string fixed(double v, int digits) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-    return buf;
-  }
-  void write(const nlohmann::ordered_json& j) {
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
-  }
-
-  const RunConfig& cfg_;
-  const TrainOptions& options_;
-  double flops_per_token_;
-  double peak_flops_;
-  int64_t first_step_;
-  std::ofstream metrics_;
-};
-
-// Over the whole dp x tp grid (as checkpoint.cpp's barrier).
-void grid_barrier(Trainer& t) {
-  if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
-  if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
-  if (t.pp_group() != nullptr) {
-    t.pp_group()->barrier()->wait();
-    if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
-    if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
-  }
-}
-
-// Null without log.trace. The barrier gives every rank the same start, so
-// their tracks line up in the merged file. Collective over the grid.
-std::unique_ptr<TraceRecorder> start_trace(const RunConfig& cfg, Trainer& t) {
-  if (cfg.log.trace.empty()) return nullptr;
-  grid_barrier(t);
-  const int pid = (t.pp_rank() * t.dp().size() + t.dp().rank()) * t.tp_size() + t.tp_rank();
-  return std::make_unique<TraceRecorder>(pid, concat("rank ", pid));
-}
-
-// A single process writes log.trace itself; on a grid each rank writes
-// path.rank<pid>, and after a barrier rank 0 merges them into path and
-// removes them. Collective over the grid.
-void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trace) {
-  if (t.dp().size() == 1 && t.tp_size() == 1 && t.pp_size() == 1)
-    return write_file_atomic(path, trace_document(trace.jsonl()));
-  write_file_atomic(concat(path, ".rank", trace.pid()), trace.jsonl());
-  grid_barrier(t);
-  if (trace.pid() != 0) return;
-  std::string all;
-  const int ranks = t.dp().size() * t.tp_size() * t.pp_size();
-  for (int r = 0; r < ranks; ++r) {
-    const std::string part = concat(path, ".rank", r);
-    std::ifstream in(part);
-    LOOM_REQUIRE(in.good(), "cannot read the trace part '", part,
-                 "': log.trace must be on a file system every rank sees");
-    all.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  write_file_atomic(path, trace_document(all));
-  for (int r = 0; r < ranks; ++r) std::filesystem::remove(concat(path, ".rank", r));
-}
-
-}  // namespace
-
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp,
-                          comm::Communicator* tp, comm::Communicator* pp) {
-  TrainSummary summary;
-  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
-  Pools pools;
-  Trainer trainer(cfg, pools, dp, tp, pp);
-  // Only rank 0 of dp and tp reports; every rank trains, evaluates and checkpoints.
-  const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
-  TrainOptions options = run_options;
-  if (!lead) options.progress = false, options.metrics_path.clear(), options.memory_report = false;
-  RunConfig quiet = cfg;
-  if (!lead) quiet.log.metrics.clear();
-  const TrainConfig& t = cfg.train;
-  if (options.progress) {
-    log_info("train: ", model::family_name(cfg.model.family), " ",
-             model::param_count(model::param_specs(cfg.model)), " parameters, ",
-             t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
-             summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)");
-  }
-  const std::string resume_dir = checkpoint_to_resume(cfg.checkpoint);
-  if (!resume_dir.empty()) {
-    load_checkpoint(trainer, resume_dir);
-    if (options.progress) log_info("resumed from ", resume_dir, " at step ", trainer.steps_done());
-  }
-  const int64_t first_step = trainer.steps_done();
-  const std::unique_ptr<TraceRecorder> trace = start_trace(cfg, trainer);
-  trainer.set_trace(trace.get());
-  Reporter reporter(quiet, options, trainer.flops_per_token(), summary.peak_flops, first_step);
-  const bool eval = t.eval_every > 0;
-  if (eval && first_step == 0) {
-    summary.initial_val_loss = trainer.evaluate();
-    reporter.initial_eval(*summary.initial_val_loss);
-  }
-  const CheckpointConfig& ckpt = cfg.checkpoint;
-  const auto start = Clock::now();
-  for (int64_t i = first_step; i < t.steps; ++i) {
-    StepStats s = trainer.step();
-    if (eval && (s.step % t.eval_every == 0 || s.step == t.steps)) s.val_loss = trainer.evaluate();
-    if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
-    reporter.step(s, seconds_since(start), pools.report().peak_total);
-    summary.steps.push_back(s);
-    if (ckpt.every > 0 && (s.step % ckpt.every == 0 || s.step == t.steps)) {
-      std::string dir;
-      {
-        TraceSpan span(trace.get(), "checkpoint");
-        dir = save_checkpoint(trainer, ckpt.dir, ckpt.keep);
-      }
-      if (options.progress) log_info("checkpoint: wrote ", dir);
-    }
-  }
-  summary.seconds = seconds_since(start);
-  if (trace) {
-    trainer.set_trace(nullptr);
-    finish_trace(cfg.log.trace, trainer, *trace);
-  }
-  const std::string out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;
-  if (!out_dir.empty()) {
-    save_model(trainer, out_dir);
-    if (options.progress) log_info("train: wrote ", out_dir, "/model.safetensors and ", out_dir, "/loom_config.json");
-  }
-  if (run_options.memory_report) {
-    // Every rank's own table: under ZeRO each holds its shard.
-    const std::string tp = (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
-                           (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
-    std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
-                          .c_str());
-    std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
-    std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
-  }
-  return summary;
 }
 
 }  // namespace loom::train

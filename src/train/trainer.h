@@ -60,6 +60,10 @@ struct StepStats {
   // skipped (grad_norm is then Inf or NaN).
   double loss_scale = 0;
   bool skipped = false;
+  // A bad step (the divergence guard, train/run.cpp): a non-finite loss or
+  // gradient norm, or under fp16 an overflow at or below
+  // train.min_loss_scale. Its update is skipped (skipped is then true).
+  bool bad = false;
 };
 
 class Trainer {
@@ -151,16 +155,29 @@ struct TrainSummary {
   std::optional<double> final_val_loss;
   double seconds = 0;
   double peak_flops = 0;  // FLOP/s of one rank behind MFU (MFU = model FLOP/s of all ranks / (dp x tp x peak))
+  // The SIGTERM or SIGINT that stopped the run early (after a checkpoint,
+  // without the final model), or 0: the run trained all its steps.
+  int stop_signal = 0;
 };
 
-// dp, tp: as for Trainer. Only rank 0 of both prints and writes metrics and
-// the final model. Resumes as checkpoint.resume says (train/checkpoint.h), then runs up to
-// cfg.train.steps steps in all with evaluation (before the first step of a
-// fresh run, every eval_every steps and after the last), progress lines every
-// log.every steps, metrics, checkpoints every checkpoint.every steps and
-// after the last, and the final model written to out_dir / checkpoint.dir.
-// summary.steps holds this run's steps only. log.trace set: every rank
-// records its timeline and rank 0 writes them all to that file (core/trace.h).
+// train/run.cpp. dp, tp, pp: as for Trainer. Only rank 0 of the grid prints
+// and writes metrics and the final model. Before anything else, every output
+// location (checkpoint.dir, --out, log.metrics, log.trace's directory) is
+// created and probed for writing, and checkpoint.dir and --out are locked for
+// the run (core/dir_lock.h). Resumes as checkpoint.resume says
+// (train/checkpoint_dir.h; a checkpoint at or past train.steps is an error),
+// then runs up to cfg.train.steps steps in all with evaluation (before the
+// first step of a fresh run, every eval_every steps and after the last),
+// progress lines every log.every steps, metrics (a resumed run first drops
+// the records past its checkpoint), checkpoints every checkpoint.every steps
+// and after the last, and the final model written to out_dir /
+// checkpoint.dir, then log.trace (every rank records its timeline and rank 0
+// merges them: core/trace.h). summary.steps holds this run's steps only.
+// Divergence guard: more than train.max_bad_steps bad steps in a row
+// (StepStats::bad) is a loom::Error naming the step, with nothing saved.
+// SIGTERM / SIGINT: the ranks agree after each step on whether one arrived;
+// then the step is checkpointed (when checkpointing is on), the trace
+// written, no final model, and summary.stop_signal says which signal.
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr,
                           comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr);
 

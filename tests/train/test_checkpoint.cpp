@@ -16,6 +16,7 @@
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "text/shards.h"
+#include "train/checkpoint_dir.h"
 #include "train/trainer.h"
 #include "tiny_run.h"
 
@@ -139,11 +140,9 @@ void CheckpointTest::expect_resume_is_bitwise(const RunConfig& c, const fs::path
   }
   RunConfig rc = c;
   rc.checkpoint.dir = root.string();
-  const std::string from = checkpoint_to_resume(rc.checkpoint);
-  ASSERT_EQ(from, (root / "step_000010").string());
   Pools p3;
   Trainer second(rc, p3);
-  EXPECT_EQ(load_checkpoint(second, from), 10);
+  ASSERT_EQ(resume_checkpoint(second, rc.checkpoint), (root / "step_000010").string());
   EXPECT_EQ(second.steps_done(), 10);
   train_until(second, 20, resumed);
 
@@ -250,7 +249,7 @@ class CheckpointErrorTest : public CheckpointTest {
     Trainer fresh(run, pools);
     const std::vector<float> params = copy_of(fresh.model().params());
     try {
-      load_checkpoint(fresh, checkpoint_to_resume(run.checkpoint));
+      resume_checkpoint(fresh, run.checkpoint);
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -298,28 +297,26 @@ TEST_F(CheckpointErrorTest, AnotherModelNamesTheDifferingKey) {
                       run);
 }
 
-TEST_F(CheckpointErrorTest, LatestNamingAMissingDirIsNamed) {
-  expect_resume_error([](const fs::path& d) { std::ofstream(d.parent_path() / "latest", std::ios::trunc) << "step_000099\n"; },
-                      {"ckpt/latest' names 'step_000099', which does not exist"});
-}
-
 TEST_F(CheckpointErrorTest, MissingListedFileIsNamed) {
   expect_resume_error([](const fs::path& d) { fs::remove(d / "rank_00000.safetensors"); },
                       {"step_000002/rank_00000.safetensors' is missing", "manifest.json"});
 }
 
-TEST_F(CheckpointTest, ResumeAutoWithoutLatestStartsFreshAndNeverIgnoresLatest) {
-  CheckpointConfig c;
-  c.dir = (dir_ / "none").string();
-  EXPECT_EQ(checkpoint_to_resume(c), "");
-  fs::create_directories(dir_ / "ckpt" / "step_000003");
-  std::ofstream(dir_ / "ckpt" / "latest") << "step_000003\n";
-  c.dir = (dir_ / "ckpt").string();
-  EXPECT_EQ(checkpoint_to_resume(c), (dir_ / "ckpt" / "step_000003").string());
-  c.resume = "never";
-  EXPECT_EQ(checkpoint_to_resume(c), "");
-  c.resume = (dir_ / "no_such_dir").string();
-  EXPECT_THROW(checkpoint_to_resume(c), Error);
+TEST_F(CheckpointTest, ResumeAutoWithoutStepDirsStartsFreshAndNeverIgnoresThem) {
+  RunConfig c = config();
+  Pools pools;
+  Trainer t(c, pools);
+  c.checkpoint.dir = (dir_ / "none").string();
+  EXPECT_EQ(resume_checkpoint(t, c.checkpoint), "");
+  t.step();
+  save_checkpoint(t, (dir_ / "ckpt").string(), 0);
+  c.checkpoint.dir = (dir_ / "ckpt").string();
+  c.checkpoint.resume = "never";
+  EXPECT_EQ(resume_checkpoint(t, c.checkpoint), "");
+  c.checkpoint.resume = "auto";
+  EXPECT_EQ(resume_checkpoint(t, c.checkpoint), (dir_ / "ckpt" / "step_000001").string());
+  c.checkpoint.resume = (dir_ / "no_such_dir").string();
+  EXPECT_THROW(resume_checkpoint(t, c.checkpoint), Error);
 }
 
 }  // namespace

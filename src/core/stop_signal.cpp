@@ -1,0 +1,73 @@
+#include "core/stop_signal.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace loom {
+
+namespace {
+
+// The one place state must be global: a signal handler reaches nothing else.
+std::atomic<int> g_received{0};
+std::atomic<bool> g_installed{false};
+struct sigaction g_old_term {}, g_old_int {};
+
+void write_stderr(const char* text) {
+  size_t n = 0;
+  while (text[n] != '\0') ++n;
+  (void)!::write(STDERR_FILENO, text, n);
+}
+
+void on_stop_signal(int signal) {
+  int expected = 0;
+  if (g_received.compare_exchange_strong(expected, signal)) {
+    write_stderr(signal == SIGINT ? "\nloom: SIGINT: finishing the current step, then saving and stopping "
+                                    "(send it again to stop at once)\n"
+                                  : "\nloom: SIGTERM: finishing the current step, then saving and stopping "
+                                    "(send it again to stop at once)\n");
+    return;
+  }
+  write_stderr("\nloom: second stop signal: exiting at once\n");
+  ::_exit(128 + signal);
+}
+
+static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free flag");
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  LOOM_CHECK(!g_installed.exchange(true), "two StopSignals alive at once");
+  g_received = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking calls (MPI progress, file I/O) go on
+  sigaction(SIGTERM, &sa, &g_old_term);
+  sigaction(SIGINT, &sa, &g_old_int);
+}
+
+StopSignals::~StopSignals() {
+  sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGINT, &g_old_int, nullptr);
+  g_installed = false;
+}
+
+int StopSignals::received() const { return g_received.load(); }
+
+void StopSignals::request(int signal) {
+  int expected = 0;
+  g_received.compare_exchange_strong(expected, signal);
+}
+
+const char* signal_name(int signal) {
+  if (signal == SIGTERM) return "SIGTERM";
+  if (signal == SIGINT) return "SIGINT";
+  return "a stop signal";
+}
+
+}  // namespace loom

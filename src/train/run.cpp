@@ -1,0 +1,333 @@
+// loom train's run: the loop around Trainer::step (train/trainer.h) with
+// everything that keeps a run's work safe (issue 15): outputs probed and
+// locked before the first step, resume (train/checkpoint_dir.h), progress and
+// metrics, checkpoints, the divergence guard, SIGTERM / SIGINT, the final
+// model written before the trace.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/dir_lock.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/stop_signal.h"
+#include "model/config_json.h"
+#include "train/checkpoint_dir.h"
+#include "train/trainer.h"
+
+namespace loom::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string format_duration(double s) {
+  const auto total = static_cast<int64_t>(std::max(0.0, s));
+  char buf[32];
+  if (total >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(total / 60), static_cast<long long>(total % 60));
+  return buf;
+}
+
+// The progress line, the metrics file and the summary of a run.
+class Reporter {
+ public:
+  // first_step: the steps done before this run (a resumed run appends to the
+  // metrics file and estimates its ETA from its own steps).
+  Reporter(const RunConfig& cfg, const TrainOptions& options, double flops_per_token, double peak_flops,
+           int64_t first_step)
+      : cfg_(cfg), options_(options), flops_per_token_(flops_per_token), peak_flops_(peak_flops),
+        first_step_(first_step) {
+    const std::string path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
+    if (!path.empty()) {
+      if (first_step > 0) keep_records_up_to(path, first_step);
+      metrics_.open(path, first_step > 0 ? std::ios::app : std::ios::trunc);
+      LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path, "'");
+    }
+  }
+
+  void initial_eval(double val_loss) {
+    if (options_.progress) log_info("step 0/", cfg_.train.steps, " | val loss ", fixed(val_loss, 4));
+    if (metrics_.is_open()) write({{"step", 0}, {"val_loss", val_loss}});
+  }
+
+  void step(const StepStats& s, double elapsed, size_t peak_bytes) {
+    const double tokens_per_s = static_cast<double>(s.tokens) / s.seconds;
+    // tokens_per_s counts every dp rank; peak_flops is one rank's (of dp x tp).
+    const double mfu =
+        flops_per_token_ * tokens_per_s / (peak_flops_ * cfg_.parallel.dp * cfg_.parallel.tp * cfg_.parallel.pp);
+    if (metrics_.is_open()) {
+      nlohmann::ordered_json j = {{"step", s.step},           {"loss", s.loss}, {"lr", s.lr},
+                                  {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
+      if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
+      if (s.val_loss) j["val_loss"] = *s.val_loss;
+      write(j);
+    }
+    if (s.skipped && options_.progress)
+      log_warn("step ", s.step, ": gradients overflowed at loss scale ", s.loss_scale,
+               ": update skipped, loss scale halved");
+    if (!options_.progress || (s.step % cfg_.log.every != 0 && s.step != cfg_.train.steps && !s.val_loss)) return;
+    const double eta =
+        elapsed / static_cast<double>(s.step - first_step_) * static_cast<double>(cfg_.train.steps - s.step);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | MFU %.1f%% | mem %.0f MiB | "
+                  "ETA %s",
+                  static_cast<long long>(s.step), static_cast<long long>(cfg_.train.steps), s.loss, s.lr, s.grad_norm,
+                  tokens_per_s, 100.0 * mfu, static_cast<double>(peak_bytes) / (1024.0 * 1024.0), format_duration(eta).c_str());
+    std::string text = line;
+    if (s.loss_scale > 0) text += concat(" | loss scale ", s.loss_scale, s.skipped ? " (skipped)" : "");
+    if (s.val_loss) text += " | val loss " + fixed(*s.val_loss, 4);
+    log_info(text);
+  }
+
+ private:
+  // A resumed run's metrics file loses the records past the step it resumed
+  // from (written after that checkpoint by a run that then died), so that
+  // every step appears once, as in an uninterrupted run's file.
+  static void keep_records_up_to(const std::string& path, int64_t step) {
+    std::ifstream in(path);
+    if (!in) return;
+    std::string kept, line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      // A line cut short by the crash does not parse: dropped too.
+      const bool later = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                         j["step"].get<int64_t>() > step;
+      if (j.is_discarded() || later) {
+        dropped = true;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    if (dropped) write_file_atomic(path, kept);
+  }
+  static std::string fixed(double v, int digits) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+    return buf;
+  }
+  void write(const nlohmann::ordered_json& j) {
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+
+  const RunConfig& cfg_;
+  const TrainOptions& options_;
+  double flops_per_token_;
+  double peak_flops_;
+  int64_t first_step_;
+  std::ofstream metrics_;
+};
+
+// Over the whole dp x tp grid (as checkpoint.cpp's barrier).
+void grid_barrier(Trainer& t) {
+  if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
+  if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
+  if (t.pp_group() != nullptr) {
+    t.pp_group()->barrier()->wait();
+    if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
+    if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
+  }
+}
+
+// Null without log.trace. The barrier gives every rank the same start, so
+// their tracks line up in the merged file. Collective over the grid.
+std::unique_ptr<TraceRecorder> start_trace(const RunConfig& cfg, Trainer& t) {
+  if (cfg.log.trace.empty()) return nullptr;
+  grid_barrier(t);
+  const int pid = (t.pp_rank() * t.dp().size() + t.dp().rank()) * t.tp_size() + t.tp_rank();
+  return std::make_unique<TraceRecorder>(pid, concat("rank ", pid));
+}
+
+// A single process writes log.trace itself; on a grid each rank writes
+// path.rank<pid>, and after a barrier rank 0 merges them into path and
+// removes them. Collective over the grid.
+void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trace) {
+  if (t.dp().size() == 1 && t.tp_size() == 1 && t.pp_size() == 1)
+    return write_file_atomic(path, trace_document(trace.jsonl()));
+  write_file_atomic(concat(path, ".rank", trace.pid()), trace.jsonl());
+  grid_barrier(t);
+  if (trace.pid() != 0) return;
+  std::string all;
+  const int ranks = t.dp().size() * t.tp_size() * t.pp_size();
+  for (int r = 0; r < ranks; ++r) {
+    const std::string part = concat(path, ".rank", r);
+    std::ifstream in(part);
+    LOOM_REQUIRE(in.good(), "cannot read the trace part '", part,
+                 "': log.trace must be on a file system every rank sees");
+    all.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  write_file_atomic(path, trace_document(all));
+  for (int r = 0; r < ranks; ++r) std::filesystem::remove(concat(path, ".rank", r));
+}
+
+
+// The largest signal number any rank received (0: none), so that every rank
+// stops after the same step. Collective over the grid.
+int agree_on_stop(Trainer& t, int signal) {
+  float v = static_cast<float>(signal);
+  const Tensor x(&v, DType::f32, {1});
+  for (comm::Communicator* g : {t.dp().group(), t.tp() != nullptr ? &t.tp()->group() : nullptr, t.pp_group()})
+    if (g != nullptr) g->all_reduce(x, comm::ReduceOp::max)->wait();
+  return static_cast<int>(v);
+}
+
+// Every output location is created and written to before the first step, so
+// that a bad path fails now and not after the last step; the directories the
+// run writes into are locked for it. dp, tp, pp as for run_training: every
+// rank writes into checkpoint.dir and log.trace's directory, rank 0 of the
+// grid the rest.
+struct RunOutputs {
+  std::string out_dir;  // where the final model goes; "" = nowhere
+  std::vector<std::unique_ptr<DirLock>> locks;
+};
+
+std::string parent_dir(const std::string& file) {
+  const std::filesystem::path p = std::filesystem::path(file).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+RunOutputs prepare_outputs(const RunConfig& cfg, const TrainOptions& options, bool lead) {
+  RunOutputs o;
+  o.out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;
+  const std::string& ckpt = cfg.checkpoint.dir;
+  const bool saves = !ckpt.empty() && (cfg.checkpoint.every > 0 || ckpt == o.out_dir);
+  if (lead && saves) o.locks.push_back(std::make_unique<DirLock>(ckpt, "checkpoint.dir"));
+  if (lead && !o.out_dir.empty() && o.out_dir != ckpt) o.locks.push_back(std::make_unique<DirLock>(o.out_dir, "--out"));
+  if (saves) probe_writable_dir(ckpt, "checkpoint.dir");
+  if (!cfg.log.trace.empty()) probe_writable_dir(parent_dir(cfg.log.trace), "the directory of log.trace");
+  if (!lead) return o;
+  if (!o.out_dir.empty()) probe_writable_dir(o.out_dir, options.out_dir.empty() ? "checkpoint.dir" : "--out");
+  const std::string metrics = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
+  if (!metrics.empty()) {
+    probe_writable_dir(parent_dir(metrics), "the directory of the metrics file");
+    LOOM_REQUIRE(!std::filesystem::is_directory(metrics), "the metrics file '", metrics,
+                 "' is a directory: a file path is expected");
+  }
+  LOOM_REQUIRE(cfg.log.trace.empty() || !std::filesystem::is_directory(cfg.log.trace), "log.trace '",
+               cfg.log.trace, "' is a directory: a file path is expected");
+  return o;
+}
+
+std::string describe_bad_step(const StepStats& s) {
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
+    return concat("loss ", s.loss, ", grad norm ", s.grad_norm);
+  return concat("gradients overflow at the loss scale floor ", s.loss_scale, " (train.min_loss_scale)");
+}
+
+}  // namespace
+
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp,
+                          comm::Communicator* tp, comm::Communicator* pp) {
+  const auto rank_of = [](comm::Communicator* g) { return g != nullptr ? g->rank() : 0; };
+  // Only rank 0 of the grid reports; every rank trains, evaluates and checkpoints.
+  const bool lead = rank_of(dp) == 0 && rank_of(tp) == 0 && rank_of(pp) == 0;
+  const RunOutputs outputs = prepare_outputs(cfg, run_options, lead);
+  TrainSummary summary;
+  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
+  Pools pools;
+  Trainer trainer(cfg, pools, dp, tp, pp);
+  TrainOptions options = run_options;
+  if (!lead) options.progress = false, options.metrics_path.clear(), options.memory_report = false;
+  RunConfig quiet = cfg;
+  if (!lead) quiet.log.metrics.clear();
+  const TrainConfig& t = cfg.train;
+  if (options.progress) {
+    log_info("train: ", model::family_name(cfg.model.family), " ",
+             model::param_count(model::param_specs(cfg.model)), " parameters, ",
+             t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
+             summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)");
+  }
+  CheckpointRun checkpoints(cfg.checkpoint);
+  const std::string resume_dir = checkpoints.resume(trainer);
+  if (!resume_dir.empty()) {
+    LOOM_REQUIRE(trainer.steps_done() < t.steps, "the checkpoint ", resume_dir, " is at step ", trainer.steps_done(),
+                 ", at or past train.steps = ", t.steps, ": there is nothing left to train; raise train.steps to "
+                 "train on, or set checkpoint.resume = never to start over");
+    if (options.progress) log_info("resumed from ", resume_dir, " at step ", trainer.steps_done());
+  }
+  const int64_t first_step = trainer.steps_done();
+  const std::unique_ptr<TraceRecorder> trace = start_trace(cfg, trainer);
+  trainer.set_trace(trace.get());
+  Reporter reporter(quiet, options, trainer.flops_per_token(), summary.peak_flops, first_step);
+  const bool eval = t.eval_every > 0;
+  if (eval && first_step == 0) {
+    summary.initial_val_loss = trainer.evaluate();
+    reporter.initial_eval(*summary.initial_val_loss);
+  }
+  const CheckpointConfig& ckpt = cfg.checkpoint;
+  const StopSignals stop;
+  int64_t bad_in_a_row = 0;
+  const auto start = Clock::now();
+  for (int64_t i = first_step; i < t.steps; ++i) {
+    StepStats s = trainer.step();
+    bad_in_a_row = s.bad ? bad_in_a_row + 1 : 0;
+    // Diverged: the bad steps' updates were skipped, so the weights are the
+    // last good step's; nothing is saved over the checkpoints there are.
+    LOOM_REQUIRE(bad_in_a_row <= t.max_bad_steps, "train: step ", s.step, " diverged (", describe_bad_step(s),
+                 "), ", bad_in_a_row, " bad step", bad_in_a_row == 1 ? "" : "s", " in a row, train.max_bad_steps = ",
+                 t.max_bad_steps, ": stopped without saving; the newest checkpoint is ",
+                 checkpoints.newest().empty() ? "none" : checkpoints.newest(),
+                 ". Lower train.lr, raise train.warmup_steps or set train.grad_clip, then resume");
+    if (s.bad && options.progress)
+      log_warn("step ", s.step, ": ", describe_bad_step(s), ": update skipped (bad step ", bad_in_a_row, " of at most ",
+               t.max_bad_steps, " in a row)");
+    if (eval && (s.step % t.eval_every == 0 || s.step == t.steps)) s.val_loss = trainer.evaluate();
+    if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
+    reporter.step(s, seconds_since(start), pools.report().peak_total);
+    summary.steps.push_back(s);
+    const int signal = agree_on_stop(trainer, stop.received());
+    const bool due = ckpt.every > 0 && !s.bad && (s.step % ckpt.every == 0 || s.step == t.steps || signal != 0);
+    if (due) {
+      TraceSpan span(trace.get(), "checkpoint");
+      const std::string dir = checkpoints.save(trainer);
+      if (options.progress) log_info("checkpoint: wrote ", dir);
+    }
+    if (signal != 0 && s.step < t.steps) {
+      summary.stop_signal = signal;
+      break;
+    }
+  }
+  summary.seconds = seconds_since(start);
+  if (trace) trainer.set_trace(nullptr);
+  const bool finished = summary.stop_signal == 0;
+  if (finished && !outputs.out_dir.empty()) {
+    save_model(trainer, outputs.out_dir);
+    if (options.progress)
+      log_info("train: wrote ", outputs.out_dir, "/model.safetensors and ", outputs.out_dir, "/loom_config.json");
+  }
+  if (trace) finish_trace(cfg.log.trace, trainer, *trace);
+  if (!finished && lead) {
+    log_warn("train: stopped by ", signal_name(summary.stop_signal), " after step ", trainer.steps_done(), " of ",
+             t.steps, ckpt.every > 0 ? concat("; run the same command to resume from ",
+                                              checkpoints.newest().empty() ? "step 0" : checkpoints.newest())
+                                     : std::string("; checkpointing is off (checkpoint.every = 0), so this run's "
+                                                   "steps are lost"));
+  }
+  if (run_options.memory_report) {
+    // Every rank's own table: under ZeRO each holds its shard.
+    const std::string tp = (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
+                           (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
+    std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
+                          .c_str());
+    std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
+    std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
+  }
+  return summary;
+}
+
+}  // namespace loom::train
