@@ -14,7 +14,7 @@ namespace loom::cli {
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels, train
 void add_data_command(CLI::App& app);  // loom data prepare
 // world_size: processes of the mpirun job (1 without mpirun).
-void add_train_command(CLI::App& app, int world_size);  // loom train
+void add_train_command(CLI::App& app, int world_size, int& exit_code);  // loom train (exit_code: 128 + a stop signal)
 void add_eval_command(CLI::App& app);   // loom eval
 void add_generate_command(CLI::App& app);  // loom generate
 void add_convert_command(CLI::App& app);   // loom convert, loom init-model

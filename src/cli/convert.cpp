@@ -23,6 +23,7 @@ struct ConvertArgs {
 };
 
 void run_convert(const ConvertArgs& args) {
+  model::require_new_model_dir(args.out, "convert", args.model_dir);
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
   const model::ParamLayout to = args.to == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
   Pools pools;
@@ -51,6 +52,7 @@ void run_init(const InitArgs& args) {
     j[key] = nlohmann::json::accept(value) ? nlohmann::json::parse(value) : nlohmann::json(value);
   }
   const model::ModelConfig cfg = model::model_config_from_json(j, "init-model");
+  model::require_new_model_dir(args.out, "init-model");
   Pools pools;
   const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
   const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
@@ -70,7 +72,8 @@ void add_convert_command(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"hf", "loom"}));
   cmd->add_option("--model", args->model_dir, "input model directory")->required();
-  cmd->add_option("--out", args->out, "output directory (created if missing)")->required();
+  cmd->add_option("--out", args->out, "output directory: new, or one without a model (created if missing)")
+      ->required();
   cmd->callback([args] { run_convert(*args); });
 
   CLI::App* init = app.add_subcommand(
@@ -78,7 +81,8 @@ void add_convert_command(CLI::App& app) {
   auto iargs = std::make_shared<InitArgs>();
   init->add_option("--preset", iargs->preset, "model preset: gpt2-124m, gpt2-350m, llama-110m, gpt2-tiny, llama-tiny")
       ->required();
-  init->add_option("--out", iargs->out, "output directory (created if missing)")->required();
+  init->add_option("--out", iargs->out, "output directory: new, or one without a model (created if missing)")
+      ->required();
   init->add_option("--set", iargs->sets, "key=value overriding a [model] key of the preset (e.g. vocab_size=50257)");
   init->add_option("--seed", iargs->seed, "initialisation seed")->capture_default_str();
   init->add_option("--format", iargs->format, "hf or loom")->check(CLI::IsMember({"hf", "loom"}))->capture_default_str();

@@ -68,9 +68,14 @@ void add_data_command(CLI::App& app) {
   prepare->add_option("--tokenizer", args->prepare.tokenizer_dir, "directory with GPT-2's encoder.json and vocab.bpe")
       ->required();
   prepare->add_option("--input", args->prepare.inputs,
-                      "input files or directories (a directory: its files sorted by name)")
+                      "input files or directories (a directory: its files sorted by name); the output directory "
+                      "and .bin token shards are skipped with a warning")
       ->required();
-  prepare->add_option("--output", args->prepare.output_dir, "output directory (created if missing)")->required();
+  prepare->add_option("--output", args->prepare.output_dir,
+                      "output directory (created if missing), replaced as a whole by the new shards: written next "
+                      "to it, then swapped in, so it holds the complete old or the complete new set; it may hold "
+                      "nothing but shards")
+      ->required();
   auto format = std::make_shared<std::string>("text");
   prepare->add_option("--format", *format,
                       "text: files as they are; brown: Brown corpus Form C, part-of-speech tags stripped (a "

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/memory.h"
 #include "infer/generate.h"
 #include "io/safetensors.h"
@@ -23,29 +24,34 @@ struct GenerateArgs {
 };
 
 void run_generate(const GenerateArgs& args) {
-  args.sampler.validate();  // flags first: before loading anything
+  // Every check before the first byte of output, so a rejected run prints nothing.
+  args.sampler.validate();
+  args.gen.validate();
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
   const text::Gpt2Tokenizer tok = text::Gpt2Tokenizer::load(args.tokenizer);
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), args.model_dir, ": model vocab_size ",
                dir.config.vocab_size, " is smaller than the tokenizer's ", tok.vocab_size(), " tokens (",
                args.tokenizer, ")");
+  // An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do.
+  std::vector<int32_t> prompt = tok.encode(args.prompt);
+  if (prompt.empty()) prompt.push_back(tok.eot_id());
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  LOOM_REQUIRE(P <= dir.config.max_seq_len, "--prompt is ", P, " tokens but the model's max_seq_len is ",
+               dir.config.max_seq_len, ": shorten the prompt");
   infer::Sampler sampler(args.sampler);
   Pools pools;
   const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
   const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
   model::load_params(params, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
-  model::Decoder decoder(dir.config, params, pools);
+  // The cache holds what this request can use, not the model's whole context.
+  model::Decoder decoder(dir.config, params, pools,
+                         {.capacity = infer::generate_capacity(P, args.gen, dir.config.max_seq_len)});
 
-  // An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do.
-  std::vector<int32_t> prompt = tok.encode(args.prompt);
-  if (prompt.empty()) prompt.push_back(tok.eot_id());
-  LOOM_REQUIRE(static_cast<int64_t>(prompt.size()) <= dir.config.max_seq_len, "--prompt is ", prompt.size(),
-               " tokens but the model's max_seq_len is ", dir.config.max_seq_len, ": shorten the prompt");
   infer::GenerateOptions gen = args.gen;
   gen.stop_token = tok.eot_id();
   std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
   std::fflush(stdout);
-  infer::generate(decoder, sampler, prompt, gen, [&](int32_t t) {
+  const infer::GenerateResult r = infer::generate(decoder, sampler, prompt, gen, [&](int32_t t) {
     // A model may have more rows than the tokenizer (padded vocab): those ids print nothing.
     if (t >= tok.vocab_size()) return;
     const std::string piece = tok.decode(std::span<const int32_t>(&t, 1));
@@ -53,6 +59,10 @@ void run_generate(const GenerateArgs& args) {
     std::fflush(stdout);
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (r.reason == infer::StopReason::cache_full)
+    log_warn("generate: stopped after ", r.tokens.size(), " of --max-tokens ", gen.max_tokens,
+             " new tokens: the sequence reached the model's max_seq_len = ", dir.config.max_seq_len);
 }
 
 }  // namespace

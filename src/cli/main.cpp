@@ -6,7 +6,10 @@
 // processes (train, bench comm, bench train) run on every rank; every other
 // command runs on rank 0 while the other ranks wait for it and exit with its
 // status, so `mpirun -np N loom <anything>` does the work once. Every log line carries
-// "[rank r/N]".
+// "[rank r/N]". A command that runs on every rank and fails on one of them
+// ends the whole job at once (MPI_Abort with its exit status) after printing
+// its error: the other ranks would otherwise wait in their next collective
+// until the watchdog's deadline (parallel.timeout_s, 300 s by default).
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -14,9 +17,11 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "comm/mpi_backend.h"
+#include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -28,8 +33,46 @@ bool runs_on_every_rank(int argc, char** argv) {
   return first == "train" || (first == "bench" && (second == "comm" || second == "train"));
 }
 
-int run_command(int argc, char** argv, int world_size) {
+// The names of app's subcommands, e.g. "bench, convert, data, ...".
+std::string subcommand_names(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  return names;
+}
+
+// CLI11's message, except for a missing subcommand: name the word that was
+// not one (`loom trian`) and list the valid subcommands of the command that
+// needed one (set on the app before its subcommands, which inherit it).
+std::string failure_message(const CLI::App* app, const CLI::Error& e) {
+  if (e.get_name() != "RequiredError" || std::string(e.what()) != "A subcommand is required")
+    return CLI::FailureMessage::simple(app, e);
+  const CLI::App* at = app;  // the deepest command given
+  while (!at->get_subcommands().empty()) at = at->get_subcommands().front();
+  std::string path = at->get_name();
+  for (const CLI::App* p = at->get_parent(); p != nullptr; p = p->get_parent()) path = p->get_name() + " " + path;
+  const std::vector<std::string> extra = at->remaining();
+  const std::string what = !extra.empty() && !extra.front().empty() && extra.front()[0] != '-'
+                               ? loom::concat("unknown subcommand '", extra.front(), "'")
+                               : std::string(e.what());
+  // simple() is e.what(), a newline and the --help hint.
+  const std::string simple = CLI::FailureMessage::simple(app, e);
+  return loom::concat(what, ": valid subcommands of '", path, "' are ", subcommand_names(*at),
+                      simple.substr(std::string(e.what()).size()));
+}
+
+// Logs a command's error and returns its exit status; with abort_job (a
+// command that runs on every rank of an mpirun job) it ends the job instead.
+int fail_command(const std::string& message, int code, bool abort_job) {
+  loom::log_error(message);
+  if (abort_job) loom::comm::mpi_abort_job(code);
+  return code;
+}
+
+int run_command(int argc, char** argv, int world_size, bool abort_job_on_error) {
   CLI::App app{"loom: train and serve transformer language models"};
+  app.name("loom");
+  app.failure_message(failure_message);
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");
   std::string command_line = argv[0];
@@ -37,20 +80,23 @@ int run_command(int argc, char** argv, int world_size) {
   int exit_code = 0;
   loom::cli::add_bench_command(app, exit_code, command_line);
   loom::cli::add_data_command(app);
-  loom::cli::add_train_command(app, world_size);
+  loom::cli::add_train_command(app, world_size, exit_code);
   loom::cli::add_eval_command(app);
   loom::cli::add_generate_command(app);
   loom::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen command's callback
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const loom::Error& e) {
-    loom::log_error(e.what());
+    const int code = app.exit(e);  // --help and --version: 0
+    if (code != 0 && abort_job_on_error) loom::comm::mpi_abort_job(code);
+    return code;
+  } catch (const loom::comm::CollectiveError& e) {
+    if (loom::log_rank() == 0) loom::log_error(e.what());
     return 1;
+  } catch (const loom::Error& e) {
+    return fail_command(e.what(), 1, abort_job_on_error);
   } catch (const std::exception& e) {
-    loom::log_error(e.what());
-    return 2;
+    return fail_command(e.what(), 2, abort_job_on_error);
   }
   return exit_code;
 }
@@ -60,10 +106,10 @@ int run_command(int argc, char** argv, int world_size) {
 int main(int argc, char** argv) {
   // OpenMPI's launcher sets OMPI_COMM_WORLD_SIZE in every process it starts;
   // a plain process skips MPI (and its start-up time) altogether.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, 1);
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, 1, false);
   std::unique_ptr<loom::comm::Communicator> world;
   try {
-    // Ranks other than 0 may wait as long as rank 0's command runs.
+    // Ranks may wait on it as long as another rank's command runs.
     loom::comm::Options idle;
     idle.timeout_s = 365.0 * 24 * 3600;
     world = loom::comm::mpi_world(idle);
@@ -73,11 +119,15 @@ int main(int argc, char** argv) {
   }
   loom::set_log_rank(world->rank(), world->size());
   if (runs_on_every_rank(argc, argv)) {
-    const int code = run_command(argc, argv, world->size());
+    const int code = run_command(argc, argv, world->size(), world->size() > 1);
+    // No rank reaches MPI_Finalize while another may still fail: OpenMPI
+    // 4.1's mpirun can crash or hang when a rank calls MPI_Abort after
+    // another has finalized. A rank waiting here still answers watchdogs.
+    world->barrier()->wait();
     world.reset();  // before MPI_Finalize at exit
     return code;
   }
-  int32_t code = world->rank() == 0 ? run_command(argc, argv, world->size()) : 0;
+  int32_t code = world->rank() == 0 ? run_command(argc, argv, world->size(), false) : 0;
   world->broadcast(loom::Tensor(&code, loom::DType::i32, {1}), 0)->wait();
   world.reset();
   return code;

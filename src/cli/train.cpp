@@ -8,12 +8,14 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/stop_signal.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "comm/mpi_backend.h"
 #include "mesh/mesh.h"
 #include "model/config_json.h"
 #include "train/config.h"
+#include "train/config_agree.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
 
@@ -44,6 +46,13 @@ model::ModelDir open_model(const std::string& path) {
   LOOM_REQUIRE(fs::exists(path), "--model '", path, "' does not exist");
   if (fs::is_directory(path)) return model::load_model_dir(path);
   const fs::path parent = fs::path(path).parent_path();
+  const std::string name = fs::path(path).filename().string();
+  const bool config_file = name == model::kLoomConfigFile || name == model::kHfConfigFile;
+  LOOM_REQUIRE(fs::is_regular_file(path) && fs::path(path).extension() == ".safetensors", "--model '", path,
+               "' is ", fs::is_regular_file(path) ? "a file but not a .safetensors file" : "not a file or directory",
+               ": give ", config_file ? "the model directory that holds it, '" : "a model directory",
+               config_file ? (parent.empty() ? "." : parent.string()) + "'," : "", " or the ", model::kWeightsFile,
+               " file in one");
   model::ModelDir m = model::load_model_dir(parent.empty() ? "." : parent.string());
   m.weights = path;
   return m;
@@ -71,7 +80,7 @@ void run_eval(const EvalArgs& a) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app, int world_size) {
+void add_train_command(CLI::App& app, int world_size, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "train",
       "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Data parallel under mpirun -np "
@@ -79,8 +88,10 @@ void add_train_command(CLI::App& app, int world_size) {
       "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full. At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
       "and loom generate read. With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
-      "many steps and at the end; checkpoint.resume = auto (the default) resumes from checkpoint.dir/latest when it "
-      "exists, never starts fresh, a step dir resumes from it.");
+      "many steps and at the end; checkpoint.resume = auto (the default) resumes from the newest complete step dir "
+      "of checkpoint.dir, never starts fresh, a step dir resumes from it. SIGTERM or SIGINT: the current step "
+      "finishes and is checkpointed, then loom exits with 143 or 130 (a second signal exits at once). README: "
+      "\"Long runs\".");
   auto a = std::make_shared<TrainArgs>();
   cmd->add_option("--config", a->config, "TOML run config")->required();
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
@@ -93,16 +104,31 @@ void add_train_command(CLI::App& app, int world_size) {
                 "the first mismatch instead of hanging");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
-  cmd->callback([a, world_size] {
+  cmd->callback([a, world_size, &exit_code] {
+    const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
+    a->options.stop = &stop;
     set_num_threads(a->threads);
     const train::RunConfig cfg = train::load_run_config(a->config, a->overrides);
+    if (world_size > 1) {
+      // Every rank reads its own flags: they must have resolved the same run,
+      // checked before anything depends on it, on a communicator with default
+      // options (comm_algo and timeout_s may be what differs).
+      nlohmann::ordered_json run = train::agreed_run_config(cfg);
+      run["--check-collectives"] = a->check_collectives;  // adds collectives on the ranks that check
+      train::require_same_run_config(*comm::mpi_world(), run);
+    }
     // Every rank of an mpirun job trains: the mesh must cover them all.
     const train::ParallelConfig& p = cfg.parallel;
     const mesh::MeshShape shape{static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
                                 static_cast<int>(p.tp), static_cast<int>(p.ep)};
     mesh::validate_shape(shape, world_size);
+    // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
+    // for that signal, as if it had killed the process.
+    const auto finish = [&exit_code](const train::TrainSummary& s) {
+      if (s.stop_signal != 0) exit_code = 128 + s.stop_signal;
+    };
     if (world_size == 1) {  // a plain process: no MPI
-      train::run_training(cfg, a->options);
+      finish(train::run_training(cfg, a->options));
       return;
     }
     // The job's communicators carry the run's [parallel] settings.
@@ -112,7 +138,7 @@ void add_train_command(CLI::App& app, int world_size) {
     options.check_collectives = a->check_collectives;
     const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
     mesh::Mesh mesh(shape, *world);
-    train::run_training(cfg, a->options, &mesh.dp(), &mesh.tp(), &mesh.pp());
+    finish(train::run_training(cfg, a->options, &mesh.dp(), &mesh.tp(), &mesh.pp()));
   });
 }
 

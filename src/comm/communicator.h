@@ -30,9 +30,20 @@
 #include <span>
 #include <string>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace loom::comm {
+
+// A user error that every member of a communicator raises together, at the
+// same point and with the same message, because a collective told them all
+// (e.g. their run configs differ). Unlike an error on one rank it needs no
+// job abort: every rank leaves normally with a non-zero status, and rank 0
+// alone reports it, so the job prints it once.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
 
 enum class ReduceOp : uint8_t { sum, avg, max };
 // Reductions and gathers: MPI's own collectives, or loom's ring algorithms on
@@ -45,7 +56,7 @@ std::string_view algo_name(Algo algo);
 Algo algo_from_name(std::string_view name);
 
 struct Options {
-  double timeout_s = 300;           // parallel.timeout_s
+  double timeout_s = 300;           // parallel.timeout_s; any length past ~31 years waits that long (deadline.h)
   Algo algo = Algo::mpi;            // parallel.comm_algo
   bool check_collectives = false;   // --check-collectives: verify every rank issues the same op
 };

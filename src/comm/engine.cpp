@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "comm/deadline.h"
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 
@@ -48,7 +49,7 @@ bool OpWork::test() {
     std::lock_guard lock(m_);
     if (done_) return true;
   }
-  if (Clock::now() - issued_at_ > std::chrono::duration<double>(info_->options.timeout_s)) watchdog_abort();
+  if (Clock::now() > deadline_after(issued_at_, info_->options.timeout_s)) watchdog_abort();
   return false;
 }
 
@@ -56,7 +57,7 @@ std::string OpWork::label() const { return concat(what_, " #", seq_, " on commun
 
 void OpWork::wait() {
   std::unique_lock lock(m_);
-  const auto deadline = Clock::now() + std::chrono::duration<double>(info_->options.timeout_s);
+  const auto deadline = deadline_after(Clock::now(), info_->options.timeout_s);
   if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
     lock.unlock();
     watchdog_abort();
@@ -67,7 +68,7 @@ void OpWork::wait() {
 // Asks every other member which collective it has issued last (its engine
 // answers from its own thread, even while its caller sleeps or computes):
 // those below this op's sequence number never arrived.
-void OpWork::watchdog_abort(const std::string& context) {
+void OpWork::watchdog_abort(const std::string& context, const std::function<void()>& serve_queries) {
   const CommInfo& info = *info_;
   std::string head = concat("[rank ", info.world_ranks.at(info.rank), "] comm watchdog: ", context, label(),
                             " did not complete within ", info.options.timeout_s, " s; ");
@@ -88,6 +89,7 @@ void OpWork::watchdog_abort(const std::string& context) {
   int all_done = 0;
   while (!all_done && Clock::now() < give_up) {
     MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &all_done, MPI_STATUSES_IGNORE);
+    if (serve_queries) serve_queries();
     if (!all_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   std::string missing, silent;
@@ -97,9 +99,15 @@ void OpWork::watchdog_abort(const std::string& context) {
     else if (replies[r] < seq_)
       missing += concat(missing.empty() ? "" : ", ", describe_rank(info, r), " (last issued #", replies[r], ")");
   }
-  std::string who = missing.empty() ? "every rank that answered has issued it" : "ranks that did not arrive: " + missing;
-  if (!silent.empty()) who += "; ranks that did not answer: " + silent;
-  if (missing.empty() && silent.empty()) who += " (mismatched collectives? run with --check-collectives)";
+  // Blame goes to the ranks that answered with a lower count (alive, not
+  // there yet) and to the silent ones: a live rank's engine answers within
+  // milliseconds even while its caller computes or waits, so silence means
+  // the rank left this communicator (exited, or failed without ending the
+  // job) or its process is stuck. Ranks that have issued the op are never named.
+  std::string who = missing.empty() ? "" : "ranks that did not arrive: " + missing;
+  if (!silent.empty())
+    who += concat(who.empty() ? "" : "; ", "ranks that did not answer (exited, failed or stuck): ", silent);
+  if (who.empty()) who = "every rank has issued it (mismatched collectives? run with --check-collectives)";
   mpi_abort_job(concat(head, who, ". Aborting the job."));
 }
 
@@ -114,8 +122,7 @@ void Engine::stop() {
   if (!thread_.joinable()) return;
   {
     std::lock_guard lock(m_);
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(info_->options.timeout_s));
+    const auto deadline = deadline_after(Clock::now(), info_->options.timeout_s);
     drain_deadline_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count());
     stop_ = true;
   }
@@ -187,9 +194,15 @@ void Engine::check_drain_deadline() {
     std::lock_guard lock(m_);
     for (const Pending& c : incoming_) add(c.work);
   }
-  LOOM_CHECK(oldest, "drain deadline passed with nothing pending");
+  // The last pending op may finish just as the deadline passes: then the
+  // drain is over, and the loop exits on its next idle turn.
+  if (!oldest) return;
   oldest->watchdog_abort(concat("communicator '", info_->name, "' was destroyed with unfinished operations (",
-                                pending, "); "));
+                                pending, "); "),
+                         [this] {
+                           bool progressed = false;
+                           serve_queries(progressed);
+                         });
 }
 
 void Engine::serve_queries(bool& progressed) {

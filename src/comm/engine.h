@@ -54,8 +54,12 @@ class OpWork : public Work {
   bool test() override;
   void finish(std::exception_ptr error);
   // The watchdog's message and job abort; `context` (may be empty) opens the
-  // message's reason, e.g. that the communicator is being destroyed.
-  [[noreturn]] void watchdog_abort(const std::string& context = "");
+  // message's reason, e.g. that the communicator is being destroyed. On the
+  // engine thread (a drain's deadline) `serve_queries` answers the other
+  // ranks' watchdogs while this one waits for their answers: two ranks whose
+  // deadlines pass together must not take each other for silent.
+  [[noreturn]] void watchdog_abort(const std::string& context = "",
+                                   const std::function<void()>& serve_queries = {});
   // "send(f32[8], to 1, tag 0) #3 on communicator 'world'"
   std::string label() const;
 

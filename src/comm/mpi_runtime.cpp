@@ -39,7 +39,13 @@ void mpi_ensure_initialized() {
 void mpi_abort_job(const std::string& message) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
+  mpi_abort_job(1);
+}
+
+void mpi_abort_job(int exit_code) {
+  std::fflush(stdout);  // progress lines printed before the error stay in order
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 

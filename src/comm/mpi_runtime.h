@@ -16,6 +16,9 @@ namespace loom::comm {
 void mpi_ensure_initialized();
 // Prints `message` (one line, to stderr) and aborts every process of the job.
 [[noreturn]] void mpi_abort_job(const std::string& message);
+// Aborts every process of the job at once (MPI_Abort on MPI_COMM_WORLD);
+// mpirun exits with exit_code. The caller has printed (and flushed) why.
+[[noreturn]] void mpi_abort_job(int exit_code);
 // MPI's text for an error code ("MPI_ERR_TRUNCATE: message truncated").
 std::string mpi_error_text(int code);
 // The MPI datatype of one element of a comm dtype (bf16 moves as uint16).

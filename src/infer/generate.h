@@ -16,7 +16,14 @@ namespace loom::infer {
 struct GenerateOptions {
   int64_t max_tokens = 64;  // new tokens at most; >= 0
   int32_t stop_token = -1;  // e.g. GPT-2's <|endoftext|>; not emitted; -1: none
+  // loom::Error naming the option and what is allowed. generate() checks it
+  // too; a caller that prints before generating checks it first.
+  void validate() const;
 };
+
+// KV-cache positions a generation can use: the prompt plus max_tokens new
+// tokens, at most max_seq_len (where generate stops with cache_full).
+int64_t generate_capacity(int64_t prompt_tokens, const GenerateOptions& opts, int64_t max_seq_len);
 
 enum class StopReason { max_tokens, stop_token, cache_full };
 

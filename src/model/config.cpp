@@ -73,6 +73,12 @@ void ModelConfig::validate() const {
                             {"n_kv_head", n_kv_head}, {"d_ff", d_ff}, {"vocab_size", vocab_size},
                             {"max_seq_len", max_seq_len}})
     LOOM_REQUIRE(value <= kMaxDim, "model.", key, " = ", value, " is too large: allowed values are 1 to ", kMaxDim);
+  // Layer and unit indices are int, and every layer costs tens of KB of host
+  // bookkeeping (specs, views) besides its tensors: 2^20 layers is 1000x the
+  // deepest trained transformer.
+  constexpr int64_t kMaxLayers = int64_t{1} << 20;
+  LOOM_REQUIRE(n_layer <= kMaxLayers, "model.n_layer = ", n_layer, " is too large: allowed values are 1 to ",
+               kMaxLayers);
   // Parameters (counted in floating point: the exact count could overflow).
   const double C = static_cast<double>(n_embd), F = static_cast<double>(d_ff);
   const double approx = static_cast<double>(n_layer) * (4 * C * C + 3 * C * F) +
@@ -104,6 +110,10 @@ ModelConfig model_preset(std::string_view name) {
   std::string valid;
   for (const Preset& p : kPresets) valid += (valid.empty() ? "" : ", ") + std::string(p.name);
   fail("model.preset = '", name, "' is unknown: valid presets are ", valid);
+}
+
+void derive_model_keys(ModelConfig& cfg, bool n_kv_head_given) {
+  if (cfg.family == Family::gpt2 && !n_kv_head_given) cfg.n_kv_head = cfg.n_head;
 }
 
 std::vector<std::string> model_preset_names() {

@@ -44,6 +44,12 @@ struct ModelConfig {
 // Named presets: gpt2-124m, gpt2-350m, llama-110m, and the tiny test models
 // gpt2-tiny, llama-tiny. An unknown name is a loom::Error listing the valid ones.
 ModelConfig model_preset(std::string_view name);
+// The one rule for keys derived from others, applied by every reader of
+// [model] keys (run config, init-model --set, loom_config.json) once the
+// explicit keys are set: GPT-2 has no grouped-query attention, so n_kv_head
+// follows n_head (e.g. a preset's with n_head overridden) unless n_kv_head
+// itself was given.
+void derive_model_keys(ModelConfig& cfg, bool n_kv_head_given);
 std::vector<std::string> model_preset_names();
 
 }  // namespace loom::model

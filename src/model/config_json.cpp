@@ -1,5 +1,7 @@
 #include "model/config_json.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -126,6 +128,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
   k.maybe("n_expert", c.n_expert, &Keys::integer), k.maybe("top_k", c.top_k, &Keys::integer);
   k.maybe("capacity_factor", c.capacity_factor, &Keys::number);
   k.maybe("aux_loss_coef", c.aux_loss_coef, &Keys::number);
+  derive_model_keys(c, k.has("n_kv_head"));
   validate_at(c, where);
   return c;
 }
@@ -206,14 +209,106 @@ json read_json_file(const std::string& path) {
 
 void write_json_file(const std::string& path, const json& j) { write_file_atomic(path, j.dump(2) + "\n"); }
 
+namespace {
+
+// "m/" and "m" name the same directory; a staging name is built from the
+// last component, so it must not be empty.
+fs::path dir_path(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
+std::string parent_or_dot(const fs::path& p) { return p.has_parent_path() ? p.parent_path().string() : "."; }
+
+// A path given as a model directory that is not one (a file, a device):
+// the message says what to give instead.
+void require_model_dir_path(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  LOOM_REQUIRE(fs::exists(st), "model directory '", dir, "' does not exist");
+  if (fs::is_directory(st)) return;
+  const std::string kind = fs::is_regular_file(st) ? "a file" : "not a directory";
+  const std::string name = fs::path(dir).filename().string();
+  if (name == kLoomConfigFile || name == kHfConfigFile || name == kWeightsFile)
+    fail("model directory '", dir, "' is ", kind, ", not a directory: give the directory that holds it, '",
+         parent_or_dot(dir), "'");
+  fail("model directory '", dir, "' is ", kind, ": give a directory with ", kLoomConfigFile, " or ", kHfConfigFile,
+       ", and ", kWeightsFile);
+}
+
+// Whether a model directory has `file`; present but not a regular file
+// (a directory of that name) is a loom::Error naming it.
+bool has_model_file(const fs::path& dir, const char* file) {
+  std::error_code ec;
+  const fs::path p = dir / file;
+  const fs::file_status st = fs::status(p, ec);
+  if (!fs::exists(st)) return false;
+  LOOM_REQUIRE(fs::is_regular_file(st), "'", p.string(), "' is ",
+               fs::is_directory(st) ? "a directory" : "not a regular file", ": a model directory's ", file,
+               " must be a file");
+  return true;
+}
+
+// The model files a directory holds, e.g. "loom_config.json, model.safetensors"; empty: none.
+std::string model_files_in(const fs::path& dir) {
+  std::string found;
+  std::error_code ec;
+  for (const char* f : {kLoomConfigFile, kHfConfigFile, kWeightsFile})
+    if (fs::exists(dir / f, ec)) found += (found.empty() ? "" : ", ") + std::string(f);
+  return found;
+}
+
+// A fresh sibling directory (target + ".tmp.<pid>", on the same file system
+// so that it can be renamed into place), removed unless released.
+class StagingDir {
+ public:
+  explicit StagingDir(const fs::path& target)
+      : path_(target.string() + ".tmp." + std::to_string(::getpid())) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);  // left by a killed run of the same pid: ours, never a model
+    LOOM_REQUIRE(fs::create_directories(path_, ec), "cannot create directory '", path_.string(), "': ",
+                 ec ? ec.message() : "it exists");
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  ~StagingDir() {
+    std::error_code ec;
+    if (!released_) fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  void release() { released_ = true; }
+
+ private:
+  fs::path path_;
+  bool released_ = false;
+};
+
+void rename_or_fail(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  LOOM_REQUIRE(!ec, "cannot move '", from.string(), "' to '", to.string(), "': ", ec.message());
+}
+
+// dir/model.safetensors, then dir/<config>, each written atomically.
+void write_model_files(const fs::path& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout) {
+  const bool hf = layout == ParamLayout::hf;
+  save_params((dir / kWeightsFile).string(), param_specs(cfg), params, layout,
+              hf ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
+  write_json_file((dir / (hf ? kHfConfigFile : kLoomConfigFile)).string(),
+                  hf ? hf_config_to_json(cfg) : model_config_to_json(cfg));
+}
+
+}  // namespace
+
 ModelDir load_model_dir(const std::string& dir) {
-  LOOM_REQUIRE(fs::is_directory(dir), "model directory '", dir, "' does not exist");
+  require_model_dir_path(dir);
   ModelDir m;
   const fs::path loom_cfg = fs::path(dir) / kLoomConfigFile, hf_cfg = fs::path(dir) / kHfConfigFile;
-  if (fs::exists(loom_cfg)) {
+  if (has_model_file(dir, kLoomConfigFile)) {
     m.config = model_config_from_json(read_json_file(loom_cfg.string()), loom_cfg.string());
     m.layout = ParamLayout::loom;
-  } else if (fs::exists(hf_cfg)) {
+  } else if (has_model_file(dir, kHfConfigFile)) {
     m.config = model_config_from_hf_json(read_json_file(hf_cfg.string()), hf_cfg.string());
     m.layout = ParamLayout::hf;
   } else {
@@ -221,19 +316,52 @@ ModelDir load_model_dir(const std::string& dir) {
          " (a Hugging Face model)");
   }
   m.weights = (fs::path(dir) / kWeightsFile).string();
-  LOOM_REQUIRE(fs::exists(m.weights), "model directory '", dir, "' has no ", kWeightsFile);
+  LOOM_REQUIRE(has_model_file(dir, kWeightsFile), "model directory '", dir, "' has no ", kWeightsFile);
   return m;
 }
 
-void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout) {
+void require_new_model_dir(const std::string& out, const std::string& command, const std::string& input) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  LOOM_REQUIRE(!ec, "cannot create directory '", dir, "': ", ec.message());
-  const bool hf = layout == ParamLayout::hf;
-  save_params((fs::path(dir) / kWeightsFile).string(), param_specs(cfg), params, layout,
-              hf ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
-  write_json_file((fs::path(dir) / (hf ? kHfConfigFile : kLoomConfigFile)).string(),
-                  hf ? hf_config_to_json(cfg) : model_config_to_json(cfg));
+  const fs::file_status st = fs::status(out, ec);
+  if (!fs::exists(st)) return;
+  LOOM_REQUIRE(fs::is_directory(st), command, ": --out '", out, "' is ",
+               fs::is_regular_file(st) ? "a file" : "not a directory", ": give a new directory for --out");
+  if (!input.empty()) {
+    // The input's directory, also when --model names a file in it.
+    const fs::path in = fs::is_directory(input, ec) ? fs::path(input) : fs::path(parent_or_dot(input));
+    LOOM_REQUIRE(!fs::equivalent(out, in, ec), command, ": --out '", out, "' is the input model's directory (--model '",
+                 input, "'): ", command, " never writes over its input; give a new directory for --out");
+  }
+  const std::string found = model_files_in(out);
+  LOOM_REQUIRE(found.empty(), command, ": --out '", out, "' already holds a model (", found, "): ", command,
+               " never writes over a model; give a new directory for --out, or delete '", out, "' first");
+}
+
+void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout) {
+  const fs::path target = dir_path(dir);
+  std::error_code ec;
+  if (fs::exists(target, ec)) {
+    LOOM_REQUIRE(fs::is_directory(target, ec), "cannot write a model directory to '", dir,
+                 "': it is a file, not a directory");
+    // An existing directory (train --out rewriting its model): the config
+    // last, and a loom config that would win detection over new HF weights
+    // removed first, so no config describes weights it was not written with
+    // for longer than the config's own write.
+    if (layout == ParamLayout::hf) fs::remove(target / kLoomConfigFile, ec);
+    write_model_files(target, cfg, params, layout);
+    return;
+  }
+  if (target.has_parent_path()) {
+    fs::create_directories(target.parent_path(), ec);
+    LOOM_REQUIRE(!ec, "cannot create directory '", target.parent_path().string(), "': ", ec.message());
+  }
+  // A new directory is written as a staging one and appears whole in one
+  // rename, so a failure or a kill midway leaves no directory.
+  StagingDir staging(target);
+  write_model_files(staging.path(), cfg, params, layout);
+  rename_or_fail(staging.path(), target);
+  staging.release();
+  fsync_directory(parent_or_dot(target));
 }
 
 }  // namespace loom::model

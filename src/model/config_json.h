@@ -49,10 +49,21 @@ struct ModelDir {
   ParamLayout layout = ParamLayout::loom;
 };
 // Recognises a loom dir (loom_config.json) or else an HF dir (config.json);
-// neither, or a missing model.safetensors, is a loom::Error naming the dir.
+// neither, a missing model.safetensors, or a path that is no directory (e.g.
+// the config file itself) is a loom::Error naming the path and what to give.
 ModelDir load_model_dir(const std::string& dir);
+// Where `command` (convert, init-model) writes a new model: --out must not
+// be the input model's directory (`input`: the --model path, a directory or a
+// file in it; empty: none), however spelled (symlinks, trailing slashes), nor
+// hold a model of either format (any of loom_config.json, config.json,
+// model.safetensors), nor be a file. Else a loom::Error naming the path and
+// what to do; nothing is written.
+void require_new_model_dir(const std::string& out, const std::string& command, const std::string& input = "");
 // Writes dir/<config> and dir/model.safetensors (creating dir) for a model
 // whose flat (P) f32 parameters follow param_specs(cfg), in either form.
+// A new dir is written as dir + ".tmp.<pid>" and renamed, so a failure or a
+// kill midway leaves no dir (a kill may leave the staging directory behind).
+// In an existing dir each file is replaced atomically, the config last.
 void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout);
 
 }  // namespace loom::model

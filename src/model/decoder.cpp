@@ -16,7 +16,7 @@ using namespace loom::kernels;
 
 struct DecoderState {
   std::vector<OwnedTensor> owned;
-  std::vector<Tensor> k_cache, v_cache;  // n_layer of (1, maxT, NKV, HS)
+  std::vector<Tensor> k_cache, v_cache;  // n_layer of (1, capacity, NKV, HS)
   LayerActs acts;                        // one layer's, for max_chunk rows: (1, max_chunk, ...)
   Tensor tokens, pos;                    // (1, max_chunk), (max_chunk) i32
   Tensor x, y;                           // (1, max_chunk, C): block input and output
@@ -32,12 +32,15 @@ Tensor first(const Tensor& t, int64_t T) { return t.defined() ? t.slice(1, 0, T)
 
 }  // namespace
 
-Decoder::Decoder(const ModelConfig& cfg, const Tensor& params, Pools& pools, int64_t max_chunk)
+Decoder::Decoder(const ModelConfig& cfg, const Tensor& params, Pools& pools, const DecoderSizes& sizes)
     : cfg_(cfg), specs_(param_specs(cfg)), st_(std::make_unique<DecoderState>()) {
-  LOOM_REQUIRE(max_chunk >= 1, "decoder chunk ", max_chunk, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(sizes.max_chunk >= 1, "decoder chunk ", sizes.max_chunk, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(sizes.capacity >= 0 && sizes.capacity <= cfg.max_seq_len, "decoder capacity ", sizes.capacity,
+               " is invalid: allowed values are 1 to model.max_seq_len = ", cfg.max_seq_len, " (0: max_seq_len)");
   LOOM_CHECK(params.dtype() == DType::f32 && params.numel() == param_count(specs_) && params.is_contiguous(),
              "params ", params.str(), " for ", param_count(specs_), " parameters");
-  max_chunk_ = std::min(max_chunk, cfg.max_seq_len);
+  capacity_ = sizes.capacity > 0 ? sizes.capacity : cfg.max_seq_len;
+  max_chunk_ = std::min(sizes.max_chunk, capacity_);
   const int64_t M = max_chunk_, C = cfg.n_embd, NH = cfg.n_head, NKV = cfg.n_kv_head, HS = cfg.head_size();
   const int64_t F = cfg.d_ff;
   DecoderState& st = *st_;
@@ -46,8 +49,8 @@ Decoder::Decoder(const ModelConfig& cfg, const Tensor& params, Pools& pools, int
     return Tensor(st.owned.back());
   };
   for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    st.k_cache.push_back(alloc(MemTag::kv_cache, {1, cfg.max_seq_len, NKV, HS}));
-    st.v_cache.push_back(alloc(MemTag::kv_cache, {1, cfg.max_seq_len, NKV, HS}));
+    st.k_cache.push_back(alloc(MemTag::kv_cache, {1, capacity_, NKV, HS}));
+    st.v_cache.push_back(alloc(MemTag::kv_cache, {1, capacity_, NKV, HS}));
   }
   // Inference needs no saved statistics (mean, rstd, lse stay undefined).
   LayerActs& a = st.acts;
@@ -75,8 +78,9 @@ Decoder::~Decoder() = default;
 Tensor Decoder::prefill(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   LOOM_REQUIRE(n >= 1, "Decoder::prefill: no tokens given: allowed is at least 1");
+  const char* limit = capacity() == cfg_.max_seq_len ? "model.max_seq_len" : "the decoder's capacity";
   LOOM_REQUIRE(n <= capacity() - pos_, "Decoder::prefill: ", n, " tokens do not fit the KV cache: ", pos_, " of ",
-               capacity(), " positions (model.max_seq_len) are used");
+               capacity(), " positions (", limit, ") are used");
   for (int32_t t : tokens)
     LOOM_REQUIRE(t >= 0 && t < cfg_.vocab_size, "Decoder::prefill: token ", t,
                  " is outside the vocabulary: allowed ids are 0 to ", cfg_.vocab_size - 1);

@@ -1,8 +1,9 @@
 // Decoder: incremental decoding of one sequence (B = 1) with a contiguous KV
 // cache, for `loom generate`. It reads a model's flat parameters (shared with
 // a Model, or loaded by the caller) and owns only what decoding needs: per
-// layer K and V of (1, maxT, NKV, HS) from pools[kv_cache], and one layer's
-// activations for a chunk of tokens from pools[activations], laid out once.
+// layer K and V of (1, capacity, NKV, HS) from pools[kv_cache], and one
+// layer's activations for a chunk of tokens from pools[activations], laid out
+// once.
 //
 //   Decoder dec(cfg, model.params(), pools);
 //   Tensor logits = dec.prefill(prompt);   // (V): next-token logits
@@ -26,12 +27,20 @@ namespace loom::model {
 
 struct DecoderState;  // cache, activations, weight views (decoder.cpp)
 
+struct DecoderSizes {
+  // Tokens the KV cache holds, 1 to cfg.max_seq_len; 0: cfg.max_seq_len. A
+  // caller that knows its longest sequence asks for that, so a long-context
+  // model does not allocate a cache for its whole context.
+  int64_t capacity = 0;
+  // Prompts longer than max_chunk are prefilled in chunks of max_chunk tokens
+  // (bounds the activations); >= 1, clamped to the capacity.
+  int64_t max_chunk = 256;
+};
+
 class Decoder {
  public:
   // params: (P) f32 packed per param_specs(cfg); must outlive the decoder.
-  // Prompts longer than max_chunk are prefilled in chunks of max_chunk tokens
-  // (bounds the activations); 1 <= max_chunk, clamped to cfg.max_seq_len.
-  Decoder(const ModelConfig& cfg, const Tensor& params, Pools& pools, int64_t max_chunk = 256);
+  Decoder(const ModelConfig& cfg, const Tensor& params, Pools& pools, const DecoderSizes& sizes = {});
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -39,7 +48,7 @@ class Decoder {
   const ModelConfig& config() const { return cfg_; }
   // Tokens in the cache; the next token goes to this position.
   int64_t position() const { return pos_; }
-  int64_t capacity() const { return cfg_.max_seq_len; }
+  int64_t capacity() const { return capacity_; }
   // Empties the cache (a new sequence).
   void reset() { pos_ = 0; }
 
@@ -56,7 +65,7 @@ class Decoder {
 
   ModelConfig cfg_;
   std::vector<ParamSpec> specs_;
-  int64_t max_chunk_;
+  int64_t capacity_, max_chunk_;
   int64_t pos_ = 0;
   std::unique_ptr<DecoderState> st_;
 };

@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -30,11 +34,12 @@ struct Allocator {
   Pool* pool;
   std::vector<OwnedTensor>* owned;
   DType compute;
-  int64_t bytes = 0;
+  int64_t bytes = 0, tensors = 0;
   Tensor operator()(Shape shape) { return (*this)(shape, compute); }
   Tensor operator()(Shape shape, DType dtype) {
     shape.validate();
     bytes += shape.numel() * static_cast<int64_t>(dtype_size(dtype));
+    ++tensors;
     if (!pool) return Tensor(nullptr, dtype, shape);
     owned->push_back(pool->empty(dtype, shape));
     return owned->back();
@@ -99,6 +104,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
     SlotActs a;
     if (embedding) a.tokens = alloc({B, T}, DType::i32);
     if (head) a.targets = alloc({B, T}, DType::i32);
+    a.resid.reserve(static_cast<size_t>(L + 1)), a.acts.reserve(static_cast<size_t>(L));
     for (int64_t l = 0; l <= L; ++l) a.resid.push_back(alloc(stream_shape(d)));
     for (int64_t l = 0; l < L; ++l) {
       if (recompute == Recompute::full) a.acts.push_back(shared);  // every layer aliases one set
@@ -111,7 +117,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
       a.logits = alloc({B, T, V});
       if (d.tp.size > 1) a.ce_lse = alloc({B * T}, f32), a.ce_target = alloc({B * T}, f32);
     }
-    st.slots.push_back(a);
+    st.slots.push_back(std::move(a));
   }
   st.dres = alloc(stream_shape(d), f32);
   if (head) st.dnormf = alloc({B, T, C}, f32);
@@ -230,40 +236,114 @@ Recompute recompute_from_name(std::string_view name) {
   fail("recompute policy '", name, "' is unknown: allowed values are none, selective, full");
 }
 
-int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                const TpOptions& tp, const StageOptions& stage) {
-  (void)model::param_specs(cfg, tp.tp, stage.layers);  // validates cfg, the tp split and the stage
-  LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
-  LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
-  check_tp(T, tp);
+namespace {
+
+// The activation layout (layout_activations) of a stage of `layers` layers,
+// counted without allocating: its bytes and tensors.
+Allocator layout_count(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
+                       const TpOptions& tp, const StageOptions& stage, int64_t layers) {
   ModelState st;
   st.dims = dims_of(cfg, B, T, tp);
   Allocator counter{nullptr, nullptr, compute};
   const int64_t first = stage.layers.first_layer;
-  const int64_t layers = stage.layers.n_layers < 0 ? cfg.n_layer - first : stage.layers.n_layers;
+  const bool head = stage.layers.n_layers < 0 || first + stage.layers.n_layers == cfg.n_layer;
   layout_activations(st, counter, cfg, recompute, vocab_per_rank(cfg, tp.tp.size), layers, stage.slots, first == 0,
-                     first + layers == cfg.n_layer);
-  return counter.bytes;
+                     head);
+  return counter;
 }
 
-// The units of a stage holding layers [first, first + n): the embeddings
-// (first stage), each layer, the head (last stage).
-std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, int64_t first, int64_t n) {
-  const bool gpt2 = cfg.family == Family::gpt2;
-  auto first_of_layer = [&](int64_t l) {
-    const std::string prefix = gpt2 ? concat("h.", l, ".") : concat("model.layers.", l, ".");
-    for (const ParamSpec& s : specs)
-      if (s.name.rfind(prefix, 0) == 0) return s.offset;
-    fail("model has no parameters of layer ", l);
-  };
-  std::vector<int64_t> starts;
-  if (first == 0) starts.push_back(0);
-  for (int64_t l = first; l < first + n; ++l) starts.push_back(first_of_layer(l));
-  const std::string final_norm = gpt2 ? "ln_f.weight" : "model.norm.weight";
-  if (first + n == cfg.n_layer) starts.push_back(find_spec(specs, final_norm).offset);
-  starts.push_back(param_count(specs));
+int64_t stage_layers(const ModelConfig& cfg, const PpStage& stage) {
+  return stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
+}
+
+std::string gib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+int64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return INT64_MAX;  // unknown: nothing to check against
+  return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
+}
+
+// Without this check the OS would overcommit, and kill the process only once
+// the pages are touched.
+void require_fits_memory(const Pools& pools, double bytes, std::string_view what, std::string_view advice) {
+  const auto host = static_cast<double>(host_memory_bytes());
+  const auto in_use = static_cast<double>(pools.report().current_total);
+  LOOM_REQUIRE(bytes + in_use <= host, what, " needs ", gib(bytes), " but this machine has ", gib(host),
+               " of memory, ", gib(in_use), " of it already in use: allowed are runs whose state fits in memory; ",
+               advice);
+}
+
+// Every layer adds the same activations, so a stage of n layers takes a
+// one-layer stage's bytes plus n - 1 layers' (O(1) in n_layer); the
+// constructor checks its real layout against this.
+int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
+                                const TpOptions& tp, const StageOptions& stage) {
+  (void)model::param_count(cfg, tp.tp, stage.layers);  // validates cfg, the tp split and the stage
+  LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
+  check_tp(T, tp);
+  const int64_t one = layout_count(cfg, B, T, compute, recompute, tp, stage, 1).bytes;
+  const int64_t per_layer = layout_count(cfg, B, T, compute, recompute, tp, stage, 2).bytes - one;
+  const int64_t layers = stage_layers(cfg, stage.layers);
+  int64_t rest = 0, bytes = 0;
+  LOOM_REQUIRE(!__builtin_mul_overflow(layers - 1, per_layer, &rest) && !__builtin_add_overflow(one, rest, &bytes),
+               "the activations of ", layers, " layers for ", B, " x ", T, " tokens are more than 2^63 bytes: ",
+               "lower model.n_layer, train.micro_batch or train.seq_len");
+  return bytes;
+}
+
+ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
+                              const Storage& storage, const TpOptions& tp, const StageOptions& stage) {
+  const int64_t P = model::param_count(cfg, tp.tp, stage.layers);
+  ModelBytes b;
+  if (storage.params) b.params = P * static_cast<int64_t>(dtype_size(compute));
+  if (storage.master && compute != DType::f32) b.master = P * 4;
+  if (storage.grads) b.grads = P * 4;
+  b.activations = activation_bytes(cfg, B, T, compute, recompute, tp, stage);
+  // Per layer, from the types' sizes (heap overheads left out): its specs
+  // and their name index, its weight and gradient views, its activation
+  // records (the slots' and the one in use) and tensors, each of which takes
+  // at least one aligned block.
+  ModelConfig one = cfg, two = cfg;
+  one.n_layer = 1, two.n_layer = 2;
+  const auto specs =
+      static_cast<int64_t>(model::param_specs(two, tp.tp).size() - model::param_specs(one, tp.tp).size());
+  const int64_t tensors = layout_count(cfg, B, T, compute, recompute, tp, stage, 2).tensors -
+                          layout_count(cfg, B, T, compute, recompute, tp, stage, 1).tensors;
+  const auto size = [](size_t n) { return static_cast<int64_t>(n); };
+  const int64_t views = (storage.params ? 1 : 0) + (storage.grads ? 1 : 0);
+  const int64_t per_layer = specs * (size(sizeof(ParamSpec)) + 2 * size(sizeof(std::pair<std::string, void*>))) +
+                            views * size(sizeof(LayerWeights)) + (stage.slots + 1) * size(sizeof(LayerActs)) +
+                            tensors * (size(sizeof(OwnedTensor)) + size(kAlignment));
+  b.host = stage_layers(cfg, stage.layers) * per_layer;
+  return b;
+}
+
+// The units of a stage's spec list, in one pass: a unit starts at the first
+// parameter of each part, the embeddings, every layer, the head (where a
+// later stage's copy of a tied embedding belongs).
+std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
   std::vector<Unit> units;
-  for (size_t i = 0; i + 1 < starts.size(); ++i) units.push_back({starts[i], starts[i + 1]});
+  int64_t part_of_unit = 0;  // -1 embeddings, l layer l, n_layer the head
+  for (const ParamSpec& s : specs) {
+    int64_t layer = 0;
+    const ParamPart part = s.pp_copy ? ParamPart::head : param_part(cfg, s.name, &layer);
+    const int64_t p = part == ParamPart::embedding ? -1 : part == ParamPart::head ? cfg.n_layer : layer;
+    if (units.empty() || p != part_of_unit) {
+      LOOM_CHECK(units.empty() || (p > part_of_unit && units.back().end == s.offset), "parameter ", s.name,
+                 " is out of model order");
+      units.push_back({s.offset, s.offset});
+      part_of_unit = p;
+    }
+    units.back().end = s.offset + s.numel();
+  }
   return units;
 }
 
@@ -276,11 +356,11 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
       compute_(compute),
       storage_(storage),
       tp_(tp),
-      specs_(model::param_specs(cfg, tp.tp, stage.layers)),
       state_(std::make_unique<ModelState>()) {
+  const int64_t P = model::param_count(cfg, tp.tp, stage.layers);  // validates, O(1) in n_layer
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   first_layer_ = stage.layers.first_layer;
-  n_layers_ = stage.layers.n_layers < 0 ? cfg.n_layer - first_layer_ : stage.layers.n_layers;
+  n_layers_ = stage_layers(cfg, stage.layers);
   has_embedding_ = first_layer_ == 0;
   has_head_ = first_layer_ + n_layers_ == cfg.n_layer;
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
@@ -289,8 +369,23 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
   check_tp(T, tp);
-  units_ = model_units(cfg, specs_, first_layer_, n_layers_);
-  const int64_t P = param_count(specs_);
+  memory_ = state_bytes(cfg, B, T, compute, recompute, storage, tp, stage);
+  const ModelBytes& need = memory_;
+  // In double: an absurd model's bytes would overflow int64.
+  const auto bytes = [](int64_t n) { return static_cast<double>(n); };
+  require_fits_memory(pools,
+                      bytes(need.params) + bytes(need.master) + bytes(need.grads) + bytes(need.activations) +
+                          bytes(need.host),
+                      concat("model of ", P, " parameters on this rank (model.n_layer = ", cfg.n_layer, ", n_embd = ",
+                             cfg.n_embd, "; parameters ", gib(bytes(need.params + need.master)), ", gradients ",
+                             gib(bytes(need.grads)), ", activations of ", B, " x ", T, " tokens ",
+                             gib(bytes(need.activations)), ", per-layer bookkeeping ", gib(bytes(need.host)), ")"),
+                      "lower model.n_layer, model.n_embd, train.micro_batch or train.seq_len, or split the model over "
+                      "more ranks (parallel.tp, parallel.pp, parallel.zero_stage)");
+  specs_ = model::param_specs(cfg, tp.tp, stage.layers);
+  units_ = model_units(cfg, specs_);
+  LOOM_CHECK(param_count(specs_) == P && static_cast<int64_t>(units_.size()) == has_embedding_ + n_layers_ + has_head_,
+             "the stage's ", specs_.size(), " parameters make ", units_.size(), " units for ", n_layers_, " layers");
   if (storage.params) params_ = pools[MemTag::params].empty(compute, {P});
   if (storage.master && compute != DType::f32) master_ = pools[MemTag::master].empty(DType::f32, {P});
   if (storage.grads) grads_ = pools[MemTag::grads].zeros(DType::f32, {P});
@@ -300,6 +395,8 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType c
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
   const int64_t Vl = vocab_per_rank(cfg, tp.tp.size);
   layout_activations(st, alloc, cfg, recompute, Vl, n_layers_, stage.slots, has_embedding_, has_head_);
+  LOOM_CHECK(alloc.bytes == need.activations, "activations: the layout took ", alloc.bytes, " bytes, ",
+             "activation_bytes predicted ", need.activations);
   st.vocab_begin = tp.tp.rank * Vl;
   st.vocab_valid = std::clamp<int64_t>(cfg.vocab_size - st.vocab_begin, 0, Vl);
   for (int64_t t = 0; t < T; ++t) st.pos.data_as<int32_t>()[t] = static_cast<int32_t>(t);

@@ -61,6 +61,9 @@ struct Unit {
   int64_t numel() const { return end - begin; }
 };
 enum class Pass : uint8_t { forward, backward };
+// The units of a stage's spec list (param_specs(cfg, tp, stage)), in one
+// pass over it.
+std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs);
 
 // What data parallelism (parallel/dp.h) plugs into a Model: where the
 // parameters and gradients of a model that does not own them live, and when
@@ -102,6 +105,23 @@ struct StageOptions {
   int slots = 1;
 };
 
+// Bytes a Model takes from its pools, by tag (Model::state_bytes), and the
+// host memory its per-layer bookkeeping takes beside them (spec list, views,
+// activation records: a lower bound from the types' sizes).
+struct ModelBytes {
+  int64_t params = 0, master = 0, grads = 0, activations = 0;
+  int64_t host = 0;
+};
+
+// The host's physical memory, which every pool of this process draws from
+// (INT64_MAX where the system does not say).
+int64_t host_memory_bytes();
+// Checked before a large allocation (DESIGN.md §1.4): `bytes` more beside
+// what pools hold must fit in host_memory_bytes(), else a loom::Error
+// "<what> needs N GiB but this machine has M GiB of memory, K GiB of it
+// already in use: ...; <advice>".
+void require_fits_memory(const Pools& pools, double bytes, std::string_view what, std::string_view advice);
+
 std::string_view recompute_name(Recompute r);
 // "none", "selective", "full"; anything else is a loom::Error listing them.
 Recompute recompute_from_name(std::string_view name);
@@ -112,6 +132,9 @@ class Model {
   // gradients (zeroed) come from pools[params] / pools[grads], activations
   // and backward scratch from pools[activations]. Parameters are not
   // initialised: call init_params or load_params. compute: f32, bf16 or f16.
+  // A model whose state_bytes, with what pools already hold, exceed the
+  // host's physical memory is a loom::Error that says how much it needs and
+  // has, raised before anything loops over its layers or allocates.
   // tp: this rank's slice under tensor (and sequence) parallelism
   // (tensor_parallel.h); its param_specs(), params and gradients are then the
   // rank's slices, logits() its vocabulary columns.
@@ -141,6 +164,13 @@ class Model {
   // constructor allocates, without allocating.
   static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
                                   const TpOptions& tp = {}, const StageOptions& stage = {});
+  // Everything the constructor takes from the pools (parameters, master
+  // weights, gradients as Storage asks, activations) and its bookkeeping,
+  // O(1) in n_layer: what it checks against memory before building anything.
+  static ModelBytes state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
+                                const Storage& storage = {}, const TpOptions& tp = {}, const StageOptions& stage = {});
+  // What this model took: state_bytes of its arguments.
+  const ModelBytes& memory() const { return memory_; }
   const TpOptions& tensor_parallel() const { return tp_; }
   // Pipeline stage: its first layer and layer count; whether it holds the
   // embeddings (first stage) and the head (last stage).
@@ -226,6 +256,7 @@ class Model {
   TpOptions tp_;
   std::vector<ParamSpec> specs_;
   std::vector<Unit> units_;
+  ModelBytes memory_;
   StepHooks* hooks_ = nullptr;
   OwnedTensor params_, grads_;
   OwnedTensor master_;  // (P) f32 under bf16 / f16 compute; undefined under f32

@@ -31,6 +31,8 @@ class SpecList {
   void weight(std::string name, Shape shape, float std = kInitStd, bool hf_transposed = false, TpSplit split = {}) {
     add(std::move(name), shape, ParamInit::normal, std, hf_transposed, split);
   }
+  ParamSpec& last() { return specs_.back(); }
+  void reserve(int64_t n) { specs_.reserve(static_cast<size_t>(n)); }
   std::vector<ParamSpec> take() { return std::move(specs_); }
 
  private:
@@ -48,11 +50,30 @@ TpSplit vocab_split(const ModelConfig& c, int tp) { return {0, 1, vocab_per_rank
 // paper §2.3): each block adds two of them to the residual stream.
 float residual_std(const ModelConfig& c) { return kInitStd / std::sqrt(2.f * static_cast<float>(c.n_layer)); }
 
-void gpt2_specs(SpecList& s, const ModelConfig& c, int tp) {
+// The parts of the model a spec list holds (params.h PpStage): the
+// embeddings (first stage), layers [first, end), the head (last stage).
+struct Parts {
+  bool embedding = true;
+  int64_t first = 0, end = 0;
+  bool head = true;
+};
+
+// A later stage's head reads its own copy of a tied embedding, after the
+// final norm (params.h PpStage), initialised like stage 0's.
+void embedding_copy(SpecList& s, const ModelConfig& c, int tp, const Parts& parts, const char* name) {
+  if (!parts.head || parts.embedding || !c.tie_embeddings) return;
+  s.weight(name, {c.vocab_size, c.n_embd}, kInitStd, false, vocab_split(c, tp));
+  s.last().pp_copy = true;
+}
+
+void gpt2_specs(SpecList& s, const ModelConfig& c, int tp, const Parts& parts) {
   const int64_t C = c.n_embd, F = c.d_ff;
-  s.weight("wte.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
-  s.weight("wpe.weight", {c.max_seq_len, C});
-  for (int64_t i = 0; i < c.n_layer; ++i) {
+  s.reserve(12 * (parts.end - parts.first) + 5);  // 12 per layer (below), at most 5 others
+  if (parts.embedding) {
+    s.weight("wte.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
+    s.weight("wpe.weight", {c.max_seq_len, C});
+  }
+  for (int64_t i = parts.first; i < parts.end; ++i) {
     const std::string p = concat("h.", i, ".");
     s.add(p + "ln_1.weight", {C}, ParamInit::ones);
     s.add(p + "ln_1.bias", {C}, ParamInit::zeros);
@@ -68,15 +89,19 @@ void gpt2_specs(SpecList& s, const ModelConfig& c, int tp) {
     s.weight(p + "mlp.c_proj.weight", {C, F}, residual_std(c), true, kRow);
     s.add(p + "mlp.c_proj.bias", {C}, ParamInit::zeros);
   }
-  s.add("ln_f.weight", {C}, ParamInit::ones);
-  s.add("ln_f.bias", {C}, ParamInit::zeros);
-  if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
+  if (parts.head) {
+    s.add("ln_f.weight", {C}, ParamInit::ones);
+    s.add("ln_f.bias", {C}, ParamInit::zeros);
+    if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
+  }
+  embedding_copy(s, c, tp, parts, "wte.weight");
 }
 
-void llama_specs(SpecList& s, const ModelConfig& c, int tp) {
+void llama_specs(SpecList& s, const ModelConfig& c, int tp, const Parts& parts) {
   const int64_t C = c.n_embd, F = c.d_ff, KV = c.kv_dim();
-  s.weight("model.embed_tokens.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
-  for (int64_t i = 0; i < c.n_layer; ++i) {
+  s.reserve(9 * (parts.end - parts.first) + 4);  // 9 per layer (below), at most 4 others
+  if (parts.embedding) s.weight("model.embed_tokens.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
+  for (int64_t i = parts.first; i < parts.end; ++i) {
     const std::string p = concat("model.layers.", i, ".");
     s.add(p + "input_layernorm.weight", {C}, ParamInit::ones);
     s.weight(p + "self_attn.q_proj.weight", {C, C}, kInitStd, false, kColumn);
@@ -88,8 +113,11 @@ void llama_specs(SpecList& s, const ModelConfig& c, int tp) {
     s.weight(p + "mlp.up_proj.weight", {F, C}, kInitStd, false, kColumn);
     s.weight(p + "mlp.down_proj.weight", {C, F}, residual_std(c), false, kRow);
   }
-  s.add("model.norm.weight", {C}, ParamInit::ones);
-  if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
+  if (parts.head) {
+    s.add("model.norm.weight", {C}, ParamInit::ones);
+    if (!c.tie_embeddings) s.weight("lm_head.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
+  }
+  embedding_copy(s, c, tp, parts, "model.embed_tokens.weight");
 }
 
 }  // namespace
@@ -106,38 +134,8 @@ ParamPart param_part(const ModelConfig& cfg, const std::string& name, int64_t* l
 
 namespace {
 
-// The stage's parameters of a whole (tp rank's) list, repacked.
-std::vector<ParamSpec> stage_specs(const ModelConfig& cfg, std::vector<ParamSpec> all, PpStage stage) {
-  const int64_t L = cfg.n_layer;
-  const int64_t n = stage.n_layers < 0 ? L - stage.first_layer : stage.n_layers;
-  LOOM_REQUIRE(stage.first_layer >= 0 && n >= 1 && stage.first_layer + n <= L, "pipeline stage of layers [",
-               stage.first_layer, ", ", stage.first_layer + n, ") is invalid: model.n_layer = ", L,
-               " layers, and every stage needs at least one");
-  const bool first = stage.first_layer == 0, last = stage.first_layer + n == L;
-  if (first && last) return all;
-  std::vector<ParamSpec> out;
-  const ParamSpec* tied = nullptr;
-  for (const ParamSpec& spec : all) {
-    int64_t l = 0;
-    const ParamPart part = param_part(cfg, spec.name, &l);
-    const bool keep = part == ParamPart::embedding  ? first
-                      : part == ParamPart::head     ? last
-                                                    : l >= stage.first_layer && l < stage.first_layer + n;
-    if (keep) out.push_back(spec);
-    if (part == ParamPart::embedding && spec.name != "wpe.weight") tied = &spec;
-  }
-  if (last && !first && cfg.tie_embeddings) {  // the head's copy of the embedding
-    out.push_back(*tied);
-    out.back().pp_copy = true;
-  }
-  int64_t offset = 0;
-  for (ParamSpec& spec : out) spec.offset = offset, offset += spec.numel();
-  return out;
-}
-
-}  // namespace
-
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp, PpStage stage) {
+// Checks what param_specs(cfg, tp, stage) checks, and returns the stage's parts.
+Parts checked_parts(const ModelConfig& cfg, TpRank tp, PpStage stage) {
   cfg.validate();
   LOOM_REQUIRE(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "tensor-parallel rank ", tp.rank, " of ", tp.size,
                " is invalid");
@@ -148,10 +146,39 @@ std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp, PpStage st
   require_divides("n_head", cfg.n_head, "attention heads");
   require_divides("n_kv_head", cfg.n_kv_head, "key/value heads");
   require_divides("d_ff", cfg.d_ff, "MLP's hidden units");
+  const int64_t L = cfg.n_layer;
+  const int64_t n = stage.n_layers < 0 ? L - stage.first_layer : stage.n_layers;
+  LOOM_REQUIRE(stage.first_layer >= 0 && n >= 1 && stage.first_layer <= L - n, "pipeline stage of layers [",
+               stage.first_layer, ", ", stage.first_layer + n, ") is invalid: model.n_layer = ", L,
+               " layers, and every stage needs at least one");
+  return {stage.first_layer == 0, stage.first_layer, stage.first_layer + n, stage.first_layer + n == L};
+}
+
+std::vector<ParamSpec> specs_of(const ModelConfig& cfg, TpRank tp, const Parts& parts) {
   SpecList s(tp);
-  if (cfg.family == Family::gpt2) gpt2_specs(s, cfg, tp.size);
-  else llama_specs(s, cfg, tp.size);
-  return stage_specs(cfg, s.take(), stage);
+  if (cfg.family == Family::gpt2) gpt2_specs(s, cfg, tp.size, parts);
+  else llama_specs(s, cfg, tp.size, parts);
+  return s.take();
+}
+
+}  // namespace
+
+// Only the stage's layers are built (a pipeline stage's list costs its own
+// layers, not the whole model's), packed from offset 0.
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp, PpStage stage) {
+  return specs_of(cfg, tp, checked_parts(cfg, tp, stage));
+}
+
+// Every layer has the same parameters, so a stage of n layers holds a
+// one-layer stage's parameters plus n - 1 layers' (the difference of two
+// one- and two-layer lists of the same parts).
+int64_t param_count(const ModelConfig& cfg, TpRank tp, PpStage stage) {
+  const Parts parts = checked_parts(cfg, tp, stage);
+  Parts one = parts, two = parts;
+  one.end = one.first + 1, two.end = two.first + 2;
+  const int64_t one_count = param_count(specs_of(cfg, tp, one));
+  const int64_t per_layer = param_count(specs_of(cfg, tp, two)) - one_count;
+  return one_count + (parts.end - parts.first - 1) * per_layer;
 }
 
 int64_t param_count(const std::vector<ParamSpec>& specs) {

@@ -93,14 +93,19 @@ struct PpStage {
 // and the offsets pack those (every rank's list has the same names in the
 // same order). A tp size that does not divide model.n_head,
 // model.n_kv_head or model.d_ff is a loom::Error saying what must divide what.
-// With a pipeline stage, only the stage's parameters (above), repacked; a
-// stage outside the model's layers, or with no layer, is a loom::Error.
+// With a pipeline stage, only the stage's parameters (above), packed from
+// offset 0; a stage outside the model's layers, or with no layer, is a
+// loom::Error. The work is linear in the stage's layers.
 std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {});
 // Whether a parameter belongs to a layer (and which), the embeddings or the
 // head (final norm, lm head): by its Hugging Face name.
 enum class ParamPart : uint8_t { embedding, layer, head };
 ParamPart param_part(const ModelConfig& cfg, const std::string& name, int64_t* layer = nullptr);
 int64_t param_count(const std::vector<ParamSpec>& specs);
+// param_count(param_specs(cfg, tp, stage)) without building the list: O(1)
+// in n_layer, so a model's size can be checked before anything loops over
+// its layers. Validates like param_specs.
+int64_t param_count(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {});
 // The vocabulary rows each tp rank holds: vocab_size rounded up to a
 // multiple of tp, divided by tp.
 int64_t vocab_per_rank(const ModelConfig& cfg, int tp);

@@ -16,22 +16,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A run of a segment inside one parameter: AdamW's weight decay is per tensor.
-struct Piece {
-  int64_t offset = 0, count = 0, shard_offset = 0;
-  bool decay = false;
-};
+// The first spec that ends after flat element `offset`: specs are packed in
+// offset order, so a binary search.
+std::vector<model::ParamSpec>::const_iterator first_spec_after(const std::vector<model::ParamSpec>& specs,
+                                                              int64_t offset) {
+  return std::partition_point(specs.begin(), specs.end(),
+                              [&](const model::ParamSpec& p) { return p.offset + p.numel() <= offset; });
+}
 
-std::vector<Piece> pieces_of(const std::vector<Segment>& segments, const std::vector<model::ParamSpec>& specs) {
-  std::vector<Piece> out;
-  for (const Segment& s : segments) {
-    for (const model::ParamSpec& p : specs) {
-      const int64_t lo = std::max(s.offset, p.offset), hi = std::min(s.offset + s.count, p.offset + p.numel());
-      if (lo >= hi) continue;
-      out.push_back({lo, hi - lo, s.shard_offset + (lo - s.offset), p.shape.ndim() >= 2});
-    }
+// Calls f(spec, lo, hi) for every spec overlapping flat elements [begin, end),
+// with the overlap [lo, hi), in offset order: O(log specs + overlaps), so a
+// loop over buckets or segments stays linear in the model's parameters.
+template <typename F>
+void for_each_overlap(const std::vector<model::ParamSpec>& specs, int64_t begin, int64_t end, F f) {
+  for (auto it = first_spec_after(specs, begin); it != specs.end() && it->offset < end; ++it) {
+    const int64_t lo = std::max(begin, it->offset), hi = std::min(end, it->offset + it->numel());
+    if (lo < hi) f(*it, lo, hi);
   }
-  return out;
 }
 
 int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
@@ -103,6 +104,16 @@ std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero
   return out;
 }
 
+std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
+                                       const std::vector<model::ParamSpec>& specs) {
+  std::vector<ParamPiece> out;
+  for (const Segment& s : segments)
+    for_each_overlap(specs, s.offset, s.offset + s.count, [&](const model::ParamSpec& p, int64_t lo, int64_t hi) {
+      out.push_back({lo, hi - lo, s.shard_offset + (lo - s.offset), p.shape.ndim() >= 2});
+    });
+  return out;
+}
+
 std::vector<Segment> shard_segments(const std::vector<Bucket>& buckets, int zero_stage, int size, int rank) {
   LOOM_REQUIRE(size >= 1 && rank >= 0 && rank < size, "shard_segments: rank ", rank, " of ", size);
   std::vector<Segment> out;
@@ -128,7 +139,7 @@ struct DataParallel::Impl {
   Pools& pools;
   std::vector<int> unit_bucket;  // unit -> bucket (stages 2 and 3: one bucket per unit)
   std::vector<std::vector<int>> finishes;  // unit -> the buckets whose lowest unit it is
-  std::vector<Piece> pieces;
+  std::vector<ParamPiece> pieces;
   bool communicate = true;  // stages 0 and 1: this micro-batch's backward reduces (the last one)
   // Stages 0 and 1: the collectives of this step, waited for in grad_norm().
   std::vector<comm::WorkPtr> pending;
@@ -178,7 +189,7 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator* comm, const 
     for (int u = buckets_[b].first_unit; u <= buckets_[b].last_unit; ++u) im.unit_bucket[u] = b;
   im.finishes.resize(model.units().size());
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) im.finishes[buckets_[b].first_unit].push_back(b);
-  im.pieces = pieces_of(segments_, model.param_specs());
+  im.pieces = segment_pieces(segments_, model.param_specs());
   im.open.resize(buckets_.size());
   im.gathered.resize(model.units().size());
   // The order the model acquires units' parameters (model.h), for prefetching:
@@ -198,7 +209,19 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator* comm, const 
 
   const int64_t S = shard_numel_;
   const DType compute = model.compute_dtype();
-  if (compute != DType::f32 || opt_.offload_optimizer) master_ = pools[MemTag::master].zeros(DType::f32, {S});
+  // The shard state allocated below, beside what the pools hold already
+  // (the model) and the model's bookkeeping, is checked first: a run too
+  // large is refused with a message instead of killed by the OS.
+  const bool master = compute != DType::f32 || opt_.offload_optimizer;
+  const int f32_arrays = 2 + (master ? 1 : 0) + (stage >= 2 ? 1 : 0) + (opt_.offload_optimizer ? 1 : 0);
+  const double per_param = 4.0 * f32_arrays + (stage == 3 ? static_cast<double>(dtype_size(compute)) : 0.0);
+  model::require_fits_memory(pools, static_cast<double>(S) * per_param + static_cast<double>(model.memory().host),
+                             concat("the optimizer state of ", S, " parameters on this rank (AdamW moments",
+                                    master ? ", master weights" : "", stage >= 2 ? ", gradient shard" : "",
+                                    stage == 3 ? ", parameter shard" : "", ") and the model's bookkeeping"),
+                             "lower model.n_layer or model.n_embd, or shard it over more ranks (parallel.zero_stage "
+                             ">= 1 with parallel.dp > 1, parallel.tp, parallel.pp)");
+  if (master) master_ = pools[MemTag::master].zeros(DType::f32, {S});
   m_ = pools[MemTag::optimizer].zeros(DType::f32, {S});
   v_ = pools[MemTag::optimizer].zeros(DType::f32, {S});
   if (stage >= 2) grad_shard_ = pools[MemTag::grads].zeros(DType::f32, {S});
@@ -236,10 +259,10 @@ void DataParallel::init_params(uint64_t seed) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bk = buckets_[b];
     OwnedTensor full = impl_->pools[MemTag::workspace].empty(DType::f32, {bk.numel()});
-    for (const model::ParamSpec& spec : specs)
-      if (spec.offset >= bk.begin && spec.offset < bk.end)
-        model::init_param(Tensor(full).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec,
-                          seed);
+    for_each_overlap(specs, bk.begin, bk.end, [&](const model::ParamSpec& spec, int64_t, int64_t) {
+      if (spec.offset < bk.begin) return;  // an earlier bucket's
+      model::init_param(Tensor(full).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec, seed);
+    });
     if (opt_.zero_stage < 3) kernels::cast(model_.params().slice(0, bk.begin, bk.numel()), full);  // every rank
     const Segment& s = segments_[b];
     const Tensor src = Tensor(full).slice(0, s.offset - bk.begin, s.count);
@@ -371,11 +394,10 @@ double DataParallel::grad_sum_squares() {
       sum += kernels::sum_squares(g);
       continue;
     }
-    for (const model::ParamSpec& spec : specs) {
-      const int64_t lo = std::max(spec.offset, s.offset), hi = std::min(spec.offset + spec.numel(), s.offset + s.count);
+    for_each_overlap(specs, s.offset, s.offset + s.count, [&](const model::ParamSpec& spec, int64_t lo, int64_t hi) {
       const bool counted = !spec.pp_copy && !(skip_replicated && spec.replicated());
-      if (lo < hi && counted) sum += kernels::sum_squares(g.slice(0, lo - s.offset, hi - lo));
-    }
+      if (counted) sum += kernels::sum_squares(g.slice(0, lo - s.offset, hi - lo));
+    });
   }
   // Stage 0: every rank holds the whole averaged gradient.
   if (stage > 0) sum = exact_sum(comm_, sum);
@@ -401,7 +423,7 @@ void DataParallel::update(double lr, float grad_scale) {
   cfg.eps = static_cast<float>(adamw_.eps);
   cfg.step = step_;
   cfg.grad_scale = grad_scale;
-  for (const Piece& p : im.pieces) {
+  for (const ParamPiece& p : im.pieces) {
     // Where the reduced gradient, the weights the model reads and the master live.
     Tensor grad = stage < 2 ? model_.grads().slice(0, p.offset, p.count)
                             : Tensor(grad_shard_).slice(0, p.shard_offset, p.count);

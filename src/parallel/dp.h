@@ -100,6 +100,18 @@ double exact_group_sum(comm::Communicator* group, double value);
 // Pure: rank's shard under a stage (stage 0: every bucket whole).
 std::vector<Segment> shard_segments(const std::vector<Bucket>& buckets, int zero_stage, int size, int rank);
 
+// A run of a segment inside one parameter: AdamW's weight decay is per
+// tensor (2-D weights decay).
+struct ParamPiece {
+  int64_t offset = 0, count = 0, shard_offset = 0;
+  bool decay = false;
+};
+// Pure: the segments cut at parameter boundaries, in order. specs: the
+// model's, packed in offset order; each segment finds its first parameter
+// by binary search, so the work is linear in segments plus pieces.
+std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
+                                       const std::vector<model::ParamSpec>& specs);
+
 // What a step's gradient communication cost and how much of it backward hid.
 struct CommStats {
   int64_t ops = 0;              // gradient collectives issued

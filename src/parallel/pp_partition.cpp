@@ -20,10 +20,13 @@ int64_t layer_params(const model::ModelConfig& cfg) {
   return model::param_count(model::param_specs(two)) - model::param_count(model::param_specs(one));
 }
 
-// The final norm's parameters (GPT-2 ln_f weight + bias, Llama's norm weight).
+// The final norm's parameters (GPT-2 ln_f weight + bias, Llama's norm
+// weight): from a one-layer model's list, the same head whatever n_layer.
 int64_t final_norm_params(const model::ModelConfig& cfg) {
+  model::ModelConfig one = cfg;
+  one.n_layer = 1;
   int64_t n = 0;
-  for (const model::ParamSpec& s : model::param_specs(cfg)) {
+  for (const model::ParamSpec& s : model::param_specs(one)) {
     const std::string_view name = s.name;
     if (name.starts_with("ln_f.") || name.starts_with("model.norm.")) n += s.numel();
   }

@@ -1,19 +1,25 @@
 #include "text/prepare.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "text/bpe.h"
 #include "text/brown.h"
 #include "text/shards.h"
@@ -38,12 +44,30 @@ std::string shard_name(const std::string& split, int64_t index) {
   return split + buf;
 }
 
-// Collects one split's tokens and writes a shard each time shard_tokens fill up.
+// val_NNNNNN.bin / train_NNNNNN.bin, and the .tmp of one torn by a killed
+// write: the names data prepare writes into its output directory.
+bool is_prepare_output_name(const std::string& name) {
+  std::string base = name;
+  if (base.ends_with(".tmp")) base.resize(base.size() - 4);
+  for (const std::string split : {"val", "train"}) {
+    const size_t digits = base.size() - std::min(base.size(), split.size() + 5);
+    if (base.starts_with(split + "_") && base.ends_with(".bin") && digits >= 6 &&
+        std::all_of(base.begin() + split.size() + 1, base.end() - 4, [](char c) { return c >= '0' && c <= '9'; })) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Collects one split's tokens and writes a shard into `stage` each time
+// shard_tokens fill up; the summary names each shard by its path in `out`
+// (as the user spelled it), where it lands when the stage is swapped in.
 class ShardSink {
  public:
-  ShardSink(fs::path dir, std::string split, int64_t shard_tokens, int version, SplitSummary& summary)
-      : dir_(std::move(dir)), split_(std::move(split)), shard_tokens_(shard_tokens), version_(version),
-        summary_(summary) {}
+  ShardSink(fs::path stage, fs::path out, std::string split, int64_t shard_tokens, int version,
+            SplitSummary& summary)
+      : stage_(std::move(stage)), out_(std::move(out)), split_(std::move(split)), shard_tokens_(shard_tokens),
+        version_(version), summary_(summary) {}
 
   void append(const std::vector<int32_t>& tokens) {
     size_t pos = 0;
@@ -60,31 +84,17 @@ class ShardSink {
 
   void finish() {
     if (!buffer_.empty()) flush();
-    remove_stale();
   }
 
  private:
   void flush() {
-    const fs::path path = dir_ / shard_name(split_, static_cast<int64_t>(summary_.files.size()));
-    write_shard(path.string(), buffer_, version_);
-    summary_.files.push_back(path.string());
+    const std::string name = shard_name(split_, static_cast<int64_t>(summary_.files.size()));
+    write_shard((stage_ / name).string(), buffer_, version_);
+    summary_.files.push_back((out_ / name).string());
     buffer_.clear();
   }
 
-  // Shards of this split left by an earlier, longer run would be read as
-  // data by a glob: remove <split>_NNNNNN.bin files this run did not write.
-  void remove_stale() {
-    const std::set<std::string> written(summary_.files.begin(), summary_.files.end());
-    for (const auto& entry : fs::directory_iterator(dir_)) {
-      const std::string name = entry.path().filename().string();
-      const bool ours = name.size() == split_.size() + 11 && name.starts_with(split_ + "_") &&
-                        name.ends_with(".bin") &&
-                        std::all_of(name.begin() + split_.size() + 1, name.end() - 4, ::isdigit);
-      if (ours && !written.contains(entry.path().string())) fs::remove(entry.path());
-    }
-  }
-
-  fs::path dir_;
+  fs::path stage_, out_;
   std::string split_;
   int64_t shard_tokens_;
   int version_;
@@ -92,29 +102,161 @@ class ShardSink {
   std::vector<int32_t> buffer_;
 };
 
-fs::path make_output_dir(const std::string& dir) {
-  LOOM_REQUIRE(!dir.empty(), "data prepare: --output is empty");
+// The output directory as it will be swapped: absolute, and the directory a
+// symbolic link names rather than the link. `shown` is the path as given.
+struct OutputDir {
+  std::string shown;
+  fs::path path;
+};
+
+// Absolute, symbolic links resolved as far as the path exists, no trailing
+// separator ("out/" -> "/cwd/out"); empty if it cannot be resolved.
+fs::path resolve_dir(const std::string& dir) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  LOOM_REQUIRE(!ec, "cannot create output directory '", dir, "': ", ec.message());
-  LOOM_REQUIRE(fs::is_directory(dir), "output '", dir, "' is not a directory");
-  LOOM_REQUIRE(::access(dir.c_str(), W_OK) == 0, "output directory '", dir, "' is not writable");
-  return fs::path(dir);
+  fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
+  if (ec) return {};
+  if (!p.has_filename() && p != p.root_path()) p = p.parent_path();
+  return p;
 }
 
+OutputDir resolve_output_dir(const std::string& dir) {
+  LOOM_REQUIRE(!dir.empty(), "data prepare: --output is empty");
+  const fs::path p = resolve_dir(dir);
+  LOOM_REQUIRE(!p.empty(), "output '", dir, "' cannot be resolved to a directory path");
+  std::error_code ec;
+  LOOM_REQUIRE(p.has_parent_path() && p != p.root_path(), "output '", dir,
+               "' is the root directory: give a directory for the shards");
+  const fs::file_status st = fs::status(p, ec);
+  LOOM_REQUIRE(!fs::exists(st) || fs::is_directory(st), "output '", dir,
+               "' is an existing file, not a directory: give a directory for the shards (created if missing)");
+  return {dir, p};
+}
+
+// An existing output directory is replaced as a whole, so it may hold only
+// what data prepare writes there; anything else would be lost.
+void check_output_holds_only_shards(const OutputDir& out) {
+  std::error_code ec;
+  if (!fs::is_directory(out.path, ec)) return;
+  for (const auto& entry : fs::directory_iterator(out.path, ec)) {
+    const std::string name = entry.path().filename().string();
+    LOOM_REQUIRE(is_prepare_output_name(name) && entry.is_regular_file(), "output directory '", out.shown,
+                 "' holds '", name, "', which data prepare did not write: the output directory is replaced as a ",
+                 "whole by the new shards, so give a directory that holds only shards (or a new one)");
+  }
+  LOOM_REQUIRE(!ec, "cannot list output directory '", out.shown, "': ", ec.message());
+}
+
+// True when a and b swapped names atomically; else errno says why not.
+bool rename_exchange(const fs::path& a, const fs::path& b) {
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+}
+
+// A directory next to the output that receives the new shards and then takes
+// the output's place (see prepare.h). Removed again unless committed.
+class StagedOutput {
+ public:
+  explicit StagedOutput(OutputDir out) : out_(std::move(out)) {
+    const fs::path parent = out_.path.parent_path();
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    LOOM_REQUIRE(!ec, "cannot create output directory '", out_.shown, "': ", ec.message());
+    const std::string prefix = concat(".", out_.path.filename().string(), ".prepare-", ::getpid(), "-");
+    for (int n = 0;; ++n) {
+      stage_ = parent / concat(prefix, n);
+      if (::mkdir(stage_.c_str(), 0777) == 0) break;
+      if (errno != EEXIST) {
+        fail("cannot create output directory '", out_.shown, "': a temporary directory next to it ('",
+             stage_.string(), "') cannot be created: ", std::strerror(errno));
+      }
+    }
+  }
+  StagedOutput(const StagedOutput&) = delete;
+  StagedOutput& operator=(const StagedOutput&) = delete;
+  ~StagedOutput() {
+    std::error_code ec;
+    if (!committed_) fs::remove_all(stage_, ec);
+  }
+
+  const fs::path& dir() const { return stage_; }
+
+  // The stage takes the output's name in one rename: an exchange with the old
+  // directory where there is one (renameat2 RENAME_EXCHANGE); a file system
+  // without it gets two renames, with a moment where the output is absent.
+  void commit() {
+    fsync_directory(stage_.string());
+    const fs::path& out = out_.path;
+    const std::string parent = out.parent_path().string();
+    if (rename_exchange(stage_, out)) {
+      // The stage's name now holds the old set.
+    } else if (errno == ENOENT) {
+      if (::rename(stage_.c_str(), out.c_str()) != 0) fail_rename();
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+      const fs::path old = stage_.string() + "-old";
+      if (::rename(out.c_str(), old.c_str()) != 0) fail_rename();
+      if (::rename(stage_.c_str(), out.c_str()) != 0) {
+        const int error = errno;
+        ::rename(old.c_str(), out.c_str());  // the old set back in place
+        errno = error;
+        fail_rename();
+      }
+      stage_ = old;
+    } else {
+      fail_rename();
+    }
+    fsync_directory(parent);
+    committed_ = true;
+    std::error_code ec;
+    fs::remove_all(stage_, ec);  // the old shards; a leftover is harmless
+  }
+
+ private:
+  [[noreturn]] void fail_rename() const {
+    fail("cannot move the new shards from '", stage_.string(), "' to output directory '", out_.shown,
+         "': ", std::strerror(errno));
+  }
+
+  OutputDir out_;
+  fs::path stage_;
+  bool committed_ = false;
+};
+
+// True when the file starts with a token shard's magic (text/shards.h).
+bool is_token_shard(const std::string& path) {
+  int32_t magic = 0;
+  std::ifstream in(path, std::ios::binary);
+  return in.read(reinterpret_cast<char*>(&magic), sizeof(magic)) && magic == kShardMagic;
+}
+
+// Canonical `path` is `dir` or lies inside it.
+bool is_within(const fs::path& path, const fs::path& dir) {
+  const auto [d, p] = std::mismatch(dir.begin(), dir.end(), path.begin(), path.end());
+  return d == dir.end();
+}
+
+struct Document {
+  std::vector<int32_t> tokens;
+  std::string warning;  // why the file does not look like text, or empty
+};
+
 // Each document: EOT, then the tokens of its text.
-std::vector<int32_t> tokenize_document(const Gpt2Tokenizer& tok, const std::string& path, CorpusFormat format) {
+Document tokenize_document(const Gpt2Tokenizer& tok, const std::string& path, CorpusFormat format) {
+  Document doc;
   std::string text = read_file(path);
+  const std::string why = non_text_reason(text);
+  if (!why.empty()) {
+    doc.warning = concat("data prepare: input '", path, "' does not look like text (", why,
+                         "): it is tokenised as it is");
+  }
   if (format == CorpusFormat::brown) text = brown_to_text(text);
-  std::vector<int32_t> ids = tok.encode(text);
-  ids.insert(ids.begin(), tok.eot_id());
-  return ids;
+  doc.tokens = tok.encode(text);
+  doc.tokens.insert(doc.tokens.begin(), tok.eot_id());
+  return doc;
 }
 
 // Documents [begin, end) tokenised by `threads` workers; the first error wins.
-std::vector<std::vector<int32_t>> tokenize_group(const Gpt2Tokenizer& tok, const std::vector<std::string>& files,
-                                                 int64_t begin, int64_t end, CorpusFormat format, int threads) {
-  std::vector<std::vector<int32_t>> docs(static_cast<size_t>(end - begin));
+std::vector<Document> tokenize_group(const Gpt2Tokenizer& tok, const std::vector<std::string>& files, int64_t begin,
+                                     int64_t end, CorpusFormat format, int threads) {
+  std::vector<Document> docs(static_cast<size_t>(end - begin));
   std::atomic<int64_t> next{begin};
   std::atomic<bool> failed{false};
   std::exception_ptr error;
@@ -135,16 +277,83 @@ std::vector<std::vector<int32_t>> tokenize_group(const Gpt2Tokenizer& tok, const
   return docs;
 }
 
+// Bytes of `s` outside valid UTF-8 sequences (RFC 3629: no overlong forms,
+// no surrogates, nothing above U+10FFFF); a bad sequence counts its first
+// byte and decoding resumes at the next one.
+int64_t invalid_utf8_bytes(std::string_view s) {
+  int64_t bad = 0;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // range of the second byte
+    if (c < 0x80) {
+      len = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      lo = c == 0xE0 ? 0xA0 : 0x80;  // no overlong form
+      hi = c == 0xED ? 0x9F : 0xBF;  // no surrogate
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      lo = c == 0xF0 ? 0x90 : 0x80;  // no overlong form
+      hi = c == 0xF4 ? 0x8F : 0xBF;  // nothing above U+10FFFF
+    }
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned b = p[i + k];
+      ok = k == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xBF);
+    }
+    i += ok ? len : 1;
+    bad += ok ? 0 : 1;
+  }
+  return bad;
+}
+
 }  // namespace
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, CorpusFormat format) {
+std::string non_text_reason(std::string_view bytes) {
+  if (bytes.empty()) return {};
+  const int64_t nul = std::count(bytes.begin(), bytes.end(), '\0');
+  const int64_t bad = invalid_utf8_bytes(bytes);
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  const bool too_many_bad = static_cast<double>(bad) > kMaxNonUtf8Share * static_cast<double>(n);
+  if (nul == 0 && !too_many_bad) return {};
+  std::string why;
+  if (nul > 0) why = concat(nul, " NUL byte", nul == 1 ? "" : "s");
+  if (too_many_bad) {
+    char share[16];
+    std::snprintf(share, sizeof(share), "%.0f%%", 100.0 * static_cast<double>(bad) / static_cast<double>(n));
+    why += concat(why.empty() ? "" : ", ", bad, " of its ", n, " bytes (", share, ") not valid UTF-8");
+  }
+  return why;
+}
+
+InputFiles expand_inputs(const std::vector<std::string>& inputs, CorpusFormat format, const std::string& output_dir) {
   LOOM_REQUIRE(!inputs.empty(), "data prepare: no input given");
-  std::vector<std::string> files;
+  const fs::path out = output_dir.empty() ? fs::path() : resolve_dir(output_dir);
+  InputFiles result;
+  // A file is read unless it is a token shard (an earlier output, or data).
+  auto add_file = [&](const std::string& file) {
+    if (is_token_shard(file)) {
+      result.skipped.push_back(concat("data prepare: skipping input '", file, "': it is a .bin token shard, not text"));
+      return false;
+    }
+    result.files.push_back(file);
+    return true;
+  };
   for (const std::string& input : inputs) {
     LOOM_REQUIRE(fs::exists(input), "input '", input, "' does not exist");
+    if (!out.empty() && is_within(fs::canonical(input), out)) {
+      result.skipped.push_back(concat("data prepare: skipping input '", input, "': it is the output directory '",
+                                      output_dir, "' or lies inside it (data prepare does not read its own output)"));
+      continue;
+    }
     if (!fs::is_directory(input)) {
       LOOM_REQUIRE(fs::is_regular_file(input), "input '", input, "' is neither a regular file nor a directory");
-      files.push_back(input);
+      add_file(input);
       continue;
     }
     std::vector<std::string> found;
@@ -155,12 +364,14 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs, C
         found.push_back(entry.path().string());
       }
     }
-    LOOM_REQUIRE(!found.empty(), "input directory '", input, "' holds no ",
-                 format == CorpusFormat::brown ? "Brown corpus file (ca01 ... cr09)" : "file");
     std::sort(found.begin(), found.end());
-    files.insert(files.end(), found.begin(), found.end());
+    int64_t added = 0;
+    for (const std::string& file : found) added += add_file(file) ? 1 : 0;
+    LOOM_REQUIRE(added > 0, "input directory '", input, "' holds no ",
+                 format == CorpusFormat::brown ? "Brown corpus file (ca01 ... cr09)" : "file",
+                 found.empty() ? "" : " besides .bin token shards");
   }
-  return files;
+  return result;
 }
 
 std::vector<bool> val_documents(int64_t n, double val_fraction) {
@@ -176,9 +387,18 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
   LOOM_REQUIRE(opt.shard_tokens >= 1, "data prepare: --shard-tokens must be at least 1, not ", opt.shard_tokens);
   LOOM_REQUIRE(opt.shard_tokens <= INT32_MAX, "data prepare: --shard-tokens ", opt.shard_tokens,
                " exceeds the format's int32 token count");
-  LOOM_REQUIRE(fs::is_directory(opt.tokenizer_dir), "tokenizer directory '", opt.tokenizer_dir,
+  LOOM_REQUIRE(fs::exists(opt.tokenizer_dir), "tokenizer directory '", opt.tokenizer_dir,
                "' does not exist (it should hold GPT-2's encoder.json and vocab.bpe; run scripts/fetch-data.sh)");
-  const std::vector<std::string> files = expand_inputs(opt.inputs, opt.format);
+  LOOM_REQUIRE(fs::is_directory(opt.tokenizer_dir), "tokenizer '", opt.tokenizer_dir,
+               "' is a file: a directory holding GPT-2's encoder.json and vocab.bpe is expected");
+  const auto warn = [&](const std::string& line) { opt.warn ? opt.warn(line) : log_warn(line); };
+  const OutputDir out = resolve_output_dir(opt.output_dir);
+  const InputFiles inputs = expand_inputs(opt.inputs, opt.format, opt.output_dir);
+  for (const std::string& line : inputs.skipped) warn(line);
+  LOOM_REQUIRE(!inputs.files.empty(), "data prepare: no input left to read: each input is the output directory '",
+               opt.output_dir, "', lies inside it, or is a .bin token shard (see the warnings above)");
+  check_output_holds_only_shards(out);
+  const std::vector<std::string>& files = inputs.files;
   const int64_t n = static_cast<int64_t>(files.size());
   const std::vector<bool> is_val = val_documents(n, opt.val_fraction);
   const int64_t n_val = std::count(is_val.begin(), is_val.end(), true);
@@ -199,9 +419,9 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
   const Gpt2Tokenizer tok = Gpt2Tokenizer::load(opt.tokenizer_dir);
   summary.vocab_size = tok.vocab_size();
   summary.shard_version = shard_version_for_vocab(tok.vocab_size());
-  const fs::path out = make_output_dir(opt.output_dir);
-  ShardSink val(out, "val", opt.shard_tokens, summary.shard_version, summary.val);
-  ShardSink train(out, "train", opt.shard_tokens, summary.shard_version, summary.train);
+  StagedOutput stage(out);
+  ShardSink val(stage.dir(), out.shown, "val", opt.shard_tokens, summary.shard_version, summary.val);
+  ShardSink train(stage.dir(), out.shown, "train", opt.shard_tokens, summary.shard_version, summary.train);
 
   // Documents are tokenised in parallel in groups and appended in input order.
   const int threads = std::max(1, opt.threads);
@@ -209,9 +429,11 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
   int64_t bytes_done = 0;
   for (int64_t begin = 0; begin < n; begin += group) {
     const int64_t end = std::min(n, begin + group);
-    const std::vector<std::vector<int32_t>> docs = tokenize_group(tok, files, begin, end, opt.format, threads);
+    const std::vector<Document> docs = tokenize_group(tok, files, begin, end, opt.format, threads);
     for (int64_t i = begin; i < end; ++i) {
-      (is_val[i] ? val : train).append(docs[i - begin]);
+      const Document& doc = docs[i - begin];
+      if (!doc.warning.empty()) warn(doc.warning);
+      (is_val[i] ? val : train).append(doc.tokens);
       bytes_done += bytes[i];
       if (opt.progress) opt.progress(bytes_done, summary.input_bytes);
     }
@@ -220,6 +442,7 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
                " documents, ", summary.input_bytes, " bytes, no tokens)");
   val.finish();
   train.finish();
+  stage.commit();
   return summary;
 }
 

@@ -4,8 +4,12 @@
 //     [1] version: 1 = uint16 tokens, 2 = uint32 tokens (vocabularies over 65536)
 //     [2] token count
 //   then `count` tokens, little-endian.
-// Written atomically (temporary name, fsync, rename); read through a read-only
-// memory map whose header is checked against the file size.
+// Written atomically (temporary name, fsync, rename). Read with pread(2)
+// through a descriptor held open, not a memory map: a file truncated while it
+// is read then gives a short read, reported as a loom::Error naming the shard
+// and its sizes, where a map would kill the process with SIGBUS (issue 15).
+// A file replaced by rename (a new `data prepare`) is not seen: the
+// descriptor keeps reading the file that was opened.
 #pragma once
 
 #include <cstddef>
@@ -28,12 +32,13 @@ int shard_token_bytes(int version);
 // token the version cannot hold or a file that cannot be written.
 void write_shard(const std::string& path, std::span<const int32_t> tokens, int version);
 
-// A read-only memory map of one shard. Movable, not copyable.
+// One shard open for reading. Movable, not copyable. Each open shard holds a
+// file descriptor until it is destroyed.
 class Shard {
  public:
-  // Throws loom::Error naming the file and the problem: missing, shorter than
-  // the header, wrong magic, unknown version, count that disagrees with the
-  // file size.
+  // Throws loom::Error naming the file and the problem: missing, a directory
+  // or other non-regular file, shorter than the header, wrong magic, unknown
+  // version, count that disagrees with the file size.
   static Shard open(const std::string& path);
 
   Shard() = default;
@@ -47,21 +52,24 @@ class Shard {
   int version() const { return version_; }
   int64_t size() const { return count_; }  // tokens
   int32_t operator[](int64_t i) const;
-  // out[j] = token begin + j for j < n; [begin, begin + n) must lie in the shard.
+  // out[j] = token begin + j for j < n; [begin, begin + n) must lie in the
+  // shard. One pread of n tokens; throws loom::Error (shard, its size now and
+  // at open) when the file has shrunk below them or cannot be read.
   void copy(int64_t begin, int64_t n, int32_t* out) const;
   // Throws loom::Error naming the file, the position and the id of the first
   // token >= vocab_size.
   void check_vocab(int64_t vocab_size) const;
 
  private:
-  void unmap();
+  void close();
+  // bytes [offset, offset + n) of the file into out; loom::Error on a short read.
+  void read_bytes(int64_t offset, int64_t n, void* out) const;
 
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  int fd_ = -1;
+  int64_t file_bytes_ = 0;  // at open: header + count * token bytes
   int version_ = 0;
   int64_t count_ = 0;
-  const unsigned char* tokens_ = nullptr;  // just past the header
 };
 
 }  // namespace loom::text

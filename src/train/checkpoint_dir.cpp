@@ -90,10 +90,15 @@ void prune_step_dirs(const fs::path& root, int64_t keep, const fs::path& protect
     std::erase_if(dirs, [&](const StepDir& d) { return same_dir(d.path, protect); });
   const int64_t extra = static_cast<int64_t>(dirs.size()) - keep;
   for (int64_t i = 0; i < extra; ++i) {
+    // Renamed out of the step dir names first: a kill inside remove_all
+    // then leaves a leftover, not a step dir with some files gone.
+    const fs::path& dir = dirs[static_cast<size_t>(i)].path;
+    const fs::path doomed = dir.string() + ".old";
     std::error_code ec;
-    fs::remove_all(dirs[static_cast<size_t>(i)].path, ec);
-    LOOM_REQUIRE(!ec, "cannot delete the old checkpoint '", dirs[static_cast<size_t>(i)].path.string(), "': ",
-                 ec.message());
+    fs::remove_all(doomed, ec);
+    fs::rename(dir, doomed, ec);
+    if (!ec) fs::remove_all(doomed, ec);
+    LOOM_REQUIRE(!ec, "cannot delete the old checkpoint '", dir.string(), "': ", ec.message());
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
@@ -23,6 +24,21 @@ namespace {
 
 constexpr int64_t kIntMax = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Upper bounds of the numeric keys: far beyond any real run, low enough that
+// no product or conversion downstream overflows (a step count times a batch,
+// a timeout in steady_clock nanoseconds, a bucket in bytes). The model's
+// sizes are bounded once, by ModelConfig::validate (model/config.h); a run
+// trains at most kMaxLayers layers (start-up and pp stages scale with them).
+constexpr int64_t kMaxSteps = 1'000'000'000;  // steps, and counts of steps (every, warmup, ...)
+constexpr int64_t kMaxCount = 1'000'000;      // checkpoint.keep, train.eval_steps
+constexpr int64_t kMaxLayers = 4096;          // model.n_layer, and pp stages / layers per stage
+constexpr int64_t kMaxSeqLen = 1 << 24;       // train.seq_len
+constexpr int64_t kMaxExperts = 4096;         // model.n_expert, top_k
+constexpr int64_t kMaxMicroBatch = 1 << 16;   // train.micro_batch
+constexpr int64_t kMaxGradAccum = 1 << 20;    // train.grad_accum (also when global_batch sets it)
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 40;
+constexpr double kMaxTimeoutS = 7 * 24 * 3600;  // one week: every blocking wait of a collective
 
 // One assignment of a key, from the file or from --set, with where it came
 // from for error messages.
@@ -85,16 +101,17 @@ class Value {
     }
     invalid("a string or a non-empty array of strings");
   }
-  // A non-empty array of integers, each >= lo.
-  std::vector<int64_t> integers(int64_t lo) const {
+  // A non-empty array of integers, each in [lo, hi].
+  std::vector<int64_t> integers(int64_t lo, int64_t hi) const {
     std::vector<int64_t> out;
     if (const toml::array* a = node_ != nullptr ? node_->as_array() : nullptr) {
       for (const toml::node& e : *a) {
-        if (!e.is_integer() || *e.value<int64_t>() < lo) invalid(concat("a non-empty array of integers >= ", lo));
+        if (!e.is_integer() || *e.value<int64_t>() < lo || *e.value<int64_t>() > hi)
+          invalid(concat("a non-empty array of integers >= ", lo, " and <= ", hi));
         out.push_back(*e.value<int64_t>());
       }
     }
-    if (out.empty()) invalid(concat("a non-empty array of integers >= ", lo, ", e.g. [3, 4, 4, 1]"));
+    if (out.empty()) invalid(concat("a non-empty array of integers >= ", lo, " and <= ", hi, ", e.g. [3, 4, 4, 1]"));
     return out;
   }
 
@@ -115,7 +132,8 @@ class Value {
   static std::string int_range(int64_t lo, int64_t hi) {
     if (hi == kIntMax) return concat("integers >= ", lo);
     if (lo == hi) return concat(lo);
-    return concat("integers from ", lo, " to ", hi);
+    if (hi - lo <= 16) return concat("integers from ", lo, " to ", hi);  // a few choices
+    return concat("integers >= ", lo, " and <= ", hi);
   }
 
   const toml::node* node_;
@@ -156,44 +174,44 @@ const std::vector<KeySpec>& key_specs() {
          }
        }},
       {"model", "family", [](R& c, const V& v) { c.model.family = model::family_from_name(v.choice({"gpt2", "llama"})); }},
-      {"model", "n_layer", [](R& c, const V& v) { c.model.n_layer = v.integer(1); }},
+      {"model", "n_layer", [](R& c, const V& v) { c.model.n_layer = v.integer(1, kMaxLayers); }},
       {"model", "n_embd", [](R& c, const V& v) { c.model.n_embd = v.integer(1); }},
       {"model", "n_head", [](R& c, const V& v) { c.model.n_head = v.integer(1); }},
       {"model", "n_kv_head", [](R& c, const V& v) { c.model.n_kv_head = v.integer(1); }},
       {"model", "d_ff", [](R& c, const V& v) { c.model.d_ff = v.integer(1); }},
       {"model", "vocab_size", [](R& c, const V& v) { c.model.vocab_size = v.integer(1, INT32_MAX); }},
       {"model", "max_seq_len", [](R& c, const V& v) { c.model.max_seq_len = v.integer(1); }},
-      {"model", "rope_theta", [](R& c, const V& v) { c.model.rope_theta = static_cast<float>(v.number(0, true)); }},
+      {"model", "rope_theta", [](R& c, const V& v) { c.model.rope_theta = static_cast<float>(v.number(0, true, 1e12)); }},
       {"model", "norm_eps", [](R& c, const V& v) { c.model.norm_eps = static_cast<float>(v.number(0, true, 1)); }},
       {"model", "tie_embeddings", [](R& c, const V& v) { c.model.tie_embeddings = v.boolean(); }},
-      {"model", "n_expert", [](R& c, const V& v) { c.model.n_expert = v.integer(0); }},
-      {"model", "top_k", [](R& c, const V& v) { c.model.top_k = v.integer(1); }},
-      {"model", "capacity_factor", [](R& c, const V& v) { c.model.capacity_factor = static_cast<float>(v.number(0, true)); }},
-      {"model", "aux_loss_coef", [](R& c, const V& v) { c.model.aux_loss_coef = static_cast<float>(v.number(0, false)); }},
+      {"model", "n_expert", [](R& c, const V& v) { c.model.n_expert = v.integer(0, kMaxExperts); }},
+      {"model", "top_k", [](R& c, const V& v) { c.model.top_k = v.integer(1, kMaxExperts); }},
+      {"model", "capacity_factor", [](R& c, const V& v) { c.model.capacity_factor = static_cast<float>(v.number(0, true, 1000)); }},
+      {"model", "aux_loss_coef", [](R& c, const V& v) { c.model.aux_loss_coef = static_cast<float>(v.number(0, false, 100)); }},
 
       {"data", "train", [](R& c, const V& v) { c.data.train = v.strings(); }},
       {"data", "val", [](R& c, const V& v) { c.data.val = v.strings(); }},
       {"data", "shuffle", [](R& c, const V& v) { c.data.shuffle = v.boolean(); }},
 
-      {"train", "seq_len", [](R& c, const V& v) { c.train.seq_len = v.integer(1); }},
-      {"train", "micro_batch", [](R& c, const V& v) { c.train.micro_batch = v.integer(1); }},
-      {"train", "grad_accum", [](R& c, const V& v) { c.train.grad_accum = v.integer(1); }},
-      {"train", "global_batch", [](R& c, const V& v) { c.train.global_batch = v.integer(0); }},
-      {"train", "steps", [](R& c, const V& v) { c.train.steps = v.integer(1); }},
-      {"train", "lr", [](R& c, const V& v) { c.train.lr = v.number(0, true); }},
-      {"train", "min_lr", [](R& c, const V& v) { c.train.min_lr = v.number(0, false); }},
-      {"train", "warmup_steps", [](R& c, const V& v) { c.train.warmup_steps = v.integer(0); }},
-      {"train", "weight_decay", [](R& c, const V& v) { c.train.weight_decay = v.number(0, false); }},
-      {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false); }},
+      {"train", "seq_len", [](R& c, const V& v) { c.train.seq_len = v.integer(1, kMaxSeqLen); }},
+      {"train", "micro_batch", [](R& c, const V& v) { c.train.micro_batch = v.integer(1, kMaxMicroBatch); }},
+      {"train", "grad_accum", [](R& c, const V& v) { c.train.grad_accum = v.integer(1, kMaxGradAccum); }},
+      {"train", "global_batch", [](R& c, const V& v) { c.train.global_batch = v.integer(0, kMaxGlobalBatch); }},
+      {"train", "steps", [](R& c, const V& v) { c.train.steps = v.integer(1, kMaxSteps); }},
+      {"train", "lr", [](R& c, const V& v) { c.train.lr = v.number(0, true, 10); }},
+      {"train", "min_lr", [](R& c, const V& v) { c.train.min_lr = v.number(0, false, 10); }},
+      {"train", "warmup_steps", [](R& c, const V& v) { c.train.warmup_steps = v.integer(0, kMaxSteps); }},
+      {"train", "weight_decay", [](R& c, const V& v) { c.train.weight_decay = v.number(0, false, 10); }},
+      {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false, 1e6); }},
       {"train", "dtype", [](R& c, const V& v) { c.train.dtype = v.choice({"fp32", "bf16", "fp16"}); }},
-      {"train", "loss_scale", [](R& c, const V& v) { c.train.loss_scale = v.number(0, true); }},
-      {"train", "loss_scale_window", [](R& c, const V& v) { c.train.loss_scale_window = v.integer(1); }},
-      {"train", "min_loss_scale", [](R& c, const V& v) { c.train.min_loss_scale = v.number(0, true); }},
+      {"train", "loss_scale", [](R& c, const V& v) { c.train.loss_scale = v.number(0, true, 1e20); }},
+      {"train", "loss_scale_window", [](R& c, const V& v) { c.train.loss_scale_window = v.integer(1, kMaxSteps); }},
+      {"train", "min_loss_scale", [](R& c, const V& v) { c.train.min_loss_scale = v.number(0, true, 1e20); }},
       {"train", "max_bad_steps", [](R& c, const V& v) { c.train.max_bad_steps = v.integer(0, 1000000); }},
       {"train", "recompute", [](R& c, const V& v) { c.train.recompute = v.choice({"none", "selective", "full"}); }},
       {"train", "seed", [](R& c, const V& v) { c.train.seed = static_cast<uint64_t>(v.integer(0)); }},
-      {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0); }},
-      {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1); }},
+      {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0, kMaxSteps); }},
+      {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1, kMaxCount); }},
 
       {"parallel", "dp", [](R& c, const V& v) { c.parallel.dp = v.integer(1, 1 << 20); }},
       {"parallel", "tp", [](R& c, const V& v) { c.parallel.tp = v.integer(1, 1 << 16); }},
@@ -203,27 +221,27 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "zero_stage", [](R& c, const V& v) { c.parallel.zero_stage = v.integer(0, 3); }},
       {"parallel", "sequence_parallel", [](R& c, const V& v) { c.parallel.sequence_parallel = v.boolean(); }},
       {"parallel", "pp_schedule", [](R& c, const V& v) { c.parallel.pp_schedule = v.choice({"afab", "1f1b", "interleaved"}); }},
-      {"parallel", "virtual_stages", [](R& c, const V& v) { c.parallel.virtual_stages = v.integer(1); }},
-      {"parallel", "pp_layers", [](R& c, const V& v) { c.parallel.pp_layers = v.integers(1); }},
-      {"parallel", "bucket_mb", [](R& c, const V& v) { c.parallel.bucket_mb = v.number(0, true); }},
+      {"parallel", "virtual_stages", [](R& c, const V& v) { c.parallel.virtual_stages = v.integer(1, kMaxLayers); }},
+      {"parallel", "pp_layers", [](R& c, const V& v) { c.parallel.pp_layers = v.integers(1, kMaxLayers); }},
+      {"parallel", "bucket_mb", [](R& c, const V& v) { c.parallel.bucket_mb = v.number(0, true, 65536); }},
       {"parallel", "offload_optimizer", [](R& c, const V& v) { c.parallel.offload_optimizer = v.boolean(); }},
       {"parallel", "comm_algo", [](R& c, const V& v) { c.parallel.comm_algo = v.choice({"mpi", "ring"}); }},
-      {"parallel", "timeout_s", [](R& c, const V& v) { c.parallel.timeout_s = v.number(0, true); }},
+      {"parallel", "timeout_s", [](R& c, const V& v) { c.parallel.timeout_s = v.number(0, true, kMaxTimeoutS); }},
 
       {"checkpoint", "dir", [](R& c, const V& v) { c.checkpoint.dir = v.string(); }},
       {"checkpoint", "every", [](R& c, const V& v) {
-         c.checkpoint.every = v.integer(0);
+         c.checkpoint.every = v.integer(0, kMaxSteps);
        }},
-      {"checkpoint", "keep", [](R& c, const V& v) { c.checkpoint.keep = v.integer(0); }},
+      {"checkpoint", "keep", [](R& c, const V& v) { c.checkpoint.keep = v.integer(0, kMaxCount); }},
       {"checkpoint", "resume", [](R& c, const V& v) {
          c.checkpoint.resume = v.string();
          if (c.checkpoint.resume.empty()) v.invalid("auto, never or a checkpoint path");
        }},
 
       {"log", "metrics", [](R& c, const V& v) { c.log.metrics = v.string(); }},
-      {"log", "every", [](R& c, const V& v) { c.log.every = v.integer(1); }},
+      {"log", "every", [](R& c, const V& v) { c.log.every = v.integer(1, kMaxSteps); }},
       {"log", "trace", [](R& c, const V& v) { c.log.trace = v.string(); }},
-      {"log", "peak_tflops", [](R& c, const V& v) { c.log.peak_tflops = v.number(0, false); }},
+      {"log", "peak_tflops", [](R& c, const V& v) { c.log.peak_tflops = v.number(0, false, 1e6); }},
   };
   return specs;
 }
@@ -332,14 +350,16 @@ RunConfig apply_all(const Parsed& p) {
       fail(it->second.origin(), ": train.global_batch = ", G, " is not divisible by parallel.dp x train.micro_batch = ",
            c.parallel.dp, " x ", c.train.micro_batch, " = ", per_micro, ": allowed values are multiples of ", per_micro);
     const int64_t accum = G / per_micro;
+    if (accum > kMaxGradAccum)
+      fail(it->second.origin(), ": train.global_batch = ", G, " needs train.grad_accum = ", accum,
+           ", more than its maximum ", kMaxGradAccum, ": allowed values are up to ", kMaxGradAccum * per_micro);
     if (p.values.contains("train.grad_accum") && c.train.grad_accum != accum)
       fail(it->second.origin(), ": train.global_batch = ", G, " with parallel.dp = ", c.parallel.dp,
            " and train.micro_batch = ", c.train.micro_batch, " needs train.grad_accum = ", accum,
            ", but train.grad_accum = ", c.train.grad_accum, ": set only one of them");
     c.train.grad_accum = accum;
   }
-  // GPT-2 has no grouped-query attention: n_kv_head follows an overridden n_head.
-  if (c.model.family == model::Family::gpt2 && !p.values.contains("model.n_kv_head")) c.model.n_kv_head = c.model.n_head;
+  model::derive_model_keys(c.model, p.values.contains("model.n_kv_head"));
   return c;
 }
 
@@ -472,6 +492,11 @@ DType compute_dtype(const TrainConfig& t) {
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // An ifstream opens a directory and reads it as empty, which would read as
+  // a config without keys ("data.train is missing").
+  std::error_code ec;
+  LOOM_REQUIRE(!std::filesystem::is_directory(path, ec), "config '", path,
+               "' is a directory: a TOML file is expected (e.g. configs/tiny.toml)");
   std::ifstream in(path, std::ios::binary);
   LOOM_REQUIRE(in.good(), "config '", path, "' cannot be read: no such file or not readable");
   std::ostringstream text;

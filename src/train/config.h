@@ -74,7 +74,7 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   bool offload_optimizer = false;
   std::string comm_algo = "mpi";
-  double timeout_s = 300.0;  // every blocking wait on a communicator (comm/communicator.h)
+  double timeout_s = 300.0;  // every blocking wait on a communicator (comm/communicator.h); at most one week
 };
 
 // Checkpoints (train/checkpoint.h) go to dir/step_NNNNNN/ every `every` steps

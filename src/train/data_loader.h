@@ -1,4 +1,5 @@
-// Batches of token windows from memory-mapped .bin shards (text/shards.h).
+// Batches of token windows from .bin shards (text/shards.h), each window one
+// pread of T + 1 tokens, so a shard truncated under a run is an error, not SIGBUS.
 //
 // Each shard of n tokens holds floor((n - 1) / T) windows of T + 1 tokens;
 // window w starts at token w * T, so neighbours share one token and the
@@ -39,14 +40,15 @@ struct DataLoaderOptions {
 
 class DataLoader {
  public:
-  // Throws loom::Error for a pattern that matches nothing, a malformed shard,
-  // a shard shorter than T + 1 tokens, a token outside the vocabulary, or
-  // bad B, T, rank, world.
+  // Throws loom::Error for a pattern that matches nothing, a directory or
+  // malformed shard, a shard shorter than T + 1 tokens, a token outside the
+  // vocabulary, or bad B, T, rank, world.
   explicit DataLoader(const DataLoaderOptions& options);
 
   // inputs, targets: (B, T) row-major; targets[b][t] = inputs[b][t + 1] of
   // the same window. Reads this rank's samples at position() and advances it
-  // by world * B.
+  // by world * B. Throws loom::Error (position unchanged) when a shard has
+  // shrunk since it was opened.
   void next(std::span<int32_t> inputs, std::span<int32_t> targets);
   // The batch next() would read at `position`, without moving.
   void batch_at(int64_t position, std::span<int32_t> inputs, std::span<int32_t> targets) const;

@@ -236,6 +236,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const auto rank_of = [](comm::Communicator* g) { return g != nullptr ? g->rank() : 0; };
   // Only rank 0 of the grid reports; every rank trains, evaluates and checkpoints.
   const bool lead = rank_of(dp) == 0 && rank_of(tp) == 0 && rank_of(pp) == 0;
+  std::optional<StopSignals> own_stop;
+  const StopSignals& stop = run_options.stop != nullptr ? *run_options.stop : own_stop.emplace();
   const RunOutputs outputs = prepare_outputs(cfg, run_options, lead);
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
@@ -270,10 +272,21 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     reporter.initial_eval(*summary.initial_val_loss);
   }
   const CheckpointConfig& ckpt = cfg.checkpoint;
-  const StopSignals stop;
+  // The final model, written before the last checkpoint: a kill between the
+  // two leaves the step before as the newest checkpoint, so the same command
+  // retrains the last step and writes both, never a run that is complete in
+  // checkpoint.dir but has no model.
+  const auto write_model = [&] {
+    if (outputs.out_dir.empty()) return;
+    save_model(trainer, outputs.out_dir);
+    if (options.progress)
+      log_info("train: wrote ", outputs.out_dir, "/model.safetensors and ", outputs.out_dir, "/loom_config.json");
+  };
   int64_t bad_in_a_row = 0;
   const auto start = Clock::now();
-  for (int64_t i = first_step; i < t.steps; ++i) {
+  // A signal during start-up stops the run before its first step.
+  summary.stop_signal = agree_on_stop(trainer, stop.received());
+  for (int64_t i = first_step; i < t.steps && summary.stop_signal == 0; ++i) {
     StepStats s = trainer.step();
     bad_in_a_row = s.bad ? bad_in_a_row + 1 : 0;
     // Diverged: the bad steps' updates were skipped, so the weights are the
@@ -290,26 +303,22 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
     reporter.step(s, seconds_since(start), pools.report().peak_total);
     summary.steps.push_back(s);
-    const int signal = agree_on_stop(trainer, stop.received());
+    const int signal = s.step < t.steps ? agree_on_stop(trainer, stop.received()) : 0;
+    if (s.step == t.steps) {
+      trainer.set_trace(nullptr);
+      write_model();
+    }
     const bool due = ckpt.every > 0 && !s.bad && (s.step % ckpt.every == 0 || s.step == t.steps || signal != 0);
     if (due) {
       TraceSpan span(trace.get(), "checkpoint");
       const std::string dir = checkpoints.save(trainer);
       if (options.progress) log_info("checkpoint: wrote ", dir);
     }
-    if (signal != 0 && s.step < t.steps) {
-      summary.stop_signal = signal;
-      break;
-    }
+    summary.stop_signal = signal;
   }
   summary.seconds = seconds_since(start);
   if (trace) trainer.set_trace(nullptr);
   const bool finished = summary.stop_signal == 0;
-  if (finished && !outputs.out_dir.empty()) {
-    save_model(trainer, outputs.out_dir);
-    if (options.progress)
-      log_info("train: wrote ", outputs.out_dir, "/model.safetensors and ", outputs.out_dir, "/loom_config.json");
-  }
   if (trace) finish_trace(cfg.log.trace, trainer, *trace);
   if (!finished && lead) {
     log_warn("train: stopped by ", signal_name(summary.stop_signal), " after step ", trainer.steps_done(), " of ",

@@ -45,6 +45,10 @@
 #include "parallel/pp_tied.h"
 #include "parallel/tp.h"
 
+namespace loom {
+class StopSignals;  // core/stop_signal.h
+}  // namespace loom
+
 namespace loom::train {
 
 struct StepStats {
@@ -147,6 +151,10 @@ struct TrainOptions {
   std::string out_dir;       // final model.safetensors + loom_config.json; overrides checkpoint.dir
   bool memory_report = false;
   bool progress = true;      // progress lines on stdout
+  // SIGTERM / SIGINT handlers the caller installed before anything else
+  // (loom train: before the ranks compare configs, so that a signal in
+  // start-up is not fatal); null: run_training installs its own.
+  const StopSignals* stop = nullptr;
 };
 
 struct TrainSummary {

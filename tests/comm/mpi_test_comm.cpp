@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -492,6 +493,24 @@ TEST(Validation, ShardOverlappingTheWholeBufferElsewhereIsAnError) {
                       "'s own range of it (elements ", 4 * c.rank(), "..", 4 * c.rank() + 4, ")"));
   expect_error([&] { c.reduce_scatter(off_by_one, whole, ReduceOp::sum); },
                concat("reduce_scatter on communicator 'world': out overlaps in but is not rank ", c.rank()));
+}
+
+// Timeouts past steady_clock's int64 nanoseconds saturate: with 1e10 s the
+// destructor's drain deadline once overflowed into the past (an internal
+// error at exit), with 1e17 s a wait's deadline into one no wait reaches (a
+// busy loop at start-up). A wait, a polled test() and a destroy with pending
+// work complete as with any timeout.
+TEST(Timeout, HugeTimeoutsWaitPollAndDrainWithoutOverflow) {
+  for (double timeout : {1e10, 1e17, 1e300, std::numeric_limits<double>::infinity()}) {
+    std::unique_ptr<Communicator> comm = mpi_world(Options{timeout, Algo::mpi, false});
+    std::vector<float> buf(4, 1.0f);
+    comm->all_reduce(view(buf), ReduceOp::sum)->wait();
+    EXPECT_EQ(buf[0], static_cast<float>(comm->size())) << "timeout " << timeout;
+    WorkPtr polled = comm->all_reduce(view(buf), ReduceOp::sum);
+    while (!polled->test()) std::this_thread::yield();
+    comm->barrier();  // left pending: the destructor drains it
+    comm.reset();
+  }
 }
 
 }  // namespace

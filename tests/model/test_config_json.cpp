@@ -1,5 +1,6 @@
 // Model config JSON (loom's and Hugging Face's) and model directories:
 // export -> import round trips, HF key names, and errors naming file and key.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -53,6 +54,15 @@ TEST(ModelConfigJson, PresetThenExplicitKeys) {
   EXPECT_EQ(c.family, Family::llama);
   EXPECT_EQ(c.n_layer, 3);
   EXPECT_EQ(c.n_kv_head, model_preset("llama-tiny").n_kv_head);
+}
+
+// init-model --preset gpt2-tiny --set n_head=2 reads its keys this way.
+TEST(ModelConfigJson, Gpt2PresetWithOtherHeadCountKeepsKvHeadsEqual) {
+  const ModelConfig c = model_config_from_json(json{{"preset", "gpt2-tiny"}, {"n_head", 2}}, "init-model");
+  EXPECT_EQ(c.n_head, 2);
+  EXPECT_EQ(c.n_kv_head, 2);
+  expect_error([] { model_config_from_json(json{{"preset", "gpt2-tiny"}, {"n_head", 2}, {"n_kv_head", 1}}, "x"); },
+               {"x: ", "model.n_kv_head = 1", "family gpt2"});
 }
 
 TEST(ModelConfigJson, HfGpt2KeysAndRoundTrip) {
@@ -146,6 +156,77 @@ TEST_F(ModelDirTest, MissingOrMalformedConfigIsAnErrorNamingTheFile) {
   expect_error([&] { load_model_dir(path("nokey")); }, {"nokey/config.json", "'n_embd' is missing"});
   write("noweights/loom_config.json", "{\"preset\": \"gpt2-tiny\"}");
   expect_error([&] { load_model_dir(path("noweights")); }, {"noweights", "has no model.safetensors"});
+}
+
+TEST_F(ModelDirTest, AFileGivenAsTheDirectoryIsAnErrorNamingItsDirectory) {
+  write("m/loom_config.json", "{\"preset\": \"gpt2-tiny\"}");
+  expect_error([&] { load_model_dir(path("m/loom_config.json")); },
+               {"'" + path("m/loom_config.json") + "' is a file, not a directory",
+                "give the directory that holds it, '" + path("m") + "'"});
+  write("notes.txt", "x");
+  expect_error([&] { load_model_dir(path("notes.txt")); },
+               {"notes.txt' is a file", "give a directory with loom_config.json or config.json"});
+  fs::create_directories(path("m/model.safetensors"));  // a directory where the weights file belongs
+  expect_error([&] { load_model_dir(path("m")); }, {"model.safetensors' is a directory", "must be a file"});
+}
+
+// Saves a fresh model of `preset` into dir.
+void save_preset(const std::string& dir, const char* preset, uint64_t seed, ParamLayout layout) {
+  const ModelConfig cfg = model_preset(preset);
+  Pools pools;
+  Model m(cfg, 1, 1, pools);
+  m.init_params(seed);
+  save_model_dir(dir, cfg, m.params(), layout);
+}
+
+TEST_F(ModelDirTest, NewModelDirRefusesTheInputHoweverSpelled) {
+  save_preset(path("m"), "gpt2-tiny", 1, ParamLayout::loom);
+  fs::create_symlink(path("m"), path("link"));
+  for (const std::string& out : {path("m"), path("m/"), path("m/."), path("link"), path("link/")})
+    expect_error([&] { require_new_model_dir(out, "convert", path("m")); },
+                 {"convert: --out '" + out + "' is the input model's directory", "give a new directory for --out"});
+  expect_error([&] { require_new_model_dir(path("m"), "convert", path("m/model.safetensors")); },
+               {"is the input model's directory (--model '" + path("m/model.safetensors") + "')"});
+}
+
+TEST_F(ModelDirTest, NewModelDirRefusesADirectoryHoldingAnyModelOrAFile) {
+  save_preset(path("loom"), "gpt2-tiny", 1, ParamLayout::loom);
+  save_preset(path("hf"), "gpt2-tiny", 1, ParamLayout::hf);
+  write("weights_only/model.safetensors", "");
+  write("file", "x");
+  expect_error([&] { require_new_model_dir(path("loom"), "init-model"); },
+               {"init-model: --out '" + path("loom") + "' already holds a model (loom_config.json, model.safetensors)",
+                "init-model never writes over a model", "or delete '" + path("loom") + "' first"});
+  expect_error([&] { require_new_model_dir(path("hf"), "init-model"); },
+               {"already holds a model (config.json, model.safetensors)"});
+  expect_error([&] { require_new_model_dir(path("weights_only"), "init-model"); },
+               {"already holds a model (model.safetensors)"});
+  expect_error([&] { require_new_model_dir(path("file"), "init-model"); }, {"--out '" + path("file") + "' is a file"});
+  write("other/notes.txt", "x");
+  EXPECT_NO_THROW(require_new_model_dir(path("other"), "init-model"));  // a directory without a model is fine
+  EXPECT_NO_THROW(require_new_model_dir(path("new"), "convert", path("loom")));
+}
+
+TEST_F(ModelDirTest, SaveIntoANewDirectoryLeavesOnlyTheModel) {
+  save_preset(path("a/m/"), "llama-tiny", 1, ParamLayout::loom);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(path("a"))) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"m"});
+  names.clear();
+  for (const auto& e : fs::directory_iterator(path("a/m"))) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"loom_config.json", "model.safetensors"}));
+}
+
+// An HF model saved over a loom one must not leave loom_config.json, which
+// would win detection and describe the old weights.
+TEST_F(ModelDirTest, SaveOverAnExistingModelLoadsAsTheNewModel) {
+  save_preset(path("m"), "gpt2-tiny", 1, ParamLayout::loom);
+  save_preset(path("m"), "llama-tiny", 2, ParamLayout::hf);
+  const ModelDir dir = load_model_dir(path("m"));
+  EXPECT_EQ(dir.layout, ParamLayout::hf);
+  expect_same_config(dir.config, model_preset("llama-tiny"));
+  EXPECT_FALSE(fs::exists(path("m/loom_config.json")));
 }
 
 }  // namespace

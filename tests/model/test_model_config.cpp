@@ -34,6 +34,26 @@ TEST(ModelPreset, EveryPresetValidates) {
   for (const std::string& name : model_preset_names()) EXPECT_NO_THROW(model_preset(name).validate()) << name;
 }
 
+TEST(ModelPreset, Gpt2KvHeadsFollowAnOverriddenHeadCountUnlessGiven) {
+  ModelConfig c = model_preset("gpt2-tiny");
+  c.n_head = 2;
+  derive_model_keys(c, /*n_kv_head_given=*/false);
+  EXPECT_EQ(c.n_kv_head, 2);
+  EXPECT_NO_THROW(c.validate());
+  c.n_kv_head = 1;
+  derive_model_keys(c, /*n_kv_head_given=*/true);
+  EXPECT_EQ(c.n_kv_head, 1);  // given: kept, and validate() says what is wrong
+  expect_error([&] { c.validate(); }, {"model.n_kv_head = 1", "family gpt2"});
+}
+
+TEST(ModelPreset, LlamaKeepsItsGroupedQueryKvHeads) {
+  ModelConfig c = model_preset("llama-tiny");
+  const int64_t kv = c.n_kv_head;
+  c.n_head = 8;
+  derive_model_keys(c, /*n_kv_head_given=*/false);
+  EXPECT_EQ(c.n_kv_head, kv);
+}
+
 TEST(ModelPreset, UnknownNameListsTheValidOnes) {
   expect_error([] { model_preset("gpt3"); }, {"model.preset", "gpt3", "gpt2-124m", "gpt2-350m", "llama-110m",
                                               "gpt2-tiny", "llama-tiny"});

@@ -168,10 +168,40 @@ TEST_F(MalformedShard, BodyLongerThanTheCountIsACountMismatch) {
   expect_open_error(good_ + "xx", "count mismatch");
 }
 
+TEST_F(MalformedShard, DirectoryIsAnErrorSayingAShardIsExpected) {
+  fs::create_directories(dir_ / "shards");
+  expect_error([&] { Shard::open((dir_ / "shards").string()); },
+               {"shards' is a directory", ".bin token shard or a glob of them is expected", "train_*.bin"});
+}
+
+TEST_F(MalformedShard, FileTruncatedAfterOpenIsAnErrorNamingTheSizes) {
+  const Shard shard = Shard::open((dir_ / "good.bin").string());
+  const int64_t opened_bytes = static_cast<int64_t>(fs::file_size(dir_ / "good.bin"));
+  fs::resize_file(dir_ / "good.bin", opened_bytes - 2);  // the last token is gone
+  std::vector<int32_t> out(4);
+  shard.copy(0, 3, out.data());  // still all there
+  EXPECT_EQ(out[2], 7);
+  expect_error([&] { shard.copy(0, 4, out.data()); },
+               {"good.bin", "truncated while being read", loom::concat(opened_bytes - 2, " bytes now"),
+                loom::concat(opened_bytes, " bytes when it was opened")});
+}
+
 TEST_F(MalformedShard, TokenOutsideTheVocabularyIsReportedWithItsPosition) {
   const Shard shard = Shard::open((dir_ / "good.bin").string());
   EXPECT_NO_THROW(shard.check_vocab(9));
   expect_error([&] { shard.check_vocab(8); }, {"good.bin", "token 3 is 8", "[0, 8)"});
+}
+
+TEST(Shards, CheckVocabReadsAShardLongerThanOneChunk) {
+  TempDir dir;
+  std::vector<int32_t> tokens(200'000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % 1000);
+  tokens[150'000] = 1000;
+  write_shard((dir / "long.bin").string(), tokens, 1);
+  const Shard shard = Shard::open((dir / "long.bin").string());
+  EXPECT_EQ(shard[150'000], 1000);
+  expect_error([&] { shard.check_vocab(1000); }, {"long.bin", "token 150000 is 1000"});
+  EXPECT_NO_THROW(shard.check_vocab(1001));
 }
 
 TEST(Brown, TagsAreStrippedAndPunctuationAttached) {
@@ -295,4 +325,131 @@ TEST_F(PrepareBrown, UserMistakesAreErrors) {
   write_bytes(dir_ / "file", "x");
   opt.output_dir = (dir_ / "file" / "sub").string();
   expect_error([&] { prepare_shards(opt); }, {"cannot create output directory"});
+}
+
+TEST_F(PrepareBrown, BinaryGarbageIsTokenisedWithOneWarningNamingTheFile) {
+  write_bytes(dir_ / "in" / "ca01", "\tThe/at jury/nn said/vbd ./.\n");
+  std::string garbage;
+  for (int i = 0; i < 4096; ++i) garbage.push_back(static_cast<char>((i * 7919 + 13) % 256));
+  write_bytes(dir_ / "in" / "ca02", garbage);
+  PrepareOptions opt = options();
+  opt.val_fraction = 0.5;
+  std::vector<std::string> warnings;
+  opt.warn = [&](const std::string& line) { warnings.push_back(line); };
+  const PrepareSummary s = prepare_shards(opt);
+  EXPECT_EQ(s.val.documents + s.train.documents, 2);  // skipped nothing
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find((dir_ / "in" / "ca02").string() + "' does not look like text"), std::string::npos)
+      << warnings[0];
+  EXPECT_NE(warnings[0].find("NUL byte"), std::string::npos) << warnings[0];
+}
+
+TEST(Prepare, NonTextReasonNamesNulBytesAndInvalidUtf8) {
+  EXPECT_EQ(non_text_reason("Plain ASCII text.\n"), "");
+  EXPECT_EQ(non_text_reason("Gr\xc3\xbc\xc3\x9f""e, \xe6\x97\xa5\xe6\x9c\xac, \xf0\x9f\x98\x80\n"), "");
+  // Latin-1 "caf\xe9" in a sentence: one invalid byte of many, below the share.
+  EXPECT_EQ(non_text_reason("We met at the caf\xe9 on the corner of the street.\n"), "");
+  EXPECT_EQ(non_text_reason(std::string("a\0b", 3)), "1 NUL byte");
+  const std::string bad = non_text_reason("\xff\xfe\xc0\xaf\xed\xa0\x80xyz");  // no overlongs, no surrogates
+  EXPECT_NE(bad.find("not valid UTF-8"), std::string::npos) << bad;
+  EXPECT_EQ(bad.find("NUL"), std::string::npos) << bad;
+}
+
+// Text documents a.txt, b.txt in dir/in and prepare options writing to dir/out.
+class PrepareText : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(kEncoderDir / "encoder.json"))
+        << kEncoderDir.string() << " is missing: run scripts/fetch-data.sh";
+    fs::create_directories(dir_ / "in");
+    write_bytes(dir_ / "in" / "a.txt", "The first document, about a quick brown fox.\n");
+    write_bytes(dir_ / "in" / "b.txt", "The second document, about a lazy dog.\n");
+  }
+  PrepareOptions options(const fs::path& out) {
+    PrepareOptions opt;
+    opt.tokenizer_dir = kEncoderDir.string();
+    opt.inputs = {(dir_ / "in").string()};
+    opt.output_dir = out.string();
+    opt.val_fraction = 0.5;
+    opt.warn = [this](const std::string& line) { warnings_.push_back(line); };
+    return opt;
+  }
+  // Names in `dir`, sorted.
+  static std::vector<std::string> names(const fs::path& dir) {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+    std::sort(v.begin(), v.end());
+    return v;
+  }
+  TempDir dir_;
+  std::vector<std::string> warnings_;
+};
+
+TEST_F(PrepareText, OutputInsideTheInputIsNotReadAgain) {
+  // --input in/* --output in/out, as a shell glob gives it on a re-run.
+  const fs::path out = dir_ / "in" / "out";
+  const PrepareSummary first = prepare_shards(options(out));
+  PrepareOptions opt = options(out.string() + "/");  // spelled differently from the input
+  opt.inputs = {(dir_ / "in" / "a.txt").string(), (dir_ / "in" / "b.txt").string(), out.string()};
+  const PrepareSummary again = prepare_shards(opt);
+  EXPECT_EQ(again.train.documents + again.val.documents, 2);
+  EXPECT_EQ(again.train.tokens, first.train.tokens);
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_NE(warnings_[0].find("skipping input '" + out.string() + "': it is the output directory"), std::string::npos)
+      << warnings_[0];
+}
+
+TEST_F(PrepareText, TokenShardsAmongTheInputsAreSkippedWithAWarning) {
+  write_shard((dir_ / "in" / "train_000000.bin").string(), std::vector<int32_t>{1, 2, 3}, 1);
+  const PrepareSummary s = prepare_shards(options(dir_ / "out"));
+  EXPECT_EQ(s.train.documents + s.val.documents, 2);
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_NE(warnings_[0].find("train_000000.bin': it is a .bin token shard, not text"), std::string::npos)
+      << warnings_[0];
+}
+
+TEST_F(PrepareText, RerunWithFewerShardsLeavesOnlyTheNewSet) {
+  PrepareOptions opt = options(dir_ / "out");
+  opt.shard_tokens = 3;
+  const PrepareSummary many = prepare_shards(opt);
+  ASSERT_GT(many.train.files.size(), 1u);
+  opt.shard_tokens = 1000;
+  const PrepareSummary one = prepare_shards(opt);
+  EXPECT_EQ(names(dir_ / "out"), (std::vector<std::string>{"train_000000.bin", "val_000000.bin"}));
+  EXPECT_EQ(one.train.files, std::vector<std::string>{(dir_ / "out" / "train_000000.bin").string()});
+  EXPECT_EQ(names(dir_.path()), (std::vector<std::string>{"in", "out"}));  // no temporary directory left
+}
+
+TEST_F(PrepareText, FailedRerunLeavesTheOldShardSetIntact) {
+  PrepareOptions opt = options(dir_ / "out");
+  prepare_shards(opt);
+  std::vector<std::string> before;
+  for (const std::string& name : names(dir_ / "out")) before.push_back(read_bytes(dir_ / "out" / name));
+  // The re-run writes smaller shards, then fails after its first document.
+  opt.shard_tokens = 2;
+  opt.progress = [](int64_t, int64_t) { loom::fail("interrupted"); };
+  expect_error([&] { prepare_shards(opt); }, {"interrupted"});
+  std::vector<std::string> after;
+  for (const std::string& name : names(dir_ / "out")) after.push_back(read_bytes(dir_ / "out" / name));
+  EXPECT_EQ(names(dir_ / "out"), (std::vector<std::string>{"train_000000.bin", "val_000000.bin"}));
+  EXPECT_EQ(after, before);
+  EXPECT_EQ(names(dir_.path()), (std::vector<std::string>{"in", "out"}));  // the staged shards are gone
+}
+
+TEST_F(PrepareText, PathKindMistakesAreErrorsThatSaySo) {
+  write_bytes(dir_ / "file", "x");
+  PrepareOptions opt = options(dir_ / "file");
+  expect_error([&] { prepare_shards(opt); }, {"output '", "file' is an existing file, not a directory"});
+  EXPECT_EQ(read_bytes(dir_ / "file"), "x");
+  opt = options(dir_ / "out");
+  opt.tokenizer_dir = (kEncoderDir / "encoder.json").string();
+  expect_error([&] { prepare_shards(opt); }, {"encoder.json' is a file: a directory holding GPT-2's"});
+  // An output directory holding anything but shards would lose it to the swap.
+  fs::create_directories(dir_ / "notes");
+  write_bytes(dir_ / "notes" / "README", "keep me");
+  expect_error([&] { prepare_shards(options(dir_ / "notes")); },
+               {"output directory '", "notes' holds 'README', which data prepare did not write"});
+  EXPECT_EQ(read_bytes(dir_ / "notes" / "README"), "keep me");
+  // --input d --output d: its own output is all there is.
+  expect_error([&] { prepare_shards(options(dir_ / "in")); }, {"no input left to read"});
 }

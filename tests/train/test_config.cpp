@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "train/config_agree.h"
 
 namespace loom::train {
 namespace {
@@ -247,6 +248,88 @@ TEST(RunConfigErrors, MissingDataAndBadTomlAndMissingFile) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'/nonexistent/run.toml' cannot be read"), std::string::npos);
   }
+}
+
+TEST(RunConfigErrors, DirectoryGivenAsConfigSaysATomlFileIsExpected) {
+  const std::string dir = std::string(__FILE__).substr(0, std::string(__FILE__).rfind('/'));  // tests/train
+  try {
+    load_run_config(dir);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config '" + dir + "' is a directory: a TOML file is expected"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Every numeric key has an upper bound, named in its error: past it a
+// duration, a count or a product of them would overflow downstream (a
+// timeout_s of 1e17 s once spun every rank forever at start-up).
+TEST(RunConfigErrors, NumericKeysPastTheirUpperBoundNameTheBound) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"parallel.timeout_s=1e10", "parallel.timeout_s = 1e+10 is invalid: allowed values are numbers > 0 and <= 604800"},
+      {"parallel.timeout_s=1e17", "numbers > 0 and <= 604800"},
+      {"train.lr=1e300", "train.lr = 1e+300 is invalid: allowed values are numbers > 0 and <= 10"},
+      {"train.min_lr=11", "train.min_lr = 11 is invalid: allowed values are numbers >= 0 and <= 10"},
+      {"train.steps=1000000000000", "train.steps = 1000000000000 is invalid: allowed values are integers >= 1 and <= 1000000000"},
+      {"train.warmup_steps=9223372036854775807", "integers >= 0 and <= 1000000000"},
+      {"train.seq_len=100000000", "train.seq_len = 100000000 is invalid: allowed values are integers >= 1 and <= 16777216"},
+      {"train.micro_batch=100000", "integers >= 1 and <= 65536"},
+      {"train.grad_accum=2000000", "integers >= 1 and <= 1048576"},
+      {"train.global_batch=2000000000000", "integers >= 0 and <= 1099511627776"},
+      {"train.weight_decay=100", "numbers >= 0 and <= 10"},
+      {"train.grad_clip=1e7", "numbers >= 0 and <= 1e+06"},
+      {"train.loss_scale=1e30", "numbers > 0 and <= 1e+20"},
+      {"train.loss_scale_window=2000000000", "integers >= 1 and <= 1000000000"},
+      {"train.eval_every=2000000000", "integers >= 0 and <= 1000000000"},
+      {"train.eval_steps=2000000", "integers >= 1 and <= 1000000"},
+      {"checkpoint.every=2000000000", "checkpoint.every = 2000000000 is invalid: allowed values are integers >= 0 and <= 1000000000"},
+      {"checkpoint.keep=2000000", "checkpoint.keep = 2000000 is invalid: allowed values are integers >= 0 and <= 1000000"},
+      {"log.every=2000000000", "integers >= 1 and <= 1000000000"},
+      {"log.peak_tflops=1e9", "numbers >= 0 and <= 1e+06"},
+      {"parallel.bucket_mb=1e6", "parallel.bucket_mb = 1e+06 is invalid: allowed values are numbers > 0 and <= 65536"},
+      {"parallel.virtual_stages=5000", "integers >= 1 and <= 4096"},
+      {"parallel.pp_layers=[1, 5000]", "a non-empty array of integers >= 1 and <= 4096"},
+      {"model.n_layer=5000", "model.n_layer = 5000 is invalid: allowed values are integers >= 1 and <= 4096"},
+      {"model.rope_theta=1e13", "numbers > 0 and <= 1e+12"},
+      {"model.n_expert=5000", "integers >= 0 and <= 4096"},
+      {"model.capacity_factor=1e4", "numbers > 0 and <= 1000"},
+      {"model.aux_loss_coef=1e3", "numbers >= 0 and <= 100"},
+  };
+  for (const auto& [set, message] : cases) expect_error(kMinimal, {set}, {"--set " + set, message});
+  // The model's sizes are bounded by ModelConfig::validate, once for every command.
+  expect_error(kMinimal, {"model.n_embd=4294967296"}, {"model.n_embd = 4294967296", "allowed values are 1 to"});
+  // The largest allowed timeout is a valid run.
+  EXPECT_DOUBLE_EQ(parse_run_config(kMinimal, "run.toml", {"parallel.timeout_s=604800"}).parallel.timeout_s, 604800);
+}
+
+// A global batch whose grad_accum would pass grad_accum's own bound says so.
+TEST(RunConfigErrors, GlobalBatchNeedingTooManyMicroBatchesNamesTheLimit) {
+  expect_error(kMinimal, {"train.micro_batch=1", "train.global_batch=2000000"},
+               {"train.global_batch = 2000000 needs train.grad_accum = 2000000, more than its maximum 1048576"});
+}
+
+// The ranks of a job compare their resolved run configs: a difference names
+// each differing rank, every differing key and both values; [log] (per-rank
+// outputs) is not compared.
+TEST(RunConfigAgreement, DifferencesNameEveryRankKeyAndBothValues) {
+  const nlohmann::ordered_json base = agreed_run_config(parse_run_config(kMinimal, "run.toml"));
+  EXPECT_EQ(run_config_differences({base, base, base}), "");
+  EXPECT_EQ(run_config_differences({base,
+                                    agreed_run_config(parse_run_config(kMinimal, "run.toml", {"log.metrics=r1.jsonl"}))}),
+            "");
+  const nlohmann::ordered_json lr = agreed_run_config(parse_run_config(kMinimal, "run.toml", {"train.lr=0.2"}));
+  const nlohmann::ordered_json shape = agreed_run_config(
+      parse_run_config(kMinimal, "run.toml", {"model.n_embd=128", "data.train=other.bin"}));
+  const std::string message = run_config_differences({base, base, lr, shape});
+  EXPECT_EQ(message.find("rank 1"), std::string::npos) << message;
+  for (const std::string part :
+       {"rank 2's run config differs from rank 0's: train.lr = 0.2 on rank 2, 0.0006 on rank 0",
+        "; rank 3's run config differs from rank 0's: ", "model.n_embd = 128 on rank 3, 64 on rank 0",
+        "data.train = [\"other.bin\"] on rank 3, [\"train_*.bin\"] on rank 0",
+        ": every rank must run the same config"})
+    EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
 }
 
 }  // namespace

@@ -185,3 +185,45 @@ TEST_F(DataLoaderTest, TokensOutsideTheVocabularyAreReportedAtOpen) {
 TEST_F(DataLoaderTest, RankOutsideWorldIsAnError) {
   EXPECT_THROW(DataLoader(options(1, 4, false, 2, 2)), loom::Error);
 }
+
+TEST_F(DataLoaderTest, ShardTruncatedBetweenReadsIsAnErrorNamingTheShardAndSizes) {
+  DataLoader loader(options(1, 8, false));
+  next(loader, 1, 8);  // window 0 of train_000000.bin (100 tokens)
+  const fs::path shard = dir_ / "train_000000.bin";
+  const int64_t opened_bytes = static_cast<int64_t>(fs::file_size(shard));
+  fs::resize_file(shard, 1024 + 2 * 20);  // 20 tokens left: window 1 (tokens 8..16) still reads
+  EXPECT_EQ(next(loader, 1, 8).inputs[0], 8);
+  try {
+    next(loader, 1, 8);  // window 2: tokens 16..24
+    FAIL() << "no error";
+  } catch (const loom::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("shard '" + shard.string() + "' was truncated while being read"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(1024 + 2 * 20) + " bytes now"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(opened_bytes) + " bytes when it was opened"), std::string::npos) << what;
+  }
+  EXPECT_EQ(loader.position(), 2);  // the failed batch did not advance
+}
+
+TEST_F(DataLoaderTest, DirectoryGivenAsAShardIsAnErrorSayingSo) {
+  DataLoaderOptions o = options(1, 4, false);
+  o.shards = {dir_.string()};
+  try {
+    DataLoader loader(o);
+    FAIL() << "no error";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard '" + dir_.string() + "' is a directory: a .bin token shard or a glob"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(DataLoaderTest, ShardReplacedByRenameKeepsReadingTheOpenedFile) {
+  DataLoader loader(options(1, 8, false));
+  const Batch first = next(loader, 1, 8);
+  // A new `data prepare` renames fresh shards over the old names.
+  loom::text::write_shard((dir_ / "train_000000.bin").string(), std::vector<int32_t>(20, 5), 1);
+  const Batch second = next(loader, 1, 8);
+  EXPECT_EQ(first.inputs[0], 0);
+  EXPECT_EQ(second.inputs[0], 8);
+}

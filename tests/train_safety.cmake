@@ -1,0 +1,22 @@
+# Training never loses work (issue 15): loom train killed with SIGKILL at
+# seeded random times (inside saves, right after a resume) or stopped with
+# SIGTERM, then resumed to the end, equals an uninterrupted run bitwise.
+# tests/train/kill_resume.py writes its own tiny shards (vocabulary 64).
+string(REPLACE ";" " " LOOM_MPIRUN_LINE "${LOOM_MPIRUN}")
+set(LOOM_KILL_RESUME ${LOOM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/kill_resume.py $<TARGET_FILE:loom>
+    ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
+add_test(NAME Train.SigkillAtRandomTimesAlwaysResumesBitwise
+         COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/kill_resume_np1 --trials 20 --seed 11)
+add_test(NAME Train.SigtermStopsAfterAStepAndResumesBitwise
+         COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/sigterm_resume_np1 --trials 4 --seed 12 --sigterm)
+add_test(NAME mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
+         COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/kill_resume_np2 --trials 8 --seed 13 --np 2
+                 --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3)
+add_test(NAME mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
+         COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/sigterm_resume_np2 --trials 4 --seed 14 --np 2
+                 --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3 --sigterm)
+set_tests_properties(Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermStopsAfterAStepAndResumesBitwise
+                     PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
+set_tests_properties(mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
+                     mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
+                     PROPERTIES TIMEOUT 600 RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
