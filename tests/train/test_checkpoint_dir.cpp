@@ -19,17 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<std::string> step_names(const fs::path& root) {
-  std::vector<std::string> out;
-  for (const StepDir& d : list_step_dirs(root)) out.push_back(d.path.filename().string());
-  return out;
-}
-
 class CheckpointDirTest : public TinyRunTest {
  protected:
   CheckpointDirTest() : TinyRunTest("loom_test_checkpoint_dir") {}

@@ -26,11 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 std::vector<int64_t> metric_steps(const fs::path& p) {
   std::vector<int64_t> steps;
   std::ifstream in(p);
@@ -68,12 +63,6 @@ class RunSafetyTest : public TinyRunTest {
   }
   fs::path ckpt() const { return dir_ / "ckpt"; }
 };
-
-std::vector<std::string> step_names(const fs::path& root) {
-  std::vector<std::string> out;
-  for (const StepDir& d : list_step_dirs(root)) out.push_back(d.path.filename().string());
-  return out;
-}
 
 // Defect 2: lr = 1e30 trained to the end with loss nan, exit 0, NaN model.
 TEST_F(RunSafetyTest, ADivergedRunStopsWithAnErrorNamingTheStepAndSavesNothingAfterIt) {

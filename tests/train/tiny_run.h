@@ -8,11 +8,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "model/config.h"
 #include "text/shards.h"
+#include "train/checkpoint_dir.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -23,6 +26,19 @@ inline std::vector<int32_t> counting_tokens(int64_t n) {
   std::vector<int32_t> t(n);
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i % 37);
   return t;
+}
+
+// A file's bytes ("" when it cannot be read).
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The names of the step dirs under root, oldest first (train/checkpoint_dir.h).
+inline std::vector<std::string> step_names(const std::filesystem::path& root) {
+  std::vector<std::string> out;
+  for (const StepDir& d : list_step_dirs(root)) out.push_back(d.path.filename().string());
+  return out;
 }
 
 // The f32 master weights of a single-rank trainer (its whole shard).
