@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "comm/mpi_backend.h"
+#include "comm/self_communicator.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
@@ -59,6 +60,8 @@
 #include "parallel/pp_schedule.h"
 #include "parallel/pp_tied.h"
 #include "parallel/tp.h"
+#include "train/rank_chunks.h"
+#include "train/reports.h"
 #include "train/trainer.h"
 
 namespace loom::bench {
@@ -68,13 +71,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr double kLr = 3e-4, kGradClip = 1.0;  // values do not change the work done
 constexpr uint64_t kSeed = 1;
-
-// Model FLOPs per trained token: 6 N + 12 n_layer n_embd T (attention scores
-// and mixing, forward and backward: PaLM appendix B). The formula of
-// train::Trainer::flops_per_token, which needs a Trainer (and data) to call.
-double flops_per_token(const model::ModelConfig& m, int64_t num_params, int64_t T) {
-  return 6.0 * static_cast<double>(num_params) + 12.0 * static_cast<double>(m.n_layer * m.n_embd * T);
-}
 
 // Uniform tokens in [0, vocab) from a fixed xorshift stream.
 void fill_tokens(Tensor t, int64_t vocab, uint64_t seed) {
@@ -98,8 +94,8 @@ struct StepTimes {
 
 // One training step as train::Trainer::step does it, with grad_accum = 1;
 // scaler: fp16's dynamic loss scaling, else null.
-void train_step(model::Model& m, parallel::DataParallel& dp, const Tensor& tokens, const Tensor& targets,
-                train::DynamicLossScaler* scaler) {
+void train_step(model::Model& m, parallel::DataParallel& dp, train::AdamW& adamw, const Tensor& tokens,
+                const Tensor& targets, train::DynamicLossScaler* scaler) {
   const double loss_scale = scaler ? scaler->scale() : 1.0;
   dp.zero_grads();
   dp.begin_micro_batch(true);
@@ -107,7 +103,7 @@ void train_step(model::Model& m, parallel::DataParallel& dp, const Tensor& token
   m.backward(static_cast<float>(loss_scale));
   const double norm = dp.grad_norm() / loss_scale;
   if (scaler && !scaler->update(std::isfinite(norm))) return;
-  dp.update(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
+  adamw.step(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
 }
 
 // Under mpirun, main() has initialised MPI before any command runs (it holds
@@ -118,12 +114,12 @@ bool in_mpi_job() {
   return initialized != 0;
 }
 
-// Element-wise maximum over the ranks of `comm` (nullptr: a group of one),
-// exchanged as f32 (comm has no f64): 7 digits are plenty for seconds.
-void max_over_ranks(comm::Communicator* comm, std::vector<double>& values) {
-  if (comm == nullptr || values.empty()) return;
+// Element-wise maximum over the ranks of `comm`, exchanged as f32 (comm has
+// no f64): 7 digits are plenty for seconds.
+void max_over_ranks(comm::Communicator& comm, std::vector<double>& values) {
+  if (comm.size() == 1 || values.empty()) return;
   std::vector<float> v(values.begin(), values.end());
-  comm->all_reduce(Tensor(v.data(), DType::f32, {static_cast<int64_t>(v.size())}), comm::ReduceOp::max)->wait();
+  comm.all_reduce(Tensor(v.data(), DType::f32, {static_cast<int64_t>(v.size())}), comm::ReduceOp::max)->wait();
   values.assign(v.begin(), v.end());
 }
 
@@ -224,8 +220,7 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
 }
 
 void check_options(const TrainBenchOptions& o) {
-  LOOM_REQUIRE(o.dtype == "fp32" || o.dtype == "bf16" || o.dtype == "fp16", "bench train: --dtype ", o.dtype,
-               " is invalid: allowed are fp32, bf16 and fp16");
+  precision_dtype(o.dtype, "bench train: --dtype");  // a loom::Error for a name other than fp32, bf16, fp16
   LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
                " is invalid: allowed are 0, 1, 2 and 3");
   LOOM_REQUIRE(o.tp >= 1, "bench train: --tp ", o.tp, " is invalid: allowed values are >= 1");
@@ -245,22 +240,22 @@ void check_options(const TrainBenchOptions& o) {
 
 // Timed steps: each rank's step times, each step's exposed gradient
 // communication seconds and its seconds in tp collectives; all as the
-// maximum over the job's ranks (world; nullptr: a plain process).
+// maximum over the job's ranks (world).
 struct Timings {
   std::vector<double> seconds, exposed, tp_comm;
 };
 
-Timings time_steps(const TrainBenchOptions& o, model::Model& m, parallel::DataParallel& dp,
-                   parallel::TensorParallel* tp, comm::Communicator* world, const Tensor& tokens,
+Timings time_steps(const TrainBenchOptions& o, model::Model& m, parallel::DataParallel& dp, train::AdamW& adamw,
+                   parallel::TensorParallel* tp, comm::Communicator& world, const Tensor& tokens,
                    const Tensor& targets, train::DynamicLossScaler* scaler) {
-  for (int i = 0; i < o.warmup; ++i) train_step(m, dp, tokens, targets, scaler);
+  for (int i = 0; i < o.warmup; ++i) train_step(m, dp, adamw, tokens, targets, scaler);
   Timings t;
   for (int i = 0; i < o.steps; ++i) {
-    if (world != nullptr) world->barrier()->wait();  // every rank starts the step together
+    world.barrier()->wait();  // every rank starts the step together
     dp.reset_comm_stats();
     if (tp) tp->reset_stats();
     const auto t0 = Clock::now();
-    train_step(m, dp, tokens, targets, scaler);
+    train_step(m, dp, adamw, tokens, targets, scaler);
     t.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     t.exposed.push_back(dp.comm_stats().exposed_seconds);
     t.tp_comm.push_back(tp ? tp->seconds() : 0.0);
@@ -271,7 +266,7 @@ Timings time_steps(const TrainBenchOptions& o, model::Model& m, parallel::DataPa
   return t;
 }
 
-DpFigures dp_figures(parallel::DataParallel& dp, comm::Communicator* world, const Timings& t, double best_step,
+DpFigures dp_figures(parallel::DataParallel& dp, comm::Communicator& world, const Timings& t, double best_step,
                      int64_t tokens_per_rank) {
   DpFigures d;
   d.ranks = dp.size();
@@ -380,59 +375,52 @@ void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
               "the step's m micro-batches of token ids)\n");
 }
 
+// The chunks a rank of this bench trains: the trainer's (train/rank_chunks.h)
+// with the bench's flags, default AdamW and its fixed seed.
+train::ChunkOptions chunk_options(const TrainBenchOptions& o, const model::ModelConfig& cfg, DType compute) {
+  train::ChunkOptions c;
+  c.model = cfg;
+  c.micro_batch = o.batch, c.seq_len = o.seq;
+  c.compute = compute;
+  c.recompute = model::recompute_from_name(o.recompute);
+  c.sequence_parallel = o.sequence_parallel;
+  c.dp.zero_stage = o.zero_stage, c.dp.bucket_mb = o.bucket_mb;
+  c.seed = kSeed;
+  c.pp_schedule = o.schedule;
+  c.micro_batches = o.micro_batches;
+  c.virtual_stages = o.virtual_stages;
+  c.pp_layers = o.pp_layers;
+  return c;
+}
+
 int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   const model::ModelConfig cfg = model::model_preset(o.model);
   const int world_size = world.size();
   LOOM_REQUIRE(world_size % (o.pp * o.tp) == 0, "bench train: --pp ", o.pp, " x --tp ", o.tp,
                " does not divide the job's ", world_size, " ranks: run mpirun -np (a multiple of pp x tp)");
   mesh::Mesh mesh(mesh::MeshShape{o.pp, world_size / (o.pp * o.tp), 1, o.tp, 1}, world);
-  std::unique_ptr<parallel::TensorParallel> tp;
-  if (o.tp > 1) tp = std::make_unique<parallel::TensorParallel>(mesh.tp(), o.sequence_parallel);
   comm::Communicator& pp = mesh.pp();
   const int r = pp.rank(), m = o.micro_batches, v = o.virtual_stages;
-  const parallel::PpSchedule schedule =
-      parallel::make_pp_schedule(parallel::pp_schedule_from_name(o.schedule), o.pp, m, v);
-  parallel::PpPartition part;
-  try {
-    part = o.pp_layers.empty() ? parallel::balanced_pp_partition(cfg, o.seq, o.pp, v)
-                               : parallel::explicit_pp_partition(cfg, o.seq, o.pp * v, o.pp_layers);
-  } catch (const Error& e) {
-    throw Error(concat("bench train --pp ", o.pp, " --virtual-stages ", v, o.pp_layers.empty() ? "" : " --pp-layers",
-                       ": ", e.what()));
-  }
-
-  const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
+  const DType compute = precision_dtype(o.dtype);
   // Before any model memory, as the data-parallel bench does; rank 0's
   // figure is reported (every rank runs it at the same time).
   const double peak_flops = train::measure_peak_flops(compute);
   Pools pools;
-  std::vector<std::unique_ptr<model::Model>> models;
-  std::vector<std::unique_ptr<parallel::DataParallel>> dps;
-  parallel::DpOptions dpo;
-  dpo.zero_stage = o.zero_stage, dpo.bucket_mb = o.bucket_mb;
-  // Tied embeddings: the first and last stage's copies, summed as the trainer does.
-  parallel::TiedEmbedding tied(cfg, &pp);
-  int slots = 0, layers = 0;
-  for (int c = 0; c < v; ++c) {
-    const parallel::PpPartition::Stage& st = part.stages[static_cast<size_t>(c * o.pp + r)];
-    const model::StageOptions so{{st.first, st.count}, parallel::PipelineRuntime::slots_needed(schedule, r, c)};
-    slots += so.slots, layers += static_cast<int>(st.count);
-    models.push_back(std::make_unique<model::Model>(cfg, o.batch, o.seq, pools, compute,
-                                                    model::recompute_from_name(o.recompute),
-                                                    parallel::DataParallel::model_storage(o.zero_stage),
-                                                    tp ? tp->options() : model::TpOptions{}, so));
-    dpo.solo_params = tied.solo_params(*models.back());
-    dps.push_back(std::make_unique<parallel::DataParallel>(*models.back(), &mesh.dp(), dpo,
-                                                           parallel::AdamWOptions{}, pools));
-    if (tp) dps.back()->set_tp_group(&tp->group());
-    dps.back()->init_params(kSeed);
+  Context ctx{mesh, pools};
+  train::RankChunks rank;
+  try {
+    rank = train::build_rank_chunks(chunk_options(o, cfg, compute), ctx);
+  } catch (const Error& e) {
+    throw Error(concat("bench train --pp ", o.pp, " --virtual-stages ", v, o.pp_layers.empty() ? "" : " --pp-layers",
+                       ": ", e.what()));
   }
-  std::vector<model::Model*> chunks;
-  std::vector<parallel::DataParallel*> chunk_dps;
-  for (auto& mdl : models) chunks.push_back(mdl.get());
-  for (auto& dp : dps) chunk_dps.push_back(dp.get());
-  parallel::PipelineRuntime rt(schedule, &pp, chunks, pools);
-  rt.set_before_backward([&](int chunk, int mb) { dps[static_cast<size_t>(chunk)]->begin_micro_batch(mb == m - 1); });
+  const parallel::PpSchedule& schedule = *rank.schedule;
+  parallel::PipelineRuntime& rt = *rank.pipe;
+  const std::vector<model::Model*> chunks = rank.model_ptrs();
+  const std::vector<parallel::DataParallel*> chunk_dps = rank.dp_ptrs();
+  std::vector<std::unique_ptr<parallel::DataParallel>>& dps = rank.dps;
+  int slots = 0, layers = 0;
+  for (const model::Model* c : chunks) slots += c->slots(), layers += static_cast<int>(c->num_layers());
   // m micro-batches of random tokens; a dp rank its own, shared by its pp and tp group.
   std::vector<OwnedTensor> owned_tokens, owned_targets;
   std::vector<Tensor> tokens, targets;
@@ -457,12 +445,13 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
     const double pipeline = std::chrono::duration<double>(Clock::now() - t0).count();
     double sum_squares = 0;
     for (auto& dp : dps) dp->wait_gradients();
-    tied.sum_grads(chunks, chunk_dps);
+    rank.tied->sum_grads(chunks, chunk_dps);
     for (auto& dp : dps) sum_squares += dp->grad_sum_squares();
-    sum_squares = parallel::exact_group_sum(&pp, sum_squares);
+    sum_squares = parallel::exact_group_sum(pp, sum_squares);
     const double norm = std::sqrt(sum_squares) / loss_scale;
     if (scaler && !scaler->update(std::isfinite(norm))) return pipeline;
-    for (auto& dp : dps) dp->update(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
+    for (auto& opt : rank.optimizers)
+      opt->step(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
     return pipeline;
   };
   for (int i = 0; i < o.warmup; ++i) step();
@@ -474,20 +463,20 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
     seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     computing.push_back(rt.compute_seconds()), waiting.push_back(rt.wait_seconds());
   }
-  max_over_ranks(&world, seconds);
+  max_over_ranks(world, seconds);
 
   PpResult res;
   res.dp = mesh.dp().size();
   res.step = {median_of(seconds), *std::min_element(seconds.begin(), seconds.end())};
   res.tokens_per_s = static_cast<double>(res.dp * m * o.batch * o.seq) / res.step.best;
   // Every rank of the pp x dp x tp job shares the model FLOPs of its tokens.
-  res.flops_per_token = flops_per_token(cfg, model::param_count(model::param_specs(cfg)), o.seq);
+  res.flops_per_token = train::model_flops_per_token(cfg, o.seq);
   res.peak_flops = peak_flops;
   res.mfu = res.flops_per_token * res.tokens_per_s / (peak_flops * world_size);
   res.theory = static_cast<double>(o.pp - 1) / static_cast<double>(v * m);
   res.simulated = parallel::simulate_pp_schedule(schedule).bubble_fraction;
   PpRankFigures mine;
-  mine.pp_rank = r, mine.dp_rank = mesh.dp().rank(), mine.tp_rank = tp ? tp->group().rank() : 0, mine.slots = slots;
+  mine.pp_rank = r, mine.dp_rank = mesh.dp().rank(), mine.tp_rank = mesh.tp().rank(), mine.slots = slots;
   mine.layers = layers;
   mine.pipeline = median_of(pipeline), mine.compute = median_of(computing), mine.wait = median_of(waiting);
   mine.peak_activations = static_cast<double>(pools.report()[MemTag::activations].peak);
@@ -510,44 +499,35 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
 int run_train_bench(const TrainBenchOptions& o) {
   check_options(o);
   const model::ModelConfig cfg = model::model_preset(o.model);
-  // An mpirun job trains data parallel over its world; a plain process is a group of one.
-  std::unique_ptr<comm::Communicator> world;
-  if (in_mpi_job()) {
-    comm::Options copts;
-    copts.algo = comm::algo_from_name(o.comm_algo);
-    world = comm::mpi_world(copts);
-  }
+  // An mpirun job trains data parallel over its world; a plain process is a
+  // world of one (no MPI).
+  comm::Options copts;
+  copts.algo = comm::algo_from_name(o.comm_algo);
+  const bool in_job = in_mpi_job();
+  const std::unique_ptr<comm::Communicator> world =
+      in_job ? comm::mpi_world(copts) : std::make_unique<comm::SelfCommunicator>("world", copts);
   if (o.pp > 1) {
-    LOOM_REQUIRE(world != nullptr, "bench train: --pp ", o.pp, " needs an mpirun job of pp x dp x tp ranks");
+    LOOM_REQUIRE(in_job, "bench train: --pp ", o.pp, " needs an mpirun job of pp x dp x tp ranks");
     return run_pp_bench(o, *world);
   }
-  const int rank = world ? world->rank() : 0;
-  const int world_size = world ? world->size() : 1;
+  const int rank = world->rank();
+  const int world_size = world->size();
   LOOM_REQUIRE(world_size % o.tp == 0, "bench train: --tp ", o.tp, " does not divide the job's ", world_size,
                " ranks: run mpirun -np (a multiple of tp)");
   // Groups: tp neighbouring ranks hold a replica, the rest is data parallel.
-  std::unique_ptr<mesh::Mesh> mesh;
-  std::unique_ptr<parallel::TensorParallel> tp;
-  comm::Communicator* dp_group = world.get();
-  if (o.tp > 1) {
-    mesh = std::make_unique<mesh::Mesh>(mesh::MeshShape{1, world_size / o.tp, 1, o.tp, 1}, *world);
-    tp = std::make_unique<parallel::TensorParallel>(mesh->tp(), o.sequence_parallel);
-    dp_group = &mesh->dp();
-  }
+  mesh::Mesh mesh(mesh::MeshShape{1, world_size / o.tp, 1, o.tp, 1}, *world);
   Result r;
   // Before any model memory: the GEMM's buffers then do not count as growth.
-  const DType compute = o.dtype == "bf16" ? DType::bf16 : o.dtype == "fp16" ? DType::f16 : DType::f32;
+  const DType compute = precision_dtype(o.dtype);
   r.peak_flops = train::measure_peak_flops(compute);
   const size_t rss_before = max_rss_bytes();
 
   Pools pools;
-  model::Model m(cfg, o.batch, o.seq, pools, compute, model::recompute_from_name(o.recompute),
-                 parallel::DataParallel::model_storage(o.zero_stage), tp ? tp->options() : model::TpOptions{});
-  parallel::DpOptions dpo;
-  dpo.zero_stage = o.zero_stage, dpo.bucket_mb = o.bucket_mb;
-  parallel::DataParallel dp(m, dp_group, dpo, {}, pools);
-  if (tp) dp.set_tp_group(&tp->group());
-  dp.init_params(kSeed);
+  Context ctx{mesh, pools};
+  train::RankChunks chunks = train::build_rank_chunks(chunk_options(o, cfg, compute), ctx);
+  model::Model& m = *chunks.models[0];
+  parallel::DataParallel& dp = *chunks.dps[0];
+  parallel::TensorParallel* tp = chunks.tp.get();
   OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
   OwnedTensor targets = pools[MemTag::activations].empty(DType::i32, {o.batch, o.seq});
   // Every dp rank its own tokens (rank 0's are a plain process's); a tp
@@ -558,17 +538,18 @@ int run_train_bench(const TrainBenchOptions& o) {
 
   std::optional<train::DynamicLossScaler> scaler;
   if (compute == DType::f16) scaler.emplace(train::TrainConfig{}.loss_scale, train::TrainConfig{}.loss_scale_window);
-  const Timings t = time_steps(o, m, dp, tp.get(), world.get(), tokens, targets, scaler ? &*scaler : nullptr);
+  const Timings t =
+      time_steps(o, m, dp, *chunks.optimizers[0], tp, *world, tokens, targets, scaler ? &*scaler : nullptr);
   r.step = {median_of(t.seconds), *std::min_element(t.seconds.begin(), t.seconds.end())};
   r.num_params = model::param_count(model::param_specs(cfg));  // the whole model, every tp rank's slice
   r.tokens_per_s = static_cast<double>(o.batch * o.seq) / r.step.best;
-  r.flops_per_token = flops_per_token(cfg, r.num_params, o.seq);
+  r.flops_per_token = train::model_flops_per_token(cfg, o.seq);
   // A tp group's ranks share its tokens and its FLOPs.
   r.mfu = r.flops_per_token * r.tokens_per_s / (r.peak_flops * o.tp);
   if (tp) r.tp = TpFigures{o.tp, o.sequence_parallel, median_of(t.tp_comm), median_of(t.tp_comm) / r.step.median};
   r.memory = pools.report();  // the steps' memory, before the communication-only measurement below
   // The data-parallel figures: in a job, or for a ZeRO stage run as a group of one.
-  if (world || o.zero_stage != 0) r.dp = dp_figures(dp, world.get(), t, r.step.best, o.batch * o.seq);
+  if (in_job || o.zero_stage != 0) r.dp = dp_figures(dp, *world, t, r.step.best, o.batch * o.seq);
   r.rss_growth = max_rss_bytes() - std::min(rss_before, max_rss_bytes());
   if (rank == 0) {
     if (o.json) print_json(o, r);

@@ -59,6 +59,7 @@ if(TARGET loom)
   add_test(NAME mpi.comm.BenchCommPrintsJsonLinesWithBusbw
            COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench comm --op all_reduce --algo ring --min 1K --max 2K
                    --iters 3 --json)
+  set_property(TEST mpi.comm.BenchCommPrintsJsonLinesWithBusbw APPEND PROPERTY LABELS cli)  # runs loom
   set_tests_properties(mpi.comm.BenchCommPrintsJsonLinesWithBusbw PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
     PASS_REGULAR_EXPRESSION "\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":1024,\"seconds\":[0-9.e-]+,\"algbw_gbps\":[0-9.e-]+,\"busbw_gbps\":[0-9.e-]+\\}\n\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":2048,")
 endif()
@@ -69,6 +70,7 @@ if(TARGET loom)
   add_test(NAME mpi.train.BenchTrainPipelinePrintsBubbleAndMfu
            COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model gpt2-tiny --batch 1 --seq 16
                    --pp 2 --schedule 1f1b --micro-batches 4 --steps 2 --warmup 1 --threads 1 --json)
+  set_property(TEST mpi.train.BenchTrainPipelinePrintsBubbleAndMfu APPEND PROPERTY LABELS cli)  # runs loom
   set_tests_properties(mpi.train.BenchTrainPipelinePrintsBubbleAndMfu PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
     PASS_REGULAR_EXPRESSION "\\{\"model\":\"gpt2-tiny\",[^\n]*\"pp\":2,\"dp\":1,\"tp\":1,\"schedule\":\"1f1b\",[^\n]*\"mfu\":[0-9.]+,[^\n]*\"bubble_measured\":[0-9.e-]+,\"bubble_rank\":[01],\"bubble_theory\":0.2500,[^\n]*\"ranks\":\\[\\{\"rank\":0,\"pp_rank\":0,[^\n]*\\{\"rank\":1,\"pp_rank\":1,")
 endif()
@@ -78,6 +80,7 @@ if(TARGET loom)
   add_test(NAME mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel
            COMMAND sh -c "\"$0\" --oversubscribe --allow-run-as-root -np 2 \"$1\" bench train --model gpt2-tiny --batch 1 --seq 16 --pp 2 --pp-layers 1,2 --steps 1 2>&1; echo \"exit=$?\""
                    ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:loom>)
+  set_property(TEST mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel APPEND PROPERTY LABELS cli)  # runs loom
   set_tests_properties(mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel PROPERTIES TIMEOUT 120
     RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
     "error: bench train --pp 2 --virtual-stages 1 --pp-layers: parallel.pp_layers sums to 3 layers but model.n_layer = 2.*exit=[1-9]")
@@ -87,6 +90,7 @@ endif()
 if(TARGET loom)
   add_test(NAME mpi.comm.BenchCommRejectsSizesPastTheCap
            COMMAND sh -c "\"$<TARGET_FILE:loom>\" bench comm --min 1K --max 999999999999G 2>&1; echo \"exit=$?\"")
+  set_property(TEST mpi.comm.BenchCommRejectsSizesPastTheCap APPEND PROPERTY LABELS cli)  # runs loom
   set_tests_properties(mpi.comm.BenchCommRejectsSizesPastTheCap PROPERTIES TIMEOUT 60 RESOURCE_LOCK loom_mpi
     PASS_REGULAR_EXPRESSION "--min/--max size '999999999999G' is out of range: allowed 4 to 8589934588 bytes.*exit=[1-9]")
 endif()

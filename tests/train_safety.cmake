@@ -20,3 +20,7 @@ set_tests_properties(Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.Sigter
 set_tests_properties(mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
                      mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
                      PROPERTIES TIMEOUT 600 RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
+# They run the loom executable (tests/properties.cmake labels by name otherwise).
+set_property(TEST Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermStopsAfterAStepAndResumesBitwise
+             mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
+             mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise APPEND PROPERTY LABELS cli)

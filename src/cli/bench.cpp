@@ -2,16 +2,17 @@
 #include "bench/kernels_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
+#include "core/dtype.h"
 #include "core/threads.h"
 
 namespace loom::cli {
 namespace {
 
-void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& command_line) {
+void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {
   CLI::App* kernels = bench.add_subcommand("kernels", "GFLOP/s of matmul and tokens/s of attention on the CPU");
   auto opts = std::make_shared<bench::KernelBenchOptions>();
   opts->command = command_line;
-  auto threads = std::make_shared<int>(default_num_threads());
+  auto threads = std::make_shared<int>(default_threads);
   kernels->add_flag("--json", opts->json, "print JSON Lines, one object per measurement");
   kernels->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
@@ -29,12 +30,12 @@ void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& comma
 
 // Runs on every rank of an mpirun job: data parallel over the world (with
 // --tp / --pp: tensor / pipeline groups, the rest data parallel).
-void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line) {
+void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {
   CLI::App* train = bench.add_subcommand(
       "train", "tokens/s, MFU and peak memory of training steps of a preset model on random tokens");
   auto opts = std::make_shared<bench::TrainBenchOptions>();
   opts->command = command_line;
-  auto threads = std::make_shared<int>(default_num_threads());
+  auto threads = std::make_shared<int>(default_threads);
   train->add_option("--model", opts->model, "model preset (gpt2-124m, gpt2-350m, llama-110m, gpt2-tiny, ...)")
       ->capture_default_str();
   train->add_option("--batch", opts->batch, "B: sequences per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
@@ -46,7 +47,7 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
                     "fp32 | bf16 | fp16 (16-bit compute, fp32 master weights and optimizer state; fp16 with dynamic "
                     "loss scaling)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      ->check(CLI::IsMember(std::vector<std::string>(kPrecisionNames.begin(), kPrecisionNames.end())));
   train->add_option("--recompute", opts->recompute,
                     "none | selective (rerun norms, attention core, activation in backward) | full (rerun blocks)")
       ->capture_default_str()
@@ -123,11 +124,11 @@ void add_bench_comm(CLI::App& bench, int& exit_code, const std::string& command_
 
 }  // namespace
 
-void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line) {
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line, int default_threads) {
   CLI::App* bench = app.add_subcommand("bench", "Measure loom's speed");
   bench->require_subcommand(1);
-  add_bench_kernels(*bench, exit_code, command_line);
-  add_bench_train(*bench, exit_code, command_line);
+  add_bench_kernels(*bench, exit_code, command_line, default_threads);
+  add_bench_train(*bench, exit_code, command_line, default_threads);
   add_bench_comm(*bench, exit_code, command_line);
 }
 

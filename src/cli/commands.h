@@ -10,12 +10,15 @@
 namespace loom::cli {
 
 // command_line: the process's arguments joined, printed by benchmarks so a
-// reader can reproduce their figures.
-void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line);  // loom bench kernels, train
-void add_data_command(CLI::App& app);  // loom data prepare
+// reader can reproduce their figures. default_threads: the --threads default
+// main() chose for this process (core/threads.h: default_num_threads).
+void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line,
+                       int default_threads);  // loom bench kernels, train
+void add_data_command(CLI::App& app, int default_threads);  // loom data prepare
 // world_size: processes of the mpirun job (1 without mpirun).
-void add_train_command(CLI::App& app, int world_size, int& exit_code);  // loom train (exit_code: 128 + a stop signal)
-void add_eval_command(CLI::App& app);   // loom eval
+void add_train_command(CLI::App& app, int world_size, int default_threads,
+                       int& exit_code);  // loom train (exit_code: 128 + a stop signal)
+void add_eval_command(CLI::App& app, int default_threads);  // loom eval
 void add_generate_command(CLI::App& app);  // loom generate
 void add_convert_command(CLI::App& app);   // loom convert, loom init-model
 

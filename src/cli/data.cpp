@@ -55,7 +55,7 @@ void print_split(const char* split, const text::SplitSummary& s, const text::Pre
 
 }  // namespace
 
-void add_data_command(CLI::App& app) {
+void add_data_command(CLI::App& app, int default_threads) {
   CLI::App* data = app.add_subcommand("data", "Prepare training data");
   data->require_subcommand(1);
   CLI::App* prepare = data->add_subcommand(
@@ -64,7 +64,7 @@ void add_data_command(CLI::App& app) {
       "... Each input file is one document, written as EOT + its tokens; --val-fraction of the documents, spread "
       "evenly over the input order, go to val.");
   auto args = std::make_shared<DataPrepareArgs>();
-  auto threads = std::make_shared<int>(default_num_threads());
+  auto threads = std::make_shared<int>(default_threads);
   prepare->add_option("--tokenizer", args->prepare.tokenizer_dir, "directory with GPT-2's encoder.json and vocab.bpe")
       ->required();
   prepare->add_option("--input", args->prepare.inputs,

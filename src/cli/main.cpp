@@ -12,6 +12,7 @@
 // until the watchdog's deadline (parallel.timeout_s, 300 s by default).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -24,8 +25,16 @@
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/threads.h"
 
 namespace {
+
+// How many of the job's processes share this machine: OpenMPI's launcher
+// tells each one (OMPI_COMM_WORLD_LOCAL_SIZE); 1 without mpirun.
+int local_ranks_from_launcher() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return local != nullptr ? std::max(1, std::atoi(local)) : 1;
+}
 
 // train, bench comm and bench train run on every rank; the rest on rank 0 only.
 bool runs_on_every_rank(int argc, char** argv) {
@@ -69,7 +78,8 @@ int fail_command(const std::string& message, int code, bool abort_job) {
   return code;
 }
 
-int run_command(int argc, char** argv, int world_size, bool abort_job_on_error) {
+// default_threads: the --threads default of the commands that take one.
+int run_command(int argc, char** argv, int world_size, int default_threads, bool abort_job_on_error) {
   CLI::App app{"loom: train and serve transformer language models"};
   app.name("loom");
   app.failure_message(failure_message);
@@ -78,10 +88,10 @@ int run_command(int argc, char** argv, int world_size, bool abort_job_on_error) 
   std::string command_line = argv[0];
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
   int exit_code = 0;
-  loom::cli::add_bench_command(app, exit_code, command_line);
-  loom::cli::add_data_command(app);
-  loom::cli::add_train_command(app, world_size, exit_code);
-  loom::cli::add_eval_command(app);
+  loom::cli::add_bench_command(app, exit_code, command_line, default_threads);
+  loom::cli::add_data_command(app, default_threads);
+  loom::cli::add_train_command(app, world_size, default_threads, exit_code);
+  loom::cli::add_eval_command(app, default_threads);
   loom::cli::add_generate_command(app);
   loom::cli::add_convert_command(app);
   try {
@@ -104,9 +114,12 @@ int run_command(int argc, char** argv, int world_size, bool abort_job_on_error) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The cores this process may use, shared with the job's other processes on
+  // this machine.
+  const int threads = loom::default_num_threads(local_ranks_from_launcher());
   // OpenMPI's launcher sets OMPI_COMM_WORLD_SIZE in every process it starts;
   // a plain process skips MPI (and its start-up time) altogether.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, 1, false);
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, 1, threads, false);
   std::unique_ptr<loom::comm::Communicator> world;
   try {
     // Ranks may wait on it as long as another rank's command runs.
@@ -119,7 +132,7 @@ int main(int argc, char** argv) {
   }
   loom::set_log_rank(world->rank(), world->size());
   if (runs_on_every_rank(argc, argv)) {
-    const int code = run_command(argc, argv, world->size(), world->size() > 1);
+    const int code = run_command(argc, argv, world->size(), threads, world->size() > 1);
     // No rank reaches MPI_Finalize while another may still fail: OpenMPI
     // 4.1's mpirun can crash or hang when a rank calls MPI_Abort after
     // another has finalized. A rank waiting here still answers watchdogs.
@@ -127,7 +140,7 @@ int main(int argc, char** argv) {
     world.reset();  // before MPI_Finalize at exit
     return code;
   }
-  int32_t code = world->rank() == 0 ? run_command(argc, argv, world->size(), false) : 0;
+  int32_t code = world->rank() == 0 ? run_command(argc, argv, world->size(), threads, false) : 0;
   world->broadcast(loom::Tensor(&code, loom::DType::i32, {1}), 0)->wait();
   world.reset();
   return code;

@@ -12,7 +12,7 @@
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "comm/mpi_backend.h"
-#include "mesh/mesh.h"
+#include "mesh/context.h"
 #include "model/config_json.h"
 #include "train/config.h"
 #include "train/config_agree.h"
@@ -27,7 +27,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
   train::TrainOptions options;
-  int threads = default_num_threads();
+  int threads = 1;  // --threads; add_*_command sets main()'s default
   bool check_collectives = false;
 };
 
@@ -37,7 +37,7 @@ struct EvalArgs {
   int64_t seq_len = 0;  // 0: the model's max_seq_len
   int64_t batch = 4;
   bool json = false;
-  int threads = default_num_threads();
+  int threads = 1;  // --threads; add_*_command sets main()'s default
 };
 
 // A loom or Hugging Face model directory, or a model.safetensors file inside one.
@@ -80,7 +80,7 @@ void run_eval(const EvalArgs& a) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app, int world_size, int& exit_code) {
+void add_train_command(CLI::App& app, int world_size, int default_threads, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "train",
       "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Data parallel under mpirun -np "
@@ -93,6 +93,7 @@ void add_train_command(CLI::App& app, int world_size, int& exit_code) {
       "finishes and is checkpointed, then loom exits with 143 or 130 (a second signal exits at once). README: "
       "\"Long runs\".");
   auto a = std::make_shared<TrainArgs>();
+  a->threads = default_threads;
   cmd->add_option("--config", a->config, "TOML run config")->required();
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
   cmd->add_option("--metrics", a->options.metrics_path, "JSON Lines file, one object per step (overrides log.metrics)");
@@ -119,36 +120,39 @@ void add_train_command(CLI::App& app, int world_size, int& exit_code) {
     }
     // Every rank of an mpirun job trains: the mesh must cover them all.
     const train::ParallelConfig& p = cfg.parallel;
-    const mesh::MeshShape shape{static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
-                                static_cast<int>(p.tp), static_cast<int>(p.ep)};
+    const mesh::MeshShape shape = train::mesh_shape(p);
     mesh::validate_shape(shape, world_size);
     // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
     // for that signal, as if it had killed the process.
     const auto finish = [&exit_code](const train::TrainSummary& s) {
       if (s.stop_signal != 0) exit_code = 128 + s.stop_signal;
     };
-    if (world_size == 1) {  // a plain process: no MPI
-      finish(train::run_training(cfg, a->options));
-      return;
-    }
     // The job's communicators carry the run's [parallel] settings.
     comm::Options options;
     options.timeout_s = p.timeout_s;
     options.algo = comm::algo_from_name(p.comm_algo);
     options.check_collectives = a->check_collectives;
+    if (world_size == 1) {  // a plain process: a mesh of one, no MPI
+      mesh::LocalContext local(options);
+      finish(train::run_training(cfg, a->options, local.ctx()));
+      return;
+    }
     const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
     mesh::Mesh mesh(shape, *world);
-    finish(train::run_training(cfg, a->options, &mesh.dp(), &mesh.tp(), &mesh.pp()));
+    Pools pools;
+    Context ctx{mesh, pools};
+    finish(train::run_training(cfg, a->options, ctx));
   });
 }
 
-void add_eval_command(CLI::App& app) {
+void add_eval_command(CLI::App& app, int default_threads) {
   CLI::App* cmd = app.add_subcommand(
       "eval",
       "Mean next-token loss and perplexity of a model over every window of token shards, in order. --model is a "
       "directory written by loom train (loom_config.json + model.safetensors), a Hugging Face directory as loom "
       "convert writes it (config.json + model.safetensors), or a model.safetensors file inside either.");
   auto a = std::make_shared<EvalArgs>();
+  a->threads = default_threads;
   cmd->add_option("--model", a->model, "model directory or model.safetensors file")->required();
   cmd->add_option("--data", a->data, "token shards (.bin paths or globs), e.g. data/brown/val_000000.bin")->required();
   cmd->add_option("--seq-len", a->seq_len, "window length T (default: the model's max_seq_len)")

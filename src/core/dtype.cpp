@@ -34,6 +34,15 @@ DType dtype_from_name(std::string_view name) {
   fail("unknown dtype '", name, "': allowed are f32, bf16, f16, i32, i64, u8");
 }
 
+DType precision_dtype(std::string_view name, std::string_view what) {
+  constexpr std::array<DType, kPrecisionNames.size()> kCompute = {DType::f32, DType::bf16, DType::f16};
+  for (size_t i = 0; i < kPrecisionNames.size(); ++i)
+    if (kPrecisionNames[i] == name) return kCompute[i];
+  std::string allowed;
+  for (std::string_view n : kPrecisionNames) allowed += concat(allowed.empty() ? "" : ", ", n);
+  fail(what, " = '", name, "' is invalid: allowed values are ", allowed);
+}
+
 bool dtype_is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 f16 to_f16(float f) {

@@ -1,6 +1,7 @@
 // Element types and exact conversions between them.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,13 @@ size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);
 // Parses "f32", "bf16", ...; throws loom::Error listing the allowed names.
 DType dtype_from_name(std::string_view name);
+// A run's precision names (train.dtype, loom bench train --dtype): fp32, or
+// bf16 / fp16 mixed precision (16-bit compute, f32 master weights).
+inline constexpr std::array<std::string_view, 3> kPrecisionNames = {"fp32", "bf16", "fp16"};
+// The compute dtype of a precision name: f32, bf16 or f16. Another name is a
+// loom::Error "<what> = '<name>' is invalid: allowed values are fp32, bf16,
+// fp16".
+DType precision_dtype(std::string_view name, std::string_view what = "dtype");
 bool dtype_is_float(DType t);
 
 // 16-bit float storage types: the bits only, arithmetic goes through float.

@@ -4,7 +4,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <thread>
 
 #include "core/error.h"
@@ -12,11 +11,6 @@
 namespace loom {
 
 int default_num_threads(int ranks_per_node) {
-  if (ranks_per_node <= 0) {
-    // OpenMPI's launcher tells each process how many of the job's ranks share its machine.
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    ranks_per_node = local != nullptr ? std::max(1, std::atoi(local)) : 1;
-  }
   cpu_set_t set;
   int cores = 0;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);

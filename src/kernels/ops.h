@@ -1,9 +1,16 @@
 // The kernel interface: every op the model and the optimizer use.
 //
-// Conventions (all ops):
+// Each op here is a thin dispatch (ggml's backend table): it checks its
+// operands (shapes, dtypes, layout, and that every defined operand is on one
+// device), then calls the op of the backend registered for that device
+// (kernels/backend.h). The CPU backend (kernels/cpu/) is built in; a tensor
+// on a device without a registered backend is a loom::Error naming the op,
+// its operands and the backends this build has.
+//
+// Conventions (all ops, all backends):
 // - Shapes in comments use llm.c letters: B batch, T sequence, C model dim,
 //   NH heads, NKV key/value heads, HS head size, V vocab, N rows (leading dims
-//   flattened), F feed-forward width.
+//   flattened), F feed-forward width, P tensor-parallel ranks.
 // - Outputs come first, then inputs. The caller allocates every output
 //   (memory is planned by the caller, kernels never allocate tensors).
 // - Floating operands are f32, bf16 or f16 (IEEE binary16). The 16-bit types
@@ -22,13 +29,17 @@
 //   the GEMMs (matmul, linear: oneDNN may split K across threads) also gives
 //   the same bits for any thread count: its reductions use fixed blocks
 //   combined in a fixed order.
-// - Operands must be on the CPU and contiguous unless an op says otherwise.
-//   Misuse (shape, dtype, device, layout) throws loom::Error naming the op
-//   and the operands, e.g. "linear_forward: x has 100 features but w expects
-//   96 (x=f32(4, 100), w=f32(32, 96))".
+// - Operands must be contiguous unless an op says otherwise, and every
+//   defined operand of one call on the same device. Misuse (shape, dtype,
+//   device, layout) throws loom::Error naming the op and the operands, e.g.
+//   "linear_forward: x has 100 features but w expects 96 (x=f32(4, 100),
+//   w=f32(32, 96))". Checks of the values themselves (a token id past the
+//   vocabulary, a target outside [0, V)) are made by the backend, which reads
+//   them anyway, with messages of the same form.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -40,7 +51,8 @@ namespace loom::kernels {
 
 // Empty when this CPU runs bf16 GEMMs, else the reason (oneDNN 2.6 has them
 // only with AVX-512), as the loom::Error a bf16 matmul would throw says it.
-// Probed once per process.
+// Probed once per process, through the CPU backend. A query, not an op: it
+// has no backend entry.
 std::string bf16_matmul_unsupported_reason();
 
 struct MatmulOpts {
@@ -184,6 +196,27 @@ void cross_entropy_shard_stats(Tensor lse, Tensor target_logit, const Tensor& lo
 void cross_entropy_shard_backward(Tensor dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
                                   int64_t vocab_begin, int64_t valid, float scale, int32_t ignore_index = -100);
 
+// The tp ranks' stats combined into the full rows' (Megatron's all-reduces
+// of the max and the sum, done here on every rank's gathered pairs so each
+// rank gets the same bits): for each row n, over the ranks r in order,
+//   m = max_r lse_r[n];  lse[n] = m + log(sum_r exp(lse_r[n] - m)) (-inf when m is -inf)
+//   target_logit[n] = sum_r target_logit_r[n]
+// with the sums in double. A rank whose columns are all padding has lse_r =
+// -inf and adds nothing. stats: (P, 2, N) f32, rank r's lse in stats[r, 0]
+// and its target_logit in stats[r, 1] (the all-gather of each rank's packed
+// pair). lse, target_logit: (N) f32, WRITTEN; they may be this rank's own
+// inputs (they are read only from stats).
+void cross_entropy_shard_combine(Tensor lse, Tensor target_logit, const Tensor& stats);
+// The mean loss from the combined stats: over the rows whose target is not
+// ignore_index, in row order, sum += double(lse[n]) - target_logit[n]; the
+// sum over the count of those rows as f32 (0 if there are none).
+// lse, target_logit: (N) f32  targets: (N) i32
+float cross_entropy_shard_loss(const Tensor& lse, const Tensor& target_logit, const Tensor& targets,
+                               int32_t ignore_index = -100);
+// The number of targets (any shape, i32) that are not ignore_index: the
+// n_valid a vocab-parallel backward divides by.
+int64_t cross_entropy_count_valid(const Tensor& targets, int32_t ignore_index = -100);
+
 // ---- optimizer and reductions ---------------------------------------------
 
 // AdamW as in PyTorch (decoupled weight decay, bias correction):
@@ -218,5 +251,24 @@ void add(Tensor y, const Tensor& a, const Tensor& b);
 void cast(Tensor dst, const Tensor& src);
 // Every element = value.
 void fill(Tensor t, float value);
+
+// ---- data movement and ids --------------------------------------------------
+
+// dst = src, element for element: the same dtype (any, integers too) and
+// shape. Either may be a strided view (a slice of a larger tensor); dst must
+// not overlap src unless it is exactly src (then nothing happens).
+void copy(Tensor dst, const Tensor& src);
+// t[i] = start + i.   t: (N) i32 or i64; every value must fit the dtype.
+void arange(Tensor t, int64_t start = 0);
+
+// The first id (in flat order) outside [0, limit) that is not ignore_index:
+// its index and value; index -1 when every id is allowed.
+struct IdOutside {
+  int64_t index = -1;
+  int32_t id = 0;
+};
+// ids: any shape, i32. ignore_index: an id allowed outside the range (-100
+// for targets), or nullopt when none is (token ids).
+IdOutside find_id_outside(const Tensor& ids, int64_t limit, std::optional<int32_t> ignore_index = std::nullopt);
 
 }  // namespace loom::kernels

@@ -16,10 +16,9 @@ std::string describe(std::initializer_list<Operand> operands) {
   return s;
 }
 
-void require_cpu_contiguous(const char* op, std::initializer_list<Operand> operands) {
+void require_contiguous(const char* op, std::initializer_list<Operand> operands) {
   for (const Operand& o : operands) {
     if (!o.t.defined()) op_fail(op, {o}, o.name, " is required");
-    if (!o.t.device().is_cpu()) op_fail(op, {o}, o.name, " is on ", device_name(o.t.device()), ", expected cpu");
     if (!o.t.is_contiguous()) op_fail(op, {o}, o.name, " must be contiguous");
   }
 }
@@ -60,7 +59,7 @@ void require_grad_dtype(const char* op, Operand grad, DType of) {
 
 void require_grad(const char* op, Operand grad, Operand of) {
   if (!grad.t.defined()) return;
-  require_cpu_contiguous(op, {grad});
+  require_contiguous(op, {grad});
   require_same_shape(op, grad, of);
   require_grad_dtype(op, grad, of.t.dtype());
 }

@@ -1,5 +1,7 @@
-// Argument checks shared by the kernels: each failure is a loom::Error that
-// names the op and the operands involved (ops.h conventions).
+// Argument checks shared by the ops (the dispatch layer, ops_*.cpp): each
+// failure is a loom::Error that names the op and the operands involved (ops.h
+// conventions). Also the helpers the CPU backend shares with them (rows,
+// dispatch_float).
 #pragma once
 
 #include <initializer_list>
@@ -25,8 +27,9 @@ template <typename... Args>
   throw Error(concat(op, ": ", std::forward<Args>(what)..., " (", describe(operands), ")"));
 }
 
-// Each operand is defined, on the CPU and contiguous.
-void require_cpu_contiguous(const char* op, std::initializer_list<Operand> operands);
+// Each operand is defined and contiguous. (Which device: backend_of,
+// kernels/dispatch.h.)
+void require_contiguous(const char* op, std::initializer_list<Operand> operands);
 // dtype is f32, bf16 or f16.
 void require_float(const char* op, Operand x);
 // b has a's dtype: "y has dtype f32 but x has bf16".
@@ -37,8 +40,8 @@ void require_same_shape(const char* op, Operand a, Operand b);
 void require_ndim(const char* op, Operand x, int ndim);
 // A gradient of an operand of dtype `of`: f32, or the same dtype as `of`.
 void require_grad_dtype(const char* op, Operand grad, DType of);
-// The gradient of operand `of`: skipped if undefined, else on the CPU,
-// contiguous, shaped like `of` and typed per require_grad_dtype.
+// The gradient of operand `of`: skipped if undefined, else contiguous,
+// shaped like `of` and typed per require_grad_dtype.
 void require_grad(const char* op, Operand grad, Operand of);
 
 // True if the two tensors' byte ranges intersect (empty tensors never do).

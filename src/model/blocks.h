@@ -1,15 +1,16 @@
 // Internal to model/: per-layer views of weights, gradients and activations,
-// and the GPT-2 / Llama block forward and backward (gpt2.cpp, llama.cpp).
+// the sizes and parallel collectives a block runs with, and the f / g helpers
+// of tensor parallelism (tensor_parallel.cpp). The blocks themselves
+// (gpt2.cpp, llama.cpp) and the steps they call are in family.h and steps.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
-#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "core/memory.h"
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -29,20 +30,31 @@ struct TpContext {
   Tensor dlocal;    // SP: (N / tp, C) f32, a column-parallel input's gradient reduced to the rank's rows
 };
 
+// The collectives the model's layers run across ranks, grouped: model/ owns
+// the interfaces (tensor_parallel.h), parallel/ implements them. Tensor
+// parallelism's now; context parallelism's K/V exchange and expert
+// parallelism's dispatch join as members (their steps, steps.h, hold them).
+// parallel_ops (model_layout.cpp) is the one place that decides from a
+// model's options which are live: an axis of one rank gets no ops, and its
+// helpers (the f / g below) are then the identity.
+struct ParallelOps {
+  TpContext tp;
+};
+
 // Sizes every block kernel call needs. Under tensor parallelism NH, NKV and
 // F are this rank's (n_head / tp, ...), and the residual stream (block input
 // and output, norms, res1) has Nl = N / tp rows under SP, else N.
 struct Dims {
   int64_t B, T, C, NH, NKV, HS, F;
   float eps, theta;
-  TpContext tp{};
+  ParallelOps par{};
   int64_t N() const { return B * T; }
   int64_t Q() const { return NH * HS; }    // q and attention output width
   int64_t KV() const { return NKV * HS; }  // k, v width
 };
 
 // f forward: the column-parallel linears' input, x itself, or under SP the
-// rows gathered from every rank's shard x into d.tp.gathered.
+// rows gathered from every rank's shard x into d.par.tp.gathered.
 Tensor tp_enter(const Dims& d, const Tensor& x);
 // One column-parallel linear of a block: y = f(x) @ w^T + b, its output
 // gradient dy, and where its weight (and bias) gradients accumulate.
@@ -54,7 +66,7 @@ struct ColumnLinear {
 // v; fc; gate and up), with f's backward: dx (N, C) f32, zeroed by the
 // caller, receives the rank's partial input gradient, and the summed
 // gradient of the rank's rows is returned (dx itself after an in-place
-// all-reduce, or d.tp.dlocal under SP). Megatron's overlap: the input
+// all-reduce, or d.par.tp.dlocal under SP). Megatron's overlap: the input
 // gradients are computed first and summed over tp while the weight gradients
 // are; under SP, x's rows are gathered while the input gradients are
 // computed (they do not read x). Without tp: the same kernels, plain.
@@ -63,7 +75,7 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
 // x @ w^T, plus bias once (rank 0 adds it before the sum).
 void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
 // g backward: the gradient of the row-parallel output for all N rows: dy
-// itself, or under SP the shards gathered into d.tp.dfull.
+// itself, or under SP the shards gathered into d.par.tp.dfull.
 Tensor tp_exit_backward(const Dims& d, const Tensor& dy);
 
 // Views into the parameter (or gradient) buffer; undefined where the family
@@ -85,21 +97,34 @@ struct HeadWeights {
   Tensor wte, wpe, normf_w, normf_b, lm_head;  // (V, C), (maxT, C), (C), (C), (V, C)
 };
 
+// Under SP a norm weight's gradient from the rank's rows is partial: a block
+// writes it into `buf` (zeroed here) instead, which sum_norm_grads then sums
+// over tp and adds to the real gradients (norm1_w, norm1_b, norm2_w, norm2_b;
+// undefined ones skipped).
+LayerWeights with_norm_grads_in(LayerWeights g, const Tensor& buf, int64_t C);
+void sum_norm_grads(const Dims& d, const Tensor& buf, const std::array<Tensor, 4>& real);
+
 // Views by name into a flat buffer (the parameters or the gradients) laid out
-// by specs, which must outlive it. The buffer may hold only the elements from
-// `base` on (one unit of the model: model.h), which then hold every name asked for.
+// by specs, which must outlive it. Bound to the whole buffer, or to the
+// buffers of one or two units (model.h; a unit's buffer holds the elements
+// from its `base` on): a tied head reads the embeddings' unit beside its own.
 class ParamViews {
  public:
-  ParamViews(const std::vector<ParamSpec>& specs, Tensor flat, int64_t base = 0);
-  void rebind(Tensor flat, int64_t base) { flat_ = flat, base_ = base; }
+  ParamViews(const std::vector<ParamSpec>& specs, Tensor flat);
+  // Binds one unit's buffer in place of what was bound; bind_also adds a second.
+  void bind(Tensor flat, int64_t base) { ranges_.assign(1, {flat, base}); }
+  void bind_also(Tensor flat, int64_t base) { ranges_.push_back({flat, base}); }
   Tensor operator()(const std::string& name) const;
   LayerWeights layer(const ModelConfig& cfg, int64_t i) const;
   // The embeddings and / or the head (a pipeline stage may hold either).
   HeadWeights head(const ModelConfig& cfg, bool embeddings = true, bool head = true) const;
 
  private:
-  Tensor flat_;
-  int64_t base_ = 0;
+  struct Range {
+    Tensor flat;
+    int64_t base = 0;
+  };
+  std::vector<Range> ranges_;
   std::unordered_map<std::string, const ParamSpec*> index_;
 };
 
@@ -107,10 +132,6 @@ class ParamViews {
 struct LayerActs {
   Tensor norm1, mean1, rstd1;  // (B, T, C), (B*T), (B*T); mean1 GPT-2 only
   Tensor q, k, v;              // (B, T, NH, HS), (B, T, NKV, HS) x2; Llama q, k after RoPE
-  // Decoding only (model/decoder.h): (B, P + T, NKV, HS) views of the KV
-  // cache that attention reads, whose last T rows are k, v; undefined in
-  // training, where attention reads k, v.
-  Tensor k_ctx, v_ctx;
   Tensor att, lse;             // (B, T, NH, HS), (B, NH, T)
   Tensor res1;                 // (B, T, C) = x + attention branch
   Tensor norm2, mean2, rstd2;  // as norm1
@@ -127,72 +148,7 @@ struct Scratch {
   Tensor dfc, dup, dact;       // (B, T, F)
 };
 
-// out = block(x)            x, out: (B, T, C)
-void gpt2_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d);
-// On entry dres holds d out; on return d x. Parameter gradients += into g.
-void gpt2_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
-                         const LayerActs& a, Scratch& s, const Dims& d);
-// Selective recompute (model.h): rebuilds what the selective policy drops —
-// norm outputs and statistics, attention output and lse, the activation
-// function's output — from x and the kept q, k, v, res1, fc (and up). Bitwise
-// what the forward wrote.
-void gpt2_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d);
-void llama_block_recompute(const Tensor& x, const LayerWeights& w, LayerActs& a, const Dims& d);
-// pos: (T) i32 positions for RoPE.
-void llama_block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs& a, const Tensor& pos,
-                         const Dims& d);
-void llama_block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const LayerWeights& g,
-                          const LayerActs& a, Scratch& s, const Tensor& pos, const Dims& d);
-
 // A contiguous tensor's elements as (rows, cols).
 inline Tensor rows_of(const Tensor& t, int64_t cols) { return t.reshape({t.numel() / cols, cols}); }
-
-// What one micro-batch's forward leaves for its backward: a Model keeps
-// `slots` of these (model.h; pipeline schedules keep several micro-batches
-// in flight).
-struct SlotActs {
-  Tensor tokens, targets;          // (B, T) i32 copies
-  std::vector<Tensor> resid;       // layers + 1 of (B, T, C): resid[0] the input, resid[l + 1] block l out
-  std::vector<LayerActs> acts;
-  Tensor normf, meanf, rstdf;      // (B, T, C), (B*T), (B*T) (the residual stream's rows)
-  Tensor logits;                   // (B, T, V), or (B, T, Vl) this tp rank's vocabulary columns
-  Tensor ce_lse, ce_target;        // tensor parallelism: (N) f32, the cross-entropy's lse and target logit
-  bool has_targets = false, forward_done = false;
-};
-
-// Activations, scratch and per-layer views of one Model. The fields of the
-// slot in use are copied (as views) into the ones below by use_slot.
-struct ModelState {
-  std::vector<OwnedTensor> owned;  // storage of everything below
-  Dims dims{};
-  std::vector<SlotActs> slots;
-  Tensor tokens, targets, pos;     // the slot's; (T) i32 0..T-1
-  std::vector<Tensor> resid;       // the slot's
-  std::vector<LayerActs> acts;     // the slot's
-  std::vector<LayerWeights> w, g;  // weights and gradients per layer
-  Tensor normf, meanf, rstdf;      // the slot's
-  Tensor logits;                   // the slot's
-  Tensor dres, dnormf;             // residual stream rows x C, (B, T, C) f32: shared by every slot
-  Scratch s;
-  // Tensor parallelism: the rank's first vocabulary row and how many of its
-  // rows are real (not padding); the cross-entropy's (N) f32 log-sum-exp and
-  // target logit over all ranks (kept for backward); and under SP a zeroed
-  // buffer for a unit's norm-weight gradients before they are summed over tp.
-  int64_t vocab_begin = 0, vocab_valid = 0;
-  Tensor ce_lse, ce_target;        // the slot's
-  Tensor norm_grads;               // (4C) f32
-  // Embeddings, final norm, lm head (the token embedding when tied).
-  Tensor wte, wpe, normf_w, normf_b, lm_head;
-  Tensor dwte, dwpe, dnormf_w, dnormf_b, dlm_head;
-  // Name index of the parameters / gradients, rebound to a unit's buffer
-  // when the model does not own them (model.h Storage).
-  std::unique_ptr<ParamViews> param_views, grad_views;
-
-  void use_slot(int k) {
-    const SlotActs& a = slots[k];
-    tokens = a.tokens, targets = a.targets, resid = a.resid, acts = a.acts;
-    normf = a.normf, meanf = a.meanf, rstdf = a.rstdf, logits = a.logits, ce_lse = a.ce_lse, ce_target = a.ce_target;
-  }
-};
 
 }  // namespace loom::model

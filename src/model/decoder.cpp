@@ -1,22 +1,51 @@
-// Decoder (decoder.h): the training blocks run on views. For a chunk of T
-// tokens at positions [P, P + T), layer l's block writes its k, v straight
-// into rows [P, P + T) of the cache (B = 1 makes those rows contiguous) and
-// attends over rows [0, P + T): attention_forward with Tq = T < Tk = P + T.
+// Decoder (decoder.h): the training blocks run on views, with an attention
+// step of their own. For a chunk of T tokens at positions [P, P + T), layer
+// l's block writes its k, v straight into rows [P, P + T) of the cache
+// (B = 1 makes those rows contiguous) and its attention step attends over
+// rows [0, P + T): attention_forward with Tq = T < Tk = P + T.
 #include "model/decoder.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "kernels/ops.h"
-#include "model/blocks.h"
+#include "model/family.h"
+#include "model/steps.h"
 
 namespace loom::model {
 
 using namespace loom::kernels;
 
+namespace {
+
+// Attention against a contiguous per-layer KV cache of one sequence: the
+// new tokens' k, v are the cache's rows [length - T, length) (the decoder
+// points the block's k, v there), and each query attends over rows
+// [0, its position]. Inference only: no backward.
+class ContiguousCacheAttention final : public AttentionStep {
+ public:
+  std::vector<Tensor> k_cache, v_cache;  // n_layer of (1, capacity, NKV, HS)
+  int64_t length = 0;                    // tokens in the cache once this chunk's are written
+
+  void forward(const AttentionArgs& a) override {
+    const size_t l = static_cast<size_t>(a.layer);
+    const int64_t T = a.q.size(1);
+    LOOM_CHECK(a.k.data() == k_cache[l].slice(1, length - T, T).data() &&
+                   a.v.data() == v_cache[l].slice(1, length - T, T).data(),
+               "layer ", a.layer, "'s new k, v are not the cache's rows ", length - T, " to ", length - 1);
+    attention_forward(a.out, a.lse, a.q, k_cache[l].slice(1, 0, length), v_cache[l].slice(1, 0, length));
+  }
+  void backward(const AttentionArgs& a, const AttentionGrads&) override {
+    LOOM_CHECK(false, "the decoder's cache attention has no backward (layer ", a.layer, "): decoding does not train");
+  }
+};
+
+}  // namespace
+
 struct DecoderState {
   std::vector<OwnedTensor> owned;
-  std::vector<Tensor> k_cache, v_cache;  // n_layer of (1, capacity, NKV, HS)
+  ContiguousCacheAttention attention;  // holds the KV cache
+  const BlockFamily* family = nullptr;
   LayerActs acts;                        // one layer's, for max_chunk rows: (1, max_chunk, ...)
   Tensor tokens, pos;                    // (1, max_chunk), (max_chunk) i32
   Tensor x, y;                           // (1, max_chunk, C): block input and output
@@ -48,9 +77,10 @@ Decoder::Decoder(const ModelConfig& cfg, const Tensor& params, Pools& pools, con
     st.owned.push_back(pools[tag].empty(dtype, shape));
     return Tensor(st.owned.back());
   };
+  st.family = &block_family(cfg.family);
   for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    st.k_cache.push_back(alloc(MemTag::kv_cache, {1, capacity_, NKV, HS}));
-    st.v_cache.push_back(alloc(MemTag::kv_cache, {1, capacity_, NKV, HS}));
+    st.attention.k_cache.push_back(alloc(MemTag::kv_cache, {1, capacity_, NKV, HS}));
+    st.attention.v_cache.push_back(alloc(MemTag::kv_cache, {1, capacity_, NKV, HS}));
   }
   // Inference needs no saved statistics (mean, rstd, lse stay undefined).
   LayerActs& a = st.acts;
@@ -91,7 +121,6 @@ Tensor Decoder::prefill(std::span<const int32_t> tokens) {
 void Decoder::forward_chunk(std::span<const int32_t> tokens) {
   DecoderState& st = *st_;
   const int64_t T = static_cast<int64_t>(tokens.size()), P = pos_, C = cfg_.n_embd;
-  const bool gpt2 = cfg_.family == Family::gpt2;
   const Dims d{1, T, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
   const Tensor tok = first(st.tokens, T), pos = st.pos.slice(0, 0, T);
   for (int64_t t = 0; t < T; ++t) {
@@ -104,16 +133,17 @@ void Decoder::forward_chunk(std::span<const int32_t> tokens) {
   LayerActs a;
   a.norm1 = first(m.norm1, T), a.q = first(m.q, T), a.att = first(m.att, T), a.res1 = first(m.res1, T);
   a.norm2 = first(m.norm2, T), a.fc = first(m.fc, T), a.act = first(m.act, T), a.up = first(m.up, T);
+  ContiguousCacheAttention& attention = st.attention;
+  attention.length = P + T;
+  const BlockFamily& f = *st.family;
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    a.k = st.k_cache[l].slice(1, P, T), a.v = st.v_cache[l].slice(1, P, T);  // (1,T,NKV,HS): written
-    a.k_ctx = st.k_cache[l].slice(1, 0, P + T), a.v_ctx = st.v_cache[l].slice(1, 0, P + T);  // read
-    if (gpt2) gpt2_block_forward(y, x, st.w[l], a, d);
-    else llama_block_forward(y, x, st.w[l], a, pos, d);
+    const size_t i = static_cast<size_t>(l);
+    a.k = attention.k_cache[i].slice(1, P, T), a.v = attention.v_cache[i].slice(1, P, T);  // (1,T,NKV,HS)
+    f.forward(y, x, st.w[i], a, {d, attention, f.mlp(), pos, l});
     std::swap(x, y);
   }
   const Tensor last = x.slice(1, T - 1, 1);  // (1,1,C)
-  if (gpt2) layernorm_forward(st.normf, Tensor(), Tensor(), last, st.head.normf_w, st.head.normf_b, d.eps);
-  else rmsnorm_forward(st.normf, Tensor(), last, st.head.normf_w, d.eps);
+  f.norm_forward(st.normf, Tensor(), Tensor(), last, st.head.normf_w, st.head.normf_b, d.eps);
   linear_forward(st.logits, rows_of(st.normf, C), st.head.lm_head, Tensor());  // (1, V)
   pos_ = P + T;
 }

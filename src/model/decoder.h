@@ -10,8 +10,9 @@
 //   while (...) logits = dec.decode_step(sample(logits));
 //
 // Token t of the sequence sits at position t (GPT-2's wpe row, Llama's RoPE
-// angle); the blocks are the training ones (blocks.h) run on cache views, so
-// the logits equal those of Model::forward over the whole sequence.
+// angle); the blocks are the training ones (family.h) run on cache views,
+// with an attention step that reads the cache (decoder.cpp), so the logits
+// equal those of Model::forward over the whole sequence.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // activations laid out once for a (B, T) micro-batch (llm.c): the step
 // allocates nothing.
 //
-//   Model m(cfg, B, T, pools);
+//   Model m(cfg, B, T, pools);           // or Model(cfg, B, T, pools, {.compute = DType::bf16, ...})
 //   m.init_params(seed);                 // or m.load_params(file)
 //   m.zero_grads();
 //   float loss = m.forward(tokens, targets);
@@ -39,13 +39,17 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/stage.h"
 #include "model/tensor_parallel.h"
 
 namespace loom::model {
 
-struct ModelState;   // activations and per-layer views (model/blocks.h)
-struct HeadWeights;  // embeddings, final norm, lm head (model/blocks.h)
-struct SlotActs;     // one micro-batch's activations (model/blocks.h)
+struct ModelState;    // activations and per-layer views (model/model_state.h)
+struct SlotActs;      // one micro-batch's activations (model/model_state.h)
+struct LayerWeights;  // one layer's weights (model/blocks.h)
+struct HeadWeights;   // embeddings, final norm, lm head (model/blocks.h)
+struct BlockContext;  // what a block call runs with (model/family.h)
+struct UnitSource;    // where the units live (model/units.h)
 
 enum class Recompute : uint8_t { none, selective, full };
 
@@ -126,68 +130,78 @@ std::string_view recompute_name(Recompute r);
 // "none", "selective", "full"; anything else is a loom::Error listing them.
 Recompute recompute_from_name(std::string_view name);
 
-class Model {
+// How a Model is built beside its config and micro-batch shape; the same
+// options give Model::activation_bytes and state_bytes. compute: f32, bf16
+// or f16 (see above). tp: this rank's slice under tensor (and sequence)
+// parallelism (tensor_parallel.h); param_specs(), params and gradients are
+// then the rank's slices, logits() its vocabulary columns. stage: the
+// pipeline stage's layers and activation slots (default: the whole model,
+// one slot).
+struct ModelOptions {
+  DType compute = DType::f32;
+  Recompute recompute = Recompute::none;
+  Storage storage{};
+  TpOptions tp{};
+  StageOptions stage{};
+};
+
+class Model final : public Stage {
  public:
   // Validates cfg; B, T >= 1 and T <= cfg.max_seq_len. Parameters and
   // gradients (zeroed) come from pools[params] / pools[grads], activations
   // and backward scratch from pools[activations]. Parameters are not
-  // initialised: call init_params or load_params. compute: f32, bf16 or f16.
-  // A model whose state_bytes, with what pools already hold, exceed the
-  // host's physical memory is a loom::Error that says how much it needs and
-  // has, raised before anything loops over its layers or allocates.
-  // tp: this rank's slice under tensor (and sequence) parallelism
-  // (tensor_parallel.h); its param_specs(), params and gradients are then the
-  // rank's slices, logits() its vocabulary columns.
+  // initialised: call init_params or load_params. A model whose
+  // state_bytes, with what pools already hold, exceed the host's physical
+  // memory is a loom::Error that says how much it needs and has, raised
+  // before anything loops over its layers or allocates.
   //
-  // stage: the pipeline stage's layers (params.h PpStage; default: all). A
-  // stage without the embeddings reads its input activations from
-  // stage_input() (filled by the caller before forward); one without the
-  // head leaves its output in stage_output() and, before backward, reads the
-  // output's gradient from stage_grad(), where backward leaves the input's
-  // gradient. Its units are then [embeddings], its layers, [head].
-  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, DType compute = DType::f32,
-        Recompute recompute = Recompute::none, const Storage& storage = {}, const TpOptions& tp = {},
-        const StageOptions& stage = {});
-  ~Model();
+  // A stage (ModelOptions::stage) without the embeddings reads its input
+  // activations from stage_input() (filled by the caller before forward);
+  // one without the head leaves its output in stage_output() and, before
+  // backward, reads the output's gradient from stage_grad(), where backward
+  // leaves the input's gradient. Its units are then [embeddings], its
+  // layers, [head].
+  Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const ModelOptions& options = {});
+  ~Model() override;
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  const ModelOptions& options() const { return options_; }
   int64_t batch_size() const { return B_; }
   int64_t seq_len() const { return T_; }
   const std::vector<ParamSpec>& param_specs() const { return specs_; }
   int64_t num_params() const { return units_.back().end; }
-  DType compute_dtype() const { return compute_; }
-  Recompute recompute() const { return recompute_; }
+  DType compute_dtype() const { return options_.compute; }
+  Recompute recompute() const { return options_.recompute; }
   // Bytes the activations pool holds for a model built with these arguments
   // (activations and backward scratch), from the same layout the
-  // constructor allocates, without allocating.
-  static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                  const TpOptions& tp = {}, const StageOptions& stage = {});
+  // constructor allocates, without allocating (options.storage is unused).
+  static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options = {});
   // Everything the constructor takes from the pools (parameters, master
   // weights, gradients as Storage asks, activations) and its bookkeeping,
   // O(1) in n_layer: what it checks against memory before building anything.
-  static ModelBytes state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, DType compute, Recompute recompute,
-                                const Storage& storage = {}, const TpOptions& tp = {}, const StageOptions& stage = {});
+  static ModelBytes state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options = {});
   // What this model took: state_bytes of its arguments.
   const ModelBytes& memory() const { return memory_; }
-  const TpOptions& tensor_parallel() const { return tp_; }
-  // Pipeline stage: its first layer and layer count; whether it holds the
-  // embeddings (first stage) and the head (last stage).
-  int64_t first_layer() const { return first_layer_; }
-  int64_t num_layers() const { return n_layers_; }
-  bool has_embedding() const { return has_embedding_; }
-  bool has_head() const { return has_head_; }
-  // The stage's input activations (not the first stage), output activations
-  // (not the last), and the gradient buffer (see the constructor): the
-  // residual stream's shape, compute dtype (stage_grad: f32).
-  Tensor stage_input(int slot = 0) const;
-  Tensor stage_output(int slot = 0) const;
-  Tensor stage_grad() const;
-  int slots() const;
+  const TpOptions& tensor_parallel() const { return options_.tp; }
+
+  // The pipeline stage (stage.h): its first layer and layer count; whether
+  // it holds the embeddings (first stage) and the head (last stage); its
+  // input activations (not the first stage), output activations (not the
+  // last), and the gradient buffer (see the constructor): the residual
+  // stream's shape, compute dtype (stage_grad: f32).
+  int64_t first_layer() const override { return first_layer_; }
+  int64_t num_layers() const override { return n_layers_; }
+  bool has_embedding() const override { return has_embedding_; }
+  bool has_head() const override { return has_head_; }
+  Tensor stage_input(int slot = 0) const override;
+  Tensor stage_output(int slot = 0) const override;
+  Tensor stage_grad() const override;
+  int slots() const override;
 
   const std::vector<Unit>& units() const { return units_; }
-  const Storage& storage() const { return storage_; }
+  const Storage& storage() const { return options_.storage; }
   // Hooks stay with the model until replaced (nullptr: none); they must
   // outlive every forward and backward that uses them.
   void set_hooks(StepHooks* hooks) { hooks_ = hooks; }
@@ -200,7 +214,7 @@ class Model {
   // (P) f32 master weights: params() under f32 compute, else their own
   // buffer (undefined when Storage::master is false).
   Tensor master_params() const {
-    if (compute_ != DType::f32) return master_;
+    if (options_.compute != DType::f32) return master_;
     return params_;
   }
   // params() = master_params() rounded to the compute dtype (a no-op under
@@ -222,38 +236,45 @@ class Model {
   // (logits only; backward is then not allowed).
   // slot: which activation slot (StageOptions) keeps this micro-batch's
   // activations for its backward.
-  float forward(const Tensor& tokens, const Tensor& targets = Tensor(), int slot = 0);
+  float forward(const Tensor& tokens, const Tensor& targets = Tensor(), int slot = 0) override;
   // (B, T, V) in the compute dtype — under tensor parallelism (B, T, Vl),
   // this rank's vocabulary columns, padding included; valid after forward
   // until backward (which overwrites it with its gradient).
   Tensor logits(int slot = 0) const;
   // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
   // averages k accumulated micro-batches.
-  void backward(float dloss = 1.f, int slot = 0);
+  void backward(float dloss = 1.f, int slot = 0) override;
   void zero_grads();
 
  private:
   const SlotActs& slot_acts(int slot) const;  // checks slot
+  SlotActs& slot_acts(int slot);
   int layer_unit(int64_t local_layer) const { return static_cast<int>((has_embedding_ ? 1 : 0) + local_layer); }
   int head_unit() const { return static_cast<int>(units_.size()) - 1; }
-  void backward_head(float dloss, HeadWeights w, HeadWeights g);
-  // Units through the hooks (a model without its own parameters or gradients).
-  Tensor unit_params(int unit, Pass pass);
-  Tensor unit_grads(int unit);
-  void release(int unit);
-  void grads_done(int unit);
-  HeadWeights bind_embeddings();           // wte, wpe of unit 0
-  HeadWeights bind_head(Pass pass);        // final norm and lm head (unit L + 1, and 0 when tied)
-  void release_head();
-  HeadWeights bind_head_grads();           // their gradients
-  HeadWeights bind_embedding_grads();      // dwte, dwpe
+  // Unit 0 when the head reads the embeddings' unit (tied, first stage), else -1.
+  int tied_unit() const { return cfg_.tie_embeddings && has_embedding_ ? 0 : -1; }
+  // The units' buffers and the hooks that lend them (model/units.h).
+  UnitSource unit_source() const;
+  // The weights (gradients) of what a BoundUnit bound: the model's own
+  // views, or views by name into the buffers the hooks lent.
+  LayerWeights layer_params(int64_t local_layer) const;
+  LayerWeights layer_grads(int64_t local_layer) const;
+  HeadWeights head_params(bool embeddings, bool head) const;
+  HeadWeights head_grads(bool embeddings, bool head) const;
+  BlockContext block_context(int64_t local_layer) const;
+  // The passes' parts (model.cpp, model_head.cpp).
+  void take_inputs(SlotActs& a, const Tensor& tokens, const Tensor& targets);
+  void embed_forward(SlotActs& a);
+  void layer_forward(SlotActs& a, int64_t l);
+  void head_forward(SlotActs& a);
+  float loss_forward(SlotActs& a);
+  void head_backward(SlotActs& a, float dloss);
+  void layer_backward(SlotActs& a, int64_t l);
+  void embed_backward(SlotActs& a);
 
   ModelConfig cfg_;
   int64_t B_, T_;
-  Recompute recompute_;
-  DType compute_;
-  Storage storage_;
-  TpOptions tp_;
+  ModelOptions options_;
   std::vector<ParamSpec> specs_;
   std::vector<Unit> units_;
   ModelBytes memory_;

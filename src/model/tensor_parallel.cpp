@@ -1,6 +1,8 @@
 // The f / g operators of a tensor-parallel block (tensor_parallel.h) on the
-// model's buffers; with no tp context each is the identity, so the
-// single-process blocks compute exactly what they always did.
+// model's buffers, and the SP sum of the norm weights' gradients; with no tp
+// context each f / g is the identity, so the single-process blocks compute
+// exactly what they always did.
+#include <array>
 #include <memory>
 
 #include "core/error.h"
@@ -10,27 +12,29 @@
 namespace loom::model {
 
 Tensor tp_enter(const Dims& d, const Tensor& x) {
-  if (!d.tp.sp) return x;
-  d.tp.ops->gather(d.tp.gathered, rows_of(x, d.C));
-  return d.tp.gathered;
+  const TpContext& tp = d.par.tp;
+  if (!tp.sp) return x;
+  tp.ops->gather(tp.gathered, rows_of(x, d.C));
+  return tp.gathered;
 }
 
 Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::initializer_list<ColumnLinear> linears) {
+  const TpContext& tp = d.par.tp;
   const int64_t C = d.C;
   std::unique_ptr<TpPending> gathering;
   Tensor input = x;  // what the linears read in forward: x's rows gathered under SP
-  if (d.tp.sp) {
-    gathering = d.tp.ops->start_gather(d.tp.gathered, rows_of(x, C));
-    input = d.tp.gathered;
+  if (tp.sp) {
+    gathering = tp.ops->start_gather(tp.gathered, rows_of(x, C));
+    input = tp.gathered;
   }
   const Tensor in = rows_of(input, C), dx_rows = rows_of(dx, C);
   for (const ColumnLinear& l : linears) kernels::linear_backward(dx_rows, Tensor(), Tensor(), l.dy, in, l.w);
   if (gathering) gathering->wait();
   std::unique_ptr<TpPending> summing;
   Tensor summed = dx;
-  if (d.tp.ops != nullptr) {
-    if (d.tp.sp) summed = d.tp.dlocal;
-    summing = d.tp.ops->start_reduce(summed, d.tp.sp ? dx_rows : dx);
+  if (tp.ops != nullptr) {
+    if (tp.sp) summed = tp.dlocal;
+    summing = tp.ops->start_reduce(summed, tp.sp ? dx_rows : dx);
   }
   for (const ColumnLinear& l : linears) kernels::linear_backward(Tensor(), l.dw, l.db, l.dy, in, l.w);
   if (summing) summing->wait();
@@ -38,22 +42,38 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
 }
 
 void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const TpContext& tp = d.par.tp;
   const int64_t C = d.C;
-  if (!d.tp.ops) return kernels::linear_forward(rows_of(y, C), x, w, bias);
-  const Tensor once = d.tp.rank == 0 ? bias : Tensor();  // the sum adds rank 0's bias only
-  if (!d.tp.sp) {
+  if (!tp.ops) return kernels::linear_forward(rows_of(y, C), x, w, bias);
+  const Tensor once = tp.rank == 0 ? bias : Tensor();  // the sum adds rank 0's bias only
+  if (!tp.sp) {
     kernels::linear_forward(rows_of(y, C), x, w, once);
-    d.tp.ops->reduce(y, y);
+    tp.ops->reduce(y, y);
     return;
   }
-  kernels::linear_forward(d.tp.partial, x, w, once);
-  d.tp.ops->reduce(rows_of(y, C), d.tp.partial);
+  kernels::linear_forward(tp.partial, x, w, once);
+  tp.ops->reduce(rows_of(y, C), tp.partial);
 }
 
 Tensor tp_exit_backward(const Dims& d, const Tensor& dy) {
-  if (!d.tp.sp) return dy;
-  d.tp.ops->gather(d.tp.dfull, rows_of(dy, d.C));
-  return d.tp.dfull;
+  const TpContext& tp = d.par.tp;
+  if (!tp.sp) return dy;
+  tp.ops->gather(tp.dfull, rows_of(dy, d.C));
+  return tp.dfull;
+}
+
+LayerWeights with_norm_grads_in(LayerWeights g, const Tensor& buf, int64_t C) {
+  kernels::fill(buf, 0.f);
+  Tensor* norms[] = {&g.norm1_w, &g.norm1_b, &g.norm2_w, &g.norm2_b};
+  for (int i = 0; i < 4; ++i)
+    if (norms[i]->defined()) *norms[i] = buf.slice(0, i * C, C);
+  return g;
+}
+
+void sum_norm_grads(const Dims& d, const Tensor& buf, const std::array<Tensor, 4>& real) {
+  d.par.tp.ops->all_reduce_sum(buf);
+  for (int i = 0; i < 4; ++i)
+    if (real[i].defined()) kernels::add(real[i], real[i], buf.slice(0, i * d.C, d.C));
 }
 
 }  // namespace loom::model

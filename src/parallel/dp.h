@@ -3,43 +3,62 @@
 // optimizer state (stage >= 1), the gradients (>= 2) and the parameters (3)
 // sharded across the group.
 //
-// Buckets and shards. The flat parameter buffer (model.h, spec order) is cut
-// into buckets of whole units: stages 0-2 merge units in backward's order
-// (the last unit first) until a bucket holds bucket_mb of f32 gradients;
-// stage 3 makes every unit a bucket (FSDP's per-layer wrapping; bucket_mb is
-// not used). Under stages 0-1 a parameter named in DpOptions::solo_params is
-// then cut out of its unit into a bucket of its own. A bucket finishes when
-// backward finishes its lowest unit. Each bucket is split across the group
-// by comm::shard_range; a rank's shard is its piece of every bucket (stage 0:
-// every bucket whole), packed in bucket order: segments() says where each
-// piece sits in the flat buffer.
+// Parameter groups (parallel/dp_layout.h). The parameters are split into
+// groups, each with its own communicator: a group's gradients are averaged
+// over it and its state sharded over it. By default one group, "dense", of
+// every parameter over the dp group; later expert parameters form a group
+// over mesh.expert_dp(). Each group is laid out on its own, in its index
+// space (its parameters packed in flat order; the default group's index is
+// the flat element), as follows.
+//
+// Buckets and shards. A group's units (the model's units, model.h, cut to
+// the group's parameters) are merged into buckets: stages 0-2 merge units in
+// backward's order (the last unit first) until a bucket holds bucket_mb of
+// f32 gradients; stage 3 makes every unit a bucket (FSDP's per-layer
+// wrapping; bucket_mb is not used). Under stages 0-1 a parameter named in
+// DpOptions::solo_params is then cut out of its unit into a bucket of its
+// own. A bucket finishes when backward finishes its lowest unit. Each bucket
+// is split across the group by comm::shard_range; a rank's shard is its
+// piece of every bucket (stage 0: every bucket whole), packed in bucket
+// order: segments say where each piece sits in the group's index space.
 //
 //   stage  the model keeps   this class keeps   gradient communication per bucket
-//   0      params, grads     master*, m, v      all_reduce(avg), last micro-batch only
-//   1      params, grads     master*, m, v      reduce_scatter(avg) in place, last
-//                            (shard)            micro-batch only; params all_gather
+//   0      params, grads     master*            all_reduce(avg), last micro-batch only
+//   1      params, grads     master* (shard)    reduce_scatter(avg) in place, last
+//                                               micro-batch only; params all_gather
 //                                               after the update
-//   2      params            grads, master*,    each micro-batch: the bucket's
-//                            m, v (shard)       gradients go to a buffer (pools[comm])
+//   2      params            grads, master*     each micro-batch: the bucket's
+//                            (shard)            gradients go to a buffer (pools[comm])
 //                                               that is reduce_scattered and added
 //                                               into the shard, then freed
 //   3      -                 params, grads,     as 2; each unit's params all_gathered
-//                            master*, m, v      into pools[comm] before use, the next
-//                            (shard)            unit's gather prefetched, freed after
+//                            master* (shard)    into pools[comm] before use, the next
+//                                               unit's gather prefetched, freed after
 //   * master: f32 weights, present under bf16 / f16 compute and with
 //     offload_optimizer; otherwise the f32 parameters are the master.
 //
+// A bucket whose group indices are not one run of the flat buffer (a group
+// spread over it) is packed into a buffer of pools[comm] around its
+// collective. From stage 2 a unit's parameters must lie in one group.
+//
 // Every bucket's collective is issued from the model's grads_ready hook as
 // soon as the bucket finishes, so it runs while backward goes on (the
-// communicator's progress thread: comm/communicator.h); the optimizer waits
-// for all of them. With a group of one (comm == nullptr or size 1) nothing
-// is communicated and stage 0 is the single-process trainer.
+// communicator's progress thread: comm/communicator.h); the update waits
+// for all of them. With a group of one rank nothing is communicated and
+// stage 0 is the single-process trainer.
 //
-// offload_optimizer: master weights and AdamW moments live in host memory
-// (pools[master], pools[optimizer] on the CPU) and the update runs there on a
-// host copy of the gradient shard; the updated weights are then copied to the
-// model's parameters. On a CPU-only run the copies are host to host: it
-// gives the same numbers, and matters once the model runs on a GPU.
+// The optimizer (train/optimizer.h) owns its state (AdamW's moments, per
+// group, packed like the group's shard) and updates each group's shard
+// through update_piece; this class owns the sharding: where each piece's
+// master weights, gradient and compute weights are, and making the updated
+// parameters every rank's again (update_finish).
+//
+// offload_optimizer: master weights (and the optimizer's state) live in host
+// memory (pools[master], pools[optimizer] on the CPU) and the update runs
+// there on a host copy of the gradient shard; the updated weights are then
+// written to the model's parameters. On a CPU-only run the copies are host
+// to host: it gives the same numbers, and matters once the model runs on a
+// GPU.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +69,7 @@
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "model/model.h"
+#include "parallel/dp_layout.h"
 
 namespace loom::parallel {
 
@@ -65,58 +85,38 @@ struct DpOptions {
   // piece with the other's (parallel/pp_tied.h). Unknown names are a
   // loom::Error.
   std::vector<std::string> solo_params = {};
+  // The parameter groups; empty: one group "dense" of every parameter over
+  // the dp group.
+  std::vector<ParamGroup> groups = {};
+  // f32 values the optimizer keeps per shard element (AdamW: its two
+  // moments), counted in the memory check made before anything is allocated.
+  int optimizer_state_floats = 2;
 };
-
-struct AdamWOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.95;  // GPT-3 / llm.c / nanoGPT
-  double eps = 1e-8;
-  double weight_decay = 0.1;  // 2-D weights only (linear weights, embeddings): nanoGPT, llm.c
-};
-
-// Units [first_unit, last_unit] (model.h), flat elements [begin, end).
-struct Bucket {
-  int first_unit = 0, last_unit = 0;
-  int64_t begin = 0, end = 0;
-  int64_t numel() const { return end - begin; }
-};
-// Pure: the buckets of a model's units under a stage (see above). solo:
-// flat element ranges (stages 0 and 1), each inside one unit, cut out of
-// the bucket holding them as buckets of their own; such a bucket, and the
-// rest of a unit cut in two, finish with the unit (a bucket finishes when
-// backward finishes its lowest unit).
-std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb,
-                                 const std::vector<model::Unit>& solo = {});
-
-// One piece of a rank's shard: flat elements [offset, offset + count) of the
-// parameter buffer, at shard_offset in the rank's packed shard buffers.
-struct Segment {
-  int64_t offset = 0, count = 0, shard_offset = 0;
-};
-// The sum of a per-rank value over a group (nullptr: the value), the same
-// bits on every rank: exchanged as bit patterns and summed in rank order.
-double exact_group_sum(comm::Communicator* group, double value);
-
-// Pure: rank's shard under a stage (stage 0: every bucket whole).
-std::vector<Segment> shard_segments(const std::vector<Bucket>& buckets, int zero_stage, int size, int rank);
-
-// A run of a segment inside one parameter: AdamW's weight decay is per
-// tensor (2-D weights decay).
-struct ParamPiece {
-  int64_t offset = 0, count = 0, shard_offset = 0;
-  bool decay = false;
-};
-// Pure: the segments cut at parameter boundaries, in order. specs: the
-// model's, packed in offset order; each segment finds its first parameter
-// by binary search, so the work is linear in segments plus pieces.
-std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
-                                       const std::vector<model::ParamSpec>& specs);
 
 // What a step's gradient communication cost and how much of it backward hid.
 struct CommStats {
   int64_t ops = 0;              // gradient collectives issued
   int64_t bytes = 0;            // their input bytes
   double exposed_seconds = 0;   // time spent waiting for them (gradients and stage-3 gathers)
+};
+
+// A parameter group as laid out on this rank.
+struct GroupLayout {
+  std::string name;
+  std::reference_wrapper<comm::Communicator> comm;
+  GroupSpace space;
+  std::vector<Bucket> buckets;     // in the group's index space
+  std::vector<Segment> segments;   // this rank's shard, one per bucket
+  std::vector<ParamPiece> pieces;  // the segments cut at parameters; offset: the flat element
+  int64_t shard_numel = 0;
+};
+
+// One ParamPiece of a group's shard as an optimizer updates it
+// (DataParallel::update_piece): all (count) views.
+struct UpdatePiece {
+  Tensor master;  // f32 weights updated in place: the master weights, or the f32 parameters themselves
+  Tensor grad;    // f32 averaged gradient (under offload_optimizer a host copy)
+  Tensor param;   // compute-dtype weights to write the update's rounding to; undefined when master is them
 };
 
 class DataParallel : public model::StepHooks {
@@ -126,27 +126,37 @@ class DataParallel : public model::StepHooks {
   static model::Storage model_storage(int zero_stage);
 
   // `model` must have been built with model_storage(options.zero_stage);
-  // this sets itself as its hooks. comm: the dp group (nullptr: a group of
-  // one); every member builds its DataParallel with the same options and
-  // model. Shard state (master, moments, gradients, parameters) comes from
-  // pools by tag; gathered parameters and bucket buffers from pools[comm].
-  DataParallel(model::Model& model, comm::Communicator* comm, const DpOptions& options, const AdamWOptions& adamw,
+  // this sets itself as its hooks. dp: the data-parallel group (mesh.dp();
+  // of one rank without data parallelism), over which the batch is split and
+  // losses averaged, and the default group's communicator; every member
+  // builds its DataParallel with the same options and model. tp: the
+  // model's tensor-parallel group (mesh.tp()): only the gradient norm spans
+  // it, dp groups are per tp rank. Shard state (master weights, gradients,
+  // parameters) comes from pools by tag; gathered parameters and bucket
+  // buffers from pools[comm]. Bad groups are a loom::Error
+  // (assign_param_groups, require_whole_units).
+  DataParallel(model::Model& model, comm::Communicator& dp, comm::Communicator& tp, const DpOptions& options,
                Pools& pools);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
   const DpOptions& options() const { return opt_; }
-  const AdamWOptions& adamw_options() const { return adamw_; }
-  int rank() const { return rank_; }
-  int size() const { return size_; }
-  // The dp group; nullptr for a group of one.
-  comm::Communicator* group() const { return comm_; }
-  const std::vector<Bucket>& buckets() const { return buckets_; }
-  const std::vector<Segment>& segments() const { return segments_; }
-  // The bucket made of parameter `name` alone (DpOptions::solo_params).
+  // Rank and size of the dp group.
+  int rank() const { return dp_.rank(); }
+  int size() const { return dp_.size(); }
+  comm::Communicator& dp_group() const { return dp_; }
+
+  int num_groups() const;
+  const GroupLayout& group(int g) const;
+  // The single group's layout (the checkpoint format holds one); with
+  // several groups a loom::Error.
+  const std::vector<Bucket>& buckets() const { return only_group().buckets; }
+  const std::vector<Segment>& segments() const { return only_group().segments; }
+  int64_t shard_numel() const { return only_group().shard_numel; }
+  // The bucket made of parameter `name` alone (DpOptions::solo_params), in
+  // the single group.
   int solo_bucket(const std::string& name) const;
-  int64_t shard_numel() const { return shard_numel_; }
 
   // Sharding-invariant init (model/params.h) of every parameter: each rank
   // computes one bucket at a time in f32 in pools[workspace] (freed on
@@ -154,40 +164,40 @@ class DataParallel : public model::StepHooks {
   void init_params(uint64_t seed);
 
   // A step: zero_grads(), then per micro-batch begin_micro_batch(last) +
-  // model forward + backward, then grad_norm() and update().
+  // model forward + backward, then grad_norm() and the optimizer's update
+  // (update_begin, update_piece for each group's pieces, update_finish).
   void zero_grads();
   // Stages 0 and 1 communicate only in the last micro-batch's backward.
   void begin_micro_batch(bool last);
   // Waits for every gradient collective, then returns the global L2 norm of
-  // the averaged gradients (the same on every rank; under tensor
+  // the averaged gradients (the same on every rank of a group; under tensor
   // parallelism the whole model's, each replicated parameter counted once).
   double grad_norm();
   // Its square before the root (pipeline stages add theirs), and the wait
-  // for every gradient collective that both begin with.
+  // for every gradient collective that both begin with. Each group's sum of
+  // squares of its shard is summed over its communicator, the groups' sums
+  // added in group order, then summed over tp.
   double grad_sum_squares();
   void wait_gradients();
-  // The model's tensor-parallel group (parallel/tp.h; nullptr: none). Only
-  // the gradient norm spans it: dp groups are per tp rank.
-  void set_tp_group(comm::Communicator* tp) { tp_ = tp; }
-  // One AdamW update of this rank's shard with gradients times grad_scale
-  // (unscaling and clipping folded in), then the parameters every rank
-  // needs refreshed (stages 1 and 2 all_gather them). Counts an update.
-  void update(double lr, float grad_scale);
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t steps) { step_ = steps; }
 
-  // The mean of a per-rank value over the group (losses), the same on every
-  // rank, summed in rank order.
+  // The update of every group's shard: update_begin (under offload, copies
+  // the gradient shards to host), then any changes to each piece through its
+  // views, then update_finish, which gives every rank the updated parameters
+  // it needs (stages 1 and 2 all_gather them). update_finish is collective.
+  void update_begin();
+  UpdatePiece update_piece(int g, const ParamPiece& piece) const;
+  void update_finish();
+
+  // The mean of a per-rank value over the dp group (losses), the same on
+  // every rank, summed in rank order.
   double mean(double value);
 
-  // Checkpoint state, packed like segments(): master weights (f32), AdamW
-  // moments. m() and v() are views of the state; pack_master copies.
-  Tensor m() const { return m_; }
-  Tensor v() const { return v_; }
+  // Checkpoint state of the single group (a loom::Error with several),
+  // packed like segments(): pack_master copies the f32 master weights out;
+  // load_master sets them and refreshes the model's parameters (collective
+  // for stages 1 and 2).
   void pack_master(Tensor out) const;
-  // Sets the master weights (and the moments) from packed shards and
-  // refreshes the model's parameters. Collective for stages 1 and 2.
-  void load_state(const Tensor& master, const Tensor& m, const Tensor& v);
+  void load_master(const Tensor& master);
   // Every rank gets the whole (P) f32 master weights. Collective.
   void gather_master(Tensor out);
 
@@ -205,30 +215,30 @@ class DataParallel : public model::StepHooks {
   void grads_ready(int unit) override;
 
  private:
-  struct Impl;
+  struct Impl;  // dp_state.h
+  const GroupLayout& only_group() const;
+  // Stages 0-1: issues bucket b of group g's gradient collective.
+  void reduce_bucket(int g, int b);
   // Stages 2 and 3: adds the oldest finished gradient reduction into the
   // shard (block: waits for it); false if it is still running.
   bool retire_reduction(bool block);
-  // flat (P): every rank holds its segments; all_gather each bucket in place
-  // so every rank holds everything. Collective (nothing in a group of one).
+  // Group g's squared gradient norm on this rank's shard (before any sum over ranks).
+  double shard_sum_squares(int g) const;
+  void pack_master(int g, Tensor out) const;
+  // flat (P): every rank holds its segments; all_gather each bucket of every
+  // group so every rank holds everything. Collective over each group.
   void gather_pieces(Tensor flat);
 
   DpOptions opt_;
-  AdamWOptions adamw_;
   model::Model& model_;
-  comm::Communicator* comm_;
-  comm::Communicator* tp_ = nullptr;
-  int rank_ = 0, size_ = 1;
-  std::vector<Bucket> buckets_;
-  std::vector<Segment> segments_;  // one per bucket, in bucket order
-  int64_t shard_numel_ = 0;
-  OwnedTensor master_, m_, v_;     // (S) f32; master_ undefined without a master (see above)
-  OwnedTensor grad_shard_;         // (S) f32, stages 2 and 3
-  OwnedTensor param_shard_;        // (S) compute dtype, stage 3
-  OwnedTensor host_grads_;         // (S) f32, offload_optimizer
-  int64_t step_ = 0;
+  comm::Communicator& dp_;
+  comm::Communicator& tp_;
   CommStats stats_;
   std::unique_ptr<Impl> impl_;
 };
+
+// The sum of a per-rank value over a group (of one: the value), the same
+// bits on every rank: exchanged as bit patterns and summed in rank order.
+double exact_group_sum(comm::Communicator& group, double value);
 
 }  // namespace loom::parallel

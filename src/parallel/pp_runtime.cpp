@@ -78,7 +78,7 @@ struct PipelineRuntime::Impl {
   };
 
   comm::Communicator* pp;
-  std::vector<model::Model*> chunks;
+  std::vector<model::Stage*> chunks;
   std::vector<PpAction> actions;  // this rank's list
   std::function<void(int, int)> before_backward;
   TraceRecorder* trace = nullptr;
@@ -145,11 +145,11 @@ struct PipelineRuntime::Impl {
   }
 };
 
-PipelineRuntime::PipelineRuntime(const PpSchedule& schedule, comm::Communicator* pp,
-                                 std::vector<model::Model*> chunks, Pools& pools)
+PipelineRuntime::PipelineRuntime(const PpSchedule& schedule, comm::Communicator& pp_group,
+                                 std::vector<model::Stage*> chunks, Pools& pools)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  LOOM_REQUIRE(pp != nullptr, "PipelineRuntime: no pipeline communicator given");
+  comm::Communicator* pp = &pp_group;
   LOOM_REQUIRE(pp->size() == schedule.pp, "PipelineRuntime: the schedule is for pp = ", schedule.pp,
                " ranks but the pipeline group '", pp->name(), "' has ", pp->size());
   LOOM_REQUIRE(static_cast<int>(schedule.actions.size()) == schedule.pp, "PipelineRuntime: the schedule lists ",
@@ -161,8 +161,8 @@ PipelineRuntime::PipelineRuntime(const PpSchedule& schedule, comm::Communicator*
   s.stages = s.n_pp * s.v;
   s.actions = schedule.actions[static_cast<size_t>(s.rank)];
   for (int c = 0; c < s.v; ++c) {
-    const model::Model* chunk = s.chunks[static_cast<size_t>(c)];
-    LOOM_REQUIRE(chunk != nullptr, "PipelineRuntime: chunk ", c, " has no model");
+    const model::Stage* chunk = s.chunks[static_cast<size_t>(c)];
+    LOOM_REQUIRE(chunk != nullptr, "PipelineRuntime: chunk ", c, " has no stage");
     LOOM_REQUIRE(chunk->has_embedding() == s.first(c) && chunk->has_head() == s.last(c), "PipelineRuntime: chunk ",
                  c, " of pipeline rank ", s.rank, " is stage ", s.stage_of(c), " of ", s.stages,
                  ", but its model (layers ", chunk->first_layer(), " to ",
@@ -283,7 +283,7 @@ void PipelineRuntime::Impl::post_ahead(size_t compute) {
 void PipelineRuntime::Impl::receive(const PpAction& a) {
   const int mb = a.micro_batch, c = a.chunk;
   const bool is_grad = a.op == PpOp::recv_grad;
-  const model::Model& chunk = *chunks[static_cast<size_t>(c)];
+  const model::Stage& chunk = *chunks[static_cast<size_t>(c)];
   const Tensor like = is_grad ? chunk.stage_grad() : chunk.stage_input(0);  // every slot's input has this shape
   Received r;
   if (a.peer != rank) {
@@ -340,7 +340,7 @@ void PipelineRuntime::Impl::send_act(const PpAction& a) {
 
 void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
   const int mb = a.micro_batch, c = a.chunk, s = slot(mb, c);
-  model::Model& chunk = *chunks[static_cast<size_t>(c)];
+  model::Stage& chunk = *chunks[static_cast<size_t>(c)];
   {
     const bool waits = !last(c) || act_send.contains({mb, c});
     TraceSpan span(waits ? trace : nullptr, "recv wait");

@@ -19,14 +19,15 @@
 // its message arrives while that compute runs. The communicator's progress
 // thread moves the messages (comm/engine.h).
 //
-// Chunk c of pipeline rank r is stage c * pp + r (pp_schedule.h); its model
-// holds that stage's layers (model.h PpStage) and at least as many
+// Chunk c of pipeline rank r is stage c * pp + r (pp_schedule.h); its stage
+// (model/stage.h) holds that stage's layers (model.h PpStage) and at least as many
 // activation slots as the schedule has its micro-batches in flight (a slot
 // is taken by a micro-batch's forward and freed after its backward).
 // Backward accumulates into the chunks' gradients (model.h), so a step's
 // micro-batches add up as under plain gradient accumulation.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,7 +37,7 @@
 #include "comm/communicator.h"
 #include "core/memory.h"
 #include "core/trace.h"
-#include "model/model.h"
+#include "model/stage.h"
 #include "parallel/pp_schedule.h"
 
 namespace loom::parallel {
@@ -44,10 +45,15 @@ namespace loom::parallel {
 class PipelineRuntime {
  public:
   // pp: the pipeline group (its rank is the pipeline rank); chunks[c]: this
-  // rank's model of chunk c, for c < schedule.virtual_stages. Buffers for
-  // messages in flight come from pools[comm]. All must outlive the runtime.
-  PipelineRuntime(const PpSchedule& schedule, comm::Communicator* pp, std::vector<model::Model*> chunks,
+  // rank's stage of chunk c (model::Stage, e.g. a model::Model), for c <
+  // schedule.virtual_stages. Buffers for messages in flight come from
+  // pools[comm]. All must outlive the runtime.
+  PipelineRuntime(const PpSchedule& schedule, comm::Communicator& pp, std::vector<model::Stage*> chunks,
                   Pools& pools);
+  // The same from pointers to a Stage implementation (std::vector<Model*>).
+  template <std::derived_from<model::Stage> Chunk>
+  PipelineRuntime(const PpSchedule& schedule, comm::Communicator& pp, const std::vector<Chunk*>& chunks, Pools& pools)
+      : PipelineRuntime(schedule, pp, std::vector<model::Stage*>(chunks.begin(), chunks.end()), pools) {}
   ~PipelineRuntime();
   PipelineRuntime(const PipelineRuntime&) = delete;
   PipelineRuntime& operator=(const PipelineRuntime&) = delete;

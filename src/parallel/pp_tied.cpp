@@ -12,11 +12,11 @@ bool holds_copy(const model::Model& chunk) { return chunk.has_embedding() != chu
 
 }  // namespace
 
-TiedEmbedding::TiedEmbedding(const model::ModelConfig& cfg, comm::Communicator* pp)
+TiedEmbedding::TiedEmbedding(const model::ModelConfig& cfg, comm::Communicator& pp)
     : tied_(cfg.tie_embeddings), name_(name(cfg)) {
-  if (!tied_ || pp == nullptr || pp->size() == 1) return;
-  const bool member = pp->rank() == 0 || pp->rank() == pp->size() - 1;
-  group_ = pp->split(member ? 0 : 1, pp->rank(), "embedding");
+  if (!tied_ || pp.size() == 1) return;
+  const bool member = pp.rank() == 0 || pp.rank() == pp.size() - 1;
+  group_ = pp.split(member ? 0 : 1, pp.rank(), "embedding");
 }
 
 TiedEmbedding::~TiedEmbedding() = default;

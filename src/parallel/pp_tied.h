@@ -30,10 +30,10 @@ namespace loom::parallel {
 
 class TiedEmbedding {
  public:
-  // cfg: the model; pp: the pipeline group (nullptr: a group of one). With
+  // cfg: the model; pp: the pipeline group (mesh.pp()). With
   // tied embeddings and pp > 1 this splits pp into the embedding group (the
   // ranks of stage 0 and of the last stage): collective over pp.
-  TiedEmbedding(const model::ModelConfig& cfg, comm::Communicator* pp);
+  TiedEmbedding(const model::ModelConfig& cfg, comm::Communicator& pp);
   ~TiedEmbedding();
   TiedEmbedding(const TiedEmbedding&) = delete;
   TiedEmbedding& operator=(const TiedEmbedding&) = delete;

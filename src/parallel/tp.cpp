@@ -123,9 +123,8 @@ void TensorParallel::all_reduce_sum(Tensor t) {
 }
 
 // One all-gather of every rank's (lse, target logit) pairs, then each rank
-// combines them in rank order, so every rank gets the same bits:
-//   lse = m + log(sum_r exp(lse_r - m)), m = max_r lse_r;  target = sum_r target_r.
-// A rank whose columns are all padding has lse_r = -inf and adds nothing.
+// combines them in rank order (kernels::cross_entropy_shard_combine), so
+// every rank gets the same bits.
 void TensorParallel::combine_cross_entropy(Tensor lse, Tensor target_logit) {
   Timed timed(seconds_);
   const int64_t N = lse.numel();
@@ -134,23 +133,10 @@ void TensorParallel::combine_cross_entropy(Tensor lse, Tensor target_logit) {
              "combine_cross_entropy: ", lse.str(), " ", target_logit.str());
   stats_.resize(static_cast<size_t>(2 * N * (P + 1)));
   float* mine = stats_.data() + 2 * N * P;  // this rank's pair, packed
-  std::copy_n(lse.data_as<float>(), N, mine);
-  std::copy_n(target_logit.data_as<float>(), N, mine + N);
+  kernels::copy(Tensor(mine, DType::f32, {N}), flat(lse));
+  kernels::copy(Tensor(mine + N, DType::f32, {N}), flat(target_logit));
   tp_.all_gather(Tensor(stats_.data(), DType::f32, {2 * N * P}), Tensor(mine, DType::f32, {2 * N}))->wait();
-  float* out_lse = lse.data_as<float>();
-  float* out_target = target_logit.data_as<float>();
-  for (int64_t i = 0; i < N; ++i) {
-    float m = -INFINITY;
-    for (int r = 0; r < P; ++r) m = std::max(m, stats_[static_cast<size_t>(2 * N * r + i)]);
-    double s = 0, t = 0;
-    for (int r = 0; r < P; ++r) {
-      const float* pair = stats_.data() + 2 * N * r;
-      if (m != -INFINITY) s += std::exp(static_cast<double>(pair[i]) - m);
-      t += pair[N + i];
-    }
-    out_lse[i] = m == -INFINITY ? m : static_cast<float>(m + std::log(s));
-    out_target[i] = static_cast<float>(t);
-  }
+  kernels::cross_entropy_shard_combine(flat(lse), flat(target_logit), Tensor(stats_.data(), DType::f32, {P, 2, N}));
 }
 
 }  // namespace loom::parallel

@@ -40,16 +40,13 @@
 // dp = 2 ZeRO-1; saved at pp = 2, resumed at pp = 1 or pp = 4). Every saved
 // stage's and tp rank's layout is model::param_specs(config.model, {tp,
 // rank}, {first_layer, n_layers}) of the saved config, so the manifest only
-// records it to check it: for each parameter of each of its chunks, a rank
-// finds the saved stage that held that name (a last stage's tied embedding
-// copy: stage 0's wte, whose values it equals), maps its new runs
-// (model::shard_runs) to the saved tp rank that held those global elements
-// (replicated parameters: tp rank 0), then to the offset in that stage's and
-// rank's flat layout and the saved shard holding it there, and reads only
-// its own dp segments. Vocabulary padding rows are read as 0 (weights and
-// moments). Every rank writes its own file and reads from a shared
-// filesystem (one machine, or a shared checkpoint.dir). Format 3 (before
-// pp) reads as a pp = 1 checkpoint, format 2 (before tp) as tp = 1 too.
+// records it to check it (train/checkpoint_manifest.h); each rank maps the
+// global elements of its chunks' parameters to the saved shards holding them
+// (train/checkpoint_reshard.h) and reads only those of its own dp
+// segments. Vocabulary padding rows are read as 0 (weights and moments).
+// Every rank writes its own file and reads from a shared filesystem (one
+// machine, or a shared checkpoint.dir). Format 3 (before pp) reads as a
+// pp = 1 checkpoint, format 2 (before tp) as tp = 1 too.
 //
 // A step dir is written as step_NNNNNN.tmp (every file fsynced, the
 // manifest last), then renamed into place; `latest` is updated after that,
@@ -72,20 +69,16 @@
 //   save_checkpoint(trainer, cfg.checkpoint.dir, cfg.checkpoint.keep);
 #pragma once
 
-#include <array>
-#include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
+#include "train/checkpoint_manifest.h"  // kCheckpointFormatVersion, kCheckpointManifestFile, Sha256, sha256_hex
 #include "train/config.h"
 #include "train/trainer.h"
 
 namespace loom::train {
 
-inline constexpr int kCheckpointFormatVersion = 4;
 inline constexpr const char* kCheckpointLatestFile = "latest";
-inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 
 std::string checkpoint_step_dir_name(int64_t step);  // step_000010
 std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: (pp rank x dp + dp rank) x tp + tp rank)
@@ -106,25 +99,5 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
 // manifest whose step differs from its step dir's name is an error. Returns
 // the restored step.
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir);
-
-// SHA-256 (FIPS 180-4), for the manifest's file digests.
-class Sha256 {
- public:
-  Sha256();
-  void update(const void* data, size_t bytes);
-  std::array<uint8_t, 32> finish();  // once; the object is spent after
-
- private:
-  void compress(const uint8_t* block);
-
-  std::array<uint32_t, 8> h_;
-  std::array<uint8_t, 64> buffer_{};
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;
-};
-
-std::string sha256_hex(std::string_view data);
-// Digest of a file's bytes; an unreadable file is a loom::Error naming it.
-std::string sha256_file_hex(const std::string& path);
 
 }  // namespace loom::train

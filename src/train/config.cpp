@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <span>
 #include <sstream>
 
 #include <toml++/toml.h>
@@ -81,6 +82,9 @@ class Value {
     return *node_->value<std::string>();
   }
   std::string choice(std::initializer_list<std::string_view> allowed) const {
+    return choice(std::span<const std::string_view>(allowed.begin(), allowed.size()));
+  }
+  std::string choice(std::span<const std::string_view> allowed) const {
     std::string v = node_ == nullptr || node_->is_string() ? string() : "";
     for (std::string_view a : allowed)
       if (v == a) return v;
@@ -203,7 +207,7 @@ const std::vector<KeySpec>& key_specs() {
       {"train", "warmup_steps", [](R& c, const V& v) { c.train.warmup_steps = v.integer(0, kMaxSteps); }},
       {"train", "weight_decay", [](R& c, const V& v) { c.train.weight_decay = v.number(0, false, 10); }},
       {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false, 1e6); }},
-      {"train", "dtype", [](R& c, const V& v) { c.train.dtype = v.choice({"fp32", "bf16", "fp16"}); }},
+      {"train", "dtype", [](R& c, const V& v) { c.train.dtype = v.choice(kPrecisionNames); }},
       {"train", "loss_scale", [](R& c, const V& v) { c.train.loss_scale = v.number(0, true, 1e20); }},
       {"train", "loss_scale_window", [](R& c, const V& v) { c.train.loss_scale_window = v.integer(1, kMaxSteps); }},
       {"train", "min_loss_scale", [](R& c, const V& v) { c.train.min_loss_scale = v.number(0, true, 1e20); }},
@@ -484,12 +488,12 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
   return j;
 }
 
-DType compute_dtype(const TrainConfig& t) {
-  if (t.dtype == "bf16") return DType::bf16;
-  if (t.dtype == "fp16") return DType::f16;
-  LOOM_REQUIRE(t.dtype == "fp32", "train.dtype = '", t.dtype, "' is invalid: allowed values are fp32, bf16, fp16");
-  return DType::f32;
+mesh::MeshShape mesh_shape(const ParallelConfig& p) {
+  return {static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp), static_cast<int>(p.tp),
+          static_cast<int>(p.ep)};
 }
+
+DType compute_dtype(const TrainConfig& t) { return precision_dtype(t.dtype, "train.dtype"); }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
   // An ifstream opens a directory and reads it as empty, which would read as

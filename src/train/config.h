@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "mesh/layout.h"
 #include "model/config.h"
 
 namespace loom::train {
@@ -109,6 +110,8 @@ struct RunConfig {
 
 // The model's compute dtype for train.dtype: f32, bf16 or f16.
 DType compute_dtype(const TrainConfig& t);
+// The mesh the [parallel] sizes describe (pp, dp, cp, tp, ep).
+mesh::MeshShape mesh_shape(const ParallelConfig& p);
 
 // Reads `path` and applies `overrides` ("section.key=value", later wins).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

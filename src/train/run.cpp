@@ -133,37 +133,28 @@ class Reporter {
   std::ofstream metrics_;
 };
 
-// Over the whole dp x tp grid (as checkpoint.cpp's barrier).
-void grid_barrier(Trainer& t) {
-  if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
-  if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
-  if (t.pp_group() != nullptr) {
-    t.pp_group()->barrier()->wait();
-    if (t.dp().group() != nullptr) t.dp().group()->barrier()->wait();
-    if (t.tp() != nullptr) t.tp()->group().barrier()->wait();
-  }
-}
+void world_barrier(Trainer& t) { t.mesh().world().barrier()->wait(); }
 
 // Null without log.trace. The barrier gives every rank the same start, so
-// their tracks line up in the merged file. Collective over the grid.
+// their tracks line up in the merged file; a rank's track is its world rank.
+// Collective over the mesh.
 std::unique_ptr<TraceRecorder> start_trace(const RunConfig& cfg, Trainer& t) {
   if (cfg.log.trace.empty()) return nullptr;
-  grid_barrier(t);
-  const int pid = (t.pp_rank() * t.dp().size() + t.dp().rank()) * t.tp_size() + t.tp_rank();
+  world_barrier(t);
+  const int pid = t.mesh().world_rank();
   return std::make_unique<TraceRecorder>(pid, concat("rank ", pid));
 }
 
 // A single process writes log.trace itself; on a grid each rank writes
 // path.rank<pid>, and after a barrier rank 0 merges them into path and
-// removes them. Collective over the grid.
+// removes them. Collective over the mesh.
 void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trace) {
-  if (t.dp().size() == 1 && t.tp_size() == 1 && t.pp_size() == 1)
-    return write_file_atomic(path, trace_document(trace.jsonl()));
+  const int ranks = t.mesh().world_size();
+  if (ranks == 1) return write_file_atomic(path, trace_document(trace.jsonl()));
   write_file_atomic(concat(path, ".rank", trace.pid()), trace.jsonl());
-  grid_barrier(t);
+  world_barrier(t);
   if (trace.pid() != 0) return;
   std::string all;
-  const int ranks = t.dp().size() * t.tp_size() * t.pp_size();
   for (int r = 0; r < ranks; ++r) {
     const std::string part = concat(path, ".rank", r);
     std::ifstream in(part);
@@ -177,20 +168,19 @@ void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trac
 
 
 // The largest signal number any rank received (0: none), so that every rank
-// stops after the same step. Collective over the grid.
+// stops after the same step. Collective over the mesh.
 int agree_on_stop(Trainer& t, int signal) {
+  comm::Communicator& world = t.mesh().world();
+  if (world.size() == 1) return signal;
   float v = static_cast<float>(signal);
-  const Tensor x(&v, DType::f32, {1});
-  for (comm::Communicator* g : {t.dp().group(), t.tp() != nullptr ? &t.tp()->group() : nullptr, t.pp_group()})
-    if (g != nullptr) g->all_reduce(x, comm::ReduceOp::max)->wait();
+  world.all_reduce(Tensor(&v, DType::f32, {1}), comm::ReduceOp::max)->wait();
   return static_cast<int>(v);
 }
 
 // Every output location is created and written to before the first step, so
 // that a bad path fails now and not after the last step; the directories the
-// run writes into are locked for it. dp, tp, pp as for run_training: every
-// rank writes into checkpoint.dir and log.trace's directory, rank 0 of the
-// grid the rest.
+// run writes into are locked for it. Every rank writes into checkpoint.dir
+// and log.trace's directory, rank 0 of the mesh the rest.
 struct RunOutputs {
   std::string out_dir;  // where the final model goes; "" = nowhere
   std::vector<std::unique_ptr<DirLock>> locks;
@@ -231,18 +221,16 @@ std::string describe_bad_step(const StepStats& s) {
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, comm::Communicator* dp,
-                          comm::Communicator* tp, comm::Communicator* pp) {
-  const auto rank_of = [](comm::Communicator* g) { return g != nullptr ? g->rank() : 0; };
-  // Only rank 0 of the grid reports; every rank trains, evaluates and checkpoints.
-  const bool lead = rank_of(dp) == 0 && rank_of(tp) == 0 && rank_of(pp) == 0;
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, Context& ctx) {
+  // Only rank 0 of the mesh reports; every rank trains, evaluates and checkpoints.
+  const bool lead = ctx.mesh.world_rank() == 0;
   std::optional<StopSignals> own_stop;
   const StopSignals& stop = run_options.stop != nullptr ? *run_options.stop : own_stop.emplace();
   const RunOutputs outputs = prepare_outputs(cfg, run_options, lead);
   TrainSummary summary;
   summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
-  Pools pools;
-  Trainer trainer(cfg, pools, dp, tp, pp);
+  Pools& pools = ctx.pools;
+  Trainer trainer(cfg, ctx);
   TrainOptions options = run_options;
   if (!lead) options.progress = false, options.metrics_path.clear(), options.memory_report = false;
   RunConfig quiet = cfg;

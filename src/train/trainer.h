@@ -11,12 +11,15 @@
 //   for (...) StepStats s = t.step();
 //   double val = t.evaluate();
 //
-// Data parallelism (parallel/dp.h): given the dp group, each rank trains its
+// The run context (mesh/context.h) gives the mesh; its axes are the run's
+// parallelism (a one-process run: every axis of one rank).
+//
+// Data parallelism (parallel/dp.h): over mesh.dp(), each rank trains its
 // replica (or shard: parallel.zero_stage) on its slice of every global batch
 // of dp x micro_batch x grad_accum sequences; losses are averaged over the
-// group. Without a group the run is a group of one (stage 0 = plain training).
+// group. A dp axis of one rank is plain training (stage 0).
 //
-// Tensor parallelism (parallel/tp.h): given the tp group, the model holds
+// Tensor parallelism (parallel/tp.h): over mesh.tp(), the model holds
 // this rank's slice (heads, hidden units, vocabulary rows) and the ranks of a
 // tp group train on the same data; dp groups are per tp rank (mesh.h), the
 // gradient norm spans both.
@@ -39,11 +42,10 @@
 #include "train/data_loader.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
+#include "train/reports.h"  // the run's reports (measure_peak_flops, ...), for train/run.cpp
 #include "comm/communicator.h"
-#include "parallel/dp.h"
-#include "parallel/pp_runtime.h"
-#include "parallel/pp_tied.h"
-#include "parallel/tp.h"
+#include "mesh/context.h"
+#include "train/rank_chunks.h"
 
 namespace loom {
 class StopSignals;  // core/stop_signal.h
@@ -73,19 +75,15 @@ struct StepStats {
 class Trainer {
  public:
   // Opens the data (train, and val when eval_every > 0), builds the model
-  // and initialises it from train.seed. Throws loom::Error for bad data.
-  // dp: the data-parallel group, whose size must be parallel.dp (nullptr:
-  // parallel.dp must be 1). Collective over dp, as are step, evaluate and
-  // the checkpoint functions.
-  // tp: the tensor-parallel group, whose size must be parallel.tp (nullptr:
-  // parallel.tp must be 1).
-  // pp: the pipeline group (size parallel.pp; nullptr: pp must be 1). Under
-  // pipeline parallelism the rank holds virtual_stages chunks of the
+  // from ctx.pools and initialises it from train.seed. Throws loom::Error for
+  // bad data. The mesh's dp, tp and pp axes must have the sizes
+  // parallel.dp, tp and pp say. Collective over the mesh, as are step,
+  // evaluate and the checkpoint functions. ctx must outlive the trainer.
+  // Under pipeline parallelism the rank holds virtual_stages chunks of the
   // balanced partition (parallel/pp_partition.h), each with its own
   // DataParallel, run by the schedule parallel.pp_schedule over grad_accum
   // micro-batches (parallel/pp_runtime.h); model() and dp() are chunk 0's.
-  Trainer(const RunConfig& cfg, Pools& pools, comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr,
-          comm::Communicator* pp = nullptr);
+  Trainer(const RunConfig& cfg, Context& ctx);
 
   StepStats step();
   // Mean loss over the first eval_steps global batches of val (fewer if val
@@ -93,32 +91,33 @@ class Trainer {
   double evaluate();
 
   const RunConfig& config() const { return cfg_; }
-  model::Model& model() { return *models_[0]; }
+  model::Model& model() { return *rank_.models[0]; }
   // Pipeline parallelism: the rank's chunks (one without it).
-  int num_chunks() const { return static_cast<int>(models_.size()); }
-  model::Model& chunk(int c) { return *models_[static_cast<size_t>(c)]; }
-  parallel::DataParallel& chunk_dp(int c) { return *dps_[static_cast<size_t>(c)]; }
-  int pp_size() const { return pp_ != nullptr ? pp_->size() : 1; }
-  int pp_rank() const { return pp_ != nullptr ? pp_->rank() : 0; }
-  comm::Communicator* pp_group() { return pp_; }
+  int num_chunks() const { return static_cast<int>(rank_.models.size()); }
+  model::Model& chunk(int c) { return *rank_.models[static_cast<size_t>(c)]; }
+  parallel::DataParallel& chunk_dp(int c) { return *rank_.dps[static_cast<size_t>(c)]; }
+  mesh::Mesh& mesh() { return mesh_; }
+  int pp_size() const { return mesh_.shape().pp; }
+  int pp_rank() const { return mesh_.coord().pp; }
   // Steps run, including steps an fp16 overflow skipped (Megatron counts them
   // too): the LR schedule and data follow it; AdamW counts applied updates.
   int64_t steps_done() const { return steps_; }
   void set_steps_done(int64_t steps) { steps_ = steps; }
   // The fp16 loss scaler; null under fp32 and bf16.
   DynamicLossScaler* loss_scaler() { return scaler_ ? &*scaler_ : nullptr; }
-  // The optimizer and the sharded state (master weights, AdamW moments, update
-  // count) for checkpoints (train/checkpoint.h); the LR follows from steps_done().
-  parallel::DataParallel& dp() { return *dps_[0]; }
+  // The sharding and its state (master weights) and the optimizer (AdamW
+  // moments, update count) for checkpoints (train/checkpoint.h); the LR
+  // follows from steps_done(). chunk_optimizer(c) is chunk c's.
+  parallel::DataParallel& dp() { return *rank_.dps[0]; }
+  AdamW& optimizer() { return *rank_.optimizers[0]; }
+  AdamW& chunk_optimizer(int c) { return *rank_.optimizers[static_cast<size_t>(c)]; }
   // The tensor-parallel collectives; null without tensor parallelism.
-  parallel::TensorParallel* tp() { return tp_.get(); }
-  int tp_rank() const { return tp_ ? tp_->group().rank() : 0; }
-  int tp_size() const { return tp_ ? tp_->group().size() : 1; }
+  parallel::TensorParallel* tp() { return rank_.tp.get(); }
+  int tp_rank() const { return mesh_.coord().tp; }
+  int tp_size() const { return mesh_.shape().tp; }
   DataLoader& train_data() { return train_data_; }
   const LrSchedule& lr_schedule() const { return schedule_; }
-  // Model FLOPs per trained token: 6 N + 12 n_layer n_embd seq_len (the
-  // attention scores and mixing, forward and backward: PaLM appendix B),
-  // N the whole model's parameters (every tp rank's together).
+  // Model FLOPs per trained token of the run's model (train/reports.h).
   double flops_per_token() const;
   // step and evaluate record their spans (forward, backward, grad sync wait,
   // optimizer, evaluate) into `trace`; null (the default) records nothing.
@@ -126,16 +125,11 @@ class Trainer {
 
  private:
   RunConfig cfg_;
+  mesh::Mesh& mesh_;
   StepStats pipeline_step();
   StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
 
-  std::unique_ptr<parallel::TensorParallel> tp_;
-  std::vector<std::unique_ptr<model::Model>> models_;  // the rank's chunks (one without pipelining)
-  std::vector<std::unique_ptr<parallel::DataParallel>> dps_;
-  comm::Communicator* pp_ = nullptr;
-  std::optional<parallel::PpSchedule> pp_schedule_;
-  std::unique_ptr<parallel::PipelineRuntime> pipe_;
-  std::unique_ptr<parallel::TiedEmbedding> tied_;  // pipelining: the tied embedding's two copies
+  RankChunks rank_;  // the rank's chunks (one without pipelining), their DataParallel, tp ops, pipeline
   std::vector<OwnedTensor> micro_tokens_, micro_targets_;  // a step's micro-batches (pipelining)
   LrSchedule schedule_;
   DataLoader train_data_;
@@ -168,7 +162,7 @@ struct TrainSummary {
   int stop_signal = 0;
 };
 
-// train/run.cpp. dp, tp, pp: as for Trainer. Only rank 0 of the grid prints
+// train/run.cpp. ctx: as for Trainer. Only rank 0 of the mesh prints
 // and writes metrics and the final model. Before anything else, every output
 // location (checkpoint.dir, --out, log.metrics, log.trace's directory) is
 // created and probed for writing, and checkpoint.dir and --out are locked for
@@ -186,34 +180,7 @@ struct TrainSummary {
 // SIGTERM / SIGINT: the ranks agree after each step on whether one arrived;
 // then the step is checkpointed (when checkpointing is on), the trace
 // written, no final model, and summary.stop_signal says which signal.
-TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, comm::Communicator* dp = nullptr,
-                          comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr);
-
-// FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
-// process's threads, best of 8 runs: the peak MFU is measured against when
-// log.peak_tflops = 0. It is what this machine's GEMM reaches now, not the
-// hardware's peak (a busy machine lowers it, and the model's larger GEMMs may
-// beat it: MFU can then read over 100%); set log.peak_tflops for a datasheet
-// figure.
-double measure_peak_flops(DType dtype = DType::f32);
-
-// One line for --memory-report: the measured activations peak of `report`,
-// and the activation bytes of m's layout under each recompute policy with the
-// chosen one's reduction against none.
-std::string recompute_report(const model::Model& m, const MemoryReport& report);
-
-// One line for --memory-report: the activation bytes one layer of m's layout
-// holds on this rank, next to Korthikanti et al.'s prediction ("Reducing
-// Activation Recomputation in Large Transformer Models", 2022) for its tp and
-// SP: s b h (34 + 5 a s / h) per layer, 2-byte activations, with TP
-// s b h (10 + 24 / t + 5 a s / (h t)), with TP + SP s b h / t (34 + 5 a s / h).
-// loom's attention is flash-style and keeps no s x s scores, so the 5 a s / h
-// term is left out of the prediction; bytes are scaled to the compute dtype.
-// The formula assumes d_ff = 4 h (GPT-2) and recompute = none.
-std::string activation_prediction_report(const model::Model& m);
-// The prediction above, in bytes per layer.
-double predicted_layer_activation_bytes(const model::ModelConfig& cfg, int64_t B, int64_t T, DType compute, int tp,
-                                        bool sequence_parallel);
+TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, Context& ctx);
 
 // Writes dir/model.safetensors (every parameter, f32 master weights, under
 // its spec name, loom layout) and dir/loom_config.json (model/config_json.h);

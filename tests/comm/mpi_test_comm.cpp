@@ -49,7 +49,8 @@ T reduced(int size, int64_t i, ReduceOp op) {
 
 template <typename T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  // memcmp's pointers must not be null, even for 0 bytes: an empty vector's data() may be.
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 template <typename T>

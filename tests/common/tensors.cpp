@@ -7,8 +7,8 @@
 
 namespace loom::test {
 
-Buffer::Buffer(DType dtype, Shape shape, const Floats& values)
-    : dtype(dtype), shape(shape), bytes(static_cast<size_t>(shape.numel()) * dtype_size(dtype)) {
+Buffer::Buffer(DType type, Shape dims, const Floats& values)
+    : dtype(type), shape(dims), bytes(static_cast<size_t>(dims.numel()) * dtype_size(type)) {
   LOOM_CHECK(values.empty() || static_cast<int64_t>(values.size()) == shape.numel(), "Buffer of shape ",
              shape.str(), " given ", values.size(), " values");
   for (size_t i = 0; i < values.size(); ++i) set(static_cast<int64_t>(i), values[i]);

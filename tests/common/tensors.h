@@ -25,7 +25,7 @@ struct Buffer {
   Shape shape;
   std::vector<unsigned char> bytes;
 
-  Buffer(DType dtype, Shape shape, const Floats& values = {});
+  Buffer(DType type, Shape dims, const Floats& values = {});
   Tensor view() { return Tensor(bytes.data(), dtype, shape); }
   void set(int64_t i, float x);  // element i = x, rounded to dtype
   Floats floats() const;         // f32/bf16/f16 data as float

@@ -112,7 +112,17 @@ TEST(Trace, OpenSpansAreLeftOutAndEndWithoutBeginIsABug) {
   EXPECT_THROW(rec.end(), InternalError);
 }
 
+// Inside a recorded span, a span given no recorder neither throws nor
+// reaches the recorder: it holds only the enclosing span, closed by its own end.
 TEST(Trace, NullRecorderSpanDoesNothing) {
-  TraceSpan s(nullptr, "ignored");  // must neither crash nor record
-  SUCCEED();
+  TraceRecorder rec(0, "rank 0");
+  {
+    TraceSpan outer(&rec, "outer");
+    EXPECT_NO_THROW({ TraceSpan ignored(nullptr, "ignored"); });
+    ASSERT_EQ(rec.events().size(), 1u);
+    EXPECT_EQ(rec.events()[0].dur_us, -1);  // still open
+  }
+  ASSERT_EQ(rec.events().size(), 1u);
+  EXPECT_EQ(rec.events()[0].name, "outer");
+  EXPECT_GE(rec.events()[0].dur_us, 0);
 }

@@ -90,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionVsTorch,
                          ::testing::Values("attention_basic", "attention_gqa", "attention_nh12", "attention_t1",
                                            "attention_decode1", "attention_decode4", "attention_t130",
                                            "attention_prefix"),
-                         [](const auto& info) { return std::string(info.param).substr(10); });
+                         [](const auto& test_info) { return std::string(test_info.param).substr(10); });
 
 // k, v as the first Tk positions of a (B, Tmax, NKV, HS) cache whose later
 // positions are NaN: strided along B, and nothing past Tk is read.

@@ -301,43 +301,31 @@ Floats shard_logits(const Floats& full, int64_t N, int64_t V, const ShardColumns
   return x;
 }
 
-// log(sum_r exp(lse_r)) in double, -inf when every lse_r is -inf.
-double combine_lse(const std::vector<Floats>& lse, int64_t n) {
-  double m = -INFINITY;
-  for (const Floats& l : lse) m = std::max(m, static_cast<double>(l[n]));
-  if (m == -INFINITY) return m;
-  double s = 0;
-  for (const Floats& l : lse) s += std::exp(static_cast<double>(l[n]) - m);
-  return m + std::log(s);
-}
-
-// Stats on each of tp ranks, combined; mean loss over the non-ignored rows;
-// backward with scale = dloss / n_valid on each rank.
+// Stats on each of tp ranks, packed as the tp all-gather leaves them and
+// combined by cross_entropy_shard_combine; the mean loss and the count of
+// non-ignored rows by their kernels; backward with scale = dloss / n_valid on
+// each rank.
 ShardedCe run_sharded_ce(const Floats& logits, const Shape& shape, std::vector<int32_t> targets, float dloss, int tp,
                          const ShardRun& run) {
   const int64_t N = shape[0], V = shape[1];
   const Tensor tgt = i32_view(targets, {N});
   ShardedCe out;
   std::vector<Buffer> x;
+  Floats gathered(static_cast<size_t>(tp * 2 * N), 9.f);  // (tp, 2, N): each rank's lse, then its target logits
+  const Tensor stats = f32_view(gathered, {tp, 2, N});
   for (int r = 0; r < tp; ++r) {
     const ShardColumns s = shard_columns(V, tp, r);
     x.emplace_back(run.act, Shape{N, s.V_local}, shard_logits(logits, N, V, s));
     out.lse.emplace_back(N, 5.f), out.target_logit.emplace_back(N, 5.f);  // written, not accumulated
-    cross_entropy_shard_stats(f32_view(out.lse[r], {N}), f32_view(out.target_logit[r], {N}), x[r].view(), tgt,
-                              s.begin, s.valid);
+    const Tensor lse_r = f32_view(out.lse[r], {N}), target_r = f32_view(out.target_logit[r], {N});
+    cross_entropy_shard_stats(lse_r, target_r, x[r].view(), tgt, s.begin, s.valid);
+    copy(stats.slice(0, r, 1).slice(1, 0, 1).reshape({N}), lse_r);
+    copy(stats.slice(0, r, 1).slice(1, 1, 1).reshape({N}), target_r);
   }
-  Floats lse(N);
-  int64_t n_valid = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const double full = combine_lse(out.lse, n);
-    lse[n] = static_cast<float>(full);
-    if (targets[n] == -100) continue;
-    double target = 0;
-    for (const Floats& t : out.target_logit) target += t[n];
-    out.loss += full - target;
-    ++n_valid;
-  }
-  if (n_valid) out.loss /= static_cast<double>(n_valid);
+  Floats lse(N, 5.f), target(N, 5.f);
+  cross_entropy_shard_combine(f32_view(lse, {N}), f32_view(target, {N}), stats);
+  out.loss = cross_entropy_shard_loss(f32_view(lse, {N}), f32_view(target, {N}), tgt);
+  const int64_t n_valid = cross_entropy_count_valid(tgt);
   const float scale = n_valid ? static_cast<float>(static_cast<double>(dloss) / static_cast<double>(n_valid)) : 0.f;
   out.dlogits.assign(N * V, NAN);
   for (int r = 0; r < tp; ++r) {

@@ -231,7 +231,7 @@ TEST(Embedding, ShapeAndDtypeMismatchesNameTheOpAndShapes) {
 // The tp row ranges of the V-row table padded to a multiple of tp.
 struct VocabShards {
   int64_t V, tp, V_local;
-  VocabShards(int64_t V, int64_t tp) : V(V), tp(tp), V_local((V + tp - 1) / tp) {}
+  VocabShards(int64_t vocab, int64_t ranks) : V(vocab), tp(ranks), V_local((vocab + ranks - 1) / ranks) {}
   int64_t begin(int64_t r) const { return r * V_local; }
   // Rows [begin(r), begin(r) + V_local) of `table` (V, C), zero past row V.
   Floats slice(const Floats& table, int64_t C, int64_t r) const {

@@ -82,7 +82,7 @@ double expect_low_precision_matches_f32(const std::string& preset, DType compute
                                         float loss_scale = 1) {
   const ModelConfig cfg = model_preset(preset);
   Pools p32, p16;
-  Model f32(cfg, kB, kT, p32), low(cfg, kB, kT, p16, compute);
+  Model f32(cfg, kB, kT, p32), low(cfg, kB, kT, p16, {.compute = compute});
   f32.init_params(7);
   low.init_params(7);
   EXPECT_EQ(to_floats(f32.master_params()), to_floats(low.master_params()));
@@ -117,7 +117,7 @@ TEST(ModelBf16, LlamaLossAndGradientsMatchF32WithSameWeights) {
 
 TEST(ModelBf16, ComputeWeightsAreTheMasterRoundedToBf16) {
   Pools pools;
-  Model m(model_preset("llama-tiny"), kB, kT, pools, DType::bf16);
+  Model m(model_preset("llama-tiny"), kB, kT, pools, {.compute = DType::bf16});
   m.init_params(3);
   EXPECT_EQ(m.compute_dtype(), DType::bf16);
   EXPECT_EQ(m.params().dtype(), DType::bf16);
@@ -132,7 +132,7 @@ TEST(ModelBf16, ForwardBackwardTwiceIsBitwiseIdentical) {
     const ModelConfig cfg = model_preset(preset);
     const std::vector<int32_t> tokens = batch_tokens(cfg.vocab_size, 3), targets = batch_tokens(cfg.vocab_size, 4);
     Pools p1, p2;
-    Model a(cfg, kB, kT, p1, DType::bf16), b(cfg, kB, kT, p2, DType::bf16);
+    Model a(cfg, kB, kT, p1, {.compute = DType::bf16}), b(cfg, kB, kT, p2, {.compute = DType::bf16});
     a.init_params(11);
     b.init_params(11);
     const Pass ra = forward_backward(a, tokens, targets), rb = forward_backward(b, tokens, targets);
@@ -146,7 +146,7 @@ TEST(ModelBf16, ForwardBackwardTwiceIsBitwiseIdentical) {
 TEST(ModelBf16, MemoryHoldsBf16WeightsAndActivationsAndF32MasterAndGrads) {
   const ModelConfig cfg = model_preset("gpt2-tiny");
   Pools p32, p16;
-  Model f32(cfg, kB, kT, p32), b16(cfg, kB, kT, p16, DType::bf16);
+  Model f32(cfg, kB, kT, p32), b16(cfg, kB, kT, p16, {.compute = DType::bf16});
   const MemoryReport r32 = p32.report(), r16 = p16.report();
   const size_t P = static_cast<size_t>(f32.num_params());
   EXPECT_EQ(r32[MemTag::params].current, 4 * P);
@@ -191,7 +191,7 @@ TEST(ModelF16, LossScalingRecoversSmallGradientsF16WouldFlush) {
   cfg.vocab_size = 50257;  // GPT-2's: p ~ 2e-5 at initialisation
   const std::vector<int32_t> tokens = batch_tokens(cfg.vocab_size, 1), targets = batch_tokens(cfg.vocab_size, 2);
   Pools p32, p16;
-  Model f32(cfg, kB, kT, p32), f16m(cfg, kB, kT, p16, DType::f16);
+  Model f32(cfg, kB, kT, p32), f16m(cfg, kB, kT, p16, {.compute = DType::f16});
   f32.init_params(7);
   f16m.init_params(7);
   const size_t wte = 0;
@@ -206,7 +206,7 @@ TEST(ModelF16, LossScalingRecoversSmallGradientsF16WouldFlush) {
 
 TEST(ModelF16, ComputeWeightsAreTheMasterRoundedToF16) {
   Pools pools;
-  Model m(model_preset("gpt2-tiny"), kB, kT, pools, DType::f16);
+  Model m(model_preset("gpt2-tiny"), kB, kT, pools, {.compute = DType::f16});
   m.init_params(3);
   EXPECT_EQ(m.params().dtype(), DType::f16);
   EXPECT_EQ(m.master_params().dtype(), DType::f32);
@@ -216,7 +216,7 @@ TEST(ModelF16, ComputeWeightsAreTheMasterRoundedToF16) {
 
 TEST(ModelBf16, OtherComputeDtypesAreAnError) {
   Pools pools;
-  EXPECT_THROW(Model(model_preset("gpt2-tiny"), kB, kT, pools, DType::i32), Error);
+  EXPECT_THROW(Model(model_preset("gpt2-tiny"), kB, kT, pools, {.compute = DType::i32}), Error);
 }
 
 }  // namespace

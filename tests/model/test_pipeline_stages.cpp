@@ -56,8 +56,8 @@ Run run_stages(const ModelConfig& cfg, const std::vector<int64_t>& cuts, Recompu
   std::vector<std::unique_ptr<Model>> stages;
   for (size_t s = 0; s < firsts.size(); ++s) {
     const int64_t end = s + 1 < firsts.size() ? firsts[s + 1] : cfg.n_layer;
-    stages.push_back(std::make_unique<Model>(cfg, B, T, pools, DType::f32, recompute, Storage{}, TpOptions{},
-                                             StageOptions{{firsts[s], end - firsts[s]}}));
+    stages.push_back(std::make_unique<Model>(
+        cfg, B, T, pools, ModelOptions{.recompute = recompute, .stage = {{firsts[s], end - firsts[s]}}}));
     stages.back()->init_params(7);
     stages.back()->zero_grads();
   }
@@ -115,9 +115,9 @@ TEST(PipelineStages, RecomputePoliciesWorkOnStages) {
 TEST(PipelineStages, StagesHoldTheirPartsAndUnits) {
   const ModelConfig cfg = four_layer(Family::gpt2, true);
   Pools pools;
-  Model first(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {0, 1});
-  Model middle(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {1, 2});
-  Model last(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {3, 1});
+  Model first(cfg, B, T, pools, {.stage = {{0, 1}}});
+  Model middle(cfg, B, T, pools, {.stage = {{1, 2}}});
+  Model last(cfg, B, T, pools, {.stage = {{3, 1}}});
   EXPECT_TRUE(first.has_embedding() && !first.has_head());
   EXPECT_TRUE(!middle.has_embedding() && !middle.has_head());
   EXPECT_TRUE(!last.has_embedding() && last.has_head());
@@ -134,8 +134,8 @@ TEST(PipelineStages, StagesHoldTheirPartsAndUnits) {
   // Only the last stage keeps logits (and the final norm's outputs): a stage
   // of one layer without the head holds far less than the last one.
   const int64_t logits = B * T * cfg.vocab_size * 4;
-  const int64_t mid = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none, {}, StageOptions{{1, 1}});
-  const int64_t end = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none, {}, StageOptions{{3, 1}});
+  const int64_t mid = Model::activation_bytes(cfg, B, T, {.stage = {{1, 1}}});
+  const int64_t end = Model::activation_bytes(cfg, B, T, {.stage = {{3, 1}}});
   EXPECT_GE(end - mid, logits);
 }
 
@@ -147,7 +147,7 @@ TEST(PipelineStages, SlotsKeepMicroBatchesInFlight) {
     const ModelConfig cfg = four_layer(family, family == Family::gpt2);
     Pools pools;
     Model one(cfg, B, T, pools);
-    Model two(cfg, B, T, pools, DType::f32, Recompute::selective, {}, {}, StageOptions{{}, 2});
+    Model two(cfg, B, T, pools, {.recompute = Recompute::selective, .stage = {{}, 2}});
     EXPECT_EQ(two.slots(), 2);
     one.init_params(5), two.init_params(5), one.zero_grads(), two.zero_grads();
     std::vector<int32_t> tok_a = ids(B * T, cfg.vocab_size, 3), tgt_a = ids(B * T, cfg.vocab_size, 4);
@@ -177,8 +177,8 @@ TEST(PipelineStages, SlotsKeepMicroBatchesInFlight) {
   }
   // Each slot holds a whole micro-batch's activations; scratch is shared.
   const ModelConfig cfg = four_layer(Family::gpt2, true);
-  const int64_t one_slot = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none);
-  const int64_t three = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none, {}, StageOptions{{}, 3});
+  const int64_t one_slot = Model::activation_bytes(cfg, B, T);
+  const int64_t three = Model::activation_bytes(cfg, B, T, {.stage = {{}, 3}});
   EXPECT_GT(three, 2 * one_slot);
   EXPECT_LT(three, 3 * one_slot);
 }
@@ -186,16 +186,16 @@ TEST(PipelineStages, SlotsKeepMicroBatchesInFlight) {
 TEST(PipelineStages, BadStagesAndMisuseAreClearErrors) {
   const ModelConfig cfg = four_layer(Family::gpt2, true);
   Pools pools;
-  expect_error([&] { Model(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {3, 2}); },
+  expect_error([&] { Model(cfg, B, T, pools, {.stage = {{3, 2}}}); },
                {"pipeline stage of layers [3, 5) is invalid", "model.n_layer = 4"});
-  expect_error([&] { Model(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {1, 0}); },
+  expect_error([&] { Model(cfg, B, T, pools, {.stage = {{1, 0}}}); },
                {"every stage needs at least one"});
-  Model middle(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {1, 2});
+  Model middle(cfg, B, T, pools, {.stage = {{1, 2}}});
   std::vector<int32_t> tgt(B * T, 0);
   expect_error([&] { middle.forward(Tensor(), Tensor(tgt.data(), DType::i32, {B, T})); },
                {"targets given to a pipeline stage without the head", "layers 1 to 2"});
   expect_error([&] { middle.backward(); }, {"call forward"});
-  Model first(cfg, B, T, pools, DType::f32, Recompute::none, {}, {}, {0, 1});
+  Model first(cfg, B, T, pools, {.stage = {{0, 1}}});
   expect_error([&] { first.stage_input(); }, {"first stage reads tokens"});
 }
 

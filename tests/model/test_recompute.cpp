@@ -37,7 +37,7 @@ struct Pass {
 Pass run(const std::string& preset, DType compute, Recompute recompute) {
   const ModelConfig cfg = model_preset(preset);
   Pools pools;
-  Model m(cfg, kB, kT, pools, compute, recompute);
+  Model m(cfg, kB, kT, pools, {.compute = compute, .recompute = recompute});
   m.init_params(11);
   m.zero_grads();
   Pass r;
@@ -82,9 +82,9 @@ TEST(Recompute, ActivationsPoolHoldsExactlyTheLayoutBytes) {
     for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
       const ModelConfig cfg = model_preset(preset);
       Pools pools;
-      Model m(cfg, kB, kT, pools, DType::f32, r);
+      Model m(cfg, kB, kT, pools, {.recompute = r});
       EXPECT_EQ(pools.report()[MemTag::activations].current,
-                static_cast<size_t>(Model::activation_bytes(cfg, kB, kT, DType::f32, r)))
+                static_cast<size_t>(Model::activation_bytes(cfg, kB, kT, {.recompute = r})))
           << preset << " " << recompute_name(r);
     }
   }
@@ -97,9 +97,9 @@ TEST(Recompute, ActivationsPoolHoldsExactlyTheLayoutBytes) {
 TEST(Recompute, SelectiveAndFullKeepFewerActivationBytesAtGpt2Scale) {
   const ModelConfig cfg = model_preset("gpt2-124m");
   const int64_t B = 4, T = 128, C = cfg.n_embd, L = cfg.n_layer, N = B * T;
-  const int64_t none = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::none);
-  const int64_t sel = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::selective);
-  const int64_t full = Model::activation_bytes(cfg, B, T, DType::f32, Recompute::full);
+  const int64_t none = Model::activation_bytes(cfg, B, T, {.recompute = Recompute::none});
+  const int64_t sel = Model::activation_bytes(cfg, B, T, {.recompute = Recompute::selective});
+  const int64_t full = Model::activation_bytes(cfg, B, T, {.recompute = Recompute::full});
   // Dropped per block under selective: norm1, att, norm2 (3 C) and the GELU
   // output (F = 4 C), plus norm statistics and lse, shared once instead of L times.
   const int64_t dropped = N * (3 * C + cfg.d_ff) * 4;

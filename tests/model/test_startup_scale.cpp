@@ -160,8 +160,9 @@ TEST(ModelMemory, StateBytesEqualWhatTheConstructorTakesFromThePools) {
                          Build{DType::f32, Recompute::full, {{1, 3}, 2}},
                          Build{DType::f16, Recompute::none, {{2, -1}, 3}}}) {
     Pools pools;
-    const ModelBytes need = Model::state_bytes(c, 2, 4, b.compute, b.recompute, {}, {}, b.stage);
-    const Model m(c, 2, 4, pools, b.compute, b.recompute, {}, {}, b.stage);
+    const ModelOptions options{.compute = b.compute, .recompute = b.recompute, .stage = b.stage};
+    const ModelBytes need = Model::state_bytes(c, 2, 4, options);
+    const Model m(c, 2, 4, pools, options);
     const MemoryReport r = pools.report();
     EXPECT_EQ(static_cast<int64_t>(r[MemTag::params].current), need.params);
     EXPECT_EQ(static_cast<int64_t>(r[MemTag::master].current), need.master);

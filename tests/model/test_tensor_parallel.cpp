@@ -384,9 +384,9 @@ TEST(TensorParallelErrors, TpNotDividingHeadsOrDffNamesParallelTpAndTheKey) {
   expect_error([&] { param_specs(ff, {4, 0}); }, {"parallel.tp = 4 does not divide model.d_ff = 382"});
   // The Model and its memory estimate check the same splits.
   Pools pools;
-  expect_error([&] { Model(heads, 1, 8, pools, DType::f32, Recompute::none, {}, TpOptions{{3, 0}, false, nullptr}); },
+  expect_error([&] { Model(heads, 1, 8, pools, {.tp = {{3, 0}, false, nullptr}}); },
                {"parallel.tp = 3 does not divide model.n_head = 4"});
-  expect_error([&] { Model::activation_bytes(ff, 1, 8, DType::bf16, Recompute::none, TpOptions{{4, 0}}); },
+  expect_error([&] { Model::activation_bytes(ff, 1, 8, {.compute = DType::bf16, .tp = {{4, 0}}}); },
                {"parallel.tp = 4 does not divide model.d_ff = 382"});
 }
 
@@ -400,19 +400,19 @@ TEST(TensorParallelErrors, TpRankOutOfRangeIsAnError) {
 TEST(TensorParallelErrors, SequenceParallelWithSeqLenNotDivisibleByTpIsAnError) {
   const ModelConfig cfg = gpt2_config(512, true);
   Pools pools;
-  expect_error([&] { Model(cfg, 2, 30, pools, DType::f32, Recompute::none, {}, TpOptions{{4, 0}, true, nullptr}); },
+  expect_error([&] { Model(cfg, 2, 30, pools, {.tp = {{4, 0}, true, nullptr}}); },
                {"sequence length 30 is not divisible by parallel.tp = 4", "sequence parallelism"});
-  expect_error([&] { Model::activation_bytes(cfg, 2, 30, DType::bf16, Recompute::none, TpOptions{{4, 0}, true}); },
+  expect_error([&] { Model::activation_bytes(cfg, 2, 30, {.compute = DType::bf16, .tp = {{4, 0}, true}}); },
                {"sequence parallelism"});
   // Without SP the tokens are not split, so any T works.
-  EXPECT_NO_THROW(Model(cfg, 2, 30, pools, DType::f32, Recompute::none, {}, TpOptions{{4, 0}, false, nullptr}));
+  EXPECT_NO_THROW(Model(cfg, 2, 30, pools, {.tp = {{4, 0}, false, nullptr}}));
 }
 
 // ---- activation memory ------------------------------------------------------
 
 size_t measured_activations(const ModelConfig& cfg, int64_t B, int64_t T, int tp, bool sp) {
   Pools pools;
-  Model m(cfg, B, T, pools, DType::bf16, Recompute::none, {}, TpOptions{{tp, 0}, sp, nullptr});
+  Model m(cfg, B, T, pools, {.compute = DType::bf16, .tp = {{tp, 0}, sp, nullptr}});
   return pools.report()[MemTag::activations].current;
 }
 
@@ -428,7 +428,7 @@ TEST(TensorParallelMemory, ActivationBytesEqualsTheActivationsPool) {
   const ModelConfig cfg = memory_config(2);
   for (int tp : {1, 2, 4})
     for (bool sp : {false, true}) {
-      const int64_t counted = Model::activation_bytes(cfg, 2, 128, DType::bf16, Recompute::none, {{tp, 0}, sp});
+      const int64_t counted = Model::activation_bytes(cfg, 2, 128, {.compute = DType::bf16, .tp = {{tp, 0}, sp}});
       EXPECT_EQ(static_cast<size_t>(counted), measured_activations(cfg, 2, 128, tp, sp)) << "tp " << tp << " sp " << sp;
     }
 }
@@ -548,7 +548,7 @@ TEST(TensorParallelOverlap, InputGradientSumRunsWhileWeightGradientsAreComputed)
       SCOPED_TRACE(concat(nc.name, sp ? " SP" : ""));
       Pools pools;
       RecordingTpOps ops;
-      Model m(nc.cfg, 2, 8, pools, DType::f32, Recompute::none, Storage{}, TpOptions{{2, 0}, sp, &ops});
+      Model m(nc.cfg, 2, 8, pools, {.tp = {{2, 0}, sp, &ops}});
       ops.model = &m;
       m.init_params(7);
       std::vector<int32_t> ids(16);

@@ -1,16 +1,15 @@
-// Shared by the multi-rank data-parallel tests: a directory every rank of
-// the world sees (data shards and checkpoints), a tiny run config over it,
-// and running a trainer for a few steps.
+// Shared by the multi-rank training tests (tests/parallel/mpi_test_*.cpp):
+// a data shard every rank of the world sees (in a shared_temp_dir,
+// common/mpi_fixtures.h) and the suites built on it, a tiny run config over
+// it, and running a trainer for a few steps on the world, a sub-mesh of it or
+// rank 0 alone.
 #pragma once
-
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -19,24 +18,18 @@
 
 #include "comm/communicator.h"
 #include "common/mpi_env.h"
+#include "common/mpi_fixtures.h"
+#include "common/run_context.h"
 #include "core/memory.h"
+#include "core/threads.h"
 #include "mesh/mesh.h"
 #include "model/config.h"
 #include "text/shards.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
 namespace loom::test {
-
-// /tmp/loom_mpi_dp_<rank 0's pid>: rank 0 names it (a pid is unique among
-// the running jobs, so concurrent test runs do not collide) and broadcasts
-// the name. Collective over the world.
-inline std::filesystem::path shared_temp_dir(const std::string& prefix) {
-  comm::Communicator& w = world();
-  int64_t pid = w.rank() == 0 ? static_cast<int64_t>(::getpid()) : 0;
-  w.broadcast(Tensor(&pid, DType::i64, {1}), 0)->wait();
-  return std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(pid));
-}
 
 // A token stream with something to learn beyond unigram counts: a fixed
 // 61-token "sentence" of pseudo-random ids below `vocab`, repeated.
@@ -64,28 +57,44 @@ inline std::filesystem::path make_shared_data_dir(const std::string& prefix, int
   world().barrier()->wait();
   return dir;
 }
-// Removes it once every rank is done with it. Collective.
-inline void remove_shared_dir(const std::filesystem::path& dir) {
-  world().barrier()->wait();
-  if (world().rank() == 0) std::filesystem::remove_all(dir);
-}
+
+// A suite name as a template argument (SharedDataTest's).
+template <size_t N>
+struct SuiteName {
+  char text[N];
+  constexpr SuiteName(const char (&s)[N]) { std::copy_n(s, N, text); }
+};
+
+// The base of a suite that trains on a shared data dir: one thread per rank,
+// dir_ = make_shared_data_dir(Prefix, Tokens) made before the suite's first
+// test and removed after its last (suites derived from one fixture share it).
+template <SuiteName Prefix, int64_t Tokens>
+class SharedDataTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    set_num_threads(1);
+    dir_ = make_shared_data_dir(Prefix.text, Tokens);
+  }
+  static void TearDownTestSuite() { remove_shared_dir(dir_); }
+
+  static inline std::filesystem::path dir_;
+};
 
 // A layout's groups on the first pp x dp x tp ranks of the world (the mesh's
 // order: tp fastest, then dp, then pp). Every rank takes part in the splits:
 // members get their groups, the others a group of the rest. Collective.
 struct SubMesh {
   bool member = false;
-  std::unique_ptr<comm::Communicator> pp, dp, tp;
+  std::unique_ptr<comm::Communicator> ranks;  // the first pp x dp x tp world ranks (or the others)
+  std::unique_ptr<test::TestContext> run;     // members only
+  Context& ctx() const { return run->ctx(); }
 };
 inline SubMesh sub_mesh(int pp, int dp, int tp) {
   comm::Communicator& w = world();
-  const int rank = w.rank(), n = pp * dp * tp;
-  const int p = rank / (dp * tp), d = rank / tp % dp, t = rank % tp;
   SubMesh g;
-  g.member = rank < n;
-  g.tp = w.split(g.member ? p * dp + d : n, rank, "tp");
-  g.dp = w.split(g.member ? p * tp + t : n, rank, "dp");
-  g.pp = w.split(g.member ? d * tp + t : n, rank, "pp");
+  g.member = w.rank() < pp * dp * tp;
+  g.ranks = w.split(g.member ? 0 : 1, w.rank(), "sub_world");
+  if (g.member) g.run = std::make_unique<test::TestContext>(mesh::MeshShape{pp, dp, 1, tp, 1}, g.ranks.get());
   return g;
 }
 
@@ -142,25 +151,39 @@ inline std::vector<double> losses_of(const std::vector<train::StepStats>& steps)
   return out;
 }
 
-// A fresh trainer of cfg on `group` (nullptr: alone), `steps` steps: the losses.
-inline std::vector<double> run_losses(const train::RunConfig& cfg, comm::Communicator* group, int64_t steps) {
-  Pools pools;
-  train::Trainer t(cfg, pools, group);
-  return losses_of(train_until(t, steps));
+// A trainer of cfg on the mesh its [parallel] sizes give over `ranks` (the
+// world or a sub-group of it; nullptr: one process), with its context.
+struct TrainerOn {
+  TrainerOn(const train::RunConfig& cfg, comm::Communicator* ranks)
+      : run(train::mesh_shape(cfg.parallel), ranks), t(cfg, run.ctx()) {}
+  TestContext run;
+  train::Trainer t;
+};
+
+// A fresh trainer of cfg on `ranks` (nullptr: alone), `steps` steps: the losses.
+inline std::vector<double> run_losses(const train::RunConfig& cfg, comm::Communicator* ranks, int64_t steps) {
+  TrainerOn on(cfg, ranks);
+  return losses_of(train_until(on.t, steps));
 }
 
 // cfg trained `steps` steps on the mesh pp x dp x tp of the whole world: the
 // losses (the same on every rank).
 inline std::vector<double> mesh_losses(const train::RunConfig& cfg, int64_t steps) {
-  const train::ParallelConfig& p = cfg.parallel;
-  mesh::Mesh m({static_cast<int>(p.pp), static_cast<int>(p.dp), 1, static_cast<int>(p.tp), 1}, world());
-  Pools pools;
-  train::Trainer t(cfg, pools, &m.dp(), &m.tp(), &m.pp());
-  return losses_of(train_until(t, steps));
+  return run_losses(cfg, &world(), steps);
 }
 
-// rank 0's values on every rank of w (n values everywhere). Collective.
-inline std::vector<double> broadcast_values(comm::Communicator& w, std::vector<double> values, size_t n);
+// cfg trained `steps` steps on g's ranks (its members) and checkpointed
+// under root; every rank returns once the checkpoint is complete.
+// Collective over the world.
+inline void save_after_steps(const SubMesh& g, const train::RunConfig& cfg, int64_t steps,
+                             const std::filesystem::path& root) {
+  if (g.member) {
+    train::Trainer t(cfg, g.ctx());
+    train_until(t, steps);
+    train::save_checkpoint(t, root.string(), 0);
+  }
+  world().barrier()->wait();
+}
 
 // cfg trained `steps` steps by rank 0 alone, its losses on every rank;
 // cached by the whole config (several layouts share a reference). Collective.
@@ -168,20 +191,8 @@ inline std::vector<double> reference_losses(const train::RunConfig& cfg, int64_t
                                             std::map<std::string, std::vector<double>>& cache) {
   const std::string key = train::run_config_to_json(cfg).dump();
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  std::vector<double> losses;
-  if (world().rank() == 0) losses = run_losses(cfg, nullptr, steps);
-  return cache[key] = broadcast_values(world(), losses, static_cast<size_t>(steps));
+  return cache[key] = rank_zero_values(static_cast<size_t>(steps), [&] { return run_losses(cfg, nullptr, steps); });
 }
-
-// Rank 0 prints "[tag N=n] what: max relative loss difference d".
-inline void report_difference(const char* tag, const std::string& what, double diff) {
-  if (world().rank() != 0) return;
-  std::printf("[%s N=%d] %s: max relative loss difference %.3g\n", tag, world().size(), what.c_str(), diff);
-  std::fflush(stdout);
-}
-
-// max_i |a_i - b_i| / |b_i|; +inf if the sizes differ, NaN if any term is.
-inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b);
 
 // A parallel layout's run of cfg on the world's mesh against the single
 // process `alone` on the same global batch: the max relative loss difference
@@ -199,25 +210,6 @@ inline void expect_mesh_matches_one_process(const char* what, const std::string&
   }
   EXPECT_LE(diff, tolerance) << name;
   EXPECT_LT(one.back(), 0.8 * one.front()) << "the reference run should learn the data";
-}
-
-// rank 0's values on every rank of w (n values everywhere). Collective.
-inline std::vector<double> broadcast_values(comm::Communicator& w, std::vector<double> values, size_t n) {
-  values.resize(n);
-  static_assert(sizeof(double) == sizeof(int64_t));
-  w.broadcast(Tensor(values.data(), DType::i64, {static_cast<int64_t>(n)}), 0)->wait();
-  return values;
-}
-
-// max_i |a_i - b_i| / |b_i|; +inf if the sizes differ, NaN if any term is.
-inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(a[i] - b[i]) / std::abs(b[i]);
-    if (!(d <= worst)) worst = d;  // a NaN wins, so that it fails the caller's bound
-  }
-  return worst;
 }
 
 }  // namespace loom::test

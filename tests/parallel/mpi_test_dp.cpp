@@ -22,6 +22,7 @@
 #include "kernels/ops.h"
 #include "parallel/dp_run.h"
 #include "train/checkpoint.h"
+#include "common/run_context.h"
 
 namespace loom::test {
 namespace {
@@ -77,15 +78,9 @@ void report(const std::string& what, double loss_diff, double norm_diff = -1) {
   std::fflush(stdout);
 }
 
-class DataParallelTest : public ::testing::Test {
+// Every rank sees the same train shard in dir_ (rank 0 writes it).
+class DataParallelTest : public SharedDataTest<"loom_mpi_dp", 4000> {
  protected:
-  // Every rank sees the same train shard in dir_ (rank 0 writes it).
-  static void SetUpTestSuite() {
-    set_num_threads(1);
-    dir_ = make_shared_data_dir("loom_mpi_dp", 4000);
-  }
-  static void TearDownTestSuite() { remove_shared_dir(dir_); }
-
   static int world_size() { return world().size(); }
   // Sequences per dp rank per micro-batch: about 8 over the group (at least
   // 1 each), so that the run learns smoothly enough at every N for small
@@ -94,8 +89,8 @@ class DataParallelTest : public ::testing::Test {
 
   // cfg trained kSteps steps with the world as its dp group.
   static Curve run_on_world(const RunConfig& cfg) {
-    Pools pools;
-    Trainer t(cfg, pools, &world());
+    TrainerOn on(cfg, &world());
+    Trainer& t = on.t;
     return curve_of(train_until(t, kSteps));
   }
 
@@ -113,16 +108,13 @@ class DataParallelTest : public ::testing::Test {
   }
 
   static Curve run_on_rank_zero(const RunConfig& cfg) {
-    Pools pools;
-    Trainer t(cfg, pools);
-    return curve_of(train_until(t, kSteps));
+    TrainerOn one(cfg, nullptr);
+    return curve_of(train_until(one.t, kSteps));
   }
 
-  static fs::path dir_;
   static std::map<std::string, Curve> references_;
 };
 
-fs::path DataParallelTest::dir_;
 std::map<std::string, Curve> DataParallelTest::references_;
 
 // ---------------------------------------------------------------------------
@@ -259,8 +251,8 @@ class DataParallelCheckpointTest : public DataParallelTest {
   static std::vector<double> train_and_save(const Layout& l, const fs::path& root) {
     std::vector<double> losses;
     if (l.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, l.group);
+      TrainerOn on(config_of(l), l.group);
+      Trainer& t = on.t;
       losses = losses_of(train_until(t, kSteps / 2));
       save_checkpoint(t, root.string(), 0);
     }
@@ -273,8 +265,8 @@ class DataParallelCheckpointTest : public DataParallelTest {
   static std::vector<double> resume(const Layout& l, const fs::path& step_dir) {
     std::vector<double> losses;
     if (l.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, l.group);
+      TrainerOn on(config_of(l), l.group);
+      Trainer& t = on.t;
       EXPECT_EQ(load_checkpoint(t, step_dir.string()), kSteps / 2) << l.name;
       losses = losses_of(train_until(t, kSteps));
     }
@@ -338,10 +330,12 @@ TEST_F(DataParallelCheckpointTest, StageZeroCheckpointResumesAtTheSameLayoutAndA
 // ---------------------------------------------------------------------------
 // Impossible configs.
 
-void expect_trainer_error(const RunConfig& c, comm::Communicator* group, const std::vector<std::string>& parts) {
+// c on a mesh of `shape` over `ranks` (nullptr: one process).
+void expect_trainer_error(const RunConfig& c, const mesh::MeshShape& shape, comm::Communicator* ranks,
+                          const std::vector<std::string>& parts) {
   try {
-    Pools pools;
-    Trainer t(c, pools, group);
+    TestContext run(shape, ranks);
+    Trainer t(c, run.ctx());
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -355,8 +349,8 @@ void expect_trainer_error(const RunConfig& c, comm::Communicator* group, const s
 TEST_F(DataParallelTest, StagesZeroAndOneCommunicateOnlyInTheLastMicroBatch) {
   const int N = world_size();
   for (int stage = 0; stage <= 3; ++stage) {
-    Pools pools;
-    Trainer t(dp_config(dir_, N, stage, 1, 3), pools, &world());
+    TrainerOn on(dp_config(dir_, N, stage, 1, 3), &world());
+    Trainer& t = on.t;
     t.dp().reset_comm_stats();
     t.step();
     const int64_t buckets = static_cast<int64_t>(t.dp().buckets().size());
@@ -368,9 +362,9 @@ TEST_F(DataParallelTest, StagesZeroAndOneCommunicateOnlyInTheLastMicroBatch) {
 
 TEST_F(DataParallelTest, TrainerRejectsParallelDpOtherThanTheGroupSize) {
   const int N = world_size();
-  expect_trainer_error(dp_config(dir_, N + 1, 0, 1, 1), &world(),
-                       {"parallel.dp = " + std::to_string(N + 1), "group has " + std::to_string(N) + " ranks"});
-  expect_trainer_error(dp_config(dir_, 2, 1, 1, 1), nullptr, {"parallel.dp = 2", "group has 1 ranks"});
+  expect_trainer_error(dp_config(dir_, N + 1, 0, 1, 1), mesh::MeshShape{1, N, 1, 1, 1}, &world(),
+                       {"parallel.dp = " + std::to_string(N + 1), "dp axis has " + std::to_string(N) + " ranks"});
+  expect_trainer_error(dp_config(dir_, 2, 1, 1, 1), mesh::MeshShape{}, nullptr, {"parallel.dp = 2", "dp axis has 1 ranks"});
 }
 
 }  // namespace

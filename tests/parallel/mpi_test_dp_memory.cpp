@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "common/mpi_env.h"
+#include "comm/self_communicator.h"
 #include "core/memory.h"
 #include "core/threads.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/dp.h"
+#include "train/optimizer.h"
 
 namespace loom::parallel {
 namespace {
@@ -58,12 +60,14 @@ Measured run_steps(int stage, DType compute) {
   Pools pools;
   Measured out;
   {
-    model::Model m(cfg, kBatch, kSeq, pools, compute, model::Recompute::none, DataParallel::model_storage(stage));
+    model::Model m(cfg, kBatch, kSeq, pools, {.compute = compute, .storage = DataParallel::model_storage(stage)});
     DpOptions o;
     o.zero_stage = stage;
     o.bucket_mb = kBucketMb;
-    DataParallel dp(m, &world, o, {}, pools);
+    comm::SelfCommunicator no_tp("tp");
+    DataParallel dp(m, world, no_tp, o, pools);
     dp.init_params(1);
+    train::AdamW adamw(dp, {}, pools);  // the moments, from pools[optimizer]
     OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {kBatch, kSeq});
     OwnedTensor targets = pools[MemTag::activations].empty(DType::i32, {kBatch, kSeq});
     for (int step = 0; step < 2; ++step) {
@@ -74,7 +78,7 @@ Measured run_steps(int stage, DType compute) {
       m.forward(tokens, targets);
       m.backward();
       const double norm = dp.grad_norm();
-      dp.update(1e-3, static_cast<float>(norm > 1.0 ? 1.0 / norm : 1.0));
+      adamw.step(1e-3, static_cast<float>(norm > 1.0 ? 1.0 / norm : 1.0));
     }
     out.report = pools.report();
     out.num_params = m.num_params();

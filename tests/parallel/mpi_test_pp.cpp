@@ -24,6 +24,7 @@
 #include "mesh/mesh.h"
 #include "model/config_json.h"
 #include "parallel/dp_run.h"
+#include "common/run_context.h"
 
 namespace loom::test {
 namespace {
@@ -44,14 +45,8 @@ struct Layout {
   }
 };
 
-class PipelineTest : public ::testing::Test {
+class PipelineTest : public SharedDataTest<"loom_mpi_pp", 8000> {
  protected:
-  static void SetUpTestSuite() {
-    set_num_threads(1);
-    dir_ = make_shared_data_dir("loom_mpi_pp", 8000);
-  }
-  static void TearDownTestSuite() { remove_shared_dir(dir_); }
-
   // 8 sequences of 16 tokens per step: grad_accum = 4 micro-batches of
   // 8 / (4 dp) sequences each rank (the pipeline's micro-batches).
   static RunConfig config(const Layout& l) {
@@ -79,11 +74,9 @@ class PipelineTest : public ::testing::Test {
     expect_mesh_matches_one_process("pp", l.name(), c, alone(c), kSteps, kTolerance, references_);
   }
 
-  static fs::path dir_;
   static std::map<std::string, std::vector<double>> references_;
 };
 
-fs::path PipelineTest::dir_;
 std::map<std::string, std::vector<double>> PipelineTest::references_;
 
 TEST_F(PipelineTest, EverySchedulePpEqualsWorldMatchesSingleProcessOver20Steps) {
@@ -104,9 +97,8 @@ TEST_F(PipelineTest, ExplicitLayersPerStageAreUsed) {
   if (world().size() != 2) GTEST_SKIP() << "a 2-stage split runs at N = 2; this world has " << world().size();
   RunConfig c = config({"llama", "1f1b", 1, 1, 2});
   c.parallel.pp_layers = {6, 2};
-  mesh::Mesh m({2, 1, 1, 1, 1}, world());
-  Pools pools;
-  Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
+  TrainerOn on(c, &world());
+  Trainer& t = on.t;
   EXPECT_EQ(t.chunk(0).num_layers(), world().rank() == 0 ? 6 : 2);
   const double diff = max_relative_difference(losses_of(train_until(t, kSteps)), reference(alone(c)));
   EXPECT_LE(diff, kTolerance);
@@ -121,9 +113,9 @@ TEST_F(PipelineTest, TiedEmbeddingCopiesStayBitwiseEqual) {
   if (N != 2 && N != 4) GTEST_SKIP() << "pp = 2 (x dp = 2) runs at N = 2, 4; this world has " << N << " ranks";
   for (int zero_stage : {0, 1}) {
     const RunConfig c = config({"gpt2", "1f1b", N / 2, 1, 2, 1, zero_stage});
-    mesh::Mesh m({2, N / 2, 1, 1, 1}, world());
-    Pools pools;
-    Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
+    TrainerOn on(c, &world());
+    Trainer& t = on.t;
+    mesh::Mesh& m = on.run.mesh();
     (void)train_until(t, 5);
     const Tensor mine = t.chunk(0).param("wte.weight");
     std::vector<float> other(static_cast<size_t>(mine.numel()));
@@ -145,12 +137,11 @@ TEST_F(PipelineTest, SavedModelIsTheWholeModel) {
   if (N != 2 && N != 4) GTEST_SKIP() << "pp = 2 (x tp = 2) runs at N = 2, 4; this world has " << N << " ranks";
   for (const char* family : {"gpt2", "llama"}) {
     RunConfig c = config({family, "1f1b", 1, N / 2, 2});
-    mesh::Mesh m({2, 1, 1, N / 2, 1}, world());
-    Pools pools;
-    Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
-    Pools alone_pools;
+    TrainerOn on(c, &world());
+    Trainer& t = on.t;
+    TestContext one;
     std::unique_ptr<Trainer> whole;
-    if (world().rank() == 0) whole = std::make_unique<Trainer>(alone(c), alone_pools);
+    if (world().rank() == 0) whole = std::make_unique<Trainer>(alone(c), one.ctx());
     // Largest |saved - whole| over every parameter, on rank 0.
     auto saved_vs_whole = [&](const std::string& name) {
       const fs::path out = dir_ / concat("saved_", family, "_", name);
@@ -187,17 +178,13 @@ TEST_F(PipelineTest, EvaluationThroughThePipelineEqualsTheWholeModels) {
     if (std::string(schedule) == "interleaved" && 4 % N != 0) continue;
     RunConfig c = config({"gpt2", schedule, 1, 1, N, std::string(schedule) == "interleaved" ? 2 : 1});
     c.data.val = c.data.train, c.train.eval_every = 5, c.train.eval_steps = 3;
-    mesh::Mesh m({N, 1, 1, 1, 1}, world());
-    Pools pools;
-    Trainer t(c, pools, &m.dp(), &m.tp(), &m.pp());
+    TrainerOn on(c, &world());
+    Trainer& t = on.t;
     const double pp = t.evaluate();
-    std::vector<double> one(1);
-    if (world().rank() == 0) {
-      Pools alone_pools;
-      Trainer whole(alone(c), alone_pools);
-      one[0] = whole.evaluate();
-    }
-    one = broadcast_values(world(), one, 1);
+    const std::vector<double> one = rank_zero_values(1, [&] {
+      TrainerOn whole(alone(c), nullptr);
+      return std::vector<double>{whole.t.evaluate()};
+    });
     EXPECT_NEAR(pp, one[0], 1e-6 * one[0]) << schedule;
   }
 }

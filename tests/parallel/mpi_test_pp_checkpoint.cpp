@@ -25,6 +25,7 @@
 #include "parallel/dp_run.h"
 #include "parallel/pp_partition.h"
 #include "train/checkpoint.h"
+#include "common/run_context.h"
 
 namespace loom::test {
 namespace {
@@ -53,26 +54,13 @@ struct Layout {
 // This rank's groups for a layout (dp_run.h sub_mesh).
 SubMesh groups_of(const Layout& l) { return sub_mesh(l.pp, l.dp, l.tp); }
 
-class PpCheckpointTest : public ::testing::Test {
+class PpCheckpointTest : public SharedDataTest<"loom_mpi_pp_ckpt", 8000> {
  protected:
-  static void SetUpTestSuite() {
-    set_num_threads(1);
-    dir_ = make_shared_data_dir("loom_mpi_pp_ckpt", 8000);
-  }
-  static void TearDownTestSuite() { remove_shared_dir(dir_); }
-
   // 8 sequences of 16 tokens per step in grad_accum = 4 micro-batches
   // (the pipeline's), whatever the dp size; lr 1e-3 as in mpi_test_pp.cpp.
   // One step of layout l on its ranks, checkpointed under root. Collective.
   static void save_after_one_step(const Layout& l, const fs::path& root) {
-    const SubMesh g = groups_of(l);
-    if (g.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());
-      t.step();
-      train::save_checkpoint(t, root.string(), 0);
-    }
-    world().barrier()->wait();
+    save_after_steps(groups_of(l), config_of(l), 1, root);
   }
 
   static RunConfig config_of(const Layout& l) {
@@ -93,8 +81,7 @@ class PpCheckpointTest : public ::testing::Test {
     const SubMesh g = groups_of(l);
     std::vector<double> losses;
     if (g.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get(), g.pp.get());
+      Trainer t(config_of(l), g.ctx());
       if (!resume_dir.empty()) {
         EXPECT_EQ(train::load_checkpoint(t, resume_dir.string()), kSaveAt) << l.name();
       }
@@ -133,11 +120,7 @@ class PpCheckpointTest : public ::testing::Test {
     }
     EXPECT_GT(resumed_at, 0);
   }
-
-  static fs::path dir_;
 };
-
-fs::path PpCheckpointTest::dir_;
 
 // The case: saved at pp = 2, resumed alone, at pp = 4, at pp = 2 x
 // dp = 2 under ZeRO-1 (GPT-2's tied embedding too), and at pp = 2 itself.
@@ -201,8 +184,8 @@ TEST_F(PpCheckpointTest, ManifestWithABrokenPartitionIsRefused) {
   nlohmann::ordered_json m = nlohmann::ordered_json::parse(std::ifstream(manifest));
   m["pipeline"]["stages"][1]["first_layer"] = m["pipeline"]["stages"][1]["first_layer"].get<int64_t>() + 1;
   std::ofstream(manifest, std::ios::trunc) << m.dump(2);
-  Pools pools;
-  Trainer t(config_of(Layout{"llama", 1}), pools);
+  TrainerOn one(config_of(Layout{"llama", 1}), nullptr);
+  Trainer& t = one.t;
   try {
     train::load_checkpoint(t, manifest.parent_path().string());
     ADD_FAILURE() << "no error";

@@ -116,8 +116,7 @@ std::vector<std::unique_ptr<Model>> build_chunks(const ModelConfig& cfg, const P
   for (int c = 0; c < s.virtual_stages; ++c) {
     const int64_t stage = c * s.pp + r, first = stage * L / stages, end = (stage + 1) * L / stages;
     const StageOptions opts{{first, end - first}, PipelineRuntime::slots_needed(s, r, c)};
-    chunks.push_back(std::make_unique<Model>(cfg, B, T, pools, DType::f32, model::Recompute::none,
-                                             model::Storage{}, model::TpOptions{}, opts));
+    chunks.push_back(std::make_unique<Model>(cfg, B, T, pools, model::ModelOptions{.stage = opts}));
   }
   return chunks;
 }
@@ -159,7 +158,7 @@ void expect_matches_whole(Family family, const Case& k) {
   Pools pools;
   std::vector<std::unique_ptr<Model>> chunks = build_chunks(cfg, schedule, pools);
   for (auto& c : chunks) c->init_params(kSeed);
-  PipelineRuntime rt(schedule, &world(), pointers(chunks), pools);
+  PipelineRuntime rt(schedule, world(), pointers(chunks), pools);
   // Two steps: the second reuses the first's slots and message buffers.
   double losses[2] = {0, 0};
   for (double& loss : losses) {
@@ -224,7 +223,7 @@ TEST_F(PipelineRuntimeTest, TraceHasEachMicroBatchsForwardAndBackwardSpansInSche
     Pools pools;
     std::vector<std::unique_ptr<Model>> chunks = build_chunks(cfg, schedule, pools);
     for (auto& c : chunks) c->init_params(kSeed);
-    PipelineRuntime rt(schedule, &world(), pointers(chunks), pools);
+    PipelineRuntime rt(schedule, world(), pointers(chunks), pools);
     TraceRecorder rec(r, concat("rank ", r));
     rt.set_trace(&rec);
     for (auto& c : chunks) c->zero_grads();
@@ -329,20 +328,19 @@ TEST(PipelineRuntime, MisfitModelsAndTooManyMicroBatchesAreClearErrors) {
   const PpSchedule afab = make_pp_schedule(PpScheduleKind::afab, pp, 2);
   const int r = world().rank();
   const int64_t L = cfg.n_layer, first = r * L / pp, end = (r + 1) * L / pp;
-  Model one_slot(cfg, B, T, pools, DType::f32, model::Recompute::none, {}, {}, StageOptions{{first, end - first}, 1});
-  expect_error([&] { PipelineRuntime(afab, &world(), {&one_slot}, pools); },
+  Model one_slot(cfg, B, T, pools, {.stage = {{first, end - first}, 1}});
+  expect_error([&] { PipelineRuntime(afab, world(), {&one_slot}, pools); },
                {"has 1 activation slots", "afab schedule keeps 2 micro-batches in flight"});
   Model whole(cfg, B, T, pools);
   if (pp > 1)
-    expect_error([&] { PipelineRuntime(afab, &world(), {&whole}, pools); },
+    expect_error([&] { PipelineRuntime(afab, world(), {&whole}, pools); },
                  {"is stage", "its model (layers 0 to"});
-  expect_error([&] { PipelineRuntime(afab, &world(), {&whole, &whole}, pools); },
+  expect_error([&] { PipelineRuntime(afab, world(), {&whole, &whole}, pools); },
                {"2 chunk models given for a schedule of 1 chunks per rank"});
   if (pp > 1) {
     const PpSchedule many = make_pp_schedule(PpScheduleKind::one_f_one_b, pp, 20000);
-    Model stage(cfg, B, T, pools, DType::f32, model::Recompute::none, {}, {},
-                StageOptions{{first, end - first}, PipelineRuntime::slots_needed(many, r, 0)});
-    expect_error([&] { PipelineRuntime(many, &world(), {&stage}, pools); },
+    Model stage(cfg, B, T, pools, {.stage = {{first, end - first}, PipelineRuntime::slots_needed(many, r, 0)}});
+    expect_error([&] { PipelineRuntime(many, world(), {&stage}, pools); },
                  {"20000 micro-batches x 1 chunks need message tags up to 39999", "32767"});
   }
 }

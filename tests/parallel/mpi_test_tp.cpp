@@ -24,7 +24,6 @@
 namespace loom::test {
 namespace {
 
-namespace fs = std::filesystem;
 using train::RunConfig;
 using train::Trainer;
 
@@ -57,14 +56,8 @@ struct Layout {
   }
 };
 
-class TensorParallelTest : public ::testing::Test {
+class TensorParallelTest : public SharedDataTest<"loom_mpi_tp", 8000> {
  protected:
-  static void SetUpTestSuite() {
-    set_num_threads(1);
-    dir_ = make_shared_data_dir("loom_mpi_tp", 8000);
-  }
-  static void TearDownTestSuite() { remove_shared_dir(dir_); }
-
   // 8 sequences of 24 tokens per step over the dp ranks (SP needs T
   // divisible by tp = 2, 3 and 4).
   static RunConfig config(const Layout& l) {
@@ -91,11 +84,9 @@ class TensorParallelTest : public ::testing::Test {
     expect_mesh_matches_one_process("tp", l.name(), c, alone(c), kSteps, kTolerance, references_);
   }
 
-  static fs::path dir_;
   static std::map<std::string, std::vector<double>> references_;
 };
 
-fs::path TensorParallelTest::dir_;
 std::map<std::string, std::vector<double>> TensorParallelTest::references_;
 
 // tp = N (2, 3 or 4): GPT-2 and Llama-GQA, with and without sequence parallelism.
@@ -162,9 +153,9 @@ TEST_F(TensorParallelTest, PaddedGpt2VocabularyGivesTheUnpaddedLoss) {
   c.model.vocab_size = 50257;
   c.train.micro_batch = 2;
   constexpr int64_t kFew = 3;
-  mesh::Mesh m({1, 1, 1, N, 1}, world());
-  Pools pools;
-  Trainer t(c, pools, &m.dp(), &m.tp());
+  TrainerOn on(c, &world());
+  Trainer& t = on.t;
+  mesh::Mesh& m = on.run.mesh();
   const std::vector<double> tp = losses_of(train_until(t, kFew));
   // The padding rows (past 50257 on the last rank) stay zero: masked logits
   // give them no gradient, and weight decay keeps zero at zero.
@@ -173,9 +164,7 @@ TEST_F(TensorParallelTest, PaddedGpt2VocabularyGivesTheUnpaddedLoss) {
   const float* w = wte.data_as<float>();
   EXPECT_EQ(std::count(w + real * C, w + Vl * C, 0.f), (Vl - real) * C) << "padding rows of tp rank " << m.tp().rank();
   EXPECT_GT(real, 0);
-  std::vector<double> one;
-  if (world().rank() == 0) one = run_losses(alone(c), nullptr, kFew);
-  one = broadcast_values(world(), one, kFew);
+  const std::vector<double> one = rank_zero_values(kFew, [&] { return run_losses(alone(c), nullptr, kFew); });
   const double diff = max_relative_difference(tp, one);
   if (world().rank() == 0) std::printf("[tp N=%d] V=50257: max relative loss difference %.3g\n", N, diff);
   EXPECT_LE(diff, kTolerance);

@@ -22,6 +22,7 @@
 #include "core/threads.h"
 #include "parallel/dp_run.h"
 #include "train/checkpoint.h"
+#include "common/run_context.h"
 
 namespace loom::test {
 namespace {
@@ -52,14 +53,8 @@ struct Layout {
 // This rank's groups for a layout (dp_run.h sub_mesh).
 SubMesh groups_of(const Layout& l) { return sub_mesh(1, l.dp, l.tp); }
 
-class TpCheckpointTest : public ::testing::Test {
+class TpCheckpointTest : public SharedDataTest<"loom_mpi_tp_ckpt", 4000> {
  protected:
-  static void SetUpTestSuite() {
-    set_num_threads(1);
-    dir_ = make_shared_data_dir("loom_mpi_tp_ckpt", 4000);
-  }
-  static void TearDownTestSuite() { remove_shared_dir(dir_); }
-
   // A GPT-2 whose heads (12) and hidden units split at tp = 2, 3 and 4, with
   // a vocabulary (512) that tp = 3 pads to 513 rows.
   static RunConfig config_of(const Layout& l) {
@@ -83,8 +78,7 @@ class TpCheckpointTest : public ::testing::Test {
     const SubMesh g = groups_of(l);
     std::vector<double> losses;
     if (g.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get());
+      Trainer t(config_of(l), g.ctx());
       if (!resume_dir.empty()) {
         EXPECT_EQ(train::load_checkpoint(t, resume_dir.string()), kSaveAt) << l.name();
         if (l.zero_stage == 0) expect_padding_is_zero(t, l);
@@ -147,11 +141,9 @@ class TpCheckpointTest : public ::testing::Test {
     }
   }
 
-  static fs::path dir_;
   static std::vector<double> single_;
 };
 
-fs::path TpCheckpointTest::dir_;
 std::vector<double> TpCheckpointTest::single_;
 
 // The case: saved at tp = 2, resumed alone, at tp = 3 (the
@@ -184,11 +176,10 @@ TEST_F(TpCheckpointTest, SavedAtTp3WithVocabPaddingResumesAtTp2AndAlone) {
 TEST_F(TpCheckpointTest, Format2CheckpointResumesAsTp1) {
   const fs::path root = dir_ / "ckpt_format2";
   const std::vector<double> one = single_process();
-  if (world().rank() == 0) {
-    Pools pools;
-    Trainer t(config_of(Layout{}), pools);
-    train_until(t, kSaveAt);
-    const fs::path step_dir = train::save_checkpoint(t, root.string(), 0);
+  on_rank_zero([&] {
+    TrainerOn one_process(config_of(Layout{}), nullptr);
+    train_until(one_process.t, kSaveAt);
+    const fs::path step_dir = train::save_checkpoint(one_process.t, root.string(), 0);
     const fs::path manifest = step_dir / train::kCheckpointManifestFile;
     nlohmann::ordered_json m = nlohmann::ordered_json::parse(std::ifstream(manifest));
     m["format_version"] = 2;
@@ -196,8 +187,7 @@ TEST_F(TpCheckpointTest, Format2CheckpointResumesAsTp1) {
     for (auto& [name, tensor] : m["parameters"]["tensors"].items()) tensor.erase("global_shape"), tensor.erase("split");
     for (auto& shard : m["shards"]) shard.erase("tp_rank"), shard.erase("dp_rank");
     std::ofstream(manifest, std::ios::trunc) << m.dump(2);
-  }
-  world().barrier()->wait();
+  });
   const fs::path step_dir = root / train::checkpoint_step_dir_name(kSaveAt);
   for (const Layout& l : {Layout{}, Layout{1, 2, 0}}) {
     if (!fits(l)) continue;
@@ -213,16 +203,7 @@ TEST_F(TpCheckpointTest, ManifestRecordsTpSizeAndEveryTpRanksShards) {
   const Layout l{2, 2, 1};
   if (!fits(l)) GTEST_SKIP() << "dp = 2 x tp = 2 needs 4 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_manifest";
-  {
-    const SubMesh g = groups_of(l);
-    if (g.member) {
-      Pools pools;
-      Trainer t(config_of(l), pools, g.dp.get(), g.tp.get());
-      t.step();
-      train::save_checkpoint(t, root.string(), 0);
-    }
-    world().barrier()->wait();
-  }
+  save_after_steps(groups_of(l), config_of(l), 1, root);
   if (world().rank() != 0) return;
   std::ifstream in(root / train::checkpoint_step_dir_name(1) / train::kCheckpointManifestFile);
   const nlohmann::json m = nlohmann::json::parse(in);
@@ -250,24 +231,14 @@ TEST_F(TpCheckpointTest, DamagedTpShardIsRefusedOnEveryRankNamingTheFile) {
   const Layout tp2{1, 2, 0};
   if (!fits(tp2)) GTEST_SKIP() << "a tp = 2 run needs 2 ranks; the world has " << world().size();
   const fs::path root = dir_ / "ckpt_damaged";
-  {
-    const SubMesh g = groups_of(tp2);
-    if (g.member) {
-      Pools pools;
-      Trainer t(config_of(tp2), pools, g.dp.get(), g.tp.get());
-      train_until(t, 2);
-      train::save_checkpoint(t, root.string(), 0);
-    }
-    world().barrier()->wait();
-  }
+  save_after_steps(groups_of(tp2), config_of(tp2), 2, root);
   const fs::path step_dir = root / train::checkpoint_step_dir_name(2);
   const std::string file = train::checkpoint_rank_file_name(1);
   auto expect_refused = [&](const std::string& damage, const std::string& expected) {
     for (const Layout& at : {tp2, Layout{}}) {
       const SubMesh g = groups_of(at);
       if (!g.member) continue;
-      Pools pools;
-      Trainer t(config_of(at), pools, g.dp.get(), g.tp.get());
+      Trainer t(config_of(at), g.ctx());
       try {
         train::load_checkpoint(t, step_dir.string());
         ADD_FAILURE() << damage << ", resumed at " << at.name() << ": no error";
@@ -280,17 +251,15 @@ TEST_F(TpCheckpointTest, DamagedTpShardIsRefusedOnEveryRankNamingTheFile) {
     }
     world().barrier()->wait();
   };
-  if (world().rank() == 0) {
+  on_rank_zero([&] {
     std::fstream f(step_dir / file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(fs::file_size(step_dir / file) / 2));
     const char byte = static_cast<char>(f.peek() ^ 0x01);
     f.seekp(static_cast<std::streamoff>(fs::file_size(step_dir / file) / 2));
     f.put(byte);
-  }
-  world().barrier()->wait();
+  });
   expect_refused("one byte of tp rank 1's file flipped", "is corrupted: its sha256 is");
-  if (world().rank() == 0) fs::remove(step_dir / file);
-  world().barrier()->wait();
+  on_rank_zero([&] { fs::remove(step_dir / file); });
   expect_refused("tp rank 1's file removed", "is missing");
 }
 

@@ -1,7 +1,8 @@
 // Data parallelism in one process: the pure bucket and shard layout
-// (parallel/dp.h), the model's unit hooks, and every ZeRO stage in a group of
-// one giving bitwise the plain model's gradients and updates (the multi-rank
-// proofs are tests/parallel/mpi_test_dp*.cpp).
+// (parallel/dp_layout.h) and the model's unit hooks (every ZeRO stage in a
+// group of one giving bitwise the plain model's training:
+// tests/train/test_optimizer.cpp; the multi-rank proofs:
+// tests/parallel/mpi_test_dp*.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "common/tensors.h"
+#include "comm/self_communicator.h"
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/config.h"
@@ -152,84 +154,9 @@ TEST(DpLayout, BackwardFinishesUnitsFromTheLastToTheFirst) {
   EXPECT_EQ(r.ready, want);
 }
 
-// Two steps of a model in a group of one under `stage`: appends each
-// micro-batch's loss and each step's gradient norm to *loss; returns the
-// parameters after the updates.
-std::vector<float> one_step(const char* preset, int stage, DType compute, bool offload, int micro_batches,
-                            std::vector<float>* loss) {
-  Pools pools;
-  const model::ModelConfig cfg = model::model_preset(preset);
-  model::Model m(cfg, 2, 8, pools, compute, model::Recompute::none, DataParallel::model_storage(stage));
-  DpOptions o;
-  o.zero_stage = stage;
-  o.bucket_mb = 0.01;  // several buckets
-  o.offload_optimizer = offload;
-  DataParallel dp(m, nullptr, o, {}, pools);
-  dp.init_params(3);
-  OwnedTensor tok = pools[MemTag::activations].zeros(DType::i32, {2, 8});
-  OwnedTensor tgt = pools[MemTag::activations].zeros(DType::i32, {2, 8});
-  for (int64_t i = 0; i < 16; ++i) tok.data_as<int32_t>()[i] = static_cast<int32_t>(i * 7 % 50), tgt.data_as<int32_t>()[i] = static_cast<int32_t>(i * 3 % 50);
-  for (int step = 0; step < 2; ++step) {
-    dp.zero_grads();
-    for (int k = 0; k < micro_batches; ++k) {
-      dp.begin_micro_batch(k == micro_batches - 1);
-      loss->push_back(m.forward(tok, tgt));
-      m.backward(1.f / static_cast<float>(micro_batches));
-    }
-    const double norm = dp.grad_norm();
-    loss->push_back(static_cast<float>(norm));
-    dp.update(1e-2, static_cast<float>(norm > 1.0 ? 1.0 / norm : 1.0));
-  }
-  std::vector<float> out(static_cast<size_t>(m.num_params()));
-  dp.gather_master(Tensor(out.data(), DType::f32, {m.num_params()}));
-  return out;
-}
-
-TEST(DpLayout, EveryStageInAGroupOfOneGivesBitwiseTheSameTraining) {
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
-    for (DType compute : {DType::f32, DType::bf16}) {
-      if (compute == DType::bf16 && !kernels::bf16_matmul_unsupported_reason().empty()) continue;
-      std::vector<float> loss0;
-      const std::vector<float> p0 = one_step(preset, 0, compute, false, 1, &loss0);
-      for (int stage : {0, 1, 2, 3}) {
-        for (bool offload : {false, true}) {
-          std::vector<float> loss;
-          const std::vector<float> p = one_step(preset, stage, compute, offload, 1, &loss);
-          EXPECT_EQ(loss, loss0) << preset << " stage " << stage << " offload " << offload;
-          EXPECT_EQ(p, p0) << preset << " stage " << stage << " offload " << offload;
-        }
-      }
-    }
-  }
-}
-
-// With two micro-batches, stages 2 and 3 add each micro-batch's reduced
-// bucket into the shard ((a1 + b1) + (a2 + b2)) where stages 0 and 1 keep
-// accumulating in place (((a1 + b1) + a2) + b2): GPT-2's tied embedding gets
-// two contributions per micro-batch, so the sums round differently. The
-// losses and gradient norms agree to f32 rounding; AdamW divides by sqrt(v),
-// which magnifies the rounding of near-zero gradients, so the parameters
-// agree to a small fraction of one step (lr = 1e-2).
-TEST(DpLayout, GradientAccumulationAgreesAcrossStagesToRounding) {
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
-    std::vector<float> loss0;
-    const std::vector<float> p0 = one_step(preset, 0, DType::f32, false, 2, &loss0);
-    for (int stage : {1, 2, 3}) {
-      std::vector<float> loss;
-      const std::vector<float> p = one_step(preset, stage, DType::f32, false, 2, &loss);
-      ASSERT_EQ(loss.size(), loss0.size());
-      for (size_t i = 0; i < loss.size(); ++i) EXPECT_NEAR(loss[i], loss0[i], 1e-6 * std::abs(loss0[i]));
-      double max_diff = 0;
-      for (size_t i = 0; i < p.size(); ++i) max_diff = std::max(max_diff, static_cast<double>(std::abs(p[i] - p0[i])));
-      EXPECT_LT(max_diff, 1e-2 * 1e-2) << preset << " stage " << stage;
-    }
-  }
-}
-
 TEST(DpLayout, StageThreeModelOwnsNoParametersAndStageTwoNoGradients) {
   Pools pools;
-  model::Model m3(model::model_preset("gpt2-tiny"), 1, 8, pools, DType::f32, model::Recompute::none,
-                  DataParallel::model_storage(3));
+  model::Model m3(model::model_preset("gpt2-tiny"), 1, 8, pools, {.storage = DataParallel::model_storage(3)});
   EXPECT_FALSE(m3.params().defined());
   EXPECT_FALSE(m3.grads().defined());
   EXPECT_THROW(m3.init_params(1), Error);
@@ -237,12 +164,12 @@ TEST(DpLayout, StageThreeModelOwnsNoParametersAndStageTwoNoGradients) {
   OwnedTensor tok = pools[MemTag::activations].zeros(DType::i32, {1, 8});
   EXPECT_THROW(m3.forward(tok, tok), Error);  // no hooks to provide the parameters
   EXPECT_EQ(pools.report()[MemTag::params].current, 0u);
-  model::Model m2(model::model_preset("gpt2-tiny"), 1, 8, pools, DType::f32, model::Recompute::none,
-                  DataParallel::model_storage(2));
+  model::Model m2(model::model_preset("gpt2-tiny"), 1, 8, pools, {.storage = DataParallel::model_storage(2)});
   EXPECT_TRUE(m2.params().defined());
   EXPECT_FALSE(m2.grads().defined());
   // A model built for another stage is refused.
-  EXPECT_THROW(DataParallel(m2, nullptr, DpOptions{.zero_stage = 1}, {}, pools), Error);
+  comm::SelfCommunicator alone;
+  EXPECT_THROW(DataParallel(m2, alone, alone, DpOptions{.zero_stage = 1}, pools), Error);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "comm/self_communicator.h"
 #include "core/memory.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -60,14 +61,15 @@ TEST(DpMemory, OptimizerStateLargerThanMemoryIsRefusedBeforeItIsAllocated) {
   model::ModelConfig c = model::model_preset("gpt2-tiny");
   c.n_layer = 4, c.n_embd = 1 << 20, c.n_head = 4, c.n_kv_head = 4, c.d_ff = 4 << 20, c.vocab_size = 64;
   Pools pools;
-  model::Model m(c, 1, 1, pools, DType::f32, model::Recompute::none, DataParallel::model_storage(3));
+  model::Model m(c, 1, 1, pools, {.storage = DataParallel::model_storage(3)});
   std::string msg;
   try {
-    DataParallel dp(m, nullptr, {.zero_stage = 3}, {}, pools);
+    comm::SelfCommunicator alone;
+    DataParallel dp(m, alone, alone, {.zero_stage = 3}, pools);
   } catch (const Error& e) {
     msg = e.what();
   }
-  for (const char* part : {"the optimizer state of ", " parameters on this rank (AdamW moments, gradient shard, "
+  for (const char* part : {"the training state of ", " parameters on this rank (optimizer state, gradient shard, "
                            "parameter shard) and the model's bookkeeping needs ", " GiB but this machine has ", "fits in memory"})
     EXPECT_NE(msg.find(part), std::string::npos) << part << " in: " << msg;
   const MemoryReport r = pools.report();

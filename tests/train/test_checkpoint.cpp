@@ -19,6 +19,7 @@
 #include "train/checkpoint_dir.h"
 #include "train/trainer.h"
 #include "tiny_run.h"
+#include "common/run_context.h"
 
 namespace loom::train {
 namespace {
@@ -95,7 +96,7 @@ class CheckpointTest : public TinyRunTest {
     c.checkpoint.keep = keep;
     TrainOptions quiet;
     quiet.progress = false;
-    run_training(c, quiet);
+    run_training(c, quiet, mesh::LocalContext().ctx());
   }
 };
 
@@ -123,20 +124,20 @@ TEST_F(CheckpointTest, Fp16TwentyStepsEqualTenPlusResumePlusTenBitwise) {
 
 void CheckpointTest::expect_resume_is_bitwise(const RunConfig& c, const fs::path& root) {
   std::vector<double> straight, resumed;
-  Pools p1;
-  Trainer full(c, p1);
+  test::TestContext p1;
+  Trainer full(c, p1.ctx());
   train_until(full, 20, straight);
 
   {
-    Pools p2;
-    Trainer first(c, p2);
+    test::TestContext p2;
+    Trainer first(c, p2.ctx());
     train_until(first, 10, resumed);
     EXPECT_EQ(save_checkpoint(first, root.string(), 0), (root / "step_000010").string());
   }
   RunConfig rc = c;
   rc.checkpoint.dir = root.string();
-  Pools p3;
-  Trainer second(rc, p3);
+  test::TestContext p3;
+  Trainer second(rc, p3.ctx());
   ASSERT_EQ(resume_checkpoint(second, rc.checkpoint), (root / "step_000010").string());
   EXPECT_EQ(second.steps_done(), 10);
   train_until(second, 20, resumed);
@@ -145,8 +146,8 @@ void CheckpointTest::expect_resume_is_bitwise(const RunConfig& c, const fs::path
   EXPECT_EQ(std::memcmp(straight.data(), resumed.data(), straight.size() * sizeof(double)), 0);
   EXPECT_EQ(master_of(full), master_of(second));
   EXPECT_EQ(to_bytes(full.model().params()), to_bytes(second.model().params()));
-  EXPECT_EQ(copy_of(full.dp().m()), copy_of(second.dp().m()));
-  EXPECT_EQ(copy_of(full.dp().v()), copy_of(second.dp().v()));
+  EXPECT_EQ(copy_of(full.optimizer().m()), copy_of(second.optimizer().m()));
+  EXPECT_EQ(copy_of(full.optimizer().v()), copy_of(second.optimizer().v()));
   EXPECT_EQ(full.train_data().position(), second.train_data().position());
 }
 
@@ -158,12 +159,12 @@ TEST_F(CheckpointTest, RunTrainingResumedAtStepTenWritesTheSameStepTwentyCheckpo
   RunConfig c = config();
   c.checkpoint.dir = (dir_ / "a").string();
   c.checkpoint.every = 10;
-  const TrainSummary straight = run_training(c, quiet);
+  const TrainSummary straight = run_training(c, quiet, mesh::LocalContext().ctx());
   ASSERT_EQ(straight.steps.size(), 20u);
 
   c.checkpoint.dir = (dir_ / "b").string();
   c.checkpoint.resume = (dir_ / "a" / "step_000010").string();
-  const TrainSummary resumed = run_training(c, quiet);
+  const TrainSummary resumed = run_training(c, quiet, mesh::LocalContext().ctx());
   ASSERT_EQ(resumed.steps.size(), 10u);
   EXPECT_FALSE(resumed.initial_val_loss.has_value());
   for (size_t i = 0; i < 10; ++i) {
@@ -201,8 +202,8 @@ TEST_F(CheckpointTest, KeepIgnoresDirectoriesThatAreNotStepDirs) {
 }
 
 TEST_F(CheckpointTest, ManifestRecordsStepConfigMeshShapesAndDigests) {
-  Pools pools;
-  Trainer t(config(), pools);
+  test::TestContext one;
+  Trainer t(config(), one.ctx());
   t.step();
   const fs::path step_dir = save_checkpoint(t, (dir_ / "ckpt").string(), 0);
   const nlohmann::json m = nlohmann::json::parse(read_text(step_dir / "manifest.json"));
@@ -231,8 +232,8 @@ class CheckpointErrorTest : public CheckpointTest {
     const RunConfig c = config();
     const fs::path root = dir_ / "ckpt";
     {
-      Pools pools;
-      Trainer t(c, pools);
+      test::TestContext one;
+      Trainer t(c, one.ctx());
       t.step(), t.step();
       save_checkpoint(t, root.string(), 0);
     }
@@ -240,8 +241,8 @@ class CheckpointErrorTest : public CheckpointTest {
     const auto before = snapshot(root);
     if (run.data.train.empty()) run = c;
     run.checkpoint.dir = root.string();
-    Pools pools;
-    Trainer fresh(run, pools);
+    test::TestContext one;
+    Trainer fresh(run, one.ctx());
     const std::vector<float> params = copy_of(fresh.model().params());
     try {
       resume_checkpoint(fresh, run.checkpoint);
@@ -299,8 +300,8 @@ TEST_F(CheckpointErrorTest, MissingListedFileIsNamed) {
 
 TEST_F(CheckpointTest, ResumeAutoWithoutStepDirsStartsFreshAndNeverIgnoresThem) {
   RunConfig c = config();
-  Pools pools;
-  Trainer t(c, pools);
+  test::TestContext one;
+  Trainer t(c, one.ctx());
   c.checkpoint.dir = (dir_ / "none").string();
   EXPECT_EQ(resume_checkpoint(t, c.checkpoint), "");
   t.step();

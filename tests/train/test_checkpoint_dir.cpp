@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "train/checkpoint.h"
 #include "tiny_run.h"
+#include "common/run_context.h"
 
 namespace loom::train {
 namespace {
@@ -36,7 +37,7 @@ class CheckpointDirTest : public TinyRunTest {
   static TrainSummary run(const RunConfig& c) {
     TrainOptions quiet;
     quiet.progress = false;
-    return run_training(c, quiet);
+    return run_training(c, quiet, mesh::LocalContext().ctx());
   }
   fs::path ckpt() const { return dir_ / "ckpt"; }
 };
@@ -73,8 +74,8 @@ TEST_F(CheckpointDirTest, LosingLatestResumesFromTheNewestCompleteStepDir) {
 TEST_F(CheckpointDirTest, LatestNamingAMissingDirResumesFromTheNewestCompleteOne) {
   run(run_config(4));
   std::ofstream(ckpt() / "latest", std::ios::trunc) << "step_000099\n";
-  Pools pools;
-  Trainer t(run_config(6), pools);
+  test::TestContext one;
+  Trainer t(run_config(6), one.ctx());
   EXPECT_EQ(resume_checkpoint(t, run_config(6).checkpoint), (ckpt() / "step_000004").string());
   EXPECT_EQ(t.steps_done(), 4);
 }
@@ -88,16 +89,16 @@ TEST_F(CheckpointDirTest, ACorruptNewestStepDirFallsBackToTheOlderCompleteOne) {
   bytes[bytes.size() / 2] ^= 0x10;
   std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
   fs::create_directories(ckpt() / "step_000006");  // a step dir without a manifest
-  Pools pools;
-  Trainer t(run_config(6), pools);
+  test::TestContext one;
+  Trainer t(run_config(6), one.ctx());
   EXPECT_EQ(resume_checkpoint(t, run_config(6).checkpoint), (ckpt() / "step_000002").string());
   EXPECT_EQ(t.steps_done(), 2);
 }
 
 TEST_F(CheckpointDirTest, StepDirsWithoutAnyCompleteCheckpointAreAnErrorNamingTheNewestProblem) {
   fs::create_directories(ckpt() / "step_000002");
-  Pools pools;
-  Trainer t(run_config(4), pools);
+  test::TestContext one;
+  Trainer t(run_config(4), one.ctx());
   try {
     resume_checkpoint(t, run_config(4).checkpoint);
     ADD_FAILURE() << "no error";
@@ -124,8 +125,8 @@ TEST_F(CheckpointDirTest, ResumingFromAnOlderStepSetsTheNewerStepDirsAsideAtTheF
   EXPECT_EQ(read_text(ckpt() / "latest"), "step_000005\n");
   EXPECT_TRUE(fs::exists(ckpt() / "abandoned" / "step_000004"));
   EXPECT_EQ(read_text(ckpt() / "abandoned" / "step_000006" / "rank_00000.safetensors"), old_six);
-  Pools pools;
-  Trainer t(run_config(8), pools);
+  test::TestContext one;
+  Trainer t(run_config(8), one.ctx());
   EXPECT_EQ(resume_checkpoint(t, run_config(8).checkpoint), (ckpt() / "step_000005").string());
 }
 

@@ -20,6 +20,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_dir.h"
 #include "tiny_run.h"
+#include "mesh/context.h"
 
 namespace loom::train {
 namespace {
@@ -50,7 +51,7 @@ class RunSafetyTest : public TinyRunTest {
   }
   static TrainSummary run(const RunConfig& c, TrainOptions options = {}) {
     options.progress = false;
-    return run_training(c, options);
+    return run_training(c, options, mesh::LocalContext().ctx());
   }
   // The message of the loom::Error run(c) throws ("" if none).
   static std::string error_of(const RunConfig& c, TrainOptions options = {}) {

@@ -1,4 +1,5 @@
 #include "train/trainer.h"
+#include "comm/self_communicator.h"
 
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 #include "train/lr_schedule.h"
 #include "parallel/dp.h"
 #include "tiny_run.h"
+#include "common/run_context.h"
 
 namespace loom::train {
 namespace {
@@ -48,8 +50,8 @@ TEST(LrSchedule, LinearWarmupThenCosineDecayToMinLr) {
 void expect_two_runs_bitwise_identical(const RunConfig& c) {
   std::vector<double> a, b;
   for (std::vector<double>* out : {&a, &b}) {
-    Pools pools;
-    Trainer t(c, pools);
+    test::TestContext one;
+    Trainer t(c, one.ctx());
     for (int i = 0; i < 4; ++i) out->push_back(t.step().loss);
     out->push_back(t.evaluate());
   }
@@ -61,16 +63,16 @@ TEST_F(TrainerTest, SameConfigAndSeedGiveBitwiseIdenticalLosses) { expect_two_ru
 
 TEST_F(TrainerTest, AnotherSeedGivesOtherLosses) {
   RunConfig c = config();
-  Pools p1, p2;
-  Trainer t1(c, p1);
+  test::TestContext p1, p2;
+  Trainer t1(c, p1.ctx());
   c.train.seed += 1;
-  Trainer t2(c, p2);
+  Trainer t2(c, p2.ctx());
   EXPECT_NE(t1.step().loss, t2.step().loss);
 }
 
 TEST_F(TrainerTest, LossAndValLossFallOnALearnableStream) {
-  Pools pools;
-  Trainer t(config(), pools);
+  test::TestContext one;
+  Trainer t(config(), one.ctx());
   const double val_before = t.evaluate();
   double first = 0, last = 0;
   for (int i = 0; i < 20; ++i) {
@@ -91,10 +93,10 @@ TEST_F(TrainerTest, GradAccumulationMatchesALargerMicroBatch) {
   c.data.shuffle = false;
   c.train.eval_every = 0;
   c.train.micro_batch = 2, c.train.grad_accum = 1;
-  Pools p1, p2;
-  Trainer big(c, p1);
+  test::TestContext p1, p2;
+  Trainer big(c, p1.ctx());
   c.train.micro_batch = 1, c.train.grad_accum = 2;
-  Trainer accum(c, p2);
+  Trainer accum(c, p2.ctx());
   for (int i = 0; i < 3; ++i) {
     const StepStats a = big.step(), b = accum.step();
     EXPECT_NEAR(a.loss, b.loss, 1e-4 * std::abs(a.loss)) << "step " << i + 1;
@@ -117,10 +119,10 @@ void TrainerTest::expect_run_matches_fp32_over_20_steps(const std::string& dtype
     c.model = model::model_preset(preset);
     c.train.eval_every = 0;
     c.train.lr = 3e-3, c.train.min_lr = 3e-4;
-    Pools p32, p16;
-    Trainer f32(c, p32);
+    test::TestContext p32, p16;
+    Trainer f32(c, p32.ctx());
     c.train.dtype = dtype;
-    Trainer low(c, p16);
+    Trainer low(c, p16.ctx());
     EXPECT_EQ(low.model().compute_dtype(), compute);
     double worst = 0;
     for (int i = 0; i < 20; ++i) {
@@ -148,16 +150,17 @@ TEST_F(TrainerTest, Bf16SameConfigAndSeedGiveBitwiseIdenticalLosses) {
 TEST_F(TrainerTest, Bf16KeepsMasterWeightsAndOptimizerStateInF32) {
   RunConfig c = config();
   c.train.dtype = "bf16";
-  Pools pools;
-  Trainer t(c, pools);
+  test::TestContext one;
+  Pools& pools = one.pools();
+  Trainer t(c, one.ctx());
   const size_t P = static_cast<size_t>(t.model().num_params());
   const MemoryReport r = pools.report();
   EXPECT_EQ(r[MemTag::params].current, 2 * P);
   EXPECT_EQ(r[MemTag::master].current, 4 * P);
   EXPECT_EQ(r[MemTag::grads].current, 4 * P);
   EXPECT_EQ(r[MemTag::optimizer].current, 2 * 4 * P);
-  EXPECT_EQ(t.dp().m().dtype(), DType::f32);
-  EXPECT_EQ(t.dp().v().dtype(), DType::f32);
+  EXPECT_EQ(t.optimizer().m().dtype(), DType::f32);
+  EXPECT_EQ(t.optimizer().v().dtype(), DType::f32);
 }
 
 TEST_F(TrainerTest, Fp16RunMatchesFp32RunOver20Steps) { expect_run_matches_fp32_over_20_steps("fp16", DType::f16); }
@@ -175,8 +178,8 @@ TEST_F(TrainerTest, Fp16OverflowSkipsTheUpdateAndHalvesTheLossScale) {
   RunConfig c = config();
   c.train.dtype = "fp16";
   c.train.loss_scale = 1099511627776.0;  // 2^40
-  Pools pools;
-  Trainer t(c, pools);
+  test::TestContext one;
+  Trainer t(c, one.ctx());
   const std::vector<float> before = master_of(t);
   StepStats s = t.step();
   EXPECT_TRUE(s.skipped);
@@ -184,12 +187,12 @@ TEST_F(TrainerTest, Fp16OverflowSkipsTheUpdateAndHalvesTheLossScale) {
   EXPECT_EQ(s.loss_scale, 1099511627776.0);
   EXPECT_FALSE(std::isfinite(s.grad_norm));
   EXPECT_EQ(t.loss_scaler()->scale(), 549755813888.0);
-  EXPECT_EQ(t.dp().steps_taken(), 0);
+  EXPECT_EQ(t.optimizer().steps_taken(), 0);
   EXPECT_EQ(master_of(t), before);
   int skipped = 1;
   while (t.step().skipped) ++skipped;
   EXPECT_GT(skipped, 5);  // 2^40 / 2^skipped must fall below ~1e4 * N before dlogits fit
-  EXPECT_EQ(t.dp().steps_taken(), 1);
+  EXPECT_EQ(t.optimizer().steps_taken(), 1);
   EXPECT_EQ(t.steps_done(), skipped + 1);
   EXPECT_NE(master_of(t), before);
   std::printf("2^40 loss scale: %d steps skipped, then scale %g\n", skipped, t.loss_scaler()->scale());
@@ -200,8 +203,8 @@ TEST_F(TrainerTest, Fp16LossScaleDoublesAfterTheWindowOfFiniteSteps) {
   c.train.dtype = "fp16";
   c.train.loss_scale = 256;
   c.train.loss_scale_window = 3;
-  Pools pools;
-  Trainer t(c, pools);
+  test::TestContext one;
+  Trainer t(c, one.ctx());
   std::vector<double> scales;
   for (int i = 0; i < 7; ++i) scales.push_back(t.step().loss_scale);
   EXPECT_EQ(scales, (std::vector<double>{256, 256, 256, 512, 512, 512, 1024}));
@@ -222,27 +225,6 @@ TEST(DynamicLossScaler, HalvesOnOverflowDoublesAfterWindowAndRejectsBadState) {
   EXPECT_THROW(DynamicLossScaler(0, 2), Error);
   EXPECT_THROW(DynamicLossScaler(8, 0), Error);
   EXPECT_THROW(s.restore(8, 2), Error);  // good steps must stay below the window
-}
-
-TEST(AdamW, WeightDecayAppliesTo2DWeightsOnly) {
-  Pools pools;
-  model::Model m(model::model_preset("gpt2-tiny"), 1, 4, pools, DType::f32, model::Recompute::none,
-                 parallel::DataParallel::model_storage(0));
-  parallel::AdamWOptions o;
-  o.weight_decay = 0.5;
-  parallel::DataParallel dp(m, nullptr, {}, o, pools);
-  dp.init_params(1);
-  dp.zero_grads();  // zero gradients: the update is the decay alone
-  const float wte0 = m.param("wte.weight").data_as<float>()[5];
-  const float fc0 = m.param("h.0.mlp.c_fc.weight").data_as<float>()[3];
-  const float ln0 = m.param("h.0.ln_1.weight").data_as<float>()[0];
-  const float bias0 = m.param("h.0.attn.c_attn.bias").data_as<float>()[0];
-  dp.update(0.1, 1.f);
-  EXPECT_FLOAT_EQ(m.param("wte.weight").data_as<float>()[5], wte0 * (1.f - 0.1f * 0.5f));
-  EXPECT_FLOAT_EQ(m.param("h.0.mlp.c_fc.weight").data_as<float>()[3], fc0 * (1.f - 0.1f * 0.5f));
-  EXPECT_EQ(m.param("h.0.ln_1.weight").data_as<float>()[0], ln0);
-  EXPECT_EQ(m.param("h.0.attn.c_attn.bias").data_as<float>()[0], bias0);
-  EXPECT_EQ(dp.steps_taken(), 1);
 }
 
 TEST_F(TrainerTest, EvaluateShardsCoversEveryWindowOnce) {

@@ -11,6 +11,7 @@
 
 #include "tiny_run.h"
 #include "train/trainer.h"
+#include "mesh/context.h"
 
 namespace loom::train {
 namespace {
@@ -32,7 +33,7 @@ TEST_F(TrainerTraceTest, TwoStepRunWritesForwardBackwardAndOptimizerSpansInOrder
   cfg.log.trace = (dir_ / "trace.json").string();
   TrainOptions options;
   options.progress = false;
-  run_training(cfg, options);
+  run_training(cfg, options, mesh::LocalContext().ctx());
 
   std::ifstream in(cfg.log.trace);
   ASSERT_TRUE(in.good());
@@ -99,7 +100,7 @@ TEST_F(TrainerTraceTest, CheckpointsAppearAsSpans) {
   cfg.log.trace = (dir_ / "trace.json").string();
   TrainOptions options;
   options.progress = false;
-  run_training(cfg, options);
+  run_training(cfg, options, mesh::LocalContext().ctx());
   const nlohmann::json doc = nlohmann::json::parse(std::ifstream(cfg.log.trace));
   int checkpoints = 0;
   for (const nlohmann::json& e : doc.at("traceEvents"))

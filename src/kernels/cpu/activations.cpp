@@ -11,12 +11,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 constexpr int64_t kChunk = 1024;  // floats per buffer: 4 KiB, stays in L1
@@ -91,14 +90,9 @@ void swiglu_grad_chunk(float* dgate, float* dup, const float* dy, const float* g
 
 // ---- shared drivers -------------------------------------------------------------
 
-// y = f(x) for a unary op; validates y and x.
+// y = f(x) for a unary op.
 template <typename ChunkFn>
-void unary_forward(const char* op, Tensor y, const Tensor& x, ChunkFn fn) {
-  require_cpu_contiguous(op, {{"y", y}, {"x", x}});
-  require_float(op, {"x", x});
-  require_dtype(op, {"y", y}, x.dtype());
-  require_same_shape(op, {"y", y}, {"x", x});
-  require_no_partial_overlap(op, {"y", y}, {"x", x});
+void unary_forward(Tensor y, const Tensor& x, ChunkFn fn) {
   for_chunks(x.numel(), [&](int64_t off, int64_t n) {
     float xb[kChunk], yb[kChunk];
     fn(yb, load_span(x, off, n, xb), n);
@@ -106,16 +100,10 @@ void unary_forward(const char* op, Tensor y, const Tensor& x, ChunkFn fn) {
   });
 }
 
-// dx += dy * f'(x) for a unary op; validates every operand, skips an undefined dx.
+// dx += dy * f'(x) for a unary op; skips an undefined dx.
 template <typename ChunkFn>
-void unary_backward(const char* op, Tensor dx, const Tensor& dy, const Tensor& x, ChunkFn fn) {
-  require_cpu_contiguous(op, {{"dy", dy}, {"x", x}});
-  require_float(op, {"x", x});
-  require_grad_dtype(op, {"dy", dy}, x.dtype());
-  require_same_shape(op, {"dy", dy}, {"x", x});
+void unary_backward(Tensor dx, const Tensor& dy, const Tensor& x, ChunkFn fn) {
   if (!dx.defined()) return;
-  require_grad(op, {"dx", dx}, {"x", x});
-  require_grads_apart(op, {{"dx", dx}}, {{"dy", dy}, {"x", x}});
   for_chunks(x.numel(), [&](int64_t off, int64_t n) {
     float xb[kChunk], dyb[kChunk], gb[kChunk];
     fn(gb, load_span(dy, off, n, dyb), load_span(x, off, n, xb), n);
@@ -123,37 +111,17 @@ void unary_backward(const char* op, Tensor dx, const Tensor& dy, const Tensor& x
   });
 }
 
-void check_swiglu_inputs(const char* op, const Tensor& gate, const Tensor& up) {
-  require_cpu_contiguous(op, {{"gate", gate}, {"up", up}});
-  require_float(op, {"gate", gate});
-  require_dtype(op, {"up", up}, gate.dtype());
-  require_same_shape(op, {"up", up}, {"gate", gate});
-}
-
-
-
 }  // namespace
 
-void gelu_forward(Tensor y, const Tensor& x) { unary_forward("gelu_forward", y, x, gelu_chunk); }
+void gelu_forward(Tensor y, const Tensor& x) { unary_forward(y, x, gelu_chunk); }
 
-void gelu_backward(Tensor dx, const Tensor& dy, const Tensor& x) {
-  unary_backward("gelu_backward", dx, dy, x, gelu_grad_chunk);
-}
+void gelu_backward(Tensor dx, const Tensor& dy, const Tensor& x) { unary_backward(dx, dy, x, gelu_grad_chunk); }
 
-void silu_forward(Tensor y, const Tensor& x) { unary_forward("silu_forward", y, x, silu_chunk); }
+void silu_forward(Tensor y, const Tensor& x) { unary_forward(y, x, silu_chunk); }
 
-void silu_backward(Tensor dx, const Tensor& dy, const Tensor& x) {
-  unary_backward("silu_backward", dx, dy, x, silu_grad_chunk);
-}
+void silu_backward(Tensor dx, const Tensor& dy, const Tensor& x) { unary_backward(dx, dy, x, silu_grad_chunk); }
 
 void swiglu_forward(Tensor y, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_forward";
-  check_swiglu_inputs(op, gate, up);
-  require_cpu_contiguous(op, {{"y", y}});
-  require_dtype(op, {"y", y}, gate.dtype());
-  require_same_shape(op, {"y", y}, {"gate", gate});
-  require_no_partial_overlap(op, {"y", y}, {"gate", gate});
-  require_no_partial_overlap(op, {"y", y}, {"up", up});
   for_chunks(gate.numel(), [&](int64_t off, int64_t n) {
     float gb[kChunk], ub[kChunk], yb[kChunk];
     swiglu_chunk(yb, load_span(gate, off, n, gb), load_span(up, off, n, ub), n);
@@ -162,13 +130,6 @@ void swiglu_forward(Tensor y, const Tensor& gate, const Tensor& up) {
 }
 
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dy, const Tensor& gate, const Tensor& up) {
-  const char* op = "swiglu_backward";
-  check_swiglu_inputs(op, gate, up);
-  require_cpu_contiguous(op, {{"dy", dy}});
-  require_grad(op, {"dy", dy}, {"gate", gate});
-  require_grad(op, {"dgate", dgate}, {"gate", gate});
-  require_grad(op, {"dup", dup}, {"gate", gate});
-  require_grads_apart(op, {{"dgate", dgate}, {"dup", dup}}, {{"dy", dy}, {"gate", gate}, {"up", up}});
   if (!dgate.defined() && !dup.defined()) return;
   for_chunks(gate.numel(), [&](int64_t off, int64_t n) {
     float gb[kChunk], ub[kChunk], dyb[kChunk], dgb[kChunk], dub[kChunk];
@@ -179,4 +140,4 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dy, const Tensor& g
   });
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

@@ -1,50 +1,18 @@
-// Tile machinery and validation shared by attention_forward.cpp and
-// attention_backward.cpp (declared in attention_tiles.h).
+// Tile machinery shared by attention_forward.cpp and attention_backward.cpp
+// (declared in attention_tiles.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/attention_tiles.h"
-#include "kernels/validate.h"
 
-namespace loom::kernels::attention {
+namespace loom::kernels::cpu::attention {
 
-namespace {
-
-// (b, t) rows of heads contiguous: stride 1 along HS and HS along heads
-// (a dim of extent 1 may have any stride).
-void require_rows_of_heads(const char* op, Operand x) {
-  const Tensor& t = x.t;
-  const bool ok = (t.size(3) <= 1 || t.stride(3) == 1) && (t.size(2) <= 1 || t.stride(2) == t.size(3));
-  if (!ok)
-    op_fail(op, {x}, x.name, "'s rows of heads must be contiguous: strides along (heads, HS) must be (", t.size(3),
-            ", 1), got (", t.stride(2), ", ", t.stride(3), ")");
-}
-
-}  // namespace
-
-Geometry check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  const std::initializer_list<Operand> all = {{"q", q}, {"k", k}, {"v", v}};
-  for (const Operand& o : all) {
-    if (!o.t.defined()) op_fail(op, {o}, o.name, " is required");
-    if (!o.t.device().is_cpu()) op_fail(op, {o}, o.name, " is on ", device_name(o.t.device()), ", expected cpu");
-    require_ndim(op, o, 4);
-  }
-  require_float(op, {"q", q});
-  require_dtype(op, {"k", k}, q.dtype());
-  require_dtype(op, {"v", v}, q.dtype());
-  require_same_shape(op, {"k", k}, {"v", v});
+Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v) {
   Geometry g;
   g.B = q.size(0), g.Tq = q.size(1), g.NH = q.size(2), g.HS = q.size(3);
   g.Tk = k.size(1), g.NKV = k.size(2);
-  if (k.size(0) != g.B) op_fail(op, all, "q has batch ", g.B, " but k has batch ", k.size(0));
-  if (k.size(3) != g.HS) op_fail(op, all, "q has head size ", g.HS, " but k has head size ", k.size(3));
-  if (g.HS < 1) op_fail(op, all, "head size must be at least 1");
-  if (g.NKV < 1 || g.NH % g.NKV != 0)
-    op_fail(op, all, "q has ", g.NH, " heads, not a multiple of the ", g.NKV, " kv heads of k and v");
-  if (g.Tk < g.Tq) op_fail(op, all, "k has ", g.Tk, " positions, fewer than the ", g.Tq, " queries of q");
-  for (const Operand& o : all) require_rows_of_heads(op, o);
   g.HSp = round_up(g.HS, kLanes);
   g.off = g.Tk - g.Tq;
   g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.HS)));
@@ -156,4 +124,4 @@ void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int6
   }
 }
 
-}  // namespace loom::kernels::attention
+}  // namespace loom::kernels::cpu::attention

@@ -14,10 +14,9 @@
 
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
+#include "kernels/cpu/cpu_ops.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 using namespace attention;
@@ -123,21 +122,8 @@ void backward_head(const BackwardArgs& a, BackwardTiles& w, int64_t b, int64_t h
 // dout, out: (B, Tq, NH, HS) contiguous   lse: (B, NH, Tq) f32 from attention_forward
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse) {
-  constexpr const char* op = "attention_backward";
-  const Geometry g = check_qkv(op, q, k, v);
-  require_cpu_contiguous(op, {{"dout", dout}, {"out", out}, {"lse", lse}});
-  require_float(op, {"out", out});
-  require_same_shape(op, {"out", out}, {"q", q});
-  require_same_shape(op, {"dout", dout}, {"q", q});
-  require_grad_dtype(op, {"dout", dout}, out.dtype());
-  require_dtype(op, {"lse", lse}, DType::f32);
-  require_shape(op, {"lse", lse}, Shape{g.B, g.NH, g.Tq});
-  require_grad(op, {"dq", dq}, {"q", q});
-  require_grad(op, {"dk", dk}, {"k", k});
-  require_grad(op, {"dv", dv}, {"v", v});
-  require_grads_apart(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}},
-                      {{"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
   if (!dq.defined() && !dk.defined() && !dv.defined()) return;
+  const Geometry g = geometry(q, k, v);
   const BackwardArgs args{dq, dk, dv, Rows(dout), Rows(q), Rows(k), Rows(v), Rows(out), lse.data_as<float>(), g};
   const int64_t Tq_pad = round_up(g.Tq, kBlockQ), Tk_pad = round_up(g.Tk, kBlockK), n_tasks = g.B * g.NKV;
   // One slice per thread, and no more threads than tasks: each slice holds
@@ -160,4 +146,4 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   }
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

@@ -12,10 +12,9 @@
 
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
+#include "kernels/cpu/cpu_ops.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 using namespace attention;
@@ -125,16 +124,7 @@ void forward_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, 
 
 // out: (B, Tq, NH, HS) like q, contiguous   lse: (B, NH, Tq) f32 or undefined
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v) {
-  constexpr const char* op = "attention_forward";
-  const Geometry g = check_qkv(op, q, k, v);
-  require_cpu_contiguous(op, {{"out", out}});
-  require_dtype(op, {"out", out}, q.dtype());
-  require_shape(op, {"out", out}, q.shape());
-  if (lse.defined()) {
-    require_cpu_contiguous(op, {{"lse", lse}});
-    require_dtype(op, {"lse", lse}, DType::f32);
-    require_shape(op, {"lse", lse}, Shape{g.B, g.NH, g.Tq});
-  }
+  const Geometry g = geometry(q, k, v);
   const ForwardArgs args{out, lse, Rows(q), Rows(k), Rows(v), g};
   const int64_t n_qb = (g.Tq + kBlockQ - 1) / kBlockQ, n_bh = g.B * g.NH, n_tasks = n_qb * n_bh;
   // One slice per thread, and no more threads than tasks.
@@ -153,4 +143,4 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   }
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

@@ -11,7 +11,7 @@
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace loom::kernels::attention {
+namespace loom::kernels::cpu::attention {
 
 inline constexpr int64_t kBlockQ = 64;  // query rows per tile (multiple of kRowBlock)
 inline constexpr int64_t kBlockK = 64;  // keys per tile (multiple of kLanes)
@@ -38,9 +38,8 @@ struct View {
   int64_t cs = 1;
 };
 
-// Validates q, k, v (dtypes, ranks, shapes, GQA, row layout) and returns the
-// geometry; throws loom::Error naming `op` and the operands.
-Geometry check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v);
+// The geometry of q, k, v (checked by ops.h's attention ops).
+Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // A (B, T, heads, HS) operand whose (b, t) rows of heads are contiguous, with
 // any strides along B and T (a view into a cache).
@@ -73,4 +72,4 @@ void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t 
 // M % kRowBlock == 0 and N % kLanes == 0: callers pad their tiles.
 void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int64_t K, Store store);
 
-}  // namespace loom::kernels::attention
+}  // namespace loom::kernels::cpu::attention

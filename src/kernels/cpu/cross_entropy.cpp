@@ -19,13 +19,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/ops.h"
 #include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 constexpr const char* kOp = "cross_entropy_forward_backward";
@@ -129,34 +129,6 @@ void ce_rows(G* dlogits, const T* logits, const CeArgs& a) {
   }
 }
 
-// logits (N, V) float with N = targets' elements; losses (N) f32 and dlogits
-// (logits' gradient, in place allowed) when defined. op names the caller.
-void validate(const char* op, const Tensor& dlogits, const Tensor& losses, const Tensor& logits,
-              const Tensor& targets) {
-  require_cpu_contiguous(op, {{"logits", logits}, {"targets", targets}});
-  require_float(op, {"logits", logits});
-  if (logits.ndim() < 2) op_fail(op, {{"logits", logits}}, "logits must be (N, V) with at least 2 dims");
-  if (logits.size(-1) == 0) op_fail(op, {{"logits", logits}}, "logits has an empty vocabulary");
-  require_dtype(op, {"targets", targets}, DType::i32);
-  const int64_t N = rows(logits);
-  if (targets.numel() != N)
-    op_fail(op, {{"logits", logits}, {"targets", targets}}, "targets has ", targets.numel(),
-            " elements but logits has ", N, " rows");
-  if (losses.defined()) {
-    require_cpu_contiguous(op, {{"losses", losses}});
-    require_dtype(op, {"losses", losses}, DType::f32);
-    if (losses.numel() != N)
-      op_fail(op, {{"logits", logits}, {"losses", losses}}, "losses has ", losses.numel(),
-              " elements but logits has ", N, " rows");
-    require_no_overlap(op, {"losses", losses}, {"logits", logits});
-  }
-  if (dlogits.defined()) {
-    require_grad(op, {"dlogits", dlogits}, {"logits", logits});
-    require_no_partial_overlap(op, {"dlogits", dlogits}, {"logits", logits});
-    if (losses.defined()) require_no_overlap(op, {"losses", losses}, {"dlogits", dlogits});
-  }
-}
-
 // Every target is ignore_index or in [0, V); returns how many are not ignored.
 // Checked before any output is written, so a bad target leaves them intact.
 int64_t count_valid_targets(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
@@ -219,42 +191,24 @@ void shard_backward_rows(G* dlogits, const T* logits, const float* lse, float sc
   }
 }
 
-// logits (N, V_local) and targets (N) as for the full op; vocab_begin >= 0,
-// 0 <= valid <= V_local; every target is ignore_index or >= 0 (a negative one
-// would be silently absent from every shard; the caller checks the upper end
-// against the whole vocabulary).
-ShardArgs validate_shard(const char* op, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                         int64_t valid, int32_t ignore_index) {
-  validate(op, Tensor(), Tensor(), logits, targets);
-  const int64_t V_local = logits.size(-1);
-  if (vocab_begin < 0) op_fail(op, {{"logits", logits}}, "vocab_begin ", vocab_begin, " is negative");
-  if (valid < 0 || valid > V_local)
-    op_fail(op, {{"logits", logits}}, "valid ", valid, " is outside [0, V_local = ", V_local, "]");
+// Every target is ignore_index or >= 0 (a negative one would be silently
+// absent from every shard; the caller checks the upper end against the whole
+// vocabulary). Returns the rows' arguments.
+ShardArgs check_shard_targets(const char* op, const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                              int64_t valid, int32_t ignore_index) {
   const int32_t* t = targets.data_as<int32_t>();
   for (int64_t r = 0; r < targets.numel(); ++r) {
     if (t[r] < 0 && t[r] != ignore_index)
       op_fail(op, {{"targets", targets}}, "target ", t[r], " at row ", r, " is negative and is not ignore_index ",
               ignore_index);
   }
-  return {rows(logits), V_local, vocab_begin, valid, t, ignore_index};
-}
-
-// A per-row statistic: (N) f32, sharing no memory with the inputs.
-void check_row_stat(const char* op, Operand stat, const Tensor& logits, const Tensor& targets) {
-  require_cpu_contiguous(op, {stat});
-  require_dtype(op, stat, DType::f32);
-  if (stat.t.numel() != rows(logits))
-    op_fail(op, {{"logits", logits}, stat}, stat.name, " has ", stat.t.numel(), " elements but logits has ",
-            rows(logits), " rows");
-  require_no_overlap(op, stat, {"logits", logits});
-  require_no_overlap(op, stat, {"targets", targets});
+  return {rows(logits), logits.size(-1), vocab_begin, valid, t, ignore_index};
 }
 
 }  // namespace
 
 float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor& logits, const Tensor& targets,
                                      int32_t ignore_index, float dloss) {
-  validate(kOp, dlogits, losses, logits, targets);
   const int64_t n_valid = count_valid_targets(logits, targets, ignore_index);
   const int64_t N = rows(logits);
   // Per-row losses in double, summed serially below: the mean does not depend
@@ -282,11 +236,8 @@ float cross_entropy_forward_backward(Tensor dlogits, Tensor losses, const Tensor
 // logits: (N, V_local)  targets: (N) i32  lse, target_logit: (N) f32
 void cross_entropy_shard_stats(Tensor lse, Tensor target_logit, const Tensor& logits, const Tensor& targets,
                                int64_t vocab_begin, int64_t valid, int32_t ignore_index) {
-  constexpr const char* op = "cross_entropy_shard_stats";
-  const ShardArgs args = validate_shard(op, logits, targets, vocab_begin, valid, ignore_index);
-  check_row_stat(op, {"lse", lse}, logits, targets);
-  check_row_stat(op, {"target_logit", target_logit}, logits, targets);
-  require_no_overlap(op, {"target_logit", target_logit}, {"lse", lse});
+  const ShardArgs args =
+      check_shard_targets("cross_entropy_shard_stats", logits, targets, vocab_begin, valid, ignore_index);
   dispatch_float(logits.dtype(), [&]<typename T>() {
     shard_stats_rows<T>(lse.data_as<float>(), target_logit.data_as<float>(), logits.data_as<const T>(), args);
   });
@@ -296,14 +247,8 @@ void cross_entropy_shard_stats(Tensor lse, Tensor target_logit, const Tensor& lo
 // logits, dlogits: (N, V_local) (dlogits f32 or logits' dtype, may be logits)  lse: (N) f32  targets: (N) i32
 void cross_entropy_shard_backward(Tensor dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
                                   int64_t vocab_begin, int64_t valid, float scale, int32_t ignore_index) {
-  constexpr const char* op = "cross_entropy_shard_backward";
-  const ShardArgs args = validate_shard(op, logits, targets, vocab_begin, valid, ignore_index);
-  check_row_stat(op, {"lse", lse}, logits, targets);
-  require_cpu_contiguous(op, {{"dlogits", dlogits}});
-  require_grad(op, {"dlogits", dlogits}, {"logits", logits});
-  require_no_partial_overlap(op, {"dlogits", dlogits}, {"logits", logits});
-  require_no_overlap(op, {"dlogits", dlogits}, {"lse", lse});
-  require_no_overlap(op, {"dlogits", dlogits}, {"targets", targets});
+  const ShardArgs args =
+      check_shard_targets("cross_entropy_shard_backward", logits, targets, vocab_begin, valid, ignore_index);
   dispatch_float(logits.dtype(), [&]<typename T>() {
     const T* x = logits.data_as<const T>();
     dispatch_float(dlogits.dtype(), [&]<typename G>() {
@@ -312,4 +257,47 @@ void cross_entropy_shard_backward(Tensor dlogits, const Tensor& logits, const Te
   });
 }
 
-}  // namespace loom::kernels
+// The combine of Megatron's vocab-parallel cross-entropy, per row, over the
+// ranks in order: m = max lse_r; lse = m + log(sum exp(lse_r - m)) in double;
+// target = sum target_r in double.   stats: (P, 2, N)  lse, target_logit: (N)
+void cross_entropy_shard_combine(Tensor lse, Tensor target_logit, const Tensor& stats) {
+  const int64_t P = stats.size(0), N = stats.size(2);
+  const float* pairs = stats.data_as<const float>();
+  float* out_lse = lse.data_as<float>();
+  float* out_target = target_logit.data_as<float>();
+  for (int64_t i = 0; i < N; ++i) {
+    float m = -INFINITY;
+    for (int64_t r = 0; r < P; ++r) m = std::max(m, pairs[2 * N * r + i]);
+    double s = 0, t = 0;
+    for (int64_t r = 0; r < P; ++r) {
+      const float* pair = pairs + 2 * N * r;
+      if (m != -INFINITY) s += std::exp(static_cast<double>(pair[i]) - m);
+      t += pair[N + i];
+    }
+    out_lse[i] = m == -INFINITY ? m : static_cast<float>(m + std::log(s));
+    out_target[i] = static_cast<float>(t);
+  }
+}
+
+// Serial, in row order, in double: the same bits on every rank and for any
+// thread count.
+float cross_entropy_shard_loss(const Tensor& lse, const Tensor& target_logit, const Tensor& targets,
+                               int32_t ignore_index) {
+  const int32_t* tg = targets.data_as<const int32_t>();
+  const float* l = lse.data_as<const float>();
+  const float* tl = target_logit.data_as<const float>();
+  double sum = 0;
+  int64_t n_valid = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i)
+    if (tg[i] != ignore_index) sum += static_cast<double>(l[i]) - tl[i], ++n_valid;
+  return n_valid == 0 ? 0.f : static_cast<float>(sum / static_cast<double>(n_valid));
+}
+
+int64_t cross_entropy_count_valid(const Tensor& targets, int32_t ignore_index) {
+  const int32_t* tg = targets.data_as<const int32_t>();
+  int64_t n_valid = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) n_valid += tg[i] != ignore_index;
+  return n_valid;
+}
+
+}  // namespace loom::kernels::cpu

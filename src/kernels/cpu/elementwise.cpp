@@ -1,20 +1,21 @@
-// Elementwise add, cast and fill over f32 / bf16 / f16 storage (ops.h).
+// Elementwise add, cast and fill over f32 / bf16 / f16 storage, and the
+// data movement ops: copy of any dtype and layout, arange, find_id_outside
+// (ops.h).
 //
 // Mixed dtypes go through f32: every f32/bf16/f16 value is exact in f32, so
 // a conversion rounds once (RNE, core/dtype.h) and an add rounds as
 // from_f32<Ty>(float(a) + float(b)): the f32 sum, rounded to y's dtype.
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
-
 
 // f16 has no per-element conversion GCC vectorises, so an op with an f16
 // operand runs in pieces through f32 buffers (span conversions, half.h):
@@ -66,18 +67,28 @@ void fill_loop(T* x, int64_t n, T value) {
   for (int64_t i = 0; i < n; ++i) x[i] = value;
 }
 
+// A strided copy: dst and src share a shape (ndim >= 1, an element at
+// least) and dtype. Views are slices, so the last dim has unit stride (or
+// extent 1): each row is one memcpy, the outer dims walked with a counter.
+void copy_strided(const Tensor& dst, const Tensor& src) {
+  const int nd = src.ndim();
+  const int64_t es = static_cast<int64_t>(dtype_size(src.dtype())), inner = src.size(-1);
+  LOOM_CHECK(inner <= 1 || (src.stride(-1) == 1 && dst.stride(-1) == 1), "copy: rows not unit-stride: ", src.str(),
+             " stride ", src.stride(-1), ", ", dst.str(), " stride ", dst.stride(-1));
+  auto* d0 = static_cast<std::byte*>(dst.data());
+  const auto* s0 = static_cast<const std::byte*>(src.data());
+  int64_t index[kMaxDims] = {};  // over dims [0, nd - 1)
+  for (int64_t row = 0, n_rows = src.numel() / inner; row < n_rows; ++row) {
+    int64_t d_off = 0, s_off = 0;
+    for (int d = 0; d + 1 < nd; ++d) d_off += index[d] * dst.stride(d), s_off += index[d] * src.stride(d);
+    std::memcpy(d0 + d_off * es, s0 + s_off * es, static_cast<size_t>(inner * es));
+    for (int d = nd - 2; d >= 0 && ++index[d] == src.size(d); --d) index[d] = 0;
+  }
+}
+
 }  // namespace
 
 void add(Tensor y, const Tensor& a, const Tensor& b) {
-  constexpr const char* op = "add";
-  require_cpu_contiguous(op, {{"y", y}, {"a", a}, {"b", b}});
-  require_float(op, {"y", y});
-  require_float(op, {"a", a});
-  require_float(op, {"b", b});
-  require_same_shape(op, {"a", a}, {"b", b});
-  require_same_shape(op, {"y", y}, {"a", a});
-  require_no_partial_overlap(op, {"y", y}, {"a", a});
-  require_no_partial_overlap(op, {"y", y}, {"b", b});
   dispatch_float(y.dtype(), [&]<typename Y>() {
     dispatch_float(a.dtype(), [&]<typename A>() {
       dispatch_float(b.dtype(), [&]<typename B>() {
@@ -88,12 +99,6 @@ void add(Tensor y, const Tensor& a, const Tensor& b) {
 }
 
 void cast(Tensor dst, const Tensor& src) {
-  constexpr const char* op = "cast";
-  require_cpu_contiguous(op, {{"dst", dst}, {"src", src}});
-  require_float(op, {"dst", dst});
-  require_float(op, {"src", src});
-  require_same_shape(op, {"dst", dst}, {"src", src});
-  require_no_partial_overlap(op, {"dst", dst}, {"src", src});
   if (dst.dtype() == src.dtype()) {
     if (dst.data() != src.data() && src.nbytes() > 0) std::memcpy(dst.data(), src.data(), src.nbytes());
     return;
@@ -105,9 +110,38 @@ void cast(Tensor dst, const Tensor& src) {
 }
 
 void fill(Tensor t, float value) {
-  require_cpu_contiguous("fill", {{"t", t}});
-  require_float("fill", {"t", t});
   dispatch_float(t.dtype(), [&]<typename T>() { fill_loop(t.data_as<T>(), t.numel(), from_f32<T>(value)); });
 }
 
-}  // namespace loom::kernels
+void copy(Tensor dst, const Tensor& src) {
+  // The same data is the same view (ops.h's check refuses any other
+  // overlap), and a tensor with no element has nothing to copy.
+  if (dst.data() == src.data() || src.numel() == 0) return;
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+  copy_strided(dst, src);
+}
+
+void arange(Tensor t, int64_t start) {
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::i32) {
+    int32_t* p = t.data_as<int32_t>();
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(start + i);
+  } else {
+    int64_t* p = t.data_as<int64_t>();
+    for (int64_t i = 0; i < n; ++i) p[i] = start + i;
+  }
+}
+
+IdOutside find_id_outside(const Tensor& ids, int64_t limit, std::optional<int32_t> ignore_index) {
+  const int32_t* p = ids.data_as<const int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const bool allowed = (p[i] >= 0 && p[i] < limit) || (ignore_index && p[i] == *ignore_index);
+    if (!allowed) return {i, p[i]};
+  }
+  return {};
+}
+
+}  // namespace loom::kernels::cpu

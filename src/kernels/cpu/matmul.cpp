@@ -1,5 +1,6 @@
-// CPU matmul and linear (ops.h): argument checks, the backward formulas and
-// the bias gradient here; every GEMM goes to oneDNN (matmul_onednn.cpp).
+// CPU matmul and linear (ops.h, checked by ../ops_linear.cpp): the backward
+// formulas and the bias gradient here; every GEMM goes to oneDNN
+// (matmul_onednn.cpp).
 //
 // Backend choice, measured on this project's machine (AMD EPYC Zen 4, 2
 // threads, GFLOP/s, best of 2 runs of `loom bench kernels --openblas`;
@@ -37,17 +38,14 @@
 // shared by every batch sums the per-batch GEMMs in f32 and is rounded once.
 #include <algorithm>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/matmul_onednn.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
-
-using cpu::Gemm;
 
 int64_t leading(const Tensor& t) {  // product of all but the last two dims
   int64_t n = 1;
@@ -60,43 +58,6 @@ Tensor as_matrix(const Tensor& t) {
   int64_t rows = 1;
   for (int d = 0; d + 1 < t.ndim(); ++d) rows *= t.size(d);
   return t.reshape({rows, t.size(-1)});
-}
-
-bool same_leading_dims(const Tensor& x, const Tensor& c) {
-  for (int d = 0; d + 2 < c.ndim(); ++d)
-    if (x.size(d) != c.size(d)) return false;
-  return true;
-}
-
-std::string matrix_str(int64_t r, int64_t c) { return concat("(", r, ", ", c, ")"); }
-
-// Checks c = op(a) @ op(b) per ops.h (c may be named dc in backward).
-void check_matmul(const char* op, Operand c, Operand a, Operand b, const MatmulOpts& o) {
-  require_cpu_contiguous(op, {c, a, b});
-  require_float(op, a);
-  require_float(op, c);
-  if (a.t.dtype() != b.t.dtype()) op_fail(op, {a, b}, a.name, " and ", b.name, " must share a dtype");
-  if (c.t.dtype() != a.t.dtype() && c.t.dtype() != DType::f32)
-    op_fail(op, {c, a}, c.name, " has dtype ", dtype_name(c.t.dtype()), ", expected f32 or ", a.name, "'s ",
-            dtype_name(a.t.dtype()));
-  const int nd = c.t.ndim();
-  if (nd < 2) op_fail(op, {c}, c.name, " must have at least 2 dims");
-  for (Operand x : {a, b}) {
-    if (x.t.ndim() != 2 && x.t.ndim() != nd)
-      op_fail(op, {c, x}, x.name, " must have 2 dims or as many as ", c.name, " (", nd, ")");
-    if (x.t.ndim() == nd && !same_leading_dims(x.t, c.t))
-      op_fail(op, {c, x}, "batch dims of ", x.name, " and ", c.name, " differ");
-  }
-  if (nd > 2 && a.t.ndim() == 2 && b.t.ndim() == 2)
-    op_fail(op, {c, a, b}, c.name, " is batched but neither ", a.name, " nor ", b.name, " is");
-  const int64_t m = a.t.size(o.trans_a ? -1 : -2), ka = a.t.size(o.trans_a ? -2 : -1);
-  const int64_t kb = b.t.size(o.trans_b ? -1 : -2), n = b.t.size(o.trans_b ? -2 : -1);
-  if (ka != kb)
-    op_fail(op, {a, b}, "op(", a.name, ") is ", matrix_str(m, ka), " but op(", b.name, ") is ", matrix_str(kb, n),
-            ": inner dims differ (trans_a=", o.trans_a, ", trans_b=", o.trans_b, ")");
-  if (c.t.size(-2) != m || c.t.size(-1) != n)
-    op_fail(op, {c, a, b}, c.name, " must end in ", matrix_str(m, n), " = op(", a.name, ") @ op(", b.name, ")");
-  if (overlaps(c.t, a.t) || overlaps(c.t, b.t)) op_fail(op, {c, a, b}, c.name, " must not overlap its inputs");
 }
 
 // f32 -> bf16 copy of a GEMM operand whose partner is bf16 (see the top).
@@ -183,7 +144,7 @@ void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float bet
   g.trans_b = tb;
   g.alpha = alpha;
   g.beta = beta;
-  cpu::gemm_run(g);
+  gemm_run(g);
 }
 
 Tensor matrix_of_batch(const Tensor& t, int64_t i) {  // t: (..., R, C) -> batch i as (R, C)
@@ -233,29 +194,9 @@ void bias_grad(TB* dbias, const TD* dy, int64_t rows, int64_t oc) {
   }
 }
 
-// x: (..., IC) with y or dy: (..., OC) of the same leading dims, w: (OC, IC).
-void check_linear(const char* op, Operand y, Operand x, Operand w) {
-  require_cpu_contiguous(op, {y, x, w});
-  require_float(op, x);
-  require_float(op, y);
-  require_ndim(op, w, 2);
-  if (x.t.ndim() < 1) op_fail(op, {x}, x.name, " must have at least 1 dim");
-  if (w.t.dtype() != x.t.dtype()) op_fail(op, {x, w}, x.name, " and ", w.name, " must share a dtype");
-  if (y.t.dtype() != x.t.dtype() && y.t.dtype() != DType::f32)
-    op_fail(op, {y, x}, y.name, " has dtype ", dtype_name(y.t.dtype()), ", expected f32 or ", x.name, "'s ",
-            dtype_name(x.t.dtype()));
-  if (x.t.size(-1) != w.t.size(1))
-    op_fail(op, {x, w}, x.name, " has ", x.t.size(-1), " features but ", w.name, " expects ", w.t.size(1));
-  Shape expect = x.t.shape();
-  expect[expect.ndim() - 1] = w.t.size(0);
-  require_shape(op, y, expect);
-  if (overlaps(y.t, x.t) || overlaps(y.t, w.t)) op_fail(op, {y, x, w}, y.name, " must not overlap its inputs");
-}
-
 }  // namespace
 
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
-  check_matmul("matmul", {"c", c}, {"a", a}, {"b", b}, opts);
   gemm(c, a, b, opts.trans_a, opts.trans_b, opts.alpha, opts.beta);
 }
 
@@ -263,11 +204,6 @@ void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) 
 // with trans_a (trans_b) the gradient of a (b) is the transpose of that.
 void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b,
                      const MatmulOpts& opts) {
-  const char* op = "matmul_backward";
-  check_matmul(op, {"dc", dc}, {"a", a}, {"b", b}, opts);
-  require_grad(op, {"da", da}, {"a", a});
-  require_grad(op, {"db", db}, {"b", b});
-  require_grads_apart(op, {{"da", da}, {"db", db}}, {{"dc", dc}, {"a", a}, {"b", b}});
   const float alpha = opts.alpha;
   if (da.defined()) {
     if (!opts.trans_a) accumulate(da, dc, b, false, !opts.trans_b, alpha);  // da = dc op(b)^T
@@ -279,32 +215,13 @@ void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, co
   }
 }
 
+// y (N, OC) = x (N, IC) @ w^T (IC, OC) + bias
 void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const char* op = "linear_forward";
-  check_linear(op, {"y", y}, {"x", x}, {"w", w});
-  if (bias.defined()) {
-    require_cpu_contiguous(op, {{"bias", bias}});
-    require_shape(op, {"bias", bias}, {w.size(0)});
-    if (bias.dtype() != DType::f32 && bias.dtype() != w.dtype())
-      op_fail(op, {{"bias", bias}, {"w", w}}, "bias has dtype ", dtype_name(bias.dtype()), ", expected f32 or w's ",
-              dtype_name(w.dtype()));
-  }
-  // y (N, OC) = x (N, IC) @ w^T (IC, OC) + bias
   gemm(as_matrix(y), as_matrix(x), w, false, true, 1.f, 0.f, bias);
 }
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
-  const char* op = "linear_backward";
-  check_linear(op, {"dy", dy}, {"x", x}, {"w", w});
-  require_grad(op, {"dx", dx}, {"x", x});
-  require_grad(op, {"dw", dw}, {"w", w});
   const int64_t oc = w.size(0);
-  if (dbias.defined()) {
-    require_cpu_contiguous(op, {{"dbias", dbias}});
-    require_float(op, {"dbias", dbias});
-    require_shape(op, {"dbias", dbias}, {oc});
-  }
-  require_grads_apart(op, {{"dx", dx}, {"dw", dw}, {"dbias", dbias}}, {{"dy", dy}, {"x", x}, {"w", w}});
   const Tensor dy2 = as_matrix(dy);  // (N, OC)
   if (dx.defined()) gemm(as_matrix(dx), dy2, w, false, false, 1.f, 1.f);  // dx += dy @ w
   if (dw.defined()) gemm(dw, dy2, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
@@ -317,17 +234,4 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const
   }
 }
 
-std::string bf16_matmul_unsupported_reason() {
-  static const std::string reason = [] {
-    bf16 a{0}, c{0};
-    try {
-      matmul(Tensor(&c, DType::bf16, {1, 1}), Tensor(&a, DType::bf16, {1, 1}), Tensor(&a, DType::bf16, {1, 1}));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  }();
-  return reason;
-}
-
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

@@ -11,12 +11,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 constexpr int64_t kMaxBlocks = 64;
@@ -50,47 +49,6 @@ void add_partials(std::initializer_list<Tensor> grads, const float* partial, int
   }
 }
 
-// ---- validation --------------------------------------------------------------
-
-// x: (..., C) float; y like x; w (and b if defined): (C) in x's dtype.
-int64_t check_norm_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
-  require_cpu_contiguous(op, {{"x", x}, {"w", w}});
-  require_float(op, {"x", x});
-  if (x.ndim() < 1) op_fail(op, {{"x", x}}, "x must have at least 1 dim");
-  const int64_t C = x.size(-1);
-  require_same_dtype(op, {"w", w}, {"x", x});
-  require_shape(op, {"w", w}, Shape{C});
-  if (b.defined()) {
-    require_cpu_contiguous(op, {{"b", b}});
-    require_same_dtype(op, {"b", b}, {"x", x});
-    require_shape(op, {"b", b}, Shape{C});
-  }
-  return C;
-}
-
-// A per-row statistic: f32 with one element per row of x.
-void check_stat(const char* op, Operand stat, const Tensor& x) {
-  require_cpu_contiguous(op, {stat});
-  require_dtype(op, stat, DType::f32);
-  if (stat.t.numel() != rows(x))
-    op_fail(op, {stat, {"x", x}}, stat.name, " must have one element per row of x (", rows(x), ")");
-}
-
-void check_forward(const char* op, const Tensor& y, const Tensor& x) {
-  require_cpu_contiguous(op, {{"y", y}});
-  require_same_dtype(op, {"y", y}, {"x", x});
-  require_same_shape(op, {"y", y}, {"x", x});
-}
-
-// dy like x, f32 or x's dtype; dx (if defined) likewise. Parameter gradients
-// are checked by the callers with require_grad.
-void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  require_cpu_contiguous(op, {{"dy", dy}});
-  require_grad_dtype(op, {"dy", dy}, x.dtype());
-  require_same_shape(op, {"dy", dy}, {"x", x});
-  require_grad(op, {"dx", dx}, {"x", x});
-}
-
 // n_rows f32 rows of C floats for each thread of a region, reserved by the
 // calling thread before the region in its scratch slot b (slot a holds the
 // backward's partial sums). Inside the region, mine() gives the thread's rows.
@@ -117,12 +75,7 @@ class ScratchRows {
 // per row of x ((N) or x's leading shape), or undefined (inference).
 void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                        float eps) {
-  constexpr const char* op = "layernorm_forward";
-  const int64_t C = check_norm_params(op, x, w, b);
-  check_forward(op, y, x);
-  if (mean.defined()) check_stat(op, {"mean", mean}, x);
-  if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
-  const int64_t N = rows(x);
+  const int64_t C = x.size(-1), N = rows(x);
   const ScratchRows scratch(4, C);  // x, w, b, y
 #pragma omp parallel if (N * C >= kMinParallel)
   {
@@ -153,16 +106,7 @@ void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, cons
 //   dx += rstd * (g - mean(g) - xhat * mean(g * xhat))   dw += dy * xhat   db += dy
 void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd) {
-  constexpr const char* op = "layernorm_backward";
-  const int64_t C = check_norm_params(op, x, w, Tensor());
-  check_backward(op, dx, dy, x);
-  require_grad(op, {"dw", dw}, {"w", w});
-  require_grad(op, {"db", db}, {"w", w});
-  check_stat(op, {"mean", mean}, x);
-  check_stat(op, {"rstd", rstd}, x);
-  require_grads_apart(op, {{"dx", dx}, {"dw", dw}, {"db", db}},
-                      {{"dy", dy}, {"x", x}, {"w", w}, {"mean", mean}, {"rstd", rstd}});
-  const int64_t N = rows(x);
+  const int64_t C = x.size(-1), N = rows(x);
   const RowBlocks blocks(N);
   const bool want_params = dw.defined() || db.defined();
   // (n_blocks, 2, C): each block's dw and db sums, zeroed and written by the thread that owns
@@ -211,11 +155,7 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
 
 // Hugging Face LlamaRMSNorm in f32: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps).
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
-  constexpr const char* op = "rmsnorm_forward";
-  const int64_t C = check_norm_params(op, x, w, Tensor());
-  check_forward(op, y, x);
-  if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
-  const int64_t N = rows(x);
+  const int64_t C = x.size(-1), N = rows(x);
   const ScratchRows scratch(3, C);  // x, w, y
 #pragma omp parallel if (N * C >= kMinParallel)
   {
@@ -238,13 +178,7 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
 
 // dx += rstd * w * dy - x * rstd^3 * mean(w * dy * x)   dw += dy * x * rstd
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd) {
-  constexpr const char* op = "rmsnorm_backward";
-  const int64_t C = check_norm_params(op, x, w, Tensor());
-  check_backward(op, dx, dy, x);
-  require_grad(op, {"dw", dw}, {"w", w});
-  check_stat(op, {"rstd", rstd}, x);
-  require_grads_apart(op, {{"dx", dx}, {"dw", dw}}, {{"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}});
-  const int64_t N = rows(x);
+  const int64_t C = x.size(-1), N = rows(x);
   const RowBlocks blocks(N);
   // (n_blocks, C): each block's dw sum, zeroed and written by the thread that owns the block.
   const int64_t n_partial = dw.defined() ? blocks.n_blocks * C : 0;
@@ -279,4 +213,4 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   if (dw.defined()) add_partials({dw}, partial, blocks.n_blocks, C);
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

@@ -11,11 +11,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
-#include "kernels/ops.h"
-#include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 
@@ -94,28 +93,6 @@ void adamw_loop(float* p, float* m, float* v, const G* grad, P* copy, int64_t n,
   }
 }
 
-void adamw_validate(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad,
-                    const Tensor& param_copy, const AdamWConfig& cfg) {
-  constexpr const char* op = "adamw_step";
-  require_cpu_contiguous(op, {{"param", param}, {"m", m}, {"v", v}, {"grad", grad}});
-  require_dtype(op, {"param", param}, DType::f32);
-  require_dtype(op, {"m", m}, DType::f32);
-  require_dtype(op, {"v", v}, DType::f32);
-  require_float(op, {"grad", grad});
-  require_same_shape(op, {"m", m}, {"param", param});
-  require_same_shape(op, {"v", v}, {"param", param});
-  require_same_shape(op, {"grad", grad}, {"param", param});
-  if (param_copy.defined()) {
-    require_cpu_contiguous(op, {{"param_copy", param_copy}});
-    require_float(op, {"param_copy", param_copy});
-    require_same_shape(op, {"param_copy", param_copy}, {"param", param});
-  }
-  LOOM_REQUIRE(cfg.step >= 1, op, ": step must be >= 1 (1-based, after incrementing), got ", cfg.step);
-  LOOM_REQUIRE(cfg.beta1 >= 0.f && cfg.beta1 < 1.f && cfg.beta2 >= 0.f && cfg.beta2 < 1.f, op,
-               ": betas must lie in [0, 1), got beta1=", cfg.beta1, " beta2=", cfg.beta2);
-  LOOM_REQUIRE(cfg.eps > 0.f, op, ": eps must be > 0, got ", cfg.eps);
-}
-
 // ---- reductions --------------------------------------------------------------
 
 constexpr int kBlocks = 64;  // fixed block count: the sum order never depends on threads
@@ -162,16 +139,10 @@ bool all_finite_of(const T* x, int64_t n) {
   return bad == 0;
 }
 
-double sum_squares_checked(const char* op, const char* name, const Tensor& t) {
-  require_cpu_contiguous(op, {{name, t}});
-  require_float(op, {name, t});
-  return dispatch_float(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
-}
 
 }  // namespace
 
 void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor param_copy, const AdamWConfig& cfg) {
-  adamw_validate(param, m, v, grad, param_copy, cfg);
   const AdamWScalars s = adamw_scalars(cfg);
   float* p = param.data_as<float>();
   dispatch_float(grad.dtype(), [&]<typename G>() {
@@ -184,24 +155,21 @@ void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor par
   });
 }
 
-double sum_squares(const Tensor& t) { return sum_squares_checked("sum_squares", "t", t); }
+double sum_squares(const Tensor& t) {
+  return dispatch_float(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
+}
 
 double global_norm(std::span<const Tensor> tensors) {
   double s = 0;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    s += sum_squares_checked("global_norm", concat("tensors[", i, "]").c_str(), tensors[i]);
+  for (const Tensor& t : tensors) s += sum_squares(t);
   return std::sqrt(s);
 }
 
 bool all_finite(const Tensor& t) {
-  require_cpu_contiguous("all_finite", {{"t", t}});
-  require_float("all_finite", {"t", t});
   return dispatch_float(t.dtype(), [&]<typename T>() { return all_finite_of(t.data_as<const T>(), t.numel()); });
 }
 
 void scale(Tensor t, float s) {
-  require_cpu_contiguous("scale", {{"t", t}});
-  require_float("scale", {"t", t});
   dispatch_float(t.dtype(), [&]<typename T>() {
     T* x = t.data_as<T>();
     const int64_t n = t.numel();
@@ -210,4 +178,4 @@ void scale(Tensor t, float s) {
   });
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

@@ -13,12 +13,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/scratch.h"
-#include "kernels/ops.h"
 #include "kernels/validate.h"
 
-namespace loom::kernels {
+namespace loom::kernels::cpu {
 namespace {
 
 // x: (B, T, NH, HS) viewed as B*T rows of NH heads of HS.
@@ -27,19 +27,9 @@ struct RopeShape {
   bool pos_per_batch;  // pos is (B, T) rather than (T)
 };
 
-// Checks the input `in` (x or dy), pos and theta.
-RopeShape check_rope(const char* op, Operand in, const Tensor& pos, float theta) {
-  require_cpu_contiguous(op, {in, {"pos", pos}});
-  require_float(op, in);
-  require_ndim(op, in, 4);
-  const RopeShape s{in.t.size(0), in.t.size(1), in.t.size(2), in.t.size(3), pos.ndim() == 2};
-  if (s.HS % 2 != 0) op_fail(op, {in}, in.name, " has odd head size ", s.HS, "; rope pairs i with i + HS/2");
-  require_dtype(op, {"pos", pos}, DType::i32);
-  const bool pos_ok = (pos.ndim() == 1 && pos.size(0) == s.T) ||
-                      (pos.ndim() == 2 && pos.size(0) == s.B && pos.size(1) == s.T);
-  if (!pos_ok) op_fail(op, {in, {"pos", pos}}, "pos must have shape (", s.T, ",) or (", s.B, ", ", s.T, ")");
-  if (!(std::isfinite(theta) && theta > 0.f)) op_fail(op, {in}, "theta must be finite and > 0, got ", theta);
-  return s;
+// The shape of `in` (x or dy) and pos.
+RopeShape rope_shape(const Tensor& in, const Tensor& pos) {
+  return {in.size(0), in.size(1), in.size(2), in.size(3), pos.ndim() == 2};
 }
 
 // Direction of the rotation and what happens to the output.
@@ -111,23 +101,13 @@ void rope_apply(const Tensor& out, const Tensor& in, const Tensor& pos, float th
 }  // namespace
 
 void rope_forward(Tensor y, const Tensor& x, const Tensor& pos, float theta) {
-  const char* op = "rope_forward";
-  const RopeShape s = check_rope(op, {"x", x}, pos, theta);
-  require_cpu_contiguous(op, {{"y", y}});
-  require_dtype(op, {"y", y}, x.dtype());
-  require_same_shape(op, {"y", y}, {"x", x});
-  require_no_partial_overlap(op, {"y", y}, {"x", x});  // y == x (in place) is fine
+  const RopeShape s = rope_shape(x, pos);
   dispatch_float(x.dtype(), [&]<typename T>() { rope_apply<RopeMode::forward_write, T, T>(y, x, pos, theta, s); });
 }
 
 void rope_backward(Tensor dx, const Tensor& dy, const Tensor& pos, float theta) {
-  const char* op = "rope_backward";
-  const RopeShape s = check_rope(op, {"dy", dy}, pos, theta);
   if (!dx.defined()) return;
-  require_cpu_contiguous(op, {{"dx", dx}});
-  require_float(op, {"dx", dx});
-  require_same_shape(op, {"dx", dx}, {"dy", dy});
-  require_grads_apart(op, {{"dx", dx}}, {{"dy", dy}});
+  const RopeShape s = rope_shape(dy, pos);
   dispatch_float(dy.dtype(), [&]<typename TIn>() {
     dispatch_float(dx.dtype(), [&]<typename TOut>() {
       rope_apply<RopeMode::backward_accumulate, TIn, TOut>(dx, dy, pos, theta, s);
@@ -135,4 +115,4 @@ void rope_backward(Tensor dx, const Tensor& dy, const Tensor& pos, float theta) 
   });
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::kernels::cpu

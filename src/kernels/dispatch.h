@@ -1,0 +1,22 @@
+// The step from a checked op (ops_*.cpp) to its backend (backend.h).
+// Internal to src/kernels.
+#pragma once
+
+#include <initializer_list>
+#include <span>
+
+#include "kernels/backend.h"
+#include "kernels/validate.h"
+
+namespace loom::kernels {
+
+// The backend serving the device of every defined operand of one call. A
+// loom::Error naming the op if two operands are on different devices ("a is
+// on cpu but b is on cuda:0") or no backend serves their device ("no kernel
+// backend for cuda:0 (...); this build has: cpu"). One pass over the
+// operands and one table load: called once per op call.
+const Backend& backend_of(const char* op, std::initializer_list<Operand> operands);
+// The same for a list of tensors named name[i] (global_norm); at least one.
+const Backend& backend_of(const char* op, const char* name, std::span<const Tensor> tensors);
+
+}  // namespace loom::kernels

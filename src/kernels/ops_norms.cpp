@@ -1,0 +1,96 @@
+// LayerNorm and RMSNorm (ops.h): operand checks, then the backend's op.
+#include "kernels/dispatch.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels {
+namespace {
+
+// x: (..., C) float; y like x; w (and b if defined): (C) in x's dtype.
+void check_norm_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
+  require_contiguous(op, {{"x", x}, {"w", w}});
+  require_float(op, {"x", x});
+  if (x.ndim() < 1) op_fail(op, {{"x", x}}, "x must have at least 1 dim");
+  const int64_t C = x.size(-1);
+  require_same_dtype(op, {"w", w}, {"x", x});
+  require_shape(op, {"w", w}, Shape{C});
+  if (b.defined()) {
+    require_contiguous(op, {{"b", b}});
+    require_same_dtype(op, {"b", b}, {"x", x});
+    require_shape(op, {"b", b}, Shape{C});
+  }
+}
+
+// A per-row statistic: f32 with one element per row of x.
+void check_stat(const char* op, Operand stat, const Tensor& x) {
+  require_contiguous(op, {stat});
+  require_dtype(op, stat, DType::f32);
+  if (stat.t.numel() != rows(x))
+    op_fail(op, {stat, {"x", x}}, stat.name, " must have one element per row of x (", rows(x), ")");
+}
+
+void check_forward(const char* op, const Tensor& y, const Tensor& x) {
+  require_contiguous(op, {{"y", y}});
+  require_same_dtype(op, {"y", y}, {"x", x});
+  require_same_shape(op, {"y", y}, {"x", x});
+}
+
+// dy like x, f32 or x's dtype; dx (if defined) likewise. Parameter gradients
+// are checked by the callers with require_grad.
+void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  require_contiguous(op, {{"dy", dy}});
+  require_grad_dtype(op, {"dy", dy}, x.dtype());
+  require_same_shape(op, {"dy", dy}, {"x", x});
+  require_grad(op, {"dx", dx}, {"x", x});
+}
+
+}  // namespace
+
+// x, y: (..., C)  w: (C)  b: (C) or undefined (no bias)  mean, rstd: one f32
+// per row of x ((N) or x's leading shape), or undefined (inference).
+void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w, const Tensor& b,
+                       float eps) {
+  constexpr const char* op = "layernorm_forward";
+  check_norm_params(op, x, w, b);
+  check_forward(op, y, x);
+  if (mean.defined()) check_stat(op, {"mean", mean}, x);
+  if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
+  backend_of(op, {{"y", y}, {"mean", mean}, {"rstd", rstd}, {"x", x}, {"w", w}, {"b", b}})
+      .layernorm_forward(y, mean, rstd, x, w, b, eps);
+}
+
+void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd) {
+  constexpr const char* op = "layernorm_backward";
+  check_norm_params(op, x, w, Tensor());
+  check_backward(op, dx, dy, x);
+  require_grad(op, {"dw", dw}, {"w", w});
+  require_grad(op, {"db", db}, {"w", w});
+  check_stat(op, {"mean", mean}, x);
+  check_stat(op, {"rstd", rstd}, x);
+  require_grads_apart(op, {{"dx", dx}, {"dw", dw}, {"db", db}},
+                      {{"dy", dy}, {"x", x}, {"w", w}, {"mean", mean}, {"rstd", rstd}});
+  backend_of(op, {{"dx", dx}, {"dw", dw}, {"db", db}, {"dy", dy}, {"x", x}, {"w", w}, {"mean", mean}, {"rstd", rstd}})
+      .layernorm_backward(dx, dw, db, dy, x, w, mean, rstd);
+}
+
+// x, y: (..., C)  w: (C)  rstd: one f32 per row of x, or undefined.
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
+  constexpr const char* op = "rmsnorm_forward";
+  check_norm_params(op, x, w, Tensor());
+  check_forward(op, y, x);
+  if (rstd.defined()) check_stat(op, {"rstd", rstd}, x);
+  backend_of(op, {{"y", y}, {"rstd", rstd}, {"x", x}, {"w", w}}).rmsnorm_forward(y, rstd, x, w, eps);
+}
+
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  constexpr const char* op = "rmsnorm_backward";
+  check_norm_params(op, x, w, Tensor());
+  check_backward(op, dx, dy, x);
+  require_grad(op, {"dw", dw}, {"w", w});
+  check_stat(op, {"rstd", rstd}, x);
+  require_grads_apart(op, {{"dx", dx}, {"dw", dw}}, {{"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}});
+  backend_of(op, {{"dx", dx}, {"dw", dw}, {"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}})
+      .rmsnorm_backward(dx, dw, dy, x, w, rstd);
+}
+
+}  // namespace loom::kernels

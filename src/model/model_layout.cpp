@@ -1,0 +1,242 @@
+// Model memory layout (model_layout.h), what it costs before it is built
+// (Model::activation_bytes, state_bytes, require_fits_memory) and the units
+// of a spec list.
+#include "model/model_layout.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <utility>
+
+#include <unistd.h>
+
+#include "core/error.h"
+
+namespace loom::model {
+
+namespace {
+
+// The residual stream's rows this rank holds: all N, or N / tp under SP
+// (tensor_parallel.h), as (B, T, C) or (Nl, C).
+Shape stream_shape(const Dims& d) {
+  if (!d.par.tp.sp) return {d.B, d.T, d.C};
+  return {d.N() / d.par.tp.size, d.C};
+}
+
+// The activations a block's backward reads that selective recompute drops
+// (norm outputs and statistics, the attention core's output and lse, the
+// activation function's output): fields of a LayerActs with nothing else set.
+LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2) {
+  const int64_t B = d.B, T = d.T, Nl = stream_shape(d).numel() / d.C;
+  const DType f32 = DType::f32;  // norm statistics and lse
+  LayerActs a;
+  a.norm1 = alloc(stream_shape(d)), a.rstd1 = alloc({Nl}, f32);
+  if (gpt2) a.mean1 = alloc({Nl}, f32);
+  a.att = alloc({B, T, d.NH, d.HS}), a.lse = alloc({B, d.NH, T}, f32);
+  a.norm2 = alloc(stream_shape(d)), a.rstd2 = alloc({Nl}, f32);
+  if (gpt2) a.mean2 = alloc({Nl}, f32);
+  a.act = alloc({B, T, d.F});
+  return a;
+}
+
+// `dropped` completed with the GEMM outputs every policy but full keeps per
+// block (q, k, v, res1, fc, up).
+LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2) {
+  const int64_t B = d.B, T = d.T;
+  a.q = alloc({B, T, d.NH, d.HS}), a.k = alloc({B, T, d.NKV, d.HS}), a.v = alloc({B, T, d.NKV, d.HS});
+  a.res1 = alloc(stream_shape(d));
+  a.fc = alloc({B, T, d.F});
+  if (!gpt2) a.up = alloc({B, T, d.F});
+  return a;
+}
+
+// One slot's activations; `shared`: what backward recomputes, shared by
+// every layer and slot (undefined fields: none).
+SlotActs slot_layout(Allocator& alloc, const Dims& d, bool gpt2, Recompute recompute, const LayerActs& shared,
+                     int64_t vocab, const StageShape& stage) {
+  const int64_t B = d.B, T = d.T, L = stage.layers;
+  const int64_t Nl = stream_shape(d).numel() / d.C;
+  const DType f32 = DType::f32;
+  SlotActs a;
+  if (stage.embedding) a.tokens = alloc({B, T}, DType::i32);
+  if (stage.head) a.targets = alloc({B, T}, DType::i32);
+  a.resid.reserve(static_cast<size_t>(L + 1)), a.acts.reserve(static_cast<size_t>(L));
+  for (int64_t l = 0; l <= L; ++l) a.resid.push_back(alloc(stream_shape(d)));
+  for (int64_t l = 0; l < L; ++l) {
+    if (recompute == Recompute::full) a.acts.push_back(shared);  // every layer aliases one set
+    else if (recompute == Recompute::selective) a.acts.push_back(with_kept_acts(shared, alloc, d, gpt2));
+    else a.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
+  }
+  if (stage.head) {
+    a.normf = alloc(stream_shape(d)), a.rstdf = alloc({Nl}, f32);
+    if (gpt2) a.meanf = alloc({Nl}, f32);
+    a.logits = alloc({B, T, vocab});
+    if (d.par.tp.size > 1) a.ce_lse = alloc({B * T}, f32), a.ce_target = alloc({B * T}, f32);
+  }
+  return a;
+}
+
+}  // namespace
+
+void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, const ModelOptions& options,
+                        const StageShape& stage) {
+  const Dims& d = st.dims;
+  const bool gpt2 = cfg.family == Family::gpt2;
+  const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;
+  const int64_t V = vocab_per_rank(cfg, options.tp.tp.size);  // this tp rank's vocabulary columns
+  const int64_t Nl = stream_shape(d).numel() / C;
+  const DType f32 = DType::f32;  // norm statistics, lse and backward scratch
+  const Recompute recompute = options.recompute;
+
+  st.pos = alloc({T}, DType::i32);
+  // What backward recomputes is shared by every layer, and by every slot.
+  LayerActs shared;
+  if (recompute == Recompute::full) shared = with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2);
+  else if (recompute == Recompute::selective) shared = dropped_acts(alloc, d, gpt2);
+  for (int k = 0; k < options.stage.slots; ++k)
+    st.slots.push_back(slot_layout(alloc, d, gpt2, recompute, shared, V, stage));
+  st.dres = alloc(stream_shape(d), f32);
+  if (stage.head) st.dnormf = alloc({B, T, C}, f32);
+  if (d.par.tp.sp) {
+    TpContext& tp = st.dims.par.tp;
+    st.norm_grads = alloc({4 * C}, f32);
+    tp.gathered = alloc({B * T, C}), tp.partial = alloc({B * T, C});
+    tp.dfull = alloc({B * T, C}, f32), tp.dlocal = alloc({Nl, C}, f32);
+  }
+  Scratch& s = st.s;
+  s.dnorm = alloc({B, T, C}, f32);
+  s.dq = alloc({B, T, NH, HS}, f32), s.dk = alloc({B, T, NKV, HS}, f32), s.dv = alloc({B, T, NKV, HS}, f32);
+  if (!gpt2) s.dq_rot = alloc({B, T, NH, HS}, f32), s.dk_rot = alloc({B, T, NKV, HS}, f32);
+  s.datt = alloc({B, T, NH, HS}, f32);
+  s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
+  if (!gpt2) s.dup = alloc({B, T, F}, f32);
+}
+
+Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) {
+  const int t = tp.tp.size;
+  Dims d{B, T, cfg.n_embd, cfg.n_head / t, cfg.n_kv_head / t, cfg.head_size(), cfg.d_ff / t, cfg.norm_eps,
+         cfg.rope_theta};
+  // A group of one rank gets no ops: its f / g are then the identity.
+  d.par.tp.ops = t > 1 ? tp.ops : nullptr;
+  d.par.tp.size = t;
+  d.par.tp.sp = tp.sp();
+  d.par.tp.rank = tp.tp.rank;
+  return d;
+}
+
+void check_tp(int64_t T, const TpOptions& tp) {
+  if (!tp.sp()) return;
+  LOOM_REQUIRE(T % tp.tp.size == 0, "sequence length ", T, " is not divisible by parallel.tp = ", tp.tp.size,
+               ": sequence parallelism splits each sequence's tokens across the tp ranks, so train.seq_len must be ",
+               "a multiple of tp (or set parallel.sequence_parallel = false)");
+}
+
+int64_t stage_layers(const ModelConfig& cfg, const PpStage& stage) {
+  return stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
+}
+
+std::string gib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+namespace {
+
+// The activation layout (layout_activations) of a stage of `layers` layers,
+// counted without allocating: its bytes and tensors.
+Allocator layout_count(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options, int64_t layers) {
+  ModelState st;
+  st.dims = dims_of(cfg, B, T, options.tp);
+  Allocator counter{nullptr, nullptr, options.compute};
+  const PpStage& stage = options.stage.layers;
+  const bool head = stage.n_layers < 0 || stage.first_layer + stage.n_layers == cfg.n_layer;
+  layout_activations(st, counter, cfg, options, {layers, stage.first_layer == 0, head});
+  return counter;
+}
+
+}  // namespace
+
+int64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return INT64_MAX;  // unknown: nothing to check against
+  return static_cast<int64_t>(pages) * static_cast<int64_t>(page);
+}
+
+// Without this check the OS would overcommit, and kill the process only once
+// the pages are touched.
+void require_fits_memory(const Pools& pools, double bytes, std::string_view what, std::string_view advice) {
+  const auto host = static_cast<double>(host_memory_bytes());
+  const auto in_use = static_cast<double>(pools.report().current_total);
+  LOOM_REQUIRE(bytes + in_use <= host, what, " needs ", gib(bytes), " but this machine has ", gib(host),
+               " of memory, ", gib(in_use), " of it already in use: allowed are runs whose state fits in memory; ",
+               advice);
+}
+
+// Every layer adds the same activations, so a stage of n layers takes a
+// one-layer stage's bytes plus n - 1 layers' (O(1) in n_layer); the
+// constructor checks its real layout against this.
+int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
+  const StageOptions& stage = options.stage;
+  (void)model::param_count(cfg, options.tp.tp, stage.layers);  // validates cfg, the tp split and the stage
+  LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
+  check_tp(T, options.tp);
+  const int64_t one = layout_count(cfg, B, T, options, 1).bytes;
+  const int64_t per_layer = layout_count(cfg, B, T, options, 2).bytes - one;
+  const int64_t layers = stage_layers(cfg, stage.layers);
+  int64_t rest = 0, bytes = 0;
+  LOOM_REQUIRE(!__builtin_mul_overflow(layers - 1, per_layer, &rest) && !__builtin_add_overflow(one, rest, &bytes),
+               "the activations of ", layers, " layers for ", B, " x ", T, " tokens are more than 2^63 bytes: ",
+               "lower model.n_layer, train.micro_batch or train.seq_len");
+  return bytes;
+}
+
+ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
+  const TpOptions& tp = options.tp;
+  const Storage& storage = options.storage;
+  const int64_t P = model::param_count(cfg, tp.tp, options.stage.layers);
+  ModelBytes b;
+  if (storage.params) b.params = P * static_cast<int64_t>(dtype_size(options.compute));
+  if (storage.master && options.compute != DType::f32) b.master = P * 4;
+  if (storage.grads) b.grads = P * 4;
+  b.activations = activation_bytes(cfg, B, T, options);
+  // Per layer, from the types' sizes (heap overheads left out): its specs
+  // and their name index, its weight and gradient views, its activation
+  // records (one per slot) and tensors, each of which takes at least one
+  // aligned block.
+  ModelConfig one = cfg, two = cfg;
+  one.n_layer = 1, two.n_layer = 2;
+  const auto specs =
+      static_cast<int64_t>(model::param_specs(two, tp.tp).size() - model::param_specs(one, tp.tp).size());
+  const int64_t tensors = layout_count(cfg, B, T, options, 2).tensors - layout_count(cfg, B, T, options, 1).tensors;
+  const auto size = [](size_t n) { return static_cast<int64_t>(n); };
+  const int64_t views = (storage.params ? 1 : 0) + (storage.grads ? 1 : 0);
+  const int64_t per_layer = specs * (size(sizeof(ParamSpec)) + 2 * size(sizeof(std::pair<std::string, void*>))) +
+                            views * size(sizeof(LayerWeights)) + options.stage.slots * size(sizeof(LayerActs)) +
+                            tensors * (size(sizeof(OwnedTensor)) + size(kAlignment));
+  b.host = stage_layers(cfg, options.stage.layers) * per_layer;
+  return b;
+}
+
+// The units of a stage's spec list, in one pass: a unit starts at the first
+// parameter of each part, the embeddings, every layer, the head (where a
+// later stage's copy of a tied embedding belongs).
+std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
+  std::vector<Unit> units;
+  int64_t part_of_unit = 0;  // -1 embeddings, l layer l, n_layer the head
+  for (const ParamSpec& s : specs) {
+    int64_t layer = 0;
+    const ParamPart part = s.pp_copy ? ParamPart::head : param_part(cfg, s.name, &layer);
+    const int64_t p = part == ParamPart::embedding ? -1 : part == ParamPart::head ? cfg.n_layer : layer;
+    if (units.empty() || p != part_of_unit) {
+      LOOM_CHECK(units.empty() || (p > part_of_unit && units.back().end == s.offset), "parameter ", s.name,
+                 " is out of model order");
+      units.push_back({s.offset, s.offset});
+      part_of_unit = p;
+    }
+    units.back().end = s.offset + s.numel();
+  }
+  return units;
+}
+
+}  // namespace loom::model

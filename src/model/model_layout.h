@@ -1,0 +1,59 @@
+// Internal to model/: a Model's memory layout, laid out once (llm.c) — the
+// same code allocates it (Model's constructor) and counts it without
+// allocating (Model::activation_bytes, state_bytes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "model/model.h"
+#include "model/model_state.h"
+
+namespace loom::model {
+
+// Allocates activation tensors from one pool and keeps their storage; the
+// default dtype is the compute dtype. Without a pool it only counts bytes
+// (Model::activation_bytes) and hands out tensors with no data.
+struct Allocator {
+  Pool* pool;
+  std::vector<OwnedTensor>* owned;
+  DType compute;
+  int64_t bytes = 0, tensors = 0;
+  Tensor operator()(Shape shape) { return (*this)(shape, compute); }
+  Tensor operator()(Shape shape, DType dtype) {
+    shape.validate();
+    bytes += shape.numel() * static_cast<int64_t>(dtype_size(dtype));
+    ++tensors;
+    if (!pool) return Tensor(nullptr, dtype, shape);
+    owned->push_back(pool->empty(dtype, shape));
+    return owned->back();
+  }
+};
+
+// What a stage lays out: its layers (all of them without pipeline
+// parallelism), and whether it holds the embeddings (only then tokens are
+// kept) and the head (the final norm, logits and targets).
+struct StageShape {
+  int64_t layers = 0;
+  bool embedding = true, head = true;
+};
+
+// The sizes and the live collectives of a (B, T) micro-batch under tp: the
+// one place that decides which parallel ops the blocks see (blocks.h
+// ParallelOps).
+Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp);
+// Sizes the model cannot split: heads and d_ff are checked by param_specs;
+// SP splits every sequence's tokens.
+void check_tp(int64_t T, const TpOptions& tp);
+// The slots' activations (model_state.h), the positions and the backward
+// scratch under the options' recompute policy (model.h), into st (whose dims
+// are set).
+void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, const ModelOptions& options,
+                        const StageShape& stage);
+int64_t stage_layers(const ModelConfig& cfg, const PpStage& stage);
+// "1.5 GiB"
+std::string gib(double bytes);
+
+}  // namespace loom::model

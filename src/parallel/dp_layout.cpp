@@ -1,0 +1,220 @@
+#include "parallel/dp_layout.h"
+
+#include <utility>
+
+#include "core/error.h"
+
+namespace loom::parallel {
+
+// ---- parameter groups ----
+
+ParamPredicate params_named(std::vector<std::string> names) {
+  return [names = std::move(names)](const model::ParamSpec& p) {
+    return std::find(names.begin(), names.end(), p.name) != names.end();
+  };
+}
+
+ParamPredicate all_params() {
+  return [](const model::ParamSpec&) { return true; };
+}
+
+namespace {
+
+std::string group_names(const std::vector<ParamGroup>& groups) {
+  std::string out;
+  for (const ParamGroup& g : groups) out += (out.empty() ? "'" : ", '") + g.name + "'";
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> assign_param_groups(const std::vector<model::ParamSpec>& specs, const std::vector<ParamGroup>& groups) {
+  LOOM_REQUIRE(!groups.empty(), "DataParallel: no parameter groups: every parameter must belong to one");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    LOOM_REQUIRE(static_cast<bool>(groups[g].holds), "DataParallel: parameter group '", groups[g].name,
+                 "' has no predicate saying which parameters it holds");
+    for (size_t h = 0; h < g; ++h)
+      LOOM_REQUIRE(groups[h].name != groups[g].name, "DataParallel: two parameter groups are named '",
+                   groups[g].name, "': group names must differ");
+  }
+  std::vector<int> out(specs.size(), -1);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (!groups[g].holds(specs[i])) continue;
+      LOOM_REQUIRE(out[i] < 0, "DataParallel: parameter '", specs[i].name, "' is in two groups, '",
+                   groups[static_cast<size_t>(out[i])].name, "' and '", groups[g].name,
+                   "': each parameter must belong to exactly one");
+      out[i] = static_cast<int>(g);
+    }
+    LOOM_REQUIRE(out[i] >= 0, "DataParallel: parameter '", specs[i].name, "' is in no group (groups ",
+                 group_names(groups), "): each parameter must belong to exactly one");
+  }
+  return out;
+}
+
+void require_whole_units(const std::vector<model::ParamSpec>& specs, const std::vector<model::Unit>& units,
+                         const std::vector<int>& group_of, const std::vector<ParamGroup>& groups, int zero_stage) {
+  if (zero_stage < 2) return;
+  size_t i = 0;
+  for (const model::Unit& u : units) {
+    const size_t first = i;
+    for (; i < specs.size() && specs[i].offset < u.end; ++i) {
+      if (group_of[i] == group_of[first]) continue;
+      fail("DataParallel: parallel.zero_stage = ", zero_stage, " needs each unit's parameters in one group, but '",
+           specs[first].name, "' (group '", groups[static_cast<size_t>(group_of[first])].name, "') and '",
+           specs[i].name, "' (group '", groups[static_cast<size_t>(group_of[i])].name,
+           "') share a unit; stages 0 and 1 allow it");
+    }
+  }
+}
+
+GroupSpace group_space(const std::vector<model::ParamSpec>& specs, const std::vector<model::Unit>& units,
+                       const std::vector<int>& group_of, int group) {
+  LOOM_CHECK(group_of.size() == specs.size(), "group_space: ", group_of.size(), " groups for ", specs.size(),
+             " specs");
+  GroupSpace s;
+  size_t i = 0;
+  for (const model::Unit& u : units) {
+    s.units.push_back({s.numel, s.numel});
+    for (; i < specs.size() && specs[i].offset < u.end; ++i) {
+      if (group_of[i] != group) continue;
+      const model::ParamSpec& p = specs[i];
+      const int64_t n = p.numel();
+      if (!s.runs.empty() && s.runs.back().flat + s.runs.back().count == p.offset) s.runs.back().count += n;
+      else s.runs.push_back({s.numel, p.offset, n});
+      s.specs.push_back(p);
+      s.specs.back().offset = s.numel;
+      s.flat.push_back(p.offset);
+      s.numel += n;
+    }
+    s.units.back().end = s.numel;
+  }
+  LOOM_CHECK(i == specs.size(), "group_space: spec ", i, " lies past the last unit");
+  return s;
+}
+
+bool is_one_run(const GroupSpace& s, int64_t index, int64_t count) {
+  int runs = 0;
+  for_each_flat_run(s, index, count, [&](int64_t, int64_t, int64_t) { ++runs; });
+  return runs <= 1;
+}
+
+// ---- buckets ----
+
+namespace {
+
+// Stages 0-2: backward finishes units from the last to the first, so a
+// bucket grows downwards from its last unit until it holds bucket_mb of f32
+// gradients (or reaches the lowest unit with elements).
+std::vector<Bucket> grow_buckets(const std::vector<model::Unit>& units, double bucket_mb) {
+  const int n = static_cast<int>(units.size());
+  int lowest = 0;
+  while (lowest < n && units[lowest].numel() == 0) ++lowest;
+  const double limit = bucket_mb * 1024.0 * 1024.0;
+  std::vector<Bucket> out;
+  int last = -1;  // the highest unit of the bucket growing, -1 before its first
+  for (int u = n - 1; u >= lowest; --u) {
+    if (units[u].numel() == 0) continue;
+    if (last < 0) last = u;
+    const double bytes = 4.0 * static_cast<double>(units[last].end - units[u].begin);
+    if (bytes >= limit || u == lowest) {
+      out.push_back({u, last, units[u].begin, units[last].end});
+      last = -1;
+    }
+  }
+  std::reverse(out.begin(), out.end());  // index order
+  return out;
+}
+
+int unit_of(const std::vector<model::Unit>& units, int64_t element) {
+  for (int u = 0; u < static_cast<int>(units.size()); ++u)
+    if (element >= units[u].begin && element < units[u].end) return u;
+  fail("make_buckets: element ", element, " is in no unit");
+}
+
+void require_solo_ranges(const std::vector<model::Unit>& units, const std::vector<model::Unit>& solo) {
+  for (size_t i = 0; i < solo.size(); ++i) {
+    const model::Unit& r = solo[i];
+    LOOM_REQUIRE(r.begin < r.end && r.begin >= units.front().begin && r.end <= units.back().end &&
+                     unit_of(units, r.begin) == unit_of(units, r.end - 1),
+                 "make_buckets: solo range [", r.begin, ", ", r.end, ") must be non-empty and inside one unit");
+    for (size_t j = 0; j < i; ++j)
+      LOOM_REQUIRE(r.end <= solo[j].begin || solo[j].end <= r.begin, "make_buckets: solo ranges [", r.begin, ", ",
+                   r.end, ") and [", solo[j].begin, ", ", solo[j].end, ") overlap");
+  }
+}
+
+// Cuts solo range r (inside one unit, so inside one bucket of `buckets`) out
+// of its bucket: up to three buckets, each whose lowest unit is the unit
+// holding its first element.
+void cut_solo(std::vector<Bucket>& buckets, const std::vector<model::Unit>& units, const model::Unit& r) {
+  auto it = std::find_if(buckets.begin(), buckets.end(),
+                         [&](const Bucket& b) { return r.begin >= b.begin && r.begin < b.end; });
+  const Bucket b = *it;
+  LOOM_CHECK(r.end <= b.end, "solo range crosses a bucket end");
+  std::vector<Bucket> cut;
+  if (b.begin < r.begin) cut.push_back({b.first_unit, unit_of(units, r.begin - 1), b.begin, r.begin});
+  cut.push_back({unit_of(units, r.begin), unit_of(units, r.end - 1), r.begin, r.end});
+  if (r.end < b.end) cut.push_back({unit_of(units, r.end), b.last_unit, r.end, b.end});
+  it = buckets.erase(it);
+  buckets.insert(it, cut.begin(), cut.end());
+}
+
+}  // namespace
+
+std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb,
+                                 const std::vector<model::Unit>& solo) {
+  LOOM_REQUIRE(!units.empty(), "make_buckets: no units");
+  LOOM_REQUIRE(solo.empty() || zero_stage <= 1, "DataParallel: a parameter with a bucket of its own (a tied ",
+               "embedding under pipeline parallelism) needs parallel.zero_stage 0 or 1, not ", zero_stage,
+               ": from stage 2 a unit's gradients go to one bucket buffer");
+  LOOM_REQUIRE(zero_stage >= 0 && zero_stage <= 3, "parallel.zero_stage = ", zero_stage,
+               " is invalid: allowed values are 0, 1, 2, 3");
+  LOOM_REQUIRE(bucket_mb > 0, "parallel.bucket_mb = ", bucket_mb, " is invalid: it must be > 0");
+  std::vector<Bucket> out;
+  if (zero_stage == 3) {  // FSDP's per-layer wrapping: a bucket per unit
+    for (int u = 0; u < static_cast<int>(units.size()); ++u)
+      if (units[u].numel() > 0) out.push_back({u, u, units[u].begin, units[u].end});
+    return out;
+  }
+  out = grow_buckets(units, bucket_mb);
+  require_solo_ranges(units, solo);
+  for (const model::Unit& r : solo) cut_solo(out, units, r);  // disjoint: each inside one bucket made so far
+  return out;
+}
+
+// ---- segments and pieces ----
+
+std::vector<Segment> shard_segments(const std::vector<Bucket>& buckets, int zero_stage, int size, int rank) {
+  LOOM_REQUIRE(size >= 1 && rank >= 0 && rank < size, "shard_segments: rank ", rank, " of ", size);
+  std::vector<Segment> out;
+  int64_t packed = 0;
+  for (const Bucket& b : buckets) {
+    const comm::Range r = zero_stage == 0 ? comm::Range{0, b.numel()} : comm::shard_range(b.numel(), size, rank);
+    out.push_back({b.begin + r.offset, r.count, packed});
+    packed += r.count;
+  }
+  return out;
+}
+
+std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
+                                       const std::vector<model::ParamSpec>& specs) {
+  std::vector<ParamPiece> out;
+  for (const Segment& s : segments)
+    for_each_overlap(specs, s.offset, s.offset + s.count, [&](const model::ParamSpec& p, int64_t lo, int64_t hi) {
+      out.push_back({lo, hi - lo, s.shard_offset + (lo - s.offset), p.shape.ndim() >= 2});
+    });
+  return out;
+}
+
+std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const GroupSpace& space) {
+  std::vector<ParamPiece> out;
+  for (const Segment& s : segments)
+    for_each_overlap(space.specs, s.offset, s.offset + s.count, [&](const model::ParamSpec& p, int64_t lo, int64_t hi) {
+      const int64_t flat = space.flat[static_cast<size_t>(&p - space.specs.data())] + (lo - p.offset);
+      out.push_back({flat, hi - lo, s.shard_offset + (lo - s.offset), p.shape.ndim() >= 2});
+    });
+  return out;
+}
+
+}  // namespace loom::parallel

@@ -1,0 +1,86 @@
+// Internal to parallel/dp*.cpp: DataParallel's state per parameter group and
+// in flight (parallel/dp.h), and the helpers its files share.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "parallel/dp.h"
+
+namespace loom::parallel {
+
+using DpClock = std::chrono::steady_clock;
+inline double seconds_since(DpClock::time_point t) {
+  return std::chrono::duration<double>(DpClock::now() - t).count();
+}
+
+inline int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
+
+// all_gather only moves bytes: f16 parameters travel as bf16 of the same
+// size (the communicator's dtypes are f32, bf16, i32, i64).
+inline Tensor gather_view(const Tensor& t) {
+  return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, t.shape()) : t;
+}
+
+// The flat element of group index `index` (inside a run).
+int64_t flat_index(const GroupSpace& s, int64_t index);
+// packed (count) = flat's elements at group indices [index, index + count),
+// and back: a group's bucket or segment spread over the flat buffer.
+void pack_runs(const GroupSpace& s, const Tensor& flat, int64_t index, Tensor packed);
+void unpack_runs(const GroupSpace& s, const Tensor& packed, int64_t index, Tensor flat);
+
+// A parameter group's layout and the shard state DataParallel keeps for it,
+// each (S) = layout.shard_numel, packed like its segments.
+struct GroupState {
+  explicit GroupState(GroupLayout l) : layout(std::move(l)) {}
+  GroupLayout layout;
+  std::vector<std::vector<int>> finishes;  // unit -> the buckets whose lowest unit it is
+  OwnedTensor master;       // f32, when DataParallel keeps master weights (Impl::has_master)
+  OwnedTensor grad_shard;   // f32, stages 2 and 3
+  OwnedTensor param_shard;  // compute dtype, stage 3
+  OwnedTensor host_grads;   // f32, offload_optimizer
+  std::vector<OwnedTensor> open;  // stages 2 and 3, by bucket: acquired, not yet finished
+};
+
+struct DataParallel::Impl {
+  explicit Impl(Pools& p) : pools(p) {}
+  Pools& pools;
+  std::vector<GroupState> groups;
+  bool has_master = false;  // see dp.h: compute dtype other than f32, or offload_optimizer
+  bool has_pp_copy = false;  // the model holds a pipeline stage's copy of a tied embedding
+  // Stages 2 and 3 (each unit in one group): unit -> its group and its bucket there.
+  std::vector<int> unit_group, unit_bucket;
+  bool communicate = true;  // stages 0 and 1: this micro-batch's backward reduces (the last one)
+  // Stages 0 and 1: the collectives of this step, waited for in grad_norm();
+  // a bucket spread over the flat buffer reduces a packed copy (packed, and
+  // under stage 1 its reduced piece), unpacked into the gradients then.
+  struct Pending {
+    comm::WorkPtr work;
+    int group = -1, bucket = -1;
+    OwnedTensor packed, piece;
+  };
+  std::vector<Pending> pending;
+  // Stages 2 and 3: one gradient buffer per bucket while its reduce_scatter runs.
+  struct GradBuffer {
+    OwnedTensor buf, piece;  // the bucket's gradients, this rank's reduced piece
+    comm::WorkPtr work;
+    int group = -1, bucket = -1;
+  };
+  std::deque<GradBuffer> reducing;
+  // Stage 3: gathered parameters of each unit.
+  struct Gathered {
+    OwnedTensor buf;
+    comm::WorkPtr work;
+    int refs = 0;
+  };
+  std::vector<Gathered> gathered;
+  std::vector<int> order[2];  // the units forward / backward acquires, in order
+  size_t cursor[2] = {0, 0};
+};
+
+// The order the model acquires its units' parameters (model.h), for stage 3's prefetch.
+void set_acquire_order(const model::Model& model, std::vector<int> (&order)[2]);
+
+}  // namespace loom::parallel

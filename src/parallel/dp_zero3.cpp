@@ -1,0 +1,72 @@
+// ZeRO stage 3 (parallel/dp.h): each unit's parameters all_gathered over its
+// group's communicator just before use, the next unit's gather prefetched,
+// the buffer freed after the last use.
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "parallel/dp.h"
+#include "parallel/dp_state.h"
+
+namespace loom::parallel {
+
+void set_acquire_order(const model::Model& model, std::vector<int> (&order)[2]) {
+  // Forward [embeddings], layers, [head] (a tied head reads unit 0 again);
+  // backward [head (+ unit 0 when tied)], the layers in reverse (the
+  // embedding's backward reads no parameters). A pipeline stage has only
+  // some of these parts.
+  const int U = static_cast<int>(model.units().size());
+  const bool emb = model.has_embedding(), head = model.has_head();
+  const bool tied_here = model.config().tie_embeddings && emb && head;
+  const int first_layer = emb ? 1 : 0, last_layer = head ? U - 2 : U - 1;
+  for (int u = 0; u < U; ++u) order[0].push_back(u);
+  if (tied_here) order[0].push_back(0);
+  if (head) order[1].push_back(U - 1);
+  if (tied_here) order[1].push_back(0);
+  for (int u = last_layer; u >= first_layer; --u) order[1].push_back(u);
+}
+
+Tensor DataParallel::acquire_params(int unit, model::Pass pass) {
+  Impl& im = *impl_;
+  LOOM_CHECK(opt_.zero_stage == 3, "acquire_params under ZeRO stage ", opt_.zero_stage);
+  // A unit lies whole in one group (require_whole_units) and is its own
+  // bucket there: its gathered bucket is the unit in the model's order.
+  auto issue = [&](int u) {
+    Impl::Gathered& g = im.gathered[u];
+    if (g.buf.defined()) return;
+    const GroupState& gs = im.groups[static_cast<size_t>(im.unit_group[u])];
+    const Segment& s = gs.layout.segments[im.unit_bucket[u]];
+    comm::Communicator& comm = gs.layout.comm;
+    g.buf = im.pools[MemTag::comm].empty(model_.compute_dtype(), {model_.units()[u].numel()});
+    const Tensor mine = Tensor(gs.param_shard).slice(0, s.shard_offset, s.count);
+    if (comm.size() == 1) kernels::copy(g.buf, mine);
+    else g.work = comm.all_gather(gather_view(g.buf), gather_view(mine));
+  };
+  issue(unit);
+  Impl::Gathered& g = im.gathered[unit];
+  if (g.work) {
+    const auto start = DpClock::now();
+    g.work->wait();
+    stats_.exposed_seconds += seconds_since(start);
+    g.work.reset();
+  }
+  ++g.refs;
+  // Prefetch the unit this pass reads next.
+  const auto& order = im.order[static_cast<int>(pass)];
+  size_t& cursor = im.cursor[static_cast<int>(pass)];
+  if (cursor >= order.size() || order[cursor] != unit) {
+    const auto it = std::find(order.begin(), order.end(), unit);
+    cursor = static_cast<size_t>(it - order.begin());
+  }
+  ++cursor;
+  if (cursor < order.size()) issue(order[cursor]);
+  return g.buf;
+}
+
+void DataParallel::release_params(int unit) {
+  Impl::Gathered& g = impl_->gathered[unit];
+  LOOM_CHECK(g.refs > 0, "release_params(", unit, ") without acquire");
+  if (--g.refs == 0) g.buf = OwnedTensor();
+}
+
+}  // namespace loom::parallel

@@ -1,0 +1,100 @@
+// A checkpoint's manifest.json (train/checkpoint.h has the layout of a step
+// dir and the manifest's keys): building it from a trainer, reading and
+// checking it, and the SHA-256 digests of the files it lists. The checks of
+// one rank only; the collective parts (every file digested once over the
+// mesh) are train/checkpoint.cpp's.
+//
+//   const nlohmann::json m = read_manifest(step_dir);         // or IncompleteCheckpoint
+//   const ManifestMesh mesh = check_manifest_mesh(m, model_json, where);
+//   ... check_manifest_file(f, dir, where, digest) for each listed file ...
+//   const ManifestState state = manifest_state(m, dir, where, scaler);
+//   const SavedLayout saved = saved_layout(m, cfg, mesh, where);  // checkpoint_reshard.h
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "parallel/dp.h"
+#include "train/checkpoint_reshard.h"
+#include "train/checkpoint_sha256.h"
+#include "train/loss_scaler.h"
+#include "train/trainer.h"
+
+namespace loom::train {
+
+inline constexpr int kCheckpointFormatVersion = 4;
+inline constexpr const char* kCheckpointManifestFile = "manifest.json";
+
+// The layers and the dp buckets of one pipeline stage (the whole model
+// without pipelining): from these the lead lists every stage's parameters
+// and every rank's shard segments.
+struct StageLayout {
+  int64_t first = 0, count = 0;
+  std::vector<parallel::Bucket> buckets;
+};
+
+// The prefix of chunk c's tensors in its rank's file: "" without pipelining
+// (master, adam_m and adam_v, as in format 3), "chunk<c>." with it.
+std::string checkpoint_chunk_prefix(int pp_size, int c);
+
+// What rank r of a chunk's dp group saves: its ZeRO-1 piece of every bucket,
+// whatever the stage, so that the ranks of a stage-0 run (which all hold
+// everything) each write 1/dp of the state and the shards cover the
+// parameters exactly once.
+std::vector<parallel::Segment> checkpoint_saved_segments(const std::vector<parallel::Bucket>& buckets, int zero_stage,
+                                                         int dp_size, int r);
+
+// The manifest of t's checkpoint at t.steps_done(): files (name, rank, bytes,
+// sha256 per rank file) and every pipeline stage's layout, stage order.
+nlohmann::ordered_json manifest_json(Trainer& t, const nlohmann::ordered_json& files,
+                                     const std::vector<StageLayout>& stages);
+
+// step_dir/manifest.json, parsed. A missing dir or manifest, or one that is
+// not JSON, is an IncompleteCheckpoint (train/checkpoint_dir.h).
+nlohmann::json read_manifest(const std::filesystem::path& step_dir);
+
+// The manifest's format version and saved pp and tp sizes.
+struct ManifestMesh {
+  int64_t version = 0;
+  int pp = 1, tp = 1;
+};
+// Checks the format version, that config.model is run_model (the run's
+// model/config_json.h form), that cp and ep are 1, and the pp and tp sizes.
+ManifestMesh check_manifest_mesh(const nlohmann::json& m, const nlohmann::json& run_model, const std::string& where);
+
+// Presence and size (digest = false), or the sha256 too, of one file the
+// manifest lists (f: its "files" entry) in dir.
+void check_manifest_file(const nlohmann::ordered_json& f, const std::filesystem::path& dir, const std::string& where,
+                         bool digest);
+
+// The state a resume restores besides the tensors.
+struct ManifestState {
+  int64_t step = 0, position = 0, updates = 0;  // data.position, optimizer.steps_taken
+  double loss_scale = 0;                        // fp16 runs (scaler given) only
+  int64_t good_steps = 0;
+};
+// Checks and returns it: the step against the step dir's name (dir), the
+// data position, the AdamW update count, and under fp16 (scaler: the run's)
+// the loss scale, which scaler must accept.
+ManifestState manifest_state(const nlohmann::json& m, const std::filesystem::path& dir, const std::string& where,
+                             const DynamicLossScaler* scaler);
+
+// How the saved run held the parameters (checkpoint_reshard.h), from the
+// manifest's pipeline stages, parameters and shards, each checked against
+// cfg's layout at the saved sizes; the shards must cover each (stage, tp
+// rank)'s parameters exactly once, from files the manifest lists.
+SavedLayout saved_layout(const nlohmann::json& m, const model::ModelConfig& cfg, const ManifestMesh& mesh,
+                         const std::string& where);
+
+// Logs a warning for each train and data key that differs between the
+// checkpoint's run and this one (allowed, but the continuation then differs
+// from the uninterrupted run).
+void warn_changed_keys(const nlohmann::ordered_json& saved_config, const nlohmann::ordered_json& run_config,
+                       const std::string& where);
+
+}  // namespace loom::train

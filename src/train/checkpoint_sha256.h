@@ -1,0 +1,32 @@
+// SHA-256 (FIPS 180-4), for the file digests a checkpoint's manifest lists
+// (train/checkpoint_manifest.h).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom::train {
+
+class Sha256 {
+ public:
+  Sha256();
+  void update(const void* data, size_t bytes);
+  std::array<uint8_t, 32> finish();  // once; the object is spent after
+
+ private:
+  void compress(const uint8_t* block);
+
+  std::array<uint32_t, 8> h_;
+  std::array<uint8_t, 64> buffer_{};
+  size_t buffered_ = 0;
+  uint64_t total_bytes_ = 0;
+};
+
+std::string sha256_hex(std::string_view data);
+// Digest of a file's bytes; an unreadable file is a loom::Error naming it.
+std::string sha256_file_hex(const std::string& path);
+
+}  // namespace loom::train

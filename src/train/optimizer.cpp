@@ -1,0 +1,69 @@
+#include "train/optimizer.h"
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace loom::train {
+
+AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools) : dp_(dp), options_(options) {
+  LOOM_CHECK(dp.options().optimizer_state_floats >= 2, "DataParallel counted ", dp.options().optimizer_state_floats,
+             " optimizer floats per parameter; AdamW keeps 2");
+  for (int g = 0; g < dp.num_groups(); ++g) {
+    const int64_t S = dp.group(g).shard_numel;
+    m_.push_back(pools[MemTag::optimizer].zeros(DType::f32, {S}));
+    v_.push_back(pools[MemTag::optimizer].zeros(DType::f32, {S}));
+  }
+}
+
+void AdamW::step(double lr, float grad_scale) {
+  ++steps_;
+  kernels::AdamWConfig cfg;
+  cfg.lr = static_cast<float>(lr);
+  cfg.beta1 = static_cast<float>(options_.beta1);
+  cfg.beta2 = static_cast<float>(options_.beta2);
+  cfg.eps = static_cast<float>(options_.eps);
+  cfg.step = steps_;
+  cfg.grad_scale = grad_scale;
+  dp_.update_begin();
+  for (int g = 0; g < dp_.num_groups(); ++g) {
+    const Tensor m = m_[static_cast<size_t>(g)], v = v_[static_cast<size_t>(g)];
+    for (const parallel::ParamPiece& p : dp_.group(g).pieces) {
+      const parallel::UpdatePiece u = dp_.update_piece(g, p);
+      cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
+      kernels::adamw_step(u.master, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), u.grad,
+                          u.param, cfg);
+    }
+  }
+  dp_.update_finish();
+}
+
+Tensor AdamW::m(int g) const {
+  LOOM_CHECK(g >= 0 && g < static_cast<int>(m_.size()), "AdamW::m: group ", g);
+  return m_[static_cast<size_t>(g)];
+}
+
+Tensor AdamW::v(int g) const {
+  LOOM_CHECK(g >= 0 && g < static_cast<int>(v_.size()), "AdamW::v: group ", g);
+  return v_[static_cast<size_t>(g)];
+}
+
+Tensor AdamW::m() const {
+  dp_.shard_numel();  // one group, or a loom::Error saying there are several
+  return m(0);
+}
+
+Tensor AdamW::v() const {
+  dp_.shard_numel();
+  return v(0);
+}
+
+void AdamW::load_state(const Tensor& m, const Tensor& v, int64_t steps_taken) {
+  const int64_t S = dp_.shard_numel();
+  for (const Tensor* t : {&m, &v})
+    LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == S, "AdamW::load_state: ", t->str());
+  kernels::cast(m_[0], m);
+  kernels::cast(v_[0], v);
+  steps_ = steps_taken;
+}
+
+}  // namespace loom::train

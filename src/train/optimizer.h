@@ -1,0 +1,61 @@
+// The optimizer (DESIGN.md §2: train/ owns it; parallel/dp.h owns the
+// sharding of what it updates). AdamW keeps its moments per parameter group
+// of a DataParallel, packed like the group's shard on this rank, and updates
+// every piece of each shard through the DataParallel's views:
+//
+//   DataParallel dp(model, mesh.dp(), mesh.tp(), dp_options, pools);
+//   AdamW adamw(dp, {.weight_decay = 0.1}, pools);
+//   ... forward, backward, norm = dp.grad_norm() ...
+//   adamw.step(lr, grad_scale);    // every rank of every group, collective
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.h"
+#include "parallel/dp.h"
+
+namespace loom::train {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;  // GPT-3 / llm.c / nanoGPT
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // 2-D weights only (linear weights, embeddings): nanoGPT, llm.c
+};
+
+class AdamW {
+ public:
+  // Zero moments for each group's shard of dp from pools[optimizer] (host
+  // memory under offload_optimizer). dp must outlive this; its
+  // DpOptions::optimizer_state_floats must count the two moments (the
+  // default does).
+  AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools);
+
+  const AdamWOptions& options() const { return options_; }
+  // One update of every group's shard with gradients times grad_scale
+  // (unscaling and clipping folded in; kernels::adamw_step per piece, decay
+  // on 2-D weights only), then the parameters every rank needs made
+  // available (DataParallel::update_finish: collective). Counts an update.
+  void step(double lr, float grad_scale);
+  int64_t steps_taken() const { return steps_; }
+  void set_steps_taken(int64_t steps) { steps_ = steps; }
+
+  // Group g's moments, (S_g) f32 views packed like its segments.
+  Tensor m(int g) const;
+  Tensor v(int g) const;
+  // Checkpoint state of the single group (DataParallel::segments; a
+  // loom::Error with several groups): the moments, and setting them and the
+  // update count.
+  Tensor m() const;
+  Tensor v() const;
+  void load_state(const Tensor& m, const Tensor& v, int64_t steps_taken);
+
+ private:
+  parallel::DataParallel& dp_;
+  AdamWOptions options_;
+  std::vector<OwnedTensor> m_, v_;  // per group, (S_g) f32
+  int64_t steps_ = 0;
+};
+
+}  // namespace loom::train

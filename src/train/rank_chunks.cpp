@@ -1,0 +1,81 @@
+#include "train/rank_chunks.h"
+
+#include "core/error.h"
+#include "parallel/pp_partition.h"
+
+namespace loom::train {
+
+std::vector<model::Model*> RankChunks::model_ptrs() const {
+  std::vector<model::Model*> out;
+  for (const auto& m : models) out.push_back(m.get());
+  return out;
+}
+
+std::vector<parallel::DataParallel*> RankChunks::dp_ptrs() const {
+  std::vector<parallel::DataParallel*> out;
+  for (const auto& d : dps) out.push_back(d.get());
+  return out;
+}
+
+namespace {
+
+// The rank's stages: chunk c of pipeline rank r is stage c x pp + r of the
+// partition, with the activation slots its schedule keeps in flight; without
+// pipelining one stage holding the whole model.
+std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parallel::PpSchedule& schedule, int pp,
+                                             int r) {
+  const int v = static_cast<int>(o.virtual_stages);
+  const parallel::PpPartition part =
+      o.pp_layers.empty() ? parallel::balanced_pp_partition(o.model, o.seq_len, pp, v)
+                          : parallel::explicit_pp_partition(o.model, o.seq_len, pp * v, o.pp_layers);
+  std::vector<model::StageOptions> stages;
+  for (int c = 0; c < v; ++c) {
+    const parallel::PpPartition::Stage& st = part.stages[static_cast<size_t>(c * pp + r)];
+    stages.push_back({{st.first, st.count}, parallel::PipelineRuntime::slots_needed(schedule, r, c)});
+  }
+  return stages;
+}
+
+}  // namespace
+
+RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
+  RankChunks rank;
+  comm::Communicator &tp = ctx.mesh.tp(), &pp = ctx.mesh.pp();
+  if (tp.size() > 1) rank.tp = std::make_unique<parallel::TensorParallel>(tp, o.sequence_parallel);
+  const bool pipelined = pp.size() > 1;
+  std::vector<model::StageOptions> stages(1);
+  if (pipelined) {
+    LOOM_REQUIRE(o.dp.zero_stage <= 1, "parallel.pp = ", pp.size(),
+                 " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", o.dp.zero_stage, ")");
+    // GPT-2's tied embedding: stage 0 and the last stage each hold a copy
+    // with a dp bucket of its own; their gradients are summed each step.
+    rank.tied = std::make_unique<parallel::TiedEmbedding>(o.model, pp);
+    rank.schedule = parallel::make_pp_schedule(parallel::pp_schedule_from_name(o.pp_schedule), pp.size(),
+                                               static_cast<int>(o.micro_batches), static_cast<int>(o.virtual_stages));
+    stages = rank_stages(o, *rank.schedule, pp.size(), pp.rank());
+  }
+  parallel::DpOptions dpo = o.dp;
+  for (const model::StageOptions& so : stages) {
+    const model::ModelOptions mo{.compute = o.compute,
+                                 .recompute = o.recompute,
+                                 .storage = parallel::DataParallel::model_storage(dpo.zero_stage),
+                                 .tp = rank.tp ? rank.tp->options() : model::TpOptions{},
+                                 .stage = so};
+    rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, o.seq_len, ctx.pools, mo));
+    if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());
+    rank.dps.push_back(
+        std::make_unique<parallel::DataParallel>(*rank.models.back(), ctx.mesh.dp(), tp, dpo, ctx.pools));
+    rank.dps.back()->init_params(o.seed);
+    rank.optimizers.push_back(std::make_unique<AdamW>(*rank.dps.back(), o.adamw, ctx.pools));
+  }
+  if (pipelined) {
+    rank.pipe = std::make_unique<parallel::PipelineRuntime>(*rank.schedule, pp, rank.model_ptrs(), ctx.pools);
+    const int last = static_cast<int>(o.micro_batches) - 1;
+    rank.pipe->set_before_backward([ptrs = rank.dp_ptrs(), last](int chunk, int mb) {
+      ptrs[static_cast<size_t>(chunk)]->begin_micro_batch(mb == last);
+    });
+  }
+  return rank;
+}
+
+}  // namespace loom::train

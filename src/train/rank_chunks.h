@@ -1,0 +1,68 @@
+// What one rank trains, built in one place for the trainer and the training
+// benchmarks (bench/train_bench.cpp): the tensor-parallel ops over mesh.tp(),
+// the rank's model chunks (the whole model without pipelining; under
+// pipelining the stages c x pp + r of the partition, parallel/pp_partition.h)
+// each with its DataParallel over mesh.dp(), and under pipelining the
+// schedule, the runtime that runs it and the tied embedding's two copies.
+//
+//   RankChunks rank = build_rank_chunks(options, ctx);
+//   rank.models[c], rank.dps[c], rank.optimizers[c], rank.pipe (null without pipelining)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "mesh/context.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "parallel/dp.h"
+#include "parallel/pp_runtime.h"
+#include "parallel/pp_schedule.h"
+#include "parallel/pp_tied.h"
+#include "parallel/tp.h"
+#include "train/optimizer.h"
+
+namespace loom::train {
+
+struct ChunkOptions {
+  model::ModelConfig model;
+  int64_t micro_batch = 1, seq_len = 1;  // B, T of every micro-batch
+  DType compute = DType::f32;
+  model::Recompute recompute = model::Recompute::none;
+  bool sequence_parallel = false;
+  parallel::DpOptions dp;          // solo_params is filled in for a tied embedding under pipelining
+  AdamWOptions adamw;
+  uint64_t seed = 0;               // sharding-invariant init of every chunk
+  // Pipelining (mesh.pp() of more than one rank): the schedule's name
+  // (parallel/pp_schedule.h), its micro-batches per step, the chunks per
+  // rank, and an explicit split (layers per stage; empty: balanced).
+  std::string pp_schedule = "1f1b";
+  int64_t micro_batches = 1;
+  int64_t virtual_stages = 1;
+  std::vector<int64_t> pp_layers;
+};
+
+struct RankChunks {
+  std::unique_ptr<parallel::TensorParallel> tp;  // null when mesh.tp() is of one rank
+  std::optional<parallel::PpSchedule> schedule;  // pipelining only, as the two below
+  std::unique_ptr<parallel::TiedEmbedding> tied;
+  std::vector<std::unique_ptr<model::Model>> models;
+  std::vector<std::unique_ptr<parallel::DataParallel>> dps;
+  std::vector<std::unique_ptr<AdamW>> optimizers;  // one per chunk, over its DataParallel
+  std::unique_ptr<parallel::PipelineRuntime> pipe;
+
+  std::vector<model::Model*> model_ptrs() const;
+  std::vector<parallel::DataParallel*> dp_ptrs() const;
+};
+
+// Builds and initialises (options.seed) the rank's chunks from ctx.pools.
+// Collective over the mesh. Under pipelining the runtime's before-backward
+// hook starts each chunk's gradient reduction in its last micro-batch. A
+// partition that cannot be made is a loom::Error (parallel/pp_partition.h).
+RankChunks build_rank_chunks(const ChunkOptions& options, Context& ctx);
+
+}  // namespace loom::train

@@ -1,0 +1,48 @@
+// What a training run reports besides its losses (train/run.cpp, loom bench
+// train): the model FLOPs per token and the peak FLOP/s behind MFU, and the
+// --memory-report lines on activations (measured, per recompute policy, and
+// against Korthikanti et al.'s prediction).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/memory.h"
+#include "model/config.h"
+#include "model/model.h"
+
+namespace loom::train {
+
+// Model FLOPs per trained token of m at seq_len: 6 N + 12 n_layer n_embd
+// seq_len (the attention scores and mixing, forward and backward: PaLM
+// appendix B), N the whole model's parameters (every tp rank's together).
+double model_flops_per_token(const model::ModelConfig& m, int64_t seq_len);
+
+// FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
+// process's threads, best of 8 runs: the peak MFU is measured against when
+// log.peak_tflops = 0. It is what this machine's GEMM reaches now, not the
+// hardware's peak (a busy machine lowers it, and the model's larger GEMMs may
+// beat it: MFU can then read over 100%); set log.peak_tflops for a datasheet
+// figure.
+double measure_peak_flops(DType dtype = DType::f32);
+
+// One line for --memory-report: the measured activations peak of `report`,
+// and the activation bytes of m's layout under each recompute policy with the
+// chosen one's reduction against none.
+std::string recompute_report(const model::Model& m, const MemoryReport& report);
+
+// One line for --memory-report: the activation bytes one layer of m's layout
+// holds on this rank, next to Korthikanti et al.'s prediction ("Reducing
+// Activation Recomputation in Large Transformer Models", 2022) for its tp and
+// SP: s b h (34 + 5 a s / h) per layer, 2-byte activations, with TP
+// s b h (10 + 24 / t + 5 a s / (h t)), with TP + SP s b h / t (34 + 5 a s / h).
+// loom's attention is flash-style and keeps no s x s scores, so the 5 a s / h
+// term is left out of the prediction; bytes are scaled to the compute dtype.
+// The formula assumes d_ff = 4 h (GPT-2) and recompute = none.
+std::string activation_prediction_report(const model::Model& m);
+// The prediction above, in bytes per layer.
+double predicted_layer_activation_bytes(const model::ModelConfig& cfg, int64_t B, int64_t T, DType compute, int tp,
+                                        bool sequence_parallel);
+
+}  // namespace loom::train

@@ -1,0 +1,439 @@
+// test_backend_ops, after llama.cpp's tests/test-backend-ops.cpp: every op of
+// the kernel backend table (src/kernels/backend.h), forward and backward, in
+// f32, bf16 and f16 where the op takes them, run by every registered backend
+// through ops.h on shared random inputs and compared with the CPU backend's
+// functions called directly (kernels::cpu::, no checks in between).
+//
+// For the CPU backend the two must agree bit for bit: ops.h passes the
+// arguments through unchanged. For another backend the tolerances of
+// docs/numerics.md apply. The case table must cover exactly the backend
+// table's ops, and the backend table exactly the ops ops.h declares.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include "common/tensors.h"
+#include "kernels/backend.h"
+#include "kernels/backend_ops_io.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels {
+namespace {
+
+using test::Io;
+using test::Route;
+using test::Tolerance;
+
+// The function of op `name` for this run: ops.h's or the CPU backend's.
+#define OP(name) io.pick(#name, &::loom::kernels::name, &::loom::kernels::cpu::name)
+
+constexpr DType f32 = DType::f32, i32 = DType::i32;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct OpCase {
+  const char* op;             // the backend-table entry it covers
+  std::vector<DType> dtypes;  // the float dtype a run uses; {f32} where the op has no float choice
+  Tolerance f32_tol, half_tol;  // for a backend other than the CPU one (docs/numerics.md)
+  void (*run)(Io& io, DType dt);
+};
+
+const std::vector<DType> kFloats = {DType::f32, DType::bf16, DType::f16};
+const std::vector<DType> kOnlyF32 = {DType::f32};
+
+// bf16 GEMMs only where this CPU has them (oneDNN 2.6 needs AVX-512).
+std::vector<DType> gemm_dtypes() {
+  if (bf16_matmul_unsupported_reason().empty()) return kFloats;
+  return {DType::f32, DType::f16};
+}
+
+// Target ids (-100: ignored) as the values of an i32 tensor.
+std::vector<double> targets_of(std::initializer_list<double> ids) { return ids; }
+
+std::vector<OpCase> gemm_cases() {
+  const Tolerance f32_tol{1e-5, 1e-5}, half_tol{1.0 / 256, 1e-5};
+  return {
+      {"matmul", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {  // c (2, 5, 3) += 0.5 a @ b^T; b (3, 7) shared by both batches
+         const Tensor a = io.normal("a", dt, {2, 5, 7}), b = io.normal("b", dt, {3, 7});
+         OP(matmul)(io.normal("c", dt, {2, 5, 3}), a, b, {false, true, 0.5f, 1.f});
+       }},
+      {"matmul_backward", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {  // trans_a, trans_b; db (shared by the batches) sums them in f32
+         const Tensor a = io.normal("a", dt, {2, 7, 5}), b = io.normal("b", dt, {3, 7});
+         const Tensor dc = io.normal("dc", dt, {2, 5, 3});
+         OP(matmul_backward)(io.normal("da", dt, {2, 7, 5}), io.normal("db", f32, {3, 7}), dc, a, b,
+                             {true, true, 0.5f, 0.f});
+       }},
+      {"linear_forward", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor x = io.normal("x", dt, {2, 3, 5}), w = io.normal("w", dt, {4, 5});
+         OP(linear_forward)(io.normal("y", dt, {2, 3, 4}), x, w, io.normal("bias", f32, {4}));
+       }},
+      {"linear_backward", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor x = io.normal("x", dt, {6, 5}), w = io.normal("w", dt, {4, 5}), dy = io.normal("dy", dt, {6, 4});
+         OP(linear_backward)(io.normal("dx", dt, {6, 5}), io.normal("dw", f32, {4, 5}), io.normal("dbias", f32, {4}),
+                             dy, x, w);
+       }},
+  };
+}
+
+std::vector<OpCase> norm_cases() {
+  const Tolerance f32_tol{1e-4, 1e-4}, half_tol{1e-2, 1e-2};
+  return {
+      {"layernorm_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor x = io.normal("x", dt, {6, 10}, 2, 1), w = io.normal("w", dt, {10}), b = io.normal("b", dt, {10});
+         OP(layernorm_forward)(io.normal("y", dt, {6, 10}), io.normal("mean", f32, {6}), io.normal("rstd", f32, {6}),
+                               x, w, b, 1e-5f);
+       }},
+      {"layernorm_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // the statistics from a forward
+         const Tensor x = io.normal("x", dt, {6, 10}, 2, 1), w = io.normal("w", dt, {10}), b = io.normal("b", dt, {10});
+         const Tensor mean = io.normal("mean", f32, {6}), rstd = io.normal("rstd", f32, {6});
+         OP(layernorm_forward)(io.normal("y", dt, {6, 10}), mean, rstd, x, w, b, 1e-5f);
+         OP(layernorm_backward)(io.normal("dx", dt, {6, 10}), io.normal("dw", f32, {10}), io.normal("db", dt, {10}),
+                                io.normal("dy", dt, {6, 10}), x, w, mean, rstd);
+       }},
+      {"rmsnorm_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor x = io.normal("x", dt, {6, 10}), w = io.normal("w", dt, {10});
+         OP(rmsnorm_forward)(io.normal("y", dt, {6, 10}), io.normal("rstd", f32, {6}), x, w, 1e-6f);
+       }},
+      {"rmsnorm_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor x = io.normal("x", dt, {6, 10}), w = io.normal("w", dt, {10}), rstd = io.normal("rstd", f32, {6});
+         OP(rmsnorm_forward)(io.normal("y", dt, {6, 10}), rstd, x, w, 1e-6f);
+         OP(rmsnorm_backward)(io.normal("dx", f32, {6, 10}), io.normal("dw", dt, {10}), io.normal("dy", dt, {6, 10}),
+                              x, w, rstd);
+       }},
+  };
+}
+
+std::vector<OpCase> pointwise_cases() {
+  const Tolerance f32_tol{1e-5, 1e-6}, half_tol{1.0 / 256, 1e-6};
+  return {
+      {"gelu_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) { OP(gelu_forward)(io.normal("y", dt, {7, 9}), io.normal("x", dt, {7, 9}, 3)); }},
+      {"gelu_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor dy = io.normal("dy", dt, {7, 9}), x = io.normal("x", dt, {7, 9}, 3);
+         OP(gelu_backward)(io.normal("dx", f32, {7, 9}), dy, x);
+       }},
+      {"silu_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // in place
+         const Tensor x = io.normal("x", dt, {7, 9}, 3);
+         OP(silu_forward)(x, x);
+       }},
+      {"silu_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor dy = io.normal("dy", dt, {7, 9}), x = io.normal("x", dt, {7, 9}, 3);
+         OP(silu_backward)(io.normal("dx", dt, {7, 9}), dy, x);
+       }},
+      {"swiglu_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor gate = io.normal("gate", dt, {5, 11}, 2), up = io.normal("up", dt, {5, 11});
+         OP(swiglu_forward)(io.normal("y", dt, {5, 11}), gate, up);
+       }},
+      {"swiglu_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor dy = io.normal("dy", dt, {5, 11}), gate = io.normal("gate", dt, {5, 11}, 2);
+         const Tensor up = io.normal("up", dt, {5, 11});
+         OP(swiglu_backward)(io.normal("dgate", f32, {5, 11}), io.normal("dup", dt, {5, 11}), dy, gate, up);
+       }},
+      {"rope_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // in place, one position row per sequence
+         const Tensor x = io.normal("x", dt, {2, 5, 3, 8});
+         OP(rope_forward)(x, x, io.ints("pos", i32, {2, 5}, 0, 4096), 10000.f);
+       }},
+      {"rope_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor dy = io.normal("dy", dt, {2, 5, 3, 8}), pos = io.ints("pos", i32, {5}, 0, 64);
+         OP(rope_backward)(io.normal("dx", f32, {2, 5, 3, 8}), dy, pos, 500000.f);
+       }},
+      {"softmax_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) { OP(softmax_forward)(io.normal("y", dt, {4, 33}), io.normal("x", dt, {4, 33}, 3)); }},
+      {"softmax_backward", kFloats, f32_tol, {1e-2, 1e-3},
+       [](Io& io, DType dt) {
+         const Tensor y = io.normal("y", dt, {4, 33});
+         OP(softmax_forward)(y, io.normal("x", dt, {4, 33}, 3));
+         OP(softmax_backward)(io.normal("dx", f32, {4, 33}), io.normal("dy", dt, {4, 33}), y);
+       }},
+  };
+}
+
+std::vector<OpCase> embedding_cases() {
+  const Tolerance f32_tol{1e-5, 1e-6}, half_tol{1e-2, 1e-2};
+  return {
+      {"embedding_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11);
+         const Tensor wte = io.normal("wte", dt, {11, 8}), wpe = io.normal("wpe", dt, {9, 8});
+         OP(embedding_forward)(io.normal("y", dt, {2, 5, 8}), tokens, wte, wpe, 2);
+       }},
+      {"embedding_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // few distinct tokens: the scatter-add sums repeats
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 4), dy = io.normal("dy", dt, {2, 5, 8});
+         OP(embedding_backward)(io.normal("dwte", f32, {11, 8}), io.normal("dwpe", dt, {9, 8}), dy, tokens, 3);
+       }},
+      {"embedding_shard_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // rows [4, 9) of an 11-token table, no position table
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11), wte = io.normal("wte", dt, {5, 8});
+         OP(embedding_shard_forward)(io.normal("y", dt, {2, 5, 8}), tokens, wte, 4, Tensor(), 0);
+       }},
+      {"embedding_shard_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11), dy = io.normal("dy", dt, {2, 5, 8});
+         OP(embedding_shard_backward)(io.normal("dwte", dt, {5, 8}), io.normal("dwpe", f32, {9, 8}), dy, tokens, 4, 1);
+       }},
+  };
+}
+
+// q (2, 6, 4, 8); k, v (2, 9, 2, 8) views into a 12-position cache (strided
+// along B): GQA, 6 queries at the end of 9 keys.
+struct Qkv {
+  Tensor q, k, v;
+};
+Qkv attention_inputs(Io& io, DType dt) {
+  const Tensor q = io.normal("q", dt, {2, 6, 4, 8});
+  const Tensor k = io.normal("k_cache", dt, {2, 12, 2, 8}).slice(1, 0, 9);
+  const Tensor v = io.normal("v_cache", dt, {2, 12, 2, 8}).slice(1, 0, 9);
+  return {q, k, v};
+}
+
+std::vector<OpCase> attention_cases() {
+  return {
+      {"attention_forward", kFloats, {1e-4, 1e-5}, {1e-2, 1e-2},
+       [](Io& io, DType dt) {
+         const Qkv a = attention_inputs(io, dt);
+         OP(attention_forward)(io.normal("out", dt, {2, 6, 4, 8}), io.normal("lse", f32, {2, 4, 6}), a.q, a.k, a.v);
+       }},
+      {"attention_backward", kFloats, {1e-4, 1e-5}, {2e-2, 2e-2},
+       [](Io& io, DType dt) {  // out and lse from a forward
+         const Qkv a = attention_inputs(io, dt);
+         const Tensor out = io.normal("out", dt, {2, 6, 4, 8}), lse = io.normal("lse", f32, {2, 4, 6});
+         OP(attention_forward)(out, lse, a.q, a.k, a.v);
+         OP(attention_backward)(io.normal("dq", dt, {2, 6, 4, 8}), io.normal("dk", f32, {2, 9, 2, 8}),
+                                io.normal("dv", dt, {2, 9, 2, 8}), io.normal("dout", dt, {2, 6, 4, 8}), a.q, a.k, a.v,
+                                out, lse);
+       }},
+  };
+}
+
+std::vector<OpCase> loss_cases() {
+  const Tolerance f32_tol{1e-5, 1e-6}, half_tol{4e-3, 1e-6};
+  return {
+      {"cross_entropy_forward_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor logits = io.normal("logits", dt, {6, 13}, 2);
+         const Tensor targets = io.tensor("targets", i32, {6}, targets_of({3, -100, 12, 0, 7, 7}));
+         io.result(OP(cross_entropy_forward_backward)(io.normal("dlogits", f32, {6, 13}), io.normal("losses", f32, {6}),
+                                                      logits, targets, -100, 0.7f));
+       }},
+      {"cross_entropy_shard_stats", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // columns [8, 16) of a 13-token vocabulary: 5 real, 3 padding
+         const Tensor logits = io.normal("logits", dt, {6, 8}, 2);
+         const Tensor targets = io.tensor("targets", i32, {6}, targets_of({3, -100, 12, 9, 8, 11}));
+         OP(cross_entropy_shard_stats)(io.normal("lse", f32, {6}), io.normal("target_logit", f32, {6}), logits,
+                                       targets, 8, 5, -100);
+       }},
+      {"cross_entropy_shard_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // in place
+         const Tensor logits = io.normal("logits", dt, {6, 8}, 2), lse = io.normal("lse", f32, {6}, 0.5, 3);
+         const Tensor targets = io.tensor("targets", i32, {6}, targets_of({3, -100, 12, 9, 8, 11}));
+         OP(cross_entropy_shard_backward)(logits, logits, lse, targets, 8, 5, 0.125f, -100);
+       }},
+      {"cross_entropy_shard_combine", kOnlyF32, f32_tol, f32_tol,
+       [](Io& io, DType) {  // 3 ranks, 6 rows; rank 2 all padding (-inf), and row 1 padding on every rank
+         std::vector<double> stats(3 * 2 * 6);
+         for (size_t i = 0; i < stats.size(); ++i) stats[i] = std::sin(static_cast<double>(i)) * 3;
+         for (int n = 0; n < 6; ++n) stats[2 * 2 * 6 + n] = -kInf;
+         for (int r = 0; r < 3; ++r) stats[r * 2 * 6 + 1] = -kInf;
+         OP(cross_entropy_shard_combine)(io.normal("lse", f32, {6}), io.normal("target_logit", f32, {6}),
+                                         io.tensor("stats", f32, {3, 2, 6}, stats));
+       }},
+      {"cross_entropy_shard_loss", kOnlyF32, f32_tol, f32_tol,
+       [](Io& io, DType) {
+         const Tensor lse = io.normal("lse", f32, {6}, 1, 3), target_logit = io.normal("target_logit", f32, {6});
+         const Tensor targets = io.tensor("targets", i32, {6}, targets_of({1, -100, 4, -100, 0, 9}));
+         io.result(OP(cross_entropy_shard_loss)(lse, target_logit, targets, -100));
+         io.result(OP(cross_entropy_shard_loss)(lse, target_logit, io.tensor("none", i32, {6}, std::vector<double>(6, -100)), -100));
+       }},
+      {"cross_entropy_count_valid", kOnlyF32, f32_tol, f32_tol,
+       [](Io& io, DType) {
+         io.result(OP(cross_entropy_count_valid)(
+             io.tensor("targets", i32, {2, 3}, targets_of({1, -100, 4, -100, 0, -1})), -100));
+       }},
+  };
+}
+
+std::vector<OpCase> optim_cases() {
+  const Tolerance f32_tol{1e-6, 1e-6}, sum_tol{1e-10, 0};
+  return {
+      {"adamw_step", kFloats, f32_tol, f32_tol,
+       [](Io& io, DType dt) {
+         std::vector<double> v2(37);
+         for (size_t i = 0; i < v2.size(); ++i) v2[i] = 0.01 * static_cast<double>((i * 7) % 11);
+         const Tensor param = io.normal("param", f32, {37}), m = io.normal("m", f32, {37}, 0.1);
+         const Tensor v = io.tensor("v", f32, {37}, v2), grad = io.normal("grad", dt, {37});
+         const AdamWConfig cfg{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f};
+         OP(adamw_step)(param, m, v, grad, io.normal("param_copy", dt, {37}), cfg);
+       }},
+      {"sum_squares", kFloats, sum_tol, sum_tol,
+       [](Io& io, DType dt) { io.result(OP(sum_squares)(io.normal("t", dt, {50}))); }},
+      {"global_norm", kFloats, sum_tol, sum_tol,
+       [](Io& io, DType dt) {
+         const std::vector<Tensor> tensors = {io.normal("a", dt, {7}), io.normal("b", dt, {3, 4})};
+         io.result(OP(global_norm)(tensors));
+       }},
+      {"all_finite", kFloats, {}, {},
+       [](Io& io, DType dt) {
+         io.result(OP(all_finite)(io.normal("finite", dt, {20})));
+         io.result(OP(all_finite)(io.tensor("inf", dt, {3}, {1, kInf, 2})));
+         io.result(OP(all_finite)(io.tensor("nan", dt, {3}, {1, 2, std::nan("")})));
+       }},
+      {"scale", kFloats, {}, {}, [](Io& io, DType dt) { OP(scale)(io.normal("t", dt, {23}), 0.3f); }},
+  };
+}
+
+std::vector<OpCase> elementwise_cases() {
+  return {
+      {"add", kFloats, {}, {},
+       [](Io& io, DType dt) {  // mixed dtypes, then in place
+         const Tensor a = io.normal("a", f32, {3, 7}), b = io.normal("b", dt, {3, 7});
+         OP(add)(io.normal("y", dt, {3, 7}), a, b);
+         OP(add)(b, b, a);
+       }},
+      {"cast", kFloats, {}, {},
+       [](Io& io, DType dt) {
+         OP(cast)(io.normal("dst", dt, {3, 7}), io.normal("src", dt == f32 ? DType::bf16 : f32, {3, 7}));
+       }},
+      {"fill", kFloats, {}, {}, [](Io& io, DType dt) { OP(fill)(io.normal("t", dt, {3, 7}), 1.25f); }},
+      {"copy", {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}, {}, {},
+       [](Io& io, DType dt) {  // strided views both ways, then contiguous
+         const Tensor src = io.bits("src", dt, {4, 6}), dst = io.bits("dst", dt, {5, 4});
+         OP(copy)(dst.slice(0, 1, 4).slice(1, 1, 3), src.slice(1, 2, 3));
+         OP(copy)(io.bits("dst2", dt, {4, 6}), src);
+       }},
+      {"arange", kOnlyF32, {}, {},
+       [](Io& io, DType) {
+         OP(arange)(io.bits("t32", i32, {9}), -4);
+         OP(arange)(io.bits("t64", DType::i64, {5}), int64_t{1} << 40);
+       }},
+      {"find_id_outside", kOnlyF32, {}, {},
+       [](Io& io, DType) {
+         const Tensor ids = io.tensor("ids", i32, {3, 5}, {0, 1, 2, -100, 4, 5, 6, 12, 8, 9, 0, 1, 2, 3, 4});
+         for (const auto ignore : {std::optional<int32_t>(-100), std::optional<int32_t>()}) {
+           const IdOutside r = OP(find_id_outside)(ids, 10, ignore);
+           io.result(static_cast<double>(r.index));
+           io.result(r.id);
+         }
+         io.result(static_cast<double>(OP(find_id_outside)(ids, 13, -100).index));
+       }},
+  };
+}
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> all;
+  for (auto part : {gemm_cases, norm_cases, pointwise_cases, embedding_cases, attention_cases, loss_cases,
+                    optim_cases, elementwise_cases}) {
+    for (OpCase& c : part()) all.push_back(std::move(c));
+  }
+  return all;
+}
+
+uint32_t seed_of(const OpCase& c, DType dt) {
+  return static_cast<uint32_t>(std::hash<std::string>{}(std::string(c.op) + "/" + std::string(dtype_name(dt))));
+}
+
+TEST(BackendOps, CasesCoverExactlyTheBackendTablesOps) {
+  std::set<std::string> cased, table;
+  std::string covered;
+  for (const OpCase& c : all_cases()) {
+    EXPECT_TRUE(cased.insert(c.op).second) << c.op << " has two cases";
+    covered += (covered.empty() ? "" : ", ") + std::string(c.op);
+  }
+  for (const char* op : backend_op_names()) table.insert(op);
+  EXPECT_EQ(cased, table);
+  std::printf("test_backend_ops covers %zu ops: %s\n", cased.size(), covered.c_str());
+}
+
+// Every function ops.h declares at namespace scope (a line starting with its
+// return type) is a backend-table entry, but the one query that computes
+// nothing.
+TEST(BackendOps, EveryOpDeclaredInOpsHIsInTheBackendTable) {
+  const auto path = std::filesystem::path(__FILE__).parent_path() / "../../src/kernels/ops.h";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot read " << path;
+  const std::regex declaration(R"(^(?:[A-Za-z_][A-Za-z0-9_:<>]*\s+)+([a-z_][a-z0-9_]*)\()");
+  const std::set<std::string> queries = {"bf16_matmul_unsupported_reason"};
+  std::set<std::string> declared, table;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, declaration) && !queries.contains(m[1])) declared.insert(m[1]);
+  }
+  for (const char* op : backend_op_names()) table.insert(op);
+  EXPECT_EQ(declared, table);
+}
+
+TEST(BackendOps, EachCaseCallsTheOpItCovers) {
+  for (const OpCase& c : all_cases()) {
+    Io io(Route::cpu_direct, seed_of(c, c.dtypes[0]));
+    c.run(io, c.dtypes[0]);
+    EXPECT_NE(std::find(io.called().begin(), io.called().end(), c.op), io.called().end()) << c.op;
+  }
+}
+
+// The CPU backend through ops.h against its functions called directly, bit
+// for bit. Io keeps every tensor in host memory: a backend of another device
+// kind (CUDA) is compared once Io can place a run's tensors on its device (an
+// upload before the run, a download after), with expect_close and each case's
+// tolerance; until then it is reported, not skipped.
+TEST(BackendOps, EveryRegisteredBackendMatchesTheCpuFunctionsOnEveryOp) {
+  const std::vector<const Backend*> backends = registered_backends();
+  ASSERT_FALSE(backends.empty());
+  for (const Backend* b : backends) {
+    if (b->kind != Device::Kind::cpu) {
+      ADD_FAILURE() << "backend " << b->name << ": test_backend_ops cannot place tensors on its device yet";
+      continue;
+    }
+    int runs = 0;
+    for (const OpCase& c : all_cases()) {
+      for (DType dt : c.dtypes) {
+        SCOPED_TRACE(std::string(b->name) + " " + c.op + " " + std::string(dtype_name(dt)));
+        Io want(Route::cpu_direct, seed_of(c, dt)), got(Route::dispatch, seed_of(c, dt));
+        c.run(want, dt);
+        c.run(got, dt);
+        expect_same_bits(want, got);
+        ++runs;
+      }
+    }
+    std::printf("test_backend_ops: backend %s: %d op runs compared\n", b->name, runs);
+  }
+}
+
+// The comparison a device backend gets: float tensors within the tolerance,
+// the rest exact.
+TEST(BackendOps, ToleranceComparisonAcceptsSmallAndReportsLargeDifferences) {
+  Io want(Route::cpu_direct, 1), near(Route::cpu_direct, 1), far(Route::cpu_direct, 1);
+  want.tensor("x", f32, {2}, {1.0, 2.0});
+  near.tensor("x", f32, {2}, {1.0 + 1e-6, 2.0});
+  far.tensor("x", f32, {2}, {1.1, 2.0});
+  expect_close(want, near, {1e-5, 0});
+  EXPECT_NONFATAL_FAILURE(expect_close(want, far, {1e-5, 0}), "x");
+}
+
+}  // namespace
+}  // namespace loom::kernels
