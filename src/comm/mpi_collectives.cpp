@@ -130,7 +130,7 @@ void MpiCommunicator::run_reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   if (in.dtype() == DType::bf16 || info_->options.algo == Algo::ring || is_own_shard(in, out, own)) {
     scratch_.resize(std::max(scratch_.size(), static_cast<size_t>(n) * es));
     if (in.dtype() == DType::bf16) bf16_to_f32(reinterpret_cast<float*>(scratch_.data()), in.data_as<bf16>(), n);
-    else std::memcpy(scratch_.data(), in.data(), static_cast<size_t>(n) * es);
+    else if (n > 0) std::memcpy(scratch_.data(), in.data(), static_cast<size_t>(n) * es);  // data() may be null at 0
     result = scratch_.data() + own.offset * es;
   }
   if (info_->options.algo == Algo::ring) {
@@ -148,7 +148,7 @@ void MpiCommunicator::run_reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
   }
   if (op == ReduceOp::avg) divide_by(result, own.count, dtype, size());
   if (in.dtype() == DType::bf16) f32_to_bf16(out.data_as<bf16>(), static_cast<const float*>(result), own.count);
-  else if (result != out.data()) std::memcpy(out.data(), result, static_cast<size_t>(own.count) * es);
+  else if (result != out.data() && own.count > 0) std::memcpy(out.data(), result, static_cast<size_t>(own.count) * es);
 }
 
 void MpiCommunicator::run_all_gather(Tensor out, Tensor in) {

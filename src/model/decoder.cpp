@@ -123,10 +123,8 @@ void Decoder::forward_chunk(std::span<const int32_t> tokens) {
   const int64_t T = static_cast<int64_t>(tokens.size()), P = pos_, C = cfg_.n_embd;
   const Dims d{1, T, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
   const Tensor tok = first(st.tokens, T), pos = st.pos.slice(0, 0, T);
-  for (int64_t t = 0; t < T; ++t) {
-    tok.data_as<int32_t>()[t] = tokens[static_cast<size_t>(t)];
-    pos.data_as<int32_t>()[t] = static_cast<int32_t>(P + t);
-  }
+  kernels::copy(tok, Tensor(const_cast<int32_t*>(tokens.data()), DType::i32, {1, T}));  // from the caller's memory
+  kernels::arange(pos, P);
   Tensor x = first(st.x, T), y = first(st.y, T);
   embedding_forward(x, tok, st.head.wte, st.head.wpe, P);  // (1,T,C); Llama: no wpe
   const LayerActs& m = st.acts;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "kernels/ops.h"
 
 namespace loom::model {
 namespace {
@@ -223,33 +224,37 @@ void check_flat(const char* op, const Tensor& t, const std::vector<ParamSpec>& s
 
 }  // namespace
 
+void place_runs(Tensor whole_param, const Tensor& local, const ParamSpec& spec) {
+  for (const ShardRun& r : shard_runs(spec))
+    if (r.global >= 0) kernels::copy(whole_param.slice(0, r.global, r.count), local.slice(0, spec.offset + r.local, r.count));
+}
+
+void take_runs(Tensor local, const ParamSpec& spec, const Tensor& whole_param) {
+  for (const ShardRun& r : shard_runs(spec)) {
+    const Tensor out = local.slice(0, spec.offset + r.local, r.count);
+    if (r.global < 0) kernels::fill(out, 0.f);
+    else kernels::copy(out, whole_param.slice(0, r.global, r.count));
+  }
+}
+
 void tp_slice(Tensor local, const ModelConfig& cfg, TpRank tp, const Tensor& global) {
   const std::vector<ParamSpec> whole = param_specs(cfg), mine = param_specs(cfg, tp);
   check_flat("tp_slice", local, mine);
   check_flat("tp_slice", global, whole);
-  const float* src = global.data_as<float>();
-  float* dst = local.data_as<float>();
   for (size_t i = 0; i < mine.size(); ++i)
-    for (const ShardRun& r : shard_runs(mine[i])) {
-      float* out = dst + mine[i].offset + r.local;
-      if (r.global < 0) std::fill(out, out + r.count, 0.f);
-      else std::copy_n(src + whole[i].offset + r.global, r.count, out);
-    }
+    take_runs(local, mine[i], global.slice(0, whole[i].offset, whole[i].numel()));
 }
 
 void tp_assemble(Tensor global, const ModelConfig& cfg, int tp, std::span<const Tensor> ranks) {
   const std::vector<ParamSpec> whole = param_specs(cfg);
   check_flat("tp_assemble", global, whole);
   LOOM_CHECK(static_cast<int>(ranks.size()) == tp, "tp_assemble: ", ranks.size(), " buffers for tp = ", tp);
-  float* dst = global.data_as<float>();
   for (int r = 0; r < tp; ++r) {
     const std::vector<ParamSpec> specs = param_specs(cfg, {tp, r});
     check_flat("tp_assemble", ranks[r], specs);
-    const float* src = ranks[r].data_as<float>();
     for (size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].replicated() && r != 0) continue;
-      for (const ShardRun& run : shard_runs(specs[i]))
-        if (run.global >= 0) std::copy_n(src + specs[i].offset + run.local, run.count, dst + whole[i].offset + run.global);
+      place_runs(global.slice(0, whole[i].offset, whole[i].numel()), ranks[r], specs[i]);
     }
   }
 }

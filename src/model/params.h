@@ -120,6 +120,14 @@ struct ShardRun {
 };
 std::vector<ShardRun> shard_runs(const ParamSpec& spec);
 
+// One parameter's runs, copied with kernels::copy between a rank's flat f32
+// buffer (the parameter at spec.offset in it) and the whole parameter's flat
+// f32 elements (whole_param: global_shape's numel). place_runs writes the
+// rank's elements into whole_param (padding skipped); take_runs writes them
+// out of whole_param into the rank's buffer (padding 0).
+void place_runs(Tensor whole_param, const Tensor& local, const ParamSpec& spec);
+void take_runs(Tensor local, const ParamSpec& spec, const Tensor& whole_param);
+
 // Between the whole model's flat buffer (param_specs(cfg)) and tp ranks'
 // (param_specs(cfg, {tp, r})), f32: tp_slice copies rank tp.rank's elements
 // out of global (padding 0); tp_assemble fills global from every rank's

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace loom::parallel {
 namespace {
@@ -36,12 +36,6 @@ class Timed {
 Tensor wire(const Tensor& t) {
   if (t.dtype() != DType::f16) return t;
   return Tensor(t.data(), DType::bf16, t.shape(), t.device());
-}
-
-void copy_into(const Tensor& dst, const Tensor& src) {
-  LOOM_CHECK(dst.nbytes() == src.nbytes() && dst.device().is_cpu() && src.device().is_cpu(), "copy ", src.str(),
-             " into ", dst.str());
-  std::memcpy(dst.data(), src.data(), src.nbytes());
 }
 
 // (micro-batch, local chunk)
@@ -311,7 +305,7 @@ void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> t
       Timed t(wait_s);
       if (it->second.work) it->second.work->wait();
     }
-    copy_into(chunks[static_cast<size_t>(c)]->stage_input(s), it->second.buf);
+    kernels::copy(chunks[static_cast<size_t>(c)]->stage_input(s), it->second.buf);
     cache.give(std::move(it->second.buf));
     act_recv.erase(it);
   }
@@ -334,7 +328,7 @@ void PipelineRuntime::Impl::send_act(const PpAction& a) {
     return;
   }
   OwnedTensor buf = cache.take(out.dtype(), out.shape());
-  copy_into(buf, out);
+  kernels::copy(buf, out);
   local.emplace(MsgKey{false, mb, to_chunk}, std::move(buf));
 }
 
@@ -353,7 +347,7 @@ void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
       auto it = grad_recv.find({mb, c});
       LOOM_CHECK(it != grad_recv.end(), "backward m", mb, " c", c, " without its recv_grad");
       if (it->second.work) it->second.work->wait();
-      copy_into(chunk.stage_grad(), it->second.buf);
+      kernels::copy(chunk.stage_grad(), it->second.buf);
       cache.give(std::move(it->second.buf));
       grad_recv.erase(it);
     }
@@ -376,7 +370,7 @@ void PipelineRuntime::Impl::send_grad(const PpAction& a) {
   TraceSpan span(trace, "send_grad");
   reap_grad_sends();
   OwnedTensor buf = cache.take(DType::f32, g.shape());
-  copy_into(buf, g);
+  kernels::copy(buf, g);
   if (a.peer == rank) {
     local.emplace(MsgKey{true, mb, to_chunk}, std::move(buf));
     return;

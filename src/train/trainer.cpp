@@ -228,12 +228,10 @@ void save_model(Trainer& trainer, const std::string& dir) {
     for (int r = 0; r < tp; ++r) {
       const std::vector<model::ParamSpec> specs =
           model::param_specs(cfg, {tp, r}, model::PpStage{m.first_layer(), m.num_layers()});
-      const float* src = Tensor(slices).data_as<float>() + r * P;
+      const Tensor rank_slice = Tensor(slices).slice(0, r * P, P);
       for (const model::ParamSpec& spec : specs) {
         if (spec.pp_copy || (spec.replicated() && r != 0)) continue;  // written by stage 0 / tp rank 0
-        float* dst = Tensor(whole).data_as<float>() + whole_offset.at(spec.name);
-        for (const model::ShardRun& run : model::shard_runs(spec))
-          if (run.global >= 0) std::copy_n(src + spec.offset + run.local, run.count, dst + run.global);
+        model::place_runs(Tensor(whole).slice(0, whole_offset.at(spec.name), spec.global_numel()), rank_slice, spec);
       }
     }
   }
