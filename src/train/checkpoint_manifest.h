@@ -21,7 +21,7 @@
 #include "model/config.h"
 #include "parallel/dp.h"
 #include "train/checkpoint_reshard.h"
-#include "train/checkpoint_sha256.h"
+#include "core/sha256.h"
 #include "train/loss_scaler.h"
 #include "train/trainer.h"
 

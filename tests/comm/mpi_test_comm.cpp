@@ -32,7 +32,7 @@ using namespace test_values;
 Communicator& world_with(Algo algo, bool check = false) {
   static std::unique_ptr<Communicator> comms[2][2];
   auto& c = comms[static_cast<int>(algo)][check];
-  if (!c) c = mpi_world(Options{60, algo, check});  // under ctest's TIMEOUT 300: the watchdog reports a hang
+  if (!c) c = mpi_world(Options{test::watchdog_seconds(), algo, check});  // a hang: the watchdog reports it
   return *c;
 }
 

@@ -6,9 +6,14 @@
 
 namespace loom::test {
 
-// The world communicator (default Options but timeout_s = 60, below ctest's
-// TIMEOUT), created (and MPI initialised)
-// by the test main before any test runs.
+// The world communicator (default Options but timeout_s = watchdog_seconds()),
+// created (and MPI initialised) by the test main before any test runs.
 comm::Communicator& world();
+
+// 60 s, well under ctest's TIMEOUT 300 (tests/mpi.cmake): a hang ends in the
+// watchdog's message naming the op, not in ctest's silent kill. Times the
+// LOOM_TEST_TIMEOUT_FACTOR of the environment, which a sanitizer build sets
+// with ctest's timeouts (tests/properties.cmake): sanitized code is slower.
+double watchdog_seconds();
 
 }  // namespace loom::test

@@ -3,8 +3,10 @@
 // and every rank exits non-zero if any rank failed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "comm/mpi_backend.h"
@@ -41,15 +43,18 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 comm::Communicator& world() { return *world_ptr(); }
 
+double watchdog_seconds() {
+  const char* factor = std::getenv("LOOM_TEST_TIMEOUT_FACTOR");
+  return 60.0 * (factor ? std::max(1.0, std::atof(factor)) : 1.0);
+}
+
 }  // namespace loom::test
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   auto& world = loom::test::world_ptr();
-  // 60 s, well under ctest's TIMEOUT 300 (tests/mpi.cmake): a hang ends in
-  // the watchdog's message naming the op, not in ctest's silent kill.
   loom::comm::Options options;
-  options.timeout_s = 60;
+  options.timeout_s = loom::test::watchdog_seconds();
   world = loom::comm::mpi_world(options);
   loom::set_log_rank(world->rank(), world->size());
   if (world->rank() != 0) {

@@ -209,7 +209,9 @@ void expect_update_keeps_groups_consistent(int stage, const ParamPredicate& in_w
       }
     }
   }
-  if (world().size() >= 3) EXPECT_TRUE(pairs_differ) << "the pair group's parameters should differ between pairs";
+  if (world().size() >= 3) {
+    EXPECT_TRUE(pairs_differ) << "the pair group's parameters should differ between pairs";
+  }
 }
 
 TEST(DpGroups, EachGroupsGradientIsTheMeanOverExactlyItsOwnRanksAtStages0To2) {

@@ -1,4 +1,4 @@
-#include "train/checkpoint_sha256.h"
+#include "core/sha256.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace loom::train {
+namespace loom {
 
 // ---- SHA-256, FIPS 180-4 §6.2 ----
 
@@ -105,4 +105,4 @@ std::string sha256_file_hex(const std::string& path) {
   return hex(h.finish());
 }
 
-}  // namespace loom::train
+}  // namespace loom

@@ -1,5 +1,6 @@
-// SHA-256 (FIPS 180-4), for the file digests a checkpoint's manifest lists
-// (train/checkpoint_manifest.h).
+// SHA-256 (FIPS 180-4): the file digests a checkpoint's manifest lists
+// (train/checkpoint_manifest.h) and the block hashes of the prefix cache
+// (infer/block_hash.h).
 #pragma once
 
 #include <array>
@@ -8,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace loom::train {
+namespace loom {
 
 class Sha256 {
  public:
@@ -29,4 +30,4 @@ std::string sha256_hex(std::string_view data);
 // Digest of a file's bytes; an unreadable file is a loom::Error naming it.
 std::string sha256_file_hex(const std::string& path);
 
-}  // namespace loom::train
+}  // namespace loom
