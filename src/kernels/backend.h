@@ -60,6 +60,10 @@ namespace loom::kernels {
   X(attention_backward, void,                                                                                      \
     (Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,        \
      const Tensor& out, const Tensor& lse))                                                                        \
+  X(kv_cache_write, void, (Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& slots)) \
+  X(paged_attention_forward, void,                                                                                 \
+    (Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,         \
+     const Tensor& seq_lens, const Tensor& query_start))                                                           \
   X(cross_entropy_forward_backward, float,                                                                         \
     (Tensor dlogits, Tensor losses, const Tensor& logits, const Tensor& targets, int32_t ignore_index, float dloss)) \
   X(cross_entropy_shard_stats, void,                                                                               \

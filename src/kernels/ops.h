@@ -161,6 +161,40 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse);
 
+// ---- paged attention (serving) ------------------------------------------------
+
+// A paged KV cache (vLLM's PagedAttention) holds one layer's keys or values
+// in fixed blocks: k_cache, v_cache: (NB, BS, NKV, HS), NB blocks of BS
+// tokens. Token slot b * BS + o is offset o of physical block b.
+
+// k_cache[slot[n]] = k[n], v_cache[slot[n]] = v[n] for each row n, cast to
+// the caches' dtype (RNE) when it differs; a slot of -1 is padding and
+// skipped. k, v: (N, NKV, HS)  slots: (N) i64  caches: (NB, BS, NKV, HS).
+// Rows are written in order (a repeated slot keeps the last row). A slot
+// outside [0, NB * BS) other than -1 is a loom::Error, raised before
+// anything is written.
+void kv_cache_write(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& slots);
+
+// Causal attention of a ragged batch of S sequences over their paged K/V
+// (written first by kv_cache_write); flash-style online softmax over the
+// keys one cache block at a time; scale = 1 / sqrt(HS).
+// q, out: (N, NH, HS), the query rows of the S sequences concatenated:
+// sequence s owns rows [query_start[s], query_start[s + 1]), which are its
+// last q_len = query_start[s + 1] - query_start[s] tokens, so its row j sits
+// at position p = seq_lens[s] - q_len + j and sees keys 0 ..= p.
+// query_start: (S + 1) i32, query_start[0] = 0, non-decreasing, ending at N.
+// seq_lens: (S) i32, q_len <= seq_lens[s] <= max_blocks * BS: the tokens of
+// s in the cache, this step's included. block_tables: (S, max_blocks) i32,
+// the physical block of each logical block (only the first
+// ceil(seq_lens[s] / BS) are read, each in [0, NB)). k_cache, v_cache:
+// (NB, BS, NKV, HS) of one float dtype, which may differ from q's.
+// NH % NKV == 0 (GQA: head h reads kv head h / (NH / NKV)).
+// Batch invariant: a row's result depends only on its q, its position, its
+// sequence's keys and values and BS, never on the other rows, S or the
+// thread count (ops.h's reproducibility, extended across batches).
+void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const Tensor& block_tables, const Tensor& seq_lens, const Tensor& query_start);
+
 // ---- loss ------------------------------------------------------------------
 
 // Mean cross-entropy of logits against targets, fused with its gradient and

@@ -229,6 +229,25 @@ std::vector<OpCase> attention_cases() {
                                 io.normal("dv", dt, {2, 9, 2, 8}), io.normal("dout", dt, {2, 6, 4, 8}), a.q, a.k, a.v,
                                 out, lse);
        }},
+      {"kv_cache_write", kFloats, {}, {},
+       [](Io& io, DType dt) {  // 4 blocks of 4 slots; a padding row (-1); k, v cast to the other dtype's caches
+         const DType cache = dt == f32 ? DType::bf16 : f32;
+         const Tensor k = io.normal("k", dt, {5, 2, 8}), v = io.normal("v", dt, {5, 2, 8});
+         const Tensor slots = io.tensor("slots", DType::i64, {5}, {5, -1, 0, 15, 9});
+         OP(kv_cache_write)(io.normal("k_cache", cache, {4, 4, 2, 8}), io.normal("v_cache", cache, {4, 4, 2, 8}), k, v,
+                            slots);
+       }},
+      {"paged_attention_forward", kFloats, {1e-4, 1e-5}, {1e-2, 1e-2},
+       [](Io& io, DType dt) {  // GQA; 2 sequences of 7 and 3 tokens in shuffled blocks, 3 and 2 query rows
+         const Tensor q = io.normal("q", dt, {5, 4, 8});
+         const Tensor k_cache = io.normal("k_cache", dt, {4, 4, 2, 8});
+         const Tensor v_cache = io.normal("v_cache", dt, {4, 4, 2, 8});
+         const Tensor tables = io.tensor("block_tables", i32, {2, 3}, {2, 0, -1, 3, -1, -1});
+         const Tensor seq_lens = io.tensor("seq_lens", i32, {2}, {7, 3});
+         const Tensor query_start = io.tensor("query_start", i32, {3}, {0, 3, 5});
+         OP(paged_attention_forward)(io.normal("out", dt, {5, 4, 8}), q, k_cache, v_cache, tables, seq_lens,
+                                     query_start);
+       }},
   };
 }
 

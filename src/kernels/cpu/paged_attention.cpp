@@ -1,0 +1,281 @@
+// Paged attention on the CPU (ops.h): kv_cache_write and
+// paged_attention_forward, the serving path's attention over K/V kept in
+// fixed blocks (vLLM's PagedAttention, Kwon et al. 2023).
+//
+// Batch invariance (ops.h): each task is one (query row, kv head) pair and
+// computes that row's NH / NKV heads alone, walking its sequence's cache
+// blocks in logical order with an online softmax (FlashAttention's running
+// max and sum) updated once per cache block. Every loop bound is a function
+// of the row's position and the block size; every reduction (the dot
+// products over HS, the sums over a block's keys, the horizontal sums) runs
+// in a fixed order written out with explicit vectors on buffers of fixed
+// alignment; no row's key range is ever split between threads. So the bits
+// of a row cannot depend on which other rows share the call, on how many
+// sequences there are, on how its own sequence was chunked, or on threads.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/scratch.h"
+
+namespace loom::kernels::cpu {
+namespace {
+
+using attention::kLanes;
+using attention::round_up;
+
+// One kLanes-wide f32 vector (GCC/Clang vector extension), loaded and stored
+// unaligned: the same instructions whatever the address.
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Vec load_vec(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// The lanes of v summed pairwise, halving the width each round: a fixed tree.
+inline float hsum(Vec v) {
+  float a[kLanes];
+  std::memcpy(a, &v, sizeof a);
+  for (int64_t w = kLanes / 2; w > 0; w /= 2)
+    for (int64_t i = 0; i < w; ++i) a[i] += a[i + w];
+  return a[0];
+}
+
+// sum_d a[d] * b[d] over HSp (a multiple of kLanes) elements, lane-wise in d
+// order, then hsum.
+inline float dot(const float* a, const float* b, int64_t HSp) {
+  Vec s = load_vec(a) * load_vec(b);
+  for (int64_t d = kLanes; d < HSp; d += kLanes) s += load_vec(a + d) * load_vec(b + d);
+  return hsum(s);
+}
+
+struct PagedGeometry {
+  int64_t N = 0, NH = 0, NKV = 0, HS = 0, HSp = 0, BS = 0, NB = 0, S = 0, max_blocks = 0;
+  int64_t group = 0;  // query heads per kv head
+  float scale = 0;    // 1 / sqrt(HS)
+};
+
+PagedGeometry paged_geometry(const Tensor& q, const Tensor& k_cache, const Tensor& block_tables) {
+  PagedGeometry g;
+  g.N = q.size(0), g.NH = q.size(1), g.HS = q.size(2);
+  g.NB = k_cache.size(0), g.BS = k_cache.size(1), g.NKV = k_cache.size(2);
+  g.S = block_tables.size(0), g.max_blocks = block_tables.size(1);
+  g.HSp = round_up(g.HS, kLanes);
+  g.group = g.NH / g.NKV;
+  g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.HS)));
+  return g;
+}
+
+// One thread's f32 scratch, each array a multiple of kLanes floats from a
+// 64-byte aligned slice (so every array has the same alignment in every call).
+struct PagedTiles {
+  float *q, *acc, *k, *v, *p;  // (G, HSp) (G, HSp) (BS, HSp) (BS, HSp) (G, BSp)
+  float *m, *l;                // (G): running max and sum per head
+  int64_t BSp = 0, floats = 0;
+  // Lays the arrays out from base, or only counts them (floats) when base is null.
+  PagedTiles(const PagedGeometry& g, float* base) : BSp(round_up(g.BS, kLanes)) {
+    const int64_t G = g.group, Gp = round_up(G, kLanes);
+    const std::pair<float**, int64_t> parts[] = {{&q, G * g.HSp}, {&acc, G * g.HSp}, {&k, g.BS * g.HSp},
+                                                 {&v, g.BS * g.HSp}, {&p, G * BSp},     {&m, Gp},
+                                                 {&l, Gp}};
+    for (const auto& [ptr, n] : parts) {
+      *ptr = base ? base + floats : nullptr;
+      floats += n;
+    }
+  }
+};
+
+struct PagedArgs {
+  Tensor out, q, k_cache, v_cache;
+  const int32_t *block_tables, *seq_lens, *query_start;
+  PagedGeometry g;
+};
+
+// Rows [0, cnt) of kv head h of physical block blk as f32 rows of HSp
+// columns: the cache's own memory when it is f32 and HS == HSp, else
+// converted into dst, zero-padded.   Returns (first row, row stride).
+std::pair<const float*, int64_t> block_rows(float* dst, const Tensor& cache, const PagedGeometry& g, int64_t blk,
+                                            int64_t h, int64_t cnt) {
+  const int64_t row_stride = g.NKV * g.HS, first = (blk * g.BS * g.NKV + h) * g.HS;
+  if (cache.dtype() == DType::f32 && g.HS == g.HSp) return {cache.data_as<float>() + first, row_stride};
+  dispatch_float(cache.dtype(), [&]<typename T>() {
+    for (int64_t j = 0; j < cnt; ++j) {
+      float* d = dst + j * g.HSp;
+      span_to_f32(d, cache.data_as<T>() + first + j * row_stride, g.HS);
+      std::fill(d + g.HS, d + g.HSp, 0.f);
+    }
+  });
+  return {dst, g.HSp};
+}
+
+// One cache block of cnt visible keys for the group's G heads: scores,
+// online-softmax update of m and l, acc = acc * alpha + sum_j p_j v_j.
+void block_step(const PagedGeometry& g, PagedTiles& w, std::pair<const float*, int64_t> k,
+                std::pair<const float*, int64_t> v, int64_t cnt) {
+  const int64_t HSp = g.HSp;
+  for (int64_t i = 0; i < g.group; ++i) {
+    float* p = w.p + i * w.BSp;
+    for (int64_t j = 0; j < cnt; ++j) p[j] = dot(w.q + i * HSp, k.first + j * k.second, HSp);
+    float mx = w.m[i];
+    for (int64_t j = 0; j < cnt; ++j) mx = p[j] > mx ? p[j] : mx;
+    // m is -inf before the first block, which holds key 0 that every row
+    // sees: mx is finite and alpha = exp(-inf) = 0.
+    const float alpha = exp_f32(w.m[i] - mx);
+    float sum = 0.f;
+    for (int64_t j = 0; j < cnt; ++j) {
+      p[j] = exp_f32(p[j] - mx);
+      sum += p[j];
+    }
+    w.m[i] = mx;
+    w.l[i] = w.l[i] * alpha + sum;
+    float* acc = w.acc + i * HSp;
+    for (int64_t d = 0; d < HSp; d += kLanes) {
+      Vec a = load_vec(acc + d) * alpha;
+      for (int64_t j = 0; j < cnt; ++j) a += p[j] * load_vec(v.first + j * v.second + d);
+      store_vec(acc + d, a);
+    }
+  }
+}
+
+// The sequence of row n: the last s with query_start[s] <= n.
+int64_t sequence_of(const PagedArgs& a, int64_t n) {
+  const int32_t* end = a.query_start + a.g.S + 1;
+  return (std::upper_bound(a.query_start, end, n) - a.query_start) - 1;
+}
+
+// out[n, h, :] for the heads h of kv head kvh.
+void row_task(const PagedArgs& a, PagedTiles& w, int64_t n, int64_t kvh) {
+  const PagedGeometry& g = a.g;
+  const int64_t s = sequence_of(a, n), q0 = a.query_start[s], q_len = a.query_start[s + 1] - q0;
+  const int64_t pos = a.seq_lens[s] - q_len + (n - q0);  // sees keys 0 ..= pos
+  const int64_t h0 = kvh * g.group;
+  dispatch_float(a.q.dtype(), [&]<typename T>() {
+    for (int64_t i = 0; i < g.group; ++i) {
+      const T* src = a.q.data_as<T>() + (n * g.NH + h0 + i) * g.HS;
+      float* d = w.q + i * g.HSp;
+      for (int64_t c = 0; c < g.HS; ++c) d[c] = to_f32(src[c]) * g.scale;  // scores = k . (q * scale)
+      std::fill(d + g.HS, d + g.HSp, 0.f);
+    }
+  });
+  std::fill_n(w.acc, g.group * g.HSp, 0.f);
+  std::fill_n(w.m, g.group, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.l, g.group, 0.f);
+  const int32_t* table = a.block_tables + s * g.max_blocks;
+  for (int64_t b = 0; b * g.BS <= pos; ++b) {
+    const int64_t cnt = std::min(g.BS, pos + 1 - b * g.BS);
+    const auto k = block_rows(w.k, a.k_cache, g, table[b], kvh, cnt);
+    const auto v = block_rows(w.v, a.v_cache, g, table[b], kvh, cnt);
+    block_step(g, w, k, v, cnt);
+  }
+  dispatch_float(a.out.dtype(), [&]<typename T>() {
+    for (int64_t i = 0; i < g.group; ++i) {
+      T* dst = a.out.data_as<T>() + (n * g.NH + h0 + i) * g.HS;
+      const float* acc = w.acc + i * g.HSp;
+      const float inv = 1.f / w.l[i];
+      for (int64_t c = 0; c < g.HS; ++c) dst[c] = from_f32<T>(acc[c] * inv);
+    }
+  });
+}
+
+// The values ops.h leaves to the backend: query_start from 0 to N, never
+// decreasing; q_len <= seq_len <= max_blocks * BS; every block read in
+// [0, NB).
+void check_batch_values(const PagedArgs& a, const Tensor& block_tables, const Tensor& seq_lens,
+                        const Tensor& query_start) {
+  constexpr const char* op = "paged_attention_forward";
+  const std::initializer_list<Operand> all = {
+      {"block_tables", block_tables}, {"seq_lens", seq_lens}, {"query_start", query_start}};
+  const PagedGeometry& g = a.g;
+  const int32_t* qs = a.query_start;
+  if (qs[0] != 0) op_fail(op, all, "query_start[0] must be 0, got ", qs[0]);
+  if (qs[g.S] != g.N) op_fail(op, all, "query_start[", g.S, "] must be N = ", g.N, " (q's rows), got ", qs[g.S]);
+  for (int64_t s = 0; s < g.S; ++s) {
+    const int64_t q_len = int64_t{qs[s + 1]} - qs[s], len = a.seq_lens[s];
+    if (q_len < 0) op_fail(op, all, "query_start decreases at ", s, ": ", qs[s], " then ", qs[s + 1]);
+    if (len < q_len)
+      op_fail(op, all, "sequence ", s, " has seq_lens ", len, ", fewer than its ", q_len, " query rows");
+    if (len > g.max_blocks * g.BS)
+      op_fail(op, all, "sequence ", s, " has seq_lens ", len, ", beyond its block table's ", g.max_blocks,
+              " blocks of ", g.BS, " tokens");
+    const int32_t* table = a.block_tables + s * g.max_blocks;
+    for (int64_t b = 0; b * g.BS < len; ++b)
+      if (table[b] < 0 || table[b] >= g.NB)
+        op_fail(op, all, "block_tables[", s, ", ", b, "] = ", table[b], " is not a block of the caches [0, ",
+                g.NB, ")");
+  }
+}
+
+// The first slot outside [0, slots_total) that is not -1: a loom::Error.
+void check_slots(const Tensor& slots, int64_t slots_total) {
+  const int64_t* sl = slots.data_as<int64_t>();
+  for (int64_t n = 0; n < slots.size(0); ++n)
+    if (sl[n] != -1 && (sl[n] < 0 || sl[n] >= slots_total))
+      op_fail("kv_cache_write", {{"slots", slots}}, "slots[", n, "] = ", sl[n], " is outside the caches' [0, ",
+              slots_total, ") slots (and not -1, padding)");
+}
+
+// dst[i] = src[i] converted (RNE), i < n, any float dtypes.
+void copy_row(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
+  if (dst_type == src_type) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(dst_type));
+    return;
+  }
+  dispatch_float(src_type, [&]<typename S>() {
+    dispatch_float(dst_type, [&]<typename D>() {
+      for (int64_t i = 0; i < n; ++i) static_cast<D*>(dst)[i] = from_f32<D>(to_f32(static_cast<const S*>(src)[i]));
+    });
+  });
+}
+
+}  // namespace
+
+// k, v: (N, NKV, HS)  slots: (N) i64  caches: (NB, BS, NKV, HS)
+void kv_cache_write(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& slots) {
+  const int64_t row = k.size(1) * k.size(2), slots_total = k_cache.size(0) * k_cache.size(1);
+  check_slots(slots, slots_total);
+  const size_t cache_bytes = dtype_size(k_cache.dtype()), in_bytes = dtype_size(k.dtype());
+  const int64_t* sl = slots.data_as<int64_t>();
+  // In row order, one thread: a repeated slot keeps the last row, and the
+  // copy is a few rows of memory traffic next to the step's GEMMs.
+  for (int64_t n = 0; n < k.size(0); ++n) {
+    if (sl[n] == -1) continue;
+    const size_t to = static_cast<size_t>(sl[n] * row) * cache_bytes, from = static_cast<size_t>(n * row) * in_bytes;
+    copy_row(static_cast<std::byte*>(k_cache.data()) + to, k_cache.dtype(),
+             static_cast<const std::byte*>(k.data()) + from, k.dtype(), row);
+    copy_row(static_cast<std::byte*>(v_cache.data()) + to, v_cache.dtype(),
+             static_cast<const std::byte*>(v.data()) + from, v.dtype(), row);
+  }
+}
+
+// out, q: (N, NH, HS)  caches: (NB, BS, NKV, HS)  block_tables: (S, max_blocks)
+// seq_lens: (S)  query_start: (S + 1), all i32
+void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                             const Tensor& block_tables, const Tensor& seq_lens, const Tensor& query_start) {
+  const PagedGeometry g = paged_geometry(q, k_cache, block_tables);
+  const PagedArgs args{out, q, k_cache, v_cache, block_tables.data_as<int32_t>(), seq_lens.data_as<int32_t>(),
+                       query_start.data_as<int32_t>(), g};
+  check_batch_values(args, block_tables, seq_lens, query_start);
+  const int64_t n_tasks = g.N * g.NKV;
+  if (n_tasks == 0) return;
+  const ThreadSlices<float> slices(ScratchSlot::a, static_cast<size_t>(PagedTiles(g, nullptr).floats),
+                                   static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_tasks)));
+#pragma omp parallel num_threads(slices.threads())
+  {
+    PagedTiles w(g, slices.mine());
+    // Rows see different numbers of keys: tasks are handed out one at a
+    // time. Which thread runs a task never changes its arithmetic.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n_tasks; ++t) row_task(args, w, t / g.NKV, t % g.NKV);
+  }
+}
+
+}  // namespace loom::kernels::cpu
