@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <string>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -13,6 +15,36 @@ void SamplerConfig::validate() const {
                " is invalid: allowed values are >= 0 (0 is greedy)");
   LOOM_REQUIRE(top_k >= 0, "top-k = ", top_k, " is invalid: allowed values are >= 0 (0 keeps every token)");
   LOOM_REQUIRE(top_p > 0.f && top_p <= 1.f, "top-p = ", top_p, " is invalid: allowed values are in (0, 1]");
+  LOOM_REQUIRE(min_p >= 0.f && min_p <= 1.f, "min-p = ", min_p, " is invalid: allowed values are in [0, 1]");
+  LOOM_REQUIRE(presence_penalty >= -2.f && presence_penalty <= 2.f, "presence_penalty = ", presence_penalty,
+               " is invalid: allowed values are in [-2, 2]");
+  LOOM_REQUIRE(frequency_penalty >= -2.f && frequency_penalty <= 2.f, "frequency_penalty = ", frequency_penalty,
+               " is invalid: allowed values are in [-2, 2]");
+  LOOM_REQUIRE(std::isfinite(repetition_penalty) && repetition_penalty > 0.f, "repetition_penalty = ",
+               repetition_penalty, " is invalid: allowed values are > 0 (1 is none)");
+}
+
+void apply_penalties(const SamplerConfig& cfg, std::span<float> logits, std::span<const int32_t> prompt,
+                     std::span<const int32_t> output) {
+  const auto V = static_cast<int64_t>(logits.size());
+  auto check = [V](int32_t t) {
+    LOOM_REQUIRE(t >= 0 && t < V, "token ", t, " is outside the vocabulary: allowed ids are 0 to ", V - 1);
+  };
+  if (cfg.repetition_penalty != 1.f) {
+    std::vector<bool> seen(static_cast<size_t>(V), false);
+    for (std::span<const int32_t> part : {prompt, output})
+      for (int32_t t : part) check(t), seen[static_cast<size_t>(t)] = true;
+    for (int64_t t = 0; t < V; ++t)
+      if (seen[static_cast<size_t>(t)])
+        logits[t] = logits[t] > 0.f ? logits[t] / cfg.repetition_penalty : logits[t] * cfg.repetition_penalty;
+  }
+  if (cfg.presence_penalty != 0.f || cfg.frequency_penalty != 0.f) {
+    std::vector<int32_t> count(static_cast<size_t>(V), 0);
+    for (int32_t t : output) check(t), ++count[static_cast<size_t>(t)];
+    for (int64_t t = 0; t < V; ++t)
+      if (const int32_t c = count[static_cast<size_t>(t)]; c > 0)
+        logits[t] -= cfg.presence_penalty + cfg.frequency_penalty * static_cast<float>(c);
+  }
 }
 
 std::vector<TokenProb> sampling_distribution(const SamplerConfig& cfg, std::span<const float> logits) {
@@ -36,9 +68,16 @@ std::vector<TokenProb> sampling_distribution(const SamplerConfig& cfg, std::span
   double sum = 0;
   for (size_t i = 0; i < ids.size(); ++i) sum += p[i] = std::exp((logits[ids[i]] - top) * inv_t);
   size_t keep = ids.size();
+  if (cfg.min_p > 0.f) {  // p[0] is the most likely token's
+    const double floor = cfg.min_p * p[0];
+    keep = static_cast<size_t>(std::find_if(p.begin(), p.end(), [floor](double q) { return q < floor; }) - p.begin());
+    sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += p[i];
+  }
   if (cfg.top_p < 1.f) {
     double mass = 0;
-    for (keep = 0; keep < ids.size();)
+    const size_t kept = keep;
+    for (keep = 0; keep < kept;)
       if ((mass += p[keep++] / sum) >= cfg.top_p) break;
   }
   double kept = 0;
@@ -48,17 +87,81 @@ std::vector<TokenProb> sampling_distribution(const SamplerConfig& cfg, std::span
   return out;
 }
 
-Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg) { cfg_.validate(); }
+namespace {
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  const uint64_t draw = draws_++;  // every call uses up its draw: token i depends on (seed, i) only
-  const std::vector<TokenProb> dist = sampling_distribution(cfg_, logits);
+int32_t draw_from(const std::vector<TokenProb>& dist, uint64_t seed, uint64_t draw) {
   if (dist.size() == 1) return dist[0].token;
-  const double u = rng_uniform(cfg_.seed, rng_key("sampler"), draw);
+  const double u = rng_uniform(seed, rng_key("sampler"), draw);
   double cum = 0;
   for (const TokenProb& t : dist)
     if (u < (cum += t.prob)) return t.token;
   return dist.back().token;  // u beyond the rounded total
+}
+
+// log_softmax of the raw logits for token and the top n, in double.
+void fill_logprobs(SampleResult& r, std::span<const float> logits, int64_t n) {
+  const auto V = static_cast<int64_t>(logits.size());
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+  const double log_z = top + std::log(sum);
+  r.logprob = static_cast<float>(logits[r.token] - log_z);
+  if (n <= 0) return;
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  for (int32_t i = 0; i < V; ++i) ids[i] = i;
+  const int64_t k = std::min(n, V);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  for (int64_t i = 0; i < k; ++i) r.top.push_back({ids[i], static_cast<float>(logits[ids[i]] - log_z)});
+}
+
+}  // namespace
+
+SampleResult sample_at(const SamplerConfig& cfg, std::span<const float> logits, std::span<const int32_t> prompt,
+                       std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs) {
+  cfg.validate();
+  LOOM_REQUIRE(top_logprobs >= 0, "top_logprobs = ", top_logprobs, " is invalid: allowed values are >= 0");
+  SampleResult r;
+  const bool penalised = cfg.repetition_penalty != 1.f || cfg.presence_penalty != 0.f || cfg.frequency_penalty != 0.f;
+  if (penalised) {
+    std::vector<float> adjusted(logits.begin(), logits.end());
+    apply_penalties(cfg, adjusted, prompt, output);
+    r.token = draw_from(sampling_distribution(cfg, adjusted), cfg.seed, draw);
+  } else {
+    r.token = draw_from(sampling_distribution(cfg, logits), cfg.seed, draw);
+  }
+  fill_logprobs(r, logits, top_logprobs);
+  return r;
+}
+
+std::vector<SampleResult> sample_rows(std::span<const float> logits, int64_t V, std::span<const SamplerConfig> cfgs,
+                                      std::span<const std::span<const int32_t>> prompts,
+                                      std::span<const std::span<const int32_t>> outputs,
+                                      std::span<const uint64_t> draws, std::span<const int64_t> top_logprobs) {
+  const auto R = static_cast<int64_t>(cfgs.size());
+  LOOM_REQUIRE(V >= 1 && static_cast<int64_t>(logits.size()) == R * V && prompts.size() == cfgs.size() &&
+                   outputs.size() == cfgs.size() && draws.size() == cfgs.size() && top_logprobs.size() == cfgs.size(),
+               "sample_rows: ", logits.size(), " logits for ", R, " rows of ", V, " with ", prompts.size(), " prompts, ",
+               outputs.size(), " outputs, ", draws.size(), " draws and ", top_logprobs.size(), " logprob counts");
+  std::vector<SampleResult> out(static_cast<size_t>(R));
+  std::vector<std::string> errors(static_cast<size_t>(R));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t r = 0; r < R; ++r) {
+    try {
+      out[r] = sample_at(cfgs[r], logits.subspan(r * V, V), prompts[r], outputs[r], draws[r], top_logprobs[r]);
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) LOOM_REQUIRE(errors[r].empty(), "row ", r, ": ", errors[r]);
+  return out;
+}
+
+Sampler::Sampler(const SamplerConfig& cfg) : cfg_(cfg) { cfg_.validate(); }
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  const uint64_t draw = draws_++;  // every call uses up its draw: token i depends on (seed, i) only
+  return draw_from(sampling_distribution(cfg_, logits), cfg_.seed, draw);
 }
 
 }  // namespace loom::infer

@@ -1,6 +1,8 @@
-// Sampler: next token from logits by temperature, top-k and top-p (nucleus)
-// sampling, as Hugging Face's generate applies them (temperature, then
-// top-k, then top-p). Draw i of a sampler uses Philox (core/rng.h) at
+// Sampler: next token from logits by temperature, top-k, min-p and top-p
+// (nucleus) sampling, in that order (Hugging Face's generate applies
+// temperature, then top-k, then top-p; min-p is relative to the most likely
+// token, which top-k keeps, so it may come before or after top-k), after the
+// repetition, presence and frequency penalties. Draw i of a sampler uses Philox (core/rng.h) at
 // (seed, "sampler", i), so the same seed gives the same tokens.
 #pragma once
 
@@ -15,9 +17,52 @@ struct SamplerConfig {
   int64_t top_k = 0;        // keep the k most likely tokens; 0: all
   float top_p = 1.f;        // keep the smallest most-likely set with mass >= top_p; in (0, 1]
   uint64_t seed = 0;
+  float min_p = 0.f;  // keep tokens with probability >= min_p * the most likely one's; in [0, 1]
+  // OpenAI's: logit -= presence * (token is in the output) + frequency * (its count there); in [-2, 2].
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  // Hugging Face's (CTRL): a token of the prompt or output has its logit
+  // divided by it when positive, multiplied when negative; > 0, 1 is none.
+  float repetition_penalty = 1.f;
   // Throws loom::Error naming the option and what is allowed.
   void validate() const;
 };
+
+// The penalties of cfg applied to logits (V) in place: repetition over the
+// prompt's and the output's tokens, presence and frequency over the output's.
+void apply_penalties(const SamplerConfig& cfg, std::span<float> logits, std::span<const int32_t> prompt,
+                     std::span<const int32_t> output);
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+};
+
+// One draw of a request: its token, the token's log-probability under the
+// model's own distribution (log_softmax of the raw logits, before penalties
+// and temperature, as OpenAI and vLLM report it) and the top_logprobs most
+// likely tokens with theirs (most likely first, ties: lower id).
+struct SampleResult {
+  int32_t token = 0;
+  float logprob = 0.f;
+  std::vector<TokenLogprob> top;
+};
+
+// Draw number `draw` of a request with cfg (temperature, top-k, min-p,
+// top-p, after the penalties): uniform number `draw` of the Philox stream
+// (cfg.seed, "sampler"). Keyed by the draw's index, not by how many draws
+// came before in this process, so a request recomputed after a preemption,
+// or run in another batch, draws the same token. logits (V) f32, unchanged.
+SampleResult sample_at(const SamplerConfig& cfg, std::span<const float> logits, std::span<const int32_t> prompt,
+                       std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs = 0);
+
+// sample_at over R rows at once (the engine's step): row r of logits (R, V)
+// with cfgs[r], prompts[r], outputs[r], draws[r]; rows run in parallel, each
+// exactly as sample_at alone (a row's result never depends on the others).
+std::vector<SampleResult> sample_rows(std::span<const float> logits, int64_t V, std::span<const SamplerConfig> cfgs,
+                                      std::span<const std::span<const int32_t>> prompts,
+                                      std::span<const std::span<const int32_t>> outputs,
+                                      std::span<const uint64_t> draws, std::span<const int64_t> top_logprobs);
 
 struct TokenProb {
   int32_t token;
