@@ -52,6 +52,8 @@ namespace loom::kernels {
   X(embedding_forward, void,                                                                                       \
     (Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset))                    \
   X(embedding_backward, void, (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset)) \
+  X(embedding_forward_at, void,                                                                                    \
+    (Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& positions))                \
   X(embedding_shard_forward, void,                                                                                 \
     (Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin, const Tensor& wpe, int64_t pos_offset)) \
   X(embedding_shard_backward, void,                                                                                \

@@ -130,6 +130,13 @@ void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y);
 // A token outside [0, V) or a position past maxT is a loom::Error.
 void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset = 0);
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset = 0);
+// Each token at its own position (a serving step's ragged rows, or
+// sequences that start at different positions):
+// y[b, t] = wte[tokens[b, t]] + wpe[positions[b, t]], rounded once as
+// embedding_forward does, so positions pos_offset + t give its bits.
+// positions: (B, T) i32, each in [0, maxT) (checked when wpe is defined).
+void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                          const Tensor& positions);
 
 // Vocab-parallel embedding (Megatron's VocabParallelEmbedding): wte holds
 // rows [vocab_begin, vocab_begin + V_local) of the (padded) token table; a

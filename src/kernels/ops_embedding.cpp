@@ -85,6 +85,22 @@ void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const 
       .embedding_forward(y, tokens, wte, wpe, pos_offset);
 }
 
+// positions: (B, T) i32; their values are checked by the backend, which reads them.
+void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                          const Tensor& positions) {
+  constexpr const char* op = "embedding_forward_at";
+  check_forward(op, y, tokens, wte, Tensor(), 0);
+  if (wpe.defined()) {
+    check_table(op, {"wpe", wpe}, wte.size(1));
+    require_same_dtype(op, {"wpe", wpe}, {"wte", wte});
+  }
+  require_contiguous(op, {{"positions", positions}});
+  require_dtype(op, {"positions", positions}, DType::i32);
+  require_shape(op, {"positions", positions}, tokens.shape());
+  backend_of(op, {{"y", y}, {"tokens", tokens}, {"wte", wte}, {"wpe", wpe}, {"positions", positions}})
+      .embedding_forward_at(y, tokens, wte, wpe, positions);
+}
+
 // dy: (B, T, C) float  dwte: (V, C), dwpe: (maxT, C), each f32, bf16, f16 or undefined.
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset) {
   constexpr const char* op = "embedding_backward";

@@ -183,6 +183,12 @@ std::vector<OpCase> embedding_cases() {
          const Tensor wte = io.normal("wte", dt, {11, 8}), wpe = io.normal("wpe", dt, {9, 8});
          OP(embedding_forward)(io.normal("y", dt, {2, 5, 8}), tokens, wte, wpe, 2);
        }},
+      {"embedding_forward_at", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // positions out of order and repeated
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11), positions = io.ints("positions", i32, {2, 5}, 0, 9);
+         const Tensor wte = io.normal("wte", dt, {11, 8}), wpe = io.normal("wpe", dt, {9, 8});
+         OP(embedding_forward_at)(io.normal("y", dt, {2, 5, 8}), tokens, wte, wpe, positions);
+       }},
       {"embedding_backward", kFloats, f32_tol, half_tol,
        [](Io& io, DType dt) {  // few distinct tokens: the scatter-add sums repeats
          const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 4), dy = io.normal("dy", dt, {2, 5, 8});

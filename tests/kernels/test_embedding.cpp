@@ -205,6 +205,56 @@ TEST(Embedding, PositionPastTableNamesValueIndexAndRange) {
   EXPECT_NO_THROW(embedding_forward(y, tokens, wte, Tensor(), 100));  // no table, no limit
 }
 
+// Per-token positions: arange positions give embedding_forward's bits (every
+// dtype), scattered ones each token's own row of wpe.
+TEST(Embedding, ForwardAtPositionsGivesTheOffsetForwardsBitsAndEachTokensOwnRow) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const int64_t B = 2, T = 7, C = 24, V = 30, maxT = 40;
+  std::vector<int32_t> toks(B * T), pos(B * T);
+  for (int32_t& t : toks) t = static_cast<int32_t>(rng() % V);
+  Floats te(V * C), pe(maxT * C);
+  for (float& f : te) f = normal(rng);
+  for (float& f : pe) f = normal(rng);
+  const Tensor tokens{toks.data(), DType::i32, Shape{B, T}}, positions{pos.data(), DType::i32, Shape{B, T}};
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const size_t es = dtype_size(dt);
+    std::vector<std::byte> wte_b(V * C * es), wpe_b(maxT * C * es), y1(B * T * C * es), y2(y1.size());
+    const Tensor wte{wte_b.data(), dt, Shape{V, C}}, wpe{wpe_b.data(), dt, Shape{maxT, C}};
+    cast(wte, Tensor(te.data(), DType::f32, Shape{V, C}));
+    cast(wpe, Tensor(pe.data(), DType::f32, Shape{maxT, C}));
+    const Tensor ya{y1.data(), dt, Shape{B, T, C}}, yb{y2.data(), dt, Shape{B, T, C}};
+    for (int64_t i = 0; i < B * T; ++i) pos[i] = static_cast<int32_t>(11 + i % T);
+    embedding_forward(ya, tokens, wte, wpe, 11);
+    embedding_forward_at(yb, tokens, wte, wpe, positions);
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size()));
+    // Scattered: row (b, t) equals the offset forward of that one token at its position.
+    for (int64_t i = 0; i < B * T; ++i) pos[i] = static_cast<int32_t>((i * 17 + 3) % maxT);
+    embedding_forward_at(yb, tokens, wte, wpe, positions);
+    for (int64_t i = 0; i < B * T; ++i) {
+      std::vector<std::byte> one(C * es);
+      embedding_forward(Tensor(one.data(), dt, Shape{1, 1, C}), Tensor(&toks[i], DType::i32, Shape{1, 1}), wte, wpe,
+                        pos[i]);
+      EXPECT_EQ(0, std::memcmp(one.data(), y2.data() + i * C * es, one.size())) << "token " << i;
+    }
+  }
+}
+
+TEST(Embedding, ForwardAtPositionOutsideTheTableNamesValueIndexAndRange) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  std::vector<int32_t> pos{0, 1, 2, 3, 8, 5};
+  const Tensor positions{pos.data(), DType::i32, Shape{2, 3}};
+  expect_error([&] { embedding_forward_at(y, tokens, wte, wpe, positions); },
+               {"embedding_forward_at", "position 8", "(b, t) = (1, 1)", "[0, 8)"});
+  pos[4] = -1;
+  expect_error([&] { embedding_forward_at(y, tokens, wte, wpe, positions); }, {"position -1", "[0, 8)"});
+  EXPECT_NO_THROW(embedding_forward_at(y, tokens, wte, Tensor(), positions));  // no table, no limit
+  const Tensor short_positions{pos.data(), DType::i32, Shape{2, 2}};
+  expect_error([&] { embedding_forward_at(y, tokens, wte, wpe, short_positions); }, {"embedding_forward_at", "positions"});
+}
+
 TEST(Embedding, ShapeAndDtypeMismatchesNameTheOpAndShapes) {
   SmallOperands o;
   auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;

@@ -66,9 +66,9 @@ void embed_row(E* o, const E* e, const E* p, int64_t C) {
 }
 
 // y[b, t] = wte[tok - vocab_begin] (zero when tok is outside the table's
-// rows) + wpe[pos_offset + t]. Operands validated.
+// rows) + wpe[positions ? positions[b, t] : pos_offset + t]. Operands validated.
 void embed_rows(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin, const Tensor& wpe,
-                int64_t pos_offset) {
+                int64_t pos_offset, const int32_t* positions = nullptr) {
   const int64_t B = tokens.size(0), T = tokens.size(1), V_local = wte.size(0), C = wte.size(1);
   const int32_t* tok = tokens.data_as<int32_t>();
   dispatch_float(wte.dtype(), [&]<typename E>() {
@@ -79,7 +79,8 @@ void embed_rows(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab
     for (int64_t bt = 0; bt < B * T; ++bt) {
       const int64_t row = static_cast<int64_t>(tok[bt]) - vocab_begin;
       const E* e = row >= 0 && row < V_local ? te + row * C : nullptr;
-      embed_row(out + bt * C, e, pe ? pe + (pos_offset + bt % T) * C : nullptr, C);
+      const int64_t pos = positions ? positions[bt] : pos_offset + bt % T;
+      embed_row(out + bt * C, e, pe ? pe + pos * C : nullptr, C);
     }
   });
 }
@@ -153,6 +154,20 @@ void embed_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& to
 void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t pos_offset) {
   check_tokens("embedding_forward", tokens, wte.size(0));
   embed_rows(y, tokens, wte, 0, wpe, pos_offset);
+}
+
+// y[b, t] = wte[tokens[b, t]] + wpe[positions[b, t]]; positions: (B, T) i32 in [0, maxT).
+void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                          const Tensor& positions) {
+  check_tokens("embedding_forward_at", tokens, wte.size(0));
+  const int32_t* pos = positions.data_as<int32_t>();
+  const int64_t T = tokens.size(1);
+  if (wpe.defined())
+    for (int64_t i = 0; i < positions.numel(); ++i)
+      if (pos[i] < 0 || pos[i] >= wpe.size(0))
+        fail("embedding_forward_at: position ", pos[i], " at (b, t) = (", i / T, ", ", i % T,
+             ") is outside the position table: allowed [0, ", wpe.size(0), ")");
+  embed_rows(y, tokens, wte, 0, wpe, 0, pos);
 }
 
 // dwte += scatter-add of dy by token; dwpe[pos_offset + t] += sum over b of dy[b, t].
