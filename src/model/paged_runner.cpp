@@ -1,0 +1,198 @@
+// PagedRunner (paged_runner.h): the training blocks over a ragged batch of
+// B = 1, T = N rows. Each layer's block computes q, k, v for all N rows into
+// the step's buffers; its attention step writes k, v into their cache slots
+// and attends per sequence through the block tables.
+#include "model/paged_runner.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/family.h"
+#include "model/steps.h"
+
+namespace loom::model {
+
+using namespace loom::kernels;
+
+namespace {
+
+// Attention over the paged cache: the new rows' k, v go to their slots
+// first, then every row attends over its sequence's cached keys up to its
+// own position. Inference only: no backward.
+class PagedAttention final : public AttentionStep {
+ public:
+  std::vector<Tensor> k_cache, v_cache;  // n_layer of (NB, BS, NKV, HS)
+  Tensor slots, block_tables, seq_lens, query_start;
+
+  void forward(const AttentionArgs& a) override {
+    const size_t l = static_cast<size_t>(a.layer);
+    const int64_t N = a.q.size(1), NH = a.q.size(2), NKV = a.k.size(2), HS = a.q.size(3);
+    kv_cache_write(k_cache[l], v_cache[l], a.k.reshape({N, NKV, HS}), a.v.reshape({N, NKV, HS}), slots);
+    paged_attention_forward(a.out.reshape({N, NH, HS}), a.q.reshape({N, NH, HS}), k_cache[l], v_cache[l],
+                            block_tables, seq_lens, query_start);
+  }
+  void backward(const AttentionArgs& a, const AttentionGrads&) override {
+    LOOM_CHECK(false, "paged attention has no backward (layer ", a.layer, "): serving does not train");
+  }
+};
+
+// The first n rows of a (1, rows, ...) buffer: contiguous since B = 1.
+Tensor first(const Tensor& t, int64_t n) { return t.defined() ? t.slice(1, 0, n) : Tensor(); }
+
+template <typename T>
+Tensor host_view(std::span<const T> s, DType dtype, Shape shape) {
+  return Tensor(const_cast<T*>(s.data()), dtype, std::move(shape));  // read only
+}
+
+}  // namespace
+
+void PagedRunnerSizes::validate() const {
+  LOOM_REQUIRE(num_blocks >= 2, "KV cache blocks ", num_blocks, " are too few: at least 2 (block 0 is reserved)");
+  LOOM_REQUIRE(block_size >= 1, "KV block size ", block_size, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(max_tokens >= 1, "tokens per step ", max_tokens, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(max_logit_rows >= 1, "logit rows per step ", max_logit_rows, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(dtype_is_float(kv_dtype), "KV cache dtype ", dtype_name(kv_dtype), " is invalid: allowed f32, bf16, f16");
+}
+
+struct PagedRunner::State {
+  std::vector<OwnedTensor> owned;
+  PagedAttention attention;  // holds the KV cache
+  const BlockFamily* family = nullptr;
+  LayerActs acts;            // one layer's, for max_tokens rows: (1, M, ...)
+  Tensor tokens, positions;  // (1, M) i32
+  Tensor x, y;               // (1, M, C)
+  Tensor last, normf, logits;  // (1, R, C) x2, (R, V)
+  std::vector<LayerWeights> w;
+  HeadWeights head;
+};
+
+PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes)
+    : cfg_(cfg), sizes_(sizes), specs_(param_specs(cfg)), st_(std::make_unique<State>()) {
+  sizes_.validate();
+  LOOM_CHECK(params.dtype() == DType::f32 && params.numel() == param_count(specs_) && params.is_contiguous(),
+             "params ", params.str(), " for ", param_count(specs_), " parameters");
+  const int64_t M = sizes_.max_tokens, R = sizes_.max_logit_rows, C = cfg.n_embd, NH = cfg.n_head;
+  const int64_t NKV = cfg.n_kv_head, HS = cfg.head_size(), F = cfg.d_ff;
+  State& st = *st_;
+  auto alloc = [&](MemTag tag, Shape shape, DType dtype = DType::f32) {
+    st.owned.push_back(pools[tag].zeros(dtype, shape));
+    return Tensor(st.owned.back());
+  };
+  st.family = &block_family(cfg.family);
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    st.attention.k_cache.push_back(alloc(MemTag::kv_cache, {sizes_.num_blocks, sizes_.block_size, NKV, HS}, sizes_.kv_dtype));
+    st.attention.v_cache.push_back(alloc(MemTag::kv_cache, {sizes_.num_blocks, sizes_.block_size, NKV, HS}, sizes_.kv_dtype));
+  }
+  LayerActs& a = st.acts;  // inference: no saved statistics
+  a.norm1 = alloc(MemTag::activations, {1, M, C});
+  a.q = alloc(MemTag::activations, {1, M, NH, HS});
+  a.k = alloc(MemTag::activations, {1, M, NKV, HS});
+  a.v = alloc(MemTag::activations, {1, M, NKV, HS});
+  a.att = alloc(MemTag::activations, {1, M, NH, HS});
+  a.res1 = alloc(MemTag::activations, {1, M, C});
+  a.norm2 = alloc(MemTag::activations, {1, M, C});
+  a.fc = alloc(MemTag::activations, {1, M, F});
+  a.act = alloc(MemTag::activations, {1, M, F});
+  if (cfg.family == Family::llama) a.up = alloc(MemTag::activations, {1, M, F});
+  st.tokens = alloc(MemTag::activations, {1, M}, DType::i32);
+  st.positions = alloc(MemTag::activations, {1, M}, DType::i32);
+  st.x = alloc(MemTag::activations, {1, M, C});
+  st.y = alloc(MemTag::activations, {1, M, C});
+  st.last = alloc(MemTag::activations, {1, R, C});
+  st.normf = alloc(MemTag::activations, {1, R, C});
+  st.logits = alloc(MemTag::activations, {R, cfg.vocab_size});
+  const ParamViews pv(specs_, params);
+  for (int64_t l = 0; l < cfg.n_layer; ++l) st.w.push_back(pv.layer(cfg, l));
+  st.head = pv.head(cfg);
+}
+
+PagedRunner::~PagedRunner() = default;
+
+int64_t PagedRunner::kv_cache_bytes() const {
+  int64_t bytes = 0;
+  for (const Tensor& t : st_->attention.k_cache) bytes += 2 * t.nbytes();  // and its v
+  return bytes;
+}
+
+void PagedRunner::copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {
+  for (const auto& [src, dst] : src_dst) {
+    LOOM_REQUIRE(src >= 0 && src < sizes_.num_blocks && dst >= 0 && dst < sizes_.num_blocks && src != dst,
+                 "copy_blocks: block ", src, " to ", dst, " is invalid: ids are 0 to ", sizes_.num_blocks - 1,
+                 " and differ");
+    for (size_t l = 0; l < st_->attention.k_cache.size(); ++l)
+      for (const Tensor& cache : {st_->attention.k_cache[l], st_->attention.v_cache[l]})
+        copy(cache.slice(0, dst, 1), cache.slice(0, src, 1));
+  }
+}
+
+namespace {
+
+// The batch's sizes against each other and the runner's limits, and each
+// row's position against its sequence's length (the attention kernel
+// places row j of s at seq_len - q_len + j).
+void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max_seq_len) {
+  const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
+  LOOM_REQUIRE(N >= 1 && N <= sizes.max_tokens, "paged step: ", N, " tokens; allowed 1 to ", sizes.max_tokens);
+  LOOM_REQUIRE(static_cast<int64_t>(b.positions.size()) == N && static_cast<int64_t>(b.slots.size()) == N,
+               "paged step: ", b.positions.size(), " positions and ", b.slots.size(), " slots for ", N, " tokens");
+  LOOM_REQUIRE(S >= 1 && static_cast<int64_t>(b.query_start.size()) == S + 1 && b.max_blocks >= 1 &&
+                   static_cast<int64_t>(b.block_tables.size()) == S * b.max_blocks,
+               "paged step: ", S, " sequences with ", b.query_start.size(), " query starts and ",
+               b.block_tables.size(), " block-table entries for max_blocks ", b.max_blocks);
+  LOOM_REQUIRE(b.query_start[0] == 0 && b.query_start[S] == N, "paged step: query_start runs from ",
+               b.query_start[0], " to ", b.query_start[S], "; it must run from 0 to ", N);
+  for (int64_t s = 0; s < S; ++s) {
+    const int32_t begin = b.query_start[s], end = b.query_start[s + 1], len = b.seq_lens[s];
+    LOOM_REQUIRE(begin <= end && end - begin <= len && len <= max_seq_len, "paged step: sequence ", s, " has rows ",
+                 begin, " to ", end, " and length ", len, " (at most model.max_seq_len = ", max_seq_len, ")");
+    for (int32_t r = begin; r < end; ++r)
+      LOOM_REQUIRE(b.positions[r] == len - (end - begin) + (r - begin), "paged step: row ", r, " of sequence ", s,
+                   " is at position ", b.positions[r], "; its sequence's length puts it at ",
+                   len - (end - begin) + (r - begin));
+  }
+  const auto R = static_cast<int64_t>(b.logit_rows.size());
+  LOOM_REQUIRE(R >= 1 && R <= sizes.max_logit_rows, "paged step: ", R, " logit rows; allowed 1 to ",
+               sizes.max_logit_rows);
+  for (int32_t r : b.logit_rows) LOOM_REQUIRE(r >= 0 && r < N, "paged step: logit row ", r, " is not a row of ", N);
+}
+
+}  // namespace
+
+Tensor PagedRunner::step(const PagedBatch& b) {
+  check_batch(b, sizes_, cfg_.max_seq_len);
+  State& st = *st_;
+  const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
+  const auto R = static_cast<int64_t>(b.logit_rows.size());
+  const int64_t C = cfg_.n_embd;
+  const Dims d{1, N, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
+  const Tensor tok = first(st.tokens, N), pos = first(st.positions, N);
+  copy(tok, host_view(b.tokens, DType::i32, {1, N}));
+  copy(pos, host_view(b.positions, DType::i32, {1, N}));
+  PagedAttention& attention = st.attention;
+  attention.slots = host_view(b.slots, DType::i64, {N});
+  attention.block_tables = host_view(b.block_tables, DType::i32, {S, b.max_blocks});
+  attention.seq_lens = host_view(b.seq_lens, DType::i32, {S});
+  attention.query_start = host_view(b.query_start, DType::i32, {S + 1});
+  Tensor x = first(st.x, N), y = first(st.y, N);
+  embedding_forward_at(x, tok, st.head.wte, st.head.wpe, pos);  // (1,N,C); Llama: no wpe
+  const LayerActs& m = st.acts;
+  LayerActs a;
+  a.norm1 = first(m.norm1, N), a.q = first(m.q, N), a.k = first(m.k, N), a.v = first(m.v, N);
+  a.att = first(m.att, N), a.res1 = first(m.res1, N), a.norm2 = first(m.norm2, N);
+  a.fc = first(m.fc, N), a.act = first(m.act, N), a.up = first(m.up, N);
+  const BlockFamily& f = *st.family;
+  const Tensor row_pos = pos.reshape({N});
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    f.forward(y, x, st.w[static_cast<size_t>(l)], a, {d, attention, f.mlp(), row_pos, l});
+    std::swap(x, y);
+  }
+  const Tensor rows = rows_of(x, C), last = first(st.last, R), normf = first(st.normf, R);
+  for (int64_t r = 0; r < R; ++r) copy(last.slice(1, r, 1).reshape({1, C}), rows.slice(0, b.logit_rows[r], 1));
+  f.norm_forward(normf, Tensor(), Tensor(), last, st.head.normf_w, st.head.normf_b, d.eps);
+  const Tensor logits = st.logits.slice(0, 0, R);
+  linear_forward(logits, rows_of(normf, C), st.head.lm_head, Tensor());  // (R, V)
+  return logits;
+}
+
+}  // namespace loom::model

@@ -1,0 +1,75 @@
+// PagedRunner: one forward over a serving step's ragged batch (DESIGN.md §8):
+// the N tokens of S sequences concatenated, each at its own position, every
+// GEMM over all N rows at once, attention per sequence over K/V kept in the
+// paged cache (kernels::paged_attention_forward). The blocks are the training
+// ones (family.h) with a paged attention step; the runner owns the KV cache
+// (pools[kv_cache]) and one step's activations, laid out once. The
+// bookkeeping (which tokens, which slots, which blocks) is the caller's
+// (infer::Scheduler and KvCacheManager): this class only computes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "core/memory.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace loom::model {
+
+struct PagedRunnerSizes {
+  int64_t num_blocks = 0;       // KV blocks (with the null block 0); >= 2
+  int64_t block_size = 16;      // tokens per block
+  int64_t max_tokens = 256;     // tokens per step at most (the scheduler's budget)
+  int64_t max_logit_rows = 64;  // rows whose logits one step returns at most (the running sequences)
+  DType kv_dtype = DType::f32;  // the cache's dtype: f32, bf16 or f16
+  void validate() const;        // loom::Error naming the field
+};
+
+// One step's batch: S sequences, the new tokens of each in order.
+struct PagedBatch {
+  std::span<const int32_t> tokens;        // (N) the step's tokens, sequence by sequence
+  std::span<const int32_t> positions;     // (N) each token's position in its sequence
+  std::span<const int64_t> slots;         // (N) where its K/V go: block * block_size + offset
+  std::span<const int32_t> query_start;   // (S + 1): sequence s owns rows [query_start[s], query_start[s + 1])
+  std::span<const int32_t> seq_lens;      // (S) tokens of s in the cache once this step's are written
+  std::span<const int32_t> block_tables;  // (S * max_blocks) row-major: s's physical blocks
+  int64_t max_blocks = 0;
+  std::span<const int32_t> logit_rows;    // rows (of N) whose next-token logits are wanted, in the order returned
+};
+
+class PagedRunner {
+ public:
+  // params: (P) f32 packed per param_specs(cfg); must outlive the runner.
+  PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes);
+  ~PagedRunner();
+  PagedRunner(const PagedRunner&) = delete;
+  PagedRunner& operator=(const PagedRunner&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const PagedRunnerSizes& sizes() const { return sizes_; }
+  // Bytes of the KV cache (every layer's K and V).
+  int64_t kv_cache_bytes() const;
+
+  // Copy-on-write: block dst's K/V become block src's, every layer. Before
+  // the step that writes into dst.
+  void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst);
+
+  // Writes the step's K/V into their slots, runs the blocks and returns the
+  // logits (R, V) f32 of batch.logit_rows (R of them); the view is valid
+  // until the next call. Operand errors (sizes, ids, positions, slots) are
+  // loom::Errors naming what is wrong.
+  Tensor step(const PagedBatch& batch);
+
+ private:
+  ModelConfig cfg_;
+  PagedRunnerSizes sizes_;
+  std::vector<ParamSpec> specs_;
+  struct State;
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace loom::model

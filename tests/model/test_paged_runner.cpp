@@ -1,0 +1,204 @@
+// PagedRunner against the contiguous Decoder (itself equal to Model::forward,
+// test_decoder.cpp): sequences of different lengths prefilled whole or in
+// chunks, decoded together in one ragged step, their K/V in shuffled
+// physical blocks of size 1, 16 or 32; every returned logit row equals the
+// decoder's at that position (rtol 1e-4, atol 1e-5: the same kernels, other
+// GEMM shapes). Also copy-on-write of a block and clear operand errors.
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <span>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/compare.h"
+#include "common/tensors.h"
+#include "core/memory.h"
+#include "model/decoder.h"
+#include "model/paged_runner.h"
+#include "model/params.h"
+
+namespace loom::model {
+namespace {
+
+using namespace loom::test;
+
+std::vector<int32_t> some_tokens(int64_t n, int64_t vocab, int64_t salt) {
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 37 + 11 + salt * 101) % vocab));
+  return t;
+}
+
+// The test's own block bookkeeping: blocks handed out from a shuffled list.
+struct Pages {
+  int64_t block_size;
+  std::vector<int32_t> free_ids;
+  std::map<int, std::vector<int32_t>> tables;
+  Pages(int64_t num_blocks, int64_t bs, uint32_t seed) : block_size(bs) {
+    for (int32_t b = 1; b < num_blocks; ++b) free_ids.push_back(b);
+    std::shuffle(free_ids.begin(), free_ids.end(), std::mt19937(seed));
+  }
+  int64_t slot(int seq, int64_t pos) {
+    std::vector<int32_t>& t = tables[seq];
+    while (static_cast<int64_t>(t.size()) * block_size <= pos) t.push_back(free_ids.back()), free_ids.pop_back();
+    return t[static_cast<size_t>(pos / block_size)] * block_size + pos % block_size;
+  }
+};
+
+struct Seq {
+  int id;
+  std::vector<int32_t> tokens;
+  int64_t done = 0;  // tokens computed
+};
+
+// One step: sequence i computes counts[i] more tokens; returns the logits of
+// each sequence's last row.
+std::vector<std::vector<float>> run_step(PagedRunner& runner, Pages& pages, std::vector<Seq>& seqs,
+                                         const std::vector<int64_t>& counts) {
+  PagedBatch b;
+  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows;
+  std::vector<int64_t> slots;
+  int64_t max_blocks = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Seq& s = seqs[i];
+    for (int64_t p = s.done; p < s.done + counts[i]; ++p) {
+      tokens.push_back(s.tokens[static_cast<size_t>(p)]);
+      positions.push_back(static_cast<int32_t>(p));
+      slots.push_back(pages.slot(s.id, p));
+    }
+    s.done += counts[i];
+    query_start.push_back(static_cast<int32_t>(tokens.size()));
+    seq_lens.push_back(static_cast<int32_t>(s.done));
+    logit_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(pages.tables[s.id].size()));
+  }
+  for (const Seq& s : seqs) {
+    std::vector<int32_t> t = pages.tables[s.id];
+    t.resize(static_cast<size_t>(max_blocks), -1);
+    tables.insert(tables.end(), t.begin(), t.end());
+  }
+  b.tokens = tokens, b.positions = positions, b.slots = slots, b.query_start = query_start;
+  b.seq_lens = seq_lens, b.block_tables = tables, b.max_blocks = max_blocks, b.logit_rows = logit_rows;
+  const std::vector<float> all = to_floats(runner.step(b));
+  const int64_t V = runner.config().vocab_size;
+  std::vector<std::vector<float>> rows;
+  for (size_t i = 0; i < seqs.size(); ++i) rows.emplace_back(all.begin() + i * V, all.begin() + (i + 1) * V);
+  return rows;
+}
+
+// The decoder's logits after each prefix length of tokens (index n - 1: after n tokens).
+std::vector<std::vector<float>> decoder_logits(const ModelConfig& cfg, const Tensor& params, Pools& pools,
+                                               const std::vector<int32_t>& tokens) {
+  Decoder dec(cfg, params, pools, {.capacity = static_cast<int64_t>(tokens.size())});
+  std::vector<std::vector<float>> out;
+  for (int32_t t : tokens) out.push_back(to_floats(dec.decode_step(t)));
+  return out;
+}
+
+void expect_runner_matches_decoder(const char* preset, int64_t block_size, DType kv_dtype = DType::f32) {
+  const ModelConfig cfg = model_preset(preset);
+  Pools pools;
+  const std::vector<ParamSpec> specs = param_specs(cfg);
+  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {param_count(specs)});
+  init_params(params, specs, 3);
+  const int64_t num_blocks = 1 + 3 * ((40 + block_size - 1) / block_size) + 2;
+  PagedRunner runner(cfg, params, pools, {.num_blocks = num_blocks, .block_size = block_size, .max_tokens = 64,
+                                          .max_logit_rows = 8, .kv_dtype = kv_dtype});
+  Pages pages(num_blocks, block_size, 17);
+  std::vector<Seq> seqs{{0, some_tokens(23, cfg.vocab_size, 0)}, {1, some_tokens(40, cfg.vocab_size, 1)},
+                        {2, some_tokens(9, cfg.vocab_size, 2)}};
+  std::vector<std::vector<std::vector<float>>> want;
+  for (const Seq& s : seqs) want.push_back(decoder_logits(cfg, params, pools, s.tokens));
+  const double rtol = kv_dtype == DType::f32 ? 1e-4 : 2e-2, atol = kv_dtype == DType::f32 ? 1e-5 : 2e-2;
+  // Whole prefill, a chunk of a long prompt, a one-token prompt start; then
+  // mixed chunks and decodes until every sequence is done.
+  const std::vector<std::vector<int64_t>> plan = {{20, 7, 1}, {1, 13, 3}, {1, 1, 5}, {1, 19, 0}, {0, 0, 0}};
+  for (const std::vector<int64_t>& counts : plan) {
+    std::vector<Seq> active;
+    std::vector<int64_t> active_counts;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (counts[i] > 0) active.push_back(seqs[i]), active_counts.push_back(counts[i]);
+    if (active.empty()) break;
+    const std::vector<std::vector<float>> got = run_step(runner, pages, active, active_counts);
+    for (size_t j = 0; j < active.size(); ++j) {
+      Seq& s = seqs[static_cast<size_t>(active[j].id)];
+      s.done = active[j].done;
+      EXPECT_ALL_CLOSE(got[j], want[static_cast<size_t>(s.id)][static_cast<size_t>(s.done - 1)], rtol, atol)
+          << preset << " block size " << block_size << " sequence " << s.id << " after " << s.done << " tokens";
+    }
+  }
+}
+
+TEST(PagedRunner, Gpt2LogitsEqualTheDecodersForEveryBlockSize) {
+  for (int64_t bs : {1, 16, 32}) expect_runner_matches_decoder("gpt2-tiny", bs);
+}
+
+TEST(PagedRunner, LlamaGqaLogitsEqualTheDecodersForEveryBlockSize) {
+  for (int64_t bs : {1, 16, 32}) expect_runner_matches_decoder("llama-tiny", bs);
+}
+
+TEST(PagedRunner, Bf16CacheStaysWithinBf16Tolerance) { expect_runner_matches_decoder("llama-tiny", 16, DType::bf16); }
+
+TEST(PagedRunner, CacheIsCountedUnderKvCache) {
+  const ModelConfig cfg = model_preset("llama-tiny");
+  Pools pools;
+  const std::vector<ParamSpec> specs = param_specs(cfg);
+  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {param_count(specs)});
+  PagedRunner runner(cfg, params, pools, {.num_blocks = 10, .block_size = 16, .kv_dtype = DType::bf16});
+  const int64_t bytes = 2 * cfg.n_layer * 10 * 16 * cfg.kv_dim() * 2;
+  EXPECT_EQ(runner.kv_cache_bytes(), bytes);
+  EXPECT_EQ(pools.report()[MemTag::kv_cache].current, bytes);
+}
+
+TEST(PagedRunner, BadBatchesAndSizesAreClearErrors) {
+  const ModelConfig cfg = model_preset("gpt2-tiny");
+  Pools pools;
+  const std::vector<ParamSpec> specs = param_specs(cfg);
+  const OwnedTensor params = pools[MemTag::params].zeros(DType::f32, {param_count(specs)});
+  expect_error([&] { PagedRunner(cfg, params, pools, {.num_blocks = 1}); }, {"KV cache blocks 1", "at least 2"});
+  PagedRunner runner(cfg, params, pools, {.num_blocks = 8, .block_size = 4, .max_tokens = 8, .max_logit_rows = 2});
+  std::vector<int32_t> tokens{1, 2, 3}, positions{0, 1, 2}, qs{0, 3}, lens{3}, tables{1, -1}, rows{2};
+  std::vector<int64_t> slots{4, 5, 6};
+  PagedBatch b{tokens, positions, slots, qs, lens, tables, 2, rows};
+  EXPECT_NO_THROW(runner.step(b));
+  positions[1] = 5;
+  expect_error([&] { runner.step(b); }, {"row 1 of sequence 0", "position 5", "puts it at 1"});
+  positions[1] = 1, rows[0] = 3;
+  expect_error([&] { runner.step(b); }, {"logit row 3", "of 3"});
+  rows[0] = 2, qs[1] = 2;
+  expect_error([&] { runner.step(b); }, {"query_start", "from 0 to 3"});
+  qs[1] = 3, slots[2] = 99;
+  expect_error([&] { runner.step(b); }, {"slots[2] = 99"});
+  slots[2] = 6;
+  const std::pair<int32_t, int32_t> bad[] = {{1, 8}};
+  expect_error([&] { runner.copy_blocks(bad); }, {"copy_blocks", "block 1 to 8"});
+}
+
+// Copy-on-write: a block copied, then a second sequence continuing from it
+// sees the first's keys: its logits equal the first's continuation.
+TEST(PagedRunner, CopiedBlockServesAForkedSequence) {
+  const ModelConfig cfg = model_preset("llama-tiny");
+  Pools pools;
+  const std::vector<ParamSpec> specs = param_specs(cfg);
+  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {param_count(specs)});
+  init_params(params, specs, 5);
+  PagedRunner runner(cfg, params, pools, {.num_blocks = 8, .block_size = 4, .max_tokens = 8, .max_logit_rows = 2});
+  const std::vector<int32_t> prompt = some_tokens(6, cfg.vocab_size, 4);  // blocks 1 (full), 2 (2 of 4)
+  auto step = [&](std::vector<int32_t> toks, std::vector<int32_t> pos, std::vector<int64_t> slots,
+                  std::vector<int32_t> table) {
+    std::vector<int32_t> qs{0, static_cast<int32_t>(toks.size())}, lens{pos.back() + 1};
+    std::vector<int32_t> rows{static_cast<int32_t>(toks.size()) - 1};
+    return to_floats(runner.step({toks, pos, slots, qs, lens, table, 2, rows}));
+  };
+  step(prompt, {0, 1, 2, 3, 4, 5}, {4, 5, 6, 7, 8, 9}, {1, 2});
+  const std::pair<int32_t, int32_t> cow[] = {{2, 3}};
+  runner.copy_blocks(cow);
+  const std::vector<float> parent = step({7}, {6}, {10}, {1, 2});
+  const std::vector<float> child = step({7}, {6}, {14}, {1, 3});
+  EXPECT_EQ(parent, child);
+}
+
+}  // namespace
+}  // namespace loom::model
