@@ -152,7 +152,7 @@ void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max
                    len - (end - begin) + (r - begin));
   }
   const auto R = static_cast<int64_t>(b.logit_rows.size());
-  LOOM_REQUIRE(R >= 1 && R <= sizes.max_logit_rows, "paged step: ", R, " logit rows; allowed 1 to ",
+  LOOM_REQUIRE(R <= sizes.max_logit_rows, "paged step: ", R, " logit rows; allowed 0 to ",
                sizes.max_logit_rows);
   for (int32_t r : b.logit_rows) LOOM_REQUIRE(r >= 0 && r < N, "paged step: logit row ", r, " is not a row of ", N);
 }
@@ -187,6 +187,7 @@ Tensor PagedRunner::step(const PagedBatch& b) {
     f.forward(y, x, st.w[static_cast<size_t>(l)], a, {d, attention, f.mlp(), row_pos, l});
     std::swap(x, y);
   }
+  if (R == 0) return st.logits.slice(0, 0, 0);  // a step of prompt chunks only: no logits wanted
   const Tensor rows = rows_of(x, C), last = first(st.last, R), normf = first(st.normf, R);
   for (int64_t r = 0; r < R; ++r) copy(last.slice(1, r, 1).reshape({1, C}), rows.slice(0, b.logit_rows[r], 1));
   f.norm_forward(normf, Tensor(), Tensor(), last, st.head.normf_w, st.head.normf_b, d.eps);

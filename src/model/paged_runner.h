@@ -59,7 +59,7 @@ class PagedRunner {
   void copy_blocks(std::span<const std::pair<int32_t, int32_t>> src_dst);
 
   // Writes the step's K/V into their slots, runs the blocks and returns the
-  // logits (R, V) f32 of batch.logit_rows (R of them); the view is valid
+  // logits (R, V) f32 of batch.logit_rows (R of them, maybe 0); the view is valid
   // until the next call. Operand errors (sizes, ids, positions, slots) are
   // loom::Errors naming what is wrong.
   Tensor step(const PagedBatch& batch);

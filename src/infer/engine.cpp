@@ -1,0 +1,200 @@
+#include "infer/engine.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace loom::infer {
+
+namespace {
+
+int64_t model_len(const EngineConfig& c, const model::ModelConfig& cfg) {
+  LOOM_REQUIRE(c.max_model_len >= 0 && c.max_model_len <= cfg.max_seq_len, "max_model_len ", c.max_model_len,
+               " is invalid: allowed 1 to model.max_seq_len = ", cfg.max_seq_len, " (0: max_seq_len)");
+  return c.max_model_len > 0 ? c.max_model_len : cfg.max_seq_len;
+}
+
+EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {
+  c.max_model_len = model_len(c, cfg);
+  LOOM_REQUIRE(c.block_size >= 1, "KV block size ", c.block_size, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(c.max_num_seqs >= 1, "max_num_seqs ", c.max_num_seqs, " is invalid: allowed values are >= 1");
+  if (c.num_blocks == 0) c.num_blocks = 1 + c.max_num_seqs * ((c.max_model_len + c.block_size - 1) / c.block_size);
+  return c;
+}
+
+// The root of every prefix-cache hash: SHA-256 of the weights' bytes, so
+// blocks computed by other weights can never match.
+BlockHash weights_fingerprint(const Tensor& params) {
+  const auto* bytes = static_cast<const uint8_t*>(params.data());
+  return sha256_128(std::span<const uint8_t>(bytes, static_cast<size_t>(params.nbytes())));
+}
+
+// Sequence k of a request draws from its own stream.
+uint64_t sequence_seed(uint64_t seed, int64_t index) {
+  if (index == 0) return seed;
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void GenerationParams::validate() const {
+  sampler.validate();
+  stop.validate();
+  LOOM_REQUIRE(n >= 1, "n = ", n, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(top_logprobs >= 0 && top_logprobs <= 20, "top_logprobs = ", top_logprobs,
+               " is invalid: allowed 0 to 20");
+}
+
+Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config)
+    : cfg_(cfg),
+      config_(resolved(config, cfg)),
+      kv_(KvCacheConfig{.num_blocks = config_.num_blocks,
+                        .block_size = config_.block_size,
+                        .seed = weights_fingerprint(params),
+                        .enable_prefix_caching = config_.prefix_caching}),
+      scheduler_(SchedulerConfig{.max_num_batched_tokens = config_.max_num_batched_tokens,
+                                 .max_num_seqs = config_.max_num_seqs,
+                                 .max_model_len = config_.max_model_len,
+                                 .chunked_prefill = config_.chunked_prefill},
+                 kv_),
+      runner_(cfg, params, pools,
+              {.num_blocks = config_.num_blocks,
+               .block_size = config_.block_size,
+               .max_tokens = config_.max_num_batched_tokens,
+               .max_logit_rows = config_.max_num_batched_tokens,
+               .kv_dtype = config_.kv_dtype}) {}
+
+RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
+  params.validate();
+  for (size_t i = 0; i < prompt.size(); ++i)
+    LOOM_REQUIRE(prompt[i] >= 0 && prompt[i] < cfg_.vocab_size, "prompt token ", i, " is ", prompt[i],
+                 ": allowed ids are 0 to ", cfg_.vocab_size - 1);
+  const RequestId id = next_id_;
+  scheduler_.add_request(id, std::move(prompt), params.stop);
+  ++next_id_;
+  sequences_[id] = {id, 0, params, false};
+  return id;
+}
+
+std::vector<TokenEvent> Engine::step() {
+  const SchedulerOutput out = scheduler_.schedule();
+  if (out.scheduled.empty()) return {};
+  std::vector<std::pair<int32_t, int32_t>> copies;
+  for (const BlockCopy& c : out.copies) copies.emplace_back(c.src, c.dst);
+  runner_.copy_blocks(copies);
+  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows;
+  std::vector<int64_t> slots;
+  int64_t max_blocks = 1;
+  for (const ScheduledRequest& s : out.scheduled) max_blocks = std::max<int64_t>(max_blocks, kv_.block_table(s.id).size());
+  for (const ScheduledRequest& s : out.scheduled) {
+    const Request& r = scheduler_.request(s.id);
+    for (int64_t p = s.first_position; p < s.first_position + s.num_tokens; ++p) {
+      tokens.push_back(r.tokens[static_cast<size_t>(p)]);
+      positions.push_back(static_cast<int32_t>(p));
+    }
+    const std::vector<int64_t> sl = kv_.slot_mapping(s.id, s.first_position, s.num_tokens);
+    slots.insert(slots.end(), sl.begin(), sl.end());
+    query_start.push_back(static_cast<int32_t>(tokens.size()));
+    seq_lens.push_back(static_cast<int32_t>(s.first_position + s.num_tokens));
+    const std::span<const BlockId> table = kv_.block_table(s.id);
+    tables.insert(tables.end(), table.begin(), table.end());
+    tables.resize(tables.size() + static_cast<size_t>(max_blocks) - table.size(), -1);
+    if (s.samples) logit_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
+  }
+  const Tensor logits = runner_.step({tokens, positions, slots, query_start, seq_lens, tables, max_blocks, logit_rows});
+  return sample(out, logits);
+}
+
+void Engine::fork_siblings(RequestId id) {
+  Sequence& parent = sequences_.at(id);
+  parent.forked = true;
+  for (int64_t k = 1; k < parent.params.n; ++k) {
+    const RequestId child = next_id_++;
+    scheduler_.fork(id, child);
+    sequences_[child] = {parent.request, k, parent.params, true};
+  }
+}
+
+std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor& logits) {
+  const int64_t V = cfg_.vocab_size;
+  std::vector<std::pair<RequestId, int64_t>> rows;  // (sequence, its logits row)
+  for (const ScheduledRequest& s : out.scheduled) {
+    if (!s.samples) continue;
+    const int64_t row = static_cast<int64_t>(rows.size());
+    const Sequence& seq = sequences_.at(s.id);
+    const bool first_token = scheduler_.request(s.id).num_output_tokens() == 0;
+    if (seq.params.n > 1 && !seq.forked && first_token) {
+      const RequestId first_child = next_id_;
+      fork_siblings(s.id);
+      rows.emplace_back(s.id, row);
+      for (RequestId c = first_child; c < next_id_; ++c) rows.emplace_back(c, row);
+    } else {
+      rows.emplace_back(s.id, row);
+    }
+  }
+  std::vector<SampleResult> results(rows.size());
+  const float* base = logits.data_as<float>();
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Sequence& seq = sequences_.at(rows[i].first);
+    const Request& r = scheduler_.request(rows[i].first);
+    SamplerConfig cfg = seq.params.sampler;
+    cfg.seed = sequence_seed(cfg.seed, seq.index);
+    const std::span<const int32_t> all(r.tokens);
+    results[i] = sample_at(cfg, std::span<const float>(base + rows[i].second * V, V),
+                           all.first(r.num_prompt_tokens), all.subspan(r.num_prompt_tokens),
+                           static_cast<uint64_t>(r.num_output_tokens()), seq.params.top_logprobs);
+  }
+  std::vector<SampledToken> sampled;
+  for (size_t i = 0; i < rows.size(); ++i) sampled.push_back({rows[i].first, results[i].token});
+  const std::vector<TokenUpdate> updates = scheduler_.update(sampled);
+  LOOM_CHECK(updates.size() == rows.size(), "engine: ", updates.size(), " updates for ", rows.size(), " tokens");
+  std::vector<TokenEvent> events;
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const Sequence& seq = sequences_.at(updates[i].id);
+    events.push_back({seq.request, seq.index, updates[i].token, results[i].logprob, std::move(results[i].top),
+                      updates[i].finish});
+    if (updates[i].finish != FinishReason::none) sequences_.erase(updates[i].id);
+  }
+  return events;
+}
+
+bool Engine::finish(RequestId request, FinishReason reason) {
+  bool any = false;
+  for (auto it = sequences_.begin(); it != sequences_.end();) {
+    if (it->second.request == request) {
+      any |= scheduler_.finish(it->first, reason);
+      it = sequences_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return any;
+}
+
+std::vector<std::vector<GenerationOutput>> Engine::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                            const GenerationParams& params) {
+  std::map<RequestId, size_t> which;
+  std::vector<std::vector<GenerationOutput>> outputs(prompts.size(),
+                                                     std::vector<GenerationOutput>(static_cast<size_t>(params.n)));
+  for (size_t i = 0; i < prompts.size(); ++i) which[add_request(prompts[i], params)] = i;
+  while (has_unfinished()) {
+    for (const TokenEvent& e : step()) {
+      auto it = which.find(e.request);
+      if (it == which.end()) continue;  // another caller's request
+      GenerationOutput& o = outputs[it->second][static_cast<size_t>(e.index)];
+      o.tokens.push_back(e.token);
+      o.logprobs.push_back(e.logprob);
+      o.finish = e.finish;
+    }
+  }
+  return outputs;
+}
+
+}  // namespace loom::infer

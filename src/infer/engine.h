@@ -1,0 +1,111 @@
+// Engine: the serving loop's core (DESIGN.md §8), driven by one thread (the
+// server's engine loop, `loom generate`): requests in, one scheduled step at
+// a time, sampled tokens out. It ties the scheduler and KV cache manager
+// (bookkeeping), the paged runner (one ragged forward per step) and the
+// sampler (per request, keyed by output position, so a request's tokens do
+// not depend on what else runs, on chunking or on preemption).
+//
+//   Engine engine(cfg, params, pools, {...});
+//   RequestId id = engine.add_request(prompt, params);
+//   while (engine.has_unfinished())
+//     for (const TokenEvent& e : engine.step()) ...;   // stream e.token
+//
+// n > 1: the prompt is computed once; when its first token is sampled the
+// request forks into n sequences sharing every KV block (copy-on-write), each
+// sampling with its own seed; events name the sequence and its index.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "core/memory.h"
+#include "infer/kv_cache_manager.h"
+#include "infer/request.h"
+#include "infer/sampler.h"
+#include "infer/scheduler.h"
+#include "model/config.h"
+#include "model/paged_runner.h"
+
+namespace loom::infer {
+
+struct EngineConfig {
+  int64_t num_blocks = 0;  // KV blocks with the null block; 0: enough for max_num_seqs full-length sequences
+  int64_t block_size = 16;
+  DType kv_dtype = DType::f32;
+  int64_t max_num_batched_tokens = 256;
+  int64_t max_num_seqs = 16;
+  int64_t max_model_len = 0;  // 0: the model's max_seq_len
+  bool chunked_prefill = true;
+  bool prefix_caching = true;
+};
+
+struct GenerationParams {
+  SamplerConfig sampler{};
+  StopParams stop{};
+  int64_t n = 1;             // sequences from one prompt
+  int64_t top_logprobs = 0;  // alternatives reported per token
+  void validate() const;     // loom::Error naming the field
+};
+
+// One sampled token of one sequence.
+struct TokenEvent {
+  RequestId request = 0;  // what add_request returned
+  int64_t index = 0;      // which of its n sequences
+  int32_t token = 0;
+  float logprob = 0.f;
+  std::vector<TokenLogprob> top;
+  FinishReason finish = FinishReason::none;  // none: more to come for this sequence
+};
+
+struct GenerationOutput {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason finish = FinishReason::none;
+};
+
+class Engine {
+ public:
+  // params: (P) f32 per param_specs(cfg); must outlive the engine.
+  Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config);
+
+  // Queues a request; loom::Error (nothing queued) for invalid params, an
+  // empty prompt, a token outside the vocabulary or a prompt that leaves no
+  // room within max_model_len.
+  RequestId add_request(std::vector<int32_t> prompt, const GenerationParams& params);
+  // One step: schedules, runs the forward, samples; the new token of every
+  // sequence that got one.
+  std::vector<TokenEvent> step();
+  // Ends every sequence of a request now (a client gone: abort; a stop
+  // string the caller matched: stop). False if none was left.
+  bool finish(RequestId request, FinishReason reason);
+  bool has_unfinished() const { return scheduler_.has_unfinished(); }
+  // Runs prompts to completion: outputs[i][k] is sequence k of prompt i.
+  std::vector<std::vector<GenerationOutput>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                      const GenerationParams& params);
+
+  const Scheduler& scheduler() const { return scheduler_; }
+  const KvCacheManager& kv() const { return kv_; }
+  const model::PagedRunner& runner() const { return runner_; }
+
+ private:
+  struct Sequence {
+    RequestId request = 0;
+    int64_t index = 0;
+    GenerationParams params;
+    bool forked = false;  // n > 1: its siblings exist
+  };
+  void fork_siblings(RequestId id);
+  std::vector<TokenEvent> sample(const SchedulerOutput& out, const Tensor& logits);
+
+  model::ModelConfig cfg_;
+  EngineConfig config_;
+  KvCacheManager kv_;
+  Scheduler scheduler_;
+  model::PagedRunner runner_;
+  std::unordered_map<RequestId, Sequence> sequences_;  // by the scheduler's id of the sequence
+  RequestId next_id_ = 1;
+};
+
+}  // namespace loom::infer

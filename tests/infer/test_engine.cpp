@@ -1,0 +1,156 @@
+// Engine: the scheduler, KV cache, paged runner and sampler together on a
+// tiny random model. Greedy output equals the contiguous decoder's loop; a
+// request's tokens and log-probabilities are bitwise the same alone, in a
+// batch, in chunks and after preemption; n > 1 shares the prompt's blocks;
+// aborts and bad requests leave nothing behind.
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/tensors.h"
+#include "core/memory.h"
+#include "infer/engine.h"
+#include "infer/generate.h"
+#include "model/decoder.h"
+#include "model/params.h"
+
+namespace loom::infer {
+namespace {
+
+using loom::test::expect_error;
+using Tokens = std::vector<int32_t>;
+
+struct Fixture {
+  model::ModelConfig cfg = model::model_preset("llama-tiny");
+  Pools pools;
+  OwnedTensor params;
+  explicit Fixture(const char* preset = "llama-tiny") : cfg(model::model_preset(preset)) {
+    const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
+    params = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
+    model::init_params(params, specs, 9);
+  }
+};
+
+Tokens prompt(int64_t n, int64_t salt, int64_t vocab) {
+  Tokens t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 31 + salt * 97 + 5) % vocab));
+  return t;
+}
+
+void expect_empty(const Engine& e) {
+  EXPECT_FALSE(e.has_unfinished());
+  EXPECT_EQ(e.kv().pool().num_used(), 0);
+  e.kv().pool().check_invariants();
+}
+
+TEST(Engine, GreedyTokensEqualTheContiguousDecodersLoop) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    Fixture f(preset);
+    Engine engine(f.cfg, f.params, f.pools, {.block_size = 4, .max_num_batched_tokens = 16});
+    GenerationParams p{.sampler = {.temperature = 0.f}, .stop = {.max_tokens = 12}};
+    const std::vector<Tokens> prompts = {prompt(9, 1, f.cfg.vocab_size), prompt(3, 2, f.cfg.vocab_size),
+                                         prompt(21, 3, f.cfg.vocab_size)};
+    const auto outputs = engine.generate(prompts, p);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      model::Decoder dec(f.cfg, f.params, f.pools);
+      Sampler greedy({.temperature = 0.f});
+      const GenerateResult want = infer::generate(dec, greedy, prompts[i], {.max_tokens = 12});
+      EXPECT_EQ(outputs[i][0].tokens, want.tokens) << preset << " prompt " << i;
+      EXPECT_EQ(outputs[i][0].finish, FinishReason::length);
+    }
+    expect_empty(engine);
+  }
+}
+
+// The one request, run five ways at one block size (the attention's reduction
+// order follows the block size, so that stays fixed); everything it returns
+// must be bitwise equal.
+TEST(Engine, ARequestGivesTheSameTokensAloneInABatchChunkedAndPreempted) {
+  Fixture f;
+  const int64_t V = f.cfg.vocab_size;
+  const GenerationParams p{.sampler = {.temperature = 0.9f, .top_p = 0.95f, .seed = 1234}, .stop = {.max_tokens = 20},
+                           .top_logprobs = 3};
+  const Tokens target = prompt(27, 7, V);
+  int64_t preemptions = 0;
+  auto run = [&](EngineConfig c, int others) {
+    Engine engine(f.cfg, f.params, f.pools, c);
+    std::vector<Tokens> prompts;
+    for (int i = 0; i < others / 2; ++i) prompts.push_back(prompt(5 + 3 * i, 20 + i, V));
+    prompts.push_back(target);
+    for (int i = others / 2; i < others; ++i) prompts.push_back(prompt(8 + 5 * i, 40 + i, V));
+    const auto out = engine.generate(prompts, p);
+    expect_empty(engine);
+    preemptions = engine.scheduler().stats().num_preemptions;
+    return out[static_cast<size_t>(others / 2)][0];
+  };
+  const GenerationOutput alone = run({.block_size = 16, .max_num_batched_tokens = 256}, 0);
+  ASSERT_EQ(alone.tokens.size(), 20u);
+  struct Case {
+    const char* name;
+    EngineConfig c;
+    int others;
+  };
+  const Case cases[] = {
+      {"in a batch of 8", {.block_size = 16, .max_num_batched_tokens = 256}, 7},
+      {"in chunks of 7", {.block_size = 16, .max_num_batched_tokens = 7}, 3},
+      {"in chunks of 1", {.block_size = 16, .max_num_batched_tokens = 1}, 1},
+      {"preempted", {.num_blocks = 1 + 5, .block_size = 16, .max_num_batched_tokens = 64}, 7},
+  };
+  for (const Case& c : cases) {
+    const GenerationOutput got = run(c.c, c.others);
+    EXPECT_EQ(got.tokens, alone.tokens) << c.name;
+    EXPECT_EQ(got.logprobs, alone.logprobs) << c.name;
+  }
+  EXPECT_GT(preemptions, 0) << "the last case was meant to preempt";
+}
+
+TEST(Engine, NSequencesShareThePromptAndDrawTheirOwnTokens) {
+  Fixture f;
+  Engine engine(f.cfg, f.params, f.pools, {.block_size = 4});
+  const GenerationParams p{.sampler = {.temperature = 1.f, .seed = 5}, .stop = {.max_tokens = 6}, .n = 3};
+  const Tokens pr = prompt(16, 3, f.cfg.vocab_size);  // 4 full blocks
+  const RequestId id = engine.add_request(pr, p);
+  std::vector<Tokens> seqs(3);
+  for (const TokenEvent& e : engine.step()) seqs[static_cast<size_t>(e.index)].push_back(e.token);  // prompt, fork
+  EXPECT_EQ(engine.scheduler().stats().num_running, 3);
+  EXPECT_EQ(engine.kv().pool().num_used(), 4);  // the prompt's blocks, shared
+  for (const TokenEvent& e : engine.step()) seqs[static_cast<size_t>(e.index)].push_back(e.token);
+  EXPECT_EQ(engine.kv().pool().num_used(), 4 + 3);  // and each sequence's own next block
+  while (engine.has_unfinished())
+    for (const TokenEvent& e : engine.step()) {
+      EXPECT_EQ(e.request, id);
+      seqs[static_cast<size_t>(e.index)].push_back(e.token);
+    }
+  EXPECT_NE(seqs[0], seqs[1]);
+  EXPECT_NE(seqs[1], seqs[2]);
+  expect_empty(engine);
+}
+
+TEST(Engine, AbortFreesEveryBlockAtOnce) {
+  Fixture f;
+  Engine engine(f.cfg, f.params, f.pools, {.block_size = 4, .max_num_batched_tokens = 8});
+  const RequestId a = engine.add_request(prompt(30, 1, f.cfg.vocab_size), {.stop = {.max_tokens = 5}});
+  const RequestId b = engine.add_request(prompt(5, 2, f.cfg.vocab_size), {.stop = {.max_tokens = 50}, .n = 2});
+  for (int i = 0; i < 6; ++i) engine.step();
+  EXPECT_TRUE(engine.finish(a, FinishReason::abort));
+  EXPECT_TRUE(engine.finish(b, FinishReason::abort));
+  EXPECT_FALSE(engine.finish(b, FinishReason::abort));
+  expect_empty(engine);
+}
+
+TEST(Engine, BadRequestsAreClearErrorsAndQueueNothing) {
+  Fixture f;
+  Engine engine(f.cfg, f.params, f.pools, {.block_size = 4});
+  expect_error([&] { engine.add_request({1, static_cast<int32_t>(f.cfg.vocab_size)}, {}); },
+               {"prompt token 1", "0 to " + std::to_string(f.cfg.vocab_size - 1)});
+  expect_error([&] { engine.add_request({1}, {.n = 0}); }, {"n = 0"});
+  expect_error([&] { engine.add_request({}, {}); }, {"prompt is empty"});
+  expect_error([&] { engine.add_request(prompt(f.cfg.max_seq_len, 1, f.cfg.vocab_size), {}); },
+               {"leaves no room", "max_model_len"});
+  expect_error([&] { Engine(f.cfg, f.params, f.pools, {.max_model_len = f.cfg.max_seq_len + 1}); },
+               {"max_model_len", "model.max_seq_len"});
+  expect_empty(engine);
+}
+
+}  // namespace
+}  // namespace loom::infer
