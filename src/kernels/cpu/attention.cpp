@@ -74,17 +74,6 @@ void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t 
 
 namespace {
 
-// One kLanes-wide f32 vector (GCC/Clang vector extension: a zmm register
-// with AVX-512, split into narrower registers elsewhere).
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Vec load_vec(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-
 // A micro-tile of C: kRowBlock rows x W vectors kept in registers while K
 // runs; each step loads W vectors of one B row and broadcasts one A element
 // per row. 8 rows x 2 vectors = 16 independent FMA chains (the latency is

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "core/tensor.h"
 #include "kernels/cpu/rows.h"
@@ -20,6 +21,18 @@ inline constexpr int64_t kLanes = 16;   // f32 lanes of an AVX-512 vector: tile 
 inline constexpr int64_t kRowBlock = 8; // rows per GEMM micro-tile: tile heights are padded to it
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// One kLanes-wide f32 vector (GCC/Clang vector extension: a zmm register
+// with AVX-512, split into narrower registers elsewhere), loaded and stored
+// unaligned: the same instructions whatever the address.
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Vec load_vec(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 // q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS). Query t sits at position off + t.
 struct Geometry {

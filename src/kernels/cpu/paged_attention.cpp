@@ -28,18 +28,10 @@ namespace loom::kernels::cpu {
 namespace {
 
 using attention::kLanes;
+using attention::load_vec;
 using attention::round_up;
-
-// One kLanes-wide f32 vector (GCC/Clang vector extension), loaded and stored
-// unaligned: the same instructions whatever the address.
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Vec load_vec(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+using attention::store_vec;
+using attention::Vec;
 
 // The lanes of v summed pairwise, halving the width each round: a fixed tree.
 inline float hsum(Vec v) {
