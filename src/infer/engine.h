@@ -31,7 +31,12 @@
 namespace loom::infer {
 
 struct EngineConfig {
-  int64_t num_blocks = 0;  // KV blocks with the null block; 0: enough for max_num_seqs full-length sequences
+  // The KV cache: num_blocks blocks (with the null block) if > 0, else as
+  // many as kv_cache_bytes holds if > 0, else enough for max_num_seqs
+  // sequences of max_model_len tokens. It must hold one max_model_len
+  // sequence (a request can always run alone).
+  int64_t num_blocks = 0;
+  int64_t kv_cache_bytes = 0;
   int64_t block_size = 16;
   DType kv_dtype = DType::f32;
   int64_t max_num_batched_tokens = 256;
@@ -67,7 +72,8 @@ struct GenerationOutput {
 
 class Engine {
  public:
-  // params: (P) f32 per param_specs(cfg); must outlive the engine.
+  // params: (P) per param_specs(cfg), f32, bf16 or f16 (the dtype the model
+  // computes in); must outlive the engine.
   Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config);
 
   // Queues a request; loom::Error (nothing queued) for invalid params, an
@@ -80,6 +86,9 @@ class Engine {
   // Ends every sequence of a request now (a client gone: abort; a stop
   // string the caller matched: stop). False if none was left.
   bool finish(RequestId request, FinishReason reason);
+  // Ends sequence `index` of a request only (n > 1: one sequence matched a
+  // stop string); its siblings go on. False if it was not running.
+  bool finish_sequence(RequestId request, int64_t index, FinishReason reason);
   bool has_unfinished() const { return scheduler_.has_unfinished(); }
   // Runs prompts to completion: outputs[i][k] is sequence k of prompt i.
   std::vector<std::vector<GenerationOutput>> generate(const std::vector<std::vector<int32_t>>& prompts,
@@ -88,6 +97,7 @@ class Engine {
   const Scheduler& scheduler() const { return scheduler_; }
   const KvCacheManager& kv() const { return kv_; }
   const model::PagedRunner& runner() const { return runner_; }
+  const EngineConfig& config() const { return config_; }  // resolved: num_blocks and max_model_len set
 
  private:
   struct Sequence {

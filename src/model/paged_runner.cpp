@@ -55,6 +55,10 @@ void PagedRunnerSizes::validate() const {
   LOOM_REQUIRE(dtype_is_float(kv_dtype), "KV cache dtype ", dtype_name(kv_dtype), " is invalid: allowed f32, bf16, f16");
 }
 
+int64_t kv_block_bytes(const ModelConfig& cfg, int64_t block_size, DType kv_dtype) {
+  return 2 * cfg.n_layer * block_size * cfg.n_kv_head * cfg.head_size() * static_cast<int64_t>(dtype_size(kv_dtype));
+}
+
 struct PagedRunner::State {
   std::vector<OwnedTensor> owned;
   PagedAttention attention;  // holds the KV cache
@@ -68,14 +72,14 @@ struct PagedRunner::State {
 };
 
 PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes)
-    : cfg_(cfg), sizes_(sizes), specs_(param_specs(cfg)), st_(std::make_unique<State>()) {
+    : cfg_(cfg), sizes_(sizes), compute_(params.dtype()), specs_(param_specs(cfg)), st_(std::make_unique<State>()) {
   sizes_.validate();
-  LOOM_CHECK(params.dtype() == DType::f32 && params.numel() == param_count(specs_) && params.is_contiguous(),
+  LOOM_CHECK(dtype_is_float(params.dtype()) && params.numel() == param_count(specs_) && params.is_contiguous(),
              "params ", params.str(), " for ", param_count(specs_), " parameters");
   const int64_t M = sizes_.max_tokens, R = sizes_.max_logit_rows, C = cfg.n_embd, NH = cfg.n_head;
   const int64_t NKV = cfg.n_kv_head, HS = cfg.head_size(), F = cfg.d_ff;
   State& st = *st_;
-  auto alloc = [&](MemTag tag, Shape shape, DType dtype = DType::f32) {
+  auto alloc = [&](MemTag tag, Shape shape, DType dtype) {
     st.owned.push_back(pools[tag].zeros(dtype, shape));
     return Tensor(st.owned.back());
   };
@@ -85,23 +89,23 @@ PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& po
     st.attention.v_cache.push_back(alloc(MemTag::kv_cache, {sizes_.num_blocks, sizes_.block_size, NKV, HS}, sizes_.kv_dtype));
   }
   LayerActs& a = st.acts;  // inference: no saved statistics
-  a.norm1 = alloc(MemTag::activations, {1, M, C});
-  a.q = alloc(MemTag::activations, {1, M, NH, HS});
-  a.k = alloc(MemTag::activations, {1, M, NKV, HS});
-  a.v = alloc(MemTag::activations, {1, M, NKV, HS});
-  a.att = alloc(MemTag::activations, {1, M, NH, HS});
-  a.res1 = alloc(MemTag::activations, {1, M, C});
-  a.norm2 = alloc(MemTag::activations, {1, M, C});
-  a.fc = alloc(MemTag::activations, {1, M, F});
-  a.act = alloc(MemTag::activations, {1, M, F});
-  if (cfg.family == Family::llama) a.up = alloc(MemTag::activations, {1, M, F});
+  a.norm1 = alloc(MemTag::activations, {1, M, C}, compute_);
+  a.q = alloc(MemTag::activations, {1, M, NH, HS}, compute_);
+  a.k = alloc(MemTag::activations, {1, M, NKV, HS}, compute_);
+  a.v = alloc(MemTag::activations, {1, M, NKV, HS}, compute_);
+  a.att = alloc(MemTag::activations, {1, M, NH, HS}, compute_);
+  a.res1 = alloc(MemTag::activations, {1, M, C}, compute_);
+  a.norm2 = alloc(MemTag::activations, {1, M, C}, compute_);
+  a.fc = alloc(MemTag::activations, {1, M, F}, compute_);
+  a.act = alloc(MemTag::activations, {1, M, F}, compute_);
+  if (cfg.family == Family::llama) a.up = alloc(MemTag::activations, {1, M, F}, compute_);
   st.tokens = alloc(MemTag::activations, {1, M}, DType::i32);
   st.positions = alloc(MemTag::activations, {1, M}, DType::i32);
-  st.x = alloc(MemTag::activations, {1, M, C});
-  st.y = alloc(MemTag::activations, {1, M, C});
-  st.last = alloc(MemTag::activations, {1, R, C});
-  st.normf = alloc(MemTag::activations, {1, R, C});
-  st.logits = alloc(MemTag::activations, {R, cfg.vocab_size});
+  st.x = alloc(MemTag::activations, {1, M, C}, compute_);
+  st.y = alloc(MemTag::activations, {1, M, C}, compute_);
+  st.last = alloc(MemTag::activations, {1, R, C}, compute_);
+  st.normf = alloc(MemTag::activations, {1, R, C}, compute_);
+  st.logits = alloc(MemTag::activations, {R, cfg.vocab_size}, DType::f32);  // the sampler's
   const ParamViews pv(specs_, params);
   for (int64_t l = 0; l < cfg.n_layer; ++l) st.w.push_back(pv.layer(cfg, l));
   st.head = pv.head(cfg);

@@ -41,9 +41,14 @@ struct PagedBatch {
   std::span<const int32_t> logit_rows;    // rows (of N) whose next-token logits are wanted, in the order returned
 };
 
+// Bytes of one KV block: every layer's K and V for block_size tokens.
+int64_t kv_block_bytes(const ModelConfig& cfg, int64_t block_size, DType kv_dtype);
+
 class PagedRunner {
  public:
-  // params: (P) f32 packed per param_specs(cfg); must outlive the runner.
+  // params: (P) packed per param_specs(cfg), f32, bf16 or f16: the runner
+  // computes in that dtype (activations too; GEMMs accumulate in f32 as in
+  // training) and returns f32 logits. Must outlive the runner.
   PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes);
   ~PagedRunner();
   PagedRunner(const PagedRunner&) = delete;
@@ -53,6 +58,7 @@ class PagedRunner {
   const PagedRunnerSizes& sizes() const { return sizes_; }
   // Bytes of the KV cache (every layer's K and V).
   int64_t kv_cache_bytes() const;
+  DType compute_dtype() const { return compute_; }
 
   // Copy-on-write: block dst's K/V become block src's, every layer. Before
   // the step that writes into dst.
@@ -67,6 +73,7 @@ class PagedRunner {
  private:
   ModelConfig cfg_;
   PagedRunnerSizes sizes_;
+  DType compute_;
   std::vector<ParamSpec> specs_;
   struct State;
   std::unique_ptr<State> st_;

@@ -1,8 +1,11 @@
 // Engine: the scheduler, KV cache, paged runner and sampler together on a
-// tiny random model. Greedy output equals the contiguous decoder's loop; a
+// tiny random model. Greedy output equals the argmax of a full no-cache
+// Model::forward, token after token; a
 // request's tokens and log-probabilities are bitwise the same alone, in a
 // batch, in chunks and after preemption; n > 1 shares the prompt's blocks;
 // aborts and bad requests leave nothing behind.
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -10,8 +13,9 @@
 #include "common/tensors.h"
 #include "core/memory.h"
 #include "infer/engine.h"
-#include "infer/generate.h"
-#include "model/decoder.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "model/paged_runner.h"
 #include "model/params.h"
 
 namespace loom::infer {
@@ -43,7 +47,24 @@ void expect_empty(const Engine& e) {
   e.kv().pool().check_invariants();
 }
 
-TEST(Engine, GreedyTokensEqualTheContiguousDecodersLoop) {
+// Greedy decoding the slow way: the whole sequence through Model::forward
+// for every new token, the argmax of its last row (ties: the lower id).
+Tokens greedy_by_full_forward(const Fixture& f, const Tokens& prompt, int64_t new_tokens) {
+  Tokens seq = prompt;
+  const int64_t V = f.cfg.vocab_size;
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    const auto T = static_cast<int64_t>(seq.size());
+    Pools pools;
+    model::Model m(f.cfg, 1, T, pools);
+    kernels::copy(m.params(), f.params);
+    m.forward(Tensor(seq.data(), DType::i32, {1, T}));
+    const float* last = m.logits().data_as<float>() + (T - 1) * V;
+    seq.push_back(static_cast<int32_t>(std::max_element(last, last + V) - last));
+  }
+  return Tokens(seq.begin() + static_cast<int64_t>(prompt.size()), seq.end());
+}
+
+TEST(Engine, GreedyTokensEqualTheArgmaxOfAFullForwardEachStep) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     Fixture f(preset);
     Engine engine(f.cfg, f.params, f.pools, {.block_size = 4, .max_num_batched_tokens = 16});
@@ -52,10 +73,7 @@ TEST(Engine, GreedyTokensEqualTheContiguousDecodersLoop) {
                                          prompt(21, 3, f.cfg.vocab_size)};
     const auto outputs = engine.generate(prompts, p);
     for (size_t i = 0; i < prompts.size(); ++i) {
-      model::Decoder dec(f.cfg, f.params, f.pools);
-      Sampler greedy({.temperature = 0.f});
-      const GenerateResult want = infer::generate(dec, greedy, prompts[i], {.max_tokens = 12});
-      EXPECT_EQ(outputs[i][0].tokens, want.tokens) << preset << " prompt " << i;
+      EXPECT_EQ(outputs[i][0].tokens, greedy_by_full_forward(f, prompts[i], 12)) << preset << " prompt " << i;
       EXPECT_EQ(outputs[i][0].finish, FinishReason::length);
     }
     expect_empty(engine);
@@ -136,6 +154,42 @@ TEST(Engine, AbortFreesEveryBlockAtOnce) {
   EXPECT_TRUE(engine.finish(b, FinishReason::abort));
   EXPECT_FALSE(engine.finish(b, FinishReason::abort));
   expect_empty(engine);
+}
+
+TEST(Engine, FinishSequenceEndsOneSampleAndItsSiblingsGoOn) {
+  Fixture f;
+  Engine engine(f.cfg, f.params, f.pools, {.block_size = 4});
+  const RequestId id = engine.add_request(prompt(6, 4, f.cfg.vocab_size),
+                                          {.sampler = {.seed = 3}, .stop = {.max_tokens = 8}, .n = 3});
+  std::vector<int64_t> counts(3, 0);
+  std::vector<FinishReason> finish(3, FinishReason::none);
+  for (const TokenEvent& e : engine.step()) ++counts[static_cast<size_t>(e.index)];
+  EXPECT_TRUE(engine.finish_sequence(id, 1, FinishReason::stop));  // as a stop string would
+  EXPECT_FALSE(engine.finish_sequence(id, 1, FinishReason::stop));
+  EXPECT_FALSE(engine.finish_sequence(id + 100, 0, FinishReason::stop));
+  while (engine.has_unfinished())
+    for (const TokenEvent& e : engine.step()) {
+      ++counts[static_cast<size_t>(e.index)];
+      finish[static_cast<size_t>(e.index)] = e.finish;
+    }
+  EXPECT_EQ(counts, (std::vector<int64_t>{8, 1, 8}));
+  EXPECT_EQ(finish[0], FinishReason::length);
+  EXPECT_EQ(finish[2], FinishReason::length);
+  expect_empty(engine);
+}
+
+TEST(Engine, AKvCacheBudgetInBytesGivesItsBlocksOrAClearError) {
+  Fixture f;
+  const int64_t block = model::kv_block_bytes(f.cfg, 4, DType::bf16);
+  EXPECT_EQ(block, 2 * f.cfg.n_layer * 4 * f.cfg.n_kv_head * f.cfg.head_size() * 2);
+  const int64_t per_seq = (f.cfg.max_seq_len + 3) / 4;
+  Engine engine(f.cfg, f.params, f.pools,
+                {.kv_cache_bytes = (per_seq + 3) * block + block / 2, .block_size = 4, .kv_dtype = DType::bf16});
+  EXPECT_EQ(engine.config().num_blocks, per_seq + 3);
+  EXPECT_EQ(engine.runner().kv_cache_bytes(), (per_seq + 3) * block);
+  const std::string needs = "needs " + std::to_string(per_seq + 1);
+  expect_error([&] { Engine(f.cfg, f.params, f.pools, {.kv_cache_bytes = per_seq * block, .block_size = 4}); },
+               {"one sequence of max_model_len = " + std::to_string(f.cfg.max_seq_len), needs});
 }
 
 TEST(Engine, BadRequestsAreClearErrorsAndQueueNothing) {

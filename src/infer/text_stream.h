@@ -1,0 +1,55 @@
+// TextStream: one generated sequence's text as its tokens arrive, for
+// streaming (`loom generate`, the server's SSE and NDJSON chunks). Token ids
+// become the tokenizer's bytes; the end-of-sequence token and ids past the
+// tokenizer (a padded vocabulary) add no text, as vLLM's skip_special_tokens
+// does; a UTF-8 character split across tokens is held back until it is whole,
+// so every piece handed out is whole characters (bytes that can never become
+// one are passed on as they are); stop strings are matched on the text with
+// their own hold-back (StopStrings): the stop string and what follows it are
+// never emitted.
+//
+//   TextStream ts(tok, {"\n\n"}, {tok.eot_id()});
+//   for each token: TextStream::Piece p = ts.feed(token); emit p.text; if (p.stopped) end the sequence;
+//   at the end: emit ts.flush();
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "infer/stop_strings.h"
+#include "text/bpe.h"
+
+namespace loom::infer {
+
+// The bytes at the end of s that begin a UTF-8 character still missing
+// continuation bytes (0 to 3): what a stream holds back.
+size_t incomplete_utf8_tail(const std::string& s);
+
+class TextStream {
+ public:
+  // tok must outlive the stream. stops: stop strings (none empty); silent:
+  // token ids that add no text (EOS).
+  TextStream(const text::Gpt2Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent = {});
+
+  struct Piece {
+    std::string text;      // safe to emit now (maybe empty)
+    bool stopped = false;  // a stop string ended the text; later tokens add nothing
+    std::string matched;   // the stop string
+  };
+  Piece feed(int32_t token);
+  // The end of the sequence: everything still held back.
+  std::string flush();
+  // Everything handed out so far (feed and flush pieces together).
+  const std::string& text() const { return text_; }
+  bool stopped() const { return stops_.stopped(); }
+
+ private:
+  const text::Gpt2Tokenizer& tok_;
+  StopStrings stops_;
+  std::vector<int32_t> silent_;
+  std::string bytes_;  // decoded bytes not yet passed to stops_ (an incomplete character)
+  std::string text_;
+};
+
+}  // namespace loom::infer
