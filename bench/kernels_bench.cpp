@@ -1,5 +1,6 @@
 // `loom bench kernels`: matmul GFLOP/s at square shapes and at every GEMM of a
-// GPT-2 124M training step, and attention forward+backward tokens/s.
+// GPT-2 124M training step, attention forward+backward tokens/s, and the
+// serving linears (oneDNN vs the batch-invariant kernel) at 1 to 512 rows.
 //
 // Each case runs once to warm up (creating the oneDNN primitive, touching
 // the pages), then repeats until --seconds have elapsed (at least 3 times).
@@ -174,6 +175,50 @@ void bench_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, 
   std::fflush(stdout);
 }
 
+// The serving path's linears (y = x @ w^T at gpt2-124m's shapes, M rows):
+// oneDNN's linear_forward (training's) next to linear_forward_invariant
+// (the engine's, batch invariant), so the price of invariance is measured
+// where it is paid. GB/s counts w's bytes once: at M = 1 it is the bandwidth
+// the decode step gets.
+struct ServingLinear {
+  const char* name;
+  int64_t in, out;
+};
+constexpr ServingLinear kServingLinears[] = {
+    {"qkv", kC, 3 * kC}, {"attn_proj", kC, kC}, {"fc", kC, 4 * kC}, {"mlp_proj", 4 * kC, kC}, {"lm_head", kC, kV}};
+constexpr int64_t kServingRows[] = {1, 8, 64, 512};
+
+void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const char* op, DType dtype,
+                          const ServingLinear& l, int64_t m) {
+  Pool& pool = pools[MemTag::workspace];
+  OwnedTensor x = pool.empty(dtype, {m, l.in}), w = pool.empty(dtype, {l.out, l.in});
+  OwnedTensor y = pool.empty(dtype, {m, l.out});
+  fill_random(x, 7);
+  fill_random(w, 8);
+  const bool invariant = std::string(op) == "linear_invariant";
+  const Timing t = measure(
+      [&] {
+        if (invariant) kernels::linear_forward_invariant(y, x, w, Tensor());
+        else kernels::linear_forward(y, x, w, Tensor());
+      },
+      opts.min_seconds);
+  const double gflops = 2.0 * m * l.out * l.in / t.best / 1e9;
+  const double gbps = static_cast<double>(w.nbytes()) / t.best / 1e9;
+  const std::string name = std::string("gpt2_") + l.name;
+  if (opts.json) {
+    std::printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"seconds\":%.6g,"
+                "\"median_seconds\":%.6g,\"reps\":%d,\"gflops\":%.2f,\"weight_gb_per_s\":%.2f,\"threads\":%d}\n",
+                op, dtype_name(dtype).data(), name.c_str(), static_cast<long long>(m),
+                static_cast<long long>(l.out), static_cast<long long>(l.in), t.best, t.median, t.reps, gflops, gbps,
+                opts.threads);
+  } else {
+    std::printf("%-16s %-5s %-16s %6lld %6lld %6lld %10.4f %10.4f %9.1f %9.2f\n", op, dtype_name(dtype).data(),
+                name.c_str(), static_cast<long long>(m), static_cast<long long>(l.out), static_cast<long long>(l.in),
+                t.best * 1e3, t.median * 1e3, gflops, gbps);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int run_kernel_bench(const KernelBenchOptions& opts) {
@@ -211,8 +256,25 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
       bench_attention(pools, opts, dtype, c);
     }
   }
+  header = false;
+  for (const auto& [op, dtype] : variants) {
+    if (std::string(op) != "matmul") continue;  // the dtypes oneDNN runs
+    for (const char* linear_op : {"linear", "linear_invariant"}) {
+      for (const ServingLinear& l : kServingLinears) {
+        if (!selected(opts, linear_op, dtype, std::string("gpt2_") + l.name)) continue;
+        for (int64_t m : kServingRows) {
+          ++measured;
+          if (!opts.json && !std::exchange(header, true))
+            std::printf("\n%-16s %-5s %-16s %6s %6s %6s %10s %10s %9s %9s\n", "op", "dtype", "case", "m", "n", "k",
+                        "best_ms", "median_ms", "GFLOP/s", "w GB/s");
+          bench_serving_linear(pools, opts, linear_op, dtype, l, m);
+        }
+      }
+    }
+  }
   LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter,
-               "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd), ",
+               "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, ",
+               "linear_invariant), ",
                "a dtype (f32, bf16) or a case name (square_1024, gpt2_lm_head_dw, ...)");
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "bench/comm_bench.h"
 #include "bench/kernels_bench.h"
+#include "bench/serve_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
 #include "core/dtype.h"
@@ -122,6 +123,86 @@ void add_bench_comm(CLI::App& bench, int& exit_code, const std::string& command_
   });
 }
 
+// The model and the engine's sizes of `loom bench serve`.
+void add_serve_model_options(CLI::App& serve, bench::ServeBenchOptions& o) {
+  serve.add_option("--preset", o.preset, "model preset with random weights (gpt2-124m, gpt2-350m, llama-110m, "
+                                         "gpt2-tiny, ...)")
+      ->capture_default_str();
+  serve.add_option("--model", o.model_dir, "a model directory (loom or Hugging Face format) instead of --preset");
+  const std::vector<std::string> precisions(kPrecisionNames.begin(), kPrecisionNames.end());
+  serve.add_option("--dtype", o.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str()->check(
+      CLI::IsMember(precisions));
+  serve.add_option("--kv-dtype", o.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str()->check(
+      CLI::IsMember(precisions));
+  serve.add_option("--block-size", o.engine.block_size, "tokens per KV block")->capture_default_str()->check(
+      CLI::Range(1, 1 << 16));
+  serve.add_option("--kv-cache-mb", o.kv_cache_mb,
+                   "KV cache MiB (default: enough for max-num-seqs sequences of max-model-len)")
+      ->check(CLI::Range(0.0, double(1 << 30)));
+  serve.add_option("--max-num-seqs", o.engine.max_num_seqs, "running requests at most")->capture_default_str()->check(
+      CLI::Range(1, 1 << 20));
+  serve.add_option("--max-num-batched-tokens", o.engine.max_num_batched_tokens,
+                   "tokens computed per engine step (chunked prefill fills what decodes leave)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  serve.add_option("--max-model-len", o.engine.max_model_len,
+                   "tokens per sequence, prompt and output (default: the model's max_seq_len)")
+      ->check(CLI::Range(2, 1 << 24));
+  serve.add_option("--seed", o.seed, "seeds the weights, the workload and the arrivals")
+      ->capture_default_str()
+      ->check(CLI::Validator(  // CLI11 would wrap -1 around to 2^64 - 1
+          [](std::string& v) { return v.starts_with('-') ? std::string("a seed is an integer >= 0") : std::string(); },
+          "UINT"));
+}
+
+// The workload (vLLM's benchmark_serving "random" dataset) and the modes.
+void add_serve_workload_options(CLI::App& serve, bench::ServeBenchOptions& o) {
+  serve.add_option("--mode", o.mode,
+                   "throughput: requests through the engine, vLLM's metrics; decode-bound: batch-1 decode tokens/s "
+                   "against the memory-bandwidth bound; capacity: sequences a KV budget runs at once, paged vs "
+                   "contiguous (no model)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"throughput", "decode-bound", "capacity"}));
+  serve.add_option("--num-requests", o.num_requests, "requests (default: throughput 64, capacity 1000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  serve.add_option("--input-len", o.input_len, "prompt tokens (default 128; capacity: the mean, default 161)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  serve.add_option("--output-len", o.output_len, "new tokens (default 128; capacity: the mean, default 338)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  serve.add_option("--range-ratio", o.range_ratio, "throughput: lengths uniform in [L (1 - r), L (1 + r)]")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999999));
+  // Checked by the bench (> 0): CLI11's number checks reject inf.
+  serve.add_option("--request-rate", o.request_rate, "throughput: Poisson arrivals per second (default inf: all at "
+                                                     "t = 0)");
+  serve.add_option("--concurrency", o.concurrency, "throughput: requests in flight at most (default: no limit)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  serve.add_flag("--ignore-eos,!--no-ignore-eos", o.ignore_eos,
+                 "keep generating past EOS, so each request gets --output-len tokens (default, as vLLM's benchmark)");
+  serve.add_flag("--batch-invariant,!--no-batch-invariant", o.engine.batch_invariant,
+                 "batch-invariant linears (default, as loom generate and loom serve run); --no-batch-invariant: "
+                 "oneDNN's GEMM, to measure what invariance costs");
+  serve.add_flag("--json", o.json, "print one JSON Lines object");
+}
+
+void add_bench_serve(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {
+  CLI::App* serve = bench.add_subcommand(
+      "serve", "the serving engine offline: vLLM-style throughput and latency, batch-1 decode against the memory "
+               "bandwidth bound, or paged vs contiguous KV capacity");
+  auto opts = std::make_shared<bench::ServeBenchOptions>();
+  opts->command = command_line;
+  auto threads = std::make_shared<int>(default_threads);
+  add_serve_workload_options(*serve, *opts);
+  add_serve_model_options(*serve, *opts);
+  serve->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
+      ->check(CLI::Range(1, 1024));
+  serve->callback([opts, threads, &exit_code] {
+    set_num_threads(*threads);
+    opts->threads = *threads;
+    exit_code = bench::run_serve_bench(*opts);
+  });
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line, int default_threads) {
@@ -130,6 +211,7 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& command
   add_bench_kernels(*bench, exit_code, command_line, default_threads);
   add_bench_train(*bench, exit_code, command_line, default_threads);
   add_bench_comm(*bench, exit_code, command_line);
+  add_bench_serve(*bench, exit_code, command_line, default_threads);
 }
 
 }  // namespace loom::cli

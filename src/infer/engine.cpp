@@ -80,7 +80,8 @@ Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools
                .block_size = config_.block_size,
                .max_tokens = config_.max_num_batched_tokens,
                .max_logit_rows = config_.max_num_batched_tokens,
-               .kv_dtype = config_.kv_dtype}) {}
+               .kv_dtype = config_.kv_dtype,
+               .batch_invariant = config_.batch_invariant}) {}
 
 RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
   params.validate();
@@ -136,9 +137,10 @@ void Engine::fork_siblings(RequestId id) {
 std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor& logits) {
   const int64_t V = cfg_.vocab_size;
   std::vector<std::pair<RequestId, int64_t>> rows;  // (sequence, its logits row)
+  int64_t next_row = 0;  // one logits row per sampling request; a forking one feeds all its children from it
   for (const ScheduledRequest& s : out.scheduled) {
     if (!s.samples) continue;
-    const int64_t row = static_cast<int64_t>(rows.size());
+    const int64_t row = next_row++;
     const Sequence& seq = sequences_.at(s.id);
     const bool first_token = scheduler_.request(s.id).num_output_tokens() == 0;
     if (seq.params.n > 1 && !seq.forked && first_token) {

@@ -44,6 +44,10 @@ struct EngineConfig {
   int64_t max_model_len = 0;  // 0: the model's max_seq_len
   bool chunked_prefill = true;
   bool prefix_caching = true;
+  // Batch-invariant linears (model::PagedRunnerSizes): a request's tokens do
+  // not depend on its batch. Off trades that for oneDNN's faster GEMM at
+  // many rows (measured in BENCHMARKS.md).
+  bool batch_invariant = true;
 };
 
 struct GenerationParams {

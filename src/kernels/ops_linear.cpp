@@ -81,8 +81,10 @@ void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, co
   backend_of(op, {{"da", da}, {"db", db}, {"dc", dc}, {"a", a}, {"b", b}}).matmul_backward(da, db, dc, a, b, opts);
 }
 
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  constexpr const char* op = "linear_forward";
+namespace {
+
+// The forward's checks: check_linear and the bias.
+void check_linear_forward(const char* op, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_linear(op, {"y", y}, {"x", x}, {"w", w});
   if (bias.defined()) {
     require_contiguous(op, {{"bias", bias}});
@@ -91,7 +93,27 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
       op_fail(op, {{"bias", bias}, {"w", w}}, "bias has dtype ", dtype_name(bias.dtype()), ", expected f32 or w's ",
               dtype_name(w.dtype()));
   }
+}
+
+thread_local int batch_invariant_depth = 0;
+
+}  // namespace
+
+BatchInvariantScope::BatchInvariantScope() { ++batch_invariant_depth; }
+BatchInvariantScope::~BatchInvariantScope() { --batch_invariant_depth; }
+bool batch_invariant_mode() { return batch_invariant_depth > 0; }
+
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (batch_invariant_mode()) return linear_forward_invariant(y, x, w, bias);
+  constexpr const char* op = "linear_forward";
+  check_linear_forward(op, y, x, w, bias);
   backend_of(op, {{"y", y}, {"x", x}, {"w", w}, {"bias", bias}}).linear_forward(y, x, w, bias);
+}
+
+void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  constexpr const char* op = "linear_forward_invariant";
+  check_linear_forward(op, y, x, w, bias);
+  backend_of(op, {{"y", y}, {"x", x}, {"w", w}, {"bias", bias}}).linear_forward_invariant(y, x, w, bias);
 }
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {

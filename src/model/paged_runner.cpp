@@ -5,6 +5,7 @@
 #include "model/paged_runner.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -165,6 +166,10 @@ void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max
 
 Tensor PagedRunner::step(const PagedBatch& b) {
   check_batch(b, sizes_, cfg_.max_seq_len);
+  // Every linear of the blocks and the LM head batch invariant (ops.h): a
+  // row's logits must not depend on the step's other rows.
+  std::optional<BatchInvariantScope> invariant;
+  if (sizes_.batch_invariant) invariant.emplace();
   State& st = *st_;
   const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
   const auto R = static_cast<int64_t>(b.logit_rows.size());

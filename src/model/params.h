@@ -148,7 +148,7 @@ void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_be
 enum class ParamLayout : uint8_t { loom, hf };
 
 // The whole-model operations on a flat parameter buffer, flat: (P) f32
-// packed in spec order (Model::master_params(), or a Decoder's own weights).
+// packed in spec order (Model::master_params(), or the serving engine's weights).
 // A view of one parameter, with its spec's shape (and flat's dtype: a bf16
 // flat buffer gives bf16 views).
 Tensor param_view(const Tensor& flat, const ParamSpec& spec);

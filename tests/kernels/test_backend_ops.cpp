@@ -81,6 +81,11 @@ std::vector<OpCase> gemm_cases() {
          const Tensor x = io.normal("x", dt, {2, 3, 5}), w = io.normal("w", dt, {4, 5});
          OP(linear_forward)(io.normal("y", dt, {2, 3, 4}), x, w, io.normal("bias", f32, {4}));
        }},
+      {"linear_forward_invariant", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // K = 37: whole steps and a masked tail
+         const Tensor x = io.normal("x", dt, {2, 3, 37}), w = io.normal("w", dt, {5, 37});
+         OP(linear_forward_invariant)(io.normal("y", dt, {2, 3, 5}), x, w, io.normal("bias", dt, {5}));
+       }},
       {"linear_backward", gemm_dtypes(), f32_tol, half_tol,
        [](Io& io, DType dt) {
          const Tensor x = io.normal("x", dt, {6, 5}), w = io.normal("w", dt, {4, 5}), dy = io.normal("dy", dt, {6, 4});
@@ -396,14 +401,14 @@ TEST(BackendOps, CasesCoverExactlyTheBackendTablesOps) {
 }
 
 // Every function ops.h declares at namespace scope (a line starting with its
-// return type) is a backend-table entry, but the one query that computes
-// nothing.
+// return type) is a backend-table entry, but the two queries that compute
+// nothing (and BatchInvariantScope, a class).
 TEST(BackendOps, EveryOpDeclaredInOpsHIsInTheBackendTable) {
   const auto path = std::filesystem::path(__FILE__).parent_path() / "../../src/kernels/ops.h";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
   const std::regex declaration(R"(^(?:[A-Za-z_][A-Za-z0-9_:<>]*\s+)+([a-z_][a-z0-9_]*)\()");
-  const std::set<std::string> queries = {"bf16_matmul_unsupported_reason"};
+  const std::set<std::string> queries = {"bf16_matmul_unsupported_reason", "batch_invariant_mode"};
   std::set<std::string> declared, table;
   for (std::string line; std::getline(in, line);) {
     std::smatch m;

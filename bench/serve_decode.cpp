@@ -1,0 +1,171 @@
+// `loom bench serve --mode decode-bound`: how close single-sequence decoding
+// comes to the machine's memory bandwidth, the bound of batch-1 decoding
+// (each step reads every weight once for one token).
+//
+// Decode tokens/s: one request, greedy, EOS ignored, a random prompt of
+// --input-len tokens and --output-len new tokens; timed from the event of
+// the first token (the prefill's) to that of the last, so (output - 1)
+// decode steps, sampling included. An untimed 4-token request on another
+// prompt runs first (first touch of the cache and the buffers).
+//
+// Read bandwidth: the sum of a 1 GiB buffer (far bigger than any last-level
+// cache), read by the same OpenMP threads as the model, each its static share
+// (first touched by that thread: local memory on a NUMA machine); the best of
+// 5 passes before the model is loaded and 5 after the decode (a shared
+// machine's bandwidth drifts between runs by a third: the best of both is
+// the bound, so the ratio is never flattered by a slow moment). GB = 1e9
+// bytes.
+//
+// Bytes per decode token: every weight byte the forward reads in the
+// compute dtype — the token embedding as one row for the lookup (tied: plus
+// the whole table once as the LM head), GPT-2's wpe as one row — plus the
+// K/V bytes of the mean context, input_len + output_len / 2 tokens (decode
+// step k attends over input_len + k positions, k = 1 .. output_len - 1).
+// Activations, logits and the block tables are left out (small at batch 1).
+// Bound tokens/s = bandwidth / bytes per token.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "bench/serve_common.h"
+#include "core/error.h"
+#include "infer/engine.h"
+#include "model/family.h"
+#include "model/params.h"
+
+namespace loom::bench::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kBandwidthBytes = int64_t{1} << 30;
+constexpr int kBandwidthPasses = 5;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Bytes/s of reading a kBandwidthBytes buffer, best pass.
+double measure_read_bandwidth() {
+  Pools pools;
+  const int64_t n = kBandwidthBytes / static_cast<int64_t>(sizeof(uint64_t));
+  const OwnedTensor buffer = pools[MemTag::workspace].empty(DType::i64, {n});
+  auto* v = static_cast<uint64_t*>(buffer.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<uint64_t>(i);
+  double best = std::numeric_limits<double>::infinity();
+  volatile uint64_t sink = 0;  // keeps the sums
+  for (int pass = 0; pass < kBandwidthPasses; ++pass) {
+    const Clock::time_point t0 = Clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel for simd schedule(static) reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += v[i];
+    best = std::min(best, seconds_since(t0));
+    sink = sink + sum;
+  }
+  return static_cast<double>(kBandwidthBytes) / best;
+}
+
+struct DecodeBytes {
+  int64_t weights = 0, kv = 0;
+  double mean_context = 0;
+  int64_t total() const { return weights + kv; }
+};
+
+DecodeBytes decode_bytes(const model::ModelConfig& cfg, DType compute, DType kv, int64_t input_len,
+                         int64_t output_len) {
+  const model::BlockFamily& family = model::block_family(cfg.family);
+  int64_t elements = 0;
+  for (const model::ParamSpec& s : model::param_specs(cfg)) {
+    if (s.name == family.embedding_name)
+      elements += s.shape[1] + (cfg.tie_embeddings ? s.numel() : 0);
+    else if (family.position_name != nullptr && s.name == family.position_name)
+      elements += s.shape[1];
+    else
+      elements += s.numel();
+  }
+  DecodeBytes b;
+  b.weights = elements * static_cast<int64_t>(dtype_size(compute));
+  b.mean_context = static_cast<double>(input_len) + static_cast<double>(output_len) / 2;
+  b.kv = static_cast<int64_t>(b.mean_context * static_cast<double>(model::kv_block_bytes(cfg, 1, kv)));
+  return b;
+}
+
+struct DecodeTiming {
+  int64_t steps = 0;  // decode steps timed: output tokens - 1
+  double seconds = 0;
+  double tokens_per_s() const { return static_cast<double>(steps) / seconds; }
+};
+
+// Token times -> the decode steps after the first token.
+DecodeTiming decode_timing(const std::vector<double>& token_times) {
+  LOOM_CHECK(token_times.size() >= 2, "decode-bound: ", token_times.size(), " tokens");
+  return {static_cast<int64_t>(token_times.size()) - 1, token_times.back() - token_times.front()};
+}
+
+DecodeTiming time_engine(const ServeBenchOptions& o, const model::ModelConfig& cfg, const Tensor& params,
+                         Pools& pools, const std::vector<int32_t>& prompt, const std::vector<int32_t>& warm) {
+  infer::EngineConfig c = engine_config(o);
+  c.max_num_seqs = 1;
+  infer::Engine engine(cfg, params, pools, c);
+  infer::GenerationParams p{.sampler = {.temperature = 0.f}, .stop = {.max_tokens = 4, .ignore_eos = true}};
+  engine.generate({warm}, p);
+  p.stop.max_tokens = o.output_len;
+  engine.add_request(prompt, p);
+  std::vector<double> times;
+  const Clock::time_point t0 = Clock::now();
+  while (engine.has_unfinished()) {
+    const size_t events = engine.step().size();  // 0 while a long prompt is prefilled in chunks, then 1
+    if (events > 0) times.push_back(seconds_since(t0));
+  }
+  return decode_timing(times);
+}
+
+void print_result(const ServeBenchOptions& o, const model::ModelConfig& cfg, const DecodeTiming& t,
+                  double bandwidth, const DecodeBytes& b) {
+  const double bound = bandwidth / static_cast<double>(b.total()), ratio = t.tokens_per_s() / bound;
+  if (o.json) {
+    std::printf("{%s,\"decode_tokens_per_s\":%s,\"decode_steps\":%lld,\"decode_seconds\":%s,"
+                "\"bandwidth_gb_per_s\":%s,\"bytes_per_token\":%lld,\"weight_bytes_per_token\":%lld,"
+                "\"kv_bytes_per_token\":%lld,\"mean_context_tokens\":%s,\"bound_tokens_per_s\":%s,"
+                "\"bound_ratio\":%s}\n",
+                run_json(o).c_str(), json_number(t.tokens_per_s()).c_str(), static_cast<long long>(t.steps),
+                json_number(t.seconds).c_str(), json_number(bandwidth / 1e9).c_str(),
+                static_cast<long long>(b.total()), static_cast<long long>(b.weights), static_cast<long long>(b.kv),
+                json_number(b.mean_context).c_str(), json_number(bound).c_str(), json_number(ratio).c_str());
+    return;
+  }
+  print_table_header(o, cfg);
+  std::printf("one request through the engine: %lld prompt tokens, %lld new (greedy, EOS ignored)\n\n",
+              static_cast<long long>(o.input_len), static_cast<long long>(o.output_len));
+  std::printf("decode tokens/s   %10.2f  (%lld decode steps in %.3f s, after the first token)\n", t.tokens_per_s(),
+              static_cast<long long>(t.steps), t.seconds);
+  std::printf("read bandwidth    %10.2f  GB/s (sum over 1 GiB, %d threads, best of %d passes before and after)\n",
+              bandwidth / 1e9, o.threads, kBandwidthPasses);
+  std::printf("bytes per token   %10.2f  MB = weights %.2f MB (%s) + K/V %.2f MB (mean context %.1f tokens, %s)\n",
+              b.total() / 1e6, b.weights / 1e6, o.dtype.c_str(), b.kv / 1e6, b.mean_context, o.kv_dtype.c_str());
+  std::printf("bound tokens/s    %10.2f  = bandwidth / bytes per token\nof the bound      %9.1f%%\n", bound,
+              100 * ratio);
+}
+
+}  // namespace
+
+int run_decode_bound(const ServeBenchOptions& o) {
+  const model::ModelConfig cfg = model_config(o);
+  const double before = measure_read_bandwidth();  // before the model: its buffer is freed again
+  std::mt19937_64 rng(o.seed);
+  const std::vector<int32_t> prompt = random_tokens(rng, o.input_len, cfg.vocab_size);
+  const std::vector<int32_t> warm = random_tokens(rng, o.input_len, cfg.vocab_size);
+  DecodeTiming t;
+  {
+    Pools pools;
+    const OwnedTensor params = load_weights(o, cfg, pools);
+    t = time_engine(o, cfg, params, pools, prompt, warm);
+  }
+  const double bandwidth = std::max(before, measure_read_bandwidth());
+  print_result(o, cfg, t, bandwidth, decode_bytes(cfg, compute_dtype(o), kv_dtype(o), o.input_len, o.output_len));
+  return 0;
+}
+
+}  // namespace loom::bench::serve

@@ -1,0 +1,157 @@
+// linear_forward_invariant (ops.h), the serving engine's GEMM: its values
+// against a double-precision reference on shapes whose K, N and M are not
+// multiples of the kernel's steps and tiles (K past a 16- or 32-element
+// step, N and M past the 4 x 4 register tile), f32 / bf16 / f16 operands,
+// f32 or 16-bit outputs, biases of either dtype; the bits of each row against
+// the same row computed alone and at another thread count; and the
+// BatchInvariantScope that routes linear_forward to it. (Batch invariance
+// over the model's real shapes and many row counts: test_batch_invariance.cpp.)
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/tensors.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels {
+namespace {
+
+using loom::test::Buffer;
+
+Buffer random_buffer(DType dt, Shape s, std::mt19937& rng) {
+  Buffer b(dt, s);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t i = 0; i < s.numel(); ++i) b.set(i, normal(rng));
+  return b;
+}
+
+// Half of the 16-bit types' spacing at 1 (their rounding of the result).
+double rounding(DType t) { return t == DType::bf16 ? 0x1p-8 : t == DType::f16 ? 0x1p-11 : 0x1p-24; }
+
+struct Case {
+  int64_t M, N, K;
+  DType in, out, bias;  // bias: DType::u8 for none
+};
+
+std::string name(const Case& c) {
+  return std::to_string(c.M) + "x" + std::to_string(c.N) + "x" + std::to_string(c.K) + " " +
+         std::string(dtype_name(c.in)) + " -> " + std::string(dtype_name(c.out)) +
+         (c.bias == DType::u8 ? "" : " bias " + std::string(dtype_name(c.bias)));
+}
+
+// y against sum_k x w in double (of the operands' rounded values) + bias:
+// within the output's rounding of |y| plus f32 accumulation of sum_k |x w|.
+void expect_close(const Case& c) {
+  std::mt19937 rng(static_cast<uint32_t>(c.M * 1000003 + c.N * 1009 + c.K));
+  Buffer x = random_buffer(c.in, {c.M, c.K}, rng), w = random_buffer(c.in, {c.N, c.K}, rng);
+  Buffer bias = random_buffer(c.bias == DType::u8 ? DType::f32 : c.bias, {c.N}, rng);
+  Buffer y(c.out, {c.M, c.N});
+  linear_forward_invariant(y.view(), x.view(), w.view(), c.bias == DType::u8 ? Tensor() : bias.view());
+  const auto xf = x.floats(), wf = w.floats(), bf = bias.floats(), yf = y.floats();
+  int bad = 0;
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t n = 0; n < c.N; ++n) {
+      double ref = c.bias == DType::u8 ? 0 : bf[static_cast<size_t>(n)], mag = std::fabs(ref);
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double p = double(xf[static_cast<size_t>(m * c.K + k)]) * wf[static_cast<size_t>(n * c.K + k)];
+        ref += p, mag += std::fabs(p);
+      }
+      const double got = yf[static_cast<size_t>(m * c.N + n)];
+      const double tol = rounding(c.out) * std::fabs(ref) + 4 * 0x1p-24 * std::sqrt(double(c.K) + 1) * mag + 1e-30;
+      if (std::fabs(got - ref) > tol && bad++ < 3)
+        ADD_FAILURE() << name(c) << ": y[" << m << "][" << n << "] = " << got << ", reference " << ref << " (tol "
+                      << tol << ")";
+    }
+}
+
+TEST(LinearInvariant, MatchesADoubleReferenceOnEveryTileAndStepEdge) {
+  for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 768})
+    for (int64_t N : {1, 3, 4, 5, 37})
+      for (int64_t M : {1, 3, 4, 5, 17}) {
+        expect_close({M, N, K, DType::f32, DType::f32, DType::f32});
+        expect_close({M, N, K, DType::bf16, DType::bf16, DType::bf16});
+        expect_close({M, N, K, DType::f16, DType::f16, DType::u8});
+      }
+}
+
+TEST(LinearInvariant, HalfOperandsGiveF32OutputsWithEitherBias) {
+  for (DType in : {DType::bf16, DType::f16})
+    for (DType bias : {DType::f32, in, DType::u8}) expect_close({9, 70, 130, in, DType::f32, bias});
+}
+
+TEST(LinearInvariant, NoFeaturesGiveTheBiasAndNoRowsNothing) {
+  Buffer x(DType::f32, {3, 0}), w(DType::f32, {2, 0}), bias(DType::f32, {2}, {1.5f, -2.f}), y(DType::f32, {3, 2});
+  linear_forward_invariant(y.view(), x.view(), w.view(), bias.view());
+  EXPECT_EQ(y.floats(), (test::Floats{1.5f, -2.f, 1.5f, -2.f, 1.5f, -2.f}));
+  Buffer x0(DType::f32, {0, 4}), w0(DType::f32, {2, 4}), y0(DType::f32, {0, 2});
+  linear_forward_invariant(y0.view(), x0.view(), w0.view(), Tensor());
+}
+
+// Every row of a 37-row call equals the same row computed alone, bit for
+// bit, and so does the whole call at 1 thread and at 3.
+TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    std::mt19937 rng(5);
+    const int64_t M = 37, N = 131, K = 200;
+    Buffer x = random_buffer(dt, {M, K}, rng), w = random_buffer(dt, {N, K}, rng), b = random_buffer(dt, {N}, rng);
+    Buffer all(dt, {M, N});
+    linear_forward_invariant(all.view(), x.view(), w.view(), b.view());
+    const size_t row = static_cast<size_t>(N) * dtype_size(dt);
+    for (int64_t m = 0; m < M; ++m) {
+      Buffer one(dt, {1, N});
+      linear_forward_invariant(one.view(), x.view().slice(0, m, 1), w.view(), b.view());
+      EXPECT_EQ(std::memcmp(one.bytes.data(), all.bytes.data() + static_cast<size_t>(m) * row, row), 0)
+          << dtype_name(dt) << " row " << m;
+    }
+    const int threads = omp_get_max_threads();
+    for (int t : {1, 3}) {
+      omp_set_num_threads(t);
+      Buffer again(dt, {M, N});
+      linear_forward_invariant(again.view(), x.view(), w.view(), b.view());
+      EXPECT_EQ(again.bytes, all.bytes) << dtype_name(dt) << " at " << t << " threads";
+    }
+    omp_set_num_threads(threads);
+  }
+}
+
+TEST(LinearInvariant, TheScopeRoutesLinearForwardAndNests) {
+  std::mt19937 rng(9);
+  Buffer x = random_buffer(DType::f32, {6, 50}, rng), w = random_buffer(DType::f32, {7, 50}, rng);
+  Buffer want(DType::f32, {6, 7}), got(DType::f32, {6, 7});
+  linear_forward_invariant(want.view(), x.view(), w.view(), Tensor());
+  EXPECT_FALSE(batch_invariant_mode());
+  {
+    const BatchInvariantScope outer;
+    {
+      const BatchInvariantScope inner;
+      EXPECT_TRUE(batch_invariant_mode());
+    }
+    EXPECT_TRUE(batch_invariant_mode());
+    linear_forward(got.view(), x.view(), w.view(), Tensor());
+    EXPECT_EQ(got.bytes, want.bytes);
+  }
+  EXPECT_FALSE(batch_invariant_mode());
+}
+
+TEST(LinearInvariant, BadOperandsAreClearErrors) {
+  Buffer x(DType::f32, {2, 5}), w(DType::f32, {3, 4}), y(DType::f32, {2, 3});
+  try {
+    linear_forward_invariant(y.view(), x.view(), w.view(), Tensor());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_forward_invariant: x has 5 features but w expects 4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels
