@@ -90,6 +90,8 @@ class Engine {
   // Ends every sequence of a request now (a client gone: abort; a stop
   // string the caller matched: stop). False if none was left.
   bool finish(RequestId request, FinishReason reason);
+  // finish(request, abort): a client gone. Frees every block at once.
+  bool abort(RequestId request) { return finish(request, FinishReason::abort); }
   // Ends sequence `index` of a request only (n > 1: one sequence matched a
   // stop string); its siblings go on. False if it was not running.
   bool finish_sequence(RequestId request, int64_t index, FinishReason reason);

@@ -150,9 +150,9 @@ TEST(Engine, AbortFreesEveryBlockAtOnce) {
   const RequestId a = engine.add_request(prompt(30, 1, f.cfg.vocab_size), {.stop = {.max_tokens = 5}});
   const RequestId b = engine.add_request(prompt(5, 2, f.cfg.vocab_size), {.stop = {.max_tokens = 50}, .n = 2});
   for (int i = 0; i < 6; ++i) engine.step();
-  EXPECT_TRUE(engine.finish(a, FinishReason::abort));
+  EXPECT_TRUE(engine.abort(a));
   EXPECT_TRUE(engine.finish(b, FinishReason::abort));
-  EXPECT_FALSE(engine.finish(b, FinishReason::abort));
+  EXPECT_FALSE(engine.abort(b));
   expect_empty(engine);
 }
 

@@ -5,7 +5,7 @@
 // accumulate the products of x[m][k] and w[n][k] for k in increasing order,
 // lane k mod 16 (bf16 with AVX512_BF16: vdpbf16ps, lane (k mod 32) / 2 takes
 // the pair k, k+1 in one instruction); the elements past K of the last step
-// are masked to 0; the lanes are summed by one fixed tree (hsum); then the
+// are masked to 0; the lanes are summed by one fixed tree (lane_sum.h); then the
 // bias is added and the sum rounded to y's dtype. Every output is computed
 // whole by one thread, and the register tiles (up to 4 rows of x by 4 rows of
 // w, 16 accumulators) only choose which outputs share the loads of a step,
@@ -14,8 +14,8 @@
 // never split. (oneDNN's GEMM, which training uses, picks its blocking and
 // K splits from M and the threads: its rows can change with the batch.)
 //
-// Speed. Decode (M = 1, the bandwidth-bound case) streams each w row once
-// with four rows in flight per thread: it runs at memory bandwidth, where a
+// Speed. Decode (M = 1, the bandwidth-bound case) streams w once, one row
+// after another, prefetching ahead: it runs near memory bandwidth, where a
 // general GEMM library's M = 1 path does not (BENCHMARKS.md). Prefill
 // (M large) reuses each loaded x vector for 4 rows of w and each w vector for
 // 4 rows of x; a thread walks its columns in panels of w that stay in L2
@@ -36,6 +36,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/lane_sum.h"
 #include "kernels/cpu/rows.h"
 
 namespace loom::kernels::cpu {
@@ -45,24 +46,12 @@ constexpr int kMR = 4;  // rows of x per register tile
 constexpr int kNR = 4;  // rows of w per register tile
 // Bytes of w a thread keeps hot (L2) while all rows of x pass it.
 constexpr int64_t kPanelBytes = 256 << 10;
-constexpr bool kGemvRowAtATime = true;
 
 #if defined(LOOM_LINEAR_AVX512)
 
 using Acc = __m512;
 
-// The 16 lanes summed by one fixed tree: halves, quarters, pairs, the last two.
-// (The zero-masked extracts: GCC 12's unmasked ones trip -Wuninitialized.)
-inline float hsum(__m512 v) {
-  const __m512d d = _mm512_castps_pd(v);
-  const __m256 lo = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 0));
-  const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xf, d, 1));
-  const __m256 a = _mm256_add_ps(lo, hi);
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
+inline float hsum(__m512 v) { return lane_sum(reinterpret_cast<Lanes16>(v)); }
 
 // Per element type: the k elements one step consumes, a load of a step's
 // elements (the first `valid`, the rest 0), and the step's multiply-add.
@@ -122,15 +111,9 @@ inline Acc zero_acc() { return _mm512_setzero_ps(); }
 
 #else  // portable: 16 lanes in a GCC vector, multiply then add (ISO C++ mode: never contracted)
 
-typedef float Acc __attribute__((vector_size(64)));
+using Acc = Lanes16;
 
-inline float hsum(Acc v) {
-  float a[16];
-  std::memcpy(a, &v, sizeof a);
-  for (int w = 8; w > 0; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] += a[i + w];
-  return a[0];
-}
+inline float hsum(Acc v) { return lane_sum(v); }
 
 template <typename T>
 struct Lanes {
@@ -231,10 +214,13 @@ void linear_rows(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64_t
         for (int64_t n = p0; n < p1; n += kNR) {
           const int nr = static_cast<int>(std::min<int64_t>(kNR, p1 - n));
           float out[kMR][kNR];
-          if (nr == kNR && !(mr == 1 && kGemvRowAtATime)) {
+          if (nr == kNR && mr > 1) {
             tile_rows<T, kNR>(mr, x + m * K, w + n * K, K, m == 0, out);
           } else {
-            for (int j = 0; j < nr; ++j) {  // the last columns one at a time: same sums
+            // One row of x (decode), or the last columns: one w row at a
+            // time, the same sums. A single row streams w best this way: one
+            // sequential stream per thread instead of four interleaved ones.
+            for (int j = 0; j < nr; ++j) {
               float one[kMR][kNR] = {};
               tile_rows<T, 1>(mr, x + m * K, w + (n + j) * K, K, m == 0, one);
               for (int i = 0; i < mr; ++i) out[i][j] = one[i][0];

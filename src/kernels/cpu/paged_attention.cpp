@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/lane_sum.h"
 #include "kernels/cpu/scratch.h"
 
 namespace loom::kernels::cpu {
@@ -33,14 +34,9 @@ using attention::round_up;
 using attention::store_vec;
 using attention::Vec;
 
-// The lanes of v summed pairwise, halving the width each round: a fixed tree.
-inline float hsum(Vec v) {
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof a);
-  for (int64_t w = kLanes / 2; w > 0; w /= 2)
-    for (int64_t i = 0; i < w; ++i) a[i] += a[i + w];
-  return a[0];
-}
+// The lanes of v summed pairwise, halving the width each round: a fixed
+// tree (lane_sum.h; with AVX-512 in registers, the same bits).
+inline float hsum(Vec v) { return lane_sum(v); }
 
 // sum_d a[d] * b[d] over HSp (a multiple of kLanes) elements, lane-wise in d
 // order, then hsum.
