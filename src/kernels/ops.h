@@ -78,8 +78,6 @@ void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, co
 
 // y = x @ w^T + bias      x: (N, IC) (leading dims flattened)  w: (OC, IC)
 // bias: (OC) or undefined  y: (N, OC). PyTorch / Hugging Face weight layout.
-// While a BatchInvariantScope lives on the calling thread, linear_forward is
-// linear_forward_invariant.
 void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
 // linear_forward, batch invariant (the serving engine's GEMM): each element
 // y[m][n] is computed by one fixed sequence of operations that depends on
@@ -89,20 +87,6 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
 // Slower than linear_forward for many rows, at least as fast for a few
 // (BENCHMARKS.md). Same operands and checks as linear_forward.
 void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
-// Batch-invariant mode for the calling thread, while the scope lives (as
-// vLLM's batch-invariant mode swaps the matmul under a model it does not
-// change): the model's blocks call linear_forward as in training, the
-// serving engine's runner opens a scope around its forward, and every
-// linear becomes linear_forward_invariant. Scopes nest.
-class BatchInvariantScope {
- public:
-  BatchInvariantScope();
-  ~BatchInvariantScope();
-  BatchInvariantScope(const BatchInvariantScope&) = delete;
-  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
-};
-// Whether a BatchInvariantScope lives on the calling thread.
-bool batch_invariant_mode();
 // dx += dy @ w   dw += dy^T @ x   dbias += sum over rows of dy
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w);
 

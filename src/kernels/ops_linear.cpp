@@ -95,16 +95,9 @@ void check_linear_forward(const char* op, const Tensor& y, const Tensor& x, cons
   }
 }
 
-thread_local int batch_invariant_depth = 0;
-
 }  // namespace
 
-BatchInvariantScope::BatchInvariantScope() { ++batch_invariant_depth; }
-BatchInvariantScope::~BatchInvariantScope() { --batch_invariant_depth; }
-bool batch_invariant_mode() { return batch_invariant_depth > 0; }
-
 void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  if (batch_invariant_mode()) return linear_forward_invariant(y, x, w, bias);
   constexpr const char* op = "linear_forward";
   check_linear_forward(op, y, x, w, bias);
   backend_of(op, {{"y", y}, {"x", x}, {"w", w}, {"bias", bias}}).linear_forward(y, x, w, bias);

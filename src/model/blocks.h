@@ -48,10 +48,18 @@ struct Dims {
   int64_t B, T, C, NH, NKV, HS, F;
   float eps, theta;
   ParallelOps par{};
+  // The blocks' linears batch invariant (kernels::linear_forward_invariant:
+  // a row's bits do not depend on the other rows): the serving runner's
+  // choice; training runs oneDNN's GEMM.
+  bool batch_invariant = false;
   int64_t N() const { return B * T; }
   int64_t Q() const { return NH * HS; }    // q and attention output width
   int64_t KV() const { return NKV * HS; }  // k, v width
 };
+
+// A block's forward linear, y = x @ w^T + bias: linear_forward, or
+// linear_forward_invariant when d.batch_invariant.
+void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // f forward: the column-parallel linears' input, x itself, or under SP the
 // rows gathered from every rank's shard x into d.par.tp.gathered.

@@ -20,7 +20,7 @@ class GeluMlp final : public MlpStep {
  public:
   void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a, const Dims& d) const override {
     const int64_t C = d.C, F = d.F;
-    linear_forward(rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc);  // (N, F)
+    block_linear(d, rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc);  // (N, F)
     gelu_forward(a.act, a.fc);
     tp_exit(d, out, rows_of(a.act, F), w.w_out, w.b_out);
   }
@@ -45,9 +45,9 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   const Tensor h = rows_of(tp_enter(d, a.norm1), C);  // (N, C)
   // c_attn as three linears over its row blocks: q, k, v land contiguous in
   // the (B, T, NH, HS) layout attention wants, with no split copy.
-  linear_forward(rows_of(a.q, Q), h, w.wq, w.bq);  // (N, C) @ (Q, C)^T
-  linear_forward(rows_of(a.k, Q), h, w.wk, w.bk);
-  linear_forward(rows_of(a.v, Q), h, w.wv, w.bv);
+  block_linear(d, rows_of(a.q, Q), h, w.wq, w.bq);  // (N, C) @ (Q, C)^T
+  block_linear(d, rows_of(a.k, Q), h, w.wk, w.bk);
+  block_linear(d, rows_of(a.v, Q), h, w.wv, w.bv);
   c.attention.forward(attention_args(a, c));          // (B,T,NH,HS), lse (B,NH,T)
   tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, w.bo);  // (rows, C)
   add(a.res1, a.res1, x);

@@ -22,8 +22,8 @@ class SwigluMlp final : public MlpStep {
   void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a, const Dims& d) const override {
     const int64_t C = d.C, F = d.F;
     const Tensor h2 = rows_of(tp_enter(d, h), C);
-    linear_forward(rows_of(a.fc, F), h2, w.w_fc, Tensor());  // gate (N, F)
-    linear_forward(rows_of(a.up, F), h2, w.w_up, Tensor());  // up (N, F)
+    block_linear(d, rows_of(a.fc, F), h2, w.w_fc, Tensor());  // gate (N, F)
+    block_linear(d, rows_of(a.up, F), h2, w.w_up, Tensor());  // up (N, F)
     swiglu_forward(a.act, a.fc, a.up);
     tp_exit(d, out, rows_of(a.act, F), w.w_out, Tensor());
   }
@@ -47,9 +47,9 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   const int64_t C = d.C, Q = d.Q(), KV = d.KV();
   rmsnorm_forward(a.norm1, a.rstd1, x, w.norm1_w, d.eps);
   const Tensor h = rows_of(tp_enter(d, a.norm1), C);       // (N, C)
-  linear_forward(rows_of(a.q, Q), h, w.wq, Tensor());      // (N, NH*HS)
-  linear_forward(rows_of(a.k, KV), h, w.wk, Tensor());     // (N, NKV*HS)
-  linear_forward(rows_of(a.v, KV), h, w.wv, Tensor());
+  block_linear(d, rows_of(a.q, Q), h, w.wq, Tensor());   // (N, NH*HS)
+  block_linear(d, rows_of(a.k, KV), h, w.wk, Tensor());  // (N, NKV*HS)
+  block_linear(d, rows_of(a.v, KV), h, w.wv, Tensor());
   rope_forward(a.q, a.q, c.pos, d.theta);  // in place: backward needs only pos
   rope_forward(a.k, a.k, c.pos, d.theta);
   c.attention.forward(attention_args(a, c));  // (B,T,NH,HS), lse (B,NH,T)

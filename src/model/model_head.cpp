@@ -82,7 +82,7 @@ void Model::head_forward(SlotActs& a) {
   st.family->norm_forward(a.normf, a.meanf, a.rstdf, a.resid[static_cast<size_t>(n_layers_)], w.normf_w, w.normf_b,
                           d.eps);
   // (N, V) or this rank's (N, Vl) columns; under SP from the gathered rows.
-  linear_forward(rows_of(a.logits, V), rows_of(tp_enter(d, a.normf), d.C), w.lm_head, Tensor());
+  block_linear(d, rows_of(a.logits, V), rows_of(tp_enter(d, a.normf), d.C), w.lm_head, Tensor());
 }
 
 float Model::loss_forward(SlotActs& a) {

@@ -5,7 +5,6 @@
 #include "model/paged_runner.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -166,15 +165,14 @@ void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max
 
 Tensor PagedRunner::step(const PagedBatch& b) {
   check_batch(b, sizes_, cfg_.max_seq_len);
-  // Every linear of the blocks and the LM head batch invariant (ops.h): a
-  // row's logits must not depend on the step's other rows.
-  std::optional<BatchInvariantScope> invariant;
-  if (sizes_.batch_invariant) invariant.emplace();
   State& st = *st_;
   const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
   const auto R = static_cast<int64_t>(b.logit_rows.size());
   const int64_t C = cfg_.n_embd;
-  const Dims d{1, N, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
+  // Every linear of the blocks and the LM head batch invariant (unless the
+  // sizes say otherwise): a row's logits must not depend on the step's other rows.
+  Dims d{1, N, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
+  d.batch_invariant = sizes_.batch_invariant;
   const Tensor tok = first(st.tokens, N), pos = first(st.positions, N);
   copy(tok, host_view(b.tokens, DType::i32, {1, N}));
   copy(pos, host_view(b.positions, DType::i32, {1, N}));
@@ -201,7 +199,7 @@ Tensor PagedRunner::step(const PagedBatch& b) {
   for (int64_t r = 0; r < R; ++r) copy(last.slice(1, r, 1).reshape({1, C}), rows.slice(0, b.logit_rows[r], 1));
   f.norm_forward(normf, Tensor(), Tensor(), last, st.head.normf_w, st.head.normf_b, d.eps);
   const Tensor logits = st.logits.slice(0, 0, R);
-  linear_forward(logits, rows_of(normf, C), st.head.lm_head, Tensor());  // (R, V)
+  block_linear(d, logits, rows_of(normf, C), st.head.lm_head, Tensor());  // (R, V)
   return logits;
 }
 

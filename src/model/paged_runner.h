@@ -4,7 +4,7 @@
 // paged cache (kernels::paged_attention_forward). The blocks are the training
 // ones (family.h) with a paged attention step; the runner owns the KV cache
 // (pools[kv_cache]) and one step's activations, laid out once. Every linear
-// runs batch invariant (kernels::BatchInvariantScope, unless the sizes say
+// runs batch invariant (Dims::batch_invariant, unless the sizes say
 // otherwise), so a row's logits do not depend on the step's other rows. The
 // bookkeeping (which tokens, which slots, which blocks) is the caller's
 // (infer::Scheduler and KvCacheManager): this class only computes.
@@ -28,8 +28,8 @@ struct PagedRunnerSizes {
   int64_t max_tokens = 256;     // tokens per step at most (the scheduler's budget)
   int64_t max_logit_rows = 64;  // rows whose logits one step returns at most (the running sequences)
   DType kv_dtype = DType::f32;  // the cache's dtype: f32, bf16 or f16
-  // Every linear batch invariant (kernels::BatchInvariantScope); off: the
-  // training GEMM (oneDNN), whose rows may change with the step's row count.
+  // Every linear batch invariant (kernels::linear_forward_invariant); off:
+  // the training GEMM (oneDNN), whose rows may change with the step's row count.
   bool batch_invariant = true;
   void validate() const;        // loom::Error naming the field
 };

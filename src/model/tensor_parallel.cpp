@@ -41,17 +41,22 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
   return summed;
 }
 
+void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (d.batch_invariant) return kernels::linear_forward_invariant(y, x, w, bias);
+  kernels::linear_forward(y, x, w, bias);
+}
+
 void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const TpContext& tp = d.par.tp;
   const int64_t C = d.C;
-  if (!tp.ops) return kernels::linear_forward(rows_of(y, C), x, w, bias);
+  if (!tp.ops) return block_linear(d, rows_of(y, C), x, w, bias);
   const Tensor once = tp.rank == 0 ? bias : Tensor();  // the sum adds rank 0's bias only
   if (!tp.sp) {
-    kernels::linear_forward(rows_of(y, C), x, w, once);
+    block_linear(d, rows_of(y, C), x, w, once);
     tp.ops->reduce(y, y);
     return;
   }
-  kernels::linear_forward(tp.partial, x, w, once);
+  block_linear(d, tp.partial, x, w, once);
   tp.ops->reduce(rows_of(y, C), tp.partial);
 }
 

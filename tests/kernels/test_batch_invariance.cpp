@@ -17,8 +17,8 @@
 // (C 128, F 512, V 50257) and gpt2-124m (C 768, F 3072; the fused QKV 2304)
 // and their LM heads, two odd ones, f32, bf16 and f16 (16-bit outputs for the
 // layers' GEMMs, f32 logits for the LM head, as the paged runner computes).
-// The linears run as the paged runner runs them, under a BatchInvariantScope
-// (linear_forward_invariant; oneDNN's GEMM of training makes no such promise).
+// The linears are linear_forward_invariant, as the paged runner runs them
+// (oneDNN's linear_forward of training makes no such promise).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -167,8 +167,7 @@ RowCase linear_case(const LinearShape& s, DType in, DType out) {
     fill_hashed(*b, 13, 0.1f);
   }
   RowOp op = [w, b](Buffer& y, Buffer& x, const std::vector<int64_t>&) {
-    const BatchInvariantScope invariant;  // as the paged runner calls it
-    linear_forward(y.view(), x.view(), w->view(), b ? b->view() : Tensor());
+    linear_forward_invariant(y.view(), x.view(), w->view(), b ? b->view() : Tensor());  // the paged runner's
   };
   return {std::string(s.name) + " " + dt(in) + " -> " + dt(out), in, out, s.in, s.out, op};
 }

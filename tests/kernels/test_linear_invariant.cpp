@@ -3,9 +3,10 @@
 // multiples of the kernel's steps and tiles (K past a 16- or 32-element
 // step, N and M past the 4 x 4 register tile), f32 / bf16 / f16 operands,
 // f32 or 16-bit outputs, biases of either dtype; the bits of each row against
-// the same row computed alone and at another thread count; and the
-// BatchInvariantScope that routes linear_forward to it. (Batch invariance
-// over the model's real shapes and many row counts: test_batch_invariance.cpp.)
+// the same row computed alone and at another thread count. (Batch
+// invariance over the model's real shapes and many row counts:
+// test_batch_invariance.cpp; the paged runner's use of it:
+// tests/model/test_paged_runner.cpp.)
 #include <omp.h>
 
 #include <cmath>
@@ -120,25 +121,6 @@ TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
     }
     omp_set_num_threads(threads);
   }
-}
-
-TEST(LinearInvariant, TheScopeRoutesLinearForwardAndNests) {
-  std::mt19937 rng(9);
-  Buffer x = random_buffer(DType::f32, {6, 50}, rng), w = random_buffer(DType::f32, {7, 50}, rng);
-  Buffer want(DType::f32, {6, 7}), got(DType::f32, {6, 7});
-  linear_forward_invariant(want.view(), x.view(), w.view(), Tensor());
-  EXPECT_FALSE(batch_invariant_mode());
-  {
-    const BatchInvariantScope outer;
-    {
-      const BatchInvariantScope inner;
-      EXPECT_TRUE(batch_invariant_mode());
-    }
-    EXPECT_TRUE(batch_invariant_mode());
-    linear_forward(got.view(), x.view(), w.view(), Tensor());
-    EXPECT_EQ(got.bytes, want.bytes);
-  }
-  EXPECT_FALSE(batch_invariant_mode());
 }
 
 TEST(LinearInvariant, BadOperandsAreClearErrors) {
