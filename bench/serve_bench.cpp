@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/serve_common.h"
@@ -137,10 +138,7 @@ OwnedTensor load_weights(const ServeBenchOptions& o, const model::ModelConfig& c
     const model::ModelDir dir = model::load_model_dir(o.model_dir);
     model::load_params(f32, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
   }
-  if (compute_dtype(o) == DType::f32) return f32;
-  OwnedTensor out = pools[MemTag::params].empty(compute_dtype(o), f32.shape());
-  kernels::cast(out, f32);
-  return out;
+  return model::params_in_dtype(std::move(f32), compute_dtype(o), pools[MemTag::params]);
 }
 
 infer::EngineConfig engine_config(const ServeBenchOptions& o) {

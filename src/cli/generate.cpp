@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,7 +23,6 @@
 #include "infer/engine.h"
 #include "infer/text_stream.h"
 #include "io/safetensors.h"
-#include "kernels/ops.h"
 #include "model/config_json.h"
 #include "model/paged_runner.h"
 #include "text/bpe.h"
@@ -193,11 +193,7 @@ OwnedTensor load_weights(const model::ModelDir& dir, const GenerateArgs& args, P
   const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
   OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
   model::load_params(f32, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
-  const DType dtype = precision_dtype(args.dtype, "--dtype");
-  if (dtype == DType::f32) return f32;
-  OwnedTensor low = pools[MemTag::params].empty(dtype, {f32.numel()});
-  kernels::cast(low, f32);
-  return low;
+  return model::params_in_dtype(std::move(f32), precision_dtype(args.dtype, "--dtype"), pools[MemTag::params]);
 }
 
 void run_generate(const GenerateArgs& args) {

@@ -287,4 +287,11 @@ void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_be
   }
 }
 
+OwnedTensor params_in_dtype(OwnedTensor flat, DType dtype, Pool& pool) {
+  if (dtype == flat.dtype()) return flat;
+  OwnedTensor out = pool.empty(dtype, flat.shape());
+  kernels::cast(out, flat);
+  return out;
+}
+
 }  // namespace loom::model

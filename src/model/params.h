@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -160,6 +161,9 @@ void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed
 // GPT2LMHeadModel.save_pretrained writes).
 void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsFile& file,
                  ParamLayout layout = ParamLayout::loom);
+// A flat f32 buffer in the dtype a model is served in: flat itself for f32,
+// else a copy in dtype (bf16 / f16, rounded once) from pool, flat released.
+OwnedTensor params_in_dtype(OwnedTensor flat, DType dtype, Pool& pool);
 // Writes every parameter to a safetensors file at path (atomically), named as
 // the specs name them, in the given layout.
 void save_params(const std::string& path, const std::vector<ParamSpec>& specs, const Tensor& flat,

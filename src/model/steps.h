@@ -3,9 +3,10 @@
 // other tokens, so it is chosen by whoever runs the blocks: local causal
 // flash attention over the call's own keys (training, LocalAttention here),
 // paged attention over a serving step's ragged batch (paged_runner.cpp);
-// next, ring or all-gather attention over the cp group. The MLP works on rows: each family has its own (GPT-2's GELU
-// MLP, Llama's SwiGLU), and a mixture of experts is one more MLP step with
-// its own dispatch, not another block.
+// next, ring or all-gather attention over the cp group. The MLP works on
+// rows: each family has its own (GPT-2's GELU MLP, Llama's SwiGLU), and a
+// mixture of experts is one more MLP step with its own dispatch, not another
+// block.
 #pragma once
 
 #include <cstdint>

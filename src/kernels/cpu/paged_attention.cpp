@@ -88,12 +88,16 @@ struct PagedArgs {
   PagedGeometry g;
 };
 
+// Element offset of kv head h's first row in physical block blk of a
+// (NB, BS, NKV, HS) cache; its rows follow NKV * HS elements apart.
+int64_t head_rows_offset(const PagedGeometry& g, int64_t blk, int64_t h) { return (blk * g.BS * g.NKV + h) * g.HS; }
+
 // Rows [0, cnt) of kv head h of physical block blk as f32 rows of HSp
 // columns: the cache's own memory when it is f32 and HS == HSp, else
 // converted into dst, zero-padded.   Returns (first row, row stride).
 std::pair<const float*, int64_t> block_rows(float* dst, const Tensor& cache, const PagedGeometry& g, int64_t blk,
                                             int64_t h, int64_t cnt) {
-  const int64_t row_stride = g.NKV * g.HS, first = (blk * g.BS * g.NKV + h) * g.HS;
+  const int64_t row_stride = g.NKV * g.HS, first = head_rows_offset(g, blk, h);
   if (cache.dtype() == DType::f32 && g.HS == g.HSp) return {cache.data_as<float>() + first, row_stride};
   dispatch_float(cache.dtype(), [&]<typename T>() {
     for (int64_t j = 0; j < cnt; ++j) {
@@ -142,7 +146,7 @@ void prefetch_block(const PagedArgs& a, int64_t blk, int64_t h, int64_t cnt) {
   const PagedGeometry& g = a.g;
   const size_t elem = dtype_size(a.k_cache.dtype());
   const size_t row_bytes = static_cast<size_t>(g.HS) * elem, stride = static_cast<size_t>(g.NKV * g.HS) * elem;
-  const size_t first = static_cast<size_t>((blk * g.BS * g.NKV + h) * g.HS) * elem;
+  const size_t first = static_cast<size_t>(head_rows_offset(g, blk, h)) * elem;
   for (const Tensor* cache : {&a.k_cache, &a.v_cache}) {
     const auto* base = static_cast<const char*>(cache->data()) + first;
     for (int64_t j = 0; j < cnt; ++j)
