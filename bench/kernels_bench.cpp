@@ -1,6 +1,7 @@
 // `loom bench kernels`: matmul GFLOP/s at square shapes and at every GEMM of a
 // GPT-2 124M training step, attention forward+backward tokens/s, and the
-// serving linears (oneDNN vs the batch-invariant kernel) at 1 to 512 rows.
+// serving linears (oneDNN vs the batch-invariant kernel) at 1 to 512 rows,
+// and the paged attention of a decode step (K/V GB/s).
 //
 // Each case runs once to warm up (creating the oneDNN primitive, touching
 // the pages), then repeats until --seconds have elapsed (at least 3 times).
@@ -219,6 +220,64 @@ void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const ch
   std::fflush(stdout);
 }
 
+// The serving path's attention in a decode step: S sequences of L tokens,
+// one query row each, over a paged cache (blocks of 16 in shuffled order, as
+// a pool hands them out after churn) with gpt2-124m's heads, all 12 layers
+// in turn as in a step, so the K/V come from memory as they do there. GB/s
+// counts the K/V bytes the step must read (every layer's keys and values of
+// every sequence once): decode attention's bound is memory bandwidth.
+struct PagedCase {
+  int64_t s, len;
+};
+constexpr PagedCase kPagedCases[] = {{1, 256}, {32, 256}, {4, 1024}};
+constexpr int64_t kPagedLayers = 12, kPagedHeads = 12, kPagedHs = 64, kPagedBlock = 16;
+
+void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, const PagedCase& c) {
+  Pool& pool = pools[MemTag::workspace];
+  const int64_t per_seq = (c.len + kPagedBlock - 1) / kPagedBlock, NB = c.s * per_seq;
+  std::vector<OwnedTensor> k_caches, v_caches;
+  for (int64_t l = 0; l < kPagedLayers; ++l) {
+    k_caches.push_back(pool.empty(dtype, {NB, kPagedBlock, kPagedHeads, kPagedHs}));
+    v_caches.push_back(pool.empty(dtype, {NB, kPagedBlock, kPagedHeads, kPagedHs}));
+    fill_random(k_caches.back(), 10 + 2 * l);
+    fill_random(v_caches.back(), 11 + 2 * l);
+  }
+  OwnedTensor q = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs}), out = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs});
+  fill_random(q, 9);
+  OwnedTensor tables = pool.empty(DType::i32, {c.s, per_seq}), lens = pool.empty(DType::i32, {c.s});
+  OwnedTensor starts = pool.empty(DType::i32, {c.s + 1});
+  std::vector<int32_t> order(static_cast<size_t>(NB));
+  for (int64_t b = 0; b < NB; ++b) order[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+  uint64_t r = 0x2545F4914F6CDD1Dull;  // a fixed shuffle (Fisher-Yates, xorshift)
+  for (int64_t b = NB - 1; b > 0; --b) {
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    std::swap(order[static_cast<size_t>(b)], order[r % static_cast<uint64_t>(b + 1)]);
+  }
+  std::copy(order.begin(), order.end(), tables.data_as<int32_t>());
+  for (int64_t i = 0; i < c.s; ++i) lens.data_as<int32_t>()[i] = static_cast<int32_t>(c.len);
+  for (int64_t i = 0; i <= c.s; ++i) starts.data_as<int32_t>()[i] = static_cast<int32_t>(i);
+  const Timing t = measure(
+      [&] {
+        for (int64_t l = 0; l < kPagedLayers; ++l)
+          kernels::paged_attention_forward(out, q, k_caches[l], v_caches[l], tables, lens, starts);
+      },
+      opts.min_seconds);
+  const double kv_bytes = 2.0 * kPagedLayers * c.s * c.len * kPagedHeads * kPagedHs * dtype_size(dtype);
+  const double gbps = kv_bytes / t.best / 1e9;
+  if (opts.json) {
+    std::printf("{\"op\":\"paged_attention_decode\",\"dtype\":\"%s\",\"seqs\":%lld,\"context\":%lld,"
+                "\"layers\":%lld,\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"kv_gb_per_s\":%.2f,"
+                "\"threads\":%d}\n",
+                dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len),
+                static_cast<long long>(kPagedLayers), t.best, t.median, t.reps, gbps, opts.threads);
+  } else {
+    std::printf("%-22s %-5s seqs=%-3lld context=%-5lld %10.3f %10.3f %9.2f\n", "paged_attention_decode",
+                dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len), t.best * 1e3,
+                t.median * 1e3, gbps);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int run_kernel_bench(const KernelBenchOptions& opts) {
@@ -272,9 +331,20 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
       }
     }
   }
+  header = false;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const PagedCase& c : kPagedCases) {
+      if (!selected(opts, "paged_attention_decode", dtype, "")) continue;
+      ++measured;
+      if (!opts.json && !std::exchange(header, true))
+        std::printf("\n%-22s %-5s %-24s %10s %10s %9s\n", "op", "dtype", "shape (12 layers)", "best_ms", "median_ms",
+                    "KV GB/s");
+      bench_paged_attention(pools, opts, dtype, c);
+    }
+  }
   LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter,
                "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, ",
-               "linear_invariant), ",
+               "linear_invariant, paged_attention_decode), ",
                "a dtype (f32, bf16) or a case name (square_1024, gpt2_lm_head_dw, ...)");
   return 0;
 }

@@ -22,6 +22,7 @@ inline constexpr int kNumMemTags = 8;
 std::string_view mem_tag_name(MemTag t);
 
 inline constexpr size_t kAlignment = 64;  // bytes: a cache line, and an AVX-512 vector
+inline constexpr size_t kHugeBytes = size_t{2} << 20;  // a huge page: buffers this big start on one (memory.cpp)
 
 class Pool;
 

@@ -38,12 +38,42 @@ using attention::Vec;
 // tree (lane_sum.h; with AVX-512 in registers, the same bits).
 inline float hsum(Vec v) { return lane_sum(v); }
 
-// sum_d a[d] * b[d] over HSp (a multiple of kLanes) elements, lane-wise in d
-// order, then hsum.
-inline float dot(const float* a, const float* b, int64_t HSp) {
+// The 16 lane partials of a . b over HSp (a multiple of kLanes) elements:
+// lane l holds the products of elements d = l mod kLanes, in d order.
+inline Vec dot_lanes(const float* a, const float* b, int64_t HSp) {
   Vec s = load_vec(a) * load_vec(b);
   for (int64_t d = kLanes; d < HSp; d += kLanes) s += load_vec(a + d) * load_vec(b + d);
-  return hsum(s);
+  return s;
+}
+
+typedef int32_t Lanes16i __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// Round W of hsum16: a's and b's groups of 2W lanes -> groups of W lanes,
+// a's and b's alternating: out[g W + i] = x[2 (g/2) W + i] + x[2 (g/2) W + W + i],
+// x = a for even g, b for odd.
+template <int W, int Half, int... I>
+constexpr Lanes16i hsum16_mask(std::integer_sequence<int, I...>) {
+  return Lanes16i{((I / W / 2) * 2 * W + I % W + (I / W % 2 ? 16 : 0) + Half * W)...};
+}
+
+template <int W>
+inline Vec hsum16_round(Vec a, Vec b) {
+  constexpr Lanes16i lo = hsum16_mask<W, 0>(std::make_integer_sequence<int, 16>{});
+  constexpr Lanes16i hi = hsum16_mask<W, 1>(std::make_integer_sequence<int, 16>{});
+  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+// Lane j of the result = hsum(v[j]) for 16 vectors at once, by the same tree
+// (lane i + lane i+8, then +4, +2, +1): each round adds the halves of two
+// vectors' groups side by side, so two shuffles and an add do for two keys
+// what hsum does for one, and 15 vector adds sum 16 keys (hsum pays a
+// dependent chain of shuffles per key, which bounded decode).
+inline Vec hsum16(Vec (&v)[16]) {
+  Vec t[8];
+  for (int j = 0; j < 8; ++j) t[j] = hsum16_round<8>(v[j], v[j + 8]);  // keys j | j+8
+  for (int j = 0; j < 4; ++j) t[j] = hsum16_round<4>(t[j], t[j + 4]);  // keys j, j+4, j+8, j+12
+  for (int j = 0; j < 2; ++j) t[j] = hsum16_round<2>(t[j], t[j + 2]);  // keys j, j+2, ..., j+14
+  return hsum16_round<1>(t[0], t[1]);                                  // keys 0 .. 15 in order
 }
 
 struct PagedGeometry {
@@ -65,16 +95,18 @@ PagedGeometry paged_geometry(const Tensor& q, const Tensor& k_cache, const Tenso
 
 // One thread's f32 scratch, each array a multiple of kLanes floats from a
 // 64-byte aligned slice (so every array has the same alignment in every call).
+// q, acc, m and l hold every query head a task may take; k, v and p one kv
+// head's block at a time.
 struct PagedTiles {
-  float *q, *acc, *k, *v, *p;  // (G, HSp) (G, HSp) (BS, HSp) (BS, HSp) (G, BSp)
-  float *m, *l;                // (G): running max and sum per head
+  float *q, *acc, *k, *v, *p;  // (NH, HSp) (NH, HSp) (BS, HSp) (BS, HSp) (G, BSp)
+  float *m, *l;                // (NH): running max and sum per head
   int64_t BSp = 0, floats = 0;
   // Lays the arrays out from base, or only counts them (floats) when base is null.
   PagedTiles(const PagedGeometry& g, float* base) : BSp(round_up(g.BS, kLanes)) {
-    const int64_t G = g.group, Gp = round_up(G, kLanes);
-    const std::pair<float**, int64_t> parts[] = {{&q, G * g.HSp}, {&acc, G * g.HSp}, {&k, g.BS * g.HSp},
-                                                 {&v, g.BS * g.HSp}, {&p, G * BSp},     {&m, Gp},
-                                                 {&l, Gp}};
+    const int64_t H = g.NH, Hp = round_up(H, kLanes);
+    const std::pair<float**, int64_t> parts[] = {{&q, H * g.HSp}, {&acc, H * g.HSp}, {&k, g.BS * g.HSp},
+                                                 {&v, g.BS * g.HSp}, {&p, g.group * BSp}, {&m, Hp},
+                                                 {&l, Hp}};
     for (const auto& [ptr, n] : parts) {
       *ptr = base ? base + floats : nullptr;
       floats += n;
@@ -109,26 +141,32 @@ std::pair<const float*, int64_t> block_rows(float* dst, const Tensor& cache, con
   return {dst, g.HSp};
 }
 
-// One cache block of cnt visible keys for the group's G heads: scores,
-// online-softmax update of m and l, acc = acc * alpha + sum_j p_j v_j.
-void block_step(const PagedGeometry& g, PagedTiles& w, std::pair<const float*, int64_t> k,
+// One cache block of cnt visible keys for the G query heads of one kv head,
+// the task's heads h0 .. h0 + G - 1: scores, online-softmax update of m and
+// l, acc = acc * alpha + sum_j p_j v_j.
+void block_step(const PagedGeometry& g, PagedTiles& w, int64_t h0, std::pair<const float*, int64_t> k,
                 std::pair<const float*, int64_t> v, int64_t cnt) {
   const int64_t HSp = g.HSp;
-  for (int64_t i = 0; i < g.group; ++i) {
-    float* p = w.p + i * w.BSp;
-    for (int64_t j = 0; j < cnt; ++j) p[j] = dot(w.q + i * HSp, k.first + j * k.second, HSp);
+  for (int64_t i = h0; i < h0 + g.group; ++i) {
+    float* p = w.p + (i - h0) * w.BSp;
+    const float* q = w.q + i * HSp;
+    for (int64_t j0 = 0; j0 < cnt; j0 += kLanes) {
+      Vec part[16] = {};
+      for (int64_t j = j0; j < std::min(cnt, j0 + kLanes); ++j) part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
+      store_vec(p + j0, hsum16(part));
+    }
     float mx = w.m[i];
     for (int64_t j = 0; j < cnt; ++j) mx = p[j] > mx ? p[j] : mx;
     // m is -inf before the first block, which holds key 0 that every row
     // sees: mx is finite and alpha = exp(-inf) = 0.
     const float alpha = exp_f32(w.m[i] - mx);
-    float sum = 0.f;
-    for (int64_t j = 0; j < cnt; ++j) {
-      p[j] = exp_f32(p[j] - mx);
-      sum += p[j];
-    }
+    for (int64_t j = 0; j < cnt; ++j) p[j] = exp_f32(p[j] - mx);  // a loop GCC vectorises
+    std::fill(p + cnt, p + round_up(cnt, kLanes), 0.f);
+    // The block's sum by a fixed order: 16-lane groups in turn, then hsum.
+    Vec ps = load_vec(p);
+    for (int64_t j0 = kLanes; j0 < cnt; j0 += kLanes) ps += load_vec(p + j0);
     w.m[i] = mx;
-    w.l[i] = w.l[i] * alpha + sum;
+    w.l[i] = w.l[i] * alpha + hsum(ps);
     float* acc = w.acc + i * HSp;
     for (int64_t d = 0; d < HSp; d += kLanes) {
       Vec a = load_vec(acc + d) * alpha;
@@ -139,9 +177,10 @@ void block_step(const PagedGeometry& g, PagedTiles& w, std::pair<const float*, i
 }
 
 // Asks for the rows of kv head h in physical block blk (the next block of a
-// row's walk) while the current one is computed: a head's rows sit NKV * HS
-// elements apart and the blocks anywhere, a pattern the hardware prefetcher
-// does not follow (it made decoding wait on memory).
+// row's walk) while the current one is computed: the blocks lie anywhere, a
+// pattern the hardware prefetcher cannot guess (it made decoding wait on
+// memory). Into L2 (locality 1): L1 fetches stalled on its few miss buffers
+// (measured: 19-24 GB/s in L2, 13-14 into L1).
 void prefetch_block(const PagedArgs& a, int64_t blk, int64_t h, int64_t cnt) {
   const PagedGeometry& g = a.g;
   const size_t elem = dtype_size(a.k_cache.dtype());
@@ -150,7 +189,7 @@ void prefetch_block(const PagedArgs& a, int64_t blk, int64_t h, int64_t cnt) {
   for (const Tensor* cache : {&a.k_cache, &a.v_cache}) {
     const auto* base = static_cast<const char*>(cache->data()) + first;
     for (int64_t j = 0; j < cnt; ++j)
-      for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(base + j * stride + off, 0, 3);
+      for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(base + j * stride + off, 0, 1);
   }
 }
 
@@ -160,34 +199,43 @@ int64_t sequence_of(const PagedArgs& a, int64_t n) {
   return (std::upper_bound(a.query_start, end, n) - a.query_start) - 1;
 }
 
-// out[n, h, :] for the heads h of kv head kvh.
-void row_task(const PagedArgs& a, PagedTiles& w, int64_t n, int64_t kvh) {
+// out[n, h, :] for the query heads h of kv heads [kv0, kv1), walking the
+// row's blocks once for all of them: a block's rows hold the kv heads side
+// by side, so the task reads one contiguous stretch per block row.
+void row_task(const PagedArgs& a, PagedTiles& w, int64_t n, int64_t kv0, int64_t kv1) {
   const PagedGeometry& g = a.g;
   const int64_t s = sequence_of(a, n), q0 = a.query_start[s], q_len = a.query_start[s + 1] - q0;
   const int64_t pos = a.seq_lens[s] - q_len + (n - q0);  // sees keys 0 ..= pos
-  const int64_t h0 = kvh * g.group;
+  const int64_t hb = kv0 * g.group, nh = (kv1 - kv0) * g.group;  // the task's query heads
   dispatch_float(a.q.dtype(), [&]<typename T>() {
-    for (int64_t i = 0; i < g.group; ++i) {
-      const T* src = a.q.data_as<T>() + (n * g.NH + h0 + i) * g.HS;
+    for (int64_t i = 0; i < nh; ++i) {
+      const T* src = a.q.data_as<T>() + (n * g.NH + hb + i) * g.HS;
       float* d = w.q + i * g.HSp;
       for (int64_t c = 0; c < g.HS; ++c) d[c] = to_f32(src[c]) * g.scale;  // scores = k . (q * scale)
       std::fill(d + g.HS, d + g.HSp, 0.f);
     }
   });
-  std::fill_n(w.acc, g.group * g.HSp, 0.f);
-  std::fill_n(w.m, g.group, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.l, g.group, 0.f);
+  std::fill_n(w.acc, nh * g.HSp, 0.f);
+  std::fill_n(w.m, nh, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.l, nh, 0.f);
   const int32_t* table = a.block_tables + s * g.max_blocks;
   for (int64_t b = 0; b * g.BS <= pos; ++b) {
     const int64_t cnt = std::min(g.BS, pos + 1 - b * g.BS);
-    if ((b + 1) * g.BS <= pos) prefetch_block(a, table[b + 1], kvh, std::min(g.BS, pos + 1 - (b + 1) * g.BS));
-    const auto k = block_rows(w.k, a.k_cache, g, table[b], kvh, cnt);
-    const auto v = block_rows(w.v, a.v_cache, g, table[b], kvh, cnt);
-    block_step(g, w, k, v, cnt);
+    // The next block's rows of each kv head are asked for as this block's
+    // are used: the requests spread over the walk (all of a block's at once
+    // filled the miss buffers and stalled: 15 GB/s against 22 measured with
+    // loom bench kernels --filter paged).
+    const int64_t next_cnt = std::clamp<int64_t>(pos + 1 - (b + 1) * g.BS, 0, g.BS);
+    for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
+      if (next_cnt > 0) prefetch_block(a, table[b + 1], kvh, next_cnt);
+      const auto k = block_rows(w.k, a.k_cache, g, table[b], kvh, cnt);
+      const auto v = block_rows(w.v, a.v_cache, g, table[b], kvh, cnt);
+      block_step(g, w, (kvh - kv0) * g.group, k, v, cnt);
+    }
   }
   dispatch_float(a.out.dtype(), [&]<typename T>() {
-    for (int64_t i = 0; i < g.group; ++i) {
-      T* dst = a.out.data_as<T>() + (n * g.NH + h0 + i) * g.HS;
+    for (int64_t i = 0; i < nh; ++i) {
+      T* dst = a.out.data_as<T>() + (n * g.NH + hb + i) * g.HS;
       const float* acc = w.acc + i * g.HSp;
       const float inv = 1.f / w.l[i];
       for (int64_t c = 0; c < g.HS; ++c) dst[c] = from_f32<T>(acc[c] * inv);
@@ -273,17 +321,27 @@ void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
   const PagedArgs args{out, q, k_cache, v_cache, block_tables.data_as<int32_t>(), seq_lens.data_as<int32_t>(),
                        query_start.data_as<int32_t>(), g};
   check_batch_values(args, block_tables, seq_lens, query_start);
-  const int64_t n_tasks = g.N * g.NKV;
-  if (n_tasks == 0) return;
+  if (g.N == 0) return;
+  // A task is one row and a range of its kv heads: all of them when there
+  // are rows enough to share out (each block is then read front to back),
+  // split so that every thread has work when there are few (a lone decode
+  // row). The split chooses which heads share a walk, never the arithmetic
+  // of any head.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t splits = std::clamp<int64_t>((4 * threads + g.N - 1) / g.N, 1, g.NKV);
+  const int64_t n_tasks = g.N * splits;
   const ThreadSlices<float> slices(ScratchSlot::a, static_cast<size_t>(PagedTiles(g, nullptr).floats),
-                                   static_cast<int>(std::min<int64_t>(omp_get_max_threads(), n_tasks)));
+                                   static_cast<int>(std::min<int64_t>(threads, n_tasks)));
 #pragma omp parallel num_threads(slices.threads())
   {
     PagedTiles w(g, slices.mine());
     // Rows see different numbers of keys: tasks are handed out one at a
     // time. Which thread runs a task never changes its arithmetic.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tasks; ++t) row_task(args, w, t / g.NKV, t % g.NKV);
+    for (int64_t t = 0; t < n_tasks; ++t) {
+      const int64_t n = t / splits, i = t % splits;
+      row_task(args, w, n, g.NKV * i / splits, g.NKV * (i + 1) / splits);
+    }
   }
 }
 
