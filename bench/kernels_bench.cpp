@@ -242,7 +242,8 @@ void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType d
     fill_random(k_caches.back(), 10 + 2 * l);
     fill_random(v_caches.back(), 11 + 2 * l);
   }
-  OwnedTensor q = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs}), out = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs});
+  OwnedTensor q = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs});
+  OwnedTensor out = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs});
   fill_random(q, 9);
   OwnedTensor tables = pool.empty(DType::i32, {c.s, per_seq}), lens = pool.empty(DType::i32, {c.s});
   OwnedTensor starts = pool.empty(DType::i32, {c.s + 1});
@@ -276,6 +277,21 @@ void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType d
                 t.median * 1e3, gbps);
   }
   std::fflush(stdout);
+}
+
+// The paged attention cases --filter selects; returns how many ran.
+int64_t bench_paged_attention_cases(Pools& pools, const KernelBenchOptions& opts) {
+  int64_t measured = 0;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const PagedCase& c : kPagedCases) {
+      if (!selected(opts, "paged_attention_decode", dtype, "")) continue;
+      if (!opts.json && measured++ == 0)
+        std::printf("\n%-22s %-5s %-24s %10s %10s %9s\n", "op", "dtype", "shape (12 layers)", "best_ms", "median_ms",
+                    "KV GB/s");
+      bench_paged_attention(pools, opts, dtype, c);
+    }
+  }
+  return measured;
 }
 
 }  // namespace
@@ -331,17 +347,7 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
       }
     }
   }
-  header = false;
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    for (const PagedCase& c : kPagedCases) {
-      if (!selected(opts, "paged_attention_decode", dtype, "")) continue;
-      ++measured;
-      if (!opts.json && !std::exchange(header, true))
-        std::printf("\n%-22s %-5s %-24s %10s %10s %9s\n", "op", "dtype", "shape (12 layers)", "best_ms", "median_ms",
-                    "KV GB/s");
-      bench_paged_attention(pools, opts, dtype, c);
-    }
-  }
+  measured += bench_paged_attention_cases(pools, opts);
   LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter,
                "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, ",
                "linear_invariant, paged_attention_decode), ",

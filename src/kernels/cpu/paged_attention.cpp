@@ -2,16 +2,22 @@
 // paged_attention_forward, the serving path's attention over K/V kept in
 // fixed blocks (vLLM's PagedAttention, Kwon et al. 2023).
 //
-// Batch invariance (ops.h): each task is one (query row, kv head) pair and
-// computes that row's NH / NKV heads alone, walking its sequence's cache
-// blocks in logical order with an online softmax (FlashAttention's running
-// max and sum) updated once per cache block. Every loop bound is a function
-// of the row's position and the block size; every reduction (the dot
-// products over HS, the sums over a block's keys, the horizontal sums) runs
-// in a fixed order written out with explicit vectors on buffers of fixed
-// alignment; no row's key range is ever split between threads. So the bits
-// of a row cannot depend on which other rows share the call, on how many
-// sequences there are, on how its own sequence was chunked, or on threads.
+// Batch invariance (ops.h): each task is one query row and a range of its kv
+// heads (how many heads a task takes depends on the row count; what a head
+// computes does not). Each head walks its sequence's cache blocks in logical
+// order with an online softmax (FlashAttention's running max and sum)
+// updated once per cache block. Every loop bound is a function of the row's
+// position and the block size; every reduction (the dot products over HS,
+// the sums over a block's keys, the horizontal sums) runs in a fixed order
+// written out with explicit vectors on buffers of fixed alignment; no row's
+// key range is ever split between threads. So the bits of a row cannot
+// depend on which other rows share the call, on how many sequences there
+// are, on how its own sequence was chunked, or on threads.
+//
+// Speed: decode attention reads every K/V byte of every running sequence
+// once per step, so it is bound by memory (loom bench kernels --filter
+// paged prints its GB/s). A task reads a block's rows for all its kv heads
+// (side by side in memory), and asks for the next block head by head.
 #include <omp.h>
 
 #include <algorithm>
@@ -152,7 +158,8 @@ void block_step(const PagedGeometry& g, PagedTiles& w, int64_t h0, std::pair<con
     const float* q = w.q + i * HSp;
     for (int64_t j0 = 0; j0 < cnt; j0 += kLanes) {
       Vec part[16] = {};
-      for (int64_t j = j0; j < std::min(cnt, j0 + kLanes); ++j) part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
+      for (int64_t j = j0; j < std::min(cnt, j0 + kLanes); ++j)
+        part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
       store_vec(p + j0, hsum16(part));
     }
     float mx = w.m[i];
