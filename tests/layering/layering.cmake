@@ -7,16 +7,17 @@
 #
 #   library   may not include (what DESIGN.md §2 forbids and the code obeys)
 set(LOOM_LAYERING_RULES
-  "core:kernels,comm,mesh,io,text,model,parallel,infer,train,cli"
-  "kernels:comm,mesh,io,text,model,parallel,infer,train,cli"
-  "comm:kernels,mesh,io,text,model,parallel,infer,train,cli"
-  "mesh:kernels,io,text,model,parallel,infer,train,cli"
-  "io:kernels,comm,mesh,text,model,parallel,infer,train,cli"
-  "text:kernels,comm,mesh,io,model,parallel,infer,train,cli"
-  "model:comm,mesh,text,parallel,infer,train,cli"
-  "parallel:text,infer,train,cli"
-  "infer:comm,mesh,parallel,train,cli"
-  "train:infer,cli")
+  "core:kernels,comm,mesh,io,text,model,parallel,infer,serve,train,cli"
+  "kernels:comm,mesh,io,text,model,parallel,infer,serve,train,cli"
+  "comm:kernels,mesh,io,text,model,parallel,infer,serve,train,cli"
+  "mesh:kernels,io,text,model,parallel,infer,serve,train,cli"
+  "io:kernels,comm,mesh,text,model,parallel,infer,serve,train,cli"
+  "text:kernels,comm,mesh,io,model,parallel,infer,serve,train,cli"
+  "model:comm,mesh,text,parallel,infer,serve,train,cli"
+  "parallel:text,infer,serve,train,cli"
+  "infer:comm,mesh,parallel,serve,train,cli"
+  "serve:comm,mesh,parallel,train,cli"
+  "train:infer,serve,cli")
 
 # A folder's probe header: the first of its top-level headers, by name.
 function(loom_layering_probe_header folder out)
