@@ -237,9 +237,10 @@ void EngineLoop::abort_cancelled() {
   for (infer::RequestId id : gone) {
     engine_.abort(id);
     Entry& entry = entries_.at(id);
-    for (int64_t i = 0; i < static_cast<int64_t>(entry.ended.size()); ++i)
-      if (!entry.ended[static_cast<size_t>(i)])
-        end_sequence(id, entry, aborted(i));
+    std::vector<int64_t> open;  // the last end_sequence() erases the entry: list them first
+    for (size_t i = 0; i < entry.ended.size(); ++i)
+      if (!entry.ended[i]) open.push_back(static_cast<int64_t>(i));
+    for (int64_t i : open) end_sequence(id, entry, aborted(i));
   }
 }
 
