@@ -153,19 +153,21 @@ void EngineLoop::run() {
       std::lock_guard lk(mu_);
       pending.swap(inbox_);
     }
-    admit(pending);
-    abort_cancelled();
-    if (engine_.has_unfinished()) {
-      std::vector<infer::TokenEvent> events;
-      try {
-        events = engine_.step();
-      } catch (const std::exception& e) {
-        fail_all(std::string("the engine failed: ") + e.what());
-        return;
+    // Anything thrown here is the engine's (or loom's) fault, not a
+    // client's: every stream gets the error and the loop refuses from now on.
+    try {
+      admit(pending);
+      abort_cancelled();
+      if (engine_.has_unfinished()) {
+        for (const infer::TokenEvent& e : engine_.step()) deliver(e);
+        std::lock_guard lk(mu_);
+        ++stats_.steps;
       }
-      for (const infer::TokenEvent& e : events) deliver(e);
-      std::lock_guard lk(mu_);
-      ++stats_.steps;
+    } catch (const std::exception& e) {
+      const std::string message = std::string("the engine failed: ") + e.what();
+      for (Pending& p : pending) p.stream->fail(message);  // those admit() had not reached
+      fail_all(message);
+      return;
     }
     publish();
   }
