@@ -1,0 +1,227 @@
+#include "serve/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+namespace loom::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string cat(const auto&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+// The field, or null when it is absent or JSON null (the default applies).
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number(const json& body, const char* name, double fallback, double lo, double hi, const char* allowed) {
+  const json* f = field(body, name);
+  if (f == nullptr) return fallback;
+  if (!f->is_number()) throw bad_request(name, cat(name, " must be a number, got ", f->type_name()));
+  const double v = f->get<double>();
+  if (!(v >= lo && v <= hi)) throw bad_request(name, cat(name, " = ", f->dump(), " is invalid: allowed ", allowed));
+  return v;
+}
+
+// An integer; a float with an integral value is taken too (as pydantic, and
+// so vLLM, does).
+int64_t integer(const json& body, const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* f = field(body, name);
+  if (f == nullptr) return fallback;
+  int64_t v = 0;
+  if (f->is_number_unsigned()) {
+    v = f->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : f->get<int64_t>();
+  } else if (f->is_number_integer()) {
+    v = f->get<int64_t>();
+  } else if (const double d = f->is_number_float() ? f->get<double>() : 0.5; std::trunc(d) == d && std::abs(d) < 9e18) {
+    v = static_cast<int64_t>(d);
+  } else {
+    throw bad_request(name, cat(name, " must be an integer, got ", f->dump()));
+  }
+  if (v < lo || v > hi) throw bad_request(name, cat(name, " = ", f->dump(), " is invalid: allowed ", lo, " to ", hi));
+  return v;
+}
+
+bool boolean(const json& body, const char* name, bool fallback) {
+  const json* f = field(body, name);
+  if (f == nullptr) return fallback;
+  if (!f->is_boolean()) throw bad_request(name, cat(name, " must be true or false, got ", f->dump()));
+  return f->get<bool>();
+}
+
+std::string string(const json& body, const char* name) {
+  const json* f = field(body, name);
+  if (f == nullptr) return {};
+  if (!f->is_string()) throw bad_request(name, cat(name, " must be a string, got ", f->type_name()));
+  return f->get<std::string>();
+}
+
+std::vector<int32_t> token_ids(const json& ids, const char* param, const ServedModel& m) {
+  std::vector<int32_t> out;
+  for (const json& t : ids) {
+    if (!t.is_number_integer())
+      throw bad_request(param, cat(param, " holds ", t.dump(), ": token ids are integers"));
+    const bool huge = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t id = huge ? INT64_MAX : t.get<int64_t>();
+    if (id < 0 || id >= m.vocab_size)
+      throw bad_request(param, cat(param, " holds token id ", id, ": allowed ids are 0 to ", m.vocab_size - 1));
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return out;
+}
+
+std::vector<int32_t> tokenize(const std::string& text, const ServedModel& m) {
+  if (m.tokenizer == nullptr)
+    throw bad_request("prompt", cat("model ", m.name, " has no tokenizer: send the prompt as token ids"));
+  return m.tokenizer->encode(text);
+}
+
+// prompt: a string, a list of strings, a list of token ids or a list of such lists.
+std::vector<std::vector<int32_t>> prompts(const json& body, const ServedModel& m) {
+  const json* p = field(body, "prompt");
+  if (p == nullptr) throw bad_request("prompt", "prompt is required");
+  std::vector<std::vector<int32_t>> out;
+  const char* shape = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids";
+  if (p->is_string()) {
+    out.push_back(tokenize(p->get<std::string>(), m));
+  } else if (p->is_array() && !p->empty() && p->front().is_number()) {
+    out.push_back(token_ids(*p, "prompt", m));
+  } else if (p->is_array() && !p->empty()) {
+    if (static_cast<int64_t>(p->size()) > m.max_prompts)
+      throw bad_request("prompt", cat("prompt holds ", p->size(), " prompts: at most ", m.max_prompts, " are allowed"));
+    for (const json& one : *p) {
+      if (one.is_string()) out.push_back(tokenize(one.get<std::string>(), m));
+      else if (one.is_array()) out.push_back(token_ids(one, "prompt", m));
+      else throw bad_request("prompt", shape);
+    }
+  } else {
+    throw bad_request("prompt", p->is_array() ? std::string("prompt is an empty list") : shape);
+  }
+  for (size_t i = 0; i < out.size(); ++i)
+    if (out[i].empty())
+      throw bad_request("prompt", out.size() == 1 ? std::string("prompt is empty") : cat("prompt ", i, " is empty"));
+  return out;
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  const json* f = field(body, "stop");
+  if (f == nullptr) return {};
+  std::vector<std::string> out;
+  if (f->is_string()) out.push_back(f->get<std::string>());
+  else if (f->is_array())
+    for (const json& s : *f) {
+      if (!s.is_string()) throw bad_request("stop", "stop must be a string or a list of strings");
+      out.push_back(s.get<std::string>());
+    }
+  else throw bad_request("stop", "stop must be a string or a list of strings");
+  if (out.size() > 16) throw bad_request("stop", cat("stop holds ", out.size(), " strings: at most 16 are allowed"));
+  for (const std::string& s : out)
+    if (s.empty()) throw bad_request("stop", "stop strings must not be empty");
+  return out;
+}
+
+// The sampler's fields (OpenAI's ranges; top_k, min_p and
+// repetition_penalty are vLLM's extensions).
+infer::SamplerConfig sampler(const json& body, uint64_t seed) {
+  infer::SamplerConfig s;
+  s.temperature = static_cast<float>(number(body, "temperature", 1.0, 0.0, 2.0, "0 to 2"));
+  s.top_p = static_cast<float>(number(body, "top_p", 1.0, 0.0, 1.0, "0 to 1"));
+  if (s.top_p == 0.f) throw bad_request("top_p", "top_p = 0 is invalid: allowed (0, 1]");
+  const int64_t top_k = integer(body, "top_k", 0, -1, INT32_MAX);
+  s.top_k = top_k < 0 ? 0 : top_k;  // -1 and 0: every token
+  s.min_p = static_cast<float>(number(body, "min_p", 0.0, 0.0, 1.0, "0 to 1"));
+  s.presence_penalty = static_cast<float>(number(body, "presence_penalty", 0.0, -2.0, 2.0, "-2 to 2"));
+  s.frequency_penalty = static_cast<float>(number(body, "frequency_penalty", 0.0, -2.0, 2.0, "-2 to 2"));
+  s.repetition_penalty = static_cast<float>(number(body, "repetition_penalty", 1.0, 1e-6, 1e6, "> 0"));
+  s.seed = static_cast<uint64_t>(integer(body, "seed", static_cast<int64_t>(seed >> 1), INT64_MIN, INT64_MAX));
+  return s;
+}
+
+// Fields of OpenAI's API that loom does not implement: an error rather than
+// a silently different answer.
+void refuse_unsupported(const json& body) {
+  if (boolean(body, "echo", false)) throw bad_request("echo", "echo is not supported");
+  if (integer(body, "best_of", 1, 1, 1 << 20) > 1) throw bad_request("best_of", "best_of > 1 is not supported");
+  if (!string(body, "suffix").empty()) throw bad_request("suffix", "suffix is not supported");
+  if (const json* f = field(body, "logit_bias"); f != nullptr && !(f->is_object() && f->empty()))
+    throw bad_request("logit_bias", "logit_bias is not supported");
+}
+
+}  // namespace
+
+ApiError::ApiError(int status, std::string type, std::string param, const std::string& message)
+    : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)) {}
+
+json ApiError::envelope() const {
+  return {{"error",
+           {{"message", what()},
+            {"type", type_},
+            {"param", param_.empty() ? json(nullptr) : json(param_)},
+            {"code", status_}}}};
+}
+
+ApiError bad_request(std::string param, const std::string& message) {
+  return ApiError(400, "BadRequestError", std::move(param), message);
+}
+
+json parse_body(std::string_view body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw bad_request("", cat("the body is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) throw bad_request("", cat("the body must be a JSON object, got ", j.type_name()));
+  return j;
+}
+
+CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed) {
+  CompletionRequest r;
+  const json* model = field(body, "model");
+  if (model == nullptr) throw bad_request("model", "model is required");
+  if (!model->is_string()) throw bad_request("model", cat("model must be a string, got ", model->type_name()));
+  r.model = model->get<std::string>();
+  if (r.model != m.name)
+    throw ApiError(404, "NotFoundError", "model", cat("The model `", r.model, "` does not exist."));
+  refuse_unsupported(body);
+  r.prompts = prompts(body, m);
+  r.stop = stop_strings(body);
+  r.gen.sampler = sampler(body, seed);
+  r.gen.n = integer(body, "n", 1, 1, m.max_n);
+  r.gen.stop.max_tokens = integer(body, "max_tokens", 16, 1, m.max_model_len);
+  r.gen.stop.min_tokens = integer(body, "min_tokens", 0, 0, r.gen.stop.max_tokens);
+  r.gen.stop.ignore_eos = boolean(body, "ignore_eos", false);
+  r.gen.stop.eos_token_ids = m.eos_token_ids;
+  if (const json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) throw bad_request("stop_token_ids", "stop_token_ids must be a list of token ids");
+    r.gen.stop.stop_token_ids = token_ids(*ids, "stop_token_ids", m);
+  }
+  r.logprobs = field(body, "logprobs") != nullptr;
+  r.gen.top_logprobs = integer(body, "logprobs", 0, 0, 20);
+  r.stream = boolean(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!r.stream) throw bad_request("stream_options", "stream_options is only allowed with stream = true");
+    if (!so->is_object()) throw bad_request("stream_options", "stream_options must be an object");
+    r.include_usage = boolean(*so, "include_usage", false);
+  }
+  r.user = string(body, "user");
+  for (const std::vector<int32_t>& p : r.prompts) {
+    const auto len = static_cast<int64_t>(p.size());
+    if (len + r.gen.stop.max_tokens > m.max_model_len)
+      throw bad_request("max_tokens", cat("This model's maximum context length is ", m.max_model_len,
+                                          " tokens. However, you requested ", len + r.gen.stop.max_tokens, " tokens (",
+                                          len, " in the prompt, ", r.gen.stop.max_tokens,
+                                          " for the completion). Please reduce the prompt or max_tokens."));
+  }
+  return r;
+}
+
+}  // namespace loom::serve

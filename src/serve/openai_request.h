@@ -1,0 +1,74 @@
+// The OpenAI-compatible request side of `loom serve`, independent of HTTP:
+// a JSON body becomes a CompletionRequest the engine loop can run, or an
+// ApiError with the status and vLLM's error envelope
+// {"error": {"message", "type", "param", "code"}}. Every field is checked
+// for its type and range and named when wrong; fields loom does not know are
+// ignored, as vLLM does.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "infer/engine.h"
+#include "text/bpe.h"
+
+namespace loom::serve {
+
+// What a client gets back for a request it got wrong (4xx), or for the
+// server's state (429, 503).
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string type, std::string param, const std::string& message);
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& param() const { return param_; }  // empty: none
+  // {"error": {"message", "type", "param" (null when empty), "code" (the status)}}
+  nlohmann::json envelope() const;
+
+ private:
+  int status_;
+  std::string type_, param_;
+};
+
+// 400 invalid_request_error naming param.
+ApiError bad_request(std::string param, const std::string& message);
+
+// The body as JSON: 400 for broken JSON or invalid UTF-8, and for a body
+// that is not an object.
+nlohmann::json parse_body(std::string_view body);
+
+// The model a request may name, and the limits it is checked against.
+struct ServedModel {
+  std::string name;
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;
+  std::vector<int32_t> eos_token_ids;
+  const text::Gpt2Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
+  int64_t max_n = 16;                              // sequences per prompt
+  int64_t max_prompts = 64;                        // prompts per request
+};
+
+// POST /v1/completions.
+struct CompletionRequest {
+  std::string model;
+  std::vector<std::vector<int32_t>> prompts;  // one or more; each runs with gen
+  infer::GenerationParams gen{};              // n, sampling, stops, top_logprobs
+  std::vector<std::string> stop;              // stop strings
+  bool logprobs = false;                      // "logprobs" given: report the chosen token's (and gen.top_logprobs more)
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  std::string user;
+};
+
+// Throws ApiError: 400 for a missing or invalid field (named in param), 404
+// for a model other than m's, 400 when a prompt and max_tokens do not fit in
+// the context (both numbers in the message). seed: used when the request
+// names none (the server draws it per request).
+CompletionRequest parse_completion(const nlohmann::json& body, const ServedModel& m, uint64_t seed);
+
+}  // namespace loom::serve
