@@ -2,7 +2,9 @@
 // engine's parameters; each wrong field is a 400 naming it, an unknown model
 // a 404, a prompt and max_tokens past the context a 400 with both numbers;
 // fields loom does not know are ignored; broken JSON and invalid UTF-8 are
-// 400s; the error envelope is vLLM's.
+// 400s; the error envelope is vLLM's. CompletionResponse: choices indexed
+// prompt * n + sequence, streamed chunk texts joining to the body's, legacy
+// logprobs, usage; token texts valid UTF-8 or escaped bytes.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -10,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "serve/openai_request.h"
+#include "serve/openai_response.h"
 
 namespace loom::serve {
 namespace {
@@ -198,6 +201,92 @@ TEST(OpenAiRequest, BrokenBodiesAre400sAndTheEnvelopeIsVllms) {
   EXPECT_EQ(env, json::parse(R"({"error": {"message": "n = 0 is invalid", "type": "BadRequestError",
                                           "param": "n", "code": 400}})"));
   EXPECT_TRUE(bad_request("", "x").envelope()["error"]["param"].is_null());
+}
+
+}  // namespace
+}  // namespace loom::serve
+
+namespace loom::serve {
+namespace {
+
+// Deltas as the engine loop sends them: one per token with its text, the
+// last with the finish reason.
+std::vector<Delta> deltas_for(int64_t index, const std::string& text, infer::FinishReason finish) {
+  std::vector<Delta> out;
+  for (int32_t t : tokenizer().encode(text)) {
+    Delta d;
+    d.index = index, d.token = t, d.logprob = -0.5f, d.text = tokenizer().decode(std::span<const int32_t>(&t, 1));
+    d.top = {{t, -0.5f}, {11, -2.f}};
+    out.push_back(d);
+  }
+  out.back().finish = finish;
+  return out;
+}
+
+TEST(OpenAiResponse, ChoicesAreIndexedPromptTimesNPlusSequenceWithUsage) {
+  const CompletionRequest r =
+      parse({{"model", "gpt2"}, {"prompt", {"one", "two three"}}, {"n", 2}, {"logprobs", 1}, {"max_tokens", 8}});
+  CompletionResponse resp(r, "cmpl-1", 1700000000, &tokenizer());
+  const std::vector<std::string> texts = {" a b", " c", " d e f", " g"};
+  std::vector<std::string> streamed(4);
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t k = 0; k < 2; ++k) {
+      const int64_t i = p * 2 + k;
+      const auto finish = i == 1 ? infer::FinishReason::length : infer::FinishReason::stop;
+      const std::vector<json> chunks = resp.add(p, deltas_for(k, texts[i], finish));
+      for (const json& c : chunks) {
+        EXPECT_EQ(c["object"], "text_completion");
+        ASSERT_EQ(c["choices"].size(), 1u);
+        EXPECT_EQ(c["choices"][0]["index"], i);
+        streamed[i] += c["choices"][0]["text"].get<std::string>();
+      }
+      EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], i == 1 ? "length" : "stop");
+      EXPECT_TRUE(chunks.front()["choices"][0]["finish_reason"].is_null() || chunks.size() == 1);
+    }
+  const json body = resp.body();
+  ASSERT_EQ(body["choices"].size(), 4u);
+  int64_t completion = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& c = body["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["text"], texts[i]);
+    EXPECT_EQ(streamed[i], texts[i]);
+    const size_t n = tokenizer().encode(texts[i]).size();
+    completion += static_cast<int64_t>(n);
+    EXPECT_EQ(c["logprobs"]["tokens"].size(), n);
+    EXPECT_EQ(c["logprobs"]["token_logprobs"][0], -0.5);
+    EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 2u);
+    EXPECT_EQ(c["logprobs"]["text_offset"][0], 0);
+  }
+  const int64_t prompt_tokens =
+      static_cast<int64_t>(tokenizer().encode("one").size() + tokenizer().encode("two three").size());
+  EXPECT_EQ(body["usage"], json({{"prompt_tokens", prompt_tokens},
+                                 {"completion_tokens", completion},
+                                 {"total_tokens", prompt_tokens + completion}}));
+  EXPECT_EQ(resp.usage_chunk()["choices"], json::array());
+  EXPECT_EQ(resp.usage_chunk()["usage"], body["usage"]);
+}
+
+TEST(OpenAiResponse, AbortedSequencesHaveNoFinishReasonAndNoLogprobsWithoutTheField) {
+  const CompletionRequest r = parse({{"model", "gpt2"}, {"prompt", "x"}});
+  CompletionResponse resp(r, "cmpl-2", 1, &tokenizer());
+  resp.add(0, deltas_for(0, " y", infer::FinishReason::abort));
+  EXPECT_TRUE(resp.body()["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(resp.body()["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiResponse, TokenTextIsUtf8OrEscapedBytes) {
+  EXPECT_EQ(token_text(&tokenizer(), tokenizer().encode(" hello")[0]), " hello");
+  EXPECT_EQ(token_text(nullptr, 7), "<7>");
+  // A byte-level token that is half of a character.
+  int32_t partial = -1;
+  for (int32_t t = 0; t < 256 && partial < 0; ++t) {
+    const std::string b = tokenizer().decode(std::span<const int32_t>(&t, 1));
+    if (b.size() == 1 && static_cast<unsigned char>(b[0]) == 0xE2) partial = t;
+  }
+  ASSERT_GE(partial, 0);
+  EXPECT_EQ(token_text(&tokenizer(), partial), "bytes:\\xe2");
+  EXPECT_EQ(dump(json("a\xff")), "\"a\xEF\xBF\xBD\"");  // U+FFFD, never an exception
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+// The OpenAI-compatible response side of POST /v1/completions, independent
+// of HTTP: the deltas of a request's streams (EngineLoop) become the final
+// JSON body or the chunks of a server-sent-event stream, with OpenAI's
+// shapes: choices indexed prompt * n + sequence, finish_reason "stop" /
+// "length" (an aborted sequence reports neither: null), the legacy
+// completions logprobs object, and usage counts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/engine_loop.h"
+#include "serve/openai_request.h"
+#include "text/bpe.h"
+
+namespace loom::serve {
+
+// A token's text for logprobs: the tokenizer's bytes when they are valid
+// UTF-8, else "bytes:" and the bytes as \xNN escapes (vLLM's form for a token
+// that is part of a character); "<id>" without a tokenizer.
+std::string token_text(const text::Gpt2Tokenizer* tok, int32_t token);
+
+// JSON text that is valid UTF-8 whatever the strings hold (invalid bytes
+// become U+FFFD): what the server writes.
+std::string dump(const nlohmann::json& j);
+
+class CompletionResponse {
+ public:
+  // id: "cmpl-..." chosen by the server; created: unix seconds.
+  CompletionResponse(const CompletionRequest& request, std::string id, int64_t created,
+                     const text::Gpt2Tokenizer* tok);
+
+  // The deltas of prompt p's stream, in order. Returns the stream chunks
+  // they make: one per delta that carries text, a token with logprobs or a
+  // finish reason.
+  std::vector<nlohmann::json> add(int64_t prompt, const std::vector<Delta>& deltas);
+  // The non-streaming body: every choice whole, and usage.
+  nlohmann::json body() const;
+  // The last chunk when stream_options.include_usage: no choices, usage.
+  nlohmann::json usage_chunk() const;
+  nlohmann::json usage() const;
+
+ private:
+  struct Choice {
+    std::string text;
+    std::vector<int32_t> tokens;
+    nlohmann::json logprobs;  // the legacy object, or null
+    infer::FinishReason finish = infer::FinishReason::none;
+  };
+  nlohmann::json logprobs_of(const Delta& d, int64_t text_offset) const;
+  static void append_logprobs(nlohmann::json& into, const nlohmann::json& piece);
+  nlohmann::json chunk(int64_t index, const std::string& text, const nlohmann::json& logprobs,
+                       infer::FinishReason finish) const;
+
+  const CompletionRequest& request_;
+  std::string id_;
+  int64_t created_;
+  const text::Gpt2Tokenizer* tok_;
+  std::vector<Choice> choices_;  // prompt * n + sequence
+  int64_t prompt_tokens_ = 0;
+};
+
+// "stop", "length" or null (none and abort).
+nlohmann::json finish_reason_json(infer::FinishReason f);
+
+}  // namespace loom::serve
