@@ -150,15 +150,17 @@ LoopStats EngineLoop::stats() const {
 void EngineLoop::run() {
   while (wait_for_work()) {
     std::vector<Pending> pending;
+    bool abort_all = false;  // drain's grace ran out: everything goes
     {
       std::lock_guard lk(mu_);
       pending.swap(inbox_);
+      abort_all = abort_all_;
     }
     // Anything thrown here is the engine's (or loom's) fault, not a
     // client's: every stream gets the error and the loop refuses from now on.
     try {
-      admit(pending);
-      abort_cancelled();
+      admit(pending, abort_all);
+      abort_cancelled(abort_all);
       if (engine_.has_unfinished()) {
         for (const infer::TokenEvent& e : engine_.step()) deliver(e);
         std::lock_guard lk(mu_);
@@ -167,27 +169,12 @@ void EngineLoop::run() {
     } catch (const std::exception& e) {
       const std::string message = std::string("the engine failed: ") + e.what();
       for (Pending& p : pending) p.stream->fail(message);  // those admit() had not reached
-      fail_all(message);
+      end_all(message, /*failed=*/true);
       return;
     }
     publish();
   }
-  // Stopping: whatever is still here ends now.
-  std::vector<Pending> pending;
-  {
-    std::lock_guard lk(mu_);
-    pending.swap(inbox_);
-  }
-  for (Pending& p : pending) p.stream->fail("the server is stopping");
-  for (auto& [id, entry] : entries_) {
-    engine_.abort(id);
-    entry.stream->fail("the server is stopping");
-  }
-  entries_.clear();
-  std::lock_guard lk(mu_);
-  in_flight_ = ended_ = 0;
-  stats_.in_flight = 0;
-  cv_.notify_all();
+  end_all("the server is stopping", /*failed=*/false);
 }
 
 bool EngineLoop::wait_for_work() {
@@ -196,16 +183,11 @@ bool EngineLoop::wait_for_work() {
   return !stop_;
 }
 
-void EngineLoop::admit(std::vector<Pending>& pending) {
-  bool abort_all = false;
-  {
-    std::lock_guard lk(mu_);
-    abort_all = abort_all_;
-  }
+void EngineLoop::admit(std::vector<Pending>& pending, bool abort_all) {
   for (Pending& p : pending) {
     const int64_t n = p.params.gen.n;
+    Entry entry{p.stream, {}, std::vector<bool>(static_cast<size_t>(n), false), n};
     if (abort_all || p.stream->cancelled()) {  // gone before it started
-      Entry entry{p.stream, {}, std::vector<bool>(static_cast<size_t>(n), false), n};
       for (int64_t i = 0; i < n; ++i) end_sequence(0, entry, aborted(i));
       continue;
     }
@@ -217,7 +199,6 @@ void EngineLoop::admit(std::vector<Pending>& pending) {
       ++ended_;
       continue;
     }
-    Entry entry{p.stream, {}, std::vector<bool>(static_cast<size_t>(n), false), n};
     if (tok_ != nullptr)
       for (int64_t i = 0; i < n; ++i)
         entry.text.push_back(
@@ -228,12 +209,7 @@ void EngineLoop::admit(std::vector<Pending>& pending) {
   }
 }
 
-void EngineLoop::abort_cancelled() {
-  bool abort_all = false;
-  {
-    std::lock_guard lk(mu_);
-    abort_all = abort_all_;
-  }
+void EngineLoop::abort_cancelled(bool abort_all) {
   std::vector<infer::RequestId> gone;
   for (auto& [id, entry] : entries_)
     if (abort_all || entry.stream->cancelled()) gone.push_back(id);
@@ -292,17 +268,24 @@ void EngineLoop::end_sequence(infer::RequestId id, Entry& entry, Delta d) {
   }
 }
 
-void EngineLoop::fail_all(const std::string& message) {
+// Ends every request, queued or running, with message: when the loop stops
+// (their blocks freed in the engine) or when the engine failed (its state is
+// not to be trusted: nothing more is asked of it, and submit() refuses).
+void EngineLoop::end_all(const std::string& message, bool failed) {
   std::vector<Pending> pending;
   {
     std::lock_guard lk(mu_);
-    failed_ = true;
-    stats_.failed = true;
-    stats_.failure = message;
+    if (failed) {
+      failed_ = stats_.failed = true;
+      stats_.failure = message;
+    }
     pending.swap(inbox_);
   }
   for (Pending& p : pending) p.stream->fail(message);
-  for (auto& [id, entry] : entries_) entry.stream->fail(message);
+  for (auto& [id, entry] : entries_) {
+    if (!failed) engine_.abort(id);
+    entry.stream->fail(message);
+  }
   entries_.clear();
   std::lock_guard lk(mu_);
   in_flight_ = ended_ = 0;

@@ -144,11 +144,11 @@ class EngineLoop {
   void check(const SubmitParams& p) const;
   void run();
   bool wait_for_work();
-  void admit(std::vector<Pending>& pending);
-  void abort_cancelled();
+  void admit(std::vector<Pending>& pending, bool abort_all);
+  void abort_cancelled(bool abort_all);
   void deliver(const infer::TokenEvent& e);
   void end_sequence(infer::RequestId id, Entry& entry, Delta d);
-  void fail_all(const std::string& message);
+  void end_all(const std::string& message, bool failed);
   void publish();
 
   infer::Engine& engine_;
