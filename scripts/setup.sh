@@ -6,7 +6,7 @@
 # runs only for what is missing. Versions are those of Debian 12, itself a
 # pinned release: loom is built and tested against oneDNN 2.6.3, OpenBLAS
 # 0.3.21, PyTorch 1.13.1 (references), GoogleTest 1.12.1, CLI11 2.1.2,
-# nlohmann-json 3.11.2, toml++ 3.3.0, OpenMPI 4.1.4, Node.js 18 / npm 9.
+# nlohmann-json 3.11.2, toml++ 3.3.0, Boost 1.81 (Beast), OpenMPI 4.1.4, Node.js 18 / npm 9.
 #
 # Installed with --no-install-recommends (small installs), so every package
 # that is really needed is named here, with the reason.
@@ -24,6 +24,7 @@ packages=(
   libcli11-dev                # command-line parsing
   libtomlplusplus-dev         # toml++ 3.3.0: run configs (configs/*.toml)
   libgtest-dev                # tests
+  libboost1.81-dev            # Boost.Beast and Asio (header-only): loom serve's HTTP server (BENCHMARKS.md "HTTP library")
   python3 python3-torch       # /usr/bin/python3 with PyTorch: reference values for the kernel and model tests
   libopenmpi-dev openmpi-bin  # OpenMPI 4.1.4: launch (mpirun) and connect processes
   procps                      # pgrep: the comm watchdog test checks no rank is left running

@@ -6,7 +6,6 @@
 // The KV cache report goes to stderr, so stdout holds only the text.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/engine_setup.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -50,17 +50,6 @@ struct Output {
   infer::FinishReason finish = infer::FinishReason::none;
   std::string matched;  // the stop string that ended it
 };
-
-// MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read.
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
 
 std::vector<std::vector<int32_t>> encode_prompts(const GenerateArgs& args, const text::Gpt2Tokenizer& tok,
                                                  int64_t max_seq_len) {
@@ -189,13 +178,6 @@ void on_token(infer::Engine& engine, Output& o, const infer::TokenEvent& e, infe
   }
 }
 
-OwnedTensor load_weights(const model::ModelDir& dir, const GenerateArgs& args, Pools& pools) {
-  const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
-  OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
-  model::load_params(f32, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
-  return model::params_in_dtype(std::move(f32), precision_dtype(args.dtype, "--dtype"), pools[MemTag::params]);
-}
-
 void run_generate(const GenerateArgs& args) {
   // Every check before the first byte of output, so a rejected run prints nothing.
   const infer::StopParams& stop = args.gen.stop;
@@ -219,7 +201,7 @@ void run_generate(const GenerateArgs& args) {
                args.tokenizer, ")");
   const std::vector<std::vector<int32_t>> prompts = encode_prompts(args, tok, dir.config.max_seq_len);
   Pools pools;
-  const OwnedTensor params = load_weights(dir, args, pools);
+  const OwnedTensor params = load_weights(dir, args.dtype, "--dtype", pools);
   infer::Engine engine(dir.config, params, pools, engine_config(args, dir.config, prompts));
   print_kv_report(engine, dir.config, args);
 

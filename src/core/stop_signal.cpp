@@ -15,6 +15,7 @@ namespace {
 // The one place state must be global: a signal handler reaches nothing else.
 std::atomic<int> g_received{0};
 std::atomic<bool> g_installed{false};
+std::atomic<const char*> g_on_first{""};
 struct sigaction g_old_term {}, g_old_int {};
 
 void write_stderr(const char* text) {
@@ -26,10 +27,9 @@ void write_stderr(const char* text) {
 void on_stop_signal(int signal) {
   int expected = 0;
   if (g_received.compare_exchange_strong(expected, signal)) {
-    write_stderr(signal == SIGINT ? "\nloom: SIGINT: finishing the current step, then saving and stopping "
-                                    "(send it again to stop at once)\n"
-                                  : "\nloom: SIGTERM: finishing the current step, then saving and stopping "
-                                    "(send it again to stop at once)\n");
+    write_stderr(signal == SIGINT ? "\nloom: SIGINT: " : "\nloom: SIGTERM: ");
+    write_stderr(g_on_first.load());
+    write_stderr(" (send it again to stop at once)\n");
     return;
   }
   write_stderr("\nloom: second stop signal: exiting at once\n");
@@ -37,12 +37,14 @@ void on_stop_signal(int signal) {
 }
 
 static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free flag");
+static_assert(std::atomic<const char*>::is_always_lock_free, "the handler reads the message lock-free");
 
 }  // namespace
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals(const char* on_first) {
   LOOM_CHECK(!g_installed.exchange(true), "two StopSignals alive at once");
   g_received = 0;
+  g_on_first = on_first;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

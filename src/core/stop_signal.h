@@ -18,7 +18,9 @@ namespace loom {
 
 class StopSignals {
  public:
-  StopSignals();
+  // on_first: what the program does on the first signal, for the message it
+  // writes (a string literal: the handler reads it).
+  explicit StopSignals(const char* on_first = "finishing the current step, then saving and stopping");
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   ~StopSignals();

@@ -38,21 +38,37 @@ std::string RequestStream::error() const {
   return error_;
 }
 
+void RequestStream::on_ready(std::function<void()> ready) {
+  bool waiting = false;
+  {
+    std::lock_guard lk(mu_);
+    ready_ = ready;
+    waiting = !pending_.empty() || finished_ == n_ || !error_.empty();
+  }
+  if (waiting && ready) ready();
+}
+
 void RequestStream::push(Delta d) {
+  std::function<void()> ready;
   {
     std::lock_guard lk(mu_);
     if (d.finish != infer::FinishReason::none) ++finished_;
     pending_.push_back(std::move(d));
+    ready = ready_;
   }
   cv_.notify_all();
+  if (ready) ready();
 }
 
 void RequestStream::fail(std::string message) {
+  std::function<void()> ready;
   {
     std::lock_guard lk(mu_);
     error_ = std::move(message);
+    ready = ready_;
   }
   cv_.notify_all();
+  if (ready) ready();
 }
 
 // ---- EngineLoop -------------------------------------------------------------

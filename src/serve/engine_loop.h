@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,11 @@ class RequestStream {
   bool done() const;
   // The reader is gone: the loop aborts the request (finish reason abort).
   void cancel();
+  // ready() is called (from the loop's thread, without the stream's lock)
+  // after each push and fail, and once at once if something is already
+  // waiting: how a reader that does not block in next() (the HTTP server's
+  // event loop) learns that there is more to take.
+  void on_ready(std::function<void()> ready);
   bool cancelled() const;
   // Non-empty when the request could not finish: the engine failed.
   std::string error() const;
@@ -78,6 +84,7 @@ class RequestStream {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Delta> pending_;
+  std::function<void()> ready_;
   const int64_t n_, prompt_tokens_;
   int64_t finished_ = 0;
   bool cancelled_ = false;

@@ -196,7 +196,8 @@ CompletionRequest parse_completion(const json& body, const ServedModel& m, uint6
   r.stop = stop_strings(body);
   r.gen.sampler = sampler(body, seed);
   r.gen.n = integer(body, "n", 1, 1, m.max_n);
-  r.gen.stop.max_tokens = integer(body, "max_tokens", 16, 1, m.max_model_len);
+  // Any positive count; one past the context is refused below with both numbers (as vLLM words it).
+  r.gen.stop.max_tokens = integer(body, "max_tokens", 16, 1, INT32_MAX);
   r.gen.stop.min_tokens = integer(body, "min_tokens", 0, 0, r.gen.stop.max_tokens);
   r.gen.stop.ignore_eos = boolean(body, "ignore_eos", false);
   r.gen.stop.eos_token_ids = m.eos_token_ids;

@@ -138,7 +138,7 @@ TEST(OpenAiRequest, EachBadFieldIsA400NamingIt) {
   expect_400(with("prompt", {1, -1}), "prompt", "token id -1");
   expect_400(with("prompt", {1, 2.5}), "prompt", "token ids are integers");
   expect_400(with("prompt", {"a", "b", "c", "d", "e"}), "prompt", "at most 4");
-  expect_400(with("max_tokens", 0), "max_tokens", "allowed 1 to 64");
+  expect_400(with("max_tokens", 0), "max_tokens", "allowed 1 to 2147483647");
   expect_400(with("max_tokens", "5"), "max_tokens", "must be an integer");
   expect_400(with("max_tokens", 1.5), "max_tokens", "must be an integer");
   expect_400(with("temperature", -0.1), "temperature", "allowed 0 to 2");

@@ -1,0 +1,130 @@
+// loom serve at its edges, over raw sockets and fetch: API keys, body and
+// header limits, malformed HTTP, unknown routes, /health and /metrics, a
+// client that goes away mid-generation (its request is aborted and its KV
+// blocks freed at once), a client that sends too slowly. Run by
+// tests/serve/with_server.sh with --api-key secret --max-body-mb 0.05
+// --timeout 2 (LOOM_URL, LOOM_MODEL set).
+// Usage: node http_edges.mjs [CASE...]   (no CASE: every case)
+import assert from 'node:assert/strict';
+import net from 'node:net';
+
+const base = process.env.LOOM_URL, model = process.env.LOOM_MODEL;
+const { port } = new URL(base);
+const auth = { authorization: 'Bearer secret', 'content-type': 'application/json' };
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Sends raw bytes, returns everything the server sent before closing (or
+// what came within waitMs).
+function raw(bytes, waitMs = 3000) {
+  return new Promise((resolve) => {
+    const s = net.connect(Number(port), '127.0.0.1');
+    let got = '';
+    const timer = setTimeout(() => { s.destroy(); resolve(got); }, waitMs);
+    s.on('data', (d) => { got += d; });
+    s.on('close', () => { clearTimeout(timer); resolve(got); });
+    s.on('error', () => {});
+    s.write(bytes);
+  });
+}
+
+async function expectEnvelope(res, status, pattern) {
+  assert.equal(res.status, status);
+  const body = await res.json();
+  assert.equal(body.error.code, status);
+  assert.equal(typeof body.error.type, 'string');
+  if (pattern) assert.match(body.error.message, pattern);
+}
+
+function envelopeOf(response, status) {
+  assert.match(response, new RegExp(`^HTTP/1\\.1 ${status} `));
+  const body = JSON.parse(response.slice(response.indexOf('\r\n\r\n') + 4));
+  assert.equal(body.error.code, status);
+  return body.error;
+}
+
+async function metrics() {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const value = (name) => {
+    const m = new RegExp(`^${name.replace(/[{}"]/g, '\\$&')} (\\S+)$`, 'm').exec(text);
+    return m ? Number(m[1]) : undefined;
+  };
+  return { text, value };
+}
+
+const generate = (extra) => fetch(`${base}/v1/completions`, { method: 'POST', headers: auth,
+  body: JSON.stringify({ model, prompt: 'Hello', max_tokens: 8, ...extra }) });
+
+const cases = {
+  async healthAndMetricsNeedNoKey() {
+    assert.equal((await fetch(`${base}/health`)).status, 200);
+    const m = await metrics();
+    assert.equal(m.value('loom_model_loaded{model="tiny"}'), 1);
+    assert.match(m.text, /# TYPE loom_time_to_first_token_seconds histogram/);
+  },
+
+  async apiKey() {
+    await expectEnvelope(await fetch(`${base}/v1/models`), 401, /API key/);
+    await expectEnvelope(await fetch(`${base}/v1/models`, { headers: { authorization: 'Bearer wrong' } }), 401);
+    assert.equal((await fetch(`${base}/v1/models`, { headers: auth })).status, 200);
+  },
+
+  async limitsAndMalformedHttp() {
+    await expectEnvelope(await generate({ prompt: 'x'.repeat(100_000) }), 413, /limit of 52428 bytes/);
+    const big = envelopeOf(await raw(`GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`), 431);
+    assert.match(big.message, /headers/);
+    envelopeOf(await raw('GARBAGE\r\n\r\n'), 400);
+    envelopeOf(await raw('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: zzz\r\n\r\n'), 400);
+    await expectEnvelope(await fetch(`${base}/nope`), 404);
+    await expectEnvelope(await fetch(`${base}/v1/completions`, { headers: auth }), 405);
+    await expectEnvelope(await fetch(`${base}/v1/completions`, { method: 'POST', headers: auth, body: '{"model":' }),
+                         400, /JSON/);
+    assert.equal((await generate({})).status, 200, 'the server still serves');
+  },
+
+  async slowSenderIsCutOff() {
+    // Half a request line, then nothing: dropped after --timeout (2 s).
+    const start = Date.now();
+    const got = await raw('POST /v1/completions HTTP/1.1\r\nHost: x\r\n', 6000);
+    assert.equal(got, '');
+    assert.ok(Date.now() - start < 5000, 'closed by the server, not by the test');
+  },
+
+  async clientThatGoesAwayIsAborted() {
+    const before = (await metrics()).value('loom_request_success_total{finished_reason="abort"}');
+    for (const stream of [true, false]) {
+      const ctl = new AbortController();
+      const res = fetch(`${base}/v1/completions`, { method: 'POST', headers: auth, signal: ctl.signal,
+        body: JSON.stringify({ model, prompt: 'Hello', max_tokens: 120, ignore_eos: true, stream }) });
+      if (stream) {
+        const reader = (await res).body.getReader();
+        await reader.read();  // the first event: the request runs
+        ctl.abort();
+        await assert.rejects(reader.read());
+      } else {
+        await sleep(30);  // queued and running; no byte of the response yet
+        ctl.abort();
+        await assert.rejects(res);
+      }
+    }
+    // Freed at once: in flight 0 and the KV cache empty well before the 120 tokens could finish.
+    let m;
+    for (let i = 0; i < 50; ++i) {
+      m = await metrics();
+      if (m.value('loom_num_requests_in_flight') === 0) break;
+      await sleep(100);
+    }
+    assert.equal(m.value('loom_num_requests_in_flight'), 0);
+    assert.equal(m.value('loom_kv_cache_used_blocks'), 0);
+    assert.equal(m.value('loom_request_success_total{finished_reason="abort"}'), before + 2);
+    const ok = await generate({});
+    assert.equal(ok.status, 200);
+  },
+};
+
+const names = process.argv.slice(2).length ? process.argv.slice(2) : Object.keys(cases);
+for (const name of names) {
+  assert.ok(cases[name], `no case ${name}`);
+  await cases[name]();
+  console.log(`ok ${name}`);
+}
+console.log(`http_edges: ${names.length} cases passed`);

@@ -1,0 +1,147 @@
+// loom serve through the official OpenAI client (openai@5.23.2 from
+// data/node_modules, fetched by scripts/fetch-data.sh). Run by
+// tests/serve/with_server.sh, which sets LOOM_URL and LOOM_MODEL.
+// Usage: node openai_client.mjs DATA_DIR [CASE...]   (no CASE: every case)
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+
+const [dataDir, ...only] = process.argv.slice(2);
+const { OpenAI } = createRequire(`${dataDir}/`)('openai');
+const model = process.env.LOOM_MODEL;
+const client = new OpenAI({ baseURL: `${process.env.LOOM_URL}/v1`, apiKey: process.env.LOOM_API_KEY ?? 'none',
+                            maxRetries: 0 });
+
+// Collects a streamed completion: the text of each choice, its finish
+// reason, the usage chunk, and checks every chunk's shape on the way.
+async function collect(stream) {
+  const texts = [], finish = [];
+  let usage = null, chunks = 0, id = null;
+  for await (const chunk of stream) {
+    ++chunks;
+    assert.equal(chunk.object, 'text_completion');
+    id ??= chunk.id;
+    assert.equal(chunk.id, id, 'every chunk carries the same id');
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      texts[c.index] = (texts[c.index] ?? '') + c.text;
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  return { texts, finish, usage, chunks };
+}
+
+async function expectError(promise, cls, status, pattern) {
+  await assert.rejects(promise, (e) => {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${e.constructor.name}: ${e.message}`);
+    assert.equal(e.status, status);
+    if (pattern) assert.match(e.message, pattern);
+    return true;
+  });
+}
+
+const cases = {
+  async models() {
+    const page = await client.models.list();
+    assert.deepEqual(page.data.map((m) => m.id), [model]);
+    assert.equal(page.data[0].object, 'model');
+  },
+
+  async completionAndStreamAgree() {
+    const body = { model, prompt: 'The quick brown fox', max_tokens: 12, temperature: 0 };
+    const whole = await client.completions.create(body);
+    assert.equal(whole.object, 'text_completion');
+    assert.equal(whole.choices.length, 1);
+    assert.equal(whole.choices[0].finish_reason, 'length');
+    assert.deepEqual(whole.usage, { prompt_tokens: 4, completion_tokens: 12, total_tokens: 16 });
+    const streamed = await collect(await client.completions.create(
+      { ...body, stream: true, stream_options: { include_usage: true } }));
+    assert.equal(streamed.texts[0], whole.choices[0].text);
+    assert.equal(streamed.finish[0], 'length');
+    assert.deepEqual(streamed.usage, whole.usage);
+    assert.ok(streamed.chunks >= 2);
+  },
+
+  async nThreeWithSeedIsReproducible() {
+    const body = { model, prompt: 'Once upon a time', max_tokens: 10, n: 3, temperature: 1.0, seed: 1234 };
+    const a = await client.completions.create(body);
+    const b = await client.completions.create(body);
+    assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+    assert.deepEqual(a.choices.map((c) => c.text), b.choices.map((c) => c.text));
+    assert.equal(a.usage.completion_tokens, 30);
+    const other = await client.completions.create({ ...body, seed: 99 });
+    assert.notDeepEqual(other.choices.map((c) => c.text), a.choices.map((c) => c.text));
+    const streamed = await collect(await client.completions.create({ ...body, stream: true }));
+    assert.deepEqual(streamed.texts, a.choices.map((c) => c.text));
+  },
+
+  async stopStringCutsTheText() {
+    const body = { model, prompt: 'Hello there', max_tokens: 16, temperature: 0 };
+    const full = (await client.completions.create(body)).choices[0].text;
+    const stop = full.slice(6, 9);  // three characters well inside the greedy text
+    assert.equal(stop.length, 3);
+    const cut = await client.completions.create({ ...body, stop: [stop] });
+    assert.equal(cut.choices[0].text, full.slice(0, full.indexOf(stop)));
+    assert.equal(cut.choices[0].finish_reason, 'stop');
+    const streamed = await collect(await client.completions.create({ ...body, stop, stream: true }));
+    assert.equal(streamed.texts[0], cut.choices[0].text);
+    assert.equal(streamed.finish[0], 'stop');
+  },
+
+  async logprobs() {
+    const r = await client.completions.create({ model, prompt: 'Hi', max_tokens: 5, temperature: 0, logprobs: 3 });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 5);
+    assert.equal(lp.token_logprobs.length, 5);
+    assert.equal(lp.tokens.join(''), r.choices[0].text);
+    lp.token_logprobs.forEach((x, i) => {
+      assert.ok(x <= 0);
+      const top = Object.values(lp.top_logprobs[i]);
+      assert.ok(top.length >= 1 && top.length <= 4);
+      assert.ok(Math.abs(Math.max(...top) - x) < 1e-5, 'greedy: the chosen token is the most likely');
+    });
+    assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) => lp.tokens.slice(0, i).join('').length));
+  },
+
+  async tokenIdPromptsAndSeveralPrompts() {
+    const ids = await client.completions.create({ model, prompt: [15496, 995], max_tokens: 4, temperature: 0 });
+    const text = await client.completions.create({ model, prompt: 'Hello world', max_tokens: 4, temperature: 0 });
+    assert.equal(ids.choices[0].text, text.choices[0].text);
+    const two = await client.completions.create({ model, prompt: ['Hello world', 'Hi'], max_tokens: 4,
+                                                  temperature: 0 });
+    assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+    assert.equal(two.choices[0].text, text.choices[0].text);
+  },
+
+  async errorsAreTheClientsTypedErrors() {
+    await expectError(client.completions.create({ model: 'nope', prompt: 'x' }), OpenAI.NotFoundError, 404,
+                      /nope/);
+    await expectError(client.completions.create({ model, prompt: 'x', max_tokens: 1000 }),
+                      OpenAI.BadRequestError, 400, /maximum context length is 128 tokens.*1001 tokens/);
+    await expectError(client.completions.create({ model, prompt: 'x', temperature: -1 }), OpenAI.BadRequestError,
+                      400, /temperature/);
+    await expectError(client.completions.create({ model, prompt: 'x', n: 1000 }), OpenAI.BadRequestError, 400, /n/);
+  },
+
+  // The issue's determinism through the server: 64 concurrent requests give
+  // bitwise the tokens (and logprobs) each gives alone.
+  async concurrentRequestsGiveWhatEachGivesAlone() {
+    const body = (i) => ({ model, prompt: `Request number ${i} says`, max_tokens: 8, logprobs: 1,
+                           temperature: i % 2 ? 0.8 : 0, seed: 1000 + i });
+    const alone = [];
+    for (let i = 0; i < 64; ++i) alone.push(await client.completions.create(body(i)));
+    const together = await Promise.all(Array.from({ length: 64 }, (_, i) => client.completions.create(body(i))));
+    for (let i = 0; i < 64; ++i) {
+      assert.deepEqual(together[i].choices[0].logprobs.tokens, alone[i].choices[0].logprobs.tokens, `request ${i}`);
+      assert.deepEqual(together[i].choices[0].logprobs.token_logprobs, alone[i].choices[0].logprobs.token_logprobs,
+                       `request ${i}`);
+    }
+  },
+};
+
+const names = only.length ? only : Object.keys(cases);
+for (const name of names) {
+  assert.ok(cases[name], `no case ${name}`);
+  await cases[name]();
+  console.log(`ok ${name}`);
+}
+console.log(`openai_client: ${names.length} cases passed`);

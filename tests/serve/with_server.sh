@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs a command against a real `loom serve` on loopback:
+#   with_server.sh LOOM WORKDIR [SERVE-FLAGS...] -- COMMAND...
+# A fresh tiny GPT-2 model (loom init-model, GPT-2's vocabulary) is served on
+# a free port; COMMAND runs with LOOM_URL (http://127.0.0.1:PORT) and
+# LOOM_MODEL (the served name) set. Then the server gets SIGTERM and must
+# exit 0 within its drain. The server's log is printed when anything fails.
+set -euo pipefail
+loom=$1 work=$2
+shift 2
+flags=()
+while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
+[[ ${1:-} == -- ]] || { echo "with_server.sh: missing -- COMMAND" >&2; exit 2; }
+shift
+
+rm -rf "$work" && mkdir -p "$work"
+"$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=128 --seed 7 --out "$work/tiny" >/dev/null
+log="$work/serve.log"
+"$loom" serve --model "$work/tiny" --port 0 --threads 1 "${flags[@]}" >"$log" 2>&1 &
+server=$!
+fail() {
+  echo "with_server.sh: $*" >&2
+  echo "--- loom serve's log ---" >&2
+  cat "$log" >&2
+  kill -9 "$server" 2>/dev/null || true
+  exit 1
+}
+port=""
+for _ in $(seq 600); do  # up to 60 s to load
+  port=$(sed -n 's/.*serve: ready: .* at http:\/\/127\.0\.0\.1:\([0-9]*\)\/v1.*/\1/p' "$log")
+  [[ -n $port ]] && break
+  kill -0 "$server" 2>/dev/null || fail "loom serve exited before it was ready"
+  sleep 0.1
+done
+[[ -n $port ]] || fail "loom serve was not ready within 60 s"
+export LOOM_URL="http://127.0.0.1:$port" LOOM_MODEL=tiny
+status=0
+"$@" || status=$?
+kill -TERM "$server"
+server_status=0
+wait "$server" || server_status=$?
+((status == 0)) || fail "the command failed (exit $status)"
+((server_status == 0)) || fail "loom serve exited $server_status after SIGTERM (expected 0)"
+echo "with_server.sh: passed; loom serve drained and exited 0"
