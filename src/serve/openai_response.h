@@ -1,9 +1,11 @@
-// The OpenAI-compatible response side of POST /v1/completions, independent
-// of HTTP: the deltas of a request's streams (EngineLoop) become the final
-// JSON body or the chunks of a server-sent-event stream, with OpenAI's
-// shapes: choices indexed prompt * n + sequence, finish_reason "stop" /
-// "length" (an aborted sequence reports neither: null), the legacy
-// completions logprobs object, and usage counts.
+// The OpenAI-compatible response side of POST /v1/completions and
+// /v1/chat/completions, independent of HTTP: the deltas of a request's
+// streams (EngineLoop) become the final JSON body or the chunks of a
+// server-sent-event stream, with OpenAI's shapes: choices indexed
+// prompt * n + sequence, finish_reason "stop" / "length" (an aborted
+// sequence reports neither: null), the legacy completions logprobs object or
+// chat's {"content": [...]}, and usage counts. A chat stream starts with a
+// chunk per choice that only names the role.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,8 @@ class CompletionResponse {
   // they make: one per delta that carries text, a token with logprobs or a
   // finish reason.
   std::vector<nlohmann::json> add(int64_t prompt, const std::vector<Delta>& deltas);
+  // Chat: the first chunks of a stream, {"role": "assistant"} per choice.
+  std::vector<nlohmann::json> role_chunks() const;
   // The non-streaming body: every choice whole, and usage.
   nlohmann::json body() const;
   // The last chunk when stream_options.include_usage: no choices, usage.
@@ -51,9 +55,11 @@ class CompletionResponse {
     infer::FinishReason finish = infer::FinishReason::none;
   };
   nlohmann::json logprobs_of(const Delta& d, int64_t text_offset) const;
-  static void append_logprobs(nlohmann::json& into, const nlohmann::json& piece);
+  nlohmann::json chat_logprobs_of(const Delta& d) const;
+  void append_logprobs(nlohmann::json& into, const nlohmann::json& piece) const;
   nlohmann::json chunk(int64_t index, const std::string& text, const nlohmann::json& logprobs,
                        infer::FinishReason finish) const;
+  nlohmann::json envelope(const char* object, nlohmann::json choices) const;
 
   const CompletionRequest& request_;
   std::string id_;

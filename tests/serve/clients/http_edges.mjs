@@ -44,9 +44,12 @@ function envelopeOf(response, status) {
 
 async function metrics() {
   const text = await (await fetch(`${base}/metrics`)).text();
+  // One series, or the sum over a family's model="..." series when the name has no labels.
   const value = (name) => {
-    const m = new RegExp(`^${name.replace(/[{}"]/g, '\\$&')} (\\S+)$`, 'm').exec(text);
-    return m ? Number(m[1]) : undefined;
+    const re = name.includes('{') ? new RegExp(`^${name.replace(/[{}"]/g, '\\$&')} (\\S+)$`, 'gm')
+                                  : new RegExp(`^${name}(?:\\{model="[^"]*"\\})? (\\S+)$`, 'gm');
+    const all = [...text.matchAll(re)];
+    return all.length ? all.reduce((a, m) => a + Number(m[1]), 0) : undefined;
   };
   return { text, value };
 }
@@ -59,6 +62,7 @@ const cases = {
     assert.equal((await fetch(`${base}/health`)).status, 200);
     const m = await metrics();
     assert.equal(m.value('loom_model_loaded{model="tiny"}'), 1);
+    assert.equal(m.value('loom_models_loaded'), 1);
     assert.match(m.text, /# TYPE loom_time_to_first_token_seconds histogram/);
   },
 
@@ -90,7 +94,7 @@ const cases = {
   },
 
   async clientThatGoesAwayIsAborted() {
-    const before = (await metrics()).value('loom_request_success_total{finished_reason="abort"}');
+    const before = (await metrics()).value('loom_request_success_total{model="tiny",finished_reason="abort"}');
     for (const stream of [true, false]) {
       const ctl = new AbortController();
       const res = fetch(`${base}/v1/completions`, { method: 'POST', headers: auth, signal: ctl.signal,
@@ -115,7 +119,7 @@ const cases = {
     }
     assert.equal(m.value('loom_num_requests_in_flight'), 0);
     assert.equal(m.value('loom_kv_cache_used_blocks'), 0);
-    assert.equal(m.value('loom_request_success_total{finished_reason="abort"}'), before + 2);
+    assert.equal(m.value('loom_request_success_total{model="tiny",finished_reason="abort"}'), before + 2);
     const ok = await generate({});
     assert.equal(ok.status, 200);
   },

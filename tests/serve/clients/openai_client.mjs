@@ -122,6 +122,59 @@ const cases = {
     await expectError(client.completions.create({ model, prompt: 'x', n: 1000 }), OpenAI.BadRequestError, 400, /n/);
   },
 
+  // Chat: the plain template of a base model renders "System\n\nUser: ...\nAssistant:"; the answer is the
+  // completion of that text with the template's stop strings.
+  async chatMatchesTheCompletionOfItsRenderedPrompt() {
+    const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Say hi' }];
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 10, temperature: 0 });
+    assert.equal(r.object, 'chat.completion');
+    assert.match(r.id, /^chatcmpl-/);
+    assert.equal(r.choices[0].message.role, 'assistant');
+    const same = await client.completions.create({ model, prompt: 'You are terse.\n\nUser: Say hi\nAssistant:',
+                                                   max_tokens: 10, temperature: 0, stop: ['\nUser:', '\nAssistant:'] });
+    assert.equal(r.choices[0].message.content, same.choices[0].text);
+    assert.equal(r.choices[0].finish_reason, same.choices[0].finish_reason);
+    assert.deepEqual(r.usage, same.usage);
+  },
+
+  async chatStreamStartsWithTheRoleAndAgrees() {
+    const body = { model, messages: [{ role: 'user', content: 'Tell me a story' }], max_completion_tokens: 12,
+                   temperature: 0.9, seed: 5, n: 2 };
+    const whole = await client.chat.completions.create(body);
+    assert.deepEqual(whole.choices.map((c) => c.index), [0, 1]);
+    const stream = await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+    const texts = ['', ''], roles = [], finish = [];
+    let usage = null, first = true;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, 'chat.completion.chunk');
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (first) assert.equal(c.delta.role, 'assistant', 'the first chunk names the role');
+        if (c.delta.role) roles.push(c.index);
+        texts[c.index] += c.delta.content ?? '';
+        if (c.finish_reason) finish[c.index] = c.finish_reason;
+      }
+      first = false;
+    }
+    assert.deepEqual(roles, [0, 1]);
+    assert.deepEqual(texts, whole.choices.map((c) => c.message.content));
+    assert.deepEqual(finish, whole.choices.map((c) => c.finish_reason));
+    assert.deepEqual(usage, whole.usage);
+  },
+
+  async chatLogprobs() {
+    const r = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Hi' }],
+                                                     max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 2 });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens);
+    for (const t of content) {
+      assert.ok(t.logprob <= 0 && Array.isArray(t.bytes) && t.top_logprobs.length === 2);
+      assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5, 'greedy: the chosen token is the top one');
+    }
+    await expectError(client.chat.completions.create({ model, messages: [{ role: 'wizard', content: 'x' }] }),
+                      OpenAI.BadRequestError, 400, /role/);
+  },
+
   // The determinism through the server: 64 concurrent requests give
   // bitwise the tokens (and logprobs) each gives alone.
   async concurrentRequestsGiveWhatEachGivesAlone() {

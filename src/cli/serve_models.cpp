@@ -1,0 +1,78 @@
+#include "cli/serve_models.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "cli/engine_setup.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "infer/engine.h"
+#include "model/paged_runner.h"
+
+namespace loom::cli {
+namespace {
+
+// The weights and the engine a LoadedModel's loop drives.
+struct Owned {
+  Pools pools;
+  OwnedTensor params;
+  std::unique_ptr<infer::Engine> engine;
+};
+
+infer::EngineConfig engine_config(const EngineArgs& a, const model::ModelConfig& cfg, int64_t context) {
+  infer::EngineConfig c;
+  c.block_size = a.block_size;
+  c.kv_dtype = precision_dtype(a.kv_dtype, "--kv-dtype");
+  c.max_model_len = context > 0 ? std::min(context, cfg.max_seq_len) : cfg.max_seq_len;
+  c.max_num_seqs = a.max_num_seqs;
+  c.max_num_batched_tokens = a.max_num_batched_tokens;
+  if (a.kv_cache_mb > 0) {
+    c.kv_cache_bytes = static_cast<int64_t>(a.kv_cache_mb * (1 << 20));
+    return c;
+  }
+  const int64_t block_bytes = model::kv_block_bytes(cfg, c.block_size, c.kv_dtype);
+  const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
+  const int64_t want = 1 + c.max_num_seqs * per_seq;
+  const int64_t share = available_memory_bytes() / 2 / block_bytes;  // 0 where unknown
+  c.num_blocks = share > 1 + per_seq ? std::min(want, share) : want;
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
+                                                      ModelExtras extras, const text::Gpt2Tokenizer& tok,
+                                                      const EngineArgs& a) {
+  LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), "model ", name, ": vocab_size ", dir.config.vocab_size,
+               " is smaller than the tokenizer's ", tok.vocab_size(), " tokens");
+  const int64_t context = extras.parameters.contains("num_ctx") ? extras.parameters["num_ctx"].get<int64_t>()
+                                                                  : a.max_model_len;
+  auto owned = std::make_shared<Owned>();
+  owned->params = load_weights(dir, a.dtype, "--dtype", owned->pools);
+  owned->engine = std::make_unique<infer::Engine>(dir.config, owned->params, owned->pools,
+                                                  engine_config(a, dir.config, context));
+  const infer::EngineConfig& c = owned->engine->config();
+  auto m = std::make_shared<serve::LoadedModel>();
+  m->name = name;
+  m->digest = extras.digest;
+  m->served = serve::ServedModel{.name = name,
+                                 .max_model_len = c.max_model_len,
+                                 .vocab_size = dir.config.vocab_size,
+                                 .eos_token_ids = {tok.eot_id()},
+                                 .tokenizer = &tok,
+                                 .max_n = a.max_n,
+                                 .max_prompts = a.max_prompts,
+                                 .render_chat = serve::chat_renderer(extras.chat),
+                                 .chat_stop = extras.chat.stop};
+  m->templated = !extras.chat.is_plain;
+  m->parameters = std::move(extras.parameters);
+  m->system = std::move(extras.system);
+  m->messages = std::move(extras.messages);
+  m->bytes = static_cast<int64_t>(owned->params.nbytes()) + owned->engine->runner().kv_cache_bytes();
+  m->loop = std::make_unique<serve::EngineLoop>(*owned->engine, &tok, serve::LoopOptions{.max_waiting = a.max_queue});
+  m->owner = std::move(owned);
+  m->loaded_at = std::chrono::steady_clock::now();
+  return m;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,39 @@
+// How `loom serve` turns a model (a directory, or a store model with its
+// Modelfile defaults) into a serve::LoadedModel: weights in the serving
+// dtype, an engine with its KV cache, and the engine loop that owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config_json.h"
+#include "serve/chat_template.h"
+#include "serve/model_manager.h"
+#include "text/bpe.h"
+
+namespace loom::cli {
+
+struct EngineArgs {
+  std::string dtype = "fp32", kv_dtype = "fp32";
+  double kv_cache_mb = 0;  // 0: max_num_seqs full-length sequences, at most half the available memory
+  int64_t max_model_len = 0, block_size = 16, max_num_seqs = 64, max_num_batched_tokens = 512;
+  int64_t max_queue = 256, max_n = 16, max_prompts = 64;
+};
+
+// What a model brings besides its weights.
+struct ModelExtras {
+  std::string digest;  // the store manifest's ("" for a directory)
+  serve::ChatTemplate chat;
+  nlohmann::json parameters = nlohmann::json::object();  // Modelfile PARAMETERs (num_ctx sets the context)
+  std::string system;
+  nlohmann::json messages = nlohmann::json::array();
+};
+
+std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
+                                                      ModelExtras extras, const text::Gpt2Tokenizer& tok,
+                                                      const EngineArgs& a);
+
+}  // namespace loom::cli

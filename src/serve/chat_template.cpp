@@ -1,0 +1,108 @@
+#include "serve/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "core/error.h"
+#include "serve/jinja.h"
+
+namespace loom::serve {
+namespace {
+
+using json = nlohmann::json;
+
+// A special token as tokenizer_config.json writes it: a string, or an
+// AddedToken object {"content": ...}; "" when absent.
+std::string special_token(const json& cfg, const char* key) {
+  const auto it = cfg.find(key);
+  if (it == cfg.end()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"];
+  return {};
+}
+
+// dir/tokenizer_config.json, or null when there is none.
+json tokenizer_config(const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "tokenizer_config.json";
+  if (!std::filesystem::exists(path)) return nullptr;
+  std::ifstream in(path);
+  LOOM_REQUIRE(in.good(), "cannot read ", path.string());
+  json cfg = json::parse(in, nullptr, false);
+  LOOM_REQUIRE(!cfg.is_discarded() && cfg.is_object(), path.string(), " is not a JSON object");
+  return cfg;
+}
+
+// chat_template: a string, or [{"name": ..., "template": ...}] (the "default" one).
+std::string template_of(const json& cfg, const std::string& where) {
+  const auto it = cfg.find("chat_template");
+  if (it == cfg.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array())
+    for (const json& t : *it)
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string())
+        return t["template"];
+  throw loom::Error(where + ": chat_template must be a string or a list holding a {\"name\": \"default\", "
+                            "\"template\": ...}");
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::plain() {
+  ChatTemplate t;
+  t.source =
+      "{% for m in messages %}"
+      "{% if m.role == 'system' or m.role == 'developer' %}{{ m.content }}\n\n"
+      "{% else %}{{ m.role | capitalize }}: {{ m.content }}\n{% endif %}"
+      "{% endfor %}"
+      "{% if add_generation_prompt %}Assistant:{% endif %}";
+  t.stop = {"\nUser:", "\nAssistant:"};
+  t.origin = "loom's plain template (a base model)";
+  t.is_plain = true;
+  return t;
+}
+
+ChatTemplate ChatTemplate::for_model_dir(const std::string& dir) {
+  const json cfg = tokenizer_config(dir);
+  if (cfg.is_null()) return plain();
+  const std::string where = (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  std::string source = template_of(cfg, where);
+  if (source.empty()) return plain();
+  ChatTemplate t;
+  t.source = std::move(source);
+  t.bos_token = special_token(cfg, "bos_token");
+  t.eos_token = special_token(cfg, "eos_token");
+  if (!t.eos_token.empty()) t.stop = {t.eos_token};
+  t.origin = where;
+  return t;
+}
+
+ChatTemplate ChatTemplate::from_file(const std::string& path, const std::string& dir) {
+  std::ifstream in(path);
+  LOOM_REQUIRE(in.good(), "--chat-template '", path, "' cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const json cfg = tokenizer_config(dir);
+  ChatTemplate t;
+  t.source = text.str();
+  if (!cfg.is_null()) {
+    t.bos_token = special_token(cfg, "bos_token");
+    t.eos_token = special_token(cfg, "eos_token");
+    if (!t.eos_token.empty()) t.stop = {t.eos_token};
+  }
+  t.origin = path;
+  return t;
+}
+
+std::function<std::string(const json&, bool)> chat_renderer(const ChatTemplate& t) {
+  auto compiled = std::make_shared<const jinja::Template>(jinja::Template::parse(t.source));
+  return [compiled, bos = t.bos_token, eos = t.eos_token](const json& messages, bool add_generation_prompt) {
+    return compiled->render({{"messages", messages},
+                             {"add_generation_prompt", add_generation_prompt},
+                             {"bos_token", bos},
+                             {"eos_token", eos}});
+  };
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,44 @@
+// A model's chat template: the Jinja source (serve/jinja.h) that turns a
+// conversation into the prompt text, with the special tokens it may name
+// (bos_token, eos_token) and the stop strings where its turns end. Found in a
+// Hugging Face model directory's tokenizer_config.json (chat_template, a
+// string or a list of named templates: "default" is used), given as a file
+// (--chat-template), or the plain template for base models, which have none:
+//
+//   System text
+//
+//   User: Hello
+//   Assistant:
+//
+// (the model continues after "Assistant:"; "\nUser:" stops it).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace loom::serve {
+
+struct ChatTemplate {
+  std::string source;
+  std::string bos_token, eos_token;
+  std::vector<std::string> stop;
+  std::string origin;  // where it came from, for logs
+  bool is_plain = false;  // loom's plain template (the model has none of its own)
+
+  static ChatTemplate plain();
+  // dir's tokenizer_config.json template, or plain() when it has none.
+  // loom::Error for a tokenizer_config.json that cannot be read.
+  static ChatTemplate for_model_dir(const std::string& dir);
+  // A Jinja file; the special tokens of dir's tokenizer_config.json if any.
+  static ChatTemplate from_file(const std::string& path, const std::string& dir);
+};
+
+// Compiles t (loom::Error naming the line for a template the Jinja subset
+// cannot parse) into the function ServedModel::render_chat takes.
+std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt)> chat_renderer(
+    const ChatTemplate& t);
+
+}  // namespace loom::serve

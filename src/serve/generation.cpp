@@ -1,0 +1,147 @@
+#include "serve/generation.h"
+
+#include <utility>
+
+#include "core/error.h"
+
+namespace loom::serve {
+
+using Clock = std::chrono::steady_clock;
+
+GenerationSource::GenerationSource(ModelManager& models, std::string model, std::unique_ptr<GenerationFormat> format,
+                                   uint64_t seed, std::optional<std::chrono::seconds> keep_alive,
+                                   Clock::time_point received)
+    : models_(models),
+      requested_(std::move(model)),
+      format_(std::move(format)),
+      seed_(seed),
+      keep_alive_(keep_alive) {
+  times_.received = received;
+}
+
+GenerationSource::~GenerationSource() {
+  std::lock_guard lk(mu_);
+  if (model_) models_.release(model_->name, keep_alive_);
+}
+
+void GenerationSource::start(std::function<void()> wake) {
+  {
+    std::lock_guard lk(mu_);
+    wake_ = wake;
+  }
+  std::weak_ptr<GenerationSource> weak = weak_from_this();
+  try {
+    models_.acquire(requested_, [weak](std::shared_ptr<LoadedModel> m, std::optional<ApiError> error) {
+      if (auto self = weak.lock()) self->arrived(std::move(m), std::move(error));
+    });
+  } catch (const ApiError& e) {
+    arrived(nullptr, e);
+  }
+}
+
+void GenerationSource::arrived(std::shared_ptr<LoadedModel> m, std::optional<ApiError> error) {
+  std::function<void()> wake;
+  {
+    std::lock_guard lk(mu_);
+    model_ = std::move(m);
+    load_error_ = std::move(error);
+    if (!model_ && !load_error_) load_error_ = ApiError(500, "InternalServerError", "model", "the model did not load");
+    wake = wake_;
+  }
+  if (wake) wake();
+}
+
+bool GenerationSource::fail(const ApiError& e, std::string& out) {
+  status_ = e.status();  // a stream whose head went out keeps its 200 (the server asks only before the head)
+  out += format_->error_body(e, begun_);
+  times_.end = Clock::now();
+  return true;
+}
+
+// Parses the request against the model that arrived and queues its prompts.
+bool GenerationSource::submit(std::string& out) {
+  submitted_ = true;
+  std::shared_ptr<LoadedModel> m;
+  std::function<void()> wake;
+  {
+    std::lock_guard lk(mu_);
+    if (load_error_) return fail(*load_error_, out);
+    m = model_;
+    wake = wake_;
+  }
+  times_.model_ready = Clock::now();
+  if (!format_->generates()) {
+    format_->loaded(*m, out);
+    times_.end = Clock::now();
+    return true;
+  }
+  try {
+    const CompletionRequest request = format_->parse(*m, seed_);
+    for (const std::vector<int32_t>& prompt : request.prompts) {
+      Submitted sub = m->loop->submit({prompt, request.gen, request.stop});
+      if (sub.admission != Admission::accepted) {
+        for (auto& s : streams_) s->cancel();  // the prompts already queued go too
+        if (sub.admission == Admission::queue_full)
+          throw ApiError(429, "TooManyRequests", "", "the server's queue is full; retry later");
+        throw ApiError(503, "ServiceUnavailableError", "",
+                       sub.admission == Admission::draining ? "the server is shutting down" : "the engine failed");
+      }
+      streams_.push_back(std::move(sub.stream));
+    }
+    format_->begin(request, *m, out);
+    begun_ = true;
+  } catch (const ApiError& e) {
+    return fail(e, out);
+  } catch (const loom::Error& e) {  // EngineLoop::submit's check
+    return fail(bad_request("", e.what()), out);
+  }
+  for (auto& s : streams_) s->on_ready(wake);
+  return false;
+}
+
+bool GenerationSource::pull(std::string& out) {
+  if (!submitted_) {
+    {
+      std::lock_guard lk(mu_);
+      if (!model_ && !load_error_) return false;  // still loading
+      if (cancelled_) return true;
+    }
+    if (submit(out)) return true;
+  }
+  for (size_t p = 0; p < streams_.size(); ++p) {
+    std::vector<Delta> deltas = streams_[p]->next(std::chrono::milliseconds(0));
+    if (deltas.empty()) continue;
+    if (times_.first_token == Clock::time_point{}) times_.first_token = Clock::now();
+    format_->add(static_cast<int64_t>(p), deltas, out);
+  }
+  std::string failure;
+  for (auto& s : streams_) {
+    if (!s->done()) return false;
+    if (failure.empty()) failure = s->error();
+  }
+  if (!failure.empty()) return fail(ApiError(500, "InternalServerError", "", "the engine failed: " + failure), out);
+  times_.end = Clock::now();
+  format_->end(times_, out);
+  return true;
+}
+
+void GenerationSource::cancel() {
+  {
+    std::lock_guard lk(mu_);
+    cancelled_ = true;
+  }
+  for (auto& s : streams_) s->cancel();
+}
+
+int GenerationSource::status() const { return status_; }
+
+nlohmann::json GenerationSource::usage() const { return format_->usage(); }
+
+GenerationTimes GenerationSource::times() const { return times_; }
+
+std::string GenerationSource::model_name() const {
+  std::lock_guard lk(mu_);
+  return model_ ? model_->name : requested_;
+}
+
+}  // namespace loom::serve

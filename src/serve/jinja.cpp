@@ -1,0 +1,28 @@
+#include "serve/jinja.h"
+
+#include <utility>
+#include <vector>
+
+#include "serve/jinja_ast.h"
+#include "serve/jinja_eval.h"
+
+namespace loom::serve::jinja {
+
+Template Template::parse(std::string_view source, const Options& options) {
+  return Template(std::make_shared<const Body>(parse_tokens(lex(source, options))));
+}
+
+std::string Template::render(const nlohmann::json& variables) const {
+  LOOM_REQUIRE(variables.is_object(), "jinja: the variables must be a JSON object, not ", variables.type_name());
+  LOOM_REQUIRE(data_depth(variables) <= kMaxDataDepth, "jinja: the variables nest deeper than ", kMaxDataDepth,
+               " levels");
+  std::string out;
+  try {
+    Renderer(variables).render(*body_, out);
+  } catch (const nlohmann::json::exception& e) {
+    throw loom::Error(concat("jinja: ", e.what()));
+  }
+  return out;
+}
+
+}  // namespace loom::serve::jinja

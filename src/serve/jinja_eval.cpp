@@ -1,0 +1,273 @@
+#include "serve/jinja_eval.h"
+
+#include <algorithm>
+
+namespace loom::serve::jinja {
+
+const Value* Args::get(size_t index, std::string_view name) const {
+  if (index < positional.size()) return &positional[index];
+  for (const auto& [key, value] : named)
+    if (key == name) return &value;
+  return nullptr;
+}
+
+void Args::check(std::string_view callee, std::initializer_list<std::string_view> names) const {
+  if (positional.size() > names.size())
+    eval_fail(callee, "() takes at most ", names.size(), " argument(s) (", positional.size(), " given)");
+  for (const auto& [key, value] : named) {
+    const auto it = std::find(names.begin(), names.end(), key);
+    if (it == names.end()) eval_fail(callee, "() got an unexpected keyword argument '", key, "'");
+    if (static_cast<size_t>(it - names.begin()) < positional.size())
+      eval_fail(callee, "() got multiple values for argument '", key, "'");
+  }
+}
+
+Renderer::Renderer(const json& variables)
+    : variables_(Value::from(std::shared_ptr<const json>(&variables, [](const json*) {}))) {
+  frames_.emplace_back();
+}
+
+Renderer::~Renderer() {
+  for (const auto& ns : namespaces_) ns->attrs.clear();
+}
+
+void Renderer::render(const Body& body, std::string& out) { exec(body, out); }
+
+Renderer::Flow Renderer::exec(const Body& body, std::string& out) {
+  for (const Stmt& s : body) {
+    const Flow flow = exec_stmt(s, out);
+    if (out.size() > kMaxSize) fail_at(s.pos, concat("the output is over ", kMaxSize, " bytes"));
+    if (flow != Flow::Normal) return flow;
+  }
+  return Flow::Normal;
+}
+
+Renderer::Flow Renderer::exec_stmt(const Stmt& s, std::string& out) {
+  try {
+    switch (s.kind) {
+      case StmtKind::Text: out += s.text; break;
+      case StmtKind::Output: out += to_str(eval(*s.exprs[0])); break;
+      case StmtKind::If:
+        for (size_t i = 0; i < s.exprs.size(); ++i)
+          if (truthy(eval(*s.exprs[i]))) return exec(s.bodies[i], out);
+        if (s.bodies.size() > s.exprs.size()) return exec(s.bodies.back(), out);
+        break;
+      case StmtKind::For: return exec_for(s, out);
+      case StmtKind::Set:
+      case StmtKind::SetBlock: exec_set(s, out); break;
+      case StmtKind::Break: return Flow::Break;
+      case StmtKind::Continue: return Flow::Continue;
+    }
+  } catch (const EvalError& e) {
+    fail_at(s.pos, e.what());
+  }
+  return Flow::Normal;
+}
+
+Renderer::Flow Renderer::exec_for(const Stmt& s, std::string& out) {
+  std::vector<Value> items = iterate(eval(*s.exprs[0]));
+  const auto count = [&] {
+    if (++iterations_ > kMaxIterations) eval_fail("the template ran more than ", kMaxIterations, " loop iterations");
+  };
+  if (s.exprs[1]) {  // {% for x in xs if cond %}: the loop sees only the items that pass
+    std::vector<Value> kept;
+    for (Value& item : items) {
+      count();
+      frames_.emplace_back();
+      bind(frames_.back(), s.targets, item);
+      const bool keep = truthy(eval(*s.exprs[1]));
+      frames_.pop_back();
+      if (keep) kept.push_back(std::move(item));
+    }
+    items = std::move(kept);
+  }
+  if (items.empty()) {
+    frames_.emplace_back();
+    exec(s.bodies[1], out);
+    frames_.pop_back();
+    return Flow::Normal;
+  }
+  const auto shared = std::make_shared<const std::vector<Value>>(std::move(items));
+  for (size_t i = 0; i < shared->size(); ++i) {
+    count();
+    frames_.emplace_back();
+    bind(frames_.back(), s.targets, (*shared)[i]);
+    Value& loop = frames_.back()["loop"];
+    loop.kind = Value::Kind::Object;
+    loop.object = std::make_shared<Object>(Object{Object::Type::Loop, {}, shared, i});
+    const Flow flow = exec(s.bodies[0], out);
+    frames_.pop_back();
+    if (flow == Flow::Break) break;
+  }
+  return Flow::Normal;
+}
+
+void Renderer::bind(Frame& frame, const std::vector<std::string>& targets, const Value& item) {
+  if (targets.size() == 1) {
+    frame[targets[0]] = item;
+    return;
+  }
+  const bool iterable = item.is_data() && (item.j().is_array() || item.j().is_string() || item.j().is_object());
+  if (!item.is_undefined() && !iterable) eval_fail("cannot unpack non-iterable ", type_name(item), " object");
+  const std::vector<Value> parts = iterate(item);
+  if (parts.size() > targets.size()) eval_fail("too many values to unpack (expected ", targets.size(), ")");
+  if (parts.size() < targets.size())
+    eval_fail("not enough values to unpack (expected ", targets.size(), ", got ", parts.size(), ")");
+  for (size_t k = 0; k < targets.size(); ++k) frame[targets[k]] = parts[k];
+}
+
+void Renderer::exec_set(const Stmt& s, std::string& out) {
+  Value value;
+  if (s.kind == StmtKind::SetBlock) {
+    std::string captured;
+    frames_.emplace_back();
+    exec(s.bodies[0], captured);
+    frames_.pop_back();
+    value = Value::of(std::move(captured));
+  } else {
+    value = eval(*s.exprs[0]);
+  }
+  if (s.targets.size() == 1) {
+    frames_.back()[s.targets[0]] = std::move(value);
+    return;
+  }
+  const Value ns = lookup(s.targets[0]);
+  if (ns.kind != Value::Kind::Object || ns.object->type != Object::Type::Namespace)
+    eval_fail("cannot assign attribute on non-namespace object");
+  ns.object->set(s.targets[1], std::move(value));
+}
+
+Value Renderer::lookup(const std::string& name) const {
+  for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+    const auto found = it->find(name);
+    if (found != it->end()) return found->second;
+  }
+  const auto var = variables_.j().find(name);
+  if (var != variables_.j().end()) return Value::alias(variables_, *var);
+  if (is_global(name)) return Value::function(name);
+  return Value::undefined(concat("'", name, "' is undefined"));
+}
+
+Value Renderer::eval(const Expr& e) {
+  try {
+    return eval_node(e);
+  } catch (const EvalError& err) {
+    fail_at(e.pos, err.what());
+  }
+}
+
+Value Renderer::eval_node(const Expr& e) {
+  const auto arg = [&](size_t i) { return eval(*e.args[i]); };
+  switch (e.kind) {
+    case ExprKind::Literal: return Value::from(e.literal);
+    case ExprKind::Name: return lookup(e.name);
+    case ExprKind::List:
+    case ExprKind::Dict: return eval_collection(e);
+    case ExprKind::Attr: return get_attr(arg(0), e.name);
+    case ExprKind::Item: return get_item(arg(0), arg(1));
+    case ExprKind::Slice: {
+      const Value v = arg(0);
+      Value bounds[3];
+      for (size_t k = 0; k < 3; ++k)
+        if (e.args[k + 1]) bounds[k] = arg(k + 1);
+      return slice(v, e.args[1] ? &bounds[0] : nullptr, e.args[2] ? &bounds[1] : nullptr,
+                   e.args[3] ? &bounds[2] : nullptr);
+    }
+    case ExprKind::Call: return eval_call(e);
+    case ExprKind::Filter: {
+      const Value subject = arg(0);
+      return apply_filter(e.name, subject, eval_args(e));
+    }
+    case ExprKind::Test: {
+      const Value subject = arg(0);
+      return Value::of(e.negated != apply_test(e.name, subject, eval_args(e)));
+    }
+    case ExprKind::Unary: return e.name == "not" ? Value::of(!truthy(arg(0))) : unary_op(e.name, arg(0));
+    case ExprKind::Binary: {
+      const Value a = arg(0);
+      return binary_op(e.name, a, arg(1));
+    }
+    case ExprKind::Concat: {
+      std::string s;
+      for (size_t i = 0; i < e.args.size(); ++i) {
+        s += to_str(arg(i));
+        if (s.size() > kMaxSize) eval_fail("a string is over ", kMaxSize, " bytes");
+      }
+      return Value::of(std::move(s));
+    }
+    case ExprKind::Compare: return eval_compare(e);
+    case ExprKind::And: {
+      Value a = arg(0);
+      return truthy(a) ? arg(1) : a;
+    }
+    case ExprKind::Or: {
+      Value a = arg(0);
+      return truthy(a) ? a : arg(1);
+    }
+    case ExprKind::CondExpr:
+      if (truthy(arg(1))) return arg(0);
+      if (e.args[2]) return arg(2);
+      return Value::undefined("the inline if-expression evaluated to false and has no else");
+  }
+  eval_fail("unknown expression");
+}
+
+Args Renderer::eval_args(const Expr& e) {
+  Args args;
+  for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+  for (const auto& [name, value] : e.kwargs) args.named.emplace_back(name, eval(*value));
+  return args;
+}
+
+Value Renderer::eval_call(const Expr& e) {
+  const Expr& callee = *e.args[0];
+  if (callee.kind == ExprKind::Attr) {  // a method: 'a'.strip(), d.items(), loop.cycle(...)
+    const Value object = eval(*callee.args[0]);
+    if (object.is_undefined()) object.fail_undefined();
+    return call_method(object, callee.name, eval_args(e));
+  }
+  const Value f = eval(callee);
+  if (f.kind == Value::Kind::Function) {
+    Value result = call_global(f.name, eval_args(e));
+    if (result.kind == Value::Kind::Object) namespaces_.push_back(result.object);
+    return result;
+  }
+  if (f.is_undefined()) f.fail_undefined();
+  eval_fail("'", type_name(f), "' object is not callable");
+}
+
+Value Renderer::eval_compare(const Expr& e) {
+  Value left = eval(*e.args[0]);
+  for (size_t i = 0; i < e.ops.size(); ++i) {
+    Value right = eval(*e.args[i + 1]);
+    const std::string& op = e.ops[i];
+    bool result = false;
+    if (op == "==" || op == "!=") {
+      result = equal(left, right) == (op == "==");
+    } else if (op == "in" || op == "notin") {
+      result = contains(right, left) == (op == "in");
+    } else {
+      const int c = order(left, right, op);
+      result = op == "<" ? c < 0 : op == "<=" ? c <= 0 : op == ">" ? c > 0 : c >= 0;
+    }
+    if (!result) return Value::of(false);
+    left = std::move(right);
+  }
+  return Value::of(true);
+}
+
+Value Renderer::eval_collection(const Expr& e) {
+  json result = e.kind == ExprKind::List ? json::array() : json::object();
+  for (size_t i = 0; i < e.args.size(); ++i) {
+    if (e.kind == ExprKind::List) {
+      result.push_back(to_data(eval(*e.args[i])));
+      continue;
+    }
+    const Value key = eval(*e.args[i]);
+    if (!key.is_string()) eval_fail("loom's jinja takes only string keys in a dict, not ", type_name(key));
+    result[key.str()] = to_data(eval(*e.args[++i]));
+  }
+  return Value::of(std::move(result));
+}
+
+}  // namespace loom::serve::jinja

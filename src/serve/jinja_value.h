@@ -1,0 +1,126 @@
+// Values as a Jinja2 template sees them (private to src/serve/jinja*.cpp):
+// JSON data shared, never copied, between variables, elements and results;
+// jinja2's undefined; namespace() and loop objects; global functions. The
+// operations follow Python's semantics for str(), repr(), ==, <, len() and
+// truthiness, and jinja2's for undefined values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace loom::serve::jinja {
+
+using json = nlohmann::json;
+
+// Strings and lists a template builds stay under this many bytes or items.
+constexpr size_t kMaxSize = size_t{1} << 26;
+// Data nests at most this deep (variables, and what a template builds):
+// every walk over data (repr, ==, tojson, copies) recurses once a level.
+constexpr size_t kMaxDataDepth = 512;
+
+// An evaluation error whose position the evaluator adds ("jinja:L:C: ...").
+class EvalError : public loom::Error {
+ public:
+  explicit EvalError(const std::string& what) : loom::Error(what) {}
+};
+
+template <typename... Args>
+[[noreturn]] void eval_fail(Args&&... args) {
+  throw EvalError(concat(std::forward<Args>(args)...));
+}
+
+struct Object;
+
+struct Value {
+  enum class Kind : uint8_t { Undefined, Data, Object, Function };
+  Kind kind = Kind::Undefined;
+  std::shared_ptr<const json> data;  // Data
+  std::shared_ptr<Object> object;    // Object
+  std::string name;                  // Undefined: the error using it gives; Function: its name
+  // A str that is jinja2's Markup (from tojson, safe, escape): `+` with a
+  // plain str HTML-escapes the plain one, as markupsafe does.
+  bool safe = false;
+
+  static Value of(json j) { return from(std::make_shared<const json>(std::move(j))); }
+  static Value markup(std::string s) {
+    Value v = of(std::move(s));
+    v.safe = true;
+    return v;
+  }
+  // s as a str that is Markup when this one is (Markup's str methods keep it).
+  Value same_safety(std::string s) const { return safe ? markup(std::move(s)) : of(std::move(s)); }
+  static Value from(std::shared_ptr<const json> j);
+  // element, which lives inside *parent.data: shares parent's ownership.
+  static Value alias(const Value& parent, const json& element);
+  static Value undefined(std::string why);
+  static Value function(std::string function_name);
+
+  bool is_undefined() const { return kind == Kind::Undefined; }
+  bool is_data() const { return kind == Kind::Data; }
+  const json& j() const { return *data; }
+  bool is_string() const { return is_data() && data->is_string(); }
+  const std::string& str() const { return data->get_ref<const std::string&>(); }
+  // EvalError with the undefined value's message.
+  [[noreturn]] void fail_undefined() const;
+};
+
+// namespace(...) objects (attributes in the order set) and the loop
+// variable (its attributes computed from the items and the index).
+struct Object {
+  enum class Type : uint8_t { Namespace, Loop };
+  Type type = Type::Namespace;
+  std::vector<std::pair<std::string, Value>> attrs;  // Namespace
+  std::shared_ptr<const std::vector<Value>> items;   // Loop: what the loop iterates
+  size_t index = 0;                                  // Loop: the current item
+  const Value* find(std::string_view attr) const;
+  void set(const std::string& attr, Value value);
+};
+
+// loop.index, loop.first, loop.previtem, ...; undefined for other names.
+Value loop_attr(const Object& loop, std::string_view attr);
+
+// Python's type name: str, int, float, bool, NoneType, list, dict, ...
+std::string type_name(const Value& v);
+
+bool is_int(const json& j);     // int or bool (a bool is an int in Python)
+int64_t as_int(const json& j);  // of an is_int value; EvalError past 64 bits
+
+bool truthy(const Value& v);
+std::string to_str(const Value& v);  // str(v); undefined gives ""
+std::string repr(const json& j);     // repr(j)
+std::string float_repr(double x);    // repr(x): 1.0, 0.5, 1e+16, 1e-05
+std::string repr(const Value& v);    // repr(v); undefined gives "Undefined"
+bool equal(const Value& a, const Value& b);
+// -1, 0 or 1 as a is less than, equal to or greater than b; EvalError naming
+// op for types Python does not order (op is what the template wrote).
+int order(const Value& a, const Value& b, std::string_view op);
+
+// jinja2's tojson: json.dumps(sort_keys=True), ASCII only, '<' '>' '&' '''
+// escaped as \u003c...; indent < 0: on one line.
+std::string to_json(const Value& v, int64_t indent);
+// v as an element of a list or dict a template builds; EvalError if v is
+// not data or nests kMaxDataDepth deep.
+json to_data(const Value& v);
+// How deeply j nests (a scalar is 1), counted up to kMaxDataDepth + 1.
+size_t data_depth(const json& j);
+
+// The items a for loop or a filter iterates: list elements, a string's
+// characters, a dict's keys; undefined gives none.
+std::vector<Value> iterate(const Value& v);
+int64_t length(const Value& v);  // len(v); undefined gives 0
+
+// v.attr and v[key] as jinja2 resolves them: a missing key, attribute or
+// index gives undefined; anything of undefined is an error.
+Value get_attr(const Value& v, std::string_view attr);
+Value get_item(const Value& v, const Value& key);
+
+}  // namespace loom::serve::jinja

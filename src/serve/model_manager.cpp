@@ -1,0 +1,186 @@
+#include "serve/model_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+
+namespace loom::serve {
+
+using Clock = std::chrono::steady_clock;
+
+ModelManager::ModelManager(ModelLoader loader, ModelNamer namer, ManagerOptions options)
+    : loader_(std::move(loader)), namer_(std::move(namer)), options_(options), thread_([this] { run(); }) {}
+
+ModelManager::~ModelManager() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (Wanted& w : wanted_)
+    w.done(nullptr, ApiError(503, "ServiceUnavailableError", "", "the server is shutting down"));
+}
+
+void ModelManager::pin(std::shared_ptr<LoadedModel> m) {
+  std::lock_guard lk(mu_);
+  const std::string name = m->name;
+  loaded_[name] = Entry{std::move(m), true, std::nullopt, Clock::now()};
+}
+
+void ModelManager::acquire(const std::string& name, Ready done) {
+  const std::string canonical = namer_(name);
+  std::shared_ptr<LoadedModel> ready;
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) throw ApiError(503, "ServiceUnavailableError", "", "the server is shutting down");
+    if (auto it = loaded_.find(canonical); it != loaded_.end()) {
+      it->second.last_used = Clock::now();
+      ready = it->second.model;
+    } else {
+      wanted_.push_back({canonical, std::move(done)});
+    }
+  }
+  if (ready) done(std::move(ready), std::nullopt);
+  else cv_.notify_all();
+}
+
+void ModelManager::release(const std::string& name, std::optional<std::chrono::seconds> keep_alive) {
+  std::lock_guard lk(mu_);
+  const auto it = loaded_.find(name);
+  if (it == loaded_.end() || it->second.pinned) return;
+  const std::chrono::seconds ka = keep_alive.value_or(options_.keep_alive);
+  it->second.last_used = Clock::now();
+  it->second.expires = ka.count() < 0 ? std::nullopt : std::optional(Clock::now() + ka);
+  cv_.notify_all();
+}
+
+bool ModelManager::unload(const std::string& name) {
+  std::lock_guard lk(mu_);
+  const auto it = loaded_.find(name);
+  if (it == loaded_.end() || it->second.pinned) return false;
+  it->second.expires = Clock::now();
+  cv_.notify_all();
+  return true;
+}
+
+bool ModelManager::idle(const Entry& e) {
+  // The manager's reference only, and nothing running (a stream may end
+  // after its request released the model).
+  return e.model.use_count() == 1 && e.model->loop->stats().in_flight == 0;
+}
+
+std::vector<LoadedStatus> ModelManager::loaded() const {
+  std::lock_guard lk(mu_);
+  std::vector<LoadedStatus> out;
+  const auto now = Clock::now();
+  for (const auto& [name, e] : loaded_) {
+    LoadedStatus s{name, e.model->digest, e.model->bytes, std::nullopt, e.model->loop->stats().in_flight};
+    if (e.expires)
+      s.expires = std::chrono::system_clock::now() +
+                  std::chrono::duration_cast<std::chrono::system_clock::duration>(*e.expires - now);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<LoadedModel>> ModelManager::models() const {
+  std::lock_guard lk(mu_);
+  std::vector<std::shared_ptr<LoadedModel>> out;
+  for (const auto& [name, e] : loaded_) out.push_back(e.model);
+  return out;
+}
+
+bool ModelManager::drain(std::chrono::milliseconds grace) {
+  bool clean = true;
+  for (const std::shared_ptr<LoadedModel>& m : models()) clean = m->loop->drain(grace) && clean;
+  return clean;
+}
+
+void ModelManager::run() {
+  std::unique_lock lk(mu_);
+  while (!stop_) {
+    if (!wanted_.empty()) {
+      Wanted w = std::move(wanted_.front());
+      wanted_.pop_front();
+      if (auto it = loaded_.find(w.name); it != loaded_.end()) {
+        auto m = it->second.model;
+        lk.unlock();
+        w.done(std::move(m), std::nullopt);
+        lk.lock();
+        continue;
+      }
+      wanted_.push_front(std::move(w));
+      load(wanted_.front().name, lk);
+      continue;
+    }
+    expire();
+    cv_.wait_for(lk, std::chrono::milliseconds(250));
+  }
+}
+
+// Loads name (unlocked while it loads) and hands it to everyone who wants it.
+void ModelManager::load(const std::string& name, std::unique_lock<std::mutex>& lk) {
+  std::shared_ptr<LoadedModel> m;
+  std::optional<ApiError> error;
+  lk.unlock();
+  try {
+    m = loader_(name);
+  } catch (const ApiError& e) {
+    error = e;
+  } catch (const std::exception& e) {
+    error = ApiError(500, "InternalServerError", "model", "cannot load model '" + name + "': " + e.what());
+  }
+  lk.lock();
+  if (m) {
+    make_room(m->bytes, lk);
+    loaded_[name] = Entry{m, false, Clock::now() + options_.keep_alive, Clock::now()};
+  }
+  std::vector<Ready> waiting;
+  for (auto it = wanted_.begin(); it != wanted_.end();)
+    if (it->name == name) {
+      waiting.push_back(std::move(it->done));
+      it = wanted_.erase(it);
+    } else {
+      ++it;
+    }
+  lk.unlock();
+  for (Ready& done : waiting) done(m, error);
+  lk.lock();
+}
+
+// Unloads the least recently used idle models until bytes more fit the
+// budget and the count limit.
+void ModelManager::make_room(int64_t bytes, std::unique_lock<std::mutex>& lk) {
+  const auto over = [&] {
+    int64_t used = 0;
+    for (const auto& [n, e] : loaded_) used += e.model->bytes;
+    const bool too_many = static_cast<int64_t>(loaded_.size()) + 1 > options_.max_loaded;
+    return too_many || (options_.memory_budget_bytes > 0 && used + bytes > options_.memory_budget_bytes);
+  };
+  while (over()) {
+    auto lru = loaded_.end();
+    for (auto it = loaded_.begin(); it != loaded_.end(); ++it)
+      if (!it->second.pinned && idle(it->second) &&
+          (lru == loaded_.end() || it->second.last_used < lru->second.last_used))
+        lru = it;
+    if (lru == loaded_.end()) return;  // everything else is busy or pinned: over budget until one is idle
+    std::shared_ptr<LoadedModel> gone = std::move(lru->second.model);
+    loaded_.erase(lru);
+    lk.unlock();
+    gone.reset();  // the engine and its memory go here, outside the lock
+    lk.lock();
+  }
+}
+
+void ModelManager::expire() {
+  const auto now = Clock::now();
+  for (auto it = loaded_.begin(); it != loaded_.end();) {
+    const Entry& e = it->second;
+    if (!e.pinned && e.expires && *e.expires <= now && idle(e)) it = loaded_.erase(it);
+    else ++it;
+  }
+}
+
+}  // namespace loom::serve

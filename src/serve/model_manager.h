@@ -1,0 +1,130 @@
+// Which models `loom serve` has loaded, as ollama manages them: a model is
+// loaded on its first request (on the manager's own thread: the HTTP threads
+// never wait for it), stays while requests use it and then for its
+// keep_alive (5 minutes by default; a negative one keeps it, 0 unloads it as
+// soon as it is idle), and several stay loaded within a memory budget, the
+// least recently used idle one unloaded first to make room. A model pinned
+// at start (`loom serve --model DIR`) is never unloaded.
+//
+// A request holds a shared_ptr to its LoadedModel: unloading drops the
+// manager's reference, and the engine goes when the last request using it
+// ends.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/engine_loop.h"
+#include "serve/openai_request.h"
+
+namespace loom::serve {
+
+// One model ready to serve: what requests are checked against, the engine
+// loop that runs them, the Modelfile's defaults, and whatever owns the
+// weights and the engine (opaque here).
+struct LoadedModel {
+  std::string name;    // as the store names it ("quickstart:latest"), or --served-model-name
+  std::string digest;  // the manifest's, "" for a directory
+  ServedModel served;
+  bool templated = false;  // a chat template of its own (ollama's /api/generate then wraps the prompt in it)
+  nlohmann::json parameters = nlohmann::json::object();  // Modelfile PARAMETERs (ollama names)
+  std::string system;
+  nlohmann::json messages = nlohmann::json::array();
+  int64_t bytes = 0;  // weights + KV cache
+  std::shared_ptr<void> owner;  // weights, engine (destroyed after loop)
+  std::unique_ptr<EngineLoop> loop;
+  std::chrono::steady_clock::time_point loaded_at{};
+
+  ~LoadedModel() { loop.reset(); }  // the loop stops before the engine it drives goes
+};
+
+// Loads a model by name: an ApiError (404 for an unknown one) or a
+// loom::Error (a broken model: 500) when it cannot.
+using ModelLoader = std::function<std::shared_ptr<LoadedModel>(const std::string& name)>;
+// What a name means: the canonical name ("x" -> "x:latest"), or an ApiError.
+using ModelNamer = std::function<std::string(const std::string& name)>;
+
+struct ManagerOptions {
+  int64_t memory_budget_bytes = 0;  // 0: no budget
+  std::chrono::seconds keep_alive{300};
+  int64_t max_loaded = 4;
+};
+
+struct LoadedStatus {
+  std::string name, digest;
+  int64_t bytes = 0;
+  std::optional<std::chrono::system_clock::time_point> expires;  // none: kept (pinned or keep_alive < 0)
+  int64_t in_flight = 0;
+};
+
+class ModelManager {
+ public:
+  using Ready = std::function<void(std::shared_ptr<LoadedModel>, std::optional<ApiError>)>;
+
+  ModelManager(ModelLoader loader, ModelNamer namer, ManagerOptions options);
+  ~ModelManager();  // stops the manager's thread; models go with their last request
+  ModelManager(const ModelManager&) = delete;
+  ModelManager& operator=(const ModelManager&) = delete;
+
+  // A model loaded already (pinned: never unloaded), e.g. --model DIR.
+  void pin(std::shared_ptr<LoadedModel> m);
+  // done(model, nullopt) once the model is loaded, or done(nullptr, error);
+  // called on the manager's thread, or at once in this one when the model
+  // is loaded already. The name is canonicalised first (ApiError thrown
+  // here for a malformed one).
+  void acquire(const std::string& name, Ready done);
+  // After a request: the model stays keep_alive from now (negative: kept;
+  // 0: unloaded as soon as it is idle).
+  void release(const std::string& name, std::optional<std::chrono::seconds> keep_alive);
+  // Unloads now if idle, else as soon as it is (keep_alive 0); false when
+  // it is not loaded.
+  bool unload(const std::string& name);
+  std::vector<LoadedStatus> loaded() const;
+  // SIGTERM: every loaded loop drains (refuses new work, waits up to grace).
+  bool drain(std::chrono::milliseconds grace);
+  // What is loaded, for /metrics.
+  std::vector<std::shared_ptr<LoadedModel>> models() const;
+  std::string canonical(const std::string& name) const { return namer_(name); }
+
+ private:
+  struct Entry {
+    std::shared_ptr<LoadedModel> model;
+    bool pinned = false;
+    std::optional<std::chrono::steady_clock::time_point> expires;  // none: kept
+    std::chrono::steady_clock::time_point last_used{};
+  };
+  struct Wanted {
+    std::string name;
+    Ready done;
+  };
+
+  void run();
+  void load(const std::string& name, std::unique_lock<std::mutex>& lk);
+  void make_room(int64_t bytes, std::unique_lock<std::mutex>& lk);
+  void expire();
+  static bool idle(const Entry& e);
+
+  const ModelLoader loader_;
+  const ModelNamer namer_;
+  const ManagerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Entry> loaded_;
+  std::deque<Wanted> wanted_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace loom::serve

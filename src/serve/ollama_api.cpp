@@ -1,0 +1,138 @@
+#include "serve/ollama_api.h"
+
+#include <chrono>
+#include <utility>
+
+#include "core/error.h"
+#include "model/params.h"
+#include "serve/ollama_format.h"
+#include "serve/openai_response.h"
+#include "serve/store_models.h"
+#include "serve/task_source.h"
+
+namespace loom::serve {
+namespace {
+
+using json = nlohmann::json;
+
+HttpResponse ok(const json& body) {
+  HttpResponse r;
+  r.body = dump(body);
+  return r;
+}
+
+std::string string_field(const json& body, const char* a, const char* b = nullptr) {
+  for (const char* k : {a, b}) {
+    if (k == nullptr || !body.contains(k) || body[k].is_null()) continue;
+    if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
+    return body[k];
+  }
+  throw bad_request(a, std::string(a) + " is required");
+}
+
+std::string human_count(int64_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.1fB", n / 1e9);
+  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.1fM", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.1fK", n / 1e3);
+  return buf;
+}
+
+json details_of(const model::ModelConfig& c) {
+  const std::string family = c.family == model::Family::llama ? "llama" : "gpt2";
+  return {{"parent_model", ""},
+          {"format", "safetensors"},
+          {"family", family},
+          {"families", json::array({family})},
+          {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
+          {"quantization_level", "F32"}};
+}
+
+json stored_details(const ModelStore& store, const StoredModel& m) {
+  try {
+    return details_of(resolve_model(store, m).dir.config);
+  } catch (const loom::Error&) {
+    return json::object();  // a broken model still lists
+  }
+}
+
+std::string hex(const std::string& digest) { return digest.rfind("sha256:", 0) == 0 ? digest.substr(7) : digest; }
+
+}  // namespace
+
+OllamaApi::OllamaApi(Api& api, ModelManager& models, ModelStore* store, std::string base_dir)
+    : api_(api), models_(models), store_(store), base_dir_(std::move(base_dir)) {}
+
+HttpResponse OllamaApi::handle(const HttpRequest& req) {
+  try {
+    return route(req);
+  } catch (const ApiError& e) {
+    return ollama_error(e);
+  } catch (const loom::Error& e) {
+    return ollama_error(bad_request("", e.what()));
+  }
+}
+
+HttpResponse OllamaApi::route(const HttpRequest& req) {
+  const std::string& p = req.path;
+  const auto is = [&](const char* path, const char* method) { return p == path && req.method == method; };
+  if (is("/api/generate", "POST") || is("/api/chat", "POST")) return generate(req, p == "/api/chat");
+  if (is("/api/tags", "GET")) return tags();
+  if (is("/api/show", "POST")) return show(req);
+  if (is("/api/ps", "GET")) return ps();
+  if (is("/api/create", "POST")) return create(req);
+  if (is("/api/delete", "DELETE")) return remove(req);
+  if (is("/api/copy", "POST")) return copy(req);
+  if (is("/api/version", "GET")) return ok({{"version", "0.1.0-loom"}});
+  for (const char* known : {"/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/create",
+                            "/api/delete", "/api/copy", "/api/version"})
+    if (p == known) throw ApiError(405, "MethodNotAllowed", "", p + " does not take " + req.method);
+  throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + p);
+}
+
+ModelStore& OllamaApi::store() const {
+  if (store_ == nullptr)
+    throw bad_request("", "this server serves one model directory (--model); start loom serve without --model "
+                          "to use the model store");
+  return *store_;
+}
+
+HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
+  json body = parse_body(req.body);
+  const std::string model = string_field(body, "model");
+  const std::optional<std::chrono::seconds> keep_alive = parse_keep_alive(body);
+  auto format = std::make_unique<OllamaFormat>(body, chat);
+  if (!format->generates() && keep_alive && keep_alive->count() == 0) {
+    const std::string name = models_.canonical(model);
+    models_.unload(name);
+    json j = {{"model", name}, {"created_at", rfc3339(std::chrono::system_clock::now())}, {"done", true},
+              {"done_reason", "unload"}};
+    if (chat) j["message"] = {{"role", "assistant"}, {"content", ""}};
+    else j["response"] = "";
+    return ok(j);
+  }
+  const bool stream = body.value("stream", json(true)) != json(false);
+  auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
+                                                   req.received);
+  return api_.generation(req, std::move(source), stream, "application/x-ndjson");
+}
+
+HttpResponse OllamaApi::tags() const {
+  json models = json::array();
+  if (store_ == nullptr) {
+    for (const auto& m : models_.models())
+      models.push_back({{"name", m->name}, {"model", m->name}, {"modified_at", rfc3339(std::chrono::system_clock::now())},
+                        {"size", m->bytes}, {"digest", ""}, {"details", json::object()}});
+    return ok({{"models", models}});
+  }
+  for (const StoredModel& m : store_->list())
+    models.push_back({{"name", m.name.str()},
+                      {"model", m.name.str()},
+                      {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m.modified))},
+                      {"size", m.manifest.total_size()},
+                      {"digest", hex(m.digest)},
+                      {"details", stored_details(*store_, m)}});
+  return ok({{"models", models}});
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,206 @@
+#include "serve/ollama_format.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <utility>
+
+#include "serve/openai_format.h"
+#include "serve/openai_response.h"
+
+namespace loom::serve {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// ollama's option names -> the OpenAI fields parse_completion / parse_chat read.
+const std::pair<const char*, const char*> kOptions[] = {
+    {"temperature", "temperature"}, {"top_k", "top_k"}, {"top_p", "top_p"}, {"min_p", "min_p"}, {"seed", "seed"},
+    {"num_predict", "max_tokens"}, {"stop", "stop"}, {"repeat_penalty", "repetition_penalty"},
+    {"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"}};
+
+int64_t ns(Clock::time_point a, Clock::time_point b) {
+  return a == Clock::time_point{} || b == Clock::time_point{} || b < a
+             ? 0
+             : std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+}
+
+// A Go-style duration: "300ms", "10s", "5m", "1h30m", "-1m", or a bare number of seconds.
+std::optional<double> duration_seconds(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  size_t i = 0;
+  const bool negative = s[0] == '-';
+  if (negative || s[0] == '+') ++i;
+  double total = 0;
+  bool any = false;
+  while (i < s.size()) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(s.substr(i), &used);
+    } catch (...) {
+      return std::nullopt;
+    }
+    i += used;
+    size_t u = i;
+    while (u < s.size() && std::isalpha(static_cast<unsigned char>(s[u]))) ++u;
+    const std::string unit = s.substr(i, u - i);
+    const double scale = unit == "ns" ? 1e-9 : unit == "us" || unit == "µs" ? 1e-6 : unit == "ms" ? 1e-3
+                       : unit == "s" || (unit.empty() && u == s.size() && !any) ? 1.0 : unit == "m" ? 60.0
+                       : unit == "h" ? 3600.0 : -1.0;
+    if (scale < 0 || !std::isfinite(v) || v < 0) return std::nullopt;
+    total += v * scale;
+    any = true;
+    i = u;
+  }
+  return negative ? -total : total;
+}
+
+}  // namespace
+
+std::optional<std::chrono::seconds> parse_keep_alive(const json& body) {
+  const auto it = body.find("keep_alive");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  std::optional<double> seconds;
+  if (it->is_number()) seconds = it->get<double>();
+  else if (it->is_string()) seconds = duration_seconds(it->get<std::string>());
+  if (!seconds || !std::isfinite(*seconds) || std::abs(*seconds) > 1e10)
+    throw ApiError(400, "BadRequestError", "keep_alive",
+                   "keep_alive must be a number of seconds or a duration such as \"5m\", \"1h\", \"0\", \"-1\"; got " +
+                       it->dump());
+  return std::chrono::seconds(*seconds < 0 ? -1 : static_cast<int64_t>(std::ceil(*seconds)));
+}
+
+HttpResponse ollama_error(const ApiError& e) {
+  HttpResponse r;
+  r.status = e.status();
+  r.body = dump(json{{"error", e.what()}});
+  return r;
+}
+
+std::string rfc3339(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  const auto nanos =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count() % 1'000'000'000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%09lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(nanos));
+  return buf;
+}
+
+OllamaFormat::OllamaFormat(json body, bool chat) : body_(std::move(body)), chat_(chat) {
+  model_ = body_.value("model", json("")).is_string() ? body_.value("model", "") : "";
+  stream_ = body_.value("stream", json(true)) != json(false);
+  const json empty = chat_ ? body_.value("messages", json::array()) : body_.value("prompt", json(""));
+  generates_ = !(empty.is_null() || (empty.is_string() && empty.get<std::string>().empty()) ||
+                 (empty.is_array() && empty.empty()));
+}
+
+CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
+  json openai = {{"model", m.served.name}, {"stream", stream_}};
+  if (body_.contains("options") && !body_["options"].is_null()) {
+    if (!body_["options"].is_object()) throw bad_request("options", "options must be an object");
+    for (const auto& [ollama, field] : kOptions)
+      if (body_["options"].contains(ollama) && !body_["options"][ollama].is_null())
+        openai[field] = body_["options"][ollama];
+  }
+  for (const char* refused : {"images", "format", "tools", "suffix"})
+    if (body_.contains(refused) && !body_[refused].is_null() && body_[refused] != json("") &&
+        body_[refused] != json::array())
+      throw bad_request(refused, std::string(refused) + " is not supported");
+  if (openai.contains("max_tokens") && openai["max_tokens"].is_number() && openai["max_tokens"].get<double>() < 0)
+    openai.erase("max_tokens");  // -1 (and -2): as many as the context holds
+  try {
+    if (chat_) {
+      openai["messages"] = body_.value("messages", json::array());
+      apply_model_defaults(openai, m, true);
+      CompletionRequest r = parse_chat(openai, m.served, seed);
+      prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
+      return r;
+    }
+    const json& p = body_["prompt"];
+    if (!p.is_string()) throw bad_request("prompt", "prompt must be a string");
+    std::string text = p.get<std::string>();
+    const bool raw = body_.value("raw", json(false)) == json(true);
+    std::vector<std::string> template_stops;
+    if (!raw && m.templated) {
+      json messages = json::array();
+      const std::string system = body_.value("system", json(m.system)).is_string() ? body_.value("system", m.system)
+                                                                                   : m.system;
+      if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+      messages.push_back({{"role", "user"}, {"content", text}});
+      text = m.served.render_chat(messages, true);
+      template_stops = m.served.chat_stop;
+    }
+    openai["prompt"] = text;
+    apply_model_defaults(openai, m, false);
+    if (!openai.contains("max_tokens") && m.served.tokenizer != nullptr) {
+      const auto len = static_cast<int64_t>(m.served.tokenizer->encode(text).size());
+      openai["max_tokens"] = std::max<int64_t>(1, m.served.max_model_len - len);
+    }
+    CompletionRequest r = parse_completion(openai, m.served, seed);
+    for (const std::string& s : template_stops) r.stop.push_back(s);
+    prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
+    return r;
+  } catch (const ApiError& e) {
+    for (const auto& [ollama, field] : kOptions)
+      if (e.param() == field) throw ApiError(e.status(), e.type(), std::string("options.") + ollama,
+                                             std::string("options.") + ollama + ": " + e.what());
+    throw;
+  }
+}
+
+json OllamaFormat::piece(const std::string& text, bool done) const {
+  json j = {{"model", model_}, {"created_at", rfc3339(std::chrono::system_clock::now())}};
+  if (chat_) j["message"] = {{"role", "assistant"}, {"content", text}};
+  else j["response"] = text;
+  j["done"] = done;
+  return j;
+}
+
+void OllamaFormat::loaded(const LoadedModel& m, std::string& out) {
+  json j = piece("", true);
+  j["model"] = m.name;
+  j["done_reason"] = "load";
+  out += dump(j) + "\n";
+}
+
+void OllamaFormat::begin(const CompletionRequest&, const LoadedModel& m, std::string&) {
+  if (model_.empty()) model_ = m.name;
+}
+
+void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& out) {
+  for (const Delta& d : deltas) {
+    if (d.token >= 0) ++completion_tokens_;
+    if (d.finish != infer::FinishReason::none) finish_ = d.finish;
+    if (d.text.empty()) continue;
+    text_ += d.text;
+    if (stream_) out += dump(piece(d.text, false)) + "\n";
+  }
+}
+
+void OllamaFormat::end(const GenerationTimes& t, std::string& out) {
+  json j = piece(stream_ ? std::string() : text_, true);
+  j["done_reason"] = finish_ == infer::FinishReason::length ? "length" : "stop";
+  j["total_duration"] = ns(t.received, t.end);
+  j["load_duration"] = ns(t.received, t.model_ready);
+  j["prompt_eval_count"] = prompt_tokens_;
+  j["prompt_eval_duration"] = ns(t.model_ready, t.first_token);
+  j["eval_count"] = completion_tokens_;
+  j["eval_duration"] = ns(t.first_token, t.end);
+  out += dump(j) + "\n";
+}
+
+std::string OllamaFormat::error_body(const ApiError& e, bool begun) const {
+  return dump(json{{"error", e.what()}}) + (begun ? "\n" : "");
+}
+
+json OllamaFormat::usage() const {
+  return {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion_tokens_}};
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,55 @@
+// ollama's side of a generation (generation.h): POST /api/generate and
+// /api/chat bodies (options with ollama's names, keep_alive, raw, system)
+// checked against the model that serves them, and the response as NDJSON
+// (one object per piece of text, then a final object with done_reason,
+// counts and durations in nanoseconds) or as one object. An empty prompt (or
+// no messages) only loads the model: {"done": true, "done_reason": "load"}.
+// Errors are ollama's {"error": "..."}.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "serve/generation.h"
+
+namespace loom::serve {
+
+class OllamaFormat : public GenerationFormat {
+ public:
+  OllamaFormat(nlohmann::json body, bool chat);
+
+  CompletionRequest parse(const LoadedModel& m, uint64_t seed) override;
+  bool generates() const override { return generates_; }
+  void loaded(const LoadedModel& m, std::string& out) override;
+  void begin(const CompletionRequest& r, const LoadedModel& m, std::string& out) override;
+  void add(int64_t p, const std::vector<Delta>& deltas, std::string& out) override;
+  void end(const GenerationTimes& t, std::string& out) override;
+  std::string error_body(const ApiError& e, bool begun) const override;
+  nlohmann::json usage() const override;
+
+ private:
+  nlohmann::json piece(const std::string& text, bool done) const;
+
+  nlohmann::json body_;
+  const bool chat_;
+  bool generates_ = true, stream_ = true;
+  std::string model_, text_;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  infer::FinishReason finish_ = infer::FinishReason::none;
+};
+
+// keep_alive as ollama takes it: a number of seconds, or a duration string
+// ("5m", "1h30m", "10s", "0", "-1"); negative: keep loaded. ApiError (400)
+// for anything else.
+std::optional<std::chrono::seconds> parse_keep_alive(const nlohmann::json& body);
+
+// {"error": message} with the status.
+HttpResponse ollama_error(const ApiError& e);
+
+// RFC 3339 time (what ollama's created_at, modified_at and expires_at hold).
+std::string rfc3339(std::chrono::system_clock::time_point t);
+
+}  // namespace loom::serve

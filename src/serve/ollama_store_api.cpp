@@ -1,0 +1,206 @@
+// The store routes of ollama's API (OllamaApi in ollama_api.h): show, ps,
+// create, delete, copy.
+#include <chrono>
+#include <filesystem>
+
+#include "core/error.h"
+#include "model/params.h"
+#include "serve/modelfile.h"
+#include "serve/ollama_api.h"
+#include "serve/ollama_format.h"
+#include "serve/openai_response.h"
+#include "serve/store_models.h"
+#include "serve/task_source.h"
+
+namespace loom::serve {
+namespace {
+
+using json = nlohmann::json;
+
+HttpResponse ok(const json& body) {
+  HttpResponse r;
+  r.body = dump(body);
+  return r;
+}
+
+std::string string_field(const json& body, const char* a, const char* b) {
+  for (const char* k : {a, b}) {
+    if (!body.contains(k) || body[k].is_null()) continue;
+    if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
+    return body[k];
+  }
+  throw bad_request(a, std::string(a) + " is required");
+}
+
+ModelName name_of(const std::string& text) {
+  try {
+    return ModelName::parse(text);
+  } catch (const loom::Error& e) {
+    throw bad_request("model", e.what());
+  }
+}
+
+ApiError not_found(const std::string& name) {
+  return ApiError(404, "NotFoundError", "model", "model '" + name + "' not found");
+}
+
+// A PARAMETER line's value as a Modelfile writes it.
+std::string param_text(const json& v) { return v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump(); }
+
+// A Modelfile that recreates m (what ollama show --modelfile prints).
+std::string modelfile_of(const StoredModel& m, const ResolvedModel& r) {
+  std::string out = "# Modelfile of " + m.name.str() + "\nFROM " + m.name.str() + "\n";
+  if (!r.chat.is_plain) out += "TEMPLATE \"\"\"" + r.chat.source + "\"\"\"\n";
+  if (!r.system.empty()) out += "SYSTEM \"\"\"" + r.system + "\"\"\"\n";
+  for (const auto& [k, v] : r.parameters.items()) {
+    if (v.is_array())
+      for (const json& one : v) out += "PARAMETER " + k + " " + param_text(one) + "\n";
+    else out += "PARAMETER " + k + " " + param_text(v) + "\n";
+  }
+  for (const json& msg : r.messages)
+    out += "MESSAGE " + msg.value("role", "") + " \"\"\"" + msg.value("content", "") + "\"\"\"\n";
+  if (!r.license.empty()) out += "LICENSE \"\"\"" + r.license + "\"\"\"\n";
+  return out;
+}
+
+// POST /api/create's newer fields as a Modelfile.
+Modelfile modelfile_from_fields(const json& body) {
+  Modelfile mf;
+  mf.from = string_field(body, "from", "from");
+  mf.from_line = 1;
+  const auto text = [&](const char* k, bool& has, std::string& into) {
+    if (!body.contains(k) || body[k].is_null()) return;
+    if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
+    has = true;
+    into = body[k];
+  };
+  text("template", mf.has_template, mf.chat_template);
+  text("system", mf.has_system, mf.system);
+  if (body.contains("license") && body["license"].is_array()) {  // ollama sends a list
+    mf.has_license = true;
+    for (const json& l : body["license"]) mf.license += (mf.license.empty() ? "" : "\n") + l.get<std::string>();
+  } else {
+    text("license", mf.has_license, mf.license);
+  }
+  if (body.contains("parameters") && !body["parameters"].is_null()) {
+    if (!body["parameters"].is_object()) throw bad_request("parameters", "parameters must be an object");
+    for (const auto& [k, v] : body["parameters"].items())
+      for (const json& one : v.is_array() ? v : json::array({v})) {
+        try {
+          set_parameter(mf.parameters, k, one.is_string() ? one.get<std::string>() : one.dump());
+        } catch (const loom::Error& e) {
+          throw bad_request("parameters", e.what());
+        }
+      }
+  }
+  if (body.contains("messages") && body["messages"].is_array())
+    for (const json& msg : body["messages"]) {
+      if (!msg.is_object() || !msg.value("role", json()).is_string() || !msg.value("content", json()).is_string())
+        throw bad_request("messages", "messages must be a list of {role, content} objects");
+      mf.messages.emplace_back(msg["role"], msg["content"]);
+    }
+  return mf;
+}
+
+}  // namespace
+
+HttpResponse OllamaApi::show(const HttpRequest& req) const {
+  const json body = parse_body(req.body);
+  const std::string text = string_field(body, "model", "name");
+  const ModelName name = name_of(text);
+  const std::optional<StoredModel> m = store().get(name);
+  if (!m) throw not_found(text);
+  const ResolvedModel r = resolve_model(*store_, *m);
+  std::string parameters;
+  for (const auto& [k, v] : r.parameters.items())
+    for (const json& one : v.is_array() ? v : json::array({v})) parameters += k + " " + param_text(one) + "\n";
+  const model::ModelConfig& c = r.dir.config;
+  const std::string arch = c.family == model::Family::llama ? "llama" : "gpt2";
+  json out = {{"modelfile", modelfile_of(*m, r)},
+              {"parameters", parameters},
+              {"template", r.chat.is_plain ? "" : r.chat.source},
+              {"system", r.system},
+              {"license", r.license},
+              {"messages", r.messages},
+              {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m->modified))},
+              {"details", {{"format", "safetensors"}, {"family", arch}, {"families", json::array({arch})},
+                           {"parameter_size", std::to_string(model::param_count(model::param_specs(c)))},
+                           {"quantization_level", "F32"}}},
+              {"model_info", {{"general.architecture", arch},
+                              {"general.parameter_count", model::param_count(model::param_specs(c))},
+                              {arch + ".context_length", c.max_seq_len},
+                              {arch + ".embedding_length", c.n_embd},
+                              {arch + ".block_count", c.n_layer},
+                              {arch + ".attention.head_count", c.n_head},
+                              {arch + ".attention.head_count_kv", c.n_kv_head},
+                              {arch + ".vocab_size", c.vocab_size}}}};
+  return ok(out);
+}
+
+HttpResponse OllamaApi::ps() const {
+  json models = json::array();
+  for (const LoadedStatus& s : models_.loaded())
+    models.push_back({{"name", s.name},
+                      {"model", s.name},
+                      {"size", s.bytes},
+                      {"size_vram", 0},
+                      {"digest", s.digest.rfind("sha256:", 0) == 0 ? s.digest.substr(7) : s.digest},
+                      {"details", json::object()},
+                      {"expires_at", s.expires ? rfc3339(*s.expires) : "0001-01-01T00:00:00Z"}});
+  return ok({{"models", models}});
+}
+
+HttpResponse OllamaApi::create(const HttpRequest& req) {
+  const json body = parse_body(req.body);
+  const ModelName name = name_of(string_field(body, "model", "name"));
+  ModelStore& st = store();
+  Modelfile mf;
+  if (body.contains("modelfile") && !body["modelfile"].is_null()) {
+    if (!body["modelfile"].is_string()) throw bad_request("modelfile", "modelfile must be a string");
+    mf = Modelfile::parse(body["modelfile"].get<std::string>(), "modelfile");
+  } else {
+    mf = modelfile_from_fields(body);
+  }
+  const bool stream = body.value("stream", json(true)) != json(false);
+  // Copying and hashing the weights takes a while: on a thread of its own.
+  auto task = [&st, name, mf, base = base_dir_, stream]() -> std::pair<int, std::string> {
+    try {
+      create_model(st, name, mf, base, "modelfile");
+      std::string out;
+      if (stream) out = dump(json{{"status", "reading model"}}) + "\n" + dump(json{{"status", "writing manifest"}}) + "\n";
+      return {200, out + dump(json{{"status", "success"}}) + (stream ? "\n" : "")};
+    } catch (const ApiError& e) {
+      return {e.status(), dump(json{{"error", e.what()}})};
+    } catch (const std::exception& e) {
+      return {400, dump(json{{"error", e.what()}})};
+    }
+  };
+  HttpResponse r;
+  r.source = std::make_shared<TaskSource>(std::move(task));
+  if (stream) r.content_type = "application/x-ndjson";
+  return r;
+}
+
+HttpResponse OllamaApi::remove(const HttpRequest& req) {
+  const json body = parse_body(req.body);
+  const std::string text = string_field(body, "model", "name");
+  const ModelName name = name_of(text);
+  if (!store().remove(name)) throw not_found(text);
+  models_.unload(name.str());  // if loaded: goes when idle
+  HttpResponse r;
+  r.body = "";
+  return r;
+}
+
+HttpResponse OllamaApi::copy(const HttpRequest& req) {
+  const json body = parse_body(req.body);
+  const std::string from = string_field(body, "source", "source");
+  const ModelName source = name_of(from), destination = name_of(string_field(body, "destination", "destination"));
+  if (!store().get(source)) throw not_found(from);
+  store_->copy(source, destination);
+  HttpResponse r;
+  r.body = "";
+  return r;
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,124 @@
+#include "serve/store_models.h"
+
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "core/error.h"
+#include "serve/jinja.h"
+
+namespace loom::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const char* layout_name(model::ParamLayout l) { return l == model::ParamLayout::hf ? "hf" : "loom"; }
+
+// The config layer: the model's loom config, the weights' parameter layout
+// and the special tokens its template names.
+std::string config_layer(const model::ModelDir& dir, const ChatTemplate& chat) {
+  return json{{"config", model::model_config_to_json(dir.config)},
+              {"layout", layout_name(dir.layout)},
+              {"bos_token", chat.bos_token},
+              {"eos_token", chat.eos_token}}
+      .dump(2);
+}
+
+// The layers FROM gives: a directory's config and weights (and its HF chat
+// template), or a store model's layers as they are.
+std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, const std::string& base_dir,
+                                     const std::string& where) {
+  const fs::path path = fs::path(mf.from).is_absolute() ? fs::path(mf.from) : fs::path(base_dir) / mf.from;
+  if (fs::is_directory(path)) {
+    const model::ModelDir dir = model::load_model_dir(path.string());
+    const ChatTemplate chat = ChatTemplate::for_model_dir(path.string());
+    std::vector<LayerSource> layers = {{kMediaConfig, "", config_layer(dir, chat), ""},
+                                       {kMediaWeights, dir.weights, "", ""}};
+    if (!chat.is_plain)
+      layers.push_back({kMediaTemplate, "", chat.source, ""});
+    return layers;
+  }
+  std::optional<ModelName> name;
+  try {
+    name = ModelName::parse(mf.from);
+  } catch (const loom::Error&) {
+  }
+  const std::optional<StoredModel> m = name ? store.get(*name) : std::nullopt;
+  if (!m)
+    throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from +
+                      "' is neither a model directory (" + path.string() + ") nor a model in the store " +
+                      store.root() + " (loom list shows them)");
+  std::vector<LayerSource> layers;
+  for (const Layer& l : m->manifest.layers) layers.push_back({l.media_type, "", "", l.digest});
+  return layers;
+}
+
+// Replaces (or adds) the layer of that media type.
+void set_layer(std::vector<LayerSource>& layers, const char* media, std::string bytes) {
+  for (LayerSource& l : layers)
+    if (l.media_type == media) {
+      l = {media, "", std::move(bytes), ""};
+      return;
+    }
+  layers.push_back({media, "", std::move(bytes), ""});
+}
+
+}  // namespace
+
+StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfile& mf, const std::string& base_dir,
+                         const std::string& where) {
+  std::vector<LayerSource> layers = from_layers(store, mf, base_dir, where);
+  if (mf.has_template) {
+    try {
+      (void)jinja::Template::parse(mf.chat_template);
+    } catch (const loom::Error& e) {
+      throw loom::Error(where + ":" + std::to_string(mf.template_line) + ": TEMPLATE: " + e.what());
+    }
+    set_layer(layers, kMediaTemplate, mf.chat_template);
+  }
+  if (mf.has_system) set_layer(layers, kMediaSystem, mf.system);
+  if (mf.has_license) set_layer(layers, kMediaLicense, mf.license);
+  if (!mf.parameters.empty()) {
+    json params = json::object();
+    for (const LayerSource& l : layers)  // inherited parameters, then the Modelfile's over them
+      if (l.media_type == kMediaParams) params = json::parse(l.digest.empty() ? l.bytes : store.read_blob(l.digest));
+    for (const auto& [k, v] : mf.parameters.items()) params[k] = v;
+    set_layer(layers, kMediaParams, params.dump(2));
+  }
+  if (!mf.messages.empty()) {
+    json messages = json::array();
+    for (const auto& [role, content] : mf.messages) messages.push_back({{"role", role}, {"content", content}});
+    set_layer(layers, kMediaMessages, messages.dump(2));
+  }
+  return store.put_model(name, layers);
+}
+
+ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m) {
+  const std::string where = "model '" + m.name.str() + "'";
+  const Layer* config = m.manifest.find(kMediaConfig);
+  const Layer* weights = m.manifest.find(kMediaWeights);
+  LOOM_REQUIRE(config != nullptr && weights != nullptr, where, " has no config or weights layer: recreate it");
+  const json c = json::parse(store.read_blob(config->digest), nullptr, false);
+  LOOM_REQUIRE(c.is_object() && c.contains("config"), where, ": its config layer is not loom's");
+  ResolvedModel r;
+  r.dir.config = model::model_config_from_json(c["config"], where);
+  r.dir.weights = store.blob_path(weights->digest);
+  r.dir.layout = c.value("layout", "loom") == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
+  r.chat = ChatTemplate::plain();
+  if (const Layer* t = m.manifest.find(kMediaTemplate)) {
+    r.chat.source = store.read_blob(t->digest);
+    r.chat.bos_token = c.value("bos_token", "");
+    r.chat.eos_token = c.value("eos_token", "");
+    r.chat.stop = r.chat.eos_token.empty() ? std::vector<std::string>{} : std::vector<std::string>{r.chat.eos_token};
+    r.chat.origin = where + "'s template";
+    r.chat.is_plain = false;
+  }
+  if (const Layer* s = m.manifest.find(kMediaSystem)) r.system = store.read_blob(s->digest);
+  if (const Layer* l = m.manifest.find(kMediaLicense)) r.license = store.read_blob(l->digest);
+  if (const Layer* p = m.manifest.find(kMediaParams)) r.parameters = json::parse(store.read_blob(p->digest));
+  if (const Layer* msg = m.manifest.find(kMediaMessages)) r.messages = json::parse(store.read_blob(msg->digest));
+  return r;
+}
+
+}  // namespace loom::serve
