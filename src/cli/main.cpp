@@ -95,6 +95,8 @@ int run_command(int argc, char** argv, int world_size, int default_threads, bool
   loom::cli::add_generate_command(app);
   loom::cli::add_serve_command(app, default_threads);
   loom::cli::add_model_commands(app);
+  const char* host = std::getenv("LOOM_HOST");
+  loom::cli::add_run_commands(app, host != nullptr && *host != '\0' ? host : "http://127.0.0.1:8000", default_threads);
   loom::cli::add_convert_command(app);
   try {
     app.parse(argc, argv);  // runs the chosen command's callback

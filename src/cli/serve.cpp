@@ -98,44 +98,12 @@ std::unique_ptr<serve::ModelManager> directory_models(const ServeArgs& a, const 
   return manager;
 }
 
-// The store's models, loaded on demand.
-std::unique_ptr<serve::ModelManager> store_models(const ServeArgs& a, const serve::ModelStore& store,
-                                                  const text::Gpt2Tokenizer& tok) {
-  serve::ManagerOptions options;
-  options.memory_budget_bytes = static_cast<int64_t>(a.memory_budget_mb * (1 << 20));
-  options.keep_alive = std::chrono::seconds(static_cast<int64_t>(a.keep_alive_s));
-  options.max_loaded = a.max_loaded;
-  return std::make_unique<serve::ModelManager>(
-      [&store, &tok, &a](const std::string& n) {
-        const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));
-        if (!m) throw not_found(n);
-        serve::ResolvedModel r = serve::resolve_model(store, *m);
-        ModelExtras extras{m->digest, std::move(r.chat), std::move(r.parameters), std::move(r.system),
-                           std::move(r.messages)};
-        log_info("serve: loading model ", n);
-        return load_served_model(n, r.dir, std::move(extras), tok, a.engine);
-      },
-      [](const std::string& n) {
-        try {
-          return serve::ModelName::parse(n).str();
-        } catch (const loom::Error& e) {
-          throw serve::bad_request("model", e.what());
-        }
-      },
-      options);
-}
-
 serve::Catalog catalog_of(const ServeArgs& a, const serve::ModelStore* store) {
   if (store == nullptr)
     return [name = a.name, created = static_cast<int64_t>(std::time(nullptr))] {
       return std::vector<serve::CatalogEntry>{{name, created, 0, "", nlohmann::json::object()}};
     };
-  return [store] {
-    std::vector<serve::CatalogEntry> out;
-    for (const serve::StoredModel& m : store->list())
-      out.push_back({m.name.str(), m.modified, m.manifest.total_size(), m.digest, nlohmann::json::object()});
-    return out;
-  };
+  return store_catalog(*store);
 }
 
 void run_serve(ServeArgs a) {
@@ -161,7 +129,11 @@ void run_serve(ServeArgs a) {
       [&api](int status, const std::string& message) { return api.error_response(status, message); });
   const Running running(server);
   log_info("serve: listening on http://", a.http.host, ":", server.port(), " (starting)");
-  models = from_store ? store_models(a, *store, tok) : directory_models(a, tok);
+  serve::ManagerOptions options;
+  options.memory_budget_bytes = static_cast<int64_t>(a.memory_budget_mb * (1 << 20));
+  options.keep_alive = std::chrono::seconds(static_cast<int64_t>(a.keep_alive_s));
+  options.max_loaded = a.max_loaded;
+  models = from_store ? store_model_manager(*store, tok, a.engine, options) : directory_models(a, tok);
   ollama = std::make_unique<serve::OllamaApi>(api, *models, store.get(), fs::current_path().string());
   api.ready(*models, catalog_of(a, store.get()), [&ollama](const serve::HttpRequest& r) { return ollama->handle(r); });
   if (from_store)

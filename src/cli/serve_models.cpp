@@ -6,6 +6,8 @@
 #include "cli/engine_setup.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "serve/store_models.h"
 #include "infer/engine.h"
 #include "model/paged_runner.h"
 
@@ -73,6 +75,38 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   m->owner = std::move(owned);
   m->loaded_at = std::chrono::steady_clock::now();
   return m;
+}
+
+std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
+                                                         const text::Gpt2Tokenizer& tok, const EngineArgs& engine,
+                                                         serve::ManagerOptions options) {
+  return std::make_unique<serve::ModelManager>(
+      [&store, &tok, engine](const std::string& n) {
+        const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));
+        if (!m) throw serve::ApiError(404, "NotFoundError", "model", "model '" + n + "' not found");
+        serve::ResolvedModel r = serve::resolve_model(store, *m);
+        ModelExtras extras{m->digest, std::move(r.chat), std::move(r.parameters), std::move(r.system),
+                           std::move(r.messages)};
+        log_info("serve: loading model ", n);
+        return load_served_model(n, r.dir, std::move(extras), tok, engine);
+      },
+      [](const std::string& n) {
+        try {
+          return serve::ModelName::parse(n).str();
+        } catch (const loom::Error& e) {
+          throw serve::bad_request("model", e.what());
+        }
+      },
+      options);
+}
+
+serve::Catalog store_catalog(const serve::ModelStore& store) {
+  return [&store] {
+    std::vector<serve::CatalogEntry> out;
+    for (const serve::StoredModel& m : store.list())
+      out.push_back({m.name.str(), m.modified, m.manifest.total_size(), m.digest, nlohmann::json::object()});
+    return out;
+  };
 }
 
 }  // namespace loom::cli

@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "model/config_json.h"
+#include "serve/api.h"
 #include "serve/chat_template.h"
 #include "serve/model_manager.h"
+#include "serve/model_store.h"
 #include "text/bpe.h"
 
 namespace loom::cli {
@@ -31,6 +33,12 @@ struct ModelExtras {
   std::string system;
   nlohmann::json messages = nlohmann::json::array();
 };
+
+// The store's models, loaded on their first request (engine: copied).
+std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
+                                                         const text::Gpt2Tokenizer& tok, const EngineArgs& engine,
+                                                         serve::ManagerOptions options);
+serve::Catalog store_catalog(const serve::ModelStore& store);
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
                                                       ModelExtras extras, const text::Gpt2Tokenizer& tok,

