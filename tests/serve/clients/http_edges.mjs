@@ -1,9 +1,9 @@
 // loom serve at its edges, over raw sockets and fetch: API keys, body and
 // header limits, malformed HTTP, unknown routes, /health and /metrics, a
 // client that goes away mid-generation (its request is aborted and its KV
-// blocks freed at once), a client that sends too slowly. Run by
-// tests/serve/with_server.sh with --api-key secret --max-body-mb 0.05
-// --timeout 2 (LOOM_URL, LOOM_MODEL set).
+// blocks freed at once), a client that sends too slowly, a full queue. Run
+// by tests/serve/with_server.sh with --api-key secret --max-body-mb 0.05
+// --timeout 2 --max-queue 4 --max-num-seqs 2 (LOOM_URL, LOOM_MODEL set).
 // Usage: node http_edges.mjs [CASE...]   (no CASE: every case)
 import assert from 'node:assert/strict';
 import net from 'node:net';
@@ -58,6 +58,21 @@ const generate = (extra) => fetch(`${base}/v1/completions`, { method: 'POST', he
   body: JSON.stringify({ model, prompt: 'Hello', max_tokens: 8, ...extra }) });
 
 const cases = {
+  // --max-queue 4 --max-num-seqs 2: of 24 requests at once, those past the queue get 429 (the envelope), the rest
+  // complete; none gets a 5xx.
+  async fullQueueIs429() {
+    const all = await Promise.all(Array.from({ length: 24 }, () => generate({ max_tokens: 40, ignore_eos: true })));
+    const statuses = all.map((r) => r.status);
+    assert.ok(statuses.every((s) => s === 200 || s === 429), statuses.join(','));
+    assert.ok(statuses.includes(429) && statuses.includes(200), statuses.join(','));
+    for (const r of all.filter((x) => x.status === 429)) {
+      const body = await r.json();
+      assert.equal(body.error.code, 429);
+      assert.match(body.error.message, /queue is full/);
+    }
+    await Promise.all(all.filter((x) => x.status === 200).map((r) => r.json()));
+  },
+
   async healthAndMetricsNeedNoKey() {
     assert.equal((await fetch(`${base}/health`)).status, 200);
     const m = await metrics();
