@@ -111,7 +111,11 @@ class Chat {
           return true;
         },
         [] { return g_interrupted.load(); });
-    if (r.status != 200 && error.empty()) error = json::parse(r.body + pending, nullptr, false).value("error", r.body);
+    if (r.status != 0 && r.status != 200 && error.empty()) {  // 0: stopped (Ctrl-C) before the answer began
+      const json e = json::parse(r.body + pending, nullptr, false);
+      error = e.is_object() && e.contains("error") && e["error"].is_string() ? e["error"].get<std::string>()
+                                                                              : r.body + pending;
+    }
     if (!error.empty()) throw loom::Error(error);
     std::printf("\n");
     if (!done) return false;

@@ -146,6 +146,9 @@ void run_serve(ServeArgs a) {
   const bool clean = models->drain(std::chrono::milliseconds(static_cast<int64_t>(a.drain_s * 1000)));
   // The last tokens are still being written: give the responses a moment to end.
   for (int i = 0; i < 100 && api.active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // A model being created finishes (whole or not at all) while the server still runs.
+  if (!ollama->wait_for_tasks(std::chrono::milliseconds(static_cast<int64_t>(a.drain_s * 1000))))
+    log_warn("serve: a model create was still running at exit");
   log_info("serve: ", signal_name(stop.received()), ": ", clean ? "every request finished" : "requests aborted after "
            "--drain-seconds", "; stopped");
 }

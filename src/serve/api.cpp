@@ -81,7 +81,9 @@ HttpResponse Api::route(const HttpRequest& req) {
     return req.path == "/health" ? health() : metrics();
   }
   const bool v1 = req.path.rfind("/v1/", 0) == 0, ollama = req.path.rfind("/api/", 0) == 0;
-  if (!v1 && !(ollama && ollama_) && !(req.path == "/" && get))
+  // ollama_ is set once, before models_ (acquire): read only after models() says the server is ready.
+  const bool ready = models() != nullptr;
+  if (!v1 && !(ollama && (!ready || ollama_)) && !(req.path == "/" && get))
     throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + req.path);
   if (req.path == "/") {  // what ollama's clients ask to see that a server is up
     HttpResponse r;

@@ -80,7 +80,6 @@ bool GenerationSource::submit(std::string& out) {
     for (const std::vector<int32_t>& prompt : request.prompts) {
       Submitted sub = m->loop->submit({prompt, request.gen, request.stop});
       if (sub.admission != Admission::accepted) {
-        for (auto& s : streams_) s->cancel();  // the prompts already queued go too
         if (sub.admission == Admission::queue_full)
           throw ApiError(429, "TooManyRequests", "", "the server's queue is full; retry later");
         throw ApiError(503, "ServiceUnavailableError", "",
@@ -91,8 +90,10 @@ bool GenerationSource::submit(std::string& out) {
     format_->begin(request, *m, out);
     begun_ = true;
   } catch (const ApiError& e) {
+    for (auto& s : streams_) s->cancel();
     return fail(e, out);
   } catch (const loom::Error& e) {  // EngineLoop::submit's check
+    for (auto& s : streams_) s->cancel();
     return fail(bad_request("", e.what()), out);
   }
   for (auto& s : streams_) s->on_ready(wake);

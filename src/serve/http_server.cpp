@@ -1,5 +1,7 @@
 #include "serve/http_server.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -98,6 +100,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                              std::to_string(shared_->options.max_header_bytes) + " bytes"));
     keep_alive_ = raw.keep_alive();
     version_ = raw.version();
+    head_request_ = raw.method() == http::verb::head;
     HttpRequest req;
     req.method = std::string(raw.method_string());
     req.target = std::string(raw.target());
@@ -127,15 +130,28 @@ class Session : public std::enable_shared_from_this<Session> {
     head_sent_ = false;
     if (!response_.source) return write_whole(response_.status, std::move(response_.body));
     watch();
-    response_.source->start([weak = weak_from_this(), exec = stream_.get_executor()] {
-      auto self = weak.lock();
-      if (!self || self->wake_posted_.exchange(true)) return;
-      asio::post(exec, [self] {
-        self->wake_posted_ = false;
-        self->pump();
+    try {
+      response_.source->start([weak = weak_from_this(), exec = stream_.get_executor()] {
+        auto self = weak.lock();
+        if (!self || self->wake_posted_.exchange(true)) return;
+        asio::post(exec, [self] {
+          self->wake_posted_ = false;
+          self->pump();
+        });
       });
-    });
+    } catch (const std::exception& e) {
+      return source_failed(e);
+    }
     pump();
+  }
+
+  // A source that threw (out of memory, no thread to start): the server's
+  // fault, answered as such before the head, else the connection is dropped.
+  void source_failed(const std::exception& e) {
+    source_done_ = true;
+    if (head_sent_) return drop();
+    HttpResponse err = shared_->errors(500, std::string("internal error: ") + e.what());
+    write_whole(500, std::move(err.body), err.content_type);
   }
 
   template <class Message>
@@ -154,9 +170,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void pump() {
     if (!response_.source || writing_ || source_done_ || gone_) return;
     std::string out;
-    source_done_ = response_.source->pull(out);
+    try {
+      source_done_ = response_.source->pull(out);
+    } catch (const std::exception& e) {
+      return source_failed(e);
+    }
     const int status = response_.source->status();
-    if (!response_.chunked || (!head_sent_ && source_done_ && status != response_.status)) {
+    // HTTP/1.0 has no chunked encoding: its streams are sent whole at the end.
+    const bool chunked = response_.chunked && version_ >= 11;
+    if (!chunked || (!head_sent_ && source_done_ && status != response_.status)) {
       pending_ += out;
       if (source_done_) write_whole(status, std::move(pending_), response_.source->content_type());
       return;
@@ -205,8 +227,12 @@ class Session : public std::enable_shared_from_this<Session> {
     auto msg = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(status), version_);
     response_.status = status;
     set_headers(*msg, content_type.empty() ? response_.content_type : content_type);
-    msg->body() = std::move(body);
-    msg->prepare_payload();
+    if (head_request_) {  // HEAD: the length the body would have, no body
+      msg->content_length(body.size());
+    } else {
+      msg->body() = std::move(body);
+      msg->prepare_payload();
+    }
     writing_ = true;
     stream_.expires_after(shared_->options.write_timeout);
     http::async_write(stream_, *msg, [self = shared_from_this(), msg](beast::error_code ec, size_t) {
@@ -289,6 +315,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   unsigned version_ = 11;
+  bool head_request_ = false;
   bool keep_alive_ = true;
   HttpResponse response_;
   std::optional<http::response<http::empty_body>> head_;
@@ -307,14 +334,21 @@ struct HttpServer::Impl {
   std::shared_ptr<Shared> shared = std::make_shared<Shared>();
   int port = 0;
 
+  asio::steady_timer backoff{io};
+
   void accept() {
     acceptor.async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-      if (!ec) {
-        const bool over = shared->connections.load() >= shared->options.max_connections;
-        auto session = std::make_shared<Session>(std::move(socket), shared);
-        asio::dispatch(session->executor(), [session, over] { session->start(over); });
+      if (ec) {
+        // Out of file descriptors (or another refusal): wait rather than spin,
+        // and let the connections that end free some.
+        backoff.expires_after(std::chrono::milliseconds(50));
+        backoff.async_wait([this](beast::error_code) { accept(); });
+        return;
       }
+      const bool over = shared->connections.load() >= shared->options.max_connections;
+      auto session = std::make_shared<Session>(std::move(socket), shared);
+      asio::dispatch(session->executor(), [session, over] { session->start(over); });
       accept();
     });
   }
@@ -333,6 +367,16 @@ HttpServer::HttpServer(HttpOptions options, Handler handler, ErrorResponder erro
   if (!ec) m.acceptor.bind(at, ec);
   if (!ec) m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
   LOOM_REQUIRE(!ec, "cannot listen on ", options.host, ":", options.port, ": ", ec.message());
+  // A connection is a file descriptor: take the hard limit, and keep the
+  // connection limit below it (the rest for models, logs and the store).
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+    ::getrlimit(RLIMIT_NOFILE, &files);
+    if (files.rlim_cur != RLIM_INFINITY && files.rlim_cur > 128)
+      options.max_connections = std::min<int64_t>(options.max_connections, static_cast<int64_t>(files.rlim_cur) - 64);
+  }
   m.port = m.acceptor.local_endpoint().port();
   m.shared->options = std::move(options);
   m.shared->handler = std::move(handler);

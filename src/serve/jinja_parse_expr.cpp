@@ -63,29 +63,22 @@ ExprPtr Parser::parse_expression(bool condexpr) {
   return e;
 }
 
-ExprPtr Parser::parse_or() {
-  ExprPtr e = parse_and();
-  while (at_name("or")) {
+// A left-associative chain of the keyword operator `word` over sub().
+ExprPtr Parser::parse_chain(const char* word, ExprKind kind, ExprPtr (Parser::*sub)()) {
+  ExprPtr e = (this->*sub)();
+  while (at_name(word)) {
     const Pos pos = next().pos;
     std::vector<ExprPtr> args;
     args.push_back(std::move(e));
-    args.push_back(parse_and());
-    e = node(ExprKind::Or, pos, std::move(args));
+    args.push_back((this->*sub)());
+    e = node(kind, pos, std::move(args));
   }
   return e;
 }
 
-ExprPtr Parser::parse_and() {
-  ExprPtr e = parse_not();
-  while (at_name("and")) {
-    const Pos pos = next().pos;
-    std::vector<ExprPtr> args;
-    args.push_back(std::move(e));
-    args.push_back(parse_not());
-    e = node(ExprKind::And, pos, std::move(args));
-  }
-  return e;
-}
+ExprPtr Parser::parse_or() { return parse_chain("or", ExprKind::Or, &Parser::parse_and); }
+
+ExprPtr Parser::parse_and() { return parse_chain("and", ExprKind::And, &Parser::parse_not); }
 
 ExprPtr Parser::parse_not() {
   if (!at_name("not")) return parse_compare();

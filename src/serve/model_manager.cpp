@@ -1,6 +1,7 @@
 #include "serve/model_manager.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "core/error.h"
@@ -93,8 +94,14 @@ std::vector<std::shared_ptr<LoadedModel>> ModelManager::models() const {
 }
 
 bool ModelManager::drain(std::chrono::milliseconds grace) {
-  bool clean = true;
-  for (const std::shared_ptr<LoadedModel>& m : models()) clean = m->loop->drain(grace) && clean;
+  // Every loop at once, against one deadline.
+  std::vector<std::thread> drains;
+  std::atomic<bool> clean{true};
+  for (const std::shared_ptr<LoadedModel>& m : models())
+    drains.emplace_back([m, grace, &clean] {
+      if (!m->loop->drain(grace)) clean = false;
+    });
+  for (std::thread& t : drains) t.join();
   return clean;
 }
 
@@ -115,7 +122,7 @@ void ModelManager::run() {
       load(wanted_.front().name, lk);
       continue;
     }
-    expire();
+    expire(lk);
     cv_.wait_for(lk, std::chrono::milliseconds(250));
   }
 }
@@ -124,6 +131,7 @@ void ModelManager::run() {
 void ModelManager::load(const std::string& name, std::unique_lock<std::mutex>& lk) {
   std::shared_ptr<LoadedModel> m;
   std::optional<ApiError> error;
+  make_room(0, lk);  // the count first, so idle models go before the new one takes memory
   lk.unlock();
   try {
     m = loader_(name);
@@ -174,13 +182,21 @@ void ModelManager::make_room(int64_t bytes, std::unique_lock<std::mutex>& lk) {
   }
 }
 
-void ModelManager::expire() {
+void ModelManager::expire(std::unique_lock<std::mutex>& lk) {
   const auto now = Clock::now();
+  std::vector<std::shared_ptr<LoadedModel>> gone;
   for (auto it = loaded_.begin(); it != loaded_.end();) {
     const Entry& e = it->second;
-    if (!e.pinned && e.expires && *e.expires <= now && idle(e)) it = loaded_.erase(it);
-    else ++it;
+    if (!e.pinned && e.expires && *e.expires <= now && idle(e)) {
+      gone.push_back(std::move(it->second.model));
+      it = loaded_.erase(it);
+    } else {
+      ++it;
+    }
   }
+  lk.unlock();
+  gone.clear();  // the engines (their threads joined, their memory freed) go outside the lock
+  lk.lock();
 }
 
 }  // namespace loom::serve

@@ -113,7 +113,7 @@ class ModelManager {
   void run();
   void load(const std::string& name, std::unique_lock<std::mutex>& lk);
   void make_room(int64_t bytes, std::unique_lock<std::mutex>& lk);
-  void expire();
+  void expire(std::unique_lock<std::mutex>& lk);
   static bool idle(const Entry& e);
 
   const ModelLoader loader_;

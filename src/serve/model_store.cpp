@@ -31,6 +31,8 @@ void check_part(std::string_view part, std::string_view whole, const char* what)
                " parts must start with a letter or digit");
   LOOM_REQUIRE(std::all_of(part.begin(), part.end(), name_char), "model name '", whole, "': ", what,
                " may hold only letters, digits, '.', '_' and '-'");
+  LOOM_REQUIRE(part.size() < 4 || part.substr(part.size() - 4) != ".tmp", "model name '", whole, "': ", what,
+               " parts may not end in .tmp (the store's temporary files do)");
 }
 
 // The store's lock: writers (create, copy, remove) hold it, so collecting
@@ -166,7 +168,10 @@ Layer ModelStore::put_layer(const LayerSource& src) {
 
 void ModelStore::write_manifest(const ModelName& name, const Manifest& m) {
   const fs::path path = manifest_path(name);
-  fs::create_directories(path.parent_path());
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  LOOM_REQUIRE(!ec && !fs::is_directory(path), "model name '", name.str(), "' clashes with another model's name (",
+               name.name, " is both a model and a folder of models)");
   write_file_atomic(path.string(), m.to_json().dump(2) + "\n");
 }
 
@@ -180,8 +185,9 @@ StoredModel ModelStore::put_model(const ModelName& name, const std::vector<Layer
 
 std::optional<StoredModel> ModelStore::get(const ModelName& name) const {
   const std::string path = manifest_path(name);
+  if (!fs::is_regular_file(path)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return std::nullopt;
+  LOOM_REQUIRE(in.good(), "cannot read the manifest ", path);
   std::ostringstream text;
   text << in.rdbuf();
   const json j = json::parse(text.str(), nullptr, false);
@@ -218,20 +224,38 @@ void ModelStore::copy(const ModelName& from, const ModelName& to) {
 bool ModelStore::remove(const ModelName& name) {
   const StoreLock lock(root_);
   const fs::path path = manifest_path(name);
-  if (!fs::exists(path)) return false;
+  if (!fs::is_regular_file(path)) return false;  // a folder of models a/b/ is not the model a:b
   fs::remove(path);
   // Empty name directories go too (manifests/<a>/<b>/ of a removed a/b:tag).
-  for (fs::path dir = path.parent_path(); dir != fs::path(root_) / "manifests" && fs::is_empty(dir);
+  std::error_code ec;
+  for (fs::path dir = path.parent_path(); dir != fs::path(root_) / "manifests" && fs::is_empty(dir, ec);
        dir = dir.parent_path())
-    fs::remove(dir);
+    fs::remove(dir, ec);
   collect_garbage();
   return true;
 }
 
+// Every file under manifests/ must be read for its blobs to be known: if
+// one cannot be (unreadable, not JSON, not a manifest), nothing is removed,
+// rather than the blobs of a model that could not be read.
 void ModelStore::collect_garbage() {
   std::set<std::string> named;
-  for (const StoredModel& m : list())
-    for (const Layer& l : m.manifest.layers) named.insert("sha256-" + hex_of(l.digest));
+  const fs::path base = fs::path(root_) / "manifests";
+  for (const auto& entry : fs::recursive_directory_iterator(base)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const json j = json::parse(text.str(), nullptr, false);
+    if (!in.good() && !in.eof()) return;
+    if (entry.path().extension() == ".tmp") continue;  // a manifest being written names blobs already present
+    try {
+      for (const Layer& l : Manifest::from_json(j, entry.path().string()).layers)
+        named.insert("sha256-" + hex_of(l.digest));
+    } catch (const loom::Error&) {
+      return;
+    }
+  }
   for (const auto& entry : fs::directory_iterator(fs::path(root_) / "blobs"))
     if (named.count(entry.path().filename().string()) == 0) fs::remove(entry.path());
 }

@@ -1,6 +1,8 @@
 #include "serve/ollama_api.h"
 
 #include <chrono>
+#include <thread>
+#include <filesystem>
 #include <utility>
 
 #include "core/error.h"
@@ -15,28 +17,6 @@ namespace {
 
 using json = nlohmann::json;
 
-HttpResponse ok(const json& body) {
-  HttpResponse r;
-  r.body = dump(body);
-  return r;
-}
-
-std::string string_field(const json& body, const char* a, const char* b = nullptr) {
-  for (const char* k : {a, b}) {
-    if (k == nullptr || !body.contains(k) || body[k].is_null()) continue;
-    if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
-    return body[k];
-  }
-  throw bad_request(a, std::string(a) + " is required");
-}
-
-std::string human_count(int64_t n) {
-  char buf[32];
-  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.1fB", n / 1e9);
-  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.1fM", n / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1fK", n / 1e3);
-  return buf;
-}
 
 json details_of(const model::ModelConfig& c) {
   const std::string family = c.family == model::Family::llama ? "llama" : "gpt2";
@@ -63,6 +43,15 @@ std::string hex(const std::string& digest) { return digest.rfind("sha256:", 0) =
 OllamaApi::OllamaApi(Api& api, ModelManager& models, ModelStore* store, std::string base_dir)
     : api_(api), models_(models), store_(store), base_dir_(std::move(base_dir)) {}
 
+OllamaApi::~OllamaApi() { wait_for_tasks(std::chrono::minutes(10)); }
+
+bool OllamaApi::wait_for_tasks(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (tasks_.load() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return tasks_.load() == 0;
+}
+
 HttpResponse OllamaApi::handle(const HttpRequest& req) {
   try {
     return route(req);
@@ -70,6 +59,10 @@ HttpResponse OllamaApi::handle(const HttpRequest& req) {
     return ollama_error(e);
   } catch (const loom::Error& e) {
     return ollama_error(bad_request("", e.what()));
+  } catch (const std::filesystem::filesystem_error& e) {  // e.g. a name that clashes with a folder of models
+    return ollama_error(ApiError(409, "Conflict", "", std::string("the model store refused: ") + e.what()));
+  } catch (const std::exception& e) {
+    return ollama_error(ApiError(500, "InternalServerError", "", std::string("internal error: ") + e.what()));
   }
 }
 
@@ -83,7 +76,7 @@ HttpResponse OllamaApi::route(const HttpRequest& req) {
   if (is("/api/create", "POST")) return create(req);
   if (is("/api/delete", "DELETE")) return remove(req);
   if (is("/api/copy", "POST")) return copy(req);
-  if (is("/api/version", "GET")) return ok({{"version", "0.1.0-loom"}});
+  if (is("/api/version", "GET")) return ollama_ok({{"version", "0.1.0-loom"}});
   for (const char* known : {"/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/create",
                             "/api/delete", "/api/copy", "/api/version"})
     if (p == known) throw ApiError(405, "MethodNotAllowed", "", p + " does not take " + req.method);
@@ -99,7 +92,7 @@ ModelStore& OllamaApi::store() const {
 
 HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
   json body = parse_body(req.body);
-  const std::string model = string_field(body, "model");
+  const std::string model = required_string(body, "model");
   const std::optional<std::chrono::seconds> keep_alive = parse_keep_alive(body);
   auto format = std::make_unique<OllamaFormat>(body, chat);
   if (!format->generates() && keep_alive && keep_alive->count() == 0) {
@@ -109,7 +102,7 @@ HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
               {"done_reason", "unload"}};
     if (chat) j["message"] = {{"role", "assistant"}, {"content", ""}};
     else j["response"] = "";
-    return ok(j);
+    return ollama_ok(j);
   }
   const bool stream = body.value("stream", json(true)) != json(false);
   auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
@@ -123,7 +116,7 @@ HttpResponse OllamaApi::tags() const {
     for (const auto& m : models_.models())
       models.push_back({{"name", m->name}, {"model", m->name}, {"modified_at", rfc3339(std::chrono::system_clock::now())},
                         {"size", m->bytes}, {"digest", ""}, {"details", json::object()}});
-    return ok({{"models", models}});
+    return ollama_ok({{"models", models}});
   }
   for (const StoredModel& m : store_->list())
     models.push_back({{"name", m.name.str()},
@@ -132,7 +125,7 @@ HttpResponse OllamaApi::tags() const {
                       {"size", m.manifest.total_size()},
                       {"digest", hex(m.digest)},
                       {"details", stored_details(*store_, m)}});
-  return ok({{"models", models}});
+  return ollama_ok({{"models", models}});
 }
 
 }  // namespace loom::serve

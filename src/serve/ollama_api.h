@@ -8,6 +8,8 @@
 // what the client sent.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <string>
 
 #include "serve/api.h"
@@ -23,8 +25,14 @@ class OllamaApi {
   // that change the store then refuse. base_dir: where a relative FROM of
   // /api/create starts.
   OllamaApi(Api& api, ModelManager& models, ModelStore* store, std::string base_dir);
+  ~OllamaApi();  // waits for the creates still running
+  OllamaApi(const OllamaApi&) = delete;
+  OllamaApi& operator=(const OllamaApi&) = delete;
 
   HttpResponse handle(const HttpRequest& req);
+  // Waits up to timeout for the model creates still running on their
+  // threads (call it while the server still runs); true when none is left.
+  bool wait_for_tasks(std::chrono::milliseconds timeout);
 
  private:
   HttpResponse route(const HttpRequest& req);
@@ -41,6 +49,7 @@ class OllamaApi {
   ModelManager& models_;
   ModelStore* store_;
   std::string base_dir_;
+  std::atomic<int> tasks_{0};  // creates running on their threads
 };
 
 }  // namespace loom::serve

@@ -6,6 +6,7 @@
 #include <ctime>
 #include <utility>
 
+#include "core/error.h"
 #include "serve/openai_format.h"
 #include "serve/openai_response.h"
 
@@ -78,6 +79,37 @@ HttpResponse ollama_error(const ApiError& e) {
   r.status = e.status();
   r.body = dump(json{{"error", e.what()}});
   return r;
+}
+
+HttpResponse ollama_ok(const json& body) {
+  HttpResponse r;
+  r.body = dump(body);
+  return r;
+}
+
+std::string required_string(const json& body, const char* a, const char* b) {
+  for (const char* k : {a, b}) {
+    if (k == nullptr || !body.contains(k) || body[k].is_null()) continue;
+    if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
+    return body[k];
+  }
+  throw bad_request(a, std::string(a) + " is required");
+}
+
+std::string human_count(int64_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.1fB", n / 1e9);
+  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.1fM", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.1fK", n / 1e3);
+  return buf;
+}
+
+ModelName model_name_of(const std::string& text) {
+  try {
+    return ModelName::parse(text);
+  } catch (const loom::Error& e) {
+    throw bad_request("model", e.what());
+  }
 }
 
 std::string rfc3339(std::chrono::system_clock::time_point t) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/generation.h"
+#include "serve/model_store.h"
 
 namespace loom::serve {
 
@@ -48,6 +49,15 @@ std::optional<std::chrono::seconds> parse_keep_alive(const nlohmann::json& body)
 
 // {"error": message} with the status.
 HttpResponse ollama_error(const ApiError& e);
+// 200 with body.
+HttpResponse ollama_ok(const nlohmann::json& body);
+// body[a] (or body[b] when a is absent: ollama's old field names), a string;
+// 400 when neither is there or it is no string.
+std::string required_string(const nlohmann::json& body, const char* a, const char* b = nullptr);
+// 1.2K / 3.4M / 7.0B: ollama's parameter_size.
+std::string human_count(int64_t n);
+// A model name from a request; 400 when malformed.
+ModelName model_name_of(const std::string& text);
 
 // RFC 3339 time (what ollama's created_at, modified_at and expires_at hold).
 std::string rfc3339(std::chrono::system_clock::time_point t);

@@ -17,29 +17,6 @@ namespace {
 
 using json = nlohmann::json;
 
-HttpResponse ok(const json& body) {
-  HttpResponse r;
-  r.body = dump(body);
-  return r;
-}
-
-std::string string_field(const json& body, const char* a, const char* b) {
-  for (const char* k : {a, b}) {
-    if (!body.contains(k) || body[k].is_null()) continue;
-    if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
-    return body[k];
-  }
-  throw bad_request(a, std::string(a) + " is required");
-}
-
-ModelName name_of(const std::string& text) {
-  try {
-    return ModelName::parse(text);
-  } catch (const loom::Error& e) {
-    throw bad_request("model", e.what());
-  }
-}
-
 ApiError not_found(const std::string& name) {
   return ApiError(404, "NotFoundError", "model", "model '" + name + "' not found");
 }
@@ -66,7 +43,7 @@ std::string modelfile_of(const StoredModel& m, const ResolvedModel& r) {
 // POST /api/create's newer fields as a Modelfile.
 Modelfile modelfile_from_fields(const json& body) {
   Modelfile mf;
-  mf.from = string_field(body, "from", "from");
+  mf.from = required_string(body, "from");
   mf.from_line = 1;
   const auto text = [&](const char* k, bool& has, std::string& into) {
     if (!body.contains(k) || body[k].is_null()) return;
@@ -78,7 +55,10 @@ Modelfile modelfile_from_fields(const json& body) {
   text("system", mf.has_system, mf.system);
   if (body.contains("license") && body["license"].is_array()) {  // ollama sends a list
     mf.has_license = true;
-    for (const json& l : body["license"]) mf.license += (mf.license.empty() ? "" : "\n") + l.get<std::string>();
+    for (const json& l : body["license"]) {
+      if (!l.is_string()) throw bad_request("license", "license must be a string or a list of strings");
+      mf.license += (mf.license.empty() ? "" : "\n") + l.get<std::string>();
+    }
   } else {
     text("license", mf.has_license, mf.license);
   }
@@ -106,8 +86,8 @@ Modelfile modelfile_from_fields(const json& body) {
 
 HttpResponse OllamaApi::show(const HttpRequest& req) const {
   const json body = parse_body(req.body);
-  const std::string text = string_field(body, "model", "name");
-  const ModelName name = name_of(text);
+  const std::string text = required_string(body, "model", "name");
+  const ModelName name = model_name_of(text);
   const std::optional<StoredModel> m = store().get(name);
   if (!m) throw not_found(text);
   const ResolvedModel r = resolve_model(*store_, *m);
@@ -124,7 +104,7 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
               {"messages", r.messages},
               {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m->modified))},
               {"details", {{"format", "safetensors"}, {"family", arch}, {"families", json::array({arch})},
-                           {"parameter_size", std::to_string(model::param_count(model::param_specs(c)))},
+                           {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
                            {"quantization_level", "F32"}}},
               {"model_info", {{"general.architecture", arch},
                               {"general.parameter_count", model::param_count(model::param_specs(c))},
@@ -134,7 +114,7 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
                               {arch + ".attention.head_count", c.n_head},
                               {arch + ".attention.head_count_kv", c.n_kv_head},
                               {arch + ".vocab_size", c.vocab_size}}}};
-  return ok(out);
+  return ollama_ok(out);
 }
 
 HttpResponse OllamaApi::ps() const {
@@ -147,12 +127,12 @@ HttpResponse OllamaApi::ps() const {
                       {"digest", s.digest.rfind("sha256:", 0) == 0 ? s.digest.substr(7) : s.digest},
                       {"details", json::object()},
                       {"expires_at", s.expires ? rfc3339(*s.expires) : "0001-01-01T00:00:00Z"}});
-  return ok({{"models", models}});
+  return ollama_ok({{"models", models}});
 }
 
 HttpResponse OllamaApi::create(const HttpRequest& req) {
   const json body = parse_body(req.body);
-  const ModelName name = name_of(string_field(body, "model", "name"));
+  const ModelName name = model_name_of(required_string(body, "model", "name"));
   ModelStore& st = store();
   Modelfile mf;
   if (body.contains("modelfile") && !body["modelfile"].is_null()) {
@@ -161,9 +141,19 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
   } else {
     mf = modelfile_from_fields(body);
   }
+  // Over HTTP a model comes from another store model only: a client may not
+  // make the server read a directory of its disk (loom create does that).
+  if (!st.get(model_name_of(mf.from)))
+    throw bad_request("from", "FROM '" + mf.from + "' is not a model in the store: over the API a model is made "
+                              "from another store model (use loom create -f Modelfile for a model directory)");
   const bool stream = body.value("stream", json(true)) != json(false);
   // Copying and hashing the weights takes a while: on a thread of its own.
-  auto task = [&st, name, mf, base = base_dir_, stream]() -> std::pair<int, std::string> {
+  ++tasks_;  // until the task ends: the server waits for it before it stops
+  auto task = [this, &st, name, mf, base = base_dir_, stream]() -> std::pair<int, std::string> {
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{tasks_};
     try {
       create_model(st, name, mf, base, "modelfile");
       std::string out;
@@ -183,8 +173,8 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
 
 HttpResponse OllamaApi::remove(const HttpRequest& req) {
   const json body = parse_body(req.body);
-  const std::string text = string_field(body, "model", "name");
-  const ModelName name = name_of(text);
+  const std::string text = required_string(body, "model", "name");
+  const ModelName name = model_name_of(text);
   if (!store().remove(name)) throw not_found(text);
   models_.unload(name.str());  // if loaded: goes when idle
   HttpResponse r;
@@ -194,8 +184,8 @@ HttpResponse OllamaApi::remove(const HttpRequest& req) {
 
 HttpResponse OllamaApi::copy(const HttpRequest& req) {
   const json body = parse_body(req.body);
-  const std::string from = string_field(body, "source", "source");
-  const ModelName source = name_of(from), destination = name_of(string_field(body, "destination", "destination"));
+  const std::string from = required_string(body, "source");
+  const ModelName source = model_name_of(from), destination = model_name_of(required_string(body, "destination"));
   if (!store().get(source)) throw not_found(from);
   store_->copy(source, destination);
   HttpResponse r;
