@@ -30,7 +30,11 @@ grep -q "model 'nope' not found" "$work/err" && echo "unknown model: error"
   echo "/bye"; } | "$loom" run tiny --models "$work/s" --host "$none" --threads 1 --tokenizer "$tokenizer" \
   >"$work/ctrlc" 2>&1 &
 pid=$!
-sleep 1
+# Ctrl-C once the answer is being written (the model may take a while to load on a busy machine).
+for _ in $(seq 300); do
+  grep -v "loading model\|Set parameter" "$work/ctrlc" | grep -q "[a-zA-Z]" && break
+  sleep 0.1
+done
 kill -INT "$pid"
 status=0
 wait "$pid" || status=$?
