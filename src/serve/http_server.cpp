@@ -347,6 +347,8 @@ struct HttpServer::Impl {
         return;
       }
       const bool over = shared->connections.load() >= shared->options.max_connections;
+      beast::error_code ignored;
+      socket.set_option(asio::socket_base::send_buffer_size(static_cast<int>(shared->options.send_buffer_bytes)), ignored);
       auto session = std::make_shared<Session>(std::move(socket), shared);
       asio::dispatch(session->executor(), [session, over] { session->start(over); });
       accept();

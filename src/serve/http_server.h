@@ -86,6 +86,10 @@ struct HttpOptions {
   std::chrono::milliseconds request_timeout{30'000};  // from connecting (or the last response) to a whole request
   std::chrono::milliseconds write_timeout{30'000};    // for the client to take one write
   int64_t max_connections = 1024;
+  // The kernel's send buffer per connection (autotuning would let a client
+  // that stops reading park megabytes there before a write blocks and
+  // write_timeout can drop it).
+  int64_t send_buffer_bytes = 256 << 10;
 };
 
 class HttpServer {
