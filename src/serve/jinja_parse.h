@@ -42,6 +42,7 @@ class Parser {
   void expect_block_end();
 
   // Expressions (jinja_parse_expr.cpp).
+  ExprPtr parse_call(ExprPtr callee);
   ExprPtr parse_chain(const char* word, ExprKind kind, ExprPtr (Parser::*sub)());
   ExprPtr parse_or();
   ExprPtr parse_and();

@@ -228,16 +228,22 @@ ExprPtr Parser::parse_collection(Pos pos, char close) {
   return node(close == '}' ? ExprKind::Dict : ExprKind::List, pos, std::move(items));
 }
 
+// callee(...): the call's node, its arguments parsed.
+ExprPtr Parser::parse_call(ExprPtr callee) {
+  const Pos pos = peek().pos;
+  std::vector<ExprPtr> args;
+  args.push_back(std::move(callee));
+  ExprPtr call = node(ExprKind::Call, pos, std::move(args));
+  parse_call_args(*call);
+  return call;
+}
+
 ExprPtr Parser::parse_postfix(ExprPtr e) {
   while (true) {
     if (at_op(".") || at_op("[")) {
       e = parse_subscript(std::move(e));
     } else if (at_op("(")) {
-      const Pos pos = peek().pos;
-      std::vector<ExprPtr> args;
-      args.push_back(std::move(e));
-      e = node(ExprKind::Call, pos, std::move(args));
-      parse_call_args(*e);
+      e = parse_call(std::move(e));
     } else {
       return e;
     }
@@ -286,11 +292,7 @@ ExprPtr Parser::parse_filters(ExprPtr e) {
     } else if (at_name("is")) {
       e = parse_test(std::move(e));
     } else if (at_op("(")) {
-      const Pos pos = peek().pos;
-      std::vector<ExprPtr> args;
-      args.push_back(std::move(e));
-      e = node(ExprKind::Call, pos, std::move(args));
-      parse_call_args(*e);
+      e = parse_call(std::move(e));
     } else {
       return e;
     }
