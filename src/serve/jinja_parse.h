@@ -42,6 +42,7 @@ class Parser {
   void expect_block_end();
 
   // Expressions (jinja_parse_expr.cpp).
+  std::string expect_dotted_name();
   ExprPtr parse_call(ExprPtr callee);
   ExprPtr parse_chain(const char* word, ExprKind kind, ExprPtr (Parser::*sub)());
   ExprPtr parse_or();

@@ -299,15 +299,21 @@ ExprPtr Parser::parse_filters(ExprPtr e) {
   }
 }
 
-ExprPtr Parser::parse_filter(ExprPtr e) {
-  next();  // '|'
-  const Pos pos = peek().pos;
+// A filter's or test's name: a word, or words joined by '.'.
+std::string Parser::expect_dotted_name() {
   std::string name = expect_name();
   while (at_op(".")) {
     next();
     name += '.';
     name += expect_name();
   }
+  return name;
+}
+
+ExprPtr Parser::parse_filter(ExprPtr e) {
+  next();  // '|'
+  const Pos pos = peek().pos;
+  const std::string name = expect_dotted_name();
   if (!has_filter(name)) fail_at(pos, concat("unknown filter '", name, "'"));
   std::vector<ExprPtr> args;
   args.push_back(std::move(e));
@@ -324,12 +330,7 @@ ExprPtr Parser::parse_test(ExprPtr e) {
     negated = true;
   }
   const Pos pos = peek().pos;
-  std::string name = expect_name();
-  while (at_op(".")) {
-    next();
-    name += '.';
-    name += expect_name();
-  }
+  const std::string name = expect_dotted_name();
   if (!has_test(name)) fail_at(pos, concat("unknown test '", name, "'"));
   std::vector<ExprPtr> args;
   args.push_back(std::move(e));

@@ -76,7 +76,7 @@ HttpResponse OllamaApi::route(const HttpRequest& req) {
   if (is("/api/create", "POST")) return create(req);
   if (is("/api/delete", "DELETE")) return remove(req);
   if (is("/api/copy", "POST")) return copy(req);
-  if (is("/api/version", "GET")) return ollama_ok({{"version", "0.1.0-loom"}});
+  if (is("/api/version", "GET")) return json_response(200, {{"version", "0.1.0-loom"}});
   for (const char* known : {"/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/create",
                             "/api/delete", "/api/copy", "/api/version"})
     if (p == known) throw ApiError(405, "MethodNotAllowed", "", p + " does not take " + req.method);
@@ -102,7 +102,7 @@ HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
               {"done_reason", "unload"}};
     if (chat) j["message"] = {{"role", "assistant"}, {"content", ""}};
     else j["response"] = "";
-    return ollama_ok(j);
+    return json_response(200, j);
   }
   const bool stream = body.value("stream", json(true)) != json(false);
   auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
@@ -116,7 +116,7 @@ HttpResponse OllamaApi::tags() const {
     for (const auto& m : models_.models())
       models.push_back({{"name", m->name}, {"model", m->name}, {"modified_at", rfc3339(std::chrono::system_clock::now())},
                         {"size", m->bytes}, {"digest", ""}, {"details", json::object()}});
-    return ollama_ok({{"models", models}});
+    return json_response(200, {{"models", models}});
   }
   for (const StoredModel& m : store_->list())
     models.push_back({{"name", m.name.str()},
@@ -125,7 +125,7 @@ HttpResponse OllamaApi::tags() const {
                       {"size", m.manifest.total_size()},
                       {"digest", hex(m.digest)},
                       {"details", stored_details(*store_, m)}});
-  return ollama_ok({{"models", models}});
+  return json_response(200, {{"models", models}});
 }
 
 }  // namespace loom::serve

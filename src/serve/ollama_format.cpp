@@ -81,12 +81,6 @@ HttpResponse ollama_error(const ApiError& e) {
   return r;
 }
 
-HttpResponse ollama_ok(const json& body) {
-  HttpResponse r;
-  r.body = dump(body);
-  return r;
-}
-
 std::string required_string(const json& body, const char* a, const char* b) {
   for (const char* k : {a, b}) {
     if (k == nullptr || !body.contains(k) || body[k].is_null()) continue;

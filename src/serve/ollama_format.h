@@ -49,8 +49,6 @@ std::optional<std::chrono::seconds> parse_keep_alive(const nlohmann::json& body)
 
 // {"error": message} with the status.
 HttpResponse ollama_error(const ApiError& e);
-// 200 with body.
-HttpResponse ollama_ok(const nlohmann::json& body);
 // body[a] (or body[b] when a is absent: ollama's old field names), a string;
 // 400 when neither is there or it is no string.
 std::string required_string(const nlohmann::json& body, const char* a, const char* b = nullptr);

@@ -114,7 +114,7 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
                               {arch + ".attention.head_count", c.n_head},
                               {arch + ".attention.head_count_kv", c.n_kv_head},
                               {arch + ".vocab_size", c.vocab_size}}}};
-  return ollama_ok(out);
+  return json_response(200, out);
 }
 
 HttpResponse OllamaApi::ps() const {
@@ -127,7 +127,7 @@ HttpResponse OllamaApi::ps() const {
                       {"digest", s.digest.rfind("sha256:", 0) == 0 ? s.digest.substr(7) : s.digest},
                       {"details", json::object()},
                       {"expires_at", s.expires ? rfc3339(*s.expires) : "0001-01-01T00:00:00Z"}});
-  return ollama_ok({{"models", models}});
+  return json_response(200, {{"models", models}});
 }
 
 HttpResponse OllamaApi::create(const HttpRequest& req) {

@@ -149,14 +149,19 @@ infer::SamplerConfig sampler(const json& body, uint64_t seed) {
   return s;
 }
 
+// logit_bias other than {}: an error rather than a silently different answer.
+void refuse_logit_bias(const json& body) {
+  if (const json* f = field(body, "logit_bias"); f != nullptr && !(f->is_object() && f->empty()))
+    throw bad_request("logit_bias", "logit_bias is not supported");
+}
+
 // Fields of OpenAI's API that loom does not implement: an error rather than
 // a silently different answer.
 void refuse_unsupported(const json& body) {
   if (boolean(body, "echo", false)) throw bad_request("echo", "echo is not supported");
   if (integer(body, "best_of", 1, 1, 1 << 20) > 1) throw bad_request("best_of", "best_of > 1 is not supported");
   if (!string(body, "suffix").empty()) throw bad_request("suffix", "suffix is not supported");
-  if (const json* f = field(body, "logit_bias"); f != nullptr && !(f->is_object() && f->empty()))
-    throw bad_request("logit_bias", "logit_bias is not supported");
+  refuse_logit_bias(body);
 }
 
 }  // namespace
@@ -330,8 +335,7 @@ void refuse_unsupported_chat(const json& body) {
     throw bad_request("tools", "tools are not supported");
   if (const json* f = field(body, "response_format"); f != nullptr && !(f->is_object() && f->value("type", "") == "text"))
     throw bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
-  if (const json* f = field(body, "logit_bias"); f != nullptr && !(f->is_object() && f->empty()))
-    throw bad_request("logit_bias", "logit_bias is not supported");
+  refuse_logit_bias(body);
 }
 
 }  // namespace
