@@ -5,18 +5,14 @@
 # request.
 #   slow_reader.sh LOOM WORKDIR TOKENIZER
 set -euo pipefail
+source "$(dirname "$0")/ready_port.sh"
 loom=$1 work=$2 tokenizer=$3
 rm -rf "$work" && mkdir -p "$work"
 "$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=2048 --out "$work/m" >/dev/null
 "$loom" serve --model "$work/m" --port 0 --threads 1 --tokenizer "$tokenizer" --timeout 2 >"$work/log" 2>&1 &
 server=$!
 trap 'kill -9 $server 2>/dev/null || true' EXIT
-port=""
-for _ in $(seq 300); do
-  port=$(sed -n 's/.*serve: ready: .* at http:\/\/127\.0\.0\.1:\([0-9]*\)\/v1.*/\1/p' "$work/log")
-  [[ -n $port ]] && break
-  sleep 0.1
-done
+port=$(ready_port "$work/log" "$server" 300)
 [[ -n $port ]] || { cat "$work/log"; exit 1; }
 /usr/bin/python3 - "$port" <<'PY'
 import json, socket, sys, time, urllib.request

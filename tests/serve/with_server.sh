@@ -9,6 +9,7 @@
 # LOOM_WORK set. Then the server gets SIGTERM and must exit 0 within its
 # drain. The server's log is printed when anything fails.
 set -euo pipefail
+source "$(dirname "$0")/ready_port.sh"
 loom=$1 work=$2
 shift 2
 store=0
@@ -36,14 +37,8 @@ fail() {
   kill -9 "$server" 2>/dev/null || true
   exit 1
 }
-port=""
-for _ in $(seq 600); do  # up to 60 s to start
-  port=$(sed -n 's/.*serve: ready: .* at http:\/\/127\.0\.0\.1:\([0-9]*\)\/v1.*/\1/p' "$log")
-  [[ -n $port ]] && break
-  kill -0 "$server" 2>/dev/null || fail "loom serve exited before it was ready"
-  sleep 0.1
-done
-[[ -n $port ]] || fail "loom serve was not ready within 60 s"
+port=$(ready_port "$log" "$server")  # up to 60 s to start
+[[ -n $port ]] || fail "loom serve exited or was not ready within 60 s"
 export LOOM_URL="http://127.0.0.1:$port" LOOM_MODEL=tiny LOOM_STORE="$work/store" LOOM_WORK="$work"
 status=0
 "$@" || status=$?
