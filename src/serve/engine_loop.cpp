@@ -269,15 +269,15 @@ void EngineLoop::deliver(const infer::TokenEvent& e) {
 // (id 0: an entry that never reached the engine).
 void EngineLoop::end_sequence(infer::RequestId id, Entry& entry, Delta d) {
   const infer::FinishReason finish = d.finish;
-  entry.ended[static_cast<size_t>(d.index)] = true;
-  entry.stream->push(std::move(d));
-  const bool last = --entry.open == 0;
-  {
+  {  // counted before the client can see the end, so a /metrics read after it agrees
     std::lock_guard lk(mu_);
     if (finish == infer::FinishReason::stop) ++stats_.finished_stop;
     if (finish == infer::FinishReason::length) ++stats_.finished_length;
     if (finish == infer::FinishReason::abort) ++stats_.finished_abort;
   }
+  entry.ended[static_cast<size_t>(d.index)] = true;
+  entry.stream->push(std::move(d));
+  const bool last = --entry.open == 0;
   if (last) {
     ++ended_;
     if (id != 0) entries_.erase(id);
