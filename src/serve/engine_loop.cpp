@@ -178,6 +178,7 @@ void EngineLoop::run() {
       admit(pending, abort_all);
       abort_cancelled(abort_all);
       if (engine_.has_unfinished()) {
+        if (options_.before_step) options_.before_step(stats().steps);
         for (const infer::TokenEvent& e : engine_.step()) deliver(e);
         std::lock_guard lk(mu_);
         ++stats_.steps;

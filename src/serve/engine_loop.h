@@ -93,6 +93,10 @@ class RequestStream {
 
 struct LoopOptions {
   int64_t max_waiting = 256;  // requests submitted and not yet finished beyond those running: more is a refusal
+  // Called on the loop's thread before each engine step with the number of
+  // steps done; what it throws is handled as the engine failing (the seam
+  // through which tests see how the server lives with a dead engine).
+  std::function<void(int64_t steps)> before_step{};
 };
 
 enum class Admission { accepted, queue_full, draining, failed };

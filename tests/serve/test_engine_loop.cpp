@@ -3,7 +3,9 @@
 // the streams); text is the tokenizer's, cut before a stop string; a reader
 // that cancels aborts its request and the KV cache empties; a full queue and
 // a draining loop refuse; drain waits for what is in flight, then aborts;
-// bad requests are errors that queue nothing.
+// bad requests are errors that queue nothing; an engine that fails ends
+// every stream with its error, and from then on the loop refuses and the
+// server's /health and /metrics say so.
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -15,7 +17,9 @@
 #include "common/tensors.h"
 #include "core/memory.h"
 #include "model/params.h"
+#include "serve/api.h"
 #include "serve/engine_loop.h"
+#include "serve/model_manager.h"
 
 namespace loom::serve {
 namespace {
@@ -270,6 +274,73 @@ TEST(EngineLoop, StoppingTheLoopEndsEveryStream) {
   EXPECT_NE(s->error().find("stopping"), std::string::npos);
   EXPECT_FALSE(engine.has_unfinished());
   EXPECT_EQ(engine.kv().pool().num_used(), 0);
+}
+
+// A request through the Api, as the HTTP server hands it over.
+HttpResponse get(Api& api, const std::string& path) {
+  HttpRequest r;
+  r.method = "GET";
+  r.target = r.path = path;
+  r.received = std::chrono::steady_clock::now();
+  return api.handle(r);
+}
+
+TEST(EngineLoop, AFailedEngineEndsEveryStreamThenRefusesAndHealthSaysSo) {
+  Model& m = model();
+  Pools pools;
+  infer::Engine engine(m.cfg, m.params, pools, engine_config());
+  auto served = std::make_shared<LoadedModel>();
+  served->name = "m";
+  served->served = {.name = "m", .max_model_len = m.cfg.max_seq_len, .vocab_size = m.cfg.vocab_size,
+                    .eos_token_ids = {50256}};
+  served->loop = std::make_unique<EngineLoop>(
+      engine, nullptr, LoopOptions{.before_step = [](int64_t steps) {
+        if (steps == 3) throw std::runtime_error("injected fault at step 3");
+      }});
+  ModelManager manager([](const std::string&) -> std::shared_ptr<LoadedModel> { return nullptr; },
+                       [](const std::string& n) { return n; }, {});
+  manager.pin(served);
+  Api api(ApiOptions{.api_key = "", .access_log = false});
+  api.ready(manager, [] { return std::vector<CatalogEntry>{}; });
+  EXPECT_EQ(get(api, "/health").status, 200);
+
+  EngineLoop& loop = *served->loop;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int64_t i = 0; i < 3; ++i) streams.push_back(loop.submit({prompt(10, i), long_request(), {}}).stream);
+  for (auto& s : streams) {
+    const std::vector<Seq> got = read_all(*s);
+    EXPECT_TRUE(s->done());
+    EXPECT_EQ(got[0].finish, FinishReason::none);  // cut short, not finished
+    EXPECT_NE(s->error().find("injected fault at step 3"), std::string::npos) << s->error();
+  }
+  EXPECT_EQ(loop.submit({prompt(10, 9), params(0, 4), {}}).admission, Admission::failed);
+  const LoopStats st = loop.stats();
+  EXPECT_TRUE(st.failed);
+  EXPECT_EQ(st.steps, 3);
+
+  const HttpResponse health = get(api, "/health");
+  EXPECT_EQ(health.status, 503);
+  const nlohmann::json body = nlohmann::json::parse(health.body);
+  EXPECT_EQ(body["error"]["code"], 503);
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("engine of model m failed"), std::string::npos)
+      << health.body;
+  const std::string metrics = get(api, "/metrics").body;
+  EXPECT_NE(metrics.find("loom_engine_failed{model=\"m\"} 1"), std::string::npos) << metrics;
+
+  // A completion now: a 503 with the envelope (the server's state, not the client's fault).
+  HttpRequest r;
+  r.method = "POST";
+  r.target = r.path = "/v1/completions";
+  r.body = R"({"model": "m", "prompt": [1, 2, 3], "max_tokens": 4})";
+  r.received = std::chrono::steady_clock::now();
+  HttpResponse res = api.handle(r);
+  ASSERT_NE(res.source, nullptr);
+  res.source->start([] {});
+  std::string out;
+  for (int i = 0; i < 1000 && !res.source->pull(out); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(res.source->status(), 503) << out;
+  EXPECT_NE(out.find("the engine failed"), std::string::npos) << out;
+  if (res.on_end) res.on_end(res.source->status(), true);
 }
 
 }  // namespace
