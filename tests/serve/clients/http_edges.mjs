@@ -27,6 +27,42 @@ function raw(bytes, waitMs = 3000) {
   });
 }
 
+// Splits what a server sent on one connection into its responses (bodies
+// by Content-Length, chunked, or up to the close).
+function responses(text) {
+  const out = [];
+  while (text.length) {
+    const end = text.indexOf('\r\n\r\n');
+    assert.ok(end > 0, `a response head: ${JSON.stringify(text.slice(0, 200))}`);
+    const [statusLine, ...lines] = text.slice(0, end).split('\r\n');
+    const headers = Object.fromEntries(lines.map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(),
+                                                         l.slice(l.indexOf(':') + 1).trim()]));
+    let rest = text.slice(end + 4), body = '';
+    if (headers['content-length'] !== undefined) {
+      body = rest.slice(0, Number(headers['content-length']));
+      rest = rest.slice(body.length);
+    } else if (headers['transfer-encoding'] === 'chunked') {
+      for (;;) {
+        const eol = rest.indexOf('\r\n');
+        const size = parseInt(rest.slice(0, eol), 16);
+        body += rest.slice(eol + 2, eol + 2 + size);
+        rest = rest.slice(eol + 2 + size + 2);
+        if (size === 0) break;
+      }
+    } else {
+      [body, rest] = [rest, ''];
+    }
+    out.push({ statusLine, headers, body });
+    text = rest;
+  }
+  return out;
+}
+
+const completion = (extra) => JSON.stringify({ model, prompt: 'Hello', max_tokens: 6, ...extra });
+const post = (version, body, more = '') =>
+  `POST /v1/completions HTTP/${version}\r\nHost: x\r\nAuthorization: Bearer secret\r\n` +
+  `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${more}\r\n${body}`;
+
 async function expectEnvelope(res, status, pattern) {
   assert.equal(res.status, status);
   const body = await res.json();
@@ -98,6 +134,42 @@ const cases = {
     await expectEnvelope(await fetch(`${base}/v1/completions`, { method: 'POST', headers: auth, body: '{"model":' }),
                          400, /JSON/);
     assert.equal((await generate({})).status, 200, 'the server still serves');
+  },
+
+  // Three requests in one write (HTTP/1.1 pipelining): a streamed completion, /health, /v1/models; three
+  // responses in order, each whole, then the close the last one asked for.
+  async pipelinedRequestsAnswerInOrder() {
+    const got = await raw(post('1.1', completion({ stream: true })) + 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n' +
+                          'GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n' +
+                          'Connection: close\r\n\r\n', 10000);
+    const [sse, health, models, ...more] = responses(got);
+    assert.equal(more.length, 0);
+    assert.equal(sse.statusLine, 'HTTP/1.1 200 OK');
+    assert.equal(sse.headers['content-type'].split(';')[0], 'text/event-stream');
+    assert.ok(sse.body.endsWith('data: [DONE]\n\n'), sse.body.slice(-100));
+    assert.equal(health.statusLine, 'HTTP/1.1 200 OK');
+    assert.equal(models.statusLine, 'HTTP/1.1 200 OK');
+    assert.equal(JSON.parse(models.body).data[0].id, model);
+  },
+
+  // HTTP/1.0: no chunked encoding (a 1.0 client cannot read it): a whole body with its length, or a stream that
+  // ends when the server closes; keep-alive only when asked for.
+  async http10GetsWholeBodiesAndTheClose() {
+    const [health] = responses(await raw('GET /health HTTP/1.0\r\n\r\n'));
+    assert.match(health.statusLine, /^HTTP\/1\.0 200 /);
+    assert.equal(health.headers['transfer-encoding'], undefined);
+    assert.equal(health.body, '{}');
+    const one = responses(await raw(post('1.0', completion({})), 10000));
+    assert.equal(one.length, 1);
+    assert.equal(JSON.parse(one[0].body).choices.length, 1);
+    const start = Date.now();
+    const [sse] = responses(await raw(post('1.0', completion({ stream: true })), 10000));
+    assert.ok(Date.now() - start < 9000, 'the server closed the stream');
+    assert.equal(sse.headers['transfer-encoding'], undefined);
+    assert.ok(sse.body.endsWith('data: [DONE]\n\n'), sse.body.slice(-100));
+    const kept = responses(await raw('GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n' +
+                                     'GET /health HTTP/1.0\r\n\r\n', 10000));
+    assert.deepEqual(kept.map((r) => r.body), ['{}', '{}']);
   },
 
   async slowSenderIsCutOff() {
