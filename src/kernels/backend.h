@@ -59,10 +59,11 @@ namespace loom::kernels {
     (Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin, const Tensor& wpe, int64_t pos_offset)) \
   X(embedding_shard_backward, void,                                                                                \
     (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin, int64_t pos_offset))   \
-  X(attention_forward, void, (Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v))          \
+  X(attention_forward, void,                                                                                       \
+    (Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos))                    \
   X(attention_backward, void,                                                                                      \
     (Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,        \
-     const Tensor& out, const Tensor& lse))                                                                        \
+     const Tensor& out, const Tensor& lse, int64_t q_pos))                                                         \
   X(kv_cache_write, void, (Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& slots)) \
   X(paged_attention_forward, void,                                                                                 \
     (Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,         \

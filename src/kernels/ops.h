@@ -165,16 +165,26 @@ void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const 
 
 // Causal scaled-dot-product attention, flash-style: tiled with an online
 // softmax, so no (T, T) matrix is ever materialised; scale = 1 / sqrt(HS).
-// q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS), Tk >= Tq, NH % NKV == 0 (GQA:
-// head h reads kv head h / (NH / NKV)). Query t sits at position Tk - Tq + t
-// and sees keys 0 ..= that position (Tq == Tk in training; Tq < Tk when
-// decoding against a cache). q, k, v may be strided along B and T (a view
-// into a cache); each (b, t) row of heads is contiguous.
+// q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS), NH % NKV == 0 (GQA: head h
+// reads kv head h / (NH / NKV)). Query t sits at position q_pos + t and
+// sees keys 0 ..= that position. q_pos = kQueriesLast (the default): Tk - Tq,
+// the queries are the last Tq of the keys' positions (Tk >= Tq: Tq == Tk in
+// training, Tq < Tk when decoding against a cache). Otherwise q_pos >= 0 (a
+// query sees key 0 at least); q_pos >= Tk - 1 makes every key visible to
+// every query, a block of keys wholly in the queries' past (ring attention,
+// parallel/cp.h). q, k, v may be strided along B and T (a view into a cache
+// or a chunk of a longer sequence); each (b, t) row of heads is contiguous.
 // out: (B, Tq, NH, HS)  lse: (B, NH, Tq) f32 log-sum-exp of the scaled
 // scores, saved for backward (may be undefined in inference).
-void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v);
+inline constexpr int64_t kQueriesLast = -1;
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       int64_t q_pos = kQueriesLast);
+// dq, dk, dv += the gradients of out for dout. out and lse are those of the
+// whole attention the queries take part in: a block's backward with the
+// full out and lse gives that block's share of the gradients (ring
+// attention sums the shares).
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse);
+                        const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_pos = kQueriesLast);
 
 // ---- paged attention (serving) ------------------------------------------------
 

@@ -15,9 +15,10 @@ void require_rows_of_heads(const char* op, Operand x) {
             ", 1), got (", t.stride(2), ", ", t.stride(3), ")");
 }
 
-// q: (B, Tq, NH, HS) float  k, v: (B, Tk, NKV, HS) in q's dtype, Tk >= Tq,
-// NH % NKV == 0, each (b, t) row of heads contiguous.
-void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+// q: (B, Tq, NH, HS) float  k, v: (B, Tk, NKV, HS) in q's dtype, NH % NKV
+// == 0, each (b, t) row of heads contiguous; Tk >= Tq for kQueriesLast, else
+// q_pos >= 0.
+void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos) {
   const std::initializer_list<Operand> all = {{"q", q}, {"k", k}, {"v", v}};
   for (const Operand& o : all) {
     if (!o.t.defined()) op_fail(op, {o}, o.name, " is required");
@@ -33,16 +34,19 @@ void check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
   if (HS < 1) op_fail(op, all, "head size must be at least 1");
   if (NKV < 1 || NH % NKV != 0)
     op_fail(op, all, "q has ", NH, " heads, not a multiple of the ", NKV, " kv heads of k and v");
-  if (Tk < Tq) op_fail(op, all, "k has ", Tk, " positions, fewer than the ", Tq, " queries of q");
+  if (q_pos == kQueriesLast && Tk < Tq)
+    op_fail(op, all, "k has ", Tk, " positions, fewer than the ", Tq, " queries of q");
+  if (q_pos != kQueriesLast && q_pos < 0)
+    op_fail(op, all, "q_pos = ", q_pos, ": the first query's position must be at least 0 (or kQueriesLast)");
   for (const Operand& o : all) require_rows_of_heads(op, o);
 }
 
 }  // namespace
 
 // out: (B, Tq, NH, HS) like q, contiguous   lse: (B, NH, Tq) f32 or undefined
-void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v) {
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos) {
   constexpr const char* op = "attention_forward";
-  check_qkv(op, q, k, v);
+  check_qkv(op, q, k, v, q_pos);
   require_contiguous(op, {{"out", out}});
   require_dtype(op, {"out", out}, q.dtype());
   require_shape(op, {"out", out}, q.shape());
@@ -51,15 +55,15 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
     require_dtype(op, {"lse", lse}, DType::f32);
     require_shape(op, {"lse", lse}, Shape{q.size(0), q.size(2), q.size(1)});
   }
-  backend_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}}).attention_forward(out, lse, q, k, v);
+  backend_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}}).attention_forward(out, lse, q, k, v, q_pos);
 }
 
 // dq: like q  dk, dv: like k  (f32 or the input's dtype, contiguous, or undefined)
 // dout, out: (B, Tq, NH, HS) contiguous   lse: (B, NH, Tq) f32 from attention_forward
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse) {
+                        const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_pos) {
   constexpr const char* op = "attention_backward";
-  check_qkv(op, q, k, v);
+  check_qkv(op, q, k, v, q_pos);
   require_contiguous(op, {{"dout", dout}, {"out", out}, {"lse", lse}});
   require_float(op, {"out", out});
   require_same_shape(op, {"out", out}, {"q", q});
@@ -74,7 +78,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                       {{"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
   backend_of(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out},
                   {"lse", lse}})
-      .attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+      .attention_backward(dq, dk, dv, dout, q, k, v, out, lse, q_pos);
 }
 
 }  // namespace loom::kernels

@@ -53,12 +53,13 @@ struct Outputs {
 // accumulation) unless zero_grads.
 Outputs run_f32(RefCase& c, const Tensor& q, const Tensor& k, const Tensor& v, bool zero_grads = false) {
   const Shape qs = q.shape(), ks = k.shape();
+  const int64_t q_pos = c.has("q_pos") ? static_cast<int64_t>(c["q_pos"].floats()[0]) : kernels::kQueriesLast;
   Buf out(qs), lse({qs[0], qs[2], qs[1]});
-  attention_forward(out.t(), lse.t(), q, k, v);
+  attention_forward(out.t(), lse.t(), q, k, v, q_pos);
   Buf dq(qs, zero_grads ? std::vector<float>{} : iota_pattern(qs.numel()));
   Buf dk(ks, zero_grads ? std::vector<float>{} : iota_pattern(ks.numel()));
   Buf dv(ks, zero_grads ? std::vector<float>{} : iota_pattern(ks.numel()));
-  attention_backward(dq.t(), dk.t(), dv.t(), c["dout"].view(), q, k, v, out.t(), lse.t());
+  attention_backward(dq.t(), dk.t(), dv.t(), c["dout"].view(), q, k, v, out.t(), lse.t(), q_pos);
   return {out.data, lse.data, dq.data, dk.data, dv.data};
 }
 
@@ -89,7 +90,9 @@ TEST_P(AttentionVsTorch, ForwardMatchesAndBackwardAccumulatesGradientsF32) {
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionVsTorch,
                          ::testing::Values("attention_basic", "attention_gqa", "attention_nh12", "attention_t1",
                                            "attention_decode1", "attention_decode4", "attention_t130",
-                                           "attention_prefix"),
+                                           "attention_prefix", "attention_past_block", "attention_past_block_edge",
+                                           "attention_more_queries_than_keys", "attention_mid_offset",
+                                           "attention_keys_run_out"),
                          [](const auto& test_info) { return std::string(test_info.param).substr(10); });
 
 // k, v as the first Tk positions of a (B, Tmax, NKV, HS) cache whose later
@@ -278,6 +281,12 @@ TEST(Attention, RejectsHeadSizeMismatch) {
 TEST(Attention, RejectsFewerKeysThanQueries) {
   Misuse m({1, 5, 2, 8}, {1, 3, 2, 8});
   expect_error([&] { m.forward(); }, {"attention_forward", "3 positions", "5 queries", "k=f32(1, 3, 2, 8)"});
+}
+
+TEST(Attention, RejectsANegativeFirstQueryPosition) {
+  Misuse m({1, 4, 2, 8}, {1, 4, 2, 8});
+  expect_error([&] { kernels::attention_forward(m.out.t(), m.lse.t(), m.q.t(), m.k.t(), m.v.t(), -2); },
+               {"attention_forward", "q_pos = -2", "at least 0"});
 }
 
 TEST(Attention, RejectsMixedDtypesAndBadOutputShapes) {

@@ -6,15 +6,16 @@
 #include <type_traits>
 
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/ops.h"
 
 namespace loom::kernels::cpu::attention {
 
-Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v) {
+Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos) {
   Geometry g;
   g.B = q.size(0), g.Tq = q.size(1), g.NH = q.size(2), g.HS = q.size(3);
   g.Tk = k.size(1), g.NKV = k.size(2);
   g.HSp = round_up(g.HS, kLanes);
-  g.off = g.Tk - g.Tq;
+  g.off = q_pos == kQueriesLast ? g.Tk - g.Tq : q_pos;
   g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.HS)));
   return g;
 }

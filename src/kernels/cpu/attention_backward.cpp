@@ -121,9 +121,9 @@ void backward_head(const BackwardArgs& a, BackwardTiles& w, int64_t b, int64_t h
 // dq: like q  dk, dv: like k  (f32 or the input's dtype, contiguous, or undefined)
 // dout, out: (B, Tq, NH, HS) contiguous   lse: (B, NH, Tq) f32 from attention_forward
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse) {
+                        const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_pos) {
   if (!dq.defined() && !dk.defined() && !dv.defined()) return;
-  const Geometry g = geometry(q, k, v);
+  const Geometry g = geometry(q, k, v, q_pos);
   const BackwardArgs args{dq, dk, dv, Rows(dout), Rows(q), Rows(k), Rows(v), Rows(out), lse.data_as<float>(), g};
   const int64_t Tq_pad = round_up(g.Tq, kBlockQ), Tk_pad = round_up(g.Tk, kBlockK), n_tasks = g.B * g.NKV;
   // One slice per thread, and no more threads than tasks: each slice holds

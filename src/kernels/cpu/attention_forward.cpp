@@ -107,7 +107,7 @@ void forward_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, 
   std::fill_n(w.acc, mr * HSp, 0.f);
   std::fill_n(w.m, nq, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l, nq, 0.f);
-  const int64_t last = g.off + q0 + rows - 1;  // position of the block's last query
+  const int64_t last = std::min(g.off + q0 + rows - 1, g.Tk - 1);  // the last key the block's queries see
   for (int64_t j0 = 0; j0 <= last; j0 += kBlockK) {
     const int64_t cols = std::min(kBlockK, last + 1 - j0), mc = round_up(cols, kRowBlock);
     const View k = rows_tile(w.k, a.k, b, j0, cols, mc, kvh, HSp);
@@ -123,8 +123,8 @@ void forward_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, 
 }  // namespace
 
 // out: (B, Tq, NH, HS) like q, contiguous   lse: (B, NH, Tq) f32 or undefined
-void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v) {
-  const Geometry g = geometry(q, k, v);
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos) {
+  const Geometry g = geometry(q, k, v, q_pos);
   const ForwardArgs args{out, lse, Rows(q), Rows(k), Rows(v), g};
   const int64_t n_qb = (g.Tq + kBlockQ - 1) / kBlockQ, n_bh = g.B * g.NH, n_tasks = n_qb * n_bh;
   // One slice per thread, and no more threads than tasks.

@@ -34,11 +34,12 @@ inline Vec load_vec(const float* p) {
 }
 inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
-// q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS). Query t sits at position off + t.
+// q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS). Query t sits at position off + t
+// and sees keys 0 ..= min(off + t, Tk - 1).
 struct Geometry {
   int64_t B = 0, Tq = 0, Tk = 0, NH = 0, NKV = 0, HS = 0;
   int64_t HSp = 0;   // HS padded to kLanes: the row length of every f32 tile
-  int64_t off = 0;   // Tk - Tq
+  int64_t off = 0;   // q_pos (ops.h): Tk - Tq for kQueriesLast
   float scale = 0;   // 1 / sqrt(HS)
   int64_t group() const { return NH / NKV; }  // query heads per kv head
 };
@@ -52,7 +53,7 @@ struct View {
 };
 
 // The geometry of q, k, v (checked by ops.h's attention ops).
-Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v);
+Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos);
 
 // A (B, T, heads, HS) operand whose (b, t) rows of heads are contiguous, with
 // any strides along B and T (a view into a cache).
