@@ -229,16 +229,17 @@ std::vector<OpCase> attention_cases() {
       {"attention_forward", kFloats, {1e-4, 1e-5}, {1e-2, 1e-2},
        [](Io& io, DType dt) {
          const Qkv a = attention_inputs(io, dt);
-         OP(attention_forward)(io.normal("out", dt, {2, 6, 4, 8}), io.normal("lse", f32, {2, 4, 6}), a.q, a.k, a.v);
+         OP(attention_forward)(io.normal("out", dt, {2, 6, 4, 8}), io.normal("lse", f32, {2, 4, 6}), a.q, a.k, a.v,
+                               kernels::kQueriesLast);
        }},
       {"attention_backward", kFloats, {1e-4, 1e-5}, {2e-2, 2e-2},
-       [](Io& io, DType dt) {  // out and lse from a forward
+       [](Io& io, DType dt) {  // out and lse from a forward; queries at positions 4.. (a ring block)
          const Qkv a = attention_inputs(io, dt);
          const Tensor out = io.normal("out", dt, {2, 6, 4, 8}), lse = io.normal("lse", f32, {2, 4, 6});
-         OP(attention_forward)(out, lse, a.q, a.k, a.v);
+         OP(attention_forward)(out, lse, a.q, a.k, a.v, 4);
          OP(attention_backward)(io.normal("dq", dt, {2, 6, 4, 8}), io.normal("dk", f32, {2, 9, 2, 8}),
                                 io.normal("dv", dt, {2, 9, 2, 8}), io.normal("dout", dt, {2, 6, 4, 8}), a.q, a.k, a.v,
-                                out, lse);
+                                out, lse, 4);
        }},
       {"kv_cache_write", kFloats, {}, {},
        [](Io& io, DType dt) {  // 4 blocks of 4 slots; a padding row (-1); k, v cast to the other dtype's caches
