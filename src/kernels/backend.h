@@ -55,10 +55,18 @@ namespace loom::kernels {
   X(embedding_backward, void, (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset)) \
   X(embedding_forward_at, void,                                                                                    \
     (Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, const Tensor& positions))                \
+  X(embedding_backward_at, void,                                                                                   \
+    (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, const Tensor& positions))                   \
   X(embedding_shard_forward, void,                                                                                 \
     (Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin, const Tensor& wpe, int64_t pos_offset)) \
   X(embedding_shard_backward, void,                                                                                \
     (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin, int64_t pos_offset))   \
+  X(embedding_shard_forward_at, void,                                                                              \
+    (Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin, const Tensor& wpe,                    \
+     const Tensor& positions))                                                                                     \
+  X(embedding_shard_backward_at, void,                                                                             \
+    (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,                        \
+     const Tensor& positions))                                                                                     \
   X(attention_forward, void,                                                                                       \
     (Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos))                    \
   X(attention_backward, void,                                                                                      \

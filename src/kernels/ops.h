@@ -145,6 +145,12 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor
 // positions: (B, T) i32, each in [0, maxT) (checked when wpe is defined).
 void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                           const Tensor& positions);
+// dwte as embedding_backward; dwpe[positions[b, t]] += dy[b, t], a
+// scatter-add: each position's rows summed in (b, t) order, then added once,
+// so positions pos_offset + t give embedding_backward's bits. positions as
+// embedding_forward_at's (checked when dwpe is defined).
+void embedding_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
+                           const Tensor& positions);
 
 // Vocab-parallel embedding (Megatron's VocabParallelEmbedding): wte holds
 // rows [vocab_begin, vocab_begin + V_local) of the (padded) token table; a
@@ -160,6 +166,12 @@ void embedding_shard_forward(Tensor y, const Tensor& tokens, const Tensor& wte, 
 // dwpe[pos_offset + t] += sum over b of dy[b, t]. Either may be undefined.
 void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
                               int64_t pos_offset = 0);
+// The shard ops with each token at its own position, as the _at ops above
+// (context parallelism: a rank's tokens are two chunks of the sequence).
+void embedding_shard_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin,
+                                const Tensor& wpe, const Tensor& positions);
+void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
+                                 int64_t vocab_begin, const Tensor& positions);
 
 // ---- attention ---------------------------------------------------------------
 

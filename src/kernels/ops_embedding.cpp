@@ -1,6 +1,7 @@
 // Embeddings (ops.h): operand checks, then the backend's op. The token ids
 // themselves are checked by the backend, which reads them.
 #include <algorithm>
+#include <optional>
 
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -37,10 +38,18 @@ void check_tokens_operand(const char* op, const Tensor& tokens) {
   require_ndim(op, {"tokens", tokens}, 2);
 }
 
+// positions: (B, T) i32 like tokens; their values are checked by the backend, which reads them.
+void check_positions_operand(const char* op, const Tensor& positions, const Tensor& tokens) {
+  require_contiguous(op, {{"positions", positions}});
+  require_dtype(op, {"positions", positions}, DType::i32);
+  require_shape(op, {"positions", positions}, tokens.shape());
+}
+
 // Operands of a forward but the token values: tokens (B, T) i32, wte (rows, C)
-// float, y (B, T, C) and wpe (maxT, C) or undefined in wte's dtype.
+// float, y (B, T, C) and wpe (maxT, C) or undefined in wte's dtype. pos_offset:
+// nullopt when the positions are a tensor (check_positions_operand).
 void check_forward(const char* op, const Tensor& y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                   int64_t pos_offset) {
+                   std::optional<int64_t> pos_offset) {
   check_tokens_operand(op, tokens);
   require_contiguous(op, {{"wte", wte}});
   require_float(op, {"wte", wte});
@@ -52,14 +61,15 @@ void check_forward(const char* op, const Tensor& y, const Tensor& tokens, const 
   if (wpe.defined()) {
     check_table(op, {"wpe", wpe}, C);
     require_same_dtype(op, {"wpe", wpe}, {"wte", wte});
-    check_positions(op, pos_offset, T, wpe.size(0));
+    if (pos_offset) check_positions(op, *pos_offset, T, wpe.size(0));
   }
 }
 
 // Operands of a backward but the token values: dy (B, T, C) with (B, T) from
-// tokens; dwte (rows, C), dwpe (maxT, C), each float or undefined.
+// tokens; dwte (rows, C), dwpe (maxT, C), each float or undefined. pos_offset
+// as check_forward's.
 void check_backward(const char* op, const Tensor& dwte, const Tensor& dwpe, const Tensor& dy, const Tensor& tokens,
-                    int64_t pos_offset) {
+                    std::optional<int64_t> pos_offset) {
   check_tokens_operand(op, tokens);
   require_contiguous(op, {{"dy", dy}});
   require_float(op, {"dy", dy});
@@ -70,7 +80,7 @@ void check_backward(const char* op, const Tensor& dwte, const Tensor& dwpe, cons
   if (dwte.defined()) check_table(op, {"dwte", dwte}, C);
   if (dwpe.defined()) {
     check_table(op, {"dwpe", dwpe}, C);
-    check_positions(op, pos_offset, T, dwpe.size(0));
+    if (pos_offset) check_positions(op, *pos_offset, T, dwpe.size(0));
   }
   require_grads_apart(op, {{"dwte", dwte}, {"dwpe", dwpe}}, {{"dy", dy}, {"tokens", tokens}});
 }
@@ -89,14 +99,8 @@ void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const 
 void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                           const Tensor& positions) {
   constexpr const char* op = "embedding_forward_at";
-  check_forward(op, y, tokens, wte, Tensor(), 0);
-  if (wpe.defined()) {
-    check_table(op, {"wpe", wpe}, wte.size(1));
-    require_same_dtype(op, {"wpe", wpe}, {"wte", wte});
-  }
-  require_contiguous(op, {{"positions", positions}});
-  require_dtype(op, {"positions", positions}, DType::i32);
-  require_shape(op, {"positions", positions}, tokens.shape());
+  check_forward(op, y, tokens, wte, wpe, std::nullopt);
+  check_positions_operand(op, positions, tokens);
   backend_of(op, {{"y", y}, {"tokens", tokens}, {"wte", wte}, {"wpe", wpe}, {"positions", positions}})
       .embedding_forward_at(y, tokens, wte, wpe, positions);
 }
@@ -109,6 +113,17 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor
       .embedding_backward(dwte, dwpe, dy, tokens, pos_offset);
 }
 
+// positions: (B, T) i32; their values are checked by the backend, which reads them.
+void embedding_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
+                           const Tensor& positions) {
+  constexpr const char* op = "embedding_backward_at";
+  check_backward(op, dwte, dwpe, dy, tokens, std::nullopt);
+  check_positions_operand(op, positions, tokens);
+  require_grads_apart(op, {{"dwte", dwte}, {"dwpe", dwpe}}, {{"positions", positions}});
+  backend_of(op, {{"dwte", dwte}, {"dwpe", dwpe}, {"dy", dy}, {"tokens", tokens}, {"positions", positions}})
+      .embedding_backward_at(dwte, dwpe, dy, tokens, positions);
+}
+
 // tokens: (B, T) i32 >= 0  wte: (V_local, C)  wpe: (maxT, C) or undefined  y: (B, T, C), in wte's dtype
 void embedding_shard_forward(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin,
                              const Tensor& wpe, int64_t pos_offset) {
@@ -119,6 +134,17 @@ void embedding_shard_forward(Tensor y, const Tensor& tokens, const Tensor& wte, 
       .embedding_shard_forward(y, tokens, wte, vocab_begin, wpe, pos_offset);
 }
 
+// positions: (B, T) i32; their values are checked by the backend, which reads them.
+void embedding_shard_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin,
+                                const Tensor& wpe, const Tensor& positions) {
+  constexpr const char* op = "embedding_shard_forward_at";
+  check_forward(op, y, tokens, wte, wpe, std::nullopt);
+  check_vocab_begin(op, vocab_begin);
+  check_positions_operand(op, positions, tokens);
+  backend_of(op, {{"y", y}, {"tokens", tokens}, {"wte", wte}, {"wpe", wpe}, {"positions", positions}})
+      .embedding_shard_forward_at(y, tokens, wte, vocab_begin, wpe, positions);
+}
+
 // dy: (B, T, C) float  dwte: (V_local, C), dwpe: (maxT, C), each f32, bf16, f16 or undefined.
 void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
                               int64_t pos_offset) {
@@ -127,6 +153,18 @@ void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const 
   check_vocab_begin(op, vocab_begin);
   backend_of(op, {{"dwte", dwte}, {"dwpe", dwpe}, {"dy", dy}, {"tokens", tokens}})
       .embedding_shard_backward(dwte, dwpe, dy, tokens, vocab_begin, pos_offset);
+}
+
+// positions: (B, T) i32; their values are checked by the backend, which reads them.
+void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
+                                 int64_t vocab_begin, const Tensor& positions) {
+  constexpr const char* op = "embedding_shard_backward_at";
+  check_backward(op, dwte, dwpe, dy, tokens, std::nullopt);
+  check_vocab_begin(op, vocab_begin);
+  check_positions_operand(op, positions, tokens);
+  require_grads_apart(op, {{"dwte", dwte}, {"dwpe", dwpe}}, {{"positions", positions}});
+  backend_of(op, {{"dwte", dwte}, {"dwpe", dwpe}, {"dy", dy}, {"tokens", tokens}, {"positions", positions}})
+      .embedding_shard_backward_at(dwte, dwpe, dy, tokens, vocab_begin, positions);
 }
 
 }  // namespace loom::kernels

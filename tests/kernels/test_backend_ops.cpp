@@ -199,6 +199,13 @@ std::vector<OpCase> embedding_cases() {
          const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 4), dy = io.normal("dy", dt, {2, 5, 8});
          OP(embedding_backward)(io.normal("dwte", f32, {11, 8}), io.normal("dwpe", dt, {9, 8}), dy, tokens, 3);
        }},
+      {"embedding_backward_at", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // positions repeated within and across sequences: the scatter-add sums them
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 4);
+         const Tensor positions = io.ints("positions", i32, {2, 5}, 0, 3);
+         OP(embedding_backward_at)(io.normal("dwte", dt, {11, 8}), io.normal("dwpe", f32, {9, 8}),
+                                   io.normal("dy", dt, {2, 5, 8}), tokens, positions);
+       }},
       {"embedding_shard_forward", kFloats, f32_tol, half_tol,
        [](Io& io, DType dt) {  // rows [4, 9) of an 11-token table, no position table
          const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11), wte = io.normal("wte", dt, {5, 8});
@@ -208,6 +215,20 @@ std::vector<OpCase> embedding_cases() {
        [](Io& io, DType dt) {
          const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11), dy = io.normal("dy", dt, {2, 5, 8});
          OP(embedding_shard_backward)(io.normal("dwte", dt, {5, 8}), io.normal("dwpe", f32, {9, 8}), dy, tokens, 4, 1);
+       }},
+      {"embedding_shard_forward_at", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // rows [4, 9) of an 11-token table, positions out of order
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11);
+         const Tensor positions = io.ints("positions", i32, {2, 5}, 0, 9);
+         const Tensor wte = io.normal("wte", dt, {5, 8}), wpe = io.normal("wpe", dt, {9, 8});
+         OP(embedding_shard_forward_at)(io.normal("y", dt, {2, 5, 8}), tokens, wte, 4, wpe, positions);
+       }},
+      {"embedding_shard_backward_at", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor tokens = io.ints("tokens", i32, {2, 5}, 0, 11);
+         const Tensor positions = io.ints("positions", i32, {2, 5}, 0, 3);
+         OP(embedding_shard_backward_at)(io.normal("dwte", f32, {5, 8}), io.normal("dwpe", dt, {9, 8}),
+                                         io.normal("dy", dt, {2, 5, 8}), tokens, 4, positions);
        }},
   };
 }

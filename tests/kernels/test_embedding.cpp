@@ -1,6 +1,8 @@
 // Token + position embedding against PyTorch (tests/ref/ref_embedding.py),
 // finite differences, the bf16 and f16 paths against the f32 path, determinism of the
-// scatter-add, and misuse (tokens and positions out of range).
+// scatter-add, and misuse (tokens and positions out of range). The _at ops
+// (positions per token) run the ref cases that have positions, and give their
+// pos_offset siblings' bits on positions pos_offset + t.
 //
 // Tolerances (|a - e| <= atol + rtol |e|):
 // - f32 vs torch (float64 from the same f32 inputs): y is one f32 add, so
@@ -35,12 +37,16 @@ namespace {
 
 using namespace loom::test;
 
-const char* const kCases[] = {"gpt2", "t1", "nopos"};
+// zigzag: a context-parallel rank's positions [4, 8) and [24, 28) for every
+// sequence; scattered: positions repeated within and across sequences.
+const char* const kCases[] = {"gpt2", "t1", "nopos", "zigzag", "scattered"};
+const char* const kAtCases[] = {"zigzag", "scattered"};
 
-// One case: wpe, dwpe0 empty when there are no learned positions.
+// One case: wpe, dwpe0 empty when there are no learned positions; positions
+// (B, T) empty for pos_offset + t.
 struct EmbeddingInputs {
   int64_t B = 0, T = 0, C = 0, V = 0, max_t = 0, pos_offset = 0;
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens, positions;
   Floats wte, wpe, dy, dwte0, dwpe0;
 };
 
@@ -51,6 +57,10 @@ EmbeddingInputs load_inputs(RefCase& rc) {
   in.pos_offset = static_cast<int64_t>(rc["pos_offset"].scalar());
   const Tensor tokens = rc["tokens"].view();
   in.tokens.assign(tokens.data_as<int32_t>(), tokens.data_as<int32_t>() + tokens.numel());
+  if (rc.has("positions")) {
+    const Tensor pos = rc["positions"].view();
+    in.positions.assign(pos.data_as<int32_t>(), pos.data_as<int32_t>() + pos.numel());
+  }
   in.wte = rc["wte"].floats(), in.dy = rc["dy"].floats(), in.dwte0 = rc["dwte_prefill"].floats();
   if (rc.has("wpe")) {
     in.max_t = rc["wpe"].shape[0];
@@ -63,16 +73,22 @@ struct EmbeddingOutputs {
   Floats y, dwte, dwpe;
 };
 
-// Forward, then backward into the pre-filled gradients. act: dtype of wte,
-// wpe, y; grad: dtype of dy, dwte, dwpe.
+// Forward, then backward into the pre-filled gradients (the _at ops when the
+// case has positions). act: dtype of wte, wpe, y; grad: dtype of dy, dwte, dwpe.
 EmbeddingOutputs run_embedding(EmbeddingInputs in, DType act, DType grad) {
   const Shape bt{in.B, in.T}, btc{in.B, in.T, in.C}, table{in.max_t, in.C};
-  const Tensor tokens(in.tokens.data(), DType::i32, bt);
+  const Tensor tokens(in.tokens.data(), DType::i32, bt), positions(in.positions.data(), DType::i32, bt);
   Buffer wte(act, Shape{in.V, in.C}, in.wte), wpe(act, table, in.wpe), y(act, btc);
   Buffer dy(grad, btc, in.dy), dwte(grad, Shape{in.V, in.C}, in.dwte0), dwpe(grad, table, in.dwpe0);
   const bool learned = !in.wpe.empty();
-  embedding_forward(y.view(), tokens, wte.view(), learned ? wpe.view() : Tensor(), in.pos_offset);
-  embedding_backward(dwte.view(), learned ? dwpe.view() : Tensor(), dy.view(), tokens, in.pos_offset);
+  const Tensor wpe_t = learned ? wpe.view() : Tensor(), dwpe_t = learned ? dwpe.view() : Tensor();
+  if (in.positions.empty()) {
+    embedding_forward(y.view(), tokens, wte.view(), wpe_t, in.pos_offset);
+    embedding_backward(dwte.view(), dwpe_t, dy.view(), tokens, in.pos_offset);
+  } else {
+    embedding_forward_at(y.view(), tokens, wte.view(), wpe_t, positions);
+    embedding_backward_at(dwte.view(), dwpe_t, dy.view(), tokens, positions);
+  }
   return {y.floats(), dwte.floats(), learned ? dwpe.floats() : Floats()};
 }
 
@@ -138,7 +154,8 @@ TEST(Embedding, GradientsMatchFiniteDifferences) {
   EXPECT_TRUE(all_close(analytic.dwpe, fd(probe.wpe), 1e-2, 1e-3)) << "dwpe";
 }
 
-// The scatter-add sums each token's rows in (b, t) order on one thread.
+// The scatter-add sums each token's (and, by positions, each position's)
+// rows in (b, t) order on one thread.
 TEST(Embedding, BackwardIsBitwiseIdenticalAcrossThreadCounts) {
   std::mt19937 rng(13);
   std::normal_distribution<float> normal;
@@ -151,15 +168,19 @@ TEST(Embedding, BackwardIsBitwiseIdenticalAcrossThreadCounts) {
   for (float& f : in.dy) f = normal(rng);
   in.dwte0 = Floats(in.V * in.C), in.dwpe0 = Floats(in.max_t * in.C);
   const int saved = num_threads();
-  std::vector<EmbeddingOutputs> runs;
-  for (int threads : {1, 2, 3, 8}) {
-    set_num_threads(threads);
-    runs.push_back(run_embedding(in, DType::f32, DType::f32));
-  }
-  set_num_threads(saved);
-  for (size_t i = 1; i < runs.size(); ++i) {
-    EXPECT_EQ(0, std::memcmp(runs[i].dwte.data(), runs[0].dwte.data(), runs[0].dwte.size() * 4)) << "run " << i;
-    EXPECT_EQ(0, std::memcmp(runs[i].dwpe.data(), runs[0].dwpe.data(), runs[0].dwpe.size() * 4)) << "run " << i;
+  for (bool at : {false, true}) {
+    SCOPED_TRACE(at ? "embedding_backward_at" : "embedding_backward");
+    for (int64_t i = 0; at && i < in.B * in.T; ++i) in.positions.push_back(pick(rng) * 10 % in.max_t);
+    std::vector<EmbeddingOutputs> runs;
+    for (int threads : {1, 2, 3, 8}) {
+      set_num_threads(threads);
+      runs.push_back(run_embedding(in, DType::f32, DType::f32));
+    }
+    set_num_threads(saved);
+    for (size_t i = 1; i < runs.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(runs[i].dwte.data(), runs[0].dwte.data(), runs[0].dwte.size() * 4)) << "run " << i;
+      EXPECT_EQ(0, std::memcmp(runs[i].dwpe.data(), runs[0].dwpe.data(), runs[0].dwpe.size() * 4)) << "run " << i;
+    }
   }
 }
 
@@ -253,6 +274,38 @@ TEST(Embedding, ForwardAtPositionOutsideTheTableNamesValueIndexAndRange) {
   EXPECT_NO_THROW(embedding_forward_at(y, tokens, wte, Tensor(), positions));  // no table, no limit
   const Tensor short_positions{pos.data(), DType::i32, Shape{2, 2}};
   expect_error([&] { embedding_forward_at(y, tokens, wte, wpe, short_positions); }, {"embedding_forward_at", "positions"});
+}
+
+// The other _at ops check their positions as embedding_forward_at does: each
+// in [0, maxT) when wpe / dwpe is defined, and the tensor (B, T) i32.
+TEST(Embedding, AtOpsNamePositionOutsideTheTableAndAWrongPositionsOperand) {
+  SmallOperands o;
+  auto& [toks, te, pe, ys, tokens, wte, wpe, y] = o;
+  std::vector<int32_t> pos{0, 1, 2, 3, 8, 5};
+  const Tensor positions{pos.data(), DType::i32, Shape{2, 3}};
+  const char *bwd = "embedding_backward_at", *shard_fwd = "embedding_shard_forward_at",
+             *shard_bwd = "embedding_shard_backward_at";
+  expect_error([&] { embedding_backward_at(wte, wpe, y, tokens, positions); },
+               {bwd, "position 8", "(b, t) = (1, 1)", "[0, 8)"});
+  expect_error([&] { embedding_shard_forward_at(y, tokens, wte, 0, wpe, positions); },
+               {shard_fwd, "position 8", "(b, t) = (1, 1)", "[0, 8)"});
+  expect_error([&] { embedding_shard_backward_at(wte, wpe, y, tokens, 0, positions); },
+               {shard_bwd, "position 8", "(b, t) = (1, 1)", "[0, 8)"});
+  pos[4] = -1;
+  expect_error([&] { embedding_backward_at(Tensor(), wpe, y, tokens, positions); }, {bwd, "position -1", "[0, 8)"});
+  // No position table, no limit.
+  EXPECT_NO_THROW(embedding_backward_at(wte, Tensor(), y, tokens, positions));
+  EXPECT_NO_THROW(embedding_shard_forward_at(y, tokens, wte, 0, Tensor(), positions));
+  EXPECT_NO_THROW(embedding_shard_backward_at(wte, Tensor(), y, tokens, 0, positions));
+  pos[4] = 4;
+  for (const Tensor& bad : {Tensor(pos.data(), DType::i32, Shape{2, 2}), Tensor(pos.data(), DType::f32, Shape{2, 3}),
+                            Tensor(pos.data(), DType::i32, Shape{6})}) {
+    SCOPED_TRACE(bad.shape().str());
+    expect_error([&] { embedding_backward_at(wte, wpe, y, tokens, bad); }, {bwd, "positions"});
+    expect_error([&] { embedding_shard_forward_at(y, tokens, wte, 0, wpe, bad); }, {shard_fwd, "positions"});
+    expect_error([&] { embedding_shard_backward_at(wte, Tensor(), y, tokens, 0, bad); }, {shard_bwd, "positions"});
+  }
+  expect_error([&] { embedding_shard_forward_at(y, tokens, wte, -1, wpe, positions); }, {shard_fwd, "vocab_begin -1"});
 }
 
 TEST(Embedding, ShapeAndDtypeMismatchesNameTheOpAndShapes) {
@@ -366,6 +419,65 @@ TEST(EmbeddingShard, ShardGradientsConcatenateToFullBackwardBitwise) {
       }
       EXPECT_EQ(concat, full);
     }
+  }
+}
+
+// The _at cases through two vocab shards, wpe / dwpe on rank 0: the summed
+// outputs and the side-by-side gradients are PyTorch's (tolerances as the full ops').
+TEST(EmbeddingShard, AtPositionsOverTwoShardsMatchTorchF32) {
+  for (const char* name : kAtCases) {
+    SCOPED_TRACE(name);
+    RefCase rc(std::string("embedding_") + name + ".ref");
+    EmbeddingInputs in = load_inputs(rc);
+    const Shape bt{in.B, in.T}, btc{in.B, in.T, in.C}, table{in.max_t, in.C};
+    const Tensor tokens = i32_view(in.tokens, bt), positions = i32_view(in.positions, bt), dy = f32_view(in.dy, btc);
+    const VocabShards shards(in.V, 2);
+    Floats y(in.B * in.T * in.C, 0.f), dwte, dwpe = in.dwpe0;
+    for (int64_t r = 0; r < shards.tp; ++r) {
+      Floats te = shards.slice(in.wte, in.C, r), dwte_r = shards.slice(in.dwte0, in.C, r), y_r(y.size());
+      const Shape local{shards.V_local, in.C};
+      embedding_shard_forward_at(f32_view(y_r, btc), tokens, f32_view(te, local), shards.begin(r),
+                                 r == 0 ? f32_view(in.wpe, table) : Tensor(), positions);
+      for (size_t i = 0; i < y.size(); ++i) y[i] += y_r[i];
+      embedding_shard_backward_at(f32_view(dwte_r, local), r == 0 ? f32_view(dwpe, table) : Tensor(), dy, tokens,
+                                  shards.begin(r), positions);
+      dwte.insert(dwte.end(), dwte_r.begin(), dwte_r.begin() + std::min(shards.V_local, in.V - shards.begin(r)) * in.C);
+    }
+    EXPECT_TRUE(all_close(y, rc["y"].floats(), 1e-6, 0)) << "y";
+    EXPECT_TRUE(all_close(dwte, plus(in.dwte0, rc["dwte"].floats()), 1e-5, 1e-6)) << "dwte";
+    EXPECT_TRUE(all_close(dwpe, plus(in.dwpe0, rc["dwpe"].floats()), 1e-5, 1e-6)) << "dwpe";
+  }
+}
+
+// On positions pos_offset + t each _at op is its pos_offset sibling, bit for
+// bit, in every dtype: the same rows, sums in the same order, one rounding.
+TEST(EmbeddingShard, AtOpsGiveTheirPosOffsetSiblingsBitsOnPositionsPosOffsetPlusT) {
+  EmbeddingInputs in = shard_inputs();
+  const Shape bt{in.B, in.T}, btc{in.B, in.T, in.C}, table{in.max_t, in.C}, vocab{in.V, in.C};
+  for (int64_t i = 0; i < in.B * in.T; ++i) in.positions.push_back(static_cast<int32_t>(in.pos_offset + i % in.T));
+  const Tensor tokens = i32_view(in.tokens, bt), positions = i32_view(in.positions, bt);
+  const int64_t begin = 20, V_local = 30;  // the shard ops' table: rows [20, 50), wte's last 30
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Buffer wte(dt, vocab, in.wte), wpe(dt, table, in.wpe), dy(dt, btc, in.dy), y1(dt, btc), y2(dt, btc);
+    const Tensor shard = wte.view().slice(0, begin, V_local);
+    embedding_forward(y1.view(), tokens, wte.view(), wpe.view(), in.pos_offset);
+    embedding_forward_at(y2.view(), tokens, wte.view(), wpe.view(), positions);
+    EXPECT_EQ(y1.bytes, y2.bytes) << "embedding_forward_at";
+    embedding_shard_forward(y1.view(), tokens, shard, begin, wpe.view(), in.pos_offset);
+    embedding_shard_forward_at(y2.view(), tokens, shard, begin, wpe.view(), positions);
+    EXPECT_EQ(y1.bytes, y2.bytes) << "embedding_shard_forward_at";
+    Buffer dwte1(dt, vocab, in.dwte0), dwpe1(dt, table, in.dwpe0), dwte2 = dwte1, dwpe2 = dwpe1;
+    embedding_backward(dwte1.view(), dwpe1.view(), dy.view(), tokens, in.pos_offset);
+    embedding_backward_at(dwte2.view(), dwpe2.view(), dy.view(), tokens, positions);
+    EXPECT_EQ(dwte1.bytes, dwte2.bytes) << "embedding_backward_at: dwte";
+    EXPECT_EQ(dwpe1.bytes, dwpe2.bytes) << "embedding_backward_at: dwpe";
+    embedding_shard_backward(dwte1.view().slice(0, begin, V_local), dwpe1.view(), dy.view(), tokens, begin,
+                             in.pos_offset);
+    embedding_shard_backward_at(dwte2.view().slice(0, begin, V_local), dwpe2.view(), dy.view(), tokens, begin,
+                                positions);
+    EXPECT_EQ(dwte1.bytes, dwte2.bytes) << "embedding_shard_backward_at: dwte";
+    EXPECT_EQ(dwpe1.bytes, dwpe2.bytes) << "embedding_shard_backward_at: dwpe";
   }
 }
 

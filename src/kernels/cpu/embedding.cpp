@@ -7,7 +7,9 @@
 // added to dwte once. So every run gives the same bits for any thread count,
 // and a bf16 dwte is rounded once per token rather than once per occurrence.
 // A shard does the same over the tokens in its range, so the tp shards' dwte
-// side by side are bitwise the full table's.
+// side by side are bitwise the full table's. dwpe by a positions tensor is the
+// same scatter-add by position: for positions pos_offset + t a position's rows
+// are (0, t), (1, t), ... in that order, the sums wpe_backward forms.
 #include <algorithm>
 #include <type_traits>
 
@@ -33,6 +35,16 @@ void check_tokens(const char* op, const Tensor& tokens, int64_t V) {
       fail(op, ": token ", tok[i], " at (b, t) = (", i / T, ", ", i % T, ") is outside the vocabulary: allowed [0, ",
            V, ")");
   }
+}
+
+// positions: (B, T) i32, every one in [0, maxT).
+void check_positions(const char* op, const Tensor& positions, int64_t maxT) {
+  const int32_t* pos = positions.data_as<int32_t>();
+  const int64_t T = positions.size(1);
+  for (int64_t i = 0; i < positions.numel(); ++i)
+    if (pos[i] < 0 || pos[i] >= maxT)
+      fail(op, ": position ", pos[i], " at (b, t) = (", i / T, ", ", i % T,
+           ") is outside the position table: allowed [0, ", maxT, ")");
 }
 
 // o = e + p in f16, through f32 (vectorised conversions, one rounding).
@@ -85,16 +97,17 @@ void embed_rows(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab
   });
 }
 
-// dwte[tok - vocab_begin] += sum of dy rows with that token, over the tokens
-// in [vocab_begin, vocab_begin + dwte rows).  dy: (N, C)  tokens: (N)
-void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t N, int64_t C, int64_t vocab_begin) {
-  const int64_t V_local = dwte.size(0);
-  // (local token, index) packed, sorted: groups by token, (b, t) order within.
+// table[id - id_begin] += sum of dy rows with that id, over the ids in
+// [id_begin, id_begin + table rows): the scatter-add of dwte by token and of
+// dwpe by position.  dy: (N, C)  ids: (N)
+void scatter_add_rows(Tensor table, const Tensor& dy, const int32_t* ids, int64_t N, int64_t C, int64_t id_begin) {
+  const int64_t rows = table.size(0);
+  // (local id, index) packed, sorted: groups by id, (b, t) order within.
   int64_t* order = thread_scratch<int64_t>(ScratchSlot::a, static_cast<size_t>(N));
-  int64_t M = 0;  // rows whose token is in the table
+  int64_t M = 0;  // rows whose id is in the table
   for (int64_t i = 0; i < N; ++i) {
-    const int64_t row = static_cast<int64_t>(tokens[i]) - vocab_begin;
-    if (row >= 0 && row < V_local) order[M++] = row * N + i;
+    const int64_t row = static_cast<int64_t>(ids[i]) - id_begin;
+    if (row >= 0 && row < rows) order[M++] = row * N + i;
   }
   std::sort(order, order + M);
   // Group g is order[starts[g], starts[g + 1]); at most M groups.
@@ -115,7 +128,7 @@ void wte_backward(Tensor dwte, const Tensor& dy, const int32_t* tokens, int64_t 
         const float* d = load_row(dy, order[j] % N, C, buf);
         for (int64_t i = 0; i < C; ++i) acc[i] += d[i];
       }
-      store_span(dwte, (order[starts[g]] / N) * C, C, acc, Store::add);
+      store_span(table, (order[starts[g]] / N) * C, C, acc, Store::add);
     }
   }
 }
@@ -140,11 +153,17 @@ void wpe_backward(Tensor dwpe, const Tensor& dy, int64_t B, int64_t T, int64_t C
 }
 
 // Both gradients of a validated backward; dwte holds rows [vocab_begin, ...).
+// dwpe by positions[b, t] when they are defined, else by pos_offset + t.
 void embed_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
-                    int64_t pos_offset) {
+                    int64_t pos_offset, const Tensor& positions = Tensor()) {
   const int64_t B = tokens.size(0), T = tokens.size(1), C = dy.size(2);
-  if (dwte.defined()) wte_backward(dwte, dy, tokens.data_as<int32_t>(), B * T, C, vocab_begin);
-  if (dwpe.defined()) wpe_backward(dwpe, dy, B, T, C, pos_offset);
+  if (dwte.defined()) scatter_add_rows(dwte, dy, tokens.data_as<int32_t>(), B * T, C, vocab_begin);
+  if (!dwpe.defined()) return;
+  if (positions.defined()) {
+    scatter_add_rows(dwpe, dy, positions.data_as<int32_t>(), B * T, C, 0);
+  } else {
+    wpe_backward(dwpe, dy, B, T, C, pos_offset);
+  }
 }
 
 }  // namespace
@@ -160,14 +179,8 @@ void embedding_forward(Tensor y, const Tensor& tokens, const Tensor& wte, const 
 void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                           const Tensor& positions) {
   check_tokens("embedding_forward_at", tokens, wte.size(0));
-  const int32_t* pos = positions.data_as<int32_t>();
-  const int64_t T = tokens.size(1);
-  if (wpe.defined())
-    for (int64_t i = 0; i < positions.numel(); ++i)
-      if (pos[i] < 0 || pos[i] >= wpe.size(0))
-        fail("embedding_forward_at: position ", pos[i], " at (b, t) = (", i / T, ", ", i % T,
-             ") is outside the position table: allowed [0, ", wpe.size(0), ")");
-  embed_rows(y, tokens, wte, 0, wpe, 0, pos);
+  if (wpe.defined()) check_positions("embedding_forward_at", positions, wpe.size(0));
+  embed_rows(y, tokens, wte, 0, wpe, 0, positions.data_as<int32_t>());
 }
 
 // dwte += scatter-add of dy by token; dwpe[pos_offset + t] += sum over b of dy[b, t].
@@ -175,6 +188,14 @@ void embedding_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, con
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t pos_offset) {
   if (dwte.defined()) check_tokens("embedding_backward", tokens, dwte.size(0));
   embed_backward(dwte, dwpe, dy, tokens, 0, pos_offset);
+}
+
+// dwte as embedding_backward; dwpe[positions[b, t]] += dy[b, t], each position's rows summed in (b, t) order.
+void embedding_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
+                           const Tensor& positions) {
+  if (dwte.defined()) check_tokens("embedding_backward_at", tokens, dwte.size(0));
+  if (dwpe.defined()) check_positions("embedding_backward_at", positions, dwpe.size(0));
+  embed_backward(dwte, dwpe, dy, tokens, 0, 0, positions);
 }
 
 // y[b, t] = (token in the shard's rows ? wte[tok - vocab_begin] : 0) + wpe[pos_offset + t]
@@ -185,12 +206,28 @@ void embedding_shard_forward(Tensor y, const Tensor& tokens, const Tensor& wte, 
   embed_rows(y, tokens, wte, vocab_begin, wpe, pos_offset);
 }
 
+// y[b, t] = (token in the shard's rows ? wte[tok - vocab_begin] : 0) + wpe[positions[b, t]]
+void embedding_shard_forward_at(Tensor y, const Tensor& tokens, const Tensor& wte, int64_t vocab_begin,
+                                const Tensor& wpe, const Tensor& positions) {
+  check_tokens("embedding_shard_forward_at", tokens, kAnyToken);
+  if (wpe.defined()) check_positions("embedding_shard_forward_at", positions, wpe.size(0));
+  embed_rows(y, tokens, wte, vocab_begin, wpe, 0, positions.data_as<int32_t>());
+}
+
 // dwte += scatter-add of dy over the tokens in the shard's rows; dwpe[pos_offset + t] += sum over b of dy[b, t].
 // dy: (B, T, C) float  dwte: (V_local, C), dwpe: (maxT, C), each f32, bf16, f16 or undefined.
 void embedding_shard_backward(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,
                               int64_t pos_offset) {
   check_tokens("embedding_shard_backward", tokens, kAnyToken);
   embed_backward(dwte, dwpe, dy, tokens, vocab_begin, pos_offset);
+}
+
+// dwte as embedding_shard_backward; dwpe as embedding_backward_at.
+void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
+                                 int64_t vocab_begin, const Tensor& positions) {
+  check_tokens("embedding_shard_backward_at", tokens, kAnyToken);
+  if (dwpe.defined()) check_positions("embedding_shard_backward_at", positions, dwpe.size(0));
+  embed_backward(dwte, dwpe, dy, tokens, vocab_begin, 0, positions);
 }
 
 }  // namespace loom::kernels::cpu
