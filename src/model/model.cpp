@@ -70,11 +70,14 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   has_embedding_ = first_layer_ == 0;
   has_head_ = first_layer_ + n_layers_ == cfg.n_layer;
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
-  LOOM_REQUIRE(T >= 1 && T <= cfg.max_seq_len, "sequence length ", T, " is invalid: allowed values are 1 to ",
-               "model.max_seq_len = ", cfg.max_seq_len);
+  LOOM_REQUIRE(options.cp.size >= 1, "context-parallel size ", options.cp.size, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(T >= 1 && T * options.cp.size <= cfg.max_seq_len, "sequence length ", T * options.cp.size,
+               options.cp.size > 1 ? concat(" (", T, " tokens on each of ", options.cp.size, " cp ranks)") : "",
+               " is invalid: allowed values are 1 to model.max_seq_len = ", cfg.max_seq_len);
   LOOM_REQUIRE(compute == DType::f32 || compute == DType::bf16 || compute == DType::f16, "model compute dtype ",
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
   check_tp(T, options.tp);
+  check_cp(T, options.cp);
   memory_ = state_bytes(cfg, B, T, options);
   const ModelBytes& need = memory_;
   require_fits_memory(pools, total_bytes(need), footprint(cfg, B, T, P, need),
@@ -99,7 +102,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   const int64_t Vl = vocab_per_rank(cfg, options.tp.tp.size);
   st.vocab.begin = options.tp.tp.rank * Vl;
   st.vocab.valid = std::clamp<int64_t>(cfg.vocab_size - st.vocab.begin, 0, Vl);
-  kernels::arange(st.pos);  // (T) i32 0..T-1
+  set_positions(st, options.cp);
 
   st.param_views = std::make_unique<ParamViews>(specs_, params_);
   st.grad_views = std::make_unique<ParamViews>(specs_, grads_);
@@ -188,7 +191,8 @@ HeadWeights Model::head_grads(bool embeddings, bool head) const {
 
 BlockContext Model::block_context(int64_t l) const {
   ModelState& st = *state_;
-  return {st.dims, st.attention, st.family->mlp(), st.pos, first_layer_ + l};
+  AttentionStep& attention = options_.cp.attention ? *options_.cp.attention : st.attention;
+  return {st.dims, attention, st.family->mlp(), st.pos, first_layer_ + l};
 }
 
 float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {

@@ -49,6 +49,7 @@ struct SlotActs;      // one micro-batch's activations (model/model_state.h)
 struct LayerWeights;  // one layer's weights (model/blocks.h)
 struct HeadWeights;   // embeddings, final norm, lm head (model/blocks.h)
 struct BlockContext;  // what a block call runs with (model/family.h)
+class AttentionStep;  // the blocks' attention (model/steps.h)
 struct UnitSource;    // where the units live (model/units.h)
 
 enum class Recompute : uint8_t { none, selective, full };
@@ -130,11 +131,24 @@ std::string_view recompute_name(Recompute r);
 // "none", "selective", "full"; anything else is a loom::Error listing them.
 Recompute recompute_from_name(std::string_view name);
 
+// Context parallelism (DESIGN.md §5 CP, parallel/cp.h): the model holds T
+// of each sequence's size·T tokens — its rank's chunks — at `positions` in
+// the whole sequence (GPT-2's wpe rows, Llama's RoPE angles), and runs its
+// blocks with `attention`, the step that sees the other ranks' keys (it
+// must outlive the model). Every other layer works on the rank's own tokens.
+// size 1: the whole sequence, positions 0..T-1, local flash attention.
+struct CpOptions {
+  int size = 1;
+  std::vector<int32_t> positions;      // (T), each in [0, size·T); required when size > 1
+  AttentionStep* attention = nullptr;  // required when size > 1
+};
+
 // How a Model is built beside its config and micro-batch shape; the same
 // options give Model::activation_bytes and state_bytes. compute: f32, bf16
 // or f16 (see above). tp: this rank's slice under tensor (and sequence)
 // parallelism (tensor_parallel.h); param_specs(), params and gradients are
-// then the rank's slices, logits() its vocabulary columns. stage: the
+// then the rank's slices, logits() its vocabulary columns. cp: the rank's
+// tokens under context parallelism (T is then the rank's). stage: the
 // pipeline stage's layers and activation slots (default: the whole model,
 // one slot).
 struct ModelOptions {
@@ -143,6 +157,7 @@ struct ModelOptions {
   Storage storage{};
   TpOptions tp{};
   StageOptions stage{};
+  CpOptions cp{};
 };
 
 class Model final : public Stage {

@@ -63,13 +63,18 @@ void Model::embed_forward(SlotActs& a) {
   const TpContext& tp = d.par.tp;
   const BoundUnit bound(unit_source(), Pass::forward, Need::params, 0);
   const HeadWeights w = head_params(true, false);
+  // Under cp (pos_bt defined) the tokens' wpe rows are at their positions in the whole sequence.
+  const bool at = st.pos_bt.defined();
   if (!tp.ops) {
-    embedding_forward(a.resid[0], a.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
+    if (at) embedding_forward_at(a.resid[0], a.tokens, w.wte, w.wpe, st.pos_bt);
+    else embedding_forward(a.resid[0], a.tokens, w.wte, w.wpe);  // (B,T,C); Llama: no wpe
     return;
   }
   // Each token's row lives on one rank: partial sums (wpe added once), reduced by g.
   const Tensor partial = tp.sp ? tp.partial.reshape({B_, T_, d.C}) : a.resid[0];
-  embedding_shard_forward(partial, a.tokens, w.wte, st.vocab.begin, tp.rank == 0 ? w.wpe : Tensor());
+  const Tensor wpe = tp.rank == 0 ? w.wpe : Tensor();
+  if (at) embedding_shard_forward_at(partial, a.tokens, w.wte, st.vocab.begin, wpe, st.pos_bt);
+  else embedding_shard_forward(partial, a.tokens, w.wte, st.vocab.begin, wpe);
   tp.ops->reduce(a.resid[0], partial);
 }
 
@@ -119,14 +124,17 @@ void Model::embed_backward(SlotActs& a) {
   const Dims& d = st.dims;
   const BoundUnit bound(unit_source(), Pass::backward, Need::grads, 0);
   const HeadWeights g = head_grads(true, false);
+  const bool at = st.pos_bt.defined();  // cp: wpe rows at the tokens' positions
   if (!d.par.tp.ops) {
-    embedding_backward(g.wte, g.wpe, st.dres, a.tokens);
+    if (at) embedding_backward_at(g.wte, g.wpe, st.dres, a.tokens, st.pos_bt);
+    else embedding_backward(g.wte, g.wpe, st.dres, a.tokens);
     return;
   }
   // Every rank sees all rows' gradient: its vocabulary rows, and the whole
   // (identical) wpe gradient.
   const Tensor dy = tp_exit_backward(d, st.dres).reshape({B_, T_, d.C});
-  embedding_shard_backward(g.wte, g.wpe, dy, a.tokens, st.vocab.begin);
+  if (at) embedding_shard_backward_at(g.wte, g.wpe, dy, a.tokens, st.vocab.begin, st.pos_bt);
+  else embedding_shard_backward(g.wte, g.wpe, dy, a.tokens, st.vocab.begin);
 }
 
 }  // namespace loom::model

@@ -3,6 +3,7 @@
 // of a spec list.
 #include "model/model_layout.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <utility>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace loom::model {
 
@@ -88,6 +90,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   const Recompute recompute = options.recompute;
 
   st.pos = alloc({T}, DType::i32);
+  if (gpt2 && options.cp.size > 1) st.pos_bt = alloc({B, T}, DType::i32);  // the wpe rows of every token
   // What backward recomputes is shared by every layer, and by every slot.
   LayerActs shared;
   if (recompute == Recompute::full) shared = with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2);
@@ -121,6 +124,25 @@ Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) 
   d.par.tp.sp = tp.sp();
   d.par.tp.rank = tp.tp.rank;
   return d;
+}
+
+void check_cp(int64_t T, const CpOptions& cp) {
+  if (cp.size == 1) return;
+  LOOM_REQUIRE(cp.attention != nullptr, "context parallelism over ", cp.size, " ranks needs its attention step");
+  LOOM_REQUIRE(static_cast<int64_t>(cp.positions.size()) == T, "context parallelism: ", cp.positions.size(),
+               " positions given for the rank's ", T, " tokens");
+  for (const int32_t p : cp.positions)
+    LOOM_REQUIRE(p >= 0 && p < T * cp.size, "context parallelism: position ", p, " is outside the sequence of ",
+                 T * cp.size, " tokens");
+}
+
+void set_positions(ModelState& st, const CpOptions& cp) {
+  if (cp.size == 1) return kernels::arange(st.pos);  // (T) i32 0..T-1
+  const int64_t T = st.pos.numel();
+  std::copy(cp.positions.begin(), cp.positions.end(), st.pos.data_as<int32_t>());
+  if (!st.pos_bt.defined()) return;
+  for (int64_t b = 0; b < st.pos_bt.size(0); ++b)
+    std::copy_n(st.pos.data_as<int32_t>(), T, st.pos_bt.data_as<int32_t>() + b * T);
 }
 
 void check_tp(int64_t T, const TpOptions& tp) {

@@ -47,6 +47,12 @@ Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp);
 // Sizes the model cannot split: heads and d_ff are checked by param_specs;
 // SP splits every sequence's tokens.
 void check_tp(int64_t T, const TpOptions& tp);
+// Context parallelism's options for a rank of T tokens: a loom::Error when
+// the attention step or the positions are missing or wrong.
+void check_cp(int64_t T, const CpOptions& cp);
+// st.pos (and st.pos_bt, where the layout made it): 0..T-1, or the cp rank's
+// positions for every sequence.
+void set_positions(ModelState& st, const CpOptions& cp);
 // The slots' activations (model_state.h), the positions and the backward
 // scratch under the options' recompute policy (model.h), into st (whose dims
 // are set).

@@ -35,7 +35,8 @@ struct ModelState {
   const BlockFamily* family = nullptr;  // looked up once from cfg.family
   LocalAttention attention;             // the blocks' attention step (training: local flash attention)
   std::vector<SlotActs> slots;
-  Tensor pos;                      // (T) i32 0..T-1: every sequence's positions
+  Tensor pos;                      // (T) i32 0..T-1, or the cp rank's tokens' (ModelOptions::cp): every sequence's
+  Tensor pos_bt;                   // (B, T) i32: pos for each sequence, GPT-2 under cp (the embedding's wpe rows)
   // The model's own views (where it owns the buffers, model.h Storage).
   std::vector<LayerWeights> w, g;  // weights and gradients per layer
   HeadWeights head_w, head_g;      // embeddings, final norm, lm head (the token embedding when tied)

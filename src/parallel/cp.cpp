@@ -21,6 +21,12 @@ constexpr int kKvTag = 71, kDkvTag = 72;  // the ring's two streams between neig
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The bytes of a contiguous tensor as the communicator moves them: f16 as
+// bf16 of the same size (sends and gathers only copy; no reduction sees it).
+Tensor wire(const Tensor& t) {
+  return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, {t.numel()}) : t.flatten();
+}
+
 // Chunk i of a packed tensor: (B, chunk, heads, HS) or (B, heads, chunk), contiguous.
 Tensor part(const Tensor& packed, int64_t i) {
   const Shape& s = packed.shape();
@@ -68,7 +74,7 @@ CpAlgo cp_algo_from_name(std::string_view name) {
   throw Error(concat("cp_algo = '", name, "' is not known: allowed values are ring and allgather"));
 }
 
-std::vector<Segment> CpSplit::segments(int rank) const {
+std::vector<SeqChunk> CpSplit::segments(int rank) const {
   const int64_t c = chunk();
   if (!zigzag) return {{rank * c, c}};
   return {{rank * c, c}, {(2 * cp - 1 - rank) * c, c}};
@@ -76,7 +82,7 @@ std::vector<Segment> CpSplit::segments(int rank) const {
 
 int64_t CpSplit::position(int rank, int64_t t) const {
   const int64_t c = chunk();
-  const std::vector<Segment> s = segments(rank);
+  const std::vector<SeqChunk> s = segments(rank);
   return s[static_cast<size_t>(t / c)].start + t % c;
 }
 
@@ -93,7 +99,7 @@ CpSplit cp_split(int64_t T, int cp, bool zigzag) {
 struct ContextParallelAttention::Call {
   int64_t B = 0, c = 0, nseg = 0, NH = 0, NKV = 0, HS = 0;
   DType dtype = DType::f32;
-  std::vector<std::vector<Segment>> segs;  // every rank's chunks
+  std::vector<std::vector<SeqChunk>> segs;  // every rank's chunks
   int rank = 0;
   OwnedTensor q, kv;                       // packed
   OwnedTensor acc_out, acc_lse, tmp_out, tmp_lse, tmp32;  // forward
@@ -148,7 +154,7 @@ void ContextParallelAttention::forward(const model::AttentionArgs& a) {
     const int64_t N = c.kv.numel();
     OwnedTensor all = pools_[MemTag::comm].empty(c.dtype, {cp_.size() * N});
     stats_.bytes_sent += static_cast<int64_t>(c.kv.nbytes()) * (cp_.size() - 1);
-    wait(cp_.all_gather(all, c.kv.flatten()));
+    wait(cp_.all_gather(wire(all), wire(c.kv)));
     for (int s = 0; s < cp_.size(); ++s) {
       const int src = (c.rank - s + cp_.size()) % cp_.size();
       forward_blocks(c, all.slice(0, src * N, N).reshape(c.kv_shape()), src);
@@ -171,11 +177,11 @@ void ContextParallelAttention::forward(const model::AttentionArgs& a) {
 void ContextParallelAttention::forward_blocks(Call& c, const Tensor& kv, int src) {
   TraceSpan span(trace_, "cp forward block");
   const Clock::time_point t0 = Clock::now();
-  const std::vector<Segment>& mine = c.segs[static_cast<size_t>(c.rank)];
-  const std::vector<Segment>& theirs = c.segs[static_cast<size_t>(src)];
+  const std::vector<SeqChunk>& mine = c.segs[static_cast<size_t>(c.rank)];
+  const std::vector<SeqChunk>& theirs = c.segs[static_cast<size_t>(src)];
   for (int64_t i = 0; i < c.nseg; ++i)
     for (int64_t j = 0; j < c.nseg; ++j) {
-      const Segment qs = mine[static_cast<size_t>(i)], ks = theirs[static_cast<size_t>(j)];
+      const SeqChunk qs = mine[static_cast<size_t>(i)], ks = theirs[static_cast<size_t>(j)];
       if (ks.start > qs.start) continue;
       kernels::attention_forward(c.tmp_out, c.tmp_lse, part(c.q, i), part(kv, j), part(kv, c.nseg + j),
                                  qs.start - ks.start);
@@ -197,8 +203,8 @@ void ContextParallelAttention::ring_forward(Call& c) {
     comm::WorkPtr send, recv;
     if (s + 1 < n) {
       TraceSpan span(trace_, "cp post kv");
-      send = cp_.send(cur.flatten(), next, kKvTag);
-      recv = cp_.recv(nxt.flatten(), prev, kKvTag);
+      send = cp_.send(wire(cur), next, kKvTag);
+      recv = cp_.recv(wire(nxt), prev, kKvTag);
       stats_.bytes_sent += static_cast<int64_t>(cur.nbytes());
     }
     forward_blocks(c, cur, (c.rank - s + n) % n);
@@ -235,7 +241,7 @@ void ContextParallelAttention::backward(const model::AttentionArgs& a, const mod
     OwnedTensor all = pools_[MemTag::comm].empty(c.dtype, {n * N});
     OwnedTensor dall = pools_[MemTag::comm].zeros(DType::f32, {n * N});
     stats_.bytes_sent += (static_cast<int64_t>(c.kv.nbytes()) + N * 4) * (n - 1);
-    wait(cp_.all_gather(all, c.kv.flatten()));
+    wait(cp_.all_gather(wire(all), wire(c.kv)));
     for (int s = 0; s < n; ++s) {
       const int src = (c.rank - s + n) % n;
       backward_blocks(c, all.slice(0, src * N, N).reshape(c.kv_shape()),
@@ -254,11 +260,11 @@ void ContextParallelAttention::backward(const model::AttentionArgs& a, const mod
 void ContextParallelAttention::backward_blocks(Call& c, const Tensor& kv, const Tensor& dkv, int src) {
   TraceSpan span(trace_, "cp backward block");
   const Clock::time_point t0 = Clock::now();
-  const std::vector<Segment>& mine = c.segs[static_cast<size_t>(c.rank)];
-  const std::vector<Segment>& theirs = c.segs[static_cast<size_t>(src)];
+  const std::vector<SeqChunk>& mine = c.segs[static_cast<size_t>(c.rank)];
+  const std::vector<SeqChunk>& theirs = c.segs[static_cast<size_t>(src)];
   for (int64_t i = 0; i < c.nseg; ++i)
     for (int64_t j = 0; j < c.nseg; ++j) {
-      const Segment qs = mine[static_cast<size_t>(i)], ks = theirs[static_cast<size_t>(j)];
+      const SeqChunk qs = mine[static_cast<size_t>(i)], ks = theirs[static_cast<size_t>(j)];
       if (ks.start > qs.start) continue;
       kernels::attention_backward(part(c.dq, i), part(dkv, j), part(dkv, c.nseg + j), part(c.dout, i),
                                   part(c.q, i), part(kv, j), part(kv, c.nseg + j), part(c.out, i), part(c.lse, i),
@@ -282,8 +288,8 @@ void ContextParallelAttention::ring_backward(Call& c, const Tensor& dkv_own) {
   for (int s = 0; s < n; ++s) {
     comm::WorkPtr kv_send, kv_recv, incoming;
     if (s + 1 < n) {
-      kv_send = cp_.send(cur.flatten(), next, kKvTag);
-      kv_recv = cp_.recv(nxt.flatten(), prev, kKvTag);
+      kv_send = cp_.send(wire(cur), next, kKvTag);
+      kv_recv = cp_.recv(wire(nxt), prev, kKvTag);
       stats_.bytes_sent += static_cast<int64_t>(cur.nbytes());
     }
     if (s > 0) incoming = cp_.recv(in.flatten(), prev, kDkvTag);  // block src's dK, dV so far

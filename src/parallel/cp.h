@@ -45,7 +45,7 @@ const char* cp_algo_name(CpAlgo a);
 CpAlgo cp_algo_from_name(std::string_view name);
 
 // Consecutive global positions [start, start + length) of a sequence.
-struct Segment {
+struct SeqChunk {
   int64_t start = 0, length = 0;
 };
 
@@ -58,7 +58,7 @@ struct CpSplit {
   int64_t chunk() const { return zigzag ? T / (2 * cp) : T / cp; }
   int64_t local_tokens() const { return T / cp; }
   // The rank's chunks, in the order its tensors hold them.
-  std::vector<Segment> segments(int rank) const;
+  std::vector<SeqChunk> segments(int rank) const;
   // The global position of the rank's local token t.
   int64_t position(int rank, int64_t t) const;
 };

@@ -18,6 +18,7 @@
 #include "model/config_json.h"
 #include "model/params.h"
 #include "parallel/pp_partition.h"
+#include "parallel/cp.h"
 #include "parallel/pp_schedule.h"
 
 namespace loom::train {
@@ -220,7 +221,8 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "dp", [](R& c, const V& v) { c.parallel.dp = v.integer(1, 1 << 20); }},
       {"parallel", "tp", [](R& c, const V& v) { c.parallel.tp = v.integer(1, 1 << 16); }},
       {"parallel", "pp", [](R& c, const V& v) { c.parallel.pp = v.integer(1, 1 << 16); }},
-      {"parallel", "cp", must_be_one(&ParallelConfig::cp)},
+      {"parallel", "cp", [](R& c, const V& v) { c.parallel.cp = v.integer(1, 1 << 16); }},
+      {"parallel", "cp_algo", [](R& c, const V& v) { c.parallel.cp_algo = v.choice({"ring", "allgather"}); }},
       {"parallel", "ep", must_be_one(&ParallelConfig::ep)},
       {"parallel", "zero_stage", [](R& c, const V& v) { c.parallel.zero_stage = v.integer(0, 3); }},
       {"parallel", "sequence_parallel", [](R& c, const V& v) { c.parallel.sequence_parallel = v.boolean(); }},
@@ -368,6 +370,16 @@ RunConfig apply_all(const Parsed& p) {
 }
 
 // Constraints across keys, checked once every key is set.
+// Context parallelism: 2 x cp zig-zag chunks of every sequence (parallel/cp.h says what divides what).
+void check_cp_split(const RunConfig& c, const std::string& source) {
+  if (c.parallel.cp == 1) return;
+  try {
+    (void)parallel::cp_split(c.train.seq_len, static_cast<int>(c.parallel.cp), true);
+  } catch (const Error& e) {
+    fail(source, ": train.", e.what());
+  }
+}
+
 void validate(const RunConfig& c, const std::string& source) {
   try {
     c.model.validate();
@@ -413,6 +425,7 @@ void validate(const RunConfig& c, const std::string& source) {
                    ": pipeline parallelism composes with ZeRO stages 0 and 1 (as Megatron's); allowed 0, 1");
     }
   }
+  check_cp_split(c, source);
   // Tensor parallelism: the heads and d_ff must split evenly (the model's
   // message says what divides what); SP splits every sequence.
   if (c.parallel.tp > 1) {
@@ -469,6 +482,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                    {"tp", p.tp},
                    {"pp", p.pp},
                    {"cp", p.cp},
+                   {"cp_algo", p.cp_algo},
                    {"ep", p.ep},
                    {"zero_stage", p.zero_stage},
                    {"sequence_parallel", p.sequence_parallel},

@@ -42,6 +42,15 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
   RankChunks rank;
   comm::Communicator &tp = ctx.mesh.tp(), &pp = ctx.mesh.pp();
   if (tp.size() > 1) rank.tp = std::make_unique<parallel::TensorParallel>(tp, o.sequence_parallel);
+  comm::Communicator& cp = ctx.mesh.cp();
+  if (cp.size() > 1) {
+    const parallel::CpSplit split = parallel::cp_split(o.seq_len, cp.size(), /*zigzag=*/true);
+    rank.cp = std::make_unique<parallel::ContextParallelAttention>(cp, parallel::cp_algo_from_name(o.cp_algo),
+                                                                   split.zigzag, ctx.pools);
+    for (int64_t t = 0; t < split.local_tokens(); ++t)
+      rank.cp_positions.push_back(static_cast<int32_t>(split.position(cp.rank(), t)));
+  }
+  const int64_t T = o.seq_len / cp.size();  // the rank's tokens of each sequence
   const bool pipelined = pp.size() > 1;
   std::vector<model::StageOptions> stages(1);
   if (pipelined) {
@@ -60,11 +69,12 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                                  .recompute = o.recompute,
                                  .storage = parallel::DataParallel::model_storage(dpo.zero_stage),
                                  .tp = rank.tp ? rank.tp->options() : model::TpOptions{},
-                                 .stage = so};
-    rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, o.seq_len, ctx.pools, mo));
+                                 .stage = so,
+                                 .cp = {cp.size(), rank.cp_positions, rank.cp.get()}};
+    rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, T, ctx.pools, mo));
     if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());
     rank.dps.push_back(
-        std::make_unique<parallel::DataParallel>(*rank.models.back(), ctx.mesh.dp(), tp, dpo, ctx.pools));
+        std::make_unique<parallel::DataParallel>(*rank.models.back(), ctx.mesh.dp_cp(), tp, dpo, ctx.pools));
     rank.dps.back()->init_params(o.seed);
     rank.optimizers.push_back(std::make_unique<AdamW>(*rank.dps.back(), o.adamw, ctx.pools));
   }

@@ -1,8 +1,11 @@
 // What one rank trains, built in one place for the trainer and the training
 // benchmarks (bench/train_bench.cpp): the tensor-parallel ops over mesh.tp(),
-// the rank's model chunks (the whole model without pipelining; under
-// pipelining the stages c x pp + r of the partition, parallel/pp_partition.h)
-// each with its DataParallel over mesh.dp(), and under pipelining the
+// the context-parallel attention over mesh.cp(), the rank's model chunks (the
+// whole model without pipelining; under pipelining the stages c x pp + r of
+// the partition, parallel/pp_partition.h) each with its DataParallel over
+// mesh.dp_cp() (a cp rank's gradients are of other tokens of the same
+// sequences: dense gradients are averaged, and ZeRO shards, over dp x cp as
+// in Megatron's distributed optimizer), and under pipelining the
 // schedule, the runtime that runs it and the tied embedding's two copies.
 //
 //   RankChunks rank = build_rank_chunks(options, ctx);
@@ -19,6 +22,7 @@
 #include "mesh/context.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "parallel/cp.h"
 #include "parallel/dp.h"
 #include "parallel/pp_runtime.h"
 #include "parallel/pp_schedule.h"
@@ -44,10 +48,16 @@ struct ChunkOptions {
   int64_t micro_batches = 1;
   int64_t virtual_stages = 1;
   std::vector<int64_t> pp_layers;
+  std::string cp_algo = "ring";    // context parallelism (mesh.cp() of more than one rank): parallel/cp.h
 };
 
 struct RankChunks {
   std::unique_ptr<parallel::TensorParallel> tp;  // null when mesh.tp() is of one rank
+  // Context parallelism (null when mesh.cp() is of one rank): the models'
+  // attention step, and the positions of the rank's seq_len / cp tokens of
+  // every sequence (zig-zag chunks).
+  std::unique_ptr<parallel::ContextParallelAttention> cp;
+  std::vector<int32_t> cp_positions;
   std::optional<parallel::PpSchedule> schedule;  // pipelining only, as the two below
   std::unique_ptr<parallel::TiedEmbedding> tied;
   std::vector<std::unique_ptr<model::Model>> models;

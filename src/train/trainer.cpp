@@ -63,6 +63,7 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.micro_batches = cfg.train.grad_accum;  // a step's micro-batches are the pipeline's (Megatron)
   o.virtual_stages = cfg.parallel.virtual_stages;
   o.pp_layers = cfg.parallel.pp_layers;
+  o.cp_algo = cfg.parallel.cp_algo;
   return o;
 }
 
@@ -76,11 +77,16 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
                                  checked_group("dp", cfg.parallel.dp, ctx.mesh.dp()))) {
   checked_group("tp", cfg.parallel.tp, ctx.mesh.tp());
   checked_group("pp", cfg.parallel.pp, ctx.mesh.pp());
+  checked_group("cp", cfg.parallel.cp, ctx.mesh.cp());
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
   rank_ = build_rank_chunks(chunk_options(cfg), ctx);
-  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len;
+  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len / cfg.parallel.cp;
   Pools& pools = ctx.pools;
+  if (rank_.cp) {
+    seq_tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, cfg.train.seq_len});
+    seq_targets_ = pools[MemTag::activations].zeros(DType::i32, {B, cfg.train.seq_len});
+  }
   if (rank_.pipe) {
     for (int64_t k = 0; k < cfg.train.grad_accum; ++k) {
       micro_tokens_.push_back(pools[MemTag::activations].zeros(DType::i32, {B, T}));
@@ -92,6 +98,18 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
 }
 
+void Trainer::take_rank_tokens(const Tensor& tokens, const Tensor& targets) const {
+  if (!rank_.cp) return;
+  const int64_t B = tokens.size(0), T = tokens.size(1), S = seq_tokens_.size(1);
+  const int32_t *all_tokens = seq_tokens_.data_as<int32_t>(), *all_targets = seq_targets_.data_as<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t from = b * S + rank_.cp_positions[static_cast<size_t>(t)];
+      tokens.data_as<int32_t>()[b * T + t] = all_tokens[from];
+      targets.data_as<int32_t>()[b * T + t] = all_targets[from];
+    }
+}
+
 StepStats Trainer::pipeline_step() {
   const auto start = Clock::now();
   const int64_t accum = cfg_.train.grad_accum;
@@ -100,7 +118,9 @@ StepStats Trainer::pipeline_step() {
   for (auto& dp : rank_.dps) dp->zero_grads();
   std::vector<Tensor> tokens, targets;
   for (int64_t k = 0; k < accum; ++k) {
-    train_data_.next(span_of(micro_tokens_[k]), span_of(micro_targets_[k]));
+    if (rank_.cp) train_data_.next(span_of(seq_tokens_), span_of(seq_targets_));
+    else train_data_.next(span_of(micro_tokens_[k]), span_of(micro_targets_[k]));
+    take_rank_tokens(micro_tokens_[k], micro_targets_[k]);
     tokens.push_back(micro_tokens_[k]), targets.push_back(micro_targets_[k]);
   }
   double loss = 0;
@@ -144,7 +164,7 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
     for (auto& opt : rank_.optimizers) opt->step(s.lr, static_cast<float>(clip_factor / loss_scale));
   }
   s.step = ++steps_;
-  s.tokens = rank_.dps[0]->size() * cfg_.train.grad_accum * cfg_.train.micro_batch * cfg_.train.seq_len;
+  s.tokens = mesh_.dp().size() * cfg_.train.grad_accum * cfg_.train.micro_batch * cfg_.train.seq_len;
   s.seconds = seconds_since(start);
   return s;
 }
@@ -162,7 +182,9 @@ StepStats Trainer::step() {
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
     rank_.dps[0]->begin_micro_batch(k == accum - 1);
-    train_data_.next(span_of(tokens_), span_of(targets_));
+    if (rank_.cp) train_data_.next(span_of(seq_tokens_), span_of(seq_targets_));
+    else train_data_.next(span_of(tokens_), span_of(targets_));
+    take_rank_tokens(tokens_, targets_);
     {
       TraceSpan span(trace_, "forward");
       loss_sum += rank_.models[0]->forward(tokens_, targets_);
@@ -181,12 +203,14 @@ double Trainer::evaluate() {
   LOOM_CHECK(val_data_ != nullptr, "evaluate without val data");
   TraceSpan span(trace_, "evaluate");
   if (rank_.pipe) rank_.pipe->set_trace(trace_);  // the current recorder (or none), never a stale one
-  const int64_t global_batch = cfg_.train.micro_batch * rank_.dps[0]->size();
+  const int64_t global_batch = cfg_.train.micro_batch * mesh_.dp().size();
   const int64_t batches =
       std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));
   double sum = 0;
   for (int64_t k = 0; k < batches; ++k) {
-    val_data_->batch_at(k * global_batch, span_of(tokens_), span_of(targets_));
+    if (rank_.cp) val_data_->batch_at(k * global_batch, span_of(seq_tokens_), span_of(seq_targets_));
+    else val_data_->batch_at(k * global_batch, span_of(tokens_), span_of(targets_));
+    take_rank_tokens(tokens_, targets_);
     sum += rank_.pipe ? rank_.pipe->forward_only(tokens_, targets_) : rank_.models[0]->forward(tokens_, targets_);
   }
   if (rank_.pipe) sum = parallel::exact_group_sum(mesh_.pp(), sum);  // only the last stage's rank holds the losses

@@ -19,6 +19,12 @@
 // of dp x micro_batch x grad_accum sequences; losses are averaged over the
 // group. A dp axis of one rank is plain training (stage 0).
 //
+// Context parallelism (parallel/cp.h): over mesh.cp(), each rank holds two
+// zig-zag chunks of every sequence (seq_len / cp tokens) and attention
+// passes keys and values around the cp group; gradients and ZeRO shards
+// span dp x cp, and the loss, each rank's mean over its tokens, is averaged
+// over dp x cp (every rank has the same number of targets).
+//
 // Tensor parallelism (parallel/tp.h): over mesh.tp(), the model holds
 // this rank's slice (heads, hidden units, vocabulary rows) and the ranks of a
 // tp group train on the same data; dp groups are per tp rank (mesh.h), the
@@ -127,6 +133,12 @@ class Trainer {
   RunConfig cfg_;
   mesh::Mesh& mesh_;
   StepStats pipeline_step();
+  // Under context parallelism the rank's tokens and targets (B, seq_len / cp)
+  // of the loader's whole sequences in seq_tokens_ / seq_targets_: the
+  // targets were shifted before the split, so a chunk's last target is the
+  // first token of the next chunk, wherever that chunk lives. Without cp the
+  // loader writes tokens and targets directly.
+  void take_rank_tokens(const Tensor& tokens, const Tensor& targets) const;
   StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
 
   RankChunks rank_;  // the rank's chunks (one without pipelining), their DataParallel, tp ops, pipeline
@@ -136,7 +148,8 @@ class Trainer {
   std::unique_ptr<DataLoader> val_data_;
   std::optional<DynamicLossScaler> scaler_;
   int64_t steps_ = 0;
-  OwnedTensor tokens_, targets_;  // (B, T) i32
+  OwnedTensor tokens_, targets_;  // (B, T) i32, T the rank's tokens of each sequence (seq_len / cp)
+  OwnedTensor seq_tokens_, seq_targets_;  // (B, seq_len) i32 whole sequences, under cp
   TraceRecorder* trace_ = nullptr;
 };
 

@@ -171,7 +171,14 @@ TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
   expect_error(kMinimal, {"train.dtype=fp8"}, {"train.dtype = 'fp8' is invalid", "fp32, bf16, fp16"});
   expect_error(kMinimal, {"train.loss_scale=0"}, {"train.loss_scale = 0 is invalid", "numbers > 0"});
   expect_error(kMinimal, {"train.recompute=some"}, {"train.recompute", "'some'", "none, selective, full"});
-  expect_error(kMinimal, {"parallel.cp=2"}, {"parallel.cp = 2 is not supported yet"});
+  expect_error(kMinimal, {"parallel.ep=2"}, {"parallel.ep = 2 is not supported yet"});
+}
+
+// Context parallelism cuts every sequence into 2 x cp zig-zag chunks.
+TEST(RunConfigErrors, ContextParallelSequencesThatDoNotSplitSayWhatMustDivide) {
+  expect_error(kMinimal, {"parallel.cp=3", "train.seq_len=16"},
+               {"train.seq_len = 16 cannot be split over cp = 3 in zig-zag order", "multiple of 6"});
+  expect_error(kMinimal, {"parallel.cp_algo=ulysses"}, {"parallel.cp_algo", "'ulysses'", "ring, allgather"});
 }
 
 // gpt2-tiny: 2 layers, tied embeddings. Pipeline stages need layers, the
