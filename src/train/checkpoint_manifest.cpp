@@ -33,12 +33,14 @@ json segments_json(const std::vector<parallel::Segment>& segments) {
 
 json split_json(const model::TpSplit& s) { return json::array({s.dim, s.blocks, s.extent}); }
 
-// The file of pp rank p, dp rank d, tp rank t is named by its world rank in
-// the mesh's order (pp slowest, tp fastest: mesh/layout.h), so a run without
-// tp and pp keeps rank_<dp rank>.
-int file_rank(Trainer& t, int pp_rank, int dp_rank, int tp_rank) {
+// The file of pp rank p, rank r of the data-parallel group (dp x cp, cp
+// fastest: parallel.cp ranks hold shards too) and tp rank t is named by its
+// world rank in the mesh's order (pp slowest, tp fastest: mesh/layout.h), so
+// a run without tp, cp and pp keeps rank_<dp rank>.
+int file_rank(Trainer& t, int pp_rank, int dp_cp_rank, int tp_rank) {
+  const int cp = t.mesh().shape().cp;
   mesh::Coord c;
-  c.pp = pp_rank, c.dp = dp_rank, c.tp = tp_rank;
+  c.pp = pp_rank, c.dp = dp_cp_rank / cp, c.cp = dp_cp_rank % cp, c.tp = tp_rank;
   return t.mesh().layout().rank_of(c);
 }
 
@@ -85,7 +87,8 @@ json shards_json(Trainer& t, const std::vector<StageLayout>& stages) {
         int64_t numel = 0;
         for (const parallel::Segment& seg : segments) numel += seg.count;
         const int rank = file_rank(t, static_cast<int>(s) % pp, r, tp_rank);
-        shards.push_back({{"rank", rank}, {"stage", s}, {"tp_rank", tp_rank}, {"dp_rank", r},
+        const int cp = t.mesh().shape().cp;
+        shards.push_back({{"rank", rank}, {"stage", s}, {"tp_rank", tp_rank}, {"dp_rank", r / cp}, {"cp_rank", r % cp},
                           {"file", checkpoint_rank_file_name(rank)},
                           {"prefix", checkpoint_chunk_prefix(pp, static_cast<int>(s) / pp)}, {"numel", numel},
                           {"segments", segments_json(segments)}});
@@ -310,7 +313,7 @@ json manifest_json(Trainer& t, const json& files, const std::vector<StageLayout>
   j["format"] = "loom-checkpoint";
   j["format_version"] = kCheckpointFormatVersion;
   j["step"] = t.steps_done();
-  j["mesh"] = {{"dp", dp.size()}, {"tp", t.tp_size()}, {"pp", c.parallel.pp},
+  j["mesh"] = {{"dp", dp.size() / t.mesh().shape().cp}, {"tp", t.tp_size()}, {"pp", c.parallel.pp},
                {"cp", c.parallel.cp}, {"ep", c.parallel.ep}, {"zero_stage", c.parallel.zero_stage}};
   j["pipeline"] = {{"virtual_stages", t.num_chunks()}, {"stages", pipeline_stages}};
   j["config"] = run_config_to_json(c);
@@ -345,13 +348,12 @@ ManifestMesh check_manifest_mesh(const nlohmann::json& m, const nlohmann::json& 
                " is not supported: this loom reads format_version 2 to ", kCheckpointFormatVersion);
   LOOM_REQUIRE(m.contains("config") && m["config"].contains("model"), where, ": config.model is missing");
   check_same_model(m["config"]["model"], run_model, where);
-  // dp, tp, pp (and the pipeline's partition) and the ZeRO stage may change
-  // on resume: the state is read by parameter name and global ranges,
-  // whatever the stages and shards.
+  // dp, cp, tp, pp (and the pipeline's partition) and the ZeRO stage may
+  // change on resume: the state is read by parameter name and global
+  // ranges, whatever the stages and shards.
   const json mesh = m.value("mesh", nlohmann::json::object());
-  for (const char* axis : {"cp", "ep"})
-    LOOM_REQUIRE(manifest_value<int64_t>(mesh, axis, where) == 1, where, ": mesh.", axis,
-                 " is not 1: resharding a checkpoint over ", axis, " is not supported yet");
+  LOOM_REQUIRE(manifest_value<int64_t>(mesh, "ep", where) == 1, where,
+               ": mesh.ep is not 1: resharding a checkpoint over ep is not supported yet");
   const auto saved_pp = manifest_value<int64_t>(mesh, "pp", where);
   LOOM_REQUIRE(saved_pp >= 1 && (version >= 4 || saved_pp == 1), where, ": mesh.pp = ", saved_pp,
                " is invalid: allowed are 1 to the model's layers", version < 4 ? " (1 before format 4)" : "");

@@ -80,21 +80,22 @@ class SharedDataTest : public ::testing::Test {
   static inline std::filesystem::path dir_;
 };
 
-// A layout's groups on the first pp x dp x tp ranks of the world (the mesh's
-// order: tp fastest, then dp, then pp). Every rank takes part in the splits:
-// members get their groups, the others a group of the rest. Collective.
+// A layout's groups on the first pp x dp x cp x tp ranks of the world (the
+// mesh's order: tp fastest, then cp, dp, pp). Every rank takes part in the
+// splits: members get their groups, the others a group of the rest.
+// Collective.
 struct SubMesh {
   bool member = false;
-  std::unique_ptr<comm::Communicator> ranks;  // the first pp x dp x tp world ranks (or the others)
+  std::unique_ptr<comm::Communicator> ranks;  // the first pp x dp x cp x tp world ranks (or the others)
   std::unique_ptr<test::TestContext> run;     // members only
   Context& ctx() const { return run->ctx(); }
 };
-inline SubMesh sub_mesh(int pp, int dp, int tp) {
+inline SubMesh sub_mesh(int pp, int dp, int tp, int cp = 1) {
   comm::Communicator& w = world();
   SubMesh g;
-  g.member = w.rank() < pp * dp * tp;
+  g.member = w.rank() < pp * dp * cp * tp;
   g.ranks = w.split(g.member ? 0 : 1, w.rank(), "sub_world");
-  if (g.member) g.run = std::make_unique<test::TestContext>(mesh::MeshShape{pp, dp, 1, tp, 1}, g.ranks.get());
+  if (g.member) g.run = std::make_unique<test::TestContext>(mesh::MeshShape{pp, dp, cp, tp, 1}, g.ranks.get());
   return g;
 }
 
