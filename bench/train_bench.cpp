@@ -32,9 +32,9 @@
 // for every rank of a balanced pipeline. Each rank's wait / compute is
 // printed beside it (waits are the blocked part of the non-compute time).
 #include "bench/train_bench.h"
+#include "bench/train_bench_parts.h"
 
 #include <mpi.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -69,64 +69,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr double kLr = 3e-4, kGradClip = 1.0;  // values do not change the work done
-constexpr uint64_t kSeed = 1;
 
-// Uniform tokens in [0, vocab) from a fixed xorshift stream.
-void fill_tokens(Tensor t, int64_t vocab, uint64_t seed) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    t.data_as<int32_t>()[i] = static_cast<int32_t>((s >> 11) % static_cast<uint64_t>(vocab));
-  }
-}
 
-// The process's peak resident set so far (Linux: ru_maxrss in KiB).
-size_t max_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<size_t>(u.ru_maxrss) * 1024;
-}
 
 struct StepTimes {
   double median = 0, best = 0;
 };
 
-// One training step as train::Trainer::step does it, with grad_accum = 1;
-// scaler: fp16's dynamic loss scaling, else null.
-void train_step(model::Model& m, parallel::DataParallel& dp, train::AdamW& adamw, const Tensor& tokens,
-                const Tensor& targets, train::DynamicLossScaler* scaler) {
-  const double loss_scale = scaler ? scaler->scale() : 1.0;
-  dp.zero_grads();
-  dp.begin_micro_batch(true);
-  m.forward(tokens, targets);
-  m.backward(static_cast<float>(loss_scale));
-  const double norm = dp.grad_norm() / loss_scale;
-  if (scaler && !scaler->update(std::isfinite(norm))) return;
-  adamw.step(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));
-}
 
-// Under mpirun, main() has initialised MPI before any command runs (it holds
-// the job's world while the command runs); a plain process never touches MPI.
-bool in_mpi_job() {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  return initialized != 0;
-}
 
-// Element-wise maximum over the ranks of `comm`, exchanged as f32 (comm has
-// no f64): 7 digits are plenty for seconds.
-void max_over_ranks(comm::Communicator& comm, std::vector<double>& values) {
-  if (comm.size() == 1 || values.empty()) return;
-  std::vector<float> v(values.begin(), values.end());
-  comm.all_reduce(Tensor(v.data(), DType::f32, {static_cast<int64_t>(v.size())}), comm::ReduceOp::max)->wait();
-  values.assign(v.begin(), v.end());
-}
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Data-parallel figures: in an mpirun job, or with --zero-stage > 0.
 struct DpFigures {
@@ -377,21 +329,6 @@ void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
 
 // The chunks a rank of this bench trains: the trainer's (train/rank_chunks.h)
 // with the bench's flags, default AdamW and its fixed seed.
-train::ChunkOptions chunk_options(const TrainBenchOptions& o, const model::ModelConfig& cfg, DType compute) {
-  train::ChunkOptions c;
-  c.model = cfg;
-  c.micro_batch = o.batch, c.seq_len = o.seq;
-  c.compute = compute;
-  c.recompute = model::recompute_from_name(o.recompute);
-  c.sequence_parallel = o.sequence_parallel;
-  c.dp.zero_stage = o.zero_stage, c.dp.bucket_mb = o.bucket_mb;
-  c.seed = kSeed;
-  c.pp_schedule = o.schedule;
-  c.micro_batches = o.micro_batches;
-  c.virtual_stages = o.virtual_stages;
-  c.pp_layers = o.pp_layers;
-  return c;
-}
 
 int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   const model::ModelConfig cfg = model::model_preset(o.model);
@@ -506,9 +443,9 @@ int run_train_bench(const TrainBenchOptions& o) {
   const bool in_job = in_mpi_job();
   const std::unique_ptr<comm::Communicator> world =
       in_job ? comm::mpi_world(copts) : std::make_unique<comm::SelfCommunicator>("world", copts);
-  if (o.pp > 1) {
-    LOOM_REQUIRE(in_job, "bench train: --pp ", o.pp, " needs an mpirun job of pp x dp x tp ranks");
-    return run_pp_bench(o, *world);
+  if (o.pp > 1 || o.cp_bench) {
+    LOOM_REQUIRE(in_job, "bench train: ", o.pp > 1 ? "--pp" : "--cp", " needs an mpirun job (pp x dp x cp x tp ranks)");
+    return o.pp > 1 ? run_pp_bench(o, *world) : run_cp_bench(o, *world);
   }
   const int rank = world->rank();
   const int world_size = world->size();

@@ -46,6 +46,15 @@ struct TrainBenchOptions {
   // Layers per stage (pp x virtual_stages of them, as parallel.pp_layers);
   // empty: the balanced partition (parallel/pp_partition.h).
   std::vector<int64_t> pp_layers;
+  // Context parallelism (parallel/cp.h) over cp ranks of the job (dp x cp =
+  // its ranks): each holds seq / cp tokens of every sequence, zig-zag
+  // unless cp_contiguous; the run is refused when a rank's predicted
+  // activations and cp buffers exceed activation_budget_mb (0: no budget).
+  int cp = 1;
+  bool cp_bench = false;  // --cp given: the cp figures (cp = 1 too, the baseline of a cp sweep)
+  std::string cp_algo = "ring";
+  bool cp_contiguous = false;
+  double activation_budget_mb = 0;
   std::string command;              // the command line that reproduces the run
 };
 

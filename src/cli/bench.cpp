@@ -31,6 +31,55 @@ void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& comma
 
 // Runs on every rank of an mpirun job: data parallel over the world (with
 // --tp / --pp: tensor / pipeline groups, the rest data parallel).
+// `loom bench train`'s parallel layouts under mpirun: dp with ZeRO, tp, pp, cp.
+void add_train_parallel_options(CLI::App& train, bench::TrainBenchOptions& o) {
+  train.add_option("--zero-stage", o.zero_stage,
+                    "ZeRO stage 0 (DDP) to 3 (FSDP); under mpirun the ranks train data parallel")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3));
+  train.add_option("--bucket-mb", o.bucket_mb, "stages 0-2: f32 gradient MiB per bucket")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1e6));
+  train.add_option("--comm-algo", o.comm_algo, "under mpirun: mpi (MPI's collectives) or ring (loom's)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mpi", "ring"}));
+  train.add_option("--tp", o.tp,
+                    "under mpirun: tensor-parallel group size (neighbouring ranks; the rest data parallel)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train.add_flag("--sequence-parallel", o.sequence_parallel, "with --tp: shard norms and residuals along tokens");
+  train.add_option("--pp", o.pp,
+                    "under mpirun: pipeline stages (pp x dp x tp = ranks); prints each rank's bubble and peak "
+                    "activation memory next to the schedule's theory")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train.add_option("--schedule", o.schedule, "with --pp: afab | 1f1b | interleaved")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"afab", "1f1b", "interleaved"}));
+  train.add_option("--virtual-stages", o.virtual_stages, "with --schedule interleaved: model chunks per rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train.add_option("--micro-batches", o.micro_batches, "with --pp: micro-batches of B x T per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train.add_option("--pp-layers", o.pp_layers,
+                    "with --pp: layers per stage, pp x virtual-stages of them (default: the balanced partition)")
+      ->delimiter(',');
+  train.add_option("--cp", o.cp,
+                   "under mpirun: context-parallel group size (dp x cp = ranks); prints tokens/s, the cp "
+                   "communication hidden behind attention, the balance of attention work and peak memory per rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  train.add_option("--cp-algo", o.cp_algo, "with --cp: ring (K/V around the ring) | allgather")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ring", "allgather"}));
+  train.add_flag("--cp-contiguous", o.cp_contiguous, "with --cp: contiguous chunks instead of zig-zag");
+  train.get_option("--cp")->each([&o](const std::string&) { o.cp_bench = true; });
+  train.add_option("--activation-budget-mb", o.activation_budget_mb,
+                   "with --cp: refuse a run whose predicted activations and cp buffers per rank exceed this")
+      ->check(CLI::Range(0.0, 1e9));
+}
+
 void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {
   CLI::App* train = bench.add_subcommand(
       "train", "tokens/s, MFU and peak memory of training steps of a preset model on random tokens");
@@ -55,38 +104,7 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
       ->check(CLI::IsMember({"none", "selective", "full"}));
   train->add_option("--threads", *threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
-  train->add_option("--zero-stage", opts->zero_stage,
-                    "ZeRO stage 0 (DDP) to 3 (FSDP); under mpirun the ranks train data parallel")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 3));
-  train->add_option("--bucket-mb", opts->bucket_mb, "stages 0-2: f32 gradient MiB per bucket")
-      ->capture_default_str()
-      ->check(CLI::Range(1e-6, 1e6));
-  train->add_option("--comm-algo", opts->comm_algo, "under mpirun: mpi (MPI's collectives) or ring (loom's)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"mpi", "ring"}));
-  train->add_option("--tp", opts->tp,
-                    "under mpirun: tensor-parallel group size (neighbouring ranks; the rest data parallel)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  train->add_flag("--sequence-parallel", opts->sequence_parallel, "with --tp: shard norms and residuals along tokens");
-  train->add_option("--pp", opts->pp,
-                    "under mpirun: pipeline stages (pp x dp x tp = ranks); prints each rank's bubble and peak "
-                    "activation memory next to the schedule's theory")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  train->add_option("--schedule", opts->schedule, "with --pp: afab | 1f1b | interleaved")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"afab", "1f1b", "interleaved"}));
-  train->add_option("--virtual-stages", opts->virtual_stages, "with --schedule interleaved: model chunks per rank")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  train->add_option("--micro-batches", opts->micro_batches, "with --pp: micro-batches of B x T per step")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 16));
-  train->add_option("--pp-layers", opts->pp_layers,
-                    "with --pp: layers per stage, pp x virtual-stages of them (default: the balanced partition)")
-      ->delimiter(',');
+  add_train_parallel_options(*train, *opts);
   train->add_flag("--json", opts->json, "print one JSON Lines object");
   train->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);

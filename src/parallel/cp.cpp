@@ -4,6 +4,7 @@
 // are packed chunk-major, (chunks, B, chunk, heads, HS), so that each chunk
 // is a contiguous tensor the kernel takes as it is. K and V travel as one
 // buffer: (2·chunks, B, chunk, NKV, HS), keys first.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -120,6 +121,22 @@ void ContextParallelAttention::wait(const comm::WorkPtr& w) {
   stats_.wait_s += seconds_since(t0);
 }
 
+
+int64_t ContextParallelAttention::peak_bytes(int64_t B, int64_t local_tokens, int64_t NH, int64_t NKV, int64_t HS,
+                                             DType compute, int cp, CpAlgo algo, bool zigzag) {
+  const int64_t e = static_cast<int64_t>(dtype_size(compute)), f = 4;  // bytes of an element, of an f32
+  const int64_t QN = B * local_tokens * NH * HS, KV = 2 * B * local_tokens * NKV * HS, LN = B * NH * local_tokens;
+  const int64_t chunks = zigzag ? 2 : 1;
+  const bool ring = algo == CpAlgo::ring, alone = cp == 1;
+  // forward: q, kv, the f32 running out and lse, one block's out and lse (and its f32 copy)
+  int64_t fwd = QN * e + KV * e + QN * f + LN * f + QN / chunks * e + LN / chunks * f;
+  if (compute != DType::f32) fwd += QN / chunks * f;
+  fwd += ring ? (alone ? 0 : KV * e) : cp * KV * e;  // the block in flight, or every rank's
+  // backward: q, out, dout (f32), lse, dq, this rank's dkv, kv
+  int64_t bwd = QN * e + QN * e + QN * f + LN * f + QN * f + KV * f + KV * e;
+  bwd += ring ? (alone ? 0 : KV * e + 3 * KV * f) : cp * KV * (e + f);  // in flight: kv; dkv in, two out
+  return std::max(fwd, bwd);
+}
 
 // The call's geometry, and the rank's q, k and v packed.
 void ContextParallelAttention::begin(Call& c, const model::AttentionArgs& a) {

@@ -80,6 +80,16 @@ class ContextParallelAttention final : public model::AttentionStep {
   void backward(const model::AttentionArgs& a, const model::AttentionGrads& g) override;
 
   CpSplit split(int64_t local_tokens) const { return cp_split(local_tokens * cp_.size(), cp_.size(), zigzag_); }
+  CpAlgo algo() const { return algo_; }
+
+  // The most bytes one call holds at once (from its pools' workspace and
+  // comm tags: packed q, out, dout, the running result, K/V blocks in flight
+  // and, in backward, dK/dV travelling), for B sequences of local_tokens
+  // with NH query and NKV key/value heads of HS, compute the dtype of q, k,
+  // v and out (gradients f32): what `loom bench train --cp` and
+  // --memory-report add to the model's activations.
+  static int64_t peak_bytes(int64_t B, int64_t local_tokens, int64_t NH, int64_t NKV, int64_t HS, DType compute,
+                            int cp, CpAlgo algo, bool zigzag);
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
   // Since the last reset: seconds computing blocks, seconds waiting for

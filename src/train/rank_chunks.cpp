@@ -44,9 +44,9 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
   if (tp.size() > 1) rank.tp = std::make_unique<parallel::TensorParallel>(tp, o.sequence_parallel);
   comm::Communicator& cp = ctx.mesh.cp();
   if (cp.size() > 1) {
-    const parallel::CpSplit split = parallel::cp_split(o.seq_len, cp.size(), /*zigzag=*/true);
+    const parallel::CpSplit split = parallel::cp_split(o.seq_len, cp.size(), o.cp_zigzag);
     rank.cp = std::make_unique<parallel::ContextParallelAttention>(cp, parallel::cp_algo_from_name(o.cp_algo),
-                                                                   split.zigzag, ctx.pools);
+                                                                   split.zigzag, o.cp_pools ? *o.cp_pools : ctx.pools);
     for (int64_t t = 0; t < split.local_tokens(); ++t)
       rank.cp_positions.push_back(static_cast<int32_t>(split.position(cp.rank(), t)));
   }

@@ -49,6 +49,8 @@ struct ChunkOptions {
   int64_t virtual_stages = 1;
   std::vector<int64_t> pp_layers;
   std::string cp_algo = "ring";    // context parallelism (mesh.cp() of more than one rank): parallel/cp.h
+  bool cp_zigzag = true;           // false: contiguous chunks (the imbalance zig-zag removes, for benchmarks)
+  Pools* cp_pools = nullptr;       // where the cp attention's buffers come from (null: the context's pools)
 };
 
 struct RankChunks {

@@ -158,6 +158,23 @@ TEST(ContextParallel, RingAndAllGatherForwardAreBitwiseEqual) {
   EXPECT_EQ(ring.lse, gather.lse);
 }
 
+// The buffers a forward and backward take at their peak are what
+// peak_bytes predicts (the bench and --memory-report print it).
+TEST(ContextParallel, BuffersPeakAtWhatPeakBytesPredicts) {
+  const int cp = world().size();
+  const Dims d{2, 2 * cp * 10, 4, 2, 16};
+  const Full f(d, 7);
+  for (const CpAlgo algo : {CpAlgo::ring, CpAlgo::allgather})
+    for (const bool zigzag : {true, false}) {
+      Pools pools;
+      run_cp(f, algo, zigzag, pools);
+      EXPECT_EQ(static_cast<int64_t>(pools.report().peak_total),
+                ContextParallelAttention::peak_bytes(d.B, d.T / cp, d.NH, d.NKV, d.HS, DType::f32, cp, algo, zigzag))
+          << parallel::cp_algo_name(algo) << (zigzag ? " zig-zag" : " contiguous");
+      EXPECT_EQ(pools.report().current_total, 0u) << "every buffer is returned after the call";
+    }
+}
+
 // With zig-zag every rank makes the same number of kernel calls and sees the
 // same number of (query, key) pairs; contiguous, rank r sees r·n² more than
 // rank 0 (n tokens a rank).
