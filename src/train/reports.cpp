@@ -68,6 +68,20 @@ double predicted_layer_activation_bytes(const model::ModelConfig& cfg, int64_t B
   return sbh * per_sbh * static_cast<double>(dtype_size(compute)) / 2.0;
 }
 
+std::string cp_buffers_report(const model::Model& m, const parallel::ContextParallelAttention& cp) {
+  const model::ModelConfig& c = m.config();
+  const int tp = m.tensor_parallel().tp.size;  // a tp rank holds its heads
+  const int64_t bytes = parallel::ContextParallelAttention::peak_bytes(
+      m.batch_size(), m.seq_len(), c.n_head / tp, c.n_kv_head / tp, c.n_embd / c.n_head, m.compute_dtype(),
+      m.options().cp.size, cp.algo(), cp.split(m.seq_len()).zigzag);
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "context parallel (cp = %d, %s): an attention call holds at most %.2f MiB beside the activations "
+                "(K/V blocks in flight, the running result, dK/dV travelling)",
+                m.options().cp.size, parallel::cp_algo_name(cp.algo()), mib(static_cast<size_t>(bytes)));
+  return buf;
+}
+
 std::string activation_prediction_report(const model::Model& m) {
   model::ModelConfig one_less = m.config();
   model::ModelConfig cfg = m.config();
@@ -75,18 +89,23 @@ std::string activation_prediction_report(const model::Model& m) {
   one_less.n_layer = cfg.n_layer - 1;
   const model::TpOptions& tp = m.tensor_parallel();
   auto layout = [&](const model::ModelConfig& c) {
-    return model::Model::activation_bytes(
-        c, m.batch_size(), m.seq_len(), {.compute = m.compute_dtype(), .recompute = model::Recompute::none, .tp = tp});
+    return model::Model::activation_bytes(c, m.batch_size(), m.seq_len(),
+                                          {.compute = m.compute_dtype(), .recompute = model::Recompute::none, .tp = tp,
+                                           .cp = {m.options().cp.size, {}, nullptr}});
   };
   const int64_t per_layer = layout(cfg) - layout(one_less);
+  const int cp = m.options().cp.size;
   const double predicted =
       predicted_layer_activation_bytes(cfg, m.batch_size(), m.seq_len(), m.compute_dtype(), tp.tp.size, tp.sp());
-  char buf[512];
+  char buf[640];
+  const std::string cp_note =
+      cp == 1 ? "" : concat(", cp = ", cp, ": this rank's ", m.seq_len(), " of each sequence's ", m.seq_len() * cp,
+                            " tokens");
   std::snprintf(buf, sizeof buf,
-                "activations per layer (recompute none, tp = %d%s): %.2f MiB in this rank's layout; Korthikanti et "
+                "activations per layer (recompute none, tp = %d%s%s): %.2f MiB in this rank's layout; Korthikanti et "
                 "al. predict %.2f MiB (s b h (%s), no 5 a s / h term: flash attention keeps no s x s scores%s): "
                 "ratio %.3f",
-                tp.tp.size, tp.sp() ? ", sequence parallel" : "", mib(static_cast<size_t>(per_layer)),
+                tp.tp.size, tp.sp() ? ", sequence parallel" : "", cp_note.c_str(), mib(static_cast<size_t>(per_layer)),
                 predicted / (1024.0 * 1024.0),
                 tp.tp.size == 1 ? "34" : tp.sp() ? "34 / t" : "10 + 24 / t",
                 cfg.d_ff == 4 * cfg.n_embd ? "" : "; the formula assumes d_ff = 4 h",

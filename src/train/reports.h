@@ -11,6 +11,7 @@
 #include "core/memory.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "parallel/cp.h"
 
 namespace loom::train {
 
@@ -41,6 +42,10 @@ std::string recompute_report(const model::Model& m, const MemoryReport& report);
 // term is left out of the prediction; bytes are scaled to the compute dtype.
 // The formula assumes d_ff = 4 h (GPT-2) and recompute = none.
 std::string activation_prediction_report(const model::Model& m);
+// Context parallelism: the most a cp attention call holds beside the
+// activations (K/V blocks in flight, the running result, dK/dV travelling;
+// parallel/cp.h peak_bytes), in the comm and workspace rows of the table.
+std::string cp_buffers_report(const model::Model& m, const parallel::ContextParallelAttention& cp);
 // The prediction above, in bytes per layer.
 double predicted_layer_activation_bytes(const model::ModelConfig& cfg, int64_t B, int64_t T, DType compute, int tp,
                                         bool sequence_parallel);

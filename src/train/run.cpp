@@ -323,6 +323,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
                           .c_str());
     std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
     std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
+    if (const parallel::ContextParallelAttention* cp = trainer.cp()) std::printf("%s\n", cp_buffers_report(trainer.model(), *cp).c_str());
   }
   return summary;
 }

@@ -127,7 +127,13 @@ class Trainer {
   double flops_per_token() const;
   // step and evaluate record their spans (forward, backward, grad sync wait,
   // optimizer, evaluate) into `trace`; null (the default) records nothing.
-  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+  // The cp attention's blocks and waits nest in forward and backward.
+  void set_trace(TraceRecorder* trace) {
+    trace_ = trace;
+    if (rank_.cp) rank_.cp->set_trace(trace);
+  }
+  // Context parallelism's attention; null without it.
+  const parallel::ContextParallelAttention* cp() const { return rank_.cp.get(); }
 
  private:
   RunConfig cfg_;
