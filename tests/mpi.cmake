@@ -75,6 +75,26 @@ if(TARGET loom)
     PASS_REGULAR_EXPRESSION "\\{\"model\":\"gpt2-tiny\",[^\n]*\"pp\":2,\"dp\":1,\"tp\":1,\"schedule\":\"1f1b\",[^\n]*\"mfu\":[0-9.]+,[^\n]*\"bubble_measured\":[0-9.e-]+,\"bubble_rank\":[01],\"bubble_theory\":0.2500,[^\n]*\"ranks\":\\[\\{\"rank\":0,\"pp_rank\":0,[^\n]*\\{\"rank\":1,\"pp_rank\":1,")
 endif()
 
+# loom bench train --cp 2 under mpirun: one JSON line with the cp figures
+# (exposed and alone communication, balance, memory next to predicted); and
+# a budget the rank's predicted activations do not fit is refused up front.
+if(TARGET loom)
+  add_test(NAME mpi.train.BenchTrainContextParallelPrintsCommBalanceAndMemory
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model llama-tiny --batch 1 --seq 64 --cp 2
+                   --steps 2 --warmup 1 --threads 1 --json)
+  set_property(TEST mpi.train.BenchTrainContextParallelPrintsCommBalanceAndMemory APPEND PROPERTY LABELS cli)
+  set_tests_properties(mpi.train.BenchTrainContextParallelPrintsCommBalanceAndMemory PROPERTIES TIMEOUT 120
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "\\{\"model\":\"llama-tiny\",\"batch\":1,\"seq\":64,[^\n]*\"dp\":1,\"cp\":2,\"cp_algo\":\"ring\",\"zigzag\":true,[^\n]*\"cp_hidden\":[0-9.]+,[^\n]*\"attn_compute_max_over_mean\":[0-9.]+,[^\n]*\"activations_peak_bytes\":[0-9]+,\"activations_predicted_bytes\":[0-9]+,")
+  add_test(NAME mpi.train.BenchTrainContextParallelRefusesARunOverTheActivationBudget
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model llama-tiny --batch 1 --seq 4096 --cp 2
+                   --steps 1 --warmup 0 --threads 1 --activation-budget-mb 1)
+  set_property(TEST mpi.train.BenchTrainContextParallelRefusesARunOverTheActivationBudget APPEND PROPERTY LABELS cli)
+  set_tests_properties(mpi.train.BenchTrainContextParallelRefusesARunOverTheActivationBudget PROPERTIES TIMEOUT 120
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "error: bench train: --cp 2: a rank's 2048 tokens of each sequence need [0-9.]+ MiB of activations and cp buffers, over --activation-budget-mb 1: use a larger --cp")
+endif()
+
 # --pp-layers that do not add up to the model's layers: a clear error.
 if(TARGET loom)
   add_test(NAME mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel
