@@ -147,6 +147,22 @@ void print_cp(const TrainBenchOptions& o, const CpFigures& f, const Predicted& p
   if (!o.command.empty()) std::printf("  reproduce: %s\n", o.command.c_str());
 }
 
+// The rank's tokens and targets (B, seq / cp) of its dp rank's random
+// sequences (seed), which its cp ranks share.
+void rank_tokens(const TrainBenchOptions& o, const train::RankChunks& chunks, int64_t vocab, uint64_t seed,
+                 std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
+  const int64_t T = o.seq / o.cp;
+  std::vector<int32_t> seq(static_cast<size_t>(o.batch * o.seq));
+  fill_tokens(Tensor(seq.data(), DType::i32, {o.batch * o.seq}), vocab, seed);
+  tok.resize(static_cast<size_t>(o.batch * T)), tgt.resize(tok.size());
+  for (int64_t b = 0; b < o.batch; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = chunks.cp ? chunks.cp_positions[static_cast<size_t>(t)] : t;
+      const size_t at = static_cast<size_t>(b * o.seq + pos);
+      tok[static_cast<size_t>(b * T + t)] = seq[at], tgt[static_cast<size_t>(b * T + t)] = seq[(at + 1) % seq.size()];
+    }
+}
+
 }  // namespace
 
 int run_cp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
@@ -173,15 +189,8 @@ int run_cp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   co.cp_pools = &cp_pools;
   train::RankChunks chunks = train::build_rank_chunks(co, ctx);
   const int64_t T = o.seq / o.cp;
-  std::vector<int32_t> seq(static_cast<size_t>(o.batch * o.seq)), tok(static_cast<size_t>(o.batch * T)), tgt(tok);
-  fill_tokens(Tensor(seq.data(), DType::i32, {o.batch * o.seq}), cfg.vocab_size,
-              kSeed + static_cast<uint64_t>(mesh.dp().rank()));  // a dp rank's sequences, shared by its cp ranks
-  for (int64_t b = 0; b < o.batch; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = chunks.cp ? chunks.cp_positions[static_cast<size_t>(t)] : t;
-      const size_t at = static_cast<size_t>(b * o.seq + pos);
-      tok[static_cast<size_t>(b * T + t)] = seq[at], tgt[static_cast<size_t>(b * T + t)] = seq[(at + 1) % seq.size()];
-    }
+  std::vector<int32_t> tok, tgt;
+  rank_tokens(o, chunks, cfg.vocab_size, kSeed + static_cast<uint64_t>(mesh.dp().rank()), tok, tgt);
   pools.reset_peaks();
   const CpTimings t = time_cp_steps(o, chunks, world, Tensor(tok.data(), DType::i32, {o.batch, T}),
                                     Tensor(tgt.data(), DType::i32, {o.batch, T}));

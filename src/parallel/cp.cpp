@@ -188,25 +188,35 @@ void ContextParallelAttention::forward(const model::AttentionArgs& a) {
   }
 }
 
-// Every (query chunk, key chunk) pair of block src that is not wholly in the
-// queries' future, merged into the running result. Chunks never straddle:
-// a key chunk starts at or before a query chunk, or after its end.
+namespace {
+
+// fn(i, j, q_pos) for every (query chunk i of this rank, key chunk j of
+// rank src) that is not wholly in the queries' future; q_pos: where the
+// query chunk starts, counted from the key chunk's start. Chunks never
+// straddle: a key chunk starts at or before a query chunk, or after its end.
+template <typename Fn>
+void each_block(const std::vector<SeqChunk>& mine, const std::vector<SeqChunk>& theirs, Fn&& fn) {
+  for (size_t i = 0; i < mine.size(); ++i)
+    for (size_t j = 0; j < theirs.size(); ++j)
+      if (theirs[j].start <= mine[i].start)
+        fn(static_cast<int64_t>(i), static_cast<int64_t>(j), mine[i].start - theirs[j].start);
+}
+
+}  // namespace
+
+// Block src's attention, merged into the running result.
 void ContextParallelAttention::forward_blocks(Call& c, const Tensor& kv, int src) {
   TraceSpan span(trace_, "cp forward block");
   const Clock::time_point t0 = Clock::now();
-  const std::vector<SeqChunk>& mine = c.segs[static_cast<size_t>(c.rank)];
-  const std::vector<SeqChunk>& theirs = c.segs[static_cast<size_t>(src)];
-  for (int64_t i = 0; i < c.nseg; ++i)
-    for (int64_t j = 0; j < c.nseg; ++j) {
-      const SeqChunk qs = mine[static_cast<size_t>(i)], ks = theirs[static_cast<size_t>(j)];
-      if (ks.start > qs.start) continue;
-      kernels::attention_forward(c.tmp_out, c.tmp_lse, part(c.q, i), part(kv, j), part(kv, c.nseg + j),
-                                 qs.start - ks.start);
-      if (c.dtype != DType::f32) kernels::cast(c.tmp32, c.tmp_out);
-      merge(part(c.acc_out, i), part(c.acc_lse, i), c.dtype == DType::f32 ? Tensor(c.tmp_out) : Tensor(c.tmp32),
-            c.tmp_lse);
-      ++stats_.blocks;
-    }
+  each_block(c.segs[static_cast<size_t>(c.rank)], c.segs[static_cast<size_t>(src)],
+             [&](int64_t i, int64_t j, int64_t q_pos) {
+               kernels::attention_forward(c.tmp_out, c.tmp_lse, part(c.q, i), part(kv, j), part(kv, c.nseg + j),
+                                          q_pos);
+               if (c.dtype != DType::f32) kernels::cast(c.tmp32, c.tmp_out);
+               merge(part(c.acc_out, i), part(c.acc_lse, i),
+                     c.dtype == DType::f32 ? Tensor(c.tmp_out) : Tensor(c.tmp32), c.tmp_lse);
+               ++stats_.blocks;
+             });
   stats_.compute_s += seconds_since(t0);
 }
 
@@ -277,17 +287,13 @@ void ContextParallelAttention::backward(const model::AttentionArgs& a, const mod
 void ContextParallelAttention::backward_blocks(Call& c, const Tensor& kv, const Tensor& dkv, int src) {
   TraceSpan span(trace_, "cp backward block");
   const Clock::time_point t0 = Clock::now();
-  const std::vector<SeqChunk>& mine = c.segs[static_cast<size_t>(c.rank)];
-  const std::vector<SeqChunk>& theirs = c.segs[static_cast<size_t>(src)];
-  for (int64_t i = 0; i < c.nseg; ++i)
-    for (int64_t j = 0; j < c.nseg; ++j) {
-      const SeqChunk qs = mine[static_cast<size_t>(i)], ks = theirs[static_cast<size_t>(j)];
-      if (ks.start > qs.start) continue;
-      kernels::attention_backward(part(c.dq, i), part(dkv, j), part(dkv, c.nseg + j), part(c.dout, i),
-                                  part(c.q, i), part(kv, j), part(kv, c.nseg + j), part(c.out, i), part(c.lse, i),
-                                  qs.start - ks.start);
-      ++stats_.blocks;
-    }
+  each_block(c.segs[static_cast<size_t>(c.rank)], c.segs[static_cast<size_t>(src)],
+             [&](int64_t i, int64_t j, int64_t q_pos) {
+               kernels::attention_backward(part(c.dq, i), part(dkv, j), part(dkv, c.nseg + j), part(c.dout, i),
+                                           part(c.q, i), part(kv, j), part(kv, c.nseg + j), part(c.out, i),
+                                           part(c.lse, i), q_pos);
+               ++stats_.blocks;
+             });
   stats_.compute_s += seconds_since(t0);
 }
 

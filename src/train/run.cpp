@@ -221,6 +221,23 @@ std::string describe_bad_step(const StepStats& s) {
 
 }  // namespace
 
+namespace {
+
+// --memory-report: every rank's own table (under ZeRO each holds its shard)
+// and what its activations and cp buffers are predicted to be.
+void print_memory_report(Trainer& trainer, Pools& pools) {
+  const std::string tp = (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
+                         (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
+  std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
+                        .c_str());
+  std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
+  std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
+  if (const parallel::ContextParallelAttention* cp = trainer.cp())
+    std::printf("%s\n", cp_buffers_report(trainer.model(), *cp).c_str());
+}
+
+}  // namespace
+
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, Context& ctx) {
   // Only rank 0 of the mesh reports; every rank trains, evaluates and checkpoints.
   const bool lead = ctx.mesh.world_rank() == 0;
@@ -315,16 +332,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
                                      : std::string("; checkpointing is off (checkpoint.every = 0), so this run's "
                                                    "steps are lost"));
   }
-  if (run_options.memory_report) {
-    // Every rank's own table: under ZeRO each holds its shard.
-    const std::string tp = (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
-                           (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
-    std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
-                          .c_str());
-    std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
-    std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
-    if (const parallel::ContextParallelAttention* cp = trainer.cp()) std::printf("%s\n", cp_buffers_report(trainer.model(), *cp).c_str());
-  }
+  if (run_options.memory_report) print_memory_report(trainer, pools);
   return summary;
 }
 

@@ -186,6 +186,29 @@ inline void save_after_steps(const SubMesh& g, const train::RunConfig& cfg, int6
   world().barrier()->wait();
 }
 
+// cfg on g's ranks (its members) from scratch (resume_dir empty) or from
+// the checkpoint in resume_dir (which holds step save_at) up to `steps`,
+// checkpointed under save_root after save_at steps if given: the losses of
+// the steps it ran, on every rank. Collective over the world.
+inline std::vector<double> run_resumable(const SubMesh& g, const train::RunConfig& cfg, int64_t save_at, int64_t steps,
+                                         const std::filesystem::path& resume_dir,
+                                         const std::filesystem::path& save_root, const std::string& name) {
+  std::vector<double> losses;
+  if (g.member) {
+    train::Trainer t(cfg, g.ctx());
+    if (!resume_dir.empty()) {
+      EXPECT_EQ(train::load_checkpoint(t, resume_dir.string()), save_at) << name;
+    }
+    if (!save_root.empty()) {
+      losses = losses_of(train_until(t, save_at));
+      train::save_checkpoint(t, save_root.string(), 0);
+    }
+    const std::vector<double> rest = losses_of(train_until(t, steps));
+    losses.insert(losses.end(), rest.begin(), rest.end());
+  }
+  return broadcast_values(world(), losses, static_cast<size_t>(resume_dir.empty() ? steps : steps - save_at));
+}
+
 // cfg trained `steps` steps by rank 0 alone, its losses on every rank;
 // cached by the whole config (several layouts share a reference). Collective.
 inline std::vector<double> reference_losses(const train::RunConfig& cfg, int64_t steps,

@@ -55,21 +55,7 @@ class CpCheckpointTest : public SharedDataTest<"loom_mpi_cp_ckpt", 4000> {
   // saving under save_root after kSaveAt steps if given: the losses of the
   // steps it ran, on every rank.
   static std::vector<double> run(const Layout& l, const fs::path& resume_dir, const fs::path& save_root = {}) {
-    const SubMesh g = sub_mesh(1, l.dp, l.tp, l.cp);
-    std::vector<double> losses;
-    if (g.member) {
-      Trainer t(config_of(l), g.ctx());
-      if (!resume_dir.empty()) {
-        EXPECT_EQ(train::load_checkpoint(t, resume_dir.string()), kSaveAt) << l.name();
-      }
-      if (!save_root.empty()) {
-        losses = losses_of(train_until(t, kSaveAt));
-        train::save_checkpoint(t, save_root.string(), 0);
-      }
-      const std::vector<double> rest = losses_of(train_until(t, kSteps));
-      losses.insert(losses.end(), rest.begin(), rest.end());
-    }
-    return broadcast_values(world(), losses, resume_dir.empty() ? kSteps : kSteps - kSaveAt);
+    return run_resumable(sub_mesh(1, l.dp, l.tp, l.cp), config_of(l), kSaveAt, kSteps, resume_dir, save_root, l.name());
   }
 
   static std::vector<double> last_steps(const std::vector<double>& all) {

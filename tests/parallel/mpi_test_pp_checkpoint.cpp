@@ -78,22 +78,7 @@ class PpCheckpointTest : public SharedDataTest<"loom_mpi_pp_ckpt", 8000> {
   // kSteps, saving under save_root after kSaveAt steps if given: the losses
   // of the steps it ran, on every rank.
   static std::vector<double> run(const Layout& l, const fs::path& resume_dir, const fs::path& save_root = {}) {
-    const SubMesh g = groups_of(l);
-    std::vector<double> losses;
-    if (g.member) {
-      Trainer t(config_of(l), g.ctx());
-      if (!resume_dir.empty()) {
-        EXPECT_EQ(train::load_checkpoint(t, resume_dir.string()), kSaveAt) << l.name();
-      }
-      if (!save_root.empty()) {
-        losses = losses_of(train_until(t, kSaveAt));
-        train::save_checkpoint(t, save_root.string(), 0);
-      }
-      const std::vector<double> rest = losses_of(train_until(t, kSteps));
-      losses.insert(losses.end(), rest.begin(), rest.end());
-    }
-    const size_t n = resume_dir.empty() ? kSteps : kSteps - kSaveAt;
-    return broadcast_values(world(), losses, n);
+    return run_resumable(groups_of(l), config_of(l), kSaveAt, kSteps, resume_dir, save_root, l.name());
   }
 
   // Saved at `from` after 10 steps, its run continued to 20 (the
