@@ -14,13 +14,14 @@ const auth = { authorization: 'Bearer secret', 'content-type': 'application/json
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Sends raw bytes, returns everything the server sent before closing (or
-// what came within waitMs).
+// what came within waitMs), one character a byte (latin1: chunk sizes and
+// Content-Length count bytes, and a generated text may hold any UTF-8).
 function raw(bytes, waitMs = 3000) {
   return new Promise((resolve) => {
     const s = net.connect(Number(port), '127.0.0.1');
     let got = '';
     const timer = setTimeout(() => { s.destroy(); resolve(got); }, waitMs);
-    s.on('data', (d) => { got += d; });
+    s.on('data', (d) => { got += d.toString('latin1'); });
     s.on('close', () => { clearTimeout(timer); resolve(got); });
     s.on('error', () => {});
     s.write(bytes);
@@ -44,7 +45,9 @@ function responses(text) {
     } else if (headers['transfer-encoding'] === 'chunked') {
       for (;;) {
         const eol = rest.indexOf('\r\n');
-        const size = parseInt(rest.slice(0, eol), 16);
+        const size = eol < 0 ? NaN : parseInt(rest.slice(0, eol), 16);
+        assert.ok(Number.isInteger(size) && rest.length >= eol + 2 + size + 2,
+                  `a whole chunk: ${JSON.stringify(rest.slice(0, 80))} (the response was cut short)`);
         body += rest.slice(eol + 2, eol + 2 + size);
         rest = rest.slice(eol + 2 + size + 2);
         if (size === 0) break;
@@ -141,7 +144,7 @@ const cases = {
   async pipelinedRequestsAnswerInOrder() {
     const got = await raw(post('1.1', completion({ stream: true })) + 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n' +
                           'GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n' +
-                          'Connection: close\r\n\r\n', 10000);
+                          'Connection: close\r\n\r\n', 30000);
     const [sse, health, models, ...more] = responses(got);
     assert.equal(more.length, 0);
     assert.equal(sse.statusLine, 'HTTP/1.1 200 OK');
@@ -159,16 +162,16 @@ const cases = {
     assert.match(health.statusLine, /^HTTP\/1\.0 200 /);
     assert.equal(health.headers['transfer-encoding'], undefined);
     assert.equal(health.body, '{}');
-    const one = responses(await raw(post('1.0', completion({})), 10000));
+    const one = responses(await raw(post('1.0', completion({})), 30000));
     assert.equal(one.length, 1);
     assert.equal(JSON.parse(one[0].body).choices.length, 1);
     const start = Date.now();
-    const [sse] = responses(await raw(post('1.0', completion({ stream: true })), 10000));
-    assert.ok(Date.now() - start < 9000, 'the server closed the stream');
+    const [sse] = responses(await raw(post('1.0', completion({ stream: true })), 30000));
+    assert.ok(Date.now() - start < 29000, 'the server closed the stream');
     assert.equal(sse.headers['transfer-encoding'], undefined);
     assert.ok(sse.body.endsWith('data: [DONE]\n\n'), sse.body.slice(-100));
     const kept = responses(await raw('GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n' +
-                                     'GET /health HTTP/1.0\r\n\r\n', 10000));
+                                     'GET /health HTTP/1.0\r\n\r\n', 30000));
     assert.deepEqual(kept.map((r) => r.body), ['{}', '{}']);
   },
 
