@@ -443,6 +443,7 @@ int run_train_bench(const TrainBenchOptions& o) {
   const bool in_job = in_mpi_job();
   const std::unique_ptr<comm::Communicator> world =
       in_job ? comm::mpi_world(copts) : std::make_unique<comm::SelfCommunicator>("world", copts);
+  LOOM_REQUIRE(o.pp == 1 || o.cp == 1, "bench train: --pp ", o.pp, " and --cp ", o.cp, ": run one of them");
   if (o.pp > 1 || o.cp_bench) {
     LOOM_REQUIRE(in_job, "bench train: ", o.pp > 1 ? "--pp" : "--cp", " needs an mpirun job (pp x dp x cp x tp ranks)");
     return o.pp > 1 ? run_pp_bench(o, *world) : run_cp_bench(o, *world);

@@ -90,7 +90,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   const Recompute recompute = options.recompute;
 
   st.pos = alloc({T}, DType::i32);
-  if (gpt2 && options.cp.size > 1) st.pos_bt = alloc({B, T}, DType::i32);  // the wpe rows of every token
+  if (gpt2 && options.cp.size > 1 && stage.embedding) st.pos_bt = alloc({B, T}, DType::i32);  // the wpe rows
   // What backward recomputes is shared by every layer, and by every slot.
   LayerActs shared;
   if (recompute == Recompute::full) shared = with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2);

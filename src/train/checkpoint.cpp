@@ -179,7 +179,8 @@ fs::path write_rank_file(Trainer& trainer, const fs::path& tmp) {
   std::map<std::string, std::string> metadata{{"format", "loom-checkpoint"},
                                               {"step", std::to_string(trainer.steps_done())},
                                               {"rank", std::to_string(rank)},
-                                              {"dp_rank", std::to_string(trainer.dp().rank())},
+                                              {"dp_rank", std::to_string(trainer.mesh().dp().rank())},
+                                              {"cp_rank", std::to_string(trainer.mesh().cp().rank())},
                                               {"tp_rank", std::to_string(trainer.tp_rank())}};
   if (trainer.pp_size() > 1) metadata["pp_rank"] = std::to_string(trainer.pp_rank());
   io::write_safetensors(rank_path.string(), tensors.named, metadata);

@@ -380,6 +380,24 @@ void check_cp_split(const RunConfig& c, const std::string& source) {
   }
 }
 
+// Tensor parallelism: the heads and d_ff must split evenly (the model's
+// message says what divides what); SP splits every sequence (a cp rank's share).
+void check_tp_split(const RunConfig& c, const std::string& source) {
+  if (c.parallel.tp > 1) {
+    try {
+      (void)model::param_specs(c.model, {static_cast<int>(c.parallel.tp), 0});
+    } catch (const Error& e) {
+      fail(source, ": ", e.what());
+    }
+    const int64_t split = c.parallel.tp * c.parallel.cp;  // SP splits a cp rank's tokens further
+    LOOM_REQUIRE(!c.parallel.sequence_parallel || c.train.seq_len % split == 0, source,
+                 ": train.seq_len = ", c.train.seq_len, " is not divisible by parallel.tp = ", c.parallel.tp,
+                 c.parallel.cp > 1 ? concat(" x parallel.cp = ", c.parallel.cp) : "",
+                 ": sequence parallelism splits each sequence's tokens across the tp ranks (set seq_len to a ",
+                 "multiple of ", c.parallel.cp > 1 ? "tp x cp" : "tp", ", or parallel.sequence_parallel = false)");
+  }
+}
+
 void validate(const RunConfig& c, const std::string& source) {
   try {
     c.model.validate();
@@ -426,19 +444,7 @@ void validate(const RunConfig& c, const std::string& source) {
     }
   }
   check_cp_split(c, source);
-  // Tensor parallelism: the heads and d_ff must split evenly (the model's
-  // message says what divides what); SP splits every sequence.
-  if (c.parallel.tp > 1) {
-    try {
-      (void)model::param_specs(c.model, {static_cast<int>(c.parallel.tp), 0});
-    } catch (const Error& e) {
-      fail(source, ": ", e.what());
-    }
-    LOOM_REQUIRE(!c.parallel.sequence_parallel || c.train.seq_len % c.parallel.tp == 0, source,
-                 ": train.seq_len = ", c.train.seq_len, " is not divisible by parallel.tp = ", c.parallel.tp,
-                 ": sequence parallelism splits each sequence's tokens across the tp ranks (set seq_len to a ",
-                 "multiple of tp, or parallel.sequence_parallel = false)");
-  }
+  check_tp_split(c, source);
 }
 
 }  // namespace

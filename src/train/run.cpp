@@ -226,10 +226,12 @@ namespace {
 // --memory-report: every rank's own table (under ZeRO each holds its shard)
 // and what its activations and cp buffers are predicted to be.
 void print_memory_report(Trainer& trainer, Pools& pools) {
-  const std::string tp = (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
-                         (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
-  std::printf("%s", concat("[rank ", trainer.dp().rank(), "/", trainer.dp().size(), tp, "]\n", pools.report().table())
-                        .c_str());
+  mesh::Mesh& m = trainer.mesh();
+  const std::string more = (m.cp().size() > 1 ? concat(", cp rank ", m.cp().rank(), "/", m.cp().size()) : "") +
+                           (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
+                           (trainer.pp_size() > 1 ? concat(", pp rank ", trainer.pp_rank(), "/", trainer.pp_size()) : "");
+  std::printf("%s",
+              concat("[rank ", m.dp().rank(), "/", m.dp().size(), more, "]\n", pools.report().table()).c_str());
   std::printf("%s\n", recompute_report(trainer.model(), pools.report()).c_str());
   std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
   if (const parallel::ContextParallelAttention* cp = trainer.cp())

@@ -179,6 +179,9 @@ TEST(RunConfigErrors, ContextParallelSequencesThatDoNotSplitSayWhatMustDivide) {
   expect_error(kMinimal, {"parallel.cp=3", "train.seq_len=16"},
                {"train.seq_len = 16 cannot be split over cp = 3 in zig-zag order", "multiple of 6"});
   expect_error(kMinimal, {"parallel.cp_algo=ulysses"}, {"parallel.cp_algo", "'ulysses'", "ring, allgather"});
+  // SP splits each cp rank's share of a sequence over tp: 24 = 2 x cp 4 chunks, but 6 tokens a rank over tp 4.
+  expect_error(kMinimal, {"parallel.cp=4", "parallel.tp=4", "parallel.sequence_parallel=true", "train.seq_len=24"},
+               {"train.seq_len = 24 is not divisible by parallel.tp = 4 x parallel.cp = 4", "multiple of tp x cp"});
 }
 
 // gpt2-tiny: 2 layers, tied embeddings. Pipeline stages need layers, the
