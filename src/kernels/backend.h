@@ -67,6 +67,16 @@ namespace loom::kernels {
   X(embedding_shard_backward_at, void,                                                                             \
     (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,                        \
      const Tensor& positions))                                                                                     \
+  X(moe_dispatch, void, (Tensor xs, const Tensor& x, const Tensor& rows))                                         \
+  X(moe_dispatch_backward, void, (Tensor dx, const Tensor& dxs, const Tensor& rows))                               \
+  X(moe_combine, void, (Tensor y, const Tensor& ys, const Tensor& rows, const Tensor& weight))                     \
+  X(moe_combine_backward, void,                                                                                    \
+    (Tensor dys, Tensor dweight, const Tensor& dy, const Tensor& ys, const Tensor& rows, const Tensor& weight))     \
+  X(grouped_linear_forward, void,                                                                                  \
+    (Tensor y, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets, bool invariant))      \
+  X(grouped_linear_backward, void,                                                                                 \
+    (Tensor dx, std::span<const Tensor> dw, const Tensor& dy, const Tensor& x, std::span<const Tensor> w,          \
+     std::span<const int64_t> offsets))                                                                            \
   X(attention_forward, void,                                                                                       \
     (Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos))                    \
   X(attention_backward, void,                                                                                      \

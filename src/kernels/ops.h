@@ -173,6 +173,38 @@ void embedding_shard_forward_at(Tensor y, const Tensor& tokens, const Tensor& wt
 void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens,
                                  int64_t vocab_begin, const Tensor& positions);
 
+// ---- mixture of experts (model/moe.h) ----------------------------------------
+
+// A token-choice MoE layer moves rows between the tokens and a dispatch
+// buffer. rows: (N, k) i32, the dispatch row token t's j-th expert choice
+// occupies, or -1 where the choice was dropped (over its expert's capacity);
+// a row appears at most once. Row ids are checked against the buffer.
+// xs[rows[t, j]] = x[t]        x: (N, C), xs: (R, C), same float dtype
+void moe_dispatch(Tensor xs, const Tensor& x, const Tensor& rows);
+// dx[t] += sum over j of dxs[rows[t, j]], in j order     dxs: (R, C), dx: (N, C), both f32
+void moe_dispatch_backward(Tensor dx, const Tensor& dxs, const Tensor& rows);
+// y[t] = sum over kept j, in j order, of weight[t, j] * ys[rows[t, j]],
+// accumulated in f32 and rounded once; a token with every choice dropped
+// gets 0.   ys: (R, C), y: (N, C) same float dtype; weight: (N, k) f32
+void moe_combine(Tensor y, const Tensor& ys, const Tensor& rows, const Tensor& weight);
+// The combine's backward for dy (N, C) f32: dys[rows[t, j]] = weight[t, j]
+// * dy[t] (dys (R, C) f32; rows no choice holds are left as they were) and
+// dweight[t, j] = dot(dy[t], ys[rows[t, j]]) (0 where dropped; (N, k) f32).
+void moe_combine_backward(Tensor dys, Tensor dweight, const Tensor& dy, const Tensor& ys, const Tensor& rows,
+                          const Tensor& weight);
+// Grouped linear (the experts' GEMMs, one call for every expert): rows
+// [offsets[g], offsets[g + 1]) of x go through w[g]: y[rows] = x[rows] @
+// w[g]^T. offsets: w.size() + 1 ascending row ids from 0; rows past the last
+// offset are left alone; an empty group costs nothing. x: (R, IC), every
+// w[g]: (OC, IC), y: (R, OC), as linear_forward (invariant: as
+// linear_forward_invariant, so a row's bits do not depend on the others).
+void grouped_linear_forward(Tensor y, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                            bool invariant = false);
+// dx[rows] += dy[rows] @ w[g], dw[g] += dy[rows]^T @ x[rows] (linear_backward
+// per group; dx or every dw may be undefined).
+void grouped_linear_backward(Tensor dx, std::span<const Tensor> dw, const Tensor& dy, const Tensor& x,
+                             std::span<const Tensor> w, std::span<const int64_t> offsets);
+
 // ---- attention ---------------------------------------------------------------
 
 // Causal scaled-dot-product attention, flash-style: tiled with an online

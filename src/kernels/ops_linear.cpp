@@ -44,8 +44,10 @@ void check_matmul(const char* op, Operand c, Operand a, Operand b, const MatmulO
   if (overlaps(c.t, a.t) || overlaps(c.t, b.t)) op_fail(op, {c, a, b}, c.name, " must not overlap its inputs");
 }
 
+}  // namespace
+
 // x: (..., IC) with y or dy: (..., OC) of the same leading dims, w: (OC, IC).
-void check_linear(const char* op, Operand y, Operand x, Operand w) {
+void require_linear(const char* op, Operand y, Operand x, Operand w) {
   require_contiguous(op, {y, x, w});
   require_float(op, x);
   require_float(op, y);
@@ -62,8 +64,6 @@ void check_linear(const char* op, Operand y, Operand x, Operand w) {
   require_shape(op, y, expect);
   if (overlaps(y.t, x.t) || overlaps(y.t, w.t)) op_fail(op, {y, x, w}, y.name, " must not overlap its inputs");
 }
-
-}  // namespace
 
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
   constexpr const char* op = "matmul";
@@ -83,9 +83,9 @@ void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, co
 
 namespace {
 
-// The forward's checks: check_linear and the bias.
+// The forward's checks: require_linear and the bias.
 void check_linear_forward(const char* op, const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  check_linear(op, {"y", y}, {"x", x}, {"w", w});
+  require_linear(op, {"y", y}, {"x", x}, {"w", w});
   if (bias.defined()) {
     require_contiguous(op, {{"bias", bias}});
     require_shape(op, {"bias", bias}, {w.size(0)});
@@ -111,7 +111,7 @@ void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const 
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
   constexpr const char* op = "linear_backward";
-  check_linear(op, {"dy", dy}, {"x", x}, {"w", w});
+  require_linear(op, {"dy", dy}, {"x", x}, {"w", w});
   require_grad(op, {"dx", dx}, {"x", x});
   require_grad(op, {"dw", dw}, {"w", w});
   if (dbias.defined()) {

@@ -30,6 +30,9 @@ template <typename... Args>
 // Each operand is defined and contiguous. (Which device: backend_of,
 // kernels/dispatch.h.)
 void require_contiguous(const char* op, std::initializer_list<Operand> operands);
+// y = x @ w^T's operands (ops.h linear_forward): contiguous, w (OC, IC) of
+// x's float dtype, x (..., IC), y (..., OC) of x's dtype or f32, apart.
+void require_linear(const char* op, Operand y, Operand x, Operand w);
 // dtype is f32, bf16 or f16.
 void require_float(const char* op, Operand x);
 // b has a's dtype: "y has dtype f32 but x has bf16".

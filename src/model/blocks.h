@@ -86,6 +86,37 @@ void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Te
 // itself, or under SP the shards gathered into d.par.tp.dfull.
 Tensor tp_exit_backward(const Dims& d, const Tensor& dy);
 
+// What a MoE layer's forward keeps for its backward (model/moe.h), for N
+// tokens (the tp group's, gathered under SP), k choices each, of E experts,
+// and R rows at most on this ep rank's experts. Buffers hold their most
+// rows; a call uses its leading rows. Under ep = 1 xe aliases xs and ys
+// aliases ye (the dispatch order is the experts' order).
+struct MoeActs {
+  Tensor logits;           // (N, E) compute dtype: the router's
+  Tensor logits32, scores;  // (N, E) f32: the logits, softmax / sigmoid scores
+  Tensor lse;              // (N) f32: the logits' log-sum-exp (z-loss)
+  Tensor sel, weight;      // (N, k) i32 experts chosen, f32 combine weights
+  Tensor rows;             // (N, k) i32: each choice's dispatch row, -1 dropped
+  Tensor counts;           // (3E) i64: rows sent to each expert; received per (source rank, local expert); spare
+  Tensor xs, ys;           // (N k, C): rows in dispatch order (by expert, then token), and their outputs
+  Tensor xr;               // (R, C): ep > 1, rows as received (by source rank), then their outputs
+  Tensor xe, ye;           // (R, C): the rank's rows in its experts' order, and the experts' outputs
+  Tensor fc, up, act;      // (R, F): the experts' gate, up, SwiGLU
+  Tensor sh_fc, sh_up, sh_act;  // (N, Fs): the shared experts'
+  Tensor sh_out;           // (N, C): the shared experts' output
+};
+
+// A MoE layer's backward temporaries (f32), shared by every layer.
+struct MoeScratch {
+  Tensor dys, dxs;         // (N k, C): the combine's gradient by dispatch row; the rows' input gradient
+  Tensor dyr;              // (R, C): ep > 1, as exchanged (by source rank)
+  Tensor dye, dxe;         // (R, C): in the experts' order
+  Tensor dfc, dup, dact;   // (R, F)
+  Tensor sh_dfc, sh_dup, sh_dact;  // (N, Fs)
+  Tensor dlogits;          // (N, E)
+  Tensor dweight;          // (N, k)
+};
+
 // Views into the parameter (or gradient) buffer; undefined where the family
 // has no such tensor (Llama: biases, w_up's GPT-2 counterpart).
 struct LayerWeights {
@@ -97,6 +128,11 @@ struct LayerWeights {
   Tensor w_fc, b_fc;        // (F, C), (F): GPT-2 c_fc; Llama gate_proj (no bias)
   Tensor w_up;              // (F, C): Llama up_proj
   Tensor w_out, b_out;      // (C, F), (C): GPT-2 mlp.c_proj; Llama down_proj (no bias)
+  // A MoE layer's MLP (model/moe.h; the dense fields above undefined):
+  Tensor router;                 // (E, C) block_sparse_moe.gate
+  Tensor expert_bias;            // (E) its loss-free balancing bias (undefined without)
+  Tensor sh_gate, sh_up, sh_down;  // shared experts (Fs, C), (Fs, C), (C, Fs); undefined without
+  std::vector<Tensor> w1, w2, w3;  // the rank's experts: gate (F, C), down (C, F), up (F, C)
 };
 
 // Embeddings, final norm and lm head; wpe, normf_b GPT-2 only; lm_head is
@@ -123,6 +159,7 @@ class ParamViews {
   void bind(Tensor flat, int64_t base) { ranges_.assign(1, {flat, base}); }
   void bind_also(Tensor flat, int64_t base) { ranges_.push_back({flat, base}); }
   Tensor operator()(const std::string& name) const;
+  bool has(const std::string& name) const;
   LayerWeights layer(const ModelConfig& cfg, int64_t i) const;
   // The embeddings and / or the head (a pipeline stage may hold either).
   HeadWeights head(const ModelConfig& cfg, bool embeddings = true, bool head = true) const;
@@ -144,6 +181,7 @@ struct LayerActs {
   Tensor res1;                 // (B, T, C) = x + attention branch
   Tensor norm2, mean2, rstd2;  // as norm1
   Tensor fc, up, act;          // (B, T, F): GPT-2 fc (pre-GELU), -, GELU(fc); Llama gate, up, SwiGLU
+  MoeActs moe;                 // a MoE layer's (model/moe.h)
 };
 
 // Backward temporaries shared by every layer; each is zeroed before a kernel
@@ -154,6 +192,7 @@ struct Scratch {
   Tensor dq_rot, dk_rot;       // Llama: gradients wrt q, k after RoPE
   Tensor datt;                 // (B, T, NH, HS)
   Tensor dfc, dup, dact;       // (B, T, F)
+  MoeScratch moe;              // MoE layers' (model/moe.h)
 };
 
 // A contiguous tensor's elements as (rows, cols).

@@ -100,8 +100,38 @@ void ModelConfig::validate() const {
     LOOM_REQUIRE(std::isfinite(rope_theta) && rope_theta > 0.f, "model.rope_theta = ", rope_theta,
                  " is invalid: allowed values are finite and > 0");
   }
-  LOOM_REQUIRE(n_expert == 0, "model.n_expert = ", n_expert,
-               ": mixture-of-experts is not supported yet: allowed value is 0");
+  validate_moe();
+}
+
+void ModelConfig::validate_moe() const {
+  if (n_expert == 0) return;
+  LOOM_REQUIRE(n_expert > 0 && n_expert <= 4096, "model.n_expert = ", n_expert,
+               " is invalid: allowed values are 0 (dense) to 4096");
+  LOOM_REQUIRE(family == Family::llama, "model.n_expert = ", n_expert,
+               ": mixture-of-experts layers are Llama's (Mixtral's layout): set model.family = llama");
+  LOOM_REQUIRE(top_k >= 1 && top_k <= n_expert, "model.top_k = ", top_k, " is invalid: allowed values are 1 to ",
+               "model.n_expert = ", n_expert);
+  LOOM_REQUIRE(std::isfinite(capacity_factor) && capacity_factor >= 0.f, "model.capacity_factor = ", capacity_factor,
+               " is invalid: allowed values are 0 (dropless) or finite and > 0");
+  for (auto [key, value] : {std::pair{"aux_loss_coef", aux_loss_coef}, {"z_loss_coef", z_loss_coef},
+                            {"aux_free_rate", aux_free_rate}})
+    LOOM_REQUIRE(std::isfinite(value) && value >= 0.f, "model.", key, " = ", value,
+                 " is invalid: allowed values are finite and >= 0");
+  LOOM_REQUIRE(moe_every >= 1 && moe_every <= n_layer, "model.moe_every = ", moe_every,
+               " is invalid: allowed values are 1 to model.n_layer = ", n_layer, " (layer l is a MoE layer when ",
+               "(l + 1) is a multiple of it)");
+  LOOM_REQUIRE(n_shared_expert >= 0 && n_shared_expert <= 64, "model.n_shared_expert = ", n_shared_expert,
+               " is invalid: allowed values are 0 to 64");
+  LOOM_REQUIRE(routing_group >= 1, "model.routing_group = ", routing_group,
+               " is invalid: allowed values are >= 1 (sequences per capacity group)");
+}
+
+std::string_view router_score_name(RouterScore s) { return s == RouterScore::softmax ? "softmax" : "sigmoid"; }
+
+RouterScore router_score_from_name(std::string_view name) {
+  if (name == "softmax") return RouterScore::softmax;
+  if (name == "sigmoid") return RouterScore::sigmoid;
+  fail("model.router_score = '", name, "' is unknown: allowed values are softmax, sigmoid");
 }
 
 ModelConfig model_preset(std::string_view name) {

@@ -75,7 +75,9 @@ void validate_at(const ModelConfig& cfg, const std::string& where) {
 const std::set<std::string> kLoomKeys = {"family",        "preset",    "n_layer",        "n_embd",
                                          "n_head",        "n_kv_head", "d_ff",           "vocab_size",
                                          "max_seq_len",   "rope_theta", "norm_eps",      "tie_embeddings",
-                                         "n_expert",      "top_k",     "capacity_factor", "aux_loss_coef"};
+                                         "n_expert",      "top_k",     "capacity_factor", "aux_loss_coef",
+                                         "z_loss_coef",   "moe_every", "n_shared_expert", "router_score",
+                                         "norm_topk_prob", "routing_group", "aux_free_rate"};
 
 // A float as the double with the same shortest decimal form, so 1e-5f is
 // written 1e-05, not 9.999999747378752e-06.
@@ -83,6 +85,28 @@ double decimal(float f) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, f);
   return std::stod(std::string(buf, r.ptr));
+}
+
+// The MoE keys beyond the four every loom_config.json carries.
+void moe_keys_to_json(json& j, const ModelConfig& c) {
+  j["z_loss_coef"] = decimal(c.z_loss_coef), j["moe_every"] = c.moe_every;
+  j["n_shared_expert"] = c.n_shared_expert, j["router_score"] = std::string(router_score_name(c.router_score));
+  j["norm_topk_prob"] = c.norm_topk_prob, j["routing_group"] = c.routing_group;
+  j["aux_free_rate"] = decimal(c.aux_free_rate);
+}
+
+void moe_keys_from_json(const Keys& k, ModelConfig& c, const std::string& where) {
+  k.maybe("z_loss_coef", c.z_loss_coef, &Keys::number), k.maybe("moe_every", c.moe_every, &Keys::integer);
+  k.maybe("n_shared_expert", c.n_shared_expert, &Keys::integer);
+  k.maybe("norm_topk_prob", c.norm_topk_prob, &Keys::boolean);
+  k.maybe("routing_group", c.routing_group, &Keys::integer), k.maybe("aux_free_rate", c.aux_free_rate, &Keys::number);
+  if (k.has("router_score")) {
+    try {
+      c.router_score = router_score_from_name(k.string("router_score"));
+    } catch (const Error& e) {
+      fail(where, ": ", e.what());
+    }
+  }
 }
 
 }  // namespace
@@ -96,6 +120,7 @@ json model_config_to_json(const ModelConfig& c) {
   j["tie_embeddings"] = c.tie_embeddings;
   j["n_expert"] = c.n_expert, j["top_k"] = c.top_k, j["capacity_factor"] = decimal(c.capacity_factor);
   j["aux_loss_coef"] = decimal(c.aux_loss_coef);
+  if (c.is_moe()) moe_keys_to_json(j, c);
   return j;
 }
 
@@ -104,7 +129,8 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
   for (const auto& [key, value] : j.items())
     LOOM_REQUIRE(kLoomKeys.count(key), where, ": key '", key, "' is unknown: allowed keys are the [model] keys ",
                  "(family, preset, n_layer, n_embd, n_head, n_kv_head, d_ff, vocab_size, max_seq_len, rope_theta, ",
-                 "norm_eps, tie_embeddings, n_expert, top_k, capacity_factor, aux_loss_coef)");
+                 "norm_eps, tie_embeddings, n_expert, top_k, capacity_factor, aux_loss_coef, z_loss_coef, ",
+                 "moe_every, n_shared_expert, router_score, norm_topk_prob, routing_group, aux_free_rate)");
   ModelConfig c;
   if (k.has("preset")) {
     try {
@@ -128,6 +154,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
   k.maybe("n_expert", c.n_expert, &Keys::integer), k.maybe("top_k", c.top_k, &Keys::integer);
   k.maybe("capacity_factor", c.capacity_factor, &Keys::number);
   k.maybe("aux_loss_coef", c.aux_loss_coef, &Keys::number);
+  moe_keys_from_json(k, c, where);
   derive_model_keys(c, k.has("n_kv_head"));
   validate_at(c, where);
   return c;
@@ -148,6 +175,13 @@ json hf_config_to_json(const ModelConfig& c) {
     j["num_attention_heads"] = c.n_head, j["num_key_value_heads"] = c.n_kv_head;
     j["max_position_embeddings"] = c.max_seq_len, j["rms_norm_eps"] = decimal(c.norm_eps), j["rope_theta"] = decimal(c.rope_theta);
     j["vocab_size"] = c.vocab_size, j["hidden_act"] = "silu", j["attention_bias"] = false, j["mlp_bias"] = false;
+    if (c.is_moe()) {  // Mixtral's keys; loom's other MoE keys ride along (transformers ignores them)
+      j["architectures"] = {"MixtralForCausalLM"};
+      j["model_type"] = "mixtral";
+      j["num_local_experts"] = c.n_expert, j["num_experts_per_tok"] = c.top_k;
+      j["router_aux_loss_coef"] = decimal(c.aux_loss_coef), j["capacity_factor"] = decimal(c.capacity_factor);
+      moe_keys_to_json(j, c);
+    }
   }
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["torch_dtype"] = "float32";
@@ -171,7 +205,7 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& where) {
       LOOM_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", where, ": key 'activation_function' = '", act,
                    "' is not supported: allowed is gelu_new (tanh GELU)");
     }
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "mixtral") {
     c.family = Family::llama;
     c.n_embd = k.integer("hidden_size"), c.d_ff = k.integer("intermediate_size");
     c.n_layer = k.integer("num_hidden_layers"), c.n_head = k.integer("num_attention_heads");
@@ -190,8 +224,14 @@ ModelConfig model_config_from_hf_json(const json& j, const std::string& where) {
     if (k.has("head_dim") && c.n_head > 0)
       LOOM_REQUIRE(k.integer("head_dim") == c.n_embd / c.n_head, where, ": key 'head_dim' = ", k.integer("head_dim"),
                    " is not hidden_size / num_attention_heads: loom needs head_dim = ", c.n_embd / c.n_head);
+    if (type == "mixtral") {
+      c.n_expert = k.integer("num_local_experts"), c.top_k = k.integer("num_experts_per_tok");
+      c.capacity_factor = k.has("capacity_factor") ? k.number("capacity_factor") : 0.f;  // transformers: dropless
+      k.maybe("router_aux_loss_coef", c.aux_loss_coef, &Keys::number);
+      moe_keys_from_json(k, c, where);
+    }
   } else {
-    fail(where, ": key 'model_type' = '", type, "' is not supported: allowed values are gpt2, llama");
+    fail(where, ": key 'model_type' = '", type, "' is not supported: allowed values are gpt2, llama, mixtral");
   }
   validate_at(c, where);
   return c;

@@ -18,7 +18,9 @@ namespace {
 
 class GeluMlp final : public MlpStep {
  public:
-  void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a, const Dims& d) const override {
+  void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a,
+               const BlockContext& c) const override {
+    const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     block_linear(d, rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc);  // (N, F)
     gelu_forward(a.act, a.fc);
@@ -26,7 +28,8 @@ class GeluMlp final : public MlpStep {
   }
   void recompute(LayerActs& a) const override { gelu_forward(a.act, a.fc); }
   Tensor backward(const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
-                  const LayerActs& a, Scratch& s, const Dims& d) const override {
+                  const LayerActs& a, Scratch& s, const BlockContext& c) const override {
+    const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     fill(s.dact, 0.f);
     linear_backward(rows_of(s.dact, F), g.w_out, g.b_out, rows_of(tp_exit_backward(d, dy), C), rows_of(a.act, F),
@@ -52,7 +55,7 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, w.bo);  // (rows, C)
   add(a.res1, a.res1, x);
   layernorm_forward(a.norm2, a.mean2, a.rstd2, a.res1, w.norm2_w, w.norm2_b, d.eps);
-  c.mlp.forward(out, a.norm2, w, a, d);
+  c.mlp.forward(out, a.norm2, w, a, c);
   add(out, out, a.res1);
 }
 
@@ -69,7 +72,7 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   const Dims& d = c.d;
   const int64_t C = d.C, Q = d.Q();
   // MLP branch; the residual path passes dres through unchanged.
-  const Tensor dn2 = c.mlp.backward(dres, a.norm2, w, g, a, s, d);
+  const Tensor dn2 = c.mlp.backward(dres, a.norm2, w, g, a, s, c);
   layernorm_backward(dres, g.norm2_w, g.norm2_b, dn2, a.res1, w.norm2_w, a.mean2, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);

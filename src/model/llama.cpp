@@ -19,7 +19,9 @@ namespace {
 
 class SwigluMlp final : public MlpStep {
  public:
-  void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a, const Dims& d) const override {
+  void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a,
+               const BlockContext& c) const override {
+    const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     const Tensor h2 = rows_of(tp_enter(d, h), C);
     block_linear(d, rows_of(a.fc, F), h2, w.w_fc, Tensor());  // gate (N, F)
@@ -29,7 +31,8 @@ class SwigluMlp final : public MlpStep {
   }
   void recompute(LayerActs& a) const override { swiglu_forward(a.act, a.fc, a.up); }
   Tensor backward(const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
-                  const LayerActs& a, Scratch& s, const Dims& d) const override {
+                  const LayerActs& a, Scratch& s, const BlockContext& c) const override {
+    const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     fill(s.dact, 0.f);
     linear_backward(rows_of(s.dact, F), g.w_out, Tensor(), rows_of(tp_exit_backward(d, dy), C), rows_of(a.act, F),
@@ -56,7 +59,7 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, Tensor());
   add(a.res1, a.res1, x);
   rmsnorm_forward(a.norm2, a.rstd2, a.res1, w.norm2_w, d.eps);
-  c.mlp.forward(out, a.norm2, w, a, d);
+  c.mlp.forward(out, a.norm2, w, a, c);
   add(out, out, a.res1);
 }
 
@@ -73,7 +76,7 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   const Dims& d = c.d;
   const int64_t C = d.C, Q = d.Q(), KV = d.KV();
   // MLP branch.
-  const Tensor dn2 = c.mlp.backward(dres, a.norm2, w, g, a, s, d);
+  const Tensor dn2 = c.mlp.backward(dres, a.norm2, w, g, a, s, c);
   rmsnorm_backward(dres, g.norm2_w, dn2, a.res1, w.norm2_w, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
@@ -91,6 +94,26 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   rmsnorm_backward(dres, g.norm1_w, dn1, x, w.norm1_w, a.rstd1);  // dres = d x
 }
 
+// A MoE layer's MLP (model/moe.h): the router, its bias and shared experts
+// where the model has them, and the experts this ep rank holds (the
+// consecutive ids its spec list names).
+LayerWeights bind_moe(const ParamViews& v, const std::string& p, LayerWeights w) {
+  const std::string m = p + "block_sparse_moe.";
+  w.router = v(m + "gate.weight");
+  if (v.has(m + "gate.e_score_correction_bias")) w.expert_bias = v(m + "gate.e_score_correction_bias");
+  if (v.has(m + "shared_experts.gate_proj.weight")) {
+    w.sh_gate = v(m + "shared_experts.gate_proj.weight"), w.sh_up = v(m + "shared_experts.up_proj.weight");
+    w.sh_down = v(m + "shared_experts.down_proj.weight");
+  }
+  const int64_t E = w.router.size(0);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = concat(m, "experts.", e, ".");
+    if (!v.has(x + "w1.weight")) continue;
+    w.w1.push_back(v(x + "w1.weight")), w.w2.push_back(v(x + "w2.weight")), w.w3.push_back(v(x + "w3.weight"));
+  }
+  return w;
+}
+
 LayerWeights bind_layer(const ParamViews& v, int64_t i) {
   const std::string p = concat("model.layers.", i, ".");
   LayerWeights w;
@@ -98,6 +121,7 @@ LayerWeights bind_layer(const ParamViews& v, int64_t i) {
   w.wq = v(p + "self_attn.q_proj.weight"), w.wk = v(p + "self_attn.k_proj.weight");
   w.wv = v(p + "self_attn.v_proj.weight"), w.wo = v(p + "self_attn.o_proj.weight");
   w.norm2_w = v(p + "post_attention_layernorm.weight");
+  if (v.has(p + "block_sparse_moe.gate.weight")) return bind_moe(v, p, w);
   w.w_fc = v(p + "mlp.gate_proj.weight"), w.w_up = v(p + "mlp.up_proj.weight");
   w.w_out = v(p + "mlp.down_proj.weight");
   return w;

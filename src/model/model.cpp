@@ -42,6 +42,18 @@ std::string footprint(const ModelConfig& cfg, int64_t B, int64_t T, int64_t P, c
                 gib(bytes(need.host)), ")");
 }
 
+// Numbers the layers' units after the embeddings' (model.h Units): each
+// layer's, then a MoE layer's experts'. Returns the count so far.
+int number_layer_units(const ModelConfig& cfg, int64_t first, int64_t layers, bool embedding, std::vector<int>& unit,
+                       std::vector<int>& experts) {
+  int next = embedding ? 1 : 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    unit.push_back(next++);
+    experts.push_back(cfg.is_moe_layer(first + l) ? next++ : -1);
+  }
+  return next;
+}
+
 }  // namespace
 
 std::string_view recompute_name(Recompute r) {
@@ -63,7 +75,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
     : cfg_(cfg), B_(B), T_(T), options_(options), state_(std::make_unique<ModelState>()) {
   const DType compute = options.compute;
   const StageOptions& stage = options.stage;
-  const int64_t P = model::param_count(cfg, options.tp.tp, stage.layers);  // validates, O(1) in n_layer
+  const int64_t P = model::param_count(cfg, options.tp.tp, stage.layers, options.ep.ep);  // validates, O(1) in n_layer
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   first_layer_ = stage.layers.first_layer;
   n_layers_ = stage_layers(cfg, stage.layers);
@@ -78,14 +90,16 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
   check_tp(T, options.tp);
   check_cp(T, options.cp);
+  check_moe(cfg, B);
   memory_ = state_bytes(cfg, B, T, options);
   const ModelBytes& need = memory_;
   require_fits_memory(pools, total_bytes(need), footprint(cfg, B, T, P, need),
                       "lower model.n_layer, model.n_embd, train.micro_batch or train.seq_len, or split the model over "
                       "more ranks (parallel.tp, parallel.pp, parallel.zero_stage)");
-  specs_ = model::param_specs(cfg, options.tp.tp, stage.layers);
+  specs_ = model::param_specs(cfg, options.tp.tp, stage.layers, options.ep.ep);
   units_ = model_units(cfg, specs_);
-  LOOM_CHECK(param_count(specs_) == P && static_cast<int64_t>(units_.size()) == has_embedding_ + n_layers_ + has_head_,
+  const int unit_count = number_layer_units(cfg, first_layer_, n_layers_, has_embedding_, layer_units_, expert_units_);
+  LOOM_CHECK(param_count(specs_) == P && static_cast<int64_t>(units_.size()) == unit_count + has_head_,
              "the stage's ", specs_.size(), " parameters make ", units_.size(), " units for ", n_layers_, " layers");
   const Storage& storage = options.storage;
   if (storage.params) params_ = pools[MemTag::params].empty(compute, {P});
@@ -95,8 +109,9 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   ModelState& st = *state_;
   st.dims = dims_of(cfg, B, T, options.tp);
   st.family = &block_family(cfg.family);
+  if (cfg.is_moe()) init_moe(st, cfg_, T, options);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
-  layout_activations(st, alloc, cfg, options, {n_layers_, has_embedding_, has_head_});
+  layout_activations(st, alloc, cfg, options, {n_layers_, has_embedding_, has_head_, first_layer_});
   LOOM_CHECK(alloc.bytes == need.activations, "activations: the layout took ", alloc.bytes, " bytes, ",
              "activation_bytes predicted ", need.activations);
   const int64_t Vl = vocab_per_rank(cfg, options.tp.tp.size);
@@ -192,7 +207,17 @@ HeadWeights Model::head_grads(bool embeddings, bool head) const {
 BlockContext Model::block_context(int64_t l) const {
   ModelState& st = *state_;
   AttentionStep& attention = options_.cp.attention ? *options_.cp.attention : st.attention;
-  return {st.dims, attention, st.family->mlp(), st.pos, first_layer_ + l};
+  const MlpStep& mlp = cfg_.is_moe_layer(first_layer_ + l) ? *st.moe_mlp : st.family->mlp();
+  return {st.dims, attention, mlp, st.pos, first_layer_ + l};
+}
+
+const MoeStats& Model::moe_stats() const {
+  static const MoeStats kNone;
+  return state_->moe_run ? state_->moe_run->stats : kNone;
+}
+
+void Model::reset_moe_stats() {
+  if (state_->moe_run) state_->moe_run->stats = {};
 }
 
 float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {
@@ -211,13 +236,14 @@ void Model::backward(float dloss, int slot) {
                slots() > 1 ? concat(" of slot ", slot) : std::string(),
                " had no targets (or backward already ran): call forward(tokens, targets) first");
   a.has_targets = false, a.forward_done = false;
+  if (state_->moe_run) state_->moe_run->dloss = dloss;  // the MoE layers' balancing losses scale with it
   if (has_head_) head_backward(a, dloss);  // else stage_grad() holds the output's gradient
   for (int64_t l = n_layers_ - 1; l >= 0; --l) layer_backward(a, l);
   if (has_embedding_) embed_backward(a);  // else stage_grad() holds the input's gradient
 }
 
 void Model::layer_forward(SlotActs& a, int64_t l) {
-  const BoundUnit bound(unit_source(), Pass::forward, Need::params, layer_unit(l));
+  const BoundUnit bound(unit_source(), Pass::forward, Need::params, layer_unit(l), -1, expert_unit(l));
   const size_t i = static_cast<size_t>(l);
   state_->family->forward(a.resid[i + 1], a.resid[i], layer_params(l), a.acts[i], block_context(l));
 }
@@ -228,12 +254,17 @@ void Model::layer_backward(SlotActs& a, int64_t l) {
   const BlockFamily& f = *st.family;
   const bool sp = d.par.tp.sp;
   const size_t i = static_cast<size_t>(l);
-  const BoundUnit bound(unit_source(), Pass::backward, Need::both, layer_unit(l));
+  const BoundUnit bound(unit_source(), Pass::backward, Need::both, layer_unit(l), -1, expert_unit(l));
   const LayerWeights w = layer_params(l), g_real = layer_grads(l);
   const LayerWeights g = sp ? with_norm_grads_in(g_real, st.norm_grads, d.C) : g_real;
   const BlockContext c = block_context(l);
-  // Under full recompute the block's output is rewritten with the same bits.
-  if (options_.recompute == Recompute::full) f.forward(a.resid[i + 1], a.resid[i], w, a.acts[i], c);
+  // Under full recompute the block's output is rewritten with the same bits
+  // (and a MoE layer's routing is not counted twice).
+  if (options_.recompute == Recompute::full) {
+    if (st.moe_run) st.moe_run->recomputing = true;
+    f.forward(a.resid[i + 1], a.resid[i], w, a.acts[i], c);
+    if (st.moe_run) st.moe_run->recomputing = false;
+  }
   else if (options_.recompute == Recompute::selective) f.recompute(a.resid[i], w, a.acts[i], c);
   f.backward(st.dres, a.resid[i], w, g, a.acts[i], st.s, c);
   if (sp) sum_norm_grads(d, st.norm_grads, {g_real.norm1_w, g_real.norm1_b, g_real.norm2_w, g_real.norm2_b});

@@ -38,6 +38,7 @@
 #include "core/memory.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/expert_parallel.h"
 #include "model/params.h"
 #include "model/stage.h"
 #include "model/tensor_parallel.h"
@@ -56,9 +57,11 @@ enum class Recompute : uint8_t { none, selective, full };
 
 // Units (DESIGN.md §5 DP/ZeRO): the contiguous ranges of the flat parameter
 // buffer that the model reads together, in spec order: unit 0 the embeddings
-// (wte, wpe / embed_tokens), unit 1 + l layer l, unit L + 1 the final norm
-// (and lm_head when untied). Forward reads them 0, 1, ..., L + 1 (and 0 again
-// for a tied head); backward finishes their gradients L + 1, L, ..., 0. A
+// (wte, wpe / embed_tokens), then each layer's, the last the final norm (and
+// lm_head when untied). A dense layer is one unit; a MoE layer two, its
+// attention, norms and router, then its experts (the parameters expert
+// parallelism reduces over another group). Forward reads them in order (and
+// 0 again for a tied head); backward finishes their gradients in reverse. A
 // pipeline stage's units are its parts in the same order: [embeddings], its
 // layers, [head] (a later stage's head unit holds its copy of a tied wte).
 struct Unit {
@@ -143,6 +146,16 @@ struct CpOptions {
   AttentionStep* attention = nullptr;  // required when size > 1
 };
 
+// A mixture-of-experts model's routing since Model::reset_moe_stats
+// (model/moe.h), counted by training forwards (not serving, not a full
+// recompute's second forward).
+struct MoeStats {
+  int64_t layer_forwards = 0;       // MoE layer forwards (MoE layers x micro-batches)
+  double aux_loss = 0, z_loss = 0;  // their sums, before the coefficients (aux: 1 is perfect balance)
+  int64_t choices = 0, dropped = 0;  // token choices routed, and dropped over capacity
+  std::vector<int64_t> load;        // (n_layer x n_expert): each layer's choices per expert, before drops
+};
+
 // How a Model is built beside its config and micro-batch shape; the same
 // options give Model::activation_bytes and state_bytes. compute: f32, bf16
 // or f16 (see above). tp: this rank's slice under tensor (and sequence)
@@ -158,6 +171,7 @@ struct ModelOptions {
   TpOptions tp{};
   StageOptions stage{};
   CpOptions cp{};
+  EpOptions ep{};  // this rank's experts under expert parallelism (model/expert_parallel.h)
 };
 
 class Model final : public Stage {
@@ -216,6 +230,9 @@ class Model final : public Stage {
   int slots() const override;
 
   const std::vector<Unit>& units() const { return units_; }
+  // The unit of local layer l, and its experts' unit (-1: a dense layer).
+  int layer_unit(int64_t local_layer) const { return layer_units_[static_cast<size_t>(local_layer)]; }
+  int expert_unit(int64_t local_layer) const { return expert_units_[static_cast<size_t>(local_layer)]; }
   const Storage& storage() const { return options_.storage; }
   // Hooks stay with the model until replaced (nullptr: none); they must
   // outlive every forward and backward that uses them.
@@ -226,6 +243,11 @@ class Model final : public Stage {
   // Undefined where Storage left them out.
   Tensor params() const { return params_; }
   Tensor grads() const { return grads_; }
+  // MoE models: the routing statistics since the last reset (model.h
+  // MoeStats; empty for a dense model).
+  const MoeStats& moe_stats() const;
+  void reset_moe_stats();
+
   // (P) f32 master weights: params() under f32 compute, else their own
   // buffer (undefined when Storage::master is false).
   Tensor master_params() const {
@@ -264,7 +286,6 @@ class Model final : public Stage {
  private:
   const SlotActs& slot_acts(int slot) const;  // checks slot
   SlotActs& slot_acts(int slot);
-  int layer_unit(int64_t local_layer) const { return static_cast<int>((has_embedding_ ? 1 : 0) + local_layer); }
   int head_unit() const { return static_cast<int>(units_.size()) - 1; }
   // Unit 0 when the head reads the embeddings' unit (tied, first stage), else -1.
   int tied_unit() const { return cfg_.tie_embeddings && has_embedding_ ? 0 : -1; }
@@ -292,6 +313,7 @@ class Model final : public Stage {
   ModelOptions options_;
   std::vector<ParamSpec> specs_;
   std::vector<Unit> units_;
+  std::vector<int> layer_units_, expert_units_;  // per local layer (units())
   ModelBytes memory_;
   StepHooks* hooks_ = nullptr;
   OwnedTensor params_, grads_;

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "model/moe.h"
 
 namespace loom::model {
 
@@ -40,21 +41,43 @@ LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2) {
   return a;
 }
 
+// Which MLPs a stage's layers have: dense, mixture of experts, or both.
+struct LayerKinds {
+  bool dense = true, moe = false;
+  MoeSizes z;  // moe: a MoE layer's sizes
+};
+
+MoeAlloc moe_alloc(Allocator& alloc) {
+  return [&alloc](Shape shape, DType dtype) { return alloc(shape, dtype); };
+}
+
+// The activations a block's backward reads that selective recompute drops
+// for the layer kinds `k`: dropped_acts, and a MoE layer's activation
+// function outputs.
+LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2, const LayerKinds& k) {
+  LayerActs a = dropped_acts(alloc, d, gpt2);
+  if (k.moe) moe_dropped_acts(a.moe, k.z, moe_alloc(alloc), alloc.compute);
+  return a;
+}
+
 // `dropped` completed with the GEMM outputs every policy but full keeps per
-// block (q, k, v, res1, fc, up).
-LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2) {
+// block (q, k, v, res1, fc, up; a MoE layer's router and expert buffers).
+LayerActs with_kept_acts(LayerActs a, Allocator& alloc, const Dims& d, bool gpt2, const LayerKinds& k) {
   const int64_t B = d.B, T = d.T;
   a.q = alloc({B, T, d.NH, d.HS}), a.k = alloc({B, T, d.NKV, d.HS}), a.v = alloc({B, T, d.NKV, d.HS});
   a.res1 = alloc(stream_shape(d));
-  a.fc = alloc({B, T, d.F});
-  if (!gpt2) a.up = alloc({B, T, d.F});
+  if (k.dense) {
+    a.fc = alloc({B, T, d.F});
+    if (!gpt2) a.up = alloc({B, T, d.F});
+  }
+  if (k.moe) moe_kept_acts(a.moe, k.z, moe_alloc(alloc), alloc.compute);
   return a;
 }
 
 // One slot's activations; `shared`: what backward recomputes, shared by
 // every layer and slot (undefined fields: none).
 SlotActs slot_layout(Allocator& alloc, const Dims& d, bool gpt2, Recompute recompute, const LayerActs& shared,
-                     int64_t vocab, const StageShape& stage) {
+                     int64_t vocab, const StageShape& stage, const ModelConfig& cfg, const LayerKinds& kinds) {
   const int64_t B = d.B, T = d.T, L = stage.layers;
   const int64_t Nl = stream_shape(d).numel() / d.C;
   const DType f32 = DType::f32;
@@ -64,9 +87,11 @@ SlotActs slot_layout(Allocator& alloc, const Dims& d, bool gpt2, Recompute recom
   a.resid.reserve(static_cast<size_t>(L + 1)), a.acts.reserve(static_cast<size_t>(L));
   for (int64_t l = 0; l <= L; ++l) a.resid.push_back(alloc(stream_shape(d)));
   for (int64_t l = 0; l < L; ++l) {
+    LayerKinds k = kinds;  // this layer's kind alone
+    k.moe = cfg.is_moe_layer(stage.first_layer + l), k.dense = !k.moe;
     if (recompute == Recompute::full) a.acts.push_back(shared);  // every layer aliases one set
-    else if (recompute == Recompute::selective) a.acts.push_back(with_kept_acts(shared, alloc, d, gpt2));
-    else a.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2));
+    else if (recompute == Recompute::selective) a.acts.push_back(with_kept_acts(shared, alloc, d, gpt2, k));
+    else a.acts.push_back(with_kept_acts(dropped_acts(alloc, d, gpt2, k), alloc, d, gpt2, k));
   }
   if (stage.head) {
     a.normf = alloc(stream_shape(d)), a.rstdf = alloc({Nl}, f32);
@@ -91,12 +116,24 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
 
   st.pos = alloc({T}, DType::i32);
   if (gpt2 && options.cp.size > 1 && stage.embedding) st.pos_bt = alloc({B, T}, DType::i32);  // the wpe rows
+  // The stage's layer kinds.
+  LayerKinds kinds;
+  kinds.moe = false, kinds.dense = false;
+  for (int64_t l = 0; l < stage.layers; ++l) {
+    const bool moe = cfg.is_moe_layer(stage.first_layer + l);
+    kinds.moe |= moe, kinds.dense |= !moe;
+    if (moe && cfg.moe_every > 1 && kinds.dense) break;  // both found
+  }
+  // A routing group is routing_group whole sequences (cp: each rank holds 1 / cp of its tokens).
+  if (kinds.moe)
+    kinds.z = moe_sizes(cfg, B * T, B / cfg.routing_group, cfg.routing_group * T * options.cp.size,
+                        options.tp.tp.size, options.ep.ep.size);
   // What backward recomputes is shared by every layer, and by every slot.
   LayerActs shared;
-  if (recompute == Recompute::full) shared = with_kept_acts(dropped_acts(alloc, d, gpt2), alloc, d, gpt2);
-  else if (recompute == Recompute::selective) shared = dropped_acts(alloc, d, gpt2);
+  if (recompute == Recompute::full) shared = with_kept_acts(dropped_acts(alloc, d, gpt2, kinds), alloc, d, gpt2, kinds);
+  else if (recompute == Recompute::selective) shared = dropped_acts(alloc, d, gpt2, kinds);
   for (int k = 0; k < options.stage.slots; ++k)
-    st.slots.push_back(slot_layout(alloc, d, gpt2, recompute, shared, V, stage));
+    st.slots.push_back(slot_layout(alloc, d, gpt2, recompute, shared, V, stage, cfg, kinds));
   st.dres = alloc(stream_shape(d), f32);
   if (stage.head) st.dnormf = alloc({B, T, C}, f32);
   if (d.par.tp.sp) {
@@ -112,6 +149,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   s.datt = alloc({B, T, NH, HS}, f32);
   s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
   if (!gpt2) s.dup = alloc({B, T, F}, f32);
+  if (kinds.moe) s.moe = moe_scratch(kinds.z, moe_alloc(alloc));
 }
 
 Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) {
@@ -145,6 +183,18 @@ void set_positions(ModelState& st, const CpOptions& cp) {
     std::copy_n(st.pos.data_as<int32_t>(), T, st.pos_bt.data_as<int32_t>() + b * T);
 }
 
+void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOptions& options) {
+  const int64_t group_tokens = cfg.routing_group * T * options.cp.size;  // whole sequences over the cp ranks
+  st.moe_run = std::make_unique<MoeRun>(MoeRun{&cfg, group_tokens, options.ep});
+  st.moe_mlp = std::make_unique<MoeMlp>(*st.moe_run);
+}
+
+void check_moe(const ModelConfig& cfg, int64_t B) {
+  LOOM_REQUIRE(!cfg.is_moe() || B % cfg.routing_group == 0, "micro-batch of ", B,
+               " sequences is not a multiple of model.routing_group = ", cfg.routing_group,
+               ": capacity is counted per group of whole sequences, so a rank's micro-batch must hold whole groups");
+}
+
 void check_tp(int64_t T, const TpOptions& tp) {
   if (!tp.sp()) return;
   LOOM_REQUIRE(T % tp.tp.size == 0, "sequence length ", T, " is not divisible by parallel.tp = ", tp.tp.size,
@@ -172,8 +222,24 @@ Allocator layout_count(const ModelConfig& cfg, int64_t B, int64_t T, const Model
   Allocator counter{nullptr, nullptr, options.compute};
   const PpStage& stage = options.stage.layers;
   const bool head = stage.n_layers < 0 || stage.first_layer + stage.n_layers == cfg.n_layer;
-  layout_activations(st, counter, cfg, options, {layers, stage.first_layer == 0, head});
+  layout_activations(st, counter, cfg, options, {layers, stage.first_layer == 0, head, stage.first_layer});
   return counter;
+}
+
+// f(n) for a stage of n layers from the counts of a few short stages: layers
+// repeat with period moe_every (one MoE layer each; 1 for a dense model), so
+// m more layers at the end always add the same. O(1) in n.
+template <typename Count>
+int64_t periodic_count(const ModelConfig& cfg, int64_t n, Count count) {
+  const int64_t m = cfg.is_moe() ? cfg.moe_every : 1;
+  if (n <= 2 * m) return count(n);
+  const int64_t n0 = m + n % m, q = (n - n0) / m;
+  const int64_t base = count(n0), period = count(n0 + m) - base;
+  int64_t rest = 0, total = 0;
+  LOOM_REQUIRE(!__builtin_mul_overflow(q, period, &rest) && !__builtin_add_overflow(base, rest, &total),
+               "the activations of ", n, " layers are more than 2^63 bytes: lower model.n_layer, ",
+               "train.micro_batch or train.seq_len");
+  return total;
 }
 
 }  // namespace
@@ -199,24 +265,18 @@ void require_fits_memory(const Pools& pools, double bytes, std::string_view what
 // constructor checks its real layout against this.
 int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
   const StageOptions& stage = options.stage;
-  (void)model::param_count(cfg, options.tp.tp, stage.layers);  // validates cfg, the tp split and the stage
+  (void)model::param_count(cfg, options.tp.tp, stage.layers, options.ep.ep);  // validates cfg, the splits, the stage
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
   check_tp(T, options.tp);
-  const int64_t one = layout_count(cfg, B, T, options, 1).bytes;
-  const int64_t per_layer = layout_count(cfg, B, T, options, 2).bytes - one;
-  const int64_t layers = stage_layers(cfg, stage.layers);
-  int64_t rest = 0, bytes = 0;
-  LOOM_REQUIRE(!__builtin_mul_overflow(layers - 1, per_layer, &rest) && !__builtin_add_overflow(one, rest, &bytes),
-               "the activations of ", layers, " layers for ", B, " x ", T, " tokens are more than 2^63 bytes: ",
-               "lower model.n_layer, train.micro_batch or train.seq_len");
-  return bytes;
+  return periodic_count(cfg, stage_layers(cfg, stage.layers),
+                        [&](int64_t n) { return layout_count(cfg, B, T, options, n).bytes; });
 }
 
 ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
   const TpOptions& tp = options.tp;
   const Storage& storage = options.storage;
-  const int64_t P = model::param_count(cfg, tp.tp, options.stage.layers);
+  const int64_t P = model::param_count(cfg, tp.tp, options.stage.layers, options.ep.ep);
   ModelBytes b;
   if (storage.params) b.params = P * static_cast<int64_t>(dtype_size(options.compute));
   if (storage.master && options.compute != DType::f32) b.master = P * 4;
@@ -226,11 +286,14 @@ ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, cons
   // and their name index, its weight and gradient views, its activation
   // records (one per slot) and tensors, each of which takes at least one
   // aligned block.
-  ModelConfig one = cfg, two = cfg;
-  one.n_layer = 1, two.n_layer = 2;
+  ModelConfig one = cfg, two = cfg;  // every layer counted as a MoE layer (the larger) in a MoE model
+  one.n_layer = 1, two.n_layer = 2, one.moe_every = 1, two.moe_every = 1;
   const auto specs =
       static_cast<int64_t>(model::param_specs(two, tp.tp).size() - model::param_specs(one, tp.tp).size());
-  const int64_t tensors = layout_count(cfg, B, T, options, 2).tensors - layout_count(cfg, B, T, options, 1).tensors;
+  ModelOptions moe_options = options;
+  moe_options.stage.layers = {};
+  const int64_t tensors = layout_count(two, B, T, moe_options, 2).tensors -
+                          layout_count(two, B, T, moe_options, 1).tensors;
   const auto size = [](size_t n) { return static_cast<int64_t>(n); };
   const int64_t views = (storage.params ? 1 : 0) + (storage.grads ? 1 : 0);
   const int64_t per_layer = specs * (size(sizeof(ParamSpec)) + 2 * size(sizeof(std::pair<std::string, void*>))) +
@@ -241,15 +304,17 @@ ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, cons
 }
 
 // The units of a stage's spec list, in one pass: a unit starts at the first
-// parameter of each part, the embeddings, every layer, the head (where a
-// later stage's copy of a tied embedding belongs).
+// parameter of each part, the embeddings, every layer and a MoE layer's
+// experts, the head (where a later stage's copy of a tied embedding belongs).
 std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
   std::vector<Unit> units;
-  int64_t part_of_unit = 0;  // -1 embeddings, l layer l, n_layer the head
+  int64_t part_of_unit = 0;  // -1 embeddings, 2 l layer l (+ 1 its experts), 2 n_layer the head
   for (const ParamSpec& s : specs) {
     int64_t layer = 0;
     const ParamPart part = s.pp_copy ? ParamPart::head : param_part(cfg, s.name, &layer);
-    const int64_t p = part == ParamPart::embedding ? -1 : part == ParamPart::head ? cfg.n_layer : layer;
+    const int64_t p = part == ParamPart::embedding ? -1
+                      : part == ParamPart::head    ? 2 * cfg.n_layer
+                                                   : 2 * layer + (is_expert_param(s.name) ? 1 : 0);
     if (units.empty() || p != part_of_unit) {
       LOOM_CHECK(units.empty() || (p > part_of_unit && units.back().end == s.offset), "parameter ", s.name,
                  " is out of model order");

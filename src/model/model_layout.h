@@ -38,6 +38,7 @@ struct Allocator {
 struct StageShape {
   int64_t layers = 0;
   bool embedding = true, head = true;
+  int64_t first_layer = 0;  // the model's index of its first layer (which are MoE layers)
 };
 
 // The sizes and the live collectives of a (B, T) micro-batch under tp: the
@@ -47,6 +48,11 @@ Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp);
 // Sizes the model cannot split: heads and d_ff are checked by param_specs;
 // SP splits every sequence's tokens.
 void check_tp(int64_t T, const TpOptions& tp);
+// A MoE model's shared state and MLP step (model/moe.h), for (B, T)
+// micro-batches; cfg must outlive st.
+void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOptions& options);
+// A MoE model's micro-batch of B sequences holds whole routing groups.
+void check_moe(const ModelConfig& cfg, int64_t B);
 // Context parallelism's options for a rank of T tokens: a loom::Error when
 // the attention step or the positions are missing or wrong.
 void check_cp(int64_t T, const CpOptions& cp);

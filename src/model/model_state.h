@@ -12,6 +12,7 @@
 #include "model/blocks.h"
 #include "model/family.h"
 #include "model/loss.h"
+#include "model/moe.h"
 #include "model/steps.h"
 
 namespace loom::model {
@@ -34,6 +35,9 @@ struct ModelState {
   Dims dims{};
   const BlockFamily* family = nullptr;  // looked up once from cfg.family
   LocalAttention attention;             // the blocks' attention step (training: local flash attention)
+  // MoE models: what the MoE layers share, and their MLP step (model/moe.h).
+  std::unique_ptr<MoeRun> moe_run;
+  std::unique_ptr<MoeMlp> moe_mlp;
   std::vector<SlotActs> slots;
   Tensor pos;                      // (T) i32 0..T-1, or the cp rank's tokens' (ModelOptions::cp): every sequence's
   Tensor pos_bt;                   // (B, T) i32: pos for each sequence, GPT-2 under cp (the embedding's wpe rows)

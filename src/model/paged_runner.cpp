@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/family.h"
+#include "model/moe.h"
 #include "model/steps.h"
 
 namespace loom::model {
@@ -69,6 +70,8 @@ struct PagedRunner::State {
   Tensor last, normf, logits;  // (1, R, C) x2, (R, V)
   std::vector<LayerWeights> w;
   HeadWeights head;
+  MoeRun moe_run;  // MoE models: routing per token, no capacity (model/moe.h)
+  std::unique_ptr<MoeMlp> moe_mlp;
 };
 
 PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes)
@@ -99,6 +102,14 @@ PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& po
   a.fc = alloc(MemTag::activations, {1, M, F}, compute_);
   a.act = alloc(MemTag::activations, {1, M, F}, compute_);
   if (cfg.family == Family::llama) a.up = alloc(MemTag::activations, {1, M, F}, compute_);
+  if (cfg.is_moe()) {
+    st.moe_run.cfg = &cfg_, st.moe_run.training = false;
+    st.moe_mlp = std::make_unique<MoeMlp>(st.moe_run);
+    const MoeSizes z = moe_sizes(cfg, M, 0, 0, 1, 1);
+    const MoeAlloc moe_alloc = [&](Shape shape, DType dtype) { return alloc(MemTag::activations, shape, dtype); };
+    moe_kept_acts(a.moe, z, moe_alloc, compute_);
+    moe_dropped_acts(a.moe, z, moe_alloc, compute_);
+  }
   st.tokens = alloc(MemTag::activations, {1, M}, DType::i32);
   st.positions = alloc(MemTag::activations, {1, M}, DType::i32);
   st.x = alloc(MemTag::activations, {1, M, C}, compute_);
@@ -188,10 +199,12 @@ Tensor PagedRunner::step(const PagedBatch& b) {
   a.norm1 = first(m.norm1, N), a.q = first(m.q, N), a.k = first(m.k, N), a.v = first(m.v, N);
   a.att = first(m.att, N), a.res1 = first(m.res1, N), a.norm2 = first(m.norm2, N);
   a.fc = first(m.fc, N), a.act = first(m.act, N), a.up = first(m.up, N);
+  a.moe = m.moe;  // the MoE step uses its buffers' leading rows
   const BlockFamily& f = *st.family;
   const Tensor row_pos = pos.reshape({N});
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    f.forward(y, x, st.w[static_cast<size_t>(l)], a, {d, attention, f.mlp(), row_pos, l});
+    const MlpStep& mlp = cfg_.is_moe_layer(l) ? *st.moe_mlp : f.mlp();
+    f.forward(y, x, st.w[static_cast<size_t>(l)], a, {d, attention, mlp, row_pos, l});
     std::swap(x, y);
   }
   if (R == 0) return st.logits.slice(0, 0, 0);  // a step of prompt chunks only: no logits wanted

@@ -20,6 +20,8 @@ Tensor ParamViews::operator()(const std::string& name) const {
   return Tensor();
 }
 
+bool ParamViews::has(const std::string& name) const { return index_.count(name) > 0; }
+
 LayerWeights ParamViews::layer(const ModelConfig& cfg, int64_t i) const {
   return block_family(cfg.family).bind_layer(*this, i);
 }

@@ -98,9 +98,34 @@ void gpt2_specs(SpecList& s, const ModelConfig& c, int tp, const Parts& parts) {
   embedding_copy(s, c, tp, parts, "wte.weight");
 }
 
-void llama_specs(SpecList& s, const ModelConfig& c, int tp, const Parts& parts) {
+// A Mixtral MoE layer's MLP (model/moe.h): the router, its loss-free
+// balancing bias, the shared experts and the rank's experts (EpRank), each
+// split over tp as a dense MLP is. The experts come last, so a layer's
+// expert parameters are one run of the flat buffer.
+void moe_specs(SpecList& s, const ModelConfig& c, const std::string& p, EpRank ep) {
+  const int64_t C = c.n_embd, F = c.d_ff, E = c.n_expert;
+  s.weight(p + "block_sparse_moe.gate.weight", {E, C});
+  if (c.has_expert_bias()) s.add(p + "block_sparse_moe.gate.e_score_correction_bias", {E}, ParamInit::zeros);
+  if (c.n_shared_expert > 0) {
+    const int64_t Fs = c.n_shared_expert * F;
+    const std::string q = p + "block_sparse_moe.shared_experts.";
+    s.weight(q + "gate_proj.weight", {Fs, C}, kInitStd, false, kColumn);
+    s.weight(q + "up_proj.weight", {Fs, C}, kInitStd, false, kColumn);
+    s.weight(q + "down_proj.weight", {C, Fs}, residual_std(c), false, kRow);
+  }
+  const int64_t El = E / ep.size;
+  for (int64_t e = ep.rank * El; e < (ep.rank + 1) * El; ++e) {
+    const std::string q = concat(p, "block_sparse_moe.experts.", e, ".");
+    s.weight(q + "w1.weight", {F, C}, kInitStd, false, kColumn);
+    s.weight(q + "w2.weight", {C, F}, residual_std(c), false, kRow);
+    s.weight(q + "w3.weight", {F, C}, kInitStd, false, kColumn);
+  }
+}
+
+void llama_specs(SpecList& s, const ModelConfig& c, int tp, const Parts& parts, EpRank ep) {
   const int64_t C = c.n_embd, F = c.d_ff, KV = c.kv_dim();
-  s.reserve(9 * (parts.end - parts.first) + 4);  // 9 per layer (below), at most 4 others
+  // 9 per layer (below; a MoE layer's experts besides), at most 4 others
+  s.reserve((9 + (c.is_moe() ? 3 * c.n_expert / ep.size + 5 : 0)) * (parts.end - parts.first) + 4);
   if (parts.embedding) s.weight("model.embed_tokens.weight", {c.vocab_size, C}, kInitStd, false, vocab_split(c, tp));
   for (int64_t i = parts.first; i < parts.end; ++i) {
     const std::string p = concat("model.layers.", i, ".");
@@ -110,6 +135,10 @@ void llama_specs(SpecList& s, const ModelConfig& c, int tp, const Parts& parts) 
     s.weight(p + "self_attn.v_proj.weight", {KV, C}, kInitStd, false, kColumn);
     s.weight(p + "self_attn.o_proj.weight", {C, C}, residual_std(c), false, kRow);
     s.add(p + "post_attention_layernorm.weight", {C}, ParamInit::ones);
+    if (c.is_moe_layer(i)) {
+      moe_specs(s, c, p, ep);
+      continue;
+    }
     s.weight(p + "mlp.gate_proj.weight", {F, C}, kInitStd, false, kColumn);
     s.weight(p + "mlp.up_proj.weight", {F, C}, kInitStd, false, kColumn);
     s.weight(p + "mlp.down_proj.weight", {C, F}, residual_std(c), false, kRow);
@@ -136,8 +165,14 @@ ParamPart param_part(const ModelConfig& cfg, const std::string& name, int64_t* l
 namespace {
 
 // Checks what param_specs(cfg, tp, stage) checks, and returns the stage's parts.
-Parts checked_parts(const ModelConfig& cfg, TpRank tp, PpStage stage) {
+Parts checked_parts(const ModelConfig& cfg, TpRank tp, PpStage stage, EpRank ep) {
   cfg.validate();
+  LOOM_REQUIRE(ep.size >= 1 && ep.rank >= 0 && ep.rank < ep.size, "expert-parallel rank ", ep.rank, " of ", ep.size,
+               " is invalid");
+  LOOM_REQUIRE(ep.size == 1 || cfg.is_moe(), "parallel.ep = ", ep.size,
+               " needs a mixture-of-experts model (model.n_expert > 0): a dense model has no experts to split");
+  LOOM_REQUIRE(!cfg.is_moe() || cfg.n_expert % ep.size == 0, "parallel.ep = ", ep.size,
+               " does not divide model.n_expert = ", cfg.n_expert, ": each ep rank holds n_expert / ep experts");
   LOOM_REQUIRE(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "tensor-parallel rank ", tp.rank, " of ", tp.size,
                " is invalid");
   auto require_divides = [&](const char* key, int64_t value, const char* what) {
@@ -146,7 +181,7 @@ Parts checked_parts(const ModelConfig& cfg, TpRank tp, PpStage stage) {
   };
   require_divides("n_head", cfg.n_head, "attention heads");
   require_divides("n_kv_head", cfg.n_kv_head, "key/value heads");
-  require_divides("d_ff", cfg.d_ff, "MLP's hidden units");
+  require_divides("d_ff", cfg.d_ff, "MLP's (and every expert's) hidden units");
   const int64_t L = cfg.n_layer;
   const int64_t n = stage.n_layers < 0 ? L - stage.first_layer : stage.n_layers;
   LOOM_REQUIRE(stage.first_layer >= 0 && n >= 1 && stage.first_layer <= L - n, "pipeline stage of layers [",
@@ -155,31 +190,49 @@ Parts checked_parts(const ModelConfig& cfg, TpRank tp, PpStage stage) {
   return {stage.first_layer == 0, stage.first_layer, stage.first_layer + n, stage.first_layer + n == L};
 }
 
-std::vector<ParamSpec> specs_of(const ModelConfig& cfg, TpRank tp, const Parts& parts) {
+std::vector<ParamSpec> specs_of(const ModelConfig& cfg, TpRank tp, const Parts& parts, EpRank ep) {
   SpecList s(tp);
   if (cfg.family == Family::gpt2) gpt2_specs(s, cfg, tp.size, parts);
-  else llama_specs(s, cfg, tp.size, parts);
+  else llama_specs(s, cfg, tp.size, parts, ep);
   return s.take();
+}
+
+// Layers in [first, end) that are MoE layers ((l + 1) % moe_every == 0).
+int64_t moe_layers_in(const ModelConfig& cfg, int64_t first, int64_t end) {
+  if (!cfg.is_moe()) return 0;
+  return end / cfg.moe_every - first / cfg.moe_every;
 }
 
 }  // namespace
 
 // Only the stage's layers are built (a pipeline stage's list costs its own
 // layers, not the whole model's), packed from offset 0.
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp, PpStage stage) {
-  return specs_of(cfg, tp, checked_parts(cfg, tp, stage));
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp, PpStage stage, EpRank ep) {
+  return specs_of(cfg, tp, checked_parts(cfg, tp, stage, ep), ep);
 }
 
-// Every layer has the same parameters, so a stage of n layers holds a
-// one-layer stage's parameters plus n - 1 layers' (the difference of two
-// one- and two-layer lists of the same parts).
-int64_t param_count(const ModelConfig& cfg, TpRank tp, PpStage stage) {
-  const Parts parts = checked_parts(cfg, tp, stage);
-  Parts one = parts, two = parts;
-  one.end = one.first + 1, two.end = two.first + 2;
-  const int64_t one_count = param_count(specs_of(cfg, tp, one));
-  const int64_t per_layer = param_count(specs_of(cfg, tp, two)) - one_count;
-  return one_count + (parts.end - parts.first - 1) * per_layer;
+// Every dense layer has the same parameters, and so has every MoE layer: a
+// stage's count is its parts without layers plus one dense and one MoE
+// layer's count times how many it holds of each (each found as the
+// difference of two short lists).
+int64_t param_count(const ModelConfig& cfg, TpRank tp, PpStage stage, EpRank ep) {
+  const Parts parts = checked_parts(cfg, tp, stage, ep);
+  ModelConfig dense = cfg, moe = cfg;
+  dense.n_expert = 0, moe.moe_every = 1;
+  Parts none = parts, one = parts;
+  none.end = none.first, one.end = one.first + 1;
+  const int64_t base = param_count(specs_of(cfg, tp, none, ep));
+  const int64_t dense_layer = param_count(specs_of(dense, tp, one, ep)) - base;
+  const int64_t moe_layer = param_count(specs_of(moe, tp, one, ep)) - base;
+  const int64_t n_moe = moe_layers_in(cfg, parts.first, parts.end);
+  return base + n_moe * moe_layer + (parts.end - parts.first - n_moe) * dense_layer;
+}
+
+bool is_expert_param(const std::string& name) { return name.find(".block_sparse_moe.experts.") != std::string::npos; }
+
+int64_t active_param_count(const ModelConfig& cfg) {
+  const int64_t idle = cfg.n_expert - cfg.top_k, expert = 3 * cfg.d_ff * cfg.n_embd;
+  return param_count(cfg) - moe_layers_in(cfg, 0, cfg.n_layer) * idle * expert;
 }
 
 int64_t param_count(const std::vector<ParamSpec>& specs) {

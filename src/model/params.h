@@ -76,6 +76,14 @@ struct ParamSpec {
   bool replicated() const { return split.dim < 0; }
 };
 
+// Expert parallelism (DESIGN.md §5 EP): the rank of an ep group of `size`
+// ranks, which holds experts [rank E / size, (rank + 1) E / size) of every
+// MoE layer (by their global names: block_sparse_moe.experts.{e}.*).
+struct EpRank {
+  int size = 1;
+  int rank = 0;
+};
+
 // Pipeline parallelism (DESIGN.md §5 PP): the contiguous layers a pipeline
 // stage holds, [first_layer, first_layer + n_layers) (n_layers -1: to the
 // last layer). The first stage (first_layer 0) also holds the embeddings,
@@ -97,16 +105,25 @@ struct PpStage {
 // With a pipeline stage, only the stage's parameters (above), packed from
 // offset 0; a stage outside the model's layers, or with no layer, is a
 // loom::Error. The work is linear in the stage's layers.
-std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {});
+// With ep.size > 1, only the ep rank's experts of each MoE layer (a dense
+// model, or ep not dividing model.n_expert, is a loom::Error).
+std::vector<ParamSpec> param_specs(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {}, EpRank ep = {});
 // Whether a parameter belongs to a layer (and which), the embeddings or the
 // head (final norm, lm head): by its Hugging Face name.
 enum class ParamPart : uint8_t { embedding, layer, head };
 ParamPart param_part(const ModelConfig& cfg, const std::string& name, int64_t* layer = nullptr);
+// A MoE layer's expert weight (block_sparse_moe.experts.{e}.*): split over
+// ep, reduced over the expert-dp group, a unit of its own (model.h Units).
+bool is_expert_param(const std::string& name);
 int64_t param_count(const std::vector<ParamSpec>& specs);
 // param_count(param_specs(cfg, tp, stage)) without building the list: O(1)
 // in n_layer, so a model's size can be checked before anything loops over
 // its layers. Validates like param_specs.
-int64_t param_count(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {});
+int64_t param_count(const ModelConfig& cfg, TpRank tp = {}, PpStage stage = {}, EpRank ep = {});
+// The parameters one token's forward reads: param_count(cfg) less, in each
+// MoE layer, the n_expert - top_k experts it does not choose (a dense model:
+// every parameter). What model FLOPs per token are counted from.
+int64_t active_param_count(const ModelConfig& cfg);
 // The vocabulary rows each tp rank holds: vocab_size rounded up to a
 // multiple of tp, divided by tp.
 int64_t vocab_per_rank(const ModelConfig& cfg, int tp);

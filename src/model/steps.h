@@ -16,6 +16,8 @@
 
 namespace loom::model {
 
+struct BlockContext;  // family.h
+
 // One attention call of layer `layer` over the block's T new tokens of each
 // of B sequences (a ragged batch is B = 1, T = its N tokens).
 struct AttentionArgs {
@@ -55,17 +57,19 @@ class LocalAttention final : public AttentionStep {
 // parallelism its first linears are column-parallel, entered through f, and
 // its last row-parallel, left through g (blocks.h). It keeps what its
 // backward reads in a (fc, up, act) and its gradients' scratch is s.
+// c: the block call's context (family.h): its sizes c.d and layer.
 class MlpStep {
  public:
   virtual ~MlpStep() = default;
-  virtual void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a, const Dims& d) const = 0;
+  virtual void forward(Tensor out, const Tensor& h, const LayerWeights& w, LayerActs& a,
+                       const BlockContext& c) const = 0;
   // Selective recompute (model.h): a.act again from the kept GEMM outputs.
   virtual void recompute(LayerActs& a) const = 0;
   // dy: the gradient of out (the rank's rows, unchanged). Weight gradients
   // += into g; returns the gradient of h, the rank's rows summed over tp
   // (column_parallel_backward's result: s.dnorm or d.par.tp.dlocal).
   virtual Tensor backward(const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
-                          const LayerActs& a, Scratch& s, const Dims& d) const = 0;
+                          const LayerActs& a, Scratch& s, const BlockContext& c) const = 0;
 };
 
 // GPT-2: mlp.c_proj(gelu(mlp.c_fc(h))), with biases (gpt2.cpp).

@@ -6,10 +6,11 @@
 
 namespace loom::model {
 
-BoundUnit::BoundUnit(const UnitSource& src, Pass pass, Need need, int unit, int tied)
+BoundUnit::BoundUnit(const UnitSource& src, Pass pass, Need need, int unit, int tied, int experts)
     : src_(src),
       unit_(unit),
       tied_(tied),
+      experts_(experts),
       params_(need != Need::grads),
       grads_(need != Need::params),
       exceptions_(std::uncaught_exceptions()) {
@@ -17,10 +18,12 @@ BoundUnit::BoundUnit(const UnitSource& src, Pass pass, Need need, int unit, int 
   if (params_ && !src_.storage.params) {
     src_.param_views->bind(lent_params(unit, pass), units[unit].begin);
     if (tied >= 0) src_.param_views->bind_also(lent_params(tied, pass), units[tied].begin);
+    if (experts >= 0) src_.param_views->bind_also(lent_params(experts, pass), units[experts].begin);
   }
   if (grads_ && !src_.storage.grads) {
     src_.grad_views->bind(lent_grads(unit), units[unit].begin);
     if (tied >= 0) src_.grad_views->bind_also(lent_grads(tied), units[tied].begin);
+    if (experts >= 0) src_.grad_views->bind_also(lent_grads(experts), units[experts].begin);
   }
 }
 
@@ -29,8 +32,12 @@ BoundUnit::~BoundUnit() {
   if (params_ && !src_.storage.params) {
     src_.hooks->release_params(unit_);
     if (tied_ >= 0) src_.hooks->release_params(tied_);
+    if (experts_ >= 0) src_.hooks->release_params(experts_);
   }
-  if (grads_ && src_.hooks) src_.hooks->grads_ready(unit_);
+  if (grads_ && src_.hooks) {
+    if (experts_ >= 0) src_.hooks->grads_ready(experts_);
+    src_.hooks->grads_ready(unit_);
+  }
 }
 
 Tensor BoundUnit::lent_params(int unit, Pass pass) const {

@@ -35,12 +35,13 @@ enum class Need : uint8_t { params, grads, both };
 
 class BoundUnit {
  public:
-  // Binds `unit` (and `tied`, unit 0, unless -1) for `pass`: what `need`
-  // asks for, parameters before gradients.
-  BoundUnit(const UnitSource& src, Pass pass, Need need, int unit, int tied = -1);
-  // Releases lent parameters, then (when it bound gradients) says the unit's
-  // gradients are ready — unless an exception is unwinding, which leaves
-  // both as they were when it was thrown.
+  // Binds `unit` (and `tied`, unit 0, unless -1; and `experts`, the unit of
+  // unit's MoE experts, unless -1) for `pass`: what `need` asks for,
+  // parameters before gradients, unit before experts.
+  BoundUnit(const UnitSource& src, Pass pass, Need need, int unit, int tied = -1, int experts = -1);
+  // Releases lent parameters, then (when it bound gradients) says the
+  // experts' and then the unit's gradients are ready — unless an exception
+  // is unwinding, which leaves both as they were when it was thrown.
   ~BoundUnit();
   BoundUnit(const BoundUnit&) = delete;
   BoundUnit& operator=(const BoundUnit&) = delete;
@@ -50,7 +51,7 @@ class BoundUnit {
   Tensor lent_grads(int unit) const;
 
   UnitSource src_;
-  int unit_, tied_;
+  int unit_, tied_, experts_;
   bool params_, grads_;
   int exceptions_;
 };

@@ -52,7 +52,7 @@ GroupState make_group(const ParamGroup& pg, const model::Model& model, const std
     if (it != space.specs.end()) solo.push_back({it->offset, it->offset + it->numel()});
   }
   comm::Communicator& comm = pg.comm;
-  GroupState s(GroupLayout{pg.name, pg.comm, std::move(space), {}, {}, {}, 0});
+  GroupState s(GroupLayout{pg.name, pg.comm, pg.spread, std::move(space), {}, {}, {}, 0});
   GroupLayout& l = s.layout;
   l.buckets = make_buckets(l.space.units, o.zero_stage, o.bucket_mb, solo);
   l.segments = shard_segments(l.buckets, o.zero_stage, comm.size(), comm.rank());
@@ -267,7 +267,9 @@ double DataParallel::grad_sum_squares() {
   for (int g = 0; g < num_groups(); ++g) {
     double group_sum = shard_sum_squares(g);
     // Stage 0: every rank of the group holds the whole averaged gradient.
-    if (opt_.zero_stage > 0) group_sum = exact_sum(impl_->groups[static_cast<size_t>(g)].layout.comm, group_sum);
+    const GroupLayout& l = impl_->groups[static_cast<size_t>(g)].layout;
+    if (opt_.zero_stage > 0) group_sum = exact_sum(l.comm, group_sum);
+    if (l.spread) group_sum = exact_sum(*l.spread, group_sum);  // the other ranks' experts
     sum += group_sum;
   }
   return exact_sum(tp_, sum);

@@ -104,6 +104,7 @@ struct CommStats {
 struct GroupLayout {
   std::string name;
   std::reference_wrapper<comm::Communicator> comm;
+  comm::Communicator* spread = nullptr;  // ParamGroup::spread
   GroupSpace space;
   std::vector<Bucket> buckets;     // in the group's index space
   std::vector<Segment> segments;   // this rank's shard, one per bucket

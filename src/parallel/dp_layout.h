@@ -40,6 +40,10 @@ struct ParamGroup {
   std::string name;
   std::reference_wrapper<comm::Communicator> comm;
   ParamPredicate holds;
+  // The ranks that hold other parameters of this group (the ep group, each
+  // holding its own experts), over which the gradient norm sums it too;
+  // null: every rank of comm holds them all.
+  comm::Communicator* spread = nullptr;
 };
 
 // Pure: the group (an index into groups) of every spec. A parameter no group

@@ -15,15 +15,18 @@ void set_acquire_order(const model::Model& model, std::vector<int> (&order)[2]) 
   // backward [head (+ unit 0 when tied)], the layers in reverse (the
   // embedding's backward reads no parameters). A pipeline stage has only
   // some of these parts.
+  // A MoE layer acquires its unit, then its experts' (model/units.h).
   const int U = static_cast<int>(model.units().size());
   const bool emb = model.has_embedding(), head = model.has_head();
   const bool tied_here = model.config().tie_embeddings && emb && head;
-  const int first_layer = emb ? 1 : 0, last_layer = head ? U - 2 : U - 1;
   for (int u = 0; u < U; ++u) order[0].push_back(u);
   if (tied_here) order[0].push_back(0);
   if (head) order[1].push_back(U - 1);
   if (tied_here) order[1].push_back(0);
-  for (int u = last_layer; u >= first_layer; --u) order[1].push_back(u);
+  for (int64_t l = model.num_layers() - 1; l >= 0; --l) {
+    order[1].push_back(model.layer_unit(l));
+    if (model.expert_unit(l) >= 0) order[1].push_back(model.expert_unit(l));
+  }
 }
 
 Tensor DataParallel::acquire_params(int unit, model::Pass pass) {

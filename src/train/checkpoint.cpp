@@ -255,6 +255,16 @@ ChunkState read_chunk_state(Trainer& trainer, int c, const SavedLayout& saved, s
   return st;
 }
 
+// Expert parallelism keeps two parameter groups, each rank its own experts;
+// the checkpoint format holds one group of the same parameters on every dp
+// rank. Not yet: a clear error rather than a wrong file.
+void require_no_ep(Trainer& trainer) {
+  const int ep = trainer.mesh().shape().ep;
+  LOOM_REQUIRE(ep == 1, "checkpoints of an expert-parallel run (parallel.ep = ", ep,
+               ") are not supported yet: train with parallel.ep = 1 (a MoE model checkpoints and resumes there), "
+               "or set checkpoint.every = 0 and keep the final model (loom train --out)");
+}
+
 }  // namespace
 
 std::string checkpoint_step_dir_name(int64_t step) {
@@ -271,6 +281,7 @@ std::string checkpoint_rank_file_name(int rank) {
 
 std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep, const std::string& protect) {
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
+  require_no_ep(trainer);
   const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
   const std::string name = checkpoint_step_dir_name(trainer.steps_done());
   // Written as name.tmp and renamed into place once complete, so that a
@@ -293,6 +304,7 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
 }
 
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
+  require_no_ep(trainer);
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
   const nlohmann::json m = read_manifest(dir);

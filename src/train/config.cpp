@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -155,17 +156,33 @@ struct KeySpec {
   Apply apply;
 };
 
-// A positive integer that must be 1 until the feature exists.
-Apply must_be_one(int64_t ParallelConfig::*field) {
-  return [field](RunConfig& c, const Value& v) {
-    c.parallel.*field = v.integer(1);
-    if (c.parallel.*field != 1) v.unsupported("value is 1 (this parallelism is not implemented yet)");
+// The [model] keys of a mixture of experts (model/config.h).
+std::vector<KeySpec> moe_key_specs() {
+  using R = RunConfig;
+  using V = Value;
+  auto ratio = [](float model::ModelConfig::*f, double hi) {
+    return [f, hi](R& c, const V& v) { c.model.*f = static_cast<float>(v.number(0, false, hi)); };
+  };
+  return {
+      {"model", "n_expert", [](R& c, const V& v) { c.model.n_expert = v.integer(0, kMaxExperts); }},
+      {"model", "top_k", [](R& c, const V& v) { c.model.top_k = v.integer(1, kMaxExperts); }},
+      {"model", "capacity_factor", ratio(&model::ModelConfig::capacity_factor, 1000)},
+      {"model", "aux_loss_coef", ratio(&model::ModelConfig::aux_loss_coef, 100)},
+      {"model", "z_loss_coef", ratio(&model::ModelConfig::z_loss_coef, 100)},
+      {"model", "moe_every", [](R& c, const V& v) { c.model.moe_every = v.integer(1, kMaxLayers); }},
+      {"model", "n_shared_expert", [](R& c, const V& v) { c.model.n_shared_expert = v.integer(0, 64); }},
+      {"model", "router_score", [](R& c, const V& v) {
+         c.model.router_score = model::router_score_from_name(v.choice({"softmax", "sigmoid"}));
+       }},
+      {"model", "norm_topk_prob", [](R& c, const V& v) { c.model.norm_topk_prob = v.boolean(); }},
+      {"model", "routing_group", [](R& c, const V& v) { c.model.routing_group = v.integer(1, kMaxMicroBatch); }},
+      {"model", "aux_free_rate", ratio(&model::ModelConfig::aux_free_rate, 1)},
   };
 }
 
 // The key table: every key loom accepts, its type and allowed values.
 // Defaults are not here: they are RunConfig's member initialisers.
-const std::vector<KeySpec>& key_specs() {
+const std::vector<KeySpec>& base_key_specs() {
   using R = RunConfig;
   using V = Value;
   static const std::vector<KeySpec> specs = {
@@ -189,10 +206,6 @@ const std::vector<KeySpec>& key_specs() {
       {"model", "rope_theta", [](R& c, const V& v) { c.model.rope_theta = static_cast<float>(v.number(0, true, 1e12)); }},
       {"model", "norm_eps", [](R& c, const V& v) { c.model.norm_eps = static_cast<float>(v.number(0, true, 1)); }},
       {"model", "tie_embeddings", [](R& c, const V& v) { c.model.tie_embeddings = v.boolean(); }},
-      {"model", "n_expert", [](R& c, const V& v) { c.model.n_expert = v.integer(0, kMaxExperts); }},
-      {"model", "top_k", [](R& c, const V& v) { c.model.top_k = v.integer(1, kMaxExperts); }},
-      {"model", "capacity_factor", [](R& c, const V& v) { c.model.capacity_factor = static_cast<float>(v.number(0, true, 1000)); }},
-      {"model", "aux_loss_coef", [](R& c, const V& v) { c.model.aux_loss_coef = static_cast<float>(v.number(0, false, 100)); }},
 
       {"data", "train", [](R& c, const V& v) { c.data.train = v.strings(); }},
       {"data", "val", [](R& c, const V& v) { c.data.val = v.strings(); }},
@@ -223,7 +236,7 @@ const std::vector<KeySpec>& key_specs() {
       {"parallel", "pp", [](R& c, const V& v) { c.parallel.pp = v.integer(1, 1 << 16); }},
       {"parallel", "cp", [](R& c, const V& v) { c.parallel.cp = v.integer(1, 1 << 16); }},
       {"parallel", "cp_algo", [](R& c, const V& v) { c.parallel.cp_algo = v.choice({"ring", "allgather"}); }},
-      {"parallel", "ep", must_be_one(&ParallelConfig::ep)},
+      {"parallel", "ep", [](R& c, const V& v) { c.parallel.ep = v.integer(1, 1 << 16); }},
       {"parallel", "zero_stage", [](R& c, const V& v) { c.parallel.zero_stage = v.integer(0, 3); }},
       {"parallel", "sequence_parallel", [](R& c, const V& v) { c.parallel.sequence_parallel = v.boolean(); }},
       {"parallel", "pp_schedule", [](R& c, const V& v) { c.parallel.pp_schedule = v.choice({"afab", "1f1b", "interleaved"}); }},
@@ -250,6 +263,18 @@ const std::vector<KeySpec>& key_specs() {
       {"log", "peak_tflops", [](R& c, const V& v) { c.log.peak_tflops = v.number(0, false, 1e6); }},
   };
   return specs;
+}
+
+// Every key: the table, with the MoE keys after the other [model] keys.
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> all = [] {
+    std::vector<KeySpec> v = base_key_specs(), moe = moe_key_specs();
+    const auto data =
+        std::find_if(v.begin(), v.end(), [](const KeySpec& k) { return k.section == std::string_view("data"); });
+    v.insert(data, moe.begin(), moe.end());
+    return v;
+  }();
+  return all;
 }
 
 const KeySpec* find_key(std::string_view section, std::string_view key) {
@@ -398,6 +423,25 @@ void check_tp_split(const RunConfig& c, const std::string& source) {
   }
 }
 
+// Expert parallelism splits the dp ranks (mesh/layout.h) and the experts;
+// capacity is counted per group of whole sequences of a rank's micro-batch.
+void check_moe(const RunConfig& c, const std::string& source) {
+  const ParallelConfig& p = c.parallel;
+  LOOM_REQUIRE(p.ep == 1 || c.model.is_moe(), source, ": parallel.ep = ", p.ep,
+               " needs a mixture-of-experts model (model.n_expert > 0): a dense model has no experts to split");
+  LOOM_REQUIRE(p.dp % p.ep == 0, source, ": parallel.ep = ", p.ep, " does not divide parallel.dp = ", p.dp,
+               ": expert parallelism splits the dp ranks into groups of ep");
+  LOOM_REQUIRE(p.ep == 1 || c.checkpoint.every == 0, source, ": parallel.ep = ", p.ep, " with checkpoint.every = ",
+               c.checkpoint.every, ": checkpoints of expert-parallel runs are not supported yet (set checkpoint.every "
+               "= 0, or parallel.ep = 1)");
+  if (!c.model.is_moe()) return;
+  LOOM_REQUIRE(c.model.n_expert % p.ep == 0, source, ": parallel.ep = ", p.ep, " does not divide model.n_expert = ",
+               c.model.n_expert, ": each ep rank holds n_expert / ep experts");
+  LOOM_REQUIRE(c.train.micro_batch % c.model.routing_group == 0, source, ": train.micro_batch = ",
+               c.train.micro_batch, " is not a multiple of model.routing_group = ", c.model.routing_group,
+               ": capacity is counted per group of whole sequences, so a rank's micro-batch holds whole groups");
+}
+
 void validate(const RunConfig& c, const std::string& source) {
   try {
     c.model.validate();
@@ -445,6 +489,7 @@ void validate(const RunConfig& c, const std::string& source) {
   }
   check_cp_split(c, source);
   check_tp_split(c, source);
+  check_moe(c, source);
 }
 
 }  // namespace
@@ -457,55 +502,6 @@ RunConfig parse_run_config(std::string_view toml_text, const std::string& source
   RunConfig c = apply_all(p);
   validate(c, source);
   return c;
-}
-
-nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
-  nlohmann::ordered_json j;
-  j["model"] = model::model_config_to_json(c.model);
-  j["data"] = {{"train", c.data.train}, {"val", c.data.val}, {"shuffle", c.data.shuffle}};
-  const TrainConfig& t = c.train;
-  j["train"] = {{"seq_len", t.seq_len},
-                {"micro_batch", t.micro_batch},
-                {"grad_accum", t.grad_accum},
-                {"global_batch", t.global_batch},
-                {"steps", t.steps},
-                {"lr", t.lr},
-                {"min_lr", t.min_lr},
-                {"warmup_steps", t.warmup_steps},
-                {"weight_decay", t.weight_decay},
-                {"grad_clip", t.grad_clip},
-                {"dtype", t.dtype},
-                {"loss_scale", t.loss_scale},
-                {"loss_scale_window", t.loss_scale_window},
-                {"min_loss_scale", t.min_loss_scale},
-                {"max_bad_steps", t.max_bad_steps},
-                {"recompute", t.recompute},
-                {"seed", t.seed},
-                {"eval_every", t.eval_every},
-                {"eval_steps", t.eval_steps}};
-  const ParallelConfig& p = c.parallel;
-  j["parallel"] = {{"dp", p.dp},
-                   {"tp", p.tp},
-                   {"pp", p.pp},
-                   {"cp", p.cp},
-                   {"cp_algo", p.cp_algo},
-                   {"ep", p.ep},
-                   {"zero_stage", p.zero_stage},
-                   {"sequence_parallel", p.sequence_parallel},
-                   {"pp_schedule", p.pp_schedule},
-                   {"virtual_stages", p.virtual_stages},
-                   {"pp_layers", p.pp_layers},
-                   {"bucket_mb", p.bucket_mb},
-                   {"offload_optimizer", p.offload_optimizer},
-                   {"comm_algo", p.comm_algo},
-                   {"timeout_s", p.timeout_s}};
-  j["checkpoint"] = {{"dir", c.checkpoint.dir},
-                     {"every", c.checkpoint.every},
-                     {"keep", c.checkpoint.keep},
-                     {"resume", c.checkpoint.resume}};
-  j["log"] = {{"metrics", c.log.metrics}, {"every", c.log.every}, {"trace", c.log.trace},
-              {"peak_tflops", c.log.peak_tflops}};
-  return j;
 }
 
 mesh::MeshShape mesh_shape(const ParallelConfig& p) {

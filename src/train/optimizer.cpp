@@ -1,5 +1,7 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "kernels/ops.h"
 
@@ -15,7 +17,25 @@ AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& poo
   }
 }
 
-void AdamW::step(double lr, float grad_scale) {
+namespace {
+
+// The deltas' elements inside piece p, added to its master weights and
+// rounded into its compute weights.
+void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u, std::span<const ParamDelta> deltas) {
+  for (const ParamDelta& d : deltas) {
+    const int64_t end = d.offset + static_cast<int64_t>(d.values.size());
+    const int64_t lo = std::max(p.offset, d.offset), hi = std::min(p.offset + p.count, end);
+    if (lo >= hi) continue;
+    const Tensor values(const_cast<float*>(d.values.data()) + (lo - d.offset), DType::f32, {hi - lo});
+    const Tensor master = u.master.slice(0, lo - p.offset, hi - lo);
+    kernels::add(master, master, values);
+    if (u.param.defined()) kernels::cast(u.param.slice(0, lo - p.offset, hi - lo), master);
+  }
+}
+
+}  // namespace
+
+void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas) {
   ++steps_;
   kernels::AdamWConfig cfg;
   cfg.lr = static_cast<float>(lr);
@@ -32,6 +52,7 @@ void AdamW::step(double lr, float grad_scale) {
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
       kernels::adamw_step(u.master, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), u.grad,
                           u.param, cfg);
+      if (!deltas.empty()) apply_deltas(p, u, deltas);
     }
   }
   dp_.update_finish();

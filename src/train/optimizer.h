@@ -9,6 +9,9 @@
 //   adamw.step(lr, grad_scale);    // every rank of every group, collective
 #pragma once
 
+#include <span>
+#include <vector>
+
 #include <cstdint>
 #include <vector>
 
@@ -16,6 +19,15 @@
 #include "parallel/dp.h"
 
 namespace loom::train {
+
+// A change to parameters made beside the gradient step (a MoE layer's
+// loss-free balancing bias, train/moe_step.h): values (count) f32 added to
+// the master weights at flat elements [offset, offset + count) of the
+// model's buffer, wherever the rank's shard holds them.
+struct ParamDelta {
+  int64_t offset = 0;
+  std::vector<float> values;
+};
 
 struct AdamWOptions {
   double beta1 = 0.9;
@@ -37,7 +49,8 @@ class AdamW {
   // (unscaling and clipping folded in; kernels::adamw_step per piece, decay
   // on 2-D weights only), then the parameters every rank needs made
   // available (DataParallel::update_finish: collective). Counts an update.
-  void step(double lr, float grad_scale);
+  // deltas are added after the update to the pieces holding them.
+  void step(double lr, float grad_scale, std::span<const ParamDelta> deltas = {});
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 

@@ -36,6 +36,15 @@ std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parall
   return stages;
 }
 
+// Expert parallelism: dense parameters averaged (and ZeRO-sharded) over dp x
+// cp, each ep rank's experts over the ranks holding the same experts
+// (expert-dp x cp), their gradient norm summed over the ep group too.
+std::vector<parallel::ParamGroup> expert_groups(mesh::Mesh& mesh) {
+  auto expert = [](const model::ParamSpec& s) { return model::is_expert_param(s.name); };
+  auto dense = [](const model::ParamSpec& s) { return !model::is_expert_param(s.name); };
+  return {{"dense", mesh.dp_cp(), dense}, {"experts", mesh.expert_dp_cp(), expert, &mesh.ep()}};
+}
+
 }  // namespace
 
 RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
@@ -50,6 +59,8 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
     for (int64_t t = 0; t < split.local_tokens(); ++t)
       rank.cp_positions.push_back(static_cast<int32_t>(split.position(cp.rank(), t)));
   }
+  comm::Communicator& ep = ctx.mesh.ep();
+  if (ep.size() > 1) rank.ep = std::make_unique<parallel::ExpertParallel>(ep);
   const int64_t T = o.seq_len / cp.size();  // the rank's tokens of each sequence
   const bool pipelined = pp.size() > 1;
   std::vector<model::StageOptions> stages(1);
@@ -64,13 +75,15 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
     stages = rank_stages(o, *rank.schedule, pp.size(), pp.rank());
   }
   parallel::DpOptions dpo = o.dp;
+  if (rank.ep) dpo.groups = expert_groups(ctx.mesh);
   for (const model::StageOptions& so : stages) {
     const model::ModelOptions mo{.compute = o.compute,
                                  .recompute = o.recompute,
                                  .storage = parallel::DataParallel::model_storage(dpo.zero_stage),
                                  .tp = rank.tp ? rank.tp->options() : model::TpOptions{},
                                  .stage = so,
-                                 .cp = {cp.size(), rank.cp_positions, rank.cp.get()}};
+                                 .cp = {cp.size(), rank.cp_positions, rank.cp.get()},
+                                 .ep = rank.ep ? rank.ep->options() : model::EpOptions{}};
     rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, T, ctx.pools, mo));
     if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());
     rank.dps.push_back(

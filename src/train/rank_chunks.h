@@ -27,6 +27,7 @@
 #include "parallel/pp_runtime.h"
 #include "parallel/pp_schedule.h"
 #include "parallel/pp_tied.h"
+#include "parallel/ep.h"
 #include "parallel/tp.h"
 #include "train/optimizer.h"
 
@@ -55,6 +56,7 @@ struct ChunkOptions {
 
 struct RankChunks {
   std::unique_ptr<parallel::TensorParallel> tp;  // null when mesh.tp() is of one rank
+  std::unique_ptr<parallel::ExpertParallel> ep;  // null when mesh.ep() is of one rank
   // Context parallelism (null when mesh.cp() is of one rank): the models'
   // attention step, and the positions of the rank's seq_len / cp tokens of
   // every sequence (zig-zag chunks).

@@ -20,7 +20,8 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0)
 }  // namespace
 
 double model_flops_per_token(const model::ModelConfig& m, int64_t seq_len) {
-  return 6.0 * static_cast<double>(model::param_count(m)) + 12.0 * static_cast<double>(m.n_layer * m.n_embd * seq_len);
+  return 6.0 * static_cast<double>(model::active_param_count(m)) +
+         12.0 * static_cast<double>(m.n_layer * m.n_embd * seq_len);
 }
 
 double measure_peak_flops(DType dtype) {

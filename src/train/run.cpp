@@ -73,6 +73,11 @@ class Reporter {
                                   {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
       if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
       if (s.val_loss) j["val_loss"] = *s.val_loss;
+      if (s.moe) {
+        j["aux_loss"] = s.moe->aux_loss, j["z_loss"] = s.moe->z_loss;
+        j["expert_load_min"] = s.moe->load_min, j["expert_load_max"] = s.moe->load_max;
+        j["dropped"] = s.moe->dropped;
+      }
       write(j);
     }
     if (s.skipped && options_.progress)
@@ -89,6 +94,10 @@ class Reporter {
                   tokens_per_s, 100.0 * mfu, static_cast<double>(peak_bytes) / (1024.0 * 1024.0), format_duration(eta).c_str());
     std::string text = line;
     if (s.loss_scale > 0) text += concat(" | loss scale ", s.loss_scale, s.skipped ? " (skipped)" : "");
+    if (s.moe)
+      text += concat(" | aux ", fixed(s.moe->aux_loss, 3), " z ", fixed(s.moe->z_loss, 2), " | load ",
+                     fixed(s.moe->load_min, 2), "-", fixed(s.moe->load_max, 2), " | dropped ",
+                     fixed(100.0 * s.moe->dropped, 1), "%");
     if (s.val_loss) text += " | val loss " + fixed(*s.val_loss, 4);
     log_info(text);
   }

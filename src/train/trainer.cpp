@@ -156,12 +156,21 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
     s.bad = !finite_loss || !std::isfinite(s.grad_norm);
   }
   s.skipped = s.skipped || s.bad;  // a diverged step's update would write Inf / NaN weights
+  MoeStep moe;
+  if (cfg_.model.is_moe()) {
+    moe = finish_moe_step(rank_.model_ptrs(), mesh_);
+    s.moe = moe.stats;
+  }
   if (!s.skipped) {
     const double clip = cfg_.train.grad_clip;
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
     const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
     TraceSpan span(trace_, "optimizer");
-    for (auto& opt : rank_.optimizers) opt->step(s.lr, static_cast<float>(clip_factor / loss_scale));
+    for (size_t c = 0; c < rank_.optimizers.size(); ++c) {
+      const std::span<const ParamDelta> deltas = moe.bias_deltas.empty() ? std::span<const ParamDelta>()
+                                                                          : moe.bias_deltas[c];
+      rank_.optimizers[c]->step(s.lr, static_cast<float>(clip_factor / loss_scale), deltas);
+    }
   }
   s.step = ++steps_;
   s.tokens = mesh_.dp().size() * cfg_.train.grad_accum * cfg_.train.micro_batch * cfg_.train.seq_len;
@@ -221,8 +230,10 @@ void save_model(Trainer& trainer, const std::string& dir) {
   const model::ModelConfig& cfg = trainer.model().config();
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  mesh::Mesh& mesh = trainer.mesh();
   const bool lead_of_stage = trainer.dp().rank() == 0 && trainer.tp_rank() == 0;
-  if (trainer.tp_size() == 1 && trainer.pp_size() == 1) {  // one chunk holding whole tensors
+  const int ep = mesh.shape().ep;
+  if (trainer.tp_size() == 1 && trainer.pp_size() == 1 && ep == 1) {  // one chunk holding whole tensors
     OwnedTensor full = pool.empty(DType::f32, {trainer.model().num_params()});
     trainer.dp().gather_master(full);
     if (lead_of_stage) model::save_model_dir(dir, cfg, full, model::ParamLayout::loom);
@@ -230,13 +241,16 @@ void save_model(Trainer& trainer, const std::string& dir) {
   }
   // Every chunk's master weights over dp, every tp rank's slices of them
   // (the same size on each), placed by name into the whole model's buffer by
-  // dp = tp = 0 of each pipeline rank; the pipeline ranks' buffers (each
-  // parameter filled by exactly one stage, zeros elsewhere) are then summed.
+  // expert-dp = cp = tp = 0 of each pipeline rank (under ep, each ep rank its
+  // own experts, ep rank 0 the rest); the ep and pipeline ranks' buffers
+  // (each parameter filled by exactly one of them, zeros elsewhere) are
+  // then summed.
   const std::vector<model::ParamSpec> whole_specs = model::param_specs(cfg);
   std::map<std::string, int64_t> whole_offset;
   for (const model::ParamSpec& spec : whole_specs) whole_offset[spec.name] = spec.offset;
   OwnedTensor whole = pool.zeros(DType::f32, {model::param_count(whole_specs)});
   const int tp = trainer.tp_size();
+  const bool lead_of_ep_rank = mesh.coord().expert_dp == 0 && mesh.coord().cp == 0 && trainer.tp_rank() == 0;
   for (int c = 0; c < trainer.num_chunks(); ++c) {
     const model::Model& m = trainer.chunk(c);
     const int64_t P = m.num_params();
@@ -248,17 +262,19 @@ void save_model(Trainer& trainer, const std::string& dir) {
       trainer.chunk_dp(c).gather_master(full);
       trainer.mesh().tp().all_gather(slices, full)->wait();
     }
-    if (!lead_of_stage) continue;
+    if (!lead_of_ep_rank) continue;
     for (int r = 0; r < tp; ++r) {
-      const std::vector<model::ParamSpec> specs =
-          model::param_specs(cfg, {tp, r}, model::PpStage{m.first_layer(), m.num_layers()});
+      const std::vector<model::ParamSpec> specs = model::param_specs(
+          cfg, {tp, r}, model::PpStage{m.first_layer(), m.num_layers()}, {ep, mesh.coord().ep});
       const Tensor rank_slice = Tensor(slices).slice(0, r * P, P);
       for (const model::ParamSpec& spec : specs) {
         if (spec.pp_copy || (spec.replicated() && r != 0)) continue;  // written by stage 0 / tp rank 0
+        if (mesh.coord().ep != 0 && !model::is_expert_param(spec.name)) continue;  // written by ep rank 0
         model::place_runs(Tensor(whole).slice(0, whole_offset.at(spec.name), spec.global_numel()), rank_slice, spec);
       }
     }
   }
+  if (ep > 1) mesh.ep().all_reduce(whole, comm::ReduceOp::sum)->wait();
   if (trainer.pp_size() > 1) trainer.mesh().pp().all_reduce(whole, comm::ReduceOp::sum)->wait();
   if (lead_of_stage && trainer.pp_rank() == 0) model::save_model_dir(dir, cfg, whole, model::ParamLayout::loom);
 }

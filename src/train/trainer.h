@@ -48,6 +48,7 @@
 #include "train/data_loader.h"
 #include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
+#include "train/moe_step.h"
 #include "train/reports.h"  // the run's reports (measure_peak_flops, ...), for train/run.cpp
 #include "comm/communicator.h"
 #include "mesh/context.h"
@@ -76,6 +77,8 @@ struct StepStats {
   // gradient norm, or under fp16 an overflow at or below
   // train.min_loss_scale. Its update is skipped (skipped is then true).
   bool bad = false;
+  // A mixture-of-experts model's routing this step (train/moe_step.h).
+  std::optional<MoeStepStats> moe;
 };
 
 class Trainer {

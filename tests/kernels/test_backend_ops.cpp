@@ -397,10 +397,56 @@ std::vector<OpCase> elementwise_cases() {
   };
 }
 
+// A (4, 2) row table over a 9-row buffer: each row used once, two choices dropped.
+const std::vector<double> kMoeRows = {3, 0, -1, 5, 7, 1, 2, -1};
+
+std::vector<OpCase> moe_cases() {
+  const Tolerance f32_tol{1e-5, 1e-6}, half_tol{1.0 / 256, 1e-5};
+  return {
+      {"moe_dispatch", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         OP(moe_dispatch)(io.normal("xs", dt, {9, 6}), io.normal("x", dt, {4, 6}),
+                          io.tensor("rows", i32, {4, 2}, kMoeRows));
+       }},
+      {"moe_dispatch_backward", kOnlyF32, f32_tol, half_tol,
+       [](Io& io, DType) {
+         OP(moe_dispatch_backward)(io.normal("dx", f32, {4, 6}), io.normal("dxs", f32, {9, 6}),
+                                   io.tensor("rows", i32, {4, 2}, kMoeRows));
+       }},
+      {"moe_combine", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         OP(moe_combine)(io.normal("y", dt, {4, 6}), io.normal("ys", dt, {9, 6}),
+                         io.tensor("rows", i32, {4, 2}, kMoeRows), io.normal("weight", f32, {4, 2}));
+       }},
+      {"moe_combine_backward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         OP(moe_combine_backward)(io.normal("dys", f32, {9, 6}), io.normal("dweight", f32, {4, 2}),
+                                  io.normal("dy", f32, {4, 6}), io.normal("ys", dt, {9, 6}),
+                                  io.tensor("rows", i32, {4, 2}, kMoeRows), io.normal("weight", f32, {4, 2}));
+       }},
+      {"grouped_linear_forward", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {  // three groups, the middle one empty, a row past the last offset left alone
+         const Tensor w[] = {io.normal("w0", dt, {4, 5}), io.normal("w1", dt, {4, 5}), io.normal("w2", dt, {4, 5})};
+         const int64_t offsets[] = {0, 3, 3, 6};
+         OP(grouped_linear_forward)(io.normal("y", dt, {7, 4}), io.normal("x", dt, {7, 5}), std::span<const Tensor>(w),
+                                    std::span<const int64_t>(offsets), false);
+       }},
+      {"grouped_linear_backward", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor w[] = {io.normal("w0", dt, {4, 5}), io.normal("w1", dt, {4, 5})};
+         const Tensor dw[] = {io.normal("dw0", f32, {4, 5}), io.normal("dw1", f32, {4, 5})};
+         const int64_t offsets[] = {0, 2, 6};
+         OP(grouped_linear_backward)(io.normal("dx", f32, {6, 5}), std::span<const Tensor>(dw),
+                                     io.normal("dy", f32, {6, 4}), io.normal("x", dt, {6, 5}),
+                                     std::span<const Tensor>(w), std::span<const int64_t>(offsets));
+       }},
+  };
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
   for (auto part : {gemm_cases, norm_cases, pointwise_cases, embedding_cases, attention_cases, loss_cases,
-                    optim_cases, elementwise_cases}) {
+                    optim_cases, elementwise_cases, moe_cases}) {
     for (OpCase& c : part()) all.push_back(std::move(c));
   }
   return all;

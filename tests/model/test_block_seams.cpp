@@ -167,12 +167,12 @@ class RecordingAttention final : public AttentionStep {
 // An MLP that adds nothing: out = 0, and no gradient flows through it.
 class ZeroMlp final : public MlpStep {
  public:
-  void forward(Tensor out, const Tensor&, const LayerWeights&, LayerActs&, const Dims&) const override {
+  void forward(Tensor out, const Tensor&, const LayerWeights&, LayerActs&, const BlockContext&) const override {
     kernels::fill(out, 0.f);
   }
   void recompute(LayerActs&) const override {}
   Tensor backward(const Tensor&, const Tensor&, const LayerWeights&, const LayerWeights&, const LayerActs&, Scratch& s,
-                  const Dims&) const override {
+                  const BlockContext&) const override {
     kernels::fill(s.dnorm, 0.f);
     return s.dnorm;
   }

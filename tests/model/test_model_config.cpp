@@ -74,7 +74,13 @@ TEST(ModelConfig, InvalidValuesNameTheKeyAndWhatIsAllowed) {
                {"15", "odd", "RoPE"});
   expect_error(with([](ModelConfig& c) { c.norm_eps = 0.f; }), {"model.norm_eps"});
   expect_error(with([](ModelConfig& c) { c.rope_theta = -1.f; }), {"model.rope_theta"});
-  expect_error(with([](ModelConfig& c) { c.n_expert = 8; }), {"model.n_expert = 8", "not supported yet"});
+  expect_error(with([](ModelConfig& c) { c.n_expert = 4, c.top_k = 5; }), {"model.top_k = 5", "model.n_expert = 4"});
+  expect_error(with([](ModelConfig& c) { c.n_expert = 4, c.capacity_factor = -1.f; }),
+               {"model.capacity_factor = -1", "0 (dropless)"});
+  expect_error(with([](ModelConfig& c) { c.n_expert = 4, c.moe_every = 3; }),
+               {"model.moe_every = 3", "1 to model.n_layer = 2"});
+  expect_error(with([](ModelConfig& c) { c.n_expert = 4, c.z_loss_coef = -0.1f; }), {"model.z_loss_coef"});
+  expect_error(with([](ModelConfig& c) { c.n_expert = 4, c.routing_group = 0; }), {"model.routing_group = 0"});
   expect_error(with([](ModelConfig& c) { c.n_layer = int64_t{1} << 62; }), {"model.n_layer", "too large"});
   expect_error(with([](ModelConfig& c) { c.n_layer = 1 << 20, c.n_embd = 1 << 20, c.n_head = 1 << 10, c.n_kv_head = 1 << 10; }),
                {"parameters", "more than 2^50"});
@@ -82,6 +88,9 @@ TEST(ModelConfig, InvalidValuesNameTheKeyAndWhatIsAllowed) {
   g.n_kv_head = 2;
   expect_error([g] { g.validate(); }, {"model.n_kv_head = 2", "gpt2"});
   expect_error([g] { param_specs(g); }, {"model.n_kv_head"});
+  g = model_preset("gpt2-tiny");
+  g.n_expert = 8;
+  expect_error([g] { g.validate(); }, {"model.n_expert = 8", "family = llama"});
 }
 
 TEST(ParamSpecs, Gpt2UsesHuggingFaceNamesAndLoomLinearLayout) {

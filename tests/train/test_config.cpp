@@ -171,7 +171,23 @@ TEST(RunConfigErrors, FeaturesNotBuiltYetAreRejectedByName) {
   expect_error(kMinimal, {"train.dtype=fp8"}, {"train.dtype = 'fp8' is invalid", "fp32, bf16, fp16"});
   expect_error(kMinimal, {"train.loss_scale=0"}, {"train.loss_scale = 0 is invalid", "numbers > 0"});
   expect_error(kMinimal, {"train.recompute=some"}, {"train.recompute", "'some'", "none, selective, full"});
-  expect_error(kMinimal, {"parallel.ep=2"}, {"parallel.ep = 2 is not supported yet"});
+}
+
+// Expert parallelism splits the dp ranks and the experts of a MoE model.
+TEST(RunConfigErrors, ExpertParallelismSaysWhatMustDivideWhat) {
+  expect_error(kMinimal, {"parallel.ep=2", "parallel.dp=2"}, {"parallel.ep = 2", "model.n_expert > 0"});
+  const std::vector<std::string> moe = {"model.family=llama", "model.n_kv_head=4", "model.n_expert=4"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return more;
+  };
+  expect_error(kMinimal, with({"parallel.ep=2", "parallel.dp=3"}), {"parallel.ep = 2 does not divide parallel.dp = 3"});
+  expect_error(kMinimal, with({"parallel.ep=3", "parallel.dp=3"}),
+               {"parallel.ep = 3 does not divide model.n_expert = 4"});
+  expect_error(kMinimal, with({"model.routing_group=3", "train.micro_batch=4"}),
+               {"train.micro_batch = 4", "model.routing_group = 3"});
+  expect_error(kMinimal, with({"model.top_k=5"}), {"model.top_k = 5", "model.n_expert = 4"});
+  EXPECT_EQ(parse_run_config(kMinimal, "run.toml", with({"parallel.ep=2", "parallel.dp=4"})).parallel.ep, 2);
 }
 
 // Context parallelism cuts every sequence into 2 x cp zig-zag chunks.
@@ -303,7 +319,9 @@ TEST(RunConfigErrors, NumericKeysPastTheirUpperBoundNameTheBound) {
       {"model.n_layer=5000", "model.n_layer = 5000 is invalid: allowed values are integers >= 1 and <= 4096"},
       {"model.rope_theta=1e13", "numbers > 0 and <= 1e+12"},
       {"model.n_expert=5000", "integers >= 0 and <= 4096"},
-      {"model.capacity_factor=1e4", "numbers > 0 and <= 1000"},
+      {"model.capacity_factor=1e4", "numbers >= 0 and <= 1000"},
+      {"model.router_score=relu", "softmax, sigmoid"},
+      {"model.aux_free_rate=2", "numbers >= 0 and <= 1"},
       {"model.aux_loss_coef=1e3", "numbers >= 0 and <= 100"},
   };
   for (const auto& [set, message] : cases) expect_error(kMinimal, {set}, {"--set " + set, message});

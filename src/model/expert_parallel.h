@@ -1,0 +1,52 @@
+// Expert parallelism as the model sees it (DESIGN.md §5 EP; GShard, Lepikhin
+// et al. 2020; Megatron-Core's MoE token dispatcher): the ep ranks of a
+// group each hold n_expert / ep experts of every MoE layer (params.h
+// EpRank) and route their own tokens. A MoE layer sends each kept choice's
+// row to the rank holding its expert, computes the rows its experts
+// received, and sends the outputs back to be combined where the token lives
+// (model/moe.h):
+//
+//   counts   all_to_all of each rank's rows per expert (E int64)
+//   dispatch all_to_all_v of the rows, by destination rank
+//   experts  grouped GEMM over the received rows, ordered by local expert
+//   combine  all_to_all_v back (the reverse counts), then the weighted sum
+//
+// backward mirrors it: the combine's gradient rows travel to the experts
+// with the forward's counts, the input gradient rows back with the reverse.
+// Under tensor parallelism every tp rank routes the same tokens and its ep
+// group is made of the ranks with its tp rank, so each expert's tp slices
+// see the same rows.
+#pragma once
+
+#include <span>
+
+#include "core/tensor.h"
+#include "model/params.h"
+
+namespace loom::model {
+
+// The collectives over the ep group; parallel/ep.h implements them on a
+// comm::Communicator. Blocking.
+class ExpertParallelOps {
+ public:
+  virtual ~ExpertParallelOps() = default;
+  // in (E) i64: size() blocks of E / size(), block r for rank r; out (E):
+  // block r is rank r's block for this rank.
+  virtual void exchange_counts(Tensor out, const Tensor& in) = 0;
+  // Rows of in, in rank blocks of send_rows[r] rows, go to rank r; out gets
+  // rank r's in blocks of recv_rows[r] rows, in rank order. in and out are
+  // (rows, width) of one dtype (f32, bf16 or f16), their leading rows used.
+  virtual void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                             std::span<const int64_t> send_rows) = 0;
+};
+
+// How a Model's experts are split: its ep rank and group size, and the
+// collectives (required for forward and backward when ep > 1; a model built
+// only to count bytes may leave them null).
+struct EpOptions {
+  EpRank ep;
+  ExpertParallelOps* ops = nullptr;
+  bool active() const { return ep.size > 1; }
+};
+
+}  // namespace loom::model

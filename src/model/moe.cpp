@@ -1,0 +1,359 @@
+// The MoE MLP step (moe.h): routing on the host (moe_router.h), rows moved
+// by the kernels' dispatch / combine, experts as grouped GEMMs, ep's
+// exchanges through ExpertParallelOps, tp's sums as a dense MLP's.
+#include "model/moe.h"
+
+#include <algorithm>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "model/family.h"
+#include "model/moe_router.h"
+
+namespace loom::model {
+
+using namespace loom::kernels;
+
+namespace {
+
+template <typename T>
+std::span<T> host(const Tensor& t, int64_t n) {
+  return {t.data_as<T>(), static_cast<size_t>(n)};
+}
+size_t at(int64_t i) { return static_cast<size_t>(i); }
+
+// Where a layer's rows are, read back from MoeActs::counts: per expert sent
+// [0, E), per (source rank, local expert) received [E, 2E), then the rows
+// this rank's experts computed and the rows it sent.
+struct RowPlan {
+  int64_t E = 0, El = 0, P = 1;  // experts, per ep rank, ep ranks
+  std::vector<int64_t> send_rows, recv_rows;  // per ep rank
+  std::vector<int64_t> expert_off;            // (El + 1): rows of each local expert in the experts' order
+  int64_t computed = 0, sent = 0;
+};
+
+RowPlan row_plan(const Tensor& counts, int64_t E, int P) {
+  const int64_t* c = counts.data_as<int64_t>();
+  RowPlan p;
+  p.E = E, p.El = E / P, p.P = P;
+  p.send_rows.assign(at(P), 0), p.recv_rows.assign(at(P), 0), p.expert_off.assign(at(p.El + 1), 0);
+  for (int64_t e = 0; e < E; ++e) p.send_rows[at(e / p.El)] += c[e];
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t le = 0; le < p.El; ++le) {
+      const int64_t n = P > 1 ? c[E + r * p.El + le] : c[le];
+      p.recv_rows[at(r)] += n;
+      p.expert_off[at(le + 1)] += n;
+    }
+  for (int64_t le = 0; le < p.El; ++le) p.expert_off[at(le + 1)] += p.expert_off[at(le)];
+  p.computed = c[2 * E], p.sent = c[2 * E + 1];
+  return p;
+}
+
+// Moves rows between the order they arrive in (source rank, then local
+// expert) and the experts' order (local expert, then source rank): blocks
+// of counts[E + r El + le] rows. to_experts: from `by_rank` into
+// `by_expert`, else back.
+void reorder(const Tensor& by_rank, const Tensor& by_expert, const Tensor& counts, const RowPlan& p,
+             bool to_experts) {
+  const int64_t* c = counts.data_as<int64_t>() + p.E;
+  std::vector<int64_t> cursor(p.expert_off.begin(), p.expert_off.end() - 1);
+  int64_t src = 0;
+  for (int64_t r = 0; r < p.P; ++r)
+    for (int64_t le = 0; le < p.El; ++le) {
+      const int64_t n = c[r * p.El + le];
+      if (n == 0) continue;
+      const Tensor a = by_rank.slice(0, src, n), b = by_expert.slice(0, cursor[at(le)], n);
+      if (to_experts) copy(b, a);
+      else copy(a, b);
+      src += n, cursor[at(le)] += n;
+    }
+}
+
+// The rank's experts' weights (or gradients) of one matrix.
+std::span<const Tensor> experts(const std::vector<Tensor>& w) { return {w.data(), w.size()}; }
+
+}  // namespace
+
+// ---- forward ----
+
+namespace {
+
+// Router, top-k, capacity and the dispatch plan: fills a's logits ... rows
+// and counts[0, E) (sent per expert) and the sent total; returns it. Counts
+// the statistics when training.
+int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, const Dims& d, int64_t layer) {
+  const ModelConfig& cfg = *run.cfg;
+  const int64_t N = h.size(0), E = cfg.n_expert, k = cfg.top_k;
+  const RouterShape rs{N, E, k};
+  const Tensor logits = a.logits.slice(0, 0, N), logits32 = a.logits32.slice(0, 0, N);
+  block_linear(d, logits, h, w.router, Tensor());
+  cast(logits32, logits);
+  const auto scores = host<float>(a.scores, N * E), lse = host<float>(a.lse, N);
+  router_scores(scores, lse, host<float>(logits32, N * E), rs, cfg.router_score);
+  std::vector<float> bias;
+  if (w.expert_bias.defined()) {
+    bias.resize(at(E));
+    cast(Tensor(bias.data(), DType::f32, {E}), w.expert_bias);
+  }
+  const auto sel = host<int32_t>(a.sel, N * k), rows = host<int32_t>(a.rows, N * k);
+  route_top_k(sel, host<float>(a.weight, N * k), scores, bias, rs, cfg.norm_topk_prob);
+  const bool capacity = run.training && cfg.capacity_factor > 0.f;
+  const int64_t group = capacity ? run.group_tokens : N;
+  apply_capacity(rows, sel, scores, rs, group,
+                 capacity ? expert_capacity(cfg.capacity_factor, run.group_tokens, k, E) : -1);
+  // Rows by expert, then token: counts, then each kept choice's place.
+  int64_t* counts = a.counts.data_as<int64_t>();
+  std::fill(counts, counts + 2 * E + 2, 0);
+  for (int64_t i = 0; i < N * k; ++i) counts[sel[at(i)]] += rows[at(i)];
+  std::vector<int64_t> cursor(at(E));
+  std::exclusive_scan(counts, counts + E, cursor.begin(), int64_t{0});
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < N * k; ++i) {
+    dropped += rows[at(i)] == 0;
+    rows[at(i)] = rows[at(i)] ? static_cast<int32_t>(cursor[at(sel[at(i)])]++) : -1;
+  }
+  const int64_t sent = N * k - dropped;
+  counts[2 * E + 1] = sent;
+  if (run.training && !run.recomputing) {
+    MoeStats& st = run.stats;
+    const GroupStats g = group_stats(sel, scores, rs, run.training ? run.group_tokens : N, cfg.router_score);
+    st.aux_loss += aux_loss(g, rs), st.z_loss += z_loss(lse);
+    ++st.layer_forwards, st.choices += N * k, st.dropped += dropped;
+    if (st.load.empty()) st.load.assign(at(cfg.n_layer * E), 0);
+    for (int64_t i = 0; i < N * k; ++i) ++st.load[at(layer * E + sel[at(i)])];
+  }
+  return sent;
+}
+
+// ep > 1: counts[E, 2E) from every rank, then the rows to the experts'
+// ranks (xr) and into the experts' order (xe). Returns the rows received.
+void dispatch_rows(MoeRun& run, MoeActs& a, int64_t E) {
+  const int P = run.ep.ep.size;
+  const Tensor counts = a.counts;
+  run.ep.ops->exchange_counts(counts.slice(0, E, E), counts.slice(0, 0, E));
+  RowPlan p = row_plan(counts, E, P);
+  p.computed = std::accumulate(p.recv_rows.begin(), p.recv_rows.end(), int64_t{0});
+  counts.data_as<int64_t>()[2 * E] = p.computed;
+  run.ep.ops->exchange_rows(a.xr, p.recv_rows, a.xs, p.send_rows);
+  reorder(a.xr, a.xe, counts, p, true);
+}
+
+// The rank's experts on their rows: fc, up, act, ye (the first `n` rows).
+void run_experts(const Dims& d, const LayerWeights& w, MoeActs& a, const RowPlan& p) {
+  const int64_t n = p.computed;
+  if (n == 0) return;
+  const Tensor xe = a.xe.slice(0, 0, n), fc = a.fc.slice(0, 0, n), up = a.up.slice(0, 0, n);
+  const Tensor act = a.act.slice(0, 0, n);
+  grouped_linear_forward(fc, xe, experts(w.w1), p.expert_off, d.batch_invariant);
+  grouped_linear_forward(up, xe, experts(w.w3), p.expert_off, d.batch_invariant);
+  swiglu_forward(act, fc, up);
+  grouped_linear_forward(a.ye.slice(0, 0, n), act, experts(w.w2), p.expert_off, d.batch_invariant);
+}
+
+// The shared experts' output (partial under tp) added into y.
+void shared_forward(const Dims& d, Tensor y, const Tensor& h, const LayerWeights& w, MoeActs& a) {
+  if (!w.sh_gate.defined()) return;
+  const int64_t N = h.size(0);
+  const Tensor fc = a.sh_fc.slice(0, 0, N), up = a.sh_up.slice(0, 0, N), act = a.sh_act.slice(0, 0, N);
+  const Tensor out = a.sh_out.slice(0, 0, N);
+  block_linear(d, fc, h, w.sh_gate, Tensor());
+  block_linear(d, up, h, w.sh_up, Tensor());
+  swiglu_forward(act, fc, up);
+  block_linear(d, out, act, w.sh_down, Tensor());
+  add(y, y, out);
+}
+
+}  // namespace
+
+void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, LayerActs& la,
+                     const BlockContext& c) const {
+  const Dims& d = c.d;
+  const TpContext& tp = d.par.tp;
+  MoeActs& a = la.moe;
+  const int64_t C = d.C, E = run_.cfg->n_expert;
+  const Tensor h = rows_of(tp_enter(d, h_rows), C);  // (N, C): every token of the tp group
+  const int64_t N = h.size(0);
+  const int64_t sent = route(run_, h, w, a, d, c.layer);
+  const Tensor rows = a.rows.slice(0, 0, N);
+  moe_dispatch(a.xs, h, rows);
+  if (run_.ep.active()) dispatch_rows(run_, a, E);
+  else a.counts.data_as<int64_t>()[2 * E] = sent;
+  const RowPlan p = row_plan(a.counts, E, run_.ep.ep.size);
+  run_experts(d, w, a, p);
+  if (run_.ep.active()) {
+    reorder(a.xr, a.ye, a.counts, p, false);  // the outputs, back in arrival order
+    run_.ep.ops->exchange_rows(a.ys, p.send_rows, a.xr, p.recv_rows);
+  }
+  // The combine (and shared experts) give partial sums under tp: summed as g.
+  const Tensor y = tp.sp ? tp.partial : rows_of(out, C);
+  moe_combine(y, a.ys, rows, a.weight.slice(0, 0, N));
+  shared_forward(d, y, h, w, a);
+  if (tp.ops) tp.ops->reduce(tp.sp ? rows_of(out, C) : out, tp.sp ? tp.partial : out);
+}
+
+void MoeMlp::recompute(LayerActs& la) const {
+  MoeActs& a = la.moe;
+  const int64_t n = a.counts.data_as<int64_t>()[2 * run_.cfg->n_expert];
+  if (n > 0) swiglu_forward(a.act.slice(0, 0, n), a.fc.slice(0, 0, n), a.up.slice(0, 0, n));
+  if (a.sh_fc.defined()) swiglu_forward(a.sh_act, a.sh_fc, a.sh_up);
+}
+
+// ---- backward ----
+
+namespace {
+
+// The experts' backward on their rows: dye in (scratch: scaled here), dxe
+// (zeroed here) out; weight gradients += into g. Under ep a rank's experts
+// see the rows of every rank of its ep group, so their weight gradients sum
+// ep ranks' losses, where a dense weight's hold its own rank's: they are
+// scaled by 1 / ep, so that the average over the expert-dp group (dp / ep
+// ranks) is the same mean over every dp rank's loss the dense weights get.
+void experts_backward(const LayerWeights& w, const LayerWeights& g, const MoeActs& a, MoeScratch& m,
+                      const Tensor& dye_all, const RowPlan& p) {
+  const int64_t n = p.computed;
+  if (n == 0) return;
+  const Tensor dact = m.dact.slice(0, 0, n), dfc = m.dfc.slice(0, 0, n), dup = m.dup.slice(0, 0, n);
+  const Tensor dxe = m.dxe.slice(0, 0, n), xe = a.xe.slice(0, 0, n), dye = dye_all.slice(0, 0, n);
+  const Tensor act = a.act.slice(0, 0, n);
+  fill(dact, 0.f), fill(dfc, 0.f), fill(dup, 0.f), fill(dxe, 0.f);
+  const std::span<const Tensor> none;
+  grouped_linear_backward(dact, none, dye, act, experts(w.w2), p.expert_off);
+  swiglu_backward(dfc, dup, dact, a.fc.slice(0, 0, n), a.up.slice(0, 0, n));
+  grouped_linear_backward(dxe, none, dfc, xe, experts(w.w1), p.expert_off);
+  grouped_linear_backward(dxe, none, dup, xe, experts(w.w3), p.expert_off);
+  if (p.P > 1)
+    for (const Tensor& t : {dye, dfc, dup}) scale(t, 1.f / static_cast<float>(p.P));
+  grouped_linear_backward(Tensor(), experts(g.w2), dye, act, experts(w.w2), p.expert_off);
+  grouped_linear_backward(Tensor(), experts(g.w1), dfc, xe, experts(w.w1), p.expert_off);
+  grouped_linear_backward(Tensor(), experts(g.w3), dup, xe, experts(w.w3), p.expert_off);
+}
+
+void shared_backward(Tensor dx, const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
+                     const MoeActs& a, MoeScratch& m) {
+  if (!w.sh_gate.defined()) return;
+  fill(m.sh_dact, 0.f), fill(m.sh_dfc, 0.f), fill(m.sh_dup, 0.f);
+  linear_backward(m.sh_dact, g.sh_down, Tensor(), dy, a.sh_act, w.sh_down);
+  swiglu_backward(m.sh_dfc, m.sh_dup, m.sh_dact, a.sh_fc, a.sh_up);
+  linear_backward(dx, g.sh_gate, Tensor(), m.sh_dfc, h, w.sh_gate);
+  linear_backward(dx, g.sh_up, Tensor(), m.sh_dup, h, w.sh_up);
+}
+
+// The router's gradient from the combine weights' (m.dweight) and the
+// balancing losses', into the router weight and (once over tp) dx.
+void router_backward_into(const MoeRun& run, Tensor dx, const Tensor& h, const LayerWeights& w,
+                          const LayerWeights& g, const MoeActs& a, MoeScratch& m, const TpContext& tp) {
+  const ModelConfig& cfg = *run.cfg;
+  const int64_t N = h.size(0), E = cfg.n_expert, k = cfg.top_k;
+  const RouterShape rs{N, E, k};
+  const auto scores = host<const float>(a.scores, N * E);
+  const auto sel = host<const int32_t>(a.sel, N * k);
+  const GroupStats stats = group_stats(sel, scores, rs, run.group_tokens, cfg.router_score);
+  RouterGradArgs args{host<const float>(a.logits32, N * E), scores, host<const float>(a.lse, N),
+                      host<const float>(a.weight, N * k), host<const float>(m.dweight, N * k), sel, &stats};
+  args.aux_scale = static_cast<double>(cfg.aux_loss_coef) * run.dloss;
+  args.z_scale = static_cast<double>(cfg.z_loss_coef) * run.dloss;
+  const Tensor dlogits = m.dlogits.slice(0, 0, N);
+  router_backward(host<float>(dlogits, N * E), args, rs, cfg.router_score, cfg.norm_topk_prob);
+  // The router is replicated over tp, its input gradient summed with the experts' partials: rank 0 adds it.
+  linear_backward(tp.rank == 0 ? dx : Tensor(), g.router, Tensor(), dlogits, h, w.router);
+}
+
+}  // namespace
+
+Tensor MoeMlp::backward(const Tensor& dy, const Tensor& h_rows, const LayerWeights& w, const LayerWeights& g,
+                        const LayerActs& la, Scratch& s, const BlockContext& c) const {
+  const Dims& d = c.d;
+  const TpContext& tp = d.par.tp;
+  const MoeActs& a = la.moe;
+  MoeScratch& m = s.moe;
+  const int64_t C = d.C, E = run_.cfg->n_expert;
+  const Tensor dyf = rows_of(tp_exit_backward(d, dy), C);  // (N, C) f32
+  Tensor h = rows_of(h_rows, C);
+  if (tp.sp) {
+    tp.ops->gather(tp.gathered, h);
+    h = tp.gathered;
+  }
+  const int64_t N = h.size(0);
+  const Tensor rows = a.rows.slice(0, 0, N), dweight = m.dweight.slice(0, 0, N);
+  const RowPlan p = row_plan(a.counts, E, run_.ep.ep.size);
+  moe_combine_backward(m.dys, dweight, dyf, a.ys, rows, a.weight.slice(0, 0, N));
+  if (tp.ops) tp.ops->all_reduce_sum(dweight);  // ys were partial sums over tp
+  Tensor dye = m.dys, dxs = m.dxe;
+  if (run_.ep.active()) {
+    run_.ep.ops->exchange_rows(m.dyr, p.recv_rows, m.dys, p.send_rows);
+    reorder(m.dyr, m.dye, a.counts, p, true);
+    dye = m.dye, dxs = m.dxs;
+  }
+  experts_backward(w, g, a, m, dye, p);
+  if (run_.ep.active()) {
+    reorder(m.dyr, m.dxe, a.counts, p, false);
+    run_.ep.ops->exchange_rows(m.dxs, p.send_rows, m.dyr, p.recv_rows);
+  }
+  const Tensor dx = rows_of(s.dnorm, C);
+  fill(dx, 0.f);
+  moe_dispatch_backward(dx, dxs, rows);
+  shared_backward(dx, dyf, h, w, g, a, m);
+  router_backward_into(run_, dx, h, w, g, a, m, tp);
+  if (!tp.ops) return s.dnorm;
+  const Tensor summed = tp.sp ? tp.dlocal : s.dnorm;
+  tp.ops->reduce(summed, tp.sp ? dx : s.dnorm);
+  return summed;
+}
+
+// ---- layout ----
+
+MoeSizes moe_sizes(const ModelConfig& cfg, int64_t N, int64_t groups, int64_t group_tokens, int tp, int ep) {
+  MoeSizes z;
+  z.N = N, z.k = cfg.top_k, z.E = cfg.n_expert, z.C = cfg.n_embd;
+  z.F = cfg.d_ff / tp, z.Fs = cfg.n_shared_expert * cfg.d_ff / tp;
+  z.ep = ep > 1;
+  z.R = static_cast<int64_t>(ep) * N * z.k;  // dropless: every rank's every choice may come here
+  if (group_tokens > 0 && cfg.capacity_factor > 0.f) {
+    const int64_t cap = expert_capacity(cfg.capacity_factor, group_tokens, z.k, z.E);
+    z.R = std::min(z.R, static_cast<int64_t>(ep) * groups * (z.E / ep) * cap);
+  }
+  z.R = std::max<int64_t>(z.R, 1);
+  return z;
+}
+
+void moe_kept_acts(MoeActs& a, const MoeSizes& z, const MoeAlloc& alloc, DType compute) {
+  const DType f32 = DType::f32, i32 = DType::i32;
+  const int64_t N = z.N, E = z.E, k = z.k, C = z.C, R = z.R;
+  a.logits = alloc({N, E}, compute), a.logits32 = alloc({N, E}, f32), a.scores = alloc({N, E}, f32);
+  a.lse = alloc({N}, f32);
+  a.sel = alloc({N, k}, i32), a.weight = alloc({N, k}, f32), a.rows = alloc({N, k}, i32);
+  a.counts = alloc({2 * E + 2}, DType::i64);
+  a.xs = alloc({N * k, C}, compute);
+  if (z.ep) {
+    a.xr = alloc({R, C}, compute), a.xe = alloc({R, C}, compute);
+    a.ye = alloc({R, C}, compute), a.ys = alloc({N * k, C}, compute);
+  } else {
+    a.xe = a.xs, a.ye = alloc({N * k, C}, compute), a.ys = a.ye;
+  }
+  a.fc = alloc({R, z.F}, compute), a.up = alloc({R, z.F}, compute);
+  if (z.Fs > 0) a.sh_fc = alloc({N, z.Fs}, compute), a.sh_up = alloc({N, z.Fs}, compute);
+  if (z.Fs > 0) a.sh_out = alloc({N, C}, compute);
+}
+
+void moe_dropped_acts(MoeActs& a, const MoeSizes& z, const MoeAlloc& alloc, DType compute) {
+  a.act = alloc({z.R, z.F}, compute);
+  if (z.Fs > 0) a.sh_act = alloc({z.N, z.Fs}, compute);
+}
+
+MoeScratch moe_scratch(const MoeSizes& z, const MoeAlloc& alloc) {
+  const DType f32 = DType::f32;
+  const int64_t N = z.N, E = z.E, k = z.k, C = z.C, R = z.R;
+  MoeScratch m;
+  m.dys = alloc({N * k, C}, f32);
+  if (z.ep) m.dyr = alloc({R, C}, f32), m.dye = alloc({R, C}, f32), m.dxs = alloc({N * k, C}, f32);
+  m.dxe = alloc({z.ep ? R : N * k, C}, f32);
+  m.dfc = alloc({R, z.F}, f32), m.dup = alloc({R, z.F}, f32), m.dact = alloc({R, z.F}, f32);
+  if (z.Fs > 0) m.sh_dfc = alloc({N, z.Fs}, f32), m.sh_dup = alloc({N, z.Fs}, f32), m.sh_dact = alloc({N, z.Fs}, f32);
+  m.dlogits = alloc({N, E}, f32), m.dweight = alloc({N, k}, f32);
+  return m;
+}
+
+}  // namespace loom::model

@@ -1,0 +1,55 @@
+#include "parallel/ep.h"
+
+#include <chrono>
+#include <vector>
+
+#include "core/error.h"
+
+namespace loom::parallel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The communicator moves f32, bf16, i32 and i64 and only copies in an
+// all_to_all: f16 rows travel as bf16 bit patterns of the same size.
+Tensor wire(const Tensor& t) {
+  if (t.dtype() != DType::f16) return t;
+  return Tensor(t.data(), DType::bf16, t.shape(), t.device());
+}
+
+}  // namespace
+
+ExpertParallel::ExpertParallel(comm::Communicator& ep) : ep_(ep) {}
+
+void ExpertParallel::exchange_counts(Tensor out, const Tensor& in) {
+  const auto start = Clock::now();
+  LOOM_CHECK(in.dtype() == DType::i64 && in.numel() % ep_.size() == 0, "exchange_counts: ", in.str());
+  ep_.all_to_all(out, in)->wait();
+  seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void ExpertParallel::exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                                   std::span<const int64_t> send_rows) {
+  const auto start = Clock::now();
+  const int P = ep_.size();
+  LOOM_CHECK(static_cast<int>(recv_rows.size()) == P && static_cast<int>(send_rows.size()) == P &&
+                 in.ndim() == 2 && out.ndim() == 2 && in.size(1) == out.size(1) && in.dtype() == out.dtype(),
+             "exchange_rows: ", out.str(), " <- ", in.str());
+  const int64_t width = in.size(1);
+  std::vector<int64_t> recv(static_cast<size_t>(P)), send(static_cast<size_t>(P));
+  int64_t recv_total = 0, send_total = 0;
+  for (int r = 0; r < P; ++r) {
+    recv[static_cast<size_t>(r)] = recv_rows[static_cast<size_t>(r)] * width;
+    send[static_cast<size_t>(r)] = send_rows[static_cast<size_t>(r)] * width;
+    recv_total += recv_rows[static_cast<size_t>(r)], send_total += send_rows[static_cast<size_t>(r)];
+  }
+  LOOM_CHECK(recv_total <= out.size(0) && send_total <= in.size(0), "exchange_rows: ", recv_total, " rows into ",
+             out.str(), ", ", send_total, " from ", in.str());
+  const Tensor o = wire(out).slice(0, 0, recv_total).flatten(), i = wire(in).slice(0, 0, send_total).flatten();
+  ep_.all_to_all_v(o, recv, i, send)->wait();
+  ++exchanges_, bytes_ += send_total * width * static_cast<int64_t>(dtype_size(in.dtype()));
+  seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace loom::parallel

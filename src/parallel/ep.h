@@ -1,0 +1,40 @@
+// Expert parallelism (DESIGN.md §5 EP): the collectives of
+// model::ExpertParallelOps (model/expert_parallel.h: the MoE layers' count
+// exchange, dispatch and combine) on the mesh's ep communicator, with the
+// seconds a step spent in them (for `loom bench train --ep`).
+#pragma once
+
+#include <span>
+
+#include "comm/communicator.h"
+#include "model/expert_parallel.h"
+
+namespace loom::parallel {
+
+class ExpertParallel final : public model::ExpertParallelOps {
+ public:
+  // ep: the group (mesh.ep()); must outlive this object.
+  explicit ExpertParallel(comm::Communicator& ep);
+
+  // What a Model of this rank is built with.
+  model::EpOptions options() { return {{ep_.size(), ep_.rank()}, this}; }
+  comm::Communicator& group() { return ep_; }
+
+  void exchange_counts(Tensor out, const Tensor& in) override;
+  void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                     std::span<const int64_t> send_rows) override;
+
+  // Since the last reset: seconds in the exchanges, their count and the
+  // bytes this rank sent.
+  double seconds() const { return seconds_; }
+  int64_t exchanges() const { return exchanges_; }
+  int64_t bytes_sent() const { return bytes_; }
+  void reset_stats() { seconds_ = 0, exchanges_ = 0, bytes_ = 0; }
+
+ private:
+  comm::Communicator& ep_;
+  double seconds_ = 0;
+  int64_t exchanges_ = 0, bytes_ = 0;
+};
+
+}  // namespace loom::parallel
