@@ -444,6 +444,8 @@ int run_train_bench(const TrainBenchOptions& o) {
   const std::unique_ptr<comm::Communicator> world =
       in_job ? comm::mpi_world(copts) : std::make_unique<comm::SelfCommunicator>("world", copts);
   LOOM_REQUIRE(o.pp == 1 || o.cp == 1, "bench train: --pp ", o.pp, " and --cp ", o.cp, ": run one of them");
+  if (o.moe > 0) return run_moe_bench(o, *world);
+  LOOM_REQUIRE(o.ep == 1, "bench train: --ep ", o.ep, " needs --moe (the experts to split)");
   if (o.pp > 1 || o.cp_bench) {
     LOOM_REQUIRE(in_job, "bench train: ", o.pp > 1 ? "--pp" : "--cp", " needs an mpirun job (pp x dp x cp x tp ranks)");
     return o.pp > 1 ? run_pp_bench(o, *world) : run_cp_bench(o, *world);

@@ -55,6 +55,14 @@ struct TrainBenchOptions {
   std::string cp_algo = "ring";
   bool cp_contiguous = false;
   double activation_budget_mb = 0;
+  // Mixture of experts (model/moe.h): the preset (a Llama) with moe experts
+  // in every layer's MLP, top_k a token, capacity_factor (0: dropless), over
+  // ep ranks of the job (dp = ranks); timed beside the dense model of the
+  // same active parameters (d_ff x top_k) on the same ranks.
+  int moe = 0;
+  int64_t top_k = 2;
+  double capacity_factor = 1.25;
+  int ep = 1;
   std::string command;              // the command line that reproduces the run
 };
 

@@ -41,5 +41,7 @@ train::ChunkOptions chunk_options(const TrainBenchOptions& o, const model::Model
 
 // `loom bench train --cp N` (cp_bench.cpp), under mpirun.
 int run_cp_bench(const TrainBenchOptions& o, comm::Communicator& world);
+// `loom bench train --moe E [--ep N]` (moe_bench.cpp).
+int run_moe_bench(const TrainBenchOptions& o, comm::Communicator& world);
 
 }  // namespace loom::bench

@@ -78,6 +78,17 @@ void add_train_parallel_options(CLI::App& train, bench::TrainBenchOptions& o) {
   train.add_option("--activation-budget-mb", o.activation_budget_mb,
                    "with --cp: refuse a run whose predicted activations and cp buffers per rank exceed this")
       ->check(CLI::Range(0.0, 1e9));
+  train.add_option("--moe", o.moe,
+                   "experts per MoE layer (a Llama preset's MLPs); prints tokens/s next to the dense model of the "
+                   "same active parameters, the share of a step in all-to-all and the dropped fraction")
+      ->check(CLI::Range(1, 4096));
+  train.add_option("--top-k", o.top_k, "with --moe: experts per token")->capture_default_str()->check(CLI::Range(1, 4096));
+  train.add_option("--capacity-factor", o.capacity_factor, "with --moe: expert capacity factor (0: dropless)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1000.0));
+  train.add_option("--ep", o.ep, "with --moe, under mpirun: expert-parallel group size (divides the ranks)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
 }
 
 void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {

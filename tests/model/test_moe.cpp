@@ -19,6 +19,7 @@
 #include "common/tensors.h"
 #include "core/memory.h"
 #include "io/safetensors.h"
+#include "model/config_json.h"
 #include "model/model.h"
 
 namespace loom::model {
@@ -89,6 +90,34 @@ TEST_P(MoeVsTorch, LossesLoadsDropsAndEveryGradientMatch) {
 INSTANTIATE_TEST_SUITE_P(Cases, MoeVsTorch,
                          ::testing::Values("softmax_top2_capacity", "sigmoid_top1_shared_bias",
                                            "tiny_capacity_groups"));
+
+// Export under Hugging Face Mixtral's names and config, read back bitwise.
+TEST(MoeExport, MixtralNamesAndConfigRoundTripBitwise) {
+  ModelConfig cfg = model_preset("llama-tiny");
+  cfg.n_expert = 4, cfg.top_k = 2, cfg.n_shared_expert = 1, cfg.aux_free_rate = 1e-3f, cfg.moe_every = 2;
+  Pools pools;
+  Model a(cfg, 1, 8, pools);
+  a.init_params(5);
+  const std::string path = ::testing::TempDir() + "/loom_moe_export.safetensors";
+  save_params(path, a.param_specs(), a.master_params(), ParamLayout::hf);
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  for (const char* name : {"model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+                           "model.layers.1.block_sparse_moe.experts.0.w2.weight",
+                           "model.layers.1.block_sparse_moe.experts.2.w3.weight",
+                           "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+                           "model.layers.1.block_sparse_moe.shared_experts.down_proj.weight",
+                           "model.layers.0.mlp.gate_proj.weight"})
+    EXPECT_TRUE(file.has(name)) << name;
+  Model b(cfg, 1, 8, pools);
+  b.load_params(file, ParamLayout::hf);
+  EXPECT_EQ(to_floats(a.params()), to_floats(b.params()));
+  const nlohmann::json hf = hf_config_to_json(cfg);
+  EXPECT_EQ(hf["model_type"], "mixtral");
+  EXPECT_EQ(hf["num_local_experts"], 4);
+  EXPECT_EQ(hf["num_experts_per_tok"], 2);
+  const ModelConfig back = model_config_from_hf_json(hf, "config.json");
+  EXPECT_EQ(model_config_to_json(back), model_config_to_json(cfg));
+}
 
 }  // namespace
 }  // namespace loom::model
