@@ -95,6 +95,24 @@ if(TARGET loom)
     "error: bench train: --cp 2: a rank's 2048 tokens of each sequence need [0-9.]+ MiB of activations and cp buffers, over --activation-budget-mb 1: use a larger --cp")
 endif()
 
+# loom bench train --moe 4 --ep 2 under mpirun: one JSON line with the MoE
+# step next to the dense model of the same active parameters, the
+# all-to-all's share and the dropped fraction; --ep without --moe is refused.
+if(TARGET loom)
+  add_test(NAME mpi.train.BenchTrainMoePrintsDenseRatioAllToAllAndDrops
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model llama-tiny --moe 4 --top-k 2 --ep 2
+                   --batch 2 --seq 32 --steps 2 --warmup 1 --threads 1 --json)
+  set_property(TEST mpi.train.BenchTrainMoePrintsDenseRatioAllToAllAndDrops APPEND PROPERTY LABELS cli)
+  set_tests_properties(mpi.train.BenchTrainMoePrintsDenseRatioAllToAllAndDrops PROPERTIES TIMEOUT 120
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "\\{\"model\":\"llama-tiny\",\"batch\":2,\"seq\":32,\"dtype\":\"fp32\",\"dp\":2,\"ep\":2,\"experts\":4,\"top_k\":2,[^\n]*\"tokens_per_s\":[0-9.e+]+,\"dense_tokens_per_s\":[0-9.e+]+,\"vs_dense\":[0-9.]+,\"a2a_s\":[0-9.e-]+,\"a2a_share\":[0-9.]+,\"a2a_hidden\":0,\"a2a_bytes\":[1-9][0-9]*,\"dropped\":[0-9.]+,")
+  add_test(NAME mpi.train.BenchTrainEpWithoutMoeIsRefused
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model llama-tiny --ep 2 --steps 1 --threads 1)
+  set_property(TEST mpi.train.BenchTrainEpWithoutMoeIsRefused APPEND PROPERTY LABELS cli)
+  set_tests_properties(mpi.train.BenchTrainEpWithoutMoeIsRefused PROPERTIES TIMEOUT 120
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "error: bench train: --ep 2 needs --moe")
+endif()
+
 # --pp-layers that do not add up to the model's layers: a clear error.
 if(TARGET loom)
   add_test(NAME mpi.train.BenchTrainPipelineRejectsLayersThatDoNotSumToTheModel

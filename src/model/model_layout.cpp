@@ -189,7 +189,9 @@ void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOpti
   st.moe_mlp = std::make_unique<MoeMlp>(*st.moe_run);
 }
 
-void check_moe(const ModelConfig& cfg, int64_t B) {
+void check_moe(const ModelConfig& cfg, int64_t B, int cp) {
+  LOOM_REQUIRE(!cfg.is_moe() || cp == 1, "context parallelism (cp = ", cp, ") with a mixture-of-experts model is not ",
+               "supported yet: a routing group's capacity and balancing statistics would span the cp ranks");
   LOOM_REQUIRE(!cfg.is_moe() || B % cfg.routing_group == 0, "micro-batch of ", B,
                " sequences is not a multiple of model.routing_group = ", cfg.routing_group,
                ": capacity is counted per group of whole sequences, so a rank's micro-batch must hold whole groups");
