@@ -40,6 +40,21 @@ class ExpertParallelOps {
                              std::span<const int64_t> send_rows) = 0;
 };
 
+// Context parallelism cuts every sequence over the cp ranks, so a routing
+// group's tokens (whole sequences, model/moe.h) are spread over them: its
+// capacity drops and balancing statistics are decided over the cp group
+// with these collectives (parallel/ep.h RoutingGroups). Blocking.
+class RoutingGroupOps {
+ public:
+  virtual ~RoutingGroupOps() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // out (size x n) <- every rank's in (n), in rank order; f32 or i32.
+  virtual void all_gather(Tensor out, const Tensor& in) = 0;
+  // In place: the sum over the ranks (f32).
+  virtual void all_reduce_sum(Tensor t) = 0;
+};
+
 // How a Model's experts are split: its ep rank and group size, and the
 // collectives (required for forward and backward when ep > 1; a model built
 // only to count bytes may leave them null).

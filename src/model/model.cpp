@@ -90,7 +90,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
                dtype_name(compute), " is not supported: allowed are f32, bf16 and f16");
   check_tp(T, options.tp);
   check_cp(T, options.cp);
-  check_moe(cfg, B, options.cp.size);
+  check_moe(cfg, B, options.cp);
   memory_ = state_bytes(cfg, B, T, options);
   const ModelBytes& need = memory_;
   require_fits_memory(pools, total_bytes(need), footprint(cfg, B, T, P, need),

@@ -144,6 +144,7 @@ struct CpOptions {
   int size = 1;
   std::vector<int32_t> positions;      // (T), each in [0, size·T); required when size > 1
   AttentionStep* attention = nullptr;  // required when size > 1
+  RoutingGroupOps* routing = nullptr;  // a MoE model's routing over the cp group: required when size > 1
 };
 
 // A mixture-of-experts model's routing since Model::reset_moe_stats

@@ -186,12 +186,17 @@ void set_positions(ModelState& st, const CpOptions& cp) {
 void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOptions& options) {
   const int64_t group_tokens = cfg.routing_group * T * options.cp.size;  // whole sequences over the cp ranks
   st.moe_run = std::make_unique<MoeRun>(MoeRun{&cfg, group_tokens, options.ep});
+  if (options.cp.size > 1) {
+    MoeRun& run = *st.moe_run;
+    run.cp = options.cp.routing, run.positions = options.cp.positions, run.seq_len = T * options.cp.size;
+    run.cp_size = options.cp.size;
+  }
   st.moe_mlp = std::make_unique<MoeMlp>(*st.moe_run);
 }
 
-void check_moe(const ModelConfig& cfg, int64_t B, int cp) {
-  LOOM_REQUIRE(!cfg.is_moe() || cp == 1, "context parallelism (cp = ", cp, ") with a mixture-of-experts model is not ",
-               "supported yet: a routing group's capacity and balancing statistics would span the cp ranks");
+void check_moe(const ModelConfig& cfg, int64_t B, const CpOptions& cp) {
+  LOOM_REQUIRE(!cfg.is_moe() || cp.size == 1 || cp.routing != nullptr, "context parallelism (cp = ", cp.size,
+               ") with a mixture-of-experts model needs the routing groups' collectives over the cp group");
   LOOM_REQUIRE(!cfg.is_moe() || B % cfg.routing_group == 0, "micro-batch of ", B,
                " sequences is not a multiple of model.routing_group = ", cfg.routing_group,
                ": capacity is counted per group of whole sequences, so a rank's micro-batch must hold whole groups");

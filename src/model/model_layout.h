@@ -51,9 +51,9 @@ void check_tp(int64_t T, const TpOptions& tp);
 // A MoE model's shared state and MLP step (model/moe.h), for (B, T)
 // micro-batches; cfg must outlive st.
 void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOptions& options);
-// A MoE model's micro-batch of B sequences holds whole routing groups; its
-// routing groups are not split over cp ranks (not supported yet).
-void check_moe(const ModelConfig& cfg, int64_t B, int cp);
+// A MoE model's micro-batch of B sequences holds whole routing groups;
+// under cp its routing needs the cp group's collectives.
+void check_moe(const ModelConfig& cfg, int64_t B, const CpOptions& cp);
 // Context parallelism's options for a rank of T tokens: a loom::Error when
 // the attention step or the positions are missing or wrong.
 void check_cp(int64_t T, const CpOptions& cp);

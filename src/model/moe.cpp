@@ -81,6 +81,57 @@ std::span<const Tensor> experts(const std::vector<Tensor>& w) { return {w.data()
 
 namespace {
 
+// The balancing losses' per-group statistics: a group's tokens are the
+// rank's, or under cp spread over the cp group (the sums over its ranks).
+GroupStats routing_stats(const MoeRun& run, std::span<const int32_t> sel, std::span<const float> scores,
+                         RouterShape rs) {
+  const int64_t local = run.group_tokens / run.cp_size;
+  GroupStats g = group_stats(sel, scores, rs, local, run.cfg->router_score);
+  if (run.cp_size == 1) return g;
+  std::vector<float> sums(g.count.size() + g.prob.size());
+  for (size_t i = 0; i < g.count.size(); ++i)
+    sums[i] = static_cast<float>(g.count[i]), sums[g.count.size() + i] = static_cast<float>(g.prob[i] * local);
+  run.cp->all_reduce_sum(Tensor(sums.data(), DType::f32, {static_cast<int64_t>(sums.size())}));
+  for (size_t i = 0; i < g.count.size(); ++i)
+    g.count[i] = sums[i], g.prob[i] = sums[g.count.size() + i] / static_cast<double>(run.group_tokens);
+  g.group_tokens = run.group_tokens;
+  return g;
+}
+
+// Capacity when a routing group's tokens are spread over the cp ranks:
+// every rank's choices — the expert, its score for it, the token's place
+// b x seq_len + position — gathered, the drops decided as apply_capacity
+// decides them (per group and expert the highest scores kept, ties to the
+// earlier token), the rank's own read back.
+void cp_capacity(const MoeRun& run, std::span<int32_t> keep, std::span<const int32_t> sel,
+                 std::span<const float> scores, RouterShape rs, int64_t capacity) {
+  const int64_t n = rs.N * rs.k, E = rs.E, k = rs.k, P = run.cp_size;
+  const auto T = static_cast<int64_t>(run.positions.size());
+  std::vector<int32_t> mine_i(at(2 * n)), all_i(at(2 * n * P));
+  std::vector<float> mine_f(at(n)), all_f(at(n * P));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = i / k;
+    mine_i[at(2 * i)] = sel[at(i)];
+    mine_i[at(2 * i + 1)] = static_cast<int32_t>((t / T) * run.seq_len + run.positions[at(t % T)]);
+    mine_f[at(i)] = scores[at(t * E + sel[at(i)])];
+  }
+  run.cp->all_gather(Tensor(all_i.data(), DType::i32, {2 * n * P}), Tensor(mine_i.data(), DType::i32, {2 * n}));
+  run.cp->all_gather(Tensor(all_f.data(), DType::f32, {n * P}), Tensor(mine_f.data(), DType::f32, {n}));
+  const int64_t group_len = run.cfg->routing_group * run.seq_len, groups = rs.N / (T * run.cfg->routing_group);
+  std::vector<std::vector<int64_t>> bucket(at(groups * E));  // per (group, expert): gathered choice ids
+  for (int64_t c = 0; c < n * P; ++c) bucket[at((all_i[at(2 * c + 1)] / group_len) * E + all_i[at(2 * c)])].push_back(c);
+  std::vector<char> kept(at(n * P), 1);
+  for (auto& b : bucket) {
+    if (static_cast<int64_t>(b.size()) <= capacity) continue;
+    std::sort(b.begin(), b.end(), [&](int64_t x, int64_t y) {
+      return all_f[at(x)] > all_f[at(y)] || (all_f[at(x)] == all_f[at(y)] && all_i[at(2 * x + 1)] < all_i[at(2 * y + 1)]);
+    });
+    for (size_t m = at(capacity); m < b.size(); ++m) kept[at(b[m])] = 0;
+  }
+  const int64_t base = run.cp->rank() * n;
+  for (int64_t i = 0; i < n; ++i) keep[at(i)] = kept[at(base + i)];
+}
+
 // Router, top-k, capacity and the dispatch plan: fills a's logits ... rows
 // and counts[0, E) (sent per expert) and the sent total; returns it. Counts
 // the statistics when training.
@@ -101,9 +152,9 @@ int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, c
   const auto sel = host<int32_t>(a.sel, N * k), rows = host<int32_t>(a.rows, N * k);
   route_top_k(sel, host<float>(a.weight, N * k), scores, bias, rs, cfg.norm_topk_prob);
   const bool capacity = run.training && cfg.capacity_factor > 0.f;
-  const int64_t group = capacity ? run.group_tokens : N;
-  apply_capacity(rows, sel, scores, rs, group,
-                 capacity ? expert_capacity(cfg.capacity_factor, run.group_tokens, k, E) : -1);
+  const int64_t cap = capacity ? expert_capacity(cfg.capacity_factor, run.group_tokens, k, E) : -1;
+  if (capacity && run.cp_size > 1) cp_capacity(run, rows, sel, scores, rs, cap);
+  else apply_capacity(rows, sel, scores, rs, capacity ? run.group_tokens : N, cap);
   // Rows by expert, then token: counts, then each kept choice's place.
   int64_t* counts = a.counts.data_as<int64_t>();
   std::fill(counts, counts + 2 * E + 2, 0);
@@ -119,7 +170,7 @@ int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, c
   counts[2 * E + 1] = sent;
   if (run.training && !run.recomputing) {
     MoeStats& st = run.stats;
-    const GroupStats g = group_stats(sel, scores, rs, run.training ? run.group_tokens : N, cfg.router_score);
+    const GroupStats g = routing_stats(run, sel, scores, rs);
     st.aux_loss += aux_loss(g, rs), st.z_loss += z_loss(lse);
     ++st.layer_forwards, st.choices += N * k, st.dropped += dropped;
     if (st.load.empty()) st.load.assign(at(cfg.n_layer * E), 0);
@@ -250,10 +301,12 @@ void router_backward_into(const MoeRun& run, Tensor dx, const Tensor& h, const L
   const RouterShape rs{N, E, k};
   const auto scores = host<const float>(a.scores, N * E);
   const auto sel = host<const int32_t>(a.sel, N * k);
-  const GroupStats stats = group_stats(sel, scores, rs, run.group_tokens, cfg.router_score);
+  const GroupStats stats = routing_stats(run, sel, scores, rs);
   RouterGradArgs args{host<const float>(a.logits32, N * E), scores, host<const float>(a.lse, N),
                       host<const float>(a.weight, N * k), host<const float>(m.dweight, N * k), sel, &stats};
-  args.aux_scale = static_cast<double>(cfg.aux_loss_coef) * run.dloss;
+  // Under cp each rank's router sees its own tokens' share of a group's aux
+  // loss, and the dp x cp average divides the ranks' gradients by cp.
+  args.aux_scale = static_cast<double>(cfg.aux_loss_coef) * run.dloss * run.cp_size;
   args.z_scale = static_cast<double>(cfg.z_loss_coef) * run.dloss;
   const Tensor dlogits = m.dlogits.slice(0, 0, N);
   router_backward(host<float>(dlogits, N * E), args, rs, cfg.router_score, cfg.norm_topk_prob);

@@ -44,6 +44,13 @@ struct MoeRun {
   bool recomputing = false;  // full recompute's second forward of a layer: not counted again
   float dloss = 1.f;         // the backward's loss scale, for the aux and z losses' gradients
   MoeStats stats;
+  // Context parallelism: a routing group's tokens are spread over the cp
+  // group (its collectives; null at cp = 1); the rank's tokens' positions in
+  // their sequences of seq_len tokens.
+  RoutingGroupOps* cp = nullptr;
+  std::vector<int32_t> positions;
+  int64_t seq_len = 0;
+  int cp_size = 1;
 };
 
 class MoeMlp final : public MlpStep {

@@ -90,7 +90,7 @@ GroupStats group_stats(std::span<const int32_t> sel, std::span<const float> scor
                        int64_t group_tokens, RouterScore score) {
   const int64_t E = s.E, k = s.k;
   GroupStats g;
-  g.groups = s.N / group_tokens, g.group_tokens = group_tokens;
+  g.groups = s.N / group_tokens, g.group_tokens = group_tokens, g.local_tokens = group_tokens;
   g.count.assign(at(g.groups * E), 0.0);
   g.prob.assign(at(g.groups * E), 0.0);
   for (int64_t t = 0; t < s.N; ++t) {
@@ -141,7 +141,7 @@ void router_backward(std::span<float> dlogits, const RouterGradArgs& a, RouterSh
     // The aux loss: d/dP_e of E f_e P_e averaged over groups, P_e a mean over the group's tokens.
     if (a.aux_scale != 0 && a.stats) {
       const GroupStats& g = *a.stats;
-      const int64_t grp = t / g.group_tokens;
+      const int64_t grp = t / g.local_tokens;
       const double c = a.aux_scale * static_cast<double>(E) /
                        (static_cast<double>(g.groups) * static_cast<double>(g.group_tokens) *
                         static_cast<double>(g.group_tokens * k));

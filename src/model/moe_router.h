@@ -49,6 +49,7 @@ void apply_capacity(std::span<int32_t> keep, std::span<const int32_t> sel, std::
 // score over the row's sum, DeepSeek-V3's sequence-wise loss).
 struct GroupStats {
   int64_t groups = 0, group_tokens = 0;
+  int64_t local_tokens = 0;  // a group's tokens on this rank (group_tokens, or its share under cp)
   std::vector<double> count, prob;  // (groups, E)
 };
 GroupStats group_stats(std::span<const int32_t> sel, std::span<const float> scores, RouterShape s,

@@ -52,4 +52,8 @@ void ExpertParallel::exchange_rows(Tensor out, std::span<const int64_t> recv_row
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+void RoutingGroups::all_gather(Tensor out, const Tensor& in) { cp_.all_gather(out, in)->wait(); }
+
+void RoutingGroups::all_reduce_sum(Tensor t) { cp_.all_reduce(t, comm::ReduceOp::sum)->wait(); }
+
 }  // namespace loom::parallel

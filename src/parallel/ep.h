@@ -37,4 +37,18 @@ class ExpertParallel final : public model::ExpertParallelOps {
   int64_t exchanges_ = 0, bytes_ = 0;
 };
 
+// A MoE model's routing groups under context parallelism
+// (model::RoutingGroupOps) on the mesh's cp communicator.
+class RoutingGroups final : public model::RoutingGroupOps {
+ public:
+  explicit RoutingGroups(comm::Communicator& cp) : cp_(cp) {}
+  int rank() const override { return cp_.rank(); }
+  int size() const override { return cp_.size(); }
+  void all_gather(Tensor out, const Tensor& in) override;
+  void all_reduce_sum(Tensor t) override;
+
+ private:
+  comm::Communicator& cp_;
+};
+
 }  // namespace loom::parallel

@@ -435,8 +435,6 @@ void check_moe(const RunConfig& c, const std::string& source) {
                c.checkpoint.every, ": checkpoints of expert-parallel runs are not supported yet (set checkpoint.every "
                "= 0, or parallel.ep = 1)");
   if (!c.model.is_moe()) return;
-  LOOM_REQUIRE(p.cp == 1, source, ": parallel.cp = ", p.cp, " with a mixture-of-experts model is not supported yet: ",
-               "a routing group's capacity and balancing statistics would span the cp ranks (set parallel.cp = 1)");
   LOOM_REQUIRE(c.model.n_expert % p.ep == 0, source, ": parallel.ep = ", p.ep, " does not divide model.n_expert = ",
                c.model.n_expert, ": each ep rank holds n_expert / ep experts");
   LOOM_REQUIRE(c.train.micro_batch % c.model.routing_group == 0, source, ": train.micro_batch = ",

@@ -58,6 +58,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                                                                    split.zigzag, o.cp_pools ? *o.cp_pools : ctx.pools);
     for (int64_t t = 0; t < split.local_tokens(); ++t)
       rank.cp_positions.push_back(static_cast<int32_t>(split.position(cp.rank(), t)));
+    if (o.model.is_moe()) rank.cp_routing = std::make_unique<parallel::RoutingGroups>(cp);
   }
   comm::Communicator& ep = ctx.mesh.ep();
   if (ep.size() > 1) rank.ep = std::make_unique<parallel::ExpertParallel>(ep);
@@ -82,7 +83,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                                  .storage = parallel::DataParallel::model_storage(dpo.zero_stage),
                                  .tp = rank.tp ? rank.tp->options() : model::TpOptions{},
                                  .stage = so,
-                                 .cp = {cp.size(), rank.cp_positions, rank.cp.get()},
+                                 .cp = {cp.size(), rank.cp_positions, rank.cp.get(), rank.cp_routing.get()},
                                  .ep = rank.ep ? rank.ep->options() : model::EpOptions{}};
     rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, T, ctx.pools, mo));
     if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());

@@ -62,6 +62,7 @@ struct RankChunks {
   // every sequence (zig-zag chunks).
   std::unique_ptr<parallel::ContextParallelAttention> cp;
   std::vector<int32_t> cp_positions;
+  std::unique_ptr<parallel::RoutingGroups> cp_routing;  // a MoE model's routing groups over the cp ranks
   std::optional<parallel::PpSchedule> schedule;  // pipelining only, as the two below
   std::unique_ptr<parallel::TiedEmbedding> tied;
   std::vector<std::unique_ptr<model::Model>> models;

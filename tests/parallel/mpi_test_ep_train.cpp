@@ -6,8 +6,9 @@
 // per routing group of whole sequences, never per rank).
 //
 // N = 2: ep 2 = dp, top-2 dropless and top-1 at capacity 1.0 (drops), ZeRO-1,
-// the loss-free balancing bias. N = 4: ep 4 = dp, ep 2 with dp 4 = 2 ep,
-// ZeRO-3, ep 2 x tp 2 (SP), ep 2 x pp 2 (1F1B). N = 8: ep 4 with dp 8 under
+// the loss-free balancing bias; cp 2 alone at capacity 1.0. N = 4: ep 4 = dp, ep 2 with dp 4 = 2 ep,
+// ZeRO-3, ep 2 x tp 2 (SP), ep 2 x pp 2 (1F1B), ep 2 x cp 2 at capacity 1.0
+// (each routing group's tokens on two cp ranks). N = 8: ep 4 with dp 8 under
 // ZeRO-2, and ep 2 x dp 4 x tp 2.
 #include <gtest/gtest.h>
 
@@ -33,8 +34,9 @@ struct Layout {
   int64_t top_k = 2;
   float capacity = 0.f;
   float aux_free = 0.f;
+  int cp = 1;
   std::string name() const {
-    return concat("dp=", dp, " ep=", ep, " tp=", tp, " pp=", pp, " zero_stage=", zero_stage, " top_k=", top_k,
+    return concat("dp=", dp, " ep=", ep, " tp=", tp, " pp=", pp, " cp=", cp, " zero_stage=", zero_stage, " top_k=", top_k,
                   " capacity=", capacity, aux_free > 0 ? " aux-free" : "");
   }
 };
@@ -61,11 +63,12 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     c.model.n_expert = 8, c.model.top_k = l.top_k, c.model.capacity_factor = l.capacity;
     c.model.z_loss_coef = 1e-3f, c.model.aux_free_rate = l.aux_free;
     c.parallel.ep = l.ep, c.parallel.tp = l.tp, c.parallel.sequence_parallel = l.tp > 1, c.parallel.pp = l.pp;
+    c.parallel.cp = l.cp;
     return c;
   }
   static RunConfig alone(RunConfig c) {
     c.train.micro_batch *= c.parallel.dp;
-    c.parallel.dp = 1, c.parallel.ep = 1, c.parallel.tp = 1, c.parallel.pp = 1;
+    c.parallel.dp = 1, c.parallel.ep = 1, c.parallel.tp = 1, c.parallel.pp = 1, c.parallel.cp = 1;
     c.parallel.zero_stage = 0, c.parallel.sequence_parallel = false;
     return c;
   }
@@ -120,11 +123,13 @@ TEST_F(ExpertParallelTrainTest, EpComposesWithZeroDpTpAndPp) {
   if (N == 2) {
     expect_matches_one_process({2, 2, 1, 1, 1, 2, 1.f});
     expect_matches_one_process({2, 2, 1, 1, 0, 2, 0.f, 1e-2f});
+    expect_matches_one_process({1, 1, 1, 1, 0, 2, 1.f, 0.f, 2});  // MoE x cp 2: a group's drops over the cp ranks
   } else if (N == 4) {
     expect_matches_one_process({4, 2, 1, 1, 0, 2, 1.f});
     expect_matches_one_process({4, 2, 1, 1, 3});
     expect_matches_one_process({2, 2, 2, 1, 0, 2, 1.f});
     expect_matches_one_process({2, 2, 1, 2, 1});
+    expect_matches_one_process({2, 2, 1, 1, 0, 2, 1.f, 0.f, 2});  // ep x cp: a group's drops over the cp ranks
   } else if (N == 8) {
     expect_matches_one_process({8, 4, 1, 1, 2, 2, 1.f});
     expect_matches_one_process({4, 2, 2, 1, 1});

@@ -187,7 +187,6 @@ TEST(RunConfigErrors, ExpertParallelismSaysWhatMustDivideWhat) {
   expect_error(kMinimal, with({"model.routing_group=3", "train.micro_batch=4"}),
                {"train.micro_batch = 4", "model.routing_group = 3"});
   expect_error(kMinimal, with({"model.top_k=5"}), {"model.top_k = 5", "model.n_expert = 4"});
-  expect_error(kMinimal, with({"parallel.cp=2"}), {"parallel.cp = 2 with a mixture-of-experts model is not supported yet"});
   EXPECT_EQ(parse_run_config(kMinimal, "run.toml", with({"parallel.ep=2", "parallel.dp=4"})).parallel.ep, 2);
 }
 
