@@ -175,12 +175,10 @@ void check_options(const TrainBenchOptions& o) {
   precision_dtype(o.dtype, "bench train: --dtype");  // a loom::Error for a name other than fp32, bf16, fp16
   LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
                " is invalid: allowed are 0, 1, 2 and 3");
-  LOOM_REQUIRE(o.tp >= 1, "bench train: --tp ", o.tp, " is invalid: allowed values are >= 1");
-  LOOM_REQUIRE(o.pp >= 1, "bench train: --pp ", o.pp, " is invalid: allowed values are >= 1");
-  LOOM_REQUIRE(o.virtual_stages >= 1, "bench train: --virtual-stages ", o.virtual_stages,
-               " is invalid: allowed values are >= 1");
-  LOOM_REQUIRE(o.micro_batches >= 1, "bench train: --micro-batches ", o.micro_batches,
-               " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(o.tp >= 1 && o.pp >= 1, "bench train: --tp ", o.tp, " / --pp ", o.pp, " is invalid: allowed >= 1");
+  LOOM_REQUIRE(o.ep == 1 || o.moe > 0, "bench train: --ep ", o.ep, " needs --moe (the experts to split)");
+  LOOM_REQUIRE(o.virtual_stages >= 1 && o.micro_batches >= 1, "bench train: --virtual-stages ", o.virtual_stages,
+               " / --micro-batches ", o.micro_batches, " is invalid: allowed values are >= 1");
   parallel::pp_schedule_from_name(o.schedule);  // a loom::Error listing the names
   const std::vector<std::string> presets = model::model_preset_names();
   if (std::find(presets.begin(), presets.end(), o.model) == presets.end()) {
@@ -445,7 +443,6 @@ int run_train_bench(const TrainBenchOptions& o) {
       in_job ? comm::mpi_world(copts) : std::make_unique<comm::SelfCommunicator>("world", copts);
   LOOM_REQUIRE(o.pp == 1 || o.cp == 1, "bench train: --pp ", o.pp, " and --cp ", o.cp, ": run one of them");
   if (o.moe > 0) return run_moe_bench(o, *world);
-  LOOM_REQUIRE(o.ep == 1, "bench train: --ep ", o.ep, " needs --moe (the experts to split)");
   if (o.pp > 1 || o.cp_bench) {
     LOOM_REQUIRE(in_job, "bench train: ", o.pp > 1 ? "--pp" : "--cp", " needs an mpirun job (pp x dp x cp x tp ranks)");
     return o.pp > 1 ? run_pp_bench(o, *world) : run_cp_bench(o, *world);
