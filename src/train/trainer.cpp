@@ -116,6 +116,7 @@ StepStats Trainer::pipeline_step() {
   StepStats s;
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   for (auto& dp : rank_.dps) dp->zero_grads();
+  for (model::Model* m : rank_.model_ptrs()) m->reset_moe_stats();  // an evaluation's routing is not the step's
   std::vector<Tensor> tokens, targets;
   for (int64_t k = 0; k < accum; ++k) {
     if (rank_.cp) train_data_.next(span_of(seq_tokens_), span_of(seq_targets_));
@@ -188,6 +189,7 @@ StepStats Trainer::step() {
   // fp16: gradients carry the loss scale until the update divides it out.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   rank_.dps[0]->zero_grads();
+  rank_.models[0]->reset_moe_stats();  // an evaluation's routing is not the step's
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
     rank_.dps[0]->begin_micro_batch(k == accum - 1);

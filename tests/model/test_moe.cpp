@@ -91,6 +91,33 @@ INSTANTIATE_TEST_SUITE_P(Cases, MoeVsTorch,
                          ::testing::Values("softmax_top2_capacity", "sigmoid_top1_shared_bias",
                                            "tiny_capacity_groups"));
 
+// Recompute reruns a MoE layer's routing, dispatch and experts (full) or
+// its SwiGLUs (selective) in backward: the same loss, statistics and
+// gradients, bit for bit, and the routing counted once.
+TEST(MoeRecompute, SelectiveAndFullGiveTheSameBitsAsNone) {
+  RefCase rc("moe_softmax_top2_capacity.ref");
+  const ModelConfig cfg = config_of(rc);
+  const Tensor tokens = rc["tokens"].view(), targets = rc["targets"].view();
+  std::vector<float> grads[3];
+  MoeStats stats[3];
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    Pools pools;
+    Model m(cfg, tokens.size(0), tokens.size(1), pools, {.recompute = r});
+    m.init_params(3);
+    m.zero_grads();
+    m.forward(tokens, targets);
+    m.backward();
+    grads[int(r)] = to_floats(m.grads());
+    stats[int(r)] = m.moe_stats();
+  }
+  for (int r : {1, 2}) {
+    EXPECT_EQ(grads[r], grads[0]) << recompute_name(Recompute(r));
+    EXPECT_EQ(stats[r].layer_forwards, stats[0].layer_forwards);
+    EXPECT_EQ(stats[r].load, stats[0].load);
+    EXPECT_EQ(stats[r].dropped, stats[0].dropped);
+  }
+}
+
 // Export under Hugging Face Mixtral's names and config, read back bitwise.
 TEST(MoeExport, MixtralNamesAndConfigRoundTripBitwise) {
   ModelConfig cfg = model_preset("llama-tiny");

@@ -7,7 +7,8 @@
 //
 // N = 2: ep 2 = dp, top-2 dropless and top-1 at capacity 1.0 (drops), ZeRO-1,
 // the loss-free balancing bias; cp 2 alone at capacity 1.0. N = 4: ep 4 = dp, ep 2 with dp 4 = 2 ep,
-// ZeRO-3, ep 2 x tp 2 (SP), ep 2 x pp 2 (1F1B), ep 2 x cp 2 at capacity 1.0
+// ZeRO-3, ep 2 x tp 2 (SP), ep 2 x pp 2 (1F1B; with the balancing bias
+// updated from 4 micro-batches' loads), ep 2 x cp 2 at capacity 1.0
 // (each routing group's tokens on two cp ranks). N = 8: ep 4 with dp 8 under
 // ZeRO-2, and ep 2 x dp 4 x tp 2.
 #include <gtest/gtest.h>
@@ -129,6 +130,7 @@ TEST_F(ExpertParallelTrainTest, EpComposesWithZeroDpTpAndPp) {
     expect_matches_one_process({4, 2, 1, 1, 3});
     expect_matches_one_process({2, 2, 2, 1, 0, 2, 1.f});
     expect_matches_one_process({2, 2, 1, 2, 1});
+    expect_matches_one_process({2, 2, 1, 2, 0, 2, 0.f, 1e-2f});  // the bias from 4 micro-batches' loads on 2 stages
     expect_matches_one_process({2, 2, 1, 1, 0, 2, 1.f, 0.f, 2});  // ep x cp: a group's drops over the cp ranks
   } else if (N == 8) {
     expect_matches_one_process({8, 4, 1, 1, 2, 2, 1.f});
