@@ -125,16 +125,22 @@ def rope(x, theta):
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
 
-def llama_logits(P, c, tokens):
+def llama_attention(P, c, p, x):
+    """x plus layer p's attention branch (RMSNorm, RoPE'd GQA attention, o_proj)."""
     NH, NKV, eps, theta = c["n_head"], c["n_kv_head"], c["norm_eps"], c["rope_theta"]
+    h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
+    q = rope(heads(F.linear(h, P[p + "self_attn.q_proj.weight"]), NH), theta)
+    k = rope(heads(F.linear(h, P[p + "self_attn.k_proj.weight"]), NKV), theta)
+    v = heads(F.linear(h, P[p + "self_attn.v_proj.weight"]), NKV)
+    return x + F.linear(merge(causal_attention(q, k, v)), P[p + "self_attn.o_proj.weight"])
+
+
+def llama_logits(P, c, tokens):
+    eps = c["norm_eps"]
     x = P["model.embed_tokens.weight"][tokens]
     for i in range(c["n_layer"]):
         p = f"model.layers.{i}."
-        h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
-        q = rope(heads(F.linear(h, P[p + "self_attn.q_proj.weight"]), NH), theta)
-        k = rope(heads(F.linear(h, P[p + "self_attn.k_proj.weight"]), NKV), theta)
-        v = heads(F.linear(h, P[p + "self_attn.v_proj.weight"]), NKV)
-        x = x + F.linear(merge(causal_attention(q, k, v)), P[p + "self_attn.o_proj.weight"])
+        x = llama_attention(P, c, p, x)
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
         h = F.silu(F.linear(h, P[p + "mlp.gate_proj.weight"])) * F.linear(h, P[p + "mlp.up_proj.weight"])
         x = x + F.linear(h, P[p + "mlp.down_proj.weight"])

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from loomref import out_dir, save
 from ref_safetensors import write_safetensors
-from ref_model import causal_attention, heads, merge, rms_norm, rope
+from ref_model import llama_attention, rms_norm
 
 B, T = 4, 8
 
@@ -154,15 +154,11 @@ def moe_layer(P, c, p, h, stats):
 
 
 def logits_of(P, c, tokens, stats):
-    NH, NKV, eps, theta = c["n_head"], c["n_kv_head"], c["norm_eps"], c["rope_theta"]
+    eps = c["norm_eps"]
     x = P["model.embed_tokens.weight"][tokens]
     for i in range(c["n_layer"]):
         p = f"model.layers.{i}."
-        h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
-        q = rope(heads(F.linear(h, P[p + "self_attn.q_proj.weight"]), NH), theta)
-        k = rope(heads(F.linear(h, P[p + "self_attn.k_proj.weight"]), NKV), theta)
-        v = heads(F.linear(h, P[p + "self_attn.v_proj.weight"]), NKV)
-        x = x + F.linear(merge(causal_attention(q, k, v)), P[p + "self_attn.o_proj.weight"])
+        x = llama_attention(P, c, p, x)
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
         if (i + 1) % c["moe_every"] == 0:
             x = x + moe_layer(P, c, p, h, stats)
