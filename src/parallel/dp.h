@@ -6,10 +6,10 @@
 // Parameter groups (parallel/dp_layout.h). The parameters are split into
 // groups, each with its own communicator: a group's gradients are averaged
 // over it and its state sharded over it. By default one group, "dense", of
-// every parameter over the dp group; later expert parameters form a group
-// over mesh.expert_dp(). Each group is laid out on its own, in its index
-// space (its parameters packed in flat order; the default group's index is
-// the flat element), as follows.
+// every parameter over the dp group; under expert parallelism the experts
+// form a group over mesh.expert_dp_cp() (train/rank_chunks.cpp). Each group
+// is laid out on its own, in its index space (its parameters packed in flat
+// order; the default group's index is the flat element), as follows.
 //
 // Buckets and shards. A group's units (the model's units, model.h, cut to
 // the group's parameters) are merged into buckets: stages 0-2 merge units in

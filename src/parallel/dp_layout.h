@@ -34,8 +34,8 @@ ParamPredicate all_params();
 
 // A set of whole parameters whose gradients are averaged over `comm` and
 // whose optimizer state (and, from ZeRO stage 2, gradients; 3, parameters)
-// is sharded over it: the dense parameters over the dp group; later the
-// experts over mesh.expert_dp().
+// is sharded over it: the dense parameters over the dp (x cp) group, a MoE
+// model's experts under ep over mesh.expert_dp_cp() (train/rank_chunks.cpp).
 struct ParamGroup {
   std::string name;
   std::reference_wrapper<comm::Communicator> comm;
