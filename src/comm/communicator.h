@@ -71,6 +71,14 @@ struct Range {
 };
 Range shard_range(int64_t n, int size, int rank);
 
+// The tensor as the operations that only copy (send, recv, all_gather,
+// broadcast, all_to_all, all_to_all_v) move it: itself, or f16 viewed as
+// the bf16 of the same size and shape (the communicator has no f16; no
+// reduction may see such a view).
+inline Tensor copy_view(const Tensor& t) {
+  return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, t.shape(), t.device()) : t;
+}
+
 // A pending operation.
 class Work {
  public:

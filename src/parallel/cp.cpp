@@ -24,9 +24,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // The bytes of a contiguous tensor as the communicator moves them: f16 as
 // bf16 of the same size (sends and gathers only copy; no reduction sees it).
-Tensor wire(const Tensor& t) {
-  return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, {t.numel()}) : t.flatten();
-}
+Tensor wire(const Tensor& t) { return comm::copy_view(t).flatten(); }
 
 // Chunk i of a packed tensor: (B, chunk, heads, HS) or (B, heads, chunk), contiguous.
 Tensor part(const Tensor& packed, int64_t i) {

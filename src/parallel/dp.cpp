@@ -382,14 +382,14 @@ void DataParallel::gather_pieces(Tensor flat) {
       const Segment& s = l.segments[b];
       if (is_one_run(l.space, bk.begin, bk.numel())) {
         const int64_t at = flat_index(l.space, bk.begin);
-        works.push_back(comm.all_gather(gather_view(flat.slice(0, at, bk.numel())),
-                                        gather_view(flat.slice(0, at + (s.offset - bk.begin), s.count))));
+        works.push_back(comm.all_gather(comm::copy_view(flat.slice(0, at, bk.numel())),
+                                        comm::copy_view(flat.slice(0, at + (s.offset - bk.begin), s.count))));
         continue;
       }
       Spread sp{&l.space, bk.begin, impl_->pools[MemTag::comm].empty(flat.dtype(), {bk.numel()}),
                 impl_->pools[MemTag::comm].empty(flat.dtype(), {s.count})};
       pack_runs(l.space, flat, s.offset, sp.mine);
-      works.push_back(comm.all_gather(gather_view(sp.buf), gather_view(sp.mine)));
+      works.push_back(comm.all_gather(comm::copy_view(sp.buf), comm::copy_view(sp.mine)));
       spread.push_back(std::move(sp));
     }
   }

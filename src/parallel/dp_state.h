@@ -18,11 +18,6 @@ inline double seconds_since(DpClock::time_point t) {
 
 inline int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
 
-// all_gather only moves bytes: f16 parameters travel as bf16 of the same
-// size (the communicator's dtypes are f32, bf16, i32, i64).
-inline Tensor gather_view(const Tensor& t) {
-  return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, t.shape()) : t;
-}
 
 // The flat element of group index `index` (inside a run).
 int64_t flat_index(const GroupSpace& s, int64_t index);

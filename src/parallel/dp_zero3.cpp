@@ -43,7 +43,7 @@ Tensor DataParallel::acquire_params(int unit, model::Pass pass) {
     g.buf = im.pools[MemTag::comm].empty(model_.compute_dtype(), {model_.units()[u].numel()});
     const Tensor mine = Tensor(gs.param_shard).slice(0, s.shard_offset, s.count);
     if (comm.size() == 1) kernels::copy(g.buf, mine);
-    else g.work = comm.all_gather(gather_view(g.buf), gather_view(mine));
+    else g.work = comm.all_gather(comm::copy_view(g.buf), comm::copy_view(mine));
   };
   issue(unit);
   Impl::Gathered& g = im.gathered[unit];

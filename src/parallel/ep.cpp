@@ -11,13 +11,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The communicator moves f32, bf16, i32 and i64 and only copies in an
-// all_to_all: f16 rows travel as bf16 bit patterns of the same size.
-Tensor wire(const Tensor& t) {
-  if (t.dtype() != DType::f16) return t;
-  return Tensor(t.data(), DType::bf16, t.shape(), t.device());
-}
-
 }  // namespace
 
 ExpertParallel::ExpertParallel(comm::Communicator& ep) : ep_(ep) {}
@@ -46,9 +39,11 @@ void ExpertParallel::exchange_rows(Tensor out, std::span<const int64_t> recv_row
   }
   LOOM_CHECK(recv_total <= out.size(0) && send_total <= in.size(0), "exchange_rows: ", recv_total, " rows into ",
              out.str(), ", ", send_total, " from ", in.str());
-  const Tensor o = wire(out).slice(0, 0, recv_total).flatten(), i = wire(in).slice(0, 0, send_total).flatten();
+  // An all_to_all only copies: f16 rows travel as bf16 bits (comm::copy_view).
+  const Tensor o = comm::copy_view(out).slice(0, 0, recv_total).flatten();
+  const Tensor i = comm::copy_view(in).slice(0, 0, send_total).flatten();
   ep_.all_to_all_v(o, recv, i, send)->wait();
-  ++exchanges_, bytes_ += send_total * width * static_cast<int64_t>(dtype_size(in.dtype()));
+  bytes_ += send_total * width * static_cast<int64_t>(dtype_size(in.dtype()));
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 

@@ -24,17 +24,16 @@ class ExpertParallel final : public model::ExpertParallelOps {
   void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
                      std::span<const int64_t> send_rows) override;
 
-  // Since the last reset: seconds in the exchanges, their count and the
-  // bytes this rank sent.
+  // Since the last reset: seconds in the exchanges and the bytes this rank
+  // sent.
   double seconds() const { return seconds_; }
-  int64_t exchanges() const { return exchanges_; }
   int64_t bytes_sent() const { return bytes_; }
-  void reset_stats() { seconds_ = 0, exchanges_ = 0, bytes_ = 0; }
+  void reset_stats() { seconds_ = 0, bytes_ = 0; }
 
  private:
   comm::Communicator& ep_;
   double seconds_ = 0;
-  int64_t exchanges_ = 0, bytes_ = 0;
+  int64_t bytes_ = 0;
 };
 
 // A MoE model's routing groups under context parallelism

@@ -31,13 +31,6 @@ class Timed {
   Clock::time_point start_;
 };
 
-// Point-to-point messages carry bits, never arithmetic: an f16 activation
-// travels as the 2-byte dtype the communicator knows.
-Tensor wire(const Tensor& t) {
-  if (t.dtype() != DType::f16) return t;
-  return Tensor(t.data(), DType::bf16, t.shape(), t.device());
-}
-
 // (micro-batch, local chunk)
 using MbChunk = std::pair<int, int>;
 // (is_grad, micro-batch, receiving local chunk)
@@ -283,7 +276,7 @@ void PipelineRuntime::Impl::receive(const PpAction& a) {
   if (a.peer != rank) {
     TraceSpan span(trace, span_name(is_grad ? "post recv_grad" : "post recv_act", mb, c));
     r.buf = cache.take(is_grad ? DType::f32 : like.dtype(), like.shape());
-    r.work = pp->recv(wire(r.buf), a.peer, tag(is_grad, mb, c));
+    r.work = pp->recv(comm::copy_view(r.buf), a.peer, tag(is_grad, mb, c));
   } else {
     auto it = local.find({is_grad, mb, c});
     LOOM_CHECK(it != local.end(), pp_op_name(a.op), " m", mb, " c", c, " before its local send");
@@ -324,7 +317,7 @@ void PipelineRuntime::Impl::send_act(const PpAction& a) {
   const Tensor out = chunks[static_cast<size_t>(c)]->stage_output(slot(mb, c));
   TraceSpan span(trace, "send_act");
   if (a.peer != rank) {
-    act_send[{mb, c}] = pp->send(wire(out), a.peer, tag(false, mb, to_chunk));
+    act_send[{mb, c}] = pp->send(comm::copy_view(out), a.peer, tag(false, mb, to_chunk));
     return;
   }
   OwnedTensor buf = cache.take(out.dtype(), out.shape());

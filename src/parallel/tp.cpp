@@ -111,10 +111,8 @@ std::unique_ptr<model::TpPending> TensorParallel::start_gather(Tensor full, cons
   Timed timed(seconds_);
   LOOM_CHECK(shard.numel() * tp_.size() == full.numel(), "gather: full ", full.str(), " shard ", shard.str());
   // A gather only moves bytes: f16 travels as the same-sized bf16.
-  auto bytes = [](const Tensor& t) {
-    return t.dtype() == DType::f16 ? Tensor(t.data(), DType::bf16, {t.numel()}) : flat(t);
-  };
-  return std::make_unique<Pending>(*this, tp_.all_gather(bytes(full), bytes(shard)));
+  return std::make_unique<Pending>(*this,
+                                   tp_.all_gather(flat(comm::copy_view(full)), flat(comm::copy_view(shard))));
 }
 
 void TensorParallel::all_reduce_sum(Tensor t) {
