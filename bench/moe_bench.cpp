@@ -28,6 +28,7 @@
 #include "core/error.h"
 #include "mesh/context.h"
 #include "mesh/mesh.h"
+#include "train/moe_step.h"
 #include "train/reports.h"
 
 namespace loom::bench {
@@ -81,21 +82,6 @@ MoeTimings time_moe_steps(const TrainBenchOptions& o, const model::ModelConfig& 
   return t;
 }
 
-// Over every layer: the most and least loaded expert over its layer's mean.
-std::pair<double, double> balance(const std::vector<int64_t>& load, int64_t E) {
-  double most = 0, least = 1e30;
-  for (size_t l = 0; l + static_cast<size_t>(E) <= load.size(); l += static_cast<size_t>(E)) {
-    int64_t total = 0;
-    for (int64_t e = 0; e < E; ++e) total += load[l + static_cast<size_t>(e)];
-    if (total == 0) continue;
-    for (int64_t e = 0; e < E; ++e) {
-      const double r = static_cast<double>(load[l + static_cast<size_t>(e)] * E) / static_cast<double>(total);
-      most = std::max(most, r), least = std::min(least, r);
-    }
-  }
-  return {most, least > most ? 0 : least};
-}
-
 }  // namespace
 
 int run_moe_bench(const TrainBenchOptions& o, comm::Communicator& world) {
@@ -118,7 +104,7 @@ int run_moe_bench(const TrainBenchOptions& o, comm::Communicator& world) {
   const double best_dense = *std::min_element(base.seconds.begin(), base.seconds.end());
   const double tokens = static_cast<double>(world.size() * o.batch * o.seq);
   const double dropped = static_cast<double>(moe.dropped) / static_cast<double>(std::max<int64_t>(1, moe.choices));
-  const auto [most, least] = balance(moe.load, cfg.n_expert);
+  const auto [least, most] = train::load_spread(moe.load, cfg.n_expert);
   if (world.rank() != 0) return 0;
   if (o.json) {
     std::printf("{\"model\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"dtype\":\"%s\",\"dp\":%d,\"ep\":%d,\"experts\":%d,"

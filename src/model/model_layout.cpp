@@ -25,22 +25,6 @@ Shape stream_shape(const Dims& d) {
   return {d.N() / d.par.tp.size, d.C};
 }
 
-// The activations a block's backward reads that selective recompute drops
-// (norm outputs and statistics, the attention core's output and lse, the
-// activation function's output): fields of a LayerActs with nothing else set.
-LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2) {
-  const int64_t B = d.B, T = d.T, Nl = stream_shape(d).numel() / d.C;
-  const DType f32 = DType::f32;  // norm statistics and lse
-  LayerActs a;
-  a.norm1 = alloc(stream_shape(d)), a.rstd1 = alloc({Nl}, f32);
-  if (gpt2) a.mean1 = alloc({Nl}, f32);
-  a.att = alloc({B, T, d.NH, d.HS}), a.lse = alloc({B, d.NH, T}, f32);
-  a.norm2 = alloc(stream_shape(d)), a.rstd2 = alloc({Nl}, f32);
-  if (gpt2) a.mean2 = alloc({Nl}, f32);
-  a.act = alloc({B, T, d.F});
-  return a;
-}
-
 // Which MLPs a stage's layers have: dense, mixture of experts, or both.
 struct LayerKinds {
   bool dense = true, moe = false;
@@ -52,10 +36,20 @@ MoeAlloc moe_alloc(Allocator& alloc) {
 }
 
 // The activations a block's backward reads that selective recompute drops
-// for the layer kinds `k`: dropped_acts, and a MoE layer's activation
-// function outputs.
+// (norm outputs and statistics, the attention core's output and lse, the
+// activation function's output: a dense MLP's, a MoE layer's experts' and
+// shared experts') for the layer kinds `k`: fields of a LayerActs with
+// nothing else set.
 LayerActs dropped_acts(Allocator& alloc, const Dims& d, bool gpt2, const LayerKinds& k) {
-  LayerActs a = dropped_acts(alloc, d, gpt2);
+  const int64_t B = d.B, T = d.T, Nl = stream_shape(d).numel() / d.C;
+  const DType f32 = DType::f32;  // norm statistics and lse
+  LayerActs a;
+  a.norm1 = alloc(stream_shape(d)), a.rstd1 = alloc({Nl}, f32);
+  if (gpt2) a.mean1 = alloc({Nl}, f32);
+  a.att = alloc({B, T, d.NH, d.HS}), a.lse = alloc({B, d.NH, T}, f32);
+  a.norm2 = alloc(stream_shape(d)), a.rstd2 = alloc({Nl}, f32);
+  if (gpt2) a.mean2 = alloc({Nl}, f32);
+  if (k.dense) a.act = alloc({B, T, d.F});
   if (k.moe) moe_dropped_acts(a.moe, k.z, moe_alloc(alloc), alloc.compute);
   return a;
 }
@@ -122,7 +116,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   for (int64_t l = 0; l < stage.layers; ++l) {
     const bool moe = cfg.is_moe_layer(stage.first_layer + l);
     kinds.moe |= moe, kinds.dense |= !moe;
-    if (moe && cfg.moe_every > 1 && kinds.dense) break;  // both found
+    if (kinds.moe && kinds.dense) break;
   }
   // A routing group is routing_group whole sequences (cp: each rank holds 1 / cp of its tokens).
   if (kinds.moe)
@@ -147,8 +141,8 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   s.dq = alloc({B, T, NH, HS}, f32), s.dk = alloc({B, T, NKV, HS}, f32), s.dv = alloc({B, T, NKV, HS}, f32);
   if (!gpt2) s.dq_rot = alloc({B, T, NH, HS}, f32), s.dk_rot = alloc({B, T, NKV, HS}, f32);
   s.datt = alloc({B, T, NH, HS}, f32);
-  s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
-  if (!gpt2) s.dup = alloc({B, T, F}, f32);
+  if (kinds.dense) s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
+  if (kinds.dense && !gpt2) s.dup = alloc({B, T, F}, f32);
   if (kinds.moe) s.moe = moe_scratch(kinds.z, moe_alloc(alloc));
 }
 

@@ -56,9 +56,6 @@ class Value {
   [[noreturn]] void invalid(std::string_view allowed) const {
     fail(origin_, ": ", key_, " = ", text(), " is invalid: allowed values are ", allowed);
   }
-  [[noreturn]] void unsupported(std::string_view allowed) const {
-    fail(origin_, ": ", key_, " = ", text(), " is not supported yet: allowed ", allowed);
-  }
 
   int64_t integer(int64_t lo, int64_t hi = kIntMax) const {
     std::optional<int64_t> v = node_ != nullptr && node_->is_integer() ? node_->value<int64_t>() : std::nullopt;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -35,6 +36,20 @@ std::vector<float> bias_update(const int64_t* load, int64_t E, float rate) {
 
 }  // namespace
 
+std::pair<double, double> load_spread(std::span<const int64_t> load, int64_t E) {
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (size_t l = 0; l + size_t(E) <= load.size(); l += size_t(E)) {
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; ++e) total += load[l + size_t(e)];
+    if (total == 0) continue;  // a dense layer, or one no token reached
+    for (int64_t e = 0; e < E; ++e) {
+      const double ratio = static_cast<double>(load[l + size_t(e)] * E) / static_cast<double>(total);
+      lo = std::min(lo, ratio), hi = std::max(hi, ratio);
+    }
+  }
+  return {std::isinf(lo) ? 0 : lo, hi};
+}
+
 MoeStep finish_moe_step(const std::vector<model::Model*>& chunks, mesh::Mesh& mesh) {
   const model::ModelConfig& cfg = chunks.front()->config();
   const int64_t L = cfg.n_layer, E = cfg.n_expert;
@@ -58,18 +73,7 @@ MoeStep finish_moe_step(const std::vector<model::Model*>& chunks, mesh::Mesh& me
   out.stats.aux_loss = aux / forwards, out.stats.z_loss = z / forwards;
   out.stats.dropped = static_cast<double>(counts[size_t(L * E + 2)]) /
                       static_cast<double>(std::max<int64_t>(1, counts[size_t(L * E + 1)]));
-  double lo = std::numeric_limits<double>::infinity(), hi = 0;
-  for (int64_t l = 0; l < L; ++l) {
-    if (!cfg.is_moe_layer(l)) continue;
-    int64_t total = 0;
-    for (int64_t e = 0; e < E; ++e) total += counts[size_t(l * E + e)];
-    if (total == 0) continue;
-    for (int64_t e = 0; e < E; ++e) {
-      const double ratio = static_cast<double>(counts[size_t(l * E + e)] * E) / static_cast<double>(total);
-      lo = std::min(lo, ratio), hi = std::max(hi, ratio);
-    }
-  }
-  out.stats.load_min = std::isinf(lo) ? 0 : lo, out.stats.load_max = hi;
+  std::tie(out.stats.load_min, out.stats.load_max) = load_spread(std::span(counts).first(size_t(L * E)), E);
   out.bias_deltas.resize(chunks.size());
   if (!cfg.has_expert_bias()) return out;
   for (size_t c = 0; c < chunks.size(); ++c)

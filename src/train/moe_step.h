@@ -9,6 +9,8 @@
 // experts).
 #pragma once
 
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "mesh/mesh.h"
@@ -27,6 +29,11 @@ struct MoeStep {
   MoeStepStats stats;
   std::vector<std::vector<ParamDelta>> bias_deltas;  // per chunk: the balancing bias updates (aux_free_rate > 0)
 };
+
+// The least and most loaded expert over its layer's mean, over every layer
+// of load (layers x E choices) that routed any choice: {min, max}, {0, 0}
+// when none did.
+std::pair<double, double> load_spread(std::span<const int64_t> load, int64_t E);
 
 // The step's figures from every chunk's MoeStats, summed over the dp x cp
 // ranks (each routes its own tokens) and the pipeline stages (each holds its
