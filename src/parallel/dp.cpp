@@ -335,20 +335,30 @@ void DataParallel::pack_master(Tensor out) const {
   pack_master(0, out);
 }
 
-void DataParallel::load_master(const Tensor& master) {
-  const GroupLayout& l = only_group();
-  GroupState& gs = impl_->groups[0];
-  LOOM_CHECK(master.dtype() == DType::f32 && master.numel() == l.shard_numel, "load_master: ", master.str());
-  for (const Segment& s : l.segments) {
-    const Tensor src = master.slice(0, s.shard_offset, s.count);
-    if (impl_->has_master) kernels::cast(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);
-    if (opt_.zero_stage == 3) kernels::cast(Tensor(gs.param_shard).slice(0, s.shard_offset, s.count), src);
-    else
-      for_each_flat_run(l.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {
-        kernels::cast(model_.params().slice(0, flat, n), src.slice(0, at, n));
-      });
+void DataParallel::load_master(std::span<const Tensor> masters) {
+  LOOM_CHECK(static_cast<int>(masters.size()) == num_groups(), "load_master: ", masters.size(), " tensors for ",
+             num_groups(), " groups");
+  for (int g = 0; g < num_groups(); ++g) {
+    GroupState& gs = impl_->groups[static_cast<size_t>(g)];
+    const GroupLayout& l = gs.layout;
+    const Tensor& master = masters[static_cast<size_t>(g)];
+    LOOM_CHECK(master.dtype() == DType::f32 && master.numel() == l.shard_numel, "load_master: ", master.str());
+    for (const Segment& s : l.segments) {
+      const Tensor src = master.slice(0, s.shard_offset, s.count);
+      if (impl_->has_master) kernels::cast(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);
+      if (opt_.zero_stage == 3) kernels::cast(Tensor(gs.param_shard).slice(0, s.shard_offset, s.count), src);
+      else
+        for_each_flat_run(l.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {
+          kernels::cast(model_.params().slice(0, flat, n), src.slice(0, at, n));
+        });
+    }
   }
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) gather_pieces(model_.params());
+}
+
+void DataParallel::load_master(const Tensor& master) {
+  only_group();
+  load_master(std::span<const Tensor>(&master, 1));
 }
 
 void DataParallel::gather_master(Tensor out) {

@@ -63,6 +63,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -193,11 +194,14 @@ class DataParallel : public model::StepHooks {
   // every rank, summed in rank order.
   double mean(double value);
 
-  // Checkpoint state of the single group (a loom::Error with several),
-  // packed like segments(): pack_master copies the f32 master weights out;
-  // load_master sets them and refreshes the model's parameters (collective
-  // for stages 1 and 2).
+  // Checkpoint state, packed like a group's segments: pack_master copies
+  // group g's f32 master weights out (without g: the single group's, a
+  // loom::Error with several); load_master sets every group's (one tensor
+  // per group, in group order) and refreshes the model's parameters
+  // (collective for stages 1 and 2).
+  void pack_master(int g, Tensor out) const;
   void pack_master(Tensor out) const;
+  void load_master(std::span<const Tensor> masters);
   void load_master(const Tensor& master);
   // Every rank gets the whole (P) f32 master weights. Collective.
   void gather_master(Tensor out);
@@ -225,7 +229,6 @@ class DataParallel : public model::StepHooks {
   bool retire_reduction(bool block);
   // Group g's squared gradient norm on this rank's shard (before any sum over ranks).
   double shard_sum_squares(int g) const;
-  void pack_master(int g, Tensor out) const;
   // flat (P): every rank holds its segments; all_gather each bucket of every
   // group so every rank holds everything. Collective over each group.
   void gather_pieces(Tensor flat);

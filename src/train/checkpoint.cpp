@@ -52,35 +52,58 @@ std::vector<int64_t> gather_records(Trainer& t, const std::vector<int64_t>& reco
   return all;
 }
 
-// Every pipeline stage's layout, stage order: each pp rank knows its own
-// chunks' (the same on every dp and tp rank), so they are gathered over pp
-// (records padded to the longest). Collective over the pp group.
-std::vector<StageLayout> stage_layouts(Trainer& t) {
-  std::vector<int64_t> mine;
+// The shards this rank saves: per chunk and parameter group (one with
+// parameters) its checkpoint_saved_segments, whatever the ZeRO stage.
+std::vector<SavedShardRecord> my_shards(Trainer& t) {
+  const mesh::Coord& at = t.mesh().coord();
+  std::vector<SavedShardRecord> out;
   for (int c = 0; c < t.num_chunks(); ++c) {
-    const std::vector<parallel::Bucket>& buckets = t.chunk_dp(c).buckets();
-    mine.insert(mine.end(), {t.chunk(c).first_layer(), t.chunk(c).num_layers(), static_cast<int64_t>(buckets.size())});
-    for (const parallel::Bucket& b : buckets) mine.insert(mine.end(), {b.first_unit, b.last_unit, b.begin, b.end});
-  }
-  const int pp = t.pp_size(), v = t.num_chunks();
-  std::vector<int64_t> widths(pp);
-  all_gather_i64(t.mesh().pp(), widths, {static_cast<int64_t>(mine.size())});
-  const size_t width = static_cast<size_t>(*std::max_element(widths.begin(), widths.end()));
-  mine.resize(width, 0);
-  std::vector<int64_t> all(width * pp);
-  all_gather_i64(t.mesh().pp(), all, mine);
-  std::vector<StageLayout> stages(static_cast<size_t>(pp) * v);
-  for (int p = 0; p < pp; ++p) {
-    const int64_t* rec = &all[static_cast<size_t>(p) * width];
-    for (int c = 0; c < v; ++c) {
-      StageLayout& s = stages[static_cast<size_t>(c) * pp + p];
-      s.first = *rec++, s.count = *rec++;
-      const int64_t n = *rec++;
-      for (int64_t b = 0; b < n; ++b, rec += 4)
-        s.buckets.push_back({static_cast<int>(rec[0]), static_cast<int>(rec[1]), rec[2], rec[3]});
+    const parallel::DataParallel& dp = t.chunk_dp(c);
+    for (int g = 0; g < dp.num_groups(); ++g) {
+      const parallel::GroupLayout& l = dp.group(g);
+      if (l.space.numel == 0) continue;  // a stage without experts
+      comm::Communicator& comm = l.comm;
+      out.push_back({.stage = static_cast<int64_t>(c) * t.pp_size() + t.pp_rank(),
+                     .first = t.chunk(c).first_layer(),
+                     .count = t.chunk(c).num_layers(),
+                     .group = g,
+                     .rank = file_rank(t),
+                     .pp_rank = at.pp, .dp_rank = at.dp, .cp_rank = at.cp, .ep_rank = t.mesh().ep().rank(),
+                     .tp_rank = at.tp,
+                     .segments = checkpoint_saved_segments(l.buckets, dp.options().zero_stage, comm.size(),
+                                                           comm.rank())});
     }
   }
-  return stages;
+  return out;
+}
+
+// Every rank's shards, world rank order: records of i64s, padded to the
+// longest. Collective over the mesh.
+std::vector<SavedShardRecord> gather_shards(Trainer& t, const std::vector<SavedShardRecord>& mine) {
+  constexpr int kHead = 11;  // stage, first, count, group, rank, pp, dp, cp, ep, tp ranks, segments
+  std::vector<int64_t> rec{static_cast<int64_t>(mine.size())};
+  for (const SavedShardRecord& r : mine) {
+    rec.insert(rec.end(), {r.stage, r.first, r.count, r.group, r.rank, r.pp_rank, r.dp_rank, r.cp_rank, r.ep_rank,
+                           r.tp_rank, static_cast<int64_t>(r.segments.size())});
+    for (const parallel::Segment& g : r.segments) rec.insert(rec.end(), {g.offset, g.count, g.shard_offset});
+  }
+  const std::vector<int64_t> widths = gather_records(t, {static_cast<int64_t>(rec.size())});
+  const size_t width = static_cast<size_t>(*std::max_element(widths.begin(), widths.end()));
+  rec.resize(width, 0);
+  const std::vector<int64_t> all = gather_records(t, rec);
+  std::vector<SavedShardRecord> out;
+  for (size_t rank = 0; rank < widths.size(); ++rank) {
+    const int64_t* p = &all[rank * width];
+    for (int64_t n = *p++, i = 0; i < n; ++i, p += kHead) {
+      SavedShardRecord r{p[0], p[1], p[2], static_cast<int>(p[3]), static_cast<int>(p[4]), static_cast<int>(p[5]),
+                         static_cast<int>(p[6]), static_cast<int>(p[7]), static_cast<int>(p[8]),
+                         static_cast<int>(p[9]), {}};
+      for (int64_t k = 0; k < p[10]; ++k) r.segments.push_back({p[kHead + 3 * k], p[kHead + 3 * k + 1], p[kHead + 3 * k + 2]});
+      p += 3 * p[10];
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 // Renames the complete tmp dir to dir. A dir of that name already there
@@ -139,26 +162,25 @@ struct RankTensors {
   std::vector<OwnedTensor> owned;
 };
 
-// Adds the tensors a rank writes for one chunk: its piece
-// (checkpoint_saved_segments) of the master weights and of the AdamW
-// moments, copied out of the state it holds (the same segments from stage 1
-// on; under stage 0 a slice of the whole).
-void add_chunk_tensors(parallel::DataParallel& cdp, const AdamW& opt, const std::string& prefix, Pool& pool,
-                       RankTensors& out) {
-  OwnedTensor held = pool.empty(DType::f32, {cdp.shard_numel()});
-  cdp.pack_master(held);
-  const std::vector<parallel::Segment> pieces =
-      checkpoint_saved_segments(cdp.buckets(), cdp.options().zero_stage, cdp.size(), cdp.rank());
+// Adds the tensors of one shard a rank writes (one parameter group of one
+// chunk): its piece (checkpoint_saved_segments) of the master weights and of
+// the AdamW moments, copied out of the state it holds (the same segments
+// from stage 1 on; under stage 0 a slice of the whole).
+void add_shard_tensors(const parallel::DataParallel& cdp, int g, const AdamW& opt, const std::string& prefix,
+                       const std::vector<parallel::Segment>& pieces, Pool& pool, RankTensors& out) {
+  const parallel::GroupLayout& l = cdp.group(g);
+  OwnedTensor held = pool.empty(DType::f32, {l.shard_numel});
+  cdp.pack_master(g, held);
   int64_t numel = 0;
   for (const parallel::Segment& s : pieces) numel += s.count;
   OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),
               adam_v = pool.empty(DType::f32, {numel});
   for (size_t b = 0; b < pieces.size(); ++b) {  // one segment per bucket in both lists
-    const parallel::Segment &to = pieces[b], &from = cdp.segments()[b];
+    const parallel::Segment &to = pieces[b], &from = l.segments[b];
     const int64_t at = from.shard_offset + (to.offset - from.offset);
     kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
-    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), opt.m().slice(0, at, to.count));
-    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), opt.v().slice(0, at, to.count));
+    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), opt.m(g).slice(0, at, to.count));
+    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), opt.v(g).slice(0, at, to.count));
   }
   out.named.emplace_back(prefix + kMasterTensor, Tensor(master));
   out.named.emplace_back(prefix + kAdamMTensor, Tensor(adam_m));
@@ -166,14 +188,18 @@ void add_chunk_tensors(parallel::DataParallel& cdp, const AdamW& opt, const std:
   out.owned.push_back(std::move(master)), out.owned.push_back(std::move(adam_m)), out.owned.push_back(std::move(adam_v));
 }
 
-// Writes this rank's file into tmp: every chunk's tensors. Returns its path.
-fs::path write_rank_file(Trainer& trainer, const fs::path& tmp) {
+// Writes this rank's file into tmp: every shard's tensors. Returns its path.
+fs::path write_rank_file(Trainer& trainer, const std::vector<SavedShardRecord>& shards, const fs::path& tmp) {
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
   RankTensors tensors;
-  for (int c = 0; c < trainer.num_chunks(); ++c)
-    add_chunk_tensors(trainer.chunk_dp(c), trainer.chunk_optimizer(c), checkpoint_chunk_prefix(trainer.pp_size(), c),
-                      pool, tensors);
+  const int pp = trainer.pp_size();
+  for (const SavedShardRecord& r : shards) {
+    const int c = static_cast<int>(r.stage) / pp;
+    const parallel::DataParallel& dp = trainer.chunk_dp(c);
+    add_shard_tensors(dp, r.group, trainer.chunk_optimizer(c),
+                      checkpoint_tensor_prefix(pp, c, dp.group(r.group).name), r.segments, pool, tensors);
+  }
   const int rank = file_rank(trainer);
   const fs::path rank_path = tmp / checkpoint_rank_file_name(rank);
   std::map<std::string, std::string> metadata{{"format", "loom-checkpoint"},
@@ -183,6 +209,7 @@ fs::path write_rank_file(Trainer& trainer, const fs::path& tmp) {
                                               {"cp_rank", std::to_string(trainer.mesh().cp().rank())},
                                               {"tp_rank", std::to_string(trainer.tp_rank())}};
   if (trainer.pp_size() > 1) metadata["pp_rank"] = std::to_string(trainer.pp_rank());
+  if (trainer.mesh().shape().ep > 1) metadata["ep_rank"] = std::to_string(trainer.mesh().ep().rank());
   io::write_safetensors(rank_path.string(), tensors.named, metadata);
   return rank_path;
 }
@@ -231,16 +258,17 @@ std::vector<io::SafetensorsFile> open_saved_files(const SavedLayout& saved, cons
   return files;
 }
 
-using ChunkState = std::array<OwnedTensor, 3>;  // master, adam_m, adam_v: a chunk's packed shard
+// One parameter group's packed shard of the saved state: master, adam_m, adam_v.
+using GroupState = std::array<OwnedTensor, 3>;
 
-// Chunk c's packed shard of the saved state, read from whichever saved
-// shards hold its segments (checkpoint_reshard.h).
-ChunkState read_chunk_state(Trainer& trainer, int c, const SavedLayout& saved, std::vector<io::SafetensorsFile>& files,
-                            Pool& pool) {
-  parallel::DataParallel& dp = trainer.chunk_dp(c);
-  const ReadPlan plan = plan_reads(trainer.chunk(c).param_specs(), dp.segments(), saved);
-  const int64_t S = dp.shard_numel();
-  ChunkState st{pool.zeros(DType::f32, {S}), pool.zeros(DType::f32, {S}), pool.zeros(DType::f32, {S})};
+// Group g of chunk c's packed shard of the saved state, read from whichever
+// saved shards hold its segments (checkpoint_reshard.h).
+GroupState read_group_state(Trainer& trainer, int c, int g, const SavedLayout& saved,
+                            std::vector<io::SafetensorsFile>& files, Pool& pool) {
+  const parallel::GroupLayout& l = trainer.chunk_dp(c).group(g);
+  const ReadPlan plan = plan_reads(l.space.specs, l.segments, saved);
+  const int64_t S = l.shard_numel;
+  GroupState st{pool.zeros(DType::f32, {S}), pool.zeros(DType::f32, {S}), pool.zeros(DType::f32, {S})};
   int64_t read = 0;
   for (const Read& r : plan.reads) {
     const SavedLayout::Shard& shard = saved.shards[r.shard];
@@ -251,18 +279,8 @@ ChunkState read_chunk_state(Trainer& trainer, int c, const SavedLayout& saved, s
     read += r.count;
   }
   LOOM_CHECK(read + plan.padding == S, "load_checkpoint: read ", read, " + padding ", plan.padding, " of chunk ", c,
-             "'s shard of ", S, " elements");
+             " group ", l.name, "'s shard of ", S, " elements");
   return st;
-}
-
-// Expert parallelism keeps two parameter groups, each rank its own experts;
-// the checkpoint format holds one group of the same parameters on every dp
-// rank. Not yet: a clear error rather than a wrong file.
-void require_no_ep(Trainer& trainer) {
-  const int ep = trainer.mesh().shape().ep;
-  LOOM_REQUIRE(ep == 1, "checkpoints of an expert-parallel run (parallel.ep = ", ep,
-               ") are not supported yet: train with parallel.ep = 1 (a MoE model checkpoints and resumes there), "
-               "or set checkpoint.every = 0 and keep the final model (loom train --out)");
 }
 
 }  // namespace
@@ -281,7 +299,6 @@ std::string checkpoint_rank_file_name(int rank) {
 
 std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t keep, const std::string& protect) {
   LOOM_REQUIRE(!root.empty(), "save_checkpoint: checkpoint.dir is not set");
-  require_no_ep(trainer);
   const bool lead = trainer.dp().rank() == 0 && trainer.tp_rank() == 0 && trainer.pp_rank() == 0;
   const std::string name = checkpoint_step_dir_name(trainer.steps_done());
   // Written as name.tmp and renamed into place once complete, so that a
@@ -289,12 +306,13 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
   const fs::path dir = fs::path(root) / name, tmp = fs::path(root) / (name + ".tmp");
   if (lead) create_tmp_dir(tmp);
   barrier(trainer);
-  const std::vector<StageLayout> stages = stage_layouts(trainer);
-  const fs::path rank_path = write_rank_file(trainer, tmp);
+  const std::vector<SavedShardRecord> mine = my_shards(trainer);
+  const std::vector<SavedShardRecord> shards = gather_shards(trainer, mine);
+  const fs::path rank_path = write_rank_file(trainer, mine, tmp);
   const std::vector<int64_t> all = gather_records(trainer, file_record(rank_path));
   if (lead) {
     write_file_atomic((tmp / kCheckpointManifestFile).string(),
-                      manifest_json(trainer, files_json(trainer, all), stages).dump(2) + "\n");
+                      manifest_json(trainer, files_json(trainer, all), shards).dump(2) + "\n");
     publish_step_dir(tmp, dir);
     write_file_atomic((fs::path(root) / kCheckpointLatestFile).string(), name + "\n");
     prune_step_dirs(root, keep, protect);
@@ -304,7 +322,6 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
 }
 
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
-  require_no_ep(trainer);
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
   const nlohmann::json m = read_manifest(dir);
@@ -324,12 +341,19 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   // shards hold them, all before the trainer changes.
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
-  std::vector<ChunkState> chunks;
-  for (int c = 0; c < trainer.num_chunks(); ++c) chunks.push_back(read_chunk_state(trainer, c, saved, files, pool));
+  std::vector<std::vector<GroupState>> chunks(trainer.num_chunks());  // [chunk][group]
+  for (int c = 0; c < trainer.num_chunks(); ++c)
+    for (int g = 0; g < trainer.chunk_dp(c).num_groups(); ++g)
+      chunks[c].push_back(read_group_state(trainer, c, g, saved, files, pool));
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
   for (int c = 0; c < trainer.num_chunks(); ++c) {
-    trainer.chunk_dp(c).load_master(chunks[c][0]);
-    trainer.chunk_optimizer(c).load_state(chunks[c][1], chunks[c][2], state.updates);
+    std::vector<Tensor> masters;
+    for (int g = 0; g < trainer.chunk_dp(c).num_groups(); ++g) {
+      masters.push_back(chunks[c][g][0]);
+      trainer.chunk_optimizer(c).load_moments(g, chunks[c][g][1], chunks[c][g][2]);
+    }
+    trainer.chunk_dp(c).load_master(masters);
+    trainer.chunk_optimizer(c).set_steps_taken(state.updates);
   }
   trainer.set_steps_done(state.step);
   if (scaler) scaler->restore(state.loss_scale, state.good_steps);

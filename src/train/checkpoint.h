@@ -9,44 +9,56 @@
 //     loom.lock                   held by the run using the dir (core/dir_lock.h)
 //     abandoned/                  step dirs of other timelines, set aside
 //     step_000010/
-//       rank_00000.safetensors    one per (pp rank p, dp rank d, tp rank t),
-//       rank_00001.safetensors    named by its world rank (p x dp + d) x tp + t
-//                                 (mesh order, tp fastest): per chunk of the
-//                                 rank, master, adam_m, adam_v, each the
-//                                 chunk's packed (S) f32 shard (parallel/dp.h)
-//                                 of its tp rank's flat parameters of its
-//                                 pipeline stage (tensor names prefixed
-//                                 chunk<c>. under pipelining, bare without)
+//       rank_00000.safetensors    one per rank (pp rank, dp rank, cp rank,
+//       rank_00001.safetensors    tp rank), named by its world rank (mesh
+//                                 order, tp fastest): per chunk of the rank
+//                                 and parameter group, master, adam_m,
+//                                 adam_v, each the packed (S) f32 shard
+//                                 (parallel/dp.h) of that group's parameters
+//                                 of its tp rank (and ep rank) and pipeline
+//                                 stage (tensor names prefixed chunk<c>.
+//                                 under pipelining, and experts. for the
+//                                 experts' group under ep; bare without)
 //       manifest.json             written last (by pp, dp and tp rank 0):
 //                                 format_version, step, config, mesh (dp, tp,
-//                                 pp, zero_stage, ...), pipeline
+//                                 pp, cp, ep, zero_stage), pipeline
 //                                 (virtual_stages; per stage first_layer,
-//                                 n_layers, numel: one tp rank's flat
+//                                 n_layers, numel: one tp (and ep) rank's flat
 //                                 elements), parameters (global_numel; per
-//                                 tensor its stage, its local offset there and
-//                                 shape, its global_shape and tp split [dim,
-//                                 blocks, padded extent]: model/params.h; a
-//                                 later stage's copy of a tied embedding is
-//                                 not listed), shards (per (stage, tp rank, dp
-//                                 rank): rank, file, tensor prefix, numel,
-//                                 segments [offset, count, shard_offset] in
-//                                 the flat coordinates of its stage and tp
-//                                 rank), files (bytes, sha256), data,
-//                                 optimizer, lr
+//                                 tensor its stage, its group ("dense", or
+//                                 "experts" with its ep_rank), its local
+//                                 offset in its flat buffer and shape, its
+//                                 global_shape and tp split [dim, blocks,
+//                                 padded extent]: model/params.h; a later
+//                                 stage's copy of a tied embedding is not
+//                                 listed), shards (per rank, chunk and group:
+//                                 rank, stage, group, tp, ep, dp and cp
+//                                 ranks, file, tensor prefix, numel, segments
+//                                 [offset, count, shard_offset] in the
+//                                 group's space: train/checkpoint_reshard.h),
+//                                 files (bytes, sha256), data, optimizer, lr
+//
+// Parameter groups: the dense parameters are averaged and sharded over dp x
+// cp; under expert parallelism each ep rank's experts form a group of their
+// own over the ranks holding them (expert-dp x cp), so a shard's segments
+// are in its group's index space (the group's parameters packed in flat
+// order), and each ep rank's experts are saved by its own ranks.
 //
 // Resharding: a checkpoint is read by parameter name and global ranges, so a
 // run may resume under another pp size (or virtual_stages, or partition), tp
-// size, dp size or ZeRO stage (saved at tp = 2, resumed at tp = 1 or tp = 4 x
-// dp = 2 ZeRO-1; saved at pp = 2, resumed at pp = 1 or pp = 4). Every saved
-// stage's and tp rank's layout is model::param_specs(config.model, {tp,
-// rank}, {first_layer, n_layers}) of the saved config, so the manifest only
-// records it to check it (train/checkpoint_manifest.h); each rank maps the
-// global elements of its chunks' parameters to the saved shards holding them
-// (train/checkpoint_reshard.h) and reads only those of its own dp
-// segments. Vocabulary padding rows are read as 0 (weights and moments).
-// Every rank writes its own file and reads from a shared filesystem (one
-// machine, or a shared checkpoint.dir). Format 3 (before pp) reads as a
-// pp = 1 checkpoint, format 2 (before tp) as tp = 1 too.
+// size, dp size, cp size, ep size or ZeRO stage (saved at tp = 2, resumed at
+// tp = 1 or tp = 4 x dp = 2 ZeRO-1; saved at pp = 2, resumed at pp = 1 or
+// pp = 4; saved at ep = 2, resumed at ep = 1 or 4). Every saved space's
+// layout is checkpoint_groups(model::param_specs(config.model, {tp, rank},
+// {first_layer, n_layers}, {ep, ep rank})) of the saved config, so the
+// manifest only records it to check it (train/checkpoint_manifest.h); each
+// rank maps the global elements of its chunks' groups' parameters to the
+// saved shards holding them (train/checkpoint_reshard.h) and reads only
+// those of its own dp segments. Vocabulary padding rows are read as 0
+// (weights and moments). Every rank writes its own file and reads from a
+// shared filesystem (one machine, or a shared checkpoint.dir). Format 4
+// (before ep) and 3 (before pp) read as ep = 1 (3 as pp = 1 too), format 2
+// (before tp) as tp = 1 too.
 //
 // A step dir is written as step_NNNNNN.tmp (every file fsynced, the
 // manifest last), then renamed into place; `latest` is updated after that,
@@ -61,8 +73,7 @@
 // tp and pp sizes and stage; another layout continues with the same losses up
 // to the reduction order's rounding).
 //
-// save_checkpoint and load_checkpoint are collective over the trainer's dp,
-// tp and pp groups.
+// save_checkpoint and load_checkpoint are collective over the trainer's mesh.
 //
 //   const std::string dir = resume_checkpoint(trainer, cfg.checkpoint);  // checkpoint_dir.h; "" = fresh
 //   ...
@@ -81,7 +92,7 @@ namespace loom::train {
 inline constexpr const char* kCheckpointLatestFile = "latest";
 
 std::string checkpoint_step_dir_name(int64_t step);  // step_000010
-std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: (pp rank x dp + dp rank) x tp + tp rank)
+std::string checkpoint_rank_file_name(int rank);     // rank_00000.safetensors (rank: the world rank)
 
 // Writes root/step_NNNNNN for trainer.steps_done() (through
 // step_NNNNNN.tmp; replacing one of that name), points root/latest at it,

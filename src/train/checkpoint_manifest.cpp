@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,24 +26,7 @@ json shape_json(const Shape& s) {
   return a;
 }
 
-json segments_json(const std::vector<parallel::Segment>& segments) {
-  json a = json::array();
-  for (const parallel::Segment& s : segments) a.push_back({s.offset, s.count, s.shard_offset});
-  return a;
-}
-
 json split_json(const model::TpSplit& s) { return json::array({s.dim, s.blocks, s.extent}); }
-
-// The file of pp rank p, rank r of the data-parallel group (dp x cp, cp
-// fastest: parallel.cp ranks hold shards too) and tp rank t is named by its
-// world rank in the mesh's order (pp slowest, tp fastest: mesh/layout.h), so
-// a run without tp, cp and pp keeps rank_<dp rank>.
-int file_rank(Trainer& t, int pp_rank, int dp_cp_rank, int tp_rank) {
-  const int cp = t.mesh().shape().cp;
-  mesh::Coord c;
-  c.pp = pp_rank, c.dp = dp_cp_rank / cp, c.cp = dp_cp_rank % cp, c.tp = tp_rank;
-  return t.mesh().layout().rank_of(c);
-}
 
 // The pipeline stage a model holds, for param_specs: the whole model when
 // there is one stage (the layout of format 3).
@@ -50,52 +34,71 @@ model::PpStage pp_stage(int64_t first, int64_t count, size_t stages) {
   return stages == 1 ? model::PpStage{} : model::PpStage{first, count};
 }
 
+// Every stage's layers, stage order, from the shards (each stage has some).
+std::vector<std::pair<int64_t, int64_t>> stage_layers(const std::vector<SavedShardRecord>& shards) {
+  int64_t n = 0;
+  for (const SavedShardRecord& r : shards) n = std::max(n, r.stage + 1);
+  std::vector<std::pair<int64_t, int64_t>> layers(static_cast<size_t>(n));
+  for (const SavedShardRecord& r : shards) layers[static_cast<size_t>(r.stage)] = {r.first, r.count};
+  return layers;
+}
+
 // parameters.tensors and pipeline.stages. Every tp rank's flat buffer of a
 // stage has the same layout (param_specs gives each the same local shapes),
-// so tp rank 0's offsets and the dp segments are every tp rank's. A later
-// stage's copy of the tied embedding is not listed: its values are stage
-// 0's (their gradients are summed), and a resume reads it from there.
-std::pair<json, json> parameters_and_stages_json(Trainer& t, const std::vector<StageLayout>& stages) {
+// so tp rank 0's offsets and the dp segments are every tp rank's; under ep
+// each ep rank's buffer holds its own experts, listed with their group and
+// ep rank (the dense parameters sit at the same offsets on every ep rank). A
+// later stage's copy of the tied embedding is not listed: its values are
+// stage 0's (their gradients are summed), and a resume reads it from there.
+std::pair<json, json> parameters_and_stages_json(Trainer& t, const std::vector<std::pair<int64_t, int64_t>>& stages) {
   const RunConfig& c = t.config();
+  const int ep = c.parallel.ep;
   json params = json::object(), pipeline_stages = json::array();
   for (size_t s = 0; s < stages.size(); ++s) {
-    const std::vector<model::ParamSpec> specs =
-        model::param_specs(c.model, {t.tp_size(), 0}, pp_stage(stages[s].first, stages[s].count, stages.size()));
-    for (const model::ParamSpec& spec : specs)
-      if (!spec.pp_copy)
-        params[spec.name] = {{"stage", s},
-                             {"offset", spec.offset},
-                             {"shape", shape_json(spec.shape)},
-                             {"global_shape", shape_json(spec.global_shape)},
-                             {"split", split_json(spec.split)}};
-    pipeline_stages.push_back(
-        {{"first_layer", stages[s].first}, {"n_layers", stages[s].count}, {"numel", model::param_count(specs)}});
+    const model::PpStage stage = pp_stage(stages[s].first, stages[s].second, stages.size());
+    int64_t numel = 0;
+    for (int e = 0; e < ep; ++e) {
+      const std::vector<model::ParamSpec> specs = model::param_specs(c.model, {t.tp_size(), 0}, stage, {ep, e});
+      numel = model::param_count(specs);
+      for (const SavedGroup& g : checkpoint_groups(specs, ep))
+        for (size_t i = 0; i < g.specs.size(); ++i) {
+          const model::ParamSpec& spec = g.specs[i];
+          if (spec.pp_copy || params.contains(spec.name)) continue;
+          json& p = params[spec.name] = {{"stage", s},
+                                         {"offset", g.flat[i]},
+                                         {"shape", shape_json(spec.shape)},
+                                         {"global_shape", shape_json(spec.global_shape)},
+                                         {"split", split_json(spec.split)},
+                                         {"group", g.name}};
+          if (g.name != "dense") p["ep_rank"] = e;
+        }
+    }
+    pipeline_stages.push_back({{"first_layer", stages[s].first}, {"n_layers", stages[s].second}, {"numel", numel}});
   }
   return {params, pipeline_stages};
 }
 
-// Every (stage, tp rank, dp rank)'s shard. Stage s = c x pp + p is chunk c
-// of pp rank p (parallel/pp_partition.h).
-json shards_json(Trainer& t, const std::vector<StageLayout>& stages) {
-  const parallel::DataParallel& dp = t.dp();
-  json shards = json::array();
-  const int pp = t.pp_size();
-  for (size_t s = 0; s < stages.size(); ++s) {
-    for (int tp_rank = 0; tp_rank < t.tp_size(); ++tp_rank) {
-      for (int r = 0; r < dp.size(); ++r) {
-        const auto segments = checkpoint_saved_segments(stages[s].buckets, dp.options().zero_stage, dp.size(), r);
-        int64_t numel = 0;
-        for (const parallel::Segment& seg : segments) numel += seg.count;
-        const int rank = file_rank(t, static_cast<int>(s) % pp, r, tp_rank);
-        const int cp = t.mesh().shape().cp;
-        shards.push_back({{"rank", rank}, {"stage", s}, {"tp_rank", tp_rank}, {"dp_rank", r / cp}, {"cp_rank", r % cp},
-                          {"file", checkpoint_rank_file_name(rank)},
-                          {"prefix", checkpoint_chunk_prefix(pp, static_cast<int>(s) / pp)}, {"numel", numel},
-                          {"segments", segments_json(segments)}});
-      }
-    }
+// Every rank's shards, ordered by stage, group, ep, tp, dp and cp rank:
+// (stage, group, ep rank, tp rank) name the space its segments are in; dp
+// and cp ranks tell the pieces apart.
+json shards_json(Trainer& t, std::vector<SavedShardRecord> shards) {
+  const auto key = [](const SavedShardRecord& r) {
+    return std::tuple(r.stage, r.group, r.ep_rank, r.tp_rank, r.dp_rank, r.cp_rank);
+  };
+  std::stable_sort(shards.begin(), shards.end(),
+                   [&](const SavedShardRecord& a, const SavedShardRecord& b) { return key(a) < key(b); });
+  json out = json::array();
+  for (const SavedShardRecord& r : shards) {
+    const std::string& group = t.chunk_dp(0).group(r.group).name;
+    json segments = json::array();
+    for (const parallel::Segment& g : r.segments) segments.push_back({g.offset, g.count, g.shard_offset});
+    out.push_back({{"rank", r.rank}, {"stage", r.stage}, {"group", group}, {"tp_rank", r.tp_rank},
+                   {"ep_rank", r.ep_rank}, {"dp_rank", r.dp_rank}, {"cp_rank", r.cp_rank},
+                   {"file", checkpoint_rank_file_name(r.rank)},
+                   {"prefix", checkpoint_tensor_prefix(t.pp_size(), static_cast<int>(r.stage) / t.pp_size(), group)},
+                   {"numel", r.numel()}, {"segments", segments}});
   }
-  return shards;
+  return out;
 }
 
 // The run's state besides the tensors: data position, RNG, optimizer, LR
@@ -174,51 +177,74 @@ void saved_stages(SavedLayout& s, const model::ModelConfig& cfg, const json& m, 
                " layers");
 }
 
-// Every tp rank's specs of saved stage st (model::param_specs of this
-// model at the saved tp size), its numel checked against the manifest's.
+// Every tp rank's flat specs of saved stage st at ep rank e (model::param_specs
+// of this model at the saved tp and ep sizes), their numel checked against
+// the manifest's.
 std::vector<std::vector<model::ParamSpec>> saved_stage_specs(const SavedLayout& s, const model::ModelConfig& cfg,
-                                                             size_t st, int64_t version, const std::string& where) {
+                                                             size_t st, int ep_rank, int64_t version,
+                                                             const std::string& where) {
   const size_t n_stages = s.stages.size();
   const SavedLayout::Stage& stage = s.stages[st];
   const std::string at = n_stages == 1 ? "" : concat(", pipeline stage ", st);
   std::vector<std::vector<model::ParamSpec>> ranks;
   try {
     for (int r = 0; r < s.tp; ++r)
-      ranks.push_back(model::param_specs(cfg, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages)));
+      ranks.push_back(model::param_specs(cfg, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages), {s.ep, ep_rank}));
   } catch (const Error& e) {
-    fail(where, ": mesh.tp = ", s.tp, at, " is not a layout of this model: ", e.what());
+    fail(where, ": mesh.tp = ", s.tp, " and mesh.ep = ", s.ep, at, " are not a layout of this model: ", e.what());
   }
   const int64_t P = model::param_count(ranks[0]);
   LOOM_REQUIRE(stage.numel == P, where, version < 4 ? ": parameters.numel" : concat(": pipeline.stages[", st, "].numel"),
-               " is not the ", P, " parameters per tp rank of this model at tp = ", s.tp, at);
+               " is not the ", P, " parameters per tp rank of this model at tp = ", s.tp, ", ep = ", s.ep, at);
   return ranks;
 }
 
-// Every saved (stage, tp rank)'s parameter layout, checked against the
-// manifest's record of it (tp rank 0's offsets and shapes are every tp
-// rank's), and the stage holding each parameter.
+// Checks parameters.tensors' record of group g (tp rank 0's, of stage st and
+// ep rank e): offsets and shapes are every tp rank's.
+void check_saved_tensors(const json& tensors, const SavedGroup& g, size_t st, int e, int64_t version, int tp,
+                         const std::string& where) {
+  for (size_t i = 0; i < g.specs.size(); ++i) {
+    const model::ParamSpec& spec = g.specs[i];
+    if (spec.pp_copy) continue;
+    LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
+    const json& t = tensors[spec.name];
+    bool same = manifest_value<int64_t>(t, "offset", where) == g.flat[i] && t.value("shape", json()) == shape_json(spec.shape);
+    // Format 2 predates tensor parallelism: its shapes are the global ones.
+    if (version >= 3)
+      same = same && t.value("global_shape", json()) == shape_json(spec.global_shape) &&
+             t.value("split", json()) == split_json(spec.split);
+    if (version >= 4) same = same && manifest_value<int64_t>(t, "stage", where) == static_cast<int64_t>(st);
+    if (version >= 5)
+      same = same && manifest_value<std::string>(t, "group", where) == g.name &&
+             (g.name == "dense" || manifest_value<int64_t>(t, "ep_rank", where) == e);
+    LOOM_REQUIRE(same, where, ": parameter '", spec.name, "' has another ", version >= 4 ? "stage, " : "",
+                 version >= 5 ? "group, ep rank, " : "", "offset, shape or tp split than this loom gives the model at tp = ",
+                 tp, st > 0 ? concat(", pipeline stage ", st) : "");
+  }
+}
+
+// Every saved (space, tp rank)'s parameter layout, checked against the
+// manifest's record of it, and the space holding each parameter: per stage
+// the dense group once and under ep each ep rank's experts.
 void saved_specs(SavedLayout& s, const model::ModelConfig& cfg, const json& m, int64_t version,
                  const std::string& where) {
   const json& params = m.value("parameters", json::object());
   const json& tensors = params.value("tensors", json::object());
-  const size_t n_stages = s.stages.size();
-  for (size_t st = 0; st < n_stages; ++st) {
-    const std::string at = n_stages == 1 ? "" : concat(", pipeline stage ", st);
-    std::vector<std::vector<model::ParamSpec>> ranks = saved_stage_specs(s, cfg, st, version, where);
-    for (const model::ParamSpec& spec : ranks[0]) {
-      if (spec.pp_copy) continue;
-      LOOM_REQUIRE(tensors.contains(spec.name), where, ": parameters.tensors has no '", spec.name, "'");
-      const json& t = tensors[spec.name];
-      bool same = manifest_value<int64_t>(t, "offset", where) == spec.offset && t.value("shape", json()) == shape_json(spec.shape);
-      // Format 2 predates tensor parallelism: its shapes are the global ones.
-      if (version >= 3)
-        same = same && t.value("global_shape", json()) == shape_json(spec.global_shape) &&
-               t.value("split", json()) == split_json(spec.split);
-      if (version >= 4) same = same && manifest_value<int64_t>(t, "stage", where) == static_cast<int64_t>(st);
-      LOOM_REQUIRE(same, where, ": parameter '", spec.name, "' has another ", version >= 4 ? "stage, " : "",
-                   "offset, shape or tp split than this loom gives the model at tp = ", s.tp, at);
+  for (size_t st = 0; st < s.stages.size(); ++st) {
+    for (int e = 0; e < s.ep; ++e) {
+      std::vector<std::vector<SavedGroup>> ranks;  // [tp rank][group]
+      for (const std::vector<model::ParamSpec>& flat : saved_stage_specs(s, cfg, st, e, version, where))
+        ranks.push_back(checkpoint_groups(flat, s.ep));
+      for (size_t g = 0; g < ranks[0].size(); ++g) {
+        if (ranks[0][g].name == "dense" && e > 0) continue;  // every ep rank's dense parameters are the same
+        check_saved_tensors(tensors, ranks[0][g], st, e, version, s.tp, where);
+        std::vector<std::vector<model::ParamSpec>> specs;
+        for (std::vector<SavedGroup>& rank : ranks) specs.push_back(std::move(rank[g].specs));
+        const int64_t numel = model::param_count(specs[0]);
+        add_saved_space(s, {static_cast<int64_t>(st), ranks[0][g].name, ranks[0][g].name == "dense" ? 0 : e, numel},
+                        std::move(specs));
+      }
     }
-    add_saved_stage_specs(s, std::move(ranks));
   }
 }
 
@@ -247,67 +273,94 @@ std::vector<parallel::Segment> shard_segments_of(const json& sh, const std::stri
   return segments;
 }
 
-// One listed shard, checked (tp rank, stage, numel, a file the manifest
+// The space of one listed shard: its stage, its group ("dense" before
+// format 5) and, for the experts, its ep rank.
+int shard_space(const SavedLayout& s, const json& sh, const std::string& file, int64_t version,
+                const std::string& where) {
+  const int64_t n_stages = static_cast<int64_t>(s.stages.size());
+  const auto stage = version >= 4 ? manifest_value<int64_t>(sh, "stage", where) : 0;
+  LOOM_REQUIRE(stage >= 0 && stage < n_stages, where, ": shard '", file, "' has stage ", stage,
+               ": allowed are 0 to ", n_stages - 1, " (pipeline.stages)");
+  const std::string group = version >= 5 ? manifest_value<std::string>(sh, "group", where) : "dense";
+  const auto ep_rank = group == "experts" ? manifest_value<int64_t>(sh, "ep_rank", where) : 0;
+  LOOM_REQUIRE(group == "dense" || (s.ep > 1 && group == "experts"), where, ": shard '", file, "' has group '", group,
+               "': allowed are 'dense'", s.ep > 1 ? " and 'experts'" : " (mesh.ep = 1)");
+  LOOM_REQUIRE(ep_rank >= 0 && ep_rank < s.ep, where, ": shard '", file, "' has ep_rank ", ep_rank,
+               ": allowed are 0 to mesh.ep - 1 = ", s.ep - 1);
+  const int space = find_saved_space(s, stage, group, static_cast<int>(ep_rank));
+  LOOM_CHECK(space >= 0, "load_checkpoint: no saved space for stage ", stage, " group ", group);
+  return space;
+}
+
+// One listed shard, checked (tp rank, space, numel, a file the manifest
 // lists: only those, whose digests check_files verified, are read, and only
 // from the step dir), added to s with its segments.
 void saved_shard(SavedLayout& s, const json& m, const json& sh, int64_t version, const std::string& where) {
-  const int64_t n_stages = static_cast<int64_t>(s.stages.size());
   const std::string file = manifest_value<std::string>(sh, "file", where);
   const auto numel = manifest_value<int64_t>(sh, "numel", where);
   const auto tp_rank = sh.contains("tp_rank") ? manifest_value<int64_t>(sh, "tp_rank", where) : 0;
-  const auto stage = version >= 4 ? manifest_value<int64_t>(sh, "stage", where) : 0;
   const std::string prefix = version >= 4 ? manifest_value<std::string>(sh, "prefix", where) : "";
   LOOM_REQUIRE(tp_rank >= 0 && tp_rank < s.tp, where, ": shard '", file, "' has tp_rank ", tp_rank,
                ": allowed are 0 to mesh.tp - 1 = ", s.tp - 1);
-  LOOM_REQUIRE(stage >= 0 && stage < n_stages, where, ": shard '", file, "' has stage ", stage,
-               ": allowed are 0 to ", n_stages - 1, " (pipeline.stages)");
-  const int64_t P = s.stages[stage].numel;
+  const int space = shard_space(s, sh, file, version, where);
+  const int64_t P = s.spaces[space].numel;
   LOOM_REQUIRE(numel >= 0 && numel <= P, where, ": shard '", file, "' has numel ", numel,
-               ": allowed are 0 to the ", P, " parameters of its stage and tp rank");
+               ": allowed are 0 to the ", P, " parameters of its stage, group and tp rank");
   bool listed = false;
   for (const json& f : m.value("files", json::array()))
     listed = listed || (f.is_object() && f.value("name", std::string()) == file);
   LOOM_REQUIRE(listed && file.find('/') == std::string::npos, where, ": shard file '", file,
                "' is not one of the files the manifest lists");
   const std::vector<parallel::Segment> segments = shard_segments_of(sh, file, numel, P, where);
-  add_saved_shard(s, {stage, static_cast<int>(tp_rank), file, prefix, numel}, segments);
+  add_saved_shard(s, {space, static_cast<int>(tp_rank), file, prefix, numel}, segments);
 }
 
-// The saved shards, checked to cover each saved (stage, tp rank)'s flat
+// The saved shards, checked to cover each saved (space, tp rank)'s
 // parameters exactly once, and to name only files the manifest lists.
 void saved_shards(SavedLayout& s, const json& m, int64_t version, const std::string& where) {
   LOOM_REQUIRE(m.contains("shards") && m["shards"].is_array() && !m["shards"].empty(), where,
                ": 'shards' is missing or empty");
   for (const json& sh : m["shards"]) saved_shard(s, m, sh, version, where);
   sort_saved_segments(s);
-  const int64_t n_stages = static_cast<int64_t>(s.stages.size());
-  for (int64_t st = 0; st < n_stages; ++st) {
-    const std::string at = n_stages == 1 ? "" : concat(" of pipeline stage ", st);
+  for (size_t i = 0; i < s.spaces.size(); ++i) {
+    const SavedLayout::Space& sp = s.spaces[i];
+    const std::string at = concat(s.stages.size() == 1 ? "" : concat(" of pipeline stage ", sp.stage),
+                                  s.ep == 1 ? "" : concat(" in group '", sp.group, "'"),
+                                  sp.group == "experts" ? concat(" of ep rank ", sp.ep_rank) : "");
     for (int r = 0; r < s.tp; ++r) {
       int64_t next = 0;
-      for (const Piece& p : s.segments[st][r]) {
+      for (const Piece& p : s.segments[i][r]) {
         LOOM_REQUIRE(p.offset == next, where, ": the shards of tp rank ", r, at,
                      p.offset < next ? " overlap" : " leave a gap", " at parameter element ", std::min(p.offset, next));
         next = p.offset + p.count;
       }
-      LOOM_REQUIRE(next == s.stages[st].numel, where, ": the shards of tp rank ", r, at, " cover ", next, " of its ",
-                   s.stages[st].numel, " parameters");
+      LOOM_REQUIRE(next == sp.numel, where, ": the shards of tp rank ", r, at, " cover ", next, " of its ", sp.numel,
+                   " parameters");
     }
   }
 }
 
 }  // namespace
 
-std::string checkpoint_chunk_prefix(int pp_size, int c) { return pp_size > 1 ? concat("chunk", c, ".") : ""; }
+std::string checkpoint_tensor_prefix(int pp_size, int c, const std::string& group) {
+  return concat(pp_size > 1 ? concat("chunk", c, ".") : "", group == "dense" ? "" : group + ".");
+}
+
+int64_t SavedShardRecord::numel() const {
+  int64_t n = 0;
+  for (const parallel::Segment& s : segments) n += s.count;
+  return n;
+}
 
 std::vector<parallel::Segment> checkpoint_saved_segments(const std::vector<parallel::Bucket>& buckets, int zero_stage,
                                                          int dp_size, int r) {
   return parallel::shard_segments(buckets, std::max(1, zero_stage), dp_size, r);
 }
 
-json manifest_json(Trainer& t, const json& files, const std::vector<StageLayout>& stages) {
+json manifest_json(Trainer& t, const json& files, const std::vector<SavedShardRecord>& shards) {
   const RunConfig& c = t.config();
   const parallel::DataParallel& dp = t.dp();
+  const std::vector<std::pair<int64_t, int64_t>> stages = stage_layers(shards);
   const auto [params, pipeline_stages] = parameters_and_stages_json(t, stages);
   json j;
   j["format"] = "loom-checkpoint";
@@ -319,12 +372,12 @@ json manifest_json(Trainer& t, const json& files, const std::vector<StageLayout>
   j["config"] = run_config_to_json(c);
   add_state_json(j, t);
   // numel (one stage, as in format 3): the elements of one tp rank's flat
-  // buffer, which its shards cover; per stage: pipeline.stages.
+  // buffer; per stage: pipeline.stages.
   j["parameters"] = json::object();
   if (stages.size() == 1) j["parameters"]["numel"] = pipeline_stages[0]["numel"];
   j["parameters"]["global_numel"] = model::param_count(model::param_specs(c.model));
   j["parameters"]["tensors"] = params;
-  j["shards"] = shards_json(t, stages);
+  j["shards"] = shards_json(t, shards);
   j["files"] = files;
   return j;
 }
@@ -348,12 +401,14 @@ ManifestMesh check_manifest_mesh(const nlohmann::json& m, const nlohmann::json& 
                " is not supported: this loom reads format_version 2 to ", kCheckpointFormatVersion);
   LOOM_REQUIRE(m.contains("config") && m["config"].contains("model"), where, ": config.model is missing");
   check_same_model(m["config"]["model"], run_model, where);
-  // dp, cp, tp, pp (and the pipeline's partition) and the ZeRO stage may
+  // dp, cp, tp, pp, ep (and the pipeline's partition) and the ZeRO stage may
   // change on resume: the state is read by parameter name and global
   // ranges, whatever the stages and shards.
   const json mesh = m.value("mesh", nlohmann::json::object());
-  LOOM_REQUIRE(manifest_value<int64_t>(mesh, "ep", where) == 1, where,
-               ": mesh.ep is not 1: resharding a checkpoint over ep is not supported yet");
+  const auto saved_ep = mesh.contains("ep") ? manifest_value<int64_t>(mesh, "ep", where) : 1;
+  LOOM_REQUIRE(saved_ep >= 1 && (version >= 5 || saved_ep == 1), where, ": mesh.ep = ", saved_ep,
+               " is invalid: allowed are 1 to the model's experts", version < 5 ? " (1 before format 5)" : "");
+  out.ep = static_cast<int>(saved_ep);
   const auto saved_pp = manifest_value<int64_t>(mesh, "pp", where);
   LOOM_REQUIRE(saved_pp >= 1 && (version >= 4 || saved_pp == 1), where, ": mesh.pp = ", saved_pp,
                " is invalid: allowed are 1 to the model's layers", version < 4 ? " (1 before format 4)" : "");
@@ -413,7 +468,7 @@ ManifestState manifest_state(const nlohmann::json& m, const fs::path& dir, const
 SavedLayout saved_layout(const nlohmann::json& m, const model::ModelConfig& cfg, const ManifestMesh& mesh,
                          const std::string& where) {
   SavedLayout saved;
-  saved.pp = mesh.pp, saved.tp = mesh.tp;
+  saved.pp = mesh.pp, saved.tp = mesh.tp, saved.ep = mesh.ep;
   saved_stages(saved, cfg, m, mesh.version, where);
   saved_specs(saved, cfg, m, mesh.version, where);
   saved_shards(saved, m, mesh.version, where);

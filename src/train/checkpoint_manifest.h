@@ -27,20 +27,26 @@
 
 namespace loom::train {
 
-inline constexpr int kCheckpointFormatVersion = 4;
+inline constexpr int kCheckpointFormatVersion = 5;
 inline constexpr const char* kCheckpointManifestFile = "manifest.json";
 
-// The layers and the dp buckets of one pipeline stage (the whole model
-// without pipelining): from these the lead lists every stage's parameters
-// and every rank's shard segments.
-struct StageLayout {
-  int64_t first = 0, count = 0;
-  std::vector<parallel::Bucket> buckets;
+// One shard a rank saves: its piece (checkpoint_saved_segments) of one
+// parameter group of one of its chunks. Every rank's are gathered for the
+// manifest.
+struct SavedShardRecord {
+  int64_t stage = 0, first = 0, count = 0;  // the chunk's pipeline stage (c x pp + pp rank) and its layers
+  int group = 0;                            // the chunk's DataParallel group
+  int rank = 0;                             // the world rank whose file holds it
+  int pp_rank = 0, dp_rank = 0, cp_rank = 0, ep_rank = 0, tp_rank = 0;
+  std::vector<parallel::Segment> segments;  // in the group's space, packed
+  int64_t numel() const;
 };
 
-// The prefix of chunk c's tensors in its rank's file: "" without pipelining
-// (master, adam_m and adam_v, as in format 3), "chunk<c>." with it.
-std::string checkpoint_chunk_prefix(int pp_size, int c);
+// The prefix of chunk c's tensors of parameter group `group` in its rank's
+// file: "" without pipelining (master, adam_m and adam_v, as in format 3),
+// "chunk<c>." with it; then the group's name and a dot for any group but
+// "dense" ("experts.master").
+std::string checkpoint_tensor_prefix(int pp_size, int c, const std::string& group);
 
 // What rank r of a chunk's dp group saves: its ZeRO-1 piece of every bucket,
 // whatever the stage, so that the ranks of a stage-0 run (which all hold
@@ -50,21 +56,22 @@ std::vector<parallel::Segment> checkpoint_saved_segments(const std::vector<paral
                                                          int dp_size, int r);
 
 // The manifest of t's checkpoint at t.steps_done(): files (name, rank, bytes,
-// sha256 per rank file) and every pipeline stage's layout, stage order.
+// sha256 per rank file) and every rank's shards (which give every pipeline
+// stage's layers).
 nlohmann::ordered_json manifest_json(Trainer& t, const nlohmann::ordered_json& files,
-                                     const std::vector<StageLayout>& stages);
+                                     const std::vector<SavedShardRecord>& shards);
 
 // step_dir/manifest.json, parsed. A missing dir or manifest, or one that is
 // not JSON, is an IncompleteCheckpoint (train/checkpoint_dir.h).
 nlohmann::json read_manifest(const std::filesystem::path& step_dir);
 
-// The manifest's format version and saved pp and tp sizes.
+// The manifest's format version and saved pp, tp and ep sizes.
 struct ManifestMesh {
   int64_t version = 0;
-  int pp = 1, tp = 1;
+  int pp = 1, tp = 1, ep = 1;
 };
 // Checks the format version, that config.model is run_model (the run's
-// model/config_json.h form), that cp and ep are 1, and the pp and tp sizes.
+// model/config_json.h form), and the pp, tp and ep sizes.
 ManifestMesh check_manifest_mesh(const nlohmann::json& m, const nlohmann::json& run_model, const std::string& where);
 
 // Presence and size (digest = false), or the sha256 too, of one file the

@@ -20,7 +20,7 @@ void for_each_overlap(const std::vector<Piece>& sorted, int64_t lo, int64_t hi, 
   }
 }
 
-// The saved tp ranks' runs of parameter j of saved stage st, by global
+// The saved tp ranks' runs of parameter j of saved space st, by global
 // offset (replicated parameters: tp rank 0's only; padding runs left out).
 std::vector<Piece> saved_sources(const SavedLayout& saved, int st, size_t j) {
   const std::vector<std::vector<model::ParamSpec>>& held = saved.specs[st];
@@ -55,24 +55,49 @@ std::vector<Piece> pieces_of(const std::vector<parallel::Segment>& segments, int
   return pieces;
 }
 
-void add_saved_stage_specs(SavedLayout& s, std::vector<std::vector<model::ParamSpec>> ranks) {
-  const int st = static_cast<int>(s.specs.size());
+std::vector<SavedGroup> checkpoint_groups(const std::vector<model::ParamSpec>& flat, int ep) {
+  std::vector<SavedGroup> groups{{"dense", {}, {}}};
+  if (ep > 1) groups.push_back({"experts", {}, {}});
+  std::vector<int64_t> numel(groups.size(), 0);
+  for (const model::ParamSpec& spec : flat) {
+    const size_t g = ep > 1 && model::is_expert_param(spec.name) ? 1 : 0;
+    groups[g].specs.push_back(spec);
+    groups[g].specs.back().offset = numel[g];
+    groups[g].flat.push_back(spec.offset);
+    numel[g] += spec.numel();
+  }
+  return groups;
+}
+
+int find_saved_space(const SavedLayout& s, int64_t stage, const std::string& group, int ep_rank) {
+  for (size_t i = 0; i < s.spaces.size(); ++i) {
+    const SavedLayout::Space& sp = s.spaces[i];
+    if (sp.stage == stage && sp.group == group && (group != "experts" || sp.ep_rank == ep_rank))
+      return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int add_saved_space(SavedLayout& s, SavedLayout::Space space, std::vector<std::vector<model::ParamSpec>> ranks) {
+  const int index = static_cast<int>(s.specs.size());
   for (size_t i = 0; i < ranks[0].size(); ++i) {
     const model::ParamSpec& spec = ranks[0][i];
     if (spec.pp_copy) continue;
-    LOOM_CHECK(s.by_name.emplace(spec.name, std::make_pair(st, i)).second, "load_checkpoint: parameter '", spec.name,
-               "' is in two pipeline stages");
+    LOOM_CHECK(s.by_name.emplace(spec.name, std::make_pair(index, i)).second, "load_checkpoint: parameter '",
+               spec.name, "' is in two saved stages or groups");
   }
   s.segments.emplace_back(ranks.size());
   s.specs.push_back(std::move(ranks));
+  s.spaces.push_back(std::move(space));
+  return index;
 }
 
 int add_saved_shard(SavedLayout& s, const SavedShardInfo& shard, const std::vector<parallel::Segment>& segments) {
-  LOOM_CHECK(shard.stage >= 0 && shard.stage < static_cast<int64_t>(s.segments.size()) && shard.tp_rank >= 0 &&
-                 shard.tp_rank < static_cast<int>(s.segments[shard.stage].size()),
-             "add_saved_shard: stage ", shard.stage, " tp rank ", shard.tp_rank, " has no specs");
+  LOOM_CHECK(shard.space >= 0 && shard.space < static_cast<int>(s.segments.size()) && shard.tp_rank >= 0 &&
+                 shard.tp_rank < static_cast<int>(s.segments[shard.space].size()),
+             "add_saved_shard: space ", shard.space, " tp rank ", shard.tp_rank, " has no specs");
   const int index = static_cast<int>(s.shards.size());
-  std::vector<Piece>& held = s.segments[shard.stage][shard.tp_rank];
+  std::vector<Piece>& held = s.segments[shard.space][shard.tp_rank];
   for (const parallel::Segment& g : segments) held.push_back({g.offset, g.count, g.shard_offset, index});
   const auto known = std::find(s.files.begin(), s.files.end(), shard.file);
   const int open = static_cast<int>(known - s.files.begin());
@@ -82,8 +107,8 @@ int add_saved_shard(SavedLayout& s, const SavedShardInfo& shard, const std::vect
 }
 
 void sort_saved_segments(SavedLayout& s) {
-  for (std::vector<std::vector<Piece>>& stage : s.segments)
-    for (std::vector<Piece>& rank : stage) sort_pieces(rank);
+  for (std::vector<std::vector<Piece>>& space : s.segments)
+    for (std::vector<Piece>& rank : space) sort_pieces(rank);
 }
 
 // For each run of global elements of each parameter: the saved tp rank's
@@ -96,7 +121,7 @@ ReadPlan plan_reads(const std::vector<model::ParamSpec>& specs, const std::vecto
   ReadPlan plan;
   for (const model::ParamSpec& spec : specs) {
     const auto found = saved.by_name.find(spec.name);
-    LOOM_CHECK(found != saved.by_name.end(), "load_checkpoint: parameter '", spec.name, "' is in no saved stage");
+    LOOM_CHECK(found != saved.by_name.end(), "load_checkpoint: parameter '", spec.name, "' is in no saved space");
     const auto [st, j] = found->second;
     const std::vector<Piece> sources = saved_sources(saved, st, j);
     for (const model::ShardRun& run : model::shard_runs(spec)) {

@@ -428,9 +428,6 @@ void check_moe(const RunConfig& c, const std::string& source) {
                " needs a mixture-of-experts model (model.n_expert > 0): a dense model has no experts to split");
   LOOM_REQUIRE(p.dp % p.ep == 0, source, ": parallel.ep = ", p.ep, " does not divide parallel.dp = ", p.dp,
                ": expert parallelism splits the dp ranks into groups of ep");
-  LOOM_REQUIRE(p.ep == 1 || c.checkpoint.every == 0, source, ": parallel.ep = ", p.ep, " with checkpoint.every = ",
-               c.checkpoint.every, ": checkpoints of expert-parallel runs are not supported yet (set checkpoint.every "
-               "= 0, or parallel.ep = 1)");
   if (!c.model.is_moe()) return;
   LOOM_REQUIRE(c.model.n_expert % p.ep == 0, source, ": parallel.ep = ", p.ep, " does not divide model.n_expert = ",
                c.model.n_expert, ": each ep rank holds n_expert / ep experts");

@@ -78,12 +78,17 @@ Tensor AdamW::v() const {
   return v(0);
 }
 
-void AdamW::load_state(const Tensor& m, const Tensor& v, int64_t steps_taken) {
-  const int64_t S = dp_.shard_numel();
+void AdamW::load_moments(int g, const Tensor& m, const Tensor& v) {
+  const int64_t S = dp_.group(g).shard_numel;
   for (const Tensor* t : {&m, &v})
-    LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == S, "AdamW::load_state: ", t->str());
-  kernels::cast(m_[0], m);
-  kernels::cast(v_[0], v);
+    LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == S, "AdamW::load_moments: group ", g, " ", t->str());
+  kernels::cast(m_[static_cast<size_t>(g)], m);
+  kernels::cast(v_[static_cast<size_t>(g)], v);
+}
+
+void AdamW::load_state(const Tensor& m, const Tensor& v, int64_t steps_taken) {
+  dp_.shard_numel();  // one group, or a loom::Error saying there are several
+  load_moments(0, m, v);
   steps_ = steps_taken;
 }
 

@@ -57,6 +57,8 @@ class AdamW {
   // Group g's moments, (S_g) f32 views packed like its segments.
   Tensor m(int g) const;
   Tensor v(int g) const;
+  // Sets group g's moments (checkpoints).
+  void load_moments(int g, const Tensor& m, const Tensor& v);
   // Checkpoint state of the single group (DataParallel::segments; a
   // loom::Error with several groups): the moments, and setting them and the
   // update count.

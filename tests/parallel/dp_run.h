@@ -90,12 +90,12 @@ struct SubMesh {
   std::unique_ptr<test::TestContext> run;     // members only
   Context& ctx() const { return run->ctx(); }
 };
-inline SubMesh sub_mesh(int pp, int dp, int tp, int cp = 1) {
+inline SubMesh sub_mesh(int pp, int dp, int tp, int cp = 1, int ep = 1) {
   comm::Communicator& w = world();
   SubMesh g;
   g.member = w.rank() < pp * dp * cp * tp;
   g.ranks = w.split(g.member ? 0 : 1, w.rank(), "sub_world");
-  if (g.member) g.run = std::make_unique<test::TestContext>(mesh::MeshShape{pp, dp, cp, tp, 1}, g.ranks.get());
+  if (g.member) g.run = std::make_unique<test::TestContext>(mesh::MeshShape{pp, dp, cp, tp, ep}, g.ranks.get());
   return g;
 }
 

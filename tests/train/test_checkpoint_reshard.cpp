@@ -47,13 +47,21 @@ struct Layout {
   int tp = 1, dp = 1, zero_stage = 1;
   std::vector<model::PpStage> stages = {model::PpStage{}};
   int buckets = 3;
+  int ep = 1;  // splits dp: the experts' group is dp / ep ranks
 
   std::string name() const {
-    return concat("tp=", tp, " dp=", dp, " zero_stage=", zero_stage, " stages=", stages.size(), " buckets=", buckets);
+    return concat("tp=", tp, " dp=", dp, " ep=", ep, " zero_stage=", zero_stage, " stages=", stages.size(),
+                  " buckets=", buckets);
   }
-  std::vector<model::ParamSpec> specs(const model::ModelConfig& cfg, size_t stage, int tp_rank) const {
-    return model::param_specs(cfg, {tp, tp_rank}, stages.size() == 1 ? model::PpStage{} : stages[stage]);
+  // The parameter groups (checkpoint_groups) of a (stage, tp rank, ep rank).
+  std::vector<SavedGroup> groups(const model::ModelConfig& cfg, size_t stage, int tp_rank, int ep_rank) const {
+    return checkpoint_groups(model::param_specs(cfg, {tp, tp_rank},
+                                                stages.size() == 1 ? model::PpStage{} : stages[stage], {ep, ep_rank}),
+                             ep);
   }
+  // The ranks of group g's dp group: every dp rank for the dense group, the
+  // ep rank's dp / ep replicas for the experts.
+  int group_size(size_t g) const { return g == 0 ? dp : dp / ep; }
 };
 
 // Equal buckets over a flat buffer of P elements (the last takes the rest).
@@ -93,26 +101,59 @@ struct Saved {
   std::vector<std::vector<int64_t>> contents;  // per shard index
 };
 
-// The run `from` saved: per stage, tp rank and dp rank a shard of its
-// checkpoint_saved_segments (a ZeRO-1 piece, whatever the stage), as save
-// writes them.
+// The plan fills `expected` (identities, kPadding where nothing is read)
+// from the saved shards, each element once, and counts the padding.
+void expect_plan(const ReadPlan& plan, const Saved& saved, const std::vector<int64_t>& expected,
+                 const std::string& at) {
+  std::vector<int64_t> got(expected.size(), kPadding);
+  std::vector<int> reads(expected.size(), 0);
+  for (const Read& rd : plan.reads) {
+    const std::vector<int64_t>& src = saved.contents.at(rd.shard);
+    ASSERT_TRUE(rd.count > 0 && rd.src >= 0 && rd.src + rd.count <= static_cast<int64_t>(src.size()) &&
+                rd.dst >= 0 && rd.dst + rd.count <= static_cast<int64_t>(got.size()))
+        << at << ": a read outside its shards";
+    for (int64_t i = 0; i < rd.count; ++i) got[rd.dst + i] = src[rd.src + i], ++reads[rd.dst + i];
+  }
+  int64_t wrong = 0, padding = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    padding += expected[i] == kPadding;
+    const bool ok = expected[i] == kPadding ? reads[i] == 0 : reads[i] == 1 && got[i] == expected[i];
+    if (!ok && wrong++ < 3)
+      ADD_FAILURE() << at << ": element " << i << " read " << reads[i] << " times, holds " << got[i] << ", expected "
+                    << expected[i];
+  }
+  EXPECT_EQ(wrong, 0) << at;
+  EXPECT_EQ(plan.padding, padding) << at;
+}
+
+// The run `from` saved: per stage, group, ep rank, tp rank and rank of the
+// group a shard of its checkpoint_saved_segments (a ZeRO-1 piece, whatever
+// the stage), as save writes them.
 Saved save(const model::ModelConfig& cfg, const Layout& from, std::map<std::string, int64_t>& names) {
   Saved s;
-  s.layout.tp = from.tp;
+  s.layout.tp = from.tp, s.layout.ep = from.ep;
   for (size_t st = 0; st < from.stages.size(); ++st) {
-    std::vector<std::vector<model::ParamSpec>> ranks;
-    for (int r = 0; r < from.tp; ++r) ranks.push_back(from.specs(cfg, st, r));
-    const int64_t P = model::param_count(ranks[0]);
-    s.layout.stages.push_back({from.stages[st].first_layer, from.stages[st].n_layers, P});
-    add_saved_stage_specs(s.layout, ranks);
-    for (int r = 0; r < from.tp; ++r) {
-      const std::vector<int64_t> ids = identities(ranks[r], names);
-      for (int d = 0; d < from.dp; ++d) {
-        const auto segments = checkpoint_saved_segments(buckets_of(P, from.buckets), from.zero_stage, from.dp, d);
-        const std::string file = concat("stage", st, "_tp", r, "_dp", d);
-        const int index = add_saved_shard(s.layout, {static_cast<int64_t>(st), r, file, "", 0}, segments);
-        s.contents.resize(index + 1);
-        s.contents[index] = packed(ids, segments);
+    s.layout.stages.push_back({from.stages[st].first_layer, from.stages[st].n_layers, 0});
+    for (int e = 0; e < from.ep; ++e) {
+      std::vector<std::vector<SavedGroup>> ranks;  // [tp rank][group]
+      for (int r = 0; r < from.tp; ++r) ranks.push_back(from.groups(cfg, st, r, e));
+      for (size_t g = 0; g < ranks[0].size(); ++g) {
+        if (g == 0 && e > 0) continue;  // the dense group: every ep rank's is the same
+        std::vector<std::vector<model::ParamSpec>> specs;
+        for (int r = 0; r < from.tp; ++r) specs.push_back(ranks[r][g].specs);
+        const int64_t P = model::param_count(specs[0]);
+        const int space = add_saved_space(s.layout, {static_cast<int64_t>(st), ranks[0][g].name, e, P}, specs);
+        for (int r = 0; r < from.tp; ++r) {
+          const std::vector<int64_t> ids = identities(specs[r], names);
+          for (int d = 0; d < from.group_size(g); ++d) {
+            const auto segments =
+                checkpoint_saved_segments(buckets_of(P, from.buckets), from.zero_stage, from.group_size(g), d);
+            const std::string file = concat("stage", st, "_", ranks[0][g].name, e, "_tp", r, "_dp", d);
+            const int index = add_saved_shard(s.layout, {space, r, file, "", 0}, segments);
+            s.contents.resize(index + 1);
+            s.contents[index] = packed(ids, segments);
+          }
+        }
       }
     }
   }
@@ -120,42 +161,28 @@ Saved save(const model::ModelConfig& cfg, const Layout& from, std::map<std::stri
   return s;
 }
 
-// Every element of every new (stage, tp rank, dp rank) shard of `to` is read
-// exactly once, from the saved element of its identity; padding is never
-// read, and plan_reads counts it.
+// Every element of every new (stage, group, ep rank, tp rank, dp rank)
+// shard of `to` is read exactly once, from the saved element of its
+// identity; padding is never read, and plan_reads counts it.
 void expect_reshards(const model::ModelConfig& cfg, const Layout& from, const Layout& to) {
   std::map<std::string, int64_t> names;
   const Saved saved = save(cfg, from, names);
   const std::string what = concat("saved at ", from.name(), ", read at ", to.name());
   for (size_t st = 0; st < to.stages.size(); ++st) {
-    for (int r = 0; r < to.tp; ++r) {
-      const std::vector<model::ParamSpec> specs = to.specs(cfg, st, r);
-      const std::vector<int64_t> ids = identities(specs, names);
-      for (int d = 0; d < to.dp; ++d) {
-        const auto mine = parallel::shard_segments(buckets_of(model::param_count(specs), to.buckets), to.zero_stage,
-                                                   to.dp, d);
-        const std::vector<int64_t> expected = packed(ids, mine);
-        std::vector<int64_t> got(expected.size(), kPadding);
-        std::vector<int> reads(expected.size(), 0);
-        const ReadPlan plan = plan_reads(specs, mine, saved.layout);
-        for (const Read& rd : plan.reads) {
-          const std::vector<int64_t>& src = saved.contents.at(rd.shard);
-          ASSERT_TRUE(rd.count > 0 && rd.src >= 0 && rd.src + rd.count <= static_cast<int64_t>(src.size()) &&
-                      rd.dst >= 0 && rd.dst + rd.count <= static_cast<int64_t>(got.size()))
-              << what << ": a read outside its shards";
-          for (int64_t i = 0; i < rd.count; ++i) got[rd.dst + i] = src[rd.src + i], ++reads[rd.dst + i];
+    for (int e = 0; e < to.ep; ++e) {
+      for (int r = 0; r < to.tp; ++r) {
+        const std::vector<SavedGroup> groups = to.groups(cfg, st, r, e);
+        for (size_t g = 0; g < groups.size(); ++g) {
+          const std::vector<model::ParamSpec>& specs = groups[g].specs;
+          const std::vector<int64_t> ids = identities(specs, names);
+          for (int d = 0; d < to.group_size(g); ++d) {
+            const auto mine = parallel::shard_segments(buckets_of(model::param_count(specs), to.buckets),
+                                                       to.zero_stage, to.group_size(g), d);
+            expect_plan(plan_reads(specs, mine, saved.layout), saved, packed(ids, mine),
+                        concat(what, ", stage ", st, " group ", groups[g].name, " ep rank ", e, " tp rank ", r,
+                               " dp rank ", d));
+          }
         }
-        const std::string at = concat(what, ", stage ", st, " tp rank ", r, " dp rank ", d);
-        int64_t wrong = 0, padding = 0;
-        for (size_t i = 0; i < expected.size(); ++i) {
-          padding += expected[i] == kPadding;
-          const bool ok = expected[i] == kPadding ? reads[i] == 0 : reads[i] == 1 && got[i] == expected[i];
-          if (!ok && wrong++ < 3)
-            ADD_FAILURE() << at << ": element " << i << " read " << reads[i] << " times, holds " << got[i]
-                          << ", expected " << expected[i];
-        }
-        EXPECT_EQ(wrong, 0) << at;
-        EXPECT_EQ(plan.padding, padding) << at;
       }
     }
   }
@@ -202,6 +229,20 @@ TEST(CheckpointReshard, ComposedPpTpDpLayoutIsReadIntoAnother) {
   for (const model::ModelConfig& cfg : {gpt2_model(), llama_model()}) {
     expect_reshards(cfg, from, to);
     expect_reshards(cfg, to, from);
+  }
+}
+
+// A Mixtral-style model of 4 experts, saved under expert parallelism (each
+// ep rank's experts a space of their own) and read at other ep, tp, dp and
+// pipeline layouts, and the other way round.
+TEST(CheckpointReshard, ExpertShardsAreReadAcrossEpTpDpAndPp) {
+  model::ModelConfig cfg = llama_model();
+  cfg.n_expert = 4, cfg.top_k = 2, cfg.capacity_factor = 1.f;
+  const Layout ep2{1, 4, 1, {model::PpStage{}}, 3, 2};
+  for (const Layout& to : {Layout{}, Layout{1, 4, 3, {model::PpStage{}}, 2, 4}, Layout{2, 2, 1, {{0, 2}, {2, 2}}, 3, 2},
+                           Layout{4, 3, 0, {model::PpStage{}}, 5}, Layout{1, 2, 1, {model::PpStage{}}, 1, 1}}) {
+    expect_reshards(cfg, ep2, to);
+    expect_reshards(cfg, to, ep2);
   }
 }
 
