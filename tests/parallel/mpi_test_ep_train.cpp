@@ -151,20 +151,21 @@ TEST_F(ExpertParallelTrainTest, EpComposesWithZeroDpTpAndPp) {
 // travels too. N = 2: saved at ep 2, resumed alone and at dp 2 ZeRO-3; saved
 // at ep 1, resumed at ep 2. N = 4: saved at ep 2 x dp 4 under ZeRO-1,
 // resumed alone, at ep 4 under ZeRO-3, at ep 2 x tp 2 and at ep 1 x dp 2
-// under ZeRO-2.
+// under ZeRO-2; saved at ep 2 x cp 2, resumed alone; saved at ep 2 x pp 2
+// (4 layers, 4 micro-batches), resumed at pp 2 alone on each stage.
 TEST_F(ExpertParallelTrainTest, MoeCheckpointsReshardAcrossEpDpTpAndZero) {
   const int N = world().size();
   if (N != 2 && N != 4) GTEST_SKIP() << "runs at N = 2 and 4; this world has " << N << " ranks";
   auto cfg = [](const Layout& l) {
     RunConfig c = config(l);
-    c.train.micro_batch = 8 / l.dp;
+    if (l.pp == 1) c.train.micro_batch = 8 / l.dp;
     return c;
   };
   auto run = [&](const Layout& l, const std::filesystem::path& resume, const std::filesystem::path& save) {
-    return run_resumable(sub_mesh(1, l.dp, l.tp, 1, l.ep), cfg(l), 10, kSteps, resume, save, l.name());
+    return run_resumable(sub_mesh(l.pp, l.dp, l.tp, l.cp, l.ep), cfg(l), 10, kSteps, resume, save, l.name());
   };
   auto expect_reshards = [&](const Layout& from, const std::vector<Layout>& to) {
-    const std::filesystem::path root = dir_ / concat("ckpt_moe_ep", from.ep, "_dp", from.dp);
+    const std::filesystem::path root = dir_ / concat("ckpt_moe_ep", from.ep, "_dp", from.dp, "_cp", from.cp);
     const std::vector<double> straight = run(from, {}, root);
     const std::vector<double> tail(straight.begin() + 10, straight.end());
     for (const Layout& l : to) {
@@ -185,6 +186,8 @@ TEST_F(ExpertParallelTrainTest, MoeCheckpointsReshardAcrossEpDpTpAndZero) {
                                                     {4, 4, 1, 1, 3, 2, 1.f, bias},
                                                     {2, 2, 2, 1, 1, 2, 1.f, bias},
                                                     {2, 1, 1, 1, 2, 2, 1.f, bias}});
+    expect_reshards({2, 2, 1, 1, 1, 2, 1.f, bias, 2}, {{1, 1, 1, 1, 0, 2, 1.f, bias}});  // ep 2 x cp 2
+    expect_reshards({2, 2, 1, 2, 1, 2, 1.f, bias}, {{1, 1, 1, 2, 0, 2, 1.f, bias}});     // ep 2 x pp 2 -> pp 2
   }
 }
 
