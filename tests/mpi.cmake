@@ -105,7 +105,7 @@ if(TARGET loom)
   set_property(TEST mpi.train.BenchTrainMoePrintsDenseRatioAllToAllAndDrops APPEND PROPERTY LABELS cli)
   set_tests_properties(mpi.train.BenchTrainMoePrintsDenseRatioAllToAllAndDrops PROPERTIES TIMEOUT 120
     RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
-    "\\{\"model\":\"llama-tiny\",\"batch\":2,\"seq\":32,\"dtype\":\"fp32\",\"dp\":2,\"ep\":2,\"experts\":4,\"top_k\":2,[^\n]*\"tokens_per_s\":[0-9.e+]+,\"dense_tokens_per_s\":[0-9.e+]+,\"vs_dense\":[0-9.]+,\"a2a_s\":[0-9.e-]+,\"a2a_share\":[0-9.]+,\"a2a_hidden\":0,\"a2a_bytes\":[1-9][0-9]*,\"dropped\":[0-9.]+,")
+    "\\{\"model\":\"llama-tiny\",\"batch\":2,\"seq\":32,\"dtype\":\"fp32\",\"dp\":2,\"ep\":2,\"experts\":4,\"top_k\":2,[^\n]*\"tokens_per_s\":[0-9.e+]+,\"dense_tokens_per_s\":[0-9.e+]+,\"vs_dense\":[0-9.]+,\"blocking_tokens_per_s\":[0-9.e+]+,\"a2a_s\":[0-9.e-]+,\"a2a_share\":[0-9.]+,\"a2a_blocking_s\":[0-9.e-]+,\"a2a_hidden\":[0-9.]+,\"a2a_bytes\":[1-9][0-9]*,\"dropped\":[0-9.]+,")
   add_test(NAME mpi.train.BenchTrainEpWithoutMoeIsRefused
            COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> bench train --model llama-tiny --ep 2 --steps 1 --threads 1)
   set_property(TEST mpi.train.BenchTrainEpWithoutMoeIsRefused APPEND PROPERTY LABELS cli)

@@ -8,11 +8,16 @@
 //
 //   counts   all_to_all of each rank's rows per expert (E int64)
 //   dispatch all_to_all_v of the rows, by destination rank
-//   experts  grouped GEMM over the received rows, ordered by local expert
-//   combine  all_to_all_v back (the reverse counts), then the weighted sum
+//   experts  grouped GEMMs over the received rows, ordered by local expert:
+//            first the rank's own rows (taken from its send buffer, so they
+//            run while the others travel), then the other ranks'
+//   combine  all_to_all_v back (the reverse counts; the shared experts run
+//            meanwhile), then the weighted sum
 //
 // backward mirrors it: the combine's gradient rows travel to the experts
-// with the forward's counts, the input gradient rows back with the reverse.
+// with the forward's counts (the rank's own rows' expert backward runs
+// meanwhile), the input gradient rows back with the reverse (the shared
+// experts' and the router's backward run meanwhile).
 // Under tensor parallelism every tp rank routes the same tokens and its ep
 // group is made of the ranks with its tp rank, so each expert's tp slices
 // see the same rows.
@@ -26,18 +31,27 @@
 namespace loom::model {
 
 // The collectives over the ep group; parallel/ep.h implements them on a
-// comm::Communicator. Blocking.
+// comm::Communicator.
 class ExpertParallelOps {
  public:
   virtual ~ExpertParallelOps() = default;
   // in (E) i64: size() blocks of E / size(), block r for rank r; out (E):
-  // block r is rank r's block for this rank.
+  // block r is rank r's block for this rank. Blocking.
   virtual void exchange_counts(Tensor out, const Tensor& in) = 0;
-  // Rows of in, in rank blocks of send_rows[r] rows, go to rank r; out gets
-  // rank r's in blocks of recv_rows[r] rows, in rank order. in and out are
-  // (rows, width) of one dtype (f32, bf16 or f16), their leading rows used.
-  virtual void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
-                             std::span<const int64_t> send_rows) = 0;
+  // Starts moving rows and returns at once: rows of in, in rank blocks of
+  // send_rows[r] rows, go to rank r; out gets rank r's in blocks of
+  // recv_rows[r] rows, in rank order. in and out are (rows, width) of one
+  // dtype (f32, bf16 or f16), their leading rows used, and must not be
+  // touched until finish_rows(), which waits for it. One exchange at a time.
+  virtual void start_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                          std::span<const int64_t> send_rows) = 0;
+  virtual void finish_rows() = 0;
+  // start_rows, then finish_rows.
+  void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                     std::span<const int64_t> send_rows) {
+    start_rows(out, recv_rows, in, send_rows);
+    finish_rows();
+  }
 };
 
 // Context parallelism cuts every sequence over the cp ranks, so a routing
@@ -57,10 +71,13 @@ class RoutingGroupOps {
 
 // How a Model's experts are split: its ep rank and group size, and the
 // collectives (required for forward and backward when ep > 1; a model built
-// only to count bytes may leave them null).
+// only to count bytes may leave them null). overlap: a MoE layer computes
+// while its rows travel (model/moe.h); without it every exchange blocks
+// first. Both give the same bits.
 struct EpOptions {
   EpRank ep;
   ExpertParallelOps* ops = nullptr;
+  bool overlap = true;
   bool active() const { return ep.size > 1; }
 };
 

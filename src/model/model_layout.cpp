@@ -179,9 +179,10 @@ void set_positions(ModelState& st, const CpOptions& cp) {
 
 void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOptions& options) {
   const int64_t group_tokens = cfg.routing_group * T * options.cp.size;  // whole sequences over the cp ranks
-  st.moe_run = std::make_unique<MoeRun>(MoeRun{&cfg, group_tokens, options.ep});
+  st.moe_run = std::make_unique<MoeRun>();
+  MoeRun& run = *st.moe_run;
+  run.cfg = &cfg, run.group_tokens = group_tokens, run.ep = options.ep;
   if (options.cp.size > 1) {
-    MoeRun& run = *st.moe_run;
     run.cp = options.cp.routing, run.positions = options.cp.positions, run.seq_len = T * options.cp.size;
     run.cp_size = options.cp.size;
   }

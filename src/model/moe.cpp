@@ -4,6 +4,7 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -27,48 +28,73 @@ size_t at(int64_t i) { return static_cast<size_t>(i); }
 
 // Where a layer's rows are, read back from MoeActs::counts: per expert sent
 // [0, E), per (source rank, local expert) received [E, 2E), then the rows
-// this rank's experts computed and the rows it sent.
+// this rank's experts computed and the rows it sent. The experts compute in
+// two chunks, each in the order of the local experts: chunk 0 the rank's own
+// rows (which need no exchange: they run while the others travel), chunk 1
+// the other ranks' (by source rank within an expert). Without ep chunk 0
+// holds every row.
 struct RowPlan {
-  int64_t E = 0, El = 0, P = 1;  // experts, per ep rank, ep ranks
+  int64_t E = 0, El = 0, P = 1, me = 0;       // experts, per ep rank, ep ranks, this ep rank
   std::vector<int64_t> send_rows, recv_rows;  // per ep rank
-  std::vector<int64_t> expert_off;            // (El + 1): rows of each local expert in the experts' order
+  std::array<std::vector<int64_t>, 2> off;    // per chunk (El + 1): each local expert's first row, experts' order
+  int64_t self_send = 0;                      // the rank's own rows' first row in the send buffer
   int64_t computed = 0, sent = 0;
+  int64_t begin(int chunk) const { return off[at(chunk)][0]; }
+  int64_t rows(int chunk) const { return off[at(chunk)][at(El)] - begin(chunk); }
+  // Chunk c's expert offsets counted from its first row.
+  std::vector<int64_t> chunk_off(int chunk) const {
+    std::vector<int64_t> o(off[at(chunk)]);
+    for (int64_t& v : o) v -= begin(chunk);
+    return o;
+  }
 };
 
-RowPlan row_plan(const Tensor& counts, int64_t E, int P) {
+// Rows rank r sent this rank for local expert le.
+int64_t received(const int64_t* c, const RowPlan& p, int64_t r, int64_t le) {
+  return p.P > 1 ? c[p.E + r * p.El + le] : c[le];
+}
+
+RowPlan row_plan(const Tensor& counts, int64_t E, int P, int me) {
   const int64_t* c = counts.data_as<int64_t>();
   RowPlan p;
-  p.E = E, p.El = E / P, p.P = P;
-  p.send_rows.assign(at(P), 0), p.recv_rows.assign(at(P), 0), p.expert_off.assign(at(p.El + 1), 0);
+  p.E = E, p.El = E / P, p.P = P, p.me = me;
+  p.send_rows.assign(at(P), 0), p.recv_rows.assign(at(P), 0);
   for (int64_t e = 0; e < E; ++e) p.send_rows[at(e / p.El)] += c[e];
+  for (int64_t e = 0; e < me * p.El; ++e) p.self_send += c[e];
+  p.off = {std::vector<int64_t>(at(p.El + 1), 0), std::vector<int64_t>(at(p.El + 1), 0)};
+  for (int64_t le = 0; le < p.El; ++le) p.off[0][at(le + 1)] = p.off[0][at(le)] + received(c, p, me, le);
+  p.off[1][0] = p.off[0][at(p.El)];
+  for (int64_t le = 0; le < p.El; ++le) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < P; ++r) n += r == me ? 0 : received(c, p, r, le);
+    p.off[1][at(le + 1)] = p.off[1][at(le)] + n;
+  }
   for (int64_t r = 0; r < P; ++r)
-    for (int64_t le = 0; le < p.El; ++le) {
-      const int64_t n = P > 1 ? c[E + r * p.El + le] : c[le];
-      p.recv_rows[at(r)] += n;
-      p.expert_off[at(le + 1)] += n;
-    }
-  for (int64_t le = 0; le < p.El; ++le) p.expert_off[at(le + 1)] += p.expert_off[at(le)];
+    for (int64_t le = 0; le < p.El; ++le) p.recv_rows[at(r)] += received(c, p, r, le);
   p.computed = c[2 * E], p.sent = c[2 * E + 1];
   return p;
 }
 
 // Moves rows between the order they arrive in (source rank, then local
-// expert) and the experts' order (local expert, then source rank): blocks
-// of counts[E + r El + le] rows. to_experts: from `by_rank` into
-// `by_expert`, else back.
+// expert) and the experts' order (RowPlan's chunks). to_experts: from
+// `by_rank` into `by_expert`, else back; remote_only: the other ranks' rows
+// alone (chunk 1).
 void reorder(const Tensor& by_rank, const Tensor& by_expert, const Tensor& counts, const RowPlan& p,
-             bool to_experts) {
-  const int64_t* c = counts.data_as<int64_t>() + p.E;
-  std::vector<int64_t> cursor(p.expert_off.begin(), p.expert_off.end() - 1);
+             bool to_experts, bool remote_only) {
+  const int64_t* c = counts.data_as<int64_t>();
+  std::array<std::vector<int64_t>, 2> cursor = p.off;
   int64_t src = 0;
   for (int64_t r = 0; r < p.P; ++r)
     for (int64_t le = 0; le < p.El; ++le) {
-      const int64_t n = c[r * p.El + le];
+      const int64_t n = received(c, p, r, le);
       if (n == 0) continue;
-      const Tensor a = by_rank.slice(0, src, n), b = by_expert.slice(0, cursor[at(le)], n);
-      if (to_experts) copy(b, a);
-      else copy(a, b);
-      src += n, cursor[at(le)] += n;
+      const size_t chunk = r == p.me ? 0 : 1;
+      if (chunk == 1 || !remote_only) {
+        const Tensor a = by_rank.slice(0, src, n), b = by_expert.slice(0, cursor[chunk][at(le)], n);
+        if (to_experts) copy(b, a);
+        else copy(a, b);
+      }
+      src += n, cursor[chunk][at(le)] += n;
     }
 }
 
@@ -180,41 +206,59 @@ int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, c
 }
 
 // ep > 1: counts[E, 2E) from every rank, then the rows to the experts'
-// ranks (xr) and into the experts' order (xe). Returns the rows received.
-void dispatch_rows(MoeRun& run, MoeActs& a, int64_t E) {
+// ranks (xr; in flight on return) while the rank's own rows are copied to
+// the start of xe (chunk 0). Returns the plan.
+RowPlan start_dispatch(MoeRun& run, MoeActs& a, int64_t E) {
   const int P = run.ep.ep.size;
   const Tensor counts = a.counts;
   run.ep.ops->exchange_counts(counts.slice(0, E, E), counts.slice(0, 0, E));
-  RowPlan p = row_plan(counts, E, P);
+  RowPlan p = row_plan(counts, E, P, run.ep.ep.rank);
   p.computed = std::accumulate(p.recv_rows.begin(), p.recv_rows.end(), int64_t{0});
   counts.data_as<int64_t>()[2 * E] = p.computed;
-  run.ep.ops->exchange_rows(a.xr, p.recv_rows, a.xs, p.send_rows);
-  reorder(a.xr, a.xe, counts, p, true);
+  run.ep.ops->start_rows(a.xr, p.recv_rows, a.xs, p.send_rows);
+  if (p.rows(0) > 0) copy(a.xe.slice(0, 0, p.rows(0)), a.xs.slice(0, p.self_send, p.rows(0)));
+  return p;
 }
 
-// The rank's experts on their rows: fc, up, act, ye (the first `n` rows).
-void run_experts(const Dims& d, const LayerWeights& w, MoeActs& a, const RowPlan& p) {
-  const int64_t n = p.computed;
+// The rank's experts on one chunk of their rows: fc, up, act, ye.
+void run_experts(const Dims& d, const LayerWeights& w, MoeActs& a, const RowPlan& p, int chunk) {
+  const int64_t b = p.begin(chunk), n = p.rows(chunk);
   if (n == 0) return;
-  const Tensor xe = a.xe.slice(0, 0, n), fc = a.fc.slice(0, 0, n), up = a.up.slice(0, 0, n);
-  const Tensor act = a.act.slice(0, 0, n);
-  grouped_linear_forward(fc, xe, experts(w.w1), p.expert_off, d.batch_invariant);
-  grouped_linear_forward(up, xe, experts(w.w3), p.expert_off, d.batch_invariant);
+  const std::vector<int64_t> off = p.chunk_off(chunk);
+  const Tensor xe = a.xe.slice(0, b, n), fc = a.fc.slice(0, b, n), up = a.up.slice(0, b, n);
+  const Tensor act = a.act.slice(0, b, n);
+  grouped_linear_forward(fc, xe, experts(w.w1), off, d.batch_invariant);
+  grouped_linear_forward(up, xe, experts(w.w3), off, d.batch_invariant);
   swiglu_forward(act, fc, up);
-  grouped_linear_forward(a.ye.slice(0, 0, n), act, experts(w.w2), p.expert_off, d.batch_invariant);
+  grouped_linear_forward(a.ye.slice(0, b, n), act, experts(w.w2), off, d.batch_invariant);
 }
 
-// The shared experts' output (partial under tp) added into y.
-void shared_forward(const Dims& d, Tensor y, const Tensor& h, const LayerWeights& w, MoeActs& a) {
+// The shared experts' output (partial under tp) into sh_out.
+void shared_forward(const Dims& d, const Tensor& h, const LayerWeights& w, MoeActs& a) {
   if (!w.sh_gate.defined()) return;
   const int64_t N = h.size(0);
   const Tensor fc = a.sh_fc.slice(0, 0, N), up = a.sh_up.slice(0, 0, N), act = a.sh_act.slice(0, 0, N);
-  const Tensor out = a.sh_out.slice(0, 0, N);
   block_linear(d, fc, h, w.sh_gate, Tensor());
   block_linear(d, up, h, w.sh_up, Tensor());
   swiglu_forward(act, fc, up);
-  block_linear(d, out, act, w.sh_down, Tensor());
-  add(y, y, out);
+  block_linear(d, a.sh_out.slice(0, 0, N), act, w.sh_down, Tensor());
+}
+
+// The routed experts' outputs, by ep: chunk 0 computed while the other
+// ranks' rows travel, chunk 1 once they are here, the outputs sent back
+// (in flight on return: finish_rows before reading ys).
+void experts_forward(MoeRun& run, const Dims& d, const LayerWeights& w, MoeActs& a) {
+  const int64_t E = run.cfg->n_expert;
+  ExpertParallelOps& ops = *run.ep.ops;
+  const RowPlan p = start_dispatch(run, a, E);
+  if (!run.ep.overlap) ops.finish_rows();
+  run_experts(d, w, a, p, 0);
+  if (run.ep.overlap) ops.finish_rows();
+  reorder(a.xr, a.xe, a.counts, p, true, true);
+  run_experts(d, w, a, p, 1);
+  reorder(a.xr, a.ye, a.counts, p, false, false);  // the outputs, back in arrival order
+  ops.start_rows(a.ys, p.send_rows, a.xr, p.recv_rows);
+  if (!run.ep.overlap) ops.finish_rows();
 }
 
 }  // namespace
@@ -230,18 +274,18 @@ void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, La
   const int64_t sent = route(run_, h, w, a, d, c.layer);
   const Tensor rows = a.rows.slice(0, 0, N);
   moe_dispatch(a.xs, h, rows);
-  if (run_.ep.active()) dispatch_rows(run_, a, E);
-  else a.counts.data_as<int64_t>()[2 * E] = sent;
-  const RowPlan p = row_plan(a.counts, E, run_.ep.ep.size);
-  run_experts(d, w, a, p);
   if (run_.ep.active()) {
-    reorder(a.xr, a.ye, a.counts, p, false);  // the outputs, back in arrival order
-    run_.ep.ops->exchange_rows(a.ys, p.send_rows, a.xr, p.recv_rows);
+    experts_forward(run_, d, w, a);
+  } else {
+    a.counts.data_as<int64_t>()[2 * E] = sent;
+    run_experts(d, w, a, row_plan(a.counts, E, 1, 0), 0);
   }
+  shared_forward(d, h, w, a);  // under ep while the outputs travel back
+  if (run_.ep.active() && run_.ep.overlap) run_.ep.ops->finish_rows();
   // The combine (and shared experts) give partial sums under tp: summed as g.
   const Tensor y = tp.sp ? tp.partial : rows_of(out, C);
   moe_combine(y, a.ys, rows, a.weight.slice(0, 0, N));
-  shared_forward(d, y, h, w, a);
+  if (w.sh_gate.defined()) add(y, y, a.sh_out.slice(0, 0, N));
   if (tp.ops) tp.ops->reduce(tp.sp ? rows_of(out, C) : out, tp.sp ? tp.partial : out);
 }
 
@@ -256,30 +300,51 @@ void MoeMlp::recompute(LayerActs& la) const {
 
 namespace {
 
-// The experts' backward on their rows: dye in (scratch: scaled here), dxe
-// (zeroed here) out; weight gradients += into g. Under ep a rank's experts
-// see the rows of every rank of its ep group, so their weight gradients sum
-// ep ranks' losses, where a dense weight's hold its own rank's: they are
-// scaled by 1 / ep, so that the average over the expert-dp group (dp / ep
-// ranks) is the same mean over every dp rank's loss the dense weights get.
+// The experts' backward on one chunk of their rows: dye in (scratch: scaled
+// here), dxe (zeroed here) out; weight gradients += into g. Under ep a
+// rank's experts see the rows of every rank of its ep group, so their
+// weight gradients sum ep ranks' losses, where a dense weight's hold its own
+// rank's: they are scaled by 1 / ep, so that the average over the expert-dp
+// group (dp / ep ranks) is the same mean over every dp rank's loss the dense
+// weights get.
 void experts_backward(const LayerWeights& w, const LayerWeights& g, const MoeActs& a, MoeScratch& m,
-                      const Tensor& dye_all, const RowPlan& p) {
-  const int64_t n = p.computed;
+                      const Tensor& dye_all, const RowPlan& p, int chunk) {
+  const int64_t b = p.begin(chunk), n = p.rows(chunk);
   if (n == 0) return;
-  const Tensor dact = m.dact.slice(0, 0, n), dfc = m.dfc.slice(0, 0, n), dup = m.dup.slice(0, 0, n);
-  const Tensor dxe = m.dxe.slice(0, 0, n), xe = a.xe.slice(0, 0, n), dye = dye_all.slice(0, 0, n);
-  const Tensor act = a.act.slice(0, 0, n);
+  const std::vector<int64_t> off = p.chunk_off(chunk);
+  const Tensor dact = m.dact.slice(0, b, n), dfc = m.dfc.slice(0, b, n), dup = m.dup.slice(0, b, n);
+  const Tensor dxe = m.dxe.slice(0, b, n), xe = a.xe.slice(0, b, n), dye = dye_all.slice(0, b, n);
+  const Tensor act = a.act.slice(0, b, n);
   fill(dact, 0.f), fill(dfc, 0.f), fill(dup, 0.f), fill(dxe, 0.f);
   const std::span<const Tensor> none;
-  grouped_linear_backward(dact, none, dye, act, experts(w.w2), p.expert_off);
-  swiglu_backward(dfc, dup, dact, a.fc.slice(0, 0, n), a.up.slice(0, 0, n));
-  grouped_linear_backward(dxe, none, dfc, xe, experts(w.w1), p.expert_off);
-  grouped_linear_backward(dxe, none, dup, xe, experts(w.w3), p.expert_off);
+  grouped_linear_backward(dact, none, dye, act, experts(w.w2), off);
+  swiglu_backward(dfc, dup, dact, a.fc.slice(0, b, n), a.up.slice(0, b, n));
+  grouped_linear_backward(dxe, none, dfc, xe, experts(w.w1), off);
+  grouped_linear_backward(dxe, none, dup, xe, experts(w.w3), off);
   if (p.P > 1)
     for (const Tensor& t : {dye, dfc, dup}) scale(t, 1.f / static_cast<float>(p.P));
-  grouped_linear_backward(Tensor(), experts(g.w2), dye, act, experts(w.w2), p.expert_off);
-  grouped_linear_backward(Tensor(), experts(g.w1), dfc, xe, experts(w.w1), p.expert_off);
-  grouped_linear_backward(Tensor(), experts(g.w3), dup, xe, experts(w.w3), p.expert_off);
+  grouped_linear_backward(Tensor(), experts(g.w2), dye, act, experts(w.w2), off);
+  grouped_linear_backward(Tensor(), experts(g.w1), dfc, xe, experts(w.w1), off);
+  grouped_linear_backward(Tensor(), experts(g.w3), dup, xe, experts(w.w3), off);
+}
+
+// Under ep: the combine's gradient rows (dys) to the experts' ranks, the
+// rank's own rows' backward while the others travel, then theirs, and the
+// input gradient rows sent back into dxs (in flight on return: finish_rows
+// before reading dxs).
+void experts_backward_ep(const MoeRun& run, const LayerWeights& w, const LayerWeights& g, const MoeActs& a,
+                         MoeScratch& m, const RowPlan& p) {
+  ExpertParallelOps& ops = *run.ep.ops;
+  ops.start_rows(m.dyr, p.recv_rows, m.dys, p.send_rows);
+  if (p.rows(0) > 0) copy(m.dye.slice(0, 0, p.rows(0)), m.dys.slice(0, p.self_send, p.rows(0)));
+  if (!run.ep.overlap) ops.finish_rows();
+  experts_backward(w, g, a, m, m.dye, p, 0);
+  if (run.ep.overlap) ops.finish_rows();
+  reorder(m.dyr, m.dye, a.counts, p, true, true);
+  experts_backward(w, g, a, m, m.dye, p, 1);
+  reorder(m.dyr, m.dxe, a.counts, p, false, false);
+  ops.start_rows(m.dxs, p.send_rows, m.dyr, p.recv_rows);
+  if (!run.ep.overlap) ops.finish_rows();
 }
 
 void shared_backward(Tensor dx, const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
@@ -331,25 +396,17 @@ Tensor MoeMlp::backward(const Tensor& dy, const Tensor& h_rows, const LayerWeigh
   }
   const int64_t N = h.size(0);
   const Tensor rows = a.rows.slice(0, 0, N), dweight = m.dweight.slice(0, 0, N);
-  const RowPlan p = row_plan(a.counts, E, run_.ep.ep.size);
+  const RowPlan p = row_plan(a.counts, E, run_.ep.ep.size, run_.ep.ep.rank);
   moe_combine_backward(m.dys, dweight, dyf, a.ys, rows, a.weight.slice(0, 0, N));
   if (tp.ops) tp.ops->all_reduce_sum(dweight);  // ys were partial sums over tp
-  Tensor dye = m.dys, dxs = m.dxe;
-  if (run_.ep.active()) {
-    run_.ep.ops->exchange_rows(m.dyr, p.recv_rows, m.dys, p.send_rows);
-    reorder(m.dyr, m.dye, a.counts, p, true);
-    dye = m.dye, dxs = m.dxs;
-  }
-  experts_backward(w, g, a, m, dye, p);
-  if (run_.ep.active()) {
-    reorder(m.dyr, m.dxe, a.counts, p, false);
-    run_.ep.ops->exchange_rows(m.dxs, p.send_rows, m.dyr, p.recv_rows);
-  }
+  if (run_.ep.active()) experts_backward_ep(run_, w, g, a, m, p);
+  else experts_backward(w, g, a, m, m.dys, p, 0);
   const Tensor dx = rows_of(s.dnorm, C);
   fill(dx, 0.f);
-  moe_dispatch_backward(dx, dxs, rows);
-  shared_backward(dx, dyf, h, w, g, a, m);
+  shared_backward(dx, dyf, h, w, g, a, m);  // under ep while the input gradients travel back
   router_backward_into(run_, dx, h, w, g, a, m, tp);
+  if (run_.ep.active() && run_.ep.overlap) run_.ep.ops->finish_rows();
+  moe_dispatch_backward(dx, run_.ep.active() ? m.dxs : m.dxe, rows);
   if (!tp.ops) return s.dnorm;
   const Tensor summed = tp.sp ? tp.dlocal : s.dnorm;
   tp.ops->reduce(summed, tp.sp ? dx : s.dnorm);

@@ -13,7 +13,7 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-ExpertParallel::ExpertParallel(comm::Communicator& ep) : ep_(ep) {}
+ExpertParallel::ExpertParallel(comm::Communicator& ep, bool overlap) : ep_(ep), overlap_(overlap) {}
 
 void ExpertParallel::exchange_counts(Tensor out, const Tensor& in) {
   const auto start = Clock::now();
@@ -22,13 +22,14 @@ void ExpertParallel::exchange_counts(Tensor out, const Tensor& in) {
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void ExpertParallel::exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
-                                   std::span<const int64_t> send_rows) {
+void ExpertParallel::start_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                                std::span<const int64_t> send_rows) {
   const auto start = Clock::now();
   const int P = ep_.size();
+  LOOM_CHECK(!rows_, "start_rows: an exchange is already in flight");
   LOOM_CHECK(static_cast<int>(recv_rows.size()) == P && static_cast<int>(send_rows.size()) == P &&
                  in.ndim() == 2 && out.ndim() == 2 && in.size(1) == out.size(1) && in.dtype() == out.dtype(),
-             "exchange_rows: ", out.str(), " <- ", in.str());
+             "start_rows: ", out.str(), " <- ", in.str());
   const int64_t width = in.size(1);
   std::vector<int64_t> recv(static_cast<size_t>(P)), send(static_cast<size_t>(P));
   int64_t recv_total = 0, send_total = 0;
@@ -37,13 +38,22 @@ void ExpertParallel::exchange_rows(Tensor out, std::span<const int64_t> recv_row
     send[static_cast<size_t>(r)] = send_rows[static_cast<size_t>(r)] * width;
     recv_total += recv_rows[static_cast<size_t>(r)], send_total += send_rows[static_cast<size_t>(r)];
   }
-  LOOM_CHECK(recv_total <= out.size(0) && send_total <= in.size(0), "exchange_rows: ", recv_total, " rows into ",
+  LOOM_CHECK(recv_total <= out.size(0) && send_total <= in.size(0), "start_rows: ", recv_total, " rows into ",
              out.str(), ", ", send_total, " from ", in.str());
   // An all_to_all only copies: f16 rows travel as bf16 bits (comm::copy_view).
   const Tensor o = comm::copy_view(out).slice(0, 0, recv_total).flatten();
   const Tensor i = comm::copy_view(in).slice(0, 0, send_total).flatten();
-  ep_.all_to_all_v(o, recv, i, send)->wait();
+  rows_ = ep_.all_to_all_v(o, recv, i, send);
   bytes_ += send_total * width * static_cast<int64_t>(dtype_size(in.dtype()));
+  seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void ExpertParallel::finish_rows() {
+  const auto start = Clock::now();
+  LOOM_CHECK(rows_, "finish_rows: no exchange in flight");
+  comm::WorkPtr work = std::move(rows_);
+  rows_ = nullptr;
+  work->wait();
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 

@@ -1,7 +1,10 @@
 // Expert parallelism (DESIGN.md §5 EP): the collectives of
 // model::ExpertParallelOps (model/expert_parallel.h: the MoE layers' count
 // exchange, dispatch and combine) on the mesh's ep communicator, with the
-// seconds a step spent in them (for `loom bench train --ep`).
+// seconds a step waited for them (for `loom bench train --ep`): the row
+// exchanges run on the communicator's progress thread while the layer
+// computes (overlap), and only the time spent starting them and waiting in
+// finish_rows counts.
 #pragma once
 
 #include <span>
@@ -13,25 +16,30 @@ namespace loom::parallel {
 
 class ExpertParallel final : public model::ExpertParallelOps {
  public:
-  // ep: the group (mesh.ep()); must outlive this object.
-  explicit ExpertParallel(comm::Communicator& ep);
+  // ep: the group (mesh.ep()); must outlive this object. overlap:
+  // model::EpOptions::overlap (parallel.ep_overlap).
+  explicit ExpertParallel(comm::Communicator& ep, bool overlap = true);
 
   // What a Model of this rank is built with.
-  model::EpOptions options() { return {{ep_.size(), ep_.rank()}, this}; }
+  model::EpOptions options() { return {{ep_.size(), ep_.rank()}, this, overlap_}; }
   comm::Communicator& group() { return ep_; }
+  void set_overlap(bool overlap) { overlap_ = overlap; }
 
   void exchange_counts(Tensor out, const Tensor& in) override;
-  void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
-                     std::span<const int64_t> send_rows) override;
+  void start_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
+                  std::span<const int64_t> send_rows) override;
+  void finish_rows() override;
 
-  // Since the last reset: seconds in the exchanges and the bytes this rank
-  // sent.
+  // Since the last reset: seconds waiting for the exchanges (counts, and
+  // rows: starting them and in finish_rows) and the bytes this rank sent.
   double seconds() const { return seconds_; }
   int64_t bytes_sent() const { return bytes_; }
   void reset_stats() { seconds_ = 0, bytes_ = 0; }
 
  private:
   comm::Communicator& ep_;
+  bool overlap_ = true;
+  comm::WorkPtr rows_;  // the exchange in flight
   double seconds_ = 0;
   int64_t bytes_ = 0;
 };

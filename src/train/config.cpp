@@ -234,6 +234,7 @@ const std::vector<KeySpec>& base_key_specs() {
       {"parallel", "cp", [](R& c, const V& v) { c.parallel.cp = v.integer(1, 1 << 16); }},
       {"parallel", "cp_algo", [](R& c, const V& v) { c.parallel.cp_algo = v.choice({"ring", "allgather"}); }},
       {"parallel", "ep", [](R& c, const V& v) { c.parallel.ep = v.integer(1, 1 << 16); }},
+      {"parallel", "ep_overlap", [](R& c, const V& v) { c.parallel.ep_overlap = v.boolean(); }},
       {"parallel", "zero_stage", [](R& c, const V& v) { c.parallel.zero_stage = v.integer(0, 3); }},
       {"parallel", "sequence_parallel", [](R& c, const V& v) { c.parallel.sequence_parallel = v.boolean(); }},
       {"parallel", "pp_schedule", [](R& c, const V& v) { c.parallel.pp_schedule = v.choice({"afab", "1f1b", "interleaved"}); }},

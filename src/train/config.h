@@ -61,11 +61,12 @@ struct TrainConfig {
   int64_t eval_steps = 20;    // val batches per evaluation
 };
 
-// Parsed and range-checked; ep must be 1 for now. The world size must be
-// pp * dp * cp * tp.
+// Parsed and range-checked. The world size must be pp * dp * cp * tp; ep
+// splits dp.
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
   std::string cp_algo = "ring";  // ring or allgather (parallel/cp.h)
+  bool ep_overlap = true;        // MoE layers compute while their rows travel (model/expert_parallel.h)
   int64_t zero_stage = 0;
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b";

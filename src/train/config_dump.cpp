@@ -38,6 +38,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                    {"cp", p.cp},
                    {"cp_algo", p.cp_algo},
                    {"ep", p.ep},
+                   {"ep_overlap", p.ep_overlap},
                    {"zero_stage", p.zero_stage},
                    {"sequence_parallel", p.sequence_parallel},
                    {"pp_schedule", p.pp_schedule},

@@ -61,7 +61,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
     if (o.model.is_moe()) rank.cp_routing = std::make_unique<parallel::RoutingGroups>(cp);
   }
   comm::Communicator& ep = ctx.mesh.ep();
-  if (ep.size() > 1) rank.ep = std::make_unique<parallel::ExpertParallel>(ep);
+  if (ep.size() > 1) rank.ep = std::make_unique<parallel::ExpertParallel>(ep, o.ep_overlap);
   const int64_t T = o.seq_len / cp.size();  // the rank's tokens of each sequence
   const bool pipelined = pp.size() > 1;
   std::vector<model::StageOptions> stages(1);

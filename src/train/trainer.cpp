@@ -64,6 +64,7 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.virtual_stages = cfg.parallel.virtual_stages;
   o.pp_layers = cfg.parallel.pp_layers;
   o.cp_algo = cfg.parallel.cp_algo;
+  o.ep_overlap = cfg.parallel.ep_overlap;
   return o;
 }
 

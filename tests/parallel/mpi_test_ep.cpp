@@ -123,5 +123,35 @@ TEST(ExpertParallelLayer, EveryTokenToRankZerosExpertsLeavesTheOthersEmpty) {
   expect_ep_matches_one_model({"zero router, capacity 1.0", 2, 1.f, 0, true});
 }
 
+// Overlap (model/expert_parallel.h) only moves waits: the layer computes its
+// own rows while the others' travel, and the shared experts and router
+// backward while the outputs and input gradients travel back. Turned off,
+// every exchange blocks first; the loss and every gradient are the same
+// bits, with a shared expert and capacity drops.
+TEST(ExpertParallelLayer, OverlappedExchangesGiveTheBitsOfBlockingOnes) {
+  comm::Communicator& w = world();
+  const int64_t B = 2, T = 8;
+  const ModelConfig cfg = moe_config({"overlap", 2, 1.f, 1}, 4 * w.size());
+  Pools pools;
+  std::vector<std::vector<float>> grads[2];
+  double loss[2] = {0, 0};
+  std::mt19937 rng(3 + w.rank());
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T)), targets(tokens.size());
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % cfg.vocab_size);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % cfg.vocab_size);
+  for (const bool overlap : {true, false}) {
+    parallel::ExpertParallel ep(w, overlap);
+    Model m(cfg, B, T, pools, {.ep = ep.options()});
+    m.init_params(5);
+    m.zero_grads();
+    loss[overlap] = m.forward(Tensor(tokens.data(), DType::i32, {B, T}), Tensor(targets.data(), DType::i32, {B, T}));
+    m.backward();
+    for (const model::ParamSpec& s : m.param_specs()) grads[overlap].push_back(to_floats(m.grad(s.name)));
+  }
+  EXPECT_EQ(loss[0], loss[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << "gradient " << i;
+}
+
 }  // namespace
 }  // namespace loom::test
