@@ -163,21 +163,29 @@ const GroupLayout& DataParallel::only_group() const {
   if (num_groups() != 1) {
     std::string names;
     for (const GroupState& g : impl_->groups) names += (names.empty() ? "'" : ", '") + g.layout.name + "'";
-    fail("DataParallel: checkpoints and pipeline-tied embeddings handle one parameter group, but this model's "
-         "parameters are in ", num_groups(), " (", names, ")");
+    fail("DataParallel: buckets, segments, shard_numel and the single-tensor pack_master / load_master are views of "
+         "one parameter group, but this model's parameters are in ", num_groups(), " (", names, ")");
   }
   return impl_->groups[0].layout;
 }
 
-int DataParallel::solo_bucket(const std::string& name) const {
+Segment DataParallel::solo_piece(const std::string& name) const {
   LOOM_REQUIRE(std::find(opt_.solo_params.begin(), opt_.solo_params.end(), name) != opt_.solo_params.end(),
                "DataParallel: '", name, "' has no bucket of its own (DpOptions::solo_params)");
-  const GroupLayout& l = only_group();
-  const auto spec = std::find_if(l.space.specs.begin(), l.space.specs.end(),
-                                 [&](const model::ParamSpec& p) { return p.name == name; });
-  for (int b = 0; b < static_cast<int>(l.buckets.size()); ++b)
-    if (l.buckets[b].begin == spec->offset) return b;
-  LOOM_CHECK(false, "solo parameter ", name, " starts no bucket");
+  for (int g = 0; g < num_groups(); ++g) {
+    const GroupLayout& l = group(g);
+    const auto spec = std::find_if(l.space.specs.begin(), l.space.specs.end(),
+                                   [&](const model::ParamSpec& p) { return p.name == name; });
+    if (spec == l.space.specs.end()) continue;
+    for (size_t b = 0; b < l.buckets.size(); ++b) {
+      if (l.buckets[b].begin != spec->offset) continue;
+      const Segment& s = l.segments[b];
+      const size_t i = static_cast<size_t>(spec - l.space.specs.begin());
+      return {l.space.flat[i] + (s.offset - spec->offset), s.count, s.shard_offset};
+    }
+    LOOM_CHECK(false, "solo parameter ", name, " starts no bucket");
+  }
+  fail("DataParallel: solo parameter '", name, "' is in no parameter group");
 }
 
 void DataParallel::init_params(uint64_t seed) {

@@ -151,14 +151,15 @@ class DataParallel : public model::StepHooks {
 
   int num_groups() const;
   const GroupLayout& group(int g) const;
-  // The single group's layout (the checkpoint format holds one); with
-  // several groups a loom::Error.
+  // The single group's layout; with several groups a loom::Error.
   const std::vector<Bucket>& buckets() const { return only_group().buckets; }
   const std::vector<Segment>& segments() const { return only_group().segments; }
   int64_t shard_numel() const { return only_group().shard_numel; }
-  // The bucket made of parameter `name` alone (DpOptions::solo_params), in
-  // the single group.
-  int solo_bucket(const std::string& name) const;
+  // This rank's piece of the bucket made of parameter `name` alone
+  // (DpOptions::solo_params), in whichever group holds it: offset is the
+  // piece's first flat element (a solo bucket is one parameter, so one run
+  // of the flat buffer), count its elements.
+  Segment solo_piece(const std::string& name) const;
 
   // Sharding-invariant init (model/params.h) of every parameter: each rank
   // computes one bucket at a time in f32 in pools[workspace] (freed on

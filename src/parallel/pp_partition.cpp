@@ -12,19 +12,35 @@
 namespace loom::parallel {
 namespace {
 
-// A transformer layer's parameters: the model with two layers less the model
-// with one, so the count follows param_specs (biases, norms, GQA, d_ff).
+// cfg cut to n layers, every one of them a MoE layer when cfg has experts.
+model::ModelConfig with_layers(const model::ModelConfig& cfg, int64_t n) {
+  model::ModelConfig c = cfg;
+  c.n_layer = n, c.moe_every = 1;
+  return c;
+}
+
+// A transformer layer's parameters a token uses (its active ones): the model
+// with two layers less the model with one, so the count follows param_specs
+// (biases, norms, GQA, d_ff). With experts every moe_every-th layer is a
+// MoE layer (its chosen experts counted): the mean over the model's layers.
+// The partition counts every layer as this mean (layers of one kind cost
+// the same; a dense layer between MoE layers is then over- or under-counted
+// by the difference).
 int64_t layer_params(const model::ModelConfig& cfg) {
-  model::ModelConfig one = cfg, two = cfg;
-  one.n_layer = 1, two.n_layer = 2;
-  return model::param_count(model::param_specs(two)) - model::param_count(model::param_specs(one));
+  const auto per_layer = [](const model::ModelConfig& c) {
+    return model::active_param_count(with_layers(c, 2)) - model::active_param_count(with_layers(c, 1));
+  };
+  if (!cfg.is_moe()) return per_layer(cfg);
+  model::ModelConfig dense = cfg;
+  dense.n_expert = 0;
+  const int64_t moe_layers = cfg.n_layer / cfg.moe_every, L = cfg.n_layer;
+  return (moe_layers * per_layer(cfg) + (L - moe_layers) * per_layer(dense)) / L;
 }
 
 // The final norm's parameters (GPT-2 ln_f weight + bias, Llama's norm
 // weight): from a one-layer model's list, the same head whatever n_layer.
 int64_t final_norm_params(const model::ModelConfig& cfg) {
-  model::ModelConfig one = cfg;
-  one.n_layer = 1;
+  const model::ModelConfig one = with_layers(cfg, 1);
   int64_t n = 0;
   for (const model::ParamSpec& s : model::param_specs(one)) {
     const std::string_view name = s.name;

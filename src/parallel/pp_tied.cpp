@@ -36,7 +36,7 @@ void TiedEmbedding::sum_grads(const std::vector<model::Model*>& chunks, const st
                " DataParallels");
   // This rank's piece of the embedding's own bucket, in chunk c's gradients.
   auto piece = [&](size_t c) {
-    const Segment& s = dps[c]->segments()[static_cast<size_t>(dps[c]->solo_bucket(name_))];
+    const Segment s = dps[c]->solo_piece(name_);
     return chunks[c]->grads().slice(0, s.offset, s.count);
   };
   int first = -1, last = -1;

@@ -37,9 +37,10 @@ struct Layout {
   float capacity = 0.f;
   float aux_free = 0.f;
   int cp = 1;
+  bool tied = false;  // pp only: tied embeddings, layer 3 of 4 the one MoE layer (stage 0 holds no expert)
   std::string name() const {
     return concat("dp=", dp, " ep=", ep, " tp=", tp, " pp=", pp, " cp=", cp, " zero_stage=", zero_stage, " top_k=", top_k,
-                  " capacity=", capacity, aux_free > 0 ? " aux-free" : "");
+                  " capacity=", capacity, aux_free > 0 ? " aux-free" : "", tied ? " tied moe_every=4" : "");
   }
 };
 
@@ -66,6 +67,7 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     c.model.z_loss_coef = 1e-3f, c.model.aux_free_rate = l.aux_free;
     c.parallel.ep = l.ep, c.parallel.tp = l.tp, c.parallel.sequence_parallel = l.tp > 1, c.parallel.pp = l.pp;
     c.parallel.cp = l.cp;
+    c.model.tie_embeddings = l.tied, c.model.moe_every = l.tied ? 4 : 1;
     return c;
   }
   static RunConfig alone(RunConfig c) {
@@ -152,7 +154,8 @@ TEST_F(ExpertParallelTrainTest, EpComposesWithZeroDpTpAndPp) {
 // at ep 1, resumed at ep 2. N = 4: saved at ep 2 x dp 4 under ZeRO-1,
 // resumed alone, at ep 4 under ZeRO-3, at ep 2 x tp 2 and at ep 1 x dp 2
 // under ZeRO-2; saved at ep 2 x cp 2, resumed alone; saved at ep 2 x pp 2
-// (4 layers, 4 micro-batches), resumed at pp 2 alone on each stage.
+// (4 layers, 4 micro-batches), resumed at pp 2 alone on each stage, also
+// with tied embeddings and one MoE layer (stage 0 then has no experts).
 TEST_F(ExpertParallelTrainTest, MoeCheckpointsReshardAcrossEpDpTpAndZero) {
   const int N = world().size();
   if (N != 2 && N != 4) GTEST_SKIP() << "runs at N = 2 and 4; this world has " << N << " ranks";
@@ -188,6 +191,8 @@ TEST_F(ExpertParallelTrainTest, MoeCheckpointsReshardAcrossEpDpTpAndZero) {
                                                     {2, 1, 1, 1, 2, 2, 1.f, bias}});
     expect_reshards({2, 2, 1, 1, 1, 2, 1.f, bias, 2}, {{1, 1, 1, 1, 0, 2, 1.f, bias}});  // ep 2 x cp 2
     expect_reshards({2, 2, 1, 2, 1, 2, 1.f, bias}, {{1, 1, 1, 2, 0, 2, 1.f, bias}});     // ep 2 x pp 2 -> pp 2
+    // tied embeddings (each stage a copy), stage 0 without experts: an empty experts group
+    expect_reshards({2, 2, 1, 2, 1, 2, 1.f, bias, 1, true}, {{1, 1, 1, 2, 0, 2, 1.f, bias, 1, true}});
   }
 }
 

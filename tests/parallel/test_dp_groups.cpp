@@ -166,9 +166,24 @@ TEST(DpGroups, DataParallelOfTwoGroupsShardsEachAndRefusesSingleGroupCheckpointV
   EXPECT_EQ(&dp.group(1).comm.get(), &b);
   EXPECT_EQ(dp.group(0).shard_numel + dp.group(1).shard_numel, m.num_params());  // groups of one rank
   const std::string msg = error_of([&] { dp.segments(); });
-  EXPECT_NE(msg.find("handle one parameter group, but this model's parameters are in 2 ('norms', 'rest')"),
+  EXPECT_NE(msg.find("views of one parameter group, but this model's parameters are in 2 ('norms', 'rest')"),
             std::string::npos)
       << msg;
+  // A solo parameter's piece is found in whichever group holds it, at its
+  // flat offset (its index in "rest" is smaller: the norms before it are
+  // not there), the whole of it (one rank).
+  const std::string name = "h.1.attn.c_attn.weight";
+  DpOptions solo = o;
+  solo.solo_params = {name};
+  Pools pools2;
+  model::Model m2(model::model_preset("gpt2-tiny"), 1, 8, pools2, {.storage = DataParallel::model_storage(1)});
+  DataParallel with_solo(m2, alone, alone, solo, pools2);
+  for (const model::ParamSpec& spec : m2.param_specs())
+    if (spec.name == name) {
+      const Segment piece = with_solo.solo_piece(name);
+      EXPECT_EQ(piece.offset, spec.offset);
+      EXPECT_EQ(piece.count, spec.numel());
+    }
   // The default: one group "dense" of every parameter over the dp group.
   Pools pools1;
   model::Model m1(model::model_preset("gpt2-tiny"), 1, 8, pools1, {.storage = DataParallel::model_storage(1)});
