@@ -37,7 +37,7 @@ namespace {
 
 std::vector<ParamGroup> groups_of(const DpOptions& o, comm::Communicator& dp) {
   if (!o.groups.empty()) return o.groups;
-  return {ParamGroup{"dense", dp, all_params()}};
+  return {ParamGroup{kDenseGroup, dp, all_params()}};
 }
 
 // Group g's layout on this rank: its space, buckets (with the solo

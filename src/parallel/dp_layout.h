@@ -32,6 +32,14 @@ ParamPredicate params_named(std::vector<std::string> names);
 // Holds every parameter.
 ParamPredicate all_params();
 
+// The names of the parameter groups loom makes (checkpoints record them):
+// the default group of every parameter, or under expert parallelism of
+// every parameter but the experts, and an ep rank's experts
+// (model::is_expert_param), the group they are in exactly when ep > 1.
+inline constexpr const char* kDenseGroup = "dense";
+inline constexpr const char* kExpertGroup = "experts";
+inline bool in_expert_group(const std::string& param, int ep) { return ep > 1 && model::is_expert_param(param); }
+
 // A set of whole parameters whose gradients are averaged over `comm` and
 // whose optimizer state (and, from ZeRO stage 2, gradients; 3, parameters)
 // is sharded over it: the dense parameters over the dp (x cp) group, a MoE

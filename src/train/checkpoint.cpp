@@ -166,13 +166,14 @@ struct RankTensors {
 // chunk): its piece (checkpoint_saved_segments) of the master weights and of
 // the AdamW moments, copied out of the state it holds (the same segments
 // from stage 1 on; under stage 0 a slice of the whole).
-void add_shard_tensors(const parallel::DataParallel& cdp, int g, const AdamW& opt, const std::string& prefix,
-                       const std::vector<parallel::Segment>& pieces, Pool& pool, RankTensors& out) {
+void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord& r, const AdamW& opt,
+                       const std::string& prefix, Pool& pool, RankTensors& out) {
+  const int g = r.group;
   const parallel::GroupLayout& l = cdp.group(g);
   OwnedTensor held = pool.empty(DType::f32, {l.shard_numel});
   cdp.pack_master(g, held);
-  int64_t numel = 0;
-  for (const parallel::Segment& s : pieces) numel += s.count;
+  const std::vector<parallel::Segment>& pieces = r.segments;
+  const int64_t numel = r.numel();
   OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),
               adam_v = pool.empty(DType::f32, {numel});
   for (size_t b = 0; b < pieces.size(); ++b) {  // one segment per bucket in both lists
@@ -197,8 +198,8 @@ fs::path write_rank_file(Trainer& trainer, const std::vector<SavedShardRecord>& 
   for (const SavedShardRecord& r : shards) {
     const int c = static_cast<int>(r.stage) / pp;
     const parallel::DataParallel& dp = trainer.chunk_dp(c);
-    add_shard_tensors(dp, r.group, trainer.chunk_optimizer(c),
-                      checkpoint_tensor_prefix(pp, c, dp.group(r.group).name), r.segments, pool, tensors);
+    add_shard_tensors(dp, r, trainer.chunk_optimizer(c), checkpoint_tensor_prefix(pp, c, dp.group(r.group).name), pool,
+                      tensors);
   }
   const int rank = file_rank(trainer);
   const fs::path rank_path = tmp / checkpoint_rank_file_name(rank);

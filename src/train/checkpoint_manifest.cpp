@@ -70,7 +70,7 @@ std::pair<json, json> parameters_and_stages_json(Trainer& t, const std::vector<s
                                          {"global_shape", shape_json(spec.global_shape)},
                                          {"split", split_json(spec.split)},
                                          {"group", g.name}};
-          if (g.name != "dense") p["ep_rank"] = e;
+          if (g.name != parallel::kDenseGroup) p["ep_rank"] = e;
         }
     }
     pipeline_stages.push_back({{"first_layer", stages[s].first}, {"n_layers", stages[s].second}, {"numel", numel}});
@@ -216,7 +216,7 @@ void check_saved_tensors(const json& tensors, const SavedGroup& g, size_t st, in
     if (version >= 4) same = same && manifest_value<int64_t>(t, "stage", where) == static_cast<int64_t>(st);
     if (version >= 5)
       same = same && manifest_value<std::string>(t, "group", where) == g.name &&
-             (g.name == "dense" || manifest_value<int64_t>(t, "ep_rank", where) == e);
+             (g.name == parallel::kDenseGroup || manifest_value<int64_t>(t, "ep_rank", where) == e);
     LOOM_REQUIRE(same, where, ": parameter '", spec.name, "' has another ", version >= 4 ? "stage, " : "",
                  version >= 5 ? "group, ep rank, " : "", "offset, shape or tp split than this loom gives the model at tp = ",
                  tp, st > 0 ? concat(", pipeline stage ", st) : "");
@@ -236,13 +236,13 @@ void saved_specs(SavedLayout& s, const model::ModelConfig& cfg, const json& m, i
       for (const std::vector<model::ParamSpec>& flat : saved_stage_specs(s, cfg, st, e, version, where))
         ranks.push_back(checkpoint_groups(flat, s.ep));
       for (size_t g = 0; g < ranks[0].size(); ++g) {
-        if (ranks[0][g].name == "dense" && e > 0) continue;  // every ep rank's dense parameters are the same
+        const bool dense = ranks[0][g].name == parallel::kDenseGroup;
+        if (dense && e > 0) continue;  // every ep rank's dense parameters are the same
         check_saved_tensors(tensors, ranks[0][g], st, e, version, s.tp, where);
         std::vector<std::vector<model::ParamSpec>> specs;
         for (std::vector<SavedGroup>& rank : ranks) specs.push_back(std::move(rank[g].specs));
         const int64_t numel = model::param_count(specs[0]);
-        add_saved_space(s, {static_cast<int64_t>(st), ranks[0][g].name, ranks[0][g].name == "dense" ? 0 : e, numel},
-                        std::move(specs));
+        add_saved_space(s, {static_cast<int64_t>(st), ranks[0][g].name, dense ? 0 : e, numel}, std::move(specs));
       }
     }
   }
@@ -281,10 +281,10 @@ int shard_space(const SavedLayout& s, const json& sh, const std::string& file, i
   const auto stage = version >= 4 ? manifest_value<int64_t>(sh, "stage", where) : 0;
   LOOM_REQUIRE(stage >= 0 && stage < n_stages, where, ": shard '", file, "' has stage ", stage,
                ": allowed are 0 to ", n_stages - 1, " (pipeline.stages)");
-  const std::string group = version >= 5 ? manifest_value<std::string>(sh, "group", where) : "dense";
-  const auto ep_rank = group == "experts" ? manifest_value<int64_t>(sh, "ep_rank", where) : 0;
-  LOOM_REQUIRE(group == "dense" || (s.ep > 1 && group == "experts"), where, ": shard '", file, "' has group '", group,
-               "': allowed are 'dense'", s.ep > 1 ? " and 'experts'" : " (mesh.ep = 1)");
+  const std::string group = version >= 5 ? manifest_value<std::string>(sh, "group", where) : parallel::kDenseGroup;
+  const auto ep_rank = group == parallel::kExpertGroup ? manifest_value<int64_t>(sh, "ep_rank", where) : 0;
+  LOOM_REQUIRE(group == parallel::kDenseGroup || (s.ep > 1 && group == parallel::kExpertGroup), where, ": shard '",
+               file, "' has group '", group, "': allowed are 'dense'", s.ep > 1 ? " and 'experts'" : " (mesh.ep = 1)");
   LOOM_REQUIRE(ep_rank >= 0 && ep_rank < s.ep, where, ": shard '", file, "' has ep_rank ", ep_rank,
                ": allowed are 0 to mesh.ep - 1 = ", s.ep - 1);
   const int space = find_saved_space(s, stage, group, static_cast<int>(ep_rank));
@@ -326,7 +326,7 @@ void saved_shards(SavedLayout& s, const json& m, int64_t version, const std::str
     const SavedLayout::Space& sp = s.spaces[i];
     const std::string at = concat(s.stages.size() == 1 ? "" : concat(" of pipeline stage ", sp.stage),
                                   s.ep == 1 ? "" : concat(" in group '", sp.group, "'"),
-                                  sp.group == "experts" ? concat(" of ep rank ", sp.ep_rank) : "");
+                                  sp.group == parallel::kExpertGroup ? concat(" of ep rank ", sp.ep_rank) : "");
     for (int r = 0; r < s.tp; ++r) {
       int64_t next = 0;
       for (const Piece& p : s.segments[i][r]) {
@@ -343,7 +343,7 @@ void saved_shards(SavedLayout& s, const json& m, int64_t version, const std::str
 }  // namespace
 
 std::string checkpoint_tensor_prefix(int pp_size, int c, const std::string& group) {
-  return concat(pp_size > 1 ? concat("chunk", c, ".") : "", group == "dense" ? "" : group + ".");
+  return concat(pp_size > 1 ? concat("chunk", c, ".") : "", group == parallel::kDenseGroup ? "" : group + ".");
 }
 
 int64_t SavedShardRecord::numel() const {

@@ -56,11 +56,11 @@ std::vector<Piece> pieces_of(const std::vector<parallel::Segment>& segments, int
 }
 
 std::vector<SavedGroup> checkpoint_groups(const std::vector<model::ParamSpec>& flat, int ep) {
-  std::vector<SavedGroup> groups{{"dense", {}, {}}};
-  if (ep > 1) groups.push_back({"experts", {}, {}});
+  std::vector<SavedGroup> groups{{parallel::kDenseGroup, {}, {}}};
+  if (ep > 1) groups.push_back({parallel::kExpertGroup, {}, {}});
   std::vector<int64_t> numel(groups.size(), 0);
   for (const model::ParamSpec& spec : flat) {
-    const size_t g = ep > 1 && model::is_expert_param(spec.name) ? 1 : 0;
+    const size_t g = parallel::in_expert_group(spec.name, ep) ? 1 : 0;
     groups[g].specs.push_back(spec);
     groups[g].specs.back().offset = numel[g];
     groups[g].flat.push_back(spec.offset);
@@ -72,7 +72,7 @@ std::vector<SavedGroup> checkpoint_groups(const std::vector<model::ParamSpec>& f
 int find_saved_space(const SavedLayout& s, int64_t stage, const std::string& group, int ep_rank) {
   for (size_t i = 0; i < s.spaces.size(); ++i) {
     const SavedLayout::Space& sp = s.spaces[i];
-    if (sp.stage == stage && sp.group == group && (group != "experts" || sp.ep_rank == ep_rank))
+    if (sp.stage == stage && sp.group == group && (group != parallel::kExpertGroup || sp.ep_rank == ep_rank))
       return static_cast<int>(i);
   }
   return -1;

@@ -40,9 +40,11 @@ std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parall
 // cp, each ep rank's experts over the ranks holding the same experts
 // (expert-dp x cp), their gradient norm summed over the ep group too.
 std::vector<parallel::ParamGroup> expert_groups(mesh::Mesh& mesh) {
-  auto expert = [](const model::ParamSpec& s) { return model::is_expert_param(s.name); };
-  auto dense = [](const model::ParamSpec& s) { return !model::is_expert_param(s.name); };
-  return {{"dense", mesh.dp_cp(), dense}, {"experts", mesh.expert_dp_cp(), expert, &mesh.ep()}};
+  const int ep = mesh.ep().size();
+  auto expert = [ep](const model::ParamSpec& s) { return parallel::in_expert_group(s.name, ep); };
+  auto dense = [ep](const model::ParamSpec& s) { return !parallel::in_expert_group(s.name, ep); };
+  return {{parallel::kDenseGroup, mesh.dp_cp(), dense},
+          {parallel::kExpertGroup, mesh.expert_dp_cp(), expert, &mesh.ep()}};
 }
 
 }  // namespace
