@@ -3,8 +3,9 @@
 // different lengths prefilled whole or in chunks, decoded together in one
 // ragged step, their K/V in shuffled physical blocks of size 1, 16 or 32
 // (sequences of 9, 23 and 40 tokens cross block boundaries); every returned
-// logit row equals the Model's at that position. GPT-2 and Llama with GQA;
-// also copy-on-write of a block and clear operand errors.
+// logit row equals the Model's at that position. GPT-2, Llama with GQA and
+// Llama with experts (routed per token, never dropped); also copy-on-write
+// of a block and clear operand errors.
 //
 // Tolerances (|a - e| <= atol + rtol |e|), worst cases observed on the
 // 2-layer tiny presets in brackets:
@@ -132,14 +133,26 @@ struct Tolerance {
 // See the top of the file.
 constexpr Tolerance kF32{1e-5, 1e-6}, kBf16{1e-2, 1e-2};
 
-// compute: the dtype of the params the runner gets (and the Model computes in).
-void expect_runner_matches_model(const char* preset, int64_t block_size, DType compute, DType kv_dtype,
-                                  Tolerance tol) {
-  const ModelConfig cfg = model_preset(preset);
+// init_params, then a loss-free balancing bias (zeros at init) set to
+// +-0.2 steps so that it changes which experts are chosen.
+void init_test_params(const Tensor& master, const std::vector<ParamSpec>& specs) {
+  init_params(master, specs, 3);
+  for (const ParamSpec& s : specs) {
+    if (!s.name.ends_with("e_score_correction_bias")) continue;
+    float* bias = master.data_as<float>() + s.offset;
+    for (int64_t e = 0; e < s.numel(); ++e) bias[e] = 0.2f * static_cast<float>((e * 3) % 5 - 2);
+  }
+}
+
+// cfg: the runner's model; reference (default cfg): the Model's, with the
+// same parameters. compute: the dtype of the params the runner gets (and
+// the Model computes in).
+void expect_runner_matches_model(const ModelConfig& cfg, const char* preset, int64_t block_size, DType compute,
+                                  DType kv_dtype, Tolerance tol, const ModelConfig* reference = nullptr) {
   Pools pools;
   const std::vector<ParamSpec> specs = param_specs(cfg);
   const OwnedTensor master = pools[MemTag::params].empty(DType::f32, {param_count(specs)});
-  init_params(master, specs, 3);
+  init_test_params(master, specs);
   OwnedTensor low;
   if (compute != DType::f32) {
     low = pools[MemTag::params].empty(compute, {master.numel()});
@@ -153,7 +166,7 @@ void expect_runner_matches_model(const char* preset, int64_t block_size, DType c
   std::vector<Seq> seqs{{0, some_tokens(23, cfg.vocab_size, 0)}, {1, some_tokens(40, cfg.vocab_size, 1)},
                         {2, some_tokens(9, cfg.vocab_size, 2)}};
   std::vector<std::vector<std::vector<float>>> want;
-  for (const Seq& s : seqs) want.push_back(model_logits(cfg, master, compute, s.tokens));
+  for (const Seq& s : seqs) want.push_back(model_logits(reference ? *reference : cfg, master, compute, s.tokens));
   // Whole prefill, a chunk of a long prompt, a one-token prompt start; then
   // mixed chunks and decodes until every sequence is done.
   const std::vector<std::vector<int64_t>> plan = {{20, 7, 1}, {1, 13, 3}, {1, 1, 5}, {1, 19, 0}, {0, 0, 0}};
@@ -172,6 +185,11 @@ void expect_runner_matches_model(const char* preset, int64_t block_size, DType c
           << preset << " block size " << block_size << " sequence " << s.id << " after " << s.done << " tokens";
     }
   }
+}
+
+void expect_runner_matches_model(const char* preset, int64_t block_size, DType compute, DType kv_dtype,
+                                  Tolerance tol) {
+  expect_runner_matches_model(model_preset(preset), preset, block_size, compute, kv_dtype, tol);
 }
 
 TEST(PagedRunner, Gpt2LogitsEqualTheModelsForEveryBlockSize) {
@@ -195,6 +213,47 @@ TEST(PagedRunner, Bf16WeightsMatchTheBf16ModelForEveryBlockSize) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     for (int64_t bs : {1, 16, 32}) expect_runner_matches_model(preset, bs, DType::bf16, DType::bf16, kBf16);
     expect_runner_matches_model(preset, 16, DType::bf16, DType::f32, kBf16);
+  }
+}
+
+// llama-tiny with experts: 4 of them, top-2 (softmax, renormalised) in both
+// layers with a shared expert; top-1 sigmoid scores with the loss-free bias
+// in the second layer only (moe_every 2, the first layer dense).
+std::vector<ModelConfig> moe_configs() {
+  ModelConfig a = model_preset("llama-tiny");
+  a.n_expert = 4, a.top_k = 2, a.capacity_factor = 0.f, a.n_shared_expert = 1;
+  ModelConfig b = model_preset("llama-tiny");
+  b.n_expert = 4, b.top_k = 1, b.capacity_factor = 0.f, b.moe_every = 2;
+  b.router_score = RouterScore::sigmoid, b.aux_free_rate = 1e-3f;
+  return {a, b};
+}
+
+// Serving routes every token on its own, whatever the batch: a MoE model's
+// logits in ragged steps (prefill chunks, decodes, several sequences) equal
+// the Model's over each whole sequence, dropless.
+TEST(PagedRunner, MoeLogitsEqualTheModelsForEveryBlockSize) {
+  for (const ModelConfig& cfg : moe_configs()) {
+    cfg.validate();
+    for (int64_t bs : {1, 16}) expect_runner_matches_model(cfg, "llama-tiny moe", bs, DType::f32, DType::f32, kF32);
+  }
+}
+
+// No capacity at inference: with capacity_factor 0.5 the Model (training)
+// drops tokens (checked: its logits differ from the dropless Model's), and
+// the runner given that config still computes every token's experts, the
+// dropless Model's logits.
+TEST(PagedRunner, MoeNeverDropsTokensWhateverTheCapacityFactor) {
+  for (const ModelConfig& dropless : moe_configs()) {
+    ModelConfig capped = dropless;
+    capped.capacity_factor = 0.5f;
+    Pools pools;
+    const std::vector<ParamSpec> specs = param_specs(capped);
+    const OwnedTensor master = pools[MemTag::params].empty(DType::f32, {param_count(specs)});
+    init_test_params(master, specs);
+    const std::vector<int32_t> tokens = some_tokens(40, capped.vocab_size, 1);
+    EXPECT_NE(model_logits(capped, master, DType::f32, tokens), model_logits(dropless, master, DType::f32, tokens))
+        << "capacity 0.5 drops no token: the test would not tell dropping from not";
+    expect_runner_matches_model(capped, "llama-tiny moe, capacity 0.5", 16, DType::f32, DType::f32, kF32, &dropless);
   }
 }
 

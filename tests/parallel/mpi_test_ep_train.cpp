@@ -29,6 +29,7 @@ using train::RunConfig;
 
 constexpr int64_t kSteps = 20;
 constexpr double kTolerance = 1e-5;  // the bound, fp32
+constexpr size_t kFigures = 5;       // per step (figures)
 
 struct Layout {
   int dp = 1, ep = 1, tp = 1, pp = 1;
@@ -45,11 +46,12 @@ struct Layout {
 };
 
 // A step's figures that must not depend on the layout: loss, aux loss,
-// dropped fraction (and, with the balancing bias, the load spread).
+// dropped fraction, the load spread and the gradient norm before clipping
+// (every parameter counted once, experts summed over the ep group).
 std::vector<double> figures(const std::vector<train::StepStats>& steps) {
   std::vector<double> out;
   for (const train::StepStats& s : steps)
-    out.insert(out.end(), {s.loss, s.moe->aux_loss, s.moe->dropped, s.moe->load_max});
+    out.insert(out.end(), {s.loss, s.moe->aux_loss, s.moe->dropped, s.moe->load_max, s.grad_norm});
   return out;
 }
 
@@ -79,7 +81,7 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
 
   static void expect_matches_one_process(const Layout& l) {
     const RunConfig c = config(l);
-    const size_t n = 4 * static_cast<size_t>(kSteps);
+    const size_t n = kFigures * static_cast<size_t>(kSteps);
     std::vector<double> mesh;
     {
       TrainerOn on(c, &world());
@@ -91,24 +93,27 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
       return figures(train_until(on.t, kSteps));
     });
     const std::vector<double>& one = references_[key];
-    double loss = 0, aux = 0, dropped = 0, load = 0;
-    for (size_t i = 0; i < n; i += 4) {
+    double loss = 0, aux = 0, dropped = 0, load = 0, norm = 0;
+    for (size_t i = 0; i < n; i += kFigures) {
       loss = std::max(loss, std::fabs(mesh[i] - one[i]) / std::fabs(one[i]));
       aux = std::max(aux, std::fabs(mesh[i + 1] - one[i + 1]) / std::fabs(one[i + 1]));
       dropped = std::max(dropped, std::fabs(mesh[i + 2] - one[i + 2]));
       load = std::max(load, std::fabs(mesh[i + 3] - one[i + 3]));
+      norm = std::max(norm, std::fabs(mesh[i + 4] - one[i + 4]) / std::fabs(one[i + 4]));
     }
     if (world().rank() == 0) {
       std::printf("[ep N=%d] %s: max relative loss difference %.3g (loss %.4f -> %.4f), aux %.3g, dropped %.3g "
-                  "(%.1f%% at the last step), load %.3g\n",
-                  world().size(), l.name().c_str(), loss, one[0], one[n - 4], aux, dropped, 100 * one[n - 2], load);
+                  "(%.1f%% at the last step), load %.3g, grad norm %.3g\n",
+                  world().size(), l.name().c_str(), loss, one[0], one[n - kFigures], aux, dropped, 100 * one[n - 3],
+                  load, norm);
       std::fflush(stdout);
     }
     EXPECT_LE(loss, kTolerance) << l.name();
     EXPECT_LE(aux, kTolerance) << l.name();
+    EXPECT_LE(norm, kTolerance) << l.name() << ": the gradient norm before clipping";
     EXPECT_EQ(dropped, 0.0) << l.name() << ": the same choices dropped at every step";
     EXPECT_EQ(load, 0.0) << l.name() << ": the same expert loads at every step";
-    EXPECT_LT(one[n - 4], 0.8 * one[0]) << "the reference run should learn the data";
+    EXPECT_LT(one[n - kFigures], 0.8 * one[0]) << "the reference run should learn the data";
     if (l.capacity > 0) {
       EXPECT_GT(one[2], 0.0) << "capacity 1.0 should drop choices";
     }
