@@ -10,7 +10,9 @@
 // ZeRO-3, ep 2 x tp 2 (SP), ep 2 x pp 2 (1F1B; with the balancing bias
 // updated from 4 micro-batches' loads), ep 2 x cp 2 at capacity 1.0
 // (each routing group's tokens on two cp ranks). N = 8: ep 4 with dp 8 under
-// ZeRO-2, and ep 2 x dp 4 x tp 2.
+// ZeRO-2, and ep 2 x dp 4 x tp 2. Also (N = 2, 4) routers zeroed at the start,
+// so that in step 1 every token goes to ep rank 0's experts and the other
+// ranks' experts receive nothing.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "train/checkpoint.h"
 #include "parallel/dp_run.h"
 
@@ -39,9 +42,11 @@ struct Layout {
   float aux_free = 0.f;
   int cp = 1;
   bool tied = false;  // pp only: tied embeddings, layer 3 of 4 the one MoE layer (stage 0 holds no expert)
+  bool zero_router = false;  // routers zeroed after init (zero_stage 0): step 1 sends every token to experts 0, 1
   std::string name() const {
     return concat("dp=", dp, " ep=", ep, " tp=", tp, " pp=", pp, " cp=", cp, " zero_stage=", zero_stage, " top_k=", top_k,
-                  " capacity=", capacity, aux_free > 0 ? " aux-free" : "", tied ? " tied moe_every=4" : "");
+                  " capacity=", capacity, aux_free > 0 ? " aux-free" : "", tied ? " tied moe_every=4" : "",
+                  zero_router ? " zero router" : "");
   }
 };
 
@@ -79,17 +84,30 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     return c;
   }
 
+  // Zeroes every router's weights (under f32 at ZeRO stage 0 the model's
+  // parameters are the master weights): tied scores, so every token of
+  // every rank chooses experts 0 and 1 (ties go to the lower index), which
+  // ep rank 0 holds; the other ep ranks' experts receive no row.
+  static void zero_routers(train::Trainer& t) {
+    LOOM_CHECK(t.config().parallel.zero_stage == 0 && t.config().train.dtype == "fp32", "zero_routers: stage 0, fp32");
+    for (int c = 0; c < t.num_chunks(); ++c)
+      for (const model::ParamSpec& s : t.chunk(c).param_specs())
+        if (s.name.ends_with("block_sparse_moe.gate.weight")) kernels::fill(t.chunk(c).param(s.name), 0.f);
+  }
+
   static void expect_matches_one_process(const Layout& l) {
     const RunConfig c = config(l);
     const size_t n = kFigures * static_cast<size_t>(kSteps);
     std::vector<double> mesh;
     {
       TrainerOn on(c, &world());
+      if (l.zero_router) zero_routers(on.t);
       mesh = figures(train_until(on.t, kSteps));
     }
-    const std::string key = train::run_config_to_json(alone(c)).dump();
+    const std::string key = train::run_config_to_json(alone(c)).dump() + (l.zero_router ? " zero router" : "");
     if (!references_.count(key)) references_[key] = rank_zero_values(n, [&] {
       TrainerOn on(alone(c), nullptr);
+      if (l.zero_router) zero_routers(on.t);
       return figures(train_until(on.t, kSteps));
     });
     const std::vector<double>& one = references_[key];
@@ -117,6 +135,9 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     if (l.capacity > 0) {
       EXPECT_GT(one[2], 0.0) << "capacity 1.0 should drop choices";
     }
+    if (l.zero_router) {  // step 1: experts 0 and 1 took every choice, 8 / 2 times the mean each
+      EXPECT_EQ(one[3], static_cast<double>(config(l).model.n_expert / l.top_k)) << "step 1's busiest expert";
+    }
   }
 
   static inline std::map<std::string, std::vector<double>> references_;
@@ -127,6 +148,22 @@ TEST_F(ExpertParallelTrainTest, EpEqualsDpMatchesSingleProcessOver20Steps) {
   if (N != 2 && N != 4) GTEST_SKIP() << "ep = dp = N runs at N = 2, 4; this world has " << N << " ranks";
   expect_matches_one_process({N, N});
   expect_matches_one_process({N, N, 1, 1, 0, 1, 1.f});
+}
+
+// Full training steps where every token goes to ep rank 0's experts and the
+// other ep ranks' experts receive no row (step 1; the routers learn apart
+// from then on): the empty ranks still join every exchange, reduction and
+// update, and the run stays the single process's.
+TEST_F(ExpertParallelTrainTest, EveryTokenToOneRanksExpertsTrainsAsOneProcess) {
+  const int N = world().size();
+  if (N != 2 && N != 4) GTEST_SKIP() << "runs at N = 2, 4; this world has " << N << " ranks";
+  Layout l{N, N};
+  l.zero_router = true;
+  expect_matches_one_process(l);
+  if (N == 4) {
+    l.ep = 2, l.tp = 2, l.dp = 2;  // ep 2 x tp 2: ep rank 1's experts on two tp ranks, both empty
+    expect_matches_one_process(l);
+  }
 }
 
 TEST_F(ExpertParallelTrainTest, EpComposesWithZeroDpTpAndPp) {
