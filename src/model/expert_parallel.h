@@ -38,20 +38,17 @@ class ExpertParallelOps {
   // in (E) i64: size() blocks of E / size(), block r for rank r; out (E):
   // block r is rank r's block for this rank. Blocking.
   virtual void exchange_counts(Tensor out, const Tensor& in) = 0;
-  // Starts moving rows and returns at once: rows of in, in rank blocks of
-  // send_rows[r] rows, go to rank r; out gets rank r's in blocks of
-  // recv_rows[r] rows, in rank order. in and out are (rows, width) of one
-  // dtype (f32, bf16 or f16), their leading rows used, and must not be
-  // touched until finish_rows(), which waits for it. One exchange at a time.
+  // Starts moving rows: rows of in, in rank blocks of send_rows[r] rows, go
+  // to rank r; out gets rank r's in blocks of recv_rows[r] rows, in rank
+  // order. in and out are (rows, width) of one dtype (f32, bf16 or f16),
+  // their leading rows used, and must not be touched until finish_rows(),
+  // which waits for it. One exchange at a time. Whether it returns at once
+  // (the layer computes while the rows travel) or once the rows are there
+  // (parallel.ep_overlap = false) is the implementation's choice; the layer
+  // calls both at the same places either way, so both give the same bits.
   virtual void start_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
                           std::span<const int64_t> send_rows) = 0;
   virtual void finish_rows() = 0;
-  // start_rows, then finish_rows.
-  void exchange_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
-                     std::span<const int64_t> send_rows) {
-    start_rows(out, recv_rows, in, send_rows);
-    finish_rows();
-  }
 };
 
 // Context parallelism cuts every sequence over the cp ranks, so a routing
@@ -71,13 +68,10 @@ class RoutingGroupOps {
 
 // How a Model's experts are split: its ep rank and group size, and the
 // collectives (required for forward and backward when ep > 1; a model built
-// only to count bytes may leave them null). overlap: a MoE layer computes
-// while its rows travel (model/moe.h); without it every exchange blocks
-// first. Both give the same bits.
+// only to count bytes may leave them null).
 struct EpOptions {
   EpRank ep;
   ExpertParallelOps* ops = nullptr;
-  bool overlap = true;
   bool active() const { return ep.size > 1; }
 };
 

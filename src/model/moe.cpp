@@ -251,14 +251,12 @@ void experts_forward(MoeRun& run, const Dims& d, const LayerWeights& w, MoeActs&
   const int64_t E = run.cfg->n_expert;
   ExpertParallelOps& ops = *run.ep.ops;
   const RowPlan p = start_dispatch(run, a, E);
-  if (!run.ep.overlap) ops.finish_rows();
   run_experts(d, w, a, p, 0);
-  if (run.ep.overlap) ops.finish_rows();
+  ops.finish_rows();
   reorder(a.xr, a.xe, a.counts, p, true, true);
   run_experts(d, w, a, p, 1);
   reorder(a.xr, a.ye, a.counts, p, false, false);  // the outputs, back in arrival order
   ops.start_rows(a.ys, p.send_rows, a.xr, p.recv_rows);
-  if (!run.ep.overlap) ops.finish_rows();
 }
 
 }  // namespace
@@ -281,7 +279,7 @@ void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, La
     run_experts(d, w, a, row_plan(a.counts, E, 1, 0), 0);
   }
   shared_forward(d, h, w, a);  // under ep while the outputs travel back
-  if (run_.ep.active() && run_.ep.overlap) run_.ep.ops->finish_rows();
+  if (run_.ep.active()) run_.ep.ops->finish_rows();
   // The combine (and shared experts) give partial sums under tp: summed as g.
   const Tensor y = tp.sp ? tp.partial : rows_of(out, C);
   moe_combine(y, a.ys, rows, a.weight.slice(0, 0, N));
@@ -337,14 +335,12 @@ void experts_backward_ep(const MoeRun& run, const LayerWeights& w, const LayerWe
   ExpertParallelOps& ops = *run.ep.ops;
   ops.start_rows(m.dyr, p.recv_rows, m.dys, p.send_rows);
   if (p.rows(0) > 0) copy(m.dye.slice(0, 0, p.rows(0)), m.dys.slice(0, p.self_send, p.rows(0)));
-  if (!run.ep.overlap) ops.finish_rows();
   experts_backward(w, g, a, m, m.dye, p, 0);
-  if (run.ep.overlap) ops.finish_rows();
+  ops.finish_rows();
   reorder(m.dyr, m.dye, a.counts, p, true, true);
   experts_backward(w, g, a, m, m.dye, p, 1);
   reorder(m.dyr, m.dxe, a.counts, p, false, false);
   ops.start_rows(m.dxs, p.send_rows, m.dyr, p.recv_rows);
-  if (!run.ep.overlap) ops.finish_rows();
 }
 
 void shared_backward(Tensor dx, const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
@@ -405,7 +401,7 @@ Tensor MoeMlp::backward(const Tensor& dy, const Tensor& h_rows, const LayerWeigh
   fill(dx, 0.f);
   shared_backward(dx, dyf, h, w, g, a, m);  // under ep while the input gradients travel back
   router_backward_into(run_, dx, h, w, g, a, m, tp);
-  if (run_.ep.active() && run_.ep.overlap) run_.ep.ops->finish_rows();
+  if (run_.ep.active()) run_.ep.ops->finish_rows();
   moe_dispatch_backward(dx, run_.ep.active() ? m.dxs : m.dxe, rows);
   if (!tp.ops) return s.dnorm;
   const Tensor summed = tp.sp ? tp.dlocal : s.dnorm;

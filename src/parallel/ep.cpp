@@ -26,7 +26,7 @@ void ExpertParallel::start_rows(Tensor out, std::span<const int64_t> recv_rows, 
                                 std::span<const int64_t> send_rows) {
   const auto start = Clock::now();
   const int P = ep_.size();
-  LOOM_CHECK(!rows_, "start_rows: an exchange is already in flight");
+  LOOM_CHECK(!started_, "start_rows: an exchange is already in flight");
   LOOM_CHECK(static_cast<int>(recv_rows.size()) == P && static_cast<int>(send_rows.size()) == P &&
                  in.ndim() == 2 && out.ndim() == 2 && in.size(1) == out.size(1) && in.dtype() == out.dtype(),
              "start_rows: ", out.str(), " <- ", in.str());
@@ -44,13 +44,17 @@ void ExpertParallel::start_rows(Tensor out, std::span<const int64_t> recv_rows, 
   const Tensor o = comm::copy_view(out).slice(0, 0, recv_total).flatten();
   const Tensor i = comm::copy_view(in).slice(0, 0, send_total).flatten();
   rows_ = ep_.all_to_all_v(o, recv, i, send);
+  started_ = true;
+  if (!overlap_) rows_->wait(), rows_ = nullptr;
   bytes_ += send_total * width * static_cast<int64_t>(dtype_size(in.dtype()));
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 void ExpertParallel::finish_rows() {
   const auto start = Clock::now();
-  LOOM_CHECK(rows_, "finish_rows: no exchange in flight");
+  LOOM_CHECK(started_, "finish_rows: no exchange in flight");
+  started_ = false;
+  if (!rows_) return;  // not overlapped: start_rows waited
   comm::WorkPtr work = std::move(rows_);
   rows_ = nullptr;
   work->wait();

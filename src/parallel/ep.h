@@ -16,14 +16,15 @@ namespace loom::parallel {
 
 class ExpertParallel final : public model::ExpertParallelOps {
  public:
-  // ep: the group (mesh.ep()); must outlive this object. overlap:
-  // model::EpOptions::overlap (parallel.ep_overlap).
+  // ep: the group (mesh.ep()); must outlive this object. overlap
+  // (parallel.ep_overlap): start_rows returns at once and the exchange runs
+  // while the layer computes; false: start_rows waits for it (finish_rows
+  // then has nothing left to wait for).
   explicit ExpertParallel(comm::Communicator& ep, bool overlap = true);
 
   // What a Model of this rank is built with.
-  model::EpOptions options() { return {{ep_.size(), ep_.rank()}, this, overlap_}; }
+  model::EpOptions options() { return {{ep_.size(), ep_.rank()}, this}; }
   comm::Communicator& group() { return ep_; }
-  void set_overlap(bool overlap) { overlap_ = overlap; }
 
   void exchange_counts(Tensor out, const Tensor& in) override;
   void start_rows(Tensor out, std::span<const int64_t> recv_rows, const Tensor& in,
@@ -39,7 +40,8 @@ class ExpertParallel final : public model::ExpertParallelOps {
  private:
   comm::Communicator& ep_;
   bool overlap_ = true;
-  comm::WorkPtr rows_;  // the exchange in flight
+  bool started_ = false;  // start_rows called, finish_rows not yet
+  comm::WorkPtr rows_;    // the exchange in flight (overlap only)
   double seconds_ = 0;
   int64_t bytes_ = 0;
 };

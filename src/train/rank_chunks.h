@@ -51,7 +51,7 @@ struct ChunkOptions {
   std::vector<int64_t> pp_layers;
   std::string cp_algo = "ring";    // context parallelism (mesh.cp() of more than one rank): parallel/cp.h
   bool cp_zigzag = true;           // false: contiguous chunks (the imbalance zig-zag removes, for benchmarks)
-  bool ep_overlap = true;          // model::EpOptions::overlap
+  bool ep_overlap = true;          // parallel::ExpertParallel's overlap
   Pools* cp_pools = nullptr;       // where the cp attention's buffers come from (null: the context's pools)
 };
 
