@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
 namespace loom::bench {
@@ -93,6 +94,14 @@ void fill_random(Tensor t, uint64_t seed) {
   }
 }
 
+// The code that ran op: loom's kernels at the running level (cpu_isa.h),
+// oneDNN's GEMM at its own, or OpenBLAS.
+std::string isa_of(const std::string& op) {
+  if (op == "matmul") return std::string("onednn:") + kernels::onednn_isa_name();
+  if (op == "matmul_openblas") return "openblas";
+  return kernels::cpu_isa_name(kernels::cpu_isa());
+}
+
 bool selected(const KernelBenchOptions& opts, const std::string& op, DType dtype, const std::string& name) {
   if (opts.filter.empty()) return true;
   for (const std::string& s : {op, std::string(dtype_name(dtype)), name})
@@ -106,10 +115,10 @@ void print_matmul(const KernelBenchOptions& opts, const char* op, DType dtype, c
     std::printf(
         "{\"op\":\"%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"trans_a\":%s,"
         "\"trans_b\":%s,\"beta\":%g,\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"gflops\":%.2f,"
-        "\"threads\":%d}\n",
+        "\"threads\":%d,\"isa\":\"%s\"}\n",
         op, dtype_name(dtype).data(), c.name.c_str(), static_cast<long long>(c.m), static_cast<long long>(c.n),
         static_cast<long long>(c.k), c.trans_a ? "true" : "false", c.trans_b ? "true" : "false", c.beta, t.best,
-        t.median, t.reps, gflops, opts.threads);
+        t.median, t.reps, gflops, opts.threads, isa_of(op).c_str());
   } else {
     std::printf("%-16s %-5s %-20s %6lld %6lld %6lld %3s %3s %4g %10.3f %10.3f %9.1f\n", op, dtype_name(dtype).data(),
                 c.name.c_str(), static_cast<long long>(c.m), static_cast<long long>(c.n),
@@ -163,10 +172,10 @@ void bench_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, 
   if (opts.json) {
     std::printf(
         "{\"op\":\"attention_fwd_bwd\",\"dtype\":\"%s\",\"b\":%lld,\"t\":%lld,\"nh\":%lld,\"hs\":%lld,"
-        "\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"tokens_per_s\":%.1f,\"threads\":%d}\n",
+        "\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"tokens_per_s\":%.1f,\"threads\":%d,\"isa\":\"%s\"}\n",
         dtype_name(dtype).data(), static_cast<long long>(c.b), static_cast<long long>(c.t),
         static_cast<long long>(c.nh), static_cast<long long>(c.hs), t.best, t.median, t.reps, tokens_per_s,
-        opts.threads);
+        opts.threads, isa_of("attention_fwd_bwd").c_str());
   } else {
     std::printf("%-18s %-5s b=%lld t=%-5lld nh=%-3lld hs=%-3lld %10.3f %10.3f %12.0f\n", "attention_fwd_bwd",
                 dtype_name(dtype).data(), static_cast<long long>(c.b), static_cast<long long>(c.t),
@@ -208,10 +217,10 @@ void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const ch
   const std::string name = std::string("gpt2_") + l.name;
   if (opts.json) {
     std::printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"case\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"seconds\":%.6g,"
-                "\"median_seconds\":%.6g,\"reps\":%d,\"gflops\":%.2f,\"weight_gb_per_s\":%.2f,\"threads\":%d}\n",
+                "\"median_seconds\":%.6g,\"reps\":%d,\"gflops\":%.2f,\"weight_gb_per_s\":%.2f,\"threads\":%d,\"isa\":\"%s\"}\n",
                 op, dtype_name(dtype).data(), name.c_str(), static_cast<long long>(m),
                 static_cast<long long>(l.out), static_cast<long long>(l.in), t.best, t.median, t.reps, gflops, gbps,
-                opts.threads);
+                opts.threads, isa_of(op).c_str());
   } else {
     std::printf("%-16s %-5s %-16s %6lld %6lld %6lld %10.4f %10.4f %9.1f %9.2f\n", op, dtype_name(dtype).data(),
                 name.c_str(), static_cast<long long>(m), static_cast<long long>(l.out), static_cast<long long>(l.in),
@@ -268,9 +277,10 @@ void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType d
   if (opts.json) {
     std::printf("{\"op\":\"paged_attention_decode\",\"dtype\":\"%s\",\"seqs\":%lld,\"context\":%lld,"
                 "\"layers\":%lld,\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"kv_gb_per_s\":%.2f,"
-                "\"threads\":%d}\n",
+                "\"threads\":%d,\"isa\":\"%s\"}\n",
                 dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len),
-                static_cast<long long>(kPagedLayers), t.best, t.median, t.reps, gbps, opts.threads);
+                static_cast<long long>(kPagedLayers), t.best, t.median, t.reps, gbps, opts.threads,
+                isa_of("paged_attention_decode").c_str());
   } else {
     std::printf("%-22s %-5s seqs=%-3lld context=%-5lld %10.3f %10.3f %9.2f\n", "paged_attention_decode",
                 dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len), t.best * 1e3,
@@ -299,8 +309,8 @@ int64_t bench_paged_attention_cases(Pools& pools, const KernelBenchOptions& opts
 int run_kernel_bench(const KernelBenchOptions& opts) {
   Pools pools;
   if (!opts.json)
-    std::printf("loom bench kernels: %d threads; best and median of repeats over >= %g s per case\nreproduce: %s\n",
-                opts.threads, opts.min_seconds, opts.command.c_str());
+    std::printf("loom bench kernels: %d threads; best and median of repeats over >= %g s per case\n%s\nreproduce: %s\n",
+                opts.threads, opts.min_seconds, kernels::cpu_isa_describe().c_str(), opts.command.c_str());
   std::vector<std::pair<const char*, DType>> variants = {{"matmul", DType::f32}};
   if (const std::string why = kernels::bf16_matmul_unsupported_reason(); why.empty())
     variants.push_back({"matmul", DType::bf16});

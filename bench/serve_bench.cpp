@@ -51,10 +51,6 @@ void check_mode_options(const ServeBenchOptions& o) {
   if (decode) LOOM_REQUIRE(o.output_len >= 2, "bench serve: --output-len ", o.output_len,
                            " is invalid in decode-bound mode: allowed values are >= 2 (the first token is the "
                            "prefill's; decode steps follow)");
-  if (!capacity && o.dtype == "bf16") {
-    const std::string why = kernels::bf16_matmul_unsupported_reason();
-    LOOM_REQUIRE(why.empty(), "bench serve: --dtype bf16: ", why);
-  }
 }
 
 void check_model(const ServeBenchOptions& o) {

@@ -9,7 +9,7 @@ set(LOOM_MPIRUN ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root)
 
 add_library(loom_mpi_test_main STATIC common/mpi_main.cpp)
 target_include_directories(loom_mpi_test_main PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(loom_mpi_test_main PUBLIC loom_comm GTest::gtest)
+target_link_libraries(loom_mpi_test_main PUBLIC loom_comm loom_test_common GTest::gtest)
 
 file(GLOB mpi_test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*/mpi_test_*.cpp)
 foreach(source ${mpi_test_sources})

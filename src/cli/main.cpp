@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/threads.h"
+#include "kernels/cpu_isa.h"
 
 namespace {
 
@@ -34,6 +35,43 @@ namespace {
 int local_ranks_from_launcher() {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   return local != nullptr ? std::max(1, std::atoi(local)) : 1;
+}
+
+// The instruction-set cap: `--isa LEVEL` (or --isa=LEVEL) anywhere on the
+// command line, which is taken out of argv before the commands parse it,
+// else LOOM_ISA; empty when neither is given. The one place that reads it.
+std::string take_isa_cap(int& argc, char** argv) {
+  std::string cap;
+  const char* env = std::getenv("LOOM_ISA");
+  if (env != nullptr) cap = env;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--isa" && i + 1 < argc) {
+      cap = argv[++i];
+    } else if (a.rfind("--isa=", 0) == 0) {
+      cap = a.substr(6);
+    } else if (a == "--isa") {
+      throw loom::Error("--isa needs a level: one of " + loom::kernels::cpu_isa_names());
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  argv[argc] = nullptr;
+  return cap;
+}
+
+// Chooses the CPU kernels' level (kernels/cpu_isa.h) before any op runs and
+// logs it once; loom::Error for a name that is no level.
+void choose_cpu_isa(const std::string& cap) {
+  using namespace loom::kernels;
+  if (!cap.empty()) {
+    const auto level = cpu_isa_from_name(cap);
+    if (!level) throw loom::Error("--isa / LOOM_ISA: '" + cap + "' is not a level; allowed: " + cpu_isa_names());
+    set_cpu_isa(*level);
+  }
+  loom::log_debug(cpu_isa_describe());  // train, serve and bench print it in their headers
 }
 
 // train, bench comm and bench train run on every rank; the rest on rank 0 only.
@@ -85,6 +123,8 @@ int run_command(int argc, char** argv, int world_size, int default_threads, bool
   app.failure_message(failure_message);
   app.require_subcommand(1);
   app.set_version_flag("--version", "loom 0.1.0");
+  app.footer("Every command also takes --isa LEVEL (or LOOM_ISA=LEVEL): run the CPU kernels at most at that "
+             "instruction-set level, one of " + loom::kernels::cpu_isa_names() + " (default: the best this CPU has).");
   std::string command_line = argv[0];
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
   int exit_code = 0;
@@ -118,6 +158,12 @@ int run_command(int argc, char** argv, int world_size, int default_threads, bool
 }  // namespace
 
 int main(int argc, char** argv) {
+  try {
+    choose_cpu_isa(take_isa_cap(argc, argv));
+  } catch (const loom::Error& e) {
+    loom::log_error(e.what());
+    return 1;
+  }
   // The cores this process may use, shared with the job's other processes on
   // this machine.
   const int threads = loom::default_num_threads(local_ranks_from_launcher());

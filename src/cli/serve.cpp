@@ -21,6 +21,7 @@
 #include "cli/serve_models.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cpu_isa.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
 #include "core/threads.h"
@@ -128,7 +129,8 @@ void run_serve(ServeArgs a) {
       a.http, [&api](const serve::HttpRequest& r) { return api.handle(r); },
       [&api](int status, const std::string& message) { return api.error_response(status, message); });
   const Running running(server);
-  log_info("serve: listening on http://", a.http.host, ":", server.port(), " (starting)");
+  log_info("serve: listening on http://", a.http.host, ":", server.port(), " (starting; ", kernels::cpu_isa_describe(),
+           ")");
   serve::ManagerOptions options;
   options.memory_budget_bytes = static_cast<int64_t>(a.memory_budget_mb * (1 << 20));
   options.keep_alive = std::chrono::seconds(static_cast<int64_t>(a.keep_alive_s));

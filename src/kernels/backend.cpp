@@ -1,16 +1,18 @@
 // The backend registry (backend.h) and the dispatch step (dispatch.h).
 //
-// The registry is one slot per device kind, constant-initialised with the
-// CPU backend (so no start-up order matters and nothing registers it at run
-// time); register_backend fills another slot. It is the only mutable state
-// of the dispatch layer, and it is read with one atomic load per op call.
+// The registry is one slot per device kind. The CPU slot holds the table of
+// the instruction-set level chosen at start-up (cpu_isa.h): filled by
+// set_cpu_isa, or on the first CPU op with the best level the CPU has (so no
+// start-up order matters); register_backend fills another slot. It is the
+// only mutable state of the dispatch layer, and it is read with one atomic
+// load per op call.
 #include "kernels/backend.h"
 
 #include <array>
 #include <atomic>
 #include <iterator>
 
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/dispatch.h"
 
 namespace loom::kernels {
@@ -24,7 +26,7 @@ constexpr const char* kOpNames[] = {
 #undef LOOM_KERNEL_OP_NAME
 };
 
-constinit std::array<std::atomic<const Backend*>, kDeviceKinds> g_backends{&cpu::kBackend, nullptr};
+constinit std::array<std::atomic<const Backend*>, kDeviceKinds> g_backends{nullptr, nullptr};
 
 std::atomic<const Backend*>& slot(Device::Kind kind) {
   const auto i = static_cast<size_t>(kind);
@@ -68,15 +70,28 @@ void register_backend(const Backend& b) {
     for (const std::string& op : missing) list += (list.empty() ? "" : ", ") + op;
     fail("register_backend: backend '", name, "' lacks ", missing.size(), " of the ", std::size(kOpNames), " ops: ", list);
   }
+  if (b.kind == Device::Kind::cpu) find_backend(Device::cpu());  // the level's table is there first
   const Backend* expected = nullptr;
   if (!slot(b.kind).compare_exchange_strong(expected, &b, std::memory_order_acq_rel) && expected != &b)
     fail("register_backend: backend '", name, "' is for ", kind_name(b.kind), " devices, which backend '",
          expected->name, "' already serves");
 }
 
-const Backend* find_backend(Device d) { return slot(d.kind).load(std::memory_order_acquire); }
+const Backend* find_backend(Device d) {
+  const Backend* b = slot(d.kind).load(std::memory_order_acquire);
+  if (b != nullptr || d.kind != Device::Kind::cpu) return b;
+  cpu_isa();  // chooses the level, which installs its table
+  return slot(d.kind).load(std::memory_order_acquire);
+}
+
+namespace detail {
+
+void install_cpu_backend(const Backend* b) { slot(Device::Kind::cpu).store(b, std::memory_order_release); }
+
+}  // namespace detail
 
 std::vector<const Backend*> registered_backends() {
+  find_backend(Device::cpu());  // the CPU one exists once asked for
   std::vector<const Backend*> out;
   for (const auto& s : g_backends)
     if (const Backend* b = s.load(std::memory_order_acquire)) out.push_back(b);

@@ -19,4 +19,9 @@ const Backend& backend_of(const char* op, std::initializer_list<Operand> operand
 // The same for a list of tensors named name[i] (global_norm); at least one.
 const Backend& backend_of(const char* op, const char* name, std::span<const Tensor> tensors);
 
+namespace detail {
+// Makes b (a level's table, cpu_isa.cpp) the backend of CPU tensors.
+void install_cpu_backend(const Backend* b);
+}  // namespace detail
+
 }  // namespace loom::kernels

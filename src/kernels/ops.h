@@ -49,10 +49,13 @@ namespace loom::kernels {
 
 // ---- matmul / linear ------------------------------------------------------
 
-// Empty when this CPU runs bf16 GEMMs, else the reason (oneDNN 2.6 has them
-// only with AVX-512), as the loom::Error a bf16 matmul would throw says it.
-// Probed once per process, through the CPU backend. A query, not an op: it
-// has no backend entry.
+// Empty when this CPU has a native bf16 GEMM, else the reason (oneDNN 2.6
+// has them only with AVX-512, and not under an --isa cap below avx512).
+// bf16 matmuls run either way: without one, their operands are widened to
+// f32 (exact products, f32 sums, as f16's always are), which serves bf16
+// weights on any CPU but is no faster than f32, so bf16 training asks this
+// first and refuses. Probed once per process. A query, not an op: it has no
+// backend entry.
 std::string bf16_matmul_unsupported_reason();
 
 struct MatmulOpts {

@@ -1,6 +1,7 @@
 // matmul and linear (ops.h): operand checks, then the backend's op.
 #include <string>
 
+#include "kernels/cpu/matmul_onednn.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
@@ -124,17 +125,6 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const
       .linear_backward(dx, dw, dbias, dy, x, w);
 }
 
-std::string bf16_matmul_unsupported_reason() {
-  static const std::string reason = [] {
-    bf16 a{0}, c{0};
-    try {
-      matmul(Tensor(&c, DType::bf16, {1, 1}), Tensor(&a, DType::bf16, {1, 1}), Tensor(&a, DType::bf16, {1, 1}));
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  }();
-  return reason;
-}
+std::string bf16_matmul_unsupported_reason() { return cpu::onednn_bf16_unsupported_reason(); }
 
 }  // namespace loom::kernels

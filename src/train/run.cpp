@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
+#include "kernels/cpu_isa.h"
 #include "model/config_json.h"
 #include "train/checkpoint_dir.h"
 #include "train/trainer.h"
@@ -268,7 +269,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     log_info("train: ", model::family_name(cfg.model.family), " ",
              model::param_count(model::param_specs(cfg.model)), " parameters, ",
              t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
-             summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)");
+             summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)",
+             "; ", kernels::cpu_isa_describe());
   }
   CheckpointRun checkpoints(cfg.checkpoint);
   const std::string resume_dir = checkpoints.resume(trainer);

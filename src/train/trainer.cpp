@@ -76,6 +76,13 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
       train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle,
                                  checked_group("dp", cfg.parallel.dp, ctx.mesh.dp()))) {
+  // Without a bf16 GEMM the matmuls would widen bf16 to f32 (kernels/ops.h):
+  // a bf16 run slower than f32 with bf16's rounding is no choice to offer.
+  if (cfg.train.dtype == "bf16") {
+    const std::string why = kernels::bf16_matmul_unsupported_reason();
+    LOOM_REQUIRE(why.empty(), "train.dtype = bf16: ", why,
+                 "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX512_BF16 or AMX");
+  }
   checked_group("tp", cfg.parallel.tp, ctx.mesh.tp());
   checked_group("pp", cfg.parallel.pp, ctx.mesh.pp());
   checked_group("cp", cfg.parallel.cp, ctx.mesh.cp());

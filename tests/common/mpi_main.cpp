@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "comm/mpi_backend.h"
+#include "common/isa_env.h"
 #include "common/mpi_env.h"
 #include "core/log.h"
 
@@ -61,6 +62,11 @@ int main(int argc, char** argv) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new loom::test::RankFailurePrinter(world->rank()));
+  }
+  // The same environment and CPU on every rank: all skip or none does.
+  if (const int code = loom::test::apply_isa_from_env(); code != 0) {
+    world.reset();
+    return code;
   }
   int32_t failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   world->all_reduce(loom::Tensor(&failed, loom::DType::i32, {1}), loom::comm::ReduceOp::max)->wait();

@@ -38,6 +38,7 @@
 #include "infer/engine.h"
 #include "infer/quickstart_model.h"
 #include "infer/sampler.h"
+#include "kernels/cpu_isa.h"
 
 namespace loom::infer {
 namespace {
@@ -228,6 +229,34 @@ TEST(EngineDeterminism, SixtyFourRequestsGiveTheSameBitsAloneBatchedPreemptedAnd
       EXPECT_GT(stats.preemptions, 0) << c.name << " was meant to preempt";
     }
   }
+}
+
+// The same bits on every CPU (DESIGN.md §8, §1.9): the 64 requests, all at
+// once, give the very same f32 tokens and log-probabilities at every
+// instruction-set level this CPU can run (cpu_isa.h): the generic, AVX2 and
+// AVX-512 kernels keep one arithmetic per result (16 lanes in a fixed order,
+// fused multiply-adds where the reference path fuses, one lane-sum tree).
+// So a request answered on an AVX2 laptop and on an AVX-512 server agrees.
+TEST(EngineDeterminism, EveryInstructionSetLevelGivesTheSameF32Bits) {
+  using kernels::CpuIsa;
+  const CpuIsa before = kernels::cpu_isa();
+  const std::vector<Spec> sp = specs();
+  quickstart::trained();  // trained once, at the level the run started with
+  RunStats stats;
+  const Outputs best = run(sp, config(256), false, stats);
+  std::printf("%s: %.2f s\n", kernels::cpu_isa_name(before), stats.seconds);
+  for (const CpuIsa level : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
+    if (static_cast<int>(level) > static_cast<int>(kernels::cpu_isa_supported())) {
+      std::printf("%s: not on this CPU (it has up to %s)\n", kernels::cpu_isa_name(level),
+                  kernels::cpu_isa_name(kernels::cpu_isa_supported()));
+      continue;
+    }
+    kernels::set_cpu_isa(level);
+    const Outputs got = run(sp, config(256), false, stats);
+    std::printf("%s: %.2f s\n", kernels::cpu_isa_name(level), stats.seconds);
+    EXPECT_EQ(first_difference(best, got), "") << kernels::cpu_isa_name(level) << " vs " << kernels::cpu_isa_name(before);
+  }
+  kernels::set_cpu_isa(before);
 }
 
 // sample_rows (the engine's step) gives every row exactly what sample_at

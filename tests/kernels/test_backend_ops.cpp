@@ -2,7 +2,8 @@
 // the kernel backend table (src/kernels/backend.h), forward and backward, in
 // f32, bf16 and f16 where the op takes them, run by every registered backend
 // through ops.h on shared random inputs and compared with the CPU backend's
-// functions called directly (kernels::cpu::, no checks in between).
+// functions called directly (the running level's table, cpu_isa.h: no
+// checks in between).
 //
 // For the CPU backend the two must agree bit for bit: ops.h passes the
 // arguments through unchanged. For another backend the tolerances of
@@ -26,7 +27,7 @@
 #include "common/tensors.h"
 #include "kernels/backend.h"
 #include "kernels/backend_ops_io.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -37,7 +38,7 @@ using test::Route;
 using test::Tolerance;
 
 // The function of op `name` for this run: ops.h's or the CPU backend's.
-#define OP(name) io.pick(#name, &::loom::kernels::name, &::loom::kernels::cpu::name)
+#define OP(name) io.pick(#name, &::loom::kernels::name, cpu_backend(cpu_isa()).name)
 
 constexpr DType f32 = DType::f32, i32 = DType::i32;
 constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -9,7 +9,7 @@
 
 #include "common/tensors.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -26,7 +26,7 @@ TEST(BackendRegistry, StartsWithTheCompleteCpuBackend) {
 }
 
 TEST(BackendRegistry, RejectsABackendThatLacksOpsAndNamesThem) {
-  Backend half = cpu::kBackend;
+  Backend half = cpu_backend(cpu_isa());
   half.name = "half";
   half.kind = Device::Kind::cuda;
   half.copy = nullptr;
@@ -36,11 +36,11 @@ TEST(BackendRegistry, RejectsABackendThatLacksOpsAndNamesThem) {
 }
 
 TEST(BackendRegistry, RejectsASecondBackendForAServedKind) {
-  Backend other = cpu::kBackend;
+  Backend other = cpu_backend(cpu_isa());
   other.name = "other";
   test::expect_error([&] { register_backend(other); }, {"register_backend", "'other'", "'cpu' already serves"});
-  EXPECT_EQ(find_backend(Device::cpu()), &cpu::kBackend);
-  register_backend(cpu::kBackend);  // the one already there: nothing changes
+  EXPECT_EQ(find_backend(Device::cpu()), &cpu_backend(cpu_isa()));
+  register_backend(cpu_backend(cpu_isa()));  // the one already there: nothing changes
   EXPECT_EQ(registered_backends().size(), 1u);
 }
 
@@ -51,7 +51,7 @@ TEST(BackendRegistryDeathTest, ARegisteredBackendServesItsDeviceKind) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        static Backend cuda = cpu::kBackend;
+        static Backend cuda = cpu_backend(cpu_isa());
         cuda.name = "cpu-for-cuda";
         cuda.kind = Device::Kind::cuda;
         register_backend(cuda);

@@ -9,7 +9,9 @@
 // tests/model/test_paged_runner.cpp.)
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -121,6 +123,51 @@ TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
     }
     omp_set_num_threads(threads);
   }
+}
+
+// y[m][n] by the arithmetic linear_invariant.cpp documents, in scalars: 16
+// lanes from +0, lane k mod 16 fusing x[k] w[k] (0 x 0 past K, to the end
+// of the last step), the halves-quarters-pairs tree, then + bias.
+float lane_arithmetic(const float* x, const float* w, int64_t K, float bias) {
+  float lane[16] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += 16)
+    for (int64_t l = 0; l < 16; ++l)
+      lane[l] = k0 + l < K ? std::fma(x[k0 + l], w[k0 + l], lane[l]) : std::fma(0.f, 0.f, lane[l]);
+  for (int h = 8; h > 0; h /= 2)
+    for (int i = 0; i < h; ++i) lane[i] += lane[i + h];
+  return lane[0] + bias;
+}
+
+// Every ISA path (AVX-512, AVX2 + FMA, generic) computes exactly that, so
+// f32 and f16 operands give the same bits at every level. (bf16 with
+// AVX512_BF16 pairs its products: linear_invariant.cpp says by how much.)
+// Tiny operands of opposite signs check the signed zeros: their products
+// round to -0, and a step's zeros past K turn a -0 lane into +0.
+TEST(LinearInvariant, EqualsTheDocumentedLaneArithmeticBitForBit) {
+  for (DType in : {DType::f32, DType::f16})
+    for (int64_t K : {1, 7, 15, 16, 17, 33, 100, 768})
+      for (int64_t M : {1, 3, 5, 8})
+        for (bool tiny : {false, true}) {
+          if (tiny && in == DType::f16) continue;  // 1e-30 is 0 in f16
+          std::mt19937 rng(static_cast<uint32_t>(K * 31 + M));
+          const int64_t N = 7;
+          Buffer x = random_buffer(in, {M, K}, rng), w = random_buffer(in, {N, K}, rng);
+          Buffer bias = random_buffer(DType::f32, {N}, rng), y(DType::f32, {M, N});
+          if (tiny) {
+            for (int64_t i = 0; i < M * K; ++i) x.set(i, -1e-30f);
+            for (int64_t i = 0; i < N * K; ++i) w.set(i, 1e-30f);
+          }
+          linear_forward_invariant(y.view(), x.view(), w.view(), tiny ? Tensor() : bias.view());
+          const auto xf = x.floats(), wf = w.floats(), bf = bias.floats(), yf = y.floats();
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              const float want = lane_arithmetic(xf.data() + m * K, wf.data() + n * K, K, tiny ? 0.f : bf[size_t(n)]);
+              const float got = yf[static_cast<size_t>(m * N + n)];
+              EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+                  << dtype_name(in) << " M=" << M << " K=" << K << (tiny ? " tiny" : "") << " y[" << m << "][" << n
+                  << "] = " << got << ", the lane arithmetic gives " << want;
+            }
+        }
 }
 
 TEST(LinearInvariant, BadOperandsAreClearErrors) {

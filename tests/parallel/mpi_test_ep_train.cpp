@@ -112,7 +112,15 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     });
     const std::vector<double>& one = references_[key];
     double loss = 0, aux = 0, dropped = 0, load = 0, norm = 0;
-    for (size_t i = 0; i < n; i += kFigures) {
+    // Zeroed routers: step 1 is compared (the step where every token goes to
+    // ep rank 0's experts). From step 2 on, the router rows of the experts
+    // that received nothing are equal up to rounding, so which of them wins
+    // a token is decided by the last bit of the router GEMM, and oneDNN's
+    // bits depend on a row's place in its blocking (measured with oneDNN's
+    // AVX2 kernels: 0.3% loss difference at step 20, identical with its
+    // AVX-512 ones). Equivalence over 20 steps is the other tests' claim.
+    const size_t compared = l.zero_router ? kFigures : n;
+    for (size_t i = 0; i < compared; i += kFigures) {
       loss = std::max(loss, std::fabs(mesh[i] - one[i]) / std::fabs(one[i]));
       aux = std::max(aux, std::fabs(mesh[i + 1] - one[i + 1]) / std::fabs(one[i + 1]));
       dropped = std::max(dropped, std::fabs(mesh[i + 2] - one[i + 2]));
@@ -153,7 +161,8 @@ TEST_F(ExpertParallelTrainTest, EpEqualsDpMatchesSingleProcessOver20Steps) {
 // Full training steps where every token goes to ep rank 0's experts and the
 // other ep ranks' experts receive no row (step 1; the routers learn apart
 // from then on): the empty ranks still join every exchange, reduction and
-// update, and the run stays the single process's.
+// update, and step 1 is the single process's (the 20 steps train on; from
+// step 2 ties decide routing: see expect_matches_one_process).
 TEST_F(ExpertParallelTrainTest, EveryTokenToOneRanksExpertsTrainsAsOneProcess) {
   const int N = world().size();
   if (N != 2 && N != 4) GTEST_SKIP() << "runs at N = 2, 4; this world has " << N << " ranks";

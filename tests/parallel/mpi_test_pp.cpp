@@ -162,10 +162,15 @@ TEST_F(PipelineTest, SavedModelIsTheWholeModel) {
     EXPECT_EQ(saved_vs_whole("init"), 0.0) << family;
     // After 3 updates: AdamW moves each weight by up to lr = 1e-3 a step, and
     // where a gradient is near 0 the other summation order changes its
-    // m / sqrt(v) noticeably; a misplaced tensor would be off by ~0.02.
+    // m / (sqrt(v) + eps) by up to (rounding of g) / eps: with eps = 1e-8 a
+    // gradient of 1e-9 rounded differently moves the update by ~10% of lr.
+    // That is the GEMM library's rounding, not the layout (measured: 1.09e-4
+    // with oneDNN's AVX2 kernels on a Zen 3, under 1e-4 with its AVX-512
+    // ones); so the bound is one step's lr, and a misplaced tensor would be
+    // off by ~0.02.
     train_until(t, 3);
     if (whole) train_until(*whole, 3);
-    EXPECT_LE(saved_vs_whole("trained"), 1e-4) << family;
+    EXPECT_LE(saved_vs_whole("trained"), 1e-3) << family;
   }
 }
 

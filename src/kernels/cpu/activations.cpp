@@ -15,7 +15,7 @@
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 constexpr int64_t kChunk = 1024;  // floats per buffer: 4 KiB, stays in L1
@@ -140,4 +140,4 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dy, const Tensor& g
   });
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

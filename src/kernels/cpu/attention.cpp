@@ -8,13 +8,13 @@
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/ops.h"
 
-namespace loom::kernels::cpu::attention {
+namespace loom::kernels::cpu::LOOM_ISA::attention {
 
 Geometry geometry(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos) {
   Geometry g;
   g.B = q.size(0), g.Tq = q.size(1), g.NH = q.size(2), g.HS = q.size(3);
   g.Tk = k.size(1), g.NKV = k.size(2);
-  g.HSp = round_up(g.HS, kLanes);
+  g.HSp = round_up(g.HS, kTileLanes);
   g.off = q_pos == kQueriesLast ? g.Tk - g.Tq : q_pos;
   g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.HS)));
   return g;
@@ -77,26 +77,25 @@ namespace {
 
 // A micro-tile of C: kRowBlock rows x W vectors kept in registers while K
 // runs; each step loads W vectors of one B row and broadcasts one A element
-// per row. 8 rows x 2 vectors = 16 independent FMA chains (the latency is
-// covered) for 10 loads, and 16 + 2 + 1 of the 32 AVX-512 registers. Written
-// with vector types because GCC spills plain float arrays of this size to the
-// stack (measured: 1.5x slower).
+// per row (attention_tiles.h sizes it per level). Written with vector types
+// because GCC spills plain float arrays of this size to the stack (measured:
+// 1.5x slower).
 template <int W>
 void micro_tile(float* __restrict cr, int64_t ldc, const float* __restrict a, int64_t ars, int64_t acs,
                 const float* __restrict bp, int64_t ldb, int64_t K, Store store) {
-  Vec c[kRowBlock][W] = {};
+  TileVec c[kRowBlock][W] = {};
   for (int64_t kk = 0; kk < K; ++kk) {
-    Vec bv[W];
-    for (int w = 0; w < W; ++w) bv[w] = load_vec(bp + kk * ldb + w * kLanes);
+    TileVec bv[W];
+    for (int w = 0; w < W; ++w) bv[w] = load_vec<TileVec>(bp + kk * ldb + w * kTileLanes);
     for (int r = 0; r < kRowBlock; ++r) {
-      const float x = a[r * ars + kk * acs];
-      for (int w = 0; w < W; ++w) c[r][w] += x * bv[w];
+      const TileVec x = splat(a[r * ars + kk * acs]);
+      for (int w = 0; w < W; ++w) c[r][w] = fma_vec(x, bv[w], c[r][w]);
     }
   }
   for (int r = 0; r < kRowBlock; ++r) {
     for (int w = 0; w < W; ++w) {
-      float* p = cr + r * ldc + w * kLanes;
-      store_vec(p, store == Store::add ? c[r][w] + load_vec(p) : c[r][w]);
+      float* p = cr + r * ldc + w * kTileLanes;
+      store_vec(p, store == Store::add ? c[r][w] + load_vec<TileVec>(p) : c[r][w]);
     }
   }
 }
@@ -104,14 +103,14 @@ void micro_tile(float* __restrict cr, int64_t ldc, const float* __restrict a, in
 }  // namespace
 
 void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int64_t K, Store store) {
-  LOOM_CHECK(b.cs == 1 && M % kRowBlock == 0 && N % kLanes == 0, "gemm_tile: M=", M, " N=", N, " b.cs=", b.cs);
+  LOOM_CHECK(b.cs == 1 && M % kRowBlock == 0 && N % kTileLanes == 0, "gemm_tile: M=", M, " N=", N, " b.cs=", b.cs);
   for (int64_t i = 0; i < M; i += kRowBlock) {
     const float* ai = a.p + i * a.rs;
     float* ci = c + i * ldc;
     int64_t n = 0;
-    for (; n + 2 * kLanes <= N; n += 2 * kLanes) micro_tile<2>(ci + n, ldc, ai, a.rs, a.cs, b.p + n, b.rs, K, store);
+    for (; n + 2 * kTileLanes <= N; n += 2 * kTileLanes) micro_tile<2>(ci + n, ldc, ai, a.rs, a.cs, b.p + n, b.rs, K, store);
     if (n < N) micro_tile<1>(ci + n, ldc, ai, a.rs, a.cs, b.p + n, b.rs, K, store);
   }
 }
 
-}  // namespace loom::kernels::cpu::attention
+}  // namespace loom::kernels::cpu::LOOM_ISA::attention

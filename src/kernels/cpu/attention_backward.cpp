@@ -16,7 +16,7 @@
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/cpu_ops.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 using namespace attention;
@@ -29,8 +29,8 @@ struct BackwardArgs {
 };
 
 // One thread's f32 scratch for its backward tasks, laid out in a slice of
-// ThreadSlices. Every size is a multiple of kLanes floats, so every array
-// starts 64-byte aligned.
+// ThreadSlices. Every size is a multiple of kBlockQ or kBlockK floats (64),
+// so every array starts 64-byte aligned.
 struct BackwardTiles {
   // Whole sequences of one head, (Tq_pad or Tk_pad, HSp): q is pre-scaled,
   // dq / dk / dv accumulate over the task. D: (Tq_pad).
@@ -68,7 +68,7 @@ void probabilities(float* p, const float* lse, const Geometry& g, int64_t q0, in
 // w.vt hold that block.
 void backward_key_block(const BackwardArgs& a, BackwardTiles& w, const float* lse, int64_t j0, int64_t cols) {
   const Geometry& g = a.g;
-  const int64_t HSp = g.HSp, nc = round_up(cols, kLanes), mc = round_up(cols, kRowBlock);
+  const int64_t HSp = g.HSp, nc = round_up(cols, kTileLanes), mc = round_up(cols, kRowBlock);
   // Queries before position j0 see none of these keys.
   for (int64_t q0 = std::max<int64_t>(0, j0 - g.off) / kBlockQ * kBlockQ; q0 < g.Tq; q0 += kBlockQ) {
     const int64_t rows = std::min(kBlockQ, g.Tq - q0), mr = round_up(rows, kRowBlock);
@@ -109,8 +109,8 @@ void backward_head(const BackwardArgs& a, BackwardTiles& w, int64_t b, int64_t h
   for (int64_t j0 = 0; j0 < g.Tk; j0 += kBlockK) {
     const int64_t cols = std::min(kBlockK, g.Tk - j0);
     load_tile(w.k, HSp, a.k, b, j0, cols, round_up(cols, kRowBlock), kvh, HSp);
-    load_tile_t(w.kt, kBlockK, a.k, b, j0, cols, round_up(cols, kLanes), kvh);
-    load_tile_t(w.vt, kBlockK, a.v, b, j0, cols, round_up(cols, kLanes), kvh);
+    load_tile_t(w.kt, kBlockK, a.k, b, j0, cols, round_up(cols, kTileLanes), kvh);
+    load_tile_t(w.vt, kBlockK, a.v, b, j0, cols, round_up(cols, kTileLanes), kvh);
     backward_key_block(a, w, lse, j0, cols);
   }
   if (a.dq.defined()) add_tile(a.dq, w.dq, HSp, b, 0, g.Tq, h, g.scale);
@@ -146,4 +146,4 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   }
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

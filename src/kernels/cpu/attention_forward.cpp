@@ -14,7 +14,7 @@
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/cpu_ops.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 using namespace attention;
@@ -22,7 +22,7 @@ using namespace attention;
 // One thread's f32 scratch for its forward tasks, laid out in a slice of
 // ThreadSlices. Scores are kept transposed, (keys, queries), so the softmax
 // statistics of a query are one lane of a vector and the per-key loops below
-// vectorise across queries. Every size is a multiple of kLanes floats, so
+// vectorise across queries. Every size is a multiple of kBlockQ floats, so
 // every array starts 64-byte aligned.
 struct ForwardTiles {
   float *qt, *k, *v, *st, *acc;  // (HS, BQ) (BK, HSp) (BK, HSp) (BK, BQ) (BQ, HSp)
@@ -102,7 +102,7 @@ void store_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, in
 void forward_block(const ForwardArgs& a, ForwardTiles& w, int64_t b, int64_t h, int64_t q0) {
   const Geometry& g = a.g;
   const int64_t HSp = g.HSp, kvh = h / g.group();
-  const int64_t rows = std::min(kBlockQ, g.Tq - q0), mr = round_up(rows, kRowBlock), nq = round_up(rows, kLanes);
+  const int64_t rows = std::min(kBlockQ, g.Tq - q0), mr = round_up(rows, kRowBlock), nq = round_up(rows, kTileLanes);
   load_tile_t(w.qt, kBlockQ, a.q, b, q0, rows, nq, h, g.scale);  // scores = k . (q * scale)
   std::fill_n(w.acc, mr * HSp, 0.f);
   std::fill_n(w.m, nq, -std::numeric_limits<float>::infinity());
@@ -143,4 +143,4 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   }
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

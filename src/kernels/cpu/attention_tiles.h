@@ -8,37 +8,78 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include "core/tensor.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace loom::kernels::cpu::attention {
+namespace loom::kernels::cpu::LOOM_ISA::attention {
 
 inline constexpr int64_t kBlockQ = 64;  // query rows per tile (multiple of kRowBlock)
-inline constexpr int64_t kBlockK = 64;  // keys per tile (multiple of kLanes)
+inline constexpr int64_t kBlockK = 64;  // keys per tile (multiple of kTileLanes)
 inline constexpr int64_t kMaxBlock = kBlockQ > kBlockK ? kBlockQ : kBlockK;
-inline constexpr int64_t kLanes = 16;   // f32 lanes of an AVX-512 vector: tile widths are padded to it
-inline constexpr int64_t kRowBlock = 8; // rows per GEMM micro-tile: tile heights are padded to it
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// One kLanes-wide f32 vector (GCC/Clang vector extension: a zmm register
-// with AVX-512, split into narrower registers elsewhere), loaded and stored
-// unaligned: the same instructions whatever the address.
+// 16 f32 lanes whatever the level: the vector of the batch-invariant paged
+// attention (paged_attention.cpp), whose sums take one fixed tree everywhere.
+inline constexpr int64_t kLanes = 16;
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 
-inline Vec load_vec(const float* p) {
-  Vec v;
+// The training tiles' vector width and GEMM micro-tile height, sized for the
+// ISA level this file is compiled for (it is compiled once per level): tile
+// widths are padded to kTileLanes, tile heights to kRowBlock. A micro-tile
+// keeps kRowBlock x 2 accumulator vectors in registers, plus 2 B vectors and
+// a broadcast: 8 x 2 + 3 of AVX-512's 32 zmm, 4 x 2 + 3 of the 16 ymm of AVX2
+// (or xmm of SSE2). 4 x 2 is 8 independent FMA chains, two FMA ports times a
+// 4-cycle latency. 16-lane tiles at AVX2 spill (measured 50x slower), and
+// 4 x 3 or 8 x 1 measured slower than 4 x 2.
+#if defined(__AVX512F__)
+inline constexpr int64_t kTileLanes = 16, kRowBlock = 8;
+#elif defined(__AVX__)
+inline constexpr int64_t kTileLanes = 8, kRowBlock = 4;
+#else
+inline constexpr int64_t kTileLanes = 4, kRowBlock = 4;
+#endif
+typedef float TileVec __attribute__((vector_size(kTileLanes * sizeof(float))));
+
+// GCC/Clang vector extensions, loaded and stored unaligned: the same
+// instructions whatever the address.
+template <typename V = Vec>
+V load_vec(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+template <typename V>
+void store_vec(float* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// A vector of x in every lane: x - 0 is exactly x, so GCC emits a lone
+// broadcast (GCC 12 keeps the add of 0 + x, and builds a lane loop lane by lane).
+inline TileVec splat(float x) { return x - TileVec{}; }
+
+// a * b + c, fused where the level has FMA: explicitly, since loom compiles
+// with -ffp-contract=off (CMakeLists.txt) and so never fuses by itself.
+inline TileVec fma_vec(TileVec a, TileVec b, TileVec c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 // q: (B, Tq, NH, HS)  k, v: (B, Tk, NKV, HS). Query t sits at position off + t
 // and sees keys 0 ..= min(off + t, Tk - 1).
 struct Geometry {
   int64_t B = 0, Tq = 0, Tk = 0, NH = 0, NKV = 0, HS = 0;
-  int64_t HSp = 0;   // HS padded to kLanes: the row length of every f32 tile
+  int64_t HSp = 0;   // HS padded to kTileLanes: the row length of every f32 tile
   int64_t off = 0;   // q_pos (ops.h): Tk - Tq for kQueriesLast
   float scale = 0;   // 1 / sqrt(HS)
   int64_t group() const { return NH / NKV; }  // query heads per kv head
@@ -83,7 +124,7 @@ void load_tile_t(float* dst, int64_t ld, const Rows& x, int64_t b, int64_t t0, i
 void add_tile(const Tensor& y, const float* src, int64_t ld, int64_t b, int64_t t0, int64_t n, int64_t h, float mul);
 
 // C (M, N) = or += A (M, K) @ B (K, N), all f32; C rows ldc apart, b.cs == 1.
-// M % kRowBlock == 0 and N % kLanes == 0: callers pad their tiles.
+// M % kRowBlock == 0 and N % kTileLanes == 0: callers pad their tiles.
 void gemm_tile(float* c, int64_t ldc, View a, View b, int64_t M, int64_t N, int64_t K, Store store);
 
-}  // namespace loom::kernels::cpu::attention
+}  // namespace loom::kernels::cpu::LOOM_ISA::attention

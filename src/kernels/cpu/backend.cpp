@@ -1,23 +1,34 @@
-// The CPU backend's table (cpu_ops.h), built in: the registry
-// (kernels/backend.cpp) starts with it.
+// One level's CPU backend table (cpu_ops.h) and its entry point, the only
+// global symbol of the level's object (src/kernels/CMakeLists.txt):
+// loom_cpu_backend_avx2 and so on, called by kernels/cpu_isa.cpp.
 #include "kernels/cpu/cpu_ops.h"
 
-namespace loom::kernels::cpu {
+#define LOOM_CONCAT2(a, b) a##b
+#define LOOM_CONCAT(a, b) LOOM_CONCAT2(a, b)
+#define LOOM_STRING2(a) #a
+#define LOOM_STRING(a) LOOM_STRING2(a)
+
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
-// Every entry filled from the one op list, so none can be missed.
+// Every entry filled from the one op list, so none can be missed. Named
+// "cpu" whatever the level: messages name the device, and the level is
+// logged once at start-up (cpu_isa.h).
 constexpr Backend make_backend() {
   Backend b;
   b.name = "cpu";
   b.kind = Device::Kind::cpu;
-#define LOOM_KERNEL_OP_FILL(op, ret, params) b.op = &cpu::op;
+#define LOOM_KERNEL_OP_FILL(op, ret, params) b.op = &LOOM_ISA::op;
   LOOM_KERNEL_OPS(LOOM_KERNEL_OP_FILL)
 #undef LOOM_KERNEL_OP_FILL
   return b;
 }
 
-}  // namespace
-
 constinit const Backend kBackend = make_backend();
 
-}  // namespace loom::kernels::cpu
+}  // namespace
+}  // namespace loom::kernels::cpu::LOOM_ISA
+
+extern "C" const loom::kernels::Backend* LOOM_CONCAT(loom_cpu_backend_, LOOM_ISA)() {
+  return &loom::kernels::cpu::LOOM_ISA::kBackend;
+}

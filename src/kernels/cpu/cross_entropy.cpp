@@ -25,7 +25,7 @@
 #include "kernels/cpu/vec_math.h"
 #include "kernels/validate.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 constexpr const char* kOp = "cross_entropy_forward_backward";
@@ -300,4 +300,4 @@ int64_t cross_entropy_count_valid(const Tensor& targets, int32_t ignore_index) {
   return n_valid;
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

@@ -14,7 +14,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 // f16 has no per-element conversion GCC vectorises, so an op with an f16
@@ -144,4 +144,4 @@ IdOutside find_id_outside(const Tensor& ids, int64_t limit, std::optional<int32_
   return {};
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

@@ -17,7 +17,7 @@
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 // Tokens accepted by check_tokens for a shard: any id >= 0 (the caller checks
@@ -230,4 +230,4 @@ void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, con
   embed_backward(dwte, dwpe, dy, tokens, vocab_begin, 0, positions);
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

@@ -34,7 +34,7 @@
 // a, b, x, w are bf16, e.g. the f32 logits of a bf16 LM head) first rounds
 // the f32 operand to bf16, as PyTorch autocast does, because oneDNN's bf16
 // GEMM takes both inputs in bf16 (f16 operands instead are all widened to
-// f32 in slot a, see gemm_f16); (2) the bf16 or f16 gradient of an operand
+// f32 in slot a, see gemm_widened); (2) the bf16 or f16 gradient of an operand
 // shared by every batch sums the per-batch GEMMs in f32 and is rounded once.
 #include <algorithm>
 
@@ -44,7 +44,7 @@
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 int64_t leading(const Tensor& t) {  // product of all but the last two dims
@@ -73,32 +73,42 @@ Tensor bf16_workspace(const Tensor& t) {
 
 void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Tensor& bias = {});
 
-bool is_f16(const Tensor& t) { return t.defined() && t.dtype() == DType::f16; }
-
-// dst = src as f32 (src f16, contiguous), in parallel when large.
-void widen_f16(float* dst, const Tensor& src) {
-  constexpr int64_t kPiece = 4096;
-  const f16* s = src.data_as<const f16>();
-  const int64_t n = src.numel(), pieces = (n + kPiece - 1) / kPiece;
-#pragma omp parallel for schedule(static) if (n >= kMinParallel)
-  for (int64_t p = 0; p < pieces; ++p) span_to_f32(dst + p * kPiece, s + p * kPiece, std::min(kPiece, n - p * kPiece));
+// The 16-bit dtype GEMMs take through f32: f16 always, bf16 where oneDNN
+// has no bf16 GEMM (below AVX-512).
+bool widened(const Tensor& t) {
+  if (!t.defined()) return false;
+  if (t.dtype() == DType::f16) return true;
+  return t.dtype() == DType::bf16 && !onednn_bf16_unsupported_reason().empty();
 }
 
-// The f16 GEMM (see the top): every f16 operand is widened to f32 in one
-// scratch request (slot a; accumulate holds slot b around it), the f32 GEMM
-// runs, and an f16 c is rounded once from its f32 result (which started from
-// c itself when beta != 0, as oneDNN's sum post-op reads c).
-void gemm_f16(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias) {
-  const auto need = [](const Tensor& t) { return is_f16(t) ? t.numel() : int64_t{0}; };
+// dst = src as f32 (src f16 or bf16, contiguous), in parallel when large.
+void widen_half(float* dst, const Tensor& src) {
+  constexpr int64_t kPiece = 4096;
+  const int64_t n = src.numel(), pieces = (n + kPiece - 1) / kPiece;
+  dispatch_float(src.dtype(), [&]<typename T>() {
+    const T* s = src.data_as<const T>();
+#pragma omp parallel for schedule(static) if (n >= kMinParallel)
+    for (int64_t p = 0; p < pieces; ++p)
+      span_to_f32(dst + p * kPiece, s + p * kPiece, std::min(kPiece, n - p * kPiece));
+  });
+}
+
+// The widened GEMM (see the top): every f16 operand, and every bf16 one
+// without a bf16 GEMM, is widened to f32 in one scratch request (slot a;
+// accumulate holds slot b around it), the f32 GEMM runs, and a 16-bit c is
+// rounded once from its f32 result (which started from c itself when beta
+// != 0, as oneDNN's sum post-op reads c).
+void gemm_widened(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias) {
+  const auto need = [](const Tensor& t) { return widened(t) ? t.numel() : int64_t{0}; };
   const int64_t na = need(a), nb = need(b), nc = need(c), nbias = need(bias);
   float* ws = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(na + nb + nc + nbias));
   const auto widen = [&](Tensor& t, int64_t n) {
     if (!n) return;
-    widen_f16(ws, t);
+    widen_half(ws, t);
     t = Tensor(ws, DType::f32, t.shape());
     ws += n;
   };
-  const Tensor c16 = c;
+  const Tensor c16 = c;  // c's own memory and dtype
   if (nc && beta == 0.f) {  // c's old contents are not read
     c = Tensor(ws, DType::f32, c.shape());
     ws += nc;
@@ -111,19 +121,23 @@ void gemm_f16(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float
   gemm(c, a, b, ta, tb, alpha, beta, bias);
   if (!nc) return;
   const float* r = c.data_as<const float>();
-  f16* out = c16.data_as<f16>();
   constexpr int64_t kPiece = 4096;
   const int64_t pieces = (nc + kPiece - 1) / kPiece;
+  dispatch_float(c16.dtype(), [&]<typename T>() {
+    T* out = c16.data_as<T>();
 #pragma omp parallel for schedule(static) if (nc >= kMinParallel)
-  for (int64_t p = 0; p < pieces; ++p)
-    span_from_f32(out + p * kPiece, r + p * kPiece, std::min(kPiece, nc - p * kPiece));
+    for (int64_t p = 0; p < pieces; ++p)
+      span_from_f32(out + p * kPiece, r + p * kPiece, std::min(kPiece, nc - p * kPiece));
+  });
 }
 
 // c = alpha * op(a) @ op(b) (+ bias) + beta * c on validated operands; a and
 // b may mix f32 and bf16 (backward), the f32 one is then rounded to bf16, or
-// f32 and f16 (widened to f32 by gemm_f16, as is anything f16).
+// f32 and f16 (widened to f32 by gemm_widened, as is anything f16, and
+// bf16 without a bf16 GEMM).
 void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, const Tensor& bias) {
-  if (is_f16(a) || is_f16(b) || is_f16(c) || is_f16(bias)) return gemm_f16(c, a, b, ta, tb, alpha, beta, bias);
+  if (widened(a) || widened(b) || widened(c) || widened(bias))
+    return gemm_widened(c, a, b, ta, tb, alpha, beta, bias);
   if (a.dtype() == DType::f32 && b.dtype() == DType::bf16) a = bf16_workspace(a);
   if (a.dtype() == DType::bf16 && b.dtype() == DType::f32) b = bf16_workspace(b);
   Gemm g;
@@ -234,4 +248,4 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const
   }
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

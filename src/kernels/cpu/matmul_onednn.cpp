@@ -103,7 +103,7 @@ std::shared_ptr<GemmPrimitive> create_primitive(const GemmKey& key) {
     // oneDNN 2.6 has bf16 GEMMs only on CPUs with AVX-512 (avx512_core and
     // up): elsewhere a bf16 run is a user choice this machine cannot serve.
     if (e.status == dnnl_unimplemented && key.ab == DType::bf16)
-      fail("matmul: this CPU has no bf16 GEMM (oneDNN needs AVX-512 for bf16); use dtype f32");
+      fail("matmul: this CPU has no bf16 GEMM (oneDNN needs AVX-512 for bf16)");
     LOOM_CHECK(false, "oneDNN matmul creation failed: ", e.what(), " (batch ", key.batch, ", m ", key.m, ", n ",
                key.n, ", k ", key.k, ", ", dtype_name(key.ab), " -> ", dtype_name(key.c_dtype), ")");
   }
@@ -179,6 +179,24 @@ void gemm_run(const Gemm& g) {
   } catch (const dnnl::error& e) {
     LOOM_CHECK(false, "oneDNN matmul execution failed: ", e.what());
   }
+}
+
+const std::string& onednn_bf16_unsupported_reason() {
+  static const std::string reason = [] {
+    bf16 a{0}, c{0};
+    Gemm g;
+    g.a = g.b = &a;
+    g.c = &c;
+    g.ab = g.c_dtype = DType::bf16;
+    g.m = g.n = g.k = 1;
+    try {
+      gemm_run(g);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  return reason;
 }
 
 }  // namespace loom::kernels::cpu

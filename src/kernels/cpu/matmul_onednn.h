@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -32,5 +33,9 @@ struct Gemm {
 
 // Thread-safe: may be called from several threads at once.
 void gemm_run(const Gemm& g);
+
+// Why oneDNN has no bf16 GEMM here (it needs AVX-512, and a cap below
+// avx512: kernels/cpu_isa.h), or "" when it has one. Asked of oneDNN once.
+const std::string& onednn_bf16_unsupported_reason();
 
 }  // namespace loom::kernels::cpu

@@ -9,7 +9,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 // Every row id is -1 or in [0, R), and no row is used twice.
@@ -134,4 +134,4 @@ void grouped_linear_backward(Tensor dx, std::span<const Tensor> dw, const Tensor
   }
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

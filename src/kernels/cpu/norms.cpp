@@ -12,10 +12,11 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/lane_sum.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 constexpr int64_t kMaxBlocks = 64;
@@ -86,13 +87,14 @@ void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, cons
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
       const float* xr = load_row(x, r, C, s.row(0));
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < C; ++i) sum += xr[i];
-      const float m = sum / static_cast<float>(C);
-      float var = 0.f;  // two-pass: no cancellation for rows with a large mean
-#pragma omp simd reduction(+ : var)
-      for (int64_t i = 0; i < C; ++i) var += (xr[i] - m) * (xr[i] - m);
+      // Sums in a fixed 16-lane order (lane_sum.h): the same bits at every
+      // instruction-set level, as serving needs.
+      const float m = lanes_sum(xr, C, [](auto v) { return v; }) / static_cast<float>(C);
+      // two-pass: no cancellation for rows with a large mean
+      const float var = lanes_sum(xr, C, [m](auto v) {
+        const auto d = v - m;
+        return d * d;
+      });
       const float rs = 1.f / std::sqrt(var / static_cast<float>(C) + eps);
       for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * wf[i] + (bf ? bf[i] : 0.f);
       store_span(y, r * C, C, yr, Store::write);
@@ -165,9 +167,7 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
       const float* xr = load_row(x, r, C, s.row(0));
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
+      const float ss = lanes_sum(xr, C, [](auto v) { return v * v; });  // fixed order (layernorm_forward)
       const float rs = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
       for (int64_t i = 0; i < C; ++i) yr[i] = wf[i] * (xr[i] * rs);
       store_span(y, r * C, C, yr, Store::write);
@@ -213,4 +213,4 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   if (dw.defined()) add_partials({dw}, partial, blocks.n_blocks, C);
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

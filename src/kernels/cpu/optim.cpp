@@ -14,7 +14,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 
@@ -178,4 +178,4 @@ void scale(Tensor t, float s) {
   });
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

@@ -31,7 +31,15 @@
 #include "kernels/cpu/lane_sum.h"
 #include "kernels/cpu/scratch.h"
 
-namespace loom::kernels::cpu {
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+// Every multiply and add below is its own IEEE operation (loom compiles with
+// -ffp-contract=off, CMakeLists.txt): an FMA would give a level with FMA
+// other bits than one without, and the serving path's bits are the same at
+// every level.
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 using attention::kLanes;
@@ -40,18 +48,99 @@ using attention::round_up;
 using attention::store_vec;
 using attention::Vec;
 
+// 16 f32 lanes, the unit of every loop below. Each lane's arithmetic is
+// IEEE multiplies and adds, one rounding each (never contracted: the pragma
+// above), so the bits do not depend on how wide the registers are. With
+// AVX-512 the GCC vector Vec is one zmm register; without it GCC keeps a
+// 64-byte Vec in memory and every operation is a store and a reload (the
+// AVX2 build's dot products and sums), so AVX2 holds the 16 lanes in two
+// ymm registers, lanes 0-7 and 8-15.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+#define LOOM_PAGED_AVX2 1
+struct V16 {
+  __m256 lo, hi;
+};
+inline V16 load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store16(float* p, V16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+inline V16 operator+(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V16 operator*(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 operator*(float s, V16 b) { return V16{_mm256_set1_ps(s), _mm256_set1_ps(s)} * b; }
+inline V16 operator*(V16 a, float s) { return a * V16{_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+inline V16& operator+=(V16& a, V16 b) { return a = a + b; }
+inline float hsum(V16 v) { return lane_sum(v.lo, v.hi); }
+#else
+using V16 = Vec;
+inline V16 load16(const float* p) { return load_vec(p); }
+inline void store16(float* p, V16 v) { store_vec(p, v); }
 // The lanes of v summed pairwise, halving the width each round: a fixed
 // tree (lane_sum.h; with AVX-512 in registers, the same bits).
 inline float hsum(Vec v) { return lane_sum(v); }
+#endif
+
+// 16 cache elements as f32 lanes, converted in registers (both conversions
+// are exact: f16 by F16C, bf16 is the top half of an f32).
+inline V16 load16(const bf16* p) {
+#if defined(__AVX512F__)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m512i u = _mm512_maskz_slli_epi32(kAll16, _mm512_maskz_cvtepu16_epi32(kAll16, h), 16);
+  return reinterpret_cast<V16>(_mm512_castsi512_ps(u));
+#elif defined(LOOM_PAGED_AVX2)
+  const auto widen = [](const bf16* q) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  };
+  return {widen(p), widen(p + 8)};
+#else
+  V16 v;
+  for (int i = 0; i < 16; ++i) v[i] = to_f32(p[i]);
+  return v;
+#endif
+}
+inline V16 load16(const f16* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<V16>(_mm512_maskz_cvtph_ps(kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(LOOM_PAGED_AVX2)
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+#else
+  V16 v;
+  for (int i = 0; i < 16; ++i) v[i] = to_f32(p[i]);
+  return v;
+#endif
+}
 
 // The 16 lane partials of a . b over HSp (a multiple of kLanes) elements:
 // lane l holds the products of elements d = l mod kLanes, in d order.
-inline Vec dot_lanes(const float* a, const float* b, int64_t HSp) {
-  Vec s = load_vec(a) * load_vec(b);
-  for (int64_t d = kLanes; d < HSp; d += kLanes) s += load_vec(a + d) * load_vec(b + d);
+template <typename T>
+inline V16 dot_lanes(const float* a, const T* b, int64_t HSp) {
+  V16 s = load16(a) * load16(b);
+  for (int64_t d = kLanes; d < HSp; d += kLanes) s += load16(a + d) * load16(b + d);
   return s;
 }
 
+#if defined(LOOM_PAGED_AVX2)
+// Round W of hsum16 below on two ymm halves, written out as in-lane
+// shuffles (GCC lowers the generic two-vector shuffle of 64-byte vectors
+// element by element): the same lanes added in the same order.
+template <int W>
+inline V16 hsum16_round(V16 a, V16 b) {
+  const auto half = [](__m256 x, __m256 y) {  // one 8-lane half of the result
+    if constexpr (W == 4) {
+      return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+    } else if constexpr (W == 2) {
+      return _mm256_add_ps(_mm256_shuffle_ps(x, y, 0x44), _mm256_shuffle_ps(x, y, 0xee));
+    } else {
+      return _mm256_add_ps(_mm256_blend_ps(x, _mm256_moveldup_ps(y), 0xaa),
+                           _mm256_blend_ps(_mm256_movehdup_ps(x), y, 0xaa));
+    }
+  };
+  if constexpr (W == 8) return {_mm256_add_ps(a.lo, a.hi), _mm256_add_ps(b.lo, b.hi)};
+  else return {half(a.lo, b.lo), half(a.hi, b.hi)};
+}
+#else
 typedef int32_t Lanes16i __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 // Round W of hsum16: a's and b's groups of 2W lanes -> groups of W lanes,
@@ -68,14 +157,15 @@ inline Vec hsum16_round(Vec a, Vec b) {
   constexpr Lanes16i hi = hsum16_mask<W, 1>(std::make_integer_sequence<int, 16>{});
   return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
 }
+#endif
 
 // Lane j of the result = hsum(v[j]) for 16 vectors at once, by the same tree
 // (lane i + lane i+8, then +4, +2, +1): each round adds the halves of two
 // vectors' groups side by side, so two shuffles and an add do for two keys
 // what hsum does for one, and 15 vector adds sum 16 keys (hsum pays a
 // dependent chain of shuffles per key, which bounded decode).
-inline Vec hsum16(Vec (&v)[16]) {
-  Vec t[8];
+inline V16 hsum16(V16 (&v)[16]) {
+  V16 t[8];
   for (int j = 0; j < 8; ++j) t[j] = hsum16_round<8>(v[j], v[j + 8]);  // keys j | j+8
   for (int j = 0; j < 4; ++j) t[j] = hsum16_round<4>(t[j], t[j + 4]);  // keys j, j+4, j+8, j+12
   for (int j = 0; j < 2; ++j) t[j] = hsum16_round<2>(t[j], t[j + 2]);  // keys j, j+2, ..., j+14
@@ -130,37 +220,44 @@ struct PagedArgs {
 // (NB, BS, NKV, HS) cache; its rows follow NKV * HS elements apart.
 int64_t head_rows_offset(const PagedGeometry& g, int64_t blk, int64_t h) { return (blk * g.BS * g.NKV + h) * g.HS; }
 
-// Rows [0, cnt) of kv head h of physical block blk as f32 rows of HSp
-// columns: the cache's own memory when it is f32 and HS == HSp, else
-// converted into dst, zero-padded.   Returns (first row, row stride).
-std::pair<const float*, int64_t> block_rows(float* dst, const Tensor& cache, const PagedGeometry& g, int64_t blk,
-                                            int64_t h, int64_t cnt) {
-  const int64_t row_stride = g.NKV * g.HS, first = head_rows_offset(g, blk, h);
-  if (cache.dtype() == DType::f32 && g.HS == g.HSp) return {cache.data_as<float>() + first, row_stride};
-  dispatch_float(cache.dtype(), [&]<typename T>() {
-    for (int64_t j = 0; j < cnt; ++j) {
-      float* d = dst + j * g.HSp;
-      span_to_f32(d, cache.data_as<T>() + first + j * row_stride, g.HS);
-      std::fill(d + g.HS, d + g.HSp, 0.f);
-    }
-  });
+// Rows [0, cnt) of kv head h of physical block blk of a cache of T: first
+// row and row stride. As they are (16-bit rows converted as the kernel
+// loads them, in registers) when HS == HSp; else copied into dst as f32
+// rows of HSp columns, zero-padded.
+template <typename T>
+using BlockRows = std::pair<const T*, int64_t>;
+
+template <typename T>
+BlockRows<T> cache_rows(const Tensor& cache, const PagedGeometry& g, int64_t blk, int64_t h) {
+  return {cache.data_as<T>() + head_rows_offset(g, blk, h), g.NKV * g.HS};
+}
+
+template <typename T>
+BlockRows<float> padded_rows(float* dst, const Tensor& cache, const PagedGeometry& g, int64_t blk, int64_t h,
+                             int64_t cnt) {
+  const BlockRows<T> src = cache_rows<T>(cache, g, blk, h);
+  for (int64_t j = 0; j < cnt; ++j) {
+    float* d = dst + j * g.HSp;
+    span_to_f32(d, src.first + j * src.second, g.HS);
+    std::fill(d + g.HS, d + g.HSp, 0.f);
+  }
   return {dst, g.HSp};
 }
 
 // One cache block of cnt visible keys for the G query heads of one kv head,
 // the task's heads h0 .. h0 + G - 1: scores, online-softmax update of m and
 // l, acc = acc * alpha + sum_j p_j v_j.
-void block_step(const PagedGeometry& g, PagedTiles& w, int64_t h0, std::pair<const float*, int64_t> k,
-                std::pair<const float*, int64_t> v, int64_t cnt) {
+template <typename T>
+void block_step(const PagedGeometry& g, PagedTiles& w, int64_t h0, BlockRows<T> k, BlockRows<T> v, int64_t cnt) {
   const int64_t HSp = g.HSp;
   for (int64_t i = h0; i < h0 + g.group; ++i) {
     float* p = w.p + (i - h0) * w.BSp;
     const float* q = w.q + i * HSp;
     for (int64_t j0 = 0; j0 < cnt; j0 += kLanes) {
-      Vec part[16] = {};
+      V16 part[16] = {};
       for (int64_t j = j0; j < std::min(cnt, j0 + kLanes); ++j)
         part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
-      store_vec(p + j0, hsum16(part));
+      store16(p + j0, hsum16(part));
     }
     float mx = w.m[i];
     for (int64_t j = 0; j < cnt; ++j) mx = p[j] > mx ? p[j] : mx;
@@ -170,15 +267,15 @@ void block_step(const PagedGeometry& g, PagedTiles& w, int64_t h0, std::pair<con
     for (int64_t j = 0; j < cnt; ++j) p[j] = exp_f32(p[j] - mx);  // a loop GCC vectorises
     std::fill(p + cnt, p + round_up(cnt, kLanes), 0.f);
     // The block's sum by a fixed order: 16-lane groups in turn, then hsum.
-    Vec ps = load_vec(p);
-    for (int64_t j0 = kLanes; j0 < cnt; j0 += kLanes) ps += load_vec(p + j0);
+    V16 ps = load16(p);
+    for (int64_t j0 = kLanes; j0 < cnt; j0 += kLanes) ps += load16(p + j0);
     w.m[i] = mx;
     w.l[i] = w.l[i] * alpha + hsum(ps);
     float* acc = w.acc + i * HSp;
     for (int64_t d = 0; d < HSp; d += kLanes) {
-      Vec a = load_vec(acc + d) * alpha;
-      for (int64_t j = 0; j < cnt; ++j) a += p[j] * load_vec(v.first + j * v.second + d);
-      store_vec(acc + d, a);
+      V16 a = load16(acc + d) * alpha;
+      for (int64_t j = 0; j < cnt; ++j) a += p[j] * load16(v.first + j * v.second + d);
+      store16(acc + d, a);
     }
   }
 }
@@ -226,20 +323,26 @@ void row_task(const PagedArgs& a, PagedTiles& w, int64_t n, int64_t kv0, int64_t
   std::fill_n(w.m, nh, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l, nh, 0.f);
   const int32_t* table = a.block_tables + s * g.max_blocks;
-  for (int64_t b = 0; b * g.BS <= pos; ++b) {
-    const int64_t cnt = std::min(g.BS, pos + 1 - b * g.BS);
-    // The next block's rows of each kv head are asked for as this block's
-    // are used: the requests spread over the walk (all of a block's at once
-    // filled the miss buffers and stalled: 15 GB/s against 22 measured with
-    // loom bench kernels --filter paged).
-    const int64_t next_cnt = std::clamp<int64_t>(pos + 1 - (b + 1) * g.BS, 0, g.BS);
-    for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
-      if (next_cnt > 0) prefetch_block(a, table[b + 1], kvh, next_cnt);
-      const auto k = block_rows(w.k, a.k_cache, g, table[b], kvh, cnt);
-      const auto v = block_rows(w.v, a.v_cache, g, table[b], kvh, cnt);
-      block_step(g, w, (kvh - kv0) * g.group, k, v, cnt);
+  dispatch_float(a.k_cache.dtype(), [&]<typename T>() {
+    for (int64_t b = 0; b * g.BS <= pos; ++b) {
+      const int64_t cnt = std::min(g.BS, pos + 1 - b * g.BS);
+      // The next block's rows of each kv head are asked for as this block's
+      // are used: the requests spread over the walk (all of a block's at once
+      // filled the miss buffers and stalled: 15 GB/s against 22 measured with
+      // loom bench kernels --filter paged).
+      const int64_t next_cnt = std::clamp<int64_t>(pos + 1 - (b + 1) * g.BS, 0, g.BS);
+      for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
+        if (next_cnt > 0) prefetch_block(a, table[b + 1], kvh, next_cnt);
+        const int64_t h0 = (kvh - kv0) * g.group;
+        if (g.HS == g.HSp)
+          block_step(g, w, h0, cache_rows<T>(a.k_cache, g, table[b], kvh), cache_rows<T>(a.v_cache, g, table[b], kvh),
+                     cnt);
+        else
+          block_step(g, w, h0, padded_rows<T>(w.k, a.k_cache, g, table[b], kvh, cnt),
+                     padded_rows<T>(w.v, a.v_cache, g, table[b], kvh, cnt), cnt);
+      }
     }
-  }
+  });
   dispatch_float(a.out.dtype(), [&]<typename T>() {
     for (int64_t i = 0; i < nh; ++i) {
       T* dst = a.out.data_as<T>() + (n * g.NH + hb + i) * g.HS;
@@ -352,4 +455,4 @@ void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
   }
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

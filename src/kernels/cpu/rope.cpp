@@ -18,7 +18,7 @@
 #include "kernels/cpu/scratch.h"
 #include "kernels/validate.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 // x: (B, T, NH, HS) viewed as B*T rows of NH heads of HS.
@@ -115,4 +115,4 @@ void rope_backward(Tensor dx, const Tensor& dy, const Tensor& pos, float theta) 
   });
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA

@@ -9,7 +9,7 @@
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_math.h"
 
-namespace loom::kernels::cpu {
+namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 // One row: out = exp(x - max(x)) / sum(exp(x - max(x))). out may be x.
@@ -73,4 +73,4 @@ void softmax_backward(Tensor dx, const Tensor& dy, const Tensor& y) {
   }
 }
 
-}  // namespace loom::kernels::cpu
+}  // namespace loom::kernels::cpu::LOOM_ISA
