@@ -82,6 +82,7 @@ namespace loom::kernels {
   X(attention_backward, void,                                                                                      \
     (Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,        \
      const Tensor& out, const Tensor& lse, int64_t q_pos))                                                         \
+  X(attention_merge, void, (Tensor acc, Tensor acc_lse, const Tensor& out, const Tensor& lse))                   \
   X(kv_cache_write, void, (Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& slots)) \
   X(paged_attention_forward, void,                                                                                 \
     (Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,         \

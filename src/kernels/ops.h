@@ -233,6 +233,16 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, int64_t q_pos = kQueriesLast);
 
+// acc, acc_lse = the attention of the same queries over the keys of both
+// parts, from acc, acc_lse (the running result over some keys) and out, lse
+// (one more block of keys), by the log-sum-exp rule (ring attention's step,
+// FlashAttention's online softmax):
+//   m = max(acc_lse, lse), wa = exp(acc_lse - m), wb = exp(lse - m),
+//   acc = (acc wa + out wb) / (wa + wb), acc_lse = m + log(wa + wb).
+// A row with acc_lse = -inf (no keys yet) takes out, lse. All f32,
+// contiguous. acc, out: (B, T, NH, HS)  acc_lse, lse: (B, NH, T).
+void attention_merge(Tensor acc, Tensor acc_lse, const Tensor& out, const Tensor& lse);
+
 // ---- paged attention (serving) ------------------------------------------------
 
 // A paged KV cache (vLLM's PagedAttention) holds one layer's keys or values

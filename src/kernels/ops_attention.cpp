@@ -81,4 +81,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
       .attention_backward(dq, dk, dv, dout, q, k, v, out, lse, q_pos);
 }
 
+void attention_merge(Tensor acc, Tensor acc_lse, const Tensor& out, const Tensor& lse) {
+  constexpr const char* op = "attention_merge";
+  require_contiguous(op, {{"acc", acc}, {"acc_lse", acc_lse}, {"out", out}, {"lse", lse}});
+  for (const Operand& o : {Operand{"acc", acc}, Operand{"acc_lse", acc_lse}, Operand{"out", out}, Operand{"lse", lse}})
+    require_dtype(op, o, DType::f32);
+  require_ndim(op, {"acc", acc}, 4);
+  require_shape(op, {"out", out}, acc.shape());
+  const Shape rows{acc.size(0), acc.size(2), acc.size(1)};
+  require_shape(op, {"acc_lse", acc_lse}, rows);
+  require_shape(op, {"lse", lse}, rows);
+  backend_of(op, {{"acc", acc}, {"acc_lse", acc_lse}, {"out", out}, {"lse", lse}}).attention_merge(acc, acc_lse, out, lse);
+}
+
 }  // namespace loom::kernels

@@ -35,25 +35,6 @@ Tensor part(const Tensor& packed, int64_t i) {
   return packed.slice(0, i, 1).reshape(rest);
 }
 
-// acc, acc_lse (running, f32) merged with one block's out, lse (f32) by the
-// log-sum-exp rule. acc: (B, n, NH, HS)  lse: (B, NH, n).
-void merge(const Tensor& acc, const Tensor& acc_lse, const Tensor& out, const Tensor& lse) {
-  const int64_t B = acc.size(0), n = acc.size(1), NH = acc.size(2), HS = acc.size(3);
-  float* o = acc.data_as<float>();
-  float* L = acc_lse.data_as<float>();
-  const float* p = out.data_as<float>();
-  const float* l = lse.data_as<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t li = (b * NH + h) * n + t, oi = ((b * n + t) * NH + h) * HS;
-        const float m = std::max(L[li], l[li]);
-        const float wa = std::exp(L[li] - m), wb = std::exp(l[li] - m), s = wa + wb;  // L = -inf: wa = 0
-        for (int64_t d = 0; d < HS; ++d) o[oi + d] = (o[oi + d] * wa + p[oi + d] * wb) / s;
-        L[li] = m + std::log(s);
-      }
-}
-
 // y (contiguous f32, (B, T, heads, HS)) rows [t0, t0 + n) += x (contiguous f32, (B, n, heads, HS)).
 void add_rows(const Tensor& y, int64_t t0, const Tensor& x) {
   const int64_t B = x.size(0), n = x.size(1), row = x.size(2) * x.size(3), T = y.size(1);
@@ -211,8 +192,8 @@ void ContextParallelAttention::forward_blocks(Call& c, const Tensor& kv, int src
                kernels::attention_forward(c.tmp_out, c.tmp_lse, part(c.q, i), part(kv, j), part(kv, c.nseg + j),
                                           q_pos);
                if (c.dtype != DType::f32) kernels::cast(c.tmp32, c.tmp_out);
-               merge(part(c.acc_out, i), part(c.acc_lse, i),
-                     c.dtype == DType::f32 ? Tensor(c.tmp_out) : Tensor(c.tmp32), c.tmp_lse);
+               kernels::attention_merge(part(c.acc_out, i), part(c.acc_lse, i),
+                                        c.dtype == DType::f32 ? Tensor(c.tmp_out) : Tensor(c.tmp32), c.tmp_lse);
                ++stats_.blocks;
              });
   stats_.compute_s += seconds_since(t0);

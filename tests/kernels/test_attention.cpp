@@ -260,6 +260,46 @@ TEST(Attention, ResultsAreBitwiseIdenticalAcrossThreadCounts) {
   }
 }
 
+// ---- the ring merge ----------------------------------------------------------
+
+// Ring attention's step (attention_merge, ops.h): 8 queries at positions
+// 8..15 over 16 keys, as two blocks of 8 keys, merged by log-sum-exp, equal
+// the attention over all 16 keys at once. Block 0: every query sees all its
+// keys (q_pos 8); block 1: query t sees keys 8..8+t (q_pos 0). A running
+// result with no keys yet (lse -inf) takes the block it meets whole.
+TEST(Attention, MergeOfTwoKeyBlocksEqualsAttentionOverAllKeys) {
+  constexpr int64_t B = 2, Tq = 8, Tk = 16, NH = 4, NKV = 2, HS = 16;
+  Buf<> q({B, Tq, NH, HS}, iota_pattern(B * Tq * NH * HS)), k({B, Tk, NKV, HS}), v({B, Tk, NKV, HS});
+  for (size_t i = 0; i < k.data.size(); ++i) {
+    k.data[i] = 0.3f * std::cos(0.37f * static_cast<float>(i));
+    v.data[i] = 0.5f * std::sin(0.11f * static_cast<float>(i) + 1.f);
+  }
+  Buf<> whole({B, Tq, NH, HS}), whole_lse({B, NH, Tq});
+  attention_forward(whole.t(), whole_lse.t(), q.t(), k.t(), v.t(), Tk - Tq);
+  Buf<> acc({B, Tq, NH, HS}), acc_lse({B, NH, Tq}, std::vector<float>(B * NH * Tq, -INFINITY));
+  for (int64_t blk = 0; blk < 2; ++blk) {
+    Buf<> out({B, Tq, NH, HS}), lse({B, NH, Tq});
+    attention_forward(out.t(), lse.t(), q.t(), k.t().slice(1, blk * 8, 8), v.t().slice(1, blk * 8, 8),
+                      blk == 0 ? 8 : 0);
+    kernels::attention_merge(acc.t(), acc_lse.t(), out.t(), lse.t());
+    if (blk == 0) {
+      EXPECT_EQ(acc.data, out.data) << "the first block, merged into nothing, is taken whole";
+      EXPECT_EQ(acc_lse.data, lse.data);
+    }
+  }
+  EXPECT_ALL_CLOSE(acc.data, whole.data, kRtol, kAtol);
+  EXPECT_ALL_CLOSE(acc_lse.data, whole_lse.data, kLseRtol, 0.0);
+}
+
+TEST(Attention, MergeRejectsMismatchedShapesAndDtypes) {
+  Buf<> acc({1, 2, 2, 4}), acc_lse({1, 2, 2}), out({1, 2, 2, 4}), lse({1, 2, 2}), wrong({1, 2, 3});
+  test::expect_error([&] { kernels::attention_merge(acc.t(), acc_lse.t(), out.t(), wrong.t()); },
+                     {"attention_merge", "lse"});
+  Buf<bf16> half({1, 2, 2, 4});
+  test::expect_error([&] { kernels::attention_merge(acc.t(), acc_lse.t(), half.t(), lse.t()); },
+                     {"attention_merge", "out", "f32"});
+}
+
 // ---- misuse ------------------------------------------------------------------
 
 struct Misuse {

@@ -254,6 +254,15 @@ std::vector<OpCase> attention_cases() {
          OP(attention_forward)(io.normal("out", dt, {2, 6, 4, 8}), io.normal("lse", f32, {2, 4, 6}), a.q, a.k, a.v,
                                kernels::kQueriesLast);
        }},
+      {"attention_merge", kOnlyF32, {1e-5, 1e-6}, {},
+       [](Io& io, DType) {  // a running result and one block, then a block into an empty result
+         const Tensor lse = io.normal("lse", f32, {2, 4, 6});
+         OP(attention_merge)(io.normal("acc", f32, {2, 6, 4, 8}), io.normal("acc_lse", f32, {2, 4, 6}),
+                             io.normal("out", f32, {2, 6, 4, 8}), lse);
+         const Tensor empty = io.normal("empty_lse", f32, {2, 4, 6});
+         kernels::fill(empty, -INFINITY);
+         OP(attention_merge)(io.normal("acc2", f32, {2, 6, 4, 8}), empty, io.normal("out2", f32, {2, 6, 4, 8}), lse);
+       }},
       {"attention_backward", kFloats, {1e-4, 1e-5}, {2e-2, 2e-2},
        [](Io& io, DType dt) {  // out and lse from a forward; queries at positions 4.. (a ring block)
          const Qkv a = attention_inputs(io, dt);
