@@ -67,6 +67,7 @@ namespace loom::kernels {
   X(embedding_shard_backward_at, void,                                                                             \
     (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,                        \
      const Tensor& positions))                                                                                     \
+  X(moe_top_k, void, (Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bias, bool normalise))        \
   X(moe_dispatch, void, (Tensor xs, const Tensor& x, const Tensor& rows))                                         \
   X(moe_dispatch_backward, void, (Tensor dx, const Tensor& dxs, const Tensor& rows))                               \
   X(moe_combine, void, (Tensor y, const Tensor& ys, const Tensor& rows, const Tensor& weight))                     \
@@ -82,7 +83,7 @@ namespace loom::kernels {
   X(attention_backward, void,                                                                                      \
     (Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,        \
      const Tensor& out, const Tensor& lse, int64_t q_pos))                                                         \
-  X(attention_merge, void, (Tensor acc, Tensor acc_lse, const Tensor& out, const Tensor& lse))                   \
+  X(attention_merge, void, (Tensor acc, Tensor acc_lse, const Tensor& out, const Tensor& lse))                     \
   X(kv_cache_write, void, (Tensor k_cache, Tensor v_cache, const Tensor& k, const Tensor& v, const Tensor& slots)) \
   X(paged_attention_forward, void,                                                                                 \
     (Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,         \
@@ -109,6 +110,7 @@ namespace loom::kernels {
   X(cast, void, (Tensor dst, const Tensor& src))                                                                   \
   X(fill, void, (Tensor t, float value))                                                                           \
   X(copy, void, (Tensor dst, const Tensor& src))                                                                   \
+  X(gather_columns, void, (Tensor dst, const Tensor& src, const Tensor& columns))                                  \
   X(arange, void, (Tensor t, int64_t start))                                                                       \
   X(find_id_outside, IdOutside, (const Tensor& ids, int64_t limit, std::optional<int32_t> ignore_index))
 

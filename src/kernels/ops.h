@@ -178,6 +178,14 @@ void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, con
 
 // ---- mixture of experts (model/moe.h) ----------------------------------------
 
+// The router's choice: each token's k experts, the largest scores + bias
+// first (bias: DeepSeek-V3's loss-free balancing bias, which changes which
+// experts are chosen, never their weights), ties to the lower expert id;
+// weight = the chosen experts' scores, divided by their sum (in double) when
+// normalise (Mixtral's norm_topk_prob). scores: (N, E) f32  bias: (E) f32 or
+// undefined  sel: (N, k) i32  weight: (N, k) f32, 1 <= k <= E; contiguous.
+void moe_top_k(Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bias, bool normalise);
+
 // A token-choice MoE layer moves rows between the tokens and a dispatch
 // buffer. rows: (N, k) i32, the dispatch row token t's j-th expert choice
 // occupies, or -1 where the choice was dropped (over its expert's capacity);
@@ -374,6 +382,12 @@ void fill(Tensor t, float value);
 // shape. Either may be a strided view (a slice of a larger tensor); dst must
 // not overlap src unless it is exactly src (then nothing happens).
 void copy(Tensor dst, const Tensor& src);
+
+// dst[r][j] = src[r][columns[j]]: the same columns of every row, in the
+// order columns gives (a cp rank's zig-zag positions of each sequence).
+// dst: (R, J)  src: (R, S), one dtype (any), contiguous  columns: (J) i32.
+// A column outside [0, S) is a loom::Error, raised before anything is written.
+void gather_columns(Tensor dst, const Tensor& src, const Tensor& columns);
 // t[i] = start + i.   t: (N) i32 or i64; every value must fit the dtype.
 void arange(Tensor t, int64_t start = 0);
 

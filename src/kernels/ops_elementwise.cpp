@@ -78,6 +78,18 @@ void copy(Tensor dst, const Tensor& src) {
   backend_of(op, {{"dst", dst}, {"src", src}}).copy(dst, src);
 }
 
+void gather_columns(Tensor dst, const Tensor& src, const Tensor& columns) {
+  constexpr const char* op = "gather_columns";
+  require_contiguous(op, {{"dst", dst}, {"src", src}, {"columns", columns}});
+  require_same_dtype(op, {"dst", dst}, {"src", src});
+  require_ndim(op, {"dst", dst}, 2), require_ndim(op, {"src", src}, 2);
+  require_dtype(op, {"columns", columns}, DType::i32);
+  require_shape(op, {"columns", columns}, Shape{dst.size(1)});
+  if (dst.size(0) != src.size(0))
+    op_fail(op, {{"dst", dst}, {"src", src}}, "dst has ", dst.size(0), " rows, src has ", src.size(0));
+  backend_of(op, {{"dst", dst}, {"src", src}, {"columns", columns}}).gather_columns(dst, src, columns);
+}
+
 // t: (N) i32 or i64; start .. start + N - 1 must fit t's dtype.
 void arange(Tensor t, int64_t start) {
   constexpr const char* op = "arange";

@@ -41,6 +41,27 @@ void check_offsets(const char* op, std::span<const int64_t> offsets, size_t grou
 
 }  // namespace
 
+void moe_top_k(Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bias, bool normalise) {
+  constexpr const char* op = "moe_top_k";
+  require_contiguous(op, {{"sel", sel}, {"weight", weight}, {"scores", scores}});
+  require_dtype(op, {"scores", scores}, DType::f32);
+  require_ndim(op, {"scores", scores}, 2);
+  require_dtype(op, {"sel", sel}, DType::i32);
+  require_ndim(op, {"sel", sel}, 2);
+  check_weight(op, weight, sel);
+  const int64_t N = scores.size(0), E = scores.size(1), k = sel.size(1);
+  if (sel.size(0) != N)
+    op_fail(op, {{"sel", sel}, {"scores", scores}}, "sel has ", sel.size(0), " tokens, scores has ", N);
+  if (k < 1 || k > E) op_fail(op, {{"sel", sel}, {"scores", scores}}, "k = ", k, " must be in [1, ", E, "]");
+  if (bias.defined()) {
+    require_contiguous(op, {{"bias", bias}});
+    require_dtype(op, {"bias", bias}, DType::f32);
+    require_shape(op, {"bias", bias}, Shape{E});
+  }
+  backend_of(op, {{"sel", sel}, {"weight", weight}, {"scores", scores}, {"bias", bias}})
+      .moe_top_k(sel, weight, scores, bias, normalise);
+}
+
 void moe_dispatch(Tensor xs, const Tensor& x, const Tensor& rows) {
   constexpr const char* op = "moe_dispatch";
   check_rows(op, {"xs", xs}, {"x", x}, rows);

@@ -170,13 +170,15 @@ int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, c
   cast(logits32, logits);
   const auto scores = host<float>(a.scores, N * E), lse = host<float>(a.lse, N);
   router_scores(scores, lse, host<float>(logits32, N * E), rs, cfg.router_score);
-  std::vector<float> bias;
+  Tensor bias;  // the balancing bias in f32 (it may be stored in the compute dtype)
+  std::vector<float> bias32;
   if (w.expert_bias.defined()) {
-    bias.resize(at(E));
-    cast(Tensor(bias.data(), DType::f32, {E}), w.expert_bias);
+    bias32.resize(at(E));
+    bias = Tensor(bias32.data(), DType::f32, {E});
+    cast(bias, w.expert_bias);
   }
+  moe_top_k(a.sel.slice(0, 0, N), a.weight.slice(0, 0, N), a.scores.slice(0, 0, N), bias, cfg.norm_topk_prob);
   const auto sel = host<int32_t>(a.sel, N * k), rows = host<int32_t>(a.rows, N * k);
-  route_top_k(sel, host<float>(a.weight, N * k), scores, bias, rs, cfg.norm_topk_prob);
   const bool capacity = run.training && cfg.capacity_factor > 0.f;
   const int64_t cap = capacity ? expert_capacity(cfg.capacity_factor, run.group_tokens, k, E) : -1;
   if (capacity && run.cp_size > 1) cp_capacity(run, rows, sel, scores, rs, cap);

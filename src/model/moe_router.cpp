@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/error.h"
 
@@ -35,28 +34,6 @@ void router_scores(std::span<float> scores, std::span<float> lse, std::span<cons
     for (int64_t e = 0; e < E; ++e)
       p[e] = score == RouterScore::softmax ? static_cast<float>(std::exp(static_cast<double>(l[e]) - mx) / sum)
                                            : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(l[e]))));
-  }
-}
-
-void route_top_k(std::span<int32_t> sel, std::span<float> weight, std::span<const float> scores,
-                 std::span<const float> bias, RouterShape s, bool normalise) {
-  const int64_t E = s.E, k = s.k;
-  std::vector<int32_t> order(at(E));
-  std::vector<float> key(at(E));
-  for (int64_t t = 0; t < s.N; ++t) {
-    const float* p = scores.data() + t * E;
-    for (int64_t e = 0; e < E; ++e) key[at(e)] = p[e] + (bias.empty() ? 0.f : bias[at(e)]);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return key[at(a)] > key[at(b)] || (key[at(a)] == key[at(b)] && a < b);
-    });
-    double sum = 0;
-    for (int64_t j = 0; j < k; ++j) sum += p[order[at(j)]];
-    for (int64_t j = 0; j < k; ++j) {
-      sel[at(t * k + j)] = order[at(j)];
-      const double w = p[order[at(j)]];
-      weight[at(t * k + j)] = static_cast<float>(normalise ? w / sum : w);
-    }
   }
 }
 

@@ -24,12 +24,7 @@ struct RouterShape {
 void router_scores(std::span<float> scores, std::span<float> lse, std::span<const float> logits, RouterShape s,
                    RouterScore score);
 
-// Each token's k experts: the largest scores + bias (bias may be empty:
-// DeepSeek-V3's balancing bias changes which experts are chosen, never
-// their weights), the larger first, ties to the lower expert id. weight =
-// the chosen experts' scores, divided by their sum when normalise.
-void route_top_k(std::span<int32_t> sel, std::span<float> weight, std::span<const float> scores,
-                 std::span<const float> bias, RouterShape s, bool normalise);
+// Each token's k experts and their weights: kernels::moe_top_k (ops.h).
 
 // An expert's capacity in a group of `tokens` tokens: ceil(factor x tokens
 // x k / E); factor 0 is dropless (-1: every choice is kept).

@@ -108,14 +108,11 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
 
 void Trainer::take_rank_tokens(const Tensor& tokens, const Tensor& targets) const {
   if (!rank_.cp) return;
-  const int64_t B = tokens.size(0), T = tokens.size(1), S = seq_tokens_.size(1);
-  const int32_t *all_tokens = seq_tokens_.data_as<int32_t>(), *all_targets = seq_targets_.data_as<int32_t>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t from = b * S + rank_.cp_positions[static_cast<size_t>(t)];
-      tokens.data_as<int32_t>()[b * T + t] = all_tokens[from];
-      targets.data_as<int32_t>()[b * T + t] = all_targets[from];
-    }
+  // This rank's zig-zag positions of every sequence (rank_chunks.h).
+  const Tensor positions(const_cast<int32_t*>(rank_.cp_positions.data()), DType::i32,
+                         {static_cast<int64_t>(rank_.cp_positions.size())});
+  kernels::gather_columns(tokens, seq_tokens_, positions);
+  kernels::gather_columns(targets, seq_targets_, positions);
 }
 
 StepStats Trainer::pipeline_step() {

@@ -389,6 +389,11 @@ std::vector<OpCase> elementwise_cases() {
          OP(copy)(dst.slice(0, 1, 4).slice(1, 1, 3), src.slice(1, 2, 3));
          OP(copy)(io.bits("dst2", dt, {4, 6}), src);
        }},
+      {"gather_columns", {DType::f32, DType::bf16, DType::i32}, {}, {},
+       [](Io& io, DType dt) {  // a cp rank's zig-zag columns: 0, 1, 6, 7 of 8
+         OP(gather_columns)(io.bits("dst", dt, {3, 4}), io.bits("src", dt, {3, 8}),
+                            io.tensor("columns", i32, {4}, {0, 1, 6, 7}));
+       }},
       {"arange", kOnlyF32, {}, {},
        [](Io& io, DType) {
          OP(arange)(io.bits("t32", i32, {9}), -4);
@@ -413,6 +418,13 @@ const std::vector<double> kMoeRows = {3, 0, -1, 5, 7, 1, 2, -1};
 std::vector<OpCase> moe_cases() {
   const Tolerance f32_tol{1e-5, 1e-6}, half_tol{1.0 / 256, 1e-5};
   return {
+      {"moe_top_k", kOnlyF32, {}, {},
+       [](Io& io, DType) {  // ties among the scores; with and without the bias, normalised or not
+         const Tensor scores = io.tensor("scores", f32, {3, 4}, {0.1, 0.4, 0.4, 0.1, 0.25, 0.25, 0.25, 0.25, 0.7, 0.1, 0.15, 0.05});
+         OP(moe_top_k)(io.bits("sel", i32, {3, 2}), io.normal("weight", f32, {3, 2}), scores, Tensor(), true);
+         OP(moe_top_k)(io.bits("sel_b", i32, {3, 2}), io.normal("weight_b", f32, {3, 2}), scores,
+                       io.tensor("bias", f32, {4}, {0.0, -0.5, 0.0, 0.3}), false);
+       }},
       {"moe_dispatch", kFloats, f32_tol, half_tol,
        [](Io& io, DType dt) {
          OP(moe_dispatch)(io.normal("xs", dt, {9, 6}), io.normal("x", dt, {4, 6}),

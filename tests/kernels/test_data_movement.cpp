@@ -180,5 +180,70 @@ TEST(CrossEntropyShardCombine, MisuseThrowsNamingTheOpAndOperands) {
                {"cross_entropy_count_valid", "targets has dtype f32, expected i32"});
 }
 
+// gather_columns: a context-parallel rank's tokens, columns r and
+// 2cp - 1 - r of each sequence's 2cp chunks, taken from the whole batch.
+TEST(GatherColumns, TakesTheSameColumnsOfEveryRowInTheirOrder) {
+  std::vector<int32_t> src(2 * 8), dst(2 * 4, -1);
+  for (int32_t i = 0; i < 16; ++i) src[static_cast<size_t>(i)] = 100 + i;
+  std::vector<int32_t> columns = {2, 3, 4, 5};  // cp 2, rank 1: chunks 1 and 2 of 4
+  gather_columns(Tensor(dst.data(), DType::i32, {2, 4}), Tensor(src.data(), DType::i32, {2, 8}),
+                 Tensor(columns.data(), DType::i32, {4}));
+  EXPECT_EQ(dst, (std::vector<int32_t>{102, 103, 104, 105, 110, 111, 112, 113}));
+  columns = {7, 0, 0, 3};  // any order, repeats allowed
+  gather_columns(Tensor(dst.data(), DType::i32, {2, 4}), Tensor(src.data(), DType::i32, {2, 8}),
+                 Tensor(columns.data(), DType::i32, {4}));
+  EXPECT_EQ(dst, (std::vector<int32_t>{107, 100, 100, 103, 115, 108, 108, 111}));
+}
+
+TEST(GatherColumns, AColumnOutsideTheRowIsAnErrorThatWritesNothing) {
+  std::vector<float> src(8, 1.f), dst(4, 0.f);
+  std::vector<int32_t> columns = {0, 4};
+  expect_error([&] { gather_columns(Tensor(dst.data(), DType::f32, {2, 2}), Tensor(src.data(), DType::f32, {2, 4}),
+                                    Tensor(columns.data(), DType::i32, {2})); },
+               {"gather_columns", "columns[1] = 4", "outside the 4 columns"});
+  EXPECT_EQ(dst, std::vector<float>(4, 0.f));
+  expect_error([&] { gather_columns(Tensor(dst.data(), DType::f32, {2, 2}), Tensor(src.data(), DType::f32, {1, 8}),
+                                    Tensor(columns.data(), DType::i32, {2})); },
+               {"gather_columns", "dst has 2 rows, src has 1"});
+}
+
+// The router's top-k (moe_top_k): the largest scores first, ties to the
+// lower expert id; the balancing bias moves the choice, never the weight;
+// normalise divides the chosen scores by their sum.
+TEST(MoeTopK, ChoosesTheLargestScoresTiesToTheLowerIdAndBiasOnlyMovesTheChoice) {
+  std::vector<float> scores = {0.1f, 0.4f, 0.4f, 0.1f,    // a tie for first: experts 1, 2
+                               0.25f, 0.25f, 0.25f, 0.25f,  // all tied: 0, 1
+                               0.7f, 0.1f, 0.15f, 0.05f};
+  std::vector<int32_t> sel(6);
+  std::vector<float> weight(6);
+  const Tensor s(scores.data(), DType::f32, {3, 4}), sl(sel.data(), DType::i32, {3, 2}),
+      w(weight.data(), DType::f32, {3, 2});
+  moe_top_k(sl, w, s, Tensor(), false);
+  EXPECT_EQ(sel, (std::vector<int32_t>{1, 2, 0, 1, 0, 2}));
+  EXPECT_EQ(weight, (std::vector<float>{0.4f, 0.4f, 0.25f, 0.25f, 0.7f, 0.15f}));
+  moe_top_k(sl, w, s, Tensor(), true);
+  EXPECT_FLOAT_EQ(weight[4], static_cast<float>(0.7 / (0.7 + 0.15)));
+  EXPECT_FLOAT_EQ(weight[0], 0.5f);
+  std::vector<float> bias = {0.f, 0.f, 0.f, 0.5f};  // expert 3 joins every token's choice, at its own score
+  moe_top_k(sl, w, s, Tensor(bias.data(), DType::f32, {4}), false);
+  EXPECT_EQ(sel, (std::vector<int32_t>{3, 1, 3, 0, 0, 3}));  // 0.7 still beats 0.05 + 0.5
+  EXPECT_EQ(weight, (std::vector<float>{0.1f, 0.4f, 0.25f, 0.25f, 0.7f, 0.05f}));
+}
+
+TEST(MoeTopK, MisuseThrowsNamingTheOpAndOperands) {
+  std::vector<float> scores(8), weight(6);
+  std::vector<int32_t> sel(6);
+  const Tensor s(scores.data(), DType::f32, {2, 4});
+  expect_error([&] { moe_top_k(Tensor(sel.data(), DType::i32, {2, 3}), Tensor(weight.data(), DType::f32, {2, 3}),
+                               Tensor(scores.data(), DType::f32, {2, 2}), Tensor(), true); },
+               {"moe_top_k", "k = 3", "[1, 2]"});
+  expect_error([&] { moe_top_k(Tensor(sel.data(), DType::i32, {3, 2}), Tensor(weight.data(), DType::f32, {3, 2}), s,
+                               Tensor(), true); },
+               {"moe_top_k", "sel has 3 tokens", "scores has 2"});
+  expect_error([&] { moe_top_k(Tensor(sel.data(), DType::i32, {2, 2}), Tensor(weight.data(), DType::f32, {2, 2}), s,
+                               Tensor(weight.data(), DType::f32, {3}), true); },
+               {"moe_top_k", "bias"});
+}
+
 }  // namespace
 }  // namespace loom::kernels

@@ -124,6 +124,22 @@ void copy(Tensor dst, const Tensor& src) {
   copy_strided(dst, src);
 }
 
+// dst (R, J) = src (R, S) at columns (J), element by element of any size;
+// every column checked first, so a bad one writes nothing.
+void gather_columns(Tensor dst, const Tensor& src, const Tensor& columns) {
+  const int64_t R = dst.size(0), J = dst.size(1), S = src.size(1);
+  const int32_t* col = columns.data_as<const int32_t>();
+  for (int64_t j = 0; j < J; ++j)
+    if (col[j] < 0 || col[j] >= S)
+      fail("gather_columns: columns[", j, "] = ", col[j], " is outside the ", S, " columns of src ", src.str());
+  const size_t es = dtype_size(src.dtype());
+  auto* d = static_cast<std::byte*>(dst.data());
+  const auto* s = static_cast<const std::byte*>(src.data());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < J; ++j)
+      std::memcpy(d + (r * J + j) * es, s + (r * S + col[j]) * es, es);
+}
+
 void arange(Tensor t, int64_t start) {
   const int64_t n = t.numel();
   if (t.dtype() == DType::i32) {

@@ -3,11 +3,13 @@
 // rows are its own, so tokens run in parallel and every result is the same
 // for any thread count). Sums over a token's choices run in j order in f32.
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
+#include "kernels/cpu/scratch.h"
 
 namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
@@ -30,6 +32,30 @@ void check_row_ids(const char* op, const Tensor& rows, int64_t R) {
 bool parallel(int64_t N, int64_t C, int64_t k) { return N * C * k >= kMinParallel; }
 
 }  // namespace
+
+// scores: (N, E)  bias: (E) or undefined  sel, weight: (N, k). One token at
+// a time (E is small: 8 to 64 experts), in the calling thread.
+void moe_top_k(Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bias, bool normalise) {
+  const int64_t N = scores.size(0), E = scores.size(1), k = sel.size(1);
+  const float* p = scores.data_as<const float>();
+  const float* b = bias.defined() ? bias.data_as<const float>() : nullptr;
+  int32_t* s = sel.data_as<int32_t>();
+  float* w = weight.data_as<float>();
+  int32_t* order = thread_scratch<int32_t>(ScratchSlot::a, static_cast<size_t>(E));
+  float* key = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(E));
+  for (int64_t t = 0; t < N; ++t, p += E) {
+    for (int64_t e = 0; e < E; ++e) key[e] = p[e] + (b != nullptr ? b[e] : 0.f);
+    std::iota(order, order + E, 0);
+    std::partial_sort(order, order + k, order + E,
+                      [&](int32_t x, int32_t y) { return key[x] > key[y] || (key[x] == key[y] && x < y); });
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      s[t * k + j] = order[j];
+      w[t * k + j] = static_cast<float>(normalise ? p[order[j]] / sum : p[order[j]]);
+    }
+  }
+}
 
 void moe_dispatch(Tensor xs, const Tensor& x, const Tensor& rows) {
   check_row_ids("moe_dispatch", rows, xs.size(0));
