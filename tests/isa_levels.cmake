@@ -17,7 +17,14 @@ foreach(source ${isa_test_sources})
   get_filename_component(name ${source} NAME_WE)
   string(REPLACE "test_" "ref_" ref ${name})
   foreach(level ${LOOM_ISA_TEST_LEVELS})
-    add_test(NAME isa_${level}.${name} COMMAND ${name})
+    set(args "")
+    # The generic level's serving GEMM is a loop of std::fma calls (correct,
+    # never fast): the LM-head case (50257 x 768) takes minutes there, while
+    # the other cases already run the same kernel.
+    if(level STREQUAL "generic" AND name STREQUAL "test_batch_invariance")
+      set(args --gtest_filter=-BatchInvariance.LmHead*)
+    endif()
+    add_test(NAME isa_${level}.${name} COMMAND ${name} ${args})
     set_tests_properties(isa_${level}.${name} PROPERTIES ENVIRONMENT "LOOM_ISA=${level};LOOM_ISA_SKIP_BEST=1" SKIP_RETURN_CODE 77
                          LABELS "isa_${level};isa" TIMEOUT 900)
     if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/ref/${ref}.py)

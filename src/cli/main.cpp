@@ -116,8 +116,17 @@ int fail_command(const std::string& message, int code, bool abort_job) {
   return code;
 }
 
-// default_threads: the --threads default of the commands that take one.
-int run_command(int argc, char** argv, int world_size, int default_threads, bool abort_job_on_error) {
+// How main runs a command in this process.
+struct Launch {
+  int world_size = 1;                // processes of the mpirun job
+  int default_threads = 1;           // the --threads default of the commands that take one
+  bool abort_job_on_error = false;   // a command on every rank: an error ends the job
+  std::string isa_cap;               // --isa / LOOM_ISA, or empty: part of the reproduce line
+};
+
+int run_command(int argc, char** argv, const Launch& launch) {
+  const int world_size = launch.world_size, default_threads = launch.default_threads;
+  const bool abort_job_on_error = launch.abort_job_on_error;
   CLI::App app{"loom: train and serve transformer language models"};
   app.name("loom");
   app.failure_message(failure_message);
@@ -127,6 +136,7 @@ int run_command(int argc, char** argv, int world_size, int default_threads, bool
              "instruction-set level, one of " + loom::kernels::cpu_isa_names() + " (default: the best this CPU has).");
   std::string command_line = argv[0];
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
+  if (!launch.isa_cap.empty()) command_line += " --isa " + launch.isa_cap;
   int exit_code = 0;
   loom::cli::add_bench_command(app, exit_code, command_line, default_threads);
   loom::cli::add_data_command(app, default_threads);
@@ -158,18 +168,20 @@ int run_command(int argc, char** argv, int world_size, int default_threads, bool
 }  // namespace
 
 int main(int argc, char** argv) {
+  Launch launch;
   try {
-    choose_cpu_isa(take_isa_cap(argc, argv));
+    launch.isa_cap = take_isa_cap(argc, argv);
+    choose_cpu_isa(launch.isa_cap);
   } catch (const loom::Error& e) {
     loom::log_error(e.what());
     return 1;
   }
   // The cores this process may use, shared with the job's other processes on
   // this machine.
-  const int threads = loom::default_num_threads(local_ranks_from_launcher());
+  launch.default_threads = loom::default_num_threads(local_ranks_from_launcher());
   // OpenMPI's launcher sets OMPI_COMM_WORLD_SIZE in every process it starts;
   // a plain process skips MPI (and its start-up time) altogether.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, 1, threads, false);
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, launch);
   std::unique_ptr<loom::comm::Communicator> world;
   try {
     // Ranks may wait on it as long as another rank's command runs.
@@ -181,8 +193,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   loom::set_log_rank(world->rank(), world->size());
+  launch.world_size = world->size();
   if (runs_on_every_rank(argc, argv)) {
-    const int code = run_command(argc, argv, world->size(), threads, world->size() > 1);
+    launch.abort_job_on_error = world->size() > 1;
+    const int code = run_command(argc, argv, launch);
     // No rank reaches MPI_Finalize while another may still fail: OpenMPI
     // 4.1's mpirun can crash or hang when a rank calls MPI_Abort after
     // another has finalized. A rank waiting here still answers watchdogs.
@@ -190,7 +204,7 @@ int main(int argc, char** argv) {
     world.reset();  // before MPI_Finalize at exit
     return code;
   }
-  int32_t code = world->rank() == 0 ? run_command(argc, argv, world->size(), threads, false) : 0;
+  int32_t code = world->rank() == 0 ? run_command(argc, argv, launch) : 0;
   world->broadcast(loom::Tensor(&code, loom::DType::i32, {1}), 0)->wait();
   world.reset();
   return code;

@@ -53,7 +53,6 @@ using Tokens = std::vector<int32_t>;
 constexpr int64_t kTop = 20;
 constexpr double kF32Rtol = 1e-5, kBf16Rtol = 1e-2;
 
-bool bf16_gemm_available() { return kernels::bf16_matmul_unsupported_reason().empty(); }
 
 // A model's f32 weights and their rounding to the dtype the engine computes in.
 struct Weights {
@@ -221,7 +220,6 @@ TEST(EngineLogits, TrainedGpt2F32LogprobsEqualTheModelsForEveryBlockSize) {
 }
 
 TEST(EngineLogits, TrainedGpt2Bf16LogprobsEqualTheBf16ModelsForEveryBlockSize) {
-  if (!bf16_gemm_available()) GTEST_SKIP() << "this CPU has no bf16 GEMM";
   const quickstart::Trained& t = quickstart::trained();
   expect_for_every_block_size("quickstart gpt2", {t.cfg, t.params, DType::bf16}, quickstart_prompts());
 }
@@ -253,7 +251,6 @@ TEST(EngineLogits, RandomLlamaGqaF32LogprobsEqualTheModelsForEveryBlockSize) {
 }
 
 TEST(EngineLogits, RandomLlamaGqaBf16LogprobsEqualTheBf16ModelsForEveryBlockSize) {
-  if (!bf16_gemm_available()) GTEST_SKIP() << "this CPU has no bf16 GEMM";
   const RandomLlama m;
   expect_for_every_block_size("random llama", {m.cfg, m.params, DType::bf16}, m.prompts());
 }
