@@ -7,8 +7,9 @@
 // Executing a primitive concurrently from several threads is safe because
 // the primitives use a user scratchpad: each calling thread passes its own
 // scratchpad (scratch.h slot d) and thread_local stream, so no state is shared during
-// execution. The ISA is oneDNN's own dispatch (avx512_core_bf16 on Zen 4);
-// nothing here sets ONEDNN_* variables (DESIGN.md §1.5).
+// execution. The ISA is oneDNN's own dispatch (avx512_core_bf16 on Zen 4),
+// capped with loom's level by kernels/cpu_isa.cpp (dnnl_set_max_cpu_isa,
+// not an environment variable: DESIGN.md §1.5).
 #include "kernels/cpu/matmul_onednn.h"
 
 #include <cstdlib>
