@@ -66,11 +66,7 @@ std::string take_isa_cap(int& argc, char** argv) {
 // logs it once; loom::Error for a name that is no level.
 void choose_cpu_isa(const std::string& cap) {
   using namespace loom::kernels;
-  if (!cap.empty()) {
-    const auto level = cpu_isa_from_name(cap);
-    if (!level) throw loom::Error("--isa / LOOM_ISA: '" + cap + "' is not a level; allowed: " + cpu_isa_names());
-    set_cpu_isa(*level);
-  }
+  if (!cap.empty()) set_cpu_isa(cpu_isa_from_name_or_fail(cap, "--isa / LOOM_ISA"));
   loom::log_debug(cpu_isa_describe());  // train, serve and bench print it in their headers
 }
 

@@ -124,6 +124,11 @@ std::optional<CpuIsa> cpu_isa_from_name(std::string_view s) {
   return std::nullopt;
 }
 
+CpuIsa cpu_isa_from_name_or_fail(std::string_view s, std::string_view what) {
+  if (const auto level = cpu_isa_from_name(s)) return *level;
+  fail(what, ": '", s, "' is not a level; allowed: ", cpu_isa_names());
+}
+
 CpuIsa cpu_isa_supported() {
   static const CpuIsa supported = detect();
   return supported;

@@ -30,6 +30,8 @@ const char* cpu_isa_name(CpuIsa level);
 std::string cpu_isa_names();
 // The level named s (as cpu_isa_name spells it), or nullopt.
 std::optional<CpuIsa> cpu_isa_from_name(std::string_view s);
+// The same, or loom::Error "<what>: 's' is not a level; allowed: ...".
+CpuIsa cpu_isa_from_name_or_fail(std::string_view s, std::string_view what);
 
 // The highest level this CPU and OS support (detected once).
 CpuIsa cpu_isa_supported();

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
+#include "core/error.h"
 #include "kernels/cpu_isa.h"
 
 namespace loom::test {
@@ -11,9 +13,11 @@ int apply_isa_from_env() {
   using namespace loom::kernels;
   const char* want = std::getenv("LOOM_ISA");
   if (want == nullptr || *want == '\0') return 0;
-  const auto level = cpu_isa_from_name(want);
-  if (!level) {
-    std::fprintf(stderr, "LOOM_ISA=%s names no level; allowed: %s\n", want, cpu_isa_names().c_str());
+  std::optional<CpuIsa> level;
+  try {
+    level = cpu_isa_from_name_or_fail(want, "LOOM_ISA");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
   if (static_cast<int>(*level) > static_cast<int>(cpu_isa_supported())) {
