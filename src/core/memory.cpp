@@ -109,11 +109,50 @@ std::string MemoryReport::json() const {
   return os.str();
 }
 
+namespace {
+constinit std::atomic<const DeviceMemory*> g_device_memory[2]{nullptr, nullptr};  // by Device::Kind
+}  // namespace
+
+void register_device_memory(Device::Kind kind, const DeviceMemory& m) {
+  LOOM_REQUIRE(kind != Device::Kind::cpu, "register_device_memory: the host's memory is built in");
+  LOOM_REQUIRE(m.allocate && m.free && m.zero && m.to_device && m.to_host,
+               "register_device_memory: every function of the table is required");
+  const DeviceMemory* expected = nullptr;
+  auto& slot = g_device_memory[static_cast<size_t>(kind)];
+  if (!slot.compare_exchange_strong(expected, &m) && expected != &m)
+    fail("register_device_memory: ", device_name(Device{kind, 0}), " memory is already registered");
+}
+
+const DeviceMemory& device_memory(Device d) {
+  LOOM_REQUIRE(!d.is_cpu(), "device_memory: ", device_name(d), " is the host");
+  const DeviceMemory* m = g_device_memory[static_cast<size_t>(d.kind)].load(std::memory_order_acquire);
+  LOOM_REQUIRE(m != nullptr, "no memory allocator for device ", device_name(d),
+               ": this build or this process has no backend for it (is the GPU backend built and registered?)");
+  return *m;
+}
+
+void copy_between_host_and_device(Tensor dst, const Tensor& src) {
+  LOOM_REQUIRE(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy_between_host_and_device: dst ",
+               dst.str(), " and src ", src.str(), " differ in dtype or shape");
+  LOOM_REQUIRE(dst.is_contiguous() && src.is_contiguous(), "copy_between_host_and_device: dst ", dst.str(),
+               " and src ", src.str(), " must be contiguous");
+  LOOM_REQUIRE(dst.device().is_cpu() != src.device().is_cpu(), "copy_between_host_and_device: dst on ",
+               device_name(dst.device()), " and src on ", device_name(src.device()),
+               ": exactly one must be the host");
+  if (dst.nbytes() == 0) return;
+  if (dst.device().is_cpu()) {
+    device_memory(src.device()).to_host(src.device().index, dst.data(), src.data(), src.nbytes());
+  } else {
+    device_memory(dst.device()).to_device(dst.device().index, dst.data(), src.data(), src.nbytes());
+  }
+}
+
 Storage Pool::allocate(size_t bytes) {
-  LOOM_REQUIRE(device_.is_cpu(), "pool ", mem_tag_name(tag_), ": no allocator for device ", device_name(device_));
   LOOM_REQUIRE(bytes <= SIZE_MAX - kAlignment, "pool ", mem_tag_name(tag_), ": cannot allocate ", bytes, " bytes");
   Storage s;
-  if (bytes >= kHugeBytes) {
+  if (!device_.is_cpu()) {
+    if (bytes > 0) s.data_ = device_memory(device_).allocate(device_.index, bytes);
+  } else if (bytes >= kHugeBytes) {
     // Big buffers (weights, the KV cache, activations) start on a huge-page
     // boundary and ask the kernel for huge pages (Debian's transparent huge
     // pages default to madvise): a 2 MiB page needs one TLB entry where 4 KiB
@@ -140,7 +179,11 @@ Storage Pool::allocate(size_t bytes) {
 }
 
 void Pool::free(void* data, size_t bytes) {
-  std::free(data);
+  if (!device_.is_cpu()) {
+    if (data) device_memory(device_).free(device_.index, data);
+  } else {
+    std::free(data);
+  }
   tracker_->sub(tag_, bytes);
 }
 
@@ -154,7 +197,12 @@ OwnedTensor Pool::empty(DType dtype, Shape shape) {
 
 OwnedTensor Pool::zeros(DType dtype, Shape shape) {
   OwnedTensor t = empty(dtype, shape);
-  if (t.nbytes()) std::memset(t.data(), 0, t.nbytes());
+  if (t.nbytes() == 0) return t;
+  if (device_.is_cpu()) {
+    std::memset(t.data(), 0, t.nbytes());
+  } else {
+    device_memory(device_).zero(device_.index, t.data(), t.nbytes());
+  }
   return t;
 }
 

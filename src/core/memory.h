@@ -101,7 +101,28 @@ class MemoryTracker {
   std::atomic<size_t> peak_total_{0};
 };
 
-// Allocates 64-byte-aligned host memory for one tag and counts it.
+// The memory of a device other than the host. core knows no device API: the
+// backend of a device kind (kernels/cuda) registers these, once per process,
+// before a pool of that kind allocates. Each function throws loom::Error on
+// failure; `index` is the Device's index. Copies are synchronous.
+struct DeviceMemory {
+  void* (*allocate)(int index, size_t bytes) = nullptr;
+  void (*free)(int index, void* data) = nullptr;
+  void (*zero)(int index, void* data, size_t bytes) = nullptr;
+  void (*to_device)(int index, void* dst, const void* src, size_t bytes) = nullptr;
+  void (*to_host)(int index, void* dst, const void* src, size_t bytes) = nullptr;
+};
+// m must outlive every allocation (a static table). A second registration for
+// the same kind with another table is a loom::Error.
+void register_device_memory(Device::Kind kind, const DeviceMemory& m);
+// The memory functions of d's kind; loom::Error naming d if none is registered.
+const DeviceMemory& device_memory(Device d);
+// dst = src between the host and a device, either way (the same dtype and
+// shape, both contiguous; exactly one of them on the host).
+void copy_between_host_and_device(Tensor dst, const Tensor& src);
+
+// Allocates 64-byte-aligned host memory (or a registered device's memory,
+// DeviceMemory) for one tag and counts it.
 class Pool {
  public:
   Pool(MemTag tag, Device device, MemoryTracker& tracker) : tag_(tag), device_(device), tracker_(&tracker) {}

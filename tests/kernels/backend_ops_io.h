@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include "common/compare.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 
 namespace loom::test {
@@ -22,6 +24,21 @@ namespace loom::test {
 // Which functions a run calls: ops.h's (checks, then the backend registered
 // for the tensors' device) or the CPU backend's directly.
 enum class Route { dispatch, cpu_direct };
+
+// Device memory for a run on another device (core's DeviceMemory): freed
+// when the Io goes.
+struct DeviceBuffer {
+  Device device;
+  void* data = nullptr;
+  DeviceBuffer(Device d, size_t bytes) : device(d) {
+    if (bytes) data = device_memory(d).allocate(d.index, bytes);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : device(o.device), data(std::exchange(o.data, nullptr)) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data) device_memory(device).free(device.index, data);
+  }
+};
 
 // Allowed |got - want| <= atol + rtol |want| for a backend other than the CPU
 // one (the CPU backend itself must match bit for bit).
@@ -32,6 +49,9 @@ struct Tolerance {
 class Io {
  public:
   Io(Route route, uint32_t seed) : route_(route), rng_(seed) {}
+  // A run through ops.h on `device`: every tensor is made on the host as
+  // above, uploaded before the op sees it, and downloaded by download().
+  Io(Device device, uint32_t seed) : route_(Route::dispatch), device_(device), rng_(seed) {}
 
   // The op a case calls, by route; records its name (the harness checks that
   // a case calls the op it covers).
@@ -48,7 +68,7 @@ class Io {
     Stored& s = store(name, dtype, shape);
     LOOM_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), name, ": ", values.size(), " values");
     for (size_t i = 0; i < values.size(); ++i) set(s, i, values[i]);
-    return Tensor(s.bytes.data(), dtype, shape);
+    return placed(s);
   }
   // scale * N(0, 1) + shift in a float dtype.
   Tensor normal(const char* name, DType dtype, Shape shape, double scale = 1, double shift = 0) {
@@ -68,7 +88,15 @@ class Io {
   Tensor bits(const char* name, DType dtype, Shape shape) {
     Stored& s = store(name, dtype, shape);
     for (std::byte& b : s.bytes) b = static_cast<std::byte>(rng_() & 0xff);
-    return Tensor(s.bytes.data(), dtype, shape);
+    return placed(s);
+  }
+  // Copies every tensor back from the device (a device run, after the ops).
+  void download() {
+    for (size_t i = 0; i < device_buffers_.size(); ++i) {
+      Stored& s = stored_[i];
+      if (!s.bytes.empty())
+        device_memory(device_).to_host(device_.index, s.bytes.data(), device_buffers_[i].data, s.bytes.size());
+    }
   }
   // A value an op returned.
   void result(double v) { results_.push_back(v); }
@@ -121,6 +149,15 @@ class Io {
     }
   };
 
+  // s's tensor where the run's ops read it: the host bytes, or a device copy.
+  Tensor placed(Stored& s) {
+    if (device_.is_cpu()) return Tensor(s.bytes.data(), s.dtype, s.shape);
+    LOOM_CHECK(device_buffers_.size() + 1 == stored_.size(), "tensors are placed in the order they are made");
+    DeviceBuffer& b = device_buffers_.emplace_back(device_, s.bytes.size());
+    if (!s.bytes.empty()) device_memory(device_).to_device(device_.index, b.data, s.bytes.data(), s.bytes.size());
+    return Tensor(b.data, s.dtype, s.shape, device_);
+  }
+
   Stored& store(const char* name, DType dtype, Shape shape) {
     stored_.push_back({name, dtype, shape, std::vector<std::byte>(static_cast<size_t>(shape.numel()) * dtype_size(dtype))});
     return stored_.back();
@@ -140,7 +177,9 @@ class Io {
   }
 
   Route route_;
+  Device device_ = Device::cpu();
   std::mt19937 rng_;
+  std::vector<DeviceBuffer> device_buffers_;  // device_buffers_[i] holds stored_[i] (a device run)
   std::vector<Stored> stored_;  // a Stored's bytes stay put when the vector grows (moved, not copied)
   std::vector<double> results_;
   std::vector<std::string> called_;

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU proof (issue 42): builds loom's CUDA code for sm_90 (H100 / H200),
+# runs the gpu-labelled tests and the kernel benchmark next to PyTorch's on
+# the same GPU, and writes everything to OUT (a folder; created). Meant to
+# finish in under 10 minutes on a Hopper machine.
+#
+#   bash scripts/gpu-check.sh OUT                  # configure + build build-gpu/, then run
+#   bash scripts/gpu-check.sh OUT --prebuilt DIR   # run the binaries of DIR (scripts/gpu-carry.sh
+#                                                  # made it on a machine with loom's build
+#                                                  # dependencies; this one needs only the driver,
+#                                                  # CUDA's libraries and python3 with torch)
+#
+# OUT gets: gpu.txt (nvidia-smi), <test>.log and <test>.xml per GPU test,
+# bench_loom.jsonl, bench_torch.jsonl, summary.txt. Exit status: 0 when every
+# test passed (a benchmark failure is reported in summary.txt, not fatal).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:?usage: gpu-check.sh OUT [--prebuilt DIR]}
+shift
+prebuilt=""
+if [[ ${1:-} == --prebuilt ]]; then prebuilt=${2:?--prebuilt needs a folder}; fi
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+nvidia-smi >"$out/gpu.txt" 2>&1 || note "nvidia-smi failed (see gpu.txt)"
+note "gpu-check on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+
+if [[ -z $prebuilt ]]; then
+  bin=build-gpu
+  cmake -S . -B "$bin" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 \
+    || { note "configure failed (configure.log)"; exit 1; }
+  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large bench_cuda_kernels \
+    >"$out/build.log" 2>&1 || { note "build failed (build.log)"; exit 1; }
+  tests=("$bin/tests/test_backend_ops_cuda" "$bin/tests/gpu_ops_large")
+  bench="$bin/bench/cuda/bench_cuda_kernels"
+else
+  # The carried binaries and the shared libraries they need beside them.
+  unpacked=$(mktemp -d)
+  tar -C "$unpacked" -xJf "$prebuilt/bundle.tar.xz" || { note "cannot unpack $prebuilt/bundle.tar.xz"; exit 1; }
+  prebuilt=$unpacked
+  cuda_libs=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [[ -d $d ]] && cuda_libs+="$d:"; done
+  for pkg in cublas cuda_runtime nccl; do
+    d=$(python3 -c "import nvidia.$pkg as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null) \
+      && cuda_libs+="$d:"
+  done
+  export LD_LIBRARY_PATH="$prebuilt/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
+  tests=("$prebuilt/test_backend_ops_cuda" "$prebuilt/gpu_ops_large")
+  bench="$prebuilt/bench_cuda_kernels"
+fi
+
+status=0
+for t in "${tests[@]}"; do
+  name=$(basename "$t")
+  start=$(date +%s)
+  timeout "${LOOM_GPU_TEST_TIMEOUT:-300}" "$t" --gtest_output="xml:$out/$name.xml" >"$out/$name.log" 2>&1
+  rc=$?
+  passed=$(grep -c "^\[       OK \]" "$out/$name.log")
+  failed=$(grep -c "^\[  FAILED  \]" "$out/$name.log")
+  note "$name: exit $rc, $passed passed, $failed failed lines, $(($(date +%s) - start)) s"
+  grep -E "^\[  FAILED  \]|Failure|threw|error" "$out/$name.log" | head -40 >>"$summary"
+  ((rc != 0)) && status=1
+done
+
+timeout "${LOOM_GPU_BENCH_TIMEOUT:-200}" "$bench" --reps 20 >"$out/bench_loom.jsonl" 2>"$out/bench_loom.err" \
+  || note "bench_cuda_kernels failed: $(tail -3 "$out/bench_loom.err")"
+timeout "${LOOM_GPU_BENCH_TIMEOUT:-200}" python3 bench/cuda/torch_kernels_bench.py --reps 20 >"$out/bench_torch.jsonl" 2>"$out/bench_torch.err" \
+  || note "torch reference failed: $(tail -3 "$out/bench_torch.err")"
+note "benchmarks: $(grep -c '^{' "$out/bench_loom.jsonl" 2>/dev/null) loom lines, $(grep -c '^{' "$out/bench_torch.jsonl" 2>/dev/null) torch lines"
+# One archive of everything, for machines that hand back few files.
+tar -C "$out" -czf "$out.tar.gz" . && mv "$out.tar.gz" "$out/all.tar.gz"
+exit $status

@@ -1,0 +1,463 @@
+// CUDA matmul and linear (ops.h): every GEMM through cuBLASLt, with f32
+// compute (no TF32: an f32 GEMM keeps f32's 24 bits, as the CPU's does) and
+// the output's dtype f32, bf16 or f16; the bias grad, the mixed-dtype
+// roundings and the batch-invariant GEMV are kernels here.
+//
+// Row-major to cuBLASLt's column-major: a row-major (R, C) matrix is the
+// column-major (C, R) one with the same bytes, so c (M, N) = op(a) @ op(b)
+// is computed as c^T (N, M) = op(b)^T @ op(a)^T: cuBLASLt's A is our b, its
+// B our a, and m = N, n = M.
+//
+// Operands follow the CPU backend (cpu/matmul.cpp): an f32 operand paired
+// with a bf16 one is rounded to bf16 first (PyTorch autocast's rule); an f16
+// one paired with f32 is widened to f32; bf16 and f16 GEMMs take their
+// inputs as they are (products exact in f32, sums in f32).
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+#define LOOM_CUBLAS_CHECK(expr)                                                                             \
+  do {                                                                                                      \
+    const cublasStatus_t loom_cublas_status_ = (expr);                                                      \
+    if (loom_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      fail("cuBLASLt: ", #expr, " failed: ", cublasLtGetStatusName(loom_cublas_status_), ": ",              \
+           cublasLtGetStatusString(loom_cublas_status_), " (", __FILE__, ":", __LINE__, ")");               \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: break;
+  }
+  LOOM_CHECK(false, "GEMM operand of dtype ", dtype_name(t));
+  return CUDA_R_32F;
+}
+
+// The largest power of two up to 256 dividing the address: the alignment
+// cuBLASLt may assume (its default, 256, would let it pick kernels that fault
+// on a view that starts mid-tensor).
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+// One GEMM in cuBLASLt's terms (see the top), batched with strides (0: shared).
+struct LtGemm {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  const void* a = nullptr;  // cuBLASLt's A (our b)
+  const void* b = nullptr;  // cuBLASLt's B (our a)
+  void* c = nullptr;
+  const void* bias = nullptr;  // length m, c's dtype
+  DType ab = DType::f32, c_dtype = DType::f32;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 1.f, beta = 0.f;
+};
+
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, bool>;
+
+// A GEMM's descriptors and chosen algorithm, kept for the next call of the
+// same shape (cuBLASLt's heuristic query costs more than a small GEMM).
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mutex;
+  std::map<PlanKey, Plan> plans;
+};
+
+Lt& lt() {
+  static Lt* state = [] {
+    auto* s = new Lt;  // lives for the process: cuBLASLt must not be torn down after the driver
+    LOOM_CUBLAS_CHECK(cublasLtCreate(&s->handle));
+    LOOM_CUDA_CHECK(cudaMalloc(&s->workspace, kWorkspaceBytes));
+    return s;
+  }();
+  return *state;
+}
+
+cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows),
+                                               static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return l;
+}
+
+Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al_c) {
+  Plan p;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (g.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  }
+  p.a = layout(g.ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a);
+  p.b = layout(g.ab, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b);
+  p.c = layout(g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
+  cublasLtMatmulPreference_t pref = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kWorkspaceBytes;
+  LOOM_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                         sizeof al_a));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                         sizeof al_b));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                         sizeof al_c));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                         sizeof al_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+    fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " GEMM m=", g.m, " n=", g.n, " k=", g.k,
+         " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""), " (",
+         cublasLtGetStatusString(st), ")");
+  p.algo = result.algo;
+  return p;
+}
+
+void run(const LtGemm& g) {
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  Lt& s = lt();
+  const uint32_t al_a = alignment_of(g.a), al_b = alignment_of(g.b), al_c = alignment_of(g.c);
+  const PlanKey key{g.m,     g.n,        g.k,       g.batch,    static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
+                    g.trans_a, g.trans_b, g.lda,     g.ldb,      g.ldc,
+                    g.stride_a, g.stride_b, g.stride_c, g.bias != nullptr, al_a, al_b, al_c, false};
+  const Plan* plan = nullptr;
+  {
+    std::lock_guard lock(s.mutex);
+    auto it = s.plans.find(key);
+    if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s, g, al_a, al_b, al_c)).first;
+    plan = &it->second;
+  }
+  if (g.bias)
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  LOOM_CUBLAS_CHECK(cublasLtMatmul(s.handle, plan->op, &g.alpha, g.a, plan->a, g.b, plan->b, &g.beta, g.c, plan->c,
+                                   g.c, plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream()));
+}
+
+int64_t leading(const Tensor& t) {  // product of all but the last two dims
+  int64_t n = 1;
+  for (int d = 0; d + 2 < t.ndim(); ++d) n *= t.size(d);
+  return n;
+}
+
+Tensor as_matrix(const Tensor& t) {  // (..., C) -> (prod(...), C)
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.ndim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, t.size(-1)});
+}
+
+template <typename TO, typename TI>
+__global__ void convert_kernel(TO* out, const TI* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_float<TO>(to_float(in[i]));
+}
+
+// t converted to dtype `to` in `temp` (stream-ordered, freed with temp).
+Tensor converted(const Tensor& t, DType to, DeviceTemp& temp) {
+  temp = DeviceTemp(static_cast<size_t>(t.numel()) * dtype_size(to));
+  with_float_type(to, [&](auto o) {
+    with_float_type(t.dtype(), [&](auto i) {
+      using TO = decltype(o);
+      using TI = decltype(i);
+      convert_kernel<<<grid_for(t.numel()), 256, 0, stream()>>>(temp.as<TO>(), ptr<const TI>(t), t.numel());
+      LOOM_CUDA_LAUNCHED();
+    });
+  });
+  return Tensor(temp.as<void>(), to, t.shape(), t.device());
+}
+
+template <typename TO>
+__global__ void add_f32_kernel(TO* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_float<TO>(to_float(out[i]) + in[i]);
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* c, const T* bias, int64_t n, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    c[i] = from_float<T>(to_float(c[i]) + to_float(bias[i % cols]));
+}
+
+// A GEMM with k = 0, which cuBLASLt refuses: c = beta c (+ bias).
+void no_products(const Tensor& c, const Tensor& bias, float beta) {
+  LOOM_CHECK(beta == 0.f || beta == 1.f, "a GEMM with k = 0 and beta ", beta);
+  if (beta == 0.f) LOOM_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream()));
+  if (!bias.defined() || c.numel() == 0) return;
+  with_float_type(c.dtype(), [&](auto ct) {
+    using TC = decltype(ct);
+    add_bias_kernel<<<grid_for(c.numel()), 256, 0, stream()>>>(ptr<TC>(c), ptr<const TC>(bias), c.numel(), c.size(-1));
+    LOOM_CUDA_LAUNCHED();
+  });
+}
+
+// c = alpha op(a) op(b) (+ bias) + beta c on checked device operands.
+void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias = {}) {
+  DeviceTemp ta_tmp, tb_tmp, bias_tmp, c_tmp;
+  if (a.dtype() != b.dtype()) {  // backward with an f32 gradient (see the top)
+    const DType half = a.dtype() == DType::f32 ? b.dtype() : a.dtype();
+    const DType to = half == DType::bf16 ? DType::bf16 : DType::f32;
+    if (a.dtype() != to) a = converted(a, to, ta_tmp);
+    if (b.dtype() != to) b = converted(b, to, tb_tmp);
+  }
+  const Tensor c_out = c;
+  // The bias epilogue reads a bias of c's dtype; an f32 bias of a 16-bit c
+  // goes through an f32 c so that the sum is rounded once, as on the CPU.
+  if (bias.defined() && bias.dtype() != c.dtype()) {
+    if (bias.dtype() == DType::f32) {
+      LOOM_CHECK(beta == 0.f, "a GEMM with bias accumulates");
+      c_tmp = DeviceTemp(static_cast<size_t>(c.numel()) * sizeof(float));
+      c = Tensor(c_tmp.as<void>(), DType::f32, c.shape(), c.device());
+    } else {
+      bias = converted(bias, c.dtype(), bias_tmp);
+    }
+  }
+  LtGemm g;
+  g.ab = a.dtype();
+  g.c_dtype = c.dtype();
+  g.batch = leading(c);
+  g.m = c.size(-1);  // N
+  g.n = c.size(-2);  // M
+  g.k = a.size(ta ? -2 : -1);
+  g.a = b.data();
+  g.b = a.data();
+  g.c = c.data();
+  g.bias = bias.defined() ? bias.data() : nullptr;
+  g.trans_a = tb;
+  g.trans_b = ta;
+  g.lda = b.size(-1);
+  g.ldb = a.size(-1);
+  g.ldc = c.size(-1);
+  g.stride_a = b.ndim() > 2 ? b.size(-2) * b.size(-1) : 0;
+  g.stride_b = a.ndim() > 2 ? a.size(-2) * a.size(-1) : 0;
+  g.stride_c = c.size(-2) * c.size(-1);
+  g.alpha = alpha;
+  g.beta = beta;
+  if (g.k == 0) no_products(c, bias, beta);
+  else run(g);
+  if (c.data() != c_out.data()) {
+    // c was redirected to f32: round once into the caller's c.
+    with_float_type(c_out.dtype(), [&](auto o) {
+      using TO = decltype(o);
+      convert_kernel<<<grid_for(c.numel()), 256, 0, stream()>>>(ptr<TO>(c_out), ptr<const float>(c), c.numel());
+      LOOM_CUDA_LAUNCHED();
+    });
+  }
+}
+
+Tensor matrix_of_batch(const Tensor& t, int64_t i) {  // t: (..., R, C) -> batch i as (R, C)
+  if (t.ndim() == 2) return t;
+  return t.reshape({leading(t), t.size(-2), t.size(-1)}).slice(0, i, 1).reshape({t.size(-2), t.size(-1)});
+}
+
+// out += alpha op(x) op(y); a 2-D out of batched x, y sums the batches
+// (the gradient of an operand every batch shares), rounded once.
+void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, float alpha) {
+  if (out.ndim() > 2 || (x.ndim() == 2 && y.ndim() == 2)) return gemm(out, x, y, tx, ty, alpha, 1.f);
+  if (tx && !ty && x.ndim() > 2 && y.ndim() > 2)  // sum_i x_i^T y_i: one GEMM with K = batch * rows
+    return gemm(out, as_matrix(x), as_matrix(y), true, false, alpha, 1.f);
+  Tensor sum = out;
+  DeviceTemp workspace;
+  if (out.dtype() != DType::f32) {
+    workspace = DeviceTemp(static_cast<size_t>(out.numel()) * sizeof(float));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(workspace.as<void>(), 0, out.numel() * sizeof(float), stream()));
+    sum = Tensor(workspace.as<void>(), DType::f32, out.shape(), out.device());
+  }
+  const int64_t batch = std::max(leading(x), leading(y));
+  for (int64_t i = 0; i < batch; ++i) gemm(sum, matrix_of_batch(x, i), matrix_of_batch(y, i), tx, ty, alpha, 1.f);
+  if (out.dtype() != DType::f32) {
+    with_float_type(out.dtype(), [&](auto o) {
+      using TO = decltype(o);
+      add_f32_kernel<<<grid_for(out.numel()), 256, 0, stream()>>>(ptr<TO>(out), workspace.as<const float>(),
+                                                                   out.numel());
+      LOOM_CUDA_LAUNCHED();
+    });
+  }
+}
+
+// dbias (OC) += column sums of dy (rows, OC): blocks of kRowsPerPart rows
+// give f32 partials, summed in part order by the second kernel (fixed order:
+// the same bits every run).
+constexpr int64_t kRowsPerPart = 256;
+
+template <typename TD>
+__global__ void bias_grad_partials(float* partials, const TD* dy, int64_t rows, int64_t oc) {
+  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t r0 = blockIdx.y * kRowsPerPart, r1 = min(rows, r0 + kRowsPerPart);
+  if (col >= oc) return;
+  float acc = 0.f;
+  for (int64_t r = r0; r < r1; ++r) acc += to_float(dy[r * oc + col]);
+  partials[blockIdx.y * oc + col] = acc;
+}
+
+template <typename TB>
+__global__ void bias_grad_finish(TB* dbias, const float* partials, int64_t parts, int64_t oc) {
+  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (col >= oc) return;
+  float acc = 0.f;
+  for (int64_t p = 0; p < parts; ++p) acc += partials[p * oc + col];
+  dbias[col] = from_float<TB>(to_float(dbias[col]) + acc);
+}
+
+void bias_grad(Tensor dbias, const Tensor& dy2) {
+  const int64_t rows = dy2.size(0), oc = dy2.size(1);
+  if (oc == 0) return;
+  const int64_t parts = std::max<int64_t>(1, (rows + kRowsPerPart - 1) / kRowsPerPart);
+  DeviceTemp partials(static_cast<size_t>(parts * oc) * sizeof(float));
+  const unsigned col_blocks = static_cast<unsigned>((oc + 255) / 256);
+  with_float_type(dy2.dtype(), [&](auto d) {
+    using TD = decltype(d);
+    if (rows == 0) {
+      LOOM_CUDA_CHECK(cudaMemsetAsync(partials.as<void>(), 0, oc * sizeof(float), stream()));
+    } else {
+      bias_grad_partials<<<dim3(col_blocks, static_cast<unsigned>(parts)), 256, 0, stream()>>>(
+          partials.as<float>(), ptr<const TD>(dy2), rows, oc);
+      LOOM_CUDA_LAUNCHED();
+    }
+  });
+  with_float_type(dbias.dtype(), [&](auto b) {
+    using TB = decltype(b);
+    bias_grad_finish<<<col_blocks, 256, 0, stream()>>>(ptr<TB>(dbias), partials.as<const float>(), parts, oc);
+    LOOM_CUDA_LAUNCHED();
+  });
+}
+
+// ---- the batch-invariant GEMV (linear_forward_invariant) --------------------
+
+// y[m][n] by one warp: lane l sums x[m][k] w[n][k] over k = l, l + 32, ...
+// with FMAs in k order, then the warp adds its 32 lanes by a fixed butterfly,
+// then the bias: the sequence depends on IC alone, so a row's bits do not
+// depend on the other rows or the launch shape.
+constexpr int kInvariantWarps = 8;
+
+template <typename T, typename TY, typename TB>
+__global__ void linear_invariant_kernel(TY* y, const T* x, const T* w, const TB* bias, int64_t rows, int64_t oc,
+                                        int64_t ic) {
+  const int lane = threadIdx.x % 32;
+  const int64_t out = blockIdx.x * int64_t{kInvariantWarps} + threadIdx.x / 32;
+  if (out >= rows * oc) return;
+  const int64_t m = out / oc, n = out % oc;
+  const T* xr = x + m * ic;
+  const T* wr = w + n * ic;
+  float acc = 0.f;
+  for (int64_t k = lane; k < ic; k += 32) acc = fmaf(to_float(xr[k]), to_float(wr[k]), acc);
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    if (bias) acc += to_float(bias[n]);
+    y[out] = from_float<TY>(acc);
+  }
+}
+
+void linear_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const Tensor x2 = as_matrix(x), y2 = as_matrix(y);
+  const int64_t rows = x2.size(0), oc = w.size(0), ic = w.size(1), outs = rows * oc;
+  if (outs == 0) return;
+  const auto blocks = static_cast<unsigned>((outs + kInvariantWarps - 1) / kInvariantWarps);
+  with_float_type(x.dtype(), [&](auto xt) {
+    with_float_type(y.dtype(), [&](auto yt) {
+      with_float_type(bias.defined() ? bias.dtype() : DType::f32, [&](auto bt) {
+        using T = decltype(xt);
+        using TY = decltype(yt);
+        using TB = decltype(bt);
+        linear_invariant_kernel<<<blocks, 32 * kInvariantWarps, 0, stream()>>>(
+            ptr<TY>(y2), ptr<const T>(x2), ptr<const T>(w), bias.defined() ? ptr<const TB>(bias) : nullptr, rows, oc,
+            ic);
+        LOOM_CUDA_LAUNCHED();
+      });
+    });
+  });
+}
+
+}  // namespace
+
+void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
+  gemm(c, a, b, opts.trans_a, opts.trans_b, opts.alpha, opts.beta);
+}
+
+// c = alpha op(a) op(b): d op(a) = alpha dc op(b)^T, d op(b) = alpha op(a)^T dc.
+void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b,
+                     const MatmulOpts& opts) {
+  const float alpha = opts.alpha;
+  if (da.defined()) {
+    if (!opts.trans_a) accumulate(da, dc, b, false, !opts.trans_b, alpha);
+    else accumulate(da, b, dc, opts.trans_b, true, alpha);
+  }
+  if (db.defined()) {
+    if (!opts.trans_b) accumulate(db, a, dc, !opts.trans_a, false, alpha);
+    else accumulate(db, dc, a, true, opts.trans_a, alpha);
+  }
+}
+
+// y (N, OC) = x (N, IC) @ w^T + bias
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  gemm(as_matrix(y), as_matrix(x), w, false, true, 1.f, 0.f, bias);
+}
+
+void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  linear_invariant(y, x, w, bias);
+}
+
+void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const Tensor dy2 = as_matrix(dy);  // (N, OC)
+  if (dx.defined()) gemm(as_matrix(dx), dy2, w, false, false, 1.f, 1.f);  // dx += dy @ w
+  if (dw.defined()) gemm(dw, dy2, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
+  if (dbias.defined()) bias_grad(dbias, dy2);
+}
+
+void grouped_linear_forward(Tensor y, const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                            bool invariant) {
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (n == 0) continue;
+    const Tensor yg = y.slice(0, r0, n), xg = x.slice(0, r0, n);
+    if (invariant) linear_invariant(yg, xg, w[g], Tensor());
+    else gemm(yg, xg, w[g], false, true, 1.f, 0.f);
+  }
+}
+
+void grouped_linear_backward(Tensor dx, std::span<const Tensor> dw, const Tensor& dy, const Tensor& x,
+                             std::span<const Tensor> w, std::span<const int64_t> offsets) {
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
+    if (n == 0) continue;
+    const Tensor dyg = dy.slice(0, r0, n), xg = x.slice(0, r0, n);
+    if (dx.defined()) gemm(dx.slice(0, r0, n), dyg, w[g], false, false, 1.f, 1.f);
+    if (!dw.empty() && dw[g].defined()) gemm(dw[g], dyg, xg, true, false, 1.f, 1.f);
+  }
+}
+
+}  // namespace loom::kernels::cuda

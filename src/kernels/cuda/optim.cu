@@ -1,0 +1,211 @@
+// AdamW and the reductions of the optimizer step (ops.h) on the GPU: the
+// gradient norm for clipping, the finiteness check for fp16 loss scaling,
+// in-place scale.
+//
+// AdamW's update is the CPU's (cpu/optim.cpp) operation for operation, each
+// rounded on its own (__fmul_rn and friends: nvcc would otherwise contract
+// a * b + c into one FMA, which the CPU build, -ffp-contract=off, never
+// does), so the two give the same bits.
+//
+// Sums of squares are deterministic: a grid whose size depends only on the
+// element count, each block's double partial by a fixed tree (block_sum),
+// and the partials summed by one block in a second pass.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// ---- adamw -------------------------------------------------------------------
+
+// The step's scalars, formed as the CPU forms them (in double, used as f32).
+struct AdamWScalars {
+  float decay;  // 1 - lr * wd
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float bc2_sqrt;       // sqrt(1 - beta2^t)
+  float neg_step_size;  // -lr / (1 - beta1^t)
+  float eps, grad_scale;
+};
+
+AdamWScalars adamw_scalars(const AdamWConfig& c) {
+  const double t = static_cast<double>(c.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), t);
+  return {static_cast<float>(1.0 - static_cast<double>(c.lr) * c.weight_decay),
+          c.beta1,
+          static_cast<float>(1.0 - c.beta1),
+          c.beta2,
+          static_cast<float>(1.0 - c.beta2),
+          static_cast<float>(std::sqrt(bc2)),
+          static_cast<float>(-static_cast<double>(c.lr) / bc1),
+          c.eps,
+          c.grad_scale};
+}
+
+// param, m, v: (N) f32; grad: (N) G; copy: (N) P when kCopy.
+template <typename G, typename P, bool kCopy>
+__global__ void adamw_kernel(float* param, float* m, float* v, const G* grad, P* copy, int64_t n, AdamWScalars s) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float g = __fmul_rn(to_float(grad[i]), s.grad_scale);
+    const float mi = __fadd_rn(__fmul_rn(m[i], s.beta1), __fmul_rn(s.one_minus_beta1, g));
+    const float vi = __fadd_rn(__fmul_rn(v[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2_sqrt), s.eps);
+    const float pn = __fadd_rn(__fmul_rn(param[i], s.decay), __fdiv_rn(__fmul_rn(s.neg_step_size, mi), denom));
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = pn;
+    if constexpr (kCopy) copy[i] = from_float<P>(pn);
+  }
+}
+
+// ---- reductions --------------------------------------------------------------
+
+constexpr int kSumThreads = 256;
+constexpr int64_t kSumMaxBlocks = 1024;
+
+// The partial sums of n elements: a function of n alone, so the summation
+// order (and the bits) never depend on the device.
+int64_t sum_blocks(int64_t n) {
+  constexpr int64_t per_block = kSumThreads * 8;
+  return std::min((n + per_block - 1) / per_block, kSumMaxBlocks);
+}
+
+// partial[blockIdx.x] = the block's sum of x^2 in double.
+template <typename T>
+__global__ void sum_squares_partial_kernel(const T* x, int64_t n, double* partial) {
+  double s = 0;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const double xi = to_float(x[i]);
+    s += xi * xi;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block: each group's partials [offsets[g], offsets[g + 1]) summed by a
+// fixed tree, the groups' sums added in group order; *out = that total, or
+// its square root.
+__global__ void sum_groups_kernel(const double* partial, const int64_t* offsets, int64_t groups, bool take_sqrt,
+                                  double* out) {
+  double total = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    double s = 0;
+    for (int64_t i = offsets[g] + threadIdx.x; i < offsets[g + 1]; i += blockDim.x) s += partial[i];
+    total += block_sum(s);  // the same value in every thread
+  }
+  if (threadIdx.x == 0) *out = take_sqrt ? sqrt(total) : total;
+}
+
+// sum_groups over the tensors' sums of squares, in their order: sum_squares
+// for one tensor, the square of global_norm for several (the same bits as
+// adding sum_squares of each, as the CPU does). Waits for the GPU.
+double sum_of_squares(std::span<const Tensor> tensors, bool take_sqrt) {
+  std::vector<int64_t> offsets(1, 0);
+  for (const Tensor& t : tensors) offsets.push_back(offsets.back() + sum_blocks(t.numel()));
+  DeviceTemp partial(static_cast<size_t>(std::max<int64_t>(offsets.back(), 1)) * sizeof(double));
+  for (size_t g = 0; g < tensors.size(); ++g) {
+    const Tensor& t = tensors[g];
+    const int64_t blocks = offsets[g + 1] - offsets[g];
+    if (blocks == 0) continue;
+    with_float_type(t.dtype(), [&]<typename T>(T) {
+      sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream()>>>(
+          ptr<const T>(t), t.numel(), partial.as<double>() + offsets[g]);
+      LOOM_CUDA_LAUNCHED();
+    });
+  }
+  DeviceTemp dev_offsets(offsets.size() * sizeof(int64_t)), out(sizeof(double));
+  // From pageable memory the copy is staged before it returns: offsets may go.
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dev_offsets.as<void>(), offsets.data(), offsets.size() * sizeof(int64_t),
+                                  cudaMemcpyHostToDevice, stream()));
+  sum_groups_kernel<<<1, 1024, 0, stream()>>>(partial.as<const double>(), dev_offsets.as<const int64_t>(),
+                                              static_cast<int64_t>(tensors.size()), take_sqrt, out.as<double>());
+  LOOM_CUDA_LAUNCHED();
+  double result = 0;
+  read_back(&result, out.as<void>(), sizeof result);
+  return result;
+}
+
+// The exponent field's bits: all ones is Inf or NaN.
+template <typename T> struct ExpMask;
+template <> struct ExpMask<float> { using U = uint32_t; static constexpr U value = 0x7f800000u; };
+template <> struct ExpMask<__nv_bfloat16> { using U = uint16_t; static constexpr U value = 0x7f80u; };
+template <> struct ExpMask<__half> { using U = uint16_t; static constexpr U value = 0x7c00u; };
+
+// *bad = 1 if any element is Inf or NaN (every writer stores the same 1).
+template <typename T>
+__global__ void all_finite_kernel(const T* x, int64_t n, int* bad) {
+  using U = typename ExpMask<T>::U;
+  constexpr U mask = ExpMask<T>::value;
+  const U* bits = reinterpret_cast<const U*>(x);
+  bool found = false;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) found |= (bits[i] & mask) == mask;
+  if (found) *bad = 1;
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float s) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] = from_float<T>(to_float(x[i]) * s);
+}
+
+}  // namespace
+
+void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor param_copy, const AdamWConfig& cfg) {
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  const AdamWScalars s = adamw_scalars(cfg);
+  with_float_type(grad.dtype(), [&]<typename G>(G) {
+    const G* g = ptr<const G>(grad);
+    if (!param_copy.defined()) {
+      adamw_kernel<G, float, false><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+          ptr<float>(param), ptr<float>(m), ptr<float>(v), g, nullptr, n, s);
+      LOOM_CUDA_LAUNCHED();
+      return;
+    }
+    with_float_type(param_copy.dtype(), [&]<typename P>(P) {
+      adamw_kernel<G, P, true><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+          ptr<float>(param), ptr<float>(m), ptr<float>(v), g, ptr<P>(param_copy), n, s);
+      LOOM_CUDA_LAUNCHED();
+    });
+  });
+}
+
+double sum_squares(const Tensor& t) { return sum_of_squares({&t, 1}, false); }
+
+double global_norm(std::span<const Tensor> tensors) { return sum_of_squares(tensors, true); }
+
+bool all_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return true;
+  DeviceTemp bad(sizeof(int));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(bad.as<void>(), 0, sizeof(int), stream()));
+  with_float_type(t.dtype(), [&]<typename T>(T) {
+    all_finite_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<const T>(t), n, bad.as<int>());
+    LOOM_CUDA_LAUNCHED();
+  });
+  int result = 0;
+  read_back(&result, bad.as<void>(), sizeof result);
+  return result == 0;
+}
+
+void scale(Tensor t, float s) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  with_float_type(t.dtype(), [&]<typename T>(T) {
+    scale_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<T>(t), n, s);
+    LOOM_CUDA_LAUNCHED();
+  });
+}
+
+}  // namespace loom::kernels::cuda

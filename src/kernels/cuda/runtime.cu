@@ -1,0 +1,147 @@
+// The CUDA backend's runtime side: device selection, device memory for
+// core's pools, the backend table and its registration (cuda_backend.h),
+// and the helpers of common.cuh that run on the host.
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+
+#include "core/memory.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace loom::kernels {
+namespace cuda {
+
+void fail_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  fail("CUDA: ", what, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e), " (", file, ":", line, ")");
+}
+
+DeviceTemp::DeviceTemp(size_t bytes) {
+  if (bytes > 0) LOOM_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream()));
+}
+
+DeviceTemp::~DeviceTemp() {
+  if (ptr_) cudaFreeAsync(ptr_, stream());  // an error here surfaces at the next check
+}
+
+void read_back(void* host, const void* device, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream()));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+BadIdFlag::BadIdFlag() : flag_(sizeof(unsigned long long)) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(flag_.as<void>(), 0xff, sizeof(unsigned long long), stream()));
+}
+
+int64_t BadIdFlag::first() const {
+  unsigned long long v = 0;
+  read_back(&v, flag_.as<void>(), sizeof v);
+  return v == ~0ull ? -1 : static_cast<int64_t>(v);
+}
+
+namespace {
+
+// ---- device memory for core's pools -----------------------------------------
+
+void* allocate(int, size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    size_t free_bytes = 0, total = 0;
+    cudaGetLastError();
+    cudaMemGetInfo(&free_bytes, &total);
+    fail("out of GPU memory: cudaMalloc of ", bytes, " bytes (", bytes >> 20, " MiB) failed: ", cudaGetErrorString(e),
+         "; the GPU has ", free_bytes >> 20, " MiB free of ", total >> 20, " MiB");
+  }
+  return p;
+}
+// cudaFree waits for the device: no kernel still reads the memory.
+void release(int, void* p) { cudaFree(p); }
+void zero(int, void* p, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
+}
+void to_device(int, void* dst, const void* src, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));  // src may be freed once we return
+}
+void to_host(int, void* dst, const void* src, size_t bytes) { read_back(dst, src, bytes); }
+
+constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host};
+
+constexpr Backend kTable = [] {
+  Backend b;
+  b.name = "cuda";
+  b.kind = Device::Kind::cuda;
+#define LOOM_KERNEL_OP_ASSIGN(op, ret, params) b.op = &cuda::op;
+  LOOM_KERNEL_OPS(LOOM_KERNEL_OP_ASSIGN)
+#undef LOOM_KERNEL_OP_ASSIGN
+  return b;
+}();
+
+std::mutex g_mutex;
+int g_registered = -1;  // the registered device, or -1
+
+}  // namespace
+}  // namespace cuda
+
+std::string cuda_unavailable_reason(int index) {
+  int runtime = 0, driver = 0, count = 0;
+  cudaRuntimeGetVersion(&runtime);
+  const cudaError_t de = cudaDriverGetVersion(&driver);
+  if (de != cudaSuccess || driver == 0)
+    return "no NVIDIA driver (libcuda) was found: this machine cannot run CUDA code";
+  const cudaError_t ce = cudaGetDeviceCount(&count);
+  if (ce != cudaSuccess) {
+    cudaGetLastError();
+    std::ostringstream os;
+    os << "no usable CUDA device: cudaGetDeviceCount failed: " << cudaGetErrorString(ce) << " (driver supports CUDA "
+       << driver / 1000 << "." << driver % 1000 / 10 << ", loom was built with " << runtime / 1000 << "."
+       << runtime % 1000 / 10 << ")";
+    return os.str();
+  }
+  if (count == 0) return "no CUDA device is visible to this process";
+  if (index < 0 || index >= count) {
+    std::ostringstream os;
+    os << "CUDA device " << index << " does not exist: this process sees " << count << " device(s)";
+    return os.str();
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess) return "cannot read the properties of CUDA device";
+  if (p.major < 8) {
+    std::ostringstream os;
+    os << p.name << " (sm_" << p.major << p.minor << ") is older than loom's CUDA code allows (sm_80 and later: bf16)";
+    return os.str();
+  }
+  return "";
+}
+
+std::string cuda_device_description(int index) {
+  cudaDeviceProp p{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  std::ostringstream os;
+  os.precision(1);
+  os << p.name << ", sm_" << p.major << p.minor << ", " << p.multiProcessorCount << " SMs, " << std::fixed
+     << static_cast<double>(p.totalGlobalMem) / (1 << 30) << " GiB, driver CUDA " << driver / 1000 << "."
+     << driver % 1000 / 10;
+  return os.str();
+}
+
+void register_cuda_backend(int index) {
+  std::lock_guard lock(cuda::g_mutex);
+  if (cuda::g_registered == index) return;
+  LOOM_REQUIRE(cuda::g_registered < 0, "register_cuda_backend(", index, "): CUDA device ", cuda::g_registered,
+               " is already this process's GPU (one GPU per process)");
+  const std::string why = cuda_unavailable_reason(index);
+  LOOM_REQUIRE(why.empty(), "cannot use CUDA device ", index, ": ", why);
+  LOOM_CUDA_CHECK(cudaSetDevice(index));
+  register_device_memory(Device::Kind::cuda, cuda::kMemory);
+  register_backend(cuda::kTable);
+  cuda::g_registered = index;
+}
+
+void cuda_synchronize() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace loom::kernels
