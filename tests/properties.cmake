@@ -21,6 +21,7 @@
 # Measured: scripts/test.sh (ctest -j2) of a clean clone of 7462efd on the
 # 2-core AMD EPYC, 2026-11-25; seconds in that run.
 set(LOOM_SLOW_TESTS
+  Cli.Gguf.LlamaCppDecodesLoomsFilesAsLoomDoes               # 33.0 (2026-11-28, Xeon, 2 cores: two trainings)
   mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise     # 54.7
   mpi.dp.np8                                                 # 51.8
   mpi.dp.np4                                                 # 38.4

@@ -24,6 +24,6 @@ void add_serve_command(CLI::App& app, int default_threads);  // loom serve
 void add_model_commands(CLI::App& app);  // loom create, list, show, cp, rm
 // default_host: LOOM_HOST, else http://127.0.0.1:8000.
 void add_run_commands(CLI::App& app, const std::string& default_host, int default_threads);  // loom run, ps
-void add_convert_command(CLI::App& app);   // loom convert, loom init-model
+void add_convert_command(CLI::App& app);   // loom convert, loom quantize, loom init-model
 
 }  // namespace loom::cli

@@ -1,7 +1,11 @@
 // loom convert: a model directory between loom's format (loom_config.json,
 // loom layout) and Hugging Face's (config.json, HF layout: GPT-2 Conv1D
-// weights transposed, no lm_head when tied), and `loom init-model`, which
+// weights transposed, no lm_head when tied), or to a GGUF file (llama.cpp's
+// layout, quantized on request), and `loom init-model`, which
 // writes a freshly initialised model directory.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,24 +16,80 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
-#include "io/safetensors.h"
+#include "cli/model_tokenizer.h"
+#include "io/gguf.h"
 #include "model/config_json.h"
+#include "model/gguf_model.h"
 
 namespace loom::cli {
 namespace {
 
 struct ConvertArgs {
   std::string to, model_dir, out;
+  std::string quantize = "f32", tokenizer, name;
+  bool print_error = false;  // loom quantize: the error table
 };
 
+// Per tensor, the quantization error of the file just written: the
+// parameters read back from it against the ones written, as the RMS of the
+// difference over the RMS of the values (0 for a tensor stored exactly).
+void print_quantization_error(const model::ModelDir& dir, const Tensor& params, const std::string& path) {
+  Pools pools;
+  const OwnedTensor back = pools[MemTag::params].empty(DType::f32, params.shape());
+  const io::GgufFile f = io::GgufFile::open(path);
+  model::load_params_from_gguf(back, dir.config, f);
+  std::printf("%-44s %-7s %12s\n", "tensor", "type", "rel. error");
+  for (const model::ParamSpec& s : model::param_specs(dir.config)) {
+    const float* a = params.data_as<const float>() + s.offset;
+    const float* b = back.data_as<const float>() + s.offset;
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+      norm += double(a[i]) * a[i];
+    }
+    const std::string g = model::gguf_tensor_name(dir.config, s.name);
+    const std::string type(io::ggml_type_traits(f.tensor(g).type).name);
+    std::printf("%-44s %-7s %12.3e\n", g.c_str(), type.c_str(), norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff));
+  }
+}
+
+// --to gguf: one file llama.cpp and ollama load (model/gguf_model.h), the
+// tokenizer's keys included.
+void run_convert_to_gguf(const ConvertArgs& args) {
+  namespace fs = std::filesystem;
+  LOOM_REQUIRE(fs::path(args.out).extension() == ".gguf", "convert --to gguf: --out '", args.out,
+               "' must be a file name ending in .gguf");
+  std::error_code ec;
+  LOOM_REQUIRE(!fs::exists(args.out, ec), "convert --to gguf: --out '", args.out,
+               "' exists: convert never writes over a file; give a new name or delete it first");
+  const model::GgufWeights weights = model::gguf_weights_from_name(args.quantize);
+  const model::ModelDir dir = model::load_model_dir(args.model_dir);
+  std::string tokenizer_from;
+  const std::unique_ptr<text::Tokenizer> tok = model_tokenizer(dir, args.tokenizer, &tokenizer_from);
+  Pools pools;
+  const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
+  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
+  model::load_model_params(dir, params);
+  const std::string name = !args.name.empty() ? args.name : fs::path(args.out).stem().string();
+  io::GgufWriter w;
+  model::gguf_add_model(w, dir.config, params, weights, name);
+  gguf_add_tokenizer(w, *tok, dir.config.vocab_size);
+  w.write(args.out);
+  if (args.print_error) print_quantization_error(dir, params, args.out);
+  log_info("wrote ", args.out, " (", model::family_name(dir.config.family), ", ", args.quantize, " weights, ",
+           specs.size(), " parameter tensors, tokenizer from ", tokenizer_from, ", ", fs::file_size(args.out) >> 20,
+           " MiB)");
+}
+
 void run_convert(const ConvertArgs& args) {
+  if (args.to == "gguf") return run_convert_to_gguf(args);
   model::require_new_model_dir(args.out, "convert", args.model_dir);
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
   const model::ParamLayout to = args.to == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
   Pools pools;
   const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
   const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
-  model::load_params(params, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
+  model::load_model_params(dir, params);
   model::save_model_dir(args.out, dir.config, params, to);
   log_info("wrote ", args.to, " model directory ", args.out, " (", specs.size(), " tensors, ",
            model::param_count(specs), " parameters)");
@@ -68,13 +128,36 @@ void add_convert_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "convert", "Convert a model directory between loom's format and Hugging Face's (the input's is detected)");
   auto args = std::make_shared<ConvertArgs>();
-  cmd->add_option("--to", args->to, "output format: hf (config.json) or loom (loom_config.json)")
+  cmd->add_option("--to", args->to,
+                  "output format: hf (config.json), loom (loom_config.json) or gguf (one file for llama.cpp and ollama)")
       ->required()
-      ->check(CLI::IsMember({"hf", "loom"}));
-  cmd->add_option("--model", args->model_dir, "input model directory")->required();
-  cmd->add_option("--out", args->out, "output directory: new, or one without a model (created if missing)")
+      ->check(CLI::IsMember({"hf", "loom", "gguf"}));
+  cmd->add_option("--model", args->model_dir, "input model directory, or a .gguf file")->required();
+  cmd->add_option("--out", args->out,
+                  "output directory: new, or one without a model (created if missing); with --to gguf a new .gguf file")
       ->required();
+  cmd->add_option("--quantize", args->quantize,
+                  "--to gguf: the weight matrices' type: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K or q4_K_M (llama.cpp's "
+                  "mix: q4_K, q6_K for the output and some ffn_down / attn_v); norms and biases stay f32")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", args->tokenizer, std::string("--to gguf: ") + kTokenizerHelp);
+  cmd->add_option("--name", args->name, "--to gguf: general.name (default: the file's name)");
   cmd->callback([args] { run_convert(*args); });
+
+  CLI::App* quantize = app.add_subcommand(
+      "quantize", "Write a model (a loom or Hugging Face directory, or a .gguf file) as a GGUF file of quantized "
+                  "weights, and print each tensor's quantization error (as convert --to gguf --quantize TYPE)");
+  auto qargs = std::make_shared<ConvertArgs>();
+  qargs->to = "gguf";
+  qargs->print_error = true;
+  quantize->add_option("model", qargs->model_dir, "input model directory, or a .gguf file")->required();
+  quantize->add_option("out", qargs->out, "the new .gguf file")->required();
+  quantize->add_option("--type", qargs->quantize,
+                       "f32, f16, bf16, q8_0, q4_0, q4_K, q6_K or q4_K_M (see convert --quantize)")
+      ->required();
+  quantize->add_option("--tokenizer", qargs->tokenizer, kTokenizerHelp);
+  quantize->add_option("--name", qargs->name, "general.name (default: the file's name)");
+  quantize->callback([qargs] { run_convert(*qargs); });
 
   CLI::App* init = app.add_subcommand(
       "init-model", "Write a freshly initialised model directory from a preset (e.g. to try generate or convert)");

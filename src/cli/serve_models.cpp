@@ -43,7 +43,7 @@ infer::EngineConfig engine_config(const EngineArgs& a, const model::ModelConfig&
 }  // namespace
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
-                                                      ModelExtras extras, const text::Gpt2Tokenizer& tok,
+                                                      ModelExtras extras, const text::Tokenizer& tok,
                                                       const EngineArgs& a) {
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), "model ", name, ": vocab_size ", dir.config.vocab_size,
                " is smaller than the tokenizer's ", tok.vocab_size(), " tokens");
@@ -60,7 +60,7 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   m->served = serve::ServedModel{.name = name,
                                  .max_model_len = c.max_model_len,
                                  .vocab_size = dir.config.vocab_size,
-                                 .eos_token_ids = {tok.eot_id()},
+                                 .eos_token_ids = {tok.eos_id()},
                                  .tokenizer = &tok,
                                  .max_n = a.max_n,
                                  .max_prompts = a.max_prompts,
@@ -78,7 +78,7 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
 }
 
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
-                                                         const text::Gpt2Tokenizer& tok, const EngineArgs& engine,
+                                                         const text::Tokenizer& tok, const EngineArgs& engine,
                                                          serve::ManagerOptions options) {
   return std::make_unique<serve::ModelManager>(
       [&store, &tok, engine](const std::string& n) {

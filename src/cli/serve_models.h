@@ -14,7 +14,7 @@
 #include "serve/chat_template.h"
 #include "serve/model_manager.h"
 #include "serve/model_store.h"
-#include "text/bpe.h"
+#include "text/tokenizer.h"
 
 namespace loom::cli {
 
@@ -36,12 +36,12 @@ struct ModelExtras {
 
 // The store's models, loaded on their first request (engine: copied).
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
-                                                         const text::Gpt2Tokenizer& tok, const EngineArgs& engine,
+                                                         const text::Tokenizer& tok, const EngineArgs& engine,
                                                          serve::ManagerOptions options);
 serve::Catalog store_catalog(const serve::ModelStore& store);
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
-                                                      ModelExtras extras, const text::Gpt2Tokenizer& tok,
+                                                      ModelExtras extras, const text::Tokenizer& tok,
                                                       const EngineArgs& a);
 
 }  // namespace loom::cli

@@ -40,11 +40,12 @@ struct EvalArgs {
   int threads = 1;  // --threads; add_*_command sets main()'s default
 };
 
-// A loom or Hugging Face model directory, or a model.safetensors file inside one.
+// A loom or Hugging Face model directory, a model.safetensors file inside
+// one, or a .gguf file.
 model::ModelDir open_model(const std::string& path) {
   namespace fs = std::filesystem;
   LOOM_REQUIRE(fs::exists(path), "--model '", path, "' does not exist");
-  if (fs::is_directory(path)) return model::load_model_dir(path);
+  if (fs::is_directory(path) || fs::path(path).extension() == ".gguf") return model::load_model_dir(path);
   const fs::path parent = fs::path(path).parent_path();
   const std::string name = fs::path(path).filename().string();
   const bool config_file = name == model::kLoomConfigFile || name == model::kHfConfigFile;
@@ -66,7 +67,9 @@ void run_eval(const EvalArgs& a) {
                "max_seq_len = ", dir.config.max_seq_len);
   Pools pools;
   model::Model m(dir.config, a.batch, T, pools);
-  m.load_params(io::SafetensorsFile::open(dir.weights), dir.layout);
+  LOOM_REQUIRE(m.master_params().defined(), "eval: the model does not own its master weights");
+  model::load_model_params(dir, m.master_params());
+  m.sync_params();
   const train::EvalResult r = train::evaluate_shards(m, a.data);
   if (a.json) {
     const nlohmann::ordered_json j = {{"loss", r.loss}, {"perplexity", r.perplexity}, {"tokens", r.tokens},

@@ -8,7 +8,7 @@
 // their own hold-back (StopStrings): the stop string and what follows it are
 // never emitted.
 //
-//   TextStream ts(tok, {"\n\n"}, {tok.eot_id()});
+//   TextStream ts(tok, {"\n\n"}, {tok.eos_id()});
 //   for each token: TextStream::Piece p = ts.feed(token); emit p.text; if (p.stopped) end the sequence;
 //   at the end: emit ts.flush();
 #pragma once
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "infer/stop_strings.h"
-#include "text/bpe.h"
+#include "text/tokenizer.h"
 
 namespace loom::infer {
 
@@ -30,7 +30,7 @@ class TextStream {
  public:
   // tok must outlive the stream. stops: stop strings (none empty); silent:
   // token ids that add no text (EOS).
-  TextStream(const text::Gpt2Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent = {});
+  TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent = {});
 
   struct Piece {
     std::string text;      // safe to emit now (maybe empty)
@@ -45,7 +45,7 @@ class TextStream {
   bool stopped() const { return stops_.stopped(); }
 
  private:
-  const text::Gpt2Tokenizer& tok_;
+  const text::Tokenizer& tok_;
   StopStrings stops_;
   std::vector<int32_t> silent_;
   std::string bytes_;  // decoded bytes not yet passed to stops_ (an incomplete character)

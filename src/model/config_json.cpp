@@ -12,6 +12,9 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/gguf_model.h"
 
 namespace loom::model {
 namespace {
@@ -274,7 +277,7 @@ void require_model_dir_path(const std::string& dir) {
     fail("model directory '", dir, "' is ", kind, ", not a directory: give the directory that holds it, '",
          parent_or_dot(dir), "'");
   fail("model directory '", dir, "' is ", kind, ": give a directory with ", kLoomConfigFile, " or ", kHfConfigFile,
-       ", and ", kWeightsFile);
+       ", and ", kWeightsFile, ", or a .gguf file");
 }
 
 // Whether a model directory has `file`; present but not a regular file
@@ -342,6 +345,14 @@ void write_model_files(const fs::path& dir, const ModelConfig& cfg, const Tensor
 }  // namespace
 
 ModelDir load_model_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::path(dir).extension() == ".gguf" && fs::is_regular_file(dir, ec)) {
+    ModelDir m;
+    m.config = model_config_from_gguf(io::GgufFile::open(dir));
+    m.weights = dir;
+    m.gguf = true;
+    return m;
+  }
   require_model_dir_path(dir);
   ModelDir m;
   const fs::path loom_cfg = fs::path(dir) / kLoomConfigFile, hf_cfg = fs::path(dir) / kHfConfigFile;
@@ -358,6 +369,11 @@ ModelDir load_model_dir(const std::string& dir) {
   m.weights = (fs::path(dir) / kWeightsFile).string();
   LOOM_REQUIRE(has_model_file(dir, kWeightsFile), "model directory '", dir, "' has no ", kWeightsFile);
   return m;
+}
+
+void load_model_params(const ModelDir& dir, Tensor flat) {
+  if (dir.gguf) return load_params_from_gguf(flat, dir.config, io::GgufFile::open(dir.weights));
+  load_params(flat, param_specs(dir.config), io::SafetensorsFile::open(dir.weights), dir.layout);
 }
 
 void require_new_model_dir(const std::string& out, const std::string& command, const std::string& input) {

@@ -45,13 +45,18 @@ void write_json_file(const std::string& path, const nlohmann::json& j);
 
 struct ModelDir {
   ModelConfig config;
-  std::string weights;  // path of model.safetensors
+  std::string weights;  // path of model.safetensors, or of the .gguf file
   ParamLayout layout = ParamLayout::loom;
+  bool gguf = false;    // weights is a GGUF file (model/gguf_model.h): config and tensors from it
 };
-// Recognises a loom dir (loom_config.json) or else an HF dir (config.json);
-// neither, a missing model.safetensors, or a path that is no directory (e.g.
-// the config file itself) is a loom::Error naming the path and what to give.
+// Recognises a loom dir (loom_config.json) or else an HF dir (config.json),
+// or a .gguf file (as ollama and llama.cpp take a model); neither, a missing
+// model.safetensors, or a path that is no directory (e.g. the config file
+// itself) is a loom::Error naming the path and what to give.
 ModelDir load_model_dir(const std::string& dir);
+// flat (P) f32 = the model's parameters in param_specs(dir.config) order,
+// from its safetensors file or its GGUF file (dequantized).
+void load_model_params(const ModelDir& dir, Tensor flat);
 // Where `command` (convert, init-model) writes a new model: --out must not
 // be the input model's directory (`input`: the --model path, a directory or a
 // file in it; empty: none), however spelled (symlinks, trailing slashes), nor

@@ -95,7 +95,7 @@ const char* admission_name(Admission a) {
   return "?";
 }
 
-EngineLoop::EngineLoop(infer::Engine& engine, const text::Gpt2Tokenizer* tok, LoopOptions options)
+EngineLoop::EngineLoop(infer::Engine& engine, const text::Tokenizer* tok, LoopOptions options)
     : engine_(engine),
       tok_(tok),
       options_(options),

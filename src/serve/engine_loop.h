@@ -31,7 +31,7 @@
 
 #include "infer/engine.h"
 #include "infer/text_stream.h"
-#include "text/bpe.h"
+#include "text/tokenizer.h"
 
 namespace loom::serve {
 
@@ -124,7 +124,7 @@ class EngineLoop {
  public:
   // engine (and tok, which may be null: no text, no stop strings) must
   // outlive the loop. Starts the loop thread.
-  EngineLoop(infer::Engine& engine, const text::Gpt2Tokenizer* tok, LoopOptions options);
+  EngineLoop(infer::Engine& engine, const text::Tokenizer* tok, LoopOptions options);
   // Stops the thread; requests still running are aborted, their streams ended.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
@@ -163,7 +163,7 @@ class EngineLoop {
   void publish();
 
   infer::Engine& engine_;
-  const text::Gpt2Tokenizer* tok_;
+  const text::Tokenizer* tok_;
   const LoopOptions options_;
   const int64_t max_model_len_, vocab_size_;
 

@@ -169,7 +169,7 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
     openai["prompt"] = text;
     apply_model_defaults(openai, m, false);
     if (!openai.contains("max_tokens") && m.served.tokenizer != nullptr) {
-      const auto len = static_cast<int64_t>(m.served.tokenizer->encode(text).size());
+      const auto len = static_cast<int64_t>(m.served.tokenizer->encode_prompt(text).size());
       openai["max_tokens"] = std::max<int64_t>(1, m.served.max_model_len - len);
     }
     CompletionRequest r = parse_completion(openai, m.served, seed);

@@ -85,7 +85,7 @@ std::vector<int32_t> token_ids(const json& ids, const char* param, const ServedM
 std::vector<int32_t> tokenize(const std::string& text, const ServedModel& m) {
   if (m.tokenizer == nullptr)
     throw bad_request("prompt", cat("model ", m.name, " has no tokenizer: send the prompt as token ids"));
-  return m.tokenizer->encode(text);
+  return m.tokenizer->encode_prompt(text);
 }
 
 // prompt: a string, a list of strings, a list of token ids or a list of such lists.
@@ -354,7 +354,7 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   } catch (const loom::Error& e) {
     throw bad_request("messages", cat("the chat template refused the messages: ", e.what()));
   }
-  r.prompts.push_back(m.tokenizer->encode(text));
+  r.prompts.push_back(m.tokenizer->encode_prompt(text));
   if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
   generation_fields(body, m, seed, r);
   for (const std::string& s : m.chat_stop)

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer/engine.h"
-#include "text/bpe.h"
+#include "text/tokenizer.h"
 
 namespace loom::serve {
 
@@ -49,7 +49,7 @@ struct ServedModel {
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;
   std::vector<int32_t> eos_token_ids;
-  const text::Gpt2Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
+  const text::Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
   int64_t max_n = 16;                              // sequences per prompt
   int64_t max_prompts = 64;                        // prompts per request
   // The chat template: messages (each with role and content strings) to the

@@ -9,14 +9,14 @@ namespace loom::serve {
 
 using json = nlohmann::json;
 
-std::string token_text(const text::Gpt2Tokenizer* tok, int32_t token) {
+std::string token_text(const text::Tokenizer* tok, int32_t token) {
   if (tok == nullptr || token < 0 || token >= tok->vocab_size()) {
     std::string id = "<";  // appended, not operator+: GCC 12 warns falsely (-Wrestrict) on "<" + s + ">"
     id += std::to_string(token);
     id += '>';
     return id;
   }
-  const std::string bytes = tok->decode(std::span<const int32_t>(&token, 1));
+  const std::string bytes = tok->token_bytes(token);
   // Valid UTF-8: nothing held back at the end and nothing invalid before it.
   bool valid = infer::incomplete_utf8_tail(bytes) == 0;
   for (size_t i = 0; valid && i < bytes.size();) {
@@ -45,7 +45,7 @@ json finish_reason_json(infer::FinishReason f) {
 }
 
 CompletionResponse::CompletionResponse(const CompletionRequest& request, std::string id, int64_t created,
-                                       const text::Gpt2Tokenizer* tok)
+                                       const text::Tokenizer* tok)
     : request_(request), id_(std::move(id)), created_(created), tok_(tok) {
   choices_.resize(request.prompts.size() * static_cast<size_t>(request.gen.n));
   for (Choice& c : choices_)
@@ -75,7 +75,7 @@ json CompletionResponse::logprobs_of(const Delta& d, int64_t text_offset) const 
 json CompletionResponse::chat_logprobs_of(const Delta& d) const {
   const auto one = [&](int32_t token, float logprob) {
     const std::string bytes = tok_ != nullptr && token >= 0 && token < tok_->vocab_size()
-                                  ? tok_->decode(std::span<const int32_t>(&token, 1))
+                                  ? tok_->token_bytes(token)
                                   : std::string();
     json b = json::array();
     for (unsigned char c : bytes) b.push_back(c);

@@ -16,14 +16,14 @@
 
 #include "serve/engine_loop.h"
 #include "serve/openai_request.h"
-#include "text/bpe.h"
+#include "text/tokenizer.h"
 
 namespace loom::serve {
 
 // A token's text for logprobs: the tokenizer's bytes when they are valid
 // UTF-8, else "bytes:" and the bytes as \xNN escapes (vLLM's form for a token
 // that is part of a character); "<id>" without a tokenizer.
-std::string token_text(const text::Gpt2Tokenizer* tok, int32_t token);
+std::string token_text(const text::Tokenizer* tok, int32_t token);
 
 // JSON text that is valid UTF-8 whatever the strings hold (invalid bytes
 // become U+FFFD): what the server writes.
@@ -33,7 +33,7 @@ class CompletionResponse {
  public:
   // id: "cmpl-..." chosen by the server; created: unix seconds.
   CompletionResponse(const CompletionRequest& request, std::string id, int64_t created,
-                     const text::Gpt2Tokenizer* tok);
+                     const text::Tokenizer* tok);
 
   // The deltas of prompt p's stream, in order. Returns the stream chunks
   // they make: one per delta that carries text, a token with logprobs or a
@@ -64,7 +64,7 @@ class CompletionResponse {
   const CompletionRequest& request_;
   std::string id_;
   int64_t created_;
-  const text::Gpt2Tokenizer* tok_;
+  const text::Tokenizer* tok_;
   std::vector<Choice> choices_;  // prompt * n + sequence
   int64_t prompt_tokens_ = 0;
 };

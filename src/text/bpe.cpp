@@ -129,13 +129,7 @@ size_t gpt2_pretoken_end(std::string_view s, size_t i) {
 Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   const std::string encoder_path = dir + "/encoder.json";
   const std::string vocab_path = dir + "/vocab.bpe";
-  const std::array<char32_t, 256> unicode_of_byte = bytes_to_unicode();
-  std::array<int, 324> byte_of_cp;
-  byte_of_cp.fill(-1);
-  for (int b = 0; b < 256; ++b) byte_of_cp[unicode_of_byte[b]] = b;
-
-  Gpt2Tokenizer tok;
-  std::unordered_map<std::string, int32_t> id_of;  // token string (as in the files) -> id
+  std::vector<std::string> tokens;
   {
     nlohmann::json json;
     try {
@@ -147,56 +141,88 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
                  ": expected a non-empty JSON object mapping token strings to ids");
     const size_t n = json.size();
     LOOM_REQUIRE(n < std::numeric_limits<int32_t>::max(), encoder_path, ": too many tokens (", n, ")");
-    tok.token_bytes_.assign(n, std::string());
-    std::string bytes;
+    tokens.assign(n, std::string());
+    std::vector<bool> used(n, false);
     for (const auto& [key, value] : json.items()) {
       LOOM_REQUIRE(value.is_number_integer() && value.get<int64_t>() >= 0 && value.get<int64_t>() < int64_t(n),
                    encoder_path, ": token '", key, "' has id ", value.dump(), "; ids must be integers in [0, ", n, ")");
       const auto id = value.get<int32_t>();
-      LOOM_REQUIRE(tok.token_bytes_[id].empty(), encoder_path, ": id ", id, " is used twice");
-      LOOM_REQUIRE(token_to_bytes(key, byte_of_cp, bytes), encoder_path, ": token '", key,
-                   "' (id ", id, ") is not a byte-level token: it is empty or has a character outside GPT-2's byte alphabet");
-      tok.token_bytes_[id] = bytes;
-      id_of.emplace(key, id);
+      LOOM_REQUIRE(!used[id], encoder_path, ": id ", id, " is used twice");
+      used[id] = true;
+      tokens[id] = key;
     }
+  }
+  // vocab.bpe: "#version: ..." then one merge "left right" a line, by rank
+  // (encoder.py reads lines [1:-1]; a missing final newline is accepted).
+  std::vector<std::string> merges;
+  std::istringstream lines(read_file(vocab_path));
+  std::string line;
+  for (int64_t line_no = 1; std::getline(lines, line); ++line_no) {
+    if (line_no == 1 && line.starts_with("#version")) {
+      merges.emplace_back();  // keeps merges[i] on line i + 1 for messages
+      continue;
+    }
+    merges.push_back(line);
+  }
+  return from_strings(std::move(tokens), std::move(merges), {encoder_path, vocab_path});
+}
+
+Gpt2Tokenizer Gpt2Tokenizer::from_strings(std::vector<std::string> tokens, std::vector<std::string> merges,
+                                          const Sources& where) {
+  const std::array<char32_t, 256> unicode_of_byte = bytes_to_unicode();
+  std::array<int, 324> byte_of_cp;
+  byte_of_cp.fill(-1);
+  for (int b = 0; b < 256; ++b) byte_of_cp[unicode_of_byte[b]] = b;
+
+  Gpt2Tokenizer tok;
+  LOOM_REQUIRE(!tokens.empty() && tokens.size() < size_t{std::numeric_limits<int32_t>::max()}, where.tokens,
+               ": ", tokens.size(), " tokens; expected 1 to 2^31 - 1");
+  std::unordered_map<std::string, int32_t> id_of;  // token string (as in the files) -> id
+  tok.token_bytes_.assign(tokens.size(), std::string());
+  std::string bytes;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto id = static_cast<int32_t>(i);
+    const std::string& key = tokens[i];
+    LOOM_REQUIRE(token_to_bytes(key, byte_of_cp, bytes), where.tokens, ": token '", key, "' (id ", id,
+                 ") is not a byte-level token: it is empty or has a character outside GPT-2's byte alphabet");
+    LOOM_REQUIRE(id_of.emplace(key, id).second, where.tokens, ": token '", key, "' appears twice");
+    tok.token_bytes_[id] = bytes;
   }
   std::string utf8;
   for (int b = 0; b < 256; ++b) {
     const char32_t cp = unicode_of_byte[b];  // < 0x800: one or two UTF-8 bytes
     utf8 = cp < 0x80 ? std::string(1, char(cp)) : std::string{char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
     const auto it = id_of.find(utf8);
-    LOOM_REQUIRE(it != id_of.end(), encoder_path, ": no token for byte ", b, " ('", utf8, "')");
+    LOOM_REQUIRE(it != id_of.end(), where.tokens, ": no token for byte ", b, " ('", utf8, "')");
     tok.byte_token_[b] = it->second;
   }
   const auto eot = id_of.find("<|endoftext|>");
-  LOOM_REQUIRE(eot != id_of.end(), encoder_path, ": no '<|endoftext|>' token");
+  LOOM_REQUIRE(eot != id_of.end(), where.tokens, ": no '<|endoftext|>' token");
   tok.eot_id_ = eot->second;
 
-  // vocab.bpe: "#version: ..." then one merge "left right" a line, by rank
-  // (encoder.py reads lines [1:-1]; a missing final newline is accepted).
-  const std::string vocab = read_file(vocab_path);
-  std::istringstream lines(vocab);
-  std::string line;
-  int64_t line_no = 0;
   int32_t rank = 0;
-  while (std::getline(lines, line)) {
-    ++line_no;
-    if (line_no == 1 && line.starts_with("#version")) continue;
-    const size_t space = line.find(' ');
-    LOOM_REQUIRE(space != std::string::npos && space > 0 && space + 1 < line.size() &&
-                     line.find(' ', space + 1) == std::string::npos,
-                 vocab_path, ":", line_no, ": expected two tokens separated by one space, got '", line, "'");
-    const std::string left = line.substr(0, space), right = line.substr(space + 1);
-    const auto l = id_of.find(left), r = id_of.find(right), m = id_of.find(left + right);
-    LOOM_REQUIRE(l != id_of.end() && r != id_of.end() && m != id_of.end(), vocab_path, ":", line_no, ": merge '",
-                 line, "' uses a token that is not in ", encoder_path);
-    const bool added = tok.merges_.emplace(pair_key(l->second, r->second), Merge{rank++, m->second}).second;
-    LOOM_REQUIRE(added, vocab_path, ":", line_no, ": merge '", line, "' is listed twice");
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const std::string& m = merges[i];
+    if (i == 0 && m.empty()) continue;  // load()'s #version line
+    const size_t space = m.find(' ');
+    LOOM_REQUIRE(space != std::string::npos && space > 0 && space + 1 < m.size() &&
+                     m.find(' ', space + 1) == std::string::npos,
+                 where.merges, ":", i + 1, ": expected two tokens separated by one space, got '", m, "'");
+    const std::string left = m.substr(0, space), right = m.substr(space + 1);
+    const auto l = id_of.find(left), r = id_of.find(right), merged = id_of.find(left + right);
+    LOOM_REQUIRE(l != id_of.end() && r != id_of.end() && merged != id_of.end(), where.merges, ":", i + 1, ": merge '",
+                 m, "' uses a token that is not in ", where.tokens);
+    const bool added = tok.merges_.emplace(pair_key(l->second, r->second), Merge{rank++, merged->second}).second;
+    LOOM_REQUIRE(added, where.merges, ":", i + 1, ": merge '", m, "' is listed twice");
+    tok.merge_strings_.push_back(m);
   }
-  LOOM_REQUIRE(rank > 0, vocab_path, ": no merges");
+  LOOM_REQUIRE(rank > 0, where.merges, ": no merges");
+  tok.token_strings_ = std::move(tokens);
   tok.cache_ = std::make_shared<Cache>();
   return tok;
 }
+
+std::string Gpt2Tokenizer::token_bytes(int32_t id) const { return decode(std::span<const int32_t>(&id, 1)); }
 
 // encoder.py's bpe(): repeatedly take the adjacent pair of lowest rank and
 // merge every occurrence of it, left to right, until no pair has a rank.

@@ -149,7 +149,8 @@ TEST(CudaLarge, CrossEntropyOverGpt2Vocabulary) {
   for (DType dt : {f32, bf16})
     check({"cross_entropy", dt, dt == f32 ? Tolerance{1e-5, 1e-8} : Tolerance{4e-3, 1e-6}, [](Io& io, DType t) {
              std::vector<double> targets(37);
-             for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 3 ? -100 : (i * 7919) % 50257;
+             for (size_t i = 0; i < targets.size(); ++i)
+               targets[i] = i % 5 == 3 ? -100.0 : static_cast<double>((i * 7919) % 50257);
              const Tensor logits = io.normal("logits", t, {37, 50257}, 2);
              io.result(cross_entropy_forward_backward(io.normal("dlogits", t, {37, 50257}), io.normal("losses", f32, {37}),
                                                       logits, io.tensor("targets", i32, {37}, targets)));

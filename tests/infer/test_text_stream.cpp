@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "text/bpe.h"
 #include "infer/text_stream.h"
 
 namespace loom::infer {

@@ -87,6 +87,20 @@ TEST(Matmul, EmptyInnerDimGivesBetaTimesC) {
   EXPECT_ALL_CLOSE(c.floats(), Floats(12, 3.f), 0, 0);
 }
 
+// A 16-bit GEMM with no products: the empty operands are widened like any
+// other (they once stayed f16 and sent the GEMM back to widening forever).
+TEST(Matmul, EmptyInnerDimInF16AndBf16GivesTheBias) {
+  for (DType dt : {DType::f16, DType::bf16}) {
+    std::vector<uint16_t> x, w;
+    Buffer y(dt, {3, 5}, Floats(15, NAN));
+    const Floats bias_values = {1.f, 2.f, -3.f, 0.5f, 4.f};
+    Buffer bias(dt, {5}, bias_values);
+    linear_forward(y.view(), Tensor(x.data(), dt, {3, 0}), Tensor(w.data(), dt, {5, 0}), bias.view());
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 5; ++c) EXPECT_EQ(y.floats()[r * 5 + c], bias_values[c]) << dtype_name(dt);
+  }
+}
+
 TEST(Linear, ForwardMatchesTorchF32WithAndWithoutBias) {
   for (const char* name : kLinearCases) {
     SCOPED_TRACE(name);

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "text/bpe.h"
 #include "common/tensors.h"
 #include "core/memory.h"
 #include "model/params.h"

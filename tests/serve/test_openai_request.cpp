@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "text/bpe.h"
 #include "serve/openai_request.h"
 #include "serve/openai_response.h"
 

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "text/bpe.h"
 #include "core/error.h"
 #include "serve/openai_request.h"
 

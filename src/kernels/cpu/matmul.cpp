@@ -103,13 +103,13 @@ void gemm_widened(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, f
   const int64_t na = need(a), nb = need(b), nc = need(c), nbias = need(bias);
   float* ws = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(na + nb + nc + nbias));
   const auto widen = [&](Tensor& t, int64_t n) {
-    if (!n) return;
+    if (!widened(t)) return;  // (an empty 16-bit operand too: it must leave as f32, or gemm comes back here)
     widen_half(ws, t);
     t = Tensor(ws, DType::f32, t.shape());
     ws += n;
   };
   const Tensor c16 = c;  // c's own memory and dtype
-  if (nc && beta == 0.f) {  // c's old contents are not read
+  if (widened(c) && beta == 0.f) {  // c's old contents are not read
     c = Tensor(ws, DType::f32, c.shape());
     ws += nc;
   } else {

@@ -1,0 +1,117 @@
+#include "cli/model_tokenizer.h"
+
+#include <vector>
+
+#include "core/error.h"
+#include "text/bpe.h"
+#include "text/sentencepiece.h"
+
+namespace loom::cli {
+namespace {
+
+std::vector<std::string> strings(const io::GgufFile& f, const char* key) {
+  std::vector<std::string> out;
+  for (std::string_view s : f.get_string_array(key)) out.emplace_back(s);
+  return out;
+}
+
+// llama.cpp's defaults for a "llama" vocabulary where a key is absent.
+text::SpmVocab spm_vocab(const io::GgufFile& f) {
+  text::SpmVocab v;
+  v.tokens = strings(f, "tokenizer.ggml.tokens");
+  if (f.has("tokenizer.ggml.scores"))
+    for (double s : f.get_float_array("tokenizer.ggml.scores")) v.scores.push_back(static_cast<float>(s));
+  if (f.has("tokenizer.ggml.token_type"))
+    for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) v.token_types.push_back(static_cast<int32_t>(t));
+  const auto id = [&f](const char* key, int32_t fallback) {
+    return f.has(key) ? f.get_int<int32_t>(key) : fallback;
+  };
+  v.bos_id = id("tokenizer.ggml.bos_token_id", 1);
+  v.eos_id = id("tokenizer.ggml.eos_token_id", 2);
+  v.unk_id = id("tokenizer.ggml.unknown_token_id", 0);
+  const auto flag = [&f](const char* key, bool fallback) { return f.has(key) ? f.get_bool(key) : fallback; };
+  v.add_bos = flag("tokenizer.ggml.add_bos_token", true);
+  v.add_eos = flag("tokenizer.ggml.add_eos_token", false);
+  v.add_dummy_prefix = flag("tokenizer.ggml.add_space_prefix", true);
+  v.remove_extra_whitespaces = flag("tokenizer.ggml.remove_extra_whitespaces", false);
+  return v;
+}
+
+// tokens padded to vocab_size with "[PAD<id>]", types with 5 (unused).
+void pad(std::vector<std::string>& tokens, std::vector<int32_t>& types, int64_t vocab_size) {
+  LOOM_REQUIRE(vocab_size >= static_cast<int64_t>(tokens.size()), "the model's vocab_size ", vocab_size,
+               " is smaller than the tokenizer's ", tokens.size(), " tokens");
+  for (auto id = static_cast<int64_t>(tokens.size()); id < vocab_size; ++id) {
+    tokens.push_back(concat("[PAD", id, "]"));
+    types.push_back(5);
+  }
+}
+
+void add_gpt2(io::GgufWriter& w, const text::Gpt2Tokenizer& tok, int64_t vocab_size) {
+  std::vector<std::string> tokens = tok.token_strings();
+  std::vector<int32_t> types(tokens.size(), 1);  // llama.cpp's token types: 1 normal, 3 control, 5 unused
+  types[static_cast<size_t>(tok.eot_id())] = 3;
+  pad(tokens, types, vocab_size);
+  const auto eot = static_cast<uint32_t>(tok.eot_id());
+  w.add("tokenizer.ggml.model", io::GgufValue::string("gpt2"));
+  w.add("tokenizer.ggml.pre", io::GgufValue::string("gpt-2"));
+  w.add("tokenizer.ggml.tokens", io::GgufValue::string_array(tokens));
+  w.add("tokenizer.ggml.token_type", io::GgufValue::array<int32_t>(types));
+  w.add("tokenizer.ggml.merges", io::GgufValue::string_array(tok.merge_strings()));
+  w.add("tokenizer.ggml.bos_token_id", io::GgufValue::u32(eot));
+  w.add("tokenizer.ggml.eos_token_id", io::GgufValue::u32(eot));
+  w.add("tokenizer.ggml.add_bos_token", io::GgufValue::boolean(false));
+}
+
+void add_spm(io::GgufWriter& w, const text::SentencePieceTokenizer& tok, int64_t vocab_size) {
+  const text::SpmVocab& v = tok.vocab();
+  std::vector<std::string> tokens = v.tokens;
+  std::vector<int32_t> types = v.token_types;
+  if (types.empty()) types.assign(tokens.size(), 1);
+  std::vector<float> scores = v.scores;
+  if (scores.empty()) scores.assign(tokens.size(), 0.f);
+  pad(tokens, types, vocab_size);
+  scores.resize(tokens.size(), 0.f);
+  w.add("tokenizer.ggml.model", io::GgufValue::string("llama"));
+  w.add("tokenizer.ggml.tokens", io::GgufValue::string_array(tokens));
+  w.add("tokenizer.ggml.scores", io::GgufValue::array<float>(scores));
+  w.add("tokenizer.ggml.token_type", io::GgufValue::array<int32_t>(types));
+  for (auto [key, id] : {std::pair{"tokenizer.ggml.bos_token_id", v.bos_id}, {"tokenizer.ggml.eos_token_id", v.eos_id},
+                         {"tokenizer.ggml.unknown_token_id", v.unk_id}})
+    if (id >= 0) w.add(key, io::GgufValue::u32(static_cast<uint32_t>(id)));
+  w.add("tokenizer.ggml.add_bos_token", io::GgufValue::boolean(v.add_bos));
+  w.add("tokenizer.ggml.add_eos_token", io::GgufValue::boolean(v.add_eos));
+  w.add("tokenizer.ggml.add_space_prefix", io::GgufValue::boolean(v.add_dummy_prefix));
+}
+
+}  // namespace
+
+std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, const std::string& flag,
+                                                 std::string* used) {
+  if (!flag.empty() || !dir.gguf) {
+    const std::string from = flag.empty() ? kDefaultTokenizerDir : flag;
+    if (used) *used = from;
+    return std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::load(from));
+  }
+  const io::GgufFile f = io::GgufFile::open(dir.weights);
+  LOOM_REQUIRE(f.has("tokenizer.ggml.model"), dir.weights, " carries no tokenizer (no tokenizer.ggml.model): give ",
+               "--tokenizer");
+  const std::string_view kind = f.get_string("tokenizer.ggml.model");
+  if (used) *used = dir.weights;
+  if (kind == "llama")
+    return std::make_unique<text::SentencePieceTokenizer>(
+        text::SentencePieceTokenizer::from_vocab(spm_vocab(f), dir.weights + ": tokenizer.ggml.*"));
+  LOOM_REQUIRE(kind == "gpt2", dir.weights, ": tokenizer.ggml.model is '", kind,
+               "'; loom reads GGUF tokenizers of kinds 'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)");
+  return std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::from_strings(
+      strings(f, "tokenizer.ggml.tokens"), strings(f, "tokenizer.ggml.merges"),
+      {dir.weights + ": tokenizer.ggml.tokens", dir.weights + ": tokenizer.ggml.merges"}));
+}
+
+void gguf_add_tokenizer(io::GgufWriter& w, const text::Tokenizer& tok, int64_t vocab_size) {
+  if (const auto* g = dynamic_cast<const text::Gpt2Tokenizer*>(&tok)) return add_gpt2(w, *g, vocab_size);
+  if (const auto* s = dynamic_cast<const text::SentencePieceTokenizer*>(&tok)) return add_spm(w, *s, vocab_size);
+  LOOM_CHECK(false, "a tokenizer of kind ", tok.kind(), " has no GGUF form");
+}
+
+}  // namespace loom::cli

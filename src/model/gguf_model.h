@@ -1,0 +1,72 @@
+// loom models in GGUF files (ggml's docs/gguf.md), as llama.cpp lays them
+// out: the architecture keys and tensor names of its "gpt2" and "llama"
+// architectures, written from and read into loom's flat f32 parameters
+// (param_specs order). The tokenizer's keys are the caller's (cli/).
+//
+// Names (loom's HF-style name -> GGUF):
+//   gpt2   wte -> token_embd, wpe -> position_embd, h.N.ln_1 -> blk.N.attn_norm,
+//          attn.c_attn -> attn_qkv, attn.c_proj -> attn_output, ln_2 -> ffn_norm,
+//          mlp.c_fc -> ffn_up, mlp.c_proj -> ffn_down, ln_f -> output_norm
+//   llama  model.embed_tokens -> token_embd, input_layernorm -> attn_norm,
+//          self_attn.{q,k,v,o}_proj -> attn_{q,k,v,output},
+//          post_attention_layernorm -> ffn_norm, mlp.{gate,up,down}_proj ->
+//          ffn_{gate,up,down}, model.norm -> output_norm; MoE layers:
+//          block_sparse_moe.gate -> ffn_gate_inp and the experts stacked into
+//          ffn_{gate,down,up}_exps (ne = {in, out, n_expert})
+//   both   lm_head -> output (untied models only; a tied model has none and
+//          llama.cpp reads token_embd, as loom does)
+// A weight (OC, IC) row-major is ne = {IC, OC}: loom's layout as it is
+// (GPT-2's Conv1D transpose is a Hugging Face file's, not loom's).
+//
+// Llama's q_proj and k_proj rows are permuted as llama.cpp's converter does
+// (convert_hf_to_gguf.py): loom's RoPE pairs element i with i + HS/2 of each
+// head (Hugging Face's rotate_half), llama.cpp's llama pairs 2i with 2i + 1,
+// so row h*HS + half*HS/2 + i is written at h*HS + 2i + half; reading undoes it.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/gguf.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace loom::model {
+
+// What a GGUF file loom writes stores its weight matrices as. Vectors (norms,
+// biases) stay f32. q4_K_M is llama.cpp's mix: q4_K, with q6_K for the output
+// matrix and for ffn_down and attn_v (gpt2: attn_qkv) of the layers
+// llama.cpp's use_more_bits picks (the first and last eighth, and every third
+// between). A matrix whose rows (ne[0]) are not a multiple of the type's
+// block is stored in the largest type that fits: q8_0 (32) if it can, else f16.
+enum class GgufWeights { f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M };
+// "f32", ..., "q4_K_M"; another name is a loom::Error listing the allowed ones.
+GgufWeights gguf_weights_from_name(std::string_view name);
+std::string_view gguf_weights_name(GgufWeights w);
+// llama.cpp's general.file_type (enum llama_ftype) of a file of such weights.
+uint32_t gguf_file_type(GgufWeights w);
+
+// Adds general.architecture, general.name, general.file_type,
+// general.quantization_version and the architecture's keys, then every
+// parameter of the model. flat: (P) f32 in param_specs(cfg) order; it must
+// stay valid until w.write() (tensors are converted while writing).
+void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& flat, GgufWeights weights,
+                    const std::string& name);
+
+// The model config of a GGUF file of architecture gpt2 or llama (MoE
+// llama included). vocab_size from the token_embd tensor. Another
+// architecture, or a key loom has no counterpart for (rope scaling), is a
+// loom::Error naming the file and the key.
+ModelConfig model_config_from_gguf(const io::GgufFile& f);
+// flat (P) f32 in param_specs(cfg) order, from the file's tensors of any type
+// loom can dequantize (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K); a missing
+// tensor, a shape that differs, or another type is a loom::Error naming it.
+void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f);
+
+// The GGUF name of a loom parameter name ("h.3.attn.c_attn.weight" ->
+// "blk.3.attn_qkv.weight"); expert weights map to their stacked tensor.
+std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& loom_name);
+
+}  // namespace loom::model

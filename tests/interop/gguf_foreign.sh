@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# A GGUF file loom did not write, run by loom as llama.cpp runs it: a llama
+# model (GQA, SentencePiece vocabulary with byte fallback) written by an
+# independent numpy writer (write_llama_gguf.py) from a tokenizer.model
+# sentencepiece trained; for each prompt, loom's and llama.cpp's prompt
+# lengths and greedy tokens must be equal.
+#
+#   gguf_foreign.sh LOOM WORKDIR TOKENIZER_MODEL INTEROP_DIR
+set -euo pipefail
+loom=$1 work=$2 spm_model=$3 interop=$4
+here=$(cd "$(dirname "$0")" && pwd)
+n=16
+rm -rf "$work"
+mkdir -p "$work"
+/usr/bin/python3 "$here/write_llama_gguf.py" "$work/foreign.gguf" "$spm_model" 1
+prompts=("The quick brown fox jumps over the lazy dog" "  two  spaces, digits 12345 and é, 漢字, 🙂" "x")
+checked=0
+for p in "${prompts[@]}"; do
+  node "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/foreign.gguf" >"$work/ref.json"
+  "$loom" generate --model "$work/foreign.gguf" --prompt "$p" --max-tokens "$n" --temperature 0 --json \
+    2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
+  /usr/bin/python3 - "$work/loom.json" "$work/ref.json" "$p" <<'PY'
+import json, sys
+loom, ref, prompt = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+ok = loom["prompt_tokens"] == len(ref["prompt_tokens"]) and loom["tokens"] == ref["tokens"]
+print(f"{prompt!r}: prompt {loom['prompt_tokens']} vs {len(ref['prompt_tokens'])} tokens; "
+      f"loom {loom['tokens']}; llama.cpp {ref['tokens']}: {'same' if ok else 'DIFFERENT'}")
+sys.exit(0 if ok else 1)
+PY
+  checked=$((checked + 1))
+done
+echo "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does ($checked prompts, $n tokens each)"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# loom's GGUF files in llama.cpp itself: a gpt2-tiny and a llama-tiny (GQA,
+# untied head) trained for a few hundred steps on a repeated sentence, each
+# written by `loom convert --to gguf` in every weight type, then decoded
+# greedily by loom (`loom generate`, the GGUF file as --model) and by
+# llama.cpp (node-llama-cpp, llama_cpp_greedy.mjs) from the same prompt.
+# Prints one line per (model, type) with both token lists and how many
+# leading tokens agree, and fails unless all N agree for every file: the
+# models are trained until their continuation is certain, so the logit
+# margins are far wider than any type's rounding (measured: 16 of 16 for
+# each type, f32 to q4_0).
+#
+#   gguf_llama_cpp.sh LOOM WORKDIR TOKENIZER_DIR INTEROP_DIR
+set -euo pipefail
+loom=$1 work=$2 tokenizer=$3 interop=$4
+here=$(cd "$(dirname "$0")" && pwd)
+n=16
+prompt="The quick brown fox number 7"
+[[ -d $interop/node_modules/node-llama-cpp ]] ||
+  { echo "gguf_llama_cpp: $interop has no node-llama-cpp: run bash scripts/fetch-data.sh" >&2; exit 1; }
+rm -rf "$work"
+mkdir -p "$work/in"
+for i in $(seq 200); do echo "The quick brown fox number $i jumps over the lazy dog."; done >"$work/in/a.txt"
+cp "$work/in/a.txt" "$work/in/b.txt"
+"$loom" data prepare --tokenizer "$tokenizer" --input "$work/in" --output "$work/data" --val-fraction 0.5 >/dev/null
+
+train() {  # train NAME key=value...
+  local name=$1
+  shift
+  local sets=()
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  "$loom" train --config "$here/../../configs/tiny.toml" --set "data.train=$work/data/train_*.bin" \
+    --set "data.val=$work/data/val_*.bin" --set train.steps=300 --set train.lr=3e-3 --set train.warmup_steps=10 \
+    --set train.eval_every=0 --set log.every=100 --set "checkpoint.dir=$work/$name" --set checkpoint.every=300 \
+    "${sets[@]}" --threads 2 >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
+}
+train gpt2
+train llama model.preset=llama-tiny model.vocab_size=50257 model.max_seq_len=32 model.tie_embeddings=false
+
+files=()
+for m in gpt2 llama; do
+  for q in f32 f16 bf16 q8_0 q4_0 q4_K_M; do
+    "$loom" convert --to gguf --model "$work/$m" --out "$work/$m-$q.gguf" --quantize "$q" --tokenizer "$tokenizer" \
+      >/dev/null 2>"$work/convert.err" || { cat "$work/convert.err"; exit 1; }
+    files+=("$work/$m-$q.gguf")
+  done
+done
+node "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$prompt" "${files[@]}" >"$work/llama_cpp.jsonl"
+for f in "${files[@]}"; do
+  loom_tokens=$("$loom" generate --model "$f" --prompt "$prompt" --max-tokens "$n" --temperature 0 --json \
+    2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+  python3 - "$f" "$loom_tokens" "$work/llama_cpp.jsonl" <<'PY'
+import json, os, sys
+f, loom, lines = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+ref = next(json.loads(l) for l in open(lines) if json.loads(l)["file"] == f)
+agree = 0
+while agree < min(len(loom), len(ref["tokens"])) and loom[agree] == ref["tokens"][agree]:
+    agree += 1
+name = os.path.basename(f)[:-5]
+print(f"{name}: {agree} of {len(loom)} tokens agree; loom {loom}; llama.cpp {ref['tokens']}")
+sys.exit(0 if agree == len(loom) == len(ref["tokens"]) else 1)
+PY
+done
+echo "gguf_llama_cpp: every file gives llama.cpp loom's $n greedy tokens"
