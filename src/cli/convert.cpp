@@ -20,6 +20,7 @@
 #include "io/gguf.h"
 #include "model/config_json.h"
 #include "model/gguf_model.h"
+#include "serve/chat_template.h"
 
 namespace loom::cli {
 namespace {
@@ -74,6 +75,10 @@ void run_convert_to_gguf(const ConvertArgs& args) {
   io::GgufWriter w;
   model::gguf_add_model(w, dir.config, params, weights, name);
   gguf_add_tokenizer(w, *tok, dir.config.vocab_size);
+  // The model's chat template (an HF dir's tokenizer_config.json, a GGUF
+  // file's own), as llama.cpp and ollama read it.
+  const serve::ChatTemplate chat = serve::ChatTemplate::for_model_dir(args.model_dir);
+  if (!chat.is_plain) w.add("tokenizer.chat_template", io::GgufValue::string(chat.source));
   w.write(args.out);
   if (args.print_error) print_quantization_error(dir, params, args.out);
   log_info("wrote ", args.out, " (", model::family_name(dir.config.family), ", ", args.quantize, " weights, ",

@@ -254,7 +254,7 @@ void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   infer::SamplerConfig& s = args->gen.sampler;
   infer::StopParams& stop = args->gen.stop;
-  cmd->add_option("--model", args->model_dir, "model directory")->required();
+  cmd->add_option("--model", args->model_dir, "model directory, or a .gguf file")->required();
   cmd->add_option("--prompt", args->prompts, "text to continue (empty: start from <|endoftext|>); repeat the "
                                              "option for several prompts, generated together")
       ->required()

@@ -116,6 +116,8 @@ void run_serve(ServeArgs a) {
   a.http.request_timeout = a.http.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   const bool from_store = a.model_dir.empty();
   namespace fs = std::filesystem;
+  if (!from_store && a.name.empty() && fs::path(a.model_dir).extension() == ".gguf")
+    a.name = fs::path(a.model_dir).stem().string();  // m.gguf serves as "m", as ollama names it
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().filename().string();
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
   const StopSignals stop("draining: new requests get 503, those in flight finish");
@@ -171,7 +173,7 @@ void add_serve_command(CLI::App& app, int default_threads) {
   a->threads = default_threads;
   EngineArgs& e = a->engine;
   cmd->add_option("--model", a->model_dir, "serve this model directory (loom_config.json or config.json, "
-                                           "model.safetensors) instead of the store's models");
+                                           "model.safetensors) or .gguf file instead of the store's models");
   cmd->add_option("--models", a->models_dir, "the model store (default ~/.loom/models)");
   cmd->add_option("--served-model-name", a->name, "with --model: the name clients give as \"model\" (default: the "
                                                   "directory's)");

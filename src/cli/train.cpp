@@ -153,10 +153,11 @@ void add_eval_command(CLI::App& app, int default_threads) {
       "eval",
       "Mean next-token loss and perplexity of a model over every window of token shards, in order. --model is a "
       "directory written by loom train (loom_config.json + model.safetensors), a Hugging Face directory as loom "
-      "convert writes it (config.json + model.safetensors), or a model.safetensors file inside either.");
+      "convert writes it (config.json + model.safetensors), a model.safetensors file inside either, or a .gguf file "
+      "(quantized weights are dequantized to f32).");
   auto a = std::make_shared<EvalArgs>();
   a->threads = default_threads;
-  cmd->add_option("--model", a->model, "model directory or model.safetensors file")->required();
+  cmd->add_option("--model", a->model, "model directory, model.safetensors file or .gguf file")->required();
   cmd->add_option("--data", a->data, "token shards (.bin paths or globs), e.g. data/brown/val_000000.bin")->required();
   cmd->add_option("--seq-len", a->seq_len, "window length T (default: the model's max_seq_len)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/gguf.h"
 #include "serve/jinja.h"
 
 namespace loom::serve {
@@ -63,7 +64,30 @@ ChatTemplate ChatTemplate::plain() {
   return t;
 }
 
+ChatTemplate ChatTemplate::for_gguf(const std::string& path) {
+  const io::GgufFile f = io::GgufFile::open(path);
+  if (!f.has("tokenizer.chat_template")) return plain();
+  ChatTemplate t;
+  t.source = std::string(f.get_string("tokenizer.chat_template"));
+  if (t.source.empty()) return plain();
+  // The special tokens' texts: the vocabulary's entries at the BOS / EOS ids.
+  if (f.has("tokenizer.ggml.tokens")) {
+    const std::vector<std::string_view> tokens = f.get_string_array("tokenizer.ggml.tokens");
+    const auto token = [&](const char* key) -> std::string {
+      if (!f.has(key)) return {};
+      const auto id = f.get_int<int64_t>(key);
+      return id >= 0 && id < static_cast<int64_t>(tokens.size()) ? std::string(tokens[static_cast<size_t>(id)]) : "";
+    };
+    t.bos_token = token("tokenizer.ggml.bos_token_id");
+    t.eos_token = token("tokenizer.ggml.eos_token_id");
+  }
+  if (!t.eos_token.empty()) t.stop = {t.eos_token};
+  t.origin = path + ": tokenizer.chat_template";
+  return t;
+}
+
 ChatTemplate ChatTemplate::for_model_dir(const std::string& dir) {
+  if (std::filesystem::path(dir).extension() == ".gguf" && std::filesystem::is_regular_file(dir)) return for_gguf(dir);
   const json cfg = tokenizer_config(dir);
   if (cfg.is_null()) return plain();
   const std::string where = (std::filesystem::path(dir) / "tokenizer_config.json").string();

@@ -3,7 +3,8 @@
 // (bos_token, eos_token) and the stop strings where its turns end. Found in a
 // Hugging Face model directory's tokenizer_config.json (chat_template, a
 // string or a list of named templates: "default" is used), given as a file
-// (--chat-template), or the plain template for base models, which have none:
+// (--chat-template), read from a GGUF file's tokenizer.chat_template, or the
+// plain template for base models, which have none:
 //
 //   System text
 //
@@ -29,9 +30,13 @@ struct ChatTemplate {
   bool is_plain = false;  // loom's plain template (the model has none of its own)
 
   static ChatTemplate plain();
-  // dir's tokenizer_config.json template, or plain() when it has none.
-  // loom::Error for a tokenizer_config.json that cannot be read.
+  // dir's tokenizer_config.json template, or plain() when it has none
+  // (dir may be a .gguf file: for_gguf). loom::Error for a
+  // tokenizer_config.json that cannot be read.
   static ChatTemplate for_model_dir(const std::string& dir);
+  // A GGUF file's tokenizer.chat_template, with the texts of its BOS and EOS
+  // tokens; plain() when it has none.
+  static ChatTemplate for_gguf(const std::string& path);
   // A Jinja file; the special tokens of dir's tokenizer_config.json if any.
   static ChatTemplate from_file(const std::string& path, const std::string& dir);
 };
