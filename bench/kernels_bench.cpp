@@ -1,7 +1,8 @@
 // `loom bench kernels`: matmul GFLOP/s at square shapes and at every GEMM of a
 // GPT-2 124M training step, attention forward+backward tokens/s, and the
 // serving linears (oneDNN vs the batch-invariant kernel) at 1 to 512 rows,
-// and the paged attention of a decode step (K/V GB/s).
+// the quantized serving linear (q8_0, q4_0, q4_K, q6_K weights) at 1 and 64
+// rows, and the paged attention of a decode step (K/V GB/s).
 //
 // Each case runs once to warm up (creating the oneDNN primitive, touching
 // the pages), then repeats until --seconds have elapsed (at least 3 times).
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -25,6 +27,7 @@
 #include "core/memory.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
+#include "kernels/quant.h"
 
 namespace loom::bench {
 namespace {
@@ -91,6 +94,16 @@ void fill_random(Tensor t, uint64_t seed) {
     const float v = static_cast<float>(s >> 40) / static_cast<float>(1 << 23) - 1.f;
     if (t.dtype() == DType::f32) t.data_as<float>()[i] = v;
     else t.data_as<bf16>()[i] = to_bf16(v);
+  }
+}
+
+// Random bytes from a fixed xorshift stream.
+void fill_random_bytes(Tensor t, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto* p = static_cast<uint8_t*>(t.data());
+  for (size_t i = 0; i < t.nbytes(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    p[i] = static_cast<uint8_t>(s >> 32);
   }
 }
 
@@ -229,6 +242,84 @@ void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const ch
   std::fflush(stdout);
 }
 
+// The quantized serving linears (linear_forward_quantized) at gpt2-124m's MLP
+// shapes, decode (1 row) and prefill (64): weights of random block bytes
+// (finite f16 scales; the speed does not depend on the values). GFLOP/s
+// counts 2 M N K; GB/s counts w's bytes once, as linear_invariant's does.
+constexpr ServingLinear kQuantLinears[] = {{"fc", kC, 4 * kC}, {"mlp_proj", 4 * kC, kC}};
+constexpr int64_t kQuantRows[] = {1, 64};
+constexpr kernels::QuantType kQuantTypes[] = {kernels::QuantType::q8_0, kernels::QuantType::q4_0,
+                                              kernels::QuantType::q4_K, kernels::QuantType::q6_K};
+
+// Random block bytes with every f16 scale (the first field of q8_0, q4_0
+// and q4_K blocks, q4_K's second, q6_K's last) set to a small finite value.
+void fill_quantized(Tensor w, kernels::QuantType t) {
+  fill_random_bytes(w, 12);
+  const size_t bytes = kernels::quant_block_bytes(t), n = static_cast<size_t>(w.numel());
+  const f16 scale = to_f16(1e-3f);
+  auto* p = w.data_as<uint8_t>();
+  for (size_t off = 0; off < n; off += bytes) {
+    if (t == kernels::QuantType::q6_K) {
+      std::memcpy(p + off + bytes - sizeof scale, &scale, sizeof scale);
+    } else {
+      std::memcpy(p + off, &scale, sizeof scale);
+      if (t == kernels::QuantType::q4_K) std::memcpy(p + off + sizeof scale, &scale, sizeof scale);
+    }
+  }
+}
+
+void bench_quant_linear(Pools& pools, const KernelBenchOptions& opts, kernels::QuantType type, const ServingLinear& l,
+                        int64_t m) {
+  Pool& pool = pools[MemTag::workspace];
+  const auto row_bytes = static_cast<int64_t>(kernels::quant_row_bytes(type, l.in));
+  OwnedTensor x = pool.empty(DType::f32, {m, l.in}), w = pool.empty(DType::u8, {l.out, row_bytes});
+  OwnedTensor y = pool.empty(DType::f32, {m, l.out});
+  fill_random(x, 7);
+  fill_quantized(w, type);
+  const Timing t = measure([&] { kernels::linear_forward_quantized(y, x, w, type, Tensor()); }, opts.min_seconds);
+  const double gflops = 2.0 * m * l.out * l.in / t.best / 1e9;
+  const double gbps = static_cast<double>(w.nbytes()) / t.best / 1e9;
+  const std::string name = std::string("gpt2_") + l.name, wtype(kernels::quant_name(type));
+  if (opts.json) {
+    std::printf("{\"op\":\"linear_quant\",\"dtype\":\"%s\",\"case\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,"
+                "\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"gflops\":%.2f,\"weight_gb_per_s\":%.2f,"
+                "\"threads\":%d,\"isa\":\"%s\"}\n",
+                wtype.c_str(), name.c_str(), static_cast<long long>(m), static_cast<long long>(l.out),
+                static_cast<long long>(l.in), t.best, t.median, t.reps, gflops, gbps, opts.threads,
+                isa_of("linear_quant").c_str());
+  } else {
+    std::printf("%-16s %-5s %-16s %6lld %6lld %6lld %10.4f %10.4f %9.1f %9.2f\n", "linear_quant", wtype.c_str(),
+                name.c_str(), static_cast<long long>(m), static_cast<long long>(l.out), static_cast<long long>(l.in),
+                t.best * 1e3, t.median * 1e3, gflops, gbps);
+  }
+  std::fflush(stdout);
+}
+
+// The quantized linear cases --filter selects (by op, weight type or case
+// name); returns how many ran.
+int64_t bench_quant_linear_cases(Pools& pools, const KernelBenchOptions& opts) {
+  int64_t measured = 0;
+  for (kernels::QuantType type : kQuantTypes) {
+    for (const ServingLinear& l : kQuantLinears) {
+      const std::string name = std::string("gpt2_") + l.name;
+      if (!opts.filter.empty()) {
+        bool hit = false;
+        for (const std::string& s : {std::string("linear_quant"), std::string(kernels::quant_name(type)), name})
+          hit = hit || s.find(opts.filter) != std::string::npos;
+        if (!hit) continue;
+      }
+      for (int64_t m : kQuantRows) {
+        if (!opts.json && measured == 0)
+          std::printf("\n%-16s %-5s %-16s %6s %6s %6s %10s %10s %9s %9s\n", "op", "wtype", "case", "m", "n", "k",
+                      "best_ms", "median_ms", "GFLOP/s", "w GB/s");
+        ++measured;
+        bench_quant_linear(pools, opts, type, l, m);
+      }
+    }
+  }
+  return measured;
+}
+
 // The serving path's attention in a decode step: S sequences of L tokens,
 // one query row each, over a paged cache (blocks of 16 in shuffled order, as
 // a pool hands them out after churn) with gpt2-124m's heads, all 12 layers
@@ -357,11 +448,13 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
       }
     }
   }
+  measured += bench_quant_linear_cases(pools, opts);
   measured += bench_paged_attention_cases(pools, opts);
   LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter,
                "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, ",
-               "linear_invariant, paged_attention_decode), ",
-               "a dtype (f32, bf16) or a case name (square_1024, gpt2_lm_head_dw, ...)");
+               "linear_invariant, linear_quant, paged_attention_decode), ",
+               "a dtype (f32, bf16), a weight type (q8_0, q4_0, q4_K, q6_K) or a case name (square_1024, ",
+               "gpt2_lm_head_dw, ...)");
   return 0;
 }
 

@@ -30,6 +30,8 @@ namespace loom::kernels {
     (Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b, const MatmulOpts& opts))            \
   X(linear_forward, void, (Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias))                        \
   X(linear_forward_invariant, void, (Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias))              \
+  X(linear_forward_quantized, void,                                                                                \
+    (Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias))                             \
   X(linear_backward, void,                                                                                         \
     (Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w))                      \
   X(layernorm_forward, void,                                                                                       \

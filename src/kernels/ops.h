@@ -44,6 +44,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "kernels/quant.h"
 
 namespace loom::kernels {
 
@@ -90,6 +91,25 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
 // Slower than linear_forward for many rows, at least as fast for a few
 // (BENCHMARKS.md). Same operands and checks as linear_forward.
 void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+// y = x @ W^T + bias for weights stored quantized (llama.cpp's block formats,
+// kernels/quant.h), never dequantized whole: the inference GEMV (N = 1) and
+// GEMM of a model loaded from a quantized file.
+// w: u8 (OC, quant_row_bytes(wtype, IC)), row n holding W's row n as blocks
+// of wtype (q8_0, q4_0, q4_K or q6_K); x: (N, IC) f32 (leading dims
+// flattened), IC a multiple of wtype's block size (32 or 256); bias: (OC)
+// f32 or undefined; y: (N, OC) f32.
+// Each row of x is quantized to quant_dot_type(wtype) (q8_0 or q8_K) by
+// quantize_row, as llama.cpp does, then y[m][n] = vec_dot(wtype, W row n,
+// x row m) (+ bias[n], one f32 add): integer block sums (exact) scaled and
+// accumulated in f32 in block order (quant.h). So y's bits are those of that
+// scalar reference: a row's bits depend only on that row and W (batch
+// invariant, any thread count) and are the same at every instruction-set
+// level and on every CPU. The error against x @ dequantize(W)^T is the
+// activations' quantization: each value moves by at most 0.57 d, d =
+// max|x| / 127 of its block (d / 2 from rounding, q8_0's f16 scale adds
+// 127 |f16(d) - d| <= 0.062 d), times |W| summed, plus f32 rounding. A NaN
+// or Inf in x is a loom::Error naming its row (it cannot be quantized).
+void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias);
 // dx += dy @ w   dw += dy^T @ x   dbias += sum over rows of dy
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w);
 

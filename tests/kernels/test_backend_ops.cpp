@@ -29,6 +29,7 @@
 #include "kernels/backend_ops_io.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
+#include "kernels/quant.h"
 
 namespace loom::kernels {
 namespace {
@@ -94,6 +95,29 @@ std::vector<OpCase> gemm_cases() {
                              dy, x, w);
        }},
   };
+}
+
+// Weights of each type quantized from fixed values (an input like any
+// other, as u8 bytes); x (2, 3, 256): every row quantized, 5 outputs.
+void run_linear_quantized(Io& io) {
+  constexpr int64_t IC = 256, OC = 5;
+  for (QuantType t : {QuantType::q8_0, QuantType::q4_0, QuantType::q4_K, QuantType::q6_K}) {
+    const std::string name(quant_name(t));
+    const size_t row = quant_row_bytes(t, IC);
+    std::vector<float> values(static_cast<size_t>(OC * IC));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.1f * std::sin(0.37f * static_cast<float>(i) + 1.f);
+    std::vector<uint8_t> bytes(row * OC);
+    for (int64_t n = 0; n < OC; ++n) quantize_row(t, values.data() + n * IC, bytes.data() + row * n, IC);
+    const Tensor w = io.tensor(("w_" + name).c_str(), DType::u8, {OC, static_cast<int64_t>(row)},
+                               std::vector<double>(bytes.begin(), bytes.end()));
+    const Tensor x = io.normal(("x_" + name).c_str(), f32, {2, 3, IC});
+    const Tensor bias = t == QuantType::q4_0 ? Tensor() : io.normal(("bias_" + name).c_str(), f32, {OC});
+    OP(linear_forward_quantized)(io.normal(("y_" + name).c_str(), f32, {2, 3, OC}), x, w, t, bias);
+  }
+}
+
+std::vector<OpCase> quant_cases() {
+  return {{"linear_forward_quantized", kOnlyF32, {1e-5, 1e-5}, {}, [](Io& io, DType) { run_linear_quantized(io); }}};
 }
 
 std::vector<OpCase> norm_cases() {
@@ -467,7 +491,7 @@ std::vector<OpCase> moe_cases() {
 
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
-  for (auto part : {gemm_cases, norm_cases, pointwise_cases, embedding_cases, attention_cases, loss_cases,
+  for (auto part : {gemm_cases, quant_cases, norm_cases, pointwise_cases, embedding_cases, attention_cases, loss_cases,
                     optim_cases, elementwise_cases, moe_cases}) {
     for (OpCase& c : part()) all.push_back(std::move(c));
   }

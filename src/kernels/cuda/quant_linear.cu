@@ -1,0 +1,219 @@
+// linear_forward_quantized on the GPU (ops.h): the CPU's scheme, written to
+// be obviously correct rather than fast. x's rows are quantized on the
+// device to the weight type's dot type with quant.cpp's arithmetic (same
+// bytes: IEEE division, round-half-away and nearest-even as written there,
+// no FMA contraction under --fmad=false); then one warp per output: lane l
+// computes the integer sums of blocks l, l + 32, ... as quant_dot.cpp does
+// and the block's float term, and the terms are added in block order
+// (shuffled to every lane one at a time). Every step is the CPU's, so the
+// result equals the CPU's bit for bit (test_backend_ops allows f32 rounding).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/quant.h"
+
+namespace loom::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 8;  // warps per thread block
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ float f16_value(f16 h) { return __half2float(__ushort_as_half(h.bits)); }
+__device__ __forceinline__ f16 f16_of(float v) { return f16{__half_as_ushort(__float2half_rn(v))}; }
+
+// Not NaN nor Inf.
+__device__ __forceinline__ bool finite(float v) { return fabsf(v) <= 3.40282347e38f; }
+
+// quant.cpp's round_to_int8_as_x86 (roundf, then x86's float -> int8).
+__device__ int8_t round_to_int8(float v) {
+  if (!(fabsf(v) < 2147483648.f)) return 0;
+  int32_t i = static_cast<int32_t>(v);
+  const float frac = v - static_cast<float>(i);
+  i += (frac >= 0.5f) - (frac <= -0.5f);
+  return static_cast<int8_t>(i);
+}
+
+// quant.cpp's nearest_int: ties to even for |f| <= 2^22.
+__device__ int nearest_int(float f) {
+  const float v = f + 12582912.f;
+  return static_cast<int>(__float_as_uint(v) & 0x7fffffu) - 0x400000;
+}
+
+// One warp per 32-value block: d = max|x| / 127 (f16), q = roundf(x / d).
+__global__ void quantize_q8_0_kernel(block_q8_0* a, const float* x, int64_t blocks, unsigned long long* bad) {
+  const int lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
+  if (b >= blocks) return;
+  const float v = x[b * kQK + lane];
+  if (!finite(v)) report_bad_id(bad, b * kQK + lane);
+  const float d = warp_max(fabsf(v)) / 127;
+  const float id = d != 0.f ? 1.f / d : 0.f;
+  a[b].qs[lane] = round_to_int8(v * id);
+  if (lane == 0) a[b].d = f16_of(d);
+}
+
+// One warp per 256-value block, lane l holding values 8l .. 8l + 7: the
+// first value of largest magnitude sets d = max / -127 (f32).
+__global__ void quantize_q8_K_kernel(block_q8_K* a, const float* x, int64_t blocks, unsigned long long* bad) {
+  const int lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
+  if (b >= blocks) return;
+  const float* xb = x + b * kQKK;
+  float amax = 0.f;
+  int at = kQKK;  // index of the first largest |x| (kQKK: all zero)
+  for (int k = 8 * lane; k < 8 * lane + 8; ++k) {
+    if (!finite(xb[k])) report_bad_id(bad, b * kQKK + k);
+    if (fabsf(xb[k]) > amax) amax = fabsf(xb[k]), at = k;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float oa = __shfl_xor_sync(kFull, amax, o);
+    const int ot = __shfl_xor_sync(kFull, at, o);
+    if (oa > amax || (oa == amax && ot < at)) amax = oa, at = ot;
+  }
+  block_q8_K& out = a[b];
+  if (at == kQKK) {
+    for (int k = 8 * lane; k < 8 * lane + 8; ++k) out.qs[k] = 0;
+    if (lane < kQKK / 16) out.bsums[lane] = 0;
+    if (lane == 0) out.d = 0.f;
+    return;
+  }
+  const float iscale = -127.f / xb[at];
+  int sum = 0;
+  for (int k = 8 * lane; k < 8 * lane + 8; ++k) {
+    const int q = min(127, nearest_int(iscale * xb[k]));
+    out.qs[k] = static_cast<int8_t>(q);
+    sum += q;
+  }
+  sum += __shfl_xor_sync(kFull, sum, 1);  // lanes 2j, 2j + 1 hold values 16j .. 16j + 15
+  if (lane % 2 == 0) out.bsums[lane / 2] = static_cast<int16_t>(sum);
+  if (lane == 0) out.d = 1 / iscale;
+}
+
+// ---- one block's term of the dot product (quant_dot.cpp) --------------------
+
+__device__ float block_term(const block_q8_0& x, const block_q8_0& y) {
+  int isum = 0;
+  for (int j = 0; j < kQK; ++j) isum += x.qs[j] * y.qs[j];
+  return static_cast<float>(isum) * (f16_value(x.d) * f16_value(y.d));
+}
+
+__device__ float block_term(const block_q4_0& x, const block_q8_0& y) {
+  int isum = 0;
+  for (int j = 0; j < kQK / 2; ++j)
+    isum += ((x.qs[j] & 0xf) - 8) * y.qs[j] + ((x.qs[j] >> 4) - 8) * y.qs[j + kQK / 2];
+  return static_cast<float>(isum) * (f16_value(x.d) * f16_value(y.d));
+}
+
+__device__ void q4_K_scale_min_dev(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+__device__ float block_term(const block_q4_K& x, const block_q8_K& y) {
+  int isum = 0, msum = 0;
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    q4_K_scale_min_dev(j, x.scales, &sc, &m);
+    const uint8_t* q = x.qs + kQK * (j / 2);
+    const int shift = 4 * (j % 2);
+    int dot = 0;
+    for (int l = 0; l < kQK; ++l) dot += ((q[l] >> shift) & 0xf) * y.qs[kQK * j + l];
+    isum += sc * dot;
+    msum += m * (y.bsums[2 * j] + y.bsums[2 * j + 1]);
+  }
+  const float d = f16_value(x.d) * y.d;
+  const float dmin = f16_value(x.dmin) * y.d;
+  return d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+}
+
+__device__ float block_term(const block_q6_K& x, const block_q8_K& y) {
+  int isum = 0;
+  for (int j = 0; j < kQKK / 16; ++j) {  // value i = 128h + 32k + l lies in sub-block i / 16
+    int dot = 0;
+    for (int i = 16 * j; i < 16 * j + 16; ++i) {
+      const int h = i / 128, k = i % 128 / 32, l = i % 32;
+      const uint8_t ql = x.ql[64 * h + l + 32 * (k % 2)];
+      const int low = k < 2 ? ql & 0xf : ql >> 4;
+      const int high = (x.qh[32 * h + l] >> (2 * k)) & 3;
+      dot += ((low | high << 4) - 32) * y.qs[i];
+    }
+    isum += x.scales[j] * dot;
+  }
+  return (f16_value(x.d) * y.d) * static_cast<float>(isum);
+}
+
+// y[m][n] (+ bias[n]) by one warp: the terms of blocks base + lane, added
+// to s in block order by every lane alike.
+template <typename W, typename A>
+__global__ void quant_dot_kernel(float* y, const W* w, const A* a, const float* bias, int64_t rows, int64_t oc,
+                                 int64_t nb) {
+  const int lane = threadIdx.x % 32;
+  const int64_t out = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
+  if (out >= rows * oc) return;
+  const int64_t m = out / oc, n = out % oc;
+  const W* wr = w + n * nb;
+  const A* ar = a + m * nb;
+  float s = 0.f;
+  for (int64_t base = 0; base < nb; base += 32) {
+    const float t = base + lane < nb ? block_term(wr[base + lane], ar[base + lane]) : 0.f;
+    const int count = nb - base < 32 ? static_cast<int>(nb - base) : 32;
+    for (int i = 0; i < count; ++i) s += __shfl_sync(kFull, t, i);
+  }
+  if (lane == 0) y[out] = bias ? s + bias[n] : s;
+}
+
+unsigned warps_grid(int64_t warps) { return static_cast<unsigned>((warps + kWarps - 1) / kWarps); }
+
+// x's rows quantized to `type` into a (N rows of row_bytes); a NaN or Inf is
+// the CPU's loom::Error, naming its row and index.
+void quantize_rows(void* a, const float* x, int64_t N, int64_t IC, QuantType type) {
+  const int64_t blocks = N * IC / quant_block_size(type);
+  BadIdFlag bad;
+  if (type == QuantType::q8_0)
+    quantize_q8_0_kernel<<<warps_grid(blocks), 32 * kWarps, 0, stream()>>>(static_cast<block_q8_0*>(a), x, blocks,
+                                                                           bad.device());
+  else
+    quantize_q8_K_kernel<<<warps_grid(blocks), 32 * kWarps, 0, stream()>>>(static_cast<block_q8_K*>(a), x, blocks,
+                                                                           bad.device());
+  LOOM_CUDA_LAUNCHED();
+  if (const int64_t i = bad.first(); i >= 0) {
+    float v = 0.f;
+    read_back(&v, x + i, sizeof v);
+    fail("linear_forward_quantized: row ", i / IC, " of x: quantize_row ", quant_name(type), ": value ", i % IC,
+         " is ", v, " (NaN and Inf cannot be quantized)");
+  }
+}
+
+template <typename W, typename A>
+void quant_dot(float* y, const void* w, const void* a, const float* bias, int64_t N, int64_t OC, int64_t nb) {
+  quant_dot_kernel<W, A><<<warps_grid(N * OC), 32 * kWarps, 0, stream()>>>(
+      y, static_cast<const W*>(w), static_cast<const A*>(a), bias, N, OC, nb);
+  LOOM_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias) {
+  const int64_t OC = w.size(0), IC = x.size(-1), N = IC > 0 ? x.numel() / IC : y.numel() / std::max<int64_t>(OC, 1);
+  if (N == 0 || OC == 0) return;
+  const QuantType at = quant_dot_type(wtype);
+  DeviceTemp a(static_cast<size_t>(N) * quant_row_bytes(at, IC));
+  if (IC > 0) quantize_rows(a.as<void>(), ptr<const float>(x), N, IC, at);
+  const int64_t nb = IC / quant_block_size(wtype);
+  float* yp = ptr<float>(y);
+  const float* bp = bias.defined() ? ptr<const float>(bias) : nullptr;
+  switch (wtype) {
+    case QuantType::q8_0: return quant_dot<block_q8_0, block_q8_0>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
+    case QuantType::q4_0: return quant_dot<block_q4_0, block_q8_0>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
+    case QuantType::q4_K: return quant_dot<block_q4_K, block_q8_K>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
+    case QuantType::q6_K: return quant_dot<block_q6_K, block_q8_K>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
+    case QuantType::q8_K: break;
+  }
+  LOOM_CHECK(false, "linear_forward_quantized: weight type ", quant_name(wtype), " reached the CUDA kernel");
+}
+
+}  // namespace loom::kernels::cuda
