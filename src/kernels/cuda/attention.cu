@@ -29,31 +29,9 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxHeadSize = 256;  // HSP <= 256: shared memory and registers
 constexpr int64_t kMaxGrid = 65535;    // grid.y and grid.z
 
-// Storage kinds, chosen at run time: operands of one call may mix them (dout
-// f32 with bf16 out, f32 dk with bf16 dq), and every load and store happens
-// once per tile element, outside the inner loops.
-enum Kind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
-Kind kind_of(DType t) {
-  switch (t) {
-    case DType::f32: return kF32;
-    case DType::bf16: return kBF16;
-    case DType::f16: return kF16;
-    default: break;
-  }
-  LOOM_CHECK(false, "attention: a float dtype was expected, not ", dtype_name(t));
-  return kF32;
-}
-
-__device__ __forceinline__ float load_as(const void* p, int kind, int64_t i) {
-  if (kind == kBF16) return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
-  if (kind == kF16) return to_float(static_cast<const __half*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void store_as(void* p, int kind, int64_t i, float x) {
-  if (kind == kBF16) static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(x);
-  else if (kind == kF16) static_cast<__half*>(p)[i] = from_float<__half>(x);
-  else static_cast<float*>(p)[i] = x;
-}
+// Operands of one call may mix storage kinds (dout f32 with bf16 out, f32
+// dk with bf16 dq): common.cuh's FloatKind, loaded and stored once per tile
+// element, outside the inner loops.
 // p[i] += x, rounded once (backward ops accumulate).
 __device__ __forceinline__ void add_as(void* p, int kind, int64_t i, float x) {
   store_as(p, kind, i, load_as(p, kind, i) + x);
@@ -391,7 +369,7 @@ void with_head_tiles(const char* op, int64_t HS, F&& f) {
 }
 
 Geo geometry(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_pos) {
-  Geo g{q.data(), k.data(), v.data(), kind_of(q.dtype()), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+  Geo g{q.data(), k.data(), v.data(), float_kind(q.dtype()), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), 0, 0.f};
   g.off = q_pos == kQueriesLast ? g.Tk - g.Tq : q_pos;
   g.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.HS)));
@@ -435,17 +413,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   // No query or no key: every gradient is zero, nothing to add.
   if (g.B == 0 || g.Tq == 0 || g.NH == 0 || g.Tk == 0) return;
   const auto opt = [](const Tensor& t) { return t.defined() ? t.data() : nullptr; };
-  const auto opt_kind = [](const Tensor& t) { return t.defined() ? kind_of(t.dtype()) : kF32; };
+  const auto opt_kind = [](const Tensor& t) { return t.defined() ? float_kind(t.dtype()) : kF32; };
   const int64_t rows = g.B * g.Tq * g.NH;
   DeviceTemp D(static_cast<size_t>(rows) * sizeof(float));
-  const Grads gr{dout.data(), kind_of(dout.dtype()), lse.data_as<const float>(), D.as<const float>(),
+  const Grads gr{dout.data(), float_kind(dout.dtype()), lse.data_as<const float>(), D.as<const float>(),
                  opt(dq), opt(dk), opt(dv), opt_kind(dq), opt_kind(dk), opt_kind(dv)};
   with_head_tiles(op, g.HS, [&](auto nj) {
     constexpr int NJ = decltype(nj)::value, KB = kBwdRows<NJ>;
     constexpr size_t smem = bwd_smem<NJ, KB>();
     const unsigned warps_per_block = kThreads / 32;
     rowdot_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0, stream()>>>(
-        D.as<float>(), dout.data(), kind_of(dout.dtype()), out.data(), kind_of(out.dtype()), g.B, g.Tq, g.NH, g.HS);
+        D.as<float>(), dout.data(), float_kind(dout.dtype()), out.data(), float_kind(out.dtype()), g.B, g.Tq, g.NH, g.HS);
     LOOM_CUDA_LAUNCHED();
     if (dk.defined() || dv.defined()) {
       allow_smem(dkdv_kernel<NJ, KB>, smem);

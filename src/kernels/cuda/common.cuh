@@ -105,6 +105,37 @@ decltype(auto) with_float_type(DType t, F&& f) {
 template <typename T>
 T* ptr(const Tensor& t) { return static_cast<T*>(t.data()); }
 
+// Grid-stride loops: for (int64_t i = first_index(); i < n; i += grid_stride()).
+__device__ __forceinline__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// A float storage type chosen at run time, for kernels whose operands may
+// mix them without a template per combination; loads and stores go through
+// f32 (one RNE rounding on store).
+enum FloatKind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+inline FloatKind float_kind(DType t) {
+  switch (t) {
+    case DType::f32: return kF32;
+    case DType::bf16: return kBF16;
+    case DType::f16: return kF16;
+    default: break;
+  }
+  LOOM_CHECK(false, "a float dtype (f32, bf16, f16) was expected, not ", dtype_name(t));
+  return kF32;
+}
+__device__ __forceinline__ float load_as(const void* p, int kind, int64_t i) {
+  if (kind == kBF16) return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (kind == kF16) return to_float(static_cast<const __half*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+__device__ __forceinline__ void store_as(void* p, int kind, int64_t i, float x) {
+  if (kind == kBF16) static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(x);
+  else if (kind == kF16) static_cast<__half*>(p)[i] = from_float<__half>(x);
+  else static_cast<float*>(p)[i] = x;
+}
+
 // ---- ids checked on the device ---------------------------------------------
 
 // The first bad id a kernel found: kernels call report(i) for flat index i;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/adamw_scalars.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -23,36 +24,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ int64_t first_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // ---- adamw -------------------------------------------------------------------
 
-// The step's scalars, formed as the CPU forms them (in double, used as f32).
-struct AdamWScalars {
-  float decay;  // 1 - lr * wd
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float bc2_sqrt;       // sqrt(1 - beta2^t)
-  float neg_step_size;  // -lr / (1 - beta1^t)
-  float eps, grad_scale;
-};
-
-AdamWScalars adamw_scalars(const AdamWConfig& c) {
-  const double t = static_cast<double>(c.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), t);
-  return {static_cast<float>(1.0 - static_cast<double>(c.lr) * c.weight_decay),
-          c.beta1,
-          static_cast<float>(1.0 - c.beta1),
-          c.beta2,
-          static_cast<float>(1.0 - c.beta2),
-          static_cast<float>(std::sqrt(bc2)),
-          static_cast<float>(-static_cast<double>(c.lr) / bc1),
-          c.eps,
-          c.grad_scale};
-}
+// The step's scalars: kernels/adamw_scalars.h (one source for every backend).
 
 // param, m, v: (N) f32; grad: (N) G; copy: (N) P when kCopy.
 template <typename G, typename P, bool kCopy>

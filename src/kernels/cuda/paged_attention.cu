@@ -29,20 +29,6 @@ constexpr int64_t kMaxHeadSize = 256;  // 8 values per lane
 
 // q and out share a dtype chosen at run time (they are read and written once
 // per element); the caches' dtype is a template parameter (the inner loops).
-enum Kind : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
-Kind kind_of(DType t) { return t == DType::bf16 ? kBF16 : t == DType::f16 ? kF16 : kF32; }
-
-__device__ __forceinline__ float load_as(const void* p, int kind, int64_t i) {
-  if (kind == kBF16) return to_float(static_cast<const __nv_bfloat16*>(p)[i]);
-  if (kind == kF16) return to_float(static_cast<const __half*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void store_as(void* p, int kind, int64_t i, float x) {
-  if (kind == kBF16) static_cast<__nv_bfloat16*>(p)[i] = from_float<__nv_bfloat16>(x);
-  else if (kind == kF16) static_cast<__half*>(p)[i] = from_float<__half>(x);
-  else static_cast<float*>(p)[i] = x;
-}
-
 // ---- kv_cache_write -----------------------------------------------------------
 
 __global__ void slots_check_kernel(unsigned long long* flag, const int64_t* slots, int64_t N, int64_t total) {
@@ -250,7 +236,7 @@ void kv_cache_write(Tensor k_cache, Tensor v_cache, const Tensor& k, const Tenso
 // seq_lens: (S)  query_start: (S + 1), all i32
 void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                              const Tensor& block_tables, const Tensor& seq_lens, const Tensor& query_start) {
-  const Paged a{out.data(), q.data(), kind_of(q.dtype()), k_cache.data(), v_cache.data(),
+  const Paged a{out.data(), q.data(), float_kind(q.dtype()), k_cache.data(), v_cache.data(),
                 block_tables.data_as<const int32_t>(), seq_lens.data_as<const int32_t>(),
                 query_start.data_as<const int32_t>(), q.size(0), q.size(1), k_cache.size(2), q.size(2),
                 k_cache.size(1), block_tables.size(0), block_tables.size(1),
