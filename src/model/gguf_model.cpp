@@ -122,17 +122,6 @@ GgmlType tensor_type(const ModelConfig& cfg, const std::string& gguf_name, int64
   return ne0 % 32 == 0 ? GgmlType::q8_0 : GgmlType::f16;
 }
 
-// Which source row GGUF row r of a llama attn_q / attn_k tensor holds
-// (gguf_model.h): row h*HS + 2i + half comes from h*HS + half*HS/2 + i.
-int64_t unpermuted_row(int64_t r, int64_t head_size) {
-  const int64_t h = r / head_size, j = r % head_size;
-  return h * head_size + (j % 2) * (head_size / 2) + j / 2;
-}
-
-bool permuted(const ModelConfig& cfg, const std::string& gguf_name) {
-  return cfg.family == Family::llama && (gguf_name.ends_with("attn_q.weight") || gguf_name.ends_with("attn_k.weight"));
-}
-
 // One GGUF tensor and the loom rows it is made of: `sources` are (OC, IC)
 // matrices (or vectors) stacked along the slowest GGUF dim.
 struct Planned {
@@ -176,7 +165,7 @@ void fill_tensor(io::GgufSink& out, const Planned& p, int64_t head_size) {
     const int64_t ne0 = p.ne[0], rows = src.numel() / ne0;
     const float* data = src.data_as<const float>();
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t from = p.permute ? unpermuted_row(r, head_size) : r;
+      const int64_t from = p.permute ? gguf_loom_row(r, head_size) : r;
       write_row(out, p.type, data + from * ne0, ne0, buf, p.name);
     }
   }
@@ -248,6 +237,15 @@ uint32_t gguf_file_type(GgufWeights w) {
   return 0;
 }
 
+bool gguf_rows_permuted(const ModelConfig& cfg, const std::string& gguf_name) {
+  return cfg.family == Family::llama && (gguf_name.ends_with("attn_q.weight") || gguf_name.ends_with("attn_k.weight"));
+}
+
+int64_t gguf_loom_row(int64_t r, int64_t head_size) {
+  const int64_t h = r / head_size, j = r % head_size;
+  return h * head_size + (j % 2) * (head_size / 2) + j / 2;
+}
+
 std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& name) {
   static const std::map<std::string, std::string, std::less<>> kOutside = {
       {"wte.weight", "token_embd.weight"},          {"wpe.weight", "position_embd.weight"},
@@ -288,7 +286,7 @@ void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& fla
       plan[it->second].ne.back() += 1;
       continue;
     }
-    Planned p{g, GgmlType::f32, {}, {src}, permuted(cfg, g)};
+    Planned p{g, GgmlType::f32, {}, {src}, gguf_rows_permuted(cfg, g)};
     for (int d = s.shape.ndim() - 1; d >= 0; --d) p.ne.push_back(s.shape[d]);
     if (g.ends_with("_exps.weight")) {
       p.ne.push_back(1);

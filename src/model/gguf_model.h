@@ -65,6 +65,13 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f);
 // tensor, a shape that differs, or another type is a loom::Error naming it.
 void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f);
 
+// Whether GGUF tensor `gguf_name` has llama.cpp's Q/K row permutation (a
+// llama model's attn_q / attn_k), and the loom row its GGUF row r holds:
+// h*HS + half*HS/2 + i for r = h*HS + 2i + half (the permutation above).
+// The one formula the writer and the reader both use.
+bool gguf_rows_permuted(const ModelConfig& cfg, const std::string& gguf_name);
+int64_t gguf_loom_row(int64_t r, int64_t head_size);
+
 // The GGUF name of a loom parameter name ("h.3.attn.c_attn.weight" ->
 // "blk.3.attn_qkv.weight"); expert weights map to their stacked tensor.
 std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& loom_name);

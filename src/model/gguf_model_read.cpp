@@ -117,12 +117,10 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
                  " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(), " needs rows of ", ne0);
     const auto& traits = io::ggml_type_traits(t->type);
     const size_t row_bytes = static_cast<size_t>(ne0 / traits.block_size * traits.block_bytes);
-    const bool permute = cfg.family == Family::llama && (g.ends_with("attn_q.weight") || g.ends_with("attn_k.weight"));
+    const bool permute = gguf_rows_permuted(cfg, g);
     float* dst = flat.data_as<float>() + s.offset;
     for (int64_t r = 0; r < rows; ++r) {
-      // GGUF row r of a permuted tensor holds loom row unpermuted(r) (gguf_model.h).
-      const int64_t h = r / cfg.head_size(), j = r % cfg.head_size();
-      const int64_t to = permute ? h * cfg.head_size() + (j % 2) * (cfg.head_size() / 2) + j / 2 : r;
+      const int64_t to = permute ? gguf_loom_row(r, cfg.head_size()) : r;
       to_floats(dst + to * ne0, t->data + static_cast<size_t>(first + r) * row_bytes, t->type, ne0, g);
     }
   }

@@ -81,9 +81,13 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.max_seq_len, b.max_seq_len);
   EXPECT_EQ(a.tie_embeddings, b.tie_embeddings);
   EXPECT_EQ(a.norm_eps, b.norm_eps);
-  if (a.family == Family::llama) EXPECT_EQ(a.rope_theta, b.rope_theta);
+  if (a.family == Family::llama) {
+    EXPECT_EQ(a.rope_theta, b.rope_theta);
+  }
   EXPECT_EQ(a.n_expert, b.n_expert);
-  if (a.is_moe()) EXPECT_EQ(a.top_k, b.top_k);
+  if (a.is_moe()) {
+    EXPECT_EQ(a.top_k, b.top_k);
+  }
 }
 
 TEST(GgufModel, F32RoundTripIsBitwiseForGpt2LlamaGqaAndMoe) {
