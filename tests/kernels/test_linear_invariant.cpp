@@ -76,9 +76,9 @@ void expect_close(const Case& c) {
 }
 
 TEST(LinearInvariant, MatchesADoubleReferenceOnEveryTileAndStepEdge) {
-  for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 768})
+  for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 768, 1100})
     for (int64_t N : {1, 3, 4, 5, 37})
-      for (int64_t M : {1, 3, 4, 5, 17}) {
+      for (int64_t M : {1, 3, 4, 5, 17, 40}) {
         expect_close({M, N, K, DType::f32, DType::f32, DType::f32});
         expect_close({M, N, K, DType::bf16, DType::bf16, DType::bf16});
         expect_close({M, N, K, DType::f16, DType::f16, DType::u8});
@@ -99,29 +99,33 @@ TEST(LinearInvariant, NoFeaturesGiveTheBiasAndNoRowsNothing) {
 }
 
 // Every row of a 37-row call equals the same row computed alone, bit for
-// bit, and so does the whole call at 1 thread and at 3.
+// bit, and so does the whole call at 1 thread and at 3. (37 rows take the
+// prefill blocking, one row the decode loop; K = 1100 cuts K into blocks and
+// N = 131 spans several panels of w.)
 TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
-  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-    std::mt19937 rng(5);
-    const int64_t M = 37, N = 131, K = 200;
-    Buffer x = random_buffer(dt, {M, K}, rng), w = random_buffer(dt, {N, K}, rng), b = random_buffer(dt, {N}, rng);
-    Buffer all(dt, {M, N});
-    linear_forward_invariant(all.view(), x.view(), w.view(), b.view());
-    const size_t row = static_cast<size_t>(N) * dtype_size(dt);
-    for (int64_t m = 0; m < M; ++m) {
-      Buffer one(dt, {1, N});
-      linear_forward_invariant(one.view(), x.view().slice(0, m, 1), w.view(), b.view());
-      EXPECT_EQ(std::memcmp(one.bytes.data(), all.bytes.data() + static_cast<size_t>(m) * row, row), 0)
-          << dtype_name(dt) << " row " << m;
+  for (int64_t K : {200, 1100}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      std::mt19937 rng(5);
+      const int64_t M = 37, N = 131;
+      Buffer x = random_buffer(dt, {M, K}, rng), w = random_buffer(dt, {N, K}, rng), b = random_buffer(dt, {N}, rng);
+      Buffer all(dt, {M, N});
+      linear_forward_invariant(all.view(), x.view(), w.view(), b.view());
+      const size_t row = static_cast<size_t>(N) * dtype_size(dt);
+      for (int64_t m = 0; m < M; ++m) {
+        Buffer one(dt, {1, N});
+        linear_forward_invariant(one.view(), x.view().slice(0, m, 1), w.view(), b.view());
+        EXPECT_EQ(std::memcmp(one.bytes.data(), all.bytes.data() + static_cast<size_t>(m) * row, row), 0)
+            << dtype_name(dt) << " K " << K << " row " << m;
+      }
+      const int threads = omp_get_max_threads();
+      for (int t : {1, 3}) {
+        omp_set_num_threads(t);
+        Buffer again(dt, {M, N});
+        linear_forward_invariant(again.view(), x.view(), w.view(), b.view());
+        EXPECT_EQ(again.bytes, all.bytes) << dtype_name(dt) << " at " << t << " threads";
+      }
+      omp_set_num_threads(threads);
     }
-    const int threads = omp_get_max_threads();
-    for (int t : {1, 3}) {
-      omp_set_num_threads(t);
-      Buffer again(dt, {M, N});
-      linear_forward_invariant(again.view(), x.view(), w.view(), b.view());
-      EXPECT_EQ(again.bytes, all.bytes) << dtype_name(dt) << " at " << t << " threads";
-    }
-    omp_set_num_threads(threads);
   }
 }
 
@@ -145,8 +149,8 @@ float lane_arithmetic(const float* x, const float* w, int64_t K, float bias) {
 // round to -0, and a step's zeros past K turn a -0 lane into +0.
 TEST(LinearInvariant, EqualsTheDocumentedLaneArithmeticBitForBit) {
   for (DType in : {DType::f32, DType::f16})
-    for (int64_t K : {1, 7, 15, 16, 17, 33, 100, 768})
-      for (int64_t M : {1, 3, 5, 8})
+    for (int64_t K : {1, 7, 15, 16, 17, 33, 100, 768, 1100})
+      for (int64_t M : {1, 3, 5, 8, 40})
         for (bool tiny : {false, true}) {
           if (tiny && in == DType::f16) continue;  // 1e-30 is 0 in f16
           std::mt19937 rng(static_cast<uint32_t>(K * 31 + M));

@@ -25,8 +25,11 @@
 // for kMR rows of x (4 x 4 with 32 zmm registers, 3 x 2 with 16 ymm); a
 // thread walks its columns in panels of w that stay in L2
 // while every row of x passes them. The dot-product form pays a horizontal
-// sum per output (K / 16 FMAs per sum), and is slower than oneDNN at large
-// M: measured in BENCHMARKS.md.
+// sum per output (K / 16 FMAs per sum) and loads a vector per FMA or so:
+// from 32 rows, AVX2 and AVX-512 hand whole tiles of rows to
+// linear_prefill.cpp, which computes the same sums as outer products (a
+// lane of many outputs per register) at a GEMM's rate; the rows left over
+// come here. Measured against oneDNN in BENCHMARKS.md.
 #include <omp.h>
 
 #include <algorithm>
@@ -46,6 +49,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/lane_sum.h"
+#include "kernels/cpu/linear_prefill.h"
 #include "kernels/cpu/rows.h"
 
 namespace loom::kernels::cpu::LOOM_ISA {
@@ -377,13 +381,17 @@ void linear_rows(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64_t
 void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const int64_t N = w.size(0), K = w.size(1);
   const int64_t M = K > 0 ? x.numel() / K : y.numel() / std::max<int64_t>(N, 1);
+  // Many rows: whole tiles of them by outer products (linear_prefill.cpp),
+  // the rest here; both give every row the same bits.
+  const int64_t done = K > 0 && N > 0 ? linear_prefill(y, x, w, bias) : 0;
+  if (done == M) return;
   dispatch_float(x.dtype(), [&]<typename T>() {
     dispatch_float(y.dtype(), [&]<typename Y>() {
-      if (!bias.defined())
-        return linear_rows<T, Y, float>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), nullptr, M, N, K);
+      Y* rest = y.data_as<Y>() + done * N;
+      const T* xr = x.data_as<const T>() + done * K;
+      if (!bias.defined()) return linear_rows<T, Y, float>(rest, xr, w.data_as<const T>(), nullptr, M - done, N, K);
       dispatch_float(bias.dtype(), [&]<typename B>() {
-        linear_rows<T, Y, B>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), bias.data_as<const B>(), M,
-                             N, K);
+        linear_rows<T, Y, B>(rest, xr, w.data_as<const T>(), bias.data_as<const B>(), M - done, N, K);
       });
     });
   });
