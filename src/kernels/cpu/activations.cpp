@@ -66,10 +66,9 @@ void silu_chunk(float* y, const float* x, int64_t n) {
 }
 
 // d/dx [x s(x)] = s (1 + x (1 - s)).
-inline float silu_grad(float x) {
-  const float s = sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
+// silu'(x) from s = sigmoid(x).
+inline float silu_grad(float x, float s) { return s * (1.0f + x * (1.0f - s)); }
+inline float silu_grad(float x) { return silu_grad(x, sigmoid(x)); }
 
 void silu_grad_chunk(float* g, const float* dy, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = dy[i] * silu_grad(x[i]);
@@ -81,10 +80,14 @@ void swiglu_chunk(float* y, const float* gate, const float* up, int64_t n) {
 }
 
 // dgate = dy * up * silu'(gate)   dup = dy * silu(gate)
+// sigmoid(gate) once per element: written twice, the store to dgate (which
+// might alias gate, for all the compiler knows) makes it reload gate and
+// evaluate exp a second time.
 void swiglu_grad_chunk(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    dgate[i] = dy[i] * up[i] * silu_grad(gate[i]);
-    dup[i] = dy[i] * gate[i] * sigmoid(gate[i]);
+    const float g = gate[i], s = sigmoid(g);
+    dgate[i] = dy[i] * up[i] * silu_grad(g, s);
+    dup[i] = dy[i] * g * s;
   }
 }
 

@@ -17,6 +17,10 @@
 namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
+// `if (parallel : ...)`, not a bare `if`: on a combined `parallel for simd`
+// a bare if clause applies to the simd construct too (OpenMP 5.0), and below
+// kMinParallel elements it would run the loop one element at a time.
+//
 // f16 has no per-element conversion GCC vectorises, so an op with an f16
 // operand runs in pieces through f32 buffers (span conversions, half.h):
 // the same values, vectorised.
@@ -39,7 +43,7 @@ void add_loop(Y* y, const A* a, const B* b, int64_t n) {
       span_from_f32(y + off, af, len);
     }
   } else {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallel)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kMinParallel)
     for (int64_t i = 0; i < n; ++i) y[i] = from_f32<Y>(to_f32(a[i]) + to_f32(b[i]));
   }
 }
@@ -56,14 +60,14 @@ void cast_loop(D* dst, const S* src, int64_t n) {
       span_from_f32(dst + off, buf, len);
     }
   } else {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallel)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kMinParallel)
     for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<D>(to_f32(src[i]));
   }
 }
 
 template <typename T>
 void fill_loop(T* x, int64_t n, T value) {
-#pragma omp parallel for simd schedule(static) if (n > kMinParallel)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kMinParallel)
   for (int64_t i = 0; i < n; ++i) x[i] = value;
 }
 

@@ -112,7 +112,8 @@ bool all_finite_of(const T* x, int64_t n) {
   using U = typename ExpMask<T>::U;
   constexpr U mask = ExpMask<T>::value;
   int bad = 0;  // an OR is order-independent, so this is deterministic too
-#pragma omp parallel for simd reduction(| : bad) schedule(static) if (n > kMinParallel)
+  // if (parallel : ...): a bare if would also turn off the simd (elementwise.cpp).
+#pragma omp parallel for simd reduction(| : bad) schedule(static) if (parallel : n > kMinParallel)
   for (int64_t i = 0; i < n; ++i) bad |= (std::bit_cast<U>(x[i]) & mask) == mask;
   return bad == 0;
 }
@@ -151,7 +152,7 @@ void scale(Tensor t, float s) {
   dispatch_float(t.dtype(), [&]<typename T>() {
     T* x = t.data_as<T>();
     const int64_t n = t.numel();
-#pragma omp parallel for simd schedule(static) if (n > kMinParallel)
+#pragma omp parallel for simd schedule(static) if (parallel : n > kMinParallel)
     for (int64_t i = 0; i < n; ++i) x[i] = from_f32<T>(to_f32(x[i]) * s);
   });
 }
