@@ -2,7 +2,8 @@
 // GPT-2 124M training step, attention forward+backward tokens/s, and the
 // serving linears (oneDNN vs the batch-invariant kernel) at 1 to 512 rows,
 // the quantized serving linear (q8_0, q4_0, q4_K, q6_K weights) at 1 and 64
-// rows, and the paged attention of a decode step (K/V GB/s).
+// rows, the paged attention of a decode step (K/V GB/s), and the memory-bound
+// ops of a training and a decode step (GB/s, kernels_bench_ops.cpp).
 //
 // Each case runs once to warm up (creating the oneDNN primitive, touching
 // the pages), then repeats until --seconds have elapsed (at least 3 times).
@@ -67,10 +68,7 @@ struct AttentionCase {
 };
 const AttentionCase kAttentionCases[] = {{1, 512, 12, 64}, {1, 1024, 12, 64}};
 
-struct Timing {
-  double best = 0, median = 0;
-  int reps = 0;
-};
+}  // namespace
 
 Timing measure(const std::function<void()>& run, double min_seconds) {
   using clock = std::chrono::steady_clock;
@@ -86,7 +84,6 @@ Timing measure(const std::function<void()>& run, double min_seconds) {
   return {times.front(), times[times.size() / 2], static_cast<int>(times.size())};
 }
 
-// Uniform values in [-1, 1) from a fixed xorshift stream (fast for 40M elements).
 void fill_random(Tensor t, uint64_t seed) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < t.numel(); ++i) {
@@ -96,6 +93,8 @@ void fill_random(Tensor t, uint64_t seed) {
     else t.data_as<bf16>()[i] = to_bf16(v);
   }
 }
+
+namespace {
 
 // Random bytes from a fixed xorshift stream.
 void fill_random_bytes(Tensor t, uint64_t seed) {
@@ -395,6 +394,15 @@ int64_t bench_paged_attention_cases(Pools& pools, const KernelBenchOptions& opts
   return measured;
 }
 
+// What --filter is matched against, for the error when it matches nothing.
+constexpr const char* kFilterHelp =
+    "it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, linear_invariant, "
+    "linear_quant, paged_attention_decode, layernorm_fwd, layernorm_bwd, rmsnorm_fwd, rmsnorm_bwd, gelu_fwd, "
+    "gelu_bwd, swiglu_fwd, swiglu_bwd, rope_fwd, rope_bwd, softmax_fwd, softmax_bwd, cross_entropy_fwd_bwd, "
+    "adamw_step, embedding_fwd, embedding_bwd, add, cast), a dtype (f32, bf16, f32_to_bf16, bf16_to_f32), a "
+    "weight type (q8_0, q4_0, q4_K, q6_K) or a case name (square_1024, gpt2_lm_head_dw, train_b4t128, decode_s32, "
+    "...)";
+
 }  // namespace
 
 int run_kernel_bench(const KernelBenchOptions& opts) {
@@ -450,11 +458,8 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
   }
   measured += bench_quant_linear_cases(pools, opts);
   measured += bench_paged_attention_cases(pools, opts);
-  LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter,
-               "' matches no case; it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, ",
-               "linear_invariant, linear_quant, paged_attention_decode), ",
-               "a dtype (f32, bf16), a weight type (q8_0, q4_0, q4_K, q6_K) or a case name (square_1024, ",
-               "gpt2_lm_head_dw, ...)");
+  measured += bench_op_cases(pools, opts);
+  LOOM_REQUIRE(measured > 0, "bench kernels: --filter '", opts.filter, "' matches no case; ", kFilterHelp);
   return 0;
 }
 

@@ -1,8 +1,17 @@
 // `loom bench kernels`: GFLOP/s of the CPU matmul (f32, bf16) at square and
-// GPT-2 124M shapes, and attention forward+backward tokens/s.
+// GPT-2 124M shapes, attention forward+backward tokens/s, the serving
+// linears and paged attention, and GB/s of the memory-bound ops (norms,
+// activations, rope, softmax, cross-entropy, AdamW, embedding, add, cast).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
+
+namespace loom {
+class Tensor;
+class Pools;
+}  // namespace loom
 
 namespace loom::bench {
 
@@ -17,5 +26,18 @@ struct KernelBenchOptions {
 
 // Runs the benchmark, prints results to stdout; returns the exit code.
 int run_kernel_bench(const KernelBenchOptions& opts);
+
+// ---- shared by bench/kernels_bench*.cpp ----
+
+struct Timing {
+  double best = 0, median = 0;  // seconds
+  int reps = 0;
+};
+// One warm-up call, then repeats until min_seconds have elapsed (at least 3).
+Timing measure(const std::function<void()>& run, double min_seconds);
+// Uniform values in [-1, 1) from a fixed xorshift stream; t is f32 or bf16.
+void fill_random(Tensor t, uint64_t seed);
+// The memory-bound ops' cases --filter selects (kernels_bench_ops.cpp); returns how many ran.
+int64_t bench_op_cases(Pools& pools, const KernelBenchOptions& opts);
 
 }  // namespace loom::bench

@@ -10,7 +10,8 @@ namespace loom::cli {
 namespace {
 
 void add_bench_kernels(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {
-  CLI::App* kernels = bench.add_subcommand("kernels", "GFLOP/s of matmul and tokens/s of attention on the CPU");
+  CLI::App* kernels = bench.add_subcommand(
+      "kernels", "GFLOP/s of matmul, tokens/s of attention and GB/s of the memory-bound ops on the CPU");
   auto opts = std::make_shared<bench::KernelBenchOptions>();
   opts->command = command_line;
   auto threads = std::make_shared<int>(default_threads);
