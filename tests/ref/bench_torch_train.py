@@ -14,6 +14,12 @@ cross-entropy, backward, clip_grad_norm_ (1.0), AdamW (betas 0.9, 0.95, eps
 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
 (weights, gradients and AdamW stay float32).
 
+--flush-denormal sets FTZ/DAZ for the run. Without it, on some CPUs (measured
+on a Sapphire Rapids-class Xeon, BENCHMARKS.md) the backward of the explicit
+softmax meets subnormal values after a few steps and a step takes 10x longer
+(microcode assists); loom's attention keeps no probabilities and does not.
+BENCHMARKS.md reports both.
+
 Timing as loom's: --warmup untimed steps, then each of --steps timed; tokens/s
 and MFU from the best step (step_seconds is the median, best_step_seconds the
 best), against an f32 1024^3 matmul (best of 8 after a warm-up) measured
@@ -101,8 +107,12 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="torch.set_flush_denormal(True): subnormal floats read and written as 0 (FTZ/DAZ)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormal: this CPU cannot flush subnormals (no SSE3 FTZ/DAZ)")
     torch.manual_seed(1)
 
     L, C, NH, V, max_T = PRESETS[args.model]
@@ -143,7 +153,8 @@ def main():
         "tokens_per_s": round(tokens_per_s, 1), "step_seconds": median, "best_step_seconds": times[0],
         "flops_per_token": flops_per_token, "peak_gflops": round(peak_flops / 1e9, 2),
         "mfu": round(flops_per_token * tokens_per_s / peak_flops, 4), "peak_bytes": rss_growth,
-        "max_rss_growth_bytes": rss_growth, "impl": "torch"}, separators=(",", ":")), flush=True)
+        "max_rss_growth_bytes": rss_growth, "impl": "torch", "flush_denormal": args.flush_denormal},
+        separators=(",", ":")), flush=True)
 
 
 if __name__ == "__main__":
