@@ -76,7 +76,7 @@ void expect_close(const Case& c) {
 }
 
 TEST(LinearInvariant, MatchesADoubleReferenceOnEveryTileAndStepEdge) {
-  for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 768, 1100})
+  for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 768, 1650})
     for (int64_t N : {1, 3, 4, 5, 37})
       for (int64_t M : {1, 3, 4, 5, 17, 40}) {
         expect_close({M, N, K, DType::f32, DType::f32, DType::f32});
@@ -99,11 +99,11 @@ TEST(LinearInvariant, NoFeaturesGiveTheBiasAndNoRowsNothing) {
 }
 
 // Every row of a 37-row call equals the same row computed alone, bit for
-// bit, and so does the whole call at 1 thread and at 3. (37 rows take the
-// prefill blocking, one row the decode loop; K = 1100 cuts K into blocks and
-// N = 131 spans several panels of w.)
+// bit, and so does the whole call at 1 thread and at 3. (With K = 1650, 32
+// of the 37 rows take the outer-product path, cut into K blocks, the rest
+// and a row alone the dot-product tiles; N = 131 spans panels of w.)
 TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
-  for (int64_t K : {200, 1100}) {
+  for (int64_t K : {200, 1650}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       std::mt19937 rng(5);
       const int64_t M = 37, N = 131;
@@ -149,7 +149,7 @@ float lane_arithmetic(const float* x, const float* w, int64_t K, float bias) {
 // round to -0, and a step's zeros past K turn a -0 lane into +0.
 TEST(LinearInvariant, EqualsTheDocumentedLaneArithmeticBitForBit) {
   for (DType in : {DType::f32, DType::f16})
-    for (int64_t K : {1, 7, 15, 16, 17, 33, 100, 768, 1100})
+    for (int64_t K : {1, 7, 15, 16, 17, 33, 100, 768, 1650})
       for (int64_t M : {1, 3, 5, 8, 40})
         for (bool tiny : {false, true}) {
           if (tiny && in == DType::f16) continue;  // 1e-30 is 0 in f16

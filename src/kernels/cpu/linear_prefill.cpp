@@ -77,8 +77,13 @@ constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 
 // Bytes of w rows a thread's panel spans (L2), the steps of a K block, and
 // the bytes of packed x a block of rows holds per K block (L1).
-// From this many rows (measured: below, the dot-product tiles are as fast).
+// From this many rows (below, the dot-product tiles are as fast) and this K:
+// the dot-product tile's rows of x and w (3 + 2 of K floats with AVX2, 4 + 4
+// with AVX-512) outgrow L1 near K = 1024-1600. Measured with `loom bench
+// kernels` (BENCHMARKS.md): this path 1.2-1.3x the tiles at K = 3072, equal
+// or slower at K = 768.
 constexpr int64_t kPrefillRows = 32;
+constexpr int64_t kPrefillMinK = 1536;
 constexpr int64_t kPanelBytes = 512 << 10;
 constexpr int64_t kBlockSteps = 48;
 constexpr int64_t kRowBlockBytes = 128 << 10;
@@ -232,7 +237,7 @@ int64_t linear_prefill(Tensor y, const Tensor& x, const Tensor& w, const Tensor&
   if (x.dtype() == DType::bf16) return 0;  // vdpbf16ps pairs: linear_invariant.cpp
 #endif
   const int64_t N = w.size(0), K = w.size(1), M = x.numel() / K / kMC * kMC;
-  if (M < kPrefillRows) return 0;
+  if (M < kPrefillRows || K < kPrefillMinK) return 0;
   dispatch_float(x.dtype(), [&]<typename T>() {
     dispatch_float(y.dtype(), [&]<typename Y>() {
       if (!bias.defined())
