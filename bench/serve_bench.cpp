@@ -36,8 +36,9 @@ void require_one_of(const std::string& value, std::initializer_list<const char*>
 // silently measures something else than what its command line says.
 void require_unused(bool given, const ServeBenchOptions& o, const char* option) {
   LOOM_REQUIRE(!given, "bench serve: ", option, " does not apply to --mode ", o.mode,
-               ": leave it out (throughput takes the workload options; decode-bound one request of --input-len + "
-               "--output-len; capacity --num-requests, --input-len and --output-len as mean lengths)");
+               ": leave it out (throughput takes the workload options; decode-bound --num-requests requests of "
+               "--input-len + --output-len decoding together; capacity --num-requests, --input-len and --output-len "
+               "as mean lengths)");
 }
 
 void check_mode_options(const ServeBenchOptions& o) {
@@ -47,7 +48,10 @@ void check_mode_options(const ServeBenchOptions& o) {
     require_unused(std::isfinite(o.request_rate), o, "--request-rate");
     require_unused(o.concurrency != 0, o, "--concurrency");
   }
-  if (decode) require_unused(o.num_requests != 1, o, "--num-requests");
+  if (decode) LOOM_REQUIRE(o.num_requests <= o.engine.max_num_batched_tokens, "bench serve: --num-requests ",
+                           o.num_requests, " is invalid in decode-bound mode: allowed values are <= "
+                           "--max-num-batched-tokens = ", o.engine.max_num_batched_tokens,
+                           " (a decode step computes one token of each)");
   if (decode) LOOM_REQUIRE(o.output_len >= 2, "bench serve: --output-len ", o.output_len,
                            " is invalid in decode-bound mode: allowed values are >= 2 (the first token is the "
                            "prefill's; decode steps follow)");
@@ -112,6 +116,7 @@ ServeBenchOptions resolve_options(const ServeBenchOptions& in) {
   check_options(o);
   const model::ModelConfig cfg = model_config(o);
   if (o.engine.max_model_len == 0) o.engine.max_model_len = cfg.max_seq_len;
+  if (o.mode == "decode-bound") o.engine.max_num_seqs = o.num_requests;  // all of them decode together
   check_lengths(o, cfg);
   return o;
 }

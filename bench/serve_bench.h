@@ -6,9 +6,10 @@
 //                 --request-rate), at most --concurrency in flight; reports
 //                 request and token throughput, TTFT, TPOT, ITL and e2e
 //                 latency (mean, p50, p90, p99) and the KV cache's peak use.
-//   decode-bound  one request, greedy: decode tokens/s next to the memory
-//                 bandwidth bound measured on this machine (bytes one decode
-//                 step reads / read bandwidth).
+//   decode-bound  --num-requests requests (default one) decoding together,
+//                 greedy: decode tokens/s next to the memory bandwidth bound
+//                 measured on this machine (bytes one decode step reads per
+//                 token / read bandwidth).
 //   capacity      PagedAttention's waste argument, without a model: how many
 //                 sequences of a realistic length mix a KV budget runs at once,
 //                 paged (infer::Scheduler + KvCacheManager) vs contiguous
@@ -52,7 +53,7 @@ struct ServeBenchOptions {
 
 // Runs the benchmark and prints its result to stdout; returns the exit code.
 // Defaults for 0: throughput 64 requests of 128 + 128 tokens; decode-bound
-// 128 + 128 tokens (one request); capacity 1000 requests with lognormal
+// one request of 128 + 128 tokens; capacity 1000 requests with lognormal
 // lengths of means 161 and 338 (ShareGPT's, serve_capacity.cpp).
 // Invalid options are loom::Errors saying what is allowed.
 int run_serve_bench(const ServeBenchOptions& opts);

@@ -1,12 +1,15 @@
-// `loom bench serve --mode decode-bound`: how close single-sequence decoding
-// comes to the machine's memory bandwidth, the bound of batch-1 decoding
-// (each step reads every weight once for one token).
+// `loom bench serve --mode decode-bound`: how close decoding comes to the
+// machine's memory bandwidth, the bound of small-batch decoding (each step
+// reads every weight once for the tokens of all its sequences).
 //
-// Decode tokens/s: one request, greedy, EOS ignored, a random prompt of
-// --input-len tokens and --output-len new tokens; timed from the event of
-// the first token (the prefill's) to that of the last, so (output - 1)
-// decode steps, sampling included. An untimed 4-token request on another
-// prompt runs first (first touch of the cache and the buffers).
+// Decode tokens/s: S = --num-requests requests (default 1) decoding together,
+// greedy, EOS ignored, each a random prompt of --input-len tokens and
+// --output-len new tokens. Timed: the steps that decode all S sequences at
+// once (one token each, none a first token, so no prefill in them), sampling
+// included; tokens/s = S x those steps / their time. With S = 1 that is the
+// (output - 1) steps after the first token. An untimed 4-token warm-up of S
+// requests on other prompts runs first (first touch of the cache and the
+// buffers).
 //
 // Read bandwidth: the sum of a 1 GiB buffer (far bigger than any last-level
 // cache), read by the same OpenMP threads as the model, each its static share
@@ -16,18 +19,23 @@
 // the bound, so the ratio is never flattered by a slow moment). GB = 1e9
 // bytes.
 //
-// Bytes per decode token: every weight byte the forward reads in the
-// compute dtype — the token embedding as one row for the lookup (tied: plus
-// the whole table once as the LM head), GPT-2's wpe as one row — plus the
-// K/V bytes of the mean context, input_len + output_len / 2 tokens (decode
-// step k attends over input_len + k positions, k = 1 .. output_len - 1).
-// Activations, logits and the block tables are left out (small at batch 1).
-// Bound tokens/s = bandwidth / bytes per token.
+// Bytes per decode token: a step reads every weight byte the forward reads
+// in the compute dtype once for its S tokens — the token embedding as one row
+// per token for the lookup (tied: plus the whole table once as the LM head),
+// GPT-2's wpe as one row per token — plus each sequence's K/V bytes of the
+// mean context, input_len + output_len / 2 tokens (decode step k attends over
+// input_len + k positions, k = 1 .. output_len - 1); per token, that over S.
+// Activations, logits and the block tables are left out (small next to the
+// weights at these batches).
+// Bound tokens/s = bandwidth / bytes per token. It ignores the S-fold FLOPs
+// of a step, so as S grows compute, not bandwidth, bounds it and the ratio
+// falls.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <unordered_set>
 #include <vector>
 
 #include "bench/serve_common.h"
@@ -67,6 +75,7 @@ double measure_read_bandwidth() {
   return static_cast<double>(kBandwidthBytes) / best;
 }
 
+// Bytes per decode token: weights (a step's over S) + one sequence's K/V.
 struct DecodeBytes {
   int64_t weights = 0, kv = 0;
   double mean_context = 0;
@@ -74,52 +83,57 @@ struct DecodeBytes {
 };
 
 DecodeBytes decode_bytes(const model::ModelConfig& cfg, DType compute, DType kv, int64_t input_len,
-                         int64_t output_len) {
+                         int64_t output_len, int64_t S) {
   const model::BlockFamily& family = model::block_family(cfg.family);
-  int64_t elements = 0;
+  int64_t elements = 0;  // per step of S tokens
   for (const model::ParamSpec& s : model::param_specs(cfg)) {
     if (s.name == family.embedding_name)
-      elements += s.shape[1] + (cfg.tie_embeddings ? s.numel() : 0);
+      elements += S * s.shape[1] + (cfg.tie_embeddings ? s.numel() : 0);
     else if (family.position_name != nullptr && s.name == family.position_name)
-      elements += s.shape[1];
+      elements += S * s.shape[1];
     else
       elements += s.numel();
   }
   DecodeBytes b;
-  b.weights = elements * static_cast<int64_t>(dtype_size(compute));
+  b.weights = elements * static_cast<int64_t>(dtype_size(compute)) / S;
   b.mean_context = static_cast<double>(input_len) + static_cast<double>(output_len) / 2;
   b.kv = static_cast<int64_t>(b.mean_context * static_cast<double>(model::kv_block_bytes(cfg, 1, kv)));
   return b;
 }
 
 struct DecodeTiming {
-  int64_t steps = 0;  // decode steps timed: output tokens - 1
-  double seconds = 0;
-  double tokens_per_s() const { return static_cast<double>(steps) / seconds; }
+  int64_t sequences = 1;
+  int64_t steps = 0;  // steps that decoded all sequences at once
+  double seconds = 0;  // their time
+  double tokens_per_s() const { return static_cast<double>(sequences * steps) / seconds; }
 };
 
-// Token times -> the decode steps after the first token.
-DecodeTiming decode_timing(const std::vector<double>& token_times) {
-  LOOM_CHECK(token_times.size() >= 2, "decode-bound: ", token_times.size(), " tokens");
-  return {static_cast<int64_t>(token_times.size()) - 1, token_times.back() - token_times.front()};
-}
-
 DecodeTiming time_engine(const ServeBenchOptions& o, const model::ModelConfig& cfg, const Tensor& params,
-                         Pools& pools, const std::vector<int32_t>& prompt, const std::vector<int32_t>& warm) {
-  infer::EngineConfig c = engine_config(o);
-  c.max_num_seqs = 1;
-  infer::Engine engine(cfg, params, pools, c);
+                         Pools& pools, const std::vector<std::vector<int32_t>>& prompts,
+                         const std::vector<std::vector<int32_t>>& warm) {
+  const auto S = static_cast<int64_t>(prompts.size());
+  infer::Engine engine(cfg, params, pools, engine_config(o));  // max_num_seqs = S (resolve_options)
   infer::GenerationParams p{.sampler = {.temperature = 0.f}, .stop = {.max_tokens = 4, .ignore_eos = true}};
-  engine.generate({warm}, p);
+  engine.generate(warm, p);
   p.stop.max_tokens = o.output_len;
-  engine.add_request(prompt, p);
-  std::vector<double> times;
-  const Clock::time_point t0 = Clock::now();
+  for (const std::vector<int32_t>& prompt : prompts) engine.add_request(prompt, p);
+  DecodeTiming t{.sequences = S};
+  std::unordered_set<infer::RequestId> started;  // requests that have their first token
   while (engine.has_unfinished()) {
-    const size_t events = engine.step().size();  // 0 while a long prompt is prefilled in chunks, then 1
-    if (events > 0) times.push_back(seconds_since(t0));
+    const Clock::time_point t0 = Clock::now();
+    const std::vector<infer::TokenEvent> events = engine.step();
+    const double seconds = seconds_since(t0);
+    int64_t first_tokens = 0;
+    for (const infer::TokenEvent& e : events) first_tokens += started.insert(e.request).second ? 1 : 0;
+    if (static_cast<int64_t>(events.size()) == S && first_tokens == 0) {
+      ++t.steps;
+      t.seconds += seconds;
+    }
   }
-  return decode_timing(times);
+  LOOM_REQUIRE(t.steps > 0, "bench serve: no step decoded all ", S, " requests at once (their prompts were "
+               "prefilled in chunks over more steps than --output-len ", o.output_len, " gives): raise "
+               "--max-num-batched-tokens to --num-requests x --input-len = ", S * o.input_len);
+  return t;
 }
 
 void print_result(const ServeBenchOptions& o, const model::ModelConfig& cfg, const DecodeTiming& t,
@@ -137,14 +151,18 @@ void print_result(const ServeBenchOptions& o, const model::ModelConfig& cfg, con
     return;
   }
   print_table_header(o, cfg);
-  std::printf("one request through the engine: %lld prompt tokens, %lld new (greedy, EOS ignored)\n\n",
-              static_cast<long long>(o.input_len), static_cast<long long>(o.output_len));
-  std::printf("decode tokens/s   %10.2f  (%lld decode steps in %.3f s, after the first token)\n", t.tokens_per_s(),
-              static_cast<long long>(t.steps), t.seconds);
+  std::printf("%lld requests decoding together through the engine: %lld prompt tokens, %lld new each (greedy, "
+              "EOS ignored)\n\n",
+              static_cast<long long>(t.sequences), static_cast<long long>(o.input_len),
+              static_cast<long long>(o.output_len));
+  std::printf("decode tokens/s   %10.2f  (%lld steps of %lld tokens in %.3f s, no first token in them)\n",
+              t.tokens_per_s(), static_cast<long long>(t.steps), static_cast<long long>(t.sequences), t.seconds);
   std::printf("read bandwidth    %10.2f  GB/s (sum over 1 GiB, %d threads, best of %d passes before and after)\n",
               bandwidth / 1e9, o.threads, kBandwidthPasses);
-  std::printf("bytes per token   %10.2f  MB = weights %.2f MB (%s) + K/V %.2f MB (mean context %.1f tokens, %s)\n",
-              b.total() / 1e6, b.weights / 1e6, o.dtype.c_str(), b.kv / 1e6, b.mean_context, o.kv_dtype.c_str());
+  std::printf("bytes per token   %10.2f  MB = weights %.2f MB (%s, a step's over %lld) + K/V %.2f MB (mean context "
+              "%.1f tokens, %s)\n",
+              b.total() / 1e6, b.weights / 1e6, o.dtype.c_str(), static_cast<long long>(t.sequences), b.kv / 1e6,
+              b.mean_context, o.kv_dtype.c_str());
   std::printf("bound tokens/s    %10.2f  = bandwidth / bytes per token\nof the bound      %9.1f%%\n", bound,
               100 * ratio);
 }
@@ -155,16 +173,18 @@ int run_decode_bound(const ServeBenchOptions& o) {
   const model::ModelConfig cfg = model_config(o);
   const double before = measure_read_bandwidth();  // before the model: its buffer is freed again
   std::mt19937_64 rng(o.seed);
-  const std::vector<int32_t> prompt = random_tokens(rng, o.input_len, cfg.vocab_size);
-  const std::vector<int32_t> warm = random_tokens(rng, o.input_len, cfg.vocab_size);
+  std::vector<std::vector<int32_t>> prompts, warm;
+  for (int64_t i = 0; i < o.num_requests; ++i) prompts.push_back(random_tokens(rng, o.input_len, cfg.vocab_size));
+  for (int64_t i = 0; i < o.num_requests; ++i) warm.push_back(random_tokens(rng, o.input_len, cfg.vocab_size));
   DecodeTiming t;
   {
     Pools pools;
     const OwnedTensor params = load_weights(o, cfg, pools);
-    t = time_engine(o, cfg, params, pools, prompt, warm);
+    t = time_engine(o, cfg, params, pools, prompts, warm);
   }
   const double bandwidth = std::max(before, measure_read_bandwidth());
-  print_result(o, cfg, t, bandwidth, decode_bytes(cfg, compute_dtype(o), kv_dtype(o), o.input_len, o.output_len));
+  print_result(o, cfg, t, bandwidth,
+               decode_bytes(cfg, compute_dtype(o), kv_dtype(o), o.input_len, o.output_len, t.sequences));
   return 0;
 }
 

@@ -26,14 +26,21 @@ add_test(NAME Cli.BenchServeDecodeBoundPrintsTheBound
 set_tests_properties(Cli.BenchServeDecodeBoundPrintsTheBound PROPERTIES PASS_REGULAR_EXPRESSION
   "\"mode\":\"decode-bound\",[^\n]*\"dtype\":\"bf16\",[^\n]*\"decode_tokens_per_s\":[0-9.e+-]+,\"decode_steps\":7,[^\n]*\"bandwidth_gb_per_s\":[0-9.e+-]+,\"bytes_per_token\":[0-9]+,[^\n]*\"bound_tokens_per_s\":[0-9.e+-]+,\"bound_ratio\":[0-9.e+-]+\\}")
 
+# Three requests prefilled in one step, then decoding together: 7 steps of 3 tokens.
+add_test(NAME Cli.BenchServeDecodeBoundTimesTheStepsThatDecodeAllRequests
+         COMMAND $<TARGET_FILE:loom> bench serve ${LOOM_BENCH_SERVE_TINY} --mode decode-bound --num-requests 3
+                 --input-len 8 --output-len 8)
+set_tests_properties(Cli.BenchServeDecodeBoundTimesTheStepsThatDecodeAllRequests PROPERTIES PASS_REGULAR_EXPRESSION
+  "\"mode\":\"decode-bound\",[^\n]*\"num_requests\":3,[^\n]*\"decode_tokens_per_s\":[0-9.e+-]+,\"decode_steps\":7,")
+
 add_test(NAME Cli.BenchServeCapacityRunsMoreSequencesPagedThanContiguous
          COMMAND $<TARGET_FILE:loom> bench serve --mode capacity --preset gpt2-124m --kv-cache-mb 288 --json)
 set_tests_properties(Cli.BenchServeCapacityRunsMoreSequencesPagedThanContiguous PROPERTIES PASS_REGULAR_EXPRESSION
   "\"mode\":\"capacity\",[^\n]*\"contiguous_seqs\":4,[^\n]*\"paged_peak_running\":([5-9]|[1-9][0-9]+),")
 
 set_tests_properties(Cli.BenchServeThroughputGivesEveryRequestItsTokens Cli.BenchServeSmallKvCachePreempts
-                     Cli.BenchServeDecodeBoundPrintsTheBound Cli.BenchServeCapacityRunsMoreSequencesPagedThanContiguous
-                     PROPERTIES LABELS cli)
+                     Cli.BenchServeDecodeBoundPrintsTheBound Cli.BenchServeDecodeBoundTimesTheStepsThatDecodeAllRequests
+                     Cli.BenchServeCapacityRunsMoreSequencesPagedThanContiguous PROPERTIES LABELS cli)
 
 loom_cli_error_test(Cli.BenchServeDecodeOfOneTokenIsAnError
   "error: bench serve: --output-len 1 is invalid in decode-bound mode: allowed values are >= 2.*exit=1"
@@ -44,5 +51,15 @@ loom_cli_error_test(Cli.BenchServeRequestRateInCapacityModeIsAnError
 loom_cli_error_test(Cli.BenchServeTooLongRequestsAreAnError
   "error: bench serve: --input-len 60 and --output-len 10 .* over max_model_len = 64.*exit=1"
   bench serve --preset gpt2-tiny --input-len 60 --output-len 10)
+# Prompts of 16 tokens prefilled 16 tokens a step: the first request has its
+# 2 tokens before the fourth starts, so no step decodes all four.
+loom_cli_error_test(Cli.BenchServeDecodeBoundWithoutAStepOfAllRequestsIsAnError
+  "error: bench serve: no step decoded all 4 requests at once .*--num-requests x --input-len = 64.*exit=1"
+  bench serve --mode decode-bound --preset gpt2-tiny --max-model-len 64 --num-requests 4 --input-len 16
+  --output-len 2 --max-num-batched-tokens 16)
+loom_cli_error_test(Cli.BenchServeDecodeBoundOfMoreRequestsThanAStepComputesIsAnError
+  "error: bench serve: --num-requests 20 is invalid in decode-bound mode: allowed values are <= --max-num-batched-tokens = 16.*exit=1"
+  bench serve --mode decode-bound --preset gpt2-tiny --num-requests 20 --max-num-batched-tokens 16)
 set_tests_properties(Cli.BenchServeDecodeOfOneTokenIsAnError Cli.BenchServeRequestRateInCapacityModeIsAnError
-                     Cli.BenchServeTooLongRequestsAreAnError PROPERTIES LABELS cli)
+                     Cli.BenchServeTooLongRequestsAreAnError Cli.BenchServeDecodeBoundWithoutAStepOfAllRequestsIsAnError
+                     Cli.BenchServeDecodeBoundOfMoreRequestsThanAStepComputesIsAnError PROPERTIES LABELS cli)
