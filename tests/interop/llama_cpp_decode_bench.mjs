@@ -2,16 +2,17 @@
 // build, tests/interop/package-lock.json), for BENCHMARKS.md next to loom's:
 // one sequence, a short prompt, then N greedy tokens; the time per token
 // counts from the first generated token to the last (the prompt excluded).
-// One JSON line per file.
+// One JSON line per file, naming the CPU library ggml loaded; --cpu-variant
+// forces one (haswell: AVX2, llama_cpp_variant.mjs).
 //
-//   node llama_cpp_decode_bench.mjs INTEROP_DIR THREADS N FILE.gguf...
+//   node llama_cpp_decode_bench.mjs INTEROP_DIR THREADS N FILE.gguf... [--cpu-variant V]
 import path from "node:path";
-import {pathToFileURL} from "node:url";
+import {loadLlama, takeCpuVariant} from "./llama_cpp_variant.mjs";
 
-const [interop, threadsStr, nStr, ...files] = process.argv.slice(2);
-const entry = path.resolve(interop, "node_modules/node-llama-cpp/dist/index.js");
-const {getLlama, LlamaLogLevel} = await import(pathToFileURL(entry).href);
-const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
+const args = process.argv.slice(2);
+const variant = takeCpuVariant(args);
+const [interop, threadsStr, nStr, ...files] = args;
+const {llama, cpu} = await loadLlama(interop, variant);
 const n = Number(nStr), threads = Number(threadsStr);
 for (const file of files) {
   const model = await llama.loadModel({modelPath: file});
@@ -25,7 +26,7 @@ for (const file of files) {
   }
   const ms = Number(process.hrtime.bigint() - first) / 1e6 / n;
   console.log(JSON.stringify({bench: "llama_cpp_decode", file: path.basename(file), threads, tokens: n,
-                              ms_per_token: Number(ms.toFixed(2))}));
+                              ms_per_token: Number(ms.toFixed(2)), ...cpu()}));
   await context.dispose();
   await model.dispose();
 }
