@@ -385,15 +385,9 @@ void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const 
   // the rest here; both give every row the same bits.
   const int64_t done = K > 0 && N > 0 ? linear_prefill(y, x, w, bias) : 0;
   if (done == M) return;
-  dispatch_float(x.dtype(), [&]<typename T>() {
-    dispatch_float(y.dtype(), [&]<typename Y>() {
-      Y* rest = y.data_as<Y>() + done * N;
-      const T* xr = x.data_as<const T>() + done * K;
-      if (!bias.defined()) return linear_rows<T, Y, float>(rest, xr, w.data_as<const T>(), nullptr, M - done, N, K);
-      dispatch_float(bias.dtype(), [&]<typename B>() {
-        linear_rows<T, Y, B>(rest, xr, w.data_as<const T>(), bias.data_as<const B>(), M - done, N, K);
-      });
-    });
+  dispatch_linear(y, x, bias, [&]<typename T, typename Y, typename B>(const B* b) {
+    linear_rows<T, Y, B>(y.data_as<Y>() + done * N, x.data_as<const T>() + done * K, w.data_as<const T>(), b,
+                         M - done, N, K);
   });
 }
 

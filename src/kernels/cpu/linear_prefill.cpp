@@ -75,8 +75,6 @@ inline V vzero() { return _mm256_setzero_ps(); }
 #endif
 constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 
-// Bytes of w rows a thread's panel spans (L2), the steps of a K block, and
-// the bytes of packed x a block of rows holds per K block (L1).
 // From this many rows (below, the dot-product tiles are as fast) and this K:
 // the dot-product tile's rows of x and w (3 + 2 of K floats with AVX2, 4 + 4
 // with AVX-512) outgrow L1 near K = 1024-1600. Measured with `loom bench
@@ -84,6 +82,8 @@ constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 // or slower at K = 768.
 constexpr int64_t kPrefillRows = 32;
 constexpr int64_t kPrefillMinK = 1536;
+// Bytes of w rows a thread's panel spans (L2), the steps of a K block, and
+// the bytes of packed x a block of rows holds per K block (L1).
 constexpr int64_t kPanelBytes = 512 << 10;
 constexpr int64_t kBlockSteps = 48;
 constexpr int64_t kRowBlockBytes = 128 << 10;
@@ -238,16 +238,8 @@ int64_t linear_prefill(Tensor y, const Tensor& x, const Tensor& w, const Tensor&
 #endif
   const int64_t N = w.size(0), K = w.size(1), M = x.numel() / K / kMC * kMC;
   if (M < kPrefillRows || K < kPrefillMinK) return 0;
-  dispatch_float(x.dtype(), [&]<typename T>() {
-    dispatch_float(y.dtype(), [&]<typename Y>() {
-      if (!bias.defined())
-        return linear_panels<T, Y, float>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), nullptr, M, N,
-                                          K);
-      dispatch_float(bias.dtype(), [&]<typename B>() {
-        linear_panels<T, Y, B>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), bias.data_as<const B>(),
-                               M, N, K);
-      });
-    });
+  dispatch_linear(y, x, bias, [&]<typename T, typename Y, typename B>(const B* b) {
+    linear_panels<T, Y, B>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), b, M, N, K);
   });
   return M;
 #else

@@ -33,6 +33,19 @@ inline const float* load_row(const Tensor& t, int64_t r, int64_t n, float* buf) 
   return load_span(t, r * n, n, buf);
 }
 
+// fn.template operator()<T, Y, B>(bias) for the float dtypes of a linear's
+// operands x (T), output y (Y) and bias (B; float and nullptr when bias is
+// undefined): a linear kernel's three dispatches in one place.
+template <typename Fn>
+inline void dispatch_linear(const Tensor& y, const Tensor& x, const Tensor& bias, const Fn& fn) {
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    dispatch_float(y.dtype(), [&]<typename Y>() {
+      if (!bias.defined()) return fn.template operator()<T, Y, float>(nullptr);
+      dispatch_float(bias.dtype(), [&]<typename B>() { fn.template operator()<T, Y, B>(bias.data_as<const B>()); });
+    });
+  });
+}
+
 enum class Store { write, add };
 
 // t's elements [offset, offset + n) = v, or += v, in t's dtype (f32, bf16,
