@@ -70,6 +70,14 @@ const AttentionCase kAttentionCases[] = {{1, 512, 12, 64}, {1, 1024, 12, 64}};
 
 }  // namespace
 
+bool selected(const KernelBenchOptions& opts, const std::string& op, const std::string& kind,
+              const std::string& name) {
+  if (opts.filter.empty()) return true;
+  for (const std::string* s : {&op, &kind, &name})
+    if (s->find(opts.filter) != std::string::npos) return true;
+  return false;
+}
+
 Timing measure(const std::function<void()>& run, double min_seconds) {
   using clock = std::chrono::steady_clock;
   run();  // warm-up
@@ -115,10 +123,7 @@ std::string isa_of(const std::string& op) {
 }
 
 bool selected(const KernelBenchOptions& opts, const std::string& op, DType dtype, const std::string& name) {
-  if (opts.filter.empty()) return true;
-  for (const std::string& s : {op, std::string(dtype_name(dtype)), name})
-    if (s.find(opts.filter) != std::string::npos) return true;
-  return false;
+  return bench::selected(opts, op, std::string(dtype_name(dtype)), name);
 }
 
 void print_matmul(const KernelBenchOptions& opts, const char* op, DType dtype, const MatmulCase& c, Timing t) {
@@ -301,12 +306,7 @@ int64_t bench_quant_linear_cases(Pools& pools, const KernelBenchOptions& opts) {
   for (kernels::QuantType type : kQuantTypes) {
     for (const ServingLinear& l : kQuantLinears) {
       const std::string name = std::string("gpt2_") + l.name;
-      if (!opts.filter.empty()) {
-        bool hit = false;
-        for (const std::string& s : {std::string("linear_quant"), std::string(kernels::quant_name(type)), name})
-          hit = hit || s.find(opts.filter) != std::string::npos;
-        if (!hit) continue;
-      }
+      if (!selected(opts, "linear_quant", std::string(kernels::quant_name(type)), name)) continue;
       for (int64_t m : kQuantRows) {
         if (!opts.json && measured == 0)
           std::printf("\n%-16s %-5s %-16s %6s %6s %6s %10s %10s %9s %9s\n", "op", "wtype", "case", "m", "n", "k",
@@ -385,9 +385,10 @@ int64_t bench_paged_attention_cases(Pools& pools, const KernelBenchOptions& opts
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const PagedCase& c : kPagedCases) {
       if (!selected(opts, "paged_attention_decode", dtype, "")) continue;
-      if (!opts.json && measured++ == 0)
+      if (!opts.json && measured == 0)
         std::printf("\n%-22s %-5s %-24s %10s %10s %9s\n", "op", "dtype", "shape (12 layers)", "best_ms", "median_ms",
                     "KV GB/s");
+      ++measured;
       bench_paged_attention(pools, opts, dtype, c);
     }
   }

@@ -35,6 +35,10 @@ struct Timing {
 };
 // One warm-up call, then repeats until min_seconds have elapsed (at least 3).
 Timing measure(const std::function<void()>& run, double min_seconds);
+// Whether --filter selects a case: a substring of its op, its kind (a dtype
+// or weight type) or its name; every case when the filter is empty.
+bool selected(const KernelBenchOptions& opts, const std::string& op, const std::string& kind,
+              const std::string& name);
 // Uniform values in [-1, 1) from a fixed xorshift stream; t is f32 or bf16.
 void fill_random(Tensor t, uint64_t seed);
 // The memory-bound ops' cases --filter selects (kernels_bench_ops.cpp); returns how many ran.

@@ -90,10 +90,7 @@ class Runner {
  public:
   Runner(Pools& p, const KernelBenchOptions& opts) : pools(p), opts_(opts) {}
   bool wants(const std::string& op, const std::string& dtype, const std::string& name) const {
-    if (opts_.filter.empty()) return true;
-    for (const std::string* s : {&op, &dtype, &name})
-      if (s->find(opts_.filter) != std::string::npos) return true;
-    return false;
+    return selected(opts_, op, dtype, name);
   }
   bool wants(const std::string& op, DType dtype, const std::string& name) const {
     return wants(op, std::string(dtype_name(dtype)), name);
