@@ -188,12 +188,12 @@ void add_serve_model_options(CLI::App& serve, bench::ServeBenchOptions& o) {
 // The workload (vLLM's benchmark_serving "random" dataset) and the modes.
 void add_serve_workload_options(CLI::App& serve, bench::ServeBenchOptions& o) {
   serve.add_option("--mode", o.mode,
-                   "throughput: requests through the engine, vLLM's metrics; decode-bound: batch-1 decode tokens/s "
-                   "against the memory-bandwidth bound; capacity: sequences a KV budget runs at once, paged vs "
+                   "throughput: requests through the engine, vLLM's metrics; decode-bound: decode tokens/s of "
+                   "--num-requests sequences decoding together against the memory-bandwidth bound; capacity: sequences a KV budget runs at once, paged vs "
                    "contiguous (no model)")
       ->capture_default_str()
       ->check(CLI::IsMember({"throughput", "decode-bound", "capacity"}));
-  serve.add_option("--num-requests", o.num_requests, "requests (default: throughput 64, capacity 1000)")
+  serve.add_option("--num-requests", o.num_requests, "requests (default: throughput 64, decode-bound 1, capacity 1000)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   serve.add_option("--input-len", o.input_len, "prompt tokens (default 128; capacity: the mean, default 161)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
@@ -217,8 +217,8 @@ void add_serve_workload_options(CLI::App& serve, bench::ServeBenchOptions& o) {
 
 void add_bench_serve(CLI::App& bench, int& exit_code, const std::string& command_line, int default_threads) {
   CLI::App* serve = bench.add_subcommand(
-      "serve", "the serving engine offline: vLLM-style throughput and latency, batch-1 decode against the memory "
-               "bandwidth bound, or paged vs contiguous KV capacity");
+      "serve", "the serving engine offline: vLLM-style throughput and latency, decode of one or more sequences "
+               "against the memory bandwidth bound, or paged vs contiguous KV capacity");
   auto opts = std::make_shared<bench::ServeBenchOptions>();
   opts->command = command_line;
   auto threads = std::make_shared<int>(default_threads);
