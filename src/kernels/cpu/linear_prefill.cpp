@@ -5,33 +5,36 @@
 // linear_invariant.cpp fixes one output's arithmetic: 16 lanes, lane l
 // fusing x[k] w[k] for k = l, l + 16, l + 32, ... in increasing k (0 x 0
 // where the last step passes K), then one fixed tree over the lanes. Each
-// lane is a chain of its own: the chains may run in any order relative to
-// each other, as long as each runs in its own. So here a vector register
-// holds lane l of 8 (AVX2) or 16 (AVX-512) outputs of one column and
-// neighbouring rows, instead of the 16 lanes of one output, and a tile of
-// kNR columns x 2 vectors of rows grows by outer products, one lane at a
-// time: w broadcast straight from its rows, x loaded from a copy, no
-// horizontal sum inside the loop over k. The 16 sums of each output wait in
-// memory between blocks of K and lanes, and the tree adds them across
-// outputs, a vector of rows at a time. Each output sees the fused
-// multiply-adds of the dot-product path, in its order, and its tree: the
-// same bits (test_linear_invariant compares rows of both paths bit for bit).
+// lane is a chain of its own, so the product is 16 independent GEMMs of
+// depth K / 16, one per lane (x's and w's columns l, l + 16, ...), whose
+// results the tree adds. Here each is computed as a GEMM library would: a
+// vector register holds lane l of 8 (AVX2) or 16 (AVX-512) rows of one
+// output column, and a tile of kNR columns x 2 vectors of rows grows by
+// outer products, w broadcast, x loaded, no horizontal sum inside the loop
+// over k. Each output sees the fused multiply-adds of the dot-product path,
+// in its order, and its tree: the same bits (test_linear_invariant compares
+// rows of both paths bit for bit).
 //
-// Layout. This path takes the rows of whole tiles (kMC each); the
-// dot-product tiles take the rest. x is copied once per call to f32,
-// lane-major: for each group of kMC rows and each lane l, the steps s of
-// k = 16 s + l, kMC values each, zeros past K (a zero fused into a lane is
-// the dot-product path's step past K). w is read in place: a broadcast
-// needs no contiguity. A thread takes panels of w's rows (L2) in turn; for
-// each block of x rows and K block, the panel's tiles pass the block, and
-// each K block's lines of w stay in L1 across the 16 lanes. Measured
-// against oneDNN in BENCHMARKS.md (issue 34).
+// Layout (BLIS's, per lane). Both operands are copied to f32, lane-major:
+// for each group of R rows and each lane l, the steps s of k = 16 s + l, R
+// values a step, zeros past K (a zero fused into a lane is the dot-product
+// path's step past K); the copy transposes blocks of vectors in registers.
+// x is copied once per call (R = kMC rows, the tiles; the rows left over go
+// to the dot-product tiles). A thread takes panels of w's rows in turn and
+// copies each (R = kNR, L2); then for each tile of x rows, K block and lane,
+// the lane's x (L1) passes every column tile of the panel, its w streamed
+// from L2. The lanes' sums wait in memory between K blocks; the tree adds
+// them a vector of rows at a time. Packing w costs about half a cycle per
+// element per call, against M / 32 (AVX-512) cycles of FMAs per element:
+// hence the threshold in rows. Measured against oneDNN in BENCHMARKS.md
+// (issue 34).
 #include "kernels/cpu/linear_prefill.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define LOOM_PREFILL_AVX512 1
@@ -75,93 +78,163 @@ inline V vzero() { return _mm256_setzero_ps(); }
 #endif
 constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 
-// From this many rows (below, the dot-product tiles are as fast) and this K:
-// the dot-product tile's rows of x and w (3 + 2 of K floats with AVX2, 4 + 4
-// with AVX-512) outgrow L1 near K = 1024-1600. Measured with `loom bench
-// kernels` (BENCHMARKS.md): this path 1.2-1.3x the tiles at K = 3072, equal
-// or slower at K = 768.
-constexpr int64_t kPrefillRows = 32;
-constexpr int64_t kPrefillMinK = 1536;
-// Bytes of w rows a thread's panel spans (L2), the steps of a K block, and
-// the bytes of packed x a block of rows holds per K block (L1).
+// From this many rows: below, packing w (about 0.5 cycle per element, per
+// call) costs more than the dot-product tiles lose. Measured with `loom
+// bench kernels` (BENCHMARKS.md): at 64 rows the two paths are equal, at 512
+// this one is 1.3-1.6x faster.
+constexpr int64_t kPrefillRows = 64;
+// Bytes of a panel's packed w (L2, beside the x passing it: 1-2 MiB on
+// AVX-512 CPUs, 512 KiB on Zen 2/3), and of one lane's packed x over a K
+// block (L1).
+#if defined(LOOM_PREFILL_AVX512)
 constexpr int64_t kPanelBytes = 512 << 10;
-constexpr int64_t kBlockSteps = 48;
-constexpr int64_t kRowBlockBytes = 128 << 10;
+#else
+constexpr int64_t kPanelBytes = 384 << 10;
+#endif
+constexpr int64_t kLaneBlockBytes = 16 << 10;
 
-// One element of w in every lane, as f32 (16-bit ones widened exactly).
-inline V broadcast(const float* p) { return vbroadcast(p); }
-template <typename T>
-inline V broadcast(const T* p) {
-  const float f = to_f32(*p);
-  return vbroadcast(&f);
-}
-
-// Lane l of a tile of kMC rows x NR columns over steps [s0, s1) of the
-// lane's steps inside K. xp: the lane's packed rows (kMC values per step);
-// w: column 0's row of w at lane l (column j's ldw elements on, a step 16
-// elements on); sums (column j's kMC rows at sums + j * stride) start at +0
-// when s0 = 0, else go on from memory as the dot-product path's register
-// would. (The unroll pragmas let GCC keep acc in registers: without them
-// its -O3 pipeline keeps the array in memory and stores it every step.)
-template <int NR, typename T>
-__attribute__((noinline)) void lane_tile(const float* xp, const T* w, int64_t ldw, int64_t s0, int64_t s1, float* sums,
-                                         int64_t stride) {
+// Lane l of a tile of kMC rows x NR columns over `steps` steps: xp, the
+// lane's packed rows (kMC floats a step), wp, the lane's packed columns
+// (kNR floats a step); sums (column j's kMC rows at sums + j * kMC) start
+// at +0, or with `resume` go on from memory as the dot-product path's
+// register would. (The unroll pragmas let GCC keep acc in registers:
+// without them its -O3 pipeline keeps the array in memory and stores it
+// every step.)
+template <int NR>
+__attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64_t steps, bool resume, float* sums) {
   V acc[NR][2];
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) acc[j][0] = acc[j][1] = vzero();
-  if (s0 > 0) {
+  if (resume) {
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) acc[j][0] = vload(sums + j * stride), acc[j][1] = vload(sums + j * stride + kVL);
+    for (int j = 0; j < NR; ++j) acc[j][0] = vload(sums + j * kMC), acc[j][1] = vload(sums + j * kMC + kVL);
   }
-  for (int64_t s = s0; s < s1; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     const V x0 = vload(xp + s * kMC), x1 = vload(xp + s * kMC + kVL);
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      const V wb = broadcast(w + j * ldw + s * kLanes);
+      const V wb = vbroadcast(wp + s * kNR + j);
       acc[j][0] = vfma(x0, wb, acc[j][0]);
       acc[j][1] = vfma(x1, wb, acc[j][1]);
     }
   }
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) {
-    vstore(sums + j * stride, acc[j][0]);
-    vstore(sums + j * stride + kVL, acc[j][1]);
+    vstore(sums + j * kMC, acc[j][0]);
+    vstore(sums + j * kMC + kVL, acc[j][1]);
   }
 }
 
 // lane_tile for nr (1 .. kNR) columns.
-template <typename T, int NR = kNR>
-inline void lane_tile_cols(int nr, const float* xp, const T* w, int64_t ldw, int64_t s0, int64_t s1, float* sums,
-                           int64_t stride) {
+template <int NR = kNR>
+inline void lane_tile_cols(int nr, const float* xp, const float* wp, int64_t steps, bool resume, float* sums) {
   if constexpr (NR > 1) {
-    if (nr < NR) return lane_tile_cols<T, NR - 1>(nr, xp, w, ldw, s0, s1, sums, stride);
+    if (nr < NR) return lane_tile_cols<NR - 1>(nr, xp, wp, steps, resume, sums);
   }
-  lane_tile<NR>(xp, w, ldw, s0, s1, sums, stride);
+  lane_tile<NR>(xp, wp, steps, resume, sums);
 }
 
-// The dot-product path's step past K, fma(0, 0, lane), on a tile's sums in
-// memory: + 0 (a -0 becomes +0).
-inline void past_k(int nr, float* sums, int64_t stride) {
-  for (int j = 0; j < nr; ++j)
-    for (int64_t v = 0; v < kMC; v += kVL) vstore(sums + j * stride + v, vadd(vload(sums + j * stride + v), vzero()));
+#if defined(LOOM_PREFILL_AVX512)
+inline __mmask16 first16(int64_t valid) {
+  return valid >= 16 ? __mmask16(0xffff) : valid <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << valid) - 1);
+}
+// The first `valid` of 16 elements as f32, the rest 0.
+inline V load_f32(const float* p, int64_t valid) { return _mm512_maskz_loadu_ps(first16(valid), p); }
+inline V load_f32(const f16* p, int64_t valid) {
+  return _mm512_maskz_cvtph_ps(0xffff, _mm256_maskz_loadu_epi16(first16(valid), p));
+}
+inline V load_f32(const bf16* p, int64_t valid) {
+  const __m512i h = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(first16(valid), p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, h, 16));
 }
 
-// x's M rows (a multiple of kMC) into groups of kMC, lane-major:
-// dst[g][l][s][i] = x[g kMC + i][16 s + l] as f32, 0 past K.
-template <typename T>
-void pack_rows(float* dst, const T* x, int64_t M, int64_t K, int64_t steps) {
-  const int64_t groups = M / kMC;
-#pragma omp parallel for schedule(static) if (M * K >= kMinParallel)
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t s = 0; s < steps; ++s)
-      for (int64_t l = 0; l < kLanes; ++l) {
-        float* d = dst + ((g * kLanes + l) * steps + s) * kMC;
-        const int64_t k = s * kLanes + l;
-        for (int64_t i = 0; i < kMC; ++i) {
-          const int64_t m = g * kMC + i;
-          d[i] = k < K ? to_f32(x[m * K + k]) : 0.f;
-        }
+// a[i][l] = a[l][i]: a 16 x 16 transpose (interleave 32-bit, then 64-bit
+// elements within 128-bit chunks, then a 4 x 4 transpose of the chunks).
+// The zero-masked forms with every lane on: GCC 12's unmasked ones trip
+// -Wuninitialized.
+inline void transpose(V (&a)[16]) {
+  V t[16];
+  for (int i = 0; i < 16; i += 2) t[i] = _mm512_maskz_unpacklo_ps(0xffff, a[i], a[i + 1]), t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, a[i], a[i + 1]);
+  V u[16];  // u[4g + e]: rows 4g .. 4g+3 of element 4q + e in chunk q
+  for (int g = 0; g < 4; ++g) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+    u[4 * g] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t0, t2));
+    u[4 * g + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t0, t2));
+    u[4 * g + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t1, t3));
+    u[4 * g + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t1, t3));
+  }
+  for (int e = 0; e < 4; ++e) {
+    const V v0 = _mm512_maskz_shuffle_f32x4(0xffff, u[e], u[4 + e], 0x44), v1 = _mm512_maskz_shuffle_f32x4(0xffff, u[e], u[4 + e], 0xee);
+    const V v2 = _mm512_maskz_shuffle_f32x4(0xffff, u[8 + e], u[12 + e], 0x44), v3 = _mm512_maskz_shuffle_f32x4(0xffff, u[8 + e], u[12 + e], 0xee);
+    a[e] = _mm512_maskz_shuffle_f32x4(0xffff, v0, v2, 0x88);
+    a[4 + e] = _mm512_maskz_shuffle_f32x4(0xffff, v0, v2, 0xdd);
+    a[8 + e] = _mm512_maskz_shuffle_f32x4(0xffff, v1, v3, 0x88);
+    a[12 + e] = _mm512_maskz_shuffle_f32x4(0xffff, v1, v3, 0xdd);
+  }
+}
+// The first n (<= 16) floats of v at p.
+inline void store_first(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first16(n), v); }
+#else
+inline __m256i first8(int64_t valid) {
+  const int v = static_cast<int>(std::clamp<int64_t>(valid, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+// The first `valid` of 8 elements as f32, the rest 0.
+inline V load_f32(const float* p, int64_t valid) {
+  return valid >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, first8(valid));
+}
+inline __m128i load_16bit(const void* p, int64_t valid) {
+  if (valid >= 8) return _mm_loadu_si128(static_cast<const __m128i*>(p));
+  uint16_t h[8] = {};
+  std::memcpy(h, p, static_cast<size_t>(std::max<int64_t>(valid, 0)) * 2);
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
+}
+inline V load_f32(const f16* p, int64_t valid) { return _mm256_cvtph_ps(load_16bit(p, valid)); }
+inline V load_f32(const bf16* p, int64_t valid) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_16bit(p, valid)), 16));
+}
+
+// a[i][l] = a[l][i]: an 8 x 8 transpose.
+inline void transpose(V (&a)[8]) {
+  V t[8], u[8];
+  for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(a[i], a[i + 1]), t[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+  for (int g = 0; g < 2; ++g) {  // u[4g + e]: rows 4g .. 4g+3 of element 4q + e in half q
+    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+  }
+  for (int e = 0; e < 4; ++e) {
+    a[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+    a[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+  }
+}
+// The first n (<= 8) floats of v at p.
+inline void store_first(float* p, V v, int64_t n) {
+  if (n >= 8) _mm256_storeu_ps(p, v);
+  else _mm256_maskstore_ps(p, first8(n), v);
+}
+#endif
+
+// R rows of a (rows, K) operand, lane-major, as f32:
+// dst[(l * steps + s) * R + r] = src[r * K + 16 s + l], 0 past K and for
+// r >= rows (a zero multiply-added is the dot-product path's step past K:
+// + 0). Per step, blocks of kVL rows x kVL lanes are transposed in
+// registers.
+template <int64_t R, typename T>
+void pack_lanes(float* dst, const T* src, int64_t rows, int64_t K, int64_t steps) {
+  for (int64_t s = 0; s < steps; ++s)
+    for (int64_t l0 = 0; l0 < kLanes; l0 += kVL) {
+      const int64_t k0 = s * kLanes + l0, valid = K - k0;
+      for (int64_t r0 = 0; r0 < R; r0 += kVL) {
+        V a[kVL];
+        for (int64_t i = 0; i < kVL; ++i)
+          a[i] = r0 + i < std::min(R, rows) ? load_f32(src + (r0 + i) * K + k0, valid) : vzero();
+        transpose(a);
+        for (int64_t l = 0; l < kVL; ++l) store_first(dst + ((l0 + l) * steps + s) * R + r0, a[l], R - r0);
       }
+    }
 }
 
 // The tree of lane_sum.h over the 16 lane sums of kMC outputs at once:
@@ -174,58 +247,70 @@ inline void lane_tree(float* sums, int64_t stride) {
         vstore(sums + i * stride + v, vadd(vload(sums + i * stride + v), vload(sums + (i + h) * stride + v)));
 }
 
-// The columns [p0, p1) of y (a panel of w's rows) from x packed in xp: per
-// block of mb rows and K block, each lane of every tile, the sums waiting
-// in `sums` (lane l, column j, row r at (l * cols + j) * mb + r); then the
-// tree, the bias and y's rounding.
+// The columns [p0, p1) of y (a panel of w's rows) for the row tiles
+// [t0, t1), from x packed in xp: the panel packed into wp, then per tile,
+// K block and lane, every column tile of the panel while the lane's x stays
+// in L1; the lanes' sums wait in `sums` (lane l, column j: kMC rows at
+// (l * cols + j) * kMC); then the tree, the bias and y's rounding.
 template <typename T, typename Y, typename B>
-void linear_panel(Y* y, const float* xp, const T* w, const B* bias, int64_t M, int64_t N, int64_t K, int64_t p0,
-                  int64_t p1, int64_t mb, float* sums) {
-  const int64_t steps = (K + kLanes - 1) / kLanes, n = p1 - p0, cols = (n + kNR - 1) / kNR * kNR;
-  for (int64_t m0 = 0; m0 < M; m0 += mb) {
-    const int64_t rows = std::min(mb, M - m0), tiles = rows / kMC;
-    for (int64_t s0 = 0; s0 < steps; s0 += kBlockSteps) {
-      const int64_t s1 = std::min(steps, s0 + kBlockSteps);
-      for (int64_t j0 = 0; j0 < n; j0 += kNR)
-        for (int64_t l = 0; l < kLanes; ++l) {
-          const int64_t valid = l < K ? (K - l + kLanes - 1) / kLanes : 0;  // lane l's steps inside K
-          const int nr = static_cast<int>(std::min<int64_t>(kNR, n - j0));
-          for (int64_t t = 0; t < tiles; ++t) {
-            float* out = sums + (l * cols + j0) * rows + t * kMC;
-            lane_tile_cols(nr, xp + ((m0 / kMC + t) * kLanes + l) * steps * kMC, w + (p0 + j0) * K + l, K, s0,
-                           std::max(s0, std::min(s1, valid)), out, rows);
-            if (s1 == steps && valid < steps) past_k(nr, out, rows);
-          }
+void linear_panel(Y* y, const float* xp, const T* w, const B* bias, int64_t N, int64_t K, int64_t steps,
+                  int64_t block, int64_t p0, int64_t p1, int64_t t0, int64_t t1, float* wp, float* sums) {
+  const int64_t n = p1 - p0, jts = (n + kNR - 1) / kNR, cols = jts * kNR;
+  for (int64_t jt = 0; jt < jts; ++jt)
+    pack_lanes<kNR>(wp + jt * kLanes * steps * kNR, w + (p0 + jt * kNR) * K, n - jt * kNR, K, steps);
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t s0 = 0; s0 < steps; s0 += block) {
+      const int64_t len = std::min(block, steps - s0);
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const float* xl = xp + ((t * kLanes + l) * steps + s0) * kMC;
+        for (int64_t jt = 0; jt < jts; ++jt) {
+          const int nr = static_cast<int>(std::min<int64_t>(kNR, n - jt * kNR));
+          lane_tile_cols(nr, xl, wp + ((jt * kLanes + l) * steps + s0) * kNR, len, s0 > 0,
+                         sums + (l * cols + jt * kNR) * kMC);
         }
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const float b = bias != nullptr ? to_f32(bias[p0 + j]) : 0.f;
-      for (int64_t t = 0; t < tiles; ++t) {
-        float* out = sums + j * rows + t * kMC;
-        lane_tree(out, cols * rows);
-        for (int64_t i = 0; i < kMC; ++i)
-          y[(m0 + t * kMC + i) * N + p0 + j] = from_f32<Y>(out[i] + b);
       }
+    }
+    for (int64_t j = 0; j < n; ++j) lane_tree(sums + j * kMC, cols * kMC);
+    // Row by row: y's rows may lie a multiple of 4 KiB apart (N = 3072 f32),
+    // so a column's stores down kMC rows would all fall in one L1 set.
+    for (int64_t i = 0; i < kMC; ++i) {
+      Y* row = y + (t * kMC + i) * N + p0;
+      for (int64_t j = 0; j < n; ++j) row[j] = from_f32<Y>(sums[j * kMC + i] + (bias != nullptr ? to_f32(bias[p0 + j]) : 0.f));
     }
   }
 }
 
 template <typename T, typename Y, typename B>
 void linear_panels(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64_t N, int64_t K) {
-  const int64_t steps = (K + kLanes - 1) / kLanes;
-  const int64_t panel = std::max<int64_t>(kNR, kPanelBytes / (K * int64_t{sizeof(T)}) / kNR * kNR);
-  const int64_t block_row_bytes = kBlockSteps * kLanes * int64_t{sizeof(float)};
-  const int64_t mb = std::min(M, std::max(kMC, kRowBlockBytes / block_row_bytes / kMC * kMC));
-  float* xp = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(M * kLanes * steps));
-  pack_rows(xp, x, M, K, steps);
-  const ThreadSlices<float> sums(ScratchSlot::b, static_cast<size_t>(kLanes * panel * mb));
+  const int64_t steps = (K + kLanes - 1) / kLanes, tiles = M / kMC;
+  const int threads = omp_get_max_threads();
+  // Columns a panel: its packed w within kPanelBytes, and the panels a
+  // multiple of the threads (each the same work) where N allows.
+  const int64_t by_bytes = std::max<int64_t>(kNR, kPanelBytes / (steps * kLanes * int64_t{sizeof(float)}));
+  const int64_t want = ((N + by_bytes - 1) / by_bytes + threads - 1) / threads * threads;
+  const int64_t panel = ((N + want - 1) / want + kNR - 1) / kNR * kNR;
   const int64_t panels = (N + panel - 1) / panel;
-  // Panels are handed out one at a time (as linear_invariant.cpp's): which
-  // thread computes one never changes its arithmetic.
+  // With fewer panels than threads, the tiles of rows are split as well
+  // (each part packs its panel).
+  const int64_t parts = panels >= threads ? 1 : std::min<int64_t>(tiles, (threads + panels - 1) / panels);
+  // K blocks of equal steps, one lane's packed x of a block within L1.
+  const int64_t max_block = std::max<int64_t>(1, kLaneBlockBytes / (kMC * int64_t{sizeof(float)}));
+  const int64_t nblocks = (steps + max_block - 1) / max_block, block = (steps + nblocks - 1) / nblocks;
+
+  float* xp = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(tiles * kLanes * steps * kMC));
+#pragma omp parallel for schedule(static) if (M * K >= kMinParallel)
+  for (int64_t t = 0; t < tiles; ++t) pack_lanes<kMC>(xp + t * kLanes * steps * kMC, x + t * kMC * K, kMC, K, steps);
+  const int64_t cols = (panel + kNR - 1) / kNR * kNR;
+  const ThreadSlices<float> wps(ScratchSlot::b, static_cast<size_t>(cols * kLanes * steps));
+  const ThreadSlices<float> sums(ScratchSlot::c, static_cast<size_t>(kLanes * cols * kMC));
+  // Parts are handed out one at a time (as linear_invariant.cpp's panels):
+  // which thread computes one never changes its arithmetic.
 #pragma omp parallel for schedule(dynamic, 1) if (M * N * K >= kMinParallel)
-  for (int64_t pi = 0; pi < panels; ++pi)
-    linear_panel(y, xp, w, bias, M, N, K, pi * panel, std::min(N, (pi + 1) * panel), mb,
-                 sums.slice(omp_get_thread_num()));
+  for (int64_t item = 0; item < panels * parts; ++item) {
+    const int64_t pi = item / parts, part = item % parts;
+    linear_panel(y, xp, w, bias, N, K, steps, block, pi * panel, std::min(N, (pi + 1) * panel),
+                 tiles * part / parts, tiles * (part + 1) / parts, wps.mine(), sums.mine());
+  }
 }
 
 }  // namespace
@@ -237,7 +322,7 @@ int64_t linear_prefill(Tensor y, const Tensor& x, const Tensor& w, const Tensor&
   if (x.dtype() == DType::bf16) return 0;  // vdpbf16ps pairs: linear_invariant.cpp
 #endif
   const int64_t N = w.size(0), K = w.size(1), M = x.numel() / K / kMC * kMC;
-  if (M < kPrefillRows || K < kPrefillMinK) return 0;
+  if (M < kPrefillRows) return 0;
   dispatch_linear(y, x, bias, [&]<typename T, typename Y, typename B>(const B* b) {
     linear_panels<T, Y, B>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), b, M, N, K);
   });
