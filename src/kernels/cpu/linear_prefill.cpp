@@ -78,11 +78,17 @@ inline V vzero() { return _mm256_setzero_ps(); }
 #endif
 constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 
-// From this many rows: below, packing w (about 0.5 cycle per element, per
-// call) costs more than the dot-product tiles lose. Measured with `loom
-// bench kernels` (BENCHMARKS.md): at 64 rows the two paths are equal, at 512
-// this one is 1.3-1.6x faster.
+// From this many rows: below, packing w (about half a cycle per element,
+// per call) costs more than the dot-product tiles lose. Measured with `loom
+// bench kernels` (BENCHMARKS.md, issue 34): at 64 rows this path is
+// 1.05-1.2x the tiles with AVX2, and with AVX-512 1.05x at one thread but
+// 0.85x at two (the threads' copies of w contend for memory); at 512 rows
+// 1.2-1.3x.
+#if defined(LOOM_PREFILL_AVX512)
+constexpr int64_t kPrefillRows = 128;
+#else
 constexpr int64_t kPrefillRows = 64;
+#endif
 // Bytes of a panel's packed w (L2, beside the x passing it: 1-2 MiB on
 // AVX-512 CPUs, 512 KiB on Zen 2/3), and of one lane's packed x over a K
 // block (L1).
