@@ -52,6 +52,7 @@
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/config_json.h"
 #include "model/model.h"
 #include "mesh/mesh.h"
 #include "parallel/dp.h"
@@ -134,7 +135,7 @@ void print_json(const TrainBenchOptions& o, const Result& r) {
       "\"num_params\":%lld,\"tokens_per_s\":%.1f,\"step_seconds\":%.6g,\"best_step_seconds\":%.6g,"
       "\"flops_per_token\":%.6g,\"peak_gflops\":%.2f,\"mfu\":%.4f,\"peak_bytes\":%zu,\"peak_bytes_by_tag\":{%s},"
       "\"max_rss_growth_bytes\":%zu%s%s,\"impl\":\"loom\"}\n",
-      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(),
+      model_label(o).c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(),
       o.threads, o.steps, o.warmup, static_cast<long long>(r.num_params), r.tokens_per_s, r.step.median, r.step.best,
       r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.memory.peak_total, by_tag.c_str(), r.rss_growth,
       dp_json(o, r).c_str(), tp_json(r).c_str());
@@ -153,7 +154,7 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
   std::printf(
       "loom bench train: %s (%lld parameters), B=%lld T=%lld, %s, recompute %s, %d threads; %d warm-up + %d timed "
       "steps\n",
-      o.model.c_str(), static_cast<long long>(r.num_params), static_cast<long long>(o.batch),
+      model_label(o).c_str(), static_cast<long long>(r.num_params), static_cast<long long>(o.batch),
       static_cast<long long>(o.seq), o.dtype.c_str(), o.recompute.c_str(), o.threads, o.warmup, o.steps);
   std::printf("reproduce: %s\n", o.command.c_str());
   std::printf("tokens/s        %12.1f  (best step%s)\n", r.tokens_per_s,
@@ -288,7 +289,7 @@ void print_pp_json(const TrainBenchOptions& o, const PpResult& r) {
       "\"tokens_per_s\":%.1f,\"flops_per_token\":%.6g,\"peak_gflops\":%.2f,\"mfu\":%.4f,\"step_seconds\":%.6g,"
       "\"best_step_seconds\":%.6g,\"bubble_measured\":%.4f,\"bubble_rank\":%d,\"bubble_theory\":%.4f,"
       "\"bubble_simulated\":%.4f,\"ranks\":[%s],\"impl\":\"loom\"}\n",
-      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
+      model_label(o).c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
       o.recompute.c_str(), o.threads, o.steps, o.warmup, o.pp, r.dp, o.tp, o.schedule.c_str(), o.virtual_stages,
       o.micro_batches, r.tokens_per_s, r.flops_per_token, r.peak_flops / 1e9, r.mfu, r.step.median, r.step.best,
       r.bubble, r.bottleneck, r.theory, r.simulated, ranks.c_str());
@@ -298,7 +299,7 @@ void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
   std::printf(
       "loom bench train: %s, B=%lld T=%lld, %s, recompute %s, %d threads; pp=%d dp=%d tp=%d, %s schedule, v=%d, "
       "m=%d micro-batches per step; %d warm-up + %d timed steps\n",
-      o.model.c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
+      model_label(o).c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.seq), o.dtype.c_str(),
       o.recompute.c_str(), o.threads, o.pp, r.dp, o.tp, o.schedule.c_str(), o.virtual_stages, o.micro_batches,
       o.warmup, o.steps);
   std::printf("reproduce: %s\n", o.command.c_str());
@@ -329,7 +330,7 @@ void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
 // with the bench's flags, default AdamW and its fixed seed.
 
 int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
-  const model::ModelConfig cfg = model::model_preset(o.model);
+  const model::ModelConfig cfg = model::model_config_from_sets(o.model, o.sets, "bench train: --set");
   const int world_size = world.size();
   LOOM_REQUIRE(world_size % (o.pp * o.tp) == 0, "bench train: --pp ", o.pp, " x --tp ", o.tp,
                " does not divide the job's ", world_size, " ranks: run mpirun -np (a multiple of pp x tp)");
@@ -433,7 +434,7 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
 
 int run_train_bench(const TrainBenchOptions& o) {
   check_options(o);
-  const model::ModelConfig cfg = model::model_preset(o.model);
+  const model::ModelConfig cfg = model::model_config_from_sets(o.model, o.sets, "bench train: --set");
   // An mpirun job trains data parallel over its world; a plain process is a
   // world of one (no MPI).
   comm::Options copts;

@@ -18,6 +18,7 @@ namespace loom::bench {
 
 struct TrainBenchOptions {
   std::string model = "gpt2-124m";  // a model preset (model/config.h)
+  std::vector<std::string> sets;    // key=value over the preset's [model] keys (e.g. n_layer=4)
   int64_t batch = 4;                // B: sequences per step
   int64_t seq = 128;                // T: tokens per sequence
   int steps = 10;                   // timed steps
@@ -65,6 +66,13 @@ struct TrainBenchOptions {
   int ep = 1;
   std::string command;              // the command line that reproduces the run
 };
+
+// The preset's name with --set's items after it, as the output prints it.
+inline std::string model_label(const TrainBenchOptions& o) {
+  std::string label = o.model;
+  for (const std::string& kv : o.sets) label += " " + kv;
+  return label;
+}
 
 // Runs the benchmark, prints the result to stdout; returns the exit code.
 // Unknown presets, bf16 and T > max_seq_len are loom::Errors.

@@ -100,6 +100,7 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
   auto threads = std::make_shared<int>(default_threads);
   train->add_option("--model", opts->model, "model preset (gpt2-124m, gpt2-350m, llama-110m, gpt2-tiny, ...)")
       ->capture_default_str();
+  train->add_option("--set", opts->sets, "key=value overriding a [model] key of the preset (e.g. n_layer=4; d_ff is not re-derived from n_embd)");
   train->add_option("--batch", opts->batch, "B: sequences per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   train->add_option("--seq", opts->seq, "T: tokens per sequence")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   train->add_option("--steps", opts->steps, "timed steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));

@@ -108,15 +108,7 @@ struct InitArgs {
 };
 
 void run_init(const InitArgs& args) {
-  nlohmann::json j = {{"preset", args.preset}};
-  for (const std::string& kv : args.sets) {
-    const size_t eq = kv.find('=');
-    LOOM_REQUIRE(eq != std::string::npos && eq > 0, "--set '", kv, "' is not key=value (e.g. vocab_size=50257)");
-    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-    // Numbers and true/false as JSON, anything else (a family name) as a string.
-    j[key] = nlohmann::json::accept(value) ? nlohmann::json::parse(value) : nlohmann::json(value);
-  }
-  const model::ModelConfig cfg = model::model_config_from_json(j, "init-model");
+  const model::ModelConfig cfg = model::model_config_from_sets(args.preset, args.sets, "init-model: --set");
   model::require_new_model_dir(args.out, "init-model");
   Pools pools;
   const std::vector<model::ParamSpec> specs = model::param_specs(cfg);

@@ -163,6 +163,18 @@ ModelConfig model_config_from_json(const json& j, const std::string& where) {
   return c;
 }
 
+ModelConfig model_config_from_sets(const std::string& preset, const std::vector<std::string>& sets,
+                                   const std::string& where) {
+  json j = {{"preset", preset}};
+  for (const std::string& kv : sets) {
+    const size_t eq = kv.find('=');
+    LOOM_REQUIRE(eq != std::string::npos && eq > 0, where, ": '", kv, "' is not key=value (e.g. vocab_size=50257)");
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    j[key] = json::accept(value) ? json::parse(value) : json(value);
+  }
+  return model_config_from_json(j, where);
+}
+
 json hf_config_to_json(const ModelConfig& c) {
   json j;
   if (c.family == Family::gpt2) {

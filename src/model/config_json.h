@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,12 @@ nlohmann::json model_config_to_json(const ModelConfig& cfg);
 // key, a value of the wrong type or an invalid config is a loom::Error that
 // starts with `where` (e.g. the file) and names the key.
 ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+// A preset with "key=value" overrides of its [model] keys, as the --set
+// options of init-model and bench train take them (numbers and true/false
+// as JSON values, anything else, a family name, as a string); an item
+// without '=' and the errors of model_config_from_json start with `where`.
+ModelConfig model_config_from_sets(const std::string& preset, const std::vector<std::string>& sets,
+                                   const std::string& where);
 
 // Hugging Face config.json: GPT2Config ("model_type": "gpt2") or LlamaConfig
 // ("llama"), with "architectures" and "torch_dtype": "float32".

@@ -101,6 +101,9 @@ def max_rss_bytes():
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="gpt2-124m", choices=sorted(PRESETS))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset key as loom bench train --set does: n_layer, n_embd, n_head, "
+                        "vocab_size, max_seq_len (d_ff stays 4 n_embd, GPT-2's)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
@@ -115,7 +118,13 @@ def main():
         raise SystemExit("--flush-denormal: this CPU cannot flush subnormals (no SSE3 FTZ/DAZ)")
     torch.manual_seed(1)
 
-    L, C, NH, V, max_T = PRESETS[args.model]
+    dims = dict(zip(("n_layer", "n_embd", "n_head", "vocab_size", "max_seq_len"), PRESETS[args.model]))
+    for kv in args.set:
+        key, eq, value = kv.partition("=")
+        if not eq or key not in dims:
+            p.error(f"--set {kv!r}: allowed are key=value with key one of {', '.join(dims)}")
+        dims[key] = int(value)
+    L, C, NH, V, max_T = dims.values()
     peak_flops = measure_peak_flops()
     rss_before = max_rss_bytes()
     model = GPT2(L, C, NH, V, max_T)
@@ -148,7 +157,7 @@ def main():
     flops_per_token = 6.0 * num_params + 12.0 * L * C * args.seq  # as loom: 6 N + attention (PaLM appendix B)
     rss_growth = max(0, max_rss_bytes() - rss_before)
     print(json.dumps({
-        "model": args.model, "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "threads": args.threads,
+        "model": " ".join([args.model] + args.set), "batch": args.batch, "seq": args.seq, "dtype": args.dtype, "threads": args.threads,
         "steps": args.steps, "warmup": args.warmup, "num_params": num_params,
         "tokens_per_s": round(tokens_per_s, 1), "step_seconds": median, "best_step_seconds": times[0],
         "flops_per_token": flops_per_token, "peak_gflops": round(peak_flops / 1e9, 2),
