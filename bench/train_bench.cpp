@@ -330,7 +330,7 @@ void print_pp_table(const TrainBenchOptions& o, const PpResult& r) {
 // with the bench's flags, default AdamW and its fixed seed.
 
 int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
-  const model::ModelConfig cfg = model::model_config_from_sets(o.model, o.sets, "bench train: --set");
+  const model::ModelConfig cfg = model::model_config_from_sets(o.model, o.sets, "bench train");
   const int world_size = world.size();
   LOOM_REQUIRE(world_size % (o.pp * o.tp) == 0, "bench train: --pp ", o.pp, " x --tp ", o.tp,
                " does not divide the job's ", world_size, " ranks: run mpirun -np (a multiple of pp x tp)");
@@ -434,7 +434,7 @@ int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world) {
 
 int run_train_bench(const TrainBenchOptions& o) {
   check_options(o);
-  const model::ModelConfig cfg = model::model_config_from_sets(o.model, o.sets, "bench train: --set");
+  const model::ModelConfig cfg = model::model_config_from_sets(o.model, o.sets, "bench train");
   // An mpirun job trains data parallel over its world; a plain process is a
   // world of one (no MPI).
   comm::Options copts;

@@ -108,7 +108,7 @@ struct InitArgs {
 };
 
 void run_init(const InitArgs& args) {
-  const model::ModelConfig cfg = model::model_config_from_sets(args.preset, args.sets, "init-model: --set");
+  const model::ModelConfig cfg = model::model_config_from_sets(args.preset, args.sets, "init-model");
   model::require_new_model_dir(args.out, "init-model");
   Pools pools;
   const std::vector<model::ParamSpec> specs = model::param_specs(cfg);

@@ -168,7 +168,7 @@ ModelConfig model_config_from_sets(const std::string& preset, const std::vector<
   json j = {{"preset", preset}};
   for (const std::string& kv : sets) {
     const size_t eq = kv.find('=');
-    LOOM_REQUIRE(eq != std::string::npos && eq > 0, where, ": '", kv, "' is not key=value (e.g. vocab_size=50257)");
+    LOOM_REQUIRE(eq != std::string::npos && eq > 0, where, ": --set '", kv, "' is not key=value (e.g. vocab_size=50257)");
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
     j[key] = json::accept(value) ? json::parse(value) : json(value);
   }

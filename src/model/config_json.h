@@ -32,7 +32,8 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& w
 // A preset with "key=value" overrides of its [model] keys, as the --set
 // options of init-model and bench train take them (numbers and true/false
 // as JSON values, anything else, a family name, as a string); an item
-// without '=' and the errors of model_config_from_json start with `where`.
+// without '=' and the errors of model_config_from_json (a bad preset among
+// them) start with `where`, the command.
 ModelConfig model_config_from_sets(const std::string& preset, const std::vector<std::string>& sets,
                                    const std::string& where);
 

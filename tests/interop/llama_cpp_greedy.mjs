@@ -9,15 +9,12 @@
 //   node llama_cpp_greedy.mjs INTEROP_DIR N PROMPT FILE.gguf...
 // (INTEROP_DIR: where scripts/fetch-data.sh installed tests/interop's lock
 // file, data/interop.)
-import path from "node:path";
-import {pathToFileURL} from "node:url";
+import {loadLlama} from "./llama_cpp_variant.mjs";
 
 const [interop, nStr, prompt, ...files] = process.argv.slice(2);
-const entry = path.resolve(interop, "node_modules/node-llama-cpp/dist/index.js");
-const {getLlama, LlamaLogLevel} = await import(pathToFileURL(entry).href);
 const n = Number(nStr);
-// build "never": only the prebuilt binaries, nothing compiled or downloaded.
-const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
+// Only the prebuilt binaries, nothing compiled or downloaded; ggml's best CPU library.
+const {llama} = await loadLlama(interop, undefined);
 for (const file of files) {
   const model = await llama.loadModel({modelPath: file});
   const context = await model.createContext({contextSize: 128, threads: 1});

@@ -81,9 +81,9 @@ constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 // From this many rows: below, packing w (about half a cycle per element,
 // per call) costs more than the dot-product tiles lose. Measured with `loom
 // bench kernels` (BENCHMARKS.md, issue 34): at 64 rows this path is
-// 1.05-1.2x the tiles with AVX2, and with AVX-512 1.05x at one thread but
-// 0.85x at two (the threads' copies of w contend for memory); at 512 rows
-// 1.2-1.3x.
+// 1.05-1.2x the tiles with AVX2, and with AVX-512 1.03-1.06x at one thread
+// but 0.85-0.94x at two (the threads' copies of w contend for memory); at
+// 512 rows 1.2-1.3x at one thread, 0.98-1.18x at two.
 #if defined(LOOM_PREFILL_AVX512)
 constexpr int64_t kPrefillRows = 128;
 #else
