@@ -213,7 +213,7 @@ struct ServingLinear {
 };
 constexpr ServingLinear kServingLinears[] = {
     {"qkv", kC, 3 * kC}, {"attn_proj", kC, kC}, {"fc", kC, 4 * kC}, {"mlp_proj", 4 * kC, kC}, {"lm_head", kC, kV}};
-constexpr int64_t kServingRows[] = {1, 8, 64, 512};
+constexpr int64_t kServingRows[] = {1, 8, 64, 128, 256, 512};
 
 void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const char* op, DType dtype,
                           const ServingLinear& l, int64_t m) {

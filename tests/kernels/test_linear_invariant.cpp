@@ -101,16 +101,17 @@ TEST(LinearInvariant, NoFeaturesGiveTheBiasAndNoRowsNothing) {
   linear_forward_invariant(y0.view(), x0.view(), w0.view(), Tensor());
 }
 
-// Every row of a 140-row call equals the same row computed alone, bit for
+// Every row of a many-row call equals the same row computed alone, bit for
 // bit, and so does the whole call at 1 thread and at 3. (With AVX2 or
-// AVX-512, 128 of the 140 rows take the outer-product path, at K = 4200 cut
-// into K blocks, the rest and a row alone the dot-product tiles; N = 131
-// spans panels of w and ends in a part of a column tile.)
+// AVX-512, whole tiles of the rows take the outer-product path -- from 64
+// rows with AVX2, from 128 (K >= 1536) or 256 rows with AVX-512 -- at
+// K = 4200 cut into K blocks; the rest and a row alone take the dot-product
+// tiles; N = 131 spans panels of w and ends in a part of a column tile.)
 TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
   for (int64_t K : {200, 4200}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       std::mt19937 rng(5);
-      const int64_t M = 140, N = 131;
+      const int64_t M = K < 1536 ? 270 : 140, N = 131;
       Buffer x = random_buffer(dt, {M, K}, rng), w = random_buffer(dt, {N, K}, rng), b = random_buffer(dt, {N}, rng);
       Buffer all(dt, {M, N});
       linear_forward_invariant(all.view(), x.view(), w.view(), b.view());
@@ -154,7 +155,7 @@ float lane_arithmetic(const float* x, const float* w, int64_t K, float bias) {
 TEST(LinearInvariant, EqualsTheDocumentedLaneArithmeticBitForBit) {
   for (DType in : {DType::f32, DType::f16})
     for (int64_t K : {1, 7, 15, 16, 17, 33, 100, 768, 1650})
-      for (int64_t M : {1, 3, 5, 8, 140})
+      for (int64_t M : {1, 3, 5, 8, 140, 264})
         for (bool tiny : {false, true}) {
           if (tiny && in == DType::f16) continue;  // 1e-30 is 0 in f16
           std::mt19937 rng(static_cast<uint32_t>(K * 31 + M));

@@ -22,11 +22,11 @@
 // after another, prefetching ahead: it runs near memory bandwidth, where a
 // general GEMM library's M = 1 path does not (BENCHMARKS.md). Prefill
 // (M large) reuses each loaded x vector for kNR rows of w and each w vector
-// for kMR rows of x (4 x 4 with 32 zmm registers, 3 x 2 with 16 ymm); a
+// for kMR rows of x (6 x 4 with 32 zmm registers, 3 x 2 with 16 ymm); a
 // thread walks its columns in panels of w that stay in L2
 // while every row of x passes them. The dot-product form pays a horizontal
-// sum per output (K / 16 FMAs per sum) and loads a vector per FMA or so:
-// from 64 rows (AVX2) or 128 (AVX-512), whole tiles of rows go to
+// sum per output (K / 16 FMAs per sum) and loads a vector per two FMAs or
+// so: from 64 rows (AVX2) or 128-256 (AVX-512), whole tiles of rows go to
 // linear_prefill.cpp, which computes the same sums as outer products (a
 // lane of many outputs per register, both operands packed) at a GEMM's
 // rate; the rows left over come here. Measured against oneDNN in BENCHMARKS.md.
@@ -68,8 +68,14 @@ struct Lanes;
 
 #if defined(LOOM_LINEAR_AVX512)
 
-constexpr int kMR = 4;  // rows of x per register tile: 16 zmm accumulators
-constexpr int kNR = 4;  // rows of w per register tile
+// Rows of x and of w per register tile: 24 zmm accumulators, 6 x vectors
+// and 1 w vector. A step loads 10 vectors for 24 FMAs, where 4 x 4 loaded 8
+// for 16: at K = 3072 the operands come from L2, whose bandwidth bounded
+// 4 x 4. Measured (bench kernels, 64 rows, ratio to oneDNN, one thread /
+// two): 4 x 4 0.75-0.97 / 0.75-0.88, 5 x 5 0.88-0.95 / 0.76-0.98, 6 x 4
+// 0.84-1.00 / 0.80-0.94.
+constexpr int kMR = 6;
+constexpr int kNR = 4;
 // The panel is the only level of blocking: rows of x pass it whole.
 constexpr int64_t kSubPanelBytes = kPanelBytes;
 constexpr int64_t kRowBlockBytes = int64_t{1} << 62;

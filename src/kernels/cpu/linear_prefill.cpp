@@ -81,14 +81,19 @@ constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 // From this many rows: below, packing w (about half a cycle per element,
 // per call) costs more than the dot-product tiles lose. Measured with `loom
 // bench kernels` (BENCHMARKS.md, issue 34): at 64 rows this path is
-// 1.05-1.2x the tiles with AVX2, and with AVX-512 1.03-1.06x at one thread
-// but 0.85-0.94x at two (the threads' copies of w contend for memory); at
-// 512 rows 1.2-1.3x at one thread, 0.98-1.18x at two.
+// 1.05-1.2x the tiles with AVX2. With AVX-512 the tiles are 6 x 4 and
+// load a vector per 2.4 FMAs: at K = 768 they match this path up to 256
+// rows (at 128 rows 0.78-0.90x oneDNN, against this path's 0.69-0.87x);
+// at K = 3072 their operands come from L2 and this path is 1.1-1.5x them
+// from 128 rows (at 64, the threads' copies of w contend for memory).
+inline int64_t prefill_rows(int64_t K) {
 #if defined(LOOM_PREFILL_AVX512)
-constexpr int64_t kPrefillRows = 128;
+  return K >= 1536 ? 128 : 256;
 #else
-constexpr int64_t kPrefillRows = 64;
+  (void)K;
+  return 64;
 #endif
+}
 // Bytes of a panel's packed w (L2, beside the x passing it: 1-2 MiB on
 // AVX-512 CPUs, 512 KiB on Zen 2/3), and of one lane's packed x over a K
 // block (L1).
@@ -328,7 +333,7 @@ int64_t linear_prefill(Tensor y, const Tensor& x, const Tensor& w, const Tensor&
   if (x.dtype() == DType::bf16) return 0;  // vdpbf16ps pairs: linear_invariant.cpp
 #endif
   const int64_t N = w.size(0), K = w.size(1), M = x.numel() / K / kMC * kMC;
-  if (M < kPrefillRows) return 0;
+  if (M < prefill_rows(K)) return 0;
   dispatch_linear(y, x, bias, [&]<typename T, typename Y, typename B>(const B* b) {
     linear_panels<T, Y, B>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), b, M, N, K);
   });
