@@ -21,10 +21,10 @@
 // path's step past K); the copy transposes blocks of vectors in registers.
 // x is copied once per call (R = kMC rows, the tiles; the rows left over go
 // to the dot-product tiles). A thread takes panels of w's rows in turn and
-// copies each (R = kNR, L2); then for each tile of x rows, K block and lane,
+// copies each (R = kNR, L2); then for each tile of x rows, lane and K block,
 // the lane's x (L1) passes every column tile of the panel, its w streamed
-// from L2. The lanes' sums wait in memory between K blocks; the tree adds
-// them a vector of rows at a time. Packing w costs about half a cycle per
+// from L2. A lane's sums wait in memory between K blocks, and the tree's
+// sums are added as the lanes finish (linear_panel). Packing w costs about half a cycle per
 // element per call, against M / 32 (AVX-512) cycles of FMAs per element:
 // hence the threshold in rows. Measured against oneDNN in BENCHMARKS.md
 // (issue 34).
@@ -33,6 +33,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -108,11 +109,14 @@ constexpr int64_t kLaneBlockBytes = 16 << 10;
 // lane's packed rows (kMC floats a step), wp, the lane's packed columns
 // (kNR floats a step); sums (column j's kMC rows at sums + j * kMC) start
 // at +0, or with `resume` go on from memory as the dot-product path's
-// register would. (The unroll pragmas let GCC keep acc in registers:
-// without them its -O3 pipeline keeps the array in memory and stores it
-// every step.)
+// register would. At the lane's end (its last K block) the tree's sums that
+// complete with it are added as they finish, adds[0] first (see
+// linear_panel), before the one store. (The unroll pragmas let GCC keep acc
+// in registers: without them its -O3 pipeline keeps the array in memory and
+// stores it every step.)
 template <int NR>
-__attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64_t steps, bool resume, float* sums) {
+__attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64_t steps, bool resume, float* sums,
+                                         const float* const* adds, int nadd) {
   V acc[NR][2];
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) acc[j][0] = acc[j][1] = vzero();
@@ -129,6 +133,13 @@ __attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64
       acc[j][1] = vfma(x1, wb, acc[j][1]);
     }
   }
+  for (int a = 0; a < nadd; ++a) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NR; ++j) {
+      acc[j][0] = vadd(vload(adds[a] + j * kMC), acc[j][0]);
+      acc[j][1] = vadd(vload(adds[a] + j * kMC + kVL), acc[j][1]);
+    }
+  }
 #pragma GCC unroll 16
   for (int j = 0; j < NR; ++j) {
     vstore(sums + j * kMC, acc[j][0]);
@@ -138,11 +149,12 @@ __attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64
 
 // lane_tile for nr (1 .. kNR) columns.
 template <int NR = kNR>
-inline void lane_tile_cols(int nr, const float* xp, const float* wp, int64_t steps, bool resume, float* sums) {
+inline void lane_tile_cols(int nr, const float* xp, const float* wp, int64_t steps, bool resume, float* sums,
+                           const float* const* adds, int nadd) {
   if constexpr (NR > 1) {
-    if (nr < NR) return lane_tile_cols<NR - 1>(nr, xp, wp, steps, resume, sums);
+    if (nr < NR) return lane_tile_cols<NR - 1>(nr, xp, wp, steps, resume, sums, adds, nadd);
   }
-  lane_tile<NR>(xp, wp, steps, resume, sums);
+  lane_tile<NR>(xp, wp, steps, resume, sums, adds, nadd);
 }
 
 #if defined(LOOM_PREFILL_AVX512)
@@ -248,45 +260,66 @@ void pack_lanes(float* dst, const T* src, int64_t rows, int64_t K, int64_t steps
     }
 }
 
-// The tree of lane_sum.h over the 16 lane sums of kMC outputs at once:
-// lane[i] += lane[i + h] for h = 8, 4, 2, 1; the sum ends in lane 0. The
-// lanes lie `stride` floats apart.
-inline void lane_tree(float* sums, int64_t stride) {
-  for (int64_t h = kLanes / 2; h > 0; h /= 2)
-    for (int64_t i = 0; i < h; ++i)
-      for (int64_t v = 0; v < kMC; v += kVL)
-        vstore(sums + i * stride + v, vadd(vload(sums + i * stride + v), vload(sums + (i + h) * stride + v)));
-}
+// lane_sum.h's tree (lane i + lane i+8, then i + i+4, i + i+2, i + i+1)
+// walked depth first: the lanes in this order complete its sums as a binary
+// counter does. Lane kTreeOrder[q] ends the q-th leaf; the number of
+// trailing ones of q is the number of sums it completes (0 + 8, then
+// (0 + 8) + (4 + 12), ...), each the pending sum of one level plus the new
+// one. Adding two floats is commutative bit for bit, so the sums are the
+// tree's. Five buffers of a tile's sums replace sixteen.
+constexpr int kTreeOrder[kLanes] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+constexpr int kTreeLevels = 5;  // pending sums at levels 0 .. 3, the root at 4
 
 // The columns [p0, p1) of y (a panel of w's rows) for the row tiles
 // [t0, t1), from x packed in xp: the panel packed into wp, then per tile,
-// K block and lane, every column tile of the panel while the lane's x stays
-// in L1; the lanes' sums wait in `sums` (lane l, column j: kMC rows at
-// (l * cols + j) * kMC); then the tree, the bias and y's rounding.
+// lane (in kTreeOrder) and K block, every column tile of the panel while the
+// lane's x stays in L1. A lane's sums go on in level[c] of `sums` (c: the
+// level its tree sum ends at, free until then) across K blocks, and at its
+// end take in the pending sums below c. level[4] ends with the root: the
+// outputs, kMC rows of column j at j * kMC, which go to y a block of kVL
+// rows x kVL columns at a time, transposed in registers, bias added, as
+// rows (rows of y may lie a multiple of 4 KiB apart, N = 3072 f32: a
+// column's stores down the rows would all fall in one L1 set).
 template <typename T, typename Y, typename B>
 void linear_panel(Y* y, const float* xp, const T* w, const B* bias, int64_t N, int64_t K, int64_t steps,
                   int64_t block, int64_t p0, int64_t p1, int64_t t0, int64_t t1, float* wp, float* sums) {
   const int64_t n = p1 - p0, jts = (n + kNR - 1) / kNR, cols = jts * kNR;
   for (int64_t jt = 0; jt < jts; ++jt)
     pack_lanes<kNR>(wp + jt * kLanes * steps * kNR, w + (p0 + jt * kNR) * K, n - jt * kNR, K, steps);
+  float* level[kTreeLevels];
+  for (int c = 0; c < kTreeLevels; ++c) level[c] = sums + c * cols * kMC;
+  float* rows = sums + kTreeLevels * cols * kMC;  // kVL rows of y's panel, (cols + kVL) floats apart
+  const int64_t row_stride = cols + kVL;
+  float bias_f32[kVL];
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t s0 = 0; s0 < steps; s0 += block) {
-      const int64_t len = std::min(block, steps - s0);
-      for (int64_t l = 0; l < kLanes; ++l) {
+    for (int q = 0; q < kLanes; ++q) {
+      const int64_t l = kTreeOrder[q];
+      const int c = std::countr_one(static_cast<unsigned>(q));
+      for (int64_t s0 = 0; s0 < steps; s0 += block) {
+        const int64_t len = std::min(block, steps - s0);
+        const bool last = s0 + len == steps;
         const float* xl = xp + ((t * kLanes + l) * steps + s0) * kMC;
         for (int64_t jt = 0; jt < jts; ++jt) {
           const int nr = static_cast<int>(std::min<int64_t>(kNR, n - jt * kNR));
+          const float* adds[kTreeLevels - 1];
+          for (int a = 0; a < c; ++a) adds[a] = level[a] + jt * kNR * kMC;
           lane_tile_cols(nr, xl, wp + ((jt * kLanes + l) * steps + s0) * kNR, len, s0 > 0,
-                         sums + (l * cols + jt * kNR) * kMC);
+                         level[c] + jt * kNR * kMC, adds, last ? c : 0);
         }
       }
     }
-    for (int64_t j = 0; j < n; ++j) lane_tree(sums + j * kMC, cols * kMC);
-    // Row by row: y's rows may lie a multiple of 4 KiB apart (N = 3072 f32),
-    // so a column's stores down kMC rows would all fall in one L1 set.
-    for (int64_t i = 0; i < kMC; ++i) {
-      Y* row = y + (t * kMC + i) * N + p0;
-      for (int64_t j = 0; j < n; ++j) row[j] = from_f32<Y>(sums[j * kMC + i] + (bias != nullptr ? to_f32(bias[p0 + j]) : 0.f));
+    const float* out = level[kTreeLevels - 1];
+    for (int64_t i0 = 0; i0 < kMC; i0 += kVL) {
+      for (int64_t j0 = 0; j0 < n; j0 += kVL) {
+        for (int64_t j = 0; j < kVL; ++j)
+          bias_f32[j] = bias != nullptr && j0 + j < n ? to_f32(bias[p0 + j0 + j]) : 0.f;
+        V a[kVL];
+        for (int64_t j = 0; j < kVL; ++j) a[j] = j0 + j < n ? vload(out + (j0 + j) * kMC + i0) : vzero();
+        transpose(a);
+        const V b = vload(bias_f32);  // + 0 without a bias, as the dot-product path adds
+        for (int64_t i = 0; i < kVL; ++i) vstore(rows + i * row_stride + j0, vadd(a[i], b));
+      }
+      for (int64_t i = 0; i < kVL; ++i) span_from_f32(y + (t * kMC + i0 + i) * N + p0, rows + i * row_stride, n);
     }
   }
 }
@@ -300,7 +333,11 @@ void linear_panels(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64
   const int64_t by_bytes = std::max<int64_t>(kNR, kPanelBytes / (steps * kLanes * int64_t{sizeof(float)}));
   const int64_t want = ((N + by_bytes - 1) / by_bytes + threads - 1) / threads * threads;
   const int64_t panel = ((N + want - 1) / want + kNR - 1) / kNR * kNR;
-  const int64_t panels = (N + panel - 1) / panel;
+  // That many panels, the column tiles dealt out evenly: they differ by one
+  // tile at most (768 columns in 6 panels: 11, 11, 11, 11, 10, 10 tiles of
+  // 12, where panels of 132 columns left the last one 108).
+  const int64_t col_tiles = (N + kNR - 1) / kNR, panels = (N + panel - 1) / panel;
+  const auto panel_start = [&](int64_t pi) { return std::min(N, col_tiles * pi / panels * kNR); };
   // With fewer panels than threads, the tiles of rows are split as well
   // (each part packs its panel).
   const int64_t parts = panels >= threads ? 1 : std::min<int64_t>(tiles, (threads + panels - 1) / panels);
@@ -311,15 +348,15 @@ void linear_panels(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64
   float* xp = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(tiles * kLanes * steps * kMC));
 #pragma omp parallel for schedule(static) if (M * K >= kMinParallel)
   for (int64_t t = 0; t < tiles; ++t) pack_lanes<kMC>(xp + t * kLanes * steps * kMC, x + t * kMC * K, kMC, K, steps);
-  const int64_t cols = (panel + kNR - 1) / kNR * kNR;
+  const int64_t cols = (col_tiles + panels - 1) / panels * kNR;
   const ThreadSlices<float> wps(ScratchSlot::b, static_cast<size_t>(cols * kLanes * steps));
-  const ThreadSlices<float> sums(ScratchSlot::c, static_cast<size_t>(kLanes * cols * kMC));
+  const ThreadSlices<float> sums(ScratchSlot::c, static_cast<size_t>(kTreeLevels * cols * kMC + kVL * (cols + kVL)));
   // Parts are handed out one at a time (as linear_invariant.cpp's panels):
   // which thread computes one never changes its arithmetic.
 #pragma omp parallel for schedule(dynamic, 1) if (M * N * K >= kMinParallel)
   for (int64_t item = 0; item < panels * parts; ++item) {
     const int64_t pi = item / parts, part = item % parts;
-    linear_panel(y, xp, w, bias, N, K, steps, block, pi * panel, std::min(N, (pi + 1) * panel),
+    linear_panel(y, xp, w, bias, N, K, steps, block, panel_start(pi), panel_start(pi + 1),
                  tiles * part / parts, tiles * (part + 1) / parts, wps.mine(), sums.mine());
   }
 }
