@@ -6,7 +6,7 @@
 # isa_avx2.test_attention, labelled isa_avx2. A level the CPU lacks exits 77
 # and CTest reports it skipped, with the reason printed; so does the
 # machine's best level (LOOM_ISA_SKIP_BEST), which the plain run has tested.
-set(LOOM_ISA_TEST_LEVELS generic avx2 avx512 avx512_bf16)
+set(LOOM_ISA_TEST_LEVELS generic avx2 avx512 avx512_bf16 amx)
 file(GLOB isa_test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/kernels/test_*.cpp)
 list(APPEND isa_test_sources
   ${CMAKE_CURRENT_SOURCE_DIR}/model/test_block_seams.cpp

@@ -24,6 +24,7 @@ const loom::kernels::Backend* loom_cpu_backend_generic();
 const loom::kernels::Backend* loom_cpu_backend_avx2();
 const loom::kernels::Backend* loom_cpu_backend_avx512();
 const loom::kernels::Backend* loom_cpu_backend_avx512_bf16();
+const loom::kernels::Backend* loom_cpu_backend_amx();
 }
 
 namespace loom::kernels {
@@ -76,7 +77,8 @@ const Backend* table_of(CpuIsa kernels) {
     case CpuIsa::generic: return loom_cpu_backend_generic();
     case CpuIsa::avx2: return loom_cpu_backend_avx2();
     case CpuIsa::avx512: return loom_cpu_backend_avx512();
-    default: return loom_cpu_backend_avx512_bf16();
+    case CpuIsa::avx512_bf16: return loom_cpu_backend_avx512_bf16();
+    default: return loom_cpu_backend_amx();
   }
 }
 
@@ -134,13 +136,11 @@ CpuIsa cpu_isa_supported() {
   return supported;
 }
 
-CpuIsa cpu_kernel_level(CpuIsa level) { return level == CpuIsa::amx ? CpuIsa::avx512_bf16 : level; }
-
 const Backend& cpu_backend(CpuIsa level) {
   if (static_cast<int>(level) > static_cast<int>(cpu_isa_supported()))
     fail("cpu kernels: this CPU has no ", cpu_isa_name(level), " (it supports up to ",
          cpu_isa_name(cpu_isa_supported()), ")");
-  return *table_of(cpu_kernel_level(level));
+  return *table_of(level);
 }
 
 CpuIsa set_cpu_isa(CpuIsa cap) {
@@ -154,7 +154,7 @@ CpuIsa set_cpu_isa(CpuIsa cap) {
   }
   g_capped.store(level != best);
   g_level.store(static_cast<int>(level));
-  detail::install_cpu_backend(table_of(cpu_kernel_level(level)));
+  detail::install_cpu_backend(table_of(level));
   return level;
 }
 
@@ -167,7 +167,6 @@ CpuIsa cpu_isa() {
 std::string cpu_isa_describe() {
   const CpuIsa level = cpu_isa();
   std::string s = concat("cpu kernels: ", cpu_isa_name(level));
-  if (cpu_kernel_level(level) != level) s += concat(" (", cpu_isa_name(cpu_kernel_level(level)), " kernels)");
   if (g_capped.load()) s += concat(", capped (this CPU supports ", cpu_isa_name(cpu_isa_supported()), ")");
   return s + concat("; oneDNN: ", onednn_isa_name());
 }

@@ -9,7 +9,8 @@
 //   avx2         AVX2 + FMA + F16C (x86-64-v3: Haswell, Zen 1-3, Intel client chips)
 //   avx512       AVX-512 F/BW/VL/DQ/CD (x86-64-v4: Skylake-X, Zen 4)
 //   avx512_bf16  + AVX512_BF16 and AVX512_VNNI (Cooper Lake, Sapphire Rapids, Zen 4/5)
-//   amx          + AMX tiles: loom's kernels are avx512_bf16's; oneDNN's GEMMs use AMX
+//   amx          + AMX tiles: avx512_bf16's kernels but bf16 serving linears in
+//                AMX tiles (cpu/linear_amx.cpp); oneDNN's GEMMs use AMX
 // The cap also caps oneDNN (training's GEMMs) when it comes before oneDNN's
 // first use, which main's does.
 #pragma once
@@ -37,8 +38,6 @@ CpuIsa cpu_isa_from_name_or_fail(std::string_view s, std::string_view what);
 CpuIsa cpu_isa_supported();
 // The level of the CPU backend that ops run at now.
 CpuIsa cpu_isa();
-// The level whose kernels serve `level` (amx -> avx512_bf16).
-CpuIsa cpu_kernel_level(CpuIsa level);
 
 // Runs the CPU ops at min(cap, cpu_isa_supported()) from now on and returns
 // that level; caps oneDNN as well if it has not been used yet. Not meant to

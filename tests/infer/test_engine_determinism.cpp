@@ -245,7 +245,7 @@ TEST(EngineDeterminism, EveryInstructionSetLevelGivesTheSameF32Bits) {
   RunStats stats;
   const Outputs best = run(sp, config(256), false, stats);
   std::printf("%s: %.2f s\n", kernels::cpu_isa_name(before), stats.seconds);
-  for (const CpuIsa level : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16}) {
+  for (const CpuIsa level : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16, CpuIsa::amx}) {
     if (static_cast<int>(level) > static_cast<int>(kernels::cpu_isa_supported())) {
       std::printf("%s: not on this CPU (it has up to %s)\n", kernels::cpu_isa_name(level),
                   kernels::cpu_isa_name(kernels::cpu_isa_supported()));

@@ -114,7 +114,7 @@ std::vector<float> plus_bias(std::vector<float> y, const Problem& p) {
 
 std::vector<CpuIsa> supported_levels() {
   std::vector<CpuIsa> levels;
-  for (int l = 0; l <= static_cast<int>(cpu_kernel_level(cpu_isa_supported())); ++l)
+  for (int l = 0; l <= static_cast<int>(cpu_isa_supported()); ++l)
     levels.push_back(static_cast<CpuIsa>(l));
   return levels;
 }

@@ -50,7 +50,8 @@ void add_loop(Y* y, const A* a, const B* b, int64_t n) {
 
 template <typename D, typename S>
 void cast_loop(D* dst, const S* src, int64_t n) {
-  if constexpr (any_f16<D, S>) {
+  // f16 either way, and to bf16 (half.h's vector rounding), in L1 pieces.
+  if constexpr (any_f16<D, S> || std::is_same_v<D, bf16>) {
     const int64_t pieces = (n + kPiece - 1) / kPiece;
 #pragma omp parallel for schedule(static) if (n > kMinParallel)
     for (int64_t p = 0; p < pieces; ++p) {

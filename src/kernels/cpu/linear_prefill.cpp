@@ -48,6 +48,7 @@
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/transpose16.h"
 
 namespace loom::kernels::cpu::LOOM_ISA {
 
@@ -171,31 +172,8 @@ inline V load_f32(const bf16* p, int64_t valid) {
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, h, 16));
 }
 
-// a[i][l] = a[l][i]: a 16 x 16 transpose (interleave 32-bit, then 64-bit
-// elements within 128-bit chunks, then a 4 x 4 transpose of the chunks).
-// The zero-masked forms with every lane on: GCC 12's unmasked ones trip
-// -Wuninitialized.
-inline void transpose(V (&a)[16]) {
-  V t[16];
-  for (int i = 0; i < 16; i += 2) t[i] = _mm512_maskz_unpacklo_ps(0xffff, a[i], a[i + 1]), t[i + 1] = _mm512_maskz_unpackhi_ps(0xffff, a[i], a[i + 1]);
-  V u[16];  // u[4g + e]: rows 4g .. 4g+3 of element 4q + e in chunk q
-  for (int g = 0; g < 4; ++g) {
-    const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t0, t2));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t0, t2));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, t1, t3));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, t1, t3));
-  }
-  for (int e = 0; e < 4; ++e) {
-    const V v0 = _mm512_maskz_shuffle_f32x4(0xffff, u[e], u[4 + e], 0x44), v1 = _mm512_maskz_shuffle_f32x4(0xffff, u[e], u[4 + e], 0xee);
-    const V v2 = _mm512_maskz_shuffle_f32x4(0xffff, u[8 + e], u[12 + e], 0x44), v3 = _mm512_maskz_shuffle_f32x4(0xffff, u[8 + e], u[12 + e], 0xee);
-    a[e] = _mm512_maskz_shuffle_f32x4(0xffff, v0, v2, 0x88);
-    a[4 + e] = _mm512_maskz_shuffle_f32x4(0xffff, v0, v2, 0xdd);
-    a[8 + e] = _mm512_maskz_shuffle_f32x4(0xffff, v1, v3, 0x88);
-    a[12 + e] = _mm512_maskz_shuffle_f32x4(0xffff, v1, v3, 0xdd);
-  }
-}
+// a[i][l] = a[l][i]: transpose16.h.
+inline void transpose(V (&a)[16]) { transpose16(a); }
 // The first n (<= 16) floats of v at p.
 inline void store_first(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first16(n), v); }
 #else
