@@ -7,11 +7,14 @@
 // 16 pairs of K by 16 rows of x, copied in the pair-interleaved layout
 // TDPBF16PS takes (a 16 x 16 transpose of 32-bit pairs); C, 16 x 16 f32
 // sums, outputs by rows. One output's arithmetic is fixed by K alone: +0,
-// then per chunk of 32 in increasing K the instruction's sixteen pair
-// steps (x[2i] w[2i] + x[2i+1] w[2i+1] into the sum, bf16 denormals read as
-// 0, as vdpbf16ps does), zeros past K, then the bias added in f32 and one
-// rounding to y's dtype. The tile a row or an output falls in never changes
-// that, so a row's bits depend neither on the call's other rows nor on the
+// then per chunk of 32 in increasing K one TDPBF16PS step on that output's
+// 32 products (zeros past K), then the bias added in f32 and one rounding
+// to y's dtype. The step's rounding is the hardware's own: Intel documents
+// sixteen pair steps, but on a Sapphire Rapids-class Xeon about two thirds
+// of random steps differed (by up to several ulps) from every IEEE form
+// tried -- products added in order, one rounding per pair, one per chunk,
+// toward zero -- so no vector form is known to give these bits. The tile a
+// row or an output falls in never changes that, so a row's bits depend neither on the call's other rows nor on the
 // thread count -- the level's batch invariance. They differ from the
 // avx512_bf16 level's (16 lanes of pairs, then a tree): bf16 results are a
 // function of the level, as they already were there (linear_invariant.cpp
