@@ -106,7 +106,9 @@ TEST(LinearInvariant, NoFeaturesGiveTheBiasAndNoRowsNothing) {
 // AVX-512, whole tiles of the rows take the outer-product path -- from 64
 // rows with AVX2, from 128 (K >= 1536) or 256 rows with AVX-512 -- at
 // K = 4200 cut into K blocks; the rest and a row alone take the dot-product
-// tiles; N = 131 spans panels of w and ends in a part of a column tile.)
+// tiles; N = 131 spans panels of w and ends in a part of a column tile. At
+// the amx level bf16 rows take AMX tiles: at K = 4200 in K blocks, with x's
+// 140 rows in two groups, the second of an odd number of 16-row blocks.)
 TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
   for (int64_t K : {200, 4200}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {

@@ -21,10 +21,11 @@
 // gives the measured difference); f32 and f16 operands take
 // linear_invariant.cpp's path, whose bits every level shares.
 //
-// Blocking: a thread takes 32 rows of w at a time (two A tiles, from L1 or
-// L2 while every block of x passes) against 32 rows of x (two B tiles):
-// four C tiles, four TDPBF16PS per chunk for four tile loads. Measured
-// against oneDNN's AMX GEMM in BENCHMARKS.md (issue 34).
+// Blocking: a thread takes 32 rows of w at a time (two A tiles) against 32
+// rows of x (two B tiles): four C tiles, four TDPBF16PS per chunk for four
+// tile loads; K in blocks of 8 chunks (w's part in L1) and x's rows in
+// groups that fit in L2 (kBlockChunks, kGroupKiB below). Measured against
+// oneDNN's AMX GEMM in BENCHMARKS.md (issue 34).
 #include "kernels/cpu/linear_amx.h"
 
 #include <omp.h>
@@ -48,6 +49,15 @@ namespace {
 constexpr int64_t kT = 16;         // rows of a tile; its columns hold 64 bytes
 constexpr int64_t kChunk = 32;     // bf16 of K a tile step takes
 constexpr int64_t kTileElems = kT * kChunk;  // bf16 of an A or B tile
+// Cache blocking (measured in BENCHMARKS.md, issue 34): a tile block runs
+// kBlockChunks chunks of K (w's 32 rows of them, 16 KiB, stay in L1 while
+// every block of x's rows passes), and x's rows are taken in groups whose
+// packed copy is at most kGroupKiB (in L2 while the thread's rows of w pass;
+// half of a Sapphire Rapids core's L2). C's partial sums wait in memory
+// between K blocks: a tile stored and loaded again is exact, so the chunks
+// still reach each output in increasing K.
+constexpr int64_t kBlockChunks = 8;
+constexpr int64_t kGroupKiB = 1024;
 
 // LDTILECFG's 64-byte operand (palette 1): tiles 0-3 C, 4-5 A, 6-7 B, each
 // 16 rows of 64 bytes.
@@ -80,19 +90,27 @@ struct ASource {
   const char* tail;  // nullptr: every chunk in place
 };
 
-// C (four 16 x 16 f32 tiles at c: [n block][m block]) = A (two blocks of w
-// rows) x B (two blocks of x rows, packed: 1 KiB a chunk), over `chunks`.
-// Without the second A or B (TwoN, TwoM false) the tiles that need it stay
-// unused.
+// C (four 16 x 16 f32 tiles at c: [n block][m block]) += A (two blocks of w
+// rows) x B (two blocks of x rows, packed: 1 KiB a chunk) over the chunks
+// [ch0, ch1) of `chunks`: C starts from zero at ch0 = 0, else from the sums
+// at c. Without the second A or B (TwoN, TwoM false) the tiles that need it
+// stay unused.
 template <bool TwoN, bool TwoM>
 __attribute__((target("amx-tile,amx-bf16"), noinline)) void tile_block(ASource a0, ASource a1, const bf16* b0,
-                                                                         const bf16* b1, int64_t chunks,
-                                                                         float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
+                                                                         const bf16* b1, int64_t ch0, int64_t ch1,
+                                                                         int64_t chunks, float* c) {
+  if (ch0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, 64);
+    if constexpr (TwoM) _tile_loadd(1, c + kT * kT, 64);
+    if constexpr (TwoN) _tile_loadd(2, c + 2 * kT * kT, 64);
+    if constexpr (TwoN && TwoM) _tile_loadd(3, c + 3 * kT * kT, 64);
+  }
+  for (int64_t ch = ch0; ch < ch1; ++ch) {
     const bool last = ch + 1 == chunks;
     const bool t0 = last && a0.tail != nullptr;
     _tile_loadd(4, t0 ? a0.tail : a0.base + ch * 64, t0 ? 64 : a0.stride);
@@ -172,9 +190,15 @@ void linear_tiles(Y* y, const bf16* x, const bf16* w, const B* bias, int64_t M, 
   const bool parallel = M * N * K >= kMinParallel;
 #pragma omp parallel for schedule(static) if (parallel && m_blocks > 1)
   for (int64_t mb = 0; mb < m_blocks; ++mb) pack_x(xp + mb * chunks * kTileElems, x, M, K, mb * kT, chunks);
-  // Per thread: C's four tiles, two A tails, and a padded copy of a last
-  // block of fewer than 16 rows of w.
-  const size_t c_floats = 4 * kT * kT, tails = 2 * kTileElems, padded = static_cast<size_t>(kT * kp);
+  // Blocks of x's rows per group (a packed block is 1 KiB a chunk; even, so
+  // that only a last group has an odd one), and chunks per tile block: with
+  // a single pair of x's blocks there is nothing to keep in L1 across them.
+  const int64_t group = std::min(m_blocks, std::max<int64_t>(2, kGroupKiB / chunks / 2 * 2));
+  const int64_t kc = group > 2 ? kBlockChunks : chunks;
+  // Per thread: C's four tiles for each pair of x's blocks in a group, two A
+  // tails, and a padded copy of a last block of fewer than 16 rows of w.
+  const size_t c_floats = static_cast<size_t>((group + 1) / 2) * 4 * kT * kT, tails = 2 * kTileElems;
+  const size_t padded = static_cast<size_t>(kT * kp);
   const ThreadSlices<float> cs(ScratchSlot::b, c_floats);
   const ThreadSlices<bf16> ws(ScratchSlot::c, tails + padded);
 #pragma omp parallel if (parallel)
@@ -183,42 +207,51 @@ void linear_tiles(Y* y, const bf16* x, const bf16* w, const B* bias, int64_t M, 
     float* c = cs.mine();
     bf16* tail_buf = ws.mine();
     bf16* pad_buf = tail_buf + tails;
-    // A pair of 16-row blocks of w (the outputs [n0, n0 + 32)) against every
-    // block of x's rows. Each thread takes one contiguous run of pairs, the
-    // same run every call: w streams in order, and a weight that fits in a
-    // core's cache stays in that core's (at two threads 1.05-1.2x the
-    // one-pair-at-a-time handout from 64 rows, lm_head 2x). The thread
-    // computing a pair never changes its arithmetic.
-#pragma omp for schedule(static)
-    for (int64_t np = 0; np < n_pairs; ++np) {
-      const int64_t n0 = np * 2 * kT;
-      ASource a[2];
-      int nblocks = 0;
-      for (int h = 0; h < 2 && n0 + h * kT < N; ++h, ++nblocks) {
-        const int64_t nb = n0 + h * kT, rows = std::min(kT, N - nb);
-        if (rows < kT) {  // fewer than 16 rows left: a zero-padded copy, K padded too
-          copy_rows(pad_buf, w, K, nb, rows, 0, kp);
-          a[h] = {reinterpret_cast<const char*>(pad_buf), kp * int64_t{sizeof(bf16)}, nullptr};
-        } else {
-          const char* tail_ptr = nullptr;
-          if (tail) {
-            copy_rows(tail_buf + h * kTileElems, w, K, nb, kT, (chunks - 1) * kChunk, kChunk);
-            tail_ptr = reinterpret_cast<const char*>(tail_buf + h * kTileElems);
+    for (int64_t mg0 = 0; mg0 < m_blocks; mg0 += group) {
+      const int64_t mg1 = std::min(m_blocks, mg0 + group);
+      // A pair of 16-row blocks of w (the outputs [n0, n0 + 32)) against the
+      // group's blocks of x's rows. Each thread takes one contiguous run of
+      // pairs, the same run every call and every group: w streams in order,
+      // and a weight that fits in a core's cache stays in that core's (at two
+      // threads 1.05-1.2x the one-pair-at-a-time handout from 64 rows,
+      // lm_head 2x). No barrier between groups: they write disjoint outputs.
+      // The thread computing a pair never changes its arithmetic.
+#pragma omp for schedule(static) nowait
+      for (int64_t np = 0; np < n_pairs; ++np) {
+        const int64_t n0 = np * 2 * kT;
+        ASource a[2];
+        int nblocks = 0;
+        for (int h = 0; h < 2 && n0 + h * kT < N; ++h, ++nblocks) {
+          const int64_t nb = n0 + h * kT, rows = std::min(kT, N - nb);
+          if (rows < kT) {  // fewer than 16 rows left: a zero-padded copy, K padded too
+            copy_rows(pad_buf, w, K, nb, rows, 0, kp);
+            a[h] = {reinterpret_cast<const char*>(pad_buf), kp * int64_t{sizeof(bf16)}, nullptr};
+          } else {
+            const char* tail_ptr = nullptr;
+            if (tail) {
+              copy_rows(tail_buf + h * kTileElems, w, K, nb, kT, (chunks - 1) * kChunk, kChunk);
+              tail_ptr = reinterpret_cast<const char*>(tail_buf + h * kTileElems);
+            }
+            a[h] = {reinterpret_cast<const char*>(w + nb * K), K * int64_t{sizeof(bf16)}, tail_ptr};
           }
-          a[h] = {reinterpret_cast<const char*>(w + nb * K), K * int64_t{sizeof(bf16)}, tail_ptr};
         }
-      }
-      for (int64_t mb = 0; mb < m_blocks; mb += 2) {
-        const bf16* b0 = xp + mb * chunks * kTileElems;
-        const bool two_m = mb + 1 < m_blocks;
-        const bf16* b1 = two_m ? b0 + chunks * kTileElems : nullptr;
-        if (nblocks == 2 && two_m) tile_block<true, true>(a[0], a[1], b0, b1, chunks, c);
-        else if (nblocks == 2) tile_block<true, false>(a[0], a[1], b0, b1, chunks, c);
-        else if (two_m) tile_block<false, true>(a[0], a[0], b0, b1, chunks, c);
-        else tile_block<false, false>(a[0], a[0], b0, b1, chunks, c);
-        for (int h = 0; h < nblocks; ++h)
-          for (int g = 0; g < (two_m ? 2 : 1); ++g)
-            store_tile(y, c + (2 * h + g) * kT * kT, bias, M, N, (mb + g) * kT, n0 + h * kT);
+        for (int64_t ch0 = 0; ch0 < chunks; ch0 += kc) {
+          const int64_t ch1 = std::min(chunks, ch0 + kc);
+          for (int64_t mb = mg0; mb < mg1; mb += 2) {
+            const bf16* b0 = xp + mb * chunks * kTileElems;
+            const bool two_m = mb + 1 < mg1;
+            const bf16* b1 = two_m ? b0 + chunks * kTileElems : nullptr;
+            float* cp = c + (mb - mg0) / 2 * 4 * kT * kT;
+            if (nblocks == 2 && two_m) tile_block<true, true>(a[0], a[1], b0, b1, ch0, ch1, chunks, cp);
+            else if (nblocks == 2) tile_block<true, false>(a[0], a[1], b0, b1, ch0, ch1, chunks, cp);
+            else if (two_m) tile_block<false, true>(a[0], a[0], b0, b1, ch0, ch1, chunks, cp);
+            else tile_block<false, false>(a[0], a[0], b0, b1, ch0, ch1, chunks, cp);
+            if (ch1 == chunks)
+              for (int h = 0; h < nblocks; ++h)
+                for (int g = 0; g < (two_m ? 2 : 1); ++g)
+                  store_tile(y, cp + (2 * h + g) * kT * kT, bias, M, N, (mb + g) * kT, n0 + h * kT);
+          }
+        }
       }
     }
     tiles_end();
