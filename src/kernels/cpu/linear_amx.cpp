@@ -14,12 +14,13 @@
 // of random steps differed (by up to several ulps) from every IEEE form
 // tried -- products added in order, one rounding per pair, one per chunk,
 // toward zero -- so no vector form is known to give these bits. The tile a
-// row or an output falls in never changes that, so a row's bits depend neither on the call's other rows nor on the
-// thread count -- the level's batch invariance. They differ from the
-// avx512_bf16 level's (16 lanes of pairs, then a tree): bf16 results are a
-// function of the level, as they already were there (linear_invariant.cpp
-// gives the measured difference); f32 and f16 operands take
-// linear_invariant.cpp's path, whose bits every level shares.
+// row or an output falls in never changes that, so a row's bits depend
+// neither on the call's other rows nor on the thread count -- the level's
+// batch invariance. They differ from the avx512_bf16 level's (16 lanes of
+// pairs, then a tree): bf16 results are a function of the level, as they
+// already were there (linear_invariant.cpp gives the measured difference);
+// f32 and f16 operands take linear_invariant.cpp's path, whose bits every
+// level shares.
 //
 // Blocking: a thread takes 32 rows of w at a time (two A tiles) against 32
 // rows of x (two B tiles): four C tiles, four TDPBF16PS per chunk for four
