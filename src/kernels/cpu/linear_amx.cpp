@@ -182,11 +182,59 @@ void store_tile(Y* y, const float* c, const B* bias, int64_t M, int64_t N, int64
   }
 }
 
+// The A sources of w's one or two 16-row blocks from n0 (their count):
+// in place, with a block's last K chunk copied zero-padded into tail_buf
+// when K is not a multiple of 32, or a last block of fewer than 16 rows
+// copied whole, padded, into pad_buf.
+int w_blocks(ASource (&a)[2], const bf16* w, int64_t N, int64_t K, int64_t n0, bf16* tail_buf, bf16* pad_buf) {
+  const int64_t chunks = (K + kChunk - 1) / kChunk, kp = chunks * kChunk;
+  int nblocks = 0;
+  for (int h = 0; h < 2 && n0 + h * kT < N; ++h, ++nblocks) {
+    const int64_t nb = n0 + h * kT, rows = std::min(kT, N - nb);
+    if (rows < kT) {
+      copy_rows(pad_buf, w, K, nb, rows, 0, kp);
+      a[h] = {reinterpret_cast<const char*>(pad_buf), kp * int64_t{sizeof(bf16)}, nullptr};
+    } else {
+      const char* tail_ptr = nullptr;
+      if (K % kChunk != 0) {
+        copy_rows(tail_buf + h * kTileElems, w, K, nb, kT, (chunks - 1) * kChunk, kChunk);
+        tail_ptr = reinterpret_cast<const char*>(tail_buf + h * kTileElems);
+      }
+      a[h] = {reinterpret_cast<const char*>(w + nb * K), K * int64_t{sizeof(bf16)}, tail_ptr};
+    }
+  }
+  return nblocks;
+}
+
+// y's outputs [n0, n0 + 16 nblocks) for x's row blocks [mg0, mg1) (packed
+// at xp): K in blocks of kc chunks, each passing every pair of the row
+// blocks, whose C tiles wait at c between K blocks.
+template <typename Y, typename B>
+void pair_by_group(Y* y, const ASource (&a)[2], int nblocks, const bf16* xp, const B* bias, int64_t M, int64_t N,
+                   int64_t chunks, int64_t kc, int64_t n0, int64_t mg0, int64_t mg1, float* c) {
+  for (int64_t ch0 = 0; ch0 < chunks; ch0 += kc) {
+    const int64_t ch1 = std::min(chunks, ch0 + kc);
+    for (int64_t mb = mg0; mb < mg1; mb += 2) {
+      const bf16* b0 = xp + mb * chunks * kTileElems;
+      const bool two_m = mb + 1 < mg1;
+      const bf16* b1 = two_m ? b0 + chunks * kTileElems : nullptr;
+      float* cp = c + (mb - mg0) / 2 * 4 * kT * kT;
+      if (nblocks == 2 && two_m) tile_block<true, true>(a[0], a[1], b0, b1, ch0, ch1, chunks, cp);
+      else if (nblocks == 2) tile_block<true, false>(a[0], a[1], b0, b1, ch0, ch1, chunks, cp);
+      else if (two_m) tile_block<false, true>(a[0], a[0], b0, b1, ch0, ch1, chunks, cp);
+      else tile_block<false, false>(a[0], a[0], b0, b1, ch0, ch1, chunks, cp);
+      if (ch1 == chunks)
+        for (int h = 0; h < nblocks; ++h)
+          for (int g = 0; g < (two_m ? 2 : 1); ++g)
+            store_tile(y, cp + (2 * h + g) * kT * kT, bias, M, N, (mb + g) * kT, n0 + h * kT);
+    }
+  }
+}
+
 template <typename Y, typename B>
 void linear_tiles(Y* y, const bf16* x, const bf16* w, const B* bias, int64_t M, int64_t N, int64_t K) {
   const int64_t chunks = (K + kChunk - 1) / kChunk, kp = chunks * kChunk;
   const int64_t m_blocks = (M + kT - 1) / kT, n_pairs = (N + 2 * kT - 1) / (2 * kT);
-  const bool tail = K % kChunk != 0;
   bf16* xp = thread_scratch<bf16>(ScratchSlot::a, static_cast<size_t>(m_blocks * chunks * kTileElems));
   const bool parallel = M * N * K >= kMinParallel;
 #pragma omp parallel for schedule(static) if (parallel && m_blocks > 1)
@@ -221,38 +269,8 @@ void linear_tiles(Y* y, const bf16* x, const bf16* w, const B* bias, int64_t M, 
       for (int64_t np = 0; np < n_pairs; ++np) {
         const int64_t n0 = np * 2 * kT;
         ASource a[2];
-        int nblocks = 0;
-        for (int h = 0; h < 2 && n0 + h * kT < N; ++h, ++nblocks) {
-          const int64_t nb = n0 + h * kT, rows = std::min(kT, N - nb);
-          if (rows < kT) {  // fewer than 16 rows left: a zero-padded copy, K padded too
-            copy_rows(pad_buf, w, K, nb, rows, 0, kp);
-            a[h] = {reinterpret_cast<const char*>(pad_buf), kp * int64_t{sizeof(bf16)}, nullptr};
-          } else {
-            const char* tail_ptr = nullptr;
-            if (tail) {
-              copy_rows(tail_buf + h * kTileElems, w, K, nb, kT, (chunks - 1) * kChunk, kChunk);
-              tail_ptr = reinterpret_cast<const char*>(tail_buf + h * kTileElems);
-            }
-            a[h] = {reinterpret_cast<const char*>(w + nb * K), K * int64_t{sizeof(bf16)}, tail_ptr};
-          }
-        }
-        for (int64_t ch0 = 0; ch0 < chunks; ch0 += kc) {
-          const int64_t ch1 = std::min(chunks, ch0 + kc);
-          for (int64_t mb = mg0; mb < mg1; mb += 2) {
-            const bf16* b0 = xp + mb * chunks * kTileElems;
-            const bool two_m = mb + 1 < mg1;
-            const bf16* b1 = two_m ? b0 + chunks * kTileElems : nullptr;
-            float* cp = c + (mb - mg0) / 2 * 4 * kT * kT;
-            if (nblocks == 2 && two_m) tile_block<true, true>(a[0], a[1], b0, b1, ch0, ch1, chunks, cp);
-            else if (nblocks == 2) tile_block<true, false>(a[0], a[1], b0, b1, ch0, ch1, chunks, cp);
-            else if (two_m) tile_block<false, true>(a[0], a[0], b0, b1, ch0, ch1, chunks, cp);
-            else tile_block<false, false>(a[0], a[0], b0, b1, ch0, ch1, chunks, cp);
-            if (ch1 == chunks)
-              for (int h = 0; h < nblocks; ++h)
-                for (int g = 0; g < (two_m ? 2 : 1); ++g)
-                  store_tile(y, cp + (2 * h + g) * kT * kT, bias, M, N, (mb + g) * kT, n0 + h * kT);
-          }
-        }
+        const int nblocks = w_blocks(a, w, N, K, n0, tail_buf, pad_buf);
+        pair_by_group(y, a, nblocks, xp, bias, M, N, chunks, kc, n0, mg0, mg1, c);
       }
     }
     tiles_end();
