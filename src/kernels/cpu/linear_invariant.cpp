@@ -13,8 +13,8 @@
 // operands with AVX512_BF16 (vdpbf16ps: below) and at the amx level (AMX
 // tiles, linear_amx.cpp), each level's bits of its own. Every output is
 // computed whole by one thread, and the register tiles only choose which
-// outputs share the loads of a step, never the order of any output's sums. So a
-// row's bits do not depend on how many rows the call has, which rows
+// outputs share the loads of a step, never the order of any output's sums.
+// So a row's bits do not depend on how many rows the call has, which rows
 // surround it, or the thread count; K is never split. (oneDNN's GEMM, which
 // training uses, picks its blocking and K splits from M and the threads: its
 // rows can change with the batch.)

@@ -26,8 +26,8 @@
 // from L2. A lane's sums wait in memory between K blocks, and the tree's
 // sums are added as the lanes finish (linear_panel). Packing w costs about
 // half a cycle per element per call, against M / 32 (AVX-512) cycles of
-// FMAs per element: hence the threshold in rows. Measured against oneDNN in BENCHMARKS.md
-// (issue 34).
+// FMAs per element: hence the threshold in rows. Measured against oneDNN
+// in BENCHMARKS.md (issue 34).
 #include "kernels/cpu/linear_prefill.h"
 
 #include <omp.h>
