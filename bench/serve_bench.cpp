@@ -14,7 +14,6 @@
 #include "bench/serve_common.h"
 #include "core/error.h"
 #include "core/trace.h"
-#include "io/safetensors.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
 #include "model/params.h"
@@ -130,16 +129,16 @@ std::string model_name(const ServeBenchOptions& o) { return o.model_dir.empty() 
 DType compute_dtype(const ServeBenchOptions& o) { return precision_dtype(o.dtype, "--dtype"); }
 DType kv_dtype(const ServeBenchOptions& o) { return precision_dtype(o.kv_dtype, "--kv-dtype"); }
 
-OwnedTensor load_weights(const ServeBenchOptions& o, const model::ModelConfig& cfg, Pools& pools) {
+model::ServingWeights load_weights(const ServeBenchOptions& o, const model::ModelConfig& cfg, Pools& pools) {
+  if (!o.model_dir.empty())
+    return model::load_serving_weights(model::load_model_dir(o.model_dir), compute_dtype(o), o.dequantize,
+                                       "--dtype", pools[MemTag::params]);
   const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
   OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
-  if (o.model_dir.empty()) {
-    model::init_params(f32, specs, o.seed);
-  } else {
-    const model::ModelDir dir = model::load_model_dir(o.model_dir);
-    model::load_params(f32, specs, io::SafetensorsFile::open(dir.weights), dir.layout);
-  }
-  return model::params_in_dtype(std::move(f32), compute_dtype(o), pools[MemTag::params]);
+  model::init_params(f32, specs, o.seed);
+  model::ServingWeights w;
+  w.params = model::params_in_dtype(std::move(f32), compute_dtype(o), pools[MemTag::params]);
+  return w;
 }
 
 infer::EngineConfig engine_config(const ServeBenchOptions& o) {

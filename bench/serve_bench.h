@@ -33,6 +33,7 @@ struct ServeBenchOptions {
   // Precision names as loom generate and loom bench train take them.
   std::string dtype = "fp32";     // weights and compute: fp32 | bf16 | fp16
   std::string kv_dtype = "fp32";  // fp32 | bf16 | fp16
+  bool dequantize = false;        // a quantized GGUF model's weights dequantized at load
   double kv_cache_mb = 0;        // 0: the engine's default (max_num_seqs sequences of max_model_len)
   // block_size, max_num_seqs, max_num_batched_tokens, max_model_len (0: the
   // model's max_seq_len); the KV cache fields are set from the options above.

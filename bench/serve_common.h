@@ -14,6 +14,7 @@
 #include "core/memory.h"
 #include "infer/engine.h"
 #include "model/config.h"
+#include "model/quant_weights.h"
 
 namespace loom::bench::serve {
 
@@ -33,8 +34,9 @@ std::string model_name(const ServeBenchOptions& o);
 DType compute_dtype(const ServeBenchOptions& o);
 DType kv_dtype(const ServeBenchOptions& o);
 // (P) packed per param_specs(cfg) in compute_dtype(o): random (init_params
-// with o.seed) for a preset, else read from the model directory.
-OwnedTensor load_weights(const ServeBenchOptions& o, const model::ModelConfig& cfg, Pools& pools);
+// with o.seed) for a preset, else read from the model directory or GGUF file
+// (its quantized linears in their blocks unless o.dequantize).
+model::ServingWeights load_weights(const ServeBenchOptions& o, const model::ModelConfig& cfg, Pools& pools);
 // o.engine with the KV cache's dtype and bytes (--kv-cache-mb) filled in.
 infer::EngineConfig engine_config(const ServeBenchOptions& o);
 

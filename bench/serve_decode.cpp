@@ -82,20 +82,25 @@ struct DecodeBytes {
   int64_t total() const { return weights + kv; }
 };
 
-DecodeBytes decode_bytes(const model::ModelConfig& cfg, DType compute, DType kv, int64_t input_len,
-                         int64_t output_len, int64_t S) {
+// Quantized linears (quant, may be null) count their blocks' bytes.
+DecodeBytes decode_bytes(const model::ModelConfig& cfg, DType compute, const model::QuantWeights* quant, DType kv,
+                         int64_t input_len, int64_t output_len, int64_t S) {
   const model::BlockFamily& family = model::block_family(cfg.family);
-  int64_t elements = 0;  // per step of S tokens
+  const auto elem = static_cast<int64_t>(dtype_size(compute));
+  auto matrix = [&](const std::string& name, int64_t numel) {
+    return quant != nullptr && quant->holds(name) ? static_cast<int64_t>(quant->blocks(name).nbytes()) : numel * elem;
+  };
+  int64_t bytes = 0;  // per step of S tokens
   for (const model::ParamSpec& s : model::param_specs(cfg)) {
     if (s.name == family.embedding_name)
-      elements += S * s.shape[1] + (cfg.tie_embeddings ? s.numel() : 0);
+      bytes += S * s.shape[1] * elem + (cfg.tie_embeddings ? matrix("lm_head.weight", s.numel()) : 0);
     else if (family.position_name != nullptr && s.name == family.position_name)
-      elements += S * s.shape[1];
+      bytes += S * s.shape[1] * elem;
     else
-      elements += s.numel();
+      bytes += matrix(s.name, s.numel());
   }
   DecodeBytes b;
-  b.weights = elements * static_cast<int64_t>(dtype_size(compute)) / S;
+  b.weights = bytes / S;
   b.mean_context = static_cast<double>(input_len) + static_cast<double>(output_len) / 2;
   b.kv = static_cast<int64_t>(b.mean_context * static_cast<double>(model::kv_block_bytes(cfg, 1, kv)));
   return b;
@@ -108,11 +113,13 @@ struct DecodeTiming {
   double tokens_per_s() const { return static_cast<double>(sequences * steps) / seconds; }
 };
 
-DecodeTiming time_engine(const ServeBenchOptions& o, const model::ModelConfig& cfg, const Tensor& params,
-                         Pools& pools, const std::vector<std::vector<int32_t>>& prompts,
+DecodeTiming time_engine(const ServeBenchOptions& o, const model::ModelConfig& cfg,
+                         const model::ServingWeights& weights, Pools& pools,
+                         const std::vector<std::vector<int32_t>>& prompts,
                          const std::vector<std::vector<int32_t>>& warm) {
   const auto S = static_cast<int64_t>(prompts.size());
-  infer::Engine engine(cfg, params, pools, engine_config(o));  // max_num_seqs = S (resolve_options)
+  // max_num_seqs = S (resolve_options)
+  infer::Engine engine(cfg, weights.params, pools, engine_config(o), weights.quant_or_null());
   infer::GenerationParams p{.sampler = {.temperature = 0.f}, .stop = {.max_tokens = 4, .ignore_eos = true}};
   engine.generate(warm, p);
   p.stop.max_tokens = o.output_len;
@@ -177,14 +184,16 @@ int run_decode_bound(const ServeBenchOptions& o) {
   for (int64_t i = 0; i < o.num_requests; ++i) prompts.push_back(random_tokens(rng, o.input_len, cfg.vocab_size));
   for (int64_t i = 0; i < o.num_requests; ++i) warm.push_back(random_tokens(rng, o.input_len, cfg.vocab_size));
   DecodeTiming t;
+  DecodeBytes bytes;
   {
     Pools pools;
-    const OwnedTensor params = load_weights(o, cfg, pools);
-    t = time_engine(o, cfg, params, pools, prompts, warm);
+    const model::ServingWeights weights = load_weights(o, cfg, pools);
+    t = time_engine(o, cfg, weights, pools, prompts, warm);
+    bytes = decode_bytes(cfg, compute_dtype(o), weights.quant_or_null(), kv_dtype(o), o.input_len, o.output_len,
+                         t.sequences);
   }
   const double bandwidth = std::max(before, measure_read_bandwidth());
-  print_result(o, cfg, t, bandwidth,
-               decode_bytes(cfg, compute_dtype(o), kv_dtype(o), o.input_len, o.output_len, t.sequences));
+  print_result(o, cfg, t, bandwidth, bytes);
   return 0;
 }
 

@@ -246,8 +246,8 @@ int run_throughput(const ServeBenchOptions& o) {
   const model::ModelConfig cfg = model_config(o);
   const Workload w = random_workload(o, cfg.vocab_size);
   Pools pools;
-  const OwnedTensor params = load_weights(o, cfg, pools);
-  infer::Engine engine(cfg, params, pools, engine_config(o));
+  const model::ServingWeights weights = load_weights(o, cfg, pools);
+  infer::Engine engine(cfg, weights.params, pools, engine_config(o), weights.quant_or_null());
   // EOS is the last vocabulary id (GPT-2's <|endoftext|>, 50256); it only
   // matters without --ignore-eos.
   infer::GenerationParams gen{.sampler = {.temperature = 0.f},

@@ -10,7 +10,8 @@ set(LOOM_ISA_TEST_LEVELS generic avx2 avx512 avx512_bf16 amx)
 file(GLOB isa_test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/kernels/test_*.cpp)
 list(APPEND isa_test_sources
   ${CMAKE_CURRENT_SOURCE_DIR}/model/test_block_seams.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/model/test_paged_runner.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/model/test_paged_runner.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/model/test_quant_runner.cpp)
 # (The serving engine's tests are left out: test_engine_determinism.cpp runs
 # the engine at every level itself and compares their bits.)
 foreach(source ${isa_test_sources})

@@ -159,12 +159,16 @@ void add_serve_model_options(CLI::App& serve, bench::ServeBenchOptions& o) {
   serve.add_option("--preset", o.preset, "model preset with random weights (gpt2-124m, gpt2-350m, llama-110m, "
                                          "gpt2-tiny, ...)")
       ->capture_default_str();
-  serve.add_option("--model", o.model_dir, "a model directory (loom or Hugging Face format) instead of --preset");
+  serve.add_option("--model", o.model_dir,
+                   "a model directory (loom or Hugging Face format) or GGUF file instead of --preset");
   const std::vector<std::string> precisions(kPrecisionNames.begin(), kPrecisionNames.end());
   serve.add_option("--dtype", o.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str()->check(
       CLI::IsMember(precisions));
   serve.add_option("--kv-dtype", o.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str()->check(
       CLI::IsMember(precisions));
+  serve.add_flag("--dequantize", o.dequantize,
+                 "a quantized GGUF --model: dequantize its weights to --dtype at load (default: compute from the "
+                 "quantized blocks)");
   serve.add_option("--block-size", o.engine.block_size, "tokens per KV block")->capture_default_str()->check(
       CLI::Range(1, 1 << 16));
   serve.add_option("--kv-cache-mb", o.kv_cache_mb,

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "io/safetensors.h"
 #include "model/paged_runner.h"
 
@@ -19,12 +20,14 @@ int64_t available_memory_bytes() {
   return 0;
 }
 
-OwnedTensor load_weights(const model::ModelDir& dir, const std::string& dtype, const std::string& what,
-                         Pools& pools) {
-  const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
-  OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
-  model::load_model_params(dir, f32);
-  return model::params_in_dtype(std::move(f32), precision_dtype(dtype, what), pools[MemTag::params]);
+model::ServingWeights load_weights(const model::ModelDir& dir, const std::string& dtype, const std::string& what,
+                                   bool dequantize, Pools& pools) {
+  return model::load_serving_weights(dir, precision_dtype(dtype, what), dequantize, what, pools[MemTag::params]);
+}
+
+std::string weights_description(const model::ServingWeights& w, const std::string& dtype) {
+  if (!w.quant) return dtype;
+  return concat(w.quant->summary(), " matrices in their blocks, the rest ", dtype, "; ", w.bytes() >> 20, " MiB");
 }
 
 }  // namespace loom::cli

@@ -38,6 +38,7 @@ struct GenerateArgs {
   int64_t logprobs = -1;  // -1: none; 0: the chosen token's; N: and the N most likely
   bool json = false;
   std::string dtype = "fp32", kv_dtype = "fp32";
+  bool dequantize = false;  // a GGUF file's quantized weights dequantized at load
   double kv_cache_mb = 0;  // 0: what the requests need, at most half the available memory
   int64_t block_size = 16, max_num_seqs = 256, max_num_batched_tokens = 256;
 };
@@ -96,7 +97,8 @@ infer::EngineConfig engine_config(const GenerateArgs& args, const model::ModelCo
   return c;
 }
 
-void print_kv_report(const infer::Engine& engine, const model::ModelConfig& cfg, const GenerateArgs& args) {
+void print_kv_report(const infer::Engine& engine, const model::ModelConfig& cfg, const GenerateArgs& args,
+                     const std::string& weights) {
   const infer::EngineConfig& c = engine.config();
   const int64_t usable = c.num_blocks - 1;  // block 0 is reserved
   std::fprintf(stderr,
@@ -104,7 +106,7 @@ void print_kv_report(const infer::Engine& engine, const model::ModelConfig& cfg,
                "tokens; weights %s (%lld layers)\n",
                static_cast<long long>(usable), static_cast<long long>(c.block_size),
                static_cast<long long>(usable * c.block_size), engine.runner().kv_cache_bytes() / double(1 << 20),
-               args.kv_dtype.c_str(), static_cast<long long>(c.max_model_len), args.dtype.c_str(),
+               args.kv_dtype.c_str(), static_cast<long long>(c.max_model_len), weights.c_str(),
                static_cast<long long>(cfg.n_layer));
 }
 
@@ -208,9 +210,10 @@ void run_generate(const GenerateArgs& args) {
                tokenizer_from, ")");
   const std::vector<std::vector<int32_t>> prompts = encode_prompts(args, tok, dir.config.max_seq_len);
   Pools pools;
-  const OwnedTensor params = load_weights(dir, args.dtype, "--dtype", pools);
-  infer::Engine engine(dir.config, params, pools, engine_config(args, dir.config, prompts));
-  print_kv_report(engine, dir.config, args);
+  const model::ServingWeights weights = load_weights(dir, args.dtype, "--dtype", args.dequantize, pools);
+  infer::Engine engine(dir.config, weights.params, pools, engine_config(args, dir.config, prompts),
+                       weights.quant_or_null());
+  print_kv_report(engine, dir.config, args, weights_description(weights, args.dtype));
 
   infer::GenerationParams gen = args.gen;
   gen.stop.eos_token_ids = {tok.eos_id()};
@@ -290,6 +293,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", args->json, "print JSON Lines: one object per sample with text, tokens, finish_reason, "
                                       "counts (and logprobs)");
   cmd->add_option("--dtype", args->dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_flag("--dequantize", args->dequantize,
+                "a quantized GGUF model: dequantize its weights to --dtype at load (default: compute from the "
+                "quantized blocks, with fp32 activations)");
   cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--kv-cache-mb", args->kv_cache_mb, "KV cache memory (default: what the requests need, at most "
                                                       "half the available memory)");

@@ -186,6 +186,9 @@ void add_serve_command(CLI::App& app, int default_threads) {
   cmd->add_option("--tokenizer", a->tokenizer, kTokenizerHelp)
       ->capture_default_str();
   cmd->add_option("--dtype", e.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
+  cmd->add_flag("--dequantize", e.dequantize,
+                "a quantized GGUF model: dequantize its weights to --dtype at load (default: compute from the "
+                "quantized blocks, with fp32 activations)");
   cmd->add_option("--kv-dtype", e.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_option("--kv-cache-mb", e.kv_cache_mb, "KV cache memory per model (default: --max-num-seqs sequences of "
                                                   "the whole context, at most half the available memory)");

@@ -17,7 +17,7 @@ namespace {
 // The weights and the engine a LoadedModel's loop drives.
 struct Owned {
   Pools pools;
-  OwnedTensor params;
+  model::ServingWeights weights;
   std::unique_ptr<infer::Engine> engine;
 };
 
@@ -50,9 +50,10 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   const int64_t context = extras.parameters.contains("num_ctx") ? extras.parameters["num_ctx"].get<int64_t>()
                                                                   : a.max_model_len;
   auto owned = std::make_shared<Owned>();
-  owned->params = load_weights(dir, a.dtype, "--dtype", owned->pools);
-  owned->engine = std::make_unique<infer::Engine>(dir.config, owned->params, owned->pools,
-                                                  engine_config(a, dir.config, context));
+  owned->weights = load_weights(dir, a.dtype, "--dtype", a.dequantize, owned->pools);
+  if (owned->weights.quant) log_info("serve: model ", name, ": ", weights_description(owned->weights, a.dtype));
+  owned->engine = std::make_unique<infer::Engine>(dir.config, owned->weights.params, owned->pools,
+                                                  engine_config(a, dir.config, context), owned->weights.quant_or_null());
   const infer::EngineConfig& c = owned->engine->config();
   auto m = std::make_shared<serve::LoadedModel>();
   m->name = name;
@@ -70,7 +71,7 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   m->parameters = std::move(extras.parameters);
   m->system = std::move(extras.system);
   m->messages = std::move(extras.messages);
-  m->bytes = static_cast<int64_t>(owned->params.nbytes()) + owned->engine->runner().kv_cache_bytes();
+  m->bytes = owned->weights.bytes() + owned->engine->runner().kv_cache_bytes();
   m->loop = std::make_unique<serve::EngineLoop>(*owned->engine, &tok, serve::LoopOptions{.max_waiting = a.max_queue});
   m->owner = std::move(owned);
   m->loaded_at = std::chrono::steady_clock::now();

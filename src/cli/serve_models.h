@@ -20,6 +20,7 @@ namespace loom::cli {
 
 struct EngineArgs {
   std::string dtype = "fp32", kv_dtype = "fp32";
+  bool dequantize = false;  // a GGUF file's quantized weights dequantized at load
   double kv_cache_mb = 0;  // 0: max_num_seqs full-length sequences, at most half the available memory
   int64_t max_model_len = 0, block_size = 16, max_num_seqs = 64, max_num_batched_tokens = 512;
   int64_t max_queue = 256, max_n = 16, max_prompts = 64;

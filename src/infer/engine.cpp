@@ -1,11 +1,14 @@
 #include "infer/engine.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <utility>
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "model/params.h"
+#include "model/quant_weights.h"
 
 namespace loom::infer {
 
@@ -38,10 +41,23 @@ EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {
 }
 
 // The root of every prefix-cache hash: SHA-256 of the weights' bytes, so
-// blocks computed by other weights can never match.
-BlockHash weights_fingerprint(const Tensor& params) {
+// blocks computed by other weights can never match. With quantized weights:
+// of the parameters they do not stand for (their place in params is never
+// written), then of their blocks.
+BlockHash weights_fingerprint(const model::ModelConfig& cfg, const Tensor& params, const model::QuantWeights* quant) {
   const auto* bytes = static_cast<const uint8_t*>(params.data());
-  return sha256_128(std::span<const uint8_t>(bytes, static_cast<size_t>(params.nbytes())));
+  if (quant == nullptr || quant->empty())
+    return sha256_128(std::span<const uint8_t>(bytes, static_cast<size_t>(params.nbytes())));
+  Sha256 sha;
+  const size_t elem = dtype_size(params.dtype());
+  for (const model::ParamSpec& s : model::param_specs(cfg))
+    if (!quant->holds(s.name)) sha.update(bytes + static_cast<size_t>(s.offset) * elem, static_cast<size_t>(s.numel()) * elem);
+  for (const std::string& name : quant->names()) {
+    const Tensor& b = quant->blocks(name);
+    sha.update(b.data(), b.nbytes());
+  }
+  const std::array<uint8_t, 32> digest = sha.finish();
+  return sha256_128(digest);
 }
 
 // Sequence k of a request draws from its own stream.
@@ -63,12 +79,13 @@ void GenerationParams::validate() const {
                " is invalid: allowed 0 to 20");
 }
 
-Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config)
+Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
+               const model::QuantWeights* quant)
     : cfg_(cfg),
       config_(resolved(config, cfg)),
       kv_(KvCacheConfig{.num_blocks = config_.num_blocks,
                         .block_size = config_.block_size,
-                        .seed = weights_fingerprint(params),
+                        .seed = weights_fingerprint(cfg, params, quant),
                         .enable_prefix_caching = config_.prefix_caching}),
       scheduler_(SchedulerConfig{.max_num_batched_tokens = config_.max_num_batched_tokens,
                                  .max_num_seqs = config_.max_num_seqs,
@@ -81,7 +98,8 @@ Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools
                .max_tokens = config_.max_num_batched_tokens,
                .max_logit_rows = config_.max_num_batched_tokens,
                .kv_dtype = config_.kv_dtype,
-               .batch_invariant = config_.batch_invariant}) {}
+               .batch_invariant = config_.batch_invariant},
+              quant) {}
 
 RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
   params.validate();

@@ -77,8 +77,11 @@ struct GenerationOutput {
 class Engine {
  public:
   // params: (P) per param_specs(cfg), f32, bf16 or f16 (the dtype the model
-  // computes in); must outlive the engine.
-  Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config);
+  // computes in); must outlive the engine. quant: the linears served in their
+  // quantized blocks (model/quant_weights.h; params f32), or null; must
+  // outlive the engine too.
+  Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
+         const model::QuantWeights* quant = nullptr);
 
   // Queues a request; loom::Error (nothing queued) for invalid params, an
   // empty prompt, a token outside the vocabulary or a prompt that leaves no

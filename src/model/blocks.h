@@ -18,6 +18,8 @@
 
 namespace loom::model {
 
+class QuantWeights;  // model/quant_weights.h
+
 // Tensor parallelism inside a block (tensor_parallel.h): the collectives
 // and the shared buffers sequence parallelism moves rows through.
 struct TpContext {
@@ -52,6 +54,9 @@ struct Dims {
   // a row's bits do not depend on the other rows): the serving runner's
   // choice; training runs oneDNN's GEMM.
   bool batch_invariant = false;
+  // Weights held in quantized blocks (u8 tensors: model/quant_weights.h),
+  // which block_linear multiplies with linear_forward_quantized; serving only.
+  const QuantWeights* quant = nullptr;
   int64_t N() const { return B * T; }
   int64_t Q() const { return NH * HS; }    // q and attention output width
   int64_t KV() const { return NKV * HS; }  // k, v width
@@ -159,6 +164,9 @@ class ParamViews {
   // Binds one unit's buffer in place of what was bound; bind_also adds a second.
   void bind(Tensor flat, int64_t base) { ranges_.assign(1, {flat, base}); }
   void bind_also(Tensor flat, int64_t base) { ranges_.push_back({flat, base}); }
+  // `name` views t from now on instead of its place in the buffer (a
+  // quantized weight's blocks: model/quant_weights.h).
+  void substitute(const std::string& name, Tensor t) { substitutes_[name] = t; }
   Tensor operator()(const std::string& name) const;
   bool has(const std::string& name) const;
   LayerWeights layer(const ModelConfig& cfg, int64_t i) const;
@@ -172,6 +180,7 @@ class ParamViews {
   };
   std::vector<Range> ranges_;
   std::unordered_map<std::string, const ParamSpec*> index_;
+  std::unordered_map<std::string, Tensor> substitutes_;
 };
 
 // What a block's backward needs from its forward.

@@ -35,6 +35,8 @@
 
 namespace loom::model {
 
+class QuantWeights;  // model/quant_weights.h
+
 // What a GGUF file loom writes stores its weight matrices as. Vectors (norms,
 // biases) stay f32. q4_K_M is llama.cpp's mix: q4_K, with q6_K for the output
 // matrix and for ffn_down and attn_v (gpt2: attn_qkv) of the layers
@@ -63,7 +65,10 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f);
 // flat (P) f32 in param_specs(cfg) order, from the file's tensors of any type
 // loom can dequantize (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K); a missing
 // tensor, a shape that differs, or another type is a loom::Error naming it.
-void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f);
+// The parameters `skip` holds (served in their blocks: quant_weights.h) are
+// left unwritten.
+void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f,
+                           const QuantWeights* skip = nullptr);
 
 // Whether GGUF tensor `gguf_name` has llama.cpp's Q/K row permutation (a
 // llama model's attn_q / attn_k), and the loom row its GGUF row r holds:

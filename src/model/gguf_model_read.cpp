@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "kernels/quant.h"
 #include "model/gguf_model.h"
+#include "model/quant_weights.h"
 
 namespace loom::model {
 namespace {
@@ -97,10 +98,11 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f) {
   return cfg;
 }
 
-void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f) {
+void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f, const QuantWeights* skip) {
   const std::vector<ParamSpec> specs = param_specs(cfg);
   LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == param_count(specs), "load_params_from_gguf: ", flat.str());
   for (const ParamSpec& s : specs) {
+    if (skip != nullptr && skip->holds(s.name)) continue;
     const std::string g = gguf_tensor_name(cfg, s.name);
     const io::GgufTensorInfo* t = f.find_tensor(g);
     LOOM_REQUIRE(t != nullptr, where(f), ": tensor '", g, "' (loom's ", s.name, ") is missing");

@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "model/family.h"
 #include "model/moe.h"
+#include "model/quant_weights.h"
 #include "model/steps.h"
 
 namespace loom::model {
@@ -70,11 +71,13 @@ struct PagedRunner::State {
   Tensor last, normf, logits;  // (1, R, C) x2, (R, V)
   std::vector<LayerWeights> w;
   HeadWeights head;
+  const QuantWeights* quant = nullptr;  // the linears served in their blocks, or none
   MoeRun moe_run;  // MoE models: routing per token, no capacity (model/moe.h)
   std::unique_ptr<MoeMlp> moe_mlp;
 };
 
-PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes)
+PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes,
+                         const QuantWeights* quant)
     : cfg_(cfg), sizes_(sizes), compute_(params.dtype()), specs_(param_specs(cfg)), st_(std::make_unique<State>()) {
   sizes_.validate();
   LOOM_CHECK(dtype_is_float(params.dtype()) && params.numel() == param_count(specs_) && params.is_contiguous(),
@@ -117,9 +120,17 @@ PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& po
   st.last = alloc(MemTag::activations, {1, R, C}, compute_);
   st.normf = alloc(MemTag::activations, {1, R, C}, compute_);
   st.logits = alloc(MemTag::activations, {R, cfg.vocab_size}, DType::f32);  // the sampler's
-  const ParamViews pv(specs_, params);
+  ParamViews pv(specs_, params);
+  if (quant != nullptr && !quant->empty()) {
+    LOOM_REQUIRE(compute_ == DType::f32, "quantized weights (", quant->summary(), ") compute with f32 activations, ",
+                 "not ", dtype_name(compute_), ": serve them with dtype fp32, or dequantize them to ",
+                 dtype_name(compute_));
+    st.quant = quant;
+    quant->substitute(pv);
+  }
   for (int64_t l = 0; l < cfg.n_layer; ++l) st.w.push_back(pv.layer(cfg, l));
   st.head = pv.head(cfg);
+  if (st.quant != nullptr && st.quant->holds("lm_head.weight")) st.head.lm_head = st.quant->blocks("lm_head.weight");
 }
 
 PagedRunner::~PagedRunner() = default;
@@ -184,6 +195,7 @@ Tensor PagedRunner::step(const PagedBatch& b) {
   // sizes say otherwise): a row's logits must not depend on the step's other rows.
   Dims d{1, N, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
   d.batch_invariant = sizes_.batch_invariant;
+  d.quant = st.quant;
   const Tensor tok = first(st.tokens, N), pos = first(st.positions, N);
   copy(tok, host_view(b.tokens, DType::i32, {1, N}));
   copy(pos, host_view(b.positions, DType::i32, {1, N}));

@@ -22,6 +22,8 @@
 
 namespace loom::model {
 
+class QuantWeights;  // model/quant_weights.h
+
 struct PagedRunnerSizes {
   int64_t num_blocks = 0;       // KV blocks (with the null block 0); >= 2
   int64_t block_size = 16;      // tokens per block
@@ -53,8 +55,12 @@ class PagedRunner {
  public:
   // params: (P) packed per param_specs(cfg), f32, bf16 or f16: the runner
   // computes in that dtype (activations too; GEMMs accumulate in f32 as in
-  // training) and returns f32 logits. Must outlive the runner.
-  PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes);
+  // training) and returns f32 logits. Must outlive the runner. quant (may be
+  // null or empty): the linears it holds are multiplied in their blocks
+  // (model/quant_weights.h) and their place in params is never read; params
+  // must then be f32. Must outlive the runner too.
+  PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes,
+              const QuantWeights* quant = nullptr);
   ~PagedRunner();
   PagedRunner(const PagedRunner&) = delete;
   PagedRunner& operator=(const PagedRunner&) = delete;

@@ -10,6 +10,7 @@ ParamViews::ParamViews(const std::vector<ParamSpec>& specs, Tensor flat) : range
 }
 
 Tensor ParamViews::operator()(const std::string& name) const {
+  if (auto sub = substitutes_.find(name); sub != substitutes_.end()) return sub->second;
   auto it = index_.find(name);
   LOOM_CHECK(it != index_.end(), "no parameter ", name);
   const ParamSpec& spec = *it->second;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/blocks.h"
+#include "model/quant_weights.h"
 
 namespace loom::model {
 
@@ -42,6 +43,10 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
 }
 
 void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (w.dtype() == DType::u8) {
+    LOOM_CHECK(d.quant != nullptr, "block_linear: weight ", w.str(), " is quantized, but no QuantWeights was given");
+    return kernels::linear_forward_quantized(y, x, w, d.quant->type_of(w), bias);
+  }
   if (d.batch_invariant) return kernels::linear_forward_invariant(y, x, w, bias);
   kernels::linear_forward(y, x, w, bias);
 }

@@ -2,8 +2,10 @@
 # loom's GGUF files in llama.cpp itself: a gpt2-tiny and a llama-tiny (GQA,
 # untied head) trained for a few hundred steps on a repeated sentence, each
 # written by `loom convert --to gguf` in every weight type, then decoded
-# greedily by loom (`loom generate`, the GGUF file as --model) and by
-# llama.cpp (node-llama-cpp, llama_cpp_greedy.mjs) from the same prompt.
+# greedily by loom (`loom generate`, the GGUF file as --model: a quantized
+# file's linears multiplied in their blocks, the activations rounded to q8 as
+# llama.cpp rounds them) and by llama.cpp (node-llama-cpp,
+# llama_cpp_greedy.mjs) from the same prompt.
 # Prints one line per (model, type) with both token lists and how many
 # leading tokens agree, and fails unless all N agree for every file: the
 # models are trained until their continuation is certain, so the logit

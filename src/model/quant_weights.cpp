@@ -1,0 +1,150 @@
+// QuantWeights (quant_weights.h): a GGUF file's quantized linears, held in
+// their blocks for linear_forward_quantized.
+#include "model/quant_weights.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "model/blocks.h"
+#include "model/config_json.h"
+#include "model/gguf_model.h"
+#include "model/params.h"
+
+namespace loom::model {
+
+using kernels::QuantType;
+
+bool quant_type_of(io::GgmlType t, QuantType& out) {
+  switch (t) {
+    case io::GgmlType::q8_0: out = QuantType::q8_0; return true;
+    case io::GgmlType::q4_0: out = QuantType::q4_0; return true;
+    case io::GgmlType::q4_K: out = QuantType::q4_K; return true;
+    case io::GgmlType::q6_K: out = QuantType::q6_K; return true;
+    default: return false;
+  }
+}
+
+namespace {
+
+// The dense layers' linear weights: what a step multiplies, never looks up.
+bool is_dense_linear(const std::string& name) {
+  if (name.find(".experts.") != std::string::npos || name.find("block_sparse_moe") != std::string::npos ||
+      name.find("shared_expert") != std::string::npos)
+    return false;
+  for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
+                             "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                             "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                             "mlp.down_proj.weight"})
+    if (name.ends_with(suffix)) return true;
+  return name == "lm_head.weight";
+}
+
+}  // namespace
+
+QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) : file_(std::move(f)) {
+  std::vector<ParamSpec> specs = param_specs(cfg);
+  if (cfg.tie_embeddings) {  // the head multiplies by token_embd: held under the head's name
+    ParamSpec head;
+    head.name = "lm_head.weight", head.shape = {cfg.vocab_size, cfg.n_embd};
+    specs.push_back(head);
+  }
+  for (const ParamSpec& s : specs) {
+    if (!is_dense_linear(s.name)) continue;
+    const bool tied_head = cfg.tie_embeddings && s.name == "lm_head.weight";
+    const std::string g = tied_head ? "token_embd.weight" : gguf_tensor_name(cfg, s.name);
+    const io::GgufTensorInfo* t = file_.find_tensor(g);
+    QuantType type{};
+    if (t == nullptr || !quant_type_of(t->type, type)) continue;  // missing: load_params_from_gguf says so
+    const int64_t cols = s.shape[s.shape.ndim() - 1], rows = s.numel() / cols;
+    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == rows * cols, "GGUF file '", file_.path(), "': tensor '", g,
+                 "' has ", t->n_elements, " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(),
+                 " needs rows of ", cols);
+    hold(s.name, *t, type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
+    if (!tied_head) f32_bytes_ += s.numel() * 4;
+  }
+}
+
+void QuantWeights::hold(const std::string& name, const io::GgufTensorInfo& t, QuantType type, bool permute,
+                        int64_t head_size, Pool& pool) {
+  const int64_t cols = t.ne[0], rows = t.n_elements / cols;
+  const auto row_bytes = static_cast<int64_t>(kernels::quant_row_bytes(type, cols));
+  Tensor blocks(const_cast<uint8_t*>(t.data), DType::u8, {rows, row_bytes});  // read only
+  if (permute) {
+    owned_.push_back(pool.empty(DType::u8, {rows, row_bytes}));
+    blocks = owned_.back();
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(blocks.data_as<uint8_t>() + gguf_loom_row(r, head_size) * row_bytes, t.data + r * row_bytes,
+                  static_cast<size_t>(row_bytes));
+  }
+  by_name_[name] = {blocks, type};
+  by_address_[blocks.data_as<const uint8_t>()] = {blocks, type};
+  bytes_ += rows * row_bytes;
+}
+
+std::vector<std::string> QuantWeights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, held] : by_name_) out.push_back(name);
+  return out;
+}
+
+const Tensor& QuantWeights::blocks(const std::string& name) const {
+  auto it = by_name_.find(name);
+  LOOM_CHECK(it != by_name_.end(), "no quantized weight ", name);
+  return it->second.blocks;
+}
+
+QuantType QuantWeights::type_of(const Tensor& w) const {
+  const auto* p = w.data_as<const uint8_t>();
+  auto it = by_address_.upper_bound(p);
+  if (it != by_address_.begin()) {
+    --it;
+    const Tensor& b = it->second.blocks;
+    if (p + w.nbytes() <= b.data_as<const uint8_t>() + b.nbytes() && w.size(-1) == b.size(-1)) return it->second.type;
+  }
+  LOOM_CHECK(false, "tensor ", w.str(), " is not one of the quantized weights of ", file_.path());
+  return QuantType::q8_0;
+}
+
+void QuantWeights::substitute(ParamViews& views) const {
+  for (const auto& [name, held] : by_name_)
+    if (views.has(name)) views.substitute(name, held.blocks);
+}
+
+std::string QuantWeights::summary() const {
+  std::map<std::string, int> count;
+  for (const auto& [name, held] : by_name_) ++count[std::string(kernels::quant_name(held.type))];
+  std::string s;
+  for (const auto& [type, n] : count) s += concat(s.empty() ? "" : ", ", type, " ", n);
+  return s;
+}
+
+int64_t ServingWeights::bytes() const {
+  const auto all = static_cast<int64_t>(params.nbytes());
+  return quant ? all - quant->f32_bytes() + quant->bytes() : all;
+}
+
+ServingWeights load_serving_weights(const ModelDir& dir, DType compute, bool dequantize, const std::string& what,
+                                    Pool& pool) {
+  ServingWeights w;
+  const std::vector<ParamSpec> specs = param_specs(dir.config);
+  if (dir.gguf && !dequantize) {
+    auto quant = std::make_unique<QuantWeights>(io::GgufFile::open(dir.weights), dir.config, pool);
+    if (!quant->empty()) {
+      LOOM_REQUIRE(compute == DType::f32, what, " ", dtype_name(compute), ": '", dir.weights,
+                   "' holds quantized weights (", quant->summary(), "), which compute with f32 activations; ",
+                   "leave ", what, " at fp32, or pass --dequantize to compute in ", dtype_name(compute),
+                   " from weights dequantized at load");
+      // The quantized linears' places stay unwritten (never read, never resident).
+      w.params = pool.empty(DType::f32, {param_count(specs)});
+      load_params_from_gguf(w.params, dir.config, quant->file(), quant.get());
+      w.quant = std::move(quant);
+      return w;
+    }
+  }
+  OwnedTensor f32 = pool.empty(DType::f32, {param_count(specs)});
+  load_model_params(dir, f32);
+  w.params = params_in_dtype(std::move(f32), compute, pool);
+  return w;
+}
+
+}  // namespace loom::model

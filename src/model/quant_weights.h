@@ -1,0 +1,107 @@
+// A GGUF file's quantized linear weights, served in their blocks
+// (kernels::linear_forward_quantized) instead of dequantized at load: what
+// llama.cpp and ollama do with a q8_0 / q4_0 / q4_K_M file, and what makes
+// its bytes per token the file's, not f32's.
+//
+// Which weights: the dense layers' linears (GPT-2 c_attn, attn c_proj, c_fc,
+// mlp c_proj; Llama q/k/v/o, gate/up/down) and the LM head (lm_head, or
+// token_embd when the embeddings are tied), where the file holds them as
+// q8_0, q4_0, q4_K or q6_K. Everything else (embeddings for the lookup,
+// norms, biases, MoE routers and experts, and any linear stored as f32 / f16
+// / bf16) is dequantized into the flat f32 parameters as before
+// (load_params_from_gguf with `skip`). The activations stay f32: each row is
+// quantized to q8_0 / q8_K inside the op, as llama.cpp does.
+//
+// The blocks are read in place from the file's read-only mapping, except a
+// Llama attn_q / attn_k, whose rows are put back in loom's order (the
+// converter's permutation, gguf_model.h) in an owned copy: a row of blocks
+// moves whole, nothing is requantized.
+//
+// Batch invariance holds as for the float weights: the op's row bits depend
+// only on that row and W (ops.h), at every instruction-set level.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory.h"
+#include "core/tensor.h"
+#include "io/gguf.h"
+#include "kernels/quant.h"
+#include "model/config.h"
+
+namespace loom::model {
+
+class ParamViews;
+
+class QuantWeights {
+ public:
+  // The quantized linears of f (which it keeps open) for the model cfg (as
+  // model_config_from_gguf reads it). None when the file has no such tensor
+  // (an f32 / f16 / bf16 file): empty().
+  QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool);
+  QuantWeights(const QuantWeights&) = delete;
+  QuantWeights& operator=(const QuantWeights&) = delete;
+
+  bool empty() const { return by_name_.empty(); }
+  // Whether loom parameter `name` is served from blocks (load_params_from_gguf
+  // then skips it). "lm_head.weight" also stands for a tied head.
+  bool holds(const std::string& name) const { return by_name_.count(name) > 0; }
+  // The names held, in order.
+  std::vector<std::string> names() const;
+  // The blocks of `name`: u8 (rows, quant_row_bytes(type, cols)).
+  const Tensor& blocks(const std::string& name) const;
+  // The type of the weight a tensor views (one held, or rows of one: GPT-2's
+  // q, k, v are row blocks of c_attn); a loom::Error for any other tensor.
+  kernels::QuantType type_of(const Tensor& w) const;
+  // Every held weight in place of its f32 view (the head's: blocks("lm_head.weight")).
+  void substitute(ParamViews& views) const;
+  // Bytes of the blocks, and of the f32 parameters they stand for.
+  int64_t bytes() const { return bytes_; }
+  int64_t f32_bytes() const { return f32_bytes_; }
+  // "q4_K 120, q6_K 25" (matrices per type), for the start-up log.
+  std::string summary() const;
+  const io::GgufFile& file() const { return file_; }
+
+ private:
+  struct Held {
+    Tensor blocks;
+    kernels::QuantType type;
+  };
+  void hold(const std::string& name, const io::GgufTensorInfo& t, kernels::QuantType type, bool permute,
+            int64_t head_size, Pool& pool);
+
+  io::GgufFile file_;
+  std::vector<OwnedTensor> owned_;        // permuted copies
+  std::map<std::string, Held> by_name_;
+  std::map<const uint8_t*, Held> by_address_;  // first byte -> the weight, for type_of
+  int64_t bytes_ = 0, f32_bytes_ = 0;
+};
+
+// The block type of a GGUF tensor type that linear_forward_quantized takes,
+// or false (f32, f16, bf16 and anything else).
+bool quant_type_of(io::GgmlType t, kernels::QuantType& out);
+
+struct ModelDir;  // model/config_json.h
+
+// A model's weights as the serving engine takes them: the flat parameters
+// in the compute dtype, and the quantized linears when the model is a GGUF
+// file that has some and `dequantize` is false (then compute must be f32:
+// a loom::Error that says what to pass otherwise). Else quant is null and
+// every weight is dequantized into params, as before.
+struct ServingWeights {
+  OwnedTensor params;
+  std::unique_ptr<QuantWeights> quant;
+  // Bytes a step reads of the weights: params less the f32 places of the
+  // quantized linears (never written), plus their blocks.
+  int64_t bytes() const;
+  const QuantWeights* quant_or_null() const { return quant.get(); }
+};
+// what: the flag that chose compute, for the error ("--dtype").
+ServingWeights load_serving_weights(const ModelDir& dir, DType compute, bool dequantize, const std::string& what,
+                                    Pool& pool);
+
+}  // namespace loom::model
