@@ -68,14 +68,11 @@ void QuantWeights::hold(const std::string& name, const io::GgufTensorInfo& t, Qu
                         int64_t head_size, Pool& pool) {
   const int64_t cols = t.ne[0], rows = t.n_elements / cols;
   const auto row_bytes = static_cast<int64_t>(kernels::quant_row_bytes(type, cols));
-  Tensor blocks(const_cast<uint8_t*>(t.data), DType::u8, {rows, row_bytes});  // read only
-  if (permute) {
-    owned_.push_back(pool.empty(DType::u8, {rows, row_bytes}));
-    blocks = owned_.back();
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(blocks.data_as<uint8_t>() + gguf_loom_row(r, head_size) * row_bytes, t.data + r * row_bytes,
-                  static_cast<size_t>(row_bytes));
-  }
+  owned_.push_back(pool.empty(DType::u8, {rows, row_bytes}));
+  const Tensor blocks = owned_.back();
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(blocks.data_as<uint8_t>() + (permute ? gguf_loom_row(r, head_size) : r) * row_bytes,
+                t.data + r * row_bytes, static_cast<size_t>(row_bytes));
   by_name_[name] = {blocks, type};
   by_address_[blocks.data_as<const uint8_t>()] = {blocks, type};
   bytes_ += rows * row_bytes;
