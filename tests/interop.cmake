@@ -42,9 +42,10 @@ set_tests_properties(Cli.Gguf.HuggingFacesParserReadsLoomsFilesAsLoomDoes PROPER
   "gguf_hf_check: @huggingface/gguf reads 8 files as loom does")
 
 # A llama GGUF (SentencePiece vocabulary) written by an independent numpy
-# writer, run by loom and by llama.cpp: same prompt tokens, same greedy tokens.
+# writer, run by loom and by llama.cpp: same prompt tokens, same greedy tokens;
+# then created into a store from a Modelfile (FROM ./foreign.gguf) and run.
 add_test(NAME Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_foreign.sh $<TARGET_FILE:loom>
                  ${CMAKE_BINARY_DIR}/interop_foreign ${LOOM_REF_DIR}/sentencepiece_llama.model ${LOOM_INTEROP_DIR})
 set_tests_properties(Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED ref_sentencepiece
-  PASS_REGULAR_EXPRESSION "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does \\(3 prompts, 16 tokens each\\)")
+  PASS_REGULAR_EXPRESSION "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does \\(3 prompts, 16 tokens each\\)\ncreated foreign:latest[^\n]*\ngguf_foreign: created from the .gguf file and answered with its own vocabulary")

@@ -14,8 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <sstream>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,9 +53,10 @@ struct RunArgs {
 class LocalServer {
  public:
   explicit LocalServer(const RunArgs& a)
-      : tok_(text::Gpt2Tokenizer::load(a.tokenizer)),
+      : tokenizer_dir_(a.tokenizer),
         store_(a.models.empty() ? serve::default_store_root(std::getenv("HOME")) : a.models),
-        models_(store_model_manager(store_, tok_, a.engine, serve::ManagerOptions{})),
+        models_(store_model_manager(store_, [this]() -> const text::Tokenizer& { return gpt2(); }, a.engine,
+                                    serve::ManagerOptions{})),
         api_(serve::ApiOptions{.api_key = "", .access_log = false}),
         ollama_(api_, *models_, &store_, "."),
         server_(serve::HttpOptions{.host = "127.0.0.1", .port = 0},
@@ -70,7 +72,15 @@ class LocalServer {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server_.port()); }
 
  private:
-  text::Gpt2Tokenizer tok_;
+  // GPT-2's files, read when a model without its own tokenizer loads.
+  const text::Tokenizer& gpt2() {
+    std::call_once(tok_once_, [this] { tok_ = std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::load(tokenizer_dir_)); });
+    return *tok_;
+  }
+
+  std::string tokenizer_dir_;
+  std::once_flag tok_once_;
+  std::unique_ptr<text::Gpt2Tokenizer> tok_;
   serve::ModelStore store_;
   std::unique_ptr<serve::ModelManager> models_;
   serve::Api api_;

@@ -4,9 +4,11 @@
 #include <chrono>
 
 #include "cli/engine_setup.h"
+#include "cli/model_tokenizer.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/gguf.h"
 #include "serve/store_models.h"
 #include "infer/engine.h"
 #include "model/paged_runner.h"
@@ -17,6 +19,7 @@ namespace {
 // The weights and the engine a LoadedModel's loop drives.
 struct Owned {
   Pools pools;
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // the model's own, when it has one
   model::ServingWeights weights;
   std::unique_ptr<infer::Engine> engine;
 };
@@ -43,13 +46,15 @@ infer::EngineConfig engine_config(const EngineArgs& a, const model::ModelConfig&
 }  // namespace
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
-                                                      ModelExtras extras, const text::Tokenizer& tok,
+                                                      ModelExtras extras, const text::Tokenizer& server_tok,
                                                       const EngineArgs& a) {
+  const text::Tokenizer& tok = extras.tokenizer ? *extras.tokenizer : server_tok;
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), "model ", name, ": vocab_size ", dir.config.vocab_size,
                " is smaller than the tokenizer's ", tok.vocab_size(), " tokens");
   const int64_t context = extras.parameters.contains("num_ctx") ? extras.parameters["num_ctx"].get<int64_t>()
                                                                   : a.max_model_len;
   auto owned = std::make_shared<Owned>();
+  owned->tokenizer = extras.tokenizer;
   owned->weights = load_weights(dir, a.dtype, "--dtype", a.dequantize, owned->pools);
   if (owned->weights.quant) log_info("serve: model ", name, ": ", weights_description(owned->weights, a.dtype));
   owned->engine = std::make_unique<infer::Engine>(dir.config, owned->weights.params, owned->pools,
@@ -81,15 +86,22 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
                                                          const text::Tokenizer& tok, const EngineArgs& engine,
                                                          serve::ManagerOptions options) {
+  return store_model_manager(store, [&tok]() -> const text::Tokenizer& { return tok; }, engine, options);
+}
+
+std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store, TokenizerSource tok,
+                                                         const EngineArgs& engine, serve::ManagerOptions options) {
   return std::make_unique<serve::ModelManager>(
-      [&store, &tok, engine](const std::string& n) {
+      [&store, tok, engine](const std::string& n) {
         const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));
         if (!m) throw serve::ApiError(404, "NotFoundError", "model", "model '" + n + "' not found");
         serve::ResolvedModel r = serve::resolve_model(store, *m);
         ModelExtras extras{m->digest, std::move(r.chat), std::move(r.parameters), std::move(r.system),
                            std::move(r.messages)};
+        if (r.dir.gguf && io::GgufFile::open(r.dir.weights).has("tokenizer.ggml.model"))
+          extras.tokenizer = model_tokenizer(r.dir, "");  // the file's own, else the server's
         log_info("serve: loading model ", n);
-        return load_served_model(n, r.dir, std::move(extras), tok, engine);
+        return load_served_model(n, r.dir, std::move(extras), extras.tokenizer ? *extras.tokenizer : tok(), engine);
       },
       [](const std::string& n) {
         try {

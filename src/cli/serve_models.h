@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -33,12 +34,20 @@ struct ModelExtras {
   nlohmann::json parameters = nlohmann::json::object();  // Modelfile PARAMETERs (num_ctx sets the context)
   std::string system;
   nlohmann::json messages = nlohmann::json::array();
+  // The model's own tokenizer (a GGUF file's), used instead of the server's.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
-// The store's models, loaded on their first request (engine: copied).
+// The store's models, loaded on their first request (engine: copied). A
+// model that carries its own tokenizer (a GGUF file's) uses that one; the
+// others, tok -- which the second form loads on the first such model only
+// (loom run from any directory, with GGUF models only, needs no GPT-2 files).
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
                                                          const text::Tokenizer& tok, const EngineArgs& engine,
                                                          serve::ManagerOptions options);
+using TokenizerSource = std::function<const text::Tokenizer&()>;
+std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store, TokenizerSource tok,
+                                                         const EngineArgs& engine, serve::ManagerOptions options);
 serve::Catalog store_catalog(const serve::ModelStore& store);
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,

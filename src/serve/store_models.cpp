@@ -17,20 +17,23 @@ const char* layout_name(model::ParamLayout l) { return l == model::ParamLayout::
 
 // The config layer: the model's loom config, the weights' parameter layout
 // and the special tokens its template names.
+// The weights layer of a GGUF model is the file itself ("format": "gguf"):
+// its tensors, tokenizer and template are read from it at load, as ollama does.
 std::string config_layer(const model::ModelDir& dir, const ChatTemplate& chat) {
-  return json{{"config", model::model_config_to_json(dir.config)},
-              {"layout", layout_name(dir.layout)},
-              {"bos_token", chat.bos_token},
-              {"eos_token", chat.eos_token}}
-      .dump(2);
+  json c = {{"config", model::model_config_to_json(dir.config)},
+            {"layout", layout_name(dir.layout)},
+            {"bos_token", chat.bos_token},
+            {"eos_token", chat.eos_token}};
+  if (dir.gguf) c["format"] = "gguf";
+  return c.dump(2);
 }
 
-// The layers FROM gives: a directory's config and weights (and its HF chat
-// template), or a store model's layers as they are.
+// The layers FROM gives: a directory's (or a .gguf file's) config and
+// weights (and its chat template), or a store model's layers as they are.
 std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, const std::string& base_dir,
                                      const std::string& where) {
   const fs::path path = fs::path(mf.from).is_absolute() ? fs::path(mf.from) : fs::path(base_dir) / mf.from;
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(path) || (path.extension() == ".gguf" && fs::is_regular_file(path))) {
     const model::ModelDir dir = model::load_model_dir(path.string());
     const ChatTemplate chat = ChatTemplate::for_model_dir(path.string());
     std::vector<LayerSource> layers = {{kMediaConfig, "", config_layer(dir, chat), ""},
@@ -47,7 +50,7 @@ std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, con
   const std::optional<StoredModel> m = name ? store.get(*name) : std::nullopt;
   if (!m)
     throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from +
-                      "' is neither a model directory (" + path.string() + ") nor a model in the store " +
+                      "' is neither a model directory or .gguf file (" + path.string() + ") nor a model in the store " +
                       store.root() + " (loom list shows them)");
   std::vector<LayerSource> layers;
   for (const Layer& l : m->manifest.layers) layers.push_back({l.media_type, "", "", l.digest});
@@ -105,6 +108,7 @@ ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m) {
   r.dir.config = model::model_config_from_json(c["config"], where);
   r.dir.weights = store.blob_path(weights->digest);
   r.dir.layout = c.value("layout", "loom") == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
+  r.dir.gguf = c.value("format", "") == "gguf";
   r.chat = ChatTemplate::plain();
   if (const Layer* t = m.manifest.find(kMediaTemplate)) {
     r.chat.source = store.read_blob(t->digest);

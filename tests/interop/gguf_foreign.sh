@@ -3,7 +3,8 @@
 # model (GQA, SentencePiece vocabulary with byte fallback) written by an
 # independent numpy writer (write_llama_gguf.py) from a tokenizer.model
 # sentencepiece trained; for each prompt, loom's and llama.cpp's prompt
-# lengths and greedy tokens must be equal.
+# lengths and greedy tokens must be equal. Then the file as a Modelfile's
+# FROM, created into a store and answered by loom run.
 #
 #   gguf_foreign.sh LOOM WORKDIR TOKENIZER_MODEL INTEROP_DIR
 set -euo pipefail
@@ -33,3 +34,14 @@ PY
   checked=$((checked + 1))
 done
 echo "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does ($checked prompts, $n tokens each)"
+
+# The same file as a Modelfile's FROM: loom create stores it as it is, and
+# loom run (in process: no server at --host) answers with the file's own
+# SentencePiece vocabulary (the server's GPT-2 one has 50257 tokens, more than
+# this model's embedding rows: loading the model with it would fail).
+printf 'FROM ./foreign.gguf\nPARAMETER temperature 0\nPARAMETER num_predict 8\n' >"$work/Modelfile"
+"$loom" create foreign -f "$work/Modelfile" --models "$work/store"
+"$loom" run foreign "The quick brown fox" --models "$work/store" --host http://127.0.0.1:9 --threads 1 \
+  2>"$work/err" >"$work/answer" || { cat "$work/err"; exit 1; }
+[[ -s $work/answer ]] || { echo "gguf_foreign: loom run gave no answer" >&2; cat "$work/err"; exit 1; }
+echo "gguf_foreign: created from the .gguf file and answered with its own vocabulary"
