@@ -97,7 +97,7 @@ std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore
         if (!m) throw serve::ApiError(404, "NotFoundError", "model", "model '" + n + "' not found");
         serve::ResolvedModel r = serve::resolve_model(store, *m);
         ModelExtras extras{m->digest, std::move(r.chat), std::move(r.parameters), std::move(r.system),
-                           std::move(r.messages)};
+                           std::move(r.messages), nullptr};
         if (r.dir.gguf && io::GgufFile::open(r.dir.weights).has("tokenizer.ggml.model"))
           extras.tokenizer = model_tokenizer(r.dir, "");  // the file's own, else the server's
         log_info("serve: loading model ", n);

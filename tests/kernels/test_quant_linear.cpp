@@ -1,7 +1,7 @@
 // linear_forward_quantized (ops.h): y = x @ W^T (+ bias) on weights stored as
 // llama.cpp blocks. Bit for bit against the scalar reference (each row of x
 // quantized by quantize_row, then quant.h's vec_dot per output) for every
-// weight type, 1 to 64 rows, at every instruction-set level this CPU has;
+// weight type, 1 to 130 rows, at every instruction-set level this CPU has;
 // within the activations' quantization error of x @ dequantize(W)^T; the
 // refused operands.
 #include <gtest/gtest.h>
@@ -140,8 +140,10 @@ void expect_same_bits(const std::vector<float>& want, const std::vector<float>& 
 }
 
 void expect_reference_bits(QuantType t, int64_t OC, int64_t IC, bool random_bytes) {
-  constexpr int64_t kRows[] = {1, 3, 17, 64};
-  Problem p = make_problem(t, 64, OC, IC, random_bytes, static_cast<uint32_t>(OC * 7 + IC + static_cast<int>(t)));
+  // 17 and more rows: the 16-output VNNI path (quant_prefill.cpp) where the
+  // level has it; 130 crosses its 128-row blocks and ends in a 2-row tail.
+  constexpr int64_t kRows[] = {1, 3, 17, 64, 130};
+  Problem p = make_problem(t, 130, OC, IC, random_bytes, static_cast<uint32_t>(OC * 7 + IC + static_cast<int>(t)));
   const std::vector<float> dots = reference(p);
   for (bool with_bias : {false, true}) {
     const std::vector<float> want = with_bias ? plus_bias(dots, p) : dots;

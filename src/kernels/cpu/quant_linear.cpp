@@ -8,7 +8,8 @@
 // block an integer sum, exact in any order, then the block's float steps in
 // f32, accumulated in block order. The vector paths compute 8 outputs at a
 // time (a tile: 1 row of x by 8 rows of W for decode, 4 by 2 for prefill),
-// one output per f32 lane: per block, the 8 outputs' integer sums are
+// one output per f32 lane (many rows of q8_0 / q4_0 with AVX512_VNNI:
+// quant_prefill.cpp, 16 outputs a vector): per block, the 8 outputs' integer sums are
 // reduced into one vector (integer adds) and the float steps run lane by
 // lane with the reference's operations in its order (separate multiply and
 // add: no FMA). So every level gives the scalar reference's bits, whatever
@@ -44,6 +45,7 @@
 #endif
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/quant_prefill.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/quant.h"
@@ -292,15 +294,7 @@ void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t 
 
 #endif
 
-// The operands of one call, as blocks.
-struct Operands {
-  float* y;
-  const std::byte* a;  // activation rows (quantized x)
-  const std::byte* w;  // weight rows
-  const float* bias;   // or null
-  size_t a_row, w_row;
-  int64_t N, OC, nb;
-};
+using Operands = QuantOperands;  // quant_prefill.h
 
 // Rows m .. m + R of y, columns n0 .. n1, in tiles of R x C: past the last
 // row or column a tile repeats the last one (computed, not stored).
@@ -383,7 +377,7 @@ void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantT
   if (N == 0 || OC == 0) return;
   const QuantType at = quant_dot_type(wtype);
   const size_t a_row = quant_row_bytes(at, IC);
-  const Operands o{y.data_as<float>(),
+  const QuantOperands o{y.data_as<float>(),
                    quantize_rows(x.data_as<const float>(), N, IC, at, a_row),
                    static_cast<const std::byte*>(w.data()),
                    bias.defined() ? bias.data_as<const float>() : nullptr,
@@ -392,6 +386,7 @@ void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantT
                    N,
                    OC,
                    IC / quant_block_size(wtype)};
+  if (quant_prefill(wtype, o)) return;  // many rows, where this level has that path
   switch (wtype) {
     case QuantType::q8_0: return run<Q8_0>(o);
     case QuantType::q4_0: return run<Q4_0>(o);

@@ -1,0 +1,35 @@
+// linear_forward_quantized's path for many rows (quant_prefill.cpp), called
+// by quant_linear.cpp. Internal to src/kernels/cpu; compiled per
+// instruction-set level like cpu_ops.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/quant.h"
+
+#ifndef LOOM_ISA
+#error "kernels/cpu/quant_prefill.h is included only by the per-level CPU kernel sources"
+#endif
+
+namespace loom::kernels::cpu::LOOM_ISA {
+
+// One call's operands as blocks: y (N, OC) f32; a, x's rows quantized to the
+// weight type's dot type, a_row bytes apart; w, W's rows, w_row bytes apart;
+// bias (OC) or null; nb blocks a row.
+struct QuantOperands {
+  float* y;
+  const std::byte* a;
+  const std::byte* w;
+  const float* bias;
+  size_t a_row, w_row;
+  int64_t N, OC, nb;
+};
+
+// All of y, with the scalar reference's bits (quant.h's vec_dot, then + bias),
+// for q8_0 and q4_0 weights and at least kQuantPrefillRows rows, at levels
+// with AVX512_VNNI; false (nothing written) otherwise.
+inline constexpr int64_t kQuantPrefillRows = 16;
+bool quant_prefill(QuantType wtype, const QuantOperands& o);
+
+}  // namespace loom::kernels::cpu::LOOM_ISA
