@@ -1,5 +1,6 @@
 // linear_forward_quantized for many rows (quant_prefill.h): q8_0 and q4_0
-// weights against q8_0 activations with AVX512_VNNI, 16 outputs to a vector.
+// weights against q8_0 activations, q4_K against q8_K, with AVX512_VNNI, 16
+// outputs to a vector.
 //
 // quant_linear.cpp's tiles put one output's 32 products of a block in one
 // vector and then reduce eight such vectors across lanes for every block;
@@ -83,6 +84,17 @@ struct RowBlocks {
   const int32_t* sum;
 };
 
+// y's rows [m, m + R), outputs [n0, n0 + 16) below OC: the sums s, + bias.
+template <int R>
+void store_rows(const __m512 (&s)[R], const QuantOperands& o, int64_t m, int64_t n0) {
+  const auto mask = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, o.OC - n0)) - 1);
+  const __m512 bias = o.bias != nullptr ? _mm512_maskz_loadu_ps(mask, o.bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    const __m512 v = o.bias != nullptr ? _mm512_add_ps(s[r], bias) : s[r];
+    _mm512_mask_storeu_ps(o.y + (m + r) * o.OC + n0, mask, v);
+  }
+}
+
 // y's rows [m, m + R), outputs [n0, n0 + 16) (those below OC).
 template <QuantType T, int R>
 void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_t m, int64_t n0) {
@@ -106,25 +118,12 @@ void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_
       s[r] = _mm512_add_ps(s[r], _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, acc), d));
     }
   }
-  const auto mask = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, o.OC - n0)) - 1);
-  const __m512 bias = o.bias != nullptr ? _mm512_maskz_loadu_ps(mask, o.bias + n0) : _mm512_setzero_ps();
-  for (int r = 0; r < R; ++r) {
-    const __m512 v = o.bias != nullptr ? _mm512_add_ps(s[r], bias) : s[r];
-    _mm512_mask_storeu_ps(o.y + (m + r) * o.OC + n0, mask, v);
-  }
+  store_rows<R>(s, o, m, n0);
 }
 
-template <QuantType T>
-void rows_of_group(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_t m0, int64_t m1,
-                   int64_t n0) {
-  int64_t m = m0;
-  for (; m + kRowTile <= m1; m += kRowTile) rows_tile<T, kRowTile>(p, o, x, m, n0);
-  for (; m < m1; ++m) rows_tile<T, 1>(p, o, x, m, n0);
-}
-
-template <QuantType T>
-void run_packed(const QuantOperands& o) {
-  // x's scales and sums, once per call (a block's sum: vpdpbusd against ones).
+// x's per-block scales and sums for q8_0 activations, once per call (a
+// block's sum: vpdpbusd against ones).
+RowBlocks prepare_q8_0(const QuantOperands& o) {
   auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
   auto* sum = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
 #pragma omp parallel for schedule(static)
@@ -138,19 +137,146 @@ void run_packed(const QuantOperands& o) {
       d[m * o.nb + b] = from_f16(blk.d);
       sum[m * o.nb + b] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
     }
-  const RowBlocks x{d, sum};
+  return {d, sum};
+}
+
+// q8_0 / q4_0 weights: what run_packed needs of a weight type.
+template <QuantType T>
+struct Block32 {
+  using Packed = PackedBlock;
+  using Rows = RowBlocks;
+  static constexpr int kTile = kRowTile;
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_0(o); }
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) { pack_group<T>(p, o, n0); }
+  template <int R>
+  static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
+    rows_tile<T, R>(p, o, x, m, n0);
+  }
+};
+
+// q4_K against q8_K (quant.h's vec_dot_q4_K_q8_K): per super-block an
+// integer isum = sum_j sc_j * dot_j over the 8 sub-blocks of 32 (dot_j of
+// the nibbles 0..15 with x: vpdpbusd as is) and msum = sum_j m_j * (x's sum
+// over sub-block j, from its bsums), exact in int32; then the reference's
+// d * isum - dmin * msum, added in super-block order.
+struct alignas(64) PackedSuperK {
+  float d[kLanes], dmin[kLanes];
+  int32_t sc[8][kLanes], m[8][kLanes];
+  // [r][k]: lane c's 4 bytes qs[32 r + 4 k ..] of row c: low nibbles values of
+  // sub-block 2 r, high nibbles of sub-block 2 r + 1.
+  uint8_t q[4][8][64];
+};
+
+// Per row m and super-block b of x (q8_K): its scale and its 8 sub-block sums.
+struct RowSupers {
+  const float* d;
+  const int32_t* sums;  // [(m * nb + b) * 8 + j]
+};
+
+struct SuperK4 {
+  using Packed = PackedSuperK;
+  using Rows = RowSupers;
+  static constexpr int kTile = 4;
+
+  static Rows prepare(const QuantOperands& o) {
+    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+    auto* sums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 8));
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < o.N; ++m)
+      for (int64_t b = 0; b < o.nb; ++b) {
+        const auto& blk = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m) * o.a_row)[b];
+        d[m * o.nb + b] = blk.d;
+        for (int j = 0; j < 8; ++j) sums[(m * o.nb + b) * 8 + j] = blk.bsums[2 * j] + blk.bsums[2 * j + 1];
+      }
+    return {d, sums};
+  }
+
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
+    for (int c = 0; c < kLanes; ++c) {
+      const auto* row = reinterpret_cast<const block_q4_K*>(o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row);
+      for (int64_t b = 0; b < o.nb; ++b) {
+        const block_q4_K& blk = row[b];
+        p[b].d[c] = from_f16(blk.d), p[b].dmin[c] = from_f16(blk.dmin);
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc = 0, mn = 0;
+          q4_K_scale_min(j, blk.scales, &sc, &mn);
+          p[b].sc[j][c] = sc, p[b].m[j][c] = mn;
+        }
+        for (int r = 0; r < 4; ++r)
+          for (int k = 0; k < 8; ++k) std::memcpy(p[b].q[r][k] + 4 * c, blk.qs + 32 * r + 4 * k, 4);
+      }
+    }
+  }
+
+  // isum[i] of rows [m, m + R) for super-block b of the group.
+  template <int R>
+  static void isums(const PackedSuperK& w, const block_q8_K* const* a, int64_t b, __m512i (&isum)[R]) {
+    const __m512i low = _mm512_set1_epi8(0xf);
+    for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+    for (int r = 0; r < 4; ++r) {
+      __m512i lo[R], hi[R];
+      for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        const __m512i v = _mm512_load_si512(w.q[r][k]);
+        const __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int i = 0; i < R; ++i) {
+          int32_t y[2];
+          std::memcpy(&y[0], a[i][b].qs + 64 * r + 4 * k, 4);
+          std::memcpy(&y[1], a[i][b].qs + 64 * r + 32 + 4 * k, 4);
+          lo[i] = _mm512_dpbusd_epi32(lo[i], vl, _mm512_set1_epi32(y[0]));
+          hi[i] = _mm512_dpbusd_epi32(hi[i], vh, _mm512_set1_epi32(y[1]));
+        }
+      }
+      const __m512i sl = _mm512_load_si512(w.sc[2 * r]), sh = _mm512_load_si512(w.sc[2 * r + 1]);
+      for (int i = 0; i < R; ++i)
+        isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(sl, lo[i]), _mm512_mullo_epi32(sh, hi[i])));
+    }
+  }
+
+  template <int R>
+  static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
+    __m512 s[R];
+    const block_q8_K* a[R];
+    for (int i = 0; i < R; ++i)
+      s[i] = _mm512_setzero_ps(), a[i] = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m + i) * o.a_row);
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m512i isum[R];
+      isums<R>(p[b], a, b, isum);
+      for (int i = 0; i < R; ++i) {
+        const int32_t* sums = x.sums + ((m + i) * o.nb + b) * 8;
+        __m512i msum = _mm512_setzero_si512();
+        for (int j = 0; j < 8; ++j)
+          msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(_mm512_load_si512(p[b].m[j]), _mm512_set1_epi32(sums[j])));
+        const __m512 dy = _mm512_set1_ps(x.d[(m + i) * o.nb + b]);
+        const __m512 d = _mm512_mul_ps(_mm512_load_ps(p[b].d), dy), dmin = _mm512_mul_ps(_mm512_load_ps(p[b].dmin), dy);
+        const __m512 t = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(0xffff, isum[i])),
+                                       _mm512_mul_ps(dmin, _mm512_maskz_cvtepi32_ps(0xffff, msum)));
+        s[i] = _mm512_add_ps(s[i], t);
+      }
+    }
+    store_rows<R>(s, o, m, n0);
+  }
+};
+
+// Items of (kGroupsPerItem groups of 16 outputs) x (kRowBlock rows of x),
+// handed out one at a time; each group repacked by the thread that takes it.
+template <class P>
+void run_packed(const QuantOperands& o) {
+  const typename P::Rows x = P::prepare(o);
   const int64_t groups = (o.OC + kLanes - 1) / kLanes, chunks = (groups + kGroupsPerItem - 1) / kGroupsPerItem;
   const int64_t row_blocks = (o.N + kRowBlock - 1) / kRowBlock;
-  const ThreadSlices<PackedBlock> packed(ScratchSlot::d, static_cast<size_t>(o.nb));
+  const ThreadSlices<typename P::Packed> packed(ScratchSlot::d, static_cast<size_t>(o.nb));
   // Which thread computes an item never changes an output's arithmetic.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < chunks * row_blocks; ++item) {
-    PackedBlock* p = packed.slice(omp_get_thread_num());
+    typename P::Packed* p = packed.slice(omp_get_thread_num());
     const int64_t g0 = item % chunks * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
     const int64_t m0 = item / chunks * kRowBlock, m1 = std::min(o.N, m0 + kRowBlock);
     for (int64_t g = g0; g < g1; ++g) {
-      pack_group<T>(p, o, g * kLanes);
-      rows_of_group<T>(p, o, x, m0, m1, g * kLanes);
+      P::pack(p, o, g * kLanes);
+      int64_t m = m0;
+      for (; m + P::kTile <= m1; m += P::kTile) P::template tile<P::kTile>(p, o, x, m, g * kLanes);
+      for (; m < m1; ++m) P::template tile<1>(p, o, x, m, g * kLanes);
     }
   }
 }
@@ -161,8 +287,9 @@ void run_packed(const QuantOperands& o) {
 bool quant_prefill(QuantType wtype, const QuantOperands& o) {
 #if defined(LOOM_QUANT_PREFILL)
   if (o.N < kQuantPrefillRows) return false;
-  if (wtype == QuantType::q8_0) return run_packed<QuantType::q8_0>(o), true;
-  if (wtype == QuantType::q4_0) return run_packed<QuantType::q4_0>(o), true;
+  if (wtype == QuantType::q8_0) return run_packed<Block32<QuantType::q8_0>>(o), true;
+  if (wtype == QuantType::q4_0) return run_packed<Block32<QuantType::q4_0>>(o), true;
+  if (wtype == QuantType::q4_K) return run_packed<SuperK4>(o), true;
 #else
   (void)wtype, (void)o;
 #endif
