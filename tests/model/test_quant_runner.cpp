@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "common/compare.h"
@@ -49,13 +51,14 @@ ModelConfig config(Family family) {
   return c;
 }
 
+// A file of its own per process: the test runs at every level at once (ctest -j).
 std::string write_gguf(const ModelConfig& cfg, GgufWeights w) {
   std::vector<float> values(static_cast<size_t>(param_count(param_specs(cfg))));
   const Tensor flat(values.data(), DType::f32, {static_cast<int64_t>(values.size())});
   init_params(flat, param_specs(cfg), 7);
   const std::string path = (fs::temp_directory_path() /
-                            concat("loom_test_quant_runner_", family_name(cfg.family), "_", gguf_weights_name(w),
-                                   ".gguf")).string();
+                            concat("loom_test_quant_runner_", ::getpid(), "_", family_name(cfg.family), "_",
+                                   gguf_weights_name(w), ".gguf")).string();
   io::GgufWriter writer;
   gguf_add_model(writer, cfg, flat, w, "test");
   writer.write(path);
