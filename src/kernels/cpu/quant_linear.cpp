@@ -8,7 +8,7 @@
 // block an integer sum, exact in any order, then the block's float steps in
 // f32, accumulated in block order. The vector paths compute 8 outputs at a
 // time (a tile: 1 row of x by 8 rows of W for decode, 4 by 2 for prefill),
-// one output per f32 lane (many rows of q8_0 / q4_0 / q4_K with AVX512_VNNI:
+// one output per f32 lane (many rows with AVX512_VNNI:
 // quant_prefill.cpp, 16 outputs a vector): per block, the 8 outputs' integer sums are
 // reduced into one vector (integer adds) and the float steps run lane by
 // lane with the reference's operations in its order (separate multiply and

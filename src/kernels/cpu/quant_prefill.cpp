@@ -1,6 +1,6 @@
 // linear_forward_quantized for many rows (quant_prefill.h): q8_0 and q4_0
-// weights against q8_0 activations, q4_K against q8_K, with AVX512_VNNI, 16
-// outputs to a vector.
+// weights against q8_0 activations, q4_K and q6_K against q8_K, with
+// AVX512_VNNI, 16 outputs to a vector.
 //
 // quant_linear.cpp's tiles put one output's 32 products of a block in one
 // vector and then reduce eight such vectors across lanes for every block;
@@ -258,6 +258,102 @@ struct SuperK4 {
   }
 };
 
+// q6_K against q8_K (quant.h's vec_dot_q6_K_q8_K): per super-block isum =
+// sum_j scale_j * (dot_j - 32 * bsum_j) over its 16 sub-blocks of 16, dot_j
+// of the 6-bit values 0..63 with x (vpdpbusd as is) and bsum_j x's sum there
+// (q8_K's bsums), exact in int32; then (dw * dy) * isum.
+struct alignas(64) PackedSuper6 {
+  float d[kLanes];
+  int32_t sc[16][kLanes];
+  uint8_t q[64][64];  // [k]: lane c's values 4 k .. 4 k + 3 of row c
+};
+
+struct RowSupers6 {
+  const float* d;
+  const int32_t* bsums;  // [(m * nb + b) * 16 + j]
+};
+
+struct SuperK6 {
+  using Packed = PackedSuper6;
+  using Rows = RowSupers6;
+  static constexpr int kTile = 4;
+
+  static Rows prepare(const QuantOperands& o) {
+    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+    auto* bsums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 16));
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < o.N; ++m)
+      for (int64_t b = 0; b < o.nb; ++b) {
+        const auto& blk = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m) * o.a_row)[b];
+        d[m * o.nb + b] = blk.d;
+        for (int j = 0; j < 16; ++j) bsums[(m * o.nb + b) * 16 + j] = blk.bsums[j];
+      }
+    return {d, bsums};
+  }
+
+  // quant.h's q6_K layout: value 128 h + 32 k + l from ql, qh (0..63).
+  static void unpack(const block_q6_K& x, uint8_t (&v)[kQKK]) {
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t *ql = x.ql + 64 * h, *qh = x.qh + 32 * h;
+      uint8_t* q = v + 128 * h;
+      for (int l = 0; l < kQK; ++l) {
+        q[l] = static_cast<uint8_t>((ql[l] & 0xf) | ((qh[l] & 3) << 4));
+        q[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+        q[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        q[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+      }
+    }
+  }
+
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
+    for (int c = 0; c < kLanes; ++c) {
+      const auto* row = reinterpret_cast<const block_q6_K*>(o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row);
+      for (int64_t b = 0; b < o.nb; ++b) {
+        p[b].d[c] = from_f16(row[b].d);
+        for (int j = 0; j < 16; ++j) p[b].sc[j][c] = row[b].scales[j];
+        uint8_t v[kQKK];
+        unpack(row[b], v);
+        for (int k = 0; k < 64; ++k) std::memcpy(p[b].q[k] + 4 * c, v + 4 * k, 4);
+      }
+    }
+  }
+
+  template <int R>
+  static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
+    __m512 s[R];
+    const block_q8_K* a[R];
+    for (int i = 0; i < R; ++i)
+      s[i] = _mm512_setzero_ps(), a[i] = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m + i) * o.a_row);
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m512i isum[R];
+      for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+      for (int j = 0; j < 16; ++j) {
+        __m512i acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_si512();
+        for (int t = 0; t < 4; ++t) {
+          const __m512i v = _mm512_load_si512(p[b].q[4 * j + t]);
+          for (int i = 0; i < R; ++i) {
+            int32_t y;
+            std::memcpy(&y, a[i][b].qs + 16 * j + 4 * t, 4);
+            acc[i] = _mm512_dpbusd_epi32(acc[i], v, _mm512_set1_epi32(y));
+          }
+        }
+        const __m512i sc = _mm512_load_si512(p[b].sc[j]);
+        for (int i = 0; i < R; ++i) {
+          const __m512i off = _mm512_set1_epi32(32 * x.bsums[((m + i) * o.nb + b) * 16 + j]);
+          isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(sc, _mm512_sub_epi32(acc[i], off)));
+        }
+      }
+      const __m512 dw = _mm512_load_ps(p[b].d);
+      for (int i = 0; i < R; ++i) {
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(m + i) * o.nb + b]));
+        s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(0xffff, isum[i])));
+      }
+    }
+    store_rows<R>(s, o, m, n0);
+  }
+};
+
 // Items of (kGroupsPerItem groups of 16 outputs) x (kRowBlock rows of x),
 // handed out one at a time; each group repacked by the thread that takes it.
 template <class P>
@@ -290,6 +386,7 @@ bool quant_prefill(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q8_0) return run_packed<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run_packed<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q4_K) return run_packed<SuperK4>(o), true;
+  if (wtype == QuantType::q6_K) return run_packed<SuperK6>(o), true;
 #else
   (void)wtype, (void)o;
 #endif

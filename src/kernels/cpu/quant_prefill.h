@@ -27,7 +27,7 @@ struct QuantOperands {
 };
 
 // All of y, with the scalar reference's bits (quant.h's vec_dot, then + bias),
-// for q8_0, q4_0 and q4_K weights and at least kQuantPrefillRows rows, at
+// for q8_0, q4_0, q4_K and q6_K weights and at least kQuantPrefillRows rows, at
 // levels with AVX512_VNNI; false (nothing written) otherwise.
 inline constexpr int64_t kQuantPrefillRows = 16;
 bool quant_prefill(QuantType wtype, const QuantOperands& o);
