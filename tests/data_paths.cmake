@@ -42,7 +42,7 @@ set_tests_properties(Cli.DataPrepareBinaryInputWarns PROPERTIES PASS_REGULAR_EXP
 
 # Issue 15 #10: path-kind mistakes of data prepare.
 loom_cli_error_test(Cli.DataPrepareTokenizerFileIsAnError
-  "error: tokenizer '[^']*encoder.json' is a file: a directory holding GPT-2's encoder.json and vocab.bpe is expected\nexit=1"
+  "error: tokenizer '[^']*encoder.json' is one of GPT-2's two files: give the directory holding encoder.json and vocab.bpe, or a Hugging Face tokenizer.json\nexit=1"
   data prepare --tokenizer ${LOOM_CLI_TOKENIZER}/encoder.json --input ${PROJECT_SOURCE_DIR}/README.md
   --output ${LOOM_CLI_DATA_PATHS_DIR}/unused)
 add_test(NAME Cli.DataPrepareOutputFileIsAnError

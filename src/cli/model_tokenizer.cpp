@@ -1,10 +1,13 @@
 #include "cli/model_tokenizer.h"
 
+#include <filesystem>
 #include <vector>
 
 #include "core/error.h"
 #include "text/bpe.h"
+#include "text/hf_tokenizer.h"
 #include "text/sentencepiece.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::cli {
 namespace {
@@ -37,6 +40,37 @@ text::SpmVocab spm_vocab(const io::GgufFile& f) {
   return v;
 }
 
+// A "gpt2" vocabulary with Llama 3's pre-tokenizer (llama.cpp's "llama-bpe"):
+// control (3) and user-defined (4) tokens are its added tokens, the others
+// model.vocab; merges are ignored for a pre-token in the vocabulary, as
+// llama.cpp does for it.
+text::HfTokenizer llama_bpe_tokenizer(const io::GgufFile& f, const std::string& where) {
+  text::HfBpeSpec spec;
+  const std::vector<std::string> tokens = strings(f, "tokenizer.ggml.tokens");
+  std::vector<int64_t> types;
+  if (f.has("tokenizer.ggml.token_type")) types = f.get_int_array("tokenizer.ggml.token_type");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto id = static_cast<int32_t>(i);
+    const int64_t type = i < types.size() ? types[i] : 1;
+    if (type == 3 || type == 4) spec.added_tokens.push_back({.id = id, .content = tokens[i], .special = type == 3});
+    else spec.vocab.emplace_back(tokens[i], id);
+  }
+  for (const std::string& m : strings(f, "tokenizer.ggml.merges")) {
+    const size_t space = m.find(' ');
+    LOOM_REQUIRE(space != std::string::npos && space > 0 && space + 1 < m.size(), where,
+                 ": tokenizer.ggml.merges: expected two tokens separated by a space, got '", m, "'");
+    spec.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
+  }
+  spec.ignore_merges = true;
+  spec.split = text::SplitPattern::llama3;
+  const auto id = [&f](const char* key) { return f.has(key) ? f.get_int<int32_t>(key) : -1; };
+  spec.bos_id = id("tokenizer.ggml.bos_token_id");
+  spec.eos_id = id("tokenizer.ggml.eos_token_id");
+  const char* add_bos = "tokenizer.ggml.add_bos_token";  // llama.cpp adds Llama 3's BOS unless told not to
+  spec.add_bos = spec.bos_id >= 0 && (!f.has(add_bos) || f.get_bool(add_bos));
+  return text::HfTokenizer::from_spec(std::move(spec), where + ": tokenizer.ggml.*");
+}
+
 // tokens padded to vocab_size with "[PAD<id>]", types with 5 (unused).
 void pad(std::vector<std::string>& tokens, std::vector<int32_t>& types, int64_t vocab_size) {
   LOOM_REQUIRE(vocab_size >= static_cast<int64_t>(tokens.size()), "the model's vocab_size ", vocab_size,
@@ -61,6 +95,28 @@ void add_gpt2(io::GgufWriter& w, const text::Gpt2Tokenizer& tok, int64_t vocab_s
   w.add("tokenizer.ggml.bos_token_id", io::GgufValue::u32(eot));
   w.add("tokenizer.ggml.eos_token_id", io::GgufValue::u32(eot));
   w.add("tokenizer.ggml.add_bos_token", io::GgufValue::boolean(false));
+}
+
+// A tokenizer.json's BPE as llama.cpp names it: pre "gpt-2" or "llama-bpe";
+// special added tokens control (3), the others user-defined (4).
+void add_hf(io::GgufWriter& w, const text::HfTokenizer& tok, int64_t vocab_size) {
+  const text::HfBpeSpec& spec = tok.spec();
+  LOOM_REQUIRE(spec.split.has_value() && !spec.add_prefix_space, "a tokenizer.json without a split pattern, or with "
+               "add_prefix_space, has no GGUF form (llama.cpp's gpt2 vocabularies split by a pattern, with no prefix)");
+  std::vector<std::string> tokens = tok.token_strings();
+  std::vector<int32_t> types(tokens.size(), 1);
+  for (const text::HfAddedToken& t : spec.added_tokens) types[static_cast<size_t>(t.id)] = t.special ? 3 : 4;
+  pad(tokens, types, vocab_size);
+  std::vector<std::string> merges;
+  for (const auto& [left, right] : spec.merges) merges.push_back(left + " " + right);
+  w.add("tokenizer.ggml.model", io::GgufValue::string("gpt2"));
+  w.add("tokenizer.ggml.pre", io::GgufValue::string(spec.split == text::SplitPattern::llama3 ? "llama-bpe" : "gpt-2"));
+  w.add("tokenizer.ggml.tokens", io::GgufValue::string_array(tokens));
+  w.add("tokenizer.ggml.token_type", io::GgufValue::array<int32_t>(types));
+  w.add("tokenizer.ggml.merges", io::GgufValue::string_array(merges));
+  if (tok.bos_id() >= 0) w.add("tokenizer.ggml.bos_token_id", io::GgufValue::u32(static_cast<uint32_t>(tok.bos_id())));
+  if (tok.eos_id() >= 0) w.add("tokenizer.ggml.eos_token_id", io::GgufValue::u32(static_cast<uint32_t>(tok.eos_id())));
+  w.add("tokenizer.ggml.add_bos_token", io::GgufValue::boolean(tok.add_bos()));
 }
 
 void add_spm(io::GgufWriter& w, const text::SentencePieceTokenizer& tok, int64_t vocab_size) {
@@ -89,9 +145,11 @@ void add_spm(io::GgufWriter& w, const text::SentencePieceTokenizer& tok, int64_t
 std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, const std::string& flag,
                                                  std::string* used) {
   if (!flag.empty() || !dir.gguf) {
-    const std::string from = flag.empty() ? kDefaultTokenizerDir : flag;
+    std::string from = flag;
+    if (from.empty()) from = text::hf_tokenizer_file_in(std::filesystem::path(dir.weights).parent_path().string());
+    if (from.empty()) from = kDefaultTokenizerDir;
     if (used) *used = from;
-    return std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::load(from));
+    return text::load_tokenizer(from);
   }
   const io::GgufFile f = io::GgufFile::open(dir.weights);
   LOOM_REQUIRE(f.has("tokenizer.ggml.model"), dir.weights, " carries no tokenizer (no tokenizer.ggml.model): give ",
@@ -101,6 +159,8 @@ std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, con
   if (kind == "llama")
     return std::make_unique<text::SentencePieceTokenizer>(
         text::SentencePieceTokenizer::from_vocab(spm_vocab(f), dir.weights + ": tokenizer.ggml.*"));
+  if (kind == "gpt2" && f.has("tokenizer.ggml.pre") && f.get_string("tokenizer.ggml.pre") == "llama-bpe")
+    return std::make_unique<text::HfTokenizer>(llama_bpe_tokenizer(f, dir.weights));
   LOOM_REQUIRE(kind == "gpt2", dir.weights, ": tokenizer.ggml.model is '", kind,
                "'; loom reads GGUF tokenizers of kinds 'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)");
   return std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::from_strings(
@@ -111,6 +171,7 @@ std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, con
 void gguf_add_tokenizer(io::GgufWriter& w, const text::Tokenizer& tok, int64_t vocab_size) {
   if (const auto* g = dynamic_cast<const text::Gpt2Tokenizer*>(&tok)) return add_gpt2(w, *g, vocab_size);
   if (const auto* s = dynamic_cast<const text::SentencePieceTokenizer*>(&tok)) return add_spm(w, *s, vocab_size);
+  if (const auto* h = dynamic_cast<const text::HfTokenizer*>(&tok)) return add_hf(w, *h, vocab_size);
   LOOM_CHECK(false, "a tokenizer of kind ", tok.kind(), " has no GGUF form");
 }
 

@@ -32,7 +32,7 @@
 #include "serve/model_store.h"
 #include "serve/modelfile.h"
 #include "serve/ollama_api.h"
-#include "text/bpe.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::cli {
 namespace {
@@ -72,15 +72,16 @@ class LocalServer {
   std::string url() const { return "http://127.0.0.1:" + std::to_string(server_.port()); }
 
  private:
-  // GPT-2's files, read when a model without its own tokenizer loads.
+  // --tokenizer's (GPT-2's files by default), read when a model without its
+  // own tokenizer loads.
   const text::Tokenizer& gpt2() {
-    std::call_once(tok_once_, [this] { tok_ = std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::load(tokenizer_dir_)); });
+    std::call_once(tok_once_, [this] { tok_ = text::load_tokenizer(tokenizer_dir_); });
     return *tok_;
   }
 
   std::string tokenizer_dir_;
   std::once_flag tok_once_;
-  std::unique_ptr<text::Gpt2Tokenizer> tok_;
+  std::unique_ptr<text::Tokenizer> tok_;
   serve::ModelStore store_;
   std::unique_ptr<serve::ModelManager> models_;
   serve::Api api_;
@@ -260,7 +261,9 @@ void add_run_commands(CLI::App& app, const std::string& default_host, int defaul
   run->add_option("prompt", a->prompt, "one message: answer it and exit (none: a conversation)");
   run->add_option("--host", a->host, "the loom serve to use if it runs (env LOOM_HOST)")->capture_default_str();
   run->add_option("--models", a->models, "the model store when running in this process (default ~/.loom/models)");
-  run->add_option("--tokenizer", a->tokenizer, "directory with GPT-2's encoder.json and vocab.bpe")
+  run->add_option("--tokenizer", a->tokenizer,
+                  "for models without their own: a tokenizer.json, or a directory holding one or GPT-2's "
+                  "encoder.json and vocab.bpe")
       ->capture_default_str();
   run->add_option("--threads", a->threads, "compute threads (in this process)")->capture_default_str();
   run->callback([a] { run_chat(*a); });

@@ -31,7 +31,7 @@
 #include "serve/model_store.h"
 #include "serve/ollama_api.h"
 #include "serve/store_models.h"
-#include "text/bpe.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::cli {
 namespace {
@@ -122,8 +122,7 @@ void run_serve(ServeArgs a) {
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();
   const StopSignals stop("draining: new requests get 503, those in flight finish");
   const std::unique_ptr<text::Tokenizer> tokenizer =
-      from_store ? std::make_unique<text::Gpt2Tokenizer>(
-                       text::Gpt2Tokenizer::load(a.tokenizer.empty() ? kDefaultTokenizerDir : a.tokenizer))
+      from_store ? text::load_tokenizer(a.tokenizer.empty() ? kDefaultTokenizerDir : a.tokenizer)
                  : model_tokenizer(model::load_model_dir(a.model_dir), a.tokenizer);
   const text::Tokenizer& tok = *tokenizer;
   std::unique_ptr<serve::ModelStore> store;

@@ -3,15 +3,14 @@
 // string, invalid UTF-8 included, round-trips: decode(encode(s)) == s.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "text/byte_bpe.h"
+#include "text/split_patterns.h"
 #include "text/tokenizer.h"
 
 namespace loom::text {
@@ -42,7 +41,7 @@ class Gpt2Tokenizer : public Tokenizer {
   std::string token_bytes(int32_t id) const override;
 
   std::string_view kind() const override { return "gpt2"; }
-  int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
+  int32_t vocab_size() const override { return bpe_.size(); }
   int32_t eot_id() const { return eot_id_; }
   int32_t eos_id() const override { return eot_id_; }
   // The vocabulary as from_strings takes it (written to GGUF files).
@@ -50,26 +49,9 @@ class Gpt2Tokenizer : public Tokenizer {
   const std::vector<std::string>& merge_strings() const { return merge_strings_; }
 
  private:
-  struct Merge {
-    int32_t rank;    // line order in vocab.bpe: lower merges first
-    int32_t merged;  // id of the concatenation
-  };
-  struct Cache;  // piece -> ids, shared by const encode calls
-
-  std::vector<int32_t> bpe(std::string_view piece) const;
-
-  std::vector<std::string> token_bytes_;          // id -> the bytes it stands for
-  std::array<int32_t, 256> byte_token_{};         // byte -> id of its one-byte token
-  std::unordered_map<uint64_t, Merge> merges_;    // (left << 32 | right) -> merge
+  ByteBpe bpe_;
   std::vector<std::string> token_strings_, merge_strings_;
   int32_t eot_id_ = -1;
-  std::shared_ptr<Cache> cache_;
 };
-
-// The end of the pre-token of GPT-2's pattern that starts at text[pos]:
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// Each byte that is not part of valid UTF-8 counts as one non-letter,
-// non-number, non-space character. Exposed for tests.
-size_t gpt2_pretoken_end(std::string_view text, size_t pos);
 
 }  // namespace loom::text

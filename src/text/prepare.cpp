@@ -14,15 +14,16 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "text/bpe.h"
 #include "text/brown.h"
 #include "text/shards.h"
+#include "text/tokenizer_files.h"
 
 namespace fs = std::filesystem;
 
@@ -238,8 +239,13 @@ struct Document {
   std::string warning;  // why the file does not look like text, or empty
 };
 
-// Each document: EOT, then the tokens of its text.
-Document tokenize_document(const Gpt2Tokenizer& tok, const std::string& path, CorpusFormat format) {
+// The token before each document (prepare.h).
+int32_t document_delimiter(const Tokenizer& tok) {
+  return tok.add_bos() && tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id();
+}
+
+// Each document: its delimiter, then the tokens of its text.
+Document tokenize_document(const Tokenizer& tok, const std::string& path, CorpusFormat format) {
   Document doc;
   std::string text = read_file(path);
   const std::string why = non_text_reason(text);
@@ -249,12 +255,12 @@ Document tokenize_document(const Gpt2Tokenizer& tok, const std::string& path, Co
   }
   if (format == CorpusFormat::brown) text = brown_to_text(text);
   doc.tokens = tok.encode(text);
-  doc.tokens.insert(doc.tokens.begin(), tok.eot_id());
+  doc.tokens.insert(doc.tokens.begin(), document_delimiter(tok));
   return doc;
 }
 
 // Documents [begin, end) tokenised by `threads` workers; the first error wins.
-std::vector<Document> tokenize_group(const Gpt2Tokenizer& tok, const std::vector<std::string>& files, int64_t begin,
+std::vector<Document> tokenize_group(const Tokenizer& tok, const std::vector<std::string>& files, int64_t begin,
                                      int64_t end, CorpusFormat format, int threads) {
   std::vector<Document> docs(static_cast<size_t>(end - begin));
   std::atomic<int64_t> next{begin};
@@ -387,10 +393,10 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
   LOOM_REQUIRE(opt.shard_tokens >= 1, "data prepare: --shard-tokens must be at least 1, not ", opt.shard_tokens);
   LOOM_REQUIRE(opt.shard_tokens <= INT32_MAX, "data prepare: --shard-tokens ", opt.shard_tokens,
                " exceeds the format's int32 token count");
-  LOOM_REQUIRE(fs::exists(opt.tokenizer_dir), "tokenizer directory '", opt.tokenizer_dir,
-               "' does not exist (it should hold GPT-2's encoder.json and vocab.bpe; run scripts/fetch-data.sh)");
-  LOOM_REQUIRE(fs::is_directory(opt.tokenizer_dir), "tokenizer '", opt.tokenizer_dir,
-               "' is a file: a directory holding GPT-2's encoder.json and vocab.bpe is expected");
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(opt.tokenizer);
+  const Tokenizer& tok = *tokenizer;
+  LOOM_REQUIRE(document_delimiter(tok) >= 0, "tokenizer '", opt.tokenizer,
+               "' has no end-of-text token (nor a BOS it adds) to separate documents with");
   const auto warn = [&](const std::string& line) { opt.warn ? opt.warn(line) : log_warn(line); };
   const OutputDir out = resolve_output_dir(opt.output_dir);
   const InputFiles inputs = expand_inputs(opt.inputs, opt.format, opt.output_dir);
@@ -416,7 +422,6 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
   }
   LOOM_REQUIRE(summary.input_bytes > 0, "data prepare: the input is empty (", n, " files, 0 bytes)");
 
-  const Gpt2Tokenizer tok = Gpt2Tokenizer::load(opt.tokenizer_dir);
   summary.vocab_size = tok.vocab_size();
   summary.shard_version = shard_version_for_vocab(tok.vocab_size());
   StagedOutput stage(out);

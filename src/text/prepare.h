@@ -1,6 +1,8 @@
 // Corpus -> token shards (`loom data prepare`): each input file is one
-// document; a document is written as EOT followed by its tokens, as llm.c's
-// data scripts do (dev/data/fineweb.py), so EOT separates documents.
+// document; a document is written as a delimiter followed by its tokens, as
+// llm.c's data scripts do (dev/data/fineweb.py): the BOS where the tokenizer
+// adds one to a text (Llama 3's <|begin_of_text|>), else the EOS (GPT-2's
+// <|endoftext|>), so the delimiter separates documents.
 // n_val = round(val_fraction * documents) documents, spread evenly over the
 // input order (document i is val when floor((i+1) n_val / n) > floor(i n_val / n)),
 // go to val_NNNNNN.bin; the rest to train_NNNNNN.bin, in input order. Spreading
@@ -30,7 +32,7 @@ enum class CorpusFormat {
 };
 
 struct PrepareOptions {
-  std::string tokenizer_dir;        // encoder.json + vocab.bpe
+  std::string tokenizer;            // as text::load_tokenizer takes it (a tokenizer.json, or a dir with one or GPT-2's)
   std::vector<std::string> inputs;  // files or directories (see expand_inputs)
   std::string output_dir;           // created if missing; replaced by the new shards (see above)
   CorpusFormat format = CorpusFormat::text;
@@ -46,7 +48,7 @@ struct PrepareOptions {
 
 struct SplitSummary {
   int64_t documents = 0;
-  int64_t tokens = 0;  // EOTs included
+  int64_t tokens = 0;  // delimiters included
   std::vector<std::string> files;
 };
 

@@ -1,7 +1,9 @@
 // What the CLI and the serving path need of a tokenizer, whichever kind a
-// model carries: GPT-2's byte-level BPE (bpe.h) or Llama's SentencePiece BPE
-// (sentencepiece.h). One interface, chosen from the model's files
-// (cli/model_tokenizer.h), as llama.cpp's llama_vocab is.
+// model carries: GPT-2's byte-level BPE (bpe.h), a Hugging Face
+// tokenizer.json's byte-level BPE (hf_tokenizer.h: GPT-2's, Llama 3's) or
+// Llama's SentencePiece BPE (sentencepiece.h). One interface, chosen from the
+// model's files (cli/model_tokenizer.h, text/tokenizer_files.h), as
+// llama.cpp's llama_vocab is.
 #pragma once
 
 #include <cstdint>

@@ -239,7 +239,7 @@ class PrepareBrown : public ::testing::Test {
   }
   PrepareOptions options() const {
     PrepareOptions opt;
-    opt.tokenizer_dir = kEncoderDir.string();
+    opt.tokenizer = kEncoderDir.string();
     opt.inputs = {(dir_ / "in").string()};
     opt.output_dir = (dir_ / "out").string();
     opt.format = CorpusFormat::brown;
@@ -315,7 +315,7 @@ TEST_F(PrepareBrown, UserMistakesAreErrors) {
   write_bytes(dir_ / "in" / "ca02", "");
   opt.val_fraction = 0.5;
   expect_error([&] { prepare_shards(opt); }, {"input is empty"});
-  opt.tokenizer_dir = (dir_ / "no_tokenizer").string();
+  opt.tokenizer = (dir_ / "no_tokenizer").string();
   expect_error([&] { prepare_shards(opt); }, {"no_tokenizer", "does not exist"});
   write_bytes(dir_ / "in" / "ca01", "\tA/at ./.\n");
   opt = options();
@@ -367,7 +367,7 @@ class PrepareText : public ::testing::Test {
   }
   PrepareOptions options(const fs::path& out) {
     PrepareOptions opt;
-    opt.tokenizer_dir = kEncoderDir.string();
+    opt.tokenizer = kEncoderDir.string();
     opt.inputs = {(dir_ / "in").string()};
     opt.output_dir = out.string();
     opt.val_fraction = 0.5;
@@ -442,8 +442,9 @@ TEST_F(PrepareText, PathKindMistakesAreErrorsThatSaySo) {
   expect_error([&] { prepare_shards(opt); }, {"output '", "file' is an existing file, not a directory"});
   EXPECT_EQ(read_bytes(dir_ / "file"), "x");
   opt = options(dir_ / "out");
-  opt.tokenizer_dir = (kEncoderDir / "encoder.json").string();
-  expect_error([&] { prepare_shards(opt); }, {"encoder.json' is a file: a directory holding GPT-2's"});
+  opt.tokenizer = (kEncoderDir / "encoder.json").string();
+  expect_error([&] { prepare_shards(opt); },
+               {"encoder.json' is one of GPT-2's two files: give the directory holding encoder.json and vocab.bpe"});
   // An output directory holding anything but shards would lose it to the swap.
   fs::create_directories(dir_ / "notes");
   write_bytes(dir_ / "notes" / "README", "keep me");

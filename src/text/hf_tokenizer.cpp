@@ -1,0 +1,251 @@
+#include "text/hf_tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+
+#include "core/error.h"
+#include "text/bpe.h"
+
+namespace loom::text {
+namespace {
+
+// id -> token string, from model.vocab and added_tokens together: every id
+// from 0 to the largest has exactly one string.
+std::vector<std::string> token_table(const HfBpeSpec& spec, const std::string& where) {
+  LOOM_REQUIRE(!spec.vocab.empty(), where, ": model.vocab is empty");
+  const size_t count = spec.vocab.size() + spec.added_tokens.size();
+  int32_t max_id = -1;
+  for (const auto& [token, id] : spec.vocab) {
+    LOOM_REQUIRE(id >= 0 && static_cast<size_t>(id) < count, where, ": model.vocab: token '", token, "' has id ", id,
+                 "; with ", count, " tokens (model.vocab and added_tokens) the ids must lie in [0, ", count, ")");
+    max_id = std::max(max_id, id);
+  }
+  for (const HfAddedToken& t : spec.added_tokens) {
+    LOOM_REQUIRE(t.id >= 0 && static_cast<size_t>(t.id) < count, where, ": added_tokens: '", t.content, "' has id ",
+                 t.id, "; with ", count, " tokens (model.vocab and added_tokens) the ids must lie in [0, ", count, ")");
+    LOOM_REQUIRE(!t.content.empty(), where, ": added_tokens: the token of id ", t.id, " has an empty content");
+    max_id = std::max(max_id, t.id);
+  }
+  std::vector<std::string> table(static_cast<size_t>(max_id) + 1);
+  std::vector<bool> taken(table.size(), false);
+  for (const auto& [token, id] : spec.vocab) {
+    LOOM_REQUIRE(!taken[id], where, ": model.vocab: id ", id, " is given to both '", table[id], "' and '", token, "'");
+    table[id] = token, taken[id] = true;
+  }
+  for (const HfAddedToken& t : spec.added_tokens) {
+    LOOM_REQUIRE(!taken[t.id] || table[t.id] == t.content, where, ": added_tokens: '", t.content, "' has id ", t.id,
+                 ", which is already the id of '", table[t.id], "'");
+    table[t.id] = t.content, taken[t.id] = true;
+  }
+  const auto gap = std::find(taken.begin(), taken.end(), false);
+  LOOM_REQUIRE(gap == taken.end(), where, ": no token has id ", gap - taken.begin(),
+               " (the ids of model.vocab and added_tokens must run from 0 without gaps)");
+  return table;
+}
+
+std::string byte_name(int b) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "0x%02X", b);
+  return hex;
+}
+
+bool is_word_char(const Utf8Char& c) {
+  return c.cls == CharClass::kLetter || c.cls == CharClass::kNumber || c.cp == U'_';
+}
+
+// The character that ends at s[pos - 1] (pos > 0).
+Utf8Char char_before(std::string_view s, size_t pos) {
+  size_t start = pos - 1;
+  for (int k = 0; k < 3 && start > 0 && (static_cast<uint8_t>(s[start]) & 0xC0) == 0x80; ++k) --start;
+  const Utf8Char c = utf8_char_at(s, start);
+  return start + c.len == pos ? c : Utf8Char{1, kNotUtf8, CharClass::kOther};
+}
+
+// Where the whitespace that ends s[lo, pos) begins (pos when none does).
+size_t trailing_space_start(std::string_view s, size_t lo, size_t pos) {
+  const std::string_view head = s.substr(0, pos);
+  size_t start = pos;
+  for (size_t k = lo; k < pos;) {
+    const Utf8Char c = utf8_char_at(head, k);
+    if (c.cls != CharClass::kSpace) start = pos;
+    else if (start == pos) start = k;
+    k += c.len;
+  }
+  return start;
+}
+
+size_t leading_space_end(std::string_view s, size_t pos) {
+  while (pos < s.size()) {
+    const Utf8Char c = utf8_char_at(s, pos);
+    if (c.cls != CharClass::kSpace) break;
+    pos += c.len;
+  }
+  return pos;
+}
+
+}  // namespace
+
+struct HfTokenizer::Part {
+  size_t begin, end;
+  int32_t id;  // an added token's; -1: text to pre-tokenise
+};
+
+HfBpeSpec hf_spec_of_gpt2(const Gpt2Tokenizer& tok) {
+  HfBpeSpec spec;
+  const std::vector<std::string>& tokens = tok.token_strings();
+  spec.vocab.reserve(tokens.size());
+  for (size_t id = 0; id < tokens.size(); ++id) spec.vocab.emplace_back(tokens[id], static_cast<int32_t>(id));
+  for (const std::string& m : tok.merge_strings()) {
+    const size_t space = m.find(' ');  // from_strings checked: exactly one, inside
+    spec.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
+  }
+  spec.added_tokens.push_back({.id = tok.eot_id(), .content = tokens[tok.eot_id()], .special = true});
+  spec.split = SplitPattern::gpt2;
+  spec.bos_id = spec.eos_id = tok.eot_id();
+  return spec;
+}
+
+HfTokenizer HfTokenizer::from_spec(HfBpeSpec spec, const std::string& where) {
+  HfTokenizer tok;
+  tok.token_strings_ = token_table(spec, where);
+  const auto n = static_cast<int32_t>(tok.token_strings_.size());
+  std::unordered_map<std::string, int32_t> vocab_ids;  // model.vocab only: merges and bytes refer to it
+  for (const auto& [token, id] : spec.vocab) vocab_ids.emplace(token, id);
+
+  std::vector<std::string> bytes(tok.token_strings_.size());
+  for (int32_t id = 0; id < n; ++id)
+    if (!byte_level_to_bytes(tok.token_strings_[id], bytes[id])) bytes[id] = tok.token_strings_[id];
+  std::array<int32_t, 256> byte_ids{};
+  for (int b = 0; b < 256; ++b) {
+    const std::string token = bytes_to_byte_level(std::string(1, static_cast<char>(b)));
+    const auto it = vocab_ids.find(token);
+    LOOM_REQUIRE(it != vocab_ids.end(), where, ": model.vocab has no token for byte ", byte_name(b), " ('", token,
+                 "'): a byte-level vocabulary has one for each of the 256 bytes");
+    byte_ids[b] = it->second;
+  }
+  tok.bpe_ = ByteBpe(std::move(bytes), byte_ids);
+  for (size_t i = 0; i < spec.merges.size(); ++i) {
+    const auto& [left, right] = spec.merges[i];
+    const auto l = vocab_ids.find(left), r = vocab_ids.find(right), m = vocab_ids.find(left + right);
+    LOOM_REQUIRE(l != vocab_ids.end() && r != vocab_ids.end(), where, ": model.merges[", i, "]: merge '", left, " ",
+                 right, "' uses a token that is not in model.vocab");
+    LOOM_REQUIRE(m != vocab_ids.end(), where, ": model.merges[", i, "]: the merge of '", left, "' and '", right,
+                 "' gives '", left + right, "', which is not in model.vocab");
+    LOOM_REQUIRE(tok.bpe_.add_merge(l->second, r->second, m->second), where, ": model.merges[", i, "]: merge '", left,
+                 " ", right, "' is listed twice");
+  }
+  if (spec.ignore_merges)
+    for (const auto& [token, id] : spec.vocab)
+      if (std::string b; byte_level_to_bytes(token, b)) tok.piece_ids_.emplace(std::move(b), id);
+  tok.special_.assign(tok.token_strings_.size(), 0);
+  for (const HfAddedToken& t : spec.added_tokens) tok.special_[t.id] = t.special ? 1 : 0;
+  for (const auto& [name, id] : {std::pair{"BOS", spec.bos_id}, {"EOS", spec.eos_id}})
+    LOOM_REQUIRE(id >= -1 && id < n, where, ": the ", name, " token id ", id, " is outside the vocabulary [0, ", n,
+                 ")");
+  tok.spec_ = std::move(spec);
+  tok.build_added_index();
+  return tok;
+}
+
+void HfTokenizer::build_added_index() {
+  raw_added_.assign(256, {});
+  normalized_added_.assign(256, {});
+  for (size_t i = 0; i < spec_.added_tokens.size(); ++i) {
+    const HfAddedToken& t = spec_.added_tokens[i];
+    (t.normalized ? normalized_added_ : raw_added_)[static_cast<uint8_t>(t.content[0])].push_back(i);
+  }
+  for (AddedIndex* index : {&raw_added_, &normalized_added_})
+    for (std::vector<size_t>& list : *index)
+      std::stable_sort(list.begin(), list.end(), [this](size_t a, size_t b) {
+        return spec_.added_tokens[a].content.size() > spec_.added_tokens[b].content.size();
+      });
+}
+
+// Leftmost-longest matches of the index's tokens; a single_word token whose
+// match touches a word character is no match there.
+std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, const AddedIndex& index) const {
+  std::vector<Part> parts;
+  size_t text_begin = 0;
+  for (size_t i = 0; i < text.size();) {
+    const HfAddedToken* match = nullptr;
+    for (const size_t k : index[static_cast<uint8_t>(text[i])]) {
+      const HfAddedToken& t = spec_.added_tokens[k];
+      if (!text.substr(i).starts_with(t.content)) continue;
+      const size_t end = i + t.content.size();
+      const bool alone = !t.single_word || ((i == 0 || !is_word_char(char_before(text, i))) &&
+                                            (end == text.size() || !is_word_char(utf8_char_at(text, end))));
+      if (alone) match = &t;
+      break;
+    }
+    if (match == nullptr) {
+      ++i;
+      continue;
+    }
+    const size_t begin = match->lstrip ? trailing_space_start(text, text_begin, i) : i;
+    const size_t end = match->rstrip ? leading_space_end(text, i + match->content.size()) : i + match->content.size();
+    if (begin > text_begin) parts.push_back({text_begin, begin, -1});
+    parts.push_back({begin, end, match->id});
+    i = text_begin = end;
+  }
+  if (text_begin < text.size()) parts.push_back({text_begin, text.size(), -1});
+  return parts;
+}
+
+std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3);
+  for (const Part& p : split_added(text, raw_added_)) {
+    if (p.id >= 0) {
+      ids.push_back(p.id);
+      continue;
+    }
+    const std::string_view sub = text.substr(p.begin, p.end - p.begin);
+    for (const Part& q : split_added(sub, normalized_added_)) {
+      if (q.id >= 0) ids.push_back(q.id);
+      else encode_text(sub.substr(q.begin, q.end - q.begin), ids);
+    }
+  }
+  return ids;
+}
+
+void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids) const {
+  std::string prefixed;
+  if (spec_.add_prefix_space && !text.starts_with(' ')) {
+    prefixed = " ";
+    prefixed += text;
+    text = prefixed;
+  }
+  if (!spec_.split) return encode_pretoken(text, ids);
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t end = pretoken_end(*spec_.split, text, pos);
+    encode_pretoken(text.substr(pos, end - pos), ids);
+    pos = end;
+  }
+}
+
+void HfTokenizer::encode_pretoken(std::string_view piece, std::vector<int32_t>& ids) const {
+  if (spec_.ignore_merges) {
+    const auto it = piece_ids_.find(std::string(piece));
+    if (it != piece_ids_.end()) {
+      ids.push_back(it->second);
+      return;
+    }
+  }
+  const std::vector<int32_t> piece_ids = bpe_.encode_piece(piece);
+  ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+}
+
+std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string text;
+  for (const int32_t id : ids) {
+    LOOM_REQUIRE(id >= 0 && id < vocab_size(), "decode: token id ", id, " is outside the vocabulary [0, ",
+                 vocab_size(), ")");
+    if (!special_[id]) text += bpe_.bytes(id);
+  }
+  return text;
+}
+
+std::string HfTokenizer::token_bytes(int32_t id) const { return decode(std::span<const int32_t>(&id, 1)); }
+
+}  // namespace loom::text

@@ -1,0 +1,54 @@
+#include "text/tokenizer_files.h"
+
+#include <filesystem>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "text/bpe.h"
+
+namespace loom::text {
+
+namespace fs = std::filesystem;
+
+std::string hf_tokenizer_file_in(const std::string& dir) {
+  std::error_code ec;
+  const fs::path file = fs::path(dir) / kHfTokenizerFile;
+  return fs::is_regular_file(file, ec) ? file.string() : std::string();
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  std::error_code ec;
+  LOOM_REQUIRE(fs::exists(path, ec), "tokenizer '", path,
+               "' does not exist: give a Hugging Face tokenizer.json, or a directory holding one or GPT-2's "
+               "encoder.json and vocab.bpe (run scripts/fetch-data.sh for GPT-2's)");
+  if (!fs::is_directory(path, ec)) {
+    const std::string name = fs::path(path).filename().string();
+    LOOM_REQUIRE(name != "encoder.json" && name != "vocab.bpe", "tokenizer '", path,
+                 "' is one of GPT-2's two files: give the directory holding encoder.json and vocab.bpe, or a "
+                 "Hugging Face tokenizer.json");
+    return std::make_unique<HfTokenizer>(load_hf_tokenizer(path));
+  }
+  if (const std::string file = hf_tokenizer_file_in(path); !file.empty())
+    return std::make_unique<HfTokenizer>(load_hf_tokenizer(file));
+  LOOM_REQUIRE(fs::exists(fs::path(path) / "encoder.json", ec), "tokenizer directory '", path,
+               "' holds neither a tokenizer.json nor GPT-2's encoder.json and vocab.bpe (run scripts/fetch-data.sh "
+               "for GPT-2's)");
+  return std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load(path));
+}
+
+bool save_hf_tokenizer_files(const std::string& dir, const Tokenizer& tok, const TokenizerConfigExtras& extras) {
+  const auto* hf = dynamic_cast<const HfTokenizer*>(&tok);
+  std::unique_ptr<HfTokenizer> converted;
+  if (const auto* gpt2 = dynamic_cast<const Gpt2Tokenizer*>(&tok)) {
+    converted = std::make_unique<HfTokenizer>(HfTokenizer::from_spec(hf_spec_of_gpt2(*gpt2), "GPT-2's vocabulary"));
+    hf = converted.get();
+  }
+  if (hf == nullptr) return false;
+  const std::string json = tokenizer_json_text(*hf);
+  const std::string config = tokenizer_config_json_text(*hf, extras);
+  write_file_atomic((fs::path(dir) / kHfTokenizerFile).string(), json);
+  write_file_atomic((fs::path(dir) / kHfTokenizerConfigFile).string(), config);
+  return true;
+}
+
+}  // namespace loom::text

@@ -1,0 +1,28 @@
+// Which tokenizer a path names, and a tokenizer written beside a model as
+// Hugging Face's files. One place decides, for --tokenizer, `data prepare`
+// and a model directory's own tokenizer (cli/model_tokenizer.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "text/hf_tokenizer_json.h"
+#include "text/tokenizer.h"
+
+namespace loom::text {
+
+// path: a Hugging Face tokenizer.json (any file name), a directory holding
+// one, or a directory holding GPT-2's encoder.json and vocab.bpe (when it
+// holds both kinds, tokenizer.json). loom::Error naming the path and what is
+// expected otherwise, or for a file that cannot be read.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// dir/tokenizer.json when that is a file, else "".
+std::string hf_tokenizer_file_in(const std::string& dir);
+
+// Writes dir/tokenizer.json and dir/tokenizer_config.json (each atomically)
+// for tok: GPT-2's BPE or a tokenizer.json's. False, writing nothing, for a
+// kind that has no tokenizer.json form here (SentencePiece).
+bool save_hf_tokenizer_files(const std::string& dir, const Tokenizer& tok, const TokenizerConfigExtras& extras);
+
+}  // namespace loom::text
