@@ -58,7 +58,8 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   owned->weights = load_weights(dir, a.dtype, "--dtype", a.dequantize, owned->pools);
   if (owned->weights.quant) log_info("serve: model ", name, ": ", weights_description(owned->weights, a.dtype));
   owned->engine = std::make_unique<infer::Engine>(dir.config, owned->weights.params, owned->pools,
-                                                  engine_config(a, dir.config, context), owned->weights.quant_or_null());
+                                                  engine_config(a, dir.config, context),
+                                                  owned->weights.quant_or_null());
   const infer::EngineConfig& c = owned->engine->config();
   auto m = std::make_shared<serve::LoadedModel>();
   m->name = name;

@@ -51,7 +51,8 @@ BlockHash weights_fingerprint(const model::ModelConfig& cfg, const Tensor& param
   Sha256 sha;
   const size_t elem = dtype_size(params.dtype());
   for (const model::ParamSpec& s : model::param_specs(cfg))
-    if (!quant->holds(s.name)) sha.update(bytes + static_cast<size_t>(s.offset) * elem, static_cast<size_t>(s.numel()) * elem);
+    if (!quant->holds(s.name))
+      sha.update(bytes + static_cast<size_t>(s.offset) * elem, static_cast<size_t>(s.numel()) * elem);
   for (const std::string& name : quant->names()) {
     const Tensor& b = quant->blocks(name);
     sha.update(b.data(), b.nbytes());

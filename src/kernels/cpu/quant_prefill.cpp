@@ -38,7 +38,7 @@ namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
 constexpr int kLanes = 16;              // outputs of a group, one per f32 lane
-constexpr int64_t kRowBlock = 128;      // x's rows an item takes past its groups
+constexpr int64_t kRowBlock = 512;      // x's rows an item takes past its groups
 constexpr int64_t kGroupsPerItem = 4;   // groups of 16 outputs an item takes
 constexpr int kRowTile = 8;             // rows sharing one block's weight vectors
 
@@ -48,6 +48,12 @@ struct alignas(64) PackedBlock {
   float d[kLanes];
   uint8_t q[kQK * kLanes];
 };
+
+// Row i of rows `bytes` apart from base, as blocks of B.
+template <typename B>
+const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
+  return reinterpret_cast<const B*>(base + static_cast<size_t>(i) * bytes);
+}
 
 // What the u8 form adds to a weight value (q8_0: qs + 128; q4_0: the nibble
 // is already value + 8).
@@ -101,7 +107,7 @@ void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_
   __m512 s[R];
   const block_q8_0* a[R];
   for (int r = 0; r < R; ++r)
-    s[r] = _mm512_setzero_ps(), a[r] = reinterpret_cast<const block_q8_0*>(o.a + static_cast<size_t>(m + r) * o.a_row);
+    s[r] = _mm512_setzero_ps(), a[r] = row_at<block_q8_0>(o.a, o.a_row, m + r);
   for (int64_t b = 0; b < o.nb; ++b) {
     const __m512 dw = _mm512_load_ps(p[b].d);
     __m512i wq[8];
@@ -129,7 +135,7 @@ RowBlocks prepare_q8_0(const QuantOperands& o) {
 #pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < o.N; ++m)
     for (int64_t b = 0; b < o.nb; ++b) {
-      const auto& blk = reinterpret_cast<const block_q8_0*>(o.a + static_cast<size_t>(m) * o.a_row)[b];
+      const auto& blk = row_at<block_q8_0>(o.a, o.a_row, m)[b];
       const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
       const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qs);
       const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
@@ -184,7 +190,7 @@ struct SuperK4 {
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < o.N; ++m)
       for (int64_t b = 0; b < o.nb; ++b) {
-        const auto& blk = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m) * o.a_row)[b];
+        const auto& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
         d[m * o.nb + b] = blk.d;
         for (int j = 0; j < 8; ++j) sums[(m * o.nb + b) * 8 + j] = blk.bsums[2 * j] + blk.bsums[2 * j + 1];
       }
@@ -193,7 +199,7 @@ struct SuperK4 {
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
-      const auto* row = reinterpret_cast<const block_q4_K*>(o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row);
+      const auto* row = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
         const block_q4_K& blk = row[b];
         p[b].d[c] = from_f16(blk.d), p[b].dmin[c] = from_f16(blk.dmin);
@@ -229,7 +235,8 @@ struct SuperK4 {
       }
       const __m512i sl = _mm512_load_si512(w.sc[2 * r]), sh = _mm512_load_si512(w.sc[2 * r + 1]);
       for (int i = 0; i < R; ++i)
-        isum[i] = _mm512_add_epi32(isum[i], _mm512_add_epi32(_mm512_mullo_epi32(sl, lo[i]), _mm512_mullo_epi32(sh, hi[i])));
+        isum[i] = _mm512_add_epi32(isum[i],
+                                   _mm512_add_epi32(_mm512_mullo_epi32(sl, lo[i]), _mm512_mullo_epi32(sh, hi[i])));
     }
   }
 
@@ -238,7 +245,7 @@ struct SuperK4 {
     __m512 s[R];
     const block_q8_K* a[R];
     for (int i = 0; i < R; ++i)
-      s[i] = _mm512_setzero_ps(), a[i] = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m + i) * o.a_row);
+      s[i] = _mm512_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
     for (int64_t b = 0; b < o.nb; ++b) {
       __m512i isum[R];
       isums<R>(p[b], a, b, isum);
@@ -284,7 +291,7 @@ struct SuperK6 {
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < o.N; ++m)
       for (int64_t b = 0; b < o.nb; ++b) {
-        const auto& blk = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m) * o.a_row)[b];
+        const auto& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
         d[m * o.nb + b] = blk.d;
         for (int j = 0; j < 16; ++j) bsums[(m * o.nb + b) * 16 + j] = blk.bsums[j];
       }
@@ -307,7 +314,7 @@ struct SuperK6 {
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
-      const auto* row = reinterpret_cast<const block_q6_K*>(o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row);
+      const auto* row = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
         p[b].d[c] = from_f16(row[b].d);
         for (int j = 0; j < 16; ++j) p[b].sc[j][c] = row[b].scales[j];
@@ -323,7 +330,7 @@ struct SuperK6 {
     __m512 s[R];
     const block_q8_K* a[R];
     for (int i = 0; i < R; ++i)
-      s[i] = _mm512_setzero_ps(), a[i] = reinterpret_cast<const block_q8_K*>(o.a + static_cast<size_t>(m + i) * o.a_row);
+      s[i] = _mm512_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
     for (int64_t b = 0; b < o.nb; ++b) {
       __m512i isum[R];
       for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
