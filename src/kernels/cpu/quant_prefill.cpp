@@ -394,10 +394,10 @@ bool quant_prefill(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q4_0) return run_packed<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q4_K) return run_packed<SuperK4>(o), true;
   if (wtype == QuantType::q6_K) return run_packed<SuperK6>(o), true;
-#else
-  (void)wtype, (void)o;
-#endif
   return false;
+#else
+  return quant_prefill8(wtype, o);
+#endif
 }
 
 }  // namespace loom::kernels::cpu::LOOM_ISA

@@ -1,0 +1,270 @@
+// quant_prefill.cpp's repacked path at 8 outputs a vector, for levels with
+// AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0 and q4_K.
+//
+// Lane c of a 32-byte vector holds four consecutive values of weight row c;
+// vpmaddubsw multiplies them with four bytes of x broadcast (unsigned times
+// signed, pairs summed in int16) and vpmaddwd against ones adds the pairs:
+// four products into each of the 8 outputs' int32 lanes. The pairs must not
+// saturate: q4_0's and q4_K's nibbles (0..15) go as they are (|pair| <= 2 *
+// 15 * 128), q8_0's values as |w| against x with w's sign (|pair| <= 2 *
+// 128 * 127), as quant_linear.cpp's dot_s8 does. All integer steps are exact;
+// the float steps are the reference's per lane in its order, so the bits are
+// quant.h's vec_dot's (tests/kernels/test_quant_linear.cpp at each level).
+#include "kernels/cpu/quant_prefill.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/cpu/scratch.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512VNNI__))
+#define LOOM_QUANT_PREFILL8 1
+#include <immintrin.h>
+#endif
+
+namespace loom::kernels::cpu::LOOM_ISA {
+
+#if defined(LOOM_QUANT_PREFILL8)
+namespace {
+
+constexpr int kLanes = 8;
+constexpr int64_t kRowBlock = 512, kGroupsPerItem = 8;
+constexpr int kRowTile = 4;
+
+template <typename B>
+const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
+  return reinterpret_cast<const B*>(base + static_cast<size_t>(i) * bytes);
+}
+
+inline __m256i load(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+// Four u8 x s8 products per int32 lane.
+inline __m256i dot4(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
+
+// Lane c's 4 bytes of each of the 8 int32 words of v to q + 32 k + 4 c.
+inline void scatter_lane(uint8_t* q, int c, __m256i v) {
+  alignas(32) uint32_t four[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(four), v);
+  for (int k = 0; k < 8; ++k) std::memcpy(q + 32 * k + 4 * c, &four[k], 4);
+}
+
+template <int R>
+void store_rows(const __m256 (&s)[R], const QuantOperands& o, int64_t m, int64_t n0) {
+  const int64_t cols = std::min<int64_t>(kLanes, o.OC - n0);
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float v[kLanes];
+    _mm256_store_ps(v, s[r]);
+    for (int64_t c = 0; c < cols; ++c) o.y[(m + r) * o.OC + n0 + c] = o.bias != nullptr ? v[c] + o.bias[n0 + c] : v[c];
+  }
+}
+
+// q8_0 / q4_0 against q8_0 activations.
+struct alignas(32) Packed32 {
+  float d[kLanes];
+  uint8_t u[8][32];  // q8_0: |w|; q4_0: the nibble (value + 8)
+  int8_t w[8][32];   // q8_0: w, for its sign
+};
+
+template <QuantType T>
+struct Block32 {
+  using Packed = Packed32;
+  struct Rows {
+    const float* d;
+    const int32_t* sum;  // q4_0's offset: the block's sum of x
+  };
+  static constexpr int kTile = kRowTile;
+
+  static Rows prepare(const QuantOperands& o) {
+    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+    auto* sum = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < o.N; ++m)
+      for (int64_t b = 0; b < o.nb; ++b) {
+        const block_q8_0& blk = row_at<block_q8_0>(o.a, o.a_row, m)[b];
+        int32_t t = 0;
+        for (int j = 0; j < kQK; ++j) t += blk.qs[j];
+        d[m * o.nb + b] = from_f16(blk.d), sum[m * o.nb + b] = t;
+      }
+    return {d, sum};
+  }
+
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
+    for (int c = 0; c < kLanes; ++c) {
+      const std::byte* row = o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row;
+      for (int64_t b = 0; b < o.nb; ++b) {
+        if constexpr (T == QuantType::q8_0) {
+          const block_q8_0& blk = reinterpret_cast<const block_q8_0*>(row)[b];
+          p[b].d[c] = from_f16(blk.d);
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+          scatter_lane(&p[b].u[0][0], c, _mm256_abs_epi8(w));
+          scatter_lane(reinterpret_cast<uint8_t*>(&p[b].w[0][0]), c, w);
+        } else {
+          const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(row)[b];
+          p[b].d[c] = from_f16(blk.d);
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+          scatter_lane(&p[b].u[0][0], c,
+                       _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf)));
+        }
+      }
+    }
+  }
+
+  template <int R>
+  static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
+    __m256 s[R];
+    const block_q8_0* a[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps(), a[r] = row_at<block_q8_0>(o.a, o.a_row, m + r);
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m256i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i u = load(p[b].u[k]);
+        if constexpr (T == QuantType::q8_0) {
+          const __m256i w = load(p[b].w[k]);
+          for (int r = 0; r < R; ++r)
+            acc[r] = _mm256_add_epi32(acc[r], dot4(u, _mm256_sign_epi8(bcast4(a[r][b].qs + 4 * k), w)));
+        } else {
+          for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], dot4(u, bcast4(a[r][b].qs + 4 * k)));
+        }
+      }
+      const __m256 dw = _mm256_load_ps(p[b].d);
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (m + r) * o.nb + b;
+        if constexpr (T == QuantType::q4_0) acc[r] = _mm256_sub_epi32(acc[r], _mm256_set1_epi32(8 * x.sum[at]));
+        const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at]));
+        s[r] = _mm256_add_ps(s[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), d));
+      }
+    }
+    store_rows<R>(s, o, m, n0);
+  }
+};
+
+// q4_K against q8_K: as quant_prefill.cpp's SuperK4, 8 lanes.
+struct alignas(32) PackedK4 {
+  float d[kLanes], dmin[kLanes];
+  int32_t sc[8][kLanes], m[8][kLanes];
+  uint8_t q[4][8][32];  // [r][k]: lane c's bytes qs[32 r + 4 k ..]
+};
+
+struct SuperK4 {
+  using Packed = PackedK4;
+  struct Rows {
+    const float* d;
+    const int32_t* sums;  // [(m * nb + b) * 8 + j]
+  };
+  static constexpr int kTile = kRowTile;
+
+  static Rows prepare(const QuantOperands& o) {
+    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+    auto* sums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 8));
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < o.N; ++m)
+      for (int64_t b = 0; b < o.nb; ++b) {
+        const block_q8_K& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
+        d[m * o.nb + b] = blk.d;
+        for (int j = 0; j < 8; ++j) sums[(m * o.nb + b) * 8 + j] = blk.bsums[2 * j] + blk.bsums[2 * j + 1];
+      }
+    return {d, sums};
+  }
+
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
+    for (int c = 0; c < kLanes; ++c) {
+      const block_q4_K* row = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+      for (int64_t b = 0; b < o.nb; ++b) {
+        p[b].d[c] = from_f16(row[b].d), p[b].dmin[c] = from_f16(row[b].dmin);
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc = 0, mn = 0;
+          q4_K_scale_min(j, row[b].scales, &sc, &mn);
+          p[b].sc[j][c] = sc, p[b].m[j][c] = mn;
+        }
+        for (int r = 0; r < 4; ++r)
+          scatter_lane(&p[b].q[r][0][0], c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs + 32 * r)));
+      }
+    }
+  }
+
+  template <int R>
+  static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
+    __m256 s[R];
+    const block_q8_K* a[R];
+    for (int i = 0; i < R; ++i) s[i] = _mm256_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
+    const __m256i low = _mm256_set1_epi8(0xf);
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m256i isum[R];
+      for (int i = 0; i < R; ++i) isum[i] = _mm256_setzero_si256();
+      for (int r = 0; r < 4; ++r) {
+        __m256i lo[R], hi[R];
+        for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+          const __m256i v = load(p[b].q[r][k]);
+          const __m256i vl = _mm256_and_si256(v, low), vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          for (int i = 0; i < R; ++i) {
+            lo[i] = _mm256_add_epi32(lo[i], dot4(vl, bcast4(a[i][b].qs + 64 * r + 4 * k)));
+            hi[i] = _mm256_add_epi32(hi[i], dot4(vh, bcast4(a[i][b].qs + 64 * r + 32 + 4 * k)));
+          }
+        }
+        const __m256i sl = load(p[b].sc[2 * r]), sh = load(p[b].sc[2 * r + 1]);
+        for (int i = 0; i < R; ++i)
+          isum[i] = _mm256_add_epi32(isum[i],
+                                     _mm256_add_epi32(_mm256_mullo_epi32(sl, lo[i]), _mm256_mullo_epi32(sh, hi[i])));
+      }
+      for (int i = 0; i < R; ++i) {
+        const int32_t* sums = x.sums + ((m + i) * o.nb + b) * 8;
+        __m256i msum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j)
+          msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(load(p[b].m[j]), _mm256_set1_epi32(sums[j])));
+        const __m256 dy = _mm256_set1_ps(x.d[(m + i) * o.nb + b]);
+        const __m256 d = _mm256_mul_ps(_mm256_load_ps(p[b].d), dy), dmin = _mm256_mul_ps(_mm256_load_ps(p[b].dmin), dy);
+        const __m256 t = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[i])),
+                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum)));
+        s[i] = _mm256_add_ps(s[i], t);
+      }
+    }
+    store_rows<R>(s, o, m, n0);
+  }
+};
+
+// As quant_prefill.cpp's run_packed, 8 outputs a group.
+template <class P>
+void run_packed(const QuantOperands& o) {
+  const typename P::Rows x = P::prepare(o);
+  const int64_t groups = (o.OC + kLanes - 1) / kLanes, chunks = (groups + kGroupsPerItem - 1) / kGroupsPerItem;
+  const int64_t row_blocks = (o.N + kRowBlock - 1) / kRowBlock;
+  const ThreadSlices<typename P::Packed> packed(ScratchSlot::d, static_cast<size_t>(o.nb));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t item = 0; item < chunks * row_blocks; ++item) {
+    typename P::Packed* p = packed.slice(omp_get_thread_num());
+    const int64_t g0 = item % chunks * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
+    const int64_t m0 = item / chunks * kRowBlock, m1 = std::min(o.N, m0 + kRowBlock);
+    for (int64_t g = g0; g < g1; ++g) {
+      P::pack(p, o, g * kLanes);
+      int64_t m = m0;
+      for (; m + P::kTile <= m1; m += P::kTile) P::template tile<P::kTile>(p, o, x, m, g * kLanes);
+      for (; m < m1; ++m) P::template tile<1>(p, o, x, m, g * kLanes);
+    }
+  }
+}
+
+}  // namespace
+#endif
+
+bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
+#if defined(LOOM_QUANT_PREFILL8)
+  if (o.N < kQuantPrefillRows) return false;
+  if (wtype == QuantType::q8_0) return run_packed<Block32<QuantType::q8_0>>(o), true;
+  if (wtype == QuantType::q4_0) return run_packed<Block32<QuantType::q4_0>>(o), true;
+  if (wtype == QuantType::q4_K) return run_packed<SuperK4>(o), true;
+#else
+  (void)wtype, (void)o;
+#endif
+  return false;
+}
+
+}  // namespace loom::kernels::cpu::LOOM_ISA
