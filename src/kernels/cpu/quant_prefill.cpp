@@ -17,6 +17,7 @@
 // the earlier blocks; no FMA), then + bias: quant.h's vec_dot bit for bit,
 // as the other paths (tests/kernels/test_quant_linear.cpp).
 #include "kernels/cpu/quant_prefill.h"
+#include "kernels/cpu/quant_prefill_run.h"
 
 #include <omp.h>
 
@@ -37,6 +38,8 @@ namespace loom::kernels::cpu::LOOM_ISA {
 #if defined(LOOM_QUANT_PREFILL)
 namespace {
 
+using namespace quant_packed;
+
 constexpr int kLanes = 16;              // outputs of a group, one per f32 lane
 constexpr int64_t kRowBlock = 512;      // x's rows an item takes past its groups
 constexpr int64_t kGroupsPerItem = 4;   // groups of 16 outputs an item takes
@@ -48,12 +51,6 @@ struct alignas(64) PackedBlock {
   float d[kLanes];
   uint8_t q[kQK * kLanes];
 };
-
-// Row i of rows `bytes` apart from base, as blocks of B.
-template <typename B>
-const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
-  return reinterpret_cast<const B*>(base + static_cast<size_t>(i) * bytes);
-}
 
 // What the u8 form adds to a weight value (q8_0: qs + 128; q4_0: the nibble
 // is already value + 8).
@@ -173,29 +170,12 @@ struct alignas(64) PackedSuperK {
   uint8_t q[4][8][64];
 };
 
-// Per row m and super-block b of x (q8_K): its scale and its 8 sub-block sums.
-struct RowSupers {
-  const float* d;
-  const int32_t* sums;  // [(m * nb + b) * 8 + j]
-};
-
 struct SuperK4 {
   using Packed = PackedSuperK;
   using Rows = RowSupers;
   static constexpr int kTile = 4;
 
-  static Rows prepare(const QuantOperands& o) {
-    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-    auto* sums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 8));
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < o.N; ++m)
-      for (int64_t b = 0; b < o.nb; ++b) {
-        const auto& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
-        d[m * o.nb + b] = blk.d;
-        for (int j = 0; j < 8; ++j) sums[(m * o.nb + b) * 8 + j] = blk.bsums[2 * j] + blk.bsums[2 * j + 1];
-      }
-    return {d, sums};
-  }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_K<32>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
@@ -275,28 +255,12 @@ struct alignas(64) PackedSuper6 {
   uint8_t q[64][64];  // [k]: lane c's values 4 k .. 4 k + 3 of row c
 };
 
-struct RowSupers6 {
-  const float* d;
-  const int32_t* bsums;  // [(m * nb + b) * 16 + j]
-};
-
 struct SuperK6 {
   using Packed = PackedSuper6;
-  using Rows = RowSupers6;
+  using Rows = RowSupers;  // sums over sub-blocks of 16: q8_K's bsums
   static constexpr int kTile = 4;
 
-  static Rows prepare(const QuantOperands& o) {
-    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-    auto* bsums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 16));
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < o.N; ++m)
-      for (int64_t b = 0; b < o.nb; ++b) {
-        const auto& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
-        d[m * o.nb + b] = blk.d;
-        for (int j = 0; j < 16; ++j) bsums[(m * o.nb + b) * 16 + j] = blk.bsums[j];
-      }
-    return {d, bsums};
-  }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_K<16>(o); }
 
   // quant.h's q6_K layout: value 128 h + 32 k + l from ql, qh (0..63).
   static void unpack(const block_q6_K& x, uint8_t (&v)[kQKK]) {
@@ -347,7 +311,7 @@ struct SuperK6 {
         }
         const __m512i sc = _mm512_load_si512(p[b].sc[j]);
         for (int i = 0; i < R; ++i) {
-          const __m512i off = _mm512_set1_epi32(32 * x.bsums[((m + i) * o.nb + b) * 16 + j]);
+          const __m512i off = _mm512_set1_epi32(32 * x.sums[((m + i) * o.nb + b) * 16 + j]);
           isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(sc, _mm512_sub_epi32(acc[i], off)));
         }
       }
@@ -361,27 +325,9 @@ struct SuperK6 {
   }
 };
 
-// Items of (kGroupsPerItem groups of 16 outputs) x (kRowBlock rows of x),
-// handed out one at a time; each group repacked by the thread that takes it.
 template <class P>
-void run_packed(const QuantOperands& o) {
-  const typename P::Rows x = P::prepare(o);
-  const int64_t groups = (o.OC + kLanes - 1) / kLanes, chunks = (groups + kGroupsPerItem - 1) / kGroupsPerItem;
-  const int64_t row_blocks = (o.N + kRowBlock - 1) / kRowBlock;
-  const ThreadSlices<typename P::Packed> packed(ScratchSlot::d, static_cast<size_t>(o.nb));
-  // Which thread computes an item never changes an output's arithmetic.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t item = 0; item < chunks * row_blocks; ++item) {
-    typename P::Packed* p = packed.slice(omp_get_thread_num());
-    const int64_t g0 = item % chunks * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
-    const int64_t m0 = item / chunks * kRowBlock, m1 = std::min(o.N, m0 + kRowBlock);
-    for (int64_t g = g0; g < g1; ++g) {
-      P::pack(p, o, g * kLanes);
-      int64_t m = m0;
-      for (; m + P::kTile <= m1; m += P::kTile) P::template tile<P::kTile>(p, o, x, m, g * kLanes);
-      for (; m < m1; ++m) P::template tile<1>(p, o, x, m, g * kLanes);
-    }
-  }
+void run(const QuantOperands& o) {
+  run_packed<P, kLanes, kRowBlock, kGroupsPerItem>(o);
 }
 
 }  // namespace
@@ -390,10 +336,10 @@ void run_packed(const QuantOperands& o) {
 bool quant_prefill(QuantType wtype, const QuantOperands& o) {
 #if defined(LOOM_QUANT_PREFILL)
   if (o.N < kQuantPrefillRows) return false;
-  if (wtype == QuantType::q8_0) return run_packed<Block32<QuantType::q8_0>>(o), true;
-  if (wtype == QuantType::q4_0) return run_packed<Block32<QuantType::q4_0>>(o), true;
-  if (wtype == QuantType::q4_K) return run_packed<SuperK4>(o), true;
-  if (wtype == QuantType::q6_K) return run_packed<SuperK6>(o), true;
+  if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
+  if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
+  if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;
+  if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;
   return false;
 #else
   return quant_prefill8(wtype, o);

@@ -11,6 +11,7 @@
 // the float steps are the reference's per lane in its order, so the bits are
 // quant.h's vec_dot's (tests/kernels/test_quant_linear.cpp at each level).
 #include "kernels/cpu/quant_prefill.h"
+#include "kernels/cpu/quant_prefill_run.h"
 
 #include <omp.h>
 
@@ -30,14 +31,11 @@ namespace loom::kernels::cpu::LOOM_ISA {
 #if defined(LOOM_QUANT_PREFILL8)
 namespace {
 
+using namespace quant_packed;
+
 constexpr int kLanes = 8;
 constexpr int64_t kRowBlock = 512, kGroupsPerItem = 8;
 constexpr int kRowTile = 4;
-
-template <typename B>
-const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
-  return reinterpret_cast<const B*>(base + static_cast<size_t>(i) * bytes);
-}
 
 inline __m256i load(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
 inline __m256i bcast4(const int8_t* p) {
@@ -155,24 +153,10 @@ struct alignas(32) PackedK4 {
 
 struct SuperK4 {
   using Packed = PackedK4;
-  struct Rows {
-    const float* d;
-    const int32_t* sums;  // [(m * nb + b) * 8 + j]
-  };
+  using Rows = RowSupers;
   static constexpr int kTile = kRowTile;
 
-  static Rows prepare(const QuantOperands& o) {
-    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-    auto* sums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 8));
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < o.N; ++m)
-      for (int64_t b = 0; b < o.nb; ++b) {
-        const block_q8_K& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
-        d[m * o.nb + b] = blk.d;
-        for (int j = 0; j < 8; ++j) sums[(m * o.nb + b) * 8 + j] = blk.bsums[2 * j] + blk.bsums[2 * j + 1];
-      }
-    return {d, sums};
-  }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_K<32>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
@@ -231,25 +215,9 @@ struct SuperK4 {
   }
 };
 
-// As quant_prefill.cpp's run_packed, 8 outputs a group.
 template <class P>
-void run_packed(const QuantOperands& o) {
-  const typename P::Rows x = P::prepare(o);
-  const int64_t groups = (o.OC + kLanes - 1) / kLanes, chunks = (groups + kGroupsPerItem - 1) / kGroupsPerItem;
-  const int64_t row_blocks = (o.N + kRowBlock - 1) / kRowBlock;
-  const ThreadSlices<typename P::Packed> packed(ScratchSlot::d, static_cast<size_t>(o.nb));
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t item = 0; item < chunks * row_blocks; ++item) {
-    typename P::Packed* p = packed.slice(omp_get_thread_num());
-    const int64_t g0 = item % chunks * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
-    const int64_t m0 = item / chunks * kRowBlock, m1 = std::min(o.N, m0 + kRowBlock);
-    for (int64_t g = g0; g < g1; ++g) {
-      P::pack(p, o, g * kLanes);
-      int64_t m = m0;
-      for (; m + P::kTile <= m1; m += P::kTile) P::template tile<P::kTile>(p, o, x, m, g * kLanes);
-      for (; m < m1; ++m) P::template tile<1>(p, o, x, m, g * kLanes);
-    }
-  }
+void run(const QuantOperands& o) {
+  run_packed<P, kLanes, kRowBlock, kGroupsPerItem>(o);
 }
 
 }  // namespace
@@ -258,9 +226,9 @@ void run_packed(const QuantOperands& o) {
 bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
 #if defined(LOOM_QUANT_PREFILL8)
   if (o.N < kQuantPrefillRows) return false;
-  if (wtype == QuantType::q8_0) return run_packed<Block32<QuantType::q8_0>>(o), true;
-  if (wtype == QuantType::q4_0) return run_packed<Block32<QuantType::q4_0>>(o), true;
-  if (wtype == QuantType::q4_K) return run_packed<SuperK4>(o), true;
+  if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
+  if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
+  if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;
 #else
   (void)wtype, (void)o;
 #endif

@@ -1,0 +1,77 @@
+// What the repacked quantized paths share (quant_prefill.cpp at 16 outputs a
+// vector, quant_prefill8.cpp at 8): the work loop and x's per-block figures.
+// Internal to src/kernels/cpu; compiled per instruction-set level like
+// cpu_ops.h (a level's two sources share its flags).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/quant_prefill.h"
+#include "kernels/cpu/scratch.h"
+
+#ifndef LOOM_ISA
+#error "kernels/cpu/quant_prefill_run.h is included only by the per-level CPU kernel sources"
+#endif
+
+namespace loom::kernels::cpu::LOOM_ISA::quant_packed {
+
+// Row i of rows `bytes` apart from base, as blocks of B.
+template <typename B>
+const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
+  return reinterpret_cast<const B*>(base + static_cast<size_t>(i) * bytes);
+}
+
+// Per row m and super-block b of q8_K activations: the scale, and the sums of
+// x over its sub-blocks of Span values (q8_K's bsums cover 16 each).
+struct RowSupers {
+  const float* d;
+  const int32_t* sums;  // [(m * nb + b) * (256 / Span) + j]
+};
+template <int Span>
+RowSupers prepare_q8_K(const QuantOperands& o) {
+  constexpr int kSums = kQKK / Span, kPer = Span / 16;
+  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+  auto* sums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * kSums));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < o.N; ++m)
+    for (int64_t b = 0; b < o.nb; ++b) {
+      const block_q8_K& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
+      d[m * o.nb + b] = blk.d;
+      for (int j = 0; j < kSums; ++j) {
+        int32_t t = 0;
+        for (int i = 0; i < kPer; ++i) t += blk.bsums[kPer * j + i];
+        sums[(m * o.nb + b) * kSums + j] = t;
+      }
+    }
+  return {d, sums};
+}
+
+// y for a weight type P (Packed, Rows, kTile, prepare, pack, tile<R>): items of
+// GroupsPerItem groups of Lanes outputs by RowBlock rows of x, handed out one
+// at a time; each group repacked by the thread that takes it. Which thread
+// computes an item never changes an output's arithmetic.
+template <class P, int Lanes, int64_t RowBlock, int64_t GroupsPerItem>
+void run_packed(const QuantOperands& o) {
+  const typename P::Rows x = P::prepare(o);
+  const int64_t groups = (o.OC + Lanes - 1) / Lanes, chunks = (groups + GroupsPerItem - 1) / GroupsPerItem;
+  const int64_t row_blocks = (o.N + RowBlock - 1) / RowBlock;
+  const ThreadSlices<typename P::Packed> packed(ScratchSlot::d, static_cast<size_t>(o.nb));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t item = 0; item < chunks * row_blocks; ++item) {
+    typename P::Packed* p = packed.slice(omp_get_thread_num());
+    const int64_t g0 = item % chunks * GroupsPerItem, g1 = std::min(groups, g0 + GroupsPerItem);
+    const int64_t m0 = item / chunks * RowBlock, m1 = std::min(o.N, m0 + RowBlock);
+    for (int64_t g = g0; g < g1; ++g) {
+      P::pack(p, o, g * Lanes);
+      int64_t m = m0;
+      for (; m + P::kTile <= m1; m += P::kTile) P::template tile<P::kTile>(p, o, x, m, g * Lanes);
+      for (; m < m1; ++m) P::template tile<1>(p, o, x, m, g * Lanes);
+    }
+  }
+}
+
+}  // namespace loom::kernels::cpu::LOOM_ISA::quant_packed
