@@ -169,6 +169,36 @@ TEST(QuantLinear, EqualsTheReferenceOnArbitraryBlockBytes) {
   for (QuantType t : kWeightTypes) expect_reference_bits(t, 33, 512, true, {1, 3, 17, 64, 130});
 }
 
+// Activations whose quantization sits on the rules' edges, at every level
+// (the vector quantizers of quant_activations.cpp against quantize_row):
+// values that scale to exact halves (round_to_int8_as_x86 and nearest_int
+// round them differently), all-zero and -0 blocks, blocks scaled to 1e-35
+// (left to the reference), a largest |x| that occurs twice with both signs.
+TEST(QuantLinear, EdgeActivationsQuantizeAsTheReference) {
+  for (QuantType t : kWeightTypes) {
+    constexpr int64_t N = 40, OC = 24, IC = 512;
+    Problem p = make_problem(t, N, OC, IC, false, 91 + static_cast<uint32_t>(t));
+    for (int64_t m = 0; m < N; ++m)
+      for (int64_t k = 0; k < IC; ++k) {
+        float& v = p.x[static_cast<size_t>(m * IC + k)];
+        switch (m % 5) {
+          case 0: v = k % 32 == 0 ? 127.f : static_cast<float>(k % 253 - 126) + 0.5f; break;  // halves, d = 1
+          case 1: v = k < 256 ? 0.f : v; break;                                                // a zero block
+          case 2: v = k % 2 ? -0.f : 0.f; break;                                               // -0 and +0
+          case 3: v *= 1e-35f; break;                                                          // tiny scales
+          default: v = k % 64 == 0 ? 3.f : (k % 64 == 1 ? -3.f : v * 0.5f);                    // tied max |x|
+        }
+      }
+    const std::vector<float> want = reference(p);
+    for (int64_t n : {int64_t{1}, int64_t{5}, N}) {
+      const std::string what = std::string(quant_name(t)) + " " + std::to_string(n) + " edge rows";
+      expect_same_bits(want, run(p, n, false, -1), what + " (ops.h)");
+      for (CpuIsa level : supported_levels())
+        expect_same_bits(want, run(p, n, false, static_cast<int>(level)), what + " at " + cpu_isa_name(level));
+    }
+  }
+}
+
 // |y - x @ dequantize(W)^T| within the activations' quantization (ops.h: at
 // most 0.57 d per value, d = max|x| / 127 of its block) times |W|, plus f32
 // rounding; and the error is really that of 8-bit activations (not exact).

@@ -353,7 +353,8 @@ const std::byte* quantize_rows(const float* x, int64_t N, int64_t IC, QuantType 
 #pragma omp parallel for schedule(static) if (N > 1 && N * IC >= kMinParallel)
   for (int64_t m = 0; m < N; ++m) {
     try {
-      quantize_row(type, x + m * IC, a + static_cast<size_t>(m) * row_bytes, IC);
+      std::byte* row = a + static_cast<size_t>(m) * row_bytes;
+      if (!quantize_row_fast(type, x + m * IC, row, IC)) quantize_row(type, x + m * IC, row, IC);
     } catch (...) {
       int64_t first = bad.load();
       while (m < first && !bad.compare_exchange_weak(first, m)) {

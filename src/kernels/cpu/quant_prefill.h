@@ -35,4 +35,10 @@ inline constexpr int64_t kQuantPrefillRows = 16;
 bool quant_prefill(QuantType wtype, const QuantOperands& o);
 bool quant_prefill8(QuantType wtype, const QuantOperands& o);  // quant_prefill8.cpp
 
+// quantize_row's bytes for the activation types q8_0 and q8_K, in vector
+// form (quant_activations.cpp); false (the caller then runs quantize_row) at
+// levels without AVX-512, for other types, and for rows quantize_row refuses
+// or whose tiny scales it handles by its own rules.
+bool quantize_row_fast(QuantType t, const float* x, void* blocks, int64_t n);
+
 }  // namespace loom::kernels::cpu::LOOM_ISA
