@@ -13,6 +13,16 @@
 #include "kernels/quant.h"
 
 namespace loom::model {
+
+std::optional<kernels::QuantType> gguf_quant_type(io::GgmlType t) {
+  switch (t) {
+    case io::GgmlType::q8_0: return kernels::QuantType::q8_0;
+    case io::GgmlType::q4_0: return kernels::QuantType::q4_0;
+    case io::GgmlType::q4_K: return kernels::QuantType::q4_K;
+    case io::GgmlType::q6_K: return kernels::QuantType::q6_K;
+    default: return std::nullopt;
+  }
+}
 namespace {
 
 using io::GgmlType;
@@ -92,20 +102,10 @@ GgmlType ggml_of(GgufWeights w) {
   return GgmlType::f32;
 }
 
-std::optional<kernels::QuantType> quant_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::q8_0: return kernels::QuantType::q8_0;
-    case GgmlType::q4_0: return kernels::QuantType::q4_0;
-    case GgmlType::q4_K: return kernels::QuantType::q4_K;
-    case GgmlType::q6_K: return kernels::QuantType::q6_K;
-    default: return std::nullopt;
-  }
-}
-
 // The type one GGUF tensor is stored in (gguf_model.h's rules).
 GgmlType tensor_type(const ModelConfig& cfg, const std::string& gguf_name, int64_t ne0, int ndim, GgufWeights w) {
   if (ndim == 1 || gguf_name.find("ffn_gate_inp") != std::string::npos) return GgmlType::f32;
-  const bool quantized = quant_of(ggml_of(w)).has_value();
+  const bool quantized = gguf_quant_type(ggml_of(w)).has_value();
   if (gguf_name == "position_embd.weight") return quantized ? GgmlType::f16 : ggml_of(w);
   GgmlType t = ggml_of(w);
   if (w == GgufWeights::q4_K_M) {
@@ -149,7 +149,7 @@ void write_row(io::GgufSink& out, GgmlType type, const float* row, int64_t ne0, 
     }
     default: break;
   }
-  const kernels::QuantType q = *quant_of(type);
+  const kernels::QuantType q = *gguf_quant_type(type);
   buf.resize(kernels::quant_row_bytes(q, ne0));
   try {
     kernels::quantize_row(q, row, buf.data(), ne0);
@@ -274,7 +274,7 @@ void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& fla
   w.add("general.architecture", GgufValue::string(arch_of(cfg)));
   w.add("general.name", GgufValue::string(name));
   w.add("general.file_type", GgufValue::u32(gguf_file_type(weights)));
-  if (quant_of(ggml_of(weights))) w.add("general.quantization_version", GgufValue::u32(2));
+  if (gguf_quant_type(ggml_of(weights))) w.add("general.quantization_version", GgufValue::u32(2));
   add_arch_keys(w, cfg);
   std::vector<Planned> plan;
   std::map<std::string, size_t> stacked;  // expert tensor -> its plan entry

@@ -24,12 +24,14 @@
 // so row h*HS + half*HS/2 + i is written at h*HS + 2i + half; reading undoes it.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
 #include "io/gguf.h"
+#include "kernels/quant.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -76,6 +78,10 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
 // The one formula the writer and the reader both use.
 bool gguf_rows_permuted(const ModelConfig& cfg, const std::string& gguf_name);
 int64_t gguf_loom_row(int64_t r, int64_t head_size);
+
+// The block type of a GGUF tensor type loom computes with in blocks (q8_0,
+// q4_0, q4_K, q6_K: kernels/quant.h), or none (f32, f16, bf16, others).
+std::optional<kernels::QuantType> gguf_quant_type(io::GgmlType t);
 
 // The GGUF name of a loom parameter name ("h.3.attn.c_attn.weight" ->
 // "blk.3.attn_qkv.weight"); expert weights map to their stacked tensor.

@@ -48,11 +48,8 @@ void to_floats(float* dst, const uint8_t* bytes, GgmlType t, int64_t n, const st
         dst[i] = t == GgmlType::f16 ? from_f16(f16{bits}) : from_bf16(bf16{bits});
       }
       return;
-    case GgmlType::q8_0: return kernels::dequantize_row(kernels::QuantType::q8_0, bytes, dst, n);
-    case GgmlType::q4_0: return kernels::dequantize_row(kernels::QuantType::q4_0, bytes, dst, n);
-    case GgmlType::q4_K: return kernels::dequantize_row(kernels::QuantType::q4_K, bytes, dst, n);
-    case GgmlType::q6_K: return kernels::dequantize_row(kernels::QuantType::q6_K, bytes, dst, n);
-    default: break;
+    default:
+      if (const auto q = gguf_quant_type(t)) return kernels::dequantize_row(*q, bytes, dst, n);
   }
   fail("tensor '", name, "' has type ", io::ggml_type_describe(static_cast<uint32_t>(t)),
        ", which loom cannot compute with: it reads f32, f16, bf16, q8_0, q4_0, q4_K and q6_K");

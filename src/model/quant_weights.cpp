@@ -3,6 +3,7 @@
 #include "model/quant_weights.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
 #include "model/blocks.h"
@@ -13,16 +14,6 @@
 namespace loom::model {
 
 using kernels::QuantType;
-
-bool quant_type_of(io::GgmlType t, QuantType& out) {
-  switch (t) {
-    case io::GgmlType::q8_0: out = QuantType::q8_0; return true;
-    case io::GgmlType::q4_0: out = QuantType::q4_0; return true;
-    case io::GgmlType::q4_K: out = QuantType::q4_K; return true;
-    case io::GgmlType::q6_K: out = QuantType::q6_K; return true;
-    default: return false;
-  }
-}
 
 namespace {
 
@@ -53,13 +44,13 @@ QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) :
     const bool tied_head = cfg.tie_embeddings && s.name == "lm_head.weight";
     const std::string g = tied_head ? "token_embd.weight" : gguf_tensor_name(cfg, s.name);
     const io::GgufTensorInfo* t = file_.find_tensor(g);
-    QuantType type{};
-    if (t == nullptr || !quant_type_of(t->type, type)) continue;  // missing: load_params_from_gguf says so
+    const std::optional<QuantType> type = t != nullptr ? gguf_quant_type(t->type) : std::nullopt;
+    if (!type) continue;  // missing: load_params_from_gguf says so
     const int64_t cols = s.shape[s.shape.ndim() - 1], rows = s.numel() / cols;
     LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == rows * cols, "GGUF file '", file_.path(), "': tensor '", g,
                  "' has ", t->n_elements, " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(),
                  " needs rows of ", cols);
-    hold(s.name, *t, type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
+    hold(s.name, *t, *type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
     if (!tied_head) f32_bytes_ += s.numel() * 4;
   }
 }

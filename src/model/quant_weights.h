@@ -84,10 +84,6 @@ class QuantWeights {
   int64_t bytes_ = 0, f32_bytes_ = 0;
 };
 
-// The block type of a GGUF tensor type that linear_forward_quantized takes,
-// or false (f32, f16, bf16 and anything else).
-bool quant_type_of(io::GgmlType t, kernels::QuantType& out);
-
 struct ModelDir;  // model/config_json.h
 
 // A model's weights as the serving engine takes them: the flat parameters
