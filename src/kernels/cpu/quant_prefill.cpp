@@ -61,7 +61,7 @@ constexpr int32_t kOffset = T == QuantType::q8_0 ? 128 : 8;
 template <QuantType T>
 void pack_group(PackedBlock* p, const QuantOperands& o, int64_t n0) {
   for (int c = 0; c < kLanes; ++c) {
-    const std::byte* row = o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row;
+    const std::byte* row = row_at<std::byte>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
     for (int64_t b = 0; b < o.nb; ++b) {
       __m256i v;
       if constexpr (T == QuantType::q8_0) {
@@ -80,12 +80,6 @@ void pack_group(PackedBlock* p, const QuantOperands& o, int64_t n0) {
     }
   }
 }
-
-// Per row m and block b of x: its scale widened and the sum of its values.
-struct RowBlocks {
-  const float* d;
-  const int32_t* sum;
-};
 
 // y's rows [m, m + R), outputs [n0, n0 + 16) below OC: the sums s, + bias.
 template <int R>
@@ -122,25 +116,6 @@ void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_
     }
   }
   store_rows<R>(s, o, m, n0);
-}
-
-// x's per-block scales and sums for q8_0 activations, once per call (a
-// block's sum: vpdpbusd against ones).
-RowBlocks prepare_q8_0(const QuantOperands& o) {
-  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-  auto* sum = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
-#pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < o.N; ++m)
-    for (int64_t b = 0; b < o.nb; ++b) {
-      const auto& blk = row_at<block_q8_0>(o.a, o.a_row, m)[b];
-      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
-      const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qs);
-      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-      d[m * o.nb + b] = from_f16(blk.d);
-      sum[m * o.nb + b] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-    }
-  return {d, sum};
 }
 
 // q8_0 / q4_0 weights: what run_packed needs of a weight type.

@@ -73,29 +73,14 @@ struct alignas(32) Packed32 {
 template <QuantType T>
 struct Block32 {
   using Packed = Packed32;
-  struct Rows {
-    const float* d;
-    const int32_t* sum;  // q4_0's offset: the block's sum of x
-  };
+  using Rows = RowBlocks;  // q4_0's offset: the block's sum of x
   static constexpr int kTile = kRowTile;
 
-  static Rows prepare(const QuantOperands& o) {
-    auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-    auto* sum = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < o.N; ++m)
-      for (int64_t b = 0; b < o.nb; ++b) {
-        const block_q8_0& blk = row_at<block_q8_0>(o.a, o.a_row, m)[b];
-        int32_t t = 0;
-        for (int j = 0; j < kQK; ++j) t += blk.qs[j];
-        d[m * o.nb + b] = from_f16(blk.d), sum[m * o.nb + b] = t;
-      }
-    return {d, sum};
-  }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_0(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
-      const std::byte* row = o.w + static_cast<size_t>(std::min(n0 + c, o.OC - 1)) * o.w_row;
+      const std::byte* row = row_at<std::byte>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
         if constexpr (T == QuantType::q8_0) {
           const block_q8_0& blk = reinterpret_cast<const block_q8_0*>(row)[b];

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cpu/quant_prefill.h"
 #include "kernels/cpu/scratch.h"
 
@@ -23,6 +24,26 @@ namespace loom::kernels::cpu::LOOM_ISA::quant_packed {
 template <typename B>
 const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
   return reinterpret_cast<const B*>(base + static_cast<size_t>(i) * bytes);
+}
+
+// Per row m and block b of q8_0 activations: the scale widened and the sum
+// of the block's values.
+struct RowBlocks {
+  const float* d;
+  const int32_t* sum;  // [m * nb + b]
+};
+inline RowBlocks prepare_q8_0(const QuantOperands& o) {
+  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+  auto* sum = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < o.N; ++m)
+    for (int64_t b = 0; b < o.nb; ++b) {
+      const block_q8_0& blk = row_at<block_q8_0>(o.a, o.a_row, m)[b];
+      int32_t t = 0;
+      for (int j = 0; j < kQK; ++j) t += blk.qs[j];
+      d[m * o.nb + b] = from_f16(blk.d), sum[m * o.nb + b] = t;
+    }
+  return {d, sum};
 }
 
 // Per row m and super-block b of q8_K activations: the scale, and the sums of
