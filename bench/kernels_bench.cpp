@@ -319,21 +319,25 @@ int64_t bench_quant_linear_cases(Pools& pools, const KernelBenchOptions& opts) {
   return measured;
 }
 
-// The serving path's attention in a decode step: S sequences of L tokens,
-// one query row each, over a paged cache (blocks of 16 in shuffled order, as
-// a pool hands them out after churn) with gpt2-124m's heads, all 12 layers
-// in turn as in a step, so the K/V come from memory as they do there. GB/s
-// counts the K/V bytes the step must read (every layer's keys and values of
-// every sequence once): decode attention's bound is memory bandwidth.
+// The serving path's attention over a paged cache (blocks of 16 in shuffled
+// order, as a pool hands them out after churn) with gpt2-124m's heads, all
+// 12 layers in turn as in a step, so the K/V come from memory as they do
+// there. A decode case is S sequences of L tokens with one query row each:
+// GB/s counts the K/V bytes the step must read (every layer's keys and
+// values of every sequence once), decode attention's bound being memory
+// bandwidth. A prefill case is one sequence's L rows at once, causal: it
+// prints tokens/s and GFLOP/s (QK^T and PV over the keys each row sees).
 struct PagedCase {
   int64_t s, len;
+  bool prefill;
 };
-constexpr PagedCase kPagedCases[] = {{1, 256}, {32, 256}, {4, 1024}};
+constexpr PagedCase kPagedCases[] = {{1, 256, false}, {32, 256, false}, {4, 1024, false}, {1, 512, true}};
 constexpr int64_t kPagedLayers = 12, kPagedHeads = 12, kPagedHs = 64, kPagedBlock = 16;
 
 void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType dtype, const PagedCase& c) {
   Pool& pool = pools[MemTag::workspace];
   const int64_t per_seq = (c.len + kPagedBlock - 1) / kPagedBlock, NB = c.s * per_seq;
+  const int64_t q_len = c.prefill ? c.len : 1, rows = c.s * q_len;
   std::vector<OwnedTensor> k_caches, v_caches;
   for (int64_t l = 0; l < kPagedLayers; ++l) {
     k_caches.push_back(pool.empty(dtype, {NB, kPagedBlock, kPagedHeads, kPagedHs}));
@@ -341,8 +345,8 @@ void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType d
     fill_random(k_caches.back(), 10 + 2 * l);
     fill_random(v_caches.back(), 11 + 2 * l);
   }
-  OwnedTensor q = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs});
-  OwnedTensor out = pool.empty(dtype, {c.s, kPagedHeads, kPagedHs});
+  OwnedTensor q = pool.empty(dtype, {rows, kPagedHeads, kPagedHs});
+  OwnedTensor out = pool.empty(dtype, {rows, kPagedHeads, kPagedHs});
   fill_random(q, 9);
   OwnedTensor tables = pool.empty(DType::i32, {c.s, per_seq}), lens = pool.empty(DType::i32, {c.s});
   OwnedTensor starts = pool.empty(DType::i32, {c.s + 1});
@@ -355,26 +359,33 @@ void bench_paged_attention(Pools& pools, const KernelBenchOptions& opts, DType d
   }
   std::copy(order.begin(), order.end(), tables.data_as<int32_t>());
   for (int64_t i = 0; i < c.s; ++i) lens.data_as<int32_t>()[i] = static_cast<int32_t>(c.len);
-  for (int64_t i = 0; i <= c.s; ++i) starts.data_as<int32_t>()[i] = static_cast<int32_t>(i);
+  for (int64_t i = 0; i <= c.s; ++i) starts.data_as<int32_t>()[i] = static_cast<int32_t>(i * q_len);
   const Timing t = measure(
       [&] {
         for (int64_t l = 0; l < kPagedLayers; ++l)
           kernels::paged_attention_forward(out, q, k_caches[l], v_caches[l], tables, lens, starts);
       },
       opts.min_seconds);
+  const char* op = c.prefill ? "paged_attention_prefill" : "paged_attention_decode";
+  // Decode: GB/s of K/V. Prefill: tokens/s, and GFLOP/s over the (L + 1) L / 2
+  // (row, key) pairs, 4 HS flops each per head and layer.
   const double kv_bytes = 2.0 * kPagedLayers * c.s * c.len * kPagedHeads * kPagedHs * dtype_size(dtype);
-  const double gbps = kv_bytes / t.best / 1e9;
+  const double flops = 4.0 * kPagedHs * kPagedHeads * kPagedLayers * c.s * (c.len + 1) * c.len / 2;
+  const double figure = c.prefill ? flops / t.best / 1e9 : kv_bytes / t.best / 1e9;
   if (opts.json) {
-    std::printf("{\"op\":\"paged_attention_decode\",\"dtype\":\"%s\",\"seqs\":%lld,\"context\":%lld,"
-                "\"layers\":%lld,\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"kv_gb_per_s\":%.2f,"
-                "\"threads\":%d,\"isa\":\"%s\"}\n",
-                dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len),
-                static_cast<long long>(kPagedLayers), t.best, t.median, t.reps, gbps, opts.threads,
-                isa_of("paged_attention_decode").c_str());
+    std::printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"seqs\":%lld,\"context\":%lld,"
+                "\"layers\":%lld,\"seconds\":%.6g,\"median_seconds\":%.6g,\"reps\":%d,\"%s\":%.2f,",
+                op, dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len),
+                static_cast<long long>(kPagedLayers), t.best, t.median, t.reps,
+                c.prefill ? "gflop_per_s" : "kv_gb_per_s", figure);
+    if (c.prefill) std::printf("\"tokens_per_s\":%.1f,", static_cast<double>(rows) / t.best);
+    std::printf("\"threads\":%d,\"isa\":\"%s\"}\n", opts.threads, isa_of(op).c_str());
   } else {
-    std::printf("%-22s %-5s seqs=%-3lld context=%-5lld %10.3f %10.3f %9.2f\n", "paged_attention_decode",
-                dtype_name(dtype).data(), static_cast<long long>(c.s), static_cast<long long>(c.len), t.best * 1e3,
-                t.median * 1e3, gbps);
+    std::printf("%-23s %-5s seqs=%-3lld context=%-5lld %10.3f %10.3f %9.2f %s", op, dtype_name(dtype).data(),
+                static_cast<long long>(c.s), static_cast<long long>(c.len), t.best * 1e3, t.median * 1e3, figure,
+                c.prefill ? "GFLOP/s" : "GB/s");
+    if (c.prefill) std::printf(", %.0f tokens/s", static_cast<double>(rows) / t.best);
+    std::printf("\n");
   }
   std::fflush(stdout);
 }
@@ -384,10 +395,10 @@ int64_t bench_paged_attention_cases(Pools& pools, const KernelBenchOptions& opts
   int64_t measured = 0;
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const PagedCase& c : kPagedCases) {
-      if (!selected(opts, "paged_attention_decode", dtype, "")) continue;
+      if (!selected(opts, c.prefill ? "paged_attention_prefill" : "paged_attention_decode", dtype, "")) continue;
       if (!opts.json && measured == 0)
-        std::printf("\n%-22s %-5s %-24s %10s %10s %9s\n", "op", "dtype", "shape (12 layers)", "best_ms", "median_ms",
-                    "KV GB/s");
+        std::printf("\n%-23s %-5s %-24s %10s %10s %9s\n", "op", "dtype", "shape (12 layers)", "best_ms", "median_ms",
+                    "figure");
       ++measured;
       bench_paged_attention(pools, opts, dtype, c);
     }
@@ -398,8 +409,8 @@ int64_t bench_paged_attention_cases(Pools& pools, const KernelBenchOptions& opts
 // What --filter is matched against, for the error when it matches nothing.
 constexpr const char* kFilterHelp =
     "it is matched against an op (matmul, matmul_openblas, attention_fwd_bwd, linear, linear_invariant, "
-    "linear_quant, paged_attention_decode, layernorm_fwd, layernorm_bwd, rmsnorm_fwd, rmsnorm_bwd, gelu_fwd, "
-    "gelu_bwd, swiglu_fwd, swiglu_bwd, rope_fwd, rope_bwd, softmax_fwd, softmax_bwd, cross_entropy_fwd_bwd, "
+    "linear_quant, paged_attention_decode, paged_attention_prefill, layernorm_fwd, layernorm_bwd, rmsnorm_fwd, "
+    "rmsnorm_bwd, gelu_fwd, gelu_bwd, swiglu_fwd, swiglu_bwd, rope_fwd, rope_bwd, softmax_fwd, softmax_bwd, cross_entropy_fwd_bwd, "
     "adamw_step, embedding_fwd, embedding_bwd, add, cast), a dtype (f32, bf16, f32_to_bf16, bf16_to_f32), a "
     "weight type (q8_0, q4_0, q4_K, q6_K) or a case name (square_1024, gpt2_lm_head_dw, train_b4t128, decode_s32, "
     "...)";

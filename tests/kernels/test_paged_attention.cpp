@@ -319,37 +319,47 @@ Floats chunked(Cache& c, const Seq& s, const Table& table, int64_t chunk, const 
   return out;
 }
 
+// The kernel takes up to four rows of a sequence at a time and walks the
+// blocks they all see whole together: chunks of 150, 1, 7 and 64 rows give
+// every tile height and every position of a tile against the block edges.
+// GQA with HS 32 (rows read in place) and blocks of 16; MHA with HS 24
+// (padded copies) and blocks of 5; f32 and bf16 caches.
 TEST(PagedAttention, RowsAreBitwiseTheSameAloneInABatchChunkedAndOnAnyThreadCount) {
   const int saved = num_threads();
-  const Dims d{8, 2, 32, 16};
-  const int64_t NB = 64;
-  std::mt19937 rng(21);
-  const Seq target(150, d, rng);
-  // Other sequences sharing the batch: a prefill chunk and two decodes.
-  Batch others(d, NB, 22);
-  const std::vector<Item> batch_others = {others.items[1], others.items[2], others.items[3]};
-  // Alone, the target's blocks are the first of a shuffle; in the batch, the
-  // others hold their own blocks and the target's are elsewhere.
-  const Table alone_table = shuffled_tables({150}, d.BS, NB, 23)[0];
-  std::vector<int64_t> used;
-  for (const Table& t : others.tables) used.insert(used.end(), t.begin(), t.end());
-  Table batch_table;
-  for (int32_t b = NB - 1; static_cast<int64_t>(batch_table.size()) * d.BS < 150; --b)
-    if (std::find(used.begin(), used.end(), b) == used.end()) batch_table.push_back(b);
+  for (const Dims& d : {Dims{8, 2, 32, 16}, Dims{4, 4, 24, 5}}) {
+    for (DType cache_type : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE("HS " + std::to_string(d.HS) + " BS " + std::to_string(d.BS) + " cache " +
+                   std::string(dtype_name(cache_type)));
+      const int64_t NB = 200 / d.BS * 2 + 8;
+      std::mt19937 rng(21);
+      const Seq target(150, d, rng);
+      // Other sequences sharing the batch: a prefill chunk and two decodes.
+      Batch others(d, NB, 22);
+      const std::vector<Item> batch_others = {others.items[1], others.items[2], others.items[3]};
+      // Alone, the target's blocks are the first of a shuffle; in the batch,
+      // the others hold their own blocks and the target's are elsewhere.
+      const Table alone_table = shuffled_tables({150}, d.BS, NB, 23)[0];
+      std::vector<int64_t> used;
+      for (const Table& t : others.tables) used.insert(used.end(), t.begin(), t.end());
+      Table batch_table;
+      for (int32_t b = static_cast<int32_t>(NB) - 1; static_cast<int64_t>(batch_table.size()) * d.BS < 150; --b)
+        if (std::find(used.begin(), used.end(), b) == used.end()) batch_table.push_back(b);
 
-  set_num_threads(1);
-  Cache alone(d, DType::f32, NB);
-  const Floats want = chunked(alone, target, alone_table, 150, {});
-  for (int threads : {1, 2}) {
-    set_num_threads(threads);
-    for (int64_t chunk : {int64_t{150}, int64_t{1}, int64_t{7}, int64_t{64}}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + " chunk " + std::to_string(chunk));
-      Cache a(d, DType::f32, NB);
-      EXPECT_EQ(chunked(a, target, alone_table, chunk, {}), want) << "alone";
-      Cache b(d, DType::f32, NB);
-      for (size_t s = 0; s < others.seqs.size(); ++s)
-        write_tokens(b, others.seqs[s], others.tables[s], 0, others.seqs[s].T);
-      EXPECT_EQ(chunked(b, target, batch_table, chunk, batch_others), want) << "in a batch";
+      set_num_threads(1);
+      Cache alone(d, cache_type, NB);
+      const Floats want = chunked(alone, target, alone_table, 150, {});
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        for (int64_t chunk : {int64_t{150}, int64_t{1}, int64_t{7}, int64_t{64}}) {
+          SCOPED_TRACE("threads " + std::to_string(threads) + " chunk " + std::to_string(chunk));
+          Cache a(d, cache_type, NB);
+          EXPECT_EQ(chunked(a, target, alone_table, chunk, {}), want) << "alone";
+          Cache b(d, cache_type, NB);
+          for (size_t s = 0; s < others.seqs.size(); ++s)
+            write_tokens(b, others.seqs[s], others.tables[s], 0, others.seqs[s].T);
+          EXPECT_EQ(chunked(b, target, batch_table, chunk, batch_others), want) << "in a batch";
+        }
+      }
     }
   }
   set_num_threads(saved);

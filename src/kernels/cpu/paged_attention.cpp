@@ -2,22 +2,26 @@
 // paged_attention_forward, the serving path's attention over K/V kept in
 // fixed blocks (vLLM's PagedAttention, Kwon et al. 2023).
 //
-// Batch invariance (ops.h): each task is one query row and a range of its kv
-// heads (how many heads a task takes depends on the row count; what a head
-// computes does not). Each head walks its sequence's cache blocks in logical
-// order with an online softmax (FlashAttention's running max and sum)
-// updated once per cache block. Every loop bound is a function of the row's
-// position and the block size; every reduction (the dot products over HS,
-// the sums over a block's keys, the horizontal sums) runs in a fixed order
-// written out with explicit vectors on buffers of fixed alignment; no row's
-// key range is ever split between threads. So the bits of a row cannot
-// depend on which other rows share the call, on how many sequences there
-// are, on how its own sequence was chunked, or on threads.
+// Batch invariance (ops.h): each task is a tile of up to four consecutive
+// query rows of one sequence and a range of their kv heads (how many rows
+// and heads a task takes depends on the batch; what a row and head computes
+// does not). Each head walks its sequence's cache blocks in logical order
+// with an online softmax (FlashAttention's running max and sum) updated once
+// per cache block. Every loop bound is a function of the row's position and
+// the block size; every reduction (the dot products over HS, the sums over a
+// block's keys, the horizontal sums, each accumulator's sum over keys) runs
+// in a fixed order written out with explicit vectors on buffers of fixed
+// alignment; rows in a tile share loads, never sums; no row's key range is
+// ever split between threads. So the bits of a row cannot depend on which
+// other rows share the call, on how many sequences there are, on how its own
+// sequence was chunked, or on threads.
 //
 // Speed: decode attention reads every K/V byte of every running sequence
 // once per step, so it is bound by memory (loom bench kernels --filter
 // paged prints its GB/s). A task reads a block's rows for all its kv heads
 // (side by side in memory), and asks for the next block head by head.
+// Prefill attention is bound by arithmetic: a tile's rows share each block's
+// loads, and their accumulators give the value update independent chains.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,6 +29,7 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -112,6 +117,32 @@ inline V16 load16(const f16* p) {
 #endif
 }
 
+#if defined(LOOM_PAGED_AVX2)
+inline V16 splat16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+// Lane-wise max(run, x) as `x > run ? x : run` (MAXPS returns its second
+// operand when either is NaN): a NaN score never wins, as in a scalar loop.
+inline V16 max16(V16 run, V16 x) { return {_mm256_max_ps(x.lo, run.lo), _mm256_max_ps(x.hi, run.hi)}; }
+#else
+inline V16 splat16(float x) { return Vec{} + x; }
+inline V16 max16(V16 run, V16 x) { return x > run ? x : run; }
+#endif
+
+// The largest of 16 lanes (none NaN), pairwise by halves. A max is exact,
+// so any order gives the same value.
+inline float hmax(V16 v) {
+  alignas(64) float t[kLanes];
+  store16(t, v);
+  for (int64_t w = kLanes / 2; w >= 1; w /= 2)
+    for (int64_t i = 0; i < w; ++i) t[i] = t[i + w] > t[i] ? t[i + w] : t[i];
+  return t[0];
+}
+
+// p[i] = exp(p[i] - mx) for 16 lanes: a loop of known length, which GCC
+// vectorises (a loop to cnt it left scalar).
+inline void exp_minus16(float* __restrict p, float mx) {
+  for (int64_t i = 0; i < kLanes; ++i) p[i] = exp_f32(p[i] - mx);
+}
+
 // The 16 lane partials of a . b over HSp (a multiple of kLanes) elements:
 // lane l holds the products of elements d = l mod kLanes, in d order.
 template <typename T>
@@ -189,26 +220,44 @@ PagedGeometry paged_geometry(const Tensor& q, const Tensor& k_cache, const Tenso
   return g;
 }
 
+// Query rows of one sequence a task takes at once (consecutive positions):
+// each cache block is then read once for all of them, and their
+// accumulators give the value update independent chains of adds. What a
+// row computes is the same in a tile as alone (below).
+inline constexpr int64_t kTileRows = 4;
+
 // One thread's f32 scratch, each array a multiple of kLanes floats from a
 // 64-byte aligned slice (so every array has the same alignment in every call).
-// q, acc, m and l hold every query head a task may take; k, v and p one kv
-// head's block at a time.
+// q, acc, m and l hold every query head a task may take, for each of its
+// kTileRows rows; k and v one kv head's block at a time; p one block's scores
+// for a kv head's query heads, for each row.
 struct PagedTiles {
-  float *q, *acc, *k, *v, *p;  // (NH, HSp) (NH, HSp) (BS, HSp) (BS, HSp) (G, BSp)
-  float *m, *l;                // (NH): running max and sum per head
-  int64_t BSp = 0, floats = 0;
+  float *q, *acc, *k, *v, *p;  // (R, NH, HSp) (R, NH, HSp) (BS, HSp) (BS, HSp) (R, G, BSp)
+  float *m, *l;                // (R, Hp): running max and sum per row and head
+  int64_t BSp = 0, Hp = 0, floats = 0;
   // Lays the arrays out from base, or only counts them (floats) when base is null.
-  PagedTiles(const PagedGeometry& g, float* base) : BSp(round_up(g.BS, kLanes)) {
-    const int64_t H = g.NH, Hp = round_up(H, kLanes);
-    const std::pair<float**, int64_t> parts[] = {{&q, H * g.HSp}, {&acc, H * g.HSp}, {&k, g.BS * g.HSp},
-                                                 {&v, g.BS * g.HSp}, {&p, g.group * BSp}, {&m, Hp},
-                                                 {&l, Hp}};
+  PagedTiles(const PagedGeometry& g, float* base) : BSp(round_up(g.BS, kLanes)), Hp(round_up(g.NH, kLanes)) {
+    const int64_t H = g.NH, R = kTileRows;
+    const std::pair<float**, int64_t> parts[] = {{&q, R * H * g.HSp}, {&acc, R * H * g.HSp}, {&k, g.BS * g.HSp},
+                                                 {&v, g.BS * g.HSp},  {&p, R * g.group * BSp}, {&m, R * Hp},
+                                                 {&l, R * Hp}};
     for (const auto& [ptr, n] : parts) {
       *ptr = base ? base + floats : nullptr;
       floats += n;
     }
   }
 };
+
+// Row r's state in a task's scratch: its query heads' q, acc, m, l, and the
+// scores of the kv head at hand.
+struct RowState {
+  float *q, *acc, *m, *l, *p;
+};
+
+RowState row_state(const PagedGeometry& g, const PagedTiles& w, int64_t r) {
+  return {w.q + r * g.NH * g.HSp, w.acc + r * g.NH * g.HSp, w.m + r * w.Hp, w.l + r * w.Hp,
+          w.p + r * g.group * w.BSp};
+}
 
 struct PagedArgs {
   Tensor out, q, k_cache, v_cache;
@@ -244,39 +293,122 @@ BlockRows<float> padded_rows(float* dst, const Tensor& cache, const PagedGeometr
   return {dst, g.HSp};
 }
 
-// One cache block of cnt visible keys for the G query heads of one kv head,
-// the task's heads h0 .. h0 + G - 1: scores, online-softmax update of m and
-// l, acc = acc * alpha + sum_j p_j v_j.
+// Scores of one query head over a block's cnt keys, p[j] = k_j . q (q
+// carries the scale); then the online-softmax update of the head's m and l:
+// p becomes exp(p - m_new), zero-padded to a multiple of kLanes, and the
+// factor alpha = exp(m_old - m_new) the head's acc is to be scaled by is
+// returned.
+//
+// p[j0 .. j0 + 16) for 16 keys there are, with HSp = D kLanes known: q's
+// vectors and the 16 keys' lane partials stay in registers (the loop of
+// dot_lanes to a run-time HSp kept them in memory, zeroed each time). The
+// same multiplies and adds in the same order as dot_lanes.
+template <int D, typename T>
+inline void scores16(const float* q, BlockRows<T> k, int64_t j0, float* p) {
+  V16 qv[D];
+  for (int d = 0; d < D; ++d) qv[d] = load16(q + d * kLanes);
+  V16 part[16];
+  for (int64_t j = 0; j < 16; ++j) {
+    const T* kr = k.first + (j0 + j) * k.second;
+    V16 acc = qv[0] * load16(kr);
+    for (int d = 1; d < D; ++d) acc += qv[d] * load16(kr + d * kLanes);
+    part[j] = acc;
+  }
+  store16(p + j0, hsum16(part));
+}
+
 template <typename T>
-void block_step(const PagedGeometry& g, PagedTiles& w, int64_t h0, BlockRows<T> k, BlockRows<T> v, int64_t cnt) {
+float scores_and_softmax(const float* q, BlockRows<T> k, int64_t cnt, int64_t HSp, float* p, float& m, float& l) {
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= cnt; j0 += kLanes) {
+    switch (HSp / kLanes) {
+      case 1: scores16<1>(q, k, j0, p); continue;
+      case 2: scores16<2>(q, k, j0, p); continue;
+      case 4: scores16<4>(q, k, j0, p); continue;
+      case 6: scores16<6>(q, k, j0, p); continue;
+      case 8: scores16<8>(q, k, j0, p); continue;
+      default: break;
+    }
+    V16 part[16];
+    for (int64_t j = 0; j < kLanes; ++j) part[j] = dot_lanes(q, k.first + (j0 + j) * k.second, HSp);
+    store16(p + j0, hsum16(part));
+  }
+  if (j0 < cnt) {  // the block's last keys, fewer than 16: zero partials for the rest
+    V16 part[16] = {};
+    for (int64_t j = j0; j < cnt; ++j) part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
+    store16(p + j0, hsum16(part));
+  }
+  // The running max over the block's scores, lane by lane from m, then across
+  // the lanes; padding lanes hold -inf, so they never win and exp makes them 0.
+  const int64_t cntp = round_up(cnt, kLanes);
+  std::fill(p + cnt, p + cntp, -std::numeric_limits<float>::infinity());
+  V16 mv = splat16(m);
+  for (int64_t j0 = 0; j0 < cntp; j0 += kLanes) mv = max16(mv, load16(p + j0));
+  const float mx = hmax(mv);
+  // m is -inf before the first block, which holds key 0 that every row
+  // sees: mx is finite and alpha = exp(-inf) = 0.
+  const float alpha = exp_f32(m - mx);
+  for (int64_t j0 = 0; j0 < cntp; j0 += kLanes) exp_minus16(p + j0, mx);
+  // The block's sum by a fixed order: 16-lane groups in turn, then hsum.
+  V16 ps = load16(p);
+  for (int64_t j0 = kLanes; j0 < cnt; j0 += kLanes) ps += load16(p + j0);
+  m = mx;
+  l = l * alpha + hsum(ps);
+  return alpha;
+}
+
+// acc_r[d] = acc_r[d] * alpha_r + sum_j p_r[j] v_j[d] for R rows' accumulators
+// over one block's cnt values, columns [d0, d0 + C kLanes): each element's
+// sum runs over j in order, one rounding per multiply and add, whatever R and
+// C are (so a row's bits are its own); the R C running sums are independent
+// chains of adds, which is what keeps the adder busy (one chain of cnt adds
+// per column group left it waiting on each add's latency).
+template <int R, int C, typename T>
+inline void value_update(float* const (&acc)[R], const float* const (&p)[R], const float (&alpha)[R], BlockRows<T> v,
+                         int64_t cnt, int64_t d0) {
+  V16 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = load16(acc[r] + d0 + c * kLanes) * alpha[r];
+  for (int64_t j = 0; j < cnt; ++j) {
+    const T* vj = v.first + j * v.second + d0;
+    for (int c = 0; c < C; ++c) {
+      const V16 x = load16(vj + c * kLanes);
+      for (int r = 0; r < R; ++r) a[r][c] += p[r][j] * x;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) store16(acc[r] + d0 + c * kLanes, a[r][c]);
+}
+
+// Accumulator vectors value_update may keep in registers: 16 of AVX-512's 32
+// zmm; with AVX2 each V16 is two of the 16 ymm, so 4.
+#if defined(__AVX512F__)
+inline constexpr int kAccVectors = 16;
+#else
+inline constexpr int kAccVectors = 4;
+#endif
+
+// One cache block of cnt keys, seen whole by each of R rows, for the G
+// query heads of one kv head (the task's heads h0 .. h0 + G - 1): scores and
+// softmax row by row, then the value update for all R rows at once.
+template <int R, typename T>
+void block_step(const PagedGeometry& g, const RowState (&rows)[R], int64_t h0, BlockRows<T> k, BlockRows<T> v,
+                int64_t cnt) {
   const int64_t HSp = g.HSp;
+  constexpr int C = kAccVectors / R > 4 ? 4 : kAccVectors / R;  // column groups per pass
   for (int64_t i = h0; i < h0 + g.group; ++i) {
-    float* p = w.p + (i - h0) * w.BSp;
-    const float* q = w.q + i * HSp;
-    for (int64_t j0 = 0; j0 < cnt; j0 += kLanes) {
-      V16 part[16] = {};
-      for (int64_t j = j0; j < std::min(cnt, j0 + kLanes); ++j)
-        part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
-      store16(p + j0, hsum16(part));
+    float* acc[R];
+    const float* p[R];
+    float alpha[R];
+    for (int r = 0; r < R; ++r) {
+      float* pr = rows[r].p + (i - h0) * round_up(g.BS, kLanes);
+      alpha[r] = scores_and_softmax(rows[r].q + i * HSp, k, cnt, HSp, pr, rows[r].m[i], rows[r].l[i]);
+      acc[r] = rows[r].acc + i * HSp;
+      p[r] = pr;
     }
-    float mx = w.m[i];
-    for (int64_t j = 0; j < cnt; ++j) mx = p[j] > mx ? p[j] : mx;
-    // m is -inf before the first block, which holds key 0 that every row
-    // sees: mx is finite and alpha = exp(-inf) = 0.
-    const float alpha = exp_f32(w.m[i] - mx);
-    for (int64_t j = 0; j < cnt; ++j) p[j] = exp_f32(p[j] - mx);  // a loop GCC vectorises
-    std::fill(p + cnt, p + round_up(cnt, kLanes), 0.f);
-    // The block's sum by a fixed order: 16-lane groups in turn, then hsum.
-    V16 ps = load16(p);
-    for (int64_t j0 = kLanes; j0 < cnt; j0 += kLanes) ps += load16(p + j0);
-    w.m[i] = mx;
-    w.l[i] = w.l[i] * alpha + hsum(ps);
-    float* acc = w.acc + i * HSp;
-    for (int64_t d = 0; d < HSp; d += kLanes) {
-      V16 a = load16(acc + d) * alpha;
-      for (int64_t j = 0; j < cnt; ++j) a += p[j] * load16(v.first + j * v.second + d);
-      store16(acc + d, a);
-    }
+    int64_t d0 = 0;
+    for (; d0 + C * kLanes <= HSp; d0 += C * kLanes) value_update<R, C>(acc, p, alpha, v, cnt, d0);
+    for (; d0 < HSp; d0 += kLanes) value_update<R, 1>(acc, p, alpha, v, cnt, d0);
   }
 }
 
@@ -303,53 +435,82 @@ int64_t sequence_of(const PagedArgs& a, int64_t n) {
   return (std::upper_bound(a.query_start, end, n) - a.query_start) - 1;
 }
 
-// out[n, h, :] for the query heads h of kv heads [kv0, kv1), walking the
-// row's blocks once for all of them: a block's rows hold the kv heads side
-// by side, so the task reads one contiguous stretch per block row.
-void row_task(const PagedArgs& a, PagedTiles& w, int64_t n, int64_t kv0, int64_t kv1) {
+// A block seen whole by the first R of a tile's rows, as block_step<R>.
+template <int R, typename T>
+void block_step_first(const PagedGeometry& g, const RowState* st, int64_t h0, BlockRows<T> k, BlockRows<T> v,
+                      int64_t cnt) {
+  RowState rows[R];
+  std::copy_n(st, R, rows);
+  block_step<R>(g, rows, h0, k, v, cnt);
+}
+
+// out[n, h, :] for rows n0 .. n0 + R - 1 of sequence s (R <= kTileRows) and
+// the query heads h of kv heads [kv0, kv1), walking the rows' blocks once for
+// all of them: a block's rows hold the kv heads side by side, so the task
+// reads one contiguous stretch per block row. Blocks every row of the tile
+// sees whole go through block_step<R>; the one or two blocks holding the
+// rows' own positions, which they see in part, row by row.
+void tile_task(const PagedArgs& a, PagedTiles& w, int64_t s, int64_t n0, int64_t R, int64_t kv0, int64_t kv1) {
   const PagedGeometry& g = a.g;
-  const int64_t s = sequence_of(a, n), q0 = a.query_start[s], q_len = a.query_start[s + 1] - q0;
-  const int64_t pos = a.seq_lens[s] - q_len + (n - q0);  // sees keys 0 ..= pos
+  const int64_t q0 = a.query_start[s], q_len = a.query_start[s + 1] - q0;
+  const int64_t first = a.seq_lens[s] - q_len + (n0 - q0);  // row n0 + r sees keys 0 ..= first + r
+  const int64_t last = first + R - 1;
   const int64_t hb = kv0 * g.group, nh = (kv1 - kv0) * g.group;  // the task's query heads
-  dispatch_float(a.q.dtype(), [&]<typename T>() {
-    for (int64_t i = 0; i < nh; ++i) {
-      const T* src = a.q.data_as<T>() + (n * g.NH + hb + i) * g.HS;
-      float* d = w.q + i * g.HSp;
-      for (int64_t c = 0; c < g.HS; ++c) d[c] = to_f32(src[c]) * g.scale;  // scores = k . (q * scale)
-      std::fill(d + g.HS, d + g.HSp, 0.f);
-    }
-  });
-  std::fill_n(w.acc, nh * g.HSp, 0.f);
-  std::fill_n(w.m, nh, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.l, nh, 0.f);
+  RowState st[kTileRows];
+  for (int64_t r = 0; r < R; ++r) {
+    st[r] = row_state(g, w, r);
+    dispatch_float(a.q.dtype(), [&]<typename T>() {
+      for (int64_t i = 0; i < nh; ++i) {
+        const T* src = a.q.data_as<T>() + ((n0 + r) * g.NH + hb + i) * g.HS;
+        float* d = st[r].q + i * g.HSp;
+        for (int64_t c = 0; c < g.HS; ++c) d[c] = to_f32(src[c]) * g.scale;  // scores = k . (q * scale)
+        std::fill(d + g.HS, d + g.HSp, 0.f);
+      }
+    });
+    std::fill_n(st[r].acc, nh * g.HSp, 0.f);
+    std::fill_n(st[r].m, nh, -std::numeric_limits<float>::infinity());
+    std::fill_n(st[r].l, nh, 0.f);
+  }
   const int32_t* table = a.block_tables + s * g.max_blocks;
   dispatch_float(a.k_cache.dtype(), [&]<typename T>() {
-    for (int64_t b = 0; b * g.BS <= pos; ++b) {
-      const int64_t cnt = std::min(g.BS, pos + 1 - b * g.BS);
+    for (int64_t b = 0; b * g.BS <= last; ++b) {
+      const bool whole = (b + 1) * g.BS <= first + 1;  // every row sees all of block b
+      const int64_t cnt = std::min(g.BS, last + 1 - b * g.BS);  // keys the last row sees
       // The next block's rows of each kv head are asked for as this block's
       // are used: the requests spread over the walk (all of a block's at once
       // filled the miss buffers and stalled: 15 GB/s against 22 measured with
       // loom bench kernels --filter paged).
-      const int64_t next_cnt = std::clamp<int64_t>(pos + 1 - (b + 1) * g.BS, 0, g.BS);
+      const int64_t next_cnt = std::clamp<int64_t>(last + 1 - (b + 1) * g.BS, 0, g.BS);
       for (int64_t kvh = kv0; kvh < kv1; ++kvh) {
         if (next_cnt > 0) prefetch_block(a, table[b + 1], kvh, next_cnt);
         const int64_t h0 = (kvh - kv0) * g.group;
+        const auto step = [&]<typename U>(BlockRows<U> k, BlockRows<U> v) {
+          if (whole) {
+            switch (R) {
+              case 1: return block_step_first<1>(g, st, h0, k, v, cnt);
+              case 2: return block_step_first<2>(g, st, h0, k, v, cnt);
+              case 3: return block_step_first<3>(g, st, h0, k, v, cnt);
+              default: return block_step_first<4>(g, st, h0, k, v, cnt);
+            }
+          }
+          for (int64_t r = 0; r < R; ++r)
+            if (b * g.BS <= first + r) block_step_first<1>(g, st + r, h0, k, v, std::min(g.BS, first + r + 1 - b * g.BS));
+        };
         if (g.HS == g.HSp)
-          block_step(g, w, h0, cache_rows<T>(a.k_cache, g, table[b], kvh), cache_rows<T>(a.v_cache, g, table[b], kvh),
-                     cnt);
+          step(cache_rows<T>(a.k_cache, g, table[b], kvh), cache_rows<T>(a.v_cache, g, table[b], kvh));
         else
-          block_step(g, w, h0, padded_rows<T>(w.k, a.k_cache, g, table[b], kvh, cnt),
-                     padded_rows<T>(w.v, a.v_cache, g, table[b], kvh, cnt), cnt);
+          step(padded_rows<T>(w.k, a.k_cache, g, table[b], kvh, cnt), padded_rows<T>(w.v, a.v_cache, g, table[b], kvh, cnt));
       }
     }
   });
   dispatch_float(a.out.dtype(), [&]<typename T>() {
-    for (int64_t i = 0; i < nh; ++i) {
-      T* dst = a.out.data_as<T>() + (n * g.NH + hb + i) * g.HS;
-      const float* acc = w.acc + i * g.HSp;
-      const float inv = 1.f / w.l[i];
-      for (int64_t c = 0; c < g.HS; ++c) dst[c] = from_f32<T>(acc[c] * inv);
-    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < nh; ++i) {
+        T* dst = a.out.data_as<T>() + ((n0 + r) * g.NH + hb + i) * g.HS;
+        const float* acc = st[r].acc + i * g.HSp;
+        const float inv = 1.f / st[r].l[i];
+        for (int64_t c = 0; c < g.HS; ++c) dst[c] = from_f32<T>(acc[c] * inv);
+      }
   });
 }
 
@@ -432,14 +593,19 @@ void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                        query_start.data_as<int32_t>(), g};
   check_batch_values(args, block_tables, seq_lens, query_start);
   if (g.N == 0) return;
-  // A task is one row and a range of its kv heads: all of them when there
-  // are rows enough to share out (each block is then read front to back),
-  // split so that every thread has work when there are few (a lone decode
-  // row). The split chooses which heads share a walk, never the arithmetic
-  // of any head.
+  // A task is a tile of up to kTileRows consecutive rows of one sequence and
+  // a range of their kv heads: all of them when there are tiles enough to
+  // share out (each block is then read front to back), split so that every
+  // thread has work when there are few (a lone decode row). The tiling and
+  // the split choose which rows and heads share a walk, never the arithmetic
+  // of any row and head.
+  std::vector<int64_t> tiles;  // each tile's first row
+  for (int64_t s = 0; s < g.S; ++s)
+    for (int64_t n = args.query_start[s]; n < args.query_start[s + 1]; n += kTileRows) tiles.push_back(n);
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
   const int64_t threads = omp_get_max_threads();
-  const int64_t splits = std::clamp<int64_t>((4 * threads + g.N - 1) / g.N, 1, g.NKV);
-  const int64_t n_tasks = g.N * splits;
+  const int64_t splits = std::clamp<int64_t>((4 * threads + n_tiles - 1) / n_tiles, 1, g.NKV);
+  const int64_t n_tasks = n_tiles * splits;
   const ThreadSlices<float> slices(ScratchSlot::a, static_cast<size_t>(PagedTiles(g, nullptr).floats),
                                    static_cast<int>(std::min<int64_t>(threads, n_tasks)));
 #pragma omp parallel num_threads(slices.threads())
@@ -449,8 +615,10 @@ void paged_attention_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
     // time. Which thread runs a task never changes its arithmetic.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n_tasks; ++t) {
-      const int64_t n = t / splits, i = t % splits;
-      row_task(args, w, n, g.NKV * i / splits, g.NKV * (i + 1) / splits);
+      const int64_t n0 = tiles[static_cast<size_t>(t / splits)], i = t % splits;
+      const int64_t s = sequence_of(args, n0);
+      const int64_t rows = std::min(kTileRows, int64_t{args.query_start[s + 1]} - n0);
+      tile_task(args, w, s, n0, rows, g.NKV * i / splits, g.NKV * (i + 1) / splits);
     }
   }
 }
