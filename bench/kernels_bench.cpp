@@ -251,7 +251,7 @@ void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const ch
 // (finite f16 scales; the speed does not depend on the values). GFLOP/s
 // counts 2 M N K; GB/s counts w's bytes once, as linear_invariant's does.
 constexpr ServingLinear kQuantLinears[] = {{"fc", kC, 4 * kC}, {"mlp_proj", 4 * kC, kC}};
-constexpr int64_t kQuantRows[] = {1, 64};
+constexpr int64_t kQuantRows[] = {1, 64, 512};
 constexpr kernels::QuantType kQuantTypes[] = {kernels::QuantType::q8_0, kernels::QuantType::q4_0,
                                               kernels::QuantType::q4_K, kernels::QuantType::q6_K};
 

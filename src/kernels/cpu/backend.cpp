@@ -29,10 +29,12 @@ constexpr Backend make_backend() {
 constinit const Backend kBackend = make_backend();
 
 #if defined(__AVX512BF16__)
-// The amx level: this level's kernels, but bf16 serving linears in AMX tiles.
+// The amx level: this level's kernels, but bf16 serving linears and the
+// integer sums of q8_0 / q4_0 ones in AMX tiles.
 constexpr Backend make_amx_backend() {
   Backend b = make_backend();
   b.linear_forward_invariant = &linear_forward_invariant_amx;
+  b.linear_forward_quantized = &linear_forward_quantized_amx;
   return b;
 }
 constinit const Backend kAmxBackend = make_amx_backend();

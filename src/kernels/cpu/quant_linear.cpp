@@ -45,6 +45,7 @@
 #endif
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/linear_amx.h"
 #include "kernels/cpu/quant_prefill.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
@@ -373,7 +374,11 @@ const std::byte* quantize_rows(const float* x, int64_t N, int64_t IC, QuantType 
 
 }  // namespace
 
-void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias) {
+namespace {
+
+// linear_forward_quantized with `prefill` as the path for many rows.
+void quantized_linear(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias,
+                      bool (*prefill)(QuantType, const QuantOperands&)) {
   const int64_t OC = w.size(0), IC = x.size(-1), N = rows(x);
   if (N == 0 || OC == 0) return;
   const QuantType at = quant_dot_type(wtype);
@@ -387,7 +392,7 @@ void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantT
                    N,
                    OC,
                    IC / quant_block_size(wtype)};
-  if (quant_prefill(wtype, o)) return;  // many rows, where this level has that path
+  if (prefill(wtype, o)) return;  // many rows, where this level has that path
   switch (wtype) {
     case QuantType::q8_0: return run<Q8_0>(o);
     case QuantType::q4_0: return run<Q4_0>(o);
@@ -396,6 +401,16 @@ void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantT
     case QuantType::q8_K: break;
   }
   LOOM_CHECK(false, "linear_forward_quantized: weight type ", quant_name(wtype), " reached the CPU kernel");
+}
+
+}  // namespace
+
+void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias) {
+  quantized_linear(y, x, w, wtype, bias, &quant_prefill);
+}
+
+void linear_forward_quantized_amx(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias) {
+  quantized_linear(y, x, w, wtype, bias, &quant_prefill_amx);
 }
 
 }  // namespace loom::kernels::cpu::LOOM_ISA

@@ -26,6 +26,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/scratch.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
@@ -66,11 +67,11 @@ void pack_group(PackedBlock* p, const QuantOperands& o, int64_t n0) {
       __m256i v;
       if constexpr (T == QuantType::q8_0) {
         const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
-        p[b].d[c] = from_f16(blk.d);
+        p[b].d[c] = half_to_float(blk.d);
         v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs)), _mm256_set1_epi8(-128));
       } else {
         const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
-        p[b].d[c] = from_f16(blk.d);
+        p[b].d[c] = half_to_float(blk.d);
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
         v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
       }
@@ -157,7 +158,7 @@ struct SuperK4 {
       const auto* row = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
         const block_q4_K& blk = row[b];
-        p[b].d[c] = from_f16(blk.d), p[b].dmin[c] = from_f16(blk.dmin);
+        p[b].d[c] = half_to_float(blk.d), p[b].dmin[c] = half_to_float(blk.dmin);
         for (int j = 0; j < 8; ++j) {
           uint8_t sc = 0, mn = 0;
           q4_K_scale_min(j, blk.scales, &sc, &mn);
@@ -255,7 +256,7 @@ struct SuperK6 {
     for (int c = 0; c < kLanes; ++c) {
       const auto* row = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
-        p[b].d[c] = from_f16(row[b].d);
+        p[b].d[c] = half_to_float(row[b].d);
         for (int j = 0; j < 16; ++j) p[b].sc[j][c] = row[b].scales[j];
         uint8_t v[kQKK];
         unpack(row[b], v);

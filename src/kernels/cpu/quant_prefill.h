@@ -34,6 +34,10 @@ struct QuantOperands {
 inline constexpr int64_t kQuantPrefillRows = 16;
 bool quant_prefill(QuantType wtype, const QuantOperands& o);
 bool quant_prefill8(QuantType wtype, const QuantOperands& o);  // quant_prefill8.cpp
+// The amx level's (quant_prefill_amx.cpp): q8_0 and q4_0 with the integer
+// sums in AMX tiles, the other types as quant_prefill. Call only where the
+// process may use AMX tiles (cpu_isa.cpp's amx level).
+bool quant_prefill_amx(QuantType wtype, const QuantOperands& o);
 
 // quantize_row's bytes for the activation types q8_0 and q8_K, in vector
 // form (quant_activations.cpp); false (the caller then runs quantize_row) at

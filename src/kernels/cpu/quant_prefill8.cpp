@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/scratch.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512VNNI__))
@@ -84,13 +85,13 @@ struct Block32 {
       for (int64_t b = 0; b < o.nb; ++b) {
         if constexpr (T == QuantType::q8_0) {
           const block_q8_0& blk = reinterpret_cast<const block_q8_0*>(row)[b];
-          p[b].d[c] = from_f16(blk.d);
+          p[b].d[c] = half_to_float(blk.d);
           const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
           scatter_lane(&p[b].u[0][0], c, _mm256_abs_epi8(w));
           scatter_lane(reinterpret_cast<uint8_t*>(&p[b].w[0][0]), c, w);
         } else {
           const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(row)[b];
-          p[b].d[c] = from_f16(blk.d);
+          p[b].d[c] = half_to_float(blk.d);
           const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
           scatter_lane(&p[b].u[0][0], c,
                        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf)));
@@ -147,7 +148,7 @@ struct SuperK4 {
     for (int c = 0; c < kLanes; ++c) {
       const block_q4_K* row = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
-        p[b].d[c] = from_f16(row[b].d), p[b].dmin[c] = from_f16(row[b].dmin);
+        p[b].d[c] = half_to_float(row[b].d), p[b].dmin[c] = half_to_float(row[b].dmin);
         for (int j = 0; j < 8; ++j) {
           uint8_t sc = 0, mn = 0;
           q4_K_scale_min(j, row[b].scales, &sc, &mn);

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/quant_prefill.h"
 #include "kernels/cpu/scratch.h"
 
@@ -41,7 +42,7 @@ inline RowBlocks prepare_q8_0(const QuantOperands& o) {
       const block_q8_0& blk = row_at<block_q8_0>(o.a, o.a_row, m)[b];
       int32_t t = 0;
       for (int j = 0; j < kQK; ++j) t += blk.qs[j];
-      d[m * o.nb + b] = from_f16(blk.d), sum[m * o.nb + b] = t;
+      d[m * o.nb + b] = half_to_float(blk.d), sum[m * o.nb + b] = t;
     }
   return {d, sum};
 }
