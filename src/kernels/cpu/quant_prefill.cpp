@@ -238,20 +238,6 @@ struct SuperK6 {
 
   static Rows prepare(const QuantOperands& o) { return prepare_q8_K<16>(o); }
 
-  // quant.h's q6_K layout: value 128 h + 32 k + l from ql, qh (0..63).
-  static void unpack(const block_q6_K& x, uint8_t (&v)[kQKK]) {
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t *ql = x.ql + 64 * h, *qh = x.qh + 32 * h;
-      uint8_t* q = v + 128 * h;
-      for (int l = 0; l < kQK; ++l) {
-        q[l] = static_cast<uint8_t>((ql[l] & 0xf) | ((qh[l] & 3) << 4));
-        q[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
-        q[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-        q[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-      }
-    }
-  }
-
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
       const auto* row = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
@@ -259,7 +245,7 @@ struct SuperK6 {
         p[b].d[c] = half_to_float(row[b].d);
         for (int j = 0; j < 16; ++j) p[b].sc[j][c] = row[b].scales[j];
         uint8_t v[kQKK];
-        unpack(row[b], v);
+        unpack_q6_K(row[b], v);
         for (int k = 0; k < 64; ++k) std::memcpy(p[b].q[k] + 4 * c, v + 4 * k, 4);
       }
     }

@@ -1,5 +1,5 @@
 // quant_prefill.cpp's repacked path at 8 outputs a vector, for levels with
-// AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0 and q4_K.
+// AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0, q4_K and q6_K.
 //
 // Lane c of a 32-byte vector holds four consecutive values of weight row c;
 // vpmaddubsw multiplies them with four bytes of x broadcast (unsigned times
@@ -201,6 +201,77 @@ struct SuperK4 {
   }
 };
 
+// q6_K against q8_K (quant.h's vec_dot_q6_K_q8_K): per super-block the
+// integer isum = sum_j sc_j * dot_j - 32 * sum_j sc_j * bsum_j over its 16
+// sub-blocks of 16, then (dw * dy) * isum. The scale enters with the pair
+// sums: vpmaddwd multiplies vpmaddubsw's int16 pairs (2 * 63 * 128 < 32768)
+// by sc_j instead of by ones, so sc_j * dot_j needs no 32-bit multiply; and
+// the offset's sum_j sc_j * bsum_j is vpmaddwd of two sub-blocks' scales
+// against x's bsums (int16 in q8_K). Every integer is exact in int32
+// (|isum| < 16 * 128 * (16 * 63 * 128 + 32 * 2048) < 2^31).
+struct alignas(32) PackedK6 {
+  float d[kLanes];
+  int16_t sc[16][2 * kLanes];    // [j]: sc_j of row c in int16 lanes 2 c and 2 c + 1
+  int16_t pairs[8][2 * kLanes];  // [i]: sc_2i and sc_2i+1 of row c in lanes 2 c, 2 c + 1
+  uint8_t q[64][32];             // [k]: lane c's values 4 k .. 4 k + 3 of row c
+};
+
+struct SuperK6 {
+  using Packed = PackedK6;
+  using Rows = RowSupers;
+  static constexpr int kTile = kRowTile;
+
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_K<16>(o); }
+
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
+    for (int c = 0; c < kLanes; ++c) {
+      const block_q6_K* row = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+      for (int64_t b = 0; b < o.nb; ++b) {
+        p[b].d[c] = half_to_float(row[b].d);
+        for (int j = 0; j < 16; ++j) {
+          p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = row[b].scales[j];
+          p[b].pairs[j / 2][2 * c + j % 2] = row[b].scales[j];
+        }
+        uint8_t v[kQKK];
+        unpack_q6_K(row[b], v);
+        for (int k = 0; k < 64; ++k) std::memcpy(p[b].q[k] + 4 * c, v + 4 * k, 4);
+      }
+    }
+  }
+
+  template <int R>
+  static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
+    __m256 s[R];
+    const block_q8_K* a[R];
+    for (int i = 0; i < R; ++i) s[i] = _mm256_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m256i isum[R], off[R];
+      for (int i = 0; i < R; ++i) isum[i] = off[i] = _mm256_setzero_si256();
+      for (int j = 0; j < 16; ++j) {
+        const __m256i sc = load(p[b].sc[j]);
+        for (int t = 0; t < 4; ++t) {
+          const __m256i v = load(p[b].q[4 * j + t]);
+          for (int i = 0; i < R; ++i)
+            isum[i] = _mm256_add_epi32(
+                isum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(v, bcast4(a[i][b].qs + 16 * j + 4 * t)), sc));
+        }
+      }
+      for (int k = 0; k < 8; ++k) {
+        const __m256i sc = load(p[b].pairs[k]);
+        for (int i = 0; i < R; ++i)
+          off[i] = _mm256_add_epi32(off[i], _mm256_madd_epi16(sc, bcast4(reinterpret_cast<const int8_t*>(a[i][b].bsums + 2 * k))));
+      }
+      const __m256 dw = _mm256_load_ps(p[b].d);
+      for (int i = 0; i < R; ++i) {
+        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(off[i], 5));
+        const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[(m + i) * o.nb + b]));
+        s[i] = _mm256_add_ps(s[i], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[i])));
+      }
+    }
+    store_rows<R>(s, o, m, n0);
+  }
+};
+
 template <class P>
 void run(const QuantOperands& o) {
   run_packed<P, kLanes, kRowBlock, kGroupsPerItem>(o);
@@ -215,6 +286,7 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;
+  if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;
 #else
   (void)wtype, (void)o;
 #endif

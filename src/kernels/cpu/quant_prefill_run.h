@@ -72,6 +72,21 @@ RowSupers prepare_q8_K(const QuantOperands& o) {
   return {d, sums};
 }
 
+// A q6_K super-block's 256 values as bytes 0..63 in order (quant.h's layout:
+// value 128 h + 32 k + l from ql and qh).
+inline void unpack_q6_K(const block_q6_K& x, uint8_t (&v)[kQKK]) {
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t *ql = x.ql + 64 * h, *qh = x.qh + 32 * h;
+    uint8_t* q = v + 128 * h;
+    for (int l = 0; l < kQK; ++l) {
+      q[l] = static_cast<uint8_t>((ql[l] & 0xf) | ((qh[l] & 3) << 4));
+      q[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4));
+      q[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      q[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
 // y for a weight type P (Packed, Rows, kTile, prepare, pack, tile<R>): items of
 // GroupsPerItem groups of Lanes outputs by RowBlock rows of x, handed out one
 // at a time; each group repacked by the thread that takes it. Which thread
