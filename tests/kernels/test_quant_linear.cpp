@@ -158,8 +158,10 @@ void expect_reference_bits(QuantType t, int64_t OC, int64_t IC, bool random_byte
 
 TEST(QuantLinear, EqualsTheScalarReferenceBitForBitAtEveryLevelAndRowCount) {
   for (QuantType t : kWeightTypes) {
-    // 17 and more rows: the 16-output VNNI path (quant_prefill.cpp) where the
-    // level has it; 520 crosses its 512-row blocks, 17 and 130 end in tails.
+    // 17 and more rows: the repacked paths where the level has them (8 or 16
+    // outputs a vector, quant_prefill8.cpp / quant_prefill.cpp; AMX tiles of
+    // 16 rows at the amx level, quant_prefill_amx*.cpp); 520 crosses their
+    // 512-row blocks, 17 and 130 end in tails.
     expect_reference_bits(t, 33, 256, false, {1, 3, 17, 64, 130, 520});
     expect_reference_bits(t, 768, 4096, false, {1, 3, 17, 64, 130});
   }

@@ -33,175 +33,14 @@
 
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/lane_sum.h"
+#include "kernels/cpu/paged_vec.h"
 #include "kernels/cpu/scratch.h"
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-// Every multiply and add below is its own IEEE operation (loom compiles with
-// -ffp-contract=off, CMakeLists.txt): an FMA would give a level with FMA
-// other bits than one without, and the serving path's bits are the same at
-// every level.
+// Every multiply and add below is its own IEEE operation (paged_vec.h).
 namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
-using attention::kLanes;
-using attention::load_vec;
-using attention::round_up;
-using attention::store_vec;
-using attention::Vec;
-
-// 16 f32 lanes, the unit of every loop below. Each lane's arithmetic is
-// IEEE multiplies and adds, one rounding each (never contracted: the pragma
-// above), so the bits do not depend on how wide the registers are. With
-// AVX-512 the GCC vector Vec is one zmm register; without it GCC keeps a
-// 64-byte Vec in memory and every operation is a store and a reload (the
-// AVX2 build's dot products and sums), so AVX2 holds the 16 lanes in two
-// ymm registers, lanes 0-7 and 8-15.
-#if defined(__AVX2__) && !defined(__AVX512F__)
-#define LOOM_PAGED_AVX2 1
-struct V16 {
-  __m256 lo, hi;
-};
-inline V16 load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-inline void store16(float* p, V16 v) {
-  _mm256_storeu_ps(p, v.lo);
-  _mm256_storeu_ps(p + 8, v.hi);
-}
-inline V16 operator+(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-inline V16 operator*(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-inline V16 operator*(float s, V16 b) { return V16{_mm256_set1_ps(s), _mm256_set1_ps(s)} * b; }
-inline V16 operator*(V16 a, float s) { return a * V16{_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
-inline V16& operator+=(V16& a, V16 b) { return a = a + b; }
-inline float hsum(V16 v) { return lane_sum(v.lo, v.hi); }
-#else
-using V16 = Vec;
-inline V16 load16(const float* p) { return load_vec(p); }
-inline void store16(float* p, V16 v) { store_vec(p, v); }
-// The lanes of v summed pairwise, halving the width each round: a fixed
-// tree (lane_sum.h; with AVX-512 in registers, the same bits).
-inline float hsum(Vec v) { return lane_sum(v); }
-#endif
-
-// 16 cache elements as f32 lanes, converted in registers (both conversions
-// are exact: f16 by F16C, bf16 is the top half of an f32).
-inline V16 load16(const bf16* p) {
-#if defined(__AVX512F__)
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m512i u = _mm512_maskz_slli_epi32(kAll16, _mm512_maskz_cvtepu16_epi32(kAll16, h), 16);
-  return reinterpret_cast<V16>(_mm512_castsi512_ps(u));
-#elif defined(LOOM_PAGED_AVX2)
-  const auto widen = [](const bf16* q) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  };
-  return {widen(p), widen(p + 8)};
-#else
-  V16 v;
-  for (int i = 0; i < 16; ++i) v[i] = to_f32(p[i]);
-  return v;
-#endif
-}
-inline V16 load16(const f16* p) {
-#if defined(__AVX512F__)
-  return reinterpret_cast<V16>(_mm512_maskz_cvtph_ps(kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-#elif defined(LOOM_PAGED_AVX2)
-  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
-#else
-  V16 v;
-  for (int i = 0; i < 16; ++i) v[i] = to_f32(p[i]);
-  return v;
-#endif
-}
-
-#if defined(LOOM_PAGED_AVX2)
-inline V16 splat16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
-// Lane-wise max(run, x) as `x > run ? x : run` (MAXPS returns its second
-// operand when either is NaN): a NaN score never wins, as in a scalar loop.
-inline V16 max16(V16 run, V16 x) { return {_mm256_max_ps(x.lo, run.lo), _mm256_max_ps(x.hi, run.hi)}; }
-#else
-inline V16 splat16(float x) { return Vec{} + x; }
-inline V16 max16(V16 run, V16 x) { return x > run ? x : run; }
-#endif
-
-// The largest of 16 lanes (none NaN), pairwise by halves. A max is exact,
-// so any order gives the same value.
-inline float hmax(V16 v) {
-  alignas(64) float t[kLanes];
-  store16(t, v);
-  for (int64_t w = kLanes / 2; w >= 1; w /= 2)
-    for (int64_t i = 0; i < w; ++i) t[i] = t[i + w] > t[i] ? t[i + w] : t[i];
-  return t[0];
-}
-
-// p[i] = exp(p[i] - mx) for 16 lanes: a loop of known length, which GCC
-// vectorises (a loop to cnt it left scalar).
-inline void exp_minus16(float* __restrict p, float mx) {
-  for (int64_t i = 0; i < kLanes; ++i) p[i] = exp_f32(p[i] - mx);
-}
-
-// The 16 lane partials of a . b over HSp (a multiple of kLanes) elements:
-// lane l holds the products of elements d = l mod kLanes, in d order.
-template <typename T>
-inline V16 dot_lanes(const float* a, const T* b, int64_t HSp) {
-  V16 s = load16(a) * load16(b);
-  for (int64_t d = kLanes; d < HSp; d += kLanes) s += load16(a + d) * load16(b + d);
-  return s;
-}
-
-#if defined(LOOM_PAGED_AVX2)
-// Round W of hsum16 below on two ymm halves, written out as in-lane
-// shuffles (GCC lowers the generic two-vector shuffle of 64-byte vectors
-// element by element): the same lanes added in the same order.
-template <int W>
-inline V16 hsum16_round(V16 a, V16 b) {
-  const auto half = [](__m256 x, __m256 y) {  // one 8-lane half of the result
-    if constexpr (W == 4) {
-      return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
-    } else if constexpr (W == 2) {
-      return _mm256_add_ps(_mm256_shuffle_ps(x, y, 0x44), _mm256_shuffle_ps(x, y, 0xee));
-    } else {
-      return _mm256_add_ps(_mm256_blend_ps(x, _mm256_moveldup_ps(y), 0xaa),
-                           _mm256_blend_ps(_mm256_movehdup_ps(x), y, 0xaa));
-    }
-  };
-  if constexpr (W == 8) return {_mm256_add_ps(a.lo, a.hi), _mm256_add_ps(b.lo, b.hi)};
-  else return {half(a.lo, b.lo), half(a.hi, b.hi)};
-}
-#else
-typedef int32_t Lanes16i __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-// Round W of hsum16: a's and b's groups of 2W lanes -> groups of W lanes,
-// a's and b's alternating: out[g W + i] = x[2 (g/2) W + i] + x[2 (g/2) W + W + i],
-// x = a for even g, b for odd.
-template <int W, int Half, int... I>
-constexpr Lanes16i hsum16_mask(std::integer_sequence<int, I...>) {
-  return Lanes16i{((I / W / 2) * 2 * W + I % W + (I / W % 2 ? 16 : 0) + Half * W)...};
-}
-
-template <int W>
-inline Vec hsum16_round(Vec a, Vec b) {
-  constexpr Lanes16i lo = hsum16_mask<W, 0>(std::make_integer_sequence<int, 16>{});
-  constexpr Lanes16i hi = hsum16_mask<W, 1>(std::make_integer_sequence<int, 16>{});
-  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
-}
-#endif
-
-// Lane j of the result = hsum(v[j]) for 16 vectors at once, by the same tree
-// (lane i + lane i+8, then +4, +2, +1): each round adds the halves of two
-// vectors' groups side by side, so two shuffles and an add do for two keys
-// what hsum does for one, and 15 vector adds sum 16 keys (hsum pays a
-// dependent chain of shuffles per key, which bounded decode).
-inline V16 hsum16(V16 (&v)[16]) {
-  V16 t[8];
-  for (int j = 0; j < 8; ++j) t[j] = hsum16_round<8>(v[j], v[j + 8]);  // keys j | j+8
-  for (int j = 0; j < 4; ++j) t[j] = hsum16_round<4>(t[j], t[j + 4]);  // keys j, j+4, j+8, j+12
-  for (int j = 0; j < 2; ++j) t[j] = hsum16_round<2>(t[j], t[j + 2]);  // keys j, j+2, ..., j+14
-  return hsum16_round<1>(t[0], t[1]);                                  // keys 0 .. 15 in order
-}
+using namespace paged;
 
 struct PagedGeometry {
   int64_t N = 0, NH = 0, NKV = 0, HS = 0, HSp = 0, BS = 0, NB = 0, S = 0, max_blocks = 0;
@@ -293,12 +132,6 @@ BlockRows<float> padded_rows(float* dst, const Tensor& cache, const PagedGeometr
   return {dst, g.HSp};
 }
 
-// Scores of one query head over a block's cnt keys, p[j] = k_j . q (q
-// carries the scale); then the online-softmax update of the head's m and l:
-// p becomes exp(p - m_new), zero-padded to a multiple of kLanes, and the
-// factor alpha = exp(m_old - m_new) the head's acc is to be scaled by is
-// returned.
-//
 // p[j0 .. j0 + 16) for 16 keys there are, with HSp = D kLanes known: q's
 // vectors and the 16 keys' lane partials stay in registers (the loop of
 // dot_lanes to a run-time HSp kept them in memory, zeroed each time). The
@@ -317,8 +150,9 @@ inline void scores16(const float* q, BlockRows<T> k, int64_t j0, float* p) {
   store16(p + j0, hsum16(part));
 }
 
+// p[0 .. cnt) = the block's scores, with zeros up to a multiple of 16.
 template <typename T>
-float scores_and_softmax(const float* q, BlockRows<T> k, int64_t cnt, int64_t HSp, float* p, float& m, float& l) {
+void block_scores(const float* q, BlockRows<T> k, int64_t cnt, int64_t HSp, float* p) {
   int64_t j0 = 0;
   for (; j0 + kLanes <= cnt; j0 += kLanes) {
     switch (HSp / kLanes) {
@@ -338,6 +172,16 @@ float scores_and_softmax(const float* q, BlockRows<T> k, int64_t cnt, int64_t HS
     for (int64_t j = j0; j < cnt; ++j) part[j - j0] = dot_lanes(q, k.first + j * k.second, HSp);
     store16(p + j0, hsum16(part));
   }
+}
+
+// Scores of one query head over a block's cnt keys, p[j] = k_j . q (q
+// carries the scale); then the online-softmax update of the head's m and l:
+// p becomes exp(p - m_new), zero-padded to a multiple of kLanes, and the
+// factor alpha = exp(m_old - m_new) the head's acc is to be scaled by is
+// returned.
+template <typename T>
+float scores_and_softmax(const float* q, BlockRows<T> k, int64_t cnt, int64_t HSp, float* p, float& m, float& l) {
+  block_scores(q, k, cnt, HSp, p);
   // The running max over the block's scores, lane by lane from m, then across
   // the lanes; padding lanes hold -inf, so they never win and exp makes them 0.
   const int64_t cntp = round_up(cnt, kLanes);
@@ -435,6 +279,37 @@ int64_t sequence_of(const PagedArgs& a, int64_t n) {
   return (std::upper_bound(a.query_start, end, n) - a.query_start) - 1;
 }
 
+// Row n's state for query heads [hb, hb + nh): its q scaled (scores =
+// k . (q * scale)) and zero-padded, acc and l zero, m -inf.
+RowState start_row(const PagedArgs& a, RowState st, int64_t n, int64_t hb, int64_t nh) {
+  const PagedGeometry& g = a.g;
+  dispatch_float(a.q.dtype(), [&]<typename T>() {
+    for (int64_t i = 0; i < nh; ++i) {
+      const T* src = a.q.data_as<T>() + (n * g.NH + hb + i) * g.HS;
+      float* d = st.q + i * g.HSp;
+      for (int64_t c = 0; c < g.HS; ++c) d[c] = to_f32(src[c]) * g.scale;
+      std::fill(d + g.HS, d + g.HSp, 0.f);
+    }
+  });
+  std::fill_n(st.acc, nh * g.HSp, 0.f);
+  std::fill_n(st.m, nh, -std::numeric_limits<float>::infinity());
+  std::fill_n(st.l, nh, 0.f);
+  return st;
+}
+
+// out[n, h, :] = acc / l for the query heads [hb, hb + nh).
+void finish_row(const PagedArgs& a, const RowState& st, int64_t n, int64_t hb, int64_t nh) {
+  const PagedGeometry& g = a.g;
+  dispatch_float(a.out.dtype(), [&]<typename T>() {
+    for (int64_t i = 0; i < nh; ++i) {
+      T* dst = a.out.data_as<T>() + (n * g.NH + hb + i) * g.HS;
+      const float* acc = st.acc + i * g.HSp;
+      const float inv = 1.f / st.l[i];
+      for (int64_t c = 0; c < g.HS; ++c) dst[c] = from_f32<T>(acc[c] * inv);
+    }
+  });
+}
+
 // A block seen whole by the first R of a tile's rows, as block_step<R>.
 template <int R, typename T>
 void block_step_first(const PagedGeometry& g, const RowState* st, int64_t h0, BlockRows<T> k, BlockRows<T> v,
@@ -457,20 +332,7 @@ void tile_task(const PagedArgs& a, PagedTiles& w, int64_t s, int64_t n0, int64_t
   const int64_t last = first + R - 1;
   const int64_t hb = kv0 * g.group, nh = (kv1 - kv0) * g.group;  // the task's query heads
   RowState st[kTileRows];
-  for (int64_t r = 0; r < R; ++r) {
-    st[r] = row_state(g, w, r);
-    dispatch_float(a.q.dtype(), [&]<typename T>() {
-      for (int64_t i = 0; i < nh; ++i) {
-        const T* src = a.q.data_as<T>() + ((n0 + r) * g.NH + hb + i) * g.HS;
-        float* d = st[r].q + i * g.HSp;
-        for (int64_t c = 0; c < g.HS; ++c) d[c] = to_f32(src[c]) * g.scale;  // scores = k . (q * scale)
-        std::fill(d + g.HS, d + g.HSp, 0.f);
-      }
-    });
-    std::fill_n(st[r].acc, nh * g.HSp, 0.f);
-    std::fill_n(st[r].m, nh, -std::numeric_limits<float>::infinity());
-    std::fill_n(st[r].l, nh, 0.f);
-  }
+  for (int64_t r = 0; r < R; ++r) st[r] = start_row(a, row_state(g, w, r), n0 + r, hb, nh);
   const int32_t* table = a.block_tables + s * g.max_blocks;
   dispatch_float(a.k_cache.dtype(), [&]<typename T>() {
     for (int64_t b = 0; b * g.BS <= last; ++b) {
@@ -503,15 +365,7 @@ void tile_task(const PagedArgs& a, PagedTiles& w, int64_t s, int64_t n0, int64_t
       }
     }
   });
-  dispatch_float(a.out.dtype(), [&]<typename T>() {
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t i = 0; i < nh; ++i) {
-        T* dst = a.out.data_as<T>() + ((n0 + r) * g.NH + hb + i) * g.HS;
-        const float* acc = st[r].acc + i * g.HSp;
-        const float inv = 1.f / st[r].l[i];
-        for (int64_t c = 0; c < g.HS; ++c) dst[c] = from_f32<T>(acc[c] * inv);
-      }
-  });
+  for (int64_t r = 0; r < R; ++r) finish_row(a, st[r], n0 + r, hb, nh);
 }
 
 // The values ops.h leaves to the backend: query_start from 0 to N, never

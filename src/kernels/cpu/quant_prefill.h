@@ -38,6 +38,7 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o);  // quant_prefill8
 // sums in AMX tiles, the other types as quant_prefill. Call only where the
 // process may use AMX tiles (cpu_isa.cpp's amx level).
 bool quant_prefill_amx(QuantType wtype, const QuantOperands& o);
+bool quant_prefill_amx_k(QuantType wtype, const QuantOperands& o);  // q4_K, q6_K: quant_prefill_amx_k.cpp
 
 // quantize_row's bytes for the activation types q8_0 and q8_K, in vector
 // form (quant_activations.cpp); false (the caller then runs quantize_row) at

@@ -4,35 +4,30 @@
 //
 // Per block of 32 values, quant.h's vec_dot adds isum * (dw * da) to an f32
 // sum in block order, isum being the block's exact integer dot product. A
-// tile step gives 16 rows of x by 16 outputs of isum at once: A, 16 rows of
-// x's block b (32 bytes each, loaded in place from the q8_0 rows); B, the 16
-// outputs' block b as TDPBSSD takes it (row k holds values 4k .. 4k + 3 of
-// each output, 64 bytes: quant_prefill.cpp's packing with signed values, so
-// no offset to take back); C, 16 x 16 int32. K is one block (32 bytes) per
-// step because every block has its own scales: C is stored after each step
-// and its 16 rows enter the f32 sums in vector registers, the reference's
-// multiplies and adds in its order (no FMA). So every output has the bits
+// tile step (quant_amx.h) gives 16 rows of x by 16 outputs of isum at once:
+// A, 16 rows of x's block b (x repacked in tile order); B, the 16 outputs'
+// block b (signed values, so no offset to take back); C, 16 x 16 int32. K is
+// one block (32 bytes) per step because every block has its own scales: C
+// is stored after each step and its 16 rows enter the f32 sums in vector
+// registers, the reference's multiplies and adds in its order (no FMA). So every output has the bits
 // of the other paths (tests/kernels/test_quant_linear.cpp runs at every
 // level), and a row's bits never depend on the rows around it.
 //
 // The tile step does 8192 multiply-adds where the AVX512_VNNI path
 // (quant_prefill.cpp) needs 128 vpdpbusd and their broadcasts; what remains
 // per block is the f32 step, four vector operations a row.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/quant_amx.h"
 #include "kernels/cpu/quant_prefill.h"
 #include "kernels/cpu/quant_prefill_run.h"
 #include "kernels/cpu/scratch.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-#define LOOM_QUANT_PREFILL_AMX 1
-#include <immintrin.h>
+#if defined(LOOM_QUANT_AMX)
 // GCC 12 takes the intrinsics' undefined pass-through operands for
 // uninitialized variables here (a false positive: every lane is written).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -40,14 +35,11 @@
 
 namespace loom::kernels::cpu::LOOM_ISA {
 
-#if defined(LOOM_QUANT_PREFILL_AMX)
+#if defined(LOOM_QUANT_AMX)
 namespace {
 
 using namespace quant_packed;
-
-constexpr int kT = 16;                 // x rows of a tile, and outputs of a group
-constexpr int64_t kRowBlock = 512;     // x's rows an item takes past its groups
-constexpr int64_t kGroupsPerItem = 4;  // groups of 16 outputs an item takes
+using namespace quant_amx;
 
 // One block of a group of 16 weight rows: their scales widened, and their
 // values as a B tile: value j of row c at q[j / 4][4 c + j % 4].
@@ -69,72 +61,23 @@ __m256i block_values(const std::byte* row, int64_t b) {
 }
 
 // Rows [n0, n0 + 16) of W (the last row repeated past OC) into p, nb blocks,
-// a block at a time: z[c] holds rows c and c + 8 as 16 dwords (4 values
-// each), and an 8 x 8 dword transpose in each 256-bit half turns them into
-// the B tile's rows (row k: dword k of rows 0 .. 15).
+// a block at a time.
 template <QuantType T>
 void pack_group(TileBlock* p, const QuantOperands& o, int64_t n0) {
   const std::byte* rows[kT];
   for (int c = 0; c < kT; ++c) rows[c] = row_at<std::byte>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
-  // For the last step: 128-bit lanes 0 and 2 of a then b (0x20 in each half),
-  // or 1 and 3 (0x31), as qword indices of permutex2var.
-  const __m512i lo_lanes = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
-  const __m512i hi_lanes = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+  constexpr size_t kBlockBytes = T == QuantType::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
   for (int64_t b = 0; b < o.nb; ++b) {
+    __m256i v[kT];
     alignas(32) uint16_t d[kT];
-    __m512i z[8];
-    for (int c = 0; c < 8; ++c) {
-      z[c] = _mm512_inserti64x4(_mm512_castsi256_si512(block_values<T>(rows[c], b)),
-                                block_values<T>(rows[c + 8], b), 1);
-    }
     for (int c = 0; c < kT; ++c) {
-      // d is the first field of both block types.
-      std::memcpy(&d[c], rows[c] + b * static_cast<int64_t>(T == QuantType::q8_0 ? sizeof(block_q8_0)
-                                                                                   : sizeof(block_q4_0)),
-                  sizeof(uint16_t));
+      v[c] = block_values<T>(rows[c], b);
+      std::memcpy(&d[c], rows[c] + static_cast<size_t>(b) * kBlockBytes, sizeof d[c]);  // d comes first in both
     }
-    __m512i t[8], u[8];
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {
-      u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int k = 0; k < 4; ++k) {
-      _mm512_store_si512(p[b].q[k], _mm512_permutex2var_epi64(u[k], lo_lanes, u[k + 4]));
-      _mm512_store_si512(p[b].q[k + 4], _mm512_permutex2var_epi64(u[k], hi_lanes, u[k + 4]));
-    }
+    transpose_rows(v, &p[b].q[0][0]);
     _mm512_store_ps(p[b].d, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d))));
   }
 }
-
-// LDTILECFG's 64-byte operand (palette 1): tiles 0-3 C (16 rows of 16
-// int32), 4 and 5 A (16 rows of a block's 32 bytes), 6 and 7 B (8 rows of 64
-// bytes).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-__attribute__((target("amx-tile,amx-int8"))) void tiles_begin() {
-  TileConfig c;
-  for (int t = 0; t < 4; ++t) c.colsb[t] = 64, c.rows[t] = kT;
-  for (int t = 4; t < 6; ++t) c.colsb[t] = kQK, c.rows[t] = kT;
-  for (int t = 6; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kQK / 4;
-  // GCC 12's _tile_loadconfig does not tell the compiler that it reads c
-  // (linear_amx.cpp): without the barrier the stores above are dropped.
-  asm volatile("" : : "r"(&c) : "memory");
-  _tile_loadconfig(&c);
-}
-
-__attribute__((target("amx-tile,amx-int8"))) void tiles_end() { _tile_release(); }
 
 // x's rows as A tiles: tile t's block b holds rows [16 t, 16 t + 16)'s 32
 // values of block b, one after another (512 bytes; zeros past N), and the 16
@@ -143,9 +86,10 @@ __attribute__((target("amx-tile,amx-int8"))) void tiles_end() { _tile_release();
 struct XTiles {
   const int8_t* q;  // [(t * nb + b) * 16 + r][32]
   const float* d;   // [(t * nb + b) * 16 + r]
+  XTiles tile(const QuantOperands& o, int64_t t) const { return {q + t * o.nb * kT * kQK, d + t * o.nb * kT}; }
 };
 
-XTiles pack_x(const QuantOperands& o) {
+XTiles pack_q8_0(const QuantOperands& o) {
   const int64_t tiles = (o.N + kT - 1) / kT, per_tile = o.nb * kT;
   auto* q = thread_scratch<int8_t>(ScratchSlot::c, static_cast<size_t>(tiles * per_tile * kQK));
   auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(tiles * per_tile));
@@ -196,8 +140,8 @@ __attribute__((always_inline)) inline void scale_rows(__m512 (&s)[kT], const int
 // first block), over all nb blocks. The tile steps run three blocks ahead
 // of the scaling (four C tiles in turn), so the tile unit's latency hides
 // behind the vector unit's work.
-__attribute__((target("amx-tile,amx-int8"), noinline)) void rows16(const TileBlock* p, XTiles x, int64_t nb,
-                                                                    __m512 (&out)[kT]) {
+__attribute__((target("amx-tile,amx-int8"), noinline)) void amx_rows16(const TileBlock* p, XTiles x, int64_t nb,
+                                                                        __m512 (&out)[kT]) {
   alignas(64) int32_t c[kT][kT];
   __m512 s[kT];
 #pragma GCC unroll 16
@@ -227,58 +171,26 @@ __attribute__((target("amx-tile,amx-int8"), noinline)) void rows16(const TileBlo
 }
 #undef LOOM_TILE_STEP
 
-// y's rows [m, m + rows), outputs [n0, n0 + 16) below OC: the sums s, + bias.
-void store_rows(const __m512 (&s)[kT], const QuantOperands& o, int64_t m, int64_t rows, int64_t n0) {
-  const auto mask = static_cast<__mmask16>((1u << std::min<int64_t>(kT, o.OC - n0)) - 1);
-  const __m512 bias = o.bias != nullptr ? _mm512_maskz_loadu_ps(mask, o.bias + n0) : _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512 v = o.bias != nullptr ? _mm512_add_ps(s[r], bias) : s[r];
-    _mm512_mask_storeu_ps(o.y + (m + r) * o.OC + n0, mask, v);
-  }
-}
-
-// Items of kGroupsPerItem groups of 16 outputs by kRowBlock rows of x, handed
-// out one at a time (run_packed's scheme, quant_prefill_run.h): the thread
-// that takes one repacks its groups, then passes each 16-row tile of x by
-// all of them while the tile is in cache. Which thread computes an item
-// never changes an output's arithmetic.
+// q8_0 / q4_0 weights: what run_tiles needs of a weight type.
 template <QuantType T>
-void run(const QuantOperands& o) {
-  const XTiles x = pack_x(o);
-  const int64_t groups = (o.OC + kT - 1) / kT, chunks = (groups + kGroupsPerItem - 1) / kGroupsPerItem;
-  const int64_t row_blocks = (o.N + kRowBlock - 1) / kRowBlock;
-  const ThreadSlices<TileBlock> packed(ScratchSlot::d, static_cast<size_t>(o.nb * kGroupsPerItem));
-#pragma omp parallel
-  {
-    tiles_begin();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < chunks * row_blocks; ++item) {
-      TileBlock* p = packed.slice(omp_get_thread_num());
-      const int64_t g0 = item % chunks * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
-      const int64_t m0 = item / chunks * kRowBlock, m1 = std::min(o.N, m0 + kRowBlock);
-      for (int64_t g = g0; g < g1; ++g) pack_group<T>(p + (g - g0) * o.nb, o, g * kT);
-      for (int64_t m = m0; m < m1; m += kT) {
-        const int64_t t = m / kT, rows = std::min<int64_t>(kT, m1 - m);
-        const XTiles xt{x.q + t * o.nb * kT * kQK, x.d + t * o.nb * kT};
-        for (int64_t g = g0; g < g1; ++g) {
-          __m512 s[kT];
-          rows16(p + (g - g0) * o.nb, xt, o.nb, s);
-          store_rows(s, o, m, rows, g * kT);
-        }
-      }
-    }
-    tiles_end();
-  }
-}
+struct Block32 {
+  using Packed = TileBlock;
+  using X = XTiles;
+  static constexpr int kStep = kQK;
+  static X pack_x(const QuantOperands& o) { return pack_q8_0(o); }
+  static void pack(Packed* p, const QuantOperands& o, int64_t n0) { pack_group<T>(p, o, n0); }
+  static void rows16(const Packed* p, const X& x, int64_t nb, __m512 (&out)[kT]) { amx_rows16(p, x, nb, out); }
+};
 
 }  // namespace
 #endif
 
 bool quant_prefill_amx(QuantType wtype, const QuantOperands& o) {
-#if defined(LOOM_QUANT_PREFILL_AMX)
+#if defined(LOOM_QUANT_AMX)
   if (o.N < kQuantPrefillRows) return false;
-  if (wtype == QuantType::q8_0) return run<QuantType::q8_0>(o), true;
-  if (wtype == QuantType::q4_0) return run<QuantType::q4_0>(o), true;
+  if (wtype == QuantType::q8_0) return run_tiles<Block32<QuantType::q8_0>>(o), true;
+  if (wtype == QuantType::q4_0) return run_tiles<Block32<QuantType::q4_0>>(o), true;
+  if (quant_prefill_amx_k(wtype, o)) return true;
 #endif
   return quant_prefill(wtype, o);
 }
