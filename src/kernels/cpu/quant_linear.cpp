@@ -393,6 +393,7 @@ void quantized_linear(Tensor y, const Tensor& x, const Tensor& w, QuantType wtyp
                    OC,
                    IC / quant_block_size(wtype)};
   if (prefill(wtype, o)) return;  // many rows, where this level has that path
+  if (quant_decode16(wtype, o)) return;  // few, likewise
   switch (wtype) {
     case QuantType::q8_0: return run<Q8_0>(o);
     case QuantType::q4_0: return run<Q4_0>(o);

@@ -40,6 +40,11 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o);  // quant_prefill8
 bool quant_prefill_amx(QuantType wtype, const QuantOperands& o);
 bool quant_prefill_amx_k(QuantType wtype, const QuantOperands& o);  // q4_K, q6_K: quant_prefill_amx_k.cpp
 
+// All of y as quant_prefill, for q8_0 and q4_0 weights and fewer than
+// kQuantPrefillRows rows (decode), at levels with AVX512_VNNI
+// (quant_decode.cpp); false (nothing written) otherwise.
+bool quant_decode16(QuantType wtype, const QuantOperands& o);
+
 // quantize_row's bytes for the activation types q8_0 and q8_K, in vector
 // form (quant_activations.cpp); false (the caller then runs quantize_row) at
 // levels without AVX-512, for other types, and for rows quantize_row refuses

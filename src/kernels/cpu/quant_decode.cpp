@@ -1,0 +1,203 @@
+// linear_forward_quantized for few rows (decode: fewer than
+// kQuantPrefillRows) at levels with AVX512_VNNI, q8_0 and q4_0 weights
+// (quant_prefill.h): 16 weight rows at a time, read in place.
+//
+// Decode reads every weight byte once per step, so it is bound by memory:
+// the work per byte must stay below what the bandwidth leaves. quant_linear's
+// 8-output tiles spent it on the shuffle port (each block's 8 partial sums
+// reduced across lanes per output, its 8 f16 scales assembled one by one).
+// Here a block's bytes of 16 rows fill 512-bit vectors -- q8_0: rows c and
+// c + 8 in the two halves; q4_0: rows c, c + 4, c + 8, c + 12 in the four
+// quarters -- against x's block broadcast the same way, vpdpbusd straight
+// into int32 (q8_0's values + 128 and q4_0's nibbles as the unsigned side;
+// the block's sum of x times the offset taken back, exact). One reduction
+// tree of blends, in-lane shuffles and adds then leaves the 16 rows' integer
+// sums in 16 lanes, the 16 f16 scales come in one gather, and the float step
+// is the reference's per lane in its order (isum * (dw * da) added to the
+// sum of the earlier blocks; no FMA). So every output has quant.h's
+// vec_dot bits, as on every other path (tests/kernels/test_quant_linear.cpp
+// at every level), and a row's bits do not depend on the other rows.
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/quant_prefill.h"
+#include "kernels/cpu/quant_prefill_run.h"
+#include "kernels/cpu/rows.h"
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define LOOM_QUANT_DECODE 1
+#include <immintrin.h>
+// GCC 12 takes the intrinsics' undefined pass-through operands for
+// uninitialized variables here (a false positive: every lane is written).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace loom::kernels::cpu::LOOM_ISA {
+
+#if defined(LOOM_QUANT_DECODE)
+namespace {
+
+using namespace quant_packed;
+
+constexpr int kT = 16;             // weight rows a panel takes: one per f32 lane
+constexpr int64_t kAhead = 1;      // how many panels ahead the bytes are asked for (2 measured slower)
+
+// Lanes [a, b, a, b, ...] within each pair: even lanes from a, odd from b,
+// each the sum of a lane pair of its source (integer adds: exact).
+inline __m512i pair32(__m512i a, __m512i b) {
+  const __m512i x = _mm512_mask_blend_epi32(0xaaaa, a, b);
+  const __m512i y = _mm512_mask_blend_epi32(0xaaaa, b, a);
+  return _mm512_add_epi32(x, _mm512_shuffle_epi32(y, _MM_PERM_CDAB));
+}
+// The same on lane pairs: lanes [a a b b ...] of 4.
+inline __m512i pair64(__m512i a, __m512i b) {
+  const __m512i x = _mm512_mask_blend_epi32(0xcccc, a, b);
+  const __m512i y = _mm512_mask_blend_epi32(0xcccc, b, a);
+  return _mm512_add_epi32(x, _mm512_shuffle_epi32(y, _MM_PERM_BADC));
+}
+
+// q8_0: acc[k] holds row k's 8 partial sums in lanes 0-7 and row k + 8's in
+// 8-15. Lane c of the result: row c's sum.
+inline __m512i reduce_halves(const __m512i (&acc)[8]) {
+  const __m512i lo = pair64(pair32(acc[0], acc[1]), pair32(acc[2], acc[3]));  // rows 0-3 | 8-11, twice each
+  const __m512i hi = pair64(pair32(acc[4], acc[5]), pair32(acc[6], acc[7]));  // rows 4-7 | 12-15
+  // 128-bit lanes: lo = [L0 L1 | L2 L3], hi = [H0 H1 | H2 H3]; rows 0-3 are
+  // L0 + L1, 4-7 H0 + H1, 8-11 L2 + L3, 12-15 H2 + H3.
+  const __m512i x = _mm512_mask_blend_epi32(0xf0f0, lo, hi);                            // L0 H1 L2 H3
+  const __m512i y = _mm512_shuffle_i32x4(_mm512_mask_blend_epi32(0xf0f0, hi, lo),
+                                         _mm512_mask_blend_epi32(0xf0f0, hi, lo), _MM_SHUFFLE(2, 3, 0, 1));  // L1 H0 L3 H2
+  return _mm512_add_epi32(x, y);
+}
+
+// q4_0: acc[g] holds rows g, g + 4, g + 8, g + 12 in its 128-bit lanes, 4
+// partial sums each. Lane c of the result: row c's sum.
+inline __m512i reduce_quarters(const __m512i (&acc)[4]) {
+  return pair64(pair32(acc[0], acc[1]), pair32(acc[2], acc[3]));
+}
+
+// The 16 rows' f16 scales of block b, widened: one gather of the 4 bytes at
+// each row's block start (d comes first; the 2 after it are dropped).
+inline __m512 scales(const std::byte* w0, __m512i offsets, int64_t b, size_t block_bytes) {
+  const __m512i raw = _mm512_i32gather_epi32(offsets, w0 + static_cast<size_t>(b) * block_bytes, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+}
+
+// Where the next panel's bytes lie, to be asked for while this one is
+// computed: the panel's 16 rows are one stretch of memory, read as 16
+// interleaved streams, which the hardware prefetcher followed too late
+// (measured: 1B-parameter q4_0 decode at 0.39 of the bandwidth bound
+// without, 0.47 with). Into L2: prefetches into L1 stalled on its few miss
+// buffers (0.46 for q4_0, and no gain for q8_0).
+struct Ahead {
+  const char* next = nullptr;  // null: nothing to ask for
+  int64_t lines_per_block = 0;
+};
+
+// y[m][n0 .. n0 + 16) below OC, for x's row m: the 16 outputs of rows[] (the
+// last row repeated past OC).
+template <QuantType T>
+__m512 panel_row(const std::byte* const (&rows)[kT], __m512i offsets, const QuantOperands& o, RowBlocks x,
+                 int64_t m, Ahead ahead) {
+  constexpr size_t kBytes = T == QuantType::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+  constexpr int32_t kOffset = T == QuantType::q8_0 ? 128 : 8;
+  const auto* a = row_at<block_q8_0>(o.a, o.a_row, m);
+  __m512 s = _mm512_setzero_ps();
+  for (int64_t b = 0; b < o.nb; ++b) {
+    if (ahead.next != nullptr)
+      for (int64_t l = 0; l < ahead.lines_per_block; ++l)
+        _mm_prefetch(ahead.next + (b * ahead.lines_per_block + l) * 64, _MM_HINT_T1);
+    const size_t at = static_cast<size_t>(b) * kBytes + sizeof(f16);  // the block's values
+    __m512i isum;
+    if constexpr (T == QuantType::q8_0) {
+      const __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs)));
+      __m512i acc[8];
+      for (int k = 0; k < 8; ++k) {
+        const __m512i w = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + at))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k + 8] + at)), 1);
+        acc[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, _mm512_set1_epi8(-128)), xq);
+      }
+      isum = reduce_halves(acc);
+    } else {
+      const __m128i* xv = reinterpret_cast<const __m128i*>(a[b].qs);
+      const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(xv));
+      const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(xv + 1));
+      const __m512i low = _mm512_set1_epi8(0xf);
+      __m512i acc[4];
+      for (int g = 0; g < 4; ++g) {
+        const auto q = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[g + 4 * r] + at)); };
+        __m512i v = _mm512_castsi128_si512(q(0));
+        v = _mm512_inserti32x4(v, q(1), 1), v = _mm512_inserti32x4(v, q(2), 2), v = _mm512_inserti32x4(v, q(3), 3);
+        const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        acc[g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi);
+      }
+      isum = reduce_quarters(acc);
+    }
+    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(kOffset * x.sum[m * o.nb + b]));
+    const __m512 d = _mm512_mul_ps(scales(rows[0], offsets, b, kBytes), _mm512_set1_ps(x.d[m * o.nb + b]));
+    s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d));
+  }
+  return s;
+}
+
+// y[.][n0 .. n0 + 16) for panel p, every row of x.
+template <QuantType T>
+void panel(const QuantOperands& o, RowBlocks x, int64_t p) {
+  const int64_t n0 = p * kT;
+  const std::byte* rows[kT];
+  alignas(64) int32_t off[kT];
+  for (int c = 0; c < kT; ++c) {
+    const int64_t n = std::min(n0 + c, o.OC - 1);
+    rows[c] = row_at<std::byte>(o.w, o.w_row, n);
+    off[c] = static_cast<int32_t>((n - n0) * static_cast<int64_t>(o.w_row));
+  }
+  const __m512i offsets = _mm512_load_si512(off);
+  const auto mask = static_cast<__mmask16>((1u << std::min<int64_t>(kT, o.OC - n0)) - 1);
+  const __m512 bias = o.bias != nullptr ? _mm512_maskz_loadu_ps(mask, o.bias + n0) : _mm512_setzero_ps();
+  Ahead ahead;
+  if (n0 + (kAhead + 1) * kT <= o.OC) {  // a whole panel kAhead panels on
+    ahead.next = reinterpret_cast<const char*>(rows[0]) + kAhead * kT * o.w_row;
+    ahead.lines_per_block = (kT * static_cast<int64_t>(o.w_row) / 64 + o.nb - 1) / o.nb;
+  }
+  for (int64_t m = 0; m < o.N; ++m) {  // the first row reads the panel from memory, the rest from cache
+    __m512 s = panel_row<T>(rows, offsets, o, x, m, m == 0 ? ahead : Ahead{});
+    if (o.bias != nullptr) s = _mm512_add_ps(s, bias);
+    _mm512_mask_storeu_ps(o.y + m * o.OC + n0, mask, s);
+  }
+}
+
+template <QuantType T>
+void run(const QuantOperands& o) {
+  const RowBlocks x = prepare_q8_0(o);
+  const int64_t panels = (o.OC + kT - 1) / kT;
+  const bool parallel = o.N * o.OC * o.nb * kQK >= kMinParallel;
+  // Each thread one contiguous run of panels (every panel costs the same):
+  // one long stream of weight bytes, which prefetching keeps ahead of
+  // (items of 4 panels handed out one at a time measured 10-20% slower).
+  // Which thread computes a panel never changes an output's arithmetic.
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t p = 0; p < panels; ++p) panel<T>(o, x, p);
+}
+
+}  // namespace
+#endif
+
+bool quant_decode16(QuantType wtype, const QuantOperands& o) {
+#if defined(LOOM_QUANT_DECODE)
+  // The gather's offsets are int32: 15 rows of w must fit.
+  if (o.N >= kQuantPrefillRows || static_cast<int64_t>(o.w_row) * (kT - 1) > INT32_MAX) return false;
+  if (wtype == QuantType::q8_0) return run<QuantType::q8_0>(o), true;
+  if (wtype == QuantType::q4_0) return run<QuantType::q4_0>(o), true;
+#else
+  (void)wtype, (void)o;
+#endif
+  return false;
+}
+
+}  // namespace loom::kernels::cpu::LOOM_ISA
