@@ -266,13 +266,18 @@ template <> struct Simd<Q4_0> { using T = Q4_0Simd; };
 template <> struct Simd<Q4_K> { using T = Q4_KSimd; };
 template <> struct Simd<Q6_K> { using T = Q6_KSimd; };
 
-// out[i * C + j] = dot(W row w[j], activation row a[i]) over nb blocks.
+// out[i * C + j] = dot(W row w[j], activation row a[i]) over nb blocks; the
+// bytes at `ahead` (the next tile's weight rows, when decoding) asked for
+// into L2 meanwhile, lines_ahead lines a block.
 template <class Q, int R, int C>
-void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out) {
+void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out, const char* ahead,
+          int64_t lines_ahead) {
   static_assert(R * C == kPairs);
   using S = typename Simd<Q>::T;
   __m256 s = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
+    if (ahead != nullptr)
+      for (int64_t l = 0; l < lines_ahead; ++l) _mm_prefetch(ahead + (b * lines_ahead + l) * 64, _MM_HINT_T1);
     __m256i isum[kPairs], msum[kPairs];
     for (int j = 0; j < C; ++j) {
       const typename S::Unpacked u = S::unpack(w[j][b]);
@@ -288,7 +293,8 @@ void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t 
 #else  // generic: the reference dot products, one output at a time
 
 template <class Q, int R, int C>
-void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out) {
+void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out, const char*,
+          int64_t) {
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < C; ++j) out[i * C + j] = Q::reference(w[j], a[i], nb * Q::kBlock);
 }
@@ -298,9 +304,10 @@ void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t 
 using Operands = QuantOperands;  // quant_prefill.h
 
 // Rows m .. m + R of y, columns n0 .. n1, in tiles of R x C: past the last
-// row or column a tile repeats the last one (computed, not stored).
+// row or column a tile repeats the last one (computed, not stored). Below
+// fetch_end (decoding), row 0 asks for the next tile's weights meanwhile.
 template <class Q, int R, int C>
-void tiles(const Operands& o, int64_t m, int64_t n0, int64_t n1) {
+void tiles(const Operands& o, int64_t m, int64_t n0, int64_t n1, int64_t fetch_end = 0) {
   using W = typename Q::W;
   using A = typename Q::A;
   const A* a[R];
@@ -310,8 +317,14 @@ void tiles(const Operands& o, int64_t m, int64_t n0, int64_t n1) {
     const W* w[C];
     for (int j = 0; j < C; ++j)
       w[j] = reinterpret_cast<const W*>(o.w + static_cast<size_t>(std::min(n + j, n1 - 1)) * o.w_row);
+    // Decoding (one row a tile), the next tile's rows -- C rows, one stretch
+    // of memory -- are asked for while this one's are used: C interleaved
+    // streams, which the hardware prefetcher followed too late.
+    const bool ask = R == 1 && m == 0 && n + 2 * C <= fetch_end;
+    const char* ahead = ask ? reinterpret_cast<const char*>(o.w + static_cast<size_t>(n + C) * o.w_row) : nullptr;
+    const int64_t lines = (C * static_cast<int64_t>(o.w_row) / 64 + o.nb - 1) / o.nb;
     float out[kPairs];
-    tile<Q, R, C>(w, a, o.nb, out);
+    tile<Q, R, C>(w, a, o.nb, out, ahead, lines);
     for (int i = 0; i < R && m + i < o.N; ++i)
       for (int j = 0; j < C && n + j < n1; ++j) {
         float v = out[i * C + j];
@@ -321,16 +334,36 @@ void tiles(const Operands& o, int64_t m, int64_t n0, int64_t n1) {
   }
 }
 
+// Decoding (fewer than kQuantPrefillRows rows): W's rows split into one
+// contiguous run a thread -- one stream of bytes, which the prefetches keep
+// ahead of -- in 1 x 8 tiles, each against every row of x while its
+// weights are in cache. Which thread computes a tile never changes its
+// arithmetic.
+template <class Q>
+void run_decode(const Operands& o) {
+  const int threads = omp_get_max_threads();
+  const int64_t per_thread = (o.OC + threads - 1) / threads;
+  const int64_t run = std::max<int64_t>(kPairs, (per_thread + kPairs - 1) / kPairs * kPairs);
+  const bool parallel = o.N * o.OC * o.nb * Q::kBlock >= kMinParallel;
+#pragma omp parallel for schedule(static, 1) if (parallel)
+  for (int64_t n0 = 0; n0 < o.OC; n0 += run) {
+    const int64_t n1 = std::min(o.OC, n0 + run);
+    for (int64_t n = n0; n < n1; n += kPairs)
+      for (int64_t m = 0; m < o.N; ++m) tiles<Q, 1, kPairs>(o, m, n, std::min(n1, n + kPairs), n1);
+  }
+}
+
 // Every output, in work items of (blocks of x rows) x (panels of W rows),
 // handed out one at a time: a thread's items never change any output's
 // arithmetic. A panel of W stays in L2 while a block of rows passes it:
 // rows in tiles of 4 (4 x 2 outputs), the last 1-3 one at a time (1 x 8).
 template <class Q>
 void run(const Operands& o) {
+  if (o.N < kQuantPrefillRows) return run_decode<Q>(o);
   constexpr int64_t kRowBlock = 64, kPanelBytes = 128 << 10;
   const int threads = omp_get_max_threads();
   int64_t panel = std::max<int64_t>(kPairs, kPanelBytes / static_cast<int64_t>(std::max<size_t>(o.w_row, 1)));
-  // At least 4 panels per thread when the rows of x are few (decode).
+  // At least 4 panels per thread when the rows of x are few.
   if (o.N <= kRowBlock) panel = std::min(panel, (o.OC + 4 * threads - 1) / (4 * threads));
   panel = std::max<int64_t>(kPairs, (panel + kPairs - 1) / kPairs * kPairs);
   const int64_t panels = (o.OC + panel - 1) / panel, row_blocks = (o.N + kRowBlock - 1) / kRowBlock;
