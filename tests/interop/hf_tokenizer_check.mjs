@@ -27,6 +27,8 @@ import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join, resolve } from "node:path";
 
+import { random } from "./seeded_random.mjs";
+
 const [exe, encoderDir, work, interop, countArg] = process.argv.slice(2);
 const count = Number(countArg ?? 3000);
 const require = createRequire(join(resolve(interop), "node_modules", "_"));
@@ -38,16 +40,6 @@ function run(args, input) {
   const r = spawnSync(exe, args, { input, maxBuffer: 1 << 30, encoding: "utf8" });
   if (r.status !== 0) throw new Error(`${exe} ${args.join(" ")}: ${r.error ?? "exit " + r.status}\n${r.stderr}`);
   return r.stdout;
-}
-
-// mulberry32: a small seeded generator, so every run checks the same strings.
-function random(seed) {
-  return () => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 const PIECES = [

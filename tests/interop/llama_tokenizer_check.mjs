@@ -43,6 +43,8 @@ import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 
+import { random } from "./seeded_random.mjs";
+
 const [exe, work, interop, countArg] = process.argv.slice(2);
 const count = Number(countArg ?? 3000);
 const main = createRequire(join(resolve(interop), "node_modules", "_")).resolve("llama-tokenizer-js");
@@ -98,16 +100,6 @@ function llama_vocab() {
   expect(types.filter((t) => t === BYTE).length === 256, "ids 3-258 are not the 256 byte tokens");
   expect(llama.encode("a")[0] === 1, "its BOS is not <s> (id 1)");
   return { tokens, scores, token_types: types };
-}
-
-// mulberry32: a small seeded generator, so every run checks the same strings.
-function random(seed) {
-  return () => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 const PIECES = [

@@ -36,6 +36,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/amx_config.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
 #include "kernels/cpu/rows.h"
@@ -60,24 +61,12 @@ constexpr int64_t kTileElems = kT * kChunk;  // bf16 of an A or B tile
 constexpr int64_t kBlockChunks = 8;
 constexpr int64_t kGroupKiB = 1024;
 
-// LDTILECFG's 64-byte operand (palette 1): tiles 0-3 C, 4-5 A, 6-7 B, each
+// The tile configuration (amx_config.h): tiles 0-3 C, 4-5 A, 6-7 B, each
 // 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 __attribute__((target("amx-tile,amx-bf16"))) void tiles_begin() {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kT;
-  // GCC 12's _tile_loadconfig does not tell the compiler that it reads c:
-  // without this barrier the stores above are dropped as dead (all tiles
-  // then unconfigured, and the first tile instruction faults).
-  asm volatile("" : : "r"(&c) : "memory");
-  _tile_loadconfig(&c);
+  load_tile_config(c);
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) void tiles_end() { _tile_release(); }

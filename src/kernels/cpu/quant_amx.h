@@ -29,32 +29,22 @@
 #define LOOM_QUANT_AMX 1
 #include <immintrin.h>
 
+#include "kernels/cpu/amx_config.h"
+
 namespace loom::kernels::cpu::LOOM_ISA::quant_amx {
 
 inline constexpr int kT = 16;                 // x rows of a tile, and outputs of a group
 inline constexpr int64_t kRowBlock = 512;     // x's rows an item takes past its groups
 inline constexpr int64_t kGroupsPerItem = 4;  // groups of 16 outputs an item takes
 
-// LDTILECFG's 64-byte operand (palette 1): tiles 0-3 C (16 rows of 16
-// int32), 4 and 5 A (16 rows of `step` bytes), 6 and 7 B (step / 4 rows of
-// 64 bytes).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
+// The tile configuration (amx_config.h): tiles 0-3 C (16 rows of 16 int32),
+// 4 and 5 A (16 rows of `step` bytes), 6 and 7 B (step / 4 rows of 64 bytes).
 __attribute__((target("amx-tile,amx-int8"))) inline void tiles_begin(int step) {
   TileConfig c;
   for (int t = 0; t < 4; ++t) c.colsb[t] = 64, c.rows[t] = kT;
   for (int t = 4; t < 6; ++t) c.colsb[t] = static_cast<uint16_t>(step), c.rows[t] = kT;
   for (int t = 6; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = static_cast<uint8_t>(step / 4);
-  // GCC 12's _tile_loadconfig does not tell the compiler that it reads c
-  // (linear_amx.cpp): without the barrier the stores above are dropped.
-  asm volatile("" : : "r"(&c) : "memory");
-  _tile_loadconfig(&c);
+  load_tile_config(c);
 }
 
 __attribute__((target("amx-tile,amx-int8"))) inline void tiles_end() { _tile_release(); }
