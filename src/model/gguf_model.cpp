@@ -246,6 +246,13 @@ int64_t gguf_loom_row(int64_t r, int64_t head_size) {
   return h * head_size + (j % 2) * (head_size / 2) + j / 2;
 }
 
+int64_t gguf_expert_index(const ModelConfig& cfg, const std::string& name) {
+  const auto layer = split_layer(cfg, name);
+  if (!layer) return -1;
+  const auto e = expert_of(layer->second);
+  return e ? e->second : -1;
+}
+
 std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& name) {
   static const std::map<std::string, std::string, std::less<>> kOutside = {
       {"wte.weight", "token_embd.weight"},          {"wpe.weight", "position_embd.weight"},

@@ -86,5 +86,9 @@ std::optional<kernels::QuantType> gguf_quant_type(io::GgmlType t);
 // The GGUF name of a loom parameter name ("h.3.attn.c_attn.weight" ->
 // "blk.3.attn_qkv.weight"); expert weights map to their stacked tensor.
 std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& loom_name);
+// The expert a loom parameter belongs to ("model.layers.1.block_sparse_moe.
+// experts.3.w1.weight" -> 3: its rows are the fourth slice of the stacked
+// tensor), or -1 for any other parameter.
+int64_t gguf_expert_index(const ModelConfig& cfg, const std::string& loom_name);
 
 }  // namespace loom::model

@@ -105,12 +105,8 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
     LOOM_REQUIRE(t != nullptr, where(f), ": tensor '", g, "' (loom's ", s.name, ") is missing");
     const int64_t ne0 = s.shape[s.shape.ndim() - 1], rows = s.numel() / ne0;
     // An expert's matrix is one slice of the stacked tensor; `first` its first row.
-    int64_t first = 0, expected_rows = rows;
-    if (g.ends_with("_exps.weight")) {
-      const size_t at = s.name.find("experts.") + 8;
-      first = std::stoll(s.name.substr(at, s.name.find('.', at) - at)) * rows;
-      expected_rows = rows * cfg.n_expert;
-    }
+    const int64_t expert = gguf_expert_index(cfg, s.name);
+    const int64_t first = expert < 0 ? 0 : expert * rows, expected_rows = expert < 0 ? rows : rows * cfg.n_expert;
     const int64_t t_rows = t->n_elements / std::max<int64_t>(t->ne[0], 1);
     LOOM_REQUIRE(t->ne[0] == ne0 && t_rows == expected_rows, where(f), ": tensor '", g, "' has ", t->n_elements,
                  " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(), " needs rows of ", ne0);

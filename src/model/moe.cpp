@@ -222,6 +222,19 @@ RowPlan start_dispatch(MoeRun& run, MoeActs& a, int64_t E) {
   return p;
 }
 
+// One matrix of the experts over their rows (offsets as grouped_linear_forward's):
+// weights served in their blocks (quant_weights.h) one expert at a time
+// through block_linear, float ones as one grouped call.
+void experts_linear(const Dims& d, Tensor y, const Tensor& x, const std::vector<Tensor>& w,
+                    const std::vector<int64_t>& off) {
+  if (w.empty() || w.front().dtype() != DType::u8)
+    return grouped_linear_forward(y, x, experts(w), off, d.batch_invariant);
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t n = off[g + 1] - off[g];
+    if (n > 0) block_linear(d, y.slice(0, off[g], n), x.slice(0, off[g], n), w[g], Tensor());
+  }
+}
+
 // The rank's experts on one chunk of their rows: fc, up, act, ye.
 void run_experts(const Dims& d, const LayerWeights& w, MoeActs& a, const RowPlan& p, int chunk) {
   const int64_t b = p.begin(chunk), n = p.rows(chunk);
@@ -229,10 +242,10 @@ void run_experts(const Dims& d, const LayerWeights& w, MoeActs& a, const RowPlan
   const std::vector<int64_t> off = p.chunk_off(chunk);
   const Tensor xe = a.xe.slice(0, b, n), fc = a.fc.slice(0, b, n), up = a.up.slice(0, b, n);
   const Tensor act = a.act.slice(0, b, n);
-  grouped_linear_forward(fc, xe, experts(w.w1), off, d.batch_invariant);
-  grouped_linear_forward(up, xe, experts(w.w3), off, d.batch_invariant);
+  experts_linear(d, fc, xe, w.w1, off);
+  experts_linear(d, up, xe, w.w3, off);
   swiglu_forward(act, fc, up);
-  grouped_linear_forward(a.ye.slice(0, b, n), act, experts(w.w2), off, d.batch_invariant);
+  experts_linear(d, a.ye.slice(0, b, n), act, w.w2, off);
 }
 
 // The shared experts' output (partial under tp) into sh_out.

@@ -17,11 +17,12 @@ using kernels::QuantType;
 
 namespace {
 
-// The dense layers' linear weights: what a step multiplies, never looks up.
-bool is_dense_linear(const std::string& name) {
-  if (name.find(".experts.") != std::string::npos || name.find("block_sparse_moe") != std::string::npos ||
-      name.find("shared_expert") != std::string::npos)
-    return false;
+// The linear weights a step multiplies (never looks up): the dense layers'
+// and a Mixtral layer's routed experts (rows of the stacked tensor).
+bool is_linear(const std::string& name) {
+  if (name.find("block_sparse_moe.experts.") != std::string::npos)
+    return name.ends_with(".w1.weight") || name.ends_with(".w2.weight") || name.ends_with(".w3.weight");
+  if (name.find("shared_expert") != std::string::npos) return false;
   for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight",
                              "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                              "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
@@ -40,30 +41,32 @@ QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) :
     specs.push_back(head);
   }
   for (const ParamSpec& s : specs) {
-    if (!is_dense_linear(s.name)) continue;
+    if (!is_linear(s.name)) continue;
     const bool tied_head = cfg.tie_embeddings && s.name == "lm_head.weight";
     const std::string g = tied_head ? "token_embd.weight" : gguf_tensor_name(cfg, s.name);
     const io::GgufTensorInfo* t = file_.find_tensor(g);
     const std::optional<QuantType> type = t != nullptr ? gguf_quant_type(t->type) : std::nullopt;
     if (!type) continue;  // missing: load_params_from_gguf says so
     const int64_t cols = s.shape[s.shape.ndim() - 1], rows = s.numel() / cols;
-    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == rows * cols, "GGUF file '", file_.path(), "': tensor '", g,
-                 "' has ", t->n_elements, " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(),
-                 " needs rows of ", cols);
-    hold(s.name, *t, *type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
+    const int64_t expert = gguf_expert_index(cfg, s.name);  // an expert: its slice of the stacked tensor
+    const int64_t stacked = expert < 0 ? 1 : cfg.n_expert;
+    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == stacked * rows * cols, "GGUF file '", file_.path(),
+                 "': tensor '", g, "' has ", t->n_elements, " values in rows of ", t->ne[0], "; loom's ", s.name, " ",
+                 s.shape.str(), expert < 0 ? "" : concat(" (one of ", stacked, " experts)"), " needs rows of ", cols);
+    hold(s.name, *t, expert < 0 ? 0 : expert * rows, rows, *type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
     if (!tied_head) f32_bytes_ += s.numel() * 4;
   }
 }
 
-void QuantWeights::hold(const std::string& name, const io::GgufTensorInfo& t, QuantType type, bool permute,
-                        int64_t head_size, Pool& pool) {
-  const int64_t cols = t.ne[0], rows = t.n_elements / cols;
-  const auto row_bytes = static_cast<int64_t>(kernels::quant_row_bytes(type, cols));
+void QuantWeights::hold(const std::string& name, const io::GgufTensorInfo& t, int64_t first, int64_t rows,
+                        QuantType type, bool permute, int64_t head_size, Pool& pool) {
+  const auto row_bytes = static_cast<int64_t>(kernels::quant_row_bytes(type, t.ne[0]));
   owned_.push_back(pool.empty(DType::u8, {rows, row_bytes}));
   const Tensor blocks = owned_.back();
+  const uint8_t* from = t.data + first * row_bytes;
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(blocks.data_as<uint8_t>() + (permute ? gguf_loom_row(r, head_size) : r) * row_bytes,
-                t.data + r * row_bytes, static_cast<size_t>(row_bytes));
+                from + r * row_bytes, static_cast<size_t>(row_bytes));
   by_name_[name] = {blocks, type};
   by_address_[blocks.data_as<const uint8_t>()] = {blocks, type};
   bytes_ += rows * row_bytes;

@@ -4,10 +4,11 @@
 // its bytes per token the file's, not f32's.
 //
 // Which weights: the dense layers' linears (GPT-2 c_attn, attn c_proj, c_fc,
-// mlp c_proj; Llama q/k/v/o, gate/up/down) and the LM head (lm_head, or
-// token_embd when the embeddings are tied), where the file holds them as
-// q8_0, q4_0, q4_K or q6_K. Everything else (embeddings for the lookup,
-// norms, biases, MoE routers and experts, and any linear stored as f32 / f16
+// mlp c_proj; Llama q/k/v/o, gate/up/down), a Mixtral layer's routed experts
+// (w1 / w2 / w3, each expert's rows of ffn_{gate,down,up}_exps) and the LM
+// head (lm_head, or token_embd when the embeddings are tied), where the file
+// holds them as q8_0, q4_0, q4_K or q6_K. Everything else (embeddings for
+// the lookup, norms, biases, MoE routers, and any linear stored as f32 / f16
 // / bf16) is dequantized into the flat f32 parameters as before
 // (load_params_from_gguf with `skip`). The activations stay f32: each row is
 // quantized to q8_0 / q8_K inside the op, as llama.cpp does.
@@ -74,8 +75,10 @@ class QuantWeights {
     Tensor blocks;
     kernels::QuantType type;
   };
-  void hold(const std::string& name, const io::GgufTensorInfo& t, kernels::QuantType type, bool permute,
-            int64_t head_size, Pool& pool);
+  // Rows [first, first + rows) of t (an expert's slice of a stacked tensor,
+  // or the whole of a dense one).
+  void hold(const std::string& name, const io::GgufTensorInfo& t, int64_t first, int64_t rows,
+            kernels::QuantType type, bool permute, int64_t head_size, Pool& pool);
 
   io::GgufFile file_;
   std::vector<OwnedTensor> owned_;        // the blocks, one tensor a weight

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# loom's GGUF files in llama.cpp itself: a gpt2-tiny and a llama-tiny (GQA,
-# untied head) trained for a few hundred steps on a repeated sentence, each
+# loom's GGUF files in llama.cpp itself: a gpt2-tiny, a llama-tiny (GQA,
+# untied head) and a Mixtral-style llama-tiny (4 experts, top-2, served
+# dropless by both; d_ff 128 so that the experts' rows hold whole q8_0 / q4_0
+# blocks) trained for a few hundred steps on a repeated sentence, each
 # written by `loom convert --to gguf` in every weight type, then decoded
 # greedily by loom (`loom generate`, the GGUF file as --model: a quantized
 # file's linears multiplied in their blocks, the activations rounded to q8 as
@@ -41,9 +43,11 @@ train() {  # train NAME key=value...
 }
 train gpt2
 train llama model.preset=llama-tiny model.vocab_size=50257 model.max_seq_len=32 model.tie_embeddings=false
+train moe model.preset=llama-tiny model.vocab_size=50257 model.max_seq_len=32 model.tie_embeddings=false \
+  model.n_expert=4 model.top_k=2 model.d_ff=128
 
 files=()
-for m in gpt2 llama; do
+for m in gpt2 llama moe; do
   for q in f32 f16 bf16 q8_0 q4_0 q4_K_M; do
     "$loom" convert --to gguf --model "$work/$m" --out "$work/$m-$q.gguf" --quantize "$q" --tokenizer "$tokenizer" \
       >/dev/null 2>"$work/convert.err" || { cat "$work/convert.err"; exit 1; }
@@ -70,7 +74,7 @@ echo "gguf_llama_cpp: every file gives llama.cpp loom's $n greedy tokens"
 
 # Quality by weight type: perplexity on the validation shard, each type
 # against f32 (16-bit types within 0.5%, q8_0 within 1%, as the issue asks).
-for m in gpt2 llama; do
+for m in gpt2 llama moe; do
   for f in "$work/$m"-*.gguf; do
     ppl=$("$loom" eval --model "$f" --data "$work/data/val_*.bin" --seq-len 16 --json --threads 2 2>/dev/null |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["perplexity"])')

@@ -1,5 +1,5 @@
 // The paged runner on a GGUF file's quantized linears (model/quant_weights.h):
-// every dense linear and the LM head multiplied in their blocks
+// every dense linear, every expert and the LM head multiplied in their blocks
 // (kernels::linear_forward_quantized), the rest dequantized.
 //
 // - The blocks are what is read: the f32 places of the quantized linears are
@@ -10,9 +10,10 @@
 //   a wrong row order or a wrong slice moves logits by their whole size).
 // - Batch invariance: a sequence's logits are bitwise the same alone and in
 //   ragged steps with other sequences (prefill chunks and decodes mixed).
-// - GPT-2 (tied head: token_embd's blocks; q, k, v row blocks of c_attn) and
+// - GPT-2 (tied head: token_embd's blocks; q, k, v row blocks of c_attn),
 //   Llama with GQA (untied; attn_q / attn_k rows put back from llama.cpp's
-//   permutation), in q8_0, q4_0, q6_K and q4_K_M; n_embd 256 so that the K
+//   permutation) and Mixtral (each expert's rows of the stacked tensors),
+//   in q8_0, q4_0, q6_K and q4_K_M; n_embd 256 so that the K
 //   types' 256-value blocks divide every row.
 #include <cmath>
 #include <filesystem>
@@ -41,15 +42,19 @@ namespace {
 using namespace loom::test;
 namespace fs = std::filesystem;
 
-ModelConfig config(Family family) {
+ModelConfig config(Family family, int64_t n_expert = 0) {
   ModelConfig c;
   c.family = family;
   c.n_layer = 2, c.n_embd = 256, c.n_head = 4, c.n_kv_head = family == Family::llama ? 2 : 4, c.d_ff = 512;
   c.vocab_size = 96, c.max_seq_len = 48;
   if (family == Family::llama) c.rope_theta = 10000.f, c.norm_eps = 1e-5f, c.tie_embeddings = false;
+  if (n_expert > 0) c.n_expert = n_expert, c.top_k = 2, c.capacity_factor = 0.f;  // Mixtral's routing
   c.validate();
   return c;
 }
+
+// The Llama above with 4 experts, top-2, in both layers.
+ModelConfig mixtral() { return config(Family::llama, 4); }
 
 // A file of its own per process: the test runs at every level at once (ctest -j).
 std::string write_gguf(const ModelConfig& cfg, GgufWeights w) {
@@ -57,8 +62,8 @@ std::string write_gguf(const ModelConfig& cfg, GgufWeights w) {
   const Tensor flat(values.data(), DType::f32, {static_cast<int64_t>(values.size())});
   init_params(flat, param_specs(cfg), 7);
   const std::string path = (fs::temp_directory_path() /
-                            concat("loom_test_quant_runner_", ::getpid(), "_", family_name(cfg.family), "_",
-                                   gguf_weights_name(w), ".gguf")).string();
+                            concat("loom_test_quant_runner_", ::getpid(), "_", family_name(cfg.family),
+                                   cfg.is_moe() ? "_moe_" : "_", gguf_weights_name(w), ".gguf")).string();
   io::GgufWriter writer;
   gguf_add_model(writer, cfg, flat, w, "test");
   writer.write(path);
@@ -113,8 +118,7 @@ OwnedTensor nan_filled_params(const ModelConfig& cfg, const QuantWeights& q, Poo
   return flat;
 }
 
-void expect_follows_dequantized(Family family, GgufWeights w, const std::string& want_summary) {
-  const ModelConfig cfg = config(family);
+void expect_follows_dequantized(const ModelConfig& cfg, GgufWeights w, const std::string& want_summary) {
   const std::string path = write_gguf(cfg, w);
   Pools pools;
   const QuantWeights q(io::GgufFile::open(path), cfg, pools[MemTag::params]);
@@ -144,24 +148,33 @@ void expect_follows_dequantized(Family family, GgufWeights w, const std::string&
 }
 
 TEST(QuantRunner, Gpt2LogitsFollowTheDequantizedFileInEveryType) {
-  expect_follows_dequantized(Family::gpt2, GgufWeights::q8_0, "q8_0 9");
-  expect_follows_dequantized(Family::gpt2, GgufWeights::q4_0, "q4_0 9");
-  expect_follows_dequantized(Family::gpt2, GgufWeights::q6_K, "q6_K 9");
-  expect_follows_dequantized(Family::gpt2, GgufWeights::q4_K_M, "q4_K 7, q6_K 2");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q8_0, "q8_0 9");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q4_0, "q4_0 9");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q6_K, "q6_K 9");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q4_K_M, "q4_K 7, q6_K 2");
 }
 
 TEST(QuantRunner, LlamaGqaLogitsFollowTheDequantizedFileInEveryType) {
-  expect_follows_dequantized(Family::llama, GgufWeights::q8_0, "q8_0 15");
-  expect_follows_dequantized(Family::llama, GgufWeights::q4_0, "q4_0 15");
-  expect_follows_dequantized(Family::llama, GgufWeights::q6_K, "q6_K 15");
-  expect_follows_dequantized(Family::llama, GgufWeights::q4_K_M, "q4_K 12, q6_K 3");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q8_0, "q8_0 15");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q4_0, "q4_0 15");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q6_K, "q6_K 15");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q4_K_M, "q4_K 12, q6_K 3");
+}
+
+// A Mixtral layer's experts are held too, each its rows of the stacked
+// tensor (a wrong slice would be another expert's weights): per layer q, k,
+// v, o and 4 x 3 experts, plus the head; q4_K_M keeps the last layer's
+// attn_v and ffn_down_exps (llama.cpp's use_more_bits) and the head in q6_K.
+TEST(QuantRunner, MixtralExpertsAreServedInTheirBlocks) {
+  expect_follows_dequantized(mixtral(), GgufWeights::q8_0, "q8_0 33");
+  expect_follows_dequantized(mixtral(), GgufWeights::q4_0, "q4_0 33");
+  expect_follows_dequantized(mixtral(), GgufWeights::q4_K_M, "q4_K 27, q6_K 6");
 }
 
 // Sequence 0 alone, then with two others in the same steps (its prefill in
 // other chunks beside theirs): its logits at each of its steps are the same bits.
 TEST(QuantRunner, ASequencesLogitsDoNotDependOnTheBatch) {
-  for (Family family : {Family::gpt2, Family::llama}) {
-    const ModelConfig cfg = config(family);
+  for (const ModelConfig& cfg : {config(Family::gpt2), config(Family::llama), mixtral()}) {
     const std::string path = write_gguf(cfg, GgufWeights::q4_K_M);
     Pools pools;
     const QuantWeights q(io::GgufFile::open(path), cfg, pools[MemTag::params]);
@@ -175,37 +188,40 @@ TEST(QuantRunner, ASequencesLogitsDoNotDependOnTheBatch) {
          std::vector<std::vector<int64_t>>{{16, 30, 5}, {1, 3, 0}, {1, 0, 0}, {1, 0, 0}}) {
       const auto want = alone.step({counts[0]});
       const auto got = batched.step(counts);
-      EXPECT_EQ(got[0], want[0]) << family_name(family) << " after " << alone.done[0] << " tokens";
+      EXPECT_EQ(got[0], want[0]) << family_name(cfg.family) << (cfg.is_moe() ? " moe" : "") << " after "
+                                 << alone.done[0] << " tokens";
     }
     fs::remove(path);
   }
 }
 
 // The op's bits are its scalar reference's at every level (ops.h): the same
-// logits from every level this CPU runs.
+// logits from every level this CPU runs, for dense layers and experts.
 TEST(QuantRunner, EveryInstructionSetLevelGivesTheSameBits) {
   using kernels::CpuIsa;
   const CpuIsa before = kernels::cpu_isa();
-  const ModelConfig cfg = config(Family::llama);
-  const std::string path = write_gguf(cfg, GgufWeights::q4_K_M);
-  Pools pools;
-  const QuantWeights q(io::GgufFile::open(path), cfg, pools[MemTag::params]);
-  const OwnedTensor params = nan_filled_params(cfg, q, pools[MemTag::params]);
-  auto logits = [&] {
-    PagedRunner runner(cfg, params, pools, sizes(), &q);
-    Steps s{runner, {some_tokens(20, cfg.vocab_size, 8), some_tokens(7, cfg.vocab_size, 9)}, {0, 0}};
-    std::vector<std::vector<float>> all = s.step({17, 7});
-    for (const auto& row : s.step({1, 0})) all.push_back(row);
-    return all;
-  };
-  const auto best = logits();
-  for (const CpuIsa level : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16, CpuIsa::amx}) {
-    if (static_cast<int>(level) > static_cast<int>(kernels::cpu_isa_supported())) continue;
-    kernels::set_cpu_isa(level);
-    EXPECT_EQ(logits(), best) << kernels::cpu_isa_name(level) << " vs " << kernels::cpu_isa_name(before);
+  for (const ModelConfig& cfg : {config(Family::llama), mixtral()}) {
+    const std::string path = write_gguf(cfg, GgufWeights::q4_K_M);
+    Pools pools;
+    const QuantWeights q(io::GgufFile::open(path), cfg, pools[MemTag::params]);
+    const OwnedTensor params = nan_filled_params(cfg, q, pools[MemTag::params]);
+    auto logits = [&] {
+      PagedRunner runner(cfg, params, pools, sizes(), &q);
+      Steps s{runner, {some_tokens(20, cfg.vocab_size, 8), some_tokens(7, cfg.vocab_size, 9)}, {0, 0}};
+      std::vector<std::vector<float>> all = s.step({17, 7});
+      for (const auto& row : s.step({1, 0})) all.push_back(row);
+      return all;
+    };
+    const auto best = logits();
+    for (const CpuIsa level : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16, CpuIsa::amx}) {
+      if (static_cast<int>(level) > static_cast<int>(kernels::cpu_isa_supported())) continue;
+      kernels::set_cpu_isa(level);
+      EXPECT_EQ(logits(), best) << kernels::cpu_isa_name(level) << " vs " << kernels::cpu_isa_name(before)
+                                << (cfg.is_moe() ? " (moe)" : "");
+    }
+    kernels::set_cpu_isa(before);
+    fs::remove(path);
   }
-  kernels::set_cpu_isa(before);
-  fs::remove(path);
 }
 
 TEST(QuantRunner, QuantizedWeightsWithBf16ComputeAreAClearError) {
