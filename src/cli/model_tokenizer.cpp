@@ -146,7 +146,7 @@ std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, con
                                                  std::string* used) {
   if (!flag.empty() || !dir.gguf) {
     std::string from = flag;
-    if (from.empty()) from = text::hf_tokenizer_file_in(std::filesystem::path(dir.weights).parent_path().string());
+    if (from.empty()) from = text::tokenizer_in(std::filesystem::path(dir.weights).parent_path().string());
     if (from.empty()) from = kDefaultTokenizerDir;
     if (used) *used = from;
     return text::load_tokenizer(from);

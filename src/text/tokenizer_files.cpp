@@ -1,10 +1,12 @@
 #include "text/tokenizer_files.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "text/bpe.h"
+#include "text/sentencepiece.h"
 
 namespace loom::text {
 
@@ -16,23 +18,53 @@ std::string hf_tokenizer_file_in(const std::string& dir) {
   return fs::is_regular_file(file, ec) ? file.string() : std::string();
 }
 
+std::string tokenizer_in(const std::string& dir) {
+  std::error_code ec;
+  for (const char* name : {kSpmTokenizerFile, kHfTokenizerFile})
+    if (fs::is_regular_file(fs::path(dir) / name, ec)) return dir;
+  return std::string();
+}
+
+namespace {
+
+// A SentencePiece model (protobuf: ModelProto's first field, the pieces,
+// starts with the byte 0x0a) or a file named *.model; anything else is taken
+// for a tokenizer.json and its reader says what is wrong with it.
+bool is_sentencepiece_file(const fs::path& path) {
+  if (path.extension() == ".model") return true;
+  std::ifstream in(path, std::ios::binary);
+  char first = 0;
+  return in.get(first) && first == 0x0a;
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::error_code ec;
   LOOM_REQUIRE(fs::exists(path, ec), "tokenizer '", path,
-               "' does not exist: give a Hugging Face tokenizer.json, or a directory holding one or GPT-2's "
-               "encoder.json and vocab.bpe (run scripts/fetch-data.sh for GPT-2's)");
+               "' does not exist: give a Hugging Face tokenizer.json, a SentencePiece tokenizer.model, or a "
+               "directory holding one of them or GPT-2's encoder.json and vocab.bpe (run scripts/fetch-data.sh "
+               "for GPT-2's)");
   if (!fs::is_directory(path, ec)) {
     const std::string name = fs::path(path).filename().string();
     LOOM_REQUIRE(name != "encoder.json" && name != "vocab.bpe", "tokenizer '", path,
                  "' is one of GPT-2's two files: give the directory holding encoder.json and vocab.bpe, or a "
                  "Hugging Face tokenizer.json");
+    if (is_sentencepiece_file(path))
+      return std::make_unique<SentencePieceTokenizer>(SentencePieceTokenizer::load(path));
     return std::make_unique<HfTokenizer>(load_hf_tokenizer(path));
   }
+  // A SentencePiece model's directory (Llama 2, Mistral, TinyLlama) holds its
+  // tokenizer.model, and often a tokenizer.json of the same vocabulary in
+  // the form of `tokenizers`' SentencePiece emulation (normalizer, byte
+  // fallback), which loom does not read: the tokenizer.model decides.
+  if (const fs::path spm = fs::path(path) / kSpmTokenizerFile; fs::is_regular_file(spm, ec))
+    return std::make_unique<SentencePieceTokenizer>(SentencePieceTokenizer::load(spm.string()));
   if (const std::string file = hf_tokenizer_file_in(path); !file.empty())
     return std::make_unique<HfTokenizer>(load_hf_tokenizer(file));
   LOOM_REQUIRE(fs::exists(fs::path(path) / "encoder.json", ec), "tokenizer directory '", path,
-               "' holds neither a tokenizer.json nor GPT-2's encoder.json and vocab.bpe (run scripts/fetch-data.sh "
-               "for GPT-2's)");
+               "' holds no tokenizer.json, tokenizer.model, or GPT-2's encoder.json and vocab.bpe (run "
+               "scripts/fetch-data.sh for GPT-2's)");
   return std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load(path));
 }
 

@@ -11,14 +11,23 @@
 
 namespace loom::text {
 
-// path: a Hugging Face tokenizer.json (any file name), a directory holding
-// one, or a directory holding GPT-2's encoder.json and vocab.bpe (when it
-// holds both kinds, tokenizer.json). loom::Error naming the path and what is
-// expected otherwise, or for a file that cannot be read.
+// A SentencePiece model's file in a Hugging Face model directory.
+inline constexpr const char* kSpmTokenizerFile = "tokenizer.model";
+
+// path: a Hugging Face tokenizer.json (any file name), a SentencePiece
+// tokenizer.model (a *.model file, or any file that starts as one), or a
+// directory holding one of them or GPT-2's encoder.json and vocab.bpe; a
+// directory's tokenizer.model comes first (a SentencePiece model's
+// directory also holds a tokenizer.json loom does not read), then its
+// tokenizer.json, then GPT-2's files. loom::Error naming the path and what
+// is expected otherwise, or for a file that cannot be read.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 // dir/tokenizer.json when that is a file, else "".
 std::string hf_tokenizer_file_in(const std::string& dir);
+// dir when it holds a tokenizer.model or a tokenizer.json (what
+// load_tokenizer(dir) reads first), else "".
+std::string tokenizer_in(const std::string& dir);
 
 // Writes dir/tokenizer.json and dir/tokenizer_config.json (each atomically)
 // for tok: GPT-2's BPE or a tokenizer.json's. False, writing nothing, for a

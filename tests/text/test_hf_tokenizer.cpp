@@ -417,7 +417,7 @@ TEST(HfTokenizer, TokenizerPathsAreFilesOrDirectoriesOfEitherKind) {
             std::string::npos);
   EXPECT_NE(error(kEncoderDir / "vocab.bpe").find("is one of GPT-2's two files"), std::string::npos);
   fs::create_directories(dir.path / "empty");
-  EXPECT_NE(error(dir.path / "empty").find("holds neither a tokenizer.json nor GPT-2's encoder.json"),
+  EXPECT_NE(error(dir.path / "empty").find("holds no tokenizer.json, tokenizer.model, or GPT-2's encoder.json"),
             std::string::npos);
 }
 

@@ -6,6 +6,8 @@
 // Then what the reference cannot show: the merge order on hand-made
 // vocabularies, GGUF-style construction, and malformed models, each a
 // loom::Error.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,6 +26,7 @@
 #include "core/error.h"
 #include "text/sentencepiece.h"
 #include "text/spm_model.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::text {
 namespace {
@@ -191,6 +194,29 @@ TEST(SentencePiece, GgufStyleArraysEncodeAsTheModelFileDoes) {
     EXPECT_EQ(encode_mismatches(tok, ref_model(name)["encode"]), 0);
     EXPECT_EQ(tok.vocab().tokens, v.tokens);
   }
+}
+
+// The one loader of every command (--tokenizer, `data prepare`, a model
+// directory's own): a tokenizer.model by name or by content, and a model
+// directory's tokenizer.model before the tokenizer.json beside it (here one
+// loom would refuse: the SentencePiece emulation of Llama 2's directory).
+TEST(SentencePiece, LoadTokenizerFindsTokenizerModelFilesAndDirectories) {
+  const fs::path dir = fs::temp_directory_path() / concat("loom_spm_load_", ::getpid());
+  fs::create_directories(dir);
+  fs::copy_file(model_path("llama"), dir / "tokenizer.model", fs::copy_options::overwrite_existing);
+  fs::copy_file(model_path("llama"), dir / "spm-without-extension", fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer.json") << R"({"normalizer": {"type": "Sequence", "normalizers": [)"
+                                        << R"({"type": "Prepend", "prepend": "▁"}]}, "model": {"type": "BPE"}})";
+  for (const std::string& p : {model_path("llama"), (dir / "spm-without-extension").string(), dir.string()}) {
+    SCOPED_TRACE(p);
+    const std::unique_ptr<Tokenizer> tok = load_tokenizer(p);
+    const auto* spm = dynamic_cast<const SentencePieceTokenizer*>(tok.get());
+    ASSERT_NE(spm, nullptr) << "loaded a " << tok->kind();
+    EXPECT_EQ(encode_mismatches(*spm, ref_model("llama")["encode"]), 0);
+  }
+  EXPECT_EQ(tokenizer_in(dir.string()), dir.string());
+  EXPECT_EQ(tokenizer_in(fs::temp_directory_path().string() + "/loom_no_such_dir"), "");
+  fs::remove_all(dir);
 }
 
 // The whole Brown corpus (~6 MB of tagged text) at a speed printed for the log.
