@@ -51,24 +51,32 @@ for line in sys.stdin:
         print(json.dumps(j))' "$1" "$2" | tee -a "$out.jsonl"
 }
 
+# One measurement: its JSON line recorded; a failure is reported and the
+# round goes on (its cell reads "-").
+measure() {  # measure FILE KIND COMMAND...
+  local file=$1 kind=$2
+  shift 2
+  "$@" 2>"$out.err" | record "$file" "$kind" ||
+    { echo "vs_llama_cpp: $kind on $file failed: $(tail -n 3 "$out.err")" >&2; }
+}
+
 for f in "$@"; do
   dtype=()
   [[ $(basename "$f") == *bf16* ]] && dtype=(--dtype bf16)
-  "$loom" bench serve --mode decode-bound --model "$f" --threads "$threads" --json "${dtype[@]}" "${isa[@]}" \
-    2>/dev/null | record "$f" loom_decode
-  "$node" "$interop_js/llama_cpp_decode_bench.mjs" "$interop" "$threads" 64 "$f" "${variant[@]}" 2>/dev/null |
-    record "$f" llama_decode
+  measure "$f" loom_decode "$loom" bench serve --mode decode-bound --model "$f" --threads "$threads" --json \
+    "${dtype[@]}" "${isa[@]}"
+  measure "$f" llama_decode "$node" "$interop_js/llama_cpp_decode_bench.mjs" "$interop" "$threads" 64 "$f" \
+    "${variant[@]}"
   for s in ${sequences//,/ }; do
-    "$loom" bench serve --mode decode-bound --model "$f" --threads "$threads" --num-requests "$s" --json \
-      "${dtype[@]}" "${isa[@]}" 2>/dev/null | record "$f" "loom_batched_$s"
+    measure "$f" "loom_batched_$s" "$loom" bench serve --mode decode-bound --model "$f" --threads "$threads" \
+      --num-requests "$s" --json "${dtype[@]}" "${isa[@]}"
   done
-  "$node" "$interop_js/llama_cpp_batched_bench.mjs" "$interop" "$threads" 32 "$sequences" "$f" "${variant[@]}" \
-    2>/dev/null | record "$f" llama_batched
-  "$loom" bench serve --mode throughput --model "$f" --num-requests 2 --input-len 512 --output-len 1 \
-    --max-num-batched-tokens 512 --threads "$threads" --json "${dtype[@]}" "${isa[@]}" 2>/dev/null |
-    record "$f" loom_prefill
-  "$node" "$interop_js/llama_cpp_prefill_bench.mjs" "$interop" "$threads" 512 2 "$f" "${variant[@]}" 2>/dev/null |
-    record "$f" llama_prefill
+  measure "$f" llama_batched "$node" "$interop_js/llama_cpp_batched_bench.mjs" "$interop" "$threads" 32 \
+    "$sequences" "$f" "${variant[@]}"
+  measure "$f" loom_prefill "$loom" bench serve --mode throughput --model "$f" --num-requests 2 --input-len 512 \
+    --output-len 1 --max-num-batched-tokens 512 --threads "$threads" --json "${dtype[@]}" "${isa[@]}"
+  measure "$f" llama_prefill "$node" "$interop_js/llama_cpp_prefill_bench.mjs" "$interop" "$threads" 512 2 "$f" \
+    "${variant[@]}"
 done
 
 python3 - "$out.jsonl" "$sequences" <<'PY'
