@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "cli/serve_models.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/threads.h"
 #include "serve/api.h"
 #include "serve/http_client.h"
@@ -217,6 +218,7 @@ void converse(Chat& chat) {
 
 void run_chat(const RunArgs& a) {
   set_num_threads(a.threads);
+  set_log_progress_to_stderr(true);  // stdout is the answer, to pipe or read
   std::unique_ptr<LocalServer> local;
   std::string url = a.host;
   if (!serve::server_is_up(url, std::chrono::milliseconds(500))) {

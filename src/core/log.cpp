@@ -10,6 +10,7 @@ namespace {
 std::atomic<int> g_rank{0};
 std::atomic<int> g_world{1};
 std::atomic<LogLevel> g_level{LogLevel::info};
+std::atomic<bool> g_progress_to_stderr{false};
 std::mutex g_mutex;
 }  // namespace
 
@@ -18,14 +19,16 @@ void set_log_rank(int rank, int world_size) {
   g_world = world_size;
 }
 void set_log_level(LogLevel level) { g_level = level; }
+void set_log_progress_to_stderr(bool on) { g_progress_to_stderr = on; }
 int log_rank() { return g_rank; }
 
 void log_line(LogLevel level, const std::string& message) {
   if (level < g_level.load()) return;
   static constexpr const char* tags[] = {"debug: ", "", "warning: ", "error: "};
   std::lock_guard lock(g_mutex);
-  // Errors and warnings go to stderr, progress to stdout; both carry the rank.
-  std::FILE* out = level >= LogLevel::warn ? stderr : stdout;
+  // Errors and warnings go to stderr, progress to stdout (unless told
+  // otherwise); both carry the rank.
+  std::FILE* out = level >= LogLevel::warn || g_progress_to_stderr.load() ? stderr : stdout;
   std::fprintf(out, "[rank %d/%d] %s%s\n", g_rank.load(), g_world.load(), tags[static_cast<int>(level)],
                message.c_str());
   std::fflush(out);

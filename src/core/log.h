@@ -15,6 +15,10 @@ enum class LogLevel { debug, info, warn, error };
 
 void set_log_rank(int rank, int world_size);
 void set_log_level(LogLevel level);
+// Progress (info and debug lines) to stderr instead of stdout: for a
+// command whose stdout is its answer (`loom run`, as ollama run keeps its
+// progress off the answer). Warnings and errors always go to stderr.
+void set_log_progress_to_stderr(bool on);
 int log_rank();
 void log_line(LogLevel level, const std::string& message);
 

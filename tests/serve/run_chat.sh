@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # loom run against a store, in this process (no server at --host):
 #   run_chat.sh LOOM WORKDIR TOKENIZER
-# one answer for a PROMPT; a piped conversation (/set parameter, a """
+# one answer for a PROMPT (stdout the answer alone); a piped conversation (/set parameter, a """
 # multi-line message, /show, /bye); an unknown model's error; and Ctrl-C
 # during a long answer stops that answer, not the program: the next message
 # is answered and /bye ends it with status 0.
@@ -16,6 +16,8 @@ run() { "$loom" run "$@" --models "$work/s" --host "$none" --threads 1 --tokeniz
 
 one=$(run tiny "Hello there")
 [[ -n $one ]] || { echo "no answer for a prompt"; exit 1; }
+# stdout is the answer alone: the in-process server's progress goes to stderr.
+if grep -q '^\[rank' <<<"$one"; then echo "log lines in the answer: $one"; exit 1; fi
 echo "prompt: answered"
 out=$(printf '/set parameter num_predict 3\n/set parameter nope 1\nHello\n"""two\nlines"""\n/show\n/bye\nnever sent\n' | run tiny)
 grep -q "Set parameter 'num_predict' to '3'" <<<"$out"
