@@ -246,11 +246,11 @@ int64_t gguf_loom_row(int64_t r, int64_t head_size) {
   return h * head_size + (j % 2) * (head_size / 2) + j / 2;
 }
 
-int64_t gguf_expert_index(const ModelConfig& cfg, const std::string& name) {
+GgufRows gguf_rows_of(const ModelConfig& cfg, const std::string& name, int64_t rows) {
   const auto layer = split_layer(cfg, name);
-  if (!layer) return -1;
-  const auto e = expert_of(layer->second);
-  return e ? e->second : -1;
+  const auto e = layer ? expert_of(layer->second) : std::nullopt;
+  if (!e) return {0, rows, -1};
+  return {e->second * rows, rows * cfg.n_expert, e->second};
 }
 
 std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& name) {

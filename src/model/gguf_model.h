@@ -86,9 +86,14 @@ std::optional<kernels::QuantType> gguf_quant_type(io::GgmlType t);
 // The GGUF name of a loom parameter name ("h.3.attn.c_attn.weight" ->
 // "blk.3.attn_qkv.weight"); expert weights map to their stacked tensor.
 std::string gguf_tensor_name(const ModelConfig& cfg, const std::string& loom_name);
-// The expert a loom parameter belongs to ("model.layers.1.block_sparse_moe.
-// experts.3.w1.weight" -> 3: its rows are the fourth slice of the stacked
-// tensor), or -1 for any other parameter.
-int64_t gguf_expert_index(const ModelConfig& cfg, const std::string& loom_name);
+// Where loom parameter `loom_name`'s `rows` rows lie in its GGUF tensor: the
+// first, and how many rows the tensor holds. An expert's matrix is one slice
+// of the stacked tensor ("model.layers.1.block_sparse_moe.experts.3.w1.weight":
+// rows from 3 * rows, of rows * n_expert; expert >= 0); any other parameter
+// is the whole tensor (expert -1).
+struct GgufRows {
+  int64_t first = 0, in_tensor = 0, expert = -1;
+};
+GgufRows gguf_rows_of(const ModelConfig& cfg, const std::string& loom_name, int64_t rows);
 
 }  // namespace loom::model

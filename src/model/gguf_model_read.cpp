@@ -104,11 +104,9 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
     const io::GgufTensorInfo* t = f.find_tensor(g);
     LOOM_REQUIRE(t != nullptr, where(f), ": tensor '", g, "' (loom's ", s.name, ") is missing");
     const int64_t ne0 = s.shape[s.shape.ndim() - 1], rows = s.numel() / ne0;
-    // An expert's matrix is one slice of the stacked tensor; `first` its first row.
-    const int64_t expert = gguf_expert_index(cfg, s.name);
-    const int64_t first = expert < 0 ? 0 : expert * rows, expected_rows = expert < 0 ? rows : rows * cfg.n_expert;
+    const GgufRows at = gguf_rows_of(cfg, s.name, rows);  // an expert: one slice of the stacked tensor
     const int64_t t_rows = t->n_elements / std::max<int64_t>(t->ne[0], 1);
-    LOOM_REQUIRE(t->ne[0] == ne0 && t_rows == expected_rows, where(f), ": tensor '", g, "' has ", t->n_elements,
+    LOOM_REQUIRE(t->ne[0] == ne0 && t_rows == at.in_tensor, where(f), ": tensor '", g, "' has ", t->n_elements,
                  " values in rows of ", t->ne[0], "; loom's ", s.name, " ", s.shape.str(), " needs rows of ", ne0);
     const auto& traits = io::ggml_type_traits(t->type);
     const size_t row_bytes = static_cast<size_t>(ne0 / traits.block_size * traits.block_bytes);
@@ -116,7 +114,7 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
     float* dst = flat.data_as<float>() + s.offset;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t to = permute ? gguf_loom_row(r, cfg.head_size()) : r;
-      to_floats(dst + to * ne0, t->data + static_cast<size_t>(first + r) * row_bytes, t->type, ne0, g);
+      to_floats(dst + to * ne0, t->data + static_cast<size_t>(at.first + r) * row_bytes, t->type, ne0, g);
     }
   }
 }

@@ -48,12 +48,12 @@ QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) :
     const std::optional<QuantType> type = t != nullptr ? gguf_quant_type(t->type) : std::nullopt;
     if (!type) continue;  // missing: load_params_from_gguf says so
     const int64_t cols = s.shape[s.shape.ndim() - 1], rows = s.numel() / cols;
-    const int64_t expert = gguf_expert_index(cfg, s.name);  // an expert: its slice of the stacked tensor
-    const int64_t stacked = expert < 0 ? 1 : cfg.n_expert;
-    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == stacked * rows * cols, "GGUF file '", file_.path(),
+    const GgufRows at = gguf_rows_of(cfg, s.name, rows);  // an expert: its slice of the stacked tensor
+    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == at.in_tensor * cols, "GGUF file '", file_.path(),
                  "': tensor '", g, "' has ", t->n_elements, " values in rows of ", t->ne[0], "; loom's ", s.name, " ",
-                 s.shape.str(), expert < 0 ? "" : concat(" (one of ", stacked, " experts)"), " needs rows of ", cols);
-    hold(s.name, *t, expert < 0 ? 0 : expert * rows, rows, *type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
+                 s.shape.str(), at.expert < 0 ? "" : concat(" (one of ", cfg.n_expert, " experts)"),
+                 " needs rows of ", cols);
+    hold(s.name, *t, at.first, rows, *type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
     if (!tied_head) f32_bytes_ += s.numel() * 4;
   }
 }
