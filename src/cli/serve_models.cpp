@@ -5,6 +5,7 @@
 
 #include "cli/engine_setup.h"
 #include "cli/model_tokenizer.h"
+#include "text/tokenizer_files.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -99,7 +100,9 @@ std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore
         serve::ResolvedModel r = serve::resolve_model(store, *m);
         ModelExtras extras{m->digest, std::move(r.chat), std::move(r.parameters), std::move(r.system),
                            std::move(r.messages), nullptr};
-        if (r.dir.gguf && io::GgufFile::open(r.dir.weights).has("tokenizer.ggml.model"))
+        if (!r.tokenizer.file.empty())  // a model directory's own, kept in the store
+          extras.tokenizer = text::load_tokenizer_files(r.tokenizer);
+        else if (r.dir.gguf && io::GgufFile::open(r.dir.weights).has("tokenizer.ggml.model"))
           extras.tokenizer = model_tokenizer(r.dir, "");  // the file's own, else the server's
         log_info("serve: loading model ", n);
         return load_served_model(n, r.dir, std::move(extras), extras.tokenizer ? *extras.tokenizer : tok(), engine);

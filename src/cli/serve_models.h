@@ -34,14 +34,16 @@ struct ModelExtras {
   nlohmann::json parameters = nlohmann::json::object();  // Modelfile PARAMETERs (num_ctx sets the context)
   std::string system;
   nlohmann::json messages = nlohmann::json::array();
-  // The model's own tokenizer (a GGUF file's), used instead of the server's.
+  // The model's own tokenizer (a GGUF file's, or the one a store model kept
+  // from its directory), used instead of the server's.
   std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
 // The store's models, loaded on their first request (engine: copied). A
-// model that carries its own tokenizer (a GGUF file's) uses that one; the
-// others, tok -- which the second form loads on the first such model only
-// (loom run from any directory, with GGUF models only, needs no GPT-2 files).
+// model that carries its own tokenizer (a GGUF file's, or its directory's
+// kept in the store) uses that one; the others, tok -- which the second form
+// loads on the first such model only (loom run from any directory, with
+// models that carry their own only, needs no GPT-2 files).
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
                                                          const text::Tokenizer& tok, const EngineArgs& engine,
                                                          serve::ManagerOptions options);

@@ -40,6 +40,12 @@ inline constexpr const char* kMediaSystem = "application/vnd.loom.model.system";
 inline constexpr const char* kMediaParams = "application/vnd.loom.model.params";     // JSON object
 inline constexpr const char* kMediaMessages = "application/vnd.loom.model.messages"; // JSON list
 inline constexpr const char* kMediaLicense = "application/vnd.loom.model.license";   // text
+// A model directory's own tokenizer: its tokenizer.model, or its
+// tokenizer.json and the tokenizer_config.json beside it (not for a .gguf
+// file: that carries its tokenizer in its metadata).
+inline constexpr const char* kMediaTokenizerModel = "application/vnd.loom.model.tokenizer.model";  // SentencePiece
+inline constexpr const char* kMediaTokenizerJson = "application/vnd.loom.model.tokenizer.json";
+inline constexpr const char* kMediaTokenizerConfig = "application/vnd.loom.model.tokenizer_config";  // JSON
 
 struct Layer {
   std::string media_type, digest;  // digest: "sha256:<hex>"

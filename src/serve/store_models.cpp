@@ -28,6 +28,21 @@ std::string config_layer(const model::ModelDir& dir, const ChatTemplate& chat) {
   return c.dump(2);
 }
 
+// A directory's own tokenizer, if it has one, after reading it as serving
+// will (a broken tokenizer is refused here, naming the Modelfile's FROM).
+void add_tokenizer_layers(std::vector<LayerSource>& layers, const std::string& dir, const std::string& where,
+                          int from_line) {
+  const text::TokenizerFiles own = text::tokenizer_files_in(dir);
+  if (own.file.empty()) return;
+  try {
+    (void)text::load_tokenizer_files(own);
+  } catch (const loom::Error& e) {
+    throw loom::Error(where + ":" + std::to_string(from_line) + ": FROM: the model's tokenizer: " + e.what());
+  }
+  layers.push_back({own.sentencepiece ? kMediaTokenizerModel : kMediaTokenizerJson, own.file, "", ""});
+  if (!own.config.empty()) layers.push_back({kMediaTokenizerConfig, own.config, "", ""});
+}
+
 // The layers FROM gives: a directory's (or a .gguf file's) config and
 // weights (and its chat template), or a store model's layers as they are.
 std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, const std::string& base_dir,
@@ -40,6 +55,7 @@ std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, con
                                        {kMediaWeights, dir.weights, "", ""}};
     if (!chat.is_plain)
       layers.push_back({kMediaTemplate, "", chat.source, ""});
+    if (!dir.gguf) add_tokenizer_layers(layers, path.string(), where, mf.from_line);
     return layers;
   }
   std::optional<ModelName> name;
@@ -122,6 +138,11 @@ ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m) {
   if (const Layer* l = m.manifest.find(kMediaLicense)) r.license = store.read_blob(l->digest);
   if (const Layer* p = m.manifest.find(kMediaParams)) r.parameters = json::parse(store.read_blob(p->digest));
   if (const Layer* msg = m.manifest.find(kMediaMessages)) r.messages = json::parse(store.read_blob(msg->digest));
+  const Layer* spm = m.manifest.find(kMediaTokenizerModel);
+  if (const Layer* tok = spm != nullptr ? spm : m.manifest.find(kMediaTokenizerJson)) {
+    r.tokenizer = {.file = store.blob_path(tok->digest), .config = "", .sentencepiece = tok == spm};
+    if (const Layer* tc = m.manifest.find(kMediaTokenizerConfig)) r.tokenizer.config = store.blob_path(tc->digest);
+  }
   return r;
 }
 

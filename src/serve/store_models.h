@@ -5,7 +5,10 @@
 // what it came from (no copy for a store model, one for a directory) and
 // takes the Modelfile's template, system prompt, parameters, messages and
 // license over the inherited ones. A Hugging Face directory's
-// tokenizer_config.json chat template (and its bos/eos tokens) comes along.
+// tokenizer_config.json chat template (and its bos/eos tokens) comes along,
+// and so does a directory's own tokenizer (its tokenizer.model, or its
+// tokenizer.json with tokenizer_config.json), read once at create so a
+// broken one is refused there, not when the model is first served.
 #pragma once
 
 #include <string>
@@ -16,6 +19,7 @@
 #include "serve/chat_template.h"
 #include "serve/model_store.h"
 #include "serve/modelfile.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::serve {
 
@@ -33,6 +37,9 @@ struct ResolvedModel {
   nlohmann::json parameters = nlohmann::json::object();
   nlohmann::json messages = nlohmann::json::array();  // [{role, content}] put before a chat's own
   std::string license;
+  // The blobs of the model's own tokenizer (file "" when it has none in its
+  // layers: a .gguf model's is in the file, others use the server's).
+  text::TokenizerFiles tokenizer;
 };
 ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m);
 

@@ -275,11 +275,14 @@ void apply_tokenizer_config(HfBpeSpec& spec, std::string_view json_text, const s
 }
 
 HfTokenizer load_hf_tokenizer(const std::string& path) {
-  HfBpeSpec spec = parse_tokenizer_json(read_text_file(path), path);
   const std::filesystem::path config = std::filesystem::path(path).parent_path() / kHfTokenizerConfigFile;
   std::error_code ec;
-  if (std::filesystem::is_regular_file(config, ec))
-    apply_tokenizer_config(spec, read_text_file(config.string()), config.string());
+  return load_hf_tokenizer(path, std::filesystem::is_regular_file(config, ec) ? config.string() : std::string());
+}
+
+HfTokenizer load_hf_tokenizer(const std::string& path, const std::string& config_path) {
+  HfBpeSpec spec = parse_tokenizer_json(read_text_file(path), path);
+  if (!config_path.empty()) apply_tokenizer_config(spec, read_text_file(config_path), config_path);
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "</s>"}) {
     if (spec.eos_id >= 0) break;
     for (const HfAddedToken& t : spec.added_tokens)

@@ -41,6 +41,9 @@ void apply_tokenizer_config(HfBpeSpec& spec, std::string_view json_text, const s
 // present. Without an EOS from it, the first special added token among
 // <|endoftext|>, <|end_of_text|>, <|im_end|>, </s> is the EOS.
 HfTokenizer load_hf_tokenizer(const std::string& path);
+// The same with the tokenizer_config.json at config_path ("": none), for a
+// tokenizer.json kept apart from its directory (a store model's layers).
+HfTokenizer load_hf_tokenizer(const std::string& path, const std::string& config_path);
 
 // tokenizer.json for tok, as the `tokenizers` library writes one (merges as
 // "a b" unless a token holds a space). Reading it gives tok's spec back.

@@ -19,10 +19,17 @@ std::string hf_tokenizer_file_in(const std::string& dir) {
 }
 
 std::string tokenizer_in(const std::string& dir) {
+  return tokenizer_files_in(dir).file.empty() ? std::string() : dir;
+}
+
+TokenizerFiles tokenizer_files_in(const std::string& dir) {
   std::error_code ec;
-  for (const char* name : {kSpmTokenizerFile, kHfTokenizerFile})
-    if (fs::is_regular_file(fs::path(dir) / name, ec)) return dir;
-  return std::string();
+  if (const fs::path spm = fs::path(dir) / kSpmTokenizerFile; fs::is_regular_file(spm, ec))
+    return {.file = spm.string(), .config = "", .sentencepiece = true};
+  const std::string json = hf_tokenizer_file_in(dir);
+  if (json.empty()) return {};
+  const fs::path config = fs::path(dir) / kHfTokenizerConfigFile;
+  return {.file = json, .config = fs::is_regular_file(config, ec) ? config.string() : std::string()};
 }
 
 namespace {
@@ -58,14 +65,19 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   // tokenizer.model, and often a tokenizer.json of the same vocabulary in
   // the form of `tokenizers`' SentencePiece emulation (normalizer, byte
   // fallback), which loom does not read: the tokenizer.model decides.
-  if (const fs::path spm = fs::path(path) / kSpmTokenizerFile; fs::is_regular_file(spm, ec))
-    return std::make_unique<SentencePieceTokenizer>(SentencePieceTokenizer::load(spm.string()));
-  if (const std::string file = hf_tokenizer_file_in(path); !file.empty())
-    return std::make_unique<HfTokenizer>(load_hf_tokenizer(file));
+  if (const TokenizerFiles own = tokenizer_files_in(path); !own.file.empty()) return load_tokenizer_files(own);
   LOOM_REQUIRE(fs::exists(fs::path(path) / "encoder.json", ec), "tokenizer directory '", path,
                "' holds no tokenizer.json, tokenizer.model, or GPT-2's encoder.json and vocab.bpe (run "
                "scripts/fetch-data.sh for GPT-2's)");
   return std::make_unique<Gpt2Tokenizer>(Gpt2Tokenizer::load(path));
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_files(const TokenizerFiles& files) {
+  std::error_code ec;
+  LOOM_REQUIRE(fs::is_regular_file(files.file, ec), "tokenizer file '", files.file, "' does not exist");
+  if (files.sentencepiece)
+    return std::make_unique<SentencePieceTokenizer>(SentencePieceTokenizer::load(files.file));
+  return std::make_unique<HfTokenizer>(load_hf_tokenizer(files.file, files.config));
 }
 
 bool save_hf_tokenizer_files(const std::string& dir, const Tokenizer& tok, const TokenizerConfigExtras& extras) {

@@ -29,6 +29,23 @@ std::string hf_tokenizer_file_in(const std::string& dir);
 // load_tokenizer(dir) reads first), else "".
 std::string tokenizer_in(const std::string& dir);
 
+// The files a directory's own tokenizer is read from, in load_tokenizer's
+// order: its tokenizer.model, else its tokenizer.json with the
+// tokenizer_config.json beside it (config: "" when there is none); both ""
+// when the directory has neither (GPT-2's encoder.json is not a model's own).
+struct TokenizerFiles {
+  std::string file, config;
+  bool sentencepiece = false;  // file is a SentencePiece model, else a tokenizer.json
+};
+TokenizerFiles tokenizer_files_in(const std::string& dir);
+
+// A tokenizer from files kept apart from their directory (a store model's
+// layers, whose names say nothing): file a SentencePiece model or a
+// tokenizer.json as `sentencepiece` says; config the tokenizer_config.json
+// that goes with a tokenizer.json ("": none). loom::Error naming the file
+// for one that cannot be read as that kind.
+std::unique_ptr<Tokenizer> load_tokenizer_files(const TokenizerFiles& files);
+
 // Writes dir/tokenizer.json and dir/tokenizer_config.json (each atomically)
 // for tok: GPT-2's BPE or a tokenizer.json's. False, writing nothing, for a
 // kind that has no tokenizer.json form here (SentencePiece).

@@ -301,6 +301,14 @@ TEST(HfTokenizer, TokenizerConfigNamesTheEos) {
   dir.write("tokenizer_config.json", R"({"eos_token": {"content": "<|eot_id|>"}})");
   const auto tok = loom::text::load_tokenizer(dir.path.string());
   EXPECT_EQ(tok->eos_id(), 256 + 11 + 3);
+  // The same two files kept apart under other names (a store model's blobs).
+  const loom::text::TokenizerFiles own = loom::text::tokenizer_files_in(dir.path.string());
+  EXPECT_FALSE(own.sentencepiece);
+  TempDir kept;
+  const fs::path file = kept.write("blob-a", llama_style_json().dump());
+  const fs::path config = kept.write("blob-b", R"({"eos_token": {"content": "<|eot_id|>"}})");
+  EXPECT_EQ(loom::text::load_tokenizer_files({.file = file.string(), .config = config.string()})->eos_id(),
+            256 + 11 + 3);
   dir.write("tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
   try {
     loom::text::load_tokenizer(dir.path.string());

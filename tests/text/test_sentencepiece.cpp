@@ -215,6 +215,14 @@ TEST(SentencePiece, LoadTokenizerFindsTokenizerModelFilesAndDirectories) {
     EXPECT_EQ(encode_mismatches(*spm, ref_model("llama")["encode"]), 0);
   }
   EXPECT_EQ(tokenizer_in(dir.string()), dir.string());
+  const TokenizerFiles own = tokenizer_files_in(dir.string());
+  EXPECT_EQ(own.file, (dir / "tokenizer.model").string());
+  EXPECT_TRUE(own.sentencepiece);
+  // Kept apart from its directory under any name (a store blob), the kind decides.
+  const std::unique_ptr<Tokenizer> kept =
+      load_tokenizer_files({.file = (dir / "spm-without-extension").string(), .config = "", .sentencepiece = true});
+  ASSERT_NE(dynamic_cast<const SentencePieceTokenizer*>(kept.get()), nullptr);
+  EXPECT_THROW(load_tokenizer_files({.file = model_path("llama"), .config = "", .sentencepiece = false}), loom::Error);
   EXPECT_EQ(tokenizer_in(fs::temp_directory_path().string() + "/loom_no_such_dir"), "");
   fs::remove_all(dir);
 }
