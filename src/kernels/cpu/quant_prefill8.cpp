@@ -7,7 +7,10 @@
 // four products into each of the 8 outputs' int32 lanes. The pairs must not
 // saturate: q4_0's and q4_K's nibbles (0..15) go as they are (|pair| <= 2 *
 // 15 * 128), q8_0's values as |w| against x with w's sign (|pair| <= 2 *
-// 128 * 127), as quant_linear.cpp's dot_s8 does. All integer steps are exact;
+// 128 * 127), as quant_linear.cpp's dot_s8 does. Where the int16 sums have
+// room (q4_0's and q4_K's 8 pair sums of a 32-value block, q6_K's two), they
+// add up in int16 and are widened once (with q4_K's and q6_K's scale as the
+// multiplier): half the multiplies. All integer steps are exact;
 // the float steps are the reference's per lane in its order, so the bits are
 // quant.h's vec_dot's (tests/kernels/test_quant_linear.cpp at each level).
 #include "kernels/cpu/quant_prefill.h"
@@ -44,6 +47,10 @@ inline __m256i bcast4(const int8_t* p) {
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
+// An empty asm the value passes through: the compiler may not reassociate the
+// chain of adds across it, which it otherwise turns into a tree of all the
+// products at once (more live vectors than registers: spills).
+inline void keep_order(__m256i& v) { asm("" : "+x"(v)); }
 // Four u8 x s8 products per int32 lane.
 inline __m256i dot4(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
 
@@ -108,15 +115,23 @@ struct Block32 {
     for (int64_t b = 0; b < o.nb; ++b) {
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
-        const __m256i u = load(p[b].u[k]);
-        if constexpr (T == QuantType::q8_0) {
-          const __m256i w = load(p[b].w[k]);
-          for (int r = 0; r < R; ++r)
+      if constexpr (T == QuantType::q8_0) {
+        for (int k = 0; k < 8; ++k) {
+          const __m256i u = load(p[b].u[k]), w = load(p[b].w[k]);
+          for (int r = 0; r < R; ++r) {
             acc[r] = _mm256_add_epi32(acc[r], dot4(u, _mm256_sign_epi8(bcast4(a[r][b].qs + 4 * k), w)));
-        } else {
-          for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi32(acc[r], dot4(u, bcast4(a[r][b].qs + 4 * k)));
+            keep_order(acc[r]);
+          }
         }
+      } else {  // the block's 8 pair sums in int16 (8 * 2 * 15 * 128 < 2^15), widened once
+        for (int k = 0; k < 8; ++k) {
+          const __m256i u = load(p[b].u[k]);
+          for (int r = 0; r < R; ++r) {
+            acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(u, bcast4(a[r][b].qs + 4 * k)));
+            keep_order(acc[r]);
+          }
+        }
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_madd_epi16(acc[r], _mm256_set1_epi16(1));
       }
       const __m256 dw = _mm256_load_ps(p[b].d);
       for (int r = 0; r < R; ++r) {
@@ -130,19 +145,45 @@ struct Block32 {
   }
 };
 
-// q4_K against q8_K: as quant_prefill.cpp's SuperK4, 8 lanes.
+// q4_K against q8_K: as quant_prefill.cpp's SuperK4, 8 lanes. A sub-block's
+// 8 vpmaddubsw pair sums add up in int16 (8 * 2 * 15 * 128 < 2^15) and
+// vpmaddwd multiplies them by the sub-block's scale (sc_j in both int16
+// halves of lane c) into int32: one widening a sub-block instead of eight,
+// and no 32-bit multiply. The mins likewise: vpmaddwd of two sub-blocks'
+// mins against x's two sums of 32 values (|sum| <= 32 * 127: int16).
 struct alignas(32) PackedK4 {
   float d[kLanes], dmin[kLanes];
-  int32_t sc[8][kLanes], m[8][kLanes];
-  uint8_t q[4][8][32];  // [r][k]: lane c's bytes qs[32 r + 4 k ..]
+  int16_t sc[8][2 * kLanes];  // [j]: sc_j of row c in int16 lanes 2 c and 2 c + 1
+  int16_t m[4][2 * kLanes];   // [i]: m_2i and m_2i+1 of row c in lanes 2 c, 2 c + 1
+  uint8_t q[8][8][32];        // [j][k]: lane c's values 4 k .. 4 k + 3 of sub-block j (nibbles unpacked)
 };
+
+// Per row m and super-block b of q8_K activations: the scale, and the sums of
+// x over its 8 sub-blocks of 32 in int16.
+struct RowSupers16 {
+  const float* d;
+  const int16_t* sums;  // [(m * nb + b) * 8 + j]
+};
+inline RowSupers16 prepare_q8_K_32x16(const QuantOperands& o) {
+  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+  auto* sums = thread_scratch<int16_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 8));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < o.N; ++m)
+    for (int64_t b = 0; b < o.nb; ++b) {
+      const block_q8_K& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
+      d[m * o.nb + b] = blk.d;
+      for (int j = 0; j < 8; ++j)
+        sums[(m * o.nb + b) * 8 + j] = static_cast<int16_t>(blk.bsums[2 * j] + blk.bsums[2 * j + 1]);
+    }
+  return {d, sums};
+}
 
 struct SuperK4 {
   using Packed = PackedK4;
-  using Rows = RowSupers;
+  using Rows = RowSupers16;
   static constexpr int kTile = kRowTile;
 
-  static Rows prepare(const QuantOperands& o) { return prepare_q8_K<32>(o); }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_K_32x16(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
@@ -152,10 +193,15 @@ struct SuperK4 {
         for (int j = 0; j < 8; ++j) {
           uint8_t sc = 0, mn = 0;
           q4_K_scale_min(j, row[b].scales, &sc, &mn);
-          p[b].sc[j][c] = sc, p[b].m[j][c] = mn;
+          p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = sc;
+          p[b].m[j / 2][2 * c + j % 2] = mn;
         }
-        for (int r = 0; r < 4; ++r)
-          scatter_lane(&p[b].q[r][0][0], c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs + 32 * r)));
+        const __m256i low = _mm256_set1_epi8(0xf);
+        for (int r = 0; r < 4; ++r) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs + 32 * r));
+          scatter_lane(&p[b].q[2 * r][0][0], c, _mm256_and_si256(v, low));
+          scatter_lane(&p[b].q[2 * r + 1][0][0], c, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        }
       }
     }
   }
@@ -165,31 +211,28 @@ struct SuperK4 {
     __m256 s[R];
     const block_q8_K* a[R];
     for (int i = 0; i < R; ++i) s[i] = _mm256_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
-    const __m256i low = _mm256_set1_epi8(0xf);
     for (int64_t b = 0; b < o.nb; ++b) {
       __m256i isum[R];
       for (int i = 0; i < R; ++i) isum[i] = _mm256_setzero_si256();
-      for (int r = 0; r < 4; ++r) {
-        __m256i lo[R], hi[R];
-        for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int j = 0; j < 8; ++j) {  // one sub-block at a time: few live registers, no spills
+        __m256i acc[R];
+        for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_si256();
         for (int k = 0; k < 8; ++k) {
-          const __m256i v = load(p[b].q[r][k]);
-          const __m256i vl = _mm256_and_si256(v, low), vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          const __m256i q = load(p[b].q[j][k]);
           for (int i = 0; i < R; ++i) {
-            lo[i] = _mm256_add_epi32(lo[i], dot4(vl, bcast4(a[i][b].qs + 64 * r + 4 * k)));
-            hi[i] = _mm256_add_epi32(hi[i], dot4(vh, bcast4(a[i][b].qs + 64 * r + 32 + 4 * k)));
+            acc[i] = _mm256_add_epi16(acc[i], _mm256_maddubs_epi16(q, bcast4(a[i][b].qs + 32 * j + 4 * k)));
+            keep_order(acc[i]);
           }
         }
-        const __m256i sl = load(p[b].sc[2 * r]), sh = load(p[b].sc[2 * r + 1]);
-        for (int i = 0; i < R; ++i)
-          isum[i] = _mm256_add_epi32(isum[i],
-                                     _mm256_add_epi32(_mm256_mullo_epi32(sl, lo[i]), _mm256_mullo_epi32(sh, hi[i])));
+        const __m256i sc = load(p[b].sc[j]);
+        for (int i = 0; i < R; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(acc[i], sc));
       }
       for (int i = 0; i < R; ++i) {
-        const int32_t* sums = x.sums + ((m + i) * o.nb + b) * 8;
+        const int16_t* sums = x.sums + ((m + i) * o.nb + b) * 8;
         __m256i msum = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j)
-          msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(load(p[b].m[j]), _mm256_set1_epi32(sums[j])));
+        for (int k = 0; k < 4; ++k)
+          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(load(p[b].m[k]), bcast4(reinterpret_cast<const int8_t*>(sums + 2 * k))));
         const __m256 dy = _mm256_set1_ps(x.d[(m + i) * o.nb + b]);
         const __m256 d = _mm256_mul_ps(_mm256_load_ps(p[b].d), dy), dmin = _mm256_mul_ps(_mm256_load_ps(p[b].dmin), dy);
         const __m256 t = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[i])),
@@ -249,11 +292,14 @@ struct SuperK6 {
       for (int i = 0; i < R; ++i) isum[i] = off[i] = _mm256_setzero_si256();
       for (int j = 0; j < 16; ++j) {
         const __m256i sc = load(p[b].sc[j]);
-        for (int t = 0; t < 4; ++t) {
-          const __m256i v = load(p[b].q[4 * j + t]);
-          for (int i = 0; i < R; ++i)
-            isum[i] = _mm256_add_epi32(
-                isum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(v, bcast4(a[i][b].qs + 16 * j + 4 * t)), sc));
+        for (int t = 0; t < 4; t += 2) {  // two pair sums in int16 (2 * 2 * 63 * 128 < 2^15), then the scale
+          const __m256i v0 = load(p[b].q[4 * j + t]), v1 = load(p[b].q[4 * j + t + 1]);
+          for (int i = 0; i < R; ++i) {
+            const int8_t* y = a[i][b].qs + 16 * j + 4 * t;
+            const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(v0, bcast4(y)), _mm256_maddubs_epi16(v1, bcast4(y + 4)));
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(pair, sc));
+            keep_order(isum[i]);
+          }
         }
       }
       for (int k = 0; k < 8; ++k) {
