@@ -1,5 +1,5 @@
 // The activations' quantizers of linear_forward_quantized in vector form
-// (quant_prefill.h): q8_0 and q8_K with AVX-512, the bytes of quant.cpp's
+// (quant_prefill.h): q8_0 and q8_K with AVX-512 or AVX2, the bytes of quant.cpp's
 // reference quantizers, which are ggml's:
 //   q8_0: d = max|x| / 127, id = 1 / d (0 when d is), q = the low byte of
 //         x * id truncated, plus one when the fraction is >= 0.5, minus one
@@ -24,6 +24,9 @@
 // GCC 12 takes the intrinsics' undefined pass-through operands for
 // uninitialized variables here (a false positive: every lane is written).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LOOM_QUANT_ACTIVATIONS_AVX2 1
+#include <immintrin.h>
 #endif
 
 namespace loom::kernels::cpu::LOOM_ISA {
@@ -117,8 +120,109 @@ bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
 }  // namespace
 #endif
 
+#if defined(LOOM_QUANT_ACTIVATIONS_AVX2)
+namespace {
+
+// The same steps as the AVX-512 form above, 8 lanes a vector.
+constexpr float kTiny = 0x1p-100f;
+
+inline __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+
+float max8(__m256 v) {
+  alignas(32) float f[8];
+  _mm256_store_ps(f, v);
+  float m = f[0];
+  for (int i = 1; i < 8; ++i) m = std::fmax(m, f[i]);
+  return m;
+}
+
+bool all_finite(const float* x, int64_t n) {
+  int bad = 0;
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  for (int64_t i = 0; i < n; i += 8)  // n is a multiple of 32
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(abs8(_mm256_loadu_ps(x + i)), inf, _CMP_NLT_UQ));
+  return bad == 0;
+}
+
+// 32 int32 in [-128, 127] (four vectors of 8, in order) as 32 bytes.
+__m256i bytes32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// round_to_int8_as_x86 of v's 8 lanes, as int32 (|v| < 2^31).
+__m256i round_to_int(__m256 v) {
+  __m256i i = _mm256_cvttps_epi32(v);
+  const __m256 frac = _mm256_sub_ps(v, _mm256_cvtepi32_ps(i));
+  i = _mm256_sub_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ)));  // -1: add one
+  return _mm256_add_epi32(i, _mm256_castps_si256(_mm256_cmp_ps(frac, _mm256_set1_ps(-0.5f), _CMP_LE_OQ)));
+}
+
+bool quantize_q8_0(const float* x, block_q8_0* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQK) {
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i), m = _mm256_max_ps(m, abs8(v[i]));
+    const float amax = max8(m);
+    const float d = amax / 127;
+    if (amax == 0.f) {  // id 0: every q 0
+      y[b].d = to_f16(d);
+      std::memset(y[b].qs, 0, sizeof y[b].qs);
+      continue;
+    }
+    if (d < kTiny) return false;
+    const float id = 1.f / d;
+    y[b].d = to_f16(d);
+    const __m256 s = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = round_to_int(_mm256_mul_ps(v[i], s));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), bytes32(q[0], q[1], q[2], q[3]));
+  }
+  return true;
+}
+
+int32_t sum8(__m256i v) {
+  alignas(32) int32_t a[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), v);
+  int32_t t = 0;
+  for (int i = 0; i < 8; ++i) t += a[i];
+  return t;
+}
+
+bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += kQKK) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < kQKK; i += 8) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + i)));
+    const float amax = max8(m);
+    if (amax == 0.f) {
+      std::memset(&y[b], 0, sizeof(y[b]));
+      continue;
+    }
+    if (amax < kTiny) return false;
+    int first = 0;
+    while (std::fabs(x[first]) != amax) ++first;
+    const float iscale = -127.f / x[first];
+    const __m256 s = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.f);
+    for (int i = 0; i < kQKK; i += 32) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i bits = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(s, _mm256_loadu_ps(x + i + 8 * k)), magic));
+        q[k] = _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffff)), _mm256_set1_epi32(0x400000));
+        q[k] = _mm256_min_epi32(q[k], _mm256_set1_epi32(127));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs + i), bytes32(q[0], q[1], q[2], q[3]));
+      y[b].bsums[i / 16] = static_cast<int16_t>(sum8(_mm256_add_epi32(q[0], q[1])));
+      y[b].bsums[i / 16 + 1] = static_cast<int16_t>(sum8(_mm256_add_epi32(q[2], q[3])));
+    }
+    y[b].d = 1 / iscale;
+  }
+  return true;
+}
+
+}  // namespace
+#endif
+
 bool quantize_row_fast(QuantType t, const float* x, void* blocks, int64_t n) {
-#if defined(LOOM_QUANT_ACTIVATIONS)
+#if defined(LOOM_QUANT_ACTIVATIONS) || defined(LOOM_QUANT_ACTIVATIONS_AVX2)
   if (n % quant_block_size(t) != 0 || !all_finite(x, n)) return false;
   if (t == QuantType::q8_0) return quantize_q8_0(x, static_cast<block_q8_0*>(blocks), n / kQK);
   if (t == QuantType::q8_K) return quantize_q8_K(x, static_cast<block_q8_K*>(blocks), n / kQKK);

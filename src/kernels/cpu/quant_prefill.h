@@ -47,7 +47,7 @@ bool quant_decode16(QuantType wtype, const QuantOperands& o);
 
 // quantize_row's bytes for the activation types q8_0 and q8_K, in vector
 // form (quant_activations.cpp); false (the caller then runs quantize_row) at
-// levels without AVX-512, for other types, and for rows quantize_row refuses
+// the generic level, for other types, and for rows quantize_row refuses
 // or whose tiny scales it handles by its own rules.
 bool quantize_row_fast(QuantType t, const float* x, void* blocks, int64_t n);
 
