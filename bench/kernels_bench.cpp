@@ -247,11 +247,11 @@ void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const ch
 }
 
 // The quantized serving linears (linear_forward_quantized) at gpt2-124m's MLP
-// shapes, decode (1 row) and prefill (64): weights of random block bytes
+// shapes, decode (1 row; 8: eight sequences decoding) and prefill (64, 512): weights of random block bytes
 // (finite f16 scales; the speed does not depend on the values). GFLOP/s
 // counts 2 M N K; GB/s counts w's bytes once, as linear_invariant's does.
 constexpr ServingLinear kQuantLinears[] = {{"fc", kC, 4 * kC}, {"mlp_proj", 4 * kC, kC}};
-constexpr int64_t kQuantRows[] = {1, 64, 512};
+constexpr int64_t kQuantRows[] = {1, 4, 8, 64, 512};
 constexpr kernels::QuantType kQuantTypes[] = {kernels::QuantType::q8_0, kernels::QuantType::q4_0,
                                               kernels::QuantType::q4_K, kernels::QuantType::q6_K};
 

@@ -326,9 +326,27 @@ void run(const QuantOperands& o) {
 }  // namespace
 #endif
 
+#if defined(LOOM_QUANT_PREFILL8)
+namespace {
+// From how many rows of x repacking W pays for itself against
+// quant_linear.cpp's decode tiles, per weight type (`loom bench kernels
+// --filter linear_quant --isa avx2`, rows 4 and 8, one Zen 5 core: q4_0's
+// decode tiles are the slowest, its repacked path 1.5x faster at 4 rows;
+// q4_K and q6_K gain from 8; q8_0 not below 16).
+int64_t min_rows(QuantType wtype) {
+  switch (wtype) {
+    case QuantType::q4_0: return 4;
+    case QuantType::q4_K:
+    case QuantType::q6_K: return 8;
+    default: return kQuantPrefillRows;
+  }
+}
+}  // namespace
+#endif
+
 bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
 #if defined(LOOM_QUANT_PREFILL8)
-  if (o.N < kQuantPrefillRows) return false;
+  if (o.N < min_rows(wtype)) return false;
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;
