@@ -17,10 +17,11 @@
 // test_quant_linear.cpp checks all levels against the reference).
 //
 // Integer sums (activation values are in [-127, 127]: quantize_row's range):
-//   q8_0 . q8_0, q4_0 . q8_0: |w| (u8) times y with w's sign (s8), pairs
-//     summed in int16 (at most 2 * 128 * 127: no saturation) then int32 —
-//     or vpdpbusd (AVX512_VNNI), four products straight into int32;
-//     q4_0's w is q - 8 in [-8, 7].
+//   q8_0 . q8_0: |w| (u8) times y with w's sign (s8), pairs summed in int16
+//     (at most 2 * 128 * 127: no saturation) then int32 — or vpdpbusd
+//     (AVX512_VNNI), four products straight into int32;
+//   q4_0 . q8_0: the nibble q (0..15) times y, minus 8 times y, in int16
+//     pairs (|pair| <= 2 * 15 * 127) — or vpdpbusd — for (q - 8) y.
 //   q4_K . q8_K: nibbles (0..15) times y, pairs in int16 (<= 3810), times
 //     the sub-block's 6-bit scale into int32; the mins against q8_K's bsums.
 //   q6_K . q8_K: 6-bit q (0..63) times y (pairs <= 16002), times the signed
@@ -158,15 +159,27 @@ struct Q8_0Simd : Q8_0 {
   }
 };
 
+// q4_0's nibbles q (0..15) as the unsigned side as they are, the offset
+// taken back in int16: (q0 y0 + q1 y1) - (8 y0 + 8 y1) per pair, exact (the
+// second vpmaddubsw depends on y alone, shared by a tile's rows of W).
 struct Q4_0Simd : Q4_0 {
-  using Unpacked = Q8_0Simd::Unpacked;
+  struct Unpacked {
+    __m256i q;
+  };
   static Unpacked unpack(const W& x) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs));
-    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
-    const __m256i w = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    return {w, _mm256_abs_epi8(w)};
+    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf))};
   }
-  static __m256i dot(const Unpacked& u, const A& y, __m256i*) { return dot_s8(u.w_abs, u.w, load256(y.qs)); }
+  static __m256i dot(const Unpacked& u, const A& y, __m256i*) {
+    const __m256i yv = load256(y.qs);
+#if defined(LOOM_QUANT_VNNI)
+    const __m256i offset = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), yv);
+    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u.q, yv), offset);
+#else
+    const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u.q, yv), _mm256_maddubs_epi16(_mm256_set1_epi8(8), yv));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+  }
   template <int R, int C>
   static __m256 step(__m256 s, __m256i isum, __m256i, const W* const* w, const A* const* a, int64_t b) {
     return step_d<Q4_0Simd, R, C>(s, isum, w, a, b);
