@@ -48,6 +48,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/linear_amx.h"
 #include "kernels/cpu/quant_prefill.h"
+#include "kernels/cpu/quant_prefill_run.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/quant.h"
@@ -242,16 +243,7 @@ struct Q6_KSimd : Q6_K {
   };
   static Unpacked unpack(const W& x) {
     Unpacked u;
-    const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = load256(x.ql + 64 * h), ql1 = load256(x.ql + 64 * h + 32), qh = load256(x.qh + 32 * h);
-      __m256i* q = u.q + 4 * h;
-      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-    }
+    quant_packed::unpack_q6_K_avx2(x, u.q);
     for (int g = 0; g < 8; ++g)
       u.sc[g] = _mm256_set_m128i(_mm_set1_epi16(x.scales[2 * g + 1]), _mm_set1_epi16(x.scales[2 * g]));
     u.sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));

@@ -54,11 +54,26 @@ inline void keep_order(__m256i& v) { asm("" : "+x"(v)); }
 // Four u8 x s8 products per int32 lane.
 inline __m256i dot4(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
 
-// Lane c's 4 bytes of each of the 8 int32 words of v to q + 32 k + 4 c.
-inline void scatter_lane(uint8_t* q, int c, __m256i v) {
-  alignas(32) uint32_t four[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(four), v);
-  for (int k = 0; k < 8; ++k) std::memcpy(q + 32 * k + 4 * c, &four[k], 4);
+// v[c]: 8 rows' 8 words each. Stored transposed: word k of row c to
+// q + 32 k + 4 c (an 8 x 8 transpose of int32: unpacks, then 128-bit swaps).
+inline void store_lanes(uint8_t* q, const __m256i (&v)[kLanes]) {
+  __m256i a[8], b[8];
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);      // words 0 1 | 4 5 of rows 2i, 2i+1
+    a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);  // words 2 3 | 6 7
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3
+    const __m256i *lo = a + 4 * h, *hi = a + 4 * h + 2;
+    b[4 * h] = _mm256_unpacklo_epi64(lo[0], hi[0]);      // word 0 | 4
+    b[4 * h + 1] = _mm256_unpackhi_epi64(lo[0], hi[0]);  // word 1 | 5
+    b[4 * h + 2] = _mm256_unpacklo_epi64(lo[1], hi[1]);  // word 2 | 6
+    b[4 * h + 3] = _mm256_unpackhi_epi64(lo[1], hi[1]);  // word 3 | 7
+  }
+  auto* out = reinterpret_cast<__m256i*>(q);
+  for (int k = 0; k < 4; ++k) {
+    _mm256_store_si256(out + k, _mm256_permute2x128_si256(b[k], b[4 + k], 0x20));
+    _mm256_store_si256(out + k + 4, _mm256_permute2x128_si256(b[k], b[4 + k], 0x31));
+  }
 }
 
 template <int R>
@@ -87,23 +102,25 @@ struct Block32 {
   static Rows prepare(const QuantOperands& o) { return prepare_q8_0(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
-    for (int c = 0; c < kLanes; ++c) {
-      const std::byte* row = row_at<std::byte>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
-      for (int64_t b = 0; b < o.nb; ++b) {
+    const std::byte* rows[kLanes];
+    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<std::byte>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m256i u[kLanes], w[kLanes];
+      for (int c = 0; c < kLanes; ++c) {
         if constexpr (T == QuantType::q8_0) {
-          const block_q8_0& blk = reinterpret_cast<const block_q8_0*>(row)[b];
+          const block_q8_0& blk = reinterpret_cast<const block_q8_0*>(rows[c])[b];
           p[b].d[c] = half_to_float(blk.d);
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
-          scatter_lane(&p[b].u[0][0], c, _mm256_abs_epi8(w));
-          scatter_lane(reinterpret_cast<uint8_t*>(&p[b].w[0][0]), c, w);
+          w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+          u[c] = _mm256_abs_epi8(w[c]);
         } else {
-          const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(row)[b];
+          const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(rows[c])[b];
           p[b].d[c] = half_to_float(blk.d);
           const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-          scatter_lane(&p[b].u[0][0], c,
-                       _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf)));
+          u[c] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
         }
       }
+      store_lanes(&p[b].u[0][0], u);
+      if constexpr (T == QuantType::q8_0) store_lanes(reinterpret_cast<uint8_t*>(&p[b].w[0][0]), w);
     }
   }
 
@@ -186,22 +203,28 @@ struct SuperK4 {
   static Rows prepare(const QuantOperands& o) { return prepare_q8_K_32x16(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
-    for (int c = 0; c < kLanes; ++c) {
-      const block_q4_K* row = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
-      for (int64_t b = 0; b < o.nb; ++b) {
-        p[b].d[c] = half_to_float(row[b].d), p[b].dmin[c] = half_to_float(row[b].dmin);
+    const block_q4_K* rows[kLanes];
+    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+    const __m256i low = _mm256_set1_epi8(0xf);
+    for (int64_t b = 0; b < o.nb; ++b) {
+      for (int c = 0; c < kLanes; ++c) {
+        const block_q4_K& x = rows[c][b];
+        p[b].d[c] = half_to_float(x.d), p[b].dmin[c] = half_to_float(x.dmin);
         for (int j = 0; j < 8; ++j) {
           uint8_t sc = 0, mn = 0;
-          q4_K_scale_min(j, row[b].scales, &sc, &mn);
+          q4_K_scale_min(j, x.scales, &sc, &mn);
           p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = sc;
           p[b].m[j / 2][2 * c + j % 2] = mn;
         }
-        const __m256i low = _mm256_set1_epi8(0xf);
-        for (int r = 0; r < 4; ++r) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[b].qs + 32 * r));
-          scatter_lane(&p[b].q[2 * r][0][0], c, _mm256_and_si256(v, low));
-          scatter_lane(&p[b].q[2 * r + 1][0][0], c, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+      }
+      for (int r = 0; r < 4; ++r) {
+        __m256i lo[kLanes], hi[kLanes];
+        for (int c = 0; c < kLanes; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[c][b].qs + 32 * r));
+          lo[c] = _mm256_and_si256(v, low), hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         }
+        store_lanes(&p[b].q[2 * r][0][0], lo);
+        store_lanes(&p[b].q[2 * r + 1][0][0], hi);
       }
     }
   }
@@ -267,17 +290,23 @@ struct SuperK6 {
   static Rows prepare(const QuantOperands& o) { return prepare_q8_K<16>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
-    for (int c = 0; c < kLanes; ++c) {
-      const block_q6_K* row = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
-      for (int64_t b = 0; b < o.nb; ++b) {
-        p[b].d[c] = half_to_float(row[b].d);
+    const block_q6_K* rows[kLanes];
+    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+    for (int64_t b = 0; b < o.nb; ++b) {
+      __m256i v[kLanes][8];  // row c's values 32 g .. 32 g + 31
+      for (int c = 0; c < kLanes; ++c) {
+        const block_q6_K& x = rows[c][b];
+        p[b].d[c] = half_to_float(x.d);
         for (int j = 0; j < 16; ++j) {
-          p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = row[b].scales[j];
-          p[b].pairs[j / 2][2 * c + j % 2] = row[b].scales[j];
+          p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = x.scales[j];
+          p[b].pairs[j / 2][2 * c + j % 2] = x.scales[j];
         }
-        uint8_t v[kQKK];
-        unpack_q6_K(row[b], v);
-        for (int k = 0; k < 64; ++k) std::memcpy(p[b].q[k] + 4 * c, v + 4 * k, 4);
+        unpack_q6_K_avx2(x, v[c]);
+      }
+      for (int g = 0; g < 8; ++g) {
+        __m256i t[kLanes];
+        for (int c = 0; c < kLanes; ++c) t[c] = v[c][g];
+        store_lanes(p[b].q[8 * g], t);
       }
     }
   }
@@ -327,26 +356,16 @@ void run(const QuantOperands& o) {
 #endif
 
 #if defined(LOOM_QUANT_PREFILL8)
-namespace {
 // From how many rows of x repacking W pays for itself against
-// quant_linear.cpp's decode tiles, per weight type (`loom bench kernels
-// --filter linear_quant --isa avx2`, rows 4 and 8, one Zen 5 core: q4_0's
-// decode tiles are the slowest, its repacked path 1.5x faster at 4 rows;
-// q4_K and q6_K gain from 8; q8_0 not below 16).
-int64_t min_rows(QuantType wtype) {
-  switch (wtype) {
-    case QuantType::q4_0: return 4;
-    case QuantType::q4_K:
-    case QuantType::q6_K: return 8;
-    default: return kQuantPrefillRows;
-  }
-}
-}  // namespace
+// quant_linear.cpp's decode tiles (`loom bench kernels --filter linear_quant
+// --isa avx2`, one Zen 5 core, 4 rows: q8_0 74 -> 96 GFLOP/s, q4_0 75 ->
+// 95, q4_K 96 -> 115, q6_K 78 -> 94; at 8 rows 1.6-2.7x).
+constexpr int64_t kPackedMinRows = 4;
 #endif
 
 bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
 #if defined(LOOM_QUANT_PREFILL8)
-  if (o.N < min_rows(wtype)) return false;
+  if (o.N < kPackedMinRows) return false;
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <omp.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -86,6 +89,22 @@ inline void unpack_q6_K(const block_q6_K& x, uint8_t (&v)[kQKK]) {
     }
   }
 }
+
+#if defined(__AVX2__)
+// unpack_q6_K's order in vectors: q[g] holds values 32 g .. 32 g + 31 (0..63).
+inline void unpack_q6_K_avx2(const block_q6_K& x, __m256i (&q)[8]) {
+  const auto load = [](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+  const __m256i m4 = _mm256_set1_epi8(0xf), m30 = _mm256_set1_epi8(0x30);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ql0 = load(x.ql + 64 * h), ql1 = load(x.ql + 64 * h + 32), qh = load(x.qh + 32 * h);
+    __m256i* v = q + 4 * h;
+    v[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+    v[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+    v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+    v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+  }
+}
+#endif
 
 // y for a weight type P (Packed, Rows, kTile, prepare, pack, tile<R>): items of
 // GroupsPerItem groups of Lanes outputs by RowBlock rows of x, handed out one
