@@ -1,9 +1,15 @@
 #include "core/sha256.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 
@@ -25,12 +31,7 @@ constexpr std::array<uint32_t, 64> kSha256K = {
 
 constexpr uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
-}  // namespace
-
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
-
-void Sha256::compress(const uint8_t* p) {
+void compress_portable(std::array<uint32_t, 8>& hs, const uint8_t* p) {
   std::array<uint32_t, 64> w;
   for (int i = 0; i < 16; ++i)
     w[i] = uint32_t{p[4 * i]} << 24 | uint32_t{p[4 * i + 1]} << 16 | uint32_t{p[4 * i + 2]} << 8 | p[4 * i + 3];
@@ -39,24 +40,110 @@ void Sha256::compress(const uint8_t* p) {
     const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
     w[i] = w[i - 16] + s0 + w[i - 7] + s1;
   }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+  uint32_t a = hs[0], b = hs[1], c = hs[2], d = hs[3], e = hs[4], f = hs[5], g = hs[6], h = hs[7];
   for (int i = 0; i < 64; ++i) {
     const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kSha256K[i] + w[i];
     const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
     h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
   }
-  h_[0] += a, h_[1] += b, h_[2] += c, h_[3] += d, h_[4] += e, h_[5] += f, h_[6] += g, h_[7] += h;
+  hs[0] += a, hs[1] += b, hs[2] += c, hs[3] += d, hs[4] += e, hs[5] += f, hs[6] += g, hs[7] += h;
+}
+
+#if defined(__x86_64__)
+// CPUID: leaf 7's EBX bit 29 (SHA), leaf 1's ECX bit 19 (SSE4.1; SSSE3 is
+// older still).
+bool cpu_has_sha() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 19)) == 0) return false;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (b & (1u << 29)) != 0;
+}
+
+// The same rounds with SHA-NI: the state as the instructions hold it (ABEF
+// and CDGH), four rounds a step -- two sha256rnds2, each two rounds of W + K
+// -- and W[16..63] from sha256msg1 / sha256msg2 (the sigma0 and sigma1 sums)
+// plus W[t - 7] by an alignr of the two latest groups.
+__attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(std::array<uint32_t, 8>& hs, const uint8_t* p,
+                                                                  size_t count) {
+  const __m128i swap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);  // big-endian words
+  __m128i t = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs.data())), 0xB1);  // b a d c
+  __m128i cdgh = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hs.data() + 4)), 0x1B);
+  __m128i abef = _mm_alignr_epi8(t, cdgh, 8);
+  cdgh = _mm_blend_epi16(cdgh, t, 0xF0);
+  for (; count > 0; --count, p += 64) {
+    const __m128i abef0 = abef, cdgh0 = cdgh;
+    __m128i w[4];
+    for (int g = 0; g < 16; ++g) {
+      __m128i& cur = w[g % 4];
+      if (g < 4) {
+        cur = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), swap);
+      } else {  // W[4g ..]: w[g % 4] holds W[4g - 16 ..] until replaced
+        const __m128i& prev = w[(g + 3) % 4];  // W[4g - 4 ..]
+        __m128i x = _mm_sha256msg1_epu32(cur, w[(g + 1) % 4]);
+        x = _mm_add_epi32(x, _mm_alignr_epi8(prev, w[(g + 2) % 4], 4));
+        cur = _mm_sha256msg2_epu32(x, prev);
+      }
+      const __m128i wk = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kSha256K.data() + 4 * g)));
+      // Two rounds each; a round's old ABEF is the next one's CDGH, so the
+      // two variables swap roles and, after the pair, are back in place.
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);  // rounds 4g, 4g + 1
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));  // 4g + 2, 4g + 3
+    }
+    abef = _mm_add_epi32(abef, abef0);
+    cdgh = _mm_add_epi32(cdgh, cdgh0);
+  }
+  t = _mm_shuffle_epi32(abef, 0x1B);     // f e b a
+  cdgh = _mm_shuffle_epi32(cdgh, 0xB1);  // d c h g
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(hs.data()), _mm_blend_epi16(t, cdgh, 0xF0));     // a b c d
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(hs.data() + 4), _mm_alignr_epi8(cdgh, t, 8));  // e f g h
+}
+#endif
+
+std::atomic<bool>& hardware_flag() {
+#if defined(__x86_64__)
+  static std::atomic<bool> on{cpu_has_sha()};
+#else
+  static std::atomic<bool> on{false};
+#endif
+  return on;
+}
+
+}  // namespace
+
+bool Sha256::hardware() { return hardware_flag().load(std::memory_order_relaxed); }
+
+void Sha256::set_hardware(bool on) {
+#if defined(__x86_64__)
+  hardware_flag().store(on && cpu_has_sha(), std::memory_order_relaxed);
+#else
+  (void)on;
+#endif
+}
+
+Sha256::Sha256()
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+
+void Sha256::compress(const uint8_t* blocks, size_t count) {
+#if defined(__x86_64__)
+  if (hardware()) return compress_sha_ni(h_, blocks, count);
+#endif
+  for (size_t i = 0; i < count; ++i) compress_portable(h_, blocks + 64 * i);
 }
 
 void Sha256::update(const void* data, size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   total_bytes_ += bytes;
   while (bytes > 0) {
+    if (buffered_ == 0 && bytes >= buffer_.size()) {  // whole blocks straight from the input
+      const size_t blocks = bytes / buffer_.size();
+      compress(p, blocks);
+      p += blocks * buffer_.size(), bytes -= blocks * buffer_.size();
+      continue;
+    }
     const size_t n = std::min(bytes, buffer_.size() - buffered_);
     std::memcpy(buffer_.data() + buffered_, p, n);
     buffered_ += n, p += n, bytes -= n;
     if (buffered_ == buffer_.size()) {
-      compress(buffer_.data());
+      compress(buffer_.data(), 1);
       buffered_ = 0;
     }
   }

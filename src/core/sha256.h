@@ -17,8 +17,14 @@ class Sha256 {
   void update(const void* data, size_t bytes);
   std::array<uint8_t, 32> finish();  // once; the object is spent after
 
+  // Whether whole blocks go through the CPU's SHA extensions (x86 SHA-NI,
+  // where CPUID has them) rather than the portable rounds; the same digest
+  // either way. Off: the portable rounds everywhere (tests compare the two).
+  static bool hardware();
+  static void set_hardware(bool on);
+
  private:
-  void compress(const uint8_t* block);
+  void compress(const uint8_t* blocks, size_t count);
 
   std::array<uint32_t, 8> h_;
   std::array<uint8_t, 64> buffer_{};
