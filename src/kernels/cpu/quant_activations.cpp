@@ -31,10 +31,32 @@
 
 namespace loom::kernels::cpu::LOOM_ISA {
 
-#if defined(LOOM_QUANT_ACTIVATIONS)
+#if defined(LOOM_QUANT_ACTIVATIONS) || defined(LOOM_QUANT_ACTIVATIONS_AVX2)
 namespace {
 
 constexpr float kTiny = 0x1p-100f;
+
+// How q8_K's vector forms start a block of largest |x| amax: all zero
+// (written here), a scale left to the reference, or scaled by *iscale = -127
+// / (the first x of largest |x|).
+enum class Q8KStart { zero, tiny, scaled };
+Q8KStart q8_K_start(const float* x, float amax, block_q8_K& y, float* iscale) {
+  if (amax == 0.f) {
+    std::memset(&y, 0, sizeof(y));
+    return Q8KStart::zero;
+  }
+  if (amax < kTiny) return Q8KStart::tiny;
+  int first = 0;
+  while (std::fabs(x[first]) != amax) ++first;
+  *iscale = -127.f / x[first];
+  return Q8KStart::scaled;
+}
+
+}  // namespace
+#endif
+
+#if defined(LOOM_QUANT_ACTIVATIONS)
+namespace {
 
 // Horizontal max and sum through memory, and maskz forms below: GCC 12 warns
 // that the plain intrinsics' undefined operands may be uninitialized.
@@ -95,15 +117,10 @@ bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQKK) {
     __m512 m = _mm512_setzero_ps();
     for (int i = 0; i < kQKK; i += 16) m = _mm512_maskz_max_ps(0xffff, m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-    const float amax = max16(m);
-    if (amax == 0.f) {
-      std::memset(&y[b], 0, sizeof(y[b]));
-      continue;
-    }
-    if (amax < kTiny) return false;
-    int first = 0;
-    while (std::fabs(x[first]) != amax) ++first;
-    const float iscale = -127.f / x[first];
+    float iscale = 0.f;
+    const Q8KStart start = q8_K_start(x, max16(m), y[b], &iscale);
+    if (start == Q8KStart::tiny) return false;
+    if (start == Q8KStart::zero) continue;
     const __m512 s = _mm512_set1_ps(iscale), magic = _mm512_set1_ps(12582912.f);
     for (int i = 0; i < kQKK; i += 16) {
       const __m512i bits = _mm512_castps_si512(_mm512_add_ps(_mm512_mul_ps(s, _mm512_loadu_ps(x + i)), magic));
@@ -124,7 +141,6 @@ bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
 namespace {
 
 // The same steps as the AVX-512 form above, 8 lanes a vector.
-constexpr float kTiny = 0x1p-100f;
 
 inline __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
 
@@ -192,15 +208,10 @@ bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQKK) {
     __m256 m = _mm256_setzero_ps();
     for (int i = 0; i < kQKK; i += 8) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + i)));
-    const float amax = max8(m);
-    if (amax == 0.f) {
-      std::memset(&y[b], 0, sizeof(y[b]));
-      continue;
-    }
-    if (amax < kTiny) return false;
-    int first = 0;
-    while (std::fabs(x[first]) != amax) ++first;
-    const float iscale = -127.f / x[first];
+    float iscale = 0.f;
+    const Q8KStart start = q8_K_start(x, max8(m), y[b], &iscale);
+    if (start == Q8KStart::tiny) return false;
+    if (start == Q8KStart::zero) continue;
     const __m256 s = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.f);
     for (int i = 0; i < kQKK; i += 32) {
       __m256i q[4];
