@@ -160,6 +160,14 @@ class Session : public std::enable_shared_from_this<Session> {
     m.set(http::field::content_type, content_type);
     for (const auto& [k, v] : response_.headers) m.set(k, v);
     m.keep_alive(keep_alive_);
+    // How long an idle connection stays open (the request timeout, whole
+    // seconds): clients that read the hint (Node's undici, ...) stop reusing
+    // a pooled connection before the server closes it, instead of racing
+    // the close with their next request.
+    if (keep_alive_)
+      m.set("Keep-Alive", "timeout=" + std::to_string(std::max<int64_t>(
+                                           1, std::chrono::duration_cast<std::chrono::seconds>(
+                                                  shared_->options.request_timeout).count())));
   }
 
   // Takes what the source has ready; writes it (a chunk, or the whole body

@@ -113,7 +113,10 @@ const cases = {
   },
 
   async healthAndMetricsNeedNoKey() {
-    assert.equal((await fetch(`${base}/health`)).status, 200);
+    const health = await fetch(`${base}/health`);
+    assert.equal(health.status, 200);
+    // --timeout 2: idle connections close after 2 s, and the server says so.
+    assert.equal(health.headers.get('keep-alive'), 'timeout=2');
     const m = await metrics();
     assert.equal(m.value('loom_model_loaded{model="tiny"}'), 1);
     assert.equal(m.value('loom_models_loaded'), 1);
