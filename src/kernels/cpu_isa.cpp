@@ -152,9 +152,13 @@ CpuIsa set_cpu_isa(CpuIsa cap) {
     // still switch; cpu_isa_describe says which level oneDNN kept.
     dnnl_set_max_cpu_isa(static_cast<dnnl_cpu_isa_t>(onednn_cap(level)));
   }
+  // The table first, then the level: cpu_isa() returns without the lock once
+  // g_level is set, so a thread that sees the level must find the table
+  // (the other order let a concurrent first op fail with "no kernel backend
+  // for cpu", Matmul.ConcurrentCallsFromManyThreadsAreCorrect about once in 30).
+  detail::install_cpu_backend(table_of(level));
   g_capped.store(level != best);
   g_level.store(static_cast<int>(level));
-  detail::install_cpu_backend(table_of(level));
   return level;
 }
 
