@@ -5,7 +5,6 @@
 
 #include "cli/engine_setup.h"
 #include "cli/model_tokenizer.h"
-#include "text/tokenizer_files.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -13,6 +12,7 @@
 #include "serve/store_models.h"
 #include "infer/engine.h"
 #include "model/paged_runner.h"
+#include "text/tokenizer_files.h"
 
 namespace loom::cli {
 namespace {

@@ -36,20 +36,35 @@ namespace {
 
 constexpr float kTiny = 0x1p-100f;
 
-// How q8_K's vector forms start a block of largest |x| amax: all zero
-// (written here), a scale left to the reference, or scaled by *iscale = -127
-// / (the first x of largest |x|).
-enum class Q8KStart { zero, tiny, scaled };
-Q8KStart q8_K_start(const float* x, float amax, block_q8_K& y, float* iscale) {
+// How the vector forms start a block of largest |x| amax: all zero (the
+// block written here), a scale left to the reference, or scaled.
+enum class BlockStart { zero, tiny, scaled };
+
+// q8_0: scaled by *id = 1 / d, d = amax / 127 (its f16 written).
+BlockStart q8_0_start(float amax, block_q8_0& y, float* id) {
+  const float d = amax / 127;
+  if (amax == 0.f) {  // id 0: every q 0
+    y.d = to_f16(d);
+    std::memset(y.qs, 0, sizeof y.qs);
+    return BlockStart::zero;
+  }
+  if (d < kTiny) return BlockStart::tiny;
+  *id = 1.f / d;
+  y.d = to_f16(d);
+  return BlockStart::scaled;
+}
+
+// q8_K: scaled by *iscale = -127 / (the first x of largest |x|).
+BlockStart q8_K_start(const float* x, float amax, block_q8_K& y, float* iscale) {
   if (amax == 0.f) {
     std::memset(&y, 0, sizeof(y));
-    return Q8KStart::zero;
+    return BlockStart::zero;
   }
-  if (amax < kTiny) return Q8KStart::tiny;
+  if (amax < kTiny) return BlockStart::tiny;
   int first = 0;
   while (std::fabs(x[first]) != amax) ++first;
   *iscale = -127.f / x[first];
-  return Q8KStart::scaled;
+  return BlockStart::scaled;
 }
 
 }  // namespace
@@ -97,15 +112,10 @@ bool quantize_q8_0(const float* x, block_q8_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
     const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
     const float amax = max16(_mm512_maskz_max_ps(0xffff, _mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    const float d = amax / 127;
-    if (amax == 0.f) {  // id 0: every q 0
-      y[b].d = to_f16(d);
-      std::memset(y[b].qs, 0, sizeof y[b].qs);
-      continue;
-    }
-    if (d < kTiny) return false;
-    const float id = 1.f / d;
-    y[b].d = to_f16(d);
+    float id = 0.f;
+    const BlockStart start = q8_0_start(amax, y[b], &id);
+    if (start == BlockStart::tiny) return false;
+    if (start == BlockStart::zero) continue;
     const __m512 s = _mm512_set1_ps(id);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs), round_to_int8(_mm512_mul_ps(lo, s)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16), round_to_int8(_mm512_mul_ps(hi, s)));
@@ -118,9 +128,9 @@ bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
     __m512 m = _mm512_setzero_ps();
     for (int i = 0; i < kQKK; i += 16) m = _mm512_maskz_max_ps(0xffff, m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
     float iscale = 0.f;
-    const Q8KStart start = q8_K_start(x, max16(m), y[b], &iscale);
-    if (start == Q8KStart::tiny) return false;
-    if (start == Q8KStart::zero) continue;
+    const BlockStart start = q8_K_start(x, max16(m), y[b], &iscale);
+    if (start == BlockStart::tiny) return false;
+    if (start == BlockStart::zero) continue;
     const __m512 s = _mm512_set1_ps(iscale), magic = _mm512_set1_ps(12582912.f);
     for (int i = 0; i < kQKK; i += 16) {
       const __m512i bits = _mm512_castps_si512(_mm512_add_ps(_mm512_mul_ps(s, _mm512_loadu_ps(x + i)), magic));
@@ -178,16 +188,10 @@ bool quantize_q8_0(const float* x, block_q8_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
     __m256 v[4], m = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i), m = _mm256_max_ps(m, abs8(v[i]));
-    const float amax = max8(m);
-    const float d = amax / 127;
-    if (amax == 0.f) {  // id 0: every q 0
-      y[b].d = to_f16(d);
-      std::memset(y[b].qs, 0, sizeof y[b].qs);
-      continue;
-    }
-    if (d < kTiny) return false;
-    const float id = 1.f / d;
-    y[b].d = to_f16(d);
+    float id = 0.f;
+    const BlockStart start = q8_0_start(max8(m), y[b], &id);
+    if (start == BlockStart::tiny) return false;
+    if (start == BlockStart::zero) continue;
     const __m256 s = _mm256_set1_ps(id);
     __m256i q[4];
     for (int i = 0; i < 4; ++i) q[i] = round_to_int(_mm256_mul_ps(v[i], s));
@@ -209,9 +213,9 @@ bool quantize_q8_K(const float* x, block_q8_K* y, int64_t nb) {
     __m256 m = _mm256_setzero_ps();
     for (int i = 0; i < kQKK; i += 8) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + i)));
     float iscale = 0.f;
-    const Q8KStart start = q8_K_start(x, max8(m), y[b], &iscale);
-    if (start == Q8KStart::tiny) return false;
-    if (start == Q8KStart::zero) continue;
+    const BlockStart start = q8_K_start(x, max8(m), y[b], &iscale);
+    if (start == BlockStart::tiny) return false;
+    if (start == BlockStart::zero) continue;
     const __m256 s = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.f);
     for (int i = 0; i < kQKK; i += 32) {
       __m256i q[4];

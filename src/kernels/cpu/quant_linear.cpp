@@ -21,7 +21,8 @@
 //     (at most 2 * 128 * 127: no saturation) then int32 — or vpdpbusd
 //     (AVX512_VNNI), four products straight into int32;
 //   q4_0 . q8_0: the nibble q (0..15) times y, minus 8 times y, in int16
-//     pairs (|pair| <= 2 * 15 * 127) — or vpdpbusd — for (q - 8) y.
+//     pairs (|pair| <= 2 * 15 * 127), for (q - 8) y (levels with VNNI
+//     decode q4_0 in quant_decode.cpp).
 //   q4_K . q8_K: nibbles (0..15) times y, pairs in int16 (<= 3810), times
 //     the sub-block's 6-bit scale into int32; the mins against q8_K's bsums.
 //   q6_K . q8_K: 6-bit q (0..63) times y (pairs <= 16002), times the signed
@@ -173,13 +174,8 @@ struct Q4_0Simd : Q4_0 {
   }
   static __m256i dot(const Unpacked& u, const A& y, __m256i*) {
     const __m256i yv = load256(y.qs);
-#if defined(LOOM_QUANT_VNNI)
-    const __m256i offset = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), yv);
-    return _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u.q, yv), offset);
-#else
     const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u.q, yv), _mm256_maddubs_epi16(_mm256_set1_epi8(8), yv));
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-#endif
   }
   template <int R, int C>
   static __m256 step(__m256 s, __m256i isum, __m256i, const W* const* w, const A* const* a, int64_t b) {

@@ -40,6 +40,11 @@ using namespace quant_packed;
 constexpr int kLanes = 8;
 constexpr int64_t kRowBlock = 512, kGroupsPerItem = 8;
 constexpr int kRowTile = 4;
+// From how many rows of x repacking W pays for itself against
+// quant_linear.cpp's decode tiles (`loom bench kernels --filter linear_quant
+// --isa avx2`, one Zen 5 core, 4 rows: q8_0 74 -> 96 GFLOP/s, q4_0 75 ->
+// 95, q4_K 96 -> 115, q6_K 78 -> 94; at 8 rows 1.6-2.7x).
+constexpr int64_t kPackedMinRows = 4;
 
 inline __m256i load(const void* p) { return _mm256_load_si256(static_cast<const __m256i*>(p)); }
 inline __m256i bcast4(const int8_t* p) {
@@ -175,32 +180,12 @@ struct alignas(32) PackedK4 {
   uint8_t q[8][8][32];        // [j][k]: lane c's values 4 k .. 4 k + 3 of sub-block j (nibbles unpacked)
 };
 
-// Per row m and super-block b of q8_K activations: the scale, and the sums of
-// x over its 8 sub-blocks of 32 in int16.
-struct RowSupers16 {
-  const float* d;
-  const int16_t* sums;  // [(m * nb + b) * 8 + j]
-};
-inline RowSupers16 prepare_q8_K_32x16(const QuantOperands& o) {
-  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-  auto* sums = thread_scratch<int16_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * 8));
-#pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < o.N; ++m)
-    for (int64_t b = 0; b < o.nb; ++b) {
-      const block_q8_K& blk = row_at<block_q8_K>(o.a, o.a_row, m)[b];
-      d[m * o.nb + b] = blk.d;
-      for (int j = 0; j < 8; ++j)
-        sums[(m * o.nb + b) * 8 + j] = static_cast<int16_t>(blk.bsums[2 * j] + blk.bsums[2 * j + 1]);
-    }
-  return {d, sums};
-}
-
 struct SuperK4 {
   using Packed = PackedK4;
-  using Rows = RowSupers16;
+  using Rows = RowSupersOf<int16_t>;  // x's sums over sub-blocks of 32, for vpmaddwd
   static constexpr int kTile = kRowTile;
 
-  static Rows prepare(const QuantOperands& o) { return prepare_q8_K_32x16(o); }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8_K<32, int16_t>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     const block_q4_K* rows[kLanes];
@@ -353,14 +338,6 @@ void run(const QuantOperands& o) {
 }
 
 }  // namespace
-#endif
-
-#if defined(LOOM_QUANT_PREFILL8)
-// From how many rows of x repacking W pays for itself against
-// quant_linear.cpp's decode tiles (`loom bench kernels --filter linear_quant
-// --isa avx2`, one Zen 5 core, 4 rows: q8_0 74 -> 96 GFLOP/s, q4_0 75 ->
-// 95, q4_K 96 -> 115, q6_K 78 -> 94; at 8 rows 1.6-2.7x).
-constexpr int64_t kPackedMinRows = 4;
 #endif
 
 bool quant_prefill8(QuantType wtype, const QuantOperands& o) {

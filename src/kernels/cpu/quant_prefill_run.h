@@ -52,15 +52,20 @@ inline RowBlocks prepare_q8_0(const QuantOperands& o) {
 
 // Per row m and super-block b of q8_K activations: the scale, and the sums of
 // x over its sub-blocks of Span values (q8_K's bsums cover 16 each).
-struct RowSupers {
+template <typename Sum>
+struct RowSupersOf {
   const float* d;
-  const int32_t* sums;  // [(m * nb + b) * (256 / Span) + j]
+  const Sum* sums;  // [(m * nb + b) * (256 / Span) + j]
 };
-template <int Span>
-RowSupers prepare_q8_K(const QuantOperands& o) {
+using RowSupers = RowSupersOf<int32_t>;
+// Sum: int32_t, or int16_t where the consumer multiplies them by vpmaddwd
+// (|a sum of 32 values| <= 32 * 127).
+template <int Span, typename Sum = int32_t>
+RowSupersOf<Sum> prepare_q8_K(const QuantOperands& o) {
+  static_assert(Span <= 32 || sizeof(Sum) == 4, "int16 sums hold at most 32 values");
   constexpr int kSums = kQKK / Span, kPer = Span / 16;
   auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-  auto* sums = thread_scratch<int32_t>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * kSums));
+  auto* sums = thread_scratch<Sum>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb * kSums));
 #pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < o.N; ++m)
     for (int64_t b = 0; b < o.nb; ++b) {
@@ -69,7 +74,7 @@ RowSupers prepare_q8_K(const QuantOperands& o) {
       for (int j = 0; j < kSums; ++j) {
         int32_t t = 0;
         for (int i = 0; i < kPer; ++i) t += blk.bsums[kPer * j + i];
-        sums[(m * o.nb + b) * kSums + j] = t;
+        sums[(m * o.nb + b) * kSums + j] = static_cast<Sum>(t);
       }
     }
   return {d, sums};
