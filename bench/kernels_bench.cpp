@@ -468,6 +468,7 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
       }
     }
   }
+  measured += bench_decode_chain_cases(pools, opts);
   measured += bench_quant_linear_cases(pools, opts);
   measured += bench_paged_attention_cases(pools, opts);
   measured += bench_op_cases(pools, opts);

@@ -43,5 +43,7 @@ bool selected(const KernelBenchOptions& opts, const std::string& op, const std::
 void fill_random(Tensor t, uint64_t seed);
 // The memory-bound ops' cases --filter selects (kernels_bench_ops.cpp); returns how many ran.
 int64_t bench_op_cases(Pools& pools, const KernelBenchOptions& opts);
+// The decode-chain case (kernels_bench_decode.cpp) when --filter selects it; returns how many ran.
+int64_t bench_decode_chain_cases(Pools& pools, const KernelBenchOptions& opts);
 
 }  // namespace loom::bench
