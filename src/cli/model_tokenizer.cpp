@@ -98,9 +98,16 @@ void add_gpt2(io::GgufWriter& w, const text::Gpt2Tokenizer& tok, int64_t vocab_s
 }
 
 // A tokenizer.json's BPE as llama.cpp names it: pre "gpt-2" or "llama-bpe";
-// special added tokens control (3), the others user-defined (4).
+// special added tokens control (3), the others user-defined (4). One in
+// SentencePiece's form is written as its SentencePiece vocabulary
+// (text::spm_vocab_of).
+void add_spm(io::GgufWriter& w, const text::SentencePieceTokenizer& tok, int64_t vocab_size);
+
 void add_hf(io::GgufWriter& w, const text::HfTokenizer& tok, int64_t vocab_size) {
   const text::HfBpeSpec& spec = tok.spec();
+  if (spec.spm)  // SentencePiece's form: a "llama" vocabulary, scored by the merges' ranks
+    return add_spm(w, text::SentencePieceTokenizer::from_vocab(text::spm_vocab_of(tok), "tokenizer.json"),
+                   vocab_size);
   LOOM_REQUIRE(spec.split.has_value() && !spec.add_prefix_space, "a tokenizer.json without a split pattern, or with "
                "add_prefix_space, has no GGUF form (llama.cpp's gpt2 vocabularies split by a pattern, with no prefix)");
   std::vector<std::string> tokens = tok.token_strings();

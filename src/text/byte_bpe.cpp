@@ -2,6 +2,7 @@
 
 #include <limits>
 #include <mutex>
+#include <queue>
 
 #include "core/error.h"
 
@@ -98,7 +99,7 @@ struct ByteBpe::Cache {
 
 ByteBpe::ByteBpe(std::vector<std::string> token_bytes, const std::array<int32_t, 256>& byte_ids)
     : token_bytes_(std::move(token_bytes)), byte_ids_(byte_ids), cache_(std::make_shared<Cache>()) {
-  for (const int32_t id : byte_ids_) LOOM_CHECK(id >= 0 && id < size(), "byte token id ", id, " of ", size());
+  for (const int32_t id : byte_ids_) LOOM_CHECK(id >= -1 && id < size(), "byte token id ", id, " of ", size());
 }
 
 bool ByteBpe::add_merge(int32_t left, int32_t right, int32_t merged) {
@@ -108,39 +109,64 @@ bool ByteBpe::add_merge(int32_t left, int32_t right, int32_t merged) {
   return merges_.emplace(pair_key(left, right), Merge{rank, merged}).second;
 }
 
+std::vector<int32_t> ByteBpe::merge(std::vector<int32_t> word) const {
+  const size_t n = word.size();
+  if (n < 2) return word;
+  // The symbols as a linked list; candidate merges in a heap by (rank,
+  // position): the lowest rank first, the leftmost of equal ranks first. A
+  // candidate whose symbols changed since it was pushed is skipped.
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  std::vector<size_t> prev(n), next(n);
+  std::vector<uint8_t> dead(n, 0);
+  for (size_t i = 0; i < n; ++i) prev[i] = i == 0 ? kNone : i - 1, next[i] = i + 1 < n ? i + 1 : kNone;
+  struct Candidate {
+    int32_t rank, left, right, merged;
+    size_t pos;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  const auto push = [&](size_t i) {
+    if (next[i] == kNone) return;
+    const auto it = merges_.find(pair_key(word[i], word[next[i]]));
+    if (it != merges_.end()) heap.push({it->second.rank, word[i], word[next[i]], it->second.merged, i});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const size_t i = c.pos, j = next[i];
+    if (dead[i] || j == kNone || word[i] != c.left || word[j] != c.right) continue;
+    word[i] = c.merged;
+    dead[j] = 1;
+    next[i] = next[j];
+    if (next[j] != kNone) prev[next[j]] = i;
+    if (prev[i] != kNone) push(prev[i]);
+    push(i);
+  }
+  std::vector<int32_t> out;
+  for (size_t i = 0; i != kNone; i = next[i]) out.push_back(word[i]);
+  return out;
+}
+
 std::vector<int32_t> ByteBpe::merge_bytes(std::string_view piece) const {
   std::vector<int32_t> word(piece.size());
   for (size_t i = 0; i < piece.size(); ++i) word[i] = byte_ids_[static_cast<uint8_t>(piece[i])];
-  while (word.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max(), left = -1, right = -1, merged = -1;
-    for (size_t i = 0; i + 1 < word.size(); ++i) {
-      const auto it = merges_.find(pair_key(word[i], word[i + 1]));
-      if (it != merges_.end() && it->second.rank < best_rank)
-        best_rank = it->second.rank, left = word[i], right = word[i + 1], merged = it->second.merged;
-    }
-    if (merged < 0) break;
-    size_t out = 0;
-    for (size_t i = 0; i < word.size(); ++out) {
-      if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
-        word[out] = merged;
-        i += 2;
-      } else {
-        word[out] = word[i++];
-      }
-    }
-    word.resize(out);
-  }
-  return word;
+  return merge(std::move(word));
 }
 
 std::vector<int32_t> ByteBpe::encode_piece(std::string_view piece) const {
+  return encode_cached(piece, [this](std::string_view p) { return merge_bytes(p); });
+}
+
+std::vector<int32_t> ByteBpe::encode_cached(std::string_view piece,
+                                            const std::function<std::vector<int32_t>(std::string_view)>& encode) const {
   std::string key(piece);
   {
     std::lock_guard lock(cache_->mu);
     const auto it = cache_->map.find(key);
     if (it != cache_->map.end()) return it->second;
   }
-  std::vector<int32_t> ids = merge_bytes(piece);
+  std::vector<int32_t> ids = encode(piece);
   std::lock_guard lock(cache_->mu);
   if (cache_->map.size() >= Cache::kMaxEntries) cache_->map.clear();
   cache_->map.emplace(std::move(key), ids);

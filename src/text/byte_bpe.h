@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -39,13 +40,17 @@ bool byte_level_to_bytes(std::string_view token, std::string& out);
 std::string bytes_to_byte_level(std::string_view bytes);
 
 // Ids, their bytes and the merges between them; encode_piece is the BPE of
-// openai/gpt-2 encoder.py: repeatedly merge every occurrence, left to right,
-// of the adjacent pair of lowest rank, until no pair has a rank.
+// openai/gpt-2 encoder.py and of the `tokenizers` library: repeatedly merge
+// the adjacent pair of lowest rank (of equal ranks the leftmost), until no
+// pair has a rank. (encoder.py merges every occurrence of the pair in one
+// pass; with merges learned in order -- a merge's parts formed by earlier
+// ones -- that is the same.)
 class ByteBpe {
  public:
   ByteBpe() = default;
   // token_bytes[id]: what id stands for; byte_ids[b]: the id whose token is
-  // byte b alone (LOOM_CHECKed to be in range).
+  // byte b alone, -1 for none (LOOM_CHECKed to be in range; encode_piece
+  // needs all 256).
   ByteBpe(std::vector<std::string> token_bytes, const std::array<int32_t, 256>& byte_ids);
 
   // The next merge in rank order: left, right -> merged (ids in range,
@@ -55,7 +60,15 @@ class ByteBpe {
 
   // A piece's ids (cached: memory stays bounded, calls may come from many threads).
   std::vector<int32_t> encode_piece(std::string_view piece) const;
+  // The merges applied to a word of ids.
+  std::vector<int32_t> merge(std::vector<int32_t> word) const;
+  // encode(piece), through encode_piece's cache (a piece's ids made another
+  // way: one tokenizer's pieces are all made one way).
+  std::vector<int32_t> encode_cached(std::string_view piece,
+                                     const std::function<std::vector<int32_t>(std::string_view)>& encode) const;
   const std::string& bytes(int32_t id) const { return token_bytes_[static_cast<size_t>(id)]; }
+  // The id of byte b's own token, -1 for none.
+  int32_t byte_id(char b) const { return byte_ids_[static_cast<uint8_t>(b)]; }
   int32_t size() const { return static_cast<int32_t>(token_bytes_.size()); }
 
  private:

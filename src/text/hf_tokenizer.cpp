@@ -1,11 +1,15 @@
 #include "text/hf_tokenizer.h"
 
 #include <algorithm>
+#include <utility>
 #include <array>
+#include <cctype>
 #include <cstdio>
+#include <string>
 
 #include "core/error.h"
 #include "text/bpe.h"
+#include "text/sentencepiece.h"
 
 namespace loom::text {
 namespace {
@@ -44,10 +48,61 @@ std::vector<std::string> token_table(const HfBpeSpec& spec, const std::string& w
   return table;
 }
 
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581 "▁", SentencePiece's space
+
 std::string byte_name(int b) {
   char hex[8];
   std::snprintf(hex, sizeof hex, "0x%02X", b);
   return hex;
+}
+
+// The SentencePiece form's token for byte b: <0xXX>.
+std::string spm_byte_token(int b) {
+  char token[8];
+  std::snprintf(token, sizeof token, "<0x%02X>", b);
+  return token;
+}
+
+// What a token of the SentencePiece form decodes to: its ▁ spaces (the
+// Metaspace decoder's too: it drops only the first token's, in decode), a
+// byte token its byte when the decoder has ByteFallback.
+std::string spm_token_bytes(const HfSpmForm& form, const std::string& token) {
+  if (form.decode_bytes && token.size() == 6 && token.starts_with("<0x") && token.back() == '>' &&
+      std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4])))
+    return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+  std::string out;
+  for (size_t pos = 0;;) {
+    const size_t at = token.find(kMetaspace, pos);
+    out.append(token, pos, at == std::string::npos ? std::string::npos : at - pos);
+    if (at == std::string::npos) return out;
+    out += ' ';
+    pos = at + kMetaspace.size();
+  }
+}
+
+// No token of the SentencePiece form has a ▁ right after another
+// character: no merge joins across such a ▁ (encode_spm_text may cut there).
+bool no_space_inside(const HfBpeSpec& spec) {
+  return std::none_of(spec.vocab.begin(), spec.vocab.end(), [](const auto& entry) {
+    const std::string& t = entry.first;
+    for (size_t at = t.find(kMetaspace, 1); at != std::string::npos; at = t.find(kMetaspace, at + 1))
+      if (!t.substr(0, at).ends_with(kMetaspace)) return true;
+    return false;
+  });
+}
+
+// The byte-level vocabulary's token of each byte (all 256 required).
+std::array<int32_t, 256> byte_level_ids(const std::unordered_map<std::string, int32_t>& vocab_ids,
+                                        const std::string& where) {
+  std::array<int32_t, 256> byte_ids{};
+  for (int b = 0; b < 256; ++b) {
+    const std::string token = bytes_to_byte_level(std::string(1, static_cast<char>(b)));
+    const auto it = vocab_ids.find(token);
+    LOOM_REQUIRE(it != vocab_ids.end(), where, ": model.vocab has no token for byte ", byte_name(b), " ('", token,
+                 "'): a byte-level vocabulary has one for each of the 256 bytes");
+    byte_ids[b] = it->second;
+  }
+  return byte_ids;
 }
 
 bool is_word_char(const Utf8Char& c) {
@@ -106,6 +161,53 @@ HfBpeSpec hf_spec_of_gpt2(const Gpt2Tokenizer& tok) {
   return spec;
 }
 
+SpmVocab spm_vocab_of(const HfTokenizer& tok) {
+  const HfBpeSpec& spec = tok.spec();
+  LOOM_CHECK(spec.spm.has_value(), "spm_vocab_of: a byte-level tokenizer.json has no SentencePiece vocabulary");
+  SpmVocab v;
+  v.tokens = tok.token_strings();
+  const auto n = v.tokens.size();
+  std::unordered_map<std::string, int32_t> ids;
+  for (size_t id = 0; id < n; ++id) ids.emplace(v.tokens[id], static_cast<int32_t>(id));
+  // Each merged piece's first and last merge rank.
+  std::vector<int64_t> first(n, -1), last(n, -1);
+  for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+    const size_t id = static_cast<size_t>(ids.at(spec.merges[rank].first + spec.merges[rank].second));
+    if (first[id] < 0) first[id] = static_cast<int64_t>(rank);
+    last[id] = static_cast<int64_t>(rank);
+  }
+  std::vector<size_t> merged;
+  for (size_t id = 0; id < n; ++id)
+    if (first[id] >= 0) merged.push_back(id);
+  std::sort(merged.begin(), merged.end(), [&](size_t a, size_t b) { return first[a] < first[b]; });
+  v.scores.assign(n, 0.f);
+  float score = 0.f;
+  int64_t block_end = -1;
+  for (const size_t id : merged) {
+    if (first[id] > block_end) score -= 1.f;  // a new score unless its merges interleave with the block's
+    block_end = std::max(block_end, last[id]);
+    v.scores[id] = score;
+  }
+  for (size_t id = 0; id < n; ++id)
+    if (first[id] < 0) v.scores[id] = (score -= 1.f);
+  v.token_types.assign(n, static_cast<int32_t>(SpmPieceType::kNormal));
+  if (spec.spm->byte_fallback)
+    for (int b = 0; b < 256; ++b)
+      if (const auto it = ids.find(spm_byte_token(b)); it != ids.end())
+        v.token_types[it->second] = static_cast<int32_t>(SpmPieceType::kByte);
+  for (const HfAddedToken& t : spec.added_tokens)
+    v.token_types[t.id] = static_cast<int32_t>(t.special ? SpmPieceType::kControl : SpmPieceType::kUserDefined);
+  if (!spec.spm->unk_token.empty()) {
+    v.unk_id = ids.at(spec.spm->unk_token);
+    v.token_types[v.unk_id] = static_cast<int32_t>(SpmPieceType::kUnknown);
+  }
+  v.bos_id = tok.bos_id();
+  v.eos_id = tok.eos_id();
+  v.add_bos = tok.add_bos();
+  v.add_dummy_prefix = spec.spm->prepend != HfSpmForm::Prepend::none;
+  return v;
+}
+
 HfTokenizer HfTokenizer::from_spec(HfBpeSpec spec, const std::string& where) {
   HfTokenizer tok;
   tok.token_strings_ = token_table(spec, where);
@@ -114,15 +216,25 @@ HfTokenizer HfTokenizer::from_spec(HfBpeSpec spec, const std::string& where) {
   for (const auto& [token, id] : spec.vocab) vocab_ids.emplace(token, id);
 
   std::vector<std::string> bytes(tok.token_strings_.size());
-  for (int32_t id = 0; id < n; ++id)
-    if (!byte_level_to_bytes(tok.token_strings_[id], bytes[id])) bytes[id] = tok.token_strings_[id];
   std::array<int32_t, 256> byte_ids{};
-  for (int b = 0; b < 256; ++b) {
-    const std::string token = bytes_to_byte_level(std::string(1, static_cast<char>(b)));
-    const auto it = vocab_ids.find(token);
-    LOOM_REQUIRE(it != vocab_ids.end(), where, ": model.vocab has no token for byte ", byte_name(b), " ('", token,
-                 "'): a byte-level vocabulary has one for each of the 256 bytes");
-    byte_ids[b] = it->second;
+  if (spec.spm) {
+    for (int32_t id = 0; id < n; ++id) bytes[id] = spm_token_bytes(*spec.spm, tok.token_strings_[id]);
+    for (int b = 0; b < 256; ++b) {
+      const auto it = vocab_ids.find(spm_byte_token(b));
+      byte_ids[b] = it == vocab_ids.end() ? -1 : it->second;
+    }
+    if (!spec.spm->unk_token.empty()) {
+      const auto it = vocab_ids.find(spec.spm->unk_token);
+      LOOM_REQUIRE(it != vocab_ids.end(), where, ": model.unk_token '", spec.spm->unk_token,
+                   "' is not in model.vocab");
+      tok.unk_id_ = it->second;
+    }
+    tok.piece_ids_ = vocab_ids;
+    tok.spm_words_ = no_space_inside(spec);
+  } else {
+    for (int32_t id = 0; id < n; ++id)
+      if (!byte_level_to_bytes(tok.token_strings_[id], bytes[id])) bytes[id] = tok.token_strings_[id];
+    byte_ids = byte_level_ids(vocab_ids, where);
   }
   tok.bpe_ = ByteBpe(std::move(bytes), byte_ids);
   for (size_t i = 0; i < spec.merges.size(); ++i) {
@@ -135,7 +247,7 @@ HfTokenizer HfTokenizer::from_spec(HfBpeSpec spec, const std::string& where) {
     LOOM_REQUIRE(tok.bpe_.add_merge(l->second, r->second, m->second), where, ": model.merges[", i, "]: merge '", left,
                  " ", right, "' is listed twice");
   }
-  if (spec.ignore_merges)
+  if (spec.ignore_merges && !spec.spm)
     for (const auto& [token, id] : spec.vocab)
       if (std::string b; byte_level_to_bytes(token, b)) tok.piece_ids_.emplace(std::move(b), id);
   tok.special_.assign(tok.token_strings_.size(), 0);
@@ -200,16 +312,84 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
       ids.push_back(p.id);
       continue;
     }
-    const std::string_view sub = text.substr(p.begin, p.end - p.begin);
+    // The normalizer sees each stretch between the raw added tokens (only
+    // the SentencePiece form has one).
+    std::string normalized;
+    std::string_view sub = text.substr(p.begin, p.end - p.begin);
+    if (spec_.spm) sub = normalized = spm_normalize(sub);
     for (const Part& q : split_added(sub, normalized_added_)) {
       if (q.id >= 0) ids.push_back(q.id);
-      else encode_text(sub.substr(q.begin, q.end - q.begin), ids);
+      else encode_text(sub.substr(q.begin, q.end - q.begin), p.begin == 0 && q.begin == 0, ids);
     }
   }
   return ids;
 }
 
-void HfTokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids) const {
+std::string HfTokenizer::spm_normalize(std::string_view text) const {
+  if (spec_.spm->metaspace) return std::string(text);
+  // Prepend("▁") (when set) and Replace(" ", "▁").
+  std::string out(spec_.spm->prepend == HfSpmForm::Prepend::normalizer ? kMetaspace : "");
+  for (const char c : text) {
+    if (c == ' ') out += kMetaspace;
+    else out += c;
+  }
+  return out;
+}
+
+void HfTokenizer::encode_spm_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const {
+  const HfSpmForm& form = *spec_.spm;
+  std::string spaced;
+  if (form.metaspace) {  // spaces to ▁, then a ▁ in front unless one is there
+    const bool prepend = form.prepend == HfSpmForm::Prepend::always || (form.prepend == HfSpmForm::Prepend::first && at_start);
+    if (prepend && !text.starts_with(' ') && !text.starts_with(kMetaspace)) spaced = kMetaspace;
+    for (const char c : text) {
+      if (c == ' ') spaced += kMetaspace;
+      else spaced += c;
+    }
+    text = spaced;
+  }
+  // Pre-tokens start at each ▁ with split; without it, where no merge can
+  // join across (spm_words_): before a ▁ that follows another character.
+  // The ids are the same as of the whole.
+  const bool at_every = form.split;
+  if (!at_every && !spm_words_) return encode_pretoken(text, ids);
+  size_t begin = 0;
+  for (size_t at = text.find(kMetaspace, 1); at != std::string_view::npos; at = text.find(kMetaspace, at + 1)) {
+    if (!at_every && text.substr(0, at).ends_with(kMetaspace)) continue;
+    encode_pretoken(text.substr(begin, at - begin), ids);
+    begin = at;
+  }
+  encode_pretoken(text.substr(begin), ids);
+}
+
+std::vector<int32_t> HfTokenizer::spm_symbols(std::string_view piece) const {
+  const HfSpmForm& form = *spec_.spm;
+  std::vector<int32_t> word;
+  bool last_unknown = false;
+  for (size_t i = 0; i < piece.size();) {
+    const Utf8Char c = utf8_char_at(piece, i);
+    const std::string ch(piece.substr(i, c.len));
+    i += c.len;
+    if (const auto it = piece_ids_.find(ch); it != piece_ids_.end() && c.cp != kNotUtf8) {
+      word.push_back(it->second);
+      last_unknown = false;
+      continue;
+    }
+    if (form.byte_fallback && std::all_of(ch.begin(), ch.end(), [this](char b) { return bpe_.byte_id(b) >= 0; })) {
+      for (const char b : ch) word.push_back(bpe_.byte_id(b));
+      last_unknown = false;
+      continue;
+    }
+    LOOM_REQUIRE(unk_id_ >= 0, "tokenizer: the character ", c.cp == kNotUtf8 ? "(a byte that is not UTF-8)" : ch,
+                 " has no token, and the tokenizer.json has no model.unk_token");
+    if (!(form.fuse_unk && last_unknown)) word.push_back(unk_id_);
+    last_unknown = true;
+  }
+  return word;
+}
+
+void HfTokenizer::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const {
+  if (spec_.spm) return encode_spm_text(text, at_start, ids);
   std::string prefixed;
   if (spec_.add_prefix_space && !text.starts_with(' ')) {
     prefixed = " ";
@@ -232,20 +412,40 @@ void HfTokenizer::encode_pretoken(std::string_view piece, std::vector<int32_t>& 
       return;
     }
   }
-  const std::vector<int32_t> piece_ids = bpe_.encode_piece(piece);
+  const std::vector<int32_t> piece_ids =
+      spec_.spm ? bpe_.encode_cached(piece, [this](std::string_view p) { return bpe_.merge(spm_symbols(p)); })
+                : bpe_.encode_piece(piece);
   ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
 }
 
 std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
   std::string text;
+  bool first = true;
   for (const int32_t id : ids) {
     LOOM_REQUIRE(id >= 0 && id < vocab_size(), "decode: token id ", id, " is outside the vocabulary [0, ",
                  vocab_size(), ")");
-    if (!special_[id]) text += bpe_.bytes(id);
+    if (special_[id]) continue;
+    if (spec_.spm && spec_.spm->metaspace_decoder && std::exchange(first, false)) {
+      // The Metaspace decoder drops the first token's ▁ instead of making them spaces.
+      std::string token = token_strings_[id];
+      for (size_t at; (at = token.find(kMetaspace)) != std::string::npos;) token.erase(at, kMetaspace.size());
+      text += spm_token_bytes(*spec_.spm, token);
+    } else {
+      text += bpe_.bytes(id);
+    }
+  }
+  if (spec_.spm) {  // Strip: at most strip_spaces leading spaces of the whole
+    size_t cut = 0;
+    while (cut < text.size() && cut < static_cast<size_t>(spec_.spm->strip_spaces) && text[cut] == ' ') ++cut;
+    text.erase(0, cut);
   }
   return text;
 }
 
-std::string HfTokenizer::token_bytes(int32_t id) const { return decode(std::span<const int32_t>(&id, 1)); }
+std::string HfTokenizer::token_bytes(int32_t id) const {
+  LOOM_REQUIRE(id >= 0 && id < vocab_size(), "decode: token id ", id, " is outside the vocabulary [0, ", vocab_size(),
+               ")");
+  return special_[id] ? std::string() : bpe_.bytes(id);
+}
 
 }  // namespace loom::text

@@ -1,7 +1,10 @@
-// A Hugging Face tokenizer.json whose model is byte-level BPE: GPT-2's form
-// (a ByteLevel pre-tokenizer with its regex) and Llama 3's (a Split with
-// tiktoken's regex, then ByteLevel without one), with added tokens split out
-// of the text first. Reading and writing the files: hf_tokenizer_json.h.
+// A Hugging Face tokenizer.json whose model is BPE, in one of two forms:
+// byte-level -- GPT-2's (a ByteLevel pre-tokenizer with its regex) and
+// Llama 3's (a Split with tiktoken's regex, then ByteLevel without one) --
+// or SentencePiece's as `tokenizers` emulates it (transformers'
+// LlamaConverter: Llama 2, Mistral, TinyLlama; HfSpmForm below), with added
+// tokens split out of the text first. Reading and writing the files:
+// hf_tokenizer_json.h.
 //
 // encode(text), as the `tokenizers` library's encode(text,
 // add_special_tokens=False):
@@ -15,6 +18,17 @@
 //      it does not start with one, then split by the pattern (split_patterns.h).
 //   3. each pre-token's bytes are merged (byte_bpe.h); with ignore_merges a
 //      pre-token that is itself in the vocabulary is that token.
+// In the SentencePiece form steps 2 and 3 are instead:
+//   2. each stretch of text between added tokens gets a ▁ in front (the
+//      normalizer's Prepend: every stretch; Metaspace's prepend_scheme
+//      "always": every stretch not starting with ▁, "first": only the one at
+//      the start of the text) and its spaces become ▁ (normalizer Replace or
+//      Metaspace); Metaspace with split starts a pre-token at each ▁.
+//   3. each pre-token's characters are its symbols: the vocabulary's token
+//      for the character, else (byte_fallback) the tokens <0xXX> of its
+//      UTF-8 bytes, else the unknown token (runs of them one with fuse_unk);
+//      then the same merges. A byte that is not UTF-8 (Hugging Face's
+//      strings hold none) is a character of its own, so it goes to <0xXX>.
 // encode_prompt() puts the post-processor's BOS first (Llama 3: <|begin_of_text|>).
 #pragma once
 
@@ -34,6 +48,7 @@
 namespace loom::text {
 
 class Gpt2Tokenizer;
+struct SpmVocab;
 
 struct HfAddedToken {
   int32_t id = -1;
@@ -41,6 +56,25 @@ struct HfAddedToken {
   bool special = false;
   bool lstrip = false, rstrip = false, single_word = false;
   bool normalized = true;
+};
+
+// The SentencePiece form of a tokenizer.json (above).
+struct HfSpmForm {
+  // How a stretch of text gets its leading ▁: the normalizer's Prepend, or
+  // Metaspace's prepend_scheme.
+  enum class Prepend { none, normalizer, always, first };
+  Prepend prepend = Prepend::normalizer;
+  bool metaspace = false;  // the pre-tokenizer is Metaspace (else none: the normalizer writes the ▁)
+  bool split = false;      // Metaspace's split: a pre-token starts at each ▁
+  bool byte_fallback = true;
+  bool fuse_unk = false;
+  std::string unk_token;  // model.unk_token; empty: none
+  // The decoder: Replace(▁ -> space), ByteFallback, Fuse, then Strip of
+  // strip_spaces leading spaces; or the Metaspace decoder (metaspace_decoder:
+  // the ▁ of the first token are dropped, the others become spaces).
+  bool decode_bytes = true;  // ByteFallback: a <0xXX> token is its byte
+  int32_t strip_spaces = 1;
+  bool metaspace_decoder = false;
 };
 
 // What loom reads from and writes to a tokenizer.json (+ tokenizer_config.json).
@@ -51,10 +85,12 @@ struct HfBpeSpec {
   std::vector<HfAddedToken> added_tokens;
   std::optional<SplitPattern> split;  // none: ByteLevel without its regex, the whole text one pre-token
   bool add_prefix_space = false;
+  std::optional<HfSpmForm> spm;  // the SentencePiece form; none: byte-level (split, add_prefix_space)
   int32_t bos_id = -1;   // -1: none
   bool add_bos = false;  // the post-processor puts bos_id before the text
   int32_t eos_id = -1;   // -1: none
 };
+
 
 // GPT-2's vocabulary as Hugging Face's gpt2 tokenizer.json holds it:
 // <|endoftext|> a special added token, BOS and EOS, no BOS added.
@@ -74,7 +110,8 @@ class HfTokenizer : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
   std::string token_bytes(int32_t id) const override;
 
-  std::string_view kind() const override { return "gpt2"; }  // GGUF's name for byte-level BPE
+  // GGUF's names: "gpt2" for byte-level BPE, "llama" for the SentencePiece form.
+  std::string_view kind() const override { return spec_.spm ? "llama" : "gpt2"; }
   int32_t vocab_size() const override { return bpe_.size(); }
   int32_t eos_id() const override { return spec_.eos_id; }
   int32_t bos_id() const override { return spec_.bos_id; }
@@ -93,15 +130,34 @@ class HfTokenizer : public Tokenizer {
 
   void build_added_index();
   std::vector<Part> split_added(std::string_view text, const AddedIndex& index) const;
-  void encode_text(std::string_view text, std::vector<int32_t>& ids) const;
+  // text: a stretch between added tokens; at_start: it starts the whole text.
+  void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const;
   void encode_pretoken(std::string_view piece, std::vector<int32_t>& ids) const;
+  // The SentencePiece form's steps 2 and 3 (top of the file).
+  std::string spm_normalize(std::string_view text) const;
+  void encode_spm_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const;
+  std::vector<int32_t> spm_symbols(std::string_view piece) const;
 
   HfBpeSpec spec_;
   ByteBpe bpe_;
   std::vector<std::string> token_strings_;
   std::vector<uint8_t> special_;                        // id -> 1 for a special added token
-  std::unordered_map<std::string, int32_t> piece_ids_;  // ignore_merges: a vocab token's bytes -> id
+  // ignore_merges: a vocab token's bytes -> id; the SentencePiece form: a vocab token's string -> id
+  std::unordered_map<std::string, int32_t> piece_ids_;
+  int32_t unk_id_ = -1;     // the SentencePiece form's unknown token
+  bool spm_words_ = false;  // the SentencePiece form: no token has a ▁ after another character
   AddedIndex raw_added_, normalized_added_;
 };
+
+// The SentencePiece form's vocabulary as SentencePiece (and a GGUF file's
+// "llama" vocabulary) holds it: scores from the merges' ranks (a piece
+// scores by its first merge, pieces whose merges interleave share one
+// score; pieces no merge forms score below them all), types (byte tokens
+// <0xXX>, the unknown token, special added tokens control, others
+// user-defined), BOS/EOS, add_dummy_prefix where a ▁ is prepended.
+// SentencePiece then merges as the ranks do, and differs only where its
+// rules do: a leading ▁ on every stretch of text, special tokens' text is
+// text. LOOM_CHECKs that tok is of the SentencePiece form.
+SpmVocab spm_vocab_of(const HfTokenizer& tok);
 
 }  // namespace loom::text

@@ -57,9 +57,23 @@ struct Reader {
     return text(obj, "type", field);
   }
   [[noreturn]] void unsupported(const std::string& field, const std::string& what) const {
-    fail_at(field, what + " is not supported: loom reads byte-level BPE tokenizers (as GPT-2's and Llama 3's)");
+    fail_at(field, what +
+                       " is not supported: loom reads BPE tokenizers, byte-level (as GPT-2's and Llama 3's) or in "
+                       "SentencePiece's form (as Llama 2's and Mistral's)");
   }
 };
+
+// The steps of a Sequence component (its `list_key` array), or the component alone.
+std::vector<std::pair<const json*, std::string>> steps_of(const Reader& r, const json& c, const std::string& field,
+                                                          const char* list_key) {
+  std::vector<std::pair<const json*, std::string>> steps;
+  if (r.type(c, field) != "Sequence") return {{&c, field}};
+  const json* list = find(c, list_key);
+  if (list == nullptr || !list->is_array()) r.fail_at(field + "." + list_key, "expected an array");
+  for (size_t i = 0; i < list->size(); ++i)
+    steps.emplace_back(&(*list)[i], field + "." + list_key + "[" + std::to_string(i) + "]");
+  return steps;
+}
 
 std::pair<std::string, std::string> parse_merge(const Reader& r, const json& m, size_t i) {
   const std::string field = "model.merges[" + std::to_string(i) + "]";
@@ -82,7 +96,16 @@ void parse_model(const Reader& r, const json& doc, HfBpeSpec& spec) {
   const json* type = find(*model, "type");
   const std::string kind = type && type->is_string() ? type->get<std::string>() : find(*model, "merges") ? "BPE" : "?";
   if (kind != "BPE") r.unsupported("model.type", "'" + kind + "' (WordPiece, Unigram and WordLevel models)");
-  if (r.flag(*model, "byte_fallback", false, "model")) r.unsupported("model.byte_fallback", "true (byte fallback)");
+  if (spec.spm) {
+    spec.spm->byte_fallback = r.flag(*model, "byte_fallback", false, "model");
+    spec.spm->fuse_unk = r.flag(*model, "fuse_unk", false, "model");
+    if (const json* unk = find(*model, "unk_token")) {
+      if (!unk->is_string()) r.fail_at("model.unk_token", "expected a token's text or null, got " + shown(*unk));
+      spec.spm->unk_token = unk->get<std::string>();
+    }
+  } else if (r.flag(*model, "byte_fallback", false, "model")) {
+    r.unsupported("model.byte_fallback", "true (byte fallback) with the ByteLevel pre-tokenizer");
+  }
   if (const json* d = find(*model, "dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
     r.unsupported("model.dropout", shown(*d) + " (BPE dropout)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -138,16 +161,7 @@ SplitPattern parse_split(const Reader& r, const json& step, const std::string& f
 
 void parse_pre_tokenizer(const Reader& r, const json& doc, HfBpeSpec& spec) {
   const json* pre = find(doc, "pre_tokenizer");
-  if (pre == nullptr) r.unsupported("pre_tokenizer", "none (a BPE without the ByteLevel pre-tokenizer)");
-  std::vector<std::pair<const json*, std::string>> steps;
-  if (r.type(*pre, "pre_tokenizer") == "Sequence") {
-    const json* list = find(*pre, "pretokenizers");
-    if (list == nullptr || !list->is_array()) r.fail_at("pre_tokenizer.pretokenizers", "expected an array");
-    for (size_t i = 0; i < list->size(); ++i)
-      steps.emplace_back(&(*list)[i], "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]");
-  } else {
-    steps.emplace_back(pre, "pre_tokenizer");
-  }
+  const auto steps = steps_of(r, *pre, "pre_tokenizer", "pretokenizers");
   if (steps.empty() || steps.size() > 2 || r.type(*steps.back().first, steps.back().second) != "ByteLevel")
     r.unsupported("pre_tokenizer", "a sequence that does not end in ByteLevel after at most one Split");
   const auto& [byte_level, field] = steps.back();
@@ -162,6 +176,95 @@ void parse_pre_tokenizer(const Reader& r, const json& doc, HfBpeSpec& spec) {
   } else {
     spec.split = use_regex ? std::optional(SplitPattern::gpt2) : std::nullopt;
   }
+}
+
+constexpr const char* kMetaspaceChar = "\xE2\x96\x81";  // U+2581 "▁"
+
+// A Replace's String pattern and content, required to be `from` -> `to`.
+void expect_replace(const Reader& r, const json& step, const std::string& field, const char* from, const char* to) {
+  const json* pattern = find(step, "pattern");
+  const json* str = pattern && pattern->is_object() ? find(*pattern, "String") : nullptr;
+  if (str == nullptr || *str != from || r.text(step, "content", field) != to)
+    r.unsupported(field, shown(step) + " (a Replace other than of '" + from + "' by '" + to + "')");
+}
+
+// The SentencePiece form's normalizer (Prepend ▁, then Replace space -> ▁;
+// the Replace alone) or Metaspace pre-tokenizer.
+void parse_spm_form(const Reader& r, const json& doc, HfSpmForm& form) {
+  const json* norm = find(doc, "normalizer");
+  const bool no_normalizer =
+      norm == nullptr || (norm->is_object() && norm->value("type", "") == "Sequence" &&
+                          norm->value("normalizers", json::array()).empty());
+  if (const json* pre = find(doc, "pre_tokenizer")) {
+    if (!no_normalizer) r.unsupported("normalizer", shown(*norm) + " (a normalizer before a Metaspace pre-tokenizer)");
+    const std::string field = "pre_tokenizer";
+    if (r.text(*pre, "replacement", field) != kMetaspaceChar)
+      r.unsupported(field + ".replacement", shown((*pre)["replacement"]) + " (a replacement other than ▁)");
+    form.metaspace = true;
+    form.split = r.flag(*pre, "split", true, field);
+    if (const json* scheme = find(*pre, "prepend_scheme")) {
+      const std::string s = scheme->is_string() ? scheme->get<std::string>() : "";
+      if (s != "always" && s != "first" && s != "never")
+        r.fail_at(field + ".prepend_scheme", "expected \"always\", \"first\" or \"never\", got " + shown(*scheme));
+      form.prepend = s == "always" ? HfSpmForm::Prepend::always
+                     : s == "first" ? HfSpmForm::Prepend::first
+                                    : HfSpmForm::Prepend::none;
+    } else {  // the older spelling
+      form.prepend = r.flag(*pre, "add_prefix_space", true, field) ? HfSpmForm::Prepend::always : HfSpmForm::Prepend::none;
+    }
+  } else {
+    if (no_normalizer)
+      r.unsupported("pre_tokenizer", "none, with no normalizer (a BPE that neither a ByteLevel nor a Metaspace "
+                                     "pre-tokenizer nor a normalizer gives its spaces)");
+    const auto steps = steps_of(r, *norm, "normalizer", "normalizers");
+    size_t k = 0;
+    form.prepend = HfSpmForm::Prepend::none;
+    if (steps.size() == 2) {
+      const auto& [prepend, field] = steps[0];
+      if (r.type(*prepend, field) != "Prepend" || r.text(*prepend, "prepend", field) != kMetaspaceChar)
+        r.unsupported(field, shown(*prepend) + " (a normalizer step other than Prepend(\"▁\") before the Replace)");
+      form.prepend = HfSpmForm::Prepend::normalizer;
+      k = 1;
+    }
+    if (steps.size() - k != 1 || r.type(*steps[k].first, steps[k].second) != "Replace")
+      r.unsupported("normalizer", shown(*norm) + " (a normalizer other than [Prepend(\"▁\"),] Replace(\" \", \"▁\"))");
+    expect_replace(r, *steps[k].first, steps[k].second, " ", kMetaspaceChar);
+  }
+}
+
+// The SentencePiece form's decoder: Replace(▁ -> space) or Metaspace,
+// ByteFallback, Fuse, Strip of leading spaces.
+void parse_spm_decoder(const Reader& r, const json& doc, HfSpmForm& form) {
+  const json* decoder = find(doc, "decoder");
+  if (decoder == nullptr) r.unsupported("decoder", "none (the ▁ of a SentencePiece-form BPE would stay in the text)");
+  bool spaced = false, fused = false;
+  form.decode_bytes = false;
+  form.strip_spaces = 0;
+  for (const auto& [step, field] : steps_of(r, *decoder, "decoder", "decoders")) {
+    const std::string type = r.type(*step, field);
+    if (type == "Replace") {
+      expect_replace(r, *step, field, kMetaspaceChar, " ");
+      spaced = true;
+    } else if (type == "Metaspace") {
+      if (r.text(*step, "replacement", field) != kMetaspaceChar)
+        r.unsupported(field + ".replacement", shown((*step)["replacement"]) + " (a replacement other than ▁)");
+      const json* scheme = find(*step, "prepend_scheme");
+      form.metaspace_decoder = scheme ? *scheme != "never" : r.flag(*step, "add_prefix_space", true, field);
+      spaced = true;
+    } else if (type == "ByteFallback") {
+      form.decode_bytes = true;
+    } else if (type == "Fuse") {
+      fused = true;
+    } else if (type == "Strip") {
+      if (!fused || r.text(*step, "content", field) != " " || find(*step, "stop") == nullptr ||
+          (*step)["stop"] != 0 || !(*step)["start"].is_number_unsigned())
+        r.unsupported(field, shown(*step) + " (a Strip other than of leading spaces after Fuse)");
+      form.strip_spaces = (*step)["start"].get<int32_t>();
+    } else {
+      r.unsupported(field + ".type", "'" + type + "'");
+    }
+  }
+  if (!spaced) r.unsupported("decoder", shown(*decoder) + " (a decoder that does not turn ▁ into spaces)");
 }
 
 // TemplateProcessing's single template: [SpecialToken]? then Sequence A.
@@ -191,16 +294,7 @@ void parse_template(const Reader& r, const json& p, const std::string& field, Hf
 void parse_post_processor(const Reader& r, const json& doc, HfBpeSpec& spec) {
   const json* post = find(doc, "post_processor");
   if (post == nullptr) return;
-  std::vector<std::pair<const json*, std::string>> steps;
-  if (r.type(*post, "post_processor") == "Sequence") {
-    const json* list = find(*post, "processors");
-    if (list == nullptr || !list->is_array()) r.fail_at("post_processor.processors", "expected an array");
-    for (size_t i = 0; i < list->size(); ++i)
-      steps.emplace_back(&(*list)[i], "post_processor.processors[" + std::to_string(i) + "]");
-  } else {
-    steps.emplace_back(post, "post_processor");
-  }
-  for (const auto& [step, field] : steps) {
+  for (const auto& [step, field] : steps_of(r, *post, "post_processor", "processors")) {
     const std::string type = r.type(*step, field);
     if (type == "TemplateProcessing") parse_template(r, *step, field, spec);
     else if (type != "ByteLevel") r.unsupported(field + ".type", "'" + type + "'");
@@ -247,14 +341,22 @@ HfBpeSpec parse_tokenizer_json(std::string_view json_text, const std::string& pa
   LOOM_REQUIRE(doc.is_object(), path, ": expected a JSON object (a Hugging Face tokenizer.json)");
   const Reader r{path};
   HfBpeSpec spec;
+  // The SentencePiece form: no pre-tokenizer (a normalizer writes the ▁) or a Metaspace one.
+  const json* pre = find(doc, "pre_tokenizer");
+  if (pre == nullptr || (pre->is_object() && pre->value("type", "") == "Metaspace")) spec.spm.emplace();
   parse_model(r, doc, spec);
-  if (const json* n = find(doc, "normalizer"))
-    if (!(n->is_object() && n->value("type", "") == "Sequence" && n->value("normalizers", json::array()).empty()))
-      r.unsupported("normalizer", shown(*n) + " (a normalizer)");
   parse_added_tokens(r, doc, spec);
-  parse_pre_tokenizer(r, doc, spec);
+  if (spec.spm) {
+    parse_spm_form(r, doc, *spec.spm);
+    parse_spm_decoder(r, doc, *spec.spm);
+  } else {
+    if (const json* n = find(doc, "normalizer"))
+      if (!(n->is_object() && n->value("type", "") == "Sequence" && n->value("normalizers", json::array()).empty()))
+        r.unsupported("normalizer", shown(*n) + " (a normalizer with the ByteLevel pre-tokenizer)");
+    parse_pre_tokenizer(r, doc, spec);
+    parse_decoder(r, doc);
+  }
   parse_post_processor(r, doc, spec);
-  parse_decoder(r, doc);
   return spec;
 }
 

@@ -33,9 +33,48 @@ ordered_json pre_tokenizer(const HfBpeSpec& spec) {
   return {{"type", "Sequence"}, {"pretokenizers", {split, byte_level(spec.add_prefix_space, true, false)}}};
 }
 
-// BOS before the text, as Llama 3's (pairs: BOS A BOS B, type ids 0 and 1).
+constexpr const char* kMetaspaceChar = "\xE2\x96\x81";  // U+2581 "▁"
+
+ordered_json replace(const char* from, const char* to) {
+  return {{"type", "Replace"}, {"pattern", {{"String", from}}}, {"content", to}};
+}
+
+// The SentencePiece form's normalizer, pre-tokenizer and decoder, as
+// transformers' LlamaConverter writes them.
+ordered_json spm_normalizer(const HfSpmForm& form) {
+  if (form.metaspace) return nullptr;
+  ordered_json steps = ordered_json::array();
+  if (form.prepend == HfSpmForm::Prepend::normalizer)
+    steps.push_back({{"type", "Prepend"}, {"prepend", kMetaspaceChar}});
+  steps.push_back(replace(" ", kMetaspaceChar));
+  return {{"type", "Sequence"}, {"normalizers", std::move(steps)}};
+}
+
+ordered_json spm_pre_tokenizer(const HfSpmForm& form) {
+  if (!form.metaspace) return nullptr;
+  const char* scheme = form.prepend == HfSpmForm::Prepend::always  ? "always"
+                       : form.prepend == HfSpmForm::Prepend::first ? "first"
+                                                                   : "never";
+  return {{"type", "Metaspace"}, {"replacement", kMetaspaceChar}, {"prepend_scheme", scheme}, {"split", form.split}};
+}
+
+ordered_json spm_decoder(const HfSpmForm& form) {
+  ordered_json steps = ordered_json::array();
+  if (form.metaspace_decoder)
+    steps.push_back({{"type", "Metaspace"}, {"replacement", kMetaspaceChar}, {"prepend_scheme", "always"}, {"split", true}});
+  else
+    steps.push_back(replace(kMetaspaceChar, " "));
+  if (form.decode_bytes) steps.push_back({{"type", "ByteFallback"}});
+  steps.push_back({{"type", "Fuse"}});
+  if (form.strip_spaces > 0) steps.push_back({{"type", "Strip"}, {"content", " "}, {"start", form.strip_spaces}, {"stop", 0}});
+  return {{"type", "Sequence"}, {"decoders", std::move(steps)}};
+}
+
+// BOS before the text, as Llama 3's and Llama 2's (pairs: BOS A BOS B, type
+// ids 0 and 1); the byte-level form's ByteLevel first.
 ordered_json post_processor(const HfTokenizer& tok) {
-  const ordered_json byte_level_post = byte_level(true, false, true);
+  const bool byte_level_form = !tok.spec().spm;
+  const ordered_json byte_level_post = byte_level_form ? byte_level(true, false, true) : ordered_json(nullptr);
   if (!tok.add_bos() || tok.bos_id() < 0) return byte_level_post;
   const std::string& bos = tok.token_strings()[tok.bos_id()];
   const auto special = [&](int type_id) { return ordered_json{{"SpecialToken", {{"id", bos}, {"type_id", type_id}}}}; };
@@ -47,6 +86,7 @@ ordered_json post_processor(const HfTokenizer& tok) {
       {"single", {special(0), sequence("A", 0)}},
       {"pair", {special(0), sequence("A", 0), special(1), sequence("B", 1)}},
       {"special_tokens", {{bos, {{"id", bos}, {"ids", {tok.bos_id()}}, {"tokens", {bos}}}}}}};
+  if (!byte_level_form) return processing;
   return {{"type", "Sequence"}, {"processors", {byte_level_post, processing}}};
 }
 
@@ -64,13 +104,14 @@ ordered_json model(const HfBpeSpec& spec) {
     if (as_strings) merges.push_back(left + " " + right);
     else merges.push_back({left, right});
   }
+  const bool spm = spec.spm.has_value();
   return {{"type", "BPE"},
           {"dropout", nullptr},
-          {"unk_token", nullptr},
+          {"unk_token", spm && !spec.spm->unk_token.empty() ? ordered_json(spec.spm->unk_token) : ordered_json(nullptr)},
           {"continuing_subword_prefix", nullptr},
           {"end_of_word_suffix", nullptr},
-          {"fuse_unk", false},
-          {"byte_fallback", false},
+          {"fuse_unk", spm && spec.spm->fuse_unk},
+          {"byte_fallback", spm && spec.spm->byte_fallback},
           {"ignore_merges", spec.ignore_merges},
           {"vocab", std::move(vocab)},
           {"merges", std::move(merges)}};
@@ -98,10 +139,10 @@ std::string tokenizer_json_text(const HfTokenizer& tok) {
                     {"truncation", nullptr},
                     {"padding", nullptr},
                     {"added_tokens", std::move(added)},
-                    {"normalizer", nullptr},
-                    {"pre_tokenizer", pre_tokenizer(spec)},
+                    {"normalizer", spec.spm ? spm_normalizer(*spec.spm) : nullptr},
+                    {"pre_tokenizer", spec.spm ? spm_pre_tokenizer(*spec.spm) : pre_tokenizer(spec)},
                     {"post_processor", post_processor(tok)},
-                    {"decoder", byte_level(true, true, true)},
+                    {"decoder", spec.spm ? spm_decoder(*spec.spm) : byte_level(true, true, true)},
                     {"model", model(spec)}};
   return dump(j, kHfTokenizerFile);
 }

@@ -63,8 +63,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   }
   // A SentencePiece model's directory (Llama 2, Mistral, TinyLlama) holds its
   // tokenizer.model, and often a tokenizer.json of the same vocabulary in
-  // the form of `tokenizers`' SentencePiece emulation (normalizer, byte
-  // fallback), which loom does not read: the tokenizer.model decides.
+  // the form of `tokenizers`' SentencePiece emulation: the tokenizer.model
+  // decides, as SentencePiece itself is the reference (the tokenizer.json
+  // alone is read too: hf_tokenizer.h).
   if (const TokenizerFiles own = tokenizer_files_in(path); !own.file.empty()) return load_tokenizer_files(own);
   LOOM_REQUIRE(fs::exists(fs::path(path) / "encoder.json", ec), "tokenizer directory '", path,
                "' holds no tokenizer.json, tokenizer.model, or GPT-2's encoder.json and vocab.bpe (run "

@@ -18,8 +18,8 @@ inline constexpr const char* kSpmTokenizerFile = "tokenizer.model";
 // tokenizer.model (a *.model file, or any file that starts as one), or a
 // directory holding one of them or GPT-2's encoder.json and vocab.bpe; a
 // directory's tokenizer.model comes first (a SentencePiece model's
-// directory also holds a tokenizer.json loom does not read), then its
-// tokenizer.json, then GPT-2's files. loom::Error naming the path and what
+// directory often holds a tokenizer.json of it too: SentencePiece itself is
+// the reference), then its tokenizer.json, then GPT-2's files. loom::Error naming the path and what
 // is expected otherwise, or for a file that cannot be read.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 

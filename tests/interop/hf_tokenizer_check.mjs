@@ -2,7 +2,12 @@
 // tokenizers (@huggingface/tokenizers, the tokenizers of
 // @huggingface/transformers): the same strings give the same ids (without
 // and with the special tokens the post-processor adds) and decode to the
-// same text.
+// same text. Four files: GPT-2's and a Llama-3-style one (byte-level BPE,
+// written by loom), and LLaMA's in the two SentencePiece forms transformers'
+// LlamaConverter writes -- Llama 2's (normalizer Prepend + Replace) and the
+// newer one (Metaspace, prepend_scheme "first") -- written here from the
+// vocabulary and merges of LLaMA's own tokenizer.json that llama-tokenizer-js
+// embeds.
 //   node hf_tokenizer_check.mjs HF_TOKENIZER_IDS ENCODER_DIR WORK_DIR INTEROP_DIR [COUNT]
 // HF_TOKENIZER_IDS: tests/interop/hf_tokenizer_ids.cpp's executable, which
 // writes the files (GPT-2's, and a Llama-3-style one on GPT-2's vocabulary)
@@ -26,6 +31,7 @@ import { spawnSync } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
 
 import { random } from "./seeded_random.mjs";
 
@@ -33,6 +39,7 @@ const [exe, encoderDir, work, interop, countArg] = process.argv.slice(2);
 const count = Number(countArg ?? 3000);
 const require = createRequire(join(resolve(interop), "node_modules", "_"));
 const { Tokenizer } = require("@huggingface/tokenizers");
+const { default: llama } = await import(pathToFileURL(require.resolve("llama-tokenizer-js")));
 const { version } = JSON.parse(
   readFileSync(join(resolve(interop), "node_modules", "@huggingface", "tokenizers", "package.json"), "utf8"));
 
@@ -110,15 +117,54 @@ function check(name, dir, texts) {
   return true;
 }
 
+// LLaMA's tokenizer.json and tokenizer_config.json as transformers writes
+// them (legacy: Llama 2's normalizer; else the Metaspace pre-tokenizer).
+function writeLlama(dir, legacy) {
+  mkdirSync(dir, { recursive: true });
+  const sp = "\u2581";
+  const special = (id, content) =>
+    ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+  const vocab = Object.fromEntries(llama.vocabById.map((t, id) => [t, id]));
+  const merges = [...llama.merges.entries()].sort((a, b) => a[1] - b[1]).map(([pair]) => pair);
+  const replace = (from, to) => ({ type: "Replace", pattern: { String: from }, content: to });
+  const json = {
+    version: "1.0", truncation: null, padding: null,
+    added_tokens: [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+    normalizer: legacy ? { type: "Sequence", normalizers: [{ type: "Prepend", prepend: sp }, replace(" ", sp)] } : null,
+    pre_tokenizer: legacy ? null : { type: "Metaspace", replacement: sp, prepend_scheme: "first", split: false },
+    post_processor: {
+      type: "TemplateProcessing",
+      single: [{ SpecialToken: { id: "<s>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }],
+      pair: [{ SpecialToken: { id: "<s>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } },
+             { SpecialToken: { id: "<s>", type_id: 1 } }, { Sequence: { id: "B", type_id: 1 } }],
+      special_tokens: { "<s>": { id: "<s>", ids: [1], tokens: ["<s>"] } },
+    },
+    decoder: { type: "Sequence", decoders: [replace(sp, " "), { type: "ByteFallback" }, { type: "Fuse" },
+                                            { type: "Strip", content: " ", start: 1, stop: 0 }] },
+    model: { type: "BPE", dropout: null, unk_token: "<unk>", continuing_subword_prefix: null,
+             end_of_word_suffix: null, fuse_unk: true, byte_fallback: true, vocab, merges },
+  };
+  writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(json));
+  writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify(
+    { add_bos_token: true, add_eos_token: false, bos_token: "<s>", eos_token: "</s>", unk_token: "<unk>",
+      clean_up_tokenization_spaces: false, legacy, tokenizer_class: "LlamaTokenizerFast" }));
+}
+
 mkdirSync(join(work, "gpt2"), { recursive: true });
 mkdirSync(join(work, "llama3"), { recursive: true });
 run(["write-gpt2", encoderDir, join(work, "gpt2")]);
 run(["write-llama3", encoderDir, join(work, "llama3")]);
 const llamaSpecials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>", "user",
                        "<|end_header_id|>\n\n", "<|eot"];
+writeLlama(join(work, "llama2"), true);
+writeLlama(join(work, "llama2-metaspace"), false);
+const spmPieces = ["<s>", "</s>", "<unk>", "<s", "\u2581", "\u2581\u2581", "a\u2581b", "<0x41>", "  ", " ".repeat(17),
+                   "grabbed", " grabbed", "\ufeff", "\u0085"];
 const ok = [
   check("gpt2", join(work, "gpt2"), strings(1, [], new Set(["\u0085", "\ufeff"]))),
   check("llama3", join(work, "llama3"), strings(2, [...llamaSpecials, "\u0085", "\ufeff"], new Set(["\u017f"]))),
+  check("llama2", join(work, "llama2"), strings(3, spmPieces, new Set())),
+  check("llama2-metaspace", join(work, "llama2-metaspace"), strings(4, spmPieces, new Set())),
 ];
 writeFileSync(join(work, "done"), ok.join(","));
 process.exit(ok.every(Boolean) ? 0 : 1);

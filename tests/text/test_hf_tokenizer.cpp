@@ -1,4 +1,5 @@
-// Hugging Face tokenizer.json (byte-level BPE): GPT-2's, written by loom and
+// Hugging Face tokenizer.json (byte-level BPE; the SentencePiece form:
+// test_hf_tokenizer_spm.cpp): GPT-2's, written by loom and
 // read back, encodes as loom's GPT-2 tokenizer does; a small Llama-3-style
 // file written here exercises the Llama 3 split pattern, ignore_merges,
 // array-form merges, special tokens and the BOS template; malformed files are
@@ -361,9 +362,10 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesAreErrorsNamingFileAndField) {
       {"[1]", "tokenizer.json: expected a JSON object"},
       {without("/model"), "tokenizer.json: model: missing"},
       {with("/model/type", "WordPiece"), "tokenizer.json: model.type: 'WordPiece' (WordPiece, Unigram and WordLevel "
-                                         "models) is not supported: loom reads byte-level BPE tokenizers"},
+                                         "models) is not supported: loom reads BPE tokenizers, byte-level"},
       {with("/model/type", "Unigram"), "model.type: 'Unigram'"},
-      {with("/model/byte_fallback", true), "model.byte_fallback: true (byte fallback) is not supported"},
+      {with("/model/byte_fallback", true),
+       "model.byte_fallback: true (byte fallback) with the ByteLevel pre-tokenizer is not supported"},
       {with("/model/dropout", 0.1), "model.dropout: 0.1 (BPE dropout) is not supported"},
       {with("/model/continuing_subword_prefix", "##"), "model.continuing_subword_prefix: \"##\" is not supported"},
       {with("/model/vocab", json::array()), "model.vocab: expected a non-empty object"},
@@ -382,7 +384,8 @@ TEST(HfTokenizer, MalformedOrUnsupportedFilesAreErrorsNamingFileAndField) {
                                                          "which is not in model.vocab"},
       {with("/model/merges/0", json::array({"h", "?!"})), "model.merges[0]: merge 'h ?!' uses a token that is not in"},
       {with("/model/merges/1", json::array({"h", "e"})), "model.merges[1]: merge 'h e' is listed twice"},
-      {with("/normalizer", {{"type", "NFC"}}), "normalizer: {\"type\":\"NFC\"} (a normalizer) is not supported"},
+      {with("/normalizer", {{"type", "NFC"}}),
+       "normalizer: {\"type\":\"NFC\"} (a normalizer with the ByteLevel pre-tokenizer) is not supported"},
       {with("/pre_tokenizer", {{"type", "Whitespace"}}), "pre_tokenizer: a sequence that does not end in ByteLevel"},
       {with("/pre_tokenizer/pretokenizers/0/pattern/Regex", "\\s+"), "pre_tokenizer.pretokenizers[0].pattern.Regex: "
                                                                    "\"\\\\s+\" (a regex other than GPT-2's and Llama "
