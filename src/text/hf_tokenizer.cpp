@@ -1,11 +1,11 @@
 #include "text/hf_tokenizer.h"
 
 #include <algorithm>
-#include <utility>
 #include <array>
 #include <cctype>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "text/bpe.h"

@@ -256,10 +256,12 @@ void parse_spm_decoder(const Reader& r, const json& doc, HfSpmForm& form) {
     } else if (type == "Fuse") {
       fused = true;
     } else if (type == "Strip") {
-      if (!fused || r.text(*step, "content", field) != " " || find(*step, "stop") == nullptr ||
-          (*step)["stop"] != 0 || !(*step)["start"].is_number_unsigned())
-        r.unsupported(field, shown(*step) + " (a Strip other than of leading spaces after Fuse)");
-      form.strip_spaces = (*step)["start"].get<int32_t>();
+      const json* start = find(*step, "start");
+      const json* stop = find(*step, "stop");
+      if (!fused || r.text(*step, "content", field) != " " || (stop != nullptr && *stop != 0) || start == nullptr ||
+          !start->is_number_unsigned() || start->get<uint64_t>() > 1024)
+        r.unsupported(field, shown(*step) + " (a Strip other than of up to 1024 leading spaces, after Fuse)");
+      form.strip_spaces = start->get<int32_t>();
     } else {
       r.unsupported(field + ".type", "'" + type + "'");
     }

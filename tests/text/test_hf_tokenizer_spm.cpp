@@ -210,6 +210,8 @@ TEST(HfTokenizerSpm, WhatLoomDoesNotReadIsAnErrorNamingTheField) {
   no_space["decoder"]["decoders"].erase(0);
   json strip_first = spm_json(true);
   strip_first["decoder"]["decoders"].erase(2);
+  json no_start = spm_json(true);
+  no_start["decoder"]["decoders"][3].erase("start");
   json unk = spm_json(true);
   unk["model"]["unk_token"] = "<nope>";
   json bare = spm_json(true);
@@ -223,6 +225,7 @@ TEST(HfTokenizerSpm, WhatLoomDoesNotReadIsAnErrorNamingTheField) {
       {both, "normalizer: "},
       {no_space, "(a decoder that does not turn ▁ into spaces)"},
       {strip_first, "decoder.decoders[2]: "},
+      {no_start, "decoder.decoders[3]: "},
       {unk, "model.unk_token '<nope>' is not in model.vocab"},
       {bare, "pre_tokenizer: none, with no normalizer"},
   };
