@@ -48,8 +48,6 @@ std::vector<std::string> token_table(const HfBpeSpec& spec, const std::string& w
   return table;
 }
 
-constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581 "▁", SentencePiece's space
-
 std::string byte_name(int b) {
   char hex[8];
   std::snprintf(hex, sizeof hex, "0x%02X", b);
@@ -78,6 +76,15 @@ std::string spm_token_bytes(const HfSpmForm& form, const std::string& token) {
     out += ' ';
     pos = at + kMetaspace.size();
   }
+}
+
+// prefix, then text with each space a ▁ (normalizer Replace, Metaspace).
+std::string escape_spaces(std::string prefix, std::string_view text) {
+  for (const char c : text) {
+    if (c == ' ') prefix += kMetaspace;
+    else prefix += c;
+  }
+  return prefix;
 }
 
 // No token of the SentencePiece form has a ▁ right after another
@@ -328,12 +335,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
 std::string HfTokenizer::spm_normalize(std::string_view text) const {
   if (spec_.spm->metaspace) return std::string(text);
   // Prepend("▁") (when set) and Replace(" ", "▁").
-  std::string out(spec_.spm->prepend == HfSpmForm::Prepend::normalizer ? kMetaspace : "");
-  for (const char c : text) {
-    if (c == ' ') out += kMetaspace;
-    else out += c;
-  }
-  return out;
+  return escape_spaces(std::string(spec_.spm->prepend == HfSpmForm::Prepend::normalizer ? kMetaspace : ""), text);
 }
 
 void HfTokenizer::encode_spm_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const {
@@ -341,11 +343,8 @@ void HfTokenizer::encode_spm_text(std::string_view text, bool at_start, std::vec
   std::string spaced;
   if (form.metaspace) {  // spaces to ▁, then a ▁ in front unless one is there
     const bool prepend = form.prepend == HfSpmForm::Prepend::always || (form.prepend == HfSpmForm::Prepend::first && at_start);
-    if (prepend && !text.starts_with(' ') && !text.starts_with(kMetaspace)) spaced = kMetaspace;
-    for (const char c : text) {
-      if (c == ' ') spaced += kMetaspace;
-      else spaced += c;
-    }
+    spaced = escape_spaces(std::string(prepend && !text.starts_with(' ') && !text.starts_with(kMetaspace) ? kMetaspace : ""),
+                           text);
     text = spaced;
   }
   // Pre-tokens start at each ▁ with split; without it, where no merge can

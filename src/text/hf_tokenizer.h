@@ -58,6 +58,9 @@ struct HfAddedToken {
   bool normalized = true;
 };
 
+// U+2581 "▁", the SentencePiece form's space.
+inline constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+
 // The SentencePiece form of a tokenizer.json (above).
 struct HfSpmForm {
   // How a stretch of text gets its leading ▁: the normalizer's Prepend, or

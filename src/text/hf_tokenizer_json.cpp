@@ -178,8 +178,6 @@ void parse_pre_tokenizer(const Reader& r, const json& doc, HfBpeSpec& spec) {
   }
 }
 
-constexpr const char* kMetaspaceChar = "\xE2\x96\x81";  // U+2581 "▁"
-
 // A Replace's String pattern and content, required to be `from` -> `to`.
 void expect_replace(const Reader& r, const json& step, const std::string& field, const char* from, const char* to) {
   const json* pattern = find(step, "pattern");
@@ -198,7 +196,7 @@ void parse_spm_form(const Reader& r, const json& doc, HfSpmForm& form) {
   if (const json* pre = find(doc, "pre_tokenizer")) {
     if (!no_normalizer) r.unsupported("normalizer", shown(*norm) + " (a normalizer before a Metaspace pre-tokenizer)");
     const std::string field = "pre_tokenizer";
-    if (r.text(*pre, "replacement", field) != kMetaspaceChar)
+    if (r.text(*pre, "replacement", field) != kMetaspace.data())
       r.unsupported(field + ".replacement", shown((*pre)["replacement"]) + " (a replacement other than ▁)");
     form.metaspace = true;
     form.split = r.flag(*pre, "split", true, field);
@@ -221,14 +219,14 @@ void parse_spm_form(const Reader& r, const json& doc, HfSpmForm& form) {
     form.prepend = HfSpmForm::Prepend::none;
     if (steps.size() == 2) {
       const auto& [prepend, field] = steps[0];
-      if (r.type(*prepend, field) != "Prepend" || r.text(*prepend, "prepend", field) != kMetaspaceChar)
+      if (r.type(*prepend, field) != "Prepend" || r.text(*prepend, "prepend", field) != kMetaspace.data())
         r.unsupported(field, shown(*prepend) + " (a normalizer step other than Prepend(\"▁\") before the Replace)");
       form.prepend = HfSpmForm::Prepend::normalizer;
       k = 1;
     }
     if (steps.size() - k != 1 || r.type(*steps[k].first, steps[k].second) != "Replace")
       r.unsupported("normalizer", shown(*norm) + " (a normalizer other than [Prepend(\"▁\"),] Replace(\" \", \"▁\"))");
-    expect_replace(r, *steps[k].first, steps[k].second, " ", kMetaspaceChar);
+    expect_replace(r, *steps[k].first, steps[k].second, " ", kMetaspace.data());
   }
 }
 
@@ -243,10 +241,10 @@ void parse_spm_decoder(const Reader& r, const json& doc, HfSpmForm& form) {
   for (const auto& [step, field] : steps_of(r, *decoder, "decoder", "decoders")) {
     const std::string type = r.type(*step, field);
     if (type == "Replace") {
-      expect_replace(r, *step, field, kMetaspaceChar, " ");
+      expect_replace(r, *step, field, kMetaspace.data(), " ");
       spaced = true;
     } else if (type == "Metaspace") {
-      if (r.text(*step, "replacement", field) != kMetaspaceChar)
+      if (r.text(*step, "replacement", field) != kMetaspace.data())
         r.unsupported(field + ".replacement", shown((*step)["replacement"]) + " (a replacement other than ▁)");
       const json* scheme = find(*step, "prepend_scheme");
       form.metaspace_decoder = scheme ? *scheme != "never" : r.flag(*step, "add_prefix_space", true, field);

@@ -33,8 +33,6 @@ ordered_json pre_tokenizer(const HfBpeSpec& spec) {
   return {{"type", "Sequence"}, {"pretokenizers", {split, byte_level(spec.add_prefix_space, true, false)}}};
 }
 
-constexpr const char* kMetaspaceChar = "\xE2\x96\x81";  // U+2581 "▁"
-
 ordered_json replace(const char* from, const char* to) {
   return {{"type", "Replace"}, {"pattern", {{"String", from}}}, {"content", to}};
 }
@@ -45,8 +43,8 @@ ordered_json spm_normalizer(const HfSpmForm& form) {
   if (form.metaspace) return nullptr;
   ordered_json steps = ordered_json::array();
   if (form.prepend == HfSpmForm::Prepend::normalizer)
-    steps.push_back({{"type", "Prepend"}, {"prepend", kMetaspaceChar}});
-  steps.push_back(replace(" ", kMetaspaceChar));
+    steps.push_back({{"type", "Prepend"}, {"prepend", kMetaspace.data()}});
+  steps.push_back(replace(" ", kMetaspace.data()));
   return {{"type", "Sequence"}, {"normalizers", std::move(steps)}};
 }
 
@@ -55,15 +53,15 @@ ordered_json spm_pre_tokenizer(const HfSpmForm& form) {
   const char* scheme = form.prepend == HfSpmForm::Prepend::always  ? "always"
                        : form.prepend == HfSpmForm::Prepend::first ? "first"
                                                                    : "never";
-  return {{"type", "Metaspace"}, {"replacement", kMetaspaceChar}, {"prepend_scheme", scheme}, {"split", form.split}};
+  return {{"type", "Metaspace"}, {"replacement", kMetaspace.data()}, {"prepend_scheme", scheme}, {"split", form.split}};
 }
 
 ordered_json spm_decoder(const HfSpmForm& form) {
   ordered_json steps = ordered_json::array();
   if (form.metaspace_decoder)
-    steps.push_back({{"type", "Metaspace"}, {"replacement", kMetaspaceChar}, {"prepend_scheme", "always"}, {"split", true}});
+    steps.push_back({{"type", "Metaspace"}, {"replacement", kMetaspace.data()}, {"prepend_scheme", "always"}, {"split", true}});
   else
-    steps.push_back(replace(kMetaspaceChar, " "));
+    steps.push_back(replace(kMetaspace.data(), " "));
   if (form.decode_bytes) steps.push_back({{"type", "ByteFallback"}});
   steps.push_back({{"type", "Fuse"}});
   if (form.strip_spaces > 0) steps.push_back({{"type", "Strip"}, {"content", " "}, {"start", form.strip_spaces}, {"stop", 0}});
