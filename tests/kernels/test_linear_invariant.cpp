@@ -104,13 +104,14 @@ TEST(LinearInvariant, NoFeaturesGiveTheBiasAndNoRowsNothing) {
 // Every row of a many-row call equals the same row computed alone, bit for
 // bit, and so does the whole call at 1 thread and at 3. (With AVX2 or
 // AVX-512, whole tiles of the rows take the outer-product path -- from 64
-// rows with AVX2, from 128 (K >= 1536) or 256 rows with AVX-512 -- at
-// K = 4200 cut into K blocks; the rest and a row alone take the dot-product
-// tiles; N = 131 spans panels of w and ends in a part of a column tile. At
+// rows with AVX2 and bf16 pairs (AVX512_BF16), from 64 (K >= 1536) or 128
+// rows with AVX-512 -- at K = 4200 cut into K blocks, at K = 201 ending in
+// half a bf16 pair; the rest and a row alone take the dot-product tiles;
+// N = 131 spans panels of w and ends in a part of a column tile. At
 // the amx level bf16 rows take AMX tiles: at K = 4200 in K blocks, with x's
 // 140 rows in two groups, the second of an odd number of 16-row blocks.)
 TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
-  for (int64_t K : {200, 4200}) {
+  for (int64_t K : {201, 4200}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
       std::mt19937 rng(5);
       const int64_t M = K < 1536 ? 270 : 140, N = 131;
@@ -132,6 +133,25 @@ TEST(LinearInvariant, RowsDoNotDependOnTheirNeighboursOrTheThreads) {
         EXPECT_EQ(again.bytes, all.bytes) << dtype_name(dt) << " at " << t << " threads";
       }
       omp_set_num_threads(threads);
+    }
+  }
+}
+
+// More rows than a thread's packed copy of x holds (16 MiB: 31 tiles of 32
+// rows at K = 4200 f32, 62 in bf16 pairs) go in chunks: rows of every chunk
+// equal the rows computed alone.
+TEST(LinearInvariant, RowsPastAChunkOfPackedRowsKeepTheirBits) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::mt19937 rng(11);
+    const int64_t M = dt == DType::f32 ? 1060 : 2030, N = 20, K = 4200;
+    Buffer x = random_buffer(dt, {M, K}, rng), w = random_buffer(dt, {N, K}, rng);
+    Buffer all(DType::f32, {M, N});
+    linear_forward_invariant(all.view(), x.view(), w.view(), Tensor());
+    for (int64_t m = 0; m < M; m += m < M - 40 ? 37 : 1) {
+      Buffer one(DType::f32, {1, N});
+      linear_forward_invariant(one.view(), x.view().slice(0, m, 1), w.view(), Tensor());
+      EXPECT_EQ(std::memcmp(one.bytes.data(), all.bytes.data() + static_cast<size_t>(m * N) * 4, size_t(N) * 4), 0)
+          << dtype_name(dt) << " row " << m;
     }
   }
 }

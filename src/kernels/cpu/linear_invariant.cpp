@@ -27,7 +27,7 @@
 // thread walks its columns in panels of w that stay in L2
 // while every row of x passes them. The dot-product form pays a horizontal
 // sum per output (K / 16 FMAs per sum) and loads a vector per two FMAs or
-// so: from 64 rows (AVX2) or 128-256 (AVX-512), whole tiles of rows go to
+// so: from 64 rows (AVX2, bf16 pairs) or 64-128 (AVX-512), whole tiles of rows go to
 // linear_prefill.cpp, which computes the same sums as outer products (a
 // lane of many outputs per register, both operands packed) at a GEMM's
 // rate; the rows left over come here. Measured against oneDNN in BENCHMARKS.md.

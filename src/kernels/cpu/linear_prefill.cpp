@@ -36,6 +36,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define LOOM_PREFILL_AVX512 1
@@ -80,17 +81,34 @@ inline V vzero() { return _mm256_setzero_ps(); }
 #endif
 constexpr int64_t kMC = 2 * kVL;  // rows of a tile: two vectors
 
+// bf16 operands with AVX512_BF16: linear_invariant.cpp's lane l takes the
+// pair k, k + 1 (k = 32 s + 2 l) per vdpbf16ps. Here that pair is one
+// 32-bit element of the packed operands, copied as it is (not widened), and
+// a step multiply-adds by vdpbf16ps too: the instruction works lane by lane
+// and pairs the same elements of x and w in either form, so each output
+// gets the dot-product path's bits. Elements of T a lane takes per step:
+#if defined(__AVX512BF16__)
+template <typename T>
+constexpr int64_t kPerLane = std::is_same_v<T, bf16> ? 2 : 1;
+#else
+template <typename T>
+constexpr int64_t kPerLane = 1;
+#endif
+
 // From this many rows: below, packing w (about half a cycle per element,
 // per call) costs more than the dot-product tiles lose. Measured with `loom
 // bench kernels` (BENCHMARKS.md, issue 34): at 64 rows this path is
 // 1.05-1.2x the tiles with AVX2. With AVX-512 the tiles are 6 x 4 and
-// load a vector per 2.4 FMAs: at K = 768 they match this path up to 256
-// rows (at 128 rows 0.78-0.90x oneDNN, against this path's 0.69-0.87x);
-// at K = 3072 their operands come from L2 and this path is 1.1-1.5x them
-// from 128 rows (at 64, the threads' copies of w contend for memory).
-inline int64_t prefill_rows(int64_t K) {
+// load a vector per 2.4 FMAs: at K = 768 they match this path at 64 rows
+// and lose from 128; at K = 3072 their operands come from L2 and this path
+// is 1.18x them at 64 rows (AMD Zen 5, 2 threads, x packed per thread).
+// bf16 pairs: from 64 rows (AVX512_BF16's dot-product tiles pay a
+// horizontal sum per 16 pairs a lane).
+template <typename T>
+int64_t prefill_rows(int64_t K) {
 #if defined(LOOM_PREFILL_AVX512)
-  return K >= 1536 ? 128 : 256;
+  if (kPerLane<T> == 2) return 64;
+  return K >= 1536 ? 64 : 128;
 #else
   (void)K;
   return 64;
@@ -105,6 +123,9 @@ constexpr int64_t kPanelBytes = 512 << 10;
 constexpr int64_t kPanelBytes = 384 << 10;
 #endif
 constexpr int64_t kLaneBlockBytes = 16 << 10;
+// Bytes of packed x a thread holds: more rows go in chunks of tiles (each
+// chunk packs w's panels again: 3-5% at K = 14336 f32, 288 rows a chunk).
+constexpr int64_t kPackedXBytes = 16 << 20;
 
 // Lane l of a tile of kMC rows x NR columns over `steps` steps: xp, the
 // lane's packed rows (kMC floats a step), wp, the lane's packed columns
@@ -115,7 +136,16 @@ constexpr int64_t kLaneBlockBytes = 16 << 10;
 // linear_panel), before the one store. (The unroll pragmas let GCC keep acc
 // in registers: without them its -O3 pipeline keeps the array in memory and
 // stores it every step.)
-template <int NR>
+// acc + x w: one FMA per lane, or with pairs vdpbf16ps.
+template <bool Pairs>
+inline V vmadd(V x, V w, V acc) {
+#if defined(__AVX512BF16__)
+  if constexpr (Pairs) return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+#endif
+  return vfma(x, w, acc);
+}
+
+template <int NR, bool Pairs>
 __attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64_t steps, bool resume, float* sums,
                                          const float* const* adds, int nadd) {
   V acc[NR][2];
@@ -130,8 +160,8 @@ __attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
       const V wb = vbroadcast(wp + s * kNR + j);
-      acc[j][0] = vfma(x0, wb, acc[j][0]);
-      acc[j][1] = vfma(x1, wb, acc[j][1]);
+      acc[j][0] = vmadd<Pairs>(x0, wb, acc[j][0]);
+      acc[j][1] = vmadd<Pairs>(x1, wb, acc[j][1]);
     }
   }
   for (int a = 0; a < nadd; ++a) {
@@ -149,13 +179,13 @@ __attribute__((noinline)) void lane_tile(const float* xp, const float* wp, int64
 }
 
 // lane_tile for nr (1 .. kNR) columns.
-template <int NR = kNR>
+template <bool Pairs, int NR = kNR>
 inline void lane_tile_cols(int nr, const float* xp, const float* wp, int64_t steps, bool resume, float* sums,
                            const float* const* adds, int nadd) {
   if constexpr (NR > 1) {
-    if (nr < NR) return lane_tile_cols<NR - 1>(nr, xp, wp, steps, resume, sums, adds, nadd);
+    if (nr < NR) return lane_tile_cols<Pairs, NR - 1>(nr, xp, wp, steps, resume, sums, adds, nadd);
   }
-  lane_tile<NR>(xp, wp, steps, resume, sums, adds, nadd);
+  lane_tile<NR, Pairs>(xp, wp, steps, resume, sums, adds, nadd);
 }
 
 #if defined(LOOM_PREFILL_AVX512)
@@ -171,6 +201,14 @@ inline V load_f32(const bf16* p, int64_t valid) {
   const __m512i h = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(first16(valid), p));
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, h, 16));
 }
+
+#if defined(__AVX512BF16__)
+// The first `valid` of 32 bf16 as they are (16 pairs), the rest 0.
+inline V load_pairs(const bf16* p, int64_t valid) {
+  const __mmask32 m = valid >= 32 ? ~__mmask32(0) : valid <= 0 ? __mmask32(0) : (__mmask32(1) << valid) - 1;
+  return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, p));
+}
+#endif
 
 // a[i][l] = a[l][i]: transpose16.h.
 inline void transpose(V (&a)[16]) { transpose16(a); }
@@ -221,17 +259,23 @@ inline void store_first(float* p, V v, int64_t n) {
 // R rows of a (rows, K) operand, lane-major, as f32:
 // dst[(l * steps + s) * R + r] = src[r * K + 16 s + l], 0 past K and for
 // r >= rows (a zero multiply-added is the dot-product path's step past K:
-// + 0). Per step, blocks of kVL rows x kVL lanes are transposed in
+// + 0); with pairs, the pair of elements 32 s + 2 l and the next in place
+// of one f32. Per step, blocks of kVL rows x kVL lanes are transposed in
 // registers.
 template <int64_t R, typename T>
 void pack_lanes(float* dst, const T* src, int64_t rows, int64_t K, int64_t steps) {
   for (int64_t s = 0; s < steps; ++s)
     for (int64_t l0 = 0; l0 < kLanes; l0 += kVL) {
-      const int64_t k0 = s * kLanes + l0, valid = K - k0;
+      const int64_t k0 = (s * kLanes + l0) * kPerLane<T>, valid = K - k0;
+      const auto load = [&](const T* p) {
+#if defined(__AVX512BF16__)
+        if constexpr (kPerLane<T> == 2) return load_pairs(p, valid);
+#endif
+        return load_f32(p, valid);
+      };
       for (int64_t r0 = 0; r0 < R; r0 += kVL) {
         V a[kVL];
-        for (int64_t i = 0; i < kVL; ++i)
-          a[i] = r0 + i < std::min(R, rows) ? load_f32(src + (r0 + i) * K + k0, valid) : vzero();
+        for (int64_t i = 0; i < kVL; ++i) a[i] = r0 + i < std::min(R, rows) ? load(src + (r0 + i) * K + k0) : vzero();
         transpose(a);
         for (int64_t l = 0; l < kVL; ++l) store_first(dst + ((l0 + l) * steps + s) * R + r0, a[l], R - r0);
       }
@@ -249,7 +293,7 @@ constexpr int kTreeOrder[kLanes] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 1
 constexpr int kTreeLevels = 5;  // pending sums at levels 0 .. 3, the root at 4
 
 // The columns [p0, p1) of y (a panel of w's rows) for the row tiles
-// [t0, t1), from x packed in xp: the panel packed into wp, then per tile,
+// [t0, t1), from x's tiles packed in xp from t0: the panel packed into wp, then per tile,
 // lane (in kTreeOrder) and K block, every column tile of the panel while the
 // lane's x stays in L1. A lane's sums go on in level[c] of `sums` (c: the
 // level its tree sum ends at, free until then) across K blocks, and at its
@@ -276,12 +320,12 @@ void linear_panel(Y* y, const float* xp, const T* w, const B* bias, int64_t N, i
       for (int64_t s0 = 0; s0 < steps; s0 += block) {
         const int64_t len = std::min(block, steps - s0);
         const bool last = s0 + len == steps;
-        const float* xl = xp + ((t * kLanes + l) * steps + s0) * kMC;
+        const float* xl = xp + (((t - t0) * kLanes + l) * steps + s0) * kMC;
         for (int64_t jt = 0; jt < jts; ++jt) {
           const int nr = static_cast<int>(std::min<int64_t>(kNR, n - jt * kNR));
           const float* adds[kTreeLevels - 1];
           for (int a = 0; a < c; ++a) adds[a] = level[a] + jt * kNR * kMC;
-          lane_tile_cols(nr, xl, wp + ((jt * kLanes + l) * steps + s0) * kNR, len, s0 > 0,
+          lane_tile_cols<kPerLane<T> == 2>(nr, xl, wp + ((jt * kLanes + l) * steps + s0) * kNR, len, s0 > 0,
                          level[c] + jt * kNR * kMC, adds, last ? c : 0);
         }
       }
@@ -302,40 +346,70 @@ void linear_panel(Y* y, const float* xp, const T* w, const B* bias, int64_t N, i
   }
 }
 
+// Parts of x's rows the threads split the work into, beside panels of w's
+// columns. A thread packs the rows of its part and the panels it takes, so
+// per thread about rows / parts + N parts / threads rows of packing (x's
+// and w's): least near parts = sqrt(rows threads / N); 1 for most shapes at
+// a few threads.
+inline int64_t row_parts(int64_t rows, int64_t N, int64_t threads, int64_t tiles) {
+  int64_t best = 1;
+  for (int64_t q = 2; q <= std::min(threads, tiles); ++q)
+    if (rows * threads / q + N * q < rows * threads / best + N * best) best = q;
+  return best;
+}
+
 template <typename T, typename Y, typename B>
 void linear_panels(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64_t N, int64_t K) {
-  const int64_t steps = (K + kLanes - 1) / kLanes, tiles = M / kMC;
+  const int64_t step = kLanes * kPerLane<T>, steps = (K + step - 1) / step, tiles = M / kMC;
   const int threads = omp_get_max_threads();
-  // Columns a panel: its packed w within kPanelBytes, and the panels a
-  // multiple of the threads (each the same work) where N allows.
+  // Each thread packs the tiles of x it multiplies into its own buffer. (A
+  // copy packed once and shared was slower: with two threads on AMD Zen 5,
+  // 0.70-0.87x oneDNN where one thread alone ran at 0.80-0.94x, each
+  // thread reading the tiles the other had packed from the other core's
+  // caches; packed per thread, 0.83-0.99x: BENCHMARKS.md.) Rows go in
+  // chunks, a thread's packed rows within kPackedXBytes.
+  const int64_t tile_floats = kLanes * steps * kMC;
+  const int64_t chunk = std::max<int64_t>(1, kPackedXBytes / (tile_floats * int64_t{sizeof(float)}));
+  const int64_t parts = row_parts(std::min(chunk, tiles) * kMC, N, threads, std::min(chunk, tiles));
+  // Columns a panel: its packed w within kPanelBytes, and the panels of a
+  // part a multiple of its threads (each the same work) where N allows.
   const int64_t by_bytes = std::max<int64_t>(kNR, kPanelBytes / (steps * kLanes * int64_t{sizeof(float)}));
-  const int64_t want = ((N + by_bytes - 1) / by_bytes + threads - 1) / threads * threads;
+  const int64_t per_part = (threads + parts - 1) / parts;
+  const int64_t want = ((N + by_bytes - 1) / by_bytes + per_part - 1) / per_part * per_part;
   const int64_t panel = ((N + want - 1) / want + kNR - 1) / kNR * kNR;
   // That many panels, the column tiles dealt out evenly: they differ by one
   // tile at most (768 columns in 6 panels: 11, 11, 11, 11, 10, 10 tiles of
   // 12, where panels of 132 columns left the last one 108).
   const int64_t col_tiles = (N + kNR - 1) / kNR, panels = (N + panel - 1) / panel;
   const auto panel_start = [&](int64_t pi) { return std::min(N, col_tiles * pi / panels * kNR); };
-  // With fewer panels than threads, the tiles of rows are split as well
-  // (each part packs its panel).
-  const int64_t parts = panels >= threads ? 1 : std::min<int64_t>(tiles, (threads + panels - 1) / panels);
   // K blocks of equal steps, one lane's packed x of a block within L1.
   const int64_t max_block = std::max<int64_t>(1, kLaneBlockBytes / (kMC * int64_t{sizeof(float)}));
   const int64_t nblocks = (steps + max_block - 1) / max_block, block = (steps + nblocks - 1) / nblocks;
-
-  float* xp = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(tiles * kLanes * steps * kMC));
-#pragma omp parallel for schedule(static) if (M * K >= kMinParallel)
-  for (int64_t t = 0; t < tiles; ++t) pack_lanes<kMC>(xp + t * kLanes * steps * kMC, x + t * kMC * K, kMC, K, steps);
   const int64_t cols = (col_tiles + panels - 1) / panels * kNR;
+  const ThreadSlices<float> xps(ScratchSlot::a, static_cast<size_t>(std::min(chunk, tiles) * tile_floats));
   const ThreadSlices<float> wps(ScratchSlot::b, static_cast<size_t>(cols * kLanes * steps));
   const ThreadSlices<float> sums(ScratchSlot::c, static_cast<size_t>(kTreeLevels * cols * kMC + kVL * (cols + kVL)));
-  // Parts are handed out one at a time (as linear_invariant.cpp's panels):
-  // which thread computes one never changes its arithmetic.
-#pragma omp parallel for schedule(dynamic, 1) if (M * N * K >= kMinParallel)
-  for (int64_t item = 0; item < panels * parts; ++item) {
-    const int64_t pi = item / parts, part = item % parts;
-    linear_panel(y, xp, w, bias, N, K, steps, block, panel_start(pi), panel_start(pi + 1),
-                 tiles * part / parts, tiles * (part + 1) / parts, wps.mine(), sums.mine());
+  for (int64_t c0 = 0; c0 < tiles; c0 += chunk) {
+    const int64_t ct = std::min(chunk, tiles - c0), cparts = std::min(parts, ct);
+    // Items in blocks, a part's panels in a row, so that a thread keeps its
+    // rows (handed out one at a time, a thread's next item was as likely of
+    // another part); which thread computes one never changes its arithmetic.
+#pragma omp parallel if (M * N * K >= kMinParallel)
+    {
+      float* xp = xps.mine();
+      int64_t packed = -1;  // the part whose rows xp holds
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < panels * cparts; ++item) {
+        const int64_t part = item / panels, pi = item % panels;
+        const int64_t t0 = c0 + ct * part / cparts, t1 = c0 + ct * (part + 1) / cparts;
+        if (part != packed) {
+          for (int64_t t = t0; t < t1; ++t) pack_lanes<kMC>(xp + (t - t0) * tile_floats, x + t * kMC * K, kMC, K, steps);
+          packed = part;
+        }
+        linear_panel(y, xp, w, bias, N, K, steps, block, panel_start(pi), panel_start(pi + 1), t0, t1, wps.mine(),
+                     sums.mine());
+      }
+    }
   }
 }
 
@@ -344,15 +418,14 @@ void linear_panels(Y* y, const T* x, const T* w, const B* bias, int64_t M, int64
 
 int64_t linear_prefill(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
 #if defined(LOOM_PREFILL_AVX512) || defined(LOOM_PREFILL_AVX2)
-#if defined(__AVX512BF16__)
-  if (x.dtype() == DType::bf16) return 0;  // vdpbf16ps pairs: linear_invariant.cpp
-#endif
   const int64_t N = w.size(0), K = w.size(1), M = x.numel() / K / kMC * kMC;
-  if (M < prefill_rows(K)) return 0;
+  bool done = false;
   dispatch_linear(y, x, bias, [&]<typename T, typename Y, typename B>(const B* b) {
+    if (M < prefill_rows<T>(K)) return;
     linear_panels<T, Y, B>(y.data_as<Y>(), x.data_as<const T>(), w.data_as<const T>(), b, M, N, K);
+    done = true;
   });
-  return M;
+  return done ? M : 0;
 #else
   (void)y, (void)x, (void)w, (void)bias;
   return 0;

@@ -14,8 +14,7 @@ namespace loom::kernels::cpu::LOOM_ISA {
 // The first rows of y = x @ w^T + bias, with the bits of linear_invariant.cpp's
 // dot-product tiles, for operands ops.h has checked (K, N > 0): a multiple
 // of the tile's rows, or none where there are few rows or this level has no
-// such path for x's dtype (the generic level; bf16 operands with
-// AVX512_BF16, whose pairs another form cannot follow). Returns how many.
+// such path (the generic level). Returns how many.
 int64_t linear_prefill(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
 
 }  // namespace loom::kernels::cpu::LOOM_ISA
