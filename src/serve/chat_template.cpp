@@ -122,10 +122,12 @@ ChatTemplate ChatTemplate::from_file(const std::string& path, const std::string&
 std::function<std::string(const json&, bool)> chat_renderer(const ChatTemplate& t) {
   auto compiled = std::make_shared<const jinja::Template>(jinja::Template::parse(t.source));
   return [compiled, bos = t.bos_token, eos = t.eos_token](const json& messages, bool add_generation_prompt) {
-    return compiled->render({{"messages", messages},
-                             {"add_generation_prompt", add_generation_prompt},
-                             {"bos_token", bos},
-                             {"eos_token", eos}});
+    // The variables transformers' apply_chat_template gives: tools and
+    // documents are None when there are none (templates test `is not none`).
+    nlohmann::ordered_json variables = {{"messages", messages}, {"tools", nullptr}, {"documents", nullptr},
+                                        {"add_generation_prompt", add_generation_prompt}, {"bos_token", bos},
+                                        {"eos_token", eos}};
+    return compiled->render(variables);
   };
 }
 

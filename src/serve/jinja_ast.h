@@ -16,7 +16,7 @@
 
 namespace loom::serve::jinja {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Nesting limit for blocks, brackets and expression trees: a malformed or
 // hostile template gets an error, not a stack overflow (parse, render and
@@ -80,20 +80,34 @@ struct Expr {
   int depth = 1;                 // of this tree; at most kMaxDepth
 };
 
-enum class StmtKind : uint8_t { Text, Output, If, For, Set, SetBlock, Break, Continue };
+enum class StmtKind : uint8_t {
+  Text, Output, If, For, Set, SetBlock, Break, Continue, Macro, CallBlock, FilterBlock, Block
+};
 
 // If: exprs are the conditions, bodies one per condition plus an optional
 // else. For: exprs = {iterable, filter or null}, bodies = {body, else},
-// targets the loop variables. Set: targets = {name} or {namespace, attr},
-// exprs = {value}. SetBlock: targets = {name}, bodies = {body}.
+// targets the loop variables. Set: targets = {name} or {namespace, attr}
+// (or with kUnpack, names a value unpacks to), exprs = {value}. SetBlock:
+// targets = {name}, bodies = {body}. Macro: text = its name, targets = the
+// parameters, exprs = their defaults (null: none), bodies = {body}, flags.
+// CallBlock: exprs = {the call, then the defaults of caller's parameters},
+// targets = caller's parameters, bodies = {caller's body}. FilterBlock:
+// exprs = {filters applied to the name kBlockText}, bodies = {body}. Block
+// ({% generation %}): bodies = {body}, run in a scope of its own.
 struct Stmt {
+  enum Flags : uint8_t { kUnpack = 1, kVarargs = 2, kKwargs = 4, kCaller = 8 };
   StmtKind kind;
   Pos pos;
   std::string text;
   std::vector<ExprPtr> exprs;
   std::vector<std::vector<Stmt>> bodies;
   std::vector<std::string> targets;
+  uint8_t flags = 0;
 };
+
+// The name a {% filter %} block's captured text has in its filter chain (no
+// template can write it).
+inline constexpr std::string_view kBlockText = "\x01" "block";
 
 using Body = std::vector<Stmt>;
 

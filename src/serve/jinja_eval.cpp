@@ -22,8 +22,8 @@ void Args::check(std::string_view callee, std::initializer_list<std::string_view
   }
 }
 
-Renderer::Renderer(const json& variables)
-    : variables_(Value::from(std::shared_ptr<const json>(&variables, [](const json*) {}))) {
+Renderer::Renderer(const json& variables, const Options& options)
+    : variables_(Value::from(std::shared_ptr<const json>(&variables, [](const json*) {}))), options_(options) {
   frames_.emplace_back();
 }
 
@@ -57,6 +57,19 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& s, std::string& out) {
       case StmtKind::SetBlock: exec_set(s, out); break;
       case StmtKind::Break: return Flow::Break;
       case StmtKind::Continue: return Flow::Continue;
+      case StmtKind::Macro: {
+        Value& macro = frames_.back()[s.text];
+        macro = Value::function(s.text);
+        macro.macro = &s;
+        break;
+      }
+      case StmtKind::CallBlock: exec_call_block(s, out); break;
+      case StmtKind::FilterBlock: exec_filter_block(s, out); break;
+      case StmtKind::Block:
+        frames_.emplace_back();
+        exec(s.bodies[0], out);
+        frames_.pop_back();
+        break;
     }
   } catch (const EvalError& e) {
     fail_at(s.pos, e.what());
@@ -127,8 +140,8 @@ void Renderer::exec_set(const Stmt& s, std::string& out) {
   } else {
     value = eval(*s.exprs[0]);
   }
-  if (s.targets.size() == 1) {
-    frames_.back()[s.targets[0]] = std::move(value);
+  if (s.targets.size() == 1 || (s.flags & Stmt::kUnpack) != 0) {
+    bind(frames_.back(), s.targets, value);
     return;
   }
   const Value ns = lookup(s.targets[0]);
@@ -214,8 +227,28 @@ Value Renderer::eval_node(const Expr& e) {
 
 Args Renderer::eval_args(const Expr& e) {
   Args args;
-  for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
-  for (const auto& [name, value] : e.kwargs) args.named.emplace_back(name, eval(*value));
+  for (size_t i = 1; i < e.args.size(); ++i) {
+    const Expr& arg = *e.args[i];
+    if (arg.kind != ExprKind::Unary || arg.name != "*") {
+      args.positional.push_back(eval(arg));
+      continue;
+    }
+    const Value spread = eval(*arg.args[0]);  // f(*xs): xs's items
+    if (!spread.is_data() || spread.j().is_number() || spread.j().is_boolean() || spread.j().is_null())
+      eval_fail("argument after * must be an iterable, not ", type_name(spread));
+    for (Value& item : iterate(spread)) args.positional.push_back(std::move(item));
+  }
+  for (const auto& [name, value] : e.kwargs) {
+    if (name != "**") {
+      args.named.emplace_back(name, eval(*value));
+      continue;
+    }
+    const Value spread = eval(*value);  // f(**d): d's items
+    if (!spread.is_data() || !spread.j().is_object())
+      eval_fail("argument after ** must be a mapping, not ", type_name(spread));
+    for (auto it = spread.j().begin(); it != spread.j().end(); ++it)
+      args.named.emplace_back(it.key(), Value::alias(spread, it.value()));
+  }
   return args;
 }
 
@@ -227,8 +260,9 @@ Value Renderer::eval_call(const Expr& e) {
     return call_method(object, callee.name, eval_args(e));
   }
   const Value f = eval(callee);
+  if (f.kind == Value::Kind::Function && f.macro != nullptr) return call_macro(f, eval_args(e), nullptr);
   if (f.kind == Value::Kind::Function) {
-    Value result = call_global(f.name, eval_args(e));
+    Value result = call_global(f.name, eval_args(e), options_.now_unix);
     if (result.kind == Value::Kind::Object) namespaces_.push_back(result.object);
     return result;
   }
@@ -268,6 +302,98 @@ Value Renderer::eval_collection(const Expr& e) {
     result[key.str()] = to_data(eval(*e.args[++i]));
   }
   return Value::of(std::move(result));
+}
+
+void Renderer::exec_call_block(const Stmt& s, std::string& out) {
+  const Expr& call = *s.exprs[0];
+  const Value f = eval(*call.args[0]);
+  if (f.kind != Value::Kind::Function || f.macro == nullptr) {
+    if (f.is_undefined()) f.fail_undefined();
+    eval_fail("a call block calls a macro, not a ", type_name(f));
+  }
+  // caller() runs the block's body in this scope, which call_macro is about
+  // to leave for the macro's: it is outer_'s next entry then.
+  Value caller = Value::function("caller");
+  caller.macro = &s;
+  caller.scope = outer_.size() + 1;
+  out += to_str(call_macro(f, eval_args(call), &caller));
+}
+
+void Renderer::exec_filter_block(const Stmt& s, std::string& out) {
+  std::string captured;
+  frames_.emplace_back();
+  exec(s.bodies[0], captured);
+  frames_.back()[std::string(kBlockText)] = Value::of(std::move(captured));
+  out += to_str(eval(*s.exprs[0]));
+  frames_.pop_back();
+}
+
+Value Renderer::call_macro(const Value& macro, const Args& args, const Value* caller) {
+  if (outer_.size() >= static_cast<size_t>(kMaxDepth))
+    eval_fail("macros call each other more than ", kMaxDepth, " levels deep");
+  const Stmt& m = *macro.macro;
+  // A macro sees the template's top level; caller() its call block's scope.
+  std::vector<Frame> scope;
+  if (m.kind == StmtKind::CallBlock) {
+    scope = outer_.at(macro.scope - 1);
+  } else {
+    scope.push_back(frames_.front());
+  }
+  scope.emplace_back();
+  outer_.push_back(std::move(frames_));
+  frames_ = std::move(scope);
+  std::string out;
+  try {
+    bind_params(m, args, caller);
+    exec(m.bodies[0], out);
+  } catch (...) {
+    frames_ = std::move(outer_.back());
+    outer_.pop_back();
+    throw;
+  }
+  frames_ = std::move(outer_.back());
+  outer_.pop_back();
+  return Value::of(std::move(out));
+}
+
+// Python's binding of a call's arguments to the parameters, as jinja2's
+// Macro: extra positional ones to varargs and unknown names to kwargs where
+// the body reads them, an error otherwise; a missing one is undefined.
+void Renderer::bind_params(const Stmt& m, const Args& args, const Value* caller) {
+  const bool is_caller = m.kind == StmtKind::CallBlock;
+  const std::string what = is_caller ? std::string("caller") : concat("macro '", m.text, "'");
+  Frame& frame = frames_.back();
+  const size_t n = m.targets.size();
+  if (args.positional.size() > n && (m.flags & Stmt::kVarargs) == 0)
+    eval_fail(what, " takes not more than ", n, " argument(s)");
+  json varargs = json::array(), kwargs = json::object();
+  for (size_t i = n; i < args.positional.size(); ++i) varargs.push_back(to_data(args.positional[i]));
+  std::vector<bool> given(n, false);
+  for (size_t i = 0; i < std::min(n, args.positional.size()); ++i) frame[m.targets[i]] = args.positional[i], given[i] = true;
+  for (const auto& [key, value] : args.named) {
+    const auto it = std::find(m.targets.begin(), m.targets.end(), key);
+    if (it != m.targets.end()) {
+      const auto k = static_cast<size_t>(it - m.targets.begin());
+      if (given[k]) eval_fail(what, " got multiple values for argument '", key, "'");
+      frame[key] = value, given[k] = true;
+    } else if (key == "caller" && !is_caller) {
+      eval_fail(what, " takes no keyword argument 'caller'");
+    } else if ((m.flags & Stmt::kKwargs) != 0) {
+      kwargs[key] = to_data(value);
+    } else {
+      eval_fail(what, " takes no keyword argument '", key, "'");
+    }
+  }
+  const size_t first_default = is_caller ? 1 : 0;  // a call block's exprs start with the call
+  for (size_t k = 0; k < n; ++k) {
+    if (given[k]) continue;
+    const Expr* fallback = m.exprs[first_default + k].get();
+    frame[m.targets[k]] = fallback != nullptr ? eval(*fallback)
+                                              : Value::undefined(concat("parameter '", m.targets[k], "' was not provided"));
+  }
+  if ((m.flags & Stmt::kVarargs) != 0) frame["varargs"] = Value::of(std::move(varargs));
+  if ((m.flags & Stmt::kKwargs) != 0) frame["kwargs"] = Value::of(std::move(kwargs));
+  if (caller != nullptr) frame["caller"] = *caller;
 }
 
 }  // namespace loom::serve::jinja

@@ -35,7 +35,7 @@ struct Args {
 
 class Renderer {
  public:
-  explicit Renderer(const json& variables);
+  Renderer(const json& variables, const Options& options);
   ~Renderer();
   Renderer(const Renderer&) = delete;
   Renderer& operator=(const Renderer&) = delete;
@@ -50,6 +50,12 @@ class Renderer {
   Flow exec_stmt(const Stmt& s, std::string& out);
   Flow exec_for(const Stmt& s, std::string& out);
   void exec_set(const Stmt& s, std::string& out);
+  void exec_call_block(const Stmt& s, std::string& out);
+  void exec_filter_block(const Stmt& s, std::string& out);
+  // Runs a macro (or a call block's caller) with args, in its own scope: the
+  // template's top level for a macro, the call block's for caller.
+  Value call_macro(const Value& macro, const Args& args, const Value* caller);
+  void bind_params(const Stmt& m, const Args& args, const Value* caller);
   void bind(Frame& frame, const std::vector<std::string>& targets, const Value& item);
   Value eval_node(const Expr& e);
   Value eval_call(const Expr& e);
@@ -58,8 +64,13 @@ class Renderer {
   Args eval_args(const Expr& e);
   Value lookup(const std::string& name) const;
 
+  CallableTable callables_;
   Value variables_;
+  Options options_;
   std::vector<Frame> frames_;
+  // The scopes macro calls left, innermost last: caller() runs in the one
+  // its call block was in (Value::scope, 1-based).
+  std::vector<std::vector<Frame>> outer_;
   uint64_t iterations_ = 0;
   // Every namespace() made: `{% set ns.self = ns %}` is a reference cycle,
   // broken when the render ends.
@@ -78,6 +89,7 @@ Value apply_filter(const std::string& name, const Value& subject, const Args& ar
 bool apply_test(const std::string& name, const Value& subject, const Args& args);
 Value call_method(const Value& subject, const std::string& name, const Args& args);
 bool is_global(std::string_view name);
-Value call_global(const std::string& name, const Args& args);
+// now_unix: strftime_now()'s time (Options::now_unix).
+Value call_global(const std::string& name, const Args& args, int64_t now_unix);
 
 }  // namespace loom::serve::jinja

@@ -2,8 +2,9 @@
 // signatures and behaviour on undefined values (jinja2/filters.py, tests.py).
 // select/reject/map give lists where jinja2 gives generators: the same
 // items once listed, joined or counted; printed, they show as a list.
-// tojson, safe and escape give Markup (Value::safe), and the filters that
-// keep Markup in jinja2 (trim, upper, string, ...) keep it here.
+// safe and escape give Markup (Value::safe), and the filters that keep
+// Markup in jinja2 (trim, upper, string, ...) keep it here; tojson is
+// transformers' (a plain str).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -179,12 +180,110 @@ Value f_replace(const Value& v, const Args& a) {
   return Value::of(out);
 }
 
+// transformers' tojson(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False): json.dumps with those arguments, a plain str.
 Value f_tojson(const Value& v, const Args& a) {
-  a.check("tojson", {"indent"});
-  const Value* indent = a.get(0, "indent");
-  if (is_none(indent)) return Value::markup(to_json(v, -1));
-  if (!indent->is_data() || !is_int(indent->j())) eval_fail("tojson(): loom's jinja takes an integer indent");
-  return Value::markup(to_json(v, std::max<int64_t>(0, as_int(indent->j()))));
+  a.check("tojson", {"ensure_ascii", "indent", "separators", "sort_keys"});
+  JsonFormat f;
+  const Value* ascii = a.get(0, "ensure_ascii");
+  const Value* indent = a.get(1, "indent");
+  const Value* separators = a.get(2, "separators");
+  const Value* sort_keys = a.get(3, "sort_keys");
+  f.ensure_ascii = ascii != nullptr && truthy(*ascii);
+  f.sort_keys = sort_keys != nullptr && truthy(*sort_keys);
+  if (!is_none(indent)) {
+    if (indent->is_string()) {
+      f.indent = indent->str();
+    } else if (indent->is_data() && is_int(indent->j())) {
+      const int64_t n = as_int(indent->j());
+      if (n > 64) eval_fail("tojson(): indent ", n, " is over loom's limit of 64");
+      f.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, n)), ' ');
+    } else {
+      eval_fail("tojson(): indent must be an integer or a string, not ", type_name(*indent));
+    }
+    f.item_separator = ",";
+  }
+  if (!is_none(separators)) {
+    const std::vector<Value> parts = separators->is_data() && separators->j().is_array() ? iterate(*separators)
+                                                                                          : std::vector<Value>{};
+    if (parts.size() != 2 || !parts[0].is_string() || !parts[1].is_string())
+      eval_fail("tojson(): separators must be a pair of strings (item, key)");
+    f.item_separator = parts[0].str();
+    f.key_separator = parts[1].str();
+  }
+  return Value::of(to_json(v, f));
+}
+
+// jinja2's indent(s, width=4, first=False, blank=False): a newline appended,
+// then the lines (splitlines) after the first indented, empty ones too only
+// with blank.
+Value f_indent(const Value& v, const Args& a) {
+  a.check("indent", {"width", "first", "blank"});
+  const Value* width = a.get(0, "width");
+  const Value* first = a.get(1, "first");
+  const Value* blank = a.get(2, "blank");
+  std::string pad(4, ' ');
+  if (width != nullptr && width->is_string()) {
+    pad = width->str();
+  } else if (width != nullptr) {
+    if (!width->is_data() || !is_int(width->j())) eval_fail("indent(): width must be an integer or a string");
+    const int64_t n = as_int(width->j());
+    if (n > 1024) eval_fail("indent(): width ", n, " is over loom's limit of 1024");
+    pad.assign(static_cast<size_t>(std::max<int64_t>(0, n)), ' ');
+  }
+  std::string subject = to_str(v);
+  subject += '\n';
+  const std::vector<std::string> lines = text::splitlines(subject);
+  std::string out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0) out += '\n';
+    if (i > 0 && (!lines[i].empty() || (blank != nullptr && truthy(*blank)))) out += pad;
+    out += lines[i];
+    if (out.size() > kMaxSize) eval_fail("indent(): the result is over ", kMaxSize, " bytes");
+  }
+  if (first != nullptr && truthy(*first)) out.insert(0, pad);
+  return v.same_safety(std::move(out));
+}
+
+// The key unique and dictsort compare: str lower-cased unless case_sensitive.
+Value fold_key(Value key, const Value* case_sensitive) {
+  if ((case_sensitive == nullptr || !truthy(*case_sensitive)) && key.is_string()) return Value::of(text::lower(key.str()));
+  return key;
+}
+
+Value f_unique(const Value& v, const Args& a) {
+  a.check("unique", {"case_sensitive", "attribute"});
+  const Value* attribute = a.get(1, "attribute");
+  std::vector<Value> seen, kept;
+  for (const Value& item : iterate(v)) {
+    const Value key = fold_key(is_none(attribute) ? item : attr_path(item, to_str(*attribute)), a.get(0, "case_sensitive"));
+    if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equal(s, key); })) continue;
+    seen.push_back(key);
+    kept.push_back(item);
+  }
+  return list_of(kept);
+}
+
+// dictsort(value, case_sensitive=False, by='key', reverse=False): the
+// (key, value) pairs, sorted (stable) by either.
+Value f_dictsort(const Value& v, const Args& a) {
+  a.check("dictsort", {"case_sensitive", "by", "reverse"});
+  const Value* by = a.get(1, "by");
+  const Value* reverse = a.get(2, "reverse");
+  const std::string what = by != nullptr ? to_str(*by) : "key";
+  if (what != "key" && what != "value") eval_fail("You can only sort by either \"key\" or \"value\"");
+  if (!v.is_data() || !v.j().is_object()) eval_fail("dictsort(): ", type_name(v), " is not a mapping");
+  std::vector<std::pair<Value, json>> keyed;
+  for (auto it = v.j().begin(); it != v.j().end(); ++it)
+    keyed.emplace_back(fold_key(what == "key" ? Value::of(it.key()) : Value::alias(v, it.value()), a.get(0, "case_sensitive")),
+                       json::array({it.key(), it.value()}));
+  const bool descending = reverse != nullptr && truthy(*reverse);
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
+    return descending ? order(y.first, x.first, "<") < 0 : order(x.first, y.first, "<") < 0;
+  });
+  json out = json::array();
+  for (auto& [key, pair] : keyed) out.push_back(std::move(pair));
+  return Value::of(std::move(out));
 }
 
 Value f_items(const Value& v, const Args& a) {
@@ -302,6 +401,8 @@ const std::map<std::string_view, FilterFn>& filters() {
   static const std::map<std::string_view, FilterFn> table = {
       {"abs", f_abs},          {"capitalize", f_case<text::capitalize>},
       {"count", f_length},     {"d", f_default},
+      {"dictsort", f_dictsort}, {"indent", f_indent},
+      {"unique", f_unique},
       {"default", f_default},  {"e", f_escape},
       {"escape", f_escape},    {"first", f_first},
       {"float", f_float},      {"int", f_int},

@@ -1,11 +1,12 @@
 // Methods templates call on values ('x'.strip(), d.items(), loop.cycle())
 // and the global functions: range() (with jinja2's sandbox limit),
-// namespace(), dict() and transformers' raise_exception(). Lists have no
-// methods: the immutable sandbox transformers uses refuses append and the
-// like. strftime_now() is left out: a template that checks
-// `strftime_now is defined` takes its fallback.
+// namespace(), dict() and transformers' raise_exception() and
+// strftime_now(). Lists have no methods: the immutable sandbox transformers
+// uses refuses append and the like.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <ctime>
 
 #include "serve/jinja_eval.h"
 #include "serve/jinja_text.h"
@@ -155,7 +156,8 @@ Value call_method(const Value& subject, const std::string& name, const Args& a) 
 }
 
 bool is_global(std::string_view name) {
-  return name == "range" || name == "namespace" || name == "dict" || name == "raise_exception";
+  return name == "range" || name == "namespace" || name == "dict" || name == "raise_exception" ||
+         name == "strftime_now";
 }
 
 namespace {
@@ -200,8 +202,33 @@ Value make_namespace(const Args& a) {
 
 }  // namespace
 
-Value call_global(const std::string& name, const Args& a) {
+// transformers' strftime_now(format): datetime.now().strftime(format), in the
+// C locale; now_unix >= 0 fixes the time (read as UTC).
+Value strftime_now(const Args& a, int64_t now_unix) {
+  a.check("strftime_now", {"format"});
+  const Value* format = a.get(0, "format");
+  if (format == nullptr || !format->is_string()) eval_fail("strftime_now() takes a format string");
+  const auto now = std::chrono::system_clock::now();
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  const std::time_t t = now_unix >= 0 ? static_cast<std::time_t>(now_unix) : std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  if (now_unix >= 0 ? gmtime_r(&t, &tm) == nullptr : localtime_r(&t, &tm) == nullptr)
+    eval_fail("strftime_now(): the time is out of range");
+  std::string spec = format->str();  // datetime's %f (microseconds), which C's strftime lacks
+  char micro_digits[8];
+  std::snprintf(micro_digits, sizeof micro_digits, "%06d", now_unix >= 0 ? 0 : static_cast<int>(micros));
+  for (size_t at = 0; (at = spec.find('%', at)) != std::string::npos; at += 2) {
+    if (at + 1 < spec.size() && spec[at + 1] == 'f') spec.replace(at, 2, micro_digits), at += 4;
+  }
+  if (spec.size() > 4096 || spec.find('\0') != std::string::npos) eval_fail("strftime_now(): bad format");
+  std::string out(spec.size() * 16 + 64, '\0');
+  out.resize(std::strftime(out.data(), out.size(), spec.c_str(), &tm));
+  return Value::of(std::move(out));
+}
+
+Value call_global(const std::string& name, const Args& a, int64_t now_unix) {
   if (name == "range") return range(a);
+  if (name == "strftime_now") return strftime_now(a, now_unix);
   if (name == "namespace") return make_namespace(a);
   if (name == "raise_exception") {
     a.check(name, {"message"});

@@ -1,5 +1,6 @@
 // Statements: text, {{ output }}, if/elif/else, for (targets, filter, else),
-// set (name, namespace attribute, block), break/continue.
+// set (names, namespace attribute, block), break/continue, macro, call,
+// filter, and transformers' generation block.
 #include <algorithm>
 
 #include "serve/jinja_parse.h"
@@ -9,12 +10,33 @@ namespace loom::serve::jinja {
 namespace {
 
 // jinja2 tags loom's subset leaves out: named in the error, unlike a typo.
-constexpr std::string_view kUnsupportedTags[] = {"macro",   "call", "filter",     "with",      "include", "import",
-                                                 "from",    "extends", "block",   "raw",       "autoescape", "do",
-                                                 "generation", "trans", "pluralize", "endraw"};
+constexpr std::string_view kUnsupportedTags[] = {"with", "include", "import",     "from",  "extends",   "block", "raw",
+                                                 "autoescape", "do", "trans", "pluralize", "endraw"};
 
 bool is_constant_name(std::string_view n) {
   return n == "true" || n == "false" || n == "none" || n == "True" || n == "False" || n == "None";
+}
+
+bool mentions(const Expr* e, std::string_view name) {
+  if (e == nullptr) return false;
+  if (e->kind == ExprKind::Name && e->name == name) return true;
+  for (const ExprPtr& arg : e->args)
+    if (mentions(arg.get(), name)) return true;
+  for (const auto& [key, value] : e->kwargs)
+    if (mentions(value.get(), name)) return true;
+  return false;
+}
+
+// Whether a name is read anywhere in body (jinja2 gives a macro varargs,
+// kwargs and caller only where its body reads them).
+bool mentions(const Body& body, std::string_view name) {
+  for (const Stmt& s : body) {
+    for (const ExprPtr& e : s.exprs)
+      if (mentions(e.get(), name)) return true;
+    for (const Body& inner : s.bodies)
+      if (mentions(inner, name)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -114,6 +136,14 @@ void Parser::parse_statement(Body& body, const Token& tag) {
     body.push_back(parse_for(tag.pos));
   } else if (name == "set") {
     body.push_back(parse_set(tag.pos));
+  } else if (name == "macro") {
+    body.push_back(parse_macro(tag.pos));
+  } else if (name == "call") {
+    body.push_back(parse_call_block(tag.pos));
+  } else if (name == "filter") {
+    body.push_back(parse_filter_block(tag.pos));
+  } else if (name == "generation") {
+    body.push_back(parse_scope_block(tag.pos, "endgeneration"));
   } else if (name == "break" || name == "continue") {
     if (loops_ == 0) fail_at(tag.pos, concat("'", name, "' outside a for loop"));
     expect_block_end();
@@ -123,7 +153,9 @@ void Parser::parse_statement(Body& body, const Token& tag) {
   } else if (std::find(std::begin(kUnsupportedTags), std::end(kUnsupportedTags), name) != std::end(kUnsupportedTags)) {
     fail_at(tag.pos, concat("the '", name, "' tag is not supported by loom's jinja"));
   } else {
-    fail_at(tag.pos, concat("unknown tag '", name, "' (loom's jinja has if, elif, else, for, set, break, continue)"));
+    fail_at(tag.pos, concat("unknown tag '", name,
+                            "' (loom's jinja has if, elif, else, for, set, break, continue, macro, call, filter, "
+                            "generation)"));
   }
 }
 
@@ -187,17 +219,46 @@ Stmt Parser::parse_for(Pos pos) {
 Stmt Parser::parse_set(Pos pos) {
   const Token& opener = tokens_[at_ - 1];
   Stmt s{StmtKind::Set, pos, {}, {}, {}, {}};
-  s.targets.push_back(expect_name());
+  if (at_op("(")) {  // {% set (a, b) = pair %}
+    next();
+    s.flags |= Stmt::kUnpack;
+    do {
+      if (!s.targets.empty()) next();
+      s.targets.push_back(expect_name());
+      if (is_constant_name(s.targets.back())) fail_at(pos, concat("cannot assign to '", s.targets.back(), "'"));
+    } while (at_op(","));
+    expect_op(")");
+    if (!at_op("=")) fail_here("expected '='");
+  } else {
+    s.targets.push_back(expect_name());
+  }
   if (is_constant_name(s.targets.back())) fail_at(pos, concat("cannot assign to '", s.targets.back(), "'"));
   if (at_op(".")) {
     next();
     s.targets.push_back(expect_name());
   }
-  if (at_op(",")) fail_here("assigning several names at once is not supported by loom's jinja");
+  if (s.targets.size() == 1 && (s.flags & Stmt::kUnpack) == 0 && at_op(",")) {  // {% set a, b = pair %}
+    s.flags |= Stmt::kUnpack;
+    while (at_op(",")) {
+      next();
+      s.targets.push_back(expect_name());
+      if (is_constant_name(s.targets.back())) fail_at(pos, concat("cannot assign to '", s.targets.back(), "'"));
+    }
+    if (!at_op("=")) fail_here("expected '='");
+  }
   if (at_op("=")) {
     next();
     s.exprs.push_back(parse_expression());
-    if (at_op(",")) fail_here("tuples are not supported by loom's jinja");
+    if (at_op(",")) {  // {% set x = 1, 2 %}: a tuple, which loom keeps as a list
+      std::vector<ExprPtr> items;
+      items.push_back(std::move(s.exprs[0]));
+      while (at_op(",")) {
+        next();
+        if (peek().kind == Tok::BlockEnd) break;
+        items.push_back(parse_expression());
+      }
+      s.exprs[0] = node(ExprKind::List, pos, std::move(items));
+    }
     expect_block_end();
     return s;
   }
@@ -210,6 +271,87 @@ Stmt Parser::parse_set(Pos pos) {
     return s;
   }
   fail_here("expected '='");
+}
+
+// '(' name [= default], ... ')': a macro's or caller's parameters.
+void Parser::parse_params(std::vector<std::string>& names, std::vector<ExprPtr>& defaults) {
+  expect_op("(");
+  while (!at_op(")")) {
+    if (!names.empty()) expect_op(",");
+    const Pos pos = peek().pos;
+    names.push_back(expect_name());
+    if (is_constant_name(names.back())) fail_at(pos, concat("cannot assign to '", names.back(), "'"));
+    if (at_op("=")) {
+      next();
+      defaults.push_back(parse_expression());
+    } else {
+      if (!defaults.empty() && defaults.back()) fail_at(pos, "non-default argument follows default argument");
+      defaults.emplace_back();
+    }
+  }
+  next();
+}
+
+Stmt Parser::parse_macro(Pos pos) {
+  const Token& opener = tokens_[at_ - 1];
+  Stmt s{StmtKind::Macro, pos, expect_name(), {}, {}, {}};
+  parse_params(s.targets, s.exprs);
+  expect_block_end();
+  const int loops = loops_;
+  loops_ = 0;  // a loop around the macro is not the body's
+  s.bodies.push_back(parse_body({"endmacro"}, &opener));
+  loops_ = loops;
+  next();
+  expect_block_end();
+  if (mentions(s.bodies[0], "varargs")) s.flags |= Stmt::kVarargs;
+  if (mentions(s.bodies[0], "kwargs")) s.flags |= Stmt::kKwargs;
+  if (mentions(s.bodies[0], "caller")) s.flags |= Stmt::kCaller;
+  return s;
+}
+
+Stmt Parser::parse_call_block(Pos pos) {
+  const Token& opener = tokens_[at_ - 1];
+  Stmt s{StmtKind::CallBlock, pos, {}, {}, {}, {}};
+  std::vector<ExprPtr> defaults;
+  if (at_op("(")) parse_params(s.targets, defaults);
+  const Pos at = peek().pos;
+  s.exprs.push_back(parse_expression());
+  if (s.exprs[0]->kind != ExprKind::Call) fail_at(at, "expected a macro call after 'call'");
+  for (ExprPtr& d : defaults) s.exprs.push_back(std::move(d));
+  expect_block_end();
+  const int loops = loops_;
+  loops_ = 0;
+  s.bodies.push_back(parse_body({"endcall"}, &opener));
+  loops_ = loops;
+  next();
+  expect_block_end();
+  if (mentions(s.bodies[0], "varargs")) s.flags |= Stmt::kVarargs;
+  if (mentions(s.bodies[0], "kwargs")) s.flags |= Stmt::kKwargs;
+  return s;
+}
+
+Stmt Parser::parse_filter_block(Pos pos) {
+  const Token& opener = tokens_[at_ - 1];
+  Stmt s{StmtKind::FilterBlock, pos, {}, {}, {}, {}};
+  ExprPtr e = node(ExprKind::Name, pos, {}, std::string(kBlockText));
+  e = parse_filter(std::move(e), false);
+  while (at_op("|")) e = parse_filter(std::move(e));
+  s.exprs.push_back(std::move(e));
+  expect_block_end();
+  s.bodies.push_back(parse_body({"endfilter"}, &opener));
+  next();
+  expect_block_end();
+  return s;
+}
+
+Stmt Parser::parse_scope_block(Pos pos, std::string_view end) {
+  const Token& opener = tokens_[at_ - 1];
+  Stmt s{StmtKind::Block, pos, {}, {}, {}, {}};
+  expect_block_end();
+  s.bodies.push_back(parse_body({end}, &opener));
+  next();
+  expect_block_end();
+  return s;
 }
 
 Body parse_tokens(const std::vector<Token>& tokens) { return Parser(tokens).parse_template(); }

@@ -39,6 +39,11 @@ class Parser {
   Stmt parse_if(Pos pos);
   Stmt parse_for(Pos pos);
   Stmt parse_set(Pos pos);
+  Stmt parse_macro(Pos pos);
+  Stmt parse_call_block(Pos pos);
+  Stmt parse_filter_block(Pos pos);
+  Stmt parse_scope_block(Pos pos, std::string_view end);
+  void parse_params(std::vector<std::string>& names, std::vector<ExprPtr>& defaults);
   void expect_block_end();
 
   // Expressions (jinja_parse_expr.cpp).
@@ -59,7 +64,7 @@ class Parser {
   ExprPtr parse_postfix(ExprPtr e);
   ExprPtr parse_subscript(ExprPtr e);
   ExprPtr parse_filters(ExprPtr e);
-  ExprPtr parse_filter(ExprPtr e);
+  ExprPtr parse_filter(ExprPtr e, bool piped = true);
   ExprPtr parse_test(ExprPtr e);
   void parse_call_args(Expr& call);
   ExprPtr node(ExprKind kind, Pos pos, std::vector<ExprPtr> args, std::string name = {});

@@ -310,8 +310,8 @@ std::string Parser::expect_dotted_name() {
   return name;
 }
 
-ExprPtr Parser::parse_filter(ExprPtr e) {
-  next();  // '|'
+ExprPtr Parser::parse_filter(ExprPtr e, bool piped) {
+  if (piped) next();  // '|'
   const Pos pos = peek().pos;
   const std::string name = expect_dotted_name();
   if (!has_filter(name)) fail_at(pos, concat("unknown filter '", name, "'"));
@@ -361,8 +361,17 @@ void Parser::parse_call_args(Expr& call) {
       if (at_op(")")) break;
     }
     first = false;
-    if (at_op("*") || at_op("**")) fail_here("*args and **kwargs are not supported by loom's jinja");
-    if (peek().kind == Tok::Name && peek(1).kind == Tok::Op && peek(1).text == "=") {
+    if (at_op("*") || at_op("**")) {  // f(*xs), f(**d): a Unary "*" among args, "**" among kwargs
+      const Token& star = next();
+      ExprPtr spread = parse_expression();
+      if (star.text == "**") {
+        call.kwargs.emplace_back("**", std::move(spread));
+      } else {
+        std::vector<ExprPtr> inner;
+        inner.push_back(std::move(spread));
+        call.args.push_back(node(ExprKind::Unary, star.pos, std::move(inner), "*"));
+      }
+    } else if (peek().kind == Tok::Name && peek(1).kind == Tok::Op && peek(1).text == "=") {
       std::string name = next().text;
       next();
       call.kwargs.emplace_back(std::move(name), parse_expression());

@@ -304,4 +304,24 @@ std::string repr(std::string_view s) {
   return out;
 }
 
+std::vector<std::string> splitlines(std::string_view s) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t i = 0; i < s.size();) {
+    const auto [cp, len] = decode(s, i);
+    const bool end = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C || (cp >= 0x1C && cp <= 0x1E) ||
+                     cp == 0x85 || cp == 0x2028 || cp == 0x2029;
+    if (!end) {
+      i += len;
+      continue;
+    }
+    lines.emplace_back(s.substr(start, i - start));
+    i += len;
+    if (cp == '\r' && i < s.size() && s[i] == '\n') ++i;
+    start = i;
+  }
+  if (start < s.size()) lines.emplace_back(s.substr(start));
+  return lines;
+}
+
 }  // namespace loom::serve::jinja::text

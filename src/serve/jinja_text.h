@@ -35,6 +35,9 @@ std::string strip(std::string_view s, const std::string* chars, bool left, bool 
 // str.split: sep null splits on runs of whitespace; sep must not be empty.
 // maxsplit < 0: no limit.
 std::vector<std::string> split(std::string_view s, const std::string* sep, int64_t maxsplit);
+// str.splitlines(): lines without their ends (\n, \r, \r\n, \v, \f,
+// \x1c-\x1e, U+0085, U+2028, U+2029); no empty line after a last end.
+std::vector<std::string> splitlines(std::string_view s);
 // str.replace; count < 0: all.
 std::string replace(std::string_view s, std::string_view old, std::string_view with, int64_t count);
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "serve/jinja_text.h"
 
@@ -17,7 +18,35 @@ Value Value::from(std::shared_ptr<const json> j) {
   return v;
 }
 
+namespace {
+
+thread_local CallableTable* g_callables = nullptr;
+
+}  // namespace
+
+const Value* callable_of(const json& j) {
+  if (g_callables == nullptr || !j.is_object() || j.size() != 2) return nullptr;
+  const auto index = j.find(kCallableKey), nonce = j.find(kNonceKey);
+  if (index == j.end() || nonce == j.end() || !index->is_number_unsigned() || !nonce->is_number_unsigned() ||
+      nonce->get<uint64_t>() != g_callables->nonce || index->get<uint64_t>() >= g_callables->values.size())
+    return nullptr;
+  return &g_callables->values[index->get<uint64_t>()];
+}
+
+uint64_t random_u64() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) | rd();
+}
+
+CallableTable::CallableTable() : nonce(random_u64()) {
+  previous_ = g_callables;
+  g_callables = this;
+}
+
+CallableTable::~CallableTable() { g_callables = previous_; }
+
 Value Value::alias(const Value& parent, const json& element) {
+  if (const Value* callable = callable_of(element)) return *callable;
   return from(std::shared_ptr<const json>(parent.data, &element));
 }
 
@@ -94,10 +123,12 @@ bool json_equal(const json& a, const json& b) {
       if (!json_equal(a[i], b[i])) return false;
     return true;
   }
-  if (a.is_object()) {
+  if (a.is_object()) {  // Python's dicts are equal in any order
     if (a.size() != b.size()) return false;
-    for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib)
-      if (ia.key() != ib.key() || !json_equal(ia.value(), ib.value())) return false;
+    for (auto ia = a.begin(); ia != a.end(); ++ia) {
+      const auto ib = b.find(ia.key());
+      if (ib == b.end() || !json_equal(ia.value(), ib.value())) return false;
+    }
     return true;
   }
   return a == b;
@@ -128,7 +159,7 @@ std::string type_name(const Value& v) {
     case Value::Kind::Undefined: return "Undefined";
     case Value::Kind::Data: return json_type_name(v.j());
     case Value::Kind::Object: return v.object->type == Object::Type::Loop ? "LoopContext" : "Namespace";
-    case Value::Kind::Function: return "function";
+    case Value::Kind::Function: return v.macro != nullptr ? "Macro" : "function";
   }
   return "object";
 }
@@ -206,6 +237,7 @@ std::string float_repr(double x) {
 }
 
 std::string repr(const json& j) {
+  if (const Value* callable = callable_of(j)) return repr(*callable);
   switch (j.type()) {
     case json::value_t::null: return "None";
     case json::value_t::boolean: return j.get<bool>() ? "True" : "False";
@@ -244,7 +276,8 @@ std::string repr_at(const Value& v, int depth) {
   switch (v.kind) {
     case Value::Kind::Undefined: return "Undefined";
     case Value::Kind::Data: return repr(v.j());
-    case Value::Kind::Function: return concat("<function ", v.name, ">");
+    case Value::Kind::Function:
+      return v.macro != nullptr ? concat("<Macro '", v.name, "'>") : concat("<function ", v.name, ">");
     case Value::Kind::Object: break;
   }
   if (v.object->type == Object::Type::Loop) return "<LoopContext>";
@@ -305,6 +338,10 @@ size_t data_depth(const json& root) {
 }
 
 json to_data(const Value& v) {
+  if (v.kind == Value::Kind::Function && g_callables != nullptr) {
+    g_callables->values.push_back(v);
+    return json{{std::string(kCallableKey), g_callables->values.size() - 1}, {std::string(kNonceKey), g_callables->nonce}};
+  }
   if (v.is_data()) {
     if ((v.j().is_array() || v.j().is_object()) && data_depth(v.j()) >= kMaxDataDepth)
       eval_fail("loom's jinja keeps data at most ", kMaxDataDepth, " levels deep");
@@ -391,86 +428,5 @@ Value get_item(const Value& v, const Value& key) {
   return Value::undefined(concat("'", object_type_repr(v), "' has no element ", repr(key)));
 }
 
-namespace {
-
-void append_u16(std::string& out, uint32_t unit) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(unit));
-  out += buf;
-}
-
-// json.dumps(ensure_ascii=True) of a string, then jinja2's HTML-safe escapes.
-void dump_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (size_t i = 0; i < s.size();) {
-    const auto [cp, len] = text::decode(s, i);
-    i += len;
-    switch (cp) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      case '<': case '>': case '&': case '\'': append_u16(out, cp); continue;
-      default: break;
-    }
-    if (cp >= 0x20 && cp < 0x7F) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x10000) {
-      append_u16(out, cp);
-    } else {  // a UTF-16 surrogate pair, as Python writes it
-      append_u16(out, 0xD800 + ((cp - 0x10000) >> 10));
-      append_u16(out, 0xDC00 + ((cp - 0x10000) & 0x3FF));
-    }
-  }
-  out += '"';
-}
-
-void dump(std::string& out, const json& j, int64_t indent, int64_t level) {
-  const auto newline = [&](int64_t at) {
-    if (indent < 0) return;
-    out += '\n';
-    out.append(static_cast<size_t>(indent * at), ' ');
-  };
-  if (j.is_string()) return dump_string(out, j.get_ref<const std::string&>());
-  if (j.is_number_float()) {
-    const double x = j.get<double>();
-    out += std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "Infinity" : "-Infinity") : float_repr(x);
-    return;
-  }
-  if (!j.is_array() && !j.is_object()) {
-    out += j.is_null() ? "null" : j.is_boolean() ? (j.get<bool>() ? "true" : "false") : repr(j);
-    return;
-  }
-  if (j.empty()) {
-    out += j.is_array() ? "[]" : "{}";
-    return;
-  }
-  if (out.size() > kMaxSize) eval_fail("tojson: the result is over ", kMaxSize, " bytes");
-  out += j.is_array() ? '[' : '{';
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it != j.begin()) out += indent < 0 ? ", " : ",";
-    newline(level + 1);
-    if (j.is_object()) {
-      dump_string(out, it.key());
-      out += ": ";
-    }
-    dump(out, it.value(), indent, level + 1);
-  }
-  newline(level);
-  out += j.is_array() ? ']' : '}';
-}
-
-}  // namespace
-
-std::string to_json(const Value& v, int64_t indent) {
-  if (!v.is_data()) eval_fail("Object of type ", type_name(v), " is not JSON serializable");
-  if (indent > 64) eval_fail("tojson: indent ", indent, " is over loom's limit of 64");
-  std::string out;
-  dump(out, v.j(), indent, 0);
-  return out;
-}
 
 }  // namespace loom::serve::jinja

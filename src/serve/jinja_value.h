@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -19,7 +20,7 @@
 
 namespace loom::serve::jinja {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Strings and lists a template builds stay under this many bytes or items.
 constexpr size_t kMaxSize = size_t{1} << 26;
@@ -39,6 +40,7 @@ template <typename... Args>
 }
 
 struct Object;
+struct Stmt;
 
 struct Value {
   enum class Kind : uint8_t { Undefined, Data, Object, Function };
@@ -46,6 +48,10 @@ struct Value {
   std::shared_ptr<const json> data;  // Data
   std::shared_ptr<Object> object;    // Object
   std::string name;                  // Undefined: the error using it gives; Function: its name
+  // A macro (a Function): its {% macro %}, or the {% call %} block whose
+  // body `caller` runs, and then the scope it runs in (Renderer's).
+  const Stmt* macro = nullptr;
+  size_t scope = 0;
   // A str that is jinja2's Markup (from tojson, safe, escape): `+` with a
   // plain str HTML-escapes the plain one, as markupsafe does.
   bool safe = false;
@@ -104,12 +110,44 @@ bool equal(const Value& a, const Value& b);
 // op for types Python does not order (op is what the template wrote).
 int order(const Value& a, const Value& b, std::string_view op);
 
-// jinja2's tojson: json.dumps(sort_keys=True), ASCII only, '<' '>' '&' '''
-// escaped as \u003c...; indent < 0: on one line.
-std::string to_json(const Value& v, int64_t indent);
+// Python's json.dumps(v, ensure_ascii, indent, separators, sort_keys), the
+// tojson filter transformers installs: keys in their order unless sorted,
+// non-ASCII kept unless ensure_ascii, no HTML escapes (jinja2's own tojson
+// has them; chat templates get transformers').
+struct JsonFormat {
+  bool ensure_ascii = false;
+  std::optional<std::string> indent;  // per level; none: on one line
+  std::string item_separator = ", ";  // "," with an indent
+  std::string key_separator = ": ";
+  bool sort_keys = false;
+};
+std::string to_json(const Value& v, const JsonFormat& format);
 // v as an element of a list or dict a template builds; EvalError if v is
-// not data or nests kMaxDataDepth deep.
+// undefined, a namespace or loop, or nests kMaxDataDepth deep. A function or
+// macro becomes a marker of this render's CallableTable, which reading the
+// element turns back into it (templates keep macros in lists).
 json to_data(const Value& v);
+
+// The functions and macros a render has put into data, for as long as it
+// lives (one per render; Renderer holds it).
+inline constexpr std::string_view kCallableKey = "\x01" "callable";
+inline constexpr std::string_view kNonceKey = "\x01" "nonce";
+// The function or macro a marker in data stands for, or null (not a
+// marker, or not this render's: the nonce keeps a client's JSON from naming
+// one).
+const Value* callable_of(const json& j);
+class CallableTable {
+ public:
+  CallableTable();
+  ~CallableTable();
+  CallableTable(const CallableTable&) = delete;
+  CallableTable& operator=(const CallableTable&) = delete;
+  const uint64_t nonce;  // random: a client's JSON cannot name an entry
+  std::vector<Value> values;
+
+ private:
+  CallableTable* previous_;
+};
 // How deeply j nests (a scalar is 1), counted up to kMaxDataDepth + 1.
 size_t data_depth(const json& j);
 

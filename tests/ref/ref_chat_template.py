@@ -19,9 +19,10 @@ Two groups of cases:
     lstrip_blocks off) or with keep_trailing_newline. An error case names a
     substring that both jinja2's message and loom's must contain.
 
-Dicts given to a template have their keys in sorted order: loom's values are
-nlohmann::json objects, which iterate sorted, where Python keeps insertion
-order (tojson sorts in both).
+Both environments get transformers' tojson filter (json.dumps with
+ensure_ascii=False, keys in their order, no HTML escapes) in place of
+jinja2's own. Dicts given to a template here have their keys in sorted
+order (tests/ref/ref_jinja_cases.py gives them in other orders).
 
 Output (in argv[1]): chat_template_cases.json
   {"jinja2": version, "cases": [{"group", "name", "template",
@@ -33,6 +34,8 @@ import os
 import sys
 
 import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -42,6 +45,25 @@ class RaisedByTemplate(jinja2.exceptions.TemplateError):
 
 def raise_exception(message):
     raise RaisedByTemplate(message)
+
+
+class AssistantTracker(Extension):
+    """transformers' {% generation %} block, which renders its body (and
+    records where, for assistant masks)."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
+def transformers_tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' replacement for jinja2's tojson filter."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 # --- Published chat templates (data: as Hugging Face ships them) -----------
@@ -583,7 +605,7 @@ FEATURES = [
      "{{ 'x' | float }} {{ '1e3' | float }}", {}, CHAT, None),
     ("tojson", "{{ d | tojson }} {{ \"<a href='x'>&amp;</a>\" | tojson }} {{ 'ünï😀' | tojson }} {{ n | tojson }} "
      "{{ [1.0, 2.5, true, none] | tojson }} {{ {'z': 1, 'a': {'y': [], 'b': {}}} | tojson }}", V, CHAT, None),
-    ("tojson gives Markup: + escapes the other str", "{{ '<\"' + d | tojson }} {{ (d | tojson) + '<&>' }} "
+    ("tojson gives a plain str; safe and escape give Markup", "{{ '<\"' + d | tojson }} {{ (d | tojson) + '<&>' }} "
      "{{ 'x' | tojson ~ '<' }} {{ ('<a>' | tojson)[1:] + '<' }} {{ (s | tojson | trim) + \"'\" }} "
      "{{ ('a' | safe) + '<' }} {{ '<b>' | e }} {{ ('<' | e) + '<' }} {{ ('x' | tojson).replace('x', '<') }}",
      V, CHAT, None),
@@ -622,6 +644,49 @@ FEATURES = [
     ("whitespace control, trim off", "a   {{- 'b' -}}   c  {%- if true -%}  d  {%- endif %}\n  {#- c -#}  \ne\n"
      "  {% if true %}\n  f\n  {% endif %}\n", {}, PLAIN, None),
     ("keep_trailing_newline, trim on", "{% if true %}\nx\n{% endif %}\n\n", {}, KEEP_NL, None),
+    ("macros", "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
+     "{{ greet('a') }} {{ greet('b', '?') }} {{ greet(punct='.', name='c') }} [{{ greet() }}] {{ greet | string }}",
+     {}, CHAT, None),
+    ("recursive macro sees the top level", "{% set sep = ', ' %}{% macro walk(x) %}{% if x is mapping %}"
+     "{% for k, v in x.items() %}{{ k }}({{ walk(v) }}){{ sep if not loop.last }}{% endfor %}"
+     "{% else %}{{ x }}{% endif %}{% endmacro %}{{ walk(nested) }} {{ walk(d) }}", V, CHAT, None),
+    ("macro scope: the caller's loop variables are not the macro's", "{% macro m() %}[{{ x }}]{% endmacro %}"
+     "{% for x in [1, 2] %}{{ m() }}{% endfor %}{% set x = 'top' %}{{ m() }}", {}, CHAT, None),
+    ("macro varargs and kwargs", "{% macro m(a) %}{{ a }} {{ varargs | list }} {{ kwargs }}{% endmacro %}"
+     "{{ m(1, 2, 3, k='v') }}", {}, CHAT, None),
+    ("macro with too many arguments", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}", {}, CHAT,
+     "takes not more than 1 argument"),
+    ("call blocks", "{% macro box(title) %}<{{ title }}:{{ caller() }}>{% endmacro %}"
+     "{% macro each(xs) %}{% for x in xs %}{{ caller(x, loop.index) }}{% endfor %}{% endmacro %}"
+     "{% set outer = 'o' %}{% call box('t') %}body {{ outer }}{% endcall %} "
+     "{% call(item, n) each(['a', 'b']) %}{{ n }}={{ item }}{{ outer }};{% endcall %}", {}, CHAT, None),
+    ("filter blocks", "{% filter upper %}shout {{ s }}{% endfilter %} {% filter indent(2, true) | trim %}\n"
+     "a\nb\n{% endfilter %}|", V, CHAT, None),
+    ("generation blocks", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}"
+     "{{ m.content }}{% endgeneration %}{% else %}{{ m.role }}{% endif %};{% endfor %}", V, CHAT, None),
+    ("set unpacks", "{% set a, b = [1, 'two'] %}{{ b }}{{ a }} {% set k, v = 'xy' %}{{ v }}{{ k }}", {}, CHAT, None),
+    ("set tuples", "{% set t = 1, 'b' %}{{ t | list }} {% set (x, y) = [3, 4] %}{{ y }}{{ x }} "
+     "{% set p, q = 5, 6 %}{{ q }}{{ p }}", {}, CHAT, None),
+    ("star arguments", "{% macro m(a, b, c='-') %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ m(*[1, 2]) }} "
+     "{{ m(*'xyz') }} {{ m(1, **{'c': 3, 'b': 2}) }} {{ '{}-{}'.format(*[7, 8]) if false else 'x' }} "
+     "{{ [1, 2] | join(*['+']) }}", {}, CHAT, None),
+    ("macros in lists", "{% macro a(x) %}a{{ x }}{% endmacro %}{% macro b(x) %}b{{ x }}{% endmacro %}"
+     "{% set fs = [a] + [b] %}{% set args = [[1], [2]] %}{% for i in range(fs | length) %}{{ fs[i](*args[i]) }}"
+     "{% endfor %} {{ fs | length }} {{ (fs | first)('!') }} {{ fs[1] is callable }}", {}, CHAT, None),
+    ("a macro in tojson", "{% macro a() %}{% endmacro %}{{ [a] | tojson }}", {}, CHAT, "is not JSON serializable"),
+    ("set unpacks the wrong count", "{% set a, b = [1, 2, 3] %}", {}, CHAT, "too many values to unpack"),
+    ("indent", "[{{ 'a\nb\n\nc' | indent }}] [{{ 'a\nb' | indent(2, first=true) }}] "
+     "[{{ 'a\n\nb\n' | indent('> ', blank=true) }}] [{{ '' | indent }}] [{{ 'x\r\ny' | indent(1) }}]",
+     {}, CHAT, None),
+    ("unique and dictsort", "{{ ['a', 'B', 'A', 'b', 'c'] | unique | list }} "
+     "{{ ['a', 'B', 'A'] | unique(case_sensitive=true) | list }} {{ messages | unique(attribute='role') "
+     "| map(attribute='role') | list }} {{ {'b': 1, 'A': 3, 'c': 2} | dictsort | map('list') | list }} "
+     "{{ {'b': 1, 'A': 3, 'c': 2} | dictsort(by='value', reverse=true) | map('join', '=') | join(' ') }} "
+     "{% for k, v in {'b': 1, 'a': 2} | dictsort %}{{ k }}{{ v }}{% endfor %}", V, CHAT, None),
+    ("tojson arguments", "{{ d | tojson(indent=2) }} {{ d | tojson(separators=(',', ':')) }} "
+     "{{ 'ünï😀\u0007\x7f' | tojson }} {{ 'ünï😀' | tojson(ensure_ascii=true) }} "
+     "{{ {'b': 1, 'a': [1, {}]} | tojson(sort_keys=true, indent='\t') }} {{ [] | tojson(indent=4) }}",
+     V, CHAT, None),
     ("Llama-2 roles must alternate", LLAMA2, {"messages": CONVERSATIONS["roles do not alternate"],
                                               "bos_token": "<s>", "eos_token": "</s>"}, CHAT,
      "Conversation roles must alternate user/assistant/user/assistant/..."),
@@ -652,8 +717,9 @@ def environment(kind):
         env = jinja2.Environment()
     else:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=kind == KEEP_NL,
-                                            extensions=["jinja2.ext.loopcontrols"])
+                                            extensions=["jinja2.ext.loopcontrols", AssistantTracker])
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = transformers_tojson
     return env
 
 

@@ -108,7 +108,7 @@ TEST(Jinja, SyntaxErrorsNameLineAndColumn) {
       {"{{ x | nope }}", "jinja:1:8: unknown filter 'nope'"},
       {"{{ x is nope }}", "jinja:1:9: unknown test 'nope'"},
       {"a\n  {% frobnicate %}", "jinja:2:6: unknown tag 'frobnicate'"},
-      {"{% macro m() %}{% endmacro %}", "jinja:1:4: the 'macro' tag is not supported"},
+      {"{% include 'x' %}", "jinja:1:4: the 'include' tag is not supported"},
       {"{{ 'abc }}", "jinja:1:4: the string is not closed"},
       {"x\n{# never closed", "jinja:2:1: the comment is not closed"},
       {"{{ (1 }}", "jinja:1:7: unexpected '}', expected ')'"},
@@ -162,6 +162,20 @@ TEST(Jinja, DeepNestingIsAnErrorNotACrash) {
   const std::string builder =
       "{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}";
   EXPECT_NE(error_of(builder).find("at most 512 levels deep"), std::string::npos);
+}
+
+// A macro kept in a list is a marker in the list's data that only the render
+// which made it can read back (its random nonce): a request's JSON shaped
+// like one stays data.
+TEST(Jinja, ClientDataShapedLikeAMacroMarkerStaysData) {
+  const std::string k = "\x01" "callable", n = "\x01" "nonce";
+  for (uint64_t nonce : {uint64_t{0}, uint64_t{1}, ~uint64_t{0}}) {
+    const json variables = {{"xs", json::array({json{{k, 0}, {n, nonce}}})}};
+    EXPECT_EQ(Template::parse("{% macro m() %}m{% endmacro %}{% set ys = [m] %}{{ xs[0] is mapping }}").render(variables),
+              "True");
+    EXPECT_NE(error_of("{% macro m() %}{% endmacro %}{% set ys = [m] %}{{ xs[0]() }}", variables).find("not callable"),
+              std::string::npos);
+  }
 }
 
 TEST(Jinja, RunawayTemplatesStopWithAnError) {
