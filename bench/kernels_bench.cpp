@@ -453,9 +453,12 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
     }
   }
   header = false;
-  for (const auto& [op, dtype] : variants) {
-    if (std::string(op) != "matmul") continue;  // the dtypes oneDNN runs
+  const bool onednn_bf16 = kernels::bf16_matmul_unsupported_reason().empty();
+  for (DType dtype : {DType::f32, DType::bf16}) {
     for (const char* linear_op : {"linear", "linear_invariant"}) {
+      // oneDNN's linear where it runs the dtype; loom's at every level (bf16
+      // weights widened in registers without AVX512_BF16).
+      if (dtype == DType::bf16 && !onednn_bf16 && std::string(linear_op) == "linear") continue;
       for (const ServingLinear& l : kServingLinears) {
         if (!selected(opts, linear_op, dtype, std::string("gpt2_") + l.name)) continue;
         for (int64_t m : kServingRows) {
