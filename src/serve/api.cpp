@@ -1,11 +1,13 @@
 #include "serve/api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <utility>
 
 #include "core/error.h"
+#include "serve/ollama_format.h"
 #include "serve/openai_format.h"
 #include "serve/openai_response.h"
 
@@ -20,6 +22,26 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }
 
 ApiError unavailable(const std::string& why) { return ApiError(503, "ServiceUnavailableError", "", why); }
+
+bool ollama_path(const std::string& path) { return path.rfind("/api/", 0) == 0; }
+
+// e in the envelope of path's API.
+HttpResponse error_for(const std::string& path, const ApiError& e) {
+  return ollama_path(path) ? ollama_error(e) : error_json(e);
+}
+
+char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// "Bearer KEY" with the scheme in any case (RFC 9110 §11.1), compared in
+// time independent of where the key differs.
+bool bearer_matches(const std::string& header, const std::string& key) {
+  static constexpr std::string_view kScheme = "bearer ";
+  if (header.size() != kScheme.size() + key.size()) return false;
+  unsigned diff = 0;
+  for (size_t i = 0; i < kScheme.size(); ++i) diff |= static_cast<unsigned>(lower(header[i]) ^ kScheme[i]);
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned>(header[kScheme.size() + i] ^ key[i]);
+  return diff == 0;
+}
 
 }  // namespace
 
@@ -42,32 +64,40 @@ void Api::ready(ModelManager& models, Catalog catalog, ExtraRoutes ollama) {
 
 void Api::draining() { draining_ = true; }
 
-HttpResponse Api::error_response(int status, const std::string& message) const {
-  const char* type = status == 413 ? "RequestTooLarge" : status == 503 ? "ServiceUnavailableError" : "BadRequestError";
-  return error_json(ApiError(status, type, "", message));
+HttpResponse Api::error_response(int status, const std::string& message, const std::string& path) const {
+  const char* type = status == 413   ? "RequestTooLarge"
+                     : status == 503 ? "ServiceUnavailableError"
+                     : status >= 500 ? "InternalServerError"
+                                     : "BadRequestError";
+  return error_for(path, ApiError(status, type, "", message));
 }
 
 HttpResponse Api::handle(const HttpRequest& req) {
   HttpResponse res;
   try {
-    res = route(req);
+    res = req.method == "OPTIONS" ? preflight(req) : route(req);
   } catch (const ApiError& e) {
-    res = error_json(e);
+    res = error_for(req.path, e);
   } catch (const loom::Error& e) {
-    res = error_json(bad_request("", e.what()));
+    res = error_for(req.path, bad_request("", e.what()));
   }
+  add_cors(req, res);
+  // A client's request id: echoed, and in the access line.
+  const std::string request_id = req.header("x-request-id").substr(0, 200);
+  if (!request_id.empty()) res.headers.emplace_back("X-Request-Id", request_id);
   if (res.source) ++active_;
   // One access line per request when it is over: client, request, status,
   // what the route adds (a generation's id, tokens, time to first token),
   // total time.
   res.on_end = [this, counted = res.source != nullptr, method = req.method, path = req.path, peer = req.peer,
-                start = req.received, inner = std::move(res.on_end),
-                describe = std::move(res.describe)](int status, bool complete) {
+                start = req.received, inner = std::move(res.on_end), describe = std::move(res.describe),
+                request_id](int status, bool complete) {
     if (counted) --active_;
     metrics_.response(status);
     if (inner) inner(status, complete);
     if (!options_.access_log) return;
-    const std::string more = describe ? describe() : std::string();
+    std::string more = describe ? describe() : std::string();
+    if (!request_id.empty()) more += " request_id=" + dump(json(request_id));
     std::fprintf(stderr, "serve: %s \"%s %s\" %d%s%s total_ms=%.1f\n", peer.c_str(), method.c_str(), path.c_str(),
                  status, complete ? "" : " client_gone", more.c_str(), ms_between(start, Clock::now()));
   };
@@ -91,10 +121,11 @@ HttpResponse Api::route(const HttpRequest& req) {
     r.body = "loom is running";
     return r;
   }
-  authorize(req);
+  if (!(req.path == "/api/version" && get)) authorize(req);  // the version is open, as "/" is
   if (models() == nullptr) throw unavailable("the server is still starting");
   if (ollama) return ollama_(req);
   if (req.path == "/v1/models" && get) return list_models();
+  if (req.path.rfind("/v1/models/", 0) == 0 && get) return get_model(req.path.substr(11));
   const bool chat = req.path == "/v1/chat/completions";
   if ((chat || req.path == "/v1/completions") && req.method == "POST") return openai_generation(req, chat);
   if (chat || req.path == "/v1/models" || req.path == "/v1/completions")
@@ -104,7 +135,7 @@ HttpResponse Api::route(const HttpRequest& req) {
 
 void Api::authorize(const HttpRequest& req) const {
   if (options_.api_key.empty()) return;
-  if (req.header("authorization") != "Bearer " + options_.api_key)
+  if (!bearer_matches(req.header("authorization"), options_.api_key))
     throw ApiError(401, "AuthenticationError", "",
                    "a valid API key is required: send the header 'Authorization: Bearer <key>'");
 }
@@ -139,6 +170,37 @@ HttpResponse Api::list_models() const {
     data.push_back({{"id", c.name}, {"object", "model"}, {"created", c.created}, {"owned_by", "loom"},
                     {"root", c.name}, {"parent", nullptr}});
   return json_response(200, {{"object", "list"}, {"data", data}});
+}
+
+HttpResponse Api::get_model(const std::string& id) const {
+  for (const CatalogEntry& c : catalog_())
+    if (c.name == id)
+      return json_response(200, {{"id", c.name}, {"object", "model"}, {"created", c.created}, {"owned_by", "loom"},
+                                 {"root", c.name}, {"parent", nullptr}});
+  throw ApiError(404, "NotFoundError", "model", "The model '" + id + "' does not exist");
+}
+
+void Api::add_cors(const HttpRequest& req, HttpResponse& res) const {
+  const std::string origin = req.header("origin");
+  if (origin.empty() || options_.allow_origins.empty()) return;
+  const bool any = std::find(options_.allow_origins.begin(), options_.allow_origins.end(), "*") !=
+                   options_.allow_origins.end();
+  if (!any && std::find(options_.allow_origins.begin(), options_.allow_origins.end(), origin) ==
+                  options_.allow_origins.end())
+    return;
+  res.headers.emplace_back("Access-Control-Allow-Origin", any ? "*" : origin);
+  if (!any) res.headers.emplace_back("Vary", "Origin");
+}
+
+HttpResponse Api::preflight(const HttpRequest& req) const {
+  HttpResponse r;
+  r.status = 204;
+  r.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, DELETE, HEAD, OPTIONS");
+  const std::string asked = req.header("access-control-request-headers");
+  r.headers.emplace_back("Access-Control-Allow-Headers",
+                         asked.empty() ? "Authorization, Content-Type, X-Request-Id" : asked.substr(0, 1000));
+  r.headers.emplace_back("Access-Control-Max-Age", "600");
+  return r;
 }
 
 HttpResponse Api::openai_generation(const HttpRequest& req, bool chat) {

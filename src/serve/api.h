@@ -30,6 +30,8 @@ namespace loom::serve {
 struct ApiOptions {
   std::string api_key;     // non-empty: /v1/ and /api/ routes need "Authorization: Bearer <key>"
   bool access_log = true;  // one line per request on stderr
+  // Origins browsers may call from (CORS): "*" for any; none: no CORS headers.
+  std::vector<std::string> allow_origins = {};
 };
 
 // A model the server can serve (loaded or not), for /v1/models and /api/tags.
@@ -61,8 +63,9 @@ class Api {
   // Generations whose response is not over yet (a drain waits for them).
   int64_t active() const { return active_.load(); }
   // The server's own refusals (malformed HTTP, 413, 431, too many
-  // connections) in the same envelope.
-  HttpResponse error_response(int status, const std::string& message) const;
+  // connections) in the envelope of the API path is under (ollama's under
+  // /api/, OpenAI's elsewhere and where the path is not known).
+  HttpResponse error_response(int status, const std::string& message, const std::string& path = "") const;
 
   // For the ollama routes: a generation's response with its access line and
   // metrics, and the seeds and ids the OpenAI routes use.
@@ -76,6 +79,11 @@ class Api {
   HttpResponse route(const HttpRequest& req);
   HttpResponse openai_generation(const HttpRequest& req, bool chat);
   HttpResponse list_models() const;
+  HttpResponse get_model(const std::string& id) const;
+  // CORS: the headers for req's Origin where allowed (none otherwise), and
+  // the answer to a preflight (OPTIONS).
+  void add_cors(const HttpRequest& req, HttpResponse& res) const;
+  HttpResponse preflight(const HttpRequest& req) const;
   HttpResponse health() const;
   HttpResponse metrics() const;
   void authorize(const HttpRequest& req) const;

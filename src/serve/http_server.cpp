@@ -62,13 +62,31 @@ class Session : public std::enable_shared_from_this<Session> {
   void start(bool over_limit) {
     if (over_limit) {
       keep_alive_ = false;
-      answer(shared_->errors(503, "the server has too many open connections; retry later"));
+      answer(shared_->errors(503, "the server has too many open connections; retry later", ""));
       return;
     }
     read_request();
   }
 
  private:
+  // The path of the request being read: the parsed target's once its
+  // request line is in (a body over the limit fails after the head, with the
+  // head consumed), else from the request line as far as it arrived
+  // ("METHOD /path?query HTTP/1.1"), or "".
+  std::string path_read() const {
+    if (parser_) {
+      const std::string_view target = parser_->get().target();
+      if (!target.empty()) return std::string(target.substr(0, target.find('?')));
+    }
+    const auto data = buffer_.data();
+    const std::string_view head(static_cast<const char*>(data.data()), std::min<size_t>(data.size(), 8192));
+    const size_t start = head.find(' ');
+    if (start == std::string_view::npos) return "";
+    const size_t end = head.find_first_of(" ?\r\n", start + 1);
+    if (end == std::string_view::npos) return "";
+    return std::string(head.substr(start + 1, end - start - 1));
+  }
+
   void read_request() {
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(shared_->options.max_header_bytes));
@@ -83,13 +101,14 @@ class Session : public std::enable_shared_from_this<Session> {
         ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
       return close();
     keep_alive_ = false;  // after a malformed request the stream cannot be trusted
+    const std::string path = path_read();
     if (ec == http::error::body_limit)
       return answer(shared_->errors(413, "the request body is larger than the server's limit of " +
-                                             std::to_string(shared_->options.max_body_bytes) + " bytes"));
+                                             std::to_string(shared_->options.max_body_bytes) + " bytes", path));
     if (ec == http::error::header_limit || ec == http::error::buffer_overflow)
       return answer(shared_->errors(431, "the request's headers are larger than the server's limit of " +
-                                             std::to_string(shared_->options.max_header_bytes) + " bytes"));
-    if (ec) return answer(shared_->errors(400, "malformed HTTP request: " + ec.message()));
+                                             std::to_string(shared_->options.max_header_bytes) + " bytes", path));
+    if (ec) return answer(shared_->errors(400, "malformed HTTP request: " + ec.message(), path));
     http::request<http::string_body> raw = parser_->release();
     // Beast's header_limit misses many small fields arriving in one read:
     // the headers' size is checked again here.
@@ -97,7 +116,7 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& field : raw) header_bytes += static_cast<int64_t>(field.name_string().size() + field.value().size()) + 4;
     if (header_bytes > shared_->options.max_header_bytes)
       return answer(shared_->errors(431, "the request's headers are larger than the server's limit of " +
-                                             std::to_string(shared_->options.max_header_bytes) + " bytes"));
+                                             std::to_string(shared_->options.max_header_bytes) + " bytes", path));
     keep_alive_ = raw.keep_alive();
     version_ = raw.version();
     head_request_ = raw.method() == http::verb::head;
@@ -105,6 +124,7 @@ class Session : public std::enable_shared_from_this<Session> {
     req.method = std::string(raw.method_string());
     req.target = std::string(raw.target());
     req.path = req.target.substr(0, req.target.find('?'));
+    path_ = req.path;
     for (const auto& field : raw) {
       std::string name(field.name_string());
       std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -119,7 +139,7 @@ class Session : public std::enable_shared_from_this<Session> {
     try {
       res = shared_->handler(req);
     } catch (const std::exception& e) {
-      res = shared_->errors(500, std::string("internal error: ") + e.what());
+      res = shared_->errors(500, std::string("internal error: ") + e.what(), req.path);
     }
     answer(std::move(res));
   }
@@ -150,7 +170,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void source_failed(const std::exception& e) {
     source_done_ = true;
     if (head_sent_) return drop();
-    HttpResponse err = shared_->errors(500, std::string("internal error: ") + e.what());
+    HttpResponse err = shared_->errors(500, std::string("internal error: ") + e.what(), path_);
     write_whole(500, std::move(err.body), err.content_type);
   }
 
@@ -323,6 +343,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   unsigned version_ = 11;
+  std::string path_;  // the current request's
   bool head_request_ = false;
   bool keep_alive_ = true;
   HttpResponse response_;

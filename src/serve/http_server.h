@@ -74,8 +74,10 @@ struct HttpResponse {
 
 using Handler = std::function<HttpResponse(const HttpRequest&)>;
 // The response for an error the server finds before any handler runs
-// (400 malformed HTTP, 413, 431, 503 too many connections).
-using ErrorResponder = std::function<HttpResponse(int status, const std::string& message)>;
+// (400 malformed HTTP, 413, 431, 503 too many connections) or a handler's
+// failure (500); path is the request's where the server read that far, else
+// empty.
+using ErrorResponder = std::function<HttpResponse(int status, const std::string& message, const std::string& path)>;
 
 struct HttpOptions {
   std::string host = "127.0.0.1";

@@ -3,7 +3,8 @@
 // client that goes away mid-generation (its request is aborted and its KV
 // blocks freed at once), a client that sends too slowly, a full queue. Run
 // by tests/serve/with_server.sh with --api-key secret --max-body-mb 0.05
-// --timeout 2 --max-queue 4 --max-num-seqs 2 (LOOM_URL, LOOM_MODEL set).
+// --timeout 2 --max-queue 4 --max-num-seqs 2 --allow-origin
+// http://app.example (LOOM_URL, LOOM_MODEL set).
 // Usage: node http_edges.mjs [CASE...]   (no CASE: every case)
 import assert from 'node:assert/strict';
 import net from 'node:net';
@@ -127,6 +128,60 @@ const cases = {
     await expectEnvelope(await fetch(`${base}/v1/models`), 401, /API key/);
     await expectEnvelope(await fetch(`${base}/v1/models`, { headers: { authorization: 'Bearer wrong' } }), 401);
     assert.equal((await fetch(`${base}/v1/models`, { headers: auth })).status, 200);
+  },
+
+  // Errors under /api/ are ollama's {"error": "..."}, also those the server gives before a route runs.
+  async ollamaPathsGetOllamasEnvelope() {
+    const ollamaError = (text, status) => {
+      assert.match(text, new RegExp(`^HTTP/1\\.1 ${status} `));
+      const body = JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4));
+      assert.equal(typeof body.error, 'string', JSON.stringify(body));
+      return body.error;
+    };
+    const tags = await fetch(`${base}/api/tags`);
+    assert.equal(tags.status, 401);
+    assert.match((await tags.json()).error, /API key/);
+    const big = JSON.stringify({ model, prompt: 'x'.repeat(100_000) });
+    assert.match(ollamaError(await raw(`POST /api/generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n` +
+                                       `Content-Length: ${big.length}\r\n\r\n${big}`), 413), /limit of 52428 bytes/);
+    assert.match(ollamaError(await raw(`GET /api/tags HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`),
+                             431), /headers/);
+    ollamaError(await raw('POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: zzz\r\n\r\n'), 400);
+    envelopeOf(await raw('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: zzz\r\n\r\n'), 400);
+  },
+
+  // The scheme of Authorization in any case; /api/version without a key; X-Request-Id echoed; one model by id.
+  async clientConveniences() {
+    for (const scheme of ['bearer', 'BEARER', 'Bearer'])
+      assert.equal((await fetch(`${base}/v1/models`, { headers: { authorization: `${scheme} secret` } })).status, 200);
+    await expectEnvelope(await fetch(`${base}/v1/models`, { headers: { authorization: 'Bearer secret2' } }), 401);
+    await expectEnvelope(await fetch(`${base}/v1/models`, { headers: { authorization: 'Basic secret' } }), 401);
+    const version = await fetch(`${base}/api/version`);
+    assert.equal(version.status, 200);
+    assert.equal(typeof (await version.json()).version, 'string');
+    const tagged = await fetch(`${base}/v1/models`, { headers: { ...auth, 'x-request-id': 'req-42' } });
+    assert.equal(tagged.headers.get('x-request-id'), 'req-42');
+    const one = await fetch(`${base}/v1/models/${model}`, { headers: auth });
+    assert.equal(one.status, 200);
+    const body = await one.json();
+    assert.equal(body.id, model);
+    assert.equal(body.object, 'model');
+    await expectEnvelope(await fetch(`${base}/v1/models/nope`, { headers: auth }), 404, /does not exist/);
+  },
+
+  // --allow-origin http://app.example: that origin gets CORS headers (and a preflight its answer), others none.
+  async cors() {
+    const allowed = await fetch(`${base}/v1/models`, { headers: { ...auth, origin: 'http://app.example' } });
+    assert.equal(allowed.headers.get('access-control-allow-origin'), 'http://app.example');
+    const other = await fetch(`${base}/v1/models`, { headers: { ...auth, origin: 'http://evil.example' } });
+    assert.equal(other.headers.get('access-control-allow-origin'), null);
+    const pre = await fetch(`${base}/v1/chat/completions`, { method: 'OPTIONS', headers: {
+      origin: 'http://app.example', 'access-control-request-method': 'POST',
+      'access-control-request-headers': 'authorization, content-type' } });
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers.get('access-control-allow-origin'), 'http://app.example');
+    assert.match(pre.headers.get('access-control-allow-methods'), /POST/);
+    assert.match(pre.headers.get('access-control-allow-headers'), /authorization/);
   },
 
   async limitsAndMalformedHttp() {
