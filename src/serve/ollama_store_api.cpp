@@ -103,6 +103,8 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
               {"license", r.license},
               {"messages", r.messages},
               {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m->modified))},
+              // What ollama's clients check before they call: text generation (loom refuses tools and images).
+              {"capabilities", json::array({"completion"})},
               {"details", {{"format", "safetensors"}, {"family", arch}, {"families", json::array({arch})},
                            {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
                            {"quantization_level", "F32"}}},

@@ -41,6 +41,7 @@ const cases = {
     assert.match(show.parameters, /temperature/);
     assert.match(show.modelfile, /FROM tiny:latest/);
     assert.equal(show.model_info['general.architecture'], 'gpt2');
+    assert.deepEqual(show.capabilities, ['completion']);
   },
 
   async generateStreamedAndNotAgree() {
