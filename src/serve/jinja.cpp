@@ -1,6 +1,5 @@
 #include "serve/jinja.h"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -15,21 +14,6 @@ Template Template::parse(std::string_view source, const Options& options) {
 
 namespace {
 
-// How deeply j nests, counted up to kMaxDataDepth + 1, without recursion.
-template <typename Json>
-size_t depth_of(const Json& root) {
-  size_t deepest = 0;
-  std::vector<std::pair<const Json*, size_t>> stack = {{&root, 1}};
-  while (!stack.empty() && deepest <= kMaxDataDepth) {
-    const auto [j, depth] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, depth);
-    if (j->is_array() || j->is_object())
-      for (const Json& child : *j) stack.emplace_back(&child, depth + 1);
-  }
-  return deepest;
-}
-
 void check_depth(size_t depth) {
   LOOM_REQUIRE(depth <= kMaxDataDepth, "jinja: the variables nest deeper than ", kMaxDataDepth, " levels");
 }
@@ -38,13 +22,13 @@ void check_depth(size_t depth) {
 
 std::string Template::render(const nlohmann::json& variables) const {
   // (Checked before the copy: converting recurses once a level.)
-  check_depth(depth_of(variables));
+  check_depth(data_depth(variables));
   return render(nlohmann::ordered_json(variables));
 }
 
 std::string Template::render(const nlohmann::ordered_json& variables) const {
   LOOM_REQUIRE(variables.is_object(), "jinja: the variables must be a JSON object, not ", variables.type_name());
-  check_depth(depth_of(variables));
+  check_depth(data_depth(variables));
   std::string out;
   try {
     Renderer(variables, options_).render(*body_, out);

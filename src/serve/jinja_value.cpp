@@ -324,19 +324,6 @@ int order(const Value& a, const Value& b, std::string_view op) {
   return c;
 }
 
-size_t data_depth(const json& root) {
-  size_t deepest = 0;
-  std::vector<std::pair<const json*, size_t>> stack = {{&root, 1}};
-  while (!stack.empty() && deepest <= kMaxDataDepth) {
-    const auto [j, depth] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, depth);
-    if (j->is_array() || j->is_object())
-      for (const json& child : *j) stack.emplace_back(&child, depth + 1);
-  }
-  return deepest;
-}
-
 json to_data(const Value& v) {
   if (v.kind == Value::Kind::Function && g_callables != nullptr) {
     g_callables->values.push_back(v);

@@ -5,6 +5,7 @@
 // truthiness, and jinja2's for undefined values.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -148,8 +149,21 @@ class CallableTable {
  private:
   CallableTable* previous_;
 };
-// How deeply j nests (a scalar is 1), counted up to kMaxDataDepth + 1.
-size_t data_depth(const json& j);
+// How deeply j nests (a scalar is 1), counted up to kMaxDataDepth + 1,
+// without recursion (for nlohmann::json too: copying deep data recurses).
+template <typename Json>
+size_t data_depth(const Json& root) {
+  size_t deepest = 0;
+  std::vector<std::pair<const Json*, size_t>> stack = {{&root, 1}};
+  while (!stack.empty() && deepest <= kMaxDataDepth) {
+    const auto [j, depth] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, depth);
+    if (j->is_array() || j->is_object())
+      for (const Json& child : *j) stack.emplace_back(&child, depth + 1);
+  }
+  return deepest;
+}
 
 // The items a for loop or a filter iterates: list elements, a string's
 // characters, a dict's keys; undefined gives none.
