@@ -417,6 +417,32 @@ constexpr const char* kFilterHelp =
 
 }  // namespace
 
+// The serving linear cases --filter selects (oneDNN's linear where it runs
+// the dtype, loom's at every level); returns how many ran.
+int64_t bench_serving_linear_cases(Pools& pools, const KernelBenchOptions& opts) {
+  int64_t measured = 0;
+  bool header = false;
+  const bool onednn_bf16 = kernels::bf16_matmul_unsupported_reason().empty();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const char* linear_op : {"linear", "linear_invariant"}) {
+      // oneDNN's linear where it runs the dtype; loom's at every level (bf16
+      // weights widened in registers without AVX512_BF16).
+      if (dtype == DType::bf16 && !onednn_bf16 && std::string(linear_op) == "linear") continue;
+      for (const ServingLinear& l : kServingLinears) {
+        if (!selected(opts, linear_op, dtype, std::string("gpt2_") + l.name)) continue;
+        for (int64_t m : kServingRows) {
+          ++measured;
+          if (!opts.json && !std::exchange(header, true))
+            std::printf("\n%-16s %-5s %-16s %6s %6s %6s %10s %10s %9s %9s\n", "op", "dtype", "case", "m", "n", "k",
+                        "best_ms", "median_ms", "GFLOP/s", "w GB/s");
+          bench_serving_linear(pools, opts, linear_op, dtype, l, m);
+        }
+      }
+    }
+  }
+  return measured;
+}
+
 int run_kernel_bench(const KernelBenchOptions& opts) {
   Pools pools;
   if (!opts.json)
@@ -452,25 +478,7 @@ int run_kernel_bench(const KernelBenchOptions& opts) {
       bench_attention(pools, opts, dtype, c);
     }
   }
-  header = false;
-  const bool onednn_bf16 = kernels::bf16_matmul_unsupported_reason().empty();
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    for (const char* linear_op : {"linear", "linear_invariant"}) {
-      // oneDNN's linear where it runs the dtype; loom's at every level (bf16
-      // weights widened in registers without AVX512_BF16).
-      if (dtype == DType::bf16 && !onednn_bf16 && std::string(linear_op) == "linear") continue;
-      for (const ServingLinear& l : kServingLinears) {
-        if (!selected(opts, linear_op, dtype, std::string("gpt2_") + l.name)) continue;
-        for (int64_t m : kServingRows) {
-          ++measured;
-          if (!opts.json && !std::exchange(header, true))
-            std::printf("\n%-16s %-5s %-16s %6s %6s %6s %10s %10s %9s %9s\n", "op", "dtype", "case", "m", "n", "k",
-                        "best_ms", "median_ms", "GFLOP/s", "w GB/s");
-          bench_serving_linear(pools, opts, linear_op, dtype, l, m);
-        }
-      }
-    }
-  }
+  measured += bench_serving_linear_cases(pools, opts);
   measured += bench_decode_chain_cases(pools, opts);
   measured += bench_quant_linear_cases(pools, opts);
   measured += bench_paged_attention_cases(pools, opts);
