@@ -82,6 +82,13 @@ add_test(NAME Cli.Store.CreateListShowCopyRemove
 set_tests_properties(Cli.Store.CreateListShowCopyRemove PROPERTIES PASS_REGULAR_EXPRESSION
   "created t1:latest \\([0-9.]+ [KM]B, 4 layers\\)[^\n]*\ncopied 't1' to 't2:v1'\nNAME[^\n]*\nt1:latest [^\n]*\nt2:v1 [^\n]*\n4\nBe brief.\nstop +\"User:\"\ntemperature +0.5\ndeleted 't1'\n4\ndeleted 't2:v1'\n0\n[^\n]*error: rm: model 't2:v1' not found\nexit=1")
 
+# Reading a store that does not exist lists nothing and makes no directory.
+add_test(NAME Cli.Store.ReadingAMissingStoreCreatesNothing
+         COMMAND sh -c "rm -rf \"$1\" && mkdir -p \"$1\" && \"$0\" list --models \"$1/none\" && \"$0\" show m --models \"$1/none\" 2>&1; ls \"$1\" | wc -l"
+                 $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/store_missing)
+set_tests_properties(Cli.Store.ReadingAMissingStoreCreatesNothing PROPERTIES PASS_REGULAR_EXPRESSION
+  "^NAME +ID +SIZE +MODIFIED\n[^\n]*error: show: model 'm' not found[^\n]*\n0\n$")
+
 # A Modelfile's mistakes name the file and line; nothing is created.
 add_test(NAME Cli.Store.ModelfileErrorsNameTheLine
          COMMAND sh -c "rm -rf \"$1\" && mkdir -p \"$1\" && \"$0\" init-model --preset gpt2-tiny --out \"$1/tiny\" > /dev/null && cd \"$1\" && printf 'FROM ./tiny\\n\\nPARAMETER temperature hot\\n' > M1 && printf '# no from\\nSYSTEM hi\\n' > M2 && printf 'FROM ./tiny\\nTEMPLATE \"\"\"{%% for m in messages %%}\"\"\"\\n' > M3 && printf 'FROM ./tiny\\nSYSTEM \"\"\"open\\n' > M4 && printf 'FROM ./tiny\\nQUANTIZE q4\\n' > M5 && for m in M1 M2 M3 M4 M5; do \"$0\" create bad -f $m --models s 2>&1; done; ls s/manifests | wc -l"

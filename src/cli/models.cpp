@@ -60,7 +60,7 @@ void run_create(const std::string& name, const std::string& file, const std::str
 }
 
 void run_list(const std::string& models) {
-  const serve::ModelStore store(store_root(models));
+  const serve::ModelStore store(store_root(models), false);
   std::printf("%-32s %-14s %-10s %s\n", "NAME", "ID", "SIZE", "MODIFIED");
   for (const serve::StoredModel& m : store.list())
     std::printf("%-32s %-14s %-10s %s\n", m.name.str().c_str(), m.digest.substr(7, 12).c_str(),
@@ -68,7 +68,7 @@ void run_list(const std::string& models) {
 }
 
 void run_show(const std::string& name, const std::string& part, const std::string& models) {
-  const serve::ModelStore store(store_root(models));
+  const serve::ModelStore store(store_root(models), false);
   const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(name));
   LOOM_REQUIRE(m.has_value(), "show: model '", name, "' not found (loom list shows the store's models)");
   const serve::ResolvedModel r = serve::resolve_model(store, *m);

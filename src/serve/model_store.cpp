@@ -117,7 +117,8 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   return m;
 }
 
-ModelStore::ModelStore(std::string root) : root_(std::move(root)) {
+ModelStore::ModelStore(std::string root, bool create) : root_(std::move(root)) {
+  if (!create) return;
   std::error_code ec;
   fs::create_directories(fs::path(root_) / "blobs", ec);
   if (!ec) fs::create_directories(fs::path(root_) / "manifests", ec);
@@ -198,6 +199,7 @@ std::optional<StoredModel> ModelStore::get(const ModelName& name) const {
 std::vector<StoredModel> ModelStore::list() const {
   std::vector<StoredModel> out;
   const fs::path base = fs::path(root_) / "manifests";
+  if (!fs::is_directory(base)) return out;  // a store never written to
   for (const auto& entry : fs::recursive_directory_iterator(base)) {
     if (!entry.is_regular_file() || entry.path().extension() == ".tmp") continue;
     const fs::path rel = fs::relative(entry.path(), base);

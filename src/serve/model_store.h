@@ -76,8 +76,10 @@ struct LayerSource {
 
 class ModelStore {
  public:
-  // Opens (creating if missing) the store at root.
-  explicit ModelStore(std::string root);
+  // Opens the store at root, creating it if missing; with create false a
+  // missing store stays missing and reads as empty (loom list, show: reading
+  // never makes directories).
+  explicit ModelStore(std::string root, bool create = true);
   const std::string& root() const { return root_; }
 
   std::string blob_path(const std::string& digest) const;
