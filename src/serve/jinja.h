@@ -23,7 +23,8 @@
 // include/import/extends, tuples printed or passed outside a set, `%`
 // string formatting, integers past 64 bits, dict keys that are not strings.
 // Differences that give other output: tuples print as lists; range() is a
-// list; select/map/... give lists where jinja2 gives generators.
+// list; select/map/... give lists where jinja2 gives generators; a call
+// block's caller kept and called after the block is an error.
 //
 // Limits, each an error: nesting past 256 levels (blocks, brackets,
 // expressions, macro calls), data past 512 levels, 1M loop iterations per

@@ -257,9 +257,19 @@ Value Renderer::eval_call(const Expr& e) {
   if (callee.kind == ExprKind::Attr) {  // a method: 'a'.strip(), d.items(), loop.cycle(...)
     const Value object = eval(*callee.args[0]);
     if (object.is_undefined()) object.fail_undefined();
+    // ...or a function or macro kept in a namespace or a dict: ns.render(x)
+    const bool holder = object.kind == Value::Kind::Object ? object.object->type == Object::Type::Namespace
+                                                           : object.is_data() && object.j().is_object();
+    if (holder) {
+      const Value held = get_attr(object, callee.name);
+      if (held.kind == Value::Kind::Function) return call_value(held, e);
+    }
     return call_method(object, callee.name, eval_args(e));
   }
-  const Value f = eval(callee);
+  return call_value(eval(callee), e);
+}
+
+Value Renderer::call_value(const Value& f, const Expr& e) {
   if (f.kind == Value::Kind::Function && f.macro != nullptr) return call_macro(f, eval_args(e), nullptr);
   if (f.kind == Value::Kind::Function) {
     Value result = call_global(f.name, eval_args(e), options_.now_unix);
@@ -335,7 +345,9 @@ Value Renderer::call_macro(const Value& macro, const Args& args, const Value* ca
   // A macro sees the template's top level; caller() its call block's scope.
   std::vector<Frame> scope;
   if (m.kind == StmtKind::CallBlock) {
-    scope = outer_.at(macro.scope - 1);
+    // Its call block's scope is on outer_ while the macro it called runs.
+    if (macro.scope == 0 || macro.scope > outer_.size()) eval_fail("caller() called outside its call block");
+    scope = outer_[macro.scope - 1];
   } else {
     scope.push_back(frames_.front());
   }

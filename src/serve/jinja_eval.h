@@ -59,6 +59,7 @@ class Renderer {
   void bind(Frame& frame, const std::vector<std::string>& targets, const Value& item);
   Value eval_node(const Expr& e);
   Value eval_call(const Expr& e);
+  Value call_value(const Value& f, const Expr& e);  // f(e's arguments)
   Value eval_compare(const Expr& e);
   Value eval_collection(const Expr& e);
   Args eval_args(const Expr& e);

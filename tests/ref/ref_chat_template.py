@@ -660,6 +660,8 @@ FEATURES = [
      "{% macro each(xs) %}{% for x in xs %}{{ caller(x, loop.index) }}{% endfor %}{% endmacro %}"
      "{% set outer = 'o' %}{% call box('t') %}body {{ outer }}{% endcall %} "
      "{% call(item, n) each(['a', 'b']) %}{{ n }}={{ item }}{{ outer }};{% endcall %}", {}, CHAT, None),
+    ("macros kept in a namespace or a dict", "{% macro m(x) %}<{{ x }}>{% endmacro %}{% set ns = namespace(f=m) %}"
+     "{{ ns.f(1) }} {% set d = {'g': m} %}{{ d.g(2) }} {{ d['g'](3) }} {{ d.items() | list | length }}", {}, CHAT, None),
     ("filter blocks", "{% filter upper %}shout {{ s }}{% endfilter %} {% filter indent(2, true) | trim %}\n"
      "a\nb\n{% endfilter %}|", V, CHAT, None),
     ("generation blocks", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}"

@@ -178,6 +178,16 @@ TEST(Jinja, ClientDataShapedLikeAMacroMarkerStaysData) {
   }
 }
 
+// jinja2's caller is a closure that outlives its call block; loom's runs in
+// the block's scope while the macro it called runs, and past that is an
+// error (not a crash: a Modelfile's TEMPLATE comes from clients).
+TEST(Jinja, CallerKeptPastItsCallBlockIsAnError) {
+  EXPECT_NE(error_of("{% macro keep() %}{% set ns.c = caller %}{% endmacro %}{% set ns = namespace(c=none) %}"
+                     "{% call keep() %}x{% endcall %}{{ ns.c() }}")
+                .find("caller() called outside its call block"),
+            std::string::npos);
+}
+
 TEST(Jinja, RunawayTemplatesStopWithAnError) {
   EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
                 .find("more than 1000000 loop iterations"),
