@@ -95,7 +95,7 @@ enum class StmtKind : uint8_t {
 // exprs = {filters applied to the name kBlockText}, bodies = {body}. Block
 // ({% generation %}): bodies = {body}, run in a scope of its own.
 struct Stmt {
-  enum Flags : uint8_t { kUnpack = 1, kVarargs = 2, kKwargs = 4, kCaller = 8 };
+  enum Flags : uint8_t { kUnpack = 1, kVarargs = 2, kKwargs = 4 };
   StmtKind kind;
   Pos pos;
   std::string text;

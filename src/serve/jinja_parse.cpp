@@ -297,16 +297,21 @@ Stmt Parser::parse_macro(Pos pos) {
   Stmt s{StmtKind::Macro, pos, expect_name(), {}, {}, {}};
   parse_params(s.targets, s.exprs);
   expect_block_end();
+  parse_callable_body(s, "endmacro", opener);
+  return s;
+}
+
+// A macro's or caller's body up to end: a loop around the tag is not the
+// body's; varargs and kwargs are flagged where the body reads them.
+void Parser::parse_callable_body(Stmt& s, std::string_view end, const Token& opener) {
   const int loops = loops_;
-  loops_ = 0;  // a loop around the macro is not the body's
-  s.bodies.push_back(parse_body({"endmacro"}, &opener));
+  loops_ = 0;
+  s.bodies.push_back(parse_body({end}, &opener));
   loops_ = loops;
   next();
   expect_block_end();
   if (mentions(s.bodies[0], "varargs")) s.flags |= Stmt::kVarargs;
   if (mentions(s.bodies[0], "kwargs")) s.flags |= Stmt::kKwargs;
-  if (mentions(s.bodies[0], "caller")) s.flags |= Stmt::kCaller;
-  return s;
 }
 
 Stmt Parser::parse_call_block(Pos pos) {
@@ -319,14 +324,7 @@ Stmt Parser::parse_call_block(Pos pos) {
   if (s.exprs[0]->kind != ExprKind::Call) fail_at(at, "expected a macro call after 'call'");
   for (ExprPtr& d : defaults) s.exprs.push_back(std::move(d));
   expect_block_end();
-  const int loops = loops_;
-  loops_ = 0;
-  s.bodies.push_back(parse_body({"endcall"}, &opener));
-  loops_ = loops;
-  next();
-  expect_block_end();
-  if (mentions(s.bodies[0], "varargs")) s.flags |= Stmt::kVarargs;
-  if (mentions(s.bodies[0], "kwargs")) s.flags |= Stmt::kKwargs;
+  parse_callable_body(s, "endcall", opener);
   return s;
 }
 

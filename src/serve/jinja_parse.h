@@ -43,6 +43,7 @@ class Parser {
   Stmt parse_call_block(Pos pos);
   Stmt parse_filter_block(Pos pos);
   Stmt parse_scope_block(Pos pos, std::string_view end);
+  void parse_callable_body(Stmt& s, std::string_view end, const Token& opener);
   void parse_params(std::vector<std::string>& names, std::vector<ExprPtr>& defaults);
   void expect_block_end();
 
