@@ -27,6 +27,7 @@ packages=(
   libboost1.81-dev            # Boost.Beast and Asio (header-only): loom serve's HTTP server (BENCHMARKS.md "HTTP library")
   python3 python3-torch       # /usr/bin/python3 with PyTorch: reference values for the kernel and model tests
   python3-jinja2              # Jinja2 3.1.2: reference renderings of the chat templates (tests/ref/ref_chat_template.py)
+  python3-jsonschema          # jsonschema 4.10: validates the JSON that constrained decoding writes (tests/ref/ref_json_schema_grammar.py)
   python3-sentencepiece       # SentencePiece 0.1.97: reference ids of the Llama tokenizer (tests/ref/ref_sentencepiece.py)
   sentencepiece               # spm_train/spm_encode, the same library's command-line tools
   libopenmpi-dev openmpi-bin  # OpenMPI 4.1.4: launch (mpirun) and connect processes

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <exception>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -100,6 +102,10 @@ void GenerationParams::validate() const {
   LOOM_REQUIRE(n >= 1, "n = ", n, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(top_logprobs >= 0 && top_logprobs <= 20, "top_logprobs = ", top_logprobs,
                " is invalid: allowed 0 to 20");
+  LOOM_REQUIRE(grammar == nullptr || (grammar->grammar != nullptr && grammar->vocab != nullptr),
+               "a grammar needs its rules and the model's vocabulary");
+  LOOM_REQUIRE(grammar == nullptr || !stop.stop_token_ids.empty() || (!stop.eos_token_ids.empty() && !stop.ignore_eos),
+               "a grammar needs a token that ends the output: EOS (not ignored) or a stop token");
 }
 
 Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
@@ -129,11 +135,25 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
   for (size_t i = 0; i < prompt.size(); ++i)
     LOOM_REQUIRE(prompt[i] >= 0 && prompt[i] < cfg_.vocab_size, "prompt token ", i, " is ", prompt[i],
                  ": allowed ids are 0 to ", cfg_.vocab_size - 1);
+  LOOM_REQUIRE(params.grammar == nullptr || params.grammar->vocab->size() == cfg_.vocab_size,
+               "the grammar's vocabulary has ", params.grammar ? params.grammar->vocab->size() : 0,
+               " tokens, the model's ", cfg_.vocab_size);
   const RequestId id = next_id_;
   scheduler_.add_request(id, std::move(prompt), params.stop);
   ++next_id_;
-  sequences_[id] = {id, 0, params, false};
+  sequences_[id] = new_sequence(id, 0, params, false);
   return id;
+}
+
+Engine::Sequence Engine::new_sequence(RequestId request, int64_t index, const GenerationParams& params,
+                                      bool forked) const {
+  Sequence s{request, index, params, forked};
+  if (params.grammar) {
+    std::vector<int32_t> end = params.stop.stop_token_ids;
+    if (!params.stop.ignore_eos) end.insert(end.end(), params.stop.eos_token_ids.begin(), params.stop.eos_token_ids.end());
+    s.grammar = std::make_shared<SequenceGrammar>(*params.grammar, std::move(end));
+  }
+  return s;
 }
 
 std::vector<TokenEvent> Engine::step() {
@@ -171,7 +191,7 @@ void Engine::fork_siblings(RequestId id) {
   for (int64_t k = 1; k < parent.params.n; ++k) {
     const RequestId child = next_id_++;
     scheduler_.fork(id, child);
-    sequences_[child] = {parent.request, k, parent.params, true};
+    sequences_[child] = new_sequence(parent.request, k, parent.params, true);
   }
 }
 
@@ -194,18 +214,28 @@ std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor&
     }
   }
   std::vector<SampleResult> results(rows.size());
+  std::vector<std::string> errors(rows.size());
   const float* base = logits.data_as<float>();
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < rows.size(); ++i) {
-    const Sequence& seq = sequences_.at(rows[i].first);
-    const Request& r = scheduler_.request(rows[i].first);
-    SamplerConfig cfg = seq.params.sampler;
-    cfg.seed = sequence_seed(cfg.seed, seq.index);
-    const std::span<const int32_t> all(r.tokens);
-    results[i] = sample_at(cfg, std::span<const float>(base + rows[i].second * V, V),
-                           all.first(r.num_prompt_tokens), all.subspan(r.num_prompt_tokens),
-                           static_cast<uint64_t>(r.num_output_tokens()), seq.params.top_logprobs);
+    try {  // an exception must not leave the parallel region: it is the step's error
+      const Sequence& seq = sequences_.at(rows[i].first);
+      const Request& r = scheduler_.request(rows[i].first);
+      SamplerConfig cfg = seq.params.sampler;
+      cfg.seed = sequence_seed(cfg.seed, seq.index);
+      const std::span<const int32_t> all(r.tokens);
+      std::vector<uint8_t> allowed;
+      if (seq.grammar) seq.grammar->allowed(allowed);
+      results[i] = sample_at(cfg, std::span<const float>(base + rows[i].second * V, V),
+                             all.first(r.num_prompt_tokens), all.subspan(r.num_prompt_tokens),
+                             static_cast<uint64_t>(r.num_output_tokens()), seq.params.top_logprobs, allowed);
+    } catch (const std::exception& e) {
+      errors[i] = e.what();
+    }
   }
+  for (size_t i = 0; i < rows.size(); ++i) LOOM_REQUIRE(errors[i].empty(), "sampling: ", errors[i]);
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (const Sequence& seq = sequences_.at(rows[i].first); seq.grammar) seq.grammar->accept(results[i].token);
   std::vector<SampledToken> sampled;
   for (size_t i = 0; i < rows.size(); ++i) sampled.push_back({rows[i].first, results[i].token});
   const std::vector<TokenUpdate> updates = scheduler_.update(sampled);

@@ -25,6 +25,7 @@
 #include "infer/request.h"
 #include "infer/sampler.h"
 #include "infer/scheduler.h"
+#include "infer/token_grammar.h"
 #include "model/config.h"
 #include "model/paged_runner.h"
 
@@ -55,6 +56,9 @@ struct GenerationParams {
   StopParams stop{};
   int64_t n = 1;             // sequences from one prompt
   int64_t top_logprobs = 0;  // alternatives reported per token
+  // Constrained decoding (token_grammar.h): every sequence's output follows
+  // this grammar; null: none. Needs an end token (EOS, not ignored, or a stop token).
+  std::shared_ptr<const TokenGrammar> grammar{};
   void validate() const;     // loom::Error naming the field
 };
 
@@ -114,7 +118,9 @@ class Engine {
     int64_t index = 0;
     GenerationParams params;
     bool forked = false;  // n > 1: its siblings exist
+    std::shared_ptr<SequenceGrammar> grammar{};  // params.grammar's state for this sequence
   };
+  Sequence new_sequence(RequestId request, int64_t index, const GenerationParams& params, bool forked) const;
   void fork_siblings(RequestId id);
   std::vector<TokenEvent> sample(const SchedulerOutput& out, const Tensor& logits);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -80,6 +81,7 @@ std::vector<TokenProb> sampling_distribution(const SamplerConfig& cfg, std::span
     for (keep = 0; keep < kept;)
       if ((mass += p[keep++] / sum) >= cfg.top_p) break;
   }
+  while (keep > 1 && p[keep - 1] == 0) --keep;  // tokens a grammar removed (-inf), or past double's range
   double kept = 0;
   for (size_t i = 0; i < keep; ++i) kept += p[i];
   std::vector<TokenProb> out(keep);
@@ -118,13 +120,18 @@ void fill_logprobs(SampleResult& r, std::span<const float> logits, int64_t n) {
 }  // namespace
 
 SampleResult sample_at(const SamplerConfig& cfg, std::span<const float> logits, std::span<const int32_t> prompt,
-                       std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs) {
+                       std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs,
+                       std::span<const uint8_t> allowed) {
   cfg.validate();
   LOOM_REQUIRE(top_logprobs >= 0, "top_logprobs = ", top_logprobs, " is invalid: allowed values are >= 0");
+  LOOM_REQUIRE(allowed.empty() || allowed.size() == logits.size(), "sample_at: a mask of ", allowed.size(),
+               " tokens for ", logits.size(), " logits");
   SampleResult r;
   const bool penalised = cfg.repetition_penalty != 1.f || cfg.presence_penalty != 0.f || cfg.frequency_penalty != 0.f;
-  if (penalised) {
+  if (penalised || !allowed.empty()) {
     std::vector<float> adjusted(logits.begin(), logits.end());
+    for (size_t t = 0; t < allowed.size(); ++t)
+      if (allowed[t] == 0) adjusted[t] = -std::numeric_limits<float>::infinity();
     apply_penalties(cfg, adjusted, prompt, output);
     r.token = draw_from(sampling_distribution(cfg, adjusted), cfg.seed, draw);
   } else {

@@ -53,8 +53,12 @@ struct SampleResult {
 // (cfg.seed, "sampler"). Keyed by the draw's index, not by how many draws
 // came before in this process, so a request recomputed after a preemption,
 // or run in another batch, draws the same token. logits (V) f32, unchanged.
+// allowed (V, or empty: every token): a token with allowed[t] == 0 is never
+// drawn (constrained decoding: its logit is -inf before the penalties);
+// logprobs stay those of the model's own distribution.
 SampleResult sample_at(const SamplerConfig& cfg, std::span<const float> logits, std::span<const int32_t> prompt,
-                       std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs = 0);
+                       std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs = 0,
+                       std::span<const uint8_t> allowed = {});
 
 // sample_at over R rows at once (the engine's step): row r of logits (R, V)
 // with cfgs[r], prompts[r], outputs[r], draws[r]; rows run in parallel, each
