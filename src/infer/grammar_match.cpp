@@ -127,7 +127,10 @@ void advance(const Grammar& g, StackArena& arena, std::span<const int32_t> stack
 void keep_viable(const Grammar& g, const StackArena& arena, std::span<const int32_t> stacks, const Utf8Partial& p,
                  std::vector<int32_t>& out) {
   const int shift = 6 * p.need;
-  const uint32_t lo = p.cp << shift, hi = lo | ((uint32_t(1) << shift) - 1);
+  // The smallest code point still this long: after the lead bytes E0 and F0
+  // alone the bits so far are 0, but the character is past 7FF / FFFF.
+  const uint32_t floor = p.need == 3 ? 0x10000 : p.need == 2 ? 0x800 : 0x80;
+  const uint32_t lo = std::max(p.cp << shift, floor), hi = (p.cp << shift) | ((uint32_t(1) << shift) - 1);
   out.clear();
   for (int32_t s : stacks)
     if (s != kComplete && g.char_class(Grammar::arg(g.symbol(arena.nodes[size_t(s)].pos))).intersects(lo, hi))

@@ -91,7 +91,7 @@ std::string Converter::primitive(const std::string& which) {
   if (which == "int") return rule("int", R"("-"? ("0" | [1-9] [0-9]{0,15}))");
   if (which == "integer") return rule("integer", primitive("int") + " " + primitive("ws"));
   if (which == "number")
-    return rule("number", primitive("int") + R"( ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? )" + primitive("ws"));
+    return rule("number", primitive("int") + R"( ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})? )" + primitive("ws"));
   if (which == "boolean") return rule("boolean", "(\"true\" | \"false\") " + primitive("ws"));
   if (which == "null") return rule("null", "\"null\" " + primitive("ws"));
   const std::string ws = primitive("ws");

@@ -5,8 +5,10 @@
 //  * whitespace only after a value and after '{' '[' ',' ':', at most one
 //    space or a newline and 20 spaces/tabs there, so a sampled model cannot
 //    run forever inside whitespace; none before a value at the top;
-//  * numbers with at most 16 integer digits, 16 fraction digits and 3
-//    exponent digits; integers without fraction or exponent;
+//  * numbers with at most 16 integer digits, 16 fraction digits and 2
+//    exponent digits (so every number is a finite double: 1e999 would be
+//    Infinity to JavaScript's JSON.parse); integers without fraction or
+//    exponent;
 //  * strings: any UTF-8 or escape JSON allows (\" \\ \/ \b \f \n \r \t
 //    \uXXXX, surrogates only as a pair), never a raw control character;
 //    strings fixed by const/enum/pattern/format use Python's json.dumps

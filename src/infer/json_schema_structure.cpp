@@ -247,7 +247,11 @@ std::string Converter::visit_object(const Json& s, const std::string& path, cons
   const Json required = s.contains("required") ? s["required"] : Json::array();
   if (!props.is_object()) bad(path, "properties must be an object");
   if (!required.is_array()) bad(path, "required must be a list of strings");
-  const Json additional = s.contains("additionalProperties") ? s["additionalProperties"] : Json(props.empty() && required.empty());
+  // Absent additionalProperties: none beside declared properties (an empty
+  // "properties" too: how tools declare "no arguments"); any when neither
+  // properties nor required is given.
+  const bool declared = s.contains("properties") || s.contains("required");
+  const Json additional = s.contains("additionalProperties") ? s["additionalProperties"] : Json(!declared);
   if (props.empty() && required.empty() && additional == Json(true)) return primitive("object");
   const std::string ws = primitive("ws");
   struct Entry {

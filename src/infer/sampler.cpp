@@ -58,10 +58,17 @@ std::vector<TokenProb> sampling_distribution(const SamplerConfig& cfg, std::span
       if (more_likely(i, best)) best = i;
     return {{best, 1.f}};
   }
-  std::vector<int32_t> ids(static_cast<size_t>(V));
-  for (int32_t i = 0; i < V; ++i) ids[i] = i;
-  const int64_t k = cfg.top_k > 0 ? std::min(cfg.top_k, V) : V;
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
+  // Tokens at -inf (removed by a grammar) have no probability and sort last:
+  // leaving them out changes neither the order nor the draw, only the cost.
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(V));
+  for (int32_t i = 0; i < V; ++i)
+    if (logits[i] != -std::numeric_limits<float>::infinity()) ids.push_back(i);
+  LOOM_REQUIRE(!ids.empty(), "sampling_distribution: every token is -inf");
+  const auto n = static_cast<int64_t>(ids.size());
+  const int64_t k = cfg.top_k > 0 ? std::min(cfg.top_k, n) : n;
+  if (k == n) std::sort(ids.begin(), ids.end(), more_likely);  // a strict total order: the same as partial_sort
+  else std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
   ids.resize(static_cast<size_t>(k));
   // softmax(logits / temperature) over the kept tokens, in double.
   const double top = logits[ids[0]], inv_t = 1.0 / cfg.temperature;

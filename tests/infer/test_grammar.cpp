@@ -138,6 +138,14 @@ TEST(GrammarMatcher, ClassesMatchCodePointsSplitAcrossCalls) {
   EXPECT_FALSE(ascii.accept("\xE6"));
   EXPECT_FALSE(matcher("root ::= [\\u0100-\\u01FF]").accept("\xC3"));  // U+00C0..U+00FF only
   EXPECT_TRUE(matcher("root ::= [\\u0100-\\u01FF]").accept("\xC4"));
+  // E0 and F0 alone carry no bits yet: the characters they begin are past
+  // U+07FF and U+FFFF, so an ASCII-only grammar refuses them too.
+  for (const char* lead : {"\xE0", "\xF0", "\xC2", "\xE1", "\xF1"}) {
+    EXPECT_FALSE(matcher(R"(root ::= "yes" | "<tool_call>" | [a-z\x7f])").accept(lead)) << "lead byte " << lead;
+    EXPECT_FALSE(matcher("root ::= [\\u0080-\\u07FF]").accept(lead) && std::string(lead) != "\xC2") << lead;
+  }
+  EXPECT_TRUE(matcher("root ::= [\\u0800-\\u0FFF]").accept("\xE0"));
+  EXPECT_TRUE(matcher("root ::= [\\U00010000-\\U0003FFFF]").accept("\xF0"));
 }
 
 TEST(GrammarMatcher, InvalidUtf8IsNeverAccepted) {

@@ -106,10 +106,21 @@ TEST(JsonSchemaGrammar, WhitespaceAndNumbersAreBounded) {
   EXPECT_TRUE(accepts_whole(g, "[\n" + std::string(20, ' ') + "1]"));
   EXPECT_FALSE(GrammarMatcher(g).accept("[\n" + std::string(21, ' ')));
   EXPECT_FALSE(GrammarMatcher(g).accept("[  "));
-  EXPECT_TRUE(accepts_whole(g, "[1234567890123456.1234567890123456e-123]"));
+  EXPECT_TRUE(accepts_whole(g, "[1234567890123456.1234567890123456e-99]"));
+  EXPECT_FALSE(GrammarMatcher(g).accept("[1e999"));  // past double's range
   EXPECT_FALSE(GrammarMatcher(g).accept("[12345678901234567"));
   EXPECT_FALSE(GrammarMatcher(g).accept("[1.12345678901234567"));
   EXPECT_FALSE(accepts_whole(g, " [1]"));  // none before the top value
+}
+
+TEST(JsonSchemaGrammar, EmptyPropertiesMeanAnEmptyObject) {
+  // How a tool without arguments is declared: only {} (with blanks) is allowed.
+  const auto none = parse_gbnf(json_schema_to_gbnf_ordered(Json::parse(R"({"type": "object", "properties": {}})")));
+  EXPECT_TRUE(accepts_whole(none, "{}"));
+  EXPECT_TRUE(accepts_whole(none, "{ }"));
+  EXPECT_FALSE(GrammarMatcher(none).accept("{\""));
+  const auto any = parse_gbnf(json_schema_to_gbnf_ordered(Json::parse(R"({"type": "object"})")));
+  EXPECT_TRUE(accepts_whole(any, R"({"a": 1})"));
 }
 
 TEST(JsonSchemaGrammar, SchemasComposeInOneGrammarText) {
