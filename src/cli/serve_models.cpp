@@ -73,7 +73,10 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
                                  .max_n = a.max_n,
                                  .max_prompts = a.max_prompts,
                                  .render_chat = serve::chat_renderer(extras.chat),
-                                 .chat_stop = extras.chat.stop};
+                                 .chat_stop = extras.chat.stop,
+                                 .renders_tools = serve::template_renders_tools(extras.chat.source),
+                                 .tool_format = serve::tool_format_of(extras.chat.source),
+                                 .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size)};
   m->templated = !extras.chat.is_plain;
   m->parameters = std::move(extras.parameters);
   m->system = std::move(extras.system);

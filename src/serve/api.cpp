@@ -204,12 +204,12 @@ HttpResponse Api::preflight(const HttpRequest& req) const {
 }
 
 HttpResponse Api::openai_generation(const HttpRequest& req, bool chat) {
-  json body = parse_body(req.body);
-  const json* model = body.contains("model") ? &body["model"] : nullptr;
-  if (model == nullptr || model->is_null()) throw bad_request("model", "model is required");
+  nlohmann::ordered_json body = parse_body(req.body);
+  const auto model = body.find("model");
+  if (model == body.end() || model->is_null()) throw bad_request("model", "model is required");
   if (!model->is_string()) throw bad_request("model", "model must be a string");
   const std::string name = *model;
-  const bool stream = body.value("stream", json(false)) == json(true);
+  const bool stream = body.value("stream", nlohmann::ordered_json(false)) == nlohmann::ordered_json(true);
   auto format = std::make_unique<OpenAiFormat>(std::move(body), chat, request_id(chat ? "chatcmpl-" : "cmpl-"));
   auto source = std::make_shared<GenerationSource>(*models(), name, std::move(format), draw_seed(), std::nullopt,
                                                    req.received);

@@ -52,13 +52,22 @@ std::string template_of(const json& cfg, const std::string& where) {
 
 ChatTemplate ChatTemplate::plain() {
   ChatTemplate t;
+  // Tools are offered in the hermes form (tool_calls.h), which the server
+  // reads back; a call is written as <tool_call>{"name": ..., "arguments": ...}</tool_call>.
   t.source =
+      "{% if tools %}You may call these functions:\n"
+      "{% for tool in tools %}{{ (tool.function if tool.function is defined else tool) | tojson }}\n{% endfor %}"
+      "To call one, answer with <tool_call>{\"name\": <function name>, \"arguments\": <arguments object>}"
+      "</tool_call>.\n\n{% endif %}"
       "{% for m in messages %}"
       "{% if m.role == 'system' or m.role == 'developer' %}{{ m.content }}\n\n"
-      "{% else %}{{ m.role | capitalize }}: {{ m.content }}\n{% endif %}"
+      "{% elif m.role == 'tool' %}Tool: {{ m.content }}\n"
+      "{% else %}{{ m.role | capitalize }}: {{ m.content }}"
+      "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments} "
+      "| tojson }}</tool_call>{% endfor %}{{ '\\n' }}{% endif %}"
       "{% endfor %}"
       "{% if add_generation_prompt %}Assistant:{% endif %}";
-  t.stop = {"\nUser:", "\nAssistant:"};
+  t.stop = {"\nUser:", "\nAssistant:", "\nTool:"};
   t.origin = "loom's plain template (a base model)";
   t.is_plain = true;
   return t;
@@ -119,12 +128,14 @@ ChatTemplate ChatTemplate::from_file(const std::string& path, const std::string&
   return t;
 }
 
-std::function<std::string(const json&, bool)> chat_renderer(const ChatTemplate& t) {
+ChatRenderer chat_renderer(const ChatTemplate& t) {
   auto compiled = std::make_shared<const jinja::Template>(jinja::Template::parse(t.source));
-  return [compiled, bos = t.bos_token, eos = t.eos_token](const json& messages, bool add_generation_prompt) {
+  return [compiled, bos = t.bos_token, eos = t.eos_token](const nlohmann::ordered_json& messages,
+                                                          const nlohmann::ordered_json& tools,
+                                                          bool add_generation_prompt) {
     // The variables transformers' apply_chat_template gives: tools and
     // documents are None when there are none (templates test `is not none`).
-    nlohmann::ordered_json variables = {{"messages", messages}, {"tools", nullptr}, {"documents", nullptr},
+    nlohmann::ordered_json variables = {{"messages", messages}, {"tools", tools}, {"documents", nullptr},
                                         {"add_generation_prompt", add_generation_prompt}, {"bos_token", bos},
                                         {"eos_token", eos}};
     return compiled->render(variables);

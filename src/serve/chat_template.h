@@ -11,7 +11,9 @@
 //   User: Hello
 //   Assistant:
 //
-// (the model continues after "Assistant:"; "\nUser:" stops it).
+// (the model continues after "Assistant:"; "\nUser:" stops it). Tools, when a
+// request offers them, are listed before the conversation with how to call
+// one in the hermes form (tool_calls.h).
 #pragma once
 
 #include <functional>
@@ -41,9 +43,12 @@ struct ChatTemplate {
   static ChatTemplate from_file(const std::string& path, const std::string& dir);
 };
 
-// Compiles t (loom::Error naming the line for a template the Jinja subset
+// messages, tools (null: none), add_generation_prompt -> the prompt's text.
+using ChatRenderer = std::function<std::string(const nlohmann::ordered_json& messages,
+                                               const nlohmann::ordered_json& tools, bool add_generation_prompt)>;
+
+// Compiles t (loom::Error naming the line for a template the Jinja engine
 // cannot parse) into the function ServedModel::render_chat takes.
-std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt)> chat_renderer(
-    const ChatTemplate& t);
+ChatRenderer chat_renderer(const ChatTemplate& t);
 
 }  // namespace loom::serve

@@ -91,7 +91,7 @@ ModelStore& OllamaApi::store() const {
 }
 
 HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
-  json body = parse_body(req.body);
+  nlohmann::ordered_json body = parse_body(req.body);
   const std::string model = required_string(body, "model");
   const std::optional<std::chrono::seconds> keep_alive = parse_keep_alive(body);
   auto format = std::make_unique<OllamaFormat>(body, chat);
@@ -104,7 +104,7 @@ HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
     else j["response"] = "";
     return json_response(200, j);
   }
-  const bool stream = body.value("stream", json(true)) != json(false);
+  const bool stream = body.value("stream", nlohmann::ordered_json(true)) != nlohmann::ordered_json(false);
   auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
                                                    req.received);
   return api_.generation(req, std::move(source), stream, "application/x-ndjson");

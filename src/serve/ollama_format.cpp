@@ -14,6 +14,7 @@ namespace loom::serve {
 namespace {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 // ollama's option names -> the OpenAI fields parse_completion / parse_chat read.
@@ -61,7 +62,7 @@ std::optional<double> duration_seconds(const std::string& s) {
 
 }  // namespace
 
-std::optional<std::chrono::seconds> parse_keep_alive(const json& body) {
+std::optional<std::chrono::seconds> parse_keep_alive(const ojson& body) {
   const auto it = body.find("keep_alive");
   if (it == body.end() || it->is_null()) return std::nullopt;
   std::optional<double> seconds;
@@ -81,7 +82,7 @@ HttpResponse ollama_error(const ApiError& e) {
   return r;
 }
 
-std::string required_string(const json& body, const char* a, const char* b) {
+std::string required_string(const ojson& body, const char* a, const char* b) {
   for (const char* k : {a, b}) {
     if (k == nullptr || !body.contains(k) || body[k].is_null()) continue;
     if (!body[k].is_string()) throw bad_request(k, std::string(k) + " must be a string");
@@ -118,33 +119,53 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
-OllamaFormat::OllamaFormat(json body, bool chat) : body_(std::move(body)), chat_(chat) {
-  model_ = body_.value("model", json("")).is_string() ? body_.value("model", "") : "";
-  stream_ = body_.value("stream", json(true)) != json(false);
-  const json empty = chat_ ? body_.value("messages", json::array()) : body_.value("prompt", json(""));
+OllamaFormat::OllamaFormat(ojson body, bool chat) : body_(std::move(body)), chat_(chat) {
+  model_ = body_.value("model", ojson("")).is_string() ? body_.value("model", "") : "";
+  stream_ = body_.value("stream", ojson(true)) != ojson(false);
+  const ojson empty = chat_ ? body_.value("messages", ojson::array()) : body_.value("prompt", ojson(""));
   generates_ = !(empty.is_null() || (empty.is_string() && empty.get<std::string>().empty()) ||
                  (empty.is_array() && empty.empty()));
 }
 
-CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
-  json openai = {{"model", m.served.name}, {"stream", stream_}};
-  if (body_.contains("options") && !body_["options"].is_null()) {
-    if (!body_["options"].is_object()) throw bad_request("options", "options must be an object");
+namespace {
+
+// The OpenAI fields of an ollama body: options under their OpenAI names,
+// format as response_format, tools (a chat's only).
+ojson openai_fields(const ojson& body, const LoadedModel& m, bool stream, bool chat) {
+  ojson openai = {{"model", m.served.name}, {"stream", stream}};
+  if (body.contains("options") && !body["options"].is_null()) {
+    if (!body["options"].is_object()) throw bad_request("options", "options must be an object");
     for (const auto& [ollama, field] : kOptions)
-      if (body_["options"].contains(ollama) && !body_["options"][ollama].is_null())
-        openai[field] = body_["options"][ollama];
+      if (body["options"].contains(ollama) && !body["options"][ollama].is_null()) openai[field] = body["options"][ollama];
   }
-  for (const char* refused : {"images", "format", "tools", "suffix"})
-    if (body_.contains(refused) && !body_[refused].is_null() && body_[refused] != json("") &&
-        body_[refused] != json::array())
+  for (const char* refused : {"images", "suffix"})
+    if (body.contains(refused) && !body[refused].is_null() && body[refused] != ojson("") &&
+        body[refused] != ojson::array())
       throw bad_request(refused, std::string(refused) + " is not supported");
+  if (const auto f = body.find("format"); f != body.end() && !f->is_null() && *f != ojson("")) {
+    if (*f == ojson("json")) openai["response_format"] = {{"type", "json_object"}};
+    else if (f->is_object()) openai["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "format"}, {"schema", *f}}}};
+    else throw bad_request("format", "format must be \"json\" or a JSON schema, got " + f->dump());
+  }
+  if (body.contains("tools")) {
+    if (!chat) throw bad_request("tools", "tools are offered in /api/chat, not /api/generate");
+    openai["tools"] = body["tools"];
+  }
+  if (body.contains("tool_choice")) openai["tool_choice"] = body["tool_choice"];  // loom's extension: OpenAI's field
   if (openai.contains("max_tokens") && openai["max_tokens"].is_number() && openai["max_tokens"].get<double>() < 0)
     openai.erase("max_tokens");  // -1 (and -2): as many as the context holds
+  return openai;
+}
+
+}  // namespace
+
+CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
+  ojson openai = openai_fields(body_, m, stream_, chat_);
   try {
     if (chat_) {
-      openai["messages"] = body_.value("messages", json::array());
+      openai["messages"] = body_.value("messages", ojson::array());
       if (openai["messages"].is_array())
-        for (const json& msg : openai["messages"])
+        for (const ojson& msg : openai["messages"])
           if (msg.is_object() && msg.contains("images") && !msg["images"].is_null() && !msg["images"].empty())
             throw bad_request("messages", "images are not supported: loom's models read text only");
       apply_model_defaults(openai, m, true);
@@ -152,18 +173,18 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
       prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
       return r;
     }
-    const json& p = body_["prompt"];
+    const ojson& p = body_["prompt"];
     if (!p.is_string()) throw bad_request("prompt", "prompt must be a string");
     std::string text = p.get<std::string>();
-    const bool raw = body_.value("raw", json(false)) == json(true);
+    const bool raw = body_.value("raw", ojson(false)) == ojson(true);
     std::vector<std::string> template_stops;
     if (!raw && m.templated) {
-      json messages = json::array();
-      const std::string system = body_.value("system", json(m.system)).is_string() ? body_.value("system", m.system)
-                                                                                   : m.system;
+      ojson messages = ojson::array();
+      const std::string system = body_.value("system", ojson(m.system)).is_string() ? body_.value("system", m.system)
+                                                                                    : m.system;
       if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
       messages.push_back({{"role", "user"}, {"content", text}});
-      text = m.served.render_chat(messages, true);
+      text = m.served.render_chat(messages, nullptr, true);
       template_stops = m.served.chat_stop;
     }
     openai["prompt"] = text;
@@ -180,6 +201,7 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
     for (const auto& [ollama, field] : kOptions)
       if (e.param() == field) throw ApiError(e.status(), e.type(), std::string("options.") + ollama,
                                              std::string("options.") + ollama + ": " + e.what());
+    if (e.param().starts_with("response_format")) throw ApiError(e.status(), e.type(), "format", e.what());
     throw;
   }
 }
@@ -199,22 +221,44 @@ void OllamaFormat::loaded(const LoadedModel& m, std::string& out) {
   out += dump(j) + "\n";
 }
 
-void OllamaFormat::begin(const CompletionRequest&, const LoadedModel& m, std::string&) {
+void OllamaFormat::begin(const CompletionRequest& r, const LoadedModel& m, std::string&) {
   if (model_.empty()) model_ = m.name;
+  if (!r.tool_names.empty()) tools_ = std::make_unique<ToolCallStream>(r.tool_format, r.tool_names, r.seed);
+  parallel_tool_calls_ = r.parallel_tool_calls;
+}
+
+json OllamaFormat::tool_calls() const {
+  json out = json::array();
+  for (size_t i = 0; i < calls_.size(); ++i)
+    out.push_back({{"id", calls_[i].id},
+                   {"function", {{"index", i}, {"name", calls_[i].name}, {"arguments", calls_[i].arguments}}}});
+  return out;
 }
 
 void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& out) {
   for (const Delta& d : deltas) {
     if (d.token >= 0) ++completion_tokens_;
     if (d.finish != infer::FinishReason::none) finish_ = d.finish;
-    if (d.text.empty()) continue;
-    text_ += d.text;
-    if (stream_) out += dump(piece(d.text, false)) + "\n";
+    std::string text = tools_ ? tools_->feed(d.text) : d.text;
+    if (tools_ && d.finish != infer::FinishReason::none) {
+      ParsedToolOutput end = tools_->finish();
+      text += end.content;
+      calls_ = std::move(end.calls);
+      if (!parallel_tool_calls_ && calls_.size() > 1) calls_.resize(1);
+    }
+    text_ += text;
+    if (stream_ && !text.empty()) out += dump(piece(text, false)) + "\n";
+    if (stream_ && !calls_.empty() && d.finish != infer::FinishReason::none) {
+      json j = piece("", false);
+      j["message"]["tool_calls"] = tool_calls();
+      out += dump(j) + "\n";
+    }
   }
 }
 
 void OllamaFormat::end(const GenerationTimes& t, std::string& out) {
   json j = piece(stream_ ? std::string() : text_, true);
+  if (!stream_ && !calls_.empty()) j["message"]["tool_calls"] = tool_calls();
   j["done_reason"] = finish_ == infer::FinishReason::length ? "length" : "stop";
   j["total_duration"] = ns(t.received, t.end);
   j["load_duration"] = ns(t.received, t.model_ready);

@@ -2,7 +2,10 @@
 // /api/chat bodies (options with ollama's names, keep_alive, raw, system)
 // checked against the model that serves them, and the response as NDJSON
 // (one object per piece of text, then a final object with done_reason,
-// counts and durations in nanoseconds) or as one object. An empty prompt (or
+// counts and durations in nanoseconds) or as one object. A chat's tools are
+// offered as OpenAI's are (parse_chat); calls found in the output come as
+// message.tool_calls [{"id", "function": {"index", "name", "arguments" as an
+// object}}]: in a piece of their own when streaming, else in the message. An empty prompt (or
 // no messages) only loads the model: {"done": true, "done_reason": "load"}.
 // Errors are ollama's {"error": "..."}.
 #pragma once
@@ -20,7 +23,7 @@ namespace loom::serve {
 
 class OllamaFormat : public GenerationFormat {
  public:
-  OllamaFormat(nlohmann::json body, bool chat);
+  OllamaFormat(nlohmann::ordered_json body, bool chat);
 
   CompletionRequest parse(const LoadedModel& m, uint64_t seed) override;
   bool generates() const override { return generates_; }
@@ -33,25 +36,29 @@ class OllamaFormat : public GenerationFormat {
 
  private:
   nlohmann::json piece(const std::string& text, bool done) const;
+  nlohmann::json tool_calls() const;
 
-  nlohmann::json body_;
+  nlohmann::ordered_json body_;
   const bool chat_;
   bool generates_ = true, stream_ = true;
   std::string model_, text_;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   infer::FinishReason finish_ = infer::FinishReason::none;
+  std::unique_ptr<ToolCallStream> tools_;  // a chat that offers tools
+  bool parallel_tool_calls_ = true;
+  std::vector<ToolCall> calls_;
 };
 
 // keep_alive as ollama takes it: a number of seconds, or a duration string
 // ("5m", "1h30m", "10s", "0", "-1"); negative: keep loaded. ApiError (400)
 // for anything else.
-std::optional<std::chrono::seconds> parse_keep_alive(const nlohmann::json& body);
+std::optional<std::chrono::seconds> parse_keep_alive(const nlohmann::ordered_json& body);
 
 // {"error": message} with the status.
 HttpResponse ollama_error(const ApiError& e);
 // body[a] (or body[b] when a is absent: ollama's old field names), a string;
 // 400 when neither is there or it is no string.
-std::string required_string(const nlohmann::json& body, const char* a, const char* b = nullptr);
+std::string required_string(const nlohmann::ordered_json& body, const char* a, const char* b = nullptr);
 // 1.2K / 3.4M / 7.0B: ollama's parameter_size.
 std::string human_count(int64_t n);
 // A model name from a request; 400 when malformed.

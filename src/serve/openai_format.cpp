@@ -6,8 +6,9 @@
 namespace loom::serve {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
-void apply_model_defaults(json& body, const LoadedModel& m, bool chat) {
+void apply_model_defaults(ojson& body, const LoadedModel& m, bool chat) {
   static const std::pair<const char*, const char*> names[] = {
       {"temperature", "temperature"}, {"top_p", "top_p"}, {"top_k", "top_k"}, {"min_p", "min_p"},
       {"seed", "seed"}, {"num_predict", "max_tokens"}, {"stop", "stop"}, {"repeat_penalty", "repetition_penalty"},
@@ -20,17 +21,17 @@ void apply_model_defaults(json& body, const LoadedModel& m, bool chat) {
     body[openai] = *it;
   }
   if (!chat || !body.contains("messages") || !body["messages"].is_array()) return;
-  json messages = json::array();
+  ojson messages = ojson::array();
   bool has_system = false;
-  for (const json& msg : body["messages"])
-    if (msg.is_object() && msg.value("role", json()) == "system") has_system = true;
+  for (const ojson& msg : body["messages"])
+    if (msg.is_object() && msg.value("role", ojson()) == "system") has_system = true;
   if (!has_system && !m.system.empty()) messages.push_back({{"role", "system"}, {"content", m.system}});
-  for (const json& msg : m.messages) messages.push_back(msg);
-  for (json& msg : body["messages"]) messages.push_back(std::move(msg));
+  for (const json& msg : m.messages) messages.push_back(ojson(msg));
+  for (ojson& msg : body["messages"]) messages.push_back(std::move(msg));
   body["messages"] = std::move(messages);
 }
 
-OpenAiFormat::OpenAiFormat(json body, bool chat, std::string id)
+OpenAiFormat::OpenAiFormat(ojson body, bool chat, std::string id)
     : body_(std::move(body)), chat_(chat), id_(std::move(id)) {}
 
 CompletionRequest OpenAiFormat::parse(const LoadedModel& m, uint64_t seed) {

@@ -18,7 +18,7 @@ namespace loom::serve {
 
 class OpenAiFormat : public GenerationFormat {
  public:
-  OpenAiFormat(nlohmann::json body, bool chat, std::string id);
+  OpenAiFormat(nlohmann::ordered_json body, bool chat, std::string id);
 
   CompletionRequest parse(const LoadedModel& m, uint64_t seed) override;
   void begin(const CompletionRequest& r, const LoadedModel& m, std::string& out) override;
@@ -29,7 +29,7 @@ class OpenAiFormat : public GenerationFormat {
   std::string id() const override { return id_; }
 
  private:
-  nlohmann::json body_;
+  nlohmann::ordered_json body_;
   const bool chat_;
   const std::string id_;
   std::unique_ptr<CompletionRequest> request_;  // response_ refers to it
@@ -39,6 +39,6 @@ class OpenAiFormat : public GenerationFormat {
 // The Modelfile's PARAMETERs (ollama's names) as OpenAI fields where body
 // has none; for a chat, its SYSTEM and MESSAGEs before the request's
 // messages (SYSTEM only when the request has no system message).
-void apply_model_defaults(nlohmann::json& body, const LoadedModel& m, bool chat);
+void apply_model_defaults(nlohmann::ordered_json& body, const LoadedModel& m, bool chat);
 
 }  // namespace loom::serve

@@ -8,11 +8,12 @@
 #include <utility>
 
 #include "core/error.h"
+#include "serve/structured_output.h"
 
 namespace loom::serve {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string cat(const auto&... parts) {
   std::ostringstream os;
@@ -169,11 +170,11 @@ void refuse_unsupported(const json& body) {
 ApiError::ApiError(int status, std::string type, std::string param, const std::string& message)
     : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)) {}
 
-json ApiError::envelope() const {
+nlohmann::json ApiError::envelope() const {
   return {{"error",
            {{"message", what()},
             {"type", type_},
-            {"param", param_.empty() ? json(nullptr) : json(param_)},
+            {"param", param_.empty() ? nlohmann::json(nullptr) : nlohmann::json(param_)},
             {"code", status_}}}};
 }
 
@@ -271,6 +272,22 @@ void token_limits(const json& body, const ServedModel& m, const char* name, int6
   }
 }
 
+// The grammar the output must follow (grammar: from tool_choice; else what
+// response_format or guided_* ask for) into r.gen.grammar.
+void structured_output(const json& body, const ServedModel& m, std::string grammar, CompletionRequest& r) {
+  std::string param = "tool_choice";
+  if (std::string asked; !(asked = requested_grammar(body, param)).empty()) {
+    if (!grammar.empty()) throw bad_request(param, cat(param, " cannot be used with tool_choice \"required\" or a "
+                                                              "named function"));
+    grammar = std::move(asked);
+  }
+  if (grammar.empty()) return;
+  if (r.gen.stop.ignore_eos) throw bad_request("ignore_eos", cat("ignore_eos cannot be used with ", param));
+  if (m.eos_token_ids.empty() && r.gen.stop.stop_token_ids.empty())
+    throw bad_request(param, cat(param, " needs an end token: model ", m.name, " has no EOS; give stop_token_ids"));
+  r.gen.grammar = compile_grammar(grammar, m.grammar_vocab, param);
+}
+
 }  // namespace
 
 CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed) {
@@ -282,6 +299,7 @@ CompletionRequest parse_completion(const json& body, const ServedModel& m, uint6
   r.logprobs = field(body, "logprobs") != nullptr;
   r.gen.top_logprobs = integer(body, "logprobs", 0, 0, 20);
   token_limits(body, m, "max_tokens", 16, r);
+  structured_output(body, m, {}, r);
   return r;
 }
 
@@ -307,8 +325,36 @@ std::string message_content(const json& msg, size_t i) {
   return text;
 }
 
-// messages, checked and normalized for the template: role and content strings
-// (and name where given).
+// An assistant message's tool_calls for the template: each
+// {"id"?, "type": "function", "function": {"name", "arguments"}} with the
+// arguments an object (OpenAI sends a JSON string, ollama an object).
+json tool_calls_of(const json& calls, const std::string& param) {
+  if (!calls.is_array()) throw bad_request(param, cat(param, " must be a list of tool calls"));
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string at = cat(param, "[", k, "]");
+    const json& c = calls[k];
+    const auto f = c.is_object() ? c.find("function") : c.end();
+    if (f == c.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+      throw bad_request(at, cat(at, " must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"));
+    json args = f->value("arguments", json::object());
+    if (args.is_string()) args = json::parse(args.get<std::string>(), nullptr, false);
+    if (args.is_null()) args = json::object();
+    if (!args.is_object())
+      throw bad_request(at + ".function.arguments", cat(at, ".function.arguments must be a JSON object (or a string "
+                                                            "holding one)"));
+    json call = json::object();
+    if (const auto id = c.find("id"); id != c.end() && id->is_string()) call["id"] = *id;
+    call["type"] = "function";
+    call["function"] = {{"name", (*f)["name"]}, {"arguments", std::move(args)}};
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+// messages, checked and normalized for the template: role and content
+// strings, with name, tool_calls, tool_call_id (and ollama's tool_name)
+// where given.
 json chat_messages(const json& body) {
   const json* f = field(body, "messages");
   if (f == nullptr) throw bad_request("messages", "messages is required");
@@ -324,19 +370,56 @@ json chat_messages(const json& body) {
       throw bad_request(cat("messages[", i, "].role"), cat("messages[", i, "].role must be one of system, developer, "
                                                            "user, assistant, tool"));
     json m = {{"role", *role}, {"content", message_content(msg, i)}};
-    if (const auto name = msg.find("name"); name != msg.end() && name->is_string()) m["name"] = *name;
+    for (const char* key : {"name", "tool_call_id", "tool_name"})
+      if (const auto v = msg.find(key); v != msg.end() && v->is_string()) m[key] = *v;
+    if (const auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null() && *role == "assistant")
+      if (json c = tool_calls_of(*calls, cat("messages[", i, "].tool_calls")); !c.empty()) m["tool_calls"] = std::move(c);
     out.push_back(std::move(m));
   }
   return out;
 }
 
-void refuse_unsupported_chat(const json& body) {
-  if (const json* f = field(body, "tools"); f != nullptr && !(f->is_array() && f->empty()))
-    throw bad_request("tools", "tools are not supported");
-  if (const json* f = field(body, "response_format"); f != nullptr && !(f->is_object() && f->value("type", "") == "text"))
-    throw bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
-  refuse_logit_bias(body);
+// The function tool_choice names, "" for auto / none / required; 400 for
+// anything else.
+std::string named_choice(const json& choice, const std::vector<std::string>& names) {
+  const char* shape = "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}";
+  if (choice.is_string() && (choice == "auto" || choice == "none" || choice == "required")) return {};
+  const auto f = choice.is_object() ? choice.find("function") : choice.end();
+  if (f == choice.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+    throw bad_request("tool_choice", cat(shape, ", got ", choice.dump()));
+  const std::string name = (*f)["name"];
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    throw bad_request("tool_choice", cat("tool_choice names the function \"", name, "\", which tools do not offer"));
+  return name;
 }
+
+// tools, tool_choice and parallel_tool_calls: the tools the template gets
+// (null: none), the functions the output is read for, and for "required"
+// or a named function the grammar of the calls (returned in grammar).
+json chat_tools(const json& body, const ServedModel& m, CompletionRequest& r, std::string& grammar) {
+  const json* tools = field(body, "tools");
+  const json* choice = field(body, "tool_choice");
+  if (tools == nullptr || (tools->is_array() && tools->empty())) {
+    if (choice != nullptr && *choice != "none" && *choice != "auto")
+      throw bad_request("tool_choice", "tool_choice other than \"none\" or \"auto\" needs tools");
+    return nullptr;
+  }
+  std::vector<std::string> names = check_tools(*tools);
+  if (!m.renders_tools)
+    throw bad_request("tools", cat("model ", m.name, " does not support tools: its chat template does not read them"));
+  r.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
+  if (choice != nullptr && *choice == "none") return nullptr;  // the model is not told of the tools: no calls
+  const std::string named = choice == nullptr ? std::string() : named_choice(*choice, names);
+  if (!named.empty() || (choice != nullptr && *choice == "required"))
+    grammar = tool_call_grammar(m.tool_format, *tools, named.empty() ? names : std::vector<std::string>{named},
+                                r.parallel_tool_calls && named.empty());
+  r.tool_names = std::move(names);
+  r.tool_format = m.tool_format;
+  return *tools;
+}
+
+void refuse_unsupported_chat(const json& body) { refuse_logit_bias(body); }
 
 }  // namespace
 
@@ -348,9 +431,12 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   if (m.tokenizer == nullptr) throw bad_request("messages", cat("model ", m.name, " has no tokenizer"));
   refuse_unsupported_chat(body);
   const json messages = chat_messages(body);
+  std::string tool_grammar;
+  const json tools = chat_tools(body, m, r, tool_grammar);
+  r.seed = seed;
   std::string text;
   try {
-    text = m.render_chat(messages, boolean(body, "add_generation_prompt", true));
+    text = m.render_chat(messages, tools, boolean(body, "add_generation_prompt", true));
   } catch (const loom::Error& e) {
     throw bad_request("messages", cat("the chat template refused the messages: ", e.what()));
   }
@@ -366,6 +452,7 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   const int64_t rest = std::max<int64_t>(1, m.max_model_len - static_cast<int64_t>(r.prompts[0].size()));
   const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
   token_limits(body, m, name, rest, r);
+  structured_output(body, m, std::move(tool_grammar), r);
   return r;
 }
 

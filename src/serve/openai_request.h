@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer/engine.h"
+#include "serve/tool_calls.h"
 #include "text/tokenizer.h"
 
 namespace loom::serve {
@@ -39,9 +40,10 @@ class ApiError : public std::runtime_error {
 // 400 invalid_request_error naming param.
 ApiError bad_request(std::string param, const std::string& message);
 
-// The body as JSON: 400 for broken JSON or invalid UTF-8, and for a body
-// that is not an object.
-nlohmann::json parse_body(std::string_view body);
+// The body as JSON, its objects' keys in the order the client wrote them
+// (what a chat template prints tools and arguments in): 400 for broken JSON
+// or invalid UTF-8, and for a body that is not an object.
+nlohmann::ordered_json parse_body(std::string_view body);
 
 // The model a request may name, and the limits it is checked against.
 struct ServedModel {
@@ -52,11 +54,19 @@ struct ServedModel {
   const text::Tokenizer* tokenizer = nullptr;  // null: prompts must be token ids
   int64_t max_n = 16;                              // sequences per prompt
   int64_t max_prompts = 64;                        // prompts per request
-  // The chat template: messages (each with role and content strings) to the
-  // prompt's text; loom::Error for messages it refuses (a 400). Unset: the
-  // model takes no chat requests.
-  std::function<std::string(const nlohmann::json& messages, bool add_generation_prompt)> render_chat{};
+  // The chat template: messages (each with role and content strings, and
+  // tool_calls / tool_call_id where given) and the tools offered (null:
+  // none) to the prompt's text; loom::Error for messages it refuses (a 400).
+  // Unset: the model takes no chat requests.
+  std::function<std::string(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                            bool add_generation_prompt)>
+      render_chat{};
   std::vector<std::string> chat_stop{};  // stop strings every chat request gets (where the template's turn ends)
+  bool renders_tools = false;              // the template reads `tools`: chat requests may offer tools
+  ToolFormat tool_format = ToolFormat::hermes;  // how the template teaches the model to write calls
+  // The vocabulary grammars are compiled for (structured_output.h); null:
+  // requests for structured output are refused.
+  std::shared_ptr<const infer::GrammarVocab> grammar_vocab{};
 };
 
 // POST /v1/completions, and POST /v1/chat/completions (chat: one prompt, the
@@ -71,19 +81,30 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
+  // Chat with tools: the model's output is read for calls to these functions
+  // (empty: no tools, or tool_choice "none"), written in tool_format.
+  std::vector<std::string> tool_names;
+  ToolFormat tool_format = ToolFormat::hermes;
+  bool parallel_tool_calls = true;  // false: the first call only
+  uint64_t seed = 0;                // the request's, for call ids
 };
 
 // Throws ApiError: 400 for a missing or invalid field (named in param), 404
 // for a model other than m's, 400 when a prompt and max_tokens do not fit in
 // the context (both numbers in the message). seed: used when the request
-// names none (the server draws it per request).
-CompletionRequest parse_completion(const nlohmann::json& body, const ServedModel& m, uint64_t seed);
+// names none (the server draws it per request). Structured output
+// (response_format, guided_*: structured_output.h) becomes gen.grammar.
+CompletionRequest parse_completion(const nlohmann::ordered_json& body, const ServedModel& m, uint64_t seed);
 
 // The same for a chat: messages (roles system, developer, user, assistant,
 // tool; content a string or a list of text parts) rendered by the model's
 // template, max_completion_tokens or max_tokens (default: the rest of the
-// context), logprobs as a bool with top_logprobs; 400 for a model without
-// a chat template.
-CompletionRequest parse_chat(const nlohmann::json& body, const ServedModel& m, uint64_t seed);
+// context), logprobs as a bool with top_logprobs; tools with tool_choice
+// ("auto", "none", "required" or a named function: the last two constrain
+// the output to calls) and parallel_tool_calls (assistant messages may hold
+// tool_calls, their arguments a JSON string as OpenAI sends them or an
+// object as ollama does: the template gets objects); 400 for a model
+// without a chat template, or tools for a template that does not read them.
+CompletionRequest parse_chat(const nlohmann::ordered_json& body, const ServedModel& m, uint64_t seed);
 
 }  // namespace loom::serve

@@ -44,10 +44,19 @@ json finish_reason_json(infer::FinishReason f) {
   return nullptr;
 }
 
+json openai_tool_call(const ToolCall& call) {
+  return {{"id", call.id},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", nlohmann::ordered_json(call.arguments).dump()}}}};
+}
+
 CompletionResponse::CompletionResponse(const CompletionRequest& request, std::string id, int64_t created,
                                        const text::Tokenizer* tok)
     : request_(request), id_(std::move(id)), created_(created), tok_(tok) {
   choices_.resize(request.prompts.size() * static_cast<size_t>(request.gen.n));
+  for (size_t i = 0; i < choices_.size() && !request.tool_names.empty(); ++i)
+    choices_[i].tools = std::make_unique<ToolCallStream>(request.tool_format, request.tool_names,
+                                                         request.seed + 7919 * i);
   for (Choice& c : choices_)
     if (request.logprobs && request.chat)
       c.logprobs = {{"content", json::array()}};
@@ -139,12 +148,55 @@ std::vector<json> CompletionResponse::add(int64_t prompt, const std::vector<Delt
         append_logprobs(c.logprobs, lp);
       }
     }
-    c.text += d.text;
     c.finish = d.finish;
+    if (c.tools) {
+      tool_delta(index, c, d, lp, chunks);
+      continue;
+    }
+    c.text += d.text;
     if (!d.text.empty() || !lp.is_null() || d.finish != infer::FinishReason::none)
       chunks.push_back(chunk(index, d.text, lp, d.finish));
   }
   return chunks;
+}
+
+// A delta of a choice read for tool calls: the content that is certain now,
+// and at the choice's end what was held back, as calls or as content.
+void CompletionResponse::tool_delta(int64_t index, Choice& c, const Delta& d, const json& lp,
+                                    std::vector<json>& chunks) const {
+  std::string text = c.tools->feed(d.text);
+  if (d.finish == infer::FinishReason::none) {
+    c.text += text;
+    if (!text.empty() || !lp.is_null()) chunks.push_back(chunk(index, text, lp, d.finish));
+    return;
+  }
+  ParsedToolOutput end = c.tools->finish();
+  text += end.content;
+  c.text += text;
+  c.calls = std::move(end.calls);
+  if (!request_.parallel_tool_calls && c.calls.size() > 1) c.calls.resize(1);
+  if (c.calls.empty()) {
+    chunks.push_back(chunk(index, text, lp, d.finish));
+    return;
+  }
+  if (!text.empty() || !lp.is_null()) chunks.push_back(chunk(index, text, lp, infer::FinishReason::none));
+  for (size_t k = 0; k < c.calls.size(); ++k) {
+    json call = openai_tool_call(c.calls[k]);
+    call["index"] = k;
+    chunks.push_back(envelope("chat.completion.chunk",
+                              json::array({{{"index", index},
+                                            {"delta", {{"tool_calls", json::array({call})}}},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", nullptr}}})));
+  }
+  chunks.push_back(envelope("chat.completion.chunk", json::array({{{"index", index},
+                                                                  {"delta", json::object()},
+                                                                  {"logprobs", nullptr},
+                                                                  {"finish_reason", finish_of(c)}}})));
+}
+
+json CompletionResponse::finish_of(const Choice& c) const {
+  return c.calls.empty() ? finish_reason_json(c.finish) : json("tool_calls");
 }
 
 json CompletionResponse::usage() const {
@@ -159,9 +211,14 @@ json CompletionResponse::body() const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];
-    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", finish_reason_json(c.finish)}};
-    if (request_.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-    else choice["text"] = c.text;
+    json choice = {{"index", i}, {"logprobs", c.logprobs}, {"finish_reason", finish_of(c)}};
+    if (request_.chat) {
+      const bool blank = c.text.find_first_not_of(" \t\r\n") == std::string::npos;
+      choice["message"] = {{"role", "assistant"}, {"content", !c.calls.empty() && blank ? json(nullptr) : json(c.text)}};
+      for (const ToolCall& call : c.calls) choice["message"]["tool_calls"].push_back(openai_tool_call(call));
+    } else {
+      choice["text"] = c.text;
+    }
     choices.push_back(std::move(choice));
   }
   json out = envelope(request_.chat ? "chat.completion" : "text_completion", std::move(choices));

@@ -5,10 +5,15 @@
 // prompt * n + sequence, finish_reason "stop" / "length" (an aborted
 // sequence reports neither: null), the legacy completions logprobs object or
 // chat's {"content": [...]}, and usage counts. A chat stream starts with a
-// chunk per choice that only names the role.
+// chunk per choice that only names the role. A chat with tools reads each
+// choice's output for calls (tool_calls.h): text that may start a call is
+// held back, and a call found ends the choice with a delta per call
+// ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"
+// as a JSON string}}]}) and finish_reason "tool_calls".
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,7 +58,12 @@ class CompletionResponse {
     std::vector<int32_t> tokens;
     nlohmann::json logprobs;  // the legacy object, or null
     infer::FinishReason finish = infer::FinishReason::none;
+    std::unique_ptr<ToolCallStream> tools;  // set when the request offers tools
+    std::vector<ToolCall> calls;
   };
+  nlohmann::json finish_of(const Choice& c) const;
+  void tool_delta(int64_t index, Choice& c, const Delta& d, const nlohmann::json& lp,
+                  std::vector<nlohmann::json>& chunks) const;
   nlohmann::json logprobs_of(const Delta& d, int64_t text_offset) const;
   nlohmann::json chat_logprobs_of(const Delta& d) const;
   void append_logprobs(nlohmann::json& into, const nlohmann::json& piece) const;
@@ -71,5 +81,9 @@ class CompletionResponse {
 
 // "stop", "length" or null (none and abort).
 nlohmann::json finish_reason_json(infer::FinishReason f);
+
+// OpenAI's form of a call: {"id", "type": "function", "function": {"name",
+// "arguments": the arguments as a JSON string}}.
+nlohmann::json openai_tool_call(const ToolCall& call);
 
 }  // namespace loom::serve

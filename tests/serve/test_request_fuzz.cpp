@@ -42,9 +42,9 @@ ServedModel model() {
                 .max_prompts = 4};
   // A stand-in template (the Jinja one has its own fuzz test): joins the
   // contents, and refuses a conversation that ends with an assistant turn.
-  m.render_chat = [](const json& messages, bool) {
+  m.render_chat = [](const nlohmann::ordered_json& messages, const nlohmann::ordered_json&, bool) {
     std::string text;
-    for (const json& msg : messages) text += msg["role"].get<std::string>() + ": " + msg["content"].get<std::string>();
+    for (const auto& msg : messages) text += msg["role"].get<std::string>() + ": " + msg["content"].get<std::string>();
     if (messages.back()["role"] == "assistant") throw loom::Error("the last message must not be the assistant's");
     return text;
   };

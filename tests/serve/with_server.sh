@@ -7,7 +7,8 @@
 # PARAMETER temperature 0 and a SYSTEM prompt). COMMAND runs with LOOM_URL
 # (http://127.0.0.1:PORT), LOOM_MODEL (the served name), LOOM_STORE and
 # LOOM_WORK set. Then the server gets SIGTERM and must exit 0 within its
-# drain. The server's log is printed when anything fails.
+# drain. The server's log is printed when anything fails. The model's
+# context is 128 tokens, or LOOM_SERVE_MAX_SEQ.
 set -euo pipefail
 source "$(dirname "$0")/ready_port.sh"
 loom=$1 work=$2
@@ -20,7 +21,8 @@ while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
 shift
 
 rm -rf "$work" && mkdir -p "$work"
-"$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=128 --seed 7 --out "$work/tiny" >/dev/null
+"$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len="${LOOM_SERVE_MAX_SEQ:-128}" --seed 7 \
+  --out "$work/tiny" >/dev/null
 log="$work/serve.log"
 if ((store)); then
   printf 'FROM ./tiny\nPARAMETER temperature 0\nSYSTEM """You are terse."""\n' >"$work/Modelfile"

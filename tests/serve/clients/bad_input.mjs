@@ -87,8 +87,8 @@ for (const [name, v, param] of [
   ['second bad', [{ role: 'user', content: 'a' }, { role: 'x', content: 'b' }], 'messages[1].role'],
 ])
   add(`messages ${name}`, '/v1/chat/completions', chat({ messages: v }), 400, param);
-for (const [field, v] of [['tools', [{ type: 'function', function: { name: 'f' } }]],
-  ['response_format', { type: 'json_object' }], ['top_logprobs', 3], ['logprobs', 'x'],
+for (const [field, v] of [['tools', { type: 'function', function: { name: 'f' } }], ['tool_choice', 'always'],
+  ['response_format', 'json'], ['top_logprobs', 3], ['logprobs', 'x'],
   ['max_completion_tokens', 0], ['max_completion_tokens', 500]])
   add(`chat ${field}=${JSON.stringify(v)}`, '/v1/chat/completions', chat({ [field]: v }), 400,
       field === 'max_completion_tokens' && v === 500 ? undefined : field);

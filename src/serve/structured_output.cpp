@@ -1,0 +1,142 @@
+#include "serve/structured_output.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "infer/json_schema_grammar.h"
+#include "serve/openai_request.h"
+
+namespace loom::serve {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+const ojson* present(const ojson& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+// A schema as GBNF rules named root_name, or a 400 naming param.
+std::string schema_rules(const ojson& schema, const std::string& root_name, const std::string& param) {
+  if (!schema.is_object() && !schema.is_boolean())
+    throw bad_request(param, param + " must be a JSON schema (an object), got " + std::string(schema.type_name()));
+  try {
+    return infer::json_schema_to_gbnf_ordered(schema, root_name);
+  } catch (const loom::Error& e) {
+    throw bad_request(param, param + " cannot be enforced: " + e.what());
+  }
+}
+
+std::string response_format_grammar(const ojson& f) {
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    throw bad_request("response_format", "response_format must be {\"type\": \"text\" | \"json_object\" | "
+                                         "\"json_schema\", ...}");
+  const std::string type = f["type"];
+  if (type == "text") return {};
+  if (type == "json_object") return schema_rules(ojson{{"type", "object"}}, "root", "response_format");
+  if (type != "json_schema")
+    throw bad_request("response_format.type", "response_format.type \"" + type +
+                                                  "\" is unknown: allowed text, json_object, json_schema");
+  const ojson* js = present(f, "json_schema");
+  if (js == nullptr || !js->is_object())
+    throw bad_request("response_format.json_schema", "response_format.json_schema must be {\"name\", \"schema\"}");
+  const ojson* schema = present(*js, "schema");
+  if (schema == nullptr) throw bad_request("response_format.json_schema.schema", "response_format.json_schema.schema "
+                                                                                 "is required");
+  return schema_rules(*schema, "root", "response_format.json_schema.schema");
+}
+
+std::string choice_grammar(const ojson& choices) {
+  if (!choices.is_array() || choices.empty())
+    throw bad_request("guided_choice", "guided_choice must be a non-empty list of strings");
+  std::string g = "root ::= ";
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (!choices[i].is_string() || choices[i].get<std::string>().empty())
+      throw bad_request("guided_choice", "guided_choice must be a non-empty list of non-empty strings");
+    g += (i ? " | " : "") + gbnf_literal(choices[i].get<std::string>());
+  }
+  return g + "\n";
+}
+
+}  // namespace
+
+std::string gbnf_literal(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", u);
+      out += hex;
+    } else {
+      out += c;  // UTF-8 bytes pass as they are: the literal is their code points
+    }
+  }
+  return out + "\"";
+}
+
+std::string requested_grammar(const ojson& body, std::string& param) {
+  std::string grammar;
+  const auto take = [&](const char* name, auto make) {
+    const ojson* f = present(body, name);
+    if (f == nullptr) return;
+    std::string g = make(*f);
+    if (g.empty()) return;
+    if (!grammar.empty()) throw bad_request(name, std::string(name) + " and " + param + " cannot both be given");
+    grammar = std::move(g);
+    param = name;
+  };
+  take("response_format", response_format_grammar);
+  take("guided_json", [](const ojson& s) { return schema_rules(s, "root", "guided_json"); });
+  take("guided_choice", choice_grammar);
+  take("guided_grammar", [](const ojson& g) {
+    if (!g.is_string() || g.get<std::string>().empty())
+      throw bad_request("guided_grammar", "guided_grammar must be GBNF text");
+    return g.get<std::string>();
+  });
+  return grammar;
+}
+
+std::string tool_call_grammar(ToolFormat f, const ojson& tools, const std::vector<std::string>& names, bool parallel) {
+  std::string rules, call = "call ::= ";
+  bool first = true;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& fn = tools[i]["function"];
+    const std::string name = fn["name"];
+    const std::string args = "tool" + std::to_string(i) + "-args";
+    bool offered = false;
+    for (const std::string& n : names) offered = offered || n == name;
+    if (!offered) continue;
+    const ojson* params = present(fn, "parameters");
+    rules += schema_rules(params ? *params : ojson{{"type", "object"}}, args,
+                          "tools[" + std::to_string(i) + "].function.parameters");
+    const std::string head = "{\"name\": " + ojson(name).dump() + ", \"" +
+                             (f == ToolFormat::llama3 ? "parameters" : "arguments") + "\": ";
+    const std::string open = f == ToolFormat::hermes ? "<tool_call>\n" + head : head;
+    const std::string close = f == ToolFormat::hermes ? "}\n</tool_call>" : "}";
+    call += (first ? "" : " | ") + gbnf_literal(open) + " " + args + " " + gbnf_literal(close);
+    first = false;
+  }
+  const std::string sep = f == ToolFormat::hermes ? "\"\\n\"" : f == ToolFormat::llama3 ? "\"; \"" : "\", \"";
+  const std::string more = parallel ? " (" + sep + " call){0,3}" : "";
+  const std::string root = f == ToolFormat::mistral ? "root ::= \"[\" call" + more + " \"]\"\n"
+                                                    : "root ::= call" + more + "\n";
+  return root + call + "\n" + rules;
+}
+
+std::shared_ptr<const infer::TokenGrammar> compile_grammar(const std::string& gbnf,
+                                                           std::shared_ptr<const infer::GrammarVocab> vocab,
+                                                           const std::string& param) {
+  if (vocab == nullptr) throw bad_request(param, param + " needs a model with a tokenizer");
+  try {
+    return std::make_shared<const infer::TokenGrammar>(infer::TokenGrammar{infer::parse_gbnf(gbnf), std::move(vocab)});
+  } catch (const loom::Error& e) {
+    throw bad_request(param, param + ": " + e.what());
+  }
+}
+
+}  // namespace loom::serve

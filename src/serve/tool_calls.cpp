@@ -1,0 +1,245 @@
+#include "serve/tool_calls.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "serve/openai_request.h"
+
+namespace loom::serve {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>", kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]";
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::string_view marker_of(ToolFormat f) {
+  return f == ToolFormat::hermes ? kHermesOpen : f == ToolFormat::llama3 ? kPythonTag : kMistralCalls;
+}
+
+// The length of the JSON object or array at the start of s (brackets
+// balanced, strings and their escapes skipped), or 0 when s does not start
+// with one that ends.
+size_t json_extent(std::string_view s) {
+  if (s.empty() || (s[0] != '{' && s[0] != '[')) return 0;
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return 0;
+}
+
+// The JSON value at the start of s, consumed from s; discarded when none.
+ojson take_json(std::string_view& s) {
+  s = trim(s);
+  const size_t n = json_extent(s);
+  if (n == 0) return ojson(ojson::value_t::discarded);
+  ojson v = ojson::parse(s.substr(0, n), nullptr, false);
+  s.remove_prefix(n);
+  return v;
+}
+
+// {"name": ..., "arguments" | "parameters": {...} or a string holding it}
+// as a call; false when it is not one of names'.
+bool to_call(const ojson& v, const std::vector<std::string>& names, ToolCall& call) {
+  if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) return false;
+  call.name = v["name"].get<std::string>();
+  if (std::find(names.begin(), names.end(), call.name) == names.end()) return false;
+  ojson args = v.contains("arguments") ? v["arguments"] : v.contains("parameters") ? v["parameters"] : ojson::object();
+  if (args.is_string()) args = ojson::parse(args.get<std::string>(), nullptr, false);
+  if (args.is_null()) args = ojson::object();
+  if (!args.is_object()) return false;
+  call.arguments = std::move(args);
+  return true;
+}
+
+bool parse_hermes(std::string_view s, const std::vector<std::string>& names, ParsedToolOutput& out) {
+  size_t at = s.find(kHermesOpen);
+  if (at == std::string_view::npos) return false;
+  out.content = std::string(s.substr(0, at));
+  while (at != std::string_view::npos) {
+    std::string_view rest = s.substr(at + kHermesOpen.size());
+    ToolCall call;
+    if (!to_call(take_json(rest), names, call)) return false;
+    rest = trim(rest);
+    if (rest.starts_with(kHermesClose)) rest.remove_prefix(kHermesClose.size());
+    else if (!rest.empty()) return false;  // only an output cut at its end may lack the closing tag
+    out.calls.push_back(std::move(call));
+    const size_t next = rest.find(kHermesOpen);
+    out.content += std::string(trim(rest.substr(0, next)));
+    at = next == std::string_view::npos ? next : static_cast<size_t>(rest.data() - s.data()) + next;
+  }
+  return true;
+}
+
+bool parse_llama3(std::string_view s, const std::vector<std::string>& names, ParsedToolOutput& out) {
+  const size_t tag = s.find(kPythonTag);
+  if (tag != std::string_view::npos) {
+    out.content = std::string(s.substr(0, tag));
+    s.remove_prefix(tag + kPythonTag.size());
+  } else if (!trim(s).starts_with('{')) {
+    return false;
+  }
+  while (!trim(s).empty()) {
+    ToolCall call;
+    if (!to_call(take_json(s), names, call)) return false;
+    out.calls.push_back(std::move(call));
+    s = trim(s);
+    if (s.starts_with(';')) s.remove_prefix(1);
+    else if (!s.empty()) return false;
+  }
+  return !out.calls.empty();
+}
+
+bool parse_mistral(std::string_view s, const std::vector<std::string>& names, ParsedToolOutput& out) {
+  const size_t tag = s.find(kMistralCalls);
+  if (tag != std::string_view::npos) {
+    out.content = std::string(s.substr(0, tag));
+    s.remove_prefix(tag + kMistralCalls.size());
+  } else if (!trim(s).starts_with('[')) {
+    return false;
+  }
+  if (trim(s).starts_with('[')) {  // v3: a JSON list of calls
+    const ojson list = take_json(s);
+    if (!list.is_array() || list.empty() || !trim(s).empty()) return false;
+    for (const ojson& v : list) {
+      ToolCall call;
+      if (!to_call(v, names, call)) return false;
+      out.calls.push_back(std::move(call));
+    }
+    return true;
+  }
+  while (!trim(s).empty()) {  // v11: name[ARGS]{...}, each after [TOOL_CALLS]
+    const size_t args = s.find(kMistralArgs);
+    if (args == std::string_view::npos) return false;
+    const ojson name(std::string(trim(s.substr(0, args))));
+    s.remove_prefix(args + kMistralArgs.size());
+    ToolCall call;
+    if (!to_call(ojson{{"name", name}, {"arguments", take_json(s)}}, names, call)) return false;
+    out.calls.push_back(std::move(call));
+    s = trim(s);
+    if (s.starts_with(kMistralCalls)) s.remove_prefix(kMistralCalls.size());
+    else if (!s.empty()) return false;
+  }
+  return !out.calls.empty();
+}
+
+}  // namespace
+
+const char* tool_format_name(ToolFormat f) {
+  return f == ToolFormat::hermes ? "hermes" : f == ToolFormat::llama3 ? "llama3" : "mistral";
+}
+
+ToolFormat tool_format_of(std::string_view source) {
+  if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
+  if (source.find(kMistralCalls) != std::string_view::npos) return ToolFormat::mistral;
+  if (source.find(kPythonTag) != std::string_view::npos || source.find("<|start_header_id|>") != std::string_view::npos)
+    return ToolFormat::llama3;
+  return ToolFormat::hermes;
+}
+
+bool template_renders_tools(std::string_view source) { return source.find("tools") != std::string_view::npos; }
+
+std::vector<std::string> check_tools(const ojson& tools) {
+  if (!tools.is_array()) throw bad_request("tools", "tools must be a list of {\"type\": \"function\", \"function\": {...}}");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    const ojson& t = tools[i];
+    if (!t.is_object() || t.value("type", ojson("function")) != "function")
+      throw bad_request(at, at + " must be {\"type\": \"function\", \"function\": {...}}: only function tools exist");
+    const auto f = t.find("function");
+    if (f == t.end() || !f->is_object()) throw bad_request(at + ".function", at + ".function must be an object");
+    const auto name = f->find("name");
+    if (name == f->end() || !name->is_string() || name->get<std::string>().empty())
+      throw bad_request(at + ".function.name", at + ".function.name must be a non-empty string");
+    if (const auto p = f->find("parameters"); p != f->end() && !p->is_null() && !p->is_object())
+      throw bad_request(at + ".function.parameters", at + ".function.parameters must be a JSON schema object");
+    if (std::find(names.begin(), names.end(), name->get<std::string>()) != names.end())
+      throw bad_request(at + ".function.name", "tools name the function " + name->dump() + " twice");
+    names.push_back(name->get<std::string>());
+  }
+  return names;
+}
+
+ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view output, const std::vector<std::string>& names) {
+  ParsedToolOutput out;
+  const bool ok = f == ToolFormat::hermes   ? parse_hermes(output, names, out)
+                  : f == ToolFormat::llama3 ? parse_llama3(output, names, out)
+                                            : parse_mistral(output, names, out);
+  if (!ok) return {std::string(output), {}};
+  return out;
+}
+
+std::string tool_call_id(ToolFormat f, uint64_t seed, int64_t index) {
+  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(index) + 1);
+  std::string id = f == ToolFormat::mistral ? "" : "call_";
+  for (int i = 0, n = f == ToolFormat::mistral ? 9 : 24; i < n; ++i) id += kAlnum[rng() % (sizeof kAlnum - 1)];
+  return id;
+}
+
+ToolCallStream::ToolCallStream(ToolFormat f, std::vector<std::string> names, uint64_t seed)
+    : format_(f), names_(std::move(names)), seed_(seed) {}
+
+std::string ToolCallStream::feed(std::string_view text) {
+  pending_ += text;
+  if (holding_) return {};
+  if (!seen_text_) {
+    const std::string_view head = trim(pending_);
+    if (head.empty()) return {};  // only whitespace yet: it may lead into a call
+    const char json_start = format_ == ToolFormat::llama3 ? '{' : format_ == ToolFormat::mistral ? '[' : '\0';
+    if (head.front() == json_start) {
+      holding_ = true;
+      return {};
+    }
+  }
+  const std::string_view marker = marker_of(format_);
+  if (const size_t at = pending_.find(marker); at != std::string::npos) {
+    std::string out = pending_.substr(0, at);
+    pending_.erase(0, at);
+    holding_ = true;
+    if (!seen_text_ && trim(out).empty()) out.clear();  // the call is the whole answer: no blank content before it
+    seen_text_ = seen_text_ || !out.empty();
+    return out;
+  }
+  // Hold back the longest end of the text that begins the marker.
+  size_t keep = std::min(pending_.size(), marker.size() - 1);
+  while (keep > 0 && !marker.starts_with(std::string_view(pending_).substr(pending_.size() - keep))) --keep;
+  if (!seen_text_ && trim(std::string_view(pending_).substr(0, pending_.size() - keep)).empty())
+    return {};  // only blanks before what may be a call: held with it
+  std::string out = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  seen_text_ = true;
+  return out;
+}
+
+ParsedToolOutput ToolCallStream::finish() {
+  ParsedToolOutput out = holding_ ? parse_tool_calls(format_, pending_, names_) : ParsedToolOutput{pending_, {}};
+  pending_.clear();
+  for (size_t i = 0; i < out.calls.size(); ++i)
+    out.calls[i].id = tool_call_id(format_, seed_, static_cast<int64_t>(i));
+  return out;
+}
+
+}  // namespace loom::serve
