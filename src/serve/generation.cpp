@@ -21,7 +21,7 @@ GenerationSource::GenerationSource(ModelManager& models, std::string model, std:
 
 GenerationSource::~GenerationSource() {
   std::lock_guard lk(mu_);
-  if (model_) models_.release(model_->name, keep_alive_);
+  if (model_) models_.release(*model_, keep_alive_, times_.received);
 }
 
 void GenerationSource::start(std::function<void()> wake) {

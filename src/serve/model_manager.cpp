@@ -32,11 +32,19 @@ void ModelManager::pin(std::shared_ptr<LoadedModel> m) {
 
 void ModelManager::acquire(const std::string& name, Ready done) {
   const std::string canonical = namer_(name);
+  // Read before taking the lock (a file read): what the store holds now.
+  std::optional<std::optional<std::string>> stored;
+  if (options_.current_digest) stored = options_.current_digest(canonical);
   std::shared_ptr<LoadedModel> ready;
   {
     std::lock_guard lk(mu_);
     if (stop_) throw ApiError(503, "ServiceUnavailableError", "", "the server is shutting down");
-    if (auto it = loaded_.find(canonical); it != loaded_.end()) {
+    auto it = loaded_.find(canonical);
+    if (it != loaded_.end() && stored && !it->second.pinned && *stored != it->second.model->digest) {
+      retire(it);
+      it = loaded_.end();
+    }
+    if (it != loaded_.end()) {
       it->second.last_used = Clock::now();
       ready = it->second.model;
     } else {
@@ -47,13 +55,16 @@ void ModelManager::acquire(const std::string& name, Ready done) {
   else cv_.notify_all();
 }
 
-void ModelManager::release(const std::string& name, std::optional<std::chrono::seconds> keep_alive) {
+void ModelManager::release(const LoadedModel& m, std::optional<std::chrono::seconds> keep_alive,
+                           Clock::time_point asked_at) {
   std::lock_guard lk(mu_);
-  const auto it = loaded_.find(name);
-  if (it == loaded_.end() || it->second.pinned) return;
-  const std::chrono::seconds ka = keep_alive.value_or(options_.keep_alive);
+  const auto it = loaded_.find(m.name);
+  if (it == loaded_.end() || it->second.pinned || it->second.model.get() != &m) return;
   it->second.last_used = Clock::now();
+  if (asked_at < it->second.keep_alive_at) return;  // a later request's keep_alive stands
+  const std::chrono::seconds ka = keep_alive.value_or(options_.keep_alive);
   it->second.expires = ka.count() < 0 ? std::nullopt : std::optional(Clock::now() + ka);
+  it->second.keep_alive_at = asked_at;
   cv_.notify_all();
 }
 
@@ -62,8 +73,37 @@ bool ModelManager::unload(const std::string& name) {
   const auto it = loaded_.find(name);
   if (it == loaded_.end() || it->second.pinned) return false;
   it->second.expires = Clock::now();
+  it->second.keep_alive_at = Clock::now();
   cv_.notify_all();
   return true;
+}
+
+// Out of loaded_: no new request gets it; expire() frees it once idle.
+void ModelManager::retire(std::map<std::string, Entry>::iterator it) {
+  retired_.push_back(std::move(it->second.model));
+  loaded_.erase(it);
+}
+
+bool ModelManager::stale(const Entry& e, const std::string& name) const {
+  if (e.pinned || !options_.current_digest) return false;
+  const std::optional<std::string> now = options_.current_digest(name);
+  return !now || *now != e.model->digest;
+}
+
+// About once a second: retire what the store no longer holds as loaded.
+void ModelManager::check_store(std::unique_lock<std::mutex>& lk) {
+  if (!options_.current_digest || Clock::now() - checked_ < std::chrono::seconds(1)) return;
+  checked_ = Clock::now();
+  std::vector<std::pair<std::string, std::string>> names;  // (name, digest) loaded now
+  for (const auto& [name, e] : loaded_)
+    if (!e.pinned) names.emplace_back(name, e.model->digest);
+  lk.unlock();
+  std::vector<std::string> gone;
+  for (const auto& [name, digest] : names)
+    if (const auto now = options_.current_digest(name); !now || *now != digest) gone.push_back(name);
+  lk.lock();
+  for (const std::string& name : gone)
+    if (auto it = loaded_.find(name); it != loaded_.end() && stale(it->second, name)) retire(it);
 }
 
 bool ModelManager::idle(const Entry& e) {
@@ -88,7 +128,7 @@ std::vector<LoadedStatus> ModelManager::loaded() const {
 
 std::vector<std::shared_ptr<LoadedModel>> ModelManager::models() const {
   std::lock_guard lk(mu_);
-  std::vector<std::shared_ptr<LoadedModel>> out;
+  std::vector<std::shared_ptr<LoadedModel>> out = retired_;  // drain covers what still runs on them
   for (const auto& [name, e] : loaded_) out.push_back(e.model);
   return out;
 }
@@ -122,6 +162,7 @@ void ModelManager::run() {
       load(wanted_.front().name, lk);
       continue;
     }
+    check_store(lk);
     expire(lk);
     cv_.wait_for(lk, std::chrono::milliseconds(250));
   }
@@ -164,6 +205,7 @@ void ModelManager::make_room(int64_t bytes, std::unique_lock<std::mutex>& lk) {
   const auto over = [&] {
     int64_t used = 0;
     for (const auto& [n, e] : loaded_) used += e.model->bytes;
+    for (const auto& m : retired_) used += m->bytes;  // still in memory until their requests end
     const bool too_many = static_cast<int64_t>(loaded_.size()) + 1 > options_.max_loaded;
     return too_many || (options_.memory_budget_bytes > 0 && used + bytes > options_.memory_budget_bytes);
   };
@@ -185,6 +227,13 @@ void ModelManager::make_room(int64_t bytes, std::unique_lock<std::mutex>& lk) {
 void ModelManager::expire(std::unique_lock<std::mutex>& lk) {
   const auto now = Clock::now();
   std::vector<std::shared_ptr<LoadedModel>> gone;
+  for (auto it = retired_.begin(); it != retired_.end();)
+    if (it->use_count() == 1 && (*it)->loop->stats().in_flight == 0) {
+      gone.push_back(std::move(*it));
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
   for (auto it = loaded_.begin(); it != loaded_.end();) {
     const Entry& e = it->second;
     if (!e.pinned && e.expires && *e.expires <= now && idle(e)) {

@@ -9,6 +9,14 @@
 // A request holds a shared_ptr to its LoadedModel: unloading drops the
 // manager's reference, and the engine goes when the last request using it
 // ends.
+//
+// A request is served by what the store holds now, as ollama re-reads the
+// manifest per request: with ManagerOptions::current_digest, a loaded model
+// whose digest the store no longer has (re-created: another digest;
+// removed: none) is retired (its requests in flight finish on it, then it
+// goes) and the request loads the model anew (or gets the 404). The
+// manager also checks its loaded models about once a second, so a removed
+// model leaves memory without waiting for a request.
 #pragma once
 
 #include <chrono>
@@ -60,6 +68,9 @@ struct ManagerOptions {
   int64_t memory_budget_bytes = 0;  // 0: no budget
   std::chrono::seconds keep_alive{300};
   int64_t max_loaded = 4;
+  // The digest the store holds for a canonical name now, nullopt when it
+  // holds no such model; unset: models never change (a --model directory).
+  std::function<std::optional<std::string>(const std::string& name)> current_digest{};
 };
 
 struct LoadedStatus {
@@ -85,11 +96,15 @@ class ModelManager {
   // is loaded already. The name is canonicalised first (ApiError thrown
   // here for a malformed one).
   void acquire(const std::string& name, Ready done);
-  // After a request: the model stays keep_alive from now (negative: kept;
-  // 0: unloaded as soon as it is idle).
-  void release(const std::string& name, std::optional<std::chrono::seconds> keep_alive);
-  // Unloads now if idle, else as soon as it is (keep_alive 0); false when
-  // it is not loaded.
+  // After a request that came at asked_at: the model stays keep_alive from
+  // now (negative: kept; 0: unloaded as soon as it is idle), unless a
+  // request that came later set it already (the last keep_alive asked for
+  // wins: a long request ending after an unload does not undo it).
+  // A retired model (another now has its name) is not touched.
+  void release(const LoadedModel& m, std::optional<std::chrono::seconds> keep_alive,
+               std::chrono::steady_clock::time_point asked_at);
+  // Unloads now if idle, else as soon as it is (keep_alive 0, asked now);
+  // false when it is not loaded.
   bool unload(const std::string& name);
   std::vector<LoadedStatus> loaded() const;
   // SIGTERM: every loaded loop drains (refuses new work, waits up to grace).
@@ -104,6 +119,7 @@ class ModelManager {
     bool pinned = false;
     std::optional<std::chrono::steady_clock::time_point> expires;  // none: kept
     std::chrono::steady_clock::time_point last_used{};
+    std::chrono::steady_clock::time_point keep_alive_at{};  // when the keep_alive in force was asked for
   };
   struct Wanted {
     std::string name;
@@ -111,6 +127,9 @@ class ModelManager {
   };
 
   void run();
+  bool stale(const Entry& e, const std::string& name) const;
+  void retire(std::map<std::string, Entry>::iterator it);
+  void check_store(std::unique_lock<std::mutex>& lk);
   void load(const std::string& name, std::unique_lock<std::mutex>& lk);
   void make_room(int64_t bytes, std::unique_lock<std::mutex>& lk);
   void expire(std::unique_lock<std::mutex>& lk);
@@ -122,6 +141,8 @@ class ModelManager {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Entry> loaded_;
+  std::vector<std::shared_ptr<LoadedModel>> retired_;  // stale, still serving requests in flight
+  std::chrono::steady_clock::time_point checked_{};    // the last check_store()
   std::deque<Wanted> wanted_;
   bool stop_ = false;
   std::thread thread_;

@@ -259,7 +259,9 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
 void OllamaFormat::end(const GenerationTimes& t, std::string& out) {
   json j = piece(stream_ ? std::string() : text_, true);
   if (!stream_ && !calls_.empty()) j["message"]["tool_calls"] = tool_calls();
-  j["done_reason"] = finish_ == infer::FinishReason::length ? "length" : "stop";
+  j["done_reason"] = finish_ == infer::FinishReason::length  ? "length"
+                    : finish_ == infer::FinishReason::abort ? "abort"  // cut by the server's drain deadline
+                                                            : "stop";
   j["total_duration"] = ns(t.received, t.end);
   j["load_duration"] = ns(t.received, t.model_ready);
   j["prompt_eval_count"] = prompt_tokens_;

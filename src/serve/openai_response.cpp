@@ -41,6 +41,7 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 json finish_reason_json(infer::FinishReason f) {
   if (f == infer::FinishReason::stop) return "stop";
   if (f == infer::FinishReason::length) return "length";
+  if (f == infer::FinishReason::abort) return "abort";  // vLLM's word: cut by the server (its drain deadline)
   return nullptr;
 }
 

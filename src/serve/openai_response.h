@@ -2,8 +2,8 @@
 // /v1/chat/completions, independent of HTTP: the deltas of a request's
 // streams (EngineLoop) become the final JSON body or the chunks of a
 // server-sent-event stream, with OpenAI's shapes: choices indexed
-// prompt * n + sequence, finish_reason "stop" / "length" (an aborted
-// sequence reports neither: null), the legacy completions logprobs object or
+// prompt * n + sequence, finish_reason "stop" / "length" / "abort" (cut by
+// the server, as vLLM reports it), the legacy completions logprobs object or
 // chat's {"content": [...]}, and usage counts. A chat stream starts with a
 // chunk per choice that only names the role. A chat with tools reads each
 // choice's output for calls (tool_calls.h): text that may start a call is
@@ -79,7 +79,7 @@ class CompletionResponse {
   int64_t prompt_tokens_ = 0;
 };
 
-// "stop", "length" or null (none and abort).
+// "stop", "length", "abort" or null (none: not finished).
 nlohmann::json finish_reason_json(infer::FinishReason f);
 
 // OpenAI's form of a call: {"id", "type": "function", "function": {"name",

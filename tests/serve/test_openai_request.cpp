@@ -268,11 +268,11 @@ TEST(OpenAiResponse, ChoicesAreIndexedPromptTimesNPlusSequenceWithUsage) {
   EXPECT_EQ(resp.usage_chunk()["usage"], body["usage"]);
 }
 
-TEST(OpenAiResponse, AbortedSequencesHaveNoFinishReasonAndNoLogprobsWithoutTheField) {
+TEST(OpenAiResponse, AbortedSequencesSayAbortAndHaveNoLogprobsWithoutTheField) {
   const CompletionRequest r = parse({{"model", "gpt2"}, {"prompt", "x"}});
   CompletionResponse resp(r, "cmpl-2", 1, &tokenizer());
   resp.add(0, deltas_for(0, " y", infer::FinishReason::abort));
-  EXPECT_TRUE(resp.body()["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(resp.body()["choices"][0]["finish_reason"], "abort");
   EXPECT_TRUE(resp.body()["choices"][0]["logprobs"].is_null());
 }
 

@@ -112,6 +112,52 @@ const cases = {
     await expectStatus(ollama.delete({ model: 'tiny-chat' }), 404, /not found/);
   },
 
+  // A loaded model re-created is served in its new form from the next
+  // request on; removed, it answers 404 and leaves memory (ollama reads the
+  // manifest per request).
+  async recreatedAndRemovedModelsAreNotServedStale() {
+    const digestOf = async (name) => (await ollama.list()).models.find((m) => m.name === name).digest;
+    const loadedDigest = async (name) => (await ollama.ps()).models.find((m) => m.name === name)?.digest;
+    const messages = [{ role: 'user', content: 'Hi' }];
+    await ollama.create({ model: 'lifecycle', from: model, system: 'First.', parameters: { num_predict: 2 } });
+    const before = await ollama.chat({ model: 'lifecycle', messages });
+    const first = await digestOf('lifecycle:latest');
+    assert.equal(await loadedDigest('lifecycle:latest'), first);
+    await ollama.create({ model: 'lifecycle', from: model, system: 'Second, longer.', parameters: { num_predict: 2 } });
+    const second = await digestOf('lifecycle:latest');
+    assert.notEqual(second, first);
+    const reply = await ollama.chat({ model: 'lifecycle', messages });
+    assert.equal(await loadedDigest('lifecycle:latest'), second, 'the new model answers');
+    assert.ok(reply.prompt_eval_count > before.prompt_eval_count, 'the new, longer SYSTEM is in the prompt');
+    await ollama.delete({ model: 'lifecycle' });
+    await expectStatus(ollama.chat({ model: 'lifecycle', messages }), 404, /not found/);
+    let ps;
+    for (let i = 0; i < 40; ++i) {  // gone from memory within the manager's check (about a second)
+      ps = await ollama.ps();
+      if (!ps.models.some((m) => m.name === 'lifecycle:latest')) break;
+      await sleep(100);
+    }
+    assert.ok(!ps.models.some((m) => m.name === 'lifecycle:latest'), JSON.stringify(ps.models));
+  },
+
+  // keep_alive 0 while a request runs: the model unloads when it ends (the
+  // last keep_alive asked for wins over the running request's).
+  async keepAliveZeroDuringARequestUnloadsAfterIt() {
+    const long = ollama.generate({ model, prompt: 'Tell a long story', keep_alive: '10m', stream: false,
+                                   options: { num_predict: 60, temperature: 0 } });
+    await sleep(150);
+    const unloaded = await ollama.generate({ model, prompt: '', keep_alive: 0 });
+    assert.equal(unloaded.done_reason, 'unload');
+    await long;
+    let ps;
+    for (let i = 0; i < 40; ++i) {
+      ps = await ollama.ps();
+      if (!ps.models.some((m) => m.name === 'tiny:latest')) break;
+      await sleep(100);
+    }
+    assert.ok(!ps.models.some((m) => m.name === 'tiny:latest'), 'unloaded once the request ended');
+  },
+
   // Run with --max-loaded 2: a third model unloads the least recently used idle one.
   async leastRecentlyUsedGoesFirst() {
     await ollama.copy({ source: model, destination: 'tiny-a' });
