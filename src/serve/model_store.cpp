@@ -176,8 +176,24 @@ void ModelStore::write_manifest(const ModelName& name, const Manifest& m) {
   write_file_atomic(path.string(), m.to_json().dump(2) + "\n");
 }
 
+// Files a writer killed mid-write left behind (*.tmp under blobs/ and
+// manifests/, up to a model's size): with the lock held no writer runs, so
+// every one is a leftover.
+void ModelStore::collect_leftovers() {
+  std::error_code ec;
+  for (const char* dir : {"blobs", "manifests"}) {
+    const fs::path base = fs::path(root_) / dir;
+    if (!fs::is_directory(base, ec)) continue;
+    std::vector<fs::path> gone;
+    for (const auto& entry : fs::recursive_directory_iterator(base, ec))
+      if (entry.is_regular_file(ec) && entry.path().extension() == ".tmp") gone.push_back(entry.path());
+    for (const fs::path& p : gone) fs::remove(p, ec);
+  }
+}
+
 StoredModel ModelStore::put_model(const ModelName& name, const std::vector<LayerSource>& layers) {
   const StoreLock lock(root_);
+  collect_leftovers();
   Manifest m;
   for (const LayerSource& src : layers) m.layers.push_back(put_layer(src));
   write_manifest(name, m);
@@ -216,15 +232,18 @@ std::vector<StoredModel> ModelStore::list() const {
   return out;
 }
 
-void ModelStore::copy(const ModelName& from, const ModelName& to) {
+bool ModelStore::copy(const ModelName& from, const ModelName& to) {
   const StoreLock lock(root_);
+  collect_leftovers();
   const std::optional<StoredModel> m = get(from);
-  LOOM_REQUIRE(m.has_value(), "model '", from.str(), "' not found");
+  if (!m) return false;
   write_manifest(to, m->manifest);
+  return true;
 }
 
 bool ModelStore::remove(const ModelName& name) {
   const StoreLock lock(root_);
+  collect_leftovers();
   const fs::path path = manifest_path(name);
   if (!fs::is_regular_file(path)) return false;  // a folder of models a/b/ is not the model a:b
   fs::remove(path);

@@ -86,12 +86,16 @@ class ModelStore {
   std::string read_blob(const std::string& digest) const;
 
   // Adds the layers' blobs (a blob already present is kept) and writes (or
-  // replaces) name's manifest, as one step under the store's lock.
+  // replaces) name's manifest, as one step under the store's lock. Every
+  // write (put_model, copy, remove) first removes the *.tmp files a writer
+  // killed mid-write left.
   StoredModel put_model(const ModelName& name, const std::vector<LayerSource>& layers);
   std::optional<StoredModel> get(const ModelName& name) const;
   std::vector<StoredModel> list() const;  // sorted by name
-  // loom::Error when from is missing; to is replaced if present.
-  void copy(const ModelName& from, const ModelName& to);
+  // to (replaced if present) names from's layers; false when from is
+  // missing (checked under the lock: it may go between a caller's check and
+  // the copy).
+  bool copy(const ModelName& from, const ModelName& to);
   // Removes the manifest, then every blob no manifest names; false when
   // there was no such model.
   bool remove(const ModelName& name);
@@ -101,6 +105,7 @@ class ModelStore {
   Layer put_layer(const LayerSource& src);
   void write_manifest(const ModelName& name, const Manifest& m);
   void collect_garbage();
+  void collect_leftovers();
 
   std::string root_;
 };

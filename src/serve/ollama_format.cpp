@@ -159,43 +159,59 @@ ojson openai_fields(const ojson& body, const LoadedModel& m, bool stream, bool c
 
 }  // namespace
 
+namespace {
+
+// options.num_ctx (or the Modelfile's PARAMETER num_ctx): the context a
+// request may use, at most the model's.
+ServedModel bounded(const ojson& body, const LoadedModel& m) {
+  ServedModel served = m.served;
+  ojson n = m.parameters.contains("num_ctx") ? ojson(m.parameters["num_ctx"]) : ojson();
+  if (body.contains("options") && body["options"].is_object() && body["options"].contains("num_ctx") &&
+      !body["options"]["num_ctx"].is_null())
+    n = body["options"]["num_ctx"];
+  if (n.is_null()) return served;
+  if (!n.is_number_integer() || n.get<int64_t>() < 1)
+    throw bad_request("options.num_ctx", "options.num_ctx must be a positive integer, got " + n.dump());
+  served.max_model_len = std::min(served.max_model_len, n.get<int64_t>());
+  return served;
+}
+
+// think: true only for a template that thinks; loom does not yet split the
+// thinking from the answer, so it is refused rather than ignored.
+void check_think(const ojson& body, const LoadedModel& m) {
+  const auto t = body.find("think");
+  if (t == body.end() || t->is_null() || *t == ojson(false)) return;
+  if (!m.served.thinks)
+    throw bad_request("think", "model \"" + m.name + "\" does not support thinking");
+  throw bad_request("think", "think is not supported yet: leave it out (the model thinks as its template says)");
+}
+
+// /api/generate's context: the token ids a previous answer returned, put
+// before this prompt's (encoded without BOS: it continues them).
+std::vector<int32_t> context_ids(const ojson& body, const ServedModel& m) {
+  const auto c = body.find("context");
+  if (c == body.end() || c->is_null() || (c->is_array() && c->empty())) return {};
+  if (!c->is_array()) throw bad_request("context", "context must be a list of token ids");
+  std::vector<int32_t> ids;
+  for (const ojson& t : *c) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.vocab_size)
+      throw bad_request("context", "context holds " + t.dump() + ": token ids are 0 to " +
+                                       std::to_string(m.vocab_size - 1));
+    ids.push_back(t.get<int32_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
 CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
   ojson openai = openai_fields(body_, m, stream_, chat_);
   try {
-    if (chat_) {
-      openai["messages"] = body_.value("messages", ojson::array());
-      if (openai["messages"].is_array())
-        for (const ojson& msg : openai["messages"])
-          if (msg.is_object() && msg.contains("images") && !msg["images"].is_null() && !msg["images"].empty())
-            throw bad_request("messages", "images are not supported: loom's models read text only");
-      apply_model_defaults(openai, m, true);
-      CompletionRequest r = parse_chat(openai, m.served, seed);
-      prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
-      return r;
-    }
-    const ojson& p = body_["prompt"];
-    if (!p.is_string()) throw bad_request("prompt", "prompt must be a string");
-    std::string text = p.get<std::string>();
-    const bool raw = body_.value("raw", ojson(false)) == ojson(true);
-    std::vector<std::string> template_stops;
-    if (!raw && m.templated) {
-      ojson messages = ojson::array();
-      const std::string system = body_.value("system", ojson(m.system)).is_string() ? body_.value("system", m.system)
-                                                                                    : m.system;
-      if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
-      messages.push_back({{"role", "user"}, {"content", text}});
-      text = m.served.render_chat(messages, nullptr, true);
-      template_stops = m.served.chat_stop;
-    }
-    openai["prompt"] = text;
-    apply_model_defaults(openai, m, false);
-    if (!openai.contains("max_tokens") && m.served.tokenizer != nullptr) {
-      const auto len = static_cast<int64_t>(m.served.tokenizer->encode_prompt(text).size());
-      openai["max_tokens"] = std::max<int64_t>(1, m.served.max_model_len - len);
-    }
-    CompletionRequest r = parse_completion(openai, m.served, seed);
-    for (const std::string& s : template_stops) r.stop.push_back(s);
+    check_think(body_, m);
+    const ServedModel served = bounded(body_, m);
+    CompletionRequest r = chat_ ? parse_chat_body(openai, m, served, seed) : parse_generate_body(openai, m, served, seed);
     prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
+    if (!chat_) context_ = r.prompts[0];
     return r;
   } catch (const ApiError& e) {
     for (const auto& [ollama, field] : kOptions)
@@ -204,6 +220,57 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
     if (e.param().starts_with("response_format")) throw ApiError(e.status(), e.type(), "format", e.what());
     throw;
   }
+}
+
+CompletionRequest OllamaFormat::parse_chat_body(ojson& openai, const LoadedModel& m, const ServedModel& served,
+                                                uint64_t seed) {
+  openai["messages"] = body_.value("messages", ojson::array());
+  if (openai["messages"].is_array())
+    for (const ojson& msg : openai["messages"])
+      if (msg.is_object() && msg.contains("images") && !msg["images"].is_null() && !msg["images"].empty())
+        throw bad_request("messages", "images are not supported: loom's models read text only");
+  apply_model_defaults(openai, m, true);
+  return parse_chat(openai, served, seed);
+}
+
+// The prompt through the model's template (unless raw) with the system
+// prompt (the request's, else the Modelfile's; a model without a template
+// of its own gets it as a first paragraph), after any context.
+CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedModel& m, const ServedModel& served,
+                                                    uint64_t seed) {
+  const ojson& p = body_["prompt"];
+  if (!p.is_string()) throw bad_request("prompt", "prompt must be a string");
+  std::string text = p.get<std::string>();
+  const bool raw = body_.value("raw", ojson(false)) == ojson(true);
+  const std::string system = body_.value("system", ojson(m.system)).is_string() ? body_.value("system", m.system)
+                                                                                : m.system;
+  std::vector<std::string> template_stops;
+  if (!raw && m.templated) {
+    ojson messages = ojson::array();
+    if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+    messages.push_back({{"role", "user"}, {"content", text}});
+    text = served.render_chat(messages, nullptr, true);
+    template_stops = served.chat_stop;
+  } else if (!raw && !system.empty()) {
+    text = system + "\n\n" + text;
+  }
+  const std::vector<int32_t> context = context_ids(body_, served);
+  if (!context.empty() && served.tokenizer != nullptr) {
+    std::vector<int32_t> ids = context;
+    for (int32_t t : served.tokenizer->encode(text)) ids.push_back(t);
+    openai["prompt"] = ids;
+  } else {
+    openai["prompt"] = text;
+  }
+  apply_model_defaults(openai, m, false);
+  if (!openai.contains("max_tokens") && served.tokenizer != nullptr) {
+    const auto len = static_cast<int64_t>(openai["prompt"].is_array() ? openai["prompt"].size()
+                                                                       : served.tokenizer->encode_prompt(text).size());
+    openai["max_tokens"] = std::max<int64_t>(1, served.max_model_len - len);
+  }
+  CompletionRequest r = parse_completion(openai, served, seed);
+  for (const std::string& s : template_stops) r.stop.push_back(s);
+  return r;
 }
 
 json OllamaFormat::piece(const std::string& text, bool done) const {
@@ -238,6 +305,7 @@ json OllamaFormat::tool_calls() const {
 void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& out) {
   for (const Delta& d : deltas) {
     if (d.token >= 0) ++completion_tokens_;
+    if (d.token >= 0 && !chat_) context_.push_back(d.token);
     if (d.finish != infer::FinishReason::none) finish_ = d.finish;
     std::string text = tools_ ? tools_->feed(d.text) : d.text;
     if (tools_ && d.finish != infer::FinishReason::none) {
@@ -259,6 +327,7 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
 void OllamaFormat::end(const GenerationTimes& t, std::string& out) {
   json j = piece(stream_ ? std::string() : text_, true);
   if (!stream_ && !calls_.empty()) j["message"]["tool_calls"] = tool_calls();
+  if (!chat_) j["context"] = context_;  // the conversation so far, for the next request's context
   j["done_reason"] = finish_ == infer::FinishReason::length  ? "length"
                     : finish_ == infer::FinishReason::abort ? "abort"  // cut by the server's drain deadline
                                                             : "stop";

@@ -2,7 +2,10 @@
 // /api/chat bodies (options with ollama's names, keep_alive, raw, system)
 // checked against the model that serves them, and the response as NDJSON
 // (one object per piece of text, then a final object with done_reason,
-// counts and durations in nanoseconds) or as one object. A chat's tools are
+// counts and durations in nanoseconds; /api/generate's with the context: the
+// prompt's and the answer's token ids, which a next request's context
+// continues) or as one object. options.num_ctx (or PARAMETER num_ctx) bounds
+// the context; think is refused (not ignored) until loom splits thinking. A chat's tools are
 // offered as OpenAI's are (parse_chat); calls found in the output come as
 // message.tool_calls [{"id", "function": {"index", "name", "arguments" as an
 // object}}]: in a piece of their own when streaming, else in the message. An empty prompt (or
@@ -37,6 +40,10 @@ class OllamaFormat : public GenerationFormat {
  private:
   nlohmann::json piece(const std::string& text, bool done) const;
   nlohmann::json tool_calls() const;
+  CompletionRequest parse_chat_body(nlohmann::ordered_json& openai, const LoadedModel& m, const ServedModel& served,
+                                    uint64_t seed);
+  CompletionRequest parse_generate_body(nlohmann::ordered_json& openai, const LoadedModel& m,
+                                        const ServedModel& served, uint64_t seed);
 
   nlohmann::ordered_json body_;
   const bool chat_;
@@ -47,6 +54,7 @@ class OllamaFormat : public GenerationFormat {
   std::unique_ptr<ToolCallStream> tools_;  // a chat that offers tools
   bool parallel_tool_calls_ = true;
   std::vector<ToolCall> calls_;
+  std::vector<int32_t> context_;  // /api/generate: the prompt's ids and the answer's, returned as context
 };
 
 // keep_alive as ollama takes it: a number of seconds, or a duration string

@@ -136,6 +136,12 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
   const json body = parse_body(req.body);
   const ModelName name = model_name_of(required_string(body, "model", "name"));
   ModelStore& st = store();
+  // Quantizing over the API is not done (yet): refused rather than a
+  // "success" that did not quantize.
+  if (const auto q = body.find("quantize"); q != body.end() && !q->is_null() && *q != json(""))
+    throw bad_request("quantize", "quantize is not supported by /api/create: write a quantized GGUF with `loom "
+                                  "quantize MODEL OUT.gguf --type " + (q->is_string() ? q->get<std::string>() : "q8_0") +
+                                  "` and create the model FROM it with `loom create`");
   Modelfile mf;
   if (body.contains("modelfile") && !body["modelfile"].is_null()) {
     if (!body["modelfile"].is_string()) throw bad_request("modelfile", "modelfile must be a string");
@@ -189,7 +195,7 @@ HttpResponse OllamaApi::copy(const HttpRequest& req) {
   const std::string from = required_string(body, "source");
   const ModelName source = model_name_of(from), destination = model_name_of(required_string(body, "destination"));
   if (!store().get(source)) throw not_found(from);
-  store_->copy(source, destination);
+  if (!store_->copy(source, destination)) throw not_found(from);  // gone since the check
   HttpResponse r;
   r.body = "";
   return r;

@@ -64,6 +64,7 @@ struct ServedModel {
   std::vector<std::string> chat_stop{};  // stop strings every chat request gets (where the template's turn ends)
   bool renders_tools = false;              // the template reads `tools`: chat requests may offer tools
   ToolFormat tool_format = ToolFormat::hermes;  // how the template teaches the model to write calls
+  bool thinks = false;  // the template has a thinking mode (<think>, enable_thinking)
   // The vocabulary grammars are compiled for (structured_output.h); null:
   // requests for structured output are refused.
   std::shared_ptr<const infer::GrammarVocab> grammar_vocab{};

@@ -158,6 +158,31 @@ const cases = {
     assert.ok(!ps.models.some((m) => m.name === 'tiny:latest'), 'unloaded once the request ended');
   },
 
+  // ollama's fields that shape the prompt: context continues a previous
+  // answer, system reaches a model without a template of its own,
+  // num_ctx bounds the context, think is refused for a model that does not think.
+  async contextSystemNumCtxAndThink() {
+    const first = await ollama.generate({ model, prompt: 'One', stream: false, options: { num_predict: 3 } });
+    assert.ok(Array.isArray(first.context) && first.context.length === first.prompt_eval_count + first.eval_count);
+    const next = await ollama.generate({ model, prompt: ' two', context: first.context, stream: false,
+                                         options: { num_predict: 3 } });
+    const alone = await ollama.generate({ model, prompt: ' two', stream: false, options: { num_predict: 3 } });
+    assert.ok(next.prompt_eval_count > alone.prompt_eval_count, 'the context is in the prompt');
+    assert.deepEqual(next.context.slice(0, first.context.length), first.context);
+    // The store's tiny has no template of its own but a SYSTEM: a different system is a different prompt.
+    const other = await ollama.generate({ model, prompt: ' two', system: 'A much longer system prompt than before.',
+                                          stream: false, options: { num_predict: 3 } });
+    assert.ok(other.prompt_eval_count > alone.prompt_eval_count, 'system reaches the prompt');
+    await expectStatus(ollama.generate({ model, prompt: 'x', options: { num_ctx: 4, num_predict: 8 } }), 400,
+                       /maximum context length is 4 tokens/);
+    const bounded = await ollama.generate({ model, prompt: 'x', stream: false, options: { num_ctx: 16 } });
+    assert.ok(bounded.prompt_eval_count + bounded.eval_count <= 16, 'num_ctx bounds prompt and answer');
+    await expectStatus(ollama.chat({ model, messages: [{ role: 'user', content: 'x' }], think: true }), 400,
+                       /does not support thinking/);
+    await expectStatus(ollama.create({ model: 'q', from: model, quantize: 'q4_K_M' }), 400, /quantize/);
+    assert.ok(!(await ollama.list()).models.some((m) => m.name === 'q:latest'), 'nothing created');
+  },
+
   // Run with --max-loaded 2: a third model unloads the least recently used idle one.
   async leastRecentlyUsedGoesFirst() {
     await ollama.copy({ source: model, destination: 'tiny-a' });
