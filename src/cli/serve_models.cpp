@@ -83,7 +83,15 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   m->parameters = std::move(extras.parameters);
   m->system = std::move(extras.system);
   m->messages = std::move(extras.messages);
-  m->bytes = owned->weights.bytes() + owned->engine->runner().kv_cache_bytes();
+  // Everything the model holds: its weights, and all the engine allocated
+  // beside them (KV cache, the logits buffer and other working buffers:
+  // max_num_batched_tokens x vocab x 4 B of logits alone), and the
+  // vocabulary constrained decoding walks.
+  const MemoryReport held = owned->pools.report();
+  m->bytes = owned->weights.bytes() +
+             std::max<int64_t>(static_cast<int64_t>(held.current_total - held[MemTag::params].current),
+                               owned->engine->runner().kv_cache_bytes()) +
+             m->served.grammar_vocab->memory_bytes();
   m->loop = std::make_unique<serve::EngineLoop>(*owned->engine, &tok, serve::LoopOptions{.max_waiting = a.max_queue});
   m->owner = std::move(owned);
   m->loaded_at = std::chrono::steady_clock::now();

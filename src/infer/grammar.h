@@ -150,6 +150,10 @@ class TokenTrie {
  public:
   explicit TokenTrie(const std::vector<std::string>& token_bytes);  // index = token id
   int32_t size() const { return n_tokens_; }
+  int64_t bytes() const {  // memory held
+    return static_cast<int64_t>(byte_.capacity() + depth_.capacity() * 2 + (subtree_end_.capacity() +
+                                token_begin_.capacity() + tokens_.capacity()) * 4);
+  }
 
  private:
   friend void allowed_tokens(const GrammarMatcher& m, const TokenTrie& trie, std::vector<uint8_t>& mask);

@@ -21,6 +21,12 @@ GrammarVocab::GrammarVocab(const text::Tokenizer& tok, int64_t vocab_size)
 
 GrammarVocab::GrammarVocab(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)), trie_(bytes_) {}
 
+int64_t GrammarVocab::memory_bytes() const {
+  int64_t n = trie_.bytes() + static_cast<int64_t>(bytes_.capacity() * sizeof(std::string));
+  for (const std::string& b : bytes_) n += b.capacity() > 15 ? static_cast<int64_t>(b.capacity()) : 0;  // past SSO
+  return n;
+}
+
 SequenceGrammar::SequenceGrammar(const TokenGrammar& g, std::vector<int32_t> end_tokens)
     : vocab_(g.vocab), matcher_(g.grammar), end_tokens_(std::move(end_tokens)) {
   LOOM_REQUIRE(vocab_ != nullptr, "a grammar needs the model's vocabulary");

@@ -29,6 +29,7 @@ class GrammarVocab {
   const TokenTrie& trie() const { return trie_; }
   const std::string& bytes(int32_t token) const { return bytes_.at(static_cast<size_t>(token)); }
   int64_t size() const { return static_cast<int64_t>(bytes_.size()); }
+  int64_t memory_bytes() const;  // the token bytes and the trie
 
  private:
   std::vector<std::string> bytes_;
