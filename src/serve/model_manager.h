@@ -34,6 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/config.h"
 #include "serve/engine_loop.h"
 #include "serve/openai_request.h"
 
@@ -50,6 +51,8 @@ struct LoadedModel {
   nlohmann::json parameters = nlohmann::json::object();  // Modelfile PARAMETERs (ollama names)
   std::string system;
   nlohmann::json messages = nlohmann::json::array();
+  model::ModelConfig config{};  // for /api/show
+  std::string template_source;  // its own chat template ("" for loom's plain one)
   int64_t bytes = 0;  // weights + KV cache
   std::shared_ptr<void> owner;  // weights, engine (destroyed after loop)
   std::unique_ptr<EngineLoop> loop;

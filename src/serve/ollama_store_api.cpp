@@ -84,27 +84,20 @@ Modelfile modelfile_from_fields(const json& body) {
 
 }  // namespace
 
-HttpResponse OllamaApi::show(const HttpRequest& req) const {
-  const json body = parse_body(req.body);
-  const std::string text = required_string(body, "model", "name");
-  const ModelName name = model_name_of(text);
-  const std::optional<StoredModel> m = store().get(name);
-  if (!m) throw not_found(text);
-  const ResolvedModel r = resolve_model(*store_, *m);
-  std::string parameters;
-  for (const auto& [k, v] : r.parameters.items())
-    for (const json& one : v.is_array() ? v : json::array({v})) parameters += k + " " + param_text(one) + "\n";
-  const model::ModelConfig& c = r.dir.config;
+namespace {
+
+// /api/show's body for a model with this configuration and these texts.
+json show_json(const model::ModelConfig& c, const std::string& modelfile, const std::string& parameters,
+               const std::string& template_source, bool renders_tools, const json& extra) {
   const std::string arch = c.family == model::Family::llama ? "llama" : "gpt2";
-  json out = {{"modelfile", modelfile_of(*m, r)},
+  // What ollama's clients check before they call: text generation, and tools
+  // where the template offers them (images are not read).
+  json capabilities = json::array({"completion"});
+  if (renders_tools) capabilities.push_back("tools");
+  json out = {{"modelfile", modelfile},
               {"parameters", parameters},
-              {"template", r.chat.is_plain ? "" : r.chat.source},
-              {"system", r.system},
-              {"license", r.license},
-              {"messages", r.messages},
-              {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m->modified))},
-              // What ollama's clients check before they call: text generation (loom refuses tools and images).
-              {"capabilities", json::array({"completion"})},
+              {"template", template_source},
+              {"capabilities", capabilities},
               {"details", {{"format", "safetensors"}, {"family", arch}, {"families", json::array({arch})},
                            {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
                            {"quantization_level", "F32"}}},
@@ -116,7 +109,38 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
                               {arch + ".attention.head_count", c.n_head},
                               {arch + ".attention.head_count_kv", c.n_kv_head},
                               {arch + ".vocab_size", c.vocab_size}}}};
-  return json_response(200, out);
+  out.update(extra);
+  return out;
+}
+
+std::string parameters_text(const json& parameters) {
+  std::string out;
+  for (const auto& [k, v] : parameters.items())
+    for (const json& one : v.is_array() ? v : json::array({v})) out += k + " " + param_text(one) + "\n";
+  return out;
+}
+
+}  // namespace
+
+HttpResponse OllamaApi::show(const HttpRequest& req) const {
+  const json body = parse_body(req.body);
+  const std::string text = required_string(body, "model", "name");
+  if (store_ == nullptr) {  // --model DIR: the model this server was started with
+    for (const std::shared_ptr<LoadedModel>& m : models_.models())
+      if (m->name == text)
+        return json_response(200, show_json(m->config, "FROM " + m->name + "\n", parameters_text(m->parameters),
+                                            m->template_source, m->served.renders_tools,
+                                            {{"system", m->system}, {"messages", m->messages}}));
+    throw not_found(text);
+  }
+  const ModelName name = model_name_of(text);
+  const std::optional<StoredModel> m = store_->get(name);
+  if (!m) throw not_found(text);
+  const ResolvedModel r = resolve_model(*store_, *m);
+  return json_response(200, show_json(r.dir.config, modelfile_of(*m, r), parameters_text(r.parameters),
+                                      r.chat.is_plain ? "" : r.chat.source, template_renders_tools(r.chat.source),
+                                      {{"system", r.system}, {"license", r.license}, {"messages", r.messages},
+                                       {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m->modified))}}));
 }
 
 HttpResponse OllamaApi::ps() const {

@@ -181,6 +181,14 @@ const cases = {
     }
   },
 
+  // A --model server answers /api/show for its model, with the tools capability ollama clients check.
+  async ollamaShowOnADirectoryServer() {
+    const show = await ollama.show({ model });
+    assert.deepEqual(show.capabilities, ['completion', 'tools']);
+    assert.equal(show.model_info['general.architecture'], 'gpt2');
+    assert.equal(show.model_info['gpt2.context_length'], 512);
+  },
+
   async ollamaToolCallRoundTrip() {
     const r = await ollama.chat({ model, messages, tools, tool_choice: 'required', stream: false,
                                   options: { temperature: 1, seed: 8 } });
