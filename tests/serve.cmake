@@ -111,7 +111,7 @@ add_test(NAME Cli.Run.ThroughARunningServerAndPs
                  sh -c "\"$0\" run tiny Hello --host \"$LOOM_URL\" --models /nonexistent > \"$LOOM_WORK/answer\" && test -s \"$LOOM_WORK/answer\" && echo answered && \"$0\" ps --host \"$LOOM_URL\""
                  $<TARGET_FILE:loom>)
 set_tests_properties(Cli.Run.ThroughARunningServerAndPs PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
-  "answered\nNAME +ID +SIZE +UNTIL\ntiny:latest [^\n]*\nwith_server.sh: passed")
+  "answered\nNAME +ID +SIZE +UNTIL\ntiny:latest +[0-9a-f]+ +[0-9.]+ MB +20[^\n]*\nwith_server.sh: passed")
 
 # A Hugging Face directory (config.json, HF parameter names) as FROM, with
 # MESSAGE lines: the store model answers, and ollama's show lists the messages.

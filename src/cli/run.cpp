@@ -221,6 +221,7 @@ void converse(Chat& chat) {
 void run_chat(const RunArgs& a) {
   set_num_threads(a.threads);
   set_log_progress_to_stderr(true);  // stdout is the answer, to pipe or read
+  set_log_rank_prefix(false);        // one process, and a person reads stderr beside the chat
   std::unique_ptr<LocalServer> local;
   std::string url = a.host;
   if (!serve::server_is_up(url, std::chrono::milliseconds(500))) {
@@ -251,9 +252,15 @@ void run_ps(const std::string& host) {
   std::printf("%-32s %-12s %-10s %s\n", "NAME", "ID", "SIZE", "UNTIL");
   const json list = json::parse(r.body, nullptr, false);  // named: a range-for over a temporary's member dangles
   LOOM_REQUIRE(list.is_object() && list.contains("models"), "ps: the server at ", host, " did not answer a model list");
-  for (const json& m : list["models"])
-    std::printf("%-32s %-12s %-10.1f %s\n", m.value("name", "").c_str(), m.value("digest", "").substr(0, 12).c_str(),
-                m.value("size", 0.0) / 1e6, m.value("expires_at", "").c_str());
+  for (const json& m : list["models"]) {
+    // ollama writes "forever" (a pinned model, keep_alive < 0) as year 1.
+    const std::string until = m.value("expires_at", "");
+    const double mb = m.value("size", 0.0) / 1e6;
+    char size[32];
+    std::snprintf(size, sizeof size, mb >= 1000 ? "%.1f GB" : "%.1f MB", mb >= 1000 ? mb / 1000 : mb);
+    std::printf("%-32s %-12s %-10s %s\n", m.value("name", "").c_str(), m.value("digest", "").substr(0, 12).c_str(),
+                size, until.starts_with("0001-") ? "forever" : until.c_str());
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ std::atomic<int> g_rank{0};
 std::atomic<int> g_world{1};
 std::atomic<LogLevel> g_level{LogLevel::info};
 std::atomic<bool> g_progress_to_stderr{false};
+std::atomic<bool> g_rank_prefix{true};
 std::mutex g_mutex;
 }  // namespace
 
@@ -20,6 +21,7 @@ void set_log_rank(int rank, int world_size) {
 }
 void set_log_level(LogLevel level) { g_level = level; }
 void set_log_progress_to_stderr(bool on) { g_progress_to_stderr = on; }
+void set_log_rank_prefix(bool on) { g_rank_prefix = on; }
 int log_rank() { return g_rank; }
 
 void log_line(LogLevel level, const std::string& message) {
@@ -29,8 +31,8 @@ void log_line(LogLevel level, const std::string& message) {
   // Errors and warnings go to stderr, progress to stdout (unless told
   // otherwise); both carry the rank.
   std::FILE* out = level >= LogLevel::warn || g_progress_to_stderr.load() ? stderr : stdout;
-  std::fprintf(out, "[rank %d/%d] %s%s\n", g_rank.load(), g_world.load(), tags[static_cast<int>(level)],
-               message.c_str());
+  if (g_rank_prefix.load()) std::fprintf(out, "[rank %d/%d] ", g_rank.load(), g_world.load());
+  std::fprintf(out, "%s%s\n", tags[static_cast<int>(level)], message.c_str());
   std::fflush(out);
 }
 

@@ -19,6 +19,9 @@ void set_log_level(LogLevel level);
 // command whose stdout is its answer (`loom run`, as ollama run keeps its
 // progress off the answer). Warnings and errors always go to stderr.
 void set_log_progress_to_stderr(bool on);
+// Whether lines start with "[rank r/N] " (on by default; loom run's chat
+// turns it off: one process, and the lines share the terminal with a person).
+void set_log_rank_prefix(bool on);
 int log_rank();
 void log_line(LogLevel level, const std::string& message);
 

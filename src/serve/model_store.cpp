@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -67,8 +68,35 @@ int64_t mtime_seconds(const fs::path& p) {
 
 }  // namespace
 
+namespace {
+
+// text with control characters (a NUL would cut the message short) as \xNN.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) {
+      out += c;
+      continue;
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+    out += hex;
+  }
+  return out;
+}
+
+}  // namespace
+
 ModelName ModelName::parse(std::string_view text) {
   LOOM_REQUIRE(!text.empty(), "a model name is empty: give name or name:tag (e.g. quickstart, my/model:v2)");
+  LOOM_REQUIRE(std::none_of(text.begin(), text.end(),
+                            [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }),
+               "model name '", printable(text), "' holds a control character: names hold letters, digits, '.', '_', "
+               "'-', '/' between parts and ':' before the tag");
+  LOOM_REQUIRE(text.front() != '/' && text.front() != '.' && text.find("//") == std::string_view::npos,
+               "model name '", text, "' looks like a path: a model name is name or name:tag (e.g. quickstart, "
+               "my/model:v2); to make a model from a directory or a .gguf file, write a Modelfile with FROM ",
+               text, " and run loom create NAME -f Modelfile");
   ModelName n;
   const size_t colon = text.rfind(':');
   const std::string_view name = colon == std::string_view::npos ? text : text.substr(0, colon);

@@ -92,7 +92,21 @@ StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfi
     try {
       (void)jinja::Template::parse(mf.chat_template);
     } catch (const loom::Error& e) {
-      throw loom::Error(where + ":" + std::to_string(mf.template_line) + ": TEMPLATE: " + e.what());
+      // A template from the API's fields has no line (0): the field is named instead.
+      const std::string at = mf.template_line > 0 ? where + ":" + std::to_string(mf.template_line) + ": TEMPLATE"
+                                                  : std::string("template");
+      // ollama's own templates are Go templates ({{ .Prompt }}): loom reads Jinja, as Hugging Face's chat
+      // templates are written; say so rather than show a bare Jinja parse error.
+      const bool go = mf.chat_template.find("{{ .") != std::string::npos ||
+                      mf.chat_template.find("{{- .") != std::string::npos ||
+                      mf.chat_template.find("{{ if .") != std::string::npos ||
+                      mf.chat_template.find("{{- if .") != std::string::npos;
+      throw loom::Error(at + ": " + e.what() +
+                        (go ? std::string(" (this looks like an ollama Go template, such as {{ .Prompt }}: loom reads "
+                                          "templates as Jinja, as Hugging Face's chat templates are written; Go "
+                                          "templates are not read. Write it in Jinja, over messages, or leave "
+                                          "TEMPLATE out to use the model's own)")
+                            : std::string()));
     }
     set_layer(layers, kMediaTemplate, mf.chat_template);
   }

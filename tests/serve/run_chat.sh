@@ -18,6 +18,8 @@ one=$(run tiny "Hello there")
 [[ -n $one ]] || { echo "no answer for a prompt"; exit 1; }
 # stdout is the answer alone: the in-process server's progress goes to stderr.
 if grep -q '^\[rank' <<<"$one"; then echo "log lines in the answer: $one"; exit 1; fi
+"$loom" run tiny "Hello" --models "$work/s" --host "$none" --threads 1 --tokenizer "$tokenizer" >/dev/null 2>"$work/stderr"
+if grep -q '^\[rank' "$work/stderr"; then echo "rank prefixes beside the chat: $(cat "$work/stderr")"; exit 1; fi
 echo "prompt: answered"
 out=$(printf '/set parameter num_predict 3\n/set parameter nope 1\nHello\n"""two\nlines"""\n/show\n/bye\nnever sent\n' | run tiny)
 grep -q "Set parameter 'num_predict' to '3'" <<<"$out"

@@ -41,7 +41,7 @@ const cases = {
     assert.match(show.parameters, /temperature/);
     assert.match(show.modelfile, /FROM tiny:latest/);
     assert.equal(show.model_info['general.architecture'], 'gpt2');
-    assert.deepEqual(show.capabilities, ['completion']);
+    assert.deepEqual(show.capabilities, ['completion', 'tools']);  // loom's plain template offers tools
   },
 
   async generateStreamedAndNotAgree() {
@@ -214,6 +214,11 @@ const cases = {
     await expectStatus(ollama.generate({ model, prompt: 'x', keep_alive: 'soon' }), 400, /keep_alive/);
     await expectStatus(ollama.show({ model: 'nope' }), 404);
     await expectStatus(ollama.create({ model: 'x', from: 'nothing-here' }), 400, /FROM/);
+    // A NUL does not cut the message; a path is told apart from a name; a Go template is named as one.
+    await expectStatus(ollama.show({ model: 'a\u0000b' }), 400, /'a\\x00b' holds a control character/);
+    await expectStatus(ollama.show({ model: '/abs/model' }), 400, /looks like a path/);
+    await expectStatus(ollama.create({ model: 'go', from: model, template: '{{ .System }} {{ .Prompt }}' }), 400,
+                       /^template: .*ollama Go template/);
     await expectStatus(ollama.chat({ model, messages: [{ role: 'user', content: 'x', images: ['aGk='] }] }), 400);
   },
 };
