@@ -209,6 +209,7 @@ HttpResponse Api::openai_generation(const HttpRequest& req, bool chat) {
   if (model == body.end() || model->is_null()) throw bad_request("model", "model is required");
   if (!model->is_string()) throw bad_request("model", "model must be a string");
   const std::string name = *model;
+  precheck(body, chat);
   const bool stream = body.value("stream", nlohmann::ordered_json(false)) == nlohmann::ordered_json(true);
   auto format = std::make_unique<OpenAiFormat>(std::move(body), chat, request_id(chat ? "chatcmpl-" : "cmpl-"));
   auto source = std::make_shared<GenerationSource>(*models(), name, std::move(format), draw_seed(), std::nullopt,

@@ -104,6 +104,7 @@ HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
     else j["response"] = "";
     return json_response(200, j);
   }
+  if (format->generates()) format->precheck();  // answered now, not after loading the model
   const bool stream = body.value("stream", nlohmann::ordered_json(true)) != nlohmann::ordered_json(false);
   auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
                                                    req.received);

@@ -131,8 +131,8 @@ namespace {
 
 // The OpenAI fields of an ollama body: options under their OpenAI names,
 // format as response_format, tools (a chat's only).
-ojson openai_fields(const ojson& body, const LoadedModel& m, bool stream, bool chat) {
-  ojson openai = {{"model", m.served.name}, {"stream", stream}};
+ojson openai_fields(const ojson& body, const std::string& model, bool stream, bool chat) {
+  ojson openai = {{"model", model}, {"stream", stream}};
   if (body.contains("options") && !body["options"].is_null()) {
     if (!body["options"].is_object()) throw bad_request("options", "options must be an object");
     for (const auto& [ollama, field] : kOptions)
@@ -202,10 +202,34 @@ std::vector<int32_t> context_ids(const ojson& body, const ServedModel& m) {
   return ids;
 }
 
+// An error about an OpenAI field, in the name the ollama request used.
+[[noreturn]] void rethrow_in_ollama_names(const ApiError& e) {
+  for (const auto& [ollama, field] : kOptions)
+    if (e.param() == field) throw ApiError(e.status(), e.type(), std::string("options.") + ollama,
+                                           std::string("options.") + ollama + ": " + e.what());
+  if (e.param().starts_with("response_format")) throw ApiError(e.status(), e.type(), "format", e.what());
+  throw e;
+}
+
 }  // namespace
 
+void OllamaFormat::precheck() const {
+  try {
+    ojson openai = openai_fields(body_, model_, stream_, chat_);
+    if (chat_) openai["messages"] = body_.value("messages", ojson::array());
+    serve::precheck(openai, chat_);
+    if (body_.contains("options") && body_["options"].is_object() && body_["options"].contains("num_ctx") &&
+        !body_["options"]["num_ctx"].is_null() &&
+        !(body_["options"]["num_ctx"].is_number_integer() && body_["options"]["num_ctx"].get<int64_t>() >= 1))
+      throw bad_request("options.num_ctx", "options.num_ctx must be a positive integer, got " +
+                                               body_["options"]["num_ctx"].dump());
+  } catch (const ApiError& e) {
+    rethrow_in_ollama_names(e);
+  }
+}
+
 CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
-  ojson openai = openai_fields(body_, m, stream_, chat_);
+  ojson openai = openai_fields(body_, m.served.name, stream_, chat_);
   try {
     check_think(body_, m);
     const ServedModel served = bounded(body_, m);
@@ -214,11 +238,7 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
     if (!chat_) context_ = r.prompts[0];
     return r;
   } catch (const ApiError& e) {
-    for (const auto& [ollama, field] : kOptions)
-      if (e.param() == field) throw ApiError(e.status(), e.type(), std::string("options.") + ollama,
-                                             std::string("options.") + ollama + ": " + e.what());
-    if (e.param().starts_with("response_format")) throw ApiError(e.status(), e.type(), "format", e.what());
-    throw;
+    rethrow_in_ollama_names(e);
   }
 }
 

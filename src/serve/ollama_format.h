@@ -28,6 +28,9 @@ class OllamaFormat : public GenerationFormat {
  public:
   OllamaFormat(nlohmann::ordered_json body, bool chat);
 
+  // What can be checked without the model (precheck in openai_request.h):
+  // ApiError in ollama's field names before the request waits for a load.
+  void precheck() const;
   CompletionRequest parse(const LoadedModel& m, uint64_t seed) override;
   bool generates() const override { return generates_; }
   void loaded(const LoadedModel& m, std::string& out) override;

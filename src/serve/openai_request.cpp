@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "infer/grammar.h"
 #include "serve/structured_output.h"
 
 namespace loom::serve {
@@ -454,6 +455,38 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   token_limits(body, m, name, rest, r);
   structured_output(body, m, std::move(tool_grammar), r);
   return r;
+}
+
+void precheck(const json& body, bool chat) {
+  (void)stop_strings(body);
+  (void)sampler(body, 0);
+  (void)integer(body, "n", 1, 1, INT32_MAX);  // the model's limit is checked once it is loaded
+  (void)boolean(body, "stream", false);
+  (void)boolean(body, "ignore_eos", false);
+  if (chat) {
+    refuse_logit_bias(body);
+    (void)boolean(body, "logprobs", false);
+    (void)integer(body, "top_logprobs", 0, 0, 20);
+    (void)chat_messages(body);
+    const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
+    (void)integer(body, name, 1, 1, INT32_MAX);
+    if (const json* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
+      const std::vector<std::string> names = check_tools(*tools);
+      if (const json* choice = field(body, "tool_choice")) (void)named_choice(*choice, names);
+    }
+  } else {
+    refuse_unsupported(body);
+    (void)integer(body, "logprobs", 0, 0, 20);
+    (void)integer(body, "max_tokens", 16, 1, INT32_MAX);
+  }
+  std::string param;
+  if (const std::string g = requested_grammar(body, param); !g.empty()) {
+    try {
+      (void)infer::parse_gbnf(g);
+    } catch (const loom::Error& e) {
+      throw bad_request(param, cat(param, ": ", e.what()));
+    }
+  }
 }
 
 }  // namespace loom::serve

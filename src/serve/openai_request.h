@@ -108,4 +108,11 @@ CompletionRequest parse_completion(const nlohmann::ordered_json& body, const Ser
 // without a chat template, or tools for a template that does not read them.
 CompletionRequest parse_chat(const nlohmann::ordered_json& body, const ServedModel& m, uint64_t seed);
 
+// The checks that need no model (field types and ranges, messages' shape,
+// tools, structured output's schema or grammar), run before the request
+// waits for its model to load: a malformed request is answered at once and
+// loads nothing. What needs the model (the prompt's tokens, the context,
+// the template) is checked by parse_completion / parse_chat.
+void precheck(const nlohmann::ordered_json& body, bool chat);
+
 }  // namespace loom::serve

@@ -214,6 +214,18 @@ const cases = {
     await expectStatus(ollama.generate({ model, prompt: 'x', keep_alive: 'soon' }), 400, /keep_alive/);
     await expectStatus(ollama.show({ model: 'nope' }), 404);
     await expectStatus(ollama.create({ model: 'x', from: 'nothing-here' }), 400, /FROM/);
+    // A malformed request is answered before its model would load, and loads nothing (both APIs).
+    await ollama.copy({ source: model, destination: 'never-loaded' });
+    await expectStatus(ollama.chat({ model: 'never-loaded', messages: [{ role: 'user', content: 'x' }],
+                                     options: { top_p: 7 } }), 400, /options\.top_p/);
+    const openaiBad = await fetch(`${process.env.LOOM_URL}/v1/chat/completions`, {
+      method: 'POST', body: JSON.stringify({ model: 'never-loaded', messages: [{ role: 'user', content: 'x' }],
+                                             response_format: { type: 'json_schema', json_schema: { name: 'x',
+                                               schema: { type: 'number', multipleOf: 2 } } } }) });
+    assert.equal(openaiBad.status, 400);
+    assert.equal((await openaiBad.json()).error.param, 'response_format.json_schema.schema');
+    assert.ok(!(await ollama.ps()).models.some((m) => m.name === 'never-loaded:latest'), 'nothing was loaded');
+    await ollama.delete({ model: 'never-loaded' });
     // A NUL does not cut the message; a path is told apart from a name; a Go template is named as one.
     await expectStatus(ollama.show({ model: 'a\u0000b' }), 400, /'a\\x00b' holds a control character/);
     await expectStatus(ollama.show({ model: '/abs/model' }), 400, /looks like a path/);
