@@ -53,8 +53,16 @@ Value f_trim(const Value& v, const Args& a) {
   return v.same_safety(text::strip(to_str(v), is_none(chars) ? nullptr : &chars->str(), true, true));
 }
 
+// items as a jinja2 generator (Value::generator).
+Value generator_of(const std::vector<Value>& items) {
+  Value g = list_of(items);
+  g.generator = true;
+  return g;
+}
+
 Value f_length(const Value& v, const Args& a) {
   a.check("length", {});
+  if (v.generator) eval_fail("object of type 'generator' has no len()");
   return Value::of(length(v));
 }
 
@@ -97,6 +105,7 @@ Value f_first(const Value& v, const Args& a) {
 
 Value f_last(const Value& v, const Args& a) {
   a.check("last", {});
+  if (v.generator) eval_fail("'generator' object is not reversible");
   const std::vector<Value> items = iterate(v);
   return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
 }
@@ -261,7 +270,7 @@ Value f_unique(const Value& v, const Args& a) {
     seen.push_back(key);
     kept.push_back(item);
   }
-  return list_of(kept);
+  return generator_of(kept);
 }
 
 // dictsort(value, case_sensitive=False, by='key', reverse=False): the
@@ -313,7 +322,7 @@ Value select_items(const Value& v, const Args& a, bool attr, bool keep) {
     const Value x = attr ? attr_path(item, to_str(a.positional[0])) : item;
     if ((test.empty() ? truthy(x) : apply_test(test, x, test_args)) == keep) kept.push_back(item);
   }
-  return list_of(kept);
+  return generator_of(kept);
 }
 
 Value f_select(const Value& v, const Args& a) { return select_items(v, a, false, true); }
@@ -331,7 +340,7 @@ Value f_map(const Value& v, const Args& a) {
       Value x = attr_path(item, to_str(*attribute));
       out.push_back(x.is_undefined() && fallback != nullptr ? *fallback : x);
     }
-    return list_of(out);
+    return generator_of(out);
   }
   if (a.positional.empty() || !a.positional[0].is_string()) eval_fail("map() needs a filter name or attribute=");
   const std::string name = a.positional[0].str();
@@ -340,7 +349,7 @@ Value f_map(const Value& v, const Args& a) {
   rest.positional.assign(a.positional.begin() + 1, a.positional.end());
   rest.named = a.named;
   for (const Value& item : iterate(v)) out.push_back(apply_filter(name, item, rest));
-  return list_of(out);
+  return generator_of(out);
 }
 
 Value f_reverse(const Value& v, const Args& a) {

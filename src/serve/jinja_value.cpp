@@ -179,6 +179,7 @@ int64_t as_int(const json& j) {
 
 bool truthy(const Value& v) {
   if (v.kind == Value::Kind::Undefined) return false;
+  if (v.generator) return true;  // a generator object is true even when it yields nothing
   if (v.kind != Value::Kind::Data) return true;
   const json& j = v.j();
   switch (j.type()) {

@@ -56,6 +56,11 @@ struct Value {
   // A str that is jinja2's Markup (from tojson, safe, escape): `+` with a
   // plain str HTML-escapes the plain one, as markupsafe does.
   bool safe = false;
+  // A list that is jinja2's generator (select, reject, selectattr,
+  // rejectattr, map, unique): iterated as a list, but always true, and
+  // length / count / last are errors, as jinja2 raises for a generator (a
+  // template must |list it). Not modelled: a generator empty on its second pass.
+  bool generator = false;
 
   static Value of(json j) { return from(std::make_shared<const json>(std::move(j))); }
   static Value markup(std::string s) {

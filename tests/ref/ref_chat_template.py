@@ -524,6 +524,13 @@ V = {"messages": MESSAGES, "xs": [3, 1, 2], "d": {"a": 1, "b": "two", "c": [1, 2
 # (name, template, variables, environment, expected error substring or None)
 FEATURES = [
     ("text only", "plain text, no tags", {}, CHAT, None),
+    ("select, map and unique give generators", "{% if [1]|select('odd') %}a{% endif %}{% if []|select('odd') %}b"
+     "{% endif %}{{ [1,2,3]|select('odd')|list|length }}{{ [1,2]|map('string')|join(',') }}{% if [1,1]|unique %}c"
+     "{% endif %}{{ [1,2]|select('odd')|first }}", {}, CHAT, None),
+    ("a generator has no length", "{{ messages|selectattr('role', 'equalto', 'user')|length }}", V, CHAT,
+     "object of type 'generator' has no len()"),
+    ("a generator has no count", "{{ [1,2]|unique|count }}", {}, CHAT, "object of type 'generator' has no len()"),
+    ("a generator has no last", "{{ [1,2]|map('string')|last }}", {}, CHAT, "'generator' object is not reversible"),
     ("print variables", "{{ s }}|{{ i }}|{{ f }}|{{ t }}|{{ n }}|{{ xs }}|{{ d }}", V, CHAT, None),
     ("undefined prints nothing", "[{{ missing }}][{{ d.missing }}][{{ xs[10] }}][{{ n.attr }}]", V, CHAT, None),
     ("numbers print as Python", "{{ 1 }} {{ -0.0 }} {{ 1.0 }} {{ 0.5 }} {{ 1e16 }} {{ 1.5e-7 }} {{ 123456789.125 }} "
