@@ -84,12 +84,6 @@ void ModelManager::retire(std::map<std::string, Entry>::iterator it) {
   loaded_.erase(it);
 }
 
-bool ModelManager::stale(const Entry& e, const std::string& name) const {
-  if (e.pinned || !options_.current_digest) return false;
-  const std::optional<std::string> now = options_.current_digest(name);
-  return !now || *now != e.model->digest;
-}
-
 // About once a second: retire what the store no longer holds as loaded.
 void ModelManager::check_store(std::unique_lock<std::mutex>& lk) {
   if (!options_.current_digest || Clock::now() - checked_ < std::chrono::seconds(1)) return;
@@ -98,12 +92,14 @@ void ModelManager::check_store(std::unique_lock<std::mutex>& lk) {
   for (const auto& [name, e] : loaded_)
     if (!e.pinned) names.emplace_back(name, e.model->digest);
   lk.unlock();
-  std::vector<std::string> gone;
+  std::vector<std::pair<std::string, std::string>> gone;  // (name, the digest the store no longer has)
   for (const auto& [name, digest] : names)
-    if (const auto now = options_.current_digest(name); !now || *now != digest) gone.push_back(name);
+    if (const auto now = options_.current_digest(name); !now || *now != digest) gone.emplace_back(name, digest);
   lk.lock();
-  for (const std::string& name : gone)
-    if (auto it = loaded_.find(name); it != loaded_.end() && stale(it->second, name)) retire(it);
+  // Retired only if still the model read as stale (not one loaded since).
+  for (const auto& [name, digest] : gone)
+    if (auto it = loaded_.find(name); it != loaded_.end() && !it->second.pinned && it->second.model->digest == digest)
+      retire(it);
 }
 
 bool ModelManager::idle(const Entry& e) {

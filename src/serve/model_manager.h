@@ -130,7 +130,6 @@ class ModelManager {
   };
 
   void run();
-  bool stale(const Entry& e, const std::string& name) const;
   void retire(std::map<std::string, Entry>::iterator it);
   void check_store(std::unique_lock<std::mutex>& lk);
   void load(const std::string& name, std::unique_lock<std::mutex>& lk);

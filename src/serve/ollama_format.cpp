@@ -163,16 +163,20 @@ namespace {
 
 // options.num_ctx (or the Modelfile's PARAMETER num_ctx): the context a
 // request may use, at most the model's.
+// options.num_ctx, checked (a positive integer); null when not given.
+ojson requested_num_ctx(const ojson& body) {
+  if (!body.contains("options") || !body["options"].is_object() || !body["options"].contains("num_ctx")) return {};
+  const ojson& n = body["options"]["num_ctx"];
+  if (!n.is_null() && !(n.is_number_integer() && n.get<int64_t>() >= 1))
+    throw bad_request("options.num_ctx", "options.num_ctx must be a positive integer, got " + n.dump());
+  return n;
+}
+
 ServedModel bounded(const ojson& body, const LoadedModel& m) {
   ServedModel served = m.served;
-  ojson n = m.parameters.contains("num_ctx") ? ojson(m.parameters["num_ctx"]) : ojson();
-  if (body.contains("options") && body["options"].is_object() && body["options"].contains("num_ctx") &&
-      !body["options"]["num_ctx"].is_null())
-    n = body["options"]["num_ctx"];
-  if (n.is_null()) return served;
-  if (!n.is_number_integer() || n.get<int64_t>() < 1)
-    throw bad_request("options.num_ctx", "options.num_ctx must be a positive integer, got " + n.dump());
-  served.max_model_len = std::min(served.max_model_len, n.get<int64_t>());
+  ojson n = requested_num_ctx(body);
+  if (n.is_null() && m.parameters.contains("num_ctx")) n = ojson(m.parameters["num_ctx"]);  // checked by the Modelfile
+  if (!n.is_null()) served.max_model_len = std::min(served.max_model_len, n.get<int64_t>());
   return served;
 }
 
@@ -218,11 +222,7 @@ void OllamaFormat::precheck() const {
     ojson openai = openai_fields(body_, model_, stream_, chat_);
     if (chat_) openai["messages"] = body_.value("messages", ojson::array());
     serve::precheck(openai, chat_);
-    if (body_.contains("options") && body_["options"].is_object() && body_["options"].contains("num_ctx") &&
-        !body_["options"]["num_ctx"].is_null() &&
-        !(body_["options"]["num_ctx"].is_number_integer() && body_["options"]["num_ctx"].get<int64_t>() >= 1))
-      throw bad_request("options.num_ctx", "options.num_ctx must be a positive integer, got " +
-                                               body_["options"]["num_ctx"].dump());
+    (void)requested_num_ctx(body_);
   } catch (const ApiError& e) {
     rethrow_in_ollama_names(e);
   }
