@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/stop_signal.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
@@ -18,6 +19,9 @@
 #include "train/config_agree.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
+#if LOOM_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace loom::cli {
 
@@ -29,6 +33,7 @@ struct TrainArgs {
   train::TrainOptions options;
   int threads = 1;  // --threads; add_*_command sets main()'s default
   bool check_collectives = false;
+  std::string device;  // --device: train.device
 };
 
 struct EvalArgs {
@@ -81,6 +86,63 @@ void run_eval(const EvalArgs& a) {
   }
 }
 
+// The pools' device for train.device; a GPU's backend is registered here,
+// before anything allocates on it.
+Device run_device(const train::RunConfig& cfg, bool progress) {
+  if (cfg.train.device == "cpu") return Device::cpu();
+#if LOOM_HAVE_CUDA
+  kernels::register_cuda_backend(0);
+  if (progress) log_info("train: on ", kernels::cuda_device_description(0));
+  return Device::cuda(0);
+#else
+  (void)progress;
+  fail("train.device = ", cfg.train.device, ": this loom was built without CUDA (cmake found no CUDA toolkit with ",
+       "nvcc; configure with -DLOOM_CUDA=ON where one is installed), so it trains on the CPU only (train.device = cpu)");
+#endif
+}
+
+// loom train's work once its flags are parsed.
+void run_train(TrainArgs& a, int world_size, int& exit_code) {
+  const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
+  a.options.stop = &stop;
+  set_num_threads(a.threads);
+  std::vector<std::string> overrides = a.overrides;
+  if (!a.device.empty()) overrides.push_back("train.device=" + a.device);
+  const train::RunConfig cfg = train::load_run_config(a.config, overrides);
+  if (world_size > 1) {
+    // Every rank reads its own flags: they must have resolved the same run,
+    // checked before anything depends on it, on a communicator with default
+    // options (comm_algo and timeout_s may be what differs).
+    nlohmann::ordered_json run = train::agreed_run_config(cfg);
+    run["--check-collectives"] = a.check_collectives;  // adds collectives on the ranks that check
+    train::require_same_run_config(*comm::mpi_world(), run);
+  }
+  // Every rank of an mpirun job trains: the mesh must cover them all.
+  const train::ParallelConfig& p = cfg.parallel;
+  const mesh::MeshShape shape = train::mesh_shape(p);
+  mesh::validate_shape(shape, world_size);
+  // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
+  // for that signal, as if it had killed the process.
+  const auto finish = [&exit_code](const train::TrainSummary& s) {
+    if (s.stop_signal != 0) exit_code = 128 + s.stop_signal;
+  };
+  // The job's communicators carry the run's [parallel] settings.
+  comm::Options options;
+  options.timeout_s = p.timeout_s;
+  options.algo = comm::algo_from_name(p.comm_algo);
+  options.check_collectives = a.check_collectives;
+  if (world_size == 1) {  // a plain process: a mesh of one, no MPI
+    mesh::LocalContext local(options, run_device(cfg, a.options.progress));
+    finish(train::run_training(cfg, a.options, local.ctx()));
+    return;
+  }
+  const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
+  mesh::Mesh mesh(shape, *world);
+  Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));
+  Context ctx{mesh, pools};
+  finish(train::run_training(cfg, a.options, ctx));
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app, int world_size, int default_threads, int& exit_code) {
@@ -88,7 +150,8 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
       "train",
       "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Data parallel under mpirun -np "
       "<parallel.dp> (parallel.zero_stage 0-3, bucket_mb, offload_optimizer); train.dtype = "
-      "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full. At the "
+      "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full; train.device = cpu or "
+      "cuda (--device: one NVIDIA GPU, one process, dense models, in builds with CUDA). At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
       "and loom generate read. With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
       "many steps and at the end; checkpoint.resume = auto (the default) resumes from the newest complete step dir "
@@ -101,6 +164,9 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
   cmd->add_option("--metrics", a->options.metrics_path, "JSON Lines file, one object per step (overrides log.metrics)");
   cmd->add_option("--out", a->options.out_dir, "directory for the final model (overrides checkpoint.dir)");
+  cmd->add_option("--device", a->device, "cpu or cuda: where to train (overrides train.device; cuda: one NVIDIA GPU, "
+                                         "in builds with CUDA)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--memory-report", a->options.memory_report,
                 "print current and peak bytes per memory tag at the end (every rank: under ZeRO each holds a shard)");
   cmd->add_flag("--check-collectives", a->check_collectives,
@@ -108,44 +174,7 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
                 "the first mismatch instead of hanging");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
-  cmd->callback([a, world_size, &exit_code] {
-    const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
-    a->options.stop = &stop;
-    set_num_threads(a->threads);
-    const train::RunConfig cfg = train::load_run_config(a->config, a->overrides);
-    if (world_size > 1) {
-      // Every rank reads its own flags: they must have resolved the same run,
-      // checked before anything depends on it, on a communicator with default
-      // options (comm_algo and timeout_s may be what differs).
-      nlohmann::ordered_json run = train::agreed_run_config(cfg);
-      run["--check-collectives"] = a->check_collectives;  // adds collectives on the ranks that check
-      train::require_same_run_config(*comm::mpi_world(), run);
-    }
-    // Every rank of an mpirun job trains: the mesh must cover them all.
-    const train::ParallelConfig& p = cfg.parallel;
-    const mesh::MeshShape shape = train::mesh_shape(p);
-    mesh::validate_shape(shape, world_size);
-    // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
-    // for that signal, as if it had killed the process.
-    const auto finish = [&exit_code](const train::TrainSummary& s) {
-      if (s.stop_signal != 0) exit_code = 128 + s.stop_signal;
-    };
-    // The job's communicators carry the run's [parallel] settings.
-    comm::Options options;
-    options.timeout_s = p.timeout_s;
-    options.algo = comm::algo_from_name(p.comm_algo);
-    options.check_collectives = a->check_collectives;
-    if (world_size == 1) {  // a plain process: a mesh of one, no MPI
-      mesh::LocalContext local(options);
-      finish(train::run_training(cfg, a->options, local.ctx()));
-      return;
-    }
-    const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
-    mesh::Mesh mesh(shape, *world);
-    Pools pools;
-    Context ctx{mesh, pools};
-    finish(train::run_training(cfg, a->options, ctx));
-  });
+  cmd->callback([a, world_size, &exit_code] { run_train(*a, world_size, exit_code); });
 }
 
 void add_eval_command(CLI::App& app, int default_threads) {

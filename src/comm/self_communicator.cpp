@@ -3,6 +3,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/memory.h"
+
 namespace loom::comm {
 
 namespace {
@@ -23,9 +25,12 @@ class SelfWork final : public Work {
 
 WorkPtr done() { return std::make_shared<SelfWork>(true); }
 
-// Copies src's bytes to dst unless they are the same memory (in place).
+// Copies src's bytes to dst unless they are the same memory (in place), on
+// the host or on the device both live on (a one-GPU run's "collectives").
 void copy_bytes(const Tensor& dst, const Tensor& src) {
-  if (dst.data() != src.data() && src.nbytes() > 0) std::memcpy(dst.data(), src.data(), src.nbytes());
+  if (dst.data() == src.data() || src.nbytes() == 0) return;
+  if (dst.device().is_cpu() && src.device().is_cpu()) std::memcpy(dst.data(), src.data(), src.nbytes());
+  else copy_tensor(dst, src.reshape(dst.shape()));
 }
 
 }  // namespace
@@ -39,37 +44,40 @@ struct SelfCommunicator::Pending {
 SelfCommunicator::SelfCommunicator(std::string name, Options options)
     : name_(std::move(name)), options_(options) {}
 
-CallSite SelfCommunicator::at(const char* op) const { return {op, name_, 1, Device::cpu()}; }
+// One rank's collectives are copies or nothing, which core does on the host
+// or on any registered device: the call's device is its tensor's (the
+// validation still requires every tensor of one call on that device).
+CallSite SelfCommunicator::at(const char* op, const Tensor& t) const { return {op, name_, 1, t.device()}; }
 
 WorkPtr SelfCommunicator::all_reduce(Tensor buf, ReduceOp op) {
-  validate_buffer(at("all_reduce"), "buf", buf);
-  validate_reduce_op(at("all_reduce"), buf.dtype(), op);
+  validate_buffer(at("all_reduce", buf), "buf", buf);
+  validate_reduce_op(at("all_reduce", buf), buf.dtype(), op);
   return done();
 }
 
 WorkPtr SelfCommunicator::reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
-  validate_reduce_scatter(at("reduce_scatter"), 0, out, in, op);
+  validate_reduce_scatter(at("reduce_scatter", in), 0, out, in, op);
   copy_bytes(out, in);
   return done();
 }
 
 WorkPtr SelfCommunicator::all_gather(Tensor out, Tensor in) {
-  validate_all_gather(at("all_gather"), 0, out, in);
+  validate_all_gather(at("all_gather", in), 0, out, in);
   copy_bytes(out, in);
   return done();
 }
 
 WorkPtr SelfCommunicator::broadcast(Tensor buf, int root) {
-  validate_buffer(at("broadcast"), "buf", buf);
-  validate_peer(at("broadcast"), "root", root);
+  validate_buffer(at("broadcast", buf), "buf", buf);
+  validate_peer(at("broadcast", buf), "root", root);
   return done();
 }
 
 // A message to itself: the oldest pending recv with the same tag takes it,
 // else it waits (as a copy of the sender's tensor view) for one.
 WorkPtr SelfCommunicator::send(Tensor buf, int peer, int tag) {
-  validate_buffer(at("send"), "buf", buf);
-  validate_peer(at("send"), "peer", peer);
+  validate_buffer(at("send", buf), "buf", buf);
+  validate_peer(at("send", buf), "peer", peer);
   for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
     if ((*it)->tag != tag) continue;
     LOOM_REQUIRE((*it)->buf.nbytes() >= buf.nbytes(), "send on ", name_, ": a message of ", describe(buf),
@@ -87,8 +95,8 @@ WorkPtr SelfCommunicator::send(Tensor buf, int peer, int tag) {
 }
 
 WorkPtr SelfCommunicator::recv(Tensor buf, int peer, int tag) {
-  validate_buffer(at("recv"), "buf", buf);
-  validate_peer(at("recv"), "peer", peer);
+  validate_buffer(at("recv", buf), "buf", buf);
+  validate_peer(at("recv", buf), "peer", peer);
   for (auto it = sends_.begin(); it != sends_.end(); ++it) {
     if ((*it)->tag != tag) continue;
     LOOM_REQUIRE(buf.nbytes() >= (*it)->buf.nbytes(), "recv on ", name_, ": a message of ", describe((*it)->buf),
@@ -104,17 +112,18 @@ WorkPtr SelfCommunicator::recv(Tensor buf, int peer, int tag) {
 }
 
 WorkPtr SelfCommunicator::all_to_all(Tensor out, Tensor in) {
-  validate_all_to_all(at("all_to_all"), out, in);
+  validate_all_to_all(at("all_to_all", in), out, in);
   copy_bytes(out, in);
   return done();
 }
 
 WorkPtr SelfCommunicator::all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
                                        std::span<const int64_t> in_counts) {
-  validate_all_to_all_v(at("all_to_all_v"), out, out_counts, in, in_counts);
+  validate_all_to_all_v(at("all_to_all_v", in), out, out_counts, in, in_counts);
   LOOM_REQUIRE(out_counts[0] == in_counts[0], "all_to_all_v on ", name_, ": rank 0 sends itself ", in_counts[0],
                " elements but expects ", out_counts[0]);
-  std::memcpy(out.data(), in.data(), static_cast<size_t>(in_counts[0]) * dtype_size(in.dtype()));
+  copy_bytes(Tensor(out.data(), out.dtype(), {out_counts[0]}, out.device()),
+             Tensor(in.data(), in.dtype(), {in_counts[0]}, in.device()));
   return done();
 }
 

@@ -24,7 +24,7 @@ class SelfCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
-  Device device() const override { return Device::cpu(); }
+  Device device() const override { return Device::cpu(); }  // and any other a call's tensors are on
   const Options& options() const override { return options_; }
 
   WorkPtr all_reduce(Tensor buf, ReduceOp op) override;
@@ -41,7 +41,7 @@ class SelfCommunicator final : public Communicator {
 
  private:
   struct Pending;  // a send or recv waiting for its match
-  CallSite at(const char* op) const;
+  CallSite at(const char* op, const Tensor& t) const;
 
   std::string name_;
   Options options_;

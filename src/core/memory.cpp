@@ -115,7 +115,7 @@ constinit std::atomic<const DeviceMemory*> g_device_memory[2]{nullptr, nullptr};
 
 void register_device_memory(Device::Kind kind, const DeviceMemory& m) {
   LOOM_REQUIRE(kind != Device::Kind::cpu, "register_device_memory: the host's memory is built in");
-  LOOM_REQUIRE(m.allocate && m.free && m.zero && m.to_device && m.to_host,
+  LOOM_REQUIRE(m.allocate && m.free && m.zero && m.to_device && m.to_host && m.within,
                "register_device_memory: every function of the table is required");
   const DeviceMemory* expected = nullptr;
   auto& slot = g_device_memory[static_cast<size_t>(kind)];
@@ -145,6 +145,20 @@ void copy_between_host_and_device(Tensor dst, const Tensor& src) {
   } else {
     device_memory(dst.device()).to_device(dst.device().index, dst.data(), src.data(), src.nbytes());
   }
+}
+
+void copy_tensor(Tensor dst, const Tensor& src) {
+  const bool dst_host = dst.device().is_cpu(), src_host = src.device().is_cpu();
+  if (dst_host != src_host) return copy_between_host_and_device(dst, src);
+  LOOM_REQUIRE(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy_tensor: dst ", dst.str(), " and src ",
+               src.str(), " differ in dtype or shape");
+  LOOM_REQUIRE(dst.is_contiguous() && src.is_contiguous(), "copy_tensor: dst ", dst.str(), " and src ", src.str(),
+               " must be contiguous");
+  LOOM_REQUIRE(dst.device() == src.device(), "copy_tensor: dst on ", device_name(dst.device()), " and src on ",
+               device_name(src.device()), ": copies between two devices go through the host");
+  if (dst.data() == src.data() || src.nbytes() == 0) return;
+  if (dst_host) std::memcpy(dst.data(), src.data(), src.nbytes());
+  else device_memory(dst.device()).within(dst.device().index, dst.data(), src.data(), src.nbytes());
 }
 
 Storage Pool::allocate(size_t bytes) {

@@ -111,6 +111,7 @@ struct DeviceMemory {
   void (*zero)(int index, void* data, size_t bytes) = nullptr;
   void (*to_device)(int index, void* dst, const void* src, size_t bytes) = nullptr;
   void (*to_host)(int index, void* dst, const void* src, size_t bytes) = nullptr;
+  void (*within)(int index, void* dst, const void* src, size_t bytes) = nullptr;  // device to the same device
 };
 // m must outlive every allocation (a static table). A second registration for
 // the same kind with another table is a loom::Error.
@@ -120,6 +121,10 @@ const DeviceMemory& device_memory(Device d);
 // dst = src between the host and a device, either way (the same dtype and
 // shape, both contiguous; exactly one of them on the host).
 void copy_between_host_and_device(Tensor dst, const Tensor& src);
+// dst = src wherever each lives (host, a device, or the same device: what a
+// one-rank communicator's "collective" or a staging copy needs); same dtype
+// and shape, both contiguous. A no-op when they are the same memory.
+void copy_tensor(Tensor dst, const Tensor& src);
 
 // Allocates 64-byte-aligned host memory (or a registered device's memory,
 // DeviceMemory) for one tag and counts it.
@@ -149,6 +154,7 @@ class Pool {
 class Pools {
  public:
   explicit Pools(Device device = Device::cpu());
+  Device device() const { return pools_[0]->device(); }
   Pool& operator[](MemTag tag) { return *pools_[static_cast<int>(tag)]; }
   MemoryReport report() const { return tracker_.report(); }
   void reset_peaks() { tracker_.reset_peaks(); }

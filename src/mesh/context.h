@@ -47,7 +47,9 @@ class LocalMesh {
 // A one-process run's whole context: a LocalMesh and pools of its own.
 class LocalContext {
  public:
-  explicit LocalContext(const comm::Options& options = {}) : mesh_(options) {}
+  // device: where the pools allocate (a GPU's backend registered first).
+  explicit LocalContext(const comm::Options& options = {}, Device device = Device::cpu())
+      : mesh_(options), pools_(device) {}
   LocalContext(const LocalContext&) = delete;
   LocalContext& operator=(const LocalContext&) = delete;
   Context& ctx() { return ctx_; }

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "model/model_state.h"
@@ -17,11 +18,19 @@ using namespace loom::kernels;
 
 namespace {
 
-void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T) {
+// A batch lives on the host (a data loader's) or on the model's device.
+void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T, Device model) {
   LOOM_REQUIRE(t.dtype() == DType::i32 && t.ndim() == 2 && t.size(0) == B && t.size(1) == T && t.is_contiguous() &&
-                   t.device().is_cpu(),
-               "Model::forward: ", what, " is ", t.str(), ", expected contiguous CPU i32(", B, ", ", T,
-               ") (the batch and sequence length the model was built for)");
+                   (t.device().is_cpu() || t.device() == model),
+               "Model::forward: ", what, " is ", t.str(), " on ", device_name(t.device()), ", expected contiguous i32(",
+               B, ", ", T, ") (the batch and sequence length the model was built for) on the host",
+               model.is_cpu() ? "" : " or " + device_name(model));
+}
+
+// dst (the slot's, on the model's device) = src (host or that device).
+void take_ids(Tensor dst, const Tensor& src) {
+  if (dst.device() == src.device()) kernels::copy(dst, src);
+  else copy_tensor(dst, src);
 }
 
 // Under tensor parallelism the kernels see only a vocabulary shard, so the
@@ -42,16 +51,16 @@ void Model::take_inputs(SlotActs& a, const Tensor& tokens, const Tensor& targets
   LOOM_REQUIRE(!tp || options_.tp.ops != nullptr, "Model::forward: tensor parallelism (tp = ", options_.tp.tp.size,
                ") needs its collectives (TpOptions::ops)");
   if (has_embedding_) {
-    check_batch("tokens", tokens, B_, T_);
+    check_batch("tokens", tokens, B_, T_, a.tokens.device());
     if (tp) check_ids("token", tokens, cfg_.vocab_size, false);
-    kernels::copy(a.tokens, tokens);
+    take_ids(a.tokens, tokens);
   }
   LOOM_REQUIRE(has_head_ || !targets.defined(), "Model::forward: targets given to a pipeline stage without the ",
                "head (layers ", first_layer_, " to ", first_layer_ + n_layers_ - 1, "): they go to the last stage");
   if (targets.defined()) {
-    check_batch("targets", targets, B_, T_);
+    check_batch("targets", targets, B_, T_, a.targets.device());
     if (tp) check_ids("target", targets, cfg_.vocab_size, true);
-    kernels::copy(a.targets, targets);
+    take_ids(a.targets, targets);
   }
   a.has_targets = targets.defined();
   a.forward_done = true;

@@ -191,15 +191,27 @@ Segment DataParallel::solo_piece(const std::string& name) const {
 void DataParallel::init_params(uint64_t seed) {
   // One bucket at a time (buckets hold whole parameters): the temporary is
   // the largest bucket, not the whole model, so ZeRO-3 never materialises it.
+  const bool on_device = !impl_->pools.device().is_cpu();
+  MemoryTracker host_tracker;
+  Pool host_workspace(MemTag::workspace, Device::cpu(), host_tracker);
+  Pool& host_pool = on_device ? host_workspace : impl_->pools[MemTag::workspace];
   for (GroupState& gs : impl_->groups) {
     const GroupLayout& l = gs.layout;
     for (size_t b = 0; b < l.buckets.size(); ++b) {
       const Bucket& bk = l.buckets[b];
-      OwnedTensor full = impl_->pools[MemTag::workspace].empty(DType::f32, {bk.numel()});
+      // Drawn on the host (init_param's Philox streams), then moved to the
+      // run's device where that is not the host.
+      OwnedTensor host = host_pool.empty(DType::f32, {bk.numel()});
       for_each_overlap(l.space.specs, bk.begin, bk.end, [&](const model::ParamSpec& spec, int64_t, int64_t) {
         if (spec.offset < bk.begin) return;  // an earlier bucket's
-        model::init_param(Tensor(full).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec, seed);
+        model::init_param(Tensor(host).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec, seed);
       });
+      OwnedTensor staged;
+      if (on_device) {
+        staged = impl_->pools[MemTag::workspace].empty(DType::f32, {bk.numel()});
+        copy_tensor(staged, host);
+      }
+      const Tensor full = on_device ? Tensor(staged) : Tensor(host);
       if (opt_.zero_stage < 3)  // every rank
         for_each_flat_run(l.space, bk.begin, bk.numel(), [&](int64_t flat, int64_t at, int64_t n) {
           kernels::cast(model_.params().slice(0, flat, n), Tensor(full).slice(0, at, n));
@@ -327,6 +339,11 @@ void DataParallel::update_finish() {
 void DataParallel::pack_master(int g, Tensor out) const {
   const GroupState& gs = impl_->groups[static_cast<size_t>(g)];
   LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == gs.layout.shard_numel, "pack_master: ", out.str());
+  if (out.device() != impl_->pools.device()) {  // the host's buffer of a device run (a checkpoint's)
+    OwnedTensor staged = impl_->pools[MemTag::workspace].empty(DType::f32, {out.numel()});
+    pack_master(g, staged);
+    return copy_tensor(out, staged);
+  }
   for (const Segment& s : gs.layout.segments) {
     Tensor dst = out.slice(0, s.shard_offset, s.count);
     if (impl_->has_master) kernels::cast(dst, Tensor(gs.master).slice(0, s.shard_offset, s.count));
@@ -349,8 +366,15 @@ void DataParallel::load_master(std::span<const Tensor> masters) {
   for (int g = 0; g < num_groups(); ++g) {
     GroupState& gs = impl_->groups[static_cast<size_t>(g)];
     const GroupLayout& l = gs.layout;
-    const Tensor& master = masters[static_cast<size_t>(g)];
-    LOOM_CHECK(master.dtype() == DType::f32 && master.numel() == l.shard_numel, "load_master: ", master.str());
+    const Tensor& given = masters[static_cast<size_t>(g)];
+    LOOM_CHECK(given.dtype() == DType::f32 && given.numel() == l.shard_numel, "load_master: ", given.str());
+    // A checkpoint's host tensor goes to the run's device first.
+    OwnedTensor staged;
+    if (given.device() != impl_->pools.device()) {
+      staged = impl_->pools[MemTag::workspace].empty(DType::f32, {l.shard_numel});
+      copy_tensor(staged, given.reshape({l.shard_numel}));
+    }
+    const Tensor master = staged.defined() ? Tensor(staged) : given;
     for (const Segment& s : l.segments) {
       const Tensor src = master.slice(0, s.shard_offset, s.count);
       if (impl_->has_master) kernels::cast(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);
@@ -371,6 +395,11 @@ void DataParallel::load_master(const Tensor& master) {
 
 void DataParallel::gather_master(Tensor out) {
   LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == model_.num_params(), "gather_master: ", out.str());
+  if (out.device() != impl_->pools.device()) {  // the host's buffer of a device run (an exported model's)
+    OwnedTensor staged = impl_->pools[MemTag::workspace].empty(DType::f32, {out.numel()});
+    gather_master(staged);
+    return copy_tensor(out, staged);
+  }
   for (int g = 0; g < num_groups(); ++g) {
     const GroupLayout& l = impl_->groups[static_cast<size_t>(g)].layout;
     OwnedTensor packed = impl_->pools[MemTag::workspace].empty(DType::f32, {l.shard_numel});

@@ -172,6 +172,15 @@ void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord
   const parallel::GroupLayout& l = cdp.group(g);
   OwnedTensor held = pool.empty(DType::f32, {l.shard_numel});
   cdp.pack_master(g, held);
+  // The moments of a device run, read back once for this shard.
+  const auto on_host = [&pool, &out](const Tensor& t) {
+    if (t.device().is_cpu()) return t;
+    OwnedTensor copy = pool.empty(t.dtype(), t.shape());
+    copy_tensor(copy, t);
+    out.owned.push_back(std::move(copy));
+    return Tensor(out.owned.back());
+  };
+  const Tensor opt_m = on_host(opt.m(g)), opt_v = on_host(opt.v(g));
   const std::vector<parallel::Segment>& pieces = r.segments;
   const int64_t numel = r.numel();
   OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),
@@ -180,8 +189,8 @@ void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord
     const parallel::Segment &to = pieces[b], &from = l.segments[b];
     const int64_t at = from.shard_offset + (to.offset - from.offset);
     kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
-    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), opt.m(g).slice(0, at, to.count));
-    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), opt.v(g).slice(0, at, to.count));
+    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), opt_m.slice(0, at, to.count));
+    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), opt_v.slice(0, at, to.count));
   }
   out.named.emplace_back(prefix + kMasterTensor, Tensor(master));
   out.named.emplace_back(prefix + kAdamMTensor, Tensor(adam_m));

@@ -224,6 +224,7 @@ const std::vector<KeySpec>& base_key_specs() {
       {"train", "min_loss_scale", [](R& c, const V& v) { c.train.min_loss_scale = v.number(0, true, 1e20); }},
       {"train", "max_bad_steps", [](R& c, const V& v) { c.train.max_bad_steps = v.integer(0, 1000000); }},
       {"train", "recompute", [](R& c, const V& v) { c.train.recompute = v.choice({"none", "selective", "full"}); }},
+      {"train", "device", [](R& c, const V& v) { c.train.device = v.choice({"cpu", "cuda"}); }},
       {"train", "seed", [](R& c, const V& v) { c.train.seed = static_cast<uint64_t>(v.integer(0)); }},
       {"train", "eval_every", [](R& c, const V& v) { c.train.eval_every = v.integer(0, kMaxSteps); }},
       {"train", "eval_steps", [](R& c, const V& v) { c.train.eval_steps = v.integer(1, kMaxCount); }},

@@ -56,6 +56,8 @@ struct TrainConfig {
   // max_bad_steps of them in a row stop the run with an error.
   int64_t max_bad_steps = 0;
   std::string recompute = "none";  // none, selective, full (model/model.h)
+  // cpu, or cuda: one NVIDIA GPU per process (kernels/cuda), in builds with CUDA.
+  std::string device = "cpu";
   uint64_t seed = 1337;
   int64_t eval_every = 100;   // steps; 0 = never
   int64_t eval_steps = 20;    // val batches per evaluation

@@ -28,6 +28,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                 {"min_loss_scale", t.min_loss_scale},
                 {"max_bad_steps", t.max_bad_steps},
                 {"recompute", t.recompute},
+                {"device", t.device},
                 {"seed", t.seed},
                 {"eval_every", t.eval_every},
                 {"eval_steps", t.eval_steps}};

@@ -24,14 +24,24 @@ double model_flops_per_token(const model::ModelConfig& m, int64_t seq_len) {
          12.0 * static_cast<double>(m.n_layer * m.n_embd * seq_len);
 }
 
-double measure_peak_flops(DType dtype) {
-  constexpr int64_t n = 1024;
+double measure_peak_flops(DType dtype, Device device) {
+  const int64_t n = device.is_cpu() ? 1024 : 8192;
   MemoryTracker tracker;
-  Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  Pool pool(MemTag::workspace, device, tracker);
   OwnedTensor a = pool.empty(dtype, {n, n}), b = pool.empty(dtype, {n, n}), c = pool.empty(dtype, {n, n});
   kernels::fill(a, 0.5f);
   kernels::fill(b, 0.25f);
   kernels::matmul(c, a, b);  // warm-up: oneDNN builds its kernel
+  if (!device.is_cpu()) {
+    // Ops on a device return once enqueued; sum_squares returns a value, so
+    // it waits for every GEMM before it (its own pass is ~1% of one GEMM's).
+    kernels::sum_squares(c);
+    const auto start = Clock::now();
+    constexpr int reps = 8;
+    for (int i = 0; i < reps; ++i) kernels::matmul(c, a, b);
+    kernels::sum_squares(c);
+    return 2.0 * n * n * n * reps / seconds_since(start);
+  }
   double best = 1e30;
   for (int i = 0; i < 8; ++i) {
     const auto start = Clock::now();

@@ -25,8 +25,9 @@ double model_flops_per_token(const model::ModelConfig& m, int64_t seq_len);
 // log.peak_tflops = 0. It is what this machine's GEMM reaches now, not the
 // hardware's peak (a busy machine lowers it, and the model's larger GEMMs may
 // beat it: MFU can then read over 100%); set log.peak_tflops for a datasheet
-// figure.
-double measure_peak_flops(DType dtype = DType::f32);
+// figure. On a GPU (a registered backend's device): an 8192^3 GEMM, the mean
+// of 8 after a warm-up (a GPU's GEMM needs that size to fill the chip).
+double measure_peak_flops(DType dtype = DType::f32, Device device = Device::cpu());
 
 // One line for --memory-report: the measured activations peak of `report`,
 // and the activation bytes of m's layout under each recompute policy with the

@@ -257,7 +257,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const StopSignals& stop = run_options.stop != nullptr ? *run_options.stop : own_stop.emplace();
   const RunOutputs outputs = prepare_outputs(cfg, run_options, lead);
   TrainSummary summary;
-  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train));
+  summary.peak_flops = cfg.log.peak_tflops > 0 ? cfg.log.peak_tflops * 1e12 : measure_peak_flops(compute_dtype(cfg.train), ctx.pools.device());
   Pools& pools = ctx.pools;
   Trainer trainer(cfg, ctx);
   TrainOptions options = run_options;
@@ -270,7 +270,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
              model::param_count(model::param_specs(cfg.model)), " parameters, ",
              t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
              summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)",
-             "; ", kernels::cpu_isa_describe());
+             "; ", ctx.pools.device().is_cpu() ? kernels::cpu_isa_describe() : device_name(ctx.pools.device()));
   }
   CheckpointRun checkpoints(cfg.checkpoint);
   const std::string resume_dir = checkpoints.resume(trainer);

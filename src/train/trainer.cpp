@@ -68,6 +68,21 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   return o;
 }
 
+// What a run on a GPU does not do yet, refused before anything is built:
+// one process (NCCL layouts come next), dense models (the MoE router and
+// dispatch run host loops over their rows), no optimizer offload (the host
+// is where it would go).
+void require_device_layout(const RunConfig& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  const int64_t world = p.dp * p.tp * p.pp * p.cp;
+  LOOM_REQUIRE(world == 1, "train.device = ", cfg.train.device, " trains on one process for now: parallel.dp * tp * pp",
+               " * cp = ", world, "; set them to 1 (multi-GPU layouts over NCCL are not yet available)");
+  LOOM_REQUIRE(!cfg.model.is_moe(), "train.device = ", cfg.train.device, " trains dense models for now: this model ",
+               "has ", cfg.model.n_expert, " experts per layer; train it with train.device = cpu");
+  LOOM_REQUIRE(!p.offload_optimizer, "train.device = ", cfg.train.device, ": parallel.offload_optimizer keeps ",
+               "the optimizer on the host, which a GPU run does not offer yet; set it to false");
+}
+
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Context& ctx)
@@ -76,9 +91,11 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
       schedule_{cfg.train.lr, cfg.train.min_lr, cfg.train.warmup_steps, cfg.train.steps},
       train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle,
                                  checked_group("dp", cfg.parallel.dp, ctx.mesh.dp()))) {
+  const bool on_device = !ctx.pools.device().is_cpu();
+  if (on_device) require_device_layout(cfg);
   // Without a bf16 GEMM the matmuls would widen bf16 to f32 (kernels/ops.h):
   // a bf16 run slower than f32 with bf16's rounding is no choice to offer.
-  if (cfg.train.dtype == "bf16") {
+  if (cfg.train.dtype == "bf16" && !on_device) {
     const std::string why = kernels::bf16_matmul_unsupported_reason();
     LOOM_REQUIRE(why.empty(), "train.dtype = bf16: ", why,
                  "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX512_BF16 or AMX");
@@ -102,8 +119,9 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
     }
   }
   if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
-  tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
-  targets_ = pools[MemTag::activations].zeros(DType::i32, {B, T});
+  Pool& batches = on_device ? host_batches_ : pools[MemTag::activations];
+  tokens_ = batches.zeros(DType::i32, {B, T});
+  targets_ = batches.zeros(DType::i32, {B, T});
 }
 
 void Trainer::take_rank_tokens(const Tensor& tokens, const Tensor& targets) const {

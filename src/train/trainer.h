@@ -150,6 +150,10 @@ class Trainer {
   void take_rank_tokens(const Tensor& tokens, const Tensor& targets) const;
   StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
 
+  // The host's memory of a device run: its batches, which the data loaders
+  // write and the model copies to the device (model/model.h's forward).
+  MemoryTracker host_tracker_;
+  Pool host_batches_{MemTag::activations, Device::cpu(), host_tracker_};
   RankChunks rank_;  // the rank's chunks (one without pipelining), their DataParallel, tp ops, pipeline
   std::vector<OwnedTensor> micro_tokens_, micro_targets_;  // a step's micro-batches (pipelining)
   LrSchedule schedule_;

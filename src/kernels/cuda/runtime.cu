@@ -66,8 +66,12 @@ void to_device(int, void* dst, const void* src, size_t bytes) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));  // src may be freed once we return
 }
 void to_host(int, void* dst, const void* src, size_t bytes) { read_back(dst, src, bytes); }
+// Ordered on the stream after the ops that wrote src, before those that read dst.
+void within(int, void* dst, const void* src, size_t bytes) {
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
 
-constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host};
+constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host, within};
 
 constexpr Backend kTable = [] {
   Backend b;

@@ -1,0 +1,140 @@
+// The device plumbing of training, proven without a GPU: the CPU's own
+// kernels registered a second time as the backend of Device::cuda, with
+// memory from the host's allocator. A run whose pools live on that "device"
+// then goes through every path a GPU run takes (parameters drawn on the host
+// and moved over, batches copied in, one-rank collectives as device copies,
+// values read back, checkpoints and the exported model staged through the
+// host), and any op that mixes a host tensor with a device tensor is an
+// error (kernels/dispatch.h). The kernels being the same, the run must equal
+// the host's bit for bit. What this cannot see is host code reading device
+// memory directly (the memory is the host's here): tests/gpu/cuda_train.cpp
+// runs the same scenarios on a real GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "device_run.h"
+#include "tiny_run.h"
+
+namespace loom::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+void* emulated_allocate(int, size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+void emulated_free(int, void* p) { std::free(p); }
+void emulated_zero(int, void* p, size_t bytes) { std::memset(p, 0, bytes); }
+void emulated_copy(int, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+constexpr DeviceMemory kEmulatedMemory{emulated_allocate, emulated_free, emulated_zero, emulated_copy, emulated_copy,
+                                       emulated_copy};
+
+void register_emulated_device() {
+  static const kernels::Backend table = [] {
+    kernels::Backend b = *kernels::find_backend(Device::cpu());
+    b.name = "cpu kernels as cuda (test)";
+    b.kind = Device::Kind::cuda;
+    return b;
+  }();
+  register_device_memory(Device::Kind::cuda, kEmulatedMemory);
+  kernels::register_backend(table);
+}
+
+class EmulatedDeviceTest : public TinyRunTest {
+ protected:
+  EmulatedDeviceTest() : TinyRunTest("loom_test_device_emulated") {}
+  static void SetUpTestSuite() { register_emulated_device(); }
+  static Device device() { return Device::cuda(0); }
+};
+
+void expect_same(const DeviceRun& host, const DeviceRun& dev) {
+  ASSERT_FALSE(host.losses.empty());
+  EXPECT_EQ(host.losses, dev.losses);
+  EXPECT_EQ(host.grad_norms, dev.grad_norms);
+  EXPECT_EQ(host.val_losses, dev.val_losses);
+  EXPECT_EQ(host.model, dev.model);
+}
+
+TEST_F(EmulatedDeviceTest, TrainingOnTheDeviceEqualsTheHostBitForBit) {
+  const RunConfig cfg = config();
+  const DeviceRun host = run_on(cfg, Device::cpu(), dir_ / "host");
+  const DeviceRun dev = run_on(cfg, device(), dir_ / "dev");
+  EXPECT_EQ(host.losses.size(), 20u);
+  EXPECT_EQ(host.val_losses.size(), 2u);
+  expect_same(host, dev);
+}
+
+TEST_F(EmulatedDeviceTest, LlamaInBf16WithRecomputeOnTheDeviceEqualsTheHost) {
+  if (!kernels::bf16_matmul_unsupported_reason().empty()) GTEST_SKIP() << kernels::bf16_matmul_unsupported_reason();
+  RunConfig cfg = config();
+  cfg.model = model::model_preset("llama-tiny");
+  cfg.train.dtype = "bf16";
+  cfg.train.recompute = "selective";
+  cfg.train.steps = 8;
+  cfg.train.eval_every = 4;
+  expect_same(run_on(cfg, Device::cpu(), dir_ / "host"), run_on(cfg, device(), dir_ / "dev"));
+}
+
+// A checkpoint written by a device run resumes on the host and the other way
+// round, each pair of runs ending as the same pair on the host alone: 10
+// steps saved, then resumed to 20.
+TEST_F(EmulatedDeviceTest, CheckpointsMoveBetweenTheDeviceAndTheHost) {
+  const auto chain = [&](const std::string& name, Device first_on, Device then_on) {
+    RunConfig first = config();
+    first.checkpoint.dir = (dir_ / name).string();
+    first.checkpoint.every = 10;
+    first.train.steps = 10;
+    DeviceRun a = run_on(first, first_on, dir_ / (name + "_a"));
+    RunConfig second = first;
+    second.train.steps = 20;
+    const DeviceRun b = run_on(second, then_on, dir_ / (name + "_b"));
+    a.losses.insert(a.losses.end(), b.losses.begin(), b.losses.end());
+    a.model = b.model;
+    return a;
+  };
+  const DeviceRun host = chain("host", Device::cpu(), Device::cpu());
+  ASSERT_EQ(host.losses.size(), 20u);
+  for (const bool device_first : {true, false}) {
+    SCOPED_TRACE(device_first ? "device, then host" : "host, then device");
+    const DeviceRun mixed = device_first ? chain("dev_host", device(), Device::cpu())
+                                         : chain("host_dev", Device::cpu(), device());
+    EXPECT_EQ(mixed.losses, host.losses);
+    EXPECT_EQ(mixed.model, host.model);
+  }
+}
+
+TEST_F(EmulatedDeviceTest, WhatADeviceRunDoesNotDoYetIsRefusedClearly) {
+  RunConfig moe = config();
+  moe.model.n_expert = 4;
+  moe.model.top_k = 2;
+  EXPECT_THROW(
+      {
+        try {
+          run_on(moe, device(), dir_ / "moe");
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("trains dense models for now"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  RunConfig offload = config();
+  offload.parallel.offload_optimizer = true;
+  EXPECT_THROW(
+      {
+        try {
+          run_on(offload, device(), dir_ / "offload");
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("offload_optimizer"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
+}  // namespace
+}  // namespace loom::train
