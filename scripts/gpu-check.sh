@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU proof (issue 42): builds loom's CUDA code for sm_90 (H100 / H200),
-# runs the gpu-labelled tests and the kernel benchmark next to PyTorch's on
-# the same GPU, and writes everything to OUT (a folder; created). Meant to
-# finish in under 10 minutes on a Hopper machine.
+# runs the gpu-labelled tests, the kernel benchmark next to PyTorch's, and
+# gpt2-124m training (`loom train --device cuda`, bf16 and fp32) next to
+# PyTorch's on the same GPU, and writes everything to OUT (a folder;
+# created). Meant to finish in under 10 minutes on a Hopper machine; the
+# training runs read data/brown (scripts/fetch-data.sh and loom data prepare,
+# or carried).
 #
 #   bash scripts/gpu-check.sh OUT                  # configure + build build-gpu/, then run
 #   bash scripts/gpu-check.sh OUT --prebuilt DIR   # run the binaries of DIR (scripts/gpu-carry.sh
@@ -11,7 +14,8 @@
 #                                                  # CUDA's libraries and python3 with torch)
 #
 # OUT gets: gpu.txt (nvidia-smi), <test>.log and <test>.xml per GPU test,
-# bench_loom.jsonl, bench_torch.jsonl, summary.txt. Exit status: 0 when every
+# bench_loom.jsonl, bench_torch.jsonl, train_<dtype>.jsonl / .log (loom's
+# metrics), torch_train_<dtype>.json, summary.txt. Exit status: 0 when every
 # test passed (a benchmark failure is reported in summary.txt, not fatal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,10 +36,11 @@ if [[ -z $prebuilt ]]; then
   bin=build-gpu
   cmake -S . -B "$bin" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 \
     || { note "configure failed (configure.log)"; exit 1; }
-  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large bench_cuda_kernels \
+  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large gpu_train bench_cuda_kernels loom \
     >"$out/build.log" 2>&1 || { note "build failed (build.log)"; exit 1; }
-  tests=("$bin/tests/test_backend_ops_cuda" "$bin/tests/gpu_ops_large")
+  tests=("$bin/tests/test_backend_ops_cuda" "$bin/tests/gpu_ops_large" "$bin/tests/gpu_train")
   bench="$bin/bench/cuda/bench_cuda_kernels"
+  loom="$bin/loom"
 else
   # The carried binaries and the shared libraries they need beside them.
   unpacked=$(mktemp -d)
@@ -48,8 +53,9 @@ else
       && cuda_libs+="$d:"
   done
   export LD_LIBRARY_PATH="$prebuilt/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
-  tests=("$prebuilt/test_backend_ops_cuda" "$prebuilt/gpu_ops_large")
+  tests=("$prebuilt/test_backend_ops_cuda" "$prebuilt/gpu_ops_large" "$prebuilt/gpu_train")
   bench="$prebuilt/bench_cuda_kernels"
+  loom="$prebuilt/loom"
 fi
 
 status=0
@@ -70,6 +76,19 @@ timeout "${LOOM_GPU_BENCH_TIMEOUT:-200}" "$bench" --reps 20 >"$out/bench_loom.js
 timeout "${LOOM_GPU_BENCH_TIMEOUT:-200}" python3 bench/cuda/torch_kernels_bench.py --reps 20 >"$out/bench_torch.jsonl" 2>"$out/bench_torch.err" \
   || note "torch reference failed: $(tail -3 "$out/bench_torch.err")"
 note "benchmarks: $(grep -c '^{' "$out/bench_loom.jsonl" 2>/dev/null) loom lines, $(grep -c '^{' "$out/bench_torch.jsonl" 2>/dev/null) torch lines"
+
+# gpt2-124m training, B 8 x T 1024: loom's steps (metrics: tokens_per_s, mfu
+# against the GEMM peak it measures) and PyTorch's on the same shape.
+for dt in ${LOOM_GPU_TRAIN_DTYPES:-bf16 fp32}; do
+  timeout "${LOOM_GPU_TRAIN_TIMEOUT:-150}" "$loom" train --config configs/gpt2-124m-gpu.toml --device cuda \
+    --set train.dtype="$dt" --metrics "$out/train_$dt.jsonl" >"$out/train_$dt.log" 2>&1 \
+    || note "loom train $dt failed: $(tail -3 "$out/train_$dt.log")"
+  note "loom train $dt: $(tail -1 "$out/train_$dt.jsonl" 2>/dev/null)"
+  timeout "${LOOM_GPU_TRAIN_TIMEOUT:-150}" python3 bench/cuda/torch_train_bench.py --model gpt2-124m --batch 8 \
+    --seq 1024 --dtype "$dt" --steps 10 >"$out/torch_train_$dt.json" 2>"$out/torch_train_$dt.err" \
+    || note "torch train $dt failed: $(tail -3 "$out/torch_train_$dt.err")"
+  note "torch train $dt: $(cut -c1-400 "$out/torch_train_$dt.json" 2>/dev/null)"
+done
 # One archive of everything, for machines that hand back few files.
 tar -C "$out" -czf "$out.tar.gz" . && mv "$out.tar.gz" "$out/all.tar.gz"
 exit $status

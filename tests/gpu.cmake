@@ -5,8 +5,9 @@
 #   test_backend_ops_cuda  every op of the backend table on the GPU against
 #                          the CPU backend on the same inputs
 #                          (tests/kernels/test_backend_ops.cpp, built again)
-#   gpu_<name>             tests/gpu/cuda_<name>.cpp: model-sized shapes,
-#                          run-to-run determinism
+#   gpu_<name>             tests/gpu/cuda_<name>.cpp: model-sized shapes and
+#                          run-to-run determinism (ops_large); training on
+#                          the GPU against the CPU (train)
 if(NOT TARGET loom_kernels_cuda)
   return()
 endif()
@@ -23,7 +24,7 @@ foreach(source ${gpu_sources})
   get_filename_component(name ${source} NAME_WE)
   string(REPLACE "cuda_" "" name ${name})
   add_executable(gpu_${name} ${source})
-  target_link_libraries(gpu_${name} PRIVATE loom_test_gpu_main)
+  target_link_libraries(gpu_${name} PRIVATE loom_test_gpu_main loom_train)
   add_test(NAME gpu.${name} COMMAND gpu_${name})
   list(APPEND gpu_tests gpu.${name})
 endforeach()

@@ -12,13 +12,12 @@
 // with a bf16 one is rounded to bf16 first (PyTorch autocast's rule); an f16
 // one paired with f32 is widened to f32; bf16 and f16 GEMMs take their
 // inputs as they are (products exact in f32, sums in f32).
-#include <cublasLt.h>
-
 #include <map>
 #include <mutex>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace loom::kernels::cuda {
@@ -28,8 +27,8 @@ namespace {
   do {                                                                                                      \
     const cublasStatus_t loom_cublas_status_ = (expr);                                                      \
     if (loom_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      fail("cuBLASLt: ", #expr, " failed: ", cublasLtGetStatusName(loom_cublas_status_), ": ",              \
-           cublasLtGetStatusString(loom_cublas_status_), " (", __FILE__, ":", __LINE__, ")");               \
+      fail("cuBLASLt: ", #expr, " failed: ", cublaslt().cublasLtGetStatusName(loom_cublas_status_), ": ",   \
+           cublaslt().cublasLtGetStatusString(loom_cublas_status_), " (", __FILE__, ":", __LINE__, ")");    \
   } while (0)
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
@@ -89,7 +88,7 @@ struct Lt {
 Lt& lt() {
   static Lt* state = [] {
     auto* s = new Lt;  // lives for the process: cuBLASLt must not be torn down after the driver
-    LOOM_CUBLAS_CHECK(cublasLtCreate(&s->handle));
+    LOOM_CUBLAS_CHECK(cublaslt().cublasLtCreate(&s->handle));
     LOOM_CUDA_CHECK(cudaMalloc(&s->workspace, kWorkspaceBytes));
     return s;
   }();
@@ -97,59 +96,63 @@ Lt& lt() {
 }
 
 cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  const CublasLtApi& api = cublaslt();
   cublasLtMatrixLayout_t l = nullptr;
-  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows),
-                                               static_cast<uint64_t>(cols), ld));
+  LOOM_CUBLAS_CHECK(
+      api.cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
-    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
     LOOM_CUBLAS_CHECK(
-        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+        api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    LOOM_CUBLAS_CHECK(
+        api.cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
   return l;
 }
 
 Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al_c) {
+  const CublasLtApi& api = cublaslt();
   Plan p;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   if (g.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   }
   p.a = layout(g.ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a);
   p.b = layout(g.ab, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b);
   p.c = layout(g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
   cublasLtMatmulPreference_t pref = nullptr;
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  LOOM_CUBLAS_CHECK(api.cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = kWorkspaceBytes;
   LOOM_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                                         sizeof al_a));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                                         sizeof al_b));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                                         sizeof al_c));
-  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                                         sizeof al_c));
+      api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  LOOM_CUBLAS_CHECK(
+      api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+  LOOM_CUBLAS_CHECK(
+      api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+  LOOM_CUBLAS_CHECK(
+      api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+  LOOM_CUBLAS_CHECK(
+      api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+      api.cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  api.cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " GEMM m=", g.m, " n=", g.n, " k=", g.k,
          " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""), " (",
-         cublasLtGetStatusString(st), ")");
+         api.cublasLtGetStatusString(st), ")");
   p.algo = result.algo;
   return p;
 }
 
 void run(const LtGemm& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  const CublasLtApi& api = cublaslt();
   Lt& s = lt();
   const uint32_t al_a = alignment_of(g.a), al_b = alignment_of(g.b), al_c = alignment_of(g.c);
   const PlanKey key{g.m,     g.n,        g.k,       g.batch,    static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
@@ -164,9 +167,9 @@ void run(const LtGemm& g) {
   }
   if (g.bias)
     LOOM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
-  LOOM_CUBLAS_CHECK(cublasLtMatmul(s.handle, plan->op, &g.alpha, g.a, plan->a, g.b, plan->b, &g.beta, g.c, plan->c,
-                                   g.c, plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream()));
+        api.cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  LOOM_CUBLAS_CHECK(api.cublasLtMatmul(s.handle, plan->op, &g.alpha, g.a, plan->a, g.b, plan->b, &g.beta, g.c,
+                                      plan->c, g.c, plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream()));
 }
 
 int64_t leading(const Tensor& t) {  // product of all but the last two dims

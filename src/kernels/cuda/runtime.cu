@@ -7,6 +7,7 @@
 
 #include "core/memory.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -117,7 +118,7 @@ std::string cuda_unavailable_reason(int index) {
     os << p.name << " (sm_" << p.major << p.minor << ") is older than loom's CUDA code allows (sm_80 and later: bf16)";
     return os.str();
   }
-  return "";
+  return cuda::cublaslt_unavailable_reason();  // the GEMMs' library, loaded now (cublaslt_api.h)
 }
 
 std::string cuda_device_description(int index) {
