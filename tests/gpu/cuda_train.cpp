@@ -101,24 +101,12 @@ TEST_F(CudaTrainTest, AGpuRunRepeatedIsBitForBitTheSame) {
 // steps saved, then resumed to 20, each pair within the fp32 bound of the
 // same pair on the CPU alone.
 TEST_F(CudaTrainTest, CheckpointsMoveBetweenTheGpuAndTheCpu) {
-  const auto chain = [&](const std::string& name, Device first_on, Device then_on) {
-    RunConfig first = config();
-    first.checkpoint.dir = (dir_ / name).string();
-    first.checkpoint.every = 10;
-    first.train.steps = 10;
-    DeviceRun a = run_on(first, first_on, dir_ / (name + "_a"));
-    RunConfig second = first;
-    second.train.steps = 20;
-    const DeviceRun b = run_on(second, then_on, dir_ / (name + "_b"));
-    a.losses.insert(a.losses.end(), b.losses.begin(), b.losses.end());
-    a.model = b.model;
-    return a;
-  };
-  const DeviceRun cpu = chain("cpu", Device::cpu(), Device::cpu());
+  const DeviceRun cpu = checkpoint_chain(config(), dir_, "cpu", Device::cpu(), Device::cpu());
   ASSERT_EQ(cpu.losses.size(), 20u);
   for (const bool gpu_first : {true, false}) {
     SCOPED_TRACE(gpu_first ? "gpu, then cpu" : "cpu, then gpu");
-    const DeviceRun mixed = gpu_first ? chain("gpu_cpu", gpu(), Device::cpu()) : chain("cpu_gpu", Device::cpu(), gpu());
+    const DeviceRun mixed = gpu_first ? checkpoint_chain(config(), dir_, "gpu_cpu", gpu(), Device::cpu())
+                                      : checkpoint_chain(config(), dir_, "cpu_gpu", Device::cpu(), gpu());
     expect_close(cpu.losses, mixed.losses, 1e-5, "resumed losses");
     expect_close_weights(cpu.model, mixed.model, 1e-4);
   }

@@ -52,4 +52,21 @@ inline DeviceRun run_on(const RunConfig& cfg, Device device, const std::filesyst
   return r;
 }
 
+// A run of cfg's config saved at step 10 on first_on, then resumed to step
+// 20 on then_on (checkpoints under dir/name): its 20 losses and final model.
+inline DeviceRun checkpoint_chain(const RunConfig& cfg, const std::filesystem::path& dir, const std::string& name,
+                                  Device first_on, Device then_on) {
+  RunConfig first = cfg;
+  first.checkpoint.dir = (dir / name).string();
+  first.checkpoint.every = 10;
+  first.train.steps = 10;
+  DeviceRun a = run_on(first, first_on, dir / (name + "_a"));
+  RunConfig second = first;
+  second.train.steps = 20;
+  const DeviceRun b = run_on(second, then_on, dir / (name + "_b"));
+  a.losses.insert(a.losses.end(), b.losses.begin(), b.losses.end());
+  a.model = b.model;
+  return a;
+}
+
 }  // namespace loom::train

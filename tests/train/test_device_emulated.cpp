@@ -84,27 +84,25 @@ TEST_F(EmulatedDeviceTest, LlamaInBf16WithRecomputeOnTheDeviceEqualsTheHost) {
 // round, each pair of runs ending as the same pair on the host alone: 10
 // steps saved, then resumed to 20.
 TEST_F(EmulatedDeviceTest, CheckpointsMoveBetweenTheDeviceAndTheHost) {
-  const auto chain = [&](const std::string& name, Device first_on, Device then_on) {
-    RunConfig first = config();
-    first.checkpoint.dir = (dir_ / name).string();
-    first.checkpoint.every = 10;
-    first.train.steps = 10;
-    DeviceRun a = run_on(first, first_on, dir_ / (name + "_a"));
-    RunConfig second = first;
-    second.train.steps = 20;
-    const DeviceRun b = run_on(second, then_on, dir_ / (name + "_b"));
-    a.losses.insert(a.losses.end(), b.losses.begin(), b.losses.end());
-    a.model = b.model;
-    return a;
-  };
-  const DeviceRun host = chain("host", Device::cpu(), Device::cpu());
+  const DeviceRun host = checkpoint_chain(config(), dir_, "host", Device::cpu(), Device::cpu());
   ASSERT_EQ(host.losses.size(), 20u);
   for (const bool device_first : {true, false}) {
     SCOPED_TRACE(device_first ? "device, then host" : "host, then device");
-    const DeviceRun mixed = device_first ? chain("dev_host", device(), Device::cpu())
-                                         : chain("host_dev", Device::cpu(), device());
+    const DeviceRun mixed = device_first ? checkpoint_chain(config(), dir_, "dev_host", device(), Device::cpu())
+                                         : checkpoint_chain(config(), dir_, "host_dev", Device::cpu(), device());
     EXPECT_EQ(mixed.losses, host.losses);
     EXPECT_EQ(mixed.model, host.model);
+  }
+}
+
+// run() is a loom::Error whose message holds `says`.
+template <typename F>
+void expect_refused(F run, const std::string& says) {
+  try {
+    run();
+    ADD_FAILURE() << "no error; expected one saying '" << says << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
   }
 }
 
@@ -112,28 +110,10 @@ TEST_F(EmulatedDeviceTest, WhatADeviceRunDoesNotDoYetIsRefusedClearly) {
   RunConfig moe = config();
   moe.model.n_expert = 4;
   moe.model.top_k = 2;
-  EXPECT_THROW(
-      {
-        try {
-          run_on(moe, device(), dir_ / "moe");
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("trains dense models for now"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_refused([&] { run_on(moe, device(), dir_ / "moe"); }, "trains dense models for now");
   RunConfig offload = config();
   offload.parallel.offload_optimizer = true;
-  EXPECT_THROW(
-      {
-        try {
-          run_on(offload, device(), dir_ / "offload");
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("offload_optimizer"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_refused([&] { run_on(offload, device(), dir_ / "offload"); }, "parallel.offload_optimizer");
 }
 
 }  // namespace

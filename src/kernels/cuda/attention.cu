@@ -9,7 +9,9 @@
 // (i < KB / 16) of every tile and, of a score tile, columns tx + 16 j, of an
 // output tile, columns tx + 16 j (j < NJ): the rows of its scores are the rows
 // of its outputs, so the softmax statistics it needs are its own. Arithmetic
-// is f32 FMA whatever the storage (f32 must meet 1e-4; no tensor cores).
+// is f32 FMA whatever the storage (f32 must meet 1e-4; no tensor cores). The
+// forward of 16-bit q, k, v at head sizes 64 and 128 goes to the tensor-core
+// kernel of attention_mma.cu instead (attention_mma_applies says when).
 //
 // Determinism: no float atomics. The backward computes D = rowsum(dO * O),
 // then dK, dV with one block per (b, kv head, key tile) looping over the
@@ -20,6 +22,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace loom::kernels::cuda {
@@ -392,6 +395,7 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   constexpr const char* op = "attention_forward";
   const Geo g = geometry(op, q, k, v, q_pos);
   if (g.B == 0 || g.Tq == 0 || g.NH == 0) return;
+  if (attention_mma_applies(out, q, k, v)) return attention_forward_mma(out, lse, q, k, v, g.off);
   float* lse_p = lse.defined() ? lse.data_as<float>() : nullptr;
   with_head_tiles(op, g.HS, [&](auto nj) {
     constexpr int NJ = decltype(nj)::value, KB = kFwdRows<NJ>;
