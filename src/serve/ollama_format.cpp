@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "serve/openai_format.h"
 #include "serve/openai_response.h"
+#include "serve/reasoning.h"
 
 namespace loom::serve {
 namespace {
@@ -180,14 +181,17 @@ ServedModel bounded(const ojson& body, const LoadedModel& m) {
   return served;
 }
 
-// think: true only for a template that thinks; loom does not yet split the
-// thinking from the answer, so it is refused rather than ignored.
-void check_think(const ojson& body, const LoadedModel& m) {
+// think: true or false (null: absent): the template's enable_thinking, and
+// with true the think block split from the answer (reasoning.h). true only
+// for a template that thinks.
+// m null: the check that needs no model.
+ojson think_of(const ojson& body, const LoadedModel* m) {
   const auto t = body.find("think");
-  if (t == body.end() || t->is_null() || *t == ojson(false)) return;
-  if (!m.served.thinks)
-    throw bad_request("think", "model \"" + m.name + "\" does not support thinking");
-  throw bad_request("think", "think is not supported yet: leave it out (the model thinks as its template says)");
+  if (t == body.end() || t->is_null()) return nullptr;
+  if (!t->is_boolean()) throw bad_request("think", "think must be true or false, got " + t->dump());
+  if (m != nullptr && *t == ojson(true) && !m->served.thinks)
+    throw bad_request("think", "model \"" + m->name + "\" does not support thinking");
+  return *t;
 }
 
 // /api/generate's context: the token ids a previous answer returned, put
@@ -223,6 +227,7 @@ void OllamaFormat::precheck() const {
     if (chat_) openai["messages"] = body_.value("messages", ojson::array());
     serve::precheck(openai, chat_);
     (void)requested_num_ctx(body_);
+    (void)think_of(body_, nullptr);
   } catch (const ApiError& e) {
     rethrow_in_ollama_names(e);
   }
@@ -231,9 +236,11 @@ void OllamaFormat::precheck() const {
 CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
   ojson openai = openai_fields(body_, m.served.name, stream_, chat_);
   try {
-    check_think(body_, m);
+    const ojson think = think_of(body_, &m);
+    if (!think.is_null()) openai["chat_template_kwargs"] = {{"enable_thinking", think}};
     const ServedModel served = bounded(body_, m);
     CompletionRequest r = chat_ ? parse_chat_body(openai, m, served, seed) : parse_generate_body(openai, m, served, seed);
+    r.split_reasoning = think == ojson(true);  // ollama splits only when asked to
     prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
     if (!chat_) context_ = r.prompts[0];
     return r;
@@ -265,12 +272,14 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
   const std::string system = body_.value("system", ojson(m.system)).is_string() ? body_.value("system", m.system)
                                                                                 : m.system;
   std::vector<std::string> template_stops;
+  bool reasoning_inside = false;
   if (!raw && m.templated) {
     ojson messages = ojson::array();
     if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
     messages.push_back({{"role", "user"}, {"content", text}});
-    text = served.render_chat(messages, nullptr, true);
+    text = served.render_chat(messages, nullptr, true, openai.value("chat_template_kwargs", ojson()));
     template_stops = served.chat_stop;
+    reasoning_inside = prompt_opens_think(text);
   } else if (!raw && !system.empty()) {
     text = system + "\n\n" + text;
   }
@@ -288,15 +297,18 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
                                                                        : served.tokenizer->encode_prompt(text).size());
     openai["max_tokens"] = std::max<int64_t>(1, served.max_model_len - len);
   }
+  openai.erase("chat_template_kwargs");  // the template's, not /v1/completions'
   CompletionRequest r = parse_completion(openai, served, seed);
   for (const std::string& s : template_stops) r.stop.push_back(s);
+  r.reasoning_inside = reasoning_inside;
   return r;
 }
 
-json OllamaFormat::piece(const std::string& text, bool done) const {
+json OllamaFormat::piece(const std::string& text, bool done, const std::string& thinking) const {
   json j = {{"model", model_}, {"created_at", rfc3339(std::chrono::system_clock::now())}};
   if (chat_) j["message"] = {{"role", "assistant"}, {"content", text}};
   else j["response"] = text;
+  if (!thinking.empty()) (chat_ ? j["message"]["thinking"] : j["thinking"]) = thinking;
   j["done"] = done;
   return j;
 }
@@ -311,6 +323,7 @@ void OllamaFormat::loaded(const LoadedModel& m, std::string& out) {
 void OllamaFormat::begin(const CompletionRequest& r, const LoadedModel& m, std::string&) {
   if (model_.empty()) model_ = m.name;
   if (!r.tool_names.empty()) tools_ = std::make_unique<ToolCallStream>(r.tool_format, r.tool_names, r.seed);
+  if (r.split_reasoning) reason_ = std::make_unique<ReasoningSplit>(r.reasoning_inside);
   parallel_tool_calls_ = r.parallel_tool_calls;
 }
 
@@ -327,7 +340,8 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
     if (d.token >= 0) ++completion_tokens_;
     if (d.token >= 0 && !chat_) context_.push_back(d.token);
     if (d.finish != infer::FinishReason::none) finish_ = d.finish;
-    std::string text = tools_ ? tools_->feed(d.text) : d.text;
+    std::string shown = reason_ ? take_thinking(d, out) : d.text;
+    std::string text = tools_ ? tools_->feed(shown) : shown;
     if (tools_ && d.finish != infer::FinishReason::none) {
       ParsedToolOutput end = tools_->finish();
       text += end.content;
@@ -344,8 +358,21 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
   }
 }
 
+// d's text without its think block, which goes into thinking_ (and, when
+// streaming, out as a piece of its own).
+std::string OllamaFormat::take_thinking(const Delta& d, std::string& out) {
+  ReasoningPiece p = reason_->feed(d.text);
+  if (d.finish != infer::FinishReason::none) {
+    ReasoningPiece end = reason_->finish();
+    p.reasoning += end.reasoning, p.content += end.content;
+  }
+  thinking_ += p.reasoning;
+  if (stream_ && !p.reasoning.empty()) out += dump(piece("", false, p.reasoning)) + "\n";
+  return std::move(p.content);
+}
+
 void OllamaFormat::end(const GenerationTimes& t, std::string& out) {
-  json j = piece(stream_ ? std::string() : text_, true);
+  json j = piece(stream_ ? std::string() : text_, true, stream_ ? std::string() : thinking_);
   if (!stream_ && !calls_.empty()) j["message"]["tool_calls"] = tool_calls();
   if (!chat_) j["context"] = context_;  // the conversation so far, for the next request's context
   j["done_reason"] = finish_ == infer::FinishReason::length  ? "length"

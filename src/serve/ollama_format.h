@@ -5,7 +5,10 @@
 // counts and durations in nanoseconds; /api/generate's with the context: the
 // prompt's and the answer's token ids, which a next request's context
 // continues) or as one object. options.num_ctx (or PARAMETER num_ctx) bounds
-// the context; think is refused (not ignored) until loom splits thinking. A chat's tools are
+// the context. think (true / false: the template's enable_thinking; true
+// only for a template that thinks) with true splits the think block into
+// message.thinking (/api/generate: thinking), in pieces of their own when
+// streaming. A chat's tools are
 // offered as OpenAI's are (parse_chat); calls found in the output come as
 // message.tool_calls [{"id", "function": {"index", "name", "arguments" as an
 // object}}]: in a piece of their own when streaming, else in the message. An empty prompt (or
@@ -21,6 +24,7 @@
 
 #include "serve/generation.h"
 #include "serve/model_store.h"
+#include "serve/reasoning.h"
 
 namespace loom::serve {
 
@@ -41,7 +45,8 @@ class OllamaFormat : public GenerationFormat {
   nlohmann::json usage() const override;
 
  private:
-  nlohmann::json piece(const std::string& text, bool done) const;
+  nlohmann::json piece(const std::string& text, bool done, const std::string& thinking = {}) const;
+  std::string take_thinking(const Delta& d, std::string& out);
   nlohmann::json tool_calls() const;
   CompletionRequest parse_chat_body(nlohmann::ordered_json& openai, const LoadedModel& m, const ServedModel& served,
                                     uint64_t seed);
@@ -55,6 +60,8 @@ class OllamaFormat : public GenerationFormat {
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   infer::FinishReason finish_ = infer::FinishReason::none;
   std::unique_ptr<ToolCallStream> tools_;  // a chat that offers tools
+  std::unique_ptr<ReasoningSplit> reason_;  // think: true
+  std::string thinking_;
   bool parallel_tool_calls_ = true;
   std::vector<ToolCall> calls_;
   std::vector<int32_t> context_;  // /api/generate: the prompt's ids and the answer's, returned as context

@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "infer/grammar.h"
+#include "serve/chat_template.h"
+#include "serve/reasoning.h"
 #include "serve/structured_output.h"
 
 namespace loom::serve {
@@ -422,6 +424,20 @@ json chat_tools(const json& body, const ServedModel& m, CompletionRequest& r, st
 
 void refuse_unsupported_chat(const json& body) { refuse_logit_bias(body); }
 
+// chat_template_kwargs: an object of variables that are not the template's
+// own (messages, tools, ...); null when absent.
+json template_kwargs(const json& body) {
+  const json* k = field(body, "chat_template_kwargs");
+  if (k == nullptr || k->is_null()) return nullptr;
+  if (!k->is_object())
+    throw bad_request("chat_template_kwargs", "chat_template_kwargs must be an object of template variables");
+  for (const auto& [name, value] : k->items())
+    if (reserved_template_variable(name))
+      throw bad_request("chat_template_kwargs", cat("chat_template_kwargs.", name, " is set by the request itself ",
+                                                    "(messages, tools, add_generation_prompt); leave it out"));
+  return *k;
+}
+
 }  // namespace
 
 CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t seed) {
@@ -437,12 +453,14 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   r.seed = seed;
   std::string text;
   try {
-    text = m.render_chat(messages, tools, boolean(body, "add_generation_prompt", true));
+    text = m.render_chat(messages, tools, boolean(body, "add_generation_prompt", true), template_kwargs(body));
   } catch (const loom::Error& e) {
     throw bad_request("messages", cat("the chat template refused the messages: ", e.what()));
   }
   r.prompts.push_back(m.tokenizer->encode_prompt(text));
   if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
+  r.split_reasoning = m.thinks;
+  r.reasoning_inside = prompt_opens_think(text);
   generation_fields(body, m, seed, r);
   for (const std::string& s : m.chat_stop)
     if (std::find(r.stop.begin(), r.stop.end(), s) == r.stop.end()) r.stop.push_back(s);
@@ -468,6 +486,7 @@ void precheck(const json& body, bool chat) {
     (void)boolean(body, "logprobs", false);
     (void)integer(body, "top_logprobs", 0, 0, 20);
     (void)chat_messages(body);
+    (void)template_kwargs(body);
     const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
     (void)integer(body, name, 1, 1, INT32_MAX);
     if (const json* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {

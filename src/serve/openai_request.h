@@ -55,11 +55,12 @@ struct ServedModel {
   int64_t max_n = 16;                              // sequences per prompt
   int64_t max_prompts = 64;                        // prompts per request
   // The chat template: messages (each with role and content strings, and
-  // tool_calls / tool_call_id where given) and the tools offered (null:
-  // none) to the prompt's text; loom::Error for messages it refuses (a 400).
-  // Unset: the model takes no chat requests.
+  // tool_calls / tool_call_id where given), the tools offered (null: none)
+  // and more template variables (null or an object) to the prompt's text;
+  // loom::Error for messages it refuses (a 400). Unset: the model takes no
+  // chat requests.
   std::function<std::string(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                            bool add_generation_prompt)>
+                            bool add_generation_prompt, const nlohmann::ordered_json& kwargs)>
       render_chat{};
   std::vector<std::string> chat_stop{};  // stop strings every chat request gets (where the template's turn ends)
   bool renders_tools = false;              // the template reads `tools`: chat requests may offer tools
@@ -88,6 +89,10 @@ struct CompletionRequest {
   ToolFormat tool_format = ToolFormat::hermes;
   bool parallel_tool_calls = true;  // false: the first call only
   uint64_t seed = 0;                // the request's, for call ids
+  // Chat with a thinking template: the output's think block is reasoning
+  // (reasoning.h), reasoning_inside when the prompt opened it.
+  bool split_reasoning = false;
+  bool reasoning_inside = false;
 };
 
 // Throws ApiError: 400 for a missing or invalid field (named in param), 404
@@ -104,8 +109,10 @@ CompletionRequest parse_completion(const nlohmann::ordered_json& body, const Ser
 // ("auto", "none", "required" or a named function: the last two constrain
 // the output to calls) and parallel_tool_calls (assistant messages may hold
 // tool_calls, their arguments a JSON string as OpenAI sends them or an
-// object as ollama does: the template gets objects); 400 for a model
-// without a chat template, or tools for a template that does not read them.
+// object as ollama does: the template gets objects); chat_template_kwargs
+// (vLLM's: more variables for the template, such as enable_thinking); 400
+// for a model without a chat template, or tools for a template that does not
+// read them. A model whose template thinks gets split_reasoning.
 CompletionRequest parse_chat(const nlohmann::ordered_json& body, const ServedModel& m, uint64_t seed);
 
 // The checks that need no model (field types and ranges, messages' shape,

@@ -59,6 +59,8 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
     choices_[i].tools = std::make_unique<ToolCallStream>(request.tool_format, request.tool_names,
                                                          request.seed + 7919 * i);
   for (Choice& c : choices_)
+    if (request.split_reasoning) c.reason = std::make_unique<ReasoningSplit>(request.reasoning_inside);
+  for (Choice& c : choices_)
     if (request.logprobs && request.chat)
       c.logprobs = {{"content", json::array()}};
     else if (request.logprobs)
@@ -150,15 +152,34 @@ std::vector<json> CompletionResponse::add(int64_t prompt, const std::vector<Delt
       }
     }
     c.finish = d.finish;
+    Delta shown = d;
+    if (c.reason) shown.text = take_reasoning(index, c, d, chunks);
     if (c.tools) {
-      tool_delta(index, c, d, lp, chunks);
+      tool_delta(index, c, shown, lp, chunks);
       continue;
     }
-    c.text += d.text;
-    if (!d.text.empty() || !lp.is_null() || d.finish != infer::FinishReason::none)
-      chunks.push_back(chunk(index, d.text, lp, d.finish));
+    c.text += shown.text;
+    if (!shown.text.empty() || !lp.is_null() || d.finish != infer::FinishReason::none)
+      chunks.push_back(chunk(index, shown.text, lp, d.finish));
   }
   return chunks;
+}
+
+std::string CompletionResponse::take_reasoning(int64_t index, Choice& c, const Delta& d,
+                                               std::vector<json>& chunks) const {
+  ReasoningPiece p = c.reason->feed(d.text);
+  if (d.finish != infer::FinishReason::none) {
+    ReasoningPiece end = c.reason->finish();
+    p.reasoning += end.reasoning, p.content += end.content;
+  }
+  if (!p.reasoning.empty()) {
+    c.reasoning += p.reasoning;
+    chunks.push_back(envelope("chat.completion.chunk", json::array({{{"index", index},
+                                                                    {"delta", {{"reasoning_content", p.reasoning}}},
+                                                                    {"logprobs", nullptr},
+                                                                    {"finish_reason", nullptr}}})));
+  }
+  return std::move(p.content);
 }
 
 // A delta of a choice read for tool calls: the content that is certain now,
@@ -216,6 +237,7 @@ json CompletionResponse::body() const {
     if (request_.chat) {
       const bool blank = c.text.find_first_not_of(" \t\r\n") == std::string::npos;
       choice["message"] = {{"role", "assistant"}, {"content", !c.calls.empty() && blank ? json(nullptr) : json(c.text)}};
+      if (!c.reasoning.empty()) choice["message"]["reasoning_content"] = c.reasoning;
       for (const ToolCall& call : c.calls) choice["message"]["tool_calls"].push_back(openai_tool_call(call));
     } else {
       choice["text"] = c.text;

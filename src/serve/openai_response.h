@@ -9,7 +9,10 @@
 // choice's output for calls (tool_calls.h): text that may start a call is
 // held back, and a call found ends the choice with a delta per call
 // ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"
-// as a JSON string}}]}) and finish_reason "tool_calls".
+// as a JSON string}}]}) and finish_reason "tool_calls". A chat with a
+// thinking template (CompletionRequest::split_reasoning) gives its think
+// block as reasoning_content (vLLM's field: in the message, and in deltas of
+// their own while streaming), the rest as content (reasoning.h).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@
 
 #include "serve/engine_loop.h"
 #include "serve/openai_request.h"
+#include "serve/reasoning.h"
 #include "text/tokenizer.h"
 
 namespace loom::serve {
@@ -60,7 +64,11 @@ class CompletionResponse {
     infer::FinishReason finish = infer::FinishReason::none;
     std::unique_ptr<ToolCallStream> tools;  // set when the request offers tools
     std::vector<ToolCall> calls;
+    std::unique_ptr<ReasoningSplit> reason;  // set when the request splits reasoning
+    std::string reasoning;
   };
+  // d's text without its reasoning, which goes into c and onto chunks.
+  std::string take_reasoning(int64_t index, Choice& c, const Delta& d, std::vector<nlohmann::json>& chunks) const;
   nlohmann::json finish_of(const Choice& c) const;
   void tool_delta(int64_t index, Choice& c, const Delta& d, const nlohmann::json& lp,
                   std::vector<nlohmann::json>& chunks) const;

@@ -38,7 +38,7 @@ TEST(ChatTemplateGguf, TheFilesTemplateAndSpecialTokensAreUsed) {
   EXPECT_EQ(t.stop, std::vector<std::string>{"</s>"});
   const auto render = chat_renderer(t);
   const nlohmann::json messages = nlohmann::json::parse(R"([{"role": "user", "content": "hi"}])");
-  EXPECT_EQ(render(messages, nullptr, true), "<s>[user] hi</s>");
+  EXPECT_EQ(render(messages, nullptr, true, nullptr), "<s>[user] hi</s>");
 }
 
 TEST(ChatTemplateGguf, AFileWithoutATemplateGetsThePlainOne) {

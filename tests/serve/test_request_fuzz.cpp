@@ -42,7 +42,8 @@ ServedModel model() {
                 .max_prompts = 4};
   // A stand-in template (the Jinja one has its own fuzz test): joins the
   // contents, and refuses a conversation that ends with an assistant turn.
-  m.render_chat = [](const nlohmann::ordered_json& messages, const nlohmann::ordered_json&, bool) {
+  m.render_chat = [](const nlohmann::ordered_json& messages, const nlohmann::ordered_json&, bool,
+                     const nlohmann::ordered_json&) {
     std::string text;
     for (const auto& msg : messages) text += msg["role"].get<std::string>() + ": " + msg["content"].get<std::string>();
     if (messages.back()["role"] == "assistant") throw loom::Error("the last message must not be the assistant's");

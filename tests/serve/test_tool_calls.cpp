@@ -173,10 +173,10 @@ ServedModel plain_model(ojson* seen_messages = nullptr, ojson* seen_tools = null
   ServedModel m{.name = "m", .max_model_len = 1024, .vocab_size = 50257, .eos_token_ids = {50256},
                 .tokenizer = &tokenizer()};
   const ChatRenderer render = chat_renderer(ChatTemplate::plain());
-  m.render_chat = [=](const ojson& messages, const ojson& tools, bool add) {
+  m.render_chat = [=](const ojson& messages, const ojson& tools, bool add, const ojson& kwargs) {
     if (seen_messages != nullptr) *seen_messages = messages;
     if (seen_tools != nullptr) *seen_tools = tools;
-    return render(messages, tools, add);
+    return render(messages, tools, add, kwargs);
   };
   m.renders_tools = true;
   return m;
@@ -211,7 +211,7 @@ TEST(ToolCalls, ThePlainTemplateWithoutToolsIsUnchanged) {
   const ChatRenderer render = chat_renderer(ChatTemplate::plain());
   const ojson messages = ojson::parse(R"([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"},
                                           {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}])");
-  EXPECT_EQ(render(messages, nullptr, true), "Be terse.\n\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
+  EXPECT_EQ(render(messages, nullptr, true, nullptr), "Be terse.\n\nUser: Hi\nAssistant: Hello\nUser: Bye\nAssistant:");
 }
 
 TEST(ToolCalls, ToolChoiceNoneOffersNothingAndOtherChoicesAreChecked) {

@@ -1,0 +1,49 @@
+// A thinking model's output split into its reasoning and its answer, as
+// vLLM's reasoning parsers (deepseek_r1, qwen3) and ollama's `think` do:
+// what stands between <think> and </think> is reasoning (OpenAI's
+// `reasoning_content`, ollama's `message.thinking`), the rest is content.
+// DeepSeek-R1's template opens the block in the prompt (the generation
+// prompt ends with "<think>"), so the output starts inside it and only
+// closes it; Qwen3's model writes both tags. Whitespace at the edges of the
+// reasoning, and before the content that follows it, is dropped (ollama
+// trims the same). A model that writes no think block gives content only.
+//
+// Streamed: feed() returns the part of each piece that is certain; text that
+// may be the start of a tag (or whitespace that may end the reasoning) is
+// held back until the next piece or finish() decides.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace loom::serve {
+
+struct ReasoningPiece {
+  std::string reasoning;
+  std::string content;
+};
+
+class ReasoningSplit {
+ public:
+  // inside: the prompt left a think block open (prompt_opens_think).
+  explicit ReasoningSplit(bool inside);
+  ReasoningPiece feed(std::string_view text);
+  // Everything held back: a tag never completed is text of the part it is in.
+  ReasoningPiece finish();
+
+ private:
+  // start: nothing visible yet; reasoning_done: after </think>, before the
+  // answer's first visible character.
+  enum class State { start, reasoning, reasoning_done, content };
+  ReasoningPiece drain(bool last);
+
+  State state_;
+  bool reasoning_started_ = false;  // the reasoning's leading whitespace is behind
+  std::string held_;
+};
+
+// True when a rendered prompt ends inside an open think block: it ends with
+// "<think>" and maybe whitespace (DeepSeek-R1's generation prompt).
+bool prompt_opens_think(std::string_view prompt);
+
+}  // namespace loom::serve

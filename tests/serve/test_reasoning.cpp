@@ -1,0 +1,81 @@
+#include "serve/reasoning.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace loom::serve {
+namespace {
+
+ReasoningPiece split_pieces(bool inside, const std::vector<std::string>& pieces) {
+  ReasoningSplit s(inside);
+  ReasoningPiece all;
+  for (const std::string& p : pieces) {
+    ReasoningPiece r = s.feed(p);
+    all.reasoning += r.reasoning, all.content += r.content;
+  }
+  ReasoningPiece r = s.finish();
+  all.reasoning += r.reasoning, all.content += r.content;
+  return all;
+}
+
+// The split of text fed whole, and fed in two pieces cut at every byte and
+// one byte at a time, are all the same: a stream gives what a body gives.
+void expect_split(bool inside, const std::string& text, const std::string& reasoning, const std::string& content) {
+  SCOPED_TRACE(text);
+  const ReasoningPiece whole = split_pieces(inside, {text});
+  EXPECT_EQ(whole.reasoning, reasoning);
+  EXPECT_EQ(whole.content, content);
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    const ReasoningPiece two = split_pieces(inside, {text.substr(0, cut), text.substr(cut)});
+    EXPECT_EQ(two.reasoning, reasoning) << "cut at " << cut;
+    EXPECT_EQ(two.content, content) << "cut at " << cut;
+  }
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  const ReasoningPiece each = split_pieces(inside, bytes);
+  EXPECT_EQ(each.reasoning, reasoning);
+  EXPECT_EQ(each.content, content);
+}
+
+TEST(ReasoningSplit, AModelThatWritesBothTagsAsQwen3) {
+  expect_split(false, "<think>\nLet me see.\n\nTwo steps.\n</think>\n\nThe answer is 4.", "Let me see.\n\nTwo steps.",
+               "The answer is 4.");
+}
+
+TEST(ReasoningSplit, APromptThatOpenedTheBlockAsDeepSeekR1) {
+  expect_split(true, "\nfirst, x = 2\n</think>\n\nx is 2", "first, x = 2", "x is 2");
+}
+
+TEST(ReasoningSplit, OutputWithoutAThinkBlockIsAllContentUntouched) {
+  expect_split(false, "  Hello <think> there", "", "  Hello <think> there");
+  expect_split(false, "<thin", "", "<thin");
+  expect_split(false, "   ", "", "   ");
+  expect_split(false, "", "", "");
+}
+
+TEST(ReasoningSplit, AnOutputThatEndsWhileThinkingIsAllReasoning) {
+  expect_split(true, "still thinking about <the> </thi", "still thinking about <the> </thi", "");
+  expect_split(false, "<think> only this  \n", "only this", "");
+}
+
+TEST(ReasoningSplit, TagsAfterTheBlockAreContent) {
+  expect_split(false, "<think>a</think>b <think>c</think>", "a", "b <think>c</think>");
+  expect_split(true, "</think>answer", "", "answer");
+}
+
+TEST(ReasoningSplit, WhitespaceInsideTheReasoningIsKept) {
+  expect_split(true, "a  \n b\t</think> c ", "a  \n b", "c ");
+}
+
+TEST(ReasoningSplit, APromptOpensTheBlockWhenItEndsWithTheTag) {
+  EXPECT_TRUE(prompt_opens_think("<|Assistant|><think>\n"));
+  EXPECT_TRUE(prompt_opens_think("<think>"));
+  EXPECT_FALSE(prompt_opens_think("<think>done</think>\n<|assistant|>"));
+  EXPECT_FALSE(prompt_opens_think("<|im_start|>assistant\n"));
+  EXPECT_FALSE(prompt_opens_think(""));
+}
+
+}  // namespace
+}  // namespace loom::serve
