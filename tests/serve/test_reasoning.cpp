@@ -2,8 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "serve/chat_template.h"
 
 namespace loom::serve {
 namespace {
@@ -75,6 +80,29 @@ TEST(ReasoningSplit, APromptOpensTheBlockWhenItEndsWithTheTag) {
   EXPECT_FALSE(prompt_opens_think("<think>done</think>\n<|assistant|>"));
   EXPECT_FALSE(prompt_opens_think("<|im_start|>assistant\n"));
   EXPECT_FALSE(prompt_opens_think(""));
+}
+
+// Qwen3's published template (read from ../shared/jinja-cases): unset,
+// enable_thinking leaves the block to the model; false closes an empty one
+// in the prompt, so the answer that follows is content from its first byte.
+TEST(ReasoningSplit, Qwen3sEnableThinkingReachesItsTemplate) {
+  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path();
+  std::ifstream in(root / "shared" / "jinja-cases" / "templates" / "qwen3.jinja");
+  std::ostringstream source;
+  source << in.rdbuf();
+  if (source.str().empty()) GTEST_SKIP() << "../shared/jinja-cases is not here";
+  ChatTemplate t;
+  t.source = source.str();
+  const ChatRenderer render = chat_renderer(t);
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  const std::string open = render(messages, nullptr, true, nullptr);
+  const std::string closed = render(messages, nullptr, true, {{"enable_thinking", false}});
+  EXPECT_TRUE(open.ends_with("<|im_start|>assistant\n")) << open;
+  EXPECT_TRUE(closed.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n")) << closed;
+  EXPECT_FALSE(prompt_opens_think(open));
+  EXPECT_FALSE(prompt_opens_think(closed));
+  expect_split(prompt_opens_think(open), "<think>\nhmm\n</think>\n\nHello!", "hmm", "Hello!");
+  expect_split(prompt_opens_think(closed), "Hello!", "", "Hello!");
 }
 
 }  // namespace
