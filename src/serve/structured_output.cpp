@@ -101,6 +101,18 @@ std::string requested_grammar(const ojson& body, std::string& param) {
   return grammar;
 }
 
+// The text around one call's arguments (an object the grammar's args rule
+// writes without its opening brace): what the template taught the model.
+std::pair<std::string, std::string> call_frame(ToolFormat f, const std::string& name, const std::string& head) {
+  switch (f) {
+    case ToolFormat::hermes: return {"<tool_call>\n" + head, "}\n</tool_call>"};
+    case ToolFormat::deepseek:
+      return {"<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n", "\n```<｜tool▁call▁end｜>"};
+    case ToolFormat::deepseek_v31: return {"<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"};
+    default: return {head, "}"};
+  }
+}
+
 std::string tool_call_grammar(ToolFormat f, const ojson& tools, const std::vector<std::string>& names, bool parallel) {
   std::string rules, call = "call ::= ";
   bool first = true;
@@ -116,15 +128,17 @@ std::string tool_call_grammar(ToolFormat f, const ojson& tools, const std::vecto
                           "tools[" + std::to_string(i) + "].function.parameters");
     const std::string head = "{\"name\": " + ojson(name).dump() + ", \"" +
                              (f == ToolFormat::llama3 ? "parameters" : "arguments") + "\": ";
-    const std::string open = f == ToolFormat::hermes ? "<tool_call>\n" + head : head;
-    const std::string close = f == ToolFormat::hermes ? "}\n</tool_call>" : "}";
+    const auto [open, close] = call_frame(f, name, head);
     call += (first ? "" : " | ") + gbnf_literal(open) + " " + args + " " + gbnf_literal(close);
     first = false;
   }
-  const std::string sep = f == ToolFormat::hermes ? "\"\\n\"" : f == ToolFormat::llama3 ? "\"; \"" : "\", \"";
+  const bool deepseek = f == ToolFormat::deepseek || f == ToolFormat::deepseek_v31;
+  const std::string sep = f == ToolFormat::hermes || deepseek ? "\"\\n\"" : f == ToolFormat::llama3 ? "\"; \"" : "\", \"";
   const std::string more = parallel ? " (" + sep + " call){0,3}" : "";
   const std::string root = f == ToolFormat::mistral ? "root ::= \"[\" call" + more + " \"]\"\n"
-                                                    : "root ::= call" + more + "\n";
+                           : deepseek ? "root ::= " + gbnf_literal("<｜tool▁calls▁begin｜>") + " call" + more + " " +
+                                            gbnf_literal("<｜tool▁calls▁end｜>") + "\n"
+                                      : "root ::= call" + more + "\n";
   return root + call + "\n" + rules;
 }
 

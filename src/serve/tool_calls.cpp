@@ -13,6 +13,9 @@ using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>", kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]";
+constexpr std::string_view kDsCalls = "<｜tool▁calls▁begin｜>", kDsCallsEnd = "<｜tool▁calls▁end｜>",
+                           kDsCall = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>",
+                           kDsSep = "<｜tool▁sep｜>";
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -22,8 +25,13 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+bool is_deepseek(ToolFormat f) { return f == ToolFormat::deepseek || f == ToolFormat::deepseek_v31; }
+
 std::string_view marker_of(ToolFormat f) {
-  return f == ToolFormat::hermes ? kHermesOpen : f == ToolFormat::llama3 ? kPythonTag : kMistralCalls;
+  return f == ToolFormat::hermes   ? kHermesOpen
+         : f == ToolFormat::llama3 ? kPythonTag
+         : is_deepseek(f)          ? kDsCalls
+                                   : kMistralCalls;
 }
 
 // The length of the JSON object or array at the start of s (brackets
@@ -144,14 +152,71 @@ bool parse_mistral(std::string_view s, const std::vector<std::string>& names, Pa
   return !out.calls.empty();
 }
 
+// One DeepSeek call after <｜tool▁call▁begin｜>: "function<｜tool▁sep｜>f\n```json\n{...}\n```" (V3, R1) or
+// "f<｜tool▁sep｜>{...}" (V3.1), then <｜tool▁call▁end｜> (absent only where the output was cut).
+bool take_deepseek_call(std::string_view& s, const std::vector<std::string>& names, ToolCall& call) {
+  const size_t sep = s.find(kDsSep);
+  if (sep == std::string_view::npos) return false;
+  std::string_view head = trim(s.substr(0, sep)), rest = s.substr(sep + kDsSep.size());
+  std::string name(head);
+  bool fenced = false;
+  if (head == "function") {  // V3 / R1: the name on the line after the separator, the arguments fenced
+    const size_t eol = rest.find('\n');
+    name = std::string(trim(rest.substr(0, eol)));
+    rest = eol == std::string_view::npos ? std::string_view() : rest.substr(eol + 1);
+    rest = trim(rest);
+    if (!rest.starts_with("```json")) return false;
+    rest.remove_prefix(7);
+    fenced = true;
+  }
+  const ojson args = take_json(rest);
+  rest = trim(rest);
+  if (fenced) {
+    if (!rest.starts_with("```")) return false;
+    rest.remove_prefix(3);
+    rest = trim(rest);
+  }
+  if (rest.starts_with(kDsCallEnd)) rest.remove_prefix(kDsCallEnd.size());
+  else if (!rest.empty()) return false;
+  s = rest;
+  return to_call(ojson{{"name", name}, {"arguments", args}}, names, call);
+}
+
+bool parse_deepseek(std::string_view s, const std::vector<std::string>& names, ParsedToolOutput& out) {
+  const size_t at = s.find(kDsCalls);
+  if (at == std::string_view::npos) return false;
+  out.content = std::string(s.substr(0, at));
+  s.remove_prefix(at + kDsCalls.size());
+  while (true) {
+    s = trim(s);
+    if (s.empty() || s.starts_with(kDsCallsEnd)) break;
+    if (!s.starts_with(kDsCall)) return false;
+    s.remove_prefix(kDsCall.size());
+    ToolCall call;
+    if (!take_deepseek_call(s, names, call)) return false;
+    out.calls.push_back(std::move(call));
+  }
+  if (s.starts_with(kDsCallsEnd)) s.remove_prefix(kDsCallsEnd.size());
+  return !out.calls.empty() && trim(s).empty();
+}
+
 }  // namespace
 
 const char* tool_format_name(ToolFormat f) {
-  return f == ToolFormat::hermes ? "hermes" : f == ToolFormat::llama3 ? "llama3" : "mistral";
+  switch (f) {
+    case ToolFormat::hermes: return "hermes";
+    case ToolFormat::llama3: return "llama3";
+    case ToolFormat::mistral: return "mistral";
+    case ToolFormat::deepseek: return "deepseek";
+    case ToolFormat::deepseek_v31: return "deepseek_v31";
+  }
+  return "hermes";
 }
 
 ToolFormat tool_format_of(std::string_view source) {
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
+  if (source.find(kDsCalls) != std::string_view::npos)
+    return source.find("```json") != std::string_view::npos ? ToolFormat::deepseek : ToolFormat::deepseek_v31;
   if (source.find(kMistralCalls) != std::string_view::npos) return ToolFormat::mistral;
   if (source.find(kPythonTag) != std::string_view::npos || source.find("<|start_header_id|>") != std::string_view::npos)
     return ToolFormat::llama3;
@@ -186,6 +251,7 @@ ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view output, const s
   ParsedToolOutput out;
   const bool ok = f == ToolFormat::hermes   ? parse_hermes(output, names, out)
                   : f == ToolFormat::llama3 ? parse_llama3(output, names, out)
+                  : is_deepseek(f)          ? parse_deepseek(output, names, out)
                                             : parse_mistral(output, names, out);
   if (!ok) return {std::string(output), {}};
   return out;

@@ -6,6 +6,9 @@
 //   hermes   <tool_call>{"name": "f", "arguments": {...}}</tool_call> ...   (Hermes, Qwen 2.5/3, loom's plain template)
 //   llama3   <|python_tag|>{"name": "f", "parameters": {...}}; {...}       (Llama 3.1-3.3; the tag is optional)
 //   mistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]          (Mistral v3; v11+: [TOOL_CALLS]f[ARGS]{...})
+//   deepseek <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
+//            ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>      (DeepSeek V3, R1; V3.1 drops
+//            "function" and the fence: <｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>, deepseek_v31)
 //
 // The family is chosen from the template's source. Special tokens such as
 // <|python_tag|> and [TOOL_CALLS] are control tokens that a tokenizer may
@@ -27,7 +30,7 @@
 
 namespace loom::serve {
 
-enum class ToolFormat { hermes, llama3, mistral };
+enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31 };
 const char* tool_format_name(ToolFormat f);
 
 // The family a chat template writes calls in (hermes when it names none).

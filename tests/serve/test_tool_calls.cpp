@@ -14,9 +14,11 @@
 
 #include <gtest/gtest.h>
 
+#include "infer/grammar.h"
 #include "serve/chat_template.h"
 #include "serve/openai_request.h"
 #include "serve/openai_response.h"
+#include "serve/structured_output.h"
 #include "serve/tool_calls.h"
 #include "text/bpe.h"
 
@@ -92,6 +94,61 @@ TEST(ToolCalls, MistralCallsAreParsedInBothVersions) {
   ASSERT_EQ(v11.calls.size(), 2u);
   EXPECT_EQ(v11.calls[0].name, "get_weather");
   EXPECT_EQ(v11.calls[1].name, "get_time");
+}
+
+// DeepSeek V3 / R1 (the call's type, the name on its own line, the arguments
+// fenced as JSON) and V3.1 (name, separator, arguments), with content before.
+TEST(ToolCalls, DeepSeekCallsAreParsedInBothVersions) {
+  if (!published("deepseek-r1").empty()) {
+    EXPECT_EQ(tool_format_of(published("deepseek-r1")), ToolFormat::deepseek);
+    EXPECT_EQ(tool_format_of(published("deepseek-v2.5")), ToolFormat::deepseek);
+    EXPECT_EQ(tool_format_of(published("deepseek-v3.1")), ToolFormat::deepseek_v31);
+  }
+  const std::string r1 =
+      "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+      "{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
+      "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  const std::string v31 =
+      "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}"
+      "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  for (const auto& [f, text] : {std::pair{ToolFormat::deepseek, r1}, std::pair{ToolFormat::deepseek_v31, v31}}) {
+    SCOPED_TRACE(tool_format_name(f));
+    const ParsedToolOutput p = parse_tool_calls(f, text, kNames);
+    EXPECT_EQ(p.content, "Let me look.");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(p.calls[0].arguments.dump(), R"({"city":"Oslo"})");
+    EXPECT_EQ(p.calls[1].name, "get_time");
+    // An output cut before its closing tokens still holds its calls; one
+    // that names a function not offered has none.
+    EXPECT_EQ(parse_tool_calls(f, text.substr(0, text.rfind("<｜tool▁calls▁end｜>")), kNames).calls.size(), 2u);
+    std::string other = text;
+    other.replace(other.find("get_time"), 8, "get_tide");
+    EXPECT_TRUE(parse_tool_calls(f, other, kNames).calls.empty());
+  }
+}
+
+// tool_choice "required" on a DeepSeek template: the grammar's sentences are
+// what the parser reads back (two calls, the second with no arguments).
+TEST(ToolCalls, DeepSeekRequiredCallsFollowTheTemplatesForm) {
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "get_time"}}])");
+  const std::vector<std::pair<ToolFormat, std::string>> outputs = {
+      {ToolFormat::deepseek,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```"
+       "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+       "<｜tool▁calls▁end｜>"},
+      {ToolFormat::deepseek_v31,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜>\n"
+       "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}};
+  for (const auto& [f, text] : outputs) {
+    SCOPED_TRACE(tool_format_name(f));
+    infer::GrammarMatcher m(infer::parse_gbnf(tool_call_grammar(f, tools, kNames, true)));
+    EXPECT_TRUE(m.accept(text));
+    EXPECT_TRUE(m.can_end());
+    EXPECT_EQ(parse_tool_calls(f, text, kNames).calls.size(), 2u);
+  }
 }
 
 TEST(ToolCalls, WhatIsNotACallStaysContent) {
