@@ -101,16 +101,39 @@ std::string requested_grammar(const ojson& body, std::string& param) {
   return grammar;
 }
 
-// The text around one call's arguments (an object the grammar's args rule
-// writes without its opening brace): what the template taught the model.
+// The text around one call's arguments object (the args rule's): what the
+// template taught the model.
 std::pair<std::string, std::string> call_frame(ToolFormat f, const std::string& name, const std::string& head) {
   switch (f) {
     case ToolFormat::hermes: return {"<tool_call>\n" + head, "}\n</tool_call>"};
     case ToolFormat::deepseek:
       return {"<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n", "\n```<｜tool▁call▁end｜>"};
     case ToolFormat::deepseek_v31: return {"<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"};
+    case ToolFormat::command_r: return {"{\"tool_name\": " + ojson(name).dump() + ", \"parameters\": ", "}"};
+    case ToolFormat::command_r7b:
+      return {"{\"tool_call_id\": \"0\", \"tool_name\": " + ojson(name).dump() + ", \"parameters\": ", "}"};
     default: return {head, "}"};
   }
+}
+
+// root: the calls (up to 4 with parallel), separated and enclosed as the
+// family writes them.
+std::string call_list_root(ToolFormat f, bool parallel) {
+  std::string open, close, sep = "\", \"";
+  switch (f) {
+    case ToolFormat::hermes: sep = "\"\\n\""; break;
+    case ToolFormat::llama3: sep = "\"; \""; break;
+    case ToolFormat::mistral: open = "[", close = "]"; break;
+    case ToolFormat::deepseek:
+    case ToolFormat::deepseek_v31:
+      open = "<｜tool▁calls▁begin｜>", close = "<｜tool▁calls▁end｜>", sep = "\"\\n\"";
+      break;
+    case ToolFormat::command_r: open = "Action:\n```json\n[", close = "]\n```"; break;
+    case ToolFormat::command_r7b: open = "<|START_ACTION|>[", close = "]<|END_ACTION|>"; break;
+  }
+  const std::string more = parallel ? " (" + sep + " call){0,3}" : "";
+  return "root ::= " + (open.empty() ? "" : gbnf_literal(open) + " ") + "call" + more +
+         (close.empty() ? "" : " " + gbnf_literal(close)) + "\n";
 }
 
 std::string tool_call_grammar(ToolFormat f, const ojson& tools, const std::vector<std::string>& names, bool parallel) {
@@ -132,14 +155,7 @@ std::string tool_call_grammar(ToolFormat f, const ojson& tools, const std::vecto
     call += (first ? "" : " | ") + gbnf_literal(open) + " " + args + " " + gbnf_literal(close);
     first = false;
   }
-  const bool deepseek = f == ToolFormat::deepseek || f == ToolFormat::deepseek_v31;
-  const std::string sep = f == ToolFormat::hermes || deepseek ? "\"\\n\"" : f == ToolFormat::llama3 ? "\"; \"" : "\", \"";
-  const std::string more = parallel ? " (" + sep + " call){0,3}" : "";
-  const std::string root = f == ToolFormat::mistral ? "root ::= \"[\" call" + more + " \"]\"\n"
-                           : deepseek ? "root ::= " + gbnf_literal("<｜tool▁calls▁begin｜>") + " call" + more + " " +
-                                            gbnf_literal("<｜tool▁calls▁end｜>") + "\n"
-                                      : "root ::= call" + more + "\n";
-  return root + call + "\n" + rules;
+  return call_list_root(f, parallel) + call + "\n" + rules;
 }
 
 std::shared_ptr<const infer::TokenGrammar> compile_grammar(const std::string& gbnf,

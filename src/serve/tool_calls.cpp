@@ -16,6 +16,7 @@ constexpr std::string_view kPythonTag = "<|python_tag|>", kMistralCalls = "[TOOL
 constexpr std::string_view kDsCalls = "<｜tool▁calls▁begin｜>", kDsCallsEnd = "<｜tool▁calls▁end｜>",
                            kDsCall = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>",
                            kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kCohereAction = "Action:", kCohereStart = "<|START_ACTION|>", kCohereEnd = "<|END_ACTION|>";
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -28,10 +29,16 @@ std::string_view trim(std::string_view s) {
 bool is_deepseek(ToolFormat f) { return f == ToolFormat::deepseek || f == ToolFormat::deepseek_v31; }
 
 std::string_view marker_of(ToolFormat f) {
-  return f == ToolFormat::hermes   ? kHermesOpen
-         : f == ToolFormat::llama3 ? kPythonTag
-         : is_deepseek(f)          ? kDsCalls
-                                   : kMistralCalls;
+  switch (f) {
+    case ToolFormat::hermes: return kHermesOpen;
+    case ToolFormat::llama3: return kPythonTag;
+    case ToolFormat::deepseek:
+    case ToolFormat::deepseek_v31: return kDsCalls;
+    case ToolFormat::command_r: return kCohereAction;
+    case ToolFormat::command_r7b: return kCohereStart;
+    case ToolFormat::mistral: break;
+  }
+  return kMistralCalls;
 }
 
 // The length of the JSON object or array at the start of s (brackets
@@ -200,6 +207,32 @@ bool parse_deepseek(std::string_view s, const std::vector<std::string>& names, P
   return !out.calls.empty() && trim(s).empty();
 }
 
+// Command R's list of {"tool_name", "parameters"} after its marker: R+
+// fences it as JSON after "Action:", R7B closes it with <|END_ACTION|>.
+bool parse_command_r(ToolFormat f, std::string_view s, const std::vector<std::string>& names,
+                     ParsedToolOutput& out) {
+  const std::string_view marker = f == ToolFormat::command_r ? kCohereAction : kCohereStart;
+  const size_t at = s.find(marker);
+  if (at == std::string_view::npos) return false;
+  out.content = std::string(trim(s.substr(0, at)));
+  s = trim(s.substr(at + marker.size()));
+  const bool fenced = s.starts_with("```json");
+  if (fenced) s.remove_prefix(7);
+  const ojson list = take_json(s);
+  if (!list.is_array() || list.empty()) return false;
+  for (const ojson& v : list) {
+    ToolCall call;
+    if (!v.is_object() || !to_call(ojson{{"name", v.value("tool_name", ojson())}, {"arguments", v.value("parameters", ojson())}},
+                                   names, call))
+      return false;
+    out.calls.push_back(std::move(call));
+  }
+  s = trim(s);
+  if (fenced && s.starts_with("```")) s.remove_prefix(3);
+  if (!fenced && s.starts_with(kCohereEnd)) s.remove_prefix(kCohereEnd.size());
+  return trim(s).empty();
+}
+
 }  // namespace
 
 const char* tool_format_name(ToolFormat f) {
@@ -209,12 +242,16 @@ const char* tool_format_name(ToolFormat f) {
     case ToolFormat::mistral: return "mistral";
     case ToolFormat::deepseek: return "deepseek";
     case ToolFormat::deepseek_v31: return "deepseek_v31";
+    case ToolFormat::command_r: return "command_r";
+    case ToolFormat::command_r7b: return "command_r7b";
   }
   return "hermes";
 }
 
 ToolFormat tool_format_of(std::string_view source) {
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
+  if (source.find(kCohereStart) != std::string_view::npos) return ToolFormat::command_r7b;
+  if (source.find("Action:\\n```json") != std::string_view::npos) return ToolFormat::command_r;
   if (source.find(kDsCalls) != std::string_view::npos)
     return source.find("```json") != std::string_view::npos ? ToolFormat::deepseek : ToolFormat::deepseek_v31;
   if (source.find(kMistralCalls) != std::string_view::npos) return ToolFormat::mistral;
@@ -252,7 +289,9 @@ ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view output, const s
   const bool ok = f == ToolFormat::hermes   ? parse_hermes(output, names, out)
                   : f == ToolFormat::llama3 ? parse_llama3(output, names, out)
                   : is_deepseek(f)          ? parse_deepseek(output, names, out)
-                                            : parse_mistral(output, names, out);
+                  : f == ToolFormat::command_r || f == ToolFormat::command_r7b
+                      ? parse_command_r(f, output, names, out)
+                      : parse_mistral(output, names, out);
   if (!ok) return {std::string(output), {}};
   return out;
 }

@@ -9,6 +9,8 @@
 //   deepseek <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
 //            ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>      (DeepSeek V3, R1; V3.1 drops
 //            "function" and the fence: <｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>, deepseek_v31)
+//   command_r     Action:\n```json\n[{"tool_name": "f", "parameters": {...}}, ...]\n```            (Command R / R+)
+//   command_r7b   <|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": {...}}]<|END_ACTION|>
 //
 // The family is chosen from the template's source. Special tokens such as
 // <|python_tag|> and [TOOL_CALLS] are control tokens that a tokenizer may
@@ -30,7 +32,7 @@
 
 namespace loom::serve {
 
-enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31 };
+enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31, command_r, command_r7b };
 const char* tool_format_name(ToolFormat f);
 
 // The family a chat template writes calls in (hermes when it names none).

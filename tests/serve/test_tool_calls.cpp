@@ -151,6 +151,42 @@ TEST(ToolCalls, DeepSeekRequiredCallsFollowTheTemplatesForm) {
   }
 }
 
+// Command R+ (a fenced JSON list after "Action:") and R7B (a list between
+// <|START_ACTION|> and <|END_ACTION|>, each call with its tool_call_id).
+TEST(ToolCalls, CommandRCallsAreParsedAndRequiredOnesFollowTheTemplatesForm) {
+  if (!published("command-r-plus-tool-use").empty()) {
+    EXPECT_EQ(tool_format_of(published("command-r-plus-tool-use")), ToolFormat::command_r);
+    EXPECT_EQ(tool_format_of(published("command-r7b-tool-use")), ToolFormat::command_r7b);
+  }
+  const std::string plus = "I will check.\nAction:\n```json\n[\n    {\n        \"tool_name\": \"get_weather\",\n"
+                           "        \"parameters\": {\"city\": \"Oslo\"}\n    },\n    {\"tool_name\": \"get_time\", "
+                           "\"parameters\": {}}\n]\n```";
+  const std::string r7b = "I will check.<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
+                          "\"parameters\": {\"city\": \"Oslo\"}},\n    {\"tool_call_id\": \"1\", \"tool_name\": "
+                          "\"get_time\", \"parameters\": {}}\n]<|END_ACTION|>";
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "get_time"}}])");
+  for (const auto& [f, text] : {std::pair{ToolFormat::command_r, plus}, std::pair{ToolFormat::command_r7b, r7b}}) {
+    SCOPED_TRACE(tool_format_name(f));
+    const ParsedToolOutput p = parse_tool_calls(f, text, kNames);
+    EXPECT_EQ(p.content, "I will check.");
+    ASSERT_EQ(p.calls.size(), 2u);
+    EXPECT_EQ(p.calls[0].name, "get_weather");
+    EXPECT_EQ(p.calls[0].arguments.dump(), R"({"city":"Oslo"})");
+    EXPECT_EQ(p.calls[1].name, "get_time");
+    // What the grammar of a required call writes, the parser reads back.
+    const std::string forced =
+        f == ToolFormat::command_r
+            ? "Action:\n```json\n[{\"tool_name\": \"get_time\", \"parameters\": {}}]\n```"
+            : "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"get_time\", \"parameters\": {}}]<|END_ACTION|>";
+    infer::GrammarMatcher m(infer::parse_gbnf(tool_call_grammar(f, tools, kNames, true)));
+    EXPECT_TRUE(m.accept(forced));
+    EXPECT_TRUE(m.can_end());
+    EXPECT_EQ(parse_tool_calls(f, forced, kNames).calls.size(), 1u);
+  }
+}
+
 TEST(ToolCalls, WhatIsNotACallStaysContent) {
   const std::vector<std::pair<ToolFormat, std::string>> outputs = {
       {ToolFormat::hermes, "The weather is fine."},
