@@ -221,10 +221,10 @@ bool parse_command_r(ToolFormat f, std::string_view s, const std::vector<std::st
   const ojson list = take_json(s);
   if (!list.is_array() || list.empty()) return false;
   for (const ojson& v : list) {
+    if (!v.is_object()) return false;
     ToolCall call;
-    if (!v.is_object() || !to_call(ojson{{"name", v.value("tool_name", ojson())}, {"arguments", v.value("parameters", ojson())}},
-                                   names, call))
-      return false;
+    const ojson named = {{"name", v.value("tool_name", ojson())}, {"arguments", v.value("parameters", ojson())}};
+    if (!to_call(named, names, call)) return false;
     out.calls.push_back(std::move(call));
   }
   s = trim(s);
