@@ -96,6 +96,22 @@ TEST(ToolCalls, MistralCallsAreParsedInBothVersions) {
   EXPECT_EQ(v11.calls[1].name, "get_time");
 }
 
+// The two tools kNames names, as a request offers them.
+ojson weather_and_time_tools() {
+  return ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+      {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "get_time"}}])");
+}
+
+// p: content, then get_weather for Oslo and get_time.
+void expect_weather_then_time(const ParsedToolOutput& p, const std::string& content) {
+  EXPECT_EQ(p.content, content);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments.dump(), R"({"city":"Oslo"})");
+  EXPECT_EQ(p.calls[1].name, "get_time");
+}
+
 // DeepSeek V3 / R1 (the call's type, the name on its own line, the arguments
 // fenced as JSON) and V3.1 (name, separator, arguments), with content before.
 TEST(ToolCalls, DeepSeekCallsAreParsedInBothVersions) {
@@ -113,12 +129,7 @@ TEST(ToolCalls, DeepSeekCallsAreParsedInBothVersions) {
       "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
   for (const auto& [f, text] : {std::pair{ToolFormat::deepseek, r1}, std::pair{ToolFormat::deepseek_v31, v31}}) {
     SCOPED_TRACE(tool_format_name(f));
-    const ParsedToolOutput p = parse_tool_calls(f, text, kNames);
-    EXPECT_EQ(p.content, "Let me look.");
-    ASSERT_EQ(p.calls.size(), 2u);
-    EXPECT_EQ(p.calls[0].name, "get_weather");
-    EXPECT_EQ(p.calls[0].arguments.dump(), R"({"city":"Oslo"})");
-    EXPECT_EQ(p.calls[1].name, "get_time");
+    expect_weather_then_time(parse_tool_calls(f, text, kNames), "Let me look.");
     // An output cut before its closing tokens still holds its calls; one
     // that names a function not offered has none.
     EXPECT_EQ(parse_tool_calls(f, text.substr(0, text.rfind("<｜tool▁calls▁end｜>")), kNames).calls.size(), 2u);
@@ -131,9 +142,7 @@ TEST(ToolCalls, DeepSeekCallsAreParsedInBothVersions) {
 // tool_choice "required" on a DeepSeek template: the grammar's sentences are
 // what the parser reads back (two calls, the second with no arguments).
 TEST(ToolCalls, DeepSeekRequiredCallsFollowTheTemplatesForm) {
-  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
-      {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-      {"type": "function", "function": {"name": "get_time"}}])");
+  const ojson tools = weather_and_time_tools();
   const std::vector<std::pair<ToolFormat, std::string>> outputs = {
       {ToolFormat::deepseek,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```"
@@ -164,17 +173,10 @@ TEST(ToolCalls, CommandRCallsAreParsedAndRequiredOnesFollowTheTemplatesForm) {
   const std::string r7b = "I will check.<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
                           "\"parameters\": {\"city\": \"Oslo\"}},\n    {\"tool_call_id\": \"1\", \"tool_name\": "
                           "\"get_time\", \"parameters\": {}}\n]<|END_ACTION|>";
-  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
-      {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-      {"type": "function", "function": {"name": "get_time"}}])");
+  const ojson tools = weather_and_time_tools();
   for (const auto& [f, text] : {std::pair{ToolFormat::command_r, plus}, std::pair{ToolFormat::command_r7b, r7b}}) {
     SCOPED_TRACE(tool_format_name(f));
-    const ParsedToolOutput p = parse_tool_calls(f, text, kNames);
-    EXPECT_EQ(p.content, "I will check.");
-    ASSERT_EQ(p.calls.size(), 2u);
-    EXPECT_EQ(p.calls[0].name, "get_weather");
-    EXPECT_EQ(p.calls[0].arguments.dump(), R"({"city":"Oslo"})");
-    EXPECT_EQ(p.calls[1].name, "get_time");
+    expect_weather_then_time(parse_tool_calls(f, text, kNames), "I will check.");
     // What the grammar of a required call writes, the parser reads back.
     const std::string forced =
         f == ToolFormat::command_r
