@@ -6,6 +6,8 @@
 # during a long answer stops that answer, not the program: the next message
 # is answered and /bye ends it with status 0.
 set -euo pipefail
+# A step that fails says which (its output is what ctest shows of a failure).
+trap 'echo "run_chat.sh: the step at line $LINENO failed"' ERR
 loom=$1 work=$2 tokenizer=$3
 rm -rf "$work" && mkdir -p "$work"
 "$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=2048 --out "$work/m" >/dev/null
