@@ -17,6 +17,10 @@
 # bench_loom.jsonl, bench_torch.jsonl, train_<dtype>.jsonl / .log (loom's
 # metrics), torch_train_<dtype>.json, summary.txt. Exit status: 0 when every
 # test passed (a benchmark failure is reported in summary.txt, not fatal).
+# Limits, in seconds: LOOM_GPU_TEST_TIMEOUT (each test, 300),
+# LOOM_GPU_BENCH_TIMEOUT (each kernel bench, 200), LOOM_GPU_TRAIN_TIMEOUT
+# (each training run, 150); LOOM_GPU_TRAIN_DTYPES: the training runs'
+# dtypes ("bf16 fp32").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
