@@ -1,6 +1,5 @@
 #include "comm/self_communicator.h"
 
-#include <cstring>
 #include <utility>
 
 #include "core/memory.h"
@@ -25,13 +24,14 @@ class SelfWork final : public Work {
 
 WorkPtr done() { return std::make_shared<SelfWork>(true); }
 
-// Copies src's bytes to dst unless they are the same memory (in place), on
+// Copies the first `bytes` of src to the start of dst (a recv buffer may be
+// larger than its message) unless they are the same memory (in place), on
 // the host or on the device both live on (a one-GPU run's "collectives").
-void copy_bytes(const Tensor& dst, const Tensor& src) {
-  if (dst.data() == src.data() || src.nbytes() == 0) return;
-  if (dst.device().is_cpu() && src.device().is_cpu()) std::memcpy(dst.data(), src.data(), src.nbytes());
-  else copy_tensor(dst, src.reshape(dst.shape()));
+void copy_bytes(const Tensor& dst, const Tensor& src, size_t bytes) {
+  const auto n = static_cast<int64_t>(bytes);
+  copy_tensor(Tensor(dst.data(), DType::u8, {n}, dst.device()), Tensor(src.data(), DType::u8, {n}, src.device()));
 }
+void copy_bytes(const Tensor& dst, const Tensor& src) { copy_bytes(dst, src, src.nbytes()); }
 
 }  // namespace
 
@@ -122,8 +122,7 @@ WorkPtr SelfCommunicator::all_to_all_v(Tensor out, std::span<const int64_t> out_
   validate_all_to_all_v(at("all_to_all_v", in), out, out_counts, in, in_counts);
   LOOM_REQUIRE(out_counts[0] == in_counts[0], "all_to_all_v on ", name_, ": rank 0 sends itself ", in_counts[0],
                " elements but expects ", out_counts[0]);
-  copy_bytes(Tensor(out.data(), out.dtype(), {out_counts[0]}, out.device()),
-             Tensor(in.data(), in.dtype(), {in_counts[0]}, in.device()));
+  copy_bytes(out, in, static_cast<size_t>(in_counts[0]) * dtype_size(in.dtype()));
   return done();
 }
 

@@ -27,12 +27,6 @@ void check_batch(const char* what, const Tensor& t, int64_t B, int64_t T, Device
                model.is_cpu() ? "" : " or " + device_name(model));
 }
 
-// dst (the slot's, on the model's device) = src (host or that device).
-void take_ids(Tensor dst, const Tensor& src) {
-  if (dst.device() == src.device()) kernels::copy(dst, src);
-  else copy_tensor(dst, src);
-}
-
 // Under tensor parallelism the kernels see only a vocabulary shard, so the
 // model checks ids against the whole vocabulary itself.
 void check_ids(const char* what, const Tensor& t, int64_t V, bool allow_ignore) {
@@ -53,14 +47,14 @@ void Model::take_inputs(SlotActs& a, const Tensor& tokens, const Tensor& targets
   if (has_embedding_) {
     check_batch("tokens", tokens, B_, T_, a.tokens.device());
     if (tp) check_ids("token", tokens, cfg_.vocab_size, false);
-    take_ids(a.tokens, tokens);
+    copy_tensor(a.tokens, tokens);  // from the host or the model's device
   }
   LOOM_REQUIRE(has_head_ || !targets.defined(), "Model::forward: targets given to a pipeline stage without the ",
                "head (layers ", first_layer_, " to ", first_layer_ + n_layers_ - 1, "): they go to the last stage");
   if (targets.defined()) {
     check_batch("targets", targets, B_, T_, a.targets.device());
     if (tp) check_ids("target", targets, cfg_.vocab_size, true);
-    take_ids(a.targets, targets);
+    copy_tensor(a.targets, targets);
   }
   a.has_targets = targets.defined();
   a.forward_done = true;

@@ -361,11 +361,7 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
 // d's text without its think block, which goes into thinking_ (and, when
 // streaming, out as a piece of its own).
 std::string OllamaFormat::take_thinking(const Delta& d, std::string& out) {
-  ReasoningPiece p = reason_->feed(d.text);
-  if (d.finish != infer::FinishReason::none) {
-    ReasoningPiece end = reason_->finish();
-    p.reasoning += end.reasoning, p.content += end.content;
-  }
+  ReasoningPiece p = reason_->feed(d.text, d.finish != infer::FinishReason::none);
   thinking_ += p.reasoning;
   if (stream_ && !p.reasoning.empty()) out += dump(piece("", false, p.reasoning)) + "\n";
   return std::move(p.content);

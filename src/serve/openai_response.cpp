@@ -167,11 +167,7 @@ std::vector<json> CompletionResponse::add(int64_t prompt, const std::vector<Delt
 
 std::string CompletionResponse::take_reasoning(int64_t index, Choice& c, const Delta& d,
                                                std::vector<json>& chunks) const {
-  ReasoningPiece p = c.reason->feed(d.text);
-  if (d.finish != infer::FinishReason::none) {
-    ReasoningPiece end = c.reason->finish();
-    p.reasoning += end.reasoning, p.content += end.content;
-  }
+  ReasoningPiece p = c.reason->feed(d.text, d.finish != infer::FinishReason::none);
   if (!p.reasoning.empty()) {
     c.reasoning += p.reasoning;
     chunks.push_back(envelope("chat.completion.chunk", json::array({{{"index", index},

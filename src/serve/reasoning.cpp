@@ -30,12 +30,10 @@ size_t partial_tag(std::string_view s, std::string_view tag) {
 
 ReasoningSplit::ReasoningSplit(bool inside) : state_(inside ? State::reasoning : State::start) {}
 
-ReasoningPiece ReasoningSplit::feed(std::string_view text) {
+ReasoningPiece ReasoningSplit::feed(std::string_view text, bool last) {
   held_ += text;
-  return drain(false);
+  return drain(last);
 }
-
-ReasoningPiece ReasoningSplit::finish() { return drain(true); }
 
 ReasoningPiece ReasoningSplit::drain(bool last) {
   ReasoningPiece out;

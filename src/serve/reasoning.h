@@ -27,9 +27,10 @@ class ReasoningSplit {
  public:
   // inside: the prompt left a think block open (prompt_opens_think).
   explicit ReasoningSplit(bool inside);
-  ReasoningPiece feed(std::string_view text);
-  // Everything held back: a tag never completed is text of the part it is in.
-  ReasoningPiece finish();
+  // last: the output ends with text, and everything held back comes out (a
+  // tag never completed is text of the part it is in).
+  ReasoningPiece feed(std::string_view text, bool last = false);
+  ReasoningPiece finish() { return feed({}, true); }
 
  private:
   // start: nothing visible yet; reasoning_done: after </think>, before the

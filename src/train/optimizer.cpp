@@ -83,12 +83,8 @@ void AdamW::load_moments(int g, const Tensor& m, const Tensor& v) {
   for (const Tensor* t : {&m, &v})
     LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == S, "AdamW::load_moments: group ", g, " ", t->str());
   // A checkpoint's host tensors into the moments wherever they live.
-  const auto load = [](const Tensor& dst, const Tensor& src) {
-    if (dst.device() == src.device()) kernels::cast(dst, src);
-    else copy_tensor(dst, src.reshape(dst.shape()));
-  };
-  load(m_[static_cast<size_t>(g)], m);
-  load(v_[static_cast<size_t>(g)], v);
+  copy_tensor(m_[static_cast<size_t>(g)], m.reshape({S}));
+  copy_tensor(v_[static_cast<size_t>(g)], v.reshape({S}));
 }
 
 void AdamW::load_state(const Tensor& m, const Tensor& v, int64_t steps_taken) {

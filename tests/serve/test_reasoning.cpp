@@ -13,11 +13,13 @@
 namespace loom::serve {
 namespace {
 
-ReasoningPiece split_pieces(bool inside, const std::vector<std::string>& pieces) {
+// with_last: the last piece is fed as the output's end (as a response's
+// final delta is); else finish() follows the pieces.
+ReasoningPiece split_pieces(bool inside, const std::vector<std::string>& pieces, bool with_last = false) {
   ReasoningSplit s(inside);
   ReasoningPiece all;
-  for (const std::string& p : pieces) {
-    ReasoningPiece r = s.feed(p);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    ReasoningPiece r = s.feed(pieces[i], with_last && i + 1 == pieces.size());
     all.reasoning += r.reasoning, all.content += r.content;
   }
   ReasoningPiece r = s.finish();
@@ -32,11 +34,12 @@ void expect_split(bool inside, const std::string& text, const std::string& reaso
   const ReasoningPiece whole = split_pieces(inside, {text});
   EXPECT_EQ(whole.reasoning, reasoning);
   EXPECT_EQ(whole.content, content);
-  for (size_t cut = 0; cut <= text.size(); ++cut) {
-    const ReasoningPiece two = split_pieces(inside, {text.substr(0, cut), text.substr(cut)});
-    EXPECT_EQ(two.reasoning, reasoning) << "cut at " << cut;
-    EXPECT_EQ(two.content, content) << "cut at " << cut;
-  }
+  for (size_t cut = 0; cut <= text.size(); ++cut)
+    for (const bool with_last : {false, true}) {
+      const ReasoningPiece two = split_pieces(inside, {text.substr(0, cut), text.substr(cut)}, with_last);
+      EXPECT_EQ(two.reasoning, reasoning) << "cut at " << cut << (with_last ? ", the end fed with the text" : "");
+      EXPECT_EQ(two.content, content) << "cut at " << cut << (with_last ? ", the end fed with the text" : "");
+    }
   std::vector<std::string> bytes;
   for (char c : text) bytes.emplace_back(1, c);
   const ReasoningPiece each = split_pieces(inside, bytes);
