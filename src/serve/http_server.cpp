@@ -151,12 +151,15 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!response_.source) return write_whole(response_.status, std::move(response_.body));
     watch();
     try {
-      response_.source->start([weak = weak_from_this(), exec = stream_.get_executor()] {
-        auto self = weak.lock();
-        if (!self || self->wake_posted_.exchange(true)) return;
-        asio::post(exec, [self] {
-          self->wake_posted_ = false;
-          self->pump();
+      // This runs on the engine's thread, which must never hold the last
+      // reference to the session: releasing it there can release the model,
+      // whose engine loop would then join its own thread. So only the weak
+      // reference travels, and the session is locked on its own executor.
+      response_.source->start([weak = weak_from_this(), posted = wake_posted_, exec = stream_.get_executor()] {
+        if (posted->exchange(true)) return;
+        asio::post(exec, [weak, posted] {
+          *posted = false;
+          if (auto self = weak.lock()) self->pump();
         });
       });
     } catch (const std::exception& e) {
@@ -351,7 +354,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response_serializer<http::empty_body>> head_serializer_;
   std::string chunk_, pending_;
   bool writing_ = false, source_done_ = false, watching_ = false, over_ = false, gone_ = false, head_sent_ = false;
-  std::atomic<bool> wake_posted_{false};
+  // A wake is posted and not yet run (shared with the source's wake callback).
+  std::shared_ptr<std::atomic<bool>> wake_posted_ = std::make_shared<std::atomic<bool>>(false);
   std::chrono::steady_clock::time_point linger_deadline_{};
 };
 
