@@ -96,6 +96,15 @@ uint64_t sequence_seed(uint64_t seed, int64_t index) {
 
 }  // namespace
 
+const char* pooling_name(Pooling p) {
+  switch (p) {
+    case Pooling::none: return "none";
+    case Pooling::mean: return "mean";
+    case Pooling::last: return "last";
+  }
+  return "?";
+}
+
 void GenerationParams::validate() const {
   sampler.validate();
   stop.validate();
@@ -106,6 +115,9 @@ void GenerationParams::validate() const {
                "a grammar needs its rules and the model's vocabulary");
   LOOM_REQUIRE(grammar == nullptr || !stop.stop_token_ids.empty() || (!stop.eos_token_ids.empty() && !stop.ignore_eos),
                "a grammar needs a token that ends the output: EOS (not ignored) or a stop token");
+  LOOM_REQUIRE(pooling == Pooling::none || (n == 1 && grammar == nullptr && top_logprobs == 0),
+               "an embedding (pooling ", pooling_name(pooling), ") samples nothing: it takes n = 1, no grammar ",
+               "and no logprobs");
 }
 
 Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
@@ -139,7 +151,7 @@ RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParam
                "the grammar's vocabulary has ", params.grammar ? params.grammar->vocab->size() : 0,
                " tokens, the model's ", cfg_.vocab_size);
   const RequestId id = next_id_;
-  scheduler_.add_request(id, std::move(prompt), params.stop);
+  scheduler_.add_request(id, std::move(prompt), params.stop, {}, params.pooling != Pooling::mean);
   ++next_id_;
   sequences_[id] = new_sequence(id, 0, params, false);
   return id;
@@ -162,7 +174,7 @@ std::vector<TokenEvent> Engine::step() {
   std::vector<std::pair<int32_t, int32_t>> copies;
   for (const BlockCopy& c : out.copies) copies.emplace_back(c.src, c.dst);
   runner_.copy_blocks(copies);
-  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows;
+  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows, hidden_rows;
   std::vector<int64_t> slots;
   int64_t max_blocks = 1;
   for (const ScheduledRequest& s : out.scheduled) max_blocks = std::max<int64_t>(max_blocks, kv_.block_table(s.id).size());
@@ -179,10 +191,50 @@ std::vector<TokenEvent> Engine::step() {
     const std::span<const BlockId> table = kv_.block_table(s.id);
     tables.insert(tables.end(), table.begin(), table.end());
     tables.resize(tables.size() + static_cast<size_t>(max_blocks) - table.size(), -1);
-    if (s.samples) logit_rows.push_back(static_cast<int32_t>(tokens.size()) - 1);
+    const Pooling pooling = sequences_.at(s.id).params.pooling;
+    const auto end = static_cast<int32_t>(tokens.size());
+    if (pooling == Pooling::mean)
+      for (int32_t row = end - static_cast<int32_t>(s.num_tokens); row < end; ++row) hidden_rows.push_back(row);
+    if (s.samples && pooling == Pooling::last) hidden_rows.push_back(end - 1);
+    if (s.samples && pooling == Pooling::none) logit_rows.push_back(end - 1);
   }
-  const Tensor logits = runner_.step({tokens, positions, slots, query_start, seq_lens, tables, max_blocks, logit_rows});
-  return sample(out, logits);
+  for (RequestId id : out.preempted)  // computed again from the start
+    if (auto it = sequences_.find(id); it != sequences_.end()) it->second.pooled.clear();
+  const Tensor logits = runner_.step(
+      {tokens, positions, slots, query_start, seq_lens, tables, max_blocks, logit_rows, hidden_rows});
+  std::vector<TokenEvent> events = sample(out, logits);
+  if (!hidden_rows.empty()) pool(out, runner_.hidden(), events);
+  return events;
+}
+
+// The pooling requests' hidden rows, in the order step() asked for them:
+// a mean's are summed (row by row, so chunking cannot change the sum); a
+// request whose prompt is now computed ends with its embedding.
+void Engine::pool(const SchedulerOutput& out, const Tensor& hidden, std::vector<TokenEvent>& events) {
+  const int64_t C = cfg_.n_embd;
+  const float* row = hidden.data_as<float>();
+  for (const ScheduledRequest& s : out.scheduled) {
+    const auto it = sequences_.find(s.id);  // a generation may have ended in sample()
+    if (it == sequences_.end() || it->second.params.pooling == Pooling::none) continue;
+    Sequence& seq = it->second;
+    std::vector<float> embedding;
+    if (seq.params.pooling == Pooling::mean) {
+      seq.pooled.resize(static_cast<size_t>(C), 0.0);
+      for (int64_t r = 0; r < s.num_tokens; ++r, row += C)
+        for (int64_t c = 0; c < C; ++c) seq.pooled[static_cast<size_t>(c)] += row[c];
+      if (!s.samples) continue;
+      const auto count = static_cast<double>(scheduler_.request(s.id).num_prompt_tokens);
+      for (double v : seq.pooled) embedding.push_back(static_cast<float>(v / count));
+    } else {
+      if (!s.samples) continue;
+      embedding.assign(row, row + C);
+      row += C;
+    }
+    events.push_back({.request = seq.request, .index = 0, .token = -1, .finish = FinishReason::stop,
+                      .embedding = std::move(embedding)});
+    scheduler_.finish(s.id, FinishReason::stop);
+    sequences_.erase(s.id);
+  }
 }
 
 void Engine::fork_siblings(RequestId id) {
@@ -200,7 +252,7 @@ std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor&
   std::vector<std::pair<RequestId, int64_t>> rows;  // (sequence, its logits row)
   int64_t next_row = 0;  // one logits row per sampling request; a forking one feeds all its children from it
   for (const ScheduledRequest& s : out.scheduled) {
-    if (!s.samples) continue;
+    if (!s.samples || sequences_.at(s.id).params.pooling != Pooling::none) continue;
     const int64_t row = next_row++;
     const Sequence& seq = sequences_.at(s.id);
     const bool first_token = scheduler_.request(s.id).num_output_tokens() == 0;
@@ -289,6 +341,19 @@ std::vector<std::vector<GenerationOutput>> Engine::generate(const std::vector<st
       o.finish = e.finish;
     }
   }
+  return outputs;
+}
+
+std::vector<std::vector<float>> Engine::embed(const std::vector<std::vector<int32_t>>& prompts, Pooling pooling) {
+  LOOM_REQUIRE(pooling != Pooling::none, "embed: a pooling (mean or last) is required");
+  GenerationParams params;
+  params.pooling = pooling;
+  std::map<RequestId, size_t> which;
+  std::vector<std::vector<float>> outputs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) which[add_request(prompts[i], params)] = i;
+  while (has_unfinished())
+    for (TokenEvent& e : step())
+      if (auto it = which.find(e.request); it != which.end()) outputs[it->second] = std::move(e.embedding);
   return outputs;
 }
 

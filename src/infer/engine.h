@@ -51,6 +51,13 @@ struct EngineConfig {
   bool batch_invariant = true;
 };
 
+// An embedding request's pooling (GenerationParams::pooling): the final
+// hidden states (after the last norm) of every prompt token averaged, or
+// the last token's. Such a request computes its prompt and ends: no token
+// is sampled.
+enum class Pooling : uint8_t { none, mean, last };
+const char* pooling_name(Pooling p);
+
 struct GenerationParams {
   SamplerConfig sampler{};
   StopParams stop{};
@@ -59,6 +66,10 @@ struct GenerationParams {
   // Constrained decoding (token_grammar.h): every sequence's output follows
   // this grammar; null: none. Needs an end token (EOS, not ignored, or a stop token).
   std::shared_ptr<const TokenGrammar> grammar{};
+  // Not none: an embedding (n 1, no grammar, no logprobs); the request ends
+  // with one TokenEvent carrying it (token -1, finish stop). Mean pooling
+  // computes every prompt token (the prefix cache is not read for it).
+  Pooling pooling = Pooling::none;
   void validate() const;     // loom::Error naming the field
 };
 
@@ -70,6 +81,7 @@ struct TokenEvent {
   float logprob = 0.f;
   std::vector<TokenLogprob> top;
   FinishReason finish = FinishReason::none;  // none: more to come for this sequence
+  std::vector<float> embedding;  // a pooling request's result (its only event), (n_embd) f32
 };
 
 struct GenerationOutput {
@@ -106,6 +118,8 @@ class Engine {
   // Runs prompts to completion: outputs[i][k] is sequence k of prompt i.
   std::vector<std::vector<GenerationOutput>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                                       const GenerationParams& params);
+  // Runs prompts to their pooled hidden states: one (n_embd) vector each.
+  std::vector<std::vector<float>> embed(const std::vector<std::vector<int32_t>>& prompts, Pooling pooling);
 
   const Scheduler& scheduler() const { return scheduler_; }
   const KvCacheManager& kv() const { return kv_; }
@@ -119,10 +133,12 @@ class Engine {
     GenerationParams params;
     bool forked = false;  // n > 1: its siblings exist
     std::shared_ptr<SequenceGrammar> grammar{};  // params.grammar's state for this sequence
+    std::vector<double> pooled{};  // pooling mean: the hidden rows computed so far, summed in row order
   };
   Sequence new_sequence(RequestId request, int64_t index, const GenerationParams& params, bool forked) const;
   void fork_siblings(RequestId id);
   std::vector<TokenEvent> sample(const SchedulerOutput& out, const Tensor& logits);
+  void pool(const SchedulerOutput& out, const Tensor& hidden, std::vector<TokenEvent>& events);
 
   model::ModelConfig cfg_;
   EngineConfig config_;

@@ -38,6 +38,7 @@ struct Request {
   int64_t num_computed_tokens = 0;
   StopParams stop;
   std::vector<uint64_t> extra_keys;  // part of every block hash (KvCacheManager)
+  bool reuse_prefix = true;          // false: its cached prefix is computed again
   RequestStatus status = RequestStatus::waiting;
   FinishReason finish = FinishReason::none;
   int64_t num_preemptions = 0;

@@ -28,7 +28,7 @@ Scheduler::Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv) : cfg_(cfg)
 }
 
 void Scheduler::add_request(RequestId id, std::vector<int32_t> prompt, const StopParams& stop,
-                            std::vector<uint64_t> extra_keys) {
+                            std::vector<uint64_t> extra_keys, bool reuse_prefix) {
   LOOM_REQUIRE(!requests_.contains(id) && !kv_.has_request(id), "request id ", id, " is already in use");
   LOOM_REQUIRE(!prompt.empty(), "request ", id, ": the prompt is empty: it needs at least one token");
   const auto n = static_cast<int64_t>(prompt.size());
@@ -41,6 +41,7 @@ void Scheduler::add_request(RequestId id, std::vector<int32_t> prompt, const Sto
   r.num_prompt_tokens = n;
   r.stop = stop;
   r.extra_keys = std::move(extra_keys);
+  r.reuse_prefix = reuse_prefix;
   requests_.emplace(id, std::move(r));
   waiting_.push_back(id);
 }
@@ -87,7 +88,7 @@ bool Scheduler::schedule_running(SchedulerOutput& out, int64_t& budget) {
 void Scheduler::schedule_waiting(SchedulerOutput& out, int64_t& budget) {
   while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
     Request& r = get(waiting_.front());
-    const ComputedPrefix prefix = kv_.computed_prefix(r.tokens, r.extra_keys);
+    const ComputedPrefix prefix = r.reuse_prefix ? kv_.computed_prefix(r.tokens, r.extra_keys) : ComputedPrefix{};
     const int64_t remaining = r.num_tokens() - prefix.num_tokens;
     if (!cfg_.chunked_prefill && remaining > budget) break;  // strict first come, first served
     const int64_t num_new = cap_prefill(remaining, budget);

@@ -90,8 +90,10 @@ class Scheduler {
   // A new request at the back of the waiting queue. loom::Error (nothing
   // added) for an id in use, an empty prompt, a prompt of max_model_len
   // tokens or more, or invalid stop params.
+  // reuse_prefix false: the request computes every token, cached or not
+  // (an embedding that averages every token's hidden state).
   void add_request(RequestId id, std::vector<int32_t> prompt, const StopParams& stop,
-                   std::vector<uint64_t> extra_keys = {});
+                   std::vector<uint64_t> extra_keys = {}, bool reuse_prefix = true);
 
   SchedulerOutput schedule();
 

@@ -69,6 +69,8 @@ struct PagedRunner::State {
   Tensor tokens, positions;  // (1, M) i32
   Tensor x, y;               // (1, M, C)
   Tensor last, normf, logits;  // (1, R, C) x2, (R, V)
+  Tensor hidden;               // (R, C) f32: the last step's hidden rows
+  int64_t num_hidden = 0;
   std::vector<LayerWeights> w;
   HeadWeights head;
   const QuantWeights* quant = nullptr;  // the linears served in their blocks, or none
@@ -120,6 +122,7 @@ PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& po
   st.last = alloc(MemTag::activations, {1, R, C}, compute_);
   st.normf = alloc(MemTag::activations, {1, R, C}, compute_);
   st.logits = alloc(MemTag::activations, {R, cfg.vocab_size}, DType::f32);  // the sampler's
+  st.hidden = alloc(MemTag::activations, {R, C}, DType::f32);
   ParamViews pv(specs_, params);
   if (quant != nullptr && !quant->empty()) {
     LOOM_REQUIRE(compute_ == DType::f32, "quantized weights (", quant->summary(), ") compute with f32 activations, ",
@@ -177,10 +180,11 @@ void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max
                    " is at position ", b.positions[r], "; its sequence's length puts it at ",
                    len - (end - begin) + (r - begin));
   }
-  const auto R = static_cast<int64_t>(b.logit_rows.size());
-  LOOM_REQUIRE(R <= sizes.max_logit_rows, "paged step: ", R, " logit rows; allowed 0 to ",
-               sizes.max_logit_rows);
+  const auto R = static_cast<int64_t>(b.logit_rows.size()), H = static_cast<int64_t>(b.hidden_rows.size());
+  LOOM_REQUIRE(R + H <= sizes.max_logit_rows, "paged step: ", R, " logit rows and ", H,
+               " hidden rows; allowed 0 to ", sizes.max_logit_rows, " together");
   for (int32_t r : b.logit_rows) LOOM_REQUIRE(r >= 0 && r < N, "paged step: logit row ", r, " is not a row of ", N);
+  for (int32_t r : b.hidden_rows) LOOM_REQUIRE(r >= 0 && r < N, "paged step: hidden row ", r, " is not a row of ", N);
 }
 
 }  // namespace
@@ -189,8 +193,9 @@ Tensor PagedRunner::step(const PagedBatch& b) {
   check_batch(b, sizes_, cfg_.max_seq_len);
   State& st = *st_;
   const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
-  const auto R = static_cast<int64_t>(b.logit_rows.size());
+  const auto R = static_cast<int64_t>(b.logit_rows.size()), H = static_cast<int64_t>(b.hidden_rows.size());
   const int64_t C = cfg_.n_embd;
+  st.num_hidden = 0;
   // Every linear of the blocks and the LM head batch invariant (unless the
   // sizes say otherwise): a row's logits must not depend on the step's other rows.
   Dims d{1, N, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
@@ -219,13 +224,24 @@ Tensor PagedRunner::step(const PagedBatch& b) {
     f.forward(y, x, st.w[static_cast<size_t>(l)], a, {d, attention, mlp, row_pos, l});
     std::swap(x, y);
   }
-  if (R == 0) return st.logits.slice(0, 0, 0);  // a step of prompt chunks only: no logits wanted
-  const Tensor rows = rows_of(x, C), last = first(st.last, R), normf = first(st.normf, R);
-  for (int64_t r = 0; r < R; ++r) copy(last.slice(1, r, 1).reshape({1, C}), rows.slice(0, b.logit_rows[r], 1));
+  if (R + H == 0) return st.logits.slice(0, 0, 0);  // a step of prompt chunks only: nothing wanted
+  // The wanted rows, logits' first, through the final norm together (the
+  // norm is per row); then the LM head over the first R only.
+  const Tensor rows = rows_of(x, C), last = first(st.last, R + H), normf = first(st.normf, R + H);
+  for (int64_t r = 0; r < R + H; ++r) {
+    const int32_t row = r < R ? b.logit_rows[r] : b.hidden_rows[r - R];
+    copy(last.slice(1, r, 1).reshape({1, C}), rows.slice(0, row, 1));
+  }
   f.norm_forward(normf, Tensor(), Tensor(), last, st.head.normf_w, st.head.normf_b, d.eps);
+  if (H > 0) {
+    cast(st.hidden.slice(0, 0, H), rows_of(normf, C).slice(0, R, H));
+    st.num_hidden = H;
+  }
   const Tensor logits = st.logits.slice(0, 0, R);
-  block_linear(d, logits, rows_of(normf, C), st.head.lm_head, Tensor());  // (R, V)
+  if (R > 0) block_linear(d, logits, rows_of(normf, C).slice(0, 0, R), st.head.lm_head, Tensor());  // (R, V)
   return logits;
 }
+
+Tensor PagedRunner::hidden() const { return st_->hidden.slice(0, 0, st_->num_hidden); }
 
 }  // namespace loom::model

@@ -46,6 +46,10 @@ struct PagedBatch {
   std::span<const int32_t> block_tables;  // (S * max_blocks) row-major: s's physical blocks
   int64_t max_blocks = 0;
   std::span<const int32_t> logit_rows;    // rows (of N) whose next-token logits are wanted, in the order returned
+  // Rows (of N) whose final hidden states (after the last norm: what the LM
+  // head reads) are wanted, in the order hidden() returns them; for
+  // embeddings. Together with logit_rows at most max_logit_rows.
+  std::span<const int32_t> hidden_rows = {};
 };
 
 // Bytes of one KV block: every layer's K and V for block_size tokens.
@@ -80,6 +84,9 @@ class PagedRunner {
   // until the next call. Operand errors (sizes, ids, positions, slots) are
   // loom::Errors naming what is wrong.
   Tensor step(const PagedBatch& batch);
+  // The last step's final hidden states of batch.hidden_rows: (H, C) f32, in
+  // their order; valid until the next call.
+  Tensor hidden() const;
 
  private:
   ModelConfig cfg_;

@@ -245,6 +245,11 @@ void EngineLoop::deliver(const infer::TokenEvent& e) {
   if (it == entries_.end()) return;  // aborted this step
   Entry& entry = it->second;
   Delta d{.index = e.index, .token = e.token, .logprob = e.logprob, .top = e.top, .text = {}, .finish = e.finish};
+  if (e.token < 0) {  // an embedding: no token, no text
+    d.embedding = e.embedding;
+    end_sequence(e.request, entry, std::move(d));
+    return;
+  }
   {
     std::lock_guard lk(mu_);
     ++stats_.generation_tokens;

@@ -51,6 +51,7 @@ struct Delta {
   std::vector<infer::TokenLogprob> top;
   std::string text;
   infer::FinishReason finish = infer::FinishReason::none;  // none: more to come for this sequence
+  std::vector<float> embedding;  // an embedding request's (gen.pooling): its one delta, token -1
 };
 
 // One request's output, written by the loop and read by one reader thread.

@@ -23,6 +23,7 @@
 
 #include "common/compare.h"
 #include "common/ref.h"
+#include "common/ref_model_config.h"
 #include "common/tensors.h"
 #include "core/memory.h"
 #include "io/safetensors.h"
@@ -34,22 +35,10 @@ namespace {
 
 using namespace loom::test;
 
-ModelConfig config_of(RefCase& rc) {
-  const std::vector<float> v = rc["config"].floats();
-  ModelConfig c;
-  c.family = v[0] == 0 ? Family::gpt2 : Family::llama;
-  c.n_layer = int64_t(v[1]), c.n_embd = int64_t(v[2]), c.n_head = int64_t(v[3]), c.n_kv_head = int64_t(v[4]);
-  c.d_ff = int64_t(v[5]), c.vocab_size = int64_t(v[6]), c.max_seq_len = int64_t(v[7]);
-  c.tie_embeddings = v[8] != 0;
-  c.norm_eps = rc["norm_eps"].scalar();
-  c.rope_theta = rc["rope_theta"].scalar();
-  return c;
-}
-
 struct Case {
   explicit Case(const std::string& family)
       : rc("model_" + family + ".ref"),
-        cfg(config_of(rc)),
+        cfg(model_config_of(rc)),
         model(cfg, rc["tokens"].shape[0], rc["tokens"].shape[1], pools) {
     model.load_params(io::SafetensorsFile::open(std::string(LOOM_REF_DIR) + "/model_" + family + ".safetensors"));
   }
@@ -139,12 +128,12 @@ TEST(Gpt2, LoadingHuggingFaceConv1DLayoutTransposesToLoomLayout) {
 TEST(Model, LoadRejectsAMissingTensorOrWrongShape) {
   Pools pools;
   RefCase rc("model_gpt2.ref");
-  ModelConfig cfg = config_of(rc);
+  ModelConfig cfg = model_config_of(rc);
   cfg.d_ff = 64;  // the file has 128
   Model m(cfg, 1, 4, pools);
   const io::SafetensorsFile f = io::SafetensorsFile::open(std::string(LOOM_REF_DIR) + "/model_gpt2.safetensors");
   expect_error([&] { m.load_params(f); }, {"model_gpt2.safetensors", "h.0.mlp.c_fc.weight", "(128, 32)", "(64, 32)"});
-  ModelConfig untied = config_of(rc);
+  ModelConfig untied = model_config_of(rc);
   untied.tie_embeddings = false;
   Model u(untied, 1, 4, pools);
   expect_error([&] { u.load_params(f); }, {"'lm_head.weight' is missing"});

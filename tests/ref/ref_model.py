@@ -95,7 +95,8 @@ def merge(x):  # (B, NH, T, HS) -> (B, T, C)
     return x.transpose(1, 2).reshape(b, t, -1)
 
 
-def gpt2_logits(P, c, tokens):
+def gpt2_hidden(P, c, tokens):
+    """The final hidden states (after ln_f): what the LM head reads."""
     C, NH, eps = c["n_embd"], c["n_head"], c["norm_eps"]
     x = P["wte.weight"][tokens] + P["wpe.weight"][: tokens.shape[1]]
     for i in range(c["n_layer"]):
@@ -107,8 +108,11 @@ def gpt2_logits(P, c, tokens):
         h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
         h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
         x = x + F.linear(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
-    x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
-    return x @ P["wte.weight"].T  # tied
+    return F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
+
+
+def gpt2_logits(P, c, tokens):
+    return gpt2_hidden(P, c, tokens) @ P["wte.weight"].T  # tied
 
 
 def rms_norm(x, w, eps):
@@ -135,7 +139,8 @@ def llama_attention(P, c, p, x):
     return x + F.linear(merge(causal_attention(q, k, v)), P[p + "self_attn.o_proj.weight"])
 
 
-def llama_logits(P, c, tokens):
+def llama_hidden(P, c, tokens):
+    """The final hidden states (after the last RMSNorm): what the LM head reads."""
     eps = c["norm_eps"]
     x = P["model.embed_tokens.weight"][tokens]
     for i in range(c["n_layer"]):
@@ -144,8 +149,11 @@ def llama_logits(P, c, tokens):
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
         h = F.silu(F.linear(h, P[p + "mlp.gate_proj.weight"])) * F.linear(h, P[p + "mlp.up_proj.weight"])
         x = x + F.linear(h, P[p + "mlp.down_proj.weight"])
-    x = rms_norm(x, P["model.norm.weight"], eps)
-    return x @ P["lm_head.weight"].T
+    return rms_norm(x, P["model.norm.weight"], eps)
+
+
+def llama_logits(P, c, tokens):
+    return llama_hidden(P, c, tokens) @ P["lm_head.weight"].T
 
 
 def loss_of(logits, targets):
