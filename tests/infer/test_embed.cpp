@@ -9,7 +9,8 @@
 // nor on preemption (recomputed from its start).
 //
 // Tolerance: f32 vs float64, rtol 1e-4 and atol 1e-5 (DESIGN.md §6, model
-// fp32 vs PyTorch, as test_model's logits); observed worst |a - e| printed.
+// fp32 vs PyTorch, as test_model's logits); observed worst |a - e| (printed):
+// 3.6e-7 (GPT-2) and 6.0e-7 (Llama) on values of order 1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
