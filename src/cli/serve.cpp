@@ -164,28 +164,9 @@ void run_serve(ServeArgs a) {
            "--drain-seconds", "; stopped");
 }
 
-}  // namespace
-
-void add_serve_command(CLI::App& app, int default_threads) {
-  CLI::App* cmd = app.add_subcommand("serve", "Serve models over OpenAI's HTTP API (/v1/completions, "
-                                              "/v1/chat/completions, /v1/models) and ollama's (/api/generate, "
-                                              "/api/chat, /api/tags, ...), with /health and /metrics");
-  auto a = std::make_shared<ServeArgs>();
-  a->threads = default_threads;
-  EngineArgs& e = a->engine;
-  cmd->add_option("--model", a->model_dir, "serve this model directory (loom_config.json or config.json, "
-                                           "model.safetensors) or .gguf file instead of the store's models");
-  cmd->add_option("--models", a->models_dir, "the model store (default ~/.loom/models)");
-  cmd->add_option("--served-model-name", a->name, "with --model: the name clients give as \"model\" (default: the "
-                                                  "directory's)");
-  cmd->add_option("--host", a->http.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
-  cmd->add_option("--port", a->http.port, "port (0: any free one, printed)")->capture_default_str();
-  cmd->add_option("--api-key", a->api.api_key, "require 'Authorization: Bearer KEY' on /v1/ and /api/ routes");
-  cmd->add_option("--chat-template", a->chat_template, "with --model: a Jinja file for chat (default: the directory's "
-                                                       "tokenizer_config.json chat_template, else a plain "
-                                                       "User:/Assistant: template)");
-  cmd->add_option("--tokenizer", a->tokenizer, kTokenizerHelp)
-      ->capture_default_str();
+// The options of each served model's engine (EngineArgs).
+void add_engine_options(CLI::App& cmd_ref, EngineArgs& e) {
+  CLI::App* cmd = &cmd_ref;
   cmd->add_option("--dtype", e.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
   cmd->add_flag("--dequantize", e.dequantize,
                 "a quantized GGUF model: dequantize its weights to --dtype at load (default: compute from the "
@@ -202,6 +183,34 @@ void add_serve_command(CLI::App& app, int default_threads) {
       ->capture_default_str();
   cmd->add_option("--max-n", e.max_n, "largest n a request may ask")->capture_default_str();
   cmd->add_option("--max-prompts", e.max_prompts, "prompts one request may hold")->capture_default_str();
+  cmd->add_option("--pooling", e.pooling, "embeddings (/v1/embeddings, /api/embed): the final hidden states of "
+                                         "every input token averaged (mean) or the last token's (last)")
+      ->check(CLI::IsMember({"mean", "last"}))
+      ->capture_default_str();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int default_threads) {
+  CLI::App* cmd = app.add_subcommand("serve", "Serve models over OpenAI's HTTP API (/v1/completions, "
+                                              "/v1/chat/completions, /v1/embeddings, /v1/models) and ollama's (/api/generate, "
+                                              "/api/chat, /api/tags, ...), with /health and /metrics");
+  auto a = std::make_shared<ServeArgs>();
+  a->threads = default_threads;
+  cmd->add_option("--model", a->model_dir, "serve this model directory (loom_config.json or config.json, "
+                                           "model.safetensors) or .gguf file instead of the store's models");
+  cmd->add_option("--models", a->models_dir, "the model store (default ~/.loom/models)");
+  cmd->add_option("--served-model-name", a->name, "with --model: the name clients give as \"model\" (default: the "
+                                                  "directory's)");
+  cmd->add_option("--host", a->http.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();
+  cmd->add_option("--port", a->http.port, "port (0: any free one, printed)")->capture_default_str();
+  cmd->add_option("--api-key", a->api.api_key, "require 'Authorization: Bearer KEY' on /v1/ and /api/ routes");
+  cmd->add_option("--chat-template", a->chat_template, "with --model: a Jinja file for chat (default: the directory's "
+                                                       "tokenizer_config.json chat_template, else a plain "
+                                                       "User:/Assistant: template)");
+  cmd->add_option("--tokenizer", a->tokenizer, kTokenizerHelp)
+      ->capture_default_str();
+  add_engine_options(*cmd, a->engine);
   cmd->add_option("--keep-alive", a->keep_alive_s, "seconds a store model stays loaded after its last request")
       ->capture_default_str();
   cmd->add_option("--memory-budget-mb", a->memory_budget_mb, "store models loaded at once within this memory (0: no "

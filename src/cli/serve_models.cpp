@@ -78,6 +78,7 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
                                  .tool_format = serve::tool_format_of(extras.chat.source),
                                  .thinks = extras.chat.source.find("<think>") != std::string::npos ||
                                            extras.chat.source.find("enable_thinking") != std::string::npos,
+                                 .embedding_pooling = a.pooling == "last" ? infer::Pooling::last : infer::Pooling::mean,
                                  .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size)};
   m->templated = !extras.chat.is_plain;
   m->config = dir.config;

@@ -25,6 +25,7 @@ struct EngineArgs {
   double kv_cache_mb = 0;  // 0: max_num_seqs full-length sequences, at most half the available memory
   int64_t max_model_len = 0, block_size = 16, max_num_seqs = 64, max_num_batched_tokens = 512;
   int64_t max_queue = 256, max_n = 16, max_prompts = 64;
+  std::string pooling = "mean";  // embeddings: mean | last (checked by CLI11)
 };
 
 // What a model brings besides its weights.

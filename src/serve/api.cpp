@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "serve/embeddings.h"
 #include "serve/ollama_format.h"
 #include "serve/openai_format.h"
 #include "serve/openai_response.h"
@@ -128,7 +129,8 @@ HttpResponse Api::route(const HttpRequest& req) {
   if (req.path.rfind("/v1/models/", 0) == 0 && get) return get_model(req.path.substr(11));
   const bool chat = req.path == "/v1/chat/completions";
   if ((chat || req.path == "/v1/completions") && req.method == "POST") return openai_generation(req, chat);
-  if (chat || req.path == "/v1/models" || req.path == "/v1/completions")
+  if (req.path == "/v1/embeddings" && req.method == "POST") return openai_embeddings(req);
+  if (chat || req.path == "/v1/models" || req.path == "/v1/completions" || req.path == "/v1/embeddings")
     throw ApiError(405, "MethodNotAllowed", "", req.path + " does not take " + req.method);
   throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + req.path);
 }
@@ -215,6 +217,19 @@ HttpResponse Api::openai_generation(const HttpRequest& req, bool chat) {
   auto source = std::make_shared<GenerationSource>(*models(), name, std::move(format), draw_seed(), std::nullopt,
                                                    req.received);
   return generation(req, std::move(source), stream, "text/event-stream; charset=utf-8");
+}
+
+HttpResponse Api::openai_embeddings(const HttpRequest& req) {
+  nlohmann::ordered_json body = parse_body(req.body);
+  const auto model = body.find("model");
+  if (model == body.end() || model->is_null()) throw bad_request("model", "model is required");
+  if (!model->is_string()) throw bad_request("model", "model must be a string");
+  const std::string name = *model;
+  auto format = std::make_unique<EmbeddingFormat>(std::move(body), EmbedRoute::openai, request_id("embd-"));
+  format->precheck();
+  auto source = std::make_shared<GenerationSource>(*models(), name, std::move(format), draw_seed(), std::nullopt,
+                                                   req.received);
+  return generation(req, std::move(source), false, "");
 }
 
 HttpResponse Api::generation(const HttpRequest& req, std::shared_ptr<GenerationSource> source, bool stream,

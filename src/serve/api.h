@@ -78,6 +78,7 @@ class Api {
  private:
   HttpResponse route(const HttpRequest& req);
   HttpResponse openai_generation(const HttpRequest& req, bool chat);
+  HttpResponse openai_embeddings(const HttpRequest& req);
   HttpResponse list_models() const;
   HttpResponse get_model(const std::string& id) const;
   // CORS: the headers for req's Origin where allowed (none otherwise), and

@@ -62,12 +62,10 @@ bool GenerationSource::fail(const ApiError& e, std::string& out) {
 bool GenerationSource::submit(std::string& out) {
   submitted_ = true;
   std::shared_ptr<LoadedModel> m;
-  std::function<void()> wake;
   {
     std::lock_guard lk(mu_);
     if (load_error_) return fail(*load_error_, out);
     m = model_;
-    wake = wake_;
   }
   times_.model_ready = Clock::now();
   if (!format_->generates()) {
@@ -76,18 +74,10 @@ bool GenerationSource::submit(std::string& out) {
     return true;
   }
   try {
-    const CompletionRequest request = format_->parse(*m, seed_);
-    for (const std::vector<int32_t>& prompt : request.prompts) {
-      Submitted sub = m->loop->submit({prompt, request.gen, request.stop});
-      if (sub.admission != Admission::accepted) {
-        if (sub.admission == Admission::queue_full)
-          throw ApiError(429, "TooManyRequests", "", "the server's queue is full; retry later");
-        throw ApiError(503, "ServiceUnavailableError", "",
-                       sub.admission == Admission::draining ? "the server is shutting down" : "the engine failed");
-      }
-      streams_.push_back(std::move(sub.stream));
-    }
-    format_->begin(request, *m, out);
+    request_ = format_->parse(*m, seed_);
+    running_on_ = m;
+    queue_more(true);
+    format_->begin(request_, *m, out);
     begun_ = true;
   } catch (const ApiError& e) {
     for (auto& s : streams_) s->cancel();
@@ -96,8 +86,34 @@ bool GenerationSource::submit(std::string& out) {
     for (auto& s : streams_) s->cancel();
     return fail(bad_request("", e.what()), out);
   }
-  for (auto& s : streams_) s->on_ready(wake);
   return false;
+}
+
+// Queues prompts while fewer than the format's max_in_flight of this
+// request's run. A full queue is an error for the first (429); later ones
+// wait for a prompt of this request to finish (whose wake calls again).
+void GenerationSource::queue_more(bool first) {
+  size_t running = 0;
+  for (const auto& s : streams_) running += s->done() ? 0 : 1;
+  while (streams_.size() < request_.prompts.size() && running < format_->max_in_flight()) {
+    const size_t p = streams_.size();
+    Submitted sub = running_on_->loop->submit({request_.prompts[p], request_.gen, request_.stop});
+    if (sub.admission == Admission::queue_full && !first && running > 0) return;
+    if (sub.admission != Admission::accepted) {
+      if (sub.admission == Admission::queue_full)
+        throw ApiError(429, "TooManyRequests", "", "the server's queue is full; retry later");
+      throw ApiError(503, "ServiceUnavailableError", "",
+                     sub.admission == Admission::draining ? "the server is shutting down" : "the engine failed");
+    }
+    std::function<void()> wake;
+    {
+      std::lock_guard lk(mu_);
+      wake = wake_;
+    }
+    sub.stream->on_ready(wake);
+    streams_.push_back(std::move(sub.stream));
+    ++running;
+  }
 }
 
 bool GenerationSource::pull(std::string& out) {
@@ -109,20 +125,38 @@ bool GenerationSource::pull(std::string& out) {
     }
     if (submit(out)) return true;
   }
-  for (size_t p = 0; p < streams_.size(); ++p) {
-    std::vector<Delta> deltas = streams_[p]->next(std::chrono::milliseconds(0));
-    if (deltas.empty()) continue;
-    if (times_.first_token == Clock::time_point{}) times_.first_token = Clock::now();
-    format_->add(static_cast<int64_t>(p), deltas, out);
+  try {  // a format may refuse what came (an embedding cut by the drain)
+    for (size_t p = 0; p < streams_.size(); ++p) {
+      std::vector<Delta> deltas = streams_[p]->next(std::chrono::milliseconds(0));
+      if (deltas.empty()) continue;
+      if (times_.first_token == Clock::time_point{}) times_.first_token = Clock::now();
+      format_->add(static_cast<int64_t>(p), deltas, out);
+    }
+  } catch (const ApiError& e) {
+    for (auto& s : streams_) s->cancel();
+    return fail(e, out);
   }
   std::string failure;
-  for (auto& s : streams_) {
-    if (!s->done()) return false;
-    if (failure.empty()) failure = s->error();
+  for (auto& s : streams_)
+    if (failure.empty() && s->done()) failure = s->error();
+  if (failure.empty() && streams_.size() < request_.prompts.size()) {
+    try {
+      queue_more(false);
+    } catch (const ApiError& e) {
+      for (auto& s : streams_) s->cancel();
+      return fail(e, out);
+    }
   }
+  for (auto& s : streams_)
+    if (!s->done()) return false;
+  if (failure.empty() && streams_.size() < request_.prompts.size()) return false;  // more to queue when one ends
   if (!failure.empty()) return fail(ApiError(500, "InternalServerError", "", "the engine failed: " + failure), out);
   times_.end = Clock::now();
-  format_->end(times_, out);
+  try {
+    format_->end(times_, out);
+  } catch (const ApiError& e) {
+    return fail(e, out);
+  }
   return true;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,10 @@ class GenerationFormat {
   virtual std::string error_body(const ApiError& e, bool begun) const = 0;
   virtual nlohmann::json usage() const = 0;  // prompt_tokens, completion_tokens
   virtual std::string id() const { return {}; }  // the response's id, for the access line
+  // Prompts of one request queued at once at most: the rest are queued as
+  // those finish (an embedding request of thousands of inputs must not fill
+  // the server's queue). Generations queue every prompt at once.
+  virtual size_t max_in_flight() const { return SIZE_MAX; }
 };
 
 class GenerationSource : public BodySource, public std::enable_shared_from_this<GenerationSource> {
@@ -69,6 +74,7 @@ class GenerationSource : public BodySource, public std::enable_shared_from_this<
 
  private:
   bool submit(std::string& out);
+  void queue_more(bool first);
   bool fail(const ApiError& e, std::string& out);
   void arrived(std::shared_ptr<LoadedModel> m, std::optional<ApiError> error);
 
@@ -85,7 +91,9 @@ class GenerationSource : public BodySource, public std::enable_shared_from_this<
   bool cancelled_ = false;
 
   // The connection's thread's own.
-  std::vector<std::shared_ptr<RequestStream>> streams_;
+  std::shared_ptr<LoadedModel> running_on_;  // the model the prompts were queued on
+  CompletionRequest request_;                 // what parse() made of the body
+  std::vector<std::shared_ptr<RequestStream>> streams_;  // one per prompt queued so far, in prompt order
   bool submitted_ = false, begun_ = false;
   int status_ = 200;
   GenerationTimes times_;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "serve/embeddings.h"
 #include "serve/ollama_format.h"
 #include "serve/openai_response.h"
 #include "serve/store_models.h"
@@ -70,6 +71,7 @@ HttpResponse OllamaApi::route(const HttpRequest& req) {
   const std::string& p = req.path;
   const auto is = [&](const char* path, const char* method) { return p == path && req.method == method; };
   if (is("/api/generate", "POST") || is("/api/chat", "POST")) return generate(req, p == "/api/chat");
+  if (is("/api/embed", "POST") || is("/api/embeddings", "POST")) return embed(req, p == "/api/embed");
   if (is("/api/tags", "GET")) return tags();
   if (is("/api/show", "POST")) return show(req);
   if (is("/api/ps", "GET")) return ps();
@@ -77,7 +79,7 @@ HttpResponse OllamaApi::route(const HttpRequest& req) {
   if (is("/api/delete", "DELETE")) return remove(req);
   if (is("/api/copy", "POST")) return copy(req);
   if (is("/api/version", "GET")) return json_response(200, {{"version", "0.1.0-loom"}});
-  for (const char* known : {"/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/ps", "/api/create",
+  for (const char* known : {"/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps", "/api/create",
                             "/api/delete", "/api/copy", "/api/version"})
     if (p == known) throw ApiError(405, "MethodNotAllowed", "", p + " does not take " + req.method);
   throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + p);
@@ -109,6 +111,18 @@ HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
   auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
                                                    req.received);
   return api_.generation(req, std::move(source), stream, "application/x-ndjson");
+}
+
+HttpResponse OllamaApi::embed(const HttpRequest& req, bool batch) {
+  nlohmann::ordered_json body = parse_body(req.body);
+  const std::string model = required_string(body, "model");
+  const std::optional<std::chrono::seconds> keep_alive = parse_keep_alive(body);
+  auto format = std::make_unique<EmbeddingFormat>(
+      std::move(body), batch ? EmbedRoute::ollama_embed : EmbedRoute::ollama_embeddings, std::string());
+  format->precheck();  // answered now, not after loading the model
+  auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
+                                                   req.received);
+  return api_.generation(req, std::move(source), false, "");
 }
 
 HttpResponse OllamaApi::tags() const {

@@ -1,7 +1,7 @@
 // ollama's HTTP API on `loom serve` (the routes under /api/), for ollama's
 // own clients: POST /api/generate and /api/chat (NDJSON streams, durations
 // in nanoseconds; an empty prompt loads a model, keep_alive 0 with it
-// unloads), GET /api/tags, POST /api/show, GET /api/ps, POST /api/create
+// unloads), POST /api/embed and /api/embeddings (embeddings.h), GET /api/tags, POST /api/show, GET /api/ps, POST /api/create
 // (a Modelfile, or ollama's newer fields: from, template, system,
 // parameters, messages, license), DELETE /api/delete, POST /api/copy, GET
 // /api/version. Errors are ollama's {"error": "..."} with a 4xx status for
@@ -37,6 +37,7 @@ class OllamaApi {
  private:
   HttpResponse route(const HttpRequest& req);
   HttpResponse generate(const HttpRequest& req, bool chat);
+  HttpResponse embed(const HttpRequest& req, bool batch);
   HttpResponse tags() const;
   HttpResponse show(const HttpRequest& req) const;
   HttpResponse ps() const;

@@ -173,6 +173,8 @@ ojson requested_num_ctx(const ojson& body) {
   return n;
 }
 
+}  // namespace
+
 ServedModel bounded(const ojson& body, const LoadedModel& m) {
   ServedModel served = m.served;
   ojson n = requested_num_ctx(body);
@@ -180,6 +182,8 @@ ServedModel bounded(const ojson& body, const LoadedModel& m) {
   if (!n.is_null()) served.max_model_len = std::min(served.max_model_len, n.get<int64_t>());
   return served;
 }
+
+namespace {
 
 // think: true or false (null: absent): the template's enable_thinking, and
 // with true the think block split from the answer (reasoning.h). true only

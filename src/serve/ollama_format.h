@@ -72,6 +72,11 @@ class OllamaFormat : public GenerationFormat {
 // for anything else.
 std::optional<std::chrono::seconds> parse_keep_alive(const nlohmann::ordered_json& body);
 
+// The model as a request may use it: its context bounded by options.num_ctx
+// or the Modelfile's PARAMETER num_ctx (400 for a num_ctx that is not a
+// positive integer).
+ServedModel bounded(const nlohmann::ordered_json& body, const LoadedModel& m);
+
 // {"error": message} with the status.
 HttpResponse ollama_error(const ApiError& e);
 // body[a] (or body[b] when a is absent: ollama's old field names), a string;

@@ -66,6 +66,7 @@ struct ServedModel {
   bool renders_tools = false;              // the template reads `tools`: chat requests may offer tools
   ToolFormat tool_format = ToolFormat::hermes;  // how the template teaches the model to write calls
   bool thinks = false;  // the template has a thinking mode (<think>, enable_thinking)
+  infer::Pooling embedding_pooling = infer::Pooling::mean;  // what an embedding request gets (embeddings.h)
   // The vocabulary grammars are compiled for (structured_output.h); null:
   // requests for structured output are refused.
   std::shared_ptr<const infer::GrammarVocab> grammar_vocab{};

@@ -126,7 +126,9 @@ TEST(Embed, DoesNotDependOnTheBatchThePrefixCacheOrPreemption) {
     for (int i = 0; i < kPrompts; ++i) {
       EXPECT_EQ(got[i], alone[i]) << "prompt " << i << ", num_blocks " << num_blocks;
     }
-    if (num_blocks > 0) EXPECT_GT(engine.scheduler().stats().num_preemptions, 0) << "the small cache preempts";
+    if (num_blocks > 0) {
+      EXPECT_GT(engine.scheduler().stats().num_preemptions, 0) << "the small cache preempts";
+    }
     EXPECT_GT(engine.kv().stats().cached_blocks, 0);
   }
 }
