@@ -40,7 +40,11 @@ EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {
                  " tokens needs ", 1 + per_seq, " (", (1 + per_seq) * block_bytes / double(1 << 20),
                  " MiB): give more KV cache memory or a shorter max_model_len");
   }
-  if (c.num_blocks == 0) c.num_blocks = 1 + c.max_num_seqs * per_seq;
+  if (c.num_blocks == 0) {
+    const int64_t want = 1 + c.max_num_seqs * per_seq;
+    const int64_t share = c.kv_memory_limit_bytes > 0 ? c.kv_memory_limit_bytes / block_bytes : 0;
+    c.num_blocks = share > per_seq ? std::min(want, share) : want;  // a limit too small for one sequence: ignored
+  }
   return c;
 }
 
@@ -85,6 +89,23 @@ BlockHash weights_fingerprint(const model::ModelConfig& cfg, const Tensor& param
   return sha256_128(digest);
 }
 
+const model::ModelConfig& runner_config(const std::unique_ptr<ModelRunner>& runner, const EngineConfig& c) {
+  LOOM_REQUIRE(runner != nullptr && c.num_blocks > 0,
+               "an engine over a runner of its own needs the runner and the number of blocks its KV cache holds");
+  return runner->config();
+}
+
+// The paged runner's sizes for an engine's (resolved) config: every row of
+// a step may want its logits (a step of decodes only).
+model::PagedRunnerSizes runner_sizes(const EngineConfig& c) {
+  return {.num_blocks = c.num_blocks,
+          .block_size = c.block_size,
+          .max_tokens = c.max_num_batched_tokens,
+          .max_logit_rows = c.max_num_batched_tokens,
+          .kv_dtype = c.kv_dtype,
+          .batch_invariant = c.batch_invariant};
+}
+
 // Sequence k of a request draws from its own stream.
 uint64_t sequence_seed(uint64_t seed, int64_t index) {
   if (index == 0) return seed;
@@ -122,25 +143,22 @@ void GenerationParams::validate() const {
 
 Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
                const model::QuantWeights* quant)
-    : cfg_(cfg),
-      config_(resolved(config, cfg)),
+    : Engine(std::make_unique<PagedModelRunner>(cfg, params, pools, runner_sizes(resolved(config, cfg)), quant),
+             resolved(config, cfg), weights_fingerprint(cfg, params, quant)) {}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, BlockHash fingerprint)
+    : cfg_(runner_config(runner, config)),
+      config_(resolved(config, cfg_)),
       kv_(KvCacheConfig{.num_blocks = config_.num_blocks,
                         .block_size = config_.block_size,
-                        .seed = weights_fingerprint(cfg, params, quant),
+                        .seed = fingerprint,
                         .enable_prefix_caching = config_.prefix_caching}),
       scheduler_(SchedulerConfig{.max_num_batched_tokens = config_.max_num_batched_tokens,
                                  .max_num_seqs = config_.max_num_seqs,
                                  .max_model_len = config_.max_model_len,
                                  .chunked_prefill = config_.chunked_prefill},
                  kv_),
-      runner_(cfg, params, pools,
-              {.num_blocks = config_.num_blocks,
-               .block_size = config_.block_size,
-               .max_tokens = config_.max_num_batched_tokens,
-               .max_logit_rows = config_.max_num_batched_tokens,
-               .kv_dtype = config_.kv_dtype,
-               .batch_invariant = config_.batch_invariant},
-              quant) {}
+      runner_(std::move(runner)) {}
 
 RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
   params.validate();
@@ -173,7 +191,7 @@ std::vector<TokenEvent> Engine::step() {
   if (out.scheduled.empty()) return {};
   std::vector<std::pair<int32_t, int32_t>> copies;
   for (const BlockCopy& c : out.copies) copies.emplace_back(c.src, c.dst);
-  runner_.copy_blocks(copies);
+  runner_->copy_blocks(copies);
   std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows, hidden_rows;
   std::vector<int64_t> slots;
   int64_t max_blocks = 1;
@@ -200,10 +218,10 @@ std::vector<TokenEvent> Engine::step() {
   }
   for (RequestId id : out.preempted)  // computed again from the start
     if (auto it = sequences_.find(id); it != sequences_.end()) it->second.pooled.clear();
-  const Tensor logits = runner_.step(
+  const Tensor logits = runner_->step(
       {tokens, positions, slots, query_start, seq_lens, tables, max_blocks, logit_rows, hidden_rows});
   std::vector<TokenEvent> events = sample(out, logits);
-  if (!hidden_rows.empty()) pool(out, runner_.hidden(), events);
+  if (!hidden_rows.empty()) pool(out, runner_->hidden(), events);
   return events;
 }
 
@@ -230,7 +248,7 @@ void Engine::pool(const SchedulerOutput& out, const Tensor& hidden, std::vector<
       embedding.assign(row, row + C);
       row += C;
     }
-    events.push_back({.request = seq.request, .index = 0, .token = -1, .finish = FinishReason::stop,
+    events.push_back({.request = seq.request, .index = 0, .token = -1, .top = {}, .finish = FinishReason::stop,
                       .embedding = std::move(embedding)});
     scheduler_.finish(s.id, FinishReason::stop);
     sequences_.erase(s.id);
@@ -265,27 +283,26 @@ std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor&
       rows.emplace_back(s.id, row);
     }
   }
-  std::vector<SampleResult> results(rows.size());
-  std::vector<std::string> errors(rows.size());
+  std::vector<SampleRow> draws;
   const float* base = logits.data_as<float>();
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < rows.size(); ++i) {
-    try {  // an exception must not leave the parallel region: it is the step's error
-      const Sequence& seq = sequences_.at(rows[i].first);
-      const Request& r = scheduler_.request(rows[i].first);
-      SamplerConfig cfg = seq.params.sampler;
-      cfg.seed = sequence_seed(cfg.seed, seq.index);
-      const std::span<const int32_t> all(r.tokens);
-      std::vector<uint8_t> allowed;
-      if (seq.grammar) seq.grammar->allowed(allowed);
-      results[i] = sample_at(cfg, std::span<const float>(base + rows[i].second * V, V),
-                             all.first(r.num_prompt_tokens), all.subspan(r.num_prompt_tokens),
-                             static_cast<uint64_t>(r.num_output_tokens()), seq.params.top_logprobs, allowed);
-    } catch (const std::exception& e) {
-      errors[i] = e.what();
-    }
+  for (const auto& [id, row] : rows) {
+    const Sequence& seq = sequences_.at(id);
+    const Request& r = scheduler_.request(id);
+    SamplerConfig cfg = seq.params.sampler;
+    cfg.seed = sequence_seed(cfg.seed, seq.index);
+    const std::span<const int32_t> all(r.tokens);
+    draws.push_back({cfg, std::span<const float>(base + row * V, V), all.first(r.num_prompt_tokens),
+                     all.subspan(r.num_prompt_tokens), static_cast<uint64_t>(r.num_output_tokens()),
+                     seq.params.top_logprobs});
+    if (seq.grammar)  // the constrained rows' masks, walked in the rows' parallel loop
+      draws.back().allowed_of = [g = seq.grammar.get()](std::vector<uint8_t>& mask) { g->allowed(mask); };
   }
-  for (size_t i = 0; i < rows.size(); ++i) LOOM_REQUIRE(errors[i].empty(), "sampling: ", errors[i]);
+  std::vector<SampleResult> results;
+  try {
+    results = sample_rows(draws);
+  } catch (const Error& e) {
+    fail("sampling: ", e.what());
+  }
   for (size_t i = 0; i < rows.size(); ++i)
     if (const Sequence& seq = sequences_.at(rows[i].first); seq.grammar) seq.grammar->accept(results[i].token);
   std::vector<SampledToken> sampled;
@@ -296,7 +313,7 @@ std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor&
   for (size_t i = 0; i < updates.size(); ++i) {
     const Sequence& seq = sequences_.at(updates[i].id);
     events.push_back({seq.request, seq.index, updates[i].token, results[i].logprob, std::move(results[i].top),
-                      updates[i].finish});
+                      updates[i].finish, {}});
     if (updates[i].finish != FinishReason::none) sequences_.erase(updates[i].id);
   }
   return events;

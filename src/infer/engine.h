@@ -27,17 +27,20 @@
 #include "infer/scheduler.h"
 #include "infer/token_grammar.h"
 #include "model/config.h"
-#include "model/paged_runner.h"
+#include "infer/model_runner.h"
 
 namespace loom::infer {
 
 struct EngineConfig {
   // The KV cache: num_blocks blocks (with the null block) if > 0, else as
   // many as kv_cache_bytes holds if > 0, else enough for max_num_seqs
-  // sequences of max_model_len tokens. It must hold one max_model_len
-  // sequence (a request can always run alone).
+  // sequences of max_model_len tokens, but no more than
+  // kv_memory_limit_bytes holds when that is > 0 and holds one such
+  // sequence. It must hold one max_model_len sequence (a request can always
+  // run alone). The one place the KV cache is sized (resolved: config()).
   int64_t num_blocks = 0;
   int64_t kv_cache_bytes = 0;
+  int64_t kv_memory_limit_bytes = 0;
   int64_t block_size = 16;
   DType kv_dtype = DType::f32;
   int64_t max_num_batched_tokens = 256;
@@ -98,6 +101,11 @@ class Engine {
   // outlive the engine too.
   Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
          const model::QuantWeights* quant = nullptr);
+  // An engine over another runner (a test's, a device's): its KV cache must
+  // hold config.num_blocks blocks of config.block_size tokens (num_blocks is
+  // required here), and fingerprint roots the prefix cache's hashes (the
+  // weights' identity: blocks of other weights must never match).
+  Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, BlockHash fingerprint);
 
   // Queues a request; loom::Error (nothing queued) for invalid params, an
   // empty prompt, a token outside the vocabulary or a prompt that leaves no
@@ -123,7 +131,7 @@ class Engine {
 
   const Scheduler& scheduler() const { return scheduler_; }
   const KvCacheManager& kv() const { return kv_; }
-  const model::PagedRunner& runner() const { return runner_; }
+  const ModelRunner& runner() const { return *runner_; }
   const EngineConfig& config() const { return config_; }  // resolved: num_blocks and max_model_len set
 
  private:
@@ -144,7 +152,7 @@ class Engine {
   EngineConfig config_;
   KvCacheManager kv_;
   Scheduler scheduler_;
-  model::PagedRunner runner_;
+  std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<RequestId, Sequence> sequences_;  // by the scheduler's id of the sequence
   RequestId next_id_ = 1;
 };

@@ -157,12 +157,24 @@ std::vector<SampleResult> sample_rows(std::span<const float> logits, int64_t V, 
                    outputs.size() == cfgs.size() && draws.size() == cfgs.size() && top_logprobs.size() == cfgs.size(),
                "sample_rows: ", logits.size(), " logits for ", R, " rows of ", V, " with ", prompts.size(), " prompts, ",
                outputs.size(), " outputs, ", draws.size(), " draws and ", top_logprobs.size(), " logprob counts");
-  std::vector<SampleResult> out(static_cast<size_t>(R));
-  std::vector<std::string> errors(static_cast<size_t>(R));
+  std::vector<SampleRow> rows;
+  for (int64_t r = 0; r < R; ++r)
+    rows.push_back({cfgs[r], logits.subspan(r * V, V), prompts[r], outputs[r], draws[r], top_logprobs[r]});
+  return sample_rows(rows);
+}
+
+std::vector<SampleResult> sample_rows(std::span<const SampleRow> rows) {
+  const auto R = static_cast<int64_t>(rows.size());
+  std::vector<SampleResult> out(rows.size());
+  std::vector<std::string> errors(rows.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t r = 0; r < R; ++r) {
     try {
-      out[r] = sample_at(cfgs[r], logits.subspan(r * V, V), prompts[r], outputs[r], draws[r], top_logprobs[r]);
+      const SampleRow& w = rows[r];
+      std::vector<uint8_t> mask;
+      if (w.allowed_of) w.allowed_of(mask);
+      out[r] = sample_at(w.cfg, w.logits, w.prompt, w.output, w.draw, w.top_logprobs,
+                         w.allowed_of ? std::span<const uint8_t>(mask) : w.allowed);
     } catch (const std::exception& e) {
       errors[r] = e.what();
     }

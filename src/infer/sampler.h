@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -60,9 +61,28 @@ SampleResult sample_at(const SamplerConfig& cfg, std::span<const float> logits, 
                        std::span<const int32_t> output, uint64_t draw, int64_t top_logprobs = 0,
                        std::span<const uint8_t> allowed = {});
 
-// sample_at over R rows at once (the engine's step): row r of logits (R, V)
-// with cfgs[r], prompts[r], outputs[r], draws[r]; rows run in parallel, each
-// exactly as sample_at alone (a row's result never depends on the others).
+// One row of a step's sampling: sample_at's arguments.
+struct SampleRow {
+  SamplerConfig cfg{};
+  std::span<const float> logits;  // (V)
+  std::span<const int32_t> prompt, output;
+  uint64_t draw = 0;
+  int64_t top_logprobs = 0;
+  std::span<const uint8_t> allowed{};  // empty: every token
+  // Or, when set, what fills the mask (a grammar's walk over the vocabulary),
+  // called in the row's own parallel iteration.
+  std::function<void(std::vector<uint8_t>&)> allowed_of{};
+};
+
+// sample_at over many rows at once (the engine's step); rows run in
+// parallel, each exactly as sample_at alone (a row's result never depends on
+// the others). A row that throws fails the call with a loom::Error naming
+// the row (after every row ran: an exception never leaves the parallel
+// region).
+std::vector<SampleResult> sample_rows(std::span<const SampleRow> rows);
+
+// The same with row r of logits (R, V) and cfgs[r], prompts[r], outputs[r],
+// draws[r], top_logprobs[r].
 std::vector<SampleResult> sample_rows(std::span<const float> logits, int64_t V, std::span<const SamplerConfig> cfgs,
                                       std::span<const std::span<const int32_t>> prompts,
                                       std::span<const std::span<const int32_t>> outputs,

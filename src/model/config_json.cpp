@@ -1,7 +1,5 @@
 #include "model/config_json.h"
 
-#include <unistd.h>
-
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +10,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/staged_dir.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/gguf_model.h"
@@ -266,8 +265,7 @@ void write_json_file(const std::string& path, const json& j) { write_file_atomic
 
 namespace {
 
-// "m/" and "m" name the same directory; a staging name is built from the
-// last component, so it must not be empty.
+// "m/" and "m" name the same directory.
 fs::path dir_path(const std::string& dir) {
   fs::path p = fs::path(dir).lexically_normal();
   if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
@@ -312,37 +310,6 @@ std::string model_files_in(const fs::path& dir) {
   for (const char* f : {kLoomConfigFile, kHfConfigFile, kWeightsFile})
     if (fs::exists(dir / f, ec)) found += (found.empty() ? "" : ", ") + std::string(f);
   return found;
-}
-
-// A fresh sibling directory (target + ".tmp.<pid>", on the same file system
-// so that it can be renamed into place), removed unless released.
-class StagingDir {
- public:
-  explicit StagingDir(const fs::path& target)
-      : path_(target.string() + ".tmp." + std::to_string(::getpid())) {
-    std::error_code ec;
-    fs::remove_all(path_, ec);  // left by a killed run of the same pid: ours, never a model
-    LOOM_REQUIRE(fs::create_directories(path_, ec), "cannot create directory '", path_.string(), "': ",
-                 ec ? ec.message() : "it exists");
-  }
-  StagingDir(const StagingDir&) = delete;
-  StagingDir& operator=(const StagingDir&) = delete;
-  ~StagingDir() {
-    std::error_code ec;
-    if (!released_) fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  void release() { released_ = true; }
-
- private:
-  fs::path path_;
-  bool released_ = false;
-};
-
-void rename_or_fail(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  fs::rename(from, to, ec);
-  LOOM_REQUIRE(!ec, "cannot move '", from.string(), "' to '", to.string(), "': ", ec.message());
 }
 
 // dir/model.safetensors, then dir/<config>, each written atomically.
@@ -424,12 +391,11 @@ void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor
     LOOM_REQUIRE(!ec, "cannot create directory '", target.parent_path().string(), "': ", ec.message());
   }
   // A new directory is written as a staging one and appears whole in one
-  // rename, so a failure or a kill midway leaves no directory.
-  StagingDir staging(target);
+  // rename, so a failure or a kill midway leaves no directory; commit_new,
+  // as this never replaces a directory another writer created meanwhile.
+  StagedDir staging(target.string(), "save");
   write_model_files(staging.path(), cfg, params, layout);
-  rename_or_fail(staging.path(), target);
-  staging.release();
-  fsync_directory(parent_or_dot(target));
+  staging.commit_new();
 }
 
 }  // namespace loom::model

@@ -74,8 +74,9 @@ void load_model_params(const ModelDir& dir, Tensor flat);
 void require_new_model_dir(const std::string& out, const std::string& command, const std::string& input = "");
 // Writes dir/<config> and dir/model.safetensors (creating dir) for a model
 // whose flat (P) f32 parameters follow param_specs(cfg), in either form.
-// A new dir is written as dir + ".tmp.<pid>" and renamed, so a failure or a
-// kill midway leaves no dir (a kill may leave the staging directory behind).
+// A new dir is written as a staging directory next to it (.NAME.save-PID-N,
+// core/staged_dir.h) and renamed, so a failure or a kill midway leaves no dir
+// (a kill may leave the staging directory behind).
 // In an existing dir each file is replaced atomically, the config last.
 void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout);
 

@@ -244,7 +244,7 @@ void EngineLoop::deliver(const infer::TokenEvent& e) {
   const auto it = entries_.find(e.request);
   if (it == entries_.end()) return;  // aborted this step
   Entry& entry = it->second;
-  Delta d{.index = e.index, .token = e.token, .logprob = e.logprob, .top = e.top, .text = {}, .finish = e.finish};
+  Delta d{.index = e.index, .token = e.token, .logprob = e.logprob, .top = e.top, .text = {}, .finish = e.finish, .embedding = {}};
   if (e.token < 0) {  // an embedding: no token, no text
     d.embedding = e.embedding;
     end_sequence(e.request, entry, std::move(d));

@@ -1,16 +1,9 @@
 #include "text/prepare.h"
 
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -18,9 +11,9 @@
 #include <sstream>
 #include <thread>
 
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/staged_dir.h"
 #include "text/brown.h"
 #include "text/shards.h"
 #include "text/tokenizer_files.h"
@@ -147,79 +140,29 @@ void check_output_holds_only_shards(const OutputDir& out) {
   LOOM_REQUIRE(!ec, "cannot list output directory '", out.shown, "': ", ec.message());
 }
 
-// True when a and b swapped names atomically; else errno says why not.
-bool rename_exchange(const fs::path& a, const fs::path& b) {
-  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+// The directory that receives the new shards and then takes the output's
+// place as a whole (prepare.h): .NAME.prepare-PID-N next to it, removed again
+// unless committed.
+std::unique_ptr<StagedDir> stage_output(const OutputDir& out) {
+  std::error_code ec;
+  fs::create_directories(out.path.parent_path(), ec);
+  LOOM_REQUIRE(!ec, "cannot create output directory '", out.shown, "': ", ec.message());
+  try {
+    return std::make_unique<StagedDir>(out.path.string(), "prepare");
+  } catch (const Error& e) {
+    fail("cannot create output directory '", out.shown, "': ", e.what());
+  }
 }
 
-// A directory next to the output that receives the new shards and then takes
-// the output's place (see prepare.h). Removed again unless committed.
-class StagedOutput {
- public:
-  explicit StagedOutput(OutputDir out) : out_(std::move(out)) {
-    const fs::path parent = out_.path.parent_path();
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    LOOM_REQUIRE(!ec, "cannot create output directory '", out_.shown, "': ", ec.message());
-    const std::string prefix = concat(".", out_.path.filename().string(), ".prepare-", ::getpid(), "-");
-    for (int n = 0;; ++n) {
-      stage_ = parent / concat(prefix, n);
-      if (::mkdir(stage_.c_str(), 0777) == 0) break;
-      if (errno != EEXIST) {
-        fail("cannot create output directory '", out_.shown, "': a temporary directory next to it ('",
-             stage_.string(), "') cannot be created: ", std::strerror(errno));
-      }
-    }
+// Swaps the stage in: the output holds the complete old set until then, and
+// still does if this fails (StagedDir::commit).
+void commit_output(StagedDir& stage, const OutputDir& out) {
+  try {
+    stage.commit();
+  } catch (const Error& e) {
+    fail("cannot move the new shards to output directory '", out.shown, "': ", e.what());
   }
-  StagedOutput(const StagedOutput&) = delete;
-  StagedOutput& operator=(const StagedOutput&) = delete;
-  ~StagedOutput() {
-    std::error_code ec;
-    if (!committed_) fs::remove_all(stage_, ec);
-  }
-
-  const fs::path& dir() const { return stage_; }
-
-  // The stage takes the output's name in one rename: an exchange with the old
-  // directory where there is one (renameat2 RENAME_EXCHANGE); a file system
-  // without it gets two renames, with a moment where the output is absent.
-  void commit() {
-    fsync_directory(stage_.string());
-    const fs::path& out = out_.path;
-    const std::string parent = out.parent_path().string();
-    if (rename_exchange(stage_, out)) {
-      // The stage's name now holds the old set.
-    } else if (errno == ENOENT) {
-      if (::rename(stage_.c_str(), out.c_str()) != 0) fail_rename();
-    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
-      const fs::path old = stage_.string() + "-old";
-      if (::rename(out.c_str(), old.c_str()) != 0) fail_rename();
-      if (::rename(stage_.c_str(), out.c_str()) != 0) {
-        const int error = errno;
-        ::rename(old.c_str(), out.c_str());  // the old set back in place
-        errno = error;
-        fail_rename();
-      }
-      stage_ = old;
-    } else {
-      fail_rename();
-    }
-    fsync_directory(parent);
-    committed_ = true;
-    std::error_code ec;
-    fs::remove_all(stage_, ec);  // the old shards; a leftover is harmless
-  }
-
- private:
-  [[noreturn]] void fail_rename() const {
-    fail("cannot move the new shards from '", stage_.string(), "' to output directory '", out_.shown,
-         "': ", std::strerror(errno));
-  }
-
-  OutputDir out_;
-  fs::path stage_;
-  bool committed_ = false;
-};
+}
 
 // True when the file starts with a token shard's magic (text/shards.h).
 bool is_token_shard(const std::string& path) {
@@ -424,9 +367,9 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
 
   summary.vocab_size = tok.vocab_size();
   summary.shard_version = shard_version_for_vocab(tok.vocab_size());
-  StagedOutput stage(out);
-  ShardSink val(stage.dir(), out.shown, "val", opt.shard_tokens, summary.shard_version, summary.val);
-  ShardSink train(stage.dir(), out.shown, "train", opt.shard_tokens, summary.shard_version, summary.train);
+  const std::unique_ptr<StagedDir> stage = stage_output(out);
+  ShardSink val(stage->path(), out.shown, "val", opt.shard_tokens, summary.shard_version, summary.val);
+  ShardSink train(stage->path(), out.shown, "train", opt.shard_tokens, summary.shard_version, summary.train);
 
   // Documents are tokenised in parallel in groups and appended in input order.
   const int threads = std::max(1, opt.threads);
@@ -447,7 +390,7 @@ PrepareSummary prepare_shards(const PrepareOptions& opt) {
                " documents, ", summary.input_bytes, " bytes, no tokens)");
   val.finish();
   train.finish();
-  stage.commit();
+  commit_output(*stage, out);
   return summary;
 }
 

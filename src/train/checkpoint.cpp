@@ -14,6 +14,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/staged_dir.h"
 #include "io/safetensors.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
@@ -106,22 +107,13 @@ std::vector<SavedShardRecord> gather_shards(Trainer& t, const std::vector<SavedS
   return out;
 }
 
-// Renames the complete tmp dir to dir. A dir of that name already there
+// Publishes the complete tmp dir as dir. A dir of that name already there
 // (an earlier run's, set aside otherwise: checkpoint_dir.h) is replaced:
-// moved to dir.old first, so that a crash in between leaves one of the two.
+// exchanged with tmp (core/staged_dir.h), or, where the file system cannot,
+// moved to dir.old first, so that a crash in between leaves one of the two;
+// the leftover (step_*.tmp, step_*.old) goes at the next run's first save.
 void publish_step_dir(const fs::path& tmp, const fs::path& dir) {
-  fsync_directory(tmp.string());
-  std::error_code ec;
-  const fs::path old = dir.string() + ".old";
-  if (fs::exists(dir)) {
-    fs::remove_all(old, ec);
-    fs::rename(dir, old, ec);
-    LOOM_REQUIRE(!ec, "cannot move the checkpoint '", dir.string(), "' aside: ", ec.message());
-  }
-  fs::rename(tmp, dir, ec);
-  LOOM_REQUIRE(!ec, "cannot rename '", tmp.string(), "' to '", dir.string(), "': ", ec.message());
-  fsync_directory(dir.parent_path().string());
-  fs::remove_all(old, ec);
+  publish_dir(tmp.string(), dir.string(), dir.string() + ".old");
 }
 
 // Every file the manifest lists. Collective over the mesh: each rank checks
