@@ -69,8 +69,6 @@ void check_model(const ServeBenchOptions& o) {
 void check_options(const ServeBenchOptions& o) {
   check_model(o);
   require_one_of(o.mode, {"throughput", "decode-bound", "capacity"}, "--mode");
-  precision_dtype(o.dtype, "bench serve: --dtype");
-  precision_dtype(o.kv_dtype, "bench serve: --kv-dtype");
   auto at_least = [](int64_t v, int64_t min, const char* option) {
     LOOM_REQUIRE(v >= min, "bench serve: ", option, " ", v, " is invalid: allowed values are >= ", min);
   };
@@ -78,16 +76,15 @@ void check_options(const ServeBenchOptions& o) {
   at_least(o.input_len, 1, "--input-len");
   at_least(o.output_len, 1, "--output-len");
   at_least(o.concurrency, 0, "--concurrency");
-  at_least(o.engine.block_size, 1, "--block-size");
-  at_least(o.engine.max_num_seqs, 1, "--max-num-seqs");
-  at_least(o.engine.max_num_batched_tokens, 1, "--max-num-batched-tokens");
-  at_least(o.engine.max_model_len, 0, "--max-model-len");
   LOOM_REQUIRE(o.range_ratio >= 0 && o.range_ratio < 1, "bench serve: --range-ratio ", o.range_ratio,
                " is invalid: allowed 0 <= r < 1");
   LOOM_REQUIRE(o.request_rate > 0, "bench serve: --request-rate ", o.request_rate,
                " is invalid: allowed values are > 0 (requests/s; inf: all at once)");
-  LOOM_REQUIRE(std::isfinite(o.kv_cache_mb) && o.kv_cache_mb >= 0 && o.kv_cache_mb <= 1 << 30,
-               "bench serve: --kv-cache-mb ", o.kv_cache_mb, " is invalid: allowed 0 (the default) to 2^30 MiB");
+  try {
+    o.engine.validate();
+  } catch (const Error& e) {
+    fail("bench serve: ", e.what());
+  }
   check_mode_options(o);
 }
 
@@ -126,12 +123,12 @@ model::ModelConfig model_config(const ServeBenchOptions& o) {
 }
 
 std::string model_name(const ServeBenchOptions& o) { return o.model_dir.empty() ? o.preset : o.model_dir; }
-DType compute_dtype(const ServeBenchOptions& o) { return precision_dtype(o.dtype, "--dtype"); }
-DType kv_dtype(const ServeBenchOptions& o) { return precision_dtype(o.kv_dtype, "--kv-dtype"); }
+DType compute_dtype(const ServeBenchOptions& o) { return o.engine.compute_dtype(); }
+DType kv_dtype(const ServeBenchOptions& o) { return o.engine.cache_dtype(); }
 
 model::ServingWeights load_weights(const ServeBenchOptions& o, const model::ModelConfig& cfg, Pools& pools) {
   if (!o.model_dir.empty())
-    return model::load_serving_weights(model::load_model_dir(o.model_dir), compute_dtype(o), o.dequantize,
+    return model::load_serving_weights(model::load_model_dir(o.model_dir), compute_dtype(o), o.engine.dequantize,
                                        "--dtype", pools[MemTag::params]);
   const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
   OwnedTensor f32 = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
@@ -141,13 +138,7 @@ model::ServingWeights load_weights(const ServeBenchOptions& o, const model::Mode
   return w;
 }
 
-infer::EngineConfig engine_config(const ServeBenchOptions& o) {
-  infer::EngineConfig c = o.engine;
-  c.kv_dtype = kv_dtype(o);
-  // At least one byte when given, so a tiny budget is the engine's error, not its default.
-  c.kv_cache_bytes = o.kv_cache_mb > 0 ? std::max<int64_t>(1, static_cast<int64_t>(o.kv_cache_mb * (1 << 20))) : 0;
-  return c;
-}
+infer::EngineConfig engine_config(const ServeBenchOptions& o) { return o.engine.config(model_config(o)); }
 
 std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
@@ -183,9 +174,9 @@ std::string summary_json(const std::string& name, const Summary& s) {
 }
 
 std::string run_json(const ServeBenchOptions& o) {
-  const infer::EngineConfig& e = o.engine;
+  const infer::EngineArgs& e = o.engine;
   std::string s = concat("\"mode\":\"", o.mode, "\",\"model\":\"", json_escape(model_name(o)), "\",\"dtype\":\"",
-                         o.dtype, "\",\"kv_dtype\":\"", o.kv_dtype, "\",\"block_size\":", e.block_size,
+                         o.engine.dtype, "\",\"kv_dtype\":\"", o.engine.kv_dtype, "\",\"block_size\":", e.block_size,
                          ",\"max_num_seqs\":", e.max_num_seqs, ",\"max_num_batched_tokens\":",
                          e.max_num_batched_tokens, ",\"max_model_len\":", e.max_model_len, ",\"batch_invariant\":",
                          e.batch_invariant ? "true" : "false", ",\"threads\":", o.threads,
@@ -204,7 +195,7 @@ void print_table_header(const ServeBenchOptions& o, const model::ModelConfig& cf
               "blocks of %lld, %s linears, %d threads\nreproduce: %s\n",
               o.mode.c_str(), model_name(o).c_str(), std::string(model::family_name(cfg.family)).c_str(),
               static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_embd),
-              static_cast<long long>(cfg.vocab_size), o.dtype.c_str(), o.kv_dtype.c_str(),
+              static_cast<long long>(cfg.vocab_size), o.engine.dtype.c_str(), o.engine.kv_dtype.c_str(),
               static_cast<long long>(o.engine.block_size), o.engine.batch_invariant ? "batch-invariant" : "oneDNN",
               o.threads, o.command.c_str());
 }

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "infer/engine.h"
+#include "infer/engine_args.h"
 
 namespace loom::bench {
 
@@ -30,14 +31,9 @@ struct ServeBenchOptions {
   // Hugging Face format) when model_dir is set.
   std::string preset = "gpt2-124m";
   std::string model_dir;
-  // Precision names as loom generate and loom bench train take them.
-  std::string dtype = "fp32";     // weights and compute: fp32 | bf16 | fp16
-  std::string kv_dtype = "fp32";  // fp32 | bf16 | fp16
-  bool dequantize = false;        // a quantized GGUF model's weights dequantized at load
-  double kv_cache_mb = 0;        // 0: the engine's default (max_num_seqs sequences of max_model_len)
-  // block_size, max_num_seqs, max_num_batched_tokens, max_model_len (0: the
-  // model's max_seq_len); the KV cache fields are set from the options above.
-  infer::EngineConfig engine;
+  // The engine, as loom generate and loom serve take it (infer/engine_args.h);
+  // max_model_len 0: the model's max_seq_len.
+  infer::EngineArgs engine;
   uint64_t seed = 0;
   // The workload; 0 takes the mode's default (run_serve_bench's comment).
   int64_t num_requests = 0;

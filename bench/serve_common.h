@@ -35,7 +35,7 @@ DType compute_dtype(const ServeBenchOptions& o);
 DType kv_dtype(const ServeBenchOptions& o);
 // (P) packed per param_specs(cfg) in compute_dtype(o): random (init_params
 // with o.seed) for a preset, else read from the model directory or GGUF file
-// (its quantized linears in their blocks unless o.dequantize).
+// (its quantized linears in their blocks unless o.engine.dequantize).
 model::ServingWeights load_weights(const ServeBenchOptions& o, const model::ModelConfig& cfg, Pools& pools);
 // o.engine with the KV cache's dtype and bytes (--kv-cache-mb) filled in.
 infer::EngineConfig engine_config(const ServeBenchOptions& o);

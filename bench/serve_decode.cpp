@@ -168,8 +168,8 @@ void print_result(const ServeBenchOptions& o, const model::ModelConfig& cfg, con
               bandwidth / 1e9, o.threads, kBandwidthPasses);
   std::printf("bytes per token   %10.2f  MB = weights %.2f MB (%s, a step's over %lld) + K/V %.2f MB (mean context "
               "%.1f tokens, %s)\n",
-              b.total() / 1e6, b.weights / 1e6, o.dtype.c_str(), static_cast<long long>(t.sequences), b.kv / 1e6,
-              b.mean_context, o.kv_dtype.c_str());
+              b.total() / 1e6, b.weights / 1e6, o.engine.dtype.c_str(), static_cast<long long>(t.sequences), b.kv / 1e6,
+              b.mean_context, o.engine.kv_dtype.c_str());
   std::printf("bound tokens/s    %10.2f  = bandwidth / bytes per token\nof the bound      %9.1f%%\n", bound,
               100 * ratio);
 }

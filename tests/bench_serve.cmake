@@ -63,3 +63,11 @@ loom_cli_error_test(Cli.BenchServeDecodeBoundOfMoreRequestsThanAStepComputesIsAn
 set_tests_properties(Cli.BenchServeDecodeOfOneTokenIsAnError Cli.BenchServeRequestRateInCapacityModeIsAnError
                      Cli.BenchServeTooLongRequestsAreAnError Cli.BenchServeDecodeBoundWithoutAStepOfAllRequestsIsAnError
                      Cli.BenchServeDecodeBoundOfMoreRequestsThanAStepComputesIsAnError PROPERTIES LABELS cli)
+
+# One set of engine flags (infer::EngineArgs): generate, serve and bench serve
+# list the same options with the same defaults.
+add_test(NAME Cli.EngineFlagsAreTheSameForGenerateServeAndBenchServe
+         COMMAND sh -c "flags() { \"$0\" \"$@\" --help | grep -E '^ +--(dtype|dequantize|kv-dtype|kv-cache-mb|max-model-len|block-size|max-num-seqs|max-num-batched-tokens)( |$)'; }; g=$(flags generate) && s=$(flags serve) && b=$(flags bench serve) && [ \"$g\" = \"$s\" ] && [ \"$g\" = \"$b\" ] && printf '%s\\n' \"$g\" | wc -l"
+                 $<TARGET_FILE:loom>)
+set_tests_properties(Cli.EngineFlagsAreTheSameForGenerateServeAndBenchServe PROPERTIES TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "^8\n$" LABELS cli)

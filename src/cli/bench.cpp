@@ -3,6 +3,7 @@
 #include "bench/serve_bench.h"
 #include "bench/train_bench.h"
 #include "cli/commands.h"
+#include "cli/engine_setup.h"
 #include "core/dtype.h"
 #include "core/threads.h"
 
@@ -161,28 +162,7 @@ void add_serve_model_options(CLI::App& serve, bench::ServeBenchOptions& o) {
       ->capture_default_str();
   serve.add_option("--model", o.model_dir,
                    "a model directory (loom or Hugging Face format) or GGUF file instead of --preset");
-  const std::vector<std::string> precisions(kPrecisionNames.begin(), kPrecisionNames.end());
-  serve.add_option("--dtype", o.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str()->check(
-      CLI::IsMember(precisions));
-  serve.add_option("--kv-dtype", o.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str()->check(
-      CLI::IsMember(precisions));
-  serve.add_flag("--dequantize", o.dequantize,
-                 "a quantized GGUF --model: dequantize its weights to --dtype at load (default: compute from the "
-                 "quantized blocks)");
-  serve.add_option("--block-size", o.engine.block_size, "tokens per KV block")->capture_default_str()->check(
-      CLI::Range(1, 1 << 16));
-  serve.add_option("--kv-cache-mb", o.kv_cache_mb,
-                   "KV cache MiB (default: enough for max-num-seqs sequences of max-model-len)")
-      ->check(CLI::Range(0.0, double(1 << 30)));
-  serve.add_option("--max-num-seqs", o.engine.max_num_seqs, "running requests at most")->capture_default_str()->check(
-      CLI::Range(1, 1 << 20));
-  serve.add_option("--max-num-batched-tokens", o.engine.max_num_batched_tokens,
-                   "tokens computed per engine step (chunked prefill fills what decodes leave)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  serve.add_option("--max-model-len", o.engine.max_model_len,
-                   "tokens per sequence, prompt and output (default: the model's max_seq_len)")
-      ->check(CLI::Range(2, 1 << 24));
+  add_engine_options(serve, o.engine);  // the flags of generate and serve, with their defaults
   serve.add_option("--seed", o.seed, "seeds the weights, the workload and the arrivals")
       ->capture_default_str()
       ->check(CLI::Validator(  // CLI11 would wrap -1 around to 2^64 - 1

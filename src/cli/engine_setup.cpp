@@ -1,6 +1,5 @@
 #include "cli/engine_setup.h"
 
-#include <fstream>
 #include <vector>
 
 #include "core/dtype.h"
@@ -10,19 +9,25 @@
 
 namespace loom::cli {
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
+void add_engine_options(CLI::App& cmd, infer::EngineArgs& e) {
+  cmd.add_option("--dtype", e.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
+  cmd.add_flag("--dequantize", e.dequantize,
+               "a quantized GGUF model: dequantize its weights to --dtype at load (default: compute from the "
+               "quantized blocks, with fp32 activations)");
+  cmd.add_option("--kv-dtype", e.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();
+  cmd.add_option("--kv-cache-mb", e.kv_cache_mb, "KV cache memory per model (default: --max-num-seqs sequences of "
+                                                 "--max-model-len, at most half the available memory)");
+  cmd.add_option("--max-model-len", e.max_model_len, "tokens per sequence, prompt and output (default: the model's "
+                                                     "max_seq_len)");
+  cmd.add_option("--block-size", e.block_size, "tokens per KV cache block")->capture_default_str();
+  cmd.add_option("--max-num-seqs", e.max_num_seqs, "sequences computed together at most")->capture_default_str();
+  cmd.add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
+                 "tokens per engine step at most (longer prompts are computed in chunks beside the decodes)")
+      ->capture_default_str();
 }
 
-model::ServingWeights load_weights(const model::ModelDir& dir, const std::string& dtype, const std::string& what,
-                                   bool dequantize, Pools& pools) {
-  return model::load_serving_weights(dir, precision_dtype(dtype, what), dequantize, what, pools[MemTag::params]);
+model::ServingWeights load_weights(const model::ModelDir& dir, const infer::EngineArgs& e, Pools& pools) {
+  return model::load_serving_weights(dir, e.compute_dtype(), e.dequantize, "--dtype", pools[MemTag::params]);
 }
 
 std::string weights_description(const model::ServingWeights& w, const std::string& dtype) {

@@ -37,10 +37,7 @@ struct GenerateArgs {
   infer::GenerationParams gen{.stop = {.max_tokens = 64}};
   int64_t logprobs = -1;  // -1: none; 0: the chosen token's; N: and the N most likely
   bool json = false;
-  std::string dtype = "fp32", kv_dtype = "fp32";
-  bool dequantize = false;  // a GGUF file's quantized weights dequantized at load
-  double kv_cache_mb = 0;  // 0: what the requests need, at most half the available memory
-  int64_t block_size = 16, max_num_seqs = 256, max_num_batched_tokens = 256;
+  infer::EngineArgs engine;
 };
 
 // One generated sequence: prompt `prompt`, sample `index` of it.
@@ -69,32 +66,20 @@ std::vector<std::vector<int32_t>> encode_prompts(const GenerateArgs& args, const
   return out;
 }
 
-// The engine's sizes for these requests: sequences as long as the longest
-// prompt plus max_tokens (not the model's whole context: a long-context model
-// gets a cache for the request), a KV cache for all of them at once unless
-// --kv-cache-mb says otherwise (then they take turns), at most half the
-// available memory by default.
+// The engine for these requests: sequences as long as the longest prompt
+// plus max_tokens unless --max-model-len says otherwise (a long-context model
+// gets a cache for the request, not for its whole context), and as many of
+// them at once as there are (at most --max-num-seqs; the KV cache's default
+// holds them all, within half the available memory: then they take turns).
 infer::EngineConfig engine_config(const GenerateArgs& args, const model::ModelConfig& cfg,
                                   const std::vector<std::vector<int32_t>>& prompts) {
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
-  infer::EngineConfig c;
-  c.block_size = args.block_size;
-  c.kv_dtype = precision_dtype(args.kv_dtype, "--kv-dtype");
-  c.max_model_len = std::min(cfg.max_seq_len, longest + std::min(args.gen.stop.max_tokens, cfg.max_seq_len));
+  infer::EngineArgs e = args.engine;
+  if (e.max_model_len == 0) e.max_model_len = longest + std::min(args.gen.stop.max_tokens, cfg.max_seq_len);
   const int64_t sequences = static_cast<int64_t>(prompts.size()) * args.gen.n;
-  c.max_num_seqs = std::clamp<int64_t>(sequences, 1, args.max_num_seqs);
-  c.max_num_batched_tokens = args.max_num_batched_tokens;
-  const int64_t block_bytes = model::kv_block_bytes(cfg, c.block_size, c.kv_dtype);
-  const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
-  if (args.kv_cache_mb > 0) {
-    c.kv_cache_bytes = static_cast<int64_t>(args.kv_cache_mb * (1 << 20));
-  } else {
-    const int64_t want = 1 + std::min(sequences, c.max_num_seqs) * per_seq;
-    const int64_t share = available_memory_bytes() / 2 / block_bytes;  // 0 where unknown
-    c.num_blocks = share > 1 + per_seq ? std::min(want, share) : want;
-  }
-  return c;
+  e.max_num_seqs = std::clamp<int64_t>(sequences, 1, e.max_num_seqs);
+  return e.config(cfg);
 }
 
 void print_kv_report(const infer::Engine& engine, const model::ModelConfig& cfg, const GenerateArgs& args,
@@ -106,7 +91,7 @@ void print_kv_report(const infer::Engine& engine, const model::ModelConfig& cfg,
                "tokens; weights %s (%lld layers)\n",
                static_cast<long long>(usable), static_cast<long long>(c.block_size),
                static_cast<long long>(usable * c.block_size), engine.runner().kv_cache_bytes() / double(1 << 20),
-               args.kv_dtype.c_str(), static_cast<long long>(c.max_model_len), weights.c_str(),
+               args.engine.kv_dtype.c_str(), static_cast<long long>(c.max_model_len), weights.c_str(),
                static_cast<long long>(cfg.n_layer));
 }
 
@@ -188,14 +173,9 @@ void check_args(const GenerateArgs& args) {
   LOOM_REQUIRE(stop.min_tokens >= 0 && stop.min_tokens <= stop.max_tokens, "--min-tokens = ", stop.min_tokens,
                " is invalid: allowed 0 to --max-tokens (", stop.max_tokens, ")");
   LOOM_REQUIRE(args.gen.n >= 1, "-n = ", args.gen.n, " is invalid: allowed values are >= 1");
-  LOOM_REQUIRE(args.block_size >= 1 && args.max_num_seqs >= 1 && args.max_num_batched_tokens >= 1,
-               "--block-size, --max-num-seqs and --max-num-batched-tokens must be >= 1 (given ", args.block_size,
-               ", ", args.max_num_seqs, ", ", args.max_num_batched_tokens, ")");
-  LOOM_REQUIRE(args.kv_cache_mb >= 0, "--kv-cache-mb = ", args.kv_cache_mb, " is invalid: allowed values are > 0");
+  args.engine.validate();
   args.gen.validate();
   LOOM_REQUIRE(args.logprobs <= 20, "--logprobs = ", args.logprobs, " is invalid: allowed 0 to 20");
-  precision_dtype(args.dtype, "--dtype");
-  precision_dtype(args.kv_dtype, "--kv-dtype");
   (void)infer::StopStrings(args.stops);  // empty stop strings are an error
 }
 
@@ -210,10 +190,10 @@ void run_generate(const GenerateArgs& args) {
                tokenizer_from, ")");
   const std::vector<std::vector<int32_t>> prompts = encode_prompts(args, tok, dir.config.max_seq_len);
   Pools pools;
-  const model::ServingWeights weights = load_weights(dir, args.dtype, "--dtype", args.dequantize, pools);
+  const model::ServingWeights weights = load_weights(dir, args.engine, pools);
   infer::Engine engine(dir.config, weights.params, pools, engine_config(args, dir.config, prompts),
                        weights.quant_or_null());
-  print_kv_report(engine, dir.config, args, weights_description(weights, args.dtype));
+  print_kv_report(engine, dir.config, args, weights_description(weights, args.engine.dtype));
 
   infer::GenerationParams gen = args.gen;
   gen.stop.eos_token_ids = {tok.eos_id()};
@@ -292,18 +272,7 @@ void add_generate_command(CLI::App& app) {
                                                 "20");
   cmd->add_flag("--json", args->json, "print JSON Lines: one object per sample with text, tokens, finish_reason, "
                                       "counts (and logprobs)");
-  cmd->add_option("--dtype", args->dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
-  cmd->add_flag("--dequantize", args->dequantize,
-                "a quantized GGUF model: dequantize its weights to --dtype at load (default: compute from the "
-                "quantized blocks, with fp32 activations)");
-  cmd->add_option("--kv-dtype", args->kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();
-  cmd->add_option("--kv-cache-mb", args->kv_cache_mb, "KV cache memory (default: what the requests need, at most "
-                                                      "half the available memory)");
-  cmd->add_option("--block-size", args->block_size, "tokens per KV cache block")->capture_default_str();
-  cmd->add_option("--max-num-seqs", args->max_num_seqs, "sequences computed together at most")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", args->max_num_batched_tokens, "tokens per step at most (longer "
-                                                                            "prompts are computed in chunks)")
-      ->capture_default_str();
+  add_engine_options(*cmd, args->engine);
   cmd->add_option("--tokenizer", args->tokenizer, kTokenizerHelp)
       ->capture_default_str();
   cmd->callback([args] { run_generate(*args); });

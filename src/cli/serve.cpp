@@ -19,6 +19,7 @@
 
 #include "cli/model_tokenizer.h"
 #include "cli/commands.h"
+#include "cli/engine_setup.h"
 #include "cli/serve_models.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -40,19 +41,15 @@ struct ServeArgs {
   std::string model_dir, name, tokenizer, chat_template, models_dir;  // tokenizer: model_tokenizer()'s --tokenizer
   serve::HttpOptions http{};
   serve::ApiOptions api{};
-  EngineArgs engine{};
+  ServedModelArgs served{};
   double max_body_mb = 8, timeout_s = 30, drain_s = 30, memory_budget_mb = 0, keep_alive_s = 300;
   int64_t max_loaded = 4;
   int threads = 1;  // the engine's compute threads; add_serve_command sets main()'s default
 };
 
 void check_args(const ServeArgs& a) {
-  const EngineArgs& e = a.engine;
-  LOOM_REQUIRE(e.block_size >= 1 && e.max_num_seqs >= 1 && e.max_num_batched_tokens >= 1,
-               "--block-size, --max-num-seqs and --max-num-batched-tokens must be >= 1 (given ", e.block_size, ", ",
-               e.max_num_seqs, ", ", e.max_num_batched_tokens, ")");
-  LOOM_REQUIRE(e.max_model_len >= 0, "--max-model-len = ", e.max_model_len, " is invalid: allowed >= 1 (0: the model's)");
-  LOOM_REQUIRE(e.kv_cache_mb >= 0, "--kv-cache-mb = ", e.kv_cache_mb, " is invalid: allowed > 0");
+  const ServedModelArgs& e = a.served;
+  e.engine.validate();
   LOOM_REQUIRE(e.max_queue >= 1 && e.max_n >= 1 && e.max_prompts >= 1, "--max-queue, --max-n and --max-prompts must be "
                ">= 1 (given ", e.max_queue, ", ", e.max_n, ", ", e.max_prompts, ")");
   LOOM_REQUIRE(a.max_body_mb > 0 && a.timeout_s > 0 && a.drain_s >= 0 && a.memory_budget_mb >= 0,
@@ -62,8 +59,6 @@ void check_args(const ServeArgs& a) {
                " is invalid: allowed 1 to 64");
   LOOM_REQUIRE(a.http.max_connections >= 1 && a.max_loaded >= 1, "--max-connections and --max-loaded must be >= 1");
   LOOM_REQUIRE(a.threads >= 1, "--threads = ", a.threads, " is invalid: allowed >= 1");
-  precision_dtype(e.dtype, "--dtype");
-  precision_dtype(e.kv_dtype, "--kv-dtype");
 }
 
 // Serving on its threads until stopped; stopped and joined when it goes out
@@ -89,7 +84,7 @@ std::unique_ptr<serve::ModelManager> directory_models(const ServeArgs& a, const 
   ModelExtras extras;
   extras.chat = a.chat_template.empty() ? serve::ChatTemplate::for_model_dir(a.model_dir)
                                         : serve::ChatTemplate::from_file(a.chat_template, a.model_dir);
-  auto model = load_served_model(a.name, dir, std::move(extras), tok, a.engine);
+  auto model = load_served_model(a.name, dir, std::move(extras), tok, a.served);
   auto manager = std::make_unique<serve::ModelManager>(
       [](const std::string& n) -> std::shared_ptr<serve::LoadedModel> { throw not_found(n); },
       [name = a.name](const std::string& n) {
@@ -144,7 +139,7 @@ void run_serve(ServeArgs a) {
   options.memory_budget_bytes = static_cast<int64_t>(a.memory_budget_mb * (1 << 20));
   options.keep_alive = std::chrono::seconds(static_cast<int64_t>(a.keep_alive_s));
   options.max_loaded = a.max_loaded;
-  models = from_store ? store_model_manager(*store, tok, a.engine, options) : directory_models(a, tok);
+  models = from_store ? store_model_manager(*store, tok, a.served, options) : directory_models(a, tok);
   ollama = std::make_unique<serve::OllamaApi>(api, *models, store.get(), fs::current_path().string());
   api.ready(*models, catalog_of(a, store.get()), [&ollama](const serve::HttpRequest& r) { return ollama->handle(r); });
   if (from_store)
@@ -164,27 +159,16 @@ void run_serve(ServeArgs a) {
            "--drain-seconds", "; stopped");
 }
 
-// The options of each served model's engine (EngineArgs).
-void add_engine_options(CLI::App& cmd_ref, EngineArgs& e) {
-  CLI::App* cmd = &cmd_ref;
-  cmd->add_option("--dtype", e.dtype, "weights and compute: fp32 | bf16 | fp16")->capture_default_str();
-  cmd->add_flag("--dequantize", e.dequantize,
-                "a quantized GGUF model: dequantize its weights to --dtype at load (default: compute from the "
-                "quantized blocks, with fp32 activations)");
-  cmd->add_option("--kv-dtype", e.kv_dtype, "KV cache: fp32 | bf16 | fp16")->capture_default_str();
-  cmd->add_option("--kv-cache-mb", e.kv_cache_mb, "KV cache memory per model (default: --max-num-seqs sequences of "
-                                                  "the whole context, at most half the available memory)");
-  cmd->add_option("--max-model-len", e.max_model_len, "context: prompt + completion tokens (default: the model's)");
-  cmd->add_option("--block-size", e.block_size, "tokens per KV cache block")->capture_default_str();
-  cmd->add_option("--max-num-seqs", e.max_num_seqs, "sequences computed together at most")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", e.max_num_batched_tokens, "tokens per step at most")
+// The flags of each served model: its engine's (engine_setup.h), and the
+// limits of its requests.
+void add_served_model_options(CLI::App& cmd, ServedModelArgs& e) {
+  add_engine_options(cmd, e.engine);
+  cmd.add_option("--max-queue", e.max_queue, "requests waiting beyond those running; more get 429")
       ->capture_default_str();
-  cmd->add_option("--max-queue", e.max_queue, "requests waiting beyond those running; more get 429")
-      ->capture_default_str();
-  cmd->add_option("--max-n", e.max_n, "largest n a request may ask")->capture_default_str();
-  cmd->add_option("--max-prompts", e.max_prompts, "prompts one request may hold")->capture_default_str();
-  cmd->add_option("--pooling", e.pooling, "embeddings (/v1/embeddings, /api/embed): the final hidden states of "
-                                         "every input token averaged (mean) or the last token's (last)")
+  cmd.add_option("--max-n", e.max_n, "largest n a request may ask")->capture_default_str();
+  cmd.add_option("--max-prompts", e.max_prompts, "prompts one request may hold")->capture_default_str();
+  cmd.add_option("--pooling", e.pooling, "embeddings (/v1/embeddings, /api/embed): the final hidden states of "
+                                        "every input token averaged (mean) or the last token's (last)")
       ->check(CLI::IsMember({"mean", "last"}))
       ->capture_default_str();
 }
@@ -210,7 +194,7 @@ void add_serve_command(CLI::App& app, int default_threads) {
                                                        "User:/Assistant: template)");
   cmd->add_option("--tokenizer", a->tokenizer, kTokenizerHelp)
       ->capture_default_str();
-  add_engine_options(*cmd, a->engine);
+  add_served_model_options(*cmd, a->served);
   cmd->add_option("--keep-alive", a->keep_alive_s, "seconds a store model stays loaded after its last request")
       ->capture_default_str();
   cmd->add_option("--memory-budget-mb", a->memory_budget_mb, "store models loaded at once within this memory (0: no "

@@ -25,41 +25,22 @@ struct Owned {
   std::unique_ptr<infer::Engine> engine;
 };
 
-infer::EngineConfig engine_config(const EngineArgs& a, const model::ModelConfig& cfg, int64_t context) {
-  infer::EngineConfig c;
-  c.block_size = a.block_size;
-  c.kv_dtype = precision_dtype(a.kv_dtype, "--kv-dtype");
-  c.max_model_len = context > 0 ? std::min(context, cfg.max_seq_len) : cfg.max_seq_len;
-  c.max_num_seqs = a.max_num_seqs;
-  c.max_num_batched_tokens = a.max_num_batched_tokens;
-  if (a.kv_cache_mb > 0) {
-    c.kv_cache_bytes = static_cast<int64_t>(a.kv_cache_mb * (1 << 20));
-    return c;
-  }
-  const int64_t block_bytes = model::kv_block_bytes(cfg, c.block_size, c.kv_dtype);
-  const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
-  const int64_t want = 1 + c.max_num_seqs * per_seq;
-  const int64_t share = available_memory_bytes() / 2 / block_bytes;  // 0 where unknown
-  c.num_blocks = share > 1 + per_seq ? std::min(want, share) : want;
-  return c;
-}
-
 }  // namespace
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
                                                       ModelExtras extras, const text::Tokenizer& server_tok,
-                                                      const EngineArgs& a) {
+                                                      const ServedModelArgs& a) {
   const text::Tokenizer& tok = extras.tokenizer ? *extras.tokenizer : server_tok;
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), "model ", name, ": vocab_size ", dir.config.vocab_size,
                " is smaller than the tokenizer's ", tok.vocab_size(), " tokens");
-  const int64_t context = extras.parameters.contains("num_ctx") ? extras.parameters["num_ctx"].get<int64_t>()
-                                                                  : a.max_model_len;
+  infer::EngineArgs e = a.engine;  // a Modelfile's PARAMETER num_ctx is the model's context
+  if (extras.parameters.contains("num_ctx")) e.max_model_len = extras.parameters["num_ctx"].get<int64_t>();
   auto owned = std::make_shared<Owned>();
   owned->tokenizer = extras.tokenizer;
-  owned->weights = load_weights(dir, a.dtype, "--dtype", a.dequantize, owned->pools);
-  if (owned->weights.quant) log_info("serve: model ", name, ": ", weights_description(owned->weights, a.dtype));
+  owned->weights = load_weights(dir, e, owned->pools);
+  if (owned->weights.quant) log_info("serve: model ", name, ": ", weights_description(owned->weights, e.dtype));
   owned->engine = std::make_unique<infer::Engine>(dir.config, owned->weights.params, owned->pools,
-                                                  engine_config(a, dir.config, context),
+                                                  e.config(dir.config),
                                                   owned->weights.quant_or_null());
   const infer::EngineConfig& c = owned->engine->config();
   auto m = std::make_shared<serve::LoadedModel>();
@@ -102,13 +83,13 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
 }
 
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
-                                                         const text::Tokenizer& tok, const EngineArgs& engine,
+                                                         const text::Tokenizer& tok, const ServedModelArgs& served,
                                                          serve::ManagerOptions options) {
-  return store_model_manager(store, [&tok]() -> const text::Tokenizer& { return tok; }, engine, options);
+  return store_model_manager(store, [&tok]() -> const text::Tokenizer& { return tok; }, served, options);
 }
 
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store, TokenizerSource tok,
-                                                         const EngineArgs& engine, serve::ManagerOptions options) {
+                                                         const ServedModelArgs& served, serve::ManagerOptions options) {
   options.current_digest = [&store](const std::string& n) -> std::optional<std::string> {
     try {
       const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));
@@ -118,7 +99,7 @@ std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore
     }
   };
   return std::make_unique<serve::ModelManager>(
-      [&store, tok, engine](const std::string& n) {
+      [&store, tok, served](const std::string& n) {
         const std::optional<serve::StoredModel> m = store.get(serve::ModelName::parse(n));
         if (!m) throw serve::ApiError(404, "NotFoundError", "model", "model '" + n + "' not found");
         serve::ResolvedModel r = serve::resolve_model(store, *m);
@@ -129,7 +110,7 @@ std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore
         else if (r.dir.gguf && io::GgufFile::open(r.dir.weights).has("tokenizer.ggml.model"))
           extras.tokenizer = model_tokenizer(r.dir, "");  // the file's own, else the server's
         log_info("serve: loading model ", n);
-        return load_served_model(n, r.dir, std::move(extras), extras.tokenizer ? *extras.tokenizer : tok(), engine);
+        return load_served_model(n, r.dir, std::move(extras), extras.tokenizer ? *extras.tokenizer : tok(), served);
       },
       [](const std::string& n) {
         try {

@@ -12,6 +12,7 @@
 
 #include "model/config_json.h"
 #include "serve/api.h"
+#include "infer/engine_args.h"
 #include "serve/chat_template.h"
 #include "serve/model_manager.h"
 #include "serve/model_store.h"
@@ -19,11 +20,9 @@
 
 namespace loom::cli {
 
-struct EngineArgs {
-  std::string dtype = "fp32", kv_dtype = "fp32";
-  bool dequantize = false;  // a GGUF file's quantized weights dequantized at load
-  double kv_cache_mb = 0;  // 0: max_num_seqs full-length sequences, at most half the available memory
-  int64_t max_model_len = 0, block_size = 16, max_num_seqs = 64, max_num_batched_tokens = 512;
+// What each served model runs with: its engine, and the limits of its requests.
+struct ServedModelArgs {
+  infer::EngineArgs engine;
   int64_t max_queue = 256, max_n = 16, max_prompts = 64;
   std::string pooling = "mean";  // embeddings: mean | last (checked by CLI11)
 };
@@ -46,15 +45,15 @@ struct ModelExtras {
 // loads on the first such model only (loom run from any directory, with
 // models that carry their own only, needs no GPT-2 files).
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
-                                                         const text::Tokenizer& tok, const EngineArgs& engine,
+                                                         const text::Tokenizer& tok, const ServedModelArgs& served,
                                                          serve::ManagerOptions options);
 using TokenizerSource = std::function<const text::Tokenizer&()>;
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store, TokenizerSource tok,
-                                                         const EngineArgs& engine, serve::ManagerOptions options);
+                                                         const ServedModelArgs& served, serve::ManagerOptions options);
 serve::Catalog store_catalog(const serve::ModelStore& store);
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
                                                       ModelExtras extras, const text::Tokenizer& tok,
-                                                      const EngineArgs& a);
+                                                      const ServedModelArgs& a);
 
 }  // namespace loom::cli

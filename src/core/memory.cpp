@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iomanip>
 #include <new>
 #include <sstream>
@@ -222,6 +223,15 @@ OwnedTensor Pool::zeros(DType dtype, Shape shape) {
 
 Pools::Pools(Device device) {
   for (int i = 0; i < kNumMemTags; ++i) pools_[i] = std::make_unique<Pool>(static_cast<MemTag>(i), device, tracker_);
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 }  // namespace loom

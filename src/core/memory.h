@@ -75,6 +75,10 @@ struct TagUsage {
   size_t peak = 0;
 };
 
+// MemAvailable of /proc/meminfo in bytes: what the machine has left; 0
+// where it cannot be read.
+int64_t available_memory_bytes();
+
 // A snapshot of bytes per tag: printable as a table and as JSON.
 struct MemoryReport {
   std::array<TagUsage, kNumMemTags> tags{};

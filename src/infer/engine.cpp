@@ -24,7 +24,7 @@ int64_t model_len(const EngineConfig& c, const model::ModelConfig& cfg) {
   return c.max_model_len > 0 ? c.max_model_len : cfg.max_seq_len;
 }
 
-EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {
+EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {  // resolve_engine_config
   c.max_model_len = model_len(c, cfg);
   LOOM_REQUIRE(c.block_size >= 1, "KV block size ", c.block_size, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(c.max_num_seqs >= 1, "max_num_seqs ", c.max_num_seqs, " is invalid: allowed values are >= 1");
@@ -117,6 +117,8 @@ uint64_t sequence_seed(uint64_t seed, int64_t index) {
 
 }  // namespace
 
+EngineConfig resolve_engine_config(EngineConfig c, const model::ModelConfig& cfg) { return resolved(c, cfg); }
+
 const char* pooling_name(Pooling p) {
   switch (p) {
     case Pooling::none: return "none";
@@ -162,9 +164,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, 
 
 RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
   params.validate();
-  for (size_t i = 0; i < prompt.size(); ++i)
-    LOOM_REQUIRE(prompt[i] >= 0 && prompt[i] < cfg_.vocab_size, "prompt token ", i, " is ", prompt[i],
-                 ": allowed ids are 0 to ", cfg_.vocab_size - 1);
+  check_prompt(prompt, cfg_.vocab_size, config_.max_model_len);
   LOOM_REQUIRE(params.grammar == nullptr || params.grammar->vocab->size() == cfg_.vocab_size,
                "the grammar's vocabulary has ", params.grammar ? params.grammar->vocab->size() : 0,
                " tokens, the model's ", cfg_.vocab_size);

@@ -61,6 +61,10 @@ struct EngineConfig {
 enum class Pooling : uint8_t { none, mean, last };
 const char* pooling_name(Pooling p);
 
+// The config an engine runs with: max_model_len and the KV cache's blocks
+// resolved by the rules above; loom::Error naming what is invalid.
+EngineConfig resolve_engine_config(EngineConfig c, const model::ModelConfig& cfg);
+
 struct GenerationParams {
   SamplerConfig sampler{};
   StopParams stop{};

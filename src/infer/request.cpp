@@ -36,4 +36,15 @@ FinishReason check_stop(const Request& r, int64_t max_model_len) {
   return FinishReason::none;
 }
 
+void check_prompt(std::span<const int32_t> prompt, int64_t vocab_size, int64_t max_model_len) {
+  LOOM_REQUIRE(!prompt.empty(), "the prompt is empty: it needs at least one token");
+  if (vocab_size > 0)
+    for (size_t i = 0; i < prompt.size(); ++i)
+      LOOM_REQUIRE(prompt[i] >= 0 && prompt[i] < vocab_size, "prompt token ", i, " is ", prompt[i],
+                   ": allowed ids are 0 to ", vocab_size - 1);
+  LOOM_REQUIRE(static_cast<int64_t>(prompt.size()) < max_model_len, "the prompt has ", prompt.size(),
+               " tokens, which leaves no room for a new token: the context (max_model_len) is ", max_model_len,
+               " tokens");
+}
+
 }  // namespace loom::infer

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "infer/kv_cache_manager.h"
@@ -55,5 +56,11 @@ struct Request {
 // with length. When the last allowed token is also a stop token, the reason
 // is stop: the model did stop there.
 FinishReason check_stop(const Request& r, int64_t max_model_len);
+
+// A prompt the engine can run, the one check every layer uses (the engine,
+// its scheduler, the server's loop before queueing): at least one token,
+// every id below vocab_size (0: not checked), and shorter than max_model_len
+// (a new token needs a position). loom::Error saying which rule and the numbers.
+void check_prompt(std::span<const int32_t> prompt, int64_t vocab_size, int64_t max_model_len);
 
 }  // namespace loom::infer

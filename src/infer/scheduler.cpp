@@ -30,10 +30,12 @@ Scheduler::Scheduler(const SchedulerConfig& cfg, KvCacheManager& kv) : cfg_(cfg)
 void Scheduler::add_request(RequestId id, std::vector<int32_t> prompt, const StopParams& stop,
                             std::vector<uint64_t> extra_keys, bool reuse_prefix) {
   LOOM_REQUIRE(!requests_.contains(id) && !kv_.has_request(id), "request id ", id, " is already in use");
-  LOOM_REQUIRE(!prompt.empty(), "request ", id, ": the prompt is empty: it needs at least one token");
+  try {
+    check_prompt(prompt, 0, cfg_.max_model_len);
+  } catch (const Error& e) {
+    fail("request ", id, ": ", e.what());
+  }
   const auto n = static_cast<int64_t>(prompt.size());
-  LOOM_REQUIRE(n < cfg_.max_model_len, "request ", id, ": the prompt has ", n,
-               " tokens, which leaves no room for a new token within max_model_len ", cfg_.max_model_len);
   stop.validate();
   Request r;
   r.id = id;

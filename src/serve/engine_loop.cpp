@@ -118,13 +118,7 @@ EngineLoop::~EngineLoop() {
 
 void EngineLoop::check(const SubmitParams& p) const {
   p.gen.validate();
-  LOOM_REQUIRE(!p.prompt.empty(), "the prompt is empty: it needs at least one token");
-  for (size_t i = 0; i < p.prompt.size(); ++i)
-    LOOM_REQUIRE(p.prompt[i] >= 0 && p.prompt[i] < vocab_size_, "prompt token ", i, " is ", p.prompt[i],
-                 ": allowed ids are 0 to ", vocab_size_ - 1);
-  LOOM_REQUIRE(static_cast<int64_t>(p.prompt.size()) < max_model_len_, "the prompt has ", p.prompt.size(),
-               " tokens: this model's context is ", max_model_len_,
-               " tokens, and the prompt must leave room for one more");
+  infer::check_prompt(p.prompt, vocab_size_, max_model_len_);
   LOOM_REQUIRE(p.stop_strings.empty() || tok_ != nullptr, "stop strings need a tokenizer, and this model has none");
   (void)infer::StopStrings(p.stop_strings);  // an empty stop string is an error
 }

@@ -179,7 +179,7 @@ TEST(Scheduler, ARequestThatCanNeverFitIsAClearErrorNotALivelock) {
                {"holds 16 tokens", "4 blocks of 4", "max_model_len 32"});
   Scheduler s(config(64, 16), kv);
   expect_error([&] { s.add_request(1, count_up(16, 0), max_new(1)); },
-               {"request 1", "16 tokens", "max_model_len 16"});
+               {"request 1", "16 tokens", "(max_model_len) is 16 tokens"});
   expect_error([&] { s.add_request(1, {}, max_new(1)); }, {"request 1", "prompt is empty"});
   s.add_request(1, count_up(3, 0), max_new(1));
   expect_error([&] { s.add_request(1, count_up(3, 0), max_new(1)); }, {"request id 1 is already in use"});

@@ -250,7 +250,7 @@ TEST(EngineLoop, BadRequestsAreErrorsAndQueueNothing) {
   hot.sampler.temperature = -1.f;
   expect_error([&] { loop.submit({{}, ok, {}}); }, {"prompt is empty"});
   expect_error([&] { loop.submit({{1, 50257}, ok, {}}); }, {"prompt token 1 is 50257", "0 to 50256"});
-  expect_error([&] { loop.submit({prompt(96, 1), ok, {}}); }, {"96 tokens", "context is 96"});
+  expect_error([&] { loop.submit({prompt(96, 1), ok, {}}); }, {"96 tokens", "(max_model_len) is 96 tokens"});
   expect_error([&] { loop.submit({prompt(4, 1), hot, {}}); }, {"temperature"});
   expect_error([&] { loop.submit({prompt(4, 1), ok, {"x"}}); }, {"need a tokenizer"});
   EXPECT_EQ(loop.stats().in_flight, 0);
