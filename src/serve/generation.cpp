@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
 #include "core/error.h"
 
 namespace loom::serve {
@@ -58,7 +61,17 @@ bool GenerationSource::fail(const ApiError& e, std::string& out) {
   return true;
 }
 
-// Parses the request against the model that arrived and queues its prompts.
+// The preparation pool: parsing a request against its model (rendering a
+// chat template, tokenizing prompts) takes time that grows with the prompt,
+// so it runs here and not on an HTTP thread, whose other streams it would
+// hold up. Two threads: the engine loops need the cores.
+boost::asio::thread_pool& preparation_pool() {
+  static boost::asio::thread_pool pool(2);
+  return pool;
+}
+
+// The model arrived: the request is parsed on the preparation pool (or, for
+// one that only loads the model, answered at once).
 bool GenerationSource::submit(std::string& out) {
   submitted_ = true;
   std::shared_ptr<LoadedModel> m;
@@ -73,11 +86,45 @@ bool GenerationSource::submit(std::string& out) {
     times_.end = Clock::now();
     return true;
   }
+  preparing_ = true;
+  boost::asio::post(preparation_pool(), [self = shared_from_this(), m] { self->prepare(m); });
+  return false;
+}
+
+void GenerationSource::prepare(std::shared_ptr<LoadedModel> m) {
+  {
+    std::lock_guard lk(format_mu_);
+    try {
+      request_ = format_->parse(*m, seed_);
+    } catch (const ApiError& e) {
+      prepare_error_ = e;
+    } catch (const loom::Error& e) {  // what the model refuses (a template's raise_exception, ...)
+      prepare_error_ = bad_request("", e.what());
+    } catch (const std::exception& e) {
+      prepare_error_ = ApiError(500, "InternalServerError", "", std::string("internal error: ") + e.what());
+    }
+  }
+  prepared_ = true;
+  std::function<void()> wake;
+  {
+    std::lock_guard lk(mu_);
+    wake = wake_;
+  }
+  if (wake) wake();
+}
+
+// The parse ended: its error, or the prompts queued and the body begun.
+bool GenerationSource::begin_prepared(std::string& out) {
+  preparing_ = false;
+  if (prepare_error_) return fail(*prepare_error_, out);
+  {
+    std::lock_guard lk(mu_);
+    if (cancelled_) return true;  // the client left while its request was prepared: queue nothing
+    running_on_ = model_;
+  }
   try {
-    request_ = format_->parse(*m, seed_);
-    running_on_ = m;
     queue_more(true);
-    format_->begin(request_, *m, out);
+    format_->begin(request_, *running_on_, out);
     begun_ = true;
   } catch (const ApiError& e) {
     for (auto& s : streams_) s->cancel();
@@ -125,6 +172,10 @@ bool GenerationSource::pull(std::string& out) {
     }
     if (submit(out)) return true;
   }
+  if (preparing_) {
+    if (!prepared_) return false;  // still on the preparation pool; its end wakes us
+    if (begin_prepared(out)) return true;
+  }
   try {  // a format may refuse what came (an embedding cut by the drain)
     for (size_t p = 0; p < streams_.size(); ++p) {
       std::vector<Delta> deltas = streams_[p]->next(std::chrono::milliseconds(0));
@@ -170,7 +221,15 @@ void GenerationSource::cancel() {
 
 int GenerationSource::status() const { return status_; }
 
-nlohmann::json GenerationSource::usage() const { return format_->usage(); }
+nlohmann::json GenerationSource::usage() const {
+  std::lock_guard lk(format_mu_);
+  return format_->usage();
+}
+
+std::string GenerationSource::id() const {
+  std::lock_guard lk(format_mu_);
+  return format_->id();
+}
 
 GenerationTimes GenerationSource::times() const { return times_; }
 

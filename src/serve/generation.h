@@ -1,12 +1,14 @@
 // One generation request of the HTTP API, from the model it names to the
 // last byte of its response, never blocking an HTTP thread: the model is
 // acquired from the ModelManager (loaded on its thread if need be), the
-// request is then parsed against that model and its prompts submitted to the
-// model's EngineLoop, and the loop's deltas are turned into the response as
-// they come. What the body looks like is the API's: a GenerationFormat
+// request is then parsed against that model (the chat template rendered, the
+// prompts tokenized: work that grows with the prompt) on a thread of the
+// preparation pool, its prompts submitted to the model's EngineLoop, and the
+// loop's deltas are turned into the response as they come. What the body looks like is the API's: a GenerationFormat
 // (OpenAI's SSE or JSON; ollama's NDJSON or JSON).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -70,10 +72,12 @@ class GenerationSource : public BodySource, public std::enable_shared_from_this<
   nlohmann::json usage() const;
   GenerationTimes times() const;
   std::string model_name() const;
-  std::string id() const { return format_->id(); }
+  std::string id() const;
 
  private:
   bool submit(std::string& out);
+  void prepare(std::shared_ptr<LoadedModel> m);
+  bool begin_prepared(std::string& out);
   void queue_more(bool first);
   bool fail(const ApiError& e, std::string& out);
   void arrived(std::shared_ptr<LoadedModel> m, std::optional<ApiError> error);
@@ -89,6 +93,11 @@ class GenerationSource : public BodySource, public std::enable_shared_from_this<
   std::shared_ptr<LoadedModel> model_;
   std::optional<ApiError> load_error_;
   bool cancelled_ = false;
+  // The parse on the preparation pool: format_ is its alone while preparing_
+  // (usage() and id() wait on format_mu_); prepared_ says it ended.
+  mutable std::mutex format_mu_;
+  std::atomic<bool> preparing_{false}, prepared_{false};
+  std::optional<ApiError> prepare_error_;
 
   // The connection's thread's own.
   std::shared_ptr<LoadedModel> running_on_;  // the model the prompts were queued on
