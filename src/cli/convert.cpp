@@ -21,7 +21,7 @@
 #include "io/gguf.h"
 #include "model/config_json.h"
 #include "model/gguf_model.h"
-#include "serve/chat_template.h"
+#include "serve/store/chat_template.h"
 #include "text/tokenizer_files.h"
 
 namespace loom::cli {

@@ -16,9 +16,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/params.h"
-#include "serve/model_store.h"
-#include "serve/modelfile.h"
-#include "serve/store_models.h"
+#include "serve/store/model_store.h"
+#include "serve/store/modelfile.h"
+#include "serve/store/store_models.h"
 
 namespace loom::cli {
 namespace {

@@ -29,10 +29,10 @@
 #include "core/log.h"
 #include "core/threads.h"
 #include "serve/api.h"
-#include "serve/http_client.h"
-#include "serve/model_store.h"
-#include "serve/modelfile.h"
-#include "serve/ollama_api.h"
+#include "serve/http/http_client.h"
+#include "serve/store/model_store.h"
+#include "serve/store/modelfile.h"
+#include "serve/ollama/ollama_api.h"
 #include "text/tokenizer_files.h"
 
 namespace loom::cli {

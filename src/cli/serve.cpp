@@ -29,9 +29,9 @@
 #include "core/threads.h"
 #include "serve/api.h"
 #include "serve/model_manager.h"
-#include "serve/model_store.h"
-#include "serve/ollama_api.h"
-#include "serve/store_models.h"
+#include "serve/store/model_store.h"
+#include "serve/ollama/ollama_api.h"
+#include "serve/store/store_models.h"
 #include "text/tokenizer_files.h"
 
 namespace loom::cli {

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/gguf.h"
-#include "serve/store_models.h"
+#include "serve/store/store_models.h"
 #include "infer/engine.h"
 #include "model/paged_runner.h"
 #include "text/tokenizer_files.h"

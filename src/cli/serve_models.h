@@ -13,9 +13,9 @@
 #include "model/config_json.h"
 #include "serve/api.h"
 #include "infer/engine_args.h"
-#include "serve/chat_template.h"
+#include "serve/store/chat_template.h"
 #include "serve/model_manager.h"
-#include "serve/model_store.h"
+#include "serve/store/model_store.h"
 #include "text/tokenizer.h"
 
 namespace loom::cli {

@@ -8,9 +8,9 @@
 
 #include "core/error.h"
 #include "serve/embeddings.h"
-#include "serve/ollama_format.h"
-#include "serve/openai_format.h"
-#include "serve/openai_response.h"
+#include "serve/ollama/ollama_format.h"
+#include "serve/openai/openai_format.h"
+#include "serve/openai/openai_response.h"
 
 namespace loom::serve {
 namespace {

@@ -20,10 +20,10 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/generation.h"
-#include "serve/http_server.h"
+#include "serve/http/http_server.h"
 #include "serve/metrics.h"
 #include "serve/model_manager.h"
-#include "serve/openai_request.h"
+#include "serve/openai/openai_request.h"
 
 namespace loom::serve {
 

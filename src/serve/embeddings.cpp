@@ -5,8 +5,8 @@
 #include <cstring>
 #include <utility>
 
-#include "serve/ollama_format.h"
-#include "serve/openai_response.h"
+#include "serve/ollama/ollama_format.h"
+#include "serve/openai/openai_response.h"
 
 namespace loom::serve {
 

@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/engine_loop.h"
-#include "serve/http_server.h"
+#include "serve/http/http_server.h"
 #include "serve/model_manager.h"
-#include "serve/openai_request.h"
+#include "serve/openai/openai_request.h"
 
 namespace loom::serve {
 

@@ -36,7 +36,7 @@
 
 #include "model/config.h"
 #include "serve/engine_loop.h"
-#include "serve/openai_request.h"
+#include "serve/openai/openai_request.h"
 
 namespace loom::serve {
 

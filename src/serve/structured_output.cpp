@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "infer/json_schema_grammar.h"
-#include "serve/openai_request.h"
+#include "serve/openai/openai_request.h"
 
 namespace loom::serve {
 namespace {

@@ -10,7 +10,7 @@
 #include <thread>
 #include <utility>
 
-#include "serve/http_server.h"
+#include "serve/http/http_server.h"
 
 namespace loom::serve {
 

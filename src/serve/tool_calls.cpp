@@ -4,7 +4,7 @@
 #include <random>
 #include <set>
 
-#include "serve/openai_request.h"
+#include "serve/openai/openai_request.h"
 
 namespace loom::serve {
 namespace {

@@ -15,7 +15,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${TARGET}
                 OUTPUT_VARIABLE out ERROR_VARIABLE out RESULT_VARIABLE rc)
 set(open_directions "")
 foreach(header ${HEADERS})
-  string(REGEX REPLACE "/.*" "" to ${header})
+  string(REGEX REPLACE "/[^/]*$" "" to ${header})
   string(FIND "${out}" "${header}: No such file" at)
   if(at EQUAL -1)
     message("${FROM} -> ${to}: NOT refused (the compiler did not report ${header} missing)")

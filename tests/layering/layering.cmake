@@ -5,7 +5,8 @@
 # forbidden_include.cpp.in); its test passes when the compiler reports every
 # one of those headers missing.
 #
-#   library   may not include (what DESIGN.md §2 forbids and the code obeys)
+#   library   may not include (what DESIGN.md §2 forbids and the code obeys;
+#             serve_jinja is loom_serve_jinja, serve/http the folder src/serve/http)
 set(LOOM_LAYERING_RULES
   "core:kernels,comm,mesh,io,text,model,parallel,infer,serve,train,cli"
   "kernels:comm,mesh,io,text,model,parallel,infer,serve,train,cli"
@@ -16,8 +17,25 @@ set(LOOM_LAYERING_RULES
   "model:comm,mesh,text,parallel,infer,serve,train,cli"
   "parallel:text,infer,serve,train,cli"
   "infer:comm,mesh,parallel,serve,train,cli"
+  "serve_jinja:kernels,comm,mesh,io,text,model,parallel,infer,serve,serve/http,serve/store,train,cli"
+  "serve_http:kernels,comm,mesh,io,text,model,parallel,infer,serve,serve/jinja,serve/store,train,cli"
+  "serve_store:comm,mesh,parallel,infer,serve,serve/http,train,cli"
   "serve:comm,mesh,parallel,train,cli"
   "train:infer,serve,cli")
+
+# "serve/http" or "serve_http" as "ServeHttp" (a test name's part).
+function(loom_layering_camel text out)
+  string(REPLACE "/" ";" parts "${text}")
+  string(REPLACE "_" ";" parts "${parts}")
+  set(camel "")
+  foreach(part ${parts})
+    string(SUBSTRING ${part} 0 1 initial)
+    string(TOUPPER ${initial} initial)
+    string(SUBSTRING ${part} 1 -1 rest)
+    string(APPEND camel ${initial}${rest})
+  endforeach()
+  set(${out} ${camel} PARENT_SCOPE)
+endfunction()
 
 # A folder's probe header: the first of its top-level headers, by name.
 function(loom_layering_probe_header folder out)
@@ -38,24 +56,21 @@ foreach(rule ${LOOM_LAYERING_RULES})
   foreach(to ${forbidden})
     loom_layering_probe_header(${to} probe)
     get_filename_component(header ${probe} NAME)
-    set(source ${CMAKE_CURRENT_BINARY_DIR}/layering/${from}_includes_${to}.cpp)
+    string(REPLACE "/" "_" to_file ${to})
+    set(source ${CMAKE_CURRENT_BINARY_DIR}/layering/${from}_includes_${to_file}.cpp)
     configure_file(${CMAKE_CURRENT_SOURCE_DIR}/layering/forbidden_include.cpp.in ${source} @ONLY)
     list(APPEND sources ${source})
     string(APPEND headers ",${probe}")
-    string(SUBSTRING ${to} 0 1 initial)
-    string(TOUPPER ${initial} initial)
-    string(SUBSTRING ${to} 1 -1 rest)
-    string(APPEND name_tail ${initial}${rest})
+    loom_layering_camel(${to} to_camel)
+    string(APPEND name_tail ${to_camel})
   endforeach()
   # OBJECT: compile only, so a direction that wrongly compiles is reported
   # as such, not as a link error.
   add_library(layering_${from} OBJECT EXCLUDE_FROM_ALL ${sources})
   target_link_libraries(layering_${from} PRIVATE loom_${from})
-  string(SUBSTRING ${from} 0 1 initial)
-  string(TOUPPER ${initial} initial)
-  string(SUBSTRING ${from} 1 -1 rest)
+  loom_layering_camel(${from} from_camel)
   string(SUBSTRING ${headers} 1 -1 headers)
-  set(test Layering.${initial}${rest}CannotInclude${name_tail})
+  set(test Layering.${from_camel}CannotInclude${name_tail})
   add_test(NAME ${test}
            COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${CMAKE_BINARY_DIR} -DTARGET=layering_${from} -DFROM=${from}
                    -DHEADERS=${headers} "-DGENERATOR=${CMAKE_GENERATOR}"

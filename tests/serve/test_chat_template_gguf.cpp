@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "io/gguf.h"
-#include "serve/chat_template.h"
+#include "serve/store/chat_template.h"
 
 namespace loom::serve {
 namespace {

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "serve/jinja.h"
+#include "serve/jinja/jinja.h"
 
 namespace loom::serve::jinja {
 namespace {

@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "text/bpe.h"
-#include "serve/openai_request.h"
-#include "serve/openai_response.h"
+#include "serve/openai/openai_request.h"
+#include "serve/openai/openai_response.h"
 
 namespace loom::serve {
 namespace {

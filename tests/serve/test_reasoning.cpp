@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "serve/chat_template.h"
+#include "serve/store/chat_template.h"
 
 namespace loom::serve {
 namespace {

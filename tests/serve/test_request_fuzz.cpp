@@ -17,7 +17,7 @@
 
 #include "text/bpe.h"
 #include "core/error.h"
-#include "serve/openai_request.h"
+#include "serve/openai/openai_request.h"
 
 namespace loom::serve {
 namespace {

@@ -15,9 +15,9 @@
 #include <gtest/gtest.h>
 
 #include "infer/grammar.h"
-#include "serve/chat_template.h"
-#include "serve/openai_request.h"
-#include "serve/openai_response.h"
+#include "serve/store/chat_template.h"
+#include "serve/openai/openai_request.h"
+#include "serve/openai/openai_response.h"
 #include "serve/structured_output.h"
 #include "serve/tool_calls.h"
 #include "text/bpe.h"

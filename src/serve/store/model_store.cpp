@@ -1,0 +1,317 @@
+#include "serve/store/model_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace loom::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; }
+
+void check_part(std::string_view part, std::string_view whole, const char* what) {
+  LOOM_REQUIRE(!part.empty() && part.size() <= 128, "model name '", whole, "': ", what,
+               " parts must be 1 to 128 characters");
+  LOOM_REQUIRE(std::isalnum(static_cast<unsigned char>(part[0])), "model name '", whole, "': ", what,
+               " parts must start with a letter or digit");
+  LOOM_REQUIRE(std::all_of(part.begin(), part.end(), name_char), "model name '", whole, "': ", what,
+               " may hold only letters, digits, '.', '_' and '-'");
+  LOOM_REQUIRE(part.size() < 4 || part.substr(part.size() - 4) != ".tmp", "model name '", whole, "': ", what,
+               " parts may not end in .tmp (the store's temporary files do)");
+}
+
+// The store's lock: writers (create, copy, remove) hold it, so collecting
+// unnamed blobs never races a model being added.
+class StoreLock {
+ public:
+  explicit StoreLock(const std::string& root) {
+    const std::string path = root + "/.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    LOOM_REQUIRE(fd_ >= 0, "cannot open the model store's lock ", path);
+    LOOM_REQUIRE(::flock(fd_, LOCK_EX) == 0, "cannot lock the model store ", root);
+  }
+  ~StoreLock() { ::close(fd_); }
+  StoreLock(const StoreLock&) = delete;
+  StoreLock& operator=(const StoreLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+std::string hex_of(const std::string& digest) {
+  LOOM_REQUIRE(digest.rfind("sha256:", 0) == 0 && digest.size() == 7 + 64 &&
+                   std::all_of(digest.begin() + 7, digest.end(), [](char c) { return std::isxdigit(c) != 0; }),
+               "'", digest, "' is not a sha256 digest (sha256:<64 hex digits>)");
+  return digest.substr(7);
+}
+
+int64_t mtime_seconds(const fs::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
+}
+
+}  // namespace
+
+namespace {
+
+// text with control characters (a NUL would cut the message short) as \xNN.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) {
+      out += c;
+      continue;
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
+    out += hex;
+  }
+  return out;
+}
+
+}  // namespace
+
+ModelName ModelName::parse(std::string_view text) {
+  LOOM_REQUIRE(!text.empty(), "a model name is empty: give name or name:tag (e.g. quickstart, my/model:v2)");
+  LOOM_REQUIRE(std::none_of(text.begin(), text.end(),
+                            [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }),
+               "model name '", printable(text), "' holds a control character: names hold letters, digits, '.', '_', "
+               "'-', '/' between parts and ':' before the tag");
+  LOOM_REQUIRE(text.front() != '/' && text.front() != '.' && text.find("//") == std::string_view::npos,
+               "model name '", text, "' looks like a path: a model name is name or name:tag (e.g. quickstart, "
+               "my/model:v2); to make a model from a directory or a .gguf file, write a Modelfile with FROM ",
+               text, " and run loom create NAME -f Modelfile");
+  ModelName n;
+  const size_t colon = text.rfind(':');
+  const std::string_view name = colon == std::string_view::npos ? text : text.substr(0, colon);
+  n.tag = colon == std::string_view::npos ? "latest" : std::string(text.substr(colon + 1));
+  check_part(n.tag, text, "the tag");
+  size_t start = 0;
+  while (true) {
+    const size_t slash = name.find('/', start);
+    check_part(name.substr(start, slash == std::string_view::npos ? slash : slash - start), text, "the name's");
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  n.name = std::string(name);
+  return n;
+}
+
+const Layer* Manifest::find(std::string_view media_type) const {
+  for (const Layer& l : layers)
+    if (l.media_type == media_type) return &l;
+  return nullptr;
+}
+
+int64_t Manifest::total_size() const {
+  int64_t total = 0;
+  for (const Layer& l : layers) total += l.size;
+  return total;
+}
+
+json Manifest::to_json() const {
+  json ls = json::array();
+  for (const Layer& l : layers) ls.push_back({{"mediaType", l.media_type}, {"digest", l.digest}, {"size", l.size}});
+  return {{"schemaVersion", 2}, {"mediaType", "application/vnd.loom.manifest.v1+json"}, {"layers", ls}};
+}
+
+Manifest Manifest::from_json(const json& j, const std::string& where) {
+  LOOM_REQUIRE(j.is_object() && j.contains("layers") && j["layers"].is_array(), where,
+               " is not a model manifest (no \"layers\" list)");
+  Manifest m;
+  for (const json& l : j["layers"]) {
+    LOOM_REQUIRE(l.is_object() && l.value("mediaType", json()).is_string() && l.value("digest", json()).is_string() &&
+                     l.value("size", json()).is_number_integer(),
+                 where, ": a layer needs mediaType, digest and size");
+    m.layers.push_back({l["mediaType"], l["digest"], l["size"]});
+    hex_of(m.layers.back().digest);
+  }
+  return m;
+}
+
+ModelStore::ModelStore(std::string root, bool create) : root_(std::move(root)) {
+  if (!create) return;
+  std::error_code ec;
+  fs::create_directories(fs::path(root_) / "blobs", ec);
+  if (!ec) fs::create_directories(fs::path(root_) / "manifests", ec);
+  LOOM_REQUIRE(!ec, "cannot create the model store at ", root_, ": ", ec.message(),
+               " (choose another with --models DIR)");
+}
+
+std::string ModelStore::blob_path(const std::string& digest) const {
+  return (fs::path(root_) / "blobs" / ("sha256-" + hex_of(digest))).string();
+}
+
+std::string ModelStore::read_blob(const std::string& digest) const {
+  std::ifstream in(blob_path(digest), std::ios::binary);
+  LOOM_REQUIRE(in.good(), "the model store lacks blob ", digest, " (", blob_path(digest), ")");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string ModelStore::manifest_path(const ModelName& name) const {
+  return (fs::path(root_) / "manifests" / name.name / name.tag).string();
+}
+
+Layer ModelStore::put_layer(const LayerSource& src) {
+  if (!src.digest.empty()) {
+    const std::string path = blob_path(src.digest);
+    LOOM_REQUIRE(fs::exists(path), "the model store lacks blob ", src.digest);
+    return {src.media_type, src.digest, static_cast<int64_t>(fs::file_size(path))};
+  }
+  const bool from_file = !src.file.empty();
+  const std::string digest = "sha256:" + (from_file ? sha256_file_hex(src.file) : sha256_hex(src.bytes));
+  const std::string path = blob_path(digest);
+  if (!fs::exists(path)) {
+    if (from_file) {
+      // Copied to a temporary name first, so a blob is never seen half-written.
+      const std::string tmp = path + ".tmp";
+      std::error_code ec;
+      fs::copy_file(src.file, tmp, fs::copy_options::overwrite_existing, ec);
+      LOOM_REQUIRE(!ec, "cannot copy ", src.file, " into the model store: ", ec.message());
+      fs::rename(tmp, path, ec);
+      LOOM_REQUIRE(!ec, "cannot add blob ", path, ": ", ec.message());
+    } else {
+      write_file_atomic(path, src.bytes);
+    }
+  }
+  return {src.media_type, digest, static_cast<int64_t>(fs::file_size(path))};
+}
+
+void ModelStore::write_manifest(const ModelName& name, const Manifest& m) {
+  const fs::path path = manifest_path(name);
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  LOOM_REQUIRE(!ec && !fs::is_directory(path), "model name '", name.str(), "' clashes with another model's name (",
+               name.name, " is both a model and a folder of models)");
+  write_file_atomic(path.string(), m.to_json().dump(2) + "\n");
+}
+
+// Files a writer killed mid-write left behind (*.tmp under blobs/ and
+// manifests/, up to a model's size): with the lock held no writer runs, so
+// every one is a leftover.
+void ModelStore::collect_leftovers() {
+  std::error_code ec;
+  for (const char* dir : {"blobs", "manifests"}) {
+    const fs::path base = fs::path(root_) / dir;
+    if (!fs::is_directory(base, ec)) continue;
+    std::vector<fs::path> gone;
+    for (const auto& entry : fs::recursive_directory_iterator(base, ec))
+      if (entry.is_regular_file(ec) && entry.path().extension() == ".tmp") gone.push_back(entry.path());
+    for (const fs::path& p : gone) fs::remove(p, ec);
+  }
+}
+
+StoredModel ModelStore::put_model(const ModelName& name, const std::vector<LayerSource>& layers) {
+  const StoreLock lock(root_);
+  collect_leftovers();
+  Manifest m;
+  for (const LayerSource& src : layers) m.layers.push_back(put_layer(src));
+  write_manifest(name, m);
+  return *get(name);
+}
+
+std::optional<StoredModel> ModelStore::get(const ModelName& name) const {
+  const std::string path = manifest_path(name);
+  if (!fs::is_regular_file(path)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  LOOM_REQUIRE(in.good(), "cannot read the manifest ", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, false);
+  LOOM_REQUIRE(!j.is_discarded(), "the manifest ", path, " is not JSON");
+  return StoredModel{name, Manifest::from_json(j, path), "sha256:" + sha256_hex(text.str()), mtime_seconds(path)};
+}
+
+std::vector<StoredModel> ModelStore::list() const {
+  std::vector<StoredModel> out;
+  const fs::path base = fs::path(root_) / "manifests";
+  if (!fs::is_directory(base)) return out;  // a store never written to
+  for (const auto& entry : fs::recursive_directory_iterator(base)) {
+    if (!entry.is_regular_file() || entry.path().extension() == ".tmp") continue;
+    const fs::path rel = fs::relative(entry.path(), base);
+    try {
+      const ModelName n = ModelName::parse(rel.parent_path().generic_string() + ":" + rel.filename().string());
+      if (auto m = get(n)) out.push_back(std::move(*m));
+    } catch (const loom::Error&) {
+      // A stray file under manifests/ is not a model.
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const StoredModel& a, const StoredModel& b) {
+    return a.name.str() < b.name.str();
+  });
+  return out;
+}
+
+bool ModelStore::copy(const ModelName& from, const ModelName& to) {
+  const StoreLock lock(root_);
+  collect_leftovers();
+  const std::optional<StoredModel> m = get(from);
+  if (!m) return false;
+  write_manifest(to, m->manifest);
+  return true;
+}
+
+bool ModelStore::remove(const ModelName& name) {
+  const StoreLock lock(root_);
+  collect_leftovers();
+  const fs::path path = manifest_path(name);
+  if (!fs::is_regular_file(path)) return false;  // a folder of models a/b/ is not the model a:b
+  fs::remove(path);
+  // Empty name directories go too (manifests/<a>/<b>/ of a removed a/b:tag).
+  std::error_code ec;
+  for (fs::path dir = path.parent_path(); dir != fs::path(root_) / "manifests" && fs::is_empty(dir, ec);
+       dir = dir.parent_path())
+    fs::remove(dir, ec);
+  collect_garbage();
+  return true;
+}
+
+// Every file under manifests/ must be read for its blobs to be known: if
+// one cannot be (unreadable, not JSON, not a manifest), nothing is removed,
+// rather than the blobs of a model that could not be read.
+void ModelStore::collect_garbage() {
+  std::set<std::string> named;
+  const fs::path base = fs::path(root_) / "manifests";
+  for (const auto& entry : fs::recursive_directory_iterator(base)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const json j = json::parse(text.str(), nullptr, false);
+    if (!in.good() && !in.eof()) return;
+    if (entry.path().extension() == ".tmp") continue;  // a manifest being written names blobs already present
+    try {
+      for (const Layer& l : Manifest::from_json(j, entry.path().string()).layers)
+        named.insert("sha256-" + hex_of(l.digest));
+    } catch (const loom::Error&) {
+      return;
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(fs::path(root_) / "blobs"))
+    if (named.count(entry.path().filename().string()) == 0) fs::remove(entry.path());
+}
+
+std::string default_store_root(const char* home) {
+  LOOM_REQUIRE(home != nullptr && *home != '\0', "HOME is not set: give the model store with --models DIR");
+  return (fs::path(home) / ".loom" / "models").string();
+}
+
+}  // namespace loom::serve

@@ -1,0 +1,212 @@
+#include "serve/store/modelfile.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace loom::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// Reads Modelfile text instruction by instruction.
+class Reader {
+ public:
+  Reader(std::string_view text, std::string where) : text_(text), where_(std::move(where)) {}
+
+  [[noreturn]] void fail(int line, const std::string& message) const {
+    throw loom::Error(where_ + ":" + std::to_string(line) + ": " + message);
+  }
+
+  // The next instruction's keyword and the line it is on; false at the end.
+  bool next(std::string& keyword, int& line) {
+    while (pos_ < text_.size()) {
+      const std::string_view rest = current_line();
+      const std::string_view t = trim(rest);
+      if (t.empty() || t[0] == '#') {
+        skip_line();
+        continue;
+      }
+      size_t k = 0;
+      while (k < t.size() && !std::isspace(static_cast<unsigned char>(t[k]))) ++k;
+      keyword = lower(std::string(t.substr(0, k)));
+      line = line_;
+      pos_ += static_cast<size_t>(t.data() - rest.data()) + k;
+      return true;
+    }
+    return false;
+  }
+
+  // The instruction's value: """...""" (any lines), "..." (escapes \" and
+  // \\), or the rest of the line, trimmed.
+  std::string value(int line) {
+    skip_blanks();
+    if (text_.substr(pos_, 3) == "\"\"\"") {
+      const size_t end = text_.find("\"\"\"", pos_ + 3);
+      if (end == std::string_view::npos) fail(line, "a \"\"\" value is not closed");
+      std::string v(text_.substr(pos_ + 3, end - pos_ - 3));
+      line_ += static_cast<int>(std::count(v.begin(), v.end(), '\n'));
+      pos_ = end + 3;
+      expect_line_end(line);
+      return v;
+    }
+    if (pos_ < text_.size() && text_[pos_] == '"') return quoted(line);
+    std::string v(trim(current_line()));
+    skip_line();
+    return v;
+  }
+
+  // A single word (PARAMETER's name, MESSAGE's role).
+  std::string word(int line, const char* what) {
+    skip_blanks();
+    size_t k = pos_;
+    while (k < text_.size() && !std::isspace(static_cast<unsigned char>(text_[k]))) ++k;
+    if (k == pos_) fail(line, std::string("missing ") + what);
+    std::string w(text_.substr(pos_, k - pos_));
+    pos_ = k;
+    return w;
+  }
+
+ private:
+  std::string_view current_line() const {
+    const size_t nl = text_.find('\n', pos_);
+    return text_.substr(pos_, nl == std::string_view::npos ? std::string_view::npos : nl - pos_);
+  }
+  void skip_line() {
+    const size_t nl = text_.find('\n', pos_);
+    pos_ = nl == std::string_view::npos ? text_.size() : nl + 1;
+    ++line_;
+  }
+  void skip_blanks() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r')) ++pos_;
+  }
+  void expect_line_end(int line) {
+    if (!trim(current_line()).empty()) fail(line, "unexpected text after the closing quotes");
+    skip_line();
+  }
+  std::string quoted(int line) {
+    std::string v;
+    for (size_t i = pos_ + 1; i < text_.size() && text_[i] != '\n'; ++i) {
+      if (text_[i] == '\\' && i + 1 < text_.size() && (text_[i + 1] == '"' || text_[i + 1] == '\\')) {
+        v += text_[++i];
+      } else if (text_[i] == '"') {
+        pos_ = i + 1;
+        expect_line_end(line);
+        return v;
+      } else {
+        v += text_[i];
+      }
+    }
+    fail(line, "a \" value is not closed on its line (use \"\"\" for several lines)");
+  }
+
+  std::string_view text_;
+  std::string where_;
+  size_t pos_ = 0;
+  int line_ = 1;
+};
+
+double parse_number(const std::string& name, const std::string& value) {
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  LOOM_REQUIRE(!value.empty() && end == value.c_str() + value.size() && std::isfinite(v), "PARAMETER ", name,
+               " takes a number, got '", value, "'");
+  return v;
+}
+
+int64_t parse_integer(const std::string& name, const std::string& value) {
+  const double v = parse_number(name, value);
+  LOOM_REQUIRE(std::trunc(v) == v && std::abs(v) < 9e18, "PARAMETER ", name, " takes an integer, got '", value, "'");
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+void set_parameter(json& params, const std::string& name, const std::string& value) {
+  const auto range = [&](double v, double lo, double hi, const char* allowed) {
+    LOOM_REQUIRE(v >= lo && v <= hi, "PARAMETER ", name, " ", value, " is invalid: allowed ", allowed);
+    return v;
+  };
+  if (name == "stop") {
+    LOOM_REQUIRE(!value.empty(), "PARAMETER stop needs a non-empty string");
+    params["stop"].push_back(value);
+  } else if (name == "temperature") {
+    params[name] = range(parse_number(name, value), 0, 2, "0 to 2");
+  } else if (name == "top_p" || name == "min_p") {
+    params[name] = range(parse_number(name, value), 0, 1, "0 to 1");
+  } else if (name == "presence_penalty" || name == "frequency_penalty") {
+    params[name] = range(parse_number(name, value), -2, 2, "-2 to 2");
+  } else if (name == "repeat_penalty") {
+    params[name] = range(parse_number(name, value), 1e-6, 1e6, "> 0");
+  } else if (name == "top_k" || name == "num_predict" || name == "num_ctx" || name == "seed") {
+    const int64_t v = parse_integer(name, value);
+    if (name == "num_predict") range(double(v), -1, 1e9, "-1 (no limit) or more");
+    else if (name != "seed") range(double(v), name == "top_k" ? 0 : 1, 1e9, name == "top_k" ? ">= 0" : ">= 1");
+    params[name] = v;
+  } else {
+    throw loom::Error("unknown PARAMETER '" + name + "': loom knows temperature, top_k, top_p, min_p, seed, "
+                      "num_predict, num_ctx, stop, repeat_penalty, presence_penalty, frequency_penalty");
+  }
+}
+
+Modelfile Modelfile::parse(std::string_view text, const std::string& where) {
+  Modelfile mf;
+  Reader r(text, where);
+  std::string keyword;
+  int line = 0;
+  while (r.next(keyword, line)) {
+    try {
+      if (keyword == "from") {
+        if (!mf.from.empty()) r.fail(line, "a second FROM (a Modelfile has one)");
+        mf.from = r.value(line);
+        mf.from_line = line;
+        if (mf.from.empty()) r.fail(line, "FROM needs a model directory or a model name");
+      } else if (keyword == "parameter") {
+        const std::string name = lower(r.word(line, "the parameter's name"));
+        set_parameter(mf.parameters, name, r.value(line));
+      } else if (keyword == "template") {
+        mf.chat_template = r.value(line);
+        mf.has_template = true;
+        mf.template_line = line;
+      } else if (keyword == "system") {
+        mf.system = r.value(line);
+        mf.has_system = true;
+      } else if (keyword == "license") {
+        mf.license = r.value(line);
+        mf.has_license = true;
+      } else if (keyword == "message") {
+        const std::string role = lower(r.word(line, "the message's role"));
+        if (role != "system" && role != "user" && role != "assistant")
+          r.fail(line, "MESSAGE role '" + role + "' is invalid: system, user or assistant");
+        mf.messages.emplace_back(role, r.value(line));
+      } else if (keyword == "adapter") {
+        r.fail(line, "ADAPTER is not supported (loom has no LoRA adapters yet)");
+      } else {
+        r.fail(line, "unknown instruction '" + keyword +
+                         "': a Modelfile has FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE and LICENSE");
+      }
+    } catch (const loom::Error& e) {
+      const std::string what = e.what();
+      if (what.rfind(where + ":", 0) == 0) throw;
+      r.fail(line, what);
+    }
+  }
+  if (mf.from.empty()) throw loom::Error(where + ": no FROM line: say which model to start from");
+  return mf;
+}
+
+}  // namespace loom::serve
