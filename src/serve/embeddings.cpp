@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "serve/ollama/ollama_format.h"
+#include "serve/openai/request_fields.h"
 #include "serve/openai/openai_response.h"
 
 namespace loom::serve {
@@ -14,13 +15,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
+using fields::field;
 
 constexpr size_t kMaxInputs = 2048;  // OpenAI's limit on inputs per request
-
-const ojson* field(const ojson& body, const char* name) {
-  const auto it = body.find(name);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
 
 // The input field of a route: OpenAI's "input" (text or token ids), ollama's
 // "input" (text) or the older route's "prompt" (one text).

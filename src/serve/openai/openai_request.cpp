@@ -9,20 +9,11 @@
 
 #include "core/error.h"
 #include "infer/grammar.h"
-#include "serve/store/chat_template.h"
-#include "serve/reasoning.h"
+#include "serve/openai/request_fields.h"
 #include "serve/structured_output.h"
 
 namespace loom::serve {
-namespace {
-
-using json = nlohmann::ordered_json;
-
-std::string cat(const auto&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
+namespace fields {
 
 // The field, or null when it is absent or JSON null (the default applies).
 const json* field(const json& body, const char* name) {
@@ -168,7 +159,9 @@ void refuse_unsupported(const json& body) {
   refuse_logit_bias(body);
 }
 
-}  // namespace
+}  // namespace fields
+
+using namespace fields;
 
 ApiError::ApiError(int status, std::string type, std::string param, const std::string& message)
     : std::runtime_error(message), status_(status), type_(std::move(type)), param_(std::move(param)) {}
@@ -227,7 +220,7 @@ json parse_body(std::string_view body) {
   return j;
 }
 
-namespace {
+namespace fields {
 
 // model, which must be m's: 404 for another.
 std::string model_of(const json& body, const ServedModel& m) {
@@ -291,7 +284,7 @@ void structured_output(const json& body, const ServedModel& m, std::string gramm
   r.gen.grammar = compile_grammar(grammar, m.grammar_vocab, param);
 }
 
-}  // namespace
+}  // namespace fields
 
 CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed) {
   CompletionRequest r;
@@ -304,208 +297,6 @@ CompletionRequest parse_completion(const json& body, const ServedModel& m, uint6
   token_limits(body, m, "max_tokens", 16, r);
   structured_output(body, m, {}, r);
   return r;
-}
-
-namespace {
-
-// A message's content as text: a string, null (an assistant turn that only
-// called tools), or a list of {"type": "text", "text": ...} parts, joined.
-std::string message_content(const json& msg, size_t i) {
-  const std::string param = cat("messages[", i, "].content");
-  const auto it = msg.find("content");
-  if (it == msg.end() || it->is_null()) return {};
-  if (it->is_string()) return it->get<std::string>();
-  if (!it->is_array()) throw bad_request(param, cat(param, " must be a string or a list of content parts"));
-  std::string text;
-  for (const json& part : *it) {
-    if (!part.is_object() || part.value("type", json()) != "text")
-      throw bad_request(param, cat(param, " holds a part that is not {\"type\": \"text\", ...}: only text is "
-                                          "supported"));
-    const auto t = part.find("text");
-    if (t == part.end() || !t->is_string()) throw bad_request(param, cat(param, ": a text part needs \"text\""));
-    text += t->get<std::string>();
-  }
-  return text;
-}
-
-// An assistant message's tool_calls for the template: each
-// {"id"?, "type": "function", "function": {"name", "arguments"}} with the
-// arguments an object (OpenAI sends a JSON string, ollama an object).
-json tool_calls_of(const json& calls, const std::string& param) {
-  if (!calls.is_array()) throw bad_request(param, cat(param, " must be a list of tool calls"));
-  json out = json::array();
-  for (size_t k = 0; k < calls.size(); ++k) {
-    const std::string at = cat(param, "[", k, "]");
-    const json& c = calls[k];
-    const auto f = c.is_object() ? c.find("function") : c.end();
-    if (f == c.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
-      throw bad_request(at, cat(at, " must be {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}"));
-    json args = f->value("arguments", json::object());
-    if (args.is_string()) args = json::parse(args.get<std::string>(), nullptr, false);
-    if (args.is_null()) args = json::object();
-    if (!args.is_object())
-      throw bad_request(at + ".function.arguments", cat(at, ".function.arguments must be a JSON object (or a string "
-                                                            "holding one)"));
-    json call = json::object();
-    if (const auto id = c.find("id"); id != c.end() && id->is_string()) call["id"] = *id;
-    call["type"] = "function";
-    call["function"] = {{"name", (*f)["name"]}, {"arguments", std::move(args)}};
-    out.push_back(std::move(call));
-  }
-  return out;
-}
-
-// messages, checked and normalized for the template: role and content
-// strings, with name, tool_calls, tool_call_id (and ollama's tool_name)
-// where given.
-json chat_messages(const json& body) {
-  const json* f = field(body, "messages");
-  if (f == nullptr) throw bad_request("messages", "messages is required");
-  if (!f->is_array() || f->empty()) throw bad_request("messages", "messages must be a non-empty list of messages");
-  json out = json::array();
-  for (size_t i = 0; i < f->size(); ++i) {
-    const json& msg = (*f)[i];
-    if (!msg.is_object()) throw bad_request("messages", cat("messages[", i, "] must be an object"));
-    const auto role = msg.find("role");
-    static const char* roles[] = {"system", "developer", "user", "assistant", "tool"};
-    if (role == msg.end() || !role->is_string() ||
-        std::find(std::begin(roles), std::end(roles), role->get<std::string>()) == std::end(roles))
-      throw bad_request(cat("messages[", i, "].role"), cat("messages[", i, "].role must be one of system, developer, "
-                                                           "user, assistant, tool"));
-    json m = {{"role", *role}, {"content", message_content(msg, i)}};
-    for (const char* key : {"name", "tool_call_id", "tool_name"})
-      if (const auto v = msg.find(key); v != msg.end() && v->is_string()) m[key] = *v;
-    if (const auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null() && *role == "assistant")
-      if (json c = tool_calls_of(*calls, cat("messages[", i, "].tool_calls")); !c.empty()) m["tool_calls"] = std::move(c);
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
-// The function tool_choice names, "" for auto / none / required; 400 for
-// anything else.
-std::string named_choice(const json& choice, const std::vector<std::string>& names) {
-  const char* shape = "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
-                      "\"function\": {\"name\": ...}}";
-  if (choice.is_string() && (choice == "auto" || choice == "none" || choice == "required")) return {};
-  const auto f = choice.is_object() ? choice.find("function") : choice.end();
-  if (f == choice.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
-    throw bad_request("tool_choice", cat(shape, ", got ", choice.dump()));
-  const std::string name = (*f)["name"];
-  if (std::find(names.begin(), names.end(), name) == names.end())
-    throw bad_request("tool_choice", cat("tool_choice names the function \"", name, "\", which tools do not offer"));
-  return name;
-}
-
-// tools, tool_choice and parallel_tool_calls: the tools the template gets
-// (null: none), the functions the output is read for, and for "required"
-// or a named function the grammar of the calls (returned in grammar).
-json chat_tools(const json& body, const ServedModel& m, CompletionRequest& r, std::string& grammar) {
-  const json* tools = field(body, "tools");
-  const json* choice = field(body, "tool_choice");
-  if (tools == nullptr || (tools->is_array() && tools->empty())) {
-    if (choice != nullptr && *choice != "none" && *choice != "auto")
-      throw bad_request("tool_choice", "tool_choice other than \"none\" or \"auto\" needs tools");
-    return nullptr;
-  }
-  std::vector<std::string> names = check_tools(*tools);
-  if (!m.renders_tools)
-    throw bad_request("tools", cat("model ", m.name, " does not support tools: its chat template does not read them"));
-  r.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
-  if (choice != nullptr && *choice == "none") return nullptr;  // the model is not told of the tools: no calls
-  const std::string named = choice == nullptr ? std::string() : named_choice(*choice, names);
-  if (!named.empty() || (choice != nullptr && *choice == "required"))
-    grammar = tool_call_grammar(m.tool_format, *tools, named.empty() ? names : std::vector<std::string>{named},
-                                r.parallel_tool_calls && named.empty());
-  r.tool_names = std::move(names);
-  r.tool_format = m.tool_format;
-  return *tools;
-}
-
-void refuse_unsupported_chat(const json& body) { refuse_logit_bias(body); }
-
-// chat_template_kwargs: an object of variables that are not the template's
-// own (messages, tools, ...); null when absent.
-json template_kwargs(const json& body) {
-  const json* k = field(body, "chat_template_kwargs");
-  if (k == nullptr || k->is_null()) return nullptr;
-  if (!k->is_object())
-    throw bad_request("chat_template_kwargs", "chat_template_kwargs must be an object of template variables");
-  for (const auto& [name, value] : k->items())
-    if (reserved_template_variable(name))
-      throw bad_request("chat_template_kwargs", cat("chat_template_kwargs.", name, " is set by the request itself ",
-                                                    "(messages, tools, add_generation_prompt); leave it out"));
-  return *k;
-}
-
-}  // namespace
-
-CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t seed) {
-  CompletionRequest r;
-  r.chat = true;
-  r.model = model_of(body, m);
-  if (!m.render_chat) throw bad_request("messages", cat("model ", m.name, " has no chat template: use /v1/completions"));
-  if (m.tokenizer == nullptr) throw bad_request("messages", cat("model ", m.name, " has no tokenizer"));
-  refuse_unsupported_chat(body);
-  const json messages = chat_messages(body);
-  std::string tool_grammar;
-  const json tools = chat_tools(body, m, r, tool_grammar);
-  r.seed = seed;
-  std::string text;
-  try {
-    text = m.render_chat(messages, tools, boolean(body, "add_generation_prompt", true), template_kwargs(body));
-  } catch (const loom::Error& e) {
-    throw bad_request("messages", cat("the chat template refused the messages: ", e.what()));
-  }
-  r.prompts.push_back(m.tokenizer->encode_prompt(text));
-  if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
-  r.split_reasoning = m.thinks;
-  r.reasoning_inside = prompt_opens_think(text);
-  generation_fields(body, m, seed, r);
-  for (const std::string& s : m.chat_stop)
-    if (std::find(r.stop.begin(), r.stop.end(), s) == r.stop.end()) r.stop.push_back(s);
-  r.logprobs = boolean(body, "logprobs", false);
-  r.gen.top_logprobs = integer(body, "top_logprobs", 0, 0, 20);
-  if (r.gen.top_logprobs > 0 && !r.logprobs)
-    throw bad_request("top_logprobs", "top_logprobs needs logprobs = true");
-  const int64_t rest = std::max<int64_t>(1, m.max_model_len - static_cast<int64_t>(r.prompts[0].size()));
-  const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
-  token_limits(body, m, name, rest, r);
-  structured_output(body, m, std::move(tool_grammar), r);
-  return r;
-}
-
-void precheck(const json& body, bool chat) {
-  (void)stop_strings(body);
-  (void)sampler(body, 0);
-  (void)integer(body, "n", 1, 1, INT32_MAX);  // the model's limit is checked once it is loaded
-  (void)boolean(body, "stream", false);
-  (void)boolean(body, "ignore_eos", false);
-  if (chat) {
-    refuse_logit_bias(body);
-    (void)boolean(body, "logprobs", false);
-    (void)integer(body, "top_logprobs", 0, 0, 20);
-    (void)chat_messages(body);
-    (void)template_kwargs(body);
-    const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
-    (void)integer(body, name, 1, 1, INT32_MAX);
-    if (const json* tools = field(body, "tools"); tools != nullptr && !(tools->is_array() && tools->empty())) {
-      const std::vector<std::string> names = check_tools(*tools);
-      if (const json* choice = field(body, "tool_choice")) (void)named_choice(*choice, names);
-    }
-  } else {
-    refuse_unsupported(body);
-    (void)integer(body, "logprobs", 0, 0, 20);
-    (void)integer(body, "max_tokens", 16, 1, INT32_MAX);
-  }
-  std::string param;
-  if (const std::string g = requested_grammar(body, param); !g.empty()) {
-    try {
-      (void)infer::parse_gbnf(g);
-    } catch (const loom::Error& e) {
-      throw bad_request(param, cat(param, ": ", e.what()));
-    }
-  }
 }
 
 }  // namespace loom::serve
