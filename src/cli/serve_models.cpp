@@ -57,8 +57,8 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
                                  .chat_stop = extras.chat.stop,
                                  .renders_tools = serve::template_renders_tools(extras.chat.source),
                                  .tool_format = serve::tool_format_of(extras.chat.source),
-                                 .thinks = extras.chat.source.find("<think>") != std::string::npos ||
-                                           extras.chat.source.find("enable_thinking") != std::string::npos,
+                                 .thinks = serve::template_thinks(extras.chat.source),
+                                 .think_tags = serve::think_tags_of(extras.chat.source),
                                  .embedding_pooling = a.pooling == "last" ? infer::Pooling::last : infer::Pooling::mean,
                                  .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size)};
   m->templated = !extras.chat.is_plain;

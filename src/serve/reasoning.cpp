@@ -3,8 +3,6 @@
 namespace loom::serve {
 namespace {
 
-constexpr std::string_view kOpen = "<think>", kClose = "</think>";
-
 bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 size_t leading_space(std::string_view s) {
@@ -28,7 +26,17 @@ size_t partial_tag(std::string_view s, std::string_view tag) {
 
 }  // namespace
 
-ReasoningSplit::ReasoningSplit(bool inside) : state_(inside ? State::reasoning : State::start) {}
+bool template_thinks(std::string_view source) {
+  return source.find("<think>") != std::string_view::npos || source.find("enable_thinking") != std::string_view::npos ||
+         source.find(kCommandR7bThinkTags.open) != std::string_view::npos;
+}
+
+ThinkTags think_tags_of(std::string_view source) {
+  return source.find(kCommandR7bThinkTags.open) != std::string_view::npos ? kCommandR7bThinkTags : ThinkTags{};
+}
+
+ReasoningSplit::ReasoningSplit(bool inside, ThinkTags tags)
+    : state_(inside ? State::reasoning : State::start), tags_(tags) {}
 
 ReasoningPiece ReasoningSplit::feed(std::string_view text, bool last) {
   held_ += text;
@@ -36,6 +44,7 @@ ReasoningPiece ReasoningSplit::feed(std::string_view text, bool last) {
 }
 
 ReasoningPiece ReasoningSplit::drain(bool last) {
+  const std::string_view kOpen = tags_.open, kClose = tags_.close;
   ReasoningPiece out;
   if (state_ == State::start) {
     const std::string_view rest = std::string_view(held_).substr(leading_space(held_));
@@ -43,7 +52,7 @@ ReasoningPiece ReasoningSplit::drain(bool last) {
       held_.erase(0, held_.size() - rest.size() + kOpen.size());
       state_ = State::reasoning;
     } else if (!last && kOpen.substr(0, rest.size()) == rest) {
-      return out;  // only whitespace, or the start of "<think>", so far
+      return out;  // only whitespace, or the start of the open tag, so far
     } else {
       state_ = State::content;  // no think block: the text is all answer, untouched
       out.content = std::move(held_);
@@ -56,7 +65,7 @@ ReasoningPiece ReasoningSplit::drain(bool last) {
     const bool ends = close != std::string::npos || last;
     std::string_view part = std::string_view(held_).substr(0, close == std::string::npos ? held_.size() : close);
     if (!reasoning_started_) part.remove_prefix(leading_space(part));
-    // Held back: a possible start of "</think>", and whitespace that may be the reasoning's last.
+    // Held back: a possible start of the close tag, and whitespace that may be the reasoning's last.
     const size_t keep = ends ? 0 : partial_tag(part, kClose);
     part.remove_suffix(keep);
     const size_t tail = trailing_space(part);
@@ -82,7 +91,8 @@ ReasoningPiece ReasoningSplit::drain(bool last) {
   return out;
 }
 
-bool prompt_opens_think(std::string_view prompt) {
+bool prompt_opens_think(std::string_view prompt, ThinkTags tags) {
+  const std::string_view kOpen = tags.open;
   prompt.remove_suffix(trailing_space(prompt));
   return prompt.size() >= kOpen.size() && prompt.substr(prompt.size() - kOpen.size()) == kOpen;
 }

@@ -245,6 +245,7 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
     const ServedModel served = bounded(body_, m);
     CompletionRequest r = chat_ ? parse_chat_body(openai, m, served, seed) : parse_generate_body(openai, m, served, seed);
     r.split_reasoning = think == ojson(true);  // ollama splits only when asked to
+    r.think_tags = m.served.think_tags;
     prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
     if (!chat_) context_ = r.prompts[0];
     return r;
@@ -283,7 +284,7 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
     messages.push_back({{"role", "user"}, {"content", text}});
     text = served.render_chat(messages, nullptr, true, openai.value("chat_template_kwargs", ojson()));
     template_stops = served.chat_stop;
-    reasoning_inside = prompt_opens_think(text);
+    reasoning_inside = prompt_opens_think(text, served.think_tags);
   } else if (!raw && !system.empty()) {
     text = system + "\n\n" + text;
   }
@@ -327,7 +328,7 @@ void OllamaFormat::loaded(const LoadedModel& m, std::string& out) {
 void OllamaFormat::begin(const CompletionRequest& r, const LoadedModel& m, std::string&) {
   if (model_.empty()) model_ = m.name;
   if (!r.tool_names.empty()) tools_ = std::make_unique<ToolCallStream>(r.tool_format, r.tool_names, r.seed);
-  if (r.split_reasoning) reason_ = std::make_unique<ReasoningSplit>(r.reasoning_inside);
+  if (r.split_reasoning) reason_ = std::make_unique<ReasoningSplit>(r.reasoning_inside, r.think_tags);
   parallel_tool_calls_ = r.parallel_tool_calls;
 }
 

@@ -172,7 +172,8 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   r.prompts.push_back(m.tokenizer->encode_prompt(text));
   if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
   r.split_reasoning = m.thinks;
-  r.reasoning_inside = prompt_opens_think(text);
+  r.think_tags = m.think_tags;
+  r.reasoning_inside = prompt_opens_think(text, m.think_tags);
   generation_fields(body, m, seed, r);
   for (const std::string& s : m.chat_stop)
     if (std::find(r.stop.begin(), r.stop.end(), s) == r.stop.end()) r.stop.push_back(s);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer/engine.h"
+#include "serve/reasoning.h"
 #include "serve/tool_calls.h"
 #include "text/tokenizer.h"
 
@@ -65,7 +66,8 @@ struct ServedModel {
   std::vector<std::string> chat_stop{};  // stop strings every chat request gets (where the template's turn ends)
   bool renders_tools = false;              // the template reads `tools`: chat requests may offer tools
   ToolFormat tool_format = ToolFormat::hermes;  // how the template teaches the model to write calls
-  bool thinks = false;  // the template has a thinking mode (<think>, enable_thinking)
+  bool thinks = false;  // the template has a thinking mode (reasoning.h's template_thinks)
+  ThinkTags think_tags{};  // the tags its think block stands between
   infer::Pooling embedding_pooling = infer::Pooling::mean;  // what an embedding request gets (embeddings.h)
   // The vocabulary grammars are compiled for (structured_output.h); null:
   // requests for structured output are refused.
@@ -94,6 +96,7 @@ struct CompletionRequest {
   // (reasoning.h), reasoning_inside when the prompt opened it.
   bool split_reasoning = false;
   bool reasoning_inside = false;
+  ThinkTags think_tags{};
 };
 
 // Throws ApiError: 400 for a missing or invalid field (named in param), 404

@@ -59,7 +59,7 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
     choices_[i].tools = std::make_unique<ToolCallStream>(request.tool_format, request.tool_names,
                                                          request.seed + 7919 * i);
   for (Choice& c : choices_)
-    if (request.split_reasoning) c.reason = std::make_unique<ReasoningSplit>(request.reasoning_inside);
+    if (request.split_reasoning) c.reason = std::make_unique<ReasoningSplit>(request.reasoning_inside, request.think_tags);
   for (Choice& c : choices_)
     if (request.logprobs && request.chat)
       c.logprobs = {{"content", json::array()}};
