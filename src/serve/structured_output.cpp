@@ -112,6 +112,7 @@ std::pair<std::string, std::string> call_frame(ToolFormat f, const std::string& 
     case ToolFormat::command_r: return {"{\"tool_name\": " + ojson(name).dump() + ", \"parameters\": ", "}"};
     case ToolFormat::command_r7b:
       return {"{\"tool_call_id\": \"0\", \"tool_name\": " + ojson(name).dump() + ", \"parameters\": ", "}"};
+    case ToolFormat::functionary_v32: return {name + "\n", ""};  // the recipient line, then the arguments
     default: return {head, "}"};
   }
 }
@@ -130,6 +131,7 @@ std::string call_list_root(ToolFormat f, bool parallel) {
       break;
     case ToolFormat::command_r: open = "Action:\n```json\n[", close = "]\n```"; break;
     case ToolFormat::command_r7b: open = "<|START_ACTION|>[", close = "]<|END_ACTION|>"; break;
+    case ToolFormat::functionary_v32: sep = "\">>>\""; break;  // the prompt wrote the first ">>>"
   }
   const std::string more = parallel ? " (" + sep + " call){0,3}" : "";
   return "root ::= " + (open.empty() ? "" : gbnf_literal(open) + " ") + "call" + more +
@@ -152,7 +154,7 @@ std::string tool_call_grammar(ToolFormat f, const ojson& tools, const std::vecto
     const std::string head = "{\"name\": " + ojson(name).dump() + ", \"" +
                              (f == ToolFormat::llama3 ? "parameters" : "arguments") + "\": ";
     const auto [open, close] = call_frame(f, name, head);
-    call += (first ? "" : " | ") + gbnf_literal(open) + " " + args + " " + gbnf_literal(close);
+    call += (first ? "" : " | ") + gbnf_literal(open) + " " + args + (close.empty() ? "" : " " + gbnf_literal(close));
     first = false;
   }
   return call_list_root(f, parallel) + call + "\n" + rules;

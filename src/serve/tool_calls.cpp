@@ -17,6 +17,8 @@ constexpr std::string_view kDsCalls = "<｜tool▁calls▁begin｜>", kDsCallsEn
                            kDsCall = "<｜tool▁call▁begin｜>", kDsCallEnd = "<｜tool▁call▁end｜>",
                            kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kCohereAction = "Action:", kCohereStart = "<|START_ACTION|>", kCohereEnd = "<|END_ACTION|>";
+constexpr std::string_view kRecipient = ">>>", kToAll = "all";
+constexpr size_t kMaxRecipient = 128;  // a first line longer than this is text, not a recipient
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -36,6 +38,7 @@ std::string_view marker_of(ToolFormat f) {
     case ToolFormat::deepseek_v31: return kDsCalls;
     case ToolFormat::command_r: return kCohereAction;
     case ToolFormat::command_r7b: return kCohereStart;
+    case ToolFormat::functionary_v32: return kRecipient;
     case ToolFormat::mistral: break;
   }
   return kMistralCalls;
@@ -233,6 +236,42 @@ bool parse_command_r(ToolFormat f, std::string_view s, const std::vector<std::st
   return trim(s).empty();
 }
 
+// functionary v3.2: parts "recipient\nbody" separated by ">>>" (the first
+// one's written by the prompt); "all" parts are content, the others calls
+// whose body is the arguments' JSON object (python's may be bare code).
+bool parse_functionary(std::string_view s, const std::vector<std::string>& names, ParsedToolOutput& out) {
+  if (s.starts_with(kRecipient)) s.remove_prefix(kRecipient.size());
+  while (true) {
+    const size_t next = s.find(kRecipient);
+    std::string_view part = s.substr(0, next);
+    const size_t nl = part.find('\n');
+    const std::string_view recipient = trim(part.substr(0, nl));
+    const std::string_view body = nl == std::string_view::npos ? std::string_view() : part.substr(nl + 1);
+    if (recipient == kToAll) {
+      out.content += body;
+    } else {
+      ToolCall call;
+      call.name = recipient;
+      std::string_view rest = body;
+      const ojson args = take_json(rest);
+      if (args.is_object() && trim(rest).empty()) call.arguments = args;
+      else if (recipient == "python" && !trim(body).empty()) call.arguments = {{"code", std::string(trim(body))}};
+      else return false;
+      if (std::find(names.begin(), names.end(), call.name) == names.end()) return false;
+      out.calls.push_back(std::move(call));
+    }
+    if (next == std::string_view::npos) return true;
+    s.remove_prefix(next + kRecipient.size());
+  }
+}
+
+// What a functionary output is when it is not calls: its text, less the
+// "all" recipient line it starts with.
+std::string functionary_text(std::string_view s) {
+  const std::string_view head = s.substr(0, s.find('\n'));
+  return std::string(trim(head) == kToAll ? s.substr(std::min(s.size(), head.size() + 1)) : s);
+}
+
 }  // namespace
 
 const char* tool_format_name(ToolFormat f) {
@@ -244,11 +283,13 @@ const char* tool_format_name(ToolFormat f) {
     case ToolFormat::deepseek_v31: return "deepseek_v31";
     case ToolFormat::command_r: return "command_r";
     case ToolFormat::command_r7b: return "command_r7b";
+    case ToolFormat::functionary_v32: return "functionary_v32";
   }
   return "hermes";
 }
 
 ToolFormat tool_format_of(std::string_view source) {
+  if (source.find(">>>all") != std::string_view::npos) return ToolFormat::functionary_v32;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
   if (source.find(kCohereStart) != std::string_view::npos) return ToolFormat::command_r7b;
   if (source.find("Action:\\n```json") != std::string_view::npos) return ToolFormat::command_r;
@@ -291,8 +332,9 @@ ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view output, const s
                   : is_deepseek(f)          ? parse_deepseek(output, names, out)
                   : f == ToolFormat::command_r || f == ToolFormat::command_r7b
                       ? parse_command_r(f, output, names, out)
-                      : parse_mistral(output, names, out);
-  if (!ok) return {std::string(output), {}};
+                  : f == ToolFormat::functionary_v32 ? parse_functionary(output, names, out)
+                                                     : parse_mistral(output, names, out);
+  if (!ok) return {f == ToolFormat::functionary_v32 ? functionary_text(output) : std::string(output), {}};
   return out;
 }
 
@@ -310,6 +352,13 @@ ToolCallStream::ToolCallStream(ToolFormat f, std::vector<std::string> names, uin
 std::string ToolCallStream::feed(std::string_view text) {
   pending_ += text;
   if (holding_) return {};
+  if (format_ == ToolFormat::functionary_v32 && !recipient_read_) {  // the first part's recipient decides
+    const size_t nl = pending_.find('\n');
+    if (nl == std::string::npos && pending_.size() <= kMaxRecipient) return {};
+    recipient_read_ = true;
+    if (nl != std::string::npos && trim(std::string_view(pending_).substr(0, nl)) == kToAll) pending_.erase(0, nl + 1);
+    else if (nl != std::string::npos) return holding_ = true, std::string();  // a call: held whole
+  }
   if (!seen_text_) {
     const std::string_view head = trim(pending_);
     if (head.empty()) return {};  // only whitespace yet: it may lead into a call
@@ -340,7 +389,10 @@ std::string ToolCallStream::feed(std::string_view text) {
 }
 
 ParsedToolOutput ToolCallStream::finish() {
-  ParsedToolOutput out = holding_ ? parse_tool_calls(format_, pending_, names_) : ParsedToolOutput{pending_, {}};
+  const bool unframed = format_ == ToolFormat::functionary_v32 && !recipient_read_;  // a short output: its "all\n" still on
+  ParsedToolOutput out = holding_    ? parse_tool_calls(format_, pending_, names_)
+                         : unframed ? ParsedToolOutput{functionary_text(pending_), {}}
+                                    : ParsedToolOutput{pending_, {}};
   pending_.clear();
   for (size_t i = 0; i < out.calls.size(); ++i)
     out.calls[i].id = tool_call_id(format_, seed_, static_cast<int64_t>(i));

@@ -11,6 +11,9 @@
 //            "function" and the fence: <｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>, deepseek_v31)
 //   command_r     Action:\n```json\n[{"tool_name": "f", "parameters": {...}}, ...]\n```            (Command R / R+)
 //   command_r7b   <|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": {...}}]<|END_ACTION|>
+//   functionary_v32   f\n{...}>>>g\n{...}   or   all\ntext>>>f\n{...}   (functionary v3.2: the generation
+//            prompt ends with ">>>"; every part starts with its recipient's line, "all" for the user, so
+//            the "all\n" header is taken off the content even when no tools are offered)
 //
 // The family is chosen from the template's source. Special tokens such as
 // <|python_tag|> and [TOOL_CALLS] are control tokens that a tokenizer may
@@ -32,7 +35,7 @@
 
 namespace loom::serve {
 
-enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31, command_r, command_r7b };
+enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31, command_r, command_r7b, functionary_v32 };
 const char* tool_format_name(ToolFormat f);
 
 // The family a chat template writes calls in (hermes when it names none).
@@ -81,6 +84,7 @@ class ToolCallStream {
   std::string pending_;  // not yet emitted
   bool seen_text_ = false;  // something other than whitespace was emitted
   bool holding_ = false;    // a call has started: everything from here is held
+  bool recipient_read_ = false;  // functionary: the output's first recipient line is behind
 };
 
 }  // namespace loom::serve

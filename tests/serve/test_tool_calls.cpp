@@ -237,6 +237,50 @@ TEST(ToolCalls, AStreamHoldsBackOnlyWhatMayStartACall) {
   }
 }
 
+// functionary v3.2: the generation prompt ends with ">>>", every part of
+// the output starts with its recipient's line ("all": the user), parts
+// after the first are joined by ">>>". Streamed, the "all\n" line is taken
+// off at once and calls are held; with no tools offered the header still
+// goes (the stream is there for every answer of this family).
+TEST(ToolCalls, FunctionaryCallsAndItsAllHeader) {
+  if (!published("functionary-v3.2").empty()) {
+    EXPECT_EQ(tool_format_of(published("functionary-v3.2")), ToolFormat::functionary_v32);
+  }
+  const ToolFormat f = ToolFormat::functionary_v32;
+  expect_weather_then_time(
+      parse_tool_calls(f, "all\nLet me look.>>>get_weather\n{\"city\": \"Oslo\"}>>>get_time\n{}", kNames),
+      "Let me look.");
+  expect_weather_then_time(parse_tool_calls(f, "get_weather\n{\"city\": \"Oslo\"}>>>get_time\n{}", kNames), "");
+  EXPECT_EQ(parse_tool_calls(f, "all\nHello there.", kNames).content, "Hello there.");
+  EXPECT_EQ(parse_tool_calls(f, "launch\n{}", kNames).content, "launch\n{}");  // not offered: content as it came
+  const ParsedToolOutput py = parse_tool_calls(f, "python\nprint(2 + 2)", {"python"});
+  ASSERT_EQ(py.calls.size(), 1u);
+  EXPECT_EQ(py.calls[0].arguments.dump(), R"x({"code":"print(2 + 2)"})x");
+  for (size_t step : {1, 4, 100}) {
+    auto [early, end] = stream(f, "all\nIt is sunny.", step);
+    EXPECT_EQ(early + end.content, "It is sunny.") << step;
+    EXPECT_TRUE(end.calls.empty());
+    std::tie(early, end) = stream(f, "all\nOne moment.>>>get_time\n{}", step);
+    EXPECT_EQ(early, "One moment.") << step;
+    ASSERT_EQ(end.calls.size(), 1u) << step;
+    std::tie(early, end) = stream(f, "get_weather\n{\"city\": \"Oslo\"}", step);
+    EXPECT_EQ(early, "") << step;
+    ASSERT_EQ(end.calls.size(), 1u) << step;
+    ToolCallStream none(f, {}, 1);  // no tools offered: the header still goes
+    std::string text;
+    for (const char* piece : {"al", "l\nHi", " you"}) text += none.feed(piece);
+    EXPECT_EQ(text + none.finish().content, "Hi you");
+    ToolCallStream bare(f, {}, 1);
+    EXPECT_EQ(bare.feed("all") + bare.finish().content, "");
+  }
+  // What the grammar of required calls writes (after the prompt's ">>>"), the parser reads back.
+  const std::string forced = "get_weather\n{\"city\": \"Oslo\"}>>>get_time\n{}";
+  infer::GrammarMatcher m(infer::parse_gbnf(tool_call_grammar(f, weather_and_time_tools(), kNames, true)));
+  EXPECT_TRUE(m.accept(forced));
+  EXPECT_TRUE(m.can_end());
+  expect_weather_then_time(parse_tool_calls(f, forced, kNames), "");
+}
+
 TEST(ToolCalls, MalformedToolsAreRefusedNamingTheEntry) {
   const auto param_of = [](const std::string& tools) {
     try {

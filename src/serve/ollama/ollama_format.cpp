@@ -327,7 +327,7 @@ void OllamaFormat::loaded(const LoadedModel& m, std::string& out) {
 
 void OllamaFormat::begin(const CompletionRequest& r, const LoadedModel& m, std::string&) {
   if (model_.empty()) model_ = m.name;
-  if (!r.tool_names.empty()) tools_ = std::make_unique<ToolCallStream>(r.tool_format, r.tool_names, r.seed);
+  if (r.reads_calls()) tools_ = std::make_unique<ToolCallStream>(r.tool_format, r.tool_names, r.seed);
   if (r.split_reasoning) reason_ = std::make_unique<ReasoningSplit>(r.reasoning_inside, r.think_tags);
   parallel_tool_calls_ = r.parallel_tool_calls;
 }

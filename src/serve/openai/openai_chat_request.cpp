@@ -163,6 +163,7 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   std::string tool_grammar;
   const json tools = chat_tools(body, m, r, tool_grammar);
   r.seed = seed;
+  r.tool_format = m.tool_format;
   std::string text;
   try {
     text = m.render_chat(messages, tools, boolean(body, "add_generation_prompt", true), template_kwargs(body));

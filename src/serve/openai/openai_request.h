@@ -91,6 +91,9 @@ struct CompletionRequest {
   std::vector<std::string> tool_names;
   ToolFormat tool_format = ToolFormat::hermes;
   bool parallel_tool_calls = true;  // false: the first call only
+  // The output goes through a ToolCallStream: tools are offered, or the
+  // family frames every answer (functionary's "all\n" recipient line).
+  bool reads_calls() const { return !tool_names.empty() || (chat && tool_format == ToolFormat::functionary_v32); }
   uint64_t seed = 0;                // the request's, for call ids
   // Chat with a thinking template: the output's think block is reasoning
   // (reasoning.h), reasoning_inside when the prompt opened it.

@@ -55,7 +55,7 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
                                        const text::Tokenizer* tok)
     : request_(request), id_(std::move(id)), created_(created), tok_(tok) {
   choices_.resize(request.prompts.size() * static_cast<size_t>(request.gen.n));
-  for (size_t i = 0; i < choices_.size() && !request.tool_names.empty(); ++i)
+  for (size_t i = 0; i < choices_.size() && request.reads_calls(); ++i)
     choices_[i].tools = std::make_unique<ToolCallStream>(request.tool_format, request.tool_names,
                                                          request.seed + 7919 * i);
   for (Choice& c : choices_)
