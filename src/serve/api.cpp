@@ -249,6 +249,7 @@ HttpResponse Api::generation(const HttpRequest& req, std::shared_ptr<GenerationS
     const GenerationTimes t = src->times();
     const Clock::time_point end = t.end == Clock::time_point{} ? Clock::now() : t.end;
     const double tokens = static_cast<double>(src->usage().value("completion_tokens", 0));
+    if (tokens == 0) return;  // nothing generated (an embedding, a model load): no generation latencies
     const bool got_first = t.first_token != Clock::time_point{};
     metrics_.generation(got_first ? ms_between(t.received, t.first_token) / 1e3 : -1.0,
                         got_first && tokens >= 2 ? ms_between(t.first_token, end) / 1e3 / (tokens - 1) : -1.0,
