@@ -24,7 +24,9 @@ int64_t model_len(const EngineConfig& c, const model::ModelConfig& cfg) {
   return c.max_model_len > 0 ? c.max_model_len : cfg.max_seq_len;
 }
 
-EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {  // resolve_engine_config
+}  // namespace
+
+EngineConfig resolve_engine_config(EngineConfig c, const model::ModelConfig& cfg) {
   c.max_model_len = model_len(c, cfg);
   LOOM_REQUIRE(c.block_size >= 1, "KV block size ", c.block_size, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(c.max_num_seqs >= 1, "max_num_seqs ", c.max_num_seqs, " is invalid: allowed values are >= 1");
@@ -47,6 +49,8 @@ EngineConfig resolved(EngineConfig c, const model::ModelConfig& cfg) {  // resol
   }
   return c;
 }
+
+namespace {
 
 // The root of every prefix-cache hash: a digest of the weights' bytes, so
 // blocks computed by other weights can never match. With quantized weights:
@@ -117,8 +121,6 @@ uint64_t sequence_seed(uint64_t seed, int64_t index) {
 
 }  // namespace
 
-EngineConfig resolve_engine_config(EngineConfig c, const model::ModelConfig& cfg) { return resolved(c, cfg); }
-
 const char* pooling_name(Pooling p) {
   switch (p) {
     case Pooling::none: return "none";
@@ -145,12 +147,12 @@ void GenerationParams::validate() const {
 
 Engine::Engine(const model::ModelConfig& cfg, const Tensor& params, Pools& pools, const EngineConfig& config,
                const model::QuantWeights* quant)
-    : Engine(std::make_unique<PagedModelRunner>(cfg, params, pools, runner_sizes(resolved(config, cfg)), quant),
-             resolved(config, cfg), weights_fingerprint(cfg, params, quant)) {}
+    : Engine(std::make_unique<PagedModelRunner>(cfg, params, pools, runner_sizes(resolve_engine_config(config, cfg)), quant),
+             resolve_engine_config(config, cfg), weights_fingerprint(cfg, params, quant)) {}
 
 Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, BlockHash fingerprint)
     : cfg_(runner_config(runner, config)),
-      config_(resolved(config, cfg_)),
+      config_(resolve_engine_config(config, cfg_)),
       kv_(KvCacheConfig{.num_blocks = config_.num_blocks,
                         .block_size = config_.block_size,
                         .seed = fingerprint,

@@ -117,14 +117,15 @@ void GenerationSource::prepare(std::shared_ptr<LoadedModel> m) {
 bool GenerationSource::begin_prepared(std::string& out) {
   preparing_ = false;
   if (prepare_error_) return fail(*prepare_error_, out);
+  std::shared_ptr<LoadedModel> m;
   {
     std::lock_guard lk(mu_);
     if (cancelled_) return true;  // the client left while its request was prepared: queue nothing
-    running_on_ = model_;
+    m = model_;
   }
   try {
     queue_more(true);
-    format_->begin(request_, *running_on_, out);
+    format_->begin(request_, *m, out);
     begun_ = true;
   } catch (const ApiError& e) {
     for (auto& s : streams_) s->cancel();
@@ -140,22 +141,24 @@ bool GenerationSource::begin_prepared(std::string& out) {
 // request's run. A full queue is an error for the first (429); later ones
 // wait for a prompt of this request to finish (whose wake calls again).
 void GenerationSource::queue_more(bool first) {
+  std::shared_ptr<LoadedModel> m;
+  std::function<void()> wake;
+  {
+    std::lock_guard lk(mu_);
+    m = model_;
+    wake = wake_;
+  }
   size_t running = 0;
   for (const auto& s : streams_) running += s->done() ? 0 : 1;
   while (streams_.size() < request_.prompts.size() && running < format_->max_in_flight()) {
     const size_t p = streams_.size();
-    Submitted sub = running_on_->loop->submit({request_.prompts[p], request_.gen, request_.stop});
+    Submitted sub = m->loop->submit({request_.prompts[p], request_.gen, request_.stop});
     if (sub.admission == Admission::queue_full && !first && running > 0) return;
     if (sub.admission != Admission::accepted) {
       if (sub.admission == Admission::queue_full)
         throw ApiError(429, "TooManyRequests", "", "the server's queue is full; retry later");
       throw ApiError(503, "ServiceUnavailableError", "",
                      sub.admission == Admission::draining ? "the server is shutting down" : "the engine failed");
-    }
-    std::function<void()> wake;
-    {
-      std::lock_guard lk(mu_);
-      wake = wake_;
     }
     sub.stream->on_ready(wake);
     streams_.push_back(std::move(sub.stream));

@@ -96,14 +96,14 @@ class GenerationSource : public BodySource, public std::enable_shared_from_this<
   // The parse on the preparation pool: format_ is its alone while preparing_
   // (usage() and id() wait on format_mu_); prepared_ says it ended.
   mutable std::mutex format_mu_;
-  std::atomic<bool> preparing_{false}, prepared_{false};
+  std::atomic<bool> prepared_{false};
   std::optional<ApiError> prepare_error_;
 
   // The connection's thread's own.
-  std::shared_ptr<LoadedModel> running_on_;  // the model the prompts were queued on
   CompletionRequest request_;                 // what parse() made of the body
   std::vector<std::shared_ptr<RequestStream>> streams_;  // one per prompt queued so far, in prompt order
   bool submitted_ = false, begun_ = false;
+  bool preparing_ = false;  // on the preparation pool until prepared_
   int status_ = 200;
   GenerationTimes times_;
 };
