@@ -79,10 +79,6 @@ std::string floats_json(const std::vector<float>& v) {
   return out + "]";
 }
 
-int64_t ns(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return b > a ? std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count() : 0;
-}
-
 }  // namespace
 
 std::vector<float> unit_length(std::vector<float> v) {

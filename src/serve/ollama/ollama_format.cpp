@@ -24,11 +24,6 @@ const std::pair<const char*, const char*> kOptions[] = {
     {"num_predict", "max_tokens"}, {"stop", "stop"}, {"repeat_penalty", "repetition_penalty"},
     {"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"}};
 
-int64_t ns(Clock::time_point a, Clock::time_point b) {
-  return a == Clock::time_point{} || b == Clock::time_point{} || b < a
-             ? 0
-             : std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
-}
 
 // A Go-style duration: "300ms", "10s", "5m", "1h30m", "-1m", or a bare number of seconds.
 std::optional<double> duration_seconds(const std::string& s) {
@@ -394,6 +389,13 @@ std::string OllamaFormat::error_body(const ApiError& e, bool begun) const {
 
 json OllamaFormat::usage() const {
   return {{"prompt_tokens", prompt_tokens_}, {"completion_tokens", completion_tokens_}};
+}
+
+int64_t ns(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  using Clock = std::chrono::steady_clock;
+  return a == Clock::time_point{} || b == Clock::time_point{} || b < a
+             ? 0
+             : std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
 }
 
 }  // namespace loom::serve

@@ -87,6 +87,9 @@ std::string human_count(int64_t n);
 // A model name from a request; 400 when malformed.
 ModelName model_name_of(const std::string& text);
 
+// Nanoseconds from a to b (ollama's durations); 0 when either is unset or b is before a.
+int64_t ns(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b);
+
 // RFC 3339 time (what ollama's created_at, modified_at and expires_at hold).
 std::string rfc3339(std::chrono::system_clock::time_point t);
 
