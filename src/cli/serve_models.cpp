@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "io/gguf.h"
+#include "serve/harmony.h"
 #include "serve/store/store_models.h"
 #include "infer/engine.h"
 #include "model/paged_runner.h"
@@ -24,6 +25,35 @@ struct Owned {
   model::ServingWeights weights;
   std::unique_ptr<infer::Engine> engine;
 };
+
+// What requests are checked against and rendered with: the model's
+// limits, its template and what the template says of its answers. A
+// harmony model also ends its answers with <|return|> or <|call|>, and its
+// grammars may write the markers its output shows.
+serve::ServedModel served_model(const std::string& name, const model::ModelDir& dir, const serve::ChatTemplate& chat,
+                                const text::Tokenizer& tok, const ServedModelArgs& a, int64_t max_model_len,
+                                const serve::HarmonyTokens& harmony) {
+  std::vector<int32_t> eos;
+  if (tok.eos_id() >= 0) eos.push_back(tok.eos_id());
+  for (int32_t t : harmony.end)
+    if (std::find(eos.begin(), eos.end(), t) == eos.end()) eos.push_back(t);
+  return serve::ServedModel{
+      .name = name,
+      .max_model_len = max_model_len,
+      .vocab_size = dir.config.vocab_size,
+      .eos_token_ids = eos,
+      .tokenizer = &tok,
+      .max_n = a.max_n,
+      .max_prompts = a.max_prompts,
+      .render_chat = serve::chat_renderer(chat),
+      .chat_stop = chat.stop,
+      .renders_tools = serve::template_renders_tools(chat.source),
+      .tool_format = serve::tool_format_of(chat.source),
+      .thinks = serve::template_thinks(chat.source),
+      .think_tags = serve::think_tags_of(chat.source),
+      .embedding_pooling = a.pooling == "last" ? infer::Pooling::last : infer::Pooling::mean,
+      .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size, harmony.shown)};
+}
 
 }  // namespace
 
@@ -42,25 +72,14 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   owned->engine = std::make_unique<infer::Engine>(dir.config, owned->weights.params, owned->pools,
                                                   e.config(dir.config),
                                                   owned->weights.quant_or_null());
-  const infer::EngineConfig& c = owned->engine->config();
+  // A harmony model (gpt-oss): its output shows the markers its reader needs (harmony.h).
+  serve::HarmonyTokens harmony;
+  if (serve::tool_format_of(extras.chat.source) == serve::ToolFormat::harmony && !extras.chat.is_plain)
+    harmony = serve::harmony_tokens(tok);
   auto m = std::make_shared<serve::LoadedModel>();
   m->name = name;
   m->digest = extras.digest;
-  m->served = serve::ServedModel{.name = name,
-                                 .max_model_len = c.max_model_len,
-                                 .vocab_size = dir.config.vocab_size,
-                                 .eos_token_ids = {tok.eos_id()},
-                                 .tokenizer = &tok,
-                                 .max_n = a.max_n,
-                                 .max_prompts = a.max_prompts,
-                                 .render_chat = serve::chat_renderer(extras.chat),
-                                 .chat_stop = extras.chat.stop,
-                                 .renders_tools = serve::template_renders_tools(extras.chat.source),
-                                 .tool_format = serve::tool_format_of(extras.chat.source),
-                                 .thinks = serve::template_thinks(extras.chat.source),
-                                 .think_tags = serve::think_tags_of(extras.chat.source),
-                                 .embedding_pooling = a.pooling == "last" ? infer::Pooling::last : infer::Pooling::mean,
-                                 .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size)};
+  m->served = served_model(name, dir, extras.chat, tok, a, owned->engine->config().max_model_len, harmony);
   m->templated = !extras.chat.is_plain;
   m->config = dir.config;
   if (m->templated) m->template_source = extras.chat.source;
@@ -76,7 +95,8 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
              std::max<int64_t>(static_cast<int64_t>(held.current_total - held[MemTag::params].current),
                                owned->engine->runner().kv_cache_bytes()) +
              m->served.grammar_vocab->memory_bytes();
-  m->loop = std::make_unique<serve::EngineLoop>(*owned->engine, &tok, serve::LoopOptions{.max_waiting = a.max_queue});
+  m->loop = std::make_unique<serve::EngineLoop>(
+      *owned->engine, &tok, serve::LoopOptions{.max_waiting = a.max_queue, .shown_tokens = std::move(harmony.shown)});
   m->owner = std::move(owned);
   m->loaded_at = std::chrono::steady_clock::now();
   return m;

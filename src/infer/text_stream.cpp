@@ -20,15 +20,17 @@ size_t incomplete_utf8_tail(const std::string& s) {
   return 0;  // only continuation bytes: no lead to complete them
 }
 
-TextStream::TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent)
-    : tok_(tok), stops_(std::move(stops)), silent_(std::move(silent)) {}
+TextStream::TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent,
+                       text::ShownTokens shown)
+    : tok_(tok), stops_(std::move(stops)), silent_(std::move(silent)), shown_(std::move(shown)) {}
 
 TextStream::Piece TextStream::feed(int32_t token) {
   Piece p;
   if (stops_.stopped()) return p;
   const bool silent = token < 0 || token >= tok_.vocab_size() ||
                       std::find(silent_.begin(), silent_.end(), token) != silent_.end();
-  if (!silent) bytes_ += tok_.token_bytes(token);
+  const auto shown = std::find_if(shown_.begin(), shown_.end(), [token](const auto& s) { return s.first == token; });
+  if (!silent) bytes_ += shown != shown_.end() ? shown->second : tok_.token_bytes(token);
   const size_t hold = incomplete_utf8_tail(bytes_);
   StopStrings::Result r = stops_.feed(std::string_view(bytes_).substr(0, bytes_.size() - hold));
   bytes_.erase(0, bytes_.size() - hold);

@@ -29,8 +29,10 @@ size_t incomplete_utf8_tail(const std::string& s);
 class TextStream {
  public:
   // tok must outlive the stream. stops: stop strings (none empty); silent:
-  // token ids that add no text (EOS).
-  TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent = {});
+  // token ids that add no text (EOS); shown: control tokens that add their
+  // text (a control token otherwise adds nothing).
+  TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent = {},
+             text::ShownTokens shown = {});
 
   struct Piece {
     std::string text;      // safe to emit now (maybe empty)
@@ -48,6 +50,7 @@ class TextStream {
   const text::Tokenizer& tok_;
   StopStrings stops_;
   std::vector<int32_t> silent_;
+  text::ShownTokens shown_;
   std::string bytes_;  // decoded bytes not yet passed to stops_ (an incomplete character)
   std::string text_;
 };

@@ -8,16 +8,18 @@
 namespace loom::infer {
 namespace {
 
-std::vector<std::string> token_bytes_of(const text::Tokenizer& tok, int64_t vocab_size) {
+std::vector<std::string> token_bytes_of(const text::Tokenizer& tok, int64_t vocab_size, const text::ShownTokens& shown) {
   std::vector<std::string> bytes(static_cast<size_t>(vocab_size));
   for (int32_t t = 0; t < std::min<int64_t>(vocab_size, tok.vocab_size()); ++t) bytes[static_cast<size_t>(t)] = tok.token_bytes(t);
+  for (const auto& [t, text] : shown)
+    if (t >= 0 && t < vocab_size) bytes[static_cast<size_t>(t)] = text;
   return bytes;
 }
 
 }  // namespace
 
-GrammarVocab::GrammarVocab(const text::Tokenizer& tok, int64_t vocab_size)
-    : GrammarVocab(token_bytes_of(tok, vocab_size)) {}
+GrammarVocab::GrammarVocab(const text::Tokenizer& tok, int64_t vocab_size, const text::ShownTokens& shown)
+    : GrammarVocab(token_bytes_of(tok, vocab_size, shown)) {}
 
 GrammarVocab::GrammarVocab(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)), trie_(bytes_) {}
 

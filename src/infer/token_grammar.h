@@ -21,10 +21,11 @@ namespace loom::infer {
 
 // Each token's bytes (what it adds to the output) and their trie, built once
 // per model: ids past the tokenizer (a padded vocabulary) and tokens that add
-// no text are never allowed by a grammar.
+// no text are never allowed by a grammar; shown tokens have their text (a
+// grammar may choose them, and the stream shows them: text_stream.h).
 class GrammarVocab {
  public:
-  GrammarVocab(const text::Tokenizer& tok, int64_t vocab_size);
+  GrammarVocab(const text::Tokenizer& tok, int64_t vocab_size, const text::ShownTokens& shown = {});
   explicit GrammarVocab(std::vector<std::string> token_bytes);  // index = token id
   const TokenTrie& trie() const { return trie_; }
   const std::string& bytes(int32_t token) const { return bytes_.at(static_cast<size_t>(token)); }

@@ -213,7 +213,8 @@ void EngineLoop::admit(std::vector<Pending>& pending, bool abort_all) {
     if (tok_ != nullptr)
       for (int64_t i = 0; i < n; ++i)
         entry.text.push_back(
-            std::make_unique<infer::TextStream>(*tok_, p.params.stop_strings, p.params.gen.stop.eos_token_ids));
+            std::make_unique<infer::TextStream>(*tok_, p.params.stop_strings, p.params.gen.stop.eos_token_ids,
+                                                options_.shown_tokens));
     std::lock_guard lk(mu_);
     stats_.prompt_tokens += static_cast<int64_t>(p.params.prompt.size());
     entries_.emplace(id, std::move(entry));

@@ -98,6 +98,8 @@ struct LoopOptions {
   // steps done; what it throws is handled as the engine failing (the seam
   // through which tests see how the server lives with a dead engine).
   std::function<void(int64_t steps)> before_step{};
+  // Control tokens every output of the model shows as text (harmony's markers).
+  text::ShownTokens shown_tokens{};
 };
 
 enum class Admission { accepted, queue_full, draining, failed };

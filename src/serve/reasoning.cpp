@@ -28,7 +28,8 @@ size_t partial_tag(std::string_view s, std::string_view tag) {
 
 bool template_thinks(std::string_view source) {
   return source.find("<think>") != std::string_view::npos || source.find("enable_thinking") != std::string_view::npos ||
-         source.find(kCommandR7bThinkTags.open) != std::string_view::npos;
+         source.find(kCommandR7bThinkTags.open) != std::string_view::npos ||
+         source.find("<|channel|>analysis") != std::string_view::npos;  // harmony's analysis channel (harmony.h)
 }
 
 ThinkTags think_tags_of(std::string_view source) {

@@ -28,7 +28,8 @@ struct ThinkTags {
 inline constexpr ThinkTags kCommandR7bThinkTags{"<|START_THINKING|>", "<|END_THINKING|>"};
 
 // Whether a chat template has a thinking mode (it writes a think block's
-// tags, or reads enable_thinking), and which tags its model writes.
+// tags, reads enable_thinking, or has harmony's analysis channel), and which
+// tags its model writes.
 bool template_thinks(std::string_view template_source);
 ThinkTags think_tags_of(std::string_view template_source);
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "infer/json_schema_grammar.h"
+#include "serve/harmony.h"
 #include "serve/openai/openai_request.h"
 
 namespace loom::serve {
@@ -27,13 +28,13 @@ std::string schema_rules(const ojson& schema, const std::string& root_name, cons
   }
 }
 
-std::string response_format_grammar(const ojson& f) {
+std::string response_format_grammar(const ojson& f, const std::string& root) {
   if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
     throw bad_request("response_format", "response_format must be {\"type\": \"text\" | \"json_object\" | "
                                          "\"json_schema\", ...}");
   const std::string type = f["type"];
   if (type == "text") return {};
-  if (type == "json_object") return schema_rules(ojson{{"type", "object"}}, "root", "response_format");
+  if (type == "json_object") return schema_rules(ojson{{"type", "object"}}, root, "response_format");
   if (type != "json_schema")
     throw bad_request("response_format.type", "response_format.type \"" + type +
                                                   "\" is unknown: allowed text, json_object, json_schema");
@@ -43,13 +44,13 @@ std::string response_format_grammar(const ojson& f) {
   const ojson* schema = present(*js, "schema");
   if (schema == nullptr) throw bad_request("response_format.json_schema.schema", "response_format.json_schema.schema "
                                                                                  "is required");
-  return schema_rules(*schema, "root", "response_format.json_schema.schema");
+  return schema_rules(*schema, root, "response_format.json_schema.schema");
 }
 
-std::string choice_grammar(const ojson& choices) {
+std::string choice_grammar(const ojson& choices, const std::string& root) {
   if (!choices.is_array() || choices.empty())
     throw bad_request("guided_choice", "guided_choice must be a non-empty list of strings");
-  std::string g = "root ::= ";
+  std::string g = root + " ::= ";
   for (size_t i = 0; i < choices.size(); ++i) {
     if (!choices[i].is_string() || choices[i].get<std::string>().empty())
       throw bad_request("guided_choice", "guided_choice must be a non-empty list of non-empty strings");
@@ -79,7 +80,10 @@ std::string gbnf_literal(std::string_view text) {
   return out + "\"";
 }
 
-std::string requested_grammar(const ojson& body, std::string& param) {
+std::string requested_grammar(const ojson& body, std::string& param, const std::string& answer_prefix) {
+  // With a prefix the grammar made from a schema or choices is the answer's
+  // rule, after it; a GBNF grammar is the client's own, as it is.
+  const std::string root = answer_prefix.empty() ? "root" : "answer";
   std::string grammar;
   const auto take = [&](const char* name, auto make) {
     const ojson* f = present(body, name);
@@ -90,15 +94,16 @@ std::string requested_grammar(const ojson& body, std::string& param) {
     grammar = std::move(g);
     param = name;
   };
-  take("response_format", response_format_grammar);
-  take("guided_json", [](const ojson& s) { return schema_rules(s, "root", "guided_json"); });
-  take("guided_choice", choice_grammar);
+  take("response_format", [&root](const ojson& f) { return response_format_grammar(f, root); });
+  take("guided_json", [&root](const ojson& s) { return schema_rules(s, root, "guided_json"); });
+  take("guided_choice", [&root](const ojson& c) { return choice_grammar(c, root); });
   take("guided_grammar", [](const ojson& g) {
     if (!g.is_string() || g.get<std::string>().empty())
       throw bad_request("guided_grammar", "guided_grammar must be GBNF text");
     return g.get<std::string>();
   });
-  return grammar;
+  if (grammar.empty() || answer_prefix.empty() || param == "guided_grammar") return grammar;
+  return "root ::= " + gbnf_literal(answer_prefix) + " answer\n" + grammar;
 }
 
 // The text around one call's arguments object (the args rule's): what the
@@ -113,6 +118,7 @@ std::pair<std::string, std::string> call_frame(ToolFormat f, const std::string& 
     case ToolFormat::command_r7b:
       return {"{\"tool_call_id\": \"0\", \"tool_name\": " + ojson(name).dump() + ", \"parameters\": ", "}"};
     case ToolFormat::functionary_v32: return {name + "\n", ""};  // the recipient line, then the arguments
+    case ToolFormat::harmony: return {harmony_call_header(name), ""};  // the message's header, then the arguments
     default: return {head, "}"};
   }
 }
@@ -132,6 +138,7 @@ std::string call_list_root(ToolFormat f, bool parallel) {
     case ToolFormat::command_r: open = "Action:\n```json\n[", close = "]\n```"; break;
     case ToolFormat::command_r7b: open = "<|START_ACTION|>[", close = "]<|END_ACTION|>"; break;
     case ToolFormat::functionary_v32: sep = "\">>>\""; break;  // the prompt wrote the first ">>>"
+    case ToolFormat::harmony: parallel = false; break;  // a call ends the answer (<|call|> is an end token)
   }
   const std::string more = parallel ? " (" + sep + " call){0,3}" : "";
   return "root ::= " + (open.empty() ? "" : gbnf_literal(open) + " ") + "call" + more +

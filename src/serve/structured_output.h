@@ -28,11 +28,15 @@ namespace loom::serve {
 
 // The GBNF text body asks for with response_format or guided_*, "" for
 // none; ApiError (400) for an unknown type, a malformed field, or two of
-// them at once. The field used is written to param.
-std::string requested_grammar(const nlohmann::ordered_json& body, std::string& param);
+// them at once. The field used is written to param. answer_prefix: text the
+// answer starts with before what the schema or choices describe (harmony's
+// final-channel header); a guided_grammar is taken as the client wrote it.
+std::string requested_grammar(const nlohmann::ordered_json& body, std::string& param,
+                              const std::string& answer_prefix = "");
 
 // A grammar for calls of the named tools (tools: the request's list) in
-// format f: one call, or with parallel up to four.
+// format f: one call, or with parallel up to four (harmony: one, which ends
+// the answer).
 std::string tool_call_grammar(ToolFormat f, const nlohmann::ordered_json& tools, const std::vector<std::string>& names,
                               bool parallel);
 

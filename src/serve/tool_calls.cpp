@@ -4,6 +4,7 @@
 #include <random>
 #include <set>
 
+#include "serve/harmony.h"
 #include "serve/openai/openai_request.h"
 
 namespace loom::serve {
@@ -39,6 +40,7 @@ std::string_view marker_of(ToolFormat f) {
     case ToolFormat::command_r: return kCohereAction;
     case ToolFormat::command_r7b: return kCohereStart;
     case ToolFormat::functionary_v32: return kRecipient;
+    case ToolFormat::harmony:  // read by HarmonyStream, which has its own markers
     case ToolFormat::mistral: break;
   }
   return kMistralCalls;
@@ -284,11 +286,13 @@ const char* tool_format_name(ToolFormat f) {
     case ToolFormat::command_r: return "command_r";
     case ToolFormat::command_r7b: return "command_r7b";
     case ToolFormat::functionary_v32: return "functionary_v32";
+    case ToolFormat::harmony: return "harmony";
   }
   return "hermes";
 }
 
 ToolFormat tool_format_of(std::string_view source) {
+  if (is_harmony_template(source)) return ToolFormat::harmony;
   if (source.find(">>>all") != std::string_view::npos) return ToolFormat::functionary_v32;
   if (source.find(kHermesOpen) != std::string_view::npos) return ToolFormat::hermes;
   if (source.find(kCohereStart) != std::string_view::npos) return ToolFormat::command_r7b;
@@ -326,6 +330,11 @@ std::vector<std::string> check_tools(const ojson& tools) {
 }
 
 ParsedToolOutput parse_tool_calls(ToolFormat f, std::string_view output, const std::vector<std::string>& names) {
+  if (f == ToolFormat::harmony) {  // its reasoning is not content: left out
+    OutputPiece p = HarmonyStream(names, 0).feed(output, true);
+    for (ToolCall& c : p.calls) c.id.clear();
+    return {std::move(p.content), std::move(p.calls)};
+  }
   ParsedToolOutput out;
   const bool ok = f == ToolFormat::hermes   ? parse_hermes(output, names, out)
                   : f == ToolFormat::llama3 ? parse_llama3(output, names, out)

@@ -14,6 +14,8 @@
 //   functionary_v32   f\n{...}>>>g\n{...}   or   all\ntext>>>f\n{...}   (functionary v3.2: the generation
 //            prompt ends with ">>>"; every part starts with its recipient's line, "all" for the user, so
 //            the "all\n" header is taken off the content even when no tools are offered)
+//   harmony  <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>   (gpt-oss:
+//            every answer is messages on channels, read by harmony.h's HarmonyStream, not by ToolCallStream)
 //
 // The family is chosen from the template's source. Special tokens such as
 // <|python_tag|> and [TOOL_CALLS] are control tokens that a tokenizer may
@@ -35,7 +37,8 @@
 
 namespace loom::serve {
 
-enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31, command_r, command_r7b, functionary_v32 };
+enum class ToolFormat { hermes, llama3, mistral, deepseek, deepseek_v31, command_r, command_r7b, functionary_v32,
+                        harmony };
 const char* tool_format_name(ToolFormat f);
 
 // The family a chat template writes calls in (hermes when it names none).

@@ -10,9 +10,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom::text {
+
+// Control tokens a stream writes as their text, where a format needs to see
+// them (gpt-oss's harmony markers, serve/harmony.h): id and text.
+using ShownTokens = std::vector<std::pair<int32_t, std::string>>;
 
 class Tokenizer {
  public:

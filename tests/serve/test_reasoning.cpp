@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/published_template.h"
 #include "serve/store/chat_template.h"
 
 namespace loom::serve {
@@ -87,14 +88,7 @@ TEST(ReasoningSplit, APromptOpensTheBlockWhenItEndsWithTheTag) {
   EXPECT_FALSE(prompt_opens_think(""));
 }
 
-// The published template's source (../shared/jinja-cases), or "" when absent.
-std::string published_template(const std::string& name) {
-  const auto root = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path().parent_path();
-  std::ifstream in(root / "shared" / "jinja-cases" / "templates" / (name + ".jinja"));
-  std::ostringstream source;
-  source << in.rdbuf();
-  return source.str();
-}
+using test::published_template;
 
 TEST(ReasoningSplit, CommandR7bsThinkingTags) {
   const ThinkTags r7b = kCommandR7bThinkTags;

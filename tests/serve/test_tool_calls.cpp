@@ -7,13 +7,12 @@
 // client's key order (OpenAI's string arguments as objects); and the
 // OpenAI response streams delta.tool_calls with finish_reason "tool_calls".
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "common/published_template.h"
 #include "infer/grammar.h"
 #include "serve/store/chat_template.h"
 #include "serve/openai/openai_request.h"
@@ -31,12 +30,7 @@ namespace fs = std::filesystem;
 const fs::path kRoot = fs::path(__FILE__).parent_path().parent_path().parent_path();
 const std::vector<std::string> kNames = {"get_weather", "get_time"};
 
-std::string published(const std::string& name) {
-  std::ifstream in(kRoot.parent_path() / "shared" / "jinja-cases" / "templates" / (name + ".jinja"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+const auto& published = test::published_template;
 
 TEST(ToolCalls, TheFamilyComesFromThePublishedTemplates) {
   if (published("qwen2.5").empty()) GTEST_SKIP() << "../shared/jinja-cases is not here";
@@ -331,7 +325,7 @@ const char* kToolRequest = R"({"model": "m", "tools": [{"type": "function", "fun
 TEST(ToolCalls, TheTemplateGetsToolsAndCallsInTheClientsOrder) {
   ojson messages, tools;
   const CompletionRequest r = parse_chat(parse_body(kToolRequest), plain_model(&messages, &tools), 1);
-  EXPECT_EQ(r.tool_names, std::vector<std::string>{"get_weather"});
+  EXPECT_EQ(r.reading.tool_names, std::vector<std::string>{"get_weather"});
   EXPECT_EQ(tools[0]["function"]["parameters"]["properties"].dump(), R"({"zeta":{"type":"string"},"alpha":{"type":"string"}})");
   EXPECT_EQ(messages[1]["tool_calls"][0]["function"]["arguments"].dump(), R"({"zeta":"z","alpha":"a"})");
   EXPECT_EQ(messages[1]["tool_calls"][0]["id"], "call_1");
@@ -357,7 +351,7 @@ TEST(ToolCalls, ToolChoiceNoneOffersNothingAndOtherChoicesAreChecked) {
   ojson tools;
   ojson body = parse_body(kToolRequest);
   body["tool_choice"] = "none";
-  EXPECT_TRUE(parse_chat(body, plain_model(nullptr, &tools), 1).tool_names.empty());
+  EXPECT_TRUE(parse_chat(body, plain_model(nullptr, &tools), 1).reading.tool_names.empty());
   EXPECT_TRUE(tools.is_null());
   body["tool_choice"] = "sometimes";
   EXPECT_THROW(parse_chat(body, plain_model(), 1), ApiError);

@@ -180,15 +180,19 @@ ServedModel bounded(const ojson& body, const LoadedModel& m) {
 
 namespace {
 
-// think: true or false (null: absent): the template's enable_thinking, and
-// with true the think block split from the answer (reasoning.h). true only
-// for a template that thinks.
+// think: true or false, or a level "low" / "medium" / "high" (gpt-oss's
+// reasoning_effort, thinking on); null: absent. The template's
+// enable_thinking, and when on the think block split from the answer
+// (reasoning.h); on only for a template that thinks.
 // m null: the check that needs no model.
 ojson think_of(const ojson& body, const LoadedModel* m) {
   const auto t = body.find("think");
   if (t == body.end() || t->is_null()) return nullptr;
-  if (!t->is_boolean()) throw bad_request("think", "think must be true or false, got " + t->dump());
-  if (m != nullptr && *t == ojson(true) && !m->served.thinks)
+  const bool level = t->is_string() && (*t == "low" || *t == "medium" || *t == "high");
+  if (!t->is_boolean() && !level)
+    throw bad_request("think", "think must be true, false, or a level (\"low\", \"medium\", \"high\"), got " +
+                                   t->dump());
+  if (m != nullptr && *t != ojson(false) && !m->served.thinks)
     throw bad_request("think", "model \"" + m->name + "\" does not support thinking");
   return *t;
 }
@@ -236,11 +240,13 @@ CompletionRequest OllamaFormat::parse(const LoadedModel& m, uint64_t seed) {
   ojson openai = openai_fields(body_, m.served.name, stream_, chat_);
   try {
     const ojson think = think_of(body_, &m);
-    if (!think.is_null()) openai["chat_template_kwargs"] = {{"enable_thinking", think}};
+    if (!think.is_null()) openai["chat_template_kwargs"] = {{"enable_thinking", think != ojson(false)}};
+    if (think.is_string()) openai["reasoning_effort"] = think;  // a level: gpt-oss's template reads it
     const ServedModel served = bounded(body_, m);
     CompletionRequest r = chat_ ? parse_chat_body(openai, m, served, seed) : parse_generate_body(openai, m, served, seed);
-    r.split_reasoning = think == ojson(true);  // ollama splits only when asked to
-    r.think_tags = m.served.think_tags;
+    r.reading.split_reasoning = !think.is_null() && think != ojson(false);  // ollama splits only when asked to
+    r.reading.think_tags = m.served.think_tags;
+    hide_thinking_ = think == ojson(false);
     prompt_tokens_ = static_cast<int64_t>(r.prompts[0].size());
     if (!chat_) context_ = r.prompts[0];
     return r;
@@ -277,7 +283,9 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
     ojson messages = ojson::array();
     if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
     messages.push_back({{"role", "user"}, {"content", text}});
-    text = served.render_chat(messages, nullptr, true, openai.value("chat_template_kwargs", ojson()));
+    ojson kwargs = openai.value("chat_template_kwargs", ojson());
+    if (openai.contains("reasoning_effort")) kwargs["reasoning_effort"] = openai["reasoning_effort"];
+    text = served.render_chat(messages, nullptr, true, kwargs);
     template_stops = served.chat_stop;
     reasoning_inside = prompt_opens_think(text, served.think_tags);
   } else if (!raw && !system.empty()) {
@@ -300,7 +308,11 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
   openai.erase("chat_template_kwargs");  // the template's, not /v1/completions'
   CompletionRequest r = parse_completion(openai, served, seed);
   for (const std::string& s : template_stops) r.stop.push_back(s);
-  r.reasoning_inside = reasoning_inside;
+  r.reading.reasoning_inside = reasoning_inside;
+  if (!raw && m.templated) {  // the template's answer: a family that frames every answer is read (chat_output.h)
+    r.reading.format = served.tool_format;
+    r.reading.templated = true;
+  }
   return r;
 }
 
@@ -322,9 +334,7 @@ void OllamaFormat::loaded(const LoadedModel& m, std::string& out) {
 
 void OllamaFormat::begin(const CompletionRequest& r, const LoadedModel& m, std::string&) {
   if (model_.empty()) model_ = m.name;
-  if (r.reads_calls()) tools_ = std::make_unique<ToolCallStream>(r.tool_format, r.tool_names, r.seed);
-  if (r.split_reasoning) reason_ = std::make_unique<ReasoningSplit>(r.reasoning_inside, r.think_tags);
-  parallel_tool_calls_ = r.parallel_tool_calls;
+  reader_ = output_reader(r.reading, r.seed);
 }
 
 json OllamaFormat::tool_calls() const {
@@ -340,14 +350,11 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
     if (d.token >= 0) ++completion_tokens_;
     if (d.token >= 0 && !chat_) context_.push_back(d.token);
     if (d.finish != infer::FinishReason::none) finish_ = d.finish;
-    std::string shown = reason_ ? take_thinking(d, out) : d.text;
-    std::string text = tools_ ? tools_->feed(shown) : shown;
-    if (tools_ && d.finish != infer::FinishReason::none) {
-      ParsedToolOutput end = tools_->finish();
-      text += end.content;
-      calls_ = std::move(end.calls);
-      if (!parallel_tool_calls_ && calls_.size() > 1) calls_.resize(1);
-    }
+    OutputPiece p = reader_ ? reader_->feed(d.text, d.finish != infer::FinishReason::none) : OutputPiece{{}, d.text, {}};
+    if (!hide_thinking_) thinking_ += p.reasoning;
+    if (stream_ && !hide_thinking_ && !p.reasoning.empty()) out += dump(piece("", false, p.reasoning)) + "\n";
+    const std::string& text = p.content;
+    if (!p.calls.empty()) calls_ = std::move(p.calls);
     text_ += text;
     if (stream_ && !text.empty()) out += dump(piece(text, false)) + "\n";
     if (stream_ && !calls_.empty() && d.finish != infer::FinishReason::none) {
@@ -356,15 +363,6 @@ void OllamaFormat::add(int64_t, const std::vector<Delta>& deltas, std::string& o
       out += dump(j) + "\n";
     }
   }
-}
-
-// d's text without its think block, which goes into thinking_ (and, when
-// streaming, out as a piece of its own).
-std::string OllamaFormat::take_thinking(const Delta& d, std::string& out) {
-  ReasoningPiece p = reason_->feed(d.text, d.finish != infer::FinishReason::none);
-  thinking_ += p.reasoning;
-  if (stream_ && !p.reasoning.empty()) out += dump(piece("", false, p.reasoning)) + "\n";
-  return std::move(p.content);
 }
 
 void OllamaFormat::end(const GenerationTimes& t, std::string& out) {

@@ -46,7 +46,6 @@ class OllamaFormat : public GenerationFormat {
 
  private:
   nlohmann::json piece(const std::string& text, bool done, const std::string& thinking = {}) const;
-  std::string take_thinking(const Delta& d, std::string& out);
   nlohmann::json tool_calls() const;
   CompletionRequest parse_chat_body(nlohmann::ordered_json& openai, const LoadedModel& m, const ServedModel& served,
                                     uint64_t seed);
@@ -59,10 +58,9 @@ class OllamaFormat : public GenerationFormat {
   std::string model_, text_;
   int64_t prompt_tokens_ = 0, completion_tokens_ = 0;
   infer::FinishReason finish_ = infer::FinishReason::none;
-  std::unique_ptr<ToolCallStream> tools_;  // a chat that offers tools
-  std::unique_ptr<ReasoningSplit> reason_;  // think: true
+  std::unique_ptr<OutputReader> reader_;  // the answer read for thinking or calls
+  bool hide_thinking_ = false;            // think: false (a model that always thinks: harmony's)
   std::string thinking_;
-  bool parallel_tool_calls_ = true;
   std::vector<ToolCall> calls_;
   std::vector<int32_t> context_;  // /api/generate: the prompt's ids and the answer's, returned as context
 };

@@ -69,7 +69,10 @@ json tool_calls_of(const json& calls, const std::string& param) {
 
 // messages, checked and normalized for the template: role and content
 // strings, with name, tool_calls, tool_call_id (and ollama's tool_name)
-// where given.
+// where given. An assistant's reasoning, under any name a client sends it
+// (vLLM's reasoning_content or reasoning, ollama's thinking), reaches the
+// template under both names templates read: reasoning_content (Qwen3) and
+// thinking (gpt-oss).
 json chat_messages(const json& body) {
   const json* f = field(body, "messages");
   if (f == nullptr) throw bad_request("messages", "messages is required");
@@ -89,6 +92,12 @@ json chat_messages(const json& body) {
       if (const auto v = msg.find(key); v != msg.end() && v->is_string()) m[key] = *v;
     if (const auto calls = msg.find("tool_calls"); calls != msg.end() && !calls->is_null() && *role == "assistant")
       if (json c = tool_calls_of(*calls, cat("messages[", i, "].tool_calls")); !c.empty()) m["tool_calls"] = std::move(c);
+    for (const char* key : {"reasoning_content", "reasoning", "thinking"})
+      if (const auto v = msg.find(key); *role == "assistant" && v != msg.end() && v->is_string() && !v->empty()) {
+        m["reasoning_content"] = *v;
+        m["thinking"] = *v;
+        break;
+      }
     out.push_back(std::move(m));
   }
   return out;
@@ -123,31 +132,40 @@ json chat_tools(const json& body, const ServedModel& m, CompletionRequest& r, st
   std::vector<std::string> names = check_tools(*tools);
   if (!m.renders_tools)
     throw bad_request("tools", cat("model ", m.name, " does not support tools: its chat template does not read them"));
-  r.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
+  r.reading.parallel_tool_calls = boolean(body, "parallel_tool_calls", true);
   if (choice != nullptr && *choice == "none") return nullptr;  // the model is not told of the tools: no calls
   const std::string named = choice == nullptr ? std::string() : named_choice(*choice, names);
   if (!named.empty() || (choice != nullptr && *choice == "required"))
     grammar = tool_call_grammar(m.tool_format, *tools, named.empty() ? names : std::vector<std::string>{named},
-                                r.parallel_tool_calls && named.empty());
-  r.tool_names = std::move(names);
-  r.tool_format = m.tool_format;
+                                r.reading.parallel_tool_calls && named.empty());
+  r.reading.tool_names = std::move(names);
   return *tools;
 }
 
 void refuse_unsupported_chat(const json& body) { refuse_logit_bias(body); }
 
 // chat_template_kwargs: an object of variables that are not the template's
-// own (messages, tools, ...); null when absent.
+// own (messages, tools, ...), with OpenAI's reasoning_effort as the variable
+// of that name (gpt-oss's template reads it) unless the object sets it;
+// null when there are none.
 json template_kwargs(const json& body) {
   const json* k = field(body, "chat_template_kwargs");
-  if (k == nullptr || k->is_null()) return nullptr;
-  if (!k->is_object())
+  json out = k == nullptr ? json(nullptr) : *k;
+  if (!out.is_null() && !out.is_object())
     throw bad_request("chat_template_kwargs", "chat_template_kwargs must be an object of template variables");
-  for (const auto& [name, value] : k->items())
-    if (reserved_template_variable(name))
-      throw bad_request("chat_template_kwargs", cat("chat_template_kwargs.", name, " is set by the request itself ",
-                                                    "(messages, tools, add_generation_prompt); leave it out"));
-  return *k;
+  if (out.is_object())
+    for (const auto& [name, value] : out.items())
+      if (reserved_template_variable(name))
+        throw bad_request("chat_template_kwargs", cat("chat_template_kwargs.", name, " is set by the request itself ",
+                                                      "(messages, tools, add_generation_prompt); leave it out"));
+  if (const json* e = field(body, "reasoning_effort")) {
+    if (!e->is_string() || (*e != "low" && *e != "medium" && *e != "high"))
+      throw bad_request("reasoning_effort", cat("reasoning_effort must be \"low\", \"medium\" or \"high\", got ",
+                                                e->dump()));
+    if (out.is_null()) out = json::object();
+    if (!out.contains("reasoning_effort")) out["reasoning_effort"] = *e;
+  }
+  return out;
 }
 
 }  // namespace
@@ -163,7 +181,8 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   std::string tool_grammar;
   const json tools = chat_tools(body, m, r, tool_grammar);
   r.seed = seed;
-  r.tool_format = m.tool_format;
+  r.reading.format = m.tool_format;
+  r.reading.templated = true;
   std::string text;
   try {
     text = m.render_chat(messages, tools, boolean(body, "add_generation_prompt", true), template_kwargs(body));
@@ -172,9 +191,9 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   }
   r.prompts.push_back(m.tokenizer->encode_prompt(text));
   if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
-  r.split_reasoning = m.thinks;
-  r.think_tags = m.think_tags;
-  r.reasoning_inside = prompt_opens_think(text, m.think_tags);
+  r.reading.split_reasoning = m.thinks;
+  r.reading.think_tags = m.think_tags;
+  r.reading.reasoning_inside = prompt_opens_think(text, m.think_tags);
   generation_fields(body, m, seed, r);
   for (const std::string& s : m.chat_stop)
     if (std::find(r.stop.begin(), r.stop.end(), s) == r.stop.end()) r.stop.push_back(s);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "infer/grammar.h"
 #include "serve/openai/request_fields.h"
+#include "serve/harmony.h"
 #include "serve/structured_output.h"
 
 namespace loom::serve {
@@ -272,7 +273,9 @@ void token_limits(const json& body, const ServedModel& m, const char* name, int6
 // response_format or guided_* ask for) into r.gen.grammar.
 void structured_output(const json& body, const ServedModel& m, std::string grammar, CompletionRequest& r) {
   std::string param = "tool_choice";
-  if (std::string asked; !(asked = requested_grammar(body, param)).empty()) {
+  // A harmony answer is messages: what the schema describes is the final one's text.
+  const bool harmony = r.reading.templated && r.reading.format == ToolFormat::harmony;
+  if (std::string asked; !(asked = requested_grammar(body, param, harmony ? harmony_final_header() : "")).empty()) {
     if (!grammar.empty()) throw bad_request(param, cat(param, " cannot be used with tool_choice \"required\" or a "
                                                               "named function"));
     grammar = std::move(asked);

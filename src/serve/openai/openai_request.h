@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "infer/engine.h"
+#include "serve/chat_output.h"
 #include "serve/reasoning.h"
 #include "serve/tool_calls.h"
 #include "text/tokenizer.h"
@@ -86,20 +87,10 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
-  // Chat with tools: the model's output is read for calls to these functions
-  // (empty: no tools, or tool_choice "none"), written in tool_format.
-  std::vector<std::string> tool_names;
-  ToolFormat tool_format = ToolFormat::hermes;
-  bool parallel_tool_calls = true;  // false: the first call only
-  // The output goes through a ToolCallStream: tools are offered, or the
-  // family frames every answer (functionary's "all\n" recipient line).
-  bool reads_calls() const { return !tool_names.empty() || (chat && tool_format == ToolFormat::functionary_v32); }
-  uint64_t seed = 0;                // the request's, for call ids
-  // Chat with a thinking template: the output's think block is reasoning
-  // (reasoning.h), reasoning_inside when the prompt opened it.
-  bool split_reasoning = false;
-  bool reasoning_inside = false;
-  ThinkTags think_tags{};
+  uint64_t seed = 0;  // the request's, for call ids
+  // How the answer is read for reasoning and calls (chat_output.h): the
+  // template's family, the functions tools offer, the think block.
+  OutputReading reading{};
 };
 
 // Throws ApiError: 400 for a missing or invalid field (named in param), 404

@@ -55,11 +55,7 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
                                        const text::Tokenizer* tok)
     : request_(request), id_(std::move(id)), created_(created), tok_(tok) {
   choices_.resize(request.prompts.size() * static_cast<size_t>(request.gen.n));
-  for (size_t i = 0; i < choices_.size() && request.reads_calls(); ++i)
-    choices_[i].tools = std::make_unique<ToolCallStream>(request.tool_format, request.tool_names,
-                                                         request.seed + 7919 * i);
-  for (Choice& c : choices_)
-    if (request.split_reasoning) c.reason = std::make_unique<ReasoningSplit>(request.reasoning_inside, request.think_tags);
+  for (size_t i = 0; i < choices_.size(); ++i) choices_[i].reader = output_reader(request.reading, request.seed + 7919 * i);
   for (Choice& c : choices_)
     if (request.logprobs && request.chat)
       c.logprobs = {{"content", json::array()}};
@@ -152,22 +148,22 @@ std::vector<json> CompletionResponse::add(int64_t prompt, const std::vector<Delt
       }
     }
     c.finish = d.finish;
-    Delta shown = d;
-    if (c.reason) shown.text = take_reasoning(index, c, d, chunks);
-    if (c.tools) {
-      tool_delta(index, c, shown, lp, chunks);
+    if (c.reader) {
+      read_delta(index, c, d, lp, chunks);
       continue;
     }
-    c.text += shown.text;
-    if (!shown.text.empty() || !lp.is_null() || d.finish != infer::FinishReason::none)
-      chunks.push_back(chunk(index, shown.text, lp, d.finish));
+    c.text += d.text;
+    if (!d.text.empty() || !lp.is_null() || d.finish != infer::FinishReason::none)
+      chunks.push_back(chunk(index, d.text, lp, d.finish));
   }
   return chunks;
 }
 
-std::string CompletionResponse::take_reasoning(int64_t index, Choice& c, const Delta& d,
-                                               std::vector<json>& chunks) const {
-  ReasoningPiece p = c.reason->feed(d.text, d.finish != infer::FinishReason::none);
+// The reasoning in a delta of its own, then the content that is certain
+// now; at the choice's end what was held back, as calls or as content.
+void CompletionResponse::read_delta(int64_t index, Choice& c, const Delta& d, const json& lp,
+                                    std::vector<json>& chunks) const {
+  OutputPiece p = c.reader->feed(d.text, d.finish != infer::FinishReason::none);
   if (!p.reasoning.empty()) {
     c.reasoning += p.reasoning;
     chunks.push_back(envelope("chat.completion.chunk", json::array({{{"index", index},
@@ -175,24 +171,13 @@ std::string CompletionResponse::take_reasoning(int64_t index, Choice& c, const D
                                                                     {"logprobs", nullptr},
                                                                     {"finish_reason", nullptr}}})));
   }
-  return std::move(p.content);
-}
-
-// A delta of a choice read for tool calls: the content that is certain now,
-// and at the choice's end what was held back, as calls or as content.
-void CompletionResponse::tool_delta(int64_t index, Choice& c, const Delta& d, const json& lp,
-                                    std::vector<json>& chunks) const {
-  std::string text = c.tools->feed(d.text);
+  const std::string& text = p.content;
+  c.text += text;
   if (d.finish == infer::FinishReason::none) {
-    c.text += text;
     if (!text.empty() || !lp.is_null()) chunks.push_back(chunk(index, text, lp, d.finish));
     return;
   }
-  ParsedToolOutput end = c.tools->finish();
-  text += end.content;
-  c.text += text;
-  c.calls = std::move(end.calls);
-  if (!request_.parallel_tool_calls && c.calls.size() > 1) c.calls.resize(1);
+  c.calls = std::move(p.calls);
   if (c.calls.empty()) {
     chunks.push_back(chunk(index, text, lp, d.finish));
     return;

@@ -5,14 +5,13 @@
 // prompt * n + sequence, finish_reason "stop" / "length" / "abort" (cut by
 // the server, as vLLM reports it), the legacy completions logprobs object or
 // chat's {"content": [...]}, and usage counts. A chat stream starts with a
-// chunk per choice that only names the role. A chat with tools reads each
-// choice's output for calls (tool_calls.h): text that may start a call is
-// held back, and a call found ends the choice with a delta per call
+// chunk per choice that only names the role. A chat's answer is read
+// (CompletionRequest::reading, chat_output.h) for its reasoning, given as
+// reasoning_content (vLLM's field: in the message, and in deltas of their
+// own while streaming), and for calls: text that may start a call is held
+// back, and a call found ends the choice with a delta per call
 // ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"
-// as a JSON string}}]}) and finish_reason "tool_calls". A chat with a
-// thinking template (CompletionRequest::split_reasoning) gives its think
-// block as reasoning_content (vLLM's field: in the message, and in deltas of
-// their own while streaming), the rest as content (reasoning.h).
+// as a JSON string}}]}) and finish_reason "tool_calls".
 #pragma once
 
 #include <cstdint>
@@ -24,7 +23,7 @@
 
 #include "serve/engine_loop.h"
 #include "serve/openai/openai_request.h"
-#include "serve/reasoning.h"
+#include "serve/chat_output.h"
 #include "text/tokenizer.h"
 
 namespace loom::serve {
@@ -62,15 +61,13 @@ class CompletionResponse {
     std::vector<int32_t> tokens;
     nlohmann::json logprobs;  // the legacy object, or null
     infer::FinishReason finish = infer::FinishReason::none;
-    std::unique_ptr<ToolCallStream> tools;  // set when the request offers tools
+    std::unique_ptr<OutputReader> reader;  // set when the answer is read for reasoning or calls
     std::vector<ToolCall> calls;
-    std::unique_ptr<ReasoningSplit> reason;  // set when the request splits reasoning
     std::string reasoning;
   };
-  // d's text without its reasoning, which goes into c and onto chunks.
-  std::string take_reasoning(int64_t index, Choice& c, const Delta& d, std::vector<nlohmann::json>& chunks) const;
   nlohmann::json finish_of(const Choice& c) const;
-  void tool_delta(int64_t index, Choice& c, const Delta& d, const nlohmann::json& lp,
+  // A delta of a choice with a reader: its reasoning, content and calls.
+  void read_delta(int64_t index, Choice& c, const Delta& d, const nlohmann::json& lp,
                   std::vector<nlohmann::json>& chunks) const;
   nlohmann::json logprobs_of(const Delta& d, int64_t text_offset) const;
   nlohmann::json chat_logprobs_of(const Delta& d) const;

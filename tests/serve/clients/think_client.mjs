@@ -109,11 +109,14 @@ await check('ollama think: false reaches the template, and nothing is split', as
   assert.equal(r.message.content, await raw(8, null, true));
 });
 
-await check('think on a model that does not think, or not a boolean, is a 400', async () => {
+await check('think on a model that does not think, or neither a boolean nor a level, is a 400', async () => {
   await assert.rejects(ollama.chat({ model: process.env.LOOM_MODEL, messages, think: true }),
     (e) => e.status_code === 400 && /does not support thinking/.test(e.message));
-  await assert.rejects(ollama.chat({ model: thinker, messages, think: 'high' }),
-    (e) => e.status_code === 400 && /think must be true or false/.test(e.message));
+  await assert.rejects(ollama.chat({ model: thinker, messages, think: 'max' }),
+    (e) => e.status_code === 400 && /think must be true, false, or a level/.test(e.message));
+  // A level (gpt-oss's reasoning effort) turns thinking on for any thinking template.
+  const r = await ollama.chat({ model: thinker, messages, think: 'high', stream: false, options: { num_predict: 4 } });
+  assert.equal(typeof r.message.thinking, 'string');
   await assert.rejects(openai.chat.completions.create({ model: thinker, messages, chat_template_kwargs: { messages: [] } }),
     (e) => e.status === 400 && /chat_template_kwargs.messages/.test(e.message));
 });
