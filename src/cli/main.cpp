@@ -138,6 +138,7 @@ int run_command(int argc, char** argv, const Launch& launch) {
   loom::cli::add_data_command(app, default_threads);
   loom::cli::add_train_command(app, world_size, default_threads, exit_code);
   loom::cli::add_eval_command(app, default_threads);
+  loom::cli::add_plan_command(app);
   loom::cli::add_generate_command(app);
   loom::cli::add_serve_command(app, default_threads);
   loom::cli::add_model_commands(app);

@@ -169,6 +169,10 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--memory-report", a->options.memory_report,
                 "print current and peak bytes per memory tag at the end (every rank: under ZeRO each holds a shard)");
+  cmd->add_flag("--memory-json", a->options.memory_json,
+                "print every rank's current and peak bytes per memory tag at the end as JSON lines: {\"world_rank\", "
+                "\"pp_rank\", \"dp_rank\", \"cp_rank\", \"tp_rank\", \"ep_rank\", \"tag\", \"current_bytes\", "
+                "\"peak_bytes\"}");
   cmd->add_flag("--check-collectives", a->check_collectives,
                 "debug: ranks verify they issue the same collective (op, size, dtype) in the same order and report "
                 "the first mismatch instead of hanging");

@@ -124,4 +124,16 @@ std::string activation_prediction_report(const model::Model& m) {
   return buf;
 }
 
+std::string memory_json_lines(const MemoryRankCoords& at, const MemoryReport& report) {
+  std::string out;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    const TagUsage& u = report.tags[static_cast<size_t>(i)];
+    out += concat("{\"world_rank\":", at.world_rank, ",\"pp_rank\":", at.pp_rank, ",\"dp_rank\":", at.dp_rank,
+                  ",\"cp_rank\":", at.cp_rank, ",\"tp_rank\":", at.tp_rank, ",\"ep_rank\":", at.ep_rank,
+                  ",\"tag\":\"", mem_tag_name(static_cast<MemTag>(i)), "\",\"current_bytes\":", u.current,
+                  ",\"peak_bytes\":", u.peak, "}\n");
+  }
+  return out;
+}
+
 }  // namespace loom::train

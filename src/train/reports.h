@@ -47,6 +47,15 @@ std::string activation_prediction_report(const model::Model& m);
 // activations (K/V blocks in flight, the running result, dK/dV travelling;
 // parallel/cp.h peak_bytes), in the comm and workspace rows of the table.
 std::string cp_buffers_report(const model::Model& m, const parallel::ContextParallelAttention& cp);
+// Where a rank sits in the mesh, for its memory lines.
+struct MemoryRankCoords {
+  int world_rank = 0, pp_rank = 0, dp_rank = 0, cp_rank = 0, tp_rank = 0, ep_rank = 0;
+};
+// --memory-json (and loom plan's prediction, in the same form): one line
+// per memory tag, {"world_rank", "pp_rank", "dp_rank", "cp_rank",
+// "tp_rank", "ep_rank", "tag", "current_bytes", "peak_bytes"}, each ending
+// with a newline.
+std::string memory_json_lines(const MemoryRankCoords& at, const MemoryReport& report);
 // The prediction above, in bytes per layer.
 double predicted_layer_activation_bytes(const model::ModelConfig& cfg, int64_t B, int64_t T, DType compute, int tp,
                                         bool sequence_parallel);

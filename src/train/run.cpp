@@ -3,6 +3,9 @@
 // locked before the first step, resume (train/checkpoint_dir.h), progress and
 // metrics, checkpoints, the divergence guard, SIGTERM / SIGINT, the final
 // model written before the trace.
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -248,6 +251,26 @@ void print_memory_report(Trainer& trainer, Pools& pools) {
     std::printf("%s\n", cp_buffers_report(trainer.model(), *cp).c_str());
 }
 
+// --memory-json: this rank's report as one JSON line per tag.
+void print_memory_json(Trainer& trainer, Pools& pools) {
+  mesh::Mesh& m = trainer.mesh();
+  const MemoryRankCoords at{.world_rank = m.world_rank(),
+                            .pp_rank = trainer.pp_rank(),
+                            .dp_rank = m.dp().rank(),
+                            .cp_rank = m.cp().rank(),
+                            .tp_rank = trainer.tp_rank(),
+                            .ep_rank = m.ep().rank()};
+  // One write(2) of the whole block (under PIPE_BUF), after what stdout
+  // holds: mpirun forwards it in one piece, so ranks' lines never interleave.
+  const std::string lines = memory_json_lines(at, pools.report());
+  std::fflush(stdout);
+  for (size_t done = 0; done < lines.size();) {
+    const ssize_t n = ::write(STDOUT_FILENO, lines.data() + done, lines.size() - done);
+    if (n <= 0 && errno != EINTR) break;  // stdout gone: nothing to report to
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, Context& ctx) {
@@ -346,6 +369,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
                                                    "steps are lost"));
   }
   if (run_options.memory_report) print_memory_report(trainer, pools);
+  if (run_options.memory_json) print_memory_json(trainer, pools);
   return summary;
 }
 

@@ -170,6 +170,9 @@ struct TrainOptions {
   std::string metrics_path;  // JSONL, one object per step; overrides log.metrics when set
   std::string out_dir;       // final model.safetensors + loom_config.json; overrides checkpoint.dir
   bool memory_report = false;
+  // Every rank's current and peak bytes per memory tag at the end, as JSON
+  // lines on stdout (memory_json_lines): what loom plan predicts.
+  bool memory_json = false;
   bool progress = true;      // progress lines on stdout
   // SIGTERM / SIGINT handlers the caller installed before anything else
   // (loom train: before the ranks compare configs, so that a signal in

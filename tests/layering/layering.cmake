@@ -21,7 +21,8 @@ set(LOOM_LAYERING_RULES
   "serve_http:kernels,comm,mesh,io,text,model,parallel,infer,serve,serve/jinja,serve/store,train,cli"
   "serve_store:comm,mesh,parallel,infer,serve,serve/http,train,cli"
   "serve:comm,mesh,parallel,train,cli"
-  "train:infer,serve,cli")
+  "train:infer,serve,plan,cli"
+  "plan:infer,serve,cli")
 
 # "serve/http" or "serve_http" as "ServeHttp" (a test name's part).
 function(loom_layering_camel text out)

@@ -1,0 +1,48 @@
+// loom plan's memory model: the bytes each rank of a training run holds per
+// memory tag, predicted from the run's config by the functions that lay the
+// memory out — Model::state_bytes (parameters, gradients, activations), the
+// data-parallel layout (dp_layout.h: buckets and each rank's shard), AdamW's
+// two moments per shard element — without building anything. The
+// prediction is the layout, not a formula: it equals what
+// `loom train --memory-json` measures, line for line.
+//
+// Per rank, with P its parameters (its tp slice), S its dp shard of them
+// (every parameter under ZeRO 0, its 1/dp slice under ZeRO 1: shard_segments
+// decides, unevenly where dp does not divide a bucket):
+//   params       P x the compute dtype's size
+//   grads        4 P (f32, whole on every rank under ZeRO 0 and 1)
+//   master       4 S when the compute dtype is not f32 or the optimizer is offloaded
+//   optimizer    8 S (AdamW's m and v), + 4 S offloaded gradients
+//   activations  the model's layout (activation_bytes) + the step's tokens and targets (2 B T i32)
+//   workspace    at peak: 4 x the largest bucket (init_params draws one bucket at a time),
+//                or 4 S when the run writes its model (gather_master packs the shard)
+//   comm, kv_cache  0 (ZeRO 0/1 reduce dense buckets in place; kv_cache is serving's)
+// current_bytes is the same but for workspace, which is freed (0).
+//
+// For now the layouts of dp (ZeRO 0 and 1) x tp on the CPU; pipeline,
+// context and expert parallelism and ZeRO 2/3 (their comm buffers) are
+// refused with a message saying so.
+#pragma once
+
+#include <vector>
+
+#include "core/memory.h"
+#include "train/config.h"
+#include "train/reports.h"
+
+namespace loom::plan {
+
+struct RankMemory {
+  train::MemoryRankCoords at;
+  MemoryReport bytes;  // per tag: peak, and current at the run's end
+};
+
+struct MemoryPlanOptions {
+  bool writes_model = false;  // the run writes its final model (--out or checkpoint.dir)
+};
+
+// Every rank of cfg's mesh, in world-rank order. loom::Error for a config
+// load_run_config would refuse, and for the layouts not yet predicted.
+std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPlanOptions& o = {});
+
+}  // namespace loom::plan

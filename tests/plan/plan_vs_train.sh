@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# loom plan's prediction equals what loom train then measures (--memory-json),
+# every rank and tag, for each layout below: one training step of
+# configs/tiny.toml on a small prepared corpus.
+#   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG            the one-process layouts
+#   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG MPIRUN...  the layouts of 2 and 4 ranks
+# A bf16 layout is skipped (said so) on a CPU without a bf16 GEMM.
+set -euo pipefail
+loom=$1 work=$2 tok=$3 config=$4
+shift 4
+compare=$(dirname "$0")/compare_memory.py
+rm -rf "$work" && mkdir -p "$work/in"
+for i in $(seq 60); do echo "The quick brown fox number $i jumps over the lazy dog."; done >"$work/in/a.txt"
+cp "$work/in/a.txt" "$work/in/b.txt"
+"$loom" data prepare --tokenizer "$tok" --input "$work/in" --output "$work/data" --val-fraction 0.5 >/dev/null
+n=0
+# case NP LAYOUT [--out] --set ... : plan, train, compare.
+case_() {
+  local np=$1 name=$2
+  shift 2
+  local out=()
+  if [[ ${1:-} == --out ]]; then out=(--out "$work/model.$n"); shift; fi
+  local sets=(--set "data.train=$work/data/train_*.bin" --set "data.val=$work/data/val_*.bin" --set train.steps=1 "$@")
+  "$loom" plan --config "$config" "${sets[@]}" "${out[@]}" --json >"$work/plan.$n"
+  local launch=()
+  if ((np > 1)); then launch=("${mpirun[@]}" -np "$np"); fi
+  if ! "${launch[@]}" "$loom" train --config "$config" "${sets[@]}" "${out[@]}" --memory-json --threads 1 \
+    >"$work/train.$n" 2>"$work/train.$n.err"; then
+    if grep -q "no bf16 GEMM" "$work/train.$n.err"; then echo "skipped: $name (this CPU has no bf16 GEMM)"; return; fi
+    cat "$work/train.$n" "$work/train.$n.err" >&2
+    exit 1
+  fi
+  /usr/bin/python3 "$compare" "$work/plan.$n" "$work/train.$n" "$name"
+  n=$((n + 1))
+}
+mpirun=("$@")
+if ((${#mpirun[@]} == 0)); then
+  case_ 1 "fp32" --set train.recompute=none
+  case_ 1 "fp32, selective recompute, model written" --out --set train.recompute=selective
+  case_ 1 "fp32, small buckets" --set parallel.bucket_mb=0.05
+  case_ 1 "bf16, full recompute, model written" --out --set train.dtype=bf16 --set train.recompute=full
+  case_ 1 "fp32, optimizer offloaded" --set parallel.offload_optimizer=true
+  case_ 1 "llama, fp32" --set model.preset=llama-tiny --set model.vocab_size=50257
+else
+  case_ 2 "dp 2, ZeRO 0" --set parallel.dp=2
+  case_ 2 "dp 2, ZeRO 1, small buckets, model written" --out --set parallel.dp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05
+  case_ 2 "tp 2" --set parallel.tp=2
+  case_ 2 "tp 2, sequence parallel, bf16" --set parallel.tp=2 --set parallel.sequence_parallel=true --set train.dtype=bf16
+  case_ 4 "dp 2 x tp 2, ZeRO 1, model written" --out --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=1
+  case_ 3 "dp 3, ZeRO 1 (uneven shards)" --set parallel.dp=3 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05
+fi
+echo "plan_vs_train: $n layouts, every rank and tag equal"
