@@ -38,11 +38,19 @@ void run_plan(const PlanArgs& a) {
     }
     std::printf("[rank %d: pp %d, dp %d, cp %d, tp %d, ep %d]\n%-12s%14s%14s\n", r.at.world_rank, r.at.pp_rank,
                 r.at.dp_rank, r.at.cp_rank, r.at.tp_rank, r.at.ep_rank, "tag", "end MiB", "peak MiB");
+    size_t states = 0;
     for (int i = 0; i < kNumMemTags; ++i) {
+      const auto tag = static_cast<MemTag>(i);
       const TagUsage& u = r.bytes.tags[static_cast<size_t>(i)];
-      std::printf("%-12s%14s%14s\n", std::string(mem_tag_name(static_cast<MemTag>(i))).c_str(),
-                  mib(u.current).c_str(), mib(u.peak).c_str());
+      std::printf("%-12s%14s%14s\n", std::string(mem_tag_name(tag)).c_str(), mib(u.current).c_str(),
+                  mib(u.peak).c_str());
+      if (tag == MemTag::params || tag == MemTag::grads || tag == MemTag::master || tag == MemTag::optimizer)
+        states += u.peak;
     }
+    std::printf("model states %s MiB; the ZeRO paper's mixed-precision Adam (16 psi, K = 12, as this stage divides it) "
+                "%s MiB\nactivations per Korthikanti et al. (recompute none, no s x s scores) %s MiB\n",
+                mib(states).c_str(), mib(static_cast<size_t>(r.textbook.model_states)).c_str(),
+                mib(static_cast<size_t>(r.textbook.activations)).c_str());
   }
 }
 

@@ -79,6 +79,12 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
     set(MemTag::optimizer, optimizer, optimizer);
     set(MemTag::activations, m.activations + tokens, m.activations + tokens);
     set(MemTag::workspace, 4 * std::max(shard.largest_bucket, o.writes_model ? S : 0), 0);
+    const double psi = static_cast<double>(model::param_count(specs)), nd = static_cast<double>(p.dp);
+    const double per_psi[] = {16.0, 4.0 + 12.0 / nd, 2.0 + 14.0 / nd, 16.0 / nd};
+    rm.textbook.model_states = psi * per_psi[p.zero_stage];
+    rm.textbook.activations = static_cast<double>(cfg.model.n_layer) *
+                              train::predicted_layer_activation_bytes(cfg.model, B, T, compute, static_cast<int>(p.tp),
+                                                                      p.sequence_parallel);
     out.push_back(std::move(rm));
   }
   return out;

@@ -32,9 +32,28 @@
 
 namespace loom::plan {
 
+// The textbook figures for the same rank, printed beside loom's own:
+//   model states  the ZeRO paper's mixed-precision Adam (Rajbhandari et al.
+//                 2020, §3.1: 2 Ψ fp16 parameters + 2 Ψ fp16 gradients +
+//                 K Ψ optimizer states, K = 12) for the rank's Ψ parameters,
+//                 divided over the Nd dp ranks as its stage does (§5.1:
+//                 1: 4 Ψ + 12 Ψ / Nd, 2: 2 Ψ + 14 Ψ / Nd, 3: 16 Ψ / Nd).
+//                 loom keeps gradients in f32 (2 Ψ more than the paper's
+//                 fp16 ones under stages 0 and 1) and, in fp32 runs, no
+//                 master copy.
+//   activations   Korthikanti et al. 2022's s b h (34 + 5 a s / h) per layer
+//                 (their tp and SP forms) times the layers, without the
+//                 5 a s / h term (loom's attention keeps no s x s scores),
+//                 for recompute none: train/reports.h's prediction.
+struct Textbook {
+  double model_states = 0;  // bytes
+  double activations = 0;   // bytes, recompute none
+};
+
 struct RankMemory {
   train::MemoryRankCoords at;
   MemoryReport bytes;  // per tag: peak, and current at the run's end
+  Textbook textbook;
 };
 
 struct MemoryPlanOptions {
