@@ -56,6 +56,27 @@ int number_layer_units(const ModelConfig& cfg, int64_t first, int64_t layers, bo
 
 }  // namespace
 
+std::vector<GradEvent> Model::backward_grad_events(const ModelConfig& cfg, const StageOptions& stage) {
+  const int64_t first = stage.layers.first_layer, n = stage_layers(cfg, stage.layers);
+  const bool embedding = first == 0, head = first + n == cfg.n_layer;
+  std::vector<int> layer, experts;
+  const int head_unit = number_layer_units(cfg, first, n, embedding, layer, experts);
+  std::vector<GradEvent> out;
+  if (head) {  // head_backward: its unit, and unit 0 when tied (ready with the embeddings)
+    out.push_back({false, head_unit});
+    if (cfg.tie_embeddings && embedding) out.push_back({false, 0});
+    out.push_back({true, head_unit});
+  }
+  for (int64_t l = n; l-- > 0;) {
+    const int u = layer[static_cast<size_t>(l)], e = experts[static_cast<size_t>(l)];
+    out.push_back({false, u});
+    if (e >= 0) out.push_back({false, e}), out.push_back({true, e});
+    out.push_back({true, u});
+  }
+  if (embedding) out.push_back({false, 0}), out.push_back({true, 0});
+  return out;
+}
+
 std::string_view recompute_name(Recompute r) {
   switch (r) {
     case Recompute::none: return "none";

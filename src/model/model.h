@@ -113,6 +113,14 @@ struct StageOptions {
   int slots = 1;
 };
 
+// One call a model's backward makes to its gradient hooks (StepHooks):
+// acquire_grads(unit), or grads_ready(unit) when `ready`.
+struct GradEvent {
+  bool ready = false;
+  int unit = 0;
+  friend bool operator==(const GradEvent&, const GradEvent&) = default;
+};
+
 // Bytes a Model takes from its pools, by tag (Model::state_bytes), and the
 // host memory its per-layer bookkeeping takes beside them (spec list, views,
 // activation records: a lower bound from the types' sizes).
@@ -214,6 +222,12 @@ class Model final : public Stage {
   static ModelBytes state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options = {});
   // What this model took: state_bytes of its arguments.
   const ModelBytes& memory() const { return memory_; }
+  // The gradient hooks' calls of one backward of a model holding `stage`,
+  // in order (model/units.h): the head (with the tied embedding's gradients
+  // beside its own), each layer from the last (its MoE experts after it),
+  // the embeddings. What ZeRO-2's bucket buffers follow, so what loom plan
+  // simulates them with.
+  static std::vector<GradEvent> backward_grad_events(const ModelConfig& cfg, const StageOptions& stage = {});
   const TpOptions& tensor_parallel() const { return options_.tp; }
 
   // The pipeline stage (stage.h): its first layer and layer count; whether

@@ -225,9 +225,9 @@ class DataParallel : public model::StepHooks {
   const GroupLayout& only_group() const;
   // Stages 0-1: issues bucket b of group g's gradient collective.
   void reduce_bucket(int g, int b);
-  // Stages 2 and 3: adds the oldest finished gradient reduction into the
-  // shard (block: waits for it); false if it is still running.
-  bool retire_reduction(bool block);
+  // Stages 2 and 3: waits for the oldest gradient reduction and adds it into
+  // the shard.
+  void retire_reduction();
   // Group g's squared gradient norm on this rank's shard (before any sum over ranks).
   double shard_sum_squares(int g) const;
   // flat (P): every rank holds its segments; all_gather each bucket of every

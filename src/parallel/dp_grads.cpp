@@ -50,13 +50,14 @@ void DataParallel::grads_ready(int unit) {
   stats_.ops++, stats_.bytes += bytes_of(buf);
   comm::WorkPtr work = comm.reduce_scatter(piece, buf, comm::ReduceOp::avg);
   im.reducing.push_back({std::move(buf), std::move(piece), std::move(work), g, b});
-  // Finished reductions are added into the shard; at most two stay in flight
-  // (the memory of stage 2 is the shard plus a few buckets). The rest are
-  // retired by grad_norm(), so the last buckets overlap the next
-  // micro-batch's forward.
-  while (!im.reducing.empty() && retire_reduction(false)) {
-  }
-  while (im.reducing.size() > 2) retire_reduction(true);
+  // At most two stay in flight (the memory of stage 2 is the shard plus a
+  // few buckets): the oldest is waited for and added into the shard when a
+  // third starts. The rest are retired by grad_norm(), so the last buckets
+  // overlap the next micro-batch's forward. Retiring only here, never as a
+  // test() happens to find one done, keeps the buffers' lifetimes, and so
+  // the comm peak, the same in every run: loom plan predicts it
+  // (zero2_comm_peak below).
+  while (im.reducing.size() > 2) retire_reduction();
 }
 
 void DataParallel::reduce_bucket(int g, int b) {
@@ -92,21 +93,17 @@ void DataParallel::reduce_bucket(int g, int b) {
   im.pending.push_back(std::move(p));
 }
 
-bool DataParallel::retire_reduction(bool block) {
+void DataParallel::retire_reduction() {
   Impl& im = *impl_;
   Impl::GradBuffer& g = im.reducing.front();
-  if (!block && !g.work->test()) return false;
-  if (block) {
-    const auto start = DpClock::now();
-    g.work->wait();
-    stats_.exposed_seconds += seconds_since(start);
-  }
+  const auto start = DpClock::now();
+  g.work->wait();
+  stats_.exposed_seconds += seconds_since(start);
   GroupState& gs = im.groups[static_cast<size_t>(g.group)];
   const Segment& s = gs.layout.segments[g.bucket];
   Tensor dst = Tensor(gs.grad_shard).slice(0, s.shard_offset, s.count);
   kernels::add(dst, dst, g.piece);
   im.reducing.pop_front();
-  return true;
 }
 
 void DataParallel::wait_gradients() {
@@ -121,7 +118,7 @@ void DataParallel::wait_gradients() {
     else unpack_runs(l.space, p.piece, l.segments[p.bucket].offset, model_.grads());
   }
   im.pending.clear();
-  while (!im.reducing.empty()) retire_reduction(true);
+  while (!im.reducing.empty()) retire_reduction();
 }
 
 }  // namespace loom::parallel

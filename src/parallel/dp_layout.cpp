@@ -217,4 +217,35 @@ std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const
   return out;
 }
 
+int64_t zero2_comm_peak(const std::vector<model::GradEvent>& events, const std::vector<Bucket>& buckets,
+                        const std::vector<Segment>& segments, int size, int micro_batches) {
+  const auto bucket_of = [&buckets](int unit) {
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (unit >= buckets[b].first_unit && unit <= buckets[b].last_unit) return b;
+    fail("zero2_comm_peak: unit ", unit, " is in no bucket");
+  };
+  constexpr int64_t f32 = 4;
+  std::vector<bool> open(buckets.size(), false);
+  std::vector<int64_t> reducing;  // bytes of each reduction in flight, oldest first
+  int64_t now = 0, peak = 0;
+  for (int mb = 0; mb < micro_batches; ++mb)
+    for (const model::GradEvent& e : events) {
+      const size_t b = bucket_of(e.unit);
+      if (!e.ready) {
+        if (!open[b]) open[b] = true, now += f32 * buckets[b].numel(), peak = std::max(peak, now);
+        continue;
+      }
+      if (e.unit != buckets[b].first_unit) continue;
+      open[b] = false;
+      if (size == 1) {
+        now -= f32 * buckets[b].numel();
+        continue;
+      }
+      now += f32 * segments[b].count, peak = std::max(peak, now);
+      reducing.push_back(f32 * (buckets[b].numel() + segments[b].count));
+      while (reducing.size() > 2) now -= reducing.front(), reducing.erase(reducing.begin());
+    }
+  return peak;
+}
+
 }  // namespace loom::parallel

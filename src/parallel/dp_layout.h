@@ -153,4 +153,15 @@ std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
 // (a piece lies inside one parameter, so inside one flat run).
 std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const GroupSpace& space);
 
+// Pure: the most bytes ZeRO-2's gradient buffers hold in pools[comm] over a
+// step of `micro_batches` backward passes that each make `events` (the
+// model's: Model::backward_grad_events), for a group of every parameter
+// with these buckets and this rank's segments over `size` ranks. A bucket's
+// f32 buffer opens at its first unit's acquire_grads; when its first unit is
+// ready it is reduce-scattered into an f32 piece of the rank's segment (size
+// 1: added into the shard and freed), and when a third reduction starts the
+// oldest is retired (DataParallel::grads_ready, dp_grads.cpp).
+int64_t zero2_comm_peak(const std::vector<model::GradEvent>& events, const std::vector<Bucket>& buckets,
+                        const std::vector<Segment>& segments, int size, int micro_batches);
+
 }  // namespace loom::parallel

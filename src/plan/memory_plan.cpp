@@ -16,27 +16,30 @@ void require_predicted(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto refuse = [](const std::string& what) {
     throw loom::Error(concat("loom plan does not predict ", what,
-                             " yet: it predicts data parallelism (ZeRO 0 and 1) and tensor parallelism on the CPU"));
+                             " yet: it predicts data parallelism (ZeRO 0 to 2) and tensor parallelism on the CPU"));
   };
   if (p.pp > 1) refuse(concat("pipeline parallelism (parallel.pp = ", p.pp, ")"));
   if (p.cp > 1) refuse(concat("context parallelism (parallel.cp = ", p.cp, ")"));
   if (p.ep > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ")"));
-  if (p.zero_stage > 1) refuse(concat("ZeRO stage ", p.zero_stage, " (its gathered and reduced buckets)"));
+  if (p.zero_stage > 2) refuse(concat("ZeRO stage ", p.zero_stage, " (its gathered units)"));
   if (cfg.train.device != "cpu") refuse(concat("train.device = ", cfg.train.device));
 }
 
 // The rank's dp shard of its parameters (make_group's recipe: one group of
 // every parameter over the dp ranks) and the largest bucket's elements.
 struct Shard {
+  std::vector<parallel::Bucket> buckets;
+  std::vector<parallel::Segment> segments;
   int64_t numel = 0, largest_bucket = 0;
 };
 Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<model::Unit>& units,
                const parallel::DpOptions& o, int size, int rank) {
   const parallel::GroupSpace space = parallel::group_space(specs, units, std::vector<int>(specs.size(), 0), 0);
-  const std::vector<parallel::Bucket> buckets = parallel::make_buckets(space.units, o.zero_stage, o.bucket_mb);
   Shard s;
-  for (const parallel::Segment& seg : parallel::shard_segments(buckets, o.zero_stage, size, rank)) s.numel += seg.count;
-  for (const parallel::Bucket& b : buckets) s.largest_bucket = std::max(s.largest_bucket, b.numel());
+  s.buckets = parallel::make_buckets(space.units, o.zero_stage, o.bucket_mb);
+  s.segments = parallel::shard_segments(s.buckets, o.zero_stage, size, rank);
+  for (const parallel::Segment& seg : s.segments) s.numel += seg.count;
+  for (const parallel::Bucket& b : s.buckets) s.largest_bucket = std::max(s.largest_bucket, b.numel());
   return s;
 }
 
@@ -62,8 +65,8 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
     mo.tp.sequence_parallel = p.sequence_parallel;
     const model::ModelBytes m = model::Model::state_bytes(cfg.model, B, T, mo);
     const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp);
-    const Shard shard = dp_shard(specs, model::model_units(cfg.model, specs), dpo,
-                                 layout.group_size(mesh::Group::dp_cp), c.dp);
+    const int dp_size = layout.group_size(mesh::Group::dp_cp);
+    const Shard shard = dp_shard(specs, model::model_units(cfg.model, specs), dpo, dp_size, c.dp);
     const int64_t S = shard.numel;
     const bool master = compute != DType::f32 || dpo.offload_optimizer;
     RankMemory rm;
@@ -73,12 +76,18 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
     };
     const int64_t tokens = 2 * B * T * static_cast<int64_t>(sizeof(int32_t));
     set(MemTag::params, m.params, m.params);
-    set(MemTag::grads, m.grads, m.grads);
+    const int64_t grads = m.grads + (dpo.zero_stage >= 2 ? 4 * S : 0);  // the model's, or ZeRO-2's shard
+    set(MemTag::grads, grads, grads);
     set(MemTag::master, master ? 4 * S : 0, master ? 4 * S : 0);
     const int64_t optimizer = 8 * S + (dpo.offload_optimizer ? 4 * S : 0);
     set(MemTag::optimizer, optimizer, optimizer);
     set(MemTag::activations, m.activations + tokens, m.activations + tokens);
     set(MemTag::workspace, 4 * std::max(shard.largest_bucket, o.writes_model ? S : 0), 0);
+    if (dpo.zero_stage == 2)
+      set(MemTag::comm,
+          parallel::zero2_comm_peak(model::Model::backward_grad_events(cfg.model), shard.buckets, shard.segments,
+                                    dp_size, static_cast<int>(cfg.train.grad_accum)),
+          0);
     const double psi = static_cast<double>(model::param_count(specs)), nd = static_cast<double>(p.dp);
     const double per_psi[] = {16.0, 4.0 + 12.0 / nd, 2.0 + 14.0 / nd, 16.0 / nd};
     rm.textbook.model_states = psi * per_psi[p.zero_stage];

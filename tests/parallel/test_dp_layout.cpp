@@ -154,6 +154,44 @@ TEST(DpLayout, BackwardFinishesUnitsFromTheLastToTheFirst) {
   EXPECT_EQ(r.ready, want);
 }
 
+// Lends gradient buffers (a model built without its gradients, as under
+// ZeRO-2) and records the calls.
+class GradRecorder : public model::StepHooks {
+ public:
+  GradRecorder(const model::Model& m, Pools& pools) {
+    for (const model::Unit& u : m.units()) buffers.push_back(pools[MemTag::grads].zeros(DType::f32, {u.numel()}));
+  }
+  Tensor acquire_params(int, model::Pass) override { fail("not expected"); }
+  void release_params(int) override { fail("not expected"); }
+  Tensor acquire_grads(int unit) override {
+    events.push_back({false, unit});
+    return buffers[static_cast<size_t>(unit)];
+  }
+  void grads_ready(int unit) override { events.push_back({true, unit}); }
+  std::vector<OwnedTensor> buffers;
+  std::vector<model::GradEvent> events;
+};
+
+// Model::backward_grad_events (what loom plan simulates ZeRO-2's buffers
+// with) is the order a real backward calls the hooks in: tied (GPT-2) and
+// untied (Llama) heads, MoE experts' units.
+TEST(DpLayout, BackwardGradEventsAreTheHooksCallsInOrder) {
+  model::ModelConfig moe = model::model_preset("llama-tiny");
+  moe.n_expert = 4, moe.top_k = 2;
+  for (const model::ModelConfig& cfg : {model::model_preset("gpt2-tiny"), model::model_preset("llama-tiny"), moe}) {
+    Pools pools;
+    model::Model m(cfg, 1, 8, pools, {.storage = DataParallel::model_storage(2)});
+    m.init_params(1);
+    GradRecorder r(m, pools);
+    m.set_hooks(&r);
+    OwnedTensor tok = pools[MemTag::activations].zeros(DType::i32, {1, 8});
+    m.forward(tok, tok);
+    m.backward();
+    EXPECT_EQ(r.events, model::Model::backward_grad_events(cfg)) << "n_expert " << cfg.n_expert << ", tied " << cfg.tie_embeddings;
+    EXPECT_EQ(r.events.size(), 2 * m.units().size() + (cfg.tie_embeddings ? 1 : 0));
+  }
+}
+
 TEST(DpLayout, StageThreeModelOwnsNoParametersAndStageTwoNoGradients) {
   Pools pools;
   model::Model m3(model::model_preset("gpt2-tiny"), 1, 8, pools, {.storage = DataParallel::model_storage(3)});

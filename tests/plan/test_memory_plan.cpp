@@ -72,7 +72,7 @@ TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   c.train.seq_len = 16;
   c.parallel.pp = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
-  c.parallel.pp = 1, c.parallel.zero_stage = 2;
+  c.parallel.pp = 1, c.parallel.zero_stage = 3;
   EXPECT_THROW(plan_memory(c), loom::Error);
 }
 
