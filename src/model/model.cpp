@@ -56,24 +56,37 @@ int number_layer_units(const ModelConfig& cfg, int64_t first, int64_t layers, bo
 
 }  // namespace
 
-std::vector<GradEvent> Model::backward_grad_events(const ModelConfig& cfg, const StageOptions& stage) {
+std::vector<HookEvent> Model::hook_events(const ModelConfig& cfg, Pass pass, const StageOptions& stage) {
+  using Call = HookEvent::Call;
   const int64_t first = stage.layers.first_layer, n = stage_layers(cfg, stage.layers);
   const bool embedding = first == 0, head = first + n == cfg.n_layer;
   std::vector<int> layer, experts;
   const int head_unit = number_layer_units(cfg, first, n, embedding, layer, experts);
-  std::vector<GradEvent> out;
-  if (head) {  // head_backward: its unit, and unit 0 when tied (ready with the embeddings)
-    out.push_back({false, head_unit});
-    if (cfg.tie_embeddings && embedding) out.push_back({false, 0});
-    out.push_back({true, head_unit});
+  const int tied = cfg.tie_embeddings && embedding ? 0 : -1;
+  std::vector<HookEvent> out;
+  // A BoundUnit's calls (units.cpp): parameters, then (backward) gradients,
+  // each for the unit, the tied unit, the experts; then the releases in the
+  // same order; then the experts' and the unit's gradients ready.
+  const auto bound = [&](int unit, int tied_unit, int experts_unit, bool params, bool grads) {
+    std::vector<int> units = {unit};
+    if (tied_unit >= 0) units.push_back(tied_unit);
+    if (experts_unit >= 0) units.push_back(experts_unit);
+    if (params) for (int u : units) out.push_back({Call::acquire_params, u});
+    if (grads) for (int u : units) out.push_back({Call::acquire_grads, u});
+    if (params) for (int u : units) out.push_back({Call::release_params, u});
+    if (!grads) return;
+    if (experts_unit >= 0) out.push_back({Call::grads_ready, experts_unit});
+    out.push_back({Call::grads_ready, unit});
+  };
+  if (pass == Pass::forward) {
+    if (embedding) bound(0, -1, -1, true, false);
+    for (int64_t l = 0; l < n; ++l) bound(layer[static_cast<size_t>(l)], -1, experts[static_cast<size_t>(l)], true, false);
+    if (head) bound(head_unit, tied, -1, true, false);
+    return out;
   }
-  for (int64_t l = n; l-- > 0;) {
-    const int u = layer[static_cast<size_t>(l)], e = experts[static_cast<size_t>(l)];
-    out.push_back({false, u});
-    if (e >= 0) out.push_back({false, e}), out.push_back({true, e});
-    out.push_back({true, u});
-  }
-  if (embedding) out.push_back({false, 0}), out.push_back({true, 0});
+  if (head) bound(head_unit, tied, -1, true, true);
+  for (int64_t l = n; l-- > 0;) bound(layer[static_cast<size_t>(l)], -1, experts[static_cast<size_t>(l)], true, true);
+  if (embedding) bound(0, -1, -1, false, true);
   return out;
 }
 

@@ -113,12 +113,14 @@ struct StageOptions {
   int slots = 1;
 };
 
-// One call a model's backward makes to its gradient hooks (StepHooks):
-// acquire_grads(unit), or grads_ready(unit) when `ready`.
-struct GradEvent {
-  bool ready = false;
+// One call a model makes to its StepHooks in a pass. A model that owns its
+// parameters makes no params calls, one that owns its gradients no grads
+// calls.
+struct HookEvent {
+  enum class Call : uint8_t { acquire_params, release_params, acquire_grads, grads_ready };
+  Call call = Call::acquire_params;
   int unit = 0;
-  friend bool operator==(const GradEvent&, const GradEvent&) = default;
+  friend bool operator==(const HookEvent&, const HookEvent&) = default;
 };
 
 // Bytes a Model takes from its pools, by tag (Model::state_bytes), and the
@@ -222,12 +224,13 @@ class Model final : public Stage {
   static ModelBytes state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options = {});
   // What this model took: state_bytes of its arguments.
   const ModelBytes& memory() const { return memory_; }
-  // The gradient hooks' calls of one backward of a model holding `stage`,
-  // in order (model/units.h): the head (with the tied embedding's gradients
-  // beside its own), each layer from the last (its MoE experts after it),
-  // the embeddings. What ZeRO-2's bucket buffers follow, so what loom plan
-  // simulates them with.
-  static std::vector<GradEvent> backward_grad_events(const ModelConfig& cfg, const StageOptions& stage = {});
+  // The hook calls of one pass of a model holding `stage`, in order
+  // (model/units.h): forward the embeddings, each layer (its MoE experts
+  // after it), the head (reading unit 0 again when tied); backward the head
+  // (with the tied embedding beside it), each layer from the last, the
+  // embeddings (gradients only). What ZeRO-3's gathers prefetch by and
+  // ZeRO-2's bucket buffers follow, so what loom plan simulates them with.
+  static std::vector<HookEvent> hook_events(const ModelConfig& cfg, Pass pass, const StageOptions& stage = {});
   const TpOptions& tensor_parallel() const { return options_.tp; }
 
   // The pipeline stage (stage.h): its first layer and layer count; whether

@@ -217,33 +217,60 @@ std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const
   return out;
 }
 
-int64_t zero2_comm_peak(const std::vector<model::GradEvent>& events, const std::vector<Bucket>& buckets,
-                        const std::vector<Segment>& segments, int size, int micro_batches) {
+int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::vector<model::HookEvent>& backward,
+                       const std::vector<model::Unit>& units, const std::vector<Bucket>& buckets,
+                       const std::vector<Segment>& segments, int zero_stage, int size, int micro_batches,
+                       int64_t param_bytes) {
+  using Call = model::HookEvent::Call;
   const auto bucket_of = [&buckets](int unit) {
     for (size_t b = 0; b < buckets.size(); ++b)
       if (unit >= buckets[b].first_unit && unit <= buckets[b].last_unit) return b;
-    fail("zero2_comm_peak: unit ", unit, " is in no bucket");
+    fail("zero_comm_peak: unit ", unit, " is in no bucket");
   };
   constexpr int64_t f32 = 4;
-  std::vector<bool> open(buckets.size(), false);
-  std::vector<int64_t> reducing;  // bytes of each reduction in flight, oldest first
   int64_t now = 0, peak = 0;
+  const auto add = [&](int64_t bytes) { now += bytes, peak = std::max(peak, now); };
+  // Stage 3: the gathered units and each pass's acquire order.
+  std::vector<bool> gathered(units.size(), false);
+  std::vector<int> refs(units.size(), 0);
+  const auto issue = [&](int u) {
+    if (!gathered[static_cast<size_t>(u)]) gathered[static_cast<size_t>(u)] = true, add(param_bytes * units[u].numel());
+  };
+  // Both: the open gradient buckets and the reductions in flight.
+  std::vector<bool> open(buckets.size(), false);
+  std::vector<int64_t> reducing;
   for (int mb = 0; mb < micro_batches; ++mb)
-    for (const model::GradEvent& e : events) {
-      const size_t b = bucket_of(e.unit);
-      if (!e.ready) {
-        if (!open[b]) open[b] = true, now += f32 * buckets[b].numel(), peak = std::max(peak, now);
-        continue;
+    for (const std::vector<model::HookEvent>* pass : {&forward, &backward}) {
+      std::vector<int> order;
+      for (const model::HookEvent& e : *pass)
+        if (e.call == Call::acquire_params) order.push_back(e.unit);
+      size_t cursor = 0;
+      for (const model::HookEvent& e : *pass) {
+        const auto u = static_cast<size_t>(e.unit);
+        if (e.call == Call::acquire_params && zero_stage == 3) {
+          issue(e.unit);
+          ++refs[u];
+          if (cursor >= order.size() || order[cursor] != e.unit)
+            cursor = static_cast<size_t>(std::find(order.begin(), order.end(), e.unit) - order.begin());
+          if (++cursor < order.size()) issue(order[cursor]);  // the prefetch
+        } else if (e.call == Call::release_params && zero_stage == 3) {
+          if (--refs[u] == 0) gathered[u] = false, now -= param_bytes * units[u].numel();
+        } else if (e.call == Call::acquire_grads) {
+          const size_t b = bucket_of(e.unit);
+          if (!open[b]) open[b] = true, add(f32 * buckets[b].numel());
+        } else if (e.call == Call::grads_ready) {
+          const size_t b = bucket_of(e.unit);
+          if (e.unit != buckets[b].first_unit) continue;
+          open[b] = false;
+          if (size == 1) {
+            now -= f32 * buckets[b].numel();
+            continue;
+          }
+          add(f32 * segments[b].count);
+          reducing.push_back(f32 * (buckets[b].numel() + segments[b].count));
+          while (reducing.size() > 2) now -= reducing.front(), reducing.erase(reducing.begin());
+        }
       }
-      if (e.unit != buckets[b].first_unit) continue;
-      open[b] = false;
-      if (size == 1) {
-        now -= f32 * buckets[b].numel();
-        continue;
-      }
-      now += f32 * segments[b].count, peak = std::max(peak, now);
-      reducing.push_back(f32 * (buckets[b].numel() + segments[b].count));
-      while (reducing.size() > 2) now -= reducing.front(), reducing.erase(reducing.begin());
     }
   return peak;
 }

@@ -153,15 +153,22 @@ std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
 // (a piece lies inside one parameter, so inside one flat run).
 std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const GroupSpace& space);
 
-// Pure: the most bytes ZeRO-2's gradient buffers hold in pools[comm] over a
-// step of `micro_batches` backward passes that each make `events` (the
-// model's: Model::backward_grad_events), for a group of every parameter
-// with these buckets and this rank's segments over `size` ranks. A bucket's
-// f32 buffer opens at its first unit's acquire_grads; when its first unit is
-// ready it is reduce-scattered into an f32 piece of the rank's segment (size
-// 1: added into the shard and freed), and when a third reduction starts the
-// oldest is retired (DataParallel::grads_ready, dp_grads.cpp).
-int64_t zero2_comm_peak(const std::vector<model::GradEvent>& events, const std::vector<Bucket>& buckets,
-                        const std::vector<Segment>& segments, int size, int micro_batches);
+// Pure: the most bytes DataParallel holds in pools[comm] over a step of
+// `micro_batches` forward and backward passes under ZeRO stage 2 or 3, for a
+// group of every parameter (units: the model's; buckets and segments: the
+// group's and this rank's over `size` ranks; param_bytes: the compute
+// dtype's size), from the model's hook calls (Model::hook_events):
+//   stage 3  a unit's parameters gathered into a buffer at its
+//            acquire_params, the pass's next unit prefetched, the buffer
+//            freed when its last holder releases it (dp_zero3.cpp);
+//   both     a bucket's f32 gradient buffer opened at its first unit's
+//            acquire_grads; when its first unit is ready it is
+//            reduce-scattered into an f32 piece of the rank's segment (size
+//            1: added into the shard and freed), and when a third reduction
+//            starts the oldest is retired (dp_grads.cpp).
+int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::vector<model::HookEvent>& backward,
+                       const std::vector<model::Unit>& units, const std::vector<Bucket>& buckets,
+                       const std::vector<Segment>& segments, int zero_stage, int size, int micro_batches,
+                       int64_t param_bytes);
 
 }  // namespace loom::parallel

@@ -11,22 +11,13 @@
 namespace loom::parallel {
 
 void set_acquire_order(const model::Model& model, std::vector<int> (&order)[2]) {
-  // Forward [embeddings], layers, [head] (a tied head reads unit 0 again);
-  // backward [head (+ unit 0 when tied)], the layers in reverse (the
-  // embedding's backward reads no parameters). A pipeline stage has only
-  // some of these parts.
-  // A MoE layer acquires its unit, then its experts' (model/units.h).
-  const int U = static_cast<int>(model.units().size());
-  const bool emb = model.has_embedding(), head = model.has_head();
-  const bool tied_here = model.config().tie_embeddings && emb && head;
-  for (int u = 0; u < U; ++u) order[0].push_back(u);
-  if (tied_here) order[0].push_back(0);
-  if (head) order[1].push_back(U - 1);
-  if (tied_here) order[1].push_back(0);
-  for (int64_t l = model.num_layers() - 1; l >= 0; --l) {
-    order[1].push_back(model.layer_unit(l));
-    if (model.expert_unit(l) >= 0) order[1].push_back(model.expert_unit(l));
-  }
+  // The units each pass acquires, in order (Model::hook_events): forward
+  // [embeddings], layers, [head] (a tied head reads unit 0 again); backward
+  // [head (+ unit 0 when tied)], the layers in reverse (the embedding's
+  // backward reads no parameters). A pipeline stage has only some of these.
+  for (const model::Pass pass : {model::Pass::forward, model::Pass::backward})
+    for (const model::HookEvent& e : model::Model::hook_events(model.config(), pass, model.options().stage))
+      if (e.call == model::HookEvent::Call::acquire_params) order[static_cast<int>(pass)].push_back(e.unit);
 }
 
 Tensor DataParallel::acquire_params(int unit, model::Pass pass) {

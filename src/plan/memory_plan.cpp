@@ -16,12 +16,11 @@ void require_predicted(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto refuse = [](const std::string& what) {
     throw loom::Error(concat("loom plan does not predict ", what,
-                             " yet: it predicts data parallelism (ZeRO 0 to 2) and tensor parallelism on the CPU"));
+                             " yet: it predicts data parallelism (ZeRO 0 to 3) and tensor parallelism on the CPU"));
   };
   if (p.pp > 1) refuse(concat("pipeline parallelism (parallel.pp = ", p.pp, ")"));
   if (p.cp > 1) refuse(concat("context parallelism (parallel.cp = ", p.cp, ")"));
   if (p.ep > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ")"));
-  if (p.zero_stage > 2) refuse(concat("ZeRO stage ", p.zero_stage, " (its gathered units)"));
   if (cfg.train.device != "cpu") refuse(concat("train.device = ", cfg.train.device));
 }
 
@@ -66,7 +65,8 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
     const model::ModelBytes m = model::Model::state_bytes(cfg.model, B, T, mo);
     const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp);
     const int dp_size = layout.group_size(mesh::Group::dp_cp);
-    const Shard shard = dp_shard(specs, model::model_units(cfg.model, specs), dpo, dp_size, c.dp);
+    const std::vector<model::Unit> units = model::model_units(cfg.model, specs);
+    const Shard shard = dp_shard(specs, units, dpo, dp_size, c.dp);
     const int64_t S = shard.numel;
     const bool master = compute != DType::f32 || dpo.offload_optimizer;
     RankMemory rm;
@@ -75,7 +75,9 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
       rm.bytes.tags[static_cast<size_t>(tag)] = {static_cast<size_t>(current), static_cast<size_t>(peak)};
     };
     const int64_t tokens = 2 * B * T * static_cast<int64_t>(sizeof(int32_t));
-    set(MemTag::params, m.params, m.params);
+    // The model's parameters, or ZeRO-3's shard of them in the compute dtype.
+    const int64_t params = m.params + (dpo.zero_stage == 3 ? static_cast<int64_t>(dtype_size(compute)) * S : 0);
+    set(MemTag::params, params, params);
     const int64_t grads = m.grads + (dpo.zero_stage >= 2 ? 4 * S : 0);  // the model's, or ZeRO-2's shard
     set(MemTag::grads, grads, grads);
     set(MemTag::master, master ? 4 * S : 0, master ? 4 * S : 0);
@@ -83,10 +85,12 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
     set(MemTag::optimizer, optimizer, optimizer);
     set(MemTag::activations, m.activations + tokens, m.activations + tokens);
     set(MemTag::workspace, 4 * std::max(shard.largest_bucket, o.writes_model ? S : 0), 0);
-    if (dpo.zero_stage == 2)
+    if (dpo.zero_stage >= 2)
       set(MemTag::comm,
-          parallel::zero2_comm_peak(model::Model::backward_grad_events(cfg.model), shard.buckets, shard.segments,
-                                    dp_size, static_cast<int>(cfg.train.grad_accum)),
+          parallel::zero_comm_peak(model::Model::hook_events(cfg.model, model::Pass::forward),
+                                   model::Model::hook_events(cfg.model, model::Pass::backward), units, shard.buckets,
+                                   shard.segments, dpo.zero_stage, dp_size, static_cast<int>(cfg.train.grad_accum),
+                                   static_cast<int64_t>(dtype_size(compute))),
           0);
     const double psi = static_cast<double>(model::param_count(specs)), nd = static_cast<double>(p.dp);
     const double per_psi[] = {16.0, 4.0 + 12.0 / nd, 2.0 + 14.0 / nd, 16.0 / nd};

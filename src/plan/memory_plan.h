@@ -7,24 +7,24 @@
 // `loom train --memory-json` measures, line for line.
 //
 // Per rank, with P its parameters (its tp slice), S its dp shard of them
-// (every parameter under ZeRO 0, its 1/dp slice under ZeRO 1 and 2:
+// (every parameter under ZeRO 0, its 1/dp slice under ZeRO 1 to 3:
 // shard_segments decides, unevenly where dp does not divide a bucket):
-//   params       P x the compute dtype's size
-//   grads        4 P (f32, whole on every rank under ZeRO 0 and 1), 4 S under ZeRO 2
+//   params       P x the compute dtype's size; under ZeRO 3 S x that size
+//   grads        4 P (f32, whole on every rank under ZeRO 0 and 1), 4 S under ZeRO 2 and 3
 //   master       4 S when the compute dtype is not f32 or the optimizer is offloaded
 //   optimizer    8 S (AdamW's m and v), + 4 S offloaded gradients
 //   activations  the model's layout (activation_bytes) + the step's tokens and targets (2 B T i32)
 //   workspace    at peak: 4 x the largest bucket (init_params draws one bucket at a time),
 //                or 4 S when the run writes its model (gather_master packs the shard)
 //   comm         0 under ZeRO 0/1 (dense buckets reduce in place); under ZeRO 2
-//                the bucket buffers' peak, simulated over the step's backward
-//                passes as DataParallel keeps them (dp_layout.h zero2_comm_peak)
+//                and 3 the peak of the bucket buffers (and ZeRO 3's gathered
+//                units), simulated over the step's passes as DataParallel
+//                keeps them (dp_layout.h zero_comm_peak)
 //   kv_cache     0 (serving's)
 // current_bytes is the same but for workspace and comm, which are freed (0).
 //
-// For now the layouts of dp (ZeRO 0 to 2) x tp on the CPU; pipeline,
-// context and expert parallelism and ZeRO 3 (its gathered units) are
-// refused with a message saying so.
+// For now the layouts of dp (ZeRO 0 to 3) x tp on the CPU; pipeline,
+// context and expert parallelism are refused with a message saying so.
 #pragma once
 
 #include <vector>

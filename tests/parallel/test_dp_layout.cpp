@@ -154,42 +154,56 @@ TEST(DpLayout, BackwardFinishesUnitsFromTheLastToTheFirst) {
   EXPECT_EQ(r.ready, want);
 }
 
-// Lends gradient buffers (a model built without its gradients, as under
-// ZeRO-2) and records the calls.
-class GradRecorder : public model::StepHooks {
+// Lends parameters and gradient buffers (a model built without them, as
+// under ZeRO-3) and records every call.
+class HookRecorder : public model::StepHooks {
  public:
-  GradRecorder(const model::Model& m, Pools& pools) {
-    for (const model::Unit& u : m.units()) buffers.push_back(pools[MemTag::grads].zeros(DType::f32, {u.numel()}));
+  using Call = model::HookEvent::Call;
+  HookRecorder(const model::Model& m, Pools& pools) {
+    for (const model::Unit& u : m.units()) {
+      params.push_back(pools[MemTag::params].zeros(DType::f32, {u.numel()}));
+      grads.push_back(pools[MemTag::grads].zeros(DType::f32, {u.numel()}));
+    }
   }
-  Tensor acquire_params(int, model::Pass) override { fail("not expected"); }
-  void release_params(int) override { fail("not expected"); }
+  Tensor acquire_params(int unit, model::Pass pass) override {
+    events[static_cast<int>(pass)].push_back({Call::acquire_params, unit});
+    pass_ = pass;
+    return params[static_cast<size_t>(unit)];
+  }
+  void release_params(int unit) override { events[static_cast<int>(pass_)].push_back({Call::release_params, unit}); }
   Tensor acquire_grads(int unit) override {
-    events.push_back({false, unit});
-    return buffers[static_cast<size_t>(unit)];
+    events[1].push_back({Call::acquire_grads, unit});
+    return grads[static_cast<size_t>(unit)];
   }
-  void grads_ready(int unit) override { events.push_back({true, unit}); }
-  std::vector<OwnedTensor> buffers;
-  std::vector<model::GradEvent> events;
+  void grads_ready(int unit) override { events[1].push_back({Call::grads_ready, unit}); }
+  std::vector<OwnedTensor> params, grads;
+  std::vector<model::HookEvent> events[2];
+
+ private:
+  model::Pass pass_ = model::Pass::forward;
 };
 
-// Model::backward_grad_events (what loom plan simulates ZeRO-2's buffers
-// with) is the order a real backward calls the hooks in: tied (GPT-2) and
-// untied (Llama) heads, MoE experts' units.
-TEST(DpLayout, BackwardGradEventsAreTheHooksCallsInOrder) {
+// Model::hook_events (ZeRO-3's prefetch order, and what loom plan simulates
+// DataParallel's buffers with) are the calls a real forward and backward
+// make, in order: tied (GPT-2) and untied (Llama) heads, MoE experts' units,
+// every recompute policy.
+TEST(DpLayout, HookEventsAreTheModelsCallsInOrder) {
   model::ModelConfig moe = model::model_preset("llama-tiny");
   moe.n_expert = 4, moe.top_k = 2;
-  for (const model::ModelConfig& cfg : {model::model_preset("gpt2-tiny"), model::model_preset("llama-tiny"), moe}) {
-    Pools pools;
-    model::Model m(cfg, 1, 8, pools, {.storage = DataParallel::model_storage(2)});
-    m.init_params(1);
-    GradRecorder r(m, pools);
-    m.set_hooks(&r);
-    OwnedTensor tok = pools[MemTag::activations].zeros(DType::i32, {1, 8});
-    m.forward(tok, tok);
-    m.backward();
-    EXPECT_EQ(r.events, model::Model::backward_grad_events(cfg)) << "n_expert " << cfg.n_expert << ", tied " << cfg.tie_embeddings;
-    EXPECT_EQ(r.events.size(), 2 * m.units().size() + (cfg.tie_embeddings ? 1 : 0));
-  }
+  for (const model::ModelConfig& cfg : {model::model_preset("gpt2-tiny"), model::model_preset("llama-tiny"), moe})
+    for (const model::Recompute r : {model::Recompute::none, model::Recompute::selective, model::Recompute::full}) {
+      Pools pools;
+      model::Model m(cfg, 1, 8, pools, {.recompute = r, .storage = DataParallel::model_storage(3)});
+      HookRecorder rec(m, pools);
+      m.set_hooks(&rec);
+      OwnedTensor tok = pools[MemTag::activations].zeros(DType::i32, {1, 8});
+      m.forward(tok, tok);
+      m.backward();
+      const std::string what = concat("n_expert ", cfg.n_expert, ", tied ", cfg.tie_embeddings, ", recompute ",
+                                      model::recompute_name(r));
+      EXPECT_EQ(rec.events[0], model::Model::hook_events(cfg, model::Pass::forward)) << what;
+      EXPECT_EQ(rec.events[1], model::Model::hook_events(cfg, model::Pass::backward)) << what;
+    }
 }
 
 TEST(DpLayout, StageThreeModelOwnsNoParametersAndStageTwoNoGradients) {
