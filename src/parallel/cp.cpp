@@ -101,20 +101,30 @@ void ContextParallelAttention::wait(const comm::WorkPtr& w) {
 }
 
 
-int64_t ContextParallelAttention::peak_bytes(int64_t B, int64_t local_tokens, int64_t NH, int64_t NKV, int64_t HS,
-                                             DType compute, int cp, CpAlgo algo, bool zigzag) {
+ContextParallelAttention::CallBytes ContextParallelAttention::call_bytes(int64_t B, int64_t local_tokens, int64_t NH,
+                                                                         int64_t NKV, int64_t HS, DType compute, int cp,
+                                                                         CpAlgo algo, bool zigzag) {
   const int64_t e = static_cast<int64_t>(dtype_size(compute)), f = 4;  // bytes of an element, of an f32
   const int64_t QN = B * local_tokens * NH * HS, KV = 2 * B * local_tokens * NKV * HS, LN = B * NH * local_tokens;
   const int64_t chunks = zigzag ? 2 : 1;
   const bool ring = algo == CpAlgo::ring, alone = cp == 1;
-  // forward: q, kv, the f32 running out and lse, one block's out and lse (and its f32 copy)
-  int64_t fwd = QN * e + KV * e + QN * f + LN * f + QN / chunks * e + LN / chunks * f;
-  if (compute != DType::f32) fwd += QN / chunks * f;
-  fwd += ring ? (alone ? 0 : KV * e) : cp * KV * e;  // the block in flight, or every rank's
-  // backward: q, out, dout (f32), lse, dq, this rank's dkv, kv
-  int64_t bwd = QN * e + QN * e + QN * f + LN * f + QN * f + KV * f + KV * e;
-  bwd += ring ? (alone ? 0 : KV * e + 3 * KV * f) : cp * KV * (e + f);  // in flight: kv; dkv in, two out
-  return std::max(fwd, bwd);
+  CallBytes b;
+  // forward: workspace q, the f32 running out and lse, one block's out and
+  // lse (and its f32 copy); comm kv and the block in flight, or every rank's
+  b.forward_workspace = QN * e + QN * f + LN * f + QN / chunks * e + LN / chunks * f;
+  if (compute != DType::f32) b.forward_workspace += QN / chunks * f;
+  b.forward_comm = KV * e + (ring ? (alone ? 0 : KV * e) : cp * KV * e);
+  // backward: workspace q, out, dout (f32), lse, dq, this rank's dkv; comm
+  // kv and in flight: kv, dkv in, two out (or every rank's kv and dkv)
+  b.backward_workspace = QN * e + QN * e + QN * f + LN * f + QN * f + KV * f;
+  b.backward_comm = KV * e + (ring ? (alone ? 0 : KV * e + 3 * KV * f) : cp * KV * (e + f));
+  return b;
+}
+
+int64_t ContextParallelAttention::peak_bytes(int64_t B, int64_t local_tokens, int64_t NH, int64_t NKV, int64_t HS,
+                                             DType compute, int cp, CpAlgo algo, bool zigzag) {
+  const CallBytes b = call_bytes(B, local_tokens, NH, NKV, HS, compute, cp, algo, zigzag);
+  return std::max(b.forward_workspace + b.forward_comm, b.backward_workspace + b.backward_comm);
 }
 
 // The call's geometry, and the rank's q, k and v packed.

@@ -90,6 +90,13 @@ class ContextParallelAttention final : public model::AttentionStep {
   // --memory-report add to the model's activations.
   static int64_t peak_bytes(int64_t B, int64_t local_tokens, int64_t NH, int64_t NKV, int64_t HS, DType compute,
                             int cp, CpAlgo algo, bool zigzag);
+  // The same call's bytes by tag, forward and backward (a call is one or
+  // the other: their peaks are never at once): what loom plan adds.
+  struct CallBytes {
+    int64_t forward_comm = 0, forward_workspace = 0, backward_comm = 0, backward_workspace = 0;
+  };
+  static CallBytes call_bytes(int64_t B, int64_t local_tokens, int64_t NH, int64_t NKV, int64_t HS, DType compute,
+                              int cp, CpAlgo algo, bool zigzag);
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
 
   // Since the last reset: seconds computing blocks, seconds waiting for

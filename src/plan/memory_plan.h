@@ -13,18 +13,22 @@
 //   grads        4 P (f32, whole on every rank under ZeRO 0 and 1), 4 S under ZeRO 2 and 3
 //   master       4 S when the compute dtype is not f32 or the optimizer is offloaded
 //   optimizer    8 S (AdamW's m and v), + 4 S offloaded gradients
-//   activations  the model's layout (activation_bytes) + the step's tokens and targets (2 B T i32)
+//   activations  the model's layout (activation_bytes) + the step's tokens and targets (2 B T i32;
+//                under cp also the whole sequences they are cut from)
 //   workspace    at peak: 4 x the largest bucket (init_params draws one bucket at a time),
-//                or 4 S when the run writes its model (gather_master packs the shard)
-//   comm         0 under ZeRO 0/1 (dense buckets reduce in place); under ZeRO 2
+//                4 S when the run writes its model (gather_master packs the shard), or
+//                a cp attention call's packed q, running result and gradients (cp.h call_bytes)
+//   comm         under cp a call's K/V blocks in flight (and dK/dV travelling);
+//                else 0 under ZeRO 0/1 (dense buckets reduce in place); under ZeRO 2
 //                and 3 the peak of the bucket buffers (and ZeRO 3's gathered
 //                units), simulated over the step's passes as DataParallel
 //                keeps them (dp_layout.h zero_comm_peak)
 //   kv_cache     0 (serving's)
 // current_bytes is the same but for workspace and comm, which are freed (0).
 //
-// For now the layouts of dp (ZeRO 0 to 3) x tp on the CPU; pipeline,
-// context and expert parallelism are refused with a message saying so.
+// For now the layouts of dp (ZeRO 0 to 3) x cp x tp on the CPU (cp with
+// ZeRO 0/1 and dense models); pipeline and expert parallelism are refused
+// with a message saying so.
 #pragma once
 
 #include <vector>

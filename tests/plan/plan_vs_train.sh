@@ -55,6 +55,10 @@ else
   case_ 4 "dp 2 x tp 2, ZeRO 2" --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05
   case_ 2 "dp 2, ZeRO 3, model written" --out --set parallel.dp=2 --set parallel.zero_stage=3
   case_ 4 "dp 4, ZeRO 3, llama, full recompute" --set parallel.dp=4 --set parallel.zero_stage=3 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=full
+  case_ 2 "cp 2, ring" --set parallel.cp=2
+  case_ 2 "cp 2, all-gather, bf16, model written" --out --set parallel.cp=2 --set parallel.cp_algo=allgather --set train.dtype=bf16
+  case_ 4 "dp 2 x cp 2, ZeRO 1, llama, selective recompute" --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero_stage=1 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=selective
+  case_ 4 "cp 2 x tp 2" --set parallel.cp=2 --set parallel.tp=2
   case_ 4 "dp 2 x tp 2, ZeRO 3, bf16, sequence parallel" --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set parallel.sequence_parallel=true
 fi
 echo "plan_vs_train: $n layouts, every rank and tag equal"

@@ -76,7 +76,7 @@ TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   c.train.seq_len = 16;
   c.parallel.pp = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
-  c.parallel.pp = 1, c.parallel.cp = 2;
+  c.parallel.pp = 1, c.parallel.ep = 2, c.parallel.dp = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
 }
 
