@@ -21,37 +21,12 @@ struct PlanArgs {
   bool json = false;
 };
 
-std::string mib(size_t bytes) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return s;
-}
-
 void run_plan(const PlanArgs& a) {
   const train::RunConfig cfg = train::load_run_config(a.config, a.overrides);
   // As loom train: the final model goes to --out, else checkpoint.dir.
   const plan::MemoryPlanOptions o{.writes_model = !a.out.empty() || !cfg.checkpoint.dir.empty()};
-  for (const plan::RankMemory& r : plan::plan_memory(cfg, o)) {
-    if (a.json) {
-      std::printf("%s", train::memory_json_lines(r.at, r.bytes).c_str());
-      continue;
-    }
-    std::printf("[rank %d: pp %d, dp %d, cp %d, tp %d, ep %d]\n%-12s%14s%14s\n", r.at.world_rank, r.at.pp_rank,
-                r.at.dp_rank, r.at.cp_rank, r.at.tp_rank, r.at.ep_rank, "tag", "end MiB", "peak MiB");
-    size_t states = 0;
-    for (int i = 0; i < kNumMemTags; ++i) {
-      const auto tag = static_cast<MemTag>(i);
-      const TagUsage& u = r.bytes.tags[static_cast<size_t>(i)];
-      std::printf("%-12s%14s%14s\n", std::string(mem_tag_name(tag)).c_str(), mib(u.current).c_str(),
-                  mib(u.peak).c_str());
-      if (tag == MemTag::params || tag == MemTag::grads || tag == MemTag::master || tag == MemTag::optimizer)
-        states += u.peak;
-    }
-    std::printf("model states %s MiB; the ZeRO paper's mixed-precision Adam (16 psi, K = 12, as this stage divides it) "
-                "%s MiB\nactivations per Korthikanti et al. (recompute none, no s x s scores) %s MiB\n",
-                mib(states).c_str(), mib(static_cast<size_t>(r.textbook.model_states)).c_str(),
-                mib(static_cast<size_t>(r.textbook.activations)).c_str());
-  }
+  for (const plan::RankMemory& r : plan::plan_memory(cfg, o))
+    std::printf("%s", (a.json ? train::memory_json_lines(r.at, r.bytes) : plan::memory_plan_table(r)).c_str());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "comm/mpi_backend.h"
 #include "mesh/context.h"
 #include "model/config_json.h"
+#include "plan/memory_plan.h"
 #include "train/config.h"
 #include "train/config_agree.h"
 #include "train/evaluate.h"
@@ -33,6 +34,7 @@ struct TrainArgs {
   train::TrainOptions options;
   int threads = 1;  // --threads; add_*_command sets main()'s default
   bool check_collectives = false;
+  bool plan = false;   // --plan
   std::string device;  // --device: train.device
 };
 
@@ -101,6 +103,22 @@ Device run_device(const train::RunConfig& cfg, bool progress) {
 #endif
 }
 
+// --plan: loom plan's prediction for every rank (the step's own figures:
+// the final model's gather comes later), printed by world rank 0 before
+// training, and kept for each rank to print beside what it measures. A
+// layout loom plan does not predict yet is a warning: the run goes on.
+void plan_run(const train::RunConfig& cfg, int world_rank, train::TrainOptions& options) {
+  try {
+    for (const plan::RankMemory& r : plan::plan_memory(cfg)) {
+      if (world_rank == 0) std::printf("plan: %s", plan::memory_plan_table(r).c_str());
+      options.planned_memory.push_back(r.bytes);
+    }
+    std::fflush(stdout);
+  } catch (const loom::Error& e) {
+    if (world_rank == 0) log_warn("--plan: ", e.what(), "; training without the prediction");
+  }
+}
+
 // loom train's work once its flags are parsed.
 void run_train(TrainArgs& a, int world_size, int& exit_code) {
   const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
@@ -132,11 +150,13 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
   options.algo = comm::algo_from_name(p.comm_algo);
   options.check_collectives = a.check_collectives;
   if (world_size == 1) {  // a plain process: a mesh of one, no MPI
+    if (a.plan) plan_run(cfg, 0, a.options);
     mesh::LocalContext local(options, run_device(cfg, a.options.progress));
     finish(train::run_training(cfg, a.options, local.ctx()));
     return;
   }
   const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
+  if (a.plan) plan_run(cfg, world->rank(), a.options);
   mesh::Mesh mesh(shape, *world);
   Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));
   Context ctx{mesh, pools};
@@ -173,6 +193,9 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
                 "print every rank's current and peak bytes per memory tag at the end as JSON lines: {\"world_rank\", "
                 "\"pp_rank\", \"dp_rank\", \"cp_rank\", \"tp_rank\", \"ep_rank\", \"tag\", \"current_bytes\", "
                 "\"peak_bytes\"}");
+  cmd->add_flag("--plan", a->plan,
+                "print loom plan's prediction of every rank's bytes per memory tag before training, and after each "
+                "rank's first step its measured bytes beside them");
   cmd->add_flag("--check-collectives", a->check_collectives,
                 "debug: ranks verify they issue the same collective (op, size, dtype) in the same order and report "
                 "the first mismatch instead of hanging");

@@ -1,6 +1,7 @@
 #include "plan/memory_plan.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 #include "mesh/layout.h"
@@ -143,6 +144,32 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
   std::vector<RankMemory> out;
   for (int r = 0; r < layout.world_size(); ++r) out.push_back(plan_rank(cfg, layout, r, o));
   return out;
+}
+
+std::string memory_plan_table(const RankMemory& r) {
+  const auto mib = [](double bytes) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.2f", bytes / (1024.0 * 1024.0));
+    return std::string(s);
+  };
+  std::string out = concat("[rank ", r.at.world_rank, ": pp ", r.at.pp_rank, ", dp ", r.at.dp_rank, ", cp ",
+                           r.at.cp_rank, ", tp ", r.at.tp_rank, ", ep ", r.at.ep_rank, "]\n");
+  char line[96];
+  std::snprintf(line, sizeof line, "%-12s%14s%14s\n", "tag", "end MiB", "peak MiB");
+  out += line;
+  double states = 0;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    const auto tag = static_cast<MemTag>(i);
+    const TagUsage& u = r.bytes[tag];
+    std::snprintf(line, sizeof line, "%-12s%14s%14s\n", std::string(mem_tag_name(tag)).c_str(),
+                  mib(static_cast<double>(u.current)).c_str(), mib(static_cast<double>(u.peak)).c_str());
+    out += line;
+    if (tag == MemTag::params || tag == MemTag::grads || tag == MemTag::master || tag == MemTag::optimizer)
+      states += static_cast<double>(u.peak);
+  }
+  return out + concat("model states ", mib(states), " MiB; the ZeRO paper's mixed-precision Adam (16 psi, K = 12, as "
+                      "this stage divides it) ", mib(r.textbook.model_states), " MiB\nactivations per Korthikanti et "
+                      "al. (recompute none, no s x s scores) ", mib(r.textbook.activations), " MiB\n");
 }
 
 }  // namespace loom::plan

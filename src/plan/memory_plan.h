@@ -31,6 +31,7 @@
 // with a message saying so.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/memory.h"
@@ -70,5 +71,10 @@ struct MemoryPlanOptions {
 // Every rank of cfg's mesh, in world-rank order. loom::Error for a config
 // load_run_config would refuse, and for the layouts not yet predicted.
 std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPlanOptions& o = {});
+
+// A rank's prediction as loom plan prints it: its coordinates, the bytes
+// per tag (at the end and at peak, MiB), its model states and activations
+// beside the textbook figures.
+std::string memory_plan_table(const RankMemory& r);
 
 }  // namespace loom::plan

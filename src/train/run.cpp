@@ -251,6 +251,17 @@ void print_memory_report(Trainer& trainer, Pools& pools) {
     std::printf("%s\n", cp_buffers_report(trainer.model(), *cp).c_str());
 }
 
+// text on stdout in one write(2) (a block under PIPE_BUF), after what stdout
+// holds: mpirun forwards it in one piece, so ranks' blocks never interleave.
+void write_at_once(const std::string& text) {
+  std::fflush(stdout);
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(STDOUT_FILENO, text.data() + done, text.size() - done);
+    if (n <= 0 && errno != EINTR) break;  // stdout gone: nothing to report to
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+}
+
 // --memory-json: this rank's report as one JSON line per tag.
 void print_memory_json(Trainer& trainer, Pools& pools) {
   mesh::Mesh& m = trainer.mesh();
@@ -260,15 +271,24 @@ void print_memory_json(Trainer& trainer, Pools& pools) {
                             .cp_rank = m.cp().rank(),
                             .tp_rank = trainer.tp_rank(),
                             .ep_rank = m.ep().rank()};
-  // One write(2) of the whole block (under PIPE_BUF), after what stdout
-  // holds: mpirun forwards it in one piece, so ranks' lines never interleave.
-  const std::string lines = memory_json_lines(at, pools.report());
-  std::fflush(stdout);
-  for (size_t done = 0; done < lines.size();) {
-    const ssize_t n = ::write(STDOUT_FILENO, lines.data() + done, lines.size() - done);
-    if (n <= 0 && errno != EINTR) break;  // stdout gone: nothing to report to
-    if (n > 0) done += static_cast<size_t>(n);
+  write_at_once(memory_json_lines(at, pools.report()));
+}
+
+// loom train --plan: the rank's predicted peak per tag beside its measured
+// one, after its first step, in one write (ranks' tables do not interleave).
+void print_plan_check(Trainer& trainer, Pools& pools, const MemoryReport& planned) {
+  const MemoryReport measured = pools.report();
+  std::string out = concat("plan: rank ", trainer.mesh().world_rank(), " after its first step\n",
+                           "tag          predicted MiB  measured MiB  difference (bytes)\n");
+  for (int i = 0; i < kNumMemTags; ++i) {
+    const auto tag = static_cast<MemTag>(i);
+    char line[160];
+    std::snprintf(line, sizeof line, "%-12s %14.2f %13.2f  %lld\n", std::string(mem_tag_name(tag)).c_str(),
+                  static_cast<double>(planned[tag].peak) / (1 << 20), static_cast<double>(measured[tag].peak) / (1 << 20),
+                  static_cast<long long>(measured[tag].peak) - static_cast<long long>(planned[tag].peak));
+    out += line;
   }
+  write_at_once(out);
 }
 
 }  // namespace
@@ -329,6 +349,9 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   summary.stop_signal = agree_on_stop(trainer, stop.received());
   for (int64_t i = first_step; i < t.steps && summary.stop_signal == 0; ++i) {
     StepStats s = trainer.step();
+    const auto rank = static_cast<size_t>(ctx.mesh.world_rank());
+    if (i == first_step && rank < run_options.planned_memory.size())
+      print_plan_check(trainer, pools, run_options.planned_memory[rank]);
     bad_in_a_row = s.bad ? bad_in_a_row + 1 : 0;
     // Diverged: the bad steps' updates were skipped, so the weights are the
     // last good step's; nothing is saved over the checkpoints there are.

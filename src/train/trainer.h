@@ -173,6 +173,10 @@ struct TrainOptions {
   // Every rank's current and peak bytes per memory tag at the end, as JSON
   // lines on stdout (memory_json_lines): what loom plan predicts.
   bool memory_json = false;
+  // loom train --plan: each rank's predicted bytes per tag (loom plan's,
+  // indexed by world rank, the step's own figures: no final model written),
+  // printed beside what the rank measured after its first step.
+  std::vector<MemoryReport> planned_memory;
   bool progress = true;      // progress lines on stdout
   // SIGTERM / SIGINT handlers the caller installed before anything else
   // (loom train: before the ranks compare configs, so that a signal in
