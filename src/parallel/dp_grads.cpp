@@ -50,14 +50,14 @@ void DataParallel::grads_ready(int unit) {
   stats_.ops++, stats_.bytes += bytes_of(buf);
   comm::WorkPtr work = comm.reduce_scatter(piece, buf, comm::ReduceOp::avg);
   im.reducing.push_back({std::move(buf), std::move(piece), std::move(work), g, b});
-  // At most two stay in flight (the memory of stage 2 is the shard plus a
-  // few buckets): the oldest is waited for and added into the shard when a
-  // third starts. The rest are retired by grad_norm(), so the last buckets
-  // overlap the next micro-batch's forward. Retiring only here, never as a
-  // test() happens to find one done, keeps the buffers' lifetimes, and so
-  // the comm peak, the same in every run: loom plan predicts it
-  // (zero2_comm_peak below).
-  while (im.reducing.size() > 2) retire_reduction();
+  // At most kMaxReductionsInFlight stay in flight (the memory of stage 2 is
+  // the shard plus a few buckets): the oldest is waited for and added into
+  // the shard when one more starts. The rest are retired by grad_norm(), so
+  // the last buckets overlap the next micro-batch's forward. Retiring only
+  // here, never as a test() happens to find one done, keeps the buffers'
+  // lifetimes, and so the comm peak, the same in every run: loom plan
+  // predicts it (dp_layout.h zero_comm_peak).
+  while (im.reducing.size() > kMaxReductionsInFlight) retire_reduction();
 }
 
 void DataParallel::reduce_bucket(int g, int b) {

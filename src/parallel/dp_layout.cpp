@@ -1,5 +1,6 @@
 #include "parallel/dp_layout.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/error.h"
@@ -222,10 +223,13 @@ int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::
                        const std::vector<Segment>& segments, int zero_stage, int size, int micro_batches,
                        int64_t param_bytes) {
   using Call = model::HookEvent::Call;
-  const auto bucket_of = [&buckets](int unit) {
-    for (size_t b = 0; b < buckets.size(); ++b)
-      if (unit >= buckets[b].first_unit && unit <= buckets[b].last_unit) return b;
-    fail("zero_comm_peak: unit ", unit, " is in no bucket");
+  std::vector<size_t> unit_bucket(units.size(), buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int u = buckets[b].first_unit; u <= buckets[b].last_unit; ++u) unit_bucket[static_cast<size_t>(u)] = b;
+  const auto bucket_of = [&](int unit) {
+    const size_t b = unit_bucket.at(static_cast<size_t>(unit));
+    LOOM_CHECK(b < buckets.size(), "zero_comm_peak: unit ", unit, " is in no bucket");
+    return b;
   };
   constexpr int64_t f32 = 4;
   int64_t now = 0, peak = 0;
@@ -268,7 +272,7 @@ int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::
           }
           add(f32 * segments[b].count);
           reducing.push_back(f32 * (buckets[b].numel() + segments[b].count));
-          while (reducing.size() > 2) now -= reducing.front(), reducing.erase(reducing.begin());
+          while (reducing.size() > kMaxReductionsInFlight) now -= reducing.front(), reducing.erase(reducing.begin());
         }
       }
     }

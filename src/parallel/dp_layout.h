@@ -153,6 +153,10 @@ std::vector<ParamPiece> segment_pieces(const std::vector<Segment>& segments,
 // (a piece lies inside one parameter, so inside one flat run).
 std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const GroupSpace& space);
 
+// ZeRO 2 and 3: the gradient reductions a rank keeps in flight; when one
+// more starts, the oldest is waited for (DataParallel::grads_ready).
+inline constexpr size_t kMaxReductionsInFlight = 2;
+
 // Pure: the most bytes DataParallel holds in pools[comm] over a step of
 // `micro_batches` forward and backward passes under ZeRO stage 2 or 3, for a
 // group of every parameter (units: the model's; buckets and segments: the

@@ -40,18 +40,20 @@ std::string_view word_after(std::string_view header, std::string_view key) {
   return rest.substr(0, n);
 }
 
-// Whether h may still become a header: it starts with a marker or a
-// recipient (" to="), or is the start of one, and is not too long.
+// Whether h (its leading blanks gone) may be or become a header: it starts
+// with a marker or a recipient ("to="), or is the start of one, and is not
+// too long.
 bool may_be_header(std::string_view h) {
   if (h.size() > kMaxHeader) return false;
-  for (const std::string_view start : {std::string_view("<|"), std::string_view(" to="), std::string_view("to=")})
+  for (const std::string_view start : {std::string_view("<|"), std::string_view("to=")})
     if (h.starts_with(start) || start.starts_with(h)) return true;
   return false;
 }
 
-// How many bytes at the end of s may begin a marker that ends the text.
+// How many bytes at the end of s may begin a marker that ends the text (the
+// longest of them is <|channel|>).
 size_t held_back(std::string_view s) {
-  for (size_t keep = std::min<size_t>(s.size(), kConstrain.size()); keep > 0; --keep) {
+  for (size_t keep = std::min<size_t>(s.size(), kChannel.size()); keep > 0; --keep) {
     const std::string_view tail = s.substr(s.size() - keep);
     for (const std::string_view m : kEnds)
       if (m.starts_with(tail)) return keep;
@@ -143,9 +145,12 @@ OutputPiece HarmonyStream::feed(std::string_view text, bool last) {
     if (state_ == State::header) {
       pending_.erase(0, std::min(pending_.size(), pending_.find_first_not_of(" \t\r\n")));  // blanks between messages
       const size_t at = pending_.find(kMessage);
-      if (at == std::string::npos || at > kMaxHeader) {
-        if (may_be_header(pending_)) break;  // wait for more
-        state_ = State::raw;  // not harmony: the rest is plain text
+      if (at == std::string::npos || !may_be_header(std::string_view(pending_).substr(0, at))) {
+        if (at == std::string::npos && may_be_header(pending_) && !last) break;  // wait for more
+        // Not harmony (or an answer that ends before its header does, which
+        // is not one either unless it starts with a marker): plain text.
+        if (at == std::string::npos && last && pending_.starts_with("<|")) break;
+        state_ = State::raw;
         continue;
       }
       begin(std::string_view(pending_).substr(0, at));
@@ -171,7 +176,7 @@ OutputPiece HarmonyStream::feed(std::string_view text, bool last) {
     end_message(out);
   }
   if (!last) return out;
-  pending_.clear();  // an unfinished header: nothing of the answer
+  pending_.clear();  // an unfinished header (it starts with a marker): nothing of the answer
   if (!parallel_ && calls_.size() > 1) calls_.resize(1);
   for (size_t i = 0; i < calls_.size(); ++i)
     calls_[i].id = tool_call_id(ToolFormat::harmony, seed_, static_cast<int64_t>(i));

@@ -257,8 +257,9 @@ void write_at_once(const std::string& text) {
   std::fflush(stdout);
   for (size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(STDOUT_FILENO, text.data() + done, text.size() - done);
-    if (n <= 0 && errno != EINTR) break;  // stdout gone: nothing to report to
-    if (n > 0) done += static_cast<size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // stdout gone: nothing to report to
+    done += static_cast<size_t>(n);
   }
 }
 

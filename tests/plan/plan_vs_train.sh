@@ -41,7 +41,8 @@ if ((${#mpirun[@]} == 0)); then
   case_ 1 "bf16, full recompute, model written" --out --set train.dtype=bf16 --set train.recompute=full
   case_ 1 "fp32, optimizer offloaded" --set parallel.offload_optimizer=true
   case_ 1 "llama, fp32" --set model.preset=llama-tiny --set model.vocab_size=50257
-  case_ 1 "ZeRO 2 on one rank, small buckets, 2 micro-batches" --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05
+  case_ 1 "ZeRO 2 on one rank, small buckets, 2 micro-batches" --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=2
+  case_ 1 "MoE, ZeRO 2, 3 micro-batches" --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=3
   case_ 1 "ZeRO 3 on one rank, bf16, model written" --out --set parallel.zero_stage=3 --set train.dtype=bf16
 else
   case_ 2 "dp 2, ZeRO 0" --set parallel.dp=2
@@ -54,6 +55,8 @@ else
   case_ 4 "dp 4, ZeRO 2, bf16, llama" --set parallel.dp=4 --set parallel.zero_stage=2 --set train.dtype=bf16 --set model.preset=llama-tiny --set model.vocab_size=50257 --set parallel.bucket_mb=0.1
   case_ 4 "dp 2 x tp 2, ZeRO 2" --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05
   case_ 2 "dp 2, ZeRO 3, model written" --out --set parallel.dp=2 --set parallel.zero_stage=3
+  case_ 2 "dp 2, ZeRO 3, MoE, optimizer offloaded" --set parallel.dp=2 --set parallel.zero_stage=3 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.offload_optimizer=true
+  case_ 2 "dp 2, ZeRO 2, optimizer offloaded, 1 micro-batch" --set parallel.dp=2 --set parallel.zero_stage=2 --set parallel.offload_optimizer=true --set train.grad_accum=1
   case_ 4 "dp 4, ZeRO 3, llama, full recompute" --set parallel.dp=4 --set parallel.zero_stage=3 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=full
   case_ 2 "cp 2, ring" --set parallel.cp=2
   case_ 2 "cp 2, all-gather, bf16, model written" --out --set parallel.cp=2 --set parallel.cp_algo=allgather --set train.dtype=bf16

@@ -129,6 +129,10 @@ TEST(Harmony, WhatIsNotACallStaysContent) {
   // A model that ignores the format: its text is content, as it came.
   EXPECT_EQ(read("Hello <world>").content, "Hello <world>");
   EXPECT_EQ(read(std::string(300, 'x') + "<|message|>y").content, std::string(300, 'x') + "<|message|>y");
+  // Text before a <|message|> that no header starts like; an answer of only a
+  // recipient's first letters.
+  EXPECT_EQ(read("Sure! <|message|>x").content, "Sure! <|message|>x");
+  EXPECT_EQ(read("to").content, "to");
   // An answer cut inside a header gives nothing of it.
   p = read("<|channel|>final<|message|>Hi<|end|><|start|>assistant<|chan");
   EXPECT_EQ(p.content, "Hi");
@@ -263,6 +267,13 @@ TEST(Harmony, ThePublishedTemplateRendersACallAndItsResult) {
   EXPECT_TRUE(prompt.ends_with("assistant")) << prompt;
   EXPECT_EQ(r.reading.format, ToolFormat::harmony);
   EXPECT_TRUE(r.reading.reads_calls());
+  // Our own answer sent back whole — a preamble as content, the reasoning and
+  // the call — renders: the template refuses content beside thinking in a
+  // call, so the preamble stands as the call's analysis.
+  ojson again = body;
+  again["messages"][1]["content"] = "Let me check.";
+  const std::string echoed = harmony_tokenizer().decode(parse_chat(again, gpt_oss_model(source), 1).prompts[0]);
+  EXPECT_NE(echoed.find("assistantanalysisLet me check."), std::string::npos) << echoed;
 }
 
 std::vector<Delta> deltas_of(const std::vector<std::string>& pieces) {

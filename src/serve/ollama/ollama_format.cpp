@@ -306,13 +306,12 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
     openai["max_tokens"] = std::max<int64_t>(1, served.max_model_len - len);
   }
   openai.erase("chat_template_kwargs");  // the template's, not /v1/completions'
-  CompletionRequest r = parse_completion(openai, served, seed);
+  // The template's answer: a family that frames every answer is read (chat_output.h).
+  OutputReading reading;
+  if (!raw && m.templated) reading.format = served.tool_format, reading.templated = true;
+  reading.reasoning_inside = reasoning_inside;
+  CompletionRequest r = parse_completion(openai, served, seed, std::move(reading));
   for (const std::string& s : template_stops) r.stop.push_back(s);
-  r.reading.reasoning_inside = reasoning_inside;
-  if (!raw && m.templated) {  // the template's answer: a family that frames every answer is read (chat_output.h)
-    r.reading.format = served.tool_format;
-    r.reading.templated = true;
-  }
   return r;
 }
 

@@ -72,7 +72,8 @@ json tool_calls_of(const json& calls, const std::string& param) {
 // where given. An assistant's reasoning, under any name a client sends it
 // (vLLM's reasoning_content or reasoning, ollama's thinking), reaches the
 // template under both names templates read: reasoning_content (Qwen3) and
-// thinking (gpt-oss).
+// thinking (gpt-oss; not beside a call's content, which its template
+// refuses).
 json chat_messages(const json& body) {
   const json* f = field(body, "messages");
   if (f == nullptr) throw bad_request("messages", "messages is required");
@@ -95,7 +96,10 @@ json chat_messages(const json& body) {
     for (const char* key : {"reasoning_content", "reasoning", "thinking"})
       if (const auto v = msg.find(key); *role == "assistant" && v != msg.end() && v->is_string() && !v->empty()) {
         m["reasoning_content"] = *v;
-        m["thinking"] = *v;
+        // gpt-oss's template refuses a call with both content and thinking
+        // (it renders one of them as the call's analysis): the content, a
+        // preamble, is kept then.
+        if (!m.contains("tool_calls") || m["content"] == "") m["thinking"] = *v;
         break;
       }
     out.push_back(std::move(m));
@@ -159,9 +163,9 @@ json template_kwargs(const json& body) {
         throw bad_request("chat_template_kwargs", cat("chat_template_kwargs.", name, " is set by the request itself ",
                                                       "(messages, tools, add_generation_prompt); leave it out"));
   if (const json* e = field(body, "reasoning_effort")) {
-    if (!e->is_string() || (*e != "low" && *e != "medium" && *e != "high"))
-      throw bad_request("reasoning_effort", cat("reasoning_effort must be \"low\", \"medium\" or \"high\", got ",
-                                                e->dump()));
+    if (!e->is_string() || (*e != "minimal" && *e != "low" && *e != "medium" && *e != "high"))
+      throw bad_request("reasoning_effort", cat("reasoning_effort must be \"minimal\", \"low\", \"medium\" or "
+                                                "\"high\", got ", e->dump()));
     if (out.is_null()) out = json::object();
     if (!out.contains("reasoning_effort")) out["reasoning_effort"] = *e;
   }

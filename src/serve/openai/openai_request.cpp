@@ -289,8 +289,9 @@ void structured_output(const json& body, const ServedModel& m, std::string gramm
 
 }  // namespace fields
 
-CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed) {
+CompletionRequest parse_completion(const json& body, const ServedModel& m, uint64_t seed, OutputReading reading) {
   CompletionRequest r;
+  r.reading = std::move(reading);
   r.model = model_of(body, m);
   refuse_unsupported(body);
   r.prompts = prompts(body, m);

@@ -98,7 +98,10 @@ struct CompletionRequest {
 // the context (both numbers in the message). seed: used when the request
 // names none (the server draws it per request). Structured output
 // (response_format, guided_*: structured_output.h) becomes gen.grammar.
-CompletionRequest parse_completion(const nlohmann::ordered_json& body, const ServedModel& m, uint64_t seed);
+// reading: how the answer will be read (ollama's templated /api/generate:
+// the template's family), known before structured output is made for it.
+CompletionRequest parse_completion(const nlohmann::ordered_json& body, const ServedModel& m, uint64_t seed,
+                                   OutputReading reading = {});
 
 // The same for a chat: messages (roles system, developer, user, assistant,
 // tool; content a string or a list of text parts) rendered by the model's
