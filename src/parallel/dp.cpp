@@ -74,15 +74,13 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
   const DType compute = model.compute_dtype();
   int64_t S = 0;
   for (const GroupState& g : groups) S += g.layout.shard_numel;
-  const bool master = compute != DType::f32 || o.offload_optimizer;
-  const int f32_arrays =
-      o.optimizer_state_floats + (master ? 1 : 0) + (stage >= 2 ? 1 : 0) + (o.offload_optimizer ? 1 : 0);
-  const double per_param = 4.0 * f32_arrays + (stage == 3 ? static_cast<double>(dtype_size(compute)) : 0.0);
+  const DataParallel::ShardStateBytes bytes = DataParallel::shard_state_bytes(S, compute, o);
+  const bool master = bytes.master > 0;
   std::string parts = o.optimizer_state_floats > 0 ? "optimizer state" : "";
   for (const auto& [has, part] : {std::pair{master, "master weights"}, std::pair{stage >= 2, "gradient shard"},
                                   std::pair{stage == 3, "parameter shard"}})
     if (has) parts += (parts.empty() ? "" : ", ") + std::string(part);
-  model::require_fits_memory(pools, static_cast<double>(S) * per_param + static_cast<double>(model.memory().host),
+  model::require_fits_memory(pools, static_cast<double>(bytes.total()) + static_cast<double>(model.memory().host),
                              concat("the training state of ", S, " parameters on this rank (", parts,
                                     ") and the model's bookkeeping"),
                              "lower model.n_layer or model.n_embd, or shard it over more ranks (parallel.zero_stage "
@@ -98,6 +96,14 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
 }
 
 }  // namespace
+
+DataParallel::ShardStateBytes DataParallel::shard_state_bytes(int64_t S, DType compute, const DpOptions& o) {
+  const bool master = compute != DType::f32 || o.offload_optimizer;
+  return {.params = o.zero_stage == 3 ? static_cast<int64_t>(dtype_size(compute)) * S : 0,
+          .grads = o.zero_stage >= 2 ? 4 * S : 0,
+          .master = master ? 4 * S : 0,
+          .optimizer = 4 * S * (o.optimizer_state_floats + (o.offload_optimizer ? 1 : 0))};
+}
 
 model::Storage DataParallel::model_storage(int zero_stage) {
   model::Storage s;

@@ -126,6 +126,16 @@ class DataParallel : public model::StepHooks {
   // What the model must allocate itself under a stage: DataParallel keeps
   // the master weights, and from stage 2 the gradients, from 3 the params.
   static model::Storage model_storage(int zero_stage);
+  // The bytes per tag a rank's shard state of S elements takes under o, in
+  // compute: master weights (f32, unless compute is f32 and nothing is
+  // offloaded), the gradient shard (stage >= 2), the parameter shard
+  // (stage 3), and in optimizer the optimizer's o.optimizer_state_floats
+  // per element (AdamW allocates them) and the offloaded gradients.
+  struct ShardStateBytes {
+    int64_t params = 0, grads = 0, master = 0, optimizer = 0;
+    int64_t total() const { return params + grads + master + optimizer; }
+  };
+  static ShardStateBytes shard_state_bytes(int64_t S, DType compute, const DpOptions& o);
 
   // `model` must have been built with model_storage(options.zero_stage);
   // this sets itself as its hooks. dp: the data-parallel group (mesh.dp();

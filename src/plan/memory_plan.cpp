@@ -111,8 +111,8 @@ RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, in
   const auto dp_size = static_cast<int>(dp_group.size());
   const auto dp_rank = static_cast<int>(std::find(dp_group.begin(), dp_group.end(), r) - dp_group.begin());
   const Shard shard = dp_shard(specs, units, dpo, dp_size, dp_rank);
-  const int64_t S = shard.numel, elem = static_cast<int64_t>(dtype_size(compute));
-  const bool master = compute != DType::f32 || dpo.offload_optimizer;
+  const parallel::DataParallel::ShardStateBytes state =
+      parallel::DataParallel::shard_state_bytes(shard.numel, compute, dpo);
   RankMemory rm;
   rm.at = {.world_rank = r, .pp_rank = c.pp, .dp_rank = c.dp, .cp_rank = c.cp, .tp_rank = c.tp, .ep_rank = c.ep};
   const auto set = [&rm](MemTag tag, int64_t peak, int64_t current) {
@@ -120,13 +120,11 @@ RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, in
   };
   // The step's tokens and targets, and under cp the whole sequences they are cut from.
   const int64_t tokens = 2 * B * (T + (p.cp > 1 ? cfg.train.seq_len : 0)) * static_cast<int64_t>(sizeof(int32_t));
-  const int64_t params = m.params + (dpo.zero_stage == 3 ? elem * S : 0);  // the model's, or ZeRO-3's shard
-  const int64_t grads = m.grads + (dpo.zero_stage >= 2 ? 4 * S : 0);      // the model's, or ZeRO-2/3's shard
-  const int64_t optimizer = 8 * S + (dpo.offload_optimizer ? 4 * S : 0);
-  set(MemTag::params, params, params);
-  set(MemTag::grads, grads, grads);
-  set(MemTag::master, master ? 4 * S : 0, master ? 4 * S : 0);
-  set(MemTag::optimizer, optimizer, optimizer);
+  // The model's own state (what ZeRO leaves it) and the rank's shard state.
+  set(MemTag::params, m.params + state.params, m.params + state.params);
+  set(MemTag::grads, m.grads + state.grads, m.grads + state.grads);
+  set(MemTag::master, state.master, state.master);
+  set(MemTag::optimizer, state.optimizer, state.optimizer);
   set(MemTag::activations, m.activations + tokens, m.activations + tokens);
   const Transient t = transient_bytes(cfg, units, shard, dpo, dp_size, B, T, compute, o.writes_model);
   set(MemTag::workspace, t.workspace, 0);
