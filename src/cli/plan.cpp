@@ -34,7 +34,7 @@ void run_plan(const PlanArgs& a) {
 void add_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "predict the bytes every rank of a training run holds per memory tag, before it runs: the same figures "
-              "`loom train --memory-json` measures (data parallelism with ZeRO 0 to 3, context and tensor parallelism, on the CPU)");
+              "`loom train --memory-json` measures (data parallelism with ZeRO 0 to 3, context, tensor and pipeline parallelism, on the CPU)");
   auto a = std::make_shared<PlanArgs>();
   cmd->add_option("--config", a->config, "TOML run config, as loom train takes it")->required();
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");

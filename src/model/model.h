@@ -218,6 +218,10 @@ class Model final : public Stage {
   // (activations and backward scratch), from the same layout the
   // constructor allocates, without allocating (options.storage is unused).
   static int64_t activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options = {});
+  // The residual stream's elements per micro-batch on this rank — what
+  // stage_input, stage_output and stage_grad hold, and so a pipeline
+  // message: B T C, or B T C / tp under sequence parallelism.
+  static int64_t stream_numel(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options = {});
   // Everything the constructor takes from the pools (parameters, master
   // weights, gradients as Storage asks, activations) and its bookkeeping,
   // O(1) in n_layer: what it checks against memory before building anything.

@@ -275,6 +275,10 @@ int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, co
                         [&](int64_t n) { return layout_count(cfg, B, T, options, n).bytes; });
 }
 
+int64_t Model::stream_numel(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
+  return stream_shape(dims_of(cfg, B, T, options.tp)).numel();
+}
+
 ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
   const TpOptions& tp = options.tp;
   const Storage& storage = options.storage;

@@ -45,12 +45,7 @@ std::vector<ParamGroup> groups_of(const DpOptions& o, comm::Communicator& dp) {
 GroupState make_group(const ParamGroup& pg, const model::Model& model, const std::vector<int>& group_of, int g,
                       const DpOptions& o) {
   GroupSpace space = group_space(model.param_specs(), model.units(), group_of, g);
-  std::vector<model::Unit> solo;
-  for (const std::string& name : o.solo_params) {
-    const auto it = std::find_if(space.specs.begin(), space.specs.end(),
-                                 [&](const model::ParamSpec& p) { return p.name == name; });
-    if (it != space.specs.end()) solo.push_back({it->offset, it->offset + it->numel()});
-  }
+  const std::vector<model::Unit> solo = solo_ranges(space, o.solo_params);
   comm::Communicator& comm = pg.comm;
   GroupState s(GroupLayout{pg.name, pg.comm, pg.spread, std::move(space), {}, {}, {}, 0});
   GroupLayout& l = s.layout;

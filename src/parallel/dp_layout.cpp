@@ -163,6 +163,16 @@ void cut_solo(std::vector<Bucket>& buckets, const std::vector<model::Unit>& unit
 
 }  // namespace
 
+std::vector<model::Unit> solo_ranges(const GroupSpace& space, const std::vector<std::string>& names) {
+  std::vector<model::Unit> solo;
+  for (const std::string& name : names) {
+    const auto it = std::find_if(space.specs.begin(), space.specs.end(),
+                                 [&](const model::ParamSpec& p) { return p.name == name; });
+    if (it != space.specs.end()) solo.push_back({it->offset, it->offset + it->numel()});
+  }
+  return solo;
+}
+
 std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb,
                                  const std::vector<model::Unit>& solo) {
   LOOM_REQUIRE(!units.empty(), "make_buckets: no units");

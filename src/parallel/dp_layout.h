@@ -129,6 +129,9 @@ struct Bucket {
 // unit).
 std::vector<Bucket> make_buckets(const std::vector<model::Unit>& units, int zero_stage, double bucket_mb,
                                  const std::vector<model::Unit>& solo = {});
+// Pure: the element ranges of the named parameters the group holds (in its
+// index space), the `solo` make_buckets cuts out; names it lacks are skipped.
+std::vector<model::Unit> solo_ranges(const GroupSpace& space, const std::vector<std::string>& names);
 
 // One piece of a rank's shard: elements [offset, offset + count) of the
 // group's index space, at shard_offset in the rank's packed shard buffers.

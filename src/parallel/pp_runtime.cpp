@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "parallel/pp_messages.h"
 
 namespace loom::parallel {
 namespace {
@@ -59,14 +60,17 @@ struct PipelineRuntime::Impl {
     OwnedTensor buf;
     comm::WorkPtr work;
   };
-  struct Sent {
+  struct Sent {  // a gradient's copy in flight, taken back at point `release` (pp_messages.h)
     OwnedTensor buf;
     comm::WorkPtr work;
+    int release = 0;
   };
 
   comm::Communicator* pp;
   std::vector<model::Stage*> chunks;
   std::vector<PpAction> actions;  // this rank's list
+  PpMessagePoints points;         // where its receives are posted and its gradient sends taken back
+  std::vector<std::vector<size_t>> posts_at;  // per point: the receives posted there
   std::function<void(int, int)> before_backward;
   TraceRecorder* trace = nullptr;
   int rank = 0, n_pp = 1, v = 1, m = 1, stages = 1;
@@ -77,7 +81,6 @@ struct PipelineRuntime::Impl {
   std::map<MbChunk, int> slot_of;
   std::map<MbChunk, comm::WorkPtr> act_send;
   std::map<MbChunk, Received> act_recv, grad_recv;
-  std::vector<char> posted;  // by action index: a receive already posted ahead of its place
   std::vector<Sent> grad_send;
   std::map<MsgKey, OwnedTensor> local;  // pp = 1: messages a rank sends itself
   double wait_s = 0, compute_s = 0, loss_sum = 0;
@@ -113,18 +116,22 @@ struct PipelineRuntime::Impl {
     return it->second;
   }
   // The actions (run() dispatches on PpOp).
-  void post_ahead(size_t compute);
   void receive(const PpAction& a);  // recv_act and recv_grad
   void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets);
   void send_act(const PpAction& a);
   void backward(const PpAction& a, float dloss);
-  void send_grad(const PpAction& a);
+  void send_grad(const PpAction& a, int release);
   void finish();
 
-  // Gradient send buffers whose sends have completed go back to the cache.
-  void reap_grad_sends() {
+  // The gradient sends due at `point` are waited for (their receives are
+  // posted by then: pp_messages.h) and their buffers go back to the cache.
+  void release_grad_sends(int point) {
+    const bool due = std::any_of(grad_send.begin(), grad_send.end(), [&](const Sent& s) { return s.release <= point; });
+    if (!due) return;
+    TraceSpan span(trace, "recv wait");
+    Timed t(wait_s);
     std::erase_if(grad_send, [&](Sent& s) {
-      if (!s.work->test()) return false;
+      if (s.release > point) return false;
       s.work->wait();  // rethrows the send's error, if any
       cache.give(std::move(s.buf));
       return true;
@@ -147,6 +154,10 @@ PipelineRuntime::PipelineRuntime(const PpSchedule& schedule, comm::Communicator&
   s.rank = pp->rank(), s.n_pp = schedule.pp, s.v = schedule.virtual_stages, s.m = schedule.micro_batches;
   s.stages = s.n_pp * s.v;
   s.actions = schedule.actions[static_cast<size_t>(s.rank)];
+  s.points = pp_message_points(schedule, s.rank);
+  s.posts_at.assign(s.actions.size(), {});
+  for (size_t j = 0; j < s.actions.size(); ++j)
+    if (s.points.post[j] >= 0) s.posts_at[static_cast<size_t>(s.points.post[j])].push_back(j);
   for (int c = 0; c < s.v; ++c) {
     const model::Stage* chunk = s.chunks[static_cast<size_t>(c)];
     LOOM_REQUIRE(chunk != nullptr, "PipelineRuntime: chunk ", c, " has no stage");
@@ -199,17 +210,20 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
   s.free_slots.assign(static_cast<size_t>(s.v), {});
   for (int c = 0; c < s.v; ++c)
     for (int k = s.chunks[static_cast<size_t>(c)]->slots(); k-- > 0;) s.free_slots[static_cast<size_t>(c)].push_back(k);
-  s.posted.assign(s.actions.size(), 0);
+  // At each point: the gradient sends due are taken back, the receives due
+  // are posted (a compute's, for the actions before the next compute: their
+  // messages arrive while it runs), then the action runs.
   for (size_t i = 0; i < s.actions.size(); ++i) {
+    s.release_grad_sends(static_cast<int>(i));
+    for (size_t j : s.posts_at[i]) s.receive(s.actions[j]);
     const PpAction& a = s.actions[i];
-    if (s.posted[i]) continue;  // a receive posted during an earlier compute
     switch (a.op) {
-      case PpOp::recv_act: s.receive(a); break;
-      case PpOp::forward: s.post_ahead(i), s.forward(a, tokens, targets); break;
+      case PpOp::recv_act:
+      case PpOp::recv_grad: break;  // posted above
+      case PpOp::forward: s.forward(a, tokens, targets); break;
       case PpOp::send_act: s.send_act(a); break;
-      case PpOp::recv_grad: s.receive(a); break;
-      case PpOp::backward: s.post_ahead(i), s.backward(a, dloss); break;
-      case PpOp::send_grad: s.send_grad(a); break;
+      case PpOp::backward: s.backward(a, dloss); break;
+      case PpOp::send_grad: s.send_grad(a, s.points.release[i]); break;
     }
   }
   s.finish();
@@ -246,21 +260,6 @@ double PipelineRuntime::forward_only(const Tensor& tokens, const Tensor& targets
   }
   s.finish();
   return holds_last ? s.loss_sum : 0.0;
-}
-
-// Before the compute at `compute` runs, post the receives the next compute
-// needs (the list places them right before it): their messages then arrive
-// while this compute runs instead of after it. Receives are non-blocking and
-// their tags unique, so posting early cannot deadlock; each goes to a buffer
-// of its own, so no activation slot is taken before its forward. A message a
-// rank sends itself (pp = 1) is posted in place: its send may still be ahead.
-void PipelineRuntime::Impl::post_ahead(size_t compute) {
-  for (size_t j = compute + 1; j < actions.size(); ++j) {
-    const PpAction& a = actions[j];
-    if (a.op == PpOp::forward || a.op == PpOp::backward) return;
-    if (a.peer == rank || posted[j]) continue;
-    if (a.op == PpOp::recv_act || a.op == PpOp::recv_grad) receive(a), posted[j] = 1;
-  }
 }
 
 // recv_act / recv_grad: the message into a buffer of its own — an input is
@@ -357,11 +356,10 @@ void PipelineRuntime::Impl::backward(const PpAction& a, float dloss) {
 
 // send_grad: a copy of stage_grad(), which the next backward overwrites; the
 // receiver is stage - 1, its chunk (stage - 1) / pp.
-void PipelineRuntime::Impl::send_grad(const PpAction& a) {
+void PipelineRuntime::Impl::send_grad(const PpAction& a, int release) {
   const int mb = a.micro_batch, c = a.chunk, to_chunk = (stage_of(c) - 1) / n_pp;
   const Tensor g = chunks[static_cast<size_t>(c)]->stage_grad();
   TraceSpan span(trace, "send_grad");
-  reap_grad_sends();
   OwnedTensor buf = cache.take(DType::f32, g.shape());
   kernels::copy(buf, g);
   if (a.peer == rank) {
@@ -369,7 +367,7 @@ void PipelineRuntime::Impl::send_grad(const PpAction& a) {
     return;
   }
   comm::WorkPtr w = pp->send(buf, a.peer, tag(true, mb, to_chunk));
-  grad_send.push_back({std::move(buf), std::move(w)});
+  grad_send.push_back({std::move(buf), std::move(w), release});
 }
 
 // Every send completes before run() returns (the buffers belong to the

@@ -17,7 +17,9 @@
 // posted one compute ahead of its place in the list (before the forward or
 // backward preceding the one that needs it), into a buffer of its own, so
 // its message arrives while that compute runs. The communicator's progress
-// thread moves the messages (comm/engine.h).
+// thread moves the messages (comm/engine.h). Where receives are posted and
+// gradient sends taken back is fixed by the schedule (pp_messages.h), so the
+// message buffers a rank holds do not depend on timing.
 //
 // Chunk c of pipeline rank r is stage c * pp + r (pp_schedule.h); its stage
 // (model/stage.h) holds that stage's layers (model.h PpStage) and at least as many

@@ -26,8 +26,14 @@ std::string TiedEmbedding::name(const model::ModelConfig& cfg) {
 }
 
 std::vector<std::string> TiedEmbedding::solo_params(const model::Model& chunk) const {
-  if (!tied_ || !holds_copy(chunk)) return {};
-  return {name_};
+  if (!tied_) return {};
+  return solo_params(chunk.config(), chunk.has_embedding(), chunk.has_head());
+}
+
+std::vector<std::string> TiedEmbedding::solo_params(const model::ModelConfig& cfg, bool has_embedding,
+                                                    bool has_head) {
+  if (!cfg.tie_embeddings || has_embedding == has_head) return {};  // untied, or one chunk reads its one table
+  return {name(cfg)};
 }
 
 void TiedEmbedding::sum_grads(const std::vector<model::Model*>& chunks, const std::vector<DataParallel*>& dps) {

@@ -43,6 +43,9 @@ class TiedEmbedding {
   // The solo_params a chunk's DataParallel needs: the embedding when the
   // chunk holds one of two copies (stage 0 or the last stage, not both).
   std::vector<std::string> solo_params(const model::Model& chunk) const;
+  // The same for a stage of cfg that holds the embeddings and / or the head
+  // (loom plan lays out a chunk it does not build).
+  static std::vector<std::string> solo_params(const model::ModelConfig& cfg, bool has_embedding, bool has_head);
   // Sums the two copies' reduced gradients (each chunk's DataParallel built
   // with solo_params and its gradients waited for): across the embedding
   // group, or on this rank when both copies are its chunks. Nothing when the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "core/error.h"
 #include "mesh/layout.h"
@@ -10,6 +11,10 @@
 #include "parallel/cp.h"
 #include "parallel/dp.h"
 #include "parallel/dp_layout.h"
+#include "parallel/pp_messages.h"
+#include "parallel/pp_schedule.h"
+#include "parallel/pp_tied.h"
+#include "train/rank_chunks.h"
 
 namespace loom::plan {
 namespace {
@@ -18,12 +23,15 @@ void require_predicted(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto refuse = [](const std::string& what) {
     throw loom::Error(concat("loom plan does not predict ", what,
-                             " yet: it predicts data (ZeRO 0 to 3), context (ZeRO 0 and 1, dense models) and tensor parallelism on the CPU"));
+                             " yet: it predicts data (ZeRO 0 to 3), context (ZeRO 0 and 1, dense models), tensor "
+                             "and pipeline parallelism on the CPU"));
   };
-  if (p.pp > 1) refuse(concat("pipeline parallelism (parallel.pp = ", p.pp, ")"));
+  LOOM_REQUIRE(p.pp == 1 || p.zero_stage <= 1, "parallel.pp = ", p.pp,
+               " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", p.zero_stage, ")");
   if (p.cp > 1 && p.zero_stage >= 2)
     refuse(concat("context parallelism (parallel.cp = ", p.cp, ") under ZeRO stage ", p.zero_stage));
   if (p.cp > 1 && cfg.model.is_moe()) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") of a MoE model"));
+  if (p.cp > 1 && p.pp > 1) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") with pipelining"));
   if (p.ep > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ")"));
   if (cfg.train.device != "cpu") refuse(concat("train.device = ", cfg.train.device));
 }
@@ -39,20 +47,21 @@ Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<mod
                const parallel::DpOptions& o, int size, int rank) {
   const parallel::GroupSpace space = parallel::group_space(specs, units, std::vector<int>(specs.size(), 0), 0);
   Shard s;
-  s.buckets = parallel::make_buckets(space.units, o.zero_stage, o.bucket_mb);
+  s.buckets = parallel::make_buckets(space.units, o.zero_stage, o.bucket_mb, parallel::solo_ranges(space, o.solo_params));
   s.segments = parallel::shard_segments(s.buckets, o.zero_stage, size, rank);
   for (const parallel::Segment& seg : s.segments) s.numel += seg.count;
   for (const parallel::Bucket& b : s.buckets) s.largest_bucket = std::max(s.largest_bucket, b.numel());
   return s;
 }
 
-// The textbook figures for rank r's Ψ parameters (memory_plan.h).
-Textbook textbook_of(const train::RunConfig& cfg, double psi, int64_t B, int64_t T, DType compute) {
+// The textbook figures for rank r's Ψ parameters and the activations of
+// `layers` layers (memory_plan.h).
+Textbook textbook_of(const train::RunConfig& cfg, double psi, int64_t layers, int64_t B, int64_t T, DType compute) {
   const train::ParallelConfig& p = cfg.parallel;
   const double nd = static_cast<double>(p.dp);
   const double per_psi[] = {16.0, 4.0 + 12.0 / nd, 2.0 + 14.0 / nd, 16.0 / nd};
   return {.model_states = psi * per_psi[p.zero_stage],
-          .activations = static_cast<double>(cfg.model.n_layer) *
+          .activations = static_cast<double>(layers) *
                          train::predicted_layer_activation_bytes(cfg.model, B, T, compute, static_cast<int>(p.tp),
                                                                  p.sequence_parallel)};
 }
@@ -87,49 +96,102 @@ Transient transient_bytes(const train::RunConfig& cfg, const std::vector<model::
   return t;
 }
 
-// World rank r of cfg's layout.
+// The bytes of the message buffers pipeline rank `rank`'s runtime keeps
+// (parallel/pp_messages.h): received activations in the compute dtype,
+// gradients in f32, sharing buffers when the two are alike (an f32 run).
+int64_t pp_message_bytes(const parallel::PpSchedule& schedule, int rank, int64_t stream_numel, DType compute) {
+  const parallel::PpMessageBuffers n = parallel::pp_message_buffers(schedule, rank);
+  const int64_t act = stream_numel * static_cast<int64_t>(dtype_size(compute)), grad = stream_numel * 4;
+  if (compute == DType::f32) return n.either * grad;
+  return n.activations * act + n.gradients * grad;
+}
+
+// What a rank's chunks hold together (one chunk without pipelining).
+struct Chunks {
+  model::ModelBytes model;
+  parallel::DataParallel::ShardStateBytes state;
+  Transient transient;  // the most any one chunk's step holds
+  int64_t psi = 0, layers = 0;  // parameters; layers x their activation slots
+};
+
+// Each of the rank's chunks (the whole model, or its pipeline stages) as
+// build_rank_chunks lays it out: the model's own state and its
+// DataParallel's shard state over the dp x cp group of dp_size ranks.
+Chunks chunk_bytes(const train::RunConfig& cfg, const train::ChunkOptions& co,
+                   const std::vector<model::StageOptions>& stages, model::ModelOptions mo, int dp_size, int dp_rank,
+                   const MemoryPlanOptions& o) {
+  const int64_t B = co.micro_batch, T = co.seq_len / cfg.parallel.cp;
+  parallel::DpOptions dpo = co.dp;
+  Chunks out;
+  for (const model::StageOptions& so : stages) {
+    mo.stage = so;
+    const model::ModelBytes m = model::Model::state_bytes(cfg.model, B, T, mo);
+    out.model.params += m.params, out.model.grads += m.grads, out.model.activations += m.activations;
+    const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp, so.layers);
+    const std::vector<model::Unit> units = model::model_units(cfg.model, specs);
+    const int64_t n_layers = so.layers.n_layers < 0 ? cfg.model.n_layer - so.layers.first_layer : so.layers.n_layers;
+    const bool embedding = so.layers.first_layer == 0, head = so.layers.first_layer + n_layers == cfg.model.n_layer;
+    if (cfg.parallel.pp > 1) dpo.solo_params = parallel::TiedEmbedding::solo_params(cfg.model, embedding, head);
+    const Shard shard = dp_shard(specs, units, dpo, dp_size, dp_rank);
+    const parallel::DataParallel::ShardStateBytes s =
+        parallel::DataParallel::shard_state_bytes(shard.numel, co.compute, dpo);
+    out.state.params += s.params, out.state.grads += s.grads, out.state.master += s.master;
+    out.state.optimizer += s.optimizer;
+    const Transient t = transient_bytes(cfg, units, shard, dpo, dp_size, B, T, co.compute, o.writes_model);
+    out.transient.workspace = std::max(out.transient.workspace, t.workspace);
+    out.transient.comm = std::max(out.transient.comm, t.comm);
+    out.psi += model::param_count(specs), out.layers += n_layers * so.slots;
+  }
+  return out;
+}
+
+// World rank r of cfg's layout: its chunks, the trainer's token buffers and
+// under pipelining the runtime's messages.
 RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, int r, const MemoryPlanOptions& o) {
   const train::ParallelConfig& p = cfg.parallel;
-  const DType compute = train::compute_dtype(cfg.train);
-  const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len / p.cp;  // the rank's tokens of each sequence
-  parallel::DpOptions dpo;
-  dpo.zero_stage = static_cast<int>(p.zero_stage);
-  dpo.bucket_mb = p.bucket_mb;
-  dpo.offload_optimizer = p.offload_optimizer;
+  const train::ChunkOptions co = train::chunk_options(cfg);
+  const DType compute = co.compute;
+  const int64_t B = co.micro_batch, T = co.seq_len / p.cp;  // the rank's tokens of each sequence
   const mesh::Coord c = layout.coord(r);
-  model::ModelOptions mo{.compute = compute,
-                         .recompute = model::recompute_from_name(cfg.train.recompute),
-                         .storage = parallel::DataParallel::model_storage(dpo.zero_stage)};
+  model::ModelOptions mo{
+      .compute = compute, .recompute = co.recompute, .storage = parallel::DataParallel::model_storage(co.dp.zero_stage)};
   mo.tp.tp = {static_cast<int>(p.tp), c.tp};
   mo.tp.sequence_parallel = p.sequence_parallel;
   mo.cp.size = static_cast<int>(p.cp);
-  const model::ModelBytes m = model::Model::state_bytes(cfg.model, B, T, mo);
-  const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp);
-  const std::vector<model::Unit> units = model::model_units(cfg.model, specs);
+  std::vector<model::StageOptions> stages(1);
+  std::optional<parallel::PpSchedule> schedule;
+  if (p.pp > 1) {
+    schedule = parallel::make_pp_schedule(parallel::pp_schedule_from_name(co.pp_schedule), static_cast<int>(p.pp),
+                                          static_cast<int>(co.micro_batches), static_cast<int>(co.virtual_stages));
+    stages = train::rank_stages(co, *schedule, static_cast<int>(p.pp), c.pp);
+  }
   // The gradients are averaged (and ZeRO-sharded) over dp x cp.
   const std::vector<int> dp_group = layout.group_ranks(mesh::Group::dp_cp, r);
-  const auto dp_size = static_cast<int>(dp_group.size());
   const auto dp_rank = static_cast<int>(std::find(dp_group.begin(), dp_group.end(), r) - dp_group.begin());
-  const Shard shard = dp_shard(specs, units, dpo, dp_size, dp_rank);
-  const parallel::DataParallel::ShardStateBytes state =
-      parallel::DataParallel::shard_state_bytes(shard.numel, compute, dpo);
+  const Chunks chunks = chunk_bytes(cfg, co, stages, mo, static_cast<int>(dp_group.size()), dp_rank, o);
+  const model::ModelBytes& m = chunks.model;
+  const parallel::DataParallel::ShardStateBytes& state = chunks.state;
+  Transient t = chunks.transient;
+  if (schedule) t.comm += pp_message_bytes(*schedule, c.pp, model::Model::stream_numel(cfg.model, B, T, mo), compute);
   RankMemory rm;
   rm.at = {.world_rank = r, .pp_rank = c.pp, .dp_rank = c.dp, .cp_rank = c.cp, .tp_rank = c.tp, .ep_rank = c.ep};
   const auto set = [&rm](MemTag tag, int64_t peak, int64_t current) {
     rm.bytes.tags[static_cast<size_t>(tag)] = {static_cast<size_t>(current), static_cast<size_t>(peak)};
   };
-  // The step's tokens and targets, and under cp the whole sequences they are cut from.
-  const int64_t tokens = 2 * B * (T + (p.cp > 1 ? cfg.train.seq_len : 0)) * static_cast<int64_t>(sizeof(int32_t));
-  // The model's own state (what ZeRO leaves it) and the rank's shard state.
+  // The step's tokens and targets; under cp also the whole sequences they
+  // are cut from, under pipelining every micro-batch's.
+  const int64_t sequences = 1 + (p.pp > 1 ? co.micro_batches : 0);
+  const int64_t tokens =
+      2 * B * (T * sequences + (p.cp > 1 ? co.seq_len : 0)) * static_cast<int64_t>(sizeof(int32_t));
   set(MemTag::params, m.params + state.params, m.params + state.params);
   set(MemTag::grads, m.grads + state.grads, m.grads + state.grads);
   set(MemTag::master, state.master, state.master);
   set(MemTag::optimizer, state.optimizer, state.optimizer);
   set(MemTag::activations, m.activations + tokens, m.activations + tokens);
-  const Transient t = transient_bytes(cfg, units, shard, dpo, dp_size, B, T, compute, o.writes_model);
   set(MemTag::workspace, t.workspace, 0);
-  set(MemTag::comm, t.comm, 0);
-  rm.textbook = textbook_of(cfg, static_cast<double>(model::param_count(specs)), B, T, compute);
+  // The pipeline's message buffers stay cached for the next step; the rest is freed.
+  set(MemTag::comm, t.comm, schedule ? t.comm : 0);
+  rm.textbook = textbook_of(cfg, static_cast<double>(chunks.psi), chunks.layers, B, T, compute);
   return rm;
 }
 

@@ -6,29 +6,36 @@
 // prediction is the layout, not a formula: it equals what
 // `loom train --memory-json` measures, line for line.
 //
-// Per rank, with P its parameters (its tp slice), S its dp shard of them
-// (every parameter under ZeRO 0, its 1/dp slice under ZeRO 1 to 3:
-// shard_segments decides, unevenly where dp does not divide a bucket):
+// Per rank, with P its parameters (its tp slice; under pipelining those of
+// its stages, each a chunk of its own: train::rank_stages), S its dp shard
+// of them (every parameter under ZeRO 0, its 1/dp slice under ZeRO 1 to 3:
+// shard_segments decides, unevenly where dp does not divide a bucket; a
+// tied embedding's copy on the first or last stage is a bucket of its own):
 //   params       P x the compute dtype's size; under ZeRO 3 S x that size
 //   grads        4 P (f32, whole on every rank under ZeRO 0 and 1), 4 S under ZeRO 2 and 3
 //   master       4 S when the compute dtype is not f32 or the optimizer is offloaded
 //   optimizer    8 S (AdamW's m and v), + 4 S offloaded gradients
-//   activations  the model's layout (activation_bytes) + the step's tokens and targets (2 B T i32;
-//                under cp also the whole sequences they are cut from)
+//   activations  the model's layout (activation_bytes; a stage's with the activation slots
+//                its schedule keeps in flight) + the step's tokens and targets (2 B T i32;
+//                under cp also the whole sequences they are cut from; under pipelining
+//                every micro-batch's as well)
 //   workspace    at peak: 4 x the largest bucket (init_params draws one bucket at a time),
-//                4 S when the run writes its model (gather_master packs the shard), or
+//                4 S of a chunk when the run writes its model (gather_master packs the shard), or
 //                a cp attention call's packed q, running result and gradients (cp.h call_bytes)
 //   comm         under cp a call's K/V blocks in flight (and dK/dV travelling);
+//                under pipelining the message buffers its runtime keeps (pp_messages.h:
+//                B T C per message, in the compute dtype for activations, f32 for gradients);
 //                else 0 under ZeRO 0/1 (dense buckets reduce in place); under ZeRO 2
 //                and 3 the peak of the bucket buffers (and ZeRO 3's gathered
 //                units), simulated over the step's passes as DataParallel
 //                keeps them (dp_layout.h zero_comm_peak)
 //   kv_cache     0 (serving's)
-// current_bytes is the same but for workspace and comm, which are freed (0).
+// current_bytes is the same but for workspace and comm, which are freed (0),
+// except the pipeline's message buffers, cached for the next step.
 //
-// For now the layouts of dp (ZeRO 0 to 3) x cp x tp on the CPU (cp with
-// ZeRO 0/1 and dense models); pipeline and expert parallelism are refused
-// with a message saying so.
+// For now the layouts of dp (ZeRO 0 to 3) x cp x tp, and of pp x dp (ZeRO 0
+// and 1) x tp, on the CPU (cp with ZeRO 0/1, dense models and no pipeline);
+// expert parallelism is refused with a message saying so.
 #pragma once
 
 #include <string>

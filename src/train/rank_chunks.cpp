@@ -17,11 +17,27 @@ std::vector<parallel::DataParallel*> RankChunks::dp_ptrs() const {
   return out;
 }
 
-namespace {
+ChunkOptions chunk_options(const RunConfig& cfg) {
+  ChunkOptions o;
+  o.model = cfg.model;
+  o.micro_batch = cfg.train.micro_batch, o.seq_len = cfg.train.seq_len;
+  o.compute = compute_dtype(cfg.train);
+  o.recompute = model::recompute_from_name(cfg.train.recompute);
+  o.sequence_parallel = cfg.parallel.sequence_parallel;
+  o.dp.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
+  o.dp.bucket_mb = cfg.parallel.bucket_mb;
+  o.dp.offload_optimizer = cfg.parallel.offload_optimizer;
+  o.adamw.weight_decay = cfg.train.weight_decay;
+  o.seed = cfg.train.seed;
+  o.pp_schedule = cfg.parallel.pp_schedule;
+  o.micro_batches = cfg.train.grad_accum;  // a step's micro-batches are the pipeline's (Megatron)
+  o.virtual_stages = cfg.parallel.virtual_stages;
+  o.pp_layers = cfg.parallel.pp_layers;
+  o.cp_algo = cfg.parallel.cp_algo;
+  o.ep_overlap = cfg.parallel.ep_overlap;
+  return o;
+}
 
-// The rank's stages: chunk c of pipeline rank r is stage c x pp + r of the
-// partition, with the activation slots its schedule keeps in flight; without
-// pipelining one stage holding the whole model.
 std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parallel::PpSchedule& schedule, int pp,
                                              int r) {
   const int v = static_cast<int>(o.virtual_stages);
@@ -35,6 +51,8 @@ std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parall
   }
   return stages;
 }
+
+namespace {
 
 // Expert parallelism: dense parameters averaged (and ZeRO-sharded) over dp x
 // cp, each ep rank's experts over the ranks holding the same experts

@@ -29,6 +29,7 @@
 #include "parallel/pp_tied.h"
 #include "parallel/ep.h"
 #include "parallel/tp.h"
+#include "train/config.h"
 #include "train/optimizer.h"
 
 namespace loom::train {
@@ -54,6 +55,18 @@ struct ChunkOptions {
   bool ep_overlap = true;          // parallel::ExpertParallel's overlap
   Pools* cp_pools = nullptr;       // where the cp attention's buffers come from (null: the context's pools)
 };
+
+// The chunk options of a run config: its model, micro-batch, dtype,
+// recompute, ZeRO, AdamW, seed, pipeline and cp settings.
+ChunkOptions chunk_options(const RunConfig& cfg);
+
+// Pipeline rank r's stages under `schedule` over pp ranks: chunk c is stage
+// c x pp + r of the partition (o.pp_layers, else balanced), with the
+// activation slots the schedule keeps in flight on it. What
+// build_rank_chunks builds the rank's models with, and what loom plan
+// predicts them from.
+std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parallel::PpSchedule& schedule, int pp,
+                                             int r);
 
 struct RankChunks {
   std::unique_ptr<parallel::TensorParallel> tp;  // null when mesh.tp() is of one rank

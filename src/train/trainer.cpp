@@ -47,27 +47,6 @@ comm::Communicator& checked_group(const char* key, int64_t expected, comm::Commu
   return group;
 }
 
-ChunkOptions chunk_options(const RunConfig& cfg) {
-  ChunkOptions o;
-  o.model = cfg.model;
-  o.micro_batch = cfg.train.micro_batch, o.seq_len = cfg.train.seq_len;
-  o.compute = compute_dtype(cfg.train);
-  o.recompute = model::recompute_from_name(cfg.train.recompute);
-  o.sequence_parallel = cfg.parallel.sequence_parallel;
-  o.dp.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
-  o.dp.bucket_mb = cfg.parallel.bucket_mb;
-  o.dp.offload_optimizer = cfg.parallel.offload_optimizer;
-  o.adamw.weight_decay = cfg.train.weight_decay;
-  o.seed = cfg.train.seed;
-  o.pp_schedule = cfg.parallel.pp_schedule;
-  o.micro_batches = cfg.train.grad_accum;  // a step's micro-batches are the pipeline's (Megatron)
-  o.virtual_stages = cfg.parallel.virtual_stages;
-  o.pp_layers = cfg.parallel.pp_layers;
-  o.cp_algo = cfg.parallel.cp_algo;
-  o.ep_overlap = cfg.parallel.ep_overlap;
-  return o;
-}
-
 // What a run on a GPU does not do yet, refused before anything is built:
 // one process (NCCL layouts come next), dense models (the MoE router and
 // dispatch run host loops over their rows), no optimizer offload (the host

@@ -23,6 +23,7 @@
 #include "core/threads.h"
 #include "core/trace.h"
 #include "model/model.h"
+#include "parallel/pp_messages.h"
 #include "parallel/pp_runtime.h"
 #include "parallel/pp_schedule.h"
 
@@ -168,6 +169,13 @@ void expect_matches_whole(Family family, const Case& k) {
     EXPECT_GT(rt.compute_seconds(), 0);
   }
   EXPECT_EQ(losses[0], losses[1]);
+  // The message buffers the runtime holds are the schedule's (pp_messages.h),
+  // whatever the timing: an f32 run's activations and gradients share a
+  // shape and dtype, so the cache lends either kind's buffer to the other.
+  const TagUsage comm = pools.report()[MemTag::comm];
+  const auto message = static_cast<size_t>(B * T * cfg.n_embd) * sizeof(float);
+  EXPECT_EQ(comm.peak, static_cast<size_t>(pp_message_buffers(schedule, r).either) * message);
+  EXPECT_EQ(comm.current, comm.peak);  // kept for the next step
   if (r == pp - 1) {  // the last stage's rank
     EXPECT_LE(std::abs(losses[1] - whole.loss), kTolerance * std::abs(whole.loss))
         << "pipeline " << losses[1] << " vs whole " << whole.loss;

@@ -63,5 +63,13 @@ else
   case_ 4 "dp 2 x cp 2, ZeRO 1, llama, selective recompute" --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero_stage=1 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=selective
   case_ 4 "cp 2 x tp 2" --set parallel.cp=2 --set parallel.tp=2
   case_ 4 "dp 2 x tp 2, ZeRO 3, bf16, sequence parallel" --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set parallel.sequence_parallel=true
+  case_ 2 "pp 2, 1F1B, 4 micro-batches, tied embedding" --set parallel.pp=2 --set train.grad_accum=4
+  case_ 2 "pp 2, GPipe, bf16, 3 micro-batches" --set parallel.pp=2 --set parallel.pp_schedule=afab --set train.dtype=bf16 --set train.grad_accum=3
+  case_ 2 "pp 2, interleaved (v 2), 4 micro-batches, model written" --out --set parallel.pp=2 --set parallel.pp_schedule=interleaved --set parallel.virtual_stages=2 --set model.n_layer=4 --set train.grad_accum=4
+  case_ 3 "pp 3, 1F1B, llama, 5 micro-batches, selective recompute" --set parallel.pp=3 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_layer=3 --set train.grad_accum=5 --set train.recompute=selective
+  case_ 4 "pp 4, 1F1B, bf16, full recompute, uneven split" --set parallel.pp=4 --set model.n_layer=5 --set parallel.pp_layers=[2,1,1,1] --set train.dtype=bf16 --set train.recompute=full --set train.grad_accum=6
+  case_ 4 "pp 2 x dp 2, ZeRO 1, small buckets, model written" --out --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05 --set train.grad_accum=2
+  case_ 4 "pp 2 x tp 2, sequence parallel, bf16" --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set train.dtype=bf16 --set train.grad_accum=2
+  case_ 2 "pp 2, optimizer offloaded, MoE" --set parallel.pp=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.offload_optimizer=true --set train.grad_accum=2
 fi
 echo "plan_vs_train: $n layouts, every rank and tag equal"

@@ -70,13 +70,35 @@ TEST(MemoryPlan, AnFp32RunWithoutZeroHoldsSixteenBytesPerParameter) {
   EXPECT_GT(r.textbook.activations, 0.0);
 }
 
+// Under pipelining each rank holds its stage; GPT-2's tied embedding is
+// held twice (stage 0 and the last stage each keep a copy), so the ranks'
+// parameters add up to the whole model plus one table. The last stage's
+// rank keeps the whole step's micro-batches of tokens like the first.
+TEST(MemoryPlan, PipelineRanksHoldTheirStagesAndOneMoreEmbeddingCopy) {
+  train::RunConfig c;
+  c.model = model::model_preset("gpt2-tiny");
+  c.model.n_layer = 4;
+  c.train.seq_len = 16, c.train.micro_batch = 2, c.train.grad_accum = 4;
+  c.parallel.pp = 2;
+  const std::vector<RankMemory> ranks = plan_memory(c);
+  ASSERT_EQ(ranks.size(), 2u);
+  const int64_t whole = model::param_count(c.model), table = c.model.vocab_size * c.model.n_embd;
+  int64_t held = 0;
+  for (const RankMemory& r : ranks) held += static_cast<int64_t>(r.bytes[MemTag::params].peak);
+  EXPECT_EQ(held, 4 * (whole + table));
+  for (const RankMemory& r : ranks) {
+    EXPECT_GT(r.bytes[MemTag::comm].peak, 0u) << "rank " << r.at.world_rank;  // its runtime's message buffers
+    EXPECT_EQ(r.bytes[MemTag::comm].current, r.bytes[MemTag::comm].peak);  // cached for the next step
+  }
+}
+
 TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   train::RunConfig c;
   c.model = model::model_preset("gpt2-tiny");
   c.train.seq_len = 16;
-  c.parallel.pp = 2;
+  c.parallel.pp = 2, c.parallel.cp = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
-  c.parallel.pp = 1, c.parallel.ep = 2, c.parallel.dp = 2;
+  c.parallel.pp = 1, c.parallel.cp = 1, c.parallel.ep = 2, c.parallel.dp = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
 }
 
