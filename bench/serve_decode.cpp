@@ -33,12 +33,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <limits>
 #include <random>
 #include <unordered_set>
 #include <vector>
 
 #include "bench/serve_common.h"
+#include "core/bandwidth.h"
 #include "core/error.h"
 #include "infer/engine.h"
 #include "model/family.h"
@@ -53,27 +53,6 @@ constexpr int64_t kBandwidthBytes = int64_t{1} << 30;
 constexpr int kBandwidthPasses = 5;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Bytes/s of reading a kBandwidthBytes buffer, best pass.
-double measure_read_bandwidth() {
-  Pools pools;
-  const int64_t n = kBandwidthBytes / static_cast<int64_t>(sizeof(uint64_t));
-  const OwnedTensor buffer = pools[MemTag::workspace].empty(DType::i64, {n});
-  auto* v = static_cast<uint64_t*>(buffer.data());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<uint64_t>(i);
-  double best = std::numeric_limits<double>::infinity();
-  volatile uint64_t sink = 0;  // keeps the sums
-  for (int pass = 0; pass < kBandwidthPasses; ++pass) {
-    const Clock::time_point t0 = Clock::now();
-    uint64_t sum = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += v[i];
-    best = std::min(best, seconds_since(t0));
-    sink = sink + sum;
-  }
-  return static_cast<double>(kBandwidthBytes) / best;
-}
 
 // Bytes per decode token: weights (a step's over S) + one sequence's K/V.
 struct DecodeBytes {
@@ -178,7 +157,8 @@ void print_result(const ServeBenchOptions& o, const model::ModelConfig& cfg, con
 
 int run_decode_bound(const ServeBenchOptions& o) {
   const model::ModelConfig cfg = model_config(o);
-  const double before = measure_read_bandwidth();  // before the model: its buffer is freed again
+  // Before the model (its buffer is freed again) and after the decode.
+  const double before = measure_read_bandwidth(kBandwidthBytes, kBandwidthPasses);
   std::mt19937_64 rng(o.seed);
   std::vector<std::vector<int32_t>> prompts, warm;
   for (int64_t i = 0; i < o.num_requests; ++i) prompts.push_back(random_tokens(rng, o.input_len, cfg.vocab_size));
@@ -192,7 +172,7 @@ int run_decode_bound(const ServeBenchOptions& o) {
     bytes = decode_bytes(cfg, compute_dtype(o), weights.quant_or_null(), kv_dtype(o), o.input_len, o.output_len,
                          t.sequences);
   }
-  const double bandwidth = std::max(before, measure_read_bandwidth());
+  const double bandwidth = std::max(before, measure_read_bandwidth(kBandwidthBytes, kBandwidthPasses));
   print_result(o, cfg, t, bandwidth, bytes);
   return 0;
 }

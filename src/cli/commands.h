@@ -19,7 +19,7 @@ void add_data_command(CLI::App& app, int default_threads);  // loom data prepare
 void add_train_command(CLI::App& app, int world_size, int default_threads,
                        int& exit_code);  // loom train (exit_code: 128 + a stop signal)
 void add_eval_command(CLI::App& app, int default_threads);  // loom eval
-void add_plan_command(CLI::App& app);  // loom plan
+void add_plan_command(CLI::App& app, int world_size);  // loom plan
 void add_generate_command(CLI::App& app);  // loom generate
 void add_serve_command(CLI::App& app, int default_threads);  // loom serve
 void add_model_commands(CLI::App& app);  // loom create, list, show, cp, rm

@@ -70,10 +70,14 @@ void choose_cpu_isa(const std::string& cap) {
   loom::log_debug(cpu_isa_describe());  // train, serve and bench print it in their headers
 }
 
-// train, bench comm and bench train run on every rank; the rest on rank 0 only.
+// train, bench comm, bench train and plan --calibrate run on every rank;
+// the rest on rank 0 only.
 bool runs_on_every_rank(int argc, char** argv) {
   const std::string first = argc > 1 ? argv[1] : "", second = argc > 2 ? argv[2] : "";
-  return first == "train" || (first == "bench" && (second == "comm" || second == "train"));
+  bool calibrate = false;  // loom plan --calibrate measures the link between ranks
+  for (int i = 2; i < argc; ++i) calibrate = calibrate || std::string(argv[i]) == "--calibrate";
+  return first == "train" || (first == "bench" && (second == "comm" || second == "train")) ||
+         (first == "plan" && calibrate);
 }
 
 // The names of app's subcommands, e.g. "bench, convert, data, ...".
@@ -138,7 +142,7 @@ int run_command(int argc, char** argv, const Launch& launch) {
   loom::cli::add_data_command(app, default_threads);
   loom::cli::add_train_command(app, world_size, default_threads, exit_code);
   loom::cli::add_eval_command(app, default_threads);
-  loom::cli::add_plan_command(app);
+  loom::cli::add_plan_command(app, world_size);
   loom::cli::add_generate_command(app);
   loom::cli::add_serve_command(app, default_threads);
   loom::cli::add_model_commands(app);

@@ -1,13 +1,24 @@
-// loom plan: what a training run will hold per rank and memory tag, before
-// it runs (plan/memory_plan.h).
+// loom plan: what a training run will hold per rank and memory tag and how
+// long its step takes, before it runs (plan/memory_plan.h, time_plan.h);
+// the best layouts of a model on a cluster (plan/search.h); and this
+// machine measured as a cluster (plan/calibrate.h).
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/mpi_backend.h"
+#include "comm/self_communicator.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/threads.h"
+#include "model/config.h"
+#include "plan/calibrate.h"
+#include "plan/cluster.h"
 #include "plan/memory_plan.h"
+#include "plan/search.h"
+#include "plan/time_plan.h"
 #include "train/config.h"
 #include "train/reports.h"
 
@@ -15,33 +26,113 @@ namespace loom::cli {
 namespace {
 
 struct PlanArgs {
-  std::string config;
+  std::string config, model;
   std::vector<std::string> overrides;
   std::string out;
   bool json = false;
+  std::string cluster;
+  int nodes = 0;
+  int64_t global_batch = 0, seq = 0;
+  std::string dtype;
+  int top = 10;
+  bool calibrate = false;
+  int threads = 1;
 };
 
-void run_plan(const PlanArgs& a) {
-  const train::RunConfig cfg = train::load_run_config(a.config, a.overrides);
+// The run config of --config, or of --model PRESET with the search's
+// sequence length (the data keys a plan never reads are filled in).
+train::RunConfig run_config(const PlanArgs& a) {
+  std::vector<std::string> overrides = a.overrides;
+  if (a.seq > 0) overrides.push_back(concat("train.seq_len=", a.seq));
+  if (!a.dtype.empty()) overrides.push_back("train.dtype=" + a.dtype);
+  if (!a.config.empty()) return train::load_run_config(a.config, overrides);
+  LOOM_REQUIRE(!a.model.empty(), "loom plan: give --config RUN.toml (a run's layout), or --model PRESET with ",
+               "--cluster and --global-batch (a search), or --calibrate");
+  // Without --seq, the preset's context length.
+  const int64_t seq = a.seq > 0 ? a.seq : model::model_preset(a.model).max_seq_len;
+  overrides.insert(overrides.begin(), {concat("model.max_seq_len=", seq), concat("train.seq_len=", seq)});
+  const std::string text = concat("[model]\npreset = \"", a.model, "\"\n[data]\ntrain = \"(loom plan)\"\n",
+                                  "[train]\neval_every = 0\n");
+  return train::parse_run_config(text, "--model " + a.model, overrides);
+}
+
+void calibrate(const PlanArgs& a, int world_size) {
+  set_num_threads(a.threads);
+  std::unique_ptr<comm::Communicator> world;
+  if (world_size > 1) world = comm::mpi_world();
+  else world = std::make_unique<comm::SelfCommunicator>("world");
+  const plan::Cluster c = plan::calibrate(*world, {.threads = a.threads});
+  if (world->rank() != 0) return;
+  const std::string toml = plan::cluster_toml(c);
+  if (a.out.empty()) return (void)std::printf("%s", toml.c_str());
+  write_file_atomic(a.out, toml);
+  std::printf("loom plan: this machine's cluster description written to %s (use it as --cluster %s)\n",
+              a.out.c_str(), a.out.c_str());
+}
+
+void search(const PlanArgs& a) {
+  LOOM_REQUIRE(!a.cluster.empty(), "loom plan --global-batch: which cluster? give --cluster with a preset (",
+               "h100, a100) or a cluster TOML file (loom plan --calibrate writes one for this machine)");
+  const train::RunConfig cfg = run_config(a);
+  plan::SearchRequest r{.model = cfg.model,
+                        .seq_len = cfg.train.seq_len,
+                        .global_batch = a.global_batch,
+                        .dtype = cfg.train.dtype,
+                        .cluster = plan::cluster_from(a.cluster, a.nodes),
+                        .top = a.top};
+  const plan::SearchResult s = plan::search_layouts(r);
+  std::printf("%s", (a.json ? plan::search_json(s) : plan::search_table(s, r)).c_str());
+}
+
+void run_plan(const PlanArgs& a, int world_size) {
+  if (a.calibrate) return calibrate(a, world_size);
+  if (a.global_batch > 0) return search(a);
+  LOOM_REQUIRE(!a.config.empty(), "loom plan: give --config RUN.toml for a run's own layout, or --model with ",
+               "--cluster and --global-batch for a search, or --calibrate");
+  const train::RunConfig cfg = run_config(a);
   // As loom train: the final model goes to --out, else checkpoint.dir.
   const plan::MemoryPlanOptions o{.writes_model = !a.out.empty() || !cfg.checkpoint.dir.empty()};
   for (const plan::RankMemory& r : plan::plan_memory(cfg, o))
     std::printf("%s", (a.json ? train::memory_json_lines(r.at, r.bytes) : plan::memory_plan_table(r)).c_str());
+  if (a.cluster.empty()) return;
+  const plan::Cluster c = plan::cluster_from(a.cluster, a.nodes);
+  const plan::StepTime t = plan::predict_step_time(cfg, c);
+  if (a.json) {
+    std::printf("{\"step_s\":%.9g,\"compute_s\":%.9g,\"tp_s\":%.9g,\"cp_s\":%.9g,\"bubble_s\":%.9g,\"pp_s\":%.9g,"
+                "\"dp_s\":%.9g,\"optimizer_s\":%.9g,\"tokens_per_s\":%.9g,\"mfu\":%.9g}\n",
+                t.total, t.compute, t.tp, t.cp, t.bubble, t.pp, t.dp, t.optimizer, t.tokens_per_second, t.mfu);
+  } else {
+    std::printf("on %s: %s\n", c.name.c_str(), plan::step_time_line(t).c_str());
+  }
 }
 
 }  // namespace
 
-void add_plan_command(CLI::App& app) {
+void add_plan_command(CLI::App& app, int world_size) {
   CLI::App* cmd = app.add_subcommand(
-      "plan", "predict the bytes every rank of a training run holds per memory tag, before it runs: the same figures "
-              "`loom train --memory-json` measures (data parallelism with ZeRO 0 to 3, context, tensor and pipeline parallelism, on the CPU)");
+      "plan", "predict a training run before it runs: the bytes every rank holds per memory tag (the same figures "
+              "`loom train --memory-json` measures; data parallelism with ZeRO 0 to 3, context, tensor and pipeline "
+              "parallelism, on the CPU) and, with --cluster, its step time; with --global-batch, search the best "
+              "layouts of a model on a cluster; with --calibrate, measure this machine as a cluster");
   auto a = std::make_shared<PlanArgs>();
-  cmd->add_option("--config", a->config, "TOML run config, as loom train takes it")->required();
+  cmd->add_option("--config", a->config, "TOML run config, as loom train takes it");
+  cmd->add_option("--model", a->model, "a model preset to search layouts for (with --set model.KEY=VALUE)");
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
   cmd->add_option("--out", a->out, "the run writes its final model here (as loom train --out): counts the gather it "
-                                   "takes");
-  cmd->add_flag("--json", a->json, "one JSON line per rank and tag, as loom train --memory-json prints them");
-  cmd->callback([a] { run_plan(*a); });
+                                   "takes; with --calibrate, the cluster file to write");
+  cmd->add_flag("--json", a->json, "JSON lines: per rank and tag as loom train --memory-json prints them, the step "
+                                   "time, or the search's layouts and rejected families");
+  cmd->add_option("--cluster", a->cluster, "a cluster preset (h100, a100: nodes of 8 GPUs) or a cluster TOML file");
+  cmd->add_option("--nodes", a->nodes, "nodes of the cluster (a preset's default: 1)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--global-batch", a->global_batch, "search: sequences per step (dp x micro-batch x grad_accum)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--seq", a->seq, "search: sequence length (train.seq_len)")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--dtype", a->dtype, "compute dtype (train.dtype): fp32, bf16, fp16");
+  cmd->add_option("--top", a->top, "search: layouts to print")->check(CLI::Range(1, 1000));
+  cmd->add_flag("--calibrate", a->calibrate, "measure this machine (GEMM FLOP/s, memory bandwidth; under mpirun -np 2 "
+                                             "the link between ranks) and print it as a cluster TOML (or --out)");
+  cmd->add_option("--threads", a->threads, "--calibrate: threads per rank")->check(CLI::Range(1, 4096));
+  cmd->callback([a, world_size] { run_plan(*a, world_size); });
 }
 
 }  // namespace loom::cli

@@ -206,6 +206,15 @@ std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPla
   return out;
 }
 
+RankMemory plan_memory_rank(const train::RunConfig& cfg, int world_rank, const MemoryPlanOptions& o) {
+  require_predicted(cfg);
+  const train::ParallelConfig& p = cfg.parallel;
+  const mesh::Layout layout(train::mesh_shape(p), static_cast<int>(p.dp * p.tp * p.pp * p.cp));
+  LOOM_REQUIRE(world_rank >= 0 && world_rank < layout.world_size(), "plan_memory_rank: rank ", world_rank,
+               " is invalid: allowed 0 to ", layout.world_size() - 1);
+  return plan_rank(cfg, layout, world_rank, o);
+}
+
 std::string memory_plan_table(const RankMemory& r) {
   const auto mib = [](double bytes) {
     char s[32];

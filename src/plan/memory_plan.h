@@ -79,6 +79,10 @@ struct MemoryPlanOptions {
 // load_run_config would refuse, and for the layouts not yet predicted.
 std::vector<RankMemory> plan_memory(const train::RunConfig& cfg, const MemoryPlanOptions& o = {});
 
+// One rank of it (world_rank in 0 .. world - 1): what loom plan's search
+// checks a layout's ranks with without laying out every one.
+RankMemory plan_memory_rank(const train::RunConfig& cfg, int world_rank, const MemoryPlanOptions& o = {});
+
 // A rank's prediction as loom plan prints it: its coordinates, the bytes
 // per tag (at the end and at peak, MiB), its model states and activations
 // beside the textbook figures.

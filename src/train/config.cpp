@@ -438,7 +438,9 @@ void check_moe(const RunConfig& c, const std::string& source) {
                ": capacity is counted per group of whole sequences, so a rank's micro-batch holds whole groups");
 }
 
-void validate(const RunConfig& c, const std::string& source) {
+}  // namespace
+
+void validate_run_config(const RunConfig& c, const std::string& source) {
   try {
     c.model.validate();
   } catch (const Error& e) {
@@ -488,15 +490,13 @@ void validate(const RunConfig& c, const std::string& source) {
   check_moe(c, source);
 }
 
-}  // namespace
-
 RunConfig parse_run_config(std::string_view toml_text, const std::string& source,
                            const std::vector<std::string>& overrides) {
   Parsed p;
   collect_file(p, toml_text, source);
   for (const std::string& arg : overrides) collect_override(p, arg);
   RunConfig c = apply_all(p);
-  validate(c, source);
+  validate_run_config(c, source);
   return c;
 }
 

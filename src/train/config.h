@@ -123,6 +123,13 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 RunConfig parse_run_config(std::string_view toml_text, const std::string& source,
                            const std::vector<std::string>& overrides = {});
 
+// The constraints across keys parse_run_config checks once every key is
+// set (the model's own, the pipeline's stages and schedule, what tp, cp and
+// ep must divide, ...): a loom::Error prefixed with `source` saying what is
+// wrong and what is allowed. For a RunConfig built in code (loom plan's
+// search).
+void validate_run_config(const RunConfig& c, const std::string& source);
+
 // Every key, section by section as in the TOML (model without preset: its
 // explicit values), for checkpoint manifests.
 nlohmann::ordered_json run_config_to_json(const RunConfig& c);

@@ -1,0 +1,198 @@
+#include "plan/time_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+
+#include "core/error.h"
+#include "mesh/layout.h"
+#include "model/params.h"
+#include "parallel/pp_schedule.h"
+#include "train/rank_chunks.h"
+
+namespace loom::plan {
+namespace {
+
+// The weights a token's forward multiplies by, split as the model is: one
+// layer's (its active experts only) and the rest (embeddings, final norm,
+// LM head), from the counts of a one- and a two-layer copy of the model.
+struct Weights {
+  double layer = 0;   // active parameters per layer
+  double head = 0;    // the LM head's matmul: V x C
+};
+Weights weights_of(const model::ModelConfig& cfg) {
+  model::ModelConfig one = cfg, two = cfg;
+  one.n_layer = 1, two.n_layer = 2;
+  const auto p1 = static_cast<double>(model::param_count(one)), p2 = static_cast<double>(model::param_count(two));
+  const double layer_all = p2 - p1, outside = p1 - layer_all;
+  const double active = static_cast<double>(model::active_param_count(cfg));
+  return {.layer = (active - outside) / static_cast<double>(cfg.n_layer),
+          .head = static_cast<double>(cfg.vocab_size * cfg.n_embd)};
+}
+
+// The link a group of ranks talks over: intra-node when every member is on
+// the first member's node.
+Link link_of(const std::vector<int>& ranks, const Cluster& c) {
+  for (int r : ranks)
+    if (r / c.devices_per_node != ranks.front() / c.devices_per_node) return c.inter;
+  return c.intra;
+}
+
+// A ring collective moving `bytes` (the whole buffer) over n ranks in `steps`
+// passes (all-reduce 2, reduce-scatter or all-gather 1).
+double ring(double bytes, int n, int steps, const Link& l) {
+  if (n <= 1) return 0;
+  return steps * (n - 1) * (l.latency + bytes / (static_cast<double>(n) * l.bandwidth));
+}
+
+// One chunk's forward and backward seconds per micro-batch, and their parts.
+struct ChunkTime {
+  double forward = 0, backward = 0;  // with tp and cp's exposed transfers
+  double compute = 0, tp = 0, cp = 0;
+};
+
+struct Setup {
+  const train::RunConfig& cfg;
+  const Cluster& cluster;
+  mesh::Layout layout;
+  double rate = 0;       // FLOP/s of one rank
+  double elem = 4;       // bytes per element of the compute dtype
+  double tokens = 0;     // a rank's tokens per micro-batch: B T / cp
+  Weights w;
+};
+
+ChunkTime chunk_time(const Setup& s, int64_t layers, bool head) {
+  const train::RunConfig& cfg = s.cfg;
+  const model::ModelConfig& m = cfg.model;
+  const train::ParallelConfig& p = cfg.parallel;
+  const double tp = static_cast<double>(p.tp), L = static_cast<double>(layers), C = static_cast<double>(m.n_embd);
+  const double T = static_cast<double>(cfg.train.seq_len);
+  const double attention = 4 * T * C * L / tp * s.tokens;  // QK^T and AV, every head, per token and layer
+  const double matmul = 2 * (L * s.w.layer + (head ? s.w.head : 0)) / tp * s.tokens;
+  const double forward = matmul + attention;
+  double recompute = 0;
+  if (cfg.train.recompute == "full") recompute = forward;
+  if (cfg.train.recompute == "selective") recompute = attention;
+  ChunkTime t;
+  t.compute = (3 * forward + recompute) / s.rate;
+  // tp: 2 collectives of the residual stream forward and 2 backward per layer (more when full recompute repeats the forward).
+  const Link tp_link = link_of(s.layout.group_ranks(mesh::Group::tp, 0), s.cluster);
+  const double stream = static_cast<double>(cfg.train.micro_batch) * T / static_cast<double>(p.cp) * C * s.elem;
+  const double one = ring(stream, static_cast<int>(p.tp), 2, tp_link);
+  const double tp_forward = 2 * L * one, tp_backward = (cfg.train.recompute == "full" ? 4 : 2) * L * one;
+  // cp: each ring step passes a K and a V block; backward also returns dK and dV.
+  double cp_forward = 0, cp_backward = 0;
+  if (p.cp > 1) {
+    const Link cp_link = link_of(s.layout.group_ranks(mesh::Group::cp, 0), s.cluster);
+    const double kv = 2 * s.tokens * static_cast<double>(m.n_kv_head / p.tp * m.head_size()) * s.elem;
+    const double ring_f = L * static_cast<double>(p.cp - 1) * cp_link.seconds(kv);
+    const double attn_f = attention / s.rate;
+    cp_forward = std::max(0.0, ring_f - attn_f), cp_backward = std::max(0.0, 2 * ring_f - 2 * attn_f);
+  }
+  t.tp = tp_forward + tp_backward, t.cp = cp_forward + cp_backward;
+  t.forward = forward / s.rate + tp_forward + cp_forward;
+  t.backward = (2 * forward + recompute) / s.rate + tp_backward + cp_backward;
+  return t;
+}
+
+// The rank's data-parallel seconds not hidden behind compute, and its
+// optimizer's, for P parameters (its chunks' together).
+std::pair<double, double> dp_and_optimizer(const Setup& s, double P, int64_t layers, double last_backward,
+                                           double forward_all, double backward_all) {
+  const train::ParallelConfig& p = s.cfg.parallel;
+  const int n = static_cast<int>(p.dp * p.cp);
+  const Link l = link_of(s.layout.group_ranks(mesh::Group::dp_cp, 0), s.cluster);
+  const double grads = 4 * P, params = s.elem * P;
+  double reduce = 0, gather = 0, zero3 = 0;
+  if (p.zero_stage == 0) reduce = ring(grads, n, 2, l);
+  else reduce = ring(grads, n, 1, l), gather = ring(params, n, 1, l);
+  if (p.zero_stage == 3) {
+    // Every micro-batch gathers each unit's parameters for its forward and
+    // again for its backward, one unit ahead: the bytes hide behind the
+    // compute, the latency of each unit's gather does not.
+    const double m = static_cast<double>(s.cfg.train.grad_accum), units = static_cast<double>(layers + 2);
+    const double bytes = ring(params, n, 1, {.bandwidth = l.bandwidth, .latency = 0});
+    const double latency = units * (n - 1) * l.latency;
+    zero3 = 2 * m * latency + std::max(0.0, m * bytes - forward_all) + std::max(0.0, m * bytes - backward_all);
+    gather = 0;
+  }
+  const double dp = std::max(0.0, reduce - last_backward) + gather + zero3;
+  const double shard = p.zero_stage == 0 ? P : P / n;
+  const double optimizer = shard * (28 + s.elem) / s.cluster.memory_bandwidth;
+  return {dp, optimizer};
+}
+
+double elem_size(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
+
+}  // namespace
+
+StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) {
+  const train::ParallelConfig& p = cfg.parallel;
+  const int world = static_cast<int>(p.dp * p.tp * p.pp * p.cp);
+  LOOM_REQUIRE(cluster.shared_cores || world <= cluster.devices(), "the layout needs ", world, " devices (dp ", p.dp,
+               " x tp ", p.tp, " x pp ", p.pp, " x cp ", p.cp, ") but cluster '", cluster.name, "' has ",
+               cluster.devices());
+  LOOM_REQUIRE(p.ep == 1, "loom plan's step time does not model expert parallelism (parallel.ep = ", p.ep, ") yet");
+  double rate = cluster.achieved(cfg.train.dtype);
+  if (cluster.shared_cores) rate *= cluster.devices_per_node / std::ceil(static_cast<double>(world) / cluster.nodes);
+  const Setup s{.cfg = cfg,
+                .cluster = cluster,
+                .layout = mesh::Layout(train::mesh_shape(p), world),
+                .rate = rate,
+                .elem = elem_size(cfg.train.dtype),
+                .tokens = static_cast<double>(cfg.train.micro_batch * cfg.train.seq_len / p.cp),
+                .w = weights_of(cfg.model)};
+  const train::ChunkOptions co = train::chunk_options(cfg);
+  const int pp = static_cast<int>(p.pp), m = static_cast<int>(cfg.train.grad_accum);
+  const parallel::PpSchedule schedule = parallel::make_pp_schedule(
+      parallel::pp_schedule_from_name(pp > 1 ? co.pp_schedule : "1f1b"), pp, m, static_cast<int>(co.virtual_stages));
+  StepTime out;
+  double slowest = 0, P_max = 0;
+  ChunkTime worst;
+  for (int r = 0; r < pp; ++r) {  // each pipeline rank's chunks; the slowest rank sets the pace
+    ChunkTime sum;
+    double P = 0;
+    for (const model::StageOptions& so : pp > 1 ? train::rank_stages(co, schedule, pp, r) : std::vector<model::StageOptions>(1)) {
+      const int64_t layers = so.layers.n_layers < 0 ? cfg.model.n_layer : so.layers.n_layers;
+      const bool head = so.layers.first_layer + layers == cfg.model.n_layer;
+      const ChunkTime t = chunk_time(s, layers, head);
+      sum.forward += t.forward, sum.backward += t.backward, sum.compute += t.compute, sum.tp += t.tp, sum.cp += t.cp;
+      P += static_cast<double>(model::param_count(cfg.model, {static_cast<int>(p.tp), 0}, so.layers));
+    }
+    if (sum.forward + sum.backward > slowest) slowest = sum.forward + sum.backward, worst = sum;
+    P_max = std::max(P_max, P);
+  }
+  const int v = static_cast<int>(co.virtual_stages);
+  const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, worst.forward / v, worst.backward / v);
+  out.compute = m * worst.compute, out.tp = m * worst.tp, out.cp = m * worst.cp;
+  out.bubble = sim.makespan - m * (worst.forward + worst.backward);
+  if (out.bubble < 1e-9 * sim.makespan) out.bubble = 0;  // no pipeline: the sum's rounding, not idle time
+  if (pp > 1) {  // the first micro-batch's activations and the last one's gradients cross every boundary
+    const Link l = link_of(s.layout.group_ranks(mesh::Group::pp, 0), cluster);
+    const double stream = s.tokens * static_cast<double>(cfg.model.n_embd) / (p.sequence_parallel ? p.tp : 1);
+    out.pp = static_cast<double>(pp * v - 1) * (l.seconds(stream * s.elem) + l.seconds(stream * 4));
+  }
+  const int64_t layers = cfg.model.n_layer / pp;  // a rank's layers, each a ZeRO-3 unit
+  const auto [dp, opt] = dp_and_optimizer(s, P_max, layers, worst.backward, m * worst.forward, m * worst.backward);
+  out.dp = dp, out.optimizer = opt;
+  out.total = sim.makespan + out.pp + out.dp + out.optimizer;
+  const double tokens = static_cast<double>(cfg.train.micro_batch * m * p.dp * cfg.train.seq_len);
+  out.tokens_per_second = tokens / out.total;
+  const double N = static_cast<double>(model::active_param_count(cfg.model));
+  out.model_flops = tokens * (6 * N + 12.0 * static_cast<double>(cfg.model.n_layer * cfg.train.seq_len * cfg.model.n_embd));
+  const double devices = cluster.shared_cores ? cluster.devices() : world;
+  out.mfu = out.model_flops / (out.total * cluster.peak(cfg.train.dtype) * devices);
+  return out;
+}
+
+std::string step_time_line(const StepTime& t) {
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "step %.4g s (compute %.3g, tp %.3g, cp %.3g, bubble %.3g, pp %.3g, dp %.3g, optimizer %.3g), %.4g "
+                "tokens/s, MFU %.1f %%",
+                t.total, t.compute, t.tp, t.cp, t.bubble, t.pp, t.dp, t.optimizer, t.tokens_per_second, 100 * t.mfu);
+  return line;
+}
+
+}  // namespace loom::plan
