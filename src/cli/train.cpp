@@ -15,7 +15,9 @@
 #include "comm/mpi_backend.h"
 #include "mesh/context.h"
 #include "model/config_json.h"
+#include "plan/cluster.h"
 #include "plan/memory_plan.h"
+#include "plan/time_plan.h"
 #include "train/config.h"
 #include "train/config_agree.h"
 #include "train/evaluate.h"
@@ -35,6 +37,7 @@ struct TrainArgs {
   int threads = 1;  // --threads; add_*_command sets main()'s default
   bool check_collectives = false;
   bool plan = false;   // --plan
+  std::string plan_cluster;  // --plan-cluster
   std::string device;  // --device: train.device
 };
 
@@ -107,7 +110,9 @@ Device run_device(const train::RunConfig& cfg, bool progress) {
 // the final model's gather comes later), printed by world rank 0 before
 // training, and kept for each rank to print beside what it measures. A
 // layout loom plan does not predict yet is a warning: the run goes on.
-void plan_run(const train::RunConfig& cfg, int world_rank, train::TrainOptions& options) {
+// With --plan-cluster, also the predicted step time on that cluster.
+void plan_run(const train::RunConfig& cfg, int world_rank, const std::string& cluster,
+              train::TrainOptions& options) {
   try {
     for (const plan::RankMemory& r : plan::plan_memory(cfg)) {
       if (world_rank == 0) std::printf("plan: %s", plan::memory_plan_table(r).c_str());
@@ -116,6 +121,16 @@ void plan_run(const train::RunConfig& cfg, int world_rank, train::TrainOptions& 
     std::fflush(stdout);
   } catch (const loom::Error& e) {
     if (world_rank == 0) log_warn("--plan: ", e.what(), "; training without the prediction");
+  }
+  if (cluster.empty()) return;
+  const plan::Cluster c = plan::cluster_from(cluster);  // a bad cluster is the user's error: no training
+  try {
+    const plan::StepTime t = plan::predict_step_time(cfg, c);
+    if (world_rank == 0) std::printf("plan: on %s: %s\n", c.name.c_str(), plan::step_time_line(t).c_str());
+    std::fflush(stdout);
+    options.planned_step_s = t.total;
+  } catch (const loom::Error& e) {
+    if (world_rank == 0) log_warn("--plan-cluster: ", e.what(), "; training without the step-time prediction");
   }
 }
 
@@ -150,13 +165,13 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
   options.algo = comm::algo_from_name(p.comm_algo);
   options.check_collectives = a.check_collectives;
   if (world_size == 1) {  // a plain process: a mesh of one, no MPI
-    if (a.plan) plan_run(cfg, 0, a.options);
+    if (a.plan) plan_run(cfg, 0, a.plan_cluster, a.options);
     mesh::LocalContext local(options, run_device(cfg, a.options.progress));
     finish(train::run_training(cfg, a.options, local.ctx()));
     return;
   }
   const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
-  if (a.plan) plan_run(cfg, world->rank(), a.options);
+  if (a.plan) plan_run(cfg, world->rank(), a.plan_cluster, a.options);
   mesh::Mesh mesh(shape, *world);
   Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));
   Context ctx{mesh, pools};
@@ -196,6 +211,9 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
   cmd->add_flag("--plan", a->plan,
                 "print loom plan's prediction of every rank's bytes per memory tag before training, and after each "
                 "rank's first step its measured bytes beside them");
+  cmd->add_option("--plan-cluster", a->plan_cluster,
+                  "with --plan: also predict the step time on this cluster (a loom plan --calibrate file for this "
+                  "machine, or a preset) and print the measured median step beside it at the end");
   cmd->add_flag("--check-collectives", a->check_collectives,
                 "debug: ranks verify they issue the same collective (op, size, dtype) in the same order and report "
                 "the first mismatch instead of hanging");

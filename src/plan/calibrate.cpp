@@ -162,6 +162,17 @@ double device_bandwidth(const CalibrateOptions& o, int64_t bytes) {
   return std::min(alone, shared);
 }
 
+// With several ranks (each bound to its cores by mpirun), the bandwidth of
+// every rank reading at once, summed: the memory bus they share. Collective.
+double bandwidth_together(comm::Communicator& world, const CalibrateOptions& o) {
+  const int64_t bytes = o.bandwidth_bytes > 0 ? o.bandwidth_bytes : default_bandwidth_bytes();
+  ThreadsScope threads(o.threads);
+  world.barrier()->wait();
+  auto mine = static_cast<float>(measure_read_bandwidth(bytes / world.size(), kBandwidthPasses));
+  world.all_reduce(Tensor(&mine, DType::f32, {1}), comm::ReduceOp::sum)->wait();  // 7 digits: plenty for a rate
+  return mine;
+}
+
 // ---- the link: ping-pong between ranks 0 and 1 ---------------------------
 
 // 8 B, 32 B, ... (x 4) up to max_bytes, which is always the last size.
@@ -325,8 +336,7 @@ std::string describe(comm::Communicator& world, const CalibrateOptions& o, int c
   if (own_cores() > o.threads)
     s += concat(", or its share when all ", own_cores(), " cores read at once if less");
   else if (cores > o.threads)
-    s += concat(" alone (rank 0 may run on ", own_cores(), " core(s) only, so its share when all ", cores,
-                " read at once was not measured: mpirun --bind-to none measures it)");
+    s += concat(", or its share when every rank reads at once (", cores, " cores) if less");
   if (world.size() >= 2)
     return s + concat("; intra link: a least-squares fit of latency + bytes / bandwidth to a send/recv ping-pong "
                       "between ranks 0 and 1, 8 B to ", binary_bytes(double(o.max_message_bytes)),
@@ -386,10 +396,13 @@ Cluster calibrate(comm::Communicator& world, const CalibrateOptions& o) {
                "calibrate: this system does not say how much physical memory it has");
   const int cores = job_cores(world);
   const Link link = world.size() >= 2 ? measure_link(world, o) : Link{};
+  const double together = world.size() >= 2 ? bandwidth_together(world, o) : 0;
   std::vector<double> values(kMeasuredValues, 0);
   std::string name, source;
   if (world.rank() == 0) {
-    values = measure_device(world, o, link, std::max(1, cores / o.threads), host_memory).values();
+    Measured m = measure_device(world, o, link, std::max(1, cores / o.threads), host_memory);
+    if (together > 0) m.bandwidth = std::min(m.bandwidth, together * o.threads / cores);
+    values = m.values();
     name = "this machine: " + cpu_model_name();
     source = describe(world, o, cores);
   }

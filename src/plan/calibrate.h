@@ -12,9 +12,9 @@
 //                   last-level cache (core/bandwidth.h), by one device alone;
 //                   where rank 0 may run on more cores, also by all of
 //                   them at once, divided among their devices (the memory
-//                   bus is shared) — the smaller of the two. A rank mpirun
-//                   bound to one core measures the first only (source says
-//                   so; --bind-to none measures both).
+//                   bus is shared) — the smaller of the two; with several
+//                   ranks (each bound to its core by mpirun) also every rank
+//                   reading at once, their sum divided among the devices.
 //   memory_bytes, devices_per_node  the host's physical memory over the
 //                   devices; the devices are the cores the job's ranks may
 //                   run on (the union of their affinity masks: mpirun binds

@@ -57,6 +57,7 @@ struct Setup {
   const Cluster& cluster;
   mesh::Layout layout;
   double rate = 0;       // FLOP/s of one rank
+  double bandwidth = 0;  // memory bytes/s of one rank
   double elem = 4;       // bytes per element of the compute dtype
   double tokens = 0;     // a rank's tokens per micro-batch: B T / cp
   Weights w;
@@ -69,13 +70,19 @@ ChunkTime chunk_time(const Setup& s, int64_t layers, bool head) {
   const double tp = static_cast<double>(p.tp), L = static_cast<double>(layers), C = static_cast<double>(m.n_embd);
   const double T = static_cast<double>(cfg.train.seq_len);
   const double attention = 4 * T * C * L / tp * s.tokens;  // QK^T and AV, every head, per token and layer
-  const double matmul = 2 * (L * s.w.layer + (head ? s.w.head : 0)) / tp * s.tokens;
-  const double forward = matmul + attention;
+  const double layers_matmul = 2 * L * s.w.layer / tp * s.tokens, head_matmul = head ? 2 * s.w.head / tp * s.tokens : 0;
+  const double forward = layers_matmul + head_matmul + attention;
+  // Recompute repeats the blocks' forward (full) or their attention core
+  // (selective) in the backward; the head is never recomputed.
   double recompute = 0;
-  if (cfg.train.recompute == "full") recompute = forward;
+  if (cfg.train.recompute == "full") recompute = layers_matmul + attention;
   if (cfg.train.recompute == "selective") recompute = attention;
+  // The loss reads and writes every logit (f32): the softmax reads them,
+  // its gradient is written and read back by the head's backward — memory
+  // traffic a GEMM rate does not count, large for a small model's big vocabulary.
+  const double logits = head ? 3 * 4 * static_cast<double>(m.vocab_size) / tp * s.tokens / s.bandwidth : 0;
   ChunkTime t;
-  t.compute = (3 * forward + recompute) / s.rate;
+  t.compute = (3 * forward + recompute) / s.rate + logits;
   // tp: 2 collectives of the residual stream forward and 2 backward per layer (more when full recompute repeats the forward).
   const Link tp_link = link_of(s.layout.group_ranks(mesh::Group::tp, 0), s.cluster);
   const double stream = static_cast<double>(cfg.train.micro_batch) * T / static_cast<double>(p.cp) * C * s.elem;
@@ -91,8 +98,8 @@ ChunkTime chunk_time(const Setup& s, int64_t layers, bool head) {
     cp_forward = std::max(0.0, ring_f - attn_f), cp_backward = std::max(0.0, 2 * ring_f - 2 * attn_f);
   }
   t.tp = tp_forward + tp_backward, t.cp = cp_forward + cp_backward;
-  t.forward = forward / s.rate + tp_forward + cp_forward;
-  t.backward = (2 * forward + recompute) / s.rate + tp_backward + cp_backward;
+  t.forward = forward / s.rate + logits / 3 + tp_forward + cp_forward;
+  t.backward = (2 * forward + recompute) / s.rate + 2 * logits / 3 + tp_backward + cp_backward;
   return t;
 }
 
@@ -119,7 +126,7 @@ std::pair<double, double> dp_and_optimizer(const Setup& s, double P, int64_t lay
   }
   const double dp = std::max(0.0, reduce - last_backward) + gather + zero3;
   const double shard = p.zero_stage == 0 ? P : P / n;
-  const double optimizer = shard * (28 + s.elem) / s.cluster.memory_bandwidth;
+  const double optimizer = shard * (28 + s.elem) / s.bandwidth;
   return {dp, optimizer};
 }
 
@@ -134,12 +141,17 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
                " x tp ", p.tp, " x pp ", p.pp, " x cp ", p.cp, ") but cluster '", cluster.name, "' has ",
                cluster.devices());
   LOOM_REQUIRE(p.ep == 1, "loom plan's step time does not model expert parallelism (parallel.ep = ", p.ep, ") yet");
-  double rate = cluster.achieved(cfg.train.dtype);
-  if (cluster.shared_cores) rate *= cluster.devices_per_node / std::ceil(static_cast<double>(world) / cluster.nodes);
+  // A CPU's ranks split its cores (and their memory bandwidth) between
+  // them: fewer ranks than cores each run on several (threads); more ranks
+  // than cores take turns, and while one waits the others run (below).
+  const double per_node = std::ceil(static_cast<double>(world) / cluster.nodes);
+  const double cores_per_rank = cluster.shared_cores ? std::max(1.0, cluster.devices_per_node / per_node) : 1.0;
+  const double turns = cluster.shared_cores ? std::max(1.0, per_node / cluster.devices_per_node) : 1.0;
   const Setup s{.cfg = cfg,
                 .cluster = cluster,
                 .layout = mesh::Layout(train::mesh_shape(p), world),
-                .rate = rate,
+                .rate = cluster.achieved(cfg.train.dtype) * cores_per_rank,
+                .bandwidth = cluster.memory_bandwidth * cores_per_rank,
                 .elem = elem_size(cfg.train.dtype),
                 .tokens = static_cast<double>(cfg.train.micro_batch * cfg.train.seq_len / p.cp),
                 .w = weights_of(cfg.model)};
@@ -165,9 +177,13 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   }
   const int v = static_cast<int>(co.virtual_stages);
   const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, worst.forward / v, worst.backward / v);
-  out.compute = m * worst.compute, out.tp = m * worst.tp, out.cp = m * worst.cp;
-  out.bubble = sim.makespan - m * (worst.forward + worst.backward);
-  if (out.bubble < 1e-9 * sim.makespan) out.bubble = 0;  // no pipeline: the sum's rounding, not idle time
+  // Ranks taking turns on a core (more ranks than cores) fill each other's
+  // waits: the step is their work over the cores, or the schedule's
+  // critical path if that is longer.
+  const double busy = turns * m * (worst.forward + worst.backward), pipeline = std::max(sim.makespan, busy);
+  out.compute = turns * m * worst.compute, out.tp = turns * m * worst.tp, out.cp = turns * m * worst.cp;
+  out.bubble = pipeline - busy;
+  if (out.bubble < 1e-9 * pipeline) out.bubble = 0;  // no pipeline: the sum's rounding, not idle time
   if (pp > 1) {  // the first micro-batch's activations and the last one's gradients cross every boundary
     const Link l = link_of(s.layout.group_ranks(mesh::Group::pp, 0), cluster);
     const double stream = s.tokens * static_cast<double>(cfg.model.n_embd) / (p.sequence_parallel ? p.tp : 1);
@@ -175,8 +191,8 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   }
   const int64_t layers = cfg.model.n_layer / pp;  // a rank's layers, each a ZeRO-3 unit
   const auto [dp, opt] = dp_and_optimizer(s, P_max, layers, worst.backward, m * worst.forward, m * worst.backward);
-  out.dp = dp, out.optimizer = opt;
-  out.total = sim.makespan + out.pp + out.dp + out.optimizer;
+  out.dp = dp, out.optimizer = turns * opt;
+  out.total = pipeline + out.pp + out.dp + out.optimizer;
   const double tokens = static_cast<double>(cfg.train.micro_batch * m * p.dp * cfg.train.seq_len);
   out.tokens_per_second = tokens / out.total;
   const double N = static_cast<double>(model::active_param_count(cfg.model));

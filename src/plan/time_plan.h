@@ -9,9 +9,12 @@
 //              head's matmul on the last stage; an embedding lookup is no
 //              matmul) + attention 4 T C per token and layer (PaLM's count,
 //              Chowdhery et al. 2022 App. B), / tp; backward 2 F; recompute
-//              adds the forward again (full) or the attention core
-//              (selective); at the cluster's achieved FLOP/s for the dtype
-//              (a CPU's cores split among the ranks on them)
+//              adds the blocks' forward again (full) or their attention
+//              core (selective), never the head's; the loss's passes over
+//              the f32 logits at the memory bandwidth; at the cluster's
+//              achieved FLOP/s for the dtype (on a CPU, a rank with fewer
+//              ranks than cores gets several cores; more ranks than cores
+//              take turns, filling each other's waits)
 //   tp         4 collectives of the residual stream per layer (Megatron's 2
 //              all-reduces forward, 2 backward; under SP as many all-gathers
 //              and reduce-scatters of the same volume; Korthikanti et al.

@@ -5,6 +5,7 @@
 // model written before the trace.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -277,6 +278,19 @@ void print_memory_json(Trainer& trainer, Pools& pools) {
 
 // loom train --plan: the rank's predicted peak per tag beside its measured
 // one, after its first step, in one write (ranks' tables do not interleave).
+// --plan with a cluster: the predicted step beside the measured median of
+// the steps after the first (which pays one-time start-up costs).
+void print_step_time_check(double predicted, std::vector<double> seconds) {
+  if (seconds.size() > 1) seconds.erase(seconds.begin());
+  if (seconds.empty()) return;
+  std::sort(seconds.begin(), seconds.end());
+  const double measured = seconds[seconds.size() / 2];
+  std::printf("plan: step time predicted %.4g s, measured %.4g s (the median of %zu step(s) after the first): "
+              "measured / predicted = %.2f\n",
+              predicted, measured, seconds.size(), measured / predicted);
+  std::fflush(stdout);
+}
+
 void print_plan_check(Trainer& trainer, Pools& pools, const MemoryReport& planned) {
   const MemoryReport measured = pools.report();
   std::string out = concat("plan: rank ", trainer.mesh().world_rank(), " after its first step\n",
@@ -348,8 +362,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const auto start = Clock::now();
   // A signal during start-up stops the run before its first step.
   summary.stop_signal = agree_on_stop(trainer, stop.received());
+  std::vector<double> step_seconds;  // each step's wall time, for --plan's step-time check
   for (int64_t i = first_step; i < t.steps && summary.stop_signal == 0; ++i) {
+    const auto step_start = Clock::now();
     StepStats s = trainer.step();
+    step_seconds.push_back(seconds_since(step_start));
     const auto rank = static_cast<size_t>(ctx.mesh.world_rank());
     if (i == first_step && rank < run_options.planned_memory.size())
       print_plan_check(trainer, pools, run_options.planned_memory[rank]);
@@ -392,6 +409,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
                                      : std::string("; checkpointing is off (checkpoint.every = 0), so this run's "
                                                    "steps are lost"));
   }
+  if (run_options.planned_step_s > 0 && lead) print_step_time_check(run_options.planned_step_s, step_seconds);
   if (run_options.memory_report) print_memory_report(trainer, pools);
   if (run_options.memory_json) print_memory_json(trainer, pools);
   return summary;

@@ -177,6 +177,9 @@ struct TrainOptions {
   // indexed by world rank, the step's own figures: no final model written),
   // printed beside what the rank measured after its first step.
   std::vector<MemoryReport> planned_memory;
+  // loom train --plan --plan-cluster: loom plan's predicted step seconds
+  // (0: none), printed at the end beside the measured median step.
+  double planned_step_s = 0;
   bool progress = true;      // progress lines on stdout
   // SIGTERM / SIGINT handlers the caller installed before anything else
   // (loom train: before the ranks compare configs, so that a signal in
