@@ -132,6 +132,31 @@ std::pair<double, double> dp_and_optimizer(const Setup& s, double P, int64_t lay
 
 double elem_size(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
 
+// The pipeline rank whose chunks take longest per micro-batch (it sets the
+// pace; the whole model without pipelining), and the most parameters a
+// pipeline rank holds.
+std::pair<ChunkTime, double> slowest_rank(const Setup& s, const train::ChunkOptions& co,
+                                          const parallel::PpSchedule& schedule) {
+  const model::ModelConfig& m = s.cfg.model;
+  const int pp = schedule.pp;
+  double slowest = -1, P_max = 0;
+  ChunkTime worst;
+  for (int r = 0; r < pp; ++r) {
+    ChunkTime sum;
+    double P = 0;
+    for (const model::StageOptions& so :
+         pp > 1 ? train::rank_stages(co, schedule, pp, r) : std::vector<model::StageOptions>(1)) {
+      const int64_t layers = so.layers.n_layers < 0 ? m.n_layer : so.layers.n_layers;
+      const ChunkTime t = chunk_time(s, layers, so.layers.first_layer + layers == m.n_layer);
+      sum.forward += t.forward, sum.backward += t.backward, sum.compute += t.compute, sum.tp += t.tp, sum.cp += t.cp;
+      P += static_cast<double>(model::param_count(m, {static_cast<int>(s.cfg.parallel.tp), 0}, so.layers));
+    }
+    if (sum.forward + sum.backward > slowest) slowest = sum.forward + sum.backward, worst = sum;
+    P_max = std::max(P_max, P);
+  }
+  return {worst, P_max};
+}
+
 }  // namespace
 
 StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) {
@@ -160,21 +185,7 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   const parallel::PpSchedule schedule = parallel::make_pp_schedule(
       parallel::pp_schedule_from_name(pp > 1 ? co.pp_schedule : "1f1b"), pp, m, static_cast<int>(co.virtual_stages));
   StepTime out;
-  double slowest = 0, P_max = 0;
-  ChunkTime worst;
-  for (int r = 0; r < pp; ++r) {  // each pipeline rank's chunks; the slowest rank sets the pace
-    ChunkTime sum;
-    double P = 0;
-    for (const model::StageOptions& so : pp > 1 ? train::rank_stages(co, schedule, pp, r) : std::vector<model::StageOptions>(1)) {
-      const int64_t layers = so.layers.n_layers < 0 ? cfg.model.n_layer : so.layers.n_layers;
-      const bool head = so.layers.first_layer + layers == cfg.model.n_layer;
-      const ChunkTime t = chunk_time(s, layers, head);
-      sum.forward += t.forward, sum.backward += t.backward, sum.compute += t.compute, sum.tp += t.tp, sum.cp += t.cp;
-      P += static_cast<double>(model::param_count(cfg.model, {static_cast<int>(p.tp), 0}, so.layers));
-    }
-    if (sum.forward + sum.backward > slowest) slowest = sum.forward + sum.backward, worst = sum;
-    P_max = std::max(P_max, P);
-  }
+  const auto [worst, P_max] = slowest_rank(s, co, schedule);
   const int v = static_cast<int>(co.virtual_stages);
   const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, worst.forward / v, worst.backward / v);
   // Ranks taking turns on a core (more ranks than cores) fill each other's

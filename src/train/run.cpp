@@ -278,6 +278,14 @@ void print_memory_json(Trainer& trainer, Pools& pools) {
 
 // loom train --plan: the rank's predicted peak per tag beside its measured
 // one, after its first step, in one write (ranks' tables do not interleave).
+// One step, its wall time appended to `seconds`.
+StepStats timed_step(Trainer& trainer, std::vector<double>& seconds) {
+  const auto start = Clock::now();
+  StepStats s = trainer.step();
+  seconds.push_back(seconds_since(start));
+  return s;
+}
+
 // --plan with a cluster: the predicted step beside the measured median of
 // the steps after the first (which pays one-time start-up costs).
 void print_step_time_check(double predicted, std::vector<double> seconds) {
@@ -364,9 +372,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   summary.stop_signal = agree_on_stop(trainer, stop.received());
   std::vector<double> step_seconds;  // each step's wall time, for --plan's step-time check
   for (int64_t i = first_step; i < t.steps && summary.stop_signal == 0; ++i) {
-    const auto step_start = Clock::now();
-    StepStats s = trainer.step();
-    step_seconds.push_back(seconds_since(step_start));
+    StepStats s = timed_step(trainer, step_seconds);
     const auto rank = static_cast<size_t>(ctx.mesh.world_rank());
     if (i == first_step && rank < run_options.planned_memory.size())
       print_plan_check(trainer, pools, run_options.planned_memory[rank]);
