@@ -35,6 +35,7 @@ struct PlanArgs {
   int64_t global_batch = 0, seq = 0;
   std::string dtype;
   int top = 10;
+  int max_zero = 3;
   bool calibrate = false;
   int threads = 1;
 };
@@ -79,7 +80,8 @@ void search(const PlanArgs& a) {
                         .global_batch = a.global_batch,
                         .dtype = cfg.train.dtype,
                         .cluster = plan::cluster_from(a.cluster, a.nodes),
-                        .top = a.top};
+                        .top = a.top,
+                        .max_zero_stage = a.max_zero};
   const plan::SearchResult s = plan::search_layouts(r);
   std::printf("%s", (a.json ? plan::search_json(s) : plan::search_table(s, r)).c_str());
 }
@@ -87,9 +89,7 @@ void search(const PlanArgs& a) {
 void run_plan(const PlanArgs& a, int world_size) {
   if (a.calibrate) return calibrate(a, world_size);
   if (a.global_batch > 0) return search(a);
-  LOOM_REQUIRE(!a.config.empty(), "loom plan: give --config RUN.toml for a run's own layout, or --model with ",
-               "--cluster and --global-batch for a search, or --calibrate");
-  const train::RunConfig cfg = run_config(a);
+  const train::RunConfig cfg = run_config(a);  // --config, or --model with --set for a layout of a preset
   // As loom train: the final model goes to --out, else checkpoint.dir.
   const plan::MemoryPlanOptions o{.writes_model = !a.out.empty() || !cfg.checkpoint.dir.empty()};
   for (const plan::RankMemory& r : plan::plan_memory(cfg, o))
@@ -129,6 +129,8 @@ void add_plan_command(CLI::App& app, int world_size) {
   cmd->add_option("--seq", a->seq, "search: sequence length (train.seq_len)")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   cmd->add_option("--dtype", a->dtype, "compute dtype (train.dtype): fp32, bf16, fp16");
   cmd->add_option("--top", a->top, "search: layouts to print")->check(CLI::Range(1, 1000));
+  cmd->add_option("--max-zero", a->max_zero, "search: the highest ZeRO stage to consider (default 3)")
+      ->check(CLI::Range(0, 3));
   cmd->add_flag("--calibrate", a->calibrate, "measure this machine (GEMM FLOP/s, memory bandwidth; under mpirun -np 2 "
                                              "the link between ranks) and print it as a cluster TOML (or --out)");
   cmd->add_option("--threads", a->threads, "--calibrate: threads per rank")->check(CLI::Range(1, 4096));

@@ -98,7 +98,7 @@ class Search {
       return reject(concat("dp does not divide the global batch of ", r_.global_batch, " sequences"), name);
     const int64_t per_dp = r_.global_batch / dp;
     for (int64_t mb : divisors(per_dp))
-      for (int64_t zero = 0; zero <= (dp * cp > 1 ? (pp > 1 ? 1 : 3) : 0); ++zero)
+      for (int64_t zero = 0; zero <= (dp * cp > 1 ? std::min(pp > 1 ? 1 : 3, r_.max_zero_stage) : 0); ++zero)
         for (const char* recompute : kRecompute)
           for (const auto& [schedule, v] : schedules(pp, per_dp / mb, r_.model.n_layer)) {
             train::RunConfig cfg = base();
@@ -163,6 +163,8 @@ SearchResult search_layouts(const SearchRequest& r) {
   LOOM_REQUIRE(r.global_batch >= 1, "loom plan: the global batch (--global-batch, sequences per step) must be >= 1");
   LOOM_REQUIRE(r.seq_len >= 1, "loom plan: the sequence length (--seq) must be >= 1");
   LOOM_REQUIRE(r.top >= 1, "loom plan: --top must be >= 1");
+  LOOM_REQUIRE(r.max_zero_stage >= 0 && r.max_zero_stage <= 3, "loom plan: --max-zero ", r.max_zero_stage,
+               " is invalid: allowed 0 to 3");
   (void)r.cluster.achieved(r.dtype);  // a dtype the cluster has no figure for
   return Search(r).run();
 }

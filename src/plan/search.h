@@ -34,6 +34,7 @@ struct SearchRequest {
   std::string dtype = "bf16";
   Cluster cluster;
   int top = 10;  // how many layouts to keep
+  int max_zero_stage = 3;  // the highest ZeRO stage to consider (a framework to compare with may offer fewer)
 };
 
 struct Choice {
