@@ -92,6 +92,27 @@ TEST(MemoryPlan, PipelineRanksHoldTheirStagesAndOneMoreEmbeddingCopy) {
   }
 }
 
+// GPT-3 175B (96 layers, h = 12288, 96 heads, s = 2048) under tp = 8 with
+// sequence parallelism, fp16, no recompute: Korthikanti et al. 2022 (Table
+// 2) give s b h (34 + 5 a s / h) / t bytes per layer. loom's attention
+// keeps no s x s scores (its kernel recomputes them from the log-sum-exp),
+// so its layout must hold the rest, 34 s b h / t per layer — for micro-
+// batches of 1, 64 and 128 sequences (10.3 GB, 657 GB, 1.3 TB per rank).
+TEST(MemoryPlan, Gpt3ActivationsAreKorthikantisLessTheAttentionScores) {
+  train::RunConfig c;
+  c.model = model::model_preset("gpt2-124m");
+  c.model.n_layer = 96, c.model.n_embd = 12288, c.model.n_head = 96, c.model.n_kv_head = 96;
+  c.model.d_ff = 4 * 12288, c.model.max_seq_len = 2048;
+  c.train.seq_len = 2048, c.train.dtype = "fp16";
+  c.parallel.tp = 8, c.parallel.sequence_parallel = true;
+  for (int64_t b : {1, 64, 128}) {
+    c.train.micro_batch = b;
+    const double korthikanti = 96.0 * 34 * 2048 * static_cast<double>(b) * 12288 / 8;
+    const auto loom = static_cast<double>(plan_memory_rank(c, 0).bytes[MemTag::activations].peak);
+    EXPECT_NEAR(loom / korthikanti, 1.0, 0.02) << "b = " << b << ": loom " << loom << " bytes";
+  }
+}
+
 TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   train::RunConfig c;
   c.model = model::model_preset("gpt2-tiny");
