@@ -64,22 +64,8 @@ struct DecodeBytes {
 // Quantized linears (quant, may be null) count their blocks' bytes.
 DecodeBytes decode_bytes(const model::ModelConfig& cfg, DType compute, const model::QuantWeights* quant, DType kv,
                          int64_t input_len, int64_t output_len, int64_t S) {
-  const model::BlockFamily& family = model::block_family(cfg.family);
-  const auto elem = static_cast<int64_t>(dtype_size(compute));
-  auto matrix = [&](const std::string& name, int64_t numel) {
-    return quant != nullptr && quant->holds(name) ? static_cast<int64_t>(quant->blocks(name).nbytes()) : numel * elem;
-  };
-  int64_t bytes = 0;  // per step of S tokens
-  for (const model::ParamSpec& s : model::param_specs(cfg)) {
-    if (s.name == family.embedding_name)
-      bytes += S * s.shape[1] * elem + (cfg.tie_embeddings ? matrix("lm_head.weight", s.numel()) : 0);
-    else if (family.position_name != nullptr && s.name == family.position_name)
-      bytes += S * s.shape[1] * elem;
-    else
-      bytes += matrix(s.name, s.numel());
-  }
   DecodeBytes b;
-  b.weights = bytes / S;
+  b.weights = model::decode_weight_bytes(cfg, compute, quant, S) / S;
   b.mean_context = static_cast<double>(input_len) + static_cast<double>(output_len) / 2;
   b.kv = static_cast<int64_t>(b.mean_context * static_cast<double>(model::kv_block_bytes(cfg, 1, kv)));
   return b;

@@ -18,6 +18,7 @@
 #include "plan/cluster.h"
 #include "plan/memory_plan.h"
 #include "plan/search.h"
+#include "plan/serve_plan.h"
 #include "plan/time_plan.h"
 #include "train/config.h"
 #include "train/reports.h"
@@ -38,6 +39,10 @@ struct PlanArgs {
   int max_zero = 3;
   bool calibrate = false;
   int threads = 1;
+  bool serve = false;  // --serve: KV-cache capacity and decode bound
+  std::string kv_dtype = "bf16";
+  int64_t input_len = 512, output_len = 256, block_size = 16;
+  double memory_gib = 0;
 };
 
 // The run config of --config, or of --model PRESET with the search's
@@ -86,8 +91,27 @@ void search(const PlanArgs& a) {
   std::printf("%s", (a.json ? plan::search_json(s) : plan::search_table(s, r)).c_str());
 }
 
+void serve(const PlanArgs& a) {
+  LOOM_REQUIRE(!a.cluster.empty(), "loom plan --serve: which device? give --cluster with a preset (h100, a100) or ",
+               "a cluster TOML file (loom plan --calibrate writes one for this machine)");
+  PlanArgs model_args = a;
+  model_args.dtype.clear();  // --dtype is the served weights' dtype here, not train.dtype
+  const train::RunConfig cfg = run_config(model_args);
+  plan::ServeRequest r{.model = cfg.model,
+                       .weights = precision_dtype(a.dtype.empty() ? "bf16" : a.dtype, "--dtype"),
+                       .kv = precision_dtype(a.kv_dtype, "--kv-dtype"),
+                       .input_len = a.input_len,
+                       .output_len = a.output_len,
+                       .block_size = a.block_size,
+                       .cluster = plan::cluster_from(a.cluster, a.nodes)};
+  if (a.memory_gib > 0) r.cluster.memory_bytes = a.memory_gib * 1024.0 * 1024.0 * 1024.0;
+  const plan::ServePlan p = plan::plan_serving(r);
+  std::printf("%s", (a.json ? plan::serve_plan_json(p) : plan::serve_plan_table(p, r)).c_str());
+}
+
 void run_plan(const PlanArgs& a, int world_size) {
   if (a.calibrate) return calibrate(a, world_size);
+  if (a.serve) return serve(a);
   if (a.global_batch > 0) return search(a);
   const train::RunConfig cfg = run_config(a);  // --config, or --model with --set for a layout of a preset
   // As loom train: the final model goes to --out, else checkpoint.dir.
@@ -134,6 +158,17 @@ void add_plan_command(CLI::App& app, int world_size) {
   cmd->add_flag("--calibrate", a->calibrate, "measure this machine (GEMM FLOP/s, memory bandwidth; under mpirun -np 2 "
                                              "the link between ranks) and print it as a cluster TOML (or --out)");
   cmd->add_option("--threads", a->threads, "--calibrate: threads per rank")->check(CLI::Range(1, 4096));
+  cmd->add_flag("--serve", a->serve, "serving on one device of --cluster: how many sequences the KV cache holds and "
+                                     "the decode tokens/s its memory bandwidth allows (--dtype: the weights')");
+  cmd->add_option("--kv-dtype", a->kv_dtype, "--serve: the KV cache's dtype (fp32, bf16, fp16; default bf16)");
+  cmd->add_option("--input-len", a->input_len, "--serve: prompt tokens per sequence (default 512)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--output-len", a->output_len, "--serve: generated tokens per sequence (default 256)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--block-size", a->block_size, "--serve: tokens per KV block (default 16, the engine's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  cmd->add_option("--memory-gib", a->memory_gib, "--serve: the device's memory budget (default: the cluster's)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([a, world_size] { run_plan(*a, world_size); });
 }
 

@@ -61,6 +61,24 @@ int64_t kv_block_bytes(const ModelConfig& cfg, int64_t block_size, DType kv_dtyp
   return 2 * cfg.n_layer * block_size * cfg.n_kv_head * cfg.head_size() * static_cast<int64_t>(dtype_size(kv_dtype));
 }
 
+int64_t decode_weight_bytes(const ModelConfig& cfg, DType compute, const QuantWeights* quant, int64_t S) {
+  const BlockFamily& family = block_family(cfg.family);
+  const auto elem = static_cast<int64_t>(dtype_size(compute));
+  auto matrix = [&](const std::string& name, int64_t numel) {
+    return quant != nullptr && quant->holds(name) ? static_cast<int64_t>(quant->blocks(name).nbytes()) : numel * elem;
+  };
+  int64_t bytes = 0;
+  for (const ParamSpec& s : param_specs(cfg)) {
+    if (s.name == family.embedding_name)
+      bytes += S * s.shape[1] * elem + (cfg.tie_embeddings ? matrix("lm_head.weight", s.numel()) : 0);
+    else if (family.position_name != nullptr && s.name == family.position_name)
+      bytes += S * s.shape[1] * elem;
+    else
+      bytes += matrix(s.name, s.numel());
+  }
+  return bytes;
+}
+
 struct PagedRunner::State {
   std::vector<OwnedTensor> owned;
   PagedAttention attention;  // holds the KV cache

@@ -55,6 +55,13 @@ struct PagedBatch {
 // Bytes of one KV block: every layer's K and V for block_size tokens.
 int64_t kv_block_bytes(const ModelConfig& cfg, int64_t block_size, DType kv_dtype);
 
+// The weight bytes one decode step of S sequences reads: every matrix
+// once (a quantized linear's blocks, where quant holds it; quant may be
+// null), the embedding's (and learned positions') S rows, the tied LM
+// head's whole table. What bounds decoding on memory bandwidth, with each
+// sequence's K and V (kv_block_bytes per token of its context).
+int64_t decode_weight_bytes(const ModelConfig& cfg, DType compute, const QuantWeights* quant, int64_t S);
+
 class PagedRunner {
  public:
   // params: (P) packed per param_specs(cfg), f32, bf16 or f16: the runner
