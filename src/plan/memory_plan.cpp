@@ -23,8 +23,8 @@ void require_predicted(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto refuse = [](const std::string& what) {
     throw loom::Error(concat("loom plan does not predict ", what,
-                             " yet: it predicts data (ZeRO 0 to 3), context (ZeRO 0 and 1, dense models), tensor "
-                             "and pipeline parallelism on the CPU"));
+                             " yet: it predicts data (ZeRO 0 to 3), context (ZeRO 0 and 1, dense models), tensor, "
+                             "pipeline and expert parallelism (ZeRO 0 and 1) on the CPU"));
   };
   LOOM_REQUIRE(p.pp == 1 || p.zero_stage <= 1, "parallel.pp = ", p.pp,
                " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", p.zero_stage, ")");
@@ -32,7 +32,9 @@ void require_predicted(const train::RunConfig& cfg) {
     refuse(concat("context parallelism (parallel.cp = ", p.cp, ") under ZeRO stage ", p.zero_stage));
   if (p.cp > 1 && cfg.model.is_moe()) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") of a MoE model"));
   if (p.cp > 1 && p.pp > 1) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") with pipelining"));
-  if (p.ep > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ")"));
+  if (p.ep > 1 && p.zero_stage >= 2)
+    refuse(concat("expert parallelism (parallel.ep = ", p.ep, ") under ZeRO stage ", p.zero_stage));
+  if (p.ep > 1 && p.cp > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ") with context parallelism"));
   if (cfg.train.device != "cpu") refuse(concat("train.device = ", cfg.train.device));
 }
 
@@ -42,16 +44,42 @@ struct Shard {
   std::vector<parallel::Bucket> buckets;
   std::vector<parallel::Segment> segments;
   int64_t numel = 0, largest_bucket = 0;
+  // ZeRO 0 and 1: the f32 copies of the buckets spread over the flat buffer
+  // (a group of some parameters: under ep) that their reductions pack, and
+  // under ZeRO 1 each one's reduced piece, held until the step's gradients
+  // are waited for (dp_grads.cpp reduce_bucket).
+  int64_t packed_bytes = 0;
 };
 Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<model::Unit>& units,
-               const parallel::DpOptions& o, int size, int rank) {
-  const parallel::GroupSpace space = parallel::group_space(specs, units, std::vector<int>(specs.size(), 0), 0);
+               const std::vector<int>& group_of, int group, const parallel::DpOptions& o, int size, int rank) {
+  const parallel::GroupSpace space = parallel::group_space(specs, units, group_of, group);
   Shard s;
   s.buckets = parallel::make_buckets(space.units, o.zero_stage, o.bucket_mb, parallel::solo_ranges(space, o.solo_params));
   s.segments = parallel::shard_segments(s.buckets, o.zero_stage, size, rank);
   for (const parallel::Segment& seg : s.segments) s.numel += seg.count;
-  for (const parallel::Bucket& b : s.buckets) s.largest_bucket = std::max(s.largest_bucket, b.numel());
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    const parallel::Bucket& bk = s.buckets[b];
+    s.largest_bucket = std::max(s.largest_bucket, bk.numel());
+    if (o.zero_stage <= 1 && size > 1 && !parallel::is_one_run(space, bk.begin, bk.numel()))  // size 1: no reduction
+      s.packed_bytes += 4 * (bk.numel() + (o.zero_stage == 1 ? s.segments[b].count : 0));
+  }
   return s;
+}
+
+// A parameter group of the rank (parallel/dp_layout.h): its size and the
+// rank's place in it — every parameter over dp x cp, or under expert
+// parallelism the dense ones over dp x cp and the rank's experts over
+// expert-dp x cp (train/rank_chunks.cpp expert_groups).
+struct GroupPos {
+  int size = 1, rank = 0;
+};
+std::vector<GroupPos> group_positions(const mesh::Layout& layout, int r, int ep) {
+  std::vector<GroupPos> out;
+  for (mesh::Group g : {mesh::Group::dp_cp, mesh::Group::expert_dp_cp}) {
+    out.push_back({layout.group_size(g), layout.group_rank(g, r)});
+    if (ep == 1) break;
+  }
+  return out;
 }
 
 // The textbook figures for rank r's Ψ parameters and the activations of
@@ -111,6 +139,7 @@ struct Chunks {
   model::ModelBytes model;
   parallel::DataParallel::ShardStateBytes state;
   Transient transient;  // the most any one chunk's step holds
+  int64_t packed = 0;   // comm: the packed reductions of spread buckets (Shard::packed_bytes)
   int64_t psi = 0, layers = 0;  // parameters; layers x their activation slots
 };
 
@@ -118,8 +147,8 @@ struct Chunks {
 // build_rank_chunks lays it out: the model's own state and its
 // DataParallel's shard state over the dp x cp group of dp_size ranks.
 Chunks chunk_bytes(const train::RunConfig& cfg, const train::ChunkOptions& co,
-                   const std::vector<model::StageOptions>& stages, model::ModelOptions mo, int dp_size, int dp_rank,
-                   const MemoryPlanOptions& o) {
+                   const std::vector<model::StageOptions>& stages, model::ModelOptions mo,
+                   const std::vector<GroupPos>& groups, const MemoryPlanOptions& o) {
   const int64_t B = co.micro_batch, T = co.seq_len / cfg.parallel.cp;
   parallel::DpOptions dpo = co.dp;
   Chunks out;
@@ -127,17 +156,28 @@ Chunks chunk_bytes(const train::RunConfig& cfg, const train::ChunkOptions& co,
     mo.stage = so;
     const model::ModelBytes m = model::Model::state_bytes(cfg.model, B, T, mo);
     out.model.params += m.params, out.model.grads += m.grads, out.model.activations += m.activations;
-    const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp, so.layers);
+    const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp, so.layers, mo.ep.ep);
     const std::vector<model::Unit> units = model::model_units(cfg.model, specs);
+    std::vector<int> group_of;  // group 1: the rank's experts, under ep
+    for (const model::ParamSpec& spec : specs) group_of.push_back(parallel::in_expert_group(spec.name, mo.ep.ep.size));
     const int64_t n_layers = so.layers.n_layers < 0 ? cfg.model.n_layer - so.layers.first_layer : so.layers.n_layers;
     const bool embedding = so.layers.first_layer == 0, head = so.layers.first_layer + n_layers == cfg.model.n_layer;
     if (cfg.parallel.pp > 1) dpo.solo_params = parallel::TiedEmbedding::solo_params(cfg.model, embedding, head);
-    const Shard shard = dp_shard(specs, units, dpo, dp_size, dp_rank);
-    const parallel::DataParallel::ShardStateBytes s =
-        parallel::DataParallel::shard_state_bytes(shard.numel, co.compute, dpo);
+    // The groups' shard state together; for the transient tags the groups
+    // one at a time (init and gather_master walk them in turn).
+    Shard shard = dp_shard(specs, units, group_of, 0, dpo, groups[0].size, groups[0].rank);
+    int64_t total = shard.numel;
+    for (size_t g = 1; g < groups.size(); ++g) {
+      const Shard e = dp_shard(specs, units, group_of, static_cast<int>(g), dpo, groups[g].size, groups[g].rank);
+      total += e.numel, shard.numel = std::max(shard.numel, e.numel);
+      shard.largest_bucket = std::max(shard.largest_bucket, e.largest_bucket);
+      shard.packed_bytes += e.packed_bytes;
+    }
+    out.packed += shard.packed_bytes;  // every chunk's and group's, waited for together
+    const parallel::DataParallel::ShardStateBytes s = parallel::DataParallel::shard_state_bytes(total, co.compute, dpo);
     out.state.params += s.params, out.state.grads += s.grads, out.state.master += s.master;
     out.state.optimizer += s.optimizer;
-    const Transient t = transient_bytes(cfg, units, shard, dpo, dp_size, B, T, co.compute, o.writes_model);
+    const Transient t = transient_bytes(cfg, units, shard, dpo, groups[0].size, B, T, co.compute, o.writes_model);
     out.transient.workspace = std::max(out.transient.workspace, t.workspace);
     out.transient.comm = std::max(out.transient.comm, t.comm);
     out.psi += model::param_count(specs), out.layers += n_layers * so.slots;
@@ -165,14 +205,16 @@ RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, in
                                           static_cast<int>(co.micro_batches), static_cast<int>(co.virtual_stages));
     stages = train::rank_stages(co, *schedule, static_cast<int>(p.pp), c.pp);
   }
-  // The gradients are averaged (and ZeRO-sharded) over dp x cp.
-  const std::vector<int> dp_group = layout.group_ranks(mesh::Group::dp_cp, r);
-  const auto dp_rank = static_cast<int>(std::find(dp_group.begin(), dp_group.end(), r) - dp_group.begin());
-  const Chunks chunks = chunk_bytes(cfg, co, stages, mo, static_cast<int>(dp_group.size()), dp_rank, o);
+  mo.ep.ep = {static_cast<int>(p.ep), c.ep};
+  // The gradients are averaged (and ZeRO-sharded) over dp x cp; an ep rank's experts over expert-dp x cp.
+  const Chunks chunks = chunk_bytes(cfg, co, stages, mo, group_positions(layout, r, static_cast<int>(p.ep)), o);
   const model::ModelBytes& m = chunks.model;
   const parallel::DataParallel::ShardStateBytes& state = chunks.state;
   Transient t = chunks.transient;
-  if (schedule) t.comm += pp_message_bytes(*schedule, c.pp, model::Model::stream_numel(cfg.model, B, T, mo), compute);
+  t.comm += chunks.packed;
+  const int64_t messages =
+      schedule ? pp_message_bytes(*schedule, c.pp, model::Model::stream_numel(cfg.model, B, T, mo), compute) : 0;
+  t.comm += messages;
   RankMemory rm;
   rm.at = {.world_rank = r, .pp_rank = c.pp, .dp_rank = c.dp, .cp_rank = c.cp, .tp_rank = c.tp, .ep_rank = c.ep};
   const auto set = [&rm](MemTag tag, int64_t peak, int64_t current) {
@@ -190,7 +232,7 @@ RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, in
   set(MemTag::activations, m.activations + tokens, m.activations + tokens);
   set(MemTag::workspace, t.workspace, 0);
   // The pipeline's message buffers stay cached for the next step; the rest is freed.
-  set(MemTag::comm, t.comm, schedule ? t.comm : 0);
+  set(MemTag::comm, t.comm, messages);
   rm.textbook = textbook_of(cfg, static_cast<double>(chunks.psi), chunks.layers, B, T, compute);
   return rm;
 }

@@ -33,9 +33,17 @@
 // current_bytes is the same but for workspace and comm, which are freed (0),
 // except the pipeline's message buffers, cached for the next step.
 //
-// For now the layouts of dp (ZeRO 0 to 3) x cp x tp, and of pp x dp (ZeRO 0
-// and 1) x tp, on the CPU (cp with ZeRO 0/1, dense models and no pipeline);
-// expert parallelism is refused with a message saying so.
+// Under expert parallelism each rank holds its experts (param_specs' ep
+// rank), sharded over expert-dp x cp beside the dense parameters over
+// dp x cp; a bucket of a group spread over the flat buffer is reduced from
+// a packed f32 copy held in comm until the step's gradients are waited for.
+// The MoE layers' exchange buffers are the model's own activations, sized
+// for the worst routing (model/moe.h moe_sizes), so they are predicted
+// exactly whatever the router does.
+//
+// For now the layouts of dp (ZeRO 0 to 3) x cp x tp, and of pp x dp x ep
+// (ZeRO 0 and 1) x tp, on the CPU (cp with ZeRO 0/1, dense models and no
+// pipeline); the rest is refused with a message saying so.
 #pragma once
 
 #include <string>

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # loom plan's prediction equals what loom train then measures (--memory-json),
-# every rank and tag, for each layout below: one training step of
+# every rank and tag, for each layout below (dp with ZeRO 0 to 3, tp, cp,
+# pp with every schedule, ep, and their products): one training step of
 # configs/tiny.toml on a small prepared corpus.
 #   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG            the one-process layouts
 #   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG MPIRUN...  the layouts of 2 and 4 ranks
@@ -70,6 +71,10 @@ else
   case_ 4 "pp 4, 1F1B, bf16, full recompute, uneven split" --set parallel.pp=4 --set model.n_layer=5 --set parallel.pp_layers=[2,1,1,1] --set train.dtype=bf16 --set train.recompute=full --set train.grad_accum=6
   case_ 4 "pp 2 x dp 2, ZeRO 1, small buckets, model written" --out --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05 --set train.grad_accum=2
   case_ 4 "pp 2 x tp 2, sequence parallel, bf16" --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set train.dtype=bf16 --set train.grad_accum=2
+  case_ 2 "dp 2 x ep 2, MoE" --set parallel.dp=2 --set parallel.ep=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
+  case_ 4 "dp 4 x ep 2, ZeRO 1, bf16, MoE, 3 micro-batches" --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero_stage=1 --set train.dtype=bf16 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set train.grad_accum=3
+  case_ 4 "dp 2 x ep 2 x tp 2, ZeRO 1, small buckets, MoE, model written" --out --set parallel.dp=2 --set parallel.ep=2 --set parallel.tp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
+  case_ 4 "pp 2 x dp 2 x ep 2, MoE" --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set train.grad_accum=2
   case_ 2 "pp 2, optimizer offloaded, MoE" --set parallel.pp=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.offload_optimizer=true --set train.grad_accum=2
 fi
 echo "plan_vs_train: $n layouts, every rank and tag equal"

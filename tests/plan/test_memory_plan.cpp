@@ -119,7 +119,9 @@ TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   c.train.seq_len = 16;
   c.parallel.pp = 2, c.parallel.cp = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
-  c.parallel.pp = 1, c.parallel.cp = 1, c.parallel.ep = 2, c.parallel.dp = 2;
+  c.model = model::model_preset("llama-tiny");
+  c.model.n_expert = 4, c.model.top_k = 2;
+  c.parallel.pp = 1, c.parallel.cp = 1, c.parallel.ep = 2, c.parallel.dp = 2, c.parallel.zero_stage = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
 }
 
