@@ -14,15 +14,16 @@
 // its own place.
 //
 // Gradient sends: run() sends a copy of stage_grad() (the next backward
-// overwrites it) and takes the copy back once the send is done. It waits for
-// the send at a point where the schedule guarantees the receiver has posted
-// the matching receive — some chain of messages leads from that posting to
-// the sender (the receiver's later sends, received and waited for by a
-// compute on their way) — so the wait cannot deadlock and only lasts what is
-// left of the transfer. Of those points it takes the first at which the rank
-// needs a buffer again (its next send_grad), by when the transfer has
-// normally long finished; a send no such point follows is waited for at the
-// end of the run.
+// overwrites it) and takes the copy back, waiting for the send, at the
+// rank's next send_grad — where it needs a buffer again, and by when the
+// transfer has normally long finished. A wait there is safe only if the
+// receiver can post the matching receive without this rank going further:
+// a progress simulation of every rank (each blocking where run() blocks:
+// on a message not yet sent, on its own sends' receives not yet posted)
+// finds the waits that would block for good and puts each off to the rank's
+// following send_grad, until every rank finishes; a send with no safe point
+// left is waited for at the end of the run, when every receive is posted.
+//
 #pragma once
 
 #include <vector>
