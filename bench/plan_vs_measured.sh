@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # loom plan's predicted step time against loom train's measured one, on this
 # machine, for layouts of 1 to 4 ranks of one model and global batch:
-#   bench/plan_vs_measured.sh LOOM WORK [STEPS]
+#   bench/plan_vs_measured.sh LOOM WORK [STEPS] [ROUNDS]
 # 1. `mpirun -np 2 loom plan --calibrate` measures the machine (GEMM FLOP/s,
 #    memory bandwidth, the link between two ranks) into WORK/cluster.toml;
 # 2. for each layout, `loom plan --config ... --cluster WORK/cluster.toml
 #    --json` predicts its step and `loom train` runs STEPS steps (default 8)
 #    with a metrics file; the measured step is the median over the steps
-#    after the first two of tokens per step / tokens_per_s;
+#    after the first two of tokens per step / tokens_per_s; the layouts run
+#    ROUNDS times in turn (default 3: a shared machine's speed drifts), and
+#    each layout's figure is the median of its rounds;
 # 3. prints both per layout, the Spearman rank correlation of the two orders,
 #    the median absolute error of the prediction, and whether the fastest
 #    predicted layout is the fastest measured.
@@ -15,7 +17,7 @@
 # which it prepares into WORK/brown, and mpirun. Ranks get 2 / np
 # threads each (at least 1): the machine's two cores split between them.
 set -euo pipefail
-loom=$(realpath "$1") work=$2 steps=${3:-8}
+loom=$(realpath "$1") work=$2 steps=${3:-8} rounds=${4:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 mpirun=(mpirun --oversubscribe --allow-run-as-root)
@@ -58,6 +60,7 @@ EOF
   printf '%s\t%s\t%s\n' "$name" "$predicted" "$measured" >>"$results"
   printf '%-52s predicted %8.4f s  measured %8.4f s\n' "$name" "$predicted" "$measured"
 }
+every_layout() {
 layout 1 "dp 1, mb 4 x ga 4" --set train.micro_batch=4 --set train.grad_accum=4
 layout 1 "dp 1, mb 16 x ga 1" --set train.micro_batch=16 --set train.grad_accum=1
 layout 1 "dp 1, mb 4 x ga 4, full recompute" --set train.micro_batch=4 --set train.grad_accum=4 --set train.recompute=full
@@ -72,12 +75,22 @@ layout 4 "dp 4, mb 4 x ga 1" --set parallel.dp=4 --set train.micro_batch=4 --set
 layout 4 "dp 2 x tp 2, mb 4 x ga 2" --set parallel.dp=2 --set parallel.tp=2 --set train.micro_batch=4 --set train.grad_accum=2
 layout 4 "pp 2 x dp 2, 1F1B, mb 2 x ga 4" --set parallel.pp=2 --set parallel.dp=2 --set train.micro_batch=2 --set train.grad_accum=4
 layout 4 "tp 4, mb 4 x ga 4" --set parallel.tp=4 --set train.micro_batch=4 --set train.grad_accum=4
+}
+for ((round = 1; round <= rounds; ++round)); do
+  echo "round $round of $rounds"
+  every_layout
+done
 /usr/bin/python3 - "$results" <<'EOF'
 import statistics, sys
-rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
-names = [r[0] for r in rows]
-pred = [float(r[1]) for r in rows]
-meas = [float(r[2]) for r in rows]
+runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
+names = list(dict.fromkeys(r[0] for r in runs))  # in the order they ran
+pred = [float(next(r[1] for r in runs if r[0] == n)) for n in names]
+measured = {n: [float(r[2]) for r in runs if r[0] == n] for n in names}
+meas = [statistics.median(measured[n]) for n in names]
+rows = names
+for n, p, m in zip(names, pred, meas):
+    spread = f"{min(measured[n]):.4f} to {max(measured[n]):.4f}"
+    print(f"| {n} | {p:.4f} | {m:.4f} | {spread} |")
 def ranks(xs):  # average ranks for ties
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     r = [0.0] * len(xs)
@@ -90,14 +103,22 @@ def ranks(xs):  # average ranks for ties
             r[order[k]] = (i + j) / 2 + 1
         i = j + 1
     return r
-rp, rm = ranks(pred), ranks(meas)
-mp, mm = statistics.mean(rp), statistics.mean(rm)
-cov = sum((a - mp) * (b - mm) for a, b in zip(rp, rm))
-rho = cov / (sum((a - mp) ** 2 for a in rp) * sum((b - mm) ** 2 for b in rm)) ** 0.5
+def spearman(xs, ys):
+    rp, rm = ranks(xs), ranks(ys)
+    mp, mm = statistics.mean(rp), statistics.mean(rm)
+    cov = sum((a - mp) * (b - mm) for a, b in zip(rp, rm))
+    return cov / (sum((a - mp) ** 2 for a in rp) * sum((b - mm) ** 2 for b in rm)) ** 0.5
+rho = spearman(pred, meas)
+rounds = min(len(v) for v in measured.values())
+per_round = [spearman(pred, [measured[n][i] for n in names]) for i in range(rounds)]
+between = [spearman([measured[n][i] for n in names], [measured[n][j] for n in names])
+           for i in range(rounds) for j in range(i + 1, rounds)]
+print("Spearman of each round alone: " + ", ".join(f"{r:.3f}" for r in per_round) +
+      ("; of the rounds with each other: " + ", ".join(f"{r:.3f}" for r in between) if between else ""))
 err = statistics.median(abs(p - m) / m for p, m in zip(pred, meas))
 best_p, best_m = min(range(len(rows)), key=lambda i: pred[i]), min(range(len(rows)), key=lambda i: meas[i])
 print(f"plan_vs_measured: {len(rows)} layouts, Spearman {rho:.3f}, median |error| {100 * err:.1f} %")
 print(f"fastest predicted: {names[best_p]}; fastest measured: {names[best_m]}"
       f" ({'the same' if best_p == best_m else f'the predicted one measured {meas[best_p] / meas[best_m]:.2f}x the fastest'})")
 EOF
-echo "reproduce: bench/plan_vs_measured.sh $1 $work $steps"
+echo "reproduce: bench/plan_vs_measured.sh $1 $work $steps $rounds"

@@ -29,6 +29,7 @@ namespace {
 struct PlanArgs {
   std::string config, model;
   std::vector<std::string> overrides;
+  std::vector<int> ranks;  // --rank: these world ranks only (default every rank)
   std::string out;
   bool json = false;
   std::string cluster;
@@ -116,15 +117,20 @@ void run_plan(const PlanArgs& a, int world_size) {
   const train::RunConfig cfg = run_config(a);  // --config, or --model with --set for a layout of a preset
   // As loom train: the final model goes to --out, else checkpoint.dir.
   const plan::MemoryPlanOptions o{.writes_model = !a.out.empty() || !cfg.checkpoint.dir.empty()};
-  for (const plan::RankMemory& r : plan::plan_memory(cfg, o))
+  // One rank of a big layout is laid out alone, without the others (or any
+  // communicator): the same counting code, rank by rank.
+  std::vector<plan::RankMemory> ranks;
+  if (a.ranks.empty()) ranks = plan::plan_memory(cfg, o);
+  for (int r : a.ranks) ranks.push_back(plan::plan_memory_rank(cfg, r, o));
+  for (const plan::RankMemory& r : ranks)
     std::printf("%s", (a.json ? train::memory_json_lines(r.at, r.bytes) : plan::memory_plan_table(r)).c_str());
   if (a.cluster.empty()) return;
   const plan::Cluster c = plan::cluster_from(a.cluster, a.nodes);
   const plan::StepTime t = plan::predict_step_time(cfg, c);
   if (a.json) {
-    std::printf("{\"step_s\":%.9g,\"compute_s\":%.9g,\"tp_s\":%.9g,\"cp_s\":%.9g,\"bubble_s\":%.9g,\"pp_s\":%.9g,"
-                "\"dp_s\":%.9g,\"optimizer_s\":%.9g,\"tokens_per_s\":%.9g,\"mfu\":%.9g}\n",
-                t.total, t.compute, t.tp, t.cp, t.bubble, t.pp, t.dp, t.optimizer, t.tokens_per_second, t.mfu);
+    std::printf("{\"step_s\":%.9g,\"compute_s\":%.9g,\"tp_s\":%.9g,\"cp_s\":%.9g,\"ep_s\":%.9g,\"bubble_s\":%.9g,"
+                "\"pp_s\":%.9g,\"dp_s\":%.9g,\"optimizer_s\":%.9g,\"tokens_per_s\":%.9g,\"mfu\":%.9g}\n",
+                t.total, t.compute, t.tp, t.cp, t.ep, t.bubble, t.pp, t.dp, t.optimizer, t.tokens_per_second, t.mfu);
   } else {
     std::printf("on %s: %s\n", c.name.c_str(), plan::step_time_line(t).c_str());
   }
@@ -142,6 +148,9 @@ void add_plan_command(CLI::App& app, int world_size) {
   cmd->add_option("--config", a->config, "TOML run config, as loom train takes it");
   cmd->add_option("--model", a->model, "a model preset to search layouts for (with --set model.KEY=VALUE)");
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
+  cmd->add_option("--rank", a->ranks, "lay out only this world rank (repeatable; default every rank): one rank of a "
+                  "layout of any size, without the others")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--out", a->out, "the run writes its final model here (as loom train --out): counts the gather it "
                                    "takes; with --calibrate, the cluster file to write");
   cmd->add_flag("--json", a->json, "JSON lines: per rank and tag as loom train --memory-json prints them, the step "

@@ -58,8 +58,8 @@ int number_layer_units(const ModelConfig& cfg, int64_t first, int64_t layers, bo
 
 std::vector<HookEvent> Model::hook_events(const ModelConfig& cfg, Pass pass, const StageOptions& stage) {
   using Call = HookEvent::Call;
-  const int64_t first = stage.layers.first_layer, n = stage_layers(cfg, stage.layers);
-  const bool embedding = first == 0, head = first + n == cfg.n_layer;
+  const int64_t first = stage.layers.first_layer, n = stage.layers.layer_count(cfg.n_layer);
+  const bool embedding = stage.layers.holds_embedding(), head = stage.layers.holds_head(cfg.n_layer);
   std::vector<int> layer, experts;
   const int head_unit = number_layer_units(cfg, first, n, embedding, layer, experts);
   const int tied = cfg.tie_embeddings && embedding ? 0 : -1;
@@ -112,9 +112,9 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   const int64_t P = model::param_count(cfg, options.tp.tp, stage.layers, options.ep.ep);  // validates, O(1) in n_layer
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   first_layer_ = stage.layers.first_layer;
-  n_layers_ = stage_layers(cfg, stage.layers);
-  has_embedding_ = first_layer_ == 0;
-  has_head_ = first_layer_ + n_layers_ == cfg.n_layer;
+  n_layers_ = stage.layers.layer_count(cfg.n_layer);
+  has_embedding_ = stage.layers.holds_embedding();
+  has_head_ = stage.layers.holds_head(cfg.n_layer);
   LOOM_REQUIRE(B >= 1, "batch size ", B, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(options.cp.size >= 1, "context-parallel size ", options.cp.size, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(T >= 1 && T * options.cp.size <= cfg.max_seq_len, "sequence length ", T * options.cp.size,

@@ -204,10 +204,6 @@ void check_tp(int64_t T, const TpOptions& tp) {
                "a multiple of tp (or set parallel.sequence_parallel = false)");
 }
 
-int64_t stage_layers(const ModelConfig& cfg, const PpStage& stage) {
-  return stage.n_layers < 0 ? cfg.n_layer - stage.first_layer : stage.n_layers;
-}
-
 std::string gib(double bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
@@ -223,8 +219,8 @@ Allocator layout_count(const ModelConfig& cfg, int64_t B, int64_t T, const Model
   st.dims = dims_of(cfg, B, T, options.tp);
   Allocator counter{nullptr, nullptr, options.compute};
   const PpStage& stage = options.stage.layers;
-  const bool head = stage.n_layers < 0 || stage.first_layer + stage.n_layers == cfg.n_layer;
-  layout_activations(st, counter, cfg, options, {layers, stage.first_layer == 0, head, stage.first_layer});
+  layout_activations(st, counter, cfg, options,
+                     {layers, stage.holds_embedding(), stage.holds_head(cfg.n_layer), stage.first_layer});
   return counter;
 }
 
@@ -271,7 +267,7 @@ int64_t Model::activation_bytes(const ModelConfig& cfg, int64_t B, int64_t T, co
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(B >= 1 && T >= 1, "activation_bytes: batch ", B, " and sequence length ", T, " must be >= 1");
   check_tp(T, options.tp);
-  return periodic_count(cfg, stage_layers(cfg, stage.layers),
+  return periodic_count(cfg, stage.layers.layer_count(cfg.n_layer),
                         [&](int64_t n) { return layout_count(cfg, B, T, options, n).bytes; });
 }
 
@@ -305,7 +301,7 @@ ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, cons
   const int64_t per_layer = specs * (size(sizeof(ParamSpec)) + 2 * size(sizeof(std::pair<std::string, void*>))) +
                             views * size(sizeof(LayerWeights)) + options.stage.slots * size(sizeof(LayerActs)) +
                             tensors * (size(sizeof(OwnedTensor)) + size(kAlignment));
-  b.host = stage_layers(cfg, options.stage.layers) * per_layer;
+  b.host = options.stage.layers.layer_count(cfg.n_layer) * per_layer;
   return b;
 }
 

@@ -65,7 +65,6 @@ void set_positions(ModelState& st, const CpOptions& cp);
 // are set).
 void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, const ModelOptions& options,
                         const StageShape& stage);
-int64_t stage_layers(const ModelConfig& cfg, const PpStage& stage);
 // "1.5 GiB"
 std::string gib(double bytes);
 

@@ -183,11 +183,11 @@ Parts checked_parts(const ModelConfig& cfg, TpRank tp, PpStage stage, EpRank ep)
   require_divides("n_kv_head", cfg.n_kv_head, "key/value heads");
   require_divides("d_ff", cfg.d_ff, "MLP's (and every expert's) hidden units");
   const int64_t L = cfg.n_layer;
-  const int64_t n = stage.n_layers < 0 ? L - stage.first_layer : stage.n_layers;
+  const int64_t n = stage.layer_count(L);
   LOOM_REQUIRE(stage.first_layer >= 0 && n >= 1 && stage.first_layer <= L - n, "pipeline stage of layers [",
                stage.first_layer, ", ", stage.first_layer + n, ") is invalid: model.n_layer = ", L,
                " layers, and every stage needs at least one");
-  return {stage.first_layer == 0, stage.first_layer, stage.first_layer + n, stage.first_layer + n == L};
+  return {stage.holds_embedding(), stage.first_layer, stage.first_layer + n, stage.holds_head(L)};
 }
 
 std::vector<ParamSpec> specs_of(const ModelConfig& cfg, TpRank tp, const Parts& parts, EpRank ep) {

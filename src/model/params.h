@@ -94,6 +94,12 @@ struct EpRank {
 struct PpStage {
   int64_t first_layer = 0;
   int64_t n_layers = -1;
+
+  // Of a model of n_layer layers: the layers the stage holds, and whether
+  // it holds the embeddings (the first stage) and the head (the last).
+  int64_t layer_count(int64_t n_layer) const { return n_layers < 0 ? n_layer - first_layer : n_layers; }
+  bool holds_embedding() const { return first_layer == 0; }
+  bool holds_head(int64_t n_layer) const { return first_layer + layer_count(n_layer) == n_layer; }
 };
 
 // Every parameter of the model in a fixed order (embeddings, layers, final

@@ -228,65 +228,120 @@ std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const
   return out;
 }
 
-int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::vector<model::HookEvent>& backward,
-                       const std::vector<model::Unit>& units, const std::vector<Bucket>& buckets,
-                       const std::vector<Segment>& segments, int zero_stage, int size, int micro_batches,
-                       int64_t param_bytes) {
-  using Call = model::HookEvent::Call;
-  std::vector<size_t> unit_bucket(units.size(), buckets.size());
-  for (size_t b = 0; b < buckets.size(); ++b)
-    for (int u = buckets[b].first_unit; u <= buckets[b].last_unit; ++u) unit_bucket[static_cast<size_t>(u)] = b;
-  const auto bucket_of = [&](int unit) {
-    const size_t b = unit_bucket.at(static_cast<size_t>(unit));
-    LOOM_CHECK(b < buckets.size(), "zero_comm_peak: unit ", unit, " is in no bucket");
-    return b;
-  };
-  constexpr int64_t f32 = 4;
-  int64_t now = 0, peak = 0;
-  const auto add = [&](int64_t bytes) { now += bytes, peak = std::max(peak, now); };
-  // Stage 3: the gathered units and each pass's acquire order.
-  std::vector<bool> gathered(units.size(), false);
-  std::vector<int> refs(units.size(), 0);
-  const auto issue = [&](int u) {
-    if (!gathered[static_cast<size_t>(u)]) gathered[static_cast<size_t>(u)] = true, add(param_bytes * units[u].numel());
-  };
-  // Both: the open gradient buckets and the reductions in flight.
-  std::vector<bool> open(buckets.size(), false);
-  std::vector<int64_t> reducing;
-  for (int mb = 0; mb < micro_batches; ++mb)
-    for (const std::vector<model::HookEvent>* pass : {&forward, &backward}) {
-      std::vector<int> order;
-      for (const model::HookEvent& e : *pass)
-        if (e.call == Call::acquire_params) order.push_back(e.unit);
-      size_t cursor = 0;
-      for (const model::HookEvent& e : *pass) {
-        const auto u = static_cast<size_t>(e.unit);
-        if (e.call == Call::acquire_params && zero_stage == 3) {
-          issue(e.unit);
-          ++refs[u];
-          if (cursor >= order.size() || order[cursor] != e.unit)
-            cursor = static_cast<size_t>(std::find(order.begin(), order.end(), e.unit) - order.begin());
-          if (++cursor < order.size()) issue(order[cursor]);  // the prefetch
-        } else if (e.call == Call::release_params && zero_stage == 3) {
-          if (--refs[u] == 0) gathered[u] = false, now -= param_bytes * units[u].numel();
-        } else if (e.call == Call::acquire_grads) {
-          const size_t b = bucket_of(e.unit);
-          if (!open[b]) open[b] = true, add(f32 * buckets[b].numel());
-        } else if (e.call == Call::grads_ready) {
-          const size_t b = bucket_of(e.unit);
-          if (e.unit != buckets[b].first_unit) continue;
-          open[b] = false;
-          if (size == 1) {
-            now -= f32 * buckets[b].numel();
-            continue;
-          }
-          add(f32 * segments[b].count);
-          reducing.push_back(f32 * (buckets[b].numel() + segments[b].count));
-          while (reducing.size() > kMaxReductionsInFlight) now -= reducing.front(), reducing.erase(reducing.begin());
-        }
-      }
+namespace {
+
+// zero_comm_peak's replay of DataParallel's comm buffers, hook call by call.
+class CommReplay {
+ public:
+  CommReplay(const std::vector<model::Unit>& units, const std::vector<ZeroGroup>& groups,
+             const std::vector<int>& unit_group, int zero_stage, int64_t param_bytes)
+      : units_(units), groups_(groups), unit_group_(unit_group), zero_stage_(zero_stage), param_bytes_(param_bytes),
+        unit_bucket_(units.size(), SIZE_MAX), gathered_(units.size(), false), refs_(units.size(), 0) {
+    LOOM_CHECK(unit_group.size() == units.size(), "zero_comm_peak: ", unit_group.size(), " unit groups for ",
+               units.size(), " units");
+    for (size_t u = 0; u < units.size(); ++u) {
+      const std::vector<Bucket>& buckets = group_of(static_cast<int>(u)).buckets;
+      for (size_t b = 0; b < buckets.size(); ++b)
+        if (buckets[b].first_unit <= static_cast<int>(u) && static_cast<int>(u) <= buckets[b].last_unit)
+          unit_bucket_[u] = b;
     }
-  return peak;
+    for (const ZeroGroup& g : groups) open_.emplace_back(g.buckets.size(), false);
+  }
+
+  // One pass's calls. A bound unit computes between its acquires and its
+  // first release (Model::hook_events): its first acquired unit names it.
+  void pass(const std::vector<model::HookEvent>& events, bool backward,
+            const std::function<int64_t(int, bool)>& computing) {
+    using Call = model::HookEvent::Call;
+    order_.clear();
+    for (const model::HookEvent& e : events)
+      if (e.call == Call::acquire_params) order_.push_back(e.unit);
+    cursor_ = 0;
+    int bound = -1;
+    bool acquiring = false;
+    for (const model::HookEvent& e : events) {
+      const bool acquire = e.call == Call::acquire_params || e.call == Call::acquire_grads;
+      if (acquire && !acquiring) bound = e.unit;
+      if (!acquire && acquiring && computing) peak_ = std::max(peak_, now_ + computing(bound, backward));
+      acquiring = acquire;
+      if (e.call == Call::acquire_params && zero_stage_ == 3) acquire_params(e.unit);
+      else if (e.call == Call::release_params && zero_stage_ == 3) release_params(e.unit);
+      else if (e.call == Call::acquire_grads) acquire_grads(e.unit);
+      else if (e.call == Call::grads_ready) grads_ready(e.unit);
+    }
+  }
+  int64_t peak() const { return peak_; }
+
+ private:
+  static constexpr int64_t kF32 = 4;
+  const ZeroGroup& group_of(int unit) const { return groups_.at(static_cast<size_t>(unit_group_[static_cast<size_t>(unit)])); }
+  size_t bucket_of(int unit) const {
+    const size_t b = unit_bucket_.at(static_cast<size_t>(unit));
+    LOOM_CHECK(b != SIZE_MAX, "zero_comm_peak: unit ", unit, " is in no bucket");
+    return b;
+  }
+  void add(int64_t bytes) { now_ += bytes, peak_ = std::max(peak_, now_); }
+  // Stage 3: a unit's parameters gathered, and the pass's next one prefetched.
+  void issue(int u) {
+    if (!gathered_[static_cast<size_t>(u)]) gathered_[static_cast<size_t>(u)] = true, add(param_bytes_ * units_[u].numel());
+  }
+  void acquire_params(int unit) {
+    issue(unit);
+    ++refs_[static_cast<size_t>(unit)];
+    if (cursor_ >= order_.size() || order_[cursor_] != unit)
+      cursor_ = static_cast<size_t>(std::find(order_.begin(), order_.end(), unit) - order_.begin());
+    if (++cursor_ < order_.size()) issue(order_[cursor_]);  // the prefetch
+  }
+  void release_params(int unit) {
+    const auto u = static_cast<size_t>(unit);
+    if (--refs_[u] == 0) gathered_[u] = false, now_ -= param_bytes_ * units_[u].numel();
+  }
+  void acquire_grads(int unit) {
+    const size_t b = bucket_of(unit);
+    std::vector<bool>::reference is_open = open_[static_cast<size_t>(unit_group_[static_cast<size_t>(unit)])][b];
+    if (!is_open) is_open = true, add(kF32 * group_of(unit).buckets[b].numel());
+  }
+  // The bucket's first unit finishes it: reduce-scattered into a piece (one
+  // rank: added into the shard and freed); a third reduction of any group
+  // retires the oldest.
+  void grads_ready(int unit) {
+    const size_t b = bucket_of(unit);
+    const ZeroGroup& g = group_of(unit);
+    if (unit != g.buckets[b].first_unit) return;
+    open_[static_cast<size_t>(unit_group_[static_cast<size_t>(unit)])][b] = false;
+    if (g.size == 1) return (void)(now_ -= kF32 * g.buckets[b].numel());
+    add(kF32 * g.segments[b].count);
+    reducing_.push_back(kF32 * (g.buckets[b].numel() + g.segments[b].count));
+    while (reducing_.size() > kMaxReductionsInFlight) now_ -= reducing_.front(), reducing_.erase(reducing_.begin());
+  }
+
+  const std::vector<model::Unit>& units_;
+  const std::vector<ZeroGroup>& groups_;
+  const std::vector<int>& unit_group_;
+  int zero_stage_;
+  int64_t param_bytes_;
+  std::vector<size_t> unit_bucket_;
+  std::vector<bool> gathered_;
+  std::vector<int> refs_;
+  std::vector<std::vector<bool>> open_;  // per group and bucket: its gradient buffer is open
+  std::vector<int64_t> reducing_;        // the reductions in flight: their bytes
+  std::vector<int> order_;               // the pass's acquire order, and the prefetch's place in it
+  size_t cursor_ = 0;
+  int64_t now_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
+int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::vector<model::HookEvent>& backward,
+                       const std::vector<model::Unit>& units, const std::vector<ZeroGroup>& groups,
+                       const std::vector<int>& unit_group, int zero_stage, int micro_batches, int64_t param_bytes,
+                       const std::function<int64_t(int unit, bool backward)>& computing) {
+  CommReplay replay(units, groups, unit_group, zero_stage, param_bytes);
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    replay.pass(forward, false, computing);
+    replay.pass(backward, true, computing);
+  }
+  return replay.peak();
 }
 
 }  // namespace loom::parallel

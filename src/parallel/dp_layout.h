@@ -160,11 +160,20 @@ std::vector<ParamPiece> group_pieces(const std::vector<Segment>& segments, const
 // more starts, the oldest is waited for (DataParallel::grads_ready).
 inline constexpr size_t kMaxReductionsInFlight = 2;
 
+// One parameter group of a rank as zero_comm_peak sees it: its buckets
+// (over the group's units: GroupSpace::units), the rank's segments and the
+// group's ranks.
+struct ZeroGroup {
+  const std::vector<Bucket>& buckets;
+  const std::vector<Segment>& segments;
+  int size = 1;
+};
+
 // Pure: the most bytes DataParallel holds in pools[comm] over a step of
-// `micro_batches` forward and backward passes under ZeRO stage 2 or 3, for a
-// group of every parameter (units: the model's; buckets and segments: the
-// group's and this rank's over `size` ranks; param_bytes: the compute
-// dtype's size), from the model's hook calls (Model::hook_events):
+// `micro_batches` forward and backward passes under ZeRO stage 2 or 3
+// (units: the model's; groups: its parameter groups, unit_group[u] the one
+// unit u lies in; param_bytes: the compute dtype's size), from the model's
+// hook calls (Model::hook_events):
 //   stage 3  a unit's parameters gathered into a buffer at its
 //            acquire_params, the pass's next unit prefetched, the buffer
 //            freed when its last holder releases it (dp_zero3.cpp);
@@ -172,10 +181,14 @@ inline constexpr size_t kMaxReductionsInFlight = 2;
 //            acquire_grads; when its first unit is ready it is
 //            reduce-scattered into an f32 piece of the rank's segment (size
 //            1: added into the shard and freed), and when a third reduction
-//            starts the oldest is retired (dp_grads.cpp).
+//            starts — of any group — the oldest is retired (dp_grads.cpp).
+// `computing(unit, backward)`: bytes something else holds in pools[comm]
+// while the unit computes (a context-parallel attention call's K and V in
+// flight), added at each compute: after a unit's acquires, before its
+// releases.
 int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::vector<model::HookEvent>& backward,
-                       const std::vector<model::Unit>& units, const std::vector<Bucket>& buckets,
-                       const std::vector<Segment>& segments, int zero_stage, int size, int micro_batches,
-                       int64_t param_bytes);
+                       const std::vector<model::Unit>& units, const std::vector<ZeroGroup>& groups,
+                       const std::vector<int>& unit_group, int zero_stage, int micro_batches, int64_t param_bytes,
+                       const std::function<int64_t(int unit, bool backward)>& computing = {});
 
 }  // namespace loom::parallel

@@ -221,6 +221,34 @@ Link measure_link(comm::Communicator& world, const CalibrateOptions& o) {
   return world.rank() == 0 ? fit_link(bytes, seconds) : Link{};
 }
 
+// Every rank: per size, one untimed all-reduce (f32, averaged, as data
+// parallelism reduces gradients), then the best of round_trips(n) of
+// barrier + all-reduce; rank 0 fits its times as a ring's 2 (n - 1) steps
+// of bytes / n each (time_plan.cpp ring), so the fit is one step's latency
+// and bandwidth. Rank 0's figures; the others return {}.
+Link measure_collective(comm::Communicator& world, const CalibrateOptions& o) {
+  const int n = world.size();
+  Pools pools;
+  OwnedTensor buffer = pools[MemTag::comm].zeros(DType::f32, {o.max_message_bytes / 4});
+  std::vector<double> bytes, seconds;
+  for (int64_t size : message_sizes(o.max_message_bytes)) {
+    const Tensor buf(buffer.data(), DType::f32, {std::max<int64_t>(1, size / 4)});
+    world.all_reduce(buf, comm::ReduceOp::avg)->wait();
+    double best = std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < round_trips(size); ++i) {
+      world.barrier()->wait();
+      const Clock::time_point t0 = Clock::now();
+      world.all_reduce(buf, comm::ReduceOp::avg)->wait();
+      best = std::min(best, seconds_since(t0));
+    }
+    bytes.push_back(static_cast<double>(buf.numel() * 4) / n);
+    seconds.push_back(best / (2.0 * (n - 1)));
+  }
+  if (world.rank() != 0) return {};
+  const Link step = fit_link(bytes, seconds);
+  return {.bandwidth = 0, .latency = 0, .collective_bandwidth = step.bandwidth, .collective_latency = step.latency};
+}
+
 // One 8-byte message to itself through the communicator (its recv posted
 // first), the best of 100: what a message costs with no peer to reach.
 double self_message_seconds(comm::Communicator& world) {
@@ -269,13 +297,14 @@ struct Measured {
   double devices_per_node = 0, memory_bytes = 0;
 
   std::vector<double> values() const {
-    return {fp32, bf16, bandwidth, link.bandwidth, link.latency, devices_per_node, memory_bytes};
+    return {fp32,           bf16,         bandwidth, link.bandwidth, link.latency, link.collective_bandwidth,
+            link.collective_latency, devices_per_node, memory_bytes};
   }
   static Measured of(const std::vector<double>& v) {
-    return {v[0], v[1], v[2], {v[3], v[4]}, v[5], v[6]};
+    return {v[0], v[1], v[2], {v[3], v[4], v[5], v[6]}, v[7], v[8]};
   }
 };
-constexpr size_t kMeasuredValues = 7;
+constexpr size_t kMeasuredValues = 9;
 
 // The first "model name" of /proc/cpuinfo.
 std::string cpu_model_name() {
@@ -340,7 +369,9 @@ std::string describe(comm::Communicator& world, const CalibrateOptions& o, int c
   if (world.size() >= 2)
     return s + concat("; intra link: a least-squares fit of latency + bytes / bandwidth to a send/recv ping-pong "
                       "between ranks 0 and 1, 8 B to ", binary_bytes(double(o.max_message_bytes)),
-                      "; inter = intra (one node)");
+                      "; its collective figures the same fit to one step of a ring all-reduce (an f32 average ",
+                      "over all ", world.size(), " ranks, 8 B to ", binary_bytes(double(o.max_message_bytes)),
+                      ", its time over 2 (n - 1) steps of bytes / n); inter = intra (one node)");
   return s + "; intra link estimated, not measured (one rank: no peer): bandwidth = memory bandwidth / 2 "
              "(a copy reads and writes), latency = one 8-byte send to itself; `mpirun -np 2 loom plan "
              "--calibrate` measures it; inter = intra (one node)";
@@ -395,7 +426,11 @@ Cluster calibrate(comm::Communicator& world, const CalibrateOptions& o) {
   LOOM_REQUIRE(host_memory != std::numeric_limits<int64_t>::max(),
                "calibrate: this system does not say how much physical memory it has");
   const int cores = job_cores(world);
-  const Link link = world.size() >= 2 ? measure_link(world, o) : Link{};
+  Link link = world.size() >= 2 ? measure_link(world, o) : Link{};
+  if (world.size() >= 2) {
+    const Link ring = measure_collective(world, o);
+    link.collective_bandwidth = ring.collective_bandwidth, link.collective_latency = ring.collective_latency;
+  }
   const double together = world.size() >= 2 ? bandwidth_together(world, o) : 0;
   std::vector<double> values(kMeasuredValues, 0);
   std::string name, source;

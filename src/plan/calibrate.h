@@ -25,6 +25,11 @@
 //                   is no peer: estimated (bandwidth = memory bandwidth / 2,
 //                   a copy reads and writes; latency = one 8-byte send to
 //                   itself through the communicator), and `source` says so.
+//                   Its collective figures: every rank all-reduces (f32,
+//                   averaged, as data parallelism does) 8 B to
+//                   max_message_bytes; rank 0's best times, taken as a
+//                   ring's 2 (n - 1) steps of bytes / n, fitted the same way.
+//                   With one rank: none (a ring step is a message).
 //   inter           = intra (one node: nothing crosses nodes).
 //
 // Rank 0 measures the device while the other ranks wait in a broadcast of

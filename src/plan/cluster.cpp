@@ -86,11 +86,21 @@ std::map<std::string, double> tflops(const toml::table& t, const std::string& ke
 Link link(const toml::table& t, const std::string& key, const std::string& where) {
   const std::string at = concat(where, " [cluster.", key, "]");
   const toml::table& sub = table_at(t, key, where);
-  require_keys(sub, {"bandwidth_gbs", "latency_us"}, at);
-  const toml::node* lat = sub.get("latency_us");
-  LOOM_REQUIRE(lat != nullptr && (lat->is_integer() || lat->is_floating_point()) && *lat->value<double>() >= 0, at,
-               ": latency_us is missing or invalid: allowed values are numbers >= 0");
-  return {.bandwidth = positive(sub, "bandwidth_gbs", at) * kGB, .latency = *lat->value<double>() * kMicro};
+  require_keys(sub, {"bandwidth_gbs", "latency_us", "collective_bandwidth_gbs", "collective_latency_us"}, at);
+  const auto latency = [&](const char* key) {
+    const toml::node* lat = sub.get(key);
+    LOOM_REQUIRE(lat != nullptr && (lat->is_integer() || lat->is_floating_point()) && *lat->value<double>() >= 0, at,
+                 ": ", key, " is missing or invalid: allowed values are numbers >= 0");
+    return *lat->value<double>() * kMicro;
+  };
+  Link l{.bandwidth = positive(sub, "bandwidth_gbs", at) * kGB, .latency = latency("latency_us")};
+  const bool cb = sub.contains("collective_bandwidth_gbs"), cl = sub.contains("collective_latency_us");
+  LOOM_REQUIRE(cb == cl, at, ": ", cb ? "collective_latency_us" : "collective_bandwidth_gbs",
+               " is missing: give collective_bandwidth_gbs and collective_latency_us together, or neither");
+  if (cb)
+    l.collective_bandwidth = positive(sub, "collective_bandwidth_gbs", at) * kGB,
+    l.collective_latency = latency("collective_latency_us");
+  return l;
 }
 
 }  // namespace
@@ -190,9 +200,13 @@ std::string cluster_toml(const Cluster& c) {
     out += concat("\n[cluster.", table, "]\n");
     for (const auto& [dtype, v] : *m) out += concat(dtype, " = ", num(v / kTera), "\n");
   }
-  for (auto [table, l] : {std::pair{"intra_node", &c.intra}, std::pair{"inter_node", &c.inter}})
+  for (auto [table, l] : {std::pair{"intra_node", &c.intra}, std::pair{"inter_node", &c.inter}}) {
     out += concat("\n[cluster.", table, "]\nbandwidth_gbs = ", num(l->bandwidth / kGB), "\nlatency_us = ",
                   num(l->latency / kMicro), "\n");
+    if (l->collective_bandwidth > 0)
+      out += concat("collective_bandwidth_gbs = ", num(l->collective_bandwidth / kGB), "\ncollective_latency_us = ",
+                    num(l->collective_latency / kMicro), "\n");
+  }
   return out;
 }
 

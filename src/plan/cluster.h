@@ -22,6 +22,8 @@
 //   [cluster.intra_node]          # per device, one direction
 //   bandwidth_gbs = 450
 //   latency_us = 3
+//   collective_bandwidth_gbs = 40 # optional, both or neither: one step of a
+//   collective_latency_us = 20    # ring collective where it is not a message's
 //   [cluster.inter_node]
 //   bandwidth_gbs = 50
 //   latency_us = 10
@@ -41,8 +43,19 @@ namespace loom::plan {
 struct Link {
   double bandwidth = 0;  // bytes per second, one direction
   double latency = 0;    // seconds per message
+  // A ring collective's step over this link where it was measured apart
+  // (0: as a message): through MPI's collectives on a CPU a step also
+  // reduces, copies through shared memory and waits for the slowest rank,
+  // so it is slower than a send/recv of the same bytes.
+  double collective_bandwidth = 0, collective_latency = 0;
   // Seconds one message of `bytes` takes.
   double seconds(double bytes) const { return latency + bytes / bandwidth; }
+  // The link one step of a ring collective sees: the collective figures
+  // where measured, else the message's.
+  Link ring_step() const {
+    if (collective_bandwidth <= 0) return {.bandwidth = bandwidth, .latency = latency};
+    return {.bandwidth = collective_bandwidth, .latency = collective_latency};
+  }
 };
 
 struct Cluster {

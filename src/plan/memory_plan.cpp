@@ -23,17 +23,13 @@ void require_predicted(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto refuse = [](const std::string& what) {
     throw loom::Error(concat("loom plan does not predict ", what,
-                             " yet: it predicts data (ZeRO 0 to 3), context (ZeRO 0 and 1, dense models), tensor, "
-                             "pipeline and expert parallelism (ZeRO 0 and 1) on the CPU"));
+                             " yet: it predicts data (ZeRO 0 to 3), context (dense models, without pipelining), "
+                             "tensor, pipeline and expert parallelism on the CPU"));
   };
   LOOM_REQUIRE(p.pp == 1 || p.zero_stage <= 1, "parallel.pp = ", p.pp,
                " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", p.zero_stage, ")");
-  if (p.cp > 1 && p.zero_stage >= 2)
-    refuse(concat("context parallelism (parallel.cp = ", p.cp, ") under ZeRO stage ", p.zero_stage));
   if (p.cp > 1 && cfg.model.is_moe()) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") of a MoE model"));
   if (p.cp > 1 && p.pp > 1) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") with pipelining"));
-  if (p.ep > 1 && p.zero_stage >= 2)
-    refuse(concat("expert parallelism (parallel.ep = ", p.ep, ") under ZeRO stage ", p.zero_stage));
   if (p.ep > 1 && p.cp > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ") with context parallelism"));
   if (cfg.train.device != "cpu") refuse(concat("train.device = ", cfg.train.device));
 }
@@ -41,6 +37,7 @@ void require_predicted(const train::RunConfig& cfg) {
 // The rank's dp shard of its parameters (make_group's recipe: one group of
 // every parameter over the dp ranks) and the largest bucket's elements.
 struct Shard {
+  std::vector<model::Unit> space_units;  // the model's units in the group's index space (GroupSpace::units)
   std::vector<parallel::Bucket> buckets;
   std::vector<parallel::Segment> segments;
   int64_t numel = 0, largest_bucket = 0;
@@ -54,6 +51,7 @@ Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<mod
                const std::vector<int>& group_of, int group, const parallel::DpOptions& o, int size, int rank) {
   const parallel::GroupSpace space = parallel::group_space(specs, units, group_of, group);
   Shard s;
+  s.space_units = space.units;
   s.buckets = parallel::make_buckets(space.units, o.zero_stage, o.bucket_mb, parallel::solo_ranges(space, o.solo_params));
   s.segments = parallel::shard_segments(s.buckets, o.zero_stage, size, rank);
   for (const parallel::Segment& seg : s.segments) s.numel += seg.count;
@@ -67,18 +65,13 @@ Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<mod
 }
 
 // A parameter group of the rank (parallel/dp_layout.h): its size and the
-// rank's place in it — every parameter over dp x cp, or under expert
-// parallelism the dense ones over dp x cp and the rank's experts over
-// expert-dp x cp (train/rank_chunks.cpp expert_groups).
+// rank's place in it (train::gradient_groups).
 struct GroupPos {
   int size = 1, rank = 0;
 };
 std::vector<GroupPos> group_positions(const mesh::Layout& layout, int r, int ep) {
   std::vector<GroupPos> out;
-  for (mesh::Group g : {mesh::Group::dp_cp, mesh::Group::expert_dp_cp}) {
-    out.push_back({layout.group_size(g), layout.group_rank(g, r)});
-    if (ep == 1) break;
-  }
+  for (mesh::Group g : train::gradient_groups(ep)) out.push_back({layout.group_size(g), layout.group_rank(g, r)});
   return out;
 }
 
@@ -100,9 +93,12 @@ Textbook textbook_of(const train::RunConfig& cfg, double psi, int64_t layers, in
 struct Transient {
   int64_t comm = 0, workspace = 0;
 };
-Transient transient_bytes(const train::RunConfig& cfg, const std::vector<model::Unit>& units, const Shard& shard,
-                          const parallel::DpOptions& dpo, int dp_size, int64_t B, int64_t T, DType compute,
-                          bool writes_model) {
+// shards: the rank's in each parameter group, of groups[g].size ranks;
+// unit_group: the group each unit lies in.
+Transient transient_bytes(const train::RunConfig& cfg, const model::PpStage& stage,
+                          const std::vector<model::Unit>& units, const std::vector<Shard>& shards,
+                          const std::vector<GroupPos>& groups, const std::vector<int>& unit_group,
+                          const parallel::DpOptions& dpo, int64_t B, int64_t T, DType compute, bool writes_model) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto elem = static_cast<int64_t>(dtype_size(compute));
   parallel::ContextParallelAttention::CallBytes cpb;  // a cp attention call's buffers, forward or backward
@@ -112,15 +108,30 @@ Transient transient_bytes(const train::RunConfig& cfg, const std::vector<model::
                                                          static_cast<int>(p.cp),
                                                          parallel::cp_algo_from_name(p.cp_algo), true);
   Transient t;
-  // init_params draws one bucket at a time; gather_master packs the shard.
-  t.workspace = std::max({4 * shard.largest_bucket, writes_model ? 4 * shard.numel : 0, cpb.forward_workspace,
-                          cpb.backward_workspace});
+  // init_params draws one bucket at a time; gather_master packs a group's
+  // shard (the groups one at a time).
+  t.workspace = std::max(cpb.forward_workspace, cpb.backward_workspace);
+  for (const Shard& s : shards) t.workspace = std::max({t.workspace, 4 * s.largest_bucket, writes_model ? 4 * s.numel : 0});
   t.comm = std::max(cpb.forward_comm, cpb.backward_comm);
-  if (dpo.zero_stage >= 2)
+  if (dpo.zero_stage >= 2) {
+    // A dense layer is one unit, after the embeddings' (model.h Unit); its
+    // attention runs while the layer computes, in the backward again under
+    // recompute before its own backward.
+    const int first = stage.holds_embedding() ? 1 : 0;
+    const auto last = first + static_cast<int>(stage.layer_count(cfg.model.n_layer));
+    const int64_t backward_cp = cfg.train.recompute == "none" ? cpb.backward_comm
+                                                               : std::max(cpb.forward_comm, cpb.backward_comm);
+    const auto attention = [&](int unit, bool backward) -> int64_t {
+      if (unit < first || unit >= last) return 0;
+      return backward ? backward_cp : cpb.forward_comm;
+    };
+    std::vector<parallel::ZeroGroup> zero;
+    for (size_t g = 0; g < shards.size(); ++g) zero.push_back({shards[g].buckets, shards[g].segments, groups[g].size});
     t.comm = parallel::zero_comm_peak(model::Model::hook_events(cfg.model, model::Pass::forward),
-                                      model::Model::hook_events(cfg.model, model::Pass::backward), units,
-                                      shard.buckets, shard.segments, dpo.zero_stage, dp_size,
-                                      static_cast<int>(cfg.train.grad_accum), elem);
+                                      model::Model::hook_events(cfg.model, model::Pass::backward), units, zero,
+                                      unit_group, dpo.zero_stage, static_cast<int>(cfg.train.grad_accum), elem,
+                                      attention);
+  }
   return t;
 }
 
@@ -160,24 +171,28 @@ Chunks chunk_bytes(const train::RunConfig& cfg, const train::ChunkOptions& co,
     const std::vector<model::Unit> units = model::model_units(cfg.model, specs);
     std::vector<int> group_of;  // group 1: the rank's experts, under ep
     for (const model::ParamSpec& spec : specs) group_of.push_back(parallel::in_expert_group(spec.name, mo.ep.ep.size));
-    const int64_t n_layers = so.layers.n_layers < 0 ? cfg.model.n_layer - so.layers.first_layer : so.layers.n_layers;
-    const bool embedding = so.layers.first_layer == 0, head = so.layers.first_layer + n_layers == cfg.model.n_layer;
-    if (cfg.parallel.pp > 1) dpo.solo_params = parallel::TiedEmbedding::solo_params(cfg.model, embedding, head);
-    // The groups' shard state together; for the transient tags the groups
-    // one at a time (init and gather_master walk them in turn).
-    Shard shard = dp_shard(specs, units, group_of, 0, dpo, groups[0].size, groups[0].rank);
-    int64_t total = shard.numel;
-    for (size_t g = 1; g < groups.size(); ++g) {
-      const Shard e = dp_shard(specs, units, group_of, static_cast<int>(g), dpo, groups[g].size, groups[g].rank);
-      total += e.numel, shard.numel = std::max(shard.numel, e.numel);
-      shard.largest_bucket = std::max(shard.largest_bucket, e.largest_bucket);
-      shard.packed_bytes += e.packed_bytes;
+    const int64_t n_layers = so.layers.layer_count(cfg.model.n_layer);
+    if (cfg.parallel.pp > 1)
+      dpo.solo_params = parallel::TiedEmbedding::solo_params(cfg.model, so.layers.holds_embedding(),
+                                                             so.layers.holds_head(cfg.model.n_layer));
+    // The groups' shard state together; each unit lies in one group
+    // (DataParallel's unit_group).
+    std::vector<Shard> shards;
+    std::vector<int> unit_group(units.size(), 0);
+    int64_t total = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      shards.push_back(dp_shard(specs, units, group_of, static_cast<int>(g), dpo, groups[g].size, groups[g].rank));
+      total += shards.back().numel;
+      out.packed += shards.back().packed_bytes;  // every chunk's and group's, waited for together
+      const std::vector<model::Unit>& in_group = shards.back().space_units;
+      for (size_t u = 0; u < units.size(); ++u)
+        if (in_group[u].numel() > 0) unit_group[u] = static_cast<int>(g);
     }
-    out.packed += shard.packed_bytes;  // every chunk's and group's, waited for together
     const parallel::DataParallel::ShardStateBytes s = parallel::DataParallel::shard_state_bytes(total, co.compute, dpo);
     out.state.params += s.params, out.state.grads += s.grads, out.state.master += s.master;
     out.state.optimizer += s.optimizer;
-    const Transient t = transient_bytes(cfg, units, shard, dpo, groups[0].size, B, T, co.compute, o.writes_model);
+    const Transient t =
+        transient_bytes(cfg, so.layers, units, shards, groups, unit_group, dpo, B, T, co.compute, o.writes_model);
     out.transient.workspace = std::max(out.transient.workspace, t.workspace);
     out.transient.comm = std::max(out.transient.comm, t.comm);
     out.psi += model::param_count(specs), out.layers += n_layers * so.slots;

@@ -88,7 +88,9 @@ class Search {
     result_.considered += count;
   }
 
-  // Every layout of one mesh: micro-batch and grad_accum, ZeRO, recompute, schedule.
+  // Every layout of one mesh: expert parallelism (a MoE model's: ep
+  // dividing dp and the experts), micro-batch and grad_accum, ZeRO,
+  // recompute, schedule.
   void mesh(int64_t tp, int64_t pp, int64_t cp, int64_t dp) {
     const std::string name = concat("dp ", dp, " tp ", tp, " pp ", pp, " cp ", cp);
     if (!r_.cluster.shared_cores && tp > r_.cluster.devices_per_node)
@@ -97,13 +99,18 @@ class Search {
     if (r_.global_batch % dp != 0)
       return reject(concat("dp does not divide the global batch of ", r_.global_batch, " sequences"), name);
     const int64_t per_dp = r_.global_batch / dp;
+    for (int64_t ep : divisors(dp))
+      if (ep == 1 || (r_.model.is_moe() && r_.model.n_expert % ep == 0)) layouts(tp, pp, cp, dp, ep, per_dp);
+  }
+
+  void layouts(int64_t tp, int64_t pp, int64_t cp, int64_t dp, int64_t ep, int64_t per_dp) {
     for (int64_t mb : divisors(per_dp))
       for (int64_t zero = 0; zero <= (dp * cp > 1 ? std::min(pp > 1 ? 1 : 3, r_.max_zero_stage) : 0); ++zero)
         for (const char* recompute : kRecompute)
           for (const auto& [schedule, v] : schedules(pp, per_dp / mb, r_.model.n_layer)) {
             train::RunConfig cfg = base();
             train::ParallelConfig& p = cfg.parallel;
-            p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.zero_stage = zero, p.sequence_parallel = tp > 1;
+            p.dp = dp, p.tp = tp, p.pp = pp, p.cp = cp, p.ep = ep, p.zero_stage = zero, p.sequence_parallel = tp > 1;
             p.pp_schedule = schedule, p.virtual_stages = v;
             cfg.train.micro_batch = mb, cfg.train.grad_accum = per_dp / mb, cfg.train.recompute = recompute;
             consider(cfg);
@@ -171,7 +178,8 @@ SearchResult search_layouts(const SearchRequest& r) {
 
 std::string layout_name(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
-  std::string s = concat("dp ", p.dp, " tp ", p.tp, " pp ", p.pp, " cp ", p.cp, ", ZeRO ", p.zero_stage,
+  std::string s = concat("dp ", p.dp, " tp ", p.tp, " pp ", p.pp, " cp ", p.cp, p.ep > 1 ? concat(" ep ", p.ep) : "",
+                         ", ZeRO ", p.zero_stage,
                          ", recompute ", cfg.train.recompute, ", mb ", cfg.train.micro_batch, " x ga ",
                          cfg.train.grad_accum);
   if (p.pp > 1) s += concat(", ", p.pp_schedule, p.virtual_stages > 1 ? concat(" v ", p.virtual_stages) : "");
@@ -204,12 +212,12 @@ std::string search_json(const SearchResult& s) {
   for (const Choice& c : s.best) {
     const train::ParallelConfig& p = c.cfg.parallel;
     nlohmann::ordered_json j = {{"layout", layout_name(c.cfg)}, {"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp},
-                                {"cp", p.cp}, {"zero_stage", p.zero_stage}, {"recompute", c.cfg.train.recompute},
+                                {"cp", p.cp}, {"ep", p.ep}, {"zero_stage", p.zero_stage}, {"recompute", c.cfg.train.recompute},
                                 {"micro_batch", c.cfg.train.micro_batch}, {"grad_accum", c.cfg.train.grad_accum},
                                 {"pp_schedule", p.pp > 1 ? p.pp_schedule : ""}, {"virtual_stages", p.virtual_stages},
                                 {"peak_bytes", c.peak_bytes}, {"step_s", c.time.total},
                                 {"tokens_per_s", c.time.tokens_per_second}, {"mfu", c.time.mfu},
-                                {"compute_s", c.time.compute}, {"tp_s", c.time.tp}, {"cp_s", c.time.cp},
+                                {"compute_s", c.time.compute}, {"tp_s", c.time.tp}, {"cp_s", c.time.cp}, {"ep_s", c.time.ep},
                                 {"bubble_s", c.time.bubble}, {"pp_s", c.time.pp}, {"dp_s", c.time.dp},
                                 {"optimizer_s", c.time.optimizer}};
     out += j.dump() + "\n";

@@ -9,6 +9,7 @@
 #include "mesh/layout.h"
 #include "model/params.h"
 #include "parallel/pp_schedule.h"
+#include "parallel/dp_layout.h"
 #include "train/rank_chunks.h"
 
 namespace loom::plan {
@@ -40,16 +41,19 @@ Link link_of(const std::vector<int>& ranks, const Cluster& c) {
 }
 
 // A ring collective moving `bytes` (the whole buffer) over n ranks in `steps`
-// passes (all-reduce 2, reduce-scatter or all-gather 1).
-double ring(double bytes, int n, int steps, const Link& l) {
+// passes (all-reduce 2, reduce-scatter or all-gather 1), each of n - 1 ring
+// steps of bytes / n (Patarasuk and Yuan 2009) over the link's ring step.
+double ring(double bytes, int n, int steps, const Link& link) {
   if (n <= 1) return 0;
+  const Link l = link.ring_step();
   return steps * (n - 1) * (l.latency + bytes / (static_cast<double>(n) * l.bandwidth));
 }
 
+
 // One chunk's forward and backward seconds per micro-batch, and their parts.
 struct ChunkTime {
-  double forward = 0, backward = 0;  // with tp and cp's exposed transfers
-  double compute = 0, tp = 0, cp = 0;
+  double forward = 0, backward = 0;  // with tp, cp and ep's exposed transfers
+  double compute = 0, tp = 0, cp = 0, ep = 0;
 };
 
 struct Setup {
@@ -63,7 +67,28 @@ struct Setup {
   Weights w;
 };
 
-ChunkTime chunk_time(const Setup& s, int64_t layers, bool head) {
+// The part of `transfer` seconds that `compute` seconds beside it do not
+// hide. On a CPU whose cores the ranks share nothing is hidden: the
+// communicator's progress thread copies and sums on the cores the compute
+// runs on, so the transfer's work adds to the step.
+double exposed(const Setup& s, double transfer, double compute) {
+  return s.cluster.shared_cores ? transfer : std::max(0.0, transfer - compute);
+}
+
+// A MoE layer's exchange of its tokens' rows with the other ep ranks
+// (parallel/ep.h): a count exchange, then an all-to-all in which each rank
+// keeps 1 / ep of its B T k rows (top-k copies of each token) and sends the
+// rest, ep - 1 messages of B T k C / ep elements.
+double ep_exchange(const Setup& s) {
+  const train::ParallelConfig& p = s.cfg.parallel;
+  if (p.ep == 1) return 0;
+  const Link l = link_of(s.layout.group_ranks(mesh::Group::ep, 0), s.cluster);
+  const auto n = static_cast<double>(p.ep);
+  const double rows = s.tokens * static_cast<double>(s.cfg.model.top_k);
+  return (n - 1) * (l.latency + l.seconds(rows * static_cast<double>(s.cfg.model.n_embd) * s.elem / n));
+}
+
+ChunkTime chunk_time(const Setup& s, int64_t first_layer, int64_t layers, bool head) {
   const train::RunConfig& cfg = s.cfg;
   const model::ModelConfig& m = cfg.model;
   const train::ParallelConfig& p = cfg.parallel;
@@ -95,66 +120,98 @@ ChunkTime chunk_time(const Setup& s, int64_t layers, bool head) {
     const double kv = 2 * s.tokens * static_cast<double>(m.n_kv_head / p.tp * m.head_size()) * s.elem;
     const double ring_f = L * static_cast<double>(p.cp - 1) * cp_link.seconds(kv);
     const double attn_f = attention / s.rate;
-    cp_forward = std::max(0.0, ring_f - attn_f), cp_backward = std::max(0.0, 2 * ring_f - 2 * attn_f);
+    cp_forward = exposed(s, ring_f, attn_f), cp_backward = exposed(s, 2 * ring_f, 2 * attn_f);
   }
-  t.tp = tp_forward + tp_backward, t.cp = cp_forward + cp_backward;
-  t.forward = forward / s.rate + logits / 3 + tp_forward + cp_forward;
-  t.backward = (2 * forward + recompute) / s.rate + 2 * logits / 3 + tp_backward + cp_backward;
+  // ep: each MoE layer dispatches its rows and combines them back forward,
+  // and returns both gradients backward (again the forward's under full
+  // recompute); loom waits for each before the layer goes on, so none is
+  // hidden.
+  double moe_layers = 0;
+  for (int64_t i = first_layer; i < first_layer + layers; ++i) moe_layers += m.is_moe_layer(i) ? 1 : 0;
+  const double exchange = ep_exchange(s);
+  const double ep_forward = 2 * moe_layers * exchange;
+  const double ep_backward = (cfg.train.recompute == "full" ? 4 : 2) * moe_layers * exchange;
+  t.tp = tp_forward + tp_backward, t.cp = cp_forward + cp_backward, t.ep = ep_forward + ep_backward;
+  t.forward = forward / s.rate + logits / 3 + tp_forward + cp_forward + ep_forward;
+  t.backward = (2 * forward + recompute) / s.rate + 2 * logits / 3 + tp_backward + cp_backward + ep_backward;
   return t;
 }
 
+// The parameters of a rank: those averaged over dp x cp, and under expert
+// parallelism its experts, averaged over expert-dp x cp
+// (train::gradient_groups).
+struct RankParams {
+  double dense = 0, experts = 0;
+};
+
 // The rank's data-parallel seconds not hidden behind compute, and its
-// optimizer's, for P parameters (its chunks' together).
-std::pair<double, double> dp_and_optimizer(const Setup& s, double P, int64_t layers, double last_backward,
+// optimizer's, for its parameters (its chunks' together).
+std::pair<double, double> dp_and_optimizer(const Setup& s, RankParams P, int64_t layers, double last_backward,
                                            double forward_all, double backward_all) {
   const train::ParallelConfig& p = s.cfg.parallel;
-  const int n = static_cast<int>(p.dp * p.cp);
-  const Link l = link_of(s.layout.group_ranks(mesh::Group::dp_cp, 0), s.cluster);
-  const double grads = 4 * P, params = s.elem * P;
-  double reduce = 0, gather = 0, zero3 = 0;
-  if (p.zero_stage == 0) reduce = ring(grads, n, 2, l);
-  else reduce = ring(grads, n, 1, l), gather = ring(params, n, 1, l);
-  if (p.zero_stage == 3) {
-    // Every micro-batch gathers each unit's parameters for its forward and
-    // again for its backward, one unit ahead: the bytes hide behind the
-    // compute, the latency of each unit's gather does not.
-    const double m = static_cast<double>(s.cfg.train.grad_accum), units = static_cast<double>(layers + 2);
-    const double bytes = ring(params, n, 1, {.bandwidth = l.bandwidth, .latency = 0});
-    const double latency = units * (n - 1) * l.latency;
-    zero3 = 2 * m * latency + std::max(0.0, m * bytes - forward_all) + std::max(0.0, m * bytes - backward_all);
-    gather = 0;
+  const double m = static_cast<double>(s.cfg.train.grad_accum);
+  double dp = 0, optimizer = 0;
+  const std::vector<mesh::Group> groups = train::gradient_groups(static_cast<int>(p.ep));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const double params_g = g == 0 ? P.dense : P.experts;
+    const std::vector<int> ranks = s.layout.group_ranks(groups[g], 0);
+    const int n = static_cast<int>(ranks.size());
+    const Link l = link_of(ranks, s.cluster);
+    const double grads = 4 * params_g, params = s.elem * params_g;
+    double reduce = 0, gather = 0, zero3 = 0;
+    // ZeRO 0 and 1 reduce the last micro-batch's gradients; 2 and 3
+    // reduce-scatter every micro-batch's (parallel/dp_grads.cpp).
+    if (p.zero_stage == 0) reduce = ring(grads, n, 2, l);
+    else reduce = (p.zero_stage >= 2 ? m : 1) * ring(grads, n, 1, l), gather = ring(params, n, 1, l);
+    if (p.zero_stage == 3) {
+      // Every micro-batch gathers each unit's parameters for its forward and
+      // again for its backward, one unit ahead: the bytes may hide behind
+      // the compute, the latency of each unit's gather does not.
+      const double units = static_cast<double>(layers + 2);
+      const Link step = l.ring_step();
+      const double bytes = ring(params, n, 1, {.bandwidth = step.bandwidth, .latency = 0});
+      const double latency = n > 1 ? units * (n - 1) * step.latency : 0;
+      zero3 = 2 * m * latency + exposed(s, m * bytes, forward_all) + exposed(s, m * bytes, backward_all);
+      gather = 0;
+    }
+    dp += exposed(s, reduce, p.zero_stage >= 2 ? backward_all : last_backward) + gather + zero3;
+    const double shard = p.zero_stage == 0 ? params_g : params_g / n;
+    optimizer += shard * (28 + s.elem) / s.bandwidth;
   }
-  const double dp = std::max(0.0, reduce - last_backward) + gather + zero3;
-  const double shard = p.zero_stage == 0 ? P : P / n;
-  const double optimizer = shard * (28 + s.elem) / s.bandwidth;
   return {dp, optimizer};
 }
 
 double elem_size(const std::string& dtype) { return dtype == "fp32" ? 4 : 2; }
 
 // The pipeline rank whose chunks take longest per micro-batch (it sets the
-// pace; the whole model without pipelining), and the most parameters a
-// pipeline rank holds.
-std::pair<ChunkTime, double> slowest_rank(const Setup& s, const train::ChunkOptions& co,
-                                          const parallel::PpSchedule& schedule) {
+// pace; the whole model without pipelining), and the parameters of the
+// pipeline rank that holds most.
+std::pair<ChunkTime, RankParams> slowest_rank(const Setup& s, const train::ChunkOptions& co,
+                                              const parallel::PpSchedule& schedule) {
   const model::ModelConfig& m = s.cfg.model;
+  const train::ParallelConfig& p = s.cfg.parallel;
   const int pp = schedule.pp;
-  double slowest = -1, P_max = 0;
+  double slowest = -1;
   ChunkTime worst;
+  RankParams most;
   for (int r = 0; r < pp; ++r) {
     ChunkTime sum;
-    double P = 0;
+    RankParams P;
     for (const model::StageOptions& so :
          pp > 1 ? train::rank_stages(co, schedule, pp, r) : std::vector<model::StageOptions>(1)) {
-      const int64_t layers = so.layers.n_layers < 0 ? m.n_layer : so.layers.n_layers;
-      const ChunkTime t = chunk_time(s, layers, so.layers.first_layer + layers == m.n_layer);
-      sum.forward += t.forward, sum.backward += t.backward, sum.compute += t.compute, sum.tp += t.tp, sum.cp += t.cp;
-      P += static_cast<double>(model::param_count(m, {static_cast<int>(s.cfg.parallel.tp), 0}, so.layers));
+      const ChunkTime t =
+          chunk_time(s, so.layers.first_layer, so.layers.layer_count(m.n_layer), so.layers.holds_head(m.n_layer));
+      sum.forward += t.forward, sum.backward += t.backward, sum.compute += t.compute;
+      sum.tp += t.tp, sum.cp += t.cp, sum.ep += t.ep;
+      for (const model::ParamSpec& spec : model::param_specs(m, {static_cast<int>(p.tp), 0}, so.layers,
+                                                             {static_cast<int>(p.ep), 0}))
+        (parallel::in_expert_group(spec.name, static_cast<int>(p.ep)) ? P.experts : P.dense) +=
+            static_cast<double>(spec.numel());
     }
     if (sum.forward + sum.backward > slowest) slowest = sum.forward + sum.backward, worst = sum;
-    P_max = std::max(P_max, P);
+    if (P.dense + P.experts > most.dense + most.experts) most = P;
   }
-  return {worst, P_max};
+  return {worst, most};
 }
 
 }  // namespace
@@ -165,7 +222,6 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   LOOM_REQUIRE(cluster.shared_cores || world <= cluster.devices(), "the layout needs ", world, " devices (dp ", p.dp,
                " x tp ", p.tp, " x pp ", p.pp, " x cp ", p.cp, ") but cluster '", cluster.name, "' has ",
                cluster.devices());
-  LOOM_REQUIRE(p.ep == 1, "loom plan's step time does not model expert parallelism (parallel.ep = ", p.ep, ") yet");
   // A CPU's ranks split its cores (and their memory bandwidth) between
   // them: fewer ranks than cores each run on several (threads); more ranks
   // than cores take turns, and while one waits the others run (below).
@@ -185,7 +241,7 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   const parallel::PpSchedule schedule = parallel::make_pp_schedule(
       parallel::pp_schedule_from_name(pp > 1 ? co.pp_schedule : "1f1b"), pp, m, static_cast<int>(co.virtual_stages));
   StepTime out;
-  const auto [worst, P_max] = slowest_rank(s, co, schedule);
+  const auto [worst, params] = slowest_rank(s, co, schedule);
   const int v = static_cast<int>(co.virtual_stages);
   const parallel::PpSimulation sim = parallel::simulate_pp_schedule(schedule, worst.forward / v, worst.backward / v);
   // Ranks taking turns on a core (more ranks than cores) fill each other's
@@ -193,6 +249,7 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   // critical path if that is longer.
   const double busy = turns * m * (worst.forward + worst.backward), pipeline = std::max(sim.makespan, busy);
   out.compute = turns * m * worst.compute, out.tp = turns * m * worst.tp, out.cp = turns * m * worst.cp;
+  out.ep = turns * m * worst.ep;
   out.bubble = pipeline - busy;
   if (out.bubble < 1e-9 * pipeline) out.bubble = 0;  // no pipeline: the sum's rounding, not idle time
   if (pp > 1) {  // the first micro-batch's activations and the last one's gradients cross every boundary
@@ -201,7 +258,7 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
     out.pp = static_cast<double>(pp * v - 1) * (l.seconds(stream * s.elem) + l.seconds(stream * 4));
   }
   const int64_t layers = cfg.model.n_layer / pp;  // a rank's layers, each a ZeRO-3 unit
-  const auto [dp, opt] = dp_and_optimizer(s, P_max, layers, worst.backward, m * worst.forward, m * worst.backward);
+  const auto [dp, opt] = dp_and_optimizer(s, params, layers, worst.backward, m * worst.forward, m * worst.backward);
   out.dp = dp, out.optimizer = turns * opt;
   out.total = pipeline + out.pp + out.dp + out.optimizer;
   const double tokens = static_cast<double>(cfg.train.micro_batch * m * p.dp * cfg.train.seq_len);
@@ -216,9 +273,10 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
 std::string step_time_line(const StepTime& t) {
   char line[320];
   std::snprintf(line, sizeof line,
-                "step %.4g s (compute %.3g, tp %.3g, cp %.3g, bubble %.3g, pp %.3g, dp %.3g, optimizer %.3g), %.4g "
-                "tokens/s, MFU %.1f %%",
-                t.total, t.compute, t.tp, t.cp, t.bubble, t.pp, t.dp, t.optimizer, t.tokens_per_second, 100 * t.mfu);
+                "step %.4g s (compute %.3g, tp %.3g, cp %.3g, ep %.3g, bubble %.3g, pp %.3g, dp %.3g, optimizer "
+                "%.3g), %.4g tokens/s, MFU %.1f %%",
+                t.total, t.compute, t.tp, t.cp, t.ep, t.bubble, t.pp, t.dp, t.optimizer, t.tokens_per_second,
+                100 * t.mfu);
   return line;
 }
 

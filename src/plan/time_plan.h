@@ -23,22 +23,31 @@
 //   cp         the ring's K and V blocks, cp - 1 steps forward and twice as
 //              many bytes backward (dK, dV return), hidden behind the
 //              attention they overlap (what is left is paid)
+//   ep         per MoE layer, its rows' dispatch and combine forward and
+//              both gradients backward: all-to-alls of B T k C / ep elements
+//              to each of the ep - 1 others (and a count exchange); loom
+//              waits for each, so none is hidden
 // The pipeline's step is simulate_pp_schedule of its schedule with those
 // forward and backward times (the slowest chunk's: the stage every rank
 // waits for); its idle time is the bubble, and the first micro-batch's
 // activations and the last one's gradients cross every stage boundary on
 // the critical path (alpha + bytes / beta each). Then
-//   dp         gradient reduction over dp x cp: ZeRO 0 a ring all-reduce of
-//              the f32 gradients, 1 and 2 a reduce-scatter and the updated
-//              parameters' all-gather, 3 also every micro-batch's two
-//              parameter gathers (prefetched behind its compute); the
-//              reduction overlaps the last micro-batch's backward (loom
-//              reduces in its last one), the all-gather after the step does
-//              not
+//   dp         gradient reduction over dp x cp (under ep the rank's experts
+//              over expert-dp x cp): ZeRO 0 a ring all-reduce of the f32
+//              gradients and 1 a reduce-scatter, in the last micro-batch's
+//              backward, which they overlap; 2 and 3 a reduce-scatter in
+//              every micro-batch's backward; 1 to 3 the updated parameters'
+//              all-gather after the step (not hidden); 3 also every
+//              micro-batch's two parameter gathers (prefetched behind its
+//              compute)
 //   optimizer  AdamW over the rank's shard: memory-bound, 28 bytes moved per
 //              element plus the compute copy
 // A group whose ranks lie on one node uses the intra-node link, else the
-// inter-node one.
+// inter-node one; a ring collective's step uses the link's collective
+// figures where the cluster gives them (measured by --calibrate). On a CPU
+// whose cores the ranks share (Cluster::shared_cores) no transfer is hidden
+// behind compute: the communicator's progress thread copies and sums on the
+// same cores.
 #pragma once
 
 #include <string>
@@ -51,7 +60,7 @@ namespace loom::plan {
 struct StepTime {
   // Seconds per step, the slowest rank's. compute, tp and cp are summed over
   // its micro-batches and chunks; bubble is the schedule's idle time on it.
-  double compute = 0, tp = 0, cp = 0, bubble = 0, pp = 0, dp = 0, optimizer = 0;
+  double compute = 0, tp = 0, cp = 0, ep = 0, bubble = 0, pp = 0, dp = 0, optimizer = 0;
   double total = 0;
   double tokens_per_second = 0;  // the global batch's tokens / total
   // The step's model FLOPs (6 N + 12 L T C per token, N the active

@@ -61,11 +61,17 @@ std::vector<parallel::ParamGroup> expert_groups(mesh::Mesh& mesh) {
   const int ep = mesh.ep().size();
   auto expert = [ep](const model::ParamSpec& s) { return parallel::in_expert_group(s.name, ep); };
   auto dense = [ep](const model::ParamSpec& s) { return !parallel::in_expert_group(s.name, ep); };
-  return {{parallel::kDenseGroup, mesh.dp_cp(), dense},
-          {parallel::kExpertGroup, mesh.expert_dp_cp(), expert, &mesh.ep()}};
+  const std::vector<mesh::Group> g = gradient_groups(ep);
+  return {{parallel::kDenseGroup, mesh.group(g[0]), dense},
+          {parallel::kExpertGroup, mesh.group(g[1]), expert, &mesh.ep()}};
 }
 
 }  // namespace
+
+std::vector<mesh::Group> gradient_groups(int ep) {
+  if (ep == 1) return {mesh::Group::dp_cp};
+  return {mesh::Group::dp_cp, mesh::Group::expert_dp_cp};
+}
 
 RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
   RankChunks rank;

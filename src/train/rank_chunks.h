@@ -68,6 +68,14 @@ ChunkOptions chunk_options(const RunConfig& cfg);
 std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parallel::PpSchedule& schedule, int pp,
                                              int r);
 
+// The mesh groups a rank's gradients are averaged (and ZeRO-sharded) over,
+// one per parameter group in DataParallel's order: every parameter over
+// dp x cp; under expert parallelism (ep > 1) the dense ones over dp x cp
+// (parallel::kDenseGroup) and the rank's experts over expert-dp x cp
+// (parallel::kExpertGroup). What build_rank_chunks reduces over, and what
+// loom plan shards by.
+std::vector<mesh::Group> gradient_groups(int ep);
+
 struct RankChunks {
   std::unique_ptr<parallel::TensorParallel> tp;  // null when mesh.tp() is of one rank
   std::unique_ptr<parallel::ExpertParallel> ep;  // null when mesh.ep() is of one rank

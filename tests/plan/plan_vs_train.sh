@@ -63,6 +63,9 @@ else
   case_ 2 "cp 2, all-gather, bf16, model written" --out --set parallel.cp=2 --set parallel.cp_algo=allgather --set train.dtype=bf16
   case_ 4 "dp 2 x cp 2, ZeRO 1, llama, selective recompute" --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero_stage=1 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=selective
   case_ 4 "cp 2 x tp 2" --set parallel.cp=2 --set parallel.tp=2
+  case_ 2 "cp 2, ZeRO 2, small buckets, 2 micro-batches" --set parallel.cp=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=2
+  case_ 2 "cp 2, ZeRO 3, all-gather, full recompute" --set parallel.cp=2 --set parallel.zero_stage=3 --set parallel.cp_algo=allgather --set train.recompute=full
+  case_ 4 "dp 2 x cp 2, ZeRO 3, bf16, llama, selective recompute, model written" --out --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=selective
   case_ 4 "dp 2 x tp 2, ZeRO 3, bf16, sequence parallel" --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set parallel.sequence_parallel=true
   case_ 2 "pp 2, 1F1B, 4 micro-batches, tied embedding" --set parallel.pp=2 --set train.grad_accum=4
   case_ 2 "pp 2, GPipe, bf16, 3 micro-batches" --set parallel.pp=2 --set parallel.pp_schedule=afab --set train.dtype=bf16 --set train.grad_accum=3
@@ -74,6 +77,8 @@ else
   case_ 2 "dp 2 x ep 2, MoE" --set parallel.dp=2 --set parallel.ep=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
   case_ 4 "dp 4 x ep 2, ZeRO 1, bf16, MoE, 3 micro-batches" --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero_stage=1 --set train.dtype=bf16 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set train.grad_accum=3
   case_ 4 "dp 2 x ep 2 x tp 2, ZeRO 1, small buckets, MoE, model written" --out --set parallel.dp=2 --set parallel.ep=2 --set parallel.tp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
+  case_ 2 "dp 2 x ep 2, ZeRO 2, MoE, small buckets, 2 micro-batches" --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set train.grad_accum=2
+  case_ 4 "dp 4 x ep 2, ZeRO 3, bf16, MoE, model written" --out --set parallel.dp=4 --set parallel.ep=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
   case_ 4 "pp 2 x dp 2 x ep 2, MoE" --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set train.grad_accum=2
   case_ 2 "pp 2, optimizer offloaded, MoE" --set parallel.pp=2 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.offload_optimizer=true --set train.grad_accum=2
 fi

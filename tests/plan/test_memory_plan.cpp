@@ -113,6 +113,42 @@ TEST(MemoryPlan, Gpt3ActivationsAreKorthikantisLessTheAttentionScores) {
   }
 }
 
+// One rank of a 1024-rank layout, laid out alone (as Megatron's fake
+// process group lets one process build one rank): GPT-3 175B under tp 8
+// with sequence parallelism, pp 16 (1F1B, 64 micro-batches), dp 8 with
+// ZeRO 1, bf16. Each pipeline rank of one tp and dp column holds its
+// stage's parameters (param_count of that stage's layers, counted apart),
+// together the model over tp and one more embedding copy; every rank's
+// model states agree with Ψ_rank (2 + 4 + 12 / dp) within the f32 shard's
+// rounding.
+TEST(MemoryPlan, OneRankOfAThousandAndTwentyFourIsLaidOutAlone) {
+  train::RunConfig c;
+  c.model = model::model_preset("gpt2-124m");
+  c.model.n_layer = 96, c.model.n_embd = 12288, c.model.n_head = 96, c.model.n_kv_head = 96;
+  c.model.d_ff = 4 * 12288, c.model.max_seq_len = 2048, c.model.vocab_size = 51200;
+  c.train.seq_len = 2048, c.train.dtype = "bf16", c.train.micro_batch = 1, c.train.grad_accum = 64;
+  c.parallel.tp = 8, c.parallel.sequence_parallel = true, c.parallel.pp = 16, c.parallel.dp = 8;
+  c.parallel.zero_stage = 1;
+  const int64_t psi = model::param_count(c.model);
+  EXPECT_NEAR(static_cast<double>(psi), 175e9, 0.01 * 175e9);
+  int64_t params = 0;
+  int seen = 0;
+  for (int r = 0; r < 1024; ++r) {
+    const RankMemory m = plan_memory_rank(c, r);
+    if (m.at.tp_rank != 0 || m.at.dp_rank != 0) continue;
+    ++seen;
+    const int64_t held = peak(m, MemTag::params) / 2;  // bf16
+    params += held;
+    const double expected = static_cast<double>(held) * (2 + 4 + 12.0 / 8);
+    EXPECT_NEAR(static_cast<double>(model_states(m)) / expected, 1.0, 1e-3) << "rank " << r;
+    EXPECT_GT(peak(m, MemTag::activations), 0);
+    EXPECT_GT(peak(m, MemTag::comm), 0);  // its pipeline messages
+  }
+  EXPECT_EQ(seen, 16);
+  const model::TpRank tp0{8, 0};
+  EXPECT_EQ(params, model::param_count(c.model, tp0) + c.model.vocab_size / 8 * c.model.n_embd);
+}
+
 TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   train::RunConfig c;
   c.model = model::model_preset("gpt2-tiny");
@@ -121,7 +157,7 @@ TEST(MemoryPlan, LayoutsNotYetPredictedAreRefusedByName) {
   EXPECT_THROW(plan_memory(c), loom::Error);
   c.model = model::model_preset("llama-tiny");
   c.model.n_expert = 4, c.model.top_k = 2;
-  c.parallel.pp = 1, c.parallel.cp = 1, c.parallel.ep = 2, c.parallel.dp = 2, c.parallel.zero_stage = 2;
+  c.parallel.pp = 1, c.parallel.cp = 2, c.parallel.ep = 1, c.parallel.dp = 2, c.parallel.zero_stage = 2;
   EXPECT_THROW(plan_memory(c), loom::Error);
 }
 

@@ -106,6 +106,52 @@ TEST(TimePlan, DataParallelismAcrossNodesPaysTheInterNodeLink) {
   EXPECT_GT(across, within);
 }
 
+// A ring step uses the link's collective figures where the cluster has
+// them (as --calibrate measures them through MPI's all-reduce).
+TEST(TimePlan, RingCollectivesUseTheLinksCollectiveFigures) {
+  train::RunConfig c = run("gpt2-124m", 1024, 2, 1);
+  c.parallel.tp = 4;
+  Cluster cl = ideal(4);
+  cl.intra = {.bandwidth = 100e9, .latency = 10e-6, .collective_bandwidth = 20e9, .collective_latency = 40e-6};
+  const double S = 2.0 * 1024 * 768 * 2;
+  EXPECT_NEAR(predict_step_time(c, cl).tp, 4 * 12 * 2 * 3 * (40e-6 + S / (4 * 20e9)), 1e-12);
+}
+
+// On a CPU whose cores the ranks share, nothing hides a transfer: data
+// parallelism pays its whole all-reduce, where devices of their own hide
+// it behind the last backward. ZeRO 2 reduce-scatters every micro-batch.
+TEST(TimePlan, SharedCoresHideNoTransferAndZeroTwoReducesEveryMicroBatch) {
+  train::RunConfig c = run("gpt2-124m", 256, 1, 4);
+  c.train.dtype = "fp32";
+  c.parallel.dp = 2;
+  Cluster gpu = ideal(2);
+  gpu.intra = {.bandwidth = 1e12, .latency = 0};  // 0.5 ms for the 0.5 GB of gradients: hidden
+  Cluster cpu = gpu;
+  cpu.shared_cores = true;
+  const double grads = 4.0 * static_cast<double>(model::param_count(c.model));
+  EXPECT_EQ(predict_step_time(c, gpu).dp, 0.0);
+  EXPECT_NEAR(predict_step_time(c, cpu).dp, 2 * (grads / 2) / 1e12, 1e-12);
+  c.parallel.zero_stage = 2;  // a reduce-scatter each of 4 micro-batches, then the parameters' all-gather
+  EXPECT_NEAR(predict_step_time(c, cpu).dp, 4 * (grads / 2) / 1e12 + (grads / 2) / 1e12, 1e-12);
+}
+
+// Expert parallelism pays, per MoE layer and micro-batch, its rows'
+// dispatch and combine forward and both gradients backward: to each of the
+// ep - 1 others a count message and B T k C / ep elements.
+TEST(TimePlan, ExpertParallelismPaysItsAllToAlls) {
+  train::RunConfig c = run("llama-tiny", 64, 2, 3);
+  c.model.n_expert = 4, c.model.top_k = 2, c.model.moe_every = 1;
+  c.parallel.dp = 4, c.parallel.ep = 2;
+  Cluster cl = ideal(4);
+  cl.intra = {.bandwidth = 10e9, .latency = 20e-6};
+  const StepTime t = predict_step_time(c, cl);
+  const double rows = 2.0 * 64 * 2, bytes = rows * static_cast<double>(c.model.n_embd) * 2 / 2;
+  const double exchange = 1 * (20e-6 + 20e-6 + bytes / 10e9);
+  EXPECT_NEAR(t.ep, 3.0 * static_cast<double>(c.model.n_layer) * 4 * exchange, 1e-12);
+  c.parallel.ep = 1;
+  EXPECT_EQ(predict_step_time(c, cl).ep, 0.0);
+}
+
 TEST(TimePlan, ALayoutLargerThanTheClusterIsAClearError) {
   train::RunConfig c = run("gpt2-124m", 1024, 1, 1);
   c.parallel.dp = 16;
@@ -133,6 +179,14 @@ TEST(Cluster, ATomlFileReadsBackAsWritten) {
   EXPECT_NEAR(b.inter.bandwidth, a.inter.bandwidth, 1e-5 * a.inter.bandwidth);
   EXPECT_NEAR(b.intra.latency, a.intra.latency, 1e-12);
   EXPECT_EQ(b.shared_cores, a.shared_cores);
+  EXPECT_EQ(b.intra.collective_bandwidth, 0.0);  // none given: a ring step is a message
+  Cluster m = a;
+  m.intra.collective_bandwidth = 3e9, m.intra.collective_latency = 25e-6;
+  const Cluster n = load_cluster(write("measured.toml", cluster_toml(m)));
+  EXPECT_NEAR(n.intra.collective_bandwidth, 3e9, 1e-5 * 3e9);
+  EXPECT_NEAR(n.intra.collective_latency, 25e-6, 1e-12);
+  EXPECT_NEAR(n.intra.ring_step().bandwidth, 3e9, 1e-5 * 3e9);
+  EXPECT_EQ(n.inter.collective_bandwidth, 0.0);
 }
 
 std::string error_of(const std::string& text) {
@@ -152,6 +206,9 @@ TEST(Cluster, MistakesInAClusterFileAreClearErrors) {
   EXPECT_NE(error_of(bad).find("nodes is missing or invalid"), std::string::npos);
   EXPECT_NE(error_of(good + "\n[cluster.extra]\n").find("unknown key extra"), std::string::npos);
   EXPECT_NE(error_of("x = [").find("not a valid TOML file"), std::string::npos);
+  bad = good;
+  bad.replace(bad.find("latency_us = 5"), 14, "latency_us = 5\ncollective_latency_us = 9");
+  EXPECT_NE(error_of(bad).find("collective_bandwidth_gbs is missing"), std::string::npos) << error_of(bad);
   EXPECT_THROW(cluster_preset("tpu"), Error);
   EXPECT_THROW((void)cluster_preset("h100").achieved("int8"), Error);
 }
