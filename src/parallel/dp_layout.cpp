@@ -250,7 +250,7 @@ class CommReplay {
 
   // One pass's calls. A bound unit computes between its acquires and its
   // first release (Model::hook_events): its first acquired unit names it.
-  void pass(const std::vector<model::HookEvent>& events, bool backward,
+  void pass(const std::vector<model::HookEvent>& events, bool backward, bool last_micro_batch,
             const std::function<int64_t(int, bool)>& computing) {
     using Call = model::HookEvent::Call;
     order_.clear();
@@ -266,8 +266,9 @@ class CommReplay {
       acquiring = acquire;
       if (e.call == Call::acquire_params && zero_stage_ == 3) acquire_params(e.unit);
       else if (e.call == Call::release_params && zero_stage_ == 3) release_params(e.unit);
-      else if (e.call == Call::acquire_grads) acquire_grads(e.unit);
-      else if (e.call == Call::grads_ready) grads_ready(e.unit);
+      else if (e.call == Call::acquire_grads && zero_stage_ >= 2) acquire_grads(e.unit);
+      else if (e.call == Call::grads_ready && zero_stage_ >= 2) grads_ready(e.unit);
+      else if (e.call == Call::grads_ready && last_micro_batch) reduce_packed(e.unit);
     }
   }
   int64_t peak() const { return peak_; }
@@ -315,6 +316,16 @@ class CommReplay {
     while (reducing_.size() > kMaxReductionsInFlight) now_ -= reducing_.front(), reducing_.erase(reducing_.begin());
   }
 
+  // ZeRO 0 and 1: the buckets this unit finishes start their reductions
+  // (groups of one rank reduce nothing).
+  void reduce_packed(int unit) {
+    for (const ZeroGroup& g : groups_) {
+      if (g.size == 1 || g.packed.empty()) continue;
+      for (size_t b = 0; b < g.buckets.size(); ++b)
+        if (g.buckets[b].first_unit == unit) add(g.packed.at(b));
+    }
+  }
+
   const std::vector<model::Unit>& units_;
   const std::vector<ZeroGroup>& groups_;
   const std::vector<int>& unit_group_;
@@ -338,8 +349,8 @@ int64_t zero_comm_peak(const std::vector<model::HookEvent>& forward, const std::
                        const std::function<int64_t(int unit, bool backward)>& computing) {
   CommReplay replay(units, groups, unit_group, zero_stage, param_bytes);
   for (int mb = 0; mb < micro_batches; ++mb) {
-    replay.pass(forward, false, computing);
-    replay.pass(backward, true, computing);
+    replay.pass(forward, false, false, computing);
+    replay.pass(backward, true, mb == micro_batches - 1, computing);
   }
   return replay.peak();
 }

@@ -167,17 +167,25 @@ struct ZeroGroup {
   const std::vector<Bucket>& buckets;
   const std::vector<Segment>& segments;
   int size = 1;
+  // ZeRO 0 and 1: per bucket, the bytes of the f32 copy its reduction packs
+  // (a bucket spread over the flat buffer; 0 in place), held from the last
+  // micro-batch's backward finishing it until the step waits for the
+  // gradients (dp_grads.cpp reduce_bucket). Empty: none.
+  const std::vector<int64_t>& packed = kNoPacked;
+  static inline const std::vector<int64_t> kNoPacked{};
 };
 
 // Pure: the most bytes DataParallel holds in pools[comm] over a step of
-// `micro_batches` forward and backward passes under ZeRO stage 2 or 3
+// `micro_batches` forward and backward passes under ZeRO stage 0 to 3
 // (units: the model's; groups: its parameter groups, unit_group[u] the one
 // unit u lies in; param_bytes: the compute dtype's size), from the model's
 // hook calls (Model::hook_events):
 //   stage 3  a unit's parameters gathered into a buffer at its
 //            acquire_params, the pass's next unit prefetched, the buffer
 //            freed when its last holder releases it (dp_zero3.cpp);
-//   both     a bucket's f32 gradient buffer opened at its first unit's
+//   0 and 1  the last micro-batch's packed reductions (ZeroGroup::packed),
+//            each started when its bucket's first unit is ready;
+//   2 and 3  a bucket's f32 gradient buffer opened at its first unit's
 //            acquire_grads; when its first unit is ready it is
 //            reduce-scattered into an f32 piece of the rank's segment (size
 //            1: added into the shard and freed), and when a third reduction

@@ -23,14 +23,16 @@ void require_predicted(const train::RunConfig& cfg) {
   const train::ParallelConfig& p = cfg.parallel;
   const auto refuse = [](const std::string& what) {
     throw loom::Error(concat("loom plan does not predict ", what,
-                             " yet: it predicts data (ZeRO 0 to 3), context (dense models, without pipelining), "
-                             "tensor, pipeline and expert parallelism on the CPU"));
+                             " yet: it predicts data (ZeRO 0 to 3), context, tensor, pipeline and expert "
+                             "parallelism on the CPU"));
   };
   LOOM_REQUIRE(p.pp == 1 || p.zero_stage <= 1, "parallel.pp = ", p.pp,
                " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", p.zero_stage, ")");
-  if (p.cp > 1 && cfg.model.is_moe()) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") of a MoE model"));
-  if (p.cp > 1 && p.pp > 1) refuse(concat("context parallelism (parallel.cp = ", p.cp, ") with pipelining"));
-  if (p.ep > 1 && p.cp > 1) refuse(concat("expert parallelism (parallel.ep = ", p.ep, ") with context parallelism"));
+  // Its packed reductions and a cp call's buffers would be held together
+  // across chunks: not replayed yet.
+  if (p.ep > 1 && p.cp > 1 && p.pp > 1)
+    refuse(concat("expert and context parallelism (parallel.ep = ", p.ep, ", parallel.cp = ", p.cp,
+                  ") with pipelining"));
   if (cfg.train.device != "cpu") refuse(concat("train.device = ", cfg.train.device));
 }
 
@@ -46,6 +48,7 @@ struct Shard {
   // under ZeRO 1 each one's reduced piece, held until the step's gradients
   // are waited for (dp_grads.cpp reduce_bucket).
   int64_t packed_bytes = 0;
+  std::vector<int64_t> packed;  // per bucket (parallel::ZeroGroup::packed); packed_bytes their sum
 };
 Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<model::Unit>& units,
                const std::vector<int>& group_of, int group, const parallel::DpOptions& o, int size, int rank) {
@@ -58,8 +61,10 @@ Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<mod
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     const parallel::Bucket& bk = s.buckets[b];
     s.largest_bucket = std::max(s.largest_bucket, bk.numel());
+    s.packed.push_back(0);
     if (o.zero_stage <= 1 && size > 1 && !parallel::is_one_run(space, bk.begin, bk.numel()))  // size 1: no reduction
-      s.packed_bytes += 4 * (bk.numel() + (o.zero_stage == 1 ? s.segments[b].count : 0));
+      s.packed.back() = 4 * (bk.numel() + (o.zero_stage == 1 ? s.segments[b].count : 0));
+    s.packed_bytes += s.packed.back();
   }
   return s;
 }
@@ -113,20 +118,25 @@ Transient transient_bytes(const train::RunConfig& cfg, const model::PpStage& sta
   t.workspace = std::max(cpb.forward_workspace, cpb.backward_workspace);
   for (const Shard& s : shards) t.workspace = std::max({t.workspace, 4 * s.largest_bucket, writes_model ? 4 * s.numel : 0});
   t.comm = std::max(cpb.forward_comm, cpb.backward_comm);
-  if (dpo.zero_stage >= 2) {
-    // A dense layer is one unit, after the embeddings' (model.h Unit); its
-    // attention runs while the layer computes, in the backward again under
-    // recompute before its own backward.
-    const int first = stage.holds_embedding() ? 1 : 0;
-    const auto last = first + static_cast<int>(stage.layer_count(cfg.model.n_layer));
+  // The replay of the step's hook calls: ZeRO 2 and 3's buckets and
+  // gathers; without pipelining also 0 and 1's packed reductions (with it
+  // plan_rank adds every chunk's).
+  if (dpo.zero_stage >= 2 || cfg.parallel.pp == 1) {
+    // Every bound unit but the embeddings' and the head's is a layer's
+    // (model.h Unit: a MoE layer's experts are bound with it); its attention
+    // runs while the layer computes, in the backward again under recompute
+    // before its own backward.
+    const int embedding = stage.holds_embedding() ? 0 : -1;
+    const int head = stage.holds_head(cfg.model.n_layer) ? static_cast<int>(units.size()) - 1 : -1;
     const int64_t backward_cp = cfg.train.recompute == "none" ? cpb.backward_comm
                                                                : std::max(cpb.forward_comm, cpb.backward_comm);
     const auto attention = [&](int unit, bool backward) -> int64_t {
-      if (unit < first || unit >= last) return 0;
+      if (unit == embedding || unit == head) return 0;
       return backward ? backward_cp : cpb.forward_comm;
     };
     std::vector<parallel::ZeroGroup> zero;
-    for (size_t g = 0; g < shards.size(); ++g) zero.push_back({shards[g].buckets, shards[g].segments, groups[g].size});
+    for (size_t g = 0; g < shards.size(); ++g)
+      zero.push_back({shards[g].buckets, shards[g].segments, groups[g].size, shards[g].packed});
     t.comm = parallel::zero_comm_peak(model::Model::hook_events(cfg.model, model::Pass::forward),
                                       model::Model::hook_events(cfg.model, model::Pass::backward), units, zero,
                                       unit_group, dpo.zero_stage, static_cast<int>(cfg.train.grad_accum), elem,
@@ -183,7 +193,7 @@ Chunks chunk_bytes(const train::RunConfig& cfg, const train::ChunkOptions& co,
     for (size_t g = 0; g < groups.size(); ++g) {
       shards.push_back(dp_shard(specs, units, group_of, static_cast<int>(g), dpo, groups[g].size, groups[g].rank));
       total += shards.back().numel;
-      out.packed += shards.back().packed_bytes;  // every chunk's and group's, waited for together
+      if (cfg.parallel.pp > 1) out.packed += shards.back().packed_bytes;  // every chunk's and group's, waited for together
       const std::vector<model::Unit>& in_group = shards.back().space_units;
       for (size_t u = 0; u < units.size(); ++u)
         if (in_group[u].numel() > 0) unit_group[u] = static_cast<int>(g);

@@ -65,6 +65,10 @@ else
   case_ 4 "cp 2 x tp 2" --set parallel.cp=2 --set parallel.tp=2
   case_ 2 "cp 2, ZeRO 2, small buckets, 2 micro-batches" --set parallel.cp=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=2
   case_ 2 "cp 2, ZeRO 3, all-gather, full recompute" --set parallel.cp=2 --set parallel.zero_stage=3 --set parallel.cp_algo=allgather --set train.recompute=full
+  case_ 4 "pp 2 x cp 2, 1F1B, 2 micro-batches" --set parallel.pp=2 --set parallel.cp=2 --set train.grad_accum=2
+  case_ 2 "cp 2, MoE, all-gather" --set parallel.cp=2 --set parallel.cp_algo=allgather --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
+  case_ 4 "dp 2 x cp 2 x ep 2, ZeRO 1, MoE, small buckets" --set parallel.dp=2 --set parallel.cp=2 --set parallel.ep=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05 --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
+  case_ 4 "dp 2 x cp 2, ZeRO 2, MoE, full recompute" --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero_stage=2 --set train.recompute=full --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2
   case_ 4 "dp 2 x cp 2, ZeRO 3, bf16, llama, selective recompute, model written" --out --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set model.preset=llama-tiny --set model.vocab_size=50257 --set train.recompute=selective
   case_ 4 "dp 2 x tp 2, ZeRO 3, bf16, sequence parallel" --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero_stage=3 --set train.dtype=bf16 --set parallel.sequence_parallel=true
   case_ 2 "pp 2, 1F1B, 4 micro-batches, tied embedding" --set parallel.pp=2 --set train.grad_accum=4

@@ -66,6 +66,30 @@ TEST(Search, AGlobalBatchNoMeshDividesKeepsNothing) {
   for (const Choice& c : s.best) EXPECT_EQ(c.cfg.parallel.dp, 1) << layout_name(c.cfg);
 }
 
+// A mixture-of-experts model's layouts include expert parallelism: ep
+// dividing dp and the experts, each kept one fitting and paying its
+// all-to-alls.
+TEST(Search, AMixtureOfExpertsModelIsSearchedWithExpertParallelism) {
+  SearchRequest r = request(1, 32);
+  r.model = model::model_preset("llama-tiny");
+  r.model.n_expert = 8, r.model.top_k = 2;
+  r.seq_len = 64, r.model.max_seq_len = 64;
+  r.top = 100000;
+  const SearchResult s = search_layouts(r);
+  int with_ep = 0;
+  for (const Choice& c : s.best) {
+    const train::ParallelConfig& p = c.cfg.parallel;
+    if (p.ep == 1) continue;
+    ++with_ep;
+    SCOPED_TRACE(layout_name(c.cfg));
+    EXPECT_EQ(p.dp % p.ep, 0);
+    EXPECT_EQ(r.model.n_expert % p.ep, 0);
+    EXPECT_GT(c.time.ep, 0.0);
+    EXPECT_NE(layout_name(c.cfg).find(concat(" ep ", p.ep)), std::string::npos);
+  }
+  EXPECT_GT(with_ep, 0);
+}
+
 TEST(Search, BadRequestsAreClearErrors) {
   SearchRequest r = request(1, 0);
   EXPECT_THROW(search_layouts(r), Error);
