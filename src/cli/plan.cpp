@@ -68,7 +68,16 @@ void calibrate(const PlanArgs& a, int world_size) {
   std::unique_ptr<comm::Communicator> world;
   if (world_size > 1) world = comm::mpi_world();
   else world = std::make_unique<comm::SelfCommunicator>("world");
-  const plan::Cluster c = plan::calibrate(*world, {.threads = a.threads});
+  plan::CalibrateOptions o{.threads = a.threads};
+  if (!a.config.empty() || !a.model.empty()) {  // that model's own GEMMs, one micro-batch of a rank
+    const train::RunConfig cfg = run_config(a);
+    const int64_t tokens = cfg.train.micro_batch * cfg.train.seq_len / cfg.parallel.cp;
+    const plan::ModelGemms g = plan::model_gemm_shapes(cfg.model, tokens);
+    o.gemm_shapes = g.shapes, o.gemm_counts = g.counts;
+    o.gemm_source = concat("the forward GEMMs of ", a.config.empty() ? a.model : a.config, "'s model at ", tokens,
+                           " tokens");
+  }
+  const plan::Cluster c = plan::calibrate(*world, o);
   if (world->rank() != 0) return;
   const std::string toml = plan::cluster_toml(c);
   if (a.out.empty()) return (void)std::printf("%s", toml.c_str());
@@ -164,7 +173,8 @@ void add_plan_command(CLI::App& app, int world_size) {
   cmd->add_option("--top", a->top, "search: layouts to print")->check(CLI::Range(1, 1000));
   cmd->add_option("--max-zero", a->max_zero, "search: the highest ZeRO stage to consider (default 3)")
       ->check(CLI::Range(0, 3));
-  cmd->add_flag("--calibrate", a->calibrate, "measure this machine (GEMM FLOP/s, memory bandwidth; under mpirun -np 2 "
+  cmd->add_flag("--calibrate", a->calibrate, "measure this machine (GEMM FLOP/s — with --config or --model at that "
+                "model's own GEMMs —, memory bandwidth; under mpirun -np 2 "
                                              "the link between ranks) and print it as a cluster TOML (or --out)");
   cmd->add_option("--threads", a->threads, "--calibrate: threads per rank")->check(CLI::Range(1, 4096));
   cmd->add_flag("--serve", a->serve, "serving on one device of --cluster: how many sequences the KV cache holds and "

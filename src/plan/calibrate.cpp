@@ -47,6 +47,10 @@ void check_options(const CalibrateOptions& o) {
   LOOM_REQUIRE(o.seconds_per_measure > 0 && std::isfinite(o.seconds_per_measure),
                "calibrate: seconds_per_measure must be a positive number, got ", o.seconds_per_measure);
   LOOM_REQUIRE(!o.gemm_shapes.empty(), "calibrate: needs at least one GEMM shape");
+  LOOM_REQUIRE(o.gemm_counts.empty() || o.gemm_counts.size() == o.gemm_shapes.size(), "calibrate: ",
+               o.gemm_counts.size(), " GEMM counts for ", o.gemm_shapes.size(), " shapes: give one per shape or none");
+  for (double n : o.gemm_counts)
+    LOOM_REQUIRE(n > 0 && std::isfinite(n), "calibrate: a GEMM count must be a positive number, got ", n);
   for (const GemmShape& s : o.gemm_shapes)
     LOOM_REQUIRE(s.m >= 1 && s.n >= 1 && s.k >= 1, "calibrate: a GEMM shape needs M, N, K >= 1, got (", s.m,
                  ", ", s.n, ", ", s.k, ")");
@@ -85,10 +89,21 @@ double gemm_flops(DType dtype, const GemmShape& s, double min_seconds) {
 }
 
 // The median over the shapes of each one's best rate: no single shape's
-// blocking luck (or bad luck) sets the figure.
+// blocking luck (or bad luck) sets the figure. With counts, the shapes'
+// FLOPs over their time (a FLOP-weighted harmonic mean).
 double achieved_gemm_flops(DType dtype, const CalibrateOptions& o) {
   std::vector<double> rates;
   for (const GemmShape& s : o.gemm_shapes) rates.push_back(gemm_flops(dtype, s, o.seconds_per_measure));
+  if (!o.gemm_counts.empty()) {
+    double flops = 0, seconds = 0;
+    for (size_t i = 0; i < rates.size(); ++i) {
+      const GemmShape& s = o.gemm_shapes[i];
+      const double f = o.gemm_counts[i] * 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) *
+                       static_cast<double>(s.k);
+      flops += f, seconds += f / rates[i];
+    }
+    return flops / seconds;
+  }
   std::sort(rates.begin(), rates.end());
   const size_t h = rates.size() / 2;
   return rates.size() % 2 == 1 ? rates[h] : (rates[h - 1] + rates[h]) / 2;
@@ -358,8 +373,11 @@ std::string describe(comm::Communicator& world, const CalibrateOptions& o, int c
   std::string s = concat("measured by loom plan --calibrate on ", utc_date(), " (UTC) with ", world.size(),
                          " rank(s), ", o.threads, " thread(s) per device: ", std::max(1, cores / o.threads),
                          " device(s) (the cores the job may run on over the threads), each with the host's memory "
-                         "over them; GEMM FLOP/s: loom's matmul (oneDNN), the median over ", o.gemm_shapes.size(),
-                         " shape(s) of each one's best run; peak = achieved (no data-sheet figure for a CPU here); "
+                         "over them; GEMM FLOP/s: loom's matmul (oneDNN), ",
+                         o.gemm_counts.empty() ? concat("the median over ", o.gemm_shapes.size(), " shape(s) of each one's best run")
+                                               : concat("the FLOPs over the time of ", o.gemm_source, " (",
+                                                        o.gemm_shapes.size(), " distinct shapes, each its best run)"),
+                         "; peak = achieved (no data-sheet figure for a CPU here); "
                          "memory bandwidth: the best streaming read of ", binary_bytes(double(stream)),
                          " by one device");
   if (own_cores() > o.threads)
@@ -394,6 +412,29 @@ Cluster cluster_of(const Measured& m, std::string name, std::string source) {
 }
 
 }  // namespace
+
+ModelGemms model_gemm_shapes(const model::ModelConfig& cfg, int64_t tokens) {
+  LOOM_REQUIRE(tokens >= 1, "model_gemm_shapes: tokens must be at least 1, got ", tokens);
+  ModelGemms out;
+  const auto add = [&](GemmShape s, double count) {
+    s.m = std::max<int64_t>(1, s.m);
+    for (size_t i = 0; i < out.shapes.size(); ++i)
+      if (out.shapes[i] == s) return (void)(out.counts[i] += count);
+    out.shapes.push_back(s), out.counts.push_back(count);
+  };
+  for (const model::ParamSpec& p : model::param_specs(cfg)) {
+    if (p.shape.ndim() != 2) continue;
+    const int64_t rows = p.shape[0], cols = p.shape[1];
+    const bool table = p.name == "wpe.weight" || p.name == "wte.weight" || p.name == "model.embed_tokens.weight";
+    if (table) {  // a lookup; tied, also the head's matmul
+      if (cfg.tie_embeddings && p.name != "wpe.weight") add({tokens, rows, cols}, 1);
+      continue;
+    }
+    const int64_t m = model::is_expert_param(p.name) ? tokens * cfg.top_k / cfg.n_expert : tokens;
+    add({m, rows, cols}, 1);
+  }
+  return out;
+}
 
 std::vector<GemmShape> training_gemm_shapes() {
   return {{2048, 768, 768}, {2048, 3072, 768}, {2048, 768, 3072}, {1024, 1024, 1024}};

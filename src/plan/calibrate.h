@@ -6,7 +6,9 @@
 //   achieved_flops  loom's own GEMM (kernels::matmul, oneDNN) at
 //                   training-like shapes, fp32 always and bf16 where the CPU
 //                   has a native bf16 GEMM; per shape the best of repeated
-//                   runs, the figure the median over the shapes.
+//                   runs, the figure the median over the shapes — or, for a
+//                   model's own GEMMs (model_gemm_shapes, `--calibrate
+//                   --config RUN.toml`), their FLOPs over their time.
 //   peak_flops      = achieved_flops: a CPU has no data-sheet figure here.
 //   memory_bandwidth  a streaming read of a buffer far bigger than the
 //                   last-level cache (core/bandwidth.h), by one device alone;
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/config.h"
 #include "plan/cluster.h"
 
 namespace loom::plan {
@@ -50,16 +53,34 @@ namespace loom::plan {
 // c (M, N) = a (M, K) @ b (N, K)^T: a linear layer's forward of M tokens.
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
+  friend bool operator==(const GemmShape&, const GemmShape&) = default;
 };
 
 // The default shapes: 2048 tokens through GPT-2 small's linears (768 -> 768,
 // 768 -> 3072, 3072 -> 768) and a square 1024^3.
 std::vector<GemmShape> training_gemm_shapes();
 
+// A model's own forward GEMMs for `tokens` tokens (one micro-batch of one
+// rank, no tensor parallelism), each distinct shape once with how many
+// times a forward runs it: every 2-D weight of param_specs but the position
+// table and an untied embedding (lookups), the tied embedding once more as
+// the head; an expert's rows are tokens x top_k / n_expert. A config the
+// model rejects is a loom::Error.
+struct ModelGemms {
+  std::vector<GemmShape> shapes;
+  std::vector<double> counts;
+};
+ModelGemms model_gemm_shapes(const model::ModelConfig& cfg, int64_t tokens);
+
 struct CalibrateOptions {
   int threads = 1;                    // OpenMP threads of one device (a rank)
   double seconds_per_measure = 0.3;   // each GEMM shape repeats at least this long (and at least 3 times)
   std::vector<GemmShape> gemm_shapes = training_gemm_shapes();
+  // Empty: the figure is the median of the shapes' rates. Else, per shape,
+  // how often a step runs it (model_gemm_shapes): the figure is their FLOPs
+  // over their time, the rate that times that model's GEMMs together.
+  std::vector<double> gemm_counts;
+  std::string gemm_source;  // what the shapes are, for Cluster::source ("" : the default shapes)
   int64_t bandwidth_bytes = 0;        // the streamed buffer; 0: max(512 MiB, 4 x the last-level cache)
   int64_t max_message_bytes = int64_t{64} << 20;  // the ping-pong's largest message (>= 1 MiB)
 };

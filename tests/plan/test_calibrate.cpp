@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/self_communicator.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "kernels/ops.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "plan/calibrate.h"
 
@@ -112,11 +114,53 @@ TEST(Calibrate, RejectsOptionsItCannotMeasureWith) {
   for (auto bad : {+[](CalibrateOptions& o) { o.threads = 0; }, +[](CalibrateOptions& o) { o.seconds_per_measure = 0; },
                    +[](CalibrateOptions& o) { o.gemm_shapes.clear(); },
                    +[](CalibrateOptions& o) { o.gemm_shapes = {{0, 8, 8}}; },
+                   +[](CalibrateOptions& o) { o.gemm_counts = {1}; },
+                   +[](CalibrateOptions& o) { o.gemm_counts = {1, 0, 1}; },
                    +[](CalibrateOptions& o) { o.max_message_bytes = 1000; }}) {
     CalibrateOptions o = quick_options();
     bad(o);
     EXPECT_THROW(calibrate(world, o), Error);
   }
+}
+
+// A model's own GEMMs: GPT-2's four linears per layer and its tied
+// embedding as the head, their FLOPs 2 tokens (12 C^2 L + V C) with d_ff =
+// 4 C; a Llama MoE layer's experts see tokens x top_k / n_expert rows.
+TEST(Calibrate, AModelsGemmsAreItsLinearsAndItsHead) {
+  model::ModelConfig c = model::model_preset("gpt2-tiny");
+  const int64_t T = 96, C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+  const ModelGemms g = model_gemm_shapes(c, T);
+  ASSERT_EQ(g.shapes.size(), 5u);
+  double flops = 0;
+  for (size_t i = 0; i < g.shapes.size(); ++i) {
+    EXPECT_EQ(g.shapes[i].m, T);
+    flops += g.counts[i] * 2.0 * static_cast<double>(g.shapes[i].m * g.shapes[i].n * g.shapes[i].k);
+  }
+  EXPECT_EQ(flops, 2.0 * T * (12.0 * C * C * L + static_cast<double>(V * C)));
+  model::ModelConfig m = model::model_preset("llama-tiny");
+  m.n_expert = 4, m.top_k = 2, m.tie_embeddings = false;
+  const ModelGemms e = model_gemm_shapes(m, 64);
+  bool experts = false, head = false;
+  for (const GemmShape& s : e.shapes) {
+    experts = experts || (s.m == 64 * 2 / 4 && s.n == m.d_ff && s.k == m.n_embd);
+    head = head || (s.m == 64 && s.n == m.vocab_size);
+  }
+  EXPECT_TRUE(experts);
+  EXPECT_TRUE(head);  // the untied lm_head; the embedding table is a lookup
+  EXPECT_THROW(model_gemm_shapes(c, 0), Error);
+}
+
+// With counts the figure is the shapes' FLOPs over their time, and the
+// source says what was timed.
+TEST(Calibrate, AModelsGemmsGiveTheirFlopWeightedRate) {
+  comm::SelfCommunicator world("world");
+  CalibrateOptions o = quick_options();
+  const ModelGemms g = model_gemm_shapes(model::model_preset("gpt2-tiny"), 128);
+  o.gemm_shapes = g.shapes, o.gemm_counts = g.counts, o.gemm_source = "gpt2-tiny's GEMMs";
+  const Cluster c = calibrate(world, o);
+  EXPECT_TRUE(positive_finite(c.achieved("fp32")));
+  EXPECT_NE(c.source.find("the FLOPs over the time of gpt2-tiny's GEMMs (5 distinct shapes"), std::string::npos)
+      << c.source;
 }
 
 // Times of an exact alpha-beta link, 8 B to 64 MiB.
