@@ -68,7 +68,8 @@ void calibrate(const PlanArgs& a, int world_size) {
   std::unique_ptr<comm::Communicator> world;
   if (world_size > 1) world = comm::mpi_world();
   else world = std::make_unique<comm::SelfCommunicator>("world");
-  plan::CalibrateOptions o{.threads = a.threads};
+  plan::CalibrateOptions o;
+  o.threads = a.threads;
   if (!a.config.empty() || !a.model.empty()) {  // that model's own GEMMs, one micro-batch of a rank
     const train::RunConfig cfg = run_config(a);
     const int64_t tokens = cfg.train.micro_batch * cfg.train.seq_len / cfg.parallel.cp;
@@ -120,6 +121,9 @@ void serve(const PlanArgs& a) {
 }
 
 void run_plan(const PlanArgs& a, int world_size) {
+  LOOM_REQUIRE(a.ranks.empty() || (!a.calibrate && !a.serve && a.global_batch == 0),
+               "loom plan --rank lays out ranks of a run's own layout (--config, or --model with --set): it does "
+               "not apply to --calibrate, --serve or a search (--global-batch)");
   if (a.calibrate) return calibrate(a, world_size);
   if (a.serve) return serve(a);
   if (a.global_batch > 0) return search(a);
@@ -130,7 +134,12 @@ void run_plan(const PlanArgs& a, int world_size) {
   // communicator): the same counting code, rank by rank.
   std::vector<plan::RankMemory> ranks;
   if (a.ranks.empty()) ranks = plan::plan_memory(cfg, o);
-  for (int r : a.ranks) ranks.push_back(plan::plan_memory_rank(cfg, r, o));
+  const int64_t world = cfg.parallel.dp * cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp;
+  for (int r : a.ranks) {
+    LOOM_REQUIRE(r < world, "--rank ", r, " is outside the layout's ", world, " ranks (dp ", cfg.parallel.dp, " x tp ",
+                 cfg.parallel.tp, " x pp ", cfg.parallel.pp, " x cp ", cfg.parallel.cp, "): allowed 0 to ", world - 1);
+    ranks.push_back(plan::plan_memory_rank(cfg, r, o));
+  }
   for (const plan::RankMemory& r : ranks)
     std::printf("%s", (a.json ? train::memory_json_lines(r.at, r.bytes) : plan::memory_plan_table(r)).c_str());
   if (a.cluster.empty()) return;

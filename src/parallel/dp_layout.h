@@ -162,7 +162,8 @@ inline constexpr size_t kMaxReductionsInFlight = 2;
 
 // One parameter group of a rank as zero_comm_peak sees it: its buckets
 // (over the group's units: GroupSpace::units), the rank's segments and the
-// group's ranks.
+// group's ranks. It refers to the vectors: they must outlive it (build them
+// first, never pass temporaries).
 struct ZeroGroup {
   const std::vector<Bucket>& buckets;
   const std::vector<Segment>& segments;

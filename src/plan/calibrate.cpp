@@ -425,9 +425,8 @@ ModelGemms model_gemm_shapes(const model::ModelConfig& cfg, int64_t tokens) {
   for (const model::ParamSpec& p : model::param_specs(cfg)) {
     if (p.shape.ndim() != 2) continue;
     const int64_t rows = p.shape[0], cols = p.shape[1];
-    const bool table = p.name == "wpe.weight" || p.name == "wte.weight" || p.name == "model.embed_tokens.weight";
-    if (table) {  // a lookup; tied, also the head's matmul
-      if (cfg.tie_embeddings && p.name != "wpe.weight") add({tokens, rows, cols}, 1);
+    if (model::param_part(cfg, p.name) == model::ParamPart::embedding) {  // a lookup
+      if (cfg.tie_embeddings && rows == cfg.vocab_size) add({tokens, rows, cols}, 1);  // also the head's matmul
       continue;
     }
     const int64_t m = model::is_expert_param(p.name) ? tokens * cfg.top_k / cfg.n_expert : tokens;

@@ -49,6 +49,9 @@ struct Shard {
   // are waited for (dp_grads.cpp reduce_bucket).
   int64_t packed_bytes = 0;
   std::vector<int64_t> packed;  // per bucket (parallel::ZeroGroup::packed); packed_bytes their sum
+  // Elements of the spread buckets and the rank's pieces of them, which
+  // DataParallel::gather_pieces packs all at once (a group of 2 or more).
+  int64_t spread = 0;
 };
 Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<model::Unit>& units,
                const std::vector<int>& group_of, int group, const parallel::DpOptions& o, int size, int rank) {
@@ -62,8 +65,9 @@ Shard dp_shard(const std::vector<model::ParamSpec>& specs, const std::vector<mod
     const parallel::Bucket& bk = s.buckets[b];
     s.largest_bucket = std::max(s.largest_bucket, bk.numel());
     s.packed.push_back(0);
-    if (o.zero_stage <= 1 && size > 1 && !parallel::is_one_run(space, bk.begin, bk.numel()))  // size 1: no reduction
-      s.packed.back() = 4 * (bk.numel() + (o.zero_stage == 1 ? s.segments[b].count : 0));
+    const bool spread = size > 1 && !parallel::is_one_run(space, bk.begin, bk.numel());  // size 1: no collective
+    if (spread) s.spread += bk.numel() + s.segments[b].count;
+    if (spread && o.zero_stage <= 1) s.packed.back() = 4 * (bk.numel() + (o.zero_stage == 1 ? s.segments[b].count : 0));
     s.packed_bytes += s.packed.back();
   }
   return s;
@@ -137,10 +141,18 @@ Transient transient_bytes(const train::RunConfig& cfg, const model::PpStage& sta
     std::vector<parallel::ZeroGroup> zero;
     for (size_t g = 0; g < shards.size(); ++g)
       zero.push_back({shards[g].buckets, shards[g].segments, groups[g].size, shards[g].packed});
-    t.comm = parallel::zero_comm_peak(model::Model::hook_events(cfg.model, model::Pass::forward),
-                                      model::Model::hook_events(cfg.model, model::Pass::backward), units, zero,
+    const model::StageOptions so{.layers = stage};
+    t.comm = parallel::zero_comm_peak(model::Model::hook_events(cfg.model, model::Pass::forward, so),
+                                      model::Model::hook_events(cfg.model, model::Pass::backward, so), units, zero,
                                       unit_group, dpo.zero_stage, static_cast<int>(cfg.train.grad_accum), elem,
                                       attention);
+    // After the step, with nothing else in comm: ZeRO 1 and 2 gather the
+    // updated parameters, and a written model the master (f32), packing the
+    // spread buckets all at once (DataParallel::gather_pieces).
+    int64_t spread = 0;
+    for (const Shard& s : shards) spread += s.spread;
+    if (dpo.zero_stage == 1 || dpo.zero_stage == 2) t.comm = std::max(t.comm, elem * spread);
+    if (writes_model && dpo.zero_stage > 0) t.comm = std::max(t.comm, 4 * spread);
   }
   return t;
 }

@@ -22,13 +22,18 @@
 //   workspace    at peak: 4 x the largest bucket (init_params draws one bucket at a time),
 //                4 S of a chunk when the run writes its model (gather_master packs the shard), or
 //                a cp attention call's packed q, running result and gradients (cp.h call_bytes)
-//   comm         under cp a call's K/V blocks in flight (and dK/dV travelling);
-//                under pipelining the message buffers its runtime keeps (pp_messages.h:
-//                B T C per message, in the compute dtype for activations, f32 for gradients);
-//                else 0 under ZeRO 0/1 (dense buckets reduce in place); under ZeRO 2
-//                and 3 the peak of the bucket buffers (and ZeRO 3's gathered
-//                units), simulated over the step's passes as DataParallel
-//                keeps them (dp_layout.h zero_comm_peak)
+//   comm         the peak of what the step's hook calls hold, replayed over its
+//                passes as DataParallel keeps it (dp_layout.h zero_comm_peak):
+//                under ZeRO 2 and 3 the bucket buffers (and ZeRO 3's gathered
+//                units), under ZeRO 0/1 the packed reductions of spread buckets
+//                (dense buckets reduce in place), and beside them a cp
+//                attention call's K/V blocks in flight (and dK/dV travelling)
+//                while a layer computes; or, where more, the packed all-gather
+//                of spread buckets after the update (ZeRO 1 and 2) and of the
+//                master when the model is written; under pipelining (ZeRO 0/1)
+//                a cp call's buffers, every chunk's packed reductions and the
+//                message buffers its runtime keeps (pp_messages.h: B T C per
+//                message, in the compute dtype for activations, f32 for gradients)
 //   kv_cache     0 (serving's)
 // current_bytes is the same but for workspace and comm, which are freed (0),
 // except the pipeline's message buffers, cached for the next step.
@@ -41,9 +46,9 @@
 // for the worst routing (model/moe.h moe_sizes), so they are predicted
 // exactly whatever the router does.
 //
-// For now the layouts of dp (ZeRO 0 to 3) x cp x tp, and of pp x dp x ep
-// (ZeRO 0 and 1) x tp, on the CPU (cp with ZeRO 0/1, dense models and no
-// pipeline); the rest is refused with a message saying so.
+// Every layout loom trains on the CPU: dp (ZeRO 0 to 3) x cp x ep x tp,
+// and pp x dp (ZeRO 0 and 1) x cp x ep x tp, but ep and cp together with
+// pipelining (refused with a message saying so).
 #pragma once
 
 #include <string>

@@ -20,15 +20,15 @@ constexpr const char* kRecompute[] = {"none", "selective", "full"};
 
 // Faster first — throughputs within the same 0.5 % band count as equal, as
 // the model cannot tell them apart — and between equals the simpler layout:
-// less ZeRO sharding, less recompute, less pipeline, tensor and context
-// parallelism, then fewer and larger micro-batches.
+// less ZeRO sharding, less recompute, less pipeline, tensor, context and
+// expert parallelism, then fewer and larger micro-batches.
 bool better(const Choice& a, const Choice& b) {
   const auto band = [](double tokens_per_second) { return std::floor(std::log(tokens_per_second) / std::log(1.005)); };
   const auto rank = [&band](const Choice& c) {
     const std::string& r = c.cfg.train.recompute;
     const train::ParallelConfig& p = c.cfg.parallel;
     return std::tuple(-band(c.time.tokens_per_second), p.zero_stage, r == "none" ? 0 : r == "selective" ? 1 : 2, p.pp,
-                      p.tp, p.cp, c.cfg.train.grad_accum, -c.time.tokens_per_second);
+                      p.tp, p.cp, p.ep, c.cfg.train.grad_accum, -c.time.tokens_per_second);
   };
   return rank(a) < rank(b);
 }

@@ -1,8 +1,8 @@
 // loom plan's layout search, the three-step recipe of the Ultra-Scale
 // Playbook (Tazi et al. 2025, "finding the best training configuration"):
 // enumerate every layout loom can run a model with on a cluster — dp, tp,
-// pp, cp, ZeRO stage, recompute policy, micro-batch and gradient
-// accumulation, pipeline schedule and virtual stages —
+// pp, cp, ep (a MoE model's), ZeRO stage, recompute policy, micro-batch and
+// gradient accumulation, pipeline schedule and virtual stages —
 //   1. drop those whose fullest rank does not fit a device's memory (the
 //      memory plan: memory_plan.h, the layout itself),
 //   2. keep those whose dp x micro-batch x grad_accum is the global batch,

@@ -85,6 +85,7 @@ double ep_exchange(const Setup& s) {
   const Link l = link_of(s.layout.group_ranks(mesh::Group::ep, 0), s.cluster);
   const auto n = static_cast<double>(p.ep);
   const double rows = s.tokens * static_cast<double>(s.cfg.model.top_k);
+  // Per peer: the count message's latency, then the rows' message.
   return (n - 1) * (l.latency + l.seconds(rows * static_cast<double>(s.cfg.model.n_embd) * s.elem / n));
 }
 
@@ -145,39 +146,44 @@ struct RankParams {
 };
 
 // The rank's data-parallel seconds not hidden behind compute, and its
-// optimizer's, for its parameters (its chunks' together).
-std::pair<double, double> dp_and_optimizer(const Setup& s, RankParams P, int64_t layers, double last_backward,
-                                           double forward_all, double backward_all) {
+// optimizer's, for its parameters (its chunks' together). The groups'
+// collectives share the link and the compute that hides them.
+std::pair<double, double> dp_and_optimizer(const Setup& s, RankParams P, double last_backward, double forward_all,
+                                           double backward_all) {
   const train::ParallelConfig& p = s.cfg.parallel;
+  const model::ModelConfig& cfg = s.cfg.model;
   const double m = static_cast<double>(s.cfg.train.grad_accum);
-  double dp = 0, optimizer = 0;
+  // ZeRO 3's units per group (model.h Unit; ZeRO 3 runs without
+  // pipelining): the embeddings, each layer, the head, and a MoE layer's
+  // experts — in the dense group unless ep gives them their own.
+  double moe_layers = 0;
+  for (int64_t i = 0; i < cfg.n_layer; ++i) moe_layers += cfg.is_moe_layer(i) ? 1 : 0;
+  const double dense_units = static_cast<double>(cfg.n_layer + 2) + (p.ep == 1 ? moe_layers : 0);
+  double reduce = 0, gather = 0, zero3_latency = 0, zero3_bytes = 0, optimizer = 0;
   const std::vector<mesh::Group> groups = train::gradient_groups(static_cast<int>(p.ep));
   for (size_t g = 0; g < groups.size(); ++g) {
-    const double params_g = g == 0 ? P.dense : P.experts;
+    const double params_g = g == 0 ? P.dense : P.experts, units = g == 0 ? dense_units : moe_layers;
     const std::vector<int> ranks = s.layout.group_ranks(groups[g], 0);
     const int n = static_cast<int>(ranks.size());
     const Link l = link_of(ranks, s.cluster);
     const double grads = 4 * params_g, params = s.elem * params_g;
-    double reduce = 0, gather = 0, zero3 = 0;
     // ZeRO 0 and 1 reduce the last micro-batch's gradients; 2 and 3
     // reduce-scatter every micro-batch's (parallel/dp_grads.cpp).
-    if (p.zero_stage == 0) reduce = ring(grads, n, 2, l);
-    else reduce = (p.zero_stage >= 2 ? m : 1) * ring(grads, n, 1, l), gather = ring(params, n, 1, l);
-    if (p.zero_stage == 3) {
+    if (p.zero_stage == 0) reduce += ring(grads, n, 2, l);
+    else reduce += (p.zero_stage >= 2 ? m : 1) * ring(grads, n, 1, l);
+    if (p.zero_stage == 1 || p.zero_stage == 2) gather += ring(params, n, 1, l);
+    if (p.zero_stage == 3 && n > 1) {
       // Every micro-batch gathers each unit's parameters for its forward and
       // again for its backward, one unit ahead: the bytes may hide behind
       // the compute, the latency of each unit's gather does not.
-      const double units = static_cast<double>(layers + 2);
       const Link step = l.ring_step();
-      const double bytes = ring(params, n, 1, {.bandwidth = step.bandwidth, .latency = 0});
-      const double latency = n > 1 ? units * (n - 1) * step.latency : 0;
-      zero3 = 2 * m * latency + exposed(s, m * bytes, forward_all) + exposed(s, m * bytes, backward_all);
-      gather = 0;
+      zero3_bytes += ring(params, n, 1, {.bandwidth = step.bandwidth, .latency = 0});
+      zero3_latency += 2 * m * units * (n - 1) * step.latency;
     }
-    dp += exposed(s, reduce, p.zero_stage >= 2 ? backward_all : last_backward) + gather + zero3;
-    const double shard = p.zero_stage == 0 ? params_g : params_g / n;
-    optimizer += shard * (28 + s.elem) / s.bandwidth;
+    optimizer += (p.zero_stage == 0 ? params_g : params_g / n) * (28 + s.elem) / s.bandwidth;
   }
+  const double dp = exposed(s, reduce, p.zero_stage >= 2 ? backward_all : last_backward) + gather + zero3_latency +
+                    exposed(s, m * zero3_bytes, forward_all) + exposed(s, m * zero3_bytes, backward_all);
   return {dp, optimizer};
 }
 
@@ -257,8 +263,7 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
     const double stream = s.tokens * static_cast<double>(cfg.model.n_embd) / (p.sequence_parallel ? p.tp : 1);
     out.pp = static_cast<double>(pp * v - 1) * (l.seconds(stream * s.elem) + l.seconds(stream * 4));
   }
-  const int64_t layers = cfg.model.n_layer / pp;  // a rank's layers, each a ZeRO-3 unit
-  const auto [dp, opt] = dp_and_optimizer(s, params, layers, worst.backward, m * worst.forward, m * worst.backward);
+  const auto [dp, opt] = dp_and_optimizer(s, params, worst.backward, m * worst.forward, m * worst.backward);
   out.dp = dp, out.optimizer = turns * opt;
   out.total = pipeline + out.pp + out.dp + out.optimizer;
   const double tokens = static_cast<double>(cfg.train.micro_batch * m * p.dp * cfg.train.seq_len);

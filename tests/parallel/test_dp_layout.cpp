@@ -206,6 +206,65 @@ TEST(DpLayout, HookEventsAreTheModelsCallsInOrder) {
     }
 }
 
+// zero_comm_peak replays hand-made calls: units 0 and 2 in group A, unit 1
+// in group B, each group of 2 ranks, f32 gradient buffers (4 bytes).
+struct ReplayCase {
+  std::vector<model::Unit> units = units_of({10, 20, 30});
+  std::vector<Bucket> a = {{.first_unit = 2, .last_unit = 2, .begin = 40, .end = 70},
+                           {.first_unit = 0, .last_unit = 0, .begin = 0, .end = 10}};
+  std::vector<Segment> a_seg = {{.offset = 40, .count = 15}, {.offset = 0, .count = 5}};
+  std::vector<Bucket> b = {{.first_unit = 1, .last_unit = 1, .begin = 10, .end = 30}};
+  std::vector<Segment> b_seg = {{.offset = 10, .count = 10}};
+  std::vector<int> unit_group = {0, 1, 0};
+  // Backward: each unit from the last, its parameters acquired (stage 3
+  // only), its gradients acquired (2 and 3), released, then ready.
+  static std::vector<model::HookEvent> backward(bool grads) {
+    using Call = model::HookEvent::Call;
+    std::vector<model::HookEvent> out;
+    for (int u = 2; u >= 0; --u) {
+      out.push_back({Call::acquire_params, u});
+      if (grads) out.push_back({Call::acquire_grads, u});
+      out.push_back({Call::release_params, u});
+      out.push_back({Call::grads_ready, u});
+    }
+    return out;
+  }
+};
+
+// ZeRO 2: a bucket's buffer opens at its first acquire, its piece is
+// reduced when it is ready, and the two groups share one window of two
+// reductions in flight: 4 (30 + 15 + 20 + 10 + 10 + 5) bytes at the last
+// unit, the same after any number of micro-batches. What computes beside
+// (unit 1's backward) adds to what is held at that moment.
+TEST(DpLayout, ZeroCommPeakReplaysEveryGroupInOneWindow) {
+  const ReplayCase c;
+  const std::vector<ZeroGroup> groups = {{c.a, c.a_seg, 2}, {c.b, c.b_seg, 2}};
+  const auto events = ReplayCase::backward(true);
+  for (int mb : {1, 2, 5})
+    EXPECT_EQ(zero_comm_peak({}, events, c.units, groups, c.unit_group, 2, mb, 4), 4 * (30 + 15 + 20 + 10 + 10 + 5))
+        << mb << " micro-batches";
+  const auto beside = [](int unit, bool backward) -> int64_t { return unit == 1 && backward ? 1000 : 0; };
+  // Unit 1 computes with unit 2's reduction in flight (4 (30 + 15)) and its own buffer open (4 x 20).
+  EXPECT_EQ(zero_comm_peak({}, events, c.units, groups, c.unit_group, 2, 1, 4, beside), 4 * (30 + 15 + 20) + 1000);
+}
+
+// ZeRO 0 and 1: only the last micro-batch reduces, each spread bucket from
+// its packed copy (ZeroGroup::packed), all held to the step's end; a group
+// of one rank reduces nothing.
+TEST(DpLayout, ZeroCommPeakHoldsTheLastMicroBatchsPackedReductions) {
+  const ReplayCase c;
+  const std::vector<int64_t> a_packed = {100, 0}, b_packed = {50};
+  const auto events = ReplayCase::backward(false);
+  const std::vector<ZeroGroup> groups = {{c.a, c.a_seg, 2, a_packed}, {c.b, c.b_seg, 2, b_packed}};
+  const auto beside = [](int unit, bool backward) -> int64_t { return unit == 0 && backward ? 1000 : 0; };
+  for (int mb : {1, 3}) {
+    EXPECT_EQ(zero_comm_peak({}, events, c.units, groups, c.unit_group, 1, mb, 4), 150);
+    EXPECT_EQ(zero_comm_peak({}, events, c.units, groups, c.unit_group, 1, mb, 4, beside), 1150);
+  }
+  const std::vector<ZeroGroup> alone = {{c.a, c.a_seg, 1, a_packed}, {c.b, c.b_seg, 2, b_packed}};
+  EXPECT_EQ(zero_comm_peak({}, events, c.units, alone, c.unit_group, 1, 2, 4), 50);
+}
+
 TEST(DpLayout, StageThreeModelOwnsNoParametersAndStageTwoNoGradients) {
   Pools pools;
   model::Model m3(model::model_preset("gpt2-tiny"), 1, 8, pools, {.storage = DataParallel::model_storage(3)});

@@ -85,6 +85,7 @@ TEST(Search, AMixtureOfExpertsModelIsSearchedWithExpertParallelism) {
     EXPECT_EQ(p.dp % p.ep, 0);
     EXPECT_EQ(r.model.n_expert % p.ep, 0);
     EXPECT_GT(c.time.ep, 0.0);
+    EXPECT_LE(c.peak_bytes, r.cluster.memory_bytes);
     EXPECT_NE(layout_name(c.cfg).find(concat(" ep ", p.ep)), std::string::npos);
   }
   EXPECT_GT(with_ep, 0);
