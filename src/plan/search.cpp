@@ -141,7 +141,7 @@ class Search {
         const RankMemory m = plan_memory_rank(cfg, rank);
         double sum = 0;
         for (const TagUsage& u : m.bytes.tags) sum += static_cast<double>(u.peak);
-        if (sum > choice.peak_bytes) choice.peak_bytes = sum, choice.fullest_rank = rank;
+        if (sum > choice.peak_bytes) choice.peak_bytes = sum, choice.fullest_rank = rank, choice.memory = m.bytes;
         if (sum > r_.cluster.memory_bytes) return reject("does not fit a device's memory", name);
       }
       choice.time = predict_step_time(cfg, r_.cluster);
@@ -201,6 +201,15 @@ std::string search_table(const SearchResult& s, const SearchRequest& r) {
                   c.peak_bytes / kGiB, c.time.total, c.time.tokens_per_second, 100 * c.time.mfu);
     out += line;
     out += concat("     ", step_time_line(c.time), "\n");
+    std::string tags;  // the fullest rank's peak per tag, the tags it uses
+    for (int t = 0; t < kNumMemTags; ++t) {
+      const auto tag = static_cast<MemTag>(t);
+      if (c.memory[tag].peak == 0) continue;
+      char gib[32];
+      std::snprintf(gib, sizeof gib, "%.3g", static_cast<double>(c.memory[tag].peak) / kGiB);
+      tags += concat(tags.empty() ? "" : ", ", mem_tag_name(tag), " ", gib);
+    }
+    out += concat("     memory GiB at peak on rank ", c.fullest_rank, ": ", tags, "\n");
   }
   if (!s.rejected.empty()) out += "rejected:\n";
   for (const Rejected& rej : s.rejected) out += concat("  ", rej.count, " x ", rej.reason, " (e.g. ", rej.example, ")\n");
@@ -220,6 +229,9 @@ std::string search_json(const SearchResult& s) {
                                 {"compute_s", c.time.compute}, {"tp_s", c.time.tp}, {"cp_s", c.time.cp}, {"ep_s", c.time.ep},
                                 {"bubble_s", c.time.bubble}, {"pp_s", c.time.pp}, {"dp_s", c.time.dp},
                                 {"optimizer_s", c.time.optimizer}};
+    j["fullest_rank"] = c.fullest_rank;
+    for (int t = 0; t < kNumMemTags; ++t)  // that rank's peak per tag, as --memory-json names them
+      j["peak_bytes_by_tag"][std::string(mem_tag_name(static_cast<MemTag>(t)))] = c.memory.tags[static_cast<size_t>(t)].peak;
     out += j.dump() + "\n";
   }
   for (const Rejected& r : s.rejected)

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "model/config.h"
 #include "plan/cluster.h"
 #include "plan/time_plan.h"
@@ -42,6 +43,7 @@ struct Choice {
   StepTime time;
   double peak_bytes = 0;  // the fullest rank's peaks summed over its tags (an upper bound of its peak)
   int fullest_rank = 0;
+  MemoryReport memory;    // the fullest rank's bytes per tag (memory_plan.h)
 };
 
 // A family of dropped layouts: why, how many, and one of them.
@@ -65,9 +67,11 @@ SearchResult search_layouts(const SearchRequest& r);
 // "dp 4 tp 2 pp 2 cp 1, ZeRO 1, recompute selective, mb 2 x ga 16, 1f1b"
 std::string layout_name(const train::RunConfig& cfg);
 // The result as loom plan prints it: the best layouts as a table (layout,
-// memory, step time and its parts, tokens/s, MFU), then the rejected families.
+// memory, step time and its parts, tokens/s, MFU, the fullest rank's memory
+// per tag), then the rejected families.
 std::string search_table(const SearchResult& s, const SearchRequest& r);
-// One JSON object per line: each best layout, then each rejected family.
+// One JSON object per line: each best layout (with its fullest rank's
+// peak_bytes_by_tag), then each rejected family.
 std::string search_json(const SearchResult& s);
 
 }  // namespace loom::plan

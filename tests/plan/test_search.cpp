@@ -43,6 +43,10 @@ TEST(Search, EveryKeptLayoutFitsReachesTheBatchAndComesFastestFirst) {
     EXPECT_EQ(c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp, 16);
     EXPECT_EQ(c.parallel.dp * c.train.micro_batch * c.train.grad_accum, 64);
     EXPECT_LE(s.best[i].peak_bytes, r.cluster.memory_bytes);
+    double by_tag = 0;  // the fullest rank's tags, which the table prints, add up to its peak
+    for (const TagUsage& u : s.best[i].memory.tags) by_tag += static_cast<double>(u.peak);
+    EXPECT_EQ(by_tag, s.best[i].peak_bytes);
+    EXPECT_GT(s.best[i].memory[MemTag::activations].peak, 0u);
     EXPECT_LE(c.parallel.tp, 8);
     if (i > 0) {  // fastest first, to within the 0.5 % band the model cannot tell apart
       EXPECT_LE(s.best[i].time.tokens_per_second, 1.006 * s.best[i - 1].time.tokens_per_second);
