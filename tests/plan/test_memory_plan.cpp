@@ -94,7 +94,8 @@ TEST(MemoryPlan, PipelineRanksHoldTheirStagesAndOneMoreEmbeddingCopy) {
 
 // GPT-3 175B (96 layers, h = 12288, 96 heads, s = 2048) under tp = 8 with
 // sequence parallelism, fp16, no recompute: Korthikanti et al. 2022 (Table
-// 2) give s b h (34 + 5 a s / h) / t bytes per layer. loom's attention
+// 2) give s b h (34 + 5 a s / h) / t bytes per layer (and without sequence
+// parallelism s b h (10 + 24 / t + 5 a s / (h t)), below). loom's attention
 // keeps no s x s scores (its kernel recomputes them from the log-sum-exp),
 // so its layout must hold the rest, 34 s b h / t per layer — for micro-
 // batches of 1, 64 and 128 sequences (10.3 GB, 657 GB, 1.3 TB per rank).
@@ -111,6 +112,15 @@ TEST(MemoryPlan, Gpt3ActivationsAreKorthikantisLessTheAttentionScores) {
     const auto loom = static_cast<double>(plan_memory_rank(c, 0).bytes[MemTag::activations].peak);
     EXPECT_NEAR(loom / korthikanti, 1.0, 0.02) << "b = " << b << ": loom " << loom << " bytes";
   }
+  // Without sequence parallelism the same table gives s b h (10 + 24 / t)
+  // bytes a layer: the norms' and the first linears' inputs (8 s b h) and
+  // the two dropout masks (2 s b h, one byte an element) stay whole on
+  // every tp rank. loom trains without dropout, so it holds
+  // s b h (8 + 24 / t) — 11 s b h at t = 8 — within 3 %.
+  c.parallel.sequence_parallel = false, c.train.micro_batch = 1;
+  const double whole = 96.0 * 2048 * 12288 * (8 + 24.0 / 8);
+  const auto loom = static_cast<double>(plan_memory_rank(c, 0).bytes[MemTag::activations].peak);
+  EXPECT_NEAR(loom / whole, 1.0, 0.03) << "loom " << loom << " bytes";
 }
 
 // One rank of a 1024-rank layout, laid out alone (as Megatron's fake
