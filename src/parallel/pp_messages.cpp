@@ -23,39 +23,6 @@ std::vector<int> post_points(const std::vector<PpAction>& list, int rank) {
   return post;
 }
 
-// Where every action sits on its rank's list, by (op, micro-batch, chunk).
-class Positions {
- public:
-  explicit Positions(const PpSchedule& s) : s_(s), at_(static_cast<size_t>(s.pp)) {
-    for (int r = 0; r < s.pp; ++r) {
-      at_[static_cast<size_t>(r)].assign(static_cast<size_t>(6 * s.micro_batches * s.virtual_stages), -1);
-      const std::vector<PpAction>& list = s.actions[static_cast<size_t>(r)];
-      for (size_t i = 0; i < list.size(); ++i)
-        at_[static_cast<size_t>(r)][key(list[i].op, list[i].micro_batch, list[i].chunk)] = static_cast<int>(i);
-    }
-  }
-  int operator()(int r, PpOp op, int mb, int chunk) const { return at_[static_cast<size_t>(r)][key(op, mb, chunk)]; }
-  // The send on `rank`'s neighbour that recv `a` of `rank` receives.
-  int sender(int rank, const PpAction& a) const {
-    const bool act = a.op == PpOp::recv_act;
-    const int stage = a.chunk * s_.pp + rank + (act ? -1 : 1);
-    return (*this)(a.peer, act ? PpOp::send_act : PpOp::send_grad, a.micro_batch, stage / s_.pp);
-  }
-  // The recv on the neighbour that send `a` of `rank` reaches.
-  int receiver(int rank, const PpAction& a) const {
-    const bool act = a.op == PpOp::send_act;
-    const int stage = a.chunk * s_.pp + rank + (act ? 1 : -1);
-    return (*this)(a.peer, act ? PpOp::recv_act : PpOp::recv_grad, a.micro_batch, stage / s_.pp);
-  }
-
- private:
-  size_t key(PpOp op, int mb, int chunk) const {
-    return static_cast<size_t>((static_cast<int>(op) * s_.micro_batches + mb) * s_.virtual_stages + chunk);
-  }
-  const PpSchedule& s_;
-  std::vector<std::vector<int>> at_;
-};
-
 // Every rank's progress through its list under given release points, as the
 // runtime blocks: at point i a rank first waits for the gradient sends due
 // there, which needs their receives posted; then it posts its receives due
@@ -65,7 +32,7 @@ class Positions {
 // point, reached in any order.
 class Progress {
  public:
-  Progress(const PpSchedule& s, const Positions& at, const std::vector<std::vector<int>>& post,
+  Progress(const PpSchedule& s, const PpPositions& at, const std::vector<std::vector<int>>& post,
            const std::vector<std::vector<int>>& release)
       : s_(s), at_(at), post_(post), due_(static_cast<size_t>(s.pp)), next_(static_cast<size_t>(s.pp), 0),
         posted_(static_cast<size_t>(s.pp), false) {
@@ -93,7 +60,7 @@ class Progress {
   bool sent(int r, int k) const { return next(r) > k; }
   // Whether the activation send of (micro-batch, chunk) on rank r can complete: its receive is posted.
   bool act_send_done(int r, int mb, int chunk) const {
-    const int k = at_(r, PpOp::send_act, mb, chunk);
+    const int k = at_.of_rank(r, PpOp::send_act, mb, chunk);
     const PpAction& a = s_.actions[static_cast<size_t>(r)][static_cast<size_t>(k)];
     return a.peer == r || recv_posted(a.peer, at_.receiver(r, a));
   }
@@ -143,7 +110,7 @@ class Progress {
   }
 
   const PpSchedule& s_;
-  const Positions& at_;
+  const PpPositions& at_;
   const std::vector<std::vector<int>>& post_;
   std::vector<std::vector<std::vector<int>>> due_;  // per rank and point: the gradient sends taken back there
   std::vector<int> next_;
@@ -163,7 +130,7 @@ int next_send_grad(const std::vector<PpAction>& list, int i) {
 // this rank moves on) is put off to the next send_grad, and so on, until the
 // progress simulation finishes every rank. The end of the run is always
 // safe: every receive is posted by then.
-std::vector<std::vector<int>> release_points(const PpSchedule& s, const Positions& at,
+std::vector<std::vector<int>> release_points(const PpSchedule& s, const PpPositions& at,
                                              const std::vector<std::vector<int>>& post) {
   std::vector<std::vector<int>> release(static_cast<size_t>(s.pp));
   for (int r = 0; r < s.pp; ++r) {
@@ -197,7 +164,7 @@ PpMessagePoints pp_message_points(const PpSchedule& s, int rank) {
                rank, " of a schedule of ", s.actions.size(), " action lists for pp = ", s.pp);
   std::vector<std::vector<int>> post;
   for (int r = 0; r < s.pp; ++r) post.push_back(post_points(s.actions[static_cast<size_t>(r)], r));
-  const Positions at(s);
+  const PpPositions at(s);
   std::vector<std::vector<int>> release = release_points(s, at, post);
   return {.post = std::move(post[static_cast<size_t>(rank)]), .release = std::move(release[static_cast<size_t>(rank)])};
 }

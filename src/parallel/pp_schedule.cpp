@@ -278,16 +278,6 @@ PpSimulation simulate_pp_schedule(const PpSchedule& s, double t_forward, double 
 
 namespace {
 
-// Where each (op, micro-batch, stage) sits in its rank's list (-1: absent).
-struct Positions {
-  int m = 1, stages = 1;
-  std::vector<int> at;
-  Positions(int m_, int stages_) : m(m_), stages(stages_), at(static_cast<size_t>(6 * m_ * stages_), -1) {}
-  int& operator()(PpOp op, int mb, int stage) {
-    return at[static_cast<size_t>((static_cast<int>(op) * m + mb) * stages + stage)];
-  }
-};
-
 // "rank 2: F m3 c1": the action of a stage, named as on its rank's list.
 std::string describe(PpOp op, int mb, int stage, int pp, int peer = -1) {
   return on_rank(stage % pp, PpAction{op, mb, stage / pp, peer});
@@ -295,7 +285,7 @@ std::string describe(PpOp op, int mb, int stage, int pp, int peer = -1) {
 
 // Each action's fields are in range, a transfer names the rank of the stage
 // on its other side, and no action appears twice; records every position.
-std::string check_actions(const PpSchedule& s, Positions& pos) {
+std::string check_actions(const PpSchedule& s, PpPositions& pos) {
   const int pp = s.pp, m = s.micro_batches, v = s.virtual_stages, stages = pp * v;
   for (int r = 0; r < pp; ++r) {
     const std::vector<PpAction>& list = s.actions[static_cast<size_t>(r)];
@@ -313,7 +303,7 @@ std::string check_actions(const PpSchedule& s, Positions& pos) {
           return concat(on_rank(r, a), ": the other side, stage ", other, ", is on rank ", other % pp, ", not ",
                         a.peer);
       }
-      int& at = pos(a.op, a.micro_batch, a.chunk * pp + r);
+      int& at = pos.at(a.op, a.micro_batch, a.chunk * pp + r);
       if (at >= 0) return concat(on_rank(r, a), ": appears twice (positions ", at, " and ", i, ")");
       at = static_cast<int>(i);
     }
@@ -323,7 +313,7 @@ std::string check_actions(const PpSchedule& s, Positions& pos) {
 
 // Every send has its recv on the peer and vice versa: the activation of
 // stage s - 1 is received by s, the gradient of s + 1 too.
-std::string check_pairs(const PpSchedule& s, Positions& pos) {
+std::string check_pairs(const PpSchedule& s, PpPositions& pos) {
   const int pp = s.pp, last = pp * s.virtual_stages - 1;
   for (int mb = 0; mb < s.micro_batches; ++mb) {
     for (int stage = 0; stage <= last; ++stage) {
@@ -331,7 +321,7 @@ std::string check_pairs(const PpSchedule& s, Positions& pos) {
         const int from = act ? stage - 1 : stage + 1;
         if (from < 0 || from > last) continue;
         const PpOp send = act ? PpOp::send_act : PpOp::send_grad, recv = act ? PpOp::recv_act : PpOp::recv_grad;
-        const bool sent = pos(send, mb, from) >= 0, received = pos(recv, mb, stage) >= 0;
+        const bool sent = pos.at(send, mb, from) >= 0, received = pos.at(recv, mb, stage) >= 0;
         if (sent && !received)
           return concat(describe(send, mb, from, pp, stage % pp), " has no matching ", pp_op_name(recv));
         if (received && !sent)
@@ -345,8 +335,8 @@ std::string check_pairs(const PpSchedule& s, Positions& pos) {
 // Stage (mb, stage)'s forward and backward exist, the forward first, each
 // with its recv before and its send after, and the rank's chunks in model
 // order (forward of chunk c before chunk c + 1's, backward the reverse).
-std::string check_stage(Positions& pos, int mb, int stage, int pp, int last) {
-  const int f = pos(PpOp::forward, mb, stage), b = pos(PpOp::backward, mb, stage);
+std::string check_stage(PpPositions& pos, int mb, int stage, int pp, int last) {
+  const int f = pos.at(PpOp::forward, mb, stage), b = pos.at(PpOp::backward, mb, stage);
   if (f < 0) return concat(describe(PpOp::forward, mb, stage, pp), " is missing");
   if (b < 0) return concat(describe(PpOp::backward, mb, stage, pp), " is missing");
   if (b < f) return concat(describe(PpOp::backward, mb, stage, pp), " runs before its forward");
@@ -363,16 +353,16 @@ std::string check_stage(Positions& pos, int mb, int stage, int pp, int last) {
                         {stage > 0, PpOp::send_grad, b, PpOp::backward, false}};
   for (const Need& n : needs) {
     if (!n.needed) continue;
-    const int at = pos(n.op, mb, stage);
+    const int at = pos.at(n.op, mb, stage);
     if (at < 0) return concat(describe(n.compute_op, mb, stage, pp), " has no ", pp_op_name(n.op));
     if ((at < n.compute) != n.before)
       return concat(describe(n.compute_op, mb, stage, pp), ": its ", pp_op_name(n.op), " must come ",
                     n.before ? "before" : "after", " it");
   }
   if (stage + pp <= last) {
-    if (pos(PpOp::forward, mb, stage + pp) < f)
+    if (pos.at(PpOp::forward, mb, stage + pp) < f)
       return concat(describe(PpOp::forward, mb, stage + pp, pp), " runs before the forward of chunk ", stage / pp);
-    if (pos(PpOp::backward, mb, stage + pp) > b)
+    if (pos.at(PpOp::backward, mb, stage + pp) > b)
       return concat(describe(PpOp::backward, mb, stage + pp, pp), " runs after the backward of chunk ", stage / pp);
   }
   return "";
@@ -380,12 +370,36 @@ std::string check_stage(Positions& pos, int mb, int stage, int pp, int last) {
 
 }  // namespace
 
+PpPositions::PpPositions(int pp, int micro_batches, int virtual_stages)
+    : pp_(pp), m_(micro_batches), stages_(pp * virtual_stages),
+      at_(static_cast<size_t>(6 * micro_batches * pp * virtual_stages), -1) {}
+
+PpPositions::PpPositions(const PpSchedule& s) : PpPositions(s.pp, s.micro_batches, s.virtual_stages) {
+  for (int r = 0; r < s.pp; ++r) {
+    const std::vector<PpAction>& list = s.actions[static_cast<size_t>(r)];
+    for (size_t i = 0; i < list.size(); ++i)
+      at(list[i].op, list[i].micro_batch, list[i].chunk * s.pp + r) = static_cast<int>(i);
+  }
+}
+
+int PpPositions::sender(int rank, const PpAction& a) const {
+  const bool act = a.op == PpOp::recv_act;
+  const int stage = a.chunk * pp_ + rank + (act ? -1 : 1);
+  return at(act ? PpOp::send_act : PpOp::send_grad, a.micro_batch, stage);
+}
+
+int PpPositions::receiver(int rank, const PpAction& a) const {
+  const bool act = a.op == PpOp::send_act;
+  const int stage = a.chunk * pp_ + rank + (act ? 1 : -1);
+  return at(act ? PpOp::recv_act : PpOp::recv_grad, a.micro_batch, stage);
+}
+
 std::string validate_pp_schedule(const PpSchedule& s) {
   const int pp = s.pp, v = s.virtual_stages, m = s.micro_batches;
   if (pp < 1 || v < 1 || m < 1)
     return concat("pp = ", pp, ", virtual_stages = ", v, ", micro-batches = ", m, ": each must be >= 1");
   if (static_cast<int>(s.actions.size()) != pp) return concat(s.actions.size(), " action lists for pp = ", pp);
-  Positions pos(m, pp * v);
+  PpPositions pos(pp, m, v);
   if (std::string problem = check_actions(s, pos); !problem.empty()) return problem;
   if (std::string problem = check_pairs(s, pos); !problem.empty()) return problem;
   for (int mb = 0; mb < m; ++mb)

@@ -86,6 +86,31 @@ struct PpSimulation {
 };
 PpSimulation simulate_pp_schedule(const PpSchedule& s, double t_forward = 1.0, double t_backward = 1.0);
 
+// Where each action sits on its rank's list, by (op, micro-batch, stage),
+// stage = chunk x pp + rank (-1: absent).
+class PpPositions {
+ public:
+  PpPositions(int pp, int micro_batches, int virtual_stages);
+  // Every action of s (a later duplicate overwrites an earlier one:
+  // validate_pp_schedule reports duplicates).
+  explicit PpPositions(const PpSchedule& s);
+  int& at(PpOp op, int mb, int stage) { return at_[index(op, mb, stage)]; }
+  int at(PpOp op, int mb, int stage) const { return at_[index(op, mb, stage)]; }
+  // Rank r's action (op, mb, chunk).
+  int of_rank(int r, PpOp op, int mb, int chunk) const { return at(op, mb, chunk * pp_ + r); }
+  // The send on the neighbour that recv `a` of `rank` receives, and the
+  // recv on the neighbour that send `a` of `rank` reaches.
+  int sender(int rank, const PpAction& a) const;
+  int receiver(int rank, const PpAction& a) const;
+
+ private:
+  size_t index(PpOp op, int mb, int stage) const {
+    return static_cast<size_t>((static_cast<int>(op) * m_ + mb) * stages_ + stage);
+  }
+  int pp_ = 1, m_ = 1, stages_ = 1;
+  std::vector<int> at_;
+};
+
 // Structural checks that need no timing: every send has exactly one
 // matching recv on its peer and vice versa; each (micro-batch, stage) has
 // exactly one forward and one backward, on the stage's rank, the forward
