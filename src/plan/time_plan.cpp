@@ -75,6 +75,13 @@ double exposed(const Setup& s, double transfer, double compute) {
   return s.cluster.shared_cores ? transfer : std::max(0.0, transfer - compute);
 }
 
+// The MoE layers among layers [first, first + n).
+double moe_layers(const model::ModelConfig& cfg, int64_t first, int64_t n) {
+  double count = 0;
+  for (int64_t i = first; i < first + n; ++i) count += cfg.is_moe_layer(i) ? 1 : 0;
+  return count;
+}
+
 // A MoE layer's exchange of its tokens' rows with the other ep ranks
 // (parallel/ep.h): a count exchange, then an all-to-all in which each rank
 // keeps 1 / ep of its B T k rows (top-k copies of each token) and sends the
@@ -127,11 +134,9 @@ ChunkTime chunk_time(const Setup& s, int64_t first_layer, int64_t layers, bool h
   // and returns both gradients backward (again the forward's under full
   // recompute); loom waits for each before the layer goes on, so none is
   // hidden.
-  double moe_layers = 0;
-  for (int64_t i = first_layer; i < first_layer + layers; ++i) moe_layers += m.is_moe_layer(i) ? 1 : 0;
-  const double exchange = ep_exchange(s);
-  const double ep_forward = 2 * moe_layers * exchange;
-  const double ep_backward = (cfg.train.recompute == "full" ? 4 : 2) * moe_layers * exchange;
+  const double moe = moe_layers(m, first_layer, layers), exchange = ep_exchange(s);
+  const double ep_forward = 2 * moe * exchange;
+  const double ep_backward = (cfg.train.recompute == "full" ? 4 : 2) * moe * exchange;
   t.tp = tp_forward + tp_backward, t.cp = cp_forward + cp_backward, t.ep = ep_forward + ep_backward;
   t.forward = forward / s.rate + logits / 3 + tp_forward + cp_forward + ep_forward;
   t.backward = (2 * forward + recompute) / s.rate + 2 * logits / 3 + tp_backward + cp_backward + ep_backward;
@@ -156,13 +161,12 @@ std::pair<double, double> dp_and_optimizer(const Setup& s, RankParams P, double 
   // ZeRO 3's units per group (model.h Unit; ZeRO 3 runs without
   // pipelining): the embeddings, each layer, the head, and a MoE layer's
   // experts — in the dense group unless ep gives them their own.
-  double moe_layers = 0;
-  for (int64_t i = 0; i < cfg.n_layer; ++i) moe_layers += cfg.is_moe_layer(i) ? 1 : 0;
-  const double dense_units = static_cast<double>(cfg.n_layer + 2) + (p.ep == 1 ? moe_layers : 0);
+  const double moe = moe_layers(cfg, 0, cfg.n_layer);
+  const double dense_units = static_cast<double>(cfg.n_layer + 2) + (p.ep == 1 ? moe : 0);
   double reduce = 0, gather = 0, zero3_latency = 0, zero3_bytes = 0, optimizer = 0;
   const std::vector<mesh::Group> groups = train::gradient_groups(static_cast<int>(p.ep));
   for (size_t g = 0; g < groups.size(); ++g) {
-    const double params_g = g == 0 ? P.dense : P.experts, units = g == 0 ? dense_units : moe_layers;
+    const double params_g = g == 0 ? P.dense : P.experts, units = g == 0 ? dense_units : moe;
     const std::vector<int> ranks = s.layout.group_ranks(groups[g], 0);
     const int n = static_cast<int>(ranks.size());
     const Link l = link_of(ranks, s.cluster);
