@@ -22,6 +22,7 @@
 #include "train/config_agree.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
+#include "train/ps_server.h"
 #if LOOM_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -134,6 +135,26 @@ void plan_run(const train::RunConfig& cfg, int world_rank, const std::string& cl
   }
 }
 
+// A parameter-server job (parallel.mode = ps): world ranks 0..ps_servers-1
+// serve (train/ps_server.h), the rest train as the workers' mesh.
+template <typename Finish>
+void run_ps_job(const train::RunConfig& cfg, const train::TrainOptions& options, comm::Communicator& world,
+                const Finish& finish) {
+  const int servers = static_cast<int>(cfg.parallel.ps_servers);
+  const bool serving = world.rank() < servers;
+  const std::unique_ptr<comm::Communicator> side =
+      world.split(serving ? 0 : 1, world.rank(), serving ? "ps servers" : "ps workers");
+  if (serving) {
+    Pools pools;
+    train::run_ps_server(cfg, world, *side, pools);
+    return;
+  }
+  mesh::Mesh mesh(train::mesh_shape(cfg.parallel), *side);
+  Pools pools(run_device(cfg, options.progress && side->rank() == 0));
+  Context ctx{mesh, pools, &world};
+  finish(train::run_training(cfg, options, ctx));
+}
+
 // loom train's work once its flags are parsed.
 void run_train(TrainArgs& a, int world_size, int& exit_code) {
   const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
@@ -153,7 +174,14 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
   // Every rank of an mpirun job trains: the mesh must cover them all.
   const train::ParallelConfig& p = cfg.parallel;
   const mesh::MeshShape shape = train::mesh_shape(p);
-  mesh::validate_shape(shape, world_size);
+  const bool ps = p.mode == "ps";
+  if (ps) {  // ps_servers servers, then dp workers
+    LOOM_REQUIRE(world_size == p.ps_servers + p.dp, "parallel.mode = ps with parallel.ps_servers = ", p.ps_servers,
+                 " and parallel.dp = ", p.dp, " workers needs ", p.ps_servers + p.dp, " processes; this job has ",
+                 world_size, ": start it with mpirun -np ", p.ps_servers + p.dp);
+  } else {
+    mesh::validate_shape(shape, world_size);
+  }
   // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
   // for that signal, as if it had killed the process.
   const auto finish = [&exit_code](const train::TrainSummary& s) {
@@ -171,6 +199,7 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
     return;
   }
   const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
+  if (ps) return run_ps_job(cfg, a.options, *world, finish);
   if (a.plan) plan_run(cfg, world->rank(), a.plan_cluster, a.options);
   mesh::Mesh mesh(shape, *world);
   Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));

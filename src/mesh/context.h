@@ -24,6 +24,10 @@ namespace loom {
 struct Context {
   mesh::Mesh& mesh;
   Pools& pools;
+  // Parameter-server training (parallel.mode = ps): the whole job, whose
+  // ranks 0..ps_servers-1 are the servers; the mesh is then the workers'.
+  // Null otherwise.
+  comm::Communicator* ps_world = nullptr;
 };
 
 }  // namespace loom

@@ -139,6 +139,7 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& dp, comm::Co
   set_acquire_order(model, im.order);
   im.has_master = allocate_shard_state(im.groups, model, opt_, pools);
   model.set_hooks(this);
+  if (opt_.exchange) set_exchange(opt_.exchange);
 }
 
 DataParallel::~DataParallel() {
@@ -294,6 +295,13 @@ double DataParallel::grad_sum_squares() {
     sum += group_sum;
   }
   return exact_sum(tp_, sum);
+}
+
+void DataParallel::set_exchange(GradientExchange* exchange) {
+  LOOM_REQUIRE(exchange == nullptr || (opt_.zero_stage == 0 && impl_->groups.size() == 1),
+               "DataParallel: a gradient exchange (parameter server) takes stage 0's buckets of one group; this is ",
+               "stage ", opt_.zero_stage, " with ", impl_->groups.size(), " groups");
+  opt_.exchange = exchange;
 }
 
 double DataParallel::grad_norm() { return std::sqrt(grad_sum_squares()); }

@@ -71,6 +71,7 @@
 #include "core/memory.h"
 #include "model/model.h"
 #include "parallel/dp_layout.h"
+#include "parallel/ps.h"
 
 namespace loom::parallel {
 
@@ -92,6 +93,11 @@ struct DpOptions {
   // f32 values the optimizer keeps per shard element (AdamW: its two
   // moments), counted in the memory check made before anything is allocated.
   int optimizer_state_floats = 2;
+  // Stage 0 with one group only: each bucket's gradients go to this
+  // exchange (parameter-server training, parallel/ps.h) instead of an
+  // all-reduce over the group, even with a group of one rank. Not owned;
+  // DataParallel::set_exchange sets it once the buckets are known.
+  GradientExchange* exchange = nullptr;
 };
 
 // What a step's gradient communication cost and how much of it backward hid.
@@ -154,6 +160,9 @@ class DataParallel : public model::StepHooks {
   DataParallel& operator=(const DataParallel&) = delete;
 
   const DpOptions& options() const { return opt_; }
+  // DpOptions::exchange, from now on (null: the group's all-reduce again);
+  // a loom::Error above stage 0 or with several groups.
+  void set_exchange(GradientExchange* exchange);
   // Rank and size of the dp group.
   int rank() const { return dp_.rank(); }
   int size() const { return dp_.size(); }

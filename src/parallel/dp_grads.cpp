@@ -26,7 +26,7 @@ void DataParallel::grads_ready(int unit) {
   if (opt_.zero_stage < 2) {
     if (!im.communicate) return;
     for (int g = 0; g < num_groups(); ++g) {
-      if (im.groups[static_cast<size_t>(g)].layout.comm.get().size() == 1) continue;
+      if (im.groups[static_cast<size_t>(g)].layout.comm.get().size() == 1 && !opt_.exchange) continue;
       for (int b : im.groups[static_cast<size_t>(g)].finishes[unit]) reduce_bucket(g, b);  // buckets whose lowest unit this is
     }
     return;
@@ -72,7 +72,8 @@ void DataParallel::reduce_bucket(int g, int b) {
     const Tensor in = grads.slice(0, at, bk.numel());
     stats_.ops++, stats_.bytes += bytes_of(in);
     Impl::Pending p;
-    if (opt_.zero_stage == 0) p.work = comm.all_reduce(in, comm::ReduceOp::avg);
+    if (opt_.exchange) p.work = opt_.exchange->exchange(b, in);
+    else if (opt_.zero_stage == 0) p.work = comm.all_reduce(in, comm::ReduceOp::avg);
     else p.work = comm.reduce_scatter(grads.slice(0, at + (seg.offset - bk.begin), seg.count), in, comm::ReduceOp::avg);
     im.pending.push_back(std::move(p));
     return;

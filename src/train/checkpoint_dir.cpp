@@ -152,10 +152,18 @@ std::string CheckpointRun::resume(Trainer& trainer) {
   // run's past; anything else there belongs to another timeline.
   if (!resumed_.empty() && !c_.dir.empty() && same_dir(fs::path(resumed_).parent_path(), c_.dir))
     own_after_ = trainer.steps_done();
+  // Parameter-server training: the servers resume from the same step dir.
+  if (trainer.ps()) trainer.ps()->resume(resumed_);
   return resumed_;
 }
 
 std::string CheckpointRun::save(Trainer& trainer) {
+  if (trainer.updated_by_servers()) {  // the servers hold the state and write the checkpoint
+    trainer.ps()->save();
+    saved_ = true;
+    newest_ = (fs::path(c_.dir) / checkpoint_step_dir_name(trainer.steps_done())).string();
+    return newest_;
+  }
   if (!saved_ && lead_rank(trainer)) {
     for (const std::string& moved : set_aside_step_dirs(c_.dir, own_after_))
       log_warn("checkpoint: moved ", moved.substr(moved.rfind('/') + 1), ", of another run's timeline, to ", moved,

@@ -244,6 +244,10 @@ const std::vector<KeySpec>& base_key_specs() {
       {"parallel", "bucket_mb", [](R& c, const V& v) { c.parallel.bucket_mb = v.number(0, true, 65536); }},
       {"parallel", "offload_optimizer", [](R& c, const V& v) { c.parallel.offload_optimizer = v.boolean(); }},
       {"parallel", "comm_algo", [](R& c, const V& v) { c.parallel.comm_algo = v.choice({"mpi", "ring"}); }},
+      {"parallel", "mode", [](R& c, const V& v) { c.parallel.mode = v.choice({"collective", "ps"}); }},
+      {"parallel", "ps_servers", [](R& c, const V& v) { c.parallel.ps_servers = v.integer(1, 1 << 16); }},
+      {"parallel", "ps_server", [](R& c, const V& v) { c.parallel.ps_server = v.choice({"sum", "optimizer"}); }},
+      {"parallel", "staleness", [](R& c, const V& v) { c.parallel.staleness = v.integer(0, 1 << 20); }},
       {"parallel", "timeout_s", [](R& c, const V& v) { c.parallel.timeout_s = v.number(0, true, kMaxTimeoutS); }},
 
       {"checkpoint", "dir", [](R& c, const V& v) { c.checkpoint.dir = v.string(); }},
@@ -438,6 +442,33 @@ void check_moe(const RunConfig& c, const std::string& source) {
                ": capacity is counted per group of whole sequences, so a rank's micro-batch holds whole groups");
 }
 
+// Parameter-server mode (train/ps.h): workers are whole replicas (data
+// parallel only, no ZeRO: the servers shard the state), and optimizer-on-
+// server trains fp32 (its update writes f32 weights the workers use as is).
+void check_ps(const RunConfig& c, const std::string& source) {
+  const ParallelConfig& p = c.parallel;
+  if (p.mode != "ps") {
+    LOOM_REQUIRE(p.staleness == 0, source, ": parallel.staleness = ", p.staleness,
+                 " needs parallel.mode = ps (collective data parallelism is synchronous)");
+    return;
+  }
+  LOOM_REQUIRE(p.tp == 1 && p.pp == 1 && p.cp == 1 && p.ep == 1, source, ": parallel.mode = ps trains data-parallel ",
+               "workers (parallel.dp of them): parallel.tp, pp, cp and ep must be 1 (tp = ", p.tp, ", pp = ", p.pp,
+               ", cp = ", p.cp, ", ep = ", p.ep, "); model-parallel worker groups are not available");
+  LOOM_REQUIRE(p.zero_stage == 0, source, ": parallel.zero_stage = ", p.zero_stage, " with parallel.mode = ps: the ",
+               "servers hold the sharded state and every worker a whole replica; allowed 0");
+  LOOM_REQUIRE(!p.offload_optimizer, source, ": parallel.offload_optimizer with parallel.mode = ps: the optimizer ",
+               "runs on the ", p.ps_server == "sum" ? "workers" : "servers", " in host memory already; set it to false");
+  LOOM_REQUIRE(p.ps_server == "sum" || c.train.dtype == "fp32", source, ": parallel.ps_server = optimizer trains ",
+               "fp32 (train.dtype = ", c.train.dtype, "): the servers send f32 weights; use ps_server = sum for ",
+               "mixed precision");
+  LOOM_REQUIRE(p.staleness == 0 || p.ps_server == "optimizer", source, ": parallel.staleness = ", p.staleness,
+               " with parallel.ps_server = sum: summation servers hold no weights to apply an asynchronous push ",
+               "to; use ps_server = optimizer, or staleness = 0");
+  LOOM_REQUIRE(!c.model.is_moe(), source, ": parallel.mode = ps trains dense models (this one has ",
+               c.model.n_expert, " experts per layer)");
+}
+
 }  // namespace
 
 void validate_run_config(const RunConfig& c, const std::string& source) {
@@ -488,6 +519,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   check_cp_split(c, source);
   check_tp_split(c, source);
   check_moe(c, source);
+  check_ps(c, source);
 }
 
 RunConfig parse_run_config(std::string_view toml_text, const std::string& source,

@@ -405,6 +405,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     summary.stop_signal = signal;
   }
   summary.seconds = seconds_since(start);
+  if (trainer.ps()) trainer.ps()->stop();  // the servers leave
   if (trace) trainer.set_trace(nullptr);
   const bool finished = summary.stop_signal == 0;
   if (trace) finish_trace(cfg.log.trace, trainer, *trace);

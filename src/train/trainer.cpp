@@ -101,6 +101,15 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   Pool& batches = on_device ? host_batches_ : pools[MemTag::activations];
   tokens_ = batches.zeros(DType::i32, {B, T});
   targets_ = batches.zeros(DType::i32, {B, T});
+  if (cfg.parallel.mode == "ps") {
+    LOOM_REQUIRE(ctx.ps_world != nullptr, "parallel.mode = ps needs the job's servers: start ", cfg.parallel.ps_servers,
+                 " + ", cfg.parallel.dp, " processes under mpirun (loom train does)");
+    ps_ = std::make_unique<parallel::PsWorker>(*ctx.ps_world, static_cast<int>(cfg.parallel.ps_servers),
+                                               static_cast<int>(cfg.parallel.dp), mesh_.dp().rank(),
+                                               parallel::ps_kind_from_name(cfg.parallel.ps_server),
+                                               rank_.dps[0]->buckets(), pools);
+    rank_.dps[0]->set_exchange(ps_.get());
+  }
 }
 
 void Trainer::take_rank_tokens(const Tensor& tokens, const Tensor& targets) const {
@@ -169,7 +178,7 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
     const double clip_factor = clip > 0 && s.grad_norm > clip ? clip / s.grad_norm : 1.0;
     TraceSpan span(trace_, "optimizer");
-    for (size_t c = 0; c < rank_.optimizers.size(); ++c) {
+    for (size_t c = 0; !updated_by_servers() && c < rank_.optimizers.size(); ++c) {
       const std::span<const ParamDelta> deltas = moe.bias_deltas.empty() ? std::span<const ParamDelta>()
                                                                           : moe.bias_deltas[c];
       rank_.optimizers[c]->step(s.lr, static_cast<float>(clip_factor / loss_scale), deltas);
@@ -192,6 +201,7 @@ StepStats Trainer::step() {
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   rank_.dps[0]->zero_grads();
   rank_.models[0]->reset_moe_stats();  // an evaluation's routing is not the step's
+  if (ps_) ps_->begin_step(steps_, train_data_.position());
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
     rank_.dps[0]->begin_micro_batch(k == accum - 1);
@@ -207,7 +217,13 @@ StepStats Trainer::step() {
   }
   {
     TraceSpan span(trace_, "grad sync wait");  // grad_norm waits for the gradient collectives
-    s.grad_norm = rank_.dps[0]->grad_norm() / loss_scale;
+    if (updated_by_servers()) {  // the servers' norm, and their update's weights
+      rank_.dps[0]->wait_gradients();
+      const parallel::PsStepResult r = ps_->pull(rank_.models[0]->params());
+      s.grad_norm = r.grad_norm;
+    } else {
+      s.grad_norm = rank_.dps[0]->grad_norm() / loss_scale;
+    }
   }
   return finish_step(s, loss_scale, loss_sum / static_cast<double>(accum), start);
 }

@@ -53,6 +53,7 @@
 #include "comm/communicator.h"
 #include "mesh/context.h"
 #include "train/rank_chunks.h"
+#include "parallel/ps.h"
 
 namespace loom {
 class StopSignals;  // core/stop_signal.h
@@ -135,6 +136,12 @@ class Trainer {
     trace_ = trace;
     if (rank_.cp) rank_.cp->set_trace(trace);
   }
+  // Parameter-server training (parallel.mode = ps, parallel/ps.h): this
+  // worker's link to the servers; null in collective mode.
+  parallel::PsWorker* ps() { return ps_.get(); }
+  // The servers apply the update (parallel.ps_server = optimizer): the
+  // worker's own optimizer does not step.
+  bool updated_by_servers() const { return ps_ && ps_->kind() == parallel::PsKind::optimizer; }
   // Context parallelism's attention; null without it.
   const parallel::ContextParallelAttention* cp() const { return rank_.cp.get(); }
 
@@ -164,6 +171,7 @@ class Trainer {
   OwnedTensor tokens_, targets_;  // (B, T) i32, T the rank's tokens of each sequence (seq_len / cp)
   OwnedTensor seq_tokens_, seq_targets_;  // (B, seq_len) i32 whole sequences, under cp
   TraceRecorder* trace_ = nullptr;
+  std::unique_ptr<parallel::PsWorker> ps_;
 };
 
 struct TrainOptions {
