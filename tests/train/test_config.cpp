@@ -360,5 +360,32 @@ TEST(RunConfigAgreement, DifferencesNameEveryRankKeyAndBothValues) {
   EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
 }
 
+TEST(RunConfig, ParameterServerKeysParse) {
+  const RunConfig c = parse_run_config(kMinimal, "run.toml",
+                                       {"parallel.mode=ps", "parallel.ps_servers=3", "parallel.ps_server=optimizer",
+                                        "parallel.staleness=2", "parallel.dp=4"});
+  EXPECT_EQ(c.parallel.mode, "ps");
+  EXPECT_EQ(c.parallel.ps_servers, 3);
+  EXPECT_EQ(c.parallel.ps_server, "optimizer");
+  EXPECT_EQ(c.parallel.staleness, 2);
+  const RunConfig d = parse_run_config(kMinimal, "run.toml", {});
+  EXPECT_EQ(d.parallel.mode, "collective");
+  EXPECT_EQ(d.parallel.ps_server, "sum");
+  EXPECT_EQ(d.parallel.staleness, 0);
+}
+
+TEST(RunConfigErrors, ParameterServerLayoutsItCannotTrainAreRefusedWithTheReason) {
+  expect_error(kMinimal, {"parallel.mode=ps", "parallel.tp=2"}, {"parallel.mode = ps", "tp = 2", "must be 1"});
+  expect_error(kMinimal, {"parallel.mode=ps", "parallel.zero_stage=1"},
+               {"parallel.zero_stage = 1", "servers hold the sharded state", "allowed 0"});
+  expect_error(kMinimal, {"parallel.mode=ps", "parallel.ps_server=optimizer", "train.dtype=bf16"},
+               {"ps_server = optimizer", "fp32", "train.dtype = bf16"});
+  expect_error(kMinimal, {"parallel.staleness=1"}, {"parallel.staleness = 1", "needs parallel.mode = ps"});
+  expect_error(kMinimal, {"parallel.mode=ps", "parallel.staleness=1"},
+               {"parallel.staleness = 1", "ps_server = sum", "use ps_server = optimizer"});
+  expect_error(kMinimal, {"parallel.mode=parameter_server"}, {"parallel.mode", "collective", "ps"});
+  expect_error(kMinimal, {"parallel.mode=ps", "parallel.ps_server=adam"}, {"parallel.ps_server", "sum", "optimizer"});
+}
+
 }  // namespace
 }  // namespace loom::train
