@@ -48,7 +48,11 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                    {"bucket_mb", p.bucket_mb},
                    {"offload_optimizer", p.offload_optimizer},
                    {"comm_algo", p.comm_algo},
-                   {"timeout_s", p.timeout_s}};
+                   {"timeout_s", p.timeout_s},
+                   {"mode", p.mode},
+                   {"ps_servers", p.ps_servers},
+                   {"ps_server", p.ps_server},
+                   {"staleness", p.staleness}};
   j["checkpoint"] = {{"dir", c.checkpoint.dir},
                      {"every", c.checkpoint.every},
                      {"keep", c.checkpoint.keep},
