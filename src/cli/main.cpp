@@ -201,7 +201,9 @@ int main(int argc, char** argv) {
     // No rank reaches MPI_Finalize while another may still fail: OpenMPI
     // 4.1's mpirun can crash or hang when a rank calls MPI_Abort after
     // another has finalized. A rank waiting here still answers watchdogs.
-    world->barrier()->wait();
+    // A run that lost a rank on purpose (an asynchronous parameter-server
+    // worker dropped: parallel/ps.h) cannot meet it here.
+    if (!loom::comm::lost_a_peer()) world->barrier()->wait();
     world.reset();  // before MPI_Finalize at exit
     return code;
   }

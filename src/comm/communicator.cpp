@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 
@@ -37,5 +38,20 @@ Range shard_range(int64_t n, int size, int rank) {
   const int64_t r = rank;
   return Range{r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
 }
+
+WorkPtr Communicator::send_unguarded(Tensor, int, int) {
+  fail("communicator '", name(), "' has no fault-tolerant point-to-point (send_unguarded): an MPI communicator does");
+}
+
+WorkPtr Communicator::recv_unguarded(Tensor, int, int) {
+  fail("communicator '", name(), "' has no fault-tolerant point-to-point (recv_unguarded): an MPI communicator does");
+}
+
+namespace {
+std::atomic<bool> g_lost_peer{false};
+}  // namespace
+
+void note_lost_peer() { g_lost_peer.store(true); }
+bool lost_a_peer() { return g_lost_peer.load(); }
 
 }  // namespace loom::comm

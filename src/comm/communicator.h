@@ -87,6 +87,12 @@ class Work {
   virtual void wait() = 0;
   // True once complete; never blocks.
   virtual bool test() = 0;
+  // Withdraws an operation of send_unguarded / recv_unguarded (no-op for any
+  // other, or once complete): a receive is cancelled, a send abandoned (its
+  // buffer must then stay alive until the process exits, as MPI may still
+  // read it). Returns once the backend is done with a receive's buffer; the
+  // Work is then complete and its contents undefined.
+  virtual void cancel() {}
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -123,9 +129,24 @@ class Communicator {
                                std::span<const int64_t> in_counts) = 0;
   virtual WorkPtr barrier() = 0;
 
+  // A send / receive with a peer that may die without ending the job
+  // (parameter-server workers, parallel/ps.h): no deadline (test() and
+  // wait() never trip the watchdog) and Work::cancel() withdraws it. The
+  // caller detects a lost peer itself and must cancel what it still has
+  // posted to it before destroying the communicator. Backends without
+  // fault-tolerant point-to-point throw loom::Error.
+  virtual WorkPtr send_unguarded(Tensor buf, int peer, int tag);
+  virtual WorkPtr recv_unguarded(Tensor buf, int peer, int tag);
+
   // The ranks that pass the same color form a new communicator, ordered by
   // key (MPI_Comm_split). Collective over this communicator.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 };
+
+// A process-wide note that a peer of this job was lost (a parameter-server
+// worker dropped from the run): the job's end then skips the final barrier
+// over the world, which the lost rank would never reach.
+void note_lost_peer();
+bool lost_a_peer();
 
 }  // namespace loom::comm

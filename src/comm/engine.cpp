@@ -49,14 +49,27 @@ bool OpWork::test() {
     std::lock_guard lock(m_);
     if (done_) return true;
   }
-  if (Clock::now() > deadline_after(issued_at_, info_->options.timeout_s)) watchdog_abort();
+  if (guarded_ && Clock::now() > deadline_after(issued_at_, info_->options.timeout_s)) watchdog_abort();
   return false;
+}
+
+void OpWork::cancel() {
+  if (guarded_) return;
+  cancel_requested_.store(true);
+  if (wake_engine_) wake_engine_();
+  std::unique_lock lock(m_);
+  cv_.wait(lock, [&] { return done_; });
 }
 
 std::string OpWork::label() const { return concat(what_, " #", seq_, " on communicator '", info_->name, "'"); }
 
 void OpWork::wait() {
   std::unique_lock lock(m_);
+  if (!guarded_) {  // no deadline: the caller watches the peer itself
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
   const auto deadline = deadline_after(Clock::now(), info_->options.timeout_s);
   if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
     lock.unlock();
@@ -143,6 +156,7 @@ void Engine::submit_collective(std::shared_ptr<OpWork> work, std::function<void(
 }
 
 void Engine::submit_p2p(std::shared_ptr<OpWork> work, P2pPost post) {
+  if (!work->guarded()) work->wake_engine_ = [this] { cv_.notify_all(); };
   {
     std::lock_guard lock(m_);
     incoming_.push_back(Pending{std::move(work), {}, post});
@@ -165,6 +179,10 @@ std::exception_ptr p2p_error(const OpWork& work, const CommInfo& info, int code)
 }  // namespace
 
 void Engine::post_p2p(Pending& p) {
+  if (p.work->cancel_requested()) {  // withdrawn before it was posted
+    p.work->finish(nullptr);
+    return;
+  }
   MPI_Request req = MPI_REQUEST_NULL;
   const P2pPost& q = p.post;
   const int rc = q.is_send ? MPI_Isend(q.buf, q.count, q.type, q.peer, q.tag, comm_, &req)
@@ -236,6 +254,20 @@ bool Engine::poll() {
     progressed = true;
   }
   for (size_t i = 0; i < active_p2p_.size();) {
+    OpWork& op = *active_p2p_[i].first;
+    if (op.cancel_requested()) {  // an unguarded op withdrawn (OpWork::cancel)
+      MPI_Request& req = active_p2p_[i].second;
+      if (op.what().rfind("send", 0) == 0) {
+        MPI_Request_free(&req);  // abandoned: MPI may still read the caller's buffer
+      } else {
+        MPI_Cancel(&req);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+      }
+      op.finish(nullptr);
+      active_p2p_.erase(active_p2p_.begin() + static_cast<std::ptrdiff_t>(i));
+      progressed = true;
+      continue;
+    }
     int flag = 0;
     const int rc = MPI_Test(&active_p2p_[i].second, &flag, MPI_STATUS_IGNORE);
     if (flag || rc != MPI_SUCCESS) {

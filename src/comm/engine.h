@@ -45,13 +45,19 @@ struct CommInfo {
 // The Work of one operation; completed by the engine thread.
 class OpWork : public Work {
  public:
-  OpWork(std::shared_ptr<const CommInfo> info, std::string what, int64_t seq, int peer)
-      : info_(std::move(info)), what_(std::move(what)), seq_(seq), peer_(peer),
+  // guarded = false: a point-to-point op without deadline, which cancel()
+  // withdraws (Communicator::send_unguarded / recv_unguarded).
+  OpWork(std::shared_ptr<const CommInfo> info, std::string what, int64_t seq, int peer, bool guarded = true)
+      : info_(std::move(info)), what_(std::move(what)), seq_(seq), peer_(peer), guarded_(guarded),
         issued_at_(std::chrono::steady_clock::now()) {}
   void wait() override;
   // Past issue + timeout_s an incomplete op trips the watchdog here too, so a
   // caller that polls instead of waiting is not left spinning forever.
   bool test() override;
+  // Unguarded ops: asks the engine to withdraw the op and waits until it has.
+  void cancel() override;
+  bool cancel_requested() const { return cancel_requested_.load(); }
+  bool guarded() const { return guarded_; }
   void finish(std::exception_ptr error);
   // The watchdog's message and job abort; `context` (may be empty) opens the
   // message's reason, e.g. that the communicator is being destroyed. On the
@@ -72,6 +78,10 @@ class OpWork : public Work {
   std::string what_;  // "all_reduce(f32, 1000 elements, sum)"
   int64_t seq_;
   int peer_;
+  bool guarded_ = true;
+  std::atomic<bool> cancel_requested_{false};
+  std::function<void()> wake_engine_;  // set by Engine::submit_p2p: cancel() wakes the engine's thread
+  friend class Engine;
   std::chrono::steady_clock::time_point issued_at_;
   std::mutex m_;
   std::condition_variable cv_;

@@ -154,7 +154,7 @@ WorkPtr MpiCommunicator::barrier() {
   });
 }
 
-WorkPtr MpiCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag) {
+WorkPtr MpiCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag, bool guarded) {
   const char* op = is_send ? "send" : "recv";
   const CallSite at{op, name(), size(), device()};
   validate_buffer(at, "buf", buf);
@@ -166,7 +166,7 @@ WorkPtr MpiCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag) 
   auto work = std::make_shared<OpWork>(info_,
                                        concat(op, "(", describe(buf), is_send ? ", to " : ", from ", peer, ", tag ",
                                               tag, ")"),
-                                       ++p2p_seq_, peer);
+                                       ++p2p_seq_, peer, guarded);
   engine_->submit_p2p(work, P2pPost{is_send, buf.data(), static_cast<int>(buf.numel()), mpi_type(buf.dtype()),
                                     peer, tag});
   return work;
@@ -174,6 +174,8 @@ WorkPtr MpiCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag) 
 
 WorkPtr MpiCommunicator::send(Tensor buf, int peer, int tag) { return issue_p2p(true, buf, peer, tag); }
 WorkPtr MpiCommunicator::recv(Tensor buf, int peer, int tag) { return issue_p2p(false, buf, peer, tag); }
+WorkPtr MpiCommunicator::send_unguarded(Tensor buf, int peer, int tag) { return issue_p2p(true, buf, peer, tag, false); }
+WorkPtr MpiCommunicator::recv_unguarded(Tensor buf, int peer, int tag) { return issue_p2p(false, buf, peer, tag, false); }
 
 // A barrier through the engine first: a missing member trips the watchdog
 // there rather than hanging in MPI_Comm_split, which has no deadline.

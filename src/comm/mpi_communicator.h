@@ -56,11 +56,13 @@ class MpiCommunicator final : public Communicator {
   WorkPtr all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
                        std::span<const int64_t> in_counts) override;
   WorkPtr barrier() override;
+  WorkPtr send_unguarded(Tensor buf, int peer, int tag) override;
+  WorkPtr recv_unguarded(Tensor buf, int peer, int tag) override;
   std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
 
  private:
   WorkPtr issue(CollDesc desc, std::string what, std::function<void()> body);
-  WorkPtr issue_p2p(bool is_send, Tensor buf, int peer, int tag);
+  WorkPtr issue_p2p(bool is_send, Tensor buf, int peer, int tag, bool guarded = true);
   // Engine thread.
   void check_same_call(const CollDesc& mine);
   void run_all_reduce(Tensor buf, ReduceOp op);

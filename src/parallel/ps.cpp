@@ -2,8 +2,13 @@
 #include "parallel/ps.h"
 
 #include <bit>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <thread>
 #include <utility>
 
 #include "comm/reduce.h"
@@ -14,6 +19,10 @@ namespace loom::parallel {
 namespace {
 
 Tensor i64_view(int64_t* p, int64_t n) { return Tensor(p, DType::i64, {n}); }
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // Several operations seen as one; `finish` runs once, after all of them
 // completed, on the thread that waits or tests.
@@ -53,10 +62,13 @@ PsKind ps_kind_from_name(const std::string& name) {
 
 const char* ps_kind_name(PsKind kind) { return kind == PsKind::sum ? "sum" : "optimizer"; }
 
-PsWorker::PsWorker(comm::Communicator& world, int servers, int workers, int worker, PsKind kind,
+PsWorker::PsWorker(comm::Communicator& world, int servers, int workers, int worker, PsKind kind, int64_t staleness,
                    std::vector<Bucket> buckets, Pools& pools)
     : world_(world), servers_(servers), workers_(workers), worker_(worker), kind_(kind),
-      buckets_(std::move(buckets)), pools_(pools) {
+      buckets_(std::move(buckets)), pools_(pools), staleness_(staleness) {
+  LOOM_REQUIRE(staleness == 0 || kind == PsKind::optimizer, "parameter server: asynchronous training (staleness ",
+               staleness, ") needs optimizer servers");
+  read_instrumentation();
   LOOM_REQUIRE(world.size() == servers + workers && world.rank() == ps::worker_rank(servers, worker),
                "parameter server: world rank ", world.rank(), " of ", world.size(), " is not worker ", worker,
                " of ", workers, " after ", servers, " servers");
@@ -76,16 +88,39 @@ PsWorker::PsWorker(comm::Communicator& world, int servers, int workers, int work
 
 PsWorker::~PsWorker() = default;
 
+void PsWorker::read_instrumentation() {
+  if (const char* d = std::getenv("LOOM_PS_WORKER_DELAY")) {
+    int w = -1, ms = 0;
+    LOOM_REQUIRE(std::sscanf(d, "%d:%d", &w, &ms) == 2 && w >= 0 && ms >= 0, "LOOM_PS_WORKER_DELAY = '", d,
+                 "' is not worker:milliseconds (e.g. 1:200)");
+    if (w == worker_) delay_ms_ = ms;
+  }
+  if (const char* d = std::getenv("LOOM_PS_EVENTS")) events_path_ = concat(d, "/worker_", worker_, ".jsonl");
+}
+
 void PsWorker::command(int64_t cmd, int64_t a, int64_t b, int64_t c) {
   int64_t msg[4] = {cmd, a, b, c};
   std::vector<comm::WorkPtr> sent;
-  for (int s = 0; s < servers_; ++s) sent.push_back(world_.send(i64_view(msg, 4), ps::server_rank(s), ps::kTagCommand));
+  for (int s = 0; s < command_servers(); ++s)
+    sent.push_back(world_.send(i64_view(msg, 4), ps::server_rank(s), ps::kTagCommand));
   for (const comm::WorkPtr& w : sent) w->wait();
 }
 
 void PsWorker::begin_step(int64_t step, int64_t position) {
   LOOM_CHECK(pushed_.empty(), "begin_step with the last step's pushes pending");
+  if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+  begun_ = wall_seconds();
+  step_ = step;
   command(ps::kStep, step, position, 0);
+}
+
+void PsWorker::record(int64_t step, const PsStepResult& r) {
+  if (events_path_.empty()) return;
+  std::ofstream out(events_path_, std::ios::app);
+  out << concat("{\"worker\": ", worker_, ", \"step\": ", step, ", \"begin\": ", std::to_string(begun_),
+                ", \"pushed\": ", std::to_string(pushed_at_), ", \"replied\": ", std::to_string(wall_seconds()),
+                ", \"slowest\": ", r.slowest, ", \"lost\": ", r.lost, "}\n");
+  LOOM_REQUIRE(out.good(), "LOOM_PS_EVENTS: cannot append to '", events_path_, "'");
 }
 
 comm::WorkPtr PsWorker::exchange(int bucket, Tensor grads) {
@@ -124,9 +159,14 @@ PsStepResult PsWorker::pull(Tensor params) {
   LOOM_CHECK(kind_ == PsKind::optimizer, "PsWorker::pull with summation servers");
   LOOM_CHECK(pushed_.size() == buckets_.size(), "pull after ", pushed_.size(), " of ", buckets_.size(),
              " buckets pushed");
-  int64_t info[2] = {0, 0};
+  pushed_at_ = wall_seconds();
+  if (asynchronous()) {  // every piece is out (the caller waited for the sends): server 0 may apply the push
+    int64_t done[2] = {step_, 0};
+    world_.send(i64_view(done, 2), ps::server_rank(0), ps::kTagDone)->wait();
+  }
+  int64_t info[4] = {0, 0, 0, 0};
   std::vector<comm::WorkPtr> parts;
-  parts.push_back(world_.recv(i64_view(info, 2), ps::server_rank(0), ps::kTagInfo));
+  parts.push_back(world_.recv(i64_view(info, 4), ps::server_rank(0), ps::kTagInfo));
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
     const Bucket& bk = buckets_[static_cast<size_t>(b)];
     for (int s = 0; s < servers_; ++s) {
@@ -139,7 +179,10 @@ PsStepResult PsWorker::pull(Tensor params) {
   }
   for (const comm::WorkPtr& w : parts) w->wait();
   pushed_.clear();
-  return {std::bit_cast<double>(info[0]), info[1] != 0};
+  const PsStepResult r{std::bit_cast<double>(info[0]), info[1] != 0, info[2], info[3]};
+  if (r.lost > 0) comm::note_lost_peer();
+  record(step_, r);
+  return r;
 }
 
 void PsWorker::resume(const std::string& path) {
@@ -147,14 +190,14 @@ void PsWorker::resume(const std::string& path) {
   if (path.empty()) return;
   std::vector<int32_t> bytes(path.begin(), path.end());
   std::vector<comm::WorkPtr> sent;
-  for (int s = 0; s < servers_; ++s)
+  for (int s = 0; s < command_servers(); ++s)
     sent.push_back(world_.send(Tensor(bytes.data(), DType::i32, {static_cast<int64_t>(bytes.size())}),
                                ps::server_rank(s), ps::kTagPath));
   for (const comm::WorkPtr& w : sent) w->wait();
 }
 
-void PsWorker::save() {
-  command(ps::kSave, 0, 0, 0);
+void PsWorker::save(int64_t step, int64_t position) {
+  command(ps::kSave, step, position, 0);
   int64_t ok = 0;
   world_.recv(i64_view(&ok, 1), ps::server_rank(0), ps::kTagReply)->wait();
   LOOM_REQUIRE(ok == 1, "parameter server: the servers could not write the checkpoint (see server 0's log)");

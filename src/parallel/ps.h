@@ -24,6 +24,24 @@
 // master weights and sends back i64[2] {norm bits, skipped} and its piece
 // of every bucket's updated weights; the worker keeps no optimizer step.
 //
+// Asynchronous (staleness s > 0, optimizer servers; SSP): a worker's
+// commands go to server 0 alone, which orders the servers' work: as each
+// worker's push is complete (its pieces, then i64[2] {kTagDone: step, 0}
+// once its sends finished) it broadcasts an event over the servers'
+// communicator (i64[4]: apply a push, drop a lost worker, save, a worker
+// stopped, end), so every server applies the same pushes in the same order.
+// A push is applied alone, as it arrives: AdamW on the worker's own
+// gradient, clipped by its own global norm, at the learning rate of the
+// step it was computed at. A worker that pushed step k gets its reply (the
+// result, then the weights) once every live worker has pushed at least
+// k + 1 - s steps: it never runs more than s steps ahead of the slowest.
+// A worker from which server 0 hears nothing for parallel.timeout_s / 2
+// while it holds others back is dropped: its posted receives are cancelled
+// (Communicator::recv_unguarded), the log names it, and the rest go on.
+// The reply's i64[4] {norm bits, skipped, workers lost, slowest worker's
+// pushes} tells the workers (comm::note_lost_peer) so the job's end does not
+// wait for the lost rank.
+//
 // Other commands: kResume (i64[4] {kResume, 0, 0, path bytes} + the step
 // dir's path as i32 bytes: the servers load the checkpoint the workers
 // chose, or start fresh), kSave (the servers write the checkpoint and send
@@ -53,7 +71,7 @@ inline constexpr int64_t kProtocol = 1;
 // Message tags on the world communicator; bucket b's gradients (worker to
 // server) and its sum or weights (server to worker) go under kTagBucket + b.
 inline constexpr int kTagHello = 11, kTagLayout = 12, kTagCommand = 13, kTagInfo = 16, kTagPath = 17,
-                     kTagReply = 18, kTagBucket = 1000;
+                     kTagReply = 18, kTagDone = 19, kTagBucket = 1000;
 inline constexpr int kMaxBuckets = 30000;  // kTagBucket + b stays below MPI's smallest tag bound (32767)
 enum Command : int64_t { kStep = 1, kResume = 2, kSave = 3, kStop = 4 };
 // The world ranks of a job of `servers` servers: server s is rank s, worker w rank servers + w.
@@ -76,6 +94,8 @@ class GradientExchange {
 struct PsStepResult {
   double grad_norm = 0;  // global, before clipping
   bool skipped = false;  // the update was not applied (a non-finite norm)
+  int64_t lost = 0;      // workers dropped from the run so far (asynchronous)
+  int64_t slowest = 0;   // the fewest pushes any live worker had made when the reply left (asynchronous)
 };
 
 class PsWorker final : public GradientExchange {
@@ -83,7 +103,8 @@ class PsWorker final : public GradientExchange {
   // world: the whole job; this process is worker `worker` of `workers`, the
   // servers are world ranks 0..servers-1. buckets: this worker's stage-0
   // buckets (DataParallel::buckets()). Sends the hello and the layout.
-  PsWorker(comm::Communicator& world, int servers, int workers, int worker, PsKind kind,
+  // staleness > 0: asynchronous (optimizer servers only).
+  PsWorker(comm::Communicator& world, int servers, int workers, int worker, PsKind kind, int64_t staleness,
            std::vector<Bucket> buckets, Pools& pools);
   ~PsWorker() override;
   PsWorker(const PsWorker&) = delete;
@@ -93,6 +114,7 @@ class PsWorker final : public GradientExchange {
   int servers() const { return servers_; }
   int workers() const { return workers_; }
   int worker() const { return worker_; }
+  bool asynchronous() const { return staleness_ > 0; }
 
   // Before a step's backward: tells every server that step `step` (0-based)
   // with the data at `position` is coming.
@@ -103,9 +125,9 @@ class PsWorker final : public GradientExchange {
   PsStepResult pull(Tensor params);
   // The servers load the step dir `path` ("" : start fresh).
   void resume(const std::string& path);
-  // The servers write a checkpoint of the step they last applied; returns
-  // once they have.
-  void save();
+  // The servers write a checkpoint of their state as of step `step` with
+  // the data at `position` (this worker's); returns once they have.
+  void save(int64_t step, int64_t position);
   // The run is over (every worker says so; a server leaves once all have).
   void stop();
 
@@ -116,11 +138,25 @@ class PsWorker final : public GradientExchange {
 
  private:
   void command(int64_t cmd, int64_t a, int64_t b, int64_t c);
+  // The servers a command goes to: all (synchronous), or server 0.
+  int command_servers() const { return asynchronous() ? 1 : servers_; }
+  // Test and benchmark instrumentation (environment): LOOM_PS_WORKER_DELAY
+  // = "w:ms" sleeps worker w that long before each step; LOOM_PS_EVENTS =
+  // dir appends one JSON line per step to dir/worker_<w>.jsonl: step, and
+  // wall-clock seconds at its start (after the delay), when its push was
+  // sent, when its reply arrived, and the reply's slowest.
+  void read_instrumentation();
+  void record(int64_t step, const PsStepResult& r);
   comm::Communicator& world_;
   int servers_, workers_, worker_;
   PsKind kind_;
   std::vector<Bucket> buckets_;
   Pools& pools_;
+  int64_t staleness_;
+  int delay_ms_ = 0;
+  std::string events_path_;
+  double begun_ = 0, pushed_at_ = 0;
+  int64_t step_ = 0;
   // Optimizer servers: the buckets pushed this step, in push order.
   std::vector<int> pushed_;
   int64_t sent_ = 0, received_ = 0;

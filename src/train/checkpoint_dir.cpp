@@ -159,7 +159,9 @@ std::string CheckpointRun::resume(Trainer& trainer) {
 
 std::string CheckpointRun::save(Trainer& trainer) {
   if (trainer.updated_by_servers()) {  // the servers hold the state and write the checkpoint
-    trainer.ps()->save();
+    // Asynchronous workers are not in step: worker 0's steps name the checkpoint.
+    if (!trainer.asynchronous() || trainer.ps()->worker() == 0)
+      trainer.ps()->save(trainer.steps_done(), trainer.train_data().position());
     saved_ = true;
     newest_ = (fs::path(c_.dir) / checkpoint_step_dir_name(trainer.steps_done())).string();
     return newest_;

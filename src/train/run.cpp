@@ -185,7 +185,7 @@ void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trac
 // stops after the same step. Collective over the mesh.
 int agree_on_stop(Trainer& t, int signal) {
   comm::Communicator& world = t.mesh().world();
-  if (world.size() == 1) return signal;
+  if (world.size() == 1 || t.asynchronous()) return signal;  // asynchronous workers stop on their own
   float v = static_cast<float>(signal);
   world.all_reduce(Tensor(&v, DType::f32, {1}), comm::ReduceOp::max)->wait();
   return static_cast<int>(v);

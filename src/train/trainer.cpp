@@ -107,7 +107,7 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
     ps_ = std::make_unique<parallel::PsWorker>(*ctx.ps_world, static_cast<int>(cfg.parallel.ps_servers),
                                                static_cast<int>(cfg.parallel.dp), mesh_.dp().rank(),
                                                parallel::ps_kind_from_name(cfg.parallel.ps_server),
-                                               rank_.dps[0]->buckets(), pools);
+                                               cfg.parallel.staleness, rank_.dps[0]->buckets(), pools);
     rank_.dps[0]->set_exchange(ps_.get());
   }
 }
@@ -158,7 +158,7 @@ StepStats Trainer::pipeline_step() {
 // ready: fp16 overflow skip, clipping, AdamW on every chunk.
 StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start) {
   s.lr = schedule_.at(steps_);
-  s.loss = rank_.dps[0]->mean(loss);  // the same on every rank, as grad_norm
+  s.loss = mean_over_replicas(loss);  // the same on every rank, as grad_norm
   const bool finite_loss = std::isfinite(s.loss);
   if (scaler_) {
     s.loss_scale = loss_scale;
@@ -243,7 +243,12 @@ double Trainer::evaluate() {
     sum += rank_.pipe ? rank_.pipe->forward_only(tokens_, targets_) : rank_.models[0]->forward(tokens_, targets_);
   }
   if (rank_.pipe) sum = parallel::exact_group_sum(mesh_.pp(), sum);  // only the last stage's rank holds the losses
-  return rank_.dps[0]->mean(sum / static_cast<double>(batches));
+  return mean_over_replicas(sum / static_cast<double>(batches));
+}
+
+double Trainer::mean_over_replicas(double value) {
+  // Asynchronous workers meet no one: each reports its own.
+  return asynchronous() ? value : rank_.dps[0]->mean(value);
 }
 
 void save_model(Trainer& trainer, const std::string& dir) {

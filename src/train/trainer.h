@@ -142,6 +142,10 @@ class Trainer {
   // The servers apply the update (parallel.ps_server = optimizer): the
   // worker's own optimizer does not step.
   bool updated_by_servers() const { return ps_ && ps_->kind() == parallel::PsKind::optimizer; }
+  // Asynchronous parameter-server training (parallel.staleness > 0): the
+  // workers never communicate with each other after start-up, so losses,
+  // evaluations and stop signals are each worker's own.
+  bool asynchronous() const { return ps_ && ps_->asynchronous(); }
   // Context parallelism's attention; null without it.
   const parallel::ContextParallelAttention* cp() const { return rank_.cp.get(); }
 
@@ -155,6 +159,9 @@ class Trainer {
   // first token of the next chunk, wherever that chunk lives. Without cp the
   // loader writes tokens and targets directly.
   void take_rank_tokens(const Tensor& tokens, const Tensor& targets) const;
+  // The mean of a per-rank value over the data-parallel replicas (an
+  // asynchronous worker's own value).
+  double mean_over_replicas(double value);
   StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
 
   // The host's memory of a device run: its batches, which the data loaders

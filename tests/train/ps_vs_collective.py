@@ -6,7 +6,8 @@ WORKDIR holds data/train_*.bin and data/val_*.bin. For S = 1, 2, 3 servers
 and W = 2..5 workers (the server kind alternating, so every S and every W
 meets both kinds), 20 fp32 steps of `loom train` with parallel.mode = ps
 are compared with collective data parallelism over W ranks on the same
-global batch: the largest relative loss difference must be within 1e-5
+global batch (1 MiB buckets, so the model's gradients travel in several):
+the largest relative loss difference must be within 1e-5
 (DESIGN.md §6). Then checkpoints: an optimizer-server run's step 10 is
 resumed by collective DP, and a collective run's step 10 by optimizer
 servers and by summation servers' workers; each continuation must give the
@@ -21,7 +22,7 @@ loom, work, config = sys.argv[1], sys.argv[2], sys.argv[3]
 mpirun = sys.argv[4:]
 STEPS = 20
 common = ["--set", f"data.train={work}/data/train_*.bin", "--set", f"data.val={work}/data/val_*.bin",
-          "--set", f"train.steps={STEPS}", "--set", "train.eval_every=0", "--set", "parallel.timeout_s=120",
+          "--set", f"train.steps={STEPS}", "--set", "train.eval_every=0", "--set", "parallel.timeout_s=120", "--set", "parallel.bucket_mb=1",
           "--threads", "1"]
 
 
