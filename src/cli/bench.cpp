@@ -1,4 +1,6 @@
 #include "bench/comm_bench.h"
+#include "bench/ps_transport.h"
+#include "comm/mpi_runtime.h"
 #include "bench/kernels_bench.h"
 #include "bench/serve_bench.h"
 #include "bench/train_bench.h"
@@ -155,6 +157,27 @@ void add_bench_comm(CLI::App& bench, int& exit_code, const std::string& command_
   });
 }
 
+void add_bench_ps_transport(CLI::App& bench, int& exit_code, const std::string& command_line) {
+  CLI::App* cmd = bench.add_subcommand(
+      "ps-transport", "a parameter server's push and pull over MPI point-to-point against one-sided RMA (rank 0 "
+      "serves, the other ranks of an mpirun job push)");
+  auto opts = std::make_shared<bench::PsTransportOptions>();
+  opts->command = command_line;
+  auto min = std::make_shared<std::string>("64K");
+  auto max = std::make_shared<std::string>("64M");
+  cmd->add_option("--min", *min, "smallest gradient in bytes (K, M, G suffixes)")->capture_default_str();
+  cmd->add_option("--max", *max, "largest gradient in bytes; sizes double from --min")->capture_default_str();
+  cmd->add_option("--iters", opts->iters, "timed rounds per size (the median is printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->callback([opts, min, max, &exit_code] {
+    opts->min_bytes = bench::parse_bytes(*min);
+    opts->max_bytes = bench::parse_bytes(*max);
+    comm::mpi_ensure_initialized();
+    exit_code = bench::run_ps_transport_bench(*opts);
+  });
+}
+
 // The model and the engine's sizes of `loom bench serve`.
 void add_serve_model_options(CLI::App& serve, bench::ServeBenchOptions& o) {
   serve.add_option("--preset", o.preset, "model preset with random weights (gpt2-124m, gpt2-350m, llama-110m, "
@@ -226,6 +249,7 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& command
   add_bench_kernels(*bench, exit_code, command_line, default_threads);
   add_bench_train(*bench, exit_code, command_line, default_threads);
   add_bench_comm(*bench, exit_code, command_line);
+  add_bench_ps_transport(*bench, exit_code, command_line);
   add_bench_serve(*bench, exit_code, command_line, default_threads);
 }
 

@@ -76,7 +76,7 @@ bool runs_on_every_rank(int argc, char** argv) {
   const std::string first = argc > 1 ? argv[1] : "", second = argc > 2 ? argv[2] : "";
   bool calibrate = false;  // loom plan --calibrate measures the link between ranks
   for (int i = 2; i < argc; ++i) calibrate = calibrate || std::string(argv[i]) == "--calibrate";
-  return first == "train" || (first == "bench" && (second == "comm" || second == "train")) ||
+  return first == "train" || (first == "bench" && (second == "comm" || second == "train" || second == "ps-transport")) ||
          (first == "plan" && calibrate);
 }
 

@@ -3,12 +3,10 @@
 
 #include <bit>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <thread>
 #include <utility>
 
 #include "comm/reduce.h"
@@ -89,12 +87,6 @@ PsWorker::PsWorker(comm::Communicator& world, int servers, int workers, int work
 PsWorker::~PsWorker() = default;
 
 void PsWorker::read_instrumentation() {
-  if (const char* d = std::getenv("LOOM_PS_WORKER_DELAY")) {
-    int w = -1, ms = 0;
-    LOOM_REQUIRE(std::sscanf(d, "%d:%d", &w, &ms) == 2 && w >= 0 && ms >= 0, "LOOM_PS_WORKER_DELAY = '", d,
-                 "' is not worker:milliseconds (e.g. 1:200)");
-    if (w == worker_) delay_ms_ = ms;
-  }
   if (const char* d = std::getenv("LOOM_PS_EVENTS")) events_path_ = concat(d, "/worker_", worker_, ".jsonl");
 }
 
@@ -108,7 +100,6 @@ void PsWorker::command(int64_t cmd, int64_t a, int64_t b, int64_t c) {
 
 void PsWorker::begin_step(int64_t step, int64_t position) {
   LOOM_CHECK(pushed_.empty(), "begin_step with the last step's pushes pending");
-  if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
   begun_ = wall_seconds();
   step_ = step;
   command(ps::kStep, step, position, 0);

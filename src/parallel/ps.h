@@ -140,11 +140,11 @@ class PsWorker final : public GradientExchange {
   void command(int64_t cmd, int64_t a, int64_t b, int64_t c);
   // The servers a command goes to: all (synchronous), or server 0.
   int command_servers() const { return asynchronous() ? 1 : servers_; }
-  // Test and benchmark instrumentation (environment): LOOM_PS_WORKER_DELAY
-  // = "w:ms" sleeps worker w that long before each step; LOOM_PS_EVENTS =
-  // dir appends one JSON line per step to dir/worker_<w>.jsonl: step, and
-  // wall-clock seconds at its start (after the delay), when its push was
-  // sent, when its reply arrived, and the reply's slowest.
+  // Test and benchmark instrumentation (environment): LOOM_PS_EVENTS = dir
+  // appends one JSON line per step to dir/worker_<w>.jsonl: step, and
+  // wall-clock seconds at its start (after a straggler's delay:
+  // train/trainer.h LOOM_DP_DELAY), when its push was sent, when its reply
+  // arrived, and the reply's slowest.
   void read_instrumentation();
   void record(int64_t step, const PsStepResult& r);
   comm::Communicator& world_;
@@ -153,7 +153,6 @@ class PsWorker final : public GradientExchange {
   std::vector<Bucket> buckets_;
   Pools& pools_;
   int64_t staleness_;
-  int delay_ms_ = 0;
   std::string events_path_;
   double begun_ = 0, pushed_at_ = 0;
   int64_t step_ = 0;

@@ -405,7 +405,14 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     summary.stop_signal = signal;
   }
   summary.seconds = seconds_since(start);
-  if (trainer.ps()) trainer.ps()->stop();  // the servers leave
+  if (trainer.ps()) {
+    const int64_t ran = trainer.steps_done() - first_step;
+    if (lead && ran > 0)
+      log_info("ps: worker 0 sent ", static_cast<double>(trainer.ps()->bytes_sent()) / ran / (1 << 20),
+               " MiB and received ", static_cast<double>(trainer.ps()->bytes_received()) / ran / (1 << 20),
+               " MiB per step");
+    trainer.ps()->stop();  // the servers leave
+  }
   if (trace) trainer.set_trace(nullptr);
   const bool finished = summary.stop_signal == 0;
   if (trace) finish_trace(cfg.log.trace, trainer, *trace);

@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <span>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -110,6 +112,13 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
                                                cfg.parallel.staleness, rank_.dps[0]->buckets(), pools);
     rank_.dps[0]->set_exchange(ps_.get());
   }
+  if (const char* d = std::getenv("LOOM_DP_DELAY")) {
+    int r = -1, ms = 0;
+    delay_rotates_ = std::sscanf(d, "rotate:%d", &ms) == 1 && ms >= 0;
+    LOOM_REQUIRE(delay_rotates_ || (std::sscanf(d, "%d:%d", &r, &ms) == 2 && r >= 0 && ms >= 0), "LOOM_DP_DELAY = '",
+                 d, "' is not rank:milliseconds (e.g. 1:200) or rotate:milliseconds");
+    if (delay_rotates_ || r == mesh_.dp().rank()) delay_ms_ = ms;
+  }
 }
 
 void Trainer::take_rank_tokens(const Tensor& tokens, const Tensor& targets) const {
@@ -199,6 +208,8 @@ StepStats Trainer::step() {
   StepStats s;
   // fp16: gradients carry the loss scale until the update divides it out.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (delay_ms_ > 0 && (!delay_rotates_ || steps_ % mesh_.dp().size() == mesh_.dp().rank()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
   rank_.dps[0]->zero_grads();
   rank_.models[0]->reset_moe_stats();  // an evaluation's routing is not the step's
   if (ps_) ps_->begin_step(steps_, train_data_.position());

@@ -32,6 +32,11 @@
 //
 // Deterministic: the same config and seed (and thread count) give bitwise
 // identical losses.
+//
+// A straggler for tests and benchmarks (environment): LOOM_DP_DELAY = "r:ms"
+// makes data-parallel rank r (a parameter-server worker's index) sleep ms
+// milliseconds before each step; "rotate:ms" makes rank (step mod dp) sleep
+// before step `step`: each rank is the straggler one step in dp.
 #pragma once
 
 #include <chrono>
@@ -179,6 +184,8 @@ class Trainer {
   OwnedTensor seq_tokens_, seq_targets_;  // (B, seq_len) i32 whole sequences, under cp
   TraceRecorder* trace_ = nullptr;
   std::unique_ptr<parallel::PsWorker> ps_;
+  int delay_ms_ = 0;          // LOOM_DP_DELAY for this rank
+  bool delay_rotates_ = false;  // LOOM_DP_DELAY = rotate:ms
 };
 
 struct TrainOptions {

@@ -52,7 +52,7 @@ def events_env(name, delay=None):
     os.makedirs(d)
     env = dict(os.environ, LOOM_PS_EVENTS=d)
     if delay:
-        env["LOOM_PS_WORKER_DELAY"] = delay
+        env["LOOM_DP_DELAY"] = delay
     return env, d
 
 
