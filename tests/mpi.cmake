@@ -269,3 +269,16 @@ if(TARGET loom)
   set_tests_properties(mpi.cli.PsAsynchronousKeepsItsBoundAndSurvivesALostWorker PROPERTIES TIMEOUT 600
     RESOURCE_LOCK loom_mpi)
 endif()
+
+if(TARGET loom)
+  add_test(NAME cli.TrainPsNamesTheProcessesItNeeds
+           COMMAND sh -c "\"$0\" train --config \"$1\" --set parallel.mode=ps --set parallel.ps_servers=2 --set parallel.dp=3 --set data.train=none 2>&1; echo exit=$?"
+                   $<TARGET_FILE:loom> ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
+  set_tests_properties(cli.TrainPsNamesTheProcessesItNeeds PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "parallel.mode = ps with parallel.ps_servers = 2 and parallel.dp = 3 workers needs 5 processes; this job has 1: start it with mpirun -np 5\nexit=1")
+  add_test(NAME cli.PlanRefusesParameterServerLayouts
+           COMMAND sh -c "\"$0\" plan --config \"$1\" --set parallel.mode=ps --set parallel.dp=2 2>&1; echo exit=$?"
+                   $<TARGET_FILE:loom> ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
+  set_tests_properties(cli.PlanRefusesParameterServerLayouts PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "loom plan does not predict parameter-server training \\(parallel.mode = ps\\) yet.*\nexit=1")
+endif()

@@ -199,7 +199,11 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
     return;
   }
   const std::unique_ptr<comm::Communicator> world = comm::mpi_world(options);
-  if (ps) return run_ps_job(cfg, a.options, *world, finish);
+  if (ps) {
+    if (a.plan && world->rank() == 0)
+      log_warn("--plan: loom plan does not predict parameter-server training yet; training without the prediction");
+    return run_ps_job(cfg, a.options, *world, finish);
+  }
   if (a.plan) plan_run(cfg, world->rank(), a.plan_cluster, a.options);
   mesh::Mesh mesh(shape, *world);
   Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));

@@ -519,5 +519,46 @@ TEST(Timeout, HugeTimeoutsWaitPollAndDrainWithoutOverflow) {
   }
 }
 
+// Unguarded point-to-point (the parameter servers' receives from workers that
+// may die): a receive no one answers outlives the watchdog's deadline when
+// polled, cancel() withdraws it, and the communicator is then destroyed
+// without waiting for it; a matched unguarded send and receive carry data.
+TEST(Unguarded, UnansweredReceiveOutlivesTheDeadlineAndCancels) {
+  std::unique_ptr<Communicator> comm = mpi_world(Options{0.2, Algo::mpi, false});
+  const int r = comm->rank(), n = comm->size();
+  std::vector<float> never(8, 0.0f);
+  WorkPtr pending;
+  if (n > 1) pending = comm->recv_unguarded(view(never), (r + 1) % n, 77);  // nobody sends tag 77
+  std::vector<float> out(4, static_cast<float>(r)), in(4, -1.0f);
+  WorkPtr sent = comm->send_unguarded(view(out), (r + 1) % n, 78);
+  WorkPtr got = comm->recv_unguarded(view(in), (r + n - 1) % n, 78);
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(500)) {
+    if (pending) EXPECT_FALSE(pending->test());  // past the 0.2 s deadline: no watchdog
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  got->wait();
+  sent->wait();
+  EXPECT_EQ(in[0], static_cast<float>((r + n - 1) % n));
+  if (pending) {
+    pending->cancel();
+    EXPECT_TRUE(pending->test());
+  }
+  comm->barrier()->wait();
+  comm.reset();  // nothing left to drain
+}
+
+TEST(Unguarded, CancelOfACompletedOperationIsANoOp) {
+  std::unique_ptr<Communicator> comm = mpi_world(Options{5, Algo::mpi, false});
+  const int r = comm->rank(), n = comm->size();
+  std::vector<int32_t> out{r}, in{-1};
+  WorkPtr got = comm->recv_unguarded(view(in), (r + n - 1) % n, 5);
+  comm->send_unguarded(view(out), (r + 1) % n, 5)->wait();
+  got->wait();
+  got->cancel();
+  EXPECT_EQ(in[0], (r + n - 1) % n);
+  comm->barrier()->wait();
+}
+
 }  // namespace
 }  // namespace loom::comm
