@@ -8,6 +8,7 @@
 namespace loom::train {
 
 AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools) : dp_(dp), options_(options) {
+  if (!options.keeps_state) return;
   LOOM_CHECK(dp.options().optimizer_state_floats >= 2, "DataParallel counted ", dp.options().optimizer_state_floats,
              " optimizer floats per parameter; AdamW keeps 2");
   for (int g = 0; g < dp.num_groups(); ++g) {
@@ -36,6 +37,7 @@ void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
 }  // namespace
 
 void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas) {
+  LOOM_CHECK(options_.keeps_state, "AdamW::step of an optimizer whose state is kept elsewhere");
   ++steps_;
   kernels::AdamWConfig cfg;
   cfg.lr = static_cast<float>(lr);
@@ -79,6 +81,7 @@ Tensor AdamW::v() const {
 }
 
 void AdamW::load_moments(int g, const Tensor& m, const Tensor& v) {
+  if (!options_.keeps_state) return;  // the servers load theirs
   const int64_t S = dp_.group(g).shard_numel;
   for (const Tensor* t : {&m, &v})
     LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == S, "AdamW::load_moments: group ", g, " ", t->str());

@@ -34,6 +34,11 @@ struct AdamWOptions {
   double beta2 = 0.95;  // GPT-3 / llm.c / nanoGPT
   double eps = 1e-8;
   double weight_decay = 0.1;  // 2-D weights only (linear weights, embeddings): nanoGPT, llm.c
+  // false: the update runs elsewhere (a parameter-server worker whose
+  // optimizer servers hold the state, train/ps_server.h): no moments are
+  // kept, step() and the moments' views are internal errors, and
+  // load_moments ignores a checkpoint's.
+  bool keeps_state = true;
 };
 
 class AdamW {

@@ -35,6 +35,10 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.pp_layers = cfg.parallel.pp_layers;
   o.cp_algo = cfg.parallel.cp_algo;
   o.ep_overlap = cfg.parallel.ep_overlap;
+  if (cfg.parallel.mode == "ps" && cfg.parallel.ps_server == "optimizer") {  // the servers keep AdamW's state
+    o.adamw.keeps_state = false;
+    o.dp.optimizer_state_floats = 0;
+  }
   return o;
 }
 
