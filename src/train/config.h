@@ -138,7 +138,7 @@ RunConfig parse_run_config(std::string_view toml_text, const std::string& source
 // ep must divide, ...): a loom::Error prefixed with `source` saying what is
 // wrong and what is allowed. For a RunConfig built in code (loom plan's
 // search).
-void validate_run_config(const RunConfig& c, const std::string& source);
+void validate_run_config(const RunConfig& c, const std::string& source);  // train/config_checks.cpp
 
 // Every key, section by section as in the TOML (model without preset: its
 // explicit values), for checkpoint manifests.

@@ -209,8 +209,7 @@ class Asynchronous {
     for (int b = 0; b < c_.num_buckets(); ++b) {
       if (c_.piece(b).count == 0) continue;
       p.recvs[static_cast<size_t>(i)]->wait();  // complete on server 0; sent before the worker's done on the others
-      const Tensor dst = c_.grad_piece(b);
-      std::memcpy(dst.data(), p.pieces[static_cast<size_t>(i)].data(), static_cast<size_t>(dst.numel()) * sizeof(float));
+      c_.set_grad_piece(b, p.pieces[static_cast<size_t>(i)].data_as<float>());
       ++i;
     }
     std::tie(p.norm, p.skipped) = c_.update(step);

@@ -60,11 +60,26 @@ void PsServerCore::build_trainer() {
   for (size_t b = 0; same && b < mine.size(); ++b) same = mine[b].numel() == sizes[b];
   LOOM_REQUIRE(same, "parameter server: the workers' ", sizes.size(), " gradient buckets differ from this server's ",
                mine.size(), " (the same model and parallel.bucket_mb must give the same buckets)");
+  // The pieces (segments cut at parameters) of each bucket's segment, in order.
+  const std::vector<parallel::ParamPiece>& pieces = trainer->dp().group(0).pieces;
+  size_t i = 0;
+  for (const parallel::Segment& seg : trainer->dp().segments()) {
+    const size_t first = i;
+    while (i < pieces.size() && pieces[i].offset < seg.offset + seg.count) ++i;
+    bucket_pieces.emplace_back(first, i);
+  }
 }
 
-Tensor PsServerCore::grad_piece(int b) const {
-  const comm::Range r = piece(b);
-  return trainer->model().grads().slice(0, trainer->dp().buckets()[static_cast<size_t>(b)].begin + r.offset, r.count);
+void PsServerCore::set_grad_piece(int b, const float* src) {
+  const parallel::DataParallel& dp = trainer->dp();
+  const parallel::Segment& seg = dp.segments()[static_cast<size_t>(b)];
+  const std::vector<parallel::ParamPiece>& pieces = dp.group(0).pieces;
+  const auto [first, last] = bucket_pieces[static_cast<size_t>(b)];
+  for (size_t i = first; i < last; ++i) {
+    const parallel::ParamPiece& p = pieces[i];
+    std::memcpy(dp.update_piece(0, p).grad.data(), src + (p.offset - seg.offset),
+                static_cast<size_t>(p.count) * sizeof(float));
+  }
 }
 
 Tensor PsServerCore::param_piece(int b) const {
@@ -177,7 +192,7 @@ class Synchronous {
         continue;
       }
       comm::divide_by(sum.data(), r.count, DType::f32, c_.W);
-      std::memcpy(c_.grad_piece(b).data(), sum.data(), static_cast<size_t>(r.count) * sizeof(float));
+      c_.set_grad_piece(b, sum.data_as<float>());
     }
     if (c_.kind == PsKind::optimizer) reply(step, position, sends);
     for (const comm::WorkPtr& w : sends) w->wait();
@@ -222,7 +237,7 @@ RunConfig ps_server_config(const RunConfig& cfg) {
   RunConfig c = cfg;
   c.parallel.mode = "collective";
   c.parallel.dp = cfg.parallel.ps_servers;
-  c.parallel.zero_stage = 1;
+  c.parallel.zero_stage = 2;  // the server keeps its gradient shard only
   c.parallel.staleness = 0;
   c.train.eval_every = 0;
   // The global batch is the workers': the servers never run forward, so

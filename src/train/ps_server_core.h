@@ -29,9 +29,10 @@ struct PsServerCore {
   int num_buckets() const { return static_cast<int>(sizes.size()); }
   // This server's range of bucket b's elements.
   comm::Range piece(int b) const { return comm::shard_range(sizes[static_cast<size_t>(b)], S, servers.rank()); }
-  // Optimizer servers: bucket b's piece of the gradients (written by the
-  // server before an update) and of the weights (after it), in the model.
-  Tensor grad_piece(int b) const;
+  // Optimizer servers: sets bucket b's piece of the gradients before an
+  // update (src: piece(b).count f32, in the ZeRO-2 gradient shard), and
+  // bucket b's piece of the weights after it (in the model).
+  void set_grad_piece(int b, const float* src);
   Tensor param_piece(int b) const;
   // The update from the gradients in place: their global norm over the
   // servers, clipping, AdamW at the learning rate of step `step`; returns
@@ -50,12 +51,14 @@ struct PsServerCore {
   parallel::PsKind kind;
   int S, W;
   std::vector<int64_t> sizes;  // the workers' buckets' elements
-  // Optimizer servers: the run as a ZeRO-1 group of S ranks (ps_server.h).
+  // Optimizer servers: the run as a ZeRO-2 group of S ranks (ps_server.h),
+  // and per bucket the range of its ParamPieces in the group's.
   RunConfig server_cfg;
   std::unique_ptr<mesh::Mesh> mesh;
   std::unique_ptr<Context> ctx;
   std::unique_ptr<Trainer> trainer;
   std::unique_ptr<CheckpointRun> checkpoints;
+  std::vector<std::pair<size_t, size_t>> bucket_pieces;
 
  private:
   void receive_layout();

@@ -181,6 +181,16 @@ void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trac
 }
 
 
+// A parameter-server worker's end (train/ps_server.h): the lead reports its
+// bytes per step, then the servers are told it is done.
+void finish_ps_worker(Trainer& t, int64_t steps_run, bool lead) {
+  if (lead && steps_run > 0)
+    log_info("ps: worker 0 sent ", static_cast<double>(t.ps()->bytes_sent()) / steps_run / (1 << 20),
+             " MiB and received ", static_cast<double>(t.ps()->bytes_received()) / steps_run / (1 << 20),
+             " MiB per step");
+  t.ps()->stop();
+}
+
 // The largest signal number any rank received (0: none), so that every rank
 // stops after the same step. Collective over the mesh.
 int agree_on_stop(Trainer& t, int signal) {
@@ -405,14 +415,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     summary.stop_signal = signal;
   }
   summary.seconds = seconds_since(start);
-  if (trainer.ps()) {
-    const int64_t ran = trainer.steps_done() - first_step;
-    if (lead && ran > 0)
-      log_info("ps: worker 0 sent ", static_cast<double>(trainer.ps()->bytes_sent()) / ran / (1 << 20),
-               " MiB and received ", static_cast<double>(trainer.ps()->bytes_received()) / ran / (1 << 20),
-               " MiB per step");
-    trainer.ps()->stop();  // the servers leave
-  }
+  if (trainer.ps()) finish_ps_worker(trainer, trainer.steps_done() - first_step, lead);
   if (trace) trainer.set_trace(nullptr);
   const bool finished = summary.stop_signal == 0;
   if (trace) finish_trace(cfg.log.trace, trainer, *trace);
