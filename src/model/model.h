@@ -93,6 +93,10 @@ class StepHooks {
   virtual Tensor acquire_grads(int unit) = 0;
   // Unit u's gradients of this backward are complete (order L + 1, ..., 0).
   virtual void grads_ready(int unit) = 0;
+  // Only for a model that holds its parameters (Storage::params): called
+  // before the model reads unit u's, which may still be arriving (a
+  // parameter-server worker's pull, parallel/ps.h). Default: nothing.
+  virtual void params_needed(int /*unit*/) {}
 };
 
 // Which parameter state a Model allocates itself. ZeRO shards the rest

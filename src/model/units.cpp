@@ -15,6 +15,11 @@ BoundUnit::BoundUnit(const UnitSource& src, Pass pass, Need need, int unit, int 
       grads_(need != Need::params),
       exceptions_(std::uncaught_exceptions()) {
   const std::vector<Unit>& units = *src_.units;
+  if (params_ && src_.storage.params && src_.hooks) {
+    src_.hooks->params_needed(unit);
+    if (tied >= 0) src_.hooks->params_needed(tied);
+    if (experts >= 0) src_.hooks->params_needed(experts);
+  }
   if (params_ && !src_.storage.params) {
     src_.param_views->bind(lent_params(unit, pass), units[unit].begin);
     if (tied >= 0) src_.param_views->bind_also(lent_params(tied, pass), units[tied].begin);

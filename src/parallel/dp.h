@@ -238,6 +238,9 @@ class DataParallel : public model::StepHooks {
   void release_params(int unit) override;
   Tensor acquire_grads(int unit) override;
   void grads_ready(int unit) override;
+  // With an exchange: waits until the unit's bucket's weights have arrived
+  // (GradientExchange::params_needed).
+  void params_needed(int unit) override;
 
  private:
   struct Impl;  // dp_state.h

@@ -60,6 +60,11 @@ void DataParallel::grads_ready(int unit) {
   while (im.reducing.size() > kMaxReductionsInFlight) retire_reduction();
 }
 
+void DataParallel::params_needed(int unit) {
+  if (!opt_.exchange || model_.units()[unit].numel() == 0) return;
+  opt_.exchange->params_needed(impl_->unit_bucket[unit]);
+}
+
 void DataParallel::reduce_bucket(int g, int b) {
   Impl& im = *impl_;
   const GroupLayout& l = im.groups[static_cast<size_t>(g)].layout;

@@ -156,24 +156,34 @@ PsStepResult PsWorker::pull(Tensor params) {
     world_.send(i64_view(done, 2), ps::server_rank(0), ps::kTagDone)->wait();
   }
   int64_t info[4] = {0, 0, 0, 0};
-  std::vector<comm::WorkPtr> parts;
-  parts.push_back(world_.recv(i64_view(info, 4), ps::server_rank(0), ps::kTagInfo));
+  world_.recv(i64_view(info, 4), ps::server_rank(0), ps::kTagInfo)->wait();
+  arriving_.assign(buckets_.size(), {});
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
     const Bucket& bk = buckets_[static_cast<size_t>(b)];
     for (int s = 0; s < servers_; ++s) {
       const comm::Range r = comm::shard_range(bk.numel(), servers_, s);
       if (r.count > 0)
-        parts.push_back(world_.recv(params.slice(0, bk.begin + r.offset, r.count), ps::server_rank(s),
-                                    ps::kTagBucket + b));
+        arriving_[static_cast<size_t>(b)].push_back(world_.recv(params.slice(0, bk.begin + r.offset, r.count),
+                                                                ps::server_rank(s), ps::kTagBucket + b));
     }
     received_ += bk.numel() * 4;
   }
-  for (const comm::WorkPtr& w : parts) w->wait();
   pushed_.clear();
   const PsStepResult r{std::bit_cast<double>(info[0]), info[1] != 0, info[2], info[3]};
   if (r.lost > 0) comm::note_lost_peer();
   record(step_, r);
   return r;
+}
+
+void PsWorker::params_needed(int bucket) {
+  if (static_cast<size_t>(bucket) >= arriving_.size()) return;
+  std::vector<comm::WorkPtr>& pending = arriving_[static_cast<size_t>(bucket)];
+  for (const comm::WorkPtr& w : pending) w->wait();
+  pending.clear();
+}
+
+void PsWorker::wait_params() {
+  for (int b = 0; b < static_cast<int>(arriving_.size()); ++b) params_needed(b);
 }
 
 void PsWorker::resume(const std::string& path) {
@@ -194,6 +204,9 @@ void PsWorker::save(int64_t step, int64_t position) {
   LOOM_REQUIRE(ok == 1, "parameter server: the servers could not write the checkpoint (see server 0's log)");
 }
 
-void PsWorker::stop() { command(ps::kStop, 0, 0, 0); }
+void PsWorker::stop() {
+  wait_params();
+  command(ps::kStop, 0, 0, 0);
+}
 
 }  // namespace loom::parallel

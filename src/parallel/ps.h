@@ -88,6 +88,9 @@ class GradientExchange {
   // returned Work completes when the exchange is done with them (and for
   // summation servers they then hold the workers' average).
   virtual comm::WorkPtr exchange(int bucket, Tensor grads) = 0;
+  // Before the model reads bucket b's weights: waits for them if they are
+  // still arriving. Default: nothing.
+  virtual void params_needed(int /*bucket*/) {}
 };
 
 // What an optimizer server's step gave back.
@@ -120,9 +123,15 @@ class PsWorker final : public GradientExchange {
   // with the data at `position` is coming.
   void begin_step(int64_t step, int64_t position);
   comm::WorkPtr exchange(int bucket, Tensor grads) override;
-  // Optimizer servers: waits for the step's result and every bucket's
-  // updated weights, written into params (the model's flat f32 buffer).
+  // Optimizer servers: waits for the step's result and posts the receives
+  // of every bucket's updated weights into params (the model's flat f32
+  // buffer): the next forward waits for each bucket as it reaches it
+  // (params_needed), so the later buckets arrive while the first layers
+  // compute.
   PsStepResult pull(Tensor params);
+  void params_needed(int bucket) override;
+  // Waits for every bucket's weights (anything reading them outside forward).
+  void wait_params();
   // The servers load the step dir `path` ("" : start fresh).
   void resume(const std::string& path);
   // The servers write a checkpoint of their state as of step `step` with
@@ -156,8 +165,10 @@ class PsWorker final : public GradientExchange {
   std::string events_path_;
   double begun_ = 0, pushed_at_ = 0;
   int64_t step_ = 0;
-  // Optimizer servers: the buckets pushed this step, in push order.
+  // Optimizer servers: the buckets pushed this step, in push order, and per
+  // bucket the receives of its weights still pending.
   std::vector<int> pushed_;
+  std::vector<std::vector<comm::WorkPtr>> arriving_;
   int64_t sent_ = 0, received_ = 0;
 };
 

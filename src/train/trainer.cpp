@@ -263,6 +263,7 @@ double Trainer::mean_over_replicas(double value) {
 }
 
 void save_model(Trainer& trainer, const std::string& dir) {
+  if (trainer.ps()) trainer.ps()->wait_params();  // the servers' last update, still arriving
   const model::ModelConfig& cfg = trainer.model().config();
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);

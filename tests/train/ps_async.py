@@ -127,10 +127,12 @@ def kill_rank_mid_run(name, cmd, env, events, rank, after_steps):
                 os.kill(pid, signal.SIGKILL)
                 killed_at = time.time()
         time.sleep(0.05)
-    if p.poll() is None:
+    hung = p.poll() is None
+    if hung:
         p.kill()
     p.wait()
     log.close()
+    check(not hung, f"{name}: the job exited on its own (within 240 s of its start)")
     return p.returncode, killed_at, open(f"{work}/{name}.log").read()
 
 
