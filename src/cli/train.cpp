@@ -147,6 +147,8 @@ void run_ps_job(const train::RunConfig& cfg, const train::TrainOptions& options,
   if (serving) {
     Pools pools;
     train::run_ps_server(cfg, world, *side, pools);
+    if (options.memory_report)  // the server's shards (the workers print theirs)
+      std::printf("%s", concat("[server ", side->rank(), "/", side->size(), "]\n", pools.report().table()).c_str());
     return;
   }
   mesh::Mesh mesh(train::mesh_shape(cfg.parallel), *side);

@@ -5,9 +5,10 @@
 // workers (parallel.dp of them), each a whole model replica training on its
 // slice of every global batch, as a data-parallel rank does. Parameters are
 // laid out in the buckets data parallelism uses (parallel/dp_layout.h,
-// stage 0: whole units merged in backward's order up to bucket_mb), and
-// every bucket is split over the servers by comm::shard_range, so each
-// server holds a balanced share of every bucket's bytes.
+// stage 0: whole units merged in backward's order up to bucket_mb; under
+// optimizer servers one bucket per unit, their ZeRO-3 layout), and every
+// bucket is split over the servers by comm::shard_range, so each server
+// holds a balanced share of every bucket's bytes.
 //
 // Every message goes over the world communicator (point to point, so it
 // runs on the communicator's progress thread while backward computes and

@@ -80,12 +80,13 @@ struct ParallelConfig {
   bool offload_optimizer = false;
   std::string comm_algo = "mpi";
   double timeout_s = 300.0;  // every blocking wait on a communicator (comm/communicator.h); at most one week
-  // Parameter-server training (train/ps.h): mode = ps makes ranks
-  // 0..ps_servers-1 of the job servers and the next dp ranks workers.
-  // ps_server: "sum" (servers add the workers' gradients, workers keep the
-  // optimizer: BytePS) or "optimizer" (servers hold the master weights and
-  // AdamW state and apply the update: ps-lite). staleness: how many steps
-  // a worker may run ahead of the slowest (0: synchronous).
+  // Parameter-server training (train/ps_server.h, parallel/ps.h): mode = ps
+  // makes ranks 0..ps_servers-1 of the job servers and the next dp ranks
+  // workers. ps_server: "sum" (servers add the workers' gradients, workers
+  // keep the optimizer: BytePS) or "optimizer" (servers hold the weights'
+  // and AdamW's shards and apply the update: ps-lite; the workers' buckets
+  // are then one per model unit, whatever bucket_mb says). staleness: how
+  // many steps a worker may run ahead of the slowest (0: synchronous).
   std::string mode = "collective";
   int64_t ps_servers = 1;
   std::string ps_server = "sum";

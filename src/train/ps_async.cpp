@@ -252,10 +252,10 @@ class Asynchronous {
       p.replies.emplace_back(std::move(info), std::move(work));
     }
     for (int b = 0; b < c_.num_buckets(); ++b) {
-      if (c_.piece(b).count == 0) continue;
-      const Tensor src = c_.param_piece(b);
-      OwnedTensor copy = c_.pools[MemTag::comm].empty(DType::f32, {src.numel()});
-      std::memcpy(copy.data(), src.data(), static_cast<size_t>(src.numel()) * sizeof(float));
+      const comm::Range r = c_.piece(b);
+      if (r.count == 0) continue;
+      OwnedTensor copy = c_.pools[MemTag::comm].empty(DType::f32, {r.count});
+      c_.copy_param_piece(b, copy.data_as<float>());
       comm::WorkPtr work = c_.world.send_unguarded(copy, to, ps::kTagBucket + b);
       p.replies.emplace_back(std::move(copy), std::move(work));
     }

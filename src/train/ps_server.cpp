@@ -82,10 +82,16 @@ void PsServerCore::set_grad_piece(int b, const float* src) {
   }
 }
 
-Tensor PsServerCore::param_piece(int b) const {
-  const comm::Range r = piece(b);
-  return trainer->model().params().slice(0, trainer->dp().buckets()[static_cast<size_t>(b)].begin + r.offset,
-                                         r.count);
+void PsServerCore::copy_param_piece(int b, float* dst) const {
+  const parallel::DataParallel& dp = trainer->dp();
+  const parallel::Segment& seg = dp.segments()[static_cast<size_t>(b)];
+  const std::vector<parallel::ParamPiece>& pieces = dp.group(0).pieces;
+  const auto [first, last] = bucket_pieces[static_cast<size_t>(b)];
+  for (size_t i = first; i < last; ++i) {
+    const parallel::ParamPiece& p = pieces[i];
+    std::memcpy(dst + (p.offset - seg.offset), dp.update_piece(0, p).master.data(),
+                static_cast<size_t>(p.count) * sizeof(float));
+  }
 }
 
 std::pair<double, bool> PsServerCore::update(int64_t step) {
@@ -194,13 +200,13 @@ class Synchronous {
       comm::divide_by(sum.data(), r.count, DType::f32, c_.W);
       c_.set_grad_piece(b, sum.data_as<float>());
     }
-    if (c_.kind == PsKind::optimizer) reply(step, position, sends);
+    if (c_.kind == PsKind::optimizer) reply(step, position, sends, held);
     for (const comm::WorkPtr& w : sends) w->wait();
   }
 
   // The optimizer servers' update of step `step` and the sends of its result
   // (server 0) and of every bucket's updated piece (each server).
-  void reply(int64_t step, int64_t position, std::vector<comm::WorkPtr>& sends) {
+  void reply(int64_t step, int64_t position, std::vector<comm::WorkPtr>& sends, std::vector<OwnedTensor>& held) {
     const auto [norm, skipped] = c_.update(step);
     c_.trainer->set_steps_done(step + 1);
     c_.trainer->train_data().set_position(position + c_.W * c_.cfg.train.micro_batch * c_.cfg.train.grad_accum);
@@ -209,9 +215,12 @@ class Synchronous {
       for (int w = 0; w < c_.W; ++w)
         sends.push_back(c_.world.send(ps_i64_view(info_.data(), 4), c_.worker_world_rank(w), ps::kTagInfo));
     for (int b = 0; b < c_.num_buckets(); ++b) {
-      if (c_.piece(b).count == 0) continue;
-      const Tensor piece = c_.param_piece(b);
-      for (int w = 0; w < c_.W; ++w) sends.push_back(c_.world.send(piece, c_.worker_world_rank(w), ps::kTagBucket + b));
+      const comm::Range r = c_.piece(b);
+      if (r.count == 0) continue;
+      held.push_back(c_.pools[MemTag::comm].empty(DType::f32, {r.count}));
+      c_.copy_param_piece(b, held.back().data_as<float>());
+      for (int w = 0; w < c_.W; ++w)
+        sends.push_back(c_.world.send(held.back(), c_.worker_world_rank(w), ps::kTagBucket + b));
     }
   }
 
@@ -237,7 +246,7 @@ RunConfig ps_server_config(const RunConfig& cfg) {
   RunConfig c = cfg;
   c.parallel.mode = "collective";
   c.parallel.dp = cfg.parallel.ps_servers;
-  c.parallel.zero_stage = 2;  // the server keeps its gradient shard only
+  c.parallel.zero_stage = 3;  // the server keeps its shards only
   c.parallel.staleness = 0;
   c.train.eval_every = 0;
   // The global batch is the workers': the servers never run forward, so

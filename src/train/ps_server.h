@@ -3,14 +3,13 @@
 //
 // A summation server holds nothing between steps: per bucket it adds the
 // workers' pieces in worker order and sends the sum back. An optimizer
-// server holds its shard of the gradients and of AdamW's moments: the
-// servers together are a ZeRO-2 data-parallel group of ps_servers ranks over
-// the same buckets (a Trainer over their own mesh, which never runs forward
-// or backward), so their checkpoints are ordinary checkpoints of that
-// layout: collective data parallelism resumes them under any layout, and
-// servers resume any checkpoint. Each server also keeps a whole copy of the
-// weights (ZeRO-2's model holds them; the update's all-gather refreshes them
-// over the servers), of which it sends only its own pieces.
+// server holds its shard of the weights, the gradients and AdamW's moments
+// and nothing else: the servers together are a ZeRO-3 data-parallel group
+// of ps_servers ranks (a Trainer over their own mesh, which never runs
+// forward or backward; its buckets, one per model unit, are the workers'
+// buckets under optimizer servers: rank_chunks.cpp), so their checkpoints
+// are ordinary checkpoints of that layout: collective data parallelism
+// resumes them under any layout, and servers resume any checkpoint.
 #pragma once
 
 #include "comm/communicator.h"
@@ -27,7 +26,7 @@ namespace loom::train {
 void run_ps_server(const RunConfig& cfg, comm::Communicator& world, comm::Communicator& servers, Pools& pools);
 
 // The config an optimizer server's Trainer runs: the workers' run as a
-// ZeRO-2 data-parallel group of ps_servers ranks, without evaluation.
+// ZeRO-3 data-parallel group of ps_servers ranks, without evaluation.
 RunConfig ps_server_config(const RunConfig& cfg);
 
 }  // namespace loom::train

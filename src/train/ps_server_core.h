@@ -30,10 +30,10 @@ struct PsServerCore {
   // This server's range of bucket b's elements.
   comm::Range piece(int b) const { return comm::shard_range(sizes[static_cast<size_t>(b)], S, servers.rank()); }
   // Optimizer servers: sets bucket b's piece of the gradients before an
-  // update (src: piece(b).count f32, in the ZeRO-2 gradient shard), and
-  // bucket b's piece of the weights after it (in the model).
+  // update (src: piece(b).count f32, into the gradient shard), and copies
+  // bucket b's piece of the updated weights out of the parameter shard.
   void set_grad_piece(int b, const float* src);
-  Tensor param_piece(int b) const;
+  void copy_param_piece(int b, float* dst) const;
   // The update from the gradients in place: their global norm over the
   // servers, clipping, AdamW at the learning rate of step `step`; returns
   // {norm, skipped} (a non-finite norm skips it). Collective over servers.
@@ -51,7 +51,7 @@ struct PsServerCore {
   parallel::PsKind kind;
   int S, W;
   std::vector<int64_t> sizes;  // the workers' buckets' elements
-  // Optimizer servers: the run as a ZeRO-2 group of S ranks (ps_server.h),
+  // Optimizer servers: the run as a ZeRO-3 group of S ranks (ps_server.h),
   // and per bucket the range of its ParamPieces in the group's.
   RunConfig server_cfg;
   std::unique_ptr<mesh::Mesh> mesh;

@@ -38,6 +38,9 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   if (cfg.parallel.mode == "ps" && cfg.parallel.ps_server == "optimizer") {  // the servers keep AdamW's state
     o.adamw.keeps_state = false;
     o.dp.optimizer_state_floats = 0;
+    // One bucket per model unit (a unit always passes so small a limit): the
+    // layout of the servers' ZeRO-3 group (train/ps_server.h).
+    o.dp.bucket_mb = 1e-9;
   }
   return o;
 }

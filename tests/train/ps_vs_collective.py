@@ -6,7 +6,8 @@ WORKDIR holds data/train_*.bin and data/val_*.bin. For S = 1, 2, 3 servers
 and W = 2..5 workers (the server kind alternating, so every S and every W
 meets both kinds), 20 fp32 steps of `loom train` with parallel.mode = ps
 are compared with collective data parallelism over W ranks on the same
-global batch (1 MiB buckets, so the model's gradients travel in several):
+global batch (1 MiB buckets under summation servers, one per model unit
+under optimizer servers: the gradients travel in several pieces):
 the largest relative loss difference must be within 1e-5
 (DESIGN.md §6). Then checkpoints: an optimizer-server run's step 10 is
 resumed by collective DP, and a collective run's step 10 by optimizer
