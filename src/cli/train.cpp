@@ -219,7 +219,8 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
   CLI::App* cmd = app.add_subcommand(
       "train",
       "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Data parallel under mpirun -np "
-      "<parallel.dp> (parallel.zero_stage 0-3, bucket_mb, offload_optimizer); train.dtype = "
+      "<parallel.dp> (parallel.zero_stage 0-3, bucket_mb, offload_optimizer), or parameter-server training under "
+      "mpirun -np <ps_servers + dp> (parallel.mode = ps, ps_server = sum | optimizer, staleness); train.dtype = "
       "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full; train.device = cpu or "
       "cuda (--device: one NVIDIA GPU, one process, dense models, in builds with CUDA). At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
