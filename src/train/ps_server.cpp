@@ -70,28 +70,27 @@ void PsServerCore::build_trainer() {
   }
 }
 
-void PsServerCore::set_grad_piece(int b, const float* src) {
-  const parallel::DataParallel& dp = trainer->dp();
+// Calls f(views, at) for each ParamPiece of bucket b's segment: its update
+// views (parallel/dp.h) and where it starts in the segment.
+template <typename F>
+void for_each_bucket_piece(const PsServerCore& c, int b, F f) {
+  const parallel::DataParallel& dp = c.trainer->dp();
   const parallel::Segment& seg = dp.segments()[static_cast<size_t>(b)];
   const std::vector<parallel::ParamPiece>& pieces = dp.group(0).pieces;
-  const auto [first, last] = bucket_pieces[static_cast<size_t>(b)];
-  for (size_t i = first; i < last; ++i) {
-    const parallel::ParamPiece& p = pieces[i];
-    std::memcpy(dp.update_piece(0, p).grad.data(), src + (p.offset - seg.offset),
-                static_cast<size_t>(p.count) * sizeof(float));
-  }
+  const auto [first, last] = c.bucket_pieces[static_cast<size_t>(b)];
+  for (size_t i = first; i < last; ++i) f(dp.update_piece(0, pieces[i]), pieces[i].offset - seg.offset);
+}
+
+void PsServerCore::set_grad_piece(int b, const float* src) {
+  for_each_bucket_piece(*this, b, [&](const parallel::UpdatePiece& u, int64_t at) {
+    std::memcpy(u.grad.data(), src + at, static_cast<size_t>(u.grad.numel()) * sizeof(float));
+  });
 }
 
 void PsServerCore::copy_param_piece(int b, float* dst) const {
-  const parallel::DataParallel& dp = trainer->dp();
-  const parallel::Segment& seg = dp.segments()[static_cast<size_t>(b)];
-  const std::vector<parallel::ParamPiece>& pieces = dp.group(0).pieces;
-  const auto [first, last] = bucket_pieces[static_cast<size_t>(b)];
-  for (size_t i = first; i < last; ++i) {
-    const parallel::ParamPiece& p = pieces[i];
-    std::memcpy(dst + (p.offset - seg.offset), dp.update_piece(0, p).master.data(),
-                static_cast<size_t>(p.count) * sizeof(float));
-  }
+  for_each_bucket_piece(*this, b, [&](const parallel::UpdatePiece& u, int64_t at) {
+    std::memcpy(dst + at, u.master.data(), static_cast<size_t>(u.master.numel()) * sizeof(float));
+  });
 }
 
 std::pair<double, bool> PsServerCore::update(int64_t step) {
