@@ -7,10 +7,17 @@
 #include <cstdio>
 #include <vector>
 
+#include "comm/reduce.h"
 #include "core/error.h"
 
 namespace loom::bench {
 namespace {
+
+// The server's sum of the workers' slots (n each), in worker order.
+void sum_slots(const std::vector<float>& slots, std::vector<float>& sum, int64_t n, int workers) {
+  std::copy(slots.begin(), slots.begin() + n, sum.begin());
+  for (int w = 1; w < workers; ++w) comm::reduce_into(sum.data(), slots.data() + w * n, n, DType::f32, comm::ReduceOp::sum);
+}
 
 // One round over point-to-point messages.
 void p2p_round(std::vector<float>& grad, std::vector<float>& slots, std::vector<float>& sum, int64_t n) {
@@ -27,9 +34,7 @@ void p2p_round(std::vector<float>& grad, std::vector<float>& slots, std::vector<
   for (int w = 1; w < size; ++w)
     MPI_Irecv(slots.data() + (w - 1) * n, count, MPI_FLOAT, w, 1, MPI_COMM_WORLD, &reqs[static_cast<size_t>(w - 1)]);
   MPI_Waitall(size - 1, reqs.data(), MPI_STATUSES_IGNORE);
-  std::copy(slots.begin(), slots.begin() + n, sum.begin());
-  for (int w = 2; w < size; ++w)
-    for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>((w - 1) * n + i)];
+  sum_slots(slots, sum, n, size - 1);
   for (int w = 1; w < size; ++w)
     MPI_Isend(sum.data(), count, MPI_FLOAT, w, 2, MPI_COMM_WORLD, &reqs[static_cast<size_t>(w - 1)]);
   MPI_Waitall(size - 1, reqs.data(), MPI_STATUSES_IGNORE);
@@ -46,11 +51,7 @@ void rma_round(MPI_Win slots_win, MPI_Win sum_win, std::vector<float>& grad, std
   MPI_Win_fence(0, slots_win);
   if (rank != 0) MPI_Put(grad.data(), count, MPI_FLOAT, 0, (rank - 1) * n, count, MPI_FLOAT, slots_win);
   MPI_Win_fence(0, slots_win);
-  if (rank == 0) {
-    std::copy(slots.begin(), slots.begin() + n, sum.begin());
-    for (int w = 2; w < size; ++w)
-      for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>((w - 1) * n + i)];
-  }
+  if (rank == 0) sum_slots(slots, sum, n, size - 1);
   MPI_Win_fence(0, sum_win);
   if (rank != 0) MPI_Get(sum.data(), count, MPI_FLOAT, 0, 0, count, MPI_FLOAT, sum_win);
   MPI_Win_fence(0, sum_win);

@@ -76,11 +76,13 @@ PsWorker::PsWorker(comm::Communicator& world, int servers, int workers, int work
   int64_t hello[4] = {ps::kProtocol, static_cast<int64_t>(kind), workers, nb};
   std::vector<int64_t> sizes;
   for (const Bucket& b : buckets_) sizes.push_back(b.numel());
+  send_to_servers(i64_view(hello, 4), servers, ps::kTagHello);
+  if (nb > 0) send_to_servers(i64_view(sizes.data(), nb), servers, ps::kTagLayout);
+}
+
+void PsWorker::send_to_servers(Tensor buf, int servers, int tag) {
   std::vector<comm::WorkPtr> sent;
-  for (int s = 0; s < servers; ++s) {
-    sent.push_back(world_.send(i64_view(hello, 4), ps::server_rank(s), ps::kTagHello));
-    if (nb > 0) sent.push_back(world_.send(i64_view(sizes.data(), nb), ps::server_rank(s), ps::kTagLayout));
-  }
+  for (int s = 0; s < servers; ++s) sent.push_back(world_.send(buf, ps::server_rank(s), tag));
   for (const comm::WorkPtr& w : sent) w->wait();
 }
 
@@ -92,10 +94,7 @@ void PsWorker::read_instrumentation() {
 
 void PsWorker::command(int64_t cmd, int64_t a, int64_t b, int64_t c) {
   int64_t msg[4] = {cmd, a, b, c};
-  std::vector<comm::WorkPtr> sent;
-  for (int s = 0; s < command_servers(); ++s)
-    sent.push_back(world_.send(i64_view(msg, 4), ps::server_rank(s), ps::kTagCommand));
-  for (const comm::WorkPtr& w : sent) w->wait();
+  send_to_servers(i64_view(msg, 4), command_servers(), ps::kTagCommand);
 }
 
 void PsWorker::begin_step(int64_t step, int64_t position) {
@@ -190,11 +189,8 @@ void PsWorker::resume(const std::string& path) {
   command(ps::kResume, 0, 0, static_cast<int64_t>(path.size()));
   if (path.empty()) return;
   std::vector<int32_t> bytes(path.begin(), path.end());
-  std::vector<comm::WorkPtr> sent;
-  for (int s = 0; s < command_servers(); ++s)
-    sent.push_back(world_.send(Tensor(bytes.data(), DType::i32, {static_cast<int64_t>(bytes.size())}),
-                               ps::server_rank(s), ps::kTagPath));
-  for (const comm::WorkPtr& w : sent) w->wait();
+  send_to_servers(Tensor(bytes.data(), DType::i32, {static_cast<int64_t>(bytes.size())}), command_servers(),
+                  ps::kTagPath);
 }
 
 void PsWorker::save(int64_t step, int64_t position) {

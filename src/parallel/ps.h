@@ -148,6 +148,8 @@ class PsWorker final : public GradientExchange {
 
  private:
   void command(int64_t cmd, int64_t a, int64_t b, int64_t c);
+  // Sends buf to servers 0..servers-1 under tag and waits for the sends.
+  void send_to_servers(Tensor buf, int servers, int tag);
   // The servers a command goes to: all (synchronous), or server 0.
   int command_servers() const { return asynchronous() ? 1 : servers_; }
   // Test and benchmark instrumentation (environment): LOOM_PS_EVENTS = dir
