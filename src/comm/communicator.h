@@ -88,10 +88,11 @@ class Work {
   // True once complete; never blocks.
   virtual bool test() = 0;
   // Withdraws an operation of send_unguarded / recv_unguarded (no-op for any
-  // other, or once complete): a receive is cancelled, a send abandoned (its
-  // buffer must then stay alive until the process exits, as MPI may still
-  // read it). Returns once the backend is done with a receive's buffer; the
-  // Work is then complete and its contents undefined.
+  // other, or once complete): a receive is cancelled, a send abandoned. The
+  // Work is then complete and its buffer's contents undefined; the buffer
+  // must stay alive until the process exits, as MPI may still read a send's
+  // or write a receive's (one matched before its peer died never completes,
+  // so nothing waits for it).
   virtual void cancel() {}
 };
 using WorkPtr = std::shared_ptr<Work>;

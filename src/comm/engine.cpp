@@ -256,13 +256,14 @@ bool Engine::poll() {
   for (size_t i = 0; i < active_p2p_.size();) {
     OpWork& op = *active_p2p_[i].first;
     if (op.cancel_requested()) {  // an unguarded op withdrawn (OpWork::cancel)
+      // Never waited for: a receive that already matched a message from a
+      // peer that then died (a single-copy read of its memory failed) never
+      // completes, cancelled or not, and waiting would stall this thread and
+      // every operation behind it. Freed, the request's buffer may still be
+      // read or written by MPI: the caller keeps it (Work::cancel).
       MPI_Request& req = active_p2p_[i].second;
-      if (op.what().rfind("send", 0) == 0) {
-        MPI_Request_free(&req);  // abandoned: MPI may still read the caller's buffer
-      } else {
-        MPI_Cancel(&req);
-        MPI_Wait(&req, MPI_STATUS_IGNORE);
-      }
+      if (op.what().rfind("recv", 0) == 0) MPI_Cancel(&req);
+      MPI_Request_free(&req);
       op.finish(nullptr);
       active_p2p_.erase(active_p2p_.begin() + static_cast<std::ptrdiff_t>(i));
       progressed = true;

@@ -269,6 +269,10 @@ class Asynchronous {
   // Withdraws everything posted to or from worker w.
   void cancel_posted(Peer& p) {
     for (const comm::WorkPtr& r : p.recvs) r->cancel();
+    // A piece's receive may have matched a push the worker died sending: MPI
+    // may still hold its buffer (the command and done buffers are eager-sized,
+    // completed on match, and live in peers_ to the end anyway).
+    for (OwnedTensor& piece : p.pieces) graveyard_.push_back(std::move(piece));
     p.recvs.clear(), p.pieces.clear();
     if (p.cmd_recv) p.cmd_recv->cancel();
     if (p.done_recv && p.pushing) p.done_recv->cancel();
@@ -316,7 +320,7 @@ class Asynchronous {
   double drop_after_s_;
   int64_t lost_ = 0;
   Clock::time_point last_event_ = Clock::now();
-  std::vector<OwnedTensor> graveyard_;  // buffers of abandoned sends, kept to the end
+  std::vector<OwnedTensor> graveyard_;  // buffers of withdrawn sends and receives, kept to the end
 };
 
 }  // namespace
