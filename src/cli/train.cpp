@@ -158,7 +158,7 @@ void run_ps_job(const train::RunConfig& cfg, const train::TrainOptions& options,
 }
 
 // loom train's work once its flags are parsed.
-void run_train(TrainArgs& a, int world_size, int& exit_code) {
+void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int& exit_code) {
   const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
   a.options.stop = &stop;
   set_num_threads(a.threads);
@@ -180,9 +180,17 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
   if (ps) {  // ps_servers servers, then dp workers
     LOOM_REQUIRE(world_size == p.ps_servers + p.dp, "parallel.mode = ps with parallel.ps_servers = ", p.ps_servers,
                  " and parallel.dp = ", p.dp, " workers needs ", p.ps_servers + p.dp, " processes; this job has ",
-                 world_size, ": start it with mpirun -np ", p.ps_servers + p.dp);
+                 world_size, ": ", comm::world_hint(launcher, world_size, p.ps_servers + p.dp));
   } else {
-    mesh::validate_shape(shape, world_size);
+    try {
+      mesh::validate_shape(shape, world_size);
+    } catch (const Error& e) {  // a world the config does not cover: say how to start the right one
+      const int64_t needed = int64_t{shape.pp} * shape.dp * shape.cp * shape.tp;
+      const std::string hint =
+          needed > 0 && needed <= 1 << 20 ? comm::world_hint(launcher, world_size, static_cast<int>(needed)) : "";
+      if (hint.empty()) throw;
+      fail(e.what(), ": ", hint);
+    }
   }
   // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
   // for that signal, as if it had killed the process.
@@ -215,12 +223,14 @@ void run_train(TrainArgs& a, int world_size, int& exit_code) {
 
 }  // namespace
 
-void add_train_command(CLI::App& app, int world_size, int default_threads, int& exit_code) {
+void add_train_command(CLI::App& app, int world_size, const comm::Launcher& launcher, int default_threads,
+                       int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "train",
       "Train a model from a TOML run config (configs/*.toml; keys in DESIGN.md §7). Data parallel under mpirun -np "
       "<parallel.dp> (parallel.zero_stage 0-3, bucket_mb, offload_optimizer), or parameter-server training under "
-      "mpirun -np <ps_servers + dp> (parallel.mode = ps, ps_server = sum | optimizer, staleness); train.dtype = "
+      "mpirun -np <ps_servers + dp> (parallel.mode = ps, ps_server = sum | optimizer, staleness); under Slurm "
+      "srun -n <processes> --mpi=pmix starts the same jobs (README: \"Slurm\"); train.dtype = "
       "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full; train.device = cpu or "
       "cuda (--device: one NVIDIA GPU, one process, dense models, in builds with CUDA). At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
@@ -255,7 +265,7 @@ void add_train_command(CLI::App& app, int world_size, int default_threads, int& 
                 "the first mismatch instead of hanging");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
-  cmd->callback([a, world_size, &exit_code] { run_train(*a, world_size, exit_code); });
+  cmd->callback([a, world_size, launcher, &exit_code] { run_train(*a, world_size, launcher, exit_code); });
 }
 
 void add_eval_command(CLI::App& app, int default_threads) {

@@ -43,6 +43,31 @@ void mpi_ensure_initialized() {
   });
 }
 
+MpiLibrary mpi_library() {
+#if defined(OPEN_MPI)
+  return MpiLibrary::open_mpi;
+#elif defined(MPICH_VERSION)
+  return MpiLibrary::mpich;
+#else
+  return MpiLibrary::other;
+#endif
+}
+
+std::vector<CpuMask> mpi_cpu_masks_on_this_node(int& me) {
+  mpi_ensure_initialized();
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_rank(node, &me);
+  const CpuMask mine = this_process_cpus();
+  std::vector<CpuMask> all(static_cast<size_t>(n));
+  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(), static_cast<int>(mine.size()),
+                MPI_UINT64_T, node);
+  MPI_Comm_free(&node);
+  return all;
+}
+
 void mpi_abort_job(const std::string& message) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);

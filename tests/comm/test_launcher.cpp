@@ -1,0 +1,144 @@
+#include "comm/launcher.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "core/error.h"
+
+namespace loom::comm {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// The variables each launcher sets, as seen on this project's machines
+// (OpenMPI 4.1 mpirun, Slurm 22.05 srun --mpi=pmix / --mpi=none, sbatch's
+// script, MPICH 4's hydra).
+using Env = std::map<std::string, std::string>;
+
+Launcher detect(const Env& env) {
+  return detect_launcher([&env](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Launcher, APlainProcessIsAlone) {
+  const Launcher l = detect({{"HOME", "/root"}});
+  EXPECT_EQ(l.kind, LauncherKind::none);
+  EXPECT_FALSE(l.multi_process());
+  EXPECT_FALSE(l.slurm_batch);
+}
+
+TEST(Launcher, EachLauncherIsNamedWithItsCountAndRank) {
+  const Launcher ompi = detect({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"}, {"PMIX_RANK", "2"}});
+  EXPECT_EQ(ompi.kind, LauncherKind::open_mpi);
+  EXPECT_EQ(ompi.ranks, 4);
+  EXPECT_EQ(ompi.rank, 2);
+  EXPECT_TRUE(ompi.multi_process());
+
+  const Launcher srun = detect({{"SLURM_JOB_ID", "7"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NUM_TASKS", "2"},
+                                {"SLURM_PROCID", "1"}, {"PMIX_RANK", "1"}, {"SLURM_MPI_TYPE", "pmix"}});
+  EXPECT_EQ(srun.kind, LauncherKind::slurm);
+  EXPECT_EQ(srun.ranks, 2);  // the step's tasks, not the job's
+  EXPECT_EQ(srun.rank, 1);
+  EXPECT_TRUE(srun.pmix);
+  EXPECT_EQ(srun.name, "Slurm's srun");
+
+  const Launcher hydra = detect({{"PMI_SIZE", "3"}, {"PMI_RANK", "0"}, {"PMI_FD", "5"}});
+  EXPECT_EQ(hydra.kind, LauncherKind::hydra);
+  EXPECT_EQ(hydra.ranks, 3);
+  EXPECT_TRUE(hydra.pmi);
+  EXPECT_FALSE(hydra.pmix);
+
+  const Launcher prte = detect({{"PMIX_RANK", "5"}});
+  EXPECT_EQ(prte.kind, LauncherKind::pmix);
+  EXPECT_EQ(prte.ranks, 0);  // PMIx does not say how many: MPI is asked
+  EXPECT_EQ(prte.rank, 5);
+  EXPECT_TRUE(prte.multi_process());
+}
+
+// One task (srun -n 1, mpirun -np 1) needs no MPI: it starts as fast as a
+// plain process, and srun --mpi=none -n 1 works.
+TEST(Launcher, OneProcessFromALauncherSkipsMpi) {
+  EXPECT_FALSE(detect({{"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_PROCID", "0"}}).multi_process());
+  EXPECT_FALSE(detect({{"OMPI_COMM_WORLD_SIZE", "1"}}).multi_process());
+  EXPECT_NO_THROW(check_launcher_reaches_mpi(detect({{"SLURM_STEP_NUM_TASKS", "1"}}), MpiLibrary::open_mpi));
+}
+
+// sbatch's script runs once, with the job's variables but no step: it is
+// not one of the job's tasks.
+TEST(Launcher, ASlurmBatchScriptIsOneProcessThatKnowsItsJob) {
+  const Launcher l = detect({{"SLURM_JOB_ID", "9"}, {"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}});
+  EXPECT_EQ(l.kind, LauncherKind::none);
+  EXPECT_TRUE(l.slurm_batch);
+  EXPECT_EQ(l.slurm_job_tasks, 4);
+  EXPECT_THAT(world_hint(l, 1, 4), AllOf(HasSubstr("batch job's script (SLURM_NTASKS=4)"),
+                                         HasSubstr("srun -n 4 --mpi=pmix loom")));
+}
+
+TEST(Launcher, ACountThatIsNoNumberIsAnErrorNamingTheVariable) {
+  EXPECT_THAT(error_of([] { detect({{"SLURM_STEP_NUM_TASKS", "two"}}); }),
+              AllOf(HasSubstr("SLURM_STEP_NUM_TASKS=two"), HasSubstr("integer >= 1")));
+  EXPECT_THAT(error_of([] { detect({{"OMPI_COMM_WORLD_SIZE", "0"}}); }), HasSubstr("OMPI_COMM_WORLD_SIZE=0"));
+  EXPECT_THAT(error_of([] { detect({{"PMI_SIZE", "4x"}}); }), HasSubstr("PMI_SIZE=4x"));
+}
+
+// srun --mpi=none starts N tasks with no PMIx server: OpenMPI's MPI_Init
+// would abort each with a page about how it was built.
+TEST(Launcher, SrunWithoutPmixIsRefusedBeforeMpiWithTheFix) {
+  const Launcher l = detect({{"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_PROCID", "0"}});
+  EXPECT_THAT(error_of([&] { check_launcher_reaches_mpi(l, MpiLibrary::open_mpi); }),
+              AllOf(HasSubstr("Slurm's srun started this process as rank 0 of 2 (SLURM_STEP_NUM_TASKS=2)"),
+                    HasSubstr("srun --mpi=pmix"), HasSubstr("MpiDefault=pmix")));
+  // MPICH joins srun's tasks through PMI-2 as well.
+  Launcher pmi2 = detect({{"SLURM_STEP_NUM_TASKS", "2"}, {"PMI_FD", "4"}});
+  EXPECT_NO_THROW(check_launcher_reaches_mpi(pmi2, MpiLibrary::mpich));
+  EXPECT_THAT(error_of([&] { check_launcher_reaches_mpi(pmi2, MpiLibrary::open_mpi); }), HasSubstr("--mpi=pmix"));
+  EXPECT_NO_THROW(check_launcher_reaches_mpi(detect({{"SLURM_STEP_NUM_TASKS", "2"}, {"PMIX_RANK", "0"}}),
+                                             MpiLibrary::open_mpi));
+}
+
+TEST(Launcher, HydraWithOpenMpiIsRefusedNamingBothAndTheLauncherThatWorks) {
+  const Launcher l = detect({{"PMI_SIZE", "2"}, {"PMI_RANK", "1"}});
+  EXPECT_THAT(error_of([&] { check_launcher_reaches_mpi(l, MpiLibrary::open_mpi); }),
+              AllOf(HasSubstr("mpiexec (MPICH / Intel MPI's hydra) started this process as rank 1 of 2"),
+                    HasSubstr("built with OpenMPI"), HasSubstr("mpirun -np 2")));
+  EXPECT_NO_THROW(check_launcher_reaches_mpi(l, MpiLibrary::mpich));
+  EXPECT_THAT(error_of([] { check_launcher_reaches_mpi(detect({{"OMPI_COMM_WORLD_SIZE", "2"}}), MpiLibrary::mpich); }),
+              HasSubstr("mpiexec -n 2"));
+}
+
+TEST(Launcher, AWorldSmallerThanTheLauncherSaidIsAnErrorWithBothNumbers) {
+  const Launcher l = detect({{"SLURM_STEP_NUM_TASKS", "4"}, {"PMIX_RANK", "0"}});
+  EXPECT_THAT(error_of([&] { check_world_matches_launcher(l, 1); }),
+              AllOf(HasSubstr("Slurm's srun started 4 processes (SLURM_STEP_NUM_TASKS=4) but MPI joined 1"),
+                    HasSubstr("srun --mpi=pmix")));
+  EXPECT_NO_THROW(check_world_matches_launcher(l, 4));
+  EXPECT_NO_THROW(check_world_matches_launcher(detect({{"PMIX_RANK", "0"}}), 3));  // PMIx alone: MPI's count
+}
+
+TEST(Launcher, WorldHintsSayHowToStartTheRightNumber) {
+  EXPECT_EQ(world_hint(detect({}), 2, 2), "");
+  EXPECT_THAT(world_hint(detect({}), 1, 4),
+              AllOf(HasSubstr("runs alone"), HasSubstr("mpirun -np 4 loom"), HasSubstr("srun -n 4 --mpi=pmix loom")));
+  EXPECT_THAT(world_hint(detect({{"SLURM_STEP_NUM_TASKS", "2"}, {"PMIX_RANK", "0"}}), 2, 4),
+              HasSubstr("Slurm's srun started 2 processes: start 4 with srun -n 4 --mpi=pmix loom"));
+  EXPECT_THAT(world_hint(detect({{"OMPI_COMM_WORLD_SIZE", "3"}}), 3, 4), HasSubstr("mpirun -np 4 loom"));
+  EXPECT_THAT(world_hint(detect({{"OMPI_COMM_WORLD_SIZE", "2"}}), 2, 1), HasSubstr("trains in one: run loom alone"));
+}
+
+}  // namespace
+}  // namespace loom::comm
