@@ -105,8 +105,8 @@ int run_comm_bench(const CommBenchOptions& opts) {
   const int n = world->size();
   if (print && !opts.json)
     std::printf("loom bench comm: %s, algo %s, %d ranks, f32%s; median over iterations, slowest rank\n"
-                "reproduce: mpirun -np %d %s\n\n%12s %12s %12s %12s\n",
-                opts.op.c_str(), opts.algo.c_str(), n, opts.check_collectives ? ", --check-collectives" : "", n,
+                "reproduce: %s\n\n%12s %12s %12s %12s\n",
+                opts.op.c_str(), opts.algo.c_str(), n, opts.check_collectives ? ", --check-collectives" : "",
                 opts.command.c_str(), "size_bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
   for (int64_t bytes = opts.min_bytes; bytes <= opts.max_bytes; bytes *= 2) {
     Case k(opts.op, bytes, *world);
