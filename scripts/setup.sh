@@ -41,8 +41,9 @@ packages=(
 # cluster of their own under a temporary directory (tests/slurm), and MPICH's
 # mpiexec (Debian's mpich installs beside OpenMPI at a lower priority, so
 # mpirun and mpicxx stay OpenMPI's). Not for the quickstart: Debian enables
-# the Slurm packages' services where systemd runs (without a slurm.conf
-# slurmd and slurmctld do not start; the tests never use them).
+# the Slurm packages' services (they are not started while setup installs
+# them, below; without a slurm.conf slurmd and slurmctld would not start
+# anyway, and the tests never use them).
 if [[ ${1:-} == --launchers ]]; then
   packages+=(slurmctld slurmd slurm-client munge iproute2 mpich)  # iproute2: ip netns, the second host of tests/slurm
 elif [[ $# -gt 0 ]]; then
@@ -75,7 +76,18 @@ if ((${#missing[@]})); then
     sudo="sudo"
   fi
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  # The daemons of --launchers are for the tests, which start their own:
+  # while apt installs them, a policy-rc.d (Debian's switch for maintainer
+  # scripts) keeps their services from starting, unless the machine has one.
+  policy=""
+  if [[ ${1:-} == --launchers && ! -e /usr/sbin/policy-rc.d ]]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" > /dev/null
+    $sudo chmod 755 "$policy"
+    trap '$sudo rm -f "$policy"' EXIT
+  fi
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  [[ -z $policy ]] || $sudo rm -f "$policy"
 fi
 
 # What the build and the tests take from the machine rather than from a

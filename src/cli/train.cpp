@@ -157,6 +157,28 @@ void run_ps_job(const train::RunConfig& cfg, const train::TrainOptions& options,
   finish(train::run_training(cfg, options, ctx));
 }
 
+// Every process of the job trains: the run's layout (the mesh, or PS
+// servers + workers) must cover them all; loom::Error saying how to start
+// the right number under this launcher otherwise.
+void check_world_covers_run(const train::ParallelConfig& p, const mesh::MeshShape& shape, int world_size,
+                            const comm::Launcher& launcher) {
+  if (p.mode == "ps") {  // ps_servers servers, then dp workers
+    LOOM_REQUIRE(world_size == p.ps_servers + p.dp, "parallel.mode = ps with parallel.ps_servers = ", p.ps_servers,
+                 " and parallel.dp = ", p.dp, " workers needs ", p.ps_servers + p.dp, " processes; this job has ",
+                 world_size, ": ", comm::world_hint(launcher, world_size, p.ps_servers + p.dp));
+    return;
+  }
+  try {
+    mesh::validate_shape(shape, world_size);
+  } catch (const Error& e) {
+    const int64_t needed = int64_t{shape.pp} * shape.dp * shape.cp * shape.tp;
+    const std::string hint =
+        needed > 0 && needed <= 1 << 20 ? comm::world_hint(launcher, world_size, static_cast<int>(needed)) : "";
+    if (hint.empty()) throw;  // not the world's size (ep not dividing dp, say)
+    fail(e.what(), ": ", hint);
+  }
+}
+
 // loom train's work once its flags are parsed.
 void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int& exit_code) {
   const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
@@ -173,25 +195,10 @@ void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int
     run["--check-collectives"] = a.check_collectives;  // adds collectives on the ranks that check
     train::require_same_run_config(*comm::mpi_world(), run);
   }
-  // Every rank of an mpirun job trains: the mesh must cover them all.
   const train::ParallelConfig& p = cfg.parallel;
   const mesh::MeshShape shape = train::mesh_shape(p);
   const bool ps = p.mode == "ps";
-  if (ps) {  // ps_servers servers, then dp workers
-    LOOM_REQUIRE(world_size == p.ps_servers + p.dp, "parallel.mode = ps with parallel.ps_servers = ", p.ps_servers,
-                 " and parallel.dp = ", p.dp, " workers needs ", p.ps_servers + p.dp, " processes; this job has ",
-                 world_size, ": ", comm::world_hint(launcher, world_size, p.ps_servers + p.dp));
-  } else {
-    try {
-      mesh::validate_shape(shape, world_size);
-    } catch (const Error& e) {  // a world the config does not cover: say how to start the right one
-      const int64_t needed = int64_t{shape.pp} * shape.dp * shape.cp * shape.tp;
-      const std::string hint =
-          needed > 0 && needed <= 1 << 20 ? comm::world_hint(launcher, world_size, static_cast<int>(needed)) : "";
-      if (hint.empty()) throw;
-      fail(e.what(), ": ", hint);
-    }
-  }
+  check_world_covers_run(p, shape, world_size, launcher);
   // Stopped by SIGTERM / SIGINT (after a checkpoint): the shell's status
   // for that signal, as if it had killed the process.
   const auto finish = [&exit_code](const train::TrainSummary& s) {
@@ -236,9 +243,9 @@ void add_train_command(CLI::App& app, int world_size, const comm::Launcher& laun
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
       "and loom generate read. With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
       "many steps and at the end; checkpoint.resume = auto (the default) resumes from the newest complete step dir "
-      "of checkpoint.dir, never starts fresh, a step dir resumes from it. SIGTERM or SIGINT: the current step "
-      "finishes and is checkpointed, then loom exits with 143 or 130 (a second signal exits at once). README: "
-      "\"Long runs\".");
+      "of checkpoint.dir, never starts fresh, a step dir resumes from it. SIGTERM, SIGINT or SIGUSR1: the "
+      "current step finishes and is checkpointed, then loom exits with 143, 130 or 138 (a second signal exits at "
+      "once). README: \"Long runs\".");
   auto a = std::make_shared<TrainArgs>();
   a->threads = default_threads;
   cmd->add_option("--config", a->config, "TOML run config")->required();

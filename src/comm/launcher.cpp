@@ -99,8 +99,8 @@ void check_world_matches_launcher(const Launcher& l, int mpi_world_size) {
   if (l.ranks <= 0 || mpi_world_size == l.ranks) return;
   fail(l.name, " started ", l.ranks, " processes (", l.evidence, ") but MPI joined ", mpi_world_size,
        " of them into its world: the launcher and the MPI library did not connect. ",
-       l.kind == LauncherKind::slurm ? "Start it with srun --mpi=pmix" : concat("Start it with ", start_command(l, l.ranks)),
-       ", using the launcher that comes with the MPI library loom is built with");
+       "Start it with ", start_command(l, l.ranks), ", using the launcher that comes with the MPI library loom is ",
+       "built with");
 }
 
 std::string start_command(const Launcher& l, int n) {
@@ -124,7 +124,8 @@ std::string world_hint(const Launcher& l, int world_size, int needed) {
     return concat("this process runs alone (no mpirun, srun or mpiexec started it): start ", needed,
                   " processes, e.g. mpirun -np ", needed, " loom ..., or srun -n ", needed,
                   " --mpi=pmix loom ... under Slurm");
-  if (needed == 1) return concat(l.name, " started ", world_size, " processes; this config trains in one: run loom alone");
+  if (needed == 1)
+    return concat(l.name, " started ", world_size, " processes; this config trains in one: run loom alone");
   return concat(l.name, " started ", world_size, " processes: start ", needed, " with ", start_command(l, needed),
                 " loom ...");
 }

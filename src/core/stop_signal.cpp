@@ -16,7 +16,7 @@ namespace {
 std::atomic<int> g_received{0};
 std::atomic<bool> g_installed{false};
 std::atomic<const char*> g_on_first{""};
-struct sigaction g_old_term {}, g_old_int {};
+struct sigaction g_old_term {}, g_old_int {}, g_old_usr1 {};
 
 void write_stderr(const char* text) {
   size_t n = 0;
@@ -27,7 +27,7 @@ void write_stderr(const char* text) {
 void on_stop_signal(int signal) {
   int expected = 0;
   if (g_received.compare_exchange_strong(expected, signal)) {
-    write_stderr(signal == SIGINT ? "\nloom: SIGINT: " : "\nloom: SIGTERM: ");
+    write_stderr(signal == SIGINT ? "\nloom: SIGINT: " : signal == SIGUSR1 ? "\nloom: SIGUSR1: " : "\nloom: SIGTERM: ");
     write_stderr(g_on_first.load());
     write_stderr(" (send it again to stop at once)\n");
     return;
@@ -51,11 +51,13 @@ StopSignals::StopSignals(const char* on_first) {
   sa.sa_flags = SA_RESTART;  // blocking calls (MPI progress, file I/O) go on
   sigaction(SIGTERM, &sa, &g_old_term);
   sigaction(SIGINT, &sa, &g_old_int);
+  sigaction(SIGUSR1, &sa, &g_old_usr1);
 }
 
 StopSignals::~StopSignals() {
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGINT, &g_old_int, nullptr);
+  sigaction(SIGUSR1, &g_old_usr1, nullptr);
   g_installed = false;
 }
 
@@ -69,6 +71,7 @@ void StopSignals::request(int signal) {
 const char* signal_name(int signal) {
   if (signal == SIGTERM) return "SIGTERM";
   if (signal == SIGINT) return "SIGINT";
+  if (signal == SIGUSR1) return "SIGUSR1";
   return "a stop signal";
 }
 

@@ -1,9 +1,9 @@
-// SIGTERM / SIGINT as a request to stop cleanly (issue 15): while a
-// StopSignals is alive, the first such signal only records itself, and the
+// SIGTERM / SIGINT / SIGUSR1 as a request to stop cleanly (issue 15): while
+// a StopSignals is alive, the first such signal only records itself, and the
 // training loop finishes its step, saves and exits; a second one ends the
 // process at once (exit status 128 + signal, as a shell reports a signal).
-// A scheduler's SIGTERM (Slurm, Kubernetes) and Ctrl-C thus cost at most a
-// step, not the work since the last checkpoint.
+// A scheduler's SIGTERM (Slurm, Kubernetes), Slurm's --signal=USR1@N and
+// Ctrl-C thus cost at most a step, not the work since the last checkpoint.
 //
 //   StopSignals stop;                 // handlers installed
 //   for (...) { step(); if (stop.received()) { save(); break; } }
@@ -25,7 +25,7 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
   ~StopSignals();
 
-  // The first SIGTERM or SIGINT received since construction, or 0.
+  // The first SIGTERM, SIGINT or SIGUSR1 received since construction, or 0.
   int received() const;
 
   // Marks `signal` as received, as the handler does (without the message):
@@ -33,7 +33,7 @@ class StopSignals {
   static void request(int signal);
 };
 
-// "SIGTERM", "SIGINT", or "a stop signal" for any other.
+// "SIGTERM", "SIGINT", "SIGUSR1", or "a stop signal" for any other.
 const char* signal_name(int signal);
 
 }  // namespace loom

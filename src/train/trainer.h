@@ -215,7 +215,7 @@ struct TrainSummary {
   std::optional<double> final_val_loss;
   double seconds = 0;
   double peak_flops = 0;  // FLOP/s of one rank behind MFU (MFU = model FLOP/s of all ranks / (dp x tp x peak))
-  // The SIGTERM or SIGINT that stopped the run early (after a checkpoint,
+  // The SIGTERM, SIGINT or SIGUSR1 that stopped the run early (after a checkpoint,
   // without the final model), or 0: the run trained all its steps.
   int stop_signal = 0;
 };

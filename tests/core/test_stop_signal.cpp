@@ -15,6 +15,15 @@ TEST(StopSignals, TheFirstSigtermIsRecordedAndTheProcessGoesOn) {
   EXPECT_EQ(stop.received(), SIGTERM);
 }
 
+// Slurm's --signal=USR1@N (PyTorch Lightning's requeue signal) stops as
+// cleanly as SIGTERM: its default action would end the process unsaved.
+TEST(StopSignals, Sigusr1IsAStopSignalToo) {
+  const StopSignals stop;
+  ::kill(::getpid(), SIGUSR1);
+  EXPECT_EQ(stop.received(), SIGUSR1);
+  EXPECT_STREQ(signal_name(SIGUSR1), "SIGUSR1");
+}
+
 TEST(StopSignals, ASecondSignalExitsAtOnceWithStatus128PlusTheSignal) {
   const pid_t child = ::fork();
   if (child == 0) {
@@ -32,8 +41,10 @@ TEST(StopSignals, ASecondSignalExitsAtOnceWithStatus128PlusTheSignal) {
 TEST(StopSignals, ThePreviousHandlersAreRestored) {
   { const StopSignals stop; }
   struct sigaction now {};
-  sigaction(SIGTERM, nullptr, &now);
-  EXPECT_EQ(now.sa_handler, SIG_DFL);
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) {
+    sigaction(signal, nullptr, &now);
+    EXPECT_EQ(now.sa_handler, SIG_DFL) << signal;
+  }
 }
 
 }  // namespace
