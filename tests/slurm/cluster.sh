@@ -112,13 +112,16 @@ slurm_up() {
 slurm_up_two_hosts() {
   SLURM_TEST_DIR=$1
   local d=$1 cpus a="loomslurm$$a" b="loomslurm$$b" va="lsa$$" vb="lsb$$"  # interface names: 15 characters at most
-  ip netns add "$a" && SLURM_NETNS+=("$a") || return 1
-  ip netns add "$b" && SLURM_NETNS+=("$b") || return 1
-  ip link add "$va" type veth peer name "$vb" || return 1
-  ip link set "$va" netns "$a" && ip link set "$vb" netns "$b" || return 1
-  ip -n "$a" addr add 10.77.0.1/24 dev "$va" && ip -n "$b" addr add 10.77.0.2/24 dev "$vb" || return 1
-  ip -n "$a" link set lo up && ip -n "$b" link set lo up || return 1
-  ip -n "$a" link set "$va" up && ip -n "$b" link set "$vb" up || return 1
+  # 77: this machine cannot make the namespaces (a chroot, a container
+  # without CAP_NET_ADMIN): the caller skips.
+  ip netns add "$a" && SLURM_NETNS+=("$a") || return 77
+  ip netns add "$b" && SLURM_NETNS+=("$b") || return 77
+  nsenter --net="/run/netns/$a" true || return 77
+  ip link add "$va" type veth peer name "$vb" || return 77
+  ip link set "$va" netns "$a" && ip link set "$vb" netns "$b" || return 77
+  ip -n "$a" addr add 10.77.0.1/24 dev "$va" && ip -n "$b" addr add 10.77.0.2/24 dev "$vb" || return 77
+  ip -n "$a" link set lo up && ip -n "$b" link set lo up || return 77
+  ip -n "$a" link set "$va" up && ip -n "$b" link set "$vb" up || return 77
   SLURM_CLIENT=(nsenter --net="/run/netns/$a")
   slurm_start_munge "$d"
   mkdir -p "$d/spool/node1" "$d/spool/node2" "$d/tmp/node1" "$d/tmp/node2"
