@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "cli/model_tokenizer.h"
+#include "model/lora.h"
 #include "io/gguf.h"
 #include "model/config_json.h"
 #include "model/gguf_model.h"
@@ -30,6 +31,7 @@ namespace {
 struct ConvertArgs {
   std::string to, model_dir, out;
   std::string quantize = "f32", tokenizer, name;
+  std::string adapter;  // loom lora merge: the PEFT adapter directory
   bool print_error = false;  // loom quantize: the error table
 };
 
@@ -142,6 +144,27 @@ void run_convert(const ConvertArgs& args) {
   if (tok) write_tokenizer_files(args, dir, *tok, tokenizer_from);
 }
 
+// loom lora merge: W += (alpha / r) B A into a copy of the base (f32).
+void run_lora_merge(const ConvertArgs& args) {
+  model::require_new_model_dir(args.out, "lora merge", args.model_dir);
+  const model::ModelDir dir = model::load_model_dir(args.model_dir);
+  std::string base_named;
+  const model::LoraConfig lora = model::read_peft_config(args.adapter, &base_named);
+  std::string tokenizer_from;
+  const std::unique_ptr<text::Tokenizer> tok = tokenizer_to_write(args, dir, &tokenizer_from);
+  Pools pools;
+  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(dir.config)});
+  const OwnedTensor adapters = pools[MemTag::params].empty(DType::f32, {model::lora_param_count(dir.config, lora)});
+  model::load_peft_adapter(args.adapter, dir.config, lora, adapters);
+  model::load_model_params(dir, params);
+  model::lora_merge(params, dir.config, lora, adapters);
+  model::save_model_dir(args.out, dir.config, params, args.to == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom);
+  log_info("wrote ", args.to, " model directory ", args.out, ": ", args.model_dir, " with the adapter ", args.adapter,
+           " merged (rank ", lora.rank, ", alpha ", lora.alpha, ")",
+           base_named.empty() || base_named == args.model_dir ? "" : "; the adapter names its base '" + base_named + "'");
+  if (tok) write_tokenizer_files(args, dir, *tok, tokenizer_from);
+}
+
 struct InitArgs {
   std::string preset, out;
   std::vector<std::string> sets;  // key=value over the preset
@@ -199,6 +222,25 @@ void add_convert_command(CLI::App& app) {
   quantize->add_option("--tokenizer", qargs->tokenizer, kTokenizerHelp);
   quantize->add_option("--name", qargs->name, "general.name (default: the file's name)");
   quantize->callback([qargs] { run_convert(*qargs); });
+
+  CLI::App* lora = app.add_subcommand("lora", "LoRA adapters (PEFT's adapter directories) and their base models");
+  lora->require_subcommand(1);
+  CLI::App* merge = lora->add_subcommand(
+      "merge", "Write the base model with an adapter merged into its weights (W + alpha / r B A, f32): a model "
+               "directory that generate, serve and quantize take as any other");
+  auto margs = std::make_shared<ConvertArgs>();
+  margs->to = "loom";
+  merge->add_option("--base", margs->model_dir, "the base model: a loom or Hugging Face directory, or a .gguf file")
+      ->required();
+  merge->add_option("--adapter", margs->adapter,
+                    "the adapter: a PEFT directory (adapter_config.json, adapter_model.safetensors), as loom train "
+                    "writes with [lora]")
+      ->required();
+  merge->add_option("--out", margs->out, "the new model directory")->required();
+  merge->add_option("--to", margs->to, "output format: loom or hf")->capture_default_str()->check(
+      CLI::IsMember({"hf", "loom"}));
+  merge->add_option("--tokenizer", margs->tokenizer, kTokenizerHelp);
+  merge->callback([margs] { run_lora_merge(*margs); });
 
   CLI::App* init = app.add_subcommand(
       "init-model", "Write a freshly initialised model directory from a preset (e.g. to try generate or convert)");

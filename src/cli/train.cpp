@@ -44,6 +44,7 @@ struct TrainArgs {
 
 struct EvalArgs {
   std::string model;
+  std::string lora;  // --lora: a PEFT adapter directory, applied unmerged
   std::vector<std::string> data;
   int64_t seq_len = 0;  // 0: the model's max_seq_len
   int64_t batch = 4;
@@ -77,9 +78,17 @@ void run_eval(const EvalArgs& a) {
   LOOM_REQUIRE(T <= dir.config.max_seq_len, "--seq-len ", T, " is invalid: allowed values are 1 to the model's ",
                "max_seq_len = ", dir.config.max_seq_len);
   Pools pools;
-  model::Model m(dir.config, a.batch, T, pools);
+  std::unique_ptr<model::FrozenWeights> base;
+  model::ModelOptions options;
+  if (!a.lora.empty()) {
+    options.lora.config = model::read_peft_config(a.lora);
+    base = model::load_frozen_base(dir, DType::f32, pools);
+    options.lora.base = base.get();
+  }
+  model::Model m(dir.config, a.batch, T, pools, options);
   LOOM_REQUIRE(m.master_params().defined(), "eval: the model does not own its master weights");
-  model::load_model_params(dir, m.master_params());
+  if (base) model::load_peft_adapter(a.lora, dir.config, options.lora.config, m.master_params());
+  else model::load_model_params(dir, m.master_params());
   m.sync_params();
   const train::EvalResult r = train::evaluate_shards(m, a.data);
   if (a.json) {
@@ -291,6 +300,8 @@ void add_eval_command(CLI::App& app, int default_threads) {
   cmd->add_option("--batch", a->batch, "windows per forward pass")->check(CLI::Range(int64_t{1}, int64_t{4096}))
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object: loss, perplexity, tokens");
+  cmd->add_option("--lora", a->lora,
+                  "a LoRA adapter (PEFT directory, as loom train writes with [lora]) applied to --model unmerged");
   cmd->add_option("--threads", a->threads, "OpenMP threads (default: the cores this process may use)")
       ->check(CLI::Range(1, 1024));
   cmd->callback([a] { run_eval(*a); });

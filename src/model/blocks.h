@@ -19,6 +19,7 @@
 namespace loom::model {
 
 class QuantWeights;  // model/quant_weights.h
+class ParamViews;    // below
 
 // Tensor parallelism inside a block (tensor_parallel.h): the collectives
 // and the shared buffers sequence parallelism moves rows through.
@@ -43,6 +44,21 @@ struct ParallelOps {
   TpContext tp;
 };
 
+// A LoRA adapter on a block linear (model/lora.h): a (r, IC), b (OC, r);
+// undefined a: the linear has none. In a LayerWeights of gradients, where
+// the adapter's gradients accumulate.
+struct LoraPair {
+  Tensor a, b;
+  bool defined() const { return a.defined(); }
+};
+// What the adapters run with: their scale alpha / r, and two buffers every
+// adapted linear shares in turn: u = scale (x A^T) (N, r) compute dtype, and
+// its gradient du (N, r) f32.
+struct LoraContext {
+  float scale = 0.f;
+  Tensor u, du;
+};
+
 // Sizes every block kernel call needs. Under tensor parallelism NH, NKV and
 // F are this rank's (n_head / tp, ...), and the residual stream (block input
 // and output, norms, res1) has Nl = N / tp rows under SP, else N.
@@ -57,14 +73,25 @@ struct Dims {
   // Weights held in quantized blocks (u8 tensors: model/quant_weights.h),
   // which block_linear multiplies with linear_forward_quantized; serving only.
   const QuantWeights* quant = nullptr;
+  LoraContext lora{};  // a model with adapters (model/lora.h)
   int64_t N() const { return B * T; }
   int64_t Q() const { return NH * HS; }    // q and attention output width
   int64_t KV() const { return NKV * HS; }  // k, v width
 };
 
 // A block's forward linear, y = x @ w^T + bias: linear_forward, or
-// linear_forward_invariant when d.batch_invariant.
-void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+// linear_forward_invariant when d.batch_invariant; then the adapter's update
+// when `lora` has one (lora_forward).
+void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
+                  const LoraPair& lora = {});
+// LoRA (lora_block.cpp): y += scale (x A^T) B^T, x (N, IC), y (N, OC);
+// nothing when p is undefined.
+void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p);
+// Its backward, dy (N, OC) f32: g.b += dy^T u, dx += scale (dy B) A and
+// g.a += scale (dy B)^T x, u = scale (x A^T) recomputed (N r IC flops, as
+// cheap as keeping it). dx (N, IC) f32.
+void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x,
+                   const LoraPair& p);
 
 // f forward: the column-parallel linears' input, x itself, or under SP the
 // rows gathered from every rank's shard x into d.par.tp.gathered.
@@ -72,8 +99,9 @@ Tensor tp_enter(const Dims& d, const Tensor& x);
 // One column-parallel linear of a block: y = f(x) @ w^T + b, its output
 // gradient dy, and where its weight (and bias) gradients accumulate.
 struct ColumnLinear {
-  Tensor dy, dw, db;  // db undefined: no bias
+  Tensor dy, dw, db;  // db undefined: no bias; dw undefined: a frozen weight
   Tensor w;
+  LoraPair lora, dlora;  // the linear's adapter and its gradients (undefined: none)
 };
 // Backward of the column-parallel linears that share one input f(x) (q, k,
 // v; fc; gate and up), with f's backward: dx (N, C) f32, zeroed by the
@@ -85,8 +113,9 @@ struct ColumnLinear {
 // computed (they do not read x). Without tp: the same kernels, plain.
 Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::initializer_list<ColumnLinear> linears);
 // A row-parallel linear and g: y (the rank's rows) = sum over ranks of
-// x @ w^T, plus bias once (rank 0 adds it before the sum).
-void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+// x @ w^T, plus bias once (rank 0 adds it before the sum), plus the
+// adapter's update when `lora` has one.
+void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias, const LoraPair& lora = {});
 // g backward: the gradient of the row-parallel output for all N rows: dy
 // itself, or under SP the shards gathered into d.par.tp.dfull.
 Tensor tp_exit_backward(const Dims& d, const Tensor& dy);
@@ -139,7 +168,16 @@ struct LayerWeights {
   Tensor expert_bias;            // (E) its loss-free balancing bias (undefined without)
   Tensor sh_gate, sh_up, sh_down;  // shared experts (Fs, C), (Fs, C), (C, Fs); undefined without
   std::vector<Tensor> w1, w2, w3;  // the rank's experts: gate (F, C), down (C, F), up (F, C)
+  // LoRA adapters (model/lora.h) on the linears above, undefined where none:
+  // GPT-2's c_attn adapter is lora_q, lora_k and lora_v sharing its A, each
+  // with its row block of B; lora_fc is on w_fc (c_fc / gate_proj), lora_out
+  // on w_out (mlp.c_proj / down_proj).
+  LoraPair lora_q, lora_k, lora_v, lora_o, lora_fc, lora_up, lora_out;
 };
+
+// w with the adapters of layer i from `adapters` (views of an adapted
+// model's parameters or gradients, lora_param_specs' names) filled in.
+LayerWeights with_lora(LayerWeights w, const ParamViews& adapters, const ModelConfig& cfg, int64_t i);
 
 // Embeddings, final norm and lm head; wpe, normf_b GPT-2 only; lm_head is
 // wte when tied.

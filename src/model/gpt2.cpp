@@ -22,9 +22,9 @@ class GeluMlp final : public MlpStep {
                const BlockContext& c) const override {
     const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
-    block_linear(d, rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc);  // (N, F)
+    block_linear(d, rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc, w.lora_fc);  // (N, F)
     gelu_forward(a.act, a.fc);
-    tp_exit(d, out, rows_of(a.act, F), w.w_out, w.b_out);
+    tp_exit(d, out, rows_of(a.act, F), w.w_out, w.b_out, w.lora_out);
   }
   void recompute(LayerActs& a) const override { gelu_forward(a.act, a.fc); }
   Tensor backward(const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
@@ -32,12 +32,14 @@ class GeluMlp final : public MlpStep {
     const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     fill(s.dact, 0.f);
-    linear_backward(rows_of(s.dact, F), g.w_out, g.b_out, rows_of(tp_exit_backward(d, dy), C), rows_of(a.act, F),
-                    w.w_out);
+    const Tensor dy_rows = rows_of(tp_exit_backward(d, dy), C);
+    linear_backward(rows_of(s.dact, F), g.w_out, g.b_out, dy_rows, rows_of(a.act, F), w.w_out);
+    lora_backward(d, rows_of(s.dact, F), g.lora_out, dy_rows, rows_of(a.act, F), w.lora_out);
     fill(s.dfc, 0.f);
     gelu_backward(s.dfc, s.dact, a.fc);
     fill(s.dnorm, 0.f);
-    return column_parallel_backward(d, s.dnorm, h, {{rows_of(s.dfc, F), g.w_fc, g.b_fc, w.w_fc}});
+    return column_parallel_backward(d, s.dnorm, h,
+                                    {{rows_of(s.dfc, F), g.w_fc, g.b_fc, w.w_fc, w.lora_fc, g.lora_fc}});
   }
 };
 
@@ -48,11 +50,11 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   const Tensor h = rows_of(tp_enter(d, a.norm1), C);  // (N, C)
   // c_attn as three linears over its row blocks: q, k, v land contiguous in
   // the (B, T, NH, HS) layout attention wants, with no split copy.
-  block_linear(d, rows_of(a.q, Q), h, w.wq, w.bq);  // (N, C) @ (Q, C)^T
-  block_linear(d, rows_of(a.k, Q), h, w.wk, w.bk);
-  block_linear(d, rows_of(a.v, Q), h, w.wv, w.bv);
-  c.attention.forward(attention_args(a, c));          // (B,T,NH,HS), lse (B,NH,T)
-  tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, w.bo);  // (rows, C)
+  block_linear(d, rows_of(a.q, Q), h, w.wq, w.bq, w.lora_q);  // (N, C) @ (Q, C)^T
+  block_linear(d, rows_of(a.k, Q), h, w.wk, w.bk, w.lora_k);
+  block_linear(d, rows_of(a.v, Q), h, w.wv, w.bv, w.lora_v);
+  c.attention.forward(attention_args(a, c));                      // (B,T,NH,HS), lse (B,NH,T)
+  tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, w.bo, w.lora_o);  // (rows, C)
   add(a.res1, a.res1, x);
   layernorm_forward(a.norm2, a.mean2, a.rstd2, a.res1, w.norm2_w, w.norm2_b, d.eps);
   c.mlp.forward(out, a.norm2, w, a, c);
@@ -76,14 +78,16 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   layernorm_backward(dres, g.norm2_w, g.norm2_b, dn2, a.res1, w.norm2_w, a.mean2, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
-  linear_backward(rows_of(s.datt, Q), g.wo, g.bo, rows_of(tp_exit_backward(d, dres), C), rows_of(a.att, Q), w.wo);
+  const Tensor dres_rows = rows_of(tp_exit_backward(d, dres), C);
+  linear_backward(rows_of(s.datt, Q), g.wo, g.bo, dres_rows, rows_of(a.att, Q), w.wo);
+  lora_backward(d, rows_of(s.datt, Q), g.lora_o, dres_rows, rows_of(a.att, Q), w.lora_o);
   fill(s.dq, 0.f), fill(s.dk, 0.f), fill(s.dv, 0.f);
   c.attention.backward(attention_args(a, c), {s.datt, s.dq, s.dk, s.dv});
   fill(s.dnorm, 0.f);
   const Tensor dn1 = column_parallel_backward(d, s.dnorm, a.norm1,
-                                              {{rows_of(s.dq, Q), g.wq, g.bq, w.wq},
-                                               {rows_of(s.dk, Q), g.wk, g.bk, w.wk},
-                                               {rows_of(s.dv, Q), g.wv, g.bv, w.wv}});
+                                              {{rows_of(s.dq, Q), g.wq, g.bq, w.wq, w.lora_q, g.lora_q},
+                                               {rows_of(s.dk, Q), g.wk, g.bk, w.wk, w.lora_k, g.lora_k},
+                                               {rows_of(s.dv, Q), g.wv, g.bv, w.wv, w.lora_v, g.lora_v}});
   layernorm_backward(dres, g.norm1_w, g.norm1_b, dn1, x, w.norm1_w, a.mean1, a.rstd1);  // dres = d x
 }
 

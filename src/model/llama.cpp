@@ -24,10 +24,10 @@ class SwigluMlp final : public MlpStep {
     const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     const Tensor h2 = rows_of(tp_enter(d, h), C);
-    block_linear(d, rows_of(a.fc, F), h2, w.w_fc, Tensor());  // gate (N, F)
-    block_linear(d, rows_of(a.up, F), h2, w.w_up, Tensor());  // up (N, F)
+    block_linear(d, rows_of(a.fc, F), h2, w.w_fc, Tensor(), w.lora_fc);  // gate (N, F)
+    block_linear(d, rows_of(a.up, F), h2, w.w_up, Tensor(), w.lora_up);  // up (N, F)
     swiglu_forward(a.act, a.fc, a.up);
-    tp_exit(d, out, rows_of(a.act, F), w.w_out, Tensor());
+    tp_exit(d, out, rows_of(a.act, F), w.w_out, Tensor(), w.lora_out);
   }
   void recompute(LayerActs& a) const override { swiglu_forward(a.act, a.fc, a.up); }
   Tensor backward(const Tensor& dy, const Tensor& h, const LayerWeights& w, const LayerWeights& g,
@@ -35,13 +35,15 @@ class SwigluMlp final : public MlpStep {
     const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
     fill(s.dact, 0.f);
-    linear_backward(rows_of(s.dact, F), g.w_out, Tensor(), rows_of(tp_exit_backward(d, dy), C), rows_of(a.act, F),
-                    w.w_out);
+    const Tensor dy_rows = rows_of(tp_exit_backward(d, dy), C);
+    linear_backward(rows_of(s.dact, F), g.w_out, Tensor(), dy_rows, rows_of(a.act, F), w.w_out);
+    lora_backward(d, rows_of(s.dact, F), g.lora_out, dy_rows, rows_of(a.act, F), w.lora_out);
     fill(s.dfc, 0.f), fill(s.dup, 0.f);
     swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up);
     fill(s.dnorm, 0.f);
-    return column_parallel_backward(
-        d, s.dnorm, h, {{rows_of(s.dfc, F), g.w_fc, Tensor(), w.w_fc}, {rows_of(s.dup, F), g.w_up, Tensor(), w.w_up}});
+    return column_parallel_backward(d, s.dnorm, h,
+                                    {{rows_of(s.dfc, F), g.w_fc, Tensor(), w.w_fc, w.lora_fc, g.lora_fc},
+                                     {rows_of(s.dup, F), g.w_up, Tensor(), w.w_up, w.lora_up, g.lora_up}});
   }
 };
 
@@ -50,13 +52,13 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   const int64_t C = d.C, Q = d.Q(), KV = d.KV();
   rmsnorm_forward(a.norm1, a.rstd1, x, w.norm1_w, d.eps);
   const Tensor h = rows_of(tp_enter(d, a.norm1), C);       // (N, C)
-  block_linear(d, rows_of(a.q, Q), h, w.wq, Tensor());   // (N, NH*HS)
-  block_linear(d, rows_of(a.k, KV), h, w.wk, Tensor());  // (N, NKV*HS)
-  block_linear(d, rows_of(a.v, KV), h, w.wv, Tensor());
+  block_linear(d, rows_of(a.q, Q), h, w.wq, Tensor(), w.lora_q);   // (N, NH*HS)
+  block_linear(d, rows_of(a.k, KV), h, w.wk, Tensor(), w.lora_k);  // (N, NKV*HS)
+  block_linear(d, rows_of(a.v, KV), h, w.wv, Tensor(), w.lora_v);
   rope_forward(a.q, a.q, c.pos, d.theta);  // in place: backward needs only pos
   rope_forward(a.k, a.k, c.pos, d.theta);
   c.attention.forward(attention_args(a, c));  // (B,T,NH,HS), lse (B,NH,T)
-  tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, Tensor());
+  tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, Tensor(), w.lora_o);
   add(a.res1, a.res1, x);
   rmsnorm_forward(a.norm2, a.rstd2, a.res1, w.norm2_w, d.eps);
   c.mlp.forward(out, a.norm2, w, a, c);
@@ -80,7 +82,9 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   rmsnorm_backward(dres, g.norm2_w, dn2, a.res1, w.norm2_w, a.rstd2);  // dres = d res1
   // Attention branch.
   fill(s.datt, 0.f);
-  linear_backward(rows_of(s.datt, Q), g.wo, Tensor(), rows_of(tp_exit_backward(d, dres), C), rows_of(a.att, Q), w.wo);
+  const Tensor dres_rows = rows_of(tp_exit_backward(d, dres), C);
+  linear_backward(rows_of(s.datt, Q), g.wo, Tensor(), dres_rows, rows_of(a.att, Q), w.wo);
+  lora_backward(d, rows_of(s.datt, Q), g.lora_o, dres_rows, rows_of(a.att, Q), w.lora_o);
   fill(s.dq_rot, 0.f), fill(s.dk_rot, 0.f), fill(s.dv, 0.f);
   c.attention.backward(attention_args(a, c), {s.datt, s.dq_rot, s.dk_rot, s.dv});
   fill(s.dq, 0.f), fill(s.dk, 0.f);
@@ -88,9 +92,9 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   rope_backward(s.dk, s.dk_rot, c.pos, d.theta);
   fill(s.dnorm, 0.f);
   const Tensor dn1 = column_parallel_backward(d, s.dnorm, a.norm1,
-                                              {{rows_of(s.dq, Q), g.wq, Tensor(), w.wq},
-                                               {rows_of(s.dk, KV), g.wk, Tensor(), w.wk},
-                                               {rows_of(s.dv, KV), g.wv, Tensor(), w.wv}});
+                                              {{rows_of(s.dq, Q), g.wq, Tensor(), w.wq, w.lora_q, g.lora_q},
+                                               {rows_of(s.dk, KV), g.wk, Tensor(), w.wk, w.lora_k, g.lora_k},
+                                               {rows_of(s.dv, KV), g.wv, Tensor(), w.wv, w.lora_v, g.lora_v}});
   rmsnorm_backward(dres, g.norm1_w, dn1, x, w.norm1_w, a.rstd1);  // dres = d x
 }
 

@@ -109,7 +109,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
     : cfg_(cfg), B_(B), T_(T), options_(options), state_(std::make_unique<ModelState>()) {
   const DType compute = options.compute;
   const StageOptions& stage = options.stage;
-  const int64_t P = model::param_count(cfg, options.tp.tp, stage.layers, options.ep.ep);  // validates, O(1) in n_layer
+  const int64_t P = trainable_count(cfg, options);  // validates, O(1) in n_layer
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   first_layer_ = stage.layers.first_layer;
   n_layers_ = stage.layers.layer_count(cfg.n_layer);
@@ -130,8 +130,8 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   require_fits_memory(pools, total_bytes(need), footprint(cfg, B, T, P, need),
                       "lower model.n_layer, model.n_embd, train.micro_batch or train.seq_len, or split the model over "
                       "more ranks (parallel.tp, parallel.pp, parallel.zero_stage)");
-  specs_ = model::param_specs(cfg, options.tp.tp, stage.layers, options.ep.ep);
-  units_ = model_units(cfg, specs_);
+  specs_ = trainable_param_specs(cfg, options.lora.config, options.tp.tp, stage.layers, options.ep.ep);
+  units_ = adapted() ? lora_units(cfg, specs_) : model_units(cfg, specs_);
   const int unit_count = number_layer_units(cfg, first_layer_, n_layers_, has_embedding_, layer_units_, expert_units_);
   LOOM_CHECK(param_count(specs_) == P && static_cast<int64_t>(units_.size()) == unit_count + has_head_,
              "the stage's ", specs_.size(), " parameters make ", units_.size(), " units for ", n_layers_, " layers");
@@ -157,12 +157,12 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   st.grad_views = std::make_unique<ParamViews>(specs_, grads_);
   const ParamViews &pv = *st.param_views, &gv = *st.grad_views;
   if (storage.params) {
-    for (int64_t j = 0; j < n_layers_; ++j) st.w.push_back(pv.layer(cfg, first_layer_ + j));
-    st.head_w = pv.head(cfg, has_embedding_, has_head_);
+    for (int64_t j = 0; j < n_layers_; ++j) st.w.push_back(bind_layer_params(pv, j));
+    st.head_w = bind_head_params(pv, has_embedding_, has_head_);
   }
   if (storage.grads) {
-    for (int64_t j = 0; j < n_layers_; ++j) st.g.push_back(gv.layer(cfg, first_layer_ + j));
-    st.head_g = gv.head(cfg, has_embedding_, has_head_);
+    for (int64_t j = 0; j < n_layers_; ++j) st.g.push_back(bind_layer_grads(gv, j));
+    st.head_g = bind_head_grads(gv, has_embedding_, has_head_);
   }
 }
 
@@ -221,21 +221,39 @@ UnitSource Model::unit_source() const {
   return {&units_, options_.storage, hooks_, options_.compute, state_->param_views.get(), state_->grad_views.get()};
 }
 
+// An adapted model's weights are its base's with its adapters beside them;
+// its gradients are the adapters' alone.
+LayerWeights Model::bind_layer_params(const ParamViews& v, int64_t l) const {
+  if (!adapted()) return v.layer(cfg_, first_layer_ + l);
+  return with_lora(options_.lora.base->views().layer(cfg_, first_layer_ + l), v, cfg_, first_layer_ + l);
+}
+LayerWeights Model::bind_layer_grads(const ParamViews& v, int64_t l) const {
+  if (!adapted()) return v.layer(cfg_, first_layer_ + l);
+  return with_lora(LayerWeights{}, v, cfg_, first_layer_ + l);
+}
+HeadWeights Model::bind_head_params(const ParamViews& v, bool embeddings, bool head) const {
+  return (adapted() ? options_.lora.base->views() : v).head(cfg_, embeddings, head);
+}
+HeadWeights Model::bind_head_grads(const ParamViews& v, bool embeddings, bool head) const {
+  if (adapted()) return HeadWeights{};
+  return v.head(cfg_, embeddings, head);
+}
+
 LayerWeights Model::layer_params(int64_t l) const {
   if (options_.storage.params) return state_->w[static_cast<size_t>(l)];
-  return state_->param_views->layer(cfg_, first_layer_ + l);
+  return bind_layer_params(*state_->param_views, l);
 }
 LayerWeights Model::layer_grads(int64_t l) const {
   if (options_.storage.grads) return state_->g[static_cast<size_t>(l)];
-  return state_->grad_views->layer(cfg_, first_layer_ + l);
+  return bind_layer_grads(*state_->grad_views, l);
 }
 HeadWeights Model::head_params(bool embeddings, bool head) const {
   if (options_.storage.params) return state_->head_w;
-  return state_->param_views->head(cfg_, embeddings, head);
+  return bind_head_params(*state_->param_views, embeddings, head);
 }
 HeadWeights Model::head_grads(bool embeddings, bool head) const {
   if (options_.storage.grads) return state_->head_g;
-  return state_->grad_views->head(cfg_, embeddings, head);
+  return bind_head_grads(*state_->grad_views, embeddings, head);
 }
 
 BlockContext Model::block_context(int64_t l) const {

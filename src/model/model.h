@@ -39,6 +39,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/expert_parallel.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "model/stage.h"
 #include "model/tensor_parallel.h"
@@ -72,6 +73,10 @@ enum class Pass : uint8_t { forward, backward };
 // The units of a stage's spec list (param_specs(cfg, tp, stage)), in one
 // pass over it.
 std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs);
+// The units of an adapted model's spec list (lora_param_specs): the same
+// count and order as its base's, the embeddings' and the head's empty (they
+// carry no adapters), each layer's its adapters.
+std::vector<Unit> lora_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs);
 
 // What data parallelism (parallel/dp.h) plugs into a Model: where the
 // parameters and gradients of a model that does not own them live, and when
@@ -179,6 +184,18 @@ struct MoeStats {
 // tokens under context parallelism (T is then the rank's). stage: the
 // pipeline stage's layers and activation slots (default: the whole model,
 // one slot).
+// LoRA (model/lora.h): with config.enabled() the model's parameters —
+// param_specs(), units, params, master weights, gradients, init and load —
+// are the adapters (lora_param_specs), and `base` supplies every other
+// weight, frozen: views by the base's own names (param_specs(cfg)) in the
+// compute dtype (lora.h FrozenWeights), which must outlive the model. Nothing computes a gradient
+// of the base: its embeddings' backward is skipped, its norms and linears
+// pass gradients through without keeping their own.
+struct LoraOptions {
+  LoraConfig config;
+  const FrozenWeights* base = nullptr;
+};
+
 struct ModelOptions {
   DType compute = DType::f32;
   Recompute recompute = Recompute::none;
@@ -187,6 +204,7 @@ struct ModelOptions {
   StageOptions stage{};
   CpOptions cp{};
   EpOptions ep{};  // this rank's experts under expert parallelism (model/expert_parallel.h)
+  LoraOptions lora{};
 };
 
 class Model final : public Stage {
@@ -240,6 +258,7 @@ class Model final : public Stage {
   // ZeRO-2's bucket buffers follow, so what loom plan simulates them with.
   static std::vector<HookEvent> hook_events(const ModelConfig& cfg, Pass pass, const StageOptions& stage = {});
   const TpOptions& tensor_parallel() const { return options_.tp; }
+  bool adapted() const { return options_.lora.config.enabled(); }
 
   // The pipeline stage (stage.h): its first layer and layer count; whether
   // it holds the embeddings (first stage) and the head (last stage); its
@@ -319,6 +338,10 @@ class Model final : public Stage {
   UnitSource unit_source() const;
   // The weights (gradients) of what a BoundUnit bound: the model's own
   // views, or views by name into the buffers the hooks lent.
+  LayerWeights bind_layer_params(const ParamViews& v, int64_t local_layer) const;
+  LayerWeights bind_layer_grads(const ParamViews& v, int64_t local_layer) const;
+  HeadWeights bind_head_params(const ParamViews& v, bool embeddings, bool head) const;
+  HeadWeights bind_head_grads(const ParamViews& v, bool embeddings, bool head) const;
   LayerWeights layer_params(int64_t local_layer) const;
   LayerWeights layer_grads(int64_t local_layer) const;
   HeadWeights head_params(bool embeddings, bool head) const;

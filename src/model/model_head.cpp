@@ -112,7 +112,7 @@ void Model::head_backward(SlotActs& a, float dloss) {
   // The vocab-parallel head is column-parallel (tied: its gradient adds into
   // dwte); dnormf: the rank's rows, summed over tp.
   const Tensor dnormf =
-      column_parallel_backward(d, st.dnormf, a.normf, {{rows_of(a.logits, V), g.lm_head, Tensor(), w.lm_head}});
+      column_parallel_backward(d, st.dnormf, a.normf, {{rows_of(a.logits, V), g.lm_head, Tensor(), w.lm_head, {}, {}}});
   fill(st.dres, 0.f);
   if (sp) fill(st.norm_grads, 0.f);
   const Tensor dnw = sp ? st.norm_grads.slice(0, 0, C) : g.normf_w;
@@ -127,6 +127,7 @@ void Model::embed_backward(SlotActs& a) {
   const Dims& d = st.dims;
   const BoundUnit bound(unit_source(), Pass::backward, Need::grads, 0);
   const HeadWeights g = head_grads(true, false);
+  if (!g.wte.defined()) return;  // frozen (an adapted model's base)
   const bool at = st.pos_bt.defined();  // cp: wpe rows at the tokens' positions
   if (!d.par.tp.ops) {
     if (at) embedding_backward_at(g.wte, g.wpe, st.dres, a.tokens, st.pos_bt);

@@ -144,6 +144,11 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
   if (kinds.dense) s.dfc = alloc({B, T, F}, f32), s.dact = alloc({B, T, F}, f32);
   if (kinds.dense && !gpt2) s.dup = alloc({B, T, F}, f32);
   if (kinds.moe) s.moe = moe_scratch(kinds.z, moe_alloc(alloc));
+  if (const LoraConfig& lora = options.lora.config; lora.enabled()) {
+    LoraContext& l = st.dims.lora;
+    l.scale = lora.scale();
+    l.u = alloc({B * T, lora.rank}), l.du = alloc({B * T, lora.rank}, f32);
+  }
 }
 
 Dims dims_of(const ModelConfig& cfg, int64_t B, int64_t T, const TpOptions& tp) {
@@ -242,6 +247,19 @@ int64_t periodic_count(const ModelConfig& cfg, int64_t n, Count count) {
 
 }  // namespace
 
+int64_t trainable_count(const ModelConfig& cfg, const ModelOptions& options) {
+  const int64_t P = model::param_count(cfg, options.tp.tp, options.stage.layers, options.ep.ep);  // validates
+  const LoraOptions& lora = options.lora;
+  if (!lora.config.enabled()) return P;
+  (void)lora_param_specs(cfg, lora.config, options.tp.tp, {});  // refuses what adapters do not support yet
+  LOOM_REQUIRE(options.stage.layers.first_layer == 0 && options.stage.layers.layer_count(cfg.n_layer) == cfg.n_layer,
+               "lora: pipeline parallelism of an adapted model is not supported yet: allowed is parallel.pp = 1");
+  LOOM_REQUIRE(options.cp.size == 1 && options.ep.ep.size == 1, "lora: context and expert parallelism of an adapted ",
+               "model are not supported yet: allowed are parallel.cp = 1 and parallel.ep = 1");
+  LOOM_REQUIRE(lora.base != nullptr, "an adapted model needs its base's weights (LoraOptions::base)");
+  return lora_param_count(cfg, lora.config);
+}
+
 int64_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return INT64_MAX;  // unknown: nothing to check against
@@ -278,7 +296,7 @@ int64_t Model::stream_numel(const ModelConfig& cfg, int64_t B, int64_t T, const 
 ModelBytes Model::state_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const ModelOptions& options) {
   const TpOptions& tp = options.tp;
   const Storage& storage = options.storage;
-  const int64_t P = model::param_count(cfg, tp.tp, options.stage.layers, options.ep.ep);
+  const int64_t P = trainable_count(cfg, options);
   ModelBytes b;
   if (storage.params) b.params = P * static_cast<int64_t>(dtype_size(options.compute));
   if (storage.master && options.compute != DType::f32) b.master = P * 4;
@@ -325,6 +343,22 @@ std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpe
     }
     units.back().end = s.offset + s.numel();
   }
+  return units;
+}
+
+std::vector<Unit> lora_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
+  std::vector<Unit> units(1);  // the embeddings: no adapters
+  int64_t unit_layer = -1;
+  for (const ParamSpec& s : specs) {
+    int64_t layer = 0;
+    LOOM_CHECK(param_part(cfg, s.name, &layer) == ParamPart::layer && layer >= unit_layer, "adapter ", s.name,
+               " is out of model order");
+    for (; unit_layer < layer; ++unit_layer) units.push_back({s.offset, s.offset});  // layers without adapters
+    units.back().end = s.offset + s.numel();
+  }
+  const int64_t P = specs.empty() ? 0 : specs.back().offset + specs.back().numel();
+  while (unit_layer + 1 < cfg.n_layer) units.push_back({P, P}), ++unit_layer;
+  units.push_back({P, P});  // the head: no adapters
   return units;
 }
 

@@ -67,5 +67,9 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
                         const StageShape& stage);
 // "1.5 GiB"
 std::string gib(double bytes);
+// The parameters a model built with these options holds (the adapters of
+// an adapted one: ModelOptions::lora), validating what adapters do not
+// support yet. O(1) in n_layer.
+int64_t trainable_count(const ModelConfig& cfg, const ModelOptions& options);
 
 }  // namespace loom::model

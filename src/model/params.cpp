@@ -322,7 +322,8 @@ void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_be
   for (int d = 1; d < dst.ndim(); ++d) LOOM_CHECK(dst.size(d) == spec.shape[d], "init_param: ", spec.name);
   float* out = dst.data_as<float>();
   const int64_t begin = row_begin * row_size, end = begin + dst.numel();  // the rank's flat elements
-  if (spec.init != ParamInit::normal) {
+  const bool random = spec.init == ParamInit::normal || spec.init == ParamInit::uniform;
+  if (!random) {
     std::fill(out, out + dst.numel(), spec.init == ParamInit::ones ? 1.f : 0.f);
     for (const ShardRun& r : shard_runs(spec)) {  // padding stays 0
       const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
@@ -334,9 +335,12 @@ void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_be
     const int64_t lo = std::max(begin, r.local), hi = std::min(end, r.local + r.count);
     if (lo >= hi) continue;
     if (r.global < 0) std::fill(out + lo - begin, out + hi - begin, 0.f);
-    else
+    else if (spec.init == ParamInit::normal)
       rng_fill_normal(out + lo - begin, hi - lo, seed, rng_key(spec.name), static_cast<uint64_t>(r.global + lo - r.local),
                       0.f, spec.init_std);
+    else
+      rng_fill_uniform(out + lo - begin, hi - lo, seed, rng_key(spec.name),
+                       static_cast<uint64_t>(r.global + lo - r.local), -spec.init_std, spec.init_std);
   }
 }
 

@@ -31,7 +31,8 @@
 
 namespace loom::model {
 
-enum class ParamInit : uint8_t { normal, ones, zeros };
+// uniform: U(-init_std, init_std) (LoRA's A, model/lora.h).
+enum class ParamInit : uint8_t { normal, ones, zeros, uniform };
 
 // Tensor parallelism (DESIGN.md §5 TP, Megatron): the rank of a tp group of
 // `size` ranks whose slice of the model a spec list describes.
@@ -164,7 +165,8 @@ void tp_assemble(Tensor global, const ModelConfig& cfg, int tp, std::span<const 
 // i), so a slice (of a tp rank, or of its rows) computes exactly its part of
 // the whole. Padding is 0. dst: contiguous f32 with the spec's shape except
 // dim 0 (a 1-D spec is sliced along its only dim).
-// normal: N(0, init_std) from Philox keyed by rng_key(name); ones; zeros.
+// normal: N(0, init_std) from Philox keyed by rng_key(name); uniform:
+// U(-init_std, init_std) likewise; ones; zeros.
 void init_param(Tensor dst, const ParamSpec& spec, uint64_t seed, int64_t row_begin = 0);
 
 // How tensors in a safetensors file are laid out: loom's (out, in) for every

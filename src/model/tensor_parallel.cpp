@@ -29,7 +29,10 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
     input = tp.gathered;
   }
   const Tensor in = rows_of(input, C), dx_rows = rows_of(dx, C);
-  for (const ColumnLinear& l : linears) kernels::linear_backward(dx_rows, Tensor(), Tensor(), l.dy, in, l.w);
+  for (const ColumnLinear& l : linears) {
+    kernels::linear_backward(dx_rows, Tensor(), Tensor(), l.dy, in, l.w);
+    lora_backward(d, dx_rows, l.dlora, l.dy, in, l.lora);
+  }
   if (gathering) gathering->wait();
   std::unique_ptr<TpPending> summing;
   Tensor summed = dx;
@@ -37,31 +40,36 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
     if (tp.sp) summed = tp.dlocal;
     summing = tp.ops->start_reduce(summed, tp.sp ? dx_rows : dx);
   }
-  for (const ColumnLinear& l : linears) kernels::linear_backward(Tensor(), l.dw, l.db, l.dy, in, l.w);
+  for (const ColumnLinear& l : linears)
+    if (l.dw.defined() || l.db.defined()) kernels::linear_backward(Tensor(), l.dw, l.db, l.dy, in, l.w);
   if (summing) summing->wait();
   return summed;
 }
 
-void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
+                  const LoraPair& lora) {
   if (w.dtype() == DType::u8) {
     LOOM_CHECK(d.quant != nullptr, "block_linear: weight ", w.str(), " is quantized, but no QuantWeights was given");
-    return kernels::linear_forward_quantized(y, x, w, d.quant->type_of(w), bias);
+    kernels::linear_forward_quantized(y, x, w, d.quant->type_of(w), bias);
+  } else if (d.batch_invariant) {
+    kernels::linear_forward_invariant(y, x, w, bias);
+  } else {
+    kernels::linear_forward(y, x, w, bias);
   }
-  if (d.batch_invariant) return kernels::linear_forward_invariant(y, x, w, bias);
-  kernels::linear_forward(y, x, w, bias);
+  lora_forward(d, y, x, lora);
 }
 
-void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias, const LoraPair& lora) {
   const TpContext& tp = d.par.tp;
   const int64_t C = d.C;
-  if (!tp.ops) return block_linear(d, rows_of(y, C), x, w, bias);
+  if (!tp.ops) return block_linear(d, rows_of(y, C), x, w, bias, lora);
   const Tensor once = tp.rank == 0 ? bias : Tensor();  // the sum adds rank 0's bias only
   if (!tp.sp) {
-    block_linear(d, rows_of(y, C), x, w, once);
+    block_linear(d, rows_of(y, C), x, w, once, lora);
     tp.ops->reduce(y, y);
     return;
   }
-  block_linear(d, tp.partial, x, w, once);
+  block_linear(d, tp.partial, x, w, once, lora);
   tp.ops->reduce(rows_of(y, C), tp.partial);
 }
 

@@ -337,7 +337,8 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   }
   DynamicLossScaler* scaler = trainer.loss_scaler();
   const ManifestState state = manifest_state(m, dir, where, scaler);
-  const SavedLayout saved = saved_layout(m, trainer.config().model, mesh, where);
+  check_same_lora(m, trainer, where);
+  const SavedLayout saved = saved_layout(m, trainer.config().model, trainer.config().lora.adapters, mesh, where);
   std::vector<io::SafetensorsFile> files = open_saved_files(saved, dir);
   // Everything is checked: read each chunk's segments from whichever saved
   // shards hold them, all before the trainer changes.

@@ -58,7 +58,8 @@ std::pair<json, json> parameters_and_stages_json(Trainer& t, const std::vector<s
     const model::PpStage stage = pp_stage(stages[s].first, stages[s].second, stages.size());
     int64_t numel = 0;
     for (int e = 0; e < ep; ++e) {
-      const std::vector<model::ParamSpec> specs = model::param_specs(c.model, {t.tp_size(), 0}, stage, {ep, e});
+      const std::vector<model::ParamSpec> specs =
+          model::trainable_param_specs(c.model, c.lora.adapters, {t.tp_size(), 0}, stage, {ep, e});
       numel = model::param_count(specs);
       for (const SavedGroup& g : checkpoint_groups(specs, ep))
         for (size_t i = 0; i < g.specs.size(); ++i) {
@@ -181,7 +182,7 @@ void saved_stages(SavedLayout& s, const model::ModelConfig& cfg, const json& m, 
 // of this model at the saved tp and ep sizes), their numel checked against
 // the manifest's.
 std::vector<std::vector<model::ParamSpec>> saved_stage_specs(const SavedLayout& s, const model::ModelConfig& cfg,
-                                                             size_t st, int ep_rank, int64_t version,
+                                                             const model::LoraConfig& lora, size_t st, int ep_rank, int64_t version,
                                                              const std::string& where) {
   const size_t n_stages = s.stages.size();
   const SavedLayout::Stage& stage = s.stages[st];
@@ -189,7 +190,8 @@ std::vector<std::vector<model::ParamSpec>> saved_stage_specs(const SavedLayout& 
   std::vector<std::vector<model::ParamSpec>> ranks;
   try {
     for (int r = 0; r < s.tp; ++r)
-      ranks.push_back(model::param_specs(cfg, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages), {s.ep, ep_rank}));
+      ranks.push_back(model::trainable_param_specs(cfg, lora, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages),
+                                                   {s.ep, ep_rank}));
   } catch (const Error& e) {
     fail(where, ": mesh.tp = ", s.tp, " and mesh.ep = ", s.ep, at, " are not a layout of this model: ", e.what());
   }
@@ -226,14 +228,14 @@ void check_saved_tensors(const json& tensors, const SavedGroup& g, size_t st, in
 // Every saved (space, tp rank)'s parameter layout, checked against the
 // manifest's record of it, and the space holding each parameter: per stage
 // the dense group once and under ep each ep rank's experts.
-void saved_specs(SavedLayout& s, const model::ModelConfig& cfg, const json& m, int64_t version,
-                 const std::string& where) {
+void saved_specs(SavedLayout& s, const model::ModelConfig& cfg, const model::LoraConfig& lora, const json& m,
+                 int64_t version, const std::string& where) {
   const json& params = m.value("parameters", json::object());
   const json& tensors = params.value("tensors", json::object());
   for (size_t st = 0; st < s.stages.size(); ++st) {
     for (int e = 0; e < s.ep; ++e) {
       std::vector<std::vector<SavedGroup>> ranks;  // [tp rank][group]
-      for (const std::vector<model::ParamSpec>& flat : saved_stage_specs(s, cfg, st, e, version, where))
+      for (const std::vector<model::ParamSpec>& flat : saved_stage_specs(s, cfg, lora, st, e, version, where))
         ranks.push_back(checkpoint_groups(flat, s.ep));
       for (size_t g = 0; g < ranks[0].size(); ++g) {
         const bool dense = ranks[0][g].name == parallel::kDenseGroup;
@@ -375,7 +377,8 @@ json manifest_json(Trainer& t, const json& files, const std::vector<SavedShardRe
   // buffer; per stage: pipeline.stages.
   j["parameters"] = json::object();
   if (stages.size() == 1) j["parameters"]["numel"] = pipeline_stages[0]["numel"];
-  j["parameters"]["global_numel"] = model::param_count(model::param_specs(c.model));
+  j["parameters"]["global_numel"] = model::param_count(model::trainable_param_specs(c.model, c.lora.adapters));
+  if (c.lora.adapters.enabled()) j["lora"] = lora_json(t);
   j["parameters"]["tensors"] = params;
   j["shards"] = shards_json(t, shards);
   j["files"] = files;
@@ -465,12 +468,13 @@ ManifestState manifest_state(const nlohmann::json& m, const fs::path& dir, const
   return out;
 }
 
-SavedLayout saved_layout(const nlohmann::json& m, const model::ModelConfig& cfg, const ManifestMesh& mesh,
+SavedLayout saved_layout(const nlohmann::json& m, const model::ModelConfig& cfg, const model::LoraConfig& lora,
+                         const ManifestMesh& mesh,
                          const std::string& where) {
   SavedLayout saved;
   saved.pp = mesh.pp, saved.tp = mesh.tp, saved.ep = mesh.ep;
   saved_stages(saved, cfg, m, mesh.version, where);
-  saved_specs(saved, cfg, m, mesh.version, where);
+  saved_specs(saved, cfg, lora, m, mesh.version, where);
   saved_shards(saved, m, mesh.version, where);
   return saved;
 }

@@ -8,7 +8,7 @@
 //   const ManifestMesh mesh = check_manifest_mesh(m, model_json, where);
 //   ... check_manifest_file(f, dir, where, digest) for each listed file ...
 //   const ManifestState state = manifest_state(m, dir, where, scaler);
-//   const SavedLayout saved = saved_layout(m, cfg, mesh, where);  // checkpoint_reshard.h
+//   const SavedLayout saved = saved_layout(m, cfg, lora, mesh, where);  // checkpoint_reshard.h
 #pragma once
 
 #include <cstdint>
@@ -93,10 +93,19 @@ ManifestState manifest_state(const nlohmann::json& m, const std::filesystem::pat
 
 // How the saved run held the parameters (checkpoint_reshard.h), from the
 // manifest's pipeline stages, parameters and shards, each checked against
-// cfg's layout at the saved sizes; the shards must cover each (stage, tp
-// rank)'s parameters exactly once, from files the manifest lists.
-SavedLayout saved_layout(const nlohmann::json& m, const model::ModelConfig& cfg, const ManifestMesh& mesh,
-                         const std::string& where);
+// cfg's layout at the saved sizes (of its adapters when lora is enabled);
+// the shards must cover each (stage, tp rank)'s parameters exactly once,
+// from files the manifest lists.
+SavedLayout saved_layout(const nlohmann::json& m, const model::ModelConfig& cfg, const model::LoraConfig& lora,
+                         const ManifestMesh& mesh, const std::string& where);
+
+// LoRA: what a checkpoint of adapters records of them and of their base
+// (rank, alpha, targets, the base weights' SHA-256), and the check that a
+// resume trains the same adapters on the same base: a checkpoint of a whole
+// model resumed as adapters (or back), other adapters, or another base is a
+// loom::Error naming both.
+nlohmann::json lora_json(Trainer& t);
+void check_same_lora(const nlohmann::json& m, Trainer& t, const std::string& where);
 
 // Logs a warning for each train and data key that differs between the
 // checkpoint's run and this one (allowed, but the continuation then differs

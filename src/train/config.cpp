@@ -186,6 +186,19 @@ std::vector<KeySpec> ps_key_specs() {
   };
 }
 
+// [lora]'s keys (model/lora.h); lora.base also sets the model (apply_all).
+std::vector<KeySpec> lora_key_specs() {
+  using R = RunConfig;
+  using V = Value;
+  return {
+      {"lora", "rank", [](R& c, const V& v) { c.lora.adapters.rank = v.integer(1, 1 << 16); }},
+      {"lora", "alpha", [](R& c, const V& v) { c.lora.adapters.alpha = v.number(0, true, 1e6); }},
+      {"lora", "dropout", [](R& c, const V& v) { c.lora.adapters.dropout = v.number(0, false, 1); }},
+      {"lora", "targets", [](R& c, const V& v) { c.lora.adapters.targets = v.strings(); }},
+      {"lora", "base", [](R& c, const V& v) { c.lora.base = v.string(); }},
+  };
+}
+
 // The key table: every key loom accepts, its type and allowed values.
 // Defaults are not here: they are RunConfig's member initialisers.
 const std::vector<KeySpec>& base_key_specs() {
@@ -277,12 +290,13 @@ const std::vector<KeySpec>& base_key_specs() {
 // the parameter server's after the other [parallel] keys.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> all = [] {
-    std::vector<KeySpec> v = base_key_specs(), moe = moe_key_specs(), ps = ps_key_specs();
+    std::vector<KeySpec> v = base_key_specs(), moe = moe_key_specs(), ps = ps_key_specs(), lora = lora_key_specs();
     const auto before = [&v](const char* section) {
       return std::find_if(v.begin(), v.end(), [&](const KeySpec& k) { return k.section == std::string_view(section); });
     };
     v.insert(before("data"), moe.begin(), moe.end());
     v.insert(before("checkpoint"), ps.begin(), ps.end());
+    v.insert(v.end(), lora.begin(), lora.end());
     return v;
   }();
   return all;
@@ -376,6 +390,19 @@ void collect_override(Parsed& p, const std::string& arg) {
   p.values.insert_or_assign(full, Value(node, raw, origin, full));
 }
 
+// lora.base gives the run its model: its config, with no [model] key beside.
+void take_model_from_base(RunConfig& c, const Parsed& p, const Value& base) {
+  for (const auto& [full, value] : p.values)
+    if (full.starts_with("model."))
+      fail(value.origin(), ": ", full, " is set, but lora.base = '", c.lora.base, "' gives the model (",
+           base.origin(), "): remove the [model] keys");
+  try {
+    c.model = model::load_model_dir(c.lora.base).config;
+  } catch (const Error& e) {
+    fail(base.origin(), ": lora.base: ", e.what());
+  }
+}
+
 RunConfig apply_all(const Parsed& p) {
   RunConfig c;
   // The preset first: explicit model keys override it whatever their order.
@@ -402,6 +429,7 @@ RunConfig apply_all(const Parsed& p) {
     c.train.grad_accum = accum;
   }
   model::derive_model_keys(c.model, p.values.contains("model.n_kv_head"));
+  if (auto it = p.values.find("lora.base"); it != p.values.end()) take_model_from_base(c, p, it->second);
   return c;
 }
 

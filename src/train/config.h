@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "mesh/layout.h"
 #include "model/config.h"
+#include "model/lora.h"
 
 namespace loom::train {
 
@@ -113,6 +114,13 @@ struct LogConfig {
   double peak_tflops = 0.0;
 };
 
+// [lora] (model/lora.h): low-rank adapters trained on a frozen base model,
+// which also gives the run its [model] (so the run has no [model] keys).
+struct LoraRunConfig {
+  model::LoraConfig adapters;  // rank 0: no [lora] section, every parameter trains
+  std::string base;            // the base: a loom or Hugging Face model directory
+};
+
 struct RunConfig {
   std::string model_preset;  // empty: ModelConfig's defaults
   model::ModelConfig model;
@@ -121,6 +129,7 @@ struct RunConfig {
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
   LogConfig log;
+  LoraRunConfig lora;
 };
 
 // The model's compute dtype for train.dtype: f32, bf16 or f16.

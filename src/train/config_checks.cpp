@@ -1,6 +1,7 @@
 // validate_run_config (train/config.h): the rules across a run config's
 // keys, checked once every key is set.
 #include "core/error.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "parallel/cp.h"
 #include "parallel/pp_partition.h"
@@ -81,6 +82,26 @@ void check_ps(const RunConfig& c, const std::string& source) {
                c.model.n_expert, " experts per layer)");
 }
 
+// [lora]: a rank and a base together, adapters the model can have, and the
+// layouts adapters support so far (model/lora.h).
+void check_lora(const RunConfig& c, const std::string& source) {
+  const LoraRunConfig& l = c.lora;
+  if (!l.adapters.enabled() && l.base.empty()) return;
+  LOOM_REQUIRE(l.adapters.enabled(), source, ": lora.base is set but lora.rank is missing: set the adapters' rank ",
+               "(e.g. rank = 8)");
+  LOOM_REQUIRE(!l.base.empty(), source, ": lora.rank is set but lora.base is missing: set it to the model directory ",
+               "the adapters train on");
+  try {
+    (void)model::lora_param_specs(c.model, l.adapters, {static_cast<int>(c.parallel.tp), 0});
+  } catch (const Error& e) {
+    fail(source, ": ", e.what());
+  }
+  const ParallelConfig& p = c.parallel;
+  LOOM_REQUIRE(p.pp == 1 && p.cp == 1 && p.mode == "collective", source, ": lora with ",
+               p.pp > 1 ? "parallel.pp > 1" : p.cp > 1 ? "parallel.cp > 1" : "parallel.mode = ps",
+               " is not supported yet: adapters train under data parallelism (any ZeRO stage)");
+}
+
 }  // namespace
 
 void validate_run_config(const RunConfig& c, const std::string& source) {
@@ -132,6 +153,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   check_tp_split(c, source);
   check_moe(c, source);
   check_ps(c, source);
+  check_lora(c, source);
 }
 
 }  // namespace loom::train

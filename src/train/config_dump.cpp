@@ -57,6 +57,11 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                      {"every", c.checkpoint.every},
                      {"keep", c.checkpoint.keep},
                      {"resume", c.checkpoint.resume}};
+  if (c.lora.adapters.enabled()) {
+    const model::LoraConfig& l = c.lora.adapters;
+    j["lora"] = {{"rank", l.rank}, {"alpha", l.alpha}, {"dropout", l.dropout}, {"targets", l.targets},
+                 {"base", c.lora.base}};
+  }
   j["log"] = {{"metrics", c.log.metrics}, {"every", c.log.every}, {"trace", c.log.trace},
               {"peak_tflops", c.log.peak_tflops}};
   return j;

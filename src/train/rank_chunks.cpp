@@ -35,6 +35,7 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.pp_layers = cfg.parallel.pp_layers;
   o.cp_algo = cfg.parallel.cp_algo;
   o.ep_overlap = cfg.parallel.ep_overlap;
+  o.lora = cfg.lora.adapters;
   if (cfg.parallel.mode == "ps" && cfg.parallel.ps_server == "optimizer") {  // the servers keep AdamW's state
     o.adamw.keeps_state = false;
     o.dp.optimizer_state_floats = 0;
@@ -117,7 +118,8 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                                  .tp = rank.tp ? rank.tp->options() : model::TpOptions{},
                                  .stage = so,
                                  .cp = {cp.size(), rank.cp_positions, rank.cp.get(), rank.cp_routing.get()},
-                                 .ep = rank.ep ? rank.ep->options() : model::EpOptions{}};
+                                 .ep = rank.ep ? rank.ep->options() : model::EpOptions{},
+                                 .lora = {o.lora, o.lora_base}};
     rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, T, ctx.pools, mo));
     if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());
     rank.dps.push_back(

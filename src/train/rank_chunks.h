@@ -54,6 +54,10 @@ struct ChunkOptions {
   bool cp_zigzag = true;           // false: contiguous chunks (the imbalance zig-zag removes, for benchmarks)
   bool ep_overlap = true;          // parallel::ExpertParallel's overlap
   Pools* cp_pools = nullptr;       // where the cp attention's buffers come from (null: the context's pools)
+  // LoRA (model/lora.h): the adapters the models train, on base's frozen
+  // weights (both from the run's [lora]; base must outlive the chunks).
+  model::LoraConfig lora;
+  const model::FrozenWeights* lora_base = nullptr;
 };
 
 // The chunk options of a run config: its model, micro-batch, dtype,

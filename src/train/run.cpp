@@ -342,8 +342,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   if (!lead) quiet.log.metrics.clear();
   const TrainConfig& t = cfg.train;
   if (options.progress) {
-    log_info("train: ", model::family_name(cfg.model.family), " ",
-             model::param_count(model::param_specs(cfg.model)), " parameters, ",
+    const int64_t P = model::param_count(cfg.model);
+    const std::string what = cfg.lora.adapters.enabled()
+                                 ? concat(model::lora_param_count(cfg.model, cfg.lora.adapters), " LoRA parameters (rank ",
+                                          cfg.lora.adapters.rank, ") on a frozen base of ", P, " parameters")
+                                 : concat(P, " parameters");
+    log_info("train: ", model::family_name(cfg.model.family), " ", what, ", ",
              t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
              summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)",
              "; ", ctx.pools.device().is_cpu() ? kernels::cpu_isa_describe() : device_name(ctx.pools.device()));
@@ -373,7 +377,11 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const auto write_model = [&] {
     if (outputs.out_dir.empty()) return;
     save_model(trainer, outputs.out_dir);
-    if (options.progress)
+    if (!options.progress) return;
+    if (cfg.lora.adapters.enabled())
+      log_info("train: wrote the LoRA adapter ", outputs.out_dir, "/", model::kPeftWeightsFile, " and ",
+               model::kPeftConfigFile, " (PEFT's format; loom lora merge makes a model of it)");
+    else
       log_info("train: wrote ", outputs.out_dir, "/model.safetensors and ", outputs.out_dir, "/loom_config.json");
   };
   int64_t bad_in_a_row = 0;

@@ -17,6 +17,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/sha256.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
 #include "train/checkpoint.h"
@@ -86,7 +87,14 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   checked_group("cp", cfg.parallel.cp, ctx.mesh.cp());
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
-  rank_ = build_rank_chunks(chunk_options(cfg), ctx);
+  ChunkOptions chunks = chunk_options(cfg);
+  if (cfg.lora.adapters.enabled()) {
+    const model::ModelDir base = model::load_model_dir(cfg.lora.base);
+    lora_base_ = model::load_frozen_base(base, chunks.compute, ctx.pools);
+    lora_base_sha256_ = sha256_file_hex(base.weights);
+    chunks.lora_base = lora_base_.get();
+  }
+  rank_ = build_rank_chunks(chunks, ctx);
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len / cfg.parallel.cp;
   Pools& pools = ctx.pools;
   if (rank_.cp) {
@@ -273,7 +281,10 @@ void save_model(Trainer& trainer, const std::string& dir) {
   if (trainer.tp_size() == 1 && trainer.pp_size() == 1 && ep == 1) {  // one chunk holding whole tensors
     OwnedTensor full = pool.empty(DType::f32, {trainer.model().num_params()});
     trainer.dp().gather_master(full);
-    if (lead_of_stage) model::save_model_dir(dir, cfg, full, model::ParamLayout::loom);
+    if (!lead_of_stage) return;
+    const LoraRunConfig& lora = trainer.config().lora;
+    if (lora.adapters.enabled()) model::save_peft_adapter(dir, cfg, lora.adapters, full, lora.base);
+    else model::save_model_dir(dir, cfg, full, model::ParamLayout::loom);
     return;
   }
   // Every chunk's master weights over dp, every tp rank's slices of them

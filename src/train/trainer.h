@@ -153,6 +153,11 @@ class Trainer {
   bool asynchronous() const { return ps_ && ps_->asynchronous(); }
   // Context parallelism's attention; null without it.
   const parallel::ContextParallelAttention* cp() const { return rank_.cp.get(); }
+  // LoRA ([lora], model/lora.h): the frozen base the adapters train on, and
+  // the SHA-256 of its weights file (what checkpoints record, so a resume
+  // on another base is refused); null and "" without [lora].
+  const model::FrozenWeights* lora_base() const { return lora_base_.get(); }
+  const std::string& lora_base_sha256() const { return lora_base_sha256_; }
 
  private:
   RunConfig cfg_;
@@ -173,6 +178,8 @@ class Trainer {
   // write and the model copies to the device (model/model.h's forward).
   MemoryTracker host_tracker_;
   Pool host_batches_{MemTag::activations, Device::cpu(), host_tracker_};
+  std::unique_ptr<model::FrozenWeights> lora_base_;  // before rank_: its models read it
+  std::string lora_base_sha256_;
   RankChunks rank_;  // the rank's chunks (one without pipelining), their DataParallel, tp ops, pipeline
   std::vector<OwnedTensor> micro_tokens_, micro_targets_;  // a step's micro-batches (pipelining)
   LrSchedule schedule_;

@@ -95,24 +95,29 @@ def merge(x):  # (B, NH, T, HS) -> (B, T, C)
     return x.transpose(1, 2).reshape(b, t, -1)
 
 
-def gpt2_hidden(P, c, tokens):
-    """The final hidden states (after ln_f): what the LM head reads."""
+def linear(P, module, x):
+    """A block linear by its module name (weight, and bias where P has one)."""
+    return F.linear(x, P[module + ".weight"], P.get(module + ".bias"))
+
+
+def gpt2_hidden(P, c, tokens, lin=linear):
+    """The final hidden states (after ln_f): what the LM head reads. lin(P, module, x): each block linear."""
     C, NH, eps = c["n_embd"], c["n_head"], c["norm_eps"]
     x = P["wte.weight"][tokens] + P["wpe.weight"][: tokens.shape[1]]
     for i in range(c["n_layer"]):
         p = f"h.{i}."
         h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], eps)
-        q, k, v = F.linear(h, P[p + "attn.c_attn.weight"], P[p + "attn.c_attn.bias"]).split(C, dim=-1)
+        q, k, v = lin(P, p + "attn.c_attn", h).split(C, dim=-1)
         y = merge(causal_attention(heads(q, NH), heads(k, NH), heads(v, NH)))
-        x = x + F.linear(y, P[p + "attn.c_proj.weight"], P[p + "attn.c_proj.bias"])
+        x = x + lin(P, p + "attn.c_proj", y)
         h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
-        h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], P[p + "mlp.c_fc.bias"]), approximate="tanh")
-        x = x + F.linear(h, P[p + "mlp.c_proj.weight"], P[p + "mlp.c_proj.bias"])
+        h = F.gelu(lin(P, p + "mlp.c_fc", h), approximate="tanh")
+        x = x + lin(P, p + "mlp.c_proj", h)
     return F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps)
 
 
-def gpt2_logits(P, c, tokens):
-    return gpt2_hidden(P, c, tokens) @ P["wte.weight"].T  # tied
+def gpt2_logits(P, c, tokens, lin=linear):
+    return gpt2_hidden(P, c, tokens, lin) @ P["wte.weight"].T  # tied
 
 
 def rms_norm(x, w, eps):
@@ -129,31 +134,31 @@ def rope(x, theta):
     return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
 
 
-def llama_attention(P, c, p, x):
+def llama_attention(P, c, p, x, lin=linear):
     """x plus layer p's attention branch (RMSNorm, RoPE'd GQA attention, o_proj)."""
     NH, NKV, eps, theta = c["n_head"], c["n_kv_head"], c["norm_eps"], c["rope_theta"]
     h = rms_norm(x, P[p + "input_layernorm.weight"], eps)
-    q = rope(heads(F.linear(h, P[p + "self_attn.q_proj.weight"]), NH), theta)
-    k = rope(heads(F.linear(h, P[p + "self_attn.k_proj.weight"]), NKV), theta)
-    v = heads(F.linear(h, P[p + "self_attn.v_proj.weight"]), NKV)
-    return x + F.linear(merge(causal_attention(q, k, v)), P[p + "self_attn.o_proj.weight"])
+    q = rope(heads(lin(P, p + "self_attn.q_proj", h), NH), theta)
+    k = rope(heads(lin(P, p + "self_attn.k_proj", h), NKV), theta)
+    v = heads(lin(P, p + "self_attn.v_proj", h), NKV)
+    return x + lin(P, p + "self_attn.o_proj", merge(causal_attention(q, k, v)))
 
 
-def llama_hidden(P, c, tokens):
+def llama_hidden(P, c, tokens, lin=linear):
     """The final hidden states (after the last RMSNorm): what the LM head reads."""
     eps = c["norm_eps"]
     x = P["model.embed_tokens.weight"][tokens]
     for i in range(c["n_layer"]):
         p = f"model.layers.{i}."
-        x = llama_attention(P, c, p, x)
+        x = llama_attention(P, c, p, x, lin)
         h = rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
-        h = F.silu(F.linear(h, P[p + "mlp.gate_proj.weight"])) * F.linear(h, P[p + "mlp.up_proj.weight"])
-        x = x + F.linear(h, P[p + "mlp.down_proj.weight"])
+        h = F.silu(lin(P, p + "mlp.gate_proj", h)) * lin(P, p + "mlp.up_proj", h)
+        x = x + lin(P, p + "mlp.down_proj", h)
     return rms_norm(x, P["model.norm.weight"], eps)
 
 
-def llama_logits(P, c, tokens):
-    return llama_hidden(P, c, tokens) @ P["lm_head.weight"].T
+def llama_logits(P, c, tokens, lin=linear):
+    return llama_hidden(P, c, tokens, lin) @ P["lm_head.weight"].T
 
 
 def loss_of(logits, targets):
