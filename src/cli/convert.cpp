@@ -186,6 +186,32 @@ void run_init(const InitArgs& args) {
 
 }  // namespace
 
+namespace {
+
+// loom lora merge.
+void add_lora_command(CLI::App& app) {
+  CLI::App* lora = app.add_subcommand("lora", "LoRA adapters (PEFT's adapter directories) and their base models");
+  lora->require_subcommand(1);
+  CLI::App* merge = lora->add_subcommand(
+      "merge", "Write the base model with an adapter merged into its weights (W + alpha / r B A, f32): a model "
+               "directory that generate, serve and quantize take as any other");
+  auto margs = std::make_shared<ConvertArgs>();
+  margs->to = "loom";
+  merge->add_option("--base", margs->model_dir, "the base model: a loom or Hugging Face directory, or a .gguf file")
+      ->required();
+  merge->add_option("--adapter", margs->adapter,
+                    "the adapter: a PEFT directory (adapter_config.json, adapter_model.safetensors), as loom train "
+                    "writes with [lora]")
+      ->required();
+  merge->add_option("--out", margs->out, "the new model directory")->required();
+  merge->add_option("--to", margs->to, "output format: loom or hf")->capture_default_str()->check(
+      CLI::IsMember({"hf", "loom"}));
+  merge->add_option("--tokenizer", margs->tokenizer, kTokenizerHelp);
+  merge->callback([margs] { run_lora_merge(*margs); });
+}
+
+}  // namespace
+
 void add_convert_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "convert", "Convert a model directory between loom's format and Hugging Face's (the input's is detected)");
@@ -223,24 +249,7 @@ void add_convert_command(CLI::App& app) {
   quantize->add_option("--name", qargs->name, "general.name (default: the file's name)");
   quantize->callback([qargs] { run_convert(*qargs); });
 
-  CLI::App* lora = app.add_subcommand("lora", "LoRA adapters (PEFT's adapter directories) and their base models");
-  lora->require_subcommand(1);
-  CLI::App* merge = lora->add_subcommand(
-      "merge", "Write the base model with an adapter merged into its weights (W + alpha / r B A, f32): a model "
-               "directory that generate, serve and quantize take as any other");
-  auto margs = std::make_shared<ConvertArgs>();
-  margs->to = "loom";
-  merge->add_option("--base", margs->model_dir, "the base model: a loom or Hugging Face directory, or a .gguf file")
-      ->required();
-  merge->add_option("--adapter", margs->adapter,
-                    "the adapter: a PEFT directory (adapter_config.json, adapter_model.safetensors), as loom train "
-                    "writes with [lora]")
-      ->required();
-  merge->add_option("--out", margs->out, "the new model directory")->required();
-  merge->add_option("--to", margs->to, "output format: loom or hf")->capture_default_str()->check(
-      CLI::IsMember({"hf", "loom"}));
-  merge->add_option("--tokenizer", margs->tokenizer, kTokenizerHelp);
-  merge->callback([margs] { run_lora_merge(*margs); });
+  add_lora_command(app);
 
   CLI::App* init = app.add_subcommand(
       "init-model", "Write a freshly initialised model directory from a preset (e.g. to try generate or convert)");

@@ -10,6 +10,7 @@ namespace loom::parallel {
 Tensor DataParallel::acquire_grads(int unit) {
   Impl& im = *impl_;
   LOOM_CHECK(opt_.zero_stage >= 2, "acquire_grads under ZeRO stage ", opt_.zero_stage);
+  if (model_.units()[unit].numel() == 0) return Tensor(nullptr, DType::f32, {0});  // in no bucket
   GroupState& gs = im.groups[static_cast<size_t>(im.unit_group[unit])];
   const int b = im.unit_bucket[unit];
   const Bucket& bk = gs.layout.buckets[b];

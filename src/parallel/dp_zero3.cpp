@@ -28,6 +28,10 @@ Tensor DataParallel::acquire_params(int unit, model::Pass pass) {
   auto issue = [&](int u) {
     Impl::Gathered& g = im.gathered[u];
     if (g.buf.defined()) return;
+    if (model_.units()[u].numel() == 0) {  // an adapted model's embeddings or head: no adapters, nothing to gather
+      g.buf = im.pools[MemTag::comm].empty(model_.compute_dtype(), {0});
+      return;
+    }
     const GroupState& gs = im.groups[static_cast<size_t>(im.unit_group[u])];
     const Segment& s = gs.layout.segments[im.unit_bucket[u]];
     comm::Communicator& comm = gs.layout.comm;

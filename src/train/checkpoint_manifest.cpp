@@ -58,8 +58,7 @@ std::pair<json, json> parameters_and_stages_json(Trainer& t, const std::vector<s
     const model::PpStage stage = pp_stage(stages[s].first, stages[s].second, stages.size());
     int64_t numel = 0;
     for (int e = 0; e < ep; ++e) {
-      const std::vector<model::ParamSpec> specs =
-          model::trainable_param_specs(c.model, c.lora.adapters, {t.tp_size(), 0}, stage, {ep, e});
+      const auto specs = model::trainable_param_specs(c.model, c.lora.adapters, {t.tp_size(), 0}, stage, {ep, e});
       numel = model::param_count(specs);
       for (const SavedGroup& g : checkpoint_groups(specs, ep))
         for (size_t i = 0; i < g.specs.size(); ++i) {
@@ -190,8 +189,7 @@ std::vector<std::vector<model::ParamSpec>> saved_stage_specs(const SavedLayout& 
   std::vector<std::vector<model::ParamSpec>> ranks;
   try {
     for (int r = 0; r < s.tp; ++r)
-      ranks.push_back(model::trainable_param_specs(cfg, lora, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages),
-                                                   {s.ep, ep_rank}));
+      ranks.push_back(model::trainable_param_specs(cfg, lora, {s.tp, r}, pp_stage(stage.first, stage.count, n_stages), {s.ep, ep_rank}));
   } catch (const Error& e) {
     fail(where, ": mesh.tp = ", s.tp, " and mesh.ep = ", s.ep, at, " are not a layout of this model: ", e.what());
   }

@@ -324,7 +324,24 @@ void print_plan_check(Trainer& trainer, Pools& pools, const MemoryReport& planne
   write_at_once(out);
 }
 
+// What save_model wrote into dir.
+std::string written_model(const RunConfig& cfg, const std::string& dir) {
+  if (!cfg.lora.adapters.enabled()) return concat(dir, "/model.safetensors and ", dir, "/loom_config.json");
+  return concat("the LoRA adapter ", dir, "/", model::kPeftWeightsFile, " and ", model::kPeftConfigFile,
+                " (PEFT's format; loom lora merge makes a model of it)");
+}
+
+// "N parameters", or a LoRA run's "N LoRA parameters (rank r) on a frozen
+// base of M parameters".
+std::string trained_parameters(const RunConfig& cfg) {
+  const int64_t P = model::param_count(cfg.model);
+  if (!cfg.lora.adapters.enabled()) return concat(P, " parameters");
+  return concat(model::lora_param_count(cfg.model, cfg.lora.adapters), " LoRA parameters (rank ",
+                cfg.lora.adapters.rank, ") on a frozen base of ", P, " parameters");
+}
+
 }  // namespace
+
 
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options, Context& ctx) {
   // Only rank 0 of the mesh reports; every rank trains, evaluates and checkpoints.
@@ -342,12 +359,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   if (!lead) quiet.log.metrics.clear();
   const TrainConfig& t = cfg.train;
   if (options.progress) {
-    const int64_t P = model::param_count(cfg.model);
-    const std::string what = cfg.lora.adapters.enabled()
-                                 ? concat(model::lora_param_count(cfg.model, cfg.lora.adapters), " LoRA parameters (rank ",
-                                          cfg.lora.adapters.rank, ") on a frozen base of ", P, " parameters")
-                                 : concat(P, " parameters");
-    log_info("train: ", model::family_name(cfg.model.family), " ", what, ", ",
+    log_info("train: ", model::family_name(cfg.model.family), " ", trained_parameters(cfg), ", ",
              t.steps, " steps of ", t.micro_batch, " x ", t.grad_accum, " x ", t.seq_len, " tokens, peak ",
              summary.peak_flops / 1e9, " GFLOP/s", cfg.log.peak_tflops > 0 ? " (log.peak_tflops)" : " (measured)",
              "; ", ctx.pools.device().is_cpu() ? kernels::cpu_isa_describe() : device_name(ctx.pools.device()));
@@ -377,12 +389,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const auto write_model = [&] {
     if (outputs.out_dir.empty()) return;
     save_model(trainer, outputs.out_dir);
-    if (!options.progress) return;
-    if (cfg.lora.adapters.enabled())
-      log_info("train: wrote the LoRA adapter ", outputs.out_dir, "/", model::kPeftWeightsFile, " and ",
-               model::kPeftConfigFile, " (PEFT's format; loom lora merge makes a model of it)");
-    else
-      log_info("train: wrote ", outputs.out_dir, "/model.safetensors and ", outputs.out_dir, "/loom_config.json");
+    if (options.progress) log_info("train: wrote ", written_model(cfg, outputs.out_dir));
   };
   int64_t bad_in_a_row = 0;
   const auto start = Clock::now();
