@@ -32,6 +32,7 @@ namespace loom::kernels {
   X(linear_forward_invariant, void, (Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias))              \
   X(linear_forward_quantized, void,                                                                                \
     (Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias))                             \
+  X(dequantize_rows, void, (Tensor out, const Tensor& w, QuantType wtype, int64_t first_row))                      \
   X(linear_backward, void,                                                                                         \
     (Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w))                      \
   X(layernorm_forward, void,                                                                                       \

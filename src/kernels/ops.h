@@ -110,6 +110,12 @@ void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const 
 // 127 |f16(d) - d| <= 0.062 d), times |W| summed, plus f32 rounding. A NaN
 // or Inf in x is a loom::Error naming its row (it cannot be quantized).
 void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias);
+// out (R, IC) f32 = rows [first_row, first_row + R) of the quantized weight
+// w (u8 rows of quant_row_bytes(wtype, IC), as above), each as
+// dequantize_row (kernels/quant.h) computes it: a tile of W for the GEMMs
+// that read a frozen quantized weight a few rows at a time (QLoRA's
+// forward and input gradient, model/lora.h), never the whole matrix.
+void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first_row);
 // dx += dy @ w   dw += dy^T @ x   dbias += sum over rows of dy
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w);
 

@@ -49,4 +49,16 @@ void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantT
   backend_of(op, {{"y", y}, {"x", x}, {"w", w}, {"bias", bias}}).linear_forward_quantized(y, x, w, wtype, bias);
 }
 
+void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first_row) {
+  constexpr const char* op = "dequantize_rows";
+  require_contiguous(op, {{"out", out}, {"w", w}});
+  require_dtype(op, {"out", out}, DType::f32);
+  require_ndim(op, {"out", out}, 2);
+  check_quantized_weight(op, out, w, wtype);
+  if (first_row < 0 || first_row + out.size(0) > w.size(0))
+    op_fail(op, {{"out", out}, {"w", w}}, "rows [", first_row, ", ", first_row + out.size(0), ") are outside w's ",
+            w.size(0), " rows");
+  backend_of(op, {{"out", out}, {"w", w}}).dequantize_rows(out, w, wtype, first_row);
+}
+
 }  // namespace loom::kernels

@@ -57,7 +57,17 @@ struct LoraPair {
 struct LoraContext {
   float scale = 0.f;
   Tensor u, du;
+  // QLoRA (a quantized base, lora.h FrozenWeights): a tile of W's rows
+  // dequantized, (kQuantTileRows, max(C, F)) f32, and a GEMM's output on it,
+  // (N, kQuantTileRows) f32; undefined otherwise (then a quantized weight is
+  // the serving runner's: kernels::linear_forward_quantized).
+  Tensor wtile, ytile;
+  // Tensor parallelism: the gradient of the adapter matrix every tp rank
+  // holds whole (a column-parallel linear's A, a row-parallel one's B),
+  // partial on each rank until summed over tp: (r C) f32.
+  Tensor dwhole;
 };
+inline constexpr int64_t kQuantTileRows = 128;
 
 // Sizes every block kernel call needs. Under tensor parallelism NH, NKV and
 // F are this rank's (n_head / tp, ...), and the residual stream (block input
@@ -89,9 +99,11 @@ void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, con
 void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p);
 // Its backward, dy (N, OC) f32: g.b += dy^T u, dx += scale (dy B) A and
 // g.a += scale (dy B)^T x, u = scale (x A^T) recomputed (N r IC flops, as
-// cheap as keeping it). dx (N, IC) f32.
-void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x,
-                   const LoraPair& p);
+// cheap as keeping it). dx (N, IC) f32. Under tensor parallelism the wrapped
+// linear is column- or row-parallel (`row`), and the gradient of the
+// matrix every rank holds whole is summed over tp before it is added.
+void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x, const LoraPair& p,
+                   bool row = false);
 
 // f forward: the column-parallel linears' input, x itself, or under SP the
 // rows gathered from every rank's shard x into d.par.tp.gathered.
@@ -112,6 +124,10 @@ struct ColumnLinear {
 // are; under SP, x's rows are gathered while the input gradients are
 // computed (they do not read x). Without tp: the same kernels, plain.
 Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::initializer_list<ColumnLinear> linears);
+// linear_backward (kernels/ops.h), or for a quantized frozen weight (QLoRA:
+// dw undefined) dx += dy @ W a tile of W's rows at a time.
+void block_linear_backward(const Dims& d, Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x,
+                           const Tensor& w);
 // A row-parallel linear and g: y (the rank's rows) = sum over ranks of
 // x @ w^T, plus bias once (rank 0 adds it before the sum), plus the
 // adapter's update when `lora` has one.

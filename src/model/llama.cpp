@@ -36,8 +36,8 @@ class SwigluMlp final : public MlpStep {
     const int64_t C = d.C, F = d.F;
     fill(s.dact, 0.f);
     const Tensor dy_rows = rows_of(tp_exit_backward(d, dy), C);
-    linear_backward(rows_of(s.dact, F), g.w_out, Tensor(), dy_rows, rows_of(a.act, F), w.w_out);
-    lora_backward(d, rows_of(s.dact, F), g.lora_out, dy_rows, rows_of(a.act, F), w.lora_out);
+    block_linear_backward(d, rows_of(s.dact, F), g.w_out, Tensor(), dy_rows, rows_of(a.act, F), w.w_out);
+    lora_backward(d, rows_of(s.dact, F), g.lora_out, dy_rows, rows_of(a.act, F), w.lora_out, true);
     fill(s.dfc, 0.f), fill(s.dup, 0.f);
     swiglu_backward(s.dfc, s.dup, s.dact, a.fc, a.up);
     fill(s.dnorm, 0.f);
@@ -83,8 +83,8 @@ void block_backward(Tensor dres, const Tensor& x, const LayerWeights& w, const L
   // Attention branch.
   fill(s.datt, 0.f);
   const Tensor dres_rows = rows_of(tp_exit_backward(d, dres), C);
-  linear_backward(rows_of(s.datt, Q), g.wo, Tensor(), dres_rows, rows_of(a.att, Q), w.wo);
-  lora_backward(d, rows_of(s.datt, Q), g.lora_o, dres_rows, rows_of(a.att, Q), w.lora_o);
+  block_linear_backward(d, rows_of(s.datt, Q), g.wo, Tensor(), dres_rows, rows_of(a.att, Q), w.wo);
+  lora_backward(d, rows_of(s.datt, Q), g.lora_o, dres_rows, rows_of(a.att, Q), w.lora_o, true);
   fill(s.dq_rot, 0.f), fill(s.dk_rot, 0.f), fill(s.dv, 0.f);
   c.attention.backward(attention_args(a, c), {s.datt, s.dq_rot, s.dk_rot, s.dv});
   fill(s.dq, 0.f), fill(s.dk, 0.f);

@@ -97,28 +97,45 @@ std::vector<LoraModule> lora_modules(const ModelConfig& cfg, const LoraConfig& l
   return out;
 }
 
+namespace {
+
+// Under tensor parallelism an adapter is cut as the linear it wraps (DESIGN.md
+// §5 TP): a column-parallel W's B by output rows (c_attn's in q, k, v
+// blocks) with A whole on every rank; a row-parallel W's A by input columns
+// with B whole.
+bool row_parallel(const std::string& module) {
+  return module == "attn.c_proj" || module == "mlp.c_proj" || module == "self_attn.o_proj" ||
+         module == "mlp.down_proj";
+}
+
+}  // namespace
+
 std::vector<ParamSpec> lora_param_specs(const ModelConfig& cfg, const LoraConfig& lora, TpRank tp, PpStage stage) {
-  LOOM_REQUIRE(tp.size == 1, "lora: tensor parallelism (parallel.tp = ", tp.size,
-               ") of an adapted model is not supported yet: allowed is parallel.tp = 1");
-  LOOM_REQUIRE(stage.first_layer == 0 && stage.layer_count(cfg.n_layer) == cfg.n_layer,
-               "lora: pipeline parallelism of an adapted model is not supported yet: allowed is parallel.pp = 1");
+  (void)param_count(cfg, tp, stage);  // what the base's own split allows (tp divides the heads, d_ff)
   const std::vector<LoraModule> modules = lora_modules(cfg, lora);
   std::vector<ParamSpec> specs;
   int64_t offset = 0;
-  const auto add = [&](std::string name, Shape shape, ParamInit init, float bound) {
+  const auto add = [&](std::string name, Shape global, TpSplit split, ParamInit init, float bound) {
     ParamSpec s;
     s.name = std::move(name);
-    s.shape = shape, s.global_shape = shape;
+    s.global_shape = global, s.shape = global;
+    s.split = split, s.tp = tp;
+    if (split.dim >= 0) s.shape[split.dim] = global[split.dim] / tp.size;
     s.offset = offset, s.init = init, s.init_std = bound;
     offset += s.numel();
     specs.push_back(std::move(s));
   };
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+  const int64_t first = stage.first_layer, n = stage.layer_count(cfg.n_layer);
+  for (int64_t l = first; l < first + n; ++l) {
     const std::string p = layer_prefix(cfg, l);
     for (const LoraModule& m : modules) {
-      add(concat(p, m.name, ".lora_A.weight"), Shape{lora.rank, m.in}, ParamInit::uniform,
-          static_cast<float>(1.0 / std::sqrt(static_cast<double>(m.in))));
-      add(concat(p, m.name, ".lora_B.weight"), Shape{m.out, lora.rank}, ParamInit::zeros, 0.f);
+      const bool row = row_parallel(m.name);
+      const TpSplit cut_a = row ? TpSplit{1, 1, m.in} : TpSplit{};
+      const TpSplit cut_b = row ? TpSplit{} : TpSplit{0, m.name == "attn.c_attn" ? 3 : 1, m.out};
+      add(concat(p, m.name, ".lora_A.weight"), Shape{lora.rank, m.in}, cut_a,
+          ParamInit::uniform, static_cast<float>(1.0 / std::sqrt(static_cast<double>(m.in))));
+      add(concat(p, m.name, ".lora_B.weight"), Shape{m.out, lora.rank}, cut_b,
+          ParamInit::zeros, 0.f);
     }
   }
   return specs;

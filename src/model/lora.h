@@ -26,8 +26,9 @@
 
 namespace loom::model {
 
-class ParamViews;  // model/blocks.h
-struct ModelDir;   // model/config_json.h
+class ParamViews;    // model/blocks.h
+class QuantWeights;  // model/quant_weights.h
+struct ModelDir;     // model/config_json.h
 
 struct LoraConfig {
   int64_t rank = 0;     // r; 0: no adapters (the model trains all its parameters)
@@ -74,26 +75,38 @@ std::vector<ParamSpec> trainable_param_specs(const ModelConfig& cfg, const LoraC
 
 // The frozen weights an adapted model reads (model.h LoraOptions::base): a
 // whole model's parameters, param_specs(cfg) order, in the dtype it computes
-// in (f32, bf16 or f16), with views by name.
+// in (f32, bf16 or f16), with views by name; with `quant` (QLoRA: a GGUF
+// file's q8_0 / q4_0 / q4_K / q6_K linears) those views are the blocks
+// instead, which the model reads a tile of rows at a time (kernels::
+// dequantize_rows), never whole, and the compute dtype is f32. flat() then
+// holds only the other parameters (norms, biases, embeddings), copied from
+// `full` (param_specs(cfg) order, the held places unread) into pool.
 class FrozenWeights {
  public:
-  FrozenWeights(const ModelConfig& cfg, OwnedTensor flat);
+  // flat: param_specs(cfg, tp) order (the tp rank's slices).
+  FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp = {});
+  FrozenWeights(const ModelConfig& cfg, const Tensor& full, std::unique_ptr<QuantWeights> quant, Pool& pool);
   ~FrozenWeights();
   FrozenWeights(const FrozenWeights&) = delete;
   FrozenWeights& operator=(const FrozenWeights&) = delete;
   const ParamViews& views() const { return *views_; }
   Tensor flat() const { return flat_; }
+  const QuantWeights* quant() const { return quant_.get(); }
 
  private:
   std::vector<ParamSpec> specs_;
   OwnedTensor flat_;
+  std::unique_ptr<QuantWeights> quant_;
   std::unique_ptr<ParamViews> views_;
 };
 
 // A model directory's weights (loom, Hugging Face or GGUF: load_model_params)
-// as frozen weights in `dtype`, from pools' params. A base that does not fit
-// in memory is a loom::Error with the numbers.
-std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools);
+// as frozen weights in `dtype`, from pools' params: a GGUF file's quantized
+// linears stay quantized under f32 (QLoRA), and are dequantized into bf16 /
+// f16 otherwise. Under tensor parallelism, the tp rank's slices (of
+// unquantized weights). A base that does not fit in memory is a loom::Error
+// with the numbers.
+std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools, TpRank tp = {});
 
 // W += (alpha / r) B A for every adapted linear: base (param_specs(cfg)
 // order, f32) absorbs adapters (lora_param_specs order, f32). The merged

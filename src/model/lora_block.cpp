@@ -1,14 +1,18 @@
 // LoRA inside a block (blocks.h, model/lora.h): the adapter's forward and
 // backward beside its frozen linear, and which adapter sits on which of a
 // family's linears.
+#include <map>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/ops.h"
 #include "model/blocks.h"
 #include "model/config_json.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "model/quant_weights.h"
 
 namespace loom::model {
 
@@ -32,32 +36,84 @@ void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p) {
   kernels::matmul(y, u, p.b, {.trans_b = true, .beta = 1.f});  // y (N, OC) += u (N, r) @ B^T
 }
 
-void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x,
-                   const LoraPair& p) {
-  if (!p.defined()) return;
-  const Tensor u = lora_down(d, x, p);  // the forward's bits again
-  const Tensor du = d.lora.du.slice(0, 0, x.size(0));
-  kernels::fill(du, 0.f);
-  kernels::linear_backward(du, g.b, Tensor(), dy, u, p.b);  // du = dy B, dB += dy^T u
-  kernels::scale(du, d.lora.scale);                        // d(x A^T) = scale du
-  kernels::linear_backward(dx, g.a, Tensor(), du, x, p.a);  // dx += du A, dA += du^T x
+// Under tp: `partial`'s gradient (+= by f) into a zeroed buffer, summed
+// over tp, then added into whole (undefined: not trained).
+template <typename F>
+void add_summed_over_tp(const Dims& d, const Tensor& whole, const Tensor& like, F f) {
+  const Tensor buf = d.lora.dwhole.slice(0, 0, like.numel()).reshape(like.shape());
+  kernels::fill(buf, 0.f);
+  f(buf);
+  d.par.tp.ops->all_reduce_sum(buf);
+  if (whole.defined()) kernels::add(whole, whole, buf);
 }
 
-FrozenWeights::FrozenWeights(const ModelConfig& cfg, OwnedTensor flat)
-    : specs_(param_specs(cfg)), flat_(std::move(flat)) {
+void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x, const LoraPair& p,
+                   bool row) {
+  if (!p.defined()) return;
+  const bool tp = d.par.tp.ops != nullptr;
+  const Tensor u = lora_down(d, x, p);  // the forward's bits again (under a row-parallel W: this rank's part)
+  const Tensor du = d.lora.du.slice(0, 0, x.size(0));
+  kernels::fill(du, 0.f);
+  if (tp && row)  // dB = dy^T (sum over ranks of u): summed over tp
+    add_summed_over_tp(d, g.b, p.b, [&](const Tensor& db) { kernels::linear_backward(du, db, Tensor(), dy, u, p.b); });
+  else
+    kernels::linear_backward(du, g.b, Tensor(), dy, u, p.b);  // du = dy B, dB += dy^T u
+  kernels::scale(du, d.lora.scale);                          // d(x A^T) = scale du
+  if (tp && !row)  // du is this rank's part (its rows of B): dA summed over tp
+    add_summed_over_tp(d, g.a, p.a, [&](const Tensor& da) { kernels::linear_backward(dx, da, Tensor(), du, x, p.a); });
+  else
+    kernels::linear_backward(dx, g.a, Tensor(), du, x, p.a);  // dx += du A, dA += du^T x
+}
+
+FrozenWeights::FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp)
+    : specs_(param_specs(cfg, tp)), flat_(std::move(flat)) {
   LOOM_CHECK(flat_.numel() == param_count(specs_) && flat_.ndim() == 1, "FrozenWeights: ", Tensor(flat_).str(),
              " for ", param_count(specs_), " parameters");
   views_ = std::make_unique<ParamViews>(specs_, flat_);
 }
+
+FrozenWeights::FrozenWeights(const ModelConfig& cfg, const Tensor& full, std::unique_ptr<QuantWeights> quant,
+                             Pool& pool)
+    : quant_(std::move(quant)) {
+  const std::vector<ParamSpec> all = param_specs(cfg);
+  LOOM_CHECK(full.dtype() == DType::f32 && full.numel() == param_count(all), "FrozenWeights: ", full.str());
+  int64_t offset = 0;
+  for (const ParamSpec& s : all) {
+    if (quant_->holds(s.name)) continue;  // its blocks stand in
+    specs_.push_back(s);
+    specs_.back().offset = offset;
+    offset += s.numel();
+  }
+  flat_ = pool.empty(DType::f32, {offset});
+  std::map<std::string, const ParamSpec*> by_name;
+  for (const ParamSpec& s : all) by_name[s.name] = &s;
+  for (const ParamSpec& s : specs_) kernels::copy(param_view(flat_, s), param_view(full, *by_name.at(s.name)));
+  views_ = std::make_unique<ParamViews>(specs_, flat_);
+  for (const std::string& name : quant_->names())  // a tied head ("lm_head.weight") reads wte's f32 rows
+    if (by_name.count(name) > 0) views_->substitute(name, quant_->blocks(name));
+}
 FrozenWeights::~FrozenWeights() = default;
 
-std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools) {
+std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools, TpRank tp) {
   const int64_t P = param_count(dir.config);
   require_fits_memory(pools, static_cast<double>(P) * 4.0, concat("the base model '", dir.weights, "' (", P,
                       " parameters, read in f32)"), "fine-tune a smaller base model");
-  OwnedTensor flat = pools[MemTag::params].empty(DType::f32, {P});
-  load_model_params(dir, flat);
-  return std::make_unique<FrozenWeights>(dir.config, params_in_dtype(std::move(flat), dtype, pools[MemTag::params]));
+  // The f32 places of quantized linears are never written (never resident),
+  // nor kept: only the other parameters are copied into the params pool.
+  MemoryTracker tracker;
+  Pool staging(MemTag::workspace, Device::cpu(), tracker);
+  const bool sliced = tp.size > 1;
+  ServingWeights w = load_serving_weights(dir, sliced ? DType::f32 : dtype, dtype != DType::f32 || sliced, "lora.base",
+                                          pools[MemTag::params], &staging);
+  if (w.quant) return std::make_unique<FrozenWeights>(dir.config, w.params, std::move(w.quant), pools[MemTag::params]);
+  if (!sliced) return std::make_unique<FrozenWeights>(dir.config, std::move(w.params));
+  if (dir.gguf)
+    log_warn("lora.base '", dir.weights, "': under parallel.tp = ", tp.size, " its weights are dequantized (the blocks ",
+             "of a quantized base are not split over tp ranks yet: QLoRA runs with tp = 1)");
+  OwnedTensor local = pools[MemTag::params].empty(DType::f32, {param_count(dir.config, tp)});
+  tp_slice(local, dir.config, tp, w.params);
+  return std::make_unique<FrozenWeights>(dir.config, params_in_dtype(std::move(local), dtype, pools[MemTag::params]),
+                                         tp);
 }
 
 LayerWeights with_lora(LayerWeights w, const ParamViews& adapters, const ModelConfig& cfg, int64_t i) {

@@ -131,7 +131,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
                       "lower model.n_layer, model.n_embd, train.micro_batch or train.seq_len, or split the model over "
                       "more ranks (parallel.tp, parallel.pp, parallel.zero_stage)");
   specs_ = trainable_param_specs(cfg, options.lora.config, options.tp.tp, stage.layers, options.ep.ep);
-  units_ = adapted() ? lora_units(cfg, specs_) : model_units(cfg, specs_);
+  units_ = adapted() ? lora_units(cfg, specs_, stage.layers) : model_units(cfg, specs_);
   const int unit_count = number_layer_units(cfg, first_layer_, n_layers_, has_embedding_, layer_units_, expert_units_);
   LOOM_CHECK(param_count(specs_) == P && static_cast<int64_t>(units_.size()) == unit_count + has_head_,
              "the stage's ", specs_.size(), " parameters make ", units_.size(), " units for ", n_layers_, " layers");
@@ -142,6 +142,11 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
 
   ModelState& st = *state_;
   st.dims = dims_of(cfg, B, T, options.tp);
+  if (adapted() && options.lora.base->quant() != nullptr) {  // QLoRA (lora.h FrozenWeights)
+    LOOM_REQUIRE(compute == DType::f32, "a quantized base model (QLoRA) trains with f32 compute, not ",
+                 dtype_name(compute), ": set train.dtype = fp32");
+    st.dims.quant = options.lora.base->quant();
+  }
   st.family = &block_family(cfg.family);
   if (cfg.is_moe()) init_moe(st, cfg_, T, options);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};

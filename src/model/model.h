@@ -74,9 +74,10 @@ enum class Pass : uint8_t { forward, backward };
 // pass over it.
 std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs);
 // The units of an adapted model's spec list (lora_param_specs): the same
-// count and order as its base's, the embeddings' and the head's empty (they
-// carry no adapters), each layer's its adapters.
-std::vector<Unit> lora_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs);
+// count and order as its base's (for a pipeline stage: the stage's), the
+// embeddings' and the head's empty (they carry no adapters), each layer's
+// its adapters.
+std::vector<Unit> lora_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, PpStage stage = {});
 
 // What data parallelism (parallel/dp.h) plugs into a Model: where the
 // parameters and gradients of a model that does not own them live, and when

@@ -148,6 +148,9 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
     LoraContext& l = st.dims.lora;
     l.scale = lora.scale();
     l.u = alloc({B * T, lora.rank}), l.du = alloc({B * T, lora.rank}, f32);
+    if (d.par.tp.size > 1) l.dwhole = alloc({lora.rank * C}, f32);
+    if (options.lora.base != nullptr && options.lora.base->quant() != nullptr)
+      l.wtile = alloc({kQuantTileRows * std::max(C, F)}, f32), l.ytile = alloc({B * T * kQuantTileRows}, f32);
   }
 }
 
@@ -251,13 +254,10 @@ int64_t trainable_count(const ModelConfig& cfg, const ModelOptions& options) {
   const int64_t P = model::param_count(cfg, options.tp.tp, options.stage.layers, options.ep.ep);  // validates
   const LoraOptions& lora = options.lora;
   if (!lora.config.enabled()) return P;
-  (void)lora_param_specs(cfg, lora.config, options.tp.tp, {});  // refuses what adapters do not support yet
-  LOOM_REQUIRE(options.stage.layers.first_layer == 0 && options.stage.layers.layer_count(cfg.n_layer) == cfg.n_layer,
-               "lora: pipeline parallelism of an adapted model is not supported yet: allowed is parallel.pp = 1");
   LOOM_REQUIRE(options.cp.size == 1 && options.ep.ep.size == 1, "lora: context and expert parallelism of an adapted ",
                "model are not supported yet: allowed are parallel.cp = 1 and parallel.ep = 1");
   LOOM_REQUIRE(lora.base != nullptr, "an adapted model needs its base's weights (LoraOptions::base)");
-  return lora_param_count(cfg, lora.config);
+  return param_count(lora_param_specs(cfg, lora.config, options.tp.tp, options.stage.layers));
 }
 
 int64_t host_memory_bytes() {
@@ -346,19 +346,21 @@ std::vector<Unit> model_units(const ModelConfig& cfg, const std::vector<ParamSpe
   return units;
 }
 
-std::vector<Unit> lora_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs) {
-  std::vector<Unit> units(1);  // the embeddings: no adapters
-  int64_t unit_layer = -1;
-  for (const ParamSpec& s : specs) {
-    int64_t layer = 0;
-    LOOM_CHECK(param_part(cfg, s.name, &layer) == ParamPart::layer && layer >= unit_layer, "adapter ", s.name,
-               " is out of model order");
-    for (; unit_layer < layer; ++unit_layer) units.push_back({s.offset, s.offset});  // layers without adapters
-    units.back().end = s.offset + s.numel();
+std::vector<Unit> lora_units(const ModelConfig& cfg, const std::vector<ParamSpec>& specs, PpStage stage) {
+  std::vector<Unit> units;
+  if (stage.holds_embedding()) units.push_back({});  // the embeddings: no adapters
+  const int64_t first = stage.first_layer, n = stage.layer_count(cfg.n_layer);
+  int64_t offset = 0;
+  size_t i = 0;
+  for (int64_t l = first; l < first + n; ++l) {  // each layer's adapters, in spec order
+    units.push_back({offset, offset});
+    for (int64_t layer = 0; i < specs.size() && param_part(cfg, specs[i].name, &layer) == ParamPart::layer &&
+                            layer == l;
+         ++i)
+      offset = units.back().end = specs[i].offset + specs[i].numel();
   }
-  const int64_t P = specs.empty() ? 0 : specs.back().offset + specs.back().numel();
-  while (unit_layer + 1 < cfg.n_layer) units.push_back({P, P}), ++unit_layer;
-  units.push_back({P, P});  // the head: no adapters
+  LOOM_CHECK(i == specs.size(), "adapter ", i < specs.size() ? specs[i].name : "", " is out of model order");
+  if (stage.holds_head(cfg.n_layer)) units.push_back({offset, offset});  // the head: no adapters
   return units;
 }
 

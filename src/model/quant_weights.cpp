@@ -115,7 +115,7 @@ int64_t ServingWeights::bytes() const {
 }
 
 ServingWeights load_serving_weights(const ModelDir& dir, DType compute, bool dequantize, const std::string& what,
-                                    Pool& pool) {
+                                    Pool& pool, Pool* flat_pool) {
   ServingWeights w;
   const std::vector<ParamSpec> specs = param_specs(dir.config);
   if (dir.gguf && !dequantize) {
@@ -126,7 +126,7 @@ ServingWeights load_serving_weights(const ModelDir& dir, DType compute, bool deq
                    "leave ", what, " at fp32, or pass --dequantize to compute in ", dtype_name(compute),
                    " from weights dequantized at load");
       // The quantized linears' places stay unwritten (never read, never resident).
-      w.params = pool.empty(DType::f32, {param_count(specs)});
+      w.params = (flat_pool ? *flat_pool : pool).empty(DType::f32, {param_count(specs)});
       load_params_from_gguf(w.params, dir.config, quant->file(), quant.get());
       w.quant = std::move(quant);
       return w;

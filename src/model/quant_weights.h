@@ -102,8 +102,9 @@ struct ServingWeights {
   int64_t bytes() const;
   const QuantWeights* quant_or_null() const { return quant.get(); }
 };
-// what: the flag that chose compute, for the error ("--dtype").
+// what: the flag that chose compute, for the error ("--dtype"). The blocks
+// come from pool, and so do the params unless flat_pool is given.
 ServingWeights load_serving_weights(const ModelDir& dir, DType compute, bool dequantize, const std::string& what,
-                                    Pool& pool);
+                                    Pool& pool, Pool* flat_pool = nullptr);
 
 }  // namespace loom::model

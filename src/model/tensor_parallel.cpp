@@ -2,6 +2,7 @@
 // model's buffers, and the SP sum of the norm weights' gradients; with no tp
 // context each f / g is the identity, so the single-process blocks compute
 // exactly what they always did.
+#include <algorithm>
 #include <array>
 #include <memory>
 
@@ -29,11 +30,10 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
     input = tp.gathered;
   }
   const Tensor in = rows_of(input, C), dx_rows = rows_of(dx, C);
-  for (const ColumnLinear& l : linears) {
-    kernels::linear_backward(dx_rows, Tensor(), Tensor(), l.dy, in, l.w);
-    lora_backward(d, dx_rows, l.dlora, l.dy, in, l.lora);
-  }
+  for (const ColumnLinear& l : linears) block_linear_backward(d, dx_rows, Tensor(), Tensor(), l.dy, in, l.w);
   if (gathering) gathering->wait();
+  // Adapters read x (their u = x A^T): after the gather, before the sum.
+  for (const ColumnLinear& l : linears) lora_backward(d, dx_rows, l.dlora, l.dy, in, l.lora);
   std::unique_ptr<TpPending> summing;
   Tensor summed = dx;
   if (tp.ops != nullptr) {
@@ -46,11 +46,54 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
   return summed;
 }
 
+namespace {
+
+// QLoRA's GEMMs on a quantized frozen weight W (OC, IC): a tile of R rows
+// at a time dequantized into d.lora.wtile, so W is never whole in f32.
+// y (N, OC) = x @ W^T + bias, its columns a tile at a time.
+void linear_forward_tiles(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const kernels::QuantType type = d.quant->type_of(w);
+  const int64_t N = x.size(0), IC = x.size(1), OC = w.size(0);
+  for (int64_t r0 = 0; r0 < OC; r0 += kQuantTileRows) {
+    const int64_t R = std::min(kQuantTileRows, OC - r0);
+    const Tensor wt = d.lora.wtile.slice(0, 0, R * IC).reshape({R, IC});
+    const Tensor yt = d.lora.ytile.slice(0, 0, N * R).reshape({N, R});
+    kernels::dequantize_rows(wt, w, type, r0);
+    kernels::linear_forward(yt, x, wt, bias.defined() ? bias.slice(0, r0, R) : Tensor());
+    kernels::copy(y.slice(1, r0, R), yt);
+  }
+}
+
+// dx (N, IC) += dy (N, OC) @ W, over the same tiles.
+void linear_backward_tiles(const Dims& d, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w) {
+  const kernels::QuantType type = d.quant->type_of(w);
+  const int64_t N = dy.size(0), IC = dx.size(1), OC = w.size(0);
+  for (int64_t r0 = 0; r0 < OC; r0 += kQuantTileRows) {
+    const int64_t R = std::min(kQuantTileRows, OC - r0);
+    const Tensor wt = d.lora.wtile.slice(0, 0, R * IC).reshape({R, IC});
+    const Tensor dyt = d.lora.ytile.slice(0, 0, N * R).reshape({N, R});
+    kernels::dequantize_rows(wt, w, type, r0);
+    kernels::copy(dyt, dy.slice(1, r0, R));
+    kernels::linear_backward(dx, Tensor(), Tensor(), dyt, x, wt);
+  }
+}
+
+}  // namespace
+
+void block_linear_backward(const Dims& d, Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const Tensor& x,
+                           const Tensor& w) {
+  if (w.dtype() != DType::u8) return kernels::linear_backward(dx, dw, db, dy, x, w);
+  LOOM_CHECK(d.lora.wtile.defined() && !dw.defined() && !db.defined(), "block_linear_backward: quantized weight ",
+             w.str(), " is frozen, and only an adapted model (QLoRA) differentiates through one");
+  if (dx.defined()) linear_backward_tiles(d, dx, dy, x, w);
+}
+
 void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
                   const LoraPair& lora) {
   if (w.dtype() == DType::u8) {
     LOOM_CHECK(d.quant != nullptr, "block_linear: weight ", w.str(), " is quantized, but no QuantWeights was given");
-    kernels::linear_forward_quantized(y, x, w, d.quant->type_of(w), bias);
+    if (d.lora.wtile.defined()) linear_forward_tiles(d, y, x, w, bias);
+    else kernels::linear_forward_quantized(y, x, w, d.quant->type_of(w), bias);
   } else if (d.batch_invariant) {
     kernels::linear_forward_invariant(y, x, w, bias);
   } else {

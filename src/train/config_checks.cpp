@@ -97,9 +97,9 @@ void check_lora(const RunConfig& c, const std::string& source) {
     fail(source, ": ", e.what());
   }
   const ParallelConfig& p = c.parallel;
-  LOOM_REQUIRE(p.pp == 1 && p.cp == 1 && p.mode == "collective", source, ": lora with ",
-               p.pp > 1 ? "parallel.pp > 1" : p.cp > 1 ? "parallel.cp > 1" : "parallel.mode = ps",
-               " is not supported yet: adapters train under data parallelism (any ZeRO stage)");
+  LOOM_REQUIRE(p.cp == 1 && p.mode == "collective", source, ": lora with ",
+               p.cp > 1 ? "parallel.cp > 1" : "parallel.mode = ps",
+               " is not supported yet: adapters train under dp (any ZeRO stage), tp (with or without SP) and pp");
 }
 
 }  // namespace

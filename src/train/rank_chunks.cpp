@@ -104,7 +104,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                  " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", o.dp.zero_stage, ")");
     // GPT-2's tied embedding: stage 0 and the last stage each hold a copy
     // with a dp bucket of its own; their gradients are summed each step.
-    rank.tied = std::make_unique<parallel::TiedEmbedding>(o.model, pp);
+    if (!o.lora.enabled()) rank.tied = std::make_unique<parallel::TiedEmbedding>(o.model, pp);  // adapters: frozen
     rank.schedule = parallel::make_pp_schedule(parallel::pp_schedule_from_name(o.pp_schedule), pp.size(),
                                                static_cast<int>(o.micro_batches), static_cast<int>(o.virtual_stages));
     stages = rank_stages(o, *rank.schedule, pp.size(), pp.rank());

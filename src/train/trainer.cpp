@@ -90,7 +90,7 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   ChunkOptions chunks = chunk_options(cfg);
   if (cfg.lora.adapters.enabled()) {
     const model::ModelDir base = model::load_model_dir(cfg.lora.base);
-    lora_base_ = model::load_frozen_base(base, chunks.compute, ctx.pools);
+    lora_base_ = model::load_frozen_base(base, chunks.compute, ctx.pools, {mesh_.shape().tp, mesh_.coord().tp});
     lora_base_sha256_ = sha256_file_hex(base.weights);
     chunks.lora_base = lora_base_.get();
   }
@@ -162,7 +162,7 @@ StepStats Trainer::pipeline_step() {
   {
     TraceSpan span(trace_, "grad sync wait");
     for (auto& dp : rank_.dps) dp->wait_gradients();
-    rank_.tied->sum_grads(rank_.model_ptrs(), rank_.dp_ptrs());
+    if (rank_.tied) rank_.tied->sum_grads(rank_.model_ptrs(), rank_.dp_ptrs());  // none when only adapters train
     for (auto& dp : rank_.dps) sum_squares += dp->grad_sum_squares();
     sum_squares = parallel::exact_group_sum(mesh_.pp(), sum_squares);
   }
@@ -293,7 +293,8 @@ void save_model(Trainer& trainer, const std::string& dir) {
   // own experts, ep rank 0 the rest); the ep and pipeline ranks' buffers
   // (each parameter filled by exactly one of them, zeros elsewhere) are
   // then summed.
-  const std::vector<model::ParamSpec> whole_specs = model::param_specs(cfg);
+  const model::LoraConfig& adapters = trainer.config().lora.adapters;
+  const std::vector<model::ParamSpec> whole_specs = model::trainable_param_specs(cfg, adapters);
   std::map<std::string, int64_t> whole_offset;
   for (const model::ParamSpec& spec : whole_specs) whole_offset[spec.name] = spec.offset;
   OwnedTensor whole = pool.zeros(DType::f32, {model::param_count(whole_specs)});
@@ -312,8 +313,8 @@ void save_model(Trainer& trainer, const std::string& dir) {
     }
     if (!lead_of_ep_rank) continue;
     for (int r = 0; r < tp; ++r) {
-      const std::vector<model::ParamSpec> specs = model::param_specs(
-          cfg, {tp, r}, model::PpStage{m.first_layer(), m.num_layers()}, {ep, mesh.coord().ep});
+      const std::vector<model::ParamSpec> specs = model::trainable_param_specs(
+          cfg, adapters, {tp, r}, model::PpStage{m.first_layer(), m.num_layers()}, {ep, mesh.coord().ep});
       const Tensor rank_slice = Tensor(slices).slice(0, r * P, P);
       for (const model::ParamSpec& spec : specs) {
         if (spec.pp_copy || (spec.replicated() && r != 0)) continue;  // written by stage 0 / tp rank 0
@@ -324,7 +325,9 @@ void save_model(Trainer& trainer, const std::string& dir) {
   }
   if (ep > 1) mesh.ep().all_reduce(whole, comm::ReduceOp::sum)->wait();
   if (trainer.pp_size() > 1) trainer.mesh().pp().all_reduce(whole, comm::ReduceOp::sum)->wait();
-  if (lead_of_stage && trainer.pp_rank() == 0) model::save_model_dir(dir, cfg, whole, model::ParamLayout::loom);
+  if (!lead_of_stage || trainer.pp_rank() != 0) return;
+  if (adapters.enabled()) model::save_peft_adapter(dir, cfg, adapters, whole, trainer.config().lora.base);
+  else model::save_model_dir(dir, cfg, whole, model::ParamLayout::loom);
 }
 
 }  // namespace loom::train

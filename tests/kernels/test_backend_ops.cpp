@@ -97,27 +97,45 @@ std::vector<OpCase> gemm_cases() {
   };
 }
 
-// Weights of each type quantized from fixed values (an input like any
-// other, as u8 bytes); x (2, 3, 256): every row quantized, 5 outputs.
+// A weight of type t quantized from fixed values (an input like any other,
+// as u8 bytes): OC rows of IC values.
+Tensor quantized_weight(Io& io, QuantType t, int64_t OC, int64_t IC) {
+  const std::string name(quant_name(t));
+  const size_t row = quant_row_bytes(t, IC);
+  std::vector<float> values(static_cast<size_t>(OC * IC));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.1f * std::sin(0.37f * static_cast<float>(i) + 1.f);
+  std::vector<uint8_t> bytes(row * OC);
+  for (int64_t n = 0; n < OC; ++n) quantize_row(t, values.data() + n * IC, bytes.data() + row * n, IC);
+  return io.tensor(("w_" + name).c_str(), DType::u8, {OC, static_cast<int64_t>(row)},
+                   std::vector<double>(bytes.begin(), bytes.end()));
+}
+
+constexpr QuantType kWeightTypes[] = {QuantType::q8_0, QuantType::q4_0, QuantType::q4_K, QuantType::q6_K};
+
+// x (2, 3, 256): every row quantized, 5 outputs.
 void run_linear_quantized(Io& io) {
   constexpr int64_t IC = 256, OC = 5;
-  for (QuantType t : {QuantType::q8_0, QuantType::q4_0, QuantType::q4_K, QuantType::q6_K}) {
+  for (QuantType t : kWeightTypes) {
     const std::string name(quant_name(t));
-    const size_t row = quant_row_bytes(t, IC);
-    std::vector<float> values(static_cast<size_t>(OC * IC));
-    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.1f * std::sin(0.37f * static_cast<float>(i) + 1.f);
-    std::vector<uint8_t> bytes(row * OC);
-    for (int64_t n = 0; n < OC; ++n) quantize_row(t, values.data() + n * IC, bytes.data() + row * n, IC);
-    const Tensor w = io.tensor(("w_" + name).c_str(), DType::u8, {OC, static_cast<int64_t>(row)},
-                               std::vector<double>(bytes.begin(), bytes.end()));
+    const Tensor w = quantized_weight(io, t, OC, IC);
     const Tensor x = io.normal(("x_" + name).c_str(), f32, {2, 3, IC});
     const Tensor bias = t == QuantType::q4_0 ? Tensor() : io.normal(("bias_" + name).c_str(), f32, {OC});
     OP(linear_forward_quantized)(io.normal(("y_" + name).c_str(), f32, {2, 3, OC}), x, w, t, bias);
   }
 }
 
+// Rows 1 to 3 of a 5-row weight of each type.
+void run_dequantize_rows(Io& io) {
+  constexpr int64_t IC = 256, OC = 5;
+  for (QuantType t : kWeightTypes) {
+    const std::string name(quant_name(t));
+    OP(dequantize_rows)(io.normal(("out_" + name).c_str(), f32, {3, IC}), quantized_weight(io, t, OC, IC), t, 1);
+  }
+}
+
 std::vector<OpCase> quant_cases() {
-  return {{"linear_forward_quantized", kOnlyF32, {1e-5, 1e-5}, {}, [](Io& io, DType) { run_linear_quantized(io); }}};
+  return {{"linear_forward_quantized", kOnlyF32, {1e-5, 1e-5}, {}, [](Io& io, DType) { run_linear_quantized(io); }},
+          {"dequantize_rows", kOnlyF32, {1e-6, 1e-6}, {}, [](Io& io, DType) { run_dequantize_rows(io); }}};
 }
 
 std::vector<OpCase> norm_cases() {

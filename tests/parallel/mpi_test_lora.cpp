@@ -34,11 +34,13 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
   return a.size() == b.size() ? worst : 1.0;
 }
 
-// The base model (gpt2-tiny, seed `seed`) written by rank 0 into dir/name.
-fs::path write_base(const fs::path& dir, const std::string& name, uint64_t seed) {
+// The base model (gpt2-tiny or llama-tiny, seed `seed`) written by rank 0
+// into dir/name.
+fs::path write_base(const fs::path& dir, const std::string& name, uint64_t seed, const char* preset = "gpt2-tiny") {
   const fs::path out = dir / name;
   if (world().rank() == 0 && !fs::exists(out)) {
-    const model::ModelConfig cfg = model::model_preset("gpt2-tiny");
+    model::ModelConfig cfg = model::model_preset(preset);
+    cfg.vocab_size = 512;
     Pools pools;
     const std::vector<model::ParamSpec> specs = model::param_specs(cfg);
     OwnedTensor flat = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
@@ -65,8 +67,21 @@ class LoraDataParallelTest : public SharedDataTest<"loom_mpi_lora", 4000> {
   }
   static RunConfig alone(RunConfig c) {
     c.train.micro_batch *= c.parallel.dp;
-    c.parallel.dp = 1, c.parallel.zero_stage = 0;
+    c.parallel.dp = 1, c.parallel.tp = 1, c.parallel.pp = 1, c.parallel.zero_stage = 0;
+    c.parallel.sequence_parallel = false;
     return c;
+  }
+  // cfg on the first pp x dp x tp ranks of the world against one process: the
+  // largest relative loss difference over kSteps, reported.
+  static double against_one_process(const RunConfig& cfg, const std::string& what) {
+    const RunConfig one = alone(cfg);
+    const std::vector<double> ref = reference(one);
+    const SubMesh g = sub_mesh(static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.dp),
+                               static_cast<int>(cfg.parallel.tp));
+    const std::vector<double> got = run_resumable(g, cfg, 0, kSteps, {}, {}, what);
+    const double diff = max_relative_difference(got, ref);
+    if (world().rank() == 0) std::printf("[lora] %s: max relative loss difference %.3g\n", what.c_str(), diff);
+    return diff;
   }
   // cfg on rank 0 alone, its losses on every rank.
   static std::vector<double> reference(const RunConfig& cfg) {
@@ -84,6 +99,31 @@ TEST_F(LoraDataParallelTest, AdaptersOverEveryZeroStageMatchOneProcessOver20Step
     if (world().rank() == 0)
       std::printf("[lora dp N=%d] zero_stage=%d: max relative loss difference %.3g\n", world().size(), stage, diff);
     EXPECT_LE(diff, kTolerance) << "zero_stage " << stage;
+  }
+}
+
+TEST_F(LoraDataParallelTest, TensorParallelAdaptersMatchOneProcessOver20Steps) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"})
+    for (bool sp : {false, true}) {
+      RunConfig c = lora_config(write_base(dir_, std::string("base_") + preset, 5, preset), 1, 0);
+      c.parallel.tp = 2;
+      c.parallel.sequence_parallel = sp;
+      const std::string name = concat(preset, " tp 2", sp ? " SP" : "");
+      EXPECT_LE(against_one_process(c, name), kTolerance);
+      if (world().size() < 4) continue;
+      c.parallel.dp = 2, c.parallel.zero_stage = sp ? 3 : 1;
+      EXPECT_LE(against_one_process(c, concat(name, " x dp 2, ZeRO ", c.parallel.zero_stage)), kTolerance);
+    }
+}
+
+TEST_F(LoraDataParallelTest, PipelinedAdaptersMatchOneProcessOver20Steps) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    RunConfig c = lora_config(write_base(dir_, std::string("base_") + preset, 5, preset), 1, 0);
+    c.parallel.pp = 2;
+    c.train.recompute = "full";
+    EXPECT_LE(against_one_process(c, std::string(preset) + " pp 2 (1f1b, full recompute)"), kTolerance);
   }
 }
 

@@ -454,3 +454,16 @@ void linear_forward_quantized_amx(Tensor y, const Tensor& x, const Tensor& w, Qu
 }
 
 }  // namespace loom::kernels::cpu::LOOM_ISA
+
+namespace loom::kernels::cpu::LOOM_ISA {
+
+// dequantize_rows (ops.h): each row as dequantize_row, rows in parallel.
+void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first_row) {
+  const int64_t R = out.size(0), IC = out.size(1), row_bytes = w.size(1);
+  const uint8_t* src = w.data_as<const uint8_t>() + first_row * row_bytes;
+  float* dst = out.data_as<float>();
+#pragma omp parallel for schedule(static) if (R * IC >= (1 << 15))
+  for (int64_t r = 0; r < R; ++r) dequantize_row(wtype, src + r * row_bytes, dst + r * IC, IC);
+}
+
+}  // namespace loom::kernels::cpu::LOOM_ISA

@@ -195,7 +195,60 @@ void quant_dot(float* y, const void* w, const void* a, const float* bias, int64_
   LOOM_CUDA_LAUNCHED();
 }
 
+// Value i of a row of blocks of type t, as quant.cpp's dequantize_row computes it.
+__device__ float dequant_value(QuantType t, const uint8_t* row, int64_t i) {
+  switch (t) {
+    case QuantType::q8_0: {
+      const block_q8_0& b = reinterpret_cast<const block_q8_0*>(row)[i / kQK];
+      return b.qs[i % kQK] * f16_value(b.d);
+    }
+    case QuantType::q4_0: {
+      const block_q4_0& b = reinterpret_cast<const block_q4_0*>(row)[i / kQK];
+      const int j = static_cast<int>(i % kQK);
+      const int q = j < kQK / 2 ? (b.qs[j] & 0xf) : (b.qs[j - kQK / 2] >> 4);
+      return (q - 8) * f16_value(b.d);
+    }
+    case QuantType::q4_K: {
+      const block_q4_K& b = reinterpret_cast<const block_q4_K*>(row)[i / kQKK];
+      const int j = static_cast<int>(i % kQKK), sub = j / 32, l = j % 32;
+      const uint8_t byte = b.qs[32 * (sub / 2) + l];
+      const int q = sub % 2 == 0 ? (byte & 0xf) : (byte >> 4);
+      int sc = 0, m = 0;
+      q4_K_scale_min_dev(sub, b.scales, &sc, &m);
+      return f16_value(b.d) * sc * q - f16_value(b.dmin) * m;
+    }
+    case QuantType::q6_K: {
+      const block_q6_K& b = reinterpret_cast<const block_q6_K*>(row)[i / kQKK];
+      const int j = static_cast<int>(i % kQKK), h = j / 128, k = (j % 128) / 32, l = j % 32;
+      const uint8_t* ql = b.ql + 64 * h;
+      const uint8_t* qh = b.qh + 32 * h;
+      const int lo = (k % 2 == 0 ? ql[l] : ql[l + 32]) >> (k < 2 ? 0 : 4) & 0xf;
+      const int q = (lo | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
+      return f16_value(b.d) * b.scales[j / 16] * q;
+    }
+    case QuantType::q8_K: break;
+  }
+  return 0.f;
+}
+
+__global__ void dequantize_rows_kernel(float* out, const uint8_t* w, QuantType t, int64_t rows, int64_t ic,
+                                       int64_t row_bytes) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= rows * ic) return;
+  out[i] = dequant_value(t, w + (i / ic) * row_bytes, i % ic);
+}
+
 }  // namespace
+
+void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first_row) {
+  const int64_t R = out.size(0), IC = out.size(1), row_bytes = w.size(1);
+  if (R * IC == 0) return;
+  LOOM_CHECK(wtype != QuantType::q8_K, "dequantize_rows: q8_K is an activation type");
+  const auto* src = static_cast<const uint8_t*>(w.data()) + first_row * row_bytes;
+  dequantize_rows_kernel<<<static_cast<unsigned>((R * IC + 255) / 256), 256, 0, stream()>>>(ptr<float>(out), src,
+                                                                                          wtype, R, IC, row_bytes);
+  LOOM_CUDA_LAUNCHED();
+}
 
 void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias) {
   const int64_t OC = w.size(0), IC = x.size(-1), N = IC > 0 ? x.numel() / IC : y.numel() / std::max<int64_t>(OC, 1);
