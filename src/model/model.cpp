@@ -54,6 +54,15 @@ int number_layer_units(const ModelConfig& cfg, int64_t first, int64_t layers, bo
   return next;
 }
 
+// QLoRA (lora.h FrozenWeights): the blocks read the base's quantized linears.
+void use_quantized_base(Dims& d, const ModelOptions& options) {
+  const LoraOptions& lora = options.lora;
+  if (!lora.config.enabled() || lora.base->quant() == nullptr) return;
+  LOOM_REQUIRE(options.compute == DType::f32, "a quantized base model (QLoRA) trains with f32 compute, not ",
+               dtype_name(options.compute), ": set train.dtype = fp32");
+  d.quant = lora.base->quant();
+}
+
 }  // namespace
 
 std::vector<HookEvent> Model::hook_events(const ModelConfig& cfg, Pass pass, const StageOptions& stage) {
@@ -142,11 +151,7 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
 
   ModelState& st = *state_;
   st.dims = dims_of(cfg, B, T, options.tp);
-  if (adapted() && options.lora.base->quant() != nullptr) {  // QLoRA (lora.h FrozenWeights)
-    LOOM_REQUIRE(compute == DType::f32, "a quantized base model (QLoRA) trains with f32 compute, not ",
-                 dtype_name(compute), ": set train.dtype = fp32");
-    st.dims.quant = options.lora.base->quant();
-  }
+  use_quantized_base(st.dims, options);
   st.family = &block_family(cfg.family);
   if (cfg.is_moe()) init_moe(st, cfg_, T, options);
   Allocator alloc{&pools[MemTag::activations], &st.owned, compute};
