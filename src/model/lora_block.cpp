@@ -95,25 +95,36 @@ FrozenWeights::FrozenWeights(const ModelConfig& cfg, const Tensor& full, std::un
 FrozenWeights::~FrozenWeights() = default;
 
 std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools, TpRank tp) {
-  const int64_t P = param_count(dir.config);
+  const ModelConfig& cfg = dir.config;
+  const int64_t P = param_count(cfg);
   require_fits_memory(pools, static_cast<double>(P) * 4.0, concat("the base model '", dir.weights, "' (", P,
                       " parameters, read in f32)"), "fine-tune a smaller base model");
-  // The f32 places of quantized linears are never written (never resident),
-  // nor kept: only the other parameters are copied into the params pool.
+  Pool& params = pools[MemTag::params];
+  // What is read on the way (f32 before a cast or a slice, the f32 places
+  // of quantized linears, never written) stays out of the params tag.
   MemoryTracker tracker;
   Pool staging(MemTag::workspace, Device::cpu(), tracker);
-  const bool sliced = tp.size > 1;
-  ServingWeights w = load_serving_weights(dir, sliced ? DType::f32 : dtype, dtype != DType::f32 || sliced, "lora.base",
-                                          pools[MemTag::params], &staging);
-  if (w.quant) return std::make_unique<FrozenWeights>(dir.config, w.params, std::move(w.quant), pools[MemTag::params]);
-  if (!sliced) return std::make_unique<FrozenWeights>(dir.config, std::move(w.params));
-  if (dir.gguf)
+  const bool sliced = tp.size > 1, direct = !sliced && dtype == DType::f32;
+  if (dir.gguf && direct) {
+    ServingWeights w = load_serving_weights(dir, DType::f32, false, "lora.base", params, &staging);
+    if (w.quant) return std::make_unique<FrozenWeights>(cfg, w.params, std::move(w.quant), params);
+    return std::make_unique<FrozenWeights>(cfg, std::move(w.params));
+  }
+  if (dir.gguf && sliced)
     log_warn("lora.base '", dir.weights, "': under parallel.tp = ", tp.size, " its weights are dequantized (the blocks ",
              "of a quantized base are not split over tp ranks yet: QLoRA runs with tp = 1)");
-  OwnedTensor local = pools[MemTag::params].empty(DType::f32, {param_count(dir.config, tp)});
-  tp_slice(local, dir.config, tp, w.params);
-  return std::make_unique<FrozenWeights>(dir.config, params_in_dtype(std::move(local), dtype, pools[MemTag::params]),
-                                         tp);
+  OwnedTensor whole = (direct ? params : staging).empty(DType::f32, {P});
+  load_model_params(dir, whole);
+  if (direct) return std::make_unique<FrozenWeights>(cfg, std::move(whole));
+  OwnedTensor local;
+  if (sliced) {
+    local = (dtype == DType::f32 ? params : staging).empty(DType::f32, {param_count(cfg, tp)});
+    tp_slice(local, cfg, tp, whole);
+  } else {
+    local = std::move(whole);
+  }
+  if (dtype != DType::f32) local = params_in_dtype(std::move(local), dtype, params);
+  return std::make_unique<FrozenWeights>(cfg, std::move(local), tp);
 }
 
 LayerWeights with_lora(LayerWeights w, const ParamViews& adapters, const ModelConfig& cfg, int64_t i) {
