@@ -48,34 +48,38 @@ Tensor column_parallel_backward(const Dims& d, Tensor dx, const Tensor& x, std::
 
 namespace {
 
-// QLoRA's GEMMs on a quantized frozen weight W (OC, IC): a tile of R rows
-// at a time dequantized into d.lora.wtile, so W is never whole in f32.
+// QLoRA's GEMMs on a quantized frozen weight W (OC, IC): f(r0, R, tile) for
+// each tile of R rows from r0, dequantized into d.lora.wtile, so W is never
+// whole in f32.
+template <typename F>
+void for_each_row_tile(const Dims& d, const Tensor& w, int64_t IC, F f) {
+  const kernels::QuantType type = d.quant->type_of(w);
+  for (int64_t r0 = 0; r0 < w.size(0); r0 += kQuantTileRows) {
+    const int64_t R = std::min(kQuantTileRows, w.size(0) - r0);
+    const Tensor tile = d.lora.wtile.slice(0, 0, R * IC).reshape({R, IC});
+    kernels::dequantize_rows(tile, w, type, r0);
+    f(r0, R, tile);
+  }
+}
+
 // y (N, OC) = x @ W^T + bias, its columns a tile at a time.
 void linear_forward_tiles(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const kernels::QuantType type = d.quant->type_of(w);
-  const int64_t N = x.size(0), IC = x.size(1), OC = w.size(0);
-  for (int64_t r0 = 0; r0 < OC; r0 += kQuantTileRows) {
-    const int64_t R = std::min(kQuantTileRows, OC - r0);
-    const Tensor wt = d.lora.wtile.slice(0, 0, R * IC).reshape({R, IC});
+  const int64_t N = x.size(0);
+  for_each_row_tile(d, w, x.size(1), [&](int64_t r0, int64_t R, const Tensor& tile) {
     const Tensor yt = d.lora.ytile.slice(0, 0, N * R).reshape({N, R});
-    kernels::dequantize_rows(wt, w, type, r0);
-    kernels::linear_forward(yt, x, wt, bias.defined() ? bias.slice(0, r0, R) : Tensor());
+    kernels::linear_forward(yt, x, tile, bias.defined() ? bias.slice(0, r0, R) : Tensor());
     kernels::copy(y.slice(1, r0, R), yt);
-  }
+  });
 }
 
 // dx (N, IC) += dy (N, OC) @ W, over the same tiles.
 void linear_backward_tiles(const Dims& d, Tensor dx, const Tensor& dy, const Tensor& x, const Tensor& w) {
-  const kernels::QuantType type = d.quant->type_of(w);
-  const int64_t N = dy.size(0), IC = dx.size(1), OC = w.size(0);
-  for (int64_t r0 = 0; r0 < OC; r0 += kQuantTileRows) {
-    const int64_t R = std::min(kQuantTileRows, OC - r0);
-    const Tensor wt = d.lora.wtile.slice(0, 0, R * IC).reshape({R, IC});
+  const int64_t N = dy.size(0);
+  for_each_row_tile(d, w, dx.size(1), [&](int64_t r0, int64_t R, const Tensor& tile) {
     const Tensor dyt = d.lora.ytile.slice(0, 0, N * R).reshape({N, R});
-    kernels::dequantize_rows(wt, w, type, r0);
     kernels::copy(dyt, dy.slice(1, r0, R));
-    kernels::linear_backward(dx, Tensor(), Tensor(), dyt, x, wt);
-  }
+    kernels::linear_backward(dx, Tensor(), Tensor(), dyt, x, tile);
+  });
 }
 
 }  // namespace

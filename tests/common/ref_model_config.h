@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "common/ref.h"
+#include "core/memory.h"
+#include "kernels/ops.h"
 #include "model/config.h"
+#include "model/model.h"
 
 namespace loom::test {
 
@@ -22,6 +25,28 @@ inline model::ModelConfig model_config_of(RefCase& rc) {
   c.norm_eps = rc["norm_eps"].scalar();
   c.rope_theta = rc["rope_theta"].scalar();
   return c;
+}
+
+// The losses (before each step) of m trained by kernels::adamw_step with
+// rc's "adamw" settings (lr, beta1, beta2, eps, weight_decay) for as many
+// steps as rc's "adamw_losses" holds: what ref_model.py's adamw_reference
+// computes with torch.optim.AdamW over the same parameters.
+inline std::vector<float> adamw_losses(model::Model& m, Pools& pools, RefCase& rc, const Tensor& tokens,
+                                       const Tensor& targets) {
+  const std::vector<float> h = rc["adamw"].floats();
+  const int64_t steps = static_cast<int64_t>(rc["adamw_losses"].floats().size()), P = m.num_params();
+  OwnedTensor mom = pools[MemTag::optimizer].zeros(DType::f32, {P});
+  OwnedTensor var = pools[MemTag::optimizer].zeros(DType::f32, {P});
+  std::vector<float> losses;
+  for (int64_t step = 1; step <= steps; ++step) {
+    m.zero_grads();
+    losses.push_back(m.forward(tokens, targets));
+    m.backward();
+    kernels::AdamWConfig cfg{.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4],
+                             .step = step};
+    kernels::adamw_step(m.params(), mom, var, m.grads(), Tensor(), cfg);
+  }
+  return losses;
 }
 
 }  // namespace loom::test

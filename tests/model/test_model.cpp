@@ -96,21 +96,8 @@ TEST(Llama, ForwardWithoutTargetsGivesLogitsOnly) {
 
 void expect_adamw_losses_match_torch(const std::string& family) {
   Case c(family);
-  const std::vector<float> h = c.rc["adamw"].floats();  // lr, beta1, beta2, eps, weight_decay
-  const std::vector<float> expected = c.rc["adamw_losses"].floats();
-  const int64_t P = c.model.num_params();
-  OwnedTensor m = c.pools[MemTag::optimizer].zeros(DType::f32, {P});
-  OwnedTensor v = c.pools[MemTag::optimizer].zeros(DType::f32, {P});
-  std::vector<float> losses;
-  for (int64_t step = 1; step <= int64_t(expected.size()); ++step) {
-    c.model.zero_grads();
-    losses.push_back(c.model.forward(c.tokens(), c.targets()));
-    c.model.backward();
-    kernels::AdamWConfig cfg{.lr = h[0], .beta1 = h[1], .beta2 = h[2], .eps = h[3], .weight_decay = h[4],
-                             .step = step};
-    kernels::adamw_step(c.model.params(), m, v, c.model.grads(), Tensor(), cfg);
-  }
-  EXPECT_ALL_CLOSE(losses, expected, 1e-4, 0.0);
+  EXPECT_ALL_CLOSE(adamw_losses(c.model, c.pools, c.rc, c.tokens(), c.targets()), c.rc["adamw_losses"].floats(), 1e-4,
+                   0.0);
 }
 
 TEST(Gpt2, FiveAdamWStepsMatchTorchLosses) { expect_adamw_losses_match_torch("gpt2"); }

@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from loomref import out_dir, save
-from ref_model import (B, T, gpt2_config, gpt2_logits, gpt2_shapes, linear, llama_config, llama_logits,
-                       llama_shapes, loss_of, random_weights)
+from ref_model import (B, T, adamw_reference, gpt2_config, gpt2_logits, gpt2_shapes, linear, llama_config,
+                       llama_logits, llama_shapes, loss_of, random_weights)
 from ref_safetensors import write_safetensors
 
 RANK, ALPHA = 4, 8.0
-ADAMW = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
 
 
 def adapter_shapes(base_shapes):
@@ -78,17 +77,8 @@ def write_case(d, family, c, shapes, logits_fn, seed):
         logits16 = logits_fn(P16, c, tokens.long(), lora_linear(A16))
     out["bf16_logits"], out["bf16_loss"] = logits16, loss_of(logits16, targets)
 
-    opt = torch.optim.AdamW(list(A.values()), **ADAMW)
-    losses = []
-    for _ in range(5):
-        opt.zero_grad()
-        step_loss = loss_of(logits_fn(P, c, tokens.long(), lora_linear(A)), targets)
-        step_loss.backward()
-        losses.append(step_loss.item())
-        opt.step()
-    out["adamw_losses"] = torch.tensor(losses, dtype=torch.float64)
-    out["adamw"] = torch.tensor([ADAMW["lr"], ADAMW["betas"][0], ADAMW["betas"][1], ADAMW["eps"],
-                                 ADAMW["weight_decay"]], dtype=torch.float64)
+    out.update(adamw_reference(list(A.values()),
+                               lambda: loss_of(logits_fn(P, c, tokens.long(), lora_linear(A)), targets)))
     save(os.path.join(d, f"lora_{family}.ref"), out)
 
 

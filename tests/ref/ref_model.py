@@ -165,6 +165,22 @@ def loss_of(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=-100)
 
 
+def adamw_reference(params, step_loss):
+    """adamw_losses: the losses of 5 torch.optim.AdamW steps over params (step_loss() before each step), and
+    adamw: its settings (lr, beta1, beta2, eps, weight_decay)."""
+    opt = torch.optim.AdamW(params, **ADAMW)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = step_loss()
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return {"adamw_losses": torch.tensor(losses, dtype=torch.float64),
+            "adamw": torch.tensor([ADAMW["lr"], ADAMW["betas"][0], ADAMW["betas"][1], ADAMW["eps"],
+                                   ADAMW["weight_decay"]], dtype=torch.float64)}
+
+
 def write_case(d, family, c, shapes, logits_fn, seed):
     g = torch.Generator().manual_seed(seed)
     w32 = random_weights(shapes, g)
@@ -188,17 +204,7 @@ def write_case(d, family, c, shapes, logits_fn, seed):
            "tokens": tokens, "targets": targets, "logits": logits, "loss": loss}
     out.update({"grad." + n: p.grad.clone() for n, p in P.items()})
 
-    opt = torch.optim.AdamW(list(P.values()), **ADAMW)
-    losses = []
-    for _ in range(5):
-        opt.zero_grad()
-        step_loss = loss_of(logits_fn(P, c, tokens.long()), targets)
-        step_loss.backward()
-        losses.append(step_loss.item())
-        opt.step()
-    out["adamw_losses"] = torch.tensor(losses, dtype=torch.float64)
-    out["adamw"] = torch.tensor([ADAMW["lr"], ADAMW["betas"][0], ADAMW["betas"][1], ADAMW["eps"],
-                                 ADAMW["weight_decay"]], dtype=torch.float64)
+    out.update(adamw_reference(list(P.values()), lambda: loss_of(logits_fn(P, c, tokens.long()), targets)))
     save(os.path.join(d, f"model_{family}.ref"), out)
 
 
