@@ -27,6 +27,7 @@ void require_predicted(const train::RunConfig& cfg) {
                              "parallelism on the CPU"));
   };
   if (p.mode != "collective") refuse("parameter-server training (parallel.mode = ps)");
+  if (cfg.lora.adapters.enabled()) refuse("LoRA fine-tuning ([lora]: a frozen base and its adapters)");
   LOOM_REQUIRE(p.pp == 1 || p.zero_stage <= 1, "parallel.pp = ", p.pp,
                " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", p.zero_stage, ")");
   // Its packed reductions and a cp call's buffers would be held together

@@ -230,6 +230,8 @@ StepTime predict_step_time(const train::RunConfig& cfg, const Cluster& cluster) 
   const train::ParallelConfig& p = cfg.parallel;
   LOOM_REQUIRE(p.mode == "collective", "loom plan does not predict parameter-server training (parallel.mode = ps) ",
                "yet: it predicts collective data, context, tensor, pipeline and expert parallelism");
+  LOOM_REQUIRE(!cfg.lora.adapters.enabled(), "loom plan does not predict LoRA fine-tuning ([lora]) yet: it ",
+               "predicts training every parameter");
   const int world = static_cast<int>(p.dp * p.tp * p.pp * p.cp);
   LOOM_REQUIRE(cluster.shared_cores || world <= cluster.devices(), "the layout needs ", world, " devices (dp ", p.dp,
                " x tp ", p.tp, " x pp ", p.pp, " x cp ", p.cp, ") but cluster '", cluster.name, "' has ",
