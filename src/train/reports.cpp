@@ -24,6 +24,11 @@ double model_flops_per_token(const model::ModelConfig& m, int64_t seq_len) {
          12.0 * static_cast<double>(m.n_layer * m.n_embd * seq_len);
 }
 
+double lora_flops_per_token(const model::ModelConfig& m, int64_t seq_len, int64_t adapters) {
+  return 4.0 * static_cast<double>(model::active_param_count(m)) + 8.0 * static_cast<double>(adapters) +
+         12.0 * static_cast<double>(m.n_layer * m.n_embd * seq_len);
+}
+
 double measure_peak_flops(DType dtype, Device device) {
   const int64_t n = device.is_cpu() ? 1024 : 8192;
   MemoryTracker tracker;

@@ -19,6 +19,11 @@ namespace loom::train {
 // seq_len (the attention scores and mixing, forward and backward: PaLM
 // appendix B), N the whole model's parameters (every tp rank's together).
 double model_flops_per_token(const model::ModelConfig& m, int64_t seq_len);
+// The same for LoRA fine-tuning (model/lora.h) with `adapters` trained
+// parameters: the frozen base runs forward and its input gradients (4 x its
+// parameters, no weight gradients), the adapters forward, backward and
+// their u = x A^T once more in backward (8 x theirs), attention as above.
+double lora_flops_per_token(const model::ModelConfig& m, int64_t seq_len, int64_t adapters);
 
 // FLOP/s of a 1024^3 GEMM in `dtype` (the run's compute dtype) on this
 // process's threads, best of 8 runs: the peak MFU is measured against when

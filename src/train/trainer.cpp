@@ -207,7 +207,10 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
   return s;
 }
 
-double Trainer::flops_per_token() const { return model_flops_per_token(cfg_.model, cfg_.train.seq_len); }
+double Trainer::flops_per_token() const {
+  if (!cfg_.lora.adapters.enabled()) return model_flops_per_token(cfg_.model, cfg_.train.seq_len);
+  return lora_flops_per_token(cfg_.model, cfg_.train.seq_len, model::lora_param_count(cfg_.model, cfg_.lora.adapters));
+}
 
 StepStats Trainer::step() {
   if (rank_.pipe) return pipeline_step();
