@@ -99,10 +99,7 @@ std::vector<LoraModule> lora_modules(const ModelConfig& cfg, const LoraConfig& l
 
 namespace {
 
-// Under tensor parallelism an adapter is cut as the linear it wraps (DESIGN.md
-// §5 TP): a column-parallel W's B by output rows (c_attn's in q, k, v
-// blocks) with A whole on every rank; a row-parallel W's A by input columns
-// with B whole.
+// Megatron's row-parallel linears (the rest of a block's are column-parallel).
 bool row_parallel(const std::string& module) {
   return module == "attn.c_proj" || module == "mlp.c_proj" || module == "self_attn.o_proj" ||
          module == "mlp.down_proj";

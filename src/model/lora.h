@@ -60,13 +60,15 @@ std::string layer_prefix(const ModelConfig& cfg, int64_t layer);
 
 // The adapters of a model, as parameters: for each layer of the stage, for
 // each module, lora_A (r, in) then lora_B (out, r), packed from offset 0.
-// Validates like lora_modules. Tensor, pipeline and expert parallelism of an
-// adapted model are not built yet: only the whole model (a loom::Error
-// otherwise).
+// Under tensor parallelism, tp rank tp.rank's slices, cut as the linear
+// each wraps (DESIGN.md §5 TP): a column-parallel W's B by output rows
+// (c_attn's in q, k, v blocks), a row-parallel W's A by input columns; the
+// other matrix is whole on every rank (replicated). Validates like
+// lora_modules, and the tp split like param_specs.
 std::vector<ParamSpec> lora_param_specs(const ModelConfig& cfg, const LoraConfig& lora, TpRank tp = {},
                                         PpStage stage = {});
-// param_count(lora_param_specs(cfg, lora)) in O(1) of n_layer; validates
-// like lora_modules.
+// param_count(lora_param_specs(cfg, lora)) (the whole model's adapters) in
+// O(1) of n_layer; validates like lora_modules.
 int64_t lora_param_count(const ModelConfig& cfg, const LoraConfig& lora);
 // The parameters a run trains: the adapters when lora is enabled, else the
 // model's own (param_specs).
