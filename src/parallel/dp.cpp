@@ -191,6 +191,10 @@ Segment DataParallel::solo_piece(const std::string& name) const {
 }
 
 void DataParallel::init_params(uint64_t seed) {
+  set_params([seed](Tensor dst, const model::ParamSpec& spec) { model::init_param(dst, spec, seed); });
+}
+
+void DataParallel::set_params(const std::function<void(Tensor dst, const model::ParamSpec& spec)>& fill) {
   // One bucket at a time (buckets hold whole parameters): the temporary is
   // the largest bucket, not the whole model, so ZeRO-3 never materialises it.
   const bool on_device = !impl_->pools.device().is_cpu();
@@ -206,7 +210,7 @@ void DataParallel::init_params(uint64_t seed) {
       OwnedTensor host = host_pool.empty(DType::f32, {bk.numel()});
       for_each_overlap(l.space.specs, bk.begin, bk.end, [&](const model::ParamSpec& spec, int64_t, int64_t) {
         if (spec.offset < bk.begin) return;  // an earlier bucket's
-        model::init_param(Tensor(host).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec, seed);
+        fill(Tensor(host).slice(0, spec.offset - bk.begin, spec.numel()).reshape(spec.shape), spec);
       });
       OwnedTensor staged;
       if (on_device) {

@@ -62,6 +62,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -184,6 +185,11 @@ class DataParallel : public model::StepHooks {
   // computes one bucket at a time in f32 in pools[workspace] (freed on
   // return) and keeps what its stage needs.
   void init_params(uint64_t seed);
+  // The same from fill(dst, spec), which writes the rank's (tp slice of)
+  // parameter `spec` into dst (spec.shape, f32): init_params is
+  // fill = model::init_param. Each rank fills every parameter of the
+  // buckets it holds a part of. Not collective.
+  void set_params(const std::function<void(Tensor dst, const model::ParamSpec& spec)>& fill);
 
   // A step: zero_grads(), then per micro-batch begin_micro_batch(last) +
   // model forward + backward, then grad_norm() and the optimizer's update

@@ -196,6 +196,7 @@ std::vector<KeySpec> lora_key_specs() {
       {"lora", "dropout", [](R& c, const V& v) { c.lora.adapters.dropout = v.number(0, false, 1); }},
       {"lora", "targets", [](R& c, const V& v) { c.lora.adapters.targets = v.strings(); }},
       {"lora", "base", [](R& c, const V& v) { c.lora.base = v.string(); }},
+      {"lora", "init", [](R& c, const V& v) { c.lora.init = v.string(); }},
   };
 }
 

@@ -118,7 +118,8 @@ struct LogConfig {
 // which also gives the run its [model] (so the run has no [model] keys).
 struct LoraRunConfig {
   model::LoraConfig adapters;  // rank 0: no [lora] section, every parameter trains
-  std::string base;            // the base: a loom or Hugging Face model directory
+  std::string base;            // the base: a loom or Hugging Face model directory, or a .gguf file
+  std::string init;            // a PEFT adapter directory the adapters start from (empty: Kaiming A, zero B)
 };
 
 struct RunConfig {

@@ -60,7 +60,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
   if (c.lora.adapters.enabled()) {
     const model::LoraConfig& l = c.lora.adapters;
     j["lora"] = {{"rank", l.rank}, {"alpha", l.alpha}, {"dropout", l.dropout}, {"targets", l.targets},
-                 {"base", c.lora.base}};
+                 {"base", c.lora.base}, {"init", c.lora.init}};
   }
   j["log"] = {{"metrics", c.log.metrics}, {"every", c.log.every}, {"trace", c.log.trace},
               {"peak_tflops", c.log.peak_tflops}};

@@ -1,5 +1,8 @@
 #include "train/rank_chunks.h"
 
+#include <map>
+#include <string>
+
 #include "core/error.h"
 #include "parallel/pp_partition.h"
 
@@ -36,6 +39,7 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.cp_algo = cfg.parallel.cp_algo;
   o.ep_overlap = cfg.parallel.ep_overlap;
   o.lora = cfg.lora.adapters;
+  o.lora_init = cfg.lora.init;
   if (cfg.parallel.mode == "ps" && cfg.parallel.ps_server == "optimizer") {  // the servers keep AdamW's state
     o.adamw.keeps_state = false;
     o.dp.optimizer_state_floats = 0;
@@ -72,6 +76,33 @@ std::vector<parallel::ParamGroup> expert_groups(mesh::Mesh& mesh) {
   const std::vector<mesh::Group> g = gradient_groups(ep);
   return {{parallel::kDenseGroup, mesh.group(g[0]), dense},
           {parallel::kExpertGroup, mesh.group(g[1]), expert, &mesh.ep()}};
+}
+
+// [lora] init: the adapters' values from a PEFT adapter directory written
+// for the same adapters (rank, alpha, modules), each rank's slices of them.
+void start_adapters_from(const ChunkOptions& o, parallel::DataParallel& dp) {
+  const model::LoraConfig saved = model::read_peft_config(o.lora_init);
+  const auto modules = [&](const model::LoraConfig& l) {
+    std::vector<std::string> names;
+    for (const model::LoraModule& m : model::lora_modules(o.model, l)) names.push_back(m.name);
+    return names;
+  };
+  LOOM_REQUIRE(saved.rank == o.lora.rank && saved.alpha == o.lora.alpha && modules(saved) == modules(o.lora),
+               "lora.init = '", o.lora_init, "' holds adapters of rank ", saved.rank, ", alpha ", saved.alpha, " on ",
+               modules(saved).size(), " modules; [lora] has rank ", o.lora.rank, ", alpha ", o.lora.alpha, " on ",
+               modules(o.lora).size(), ": set the same rank, alpha and targets");
+  const std::vector<model::ParamSpec> whole = model::lora_param_specs(o.model, o.lora);
+  MemoryTracker tracker;
+  Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  OwnedTensor values = pool.empty(DType::f32, {model::param_count(whole)});
+  model::load_peft_adapter(o.lora_init, o.model, o.lora, values);
+  std::map<std::string, const model::ParamSpec*> by_name;
+  for (const model::ParamSpec& s : whole) by_name[s.name] = &s;
+  dp.set_params([&](Tensor dst, const model::ParamSpec& spec) {
+    model::ParamSpec at_zero = spec;  // dst holds this parameter alone
+    at_zero.offset = 0;
+    model::take_runs(dst.reshape({spec.numel()}), at_zero, model::param_view(values, *by_name.at(spec.name)).reshape({spec.global_numel()}));
+  });
 }
 
 }  // namespace
@@ -125,6 +156,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
     rank.dps.push_back(
         std::make_unique<parallel::DataParallel>(*rank.models.back(), ctx.mesh.dp_cp(), tp, dpo, ctx.pools));
     rank.dps.back()->init_params(o.seed);
+    if (!o.lora_init.empty()) start_adapters_from(o, *rank.dps.back());
     rank.optimizers.push_back(std::make_unique<AdamW>(*rank.dps.back(), o.adamw, ctx.pools));
   }
   if (pipelined) {

@@ -58,6 +58,7 @@ struct ChunkOptions {
   // weights (both from the run's [lora]; base must outlive the chunks).
   model::LoraConfig lora;
   const model::FrozenWeights* lora_base = nullptr;
+  std::string lora_init;  // a PEFT adapter directory the adapters start from (empty: their init)
 };
 
 // The chunk options of a run config: its model, micro-batch, dtype,
