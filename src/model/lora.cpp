@@ -138,6 +138,12 @@ std::vector<ParamSpec> lora_param_specs(const ModelConfig& cfg, const LoraConfig
   return specs;
 }
 
+std::vector<std::string> lora_module_names(const ModelConfig& cfg, const LoraConfig& lora) {
+  std::vector<std::string> names;
+  for (const LoraModule& m : lora_modules(cfg, lora)) names.push_back(m.name);
+  return names;
+}
+
 int64_t lora_param_count(const ModelConfig& cfg, const LoraConfig& lora) {
   int64_t per_layer = 0;
   for (const LoraModule& m : lora_modules(cfg, lora)) per_layer += lora.rank * (m.in + m.out);

@@ -55,6 +55,9 @@ struct LoraModule {
 // outside [0, 1) or a mixture-of-experts model is a loom::Error saying what
 // is allowed.
 std::vector<LoraModule> lora_modules(const ModelConfig& cfg, const LoraConfig& lora);
+// Their module names ("attn.c_attn", ...): what PEFT's target_modules and a
+// checkpoint's record of the adapters list.
+std::vector<std::string> lora_module_names(const ModelConfig& cfg, const LoraConfig& lora);
 // Layer i's prefix in Hugging Face names: "h.3." or "model.layers.3.".
 std::string layer_prefix(const ModelConfig& cfg, int64_t layer);
 

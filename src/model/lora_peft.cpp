@@ -40,8 +40,7 @@ void require_unused(const nlohmann::json& j, const char* key, const std::string&
 
 void save_peft_adapter(const std::string& dir, const ModelConfig& cfg, const LoraConfig& lora, const Tensor& adapters,
                        const std::string& base_model) {
-  std::vector<std::string> modules;
-  for (const LoraModule& m : lora_modules(cfg, lora)) modules.push_back(m.name);
+  const std::vector<std::string> modules = lora_module_names(cfg, lora);
   fs::create_directories(dir);
   save_params((fs::path(dir) / kPeftWeightsFile).string(), peft_specs(cfg, lora), adapters, ParamLayout::loom,
               {{"format", "pt"}});

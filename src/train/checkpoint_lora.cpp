@@ -1,7 +1,6 @@
 // A checkpoint of LoRA adapters (checkpoint_manifest.h): what it records of
 // the adapters and their base, and the check that a resume continues them.
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,22 +11,12 @@
 
 namespace loom::train {
 
-namespace {
-
-std::vector<std::string> module_names(const model::ModelConfig& cfg, const model::LoraConfig& lora) {
-  std::vector<std::string> out;
-  for (const model::LoraModule& m : model::lora_modules(cfg, lora)) out.push_back(m.name);
-  return out;
-}
-
-}  // namespace
-
 nlohmann::json lora_json(Trainer& t) {
   const RunConfig& c = t.config();
   const model::LoraConfig& l = c.lora.adapters;
   return {{"rank", l.rank},
           {"alpha", l.alpha},
-          {"modules", module_names(c.model, l)},
+          {"modules", model::lora_module_names(c.model, l)},
           {"base", c.lora.base},
           {"base_sha256", t.lora_base_sha256()}};
 }

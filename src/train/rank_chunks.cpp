@@ -82,11 +82,7 @@ std::vector<parallel::ParamGroup> expert_groups(mesh::Mesh& mesh) {
 // for the same adapters (rank, alpha, modules), each rank's slices of them.
 void start_adapters_from(const ChunkOptions& o, parallel::DataParallel& dp) {
   const model::LoraConfig saved = model::read_peft_config(o.lora_init);
-  const auto modules = [&](const model::LoraConfig& l) {
-    std::vector<std::string> names;
-    for (const model::LoraModule& m : model::lora_modules(o.model, l)) names.push_back(m.name);
-    return names;
-  };
+  const auto modules = [&](const model::LoraConfig& l) { return model::lora_module_names(o.model, l); };
   LOOM_REQUIRE(saved.rank == o.lora.rank && saved.alpha == o.lora.alpha && modules(saved) == modules(o.lora),
                "lora.init = '", o.lora_init, "' holds adapters of rank ", saved.rank, ", alpha ", saved.alpha, " on ",
                modules(saved).size(), " modules; [lora] has rank ", o.lora.rank, ", alpha ", o.lora.alpha, " on ",

@@ -159,7 +159,9 @@ TEST_F(LoraDataParallelTest, AdaptersStartFromAPeftDirectoryUnderEveryLayout) {
   RunConfig zero3 = c, tp = c;
   zero3.parallel.dp = 2, zero3.parallel.zero_stage = 3, zero3.train.micro_batch /= 2;
   tp.parallel.tp = 2;
-  if (zero3.train.micro_batch >= 1) EXPECT_LE(against_one_process(zero3, "from PEFT, dp 2 ZeRO 3"), kTolerance);
+  if (zero3.train.micro_batch >= 1) {
+    EXPECT_LE(against_one_process(zero3, "from PEFT, dp 2 ZeRO 3"), kTolerance);
+  }
   EXPECT_LE(against_one_process(tp, "from PEFT, tp 2"), kTolerance);
   EXPECT_GT(std::abs(reference(c).front() - fresh.front()), 1e-5) << "the PEFT adapters did not change the start";
 }
