@@ -164,14 +164,37 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, 
                  kv_),
       runner_(std::move(runner)) {}
 
+int32_t ModelRunner::add_adapter(const model::LoraConfig&, const Tensor&) {
+  LOOM_REQUIRE(false, "this model runner serves no LoRA adapters");
+  return 0;
+}
+
+int32_t Engine::add_adapter(const model::LoraConfig& lora, const Tensor& adapters) {
+  const int32_t id = runner_->add_adapter(lora, adapters);
+  LOOM_CHECK(id == num_adapters() + 1, "Engine::add_adapter: the runner gave id ", id, " after ", num_adapters());
+  // Its requests' blocks hash under the adapter's identity (its weights and
+  // scale): two adapters' blocks never match, the same adapter's always do.
+  Sha256 sha;
+  sha.update(static_cast<const uint8_t*>(adapters.data()), static_cast<size_t>(adapters.nbytes()));
+  const float scale = lora.scale();
+  sha.update(reinterpret_cast<const uint8_t*>(&scale), sizeof scale);
+  const std::array<uint8_t, 32> digest = sha.finish();
+  adapter_keys_.push_back(sha256_128(digest).lo);
+  return id;
+}
+
 RequestId Engine::add_request(std::vector<int32_t> prompt, const GenerationParams& params) {
   params.validate();
+  LOOM_REQUIRE(params.adapter >= 0 && params.adapter <= num_adapters(), "adapter ", params.adapter,
+               " is invalid: the engine has ", num_adapters(), " (ids 1 to ", num_adapters(), "; 0: the base)");
   check_prompt(prompt, cfg_.vocab_size, config_.max_model_len);
   LOOM_REQUIRE(params.grammar == nullptr || params.grammar->vocab->size() == cfg_.vocab_size,
                "the grammar's vocabulary has ", params.grammar ? params.grammar->vocab->size() : 0,
                " tokens, the model's ", cfg_.vocab_size);
   const RequestId id = next_id_;
-  scheduler_.add_request(id, std::move(prompt), params.stop, {}, params.pooling != Pooling::mean);
+  std::vector<uint64_t> keys;
+  if (params.adapter > 0) keys.push_back(adapter_keys_[static_cast<size_t>(params.adapter - 1)]);
+  scheduler_.add_request(id, std::move(prompt), params.stop, std::move(keys), params.pooling != Pooling::mean);
   ++next_id_;
   sequences_[id] = new_sequence(id, 0, params, false);
   return id;
@@ -194,7 +217,7 @@ std::vector<TokenEvent> Engine::step() {
   std::vector<std::pair<int32_t, int32_t>> copies;
   for (const BlockCopy& c : out.copies) copies.emplace_back(c.src, c.dst);
   runner_->copy_blocks(copies);
-  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows, hidden_rows;
+  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, tables, logit_rows, hidden_rows, adapters;
   std::vector<int64_t> slots;
   int64_t max_blocks = 1;
   for (const ScheduledRequest& s : out.scheduled) max_blocks = std::max<int64_t>(max_blocks, kv_.block_table(s.id).size());
@@ -212,6 +235,7 @@ std::vector<TokenEvent> Engine::step() {
     tables.insert(tables.end(), table.begin(), table.end());
     tables.resize(tables.size() + static_cast<size_t>(max_blocks) - table.size(), -1);
     const Pooling pooling = sequences_.at(s.id).params.pooling;
+    adapters.push_back(sequences_.at(s.id).params.adapter);
     const auto end = static_cast<int32_t>(tokens.size());
     if (pooling == Pooling::mean)
       for (int32_t row = end - static_cast<int32_t>(s.num_tokens); row < end; ++row) hidden_rows.push_back(row);
@@ -221,7 +245,7 @@ std::vector<TokenEvent> Engine::step() {
   for (RequestId id : out.preempted)  // computed again from the start
     if (auto it = sequences_.find(id); it != sequences_.end()) it->second.pooled.clear();
   const Tensor logits = runner_->step(
-      {tokens, positions, slots, query_start, seq_lens, tables, max_blocks, logit_rows, hidden_rows});
+      {tokens, positions, slots, query_start, seq_lens, tables, max_blocks, logit_rows, hidden_rows, adapters});
   std::vector<TokenEvent> events = sample(out, logits);
   if (!hidden_rows.empty()) pool(out, runner_->hidden(), events);
   return events;

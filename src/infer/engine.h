@@ -77,6 +77,10 @@ struct GenerationParams {
   // with one TokenEvent carrying it (token -1, finish stop). Mean pooling
   // computes every prompt token (the prefix cache is not read for it).
   Pooling pooling = Pooling::none;
+  // The LoRA adapter the request runs with (Engine::add_adapter's id; 0:
+  // the base alone). Its KV blocks are its own: the prefix cache never
+  // gives one adapter's blocks to a request of another.
+  int32_t adapter = 0;
   void validate() const;     // loom::Error naming the field
 };
 
@@ -110,6 +114,14 @@ class Engine {
   // required here), and fingerprint roots the prefix cache's hashes (the
   // weights' identity: blocks of other weights must never match).
   Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, BlockHash fingerprint);
+
+  // A LoRA adapter (model/lora.h) requests may run with, unmerged, beside
+  // the base and each other in the same steps (GenerationParams::adapter):
+  // adapters (lora_param_count) f32 in lora_param_specs order, copied.
+  // Returns its id, 1, 2, ...; the runner's loom::Error for adapters the
+  // model cannot carry. Between steps only.
+  int32_t add_adapter(const model::LoraConfig& lora, const Tensor& adapters);
+  int32_t num_adapters() const { return static_cast<int32_t>(adapter_keys_.size()); }
 
   // Queues a request; loom::Error (nothing queued) for invalid params, an
   // empty prompt, a token outside the vocabulary or a prompt that leaves no
@@ -159,6 +171,7 @@ class Engine {
   std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<RequestId, Sequence> sequences_;  // by the scheduler's id of the sequence
   RequestId next_id_ = 1;
+  std::vector<uint64_t> adapter_keys_;  // by id - 1: the adapter's weights' digest, its requests' extra_keys
 };
 
 }  // namespace loom::infer

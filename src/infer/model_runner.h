@@ -14,6 +14,7 @@
 
 #include "core/memory.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/paged_runner.h"
 
 namespace loom::infer {
@@ -32,6 +33,11 @@ class ModelRunner {
   virtual Tensor hidden() const = 0;
   // Bytes the KV cache holds.
   virtual int64_t kv_cache_bytes() const = 0;
+  // LoRA adapters served unmerged (model::PagedRunner::add_adapter): adds
+  // one, returning its id (1, 2, ...), which PagedBatch::adapters names. A
+  // runner that cannot carry adapters says so (loom::Error).
+  virtual int32_t add_adapter(const model::LoraConfig& lora, const Tensor& adapters);
+  virtual int32_t num_adapters() const { return 0; }
 };
 
 // The CPU model over the paged KV cache.
@@ -45,6 +51,10 @@ class PagedModelRunner final : public ModelRunner {
   Tensor step(const model::PagedBatch& batch) override { return runner_.step(batch); }
   Tensor hidden() const override { return runner_.hidden(); }
   int64_t kv_cache_bytes() const override { return runner_.kv_cache_bytes(); }
+  int32_t add_adapter(const model::LoraConfig& lora, const Tensor& adapters) override {
+    return runner_.add_adapter(lora, adapters);
+  }
+  int32_t num_adapters() const override { return runner_.num_adapters(); }
 
  private:
   model::PagedRunner runner_;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,7 +50,16 @@ struct ParallelOps {
 // the adapter's gradients accumulate.
 struct LoraPair {
   Tensor a, b;
-  bool defined() const { return a.defined(); }
+  // Serving several adapters at once (PagedRunner): this linear's pair in
+  // each adapter, by adapter id (served[0]: the base, none), each applied
+  // to the rows LoraContext::runs give it; a and b are then undefined.
+  const LoraPair* served = nullptr;
+  bool defined() const { return a.defined() || served != nullptr; }
+};
+// Rows [begin, end) of a serving step use adapter `adapter` (0: none).
+struct LoraRun {
+  int64_t begin = 0, end = 0;
+  int32_t adapter = 0;
 };
 // What the adapters run with: their scale alpha / r, and two buffers every
 // adapted linear shares in turn: u = scale (x A^T) (N, r) compute dtype, and
@@ -66,6 +76,13 @@ struct LoraContext {
   // holds whole (a column-parallel linear's A, a row-parallel one's B),
   // partial on each rank until summed over tp: (r C) f32.
   Tensor dwhole;
+  // Serving (LoraPair::served): the step's rows in runs of one adapter,
+  // each adapter's scale by id, and a (rows x widest adapted linear)
+  // compute-dtype buffer for an update before it is added; u then holds
+  // (rows x largest rank) elements.
+  std::span<const LoraRun> runs{};
+  std::span<const float> scales{};
+  Tensor ybuf;
 };
 inline constexpr int64_t kQuantTileRows = 128;
 

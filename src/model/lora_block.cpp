@@ -26,9 +26,33 @@ Tensor lora_down(const Dims& d, const Tensor& x, const LoraPair& p) {
   return u;
 }
 
+// Serving (LoraPair::served): each run of rows gets its adapter's update,
+// every GEMM row-wise (linear_forward_invariant where the step is batch
+// invariant), so a row's bits depend on its adapter alone, not on which
+// adapters its step's other rows use (the SGMV idea, one run at a time).
+void served_lora_forward(const Dims& d, const Tensor& y, const Tensor& x, const LoraPair* served) {
+  const auto gemm = d.batch_invariant ? kernels::linear_forward_invariant : kernels::linear_forward;
+  const int64_t OC = y.size(1);
+  for (const LoraRun& run : d.lora.runs) {
+    const LoraPair& p = served[run.adapter];
+    if (run.adapter == 0 || !p.a.defined()) continue;
+    const int64_t n = run.end - run.begin, r = p.a.size(0);
+    LOOM_CHECK(n * r <= d.lora.u.numel() && n * OC <= d.lora.ybuf.numel(), "served_lora_forward: ", n, " rows of ",
+               r, " and ", OC, " with buffers ", d.lora.u.str(), ", ", d.lora.ybuf.str());
+    const Tensor u = d.lora.u.flatten().slice(0, 0, n * r).reshape({n, r});
+    const Tensor up = d.lora.ybuf.flatten().slice(0, 0, n * OC).reshape({n, OC});
+    const Tensor rows = y.slice(0, run.begin, n);
+    gemm(u, x.slice(0, run.begin, n), p.a, Tensor());
+    kernels::scale(u, d.lora.scales[static_cast<size_t>(run.adapter)]);
+    gemm(up, u, p.b, Tensor());
+    kernels::add(rows, rows, up);
+  }
+}
+
 }  // namespace
 
 void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p) {
+  if (p.served != nullptr) return served_lora_forward(d, y, x, p.served);
   if (!p.defined()) return;
   LOOM_CHECK(d.lora.u.defined() && x.size(0) <= d.lora.u.size(0), "lora_forward: ", x.str(), " with buffer ",
              d.lora.u.str());

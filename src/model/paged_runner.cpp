@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "model/family.h"
+#include "model/lora.h"
 #include "model/moe.h"
 #include "model/quant_weights.h"
 #include "model/steps.h"
@@ -94,7 +95,30 @@ struct PagedRunner::State {
   const QuantWeights* quant = nullptr;  // the linears served in their blocks, or none
   MoeRun moe_run;  // MoE models: routing per token, no capacity (model/moe.h)
   std::unique_ptr<MoeMlp> moe_mlp;
+  // LoRA adapters served unmerged (add_adapter): each one's parameters and
+  // per-layer pairs; per layer and adapted linear, its pair in every
+  // adapter by id (LoraPair::served); each id's scale; the step's runs.
+  struct Adapter {
+    OwnedTensor params;
+    std::vector<LayerWeights> layers;
+  };
+  Pools* pools = nullptr;
+  std::vector<Adapter> adapters;
+  std::vector<std::vector<std::vector<LoraPair>>> served;  // [layer][module][id]
+  std::vector<float> scales{0.f};                          // by id (0: none)
+  std::vector<LoraRun> runs;
+  Tensor lora_u, lora_y;  // LoraContext::u and ybuf, flat
 };
+
+namespace {
+
+// LayerWeights' adapted linears, in one order.
+constexpr LoraPair LayerWeights::*kLoraLinears[] = {&LayerWeights::lora_q,  &LayerWeights::lora_k,
+                                                    &LayerWeights::lora_v,  &LayerWeights::lora_o,
+                                                    &LayerWeights::lora_fc, &LayerWeights::lora_up,
+                                                    &LayerWeights::lora_out};
+
+}  // namespace
 
 PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& pools, const PagedRunnerSizes& sizes,
                          const QuantWeights* quant)
@@ -105,6 +129,7 @@ PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& po
   const int64_t M = sizes_.max_tokens, R = sizes_.max_logit_rows, C = cfg.n_embd, NH = cfg.n_head;
   const int64_t NKV = cfg.n_kv_head, HS = cfg.head_size(), F = cfg.d_ff;
   State& st = *st_;
+  st.pools = &pools;
   auto alloc = [&](MemTag tag, Shape shape, DType dtype) {
     st.owned.push_back(pools[tag].zeros(dtype, shape));
     return Tensor(st.owned.back());
@@ -156,6 +181,55 @@ PagedRunner::PagedRunner(const ModelConfig& cfg, const Tensor& params, Pools& po
 
 PagedRunner::~PagedRunner() = default;
 
+int32_t PagedRunner::add_adapter(const LoraConfig& lora, const Tensor& adapters) {
+  State& st = *st_;
+  const std::vector<LoraModule> modules = lora_modules(cfg_, lora);  // the model can carry them
+  const std::vector<ParamSpec> specs = lora_param_specs(cfg_, lora);
+  LOOM_REQUIRE(adapters.dtype() == DType::f32 && adapters.is_contiguous() && adapters.numel() == param_count(specs),
+               "add_adapter: ", adapters.str(), " for ", param_count(specs), " f32 adapter parameters (rank ",
+               lora.rank, ")");
+  State::Adapter ad;
+  ad.params = (*st.pools)[MemTag::params].empty(compute_, {adapters.numel()});
+  cast(ad.params, adapters.flatten());
+  const ParamViews views(specs, ad.params);
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) ad.layers.push_back(with_lora(LayerWeights{}, views, cfg_, l));
+  st.adapters.push_back(std::move(ad));
+  st.scales.push_back(lora.scale());
+  // The step's buffers: (max_tokens x rank) for u, (max_tokens x widest
+  // adapted linear) for an update.
+  int64_t width = 0;
+  for (const LoraModule& m : modules) width = std::max(width, m.out);
+  const int64_t M = sizes_.max_tokens;
+  Pool& acts = (*st.pools)[MemTag::activations];
+  if (!st.lora_u.defined() || st.lora_u.numel() < M * lora.rank) {
+    st.owned.push_back(acts.zeros(compute_, {M * lora.rank}));
+    st.lora_u = st.owned.back();
+  }
+  if (!st.lora_y.defined() || st.lora_y.numel() < M * width) {
+    st.owned.push_back(acts.zeros(compute_, {M * width}));
+    st.lora_y = st.owned.back();
+  }
+  // Every layer's linears point at their pairs by id, where any adapter has one.
+  const size_t K = st.adapters.size() + 1;
+  st.served.assign(static_cast<size_t>(cfg_.n_layer), std::vector<std::vector<LoraPair>>(std::size(kLoraLinears)));
+  for (size_t l = 0; l < st.served.size(); ++l)
+    for (size_t m = 0; m < std::size(kLoraLinears); ++m) {
+      std::vector<LoraPair>& by_id = st.served[l][m];
+      by_id.resize(K);
+      bool any = false;
+      for (size_t k = 1; k < K; ++k) {
+        by_id[k] = st.adapters[k - 1].layers[l].*kLoraLinears[m];
+        any = any || by_id[k].defined();
+      }
+      LoraPair& linear = st.w[l].*kLoraLinears[m];
+      linear = LoraPair{};
+      linear.served = any ? by_id.data() : nullptr;
+    }
+  return static_cast<int32_t>(st.adapters.size());
+}
+
+int32_t PagedRunner::num_adapters() const { return static_cast<int32_t>(st_->adapters.size()); }
+
 int64_t PagedRunner::kv_cache_bytes() const {
   int64_t bytes = 0;
   for (const Tensor& t : st_->attention.k_cache) bytes += 2 * t.nbytes();  // and its v
@@ -178,7 +252,7 @@ namespace {
 // The batch's sizes against each other and the runner's limits, and each
 // row's position against its sequence's length (the attention kernel
 // places row j of s at seq_len - q_len + j).
-void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max_seq_len) {
+void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max_seq_len, int32_t num_adapters) {
   const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
   LOOM_REQUIRE(N >= 1 && N <= sizes.max_tokens, "paged step: ", N, " tokens; allowed 1 to ", sizes.max_tokens);
   LOOM_REQUIRE(static_cast<int64_t>(b.positions.size()) == N && static_cast<int64_t>(b.slots.size()) == N,
@@ -203,12 +277,27 @@ void check_batch(const PagedBatch& b, const PagedRunnerSizes& sizes, int64_t max
                " hidden rows; allowed 0 to ", sizes.max_logit_rows, " together");
   for (int32_t r : b.logit_rows) LOOM_REQUIRE(r >= 0 && r < N, "paged step: logit row ", r, " is not a row of ", N);
   for (int32_t r : b.hidden_rows) LOOM_REQUIRE(r >= 0 && r < N, "paged step: hidden row ", r, " is not a row of ", N);
+  LOOM_REQUIRE(b.adapters.empty() || static_cast<int64_t>(b.adapters.size()) == S, "paged step: ", b.adapters.size(),
+               " adapters for ", S, " sequences");
+  for (int32_t id : b.adapters)
+    LOOM_REQUIRE(id >= 0 && id <= num_adapters, "paged step: adapter ", id, " is invalid: the runner has ",
+                 num_adapters, " (ids 1 to ", num_adapters, "; 0: none)");
+}
+
+// The step's rows in runs of one adapter: consecutive sequences with the same one.
+void adapter_runs(const PagedBatch& b, std::vector<LoraRun>& runs) {
+  runs.clear();
+  for (size_t s = 0; s < b.adapters.size(); ++s) {
+    const int64_t begin = b.query_start[s], end = b.query_start[s + 1];
+    if (!runs.empty() && runs.back().adapter == b.adapters[s]) runs.back().end = end;
+    else runs.push_back({begin, end, b.adapters[s]});
+  }
 }
 
 }  // namespace
 
 Tensor PagedRunner::step(const PagedBatch& b) {
-  check_batch(b, sizes_, cfg_.max_seq_len);
+  check_batch(b, sizes_, cfg_.max_seq_len, num_adapters());
   State& st = *st_;
   const auto N = static_cast<int64_t>(b.tokens.size()), S = static_cast<int64_t>(b.seq_lens.size());
   const auto R = static_cast<int64_t>(b.logit_rows.size()), H = static_cast<int64_t>(b.hidden_rows.size());
@@ -219,6 +308,8 @@ Tensor PagedRunner::step(const PagedBatch& b) {
   Dims d{1, N, C, cfg_.n_head, cfg_.n_kv_head, cfg_.head_size(), cfg_.d_ff, cfg_.norm_eps, cfg_.rope_theta};
   d.batch_invariant = sizes_.batch_invariant;
   d.quant = st.quant;
+  adapter_runs(b, st.runs);
+  d.lora.runs = st.runs, d.lora.scales = st.scales, d.lora.u = st.lora_u, d.lora.ybuf = st.lora_y;
   const Tensor tok = first(st.tokens, N), pos = first(st.positions, N);
   copy(tok, host_view(b.tokens, DType::i32, {1, N}));
   copy(pos, host_view(b.positions, DType::i32, {1, N}));

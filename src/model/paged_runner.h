@@ -23,6 +23,7 @@
 namespace loom::model {
 
 class QuantWeights;  // model/quant_weights.h
+struct LoraConfig;   // model/lora.h
 
 struct PagedRunnerSizes {
   int64_t num_blocks = 0;       // KV blocks (with the null block 0); >= 2
@@ -50,6 +51,9 @@ struct PagedBatch {
   // head reads) are wanted, in the order hidden() returns them; for
   // embeddings. Together with logit_rows at most max_logit_rows.
   std::span<const int32_t> hidden_rows = {};
+  // (S) the LoRA adapter each sequence runs with (PagedRunner::add_adapter's
+  // id; 0: the base alone), or empty: every sequence the base alone.
+  std::span<const int32_t> adapters = {};
 };
 
 // Bytes of one KV block: every layer's K and V for block_size tokens.
@@ -81,6 +85,15 @@ class PagedRunner {
   // Bytes of the KV cache (every layer's K and V).
   int64_t kv_cache_bytes() const;
   DType compute_dtype() const { return compute_; }
+
+  // Adds a LoRA adapter (model/lora.h) the runner's steps may apply to any
+  // of their sequences, unmerged (PagedBatch::adapters), the base left as it
+  // is: adapters (lora_param_count(config(), lora)) f32 in lora_param_specs
+  // order, copied in the compute dtype. Returns its id: 1, 2, ... A
+  // configuration the model cannot carry (lora_modules' checks) or adapters
+  // of another size are a loom::Error.
+  int32_t add_adapter(const LoraConfig& lora, const Tensor& adapters);
+  int32_t num_adapters() const;
 
   // Copy-on-write: block dst's K/V become block src's, every layer. Before
   // the step that writes into dst.
