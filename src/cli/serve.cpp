@@ -39,6 +39,7 @@ namespace {
 
 struct ServeArgs {
   std::string model_dir, name, tokenizer, chat_template, models_dir;  // tokenizer: model_tokenizer()'s --tokenizer
+  std::vector<std::string> lora;  // NAME=DIR each (parse_served_adapter)
   serve::HttpOptions http{};
   serve::ApiOptions api{};
   ServedModelArgs served{};
@@ -59,6 +60,22 @@ void check_args(const ServeArgs& a) {
                " is invalid: allowed 1 to 64");
   LOOM_REQUIRE(a.http.max_connections >= 1 && a.max_loaded >= 1, "--max-connections and --max-loaded must be >= 1");
   LOOM_REQUIRE(a.threads >= 1, "--threads = ", a.threads, " is invalid: allowed >= 1");
+  LOOM_REQUIRE(a.lora.empty() || !a.model_dir.empty(), "--lora needs --model: adapters are served on the model ",
+               "directory given there (the store's models take none)");
+}
+
+// --lora's adapters: names of their own, none the model's.
+std::vector<ServedAdapter> served_adapters(const ServeArgs& a) {
+  std::vector<ServedAdapter> out;
+  for (const std::string& arg : a.lora) {
+    ServedAdapter s = parse_served_adapter(arg);
+    LOOM_REQUIRE(s.name != a.name && s.name != a.name + ":latest", "--lora ", arg, ": '", s.name,
+                 "' is the model's own name; give the adapter another");
+    for (const ServedAdapter& o : out)
+      LOOM_REQUIRE(o.name != s.name, "--lora ", arg, ": the name '", s.name, "' is given twice");
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 // Serving on its threads until stopped; stopped and joined when it goes out
@@ -77,29 +94,34 @@ serve::ApiError not_found(const std::string& name) {
   return serve::ApiError(404, "NotFoundError", "model", "The model `" + name + "` does not exist.");
 }
 
-// The manager of --model DIR's one model, loaded now and pinned: only its
-// name (or name:latest) names it.
+// The manager of --model DIR's one model and its --lora adapters, loaded
+// now and pinned: only their names (or name:latest) name them.
 std::unique_ptr<serve::ModelManager> directory_models(const ServeArgs& a, const text::Tokenizer& tok) {
   const model::ModelDir dir = model::load_model_dir(a.model_dir);
   ModelExtras extras;
   extras.chat = a.chat_template.empty() ? serve::ChatTemplate::for_model_dir(a.model_dir)
                                         : serve::ChatTemplate::from_file(a.chat_template, a.model_dir);
-  auto model = load_served_model(a.name, dir, std::move(extras), tok, a.served);
+  auto models = load_served_models(a.name, dir, std::move(extras), tok, a.served, served_adapters(a));
+  std::vector<std::string> names;
+  for (const auto& m : models) names.push_back(m->name);
   auto manager = std::make_unique<serve::ModelManager>(
       [](const std::string& n) -> std::shared_ptr<serve::LoadedModel> { throw not_found(n); },
-      [name = a.name](const std::string& n) {
-        if (n != name && n != name + ":latest") throw not_found(n);
-        return name;
+      [names](const std::string& n) {
+        for (const std::string& name : names)
+          if (n == name || n == name + ":latest") return name;
+        throw not_found(n);
       },
       serve::ManagerOptions{});
-  manager->pin(std::move(model));
+  for (auto& m : models) manager->pin(std::move(m));
   return manager;
 }
 
 serve::Catalog catalog_of(const ServeArgs& a, const serve::ModelStore* store) {
   if (store == nullptr)
-    return [name = a.name, created = static_cast<int64_t>(std::time(nullptr))] {
-      return std::vector<serve::CatalogEntry>{{name, created, 0, "", nlohmann::json::object()}};
+    return [name = a.name, adapters = served_adapters(a), created = static_cast<int64_t>(std::time(nullptr))] {
+      std::vector<serve::CatalogEntry> out{{name, created, 0, "", nlohmann::json::object(), ""}};
+      for (const ServedAdapter& s : adapters) out.push_back({s.name, created, 0, "", nlohmann::json::object(), name});
+      return out;
     };
   return store_catalog(*store);
 }
@@ -184,6 +206,8 @@ void add_serve_command(CLI::App& app, int default_threads) {
   cmd->add_option("--model", a->model_dir, "serve this model directory (loom_config.json or config.json, "
                                            "model.safetensors) or .gguf file instead of the store's models");
   cmd->add_option("--models", a->models_dir, "the model store (default ~/.loom/models)");
+  cmd->add_option("--lora", a->lora, "with --model: serve a LoRA adapter (PEFT's directory) unmerged as NAME=DIR, "
+                                     "requested as model NAME and batched with the model's requests; repeatable");
   cmd->add_option("--served-model-name", a->name, "with --model: the name clients give as \"model\" (default: the "
                                                   "directory's)");
   cmd->add_option("--host", a->http.host, "address to listen on (0.0.0.0: every interface)")->capture_default_str();

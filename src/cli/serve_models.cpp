@@ -12,6 +12,7 @@
 #include "serve/harmony.h"
 #include "serve/store/store_models.h"
 #include "infer/engine.h"
+#include "model/lora.h"
 #include "model/paged_runner.h"
 #include "text/tokenizer_files.h"
 
@@ -55,11 +56,46 @@ serve::ServedModel served_model(const std::string& name, const model::ModelDir& 
       .grammar_vocab = std::make_shared<infer::GrammarVocab>(tok, dir.config.vocab_size, harmony.shown)};
 }
 
+// Reads PEFT's adapter directory and adds it to the engine, which computes
+// in `dtype`; the bytes it holds there.
+int64_t add_adapter(infer::Engine& engine, DType dtype, const model::ModelConfig& cfg, const ServedAdapter& s,
+                    const std::string& model_name) {
+  try {
+    std::string base_model;
+    const model::LoraConfig lora = model::read_peft_config(s.dir, &base_model);
+    Pools pools;
+    const OwnedTensor weights = pools[MemTag::workspace].empty(DType::f32, {model::lora_param_count(cfg, lora)});
+    model::load_peft_adapter(s.dir, cfg, lora, weights);
+    engine.add_adapter(lora, weights);
+    log_info("serve: adapter ", s.name, " (", s.dir, ") on model ", model_name, ": rank ", lora.rank, ", alpha ",
+             lora.alpha, ", ", model::lora_module_names(cfg, lora).size(), " linears per layer",
+             base_model.empty() ? std::string() : concat(", trained on ", base_model));
+    return weights.numel() * static_cast<int64_t>(dtype_size(dtype));
+  } catch (const loom::Error& e) {
+    fail("--lora ", s.name, "=", s.dir, ": ", e.what());
+  }
+}
+
 }  // namespace
+
+ServedAdapter parse_served_adapter(const std::string& arg) {
+  const size_t eq = arg.find('=');
+  LOOM_REQUIRE(eq != std::string::npos && eq > 0 && eq + 1 < arg.size(), "--lora '", arg, "' is invalid: give ",
+               "NAME=DIR, the name requests use as \"model\" and a PEFT adapter directory");
+  return {arg.substr(0, eq), arg.substr(eq + 1)};
+}
 
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
                                                       ModelExtras extras, const text::Tokenizer& server_tok,
                                                       const ServedModelArgs& a) {
+  return load_served_models(name, dir, std::move(extras), server_tok, a, {}).front();
+}
+
+std::vector<std::shared_ptr<serve::LoadedModel>> load_served_models(const std::string& name,
+                                                                    const model::ModelDir& dir, ModelExtras extras,
+                                                                    const text::Tokenizer& server_tok,
+                                                                    const ServedModelArgs& a,
+                                                                    const std::vector<ServedAdapter>& adapters) {
   const text::Tokenizer& tok = extras.tokenizer ? *extras.tokenizer : server_tok;
   LOOM_REQUIRE(dir.config.vocab_size >= tok.vocab_size(), "model ", name, ": vocab_size ", dir.config.vocab_size,
                " is smaller than the tokenizer's ", tok.vocab_size(), " tokens");
@@ -72,6 +108,8 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
   owned->engine = std::make_unique<infer::Engine>(dir.config, owned->weights.params, owned->pools,
                                                   e.config(dir.config),
                                                   owned->weights.quant_or_null());
+  std::vector<int64_t> adapter_bytes;  // before the loop starts: the engine is this thread's until then
+  for (const ServedAdapter& s : adapters) adapter_bytes.push_back(add_adapter(*owned->engine, owned->weights.params.dtype(), dir.config, s, name));
   // A harmony model (gpt-oss): its output shows the markers its reader needs (harmony.h).
   serve::HarmonyTokens harmony;
   if (serve::tool_format_of(extras.chat.source) == serve::ToolFormat::harmony && !extras.chat.is_plain)
@@ -99,7 +137,24 @@ std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, c
       *owned->engine, &tok, serve::LoopOptions{.max_waiting = a.max_queue, .shown_tokens = std::move(harmony.shown)});
   m->owner = std::move(owned);
   m->loaded_at = std::chrono::steady_clock::now();
-  return m;
+  std::vector<std::shared_ptr<serve::LoadedModel>> out{m};
+  for (size_t k = 0; k < adapters.size(); ++k) {
+    auto ad = std::make_shared<serve::LoadedModel>();
+    ad->name = adapters[k].name;
+    ad->served = m->served;
+    ad->served.name = ad->name;
+    ad->templated = m->templated, ad->template_source = m->template_source;
+    ad->parameters = m->parameters, ad->system = m->system, ad->messages = m->messages;
+    ad->config = m->config;
+    ad->bytes = adapter_bytes[k];
+    ad->owner = m;  // the base (its engine) stays while the adapter does
+    ad->loop = m->loop;
+    ad->parent = name;
+    ad->adapter = static_cast<int32_t>(k + 1);
+    ad->loaded_at = m->loaded_at;
+    out.push_back(std::move(ad));
+  }
+  return out;
 }
 
 std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore& store,
@@ -146,7 +201,7 @@ serve::Catalog store_catalog(const serve::ModelStore& store) {
   return [&store] {
     std::vector<serve::CatalogEntry> out;
     for (const serve::StoredModel& m : store.list())
-      out.push_back({m.name.str(), m.modified, m.manifest.total_size(), m.digest, nlohmann::json::object()});
+      out.push_back({m.name.str(), m.modified, m.manifest.total_size(), m.digest, nlohmann::json::object(), ""});
     return out;
   };
 }

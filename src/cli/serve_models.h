@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +40,14 @@ struct ModelExtras {
   std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
+// A LoRA adapter served unmerged beside its base (`loom serve --lora
+// NAME=DIR`): the name requests give as "model", and PEFT's adapter directory.
+struct ServedAdapter {
+  std::string name, dir;
+};
+// "NAME=DIR" as --lora takes it; loom::Error saying what is wrong.
+ServedAdapter parse_served_adapter(const std::string& arg);
+
 // The store's models, loaded on their first request (engine: copied). A
 // model that carries its own tokenizer (a GGUF file's, or its directory's
 // kept in the store) uses that one; the others, tok -- which the second form
@@ -55,5 +64,15 @@ serve::Catalog store_catalog(const serve::ModelStore& store);
 std::shared_ptr<serve::LoadedModel> load_served_model(const std::string& name, const model::ModelDir& dir,
                                                       ModelExtras extras, const text::Tokenizer& tok,
                                                       const ServedModelArgs& a);
+// The model, then each adapter as a model of its own name on the model's
+// engine (LoadedModel::parent, adapter): requests for any of them are
+// batched together, each row with its own adapter. An adapter directory
+// that is not PEFT's LoRA, that loom cannot serve or that does not fit the
+// model is a loom::Error naming it.
+std::vector<std::shared_ptr<serve::LoadedModel>> load_served_models(const std::string& name,
+                                                                    const model::ModelDir& dir, ModelExtras extras,
+                                                                    const text::Tokenizer& tok,
+                                                                    const ServedModelArgs& a,
+                                                                    const std::vector<ServedAdapter>& adapters);
 
 }  // namespace loom::cli

@@ -165,8 +165,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, const EngineConfig& config, 
       runner_(std::move(runner)) {}
 
 int32_t ModelRunner::add_adapter(const model::LoraConfig&, const Tensor&) {
-  LOOM_REQUIRE(false, "this model runner serves no LoRA adapters");
-  return 0;
+  fail("this model runner serves no LoRA adapters");
 }
 
 int32_t Engine::add_adapter(const model::LoraConfig& lora, const Tensor& adapters) {

@@ -159,26 +159,35 @@ HttpResponse Api::health() const {
 HttpResponse Api::metrics() const {
   std::vector<std::pair<std::string, LoopStats>> loops;
   if (const ModelManager* m = models())
-    for (const auto& model : m->models()) loops.emplace_back(model->name, model->loop->stats());
+    for (const auto& model : m->models())
+      if (model->parent.empty()) loops.emplace_back(model->name, model->loop->stats());  // adapters share their base's
   HttpResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = metrics_.render(loops);
   return r;
 }
 
+namespace {
+
+// OpenAI's model object, with vLLM's root and parent (an adapter's base).
+json model_object(const CatalogEntry& c) {
+  return {{"id", c.name},   {"object", "model"}, {"created", c.created}, {"owned_by", "loom"},
+          {"root", c.name}, {"parent", c.parent.empty() ? json(nullptr) : json(c.parent)}};
+}
+
+}  // namespace
+
 HttpResponse Api::list_models() const {
   json data = json::array();
   for (const CatalogEntry& c : catalog_())
-    data.push_back({{"id", c.name}, {"object", "model"}, {"created", c.created}, {"owned_by", "loom"},
-                    {"root", c.name}, {"parent", nullptr}});
+    data.push_back(model_object(c));
   return json_response(200, {{"object", "list"}, {"data", data}});
 }
 
 HttpResponse Api::get_model(const std::string& id) const {
   for (const CatalogEntry& c : catalog_())
     if (c.name == id)
-      return json_response(200, {{"id", c.name}, {"object", "model"}, {"created", c.created}, {"owned_by", "loom"},
-                                 {"root", c.name}, {"parent", nullptr}});
+      return json_response(200, model_object(c));
   throw ApiError(404, "NotFoundError", "model", "The model '" + id + "' does not exist");
 }
 

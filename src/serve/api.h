@@ -41,6 +41,7 @@ struct CatalogEntry {
   int64_t size = 0;     // bytes of its blobs (0: unknown)
   std::string digest;   // "sha256:..." of its manifest ("" for a directory)
   nlohmann::json details = nlohmann::json::object();
+  std::string parent;   // a LoRA adapter's base model ("" for a model)
 };
 using Catalog = std::function<std::vector<CatalogEntry>()>;
 

@@ -152,7 +152,9 @@ void GenerationSource::queue_more(bool first) {
   for (const auto& s : streams_) running += s->done() ? 0 : 1;
   while (streams_.size() < request_.prompts.size() && running < format_->max_in_flight()) {
     const size_t p = streams_.size();
-    Submitted sub = m->loop->submit({request_.prompts[p], request_.gen, request_.stop});
+    infer::GenerationParams gen = request_.gen;
+    gen.adapter = m->adapter;  // the model asked for: the base or one of its adapters
+    Submitted sub = m->loop->submit({request_.prompts[p], std::move(gen), request_.stop});
     if (sub.admission == Admission::queue_full && !first && running > 0) return;
     if (sub.admission != Admission::accepted) {
       if (sub.admission == Admission::queue_full)

@@ -55,7 +55,12 @@ struct LoadedModel {
   std::string template_source;  // its own chat template ("" for loom's plain one)
   int64_t bytes = 0;  // weights + KV cache
   std::shared_ptr<void> owner;  // weights, engine (destroyed after loop)
-  std::unique_ptr<EngineLoop> loop;
+  std::shared_ptr<EngineLoop> loop;  // a LoRA adapter's is its base's
+  // A LoRA adapter served unmerged on its base's engine: the base's name,
+  // and the adapter's id there (infer::GenerationParams::adapter); its
+  // owner holds the base. "" and 0 for a model.
+  std::string parent;
+  int32_t adapter = 0;
   std::chrono::steady_clock::time_point loaded_at{};
 
   ~LoadedModel() { loop.reset(); }  // the loop stops before the engine it drives goes

@@ -130,7 +130,8 @@ HttpResponse OllamaApi::tags() const {
   if (store_ == nullptr) {
     for (const auto& m : models_.models())
       models.push_back({{"name", m->name}, {"model", m->name}, {"modified_at", rfc3339(std::chrono::system_clock::now())},
-                        {"size", m->bytes}, {"digest", ""}, {"details", json::object()}});
+                        {"size", m->bytes}, {"digest", ""},
+                        {"details", m->parent.empty() ? json::object() : json{{"parent_model", m->parent}}}});
     return json_response(200, {{"models", models}});
   }
   for (const StoredModel& m : store_->list())
