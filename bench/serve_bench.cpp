@@ -186,7 +186,8 @@ std::string run_json(const ServeBenchOptions& o) {
     s += concat(",\"range_ratio\":", json_number(o.range_ratio), ",\"request_rate\":",
                 std::isfinite(o.request_rate) ? json_number(o.request_rate) : "\"inf\"", ",\"concurrency\":",
                 o.concurrency > 0 ? std::to_string(o.concurrency) : "null", ",\"ignore_eos\":",
-                o.ignore_eos ? "true" : "false");
+                o.ignore_eos ? "true" : "false", ",\"lora_adapters\":", o.lora_adapters, ",\"lora_rank\":",
+                o.lora_rank);
   return s + concat(",\"command\":\"", json_escape(o.command), "\"");
 }
 

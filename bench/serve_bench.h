@@ -43,6 +43,10 @@ struct ServeBenchOptions {
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s, Poisson; inf: all at t = 0
   int64_t concurrency = 0;  // requests in flight at most; 0: no limit
   bool ignore_eos = true;
+  // throughput: LoRA adapters served unmerged (random, rank lora_rank on
+  // every linear), the requests spread over them in turn; 0: the base alone.
+  int64_t lora_adapters = 0;
+  int64_t lora_rank = 16;
   bool json = false;  // one JSON Lines object instead of a table
   int threads = 1;    // recorded in the output
   std::string command;  // the command line that reproduces the run

@@ -38,6 +38,7 @@
 #include "bench/serve_common.h"
 #include "core/error.h"
 #include "infer/engine.h"
+#include "model/lora.h"
 
 namespace loom::bench::serve {
 namespace {
@@ -114,6 +115,7 @@ struct Loop {
       r.traces[next].start = start;
       infer::GenerationParams p = params;
       p.stop.max_tokens = w.output_lens[next];
+      if (engine.num_adapters() > 0) p.adapter = static_cast<int32_t>(next % engine.num_adapters()) + 1;
       which[engine.add_request(w.prompts[next], p)] = next;
       ++next;
     }
@@ -221,6 +223,9 @@ void print_table(const ServeBenchOptions& o, const Metrics& m, const LoopResult&
               o.concurrency > 0 ? std::to_string(o.concurrency).c_str() : "unlimited",
               static_cast<long long>(o.engine.max_num_seqs), static_cast<long long>(o.engine.max_num_batched_tokens),
               static_cast<long long>(o.engine.max_model_len));
+  if (o.lora_adapters > 0)
+    std::printf("LoRA: %lld adapters of rank %lld on every linear, served unmerged, requests over them in turn\n\n",
+                static_cast<long long>(o.lora_adapters), static_cast<long long>(o.lora_rank));
   std::printf("completed requests  %10lld  in %.3f s (%lld engine steps)\n", static_cast<long long>(m.completed), d,
               static_cast<long long>(r.steps));
   std::printf("tokens              %10lld  input, %lld output (%lld asked)\n", static_cast<long long>(m.input_tokens),
@@ -240,6 +245,21 @@ void print_table(const ServeBenchOptions& o, const Metrics& m, const LoopResult&
               100 * f.prefix_hit_rate());
 }
 
+// o.lora_adapters adapters of rank o.lora_rank on every linear (alpha 2r):
+// A within LoRA's init bound, B small (a trained adapter's values matter
+// little to the time; only their shapes do).
+void add_random_adapters(infer::Engine& engine, const model::ModelConfig& cfg, const ServeBenchOptions& o) {
+  model::LoraConfig lora;
+  lora.rank = o.lora_rank, lora.alpha = 2.0 * static_cast<double>(o.lora_rank);
+  std::mt19937_64 rng(o.seed + 2);
+  std::vector<float> w(static_cast<size_t>(o.lora_adapters > 0 ? model::lora_param_count(cfg, lora) : 0));
+  for (int64_t k = 0; k < o.lora_adapters; ++k) {
+    std::uniform_real_distribution<float> u(-0.02f, 0.02f);
+    for (float& v : w) v = u(rng);
+    engine.add_adapter(lora, Tensor(w.data(), DType::f32, {static_cast<int64_t>(w.size())}));
+  }
+}
+
 }  // namespace
 
 int run_throughput(const ServeBenchOptions& o) {
@@ -248,6 +268,7 @@ int run_throughput(const ServeBenchOptions& o) {
   Pools pools;
   const model::ServingWeights weights = load_weights(o, cfg, pools);
   infer::Engine engine(cfg, weights.params, pools, engine_config(o), weights.quant_or_null());
+  add_random_adapters(engine, cfg, o);
   // EOS is the last vocabulary id (GPT-2's <|endoftext|>, 50256); it only
   // matters without --ignore-eos.
   infer::GenerationParams gen{.sampler = {.temperature = 0.f},

@@ -220,6 +220,13 @@ void add_serve_workload_options(CLI::App& serve, bench::ServeBenchOptions& o) {
   serve.add_flag("--batch-invariant,!--no-batch-invariant", o.engine.batch_invariant,
                  "batch-invariant linears (default, as loom generate and loom serve run); --no-batch-invariant: "
                  "oneDNN's GEMM, to measure what invariance costs");
+  serve.add_option("--lora-adapters", o.lora_adapters, "throughput: serve this many LoRA adapters unmerged (random, "
+                                                       "on every linear), the requests spread over them in turn")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 10));
+  serve.add_option("--lora-rank", o.lora_rank, "with --lora-adapters: their rank")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   serve.add_flag("--json", o.json, "print one JSON Lines object");
 }
 

@@ -77,12 +77,13 @@ struct LoraContext {
   // partial on each rank until summed over tp: (r C) f32.
   Tensor dwhole;
   // Serving (LoraPair::served): the step's rows in runs of one adapter,
-  // each adapter's scale by id, and a (rows x widest adapted linear)
-  // compute-dtype buffer for an update before it is added; u then holds
-  // (rows x largest rank) elements.
+  // each adapter's scale by id, and compute-dtype buffers of rows x the
+  // widest adapted linear's input (xbuf: an adapter's runs gathered) and
+  // output (ybuf: its update before it is added); u then holds (rows x
+  // largest rank) elements.
   std::span<const LoraRun> runs{};
   std::span<const float> scales{};
-  Tensor ybuf;
+  Tensor xbuf, ybuf;
 };
 inline constexpr int64_t kQuantTileRows = 128;
 

@@ -26,26 +26,50 @@ Tensor lora_down(const Dims& d, const Tensor& x, const LoraPair& p) {
   return u;
 }
 
-// Serving (LoraPair::served): each run of rows gets its adapter's update,
-// every GEMM row-wise (linear_forward_invariant where the step is batch
+// The first n x cols elements of a flat buffer as (n, cols).
+Tensor leading(const Tensor& buf, int64_t n, int64_t cols) {
+  LOOM_CHECK(n * cols <= buf.numel(), "LoRA serving buffer ", buf.str(), " for ", n, " x ", cols);
+  return buf.flatten().slice(0, 0, n * cols).reshape({n, cols});
+}
+
+// Serving (LoraPair::served), the SGMV idea on the CPU: each adapter's runs
+// of rows gathered into one block (a step's sequences come in any order),
+// its update computed over the block and added back to each run. Every GEMM
+// is row-wise (linear_forward_invariant where the step is batch
 // invariant), so a row's bits depend on its adapter alone, not on which
-// adapters its step's other rows use (the SGMV idea, one run at a time).
+// adapters the step's other rows use or where they sit.
 void served_lora_forward(const Dims& d, const Tensor& y, const Tensor& x, const LoraPair* served) {
   const auto gemm = d.batch_invariant ? kernels::linear_forward_invariant : kernels::linear_forward;
-  const int64_t OC = y.size(1);
-  for (const LoraRun& run : d.lora.runs) {
-    const LoraPair& p = served[run.adapter];
-    if (run.adapter == 0 || !p.a.defined()) continue;
-    const int64_t n = run.end - run.begin, r = p.a.size(0);
-    LOOM_CHECK(n * r <= d.lora.u.numel() && n * OC <= d.lora.ybuf.numel(), "served_lora_forward: ", n, " rows of ",
-               r, " and ", OC, " with buffers ", d.lora.u.str(), ", ", d.lora.ybuf.str());
-    const Tensor u = d.lora.u.flatten().slice(0, 0, n * r).reshape({n, r});
-    const Tensor up = d.lora.ybuf.flatten().slice(0, 0, n * OC).reshape({n, OC});
-    const Tensor rows = y.slice(0, run.begin, n);
-    gemm(u, x.slice(0, run.begin, n), p.a, Tensor());
-    kernels::scale(u, d.lora.scales[static_cast<size_t>(run.adapter)]);
+  const int64_t IC = x.size(1), OC = y.size(1);
+  for (size_t id = 1; id < d.lora.scales.size(); ++id) {
+    const LoraPair& p = served[id];
+    if (!p.a.defined()) continue;
+    // f(rows of the step, the same rows of the gathered block) for each run of this adapter.
+    const auto each_run = [&](auto f) {
+      int64_t at = 0;
+      for (const LoraRun& run : d.lora.runs) {
+        if (run.adapter != static_cast<int32_t>(id)) continue;
+        f(run.begin, at, run.end - run.begin);
+        at += run.end - run.begin;
+      }
+      return at;
+    };
+    int64_t runs = 0, first = 0;
+    const int64_t n = each_run([&](int64_t begin, int64_t, int64_t) { first = runs++ == 0 ? begin : first; });
+    if (n == 0) continue;
+    const Tensor in = runs == 1 ? x.slice(0, first, n) : leading(d.lora.xbuf, n, IC);
+    if (runs > 1)
+      each_run([&](int64_t begin, int64_t at, int64_t len) {
+        kernels::copy(in.slice(0, at, len), x.slice(0, begin, len));
+      });
+    const Tensor u = leading(d.lora.u, n, p.a.size(0)), up = leading(d.lora.ybuf, n, OC);
+    gemm(u, in, p.a, Tensor());
+    kernels::scale(u, d.lora.scales[id]);
     gemm(up, u, p.b, Tensor());
-    kernels::add(rows, rows, up);
+    each_run([&](int64_t begin, int64_t at, int64_t len) {
+      const Tensor rows = y.slice(0, begin, len);
+      kernels::add(rows, rows, up.slice(0, at, len));
+    });
   }
 }
 

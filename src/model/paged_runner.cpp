@@ -107,7 +107,7 @@ struct PagedRunner::State {
   std::vector<std::vector<std::vector<LoraPair>>> served;  // [layer][module][id]
   std::vector<float> scales{0.f};                          // by id (0: none)
   std::vector<LoraRun> runs;
-  Tensor lora_u, lora_y;  // LoraContext::u and ybuf, flat
+  Tensor lora_u, lora_x, lora_y;  // LoraContext::u, xbuf and ybuf, flat
 };
 
 namespace {
@@ -196,9 +196,9 @@ int32_t PagedRunner::add_adapter(const LoraConfig& lora, const Tensor& adapters)
   st.adapters.push_back(std::move(ad));
   st.scales.push_back(lora.scale());
   // The step's buffers: (max_tokens x rank) for u, (max_tokens x widest
-  // adapted linear) for an update.
-  int64_t width = 0;
-  for (const LoraModule& m : modules) width = std::max(width, m.out);
+  // adapted linear's input, output) for gathered rows and an update.
+  int64_t width = 0, depth = 0;
+  for (const LoraModule& m : modules) width = std::max(width, m.out), depth = std::max(depth, m.in);
   const int64_t M = sizes_.max_tokens;
   Pool& acts = (*st.pools)[MemTag::activations];
   if (!st.lora_u.defined() || st.lora_u.numel() < M * lora.rank) {
@@ -208,6 +208,10 @@ int32_t PagedRunner::add_adapter(const LoraConfig& lora, const Tensor& adapters)
   if (!st.lora_y.defined() || st.lora_y.numel() < M * width) {
     st.owned.push_back(acts.zeros(compute_, {M * width}));
     st.lora_y = st.owned.back();
+  }
+  if (!st.lora_x.defined() || st.lora_x.numel() < M * depth) {
+    st.owned.push_back(acts.zeros(compute_, {M * depth}));
+    st.lora_x = st.owned.back();
   }
   // Every layer's linears point at their pairs by id, where any adapter has one.
   const size_t K = st.adapters.size() + 1;
@@ -309,7 +313,8 @@ Tensor PagedRunner::step(const PagedBatch& b) {
   d.batch_invariant = sizes_.batch_invariant;
   d.quant = st.quant;
   adapter_runs(b, st.runs);
-  d.lora.runs = st.runs, d.lora.scales = st.scales, d.lora.u = st.lora_u, d.lora.ybuf = st.lora_y;
+  d.lora.runs = st.runs, d.lora.scales = st.scales;
+  d.lora.u = st.lora_u, d.lora.xbuf = st.lora_x, d.lora.ybuf = st.lora_y;
   const Tensor tok = first(st.tokens, N), pos = first(st.positions, N);
   copy(tok, host_view(b.tokens, DType::i32, {1, N}));
   copy(pos, host_view(b.positions, DType::i32, {1, N}));
