@@ -19,7 +19,7 @@ exit=1
 exit=1
 [^\n]*lora.base: model directory '[^\n]*nowhere' does not exist
 exit=1
-[^\n]*lora.dropout = 0.1 is not supported yet[^\n]*
+[^\n]*lora.dropout = 1 is invalid: allowed values are 0 \\(none\\) to below 1[^\n]*
 exit=1
 [^\n]*the adapters were trained on a base whose weights have SHA-256 [0-9a-f]+ [^\n]* has [0-9a-f]+: resume them on the same base model
 exit=1")

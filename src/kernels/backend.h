@@ -110,6 +110,7 @@ namespace loom::kernels {
   X(all_finite, bool, (const Tensor& t))                                                                           \
   X(scale, void, (Tensor t, float s))                                                                              \
   X(add, void, (Tensor y, const Tensor& a, const Tensor& b))                                                       \
+  X(mul, void, (Tensor y, const Tensor& a, const Tensor& b))                                                       \
   X(cast, void, (Tensor dst, const Tensor& src))                                                                   \
   X(fill, void, (Tensor t, float value))                                                                           \
   X(copy, void, (Tensor dst, const Tensor& src))                                                                   \

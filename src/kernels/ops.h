@@ -397,6 +397,9 @@ bool all_finite(const Tensor& t);
 void scale(Tensor t, float s);
 // y = a + b (y may be a or b): residual adds.   Same shape, any float dtypes.
 void add(Tensor y, const Tensor& a, const Tensor& b);
+// y = a * b element for element, the f32 product rounded once (y may be a
+// or b): a dropout mask applied.   Same shape, any float dtypes.
+void mul(Tensor y, const Tensor& a, const Tensor& b);
 // dst = src converted (f32, bf16, f16 in any direction; RNE), same shape.
 void cast(Tensor dst, const Tensor& src);
 // Every element = value.

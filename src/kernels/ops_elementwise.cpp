@@ -37,8 +37,10 @@ void require_defined(const char* op, std::initializer_list<Operand> operands) {
 
 }  // namespace
 
-void add(Tensor y, const Tensor& a, const Tensor& b) {
-  constexpr const char* op = "add";
+namespace {
+
+// add's and mul's operands: contiguous floats of one shape, y a or b or apart from both.
+void check_binary(const char* op, const Tensor& y, const Tensor& a, const Tensor& b) {
   require_contiguous(op, {{"y", y}, {"a", a}, {"b", b}});
   require_float(op, {"y", y});
   require_float(op, {"a", a});
@@ -47,7 +49,18 @@ void add(Tensor y, const Tensor& a, const Tensor& b) {
   require_same_shape(op, {"y", y}, {"a", a});
   require_no_partial_overlap(op, {"y", y}, {"a", a});
   require_no_partial_overlap(op, {"y", y}, {"b", b});
-  backend_of(op, {{"y", y}, {"a", a}, {"b", b}}).add(y, a, b);
+}
+
+}  // namespace
+
+void mul(Tensor y, const Tensor& a, const Tensor& b) {
+  check_binary("mul", y, a, b);
+  backend_of("mul", {{"y", y}, {"a", a}, {"b", b}}).mul(y, a, b);
+}
+
+void add(Tensor y, const Tensor& a, const Tensor& b) {
+  check_binary("add", y, a, b);
+  backend_of("add", {{"y", y}, {"a", a}, {"b", b}}).add(y, a, b);
 }
 
 void cast(Tensor dst, const Tensor& src) {

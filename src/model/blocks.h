@@ -54,6 +54,11 @@ struct LoraPair {
   // each adapter, by adapter id (served[0]: the base, none), each applied
   // to the rows LoraContext::runs give it; a and b are then undefined.
   const LoraPair* served = nullptr;
+  // LoRA dropout's key for this linear's input (its layer and its module:
+  // GPT-2's q, k and v share c_attn's), and whether the linear is
+  // row-parallel under tp (its input is then this rank's columns).
+  uint32_t key = 0;
+  bool row = false;
   bool defined() const { return a.defined() || served != nullptr; }
 };
 // Rows [begin, end) of a serving step use adapter `adapter` (0: none).
@@ -84,6 +89,16 @@ struct LoraContext {
   std::span<const LoraRun> runs{};
   std::span<const float> scales{};
   Tensor xbuf, ybuf;
+  // Dropout on the adapters' input (training): its probability, the run's
+  // seed, and the global sample index of each of the step's B sequences
+  // (the data loader's; empty: no dropout, as in evaluation), which with
+  // the position, the linear and the feature key each element's mask, so
+  // every layout draws the same one. Buffers of N x widest adapted input:
+  // mask f32, xdrop (x masked) compute dtype, dxdrop f32.
+  float dropout = 0.f;
+  uint64_t seed = 0;
+  std::span<const int64_t> samples{};
+  Tensor mask, xdrop, dxdrop;
 };
 inline constexpr int64_t kQuantTileRows = 128;
 
@@ -122,6 +137,12 @@ void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p);
 // matrix every rank holds whole is summed over tp before it is added.
 void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x, const LoraPair& p,
                    bool row = false);
+// LoRA dropout (d.lora.dropout > 0 with d.lora.samples): the mask of p's
+// input, (N = B T, IC) f32, 0 where an element is dropped and 1 / (1 -
+// dropout) where kept, each element's draw keyed by d.lora.seed, p.key,
+// its row's global sample and position and its global feature (a
+// row-parallel linear's columns under tp start at rank x IC).
+void lora_dropout_mask(const Dims& d, const Tensor& mask, const LoraPair& p);
 
 // f forward: the column-parallel linears' input, x itself, or under SP the
 // rows gathered from every rank's shard x into d.par.tp.gathered.

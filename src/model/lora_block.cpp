@@ -1,12 +1,16 @@
 // LoRA inside a block (blocks.h, model/lora.h): the adapter's forward and
 // backward beside its frozen linear, and which adapter sits on which of a
 // family's linears.
+#include <array>
+#include <cmath>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/rng.h"
 #include "kernels/ops.h"
 #include "model/blocks.h"
 #include "model/config_json.h"
@@ -16,7 +20,58 @@
 
 namespace loom::model {
 
+// LoRA dropout's mask of an adapter's input x (N = B T rows, IC columns):
+// element (n, c) is 0 with probability p, else 1 / (1 - p), from Philox
+// keyed by the run's seed and the linear (p.key), counting the row's
+// global sample and position and the column's global feature (this rank's
+// columns of a row-parallel linear start at rank x IC): the same element
+// gets the same draw under any layout (DESIGN.md §1.3).
+void lora_dropout_mask(const Dims& d, const Tensor& mask, const LoraPair& p) {
+  const int64_t N = mask.size(0), IC = mask.size(1), T = d.T;
+  LOOM_CHECK(N == d.B * T && static_cast<int64_t>(d.lora.samples.size()) == d.B, "LoRA dropout over ", N,
+             " rows with ", d.lora.samples.size(), " samples of ", T, " tokens");
+  const int64_t feature0 = p.row && d.par.tp.size > 1 ? d.par.tp.rank * IC : 0;
+  const auto threshold = static_cast<uint32_t>(std::ldexp(static_cast<double>(d.lora.dropout), 32));
+  const float keep = 1.f / (1.f - d.lora.dropout);
+  const std::array<uint32_t, 2> key{static_cast<uint32_t>(d.lora.seed),
+                                    static_cast<uint32_t>(d.lora.seed >> 32) ^ (p.key * 0x9E3779B9u + 0x4C6F5241u)};
+  float* m = mask.data_as<float>();
+  const std::span<const int64_t> samples = d.lora.samples;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const auto k = static_cast<uint64_t>(samples[static_cast<size_t>(n / T)]);
+    for (int64_t c = 0; c < IC;) {
+      const int64_t g = feature0 + c;
+      const std::array<uint32_t, 4> draw = philox4x32_10(
+          {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32), static_cast<uint32_t>(n % T),
+           static_cast<uint32_t>(g / 4)},
+          key);
+      for (int64_t j = g % 4; j < 4 && c < IC; ++j, ++c)
+        m[n * IC + c] = draw[static_cast<size_t>(j)] < threshold ? 0.f : keep;
+    }
+  }
+}
+
 namespace {
+
+// The first n x cols elements of a flat buffer as (n, cols).
+Tensor leading(const Tensor& buf, int64_t n, int64_t cols) {
+  LOOM_CHECK(buf.defined() && n * cols <= buf.numel(), "LoRA buffer ", buf.str(), " for ", n, " x ", cols);
+  return buf.flatten().slice(0, 0, n * cols).reshape({n, cols});
+}
+
+bool dropping(const Dims& d) { return d.lora.dropout > 0.f && !d.lora.samples.empty(); }
+
+// What the adapter reads: x, or under dropout x times its mask (the mask
+// left in d.lora.mask for the backward).
+Tensor adapter_input(const Dims& d, const Tensor& x, const LoraPair& p) {
+  if (!dropping(d)) return x;
+  const int64_t N = x.size(0), IC = x.size(1);
+  const Tensor mask = leading(d.lora.mask, N, IC), xdrop = leading(d.lora.xdrop, N, IC);
+  lora_dropout_mask(d, mask, p);
+  kernels::mul(xdrop, x, mask);
+  return xdrop;
+}
 
 // u = scale (x A^T): (N, r) in the compute dtype.
 Tensor lora_down(const Dims& d, const Tensor& x, const LoraPair& p) {
@@ -24,12 +79,6 @@ Tensor lora_down(const Dims& d, const Tensor& x, const LoraPair& p) {
   kernels::linear_forward(u, x, p.a, Tensor());
   kernels::scale(u, d.lora.scale);
   return u;
-}
-
-// The first n x cols elements of a flat buffer as (n, cols).
-Tensor leading(const Tensor& buf, int64_t n, int64_t cols) {
-  LOOM_CHECK(n * cols <= buf.numel(), "LoRA serving buffer ", buf.str(), " for ", n, " x ", cols);
-  return buf.flatten().slice(0, 0, n * cols).reshape({n, cols});
 }
 
 // Serving (LoraPair::served), the SGMV idea on the CPU: each adapter's runs
@@ -80,7 +129,7 @@ void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p) {
   if (!p.defined()) return;
   LOOM_CHECK(d.lora.u.defined() && x.size(0) <= d.lora.u.size(0), "lora_forward: ", x.str(), " with buffer ",
              d.lora.u.str());
-  const Tensor u = lora_down(d, x, p);
+  const Tensor u = lora_down(d, adapter_input(d, x, p), p);
   kernels::matmul(y, u, p.b, {.trans_b = true, .beta = 1.f});  // y (N, OC) += u (N, r) @ B^T
 }
 
@@ -98,8 +147,9 @@ void add_summed_over_tp(const Dims& d, const Tensor& whole, const Tensor& like, 
 void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy, const Tensor& x, const LoraPair& p,
                    bool row) {
   if (!p.defined()) return;
-  const bool tp = d.par.tp.ops != nullptr;
-  const Tensor u = lora_down(d, x, p);  // the forward's bits again (under a row-parallel W: this rank's part)
+  const bool tp = d.par.tp.ops != nullptr, drop = dropping(d);
+  const Tensor in = adapter_input(d, x, p);  // x, or x masked: the forward's mask again
+  const Tensor u = lora_down(d, in, p);      // the forward's bits again (under a row-parallel W: this rank's part)
   const Tensor du = d.lora.du.slice(0, 0, x.size(0));
   kernels::fill(du, 0.f);
   if (tp && row)  // dB = dy^T (sum over ranks of u): summed over tp
@@ -107,10 +157,16 @@ void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy
   else
     kernels::linear_backward(du, g.b, Tensor(), dy, u, p.b);  // du = dy B, dB += dy^T u
   kernels::scale(du, d.lora.scale);                          // d(x A^T) = scale du
+  // Under dropout the input's gradient is (du A) times the mask.
+  const Tensor dxa = drop ? leading(d.lora.dxdrop, x.size(0), x.size(1)) : dx;
+  if (drop) kernels::fill(dxa, 0.f);
   if (tp && !row)  // du is this rank's part (its rows of B): dA summed over tp
-    add_summed_over_tp(d, g.a, p.a, [&](const Tensor& da) { kernels::linear_backward(dx, da, Tensor(), du, x, p.a); });
+    add_summed_over_tp(d, g.a, p.a, [&](const Tensor& da) { kernels::linear_backward(dxa, da, Tensor(), du, in, p.a); });
   else
-    kernels::linear_backward(dx, g.a, Tensor(), du, x, p.a);  // dx += du A, dA += du^T x
+    kernels::linear_backward(dxa, g.a, Tensor(), du, in, p.a);  // dx += du A, dA += du^T x
+  if (!drop) return;
+  kernels::mul(dxa, dxa, leading(d.lora.mask, x.size(0), x.size(1)));
+  kernels::add(dx, dx, dxa);
 }
 
 FrozenWeights::FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp)
@@ -177,27 +233,32 @@ std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype
 
 LayerWeights with_lora(LayerWeights w, const ParamViews& adapters, const ModelConfig& cfg, int64_t i) {
   const std::string p = layer_prefix(cfg, i);
-  const auto pair = [&](const char* module) {
-    const std::string a = concat(p, module, ".lora_A.weight"), b = concat(p, module, ".lora_B.weight");
+  // module: its index among the block's HF linears (dropout's key, with the layer).
+  const auto pair = [&](const char* name, uint32_t module, bool row = false) {
+    const std::string a = concat(p, name, ".lora_A.weight"), b = concat(p, name, ".lora_B.weight");
     if (!adapters.has(a)) return LoraPair{};
-    return LoraPair{adapters(a), adapters(b)};
+    LoraPair out{adapters(a), adapters(b)};
+    out.key = static_cast<uint32_t>(i) * 8u + module, out.row = row;
+    return out;
   };
   if (cfg.family == Family::gpt2) {
-    const LoraPair qkv = pair("attn.c_attn");
+    const LoraPair qkv = pair("attn.c_attn", 0);
     if (qkv.defined()) {
       const int64_t C = qkv.b.size(0) / 3;
-      w.lora_q = {qkv.a, qkv.b.slice(0, 0, C)};
-      w.lora_k = {qkv.a, qkv.b.slice(0, C, C)};
-      w.lora_v = {qkv.a, qkv.b.slice(0, 2 * C, C)};
+      for (auto [to, at] : {std::pair{&w.lora_q, 0}, {&w.lora_k, 1}, {&w.lora_v, 2}}) {
+        *to = qkv;  // one input, one mask
+        to->b = qkv.b.slice(0, at * C, C);
+      }
     }
-    w.lora_o = pair("attn.c_proj");
-    w.lora_fc = pair("mlp.c_fc");
-    w.lora_out = pair("mlp.c_proj");
+    w.lora_o = pair("attn.c_proj", 1, true);
+    w.lora_fc = pair("mlp.c_fc", 2);
+    w.lora_out = pair("mlp.c_proj", 3, true);
     return w;
   }
-  w.lora_q = pair("self_attn.q_proj"), w.lora_k = pair("self_attn.k_proj"), w.lora_v = pair("self_attn.v_proj");
-  w.lora_o = pair("self_attn.o_proj");
-  w.lora_fc = pair("mlp.gate_proj"), w.lora_up = pair("mlp.up_proj"), w.lora_out = pair("mlp.down_proj");
+  w.lora_q = pair("self_attn.q_proj", 0), w.lora_k = pair("self_attn.k_proj", 1);
+  w.lora_v = pair("self_attn.v_proj", 2), w.lora_o = pair("self_attn.o_proj", 3, true);
+  w.lora_fc = pair("mlp.gate_proj", 4), w.lora_up = pair("mlp.up_proj", 5);
+  w.lora_out = pair("mlp.down_proj", 6, true);
   return w;
 }
 

@@ -195,6 +195,7 @@ struct MoeStats {
 struct LoraOptions {
   LoraConfig config;
   const FrozenWeights* base = nullptr;
+  uint64_t seed = 0;  // keys config.dropout's masks (with each element's sample, position, linear, feature)
 };
 
 struct ModelOptions {
@@ -327,6 +328,8 @@ class Model final : public Stage {
   // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
   // averages k accumulated micro-batches.
   void backward(float dloss = 1.f, int slot = 0) override;
+  // Stage::set_samples: B indices or none. Only LoRA dropout draws.
+  void set_samples(std::span<const int64_t> samples, int slot = 0) override;
   void zero_grads();
 
  private:

@@ -149,6 +149,11 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
     l.scale = lora.scale();
     l.u = alloc({B * T, lora.rank}), l.du = alloc({B * T, lora.rank}, f32);
     if (d.par.tp.size > 1) l.dwhole = alloc({lora.rank * C}, f32);
+    if (lora.dropout > 0) {  // the widest adapted input: C, or this rank's F
+      l.dropout = static_cast<float>(lora.dropout), l.seed = options.lora.seed;
+      const int64_t IC = std::max(C, F);
+      l.mask = alloc({B * T * IC}, f32), l.xdrop = alloc({B * T * IC}), l.dxdrop = alloc({B * T * IC}, f32);
+    }
     if (options.lora.base != nullptr && options.lora.base->quant() != nullptr)
       l.wtile = alloc({kQuantTileRows * std::max(C, F)}, f32), l.ytile = alloc({B * T * kQuantTileRows}, f32);
   }

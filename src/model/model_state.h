@@ -28,6 +28,7 @@ struct SlotActs {
   Tensor logits;                   // (B, T, V), or (B, T, Vl) this tp rank's vocabulary columns
   Tensor ce_lse, ce_target;        // tensor parallelism: (N) f32, the cross-entropy's lse and target logit
   bool has_targets = false, forward_done = false;
+  std::vector<int64_t> samples;  // Stage::set_samples: the slot's sequences' global indices, or none
 };
 
 struct ModelState {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 
@@ -37,6 +38,11 @@ class Stage {
   virtual float forward(const Tensor& tokens, const Tensor& targets, int slot) = 0;
   // Gradients += d(dloss * loss) / d params for slot's forward.
   virtual void backward(float dloss, int slot) = 0;
+  // The global index of each of the B sequences the next forward of `slot`
+  // computes (the data loader's samples: the same under every layout),
+  // which key what training draws per element (LoRA dropout's masks);
+  // empty: nothing is drawn (evaluation). Kept until set again.
+  virtual void set_samples(std::span<const int64_t> samples, int slot) = 0;
 };
 
 }  // namespace loom::model

@@ -117,7 +117,8 @@ struct PipelineRuntime::Impl {
   }
   // The actions (run() dispatches on PpOp).
   void receive(const PpAction& a);  // recv_act and recv_grad
-  void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets);
+  void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets,
+               std::span<const std::vector<int64_t>> samples);
   void send_act(const PpAction& a);
   void backward(const PpAction& a, float dloss);
   void send_grad(const PpAction& a, int release);
@@ -195,7 +196,8 @@ int PipelineRuntime::slots_needed(const PpSchedule& schedule, int rank, int chun
   return most;
 }
 
-double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss) {
+double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss,
+                            std::span<const std::vector<int64_t>> samples) {
   Impl& s = *impl_;
   bool holds_last = false;
   for (int c = 0; c < s.v; ++c) {
@@ -220,7 +222,7 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
     switch (a.op) {
       case PpOp::recv_act:
       case PpOp::recv_grad: break;  // posted above
-      case PpOp::forward: s.forward(a, tokens, targets); break;
+      case PpOp::forward: s.forward(a, tokens, targets, samples); break;
       case PpOp::send_act: s.send_act(a); break;
       case PpOp::backward: s.backward(a, dloss); break;
       case PpOp::send_grad: s.send_grad(a, s.points.release[i]); break;
@@ -249,7 +251,7 @@ double PipelineRuntime::forward_only(const Tensor& tokens, const Tensor& targets
   bool holds_last = false;
   for (int c = 0; c < s.v; ++c) {
     if (!s.first(c)) s.receive({PpOp::recv_act, 0, c, prev});
-    s.forward({PpOp::forward, 0, c, -1}, std::span<const Tensor>(&tokens, 1), std::span<const Tensor>(&targets, 1));
+    s.forward({PpOp::forward, 0, c, -1}, std::span<const Tensor>(&tokens, 1), std::span<const Tensor>(&targets, 1), {});
     if (!s.last(c)) s.send_act({PpOp::send_act, 0, c, next});
     holds_last = holds_last || s.last(c);
     if (auto it = s.act_send.find({0, c}); it != s.act_send.end()) {
@@ -286,7 +288,7 @@ void PipelineRuntime::Impl::receive(const PpAction& a) {
 }
 
 void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> tokens,
-                                    std::span<const Tensor> targets) {
+                                    std::span<const Tensor> targets, std::span<const std::vector<int64_t>> samples) {
   const int mb = a.micro_batch, c = a.chunk;
   const int s = take_slot(mb, c);
   if (!first(c)) {
@@ -301,6 +303,8 @@ void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> t
     cache.give(std::move(it->second.buf));
     act_recv.erase(it);
   }
+  chunks[static_cast<size_t>(c)]->set_samples(
+      samples.empty() ? std::span<const int64_t>() : std::span<const int64_t>(samples[static_cast<size_t>(mb)]), s);
   TraceSpan span(trace, span_name("forward", mb, c));
   Timed t(compute_s);
   const float loss = chunks[static_cast<size_t>(c)]->forward(first(c) ? tokens[static_cast<size_t>(mb)] : Tensor(),

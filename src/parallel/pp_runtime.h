@@ -67,9 +67,12 @@ class PipelineRuntime {
   // Runs this rank's actions for one step. tokens[m], targets[m]: micro-batch
   // m's (B, T) i32 (read only by the ranks holding the first / last stage;
   // others may pass empty spans). dloss: each micro-batch's loss weight
-  // (1 / m averages them). Returns the mean of the micro-batches' losses on
-  // the rank holding the last stage, 0 elsewhere.
-  double run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss);
+  // (1 / m averages them). samples[m]: micro-batch m's global sample
+  // indices (model::Stage::set_samples; every rank's), or none. Returns the
+  // mean of the micro-batches' losses on the rank holding the last stage, 0
+  // elsewhere.
+  double run(std::span<const Tensor> tokens, std::span<const Tensor> targets, float dloss,
+             std::span<const std::vector<int64_t>> samples = {});
   // One micro-batch forward through every stage, no backward (evaluation):
   // the loss on the rank holding the last stage, 0 elsewhere.
   double forward_only(const Tensor& tokens, const Tensor& targets);

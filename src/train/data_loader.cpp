@@ -86,6 +86,12 @@ void DataLoader::locate(int64_t window, int64_t& shard, int64_t& start) const {
   start = (window - window_begin_[shard]) * opt_.seq_len;
 }
 
+std::vector<int64_t> DataLoader::samples_at(int64_t position) const {
+  std::vector<int64_t> out;
+  for (int64_t b = 0; b < opt_.batch; ++b) out.push_back(position + opt_.rank * opt_.batch + b);
+  return out;
+}
+
 void DataLoader::batch_at(int64_t position, std::span<int32_t> inputs, std::span<int32_t> targets) const {
   const int64_t B = opt_.batch, T = opt_.seq_len;
   LOOM_CHECK(static_cast<int64_t>(inputs.size()) == B * T && static_cast<int64_t>(targets.size()) == B * T,

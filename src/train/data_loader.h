@@ -59,6 +59,11 @@ class DataLoader {
   int64_t epoch() const { return position_ / windows_total_; }
   const std::vector<std::string>& shard_paths() const { return paths_; }
 
+  // The global indices of the B samples this rank's batch at `position`
+  // reads: position + rank B + b (what keys per-sample randomness, the
+  // same under any number of ranks).
+  std::vector<int64_t> samples_at(int64_t position) const;
+
   // The window sample k reads (exposed for tests).
   int64_t window_of_sample(int64_t k) const;
 

@@ -146,7 +146,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                                  .stage = so,
                                  .cp = {cp.size(), rank.cp_positions, rank.cp.get(), rank.cp_routing.get()},
                                  .ep = rank.ep ? rank.ep->options() : model::EpOptions{},
-                                 .lora = {o.lora, o.lora_base}};
+                                 .lora = {o.lora, o.lora_base, o.seed}};
     rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, T, ctx.pools, mo));
     if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());
     rank.dps.push_back(

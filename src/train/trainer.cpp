@@ -146,7 +146,9 @@ StepStats Trainer::pipeline_step() {
   for (auto& dp : rank_.dps) dp->zero_grads();
   for (model::Model* m : rank_.model_ptrs()) m->reset_moe_stats();  // an evaluation's routing is not the step's
   std::vector<Tensor> tokens, targets;
+  std::vector<std::vector<int64_t>> samples;  // each micro-batch's, keying LoRA dropout on every stage
   for (int64_t k = 0; k < accum; ++k) {
+    samples.push_back(train_data_.samples_at(train_data_.position()));
     if (rank_.cp) train_data_.next(span_of(seq_tokens_), span_of(seq_targets_));
     else train_data_.next(span_of(micro_tokens_[k]), span_of(micro_targets_[k]));
     take_rank_tokens(micro_tokens_[k], micro_targets_[k]);
@@ -156,7 +158,7 @@ StepStats Trainer::pipeline_step() {
   {
     TraceSpan span(trace_, "pipeline");
     rank_.pipe->set_trace(trace_);  // the runtime's actions nest inside "pipeline"
-    loss = rank_.pipe->run(tokens, targets, static_cast<float>(loss_scale / static_cast<double>(accum)));
+    loss = rank_.pipe->run(tokens, targets, static_cast<float>(loss_scale / static_cast<double>(accum)), samples);
   }
   double sum_squares = 0;
   {
@@ -227,6 +229,7 @@ StepStats Trainer::step() {
   double loss_sum = 0;
   for (int64_t k = 0; k < accum; ++k) {
     rank_.dps[0]->begin_micro_batch(k == accum - 1);
+    rank_.models[0]->set_samples(train_data_.samples_at(train_data_.position()));  // LoRA dropout's keys
     if (rank_.cp) train_data_.next(span_of(seq_tokens_), span_of(seq_targets_));
     else train_data_.next(span_of(tokens_), span_of(targets_));
     take_rank_tokens(tokens_, targets_);
@@ -258,6 +261,7 @@ double Trainer::evaluate() {
   const int64_t batches =
       std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));
   double sum = 0;
+  if (!rank_.pipe) rank_.models[0]->set_samples({});  // nothing drawn in evaluation (the pipeline's sets none)
   for (int64_t k = 0; k < batches; ++k) {
     if (rank_.cp) val_data_->batch_at(k * global_batch, span_of(seq_tokens_), span_of(seq_targets_));
     else val_data_->batch_at(k * global_batch, span_of(tokens_), span_of(targets_));

@@ -420,6 +420,12 @@ std::vector<OpCase> elementwise_cases() {
          OP(add)(io.normal("y", dt, {3, 7}), a, b);
          OP(add)(b, b, a);
        }},
+      {"mul", kFloats, {}, {},
+       [](Io& io, DType dt) {  // mixed dtypes, then in place
+         const Tensor a = io.normal("a", f32, {3, 7}), b = io.normal("b", dt, {3, 7});
+         OP(mul)(io.normal("y", dt, {3, 7}), a, b);
+         OP(mul)(b, b, a);
+       }},
       {"cast", kFloats, {}, {},
        [](Io& io, DType dt) {
          OP(cast)(io.normal("dst", dt, {3, 7}), io.normal("src", dt == f32 ? DType::bf16 : f32, {3, 7}));

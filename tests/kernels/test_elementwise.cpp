@@ -162,6 +162,39 @@ TEST(Add, IsTheF32SumRoundedOnceForEveryDtypeCombination) {
       }
 }
 
+// mul: the f32 product rounded once, for every dtype combination (what a
+// dropout mask's multiply relies on: a kept element x (1 / (1 - p)), a
+// dropped one 0), and in place.
+TEST(Mul, IsTheF32ProductRoundedOnceForEveryDtypeCombination) {
+  const int64_t n = 40001;
+  std::vector<float> xa(n), xb(n);
+  for (int64_t k = 0; k < n; ++k) {
+    xa[k] = std::sin(0.11f * static_cast<float>(k)) * 300.f;
+    xb[k] = k % 3 == 0 ? 0.f : std::cos(0.07f * static_cast<float>(k)) * 1.25f;
+  }
+  xa[3] = INFINITY, xb[4] = NAN, xa[5] = 60000.f, xb[5] = 6.f;  // an f16 overflow, specials
+  for (DType dy : kFloatDtypes)
+    for (DType da : kFloatDtypes)
+      for (DType db : kFloatDtypes) {
+        SCOPED_TRACE(std::string(dtype_name(dy)) + " = " + std::string(dtype_name(da)) + " * " +
+                     std::string(dtype_name(db)));
+        Buffer a(da, {n}, xa), b(db, {n}, xb), y(dy, {n});
+        const std::vector<float> fa = a.floats(), fb = b.floats();
+        std::vector<float> product(n);
+        for (int64_t k = 0; k < n; ++k) product[k] = fa[k] * fb[k];
+        Buffer want(dy, {n}, product);
+        kernels::mul(y.view(), a.view(), b.view());
+        EXPECT_TRUE(same_values(y.floats(), want.floats()));
+        Buffer in_place = b;
+        kernels::mul(in_place.view(), a.view(), in_place.view());
+        if (db == dy) {
+          EXPECT_EQ(in_place.bytes, y.bytes);
+        }
+      }
+  Buffer a(DType::f32, {2, 3}), b(DType::f32, {3, 2});
+  expect_error([&] { kernels::mul(a.view(), a.view(), b.view()); }, {"mul", "shape"});
+}
+
 TEST(Add, InPlaceOnEitherOperand) {
   for (DType d : kFloatDtypes) {
     SCOPED_TRACE(std::string(dtype_name(d)));

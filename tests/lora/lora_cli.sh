@@ -61,7 +61,7 @@ refused --set 'lora.targets=["q_proj"]'
 refused --set lora.rank=999
 refused --set model.n_layer=3
 refused --set lora.base="$d/nowhere"
-refused --set lora.dropout=0.1
+refused --set lora.dropout=1
 # A checkpoint of adapters resumed on another base is refused.
 "$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=32 --out "$d/other" --seed 4 \
   > /dev/null 2>&1 || exit 1

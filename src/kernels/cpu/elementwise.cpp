@@ -29,8 +29,9 @@ constexpr int64_t kPiece = 512;
 template <typename... T>
 constexpr bool any_f16 = (std::is_same_v<T, f16> || ...);
 
-template <typename Y, typename A, typename B>
-void add_loop(Y* y, const A* a, const B* b, int64_t n) {
+// y = f(a, b) in f32, rounded once: add and mul.
+template <typename Y, typename A, typename B, typename F>
+void binary_loop(Y* y, const A* a, const B* b, int64_t n, F f) {
   if constexpr (any_f16<Y, A, B>) {
     const int64_t pieces = (n + kPiece - 1) / kPiece;
 #pragma omp parallel for schedule(static) if (n > kMinParallel)
@@ -39,13 +40,24 @@ void add_loop(Y* y, const A* a, const B* b, int64_t n) {
       alignas(64) float af[kPiece], bf[kPiece];
       span_to_f32(af, a + off, len);
       span_to_f32(bf, b + off, len);
-      for (int64_t i = 0; i < len; ++i) af[i] += bf[i];
+      for (int64_t i = 0; i < len; ++i) af[i] = f(af[i], bf[i]);
       span_from_f32(y + off, af, len);
     }
   } else {
 #pragma omp parallel for simd schedule(static) if (parallel : n > kMinParallel)
-    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<Y>(to_f32(a[i]) + to_f32(b[i]));
+    for (int64_t i = 0; i < n; ++i) y[i] = from_f32<Y>(f(to_f32(a[i]), to_f32(b[i])));
   }
+}
+
+template <typename F>
+void binary(Tensor y, const Tensor& a, const Tensor& b, F f) {
+  dispatch_float(y.dtype(), [&]<typename Y>() {
+    dispatch_float(a.dtype(), [&]<typename A>() {
+      dispatch_float(b.dtype(), [&]<typename B>() {
+        binary_loop(y.data_as<Y>(), a.data_as<const A>(), b.data_as<const B>(), y.numel(), f);
+      });
+    });
+  });
 }
 
 template <typename D, typename S>
@@ -94,13 +106,11 @@ void copy_strided(const Tensor& dst, const Tensor& src) {
 }  // namespace
 
 void add(Tensor y, const Tensor& a, const Tensor& b) {
-  dispatch_float(y.dtype(), [&]<typename Y>() {
-    dispatch_float(a.dtype(), [&]<typename A>() {
-      dispatch_float(b.dtype(), [&]<typename B>() {
-        add_loop(y.data_as<Y>(), a.data_as<const A>(), b.data_as<const B>(), y.numel());
-      });
-    });
-  });
+  binary(y, a, b, [](float u, float v) { return u + v; });
+}
+
+void mul(Tensor y, const Tensor& a, const Tensor& b) {
+  binary(y, a, b, [](float u, float v) { return u * v; });
 }
 
 void cast(Tensor dst, const Tensor& src) {

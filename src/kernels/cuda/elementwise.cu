@@ -68,6 +68,13 @@ __global__ void add_kernel(Y* y, const A* a, const B* b, int64_t n) {
     y[i] = store_exact<Y>(to_float(a[i]) + to_float(b[i]));
 }
 
+// y = a * b, the same way.
+template <typename Y, typename A, typename B>
+__global__ void mul_kernel(Y* y, const A* a, const B* b, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    y[i] = store_exact<Y>(to_float(a[i]) * to_float(b[i]));
+}
+
 template <typename D, typename S>
 __global__ void cast_kernel(D* dst, const S* src, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) dst[i] = store_exact<D>(load_exact(src[i]));
@@ -177,6 +184,19 @@ void add(Tensor y, const Tensor& a, const Tensor& b) {
     with_float_type(a.dtype(), [&]<typename A>(A) {
       with_float_type(b.dtype(), [&]<typename B>(B) {
         add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<Y>(y), ptr<const A>(a), ptr<const B>(b), n);
+        LOOM_CUDA_LAUNCHED();
+      });
+    });
+  });
+}
+
+void mul(Tensor y, const Tensor& a, const Tensor& b) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  with_float_type(y.dtype(), [&]<typename Y>(Y) {
+    with_float_type(a.dtype(), [&]<typename A>(A) {
+      with_float_type(b.dtype(), [&]<typename B>(B) {
+        mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<Y>(y), ptr<const A>(a), ptr<const B>(b), n);
         LOOM_CUDA_LAUNCHED();
       });
     });
