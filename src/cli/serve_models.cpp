@@ -76,6 +76,26 @@ int64_t add_adapter(infer::Engine& engine, DType dtype, const model::ModelConfig
   }
 }
 
+// Adapter `id` of base's engine as a model of its own: base's limits,
+// template and defaults under its name, base's loop.
+std::shared_ptr<serve::LoadedModel> adapter_model(const std::shared_ptr<serve::LoadedModel>& base,
+                                                  const std::string& name, int32_t id, int64_t bytes) {
+  auto ad = std::make_shared<serve::LoadedModel>();
+  ad->name = name;
+  ad->served = base->served;
+  ad->served.name = name;
+  ad->templated = base->templated, ad->template_source = base->template_source;
+  ad->parameters = base->parameters, ad->system = base->system, ad->messages = base->messages;
+  ad->config = base->config;
+  ad->bytes = bytes;
+  ad->owner = base;  // the base (its engine) stays while the adapter does
+  ad->loop = base->loop;
+  ad->parent = base->name;
+  ad->adapter = id;
+  ad->loaded_at = base->loaded_at;
+  return ad;
+}
+
 }  // namespace
 
 ServedAdapter parse_served_adapter(const std::string& arg) {
@@ -138,22 +158,8 @@ std::vector<std::shared_ptr<serve::LoadedModel>> load_served_models(const std::s
   m->owner = std::move(owned);
   m->loaded_at = std::chrono::steady_clock::now();
   std::vector<std::shared_ptr<serve::LoadedModel>> out{m};
-  for (size_t k = 0; k < adapters.size(); ++k) {
-    auto ad = std::make_shared<serve::LoadedModel>();
-    ad->name = adapters[k].name;
-    ad->served = m->served;
-    ad->served.name = ad->name;
-    ad->templated = m->templated, ad->template_source = m->template_source;
-    ad->parameters = m->parameters, ad->system = m->system, ad->messages = m->messages;
-    ad->config = m->config;
-    ad->bytes = adapter_bytes[k];
-    ad->owner = m;  // the base (its engine) stays while the adapter does
-    ad->loop = m->loop;
-    ad->parent = name;
-    ad->adapter = static_cast<int32_t>(k + 1);
-    ad->loaded_at = m->loaded_at;
-    out.push_back(std::move(ad));
-  }
+  for (size_t k = 0; k < adapters.size(); ++k)
+    out.push_back(adapter_model(m, adapters[k].name, static_cast<int32_t>(k + 1), adapter_bytes[k]));
   return out;
 }
 
