@@ -25,6 +25,7 @@
 #pragma once
 
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,9 +69,11 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f);
 // loom can dequantize (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K); a missing
 // tensor, a shape that differs, or another type is a loom::Error naming it.
 // The parameters `skip` holds (served in their blocks: quant_weights.h) are
-// left unwritten.
+// left unwritten. layout: where flat holds each parameter instead (a subset
+// of param_specs(cfg) by name with offsets of its own, every parameter not
+// skipped among them: a QLoRA base without room for its quantized linears).
 void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f,
-                           const QuantWeights* skip = nullptr);
+                           const QuantWeights* skip = nullptr, std::span<const ParamSpec> layout = {});
 
 // Whether GGUF tensor `gguf_name` has llama.cpp's Q/K row permutation (a
 // llama model's attn_q / attn_k), and the loom row its GGUF row r holds:

@@ -1,6 +1,7 @@
 // Reading a loom model out of a GGUF file (gguf_model.h): the config from the
 // architecture's keys, the parameters from the tensors, dequantized to f32.
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "core/dtype.h"
@@ -95,11 +96,17 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f) {
   return cfg;
 }
 
-void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f, const QuantWeights* skip) {
+void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f, const QuantWeights* skip,
+                           std::span<const ParamSpec> layout) {
   const std::vector<ParamSpec> specs = param_specs(cfg);
-  LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == param_count(specs), "load_params_from_gguf: ", flat.str());
+  const std::span<const ParamSpec> into = layout.empty() ? std::span<const ParamSpec>(specs) : layout;
+  std::map<std::string, int64_t> offset;
+  int64_t count = 0;
+  for (const ParamSpec& s : into) offset[s.name] = s.offset, count += s.numel();
+  LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == count, "load_params_from_gguf: ", flat.str());
   for (const ParamSpec& s : specs) {
     if (skip != nullptr && skip->holds(s.name)) continue;
+    LOOM_CHECK(offset.count(s.name) > 0, "load_params_from_gguf: the layout has no place for ", s.name);
     const std::string g = gguf_tensor_name(cfg, s.name);
     const io::GgufTensorInfo* t = f.find_tensor(g);
     LOOM_REQUIRE(t != nullptr, where(f), ": tensor '", g, "' (loom's ", s.name, ") is missing");
@@ -111,7 +118,7 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
     const auto& traits = io::ggml_type_traits(t->type);
     const size_t row_bytes = static_cast<size_t>(ne0 / traits.block_size * traits.block_bytes);
     const bool permute = gguf_rows_permuted(cfg, g);
-    float* dst = flat.data_as<float>() + s.offset;
+    float* dst = flat.data_as<float>() + offset.at(s.name);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t to = permute ? gguf_loom_row(r, cfg.head_size()) : r;
       to_floats(dst + to * ne0, t->data + static_cast<size_t>(at.first + r) * row_bytes, t->type, ne0, g);

@@ -84,13 +84,14 @@ std::vector<ParamSpec> trainable_param_specs(const ModelConfig& cfg, const LoraC
 // file's q8_0 / q4_0 / q4_K / q6_K linears) those views are the blocks
 // instead, which the model reads a tile of rows at a time (kernels::
 // dequantize_rows), never whole, and the compute dtype is f32. flat() then
-// holds only the other parameters (norms, biases, embeddings), copied from
-// `full` (param_specs(cfg) order, the held places unread) into pool.
+// holds only the other parameters (norms, biases, embeddings).
 class FrozenWeights {
  public:
   // flat: param_specs(cfg, tp) order (the tp rank's slices).
   FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp = {});
-  FrozenWeights(const ModelConfig& cfg, const Tensor& full, std::unique_ptr<QuantWeights> quant, Pool& pool);
+  // QLoRA: quant's blocks, and the other parameters read from its GGUF file
+  // straight into a buffer of their own from pool.
+  FrozenWeights(const ModelConfig& cfg, std::unique_ptr<QuantWeights> quant, Pool& pool);
   ~FrozenWeights();
   FrozenWeights(const FrozenWeights&) = delete;
   FrozenWeights& operator=(const FrozenWeights&) = delete;

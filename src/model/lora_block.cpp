@@ -11,9 +11,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "io/gguf.h"
 #include "kernels/ops.h"
 #include "model/blocks.h"
 #include "model/config_json.h"
+#include "model/gguf_model.h"
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/quant_weights.h"
@@ -176,11 +178,9 @@ FrozenWeights::FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp
   views_ = std::make_unique<ParamViews>(specs_, flat_);
 }
 
-FrozenWeights::FrozenWeights(const ModelConfig& cfg, const Tensor& full, std::unique_ptr<QuantWeights> quant,
-                             Pool& pool)
+FrozenWeights::FrozenWeights(const ModelConfig& cfg, std::unique_ptr<QuantWeights> quant, Pool& pool)
     : quant_(std::move(quant)) {
   const std::vector<ParamSpec> all = param_specs(cfg);
-  LOOM_CHECK(full.dtype() == DType::f32 && full.numel() == param_count(all), "FrozenWeights: ", full.str());
   int64_t offset = 0;
   for (const ParamSpec& s : all) {
     if (quant_->holds(s.name)) continue;  // its blocks stand in
@@ -189,10 +189,10 @@ FrozenWeights::FrozenWeights(const ModelConfig& cfg, const Tensor& full, std::un
     offset += s.numel();
   }
   flat_ = pool.empty(DType::f32, {offset});
+  load_params_from_gguf(flat_, cfg, quant_->file(), quant_.get(), specs_);  // straight into their places
+  views_ = std::make_unique<ParamViews>(specs_, flat_);
   std::map<std::string, const ParamSpec*> by_name;
   for (const ParamSpec& s : all) by_name[s.name] = &s;
-  for (const ParamSpec& s : specs_) kernels::copy(param_view(flat_, s), param_view(full, *by_name.at(s.name)));
-  views_ = std::make_unique<ParamViews>(specs_, flat_);
   for (const std::string& name : quant_->names())  // a tied head ("lm_head.weight") reads wte's f32 rows
     if (by_name.count(name) > 0) views_->substitute(name, quant_->blocks(name));
 }
@@ -209,10 +209,9 @@ std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype
   MemoryTracker tracker;
   Pool staging(MemTag::workspace, Device::cpu(), tracker);
   const bool sliced = tp.size > 1, direct = !sliced && dtype == DType::f32;
-  if (dir.gguf && direct) {
-    ServingWeights w = load_serving_weights(dir, DType::f32, false, "lora.base", params, &staging);
-    if (w.quant) return std::make_unique<FrozenWeights>(cfg, w.params, std::move(w.quant), params);
-    return std::make_unique<FrozenWeights>(cfg, std::move(w.params));
+  if (dir.gguf && direct) {  // QLoRA: the blocks, and the rest read into its own places (no f32 whole)
+    auto quant = std::make_unique<QuantWeights>(io::GgufFile::open(dir.weights), cfg, params);
+    if (!quant->empty()) return std::make_unique<FrozenWeights>(cfg, std::move(quant), params);
   }
   if (dir.gguf && sliced)
     log_warn("lora.base '", dir.weights, "': under parallel.tp = ", tp.size, " its weights are dequantized (the blocks ",
