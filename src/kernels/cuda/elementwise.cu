@@ -60,19 +60,33 @@ __device__ __forceinline__ __half store_exact<__half>(float x) {
 
 // ---- float elementwise ------------------------------------------------------
 
-// y = a + b; y may be a or b (each element is read before it is written, by
-// the same thread).
-template <typename Y, typename A, typename B>
-__global__ void add_kernel(Y* y, const A* a, const B* b, int64_t n) {
+// y = a + b (Plus) or a * b (Times) in f32, rounded once; y may be a or b
+// (each element is read before it is written, by the same thread).
+struct Plus {
+  __device__ float operator()(float u, float v) const { return u + v; }
+};
+struct Times {
+  __device__ float operator()(float u, float v) const { return u * v; }
+};
+template <typename Op, typename Y, typename A, typename B>
+__global__ void binary_kernel(Y* y, const A* a, const B* b, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride())
-    y[i] = store_exact<Y>(to_float(a[i]) + to_float(b[i]));
+    y[i] = store_exact<Y>(Op{}(to_float(a[i]), to_float(b[i])));
 }
 
-// y = a * b, the same way.
-template <typename Y, typename A, typename B>
-__global__ void mul_kernel(Y* y, const A* a, const B* b, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride())
-    y[i] = store_exact<Y>(to_float(a[i]) * to_float(b[i]));
+template <typename Op>
+void binary(Tensor y, const Tensor& a, const Tensor& b) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  with_float_type(y.dtype(), [&]<typename Y>(Y) {
+    with_float_type(a.dtype(), [&]<typename A>(A) {
+      with_float_type(b.dtype(), [&]<typename B>(B) {
+        binary_kernel<Op><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<Y>(y), ptr<const A>(a),
+                                                                           ptr<const B>(b), n);
+        LOOM_CUDA_LAUNCHED();
+      });
+    });
+  });
 }
 
 template <typename D, typename S>
@@ -177,31 +191,9 @@ int32_t read_id(const Tensor& ids, int64_t index) {
 
 }  // namespace
 
-void add(Tensor y, const Tensor& a, const Tensor& b) {
-  const int64_t n = y.numel();
-  if (n == 0) return;
-  with_float_type(y.dtype(), [&]<typename Y>(Y) {
-    with_float_type(a.dtype(), [&]<typename A>(A) {
-      with_float_type(b.dtype(), [&]<typename B>(B) {
-        add_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<Y>(y), ptr<const A>(a), ptr<const B>(b), n);
-        LOOM_CUDA_LAUNCHED();
-      });
-    });
-  });
-}
+void add(Tensor y, const Tensor& a, const Tensor& b) { binary<Plus>(y, a, b); }
 
-void mul(Tensor y, const Tensor& a, const Tensor& b) {
-  const int64_t n = y.numel();
-  if (n == 0) return;
-  with_float_type(y.dtype(), [&]<typename Y>(Y) {
-    with_float_type(a.dtype(), [&]<typename A>(A) {
-      with_float_type(b.dtype(), [&]<typename B>(B) {
-        mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(ptr<Y>(y), ptr<const A>(a), ptr<const B>(b), n);
-        LOOM_CUDA_LAUNCHED();
-      });
-    });
-  });
-}
+void mul(Tensor y, const Tensor& a, const Tensor& b) { binary<Times>(y, a, b); }
 
 void cast(Tensor dst, const Tensor& src) {
   const int64_t n = src.numel();
