@@ -240,7 +240,7 @@ exit=1
 exit=1
 [^\n]*bias = \"all\" is not supported[^\n]*
 exit=1
-[^\n]*the name 'a1' is given twice
+[^\n]*the name 'a1:latest' is given twice
 exit=1
 [^\n]*'base' is the model's own name[^\n]*
 exit=1

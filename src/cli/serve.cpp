@@ -66,13 +66,15 @@ void check_args(const ServeArgs& a) {
 
 // --lora's adapters: names of their own, none the model's.
 std::vector<ServedAdapter> served_adapters(const ServeArgs& a) {
+  // A name and name:latest are one name to clients.
+  const auto bare = [](const std::string& n) { return n.ends_with(":latest") ? n.substr(0, n.size() - 7) : n; };
   std::vector<ServedAdapter> out;
   for (const std::string& arg : a.lora) {
     ServedAdapter s = parse_served_adapter(arg);
-    LOOM_REQUIRE(s.name != a.name && s.name != a.name + ":latest", "--lora ", arg, ": '", s.name,
+    LOOM_REQUIRE(bare(s.name) != bare(a.name), "--lora ", arg, ": '", s.name,
                  "' is the model's own name; give the adapter another");
     for (const ServedAdapter& o : out)
-      LOOM_REQUIRE(o.name != s.name, "--lora ", arg, ": the name '", s.name, "' is given twice");
+      LOOM_REQUIRE(bare(o.name) != bare(s.name), "--lora ", arg, ": the name '", s.name, "' is given twice");
     out.push_back(std::move(s));
   }
   return out;

@@ -100,13 +100,18 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
                            std::span<const ParamSpec> layout) {
   const std::vector<ParamSpec> specs = param_specs(cfg);
   const std::span<const ParamSpec> into = layout.empty() ? std::span<const ParamSpec>(specs) : layout;
-  std::map<std::string, int64_t> offset;
+  std::map<std::string, const ParamSpec*> place;
   int64_t count = 0;
-  for (const ParamSpec& s : into) offset[s.name] = s.offset, count += s.numel();
+  for (const ParamSpec& s : into) {
+    LOOM_CHECK(s.offset >= 0 && s.offset + s.numel() <= flat.numel(), "load_params_from_gguf: ", s.name, " at ",
+               s.offset, " runs past ", flat.str());
+    place[s.name] = &s, count += s.numel();
+  }
   LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == count, "load_params_from_gguf: ", flat.str());
   for (const ParamSpec& s : specs) {
     if (skip != nullptr && skip->holds(s.name)) continue;
-    LOOM_CHECK(offset.count(s.name) > 0, "load_params_from_gguf: the layout has no place for ", s.name);
+    LOOM_CHECK(place.count(s.name) > 0 && place.at(s.name)->numel() == s.numel(),
+               "load_params_from_gguf: the layout has no place of ", s.numel(), " values for ", s.name);
     const std::string g = gguf_tensor_name(cfg, s.name);
     const io::GgufTensorInfo* t = f.find_tensor(g);
     LOOM_REQUIRE(t != nullptr, where(f), ": tensor '", g, "' (loom's ", s.name, ") is missing");
@@ -118,7 +123,7 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
     const auto& traits = io::ggml_type_traits(t->type);
     const size_t row_bytes = static_cast<size_t>(ne0 / traits.block_size * traits.block_bytes);
     const bool permute = gguf_rows_permuted(cfg, g);
-    float* dst = flat.data_as<float>() + offset.at(s.name);
+    float* dst = flat.data_as<float>() + place.at(s.name)->offset;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t to = permute ? gguf_loom_row(r, cfg.head_size()) : r;
       to_floats(dst + to * ne0, t->data + static_cast<size_t>(at.first + r) * row_bytes, t->type, ne0, g);

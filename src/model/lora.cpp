@@ -69,7 +69,7 @@ std::vector<LoraModule> lora_modules(const ModelConfig& cfg, const LoraConfig& l
                "extent of each targeted linear");
   LOOM_REQUIRE(std::isfinite(lora.alpha) && lora.alpha > 0, "lora.alpha = ", lora.alpha,
                " is invalid: allowed values are > 0 (the update is scaled by alpha / rank)");
-  LOOM_REQUIRE(lora.dropout >= 0.0 && lora.dropout < 1.0, "lora.dropout = ", lora.dropout,
+  LOOM_REQUIRE(lora.dropout >= 0.0 && static_cast<float>(lora.dropout) < 1.f, "lora.dropout = ", lora.dropout,
                " is invalid: allowed values are 0 (none) to below 1 (the probability an adapter's input element is ",
                "dropped)");
   LOOM_REQUIRE(!lora.targets.empty(), "lora.targets is empty: allowed names are", allowed_targets(cfg.family));

@@ -201,8 +201,6 @@ FrozenWeights::~FrozenWeights() = default;
 std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools, TpRank tp) {
   const ModelConfig& cfg = dir.config;
   const int64_t P = param_count(cfg);
-  require_fits_memory(pools, static_cast<double>(P) * 4.0, concat("the base model '", dir.weights, "' (", P,
-                      " parameters, read in f32)"), "fine-tune a smaller base model");
   Pool& params = pools[MemTag::params];
   // What is read on the way (f32 before a cast or a slice, the f32 places
   // of quantized linears, never written) stays out of the params tag.
@@ -211,8 +209,15 @@ std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype
   const bool sliced = tp.size > 1, direct = !sliced && dtype == DType::f32;
   if (dir.gguf && direct) {  // QLoRA: the blocks, and the rest read into its own places (no f32 whole)
     auto quant = std::make_unique<QuantWeights>(io::GgufFile::open(dir.weights), cfg, params);
-    if (!quant->empty()) return std::make_unique<FrozenWeights>(cfg, std::move(quant), params);
+    if (!quant->empty()) {
+      const double rest = static_cast<double>(P - quant->f32_bytes() / 4) * 4.0;  // the parameters read in f32
+      require_fits_memory(pools, rest, concat("the base model '", dir.weights, "' (its ", quant->summary(),
+                          " matrices in their blocks, the rest read in f32)"), "fine-tune a smaller base model");
+      return std::make_unique<FrozenWeights>(cfg, std::move(quant), params);
+    }
   }
+  require_fits_memory(pools, static_cast<double>(P) * 4.0, concat("the base model '", dir.weights, "' (", P,
+                      " parameters, read in f32)"), "fine-tune a smaller base model");
   if (dir.gguf && sliced)
     log_warn("lora.base '", dir.weights, "': under parallel.tp = ", tp.size, " its weights are dequantized (the blocks ",
              "of a quantized base are not split over tp ranks yet: QLoRA runs with tp = 1)");

@@ -290,7 +290,8 @@ void Model::set_samples(std::span<const int64_t> samples, int slot) {
 
 float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {
   SlotActs& a = slot_acts(slot);
-  state_->dims.lora.samples = a.samples;  // LoRA dropout's keys (none: no dropout)
+  a.drawn = a.samples;
+  state_->dims.lora.samples = a.drawn;  // LoRA dropout's keys (none: no dropout)
   take_inputs(a, tokens, targets);
   if (has_embedding_) embed_forward(a);  // later stages find their input in stage_input()
   for (int64_t l = 0; l < n_layers_; ++l) layer_forward(a, l);
@@ -305,7 +306,7 @@ void Model::backward(float dloss, int slot) {
                slots() > 1 ? concat(" of slot ", slot) : std::string(),
                " had no targets (or backward already ran): call forward(tokens, targets) first");
   a.has_targets = false, a.forward_done = false;
-  state_->dims.lora.samples = a.samples;  // the forward's masks again
+  state_->dims.lora.samples = a.drawn;  // the forward's masks again
   if (state_->moe_run) state_->moe_run->dloss = dloss;  // the MoE layers' balancing losses scale with it
   if (has_head_) head_backward(a, dloss);  // else stage_grad() holds the output's gradient
   for (int64_t l = n_layers_ - 1; l >= 0; --l) layer_backward(a, l);

@@ -29,6 +29,7 @@ struct SlotActs {
   Tensor ce_lse, ce_target;        // tensor parallelism: (N) f32, the cross-entropy's lse and target logit
   bool has_targets = false, forward_done = false;
   std::vector<int64_t> samples;  // Stage::set_samples: the slot's sequences' global indices, or none
+  std::vector<int64_t> drawn;    // those the last forward drew with, which its backward draws again
 };
 
 struct ModelState {

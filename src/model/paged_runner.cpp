@@ -193,10 +193,9 @@ int32_t PagedRunner::add_adapter(const LoraConfig& lora, const Tensor& adapters)
   cast(ad.params, adapters.flatten());
   const ParamViews views(specs, ad.params);
   for (int64_t l = 0; l < cfg_.n_layer; ++l) ad.layers.push_back(with_lora(LayerWeights{}, views, cfg_, l));
-  st.adapters.push_back(std::move(ad));
-  st.scales.push_back(lora.scale());
   // The step's buffers: (max_tokens x rank) for u, (max_tokens x widest
-  // adapted linear's input, output) for gathered rows and an update.
+  // adapted linear's input, output) for gathered rows and an update. Made
+  // before anything is recorded, so a failure leaves the runner as it was.
   int64_t width = 0, depth = 0;
   for (const LoraModule& m : modules) width = std::max(width, m.out), depth = std::max(depth, m.in);
   const int64_t M = sizes_.max_tokens;
@@ -213,6 +212,8 @@ int32_t PagedRunner::add_adapter(const LoraConfig& lora, const Tensor& adapters)
     st.owned.push_back(acts.zeros(compute_, {M * depth}));
     st.lora_x = st.owned.back();
   }
+  st.adapters.push_back(std::move(ad));
+  st.scales.push_back(lora.scale());
   // Every layer's linears point at their pairs by id, where any adapter has one.
   const size_t K = st.adapters.size() + 1;
   st.served.assign(static_cast<size_t>(cfg_.n_layer), std::vector<std::vector<LoraPair>>(std::size(kLoraLinears)));

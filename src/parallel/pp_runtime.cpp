@@ -208,6 +208,8 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
                  " micro-batches of targets, got ", targets.size());
     holds_last = holds_last || s.last(c);
   }
+  LOOM_REQUIRE(samples.empty() || samples.size() >= static_cast<size_t>(s.m), "PipelineRuntime::run: ",
+               samples.size(), " micro-batches of sample indices for ", s.m, " micro-batches");
   s.wait_s = 0, s.compute_s = 0, s.loss_sum = 0;
   s.free_slots.assign(static_cast<size_t>(s.v), {});
   for (int c = 0; c < s.v; ++c)

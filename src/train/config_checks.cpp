@@ -97,6 +97,8 @@ void check_lora(const RunConfig& c, const std::string& source) {
     fail(source, ": ", e.what());
   }
   const ParallelConfig& p = c.parallel;
+  LOOM_REQUIRE(c.train.device == "cpu", source, ": lora with train.device = ", c.train.device,
+               " is not supported yet: adapters train on the CPU");
   LOOM_REQUIRE(p.cp == 1 && p.mode == "collective", source, ": lora with ",
                p.cp > 1 ? "parallel.cp > 1" : "parallel.mode = ps",
                " is not supported yet: adapters train under dp (any ZeRO stage), tp (with or without SP) and pp");

@@ -27,7 +27,7 @@ refused --model "$ad/base" --lora a1
 refused --model "$ad/base" --lora "a1=$ad/nowhere"
 refused --model "$ad/base" --lora "a1=$ad/other"
 refused --model "$ad/base" --lora "a1=$ad/bias"
-refused --model "$ad/base" --lora "a1=$ad/a1" --lora "a1=$ad/a2"
+refused --model "$ad/base" --lora "a1=$ad/a1" --lora "a1:latest=$ad/a2"
 refused --model "$ad/base" --lora "base=$ad/a1"
 refused --lora "a1=$ad/a1"
 bash "$here/with_server.sh" "$loom" "$work" --tokenizer "$tok" --lora "a1=$ad/a1" --lora "a2=$ad/a2" \
