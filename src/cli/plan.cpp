@@ -159,9 +159,9 @@ void run_plan(const PlanArgs& a, int world_size) {
 void add_plan_command(CLI::App& app, int world_size) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "predict a training run before it runs: the bytes every rank holds per memory tag (the same figures "
-              "`loom train --memory-json` measures; data parallelism with ZeRO 0 to 3, context, tensor, pipeline and expert "
-              "parallelism, on the CPU) and, with --cluster, its step time; with --global-batch, search the best "
-              "layouts of a model on a cluster; with --calibrate, measure this machine as a cluster");
+              "`loom train --memory-json` measures; data parallelism with ZeRO 0 to 3, context, tensor, pipeline and "
+              "expert parallelism, and LoRA runs, on the CPU) and, with --cluster, its step time; with --global-batch, "
+              "search the best layouts of a model on a cluster; with --calibrate, measure this machine as a cluster");
   auto a = std::make_shared<PlanArgs>();
   cmd->add_option("--config", a->config, "TOML run config, as loom train takes it");
   cmd->add_option("--model", a->model, "a model preset to search layouts for (with --set model.KEY=VALUE)");

@@ -113,6 +113,13 @@ class FrozenWeights {
 // unquantized weights). A base that does not fit in memory is a loom::Error
 // with the numbers.
 std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools, TpRank tp = {});
+// What load_frozen_base(dir, dtype, ., tp) holds in pools[params], without
+// reading a weight: bytes, and whether the base stays quantized (QLoRA).
+struct FrozenBytes {
+  int64_t bytes = 0;
+  bool quantized = false;
+};
+FrozenBytes frozen_base_bytes(const ModelDir& dir, DType dtype, TpRank tp = {});
 
 // W += (alpha / r) B A for every adapted linear: base (param_specs(cfg)
 // order, f32) absorbs adapters (lora_param_specs order, f32). The merged

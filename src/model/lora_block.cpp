@@ -235,6 +235,15 @@ std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype
   return std::make_unique<FrozenWeights>(cfg, std::move(local), tp);
 }
 
+FrozenBytes frozen_base_bytes(const ModelDir& dir, DType dtype, TpRank tp) {
+  const int64_t P = param_count(dir.config);
+  if (dir.gguf && tp.size == 1 && dtype == DType::f32) {
+    const QuantWeights::Footprint q = QuantWeights::footprint(io::GgufFile::open(dir.weights), dir.config);
+    if (q.blocks > 0) return {q.blocks + P * 4 - q.f32_bytes, true};  // the blocks, the rest compact in f32
+  }
+  return {param_count(dir.config, tp) * static_cast<int64_t>(dtype_size(dtype)), false};
+}
+
 LayerWeights with_lora(LayerWeights w, const ParamViews& adapters, const ModelConfig& cfg, int64_t i) {
   const std::string p = layer_prefix(cfg, i);
   // module: its index among the block's HF linears (dropout's key, with the layer).

@@ -119,6 +119,8 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   const DType compute = options.compute;
   const StageOptions& stage = options.stage;
   const int64_t P = trainable_count(cfg, options);  // validates, O(1) in n_layer
+  LOOM_REQUIRE(!options.lora.config.enabled() || options.lora.base != nullptr,
+               "an adapted model needs its base's weights (LoraOptions::base)");
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   first_layer_ = stage.layers.first_layer;
   n_layers_ = stage.layers.layer_count(cfg.n_layer);

@@ -196,6 +196,9 @@ struct LoraOptions {
   LoraConfig config;
   const FrozenWeights* base = nullptr;
   uint64_t seed = 0;  // keys config.dropout's masks (with each element's sample, position, linear, feature)
+  // A quantized base (QLoRA) without `base` at hand: the layout counts the
+  // tiles its linears are dequantized into (Model::state_bytes for plans).
+  bool quantized_base = false;
 };
 
 struct ModelOptions {

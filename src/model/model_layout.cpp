@@ -154,7 +154,7 @@ void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg
       const int64_t IC = std::max(C, F);
       l.mask = alloc({B * T * IC}, f32), l.xdrop = alloc({B * T * IC}), l.dxdrop = alloc({B * T * IC}, f32);
     }
-    if (options.lora.base != nullptr && options.lora.base->quant() != nullptr)
+    if (options.lora.quantized_base || (options.lora.base != nullptr && options.lora.base->quant() != nullptr))
       l.wtile = alloc({kQuantTileRows * std::max(C, F)}, f32), l.ytile = alloc({B * T * kQuantTileRows}, f32);
   }
 }
@@ -261,7 +261,6 @@ int64_t trainable_count(const ModelConfig& cfg, const ModelOptions& options) {
   if (!lora.config.enabled()) return P;
   LOOM_REQUIRE(options.cp.size == 1 && options.ep.ep.size == 1, "lora: context and expert parallelism of an adapted ",
                "model are not supported yet: allowed are parallel.cp = 1 and parallel.ep = 1");
-  LOOM_REQUIRE(lora.base != nullptr, "an adapted model needs its base's weights (LoraOptions::base)");
   return param_count(lora_param_specs(cfg, lora.config, options.tp.tp, options.stage.layers));
 }
 

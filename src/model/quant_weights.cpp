@@ -31,9 +31,10 @@ bool is_linear(const std::string& name) {
   return name == "lm_head.weight";
 }
 
-}  // namespace
-
-QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) : file_(std::move(f)) {
+// f(spec, its GGUF tensor, its name there, first row, rows, type, tied head)
+// for each linear of cfg that f holds quantized.
+template <typename F>
+void for_each_quantized(const io::GgufFile& file, const ModelConfig& cfg, F f) {
   std::vector<ParamSpec> specs = param_specs(cfg);
   if (cfg.tie_embeddings) {  // the head multiplies by token_embd: held under the head's name
     ParamSpec head;
@@ -44,18 +45,37 @@ QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) :
     if (!is_linear(s.name)) continue;
     const bool tied_head = cfg.tie_embeddings && s.name == "lm_head.weight";
     const std::string g = tied_head ? "token_embd.weight" : gguf_tensor_name(cfg, s.name);
-    const io::GgufTensorInfo* t = file_.find_tensor(g);
+    const io::GgufTensorInfo* t = file.find_tensor(g);
     const std::optional<QuantType> type = t != nullptr ? gguf_quant_type(t->type) : std::nullopt;
     if (!type) continue;  // missing: load_params_from_gguf says so
     const int64_t cols = s.shape[s.shape.ndim() - 1], rows = s.numel() / cols;
     const GgufRows at = gguf_rows_of(cfg, s.name, rows);  // an expert: its slice of the stacked tensor
-    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == at.in_tensor * cols, "GGUF file '", file_.path(),
+    LOOM_REQUIRE(t->ne[0] == cols && t->n_elements == at.in_tensor * cols, "GGUF file '", file.path(),
                  "': tensor '", g, "' has ", t->n_elements, " values in rows of ", t->ne[0], "; loom's ", s.name, " ",
                  s.shape.str(), at.expert < 0 ? "" : concat(" (one of ", cfg.n_expert, " experts)"),
                  " needs rows of ", cols);
-    hold(s.name, *t, at.first, rows, *type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
-    if (!tied_head) f32_bytes_ += s.numel() * 4;
+    f(s, *t, g, at.first, rows, *type, tied_head);
   }
+}
+
+}  // namespace
+
+QuantWeights::QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool) : file_(std::move(f)) {
+  for_each_quantized(file_, cfg, [&](const ParamSpec& s, const io::GgufTensorInfo& t, const std::string& g,
+                                     int64_t first, int64_t rows, QuantType type, bool tied_head) {
+    hold(s.name, t, first, rows, type, gguf_rows_permuted(cfg, g), cfg.head_size(), pool);
+    if (!tied_head) f32_bytes_ += s.numel() * 4;
+  });
+}
+
+QuantWeights::Footprint QuantWeights::footprint(const io::GgufFile& f, const ModelConfig& cfg) {
+  Footprint out;
+  for_each_quantized(f, cfg, [&](const ParamSpec& s, const io::GgufTensorInfo& t, const std::string&, int64_t,
+                                 int64_t rows, QuantType type, bool tied_head) {
+    out.blocks += rows * static_cast<int64_t>(kernels::quant_row_bytes(type, t.ne[0]));
+    if (!tied_head) out.f32_bytes += s.numel() * 4;
+  });
+  return out;
 }
 
 void QuantWeights::hold(const std::string& name, const io::GgufTensorInfo& t, int64_t first, int64_t rows,

@@ -48,6 +48,13 @@ class QuantWeights {
   // (an f32 / f16 / bf16 file): empty().
   QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool);
   QuantWeights(const QuantWeights&) = delete;
+  // What the constructor would hold, without reading any block: the blocks'
+  // bytes (bytes()) and the f32 bytes of the parameters they stand for
+  // (f32_bytes()). For memory plans.
+  struct Footprint {
+    int64_t blocks = 0, f32_bytes = 0;
+  };
+  static Footprint footprint(const io::GgufFile& f, const ModelConfig& cfg);
   QuantWeights& operator=(const QuantWeights&) = delete;
 
   bool empty() const { return by_name_.empty(); }

@@ -297,7 +297,10 @@ class CommReplay {
     const auto u = static_cast<size_t>(unit);
     if (--refs_[u] == 0) gathered_[u] = false, now_ -= param_bytes_ * units_[u].numel();
   }
+  // An empty unit (an adapted model's embeddings or head) is in no bucket:
+  // DataParallel gives it no buffer and reduces nothing for it.
   void acquire_grads(int unit) {
+    if (units_[unit].numel() == 0) return;
     const size_t b = bucket_of(unit);
     std::vector<bool>::reference is_open = open_[static_cast<size_t>(unit_group_[static_cast<size_t>(unit)])][b];
     if (!is_open) is_open = true, add(kF32 * group_of(unit).buckets[b].numel());
@@ -306,6 +309,7 @@ class CommReplay {
   // rank: added into the shard and freed); a third reduction of any group
   // retires the oldest.
   void grads_ready(int unit) {
+    if (units_[unit].numel() == 0) return;
     const size_t b = bucket_of(unit);
     const ZeroGroup& g = group_of(unit);
     if (unit != g.buckets[b].first_unit) return;

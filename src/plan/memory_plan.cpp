@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "mesh/layout.h"
+#include "model/config_json.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "parallel/cp.h"
@@ -27,7 +29,6 @@ void require_predicted(const train::RunConfig& cfg) {
                              "parallelism on the CPU"));
   };
   if (p.mode != "collective") refuse("parameter-server training (parallel.mode = ps)");
-  if (cfg.lora.adapters.enabled()) refuse("LoRA fine-tuning ([lora]: a frozen base and its adapters)");
   LOOM_REQUIRE(p.pp == 1 || p.zero_stage <= 1, "parallel.pp = ", p.pp,
                " composes with ZeRO stages 0 and 1 (parallel.zero_stage = ", p.zero_stage, ")");
   // Its packed reductions and a cp call's buffers would be held together
@@ -191,12 +192,16 @@ Chunks chunk_bytes(const train::RunConfig& cfg, const train::ChunkOptions& co,
     mo.stage = so;
     const model::ModelBytes m = model::Model::state_bytes(cfg.model, B, T, mo);
     out.model.params += m.params, out.model.grads += m.grads, out.model.activations += m.activations;
-    const std::vector<model::ParamSpec> specs = model::param_specs(cfg.model, mo.tp.tp, so.layers, mo.ep.ep);
-    const std::vector<model::Unit> units = model::model_units(cfg.model, specs);
+    // What trains: the model's parameters, or its LoRA adapters (model/lora.h).
+    const model::LoraConfig& lora = mo.lora.config;
+    const std::vector<model::ParamSpec> specs =
+        model::trainable_param_specs(cfg.model, lora, mo.tp.tp, so.layers, mo.ep.ep);
+    const std::vector<model::Unit> units = lora.enabled() ? model::lora_units(cfg.model, specs, so.layers)
+                                                          : model::model_units(cfg.model, specs);
     std::vector<int> group_of;  // group 1: the rank's experts, under ep
     for (const model::ParamSpec& spec : specs) group_of.push_back(parallel::in_expert_group(spec.name, mo.ep.ep.size));
     const int64_t n_layers = so.layers.layer_count(cfg.model.n_layer);
-    if (cfg.parallel.pp > 1)
+    if (cfg.parallel.pp > 1 && !lora.enabled())  // adapters alone: no tied copy (rank_chunks.cpp)
       dpo.solo_params = parallel::TiedEmbedding::solo_params(cfg.model, so.layers.holds_embedding(),
                                                              so.layers.holds_head(cfg.model.n_layer));
     // The groups' shard state together; each unit lies in one group
@@ -245,6 +250,13 @@ RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, in
     stages = train::rank_stages(co, *schedule, static_cast<int>(p.pp), c.pp);
   }
   mo.ep.ep = {static_cast<int>(p.ep), c.ep};
+  // LoRA: the adapters train, and every rank holds the frozen base (its tp
+  // slice) as load_frozen_base reads it.
+  model::FrozenBytes base;
+  if (cfg.lora.adapters.enabled()) {
+    base = model::frozen_base_bytes(model::load_model_dir(cfg.lora.base), compute, mo.tp.tp);
+    mo.lora.config = cfg.lora.adapters, mo.lora.quantized_base = base.quantized;
+  }
   // The gradients are averaged (and ZeRO-sharded) over dp x cp; an ep rank's experts over expert-dp x cp.
   const Chunks chunks = chunk_bytes(cfg, co, stages, mo, group_positions(layout, r, static_cast<int>(p.ep)), o);
   const model::ModelBytes& m = chunks.model;
@@ -264,7 +276,7 @@ RankMemory plan_rank(const train::RunConfig& cfg, const mesh::Layout& layout, in
   const int64_t sequences = 1 + (p.pp > 1 ? co.micro_batches : 0);
   const int64_t tokens =
       2 * B * (T * sequences + (p.cp > 1 ? co.seq_len : 0)) * static_cast<int64_t>(sizeof(int32_t));
-  set(MemTag::params, m.params + state.params, m.params + state.params);
+  set(MemTag::params, m.params + state.params + base.bytes, m.params + state.params + base.bytes);
   set(MemTag::grads, m.grads + state.grads, m.grads + state.grads);
   set(MemTag::master, state.master, state.master);
   set(MemTag::optimizer, state.optimizer, state.optimizer);

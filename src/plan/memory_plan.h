@@ -46,6 +46,11 @@
 // for the worst routing (model/moe.h moe_sizes), so they are predicted
 // exactly whatever the router does.
 //
+// LoRA ([lora]): the adapters are what trains (their gradients, shards and
+// AdamW state as above), and every rank holds the frozen base beside them
+// in params as load_frozen_base reads it (model/lora.h frozen_base_bytes:
+// its tp slice in the compute dtype, or a GGUF's blocks and the rest in f32).
+//
 // Every layout loom trains on the CPU: dp (ZeRO 0 to 3) x cp x ep x tp,
 // and pp x dp (ZeRO 0 and 1) x cp x ep x tp, but ep and cp together with
 // pipelining (refused with a message saying so).

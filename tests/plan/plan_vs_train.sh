@@ -2,7 +2,9 @@
 # loom plan's prediction equals what loom train then measures (--memory-json),
 # every rank and tag, for each layout below (dp with ZeRO 0 to 3, tp, cp,
 # pp with every schedule, ep, and their products): one training step of
-# configs/tiny.toml on a small prepared corpus.
+# configs/tiny.toml on a small prepared corpus; and LoRA runs of the same
+# model (adapters on an f32, bf16 or q8_0 GGUF base, dropout) under dp
+# (ZeRO 2 and 3), tp with SP and pp.
 #   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG            the one-process layouts
 #   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG MPIRUN...  the layouts of 2 and 4 ranks
 # A bf16 layout is skipped (said so) on a CPU without a bf16 GEMM.
@@ -22,10 +24,10 @@ case_() {
   local out=()
   if [[ ${1:-} == --out ]]; then out=(--out "$work/model.$n"); shift; fi
   local sets=(--set "data.train=$work/data/train_*.bin" --set "data.val=$work/data/val_*.bin" --set train.steps=1 "$@")
-  "$loom" plan --config "$config" "${sets[@]}" "${out[@]}" --json >"$work/plan.$n"
+  "$loom" plan --config "$conf" "${sets[@]}" "${out[@]}" --json >"$work/plan.$n"
   local launch=()
   if ((np > 1)); then launch=("${mpirun[@]}" -np "$np"); fi
-  if ! "${launch[@]}" "$loom" train --config "$config" "${sets[@]}" "${out[@]}" --memory-json --threads 1 \
+  if ! "${launch[@]}" "$loom" train --config "$conf" "${sets[@]}" "${out[@]}" --memory-json --threads 1 \
     >"$work/train.$n" 2>"$work/train.$n.err"; then
     if grep -q "no bf16 GEMM" "$work/train.$n.err"; then echo "skipped: $name (this CPU has no bf16 GEMM)"; return; fi
     cat "$work/train.$n" "$work/train.$n.err" >&2
@@ -34,8 +36,21 @@ case_() {
   /usr/bin/python3 "$compare" "$work/plan.$n" "$work/train.$n" "$name"
   n=$((n + 1))
 }
+# The LoRA runs' config: tiny.toml's, its [model] given by lora.base instead.
+"$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --set max_seq_len=32 --seed 3 --out "$work/base" >/dev/null
+"$loom" quantize "$work/base" "$work/base_q8.gguf" --type q8_0 --tokenizer "$tok" >/dev/null 2>&1
+/usr/bin/python3 - "$config" "$work/base" >"$work/lora.toml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+print(re.sub(r"\[model\][^\[]*", "", text) + f'\n[lora]\nrank = 4\nalpha = 8\nbase = "{sys.argv[2]}"\n')
+PY
+conf=$config
+lora() { conf=$work/lora.toml; case_ "$@"; conf=$config; }
 mpirun=("$@")
 if ((${#mpirun[@]} == 0)); then
+  lora 1 "LoRA, f32 base, adapters written" --out
+  lora 1 "LoRA, bf16 base, dropout, full recompute" --set train.dtype=bf16 --set lora.dropout=0.1 --set train.recompute=full
+  lora 1 "QLoRA, q8_0 base, dropout" --set "lora.base=$work/base_q8.gguf" --set lora.dropout=0.1
   case_ 1 "fp32" --set train.recompute=none
   case_ 1 "fp32, selective recompute, model written" --out --set train.recompute=selective
   case_ 1 "fp32, small buckets" --set parallel.bucket_mb=0.05
@@ -46,6 +61,10 @@ if ((${#mpirun[@]} == 0)); then
   case_ 1 "MoE, ZeRO 2, 3 micro-batches" --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=3
   case_ 1 "ZeRO 3 on one rank, bf16, model written" --out --set parallel.zero_stage=3 --set train.dtype=bf16
 else
+  lora 2 "LoRA, dp 2, ZeRO 2" --set parallel.dp=2 --set parallel.zero_stage=2
+  lora 2 "LoRA, dp 2, ZeRO 3, dropout, adapters written" --out --set parallel.dp=2 --set parallel.zero_stage=3 --set lora.dropout=0.1
+  lora 2 "LoRA, tp 2, sequence parallel" --set parallel.tp=2 --set parallel.sequence_parallel=true
+  lora 2 "LoRA, pp 2, 1F1B, 2 micro-batches" --set parallel.pp=2
   case_ 2 "dp 2, ZeRO 0" --set parallel.dp=2
   case_ 2 "dp 2, ZeRO 1, small buckets, model written" --out --set parallel.dp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05
   case_ 2 "tp 2" --set parallel.tp=2
