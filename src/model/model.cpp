@@ -54,10 +54,13 @@ int number_layer_units(const ModelConfig& cfg, int64_t first, int64_t layers, bo
   return next;
 }
 
-// QLoRA (lora.h FrozenWeights): the blocks read the base's quantized linears.
+// An adapted model's base, which it must have; QLoRA (lora.h FrozenWeights):
+// the blocks read the base's quantized linears.
 void use_quantized_base(Dims& d, const ModelOptions& options) {
   const LoraOptions& lora = options.lora;
-  if (!lora.config.enabled() || lora.base->quant() == nullptr) return;
+  if (!lora.config.enabled()) return;
+  LOOM_REQUIRE(lora.base != nullptr, "an adapted model needs its base's weights (LoraOptions::base)");
+  if (lora.base->quant() == nullptr) return;
   LOOM_REQUIRE(options.compute == DType::f32, "a quantized base model (QLoRA) trains with f32 compute, not ",
                dtype_name(options.compute), ": set train.dtype = fp32");
   d.quant = lora.base->quant();
@@ -119,8 +122,6 @@ Model::Model(const ModelConfig& cfg, int64_t B, int64_t T, Pools& pools, const M
   const DType compute = options.compute;
   const StageOptions& stage = options.stage;
   const int64_t P = trainable_count(cfg, options);  // validates, O(1) in n_layer
-  LOOM_REQUIRE(!options.lora.config.enabled() || options.lora.base != nullptr,
-               "an adapted model needs its base's weights (LoraOptions::base)");
   LOOM_REQUIRE(stage.slots >= 1, "activation slots ", stage.slots, " is invalid: allowed values are >= 1");
   first_layer_ = stage.layers.first_layer;
   n_layers_ = stage.layers.layer_count(cfg.n_layer);
