@@ -9,6 +9,7 @@ set_tests_properties(cli.LoraTrainsAPeftAdapterWhoseMergeEvaluatesAlikeAndRefuse
 [^\n]*wrote the LoRA adapter [^\n]*adapter_model.safetensors and adapter_config.json[^\n]*
 adapter_config: peft_type LORA, r 4, lora_alpha 8, 4 target modules
 merged loss equals the unmerged adapter's; both below the base's
+merged into bf16: BF16 tensors, loss within 1e-2 of the f32 merge's
 [^\n]*lora.rank = 0 is invalid: allowed values are integers >= 1[^\n]*
 exit=1
 [^\n]*lora.targets: 'q_proj' is not a linear of a gpt2 block: allowed names are qkv, c_attn[^\n]*

@@ -32,6 +32,7 @@ struct ConvertArgs {
   std::string to, model_dir, out;
   std::string quantize = "f32", tokenizer, name;
   std::string adapter;  // loom lora merge: the PEFT adapter directory
+  std::string dtype = "fp32";  // loom lora merge: the merged weights' dtype (fp32 | bf16)
   bool print_error = false;  // loom quantize: the error table
 };
 
@@ -153,11 +154,12 @@ void run_lora_merge(const ConvertArgs& args) {
   std::string tokenizer_from;
   const std::unique_ptr<text::Tokenizer> tok = tokenizer_to_write(args, dir, &tokenizer_from);
   Pools pools;
-  const OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(dir.config)});
+  OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(dir.config)});
   const OwnedTensor adapters = pools[MemTag::params].empty(DType::f32, {model::lora_param_count(dir.config, lora)});
   model::load_peft_adapter(args.adapter, dir.config, lora, adapters);
   model::load_model_params(dir, params);
-  model::lora_merge(params, dir.config, lora, adapters);
+  model::lora_merge(params, dir.config, lora, adapters);  // in f32, then rounded once to the dtype asked for
+  if (args.dtype == "bf16") params = model::params_in_dtype(std::move(params), DType::bf16, pools[MemTag::params]);
   model::save_model_dir(args.out, dir.config, params, args.to == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom);
   log_info("wrote ", args.to, " model directory ", args.out, ": ", args.model_dir, " with the adapter ", args.adapter,
            " merged (rank ", lora.rank, ", alpha ", lora.alpha, ")",
@@ -193,8 +195,8 @@ void add_lora_command(CLI::App& app) {
   CLI::App* lora = app.add_subcommand("lora", "LoRA adapters (PEFT's adapter directories) and their base models");
   lora->require_subcommand(1);
   CLI::App* merge = lora->add_subcommand(
-      "merge", "Write the base model with an adapter merged into its weights (W + alpha / r B A, f32): a model "
-               "directory that generate, serve and quantize take as any other");
+      "merge", "Write the base model with an adapter merged into its weights (W + alpha / r B A, computed in f32, "
+               "written in --dtype): a model directory that generate, serve and quantize take as any other");
   auto margs = std::make_shared<ConvertArgs>();
   margs->to = "loom";
   merge->add_option("--base", margs->model_dir, "the base model: a loom or Hugging Face directory, or a .gguf file")
@@ -207,6 +209,8 @@ void add_lora_command(CLI::App& app) {
   merge->add_option("--to", margs->to, "output format: loom or hf")->capture_default_str()->check(
       CLI::IsMember({"hf", "loom"}));
   merge->add_option("--tokenizer", margs->tokenizer, kTokenizerHelp);
+  merge->add_option("--dtype", margs->dtype, "the merged weights: fp32 or bf16")->capture_default_str()->check(
+      CLI::IsMember({"fp32", "bf16"}));
   merge->callback([margs] { run_lora_merge(*margs); });
 }
 

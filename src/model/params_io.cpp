@@ -1,9 +1,11 @@
 // Whole-model parameter init, import and export over a flat buffer (params.h).
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "model/params.h"
 
 namespace loom::model {
@@ -42,18 +44,28 @@ void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::Saf
     const io::TensorInfo& info = file.info(name);
     const bool transposed = layout == ParamLayout::hf && s.hf_transposed;
     const Shape want = transposed ? Shape{s.shape[1], s.shape[0]} : s.shape;
-    LOOM_REQUIRE(info.dtype == DType::f32, file.path(), ": tensor '", name, "' has dtype ",
-                 dtype_name(info.dtype), ": allowed dtype is F32");
+    LOOM_REQUIRE(dtype_is_float(info.dtype), file.path(), ": tensor '", name, "' has dtype ",
+                 dtype_name(info.dtype), ": allowed dtypes are F32, BF16 and F16");
     LOOM_REQUIRE(info.shape == want, file.path(), ": tensor '", name, "' has shape ", info.shape.str(),
                  ", expected ", want.str(), " for this model config");
     const Tensor dst = param_view(flat, s);
-    if (!transposed) {
+    if (!transposed && info.dtype == DType::f32) {
       file.read(name, dst);
       continue;
     }
+    // Widened to f32 (exact) and / or transposed through a buffer.
     std::vector<float> tmp(static_cast<size_t>(s.numel()));
-    file.read(name, Tensor(tmp.data(), DType::f32, want));
-    transpose_into(dst.data_as<float>(), tmp.data(), s.shape[0], s.shape[1]);
+    const Tensor wide(tmp.data(), DType::f32, want);
+    if (info.dtype == DType::f32) {
+      file.read(name, wide);
+    } else {
+      std::vector<uint16_t> low(static_cast<size_t>(s.numel()));
+      const Tensor stored(low.data(), info.dtype, want);
+      file.read(name, stored);
+      kernels::cast(wide, stored);
+    }
+    if (transposed) transpose_into(dst.data_as<float>(), tmp.data(), s.shape[0], s.shape[1]);
+    else kernels::copy(dst, wide.reshape(s.shape));
   }
 }
 
@@ -62,6 +74,8 @@ void save_params(const std::string& path, const std::vector<ParamSpec>& specs, c
   LOOM_CHECK(flat.numel() == param_count(specs), "flat buffer ", flat.str(), " for ", param_count(specs), " params");
   std::vector<std::vector<float>> transposed;  // storage of the Conv1D copies
   transposed.reserve(specs.size());
+  std::vector<std::vector<uint16_t>> narrowed;  // bf16 / f16 Conv1D copies
+  narrowed.reserve(specs.size());
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const ParamSpec& s : specs) {
     const Tensor src = param_view(flat, s);
@@ -71,8 +85,19 @@ void save_params(const std::string& path, const std::vector<ParamSpec>& specs, c
     }
     const int64_t rows = s.shape[0], cols = s.shape[1];  // HF holds (cols, rows)
     std::vector<float>& t = transposed.emplace_back(static_cast<size_t>(s.numel()));
-    transpose_into(t.data(), src.data_as<float>(), cols, rows);
-    tensors.emplace_back(s.name, Tensor(t.data(), DType::f32, {cols, rows}));
+    if (src.dtype() == DType::f32) {
+      transpose_into(t.data(), src.data_as<float>(), cols, rows);
+      tensors.emplace_back(s.name, Tensor(t.data(), DType::f32, {cols, rows}));
+      continue;
+    }
+    // bf16 / f16: transposed through f32 (exact both ways), stored in its dtype.
+    std::vector<float> wide(static_cast<size_t>(s.numel()));
+    kernels::cast(Tensor(wide.data(), DType::f32, src.shape()), src);
+    transpose_into(t.data(), wide.data(), cols, rows);
+    std::vector<uint16_t>& low = narrowed.emplace_back(static_cast<size_t>(s.numel()));
+    const Tensor out(low.data(), src.dtype(), {cols, rows});
+    kernels::cast(out, Tensor(t.data(), DType::f32, {cols, rows}));
+    tensors.emplace_back(s.name, out);
   }
   io::write_safetensors(path, tensors, metadata);
 }

@@ -51,6 +51,19 @@ assert abs(unmerged - merged) <= 1e-5 * abs(merged), (unmerged, merged)
 assert unmerged < base, (unmerged, base)
 print("merged loss equals the unmerged adapter's; both below the base's")
 PY
+# Merged into bf16 weights (Hugging Face layout): BF16 tensors that loom
+# reads back, the loss within bf16's rounding of the f32 merge's.
+"$loom" lora merge --base "$d/base" --adapter "$d/adapter" --out "$d/merged16" --dtype bf16 --to hf > /dev/null 2>&1 \
+  || exit 1
+/usr/bin/python3 - "$d/merged16/model.safetensors" "$(e --model "$d/merged16")" "$(e --model "$d/merged")" <<'PY' || exit 1
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}, header
+low, full = (json.loads(a)["loss"] for a in sys.argv[2:])
+assert abs(low - full) <= 1e-2 * abs(full), (low, full)
+print("merged into bf16: BF16 tensors, loss within 1e-2 of the f32 merge's")
+PY
 # Mistakes: each one line naming the key.
 refused() {
   out=$("$loom" train --config "$d/lora.toml" --threads 1 "$@" 2>&1); code=$?
