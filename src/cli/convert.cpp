@@ -159,7 +159,8 @@ void run_lora_merge(const ConvertArgs& args) {
   model::load_peft_adapter(args.adapter, dir.config, lora, adapters);
   model::load_model_params(dir, params);
   model::lora_merge(params, dir.config, lora, adapters);  // in f32, then rounded once to the dtype asked for
-  if (args.dtype == "bf16") params = model::params_in_dtype(std::move(params), DType::bf16, pools[MemTag::params]);
+  if (args.dtype == "bf16")
+    params = model::params_in_dtype(std::move(params), DType::bf16, pools[MemTag::params]);
   model::save_model_dir(args.out, dir.config, params, args.to == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom);
   log_info("wrote ", args.to, " model directory ", args.out, ": ", args.model_dir, " with the adapter ", args.adapter,
            " merged (rank ", lora.rank, ", alpha ", lora.alpha, ")",
