@@ -199,19 +199,14 @@ int32_t PagedRunner::add_adapter(const LoraConfig& lora, const Tensor& adapters)
   int64_t width = 0, depth = 0;
   for (const LoraModule& m : modules) width = std::max(width, m.out), depth = std::max(depth, m.in);
   const int64_t M = sizes_.max_tokens;
-  Pool& acts = (*st.pools)[MemTag::activations];
-  if (!st.lora_u.defined() || st.lora_u.numel() < M * lora.rank) {
-    st.owned.push_back(acts.zeros(compute_, {M * lora.rank}));
-    st.lora_u = st.owned.back();
-  }
-  if (!st.lora_y.defined() || st.lora_y.numel() < M * width) {
-    st.owned.push_back(acts.zeros(compute_, {M * width}));
-    st.lora_y = st.owned.back();
-  }
-  if (!st.lora_x.defined() || st.lora_x.numel() < M * depth) {
-    st.owned.push_back(acts.zeros(compute_, {M * depth}));
-    st.lora_x = st.owned.back();
-  }
+  const auto grow = [&](Tensor& buf, int64_t per_row) {  // a larger buffer when this adapter needs one
+    if (buf.defined() && buf.numel() >= M * per_row) return;
+    st.owned.push_back((*st.pools)[MemTag::activations].zeros(compute_, {M * per_row}));
+    buf = st.owned.back();
+  };
+  grow(st.lora_u, lora.rank);
+  grow(st.lora_y, width);
+  grow(st.lora_x, depth);
   st.adapters.push_back(std::move(ad));
   st.scales.push_back(lora.scale());
   // Every layer's linears point at their pairs by id, where any adapter has one.
