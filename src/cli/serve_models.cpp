@@ -129,7 +129,8 @@ std::vector<std::shared_ptr<serve::LoadedModel>> load_served_models(const std::s
                                                   e.config(dir.config),
                                                   owned->weights.quant_or_null());
   std::vector<int64_t> adapter_bytes;  // before the loop starts: the engine is this thread's until then
-  for (const ServedAdapter& s : adapters) adapter_bytes.push_back(add_adapter(*owned->engine, owned->weights.params.dtype(), dir.config, s, name));
+  for (const ServedAdapter& s : adapters)
+    adapter_bytes.push_back(add_adapter(*owned->engine, owned->weights.params.dtype(), dir.config, s, name));
   // A harmony model (gpt-oss): its output shows the markers its reader needs (harmony.h).
   serve::HarmonyTokens harmony;
   if (serve::tool_format_of(extras.chat.source) == serve::ToolFormat::harmony && !extras.chat.is_plain)

@@ -163,7 +163,8 @@ void lora_backward(const Dims& d, Tensor dx, const LoraPair& g, const Tensor& dy
   const Tensor dxa = drop ? leading(d.lora.dxdrop, x.size(0), x.size(1)) : dx;
   if (drop) kernels::fill(dxa, 0.f);
   if (tp && !row)  // du is this rank's part (its rows of B): dA summed over tp
-    add_summed_over_tp(d, g.a, p.a, [&](const Tensor& da) { kernels::linear_backward(dxa, da, Tensor(), du, in, p.a); });
+    add_summed_over_tp(d, g.a, p.a,
+                       [&](const Tensor& da) { kernels::linear_backward(dxa, da, Tensor(), du, in, p.a); });
   else
     kernels::linear_backward(dxa, g.a, Tensor(), du, in, p.a);  // dx += du A, dA += du^T x
   if (!drop) return;

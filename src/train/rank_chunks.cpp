@@ -97,7 +97,8 @@ void start_adapters_from(const ChunkOptions& o, parallel::DataParallel& dp) {
   dp.set_params([&](Tensor dst, const model::ParamSpec& spec) {
     model::ParamSpec at_zero = spec;  // dst holds this parameter alone
     at_zero.offset = 0;
-    model::take_runs(dst.reshape({spec.numel()}), at_zero, model::param_view(values, *by_name.at(spec.name)).reshape({spec.global_numel()}));
+    const Tensor all = model::param_view(values, *by_name.at(spec.name)).reshape({spec.global_numel()});
+    model::take_runs(dst.reshape({spec.numel()}), at_zero, all);
   });
 }
 

@@ -82,7 +82,8 @@ class LoraDataParallelTest : public SharedDataTest<"loom_mpi_lora", 4000> {
     const std::vector<double> got = run_resumable(g, cfg, 0, kSteps, {}, {}, what);
     const double diff = max_relative_difference(got, ref);
     if (world().rank() == 0 && diff > kTolerance)
-      for (size_t i = 0; i < std::min<size_t>(3, got.size()); ++i) std::printf("  step %zu: %.8f vs %.8f\n", i + 1, got[i], ref[i]);
+      for (size_t i = 0; i < std::min<size_t>(3, got.size()); ++i)
+        std::printf("  step %zu: %.8f vs %.8f\n", i + 1, got[i], ref[i]);
     if (world().rank() == 0) std::printf("[lora] %s: max relative loss difference %.3g\n", what.c_str(), diff);
     return diff;
   }
