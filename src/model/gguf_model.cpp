@@ -246,6 +246,11 @@ int64_t gguf_loom_row(int64_t r, int64_t head_size) {
   return h * head_size + (j % 2) * (head_size / 2) + j / 2;
 }
 
+int64_t gguf_row_of_loom(int64_t r, int64_t head_size) {
+  const int64_t h = r / head_size, j = r % head_size, half = head_size / 2;
+  return h * head_size + 2 * (j % half) + j / half;
+}
+
 GgufRows gguf_rows_of(const ModelConfig& cfg, const std::string& name, int64_t rows) {
   const auto layer = split_layer(cfg, name);
   const auto e = layer ? expert_of(layer->second) : std::nullopt;

@@ -71,7 +71,9 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f);
 // The parameters `skip` holds (served in their blocks: quant_weights.h) are
 // left unwritten. layout: where flat holds each parameter instead (a subset
 // of param_specs(cfg) by name with offsets of its own, every parameter not
-// skipped among them: a QLoRA base without room for its quantized linears).
+// skipped among them: a QLoRA base without room for its quantized linears),
+// each place a spec of param_specs(cfg) or of a tp rank's param_specs(cfg,
+// tp), whose slice it then holds (tp_slice's elements, padding 0).
 void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFile& f,
                            const QuantWeights* skip = nullptr, std::span<const ParamSpec> layout = {});
 
@@ -81,6 +83,8 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
 // The one formula the writer and the reader both use.
 bool gguf_rows_permuted(const ModelConfig& cfg, const std::string& gguf_name);
 int64_t gguf_loom_row(int64_t r, int64_t head_size);
+// Its inverse: the GGUF row that holds loom row r.
+int64_t gguf_row_of_loom(int64_t r, int64_t head_size);
 
 // The block type of a GGUF tensor type loom computes with in blocks (q8_0,
 // q4_0, q4_K, q6_K: kernels/quant.h), or none (f32, f16, bf16, others).

@@ -3,11 +3,13 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/quant.h"
 #include "model/gguf_model.h"
+#include "model/params.h"
 #include "model/quant_weights.h"
 
 namespace loom::model {
@@ -56,6 +58,33 @@ void to_floats(float* dst, const uint8_t* bytes, GgmlType t, int64_t n, const st
        ", which loom cannot compute with: it reads f32, f16, bf16, q8_0, q4_0, q4_K and q6_K");
 }
 
+
+// The rank's elements of a parameter (place: its spec, whose offset is in
+// flat; a tp slice, or the whole) from its global rows of ne0 values, each
+// read by read_row(dst, global row): whole rows straight into place, a
+// row-parallel slice's columns through one row of scratch; padding 0.
+template <typename ReadRow>
+void read_place(Tensor flat, const ParamSpec& place, int64_t ne0, ReadRow read_row) {
+  float* dst = flat.data_as<float>() + place.offset;
+  std::vector<float> row;
+  int64_t row_in = -1;  // the global row in `row`
+  for (const ShardRun& run : shard_runs(place)) {
+    for (int64_t e = 0; e < run.count;) {
+      const int64_t g = run.global + e, col = g % ne0;
+      const int64_t n = run.global < 0 ? run.count - e : std::min(run.count - e, ne0 - col);
+      float* to = dst + run.local + e;
+      if (run.global < 0) {
+        std::fill(to, to + n, 0.f);
+      } else if (n == ne0) {
+        read_row(to, g / ne0);
+      } else {
+        if (row_in != g / ne0) row.resize(static_cast<size_t>(ne0)), read_row(row.data(), row_in = g / ne0);
+        std::copy(row.data() + col, row.data() + col + n, to);
+      }
+      e += n;
+    }
+  }
+}
 }  // namespace
 
 ModelConfig model_config_from_gguf(const io::GgufFile& f) {
@@ -110,7 +139,7 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
   LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == count, "load_params_from_gguf: ", flat.str());
   for (const ParamSpec& s : specs) {
     if (skip != nullptr && skip->holds(s.name)) continue;
-    LOOM_CHECK(place.count(s.name) > 0 && place.at(s.name)->numel() == s.numel(),
+    LOOM_CHECK(place.count(s.name) > 0 && place.at(s.name)->global_numel() == s.numel(),
                "load_params_from_gguf: the layout has no place of ", s.numel(), " values for ", s.name);
     const std::string g = gguf_tensor_name(cfg, s.name);
     const io::GgufTensorInfo* t = f.find_tensor(g);
@@ -123,11 +152,12 @@ void load_params_from_gguf(Tensor flat, const ModelConfig& cfg, const io::GgufFi
     const auto& traits = io::ggml_type_traits(t->type);
     const size_t row_bytes = static_cast<size_t>(ne0 / traits.block_size * traits.block_bytes);
     const bool permute = gguf_rows_permuted(cfg, g);
-    float* dst = flat.data_as<float>() + place.at(s.name)->offset;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t to = permute ? gguf_loom_row(r, cfg.head_size()) : r;
-      to_floats(dst + to * ne0, t->data + static_cast<size_t>(at.first + r) * row_bytes, t->type, ne0, g);
-    }
+    // Loom row r of the parameter, as f32, into dst.
+    const auto read_row = [&](float* dst, int64_t r) {
+      const int64_t from = at.first + (permute ? gguf_row_of_loom(r, cfg.head_size()) : r);
+      to_floats(dst, t->data + static_cast<size_t>(from) * row_bytes, t->type, ne0, g);
+    };
+    read_place(flat, *place.at(s.name), ne0, read_row);
   }
 }
 

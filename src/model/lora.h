@@ -89,9 +89,10 @@ class FrozenWeights {
  public:
   // flat: param_specs(cfg, tp) order (the tp rank's slices).
   FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp = {});
-  // QLoRA: quant's blocks, and the other parameters read from its GGUF file
-  // straight into a buffer of their own from pool.
-  FrozenWeights(const ModelConfig& cfg, std::unique_ptr<QuantWeights> quant, Pool& pool);
+  // QLoRA: quant's blocks (made for the same tp rank), and the other
+  // parameters' tp slices read from its GGUF file straight into a buffer of
+  // their own from pool.
+  FrozenWeights(const ModelConfig& cfg, std::unique_ptr<QuantWeights> quant, Pool& pool, TpRank tp = {});
   ~FrozenWeights();
   FrozenWeights(const FrozenWeights&) = delete;
   FrozenWeights& operator=(const FrozenWeights&) = delete;
@@ -109,8 +110,8 @@ class FrozenWeights {
 // A model directory's weights (loom, Hugging Face or GGUF: load_model_params)
 // as frozen weights in `dtype`, from pools' params: a GGUF file's quantized
 // linears stay quantized under f32 (QLoRA), and are dequantized into bf16 /
-// f16 otherwise. Under tensor parallelism, the tp rank's slices (of
-// unquantized weights). A base that does not fit in memory is a loom::Error
+// f16 otherwise. Under tensor parallelism, the tp rank's slices (of a
+// quantized weight: its blocks, QuantWeights). A base that does not fit in memory is a loom::Error
 // with the numbers.
 std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype, Pools& pools, TpRank tp = {});
 // What load_frozen_base(dir, dtype, ., tp) holds in pools[params], without

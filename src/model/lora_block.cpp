@@ -179,9 +179,9 @@ FrozenWeights::FrozenWeights(const ModelConfig& cfg, OwnedTensor flat, TpRank tp
   views_ = std::make_unique<ParamViews>(specs_, flat_);
 }
 
-FrozenWeights::FrozenWeights(const ModelConfig& cfg, std::unique_ptr<QuantWeights> quant, Pool& pool)
+FrozenWeights::FrozenWeights(const ModelConfig& cfg, std::unique_ptr<QuantWeights> quant, Pool& pool, TpRank tp)
     : quant_(std::move(quant)) {
-  const std::vector<ParamSpec> all = param_specs(cfg);
+  const std::vector<ParamSpec> all = param_specs(cfg, tp);
   int64_t offset = 0;
   for (const ParamSpec& s : all) {
     if (quant_->holds(s.name)) continue;  // its blocks stand in
@@ -208,20 +208,21 @@ std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype
   MemoryTracker tracker;
   Pool staging(MemTag::workspace, Device::cpu(), tracker);
   const bool sliced = tp.size > 1, direct = !sliced && dtype == DType::f32;
-  if (dir.gguf && direct) {  // QLoRA: the blocks, and the rest read into its own places (no f32 whole)
-    auto quant = std::make_unique<QuantWeights>(io::GgufFile::open(dir.weights), cfg, params);
+  if (dir.gguf && dtype == DType::f32) {  // QLoRA: the blocks, and the rest read into its own places (no f32 whole)
+    auto quant = std::make_unique<QuantWeights>(io::GgufFile::open(dir.weights), cfg, params, tp);
     if (!quant->empty()) {
-      const double rest = static_cast<double>(P - quant->f32_bytes() / 4) * 4.0;  // the parameters read in f32
+      const double rest = static_cast<double>(param_count(cfg, tp) - quant->f32_bytes() / 4) * 4.0;  // read in f32
       require_fits_memory(pools, rest, concat("the base model '", dir.weights, "' (its ", quant->summary(),
                           " matrices in their blocks, the rest read in f32)"), "fine-tune a smaller base model");
-      return std::make_unique<FrozenWeights>(cfg, std::move(quant), params);
+      if (!quant->unsliced().empty() && tp.rank == 0)
+        log_info("lora.base '", dir.weights, "': under parallel.tp = ", tp.size, ", ", quant->unsliced().size(),
+                 " quantized matrices (", quant->unsliced().front(), ", ...) are dequantized to f32 on each rank: ",
+                 "a rank's columns of them are not whole blocks");
+      return std::make_unique<FrozenWeights>(cfg, std::move(quant), params, tp);
     }
   }
   require_fits_memory(pools, static_cast<double>(P) * 4.0, concat("the base model '", dir.weights, "' (", P,
                       " parameters, read in f32)"), "fine-tune a smaller base model");
-  if (dir.gguf && sliced)
-    log_warn("lora.base '", dir.weights, "': under parallel.tp = ", tp.size, " its weights are dequantized (the blocks ",
-             "of a quantized base are not split over tp ranks yet: QLoRA runs with tp = 1)");
   OwnedTensor whole = (direct ? params : staging).empty(DType::f32, {P});
   load_model_params(dir, whole);
   if (direct) return std::make_unique<FrozenWeights>(cfg, std::move(whole));
@@ -237,12 +238,12 @@ std::unique_ptr<FrozenWeights> load_frozen_base(const ModelDir& dir, DType dtype
 }
 
 FrozenBytes frozen_base_bytes(const ModelDir& dir, DType dtype, TpRank tp) {
-  const int64_t P = param_count(dir.config);
-  if (dir.gguf && tp.size == 1 && dtype == DType::f32) {
-    const QuantWeights::Footprint q = QuantWeights::footprint(io::GgufFile::open(dir.weights), dir.config);
+  const int64_t P = param_count(dir.config, tp);  // the rank's
+  if (dir.gguf && dtype == DType::f32) {
+    const QuantWeights::Footprint q = QuantWeights::footprint(io::GgufFile::open(dir.weights), dir.config, tp);
     if (q.blocks > 0) return {q.blocks + P * 4 - q.f32_bytes, true};  // the blocks, the rest compact in f32
   }
-  return {param_count(dir.config, tp) * static_cast<int64_t>(dtype_size(dtype)), false};
+  return {P * static_cast<int64_t>(dtype_size(dtype)), false};
 }
 
 LayerWeights with_lora(LayerWeights w, const ParamViews& adapters, const ModelConfig& cfg, int64_t i) {

@@ -36,6 +36,7 @@
 #include "io/gguf.h"
 #include "kernels/quant.h"
 #include "model/config.h"
+#include "model/params.h"
 
 namespace loom::model {
 
@@ -45,8 +46,12 @@ class QuantWeights {
  public:
   // The quantized linears of f (which it keeps open) for the model cfg (as
   // model_config_from_gguf reads it). None when the file has no such tensor
-  // (an f32 / f16 / bf16 file): empty().
-  QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool);
+  // (an f32 / f16 / bf16 file): empty(). With tp, the rank's slice of each
+  // (param_specs(cfg, tp)'s rows; padding rows zero blocks) where it is
+  // whole blocks: a row-parallel weight whose columns per rank are not a
+  // multiple of its block (q4_K's 256 in GPT-2 small's attn.c_proj at tp 2)
+  // is not held, and load_params_from_gguf dequantizes the rank's slice.
+  QuantWeights(io::GgufFile f, const ModelConfig& cfg, Pool& pool, TpRank tp = {});
   QuantWeights(const QuantWeights&) = delete;
   // What the constructor would hold, without reading any block: the blocks'
   // bytes (bytes()) and the f32 bytes of the parameters they stand for
@@ -54,7 +59,7 @@ class QuantWeights {
   struct Footprint {
     int64_t blocks = 0, f32_bytes = 0;
   };
-  static Footprint footprint(const io::GgufFile& f, const ModelConfig& cfg);
+  static Footprint footprint(const io::GgufFile& f, const ModelConfig& cfg, TpRank tp = {});
   QuantWeights& operator=(const QuantWeights&) = delete;
 
   bool empty() const { return by_name_.empty(); }
@@ -75,6 +80,9 @@ class QuantWeights {
   int64_t f32_bytes() const { return f32_bytes_; }
   // "q4_K 120, q6_K 25" (matrices per type), for the start-up log.
   std::string summary() const;
+  // The quantized linears not held because the tp rank's slice of them is
+  // not whole blocks (dequantized into the flat parameters instead).
+  const std::vector<std::string>& unsliced() const { return unsliced_; }
   const io::GgufFile& file() const { return file_; }
 
  private:
@@ -82,15 +90,17 @@ class QuantWeights {
     Tensor blocks;
     kernels::QuantType type;
   };
-  // Rows [first, first + rows) of t (an expert's slice of a stacked tensor,
-  // or the whole of a dense one).
-  void hold(const std::string& name, const io::GgufTensorInfo& t, int64_t first, int64_t rows,
-            kernels::QuantType type, bool permute, int64_t head_size, Pool& pool);
+  // The blocks of tp rank's spec `mine` out of t, whose rows from `first`
+  // hold the parameter (an expert's slice of a stacked tensor, or the whole
+  // of a dense one).
+  void hold(const ParamSpec& mine, const io::GgufTensorInfo& t, int64_t first, kernels::QuantType type, bool permute,
+            int64_t head_size, Pool& pool);
 
   io::GgufFile file_;
   std::vector<OwnedTensor> owned_;        // the blocks, one tensor a weight
   std::map<std::string, Held> by_name_;
   std::map<const uint8_t*, Held> by_address_;  // first byte -> the weight, for type_of
+  std::vector<std::string> unsliced_;
   int64_t bytes_ = 0, f32_bytes_ = 0;
 };
 

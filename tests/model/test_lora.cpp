@@ -177,19 +177,30 @@ TEST(Lora, MergedModelGivesTheAdaptedLogits) {
 // dequantized to f32 (an f32 base, which the cases above hold to PyTorch),
 // up to the f32 rounding of GEMMs blocked otherwise (a tile of W's rows at a
 // time): rtol 1e-4 as against torch [observed below 1e-5].
-void expect_qlora_equals_lora_on_dequantized(model::GgufWeights weights, Family family) {
+ModelConfig qlora_config(Family family, int64_t vocab = 64) {
   ModelConfig cfg;
   cfg.family = family, cfg.n_layer = 2, cfg.n_embd = 256, cfg.n_head = 4, cfg.n_kv_head = family == Family::llama ? 2 : 4;
-  cfg.d_ff = 512, cfg.vocab_size = 64, cfg.max_seq_len = 16, cfg.tie_embeddings = family == Family::gpt2;
+  cfg.d_ff = 512, cfg.vocab_size = vocab, cfg.max_seq_len = 16, cfg.tie_embeddings = family == Family::gpt2;
+  return cfg;
+}
+
+// cfg's parameters (seed 5) written as a GGUF file of `weights`.
+ModelDir write_quantized_base(const ModelConfig& cfg, model::GgufWeights weights) {
   Pools pools;
   OwnedTensor flat = pools[MemTag::params].empty(DType::f32, {param_count(cfg)});
   init_params(flat, param_specs(cfg), 5);
-  const std::string path = ::testing::TempDir() + "qlora_" + std::string(gguf_weights_name(weights)) + "_" +
-                           std::string(family_name(family)) + ".gguf";
+  const std::string path = concat(::testing::TempDir(), "qlora_", gguf_weights_name(weights), "_",
+                                  family_name(cfg.family), "_v", cfg.vocab_size, ".gguf");
   io::GgufWriter w;
   gguf_add_model(w, cfg, flat, weights, "qlora test");
   w.write(path);
-  const ModelDir dir = load_model_dir(path);
+  return load_model_dir(path);
+}
+
+void expect_qlora_equals_lora_on_dequantized(model::GgufWeights weights, Family family) {
+  const ModelConfig cfg = qlora_config(family);
+  Pools pools;
+  const ModelDir dir = write_quantized_base(cfg, weights);
   const std::unique_ptr<FrozenWeights> quantized = load_frozen_base(dir, DType::f32, pools);
   ASSERT_NE(quantized->quant(), nullptr);
   EXPECT_FALSE(quantized->quant()->empty());
@@ -232,6 +243,62 @@ TEST(Qlora, LlamaOnQ4_KBaseEqualsLoraOnItsDequantizedWeights) {
 }
 TEST(Qlora, LlamaOnQ6_KBaseEqualsLoraOnItsDequantizedWeights) {
   expect_qlora_equals_lora_on_dequantized(GgufWeights::q6_K, Family::llama);
+}
+
+// QLoRA under tensor parallelism: each tp rank holds its slice of every
+// quantized weight in the file's own blocks (a column-parallel weight's
+// rows, c_attn's in q, k, v blocks; a row-parallel weight's columns where a
+// rank's count is whole blocks, else that weight dequantized; the tied
+// head's vocabulary rows, padding zero), and the rest's slices in f32:
+// dequantized, each rank's parameters equal tp_slice of the whole file
+// dequantized, bit for bit; and frozen_base_bytes predicts the bytes held.
+void expect_tp_ranks_hold_their_slices(const ModelConfig& cfg, model::GgufWeights weights, int tp) {
+  const ModelDir dir = write_quantized_base(cfg, weights);
+  Pools pools;
+  OwnedTensor whole = pools[MemTag::params].empty(DType::f32, {param_count(cfg)});
+  load_model_params(dir, whole);
+  const std::vector<ParamSpec> all = param_specs(cfg);
+  for (int r = 0; r < tp; ++r) {
+    const TpRank rank{tp, r};
+    OwnedTensor expected = pools[MemTag::params].empty(DType::f32, {param_count(cfg, rank)});
+    tp_slice(expected, cfg, rank, whole);
+    const std::unique_ptr<FrozenWeights> base = load_frozen_base(dir, DType::f32, pools, rank);
+    ASSERT_NE(base->quant(), nullptr);
+    const QuantWeights& q = *base->quant();
+    std::vector<ParamSpec> mine = param_specs(cfg, rank);
+    if (cfg.tie_embeddings) mine.push_back(mine.front()), mine.back().name = "lm_head.weight";  // wte's rows
+    for (const ParamSpec& s : mine) {
+      std::vector<float> got(static_cast<size_t>(s.numel()));
+      const Tensor out(got.data(), DType::f32, s.shape);
+      if (q.holds(s.name)) kernels::dequantize_rows(out, q.blocks(s.name), q.type_of(q.blocks(s.name)), 0);
+      else kernels::copy(out, base->views()(s.name));
+      const ParamSpec& place = cfg.tie_embeddings && s.name == "lm_head.weight" ? mine.front() : s;
+      EXPECT_EQ(got, to_floats(param_view(expected, place))) << s.name << " on tp rank " << r << " of " << tp;
+    }
+    const FrozenBytes predicted = frozen_base_bytes(dir, DType::f32, rank);
+    EXPECT_TRUE(predicted.quantized);
+    EXPECT_EQ(predicted.bytes, q.bytes() + static_cast<int64_t>(base->flat().nbytes())) << "tp rank " << r;
+  }
+}
+
+TEST(Qlora, Gpt2Q8_0TpRanksHoldTheirSliceOfEachWeightInItsBlocks) {
+  // vocab 63: at tp 2 and 4 the last rank's head has padding rows.
+  for (int tp : {2, 4}) expect_tp_ranks_hold_their_slices(qlora_config(Family::gpt2, 63), GgufWeights::q8_0, tp);
+}
+
+TEST(Qlora, LlamaQ4_KTpRanksHoldTheirSliceOfEachWeightInItsBlocks) {
+  // q4_K's 256-value blocks: o_proj's 256 columns split over 2 ranks are not
+  // whole blocks (dequantized there); down_proj's 512 are. q and k rows
+  // carry llama.cpp's permutation.
+  const ModelConfig cfg = qlora_config(Family::llama);
+  expect_tp_ranks_hold_their_slices(cfg, GgufWeights::q4_K, 2);
+  Pools pools;
+  const std::unique_ptr<FrozenWeights> rank1 = load_frozen_base(write_quantized_base(cfg, GgufWeights::q4_K),
+                                                                DType::f32, pools, {2, 1});
+  EXPECT_FALSE(rank1->quant()->holds("model.layers.0.self_attn.o_proj.weight"));
+  EXPECT_TRUE(rank1->quant()->holds("model.layers.0.mlp.down_proj.weight"));
+  EXPECT_TRUE(rank1->quant()->holds("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_EQ(rank1->views()("model.layers.0.self_attn.o_proj.weight").dtype(), DType::f32);
 }
 
 template <typename F>

@@ -13,7 +13,9 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "io/gguf.h"
 #include "model/config_json.h"
+#include "model/gguf_model.h"
 #include "model/lora.h"
 #include "model/params.h"
 #include "parallel/dp_run.h"
@@ -47,6 +49,24 @@ fs::path write_base(const fs::path& dir, const std::string& name, uint64_t seed,
     OwnedTensor flat = pools[MemTag::params].empty(DType::f32, {model::param_count(specs)});
     model::init_params(flat, specs, seed);
     model::save_model_dir(out.string(), cfg, flat, model::ParamLayout::loom);
+  }
+  world().barrier()->wait();
+  return out;
+}
+
+// The model cfg (seed 5, vocab 512) written by rank 0 as a GGUF file of
+// `weights` into dir/name.
+fs::path write_gguf_base(const fs::path& dir, const std::string& name, model::ModelConfig cfg,
+                         model::GgufWeights weights) {
+  const fs::path out = dir / name;
+  cfg.vocab_size = 512;
+  if (world().rank() == 0 && !fs::exists(out)) {
+    Pools pools;
+    OwnedTensor flat = pools[MemTag::params].empty(DType::f32, {model::param_count(cfg)});
+    model::init_params(flat, model::param_specs(cfg), 5);
+    io::GgufWriter w;
+    model::gguf_add_model(w, cfg, flat, weights, name);
+    w.write(out.string());
   }
   world().barrier()->wait();
   return out;
@@ -128,6 +148,31 @@ TEST_F(LoraDataParallelTest, PipelinedAdaptersMatchOneProcessOver20Steps) {
     c.parallel.pp = 2;
     c.train.recompute = "full";
     EXPECT_LE(against_one_process(c, std::string(preset) + " pp 2 (1f1b, full recompute)"), kTolerance);
+  }
+}
+
+// QLoRA under tensor parallelism: each tp rank holds its slice of the
+// quantized base's blocks (model/quant_weights.h), and tp 2 (with SP, and
+// on 4 ranks or more with SP x dp 2 ZeRO 2 too) gives one process's losses
+// on the same file. GPT-2 tiny in q8_0 (every linear in blocks on each
+// rank; the tied head's vocabulary split) and a Llama of C = 256 in q4_K (q
+// and k rows in llama.cpp's order; o_proj's 128 columns a rank are not
+// whole 256-value blocks, so that weight is dequantized there).
+TEST_F(LoraDataParallelTest, QuantizedBaseSplitOverTpMatchesOneProcess) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  model::ModelConfig llama = model::model_preset("llama-tiny");
+  llama.n_embd = 256, llama.d_ff = 512;
+  const std::vector<std::pair<fs::path, const char*>> bases = {
+      {write_gguf_base(dir_, "gpt2_q8_0.gguf", model::model_preset("gpt2-tiny"), model::GgufWeights::q8_0), "q8_0"},
+      {write_gguf_base(dir_, "llama_q4_K.gguf", llama, model::GgufWeights::q4_K), "q4_K"}};
+  for (const auto& [base, type] : bases) {
+    RunConfig c = lora_config(base, 1, 0);
+    c.parallel.tp = 2;
+    const std::string name = concat(model::family_name(c.model.family), " ", type, " base, tp 2");
+    EXPECT_LE(against_one_process(c, name), kTolerance);
+    c.parallel.sequence_parallel = true;
+    if (world().size() >= 4) c.parallel.dp = 2, c.parallel.zero_stage = 2;
+    EXPECT_LE(against_one_process(c, concat(name, " SP", c.parallel.dp > 1 ? " x dp 2, ZeRO 2" : "")), kTolerance);
   }
 }
 

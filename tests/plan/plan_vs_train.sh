@@ -4,7 +4,7 @@
 # pp with every schedule, ep, and their products): one training step of
 # configs/tiny.toml on a small prepared corpus; and LoRA runs of the same
 # model (adapters on an f32, bf16 or q8_0 GGUF base, dropout) under dp
-# (ZeRO 2 and 3), tp with SP and pp.
+# (ZeRO 2 and 3), tp with SP (and a q8_0 base split over tp) and pp.
 #   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG            the one-process layouts
 #   plan_vs_train.sh LOOM WORK TOKENIZER CONFIG MPIRUN...  the layouts of 2 and 4 ranks
 # A bf16 layout is skipped (said so) on a CPU without a bf16 GEMM.
@@ -64,6 +64,7 @@ else
   lora 2 "LoRA, dp 2, ZeRO 2" --set parallel.dp=2 --set parallel.zero_stage=2
   lora 2 "LoRA, dp 2, ZeRO 3, dropout, adapters written" --out --set parallel.dp=2 --set parallel.zero_stage=3 --set lora.dropout=0.1
   lora 2 "LoRA, tp 2, sequence parallel" --set parallel.tp=2 --set parallel.sequence_parallel=true
+  lora 2 "QLoRA, q8_0 base split over tp 2" --set "lora.base=$work/base_q8.gguf" --set parallel.tp=2
   lora 2 "LoRA, pp 2, 1F1B, 2 micro-batches" --set parallel.pp=2
   case_ 2 "dp 2, ZeRO 0" --set parallel.dp=2
   case_ 2 "dp 2, ZeRO 1, small buckets, model written" --out --set parallel.dp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05
