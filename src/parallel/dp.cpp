@@ -59,6 +59,12 @@ GroupState make_group(const ParamGroup& pg, const model::Model& model, const std
   return s;
 }
 
+// The f32 arrays a record of the offload file holds: the master weights
+// when kept apart from the parameters, then the optimizer's.
+int disk_arrays(DType compute, const DpOptions& o) {
+  return (compute != DType::f32 ? 1 : 0) + o.optimizer_state_floats;
+}
+
 // The shard state every group needs under o (see dp.h), checked first
 // against memory beside what the pools hold already (the model) and the
 // model's bookkeeping: a run too large is refused with a message instead of
@@ -70,7 +76,7 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
   int64_t S = 0;
   for (const GroupState& g : groups) S += g.layout.shard_numel;
   const DataParallel::ShardStateBytes bytes = DataParallel::shard_state_bytes(S, compute, o);
-  const bool master = bytes.master > 0;
+  const bool master = compute != DType::f32 || o.offload_optimizer;  // kept apart (on disk under o.disk)
   std::string parts = o.optimizer_state_floats > 0 ? "optimizer state" : "";
   for (const auto& [has, part] : {std::pair{master, "master weights"}, std::pair{stage >= 2, "gradient shard"},
                                   std::pair{stage == 3, "parameter shard"}})
@@ -82,7 +88,7 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
                              ">= 1 with parallel.dp > 1, parallel.tp, parallel.pp)");
   for (GroupState& g : groups) {
     const int64_t n = g.layout.shard_numel;
-    if (master) g.master = pools[MemTag::master].zeros(DType::f32, {n});
+    if (master && !o.disk.enabled) g.master = pools[MemTag::master].zeros(DType::f32, {n});
     if (stage >= 2) g.grad_shard = pools[MemTag::grads].zeros(DType::f32, {n});
     if (stage == 3) g.param_shard = pools[MemTag::params].zeros(compute, {n});
     if (o.offload_optimizer) g.host_grads = pools[MemTag::optimizer].zeros(DType::f32, {n});
@@ -94,10 +100,15 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
 
 DataParallel::ShardStateBytes DataParallel::shard_state_bytes(int64_t S, DType compute, const DpOptions& o) {
   const bool master = compute != DType::f32 || o.offload_optimizer;
-  return {.params = o.zero_stage == 3 ? static_cast<int64_t>(dtype_size(compute)) * S : 0,
-          .grads = o.zero_stage >= 2 ? 4 * S : 0,
-          .master = master ? 4 * S : 0,
-          .optimizer = 4 * S * (o.optimizer_state_floats + (o.offload_optimizer ? 1 : 0))};
+  ShardStateBytes b{.params = o.zero_stage == 3 ? static_cast<int64_t>(dtype_size(compute)) * S : 0,
+                    .grads = o.zero_stage >= 2 ? 4 * S : 0,
+                    .master = master ? 4 * S : 0,
+                    .optimizer = 4 * S * (o.optimizer_state_floats + (o.offload_optimizer ? 1 : 0))};
+  if (o.disk.enabled) {  // master and optimizer state on disk: in memory, the stream's buffers
+    b.master = 0;
+    b.optimizer = OffloadedState::buffer_bytes(S, o.disk.budget_bytes, disk_arrays(compute, o));
+  }
+  return b;
 }
 
 model::Storage DataParallel::model_storage(int zero_stage) {
@@ -138,6 +149,15 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& dp, comm::Co
   im.has_pp_copy = std::any_of(specs.begin(), specs.end(), [](const model::ParamSpec& s) { return s.pp_copy; });
   set_acquire_order(model, im.order);
   im.has_master = allocate_shard_state(im.groups, model, opt_, pools);
+  if (opt_.disk.enabled) {
+    LOOM_REQUIRE(!opt_.offload_optimizer && opt_.optimizer_state_floats > 0 && opt_.exchange == nullptr,
+                 "DataParallel: an optimizer offloaded to disk keeps its state here (not with offload_optimizer, ",
+                 "nor with a parameter server's optimizer)");
+    std::vector<std::vector<ParamPiece>> pieces;
+    for (const GroupState& gs : im.groups) pieces.push_back(gs.layout.pieces);
+    im.disk = std::make_unique<OffloadedState>(pieces, disk_arrays(model.compute_dtype(), opt_), opt_.disk,
+                                               pools[MemTag::optimizer]);
+  }
   model.set_hooks(this);
   if (opt_.exchange) set_exchange(opt_.exchange);
 }
@@ -224,11 +244,12 @@ void DataParallel::set_params(const std::function<void(Tensor dst, const model::
         });
       const Segment& s = l.segments[b];
       const Tensor src = Tensor(full).slice(0, s.offset - bk.begin, s.count);
-      if (impl_->has_master) kernels::cast(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);
+      if (impl_->has_master) set_master(gs, s, src);
       if (opt_.zero_stage == 3) kernels::cast(Tensor(gs.param_shard).slice(0, s.shard_offset, s.count), src);
     }
   }
 }
+
 
 void DataParallel::zero_grads() {
   if (opt_.zero_stage < 2) model_.zero_grads();
@@ -316,32 +337,6 @@ double DataParallel::mean(double value) { return exact_sum(dp_, value) / dp_.siz
 
 // ---- the update ----
 
-void DataParallel::update_begin() {
-  if (!opt_.offload_optimizer) return;
-  // Offload: the update reads a host copy of the gradient shard.
-  for (GroupState& gs : impl_->groups)
-    for (const ParamPiece& p : gs.layout.pieces) {
-      const Tensor grad = opt_.zero_stage < 2 ? model_.grads().slice(0, p.offset, p.count)
-                                              : Tensor(gs.grad_shard).slice(0, p.shard_offset, p.count);
-      kernels::copy(Tensor(gs.host_grads).slice(0, p.shard_offset, p.count), grad);
-    }
-}
-
-UpdatePiece DataParallel::update_piece(int g, const ParamPiece& p) const {
-  const GroupState& gs = impl_->groups[static_cast<size_t>(g)];
-  const int stage = opt_.zero_stage;
-  // Where the reduced gradient, the weights the model reads and the master live.
-  UpdatePiece u;
-  u.grad = opt_.offload_optimizer ? Tensor(gs.host_grads).slice(0, p.shard_offset, p.count)
-           : stage < 2            ? model_.grads().slice(0, p.offset, p.count)
-                                  : Tensor(gs.grad_shard).slice(0, p.shard_offset, p.count);
-  const Tensor weights = stage < 3 ? model_.params().slice(0, p.offset, p.count)
-                                   : Tensor(gs.param_shard).slice(0, p.shard_offset, p.count);
-  u.master = impl_->has_master ? Tensor(gs.master).slice(0, p.shard_offset, p.count) : weights;
-  if (impl_->has_master) u.param = weights;
-  return u;
-}
-
 void DataParallel::update_finish() {
   // Every rank updated its piece of each bucket; all_gather the rest in place.
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) gather_pieces(model_.params());
@@ -359,7 +354,8 @@ void DataParallel::pack_master(int g, Tensor out) const {
   }
   for (const Segment& s : gs.layout.segments) {
     Tensor dst = out.slice(0, s.shard_offset, s.count);
-    if (impl_->has_master) kernels::cast(dst, Tensor(gs.master).slice(0, s.shard_offset, s.count));
+    if (impl_->has_master && impl_->disk) impl_->disk->read_range(g, 0, s.shard_offset, dst);
+    else if (impl_->has_master) kernels::cast(dst, Tensor(gs.master).slice(0, s.shard_offset, s.count));
     else if (opt_.zero_stage == 3) kernels::cast(dst, Tensor(gs.param_shard).slice(0, s.shard_offset, s.count));
     else
       for_each_flat_run(gs.layout.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {
@@ -390,7 +386,7 @@ void DataParallel::load_master(std::span<const Tensor> masters) {
     const Tensor master = staged.defined() ? Tensor(staged) : given;
     for (const Segment& s : l.segments) {
       const Tensor src = master.slice(0, s.shard_offset, s.count);
-      if (impl_->has_master) kernels::cast(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);
+      if (impl_->has_master) set_master(gs, s, src);
       if (opt_.zero_stage == 3) kernels::cast(Tensor(gs.param_shard).slice(0, s.shard_offset, s.count), src);
       else
         for_each_flat_run(l.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {

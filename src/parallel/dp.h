@@ -72,6 +72,7 @@
 #include "core/memory.h"
 #include "model/model.h"
 #include "parallel/dp_layout.h"
+#include "parallel/offload.h"
 #include "parallel/ps.h"
 
 namespace loom::parallel {
@@ -80,6 +81,12 @@ struct DpOptions {
   int zero_stage = 0;        // 0 (DDP) to 3 (FSDP)
   double bucket_mb = 25.0;   // stages 0-2: f32 gradient bytes per bucket, in MiB
   bool offload_optimizer = false;
+  // parallel.offload = optimizer: the master weights (when kept apart from
+  // the parameters: bf16 / f16 compute) and the optimizer's state live in
+  // an offload file and stream through disk.budget_bytes of buffers during
+  // the update (parallel/offload.h); the optimizer then updates through
+  // stream_update. Not with offload_optimizer.
+  DiskOffload disk = {};
   // Parameters (by name) whose gradients form a bucket of their own, stages
   // 0 and 1 only: the bucket's shard is then the same slice of the parameter
   // on every model holding it with the same dp group size, whatever else the
@@ -127,6 +134,8 @@ struct UpdatePiece {
   Tensor grad;    // f32 averaged gradient (under offload_optimizer a host copy)
   Tensor param;   // compute-dtype weights to write the update's rounding to; undefined when master is them
 };
+
+struct GroupState;  // dp_state.h
 
 class DataParallel : public model::StepHooks {
  public:
@@ -215,6 +224,20 @@ class DataParallel : public model::StepHooks {
   void update_begin();
   UpdatePiece update_piece(int g, const ParamPiece& piece) const;
   void update_finish();
+  // Under DpOptions::disk the update goes through the offload file instead
+  // of update_piece: f(g, piece, update, state) for each extent of every
+  // group's shard in order (a run of one of its pieces), its record
+  // resident: update.master in it (or, compute f32, the parameters
+  // themselves), state the optimizer's optimizer_state_floats arrays; what f
+  // leaves there is written back.
+  bool state_on_disk() const;
+  using StreamedUpdate =
+      std::function<void(int g, const ParamPiece& piece, const UpdatePiece& u, std::span<const Tensor> state)>;
+  void stream_update(const StreamedUpdate& f);
+  // Optimizer array k of group g, (S_g) f32 packed like its shard, out of
+  // the offload file and into it (checkpoints); state_on_disk() only.
+  void read_optimizer_state(int g, int k, Tensor out) const;
+  void write_optimizer_state(int g, int k, const Tensor& in);
 
   // The mean of a per-rank value over the dp group (losses), the same on
   // every rank, summed in rank order.
@@ -250,6 +273,9 @@ class DataParallel : public model::StepHooks {
 
  private:
   struct Impl;  // dp_state.h
+  // Group gs's master weights of segment s = src (in memory or on disk).
+  void set_master(GroupState& gs, const Segment& s, const Tensor& src);
+  UpdatePiece update_of(int g, const ParamPiece& p, const Tensor& master) const;
   const GroupLayout& only_group() const;
   // Stages 0-1: issues bucket b of group g's gradient collective.
   void reduce_bucket(int g, int b);

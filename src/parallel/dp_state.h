@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct DataParallel::Impl {
   Pools& pools;
   std::vector<GroupState> groups;
   bool has_master = false;  // see dp.h: compute dtype other than f32, or offload_optimizer
+  // DpOptions::disk: the master weights (array 0 when has_master) and the
+  // optimizer's arrays of every group's shard; GroupState::master unused.
+  std::unique_ptr<OffloadedState> disk;
   bool has_pp_copy = false;  // the model holds a pipeline stage's copy of a tied embedding
   // Stages 2 and 3 (each unit in one group): unit -> its group and its bucket there.
   std::vector<int> unit_group, unit_bucket;

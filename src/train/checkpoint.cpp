@@ -164,15 +164,16 @@ void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord
   const parallel::GroupLayout& l = cdp.group(g);
   OwnedTensor held = pool.empty(DType::f32, {l.shard_numel});
   cdp.pack_master(g, held);
-  // The moments of a device run, read back once for this shard.
-  const auto on_host = [&pool, &out](const Tensor& t) {
-    if (t.device().is_cpu()) return t;
-    OwnedTensor copy = pool.empty(t.dtype(), t.shape());
-    copy_tensor(copy, t);
-    out.owned.push_back(std::move(copy));
-    return Tensor(out.owned.back());
-  };
-  const Tensor opt_m = on_host(opt.m(g)), opt_v = on_host(opt.v(g));
+  // The moments in host memory: read back once for this shard from a device, or from an offload file.
+  OwnedTensor host_m, host_v;
+  Tensor opt_m, opt_v;
+  if (!cdp.state_on_disk() && opt.m(g).device().is_cpu()) {
+    opt_m = opt.m(g), opt_v = opt.v(g);
+  } else {
+    host_m = pool.empty(DType::f32, {l.shard_numel}), host_v = pool.empty(DType::f32, {l.shard_numel});
+    opt.read_moments(g, host_m, host_v);
+    opt_m = host_m, opt_v = host_v;
+  }
   const std::vector<parallel::Segment>& pieces = r.segments;
   const int64_t numel = r.numel();
   OwnedTensor master = pool.empty(DType::f32, {numel}), adam_m = pool.empty(DType::f32, {numel}),

@@ -174,6 +174,19 @@ std::vector<KeySpec> moe_key_specs() {
   };
 }
 
+// ZeRO-Infinity's disk tier (parallel/offload.h).
+std::vector<KeySpec> offload_key_specs() {
+  using R = RunConfig;
+  using V = Value;
+  return {
+      {"parallel", "offload", [](R& c, const V& v) { c.parallel.offload = v.choice({"none", "optimizer", "params"}); }},
+      {"parallel", "offload_dir", [](R& c, const V& v) { c.parallel.offload_dir = v.string(); }},
+      {"parallel", "offload_budget_mb",
+       [](R& c, const V& v) { c.parallel.offload_budget_mb = v.number(0, false, 1 << 30); }},
+      {"parallel", "offload_direct", [](R& c, const V& v) { c.parallel.offload_direct = v.boolean(); }},
+  };
+}
+
 // Parameter-server training's keys (train/ps_server.h).
 std::vector<KeySpec> ps_key_specs() {
   using R = RunConfig;
@@ -288,14 +301,16 @@ const std::vector<KeySpec>& base_key_specs() {
 }
 
 // Every key: the table, with the MoE keys after the other [model] keys and
-// the parameter server's after the other [parallel] keys.
+// the offload's and parameter server's after the other [parallel] keys.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> all = [] {
     std::vector<KeySpec> v = base_key_specs(), moe = moe_key_specs(), ps = ps_key_specs(), lora = lora_key_specs();
+    const std::vector<KeySpec> offload = offload_key_specs();
     const auto before = [&v](const char* section) {
       return std::find_if(v.begin(), v.end(), [&](const KeySpec& k) { return k.section == std::string_view(section); });
     };
     v.insert(before("data"), moe.begin(), moe.end());
+    v.insert(before("checkpoint"), offload.begin(), offload.end());
     v.insert(before("checkpoint"), ps.begin(), ps.end());
     v.insert(v.end(), lora.begin(), lora.end());
     return v;

@@ -79,6 +79,15 @@ struct ParallelConfig {
   std::vector<int64_t> pp_layers;
   double bucket_mb = 25.0;
   bool offload_optimizer = false;
+  // ZeRO-Infinity's disk tier (parallel/offload.h): "optimizer" keeps the
+  // optimizer's state (and bf16 / f16 runs' f32 master weights) in a file
+  // per rank under offload_dir, streamed through offload_budget_mb of
+  // buffers during each update; offload_direct: past the page cache
+  // (O_DIRECT) where the filesystem allows. "params" is not available yet.
+  std::string offload = "none";
+  std::string offload_dir;
+  double offload_budget_mb = 64.0;
+  bool offload_direct = true;
   std::string comm_algo = "mpi";
   double timeout_s = 300.0;  // every blocking wait on a communicator (comm/communicator.h); at most one week
   // Parameter-server training (train/ps_server.h, parallel/ps.h): mode = ps

@@ -4,6 +4,7 @@
 #include "model/lora.h"
 #include "model/params.h"
 #include "parallel/cp.h"
+#include "parallel/offload.h"
 #include "parallel/pp_partition.h"
 #include "parallel/pp_schedule.h"
 #include "train/config.h"
@@ -104,6 +105,30 @@ void check_lora(const RunConfig& c, const std::string& source) {
                " is not supported yet: adapters train under dp (any ZeRO stage), tp (with or without SP) and pp");
 }
 
+// parallel.offload (ZeRO-Infinity's disk tier, parallel/offload.h): a
+// directory for the files, one way of offloading at a time, and what is
+// built: the optimizer's state (the parameters' tier is not yet).
+void check_offload(const RunConfig& c, const std::string& source) {
+  const ParallelConfig& p = c.parallel;
+  if (p.offload == "none") return;
+  LOOM_REQUIRE(p.offload != "params", source, ": parallel.offload = params (parameters and gradients on disk) is ",
+               "not available yet; allowed: none, optimizer (the optimizer's state and master weights on disk)");
+  LOOM_REQUIRE(!p.offload_dir.empty(), source, ": parallel.offload = ", p.offload, " needs parallel.offload_dir: a ",
+               "directory on the disk the state goes to (each rank writes a file there)");
+  LOOM_REQUIRE(!p.offload_optimizer, source, ": parallel.offload = ", p.offload, " with parallel.offload_optimizer: ",
+               "the state goes to disk or stays in host memory, not both; set offload_optimizer = false");
+  LOOM_REQUIRE(p.mode != "ps", source, ": parallel.offload = ", p.offload, " with parallel.mode = ps: the workers ",
+               "keep no sharded state to offload; set parallel.offload = none");
+  LOOM_REQUIRE(c.train.device == "cpu", source, ": parallel.offload = ", p.offload, " with train.device = ",
+               c.train.device, ": offloading from a GPU is not available yet; set parallel.offload = none");
+  const int arrays = 2 + (c.train.dtype == "fp32" ? 0 : 1);  // AdamW's moments, and the master weights apart
+  try {
+    (void)parallel::OffloadedState::chunk_elements(static_cast<int64_t>(p.offload_budget_mb * (1 << 20)), arrays);
+  } catch (const Error& e) {
+    fail(source, ": parallel.offload_budget_mb = ", p.offload_budget_mb, ": ", e.what(), "; raise it");
+  }
+}
+
 }  // namespace
 
 void validate_run_config(const RunConfig& c, const std::string& source) {
@@ -156,6 +181,7 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
   check_moe(c, source);
   check_ps(c, source);
   check_lora(c, source);
+  check_offload(c, source);
 }
 
 }  // namespace loom::train

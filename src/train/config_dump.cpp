@@ -7,6 +7,37 @@
 
 namespace loom::train {
 
+namespace {
+
+nlohmann::ordered_json parallel_json(const ParallelConfig& p) {
+  return {{"dp", p.dp},
+          {"tp", p.tp},
+          {"pp", p.pp},
+          {"cp", p.cp},
+          {"cp_algo", p.cp_algo},
+          {"ep", p.ep},
+          {"ep_overlap", p.ep_overlap},
+          {"zero_stage", p.zero_stage},
+          {"sequence_parallel", p.sequence_parallel},
+          {"pp_schedule", p.pp_schedule},
+          {"virtual_stages", p.virtual_stages},
+          {"pp_layers", p.pp_layers},
+          {"bucket_mb", p.bucket_mb},
+          {"offload_optimizer", p.offload_optimizer},
+          {"offload", p.offload},
+          {"offload_dir", p.offload_dir},
+          {"offload_budget_mb", p.offload_budget_mb},
+          {"offload_direct", p.offload_direct},
+          {"comm_algo", p.comm_algo},
+          {"timeout_s", p.timeout_s},
+          {"mode", p.mode},
+          {"ps_servers", p.ps_servers},
+          {"ps_server", p.ps_server},
+          {"staleness", p.staleness}};
+}
+
+}  // namespace
+
 nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
   nlohmann::ordered_json j;
   j["model"] = model::model_config_to_json(c.model);
@@ -32,27 +63,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                 {"seed", t.seed},
                 {"eval_every", t.eval_every},
                 {"eval_steps", t.eval_steps}};
-  const ParallelConfig& p = c.parallel;
-  j["parallel"] = {{"dp", p.dp},
-                   {"tp", p.tp},
-                   {"pp", p.pp},
-                   {"cp", p.cp},
-                   {"cp_algo", p.cp_algo},
-                   {"ep", p.ep},
-                   {"ep_overlap", p.ep_overlap},
-                   {"zero_stage", p.zero_stage},
-                   {"sequence_parallel", p.sequence_parallel},
-                   {"pp_schedule", p.pp_schedule},
-                   {"virtual_stages", p.virtual_stages},
-                   {"pp_layers", p.pp_layers},
-                   {"bucket_mb", p.bucket_mb},
-                   {"offload_optimizer", p.offload_optimizer},
-                   {"comm_algo", p.comm_algo},
-                   {"timeout_s", p.timeout_s},
-                   {"mode", p.mode},
-                   {"ps_servers", p.ps_servers},
-                   {"ps_server", p.ps_server},
-                   {"staleness", p.staleness}};
+  j["parallel"] = parallel_json(c.parallel);
   j["checkpoint"] = {{"dir", c.checkpoint.dir},
                      {"every", c.checkpoint.every},
                      {"keep", c.checkpoint.keep},

@@ -11,6 +11,7 @@ AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& poo
   if (!options.keeps_state) return;
   LOOM_CHECK(dp.options().optimizer_state_floats >= 2, "DataParallel counted ", dp.options().optimizer_state_floats,
              " optimizer floats per parameter; AdamW keeps 2");
+  if (dp.state_on_disk()) return;  // the moments are the offload file's arrays 0 and 1 (zero until written)
   for (int g = 0; g < dp.num_groups(); ++g) {
     const int64_t S = dp.group(g).shard_numel;
     m_.push_back(pools[MemTag::optimizer].zeros(DType::f32, {S}));
@@ -47,6 +48,15 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
   cfg.step = steps_;
   cfg.grad_scale = grad_scale;
   dp_.update_begin();
+  if (dp_.state_on_disk()) {  // the same kernel on each extent, its moments and master read from disk
+    dp_.stream_update([&](int, const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
+                          std::span<const Tensor> state) {
+      cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
+      kernels::adamw_step(u.master, state[0], state[1], u.grad, u.param, cfg);
+      if (!deltas.empty()) apply_deltas(p, u, deltas);
+    });
+    return dp_.update_finish();
+  }
   for (int g = 0; g < dp_.num_groups(); ++g) {
     const Tensor m = m_[static_cast<size_t>(g)], v = v_[static_cast<size_t>(g)];
     for (const parallel::ParamPiece& p : dp_.group(g).pieces) {
@@ -60,12 +70,24 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
   dp_.update_finish();
 }
 
+void AdamW::read_moments(int g, Tensor m, Tensor v) const {
+  if (dp_.state_on_disk()) {
+    dp_.read_optimizer_state(g, 0, m);
+    dp_.read_optimizer_state(g, 1, v);
+    return;
+  }
+  copy_tensor(m, this->m(g).reshape(m.shape()));
+  copy_tensor(v, this->v(g).reshape(v.shape()));
+}
+
 Tensor AdamW::m(int g) const {
+  LOOM_CHECK(!dp_.state_on_disk(), "AdamW::m: the moments are on disk (read_moments)");
   LOOM_CHECK(g >= 0 && g < static_cast<int>(m_.size()), "AdamW::m: group ", g);
   return m_[static_cast<size_t>(g)];
 }
 
 Tensor AdamW::v(int g) const {
+  LOOM_CHECK(!dp_.state_on_disk(), "AdamW::v: the moments are on disk (read_moments)");
   LOOM_CHECK(g >= 0 && g < static_cast<int>(v_.size()), "AdamW::v: group ", g);
   return v_[static_cast<size_t>(g)];
 }
@@ -85,6 +107,11 @@ void AdamW::load_moments(int g, const Tensor& m, const Tensor& v) {
   const int64_t S = dp_.group(g).shard_numel;
   for (const Tensor* t : {&m, &v})
     LOOM_CHECK(t->dtype() == DType::f32 && t->numel() == S, "AdamW::load_moments: group ", g, " ", t->str());
+  if (dp_.state_on_disk()) {
+    dp_.write_optimizer_state(g, 0, m);
+    dp_.write_optimizer_state(g, 1, v);
+    return;
+  }
   // A checkpoint's host tensors into the moments wherever they live.
   copy_tensor(m_[static_cast<size_t>(g)], m.reshape({S}));
   copy_tensor(v_[static_cast<size_t>(g)], v.reshape({S}));

@@ -59,9 +59,12 @@ class AdamW {
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 
-  // Group g's moments, (S_g) f32 views packed like its segments.
+  // Group g's moments, (S_g) f32 views packed like its segments (in
+  // memory: not under an optimizer offloaded to disk, DpOptions::disk).
   Tensor m(int g) const;
   Tensor v(int g) const;
+  // Copies of them, (S_g) f32, wherever they live (a device, the disk).
+  void read_moments(int g, Tensor m, Tensor v) const;
   // Sets group g's moments (checkpoints).
   void load_moments(int g, const Tensor& m, const Tensor& v);
   // Checkpoint state of the single group (DataParallel::segments; a

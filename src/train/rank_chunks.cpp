@@ -1,5 +1,8 @@
 #include "train/rank_chunks.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -30,6 +33,12 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.dp.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
   o.dp.bucket_mb = cfg.parallel.bucket_mb;
   o.dp.offload_optimizer = cfg.parallel.offload_optimizer;
+  if (cfg.parallel.offload == "optimizer") {
+    o.dp.disk.enabled = true;  // its path: per chunk (build_rank_chunks)
+    o.dp.disk.budget_bytes = static_cast<int64_t>(cfg.parallel.offload_budget_mb * (1 << 20));
+    o.dp.disk.direct = cfg.parallel.offload_direct;
+    o.offload_dir = cfg.parallel.offload_dir;
+  }
   o.adamw.weight_decay = cfg.train.weight_decay;
   o.seed = cfg.train.seed;
   o.pp_schedule = cfg.parallel.pp_schedule;
@@ -65,6 +74,16 @@ std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parall
 }
 
 namespace {
+
+// A chunk's offload file: dir/loom-offload-rank<R>-chunk<C>-<pid>.bin (the
+// pid keeps two runs sharing a directory apart). A missing directory is made.
+std::string offload_file_path(const std::string& dir, int rank, int chunk) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  LOOM_REQUIRE(!ec, "parallel.offload_dir = '", dir, "': cannot create it: ", ec.message());
+  return (std::filesystem::path(dir) / concat("loom-offload-rank", rank, "-chunk", chunk, "-", ::getpid(), ".bin"))
+      .string();
+}
 
 // Expert parallelism: dense parameters averaged (and ZeRO-sharded) over dp x
 // cp, each ep rank's experts over the ranks holding the same experts
@@ -150,6 +169,8 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
                                  .lora = {o.lora, o.lora_base, o.seed}};
     rank.models.push_back(std::make_unique<model::Model>(o.model, o.micro_batch, T, ctx.pools, mo));
     if (rank.tied) dpo.solo_params = rank.tied->solo_params(*rank.models.back());
+    if (dpo.disk.enabled)
+      dpo.disk.path = offload_file_path(o.offload_dir, ctx.mesh.world().rank(), static_cast<int>(rank.dps.size()));
     rank.dps.push_back(
         std::make_unique<parallel::DataParallel>(*rank.models.back(), ctx.mesh.dp_cp(), tp, dpo, ctx.pools));
     rank.dps.back()->init_params(o.seed);

@@ -190,6 +190,24 @@ TEST(RunConfigErrors, ExpertParallelismSaysWhatMustDivideWhat) {
   EXPECT_EQ(parse_run_config(kMinimal, "run.toml", with({"parallel.ep=2", "parallel.dp=4"})).parallel.ep, 2);
 }
 
+// parallel.offload (ZeRO-Infinity's disk tier): a directory, one way of
+// offloading at a time, a budget the stream fits in, and what is not built.
+TEST(RunConfigErrors, OffloadNeedsADirAndABudgetAndSaysWhatIsNotAvailable) {
+  const std::string dir = "parallel.offload_dir=/tmp/loom-offload-config-test";
+  expect_error(kMinimal, {"parallel.offload=optimizer"}, {"parallel.offload = optimizer needs parallel.offload_dir"});
+  expect_error(kMinimal, {"parallel.offload=disk"}, {"parallel.offload", "'disk'", "none, optimizer, params"});
+  expect_error(kMinimal, {"parallel.offload=params", dir}, {"parallel.offload = params", "not available yet"});
+  expect_error(kMinimal, {"parallel.offload=optimizer", dir, "parallel.offload_optimizer=true"},
+               {"with parallel.offload_optimizer", "set offload_optimizer = false"});
+  expect_error(kMinimal, {"parallel.offload=optimizer", dir, "parallel.offload_budget_mb=0.1"},
+               {"parallel.offload_budget_mb = 0.1: a budget of 104857 bytes is below the least",
+                "4 buffers of 4096 elements x 2 f32 arrays (and 4 KiB to align them) = 135168 bytes", "raise it"});
+  const RunConfig c = parse_run_config(kMinimal, "run.toml", {"parallel.offload=optimizer", dir});
+  EXPECT_EQ(c.parallel.offload, "optimizer");
+  EXPECT_EQ(c.parallel.offload_budget_mb, 64.0);
+  EXPECT_TRUE(c.parallel.offload_direct);
+}
+
 // Context parallelism cuts every sequence into 2 x cp zig-zag chunks.
 TEST(RunConfigErrors, ContextParallelSequencesThatDoNotSplitSayWhatMustDivide) {
   expect_error(kMinimal, {"parallel.cp=3", "train.seq_len=16"},

@@ -1,0 +1,114 @@
+// ZeRO-Infinity's disk tier for the optimizer (parallel.offload = optimizer,
+// parallel/offload.h): the run with AdamW's moments (and bf16's f32 master
+// weights) in offload files, streamed through a budget small enough to cut
+// the shard into many records, gives bitwise the losses and the final model
+// of the same run without offload, under every ZeRO stage over the world's
+// dp, in fp32, bf16 (where the CPU has its GEMM) and fp16; a checkpoint of an offloaded run resumes without
+// offload, and one without resumes offloaded, bitwise; and the files are
+// gone when the run ends.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+#include "parallel/dp_run.h"
+#include "train/checkpoint.h"
+
+namespace loom::test {
+namespace {
+
+namespace fs = std::filesystem;
+using train::RunConfig;
+
+constexpr int64_t kSteps = 8;
+
+class OffloadTest : public SharedDataTest<"loom_mpi_offload", 4000> {
+ protected:
+  static RunConfig config(int64_t stage, const std::string& dtype, bool offload) {
+    RunConfig c = dp_config(dir_, world().size(), stage, std::max(1, 8 / world().size()), 2);
+    c.train.dtype = dtype;
+    c.train.steps = kSteps;
+    if (offload) {
+      c.parallel.offload = "optimizer";
+      c.parallel.offload_dir = (dir_ / "offload").string();
+      c.parallel.offload_budget_mb = 0.25;  // records of 4096 elements: many per rank
+    }
+    return c;
+  }
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> model;  // the final f32 master weights, whole
+  };
+  static Run run(const RunConfig& c) {
+    TrainerOn on(c, &world());
+    Run r{losses_of(train_until(on.t, c.train.steps)), {}};
+    r.model.resize(static_cast<size_t>(model::param_count(c.model)));
+    on.t.chunk_dp(0).gather_master(Tensor(r.model.data(), DType::f32, {static_cast<int64_t>(r.model.size())}));
+    return r;
+  }
+  static bool offload_dir_is_empty() {
+    const fs::path d = dir_ / "offload";
+    return !fs::exists(d) || fs::is_empty(d);
+  }
+};
+
+TEST_F(OffloadTest, OptimizerOnDiskGivesBitwiseTheLossesAndModelUnderEveryZeroStage) {
+  for (const char* dtype : {"fp32", "bf16", "fp16"}) {
+    if (std::string(dtype) == "bf16" && !kernels::bf16_matmul_unsupported_reason().empty()) continue;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const Run plain = run(config(stage, dtype, false)), offloaded = run(config(stage, dtype, true));
+      EXPECT_EQ(offloaded.losses, plain.losses) << dtype << " zero_stage " << stage;
+      EXPECT_TRUE(offloaded.model == plain.model) << dtype << " zero_stage " << stage << ": the final models differ";
+      EXPECT_LT(plain.losses.back(), plain.losses.front()) << "the run should learn";
+      if (world().rank() == 0)
+        std::printf("[offload optimizer, dp %d] %s zero_stage %d: %zu losses and %zu weights bitwise equal\n",
+                    world().size(), dtype, stage, plain.losses.size(), plain.model.size());
+      world().barrier()->wait();
+      EXPECT_TRUE(offload_dir_is_empty()) << "an offload file outlived its run";
+    }
+  }
+}
+
+TEST_F(OffloadTest, CheckpointsResumeAcrossOffloadBitwise) {
+  const SubMesh all = sub_mesh(1, world().size(), 1);
+  const int stage = world().size() > 1 ? 3 : 0;
+  for (const char* dtype : {"fp32", "bf16", "fp16"}) {
+    if (std::string(dtype) == "bf16" && !kernels::bf16_matmul_unsupported_reason().empty()) continue;
+    const std::vector<double> straight = run(config(stage, dtype, false)).losses;
+    for (bool saved_offloaded : {true, false}) {
+      const fs::path root = dir_ / concat("ckpt_", dtype, saved_offloaded ? "_from_disk" : "_to_disk");
+      save_after_steps(all, config(stage, dtype, saved_offloaded), 3, root);
+      const std::vector<double> after = run_resumable(all, config(stage, dtype, !saved_offloaded), 3, kSteps,
+                                                      (root / "step_000003").string(), {}, "resumed");
+      ASSERT_EQ(after.size(), static_cast<size_t>(kSteps - 3));
+      for (size_t i = 0; i < after.size(); ++i)
+        EXPECT_EQ(after[i], straight[3 + i]) << dtype << (saved_offloaded ? " saved offloaded" : " resumed offloaded")
+                                             << ", step " << 4 + i;
+    }
+  }
+}
+
+TEST_F(OffloadTest, ABudgetBelowTheStreamsLeastIsRefusedWithTheNumbers) {
+  RunConfig c = config(world().size() > 1 ? 1 : 0, "fp32", true);
+  c.parallel.offload_budget_mb = 0.01;
+  try {
+    TrainerOn on(c, &world());
+    ADD_FAILURE() << "a budget of 10 KiB was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a budget of 10485 bytes is below the "
+                                         "least the offloaded state streams through: 4 buffers of 4096 elements x 2 "
+                                         "f32 arrays (and 4 KiB to align them) = 135168 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  world().barrier()->wait();
+}
+
+}  // namespace
+}  // namespace loom::test
