@@ -12,15 +12,20 @@ add_test(NAME Train.SigtermStopsAfterAStepAndResumesBitwise
 add_test(NAME mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
          COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/kill_resume_np2 --trials 8 --seed 13 --np 2
                  --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3)
+add_test(NAME mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
+         COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/kill_resume_offload_np2 --trials 10 --seed 15 --np 2
+                 --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3 --offload)
 add_test(NAME mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
          COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/sigterm_resume_np2 --trials 4 --seed 14 --np 2
                  --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3 --sigterm)
 set_tests_properties(Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermStopsAfterAStepAndResumesBitwise
                      PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
 set_tests_properties(mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
+                     mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
                      mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
                      PROPERTIES TIMEOUT 600 RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
 # They run the loom executable (tests/properties.cmake labels by name otherwise).
 set_property(TEST Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermStopsAfterAStepAndResumesBitwise
              mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
+             mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
              mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise APPEND PROPERTY LABELS cli)

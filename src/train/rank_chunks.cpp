@@ -1,7 +1,10 @@
 #include "train/rank_chunks.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -75,14 +78,25 @@ std::vector<model::StageOptions> rank_stages(const ChunkOptions& o, const parall
 
 namespace {
 
-// A chunk's offload file: dir/loom-offload-rank<R>-chunk<C>-<pid>.bin (the
-// pid keeps two runs sharing a directory apart). A missing directory is made.
+// A chunk's offload file: dir/loom-offload-<host>-<pid>-rank<R>-chunk<C>.bin
+// (the host and pid keep runs sharing a directory apart). A missing
+// directory is made. Files this host's processes left there and that are
+// gone (a run killed before it could remove its own) are removed first.
 std::string offload_file_path(const std::string& dir, int rank, int chunk) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  fs::create_directories(dir, ec);
   LOOM_REQUIRE(!ec, "parallel.offload_dir = '", dir, "': cannot create it: ", ec.message());
-  return (std::filesystem::path(dir) / concat("loom-offload-rank", rank, "-chunk", chunk, "-", ::getpid(), ".bin"))
-      .string();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string mine = concat("loom-offload-", host, "-");
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(mine)) continue;
+    const long pid = std::strtol(name.c_str() + mine.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove(e.path(), ec);
+  }
+  return (fs::path(dir) / concat(mine, ::getpid(), "-rank", rank, "-chunk", chunk, ".bin")).string();
 }
 
 // Expert parallelism: dense parameters averaged (and ZeRO-sharded) over dp x

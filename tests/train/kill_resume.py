@@ -16,8 +16,12 @@ of the job, as a batch scheduler sends it to every task), must then stop by
 themselves within a minute with exit status 143 and "stopped by SIGTERM"
 (or have finished first), and the chain must still end bitwise equal.
 
+--offload: with the optimizer's state on disk (parallel.offload = optimizer):
+a kill lands inside an update's write-back too, and no offload file may be
+left once a chain has ended.
+
 usage: kill_resume.py LOOM CONFIG WORKDIR [--trials N] [--seed S] [--np N]
-                      [--mpirun CMD] [--sigterm] [--set key=value]...
+                      [--mpirun CMD] [--sigterm] [--offload] [--set key=value]...
 """
 import argparse
 import json
@@ -121,7 +125,14 @@ def main():
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--sigterm", action="store_true")
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--offload", action="store_true",
+                    help="the optimizer's state on disk (parallel.offload = optimizer) in WORKDIR/offload, which "
+                         "must hold no file once a chain has ended (a killed run's are removed by the next)")
     a = ap.parse_args()
+    offload_dir = os.path.join(a.workdir, "offload")
+    if a.offload:
+        a.set += ["parallel.offload=optimizer", "parallel.offload_dir=%s" % offload_dir,
+                  "parallel.offload_budget_mb=0.25"]
 
     shutil.rmtree(a.workdir, ignore_errors=True)
     os.makedirs(a.workdir)
@@ -203,6 +214,8 @@ def main():
             steps = [json.loads(line)["step"] for line in f]
         if steps != list(range(1, STEPS + 1)):
             sys.exit("FAIL trial %d: the metrics hold steps %s" % (trial, steps))
+        if a.offload and os.listdir(offload_dir):
+            sys.exit("FAIL trial %d: offload files left behind: %s" % (trial, os.listdir(offload_dir)))
     print("kill_resume: %d trials, %d %s (np %d): every resumed run ended bitwise equal to the "
           "uninterrupted one (%.1f s each)" % (a.trials, kills, "SIGTERMs" if a.sigterm else "SIGKILLs", a.np, whole))
 
