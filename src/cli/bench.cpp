@@ -1,4 +1,5 @@
 #include "bench/comm_bench.h"
+#include "bench/offload_bench.h"
 #include "bench/ps_transport.h"
 #include "comm/mpi_runtime.h"
 #include "bench/kernels_bench.h"
@@ -157,6 +158,29 @@ void add_bench_comm(CLI::App& bench, int& exit_code, const std::string& command_
   });
 }
 
+void add_bench_offload(CLI::App& bench, int& exit_code, const std::string& command_line) {
+  CLI::App* cmd = bench.add_subcommand(
+      "offload", "read and write MB/s of an offload file (parallel.offload) against the disk's own, O_DIRECT and "
+      "through the page cache");
+  auto opts = std::make_shared<bench::OffloadBenchOptions>();
+  opts->command = command_line;
+  auto size = std::make_shared<std::string>("1G");
+  auto record = std::make_shared<std::string>("4M");
+  cmd->add_option("--dir", opts->dir, "the directory (the disk) to measure")->capture_default_str();
+  cmd->add_option("--size", *size, "bytes written and read (K, M, G suffixes)")->capture_default_str();
+  cmd->add_option("--record", *record, "bytes a record (a multiple of 4K)")->capture_default_str();
+  cmd->add_option("--io-threads", opts->threads, "the offload file's I/O threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--depth", opts->depth, "records in flight")->capture_default_str()->check(CLI::Range(1, 256));
+  cmd->add_flag("--json", opts->json, "print JSON Lines, one object per method");
+  cmd->callback([opts, size, record, &exit_code] {
+    opts->size = bench::parse_bytes(*size);
+    opts->record = bench::parse_bytes(*record);
+    exit_code = bench::run_offload_bench(*opts);
+  });
+}
+
 void add_bench_ps_transport(CLI::App& bench, int& exit_code, const std::string& command_line) {
   CLI::App* cmd = bench.add_subcommand(
       "ps-transport", "a parameter server's push and pull over MPI point-to-point against one-sided RMA (rank 0 "
@@ -257,6 +281,7 @@ void add_bench_command(CLI::App& app, int& exit_code, const std::string& command
   add_bench_train(*bench, exit_code, command_line, default_threads);
   add_bench_comm(*bench, exit_code, command_line);
   add_bench_ps_transport(*bench, exit_code, command_line);
+  add_bench_offload(*bench, exit_code, command_line);
   add_bench_serve(*bench, exit_code, command_line, default_threads);
 }
 

@@ -2,6 +2,7 @@
 // (train/trainer.h). loom eval: a saved model's loss over token shards.
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -40,6 +41,7 @@ struct TrainArgs {
   bool plan = false;   // --plan
   std::string plan_cluster;  // --plan-cluster
   std::string device;  // --device: train.device
+  double memory_budget_mb = 0;  // --memory-budget-mb; 0: none
 };
 
 struct EvalArgs {
@@ -144,6 +146,61 @@ void plan_run(const train::RunConfig& cfg, int world_rank, const std::string& cl
   }
 }
 
+double mib(double bytes) { return bytes / (1 << 20); }
+
+// The peak of a rank's buffers from loom plan's peaks per tag: every tag
+// that holds its bytes through the run at its peak, plus the larger of the
+// passing ones (comm's bucket buffers and gathers, the workspace's start-up
+// init), which do not meet.
+double predicted_total(const MemoryReport& r) {
+  double total = 0, passing = 0;
+  for (int t = 0; t < kNumMemTags; ++t) {
+    const auto peak = static_cast<double>(r.tags[static_cast<size_t>(t)].peak);
+    const auto tag = static_cast<MemTag>(t);
+    if (tag == MemTag::comm || tag == MemTag::workspace) passing = std::max(passing, peak);
+    else total += peak;
+  }
+  return total + passing;
+}
+
+// "480.1 MiB (params 100.0, ...)": the predicted peak and each tag's.
+std::string predicted_peak(const MemoryReport& r) {
+  std::string parts;
+  for (int t = 0; t < kNumMemTags; ++t)
+    if (r.tags[static_cast<size_t>(t)].peak > 0)
+      parts += concat(parts.empty() ? "" : ", ", mem_tag_name(static_cast<MemTag>(t)), " ",
+                      mib(static_cast<double>(r.tags[static_cast<size_t>(t)].peak)));
+  return concat(mib(predicted_total(r)), " MiB (", parts, ")");
+}
+
+// --memory-budget-mb, before anything is built: loom plan's peak for this
+// rank's buffers plus what the process holds already (VmRSS) must fit, or
+// the run is refused with the numbers, and with what offloading the
+// optimizer to disk would need when it is not on yet. During the run,
+// run_training holds the OS's count (VmHWM) to it after each step.
+void check_memory_budget(const train::RunConfig& cfg, int world_rank, const TrainArgs& a) {
+  if (a.memory_budget_mb <= 0) return;
+  LOOM_REQUIRE(cfg.parallel.mode != "ps", "--memory-budget-mb: loom plan does not predict parameter-server runs; ",
+               "train without a budget");
+  const plan::MemoryPlanOptions o{.writes_model = !a.options.out_dir.empty() || !cfg.checkpoint.dir.empty()};
+  const MemoryReport need = plan::plan_memory_rank(cfg, world_rank, o).bytes;
+  const auto held = static_cast<double>(process_resident_bytes());
+  const double budget = a.memory_budget_mb * (1 << 20);
+  if (predicted_total(need) + held <= budget) return;
+  std::string instead = "; shard the state over more ranks (parallel.zero_stage, dp, tp, pp) or lower the "
+                        "micro-batch";
+  if (cfg.parallel.offload == "none") {
+    train::RunConfig off = cfg;
+    off.parallel.offload = "optimizer", off.parallel.offload_dir = "(offload_dir)";
+    const MemoryReport with = plan::plan_memory_rank(off, world_rank, o).bytes;
+    instead = concat("; with parallel.offload = optimizer (AdamW's state and the master weights on disk) its buffers ",
+                     "would peak at ", predicted_peak(with), instead);
+  }
+  fail("--memory-budget-mb = ", a.memory_budget_mb, ": rank ", world_rank, " needs ",
+       mib(predicted_total(need) + held), " MiB: its buffers peak at ", predicted_peak(need),
+       " (loom plan) beside the ", mib(held), " MiB the process holds before them", instead);
+}
+
 // A parameter-server job (parallel.mode = ps): world ranks 0..ps_servers-1
 // serve (train/ps_server.h), the rest train as the workers' mesh.
 template <typename Finish>
@@ -218,7 +275,9 @@ void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int
   options.timeout_s = p.timeout_s;
   options.algo = comm::algo_from_name(p.comm_algo);
   options.check_collectives = a.check_collectives;
+  a.options.memory_budget_bytes = static_cast<int64_t>(a.memory_budget_mb * (1 << 20));
   if (world_size == 1) {  // a plain process: a mesh of one, no MPI
+    check_memory_budget(cfg, 0, a);
     if (a.plan) plan_run(cfg, 0, a.plan_cluster, a.options);
     mesh::LocalContext local(options, run_device(cfg, a.options.progress));
     finish(train::run_training(cfg, a.options, local.ctx()));
@@ -230,6 +289,7 @@ void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int
       log_warn("--plan: loom plan does not predict parameter-server training yet; training without the prediction");
     return run_ps_job(cfg, a.options, *world, finish);
   }
+  check_memory_budget(cfg, world->rank(), a);
   if (a.plan) plan_run(cfg, world->rank(), a.plan_cluster, a.options);
   mesh::Mesh mesh(shape, *world);
   Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));
@@ -278,6 +338,11 @@ void add_train_command(CLI::App& app, int world_size, const comm::Launcher& laun
   cmd->add_option("--plan-cluster", a->plan_cluster,
                   "with --plan: also predict the step time on this cluster (a loom plan --calibrate file for this "
                   "machine, or a preset) and print the measured median step beside it at the end");
+  cmd->add_option("--memory-budget-mb", a->memory_budget_mb,
+                  "the memory each process may use, in MiB: a run whose predicted peak (loom plan, plus what the "
+                  "process holds at start) is over it is refused with the numbers; during the run the OS's count "
+                  "(VmHWM) is checked after every step")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--check-collectives", a->check_collectives,
                 "debug: ranks verify they issue the same collective (op, size, dtype) in the same order and report "
                 "the first mismatch instead of hanging");

@@ -234,4 +234,19 @@ int64_t available_memory_bytes() {
   return 0;
 }
 
+namespace {
+
+int64_t proc_status_bytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with(field)) return std::strtoll(line.c_str() + std::strlen(field), nullptr, 10) * 1024;  // kB
+  return 0;
+}
+
+}  // namespace
+
+int64_t process_resident_bytes() { return proc_status_bytes("VmRSS:"); }
+int64_t process_peak_resident_bytes() { return proc_status_bytes("VmHWM:"); }
+
 }  // namespace loom

@@ -78,6 +78,11 @@ struct TagUsage {
 // MemAvailable of /proc/meminfo in bytes: what the machine has left; 0
 // where it cannot be read.
 int64_t available_memory_bytes();
+// This process's resident memory now (VmRSS of /proc/self/status) and its
+// peak so far (VmHWM), in bytes: what the OS counts, loom's buffers or
+// not; 0 where it cannot be read.
+int64_t process_resident_bytes();
+int64_t process_peak_resident_bytes();
 
 // A snapshot of bytes per tag: printable as a table and as JSON.
 struct MemoryReport {

@@ -249,7 +249,7 @@ namespace {
 
 // --memory-report: every rank's own table (under ZeRO each holds its shard)
 // and what its activations and cp buffers are predicted to be.
-void print_memory_report(Trainer& trainer, Pools& pools) {
+void print_memory_report(Trainer& trainer, Pools& pools, int64_t budget_bytes) {
   mesh::Mesh& m = trainer.mesh();
   const std::string more = (m.cp().size() > 1 ? concat(", cp rank ", m.cp().rank(), "/", m.cp().size()) : "") +
                            (trainer.tp_size() > 1 ? concat(", tp rank ", trainer.tp_rank(), "/", trainer.tp_size()) : "") +
@@ -260,6 +260,23 @@ void print_memory_report(Trainer& trainer, Pools& pools) {
   std::printf("%s\n", activation_prediction_report(trainer.model()).c_str());
   if (const parallel::ContextParallelAttention* cp = trainer.cp())
     std::printf("%s\n", cp_buffers_report(trainer.model(), *cp).c_str());
+  std::printf("process resident (/proc/self/status): now %.1f MiB, peak %.1f MiB%s\n",
+              static_cast<double>(process_resident_bytes()) / (1 << 20),
+              static_cast<double>(process_peak_resident_bytes()) / (1 << 20),
+              budget_bytes > 0 ? concat(" of the budget ", static_cast<double>(budget_bytes) / (1 << 20), " MiB").c_str()
+                               : "");
+}
+
+// --memory-budget-mb, after each step: what the OS counts, not only loom's
+// buffers.
+void check_memory_budget(int64_t budget_bytes, int64_t step, const std::string& newest) {
+  if (budget_bytes <= 0) return;
+  const int64_t peak = process_peak_resident_bytes();
+  LOOM_REQUIRE(peak <= budget_bytes, "train: after step ", step, " this process's peak resident memory (VmHWM) is ",
+               static_cast<double>(peak) / (1 << 20), " MiB, over --memory-budget-mb = ",
+               static_cast<double>(budget_bytes) / (1 << 20), ": stopped; the newest checkpoint is ",
+               newest.empty() ? "none" : newest, ". Offload more (parallel.offload), shard over more ranks, or ",
+               "lower train.micro_batch");
 }
 
 // text on stdout in one write(2) (a block under PIPE_BUF), after what stdout
@@ -409,6 +426,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
                  t.max_bad_steps, ": stopped without saving; the newest checkpoint is ",
                  checkpoints.newest().empty() ? "none" : checkpoints.newest(),
                  ". Lower train.lr, raise train.warmup_steps or set train.grad_clip, then resume");
+    check_memory_budget(run_options.memory_budget_bytes, s.step, checkpoints.newest());
     if (s.bad && options.progress)
       log_warn("step ", s.step, ": ", describe_bad_step(s), ": update skipped (bad step ", bad_in_a_row, " of at most ",
                t.max_bad_steps, " in a row)");
@@ -442,7 +460,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
                                                    "steps are lost"));
   }
   if (run_options.planned_step_s > 0 && lead) print_step_time_check(run_options.planned_step_s, step_seconds);
-  if (run_options.memory_report) print_memory_report(trainer, pools);
+  if (run_options.memory_report) print_memory_report(trainer, pools, run_options.memory_budget_bytes);
   if (run_options.memory_json) print_memory_json(trainer, pools);
   return summary;
 }

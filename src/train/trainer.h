@@ -209,6 +209,10 @@ struct TrainOptions {
   // loom train --plan --plan-cluster: loom plan's predicted step seconds
   // (0: none), printed at the end beside the measured median step.
   double planned_step_s = 0;
+  // loom train --memory-budget-mb: after each step the process's peak
+  // resident memory (VmHWM) must be within it, else the run stops with an
+  // error (its checkpoints kept); 0: no budget.
+  int64_t memory_budget_bytes = 0;
   bool progress = true;      // progress lines on stdout
   // SIGTERM / SIGINT handlers the caller installed before anything else
   // (loom train: before the ranks compare configs, so that a signal in
