@@ -15,12 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "common/error_of.h"
 #include "core/crc32c.h"
 #include "core/error.h"
 #include "io/offload_file.h"
 
 namespace loom::io {
 namespace {
+
+using test::error_of;
 
 TEST(Crc32c, PublishedCheckValuesAndTheInstructionEqualsTheTable) {
   const char* check = "123456789";
@@ -48,16 +51,6 @@ Buffer aligned(int64_t bytes) {
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::path(::testing::TempDir()) / ("loom_offload_" + name)).string();
-}
-
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(OffloadFile, RecordsRoundTripAndOnesNeverWrittenReadAsZeros) {
