@@ -4,13 +4,14 @@
 // the shard into many records, gives bitwise the losses and the final model
 // of the same run without offload, under every ZeRO stage over the world's
 // dp, in fp32, bf16 (where the CPU has its GEMM) and fp16; a checkpoint of an offloaded run resumes without
-// offload, and one without resumes offloaded, bitwise; and the files are
-// gone when the run ends.
+// offload, and one without resumes offloaded, bitwise; the files are gone
+// when the run ends; and a byte flipped in one stops the run by name.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,6 +93,38 @@ TEST_F(OffloadTest, CheckpointsResumeAcrossOffloadBitwise) {
                                              << ", step " << 4 + i;
     }
   }
+}
+
+// A byte of the offload file flipped between two steps (by rank 0 alone,
+// one process): the next update's read stops the run with an error naming
+// the file and the record, instead of training on it.
+TEST_F(OffloadTest, AFlippedByteInTheFileStopsTheRunNamingFileAndRecord) {
+  if (world().rank() == 0) {
+    RunConfig c = config(0, "fp32", true);
+    c.parallel.dp = 1, c.train.micro_batch = 8;
+    c.parallel.offload_dir = (dir_ / "offload_flip").string();
+    TrainerOn on(c, nullptr);
+    train_until(on.t, 1);
+    std::vector<fs::path> files;
+    for (const fs::directory_entry& e : fs::directory_iterator(c.parallel.offload_dir)) files.push_back(e.path());
+    ASSERT_EQ(files.size(), 1u);
+    {
+      std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(5000);
+      const char byte = static_cast<char>(f.get() ^ 0x40);
+      f.seekp(5000);
+      f.put(byte);
+    }
+    try {
+      train_until(on.t, 2);
+      ADD_FAILURE() << "a corrupted offload file was trained on";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("offload file '" + files[0].string() + "': record 0 ("), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("is corrupted"), std::string::npos) << e.what();
+    }
+  }
+  world().barrier()->wait();
 }
 
 TEST_F(OffloadTest, ABudgetBelowTheStreamsLeastIsRefusedWithTheNumbers) {
