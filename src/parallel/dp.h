@@ -235,8 +235,9 @@ class DataParallel : public model::StepHooks {
       std::function<void(int g, const ParamPiece& piece, const UpdatePiece& u, std::span<const Tensor> state)>;
   void stream_update(const StreamedUpdate& f);
   // Optimizer array k of group g, (S_g) f32 packed like its shard, out of
-  // the offload file and into it (checkpoints); state_on_disk() only.
-  void read_optimizer_state(int g, int k, Tensor out) const;
+  // the offload file and into it (checkpoints); state_on_disk() only. With
+  // shard_offset: its elements [shard_offset, + out.numel()) alone.
+  void read_optimizer_state(int g, int k, Tensor out, int64_t shard_offset = -1) const;
   void write_optimizer_state(int g, int k, const Tensor& in);
 
   // The mean of a per-rank value over the dp group (losses), the same on

@@ -59,9 +59,12 @@ void DataParallel::stream_update(const StreamedUpdate& f) {
   });
 }
 
-void DataParallel::read_optimizer_state(int g, int k, Tensor out) const {
-  LOOM_CHECK(impl_->disk && out.numel() == group(g).shard_numel, "read_optimizer_state: ", out.str());
-  impl_->disk->read_range(g, k + (impl_->has_master ? 1 : 0), 0, out.reshape({out.numel()}));
+void DataParallel::read_optimizer_state(int g, int k, Tensor out, int64_t shard_offset) const {
+  const bool whole = shard_offset < 0;
+  LOOM_CHECK(impl_->disk && (whole ? out.numel() == group(g).shard_numel
+                                   : shard_offset + out.numel() <= group(g).shard_numel),
+             "read_optimizer_state: ", out.str(), " at ", shard_offset);
+  impl_->disk->read_range(g, k + (impl_->has_master ? 1 : 0), whole ? 0 : shard_offset, out.reshape({out.numel()}));
 }
 
 void DataParallel::write_optimizer_state(int g, int k, const Tensor& in) {

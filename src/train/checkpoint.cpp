@@ -164,12 +164,14 @@ void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord
   const parallel::GroupLayout& l = cdp.group(g);
   OwnedTensor held = pool.empty(DType::f32, {l.shard_numel});
   cdp.pack_master(g, held);
-  // The moments in host memory: read back once for this shard from a device, or from an offload file.
+  // The moments in host memory: read back once for this shard from a device
+  // (an offload file's are read below, piece by piece, into what is written).
+  const bool disk = cdp.state_on_disk();
   OwnedTensor host_m, host_v;
   Tensor opt_m, opt_v;
-  if (!cdp.state_on_disk() && opt.m(g).device().is_cpu()) {
+  if (!disk && opt.m(g).device().is_cpu()) {
     opt_m = opt.m(g), opt_v = opt.v(g);
-  } else {
+  } else if (!disk) {
     host_m = pool.empty(DType::f32, {l.shard_numel}), host_v = pool.empty(DType::f32, {l.shard_numel});
     opt.read_moments(g, host_m, host_v);
     opt_m = host_m, opt_v = host_v;
@@ -182,8 +184,14 @@ void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord
     const parallel::Segment &to = pieces[b], &from = l.segments[b];
     const int64_t at = from.shard_offset + (to.offset - from.offset);
     kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
-    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), opt_m.slice(0, at, to.count));
-    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), opt_v.slice(0, at, to.count));
+    const Tensor m = Tensor(adam_m).slice(0, to.shard_offset, to.count);
+    const Tensor v = Tensor(adam_v).slice(0, to.shard_offset, to.count);
+    if (disk) {
+      cdp.read_optimizer_state(g, 0, m, at), cdp.read_optimizer_state(g, 1, v, at);
+      continue;
+    }
+    kernels::cast(m, opt_m.slice(0, at, to.count));
+    kernels::cast(v, opt_v.slice(0, at, to.count));
   }
   out.named.emplace_back(prefix + kMasterTensor, Tensor(master));
   out.named.emplace_back(prefix + kAdamMTensor, Tensor(adam_m));
