@@ -23,7 +23,7 @@
 set(LOOM_SLOW_TESTS
   Cli.Gguf.LlamaCppDecodesLoomsFilesAsLoomDoes               # 33.0 (2026-11-28, Xeon, 2 cores: two trainings)
   mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise     # 54.7
-  mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile  # 36.9 (2026-12-01, EPYC Zen 3, 2 cores)
+  mpi.Train.SigkillWithTheStateOnDiskResumesBitwiseAndLeavesNoFile  # 36.9 with the optimizer alone (2026-12-01, EPYC Zen 3, 2 cores)
   mpi.dp.np8                                                 # 51.8
   mpi.dp.np4                                                 # 38.4
   mpi.pp.np2                                                 # 32.5

@@ -12,22 +12,24 @@ add_test(NAME Train.SigtermStopsAfterAStepAndResumesBitwise
 add_test(NAME mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
          COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/kill_resume_np2 --trials 8 --seed 13 --np 2
                  --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3)
-add_test(NAME mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
+# With the state on disk (issue 41): the parameters' tier, which holds the
+# optimizer's too, so a kill lands in either's write-back.
+add_test(NAME mpi.Train.SigkillWithTheStateOnDiskResumesBitwiseAndLeavesNoFile
          COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/kill_resume_offload_np2 --trials 10 --seed 15 --np 2
-                 --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3 --offload)
+                 --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3 --offload params)
 add_test(NAME mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
          COMMAND ${LOOM_KILL_RESUME} ${CMAKE_BINARY_DIR}/sigterm_resume_np2 --trials 4 --seed 14 --np 2
                  --mpirun "${LOOM_MPIRUN_LINE}" --set parallel.dp=2 --set parallel.zero_stage=3 --sigterm)
 set_tests_properties(Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermStopsAfterAStepAndResumesBitwise
                      PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
 set_tests_properties(mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
-                     mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
+                     mpi.Train.SigkillWithTheStateOnDiskResumesBitwiseAndLeavesNoFile
                      mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise
                      PROPERTIES TIMEOUT 600 RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION "every resumed run ended bitwise equal")
 # They run the loom executable (tests/properties.cmake labels by name otherwise).
 set_property(TEST Train.SigkillAtRandomTimesAlwaysResumesBitwise Train.SigtermStopsAfterAStepAndResumesBitwise
              mpi.Train.SigkillAtRandomTimesUnderZero3ResumesBitwise
-             mpi.Train.SigkillWithTheOptimizerOnDiskResumesBitwiseAndLeavesNoFile
+             mpi.Train.SigkillWithTheStateOnDiskResumesBitwiseAndLeavesNoFile
              mpi.Train.SigtermOnEveryRankStopsAtOneStepAndResumesBitwise APPEND PROPERTY LABELS cli)
 
 # loom train --memory-budget-mb with the optimizer on disk (issue 41): the
@@ -42,3 +44,13 @@ with parallel.offload = optimizer \\(AdamW's state and the master weights on dis
 exit=1
 offloaded run's peak resident memory \\(ru_maxrss\\): [0-9.]+ MiB
 offloaded: peak resident <= 450 MiB \\(ru_maxrss\\), within the budget: True")
+
+# ZeRO-Infinity beyond memory (issue 41): a model whose f32 weights,
+# gradients and AdamW state are 4.3x the budget trains with the parameters'
+# tier on disk within the budget as the OS counts it, checkpoints and
+# resumes within it, bitwise equal to a run without offload.
+add_test(NAME Cli.Train.ParamsOffloadTrainsAModelSeveralTimesItsBudgetAndResumesBitwise
+         COMMAND ${LOOM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/train/beyond_memory.py $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/beyond_memory)
+set_tests_properties(Cli.Train.ParamsOffloadTrainsAModelSeveralTimesItsBudgetAndResumesBitwise PROPERTIES TIMEOUT 600
+  PASS_REGULAR_EXPRESSION "within it: True\n(.|\n)*bitwise equal: True")

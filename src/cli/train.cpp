@@ -189,13 +189,23 @@ void check_memory_budget(const train::RunConfig& cfg, int world_rank, const Trai
   if (predicted_total(need) + held <= budget) return;
   std::string instead = "; shard the state over more ranks (parallel.zero_stage, dp, tp, pp) or lower the "
                         "micro-batch";
-  if (cfg.parallel.offload == "none") {
+  // What the disk tiers this run does not use yet would need (params:
+  // with ZeRO-3's shards).
+  std::string tiers;
+  for (const char* tier : {"optimizer", "params"}) {
+    if (cfg.parallel.offload == tier || (cfg.parallel.offload == "params" && tier == std::string("optimizer")))
+      continue;
     train::RunConfig off = cfg;
-    off.parallel.offload = "optimizer", off.parallel.offload_dir = "(offload_dir)";
+    off.parallel.offload = tier, off.parallel.offload_dir = "(offload_dir)";
+    if (tier == std::string("params")) off.parallel.zero_stage = 3;
     const MemoryReport with = plan::plan_memory_rank(off, world_rank, o).bytes;
-    instead = concat("; with parallel.offload = optimizer (AdamW's state and the master weights on disk) its buffers ",
-                     "would peak at ", predicted_peak(with), instead);
+    tiers += tier == std::string("optimizer")
+                 ? concat("; with parallel.offload = optimizer (AdamW's state and the master weights on disk) its ",
+                          "buffers would peak at ", predicted_peak(with))
+                 : concat("; with parallel.offload = params", cfg.parallel.zero_stage == 3 ? "" : " and zero_stage = 3",
+                          " (the parameter and gradient shards on disk too) at ", predicted_peak(with));
   }
+  instead = tiers + instead;
   fail("--memory-budget-mb = ", a.memory_budget_mb, ": rank ", world_rank, " needs ",
        mib(predicted_total(need) + held), " MiB: its buffers peak at ", predicted_peak(need),
        " (loom plan) beside the ", mib(held), " MiB the process holds before them", instead);

@@ -18,6 +18,9 @@ namespace {
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
+// The I/O thread's bounce buffer (aligned), and its bytes; null without one.
+thread_local char* t_bounce = nullptr;
+
 int64_t free_bytes(const std::string& path) {
   struct statvfs s {};
   const std::string dir = std::filesystem::path(path).parent_path().string();
@@ -40,10 +43,13 @@ OffloadFile::OffloadFile(Options o, std::vector<int64_t> record_bytes)
   direct_ = fd_ >= 0;
   if (fd_ < 0) fd_ = ::open(path_.c_str(), flags, 0600);  // no O_DIRECT here (tmpfs): through the page cache
   LOOM_REQUIRE(fd_ >= 0, "cannot create the offload file '", path_, "': ", std::strerror(errno));
+  if (direct_) buffered_fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  LOOM_REQUIRE(!direct_ || buffered_fd_ >= 0, "cannot open the offload file '", path_, "': ", std::strerror(errno));
   const int err = file_bytes_ > 0 ? ::posix_fallocate(fd_, 0, file_bytes_) : 0;
   if (err != 0) {
     const int64_t free = free_bytes(path_);
     ::close(fd_);
+    if (buffered_fd_ >= 0) ::close(buffered_fd_);
     ::unlink(path_.c_str());
     fail("the offload file '", path_, "' needs ", file_bytes_, " bytes (", file_bytes_ >> 20, " MiB) on disk; ",
          err == ENOSPC ? concat("the filesystem has ", free, " free (", free >> 20, " MiB)") : std::strerror(err),
@@ -51,7 +57,12 @@ OffloadFile::OffloadFile(Options o, std::vector<int64_t> record_bytes)
   }
   crc_.assign(bytes_.size(), 0);
   state_.assign(bytes_.size(), State::never);
-  for (int i = 0; i < o.threads; ++i) threads_.emplace_back([this] { worker(); });
+  if (o.bounce_pool && o.bounce_bytes > 0) {
+    bounce_bytes_ = round_up(o.bounce_bytes, kOffloadAlign);
+    for (int i = 0; i < o.threads; ++i)
+      bounce_.push_back(o.bounce_pool->empty(DType::u8, {bounce_buffer_bytes(1, o.bounce_bytes)}));
+  }
+  for (int i = 0; i < o.threads; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
 OffloadFile::~OffloadFile() {
@@ -61,8 +72,23 @@ OffloadFile::~OffloadFile() {
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
+  if (buffered_fd_ >= 0) ::close(buffered_fd_);
   ::close(fd_);
   ::unlink(path_.c_str());
+}
+
+void OffloadFile::wait_all(const std::vector<Io>& ios) {
+  std::exception_ptr first;
+  for (const Io& io : ios) try {
+      io.get();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  if (first) std::rethrow_exception(first);
+}
+
+int64_t OffloadFile::bounce_buffer_bytes(int threads, int64_t bounce_bytes) {
+  return bounce_bytes > 0 ? threads * (round_up(bounce_bytes, kOffloadAlign) + kOffloadAlign) : 0;
 }
 
 int64_t OffloadFile::buffer_bytes(int64_t r) const { return round_up(record_bytes(r), kOffloadAlign); }
@@ -77,7 +103,12 @@ int64_t OffloadFile::bytes_written() const {
   return wrote_;
 }
 
-void OffloadFile::worker() {
+void OffloadFile::worker(int index) {
+  if (static_cast<size_t>(index) < bounce_.size()) {
+    char* b = static_cast<char*>(bounce_[static_cast<size_t>(index)].data());
+    const auto at = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b));
+    t_bounce = b + (round_up(at, kOffloadAlign) - at);
+  }
   for (;;) {
     std::packaged_task<void()> job;
     {
@@ -102,14 +133,37 @@ OffloadFile::Io OffloadFile::submit(std::function<void()> job) {
   return done;
 }
 
-// The whole transfer of record r, short counts and EINTR retried.
-void OffloadFile::transfer(bool reading, int64_t r, void* buf) const {
-  const int64_t n = direct_ ? buffer_bytes(r) : record_bytes(r);
+// The whole transfer of record r: padded (a buffer of buffer_bytes(r),
+// aligned under direct_) in one piece, exact (record_bytes(r) at any
+// address) in its aligned whole pages past the page cache and the rest
+// through it.
+void OffloadFile::transfer(bool reading, int64_t r, void* buf, bool exact) const {
   auto* p = static_cast<char*>(buf);
+  if (!direct_) return transfer(fd_, reading, r, p, 0, record_bytes(r));
+  if (!exact) return transfer(fd_, reading, r, p, 0, buffer_bytes(r));
+  if (t_bounce && buffer_bytes(r) <= bounce_bytes_) {
+    const auto n = static_cast<size_t>(record_bytes(r));
+    if (!reading) {
+      std::memcpy(t_bounce, p, n);
+      std::memset(t_bounce + n, 0, static_cast<size_t>(buffer_bytes(r)) - n);
+    }
+    transfer(fd_, reading, r, t_bounce, 0, buffer_bytes(r));
+    if (reading) std::memcpy(p, t_bounce, n);
+    return;
+  }
+  const bool aligned = reinterpret_cast<uintptr_t>(p) % kOffloadAlign == 0;
+  const int64_t pages = aligned ? record_bytes(r) / kOffloadAlign * kOffloadAlign : 0;
+  if (pages > 0) transfer(fd_, reading, r, p, 0, pages);
+  if (pages < record_bytes(r)) transfer(buffered_fd_, reading, r, p, pages, record_bytes(r) - pages);
+}
+
+// Bytes [from, from + n) of record r, short counts and EINTR retried.
+void OffloadFile::transfer(int fd, bool reading, int64_t r, char* buf, int64_t from, int64_t n) const {
+  const int64_t base = offsets_[static_cast<size_t>(r)] + from;
   for (int64_t done = 0; done < n;) {
-    const off_t at = offsets_[static_cast<size_t>(r)] + done;
     const auto want = static_cast<size_t>(n - done);
-    const ssize_t got = reading ? ::pread(fd_, p + done, want, at) : ::pwrite(fd_, p + done, want, at);
+    char* p = buf + from + done;
+    const ssize_t got = reading ? ::pread(fd, p, want, base + done) : ::pwrite(fd, p, want, base + done);
     if (got < 0 && errno == EINTR) continue;
     LOOM_REQUIRE(got > 0, "offload file '", path_, "': ", reading ? "reading" : "writing", " record ", r, " (",
                  record_bytes(r), " bytes at byte ", offsets_[static_cast<size_t>(r)], ") failed: ",
@@ -119,9 +173,9 @@ void OffloadFile::transfer(bool reading, int64_t r, void* buf) const {
   }
 }
 
-OffloadFile::Io OffloadFile::read(int64_t r, void* dst) {
+OffloadFile::Io OffloadFile::read(int64_t r, void* dst, bool exact) {
   LOOM_CHECK(r >= 0 && r < num_records(), "OffloadFile::read: record ", r, " of ", num_records());
-  return submit([this, r, dst] {
+  return submit([this, r, dst, exact] {
     uint32_t want = 0;
     {
       std::lock_guard lock(mu_);
@@ -133,7 +187,7 @@ OffloadFile::Io OffloadFile::read(int64_t r, void* dst) {
       }
       want = crc_[static_cast<size_t>(r)];
     }
-    transfer(true, r, dst);
+    transfer(true, r, dst, exact);
     const uint32_t got = crc32c(dst, static_cast<size_t>(record_bytes(r)));
     LOOM_REQUIRE(got == want, "offload file '", path_, "': record ", r, " (", record_bytes(r), " bytes at byte ",
                  offsets_[static_cast<size_t>(r)], ") is corrupted: its CRC-32C is ", got, ", written as ", want,
@@ -143,12 +197,12 @@ OffloadFile::Io OffloadFile::read(int64_t r, void* dst) {
   });
 }
 
-OffloadFile::Io OffloadFile::write(int64_t r, const void* src) {
+OffloadFile::Io OffloadFile::write(int64_t r, const void* src, bool exact) {
   LOOM_CHECK(r >= 0 && r < num_records(), "OffloadFile::write: record ", r, " of ", num_records());
-  return submit([this, r, src] {
+  return submit([this, r, src, exact] {
     const uint32_t crc = crc32c(src, static_cast<size_t>(record_bytes(r)));
     try {
-      transfer(false, r, const_cast<void*>(src));
+      transfer(false, r, const_cast<void*>(src), exact);
     } catch (...) {
       std::lock_guard lock(mu_);
       state_[static_cast<size_t>(r)] = State::lost;  // part written, or none: either way not its values

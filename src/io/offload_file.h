@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/memory.h"
+
 namespace loom::io {
 
 // O_DIRECT's unit: records start on it, transfers are multiples of it, and
@@ -34,7 +36,15 @@ class OffloadFile {
     std::string path;
     bool direct = false;  // ask for O_DIRECT (a filesystem without it, tmpfs, falls back: direct() says)
     int threads = 2;      // I/O threads
+    // Exact transfers past the page cache: each I/O thread's aligned buffer
+    // of bounce_bytes from bounce_pool, through which a record of at most
+    // that many (padded) bytes goes. None: exact transfers use the page
+    // cache but for a buffer's aligned whole pages.
+    Pool* bounce_pool = nullptr;
+    int64_t bounce_bytes = 0;
   };
+  // The bytes Options' bounce buffers take for `threads` threads.
+  static int64_t bounce_buffer_bytes(int threads, int64_t bounce_bytes);
   // Creates (or truncates) o.path and preallocates a record of each size in
   // record_bytes. A disk without room is a loom::Error naming the path, the
   // bytes it needs and the bytes free.
@@ -59,20 +69,34 @@ class OffloadFile {
   // ENOSPC), or a record read back whose CRC-32C is not the one written.
   // Reads and writes of one record must not overlap.
   using Io = std::shared_future<void>;
-  Io read(int64_t r, void* dst);
-  Io write(int64_t r, const void* src);
+  Io read(int64_t r, void* dst) { return read(r, dst, false); }
+  Io write(int64_t r, const void* src) { return write(r, src, false); }
+  // The same with a buffer of exactly record_bytes(r) bytes at any address
+  // (a slice of a larger tensor): under direct(), through the I/O thread's
+  // bounce buffer (Options::bounce_pool) past the page cache, or without
+  // one its whole aligned pages past the page cache when it starts on
+  // kOffloadAlign and the rest through it (the kernel keeps the two views
+  // of the file coherent).
+  Io read_exact(int64_t r, void* dst) { return read(r, dst, true); }
+  Io write_exact(int64_t r, const void* src) { return write(r, src, true); }
   static void wait(const Io& io) { io.get(); }
+  // Waits for every one, then throws the first error.
+  static void wait_all(const std::vector<Io>& ios);
   // Bytes read and written so far.
   int64_t bytes_read() const;
   int64_t bytes_written() const;
 
  private:
+  Io read(int64_t r, void* dst, bool exact);
+  Io write(int64_t r, const void* src, bool exact);
   Io submit(std::function<void()> job);
-  void worker();
-  void transfer(bool reading, int64_t r, void* buf) const;
+  void worker(int index);
+  void transfer(bool reading, int64_t r, void* buf, bool exact) const;
+  void transfer(int fd, bool reading, int64_t r, char* buf, int64_t from, int64_t n) const;
 
   std::string path_;
   int fd_ = -1;
+  int buffered_fd_ = -1;  // under direct_: the same file through the page cache (exact transfers' tails)
   bool direct_ = false;
   std::vector<int64_t> bytes_, offsets_;
   int64_t file_bytes_ = 0;
@@ -85,6 +109,8 @@ class OffloadFile {
   std::vector<State> state_;
   int64_t read_ = 0, wrote_ = 0;
   std::vector<std::thread> threads_;
+  std::vector<OwnedTensor> bounce_;  // per thread (Options::bounce_pool)
+  int64_t bounce_bytes_ = 0;
 };
 
 }  // namespace loom::io

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -82,5 +83,19 @@ class SafetensorsFile {
 // header is padded with spaces to a multiple of 8 bytes.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A tensor written part by part: fill(first, out) puts its elements
+// [first, first + out.numel()) in out (a 1-D CPU buffer of its dtype).
+struct StreamedTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::function<void(int64_t first, Tensor out)> fill;
+};
+// The same file from tensors produced part by part through one buffer of
+// about buffer_bytes (at least an element): what a checkpoint of state that
+// does not fit in memory (an offloaded run's) writes with.
+void write_safetensors(const std::string& path, const std::vector<StreamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata, int64_t buffer_bytes);
 
 }  // namespace loom::io

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -29,22 +30,28 @@ int dtype_rank(DType t) {
   LOOM_CHECK(false, "unknown dtype ", static_cast<int>(t));
 }
 
-using Entry = std::pair<std::string, Tensor>;
+// A tensor to write: its name, dtype and shape, and how its bytes get to the file.
+struct Item {
+  const std::string* name;
+  DType dtype;
+  Shape shape;
+  uint64_t bytes;
+  std::function<void(AtomicFile&)> write;
+};
 
-std::string header_json(const std::vector<const Entry*>& order, const std::map<std::string, std::string>& metadata,
+std::string header_json(const std::vector<const Item*>& order, const std::map<std::string, std::string>& metadata,
                         const std::string& path) {
   nlohmann::ordered_json root = nlohmann::ordered_json::object();
   if (!metadata.empty()) root["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const Entry* e : order) {
-    const Tensor& t = e->second;
+  for (const Item* e : order) {
     nlohmann::ordered_json entry;
-    entry["dtype"] = safetensors_dtype_name(t.dtype());
+    entry["dtype"] = safetensors_dtype_name(e->dtype);
     entry["shape"] = nlohmann::ordered_json::array();
-    for (int i = 0; i < t.ndim(); ++i) entry["shape"].push_back(t.size(i));
-    entry["data_offsets"] = {offset, offset + t.nbytes()};
-    offset += t.nbytes();
-    root[e->first] = std::move(entry);
+    for (int i = 0; i < e->shape.ndim(); ++i) entry["shape"].push_back(e->shape[i]);
+    entry["data_offsets"] = {offset, offset + e->bytes};
+    offset += e->bytes;
+    root[*e->name] = std::move(entry);
   }
   std::string text;
   try {
@@ -56,39 +63,70 @@ std::string header_json(const std::vector<const Entry*>& order, const std::map<s
   return text;
 }
 
-std::vector<const Entry*> checked_order(const std::vector<Entry>& tensors, const std::string& path) {
+std::vector<const Item*> checked_order(const std::vector<Item>& items, const std::string& path) {
   std::set<std::string> names;
-  std::vector<const Entry*> order;
-  for (const Entry& e : tensors) {
-    const std::string where = concat("writing safetensors file '", path, "': tensor '", e.first, "' ");
-    LOOM_REQUIRE(e.first != "__metadata__", where, "uses the reserved name __metadata__");
-    LOOM_REQUIRE(names.insert(e.first).second, where, "appears twice");
-    LOOM_REQUIRE(e.second.device().is_cpu(), where, "is on ", device_name(e.second.device()), ", not the CPU");
-    LOOM_REQUIRE(e.second.is_contiguous(), where, e.second.str(), " is not contiguous");
-    LOOM_REQUIRE(e.second.nbytes() == 0 || e.second.data() != nullptr, where, "has no data");
+  std::vector<const Item*> order;
+  for (const Item& e : items) {
+    const std::string where = concat("writing safetensors file '", path, "': tensor '", *e.name, "' ");
+    LOOM_REQUIRE(*e.name != "__metadata__", where, "uses the reserved name __metadata__");
+    LOOM_REQUIRE(names.insert(*e.name).second, where, "appears twice");
     order.push_back(&e);
   }
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
-    const int ra = dtype_rank(a->second.dtype()), rb = dtype_rank(b->second.dtype());
-    return ra != rb ? ra > rb : a->first < b->first;
+  std::sort(order.begin(), order.end(), [](const Item* a, const Item* b) {
+    const int ra = dtype_rank(a->dtype), rb = dtype_rank(b->dtype);
+    return ra != rb ? ra > rb : *a->name < *b->name;
   });
   return order;
 }
 
-}  // namespace
-
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::vector<const Entry*> order = checked_order(tensors, path);
+void write_items(const std::string& path, const std::vector<Item>& items,
+                 const std::map<std::string, std::string>& metadata) {
+  const std::vector<const Item*> order = checked_order(items, path);
   const std::string header = header_json(order, metadata, path);
   AtomicFile file(path);
   unsigned char n[8];
   for (int i = 0; i < 8; ++i) n[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
   file.write(n, 8);
   file.write(header);
-  for (const Entry* e : order)
-    if (e->second.nbytes() > 0) file.write(e->second.data(), e->second.nbytes());
+  for (const Item* e : order)
+    if (e->bytes > 0) e->write(file);
   file.commit();
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<Item> items;
+  for (const std::pair<std::string, Tensor>& e : tensors) {
+    const Tensor& t = e.second;
+    const std::string where = concat("writing safetensors file '", path, "': tensor '", e.first, "' ");
+    LOOM_REQUIRE(t.device().is_cpu(), where, "is on ", device_name(t.device()), ", not the CPU");
+    LOOM_REQUIRE(t.is_contiguous(), where, t.str(), " is not contiguous");
+    LOOM_REQUIRE(t.nbytes() == 0 || t.data() != nullptr, where, "has no data");
+    items.push_back({&e.first, t.dtype(), t.shape(), t.nbytes(), [&t](AtomicFile& f) { f.write(t.data(), t.nbytes()); }});
+  }
+  write_items(path, items, metadata);
+}
+
+void write_safetensors(const std::string& path, const std::vector<StreamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata, int64_t buffer_bytes) {
+  std::vector<uint8_t> buffer;
+  std::vector<Item> items;
+  for (const StreamedTensor& t : tensors) {
+    const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+    const int64_t numel = t.shape.numel();
+    items.push_back({&t.name, t.dtype, t.shape, static_cast<uint64_t>(numel * elem), [&, elem, numel](AtomicFile& f) {
+                       const int64_t step = std::max<int64_t>(1, buffer_bytes / elem);
+                       buffer.resize(static_cast<size_t>(std::min(step, numel) * elem));
+                       for (int64_t at = 0; at < numel; at += step) {
+                         const int64_t n = std::min(step, numel - at);
+                         t.fill(at, Tensor(buffer.data(), t.dtype, {n}));
+                         f.write(buffer.data(), static_cast<size_t>(n * elem));
+                       }
+                     }});
+  }
+  write_items(path, items, metadata);
 }
 
 }  // namespace loom::io

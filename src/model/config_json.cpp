@@ -313,13 +313,21 @@ std::string model_files_in(const fs::path& dir) {
 }
 
 // dir/model.safetensors, then dir/<config>, each written atomically.
-void write_model_files(const fs::path& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout) {
+// The weights (given, or read a part at a time), then the config.
+void write_model_files(const fs::path& dir, const ModelConfig& cfg, const Tensor* params, const FlatReader* read,
+                       ParamLayout layout) {
   const bool hf = layout == ParamLayout::hf;
-  save_params((dir / kWeightsFile).string(), param_specs(cfg), params, layout,
-              hf ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
+  if (params)
+    save_params((dir / kWeightsFile).string(), param_specs(cfg), *params, layout,
+                hf ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
+  else
+    save_params_streamed((dir / kWeightsFile).string(), param_specs(cfg), *read);
   write_json_file((dir / (hf ? kHfConfigFile : kLoomConfigFile)).string(),
                   hf ? hf_config_to_json(cfg) : model_config_to_json(cfg));
 }
+
+void write_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor* params, const FlatReader* read,
+                     ParamLayout layout);
 
 }  // namespace
 
@@ -373,6 +381,17 @@ void require_new_model_dir(const std::string& out, const std::string& command, c
 }
 
 void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout) {
+  write_model_dir(dir, cfg, &params, nullptr, layout);
+}
+
+void save_model_dir(const std::string& dir, const ModelConfig& cfg, const FlatReader& read) {
+  write_model_dir(dir, cfg, nullptr, &read, ParamLayout::loom);
+}
+
+namespace {
+
+void write_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor* params, const FlatReader* read,
+                     ParamLayout layout) {
   const fs::path target = dir_path(dir);
   std::error_code ec;
   if (fs::exists(target, ec)) {
@@ -383,7 +402,7 @@ void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor
     // removed first, so no config describes weights it was not written with
     // for longer than the config's own write.
     if (layout == ParamLayout::hf) fs::remove(target / kLoomConfigFile, ec);
-    write_model_files(target, cfg, params, layout);
+    write_model_files(target, cfg, params, read, layout);
     return;
   }
   if (target.has_parent_path()) {
@@ -394,8 +413,10 @@ void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor
   // rename, so a failure or a kill midway leaves no directory; commit_new,
   // as this never replaces a directory another writer created meanwhile.
   StagedDir staging(target.string(), "save");
-  write_model_files(staging.path(), cfg, params, layout);
+  write_model_files(staging.path(), cfg, params, read, layout);
   staging.commit_new();
 }
+
+}  // namespace
 
 }  // namespace loom::model

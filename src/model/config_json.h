@@ -79,5 +79,8 @@ void require_new_model_dir(const std::string& out, const std::string& command, c
 // (a kill may leave the staging directory behind).
 // In an existing dir each file is replaced atomically, the config last.
 void save_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor& params, ParamLayout layout);
+// The same in loom's layout, the parameters read a part at a time
+// (save_params_streamed).
+void save_model_dir(const std::string& dir, const ModelConfig& cfg, const FlatReader& read);
 
 }  // namespace loom::model

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -193,5 +194,10 @@ OwnedTensor params_in_dtype(OwnedTensor flat, DType dtype, Pool& pool);
 // the specs name them, in the given layout.
 void save_params(const std::string& path, const std::vector<ParamSpec>& specs, const Tensor& flat,
                  ParamLayout layout = ParamLayout::loom, const std::map<std::string, std::string>& metadata = {});
+// The same in loom's layout with the parameters read a part at a time:
+// read(flat, out) puts flat elements [flat, flat + out.numel()) in out (f32),
+// as a run whose weights do not fit in memory at once writes them.
+using FlatReader = std::function<void(int64_t flat, Tensor out)>;
+void save_params_streamed(const std::string& path, const std::vector<ParamSpec>& specs, const FlatReader& read);
 
 }  // namespace loom::model

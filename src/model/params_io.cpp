@@ -102,4 +102,13 @@ void save_params(const std::string& path, const std::vector<ParamSpec>& specs, c
   io::write_safetensors(path, tensors, metadata);
 }
 
+void save_params_streamed(const std::string& path, const std::vector<ParamSpec>& specs, const FlatReader& read) {
+  std::vector<io::StreamedTensor> tensors;
+  for (const ParamSpec& s : specs)
+    tensors.push_back({s.name, DType::f32, s.shape, [&read, at = s.offset](int64_t first, Tensor out) {
+                         read(at + first, out);
+                       }});
+  io::write_safetensors(path, tensors, {}, int64_t{4} << 20);
+}
+
 }  // namespace loom::model

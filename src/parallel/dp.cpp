@@ -89,6 +89,7 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
   for (GroupState& g : groups) {
     const int64_t n = g.layout.shard_numel;
     if (master && !o.disk.enabled) g.master = pools[MemTag::master].zeros(DType::f32, {n});
+    if (o.disk.params) continue;  // on disk: the slots of OffloadedShards instead
     if (stage >= 2) g.grad_shard = pools[MemTag::grads].zeros(DType::f32, {n});
     if (stage == 3) g.param_shard = pools[MemTag::params].zeros(compute, {n});
     if (o.offload_optimizer) g.host_grads = pools[MemTag::optimizer].zeros(DType::f32, {n});
@@ -107,6 +108,12 @@ DataParallel::ShardStateBytes DataParallel::shard_state_bytes(int64_t S, DType c
   if (o.disk.enabled) {  // master and optimizer state on disk: in memory, the stream's buffers
     b.master = 0;
     b.optimizer = OffloadedState::buffer_bytes(S, o.disk.budget_bytes, disk_arrays(compute, o));
+  }
+  if (o.disk.enabled && o.disk.params) {  // the shards on disk: in memory, their slots
+    const int arrays = disk_arrays(compute, o);
+    b.params = OffloadedShards::buffer_bytes(OffloadedShards::kParams, S, o.disk.budget_bytes, arrays,
+                                             static_cast<int64_t>(dtype_size(compute)), o.disk);
+    b.grads = OffloadedShards::buffer_bytes(OffloadedShards::kGrads, S, o.disk.budget_bytes, arrays, 4, o.disk);
   }
   return b;
 }
@@ -148,6 +155,9 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& dp, comm::Co
   im.gathered.resize(U);
   im.has_pp_copy = std::any_of(specs.begin(), specs.end(), [](const model::ParamSpec& s) { return s.pp_copy; });
   set_acquire_order(model, im.order);
+  LOOM_REQUIRE(!opt_.disk.params || (opt_.disk.enabled && stage == 3),
+               "DataParallel: the parameter and gradient shards go to disk under ZeRO stage 3 only (this is stage ",
+               stage, ")");
   im.has_master = allocate_shard_state(im.groups, model, opt_, pools);
   if (opt_.disk.enabled) {
     LOOM_REQUIRE(!opt_.offload_optimizer && opt_.optimizer_state_floats > 0 && opt_.exchange == nullptr,
@@ -157,6 +167,12 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& dp, comm::Co
     for (const GroupState& gs : im.groups) pieces.push_back(gs.layout.pieces);
     im.disk = std::make_unique<OffloadedState>(pieces, disk_arrays(model.compute_dtype(), opt_), opt_.disk,
                                                pools[MemTag::optimizer]);
+  }
+  if (opt_.disk.params) {
+    im.shards = std::make_unique<OffloadedShards>(*im.disk, model.compute_dtype(), opt_.disk, pools[MemTag::params],
+                                                  pools[MemTag::grads]);
+    im.written.assign(im.disk->extents().size(), 0);
+    im.terms.resize(im.disk->extents().size());
   }
   model.set_hooks(this);
   if (opt_.exchange) set_exchange(opt_.exchange);
@@ -168,8 +184,10 @@ DataParallel::~DataParallel() {
   try {
     for (auto& p : impl_->pending) p.work->wait();
     for (auto& g : impl_->reducing) g.work->wait();
-    for (auto& g : impl_->gathered)
+    for (auto& g : impl_->gathered) {
       if (g.work) g.work->wait();
+      for (const auto& r : g.reads) r.wait();
+    }
   } catch (...) {
   }
 }
@@ -245,16 +263,24 @@ void DataParallel::set_params(const std::function<void(Tensor dst, const model::
       const Segment& s = l.segments[b];
       const Tensor src = Tensor(full).slice(0, s.offset - bk.begin, s.count);
       if (impl_->has_master) set_master(gs, s, src);
-      if (opt_.zero_stage == 3) kernels::cast(Tensor(gs.param_shard).slice(0, s.shard_offset, s.count), src);
+      if (opt_.zero_stage == 3) write_param_shard(gs, static_cast<int>(b), src);
     }
   }
 }
 
 
 void DataParallel::zero_grads() {
-  if (opt_.zero_stage < 2) model_.zero_grads();
-  else
-    for (GroupState& gs : impl_->groups) kernels::fill(gs.grad_shard, 0.f);
+  if (opt_.zero_stage < 2) return model_.zero_grads();
+  for (GroupState& gs : impl_->groups) {
+    if (!impl_->shards) {
+      kernels::fill(gs.grad_shard, 0.f);
+      continue;
+    }
+  }
+  if (impl_->shards) {  // the gradient records are overwritten, not added to
+    std::fill(impl_->written.begin(), impl_->written.end(), 0);
+    for (std::vector<double>& t : impl_->terms) t.clear();
+  }
 }
 
 void DataParallel::begin_micro_batch(bool last) { impl_->communicate = last; }
@@ -282,28 +308,33 @@ double exact_sum(comm::Communicator& group, double value) {
 
 }  // namespace
 
-double DataParallel::shard_sum_squares(int g) const {
-  const GroupState& gs = impl_->groups[static_cast<size_t>(g)];
-  const int stage = opt_.zero_stage;
+bool DataParallel::counts_in_norm(int64_t flat) const {
   // Under tensor parallelism a replicated parameter (model/params.h) has the
   // same gradient on every tp rank: only tp rank 0 counts it. A pipeline
   // stage's copy of a tied embedding is counted by stage 0.
   const bool skip_replicated = tp_.size() > 1 && tp_.rank() != 0;
-  const std::vector<model::ParamSpec>& specs = model_.param_specs();
+  if (!skip_replicated && !impl_->has_pp_copy) return true;
+  bool counted = true;
+  for_each_overlap(model_.param_specs(), flat, flat + 1, [&](const model::ParamSpec& spec, int64_t, int64_t) {
+    counted = !spec.pp_copy && !(skip_replicated && spec.replicated());
+  });
+  return counted;
+}
+
+double DataParallel::shard_sum_squares(int g) const {
+  const GroupState& gs = impl_->groups[static_cast<size_t>(g)];
   double sum = 0;
-  for (const Segment& s : gs.layout.segments) {
-    for_each_flat_run(gs.layout.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {
-      const Tensor grad = stage < 2 ? model_.grads().slice(0, flat, n)
-                                    : Tensor(gs.grad_shard).slice(0, s.shard_offset + at, n);
-      if (!skip_replicated && !impl_->has_pp_copy) {
-        sum += kernels::sum_squares(grad);
-        return;
-      }
-      for_each_overlap(specs, flat, flat + n, [&](const model::ParamSpec& spec, int64_t lo, int64_t hi) {
-        const bool counted = !spec.pp_copy && !(skip_replicated && spec.replicated());
-        if (counted) sum += kernels::sum_squares(grad.slice(0, lo - flat, hi - lo));
-      });
-    });
+  if (impl_->shards) {  // each extent's blocks, taken as its gradient was written
+    const auto [first, end] = impl_->disk->extents_of(g, 0, gs.layout.shard_numel);
+    for (int64_t i = first; i < end; ++i)
+      for (double t : impl_->terms[static_cast<size_t>(i)]) sum += t;
+    return sum;
+  }
+  for (const ParamPiece& p : gs.layout.pieces) {
+    if (!counts_in_norm(p.offset)) continue;
+    norm_blocks(opt_.zero_stage < 2 ? model_.grads().slice(0, p.offset, p.count)
+                                    : Tensor(gs.grad_shard).slice(0, p.shard_offset, p.count),
+                [&](double t) { sum += t; });
   }
   return sum;
 }
@@ -340,117 +371,6 @@ double DataParallel::mean(double value) { return exact_sum(dp_, value) / dp_.siz
 void DataParallel::update_finish() {
   // Every rank updated its piece of each bucket; all_gather the rest in place.
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) gather_pieces(model_.params());
-}
-
-// ---- checkpoints and export ----
-
-void DataParallel::pack_master(int g, Tensor out) const {
-  const GroupState& gs = impl_->groups[static_cast<size_t>(g)];
-  LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == gs.layout.shard_numel, "pack_master: ", out.str());
-  if (out.device() != impl_->pools.device()) {  // the host's buffer of a device run (a checkpoint's)
-    OwnedTensor staged = impl_->pools[MemTag::workspace].empty(DType::f32, {out.numel()});
-    pack_master(g, staged);
-    return copy_tensor(out, staged);
-  }
-  for (const Segment& s : gs.layout.segments) {
-    Tensor dst = out.slice(0, s.shard_offset, s.count);
-    if (impl_->has_master && impl_->disk) impl_->disk->read_range(g, 0, s.shard_offset, dst);
-    else if (impl_->has_master) kernels::cast(dst, Tensor(gs.master).slice(0, s.shard_offset, s.count));
-    else if (opt_.zero_stage == 3) kernels::cast(dst, Tensor(gs.param_shard).slice(0, s.shard_offset, s.count));
-    else
-      for_each_flat_run(gs.layout.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {
-        kernels::cast(dst.slice(0, at, n), model_.params().slice(0, flat, n));
-      });
-  }
-}
-
-void DataParallel::pack_master(Tensor out) const {
-  only_group();
-  pack_master(0, out);
-}
-
-void DataParallel::load_master(std::span<const Tensor> masters) {
-  LOOM_CHECK(static_cast<int>(masters.size()) == num_groups(), "load_master: ", masters.size(), " tensors for ",
-             num_groups(), " groups");
-  for (int g = 0; g < num_groups(); ++g) {
-    GroupState& gs = impl_->groups[static_cast<size_t>(g)];
-    const GroupLayout& l = gs.layout;
-    const Tensor& given = masters[static_cast<size_t>(g)];
-    LOOM_CHECK(given.dtype() == DType::f32 && given.numel() == l.shard_numel, "load_master: ", given.str());
-    // A checkpoint's host tensor goes to the run's device first.
-    OwnedTensor staged;
-    if (given.device() != impl_->pools.device()) {
-      staged = impl_->pools[MemTag::workspace].empty(DType::f32, {l.shard_numel});
-      copy_tensor(staged, given.reshape({l.shard_numel}));
-    }
-    const Tensor master = staged.defined() ? Tensor(staged) : given;
-    for (const Segment& s : l.segments) {
-      const Tensor src = master.slice(0, s.shard_offset, s.count);
-      if (impl_->has_master) set_master(gs, s, src);
-      if (opt_.zero_stage == 3) kernels::cast(Tensor(gs.param_shard).slice(0, s.shard_offset, s.count), src);
-      else
-        for_each_flat_run(l.space, s.offset, s.count, [&](int64_t flat, int64_t at, int64_t n) {
-          kernels::cast(model_.params().slice(0, flat, n), src.slice(0, at, n));
-        });
-    }
-  }
-  if (opt_.zero_stage == 1 || opt_.zero_stage == 2) gather_pieces(model_.params());
-}
-
-void DataParallel::load_master(const Tensor& master) {
-  only_group();
-  load_master(std::span<const Tensor>(&master, 1));
-}
-
-void DataParallel::gather_master(Tensor out) {
-  LOOM_CHECK(out.dtype() == DType::f32 && out.numel() == model_.num_params(), "gather_master: ", out.str());
-  if (out.device() != impl_->pools.device()) {  // the host's buffer of a device run (an exported model's)
-    OwnedTensor staged = impl_->pools[MemTag::workspace].empty(DType::f32, {out.numel()});
-    gather_master(staged);
-    return copy_tensor(out, staged);
-  }
-  for (int g = 0; g < num_groups(); ++g) {
-    const GroupLayout& l = impl_->groups[static_cast<size_t>(g)].layout;
-    OwnedTensor packed = impl_->pools[MemTag::workspace].empty(DType::f32, {l.shard_numel});
-    pack_master(g, packed);
-    for (const Segment& s : l.segments)
-      unpack_runs(l.space, Tensor(packed).slice(0, s.shard_offset, s.count), s.offset, out);
-  }
-  if (opt_.zero_stage > 0) gather_pieces(out);
-}
-
-void DataParallel::gather_pieces(Tensor flat) {
-  // A bucket spread over the flat buffer gathers into a packed buffer,
-  // unpacked once every gather is done.
-  struct Spread {
-    const GroupSpace* space;
-    int64_t begin;
-    OwnedTensor buf, mine;
-  };
-  std::vector<Spread> spread;
-  std::vector<comm::WorkPtr> works;
-  for (const GroupState& gs : impl_->groups) {
-    const GroupLayout& l = gs.layout;
-    comm::Communicator& comm = l.comm;
-    if (comm.size() == 1) continue;
-    for (size_t b = 0; b < l.buckets.size(); ++b) {
-      const Bucket& bk = l.buckets[b];
-      const Segment& s = l.segments[b];
-      if (is_one_run(l.space, bk.begin, bk.numel())) {
-        const int64_t at = flat_index(l.space, bk.begin);
-        works.push_back(comm.all_gather(comm::copy_view(flat.slice(0, at, bk.numel())),
-                                        comm::copy_view(flat.slice(0, at + (s.offset - bk.begin), s.count))));
-        continue;
-      }
-      Spread sp{&l.space, bk.begin, impl_->pools[MemTag::comm].empty(flat.dtype(), {bk.numel()}),
-                impl_->pools[MemTag::comm].empty(flat.dtype(), {s.count})};
-      pack_runs(l.space, flat, s.offset, sp.mine);
-      works.push_back(comm.all_gather(comm::copy_view(sp.buf), comm::copy_view(sp.mine)));
-      spread.push_back(std::move(sp));
-    }
-  }
-  for (auto& w : works) w->wait();
-  for (const Spread& sp : spread) unpack_runs(*sp.space, sp.buf, sp.begin, flat);
 }
 
 double DataParallel::measure_gradient_comm_seconds(int repeats) {

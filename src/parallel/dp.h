@@ -85,7 +85,11 @@ struct DpOptions {
   // the parameters: bf16 / f16 compute) and the optimizer's state live in
   // an offload file and stream through disk.budget_bytes of buffers during
   // the update (parallel/offload.h); the optimizer then updates through
-  // stream_update. Not with offload_optimizer.
+  // stream_update. Not with offload_optimizer. With disk.params (stage 3
+  // only) the parameter and gradient shards are on disk too
+  // (OffloadedShards): a unit's piece is read into its gathered buffer when
+  // the unit before it is acquired, each reduced gradient added into its
+  // record, and the update reads both records a segment at a time.
   DiskOffload disk = {};
   // Parameters (by name) whose gradients form a bucket of their own, stages
   // 0 and 1 only: the bucket's shard is then the same slice of the parameter
@@ -113,6 +117,7 @@ struct CommStats {
   int64_t ops = 0;              // gradient collectives issued
   int64_t bytes = 0;            // their input bytes
   double exposed_seconds = 0;   // time spent waiting for them (gradients and stage-3 gathers)
+  double offload_wait_seconds = 0;  // time spent waiting for parameter shards read from disk (offload = params)
 };
 
 // A parameter group as laid out on this rank.
@@ -146,7 +151,9 @@ class DataParallel : public model::StepHooks {
   // compute: master weights (f32, unless compute is f32 and nothing is
   // offloaded), the gradient shard (stage >= 2), the parameter shard
   // (stage 3), and in optimizer the optimizer's o.optimizer_state_floats
-  // per element (AdamW allocates them) and the offloaded gradients.
+  // per element (AdamW allocates them) and the offloaded gradients. Under
+  // o.disk the state on disk takes only its buffers: the optimizer's
+  // stream, and with o.disk.params the shards' slots.
   struct ShardStateBytes {
     int64_t params = 0, grads = 0, master = 0, optimizer = 0;
     int64_t total() const { return params + grads + master + optimizer; }
@@ -231,6 +238,8 @@ class DataParallel : public model::StepHooks {
   // themselves), state the optimizer's optimizer_state_floats arrays; what f
   // leaves there is written back.
   bool state_on_disk() const;
+  // Bytes the offload files read and wrote so far (0 without them).
+  int64_t offload_bytes() const;
   using StreamedUpdate =
       std::function<void(int g, const ParamPiece& piece, const UpdatePiece& u, std::span<const Tensor> state)>;
   void stream_update(const StreamedUpdate& f);
@@ -251,10 +260,27 @@ class DataParallel : public model::StepHooks {
   // (collective for stages 1 and 2).
   void pack_master(int g, Tensor out) const;
   void pack_master(Tensor out) const;
+  // Elements [shard_offset, + out.numel()) of group g's packed master
+  // weights alone (out on this run's device): a checkpoint of state on disk
+  // writes them part by part.
+  void pack_master(int g, Tensor out, int64_t shard_offset) const;
   void load_master(std::span<const Tensor> masters);
   void load_master(const Tensor& master);
+  // Under DpOptions::disk (state_on_disk()), load_master and the
+  // optimizer's state together, a part at a time (an offloaded run's state
+  // does not fit in memory at once): read(g, shard_offset, parts) fills
+  // parts[0] with group g's master weights at those shard elements and
+  // parts[1..] with the optimizer's arrays (optimizer_state_floats of them),
+  // each (count) f32; the model's parameters follow (collective for stages
+  // 1 and 2, as load_master).
+  using StateReader = std::function<void(int g, int64_t shard_offset, std::span<const Tensor> parts)>;
+  void load_state_streamed(const StateReader& read);
   // Every rank gets the whole (P) f32 master weights. Collective.
   void gather_master(Tensor out);
+  // With a group of one rank holding every parameter (no other group): flat
+  // elements [flat, + out.numel()) of the f32 master weights, a part of
+  // gather_master's without the whole (a model written from state on disk).
+  void read_master(int64_t flat, Tensor out) const;
 
   // Gradient communication since the last reset.
   const CommStats& comm_stats() const { return stats_; }
@@ -285,6 +311,26 @@ class DataParallel : public model::StepHooks {
   void retire_reduction();
   // Group g's squared gradient norm on this rank's shard (before any sum over ranks).
   double shard_sum_squares(int g) const;
+  // Whether the gradient norm counts the parameter holding flat element
+  // `flat` on this rank (not a replicated one off tp rank 0, nor a pipeline
+  // stage's tied copy).
+  bool counts_in_norm(int64_t flat) const;
+  // Stages 2 and 3: piece, bucket b's reduced gradient on this rank, added
+  // into the shard (in memory, or its record on disk: dp_offload.cpp).
+  void accumulate_grads(GroupState& gs, int b, const Tensor& piece);
+  // Stage 3: bucket b's parameter shard = src (f32, cast to the compute
+  // dtype), and back: its elements [from, + dst.numel()) into dst (f32).
+  void write_param_shard(GroupState& gs, int b, const Tensor& src);
+  void read_param_shard(const GroupState& gs, int b, Tensor dst, int64_t from) const;
+  // Stage 3 with the shards on disk: the rank's piece of unit's parameters
+  // into `piece` (its place in the gathered buffer), one read per extent
+  // (Impl::Gathered::reads).
+  void read_params_into(int unit, const Tensor& piece);
+  // Then, as the unit is acquired: waits for those reads and gathers the
+  // pieces over the group (dp_zero3.cpp).
+  void gather_read_piece(int unit, const Tensor& piece);
+  // stream_update with the shards on disk: their records beside the state's.
+  void stream_update_shards(const StreamedUpdate& f);
   // flat (P): every rank holds its segments; all_gather each bucket of every
   // group so every rank holds everything. Collective over each group.
   void gather_pieces(Tensor flat);

@@ -40,11 +40,7 @@ void DataParallel::grads_ready(int unit) {
   OwnedTensor buf = std::move(gs.open[b]);
   LOOM_CHECK(buf.defined(), "bucket ", b, " of group ", gs.layout.name, " finished without gradients");
   comm::Communicator& comm = gs.layout.comm;
-  if (comm.size() == 1) {
-    Tensor dst = Tensor(gs.grad_shard).slice(0, seg.shard_offset, seg.count);
-    kernels::add(dst, dst, Tensor(buf).slice(0, seg.offset - bk.begin, seg.count));
-    return;
-  }
+  if (comm.size() == 1) return accumulate_grads(gs, b, Tensor(buf).slice(0, seg.offset - bk.begin, seg.count));
   // The reduced piece lands in its own buffer (not in place: the MPI backend
   // would copy the whole bucket to a scratch buffer to reduce in place).
   OwnedTensor piece = im.pools[MemTag::comm].empty(DType::f32, {seg.count});
@@ -106,10 +102,7 @@ void DataParallel::retire_reduction() {
   const auto start = DpClock::now();
   g.work->wait();
   stats_.exposed_seconds += seconds_since(start);
-  GroupState& gs = im.groups[static_cast<size_t>(g.group)];
-  const Segment& s = gs.layout.segments[g.bucket];
-  Tensor dst = Tensor(gs.grad_shard).slice(0, s.shard_offset, s.count);
-  kernels::add(dst, dst, g.piece);
+  accumulate_grads(im.groups[static_cast<size_t>(g.group)], g.bucket, g.piece);
   im.reducing.pop_front();
 }
 

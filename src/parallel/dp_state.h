@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "parallel/dp.h"
 
 namespace loom::parallel {
@@ -48,6 +49,15 @@ struct DataParallel::Impl {
   // DpOptions::disk: the master weights (array 0 when has_master) and the
   // optimizer's arrays of every group's shard; GroupState::master unused.
   std::unique_ptr<OffloadedState> disk;
+  // DpOptions::disk.params: the parameter and gradient shards (stage 3);
+  // GroupState::param_shard and grad_shard unused.
+  std::unique_ptr<OffloadedShards> shards;
+  int grad_slot = 0, param_slot = 0;  // the shards' slot of each kind the next use takes
+  // Per extent of the state (OffloadedState::extents): whether its gradient
+  // record was written this step, and the sums of squares the gradient
+  // norm adds for it (norm_blocks), from its last write.
+  std::vector<char> written;
+  std::vector<std::vector<double>> terms;
   bool has_pp_copy = false;  // the model holds a pipeline stage's copy of a tied embedding
   // Stages 2 and 3 (each unit in one group): unit -> its group and its bucket there.
   std::vector<int> unit_group, unit_bucket;
@@ -71,6 +81,8 @@ struct DataParallel::Impl {
   // Stage 3: gathered parameters of each unit.
   struct Gathered {
     OwnedTensor buf;
+    bool from_disk = false;  // the shards on disk: buf's piece is read (reads, one per extent), then gathered
+    std::vector<io::OffloadFile::Io> reads;
     comm::WorkPtr work;
     int refs = 0;
   };
@@ -78,6 +90,19 @@ struct DataParallel::Impl {
   std::vector<int> order[2];  // the units forward / backward acquires, in order
   size_t cursor[2] = {0, 0};
 };
+
+// The gradient norm's sums of squares: one per block of kNormBlock
+// elements of each piece of the shard (from the piece's start), summed in
+// shard order, so the same with the gradients in memory or streamed
+// through the offload file's extents (cut at multiples of it). f(sum) for
+// each block of grad, a piece's (count) gradient or a run of one starting
+// a multiple of kNormBlock from its start.
+inline constexpr int64_t kNormBlock = OffloadedState::kGrain;
+template <typename F>
+void norm_blocks(const Tensor& grad, F f) {
+  for (int64_t at = 0; at < grad.numel(); at += kNormBlock)
+    f(kernels::sum_squares(grad.slice(0, at, std::min(kNormBlock, grad.numel() - at))));
+}
 
 // The order the model acquires its units' parameters (model.h), for stage 3's prefetch.
 void set_acquire_order(const model::Model& model, std::vector<int> (&order)[2]);

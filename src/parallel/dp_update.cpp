@@ -51,8 +51,16 @@ UpdatePiece DataParallel::update_of(int g, const ParamPiece& p, const Tensor& ma
 
 bool DataParallel::state_on_disk() const { return impl_->disk != nullptr; }
 
+int64_t DataParallel::offload_bytes() const {
+  int64_t n = 0;
+  if (impl_->disk) n += impl_->disk->file().bytes_read() + impl_->disk->file().bytes_written();
+  if (impl_->shards) n += impl_->shards->file().bytes_read() + impl_->shards->file().bytes_written();
+  return n;
+}
+
 void DataParallel::stream_update(const StreamedUpdate& f) {
   LOOM_CHECK(impl_->disk, "stream_update without an optimizer offloaded to disk");
+  if (impl_->shards) return stream_update_shards(f);
   const size_t skip = impl_->has_master ? 1 : 0;  // array 0: the master weights
   impl_->disk->stream([&](const OffloadedState::Extent& e, std::span<const Tensor> arrays) {
     f(e.group, e.piece, update_of(e.group, e.piece, skip ? arrays[0] : Tensor()), arrays.subspan(skip));

@@ -63,7 +63,7 @@ OffloadedState::OffloadedState(const std::vector<std::vector<ParamPiece>>& piece
 
 OffloadedState::~OffloadedState() = default;
 
-void OffloadedState::stream(const Visit& f, bool write_back, int64_t first, int64_t end) {
+void OffloadedState::stream(const Visit& f, bool write_back, int64_t first, int64_t end, const Hooks* hooks) {
   std::vector<io::OffloadFile::Io> reading(kSlots), writing(kSlots);
   const auto slot_of = [&](int64_t i) { return static_cast<size_t>((i - first) % kSlots); };
   const auto slot = [&](int64_t i) { return first_slot_ + static_cast<int64_t>(slot_of(i)) * slot_bytes_; };
@@ -71,6 +71,7 @@ void OffloadedState::stream(const Visit& f, bool write_back, int64_t first, int6
     io::OffloadFile::Io& w = writing[slot_of(i)];
     if (w.valid()) io::OffloadFile::wait(w), w = {};  // the slot's last record is on disk
     reading[slot_of(i)] = file_->read(i, slot(i));
+    if (hooks && hooks->read) hooks->read(i, static_cast<int>(slot_of(i)));
   };
   const auto drain = [&] {  // every I/O in flight done, errors or not
     for (auto* ios : {&reading, &writing})
@@ -90,6 +91,7 @@ void OffloadedState::stream(const Visit& f, bool write_back, int64_t first, int6
         views[static_cast<size_t>(a)] = Tensor(floats + a * e.piece.count, DType::f32, {e.piece.count});
       f(e, views);
       if (write_back) writing[slot_of(i)] = file_->write(i, slot(i));
+      if (write_back && hooks && hooks->write) hooks->write(i, static_cast<int>(slot_of(i)));
     }
     for (io::OffloadFile::Io& w : writing)
       if (w.valid()) io::OffloadFile::wait(w), w = {};
@@ -99,9 +101,7 @@ void OffloadedState::stream(const Visit& f, bool write_back, int64_t first, int6
   }
 }
 
-void OffloadedState::for_range(int g, int a, int64_t shard_offset, int64_t n, bool write_back,
-                               const std::function<void(const Tensor&, int64_t, int64_t, int64_t)>& f) {
-  LOOM_CHECK(a >= 0 && a < arrays_, "OffloadedState: array ", a, " of ", arrays_);
+std::pair<int64_t, int64_t> OffloadedState::extents_of(int g, int64_t shard_offset, int64_t n) const {
   // The group's extents, in shard order: the first that ends past shard_offset, to the first that starts at the end.
   const auto before = [](const Extent& e, std::pair<int, int64_t> at) {
     return e.group < at.first || (e.group == at.first && e.piece.shard_offset + e.piece.count <= at.second);
@@ -109,7 +109,13 @@ void OffloadedState::for_range(int g, int a, int64_t shard_offset, int64_t n, bo
   const auto lo = std::lower_bound(extents_.begin(), extents_.end(), std::pair{g, shard_offset}, before);
   auto hi = lo;
   while (hi != extents_.end() && hi->group == g && hi->piece.shard_offset < shard_offset + n) ++hi;
-  const int64_t first = lo - extents_.begin(), end = hi - extents_.begin();
+  return {lo - extents_.begin(), hi - extents_.begin()};
+}
+
+void OffloadedState::for_range(int g, int a, int64_t shard_offset, int64_t n, bool write_back,
+                               const std::function<void(const Tensor&, int64_t, int64_t, int64_t)>& f) {
+  LOOM_CHECK(a >= 0 && a < arrays_, "OffloadedState: array ", a, " of ", arrays_);
+  const auto [first, end] = extents_of(g, shard_offset, n);
   stream([&](const Extent& e, std::span<const Tensor> v) {
     const int64_t from = std::max(shard_offset, e.piece.shard_offset);
     const int64_t to = std::min(shard_offset + n, e.piece.shard_offset + e.piece.count);

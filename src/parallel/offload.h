@@ -23,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/memory.h"
@@ -33,10 +34,13 @@ namespace loom::parallel {
 
 struct DiskOffload {
   bool enabled = false;
-  std::string path;           // the rank's offload file
+  std::string path;           // the rank's offload file (and under params, path + ".params")
   int64_t budget_bytes = 0;   // the stream's buffers, all of them
   bool direct = true;         // O_DIRECT where the filesystem has it
   int threads = 2;            // I/O threads
+  // parallel.offload = params (ZeRO stage 3): the parameter and gradient
+  // shards too, in a second file (OffloadedShards).
+  bool params = false;
 };
 
 class OffloadedState {
@@ -72,6 +76,17 @@ class OffloadedState {
   // (f's, or the file's) waits for the I/O in flight, then propagates.
   using Visit = std::function<void(const Extent&, std::span<const Tensor>)>;
   void stream(const Visit& f, bool write_back = true) { stream(f, write_back, 0, num_extents()); }
+  // stream() with more of each extent: hooks.read(i, k) as extent i's
+  // record is read into slot k (k = i % kSlots), hooks.write(i, k) as it is
+  // written back (OffloadedShards' records in their slots of the same k).
+  struct Hooks {
+    std::function<void(int64_t i, int k)> read, write;
+  };
+  void stream(const Visit& f, const Hooks& hooks) { stream(f, true, 0, num_extents(), &hooks); }
+  // The chunk: an extent's most elements.
+  int64_t chunk() const { return chunk_; }
+  // [first, end): the extents of group g that overlap shard elements [shard_offset, + n).
+  std::pair<int64_t, int64_t> extents_of(int g, int64_t shard_offset, int64_t n) const;
   // Array a of group g at shard elements [shard_offset, + out.numel()) out
   // of the file, and into it (the other arrays kept): the extents that
   // overlap them only.
@@ -80,7 +95,7 @@ class OffloadedState {
 
  private:
   int64_t num_extents() const { return static_cast<int64_t>(extents_.size()); }
-  void stream(const Visit& f, bool write_back, int64_t first, int64_t end);
+  void stream(const Visit& f, bool write_back, int64_t first, int64_t end, const Hooks* hooks = nullptr);
   // f(extent, its elements [lo, hi) inside [shard_offset, + n), the view's
   // offset) for the extents of group g that overlap them.
   void for_range(int g, int a, int64_t shard_offset, int64_t n, bool write_back,
@@ -92,6 +107,60 @@ class OffloadedState {
   std::unique_ptr<io::OffloadFile> file_;
   OwnedTensor buffers_;  // kSlots slots of slot_bytes_, from an aligned byte of it
   uint8_t* first_slot_ = nullptr;
+};
+
+// parallel.offload = params: ZeRO stage 3's parameter shard (compute
+// dtype) and gradient shard (f32) live in a second file, cut as the
+// optimizer's state is (OffloadedState's extents): records 2i and 2i + 1
+// are extent i's parameters and gradients. A unit's parameters are read
+// into its gathered buffer ahead of its use, each reduced gradient is
+// read-added-written extent by extent, and the update streams the
+// extent's two records beside its state record, in slots of the same
+// index. The slots (kSlots of a chunk of each kind) and the I/O threads'
+// bounce buffers (exact transfers past the page cache) are the memory the
+// shards take.
+class OffloadedShards {
+ public:
+  enum Kind { kParams = 0, kGrads = 1 };
+  static constexpr int kSlots = OffloadedState::kSlots;
+  // The bytes of one kind's slots (elem_bytes per element) for a shard of S
+  // elements under a budget for records of `arrays` f32 arrays, the
+  // gradients' with the bounce buffers; what plans count.
+  static int64_t buffer_bytes(Kind kind, int64_t S, int64_t budget_bytes, int arrays, int64_t elem_bytes,
+                              const DiskOffload& o);
+
+  OffloadedShards(const OffloadedState& state, DType compute, const DiskOffload& o, Pool& params, Pool& grads);
+  ~OffloadedShards();
+  OffloadedShards(const OffloadedShards&) = delete;
+  OffloadedShards& operator=(const OffloadedShards&) = delete;
+
+  const io::OffloadFile& file() const { return *file_; }
+  // Slot k of kind as a (count) view (compute dtype or f32), once the I/O
+  // it has in flight is done (its error thrown here).
+  Tensor slot(Kind kind, int k, int64_t count);
+  // Extent e's record of kind into slot k, and out of it: started here,
+  // waited for by slot(). A read first waits for the slot's I/O and for a
+  // write of the same record still in flight.
+  void read(Kind kind, int k, int64_t e);
+  void write(Kind kind, int k, int64_t e);
+  // The record into dst, a (count) view of its dtype anywhere (a unit's
+  // gathered buffer): started here; wait on what it returns.
+  io::OffloadFile::Io read_into(Kind kind, int64_t e, const Tensor& dst);
+  // Every I/O in flight done; its first error thrown.
+  void drain();
+
+ private:
+  void wait_writes_of(int64_t record);
+  struct Slot {
+    uint8_t* data = nullptr;
+    int64_t record = -1;  // the record of the I/O in flight
+    bool writing = false;
+    io::OffloadFile::Io io;
+  };
+  DType compute_;
+  OwnedTensor buffers_[2];  // per kind
+  Slot slots_[2][kSlots];
+  std::unique_ptr<io::OffloadFile> file_;
 };
 
 }  // namespace loom::parallel

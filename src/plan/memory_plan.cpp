@@ -121,9 +121,13 @@ Transient transient_bytes(const train::RunConfig& cfg, const model::PpStage& sta
                                                          parallel::cp_algo_from_name(p.cp_algo), true);
   Transient t;
   // init_params draws one bucket at a time; gather_master packs a group's
-  // shard (the groups one at a time).
+  // shard (the groups one at a time), except where one rank's state on disk
+  // is written a part at a time (train/trainer.cpp save_model).
   t.workspace = std::max(cpb.forward_workspace, cpb.backward_workspace);
-  for (const Shard& s : shards) t.workspace = std::max({t.workspace, 4 * s.largest_bucket, writes_model ? 4 * s.numel : 0});
+  const bool streams_model = dpo.disk.enabled && p.tp == 1 && p.pp == 1 && p.ep == 1 && groups.size() == 1 &&
+                             groups[0].size == 1 && !cfg.lora.adapters.enabled();
+  for (const Shard& s : shards)
+    t.workspace = std::max({t.workspace, 4 * s.largest_bucket, writes_model && !streams_model ? 4 * s.numel : 0});
   t.comm = std::max(cpb.forward_comm, cpb.backward_comm);
   // The replay of the step's hook calls: ZeRO 2 and 3's buckets and
   // gathers; without pipelining also 0 and 1's packed reductions (with it

@@ -152,26 +152,54 @@ void create_tmp_dir(const fs::path& tmp) {
 struct RankTensors {
   std::vector<std::pair<std::string, Tensor>> named;
   std::vector<OwnedTensor> owned;
+  // State on disk (parallel.offload): read part by part as the file is written.
+  std::vector<io::StreamedTensor> streamed;
 };
+
+// The bytes a checkpoint of state on disk goes through at a time.
+constexpr int64_t kStreamedSaveBytes = int64_t{4} << 20;
+
+// A shard's tensors read from disk part by part as they are written (an
+// offloaded run's state does not fit in memory at once): elements of the
+// saved piece map to the live shard as in add_shard_tensors.
+void add_streamed_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord& r,
+                                const std::string& prefix, RankTensors& out) {
+  const int g = r.group;
+  const std::vector<parallel::Segment> to = r.segments, from = cdp.group(g).segments;
+  for (int k = 0; k < 3; ++k) {  // master, m, v
+    const auto fill = [&cdp, g, to, from, k](int64_t first, Tensor part) {
+      const int64_t end = first + part.numel();
+      for (size_t b = 0; b < to.size(); ++b) {  // one segment per bucket in both lists
+        const int64_t lo = std::max(first, to[b].shard_offset), hi = std::min(end, to[b].shard_offset + to[b].count);
+        if (lo >= hi) continue;
+        const int64_t at = from[b].shard_offset + (to[b].offset - from[b].offset) + (lo - to[b].shard_offset);
+        const Tensor dst = part.slice(0, lo - first, hi - lo);
+        if (k == 0) cdp.pack_master(g, dst, at);
+        else cdp.read_optimizer_state(g, k - 1, dst, at);
+      }
+    };
+    const char* name = k == 0 ? kMasterTensor : k == 1 ? kAdamMTensor : kAdamVTensor;
+    out.streamed.push_back({prefix + name, DType::f32, Shape({r.numel()}), fill});
+  }
+}
 
 // Adds the tensors of one shard a rank writes (one parameter group of one
 // chunk): its piece (checkpoint_saved_segments) of the master weights and of
 // the AdamW moments, copied out of the state it holds (the same segments
-// from stage 1 on; under stage 0 a slice of the whole).
+// from stage 1 on; under stage 0 a slice of the whole). State on disk:
+// add_streamed_shard_tensors.
 void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord& r, const AdamW& opt,
                        const std::string& prefix, Pool& pool, RankTensors& out) {
   const int g = r.group;
   const parallel::GroupLayout& l = cdp.group(g);
   OwnedTensor held = pool.empty(DType::f32, {l.shard_numel});
   cdp.pack_master(g, held);
-  // The moments in host memory: read back once for this shard from a device
-  // (an offload file's are read below, piece by piece, into what is written).
-  const bool disk = cdp.state_on_disk();
+  // The moments in host memory: read back once for this shard from a device.
   OwnedTensor host_m, host_v;
   Tensor opt_m, opt_v;
-  if (!disk && opt.m(g).device().is_cpu()) {
+  if (opt.m(g).device().is_cpu()) {
     opt_m = opt.m(g), opt_v = opt.v(g);
-  } else if (!disk) {
+  } else {
     host_m = pool.empty(DType::f32, {l.shard_numel}), host_v = pool.empty(DType::f32, {l.shard_numel});
     opt.read_moments(g, host_m, host_v);
     opt_m = host_m, opt_v = host_v;
@@ -184,14 +212,8 @@ void add_shard_tensors(const parallel::DataParallel& cdp, const SavedShardRecord
     const parallel::Segment &to = pieces[b], &from = l.segments[b];
     const int64_t at = from.shard_offset + (to.offset - from.offset);
     kernels::cast(Tensor(master).slice(0, to.shard_offset, to.count), Tensor(held).slice(0, at, to.count));
-    const Tensor m = Tensor(adam_m).slice(0, to.shard_offset, to.count);
-    const Tensor v = Tensor(adam_v).slice(0, to.shard_offset, to.count);
-    if (disk) {
-      cdp.read_optimizer_state(g, 0, m, at), cdp.read_optimizer_state(g, 1, v, at);
-      continue;
-    }
-    kernels::cast(m, opt_m.slice(0, at, to.count));
-    kernels::cast(v, opt_v.slice(0, at, to.count));
+    kernels::cast(Tensor(adam_m).slice(0, to.shard_offset, to.count), opt_m.slice(0, at, to.count));
+    kernels::cast(Tensor(adam_v).slice(0, to.shard_offset, to.count), opt_v.slice(0, at, to.count));
   }
   out.named.emplace_back(prefix + kMasterTensor, Tensor(master));
   out.named.emplace_back(prefix + kAdamMTensor, Tensor(adam_m));
@@ -208,8 +230,9 @@ fs::path write_rank_file(Trainer& trainer, const std::vector<SavedShardRecord>& 
   for (const SavedShardRecord& r : shards) {
     const int c = static_cast<int>(r.stage) / pp;
     const parallel::DataParallel& dp = trainer.chunk_dp(c);
-    add_shard_tensors(dp, r, trainer.chunk_optimizer(c), checkpoint_tensor_prefix(pp, c, dp.group(r.group).name), pool,
-                      tensors);
+    const std::string prefix = checkpoint_tensor_prefix(pp, c, dp.group(r.group).name);
+    if (dp.state_on_disk()) add_streamed_shard_tensors(dp, r, prefix, tensors);
+    else add_shard_tensors(dp, r, trainer.chunk_optimizer(c), prefix, pool, tensors);
   }
   const int rank = file_rank(trainer);
   const fs::path rank_path = tmp / checkpoint_rank_file_name(rank);
@@ -221,7 +244,19 @@ fs::path write_rank_file(Trainer& trainer, const std::vector<SavedShardRecord>& 
                                               {"tp_rank", std::to_string(trainer.tp_rank())}};
   if (trainer.pp_size() > 1) metadata["pp_rank"] = std::to_string(trainer.pp_rank());
   if (trainer.mesh().shape().ep > 1) metadata["ep_rank"] = std::to_string(trainer.mesh().ep().rank());
-  io::write_safetensors(rank_path.string(), tensors.named, metadata);
+  if (tensors.streamed.empty()) {
+    io::write_safetensors(rank_path.string(), tensors.named, metadata);
+    return rank_path;
+  }
+  for (const auto& [name, t] : tensors.named) {  // the tensors in memory go the same way
+    const Tensor whole = t;
+    tensors.streamed.push_back({name, t.dtype(), t.shape(), [whole](int64_t first, Tensor part) {
+                                  const size_t elem = dtype_size(whole.dtype());
+                                  std::memcpy(part.data(), static_cast<const char*>(whole.data()) + first * elem,
+                                              part.nbytes());
+                                }});
+  }
+  io::write_safetensors(rank_path.string(), tensors.streamed, metadata, kStreamedSaveBytes);
   return rank_path;
 }
 
@@ -294,6 +329,36 @@ GroupState read_group_state(Trainer& trainer, int c, int g, const SavedLayout& s
   return st;
 }
 
+// Chunk c's state on disk (parallel.offload) from the saved shards, an
+// extent at a time as DataParallel::load_state_streamed asks for it: the
+// state of an offloaded run does not fit in memory at once. The reads are
+// planned first (what can fail before anything changes).
+void load_streamed_state(Trainer& trainer, int c, const SavedLayout& saved, std::vector<io::SafetensorsFile>& files) {
+  parallel::DataParallel& dp = trainer.chunk_dp(c);
+  std::vector<std::vector<Read>> plans;  // per group, by dst
+  for (int g = 0; g < dp.num_groups(); ++g) {
+    const parallel::GroupLayout& l = dp.group(g);
+    plans.push_back(plan_reads(l.space.specs, l.segments, saved).reads);
+    std::sort(plans.back().begin(), plans.back().end(), [](const Read& a, const Read& b) { return a.dst < b.dst; });
+  }
+  const char* tensors[3] = {kMasterTensor, kAdamMTensor, kAdamVTensor};
+  dp.load_state_streamed([&](int g, int64_t at, std::span<const Tensor> parts) {
+    LOOM_CHECK(parts.size() == 3, "load_checkpoint: ", parts.size(), " state arrays; AdamW keeps 3");
+    const int64_t n = parts[0].numel(), end = at + n;
+    for (const Tensor& p : parts) kernels::fill(p, 0.f);  // vocabulary padding: 0
+    const std::vector<Read>& reads = plans[static_cast<size_t>(g)];
+    auto it = std::partition_point(reads.begin(), reads.end(), [&](const Read& r) { return r.dst + r.count <= at; });
+    for (; it != reads.end() && it->dst < end; ++it) {
+      const int64_t lo = std::max(at, it->dst), hi = std::min(end, it->dst + it->count);
+      if (lo >= hi) continue;
+      const SavedLayout::Shard& shard = saved.shards[it->shard];
+      for (int k = 0; k < 3; ++k)
+        files[shard.open].read_range(shard.prefix + tensors[k], it->src + (lo - it->dst),
+                                     parts[static_cast<size_t>(k)].slice(0, lo - at, hi - lo));
+    }
+  });
+}
+
 }  // namespace
 
 std::string checkpoint_step_dir_name(int64_t step) {
@@ -353,12 +418,18 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   // shards hold them, all before the trainer changes.
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
+  // A chunk with its state on disk reads it as it loads it (below).
   std::vector<std::vector<GroupState>> chunks(trainer.num_chunks());  // [chunk][group]
   for (int c = 0; c < trainer.num_chunks(); ++c)
-    for (int g = 0; g < trainer.chunk_dp(c).num_groups(); ++g)
+    for (int g = 0; g < trainer.chunk_dp(c).num_groups() && !trainer.chunk_dp(c).state_on_disk(); ++g)
       chunks[c].push_back(read_group_state(trainer, c, g, saved, files, pool));
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
   for (int c = 0; c < trainer.num_chunks(); ++c) {
+    if (trainer.chunk_dp(c).state_on_disk()) {
+      load_streamed_state(trainer, c, saved, files);
+      trainer.chunk_optimizer(c).set_steps_taken(state.updates);
+      continue;
+    }
     std::vector<Tensor> masters;
     for (int g = 0; g < trainer.chunk_dp(c).num_groups(); ++g) {
       masters.push_back(chunks[c][g][0]);

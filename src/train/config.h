@@ -83,7 +83,9 @@ struct ParallelConfig {
   // optimizer's state (and bf16 / f16 runs' f32 master weights) in a file
   // per rank under offload_dir, streamed through offload_budget_mb of
   // buffers during each update; offload_direct: past the page cache
-  // (O_DIRECT) where the filesystem allows. "params" is not available yet.
+  // (O_DIRECT) where the filesystem allows. "params" (zero_stage 3) also
+  // keeps the rank's parameter and gradient shards there, read ahead of
+  // each unit's use and written as its gradients land.
   std::string offload = "none";
   std::string offload_dir;
   double offload_budget_mb = 64.0;

@@ -106,13 +106,14 @@ void check_lora(const RunConfig& c, const std::string& source) {
 }
 
 // parallel.offload (ZeRO-Infinity's disk tier, parallel/offload.h): a
-// directory for the files, one way of offloading at a time, and what is
-// built: the optimizer's state (the parameters' tier is not yet).
+// directory for the files, one way of offloading at a time, the
+// parameters' tier over ZeRO-3's shards only.
 void check_offload(const RunConfig& c, const std::string& source) {
   const ParallelConfig& p = c.parallel;
   if (p.offload == "none") return;
-  LOOM_REQUIRE(p.offload != "params", source, ": parallel.offload = params (parameters and gradients on disk) is ",
-               "not available yet; allowed: none, optimizer (the optimizer's state and master weights on disk)");
+  LOOM_REQUIRE(p.offload != "params" || p.zero_stage == 3, source, ": parallel.offload = params puts ZeRO-3's ",
+               "parameter and gradient shards on disk: it needs parallel.zero_stage = 3 (this run has ", p.zero_stage,
+               "); with stages 0-2 the parameters stay whole on every rank: use parallel.offload = optimizer");
   LOOM_REQUIRE(!p.offload_dir.empty(), source, ": parallel.offload = ", p.offload, " needs parallel.offload_dir: a ",
                "directory on the disk the state goes to (each rank writes a file there)");
   LOOM_REQUIRE(!p.offload_optimizer, source, ": parallel.offload = ", p.offload, " with parallel.offload_optimizer: ",

@@ -36,8 +36,9 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
   o.dp.zero_stage = static_cast<int>(cfg.parallel.zero_stage);
   o.dp.bucket_mb = cfg.parallel.bucket_mb;
   o.dp.offload_optimizer = cfg.parallel.offload_optimizer;
-  if (cfg.parallel.offload == "optimizer") {
+  if (cfg.parallel.offload != "none") {
     o.dp.disk.enabled = true;  // its path: per chunk (build_rank_chunks)
+    o.dp.disk.params = cfg.parallel.offload == "params";
     o.dp.disk.budget_bytes = static_cast<int64_t>(cfg.parallel.offload_budget_mb * (1 << 20));
     o.dp.disk.direct = cfg.parallel.offload_direct;
     o.offload_dir = cfg.parallel.offload_dir;

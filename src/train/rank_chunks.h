@@ -59,7 +59,7 @@ struct ChunkOptions {
   model::LoraConfig lora;
   const model::FrozenWeights* lora_base = nullptr;
   std::string lora_init;  // a PEFT adapter directory the adapters start from (empty: their init)
-  // parallel.offload = optimizer: the directory of the offload files (dp.disk
+  // parallel.offload = optimizer | params: the directory of the offload files (dp.disk
   // then holds the rest; each chunk's file is named by rank, chunk and pid).
   std::string offload_dir;
 };

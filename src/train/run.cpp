@@ -78,6 +78,8 @@ class Reporter {
                                   {"grad_norm", s.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu}};
       if (s.loss_scale > 0) j["loss_scale"] = s.loss_scale, j["skipped"] = s.skipped;
       if (s.val_loss) j["val_loss"] = *s.val_loss;
+      if (s.disk) j["disk_wait_s"] = s.disk->wait_seconds, j["disk_update_s"] = s.disk->update_seconds,
+                  j["disk_bytes"] = s.disk->bytes;
       if (s.moe) {
         j["aux_loss"] = s.moe->aux_loss, j["z_loss"] = s.moe->z_loss;
         j["expert_load_min"] = s.moe->load_min, j["expert_load_max"] = s.moe->load_max;
@@ -103,6 +105,9 @@ class Reporter {
       text += concat(" | aux ", fixed(s.moe->aux_loss, 3), " z ", fixed(s.moe->z_loss, 2), " | load ",
                      fixed(s.moe->load_min, 2), "-", fixed(s.moe->load_max, 2), " | dropped ",
                      fixed(100.0 * s.moe->dropped, 1), "%");
+    if (s.disk)
+      text += concat(" | disk ", fixed(static_cast<double>(s.disk->bytes) / 1e9, 2), " GB, waited ",
+                     fixed(s.disk->wait_seconds, 2), " s, update ", fixed(s.disk->update_seconds, 2), " s");
     if (s.val_loss) text += " | val loss " + fixed(*s.val_loss, 4);
     log_info(text);
   }

@@ -192,6 +192,7 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
     moe = finish_moe_step(rank_.model_ptrs(), mesh_);
     s.moe = moe.stats;
   }
+  const auto update_start = Clock::now();
   if (!s.skipped) {
     const double clip = cfg_.train.grad_clip;
     // Clipping and unscaling are folded into AdamW's grad_scale (kernels/ops.h).
@@ -202,6 +203,17 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
                                                                           : moe.bias_deltas[c];
       rank_.optimizers[c]->step(s.lr, static_cast<float>(clip_factor / loss_scale), deltas);
     }
+  }
+  if (rank_.dps[0]->state_on_disk()) {
+    StepStats::Disk d;
+    d.update_seconds = seconds_since(update_start);
+    for (const auto& dp : rank_.dps) {
+      d.wait_seconds += dp->comm_stats().offload_wait_seconds;
+      dp->reset_comm_stats();
+      d.bytes += dp->offload_bytes();
+    }
+    s.disk = d;
+    s.disk->bytes -= disk_bytes_, disk_bytes_ += s.disk->bytes;
   }
   s.step = ++steps_;
   s.tokens = mesh_.dp().size() * cfg_.train.grad_accum * cfg_.train.micro_batch * cfg_.train.seq_len;
@@ -285,7 +297,14 @@ void save_model(Trainer& trainer, const std::string& dir) {
   mesh::Mesh& mesh = trainer.mesh();
   const bool lead_of_stage = trainer.dp().rank() == 0 && trainer.tp_rank() == 0;
   const int ep = mesh.shape().ep;
-  if (trainer.tp_size() == 1 && trainer.pp_size() == 1 && ep == 1) {  // one chunk holding whole tensors
+  const bool one_chunk = trainer.tp_size() == 1 && trainer.pp_size() == 1 && ep == 1;  // holding whole tensors
+  if (one_chunk && trainer.dp().state_on_disk() && trainer.dp().size() == 1 && !trainer.config().lora.adapters.enabled()) {
+    // State on disk, one rank: the weights read a part at a time as the file is written.
+    const parallel::DataParallel& dp = trainer.dp();
+    model::save_model_dir(dir, cfg, [&dp](int64_t flat, Tensor out) { dp.read_master(flat, out); });
+    return;
+  }
+  if (one_chunk) {
     OwnedTensor full = pool.empty(DType::f32, {trainer.model().num_params()});
     trainer.dp().gather_master(full);
     if (!lead_of_stage) return;

@@ -85,6 +85,14 @@ struct StepStats {
   bool bad = false;
   // A mixture-of-experts model's routing this step (train/moe_step.h).
   std::optional<MoeStepStats> moe;
+  // parallel.offload: the step's disk traffic (every chunk's), the time
+  // forward and backward waited for parameter reads (offload = params), and
+  // the update's time (the state streaming through).
+  struct Disk {
+    double wait_seconds = 0, update_seconds = 0;
+    int64_t bytes = 0;  // read and written
+  };
+  std::optional<Disk> disk;
 };
 
 class Trainer {
@@ -187,6 +195,7 @@ class Trainer {
   std::unique_ptr<DataLoader> val_data_;
   std::optional<DynamicLossScaler> scaler_;
   int64_t steps_ = 0;
+  int64_t disk_bytes_ = 0;  // the offload files' traffic until the last step (StepStats::Disk)
   OwnedTensor tokens_, targets_;  // (B, T) i32, T the rank's tokens of each sequence (seq_len / cp)
   OwnedTensor seq_tokens_, seq_targets_;  // (B, seq_len) i32 whole sequences, under cp
   TraceRecorder* trace_ = nullptr;

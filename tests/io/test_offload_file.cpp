@@ -1,7 +1,8 @@
 // The offload file (io/offload_file.h) and its checksum (core/crc32c.h):
 // CRC-32C's published check values, the SSE4.2 path equal to the table on
 // every length and alignment, records that round-trip through the I/O
-// threads (with and without O_DIRECT), a flipped byte detected naming the
+// threads (with and without O_DIRECT), exact transfers at any address
+// mixed with padded ones, a flipped byte detected naming the
 // file and the record, and a file the disk has no room for refused at start.
 #include <fcntl.h>
 #include <unistd.h>
@@ -79,6 +80,34 @@ TEST(OffloadFile, RecordsRoundTripAndOnesNeverWrittenReadAsZeros) {
     EXPECT_EQ(f.bytes_read(), 5000 + 4096 + 70000);
   }
   EXPECT_FALSE(std::filesystem::exists(temp_path("roundtrip"))) << "the file outlived its object";
+}
+
+// Exact transfers: buffers of a record's own size at any address (a slice
+// of a tensor), mixed with padded ones on the same records, with and
+// without O_DIRECT: what one way wrote the other reads.
+TEST(OffloadFile, ExactTransfersAtAnyAddressMixWithPaddedOnes) {
+  for (bool direct : {false, true}) {
+    const std::vector<int64_t> sizes = {5000, 8192, 12, 70001};
+    OffloadFile f({temp_path("exact"), direct, 2}, sizes);
+    for (int64_t shift : {0, 4096, 8, 1}) {  // the exact buffer's address past a 4 KiB boundary
+      for (int64_t r = 0; r < f.num_records(); ++r) {
+        const auto n = static_cast<size_t>(f.record_bytes(r));
+        Buffer padded = aligned(f.buffer_bytes(r)), space = aligned(f.buffer_bytes(r) + 2 * kOffloadAlign);
+        uint8_t* exact = space.get() + shift;
+        for (size_t i = 0; i < n; ++i) exact[i] = static_cast<uint8_t>(r * 13 + i * 7 + shift);
+        std::memset(exact + n, 0x5A, 64);  // past the record: must stay
+        OffloadFile::wait(f.write_exact(r, exact));
+        OffloadFile::wait(f.read(r, padded.get()));
+        ASSERT_EQ(std::memcmp(padded.get(), exact, n), 0) << "record " << r << " shift " << shift << " direct "
+                                                          << direct;
+        for (size_t i = 0; i < n; ++i) padded[i] = static_cast<uint8_t>(~padded[i]);
+        OffloadFile::wait(f.write(r, padded.get()));
+        OffloadFile::wait(f.read_exact(r, exact));
+        ASSERT_EQ(std::memcmp(padded.get(), exact, n), 0) << "record " << r << " shift " << shift;
+        for (size_t i = n; i < n + 64; ++i) ASSERT_EQ(exact[i], 0x5A) << "byte " << i - n << " past record " << r;
+      }
+    }
+  }
 }
 
 TEST(OffloadFile, AFlippedByteIsAnErrorNamingTheFileAndTheRecord) {

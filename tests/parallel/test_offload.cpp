@@ -2,10 +2,12 @@
 // multiples of kGrain from each piece's start; a stream visits them in
 // order with what earlier streams left; ranges read and written across
 // extents; the buffers a budget allows, and a budget below the least
-// refused with the numbers.
+// refused with the numbers. The parameters' tier's records (OffloadedShards)
+// through its slots and into any slice.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -67,6 +69,84 @@ TEST(OffloadedState, ExtentsCutPiecesAtTheGrainAndStreamsKeepWhatTheyWrote) {
   std::vector<float> other(100);
   state.read_range(1, 0, 0, Tensor(other.data(), DType::f32, {100}));
   EXPECT_EQ(other[99], static_cast<float>(500000 + 99 + 1)) << "group 1 kept its values";
+}
+
+// The parameters' tier (OffloadedShards): two records per extent of the
+// state, slots of a chunk; records round-trip through the slots and into a
+// tensor slice anywhere (read_into, with and without O_DIRECT), a read
+// waits for the write of its record still in flight, and a stream's hooks
+// bring each extent's records into the slots of its index.
+TEST(OffloadedShards, RecordsRoundTripThroughSlotsIntoAnySliceAndBesideTheStream) {
+  constexpr int64_t G = OffloadedState::kGrain;
+  const int64_t budget = OffloadedState::kSlots * 4 * 2 * G + 4096;  // chunks of one grain, 2 arrays
+  const std::vector<std::vector<ParamPiece>> pieces = {{{0, 2 * G + 5, 0, true}, {2 * G + 5, 7, 2 * G + 5, false}},
+                                                       {{0, 3, 0, true}}};
+  for (bool direct : {false, true}) {
+    Pools pools;
+    DiskOffload o{true, temp_file("shards"), budget, direct, 2};
+    o.params = true;
+    {
+      OffloadedState state(pieces, 2, o, pools[MemTag::optimizer]);
+      ASSERT_EQ(state.extents().size(), 5u);  // G, G, 5, 7 and 3 elements
+      OffloadedShards sh(state, DType::bf16, o, pools[MemTag::params], pools[MemTag::grads]);
+      const int64_t S = 2 * G + 15;
+      EXPECT_EQ(static_cast<int64_t>(pools.report()[MemTag::params].current),
+                OffloadedShards::buffer_bytes(OffloadedShards::kParams, S, budget, 2, 2, o));
+      EXPECT_EQ(static_cast<int64_t>(pools.report()[MemTag::grads].current),
+                OffloadedShards::buffer_bytes(OffloadedShards::kGrads, S, budget, 2, 4, o));
+      EXPECT_EQ(OffloadedShards::buffer_bytes(OffloadedShards::kParams, S, budget, 2, 2, o), 4 * 2 * G + 4096);
+      EXPECT_EQ(OffloadedShards::buffer_bytes(OffloadedShards::kGrads, S, budget, 2, 4, o),
+                4 * 4 * G + 4096 + (direct ? 2 * (4 * G + 4096) : 0));
+      EXPECT_TRUE(std::filesystem::exists(temp_file("shards") + ".params"));
+      const auto value = [](int64_t e, int kind, int64_t i) { return static_cast<float>(e * 1000 + kind * 500 + i % 100); };
+      for (int64_t e = 0; e < 5; ++e)
+        for (int kind = 0; kind < 2; ++kind) {
+          const auto k = static_cast<OffloadedShards::Kind>(kind);
+          const int64_t n = state.extents()[static_cast<size_t>(e)].piece.count;
+          const Tensor slot = sh.slot(k, static_cast<int>(e % 4), n);
+          for (int64_t i = 0; i < n; ++i) {
+            if (kind == OffloadedShards::kGrads) slot.data_as<float>()[i] = value(e, kind, i);
+            else slot.data_as<uint16_t>()[i] = static_cast<uint16_t>(value(e, kind, i));
+          }
+          sh.write(k, static_cast<int>(e % 4), e);  // read_into below waits for it
+        }
+      for (int64_t e = 0; e < 5; ++e) {
+        const int64_t n = state.extents()[static_cast<size_t>(e)].piece.count;
+        std::vector<float> grads(static_cast<size_t>(n + 3));
+        io::OffloadFile::wait(sh.read_into(OffloadedShards::kGrads, e, Tensor(grads.data() + 3, DType::f32, {n})));
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(grads[3 + i], value(e, 1, i)) << e << " " << i;
+      }
+      // A stream: extent i's records in slots i % 4, the parameters written back (+1).
+      int64_t visited = 0;
+      state.stream(
+          [&](const OffloadedState::Extent& ex, std::span<const Tensor>) {
+            const int64_t e = &ex - state.extents().data();
+            const Tensor g = sh.slot(OffloadedShards::kGrads, static_cast<int>(e % 4), ex.piece.count);
+            const Tensor p = sh.slot(OffloadedShards::kParams, static_cast<int>(e % 4), ex.piece.count);
+            for (int64_t i = 0; i < ex.piece.count; ++i) {
+              ASSERT_EQ(g.data_as<float>()[i], value(e, 1, i)) << e << " " << i;
+              ASSERT_EQ(p.data_as<uint16_t>()[i], static_cast<uint16_t>(value(e, 0, i))) << e << " " << i;
+              p.data_as<uint16_t>()[i] += 1;
+            }
+            ++visited;
+          },
+          {[&](int64_t i, int k) {
+             sh.read(OffloadedShards::kParams, k, i);
+             sh.read(OffloadedShards::kGrads, k, i);
+           },
+           [&](int64_t i, int k) { sh.write(OffloadedShards::kParams, k, i); }});
+      EXPECT_EQ(visited, 5);
+      for (int64_t e = 0; e < 5; ++e) {
+        const int64_t n = state.extents()[static_cast<size_t>(e)].piece.count;
+        std::vector<uint16_t> params(static_cast<size_t>(n + 1));
+        io::OffloadFile::wait(sh.read_into(OffloadedShards::kParams, e, Tensor(params.data() + 1, DType::bf16, {n})));
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(params[1 + i], static_cast<uint16_t>(static_cast<uint16_t>(value(e, 0, i)) + 1)) << e << " " << i;
+      }
+    }
+    EXPECT_FALSE(std::filesystem::exists(temp_file("shards") + ".params")) << "the file outlived its object";
+    EXPECT_EQ(pools.report()[MemTag::params].current, 0u);
+  }
 }
 
 TEST(OffloadedState, ABudgetBelowFourRecordsOfAGrainIsRefused) {

@@ -57,6 +57,7 @@ if ((${#mpirun[@]} == 0)); then
   case_ 1 "bf16, full recompute, model written" --out --set train.dtype=bf16 --set train.recompute=full
   case_ 1 "fp32, optimizer offloaded" --set parallel.offload_optimizer=true
   case_ 1 "fp16, optimizer and master weights on disk, model written" --out --set train.dtype=fp16 --set parallel.offload=optimizer --set "parallel.offload_dir=$work/offload" --set parallel.offload_budget_mb=1
+  case_ 1 "ZeRO 3, fp16, parameters, gradients and optimizer on disk, model written" --out --set train.dtype=fp16 --set parallel.zero_stage=3 --set parallel.offload=params --set "parallel.offload_dir=$work/offload" --set parallel.offload_budget_mb=1
   case_ 1 "llama, fp32" --set model.preset=llama-tiny --set model.vocab_size=50257
   case_ 1 "ZeRO 2 on one rank, small buckets, 2 micro-batches" --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=2
   case_ 1 "MoE, ZeRO 2, 3 micro-batches" --set model.preset=llama-tiny --set model.vocab_size=50257 --set model.n_expert=4 --set model.top_k=2 --set parallel.zero_stage=2 --set parallel.bucket_mb=0.05 --set train.grad_accum=3
@@ -69,6 +70,7 @@ else
   lora 2 "LoRA, pp 2, 1F1B, 2 micro-batches" --set parallel.pp=2
   case_ 2 "dp 2, ZeRO 0" --set parallel.dp=2
   case_ 2 "dp 2, ZeRO 3, optimizer on disk" --set parallel.dp=2 --set parallel.zero_stage=3 --set parallel.offload=optimizer --set "parallel.offload_dir=$work/offload" --set parallel.offload_budget_mb=1
+  case_ 2 "dp 2, ZeRO 3, parameters on disk" --set parallel.dp=2 --set parallel.zero_stage=3 --set parallel.offload=params --set "parallel.offload_dir=$work/offload" --set parallel.offload_budget_mb=1
   case_ 2 "dp 2, ZeRO 1, small buckets, model written" --out --set parallel.dp=2 --set parallel.zero_stage=1 --set parallel.bucket_mb=0.05
   case_ 2 "tp 2" --set parallel.tp=2
   case_ 2 "tp 2, sequence parallel, bf16" --set parallel.tp=2 --set parallel.sequence_parallel=true --set train.dtype=bf16

@@ -16,12 +16,15 @@ of the job, as a batch scheduler sends it to every task), must then stop by
 themselves within a minute with exit status 143 and "stopped by SIGTERM"
 (or have finished first), and the chain must still end bitwise equal.
 
---offload: with the optimizer's state on disk (parallel.offload = optimizer):
-a kill lands inside an update's write-back too, and no offload file may be
-left once a chain has ended.
+--offload [TIER]: with the state on disk (parallel.offload = TIER: optimizer,
+the default, or params: ZeRO-3's parameter and gradient shards too): a
+kill lands inside an update's write-back too, and no offload file may be
+left once a chain has ended with a finished run (a killed run cannot remove
+its own: a chain ending with one killed after its last checkpoint may leave
+that run's files only, and the next trial's first run must remove them).
 
 usage: kill_resume.py LOOM CONFIG WORKDIR [--trials N] [--seed S] [--np N]
-                      [--mpirun CMD] [--sigterm] [--offload] [--set key=value]...
+                      [--mpirun CMD] [--sigterm] [--offload [TIER]] [--set key=value]...
 """
 import argparse
 import json
@@ -58,8 +61,16 @@ def session_pids(sid):
     return pids
 
 
+def offload_file_pid(name):
+    """The pid in loom-offload-<host>-<pid>-rank<R>-chunk<C>.bin (a host name may hold dashes)."""
+    parts = name.split("-")
+    return int(parts[-3]) if len(parts) >= 5 and parts[-3].isdigit() else None
+
+
 def kill_session(proc):
-    for pid in session_pids(proc.pid):
+    """Kills every process of the job; returns their pids."""
+    pids = session_pids(proc.pid)
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -69,6 +80,7 @@ def kill_session(proc):
     deadline = time.time() + 10
     while session_pids(proc.pid) and time.time() < deadline:
         time.sleep(0.01)
+    return pids
 
 
 def stop_session(proc, log_path, finished):
@@ -125,13 +137,14 @@ def main():
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--sigterm", action="store_true")
     ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--offload", action="store_true",
-                    help="the optimizer's state on disk (parallel.offload = optimizer) in WORKDIR/offload, which "
-                         "must hold no file once a chain has ended (a killed run's are removed by the next)")
+    ap.add_argument("--offload", nargs="?", const="optimizer", choices=["optimizer", "params"],
+                    help="the state on disk (parallel.offload = this: optimizer, or params with ZeRO 3) in "
+                    "WORKDIR/offload, which must hold no file once a chain has ended (a killed run's are removed "
+                    "by the next)")
     a = ap.parse_args()
     offload_dir = os.path.join(a.workdir, "offload")
     if a.offload:
-        a.set += ["parallel.offload=optimizer", "parallel.offload_dir=%s" % offload_dir,
+        a.set += ["parallel.offload=%s" % a.offload, "parallel.offload_dir=%s" % offload_dir,
                   "parallel.offload_budget_mb=0.25"]
 
     shutil.rmtree(a.workdir, ignore_errors=True)
@@ -168,6 +181,7 @@ def main():
     for trial in range(a.trials):
         out = os.path.join(a.workdir, "trial")
         shutil.rmtree(out, ignore_errors=True)
+        killed = []  # the pids of the chain's last run when it ended killed
         with open(os.path.join(a.workdir, "trial.log"), "w") as log:
             # Killed anywhere in a run, then soon after a resume, then to the end.
             for when in (rng.uniform(0.1, 1.0) * whole, rng.uniform(0.0, 0.5) * whole, None):
@@ -189,7 +203,7 @@ def main():
                             stop_session(proc, os.path.join(a.workdir, "trial.log"),
                                          os.path.join(out, last, "manifest.json"))
                         else:
-                            kill_session(proc)
+                            killed = kill_session(proc)
                         kills += 1
                         check_complete_step_dirs(out, "trial %d after a kill at %.2f s" % (trial, when))
                         # Killed after its last checkpoint (the model is written
@@ -197,9 +211,11 @@ def main():
                         # would now say there is nothing left to train.
                         if os.path.exists(os.path.join(out, last, "manifest.json")):
                             break
+                        killed = []
                         continue
                 else:
                     proc.wait()
+                killed = []
                 if proc.returncode != 0:
                     log.flush()
                     sys.exit("FAIL trial %d: loom train exited with %d:\n%s" % (
@@ -214,8 +230,10 @@ def main():
             steps = [json.loads(line)["step"] for line in f]
         if steps != list(range(1, STEPS + 1)):
             sys.exit("FAIL trial %d: the metrics hold steps %s" % (trial, steps))
-        if a.offload and os.listdir(offload_dir):
-            sys.exit("FAIL trial %d: offload files left behind: %s" % (trial, os.listdir(offload_dir)))
+        if a.offload:
+            left = [n for n in os.listdir(offload_dir) if offload_file_pid(n) not in killed]
+            if left:
+                sys.exit("FAIL trial %d: offload files left behind: %s" % (trial, left))
     print("kill_resume: %d trials, %d %s (np %d): every resumed run ended bitwise equal to the "
           "uninterrupted one (%.1f s each)" % (a.trials, kills, "SIGTERMs" if a.sigterm else "SIGKILLs", a.np, whole))
 

@@ -191,12 +191,20 @@ TEST(RunConfigErrors, ExpertParallelismSaysWhatMustDivideWhat) {
 }
 
 // parallel.offload (ZeRO-Infinity's disk tier): a directory, one way of
-// offloading at a time, a budget the stream fits in, and what is not built.
-TEST(RunConfigErrors, OffloadNeedsADirAndABudgetAndSaysWhatIsNotAvailable) {
+// offloading at a time, a budget the stream fits in, the parameters' tier
+// over ZeRO-3's shards only.
+TEST(RunConfigErrors, OffloadNeedsADirAndABudgetAndParamsNeedZero3) {
   const std::string dir = "parallel.offload_dir=/tmp/loom-offload-config-test";
   expect_error(kMinimal, {"parallel.offload=optimizer"}, {"parallel.offload = optimizer needs parallel.offload_dir"});
   expect_error(kMinimal, {"parallel.offload=disk"}, {"parallel.offload", "'disk'", "none, optimizer, params"});
-  expect_error(kMinimal, {"parallel.offload=params", dir}, {"parallel.offload = params", "not available yet"});
+  expect_error(kMinimal, {"parallel.offload=params", dir, "parallel.zero_stage=2"},
+               {"parallel.offload = params puts ZeRO-3's parameter and gradient shards on disk",
+                "needs parallel.zero_stage = 3 (this run has 2)", "use parallel.offload = optimizer"});
+  expect_error(kMinimal, {"parallel.offload=params", "parallel.zero_stage=3"},
+               {"parallel.offload = params needs parallel.offload_dir"});
+  EXPECT_EQ(parse_run_config(kMinimal, "run.toml", {"parallel.offload=params", dir, "parallel.zero_stage=3"})
+                .parallel.offload,
+            "params");
   expect_error(kMinimal, {"parallel.offload=optimizer", dir, "parallel.offload_optimizer=true"},
                {"with parallel.offload_optimizer", "set offload_optimizer = false"});
   expect_error(kMinimal, {"parallel.offload=optimizer", dir, "parallel.offload_budget_mb=0.1"},
