@@ -172,7 +172,18 @@ std::string CheckpointRun::save(Trainer& trainer) {
                " (this run continues from ", resumed_.empty() ? "step 0" : resumed_, ")");
   }
   saved_ = true;
-  newest_ = save_checkpoint(trainer, c_.dir, c_.keep, resumed_);
+  try {
+    newest_ = save_checkpoint(trainer, c_.dir, c_.keep, resumed_);
+  } catch (const Error& e) {
+    // A full disk, most often: the half-written step dir goes (its space
+    // back), the newest complete one stays what a rerun resumes from.
+    const fs::path tmp = fs::path(c_.dir) / (checkpoint_step_dir_name(trainer.steps_done()) + ".tmp");
+    std::error_code ec;
+    if (lead_rank(trainer)) fs::remove_all(tmp, ec);
+    fail("the checkpoint of step ", trainer.steps_done(), " was not written: ", e.what(), "; the newest complete one, ",
+         newest_.empty() ? std::string("none yet") : newest_,
+         ", is kept: free space on checkpoint.dir's disk and run the same command to resume from it");
+  }
   return newest_;
 }
 

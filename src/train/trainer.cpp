@@ -289,22 +289,32 @@ double Trainer::mean_over_replicas(double value) {
   return asynchronous() ? value : rank_.dps[0]->mean(value);
 }
 
+namespace {
+
+// A model of one rank's state on disk (parallel.offload), no LoRA: the
+// weights read a part at a time as the file is written (its state does not
+// fit in memory at once). Whether it was.
+bool save_streamed_model(Trainer& trainer, const std::string& dir) {
+  const parallel::DataParallel& dp = trainer.dp();
+  const bool one_rank = trainer.tp_size() == 1 && trainer.pp_size() == 1 && dp.num_groups() == 1 &&
+                        dp.group(0).comm.get().size() == 1;  // memory_plan.cpp's streams_model
+  if (!one_rank || !dp.state_on_disk() || trainer.config().lora.adapters.enabled()) return false;
+  model::save_model_dir(dir, trainer.model().config(), [&dp](int64_t flat, Tensor out) { dp.read_master(flat, out); });
+  return true;
+}
+
+}  // namespace
+
 void save_model(Trainer& trainer, const std::string& dir) {
   if (trainer.ps()) trainer.ps()->wait_params();  // the servers' last update, still arriving
+  if (save_streamed_model(trainer, dir)) return;
   const model::ModelConfig& cfg = trainer.model().config();
   MemoryTracker tracker;
   Pool pool(MemTag::workspace, Device::cpu(), tracker);
   mesh::Mesh& mesh = trainer.mesh();
   const bool lead_of_stage = trainer.dp().rank() == 0 && trainer.tp_rank() == 0;
   const int ep = mesh.shape().ep;
-  const bool one_chunk = trainer.tp_size() == 1 && trainer.pp_size() == 1 && ep == 1;  // holding whole tensors
-  if (one_chunk && trainer.dp().state_on_disk() && trainer.dp().size() == 1 && !trainer.config().lora.adapters.enabled()) {
-    // State on disk, one rank: the weights read a part at a time as the file is written.
-    const parallel::DataParallel& dp = trainer.dp();
-    model::save_model_dir(dir, cfg, [&dp](int64_t flat, Tensor out) { dp.read_master(flat, out); });
-    return;
-  }
-  if (one_chunk) {
+  if (trainer.tp_size() == 1 && trainer.pp_size() == 1 && ep == 1) {  // one chunk holding whole tensors
     OwnedTensor full = pool.empty(DType::f32, {trainer.model().num_params()});
     trainer.dp().gather_master(full);
     if (!lead_of_stage) return;
