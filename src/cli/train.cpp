@@ -1,6 +1,7 @@
 // loom train: a run config (train/config.h) -> the fp32 training loop
 // (train/trainer.h). loom eval: a saved model's loss over token shards.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <algorithm>
 #include <memory>
@@ -26,6 +27,9 @@
 #include "train/ps_server.h"
 #if LOOM_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
+#endif
+#if LOOM_HAVE_NCCL
+#include "comm/nccl/nccl_backend.h"
 #endif
 
 namespace loom::cli {
@@ -103,18 +107,54 @@ void run_eval(const EvalArgs& a) {
   }
 }
 
-// The pools' device for train.device; a GPU's backend is registered here,
-// before anything allocates on it.
-Device run_device(const train::RunConfig& cfg, bool progress) {
+// The pools' device for train.device (GPU `gpu` of this host); its backend
+// is registered here, before anything allocates on it.
+Device run_device(const train::RunConfig& cfg, bool progress, int gpu = 0) {
   if (cfg.train.device == "cpu") return Device::cpu();
 #if LOOM_HAVE_CUDA
-  kernels::register_cuda_backend(0);
-  if (progress) log_info("train: on ", kernels::cuda_device_description(0));
-  return Device::cuda(0);
+  kernels::register_cuda_backend(gpu);
+  if (progress) log_info("train: on ", kernels::cuda_device_description(gpu));
+  return Device::cuda(gpu);
 #else
-  (void)progress;
+  (void)progress, (void)gpu;
   fail("train.device = ", cfg.train.device, ": this loom was built without CUDA (cmake found no CUDA toolkit with ",
        "nvcc; configure with -DLOOM_CUDA=ON where one is installed), so it trains on the CPU only (train.device = cpu)");
+#endif
+}
+
+// This process's rank among the job's processes on its host, as the
+// launcher says (Open MPI, MPICH's Hydra, Slurm's srun); the world rank when
+// none does (one host).
+int host_local_rank(int world_rank) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::atoi(v);
+  return world_rank;
+}
+
+// A job of several processes on GPUs: one GPU per process (its rank on the
+// host), the mesh's collectives over NCCL, bootstrapped through `world`
+// (MPI). Null for a job on CPUs, whose mesh is `world` itself.
+std::unique_ptr<comm::Communicator> gpu_world(const train::RunConfig& cfg, comm::Communicator& world,
+                                              const comm::Options& options, bool progress, Device& device) {
+  if (cfg.train.device == "cpu") {
+    device = Device::cpu();
+    return nullptr;
+  }
+#if LOOM_HAVE_NCCL
+  std::string why;
+  const int gpus = comm::cuda_device_count(&why);
+  const int local = host_local_rank(world.rank());
+  LOOM_REQUIRE(gpus > 0, "train.device = ", cfg.train.device, ": rank ", world.rank(), " finds no GPU: ", why);
+  LOOM_REQUIRE(local < gpus, "train.device = ", cfg.train.device, ": rank ", world.rank(), " is process ", local,
+               " of its host, which has ", gpus, " GPU(s): start at most one process per GPU on each host (NCCL ",
+               "cannot place two ranks of one communicator on the same GPU)");
+  device = run_device(cfg, progress, local);
+  return comm::nccl_world(world, local, options);
+#else
+  (void)world, (void)options, (void)progress, (void)device;
+  fail("train.device = ", cfg.train.device, " under mpirun: this loom was built without NCCL (cmake found no CUDA ",
+       "toolkit with nvcc and NCCL), which the collectives of a multi-GPU run need; train on one process, or on the ",
+       "CPU (train.device = cpu)");
 #endif
 }
 
@@ -301,8 +341,11 @@ void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int
   }
   check_memory_budget(cfg, world->rank(), a);
   if (a.plan) plan_run(cfg, world->rank(), a.plan_cluster, a.options);
-  mesh::Mesh mesh(shape, *world);
-  Pools pools(run_device(cfg, a.options.progress && world->rank() == 0));
+  Device device;
+  const std::unique_ptr<comm::Communicator> on_gpus =
+      gpu_world(cfg, *world, options, a.options.progress && world->rank() == 0, device);
+  mesh::Mesh mesh(shape, on_gpus ? *on_gpus : *world);
+  Pools pools(device);
   Context ctx{mesh, pools};
   finish(train::run_training(cfg, a.options, ctx));
 }
@@ -318,7 +361,8 @@ void add_train_command(CLI::App& app, int world_size, const comm::Launcher& laun
       "mpirun -np <ps_servers + dp> (parallel.mode = ps, ps_server = sum | optimizer, staleness); under Slurm "
       "srun -n <processes> --mpi=pmix starts the same jobs (README: \"Slurm\"); train.dtype = "
       "fp32, bf16 or fp16 (dynamic loss scaling); train.recompute = none, selective or full; train.device = cpu or "
-      "cuda (--device: one NVIDIA GPU, one process, dense models, in builds with CUDA). At the "
+      "cuda (--device: one NVIDIA GPU per process, dense models, in builds with CUDA; under mpirun dp/ZeRO and tp over "
+      "NCCL). At the "
       "end the model is written to --out or checkpoint.dir as model.safetensors + loom_config.json, which loom eval "
       "and loom generate read; with a [lora] section (rank, alpha, targets, base) only low-rank adapters train on "
       "the frozen base (a .gguf base keeps its quantized blocks: QLoRA), and the adapter is written in PEFT's "
@@ -333,8 +377,8 @@ void add_train_command(CLI::App& app, int world_size, const comm::Launcher& laun
   cmd->add_option("--set", a->overrides, "override a config key: section.key=value (repeatable)");
   cmd->add_option("--metrics", a->options.metrics_path, "JSON Lines file, one object per step (overrides log.metrics)");
   cmd->add_option("--out", a->options.out_dir, "directory for the final model (overrides checkpoint.dir)");
-  cmd->add_option("--device", a->device, "cpu or cuda: where to train (overrides train.device; cuda: one NVIDIA GPU, "
-                                         "in builds with CUDA)")
+  cmd->add_option("--device", a->device, "cpu or cuda: where to train (overrides train.device; cuda: one NVIDIA GPU "
+                                         "per process, in builds with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--memory-report", a->options.memory_report,
                 "print current and peak bytes per memory tag at the end (every rank: under ZeRO each holds a shard)");

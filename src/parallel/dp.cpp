@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/host_values.h"
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "parallel/dp_state.h"
@@ -296,7 +297,7 @@ double exact_sum(comm::Communicator& group, double value) {
   int64_t mine = 0;
   std::memcpy(&mine, &value, sizeof mine);
   std::vector<int64_t> all(static_cast<size_t>(group.size()));
-  group.all_gather(Tensor(all.data(), DType::i64, {group.size()}), Tensor(&mine, DType::i64, {1}))->wait();
+  comm::all_gather_host(group, Tensor(all.data(), DType::i64, {group.size()}), Tensor(&mine, DType::i64, {1}));
   double sum = 0;
   for (int64_t bits : all) {
     double v = 0;

@@ -9,7 +9,9 @@
 #include <functional>
 #include <utility>
 
+#include "comm/host_values.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "kernels/ops.h"
 
 namespace loom::parallel {
@@ -131,10 +133,15 @@ void TensorParallel::combine_cross_entropy(Tensor lse, Tensor target_logit) {
              "combine_cross_entropy: ", lse.str(), " ", target_logit.str());
   stats_.resize(static_cast<size_t>(2 * N * (P + 1)));
   float* mine = stats_.data() + 2 * N * P;  // this rank's pair, packed
-  kernels::copy(Tensor(mine, DType::f32, {N}), flat(lse));
-  kernels::copy(Tensor(mine + N, DType::f32, {N}), flat(target_logit));
-  tp_.all_gather(Tensor(stats_.data(), DType::f32, {2 * N * P}), Tensor(mine, DType::f32, {2 * N}))->wait();
-  kernels::cross_entropy_shard_combine(flat(lse), flat(target_logit), Tensor(stats_.data(), DType::f32, {P, 2, N}));
+  const Tensor my_lse(mine, DType::f32, {N}), my_target(mine + N, DType::f32, {N});
+  copy_tensor(my_lse, flat(lse));  // from the device too: the pairs are exchanged and combined on the host
+  copy_tensor(my_target, flat(target_logit));
+  comm::all_gather_host(tp_, Tensor(stats_.data(), DType::f32, {2 * N * P}), Tensor(mine, DType::f32, {2 * N}));
+  const Tensor all(stats_.data(), DType::f32, {P, 2, N});
+  if (lse.device().is_cpu()) return kernels::cross_entropy_shard_combine(flat(lse), flat(target_logit), all);
+  kernels::cross_entropy_shard_combine(my_lse, my_target, all);  // N values: combined here, copied back
+  copy_tensor(flat(lse), my_lse);
+  copy_tensor(flat(target_logit), my_target);
 }
 
 }  // namespace loom::parallel

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/host_values.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/staged_dir.h"
@@ -40,9 +41,8 @@ int file_rank(Trainer& t) { return t.mesh().world_rank(); }
 void barrier(Trainer& t) { t.mesh().world().barrier()->wait(); }
 
 void all_gather_i64(comm::Communicator& g, std::vector<int64_t>& out, const std::vector<int64_t>& in) {
-  g.all_gather(Tensor(out.data(), DType::i64, {static_cast<int64_t>(out.size())}),
-               Tensor(const_cast<int64_t*>(in.data()), DType::i64, {static_cast<int64_t>(in.size())}))
-      ->wait();
+  comm::all_gather_host(g, Tensor(out.data(), DType::i64, {static_cast<int64_t>(out.size())}),
+                        Tensor(const_cast<int64_t*>(in.data()), DType::i64, {static_cast<int64_t>(in.size())}));
 }
 
 // Every rank's `record` (n i64 each), in file rank order: the world's rank

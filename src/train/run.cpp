@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/host_values.h"
 #include "core/atomic_file.h"
 #include "core/dir_lock.h"
 #include "core/error.h"
@@ -202,7 +203,7 @@ int agree_on_stop(Trainer& t, int signal) {
   comm::Communicator& world = t.mesh().world();
   if (world.size() == 1 || t.asynchronous()) return signal;  // asynchronous workers stop on their own
   float v = static_cast<float>(signal);
-  world.all_reduce(Tensor(&v, DType::f32, {1}), comm::ReduceOp::max)->wait();
+  comm::all_reduce_host(world, Tensor(&v, DType::f32, {1}), comm::ReduceOp::max);
   return static_cast<int>(v);
 }
 

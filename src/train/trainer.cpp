@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/host_values.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -51,14 +52,17 @@ comm::Communicator& checked_group(const char* key, int64_t expected, comm::Commu
 }
 
 // What a run on a GPU does not do yet, refused before anything is built:
-// one process (NCCL layouts come next), dense models (the MoE router and
-// dispatch run host loops over their rows), no optimizer offload (the host
-// is where it would go).
+// pipeline and context parallelism (dp, ZeRO and tp + SP run over the
+// device's communicator: NCCL under `loom train`), dense models (the MoE
+// router and dispatch run host loops over their rows), no optimizer offload
+// (the host is where it would go).
 void require_device_layout(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  const int64_t world = p.dp * p.tp * p.pp * p.cp;
-  LOOM_REQUIRE(world == 1, "train.device = ", cfg.train.device, " trains on one process for now: parallel.dp * tp * pp",
-               " * cp = ", world, "; set them to 1 (multi-GPU layouts over NCCL are not yet available)");
+  LOOM_REQUIRE(p.pp == 1 && p.cp == 1, "train.device = ", cfg.train.device, " trains over dp (ZeRO 0-3) and tp ",
+               "(+ sequence parallelism) for now: parallel.pp = ", p.pp, " and parallel.cp = ", p.cp,
+               " must be 1 (pipeline and context parallelism on GPUs are not yet available)");
+  LOOM_REQUIRE(p.mode != "ps", "train.device = ", cfg.train.device, ": parameter-server training (parallel.mode = ps) ",
+               "runs on CPUs only for now");
   LOOM_REQUIRE(!cfg.model.is_moe(), "train.device = ", cfg.train.device, " trains dense models for now: this model ",
                "has ", cfg.model.n_expert, " experts per layer; train it with train.device = cpu");
   LOOM_REQUIRE(!p.offload_optimizer, "train.device = ", cfg.train.device, ": parallel.offload_optimizer keeps ",
@@ -345,7 +349,7 @@ void save_model(Trainer& trainer, const std::string& dir) {
     } else {
       OwnedTensor full = pool.empty(DType::f32, {P});
       trainer.chunk_dp(c).gather_master(full);
-      trainer.mesh().tp().all_gather(slices, full)->wait();
+      comm::all_gather_host(trainer.mesh().tp(), slices, full);
     }
     if (!lead_of_ep_rank) continue;
     for (int r = 0; r < tp; ++r) {
@@ -359,8 +363,8 @@ void save_model(Trainer& trainer, const std::string& dir) {
       }
     }
   }
-  if (ep > 1) mesh.ep().all_reduce(whole, comm::ReduceOp::sum)->wait();
-  if (trainer.pp_size() > 1) trainer.mesh().pp().all_reduce(whole, comm::ReduceOp::sum)->wait();
+  if (ep > 1) comm::all_reduce_host(mesh.ep(), whole, comm::ReduceOp::sum);
+  if (trainer.pp_size() > 1) comm::all_reduce_host(trainer.mesh().pp(), whole, comm::ReduceOp::sum);
   if (!lead_of_stage || trainer.pp_rank() != 0) return;
   if (adapters.enabled()) model::save_peft_adapter(dir, cfg, adapters, whole, trainer.config().lora.base);
   else model::save_model_dir(dir, cfg, whole, model::ParamLayout::loom);

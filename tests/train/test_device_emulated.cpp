@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "device_run.h"
+#include "emulated_device.h"
 #include "tiny_run.h"
 
 namespace loom::train {
@@ -27,28 +28,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void* emulated_allocate(int, size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
-void emulated_free(int, void* p) { std::free(p); }
-void emulated_zero(int, void* p, size_t bytes) { std::memset(p, 0, bytes); }
-void emulated_copy(int, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-constexpr DeviceMemory kEmulatedMemory{emulated_allocate, emulated_free, emulated_zero, emulated_copy, emulated_copy,
-                                       emulated_copy};
-
-void register_emulated_device() {
-  static const kernels::Backend table = [] {
-    kernels::Backend b = *kernels::find_backend(Device::cpu());
-    b.name = "cpu kernels as cuda (test)";
-    b.kind = Device::Kind::cuda;
-    return b;
-  }();
-  register_device_memory(Device::Kind::cuda, kEmulatedMemory);
-  kernels::register_backend(table);
-}
-
 class EmulatedDeviceTest : public TinyRunTest {
  protected:
   EmulatedDeviceTest() : TinyRunTest("loom_test_device_emulated") {}
-  static void SetUpTestSuite() { register_emulated_device(); }
+  static void SetUpTestSuite() { test::register_emulated_device(); }
   static Device device() { return Device::cuda(0); }
 };
 

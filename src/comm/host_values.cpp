@@ -1,0 +1,56 @@
+#include "comm/host_values.h"
+
+#include "core/error.h"
+#include "core/memory.h"
+
+namespace loom::comm {
+namespace {
+
+// A device tensor shaped as a host one, freed on destruction.
+class Staged {
+ public:
+  Staged(Device device, const Tensor& like) : device_(device), bytes_(like.nbytes()) {
+    LOOM_CHECK(like.device().is_cpu() && like.is_contiguous(), "a host value to stage is ", like.str(), " on ",
+               device_name(like.device()));
+    data_ = device_memory(device_).allocate(device_.index, bytes_ == 0 ? 1 : bytes_);
+    tensor_ = Tensor(data_, like.dtype(), like.shape(), device_);
+  }
+  ~Staged() { device_memory(device_).free(device_.index, data_); }
+  Staged(const Staged&) = delete;
+  Staged& operator=(const Staged&) = delete;
+  Tensor& tensor() { return tensor_; }
+
+ private:
+  Device device_;
+  size_t bytes_;
+  void* data_ = nullptr;
+  Tensor tensor_;
+};
+
+}  // namespace
+
+void all_reduce_host(Communicator& comm, Tensor buf, ReduceOp op) {
+  if (comm.device().is_cpu()) return comm.all_reduce(buf, op)->wait();
+  Staged d(comm.device(), buf);
+  copy_tensor(d.tensor(), buf);
+  comm.all_reduce(d.tensor(), op)->wait();
+  copy_tensor(buf, d.tensor());
+}
+
+void all_gather_host(Communicator& comm, Tensor out, Tensor in) {
+  if (comm.device().is_cpu()) return comm.all_gather(out, in)->wait();
+  Staged o(comm.device(), out), i(comm.device(), in);
+  copy_tensor(i.tensor(), in);
+  comm.all_gather(o.tensor(), i.tensor())->wait();
+  copy_tensor(out, o.tensor());
+}
+
+void broadcast_host(Communicator& comm, Tensor buf, int root) {
+  if (comm.device().is_cpu()) return comm.broadcast(buf, root)->wait();
+  Staged d(comm.device(), buf);
+  copy_tensor(d.tensor(), buf);
+  comm.broadcast(d.tensor(), root)->wait();
+  copy_tensor(buf, d.tensor());
+}
+
+}  // namespace loom::comm

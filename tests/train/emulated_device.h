@@ -1,0 +1,91 @@
+// A GPU without a GPU, for the device plumbing's tests: the CPU's own kernels
+// registered a second time as the backend of Device::cuda, with memory from
+// the host's allocator (register_emulated_device), and a communicator of
+// that device (OnDeviceCommunicator): MPI underneath, but every tensor it is
+// given must be on the device, as NCCL's must be in GPU memory, so a host
+// tensor handed to a collective of a GPU run is an error here too. Used by
+// test_device_emulated.cpp (one process) and mpi_test_device.cpp (dp, tp).
+// What this cannot see is host code reading device memory directly (the
+// memory is the host's here); tests/gpu runs the same scenarios on a GPU.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "kernels/backend.h"
+
+namespace loom::test {
+
+inline void* emulated_allocate(int, size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+inline void emulated_free(int, void* p) { std::free(p); }
+inline void emulated_zero(int, void* p, size_t bytes) { std::memset(p, 0, bytes); }
+inline void emulated_copy(int, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+// Device::cuda(0)'s memory and kernels are the host's from here on.
+inline void register_emulated_device() {
+  static constexpr DeviceMemory memory{emulated_allocate, emulated_free, emulated_zero,
+                                       emulated_copy,     emulated_copy, emulated_copy};
+  static const kernels::Backend table = [] {
+    kernels::Backend b = *kernels::find_backend(Device::cpu());
+    b.name = "cpu kernels as cuda (test)";
+    b.kind = Device::Kind::cuda;
+    return b;
+  }();
+  register_device_memory(Device::Kind::cuda, memory);
+  kernels::register_backend(table);
+}
+
+// `host`'s collectives for tensors on the emulated device: each tensor must
+// be on Device::cuda(0) (loom::Error naming the op otherwise) and is passed
+// on as the host tensor it really is.
+class OnDeviceCommunicator final : public comm::Communicator {
+ public:
+  explicit OnDeviceCommunicator(std::unique_ptr<comm::Communicator> host) : host_(std::move(host)) {}
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  const std::string& name() const override { return host_->name(); }
+  Device device() const override { return Device::cuda(0); }
+  const comm::Options& options() const override { return host_->options(); }
+
+  comm::WorkPtr all_reduce(Tensor buf, comm::ReduceOp op) override {
+    return host_->all_reduce(on_host(buf, "all_reduce"), op);
+  }
+  comm::WorkPtr reduce_scatter(Tensor out, Tensor in, comm::ReduceOp op) override {
+    return host_->reduce_scatter(on_host(out, "reduce_scatter"), on_host(in, "reduce_scatter"), op);
+  }
+  comm::WorkPtr all_gather(Tensor out, Tensor in) override {
+    return host_->all_gather(on_host(out, "all_gather"), on_host(in, "all_gather"));
+  }
+  comm::WorkPtr broadcast(Tensor buf, int root) override { return host_->broadcast(on_host(buf, "broadcast"), root); }
+  comm::WorkPtr send(Tensor buf, int peer, int tag) override { return host_->send(on_host(buf, "send"), peer, tag); }
+  comm::WorkPtr recv(Tensor buf, int peer, int tag) override { return host_->recv(on_host(buf, "recv"), peer, tag); }
+  comm::WorkPtr all_to_all(Tensor out, Tensor in) override {
+    return host_->all_to_all(on_host(out, "all_to_all"), on_host(in, "all_to_all"));
+  }
+  comm::WorkPtr all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
+                             std::span<const int64_t> in_counts) override {
+    return host_->all_to_all_v(on_host(out, "all_to_all_v"), out_counts, on_host(in, "all_to_all_v"), in_counts);
+  }
+  comm::WorkPtr barrier() override { return host_->barrier(); }
+  std::unique_ptr<comm::Communicator> split(int color, int key, const std::string& name) override {
+    return std::make_unique<OnDeviceCommunicator>(host_->split(color, key, name));
+  }
+
+ private:
+  Tensor on_host(const Tensor& t, const char* op) const {
+    LOOM_REQUIRE(t.device() == Device::cuda(0), "communicator ", name(), " (emulated cuda): ", op, " was given a ",
+                 "tensor on ", device_name(t.device()), "; a GPU's communicator (NCCL) takes device memory only");
+    LOOM_REQUIRE(t.is_contiguous(), "communicator ", name(), ": ", op, " of a strided view ", t.str());
+    return Tensor(t.data(), t.dtype(), t.shape(), Device::cpu());
+  }
+  std::unique_ptr<comm::Communicator> host_;
+};
+
+}  // namespace loom::test
