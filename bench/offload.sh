@@ -17,9 +17,10 @@ set -euo pipefail
 loom=$(realpath "$1") work=$2 preset=${3:-gpt2-350m} steps=${4:-4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work" && work=$(realpath "$work")
-[ -e "$root/data/brown/train_000000.bin" ] || { echo "bench/offload.sh: needs data/brown (bash scripts/quickstart.sh)"; exit 1; }
-echo "bench/offload.sh: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB;" \
-  "disk: $(df --output=source,fstype "$work" | tail -1)"
+[ -e "$root/data/brown/train_000000.bin" ] ||
+  { echo "bench/offload.sh: needs data/brown (bash scripts/quickstart.sh)"; exit 1; }
+echo "bench/offload.sh: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
+  "$(free -g | awk '/Mem:/ {print $2}') GiB; disk: $(df --output=source,fstype "$work" | tail -1)"
 echo "reproduce: bench/offload.sh $loom $work $preset $steps"
 
 # fio_rate ENGINE JOBS DEPTH RW: MB/s of one fio job group.

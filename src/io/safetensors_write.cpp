@@ -104,7 +104,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     LOOM_REQUIRE(t.device().is_cpu(), where, "is on ", device_name(t.device()), ", not the CPU");
     LOOM_REQUIRE(t.is_contiguous(), where, t.str(), " is not contiguous");
     LOOM_REQUIRE(t.nbytes() == 0 || t.data() != nullptr, where, "has no data");
-    items.push_back({&e.first, t.dtype(), t.shape(), t.nbytes(), [&t](AtomicFile& f) { f.write(t.data(), t.nbytes()); }});
+    items.push_back(
+        {&e.first, t.dtype(), t.shape(), t.nbytes(), [&t](AtomicFile& f) { f.write(t.data(), t.nbytes()); }});
   }
   write_items(path, items, metadata);
 }
