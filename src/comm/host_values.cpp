@@ -27,14 +27,21 @@ class Staged {
   Tensor tensor_;
 };
 
+// run(buf) and waited for: on buf itself where comm works on the host, else
+// on a device copy of it, copied back.
+template <typename Run>
+void in_place(Communicator& comm, Tensor buf, Run run) {
+  if (comm.device().is_cpu()) return run(buf)->wait();
+  Staged d(comm.device(), buf);
+  copy_tensor(d.tensor(), buf);
+  run(d.tensor())->wait();
+  copy_tensor(buf, d.tensor());
+}
+
 }  // namespace
 
 void all_reduce_host(Communicator& comm, Tensor buf, ReduceOp op) {
-  if (comm.device().is_cpu()) return comm.all_reduce(buf, op)->wait();
-  Staged d(comm.device(), buf);
-  copy_tensor(d.tensor(), buf);
-  comm.all_reduce(d.tensor(), op)->wait();
-  copy_tensor(buf, d.tensor());
+  in_place(comm, buf, [&](Tensor t) { return comm.all_reduce(t, op); });
 }
 
 void all_gather_host(Communicator& comm, Tensor out, Tensor in) {
@@ -43,14 +50,6 @@ void all_gather_host(Communicator& comm, Tensor out, Tensor in) {
   copy_tensor(i.tensor(), in);
   comm.all_gather(o.tensor(), i.tensor())->wait();
   copy_tensor(out, o.tensor());
-}
-
-void broadcast_host(Communicator& comm, Tensor buf, int root) {
-  if (comm.device().is_cpu()) return comm.broadcast(buf, root)->wait();
-  Staged d(comm.device(), buf);
-  copy_tensor(d.tensor(), buf);
-  comm.broadcast(d.tensor(), root)->wait();
-  copy_tensor(buf, d.tensor());
 }
 
 }  // namespace loom::comm

@@ -12,6 +12,5 @@ namespace loom::comm {
 void all_reduce_host(Communicator& comm, Tensor buf, ReduceOp op);
 // out: size() equal blocks of in's numel, in rank order (every rank's in).
 void all_gather_host(Communicator& comm, Tensor out, Tensor in);
-void broadcast_host(Communicator& comm, Tensor buf, int root);
 
 }  // namespace loom::comm
