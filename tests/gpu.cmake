@@ -28,4 +28,14 @@ foreach(source ${gpu_sources})
   add_test(NAME gpu.${name} COMMAND gpu_${name})
   list(APPEND gpu_tests gpu.${name})
 endforeach()
+# loom train --device cuda under mpirun (tests/gpu/train_mpi.py): a rank more
+# than the host's GPUs refused; on 2 GPUs, dp and tp over NCCL against CPUs.
+find_package(MPI REQUIRED COMPONENTS CXX)
+foreach(case refusal layouts)
+  add_test(NAME gpu.train_mpi_${case}
+           COMMAND ${LOOM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/gpu/train_mpi.py $<TARGET_FILE:loom>
+                   "${MPIEXEC_EXECUTABLE};--oversubscribe;--allow-run-as-root"
+                   ${CMAKE_BINARY_DIR}/gpu_train_mpi_${case} ${case})
+  list(APPEND gpu_tests gpu.train_mpi_${case})
+endforeach()
 set_tests_properties(${gpu_tests} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
