@@ -64,6 +64,19 @@ if(TARGET loom)
     PASS_REGULAR_EXPRESSION "\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":1024,\"seconds\":[0-9.e-]+,\"algbw_gbps\":[0-9.e-]+,\"busbw_gbps\":[0-9.e-]+\\}\n\\{\"op\":\"all_reduce\",\"algo\":\"ring\",\"ranks\":2,\"size_bytes\":2048,")
 endif()
 
+# loom train --device cuda under mpirun where a rank has no GPU of its own
+# (no GPU, a loom without NCCL or CUDA, or one GPU for two ranks): a clear
+# error on every rank before the data is read, and no hang.
+if(TARGET loom)
+  add_test(NAME mpi.train.DeviceCudaWithoutAGpuPerRankIsAClearError
+           COMMAND ${LOOM_MPIRUN} -np 2 $<TARGET_FILE:loom> train --config ${PROJECT_SOURCE_DIR}/configs/quickstart.toml
+                   --device cuda --set parallel.dp=2 --set data.train=/nonexistent/train_*.bin)
+  set_property(TEST mpi.train.DeviceCudaWithoutAGpuPerRankIsAClearError APPEND PROPERTY LABELS cli)
+  set_tests_properties(mpi.train.DeviceCudaWithoutAGpuPerRankIsAClearError PROPERTIES TIMEOUT 120
+    RESOURCE_LOCK loom_mpi PASS_REGULAR_EXPRESSION
+    "train.device = cuda(: rank [01] finds no GPU| under mpirun: this loom was built without NCCL|: rank 1 is process 1 of its host, which has 1 GPU)")
+endif()
+
 # loom bench train --pp 2 under mpirun: one JSON line with the measured and
 # theoretical bubble, MFU and each rank's figures (gpt2-tiny: 1 layer a stage).
 if(TARGET loom)
