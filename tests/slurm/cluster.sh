@@ -114,6 +114,10 @@ slurm_up_two_hosts() {
   local d=$1 cpus a="loomslurm$$a" b="loomslurm$$b" va="lsa$$" vb="lsb$$"  # interface names: 15 characters at most
   # 77: this machine cannot make the namespaces (a chroot, a container
   # without CAP_NET_ADMIN): the caller skips.
+  # `ip netns add` makes /run/netns a mount point of its own and leaves it;
+  # the cleanup unmounts it again if this test made it (a fresh root's
+  # removal would fail on it).
+  mountpoint -q /run/netns 2> /dev/null || SLURM_NETNS_MOUNT=1
   ip netns add "$a" && SLURM_NETNS+=("$a") || return 77
   ip netns add "$b" && SLURM_NETNS+=("$b") || return 77
   nsenter --net="/run/netns/$a" true || return 77
@@ -160,5 +164,8 @@ slurm_down() {
     kill -9 "$pid" 2> /dev/null || true
   done
   for ns in "${SLURM_NETNS[@]}"; do ip netns del "$ns" 2> /dev/null || true; done  # the veth pair goes with them
-  SLURM_PIDS=() SLURM_NETNS=()
+  if [ -n "${SLURM_NETNS_MOUNT:-}" ] && [ -z "$(ls -A /run/netns 2> /dev/null)" ]; then
+    umount /run/netns 2> /dev/null || true
+  fi
+  SLURM_PIDS=() SLURM_NETNS=() SLURM_NETNS_MOUNT=""
 }
