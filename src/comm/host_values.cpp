@@ -1,5 +1,7 @@
 #include "comm/host_values.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/memory.h"
 
@@ -9,10 +11,10 @@ namespace {
 // A device tensor shaped as a host one, freed on destruction.
 class Staged {
  public:
-  Staged(Device device, const Tensor& like) : device_(device), bytes_(like.nbytes()) {
+  Staged(Device device, const Tensor& like) : device_(device) {
     LOOM_CHECK(like.device().is_cpu() && like.is_contiguous(), "a host value to stage is ", like.str(), " on ",
                device_name(like.device()));
-    data_ = device_memory(device_).allocate(device_.index, bytes_ == 0 ? 1 : bytes_);
+    data_ = device_memory(device_).allocate(device_.index, std::max<size_t>(like.nbytes(), 1));
     tensor_ = Tensor(data_, like.dtype(), like.shape(), device_);
   }
   ~Staged() { device_memory(device_).free(device_.index, data_); }
@@ -22,7 +24,6 @@ class Staged {
 
  private:
   Device device_;
-  size_t bytes_;
   void* data_ = nullptr;
   Tensor tensor_;
 };
