@@ -71,6 +71,13 @@ namespace loom::kernels {
     (Tensor dwte, Tensor dwpe, const Tensor& dy, const Tensor& tokens, int64_t vocab_begin,                        \
      const Tensor& positions))                                                                                     \
   X(moe_top_k, void, (Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bias, bool normalise))        \
+  X(moe_router_scores, void, (Tensor scores, Tensor lse, const Tensor& logits, bool sigmoid))                     \
+  X(moe_capacity, void,                                                                                            \
+    (Tensor keep, const Tensor& sel, const Tensor& scores, int64_t group_tokens, int64_t capacity))                \
+  X(moe_assign_rows, void, (Tensor rows, Tensor counts, const Tensor& sel))                                        \
+  X(moe_group_stats, void,                                                                                         \
+    (Tensor count, Tensor score_sum, const Tensor& sel, const Tensor& scores, int64_t group_tokens, bool sigmoid))  \
+  X(moe_router_backward, void, (Tensor dlogits, const MoeRouterGrad& g))                                           \
   X(moe_dispatch, void, (Tensor xs, const Tensor& x, const Tensor& rows))                                         \
   X(moe_dispatch_backward, void, (Tensor dx, const Tensor& dxs, const Tensor& rows))                               \
   X(moe_combine, void, (Tensor y, const Tensor& ys, const Tensor& rows, const Tensor& weight))                     \

@@ -212,6 +212,56 @@ void embedding_shard_backward_at(Tensor dwte, Tensor dwpe, const Tensor& dy, con
 // undefined  sel: (N, k) i32  weight: (N, k) f32, 1 <= k <= E; contiguous.
 void moe_top_k(Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bias, bool normalise);
 
+// The router's scores: scores (N, E) f32 = each row of logits' softmax, or
+// each logit's sigmoid (sigmoid); lse (N) f32 = each row's log-sum-exp
+// either way (the z-loss's). In double, each result rounded once.
+// logits: (N, E) f32, contiguous.
+void moe_router_scores(Tensor scores, Tensor lse, const Tensor& logits, bool sigmoid);
+
+// Capacity (Megatron's "probs" drop policy): keep (N, k) i32 <- 1 for each
+// choice its expert keeps, else 0. Tokens are taken in groups of
+// group_tokens consecutive tokens (N a multiple of it); in each group every
+// expert keeps at most `capacity` of its choices (capacity < 0: all), those
+// with the highest score for it (scores[t, sel[t, j]]), ties to the earlier
+// choice in flat order. sel: (N, k) i32 in [0, E)  scores: (N, E) f32.
+void moe_capacity(Tensor keep, const Tensor& sel, const Tensor& scores, int64_t group_tokens, int64_t capacity);
+
+// The dispatch plan, in place: rows (N, k) i32 holds 1 (kept) or 0 (dropped)
+// per choice on entry (moe_capacity's keep) and each kept choice's row in
+// the dispatch buffer on return, -1 for a dropped one: rows ordered by
+// expert, then by choice in flat order. counts (E) i64 <- each expert's kept
+// choices. sel: (N, k) i32 in [0, E).
+void moe_assign_rows(Tensor rows, Tensor counts, const Tensor& sel);
+
+// The balancing losses' statistics per routing group of group_tokens
+// consecutive tokens (N a multiple of it), over the router's choices before
+// any drop: count[g, e] = choices of expert e, score_sum[g, e] = the sum over
+// the group's tokens of e's normalised score (softmax: the score; sigmoid:
+// the score over its row's sum, DeepSeek-V3's sequence-wise loss), summed in
+// double in token order. count, score_sum: (N / group_tokens, E) f32
+// sel: (N, k) i32 in [0, E)  scores: (N, E) f32.
+void moe_group_stats(Tensor count, Tensor score_sum, const Tensor& sel, const Tensor& scores, int64_t group_tokens,
+                     bool sigmoid);
+
+// The router's backward (moe_router_backward): the logits' gradient from the
+// combine weights' (dweight) through moe_top_k's normalisation and the
+// scores, plus aux_scale x the gradient of the Switch / GShard loss (E sum_e
+// f_e P_e per group, averaged over the groups; f from count, P a mean over
+// group_tokens tokens of which the rank holds local_tokens consecutive ones
+// per group) and z_scale x that of the z-loss (the mean over the N tokens of
+// lse^2). Shapes as the forward ops': logits, scores (N, E) f32; lse (N)
+// f32; sel (N, k) i32; weight, dweight (N, k) f32; count (G, E) f32 (may be
+// undefined when aux_scale is 0), token t in group t / local_tokens.
+struct MoeRouterGrad {
+  Tensor logits, scores, lse, sel, weight, dweight, count;
+  int64_t group_tokens = 0, local_tokens = 0;
+  double aux_scale = 0, z_scale = 0;
+  bool sigmoid = false, normalise = false;
+};
+// dlogits (N, E) f32 = the gradient (written, not accumulated: the router's
+// logits have no other use), in double per token, rounded once.
+void moe_router_backward(Tensor dlogits, const MoeRouterGrad& g);
+
 // A token-choice MoE layer moves rows between the tokens and a dispatch
 // buffer. rows: (N, k) i32, the dispatch row token t's j-th expert choice
 // occupies, or -1 where the choice was dropped (over its expert's capacity);

@@ -62,6 +62,102 @@ void moe_top_k(Tensor sel, Tensor weight, const Tensor& scores, const Tensor& bi
       .moe_top_k(sel, weight, scores, bias, normalise);
 }
 
+namespace {
+
+// scores (N, E) f32 and the router's choices sel (N, k) i32 of the same tokens.
+void check_choices(const char* op, const Tensor& sel, const Tensor& scores) {
+  require_contiguous(op, {{"sel", sel}, {"scores", scores}});
+  require_dtype(op, {"sel", sel}, DType::i32), require_dtype(op, {"scores", scores}, DType::f32);
+  require_ndim(op, {"sel", sel}, 2), require_ndim(op, {"scores", scores}, 2);
+  if (sel.size(0) != scores.size(0))
+    op_fail(op, {{"sel", sel}, {"scores", scores}}, "sel has ", sel.size(0), " tokens, scores has ", scores.size(0));
+}
+
+// group_tokens > 0 and a divisor of the N tokens.
+void check_groups(const char* op, int64_t group_tokens, const Tensor& sel) {
+  if (group_tokens <= 0 || sel.size(0) % group_tokens != 0)
+    op_fail(op, {{"sel", sel}}, "routing groups of ", group_tokens, " tokens cannot split ", sel.size(0),
+            " tokens: group_tokens must be positive and divide them");
+}
+
+void check_f32(const char* op, Operand t, const Shape& shape) {
+  require_contiguous(op, {t});
+  require_dtype(op, t, DType::f32);
+  require_shape(op, t, shape);
+}
+
+}  // namespace
+
+void moe_router_scores(Tensor scores, Tensor lse, const Tensor& logits, bool sigmoid) {
+  constexpr const char* op = "moe_router_scores";
+  require_contiguous(op, {{"logits", logits}});
+  require_dtype(op, {"logits", logits}, DType::f32);
+  require_ndim(op, {"logits", logits}, 2);
+  check_f32(op, {"scores", scores}, logits.shape());
+  check_f32(op, {"lse", lse}, Shape{logits.size(0)});
+  require_no_overlap(op, {"scores", scores}, {"logits", logits});
+  backend_of(op, {{"scores", scores}, {"lse", lse}, {"logits", logits}})
+      .moe_router_scores(scores, lse, logits, sigmoid);
+}
+
+void moe_capacity(Tensor keep, const Tensor& sel, const Tensor& scores, int64_t group_tokens, int64_t capacity) {
+  constexpr const char* op = "moe_capacity";
+  check_choices(op, sel, scores);
+  check_groups(op, group_tokens, sel);
+  require_contiguous(op, {{"keep", keep}});
+  require_dtype(op, {"keep", keep}, DType::i32);
+  require_same_shape(op, {"keep", keep}, {"sel", sel});
+  require_no_overlap(op, {"keep", keep}, {"sel", sel});
+  backend_of(op, {{"keep", keep}, {"sel", sel}, {"scores", scores}})
+      .moe_capacity(keep, sel, scores, group_tokens, capacity);
+}
+
+void moe_assign_rows(Tensor rows, Tensor counts, const Tensor& sel) {
+  constexpr const char* op = "moe_assign_rows";
+  require_contiguous(op, {{"rows", rows}, {"counts", counts}, {"sel", sel}});
+  require_dtype(op, {"rows", rows}, DType::i32), require_dtype(op, {"sel", sel}, DType::i32);
+  require_dtype(op, {"counts", counts}, DType::i64);
+  require_ndim(op, {"sel", sel}, 2), require_ndim(op, {"counts", counts}, 1);
+  require_same_shape(op, {"rows", rows}, {"sel", sel});
+  require_no_overlap(op, {"rows", rows}, {"sel", sel});
+  backend_of(op, {{"rows", rows}, {"counts", counts}, {"sel", sel}}).moe_assign_rows(rows, counts, sel);
+}
+
+void moe_group_stats(Tensor count, Tensor score_sum, const Tensor& sel, const Tensor& scores, int64_t group_tokens,
+                     bool sigmoid) {
+  constexpr const char* op = "moe_group_stats";
+  check_choices(op, sel, scores);
+  check_groups(op, group_tokens, sel);
+  const Shape shape{sel.size(0) / group_tokens, scores.size(1)};
+  check_f32(op, {"count", count}, shape), check_f32(op, {"score_sum", score_sum}, shape);
+  require_no_overlap(op, {"count", count}, {"score_sum", score_sum});
+  backend_of(op, {{"count", count}, {"score_sum", score_sum}, {"sel", sel}, {"scores", scores}})
+      .moe_group_stats(count, score_sum, sel, scores, group_tokens, sigmoid);
+}
+
+void moe_router_backward(Tensor dlogits, const MoeRouterGrad& g) {
+  constexpr const char* op = "moe_router_backward";
+  check_choices(op, g.sel, g.scores);
+  const int64_t N = g.scores.size(0), E = g.scores.size(1), k = g.sel.size(1);
+  check_f32(op, {"logits", g.logits}, g.scores.shape());
+  check_f32(op, {"dlogits", dlogits}, g.scores.shape());
+  check_f32(op, {"lse", g.lse}, Shape{N});
+  check_f32(op, {"weight", g.weight}, Shape{N, k}), check_f32(op, {"dweight", g.dweight}, Shape{N, k});
+  if (g.aux_scale != 0) {
+    if (!g.count.defined()) fail(op, ": aux_scale = ", g.aux_scale, " needs the groups' counts (count)");
+    if (g.local_tokens <= 0 || N % g.local_tokens != 0 || g.group_tokens < g.local_tokens)
+      op_fail(op, {{"scores", g.scores}}, "groups of ", g.local_tokens, " local tokens (", g.group_tokens,
+              " in all) cannot split ", N, " tokens");
+    check_f32(op, {"count", g.count}, Shape{N / g.local_tokens, E});
+  }
+  require_grads_apart(op, {{"dlogits", dlogits}},
+                      {{"logits", g.logits}, {"scores", g.scores}, {"lse", g.lse}, {"weight", g.weight},
+                       {"dweight", g.dweight}});
+  backend_of(op, {{"dlogits", dlogits}, {"logits", g.logits}, {"scores", g.scores}, {"lse", g.lse}, {"sel", g.sel},
+                  {"weight", g.weight}, {"dweight", g.dweight}, {"count", g.count}})
+      .moe_router_backward(dlogits, g);
+}
+
 void moe_dispatch(Tensor xs, const Tensor& x, const Tensor& rows) {
   constexpr const char* op = "moe_dispatch";
   check_rows(op, {"xs", xs}, {"x", x}, rows);

@@ -186,8 +186,11 @@ struct MoeActs {
   Tensor lse;              // (N) f32: the logits' log-sum-exp (z-loss)
   Tensor sel, weight;      // (N, k) i32 experts chosen, f32 combine weights
   Tensor rows;             // (N, k) i32: each choice's dispatch row, -1 dropped
-  Tensor counts;           // (2E + 2) i64: rows sent to each expert, received per (source rank, local
-                           // expert), then the rows the rank's experts computed and the rows it sent
+  Tensor bias32;           // (E) f32: the balancing bias, widened for moe_top_k
+  Tensor count, score_sum;  // (groups, E) f32: training's balancing statistics (moe_group_stats)
+  Tensor counts;           // (2E) i64: rows sent to each expert, received per (source rank, local expert)
+  std::vector<int64_t> plan;  // (2E + 2) on the host: counts, then the rows the rank's experts computed and
+                              // the rows it sent
   Tensor xs, ys;           // (N k, C): rows in dispatch order (by expert, then token), and their outputs
   Tensor xr;               // (R, C): ep > 1, rows as received (by source rank), then their outputs
   Tensor xe, ye;           // (R, C): the rank's rows in its experts' order, and the experts' outputs

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/moe.h"
 
@@ -184,10 +185,10 @@ void check_cp(int64_t T, const CpOptions& cp) {
 void set_positions(ModelState& st, const CpOptions& cp) {
   if (cp.size == 1) return kernels::arange(st.pos);  // (T) i32 0..T-1
   const int64_t T = st.pos.numel();
-  std::copy(cp.positions.begin(), cp.positions.end(), st.pos.data_as<int32_t>());
+  const Tensor positions(const_cast<int32_t*>(cp.positions.data()), DType::i32, {T});  // read only
+  copy_tensor(st.pos, positions);
   if (!st.pos_bt.defined()) return;
-  for (int64_t b = 0; b < st.pos_bt.size(0); ++b)
-    std::copy_n(st.pos.data_as<int32_t>(), T, st.pos_bt.data_as<int32_t>() + b * T);
+  for (int64_t b = 0; b < st.pos_bt.size(0); ++b) copy_tensor(st.pos_bt.slice(0, b, 1).reshape({T}), positions);
 }
 
 void init_moe(ModelState& st, const ModelConfig& cfg, int64_t T, const ModelOptions& options) {

@@ -1,6 +1,9 @@
-// The MoE MLP step (moe.h): routing on the host (moe_router.h), rows moved
-// by the kernels' dispatch / combine, experts as grouped GEMMs, ep's
-// exchanges through ExpertParallelOps, tp's sums as a dense MLP's.
+// The MoE MLP step (moe.h): routing by the kernels' moe_* ops where the
+// layer's tensors live (the rows per expert and the balancing statistics
+// read back to the host, which plans the experts' GEMMs and reports the
+// losses: moe_router.h), rows moved by the kernels' dispatch / combine,
+// experts as grouped GEMMs, ep's exchanges through ExpertParallelOps, tp's
+// sums as a dense MLP's.
 #include "model/moe.h"
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/family.h"
 #include "model/moe_router.h"
@@ -20,13 +24,17 @@ using namespace loom::kernels;
 
 namespace {
 
-template <typename T>
-std::span<T> host(const Tensor& t, int64_t n) {
-  return {t.data_as<T>(), static_cast<size_t>(n)};
-}
 size_t at(int64_t i) { return static_cast<size_t>(i); }
 
-// Where a layer's rows are, read back from MoeActs::counts: per expert sent
+// A contiguous tensor's values on the host, wherever it lives.
+template <typename T>
+std::vector<T> to_host(const Tensor& t) {
+  std::vector<T> v(at(t.numel()));
+  copy_tensor(Tensor(v.data(), t.dtype(), t.shape()), t);
+  return v;
+}
+
+// Where a layer's rows are, read from MoeActs::plan: per expert sent
 // [0, E), per (source rank, local expert) received [E, 2E), then the rows
 // this rank's experts computed and the rows it sent. The experts compute in
 // two chunks, each in the order of the local experts: chunk 0 the rank's own
@@ -54,8 +62,8 @@ int64_t received(const int64_t* c, const RowPlan& p, int64_t r, int64_t le) {
   return p.P > 1 ? c[p.E + r * p.El + le] : c[le];
 }
 
-RowPlan row_plan(const Tensor& counts, int64_t E, int P, int me) {
-  const int64_t* c = counts.data_as<int64_t>();
+RowPlan row_plan(const std::vector<int64_t>& plan, int64_t E, int P, int me) {
+  const int64_t* c = plan.data();
   RowPlan p;
   p.E = E, p.El = E / P, p.P = P, p.me = me;
   p.send_rows.assign(at(P), 0), p.recv_rows.assign(at(P), 0);
@@ -79,9 +87,9 @@ RowPlan row_plan(const Tensor& counts, int64_t E, int P, int me) {
 // expert) and the experts' order (RowPlan's chunks). to_experts: from
 // `by_rank` into `by_expert`, else back; remote_only: the other ranks' rows
 // alone (chunk 1).
-void reorder(const Tensor& by_rank, const Tensor& by_expert, const Tensor& counts, const RowPlan& p,
+void reorder(const Tensor& by_rank, const Tensor& by_expert, const std::vector<int64_t>& plan, const RowPlan& p,
              bool to_experts, bool remote_only) {
-  const int64_t* c = counts.data_as<int64_t>();
+  const int64_t* c = plan.data();
   std::array<std::vector<int64_t>, 2> cursor = p.off;
   int64_t src = 0;
   for (int64_t r = 0; r < p.P; ++r)
@@ -107,102 +115,88 @@ std::span<const Tensor> experts(const std::vector<Tensor>& w) { return {w.data()
 
 namespace {
 
-// The balancing losses' per-group statistics: a group's tokens are the
-// rank's, or under cp spread over the cp group (the sums over its ranks).
-GroupStats routing_stats(const MoeRun& run, std::span<const int32_t> sel, std::span<const float> scores,
-                         RouterShape rs) {
-  const int64_t local = run.group_tokens / run.cp_size;
-  GroupStats g = group_stats(sel, scores, rs, local, run.cfg->router_score);
-  if (run.cp_size == 1) return g;
-  std::vector<float> sums(g.count.size() + g.prob.size());
-  for (size_t i = 0; i < g.count.size(); ++i)
-    sums[i] = static_cast<float>(g.count[i]), sums[g.count.size() + i] = static_cast<float>(g.prob[i] * local);
-  run.cp->all_reduce_sum(Tensor(sums.data(), DType::f32, {static_cast<int64_t>(sums.size())}));
-  for (size_t i = 0; i < g.count.size(); ++i)
-    g.count[i] = sums[i], g.prob[i] = sums[g.count.size() + i] / static_cast<double>(run.group_tokens);
-  g.group_tokens = run.group_tokens;
-  return g;
+// The balancing losses' per-group statistics into a.count and a.score_sum:
+// a group's tokens are the rank's, or under cp spread over the cp group
+// (the sums over its ranks).
+void routing_stats(const MoeRun& run, MoeActs& a, int64_t N) {
+  const int64_t local = run.group_tokens / run.cp_size, groups = N / local;
+  const Tensor count = a.count.slice(0, 0, groups), score_sum = a.score_sum.slice(0, 0, groups);
+  moe_group_stats(count, score_sum, a.sel.slice(0, 0, N), a.scores.slice(0, 0, N), local,
+                  run.cfg->router_score == RouterScore::sigmoid);
+  if (run.cp_size == 1) return;
+  run.cp->all_reduce_sum(count);
+  run.cp->all_reduce_sum(score_sum);
 }
 
 // Capacity when a routing group's tokens are spread over the cp ranks:
-// every rank's choices — the expert, its score for it, the token's place
-// b x seq_len + position — gathered, the drops decided as apply_capacity
-// decides them (per group and expert the highest scores kept, ties to the
-// earlier token), the rank's own read back.
-void cp_capacity(const MoeRun& run, std::span<int32_t> keep, std::span<const int32_t> sel,
-                 std::span<const float> scores, RouterShape rs, int64_t capacity) {
-  const int64_t n = rs.N * rs.k, E = rs.E, k = rs.k, P = run.cp_size;
+// every rank's choices gathered (gathered_capacity), the drops decided as
+// moe_capacity decides them, the rank's own written to rows as keep flags.
+void cp_capacity(const MoeRun& run, const Tensor& rows, const Tensor& sel, const Tensor& scores, int64_t capacity) {
+  const int64_t N = sel.size(0), k = sel.size(1), E = scores.size(1), n = N * k, P = run.cp_size;
   const auto T = static_cast<int64_t>(run.positions.size());
-  std::vector<int32_t> mine_i(at(2 * n)), all_i(at(2 * n * P));
-  std::vector<float> mine_f(at(n)), all_f(at(n * P));
+  const std::vector<int32_t> s = to_host<int32_t>(sel);
+  const std::vector<float> p = to_host<float>(scores);
+  static_assert(sizeof(GatheredChoice) == 3 * sizeof(int32_t));
+  std::vector<GatheredChoice> mine(at(n)), all(at(n * P));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = i / k;
-    mine_i[at(2 * i)] = sel[at(i)];
-    mine_i[at(2 * i + 1)] = static_cast<int32_t>((t / T) * run.seq_len + run.positions[at(t % T)]);
-    mine_f[at(i)] = scores[at(t * E + sel[at(i)])];
+    mine[at(i)] = {s[at(i)], static_cast<int32_t>((t / T) * run.seq_len + run.positions[at(t % T)]),
+                   p[at(t * E + s[at(i)])]};
   }
-  run.cp->all_gather(Tensor(all_i.data(), DType::i32, {2 * n * P}), Tensor(mine_i.data(), DType::i32, {2 * n}));
-  run.cp->all_gather(Tensor(all_f.data(), DType::f32, {n * P}), Tensor(mine_f.data(), DType::f32, {n}));
-  const int64_t group_len = run.cfg->routing_group * run.seq_len, groups = rs.N / (T * run.cfg->routing_group);
-  std::vector<std::vector<int64_t>> bucket(at(groups * E));  // per (group, expert): gathered choice ids
-  for (int64_t c = 0; c < n * P; ++c) bucket[at((all_i[at(2 * c + 1)] / group_len) * E + all_i[at(2 * c)])].push_back(c);
-  std::vector<char> kept(at(n * P), 1);
-  for (auto& b : bucket) {
-    if (static_cast<int64_t>(b.size()) <= capacity) continue;
-    std::sort(b.begin(), b.end(), [&](int64_t x, int64_t y) {
-      return all_f[at(x)] > all_f[at(y)] || (all_f[at(x)] == all_f[at(y)] && all_i[at(2 * x + 1)] < all_i[at(2 * y + 1)]);
-    });
-    for (size_t m = at(capacity); m < b.size(); ++m) kept[at(b[m])] = 0;
-  }
+  // Each choice as three i32 words (the score's bits travel unchanged).
+  run.cp->all_gather(Tensor(all.data(), DType::i32, {3 * n * P}), Tensor(mine.data(), DType::i32, {3 * n}));
+  const int64_t group_len = run.cfg->routing_group * run.seq_len, groups = N / (T * run.cfg->routing_group);
+  const std::vector<char> kept = gathered_capacity(all, E, group_len, groups, capacity);
+  std::vector<int32_t> keep(at(n));
   const int64_t base = run.cp->rank() * n;
   for (int64_t i = 0; i < n; ++i) keep[at(i)] = kept[at(base + i)];
+  copy_tensor(rows, Tensor(keep.data(), DType::i32, rows.shape()));
 }
 
-// Router, top-k, capacity and the dispatch plan: fills a's logits ... rows
-// and counts[0, E) (sent per expert) and the sent total; returns it. Counts
-// the statistics when training.
+// Router, top-k, capacity and the dispatch plan: fills a's logits ... rows,
+// counts[0, E) and plan[0, E) (sent per expert) and the sent total; returns
+// it. Counts the statistics when training.
 int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, const Dims& d, int64_t layer) {
   const ModelConfig& cfg = *run.cfg;
   const int64_t N = h.size(0), E = cfg.n_expert, k = cfg.top_k;
-  const RouterShape rs{N, E, k};
   const Tensor logits = a.logits.slice(0, 0, N), logits32 = a.logits32.slice(0, 0, N);
+  const Tensor scores = a.scores.slice(0, 0, N), sel = a.sel.slice(0, 0, N), rows = a.rows.slice(0, 0, N);
   block_linear(d, logits, h, w.router, Tensor());
   cast(logits32, logits);
-  const auto scores = host<float>(a.scores, N * E), lse = host<float>(a.lse, N);
-  router_scores(scores, lse, host<float>(logits32, N * E), rs, cfg.router_score);
+  moe_router_scores(scores, a.lse.slice(0, 0, N), logits32, cfg.router_score == RouterScore::sigmoid);
   Tensor bias;  // the balancing bias in f32 (it may be stored in the compute dtype)
-  std::vector<float> bias32;
   if (w.expert_bias.defined()) {
-    bias32.resize(at(E));
-    bias = Tensor(bias32.data(), DType::f32, {E});
+    bias = a.bias32;
     cast(bias, w.expert_bias);
   }
-  moe_top_k(a.sel.slice(0, 0, N), a.weight.slice(0, 0, N), a.scores.slice(0, 0, N), bias, cfg.norm_topk_prob);
-  const auto sel = host<int32_t>(a.sel, N * k), rows = host<int32_t>(a.rows, N * k);
+  moe_top_k(sel, a.weight.slice(0, 0, N), scores, bias, cfg.norm_topk_prob);
   const bool capacity = run.training && cfg.capacity_factor > 0.f;
   const int64_t cap = capacity ? expert_capacity(cfg.capacity_factor, run.group_tokens, k, E) : -1;
-  if (capacity && run.cp_size > 1) cp_capacity(run, rows, sel, scores, rs, cap);
-  else apply_capacity(rows, sel, scores, rs, capacity ? run.group_tokens : N, cap);
+  if (capacity && run.cp_size > 1) cp_capacity(run, rows, sel, scores, cap);
+  else moe_capacity(rows, sel, scores, capacity ? run.group_tokens : std::max<int64_t>(N, 1), cap);
   // Rows by expert, then token: counts, then each kept choice's place.
-  int64_t* counts = a.counts.data_as<int64_t>();
-  std::fill(counts, counts + 2 * E + 2, 0);
-  for (int64_t i = 0; i < N * k; ++i) counts[sel[at(i)]] += rows[at(i)];
-  std::vector<int64_t> cursor(at(E));
-  std::exclusive_scan(counts, counts + E, cursor.begin(), int64_t{0});
-  int64_t dropped = 0;
-  for (int64_t i = 0; i < N * k; ++i) {
-    dropped += rows[at(i)] == 0;
-    rows[at(i)] = rows[at(i)] ? static_cast<int32_t>(cursor[at(sel[at(i)])]++) : -1;
-  }
-  const int64_t sent = N * k - dropped;
-  counts[2 * E + 1] = sent;
-  if (run.training && !run.recomputing) {
-    MoeStats& st = run.stats;
-    const GroupStats g = routing_stats(run, sel, scores, rs);
-    st.aux_loss += aux_loss(g, rs), st.z_loss += z_loss(lse);
-    ++st.layer_forwards, st.choices += N * k, st.dropped += dropped;
-    if (st.load.empty()) st.load.assign(at(cfg.n_layer * E), 0);
-    for (int64_t i = 0; i < N * k; ++i) ++st.load[at(layer * E + sel[at(i)])];
+  const Tensor sent_per_expert = a.counts.slice(0, 0, E);
+  moe_assign_rows(rows, sent_per_expert, sel);
+  a.plan.assign(at(2 * E + 2), 0);
+  copy_tensor(Tensor(a.plan.data(), DType::i64, {E}), sent_per_expert);
+  const int64_t sent = std::accumulate(a.plan.begin(), a.plan.begin() + E, int64_t{0});
+  a.plan[at(2 * E + 1)] = sent;
+  if (!run.training) return sent;
+  routing_stats(run, a, N);  // again in a recompute: backward reads them
+  if (run.recomputing) return sent;
+  MoeStats& st = run.stats;
+  const int64_t groups = N / (run.group_tokens / run.cp_size);
+  const std::vector<float> count = to_host<float>(a.count.slice(0, 0, groups));
+  st.aux_loss += aux_loss(count, to_host<float>(a.score_sum.slice(0, 0, groups)), E, k, run.group_tokens);
+  st.z_loss += z_loss(to_host<float>(a.lse.slice(0, 0, N)));
+  ++st.layer_forwards, st.choices += N * k, st.dropped += N * k - sent;
+  if (st.load.empty()) st.load.assign(at(cfg.n_layer * E), 0);
+  // Under cp the counts are the group's over every cp rank: this rank's own choices are its sel's.
+  if (run.cp_size > 1) {
+    for (const int32_t e : to_host<int32_t>(sel)) ++st.load[at(layer * E + e)];
+  } else {
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t e = 0; e < E; ++e) st.load[at(layer * E + e)] += static_cast<int64_t>(count[at(g * E + e)]);
   }
   return sent;
 }
@@ -212,11 +206,12 @@ int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, c
 // the start of xe (chunk 0). Returns the plan.
 RowPlan start_dispatch(MoeRun& run, MoeActs& a, int64_t E) {
   const int P = run.ep.ep.size;
-  const Tensor counts = a.counts;
-  run.ep.ops->exchange_counts(counts.slice(0, E, E), counts.slice(0, 0, E));
-  RowPlan p = row_plan(counts, E, P, run.ep.ep.rank);
+  const Tensor received = a.counts.slice(0, E, E);
+  run.ep.ops->exchange_counts(received, a.counts.slice(0, 0, E));
+  copy_tensor(Tensor(a.plan.data() + E, DType::i64, {E}), received);
+  RowPlan p = row_plan(a.plan, E, P, run.ep.ep.rank);
   p.computed = std::accumulate(p.recv_rows.begin(), p.recv_rows.end(), int64_t{0});
-  counts.data_as<int64_t>()[2 * E] = p.computed;
+  a.plan[at(2 * E)] = p.computed;
   run.ep.ops->start_rows(a.xr, p.recv_rows, a.xs, p.send_rows);
   if (p.rows(0) > 0) copy(a.xe.slice(0, 0, p.rows(0)), a.xs.slice(0, p.self_send, p.rows(0)));
   return p;
@@ -268,9 +263,9 @@ void experts_forward(MoeRun& run, const Dims& d, const LayerWeights& w, MoeActs&
   const RowPlan p = start_dispatch(run, a, E);
   run_experts(d, w, a, p, 0);
   ops.finish_rows();
-  reorder(a.xr, a.xe, a.counts, p, true, true);
+  reorder(a.xr, a.xe, a.plan, p, true, true);
   run_experts(d, w, a, p, 1);
-  reorder(a.xr, a.ye, a.counts, p, false, false);  // the outputs, back in arrival order
+  reorder(a.xr, a.ye, a.plan, p, false, false);  // the outputs, back in arrival order
   ops.start_rows(a.ys, p.send_rows, a.xr, p.recv_rows);
 }
 
@@ -290,8 +285,8 @@ void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, La
   if (run_.ep.active()) {
     experts_forward(run_, d, w, a);
   } else {
-    a.counts.data_as<int64_t>()[2 * E] = sent;
-    run_experts(d, w, a, row_plan(a.counts, E, 1, 0), 0);
+    a.plan[at(2 * E)] = sent;
+    run_experts(d, w, a, row_plan(a.plan, E, 1, 0), 0);
   }
   shared_forward(d, h, w, a);  // under ep while the outputs travel back
   if (run_.ep.active()) run_.ep.ops->finish_rows();
@@ -304,7 +299,7 @@ void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, La
 
 void MoeMlp::recompute(LayerActs& la) const {
   MoeActs& a = la.moe;
-  const int64_t n = a.counts.data_as<int64_t>()[2 * run_.cfg->n_expert];
+  const int64_t n = a.plan[at(2 * run_.cfg->n_expert)];
   if (n > 0) swiglu_forward(a.act.slice(0, 0, n), a.fc.slice(0, 0, n), a.up.slice(0, 0, n));
   if (a.sh_fc.defined()) swiglu_forward(a.sh_act, a.sh_fc, a.sh_up);
 }
@@ -352,9 +347,9 @@ void experts_backward_ep(const MoeRun& run, const LayerWeights& w, const LayerWe
   if (p.rows(0) > 0) copy(m.dye.slice(0, 0, p.rows(0)), m.dys.slice(0, p.self_send, p.rows(0)));
   experts_backward(w, g, a, m, m.dye, p, 0);
   ops.finish_rows();
-  reorder(m.dyr, m.dye, a.counts, p, true, true);
+  reorder(m.dyr, m.dye, a.plan, p, true, true);
   experts_backward(w, g, a, m, m.dye, p, 1);
-  reorder(m.dyr, m.dxe, a.counts, p, false, false);
+  reorder(m.dyr, m.dxe, a.plan, p, false, false);
   ops.start_rows(m.dxs, p.send_rows, m.dyr, p.recv_rows);
 }
 
@@ -369,23 +364,23 @@ void shared_backward(Tensor dx, const Tensor& dy, const Tensor& h, const LayerWe
 }
 
 // The router's gradient from the combine weights' (m.dweight) and the
-// balancing losses', into the router weight and (once over tp) dx.
+// balancing losses' (the forward's statistics), into the router weight and
+// (once over tp) dx.
 void router_backward_into(const MoeRun& run, Tensor dx, const Tensor& h, const LayerWeights& w,
                           const LayerWeights& g, const MoeActs& a, MoeScratch& m, const TpContext& tp) {
   const ModelConfig& cfg = *run.cfg;
-  const int64_t N = h.size(0), E = cfg.n_expert, k = cfg.top_k;
-  const RouterShape rs{N, E, k};
-  const auto scores = host<const float>(a.scores, N * E);
-  const auto sel = host<const int32_t>(a.sel, N * k);
-  const GroupStats stats = routing_stats(run, sel, scores, rs);
-  RouterGradArgs args{host<const float>(a.logits32, N * E), scores, host<const float>(a.lse, N),
-                      host<const float>(a.weight, N * k), host<const float>(m.dweight, N * k), sel, &stats};
+  const int64_t N = h.size(0), local = run.group_tokens / run.cp_size;
+  MoeRouterGrad args{a.logits32.slice(0, 0, N), a.scores.slice(0, 0, N), a.lse.slice(0, 0, N),
+                     a.sel.slice(0, 0, N),      a.weight.slice(0, 0, N), m.dweight.slice(0, 0, N),
+                     a.count.slice(0, 0, N / local)};
+  args.group_tokens = run.group_tokens, args.local_tokens = local;
   // Under cp each rank's router sees its own tokens' share of a group's aux
   // loss, and the dp x cp average divides the ranks' gradients by cp.
   args.aux_scale = static_cast<double>(cfg.aux_loss_coef) * run.dloss * run.cp_size;
   args.z_scale = static_cast<double>(cfg.z_loss_coef) * run.dloss;
+  args.sigmoid = cfg.router_score == RouterScore::sigmoid, args.normalise = cfg.norm_topk_prob;
   const Tensor dlogits = m.dlogits.slice(0, 0, N);
-  router_backward(host<float>(dlogits, N * E), args, rs, cfg.router_score, cfg.norm_topk_prob);
+  moe_router_backward(dlogits, args);
   // The router is replicated over tp, its input gradient summed with the experts' partials: rank 0 adds it.
   linear_backward(tp.rank == 0 ? dx : Tensor(), g.router, Tensor(), dlogits, h, w.router);
 }
@@ -407,7 +402,7 @@ Tensor MoeMlp::backward(const Tensor& dy, const Tensor& h_rows, const LayerWeigh
   }
   const int64_t N = h.size(0);
   const Tensor rows = a.rows.slice(0, 0, N), dweight = m.dweight.slice(0, 0, N);
-  const RowPlan p = row_plan(a.counts, E, run_.ep.ep.size, run_.ep.ep.rank);
+  const RowPlan p = row_plan(a.plan, E, run_.ep.ep.size, run_.ep.ep.rank);
   moe_combine_backward(m.dys, dweight, dyf, a.ys, rows, a.weight.slice(0, 0, N));
   if (tp.ops) tp.ops->all_reduce_sum(dweight);  // ys were partial sums over tp
   if (run_.ep.active()) experts_backward_ep(run_, w, g, a, m, p);
@@ -429,6 +424,7 @@ Tensor MoeMlp::backward(const Tensor& dy, const Tensor& h_rows, const LayerWeigh
 MoeSizes moe_sizes(const ModelConfig& cfg, int64_t N, int64_t groups, int64_t group_tokens, int tp, int ep) {
   MoeSizes z;
   z.N = N, z.k = cfg.top_k, z.E = cfg.n_expert, z.C = cfg.n_embd;
+  z.groups = group_tokens > 0 ? groups : 0;
   z.F = cfg.d_ff / tp, z.Fs = cfg.n_shared_expert * cfg.d_ff / tp;
   z.ep = ep > 1;
   z.R = static_cast<int64_t>(ep) * N * z.k;  // dropless: every rank's every choice may come here
@@ -446,7 +442,9 @@ void moe_kept_acts(MoeActs& a, const MoeSizes& z, const MoeAlloc& alloc, DType c
   a.logits = alloc({N, E}, compute), a.logits32 = alloc({N, E}, f32), a.scores = alloc({N, E}, f32);
   a.lse = alloc({N}, f32);
   a.sel = alloc({N, k}, i32), a.weight = alloc({N, k}, f32), a.rows = alloc({N, k}, i32);
-  a.counts = alloc({2 * E + 2}, DType::i64);
+  a.counts = alloc({2 * E}, DType::i64);
+  a.bias32 = alloc({E}, f32);
+  if (z.groups > 0) a.count = alloc({z.groups, E}, f32), a.score_sum = alloc({z.groups, E}, f32);
   a.xs = alloc({N * k, C}, compute);
   if (z.ep) {
     a.xr = alloc({R, C}, compute), a.xe = alloc({R, C}, compute);

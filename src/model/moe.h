@@ -69,6 +69,7 @@ class MoeMlp final : public MlpStep {
 // A MoE layer's buffer sizes for N routed tokens.
 struct MoeSizes {
   int64_t N = 0, k = 0, E = 0, C = 0;
+  int64_t groups = 0;  // routing groups of the rank's tokens (0: serving, no statistics)
   int64_t R = 0;   // rows this ep rank's experts may receive
   int64_t F = 0;   // an expert's hidden units on this tp rank
   int64_t Fs = 0;  // the shared experts' hidden units on this tp rank (0: none)

@@ -35,13 +35,13 @@ Tensor part(const Tensor& packed, int64_t i) {
   return packed.slice(0, i, 1).reshape(rest);
 }
 
-// y (contiguous f32, (B, T, heads, HS)) rows [t0, t0 + n) += x (contiguous f32, (B, n, heads, HS)).
+// y (contiguous f32, (B, T, heads, HS)) rows [t0, t0 + n) += x (contiguous
+// f32, (B, n, heads, HS)): one add per sequence, whose rows are contiguous.
 void add_rows(const Tensor& y, int64_t t0, const Tensor& x) {
-  const int64_t B = x.size(0), n = x.size(1), row = x.size(2) * x.size(3), T = y.size(1);
-  float* dst = y.data_as<float>();
-  const float* src = x.data_as<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < n * row; ++i) dst[(b * T + t0) * row + i] += src[b * n * row + i];
+  for (int64_t b = 0; b < x.size(0); ++b) {
+    const Tensor yb = y.slice(0, b, 1).slice(1, t0, x.size(1));
+    kernels::add(yb, yb, x.slice(0, b, 1));
+  }
 }
 
 }  // namespace
@@ -297,14 +297,18 @@ void ContextParallelAttention::ring_backward(Call& c, const Tensor& dkv_own) {
   OwnedTensor acc[2] = {comm.empty(DType::f32, c.kv_shape()), comm.empty(DType::f32, c.kv_shape())};
   Tensor cur = c.kv, nxt = spare;
   comm::WorkPtr sending;
+  // Each rank sends its neighbour K, V of step s, then (after the step's
+  // blocks) their dK, dV so far; the receives are posted in that same order
+  // (dK, dV of step s - 1 before K, V of step s), since NCCL matches the
+  // messages between two ranks in the order they are issued, not by tag.
   for (int s = 0; s < n; ++s) {
     comm::WorkPtr kv_send, kv_recv, incoming;
+    if (s > 0) incoming = cp_.recv(in.flatten(), prev, kDkvTag);  // block src's dK, dV so far
     if (s + 1 < n) {
       kv_send = cp_.send(wire(cur), next, kKvTag);
       kv_recv = cp_.recv(wire(nxt), prev, kKvTag);
       stats_.bytes_sent += static_cast<int64_t>(cur.nbytes());
     }
-    if (s > 0) incoming = cp_.recv(in.flatten(), prev, kDkvTag);  // block src's dK, dV so far
     const Tensor mine = acc[s % 2];  // its send (two steps ago) was waited for last step
     kernels::fill(mine, 0.f);
     backward_blocks(c, cur, mine, (c.rank - s + n) % n);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <vector>
 
+#include "comm/host_values.h"
 #include "core/error.h"
 
 namespace loom::parallel {
@@ -61,8 +62,16 @@ void ExpertParallel::finish_rows() {
   seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void RoutingGroups::all_gather(Tensor out, const Tensor& in) { cp_.all_gather(out, in)->wait(); }
+// Host values (the gathered choices of cp_capacity) go through the
+// device's buffers where the communicator is a device's (host_values.h).
+void RoutingGroups::all_gather(Tensor out, const Tensor& in) {
+  if (in.device().is_cpu()) return comm::all_gather_host(cp_, out, in);
+  cp_.all_gather(out, in)->wait();
+}
 
-void RoutingGroups::all_reduce_sum(Tensor t) { cp_.all_reduce(t, comm::ReduceOp::sum)->wait(); }
+void RoutingGroups::all_reduce_sum(Tensor t) {
+  if (t.device().is_cpu()) return comm::all_reduce_host(cp_, t, comm::ReduceOp::sum);
+  cp_.all_reduce(t, comm::ReduceOp::sum)->wait();
+}
 
 }  // namespace loom::parallel

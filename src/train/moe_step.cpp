@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 
+#include "comm/host_values.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "parallel/dp.h"
@@ -17,7 +18,7 @@ namespace {
 // In place: the elementwise sum over `group` (i64, exact).
 void sum_over(comm::Communicator& group, std::vector<int64_t>& v) {
   if (group.size() == 1 || v.empty()) return;
-  group.all_reduce(Tensor(v.data(), DType::i64, {static_cast<int64_t>(v.size())}), comm::ReduceOp::sum)->wait();
+  comm::all_reduce_host(group, Tensor(v.data(), DType::i64, {static_cast<int64_t>(v.size())}), comm::ReduceOp::sum);
 }
 
 double sum_over(comm::Communicator& group, double x) { return parallel::exact_group_sum(group, x); }

@@ -7,7 +7,8 @@
 
 namespace loom::train {
 
-AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools) : dp_(dp), options_(options) {
+AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools)
+    : dp_(dp), options_(options), deltas_pool_(&pools[MemTag::optimizer]) {
   if (!options.keeps_state) return;
   LOOM_CHECK(dp.options().optimizer_state_floats >= 2, "DataParallel counted ", dp.options().optimizer_state_floats,
              " optimizer floats per parameter; AdamW keeps 2");
@@ -22,13 +23,20 @@ AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& poo
 namespace {
 
 // The deltas' elements inside piece p, added to its master weights and
-// rounded into its compute weights.
-void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u, std::span<const ParamDelta> deltas) {
+// rounded into its compute weights; on a device through a copy from `pool`.
+void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u, std::span<const ParamDelta> deltas,
+                  Pool& pool) {
   for (const ParamDelta& d : deltas) {
     const int64_t end = d.offset + static_cast<int64_t>(d.values.size());
     const int64_t lo = std::max(p.offset, d.offset), hi = std::min(p.offset + p.count, end);
     if (lo >= hi) continue;
-    const Tensor values(const_cast<float*>(d.values.data()) + (lo - d.offset), DType::f32, {hi - lo});
+    Tensor values(const_cast<float*>(d.values.data()) + (lo - d.offset), DType::f32, {hi - lo});
+    OwnedTensor staged;
+    if (u.master.device() != values.device()) {
+      staged = pool.empty(DType::f32, {hi - lo});
+      copy_tensor(staged, values);
+      values = staged;
+    }
     const Tensor master = u.master.slice(0, lo - p.offset, hi - lo);
     kernels::add(master, master, values);
     if (u.param.defined()) kernels::cast(u.param.slice(0, lo - p.offset, hi - lo), master);
@@ -53,7 +61,7 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
                           std::span<const Tensor> state) {
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
       kernels::adamw_step(u.master, state[0], state[1], u.grad, u.param, cfg);
-      if (!deltas.empty()) apply_deltas(p, u, deltas);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_);
     });
     return dp_.update_finish();
   }
@@ -64,7 +72,7 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
       kernels::adamw_step(u.master, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), u.grad,
                           u.param, cfg);
-      if (!deltas.empty()) apply_deltas(p, u, deltas);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_);
     }
   }
   dp_.update_finish();

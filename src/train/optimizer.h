@@ -78,6 +78,7 @@ class AdamW {
   parallel::DataParallel& dp_;
   AdamWOptions options_;
   std::vector<OwnedTensor> m_, v_;  // per group, (S_g) f32
+  Pool* deltas_pool_ = nullptr;     // a device run's bias deltas, staged onto the device
   int64_t steps_ = 0;
 };
 

@@ -52,19 +52,17 @@ comm::Communicator& checked_group(const char* key, int64_t expected, comm::Commu
 }
 
 // What a run on a GPU does not do yet, refused before anything is built:
-// pipeline and context parallelism (dp, ZeRO and tp + SP run over the
-// device's communicator: NCCL under `loom train`), dense models (the MoE
-// router and dispatch run host loops over their rows), no optimizer offload
-// (the host is where it would go).
+// pipeline parallelism (dp, ZeRO, tp + SP, cp and ep run over the device's
+// communicator: NCCL under `loom train`; MoE layers route with the kernels'
+// moe_* ops), parameter servers, and no optimizer offload (the host is
+// where it would go).
 void require_device_layout(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  LOOM_REQUIRE(p.pp == 1 && p.cp == 1, "train.device = ", cfg.train.device, " trains over dp (ZeRO 0-3) and tp ",
-               "(+ sequence parallelism) for now: parallel.pp = ", p.pp, " and parallel.cp = ", p.cp,
-               " must be 1 (pipeline and context parallelism on GPUs are not yet available)");
+  LOOM_REQUIRE(p.pp == 1, "train.device = ", cfg.train.device, " trains over dp (ZeRO 0-3), tp (+ sequence ",
+               "parallelism), cp and ep for now: parallel.pp = ", p.pp, " must be 1 (pipeline parallelism on GPUs ",
+               "is not yet available)");
   LOOM_REQUIRE(p.mode != "ps", "train.device = ", cfg.train.device, ": parameter-server training (parallel.mode = ps) ",
                "runs on CPUs only for now");
-  LOOM_REQUIRE(!cfg.model.is_moe(), "train.device = ", cfg.train.device, " trains dense models for now: this model ",
-               "has ", cfg.model.n_expert, " experts per layer; train it with train.device = cpu");
   LOOM_REQUIRE(!p.offload_optimizer, "train.device = ", cfg.train.device, ": parallel.offload_optimizer keeps ",
                "the optimizer on the host, which a GPU run does not offer yet; set it to false");
 }
@@ -101,10 +99,6 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   rank_ = build_rank_chunks(chunks, ctx);
   const int64_t B = cfg.train.micro_batch, T = cfg.train.seq_len / cfg.parallel.cp;
   Pools& pools = ctx.pools;
-  if (rank_.cp) {
-    seq_tokens_ = pools[MemTag::activations].zeros(DType::i32, {B, cfg.train.seq_len});
-    seq_targets_ = pools[MemTag::activations].zeros(DType::i32, {B, cfg.train.seq_len});
-  }
   if (rank_.pipe) {
     for (int64_t k = 0; k < cfg.train.grad_accum; ++k) {
       micro_tokens_.push_back(pools[MemTag::activations].zeros(DType::i32, {B, T}));
@@ -112,9 +106,15 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
     }
   }
   if (cfg.train.dtype == "fp16") scaler_.emplace(cfg.train.loss_scale, cfg.train.loss_scale_window);
+  // The loader writes on the host: a device run's batches stay there (the
+  // model stages them), and so do cp's whole sequences its columns come from.
   Pool& batches = on_device ? host_batches_ : pools[MemTag::activations];
   tokens_ = batches.zeros(DType::i32, {B, T});
   targets_ = batches.zeros(DType::i32, {B, T});
+  if (rank_.cp) {
+    seq_tokens_ = batches.zeros(DType::i32, {B, cfg.train.seq_len});
+    seq_targets_ = batches.zeros(DType::i32, {B, cfg.train.seq_len});
+  }
   if (cfg.parallel.mode == "ps") {
     LOOM_REQUIRE(ctx.ps_world != nullptr, "parallel.mode = ps needs the job's servers: start ", cfg.parallel.ps_servers,
                  " + ", cfg.parallel.dp, " processes under mpirun (loom train does)");

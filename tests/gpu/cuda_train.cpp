@@ -88,6 +88,28 @@ TEST_F(CudaTrainTest, LlamaBf16WithRecomputeMatchesTheCpu) {
   expect_close(cpu.losses, dev.losses, 2e-2, "bf16 losses");
 }
 
+// A Mixtral-style model: routing (scores, top-k, capacity drops, the
+// dispatch plan, the balancing statistics and the router's backward) in the
+// CUDA backend's moe_* kernels. A score a rounding away from a tie could
+// choose another expert on the GPU than on the CPU; the bound leaves room
+// for no such flip, so a failure here names one (or a real difference).
+TEST_F(CudaTrainTest, MixtureOfExpertsFp32MatchesTheCpuAndRepeatsBitForBit) {
+  RunConfig cfg = config();
+  cfg.model = model::model_preset("llama-tiny");
+  cfg.model.n_expert = 4, cfg.model.top_k = 2, cfg.model.capacity_factor = 1.f;
+  cfg.model.z_loss_coef = 1e-3f, cfg.model.aux_free_rate = 1e-3f;
+  const DeviceRun cpu = run_on(cfg, Device::cpu(), dir_ / "moe_cpu");
+  const DeviceRun dev = run_on(cfg, gpu(), dir_ / "moe_gpu");
+  ASSERT_EQ(cpu.losses.size(), 20u);
+  expect_close(cpu.losses, dev.losses, 1e-5, "MoE fp32 losses");
+  expect_close(cpu.grad_norms, dev.grad_norms, 1e-4, "MoE fp32 grad norms");
+  expect_close_weights(cpu.model, dev.model, 1e-4);
+  cfg.train.steps = 6;
+  const DeviceRun a = run_on(cfg, gpu(), dir_ / "moe_a"), b = run_on(cfg, gpu(), dir_ / "moe_b");
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.model, b.model);
+}
+
 TEST_F(CudaTrainTest, AGpuRunRepeatedIsBitForBitTheSame) {
   RunConfig cfg = config();
   cfg.train.steps = 8;

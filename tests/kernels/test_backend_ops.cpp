@@ -463,6 +463,15 @@ std::vector<OpCase> elementwise_cases() {
 // A (4, 2) row table over a 9-row buffer: each row used once, two choices dropped.
 const std::vector<double> kMoeRows = {3, 0, -1, 5, 7, 1, 2, -1};
 
+// Six tokens' two choices of three experts and the scores: in routing
+// groups of three, expert 0's three choices of group 0 tie at 0.5 (tokens
+// 0 and 1) and expert 2's of group 1 at 0.6 (tokens 3 and 5). kMoeKeep: a
+// capacity of 2 per group keeps the earlier of each tie.
+const std::vector<double> kMoeSel = {0, 1, 0, 2, 0, 1, 2, 1, 2, 0, 2, 1};
+const std::vector<double> kMoeScores = {0.5, 0.3, 0.2, 0.5, 0.1, 0.4, 0.6, 0.3, 0.1,
+                                        0.1, 0.3, 0.6, 0.2, 0.1, 0.7, 0.1, 0.3, 0.6};
+const std::vector<double> kMoeKeep = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1};
+
 std::vector<OpCase> moe_cases() {
   const Tolerance f32_tol{1e-5, 1e-6}, half_tol{1.0 / 256, 1e-5};
   return {
@@ -472,6 +481,45 @@ std::vector<OpCase> moe_cases() {
          OP(moe_top_k)(io.bits("sel", i32, {3, 2}), io.normal("weight", f32, {3, 2}), scores, Tensor(), true);
          OP(moe_top_k)(io.bits("sel_b", i32, {3, 2}), io.normal("weight_b", f32, {3, 2}), scores,
                        io.tensor("bias", f32, {4}, {0.0, -0.5, 0.0, 0.3}), false);
+       }},
+      {"moe_router_scores", kOnlyF32, f32_tol, {},
+       [](Io& io, DType) {  // softmax and sigmoid scores of the same logits
+         const Tensor logits = io.normal("logits", f32, {5, 6}, 2.0);
+         OP(moe_router_scores)(io.bits("scores", f32, {5, 6}), io.bits("lse", f32, {5}), logits, false);
+         OP(moe_router_scores)(io.bits("sig", f32, {5, 6}), io.bits("sig_lse", f32, {5}), logits, true);
+       }},
+      {"moe_capacity", kOnlyF32, {}, {},
+       [](Io& io, DType) {  // ties broken by the earlier choice; two groups, one, and no capacity
+         const Tensor sel = io.tensor("sel", i32, {6, 2}, kMoeSel);
+         const Tensor scores = io.tensor("scores", f32, {6, 3}, kMoeScores);
+         OP(moe_capacity)(io.bits("keep", i32, {6, 2}), sel, scores, 3, 2);
+         OP(moe_capacity)(io.bits("keep_one", i32, {6, 2}), sel, scores, 6, 1);
+         OP(moe_capacity)(io.bits("keep_all", i32, {6, 2}), sel, scores, 3, -1);
+       }},
+      {"moe_assign_rows", kOnlyF32, {}, {},
+       [](Io& io, DType) {
+         OP(moe_assign_rows)(io.tensor("rows", i32, {6, 2}, kMoeKeep), io.bits("counts", DType::i64, {3}),
+                             io.tensor("sel", i32, {6, 2}, kMoeSel));
+       }},
+      {"moe_group_stats", kOnlyF32, {1e-6, 1e-7}, {},
+       [](Io& io, DType) {
+         const Tensor sel = io.tensor("sel", i32, {6, 2}, kMoeSel);
+         const Tensor scores = io.tensor("scores", f32, {6, 3}, kMoeScores);
+         OP(moe_group_stats)(io.bits("count", f32, {2, 3}), io.bits("score_sum", f32, {2, 3}), sel, scores, 3, false);
+         OP(moe_group_stats)(io.bits("sig_count", f32, {3, 3}), io.bits("sig_sum", f32, {3, 3}), sel, scores, 2, true);
+       }},
+      {"moe_router_backward", kOnlyF32, {1e-5, 1e-6}, {},
+       [](Io& io, DType) {  // softmax, normalised, aux + z; sigmoid, aux of groups split over two ranks (cp)
+         MoeRouterGrad g{io.normal("logits", f32, {6, 3}), io.normal("scores", f32, {6, 3}, 0.1, 0.4),
+                         io.normal("lse", f32, {6}, 0.5, 1.0), io.tensor("sel", i32, {6, 2}, kMoeSel),
+                         io.normal("weight", f32, {6, 2}, 0.1, 0.5), io.normal("dweight", f32, {6, 2}),
+                         io.tensor("count", f32, {2, 3}, {2, 3, 1, 0, 2, 4})};
+         g.group_tokens = 3, g.local_tokens = 3, g.aux_scale = 0.5, g.z_scale = 0.25, g.normalise = true;
+         OP(moe_router_backward)(io.bits("dlogits", f32, {6, 3}), g);
+         g.group_tokens = 6, g.sigmoid = true, g.normalise = false, g.z_scale = 0;
+         OP(moe_router_backward)(io.bits("sig_dlogits", f32, {6, 3}), g);
+         g.aux_scale = 0, g.count = Tensor(), g.z_scale = 0.1;
+         OP(moe_router_backward)(io.bits("no_aux_dlogits", f32, {6, 3}), g);
        }},
       {"moe_dispatch", kFloats, f32_tol, half_tol,
        [](Io& io, DType dt) {

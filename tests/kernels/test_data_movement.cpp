@@ -245,5 +245,66 @@ TEST(MoeTopK, MisuseThrowsNamingTheOpAndOperands) {
                {"moe_top_k", "bias"});
 }
 
+// Capacity, the dispatch plan and the balancing statistics of six tokens'
+// two choices of three experts, in routing groups of three tokens: expert
+// 0's choices in group 0 tie at 0.5 (tokens 0 and 1), expert 2's in group 1
+// at 0.6 (tokens 3 and 5); a capacity of 2 keeps the higher scores and, of a
+// tie, the earlier token (Megatron's drop policy).
+TEST(MoeRouting, CapacityKeepsTheHighestScoresTiesToTheEarlierTokenAndRowsGoByExpertThenToken) {
+  std::vector<int32_t> sel = {0, 1, 0, 2, 0, 1, 2, 1, 2, 0, 2, 1}, rows(12, -7);
+  std::vector<float> scores = {0.5f, 0.3f, 0.2f, 0.5f, 0.1f, 0.4f, 0.6f, 0.3f, 0.1f,
+                               0.1f, 0.3f, 0.6f, 0.2f, 0.1f, 0.7f, 0.1f, 0.3f, 0.6f};
+  const Tensor sl(sel.data(), DType::i32, {6, 2}), sc(scores.data(), DType::f32, {6, 3});
+  const Tensor r(rows.data(), DType::i32, {6, 2});
+  moe_capacity(r, sl, sc, 3, 2);
+  EXPECT_EQ(rows, (std::vector<int32_t>{1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1}));
+  std::vector<int64_t> counts(3, -1);
+  moe_assign_rows(r, Tensor(counts.data(), DType::i64, {3}), sl);
+  EXPECT_EQ(counts, (std::vector<int64_t>{3, 4, 3}));
+  EXPECT_EQ(rows, (std::vector<int32_t>{0, 3, -1, 7, 1, 4, 8, 5, 9, 2, -1, 6}));
+  moe_capacity(r, sl, sc, 6, 1);  // one group: each expert's best choice
+  EXPECT_EQ(rows, (std::vector<int32_t>{0, 1, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0}));
+  moe_capacity(r, sl, sc, 3, -1);
+  EXPECT_EQ(rows, std::vector<int32_t>(12, 1));
+  std::vector<float> count(6), sum(6);
+  moe_group_stats(Tensor(count.data(), DType::f32, {2, 3}), Tensor(sum.data(), DType::f32, {2, 3}), sl, sc, 3, false);
+  EXPECT_EQ(count, (std::vector<float>{3, 2, 1, 1, 2, 3}));
+  // Each sum in double over the group's tokens, rounded once.
+  auto sum3 = [](float a, float b, float c) { return static_cast<float>(double{a} + double{b} + double{c}); };
+  EXPECT_EQ(sum, (std::vector<float>{sum3(0.5f, 0.5f, 0.6f), sum3(0.3f, 0.1f, 0.3f), sum3(0.2f, 0.4f, 0.1f),
+                                     sum3(0.1f, 0.2f, 0.1f), sum3(0.3f, 0.1f, 0.3f), sum3(0.6f, 0.7f, 0.6f)}));
+}
+
+TEST(MoeRouting, ScoresAreTheSoftmaxOrSigmoidAndLseTheLogSumExp) {
+  std::vector<float> logits = {1.f, -2.f, 0.5f, 3.f}, scores(4), lse(1);
+  const Tensor l(logits.data(), DType::f32, {1, 4}), s(scores.data(), DType::f32, {1, 4});
+  const Tensor z(lse.data(), DType::f32, {1});
+  moe_router_scores(s, z, l, false);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v));
+  EXPECT_FLOAT_EQ(lse[0], static_cast<float>(std::log(sum)));
+  for (size_t e = 0; e < 4; ++e) EXPECT_FLOAT_EQ(scores[e], static_cast<float>(std::exp(logits[e]) / sum));
+  moe_router_scores(s, z, l, true);
+  EXPECT_FLOAT_EQ(lse[0], static_cast<float>(std::log(sum)));
+  for (size_t e = 0; e < 4; ++e) EXPECT_FLOAT_EQ(scores[e], static_cast<float>(1 / (1 + std::exp(-logits[e]))));
+}
+
+TEST(MoeRouting, MisuseAndBadIdsThrowNamingTheOpAndTheEntry) {
+  std::vector<int32_t> sel = {0, 1, 3, 0}, rows(4, 1);
+  std::vector<float> scores(6);
+  std::vector<int64_t> counts(3);
+  const Tensor sl(sel.data(), DType::i32, {2, 2}), sc(scores.data(), DType::f32, {2, 3});
+  const Tensor r(rows.data(), DType::i32, {2, 2}), c(counts.data(), DType::i64, {3});
+  expect_error([&] { moe_capacity(r, sl, sc, 1, 1); }, {"moe_capacity", "sel[1, 0] = 3", "[0, 3)"});
+  expect_error([&] { moe_assign_rows(r, c, sl); }, {"moe_assign_rows", "sel[1, 0] = 3"});
+  sel[2] = 2, rows[3] = 5;
+  expect_error([&] { moe_assign_rows(r, c, sl); }, {"moe_assign_rows", "rows[1, 1] = 5", "1 (kept) or 0"});
+  expect_error([&] { moe_capacity(r, sl, sc, 3, 1); }, {"moe_capacity", "groups of 3 tokens", "divide"});
+  std::vector<float> stats(6);
+  const Tensor count(stats.data(), DType::f32, {1, 3}), sums(stats.data() + 3, DType::f32, {1, 3});
+  expect_error([&] { moe_group_stats(count, sums, sl, sc, 1, false); },
+               {"moe_group_stats", "count"});
+}
+
 }  // namespace
 }  // namespace loom::kernels

@@ -64,8 +64,23 @@ class OnDeviceCommunicator final : public comm::Communicator {
     return host_->all_gather(on_host(out, "all_gather"), on_host(in, "all_gather"));
   }
   comm::WorkPtr broadcast(Tensor buf, int root) override { return host_->broadcast(on_host(buf, "broadcast"), root); }
-  comm::WorkPtr send(Tensor buf, int peer, int tag) override { return host_->send(on_host(buf, "send"), peer, tag); }
-  comm::WorkPtr recv(Tensor buf, int peer, int tag) override { return host_->recv(on_host(buf, "recv"), peer, tag); }
+  // NCCL has no tags: the messages between two ranks match in the order
+  // they are issued. So here every message travels with one tag, after a
+  // header holding the tag its sender gave, which the receive checks: a
+  // schedule that relies on tags to pair its messages fails here as it
+  // would on GPUs, by name instead of with another message's bytes.
+  comm::WorkPtr send(Tensor buf, int peer, int tag) override {
+    auto header = std::make_shared<int32_t>(tag);
+    comm::WorkPtr sent_header = host_->send(Tensor(header.get(), DType::i32, {1}), peer, kTagless);
+    return std::make_shared<Tagless>(sent_header, host_->send(on_host(buf, "send"), peer, kTagless), header, tag,
+                                     std::string());
+  }
+  comm::WorkPtr recv(Tensor buf, int peer, int tag) override {
+    auto header = std::make_shared<int32_t>(-1);
+    comm::WorkPtr got_header = host_->recv(Tensor(header.get(), DType::i32, {1}), peer, kTagless);
+    return std::make_shared<Tagless>(got_header, host_->recv(on_host(buf, "recv"), peer, kTagless), header, tag,
+                                     concat("communicator ", name(), " (emulated cuda): recv from ", peer));
+  }
   comm::WorkPtr all_to_all(Tensor out, Tensor in) override {
     return host_->all_to_all(on_host(out, "all_to_all"), on_host(in, "all_to_all"));
   }
@@ -79,6 +94,29 @@ class OnDeviceCommunicator final : public comm::Communicator {
   }
 
  private:
+  static constexpr int kTagless = 0;
+  // A message and its header; a receive checks the header's tag once it is here.
+  class Tagless final : public comm::Work {
+   public:
+    Tagless(comm::WorkPtr header, comm::WorkPtr body, std::shared_ptr<int32_t> tag_sent, int tag, std::string recv_at)
+        : header_(std::move(header)), body_(std::move(body)), tag_sent_(std::move(tag_sent)), tag_(tag),
+          recv_at_(std::move(recv_at)) {}
+    void wait() override {
+      header_->wait();
+      LOOM_REQUIRE(recv_at_.empty() || *tag_sent_ == tag_, recv_at_, " with tag ", tag_,
+                   " is matched, in NCCL's issue order, with the message sent with tag ", *tag_sent_,
+                   ": the two ranks post their messages in different orders");
+      body_->wait();
+    }
+    bool test() override { return header_->test() && body_->test(); }
+
+   private:
+    comm::WorkPtr header_, body_;
+    std::shared_ptr<int32_t> tag_sent_;
+    int tag_;
+    std::string recv_at_;  // empty for a send
+  };
+
   Tensor on_host(const Tensor& t, const char* op) const {
     LOOM_REQUIRE(t.device() == Device::cuda(0), "communicator ", name(), " (emulated cuda): ", op, " was given a ",
                  "tensor on ", device_name(t.device()), "; a GPU's communicator (NCCL) takes device memory only");

@@ -2,10 +2,10 @@
 // pools on the emulated device (the CPU's kernels as Device::cuda's, host
 // memory: tests/train/emulated_device.h) and the mesh over a communicator
 // that takes device tensors only (MPI underneath, as NCCL is under `loom
-// train --device cuda`). dp over every ZeRO stage and tp (with and without
-// sequence parallelism, and beside dp) must give bit for bit the losses,
-// gradient norms and final model of the same layout on the host, and no
-// collective may be handed a host tensor. What runs on a GPU (NCCL's own
+// train --device cuda`). dp over every ZeRO stage, tp (with and without
+// sequence parallelism, and beside dp), cp and MoE models (with ep) must
+// give bit for bit the losses, gradient norms and final model of the same
+// layout on the host, and no collective may be handed a host tensor. What runs on a GPU (NCCL's own
 // reductions, device memory) is tests/gpu's and tests/comm/mpi_test_nccl's.
 #include <gtest/gtest.h>
 
@@ -18,6 +18,7 @@
 #include "device_run.h"
 #include "emulated_device.h"
 #include "mesh/context.h"
+#include "model/config.h"
 #include "parallel/dp_run.h"
 #include "train/trainer.h"
 
@@ -94,18 +95,59 @@ TEST_F(DeviceMeshTest, TensorParallelOnTheDeviceEqualsTheHostWithAndWithoutSeque
   }
 }
 
-TEST_F(DeviceMeshTest, PipelinesAndContextParallelismOnTheDeviceAreRefusedClearly) {
-  if (world().size() != 2) GTEST_SKIP() << "checked at 2 ranks (pp 2, cp 2)";
-  for (const char* axis : {"pp", "cp"}) {
-    RunConfig c = dp_config(dir_, 1, 0, 2, 1);
-    (std::string(axis) == "pp" ? c.parallel.pp : c.parallel.cp) = 2;
-    try {
-      train_on(c, Device::cuda(0), std::string("refused_") + axis);
-      ADD_FAILURE() << axis << " 2 on the device: no error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("must be 1 (pipeline and context parallelism on GPUs"), std::string::npos)
-          << e.what();
-    }
+// A Mixtral-style model (8 experts of 2 layers, top-2, capacity 1 so that
+// choices drop, the z-loss and the balancing bias): its routing runs in the
+// kernels' moe_* ops on the device, the rows per expert and the statistics
+// read back, and under ep (every rank's tokens to the experts' ranks over
+// the device's communicator) as on the host.
+TEST_F(DeviceMeshTest, MixtureOfExpertsOnTheDeviceEqualsTheHostWithAndWithoutExpertParallelism) {
+  const int n = world().size();
+  for (const int64_t stage : {0, 3}) {
+    RunConfig c = dp_config(dir_, n, stage, 2, 1);
+    c.model = model::model_preset("llama-tiny");
+    c.model.n_layer = 2, c.model.vocab_size = 512, c.model.d_ff = 64;
+    c.model.n_expert = 8, c.model.top_k = 2, c.model.capacity_factor = 1.f;
+    c.model.z_loss_coef = 1e-3f, c.model.aux_free_rate = 1e-3f;
+    c.parallel.ep = 8 % n == 0 ? n : 1;
+    c.train.steps = 5;
+    expect_device_equals_host(c, "moe_dp" + std::to_string(n) + "_ep" + std::to_string(c.parallel.ep) + "_zero" +
+                                     std::to_string(stage));
+  }
+}
+
+// Context parallelism: ring (K, V and their gradients around the ring over
+// the device's communicator, which pairs messages in issue order as NCCL
+// does, not by tag: emulated_device.h) and all-gather, on zig-zag chunks,
+// beside dp; and a MoE model's routing groups spread over the cp ranks.
+TEST_F(DeviceMeshTest, ContextParallelismOnTheDeviceEqualsTheHost) {
+  const int n = world().size();
+  if (n % 2 != 0) GTEST_SKIP() << "cp needs an even number of ranks; this job has " << n;
+  // cp 4 where the job allows: a ring of 2 pairs its messages alike in either order.
+  const int cp = n % 4 == 0 ? 4 : 2;
+  for (const char* algo : {"ring", "allgather"}) {
+    RunConfig c = dp_config(dir_, n / cp, 1, 2, 1);
+    c.parallel.cp = cp, c.parallel.cp_algo = algo;
+    c.train.steps = 4;
+    expect_device_equals_host(c, "cp" + std::to_string(cp) + "_" + algo + "_dp" + std::to_string(n / cp));
+  }
+  RunConfig c = dp_config(dir_, n / 2, 0, 2, 1);
+  c.model = model::model_preset("llama-tiny");
+  c.model.n_layer = 2, c.model.vocab_size = 512, c.model.d_ff = 64;
+  c.model.n_expert = 4, c.model.top_k = 2, c.model.capacity_factor = 1.f, c.model.z_loss_coef = 1e-3f;
+  c.parallel.cp = 2;
+  c.train.steps = 4;
+  expect_device_equals_host(c, "moe_cp2_dp" + std::to_string(n / 2));
+}
+
+TEST_F(DeviceMeshTest, PipelinesOnTheDeviceAreRefusedClearly) {
+  if (world().size() != 2) GTEST_SKIP() << "checked at 2 ranks (pp 2)";
+  RunConfig c = dp_config(dir_, 1, 0, 2, 1);
+  c.parallel.pp = 2;
+  try {
+    train_on(c, Device::cuda(0), "refused_pp");
+    ADD_FAILURE() << "pp 2 on the device: no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be 1 (pipeline parallelism on GPUs"), std::string::npos) << e.what();
   }
 }
 
