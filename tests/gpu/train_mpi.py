@@ -4,8 +4,8 @@
 
 refusal: one more rank than the host has GPUs is refused at start, naming the
 ranks and GPUs (NCCL cannot place two ranks of one communicator on one GPU).
-layouts: on 2 GPUs, dp 2 (ZeRO 1 and 3) and tp 2 + SP train the quickstart's
-model on Brown 10 steps with the losses of the same layout on CPUs within
+layouts: on 2 GPUs, dp 2 (ZeRO 1 and 3), tp 2 + SP, cp 2 (ring) and, for a
+Mixtral-style variant, ep 2 train the quickstart's model on Brown 10 steps with the losses of the same layout on CPUs within
 1e-5 relative (fp32: the GPU's kernels and reduction order are not the CPU's).
 Exits 77 (skipped, the reason printed) without the GPUs either case needs.
 """
@@ -53,10 +53,14 @@ if case == "refusal":
         sys.exit("expected a refusal; stderr:\n" + p.stderr[-3000:])
     sys.exit(0)
 
+# A Mixtral-style variant of the quickstart's model (4 experts, top 2) for ep.
+moe = ["model.family=llama", "model.n_kv_head=4", "model.n_expert=4", "model.top_k=2"]
 ok = True
 for name, sets in [("dp2_zero1", ["parallel.dp=2", "parallel.zero_stage=1"]),
                    ("dp2_zero3", ["parallel.dp=2", "parallel.zero_stage=3"]),
-                   ("tp2_sp", ["parallel.tp=2", "parallel.sequence_parallel=true"])]:
+                   ("tp2_sp", ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+                   ("cp2_ring", ["parallel.cp=2"]),
+                   ("moe_ep2", moe + ["parallel.dp=2", "parallel.ep=2"])]:
     pc, cpu = train(2, "cpu", name + "_cpu", sets)
     pg, gpu = train(2, "cuda", name + "_gpu", sets)
     if pc.returncode or pg.returncode or len(cpu) != 10 or len(gpu) != 10:
