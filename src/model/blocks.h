@@ -189,8 +189,7 @@ struct MoeActs {
   Tensor bias32;           // (E) f32: the balancing bias, widened for moe_top_k
   Tensor count, score_sum;  // (groups, E) f32: training's balancing statistics (moe_group_stats)
   Tensor counts;           // (2E) i64: rows sent to each expert, received per (source rank, local expert)
-  std::vector<int64_t> plan;  // (2E + 2) on the host: counts, then the rows the rank's experts computed and
-                              // the rows it sent
+  std::vector<int64_t> plan;  // (2E + 1) on the host: counts, then the rows the rank's experts computed
   Tensor xs, ys;           // (N k, C): rows in dispatch order (by expert, then token), and their outputs
   Tensor xr;               // (R, C): ep > 1, rows as received (by source rank), then their outputs
   Tensor xe, ye;           // (R, C): the rank's rows in its experts' order, and the experts' outputs

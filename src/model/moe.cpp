@@ -36,7 +36,7 @@ std::vector<T> to_host(const Tensor& t) {
 
 // Where a layer's rows are, read from MoeActs::plan: per expert sent
 // [0, E), per (source rank, local expert) received [E, 2E), then the rows
-// this rank's experts computed and the rows it sent. The experts compute in
+// this rank's experts computed. The experts compute in
 // two chunks, each in the order of the local experts: chunk 0 the rank's own
 // rows (which need no exchange: they run while the others travel), chunk 1
 // the other ranks' (by source rank within an expert). Without ep chunk 0
@@ -46,7 +46,7 @@ struct RowPlan {
   std::vector<int64_t> send_rows, recv_rows;  // per ep rank
   std::array<std::vector<int64_t>, 2> off;    // per chunk (El + 1): each local expert's first row, experts' order
   int64_t self_send = 0;                      // the rank's own rows' first row in the send buffer
-  int64_t computed = 0, sent = 0;
+  int64_t computed = 0;
   int64_t begin(int chunk) const { return off[at(chunk)][0]; }
   int64_t rows(int chunk) const { return off[at(chunk)][at(El)] - begin(chunk); }
   // Chunk c's expert offsets counted from its first row.
@@ -79,7 +79,7 @@ RowPlan row_plan(const std::vector<int64_t>& plan, int64_t E, int P, int me) {
   }
   for (int64_t r = 0; r < P; ++r)
     for (int64_t le = 0; le < p.El; ++le) p.recv_rows[at(r)] += received(c, p, r, le);
-  p.computed = c[2 * E], p.sent = c[2 * E + 1];
+  p.computed = c[2 * E];
   return p;
 }
 
@@ -154,8 +154,8 @@ void cp_capacity(const MoeRun& run, const Tensor& rows, const Tensor& sel, const
 }
 
 // Router, top-k, capacity and the dispatch plan: fills a's logits ... rows,
-// counts[0, E) and plan[0, E) (sent per expert) and the sent total; returns
-// it. Counts the statistics when training.
+// counts[0, E) and plan[0, E) (sent per expert); returns the rows sent.
+// Counts the statistics when training.
 int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, const Dims& d, int64_t layer) {
   const ModelConfig& cfg = *run.cfg;
   const int64_t N = h.size(0), E = cfg.n_expert, k = cfg.top_k;
@@ -177,10 +177,9 @@ int64_t route(MoeRun& run, const Tensor& h, const LayerWeights& w, MoeActs& a, c
   // Rows by expert, then token: counts, then each kept choice's place.
   const Tensor sent_per_expert = a.counts.slice(0, 0, E);
   moe_assign_rows(rows, sent_per_expert, sel);
-  a.plan.assign(at(2 * E + 2), 0);
+  a.plan.assign(at(2 * E + 1), 0);
   copy_tensor(Tensor(a.plan.data(), DType::i64, {E}), sent_per_expert);
   const int64_t sent = std::accumulate(a.plan.begin(), a.plan.begin() + E, int64_t{0});
-  a.plan[at(2 * E + 1)] = sent;
   if (!run.training) return sent;
   routing_stats(run, a, N);  // again in a recompute: backward reads them
   if (run.recomputing) return sent;
