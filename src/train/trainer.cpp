@@ -51,16 +51,12 @@ comm::Communicator& checked_group(const char* key, int64_t expected, comm::Commu
   return group;
 }
 
-// What a run on a GPU does not do yet, refused before anything is built:
-// pipeline parallelism (dp, ZeRO, tp + SP, cp and ep run over the device's
-// communicator: NCCL under `loom train`; MoE layers route with the kernels'
-// moe_* ops), parameter servers, and no optimizer offload (the host is
-// where it would go).
+// What a run on a GPU does not do yet, refused before anything is built
+// (dp, ZeRO, tp + SP, cp, ep and pp run over the device's communicator:
+// NCCL under `loom train`; MoE layers route with the kernels' moe_* ops):
+// parameter servers, and optimizer offload (the host is where it would go).
 void require_device_layout(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  LOOM_REQUIRE(p.pp == 1, "train.device = ", cfg.train.device, " trains over dp (ZeRO 0-3), tp (+ sequence ",
-               "parallelism), cp and ep for now: parallel.pp = ", p.pp, " must be 1 (pipeline parallelism on GPUs ",
-               "is not yet available)");
   LOOM_REQUIRE(p.mode != "ps", "train.device = ", cfg.train.device, ": parameter-server training (parallel.mode = ps) ",
                "runs on CPUs only for now");
   LOOM_REQUIRE(!p.offload_optimizer, "train.device = ", cfg.train.device, ": parallel.offload_optimizer keeps ",

@@ -295,6 +295,27 @@ TEST_F(Nccl, SendAndRecvWithBothNeighboursDoNotDeadlock) {
   EXPECT_EQ(from_next.host(), filled<int32_t>(next, 513, 7));
 }
 
+// Messages between neighbours queue per pair and direction (p2p_links.h):
+// ranks 1 .. n-2 post a receive from the previous rank, then a send to the
+// next; rank n-1 sends to rank 0 only once its own receive is here, and rank
+// 0 to rank 1 only once that message is. Were the send queued behind the
+// receive on one stream, no rank could move.
+TEST_F(Nccl, NeighbourMessagesQueuePerPairSoAWaveAroundTheRingCompletes) {
+  Communicator& c = nccl();
+  const int n = c.size(), r = c.rank();
+  if (n < 3) GTEST_SKIP() << "a ring of 3 ranks or more; have " << n;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  DeviceVec<int32_t> out(filled<int32_t>(r, 4099)), in(4099);
+  if (r == 0 || r == n - 1) {
+    c.recv(in.tensor(), prev)->wait();
+    c.send(out.tensor(), next)->wait();
+  } else {
+    WorkPtr got = c.recv(in.tensor(), prev), sent = c.send(out.tensor(), next);
+    got->wait(), sent->wait();
+  }
+  EXPECT_EQ(in.host(), filled<int32_t>(prev, 4099));
+}
+
 // Block j of rank r's input holds value(r, 1000 j + k); rank i receives it
 // as block r of its output.
 TEST_F(Nccl, AllToAllAndAllToAllVDeliverEveryBlock) {

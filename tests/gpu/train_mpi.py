@@ -4,9 +4,11 @@
 
 refusal: one more rank than the host has GPUs is refused at start, naming the
 ranks and GPUs (NCCL cannot place two ranks of one communicator on one GPU).
-layouts: on 2 GPUs, dp 2 (ZeRO 1 and 3), tp 2 + SP, cp 2 (ring) and, for a
-Mixtral-style variant, ep 2 train the quickstart's model on Brown 10 steps with the losses of the same layout on CPUs within
-1e-5 relative (fp32: the GPU's kernels and reduction order are not the CPU's).
+layouts: on 2 GPUs, dp 2 (ZeRO 1 and 3), tp 2 + SP, cp 2 (ring), pp 2 (1F1B, and
+interleaved with 2 chunks a rank) and, for a Mixtral-style variant, ep 2 train
+the quickstart's model on Brown 10 steps with the losses of the same layout on
+CPUs within 1e-5 relative (fp32: the GPU's kernels and reduction order are not
+the CPU's).
 Exits 77 (skipped, the reason printed) without the GPUs either case needs.
 """
 import json, os, shutil, subprocess, sys
@@ -60,7 +62,10 @@ for name, sets in [("dp2_zero1", ["parallel.dp=2", "parallel.zero_stage=1"]),
                    ("dp2_zero3", ["parallel.dp=2", "parallel.zero_stage=3"]),
                    ("tp2_sp", ["parallel.tp=2", "parallel.sequence_parallel=true"]),
                    ("cp2_ring", ["parallel.cp=2"]),
-                   ("moe_ep2", moe + ["parallel.dp=2", "parallel.ep=2"])]:
+                   ("moe_ep2", moe + ["parallel.dp=2", "parallel.ep=2"]),
+                   ("pp2_1f1b", ["parallel.pp=2", "train.grad_accum=4", "train.micro_batch=2"]),
+                   ("pp2_interleaved", ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                                        "parallel.virtual_stages=2", "train.grad_accum=4", "train.micro_batch=2"])]:
     pc, cpu = train(2, "cpu", name + "_cpu", sets)
     pg, gpu = train(2, "cuda", name + "_gpu", sets)
     if pc.returncode or pg.returncode or len(cpu) != 10 or len(gpu) != 10:

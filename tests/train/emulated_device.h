@@ -4,7 +4,8 @@
 // that device (OnDeviceCommunicator): MPI underneath, but every tensor it is
 // given must be on the device, as NCCL's must be in GPU memory, so a host
 // tensor handed to a collective of a GPU run is an error here too. Used by
-// test_device_emulated.cpp (one process) and mpi_test_device.cpp (dp, tp).
+// test_device_emulated.cpp (one process) and mpi_test_device.cpp (every
+// layout over ranks).
 // What this cannot see is host code reading device memory directly (the
 // memory is the host's here); tests/gpu runs the same scenarios on a GPU.
 #pragma once
@@ -12,12 +13,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "emulated_p2p.h"
 #include "kernels/backend.h"
 
 namespace loom::test {
@@ -54,69 +57,54 @@ class OnDeviceCommunicator final : public comm::Communicator {
   Device device() const override { return Device::cuda(0); }
   const comm::Options& options() const override { return host_->options(); }
 
+  // The collectives: MPI's, issued one caller at a time (the p2p threads
+  // issue on host_ too; split is blocking, so it is not issued under the lock,
+  // and touches nothing those threads use).
   comm::WorkPtr all_reduce(Tensor buf, comm::ReduceOp op) override {
-    return host_->all_reduce(on_host(buf, "all_reduce"), op);
+    const Tensor b = on_host(buf, "all_reduce");
+    return locked([&] { return host_->all_reduce(b, op); });
   }
   comm::WorkPtr reduce_scatter(Tensor out, Tensor in, comm::ReduceOp op) override {
-    return host_->reduce_scatter(on_host(out, "reduce_scatter"), on_host(in, "reduce_scatter"), op);
+    const Tensor o = on_host(out, "reduce_scatter"), i = on_host(in, "reduce_scatter");
+    return locked([&] { return host_->reduce_scatter(o, i, op); });
   }
   comm::WorkPtr all_gather(Tensor out, Tensor in) override {
-    return host_->all_gather(on_host(out, "all_gather"), on_host(in, "all_gather"));
+    const Tensor o = on_host(out, "all_gather"), i = on_host(in, "all_gather");
+    return locked([&] { return host_->all_gather(o, i); });
   }
-  comm::WorkPtr broadcast(Tensor buf, int root) override { return host_->broadcast(on_host(buf, "broadcast"), root); }
-  // NCCL has no tags: the messages between two ranks match in the order
-  // they are issued. So here every message travels with one tag, after a
-  // header holding the tag its sender gave, which the receive checks: a
-  // schedule that relies on tags to pair its messages fails here as it
-  // would on GPUs, by name instead of with another message's bytes.
+  comm::WorkPtr broadcast(Tensor buf, int root) override {
+    const Tensor b = on_host(buf, "broadcast");
+    return locked([&] { return host_->broadcast(b, root); });
+  }
+  // Queued per stream as NCCL queues them: emulated_p2p.h.
   comm::WorkPtr send(Tensor buf, int peer, int tag) override {
-    auto header = std::make_shared<int32_t>(tag);
-    comm::WorkPtr sent_header = host_->send(Tensor(header.get(), DType::i32, {1}), peer, kTagless);
-    return std::make_shared<Tagless>(sent_header, host_->send(on_host(buf, "send"), peer, kTagless), header, tag,
-                                     std::string());
+    return p2p_.submit(true, on_host(buf, "send"), peer, tag);
   }
   comm::WorkPtr recv(Tensor buf, int peer, int tag) override {
-    auto header = std::make_shared<int32_t>(-1);
-    comm::WorkPtr got_header = host_->recv(Tensor(header.get(), DType::i32, {1}), peer, kTagless);
-    return std::make_shared<Tagless>(got_header, host_->recv(on_host(buf, "recv"), peer, kTagless), header, tag,
-                                     concat("communicator ", name(), " (emulated cuda): recv from ", peer));
+    return p2p_.submit(false, on_host(buf, "recv"), peer, tag);
   }
   comm::WorkPtr all_to_all(Tensor out, Tensor in) override {
-    return host_->all_to_all(on_host(out, "all_to_all"), on_host(in, "all_to_all"));
+    const Tensor o = on_host(out, "all_to_all"), i = on_host(in, "all_to_all");
+    return locked([&] { return host_->all_to_all(o, i); });
   }
   comm::WorkPtr all_to_all_v(Tensor out, std::span<const int64_t> out_counts, Tensor in,
                              std::span<const int64_t> in_counts) override {
-    return host_->all_to_all_v(on_host(out, "all_to_all_v"), out_counts, on_host(in, "all_to_all_v"), in_counts);
+    const Tensor o = on_host(out, "all_to_all_v"), i = on_host(in, "all_to_all_v");
+    return locked([&] { return host_->all_to_all_v(o, out_counts, i, in_counts); });
   }
-  comm::WorkPtr barrier() override { return host_->barrier(); }
+  comm::WorkPtr barrier() override {
+    return locked([&] { return host_->barrier(); });
+  }
   std::unique_ptr<comm::Communicator> split(int color, int key, const std::string& name) override {
-    return std::make_unique<OnDeviceCommunicator>(host_->split(color, key, name));
+    return std::make_unique<OnDeviceCommunicator>(host_->split(color, key, name));  // blocking: unlocked
   }
 
  private:
-  static constexpr int kTagless = 0;
-  // A message and its header; a receive checks the header's tag once it is here.
-  class Tagless final : public comm::Work {
-   public:
-    Tagless(comm::WorkPtr header, comm::WorkPtr body, std::shared_ptr<int32_t> tag_sent, int tag, std::string recv_at)
-        : header_(std::move(header)), body_(std::move(body)), tag_sent_(std::move(tag_sent)), tag_(tag),
-          recv_at_(std::move(recv_at)) {}
-    void wait() override {
-      header_->wait();
-      LOOM_REQUIRE(recv_at_.empty() || *tag_sent_ == tag_, recv_at_, " with tag ", tag_,
-                   " is matched, in NCCL's issue order, with the message sent with tag ", *tag_sent_,
-                   ": the two ranks post their messages in different orders");
-      body_->wait();
-    }
-    bool test() override { return header_->test() && body_->test(); }
-
-   private:
-    comm::WorkPtr header_, body_;
-    std::shared_ptr<int32_t> tag_sent_;
-    int tag_;
-    std::string recv_at_;  // empty for a send
-  };
-
+  template <typename F>
+  comm::WorkPtr locked(F&& f) {
+    std::lock_guard lock(issue_);
+    return f();
+  }
   Tensor on_host(const Tensor& t, const char* op) const {
     LOOM_REQUIRE(t.device() == Device::cuda(0), "communicator ", name(), " (emulated cuda): ", op, " was given a ",
                  "tensor on ", device_name(t.device()), "; a GPU's communicator (NCCL) takes device memory only");
@@ -124,6 +112,8 @@ class OnDeviceCommunicator final : public comm::Communicator {
     return Tensor(t.data(), t.dtype(), t.shape(), Device::cpu());
   }
   std::unique_ptr<comm::Communicator> host_;
+  std::mutex issue_;  // held for every call into host_
+  EmulatedP2p p2p_{*host_, issue_};  // before host_ goes: its threads drain into it
 };
 
 }  // namespace loom::test

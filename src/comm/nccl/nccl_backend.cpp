@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "comm/mpi_runtime.h"
 #include "comm/nccl/nccl_communicator.h"
@@ -95,14 +96,25 @@ WorkPtr make_nccl_work(std::shared_ptr<NcclState> state, NcclLink& link, std::st
 
 NcclState::~NcclState() {
   cudaSetDevice(device);
-  NcclLink* links[] = {&coll, &up, &down};
+  std::vector<NcclLink*> links = {&coll};
+  for (NcclLink& l : p2p) links.push_back(&l);
   for (NcclLink* l : links)
     if (l->stream) cudaStreamSynchronize(l->stream);
   for (NcclLink* l : links) {
     if (l->comm) ncclCommDestroy(l->comm);
     if (l->stream) cudaStreamDestroy(l->stream);
   }
-  if (barrier_buf) cudaFree(barrier_buf);
+  if (scratch) cudaFree(scratch);
+  if (compute_done) cudaEventDestroy(compute_done);
+}
+
+cudaError_t create_link_stream(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking);
+}
+
+void order_after_compute(NcclState& state, NcclLink& link, const std::string& what) {
+  cuda_require(cudaEventRecord(state.compute_done, cudaStreamLegacy), concat(what, ": cudaEventRecord"));
+  cuda_require(cudaStreamWaitEvent(link.stream, state.compute_done, 0), concat(what, ": cudaStreamWaitEvent"));
 }
 
 // Three unique ids (collectives, up, down) made on rank 0 travel through the
@@ -129,13 +141,14 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int 
   bootstrap_->broadcast(Tensor(words.data(), DType::i64, {static_cast<int64_t>(words.size())}), 0)->wait();
   std::memcpy(ids.data(), words.data(), sizeof(ids));
 
-  NcclLink* links[] = {&s.coll, &s.up, &s.down};
+  NcclLink* links[] = {&s.coll, &s.p2p[static_cast<int>(P2pLink::up)], &s.p2p[static_cast<int>(P2pLink::down)]};
   for (size_t i = 0; i < ids.size(); ++i) {
-    cuda_require(cudaStreamCreate(&links[i]->stream), "cudaStreamCreate");
+    cuda_require(create_link_stream(&links[i]->stream), "cudaStreamCreate");
     nccl_require(ncclCommInitRank(&links[i]->comm, s.size, ids[i], s.rank), nullptr,
                  concat("ncclCommInitRank for communicator '", s.name, "'"));
   }
-  cuda_require(cudaMalloc(&s.barrier_buf, sizeof(float)), "cudaMalloc of the barrier word");
+  cuda_require(cudaMalloc(&s.scratch, 5 * sizeof(float)), "cudaMalloc of the barrier word");
+  cuda_require(cudaEventCreateWithFlags(&s.compute_done, cudaEventDisableTiming), "cudaEventCreate");
 }
 
 int cuda_device_count(std::string* reason) {

@@ -4,23 +4,42 @@
 // found (the library loom_comm_nccl defines LOOM_HAVE_NCCL=1 for its users).
 //
 // How it maps the Communicator contract (comm/communicator.h):
-//   - Each communicator owns three NCCL communicators over the same ranks,
-//     each with its own CUDA stream: one for collectives, and one per
-//     direction of point-to-point traffic (lower -> higher rank, higher ->
-//     lower). So a send and a recv with the same peer (the pipeline's
-//     exchange) never wait for each other. NCCL has no tags: messages in one
-//     direction between two ranks match in issue order whatever their tag,
-//     and a rank cannot send to itself (loom::Error).
+//   - Each communicator owns NCCL communicators, each with its own CUDA
+//     stream: one over all its ranks for collectives, and point-to-point
+//     streams chosen by p2p_link (comm/p2p_links.h). On a stream an op
+//     starts once the op before it has finished, and a send may finish only
+//     once its receive has started, so the streams are split finely enough
+//     that this queueing adds no order the messages lack: messages between
+//     neighbours in rank order (r, r + 1 mod size: the pipeline's stages,
+//     the context-parallel ring) have a stream of their own per pair and
+//     direction (at size > 2, NCCL communicators of two ranks; at size 2 the
+//     two below). Other messages share one stream per direction (lower to
+//     higher rank, higher to lower) over all ranks. So a send and a recv
+//     with the same peer never wait for each other. NCCL has no tags:
+//     messages in one direction between two ranks match in issue order
+//     whatever their tag, and a rank cannot send to itself (loom::Error).
+//   - NCCL connects two ranks for point-to-point at their first message,
+//     blocking both hosts until the other arrives. So a communicator's first
+//     send or recv makes its neighbour links and connects every neighbour
+//     stream at once: it returns when both neighbours have issued their own
+//     first send or recv on this communicator (the pipeline's and the ring's
+//     first messages are such a point on every rank). A message to a
+//     non-neighbour connects that pair when it is first issued, as NCCL does.
 //   - An op is enqueued on its stream at once; its Work holds a CUDA event
 //     recorded after it. test() queries the event; wait() polls it with a
 //     backoff (sleeping, not spinning) until Options::timeout_s, then aborts
 //     the NCCL communicator and the whole job with a message naming the op,
 //     its sequence number and the communicator. An asynchronous NCCL error
 //     aborts the job the same way.
-//   - Ordering with compute: the streams are blocking streams, so an op runs
-//     after work already queued on the device's legacy default stream; work
-//     on other streams must be synchronised by the caller before the call.
-//     After wait() returns, the result is visible to every stream.
+//   - Ordering with compute: an op's stream first waits (a CUDA event)
+//     for everything already queued on the device's legacy default stream,
+//     where the CUDA backend's ops run, so it reads and writes its buffers
+//     after the compute issued before it. The streams are non-blocking, so
+//     compute queued later never waits for communication: a receive posted
+//     early (the pipeline's) holds no kernel back, and gradients reduce
+//     while the backward goes on. Work on other streams must be
+//     synchronised by the caller before the call. After wait() returns, the
+//     result is visible to every stream.
 //   - bf16 sums and averages accumulate in f32, as the contract says: on the
 //     op's stream the bf16 input is widened into f32 temporaries
 //     (cudaMallocAsync, freed with cudaFreeAsync on the same stream after

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <tuple>
 #include <vector>
 
 #include "comm/nccl/convert.h"
@@ -123,6 +124,7 @@ void enqueue_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, in
 template <typename F>
 WorkPtr NcclCommunicator::issue(NcclLink& link, std::string what, int64_t seq, F&& enqueue) {
   cuda_require(cudaSetDevice(state_->device), concat("cudaSetDevice(", state_->device, ")"));
+  order_after_compute(*state_, link, what);
   enqueue(link, what);
   return make_nccl_work(state_, link, std::move(what), seq);
 }
@@ -228,9 +230,9 @@ WorkPtr NcclCommunicator::broadcast(Tensor buf, int root) {
   });
 }
 
-// A message from a lower to a higher rank travels on `up`, the reverse on
-// `down`: a send and a recv between the same two ranks use different
-// streams, so neither waits for the other.
+// The stream a message takes: p2p_link (p2p_links.h). On the neighbour
+// links, NCCL communicators of two ranks, the lower-indexed member of the
+// pair (r, r + 1 mod size) is rank 0 and the other rank 1.
 WorkPtr NcclCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag) {
   const char* op = is_send ? "send" : "recv";
   const CallSite at{op, name(), size(), device()};
@@ -240,15 +242,79 @@ WorkPtr NcclCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag)
                " is this rank: the NCCL backend cannot send to itself");
   LOOM_REQUIRE(tag >= 0 && tag <= 32767, op, " on communicator '", name(), "': tag ", tag,
                " is out of range: allowed 0..32767");
-  const bool upward = is_send ? peer > rank() : peer < rank();
-  NcclLink& link = upward ? state_->up : state_->down;
+  if (!state_->p2p_connected) connect_p2p();
+  const P2pLink which = p2p_link(rank(), size(), peer, is_send);
+  const int link_peer = which == P2pLink::to_next || which == P2pLink::from_next   ? 1
+                        : which == P2pLink::to_prev || which == P2pLink::from_prev ? 0
+                                                                                   : peer;
+  NcclLink& link = state_->p2p[static_cast<int>(which)];
   std::string what = concat(op, "(", describe(buf), is_send ? ", to " : ", from ", peer, ", tag ", tag, ")");
   return issue(link, std::move(what), ++p2p_seq_, [&](NcclLink& l, const std::string& w) {
     const ncclDataType_t type = nccl_type(buf.dtype());
-    nccl_require(is_send ? ncclSend(buf.data(), buf.numel(), type, peer, l.comm, l.stream)
-                         : ncclRecv(buf.data(), buf.numel(), type, peer, l.comm, l.stream),
+    nccl_require(is_send ? ncclSend(buf.data(), buf.numel(), type, link_peer, l.comm, l.stream)
+                         : ncclRecv(buf.data(), buf.numel(), type, link_peer, l.comm, l.stream),
                  l.comm, w);
   });
+}
+
+// NCCL connects two ranks at their first message, blocking both hosts until
+// the other arrives; done here for every neighbour link at once, the way
+// nccl_backend.h promises. At size > 2 each rank first makes the two
+// neighbour links of the pair (rank, next) (unique ids made here and sent
+// to next through the bootstrap) and joins those of (prev, rank).
+void NcclCommunicator::connect_p2p() {
+  NcclState& s = *state_;
+  const std::string what = concat("connecting the point-to-point links of communicator '", s.name, "'");
+  cuda_require(cudaSetDevice(s.device), concat("cudaSetDevice(", s.device, ")"));
+  const auto link = [&](P2pLink l) -> NcclLink& { return s.p2p[static_cast<int>(l)]; };
+  struct Exchange {
+    P2pLink link;
+    bool is_send;
+    int peer;
+  };
+  std::vector<Exchange> exchanges;
+  if (s.size == 2) {
+    const int peer = 1 - s.rank;
+    exchanges = {{s.rank == 0 ? P2pLink::up : P2pLink::down, true, peer},
+                 {s.rank == 0 ? P2pLink::down : P2pLink::up, false, peer}};
+  } else if (s.size > 2) {
+    const int next = (s.rank + 1) % s.size, prev = (s.rank + s.size - 1) % s.size;
+    std::array<ncclUniqueId, 2> mine{}, theirs{};  // the pair's forward and backward links
+    for (ncclUniqueId& id : mine) nccl_require(ncclGetUniqueId(&id), nullptr, what);
+    constexpr int64_t kWords = sizeof(mine) / sizeof(int64_t);
+    static_assert(sizeof(mine) % sizeof(int64_t) == 0);
+    WorkPtr sent = bootstrap_->send(Tensor(mine.data(), DType::i64, {kWords}), next, 0);
+    bootstrap_->recv(Tensor(theirs.data(), DType::i64, {kWords}), prev, 0)->wait();
+    sent->wait();
+    const std::array<std::tuple<P2pLink, const ncclUniqueId*, int>, 4> joins = {{
+        {P2pLink::to_next, &mine[0], 0},
+        {P2pLink::from_next, &mine[1], 0},
+        {P2pLink::from_prev, &theirs[0], 1},
+        {P2pLink::to_prev, &theirs[1], 1},
+    }};
+    for (const auto& [l, id, pair_rank] : joins) cuda_require(create_link_stream(&link(l).stream), "cudaStreamCreate");
+    {
+      NcclGroup group(what);
+      for (const auto& [l, id, pair_rank] : joins)
+        nccl_require(ncclCommInitRank(&link(l).comm, 2, *id, pair_rank), nullptr, what);
+    }
+    exchanges = {{P2pLink::to_next, true, 1},
+                 {P2pLink::to_prev, true, 0},
+                 {P2pLink::from_next, false, 1},
+                 {P2pLink::from_prev, false, 0}};
+  }
+  {
+    NcclGroup group(what);
+    float* slot = s.scratch + 1;
+    for (const Exchange& e : exchanges) {
+      NcclLink& l = link(e.link);
+      nccl_require(e.is_send ? ncclSend(s.scratch, 1, ncclFloat32, e.peer, l.comm, l.stream)
+                             : ncclRecv(slot++, 1, ncclFloat32, e.peer, l.comm, l.stream),
+                   l.comm, what);
+    }
+  }
+  for (const Exchange& e : exchanges) cuda_require(cudaStreamSynchronize(link(e.link).stream), what);
+  s.p2p_connected = true;
 }
 
 WorkPtr NcclCommunicator::send(Tensor buf, int peer, int tag) { return issue_p2p(true, buf, peer, tag); }
@@ -291,7 +357,7 @@ WorkPtr NcclCommunicator::barrier() {
   std::string what = "barrier";
   check_same_collective({seq, kBarrier, 1, static_cast<int64_t>(DType::f32), -1}, what);
   return issue(state_->coll, std::move(what), seq, [&](NcclLink& l, const std::string& w) {
-    float* word = state_->barrier_buf;
+    float* word = state_->scratch;
     nccl_require(ncclAllReduce(word, word, 1, ncclFloat32, ncclSum, l.comm, l.stream), l.comm, w);
   });
 }

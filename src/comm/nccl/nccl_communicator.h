@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/p2p_links.h"
 
 namespace loom::comm {
 
@@ -31,14 +32,29 @@ struct NcclState {
   std::string name;
   Options options;
   NcclLink coll;  // collectives
-  NcclLink up;    // point-to-point from lower to higher rank
-  NcclLink down;  // point-to-point from higher to lower rank
-  float* barrier_buf = nullptr;  // one device float for barrier()
+  // Point-to-point, indexed by P2pLink (p2p_links.h): up (lower to higher
+  // rank) and down over all ranks, made with the communicator; at size > 2
+  // the four neighbour links, each an NCCL communicator of the two ranks of
+  // one pair and one direction, made at the first point-to-point op.
+  std::array<NcclLink, kP2pLinks> p2p;
+  bool p2p_connected = false;
+  // Device floats: [0] barrier()'s word and the connecting sends' source,
+  // [1..4] the connecting receives' destinations.
+  float* scratch = nullptr;
+  cudaEvent_t compute_done = nullptr;  // recorded on the legacy stream by order_after_compute
   NcclState() = default;
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
   ~NcclState();  // drains the streams, then frees everything
 };
+
+// Creates a link's stream: non-blocking (cudaStreamNonBlocking), so
+// compute on the legacy default stream never waits for it.
+cudaError_t create_link_stream(cudaStream_t* stream);
+// Queues on link's stream a wait for everything enqueued so far on the
+// legacy default stream (the CUDA backend's ops): an op reads and writes
+// its buffers only after the compute issued before it.
+void order_after_compute(NcclState& state, NcclLink& link, const std::string& what);
 
 // A Work for the ops just enqueued on link's stream: a CUDA event recorded
 // after them; seq and what name the op in watchdog messages.
@@ -47,7 +63,8 @@ WorkPtr make_nccl_work(std::shared_ptr<NcclState> state, NcclLink& link, std::st
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over `bootstrap` (whose ranks and name it takes): creates the
-  // three NCCL communicators from unique ids made on rank 0.
+  // NCCL communicators over all ranks (collectives, up, down) from unique
+  // ids made on rank 0; the neighbour links wait for the first send or recv.
   NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, const Options& options);
 
   int rank() const override { return state_->rank; }
@@ -76,6 +93,9 @@ class NcclCommunicator final : public Communicator {
   WorkPtr issue(NcclLink& link, std::string what, int64_t seq, F&& enqueue);
   void check_same_collective(CollDesc mine, const std::string& what);
   WorkPtr issue_p2p(bool is_send, Tensor buf, int peer, int tag);
+  // The first point-to-point op's set-up (nccl_backend.h): the neighbour
+  // links made and every link to a neighbour connected.
+  void connect_p2p();
 
   std::unique_ptr<Communicator> bootstrap_;  // same ranks; for split and checks
   std::shared_ptr<NcclState> state_;

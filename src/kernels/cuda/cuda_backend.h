@@ -6,9 +6,9 @@
 //
 // One GPU per process: register_cuda_backend(i) makes device i current, and
 // every cuda tensor of the process lives on it. Ops are enqueued on the
-// device's legacy default stream, the stream NCCL's blocking streams
-// (comm/nccl) order themselves after, so a collective on a tensor an op just
-// wrote needs no extra synchronisation. An op returns once its kernels are
+// device's legacy default stream, which the NCCL backend's streams
+// (comm/nccl) wait for at each op's issue, so a collective on a tensor an op
+// just wrote needs no extra synchronisation. An op returns once its kernels are
 // enqueued, except those that return a value to the host (sum_squares,
 // global_norm, all_finite, the cross-entropy losses, find_id_outside) and
 // those that check ids against a range (embedding, cross-entropy targets,
