@@ -91,19 +91,40 @@ void attention_case(Io& io, DType t) {
                      io.normal("dv", t, {2, T, NKV, HS}), io.normal("dout", t, {2, T, NH, HS}), q, k, v, out, lse);
 }
 
+// 70 queries at positions 230 .. 299 of 300 keys, GQA 8 over 2 heads.
+template <int64_t HS>
+void prefix_case(Io& io, DType t) {
+  const Tensor q = io.normal("q", t, {2, 70, 8, HS}), k = io.normal("k", t, {2, 300, 2, HS});
+  const Tensor v = io.normal("v", t, {2, 300, 2, HS});
+  const Tensor out = io.normal("out", t, {2, 70, 8, HS}), lse = io.normal("lse", f32, {2, 8, 70});
+  attention_forward(out, lse, q, k, v);
+  attention_backward(io.normal("dq", t, {2, 70, 8, HS}), io.normal("dk", f32, {2, 300, 2, HS}),
+                     io.normal("dv", t, {2, 300, 2, HS}), io.normal("dout", t, {2, 70, 8, HS}), q, k, v, out, lse);
+}
+
 // f16 keeps 3 more significand bits than bf16 (docs/numerics.md).
 Tolerance attention_tolerance(DType dt) {
   return dt == f32 ? Tolerance{1e-3, 1e-4} : dt == bf16 ? Tolerance{3e-2, 3e-2} : Tolerance{1e-2, 1e-2};
 }
 
 TEST(CudaLarge, AttentionForwardBackwardHs64Gqa) {
-  for (DType dt : {f32, bf16, f16})  // bf16 / f16: the tensor-core forward (attention_mma.cu)
+  for (DType dt : {f32, bf16, f16})  // bf16 / f16: the tensor-core kernels (attention_mma*.cu)
     check({"attention hs64", dt, attention_tolerance(dt), attention_case<257, 12, 4, 64>});
 }
 
 TEST(CudaLarge, AttentionForwardBackwardHs128) {
-  for (DType dt : {f32, bf16, f16})  // bf16 / f16: the tensor-core forward (attention_mma.cu)
+  for (DType dt : {f32, bf16, f16})  // bf16 / f16: the tensor-core kernels (attention_mma*.cu)
     check({"attention hs128", dt, attention_tolerance(dt), attention_case<130, 4, 4, 128>});
+}
+
+// 70 queries after 230 keys of prefix (a chunk of a longer sequence: the
+// key tiles before the first query's position, the query tiles that see
+// none of the later keys), gradients of mixed types: f32 dk, 16-bit dq, dv.
+TEST(CudaLarge, AttentionBackwardAfterAPrefixWithF32KeyGradients) {
+  for (DType dt : {bf16, f16}) {
+    check({"attention prefix hs64", dt, attention_tolerance(dt), prefix_case<64>});
+    check({"attention prefix hs128", dt, attention_tolerance(dt), prefix_case<128>});
+  }
 }
 
 TEST(CudaLarge, DecodeAgainstACacheAndARingBlock) {

@@ -10,8 +10,9 @@
 // output tile, columns tx + 16 j (j < NJ): the rows of its scores are the rows
 // of its outputs, so the softmax statistics it needs are its own. Arithmetic
 // is f32 FMA whatever the storage (f32 must meet 1e-4; no tensor cores). The
-// forward of 16-bit q, k, v at head sizes 64 and 128 goes to the tensor-core
-// kernel of attention_mma.cu instead (attention_mma_applies says when).
+// forward and backward of 16-bit q, k, v at head sizes 64 and 128 go to the
+// tensor-core kernels of attention_mma.cu and attention_mma_bwd.cu instead
+// (attention_mma_applies, attention_mma_backward_applies say when).
 //
 // Determinism: no float atomics. The backward computes D = rowsum(dO * O),
 // then dK, dV with one block per (b, kv head, key tile) looping over the
@@ -422,13 +423,15 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   DeviceTemp D(static_cast<size_t>(rows) * sizeof(float));
   const Grads gr{dout.data(), float_kind(dout.dtype()), lse.data_as<const float>(), D.as<const float>(),
                  opt(dq), opt(dk), opt(dv), opt_kind(dq), opt_kind(dk), opt_kind(dv)};
+  const unsigned warps_per_block = kThreads / 32;
+  rowdot_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0, stream()>>>(
+      D.as<float>(), dout.data(), float_kind(dout.dtype()), out.data(), float_kind(out.dtype()), g.B, g.Tq, g.NH, g.HS);
+  LOOM_CUDA_LAUNCHED();
+  if (attention_mma_backward_applies(dout, q, k, v))
+    return attention_backward_mma(dq, dk, dv, dout, q, k, v, lse, D.as<const float>(), g.off);
   with_head_tiles(op, g.HS, [&](auto nj) {
     constexpr int NJ = decltype(nj)::value, KB = kBwdRows<NJ>;
     constexpr size_t smem = bwd_smem<NJ, KB>();
-    const unsigned warps_per_block = kThreads / 32;
-    rowdot_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0, stream()>>>(
-        D.as<float>(), dout.data(), float_kind(dout.dtype()), out.data(), float_kind(out.dtype()), g.B, g.Tq, g.NH, g.HS);
-    LOOM_CUDA_LAUNCHED();
     if (dk.defined() || dv.defined()) {
       allow_smem(dkdv_kernel<NJ, KB>, smem);
       const dim3 grid(tiles(g.Tk, KB), static_cast<unsigned>(g.NKV), static_cast<unsigned>(g.B));

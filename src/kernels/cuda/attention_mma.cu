@@ -59,53 +59,6 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// The warp's 16 Q rows as A fragments, one per 16 columns of D.
-template <int D>
-__device__ __forceinline__ void load_q_frags(uint32_t (&qf)[D / 16][4], const uint16_t* Qw, int lane) {
-  // Matrices (rows +0, cols +0), (rows +8, cols +0), (+0, +8), (+8, +8): a0..a3.
-  const uint16_t* p = Qw + (lane % 8 + 8 * ((lane / 8) % 2)) * (D + 8) + 8 * (lane / 16);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], p + 16 * kk);
-}
-
-// s (16 x 64, C fragments of 8 key tiles) = the warp's Q rows . K tile rows.
-template <int D, bool kBf16>
-__device__ __forceinline__ void tile_scores(float (&s)[kKeys / 8][4], const uint32_t (&qf)[D / 16][4],
-                                            const uint16_t* Ks, int lane) {
-#pragma unroll
-  for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-  // Matrices (keys +0, d +0), (keys +0, d +8), (keys +8, d +0), (keys +8, d +8):
-  // b0, b1 of key tile 2p, then of 2p + 1.
-  const uint16_t* p = Ks + (lane % 8 + 8 * (lane / 16)) * (D + 8) + 8 * ((lane / 8) % 2);
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-    for (int pr = 0; pr < kKeys / 16; ++pr) {
-      uint32_t b[4];
-      ldsm_x4(b, p + 16 * pr * (D + 8) + 16 * kk);
-      mma16816<kBf16>(s[2 * pr], qf[kk], b[0], b[1]);
-      mma16816<kBf16>(s[2 * pr + 1], qf[kk], b[2], b[3]);
-    }
-}
-
-// acc (16 x D) += P (16 x 64, A fragments) . V tile (64, D).
-template <int D, bool kBf16>
-__device__ __forceinline__ void tile_pv(float (&acc)[D / 8][4], const uint32_t (&pf)[kKeys / 16][4],
-                                       const uint16_t* Vs, int lane) {
-  // Matrices (keys +0, d +0), (keys +8, d +0), (keys +0, d +8), (keys +8, d +8),
-  // transposed: b0, b1 of d tile 2p, then of 2p + 1.
-  const uint16_t* p = Vs + (lane % 8 + 8 * ((lane / 8) % 2)) * (D + 8) + 8 * (lane / 16);
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk)
-#pragma unroll
-    for (int pr = 0; pr < D / 16; ++pr) {
-      uint32_t b[4];
-      ldsm_x4_trans(b, p + 16 * kk * (D + 8) + 16 * pr);
-      mma16816<kBf16>(acc[2 * pr], pf[kk], b[0], b[1]);
-      mma16816<kBf16>(acc[2 * pr + 1], pf[kk], b[2], b[3]);
-    }
-}
-
 // The running softmax of the thread's two rows (g and g + 8 of the warp's
 // 16): m the max of the raw scores seen, l this thread's share of the sum
 // of exp(scale (s - m)) (summed over the quad at the end).
@@ -152,14 +105,7 @@ __device__ __forceinline__ void tile_softmax(float (&s)[kKeys / 8][4], RowStats&
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) acc[n][2 * i] *= alpha, acc[n][2 * i + 1] *= alpha;
   }
-  // Key tiles 2kk, 2kk + 1 of the C fragments are k columns 0-7, 8-15 of A.
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
-    pf[kk][0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
-    pf[kk][1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
-    pf[kk][2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pf[kk][3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  c_to_a_frags<kKeys, kBf16>(pf, s);
 }
 
 // out rows = acc / l, lse = scale m + log l, for the thread's two rows.
@@ -203,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(MmaGeo g) {
   cp_async_wait<2>();  // Q
   __syncthreads();
   uint32_t qf[D / 16][4];
-  load_q_frags<D>(qf, Qs + warp * 16 * LDS, lane);
+  load_a_frags<D>(qf, Qs + warp * 16 * LDS, lane);
   float acc[D / 8][4] = {};
   RowStats st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
   const float scale_log2 = g.scale * 1.4426950408889634f;
@@ -215,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(MmaGeo g) {
     cp_async_wait<1>();  // K(j0)
     __syncthreads();
     float s[kKeys / 8][4];
-    tile_scores<D, kBf16>(s, qf, Ks, lane);
+    frags_dot_rows<D, kKeys, kBf16>(s, qf, Ks, lane);
     __syncthreads();  // every warp is done with Ks
     if (n_next > 0) load_tile<D>(Ks, k + next * g.kst, g.kst, n_next);
     cp_async_commit();
@@ -230,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) forward_mma_kernel(MmaGeo g) {
     tile_softmax<D, kBf16>(s, st, acc, pf, mask, see, scale_log2, lane);
     cp_async_wait<1>();  // V(j0)
     __syncthreads();
-    tile_pv<D, kBf16>(acc, pf, Vs, lane);
+    frags_times_rows<D, kKeys, kBf16>(acc, pf, Vs, lane);
     __syncthreads();  // every warp is done with Vs
     if (n_next > 0) load_tile<D>(Vs, v + next * g.vst, g.vst, n_next);
     cp_async_commit();
@@ -270,6 +216,12 @@ bool attention_mma_applies(const Tensor& out, const Tensor& q, const Tensor& k, 
   const int64_t HS = q.size(3);
   return (dt == DType::bf16 || dt == DType::f16) && out.dtype() == dt && (HS == 64 || HS == 128) &&
          k.size(1) > 0 && rows_aligned(q) && rows_aligned(k) && rows_aligned(v) && aligned16(out.data());
+}
+
+// The backward's kernels (attention_mma_bwd.cu) also read dout as tiles of
+// q's type; dq, dk, dv may be of any float type (accumulated through f32).
+bool attention_mma_backward_applies(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v) {
+  return attention_mma_applies(dout, q, k, v);
 }
 
 // off: the resolved position of query 0 (>= 0); B, NH within the grid's limits.
