@@ -277,7 +277,16 @@ void pack_lanes(float* dst, const T* src, int64_t rows, int64_t K, int64_t steps
         V a[kVL];
         for (int64_t i = 0; i < kVL; ++i) a[i] = r0 + i < std::min(R, rows) ? load(src + (r0 + i) * K + k0) : vzero();
         transpose(a);
-        for (int64_t l = 0; l < kVL; ++l) store_first(dst + ((l0 + l) * steps + s) * R + r0, a[l], R - r0);
+        // A tile narrower than a vector (w's kNR rows) is stored whole where
+        // the spill lands on the next step of the same lane, which is written
+        // after it: masked stores cost ~10x a store on AMD Zen 2/3 (vmaskmovps),
+        // which made packing w most of a 64-row call there.
+        const bool whole = R - r0 >= kVL || s + 1 < steps;
+        for (int64_t l = 0; l < kVL; ++l) {
+          float* at = dst + ((l0 + l) * steps + s) * R + r0;
+          if (whole) vstore(at, a[l]);
+          else store_first(at, a[l], R - r0);
+        }
       }
     }
 }
