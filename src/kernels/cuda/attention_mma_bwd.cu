@@ -57,6 +57,14 @@ __device__ __forceinline__ void p_and_ds(bool visible, float s, float dp, float 
   ds = visible ? p * (dp - d) : 0.f;
 }
 
+// s (16 x N) = the warp's 16 rows from Aw . the N rows of Bs, transposed.
+template <int D, int N, bool kBf16>
+__device__ __forceinline__ void rows_dot_rows(float (&s)[N / 8][4], const uint16_t* Aw, const uint16_t* Bs, int lane) {
+  uint32_t af[D / 16][4];
+  load_a_frags<D>(af, Aw, lane);
+  frags_dot_rows<D, N, kBf16>(s, af, Bs, lane);
+}
+
 // p[i] += x, rounded once.
 __device__ __forceinline__ void add_to(void* p, int kind, int64_t i, float x) {
   store_as(p, kind, i, load_as(p, kind, i) + x);
@@ -115,13 +123,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_mma_kernel(BwdGeo g) {
       cp_async_wait<0>();
       __syncthreads();
       float st[QT / 8][4], dpt[QT / 8][4];  // keys x queries
-      {
-        uint32_t af[D / 16][4];
-        load_a_frags<D>(af, Ks + warp * 16 * LD, lane);
-        frags_dot_rows<D, QT, kBf16>(st, af, Qs, lane);
-        load_a_frags<D>(af, Vs + warp * 16 * LD, lane);
-        frags_dot_rows<D, QT, kBf16>(dpt, af, dOs, lane);
-      }
+      rows_dot_rows<D, QT, kBf16>(st, Ks + warp * 16 * LD, Qs, lane);
+      rows_dot_rows<D, QT, kBf16>(dpt, Vs + warp * 16 * LD, dOs, lane);
 #pragma unroll
       for (int n = 0; n < QT / 8; ++n)
 #pragma unroll
@@ -178,13 +181,8 @@ __global__ void __launch_bounds__(kThreads) dq_mma_kernel(BwdGeo g) {
     cp_async_wait<0>();
     __syncthreads();
     float s[KT / 8][4], dp[KT / 8][4];  // queries x keys
-    {
-      uint32_t af[D / 16][4];
-      load_a_frags<D>(af, Qs + warp * 16 * LD, lane);
-      frags_dot_rows<D, KT, kBf16>(s, af, Ks, lane);
-      load_a_frags<D>(af, dOs + warp * 16 * LD, lane);
-      frags_dot_rows<D, KT, kBf16>(dp, af, Vs, lane);
-    }
+    rows_dot_rows<D, KT, kBf16>(s, Qs + warp * 16 * LD, Ks, lane);
+    rows_dot_rows<D, KT, kBf16>(dp, dOs + warp * 16 * LD, Vs, lane);
 #pragma unroll
     for (int n = 0; n < KT / 8; ++n)
 #pragma unroll
