@@ -71,7 +71,7 @@ int disk_arrays(DType compute, const DpOptions& o) {
 // model's bookkeeping: a run too large is refused with a message instead of
 // killed by the OS. Returns whether DataParallel keeps master weights.
 bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& model, const DpOptions& o,
-                          Pools& pools) {
+                          Pools& pools, Pools& state) {
   const int stage = o.zero_stage;
   const DType compute = model.compute_dtype();
   int64_t S = 0;
@@ -89,11 +89,11 @@ bool allocate_shard_state(std::vector<GroupState>& groups, const model::Model& m
                              ">= 1 with parallel.dp > 1, parallel.tp, parallel.pp)");
   for (GroupState& g : groups) {
     const int64_t n = g.layout.shard_numel;
-    if (master && !o.disk.enabled) g.master = pools[MemTag::master].zeros(DType::f32, {n});
+    if (master && !o.disk.enabled) g.master = state[MemTag::master].zeros(DType::f32, {n});
     if (o.disk.params) continue;  // on disk: the slots of OffloadedShards instead
     if (stage >= 2) g.grad_shard = pools[MemTag::grads].zeros(DType::f32, {n});
     if (stage == 3) g.param_shard = pools[MemTag::params].zeros(compute, {n});
-    if (o.offload_optimizer) g.host_grads = pools[MemTag::optimizer].zeros(DType::f32, {n});
+    if (o.offload_optimizer) g.host_grads = state[MemTag::optimizer].zeros(DType::f32, {n});
   }
   return master;
 }
@@ -159,7 +159,9 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& dp, comm::Co
   LOOM_REQUIRE(!opt_.disk.params || (opt_.disk.enabled && stage == 3),
                "DataParallel: the parameter and gradient shards go to disk under ZeRO stage 3 only (this is stage ",
                stage, ")");
-  im.has_master = allocate_shard_state(im.groups, model, opt_, pools);
+  LOOM_REQUIRE(opt_.host_state == nullptr || (opt_.offload_optimizer && opt_.host_state->device().is_cpu()),
+               "DataParallel: DpOptions::host_state holds an offloaded optimizer's state on the host (offload_optimizer)");
+  im.has_master = allocate_shard_state(im.groups, model, opt_, pools, state_pools());
   if (opt_.disk.enabled) {
     LOOM_REQUIRE(!opt_.offload_optimizer && opt_.optimizer_state_floats > 0 && opt_.exchange == nullptr,
                  "DataParallel: an optimizer offloaded to disk keeps its state here (not with offload_optimizer, ",
@@ -194,6 +196,8 @@ DataParallel::~DataParallel() {
 }
 
 int DataParallel::num_groups() const { return static_cast<int>(impl_->groups.size()); }
+
+Pools& DataParallel::state_pools() const { return opt_.host_state ? *opt_.host_state : impl_->pools; }
 
 const GroupLayout& DataParallel::group(int g) const {
   LOOM_CHECK(g >= 0 && g < num_groups(), "parameter group ", g, " of ", num_groups());

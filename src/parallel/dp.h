@@ -54,11 +54,12 @@
 // parameters every rank's again (update_finish).
 //
 // offload_optimizer: master weights (and the optimizer's state) live in host
-// memory (pools[master], pools[optimizer] on the CPU) and the update runs
-// there on a host copy of the gradient shard; the updated weights are then
-// written to the model's parameters. On a CPU-only run the copies are host
-// to host: it gives the same numbers, and matters once the model runs on a
-// GPU.
+// memory (pools[master], pools[optimizer] of the state pools: state_pools())
+// and the update runs there on a host copy of the gradient shard; the
+// updated weights, rounded on the host, are then copied to the model's
+// parameters. On a CPU-only run the copies are host to host: it gives the
+// same numbers. Beside a model on a GPU (DpOptions::host_state) the copies
+// cross PCIe: the gradient shard down, the weights up, each once a step.
 #pragma once
 
 #include <cstdint>
@@ -81,6 +82,11 @@ struct DpOptions {
   int zero_stage = 0;        // 0 (DDP) to 3 (FSDP)
   double bucket_mb = 25.0;   // stages 0-2: f32 gradient bytes per bucket, in MiB
   bool offload_optimizer = false;
+  // offload_optimizer beside a model on a device (ZeRO-Offload): host pools
+  // for the master weights, the gradients' host copy and the optimizer's
+  // state, while the model's pools are the device's. Null: the pools
+  // DataParallel is given.
+  Pools* host_state = nullptr;
   // parallel.offload = optimizer: the master weights (when kept apart from
   // the parameters: bf16 / f16 compute) and the optimizer's state live in
   // an offload file and stream through disk.budget_bytes of buffers during
@@ -177,6 +183,9 @@ class DataParallel : public model::StepHooks {
   DataParallel& operator=(const DataParallel&) = delete;
 
   const DpOptions& options() const { return opt_; }
+  // Where the master weights and the optimizer's state live: the pools of
+  // DpOptions::host_state, else those DataParallel was given.
+  Pools& state_pools() const;
   // DpOptions::exchange, from now on (null: the group's all-reduce again);
   // a loom::Error above stage 0 or with several groups.
   void set_exchange(GradientExchange* exchange);

@@ -34,7 +34,7 @@ void DataParallel::pack_master(int g, Tensor out, int64_t shard_offset) const {
     if (lo >= hi) continue;
     Tensor dst = out.slice(0, lo - shard_offset, hi - lo);
     if (impl_->has_master && impl_->disk) impl_->disk->read_range(g, 0, lo, dst);
-    else if (impl_->has_master) kernels::cast(dst, Tensor(gs.master).slice(0, lo, hi - lo));
+    else if (impl_->has_master) copy_between(dst, Tensor(gs.master).slice(0, lo, hi - lo));  // f32 both
     else if (opt_.zero_stage == 3) read_param_shard(gs, static_cast<int>(b), dst, lo - s.shard_offset);
     else
       for_each_flat_run(gs.layout.space, s.offset + (lo - s.shard_offset), hi - lo,

@@ -20,6 +20,13 @@ inline double seconds_since(DpClock::time_point t) {
 
 inline int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
 
+// dst = src, of one dtype: kernels::copy on one device, copy_tensor between
+// the host and a device (offload_optimizer's state beside a GPU's model).
+inline void copy_between(Tensor dst, const Tensor& src) {
+  if (dst.device() == src.device()) kernels::copy(dst, src);
+  else copy_tensor(dst, src);
+}
+
 
 // The flat element of group index `index` (inside a run).
 int64_t flat_index(const GroupSpace& s, int64_t index);

@@ -17,7 +17,7 @@ void DataParallel::update_begin() {
     for (const ParamPiece& p : gs.layout.pieces) {
       const Tensor grad = opt_.zero_stage < 2 ? model_.grads().slice(0, p.offset, p.count)
                                               : Tensor(gs.grad_shard).slice(0, p.shard_offset, p.count);
-      kernels::copy(Tensor(gs.host_grads).slice(0, p.shard_offset, p.count), grad);
+      copy_between(Tensor(gs.host_grads).slice(0, p.shard_offset, p.count), grad);
     }
 }
 
@@ -28,7 +28,10 @@ UpdatePiece DataParallel::update_piece(int g, const ParamPiece& p) const {
 }
 
 void DataParallel::set_master(GroupState& gs, const Segment& s, const Tensor& src) {
-  if (!impl_->disk) return kernels::cast(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);
+  if (!impl_->disk) {
+    const Tensor master = Tensor(gs.master).slice(0, s.shard_offset, s.count);
+    return src.device() == master.device() ? kernels::cast(master, src) : copy_between(master, src);  // f32 both
+  }
   const auto g = static_cast<int>(&gs - impl_->groups.data());
   impl_->disk->write_range(g, 0, s.shard_offset, src);
 }

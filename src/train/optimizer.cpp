@@ -8,24 +8,44 @@
 namespace loom::train {
 
 AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools)
-    : dp_(dp), options_(options), deltas_pool_(&pools[MemTag::optimizer]) {
+    : dp_(dp), options_(options), deltas_pool_(&pools[MemTag::optimizer]),
+      state_pool_(&dp.state_pools()[MemTag::optimizer]) {
   if (!options.keeps_state) return;
   LOOM_CHECK(dp.options().optimizer_state_floats >= 2, "DataParallel counted ", dp.options().optimizer_state_floats,
              " optimizer floats per parameter; AdamW keeps 2");
   if (dp.state_on_disk()) return;  // the moments are the offload file's arrays 0 and 1 (zero until written)
   for (int g = 0; g < dp.num_groups(); ++g) {
     const int64_t S = dp.group(g).shard_numel;
-    m_.push_back(pools[MemTag::optimizer].zeros(DType::f32, {S}));
-    v_.push_back(pools[MemTag::optimizer].zeros(DType::f32, {S}));
+    m_.push_back(state_pool_->zeros(DType::f32, {S}));
+    v_.push_back(state_pool_->zeros(DType::f32, {S}));
   }
 }
 
 namespace {
 
+// param = master rounded to param's dtype; where the master weights are on
+// the host and param on a device (offload_optimizer beside a GPU's model),
+// rounded on the host into a buffer of `host` and copied over.
+void write_param(Tensor param, const Tensor& master, Pool& host) {
+  if (param.device() == master.device()) return kernels::cast(param, master);
+  OwnedTensor staged = host.empty(param.dtype(), param.shape());
+  kernels::cast(staged, master);
+  copy_tensor(param, staged);
+}
+
+// AdamW on piece u: the moments, the gradient and the master weights in one
+// place; the weights the model reads, if apart, written as write_param does.
+void adamw_piece(const parallel::UpdatePiece& u, Tensor m, Tensor v, const kernels::AdamWConfig& cfg, Pool& host) {
+  if (!u.param.defined() || u.param.device() == u.master.device())
+    return kernels::adamw_step(u.master, m, v, u.grad, u.param, cfg);
+  kernels::adamw_step(u.master, m, v, u.grad, Tensor(), cfg);
+  write_param(u.param, u.master, host);
+}
+
 // The deltas' elements inside piece p, added to its master weights and
 // rounded into its compute weights; on a device through a copy from `pool`.
 void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u, std::span<const ParamDelta> deltas,
-                  Pool& pool) {
+                  Pool& pool, Pool& host) {
   for (const ParamDelta& d : deltas) {
     const int64_t end = d.offset + static_cast<int64_t>(d.values.size());
     const int64_t lo = std::max(p.offset, d.offset), hi = std::min(p.offset + p.count, end);
@@ -39,7 +59,7 @@ void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
     }
     const Tensor master = u.master.slice(0, lo - p.offset, hi - lo);
     kernels::add(master, master, values);
-    if (u.param.defined()) kernels::cast(u.param.slice(0, lo - p.offset, hi - lo), master);
+    if (u.param.defined()) write_param(u.param.slice(0, lo - p.offset, hi - lo), master, host);
   }
 }
 
@@ -61,7 +81,7 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
                           std::span<const Tensor> state) {
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
       kernels::adamw_step(u.master, state[0], state[1], u.grad, u.param, cfg);
-      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_, *state_pool_);
     });
     return dp_.update_finish();
   }
@@ -70,9 +90,8 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
     for (const parallel::ParamPiece& p : dp_.group(g).pieces) {
       const parallel::UpdatePiece u = dp_.update_piece(g, p);
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
-      kernels::adamw_step(u.master, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), u.grad,
-                          u.param, cfg);
-      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_);
+      adamw_piece(u, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), cfg, *state_pool_);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_, *state_pool_);
     }
   }
   dp_.update_finish();

@@ -79,6 +79,7 @@ class AdamW {
   AdamWOptions options_;
   std::vector<OwnedTensor> m_, v_;  // per group, (S_g) f32
   Pool* deltas_pool_ = nullptr;     // a device run's bias deltas, staged onto the device
+  Pool* state_pool_ = nullptr;      // the moments' (DataParallel::state_pools: the host's under offload_optimizer)
   int64_t steps_ = 0;
 };
 

@@ -53,14 +53,12 @@ comm::Communicator& checked_group(const char* key, int64_t expected, comm::Commu
 
 // What a run on a GPU does not do yet, refused before anything is built
 // (dp, ZeRO, tp + SP, cp, ep and pp run over the device's communicator:
-// NCCL under `loom train`; MoE layers route with the kernels' moe_* ops):
-// parameter servers, and optimizer offload (the host is where it would go).
+// NCCL under `loom train`; MoE layers route with the kernels' moe_* ops;
+// offload_optimizer keeps the optimizer on the host): parameter servers.
 void require_device_layout(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
   LOOM_REQUIRE(p.mode != "ps", "train.device = ", cfg.train.device, ": parameter-server training (parallel.mode = ps) ",
                "runs on CPUs only for now");
-  LOOM_REQUIRE(!p.offload_optimizer, "train.device = ", cfg.train.device, ": parallel.offload_optimizer keeps ",
-               "the optimizer on the host, which a GPU run does not offer yet; set it to false");
 }
 
 }  // namespace
@@ -86,6 +84,10 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
   ChunkOptions chunks = chunk_options(cfg);
+  if (on_device && cfg.parallel.offload_optimizer) {
+    host_state_ = std::make_unique<Pools>(Device::cpu());
+    chunks.dp.host_state = host_state_.get();
+  }
   if (cfg.lora.adapters.enabled()) {
     const model::ModelDir base = model::load_model_dir(cfg.lora.base);
     lora_base_ = model::load_frozen_base(base, chunks.compute, ctx.pools, {mesh_.shape().tp, mesh_.coord().tp});

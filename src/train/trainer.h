@@ -186,6 +186,10 @@ class Trainer {
   // write and the model copies to the device (model/model.h's forward).
   MemoryTracker host_tracker_;
   Pool host_batches_{MemTag::activations, Device::cpu(), host_tracker_};
+  // ZeRO-Offload on a device (parallel.offload_optimizer): the host pools of
+  // the master weights, the gradients' host copy and AdamW's moments, apart
+  // from the device's (ctx.pools: its memory report is the GPU's).
+  std::unique_ptr<Pools> host_state_;  // before rank_: its DataParallel and AdamW allocate from it
   std::unique_ptr<model::FrozenWeights> lora_base_;  // before rank_: its models read it
   std::string lora_base_sha256_;
   RankChunks rank_;  // the rank's chunks (one without pipelining), their DataParallel, tp ops, pipeline

@@ -110,6 +110,21 @@ TEST_F(CudaTrainTest, MixtureOfExpertsFp32MatchesTheCpuAndRepeatsBitForBit) {
   EXPECT_EQ(a.model, b.model);
 }
 
+// ZeRO-Offload: the model on the GPU, AdamW's state and update on the host
+// (the gradients copied down, the rounded weights up each step): the CPU's
+// update on the GPU's gradients, so within the fp32 bound of the CPU run.
+TEST_F(CudaTrainTest, OptimizerOffloadedToTheHostMatchesTheCpu) {
+  RunConfig cfg = config();
+  cfg.parallel.offload_optimizer = true;
+  cfg.train.steps = 10;
+  const DeviceRun cpu = run_on(cfg, Device::cpu(), dir_ / "offload_cpu");
+  const DeviceRun dev = run_on(cfg, gpu(), dir_ / "offload_gpu");
+  ASSERT_EQ(cpu.losses.size(), 10u);
+  expect_close(cpu.losses, dev.losses, 1e-5, "offloaded fp32 losses");
+  expect_close(cpu.grad_norms, dev.grad_norms, 1e-4, "offloaded fp32 grad norms");
+  expect_close_weights(cpu.model, dev.model, 1e-4);
+}
+
 TEST_F(CudaTrainTest, AGpuRunRepeatedIsBitForBitTheSame) {
   RunConfig cfg = config();
   cfg.train.steps = 8;

@@ -83,6 +83,18 @@ TEST_F(DeviceMeshTest, DataParallelOnTheDeviceEqualsTheHostUnderEveryZeroStage) 
   }
 }
 
+// ZeRO-Offload: the optimizer's state and update on the host beside a model
+// on the device, under ZeRO-1 (the reduced gradients' shard copied down) and
+// ZeRO-3 (the sharded parameters written back up, then gathered).
+TEST_F(DeviceMeshTest, OptimizerOffloadedToTheHostEqualsTheHostUnderZero1And3) {
+  for (const int64_t stage : {1, 3}) {
+    RunConfig c = dp_config(dir_, world().size(), stage, 2, 2);
+    c.parallel.offload_optimizer = true;
+    c.train.steps = 4;
+    expect_device_equals_host(c, "offload_dp" + std::to_string(world().size()) + "_zero" + std::to_string(stage));
+  }
+}
+
 TEST_F(DeviceMeshTest, TensorParallelOnTheDeviceEqualsTheHostWithAndWithoutSequenceParallelism) {
   const int n = world().size();
   if (n % 2 != 0) GTEST_SKIP() << "tp 2 needs an even number of ranks; this job has " << n;

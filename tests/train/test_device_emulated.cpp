@@ -109,10 +109,36 @@ TEST_F(EmulatedDeviceTest, MixtureOfExpertsOnTheDeviceEqualsTheHostWithAndWithou
   }
 }
 
+// ZeRO-Offload: the model on the device, its master weights, AdamW's
+// moments and the gradients' copy on the host (DpOptions::host_state), the
+// update there and the rounded weights copied up: the same bits as the run
+// on the host (with the optimizer offloaded or not), for a dense model, a
+// MoE model whose balancing biases move in the update (the deltas), and
+// through a checkpoint that moves between the two.
+TEST_F(EmulatedDeviceTest, OptimizerOffloadedToTheHostEqualsTheHost) {
+  RunConfig cfg = config();
+  cfg.parallel.offload_optimizer = true;
+  const DeviceRun host = run_on(cfg, Device::cpu(), dir_ / "offload_host");
+  expect_same(host, run_on(cfg, device(), dir_ / "offload_dev"));
+  RunConfig kept = cfg;
+  kept.parallel.offload_optimizer = false;
+  expect_same(host, run_on(kept, Device::cpu(), dir_ / "kept_host"));
+  RunConfig moe = cfg;
+  moe.model = model::model_preset("llama-tiny");
+  moe.model.n_expert = 4, moe.model.top_k = 2, moe.model.capacity_factor = 1.f, moe.model.aux_free_rate = 1e-3f;
+  moe.train.steps = 8;
+  moe.train.eval_every = 4;
+  expect_same(run_on(moe, Device::cpu(), dir_ / "offload_moe_host"), run_on(moe, device(), dir_ / "offload_moe_dev"));
+  const DeviceRun chain_host = checkpoint_chain(cfg, dir_, "offload_chain_host", Device::cpu(), Device::cpu());
+  const DeviceRun chain_mixed = checkpoint_chain(cfg, dir_, "offload_chain_mixed", device(), Device::cpu());
+  EXPECT_EQ(chain_mixed.losses, chain_host.losses);
+  EXPECT_EQ(chain_mixed.model, chain_host.model);
+}
+
 TEST_F(EmulatedDeviceTest, WhatADeviceRunDoesNotDoYetIsRefusedClearly) {
-  RunConfig offload = config();
-  offload.parallel.offload_optimizer = true;
-  expect_refused([&] { run_on(offload, device(), dir_ / "offload"); }, "parallel.offload_optimizer");
+  RunConfig ps = config();
+  ps.parallel.mode = "ps";
+  expect_refused([&] { run_on(ps, device(), dir_ / "ps"); }, "parameter-server training");
 }
 
 }  // namespace
