@@ -160,7 +160,7 @@ DataParallel::DataParallel(model::Model& model, comm::Communicator& dp, comm::Co
                "DataParallel: the parameter and gradient shards go to disk under ZeRO stage 3 only (this is stage ",
                stage, ")");
   LOOM_REQUIRE(opt_.host_state == nullptr || (opt_.offload_optimizer && opt_.host_state->device().is_cpu()),
-               "DataParallel: DpOptions::host_state holds an offloaded optimizer's state on the host (offload_optimizer)");
+               "DataParallel: DpOptions::host_state is the host's pools of an offloaded optimizer (offload_optimizer)");
   im.has_master = allocate_shard_state(im.groups, model, opt_, pools, state_pools());
   if (opt_.disk.enabled) {
     LOOM_REQUIRE(!opt_.offload_optimizer && opt_.optimizer_state_floats > 0 && opt_.exchange == nullptr,

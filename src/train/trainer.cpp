@@ -84,10 +84,8 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
   ChunkOptions chunks = chunk_options(cfg);
-  if (on_device && cfg.parallel.offload_optimizer) {
-    host_state_ = std::make_unique<Pools>(Device::cpu());
-    chunks.dp.host_state = host_state_.get();
-  }
+  if (on_device && cfg.parallel.offload_optimizer) host_state_ = std::make_unique<Pools>(Device::cpu());
+  chunks.dp.host_state = host_state_.get();  // ZeRO-Offload beside a device's model; null otherwise
   if (cfg.lora.adapters.enabled()) {
     const model::ModelDir base = model::load_model_dir(cfg.lora.base);
     lora_base_ = model::load_frozen_base(base, chunks.compute, ctx.pools, {mesh_.shape().tp, mesh_.coord().tp});
