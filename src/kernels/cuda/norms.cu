@@ -3,7 +3,9 @@
 // computed in f32, stored in the operand's dtype (one RNE rounding; a
 // gradient is added as T(f32(dx) + g)).
 //
-// Forward and dx: one block per row, its sums by block_sum's fixed tree.
+// Forward and dx: one block per row, its sums by block_sum's fixed tree;
+// LayerNorm's backward of rows up to 1024 wide: one warp per row, its sums
+// by xor butterflies (layernorm_backward_warps_kernel).
 // dw / db are sums over rows, reduced without atomics: the rows are cut into
 // at most kRowBlocks fixed row blocks (a function of N alone), the block that
 // owns a row block sums its rows in order, each thread its own columns, into
@@ -165,6 +167,65 @@ __global__ void layernorm_backward_kernel(TDX* dx, float* partial, bool acc_in_s
   if (acc) save_acc(acc, partial, acc_in_shared, 2, C);
 }
 
+// The same for rows of at most 32 CPL elements, one warp per row: the row's
+// x and dy stay in registers (lane l holds columns l + 32 j; w is read
+// through L1, where the block's rows keep it), its two sums
+// are xor butterflies (no block barrier per row), and each warp adds its
+// rows' dw, db terms into registers. Block k (8 warps) owns rows
+// [block_begin(k), block_begin(k + 1)), warp v every 8th from the v-th; the
+// warps' sums are then added in warp order through shared memory (2 C
+// floats) into partial[k]. Every sum has a fixed order: reproducible.
+constexpr int kRowWarps = 8;
+template <typename T, typename TDY, typename TDX, int CPL>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    layernorm_backward_warps_kernel(TDX* dx, float* partial, const TDY* dy, const T* x, const T* w, const float* mean,
+                                    const float* rstd, int64_t N, int64_t n_blocks, int64_t C) {
+  extern __shared__ float shared[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t k = blockIdx.x;
+  float dw[CPL] = {}, db[CPL] = {};
+  for (int64_t r = block_begin(k, N, n_blocks) + warp; r < block_begin(k + 1, N, n_blocks); r += kRowWarps) {
+    const float m = mean[r], rs = rstd[r];
+    float xv[CPL], dyv[CPL], sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int64_t c = lane + 32 * j;
+      xv[j] = c < C ? to_float(x[r * C + c]) : 0.f;
+      dyv[j] = c < C ? to_float(dy[r * C + c]) : 0.f;
+      const float xhat = (xv[j] - m) * rs;  // past C, dy is 0: adds nothing
+      dw[j] += dyv[j] * xhat;
+      db[j] += dyv[j];
+      const float g = (c < C ? to_float(w[c]) : 0.f) * dyv[j];  // w from L1: registers go to the row
+      sum_g += g;
+      sum_gx += g * xhat;
+    }
+    if (!dx) continue;
+    const float mg = warp_sum(sum_g) / static_cast<float>(C);
+    const float mgx = warp_sum(sum_gx) / static_cast<float>(C);
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int64_t c = lane + 32 * j;
+      if (c >= C) continue;
+      const float g = rs * (to_float(w[c]) * dyv[j] - mg - (xv[j] - m) * rs * mgx);
+      dx[r * C + c] = from_float<TDX>(to_float(dx[r * C + c]) + g);
+    }
+  }
+  if (!partial) return;
+  for (int v = 0; v < kRowWarps; ++v) {  // the warps' sums in warp order
+    if (warp == v)
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        const int64_t c = lane + 32 * j;
+        if (c >= C) continue;
+        shared[c] = v == 0 ? dw[j] : shared[c] + dw[j];
+        shared[C + c] = v == 0 ? db[j] : shared[C + c] + db[j];
+      }
+    __syncthreads();
+  }
+  float* out = partial + k * 2 * C;
+  for (int64_t i = threadIdx.x; i < 2 * C; i += blockDim.x) out[i] = shared[i];
+}
+
 // ---- RMSNorm -------------------------------------------------------------------
 
 // One block per row: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps).
@@ -240,7 +301,11 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   const bool want_params = dw.defined() || db.defined();
   if (N == 0 || (!dx.defined() && !want_params)) return;
-  const int64_t n_blocks = backward_blocks(N, want_params);
+  // Rows of up to 1024 (GPT-2 to 350m): a warp per row; wider, a block.
+  const int cpl = static_cast<int>((C + 255) / 256 * 8);  // columns per lane, a multiple of 8
+  const bool by_warps = cpl <= 32;
+  const int64_t n_blocks = by_warps ? std::min((N + kRowWarps - 1) / kRowWarps, want_params ? kRowBlocks : N)
+                                    : backward_blocks(N, want_params);
   DeviceTemp partial(want_params ? static_cast<size_t>(n_blocks * 2 * C) * sizeof(float) : 0);
   with_float_type(x.dtype(), [&](auto tx) {
     using T = decltype(tx);
@@ -248,6 +313,21 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
       with_grad_type<T>(dx, [&](auto tdx) {
         using TDY = decltype(tdy);
         using TDX = decltype(tdx);
+        float* part = want_params ? partial.as<float>() : nullptr;
+        if (by_warps) {
+          const auto launch = [&](auto kernel) {
+            const size_t bytes = want_params ? 2 * static_cast<size_t>(C) * sizeof(float) : 0;
+            kernel<<<static_cast<unsigned>(n_blocks), 32 * kRowWarps, bytes, stream()>>>(
+                ptr<TDX>(dx), part, ptr<TDY>(dy), ptr<T>(x), ptr<T>(w), ptr<float>(mean), ptr<float>(rstd), N,
+                n_blocks, C);
+            LOOM_CUDA_LAUNCHED();
+          };
+          if (cpl == 8) launch(layernorm_backward_warps_kernel<T, TDY, TDX, 8>);
+          else if (cpl == 16) launch(layernorm_backward_warps_kernel<T, TDY, TDX, 16>);
+          else if (cpl == 24) launch(layernorm_backward_warps_kernel<T, TDY, TDX, 24>);
+          else launch(layernorm_backward_warps_kernel<T, TDY, TDX, 32>);
+          return;
+        }
         const auto kernel = layernorm_backward_kernel<T, TDY, TDX>;
         const size_t bytes = want_params ? 2 * static_cast<size_t>(C) * sizeof(float) : 0;
         const bool in_shared = fits_shared(kernel, bytes);
