@@ -63,15 +63,22 @@ void expect_close_weights(const std::vector<float>& cpu, const std::vector<float
   EXPECT_LE(worst, rel * scale);
 }
 
-TEST_F(CudaTrainTest, Gpt2Fp32TwentyStepsMatchTheCpu) {
-  const RunConfig cfg = config();
-  const DeviceRun cpu = run_on(cfg, Device::cpu(), dir_ / "cpu");
-  const DeviceRun dev = run_on(cfg, gpu(), dir_ / "gpu");
-  ASSERT_EQ(cpu.losses.size(), 20u);
-  expect_close(cpu.losses, dev.losses, 1e-5, "fp32 losses");
-  expect_close(cpu.val_losses, dev.val_losses, 1e-5, "fp32 val losses");
-  expect_close(cpu.grad_norms, dev.grad_norms, 1e-4, "fp32 grad norms");
+// An fp32 run of cfg on the CPU and on the GPU (out dirs name_cpu,
+// name_gpu): losses within 1e-5, grad norms 1e-4, the exported weights 1e-4
+// of the largest.
+void expect_gpu_matches_cpu(const RunConfig& cfg, const std::filesystem::path& dir, const std::string& name) {
+  const DeviceRun cpu = run_on(cfg, Device::cpu(), dir / (name + "_cpu"));
+  const DeviceRun dev = run_on(cfg, Device::cuda(0), dir / (name + "_gpu"));
+  ASSERT_EQ(cpu.losses.size(), static_cast<size_t>(cfg.train.steps));
+  expect_close(cpu.losses, dev.losses, 1e-5, (name + " fp32 losses").c_str());
+  expect_close(cpu.val_losses, dev.val_losses, 1e-5, (name + " fp32 val losses").c_str());
+  expect_close(cpu.grad_norms, dev.grad_norms, 1e-4, (name + " fp32 grad norms").c_str());
   expect_close_weights(cpu.model, dev.model, 1e-4);
+}
+
+TEST_F(CudaTrainTest, Gpt2Fp32TwentyStepsMatchTheCpu) {
+  ASSERT_EQ(config().train.steps, 20);
+  expect_gpu_matches_cpu(config(), dir_, "gpt2");
 }
 
 TEST_F(CudaTrainTest, LlamaBf16WithRecomputeMatchesTheCpu) {
@@ -98,12 +105,7 @@ TEST_F(CudaTrainTest, MixtureOfExpertsFp32MatchesTheCpuAndRepeatsBitForBit) {
   cfg.model = model::model_preset("llama-tiny");
   cfg.model.n_expert = 4, cfg.model.top_k = 2, cfg.model.capacity_factor = 1.f;
   cfg.model.z_loss_coef = 1e-3f, cfg.model.aux_free_rate = 1e-3f;
-  const DeviceRun cpu = run_on(cfg, Device::cpu(), dir_ / "moe_cpu");
-  const DeviceRun dev = run_on(cfg, gpu(), dir_ / "moe_gpu");
-  ASSERT_EQ(cpu.losses.size(), 20u);
-  expect_close(cpu.losses, dev.losses, 1e-5, "MoE fp32 losses");
-  expect_close(cpu.grad_norms, dev.grad_norms, 1e-4, "MoE fp32 grad norms");
-  expect_close_weights(cpu.model, dev.model, 1e-4);
+  expect_gpu_matches_cpu(cfg, dir_, "moe");
   cfg.train.steps = 6;
   const DeviceRun a = run_on(cfg, gpu(), dir_ / "moe_a"), b = run_on(cfg, gpu(), dir_ / "moe_b");
   EXPECT_EQ(a.losses, b.losses);
@@ -117,12 +119,7 @@ TEST_F(CudaTrainTest, OptimizerOffloadedToTheHostMatchesTheCpu) {
   RunConfig cfg = config();
   cfg.parallel.offload_optimizer = true;
   cfg.train.steps = 10;
-  const DeviceRun cpu = run_on(cfg, Device::cpu(), dir_ / "offload_cpu");
-  const DeviceRun dev = run_on(cfg, gpu(), dir_ / "offload_gpu");
-  ASSERT_EQ(cpu.losses.size(), 10u);
-  expect_close(cpu.losses, dev.losses, 1e-5, "offloaded fp32 losses");
-  expect_close(cpu.grad_norms, dev.grad_norms, 1e-4, "offloaded fp32 grad norms");
-  expect_close_weights(cpu.model, dev.model, 1e-4);
+  expect_gpu_matches_cpu(cfg, dir_, "offload");
 }
 
 TEST_F(CudaTrainTest, AGpuRunRepeatedIsBitForBitTheSame) {
