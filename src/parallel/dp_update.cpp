@@ -28,10 +28,7 @@ UpdatePiece DataParallel::update_piece(int g, const ParamPiece& p) const {
 }
 
 void DataParallel::set_master(GroupState& gs, const Segment& s, const Tensor& src) {
-  if (!impl_->disk) {
-    const Tensor master = Tensor(gs.master).slice(0, s.shard_offset, s.count);
-    return src.device() == master.device() ? kernels::cast(master, src) : copy_between(master, src);  // f32 both
-  }
+  if (!impl_->disk) return copy_between(Tensor(gs.master).slice(0, s.shard_offset, s.count), src);  // f32 both
   const auto g = static_cast<int>(&gs - impl_->groups.data());
   impl_->disk->write_range(g, 0, s.shard_offset, src);
 }

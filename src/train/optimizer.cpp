@@ -7,9 +7,8 @@
 
 namespace loom::train {
 
-AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools)
-    : dp_(dp), options_(options), deltas_pool_(&pools[MemTag::optimizer]),
-      state_pool_(&dp.state_pools()[MemTag::optimizer]) {
+AdamW::AdamW(parallel::DataParallel& dp, const AdamWOptions& options)
+    : dp_(dp), options_(options), state_pool_(&dp.state_pools()[MemTag::optimizer]) {
   if (!options.keeps_state) return;
   LOOM_CHECK(dp.options().optimizer_state_floats >= 2, "DataParallel counted ", dp.options().optimizer_state_floats,
              " optimizer floats per parameter; AdamW keeps 2");
@@ -43,9 +42,10 @@ void adamw_piece(const parallel::UpdatePiece& u, Tensor m, Tensor v, const kerne
 }
 
 // The deltas' elements inside piece p, added to its master weights and
-// rounded into its compute weights; on a device through a copy from `pool`.
+// rounded into its compute weights; `pool` (where the master weights live)
+// stages them onto a device, or the rounded weights off the host.
 void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u, std::span<const ParamDelta> deltas,
-                  Pool& pool, Pool& host) {
+                  Pool& pool) {
   for (const ParamDelta& d : deltas) {
     const int64_t end = d.offset + static_cast<int64_t>(d.values.size());
     const int64_t lo = std::max(p.offset, d.offset), hi = std::min(p.offset + p.count, end);
@@ -59,7 +59,7 @@ void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
     }
     const Tensor master = u.master.slice(0, lo - p.offset, hi - lo);
     kernels::add(master, master, values);
-    if (u.param.defined()) write_param(u.param.slice(0, lo - p.offset, hi - lo), master, host);
+    if (u.param.defined()) write_param(u.param.slice(0, lo - p.offset, hi - lo), master, pool);
   }
 }
 
@@ -80,8 +80,8 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
     dp_.stream_update([&](int, const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
                           std::span<const Tensor> state) {
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
-      kernels::adamw_step(u.master, state[0], state[1], u.grad, u.param, cfg);
-      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_, *state_pool_);
+      adamw_piece(u, state[0], state[1], cfg, *state_pool_);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *state_pool_);
     });
     return dp_.update_finish();
   }
@@ -91,7 +91,7 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
       const parallel::UpdatePiece u = dp_.update_piece(g, p);
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
       adamw_piece(u, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), cfg, *state_pool_);
-      if (!deltas.empty()) apply_deltas(p, u, deltas, *deltas_pool_, *state_pool_);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *state_pool_);
     }
   }
   dp_.update_finish();

@@ -4,7 +4,7 @@
 // every piece of each shard through the DataParallel's views:
 //
 //   DataParallel dp(model, mesh.dp(), mesh.tp(), dp_options, pools);
-//   AdamW adamw(dp, {.weight_decay = 0.1}, pools);
+//   AdamW adamw(dp, {.weight_decay = 0.1});
 //   ... forward, backward, norm = dp.grad_norm() ...
 //   adamw.step(lr, grad_scale);    // every rank of every group, collective
 #pragma once
@@ -43,11 +43,11 @@ struct AdamWOptions {
 
 class AdamW {
  public:
-  // Zero moments for each group's shard of dp from pools[optimizer] (host
-  // memory under offload_optimizer). dp must outlive this; its
+  // Zero moments for each group's shard of dp from dp.state_pools()'s
+  // pools[optimizer] (host memory under offload_optimizer). dp must outlive this; its
   // DpOptions::optimizer_state_floats must count the two moments (the
   // default does).
-  AdamW(parallel::DataParallel& dp, const AdamWOptions& options, Pools& pools);
+  AdamW(parallel::DataParallel& dp, const AdamWOptions& options);
 
   const AdamWOptions& options() const { return options_; }
   // One update of every group's shard with gradients times grad_scale
@@ -78,8 +78,10 @@ class AdamW {
   parallel::DataParallel& dp_;
   AdamWOptions options_;
   std::vector<OwnedTensor> m_, v_;  // per group, (S_g) f32
-  Pool* deltas_pool_ = nullptr;     // a device run's bias deltas, staged onto the device
-  Pool* state_pool_ = nullptr;      // the moments' (DataParallel::state_pools: the host's under offload_optimizer)
+  // DataParallel::state_pools' optimizer pool, on the master weights' device
+  // (the host's under offload_optimizer): the moments, and the staging of
+  // bias deltas onto a device or of rounded weights off the host.
+  Pool* state_pool_ = nullptr;
   int64_t steps_ = 0;
 };
 

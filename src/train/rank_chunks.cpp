@@ -190,7 +190,7 @@ RankChunks build_rank_chunks(const ChunkOptions& o, Context& ctx) {
         std::make_unique<parallel::DataParallel>(*rank.models.back(), ctx.mesh.dp_cp(), tp, dpo, ctx.pools));
     rank.dps.back()->init_params(o.seed);
     if (!o.lora_init.empty()) start_adapters_from(o, *rank.dps.back());
-    rank.optimizers.push_back(std::make_unique<AdamW>(*rank.dps.back(), o.adamw, ctx.pools));
+    rank.optimizers.push_back(std::make_unique<AdamW>(*rank.dps.back(), o.adamw));
   }
   if (pipelined) {
     rank.pipe = std::make_unique<parallel::PipelineRuntime>(*rank.schedule, pp, rank.model_ptrs(), ctx.pools);

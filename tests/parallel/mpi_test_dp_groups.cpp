@@ -185,7 +185,7 @@ void expect_group_means_and_norm(int stage, const ParamPredicate& in_world) {
 void expect_update_keeps_groups_consistent(int stage, const ParamPredicate& in_world) {
   set_num_threads(1);
   GroupedRun run(stage, in_world);
-  train::AdamW adamw(run.dp, {}, run.pools);
+  train::AdamW adamw(run.dp, {});
   run.dp.zero_grads();
   run.dp.begin_micro_batch(true);
   run_micro_batch(run.m, run.pools);

@@ -68,7 +68,7 @@ Measured run_steps(int stage, DType compute) {
     comm::SelfCommunicator no_tp("tp");
     DataParallel dp(m, world, no_tp, o, pools);
     dp.init_params(1);
-    train::AdamW adamw(dp, {}, pools);  // the moments, from pools[optimizer]
+    train::AdamW adamw(dp, {});  // the moments, from pools[optimizer] (dp's)
     OwnedTensor tokens = pools[MemTag::activations].empty(DType::i32, {kBatch, kSeq});
     OwnedTensor targets = pools[MemTag::activations].empty(DType::i32, {kBatch, kSeq});
     for (int step = 0; step < 2; ++step) {

@@ -30,7 +30,7 @@ TEST(AdamW, WeightDecayAppliesTo2DWeightsOnly) {
   o.weight_decay = 0.5;
   comm::SelfCommunicator alone;
   DataParallel dp(m, alone, alone, {}, pools);
-  AdamW adamw(dp, o, pools);
+  AdamW adamw(dp, o);
   dp.init_params(1);
   dp.zero_grads();  // zero gradients: the update is the decay alone
   const float wte0 = m.param("wte.weight").data_as<float>()[5];
@@ -60,7 +60,7 @@ std::vector<float> two_steps(const char* preset, int stage, DType compute, bool 
   comm::SelfCommunicator alone;
   DataParallel dp(m, alone, alone, o, pools);
   dp.init_params(3);
-  AdamW adamw(dp, {}, pools);
+  AdamW adamw(dp, {});
   OwnedTensor tok = pools[MemTag::activations].zeros(DType::i32, {2, 8});
   OwnedTensor tgt = pools[MemTag::activations].zeros(DType::i32, {2, 8});
   for (int64_t i = 0; i < 16; ++i) {
@@ -130,7 +130,7 @@ TEST(AdamW, LoadStateSetsTheMomentsAndTheUpdateCount) {
   model::Model m(model::model_preset("gpt2-tiny"), 1, 4, pools, {.storage = DataParallel::model_storage(1)});
   comm::SelfCommunicator alone;
   DataParallel dp(m, alone, alone, {.zero_stage = 1}, pools);
-  AdamW adamw(dp, {}, pools);
+  AdamW adamw(dp, {});
   const int64_t S = dp.shard_numel();
   std::vector<float> mv(static_cast<size_t>(2 * S));
   for (size_t i = 0; i < mv.size(); ++i) mv[i] = static_cast<float>(i % 97) * 0.25f;

@@ -313,10 +313,10 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
       with_grad_type<T>(dx, [&](auto tdx) {
         using TDY = decltype(tdy);
         using TDX = decltype(tdx);
-        float* part = want_params ? partial.as<float>() : nullptr;
+        const size_t bytes = want_params ? 2 * static_cast<size_t>(C) * sizeof(float) : 0;
         if (by_warps) {
+          float* part = want_params ? partial.as<float>() : nullptr;
           const auto launch = [&](auto kernel) {
-            const size_t bytes = want_params ? 2 * static_cast<size_t>(C) * sizeof(float) : 0;
             kernel<<<static_cast<unsigned>(n_blocks), 32 * kRowWarps, bytes, stream()>>>(
                 ptr<TDX>(dx), part, ptr<TDY>(dy), ptr<T>(x), ptr<T>(w), ptr<float>(mean), ptr<float>(rstd), N,
                 n_blocks, C);
@@ -329,7 +329,6 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
           return;
         }
         const auto kernel = layernorm_backward_kernel<T, TDY, TDX>;
-        const size_t bytes = want_params ? 2 * static_cast<size_t>(C) * sizeof(float) : 0;
         const bool in_shared = fits_shared(kernel, bytes);
         kernel<<<static_cast<unsigned>(n_blocks), row_threads(C), in_shared ? bytes : 0, stream()>>>(
             ptr<TDX>(dx), partial.as<float>(), in_shared, ptr<TDY>(dy), ptr<T>(x), ptr<T>(w), ptr<float>(mean),
