@@ -50,6 +50,8 @@
 #include "comm/self_communicator.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/trace.h"
+#include "kernels/op_trace.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/config_json.h"
@@ -106,6 +108,7 @@ struct Result {
   size_t rss_growth = 0;
   std::optional<DpFigures> dp;
   std::optional<TpFigures> tp;
+  std::string ops;  // --ops: the table of the traced steps' kernel ops
 };
 
 std::string tp_json(const Result& r) {
@@ -170,9 +173,14 @@ void print_table(const TrainBenchOptions& o, const Result& r) {
   std::printf("FLOPs per token %12.4g  = 6 N + 12 n_layer n_embd T\n", r.flops_per_token);
   std::printf("max RSS growth  %12.1f MiB\n\n%s", static_cast<double>(r.rss_growth) / (1024.0 * 1024.0),
               r.memory.table().c_str());
+  if (!r.ops.empty())
+    std::printf("\nkernel ops of %d more steps, each op timed on its own (--ops; the figures above are without):\n%s",
+                o.steps, r.ops.c_str());
 }
 
 void check_options(const TrainBenchOptions& o) {
+  LOOM_REQUIRE(!o.ops || (!o.json && o.moe == 0 && o.pp == 1 && !o.cp_bench), "bench train: --ops prints a table "
+               "after the dense, dp and tp figures: it does not go with --json, --moe, --pp or --cp");
   precision_dtype(o.dtype, "bench train: --dtype");  // a loom::Error for a name other than fp32, bf16, fp16
   LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
                " is invalid: allowed are 0, 1, 2 and 3");
@@ -486,6 +494,13 @@ int run_train_bench(const TrainBenchOptions& o) {
   r.mfu = r.flops_per_token * r.tokens_per_s / (r.peak_flops * o.tp);
   if (tp) r.tp = TpFigures{o.tp, o.sequence_parallel, median_of(t.tp_comm), median_of(t.tp_comm) / r.step.median};
   r.memory = pools.report();  // the steps' memory, before the communication-only measurement below
+  if (o.ops) {
+    TraceRecorder rec(rank, "bench train");
+    kernels::OpTracer tracer(rec);
+    for (int i = 0; i < o.steps; ++i)
+      train_step(m, dp, *chunks.optimizers[0], tokens, targets, scaler ? &*scaler : nullptr);
+    r.ops = tracer.table();
+  }
   // The data-parallel figures: in a job, or for a ZeRO stage run as a group of one.
   if (in_job || o.zero_stage != 0) r.dp = dp_figures(dp, *world, t, r.step.best, o.batch * o.seq);
   r.rss_growth = max_rss_bytes() - std::min(rss_before, max_rss_bytes());

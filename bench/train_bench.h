@@ -27,6 +27,9 @@ struct TrainBenchOptions {
                                     // fp16 with dynamic loss scaling)
   std::string recompute = "none";   // none | selective | full (model/model.h)
   bool json = false;                // one JSON Lines object instead of a table
+  // After the timed steps, `steps` more with every kernel op timed
+  // (kernels/op_trace.h), and their table of ops printed after the figures.
+  bool ops = false;
   int threads = 1;                  // recorded in the output
   // Data parallelism over the mpirun job's ranks (a plain process is a group of one).
   int zero_stage = 0;               // 0-3 (parallel/dp.h)

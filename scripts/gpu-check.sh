@@ -15,7 +15,8 @@
 #
 # OUT gets: gpu.txt (nvidia-smi), <test>.log and <test>.xml per GPU test,
 # bench_loom.jsonl, bench_torch.jsonl, train_<dtype>.jsonl / .log (loom's
-# metrics), torch_train_<dtype>.json, summary.txt. Exit status: 0 when every
+# metrics), torch_train_<dtype>.json, trace_ops_bf16.json / .log (a bf16 run's
+# kernel ops timed on the GPU), summary.txt. Exit status: 0 when every
 # test passed (a benchmark failure is reported in summary.txt, not fatal).
 # Limits, in seconds: LOOM_GPU_TEST_TIMEOUT (each test, 300),
 # LOOM_GPU_BENCH_TIMEOUT (each kernel bench, 200), LOOM_GPU_TRAIN_TIMEOUT
@@ -103,6 +104,13 @@ for dt in ${LOOM_GPU_TRAIN_DTYPES:-bf16 fp32}; do
     || note "torch train $dt failed: $(tail -3 "$out/torch_train_$dt.err")"
   note "torch train $dt: $(cut -c1-400 "$out/torch_train_$dt.json" 2>/dev/null)"
 done
+# Where a bf16 step's time goes: 6 steps with every kernel op timed on the
+# GPU (log.trace_ops: CUDA events around each op; trace_ops_bf16.json opens in
+# Perfetto) and the ops' table, most time first, in summary.txt.
+timeout "${LOOM_GPU_TRAIN_TIMEOUT:-150}" "$loom" train --config configs/gpt2-124m-gpu.toml --device cuda \
+  --set train.steps=6 --set log.peak_tflops=1 --set log.trace="$out/trace_ops_bf16.json" --set log.trace_ops=true \
+  >"$out/trace_ops_bf16.log" 2>&1 || note "loom train with log.trace_ops failed: $(tail -3 "$out/trace_ops_bf16.log")"
+sed -n '/kernel ops so far/,$p' "$out/trace_ops_bf16.log" | head -40 >>"$summary"
 # One archive of everything, for machines that hand back few files.
 tar -C "$out" -czf "$out.tar.gz" . && mv "$out.tar.gz" "$out/all.tar.gz"
 exit $status

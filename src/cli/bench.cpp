@@ -123,6 +123,9 @@ void add_bench_train(CLI::App& bench, int& exit_code, const std::string& command
       ->check(CLI::Range(1, 1024));
   add_train_parallel_options(*train, *opts);
   train->add_flag("--json", opts->json, "print one JSON Lines object");
+  train->add_flag("--ops", opts->ops,
+                  "then --steps more steps with every kernel op timed on its own, and a table of the ops (calls, "
+                  "time, share), most time first");
   train->callback([opts, threads, &exit_code] {
     set_num_threads(*threads);
     opts->threads = *threads;

@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom {
 
 struct TraceEvent {
   std::string name;
+  int tid = 0;          // the track within the process: 0 the recording thread
   double start_us = 0;  // since the recorder's start
   double dur_us = -1;   // -1 while the span is open
 };
@@ -37,13 +39,20 @@ class TraceRecorder {
   void begin(std::string_view name);
   // Closes the innermost open span; LOOM_CHECK that one is open.
   void end();
+  // Microseconds since the recorder's start.
+  double now_us() const;
+  // A span timed elsewhere, on track `tid` (> 0: not the recording thread's,
+  // whose spans nest by begin/end), named by name_track.
+  void add(std::string_view name, int tid, double start_us, double dur_us);
+  void name_track(int tid, std::string_view name);
 
   // In begin order, so a span comes before the spans nested in it.
   const std::vector<TraceEvent>& events() const { return events_; }
   int pid() const { return pid_; }
 
-  // One JSON object a line: the process_name metadata event, then every
-  // closed span as a complete event. Open spans are left out.
+  // One JSON object a line: the process_name and thread_name metadata
+  // events, then every closed span as a complete event. Open spans are left
+  // out.
   std::string jsonl() const;
 
  private:
@@ -52,6 +61,7 @@ class TraceRecorder {
   Clock::time_point start_;
   std::vector<TraceEvent> events_;
   std::vector<size_t> open_;  // indices into events_, innermost last
+  std::vector<std::pair<int, std::string>> track_names_;
 };
 
 // RAII span; a null recorder makes it a no-op (tracing off costs a branch).

@@ -110,7 +110,7 @@ const Backend& backend_of(const char* op, std::initializer_list<Operand> operand
     }
   }
   LOOM_CHECK(first != nullptr, op, ": dispatched without a defined operand");
-  if (const Backend* b = find_backend(first->t.device())) return *b;
+  if (const Backend* b = find_backend(first->t.device())) return *detail::traced_table(*b);
   no_backend(op, first->t.device(), describe(operands));
 }
 
@@ -122,7 +122,7 @@ const Backend& backend_of(const char* op, const char* name, std::span<const Tens
       fail(op, ": ", name, "[0] is on ", device_name(d), " but ", name, "[", i, "] is on ",
            device_name(tensors[i].device()), ": one call's operands share a device");
   }
-  if (const Backend* b = find_backend(d)) return *b;
+  if (const Backend* b = find_backend(d)) return *detail::traced_table(*b);
   no_backend(op, d, concat(tensors.size(), " tensors ", name, "[i]"));
 }
 

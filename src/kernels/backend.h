@@ -125,9 +125,20 @@ namespace loom::kernels {
   X(arange, void, (Tensor t, int64_t start))                                                                       \
   X(find_id_outside, IdOutside, (const Tensor& ids, int64_t limit, std::optional<int32_t> ignore_index))
 
+// A device's clock, for the op tracer (op_trace.h) on a device whose ops
+// run after the host has queued them: mark() records a point on the stream
+// the ops run on, elapsed_us(a, b) waits until the device reaches b and
+// gives the device's microseconds from a to b, release(m) ends a mark.
+struct DeviceClock {
+  void* (*mark)() = nullptr;
+  double (*elapsed_us)(void* from, void* to) = nullptr;
+  void (*release)(void* mark) = nullptr;
+};
+
 struct Backend {
   const char* name = nullptr;  // "cpu": in messages
   Device::Kind kind = Device::Kind::cpu;
+  const DeviceClock* clock = nullptr;  // null: an op's time is the host's (it ran before returning)
 #define LOOM_KERNEL_OP_ENTRY(op, ret, params) ret(*op) params = nullptr;
   LOOM_KERNEL_OPS(LOOM_KERNEL_OP_ENTRY)
 #undef LOOM_KERNEL_OP_ENTRY

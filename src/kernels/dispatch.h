@@ -20,6 +20,9 @@ const Backend& backend_of(const char* op, std::initializer_list<Operand> operand
 const Backend& backend_of(const char* op, const char* name, std::span<const Tensor> tensors);
 
 namespace detail {
+// `real`, or the op tracer's timing table in front of it on a thread whose
+// ops an OpTracer times (op_trace.h).
+const Backend* traced_table(const Backend& real);
 // Makes b (a level's table, cpu_isa.cpp) the backend of CPU tensors.
 void install_cpu_backend(const Backend* b);
 }  // namespace detail

@@ -295,6 +295,7 @@ const std::vector<KeySpec>& base_key_specs() {
       {"log", "metrics", [](R& c, const V& v) { c.log.metrics = v.string(); }},
       {"log", "every", [](R& c, const V& v) { c.log.every = v.integer(1, kMaxSteps); }},
       {"log", "trace", [](R& c, const V& v) { c.log.trace = v.string(); }},
+      {"log", "trace_ops", [](R& c, const V& v) { c.log.trace_ops = v.boolean(); }},
       {"log", "peak_tflops", [](R& c, const V& v) { c.log.peak_tflops = v.number(0, false, 1e6); }},
   };
   return specs;

@@ -121,6 +121,9 @@ struct LogConfig {
   std::string metrics;  // JSONL path; empty = none
   int64_t every = 1;    // progress line every N steps
   std::string trace;    // Chrome trace event JSON of the run (Perfetto, chrome://tracing); empty = none
+  // Every kernel op in the trace too (kernels/op_trace.h), on a GPU also its
+  // device time, and a table of the ops' time at the end; needs `trace`.
+  bool trace_ops = false;
   // Peak FLOP/s behind MFU, in TFLOP/s; 0 = measure an f32 GEMM at start-up.
   double peak_tflops = 0.0;
 };

@@ -148,6 +148,8 @@ void validate_run_config(const RunConfig& c, const std::string& source) {
                " is invalid: allowed values are <= train.lr = ", c.train.lr);
   LOOM_REQUIRE(c.checkpoint.every == 0 || !c.checkpoint.dir.empty(), source, ": checkpoint.dir is missing but ",
                "checkpoint.every = ", c.checkpoint.every, ": set checkpoint.dir or checkpoint.every = 0");
+  LOOM_REQUIRE(!c.log.trace_ops || !c.log.trace.empty(), source, ": log.trace is missing but log.trace_ops = true: ",
+               "set log.trace to the trace file the ops' spans go into");
   // Pipeline parallelism: enough layers for pp x virtual_stages stages, a
   // schedule that fits the micro-batches, and ZeRO 0-1 (as Megatron).
   {

@@ -74,7 +74,7 @@ nlohmann::ordered_json run_config_to_json(const RunConfig& c) {
                  {"base", c.lora.base}, {"init", c.lora.init}};
   }
   j["log"] = {{"metrics", c.log.metrics}, {"every", c.log.every}, {"trace", c.log.trace},
-              {"peak_tflops", c.log.peak_tflops}};
+              {"trace_ops", c.log.trace_ops}, {"peak_tflops", c.log.peak_tflops}};
   return j;
 }
 

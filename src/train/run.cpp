@@ -25,6 +25,7 @@
 #include "core/log.h"
 #include "core/stop_signal.h"
 #include "kernels/cpu_isa.h"
+#include "kernels/op_trace.h"
 #include "model/config_json.h"
 #include "train/checkpoint_dir.h"
 #include "train/trainer.h"
@@ -186,6 +187,13 @@ void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trac
   for (int r = 0; r < ranks; ++r) std::filesystem::remove(concat(path, ".rank", r));
 }
 
+// log.trace_ops: the ops' table, printed with the lead rank's progress (each
+// rank's ops are in its track of the trace); the ops run untimed from here on.
+void finish_op_trace(std::optional<kernels::OpTracer>& ops, bool print) {
+  if (!ops) return;
+  if (print) log_info("train: the kernel ops so far (log.trace_ops; this rank's):\n", ops->table());
+  ops.reset();
+}
 
 // A parameter-server worker's end (train/ps_server.h): the lead reports its
 // bytes per step, then the servers are told it is done.
@@ -398,6 +406,8 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const int64_t first_step = trainer.steps_done();
   const std::unique_ptr<TraceRecorder> trace = start_trace(cfg, trainer);
   trainer.set_trace(trace.get());
+  std::optional<kernels::OpTracer> ops;
+  if (trace && cfg.log.trace_ops) ops.emplace(*trace);
   Reporter reporter(quiet, options, trainer.flops_per_token(), summary.peak_flops, first_step);
   const bool eval = t.eval_every > 0;
   if (eval && first_step == 0) {
@@ -439,10 +449,12 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     if (eval && (s.step % t.eval_every == 0 || s.step == t.steps)) s.val_loss = trainer.evaluate();
     if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
     reporter.step(s, seconds_since(start), pools.report().peak_total);
+    if (ops) ops->flush();
     summary.steps.push_back(s);
     const int signal = s.step < t.steps ? agree_on_stop(trainer, stop.received()) : 0;
     if (s.step == t.steps) {
       trainer.set_trace(nullptr);
+      finish_op_trace(ops, options.progress);
       write_model();
     }
     const bool due = ckpt.every > 0 && !s.bad && (s.step % ckpt.every == 0 || s.step == t.steps || signal != 0);
@@ -456,6 +468,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   summary.seconds = seconds_since(start);
   if (trainer.ps()) finish_ps_worker(trainer, trainer.steps_done() - first_step, lead);
   if (trace) trainer.set_trace(nullptr);
+  finish_op_trace(ops, options.progress);
   const bool finished = summary.stop_signal == 0;
   if (trace) finish_trace(cfg.log.trace, trainer, *trace);
   if (!finished && lead) {

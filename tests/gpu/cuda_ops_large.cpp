@@ -6,12 +6,16 @@
 // of the CPU (widened where a sum runs over thousands of terms), and its two
 // runs bit for bit equal (ops.h: results are reproducible).
 #include <cmath>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/trace.h"
+#include "kernels/backend.h"
 #include "kernels/backend_ops_io.h"
+#include "kernels/op_trace.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -216,6 +220,51 @@ TEST(CudaLarge, AdamWAndNormsOverAMillionParameters) {
            adamw_step(io.normal("param", f32, {n}), io.normal("m", f32, {n}, 0.1), io.tensor("v", f32, {n}, v), grad,
                       io.normal("copy", bf16, {n}), cfg);
          }});
+}
+
+// The op tracer on a GPU (op_trace.h, log.trace_ops): each op's device span
+// comes from CUDA events on the compute stream. On one stream the spans
+// follow each other without overlapping, each begins no earlier than the
+// host queued it (give or take the clocks' meeting point, measured once), and
+// their sum is within the wall time of the calls and the flush.
+TEST(CudaLarge, OpTracerTimesEachOpOnTheDevice) {
+  Io io(Device::cuda(0), 11);
+  const Tensor x = io.normal("x", bf16, {8, 1024, 768}), w = io.normal("w", bf16, {3072, 768});
+  const Tensor q = io.normal("q", bf16, {8, 1024, 12, 64}), k = io.normal("k", bf16, {8, 1024, 12, 64});
+  const Tensor v = io.normal("v", bf16, {8, 1024, 12, 64});
+  Tensor y = io.normal("y", bf16, {8, 1024, 3072}), out = io.normal("out", bf16, {8, 1024, 12, 64});
+  Tensor lse = io.normal("lse", f32, {8, 12, 1024});
+  TraceRecorder rec(0, "gpu");
+  const double wall_start = rec.now_us();
+  {
+    OpTracer tracer(rec);
+    for (int i = 0; i < 3; ++i) {
+      linear_forward(y, x, w, Tensor());
+      attention_forward(out, lse, q, k, v);
+    }
+    tracer.flush();
+    const double wall = rec.now_us() - wall_start;
+    double device_sum = 0;
+    for (const char* op : {"linear_forward", "attention_forward"}) {
+      size_t i = 0;
+      while (std::string(backend_op_names()[i]) != op) ++i;
+      const OpTracer::Totals t = tracer.totals(i, Device::Kind::cuda);
+      EXPECT_EQ(t.calls, 3) << op;
+      EXPECT_GT(t.device_us, 0.0) << op;
+      device_sum += t.device_us;
+    }
+    EXPECT_LE(device_sum, wall);
+    std::cout << tracer.table();
+  }
+  std::vector<TraceEvent> host, device;
+  for (const TraceEvent& e : rec.events()) (e.tid == 0 ? host : device).push_back(e);
+  ASSERT_EQ(host.size(), 6u);
+  ASSERT_EQ(device.size(), 6u);
+  for (size_t i = 0; i < device.size(); ++i) {
+    EXPECT_EQ(device[i].name, host[i].name);
+    EXPECT_GE(device[i].start_us, host[i].start_us - 50) << i;  // 50 us: where the two clocks were set together
+    if (i > 0) EXPECT_GE(device[i].start_us, device[i - 1].start_us + device[i - 1].dur_us - 1) << i;
+  }
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import resource
+import sys
 import time
 
 import torch
@@ -110,6 +111,9 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--ops", action="store_true",
+                   help="then --steps more steps under torch.profiler, and its table of ops (CPU time, most first) "
+                        "on stderr: the reference of loom bench train --ops")
     p.add_argument("--flush-denormal", action="store_true",
                    help="torch.set_flush_denormal(True): subnormal floats read and written as 0 (FTZ/DAZ)")
     args = p.parse_args()
@@ -150,6 +154,12 @@ def main():
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+    if args.ops:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(args.steps):
+                step()
+        print(f"torch.profiler, {args.steps} more steps (the figures on stdout are without):", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), file=sys.stderr)
     times.sort()
     median = times[len(times) // 2]
     num_params = sum(p.numel() for p in model.parameters())

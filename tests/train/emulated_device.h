@@ -10,6 +10,7 @@
 // memory is the host's here); tests/gpu runs the same scenarios on a GPU.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -30,14 +31,27 @@ inline void emulated_free(int, void* p) { std::free(p); }
 inline void emulated_zero(int, void* p, size_t bytes) { std::memset(p, 0, bytes); }
 inline void emulated_copy(int, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
+// The device clock of the op tracer (kernels/op_trace.h): a mark is the
+// host's time, the device having run each op before it returned.
+inline void* emulated_mark() {
+  return new std::chrono::steady_clock::time_point(std::chrono::steady_clock::now());
+}
+inline double emulated_elapsed_us(void* from, void* to) {
+  using T = std::chrono::steady_clock::time_point;
+  return std::chrono::duration<double, std::micro>(*static_cast<T*>(to) - *static_cast<T*>(from)).count();
+}
+inline void emulated_release(void* mark) { delete static_cast<std::chrono::steady_clock::time_point*>(mark); }
+
 // Device::cuda(0)'s memory and kernels are the host's from here on.
 inline void register_emulated_device() {
   static constexpr DeviceMemory memory{emulated_allocate, emulated_free, emulated_zero,
                                        emulated_copy,     emulated_copy, emulated_copy};
+  static constexpr kernels::DeviceClock clock{emulated_mark, emulated_elapsed_us, emulated_release};
   static const kernels::Backend table = [] {
     kernels::Backend b = *kernels::find_backend(Device::cpu());
     b.name = "cpu kernels as cuda (test)";
     b.kind = Device::Kind::cuda;
+    b.clock = &clock;
     return b;
   }();
   register_device_memory(Device::Kind::cuda, memory);

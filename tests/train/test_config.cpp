@@ -263,6 +263,12 @@ TEST(RunConfigErrors, TensorParallelShapesThatCannotSplitSayWhatMustDivideWhat) 
   EXPECT_TRUE(ok.parallel.sequence_parallel);
 }
 
+TEST(RunConfigErrors, TraceOpsNeedsATraceFile) {
+  expect_error(kMinimal, {"log.trace_ops=true"}, {"log.trace is missing but log.trace_ops = true"});
+  expect_error(kMinimal, {"log.trace_ops=yes"}, {"log.trace_ops", "true, false"});
+  EXPECT_TRUE(parse_run_config(kMinimal, "run.toml", {"log.trace_ops=true", "log.trace=t.json"}).log.trace_ops);
+}
+
 TEST(RunConfigErrors, CheckpointEveryNeedsADir) {
   expect_error(kMinimal, {"checkpoint.every=100"}, {"checkpoint.dir is missing but checkpoint.every = 100"});
   EXPECT_EQ(parse_run_config(kMinimal, "run.toml", {"checkpoint.every=100", "checkpoint.dir=ckpt"}).checkpoint.every,

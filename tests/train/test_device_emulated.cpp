@@ -13,7 +13,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -61,6 +65,55 @@ TEST_F(EmulatedDeviceTest, LlamaInBf16WithRecomputeOnTheDeviceEqualsTheHost) {
   cfg.train.steps = 8;
   cfg.train.eval_every = 4;
   expect_same(run_on(cfg, Device::cpu(), dir_ / "host"), run_on(cfg, device(), dir_ / "dev"));
+}
+
+// log.trace_ops on a device: each op is also a span on the device track
+// (tid 1, named "device") from the device's clock, the emulation's being the
+// host's, so each device span lies within its op's host span (shifted by
+// where the two clocks were set together); the run's bits are the host's.
+TEST_F(EmulatedDeviceTest, TraceOpsTimesEachOpOnTheDeviceTrack) {
+  RunConfig cfg = config();
+  cfg.train.steps = 2;
+  cfg.train.eval_every = 0;
+  cfg.log.trace = (dir_ / "trace.json").string();
+  cfg.log.trace_ops = true;
+  RunConfig plain = cfg;
+  plain.log.trace.clear();
+  plain.log.trace_ops = false;
+  const DeviceRun host = run_on(plain, Device::cpu(), dir_ / "host");
+  const DeviceRun dev = run_on(cfg, device(), dir_ / "dev");
+  EXPECT_EQ(host.losses, dev.losses);
+  EXPECT_EQ(host.model, dev.model);
+
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(cfg.log.trace));
+  std::vector<nlohmann::json> host_ops, device_ops;
+  bool named = false;
+  for (const nlohmann::json& e : doc.at("traceEvents")) {
+    if (e.at("ph") == "M") {
+      named = named || (e.at("name") == "thread_name" && e.at("tid") == 1 && e.at("args").at("name") == "device");
+      continue;
+    }
+    if (e.at("tid") == 1) device_ops.push_back(e);
+    else if (e.at("name") == "attention_forward" || e.at("name") == "linear_backward") host_ops.push_back(e);
+  }
+  EXPECT_TRUE(named);
+  std::vector<nlohmann::json> device_matching;
+  for (const nlohmann::json& e : device_ops)
+    if (e.at("name") == "attention_forward" || e.at("name") == "linear_backward") device_matching.push_back(e);
+  ASSERT_EQ(device_matching.size(), host_ops.size());
+  ASSERT_FALSE(host_ops.empty());
+  for (size_t i = 0; i < host_ops.size(); ++i) {
+    const nlohmann::json& h = host_ops[i];
+    const nlohmann::json& d = device_matching[i];
+    EXPECT_EQ(d.at("name"), h.at("name"));
+    // Within the host span, give or take the trace's rounding (1 ns) and,
+    // at the end, where the clocks were set together (the device's time of
+    // its first mark read on the host just after: microseconds late).
+    EXPECT_GE(d.at("ts").get<double>(), h.at("ts").get<double>() - 2e-3);
+    EXPECT_LE(d.at("dur").get<double>(), h.at("dur").get<double>() + 2e-3);
+    EXPECT_LE(d.at("ts").get<double>() + d.at("dur").get<double>(),
+              h.at("ts").get<double>() + h.at("dur").get<double>() + 20);
+  }
 }
 
 // A checkpoint written by a device run resumes on the host and the other way

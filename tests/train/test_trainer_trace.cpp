@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,59 @@ TEST_F(TrainerTraceTest, CheckpointsAppearAsSpans) {
       EXPECT_GT(e.at("dur").get<double>(), 0.0);
     }
   EXPECT_EQ(checkpoints, cfg.train.steps);
+}
+
+// log.trace_ops: every kernel op is a span inside the phase that called it
+// (a layer's attention inside each forward and backward, AdamW inside the
+// optimizer), with no device track on the CPU, and the run's bits are the
+// untraced run's.
+TEST_F(TrainerTraceTest, TraceOpsPutsEachKernelOpInsideThePhaseThatCalledIt) {
+  RunConfig cfg = config();
+  cfg.train.steps = 2;
+  cfg.train.eval_every = 0;
+  TrainOptions options;
+  options.progress = false;
+  const TrainSummary plain = run_training(cfg, options, mesh::LocalContext().ctx());
+  cfg.log.trace = (dir_ / "trace.json").string();
+  cfg.log.trace_ops = true;
+  const TrainSummary traced = run_training(cfg, options, mesh::LocalContext().ctx());
+  ASSERT_EQ(traced.steps.size(), plain.steps.size());
+  for (size_t i = 0; i < plain.steps.size(); ++i) {
+    EXPECT_EQ(traced.steps[i].loss, plain.steps[i].loss);
+    EXPECT_EQ(traced.steps[i].grad_norm, plain.steps[i].grad_norm);
+  }
+
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(cfg.log.trace));
+  std::vector<Span> phases, ops;
+  for (const nlohmann::json& e : doc.at("traceEvents")) {
+    if (e.at("ph") == "M") continue;
+    EXPECT_EQ(e.at("tid"), 0) << e;  // no device track
+    const Span s{e.at("name"), e.at("ts"), e.at("dur")};
+    const bool phase = s.name == "forward" || s.name == "backward" || s.name == "optimizer" ||
+                       s.name == "grad sync wait";
+    (phase ? phases : ops).push_back(s);
+  }
+  // Which phase holds an op span (its interval within the phase's).
+  auto phase_of = [&](const Span& op) -> std::string {
+    for (const Span& p : phases)
+      if (op.ts >= p.ts && op.ts + op.dur <= p.ts + p.dur + 2e-3) return p.name;
+    return "";
+  };
+  std::map<std::string, std::map<std::string, int64_t>> in;  // op -> phase -> spans
+  for (const Span& op : ops) ++in[op.name][phase_of(op)];
+  const int64_t micro_batches = cfg.train.steps * cfg.train.grad_accum;
+  const int64_t layers = cfg.model.n_layer;
+  EXPECT_EQ(in["attention_forward"]["forward"], layers * micro_batches);
+  EXPECT_EQ(in["attention_backward"]["backward"], layers * micro_batches);
+  EXPECT_EQ(in["layernorm_forward"]["forward"], (2 * layers + 1) * micro_batches);
+  // The loss in forward; the chunked lm_head computes it again for its
+  // gradient in backward.
+  EXPECT_GE(in["cross_entropy_forward_backward"]["forward"], micro_batches);
+  EXPECT_EQ(in["cross_entropy_forward_backward"].size(), 2u);
+  EXPECT_EQ(in["cross_entropy_forward_backward"].count(""), 0u);
+  EXPECT_GE(in["adamw_step"]["optimizer"], cfg.train.steps);
+  EXPECT_EQ(in["adamw_step"].size(), 1u);  // only in the optimizer
+  EXPECT_EQ(in["attention_forward"].size(), 1u);
 }
 
 }  // namespace

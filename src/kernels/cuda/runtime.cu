@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "core/memory.h"
 #include "kernels/cuda/common.cuh"
@@ -74,10 +75,39 @@ void within(int, void* dst, const void* src, size_t bytes) {
 
 constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host, within};
 
+// ---- the op tracer's clock (op_trace.h): events on the compute stream ---------
+
+std::mutex g_events_mutex;
+std::vector<cudaEvent_t> g_free_events;  // released marks, reused: creating an event costs microseconds
+
+void* clock_mark() {
+  cudaEvent_t e = nullptr;
+  {
+    std::lock_guard lock(g_events_mutex);
+    if (!g_free_events.empty()) e = g_free_events.back(), g_free_events.pop_back();
+  }
+  if (e == nullptr) LOOM_CUDA_CHECK(cudaEventCreate(&e));
+  LOOM_CUDA_CHECK(cudaEventRecord(e, stream()));
+  return e;
+}
+double clock_elapsed_us(void* from, void* to) {
+  LOOM_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(to)));
+  float ms = 0;
+  LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return 1e3 * static_cast<double>(ms);
+}
+void clock_release(void* mark) {
+  std::lock_guard lock(g_events_mutex);
+  g_free_events.push_back(static_cast<cudaEvent_t>(mark));
+}
+
+constexpr DeviceClock kClock{clock_mark, clock_elapsed_us, clock_release};
+
 constexpr Backend kTable = [] {
   Backend b;
   b.name = "cuda";
   b.kind = Device::Kind::cuda;
+  b.clock = &kClock;
 #define LOOM_KERNEL_OP_ASSIGN(op, ret, params) b.op = &cuda::op;
   LOOM_KERNEL_OPS(LOOM_KERNEL_OP_ASSIGN)
 #undef LOOM_KERNEL_OP_ASSIGN
