@@ -1,5 +1,5 @@
 // The pieces `loom bench train`'s runs share (train_bench.cpp: data
-// parallel, tp and pp; cp_bench.cpp: context parallel): random tokens, the
+// parallel and tp; train_bench_pp.cpp: pp; cp_bench.cpp: context parallel): random tokens, the
 // trainer's step, the MPI job, reductions of timings over ranks.
 #pragma once
 
@@ -21,6 +21,10 @@ namespace loom::bench {
 inline constexpr double kLr = 3e-4, kGradClip = 1.0;  // values do not change the work done
 inline constexpr uint64_t kSeed = 1;
 
+struct StepTimes {
+  double median = 0, best = 0;
+};
+
 // Uniform tokens in [0, vocab) from a fixed xorshift stream.
 void fill_tokens(Tensor t, int64_t vocab, uint64_t seed);
 // The process's peak resident set so far (Linux: ru_maxrss in KiB).
@@ -39,6 +43,8 @@ double median_of(std::vector<double> v);
 // The chunks' options of a run (train/rank_chunks.h).
 train::ChunkOptions chunk_options(const TrainBenchOptions& o, const model::ModelConfig& cfg, DType compute);
 
+// `loom bench train --pp N` (train_bench_pp.cpp), under mpirun.
+int run_pp_bench(const TrainBenchOptions& o, comm::Communicator& world);
 // `loom bench train --cp N` (cp_bench.cpp), under mpirun.
 int run_cp_bench(const TrainBenchOptions& o, comm::Communicator& world);
 // `loom bench train --moe E [--ep N]` (moe_bench.cpp).

@@ -291,28 +291,36 @@ const std::vector<KeySpec>& base_key_specs() {
          c.checkpoint.resume = v.string();
          if (c.checkpoint.resume.empty()) v.invalid("auto, never or a checkpoint path");
        }},
+  };
+  return specs;
+}
 
+std::vector<KeySpec> log_key_specs() {
+  using R = RunConfig;
+  using V = Value;
+  return {
       {"log", "metrics", [](R& c, const V& v) { c.log.metrics = v.string(); }},
       {"log", "every", [](R& c, const V& v) { c.log.every = v.integer(1, kMaxSteps); }},
       {"log", "trace", [](R& c, const V& v) { c.log.trace = v.string(); }},
       {"log", "trace_ops", [](R& c, const V& v) { c.log.trace_ops = v.boolean(); }},
       {"log", "peak_tflops", [](R& c, const V& v) { c.log.peak_tflops = v.number(0, false, 1e6); }},
   };
-  return specs;
 }
 
-// Every key: the table, with the MoE keys after the other [model] keys and
-// the offload's and parameter server's after the other [parallel] keys.
+// Every key: the table, with the MoE keys after the other [model] keys, the
+// offload's and parameter server's after the other [parallel] keys, then
+// [log]'s and [lora]'s.
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> all = [] {
     std::vector<KeySpec> v = base_key_specs(), moe = moe_key_specs(), ps = ps_key_specs(), lora = lora_key_specs();
-    const std::vector<KeySpec> offload = offload_key_specs();
+    const std::vector<KeySpec> offload = offload_key_specs(), log = log_key_specs();
     const auto before = [&v](const char* section) {
       return std::find_if(v.begin(), v.end(), [&](const KeySpec& k) { return k.section == std::string_view(section); });
     };
     v.insert(before("data"), moe.begin(), moe.end());
     v.insert(before("checkpoint"), offload.begin(), offload.end());
     v.insert(before("checkpoint"), ps.begin(), ps.end());
+    v.insert(v.end(), log.begin(), log.end());
     v.insert(v.end(), lora.begin(), lora.end());
     return v;
   }();

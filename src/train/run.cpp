@@ -187,9 +187,16 @@ void finish_trace(const std::string& path, Trainer& t, const TraceRecorder& trac
   for (int r = 0; r < ranks; ++r) std::filesystem::remove(concat(path, ".rank", r));
 }
 
-// log.trace_ops: the ops' table, printed with the lead rank's progress (each
-// rank's ops are in its track of the trace); the ops run untimed from here on.
-void finish_op_trace(std::optional<kernels::OpTracer>& ops, bool print) {
+// log.trace_ops: the ops timed into the trace (null without it).
+std::unique_ptr<kernels::OpTracer> start_op_trace(const RunConfig& cfg, TraceRecorder* trace) {
+  return trace && cfg.log.trace_ops ? std::make_unique<kernels::OpTracer>(*trace) : nullptr;
+}
+
+// The trainer records no more spans, and log.trace_ops its last: the ops'
+// table is printed with the lead rank's progress (each rank's ops are in its
+// track of the trace), and the ops run untimed from here on.
+void stop_tracing(Trainer& t, std::unique_ptr<kernels::OpTracer>& ops, bool print) {
+  t.set_trace(nullptr);
   if (!ops) return;
   if (print) log_info("train: the kernel ops so far (log.trace_ops; this rank's):\n", ops->table());
   ops.reset();
@@ -317,13 +324,13 @@ void print_memory_json(Trainer& trainer, Pools& pools) {
   write_at_once(memory_json_lines(at, pools.report()));
 }
 
-// loom train --plan: the rank's predicted peak per tag beside its measured
-// one, after its first step, in one write (ranks' tables do not interleave).
-// One step, its wall time appended to `seconds`.
-StepStats timed_step(Trainer& trainer, std::vector<double>& seconds) {
+// One step, its wall time appended to `seconds`; then (log.trace_ops) its
+// ops' device spans.
+StepStats timed_step(Trainer& trainer, std::vector<double>& seconds, kernels::OpTracer* ops) {
   const auto start = Clock::now();
   StepStats s = trainer.step();
   seconds.push_back(seconds_since(start));
+  if (ops) ops->flush();  // the step's device spans, read once the step is done
   return s;
 }
 
@@ -340,6 +347,8 @@ void print_step_time_check(double predicted, std::vector<double> seconds) {
   std::fflush(stdout);
 }
 
+// loom train --plan: the rank's predicted peak per tag beside its measured
+// one, after its first step, in one write (ranks' tables do not interleave).
 void print_plan_check(Trainer& trainer, Pools& pools, const MemoryReport& planned) {
   const MemoryReport measured = pools.report();
   std::string out = concat("plan: rank ", trainer.mesh().world_rank(), " after its first step\n",
@@ -406,8 +415,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   const int64_t first_step = trainer.steps_done();
   const std::unique_ptr<TraceRecorder> trace = start_trace(cfg, trainer);
   trainer.set_trace(trace.get());
-  std::optional<kernels::OpTracer> ops;
-  if (trace && cfg.log.trace_ops) ops.emplace(*trace);
+  std::unique_ptr<kernels::OpTracer> ops = start_op_trace(cfg, trace.get());
   Reporter reporter(quiet, options, trainer.flops_per_token(), summary.peak_flops, first_step);
   const bool eval = t.eval_every > 0;
   if (eval && first_step == 0) {
@@ -430,7 +438,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   summary.stop_signal = agree_on_stop(trainer, stop.received());
   std::vector<double> step_seconds;  // each step's wall time, for --plan's step-time check
   for (int64_t i = first_step; i < t.steps && summary.stop_signal == 0; ++i) {
-    StepStats s = timed_step(trainer, step_seconds);
+    StepStats s = timed_step(trainer, step_seconds, ops.get());
     const auto rank = static_cast<size_t>(ctx.mesh.world_rank());
     if (i == first_step && rank < run_options.planned_memory.size())
       print_plan_check(trainer, pools, run_options.planned_memory[rank]);
@@ -449,12 +457,10 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
     if (eval && (s.step % t.eval_every == 0 || s.step == t.steps)) s.val_loss = trainer.evaluate();
     if (s.val_loss && s.step == t.steps) summary.final_val_loss = s.val_loss;
     reporter.step(s, seconds_since(start), pools.report().peak_total);
-    if (ops) ops->flush();
     summary.steps.push_back(s);
     const int signal = s.step < t.steps ? agree_on_stop(trainer, stop.received()) : 0;
     if (s.step == t.steps) {
-      trainer.set_trace(nullptr);
-      finish_op_trace(ops, options.progress);
+      stop_tracing(trainer, ops, options.progress);
       write_model();
     }
     const bool due = ckpt.every > 0 && !s.bad && (s.step % ckpt.every == 0 || s.step == t.steps || signal != 0);
@@ -467,8 +473,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   }
   summary.seconds = seconds_since(start);
   if (trainer.ps()) finish_ps_worker(trainer, trainer.steps_done() - first_step, lead);
-  if (trace) trainer.set_trace(nullptr);
-  finish_op_trace(ops, options.progress);
+  stop_tracing(trainer, ops, options.progress);
   const bool finished = summary.stop_signal == 0;
   if (trace) finish_trace(cfg.log.trace, trainer, *trace);
   if (!finished && lead) {
