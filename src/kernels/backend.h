@@ -113,6 +113,7 @@ namespace loom::kernels {
   X(adamw_step, void,                                                                                              \
     (Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor param_copy, const AdamWConfig& cfg))             \
   X(sum_squares, double, (const Tensor& t))                                                                        \
+  X(sum_squares_blocks, void, (std::span<double> sums, std::span<const Tensor> tensors, int64_t block))          \
   X(global_norm, double, (std::span<const Tensor> tensors))                                                        \
   X(all_finite, bool, (const Tensor& t))                                                                           \
   X(scale, void, (Tensor t, float s))                                                                              \

@@ -439,6 +439,12 @@ void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor par
 
 // Sum of squares of all elements (f32, bf16 or f16), accumulated in double.
 double sum_squares(const Tensor& t);
+// Each tensor's blocks' sums of squares, the tensors' in their order: for
+// tensor t, ceil(numel / block) sums, sum i that of t's elements
+// [i block, min((i + 1) block, numel)), the same bits as sum_squares of that
+// slice. One call (on a device: one wait, not one a block or a tensor).
+// block >= 1; sums.size() = the tensors' blocks in all.
+void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block);
 // sqrt of the sum of squares over all the tensors.
 double global_norm(std::span<const Tensor> tensors);
 // False if any element is NaN or Inf (fp16 loss-scaling overflow check).

@@ -49,6 +49,20 @@ double sum_squares(const Tensor& t) {
   return backend_of("sum_squares", {{"t", t}}).sum_squares(t);
 }
 
+void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block) {
+  constexpr const char* op = "sum_squares_blocks";
+  LOOM_REQUIRE(block >= 1, op, ": block = ", block, " is invalid: allowed values are >= 1");
+  int64_t blocks = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    check_float_tensor(op, {concat("tensors[", i, "]").c_str(), tensors[i]});
+    blocks += (tensors[i].numel() + block - 1) / block;
+  }
+  LOOM_REQUIRE(static_cast<int64_t>(sums.size()) == blocks, op, ": sums has ", sums.size(), " elements but the ",
+               tensors.size(), " tensors make ", blocks, " blocks of ", block);
+  if (blocks == 0) return;
+  backend_of(op, "tensors", tensors).sum_squares_blocks(sums, tensors, block);
+}
+
 // Every tensor checked first, so a bad one is reported before any work;
 // nothing to sum is 0 on any backend.
 double global_norm(std::span<const Tensor> tensors) {

@@ -335,12 +335,13 @@ double DataParallel::shard_sum_squares(int g) const {
       for (double t : impl_->terms[static_cast<size_t>(i)]) sum += t;
     return sum;
   }
+  std::vector<Tensor> grads;
   for (const ParamPiece& p : gs.layout.pieces) {
     if (!counts_in_norm(p.offset)) continue;
-    norm_blocks(opt_.zero_stage < 2 ? model_.grads().slice(0, p.offset, p.count)
-                                    : Tensor(gs.grad_shard).slice(0, p.shard_offset, p.count),
-                [&](double t) { sum += t; });
+    grads.push_back(opt_.zero_stage < 2 ? model_.grads().slice(0, p.offset, p.count)
+                                        : Tensor(gs.grad_shard).slice(0, p.shard_offset, p.count));
   }
+  for (const double t : norm_block_sums(grads)) sum += t;
   return sum;
 }
 

@@ -51,7 +51,7 @@ void DataParallel::accumulate_grads(GroupState& gs, int b, const Tensor& piece) 
     // The norm's blocks of this extent; the last micro-batch's are summed.
     std::vector<double>& terms = im.terms[static_cast<size_t>(i)];
     terms.clear();
-    if (counts_in_norm(e.offset)) norm_blocks(acc, [&](double t) { terms.push_back(t); });
+    if (counts_in_norm(e.offset)) terms = norm_block_sums({&acc, 1});
     sh.write(OffloadedShards::kGrads, slot_of(i), i);
     im.written[static_cast<size_t>(i)] = 1;
   }

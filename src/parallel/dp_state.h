@@ -6,6 +6,7 @@
 #include <deque>
 #include <memory>
 #include <utility>
+#include <span>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -62,7 +63,7 @@ struct DataParallel::Impl {
   int grad_slot = 0, param_slot = 0;  // the shards' slot of each kind the next use takes
   // Per extent of the state (OffloadedState::extents): whether its gradient
   // record was written this step, and the sums of squares the gradient
-  // norm adds for it (norm_blocks), from its last write.
+  // norm adds for it (norm_block_sums), from its last write.
   std::vector<char> written;
   std::vector<std::vector<double>> terms;
   bool has_pp_copy = false;  // the model holds a pipeline stage's copy of a tied embedding
@@ -101,14 +102,17 @@ struct DataParallel::Impl {
 // The gradient norm's sums of squares: one per block of kNormBlock
 // elements of each piece of the shard (from the piece's start), summed in
 // shard order, so the same with the gradients in memory or streamed
-// through the offload file's extents (cut at multiples of it). f(sum) for
-// each block of grad, a piece's (count) gradient or a run of one starting
-// a multiple of kNormBlock from its start.
+// through the offload file's extents (cut at multiples of it). The sums of
+// every block of each of `grads` (pieces' gradients, or runs of one starting
+// a multiple of kNormBlock from its start), in order, from one op: on a GPU
+// one wait for them all.
 inline constexpr int64_t kNormBlock = OffloadedState::kGrain;
-template <typename F>
-void norm_blocks(const Tensor& grad, F f) {
-  for (int64_t at = 0; at < grad.numel(); at += kNormBlock)
-    f(kernels::sum_squares(grad.slice(0, at, std::min(kNormBlock, grad.numel() - at))));
+inline std::vector<double> norm_block_sums(std::span<const Tensor> grads) {
+  int64_t blocks = 0;
+  for (const Tensor& g : grads) blocks += (g.numel() + kNormBlock - 1) / kNormBlock;
+  std::vector<double> sums(static_cast<size_t>(blocks));
+  kernels::sum_squares_blocks(sums, grads, kNormBlock);
+  return sums;
 }
 
 // The order the model acquires its units' parameters (model.h), for stage 3's prefetch.

@@ -222,6 +222,25 @@ TEST(CudaLarge, AdamWAndNormsOverAMillionParameters) {
          }});
 }
 
+// The gradient norm's blocks (parallel/dp_state.h: 4096 elements each) over
+// a model's pieces in one call, and more slices than a grid's y extent
+// (65535) in 16-element blocks, the last block of each tensor cut short.
+TEST(CudaLarge, SumSquaresBlocksOfTheGradientNorm) {
+  check({"sum_squares_blocks 4096", bf16, {1e-12, 0}, [](Io& io, DType t) {
+           const std::vector<Tensor> pieces = {io.normal("wte", t, {(1 << 20) + 1000}), io.normal("b", t, {768}),
+                                               io.normal("w", t, {768 * 2304})};
+           std::vector<double> sums(((1 << 20) + 1000 + 4095) / 4096 + 1 + 768 * 2304 / 4096);
+           sum_squares_blocks(sums, pieces, 4096);
+           for (const double v : sums) io.result(v);
+         }});
+  check({"sum_squares_blocks 16", f32, {1e-12, 0}, [](Io& io, DType t) {
+           const std::vector<Tensor> pieces = {io.normal("g", t, {70000 * 16 + 5})};
+           std::vector<double> sums(70001);
+           sum_squares_blocks(sums, pieces, 16);
+           for (const double v : sums) io.result(v);
+         }});
+}
+
 // The op tracer on a GPU (op_trace.h, log.trace_ops): each op's device span
 // comes from CUDA events on the compute stream. On one stream the spans
 // follow each other without overlapping, each begins no earlier than the

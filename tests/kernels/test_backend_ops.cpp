@@ -397,6 +397,13 @@ std::vector<OpCase> optim_cases() {
        }},
       {"sum_squares", kFloats, sum_tol, sum_tol,
        [](Io& io, DType dt) { io.result(OP(sum_squares)(io.normal("t", dt, {50}))); }},
+      {"sum_squares_blocks", kFloats, sum_tol, sum_tol,
+       [](Io& io, DType dt) {
+         std::vector<double> sums(4 + 1);
+         const std::vector<Tensor> ts = {io.normal("t", dt, {50}), io.normal("u", dt, {3})};
+         OP(sum_squares_blocks)(sums, ts, 16);
+         for (const double v : sums) io.result(v);
+       }},
       {"global_norm", kFloats, sum_tol, sum_tol,
        [](Io& io, DType dt) {
          const std::vector<Tensor> tensors = {io.normal("a", dt, {7}), io.normal("b", dt, {3, 4})};

@@ -1,4 +1,4 @@
-// adamw_step, sum_squares, global_norm, all_finite and scale
+// adamw_step, sum_squares, sum_squares_blocks, global_norm, all_finite and scale
 // (reference values: tests/ref/ref_optim.py).
 //
 // Tolerances:
@@ -222,6 +222,59 @@ TEST(SumSquares, DoesNotDependOnThreadCount) {
   const double three = kernels::sum_squares(rc["t2"].view());
   set_num_threads(saved);
   EXPECT_EQ(std::memcmp(&one, &three, sizeof(double)), 0) << one << " vs " << three;
+}
+
+// Each block's sum is sum_squares of that slice alone, bit for bit: blocks
+// smaller than the parallel threshold (one thread each), larger ones (every
+// thread on each), a last block cut short, at 1 and 3 threads.
+TEST(SumSquaresBlocks, EachBlockIsSumSquaresOfItsSliceBitForBit) {
+  std::vector<float> x(300007);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.013f * static_cast<float>(i)) * 7.f + 1e-3f;
+  const int saved = num_threads();
+  for (DType d : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t block : {int64_t{1}, int64_t{4096}, int64_t{5000}, int64_t{40000}, int64_t{300007}})
+      for (int threads : {1, 3}) {
+        SCOPED_TRACE(concat(dtype_name(d), " block ", block, ", ", threads, " threads"));
+        set_num_threads(threads);
+        const int64_t n = block == 1 ? 1001 : static_cast<int64_t>(x.size());
+        Buffer h(d, {n}, std::vector<float>(x.begin(), x.begin() + n));
+        std::vector<double> sums(static_cast<size_t>((n + block - 1) / block), -1.0);
+        const Tensor t = h.view();
+        kernels::sum_squares_blocks(sums, {&t, 1}, block);
+        for (size_t i = 0; i < sums.size(); ++i) {
+          const int64_t at = static_cast<int64_t>(i) * block;
+          const double alone = kernels::sum_squares(h.view().slice(0, at, std::min(block, n - at)));
+          ASSERT_EQ(std::memcmp(&sums[i], &alone, sizeof(double)), 0) << "block " << i << ": " << sums[i] << " vs "
+                                                                      << alone;
+        }
+      }
+  set_num_threads(saved);
+  std::vector<double> none;
+  Buffer empty(DType::f32, {0});
+  const Tensor e = empty.view();
+  kernels::sum_squares_blocks(none, {&e, 1}, 4096);  // no blocks: nothing to do
+  kernels::sum_squares_blocks(none, {}, 4096);
+}
+
+// Several tensors' blocks in one call: each tensor's, in order, as alone.
+TEST(SumSquaresBlocks, SeveralTensorsGiveEachTensorsBlocksInOrder) {
+  Buffer a(DType::f32, {10000}, std::vector<float>(10000, 0.5f)), b(DType::bf16, {7}, std::vector<float>(7, 3.f));
+  Buffer c(DType::f32, {0}), d(DType::f16, {4097}, std::vector<float>(4097, -2.f));
+  const std::vector<Tensor> ts = {a.view(), b.view(), c.view(), d.view()};
+  std::vector<double> all(3 + 1 + 0 + 2);
+  kernels::sum_squares_blocks(all, ts, 4096);
+  EXPECT_EQ(all, (std::vector<double>{4096 * 0.25, 4096 * 0.25, 1808 * 0.25, 7 * 9.0, 4096 * 4.0, 4.0}));
+}
+
+TEST(SumSquaresBlocks, MisuseThrowsNamingTheOp) {
+  Buffer h(DType::f32, {10}), i32(DType::i32, {4});
+  const std::vector<Tensor> two_tensors = {h.view(), h.view()}, with_ints = {h.view(), i32.view()};
+  std::vector<double> five(5), six(6);
+  expect_error([&] { kernels::sum_squares_blocks(five, two_tensors, 4); },
+               {"sum_squares_blocks", "sums has 5 elements but the 2 tensors make 6 blocks of 4"});
+  expect_error([&] { kernels::sum_squares_blocks(six, two_tensors, 0); }, {"sum_squares_blocks", "block = 0"});
+  expect_error([&] { kernels::sum_squares_blocks(six, with_ints, 4); },
+               {"sum_squares_blocks", "tensors[1] has dtype i32"});
 }
 
 TEST(AllFinite, DetectsNanAndInfAnywhereInEveryFloatDtype) {

@@ -138,6 +138,26 @@ double sum_squares(const Tensor& t) {
   return dispatch_float(t.dtype(), [&]<typename T>() { return sum_squares_of(t.data_as<const T>(), t.numel()); });
 }
 
+// Each block as sum_squares sums it alone (the same code on the same
+// addresses: the same bits); small blocks, each on one thread, spread over
+// the threads, larger ones each over all of them.
+void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block) {
+  double* out = sums.data();
+  for (const Tensor& t : tensors) {
+    const int64_t n = t.numel(), count = (n + block - 1) / block;
+    dispatch_float(t.dtype(), [&]<typename T>() {
+      const T* x = t.data_as<const T>();
+      if (block >= kMinParallel) {
+        for (int64_t i = 0; i < count; ++i) out[i] = sum_squares_of(x + i * block, std::min(block, n - i * block));
+        return;
+      }
+#pragma omp parallel for schedule(static) if (parallel : n > kMinParallel)
+      for (int64_t i = 0; i < count; ++i) out[i] = block_sum_squares(x + i * block, std::min(block, n - i * block));
+    });
+    out += count;
+  }
+}
+
 double global_norm(std::span<const Tensor> tensors) {
   double s = 0;
   for (const Tensor& t : tensors) s += sum_squares(t);

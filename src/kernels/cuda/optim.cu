@@ -52,21 +52,45 @@ constexpr int64_t kSumMaxBlocks = 1024;
 
 // The partial sums of n elements: a function of n alone, so the summation
 // order (and the bits) never depend on the device.
-int64_t sum_blocks(int64_t n) {
+__host__ __device__ inline int64_t sum_blocks(int64_t n) {
   constexpr int64_t per_block = kSumThreads * 8;
-  return std::min((n + per_block - 1) / per_block, kSumMaxBlocks);
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  return blocks < kSumMaxBlocks ? blocks : kSumMaxBlocks;
 }
 
-// partial[blockIdx.x] = the block's sum of x^2 in double.
+// Part `part` of `parts` of x[0, n)'s sum of x^2 in double: the elements
+// part * blockDim.x + thread, then a stride of parts * blockDim.x, summed
+// over the block. Every thread of the block gets it.
 template <typename T>
-__global__ void sum_squares_partial_kernel(const T* x, int64_t n, double* partial) {
+__device__ double partial_sum_squares(const T* x, int64_t n, int64_t part, int64_t parts) {
   double s = 0;
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+  for (int64_t i = part * blockDim.x + threadIdx.x; i < n; i += parts * blockDim.x) {
     const double xi = to_float(x[i]);
     s += xi * xi;
   }
-  s = block_sum(s);
+  return block_sum(s);
+}
+
+// partial[blockIdx.x] = the block's part of x's sum of x^2.
+template <typename T>
+__global__ void sum_squares_partial_kernel(const T* x, int64_t n, double* partial) {
+  const double s = partial_sum_squares(x, n, blockIdx.x, gridDim.x);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// sum_squares_blocks' first pass: slice blockIdx.y (`block` elements of x
+// from first * block, the last one shorter) cut into sum_blocks(its length)
+// parts as sum_squares_partial_kernel cuts a tensor of that length; part
+// blockIdx.x of it into partial[slice * max_parts + blockIdx.x].
+template <typename T>
+__global__ void sum_squares_slices_kernel(const T* x, int64_t n, int64_t block, int64_t first, int64_t max_parts,
+                                          double* partial) {
+  const int64_t slice = first + blockIdx.y, begin = slice * block;
+  const int64_t len = min(block, n - begin);
+  const int64_t parts = sum_blocks(len);
+  if (blockIdx.x >= parts) return;  // the whole block: block_sum's barriers are not split
+  const double s = partial_sum_squares(x + begin, len, blockIdx.x, parts);
+  if (threadIdx.x == 0) partial[blockIdx.y * max_parts + blockIdx.x] = s;
 }
 
 // One block: each group's partials [offsets[g], offsets[g + 1]) summed by a
@@ -81,6 +105,18 @@ __global__ void sum_groups_kernel(const double* partial, const int64_t* offsets,
     total += block_sum(s);  // the same value in every thread
   }
   if (threadIdx.x == 0) *out = take_sqrt ? sqrt(total) : total;
+}
+
+// sum_squares_blocks' second pass, one block of 1024 threads a slice: its
+// parts summed as sum_groups_kernel sums one group's (the same bits).
+__global__ void sum_slices_kernel(const double* partial, int64_t n, int64_t block, int64_t first, int64_t max_parts,
+                                  double* sums) {
+  const int64_t slice = first + blockIdx.x, len = min(block, n - slice * block);
+  const int64_t parts = sum_blocks(len);
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < parts; i += blockDim.x) s += partial[blockIdx.x * max_parts + i];
+  const double total = 0.0 + block_sum(s);
+  if (threadIdx.x == 0) sums[blockIdx.x] = total;
 }
 
 // sum_groups over the tensors' sums of squares, in their order: sum_squares
@@ -159,6 +195,36 @@ void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor par
 double sum_squares(const Tensor& t) { return sum_of_squares({&t, 1}, false); }
 
 double global_norm(std::span<const Tensor> tensors) { return sum_of_squares(tensors, true); }
+
+// Every slice's sum as sum_squares computes it for that slice alone, each
+// tensor's in rounds of at most 65535 slices (a grid's y extent), one read
+// back at the end.
+void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block) {
+  constexpr int64_t kRound = 65535;
+  int64_t most = 0;  // the partials of the largest round
+  for (const Tensor& t : tensors)
+    most = std::max(most, std::min(kRound, (t.numel() + block - 1) / block) * sum_blocks(std::min(block, t.numel())));
+  DeviceTemp partial(static_cast<size_t>(std::max<int64_t>(most, 1)) * sizeof(double));
+  DeviceTemp out(sums.size() * sizeof(double));
+  int64_t at = 0;  // the first sum of this tensor
+  for (const Tensor& t : tensors) {
+    const int64_t n = t.numel(), count = (n + block - 1) / block, max_parts = sum_blocks(std::min(block, n));
+    for (int64_t first = 0; first < count; first += kRound) {
+      const int64_t slices = std::min(kRound, count - first);
+      with_float_type(t.dtype(), [&]<typename T>(T) {
+        const dim3 grid(static_cast<unsigned>(max_parts), static_cast<unsigned>(slices));
+        sum_squares_slices_kernel<<<grid, kSumThreads, 0, stream()>>>(ptr<const T>(t), n, block, first, max_parts,
+                                                                      partial.as<double>());
+        LOOM_CUDA_LAUNCHED();
+      });
+      sum_slices_kernel<<<static_cast<unsigned>(slices), 1024, 0, stream()>>>(
+          partial.as<const double>(), n, block, first, max_parts, out.as<double>() + at + first);
+      LOOM_CUDA_LAUNCHED();
+    }
+    at += count;
+  }
+  read_back(sums.data(), out.as<void>(), sums.size() * sizeof(double));
+}
 
 bool all_finite(const Tensor& t) {
   const int64_t n = t.numel();
