@@ -43,6 +43,11 @@ namespace loom::kernels {
   X(rmsnorm_forward, void, (Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps))                   \
   X(rmsnorm_backward, void,                                                                                        \
     (Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd))                 \
+  X(add_layernorm_forward, void,                                                                                   \
+    (Tensor sum, Tensor y, Tensor mean, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,             \
+     const Tensor& bias, float eps))                                                                               \
+  X(add_rmsnorm_forward, void,                                                                                     \
+    (Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w, float eps))             \
   X(gelu_forward, void, (Tensor y, const Tensor& x))                                                               \
   X(gelu_backward, void, (Tensor dx, const Tensor& dy, const Tensor& x))                                           \
   X(silu_forward, void, (Tensor y, const Tensor& x))                                                               \

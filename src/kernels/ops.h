@@ -132,6 +132,16 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
+// The residual add fused with the norm after it (llm.c's fused residual):
+// sum = a + b (as add: sum may be a or b), then layernorm_forward (or
+// rmsnorm_forward) of sum into y and the statistics. The same bits as the
+// two ops in turn, in one pass over the rows. a, b, sum: x's shape and dtype
+// in the norm; y apart from them.
+void add_layernorm_forward(Tensor sum, Tensor y, Tensor mean, Tensor rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, float eps);
+void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                         float eps);
+
 // ---- activations (elementwise, any shape) ---------------------------------
 
 // GELU, tanh approximation (GPT-2; PyTorch approximate="tanh").

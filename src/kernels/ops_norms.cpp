@@ -43,6 +43,21 @@ void check_backward(const char* op, const Tensor& dx, const Tensor& dy, const Te
   require_grad(op, {"dx", dx}, {"x", x});
 }
 
+// The fused residual's add: a, b, sum alike (sum may be a or b, as in
+// add), y apart from each.
+void check_residual(const char* op, const Tensor& sum, const Tensor& y, const Tensor& a, const Tensor& b) {
+  require_contiguous(op, {{"sum", sum}, {"a", a}, {"b", b}});
+  require_same_dtype(op, {"a", a}, {"sum", sum});
+  require_same_dtype(op, {"b", b}, {"sum", sum});
+  require_same_shape(op, {"a", a}, {"sum", sum});
+  require_same_shape(op, {"b", b}, {"sum", sum});
+  require_no_partial_overlap(op, {"sum", sum}, {"a", a});
+  require_no_partial_overlap(op, {"sum", sum}, {"b", b});
+  require_no_overlap(op, {"y", y}, {"sum", sum});
+  require_no_overlap(op, {"y", y}, {"a", a});
+  require_no_overlap(op, {"y", y}, {"b", b});
+}
+
 }  // namespace
 
 // x, y: (..., C)  w: (C)  b: (C) or undefined (no bias)  mean, rstd: one f32
@@ -91,6 +106,30 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   require_grads_apart(op, {{"dx", dx}, {"dw", dw}}, {{"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}});
   backend_of(op, {{"dx", dx}, {"dw", dw}, {"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}})
       .rmsnorm_backward(dx, dw, dy, x, w, rstd);
+}
+
+// sum = a + b, then layernorm_forward of sum: the checks of both.
+void add_layernorm_forward(Tensor sum, Tensor y, Tensor mean, Tensor rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, float eps) {
+  constexpr const char* op = "add_layernorm_forward";
+  check_norm_params(op, sum, w, bias);
+  check_forward(op, y, sum);
+  check_residual(op, sum, y, a, b);
+  if (mean.defined()) check_stat(op, {"mean", mean}, sum);
+  if (rstd.defined()) check_stat(op, {"rstd", rstd}, sum);
+  backend_of(op, {{"sum", sum}, {"y", y}, {"mean", mean}, {"rstd", rstd}, {"a", a}, {"b", b}, {"w", w}, {"bias", bias}})
+      .add_layernorm_forward(sum, y, mean, rstd, a, b, w, bias, eps);
+}
+
+void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                         float eps) {
+  constexpr const char* op = "add_rmsnorm_forward";
+  check_norm_params(op, sum, w, Tensor());
+  check_forward(op, y, sum);
+  check_residual(op, sum, y, a, b);
+  if (rstd.defined()) check_stat(op, {"rstd", rstd}, sum);
+  backend_of(op, {{"sum", sum}, {"y", y}, {"rstd", rstd}, {"a", a}, {"b", b}, {"w", w}})
+      .add_rmsnorm_forward(sum, y, rstd, a, b, w, eps);
 }
 
 }  // namespace loom::kernels

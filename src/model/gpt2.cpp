@@ -55,8 +55,7 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   block_linear(d, rows_of(a.v, Q), h, w.wv, w.bv, w.lora_v);
   c.attention.forward(attention_args(a, c));                      // (B,T,NH,HS), lse (B,NH,T)
   tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, w.bo, w.lora_o);  // (rows, C)
-  add(a.res1, a.res1, x);
-  layernorm_forward(a.norm2, a.mean2, a.rstd2, a.res1, w.norm2_w, w.norm2_b, d.eps);
+  add_layernorm_forward(a.res1, a.norm2, a.mean2, a.rstd2, a.res1, x, w.norm2_w, w.norm2_b, d.eps);  // the residual too
   c.mlp.forward(out, a.norm2, w, a, c);
   add(out, out, a.res1);
 }

@@ -59,8 +59,7 @@ void block_forward(Tensor out, const Tensor& x, const LayerWeights& w, LayerActs
   rope_forward(a.k, a.k, c.pos, d.theta);
   c.attention.forward(attention_args(a, c));  // (B,T,NH,HS), lse (B,NH,T)
   tp_exit(d, a.res1, rows_of(a.att, Q), w.wo, Tensor(), w.lora_o);
-  add(a.res1, a.res1, x);
-  rmsnorm_forward(a.norm2, a.rstd2, a.res1, w.norm2_w, d.eps);
+  add_rmsnorm_forward(a.res1, a.norm2, a.rstd2, a.res1, x, w.norm2_w, d.eps);  // the residual too
   c.mlp.forward(out, a.norm2, w, a, c);
   add(out, out, a.res1);
 }

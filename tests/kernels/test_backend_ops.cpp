@@ -160,6 +160,18 @@ std::vector<OpCase> norm_cases() {
          const Tensor x = io.normal("x", dt, {6, 10}), w = io.normal("w", dt, {10});
          OP(rmsnorm_forward)(io.normal("y", dt, {6, 10}), io.normal("rstd", f32, {6}), x, w, 1e-6f);
        }},
+      {"add_layernorm_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {  // sum in place of a, as a block's residual
+         const Tensor a = io.normal("a", dt, {6, 10}, 2, 1), w = io.normal("w", dt, {10}), b = io.normal("b", dt, {10});
+         OP(add_layernorm_forward)(a, io.normal("y", dt, {6, 10}), io.normal("mean", f32, {6}),
+                                   io.normal("rstd", f32, {6}), a, io.normal("r", dt, {6, 10}), w, b, 1e-5f);
+       }},
+      {"add_rmsnorm_forward", kFloats, f32_tol, half_tol,
+       [](Io& io, DType dt) {
+         const Tensor w = io.normal("w", dt, {10});
+         OP(add_rmsnorm_forward)(io.normal("sum", dt, {6, 10}), io.normal("y", dt, {6, 10}), io.normal("rstd", f32, {6}),
+                                 io.normal("a", dt, {6, 10}), io.normal("r", dt, {6, 10}), w, 1e-6f);
+       }},
       {"rmsnorm_backward", kFloats, f32_tol, half_tol,
        [](Io& io, DType dt) {
          const Tensor x = io.normal("x", dt, {6, 10}), w = io.normal("w", dt, {10}), rstd = io.normal("rstd", f32, {6});

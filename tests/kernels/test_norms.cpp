@@ -25,6 +25,7 @@
 #include "common/compare.h"
 #include "common/ref.h"
 #include "common/tensors.h"
+#include "core/error.h"
 #include "core/threads.h"
 #include "kernels/half_util.h"
 #include "kernels/ops.h"
@@ -244,6 +245,58 @@ TEST(LayerNorm, UndefinedStatisticsAndGradientsAreSkipped) {
   Buffer dy(DType::f32, in.shape, in.dy), dw(DType::f32, Shape{in.C()}, in.dw0);
   layernorm_backward(Tensor(), dw.view(), Tensor(), dy.view(), x.view(), w.view(), mean.view(), rstd.view());
   EXPECT_EQ(dw.floats(), full.dw);
+}
+
+// ---- the fused residual -------------------------------------------------------------------
+
+// add_layernorm_forward / add_rmsnorm_forward equal add then the norm, bit
+// for bit: every float dtype, sum apart and in place of a, with and without
+// LayerNorm's bias, rows wide enough for the threads to split them.
+TEST(FusedResidual, EqualsTheAddThenTheNormBitForBit) {
+  const int64_t N = 67, C = 768;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.5f, 2.f);
+  auto values = [&](int64_t n) {
+    Floats v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  const Floats av = values(N * C), bv = values(N * C), wv = values(C), biasv = values(C);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (bool in_place : {false, true})
+      for (bool rms : {false, true}) {
+        SCOPED_TRACE(concat(dtype_name(dt), in_place ? " in place" : "", rms ? " rmsnorm" : " layernorm"));
+        Buffer a1(dt, {N, C}, av), b(dt, {N, C}, bv), w(dt, {C}, wv), bias(dt, {C}, biasv);
+        Buffer a2 = a1, sum1(dt, {N, C}), sum2(dt, {N, C}), y1(dt, {N, C}), y2(dt, {N, C});
+        Buffer m1(DType::f32, {N}), m2(DType::f32, {N}), r1(DType::f32, {N}), r2(DType::f32, {N});
+        const Tensor s1 = in_place ? a1.view() : sum1.view(), s2 = in_place ? a2.view() : sum2.view();
+        add(s1, a1.view(), b.view());
+        if (rms) {
+          rmsnorm_forward(y1.view(), r1.view(), s1, w.view(), 1e-6f);
+          add_rmsnorm_forward(s2, y2.view(), r2.view(), a2.view(), b.view(), w.view(), 1e-6f);
+        } else {
+          layernorm_forward(y1.view(), m1.view(), r1.view(), s1, w.view(), bias.view(), 1e-5f);
+          add_layernorm_forward(s2, y2.view(), m2.view(), r2.view(), a2.view(), b.view(), w.view(), bias.view(), 1e-5f);
+        }
+        EXPECT_EQ(in_place ? a2.bytes : sum2.bytes, in_place ? a1.bytes : sum1.bytes);
+        EXPECT_EQ(y2.bytes, y1.bytes);
+        EXPECT_EQ(m2.bytes, m1.bytes);
+        EXPECT_EQ(r2.bytes, r1.bytes);
+      }
+}
+
+TEST(FusedResidual, MisuseThrowsErrorsNamingTheOp) {
+  Floats xs(4 * 100), ys(4 * 100), ws(100), ms(4);
+  Tensor x(xs.data(), DType::f32, Shape{4, 100}), y(ys.data(), DType::f32, Shape{4, 100});
+  Tensor w(ws.data(), DType::f32, Shape{100}), mean(ms.data(), DType::f32, Shape{4});
+  Tensor x_bf16(xs.data(), DType::bf16, Shape{4, 100}), x_short(xs.data(), DType::f32, Shape{2, 100});
+  expect_error([&] { add_layernorm_forward(x, y, mean, mean, x, x_bf16, w, Tensor(), 1e-5f); },
+               {"add_layernorm_forward", "b", "bf16(4, 100)"});
+  expect_error([&] { add_layernorm_forward(x, y, mean, mean, x, x_short, w, Tensor(), 1e-5f); },
+               {"add_layernorm_forward", "b", "f32(2, 100)"});
+  expect_error([&] { add_layernorm_forward(x, x, mean, mean, x, y, w, Tensor(), 1e-5f); },
+               {"add_layernorm_forward", "y must not overlap sum"});
+  expect_error([&] { add_rmsnorm_forward(x, y, mean, x, y, w, 1e-6f); }, {"add_rmsnorm_forward", "y must not overlap b"});
 }
 
 // ---- misuse --------------------------------------------------------------------------------

@@ -154,7 +154,8 @@ TEST_F(TrainerTraceTest, TraceOpsPutsEachKernelOpInsideThePhaseThatCalledIt) {
   const int64_t layers = cfg.model.n_layer;
   EXPECT_EQ(in["attention_forward"]["forward"], layers * micro_batches);
   EXPECT_EQ(in["attention_backward"]["backward"], layers * micro_batches);
-  EXPECT_EQ(in["layernorm_forward"]["forward"], (2 * layers + 1) * micro_batches);
+  EXPECT_EQ(in["layernorm_forward"]["forward"], (layers + 1) * micro_batches);  // ln_1 and ln_f
+  EXPECT_EQ(in["add_layernorm_forward"]["forward"], layers * micro_batches);      // ln_2 with its residual
   // The loss in forward; the chunked lm_head computes it again for its
   // gradient in backward.
   EXPECT_GE(in["cross_entropy_forward_backward"]["forward"], micro_batches);

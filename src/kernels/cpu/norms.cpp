@@ -68,6 +68,82 @@ class ScratchRows {
   int64_t C_;
 };
 
+// One row of LayerNorm: yr = (xr - m) * rs * wf + bf, m and rs its mean and
+// 1 / std. Sums in a fixed 16-lane order (lane_sum.h): the same bits at every
+// instruction-set level, as serving needs; two passes: no cancellation for
+// rows with a large mean.
+void layernorm_row(float* yr, float& m, float& rs, const float* xr, const float* wf, const float* bf, float eps,
+                   int64_t C) {
+  m = lanes_sum(xr, C, [](auto v) { return v; }) / static_cast<float>(C);
+  const float var = lanes_sum(xr, C, [m](auto v) {
+    const auto d = v - m;
+    return d * d;
+  });
+  rs = 1.f / std::sqrt(var / static_cast<float>(C) + eps);
+  for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * wf[i] + (bf ? bf[i] : 0.f);
+}
+
+// One row of RMSNorm: yr = wf * (xr * rs), rs = 1 / sqrt(mean(xr^2) + eps).
+void rmsnorm_row(float* yr, float& rs, const float* xr, const float* wf, float eps, int64_t C) {
+  const float ss = lanes_sum(xr, C, [](auto v) { return v * v; });  // fixed order (layernorm_row)
+  rs = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+  for (int64_t i = 0; i < C; ++i) yr[i] = wf[i] * (xr[i] * rs);
+}
+
+// The fused residual's row r: sum = a + b, stored rounded to sum's dtype as
+// add stores it, and returned as the norm reads it back (s.row(0..2) used).
+const float* residual_row(Tensor sum, const Tensor& a, const Tensor& b, int64_t r, int64_t C,
+                          const ScratchRows::Rows& s) {
+  const float* ar = load_row(a, r, C, s.row(0));
+  const float* br = load_row(b, r, C, s.row(1));
+  float* sr = s.row(2);
+  for (int64_t i = 0; i < C; ++i) sr[i] = ar[i] + br[i];
+  store_span(sum, r * C, C, sr, Store::write);
+  return load_row(sum, r, C, s.row(0));
+}
+
+// LayerNorm over rows [0, N), row r's input from x_of(r, rows) (rows: this
+// thread's scratch, rows 0-2 free for it).
+template <typename XOf>
+void layernorm_rows(Tensor y, Tensor mean, Tensor rstd, const Tensor& w, const Tensor& b, float eps, int64_t N,
+                    int64_t C, XOf x_of) {
+  const ScratchRows scratch(6, C);  // x (or a, b, sum), w, b, y
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    const ScratchRows::Rows s = scratch.mine();
+    const float* wf = load_row(w, 0, C, s.row(3));
+    const float* bf = b.defined() ? load_row(b, 0, C, s.row(4)) : nullptr;
+    float* yr = s.row(5);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      float m = 0, rs = 0;
+      layernorm_row(yr, m, rs, x_of(r, s), wf, bf, eps, C);
+      store_span(y, r * C, C, yr, Store::write);
+      if (mean.defined()) mean.data_as<float>()[r] = m;
+      if (rstd.defined()) rstd.data_as<float>()[r] = rs;
+    }
+  }
+}
+
+// RMSNorm over rows [0, N), as layernorm_rows.
+template <typename XOf>
+void rmsnorm_rows(Tensor y, Tensor rstd, const Tensor& w, float eps, int64_t N, int64_t C, XOf x_of) {
+  const ScratchRows scratch(5, C);  // x (or a, b, sum), w, y
+#pragma omp parallel if (N * C >= kMinParallel)
+  {
+    const ScratchRows::Rows s = scratch.mine();
+    const float* wf = load_row(w, 0, C, s.row(3));
+    float* yr = s.row(4);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; ++r) {
+      float rs = 0;
+      rmsnorm_row(yr, rs, x_of(r, s), wf, eps, C);
+      store_span(y, r * C, C, yr, Store::write);
+      if (rstd.defined()) rstd.data_as<float>()[r] = rs;
+    }
+  }
+}
+
 }  // namespace
 
 // ---- LayerNorm ------------------------------------------------------------------
@@ -76,32 +152,16 @@ class ScratchRows {
 // per row of x ((N) or x's leading shape), or undefined (inference).
 void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& w, const Tensor& b,
                        float eps) {
-  const int64_t C = x.size(-1), N = rows(x);
-  const ScratchRows scratch(4, C);  // x, w, b, y
-#pragma omp parallel if (N * C >= kMinParallel)
-  {
-    const ScratchRows::Rows s = scratch.mine();
-    const float* wf = load_row(w, 0, C, s.row(1));
-    const float* bf = b.defined() ? load_row(b, 0, C, s.row(2)) : nullptr;
-    float* yr = s.row(3);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* xr = load_row(x, r, C, s.row(0));
-      // Sums in a fixed 16-lane order (lane_sum.h): the same bits at every
-      // instruction-set level, as serving needs.
-      const float m = lanes_sum(xr, C, [](auto v) { return v; }) / static_cast<float>(C);
-      // two-pass: no cancellation for rows with a large mean
-      const float var = lanes_sum(xr, C, [m](auto v) {
-        const auto d = v - m;
-        return d * d;
-      });
-      const float rs = 1.f / std::sqrt(var / static_cast<float>(C) + eps);
-      for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rs * wf[i] + (bf ? bf[i] : 0.f);
-      store_span(y, r * C, C, yr, Store::write);
-      if (mean.defined()) mean.data_as<float>()[r] = m;
-      if (rstd.defined()) rstd.data_as<float>()[r] = rs;
-    }
-  }
+  const int64_t C = x.size(-1);
+  layernorm_rows(y, mean, rstd, w, b, eps, rows(x), C,
+                 [&](int64_t r, const ScratchRows::Rows& s) { return load_row(x, r, C, s.row(0)); });
+}
+
+void add_layernorm_forward(Tensor sum, Tensor y, Tensor mean, Tensor rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, float eps) {
+  const int64_t C = sum.size(-1);
+  layernorm_rows(y, mean, rstd, w, bias, eps, rows(sum), C,
+                 [&](int64_t r, const ScratchRows::Rows& s) { return residual_row(sum, a, b, r, C, s); });
 }
 
 // xhat = (x - mean) * rstd, g = w * dy:
@@ -157,23 +217,16 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
 
 // Hugging Face LlamaRMSNorm in f32: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps).
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
-  const int64_t C = x.size(-1), N = rows(x);
-  const ScratchRows scratch(3, C);  // x, w, y
-#pragma omp parallel if (N * C >= kMinParallel)
-  {
-    const ScratchRows::Rows s = scratch.mine();
-    const float* wf = load_row(w, 0, C, s.row(1));
-    float* yr = s.row(2);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < N; ++r) {
-      const float* xr = load_row(x, r, C, s.row(0));
-      const float ss = lanes_sum(xr, C, [](auto v) { return v * v; });  // fixed order (layernorm_forward)
-      const float rs = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
-      for (int64_t i = 0; i < C; ++i) yr[i] = wf[i] * (xr[i] * rs);
-      store_span(y, r * C, C, yr, Store::write);
-      if (rstd.defined()) rstd.data_as<float>()[r] = rs;
-    }
-  }
+  const int64_t C = x.size(-1);
+  rmsnorm_rows(y, rstd, w, eps, rows(x), C,
+               [&](int64_t r, const ScratchRows::Rows& s) { return load_row(x, r, C, s.row(0)); });
+}
+
+void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                         float eps) {
+  const int64_t C = sum.size(-1);
+  rmsnorm_rows(y, rstd, w, eps, rows(sum), C,
+               [&](int64_t r, const ScratchRows::Rows& s) { return residual_row(sum, a, b, r, C, s); });
 }
 
 // dx += rstd * w * dy - x * rstd^3 * mean(w * dy * x)   dw += dy * x * rstd

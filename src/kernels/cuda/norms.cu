@@ -103,8 +103,8 @@ __device__ __forceinline__ void save_acc(const float* acc, float* partial, bool 
 // One block per row: two-pass mean and variance (no cancellation for rows
 // with a large mean).   x, y: (N, C)  w, b: (C) (b may be null)  mean, rstd: (N) or null
 template <typename T>
-__global__ void layernorm_forward_kernel(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b,
-                                         float eps, int64_t C) {
+__device__ void layernorm_row(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b, float eps,
+                              int64_t C) {
   const int64_t r = blockIdx.x;
   const T* xr = x + r * C;
   T* yr = y + r * C;
@@ -126,6 +126,30 @@ __global__ void layernorm_forward_kernel(T* y, float* mean, float* rstd, const T
     if (mean) mean[r] = m;
     if (rstd) rstd[r] = rs;
   }
+}
+
+template <typename T>
+__global__ void layernorm_forward_kernel(T* y, float* mean, float* rstd, const T* x, const T* w, const T* b,
+                                         float eps, int64_t C) {
+  layernorm_row(y, mean, rstd, x, w, b, eps, C);
+}
+
+// The fused residual's row blockIdx.x: sum = a + b, rounded as add rounds
+// it. Each thread adds the columns it then normalises (layernorm_row's and
+// rmsnorm_row's columns: threadIdx.x, then a stride of blockDim.x), so it
+// reads back only what it wrote itself: no barrier.
+template <typename T>
+__device__ void residual_row(T* sum, const T* a, const T* b, int64_t C) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * C;
+  for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+    sum[base + i] = from_float<T>(to_float(a[base + i]) + to_float(b[base + i]));
+}
+
+template <typename T>
+__global__ void add_layernorm_forward_kernel(T* sum, T* y, float* mean, float* rstd, const T* a, const T* b,
+                                             const T* w, const T* bias, float eps, int64_t C) {
+  residual_row(sum, a, b, C);
+  layernorm_row(y, mean, rstd, static_cast<const T*>(sum), w, bias, eps, C);
 }
 
 // Block k owns rows [block_begin(k), block_begin(k + 1)). xhat = (x - mean) rstd, g = w dy:
@@ -230,7 +254,7 @@ __global__ void __launch_bounds__(32 * kRowWarps)
 
 // One block per row: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps).
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, float eps, int64_t C) {
+__device__ void rmsnorm_row(T* y, float* rstd, const T* x, const T* w, float eps, int64_t C) {
   const int64_t r = blockIdx.x;
   const T* xr = x + r * C;
   T* yr = y + r * C;
@@ -243,6 +267,18 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
   const float rs = 1.f / sqrtf(ss / static_cast<float>(C) + eps);
   for (int64_t i = threadIdx.x; i < C; i += blockDim.x) yr[i] = from_float<T>(to_float(w[i]) * (to_float(xr[i]) * rs));
   if (threadIdx.x == 0 && rstd) rstd[r] = rs;
+}
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, float eps, int64_t C) {
+  rmsnorm_row(y, rstd, x, w, eps, C);
+}
+
+template <typename T>
+__global__ void add_rmsnorm_forward_kernel(T* sum, T* y, float* rstd, const T* a, const T* b, const T* w, float eps,
+                                           int64_t C) {
+  residual_row(sum, a, b, C);
+  rmsnorm_row(y, rstd, static_cast<const T*>(sum), w, eps, C);
 }
 
 // Block k owns rows [block_begin(k), block_begin(k + 1)):
@@ -291,6 +327,19 @@ void layernorm_forward(Tensor y, Tensor mean, Tensor rstd, const Tensor& x, cons
     using T = decltype(tag);
     layernorm_forward_kernel<<<static_cast<unsigned>(N), row_threads(C), 0, stream()>>>(
         ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), ptr<T>(x), ptr<T>(w), ptr<T>(b), eps, C);
+    LOOM_CUDA_LAUNCHED();
+  });
+}
+
+void add_layernorm_forward(Tensor sum, Tensor y, Tensor mean, Tensor rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, float eps) {
+  const int64_t C = sum.size(-1), N = C ? sum.numel() / C : 0;
+  if (N == 0) return;
+  with_float_type(sum.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    add_layernorm_forward_kernel<<<static_cast<unsigned>(N), row_threads(C), 0, stream()>>>(
+        ptr<T>(sum), ptr<T>(y), ptr<float>(mean), ptr<float>(rstd), ptr<T>(a), ptr<T>(b), ptr<T>(w), ptr<T>(bias), eps,
+        C);
     LOOM_CUDA_LAUNCHED();
   });
 }
@@ -350,6 +399,18 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
     using T = decltype(tag);
     rmsnorm_forward_kernel<<<static_cast<unsigned>(N), row_threads(C), 0, stream()>>>(
         ptr<T>(y), ptr<float>(rstd), ptr<T>(x), ptr<T>(w), eps, C);
+    LOOM_CUDA_LAUNCHED();
+  });
+}
+
+void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
+                         float eps) {
+  const int64_t C = sum.size(-1), N = C ? sum.numel() / C : 0;
+  if (N == 0) return;
+  with_float_type(sum.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    add_rmsnorm_forward_kernel<<<static_cast<unsigned>(N), row_threads(C), 0, stream()>>>(
+        ptr<T>(sum), ptr<T>(y), ptr<float>(rstd), ptr<T>(a), ptr<T>(b), ptr<T>(w), eps, C);
     LOOM_CUDA_LAUNCHED();
   });
 }
