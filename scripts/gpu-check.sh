@@ -72,7 +72,7 @@ for t in "${tests[@]}"; do
   passed=$(grep -c "^\[       OK \]" "$out/$name.log")
   failed=$(grep -c "^\[  FAILED  \]" "$out/$name.log")
   note "$name: exit $rc, $passed passed, $failed failed lines, $(($(date +%s) - start)) s"
-  grep -E "^\[  FAILED  \]|Failure|threw|error" "$out/$name.log" | head -40 >>"$summary"
+  grep -E "^\[  FAILED  \]|Failure|threw|error|warning" "$out/$name.log" | head -40 >>"$summary"
   ((rc != 0)) && status=1
 done
 
@@ -99,6 +99,7 @@ for dt in ${LOOM_GPU_TRAIN_DTYPES:-bf16 fp32}; do
     --set train.dtype="$dt" --metrics "$out/train_$dt.jsonl" >"$out/train_$dt.log" 2>&1 \
     || note "loom train $dt failed: $(tail -3 "$out/train_$dt.log")"
   note "loom train $dt: $(tail -1 "$out/train_$dt.jsonl" 2>/dev/null)"
+  grep -m 3 -i "warning" "$out/train_$dt.log" >>"$summary"  # e.g. a fused op that fell back
   timeout "${LOOM_GPU_TRAIN_TIMEOUT:-150}" python3 bench/cuda/torch_train_bench.py --model gpt2-124m --batch 8 \
     --seq 1024 --dtype "$dt" --steps 10 >"$out/torch_train_$dt.json" 2>"$out/torch_train_$dt.err" \
     || note "torch train $dt failed: $(tail -3 "$out/torch_train_$dt.err")"

@@ -29,6 +29,7 @@ namespace loom::kernels {
   X(matmul_backward, void,                                                                                         \
     (Tensor da, Tensor db, const Tensor& dc, const Tensor& a, const Tensor& b, const MatmulOpts& opts))            \
   X(linear_forward, void, (Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias))                        \
+  X(linear_gelu_forward, void, (Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias))       \
   X(linear_forward_invariant, void, (Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias))              \
   X(linear_forward_quantized, void,                                                                                \
     (Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias))                             \

@@ -83,6 +83,10 @@ void matmul_backward(Tensor da, Tensor db, const Tensor& dc, const Tensor& a, co
 // y = x @ w^T + bias      x: (N, IC) (leading dims flattened)  w: (OC, IC)
 // bias: (OC) or undefined  y: (N, OC). PyTorch / Hugging Face weight layout.
 void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias);
+// pre = linear_forward(x, w, bias), y = gelu(pre), y like pre and apart (GPT-2's
+// c_fc): on the CPU the two ops' bits; on CUDA one cuBLASLt GEMM with the
+// GELU_AUX_BIAS epilogue (GELU of the f32 sum; docs/numerics.md).
+void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias);
 // linear_forward, batch invariant (the serving engine's GEMM): each element
 // y[m][n] is computed by one fixed sequence of operations that depends on
 // the input features IC alone, so a row's bits do not depend on how many rows
@@ -132,11 +136,9 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, const Tensor& dy, const
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
-// The residual add fused with the norm after it (llm.c's fused residual):
-// sum = a + b (as add: sum may be a or b), then layernorm_forward (or
-// rmsnorm_forward) of sum into y and the statistics. The same bits as the
-// two ops in turn, in one pass over the rows. a, b, sum: x's shape and dtype
-// in the norm; y apart from them.
+// llm.c's fused residual: sum = a + b (sum may be a or b), then the norm of
+// sum into y (apart from a, b, sum) and the statistics; the two ops' bits in
+// one pass over the rows. a, b, sum: the norm's x's shape and dtype.
 void add_layernorm_forward(Tensor sum, Tensor y, Tensor mean, Tensor rstd, const Tensor& a, const Tensor& b,
                            const Tensor& w, const Tensor& bias, float eps);
 void add_rmsnorm_forward(Tensor sum, Tensor y, Tensor rstd, const Tensor& a, const Tensor& b, const Tensor& w,
@@ -449,11 +451,9 @@ void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor par
 
 // Sum of squares of all elements (f32, bf16 or f16), accumulated in double.
 double sum_squares(const Tensor& t);
-// Each tensor's blocks' sums of squares, the tensors' in their order: for
-// tensor t, ceil(numel / block) sums, sum i that of t's elements
-// [i block, min((i + 1) block, numel)), the same bits as sum_squares of that
-// slice. One call (on a device: one wait, not one a block or a tensor).
-// block >= 1; sums.size() = the tensors' blocks in all.
+// Each tensor's ceil(numel / block) block sums of squares, tensors in order,
+// sum i of t the bits of sum_squares(t[i block, min((i + 1) block, numel)));
+// one call (a device waits once). block >= 1; sums.size(): all the blocks.
 void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block);
 // sqrt of the sum of squares over all the tensors.
 double global_norm(std::span<const Tensor> tensors);

@@ -104,6 +104,18 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
   backend_of(op, {{"y", y}, {"x", x}, {"w", w}, {"bias", bias}}).linear_forward(y, x, w, bias);
 }
 
+void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  constexpr const char* op = "linear_gelu_forward";
+  check_linear_forward(op, pre, x, w, bias);
+  require_contiguous(op, {{"y", y}});
+  require_same_dtype(op, {"y", y}, {"pre", pre});
+  require_same_shape(op, {"y", y}, {"pre", pre});
+  require_no_overlap(op, {"y", y}, {"pre", pre});
+  require_no_overlap(op, {"y", y}, {"x", x});
+  require_no_overlap(op, {"y", y}, {"w", w});
+  backend_of(op, {{"y", y}, {"pre", pre}, {"x", x}, {"w", w}, {"bias", bias}}).linear_gelu_forward(y, pre, x, w, bias);
+}
+
 void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
   constexpr const char* op = "linear_forward_invariant";
   check_linear_forward(op, y, x, w, bias);

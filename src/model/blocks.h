@@ -127,6 +127,11 @@ struct Dims {
 // when `lora` has one (lora_forward).
 void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
                   const LoraPair& lora = {});
+// block_linear into y, then act = gelu(y): one op (kernels::linear_gelu_forward,
+// the GEMM's epilogue on a GPU) when nothing comes between the two, i.e. a
+// plain weight, no adapter and no batch-invariant GEMM.
+void block_linear_gelu(const Dims& d, Tensor act, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const LoraPair& lora = {});
 // LoRA (lora_block.cpp): y += scale (x A^T) B^T, x (N, IC), y (N, OC);
 // nothing when p is undefined.
 void lora_forward(const Dims& d, Tensor y, const Tensor& x, const LoraPair& p);

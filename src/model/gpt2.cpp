@@ -22,8 +22,8 @@ class GeluMlp final : public MlpStep {
                const BlockContext& c) const override {
     const Dims& d = c.d;
     const int64_t C = d.C, F = d.F;
-    block_linear(d, rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc, w.lora_fc);  // (N, F)
-    gelu_forward(a.act, a.fc);
+    block_linear_gelu(d, rows_of(a.act, F), rows_of(a.fc, F), rows_of(tp_enter(d, h), C), w.w_fc, w.b_fc,
+                      w.lora_fc);  // (N, F)
     tp_exit(d, out, rows_of(a.act, F), w.w_out, w.b_out, w.lora_out);
   }
   void recompute(LayerActs& a) const override { gelu_forward(a.act, a.fc); }

@@ -106,6 +106,14 @@ void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, con
   lora_forward(d, y, x, lora);
 }
 
+void block_linear_gelu(const Dims& d, Tensor act, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const LoraPair& lora) {
+  if (w.dtype() != DType::u8 && !d.batch_invariant && !lora.defined())
+    return kernels::linear_gelu_forward(act, y, x, w, bias);
+  block_linear(d, y, x, w, bias, lora);
+  kernels::gelu_forward(act, y);
+}
+
 void tp_exit(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias, const LoraPair& lora) {
   const TpContext& tp = d.par.tp;
   const int64_t C = d.C;

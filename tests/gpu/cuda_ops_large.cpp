@@ -58,6 +58,17 @@ TEST(CudaLarge, LinearForwardWithBiasGpt2Qkv) {
            }});
 }
 
+// GPT-2's c_fc with its GELU in cuBLASLt's epilogue (bf16; f32 with the
+// GEMM's tolerance, the GELU on the f32 sum being the same formula).
+TEST(CudaLarge, LinearGeluForwardGpt2Fc) {
+  for (DType dt : {f32, bf16})
+    check({"linear_gelu_forward", dt, dt == f32 ? kGemmF32 : kGemmBf16, [](Io& io, DType t) {
+             linear_gelu_forward(io.normal("y", t, {3, 129, 3072}), io.normal("pre", t, {3, 129, 3072}),
+                                 io.normal("x", t, {3, 129, 768}), io.normal("w", t, {3072, 768}, 0.05),
+                                 io.normal("bias", t, {3072}));
+           }});
+}
+
 TEST(CudaLarge, LinearBackwardGpt2Mlp) {
   for (DType dt : {f32, bf16})
     check({"linear_backward", dt, dt == f32 ? kGemmF32 : kGemmBf16, [](Io& io, DType t) {

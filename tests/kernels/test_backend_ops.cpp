@@ -83,6 +83,12 @@ std::vector<OpCase> gemm_cases() {
          const Tensor x = io.normal("x", dt, {2, 3, 5}), w = io.normal("w", dt, {4, 5});
          OP(linear_forward)(io.normal("y", dt, {2, 3, 4}), x, w, io.normal("bias", f32, {4}));
        }},
+      {"linear_gelu_forward", gemm_dtypes(), f32_tol, half_tol,
+       [](Io& io, DType dt) {  // 8 outputs: the width a GPU's epilogue needs
+         const Tensor x = io.normal("x", dt, {2, 3, 5}), w = io.normal("w", dt, {8, 5});
+         OP(linear_gelu_forward)(io.normal("y", dt, {2, 3, 8}), io.normal("pre", dt, {2, 3, 8}), x, w,
+                                 io.normal("bias", dt, {8}));
+       }},
       {"linear_forward_invariant", kFloats, f32_tol, half_tol,
        [](Io& io, DType dt) {  // K = 37: whole steps and a masked tail
          const Tensor x = io.normal("x", dt, {2, 3, 37}), w = io.normal("w", dt, {5, 37});

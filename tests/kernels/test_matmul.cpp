@@ -327,6 +327,41 @@ TEST(MatmulMisuse, ErrorsNameTheOpAndShapes) {
                {"matmul_backward: ", "dc must end in (5, 3)"});
 }
 
+// linear_gelu_forward on the CPU is linear_forward then gelu_forward: their
+// bits, in every float dtype the GEMM takes, with and without a bias.
+TEST(LinearGelu, EqualsTheLinearThenTheGeluBitForBit) {
+  std::vector<DType> dtypes = {DType::f32, DType::f16};
+  if (bf16_matmul_unsupported_reason().empty()) dtypes.push_back(DType::bf16);
+  Floats xv(6 * 96), wv(200 * 96), bv(200);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i)) * 2.f;
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = std::cos(0.11f * static_cast<float>(i)) * 0.2f;
+  for (size_t i = 0; i < bv.size(); ++i) bv[i] = 0.01f * static_cast<float>(i) - 1.f;
+  for (DType dt : dtypes)
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(concat(dtype_name(dt), with_bias ? " with bias" : ""));
+      Buffer x(dt, {2, 3, 96}, xv), w(dt, {200, 96}, wv), b(dt, {200}, bv);
+      Buffer pre1(dt, {2, 3, 200}), y1(dt, {2, 3, 200}), pre2(dt, {2, 3, 200}), y2(dt, {2, 3, 200});
+      const Tensor bias = with_bias ? b.view() : Tensor();
+      linear_forward(pre1.view(), x.view(), w.view(), bias);
+      gelu_forward(y1.view(), pre1.view());
+      linear_gelu_forward(y2.view(), pre2.view(), x.view(), w.view(), bias);
+      EXPECT_EQ(pre2.bytes, pre1.bytes);
+      EXPECT_EQ(y2.bytes, y1.bytes);
+    }
+}
+
+TEST(LinearGelu, MisuseThrowsNamingTheOp) {
+  std::vector<float> f(8192), g(8192), k(8192);
+  const Tensor x(f.data(), DType::f32, {4, 100}), w(f.data() + 400, DType::f32, {32, 100});
+  const Tensor pre(g.data(), DType::f32, {4, 32}), y(k.data(), DType::f32, {4, 32});
+  expect_error([&] { linear_gelu_forward(y, pre, x, Tensor(f.data() + 400, DType::f32, {32, 96}), Tensor()); },
+               {"linear_gelu_forward: x has 100 features but w expects 96"});
+  expect_error([&] { linear_gelu_forward(Tensor(k.data(), DType::f32, {4, 31}), pre, x, w, Tensor()); },
+               {"linear_gelu_forward: ", "y", "(4, 31)"});
+  expect_error([&] { linear_gelu_forward(pre, pre, x, w, Tensor()); },
+               {"linear_gelu_forward: ", "y must not overlap pre"});
+}
+
 TEST(LinearMisuse, ErrorsNameTheOpAndShapes) {
   std::vector<float> f(8192), g(8192);
   std::vector<bf16> h(4096);

@@ -234,6 +234,14 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
   gemm(as_matrix(y), as_matrix(x), w, false, true, 1.f, 0.f, bias);
 }
 
+// The GEMM, then the activation: the two ops' bits (the CUDA backend fuses
+// them into the GEMM's epilogue, where the sum would otherwise go out to
+// memory and back).
+void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  linear_forward(pre, x, w, bias);
+  gelu_forward(y, pre);
+}
+
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
   const int64_t oc = w.size(0);
   const Tensor dy2 = as_matrix(dy);  // (N, OC)

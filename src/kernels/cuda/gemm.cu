@@ -1,7 +1,7 @@
 // CUDA matmul and linear (ops.h): every GEMM through cuBLASLt, with f32
 // compute (no TF32: an f32 GEMM keeps f32's 24 bits, as the CPU's does) and
 // the output's dtype f32, bf16 or f16; the bias grad, the mixed-dtype
-// roundings and the batch-invariant GEMV are kernels here.
+// roundings are kernels here (the batch-invariant GEMV: linear_invariant.cu).
 //
 // Row-major to cuBLASLt's column-major: a row-major (R, C) matrix is the
 // column-major (C, R) one with the same bytes, so c (M, N) = op(a) @ op(b)
@@ -12,6 +12,8 @@
 // with a bf16 one is rounded to bf16 first (PyTorch autocast's rule); an f16
 // one paired with f32 is widened to f32; bf16 and f16 GEMMs take their
 // inputs as they are (products exact in f32, sums in f32).
+#include <atomic>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -61,6 +63,7 @@ struct LtGemm {
   const void* b = nullptr;  // cuBLASLt's B (our a)
   void* c = nullptr;
   const void* bias = nullptr;  // length m, c's dtype
+  void* aux = nullptr;         // set: c = GELU(the sum), aux the sum (GELU_AUX epilogue), c's dtype and ld
   DType ab = DType::f32, c_dtype = DType::f32;
   bool trans_a = false, trans_b = false;
   int64_t lda = 0, ldb = 0, ldc = 0, stride_a = 0, stride_b = 0, stride_c = 0;
@@ -117,9 +120,17 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  if (g.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  if (g.bias || g.aux) {
+    const cublasLtEpilogue_t epi = !g.aux ? CUBLASLT_EPILOGUE_BIAS
+                                   : g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                            : CUBLASLT_EPILOGUE_GELU_AUX;
     LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  }
+  if (g.aux) {  // before the heuristic, which reads the pointer's alignment
+    LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldc,
+                                                         sizeof g.ldc));
+    LOOM_CUBLAS_CHECK(
+        api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
   }
   p.a = layout(g.ab, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a);
   p.b = layout(g.ab, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b);
@@ -144,7 +155,7 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
   api.cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " GEMM m=", g.m, " n=", g.n, " k=", g.k,
-         " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""), " (",
+         " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""), (g.aux ? " and GELU" : ""), " (",
          api.cublasLtGetStatusString(st), ")");
   p.algo = result.algo;
   return p;
@@ -157,7 +168,7 @@ void run(const LtGemm& g) {
   const uint32_t al_a = alignment_of(g.a), al_b = alignment_of(g.b), al_c = alignment_of(g.c);
   const PlanKey key{g.m,     g.n,        g.k,       g.batch,    static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
                     g.trans_a, g.trans_b, g.lda,     g.ldb,      g.ldc,
-                    g.stride_a, g.stride_b, g.stride_c, g.bias != nullptr, al_a, al_b, al_c, false};
+                    g.stride_a, g.stride_b, g.stride_c, g.bias != nullptr, al_a, al_b, al_c, g.aux != nullptr};
   const Plan* plan = nullptr;
   {
     std::lock_guard lock(s.mutex);
@@ -168,6 +179,9 @@ void run(const LtGemm& g) {
   if (g.bias)
     LOOM_CUBLAS_CHECK(
         api.cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  if (g.aux)
+    LOOM_CUBLAS_CHECK(
+        api.cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
   LOOM_CUBLAS_CHECK(api.cublasLtMatmul(s.handle, plan->op, &g.alpha, g.a, plan->a, g.b, plan->b, &g.beta, g.c,
                                       plan->c, g.c, plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream()));
 }
@@ -229,26 +243,10 @@ void no_products(const Tensor& c, const Tensor& bias, float beta) {
 }
 
 // c = alpha op(a) op(b) (+ bias) + beta c on checked device operands.
-void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias = {}) {
-  DeviceTemp ta_tmp, tb_tmp, bias_tmp, c_tmp;
-  if (a.dtype() != b.dtype()) {  // backward with an f32 gradient (see the top)
-    const DType half = a.dtype() == DType::f32 ? b.dtype() : a.dtype();
-    const DType to = half == DType::bf16 ? DType::bf16 : DType::f32;
-    if (a.dtype() != to) a = converted(a, to, ta_tmp);
-    if (b.dtype() != to) b = converted(b, to, tb_tmp);
-  }
-  const Tensor c_out = c;
-  // The bias epilogue reads a bias of c's dtype; an f32 bias of a 16-bit c
-  // goes through an f32 c so that the sum is rounded once, as on the CPU.
-  if (bias.defined() && bias.dtype() != c.dtype()) {
-    if (bias.dtype() == DType::f32) {
-      LOOM_CHECK(beta == 0.f, "a GEMM with bias accumulates");
-      c_tmp = DeviceTemp(static_cast<size_t>(c.numel()) * sizeof(float));
-      c = Tensor(c_tmp.as<void>(), DType::f32, c.shape(), c.device());
-    } else {
-      bias = converted(bias, c.dtype(), bias_tmp);
-    }
-  }
+// c = alpha op(a) op(b) + beta c (+ bias) in cuBLASLt's terms (see the top),
+// for operands of one dtype (c's may differ) and a bias of c's.
+LtGemm lt_gemm(const Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool tb, float alpha, float beta,
+               const Tensor& bias) {
   LtGemm g;
   g.ab = a.dtype();
   g.c_dtype = c.dtype();
@@ -270,6 +268,30 @@ void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float bet
   g.stride_c = c.size(-2) * c.size(-1);
   g.alpha = alpha;
   g.beta = beta;
+  return g;
+}
+
+void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias = {}) {
+  DeviceTemp ta_tmp, tb_tmp, bias_tmp, c_tmp;
+  if (a.dtype() != b.dtype()) {  // backward with an f32 gradient (see the top)
+    const DType half = a.dtype() == DType::f32 ? b.dtype() : a.dtype();
+    const DType to = half == DType::bf16 ? DType::bf16 : DType::f32;
+    if (a.dtype() != to) a = converted(a, to, ta_tmp);
+    if (b.dtype() != to) b = converted(b, to, tb_tmp);
+  }
+  const Tensor c_out = c;
+  // The bias epilogue reads a bias of c's dtype; an f32 bias of a 16-bit c
+  // goes through an f32 c so that the sum is rounded once, as on the CPU.
+  if (bias.defined() && bias.dtype() != c.dtype()) {
+    if (bias.dtype() == DType::f32) {
+      LOOM_CHECK(beta == 0.f, "a GEMM with bias accumulates");
+      c_tmp = DeviceTemp(static_cast<size_t>(c.numel()) * sizeof(float));
+      c = Tensor(c_tmp.as<void>(), DType::f32, c.shape(), c.device());
+    } else {
+      bias = converted(bias, c.dtype(), bias_tmp);
+    }
+  }
+  const LtGemm g = lt_gemm(c, a, b, ta, tb, alpha, beta, bias);
   if (g.k == 0) no_products(c, bias, beta);
   else run(g);
   if (c.data() != c_out.data()) {
@@ -359,52 +381,6 @@ void bias_grad(Tensor dbias, const Tensor& dy2) {
   });
 }
 
-// ---- the batch-invariant GEMV (linear_forward_invariant) --------------------
-
-// y[m][n] by one warp: lane l sums x[m][k] w[n][k] over k = l, l + 32, ...
-// with FMAs in k order, then the warp adds its 32 lanes by a fixed butterfly,
-// then the bias: the sequence depends on IC alone, so a row's bits do not
-// depend on the other rows or the launch shape.
-constexpr int kInvariantWarps = 8;
-
-template <typename T, typename TY, typename TB>
-__global__ void linear_invariant_kernel(TY* y, const T* x, const T* w, const TB* bias, int64_t rows, int64_t oc,
-                                        int64_t ic) {
-  const int lane = threadIdx.x % 32;
-  const int64_t out = blockIdx.x * int64_t{kInvariantWarps} + threadIdx.x / 32;
-  if (out >= rows * oc) return;
-  const int64_t m = out / oc, n = out % oc;
-  const T* xr = x + m * ic;
-  const T* wr = w + n * ic;
-  float acc = 0.f;
-  for (int64_t k = lane; k < ic; k += 32) acc = fmaf(to_float(xr[k]), to_float(wr[k]), acc);
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    if (bias) acc += to_float(bias[n]);
-    y[out] = from_float<TY>(acc);
-  }
-}
-
-void linear_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const Tensor x2 = as_matrix(x), y2 = as_matrix(y);
-  const int64_t rows = x2.size(0), oc = w.size(0), ic = w.size(1), outs = rows * oc;
-  if (outs == 0) return;
-  const auto blocks = static_cast<unsigned>((outs + kInvariantWarps - 1) / kInvariantWarps);
-  with_float_type(x.dtype(), [&](auto xt) {
-    with_float_type(y.dtype(), [&](auto yt) {
-      with_float_type(bias.defined() ? bias.dtype() : DType::f32, [&](auto bt) {
-        using T = decltype(xt);
-        using TY = decltype(yt);
-        using TB = decltype(bt);
-        linear_invariant_kernel<<<blocks, 32 * kInvariantWarps, 0, stream()>>>(
-            ptr<TY>(y2), ptr<const T>(x2), ptr<const T>(w), bias.defined() ? ptr<const TB>(bias) : nullptr, rows, oc,
-            ic);
-        LOOM_CUDA_LAUNCHED();
-      });
-    });
-  });
-}
-
 }  // namespace
 
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
@@ -430,8 +406,30 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
   gemm(as_matrix(y), as_matrix(x), w, false, true, 1.f, 0.f, bias);
 }
 
-void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  linear_invariant(y, x, w, bias);
+// One GEMM with the GELU_AUX(_BIAS) epilogue: y = GELU(x w^T + bias) from
+// the f32 sum, pre = the sum, each rounded once to their dtype. Where it
+// does not apply (mixed dtypes, no products, an aux ld cuBLASLt refuses) or
+// cuBLASLt has no kernel for it (then never again in this process, with a
+// warning), linear_forward then gelu_forward.
+void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  static std::atomic<bool> refused{false};
+  const Tensor pre2 = as_matrix(pre), x2 = as_matrix(x);
+  const bool fits = x.dtype() == w.dtype() && pre.dtype() == x.dtype() &&
+                    (!bias.defined() || bias.dtype() == pre.dtype()) && x2.size(1) > 0 && pre2.size(0) > 0 &&
+                    pre2.size(1) % 8 == 0;
+  if (fits && !refused.load()) {
+    LtGemm g = lt_gemm(as_matrix(y), x2, w, false, true, 1.f, 0.f, bias);
+    g.aux = pre.data();
+    try {
+      return run(g);
+    } catch (const Error& e) {
+      refused = true;
+      std::fprintf(stderr, "warning: cuBLASLt's GELU epilogue failed (%s): GPT-2's c_fc takes its GEMM, then the "
+                           "GELU kernel, from now on\n", e.what());
+    }
+  }
+  linear_forward(pre, x, w, bias);
+  gelu_forward(y, pre);
 }
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
@@ -447,7 +445,7 @@ void grouped_linear_forward(Tensor y, const Tensor& x, std::span<const Tensor> w
     const int64_t r0 = offsets[g], n = offsets[g + 1] - r0;
     if (n == 0) continue;
     const Tensor yg = y.slice(0, r0, n), xg = x.slice(0, r0, n);
-    if (invariant) linear_invariant(yg, xg, w[g], Tensor());
+    if (invariant) linear_forward_invariant(yg, xg, w[g], Tensor());
     else gemm(yg, xg, w[g], false, true, 1.f, 0.f);
   }
 }
