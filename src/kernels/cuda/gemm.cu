@@ -70,8 +70,10 @@ struct LtGemm {
   float alpha = 1.f, beta = 0.f;
 };
 
+// The last field: the GELU epilogue's aux alignment (0: no epilogue), which
+// the chosen kernel may assume as it does the operands'.
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, bool>;
+                           int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 // A GEMM's descriptors and chosen algorithm, kept for the next call of the
 // same shape (cuBLASLt's heuristic query costs more than a small GEMM).
@@ -155,7 +157,8 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
   api.cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " GEMM m=", g.m, " n=", g.n, " k=", g.k,
-         " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""), (g.aux ? " and GELU" : ""), " (",
+         " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""),
+         (g.aux ? " and GELU" : ""), " (",
          api.cublasLtGetStatusString(st), ")");
   p.algo = result.algo;
   return p;
@@ -166,9 +169,10 @@ void run(const LtGemm& g) {
   const CublasLtApi& api = cublaslt();
   Lt& s = lt();
   const uint32_t al_a = alignment_of(g.a), al_b = alignment_of(g.b), al_c = alignment_of(g.c);
+  const uint32_t al_aux = g.aux ? alignment_of(g.aux) : 0u;
   const PlanKey key{g.m,     g.n,        g.k,       g.batch,    static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
                     g.trans_a, g.trans_b, g.lda,     g.ldb,      g.ldc,
-                    g.stride_a, g.stride_b, g.stride_c, g.bias != nullptr, al_a, al_b, al_c, g.aux != nullptr};
+                    g.stride_a, g.stride_b, g.stride_c, g.bias != nullptr, al_a, al_b, al_c, al_aux};
   const Plan* plan = nullptr;
   {
     std::lock_guard lock(s.mutex);
