@@ -98,6 +98,7 @@ void OpTracer::begin(size_t op, const Backend& b) {
     anchor_ = clock->mark();
     clock->elapsed_us(anchor_, anchor_);
     anchor_us_ = recorder_.now_us();
+    recorder_.name_track(1, "device");
   }
   recorder_.begin(backend_op_names()[op]);
   open_ = {op, b.kind, clock, recorder_.now_us(), clock != nullptr ? clock->mark() : nullptr};
@@ -118,7 +119,6 @@ void OpTracer::end() {
 void OpTracer::flush() {
   if (queued_.empty()) return;
   const DeviceClock* clock = anchor_clock_;
-  recorder_.name_track(1, "device");
   for (const Queued& q : queued_) {
     LOOM_CHECK(q.clock == clock, "OpTracer: ops on two device clocks");
     const double start = anchor_us_ + clock->elapsed_us(anchor_, q.start_mark);
