@@ -32,8 +32,9 @@ void train_step(model::Model& m, parallel::DataParallel& dp, train::AdamW& adamw
   const double loss_scale = scaler ? scaler->scale() : 1.0;
   dp.zero_grads();
   dp.begin_micro_batch(true);
-  m.forward(tokens, targets);
-  m.backward(static_cast<float>(loss_scale));
+  const auto dloss = static_cast<float>(loss_scale);
+  m.forward(tokens, targets, 0, dloss);
+  m.backward(dloss);
   const double norm = dp.grad_norm() / loss_scale;
   if (scaler && !scaler->update(std::isfinite(norm))) return;
   adamw.step(kLr, static_cast<float>((norm > kGradClip ? kGradClip / norm : 1.0) / loss_scale));

@@ -36,4 +36,11 @@ void loss_backward(const Dims& d, const VocabShard& vocab, const HeadLoss& l, fl
                                scale);
 }
 
+float loss_forward_backward(const Dims& d, const VocabShard& vocab, const HeadLoss& l, float dloss) {
+  if (!d.par.tp.ops) return cross_entropy_forward_backward(l.logits, Tensor(), l.logits, l.targets, -100, dloss);
+  const float loss = loss_forward(d, vocab, l);  // the statistics pass, whose lse the backward needs
+  loss_backward(d, vocab, l, dloss);
+  return loss;
+}
+
 }  // namespace loom::model

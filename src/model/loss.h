@@ -28,6 +28,10 @@ struct HeadLoss {
 float loss_forward(const Dims& d, const VocabShard& vocab, const HeadLoss& l);
 // logits = d(dloss * loss) / d logits, in place.
 void loss_backward(const Dims& d, const VocabShard& vocab, const HeadLoss& l, float dloss);
+// Both: loss_forward's loss, and the logits overwritten as loss_backward
+// does, with the same bits. Without tensor parallelism in one pass fewer
+// over the logits than the two.
+float loss_forward_backward(const Dims& d, const VocabShard& vocab, const HeadLoss& l, float dloss);
 
 // Vocab-parallel pieces: the targets that count (not -100), and the loss
 // from the combined rows' statistics: mean of lse - target_logit over them.

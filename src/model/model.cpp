@@ -5,6 +5,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -291,8 +292,9 @@ void Model::set_samples(std::span<const int64_t> samples, int slot) {
   slot_acts(slot).samples.assign(samples.begin(), samples.end());
 }
 
-float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {
+float Model::forward(const Tensor& tokens, const Tensor& targets, int slot, std::optional<float> dloss) {
   SlotActs& a = slot_acts(slot);
+  a.loss_dloss.reset();
   a.drawn = a.samples;
   state_->dims.lora.samples = a.drawn;  // LoRA dropout's keys (none: no dropout)
   take_inputs(a, tokens, targets);
@@ -300,7 +302,7 @@ float Model::forward(const Tensor& tokens, const Tensor& targets, int slot) {
   for (int64_t l = 0; l < n_layers_; ++l) layer_forward(a, l);
   if (!has_head_) return 0.f;  // the output waits in stage_output()
   head_forward(a);
-  return a.has_targets ? loss_forward(a) : 0.f;
+  return a.has_targets ? loss_forward(a, dloss) : 0.f;
 }
 
 void Model::backward(float dloss, int slot) {
@@ -308,6 +310,9 @@ void Model::backward(float dloss, int slot) {
   LOOM_REQUIRE(has_head_ ? a.has_targets : a.forward_done, "Model::backward: the last forward",
                slots() > 1 ? concat(" of slot ", slot) : std::string(),
                " had no targets (or backward already ran): call forward(tokens, targets) first");
+  LOOM_REQUIRE(!a.loss_dloss || std::bit_cast<uint32_t>(*a.loss_dloss) == std::bit_cast<uint32_t>(dloss),
+               "Model::backward: dloss ", dloss, " differs from the ", *a.loss_dloss,
+               " its forward was given (the logits already hold the loss's gradient for that one)");
   a.has_targets = false, a.forward_done = false;
   state_->dims.lora.samples = a.drawn;  // the forward's masks again
   if (state_->moe_run) state_->moe_run->dloss = dloss;  // the MoE layers' balancing losses scale with it

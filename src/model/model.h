@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -322,14 +323,17 @@ class Model final : public Stage {
   // (entries equal to -100 are ignored), or 0 when targets is undefined
   // (logits only; backward is then not allowed).
   // slot: which activation slot (StageOptions) keeps this micro-batch's
-  // activations for its backward.
-  float forward(const Tensor& tokens, const Tensor& targets = Tensor(), int slot = 0) override;
+  // activations for its backward. dloss: Stage::forward's (the backward's,
+  // given ahead so that the loss and its gradient take one pass).
+  float forward(const Tensor& tokens, const Tensor& targets = Tensor(), int slot = 0,
+                std::optional<float> dloss = std::nullopt) override;
   // (B, T, V) in the compute dtype — under tensor parallelism (B, T, Vl),
-  // this rank's vocabulary columns, padding included; valid after forward
-  // until backward (which overwrites it with its gradient).
+  // this rank's vocabulary columns, padding included; valid after a forward
+  // without dloss until backward (both overwrite it with its gradient).
   Tensor logits(int slot = 0) const;
   // grads += d(dloss * loss) / d params for the last forward. dloss = 1 / k
-  // averages k accumulated micro-batches.
+  // averages k accumulated micro-batches; a forward given dloss must be
+  // followed by the same (a loom::Error otherwise).
   void backward(float dloss = 1.f, int slot = 0) override;
   // Stage::set_samples: B indices or none. Only LoRA dropout draws.
   void set_samples(std::span<const int64_t> samples, int slot = 0) override;
@@ -359,7 +363,7 @@ class Model final : public Stage {
   void embed_forward(SlotActs& a);
   void layer_forward(SlotActs& a, int64_t l);
   void head_forward(SlotActs& a);
-  float loss_forward(SlotActs& a);
+  float loss_forward(SlotActs& a, std::optional<float> dloss);
   void head_backward(SlotActs& a, float dloss);
   void layer_backward(SlotActs& a, int64_t l);
   void embed_backward(SlotActs& a);

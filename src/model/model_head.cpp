@@ -93,8 +93,11 @@ void Model::head_forward(SlotActs& a) {
   block_linear(d, rows_of(a.logits, V), rows_of(tp_enter(d, a.normf), d.C), w.lm_head, Tensor());
 }
 
-float Model::loss_forward(SlotActs& a) {
-  return model::loss_forward(state_->dims, state_->vocab, {a.logits, a.targets, a.ce_lse, a.ce_target});
+float Model::loss_forward(SlotActs& a, std::optional<float> dloss) {
+  const HeadLoss l{a.logits, a.targets, a.ce_lse, a.ce_target};
+  if (!dloss) return model::loss_forward(state_->dims, state_->vocab, l);
+  a.loss_dloss = dloss;
+  return model::loss_forward_backward(state_->dims, state_->vocab, l, *dloss);
 }
 
 // The loss's gradient through the lm head and the final norm into
@@ -107,7 +110,9 @@ void Model::head_backward(SlotActs& a, float dloss) {
   const BoundUnit bound(unit_source(), Pass::backward, Need::both, head_unit(), tied_unit());
   const HeadWeights w = head_params(false, true), g = head_grads(false, true);
   // dlogits overwrite the logits in place: (B, T, V) or the rank's (B, T, Vl)
-  model::loss_backward(d, st.vocab, {a.logits, a.targets, a.ce_lse, a.ce_target}, dloss);
+  // (unless the forward, given this dloss, already did).
+  if (!a.loss_dloss) model::loss_backward(d, st.vocab, {a.logits, a.targets, a.ce_lse, a.ce_target}, dloss);
+  a.loss_dloss.reset();
   fill(st.dnormf, 0.f);
   // The vocab-parallel head is column-parallel (tied: its gradient adds into
   // dwte); dnormf: the rank's rows, summed over tp.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/memory.h"
@@ -28,6 +29,7 @@ struct SlotActs {
   Tensor logits;                   // (B, T, V), or (B, T, Vl) this tp rank's vocabulary columns
   Tensor ce_lse, ce_target;        // tensor parallelism: (N) f32, the cross-entropy's lse and target logit
   bool has_targets = false, forward_done = false;
+  std::optional<float> loss_dloss;  // the forward already wrote logits = d(loss_dloss * loss) / d logits
   std::vector<int64_t> samples;  // Stage::set_samples: the slot's sequences' global indices, or none
   std::vector<int64_t> drawn;    // those the last forward drew with, which its backward draws again
 };

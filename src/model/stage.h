@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "core/tensor.h"
@@ -35,7 +36,12 @@ class Stage {
 
   // tokens (first stage) and targets (last stage): (B, T) i32, else
   // undefined. Returns the mean loss on the last stage with targets, else 0.
-  virtual float forward(const Tensor& tokens, const Tensor& targets, int slot) = 0;
+  // dloss: that of the backward(dloss, slot) that will follow, when it is
+  // known now (training). The last stage then writes the loss's gradient in
+  // the same pass over the logits as the loss (llm.c's fused classifier)
+  // instead of reading them again in backward. Empty: evaluation, or a
+  // backward whose dloss is not known yet.
+  virtual float forward(const Tensor& tokens, const Tensor& targets, int slot, std::optional<float> dloss) = 0;
   // Gradients += d(dloss * loss) / d params for slot's forward.
   virtual void backward(float dloss, int slot) = 0;
   // The global index of each of the B sequences the next forward of `slot`

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -117,8 +118,9 @@ struct PipelineRuntime::Impl {
   }
   // The actions (run() dispatches on PpOp).
   void receive(const PpAction& a);  // recv_act and recv_grad
+  // dloss: the backward's that follows (Stage::forward), none in forward_only.
   void forward(const PpAction& a, std::span<const Tensor> tokens, std::span<const Tensor> targets,
-               std::span<const std::vector<int64_t>> samples);
+               std::span<const std::vector<int64_t>> samples, std::optional<float> dloss);
   void send_act(const PpAction& a);
   void backward(const PpAction& a, float dloss);
   void send_grad(const PpAction& a, int release);
@@ -224,7 +226,7 @@ double PipelineRuntime::run(std::span<const Tensor> tokens, std::span<const Tens
     switch (a.op) {
       case PpOp::recv_act:
       case PpOp::recv_grad: break;  // posted above
-      case PpOp::forward: s.forward(a, tokens, targets, samples); break;
+      case PpOp::forward: s.forward(a, tokens, targets, samples, dloss); break;
       case PpOp::send_act: s.send_act(a); break;
       case PpOp::backward: s.backward(a, dloss); break;
       case PpOp::send_grad: s.send_grad(a, s.points.release[i]); break;
@@ -253,7 +255,8 @@ double PipelineRuntime::forward_only(const Tensor& tokens, const Tensor& targets
   bool holds_last = false;
   for (int c = 0; c < s.v; ++c) {
     if (!s.first(c)) s.receive({PpOp::recv_act, 0, c, prev});
-    s.forward({PpOp::forward, 0, c, -1}, std::span<const Tensor>(&tokens, 1), std::span<const Tensor>(&targets, 1), {});
+    s.forward({PpOp::forward, 0, c, -1}, std::span<const Tensor>(&tokens, 1), std::span<const Tensor>(&targets, 1), {},
+              std::nullopt);
     if (!s.last(c)) s.send_act({PpOp::send_act, 0, c, next});
     holds_last = holds_last || s.last(c);
     if (auto it = s.act_send.find({0, c}); it != s.act_send.end()) {
@@ -290,7 +293,8 @@ void PipelineRuntime::Impl::receive(const PpAction& a) {
 }
 
 void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> tokens,
-                                    std::span<const Tensor> targets, std::span<const std::vector<int64_t>> samples) {
+                                    std::span<const Tensor> targets, std::span<const std::vector<int64_t>> samples,
+                                    std::optional<float> dloss) {
   const int mb = a.micro_batch, c = a.chunk;
   const int s = take_slot(mb, c);
   if (!first(c)) {
@@ -310,7 +314,8 @@ void PipelineRuntime::Impl::forward(const PpAction& a, std::span<const Tensor> t
   TraceSpan span(trace, span_name("forward", mb, c));
   Timed t(compute_s);
   const float loss = chunks[static_cast<size_t>(c)]->forward(first(c) ? tokens[static_cast<size_t>(mb)] : Tensor(),
-                                                             last(c) ? targets[static_cast<size_t>(mb)] : Tensor(), s);
+                                                             last(c) ? targets[static_cast<size_t>(mb)] : Tensor(), s,
+                                                             dloss);
   if (last(c)) loss_sum += loss;
 }
 

@@ -239,6 +239,7 @@ StepStats Trainer::step() {
   rank_.models[0]->reset_moe_stats();  // an evaluation's routing is not the step's
   if (ps_) ps_->begin_step(steps_, train_data_.position());
   double loss_sum = 0;
+  const float dloss = static_cast<float>(loss_scale / static_cast<double>(accum));
   for (int64_t k = 0; k < accum; ++k) {
     rank_.dps[0]->begin_micro_batch(k == accum - 1);
     rank_.models[0]->set_samples(train_data_.samples_at(train_data_.position()));  // LoRA dropout's keys
@@ -247,10 +248,10 @@ StepStats Trainer::step() {
     take_rank_tokens(tokens_, targets_);
     {
       TraceSpan span(trace_, "forward");
-      loss_sum += rank_.models[0]->forward(tokens_, targets_);
+      loss_sum += rank_.models[0]->forward(tokens_, targets_, 0, dloss);  // with the loss's gradient
     }
     TraceSpan span(trace_, "backward");
-    rank_.models[0]->backward(static_cast<float>(loss_scale / static_cast<double>(accum)));
+    rank_.models[0]->backward(dloss);
   }
   {
     TraceSpan span(trace_, "grad sync wait");  // grad_norm waits for the gradient collectives

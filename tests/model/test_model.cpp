@@ -87,6 +87,26 @@ TEST(Gpt2, BackwardAccumulatesIntoGradients) {
   EXPECT_ALL_CLOSE(to_floats(c.model.grads()), expected, 1e-6, 1e-9);
 }
 
+// A forward given the backward's dloss (the trainer's: loss and gradient in
+// one pass over the logits) returns the same loss and leaves the same
+// gradients, bit for bit, as forward then backward(dloss). A backward with
+// another dloss is refused and loses nothing: the right one still runs.
+void expect_forward_with_dloss_is_forward_then_backward(const std::string& family) {
+  Case c(family);
+  c.model.zero_grads();
+  const float loss = c.model.forward(c.tokens(), c.targets());
+  c.model.backward(0.375f);
+  const std::vector<float> grads = to_floats(c.model.grads());
+  c.model.zero_grads();
+  EXPECT_EQ(c.model.forward(c.tokens(), c.targets(), 0, 0.375f), loss);
+  expect_error([&] { c.model.backward(0.5f); }, {"dloss 0.5 differs from the 0.375 its forward was given"});
+  c.model.backward(0.375f);
+  EXPECT_EQ(to_floats(c.model.grads()), grads);
+}
+
+TEST(Gpt2, ForwardGivenDlossIsForwardThenBackward) { expect_forward_with_dloss_is_forward_then_backward("gpt2"); }
+TEST(Llama, ForwardGivenDlossIsForwardThenBackward) { expect_forward_with_dloss_is_forward_then_backward("llama"); }
+
 // Logits-only forward (no targets) gives the same logits and returns 0.
 TEST(Llama, ForwardWithoutTargetsGivesLogitsOnly) {
   Case c("llama");
