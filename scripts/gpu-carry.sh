@@ -5,14 +5,15 @@
 # for `scripts/gpu-check.sh OUT --prebuilt DIR` on a machine without loom's
 # build dependencies (oneDNN, OpenMP). Build first:
 #   cmake -S . -B build-gpu -DLOOM_CUDA=ON -DLOOM_CUDA_ARCHITECTURES=90
-#   cmake --build build-gpu --target test_backend_ops_cuda gpu_ops_large gpu_train bench_cuda_kernels loom
+#   cmake --build build-gpu --target test_backend_ops_cuda gpu_ops_large gpu_ops_edges gpu_train bench_cuda_kernels loom
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: gpu-carry.sh DIR}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib"
-bins=(build-gpu/tests/test_backend_ops_cuda build-gpu/tests/gpu_ops_large build-gpu/tests/gpu_train
+bins=(build-gpu/tests/test_backend_ops_cuda build-gpu/tests/gpu_ops_large build-gpu/tests/gpu_ops_edges
+      build-gpu/tests/gpu_train
       build-gpu/bench/cuda/bench_cuda_kernels build-gpu/loom)
 cp "${bins[@]}" "$stage/"
 for b in "${bins[@]}"; do strip "$stage/$(basename "$b")"; done

@@ -41,9 +41,9 @@ if [[ -z $prebuilt ]]; then
   bin=build-gpu
   cmake -S . -B "$bin" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 \
     || { note "configure failed (configure.log)"; exit 1; }
-  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large gpu_train bench_cuda_kernels loom \
+  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large gpu_ops_edges gpu_train bench_cuda_kernels loom \
     >"$out/build.log" 2>&1 || { note "build failed (build.log)"; exit 1; }
-  tests=("$bin/tests/test_backend_ops_cuda" "$bin/tests/gpu_ops_large" "$bin/tests/gpu_train")
+  tests=("$bin/tests/test_backend_ops_cuda" "$bin/tests/gpu_ops_large" "$bin/tests/gpu_ops_edges" "$bin/tests/gpu_train")
   bench="$bin/bench/cuda/bench_cuda_kernels"
   loom="$bin/loom"
 else
@@ -58,7 +58,7 @@ else
       && cuda_libs+="$d:"
   done
   export LD_LIBRARY_PATH="$prebuilt/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
-  tests=("$prebuilt/test_backend_ops_cuda" "$prebuilt/gpu_ops_large" "$prebuilt/gpu_train")
+  tests=("$prebuilt/test_backend_ops_cuda" "$prebuilt/gpu_ops_large" "$prebuilt/gpu_ops_edges" "$prebuilt/gpu_train")
   bench="$prebuilt/bench_cuda_kernels"
   loom="$prebuilt/loom"
 fi

@@ -113,6 +113,10 @@ struct Dims {
   // a row's bits do not depend on the other rows): the serving runner's
   // choice; training runs oneDNN's GEMM.
   bool batch_invariant = false;
+  // Recompute::selective: the backward recomputes the MLP's activation from
+  // its saved input, so the forward computes it the same way (GELU not fused
+  // into the GEMM, whose epilogue reads the unrounded sum).
+  bool recompute_act = false;
   // Weights held in quantized blocks (u8 tensors: model/quant_weights.h),
   // which block_linear multiplies with linear_forward_quantized; serving only.
   const QuantWeights* quant = nullptr;
@@ -129,7 +133,7 @@ void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, con
                   const LoraPair& lora = {});
 // block_linear into y, then act = gelu(y): one op (kernels::linear_gelu_forward,
 // the GEMM's epilogue on a GPU) when nothing comes between the two, i.e. a
-// plain weight, no adapter and no batch-invariant GEMM.
+// plain weight, no adapter, no batch-invariant GEMM and no selective recompute.
 void block_linear_gelu(const Dims& d, Tensor act, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
                        const LoraPair& lora = {});
 // LoRA (lora_block.cpp): y += scale (x A^T) B^T, x (N, IC), y (N, OC);

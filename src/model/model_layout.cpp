@@ -101,6 +101,7 @@ SlotActs slot_layout(Allocator& alloc, const Dims& d, bool gpt2, Recompute recom
 
 void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, const ModelOptions& options,
                         const StageShape& stage) {
+  st.dims.recompute_act = options.recompute == Recompute::selective;  // the MLP's activation is not kept
   const Dims& d = st.dims;
   const bool gpt2 = cfg.family == Family::gpt2;
   const int64_t B = d.B, T = d.T, C = d.C, NH = d.NH, NKV = d.NKV, HS = d.HS, F = d.F;

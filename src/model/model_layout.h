@@ -62,7 +62,7 @@ void check_cp(int64_t T, const CpOptions& cp);
 void set_positions(ModelState& st, const CpOptions& cp);
 // The slots' activations (model_state.h), the positions and the backward
 // scratch under the options' recompute policy (model.h), into st (whose dims
-// are set).
+// are set; it adds the policy's dims.recompute_act).
 void layout_activations(ModelState& st, Allocator& alloc, const ModelConfig& cfg, const ModelOptions& options,
                         const StageShape& stage);
 // "1.5 GiB"

@@ -108,7 +108,7 @@ void block_linear(const Dims& d, Tensor y, const Tensor& x, const Tensor& w, con
 
 void block_linear_gelu(const Dims& d, Tensor act, Tensor y, const Tensor& x, const Tensor& w, const Tensor& bias,
                        const LoraPair& lora) {
-  if (w.dtype() != DType::u8 && !d.batch_invariant && !lora.defined())
+  if (w.dtype() != DType::u8 && !d.batch_invariant && !d.recompute_act && !lora.defined())
     return kernels::linear_gelu_forward(act, y, x, w, bias);
   block_linear(d, y, x, w, bias, lora);
   kernels::gelu_forward(act, y);

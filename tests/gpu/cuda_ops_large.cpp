@@ -13,42 +13,17 @@
 #include <gtest/gtest.h>
 
 #include "core/trace.h"
+#include "gpu/large_case.h"
 #include "kernels/backend.h"
-#include "kernels/backend_ops_io.h"
 #include "kernels/op_trace.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
 namespace {
 
-using test::Io;
-using test::Route;
-using test::Tolerance;
-
-constexpr DType f32 = DType::f32, bf16 = DType::bf16, f16 = DType::f16, i32 = DType::i32;
-
-struct LargeCase {
-  std::string name;
-  DType dt;
-  Tolerance tol;
-  void (*run)(Io& io, DType dt);
-};
-
-void check(const LargeCase& c) {
-  SCOPED_TRACE(c.name + " " + std::string(dtype_name(c.dt)));
-  Io cpu(Route::dispatch, 7), gpu1(Device::cuda(0), 7), gpu2(Device::cuda(0), 7);
-  c.run(cpu, c.dt);
-  c.run(gpu1, c.dt);
-  gpu1.download();
-  c.run(gpu2, c.dt);
-  gpu2.download();
-  expect_close(cpu, gpu1, c.tol);
-  expect_same_bits(gpu1, gpu2);
-}
-
-// Sums over K = 768..3072 terms of N(0, 1) products: |c| ~ 30-60, and two
-// f32 summation orders differ by ~1e-5 of that.
-const Tolerance kGemmF32{1e-4, 1e-3}, kGemmBf16{1.0 / 128, 2e-2};
+// LargeCase, check, the dtypes' short names, the GEMM and attention
+// tolerances: large_case.h, shared with cuda_ops_edges.cpp.
+using namespace gpu_test;
 
 TEST(CudaLarge, LinearForwardWithBiasGpt2Qkv) {
   for (DType dt : {f32, bf16})
@@ -115,11 +90,6 @@ void prefix_case(Io& io, DType t) {
   attention_forward(out, lse, q, k, v);
   attention_backward(io.normal("dq", t, {2, 70, 8, HS}), io.normal("dk", f32, {2, 300, 2, HS}),
                      io.normal("dv", t, {2, 300, 2, HS}), io.normal("dout", t, {2, 70, 8, HS}), q, k, v, out, lse);
-}
-
-// f16 keeps 3 more significand bits than bf16 (docs/numerics.md).
-Tolerance attention_tolerance(DType dt) {
-  return dt == f32 ? Tolerance{1e-3, 1e-4} : dt == bf16 ? Tolerance{3e-2, 3e-2} : Tolerance{1e-2, 1e-2};
 }
 
 TEST(CudaLarge, AttentionForwardBackwardHs64Gqa) {

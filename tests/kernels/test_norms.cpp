@@ -297,6 +297,12 @@ TEST(FusedResidual, MisuseThrowsErrorsNamingTheOp) {
   expect_error([&] { add_layernorm_forward(x, x, mean, mean, x, y, w, Tensor(), 1e-5f); },
                {"add_layernorm_forward", "y must not overlap sum"});
   expect_error([&] { add_rmsnorm_forward(x, y, mean, x, y, w, 1e-6f); }, {"add_rmsnorm_forward", "y must not overlap b"});
+  Tensor mean_short(ms.data(), DType::f32, Shape{2});  // the ops' input is `sum`, and the messages say so
+  expect_error([&] { add_rmsnorm_forward(x, y, mean_short, x, x, w, 1e-6f); },
+               {"add_rmsnorm_forward", "rstd must have one element per row of sum (4)"});
+  expect_error([&] { add_layernorm_forward(x, y, mean, mean, x, x, Tensor(ws.data(), DType::bf16, Shape{100}),
+                                           Tensor(), 1e-5f); },
+               {"add_layernorm_forward", "w has dtype bf16 but sum has f32"});
 }
 
 // ---- misuse --------------------------------------------------------------------------------

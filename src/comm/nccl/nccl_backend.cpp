@@ -148,6 +148,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int 
                  concat("ncclCommInitRank for communicator '", s.name, "'"));
   }
   cuda_require(cudaMalloc(&s.scratch, 5 * sizeof(float)), "cudaMalloc of the barrier word");
+  cuda_require(cudaMemset(s.scratch, 0, 5 * sizeof(float)), "cudaMemset of the barrier word");  // sent as is
   cuda_require(cudaEventCreateWithFlags(&s.compute_done, cudaEventDisableTiming), "cudaEventCreate");
 }
 

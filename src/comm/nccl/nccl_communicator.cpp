@@ -231,8 +231,9 @@ WorkPtr NcclCommunicator::broadcast(Tensor buf, int root) {
 }
 
 // The stream a message takes: p2p_link (p2p_links.h). On the neighbour
-// links, NCCL communicators of two ranks, the lower-indexed member of the
-// pair (r, r + 1 mod size) is rank 0 and the other rank 1.
+// links, NCCL communicators of two ranks, rank r of the pair (r, r + 1 mod
+// size) is rank 0 and r + 1 mod size rank 1 (in the wrap-around pair
+// (size - 1, 0), rank size - 1 is 0).
 WorkPtr NcclCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag) {
   const char* op = is_send ? "send" : "recv";
   const CallSite at{op, name(), size(), device()};

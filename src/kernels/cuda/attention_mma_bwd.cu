@@ -141,7 +141,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_mma_kernel(BwdGeo g) {
     }
   }
   cp_async_wait<0>();  // no query tile: K and V were loaded for nothing
-  const int n = cols - warp * 16, j = static_cast<int>(j0) + warp * 16;
+  const int n = cols - warp * 16;
+  const int64_t j = j0 + warp * 16;
   if (g.dk) add_rows<D>(g.dk, g.dk_kind, dk, g.scale, b, g.Tk, g.NKV, kvh, j, n, lane);
   if (g.dv) add_rows<D>(g.dv, g.dv_kind, dv, 1.f, b, g.Tk, g.NKV, kvh, j, n, lane);
 }

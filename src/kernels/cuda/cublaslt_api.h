@@ -19,11 +19,13 @@ namespace loom::kernels::cuda {
   X(cublasLtMatmul)                                                                                        \
   X(cublasLtMatmulAlgoGetHeuristic)                                                                        \
   X(cublasLtMatmulDescCreate)                                                                              \
+  X(cublasLtMatmulDescDestroy)                                                                             \
   X(cublasLtMatmulDescSetAttribute)                                                                        \
   X(cublasLtMatmulPreferenceCreate)                                                                        \
   X(cublasLtMatmulPreferenceDestroy)                                                                       \
   X(cublasLtMatmulPreferenceSetAttribute)                                                                  \
   X(cublasLtMatrixLayoutCreate)                                                                            \
+  X(cublasLtMatrixLayoutDestroy)                                                                           \
   X(cublasLtMatrixLayoutSetAttribute)
 
 struct CublasLtApi {

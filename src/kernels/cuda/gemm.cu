@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
@@ -70,10 +71,10 @@ struct LtGemm {
   float alpha = 1.f, beta = 0.f;
 };
 
-// The last field: the GELU epilogue's aux alignment (0: no epilogue), which
-// the chosen kernel may assume as it does the operands'.
+// The last fields: the alignments of a, b, c, the bias and the GELU
+// epilogue's aux (0: none), which the chosen kernel may assume.
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+                           int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 // A GEMM's descriptors and chosen algorithm, kept for the next call of the
 // same shape (cuBLASLt's heuristic query costs more than a small GEMM).
@@ -115,9 +116,24 @@ cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, i
   return l;
 }
 
+// Destroys what a plan it holds has created, unless kept (make_plan's
+// failures leave nothing behind).
+struct PlanGuard {
+  Plan& p;
+  bool keep = false;
+  ~PlanGuard() {
+    if (keep) return;
+    const CublasLtApi& api = cublaslt();
+    for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+      if (l) api.cublasLtMatrixLayoutDestroy(l);
+    if (p.op) api.cublasLtMatmulDescDestroy(p.op);
+  }
+};
+
 Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al_c) {
   const CublasLtApi& api = cublaslt();
   Plan p;
+  PlanGuard guard{p};
   LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -128,7 +144,11 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
                                             : CUBLASLT_EPILOGUE_GELU_AUX;
     LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   }
-  if (g.aux) {  // before the heuristic, which reads the pointer's alignment
+  // The pointers before the heuristic, which reads their alignment.
+  if (g.bias)
+    LOOM_CUBLAS_CHECK(
+        api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  if (g.aux) {
     LOOM_CUBLAS_CHECK(api.cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.ldc,
                                                          sizeof g.ldc));
     LOOM_CUBLAS_CHECK(
@@ -161,6 +181,7 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
          (g.aux ? " and GELU" : ""), " (",
          api.cublasLtGetStatusString(st), ")");
   p.algo = result.algo;
+  guard.keep = true;
   return p;
 }
 
@@ -169,17 +190,16 @@ void run(const LtGemm& g) {
   const CublasLtApi& api = cublaslt();
   Lt& s = lt();
   const uint32_t al_a = alignment_of(g.a), al_b = alignment_of(g.b), al_c = alignment_of(g.c);
-  const uint32_t al_aux = g.aux ? alignment_of(g.aux) : 0u;
+  const uint32_t al_bias = g.bias ? alignment_of(g.bias) : 0u, al_aux = g.aux ? alignment_of(g.aux) : 0u;
   const PlanKey key{g.m,     g.n,        g.k,       g.batch,    static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
                     g.trans_a, g.trans_b, g.lda,     g.ldb,      g.ldc,
-                    g.stride_a, g.stride_b, g.stride_c, g.bias != nullptr, al_a, al_b, al_c, al_aux};
-  const Plan* plan = nullptr;
-  {
-    std::lock_guard lock(s.mutex);
-    auto it = s.plans.find(key);
-    if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s, g, al_a, al_b, al_c)).first;
-    plan = &it->second;
-  }
+                    g.stride_a, g.stride_b, g.stride_c, al_bias, al_a, al_b, al_c, al_aux};
+  // Held until the GEMM is enqueued: the plan's descriptor carries this
+  // call's bias and aux pointers, which another thread's call would change.
+  std::lock_guard lock(s.mutex);
+  auto it = s.plans.find(key);
+  if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s, g, al_a, al_b, al_c)).first;
+  const Plan* plan = &it->second;
   if (g.bias)
     LOOM_CUBLAS_CHECK(
         api.cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
@@ -411,25 +431,28 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
 }
 
 // One GEMM with the GELU_AUX(_BIAS) epilogue: y = GELU(x w^T + bias) from
-// the f32 sum, pre = the sum, each rounded once to their dtype. Where it
-// does not apply (mixed dtypes, no products, an aux ld cuBLASLt refuses) or
-// cuBLASLt has no kernel for it (then never again in this process, with a
-// warning), linear_forward then gelu_forward.
+// the f32 sum, pre = the sum, each rounded once to their dtype; bf16 and f16
+// only (NVIDIA does not state the epilogue's GELU error, which a 16-bit
+// result's rounding covers; f32 keeps loom's GELU). Where it does not apply
+// (f32, mixed dtypes, no products, an aux ld cuBLASLt refuses) or cuBLASLt
+// has no kernel for it (then never again for that dtype in this process,
+// with a warning), linear_forward then gelu_forward.
 void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  static std::atomic<bool> refused{false};
+  static std::atomic<bool> refused[2] = {false, false};  // bf16, f16
   const Tensor pre2 = as_matrix(pre), x2 = as_matrix(x);
-  const bool fits = x.dtype() == w.dtype() && pre.dtype() == x.dtype() &&
+  const bool fits = x.dtype() != DType::f32 && x.dtype() == w.dtype() && pre.dtype() == x.dtype() &&
                     (!bias.defined() || bias.dtype() == pre.dtype()) && x2.size(1) > 0 && pre2.size(0) > 0 &&
                     pre2.size(1) % 8 == 0;
-  if (fits && !refused.load()) {
+  std::atomic<bool>& refused_here = refused[x.dtype() == DType::bf16 ? 0 : 1];
+  if (fits && !refused_here.load()) {
     LtGemm g = lt_gemm(as_matrix(y), x2, w, false, true, 1.f, 0.f, bias);
     g.aux = pre.data();
     try {
       return run(g);
     } catch (const Error& e) {
-      refused = true;
-      std::fprintf(stderr, "warning: cuBLASLt's GELU epilogue failed (%s): GPT-2's c_fc takes its GEMM, then the "
-                           "GELU kernel, from now on\n", e.what());
+      refused_here = true;
+      std::fprintf(stderr, "warning: cuBLASLt's GELU epilogue failed for %s (%s): GPT-2's c_fc takes its GEMM, "
+                           "then the GELU kernel, from now on\n", std::string(dtype_name(x.dtype())).c_str(), e.what());
     }
   }
   linear_forward(pre, x, w, bias);

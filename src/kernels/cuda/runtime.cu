@@ -46,20 +46,26 @@ namespace {
 
 // ---- device memory for core's pools -----------------------------------------
 
+// Stream ordered (cudaMallocAsync / cudaFreeAsync on the ops' stream), not
+// cudaMalloc / cudaFree: cudaFree waits for the whole device, NCCL's streams
+// included, so a pool buffer freed during a compute while a pipeline stage's
+// receive is posted would wait for the peer's send, which may itself wait
+// behind such a free: a deadlock. Ordered after the ops enqueued before it,
+// a free cannot overtake a kernel that still reads the memory; collectives
+// on NCCL's streams are waited for by the host before their buffers go.
 void* allocate(int, size_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes);
+  const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
   if (e != cudaSuccess) {
     size_t free_bytes = 0, total = 0;
     cudaGetLastError();
     cudaMemGetInfo(&free_bytes, &total);
-    fail("out of GPU memory: cudaMalloc of ", bytes, " bytes (", bytes >> 20, " MiB) failed: ", cudaGetErrorString(e),
+    fail("out of GPU memory: cudaMallocAsync of ", bytes, " bytes (", bytes >> 20, " MiB) failed: ", cudaGetErrorString(e),
          "; the GPU has ", free_bytes >> 20, " MiB free of ", total >> 20, " MiB");
   }
   return p;
 }
-// cudaFree waits for the device: no kernel still reads the memory.
-void release(int, void* p) { cudaFree(p); }
+void release(int, void* p) { cudaFreeAsync(p, stream()); }  // an error surfaces at the next check
 void zero(int, void* p, size_t bytes) {
   LOOM_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
 }
