@@ -4,6 +4,7 @@
 // are compared bit for bit with core/dtype.h and with PyTorch (NaN payloads
 // aside: torch writes its canonical NaN, loom keeps the payload).
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -237,6 +238,28 @@ TEST(Fill, WritesTheRoundedValueEverywhere) {
       kernels::fill(t.view(), value);
       EXPECT_TRUE(same_values(t.floats(), want.floats()));
     }
+  }
+}
+
+// From 32 MiB the fill streams past the cache in vector-sized lines
+// (kernels/cpu/elementwise.cpp): every element is still written, from a
+// start that is not line-aligned to a length that is no whole number of
+// lines, and not one byte beside the tensor.
+TEST(Fill, ALargeFillWritesEveryElementAndNothingBeside) {
+  for (DType d : kFloatDtypes) {
+    SCOPED_TRACE(dtype_name(d));
+    const int64_t es = static_cast<int64_t>(dtype_size(d));
+    const int64_t n = (int64_t{33} << 20) / es + 7, total = n + 64 / es + 2;
+    std::vector<std::byte> bytes(static_cast<size_t>(total * es), std::byte{0x5a});
+    Tensor t(bytes.data() + 3 * es, d, Shape{n});  // 3 elements past the buffer's start
+    kernels::fill(t, -1.5f);
+    const Buffer want(d, {1}, {-1.5f});
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i)
+      wrong += std::memcmp(bytes.data() + (3 + i) * es, want.bytes.data(), static_cast<size_t>(es)) != 0;
+    EXPECT_EQ(wrong, 0);
+    for (int64_t i = 0; i < 3 * es; ++i) EXPECT_EQ(bytes[static_cast<size_t>(i)], std::byte{0x5a}) << i;
+    for (int64_t i = (3 + n) * es; i < total * es; ++i) EXPECT_EQ(bytes[static_cast<size_t>(i)], std::byte{0x5a}) << i;
   }
 }
 
