@@ -294,22 +294,29 @@ void Model::set_samples(std::span<const int64_t> samples, int slot) {
 
 float Model::forward(const Tensor& tokens, const Tensor& targets, int slot, std::optional<float> dloss) {
   SlotActs& a = slot_acts(slot);
+  // The slot's last forward is forgotten first, and this one counts once it
+  // has finished: if it throws, backward refuses rather than finishing either.
+  a.has_targets = a.forward_done = false;
   a.loss_dloss.reset();
   a.drawn = a.samples;
   state_->dims.lora.samples = a.drawn;  // LoRA dropout's keys (none: no dropout)
   take_inputs(a, tokens, targets);
   if (has_embedding_) embed_forward(a);  // later stages find their input in stage_input()
   for (int64_t l = 0; l < n_layers_; ++l) layer_forward(a, l);
-  if (!has_head_) return 0.f;  // the output waits in stage_output()
-  head_forward(a);
-  return a.has_targets ? loss_forward(a, dloss) : 0.f;
+  float loss = 0.f;
+  if (has_head_) {  // else the output waits in stage_output()
+    head_forward(a);
+    if (targets.defined()) loss = loss_forward(a, dloss);
+  }
+  a.has_targets = targets.defined(), a.forward_done = true;
+  return loss;
 }
 
 void Model::backward(float dloss, int slot) {
   SlotActs& a = slot_acts(slot);
   LOOM_REQUIRE(has_head_ ? a.has_targets : a.forward_done, "Model::backward: the last forward",
                slots() > 1 ? concat(" of slot ", slot) : std::string(),
-               " had no targets (or backward already ran): call forward(tokens, targets) first");
+               " had no targets, did not finish, or has had its backward: call forward(tokens, targets) first");
   LOOM_REQUIRE(!a.loss_dloss || std::bit_cast<uint32_t>(*a.loss_dloss) == std::bit_cast<uint32_t>(dloss),
                "Model::backward: dloss ", dloss, " differs from the ", *a.loss_dloss,
                " its forward was given (the logits already hold the loss's gradient for that one)");

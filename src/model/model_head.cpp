@@ -39,7 +39,7 @@ void check_ids(const char* what, const Tensor& t, int64_t V, bool allow_ignore) 
 }  // namespace
 
 // Checks and copies the micro-batch's tokens (first stage) and targets (last
-// stage) into the slot, which is then live.
+// stage) into the slot.
 void Model::take_inputs(SlotActs& a, const Tensor& tokens, const Tensor& targets) {
   const bool tp = options_.tp.active();
   LOOM_REQUIRE(!tp || options_.tp.ops != nullptr, "Model::forward: tensor parallelism (tp = ", options_.tp.tp.size,
@@ -56,8 +56,6 @@ void Model::take_inputs(SlotActs& a, const Tensor& tokens, const Tensor& targets
     if (tp) check_ids("target", targets, cfg_.vocab_size, true);
     copy_tensor(a.targets, targets);
   }
-  a.has_targets = targets.defined();
-  a.forward_done = true;
 }
 
 void Model::embed_forward(SlotActs& a) {
@@ -96,8 +94,9 @@ void Model::head_forward(SlotActs& a) {
 float Model::loss_forward(SlotActs& a, std::optional<float> dloss) {
   const HeadLoss l{a.logits, a.targets, a.ce_lse, a.ce_target};
   if (!dloss) return model::loss_forward(state_->dims, state_->vocab, l);
-  a.loss_dloss = dloss;
-  return model::loss_forward_backward(state_->dims, state_->vocab, l, *dloss);
+  const float loss = model::loss_forward_backward(state_->dims, state_->vocab, l, *dloss);
+  a.loss_dloss = dloss;  // once the logits hold the gradient
+  return loss;
 }
 
 // The loss's gradient through the lm head and the final norm into

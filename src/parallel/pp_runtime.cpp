@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -182,7 +183,25 @@ PipelineRuntime::PipelineRuntime(const PpSchedule& schedule, comm::Communicator&
                ", the largest MPI guarantees: allowed micro-batches x chunks <= ", (kMaxTag + 1) / 2);
 }
 
-PipelineRuntime::~PipelineRuntime() = default;
+// A run that threw can leave messages in flight, which may still write or
+// read their buffers (a device pool's free does not wait for NCCL's
+// streams): those not complete are kept until the process exits, as
+// comm::Work::cancel asks of an abandoned operation's buffer.
+PipelineRuntime::~PipelineRuntime() {
+  static auto* const kept = new std::vector<OwnedTensor>;  // never freed, on purpose
+  auto keep_if_pending = [&](OwnedTensor& buf, const comm::WorkPtr& work) {
+    bool done = true;
+    try {
+      done = !work || work->test();
+    } catch (...) {  // failed: complete, the buffer no longer in use
+    }
+    if (!done) kept->push_back(std::move(buf));
+  };
+  Impl& s = *impl_;
+  for (auto& [key, r] : s.act_recv) keep_if_pending(r.buf, r.work);
+  for (auto& [key, r] : s.grad_recv) keep_if_pending(r.buf, r.work);
+  for (Impl::Sent& sent : s.grad_send) keep_if_pending(sent.buf, sent.work);
+}
 
 int PipelineRuntime::slots_needed(const PpSchedule& schedule, int rank, int chunk) {
   LOOM_REQUIRE(rank >= 0 && rank < static_cast<int>(schedule.actions.size()), "PipelineRuntime::slots_needed: rank ",

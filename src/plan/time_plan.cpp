@@ -111,8 +111,9 @@ ChunkTime chunk_time(const Setup& s, int64_t first_layer, int64_t layers, bool h
   if (cfg.train.recompute == "full") recompute = layers_matmul + attention;
   if (cfg.train.recompute == "selective") recompute = attention;
   // The loss reads and writes every logit (f32): the softmax reads them,
-  // its gradient is written and read back by the head's backward — memory
-  // traffic a GEMM rate does not count, large for a small model's big vocabulary.
+  // its gradient is written (both in the forward, which training gives the
+  // backward's dloss) and read back by the head's backward — memory traffic
+  // a GEMM rate does not count, large for a small model's big vocabulary.
   const double logits = head ? 3 * 4 * static_cast<double>(m.vocab_size) / tp * s.tokens / s.bandwidth : 0;
   ChunkTime t;
   t.compute = (3 * forward + recompute) / s.rate + logits;
@@ -138,8 +139,8 @@ ChunkTime chunk_time(const Setup& s, int64_t first_layer, int64_t layers, bool h
   const double ep_forward = 2 * moe * exchange;
   const double ep_backward = (cfg.train.recompute == "full" ? 4 : 2) * moe * exchange;
   t.tp = tp_forward + tp_backward, t.cp = cp_forward + cp_backward, t.ep = ep_forward + ep_backward;
-  t.forward = forward / s.rate + logits / 3 + tp_forward + cp_forward + ep_forward;
-  t.backward = (2 * forward + recompute) / s.rate + 2 * logits / 3 + tp_backward + cp_backward + ep_backward;
+  t.forward = forward / s.rate + 2 * logits / 3 + tp_forward + cp_forward + ep_forward;
+  t.backward = (2 * forward + recompute) / s.rate + logits / 3 + tp_backward + cp_backward + ep_backward;
   return t;
 }
 

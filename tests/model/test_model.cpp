@@ -16,6 +16,7 @@
 // - AdamW losses over 5 steps: rtol 1e-4 [1.5e-7].
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,20 @@ void expect_forward_with_dloss_is_forward_then_backward(const std::string& famil
   expect_error([&] { c.model.backward(0.5f); }, {"dloss 0.5 differs from the 0.375 its forward was given"});
   c.model.backward(0.375f);
   EXPECT_EQ(to_floats(c.model.grads()), grads);
+}
+
+// A forward that throws (a token out of the vocabulary) leaves nothing for
+// backward to finish: not its own half-done pass, nor the forward before it,
+// whose logits already hold the loss's gradient.
+TEST(Gpt2, BackwardAfterAFailedForwardIsRefused) {
+  Case c("gpt2");
+  c.model.zero_grads();
+  c.model.forward(c.tokens(), c.targets(), 0, 1.f);
+  std::vector<int32_t> bad(static_cast<size_t>(c.tokens().numel()), 0);
+  bad[1] = static_cast<int32_t>(c.cfg.vocab_size);
+  const Tensor bad_tokens(bad.data(), DType::i32, c.tokens().shape());
+  EXPECT_ANY_THROW(c.model.forward(bad_tokens, c.targets(), 0, 1.f));
+  expect_error([&] { c.model.backward(1.f); }, {"Model::backward", "did not finish"});
 }
 
 TEST(Gpt2, ForwardGivenDlossIsForwardThenBackward) { expect_forward_with_dloss_is_forward_then_backward("gpt2"); }

@@ -149,6 +149,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int 
   }
   cuda_require(cudaMalloc(&s.scratch, 5 * sizeof(float)), "cudaMalloc of the barrier word");
   cuda_require(cudaMemset(s.scratch, 0, 5 * sizeof(float)), "cudaMemset of the barrier word");  // sent as is
+  cuda_require(cudaDeviceSynchronize(), "cudaMemset of the barrier word");  // before NCCL's streams read it
   cuda_require(cudaEventCreateWithFlags(&s.compute_done, cudaEventDisableTiming), "cudaEventCreate");
 }
 

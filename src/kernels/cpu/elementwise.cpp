@@ -93,7 +93,9 @@ void fill_loop(T* x, int64_t n, T value) {
 // written with non-temporal stores, which skip reading each line in first:
 // 11.4 ms instead of 25.7 for 500 MB on 2 threads of the Xeon of
 // BENCHMARKS.md's 37th session (43 against 19 GB/s). Smaller fills (an
-// activation gradient the next GEMM accumulates into) stay in cache.
+// activation gradient the next GEMM accumulates into) stay in cache. Fills
+// of activation gradients this large come before passes over still more
+// data (the lm head's backward), which would evict them anyway.
 constexpr size_t kStreamBytes = size_t{32} << 20;
 
 #if defined(__SSE2__)
@@ -130,7 +132,7 @@ void fill_streamed(T* x, int64_t n, T value) {
   auto* body = reinterpret_cast<std::byte*>(x + head);
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t i = 0; i < lines; ++i) stream(body + i * kLine, v);
     _mm_sfence();
   }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -159,6 +160,8 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
   p.c = layout(g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
   cublasLtMatmulPreference_t pref = nullptr;
   LOOM_CUBLAS_CHECK(api.cublasLtMatmulPreferenceCreate(&pref));
+  const std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> pref_owner(
+      pref, api.cublasLtMatmulPreferenceDestroy);
   const uint64_t ws = kWorkspaceBytes;
   LOOM_CUBLAS_CHECK(
       api.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
@@ -174,7 +177,6 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
   int found = 0;
   const cublasStatus_t st =
       api.cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  api.cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " GEMM m=", g.m, " n=", g.n, " k=", g.k,
          " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""),

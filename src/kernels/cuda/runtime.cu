@@ -55,7 +55,17 @@ namespace {
 // on NCCL's streams are waited for by the host before their buffers go.
 void* allocate(int, size_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, bytes, stream());
+  cudaError_t e = cudaMallocAsync(&p, bytes, stream());
+  if (e == cudaErrorMemoryAllocation) {  // what the pool keeps goes back to the driver, and once more
+    cudaGetLastError();
+    cudaMemPool_t pool = nullptr;
+    int device = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&device));
+    LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    LOOM_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    e = cudaMallocAsync(&p, bytes, stream());
+  }
   if (e != cudaSuccess) {
     size_t free_bytes = 0, total = 0;
     cudaGetLastError();
@@ -154,6 +164,9 @@ std::string cuda_unavailable_reason(int index) {
     os << p.name << " (sm_" << p.major << p.minor << ") is older than loom's CUDA code allows (sm_80 and later: bf16)";
     return os.str();
   }
+  int pools = 0;
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, index) != cudaSuccess || pools == 0)
+    return std::string(p.name) + " does not support stream-ordered memory (cudaMallocAsync), which loom's pools use";
   return cuda::cublaslt_unavailable_reason();  // the GEMMs' library, loaded now (cublaslt_api.h)
 }
 
@@ -178,6 +191,18 @@ void register_cuda_backend(int index) {
   const std::string why = cuda_unavailable_reason(index);
   LOOM_REQUIRE(why.empty(), "cannot use CUDA device ", index, ": ", why);
   LOOM_CUDA_CHECK(cudaSetDevice(index));
+  // The pools' memory pool (cudaMallocAsync's, the device's default): it
+  // keeps what is freed for the next allocation rather than returning it to
+  // the driver at every synchronisation (the default threshold, 0, would map
+  // a step's buffers afresh each step), and never makes a stream wait for
+  // another to reuse a block (what NCCL's streams free must not hold back
+  // the compute stream: the deadlock of allocate()'s comment).
+  cudaMemPool_t pool = nullptr;
+  LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+  uint64_t keep = UINT64_MAX;
+  LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  int no = 0;
+  LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no));
   register_device_memory(Device::Kind::cuda, cuda::kMemory);
   register_backend(cuda::kTable);
   cuda::g_registered = index;
