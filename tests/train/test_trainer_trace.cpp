@@ -156,14 +156,36 @@ TEST_F(TrainerTraceTest, TraceOpsPutsEachKernelOpInsideThePhaseThatCalledIt) {
   EXPECT_EQ(in["attention_backward"]["backward"], layers * micro_batches);
   EXPECT_EQ(in["layernorm_forward"]["forward"], (layers + 1) * micro_batches);  // ln_1 and ln_f
   EXPECT_EQ(in["add_layernorm_forward"]["forward"], layers * micro_batches);      // ln_2 with its residual
-  // The loss in forward; the chunked lm_head computes it again for its
-  // gradient in backward.
-  EXPECT_GE(in["cross_entropy_forward_backward"]["forward"], micro_batches);
-  EXPECT_EQ(in["cross_entropy_forward_backward"].size(), 2u);
-  EXPECT_EQ(in["cross_entropy_forward_backward"].count(""), 0u);
+  EXPECT_EQ(in["linear_gelu_forward"]["forward"], layers * micro_batches);  // c_fc with its GELU
+  // The loss and its gradient in one pass, in forward (the trainer gives it
+  // the backward's dloss).
+  EXPECT_EQ(in["cross_entropy_forward_backward"]["forward"], micro_batches);
+  EXPECT_EQ(in["cross_entropy_forward_backward"].size(), 1u);
   EXPECT_GE(in["adamw_step"]["optimizer"], cfg.train.steps);
   EXPECT_EQ(in["adamw_step"].size(), 1u);  // only in the optimizer
   EXPECT_EQ(in["attention_forward"].size(), 1u);
+}
+
+// Under selective recompute the backward rebuilds GELU's output from the
+// saved c_fc output with gelu_forward, so the forward takes the same two ops
+// rather than the fused one (whose GPU epilogue reads the unrounded sum).
+TEST_F(TrainerTraceTest, SelectiveRecomputeKeepsTheGeluOutOfTheGemm) {
+  RunConfig cfg = config();
+  cfg.train.steps = 2;
+  cfg.train.eval_every = 0;
+  cfg.train.recompute = "selective";
+  cfg.log.trace = (dir_ / "trace.json").string();
+  cfg.log.trace_ops = true;
+  TrainOptions options;
+  options.progress = false;
+  run_training(cfg, options, mesh::LocalContext().ctx());
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(cfg.log.trace));
+  std::map<std::string, int64_t> calls;
+  for (const nlohmann::json& e : doc.at("traceEvents"))
+    if (e.at("ph") != "M") ++calls[e.at("name").get<std::string>()];
+  const int64_t layers = cfg.model.n_layer, micro_batches = cfg.train.steps * cfg.train.grad_accum;
+  EXPECT_EQ(calls["linear_gelu_forward"], 0);
+  EXPECT_EQ(calls["gelu_forward"], 2 * layers * micro_batches);  // the forward's, and the backward's again
 }
 
 }  // namespace
