@@ -33,9 +33,10 @@ double time_ms(const std::function<void()>& fn) {
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
-  cudaEventRecord(start, cudaStreamLegacy);
+  const auto ops = static_cast<cudaStream_t>(cuda_stream().handle);  // where the ops are enqueued
+  cudaEventRecord(start, ops);
   for (int i = 0; i < g_reps; ++i) fn();
-  cudaEventRecord(stop, cudaStreamLegacy);
+  cudaEventRecord(stop, ops);
   cudaEventSynchronize(stop);
   float ms = 0;
   cudaEventElapsedTime(&ms, start, stop);

@@ -154,7 +154,7 @@ std::unique_ptr<comm::Communicator> gpu_world(const train::RunConfig& cfg, comm:
   LOOM_REQUIRE(missing == 0.0f, "train.device = ", cfg.train.device, ": another rank of this job has no GPU of its ",
                "own (its error says why)");
   device = run_device(cfg, progress, local);
-  return comm::nccl_world(world, local, options);
+  return comm::nccl_world(world, local, options, device_stream(device));  // collectives wait for the ops
 #else
   (void)world, (void)options, (void)progress, (void)device;
   fail("train.device = ", cfg.train.device, " under mpirun: this loom was built without NCCL (cmake found no CUDA ",

@@ -132,6 +132,12 @@ const DeviceMemory& device_memory(Device d) {
   return *m;
 }
 
+Stream device_stream(Device d) {
+  if (d.is_cpu()) return Stream{d};
+  const DeviceMemory& m = device_memory(d);
+  return Stream{d, m.stream ? m.stream(d.index) : nullptr};
+}
+
 void copy_between_host_and_device(Tensor dst, const Tensor& src) {
   LOOM_REQUIRE(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy_between_host_and_device: dst ",
                dst.str(), " and src ", src.str(), " differ in dtype or shape");

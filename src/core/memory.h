@@ -110,6 +110,19 @@ class MemoryTracker {
   std::atomic<size_t> peak_total_{0};
 };
 
+// Where a device's work is queued (DESIGN.md §3: the Context carries it):
+// the backend of a device enqueues every op, and its memory's frees and
+// copies, on one stream per device and process, in call order from any
+// thread. handle is the backend's queue (a cudaStream_t for Device::cuda);
+// null on the host, whose ops run when called, and on a device whose
+// backend names none. Owned by the backend, alive for the process; other
+// queues (NCCL's) order their work after it through events.
+struct Stream {
+  Device device;
+  void* handle = nullptr;
+  friend bool operator==(const Stream&, const Stream&) = default;
+};
+
 // The memory of a device other than the host. core knows no device API: the
 // backend of a device kind (kernels/cuda) registers these, once per process,
 // before a pool of that kind allocates. Each function throws loom::Error on
@@ -121,12 +134,18 @@ struct DeviceMemory {
   void (*to_device)(int index, void* dst, const void* src, size_t bytes) = nullptr;
   void (*to_host)(int index, void* dst, const void* src, size_t bytes) = nullptr;
   void (*within)(int index, void* dst, const void* src, size_t bytes) = nullptr;  // device to the same device
+  // The device's stream (Stream::handle) that the functions above and the
+  // backend's ops are ordered on; optional (null: none is named).
+  void* (*stream)(int index) = nullptr;
 };
 // m must outlive every allocation (a static table). A second registration for
 // the same kind with another table is a loom::Error.
 void register_device_memory(Device::Kind kind, const DeviceMemory& m);
 // The memory functions of d's kind; loom::Error naming d if none is registered.
 const DeviceMemory& device_memory(Device d);
+// d's stream: Stream{cpu} for the host; for a device, the registered
+// memory's stream (loom::Error as device_memory's when none is registered).
+Stream device_stream(Device d);
 // dst = src between the host and a device, either way (the same dtype and
 // shape, both contiguous; exactly one of them on the host).
 void copy_between_host_and_device(Tensor dst, const Tensor& src);

@@ -1,7 +1,10 @@
 // The run context (DESIGN.md §3): what every layer above the model is handed
 // by reference from main down: the mesh (this rank's place and the
-// communicator of every axis) and the memory pools; later the kernel backend
-// and its stream. A run without mpirun has a mesh of one rank over a
+// communicator of every axis), the memory pools and the stream their
+// device's ops are queued on (core/memory.h: with a GPU, the one the CUDA
+// backend enqueues on and NCCL waits for; the host's has no queue). The
+// kernel backend is not in it: ops find theirs by their tensors' device
+// (kernels/backend.h). A run without mpirun has a mesh of one rank over a
 // SelfCommunicator (LocalMesh), so no group is ever null: code asks a
 // group's size, never whether it exists. model/ never sees a Context: it is
 // handed its pools and the parallel ops it needs (model/tensor_parallel.h).
@@ -28,6 +31,9 @@ struct Context {
   // ranks 0..ps_servers-1 are the servers; the mesh is then the workers'.
   // Null otherwise.
   comm::Communicator* ps_world = nullptr;
+  // Where the ops on the pools' device go: that device's stream, the only
+  // one a run may name (train::Trainer refuses another).
+  Stream stream = device_stream(pools.device());
 };
 
 }  // namespace loom

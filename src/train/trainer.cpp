@@ -61,6 +61,23 @@ void require_device_layout(const RunConfig& cfg) {
                "runs on CPUs only for now");
 }
 
+// What the run's device must offer cfg: a run's ops go to the device's one
+// stream (core/memory.h), which the Context must name; a GPU's layouts; on
+// the CPU a bf16 GEMM for bf16 (without one the matmuls would widen bf16 to
+// f32, kernels/ops.h: a bf16 run slower than f32 with bf16's rounding is no
+// choice to offer).
+void require_device_can_run(const RunConfig& cfg, const Context& ctx) {
+  const Device device = ctx.pools.device();
+  LOOM_REQUIRE(ctx.stream == device_stream(device), "trainer: the Context's stream (on ",
+               device_name(ctx.stream.device), ") is not the stream of its pools' device ", device_name(device),
+               ": a run's ops go to that device's one stream (device_stream)");
+  if (!device.is_cpu()) return require_device_layout(cfg);
+  if (cfg.train.dtype != "bf16") return;
+  const std::string why = kernels::bf16_matmul_unsupported_reason();
+  LOOM_REQUIRE(why.empty(), "train.dtype = bf16: ", why,
+               "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX512_BF16 or AMX");
+}
+
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Context& ctx)
@@ -70,14 +87,7 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
       train_data_(loader_options(cfg, cfg.data.train, cfg.data.shuffle,
                                  checked_group("dp", cfg.parallel.dp, ctx.mesh.dp()))) {
   const bool on_device = !ctx.pools.device().is_cpu();
-  if (on_device) require_device_layout(cfg);
-  // Without a bf16 GEMM the matmuls would widen bf16 to f32 (kernels/ops.h):
-  // a bf16 run slower than f32 with bf16's rounding is no choice to offer.
-  if (cfg.train.dtype == "bf16" && !on_device) {
-    const std::string why = kernels::bf16_matmul_unsupported_reason();
-    LOOM_REQUIRE(why.empty(), "train.dtype = bf16: ", why,
-                 "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX512_BF16 or AMX");
-  }
+  require_device_can_run(cfg, ctx);
   checked_group("tp", cfg.parallel.tp, ctx.mesh.tp());
   checked_group("pp", cfg.parallel.pp, ctx.mesh.pp());
   checked_group("cp", cfg.parallel.cp, ctx.mesh.cp());

@@ -372,6 +372,9 @@ TEST(NcclSetup, MissingDeviceIsAnErrorWithTheReason) {
     test::expect_error([] { nccl_world(world(), 0); }, {"nccl backend: no CUDA device: ", why});
   } else {
     test::expect_error([&] { nccl_world(world(), n); }, {"CUDA device ", "does not exist"});
+    static char other_queue;  // checked before it would be used
+    test::expect_error([] { nccl_world(world(), 0, {}, Stream{Device::cuda(1), &other_queue}); },
+                       {"nccl backend: the compute stream given is on cuda:1, not on cuda:0"});
   }
   test::expect_error([] { nccl_world(world(), 0, Options{.timeout_s = 0}); }, {"timeout_s = 0"});
 }

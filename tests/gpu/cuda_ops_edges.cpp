@@ -15,7 +15,9 @@
 //   norms.cu) and rmsnorm_backward, with gradients left out;
 // - the fused residual norms with sum written over a or b;
 // - sum_squares_blocks against sum_squares of each slice, bit for bit (ops.h),
-//   past a grid's 65535 slices.
+//   past a grid's 65535 slices;
+// - the compute stream: an op is enqueued on the device's own stream (the
+//   Context's), so that it can be captured into a CUDA graph.
 // Cases as cuda_ops_large.cpp's (large_case.h): on the CPU through ops.h and
 // twice on the GPU, within tolerance of the CPU and bit for bit equal.
 #include <algorithm>
@@ -24,10 +26,13 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "core/memory.h"
 #include "gpu/large_case.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels {
@@ -291,6 +296,42 @@ TEST(CudaEdges, FusedResidualNormsWithTheSumOverAnInput) {
     check({"residual (33, 4096) sum is b", dt, norm_tolerance(dt), residual_case<33, 4096, false>});
 }
 
+// The same residual and norms fused or as add, then the norm: one or the
+// other by kFused, on the same inputs (Io's seed, the same draws in order).
+template <bool kFused>
+void residual_in_parts(Io& io, DType t) {
+  constexpr int64_t N = 67, C = 768;
+  const Tensor a = io.normal("a", t, {N, C}, 3), b = io.normal("b", t, {N, C}, 2, 1);
+  const Tensor w = io.normal("w", t, {C}), bias = io.normal("bias", t, {C});
+  const Tensor sum = io.normal("sum", t, {N, C}), y = io.normal("y", t, {N, C});
+  const Tensor mean = io.normal("mean", f32, {N}), rstd = io.normal("rstd", f32, {N});
+  const Tensor sum2 = io.normal("sum2", t, {N, C}), y2 = io.normal("y2", t, {N, C});
+  const Tensor rstd2 = io.normal("rstd2", f32, {N});
+  if (kFused) {
+    add_layernorm_forward(sum, y, mean, rstd, a, b, w, bias, 1e-5f);
+    add_rmsnorm_forward(sum2, y2, rstd2, a, b, w, 1e-6f);
+  } else {
+    add(sum, a, b);
+    layernorm_forward(y, mean, rstd, sum, w, bias, 1e-5f);
+    add(sum2, a, b);
+    rmsnorm_forward(y2, rstd2, sum2, w, 1e-6f);
+  }
+}
+
+// ops.h: the fused residual norms give add's sum and the norm's outputs bit
+// for bit, on the GPU as on the CPU (test_norms).
+TEST(CudaEdges, FusedResidualNormsAreAddThenTheNormBitForBit) {
+  for (DType dt : {f32, bf16, f16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Io fused(Device::cuda(0), 7), parts(Device::cuda(0), 7);
+    residual_in_parts<true>(fused, dt);
+    fused.download();
+    residual_in_parts<false>(parts, dt);
+    parts.download();
+    expect_same_bits(fused, parts);
+  }
+}
+
 // ---- sum_squares_blocks ---------------------------------------------------------
 
 // sum_squares_blocks of tensors, each of its sums the bits of sum_squares
@@ -327,6 +368,43 @@ TEST(CudaEdges, SumSquaresBlocksAreTheSumSquaresOfEachSlice) {
   // last of 3), then a tensor whose sums follow them; 70001 of 1 element.
   expect_blocks_are_slice_sums({io.normal("d", f32, {70000 * 8 + 3}), io.normal("e", bf16, {2, 300})}, 8);
   expect_blocks_are_slice_sums({io.normal("g", bf16, {70001})}, 1);
+}
+
+// ---- the compute stream ----------------------------------------------------------
+
+// Captured from the compute stream into a graph, an op runs only when the
+// graph is launched: it was enqueued there, not on the legacy default
+// stream (which cannot be captured, and whose use would end the capture).
+TEST(CudaEdges, OpsAreEnqueuedOnTheComputeStreamAndCanBeCaptured) {
+  const Stream s = cuda_stream();
+  ASSERT_EQ(s, device_stream(Device::cuda(0)));
+  ASSERT_NE(s.handle, nullptr);
+  const auto cs = static_cast<cudaStream_t>(s.handle);
+  constexpr int64_t n = 100003;
+  Pools pools(Device::cuda(0));
+  Pool& pool = pools[MemTag::activations];
+  OwnedTensor a = pool.empty(f32, {n}), b = pool.empty(f32, {n}), y = pool.zeros(f32, {n});
+  fill(a, 1.0f);
+  fill(b, 2.0f);
+  ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  add(y, a, b);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess) << "an op left the compute stream during the capture";
+  size_t nodes = 0;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_GE(nodes, 1u);
+  std::vector<float> host(static_cast<size_t>(n), -1.0f);
+  const Tensor on_host(host.data(), f32, {n});
+  copy_between_host_and_device(on_host, y);
+  EXPECT_EQ(host.front(), 0.0f) << "the captured add ran before its graph was launched";
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+  copy_between_host_and_device(on_host, y);  // on the stream, after the graph
+  EXPECT_EQ(host.front(), 3.0f);
+  EXPECT_EQ(host.back(), 3.0f);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 }  // namespace

@@ -70,6 +70,9 @@ std::vector<OpCase> gemm_cases() {
        [](Io& io, DType dt) {  // c (2, 5, 3) += 0.5 a @ b^T; b (3, 7) shared by both batches
          const Tensor a = io.normal("a", dt, {2, 5, 7}), b = io.normal("b", dt, {3, 7});
          OP(matmul)(io.normal("c", dt, {2, 5, 3}), a, b, {false, true, 0.5f, 1.f});
+         // No products (K = 0): c = beta c for any beta.
+         OP(matmul)(io.normal("c_k0", dt, {2, 5, 3}), io.normal("a_k0", dt, {2, 5, 0}), io.normal("b_k0", dt, {3, 0}),
+                    {false, true, 1.f, 0.5f});
        }},
       {"matmul_backward", gemm_dtypes(), f32_tol, half_tol,
        [](Io& io, DType dt) {  // trans_a, trans_b; db (shared by the batches) sums them in f32
@@ -82,6 +85,10 @@ std::vector<OpCase> gemm_cases() {
        [](Io& io, DType dt) {
          const Tensor x = io.normal("x", dt, {2, 3, 5}), w = io.normal("w", dt, {4, 5});
          OP(linear_forward)(io.normal("y", dt, {2, 3, 4}), x, w, io.normal("bias", f32, {4}));
+         // A bias of y's dtype one element into its buffer (a packed parameter
+         // view): under the 16-byte alignment a GPU's epilogue reads.
+         const Tensor bias_at_1 = io.normal("bias_buffer", dt, {5}).slice(0, 1, 4);
+         OP(linear_forward)(io.normal("y_bias_at_1", dt, {2, 3, 4}), x, w, bias_at_1);
        }},
       {"linear_gelu_forward", gemm_dtypes(), f32_tol, half_tol,
        [](Io& io, DType dt) {  // 8 outputs: the width a GPU's epilogue needs
@@ -99,6 +106,11 @@ std::vector<OpCase> gemm_cases() {
          const Tensor x = io.normal("x", dt, {6, 5}), w = io.normal("w", dt, {4, 5}), dy = io.normal("dy", dt, {6, 4});
          OP(linear_backward)(io.normal("dx", dt, {6, 5}), io.normal("dw", f32, {4, 5}), io.normal("dbias", f32, {4}),
                              dy, x, w);
+         if (dt == f32) return;
+         // An f32 gradient with 16-bit weights and 16-bit gradients out: f16
+         // is widened to f32 for it, whose products are then rounded to f16.
+         OP(linear_backward)(io.normal("dx_of_f32", dt, {6, 5}), io.normal("dw_of_f32", dt, {4, 5}), Tensor(),
+                             io.normal("dy_f32", f32, {6, 4}), x, w);
        }},
   };
 }

@@ -30,6 +30,11 @@ inline void* emulated_allocate(int, size_t bytes) { return std::aligned_alloc(64
 inline void emulated_free(int, void* p) { std::free(p); }
 inline void emulated_zero(int, void* p, size_t bytes) { std::memset(p, 0, bytes); }
 inline void emulated_copy(int, void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+// The device's stream: a handle to hand around (the work runs when called).
+inline void* emulated_stream(int) {
+  static char queue;
+  return &queue;
+}
 
 // The device clock of the op tracer (kernels/op_trace.h): a mark is the
 // host's time, the device having run each op before it returned.
@@ -44,8 +49,8 @@ inline void emulated_release(void* mark) { delete static_cast<std::chrono::stead
 
 // Device::cuda(0)'s memory and kernels are the host's from here on.
 inline void register_emulated_device() {
-  static constexpr DeviceMemory memory{emulated_allocate, emulated_free, emulated_zero,
-                                       emulated_copy,     emulated_copy, emulated_copy};
+  static constexpr DeviceMemory memory{emulated_allocate, emulated_free, emulated_zero,  emulated_copy,
+                                       emulated_copy,     emulated_copy, emulated_stream};
   static constexpr kernels::DeviceClock clock{emulated_mark, emulated_elapsed_us, emulated_release};
   static const kernels::Backend table = [] {
     kernels::Backend b = *kernels::find_backend(Device::cpu());

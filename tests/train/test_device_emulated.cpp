@@ -188,6 +188,24 @@ TEST_F(EmulatedDeviceTest, OptimizerOffloadedToTheHostEqualsTheHost) {
   EXPECT_EQ(chain_mixed.model, chain_host.model);
 }
 
+// DESIGN.md §3: the Context carries the stream of its pools' device, the
+// one the device's backend names; the host's is a stream without a queue.
+TEST_F(EmulatedDeviceTest, TheContextCarriesItsDevicesStream) {
+  mesh::LocalContext on_device({}, device()), on_host;
+  EXPECT_EQ(on_device.ctx().stream, (Stream{device(), test::emulated_stream(0)}));
+  EXPECT_NE(on_device.ctx().stream.handle, nullptr);
+  EXPECT_EQ(on_device.ctx().stream, device_stream(device()));
+  EXPECT_EQ(on_host.ctx().stream, Stream{Device::cpu()});
+  EXPECT_EQ(on_host.ctx().stream.handle, nullptr);
+}
+
+TEST_F(EmulatedDeviceTest, ATrainerRefusesAStreamOfAnotherDevice) {
+  mesh::LocalContext host;
+  Context mixed{host.mesh(), host.pools(), nullptr, device_stream(device())};
+  expect_refused([&] { Trainer t(config(), mixed); },
+                 "trainer: the Context's stream (on cuda:0) is not the stream of its pools' device cpu");
+}
+
 TEST_F(EmulatedDeviceTest, WhatADeviceRunDoesNotDoYetIsRefusedClearly) {
   RunConfig ps = config();
   ps.parallel.mode = "ps";

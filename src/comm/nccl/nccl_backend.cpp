@@ -113,7 +113,8 @@ cudaError_t create_link_stream(cudaStream_t* stream) {
 }
 
 void order_after_compute(NcclState& state, NcclLink& link, const std::string& what) {
-  cuda_require(cudaEventRecord(state.compute_done, cudaStreamLegacy), concat(what, ": cudaEventRecord"));
+  const cudaStream_t compute = state.compute ? state.compute : cudaStreamLegacy;
+  cuda_require(cudaEventRecord(state.compute_done, compute), concat(what, ": cudaEventRecord"));
   cuda_require(cudaStreamWaitEvent(link.stream, state.compute_done, 0), concat(what, ": cudaStreamWaitEvent"));
 }
 
@@ -121,10 +122,11 @@ void order_after_compute(NcclState& state, NcclLink& link, const std::string& wh
 // bootstrap as i64 words; every rank then joins the three NCCL communicators
 // in the same order.
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device,
-                                   const Options& options)
+                                   const Options& options, cudaStream_t compute)
     : bootstrap_(std::move(bootstrap)), state_(std::make_shared<NcclState>()) {
   NcclState& s = *state_;
   s.device = device;
+  s.compute = compute;
   s.rank = bootstrap_->rank();
   s.size = bootstrap_->size();
   s.name = bootstrap_->name();
@@ -165,7 +167,8 @@ int cuda_device_count(std::string* reason) {
   return n;
 }
 
-std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options) {
+std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options,
+                                         Stream compute) {
   LOOM_REQUIRE(options.timeout_s > 0, "comm timeout_s = ", options.timeout_s,
                " is invalid: it must be > 0 seconds");
   std::string reason;
@@ -173,8 +176,11 @@ std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, co
   LOOM_REQUIRE(n > 0, "nccl backend: no CUDA device: ", reason);
   LOOM_REQUIRE(device >= 0 && device < n, "nccl backend: CUDA device ", device,
                " does not exist: this process sees ", n, " device(s), 0..", n - 1);
-  return std::make_unique<NcclCommunicator>(bootstrap.split(0, bootstrap.rank(), "world"), device,
-                                            options);
+  LOOM_REQUIRE(compute.handle == nullptr || compute.device == Device::cuda(device), "nccl backend: the compute ",
+               "stream given is on ", device_name(compute.device), ", not on cuda:", device,
+               " (this communicator's device)");
+  return std::make_unique<NcclCommunicator>(bootstrap.split(0, bootstrap.rank(), "world"), device, options,
+                                            static_cast<cudaStream_t>(compute.handle));
 }
 
 }  // namespace loom::comm

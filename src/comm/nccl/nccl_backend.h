@@ -32,8 +32,8 @@
 //     its sequence number and the communicator. An asynchronous NCCL error
 //     aborts the job the same way.
 //   - Ordering with compute: an op's stream first waits (a CUDA event)
-//     for everything already queued on the device's legacy default stream,
-//     where the CUDA backend's ops run, so it reads and writes its buffers
+//     for everything already queued on the compute stream (nccl_world's:
+//     the CUDA backend's, where its ops run), so it reads and writes its buffers
 //     after the compute issued before it. The streams are non-blocking, so
 //     compute queued later never waits for communication: a receive posted
 //     early (the pipeline's) holds no kernel back, and gradients reduce
@@ -67,6 +67,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "core/memory.h"
 
 namespace loom::comm {
 
@@ -79,7 +80,12 @@ int cuda_device_count(std::string* reason = nullptr);
 // The NCCL communicator of every rank of `bootstrap`, on GPU `device` of this
 // process (Device::cuda(device)); named "world". Collective over bootstrap;
 // the result keeps its own split of it, so bootstrap may be destroyed first.
-// loom::Error if `device` is not a usable CUDA device or options are invalid.
-std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options = {});
+// Every op waits for the work enqueued before it on `compute` (the
+// Context's stream: the CUDA backend's, kernels/cuda/cuda_backend.h), or on
+// the legacy default stream where compute has no handle; its splits wait for
+// the same stream. loom::Error if `device` is not a usable CUDA device,
+// compute is another device's, or options are invalid.
+std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options = {},
+                                         Stream compute = {});
 
 }  // namespace loom::comm

@@ -365,7 +365,8 @@ WorkPtr NcclCommunicator::barrier() {
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
   LOOM_REQUIRE(color >= 0, "split of communicator '", this->name(), "': color ", color, " is negative");
-  return std::make_unique<NcclCommunicator>(bootstrap_->split(color, key, name), state_->device, state_->options);
+  return std::make_unique<NcclCommunicator>(bootstrap_->split(color, key, name), state_->device, state_->options,
+                                            state_->compute);
 }
 
 }  // namespace loom::comm

@@ -41,19 +41,20 @@ struct NcclState {
   // Device floats: [0] barrier()'s word and the connecting sends' source,
   // [1..4] the connecting receives' destinations.
   float* scratch = nullptr;
-  cudaEvent_t compute_done = nullptr;  // recorded on the legacy stream by order_after_compute
+  cudaStream_t compute = nullptr;      // the stream ops wait for (null: the legacy default stream)
+  cudaEvent_t compute_done = nullptr;  // recorded on `compute` by order_after_compute
   NcclState() = default;
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
   ~NcclState();  // drains the streams, then frees everything
 };
 
-// Creates a link's stream: non-blocking (cudaStreamNonBlocking), so
-// compute on the legacy default stream never waits for it.
+// Creates a link's stream: non-blocking (cudaStreamNonBlocking), so compute
+// (on the legacy default stream or a blocking one) never waits for it.
 cudaError_t create_link_stream(cudaStream_t* stream);
-// Queues on link's stream a wait for everything enqueued so far on the
-// legacy default stream (the CUDA backend's ops): an op reads and writes
-// its buffers only after the compute issued before it.
+// Queues on link's stream a wait for everything enqueued so far on
+// state.compute (the CUDA backend's ops): an op reads and writes its buffers
+// only after the compute issued before it.
 void order_after_compute(NcclState& state, NcclLink& link, const std::string& what);
 
 // A Work for the ops just enqueued on link's stream: a CUDA event recorded
@@ -65,7 +66,9 @@ class NcclCommunicator final : public Communicator {
   // Collective over `bootstrap` (whose ranks and name it takes): creates the
   // NCCL communicators over all ranks (collectives, up, down) from unique
   // ids made on rank 0; the neighbour links wait for the first send or recv.
-  NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, const Options& options);
+  // Ops wait for `compute` (nccl_world's).
+  NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, const Options& options,
+                   cudaStream_t compute);
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }

@@ -30,9 +30,11 @@ namespace loom::kernels::cuda {
 // After a kernel launch: a bad configuration is reported at once.
 #define LOOM_CUDA_LAUNCHED() LOOM_CUDA_CHECK(cudaGetLastError())
 
-// The stream every op is enqueued on: the legacy default stream (see
-// cuda_backend.h for why).
-inline cudaStream_t stream() { return cudaStreamLegacy; }
+// The device's compute stream (cuda_backend.h: cuda_stream), made by
+// register_cuda_backend; null, the legacy default stream, before it.
+extern cudaStream_t g_stream;
+// The stream every op, temporary and copy of the backend is enqueued on.
+inline cudaStream_t stream() { return g_stream; }
 
 // Device memory for the length of one op: cudaMallocAsync on the op's stream,
 // freed on it (stream ordered, so kernels enqueued before the free may still

@@ -5,10 +5,13 @@
 // loom_kernels_cuda, which defines LOOM_HAVE_CUDA=1 for its users).
 //
 // One GPU per process: register_cuda_backend(i) makes device i current, and
-// every cuda tensor of the process lives on it. Ops are enqueued on the
-// device's legacy default stream, which the NCCL backend's streams
-// (comm/nccl) wait for at each op's issue, so a collective on a tensor an op
-// just wrote needs no extra synchronisation. An op returns once its kernels are
+// every cuda tensor of the process lives on it. Ops, the pools' frees and
+// copies are enqueued on the device's compute stream (cuda_stream(), made
+// at registration: the Context's stream, core/memory.h), which the NCCL
+// backend's streams (comm/nccl, handed it by nccl_world) wait for at each
+// op's issue, so a collective on a tensor an op just wrote needs no extra
+// synchronisation. The stream is blocking: work on the legacy default stream
+// is ordered with it both ways. An op returns once its kernels are
 // enqueued, except those that return a value to the host (sum_squares,
 // global_norm, all_finite, the cross-entropy losses, find_id_outside) and
 // those that check ids against a range (embedding, cross-entropy targets,
@@ -19,6 +22,8 @@
 #pragma once
 
 #include <string>
+
+#include "core/memory.h"
 
 namespace loom::kernels {
 
@@ -33,6 +38,10 @@ std::string cuda_device_description(int index = 0);
 // index; loom::Error with cuda_unavailable_reason's text when the device is
 // not usable, or when another index was registered before.
 void register_cuda_backend(int index = 0);
+// The registered device's compute stream (Stream::handle a cudaStream_t),
+// which device_stream(Device::cuda(i)) also returns; Stream{cpu} before
+// register_cuda_backend.
+Stream cuda_stream();
 // Waits until every op enqueued so far has finished; loom::Error naming the
 // failure if a kernel failed.
 void cuda_synchronize();

@@ -20,6 +20,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -250,20 +251,23 @@ __global__ void add_f32_kernel(TO* out, const float* in, int64_t n) {
     out[i] = from_float<TO>(to_float(out[i]) + in[i]);
 }
 
+// c = bias + beta c, rounded once (the CPU's order); c is not read at beta 0.
 template <typename T>
-__global__ void add_bias_kernel(T* c, const T* bias, int64_t n, int64_t cols) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    c[i] = from_float<T>(to_float(c[i]) + to_float(bias[i % cols]));
+__global__ void scale_add_bias_kernel(T* c, const T* bias, float beta, int64_t n, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float v = bias ? to_float(bias[i % cols]) : 0.f;
+    if (beta != 0.f) v += beta * to_float(c[i]);
+    c[i] = from_float<T>(v);
+  }
 }
 
-// A GEMM with k = 0, which cuBLASLt refuses: c = beta c (+ bias).
+// A GEMM with k = 0, which cuBLASLt refuses: c = beta c (+ bias), any beta.
 void no_products(const Tensor& c, const Tensor& bias, float beta) {
-  LOOM_CHECK(beta == 0.f || beta == 1.f, "a GEMM with k = 0 and beta ", beta);
-  if (beta == 0.f) LOOM_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream()));
-  if (!bias.defined() || c.numel() == 0) return;
+  if (c.numel() == 0 || (beta == 1.f && !bias.defined())) return;
   with_float_type(c.dtype(), [&](auto ct) {
     using TC = decltype(ct);
-    add_bias_kernel<<<grid_for(c.numel()), 256, 0, stream()>>>(ptr<TC>(c), ptr<const TC>(bias), c.numel(), c.size(-1));
+    scale_add_bias_kernel<<<grid_for(c.numel()), 256, 0, stream()>>>(
+        ptr<TC>(c), bias.defined() ? ptr<const TC>(bias) : nullptr, beta, c.numel(), c.size(-1));
     LOOM_CUDA_LAUNCHED();
   });
 }
@@ -298,7 +302,7 @@ LtGemm lt_gemm(const Tensor& c, const Tensor& a, const Tensor& b, bool ta, bool 
 }
 
 void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias = {}) {
-  DeviceTemp ta_tmp, tb_tmp, bias_tmp, c_tmp;
+  DeviceTemp ta_tmp, tb_tmp, bias_tmp, bias_copy, c_tmp;
   if (a.dtype() != b.dtype()) {  // backward with an f32 gradient (see the top)
     const DType half = a.dtype() == DType::f32 ? b.dtype() : a.dtype();
     const DType to = half == DType::bf16 ? DType::bf16 : DType::f32;
@@ -306,17 +310,24 @@ void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float bet
     if (b.dtype() != to) b = converted(b, to, tb_tmp);
   }
   const Tensor c_out = c;
-  // The bias epilogue reads a bias of c's dtype; an f32 bias of a 16-bit c
-  // goes through an f32 c so that the sum is rounded once, as on the CPU.
-  if (bias.defined() && bias.dtype() != c.dtype()) {
-    if (bias.dtype() == DType::f32) {
-      LOOM_CHECK(beta == 0.f, "a GEMM with bias accumulates");
+  // cuBLASLt writes f32 operands' products to an f32 c only, and its bias
+  // epilogue reads a bias of c's dtype: a 16-bit c of f32 operands (an f32
+  // gradient with f16 weights), or of an f32 bias, goes through an f32 c
+  // (holding c where beta reads it), so that it is rounded once, as on the CPU.
+  if (c.dtype() != DType::f32 && (a.dtype() == DType::f32 || (bias.defined() && bias.dtype() == DType::f32))) {
+    if (beta != 0.f) {
+      c = converted(c, DType::f32, c_tmp);
+    } else {
       c_tmp = DeviceTemp(static_cast<size_t>(c.numel()) * sizeof(float));
       c = Tensor(c_tmp.as<void>(), DType::f32, c.shape(), c.device());
-    } else {
-      bias = converted(bias, c.dtype(), bias_tmp);
     }
   }
+  if (bias.defined() && bias.dtype() != c.dtype()) bias = converted(bias, c.dtype(), bias_tmp);
+  // Some of cuBLASLt's kernels read the bias 16 bytes at a time whatever the
+  // alignment its heuristic was told (a misaligned-address fault that ends the
+  // CUDA context): a bias view less aligned (a packed parameter buffer whose
+  // widths are not multiples of 8) is copied to fresh, aligned memory.
+  if (bias.defined() && alignment_of(bias.data()) < 16) bias = converted(bias, bias.dtype(), bias_copy);
   const LtGemm g = lt_gemm(c, a, b, ta, tb, alpha, beta, bias);
   if (g.k == 0) no_products(c, bias, beta);
   else run(g);
@@ -360,53 +371,6 @@ void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, 
   }
 }
 
-// dbias (OC) += column sums of dy (rows, OC): blocks of rows_per_part rows
-// (256, more when that would need over 65535 blocks along y) give f32
-// partials, summed in part order by the second kernel (fixed order: the
-// same bits every run).
-template <typename TD>
-__global__ void bias_grad_partials(float* partials, const TD* dy, int64_t rows, int64_t oc, int64_t rows_per_part) {
-  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  const int64_t r0 = blockIdx.y * rows_per_part, r1 = min(rows, r0 + rows_per_part);
-  if (col >= oc) return;
-  float acc = 0.f;
-  for (int64_t r = r0; r < r1; ++r) acc += to_float(dy[r * oc + col]);
-  partials[blockIdx.y * oc + col] = acc;
-}
-
-template <typename TB>
-__global__ void bias_grad_finish(TB* dbias, const float* partials, int64_t parts, int64_t oc) {
-  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (col >= oc) return;
-  float acc = 0.f;
-  for (int64_t p = 0; p < parts; ++p) acc += partials[p * oc + col];
-  dbias[col] = from_float<TB>(to_float(dbias[col]) + acc);
-}
-
-void bias_grad(Tensor dbias, const Tensor& dy2) {
-  const int64_t rows = dy2.size(0), oc = dy2.size(1);
-  if (oc == 0) return;
-  const int64_t rows_per_part = std::max<int64_t>(256, (rows + 65534) / 65535);
-  const int64_t parts = std::max<int64_t>(1, (rows + rows_per_part - 1) / rows_per_part);
-  DeviceTemp partials(static_cast<size_t>(parts * oc) * sizeof(float));
-  const unsigned col_blocks = static_cast<unsigned>((oc + 255) / 256);
-  with_float_type(dy2.dtype(), [&](auto d) {
-    using TD = decltype(d);
-    if (rows == 0) {
-      LOOM_CUDA_CHECK(cudaMemsetAsync(partials.as<void>(), 0, oc * sizeof(float), stream()));
-    } else {
-      bias_grad_partials<<<dim3(col_blocks, static_cast<unsigned>(parts)), 256, 0, stream()>>>(
-          partials.as<float>(), ptr<const TD>(dy2), rows, oc, rows_per_part);
-      LOOM_CUDA_LAUNCHED();
-    }
-  });
-  with_float_type(dbias.dtype(), [&](auto b) {
-    using TB = decltype(b);
-    bias_grad_finish<<<col_blocks, 256, 0, stream()>>>(ptr<TB>(dbias), partials.as<const float>(), parts, oc);
-    LOOM_CUDA_LAUNCHED();
-  });
-}
-
 }  // namespace
 
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
@@ -443,8 +407,8 @@ void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
   static std::atomic<bool> refused[2] = {false, false};  // bf16, f16
   const Tensor pre2 = as_matrix(pre), x2 = as_matrix(x);
   const bool fits = x.dtype() != DType::f32 && x.dtype() == w.dtype() && pre.dtype() == x.dtype() &&
-                    (!bias.defined() || bias.dtype() == pre.dtype()) && x2.size(1) > 0 && pre2.size(0) > 0 &&
-                    pre2.size(1) % 8 == 0;
+                    (!bias.defined() || (bias.dtype() == pre.dtype() && alignment_of(bias.data()) >= 16)) &&
+                    x2.size(1) > 0 && pre2.size(0) > 0 && pre2.size(1) % 8 == 0;
   std::atomic<bool>& refused_here = refused[x.dtype() == DType::bf16 ? 0 : 1];
   if (fits && !refused_here.load()) {
     LtGemm g = lt_gemm(as_matrix(y), x2, w, false, true, 1.f, 0.f, bias);
@@ -463,8 +427,15 @@ void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
   const Tensor dy2 = as_matrix(dy);  // (N, OC)
-  if (dx.defined()) gemm(as_matrix(dx), dy2, w, false, false, 1.f, 1.f);  // dx += dy @ w
-  if (dw.defined()) gemm(dw, dy2, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
+  // An f32 gradient of bf16 weights is rounded to bf16 for both GEMMs (see
+  // the top): once, here, rather than by each (the LM head's is the logits').
+  DeviceTemp dy_bf16;
+  const Tensor dy_ab = dy2.dtype() == DType::f32 && w.dtype() == DType::bf16 && x.dtype() == DType::bf16 &&
+                               (dx.defined() || dw.defined())
+                           ? converted(dy2, DType::bf16, dy_bf16)
+                           : dy2;
+  if (dx.defined()) gemm(as_matrix(dx), dy_ab, w, false, false, 1.f, 1.f);  // dx += dy @ w
+  if (dw.defined()) gemm(dw, dy_ab, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
   if (dbias.defined()) bias_grad(dbias, dy2);
 }
 

@@ -15,6 +15,8 @@
 namespace loom::kernels {
 namespace cuda {
 
+cudaStream_t g_stream = nullptr;
+
 void fail_cuda(cudaError_t e, const char* what, const char* file, int line) {
   fail("CUDA: ", what, " failed: ", cudaGetErrorName(e), ": ", cudaGetErrorString(e), " (", file, ":", line, ")");
 }
@@ -89,7 +91,9 @@ void within(int, void* dst, const void* src, size_t bytes) {
   LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 
-constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host, within};
+void* compute_stream(int) { return g_stream; }
+
+constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host, within, compute_stream};
 
 // ---- the op tracer's clock (op_trace.h): events on the compute stream ---------
 
@@ -203,9 +207,21 @@ void register_cuda_backend(int index) {
   LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   int no = 0;
   LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no));
+  // The compute stream: a stream of its own rather than the legacy default
+  // one, so that its work can be captured into a CUDA graph and ordered
+  // against NCCL's streams by events alone. Blocking (not
+  // cudaStreamNonBlocking): work a library or test puts on the legacy
+  // default stream (cudaMemcpy) stays ordered with loom's ops, as before.
+  // Never destroyed: tensors are freed on it until the process exits.
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda::g_stream, cudaStreamDefault));
   register_device_memory(Device::Kind::cuda, cuda::kMemory);
   register_backend(cuda::kTable);
   cuda::g_registered = index;
+}
+
+Stream cuda_stream() {
+  std::lock_guard lock(cuda::g_mutex);
+  return cuda::g_registered < 0 ? Stream{Device::cpu()} : Stream{Device::cuda(cuda::g_registered), cuda::g_stream};
 }
 
 void cuda_synchronize() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
