@@ -245,8 +245,16 @@ void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w,
 void linear_backward(Tensor dx, Tensor dw, Tensor dbias, const Tensor& dy, const Tensor& x, const Tensor& w) {
   const int64_t oc = w.size(0);
   const Tensor dy2 = as_matrix(dy);  // (N, OC)
-  if (dx.defined()) gemm(as_matrix(dx), dy2, w, false, false, 1.f, 1.f);  // dx += dy @ w
-  if (dw.defined()) gemm(dw, dy2, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
+  // Would gemm round an f32 dy to bf16 for the GEMM into out with `other`?
+  const auto rounds = [&](const Tensor& out, const Tensor& other) {
+    return out.defined() && dy2.dtype() == DType::f32 && other.dtype() == DType::bf16 && !widened(out) &&
+           !widened(other);
+  };
+  // Where both GEMMs would, dy is rounded once, here: the same bits, one
+  // pass over dy fewer (a bf16 run's every linear but the LM head).
+  const Tensor dy_ab = rounds(dx, w) && rounds(dw, x) ? bf16_workspace(dy2) : dy2;
+  if (dx.defined()) gemm(as_matrix(dx), dy_ab, w, false, false, 1.f, 1.f);  // dx += dy @ w
+  if (dw.defined()) gemm(dw, dy_ab, as_matrix(x), true, false, 1.f, 1.f);   // dw += dy^T @ x
   if (dbias.defined()) {
     dispatch_float(dy.dtype(), [&]<typename TD>() {
       dispatch_float(dbias.dtype(), [&]<typename TB>() {
