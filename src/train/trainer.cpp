@@ -68,8 +68,9 @@ void require_device_layout(const RunConfig& cfg) {
 // choice to offer).
 void require_device_can_run(const RunConfig& cfg, const Context& ctx) {
   const Device device = ctx.pools.device();
-  LOOM_REQUIRE(ctx.stream == device_stream(device), "trainer: the Context's stream (on ",
-               device_name(ctx.stream.device), ") is not the stream of its pools' device ", device_name(device),
+  LOOM_REQUIRE(ctx.stream == device_stream(device), "trainer: the Context's stream (",
+               ctx.stream.device == device ? "another stream of " : "on ", device_name(ctx.stream.device),
+               ") is not the stream of its pools' device ", device_name(device),
                ": a run's ops go to that device's one stream (device_stream)");
   if (!device.is_cpu()) return require_device_layout(cfg);
   if (cfg.train.dtype != "bf16") return;

@@ -204,6 +204,12 @@ TEST_F(EmulatedDeviceTest, ATrainerRefusesAStreamOfAnotherDevice) {
   Context mixed{host.mesh(), host.pools(), nullptr, device_stream(device())};
   expect_refused([&] { Trainer t(config(), mixed); },
                  "trainer: the Context's stream (on cuda:0) is not the stream of its pools' device cpu");
+  mesh::LocalContext on_device({}, device());
+  static char other_queue;
+  Context other{on_device.mesh(), on_device.pools(), nullptr, Stream{device(), &other_queue}};
+  expect_refused([&] { Trainer t(config(), other); },
+                 "trainer: the Context's stream (another stream of cuda:0) is not the stream of its pools' device "
+                 "cuda:0");
 }
 
 TEST_F(EmulatedDeviceTest, WhatADeviceRunDoesNotDoYetIsRefusedClearly) {

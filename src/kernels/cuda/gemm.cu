@@ -233,6 +233,7 @@ __global__ void convert_kernel(TO* out, const TI* in, int64_t n) {
 
 // t converted to dtype `to` in `temp` (stream-ordered, freed with temp).
 Tensor converted(const Tensor& t, DType to, DeviceTemp& temp) {
+  LOOM_CHECK(temp.as<void>() == nullptr, "converted: its temporary is in use (it may hold t)");
   temp = DeviceTemp(static_cast<size_t>(t.numel()) * dtype_size(to));
   with_float_type(to, [&](auto o) {
     with_float_type(t.dtype(), [&](auto i) {

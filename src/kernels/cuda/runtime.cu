@@ -64,7 +64,9 @@ void* allocate(int, size_t bytes) {
     int device = 0;
     LOOM_CUDA_CHECK(cudaGetDevice(&device));
     LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    // The compute stream's frees done; not the device's (cudaDeviceSynchronize
+    // would wait for NCCL's streams: the deadlock above).
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream()));
     LOOM_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
     e = cudaMallocAsync(&p, bytes, stream());
   }
@@ -208,14 +210,23 @@ void register_cuda_backend(int index) {
   int no = 0;
   LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no));
   // The compute stream: a stream of its own rather than the legacy default
-  // one, so that its work can be captured into a CUDA graph and ordered
-  // against NCCL's streams by events alone. Blocking (not
-  // cudaStreamNonBlocking): work a library or test puts on the legacy
-  // default stream (cudaMemcpy) stays ordered with loom's ops, as before.
-  // Never destroyed: tensors are freed on it until the process exits.
-  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&cuda::g_stream, cudaStreamDefault));
-  register_device_memory(Device::Kind::cuda, cuda::kMemory);
-  register_backend(cuda::kTable);
+  // one, so that it is ordered against NCCL's streams by events alone and
+  // its ops can be captured into a CUDA graph (those that neither return a
+  // value to the host nor communicate, after a first GEMM has made
+  // cuBLASLt's workspace). Blocking (not cudaStreamNonBlocking): work a
+  // library or test puts on the legacy default stream (cudaMemcpy) stays
+  // ordered with loom's ops, as before. Never destroyed: tensors are freed
+  // on it until the process exits.
+  cudaStream_t compute = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamDefault));
+  try {
+    register_device_memory(Device::Kind::cuda, cuda::kMemory);
+    register_backend(cuda::kTable);
+  } catch (...) {
+    cudaStreamDestroy(compute);
+    throw;
+  }
+  cuda::g_stream = compute;  // before any op: nothing allocates until this returns
   cuda::g_registered = index;
 }
 
