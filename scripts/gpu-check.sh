@@ -41,9 +41,10 @@ if [[ -z $prebuilt ]]; then
   bin=build-gpu
   cmake -S . -B "$bin" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 \
     || { note "configure failed (configure.log)"; exit 1; }
-  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large gpu_ops_edges gpu_train bench_cuda_kernels loom \
-    >"$out/build.log" 2>&1 || { note "build failed (build.log)"; exit 1; }
+  cmake --build "$bin" -j "$(nproc)" --target test_backend_ops_cuda gpu_ops_large gpu_ops_edges gpu_train \
+    mpi_test_nccl bench_cuda_kernels loom >"$out/build.log" 2>&1 || { note "build failed (build.log)"; exit 1; }
   tests=("$bin/tests/test_backend_ops_cuda" "$bin/tests/gpu_ops_large" "$bin/tests/gpu_ops_edges" "$bin/tests/gpu_train")
+  nccl_test="$bin/tests/mpi_test_nccl"
   bench="$bin/bench/cuda/bench_cuda_kernels"
   loom="$bin/loom"
 else
@@ -59,6 +60,12 @@ else
   done
   export LD_LIBRARY_PATH="$prebuilt/lib:${cuda_libs}${LD_LIBRARY_PATH:-}"
   tests=("$prebuilt/test_backend_ops_cuda" "$prebuilt/gpu_ops_large" "$prebuilt/gpu_ops_edges" "$prebuilt/gpu_train")
+  nccl_test="$prebuilt/mpi_test_nccl"
+  # Open MPI carried with them (scripts/ompi-carry.sh) where none is installed.
+  if ! command -v mpirun >/dev/null && [[ -f $prebuilt/ompi/env.sh ]]; then
+    source "$prebuilt/ompi/env.sh"
+    note "mpirun: Open MPI carried in the bundle"
+  fi
   bench="$prebuilt/bench_cuda_kernels"
   loom="$prebuilt/loom"
 fi
@@ -76,11 +83,31 @@ for t in "${tests[@]}"; do
   ((rc != 0)) && status=1
 done
 
+# The NCCL backend's tests under mpirun, 2 ranks: on one GPU they share it
+# (LOOM_NCCL_SHARE_GPU=1, comm/nccl/nccl_backend.h), and so do the layouts
+# of train_mpi.py below. Every collective against MPI's result.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU ")
+share=$((gpus < 2 ? 1 : 0))
+if command -v mpirun >/dev/null; then
+  start=$(date +%s)
+  LOOM_NCCL_SHARE_GPU=$share timeout "${LOOM_GPU_TEST_TIMEOUT:-300}" mpirun --oversubscribe --allow-run-as-root -np 2 \
+    -x LOOM_NCCL_SHARE_GPU -x LD_LIBRARY_PATH "$nccl_test" >"$out/mpi_test_nccl.log" 2>&1
+  rc=$?
+  note "mpi_test_nccl (2 ranks, $gpus GPU(s), sharing $share): exit $rc, $(grep -c "^\[       OK \]" \
+    "$out/mpi_test_nccl.log") OK lines, $(grep -c "SKIPPED \]" "$out/mpi_test_nccl.log") skipped lines, \
+    $(($(date +%s) - start)) s"
+  grep -E "^\[  FAILED  \]|Failure|error|WARN" "$out/mpi_test_nccl.log" | head -20 >>"$summary"
+  ((rc != 0)) && status=1
+else
+  note "mpi_test_nccl: not run: no mpirun here and none carried"
+fi
+
 # loom train --device cuda under mpirun (tests/gpu/train_mpi.py; skipped,
 # exit 77, without Open MPI's mpirun here): more ranks than GPUs refused, and
-# on 2 GPUs dp / tp over NCCL against the same layouts on CPUs.
+# dp / tp over NCCL against the same layouts on CPUs (on one GPU, 2 ranks
+# sharing it: dp/ZeRO and tp + SP).
 for case in refusal layouts; do
-  timeout "${LOOM_GPU_TEST_TIMEOUT:-300}" python3 tests/gpu/train_mpi.py "$loom" \
+  LOOM_NCCL_SHARE_GPU=$share timeout "${LOOM_GPU_TEST_TIMEOUT:-300}" python3 tests/gpu/train_mpi.py "$loom" \
     "mpirun;--oversubscribe;--allow-run-as-root" "$(mktemp -d)/$case" "$case" >"$out/train_mpi_$case.log" 2>&1
   rc=$?
   note "train_mpi $case: exit $rc: $(tail -1 "$out/train_mpi_$case.log")"

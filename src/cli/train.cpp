@@ -144,17 +144,19 @@ std::unique_ptr<comm::Communicator> gpu_world(const train::RunConfig& cfg, comm:
   std::string why;
   const int gpus = comm::cuda_device_count(&why);
   const int local = host_local_rank(world.rank());
+  const bool share = comm::nccl_shares_gpus();  // ranks beyond the GPUs take them in turn
   // Agreed before any rank refuses, so that none waits in NCCL's set-up for one that left.
-  float missing = gpus > 0 && local < gpus ? 0.0f : 1.0f;
+  float missing = gpus > 0 && (local < gpus || share) ? 0.0f : 1.0f;
   world.all_reduce(Tensor(&missing, DType::f32, {1}), comm::ReduceOp::max)->wait();
   LOOM_REQUIRE(gpus > 0, "train.device = ", cfg.train.device, ": rank ", world.rank(), " finds no GPU: ", why);
-  LOOM_REQUIRE(local < gpus, "train.device = ", cfg.train.device, ": rank ", world.rank(), " is process ", local,
-               " of its host, which has ", gpus, " GPU(s): start at most one process per GPU on each host (NCCL ",
-               "cannot place two ranks of one communicator on the same GPU)");
+  LOOM_REQUIRE(local < gpus || share, "train.device = ", cfg.train.device, ": rank ", world.rank(), " is process ",
+               local, " of its host, which has ", gpus, " GPU(s): start at most one process per GPU on each host ",
+               "(NCCL cannot place two ranks of one communicator on the same GPU; to test the NCCL paths on fewer ",
+               "GPUs, set LOOM_NCCL_SHARE_GPU=1: slow)");
   LOOM_REQUIRE(missing == 0.0f, "train.device = ", cfg.train.device, ": another rank of this job has no GPU of its ",
                "own (its error says why)");
-  device = run_device(cfg, progress, local);
-  return comm::nccl_world(world, local, options, device_stream(device));  // collectives wait for the ops
+  device = run_device(cfg, progress, local % gpus);
+  return comm::nccl_world(world, local % gpus, options, device_stream(device));  // collectives wait for the ops
 #else
   (void)world, (void)options, (void)progress, (void)device;
   fail("train.device = ", cfg.train.device, " under mpirun: this loom was built without NCCL (cmake found no CUDA ",

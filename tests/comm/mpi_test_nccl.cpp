@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "comm/rank_values.h"
@@ -45,8 +47,9 @@ const std::string& skip_reason() {
     std::string why;
     const int n = cuda_device_count(&why);
     if (n == 0) return "no CUDA device: " + why;
-    if (n < world().size())
-      return concat("needs one CUDA device per rank: ", world().size(), " ranks, ", n, " devices");
+    if (n < world().size() && !nccl_shares_gpus())
+      return concat("needs one CUDA device per rank: ", world().size(), " ranks, ", n,
+                    " devices (LOOM_NCCL_SHARE_GPU=1 lets ranks share one)");
     return std::string();
   }();
   return reason;
@@ -361,6 +364,19 @@ TEST_F(Nccl, HostTensorIsAnErrorNamingTheDevices) {
   std::vector<float> host(4);
   test::expect_error([&] { nccl().all_reduce(Tensor(host.data(), DType::f32, {4}), ReduceOp::sum); },
                      {"all_reduce", "is on cpu", "cuda:"});
+}
+
+// LOOM_NCCL_SHARE_GPU: set and neither empty nor 0 (nccl_backend.h).
+TEST(NcclSetup, SharingAGpuIsAskedForInTheEnvironment) {
+  const char* was = std::getenv("LOOM_NCCL_SHARE_GPU");
+  const std::string before = was ? was : "";
+  for (const auto& [value, shares] : {std::pair{"1", true}, {"yes", true}, {"0", false}, {"", false}}) {
+    setenv("LOOM_NCCL_SHARE_GPU", value, 1);
+    EXPECT_EQ(nccl_shares_gpus(), shares) << "LOOM_NCCL_SHARE_GPU='" << value << "'";
+  }
+  unsetenv("LOOM_NCCL_SHARE_GPU");
+  EXPECT_FALSE(nccl_shares_gpus());
+  if (was) setenv("LOOM_NCCL_SHARE_GPU", before.c_str(), 1);
 }
 
 // Runs on machines without a GPU too: the checks come before any collective.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -167,8 +168,18 @@ int cuda_device_count(std::string* reason) {
   return n;
 }
 
+bool nccl_shares_gpus() {
+  const char* v = std::getenv("LOOM_NCCL_SHARE_GPU");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
 std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options,
                                          Stream compute) {
+  if (nccl_shares_gpus()) {  // before this process's first NCCL call, which reads them
+    setenv("NCCL_HOSTID", concat("loom-rank-", bootstrap.rank()).c_str(), 0);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    setenv("NCCL_IB_DISABLE", "1", 0);
+  }
   LOOM_REQUIRE(options.timeout_s > 0, "comm timeout_s = ", options.timeout_s,
                " is invalid: it must be > 0 seconds");
   std::string reason;

@@ -88,4 +88,14 @@ int cuda_device_count(std::string* reason = nullptr);
 std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, const Options& options = {},
                                          Stream compute = {});
 
+// LOOM_NCCL_SHARE_GPU=1 (any value but empty or 0): the job's ranks may share
+// a GPU, to prove the NCCL paths on a machine with fewer GPUs than ranks (a
+// test's mode: slow). NCCL refuses two ranks of one communicator on one
+// device of one host ("Duplicate GPU detected"), so nccl_world then tells
+// NCCL that each rank is a host of its own (NCCL_HOSTID=loom-rank-<rank>),
+// and the ranks connect through NCCL's socket transport on the loopback
+// interface (NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1); variables the user
+// set are kept.
+bool nccl_shares_gpus();
+
 }  // namespace loom::comm
