@@ -59,6 +59,9 @@ void require_device_layout(const RunConfig& cfg) {
   const ParallelConfig& p = cfg.parallel;
   LOOM_REQUIRE(p.mode != "ps", "train.device = ", cfg.train.device, ": parameter-server training (parallel.mode = ps) ",
                "runs on CPUs only for now");
+  LOOM_REQUIRE(cfg.train.dtype != "fp16" || p.tp == 1, "train.dtype = fp16 with parallel.tp = ", p.tp,
+               " runs on CPUs only for now (tensor parallelism sums fp16 partials through f32 in host memory); on ",
+               "GPUs train in bf16 (train.dtype = bf16), or in fp16 without tp");
 }
 
 // What the run's device must offer cfg: a run's ops go to the device's one

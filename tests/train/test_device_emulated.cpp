@@ -216,6 +216,11 @@ TEST_F(EmulatedDeviceTest, WhatADeviceRunDoesNotDoYetIsRefusedClearly) {
   RunConfig ps = config();
   ps.parallel.mode = "ps";
   expect_refused([&] { run_on(ps, device(), dir_ / "ps"); }, "parameter-server training");
+  RunConfig fp16_tp = config();
+  fp16_tp.train.dtype = "fp16";
+  fp16_tp.parallel.tp = 2;
+  expect_refused([&] { run_on(fp16_tp, device(), dir_ / "fp16_tp"); },
+                 "train.dtype = fp16 with parallel.tp = 2 runs on CPUs only for now");
 }
 
 }  // namespace

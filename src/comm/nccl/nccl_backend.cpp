@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/deadline.h"
 #include "comm/mpi_runtime.h"
 #include "comm/nccl/nccl_communicator.h"
 #include "core/error.h"
@@ -17,11 +18,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A pending NCCL operation: the CUDA event recorded after it on its stream.
+// Its deadline (Options::timeout_s) counts from the issue, for test() and
+// wait() alike (communicator.h): a caller that polls test() is watched too.
 class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<NcclState> state, NcclLink* link, cudaEvent_t event, std::string what,
            int64_t seq)
-      : state_(std::move(state)), link_(link), event_(event), what_(std::move(what)), seq_(seq) {}
+      : state_(std::move(state)), link_(link), event_(event), what_(std::move(what)), seq_(seq),
+        deadline_(deadline_after(Clock::now(), state_->options.timeout_s)) {}
   ~NcclWork() override { cudaEventDestroy(event_); }
 
   bool test() override {
@@ -34,6 +38,7 @@ class NcclWork final : public Work {
     if (async != ncclSuccess && async != ncclInProgress)
       abort_job(concat("failed: NCCL error: ", ncclGetErrorString(async), ": ",
                        ncclGetLastError(link_->comm)));
+    if (Clock::now() > deadline_) abort_job(concat("did not complete within ", state_->options.timeout_s, " s"));
     return false;
   }
 
@@ -41,13 +46,9 @@ class NcclWork final : public Work {
   // 1 ms): the GPU finishes it, spinning would only steal a core.
   void wait() override {
     const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration<double>(state_->options.timeout_s);
     int sleep_us = 20;
-    while (!test()) {
-      const auto now = Clock::now();
-      if (now > deadline)
-        abort_job(concat("did not complete within ", state_->options.timeout_s, " s"));
-      if (now - start < std::chrono::milliseconds(2)) {
+    while (!test()) {  // which aborts past the deadline
+      if (Clock::now() - start < std::chrono::milliseconds(2)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
@@ -72,6 +73,7 @@ class NcclWork final : public Work {
   cudaEvent_t event_;
   std::string what_;
   int64_t seq_;
+  Clock::time_point deadline_;
   bool done_ = false;
 };
 
@@ -101,11 +103,17 @@ NcclState::~NcclState() {
   for (NcclLink& l : p2p) links.push_back(&l);
   for (NcclLink* l : links)
     if (l->stream) cudaStreamSynchronize(l->stream);
+  // Every link drained, the barrier word is freed on the collectives' stream
+  // (cudaFree would wait for every stream of the device: other
+  // communicators' posted receives too).
+  if (scratch && coll.stream) {
+    cudaFreeAsync(scratch, coll.stream);
+    cudaStreamSynchronize(coll.stream);
+  }
   for (NcclLink* l : links) {
     if (l->comm) ncclCommDestroy(l->comm);
     if (l->stream) cudaStreamDestroy(l->stream);
   }
-  if (scratch) cudaFree(scratch);
   if (compute_done) cudaEventDestroy(compute_done);
 }
 
@@ -150,9 +158,14 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int 
     nccl_require(ncclCommInitRank(&links[i]->comm, s.size, ids[i], s.rank), nullptr,
                  concat("ncclCommInitRank for communicator '", s.name, "'"));
   }
-  cuda_require(cudaMalloc(&s.scratch, 5 * sizeof(float)), "cudaMalloc of the barrier word");
-  cuda_require(cudaMemset(s.scratch, 0, 5 * sizeof(float)), "cudaMemset of the barrier word");  // sent as is
-  cuda_require(cudaDeviceSynchronize(), "cudaMemset of the barrier word");  // before NCCL's streams read it
+  // Ordered on the collectives' stream and waited for there alone: a
+  // device-wide wait would also wait for other communicators' posted receives.
+  void* scratch = nullptr;
+  cuda_require(cudaMallocAsync(&scratch, 5 * sizeof(float), s.coll.stream), "cudaMallocAsync of the barrier word");
+  s.scratch = static_cast<float*>(scratch);
+  cuda_require(cudaMemsetAsync(s.scratch, 0, 5 * sizeof(float), s.coll.stream),
+               "cudaMemsetAsync of the barrier word");  // sent as is
+  cuda_require(cudaStreamSynchronize(s.coll.stream), "cudaMemsetAsync of the barrier word");  // before NCCL reads it
   cuda_require(cudaEventCreateWithFlags(&s.compute_done, cudaEventDisableTiming), "cudaEventCreate");
 }
 
