@@ -18,7 +18,8 @@
 # metrics), torch_train_<dtype>.json, trace_ops_bf16.json / .log (a bf16 run's
 # kernel ops timed on the GPU), summary.txt. Exit status: 0 when every
 # test passed (a benchmark failure is reported in summary.txt, not fatal).
-# Limits, in seconds: LOOM_GPU_TEST_TIMEOUT (each test, 300),
+# Limits, in seconds: LOOM_GPU_TEST_TIMEOUT (each test, 300), LOOM_GPU_MPI_TIMEOUT
+# (each run under mpirun, 150),
 # LOOM_GPU_BENCH_TIMEOUT (each kernel bench, 200), LOOM_GPU_TRAIN_TIMEOUT
 # (each training run, 150); LOOM_GPU_TRAIN_DTYPES: the training runs'
 # dtypes ("bf16 fp32").
@@ -83,36 +84,6 @@ for t in "${tests[@]}"; do
   ((rc != 0)) && status=1
 done
 
-# The NCCL backend's tests under mpirun, 2 ranks: on one GPU they share it
-# (LOOM_NCCL_SHARE_GPU=1, comm/nccl/nccl_backend.h), and so do the layouts
-# of train_mpi.py below. Every collective against MPI's result.
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU ")
-share=$((gpus < 2 ? 1 : 0))
-if command -v mpirun >/dev/null; then
-  start=$(date +%s)
-  LOOM_NCCL_SHARE_GPU=$share timeout "${LOOM_GPU_TEST_TIMEOUT:-300}" mpirun --oversubscribe --allow-run-as-root -np 2 \
-    -x LOOM_NCCL_SHARE_GPU -x LD_LIBRARY_PATH "$nccl_test" >"$out/mpi_test_nccl.log" 2>&1
-  rc=$?
-  note "mpi_test_nccl (2 ranks, $gpus GPU(s), sharing $share): exit $rc, $(grep -c "^\[       OK \]" \
-    "$out/mpi_test_nccl.log") OK lines, $(grep -c "SKIPPED \]" "$out/mpi_test_nccl.log") skipped lines, \
-    $(($(date +%s) - start)) s"
-  grep -E "^\[  FAILED  \]|Failure|error|WARN" "$out/mpi_test_nccl.log" | head -20 >>"$summary"
-  ((rc != 0)) && status=1
-else
-  note "mpi_test_nccl: not run: no mpirun here and none carried"
-fi
-
-# loom train --device cuda under mpirun (tests/gpu/train_mpi.py; skipped,
-# exit 77, without Open MPI's mpirun here): more ranks than GPUs refused, and
-# dp / tp over NCCL against the same layouts on CPUs (on one GPU, 2 ranks
-# sharing it: dp/ZeRO and tp + SP).
-for case in refusal layouts; do
-  LOOM_NCCL_SHARE_GPU=$share timeout "${LOOM_GPU_TEST_TIMEOUT:-300}" python3 tests/gpu/train_mpi.py "$loom" \
-    "mpirun;--oversubscribe;--allow-run-as-root" "$(mktemp -d)/$case" "$case" >"$out/train_mpi_$case.log" 2>&1
-  rc=$?
-  note "train_mpi $case: exit $rc: $(tail -1 "$out/train_mpi_$case.log")"
-  ((rc != 0 && rc != 77)) && status=1
-done
 timeout "${LOOM_GPU_BENCH_TIMEOUT:-200}" "$bench" --reps 20 >"$out/bench_loom.jsonl" 2>"$out/bench_loom.err" \
   || note "bench_cuda_kernels failed: $(tail -3 "$out/bench_loom.err")"
 timeout "${LOOM_GPU_BENCH_TIMEOUT:-200}" python3 bench/cuda/torch_kernels_bench.py --reps 20 >"$out/bench_torch.jsonl" 2>"$out/bench_torch.err" \
@@ -139,6 +110,37 @@ timeout "${LOOM_GPU_TRAIN_TIMEOUT:-150}" "$loom" train --config configs/gpt2-124
   --set train.steps=6 --set log.peak_tflops=1 --set log.trace="$out/trace_ops_bf16.json" --set log.trace_ops=true \
   >"$out/trace_ops_bf16.log" 2>&1 || note "loom train with log.trace_ops failed: $(tail -3 "$out/trace_ops_bf16.log")"
 sed -n '/kernel ops so far/,$p' "$out/trace_ops_bf16.log" | head -40 >>"$summary"
+# Last, so that a hang in NCCL's set-up costs no other result.
+# The NCCL backend's tests under mpirun, 2 ranks: on one GPU they share it
+# (LOOM_NCCL_SHARE_GPU=1, comm/nccl/nccl_backend.h), and so do the layouts
+# of train_mpi.py below. Every collective against MPI's result.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU ")
+share=$((gpus < 2 ? 1 : 0))
+if command -v mpirun >/dev/null; then
+  start=$(date +%s)
+  LOOM_NCCL_SHARE_GPU=$share timeout "${LOOM_GPU_MPI_TIMEOUT:-150}" mpirun --oversubscribe --allow-run-as-root -np 2 \
+    -x LOOM_NCCL_SHARE_GPU -x LD_LIBRARY_PATH "$nccl_test" >"$out/mpi_test_nccl.log" 2>&1
+  rc=$?
+  note "mpi_test_nccl (2 ranks, $gpus GPU(s), sharing $share): exit $rc, $(grep -c "^\[       OK \]" \
+    "$out/mpi_test_nccl.log") OK lines, $(grep -c "SKIPPED \]" "$out/mpi_test_nccl.log") skipped lines, \
+    $(($(date +%s) - start)) s"
+  grep -E "^\[  FAILED  \]|Failure|error|WARN" "$out/mpi_test_nccl.log" | head -20 >>"$summary"
+  ((rc != 0)) && status=1
+else
+  note "mpi_test_nccl: not run: no mpirun here and none carried"
+fi
+
+# loom train --device cuda under mpirun (tests/gpu/train_mpi.py; skipped,
+# exit 77, without Open MPI's mpirun here): more ranks than GPUs refused, and
+# dp / tp over NCCL against the same layouts on CPUs (on one GPU, 2 ranks
+# sharing it: dp/ZeRO and tp + SP).
+for case in refusal layouts; do
+  LOOM_NCCL_SHARE_GPU=$share timeout "${LOOM_GPU_MPI_TIMEOUT:-150}" python3 tests/gpu/train_mpi.py "$loom" \
+    "mpirun;--oversubscribe;--allow-run-as-root" "$(mktemp -d)/$case" "$case" >"$out/train_mpi_$case.log" 2>&1
+  rc=$?
+  note "train_mpi $case: exit $rc: $(tail -1 "$out/train_mpi_$case.log")"
+  ((rc != 0 && rc != 77)) && status=1
+done
 # One archive of everything, for machines that hand back few files.
 tar -C "$out" -czf "$out.tar.gz" . && mv "$out.tar.gz" "$out/all.tar.gz"
 exit $status
