@@ -31,6 +31,7 @@ share = os.environ.get("LOOM_NCCL_SHARE_GPU", "") not in ("", "0")
 if case == "layouts" and gpus < 2 and not share:
     print("skipped: %d GPU here; the multi-GPU layouts need 2 (or LOOM_NCCL_SHARE_GPU=1)" % gpus)
     sys.exit(77)
+run_timeout = int(os.environ.get("LOOM_GPU_RUN_TIMEOUT", "400"))  # each mpirun
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 
@@ -49,7 +50,11 @@ def train(ranks, device, name, sets, share_gpu=False):
             "--set", "log.metrics=" + metrics, "--set", "log.peak_tflops=1", "--out", os.path.join(work, name)]
     for s in sets:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=run_timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        out = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        p = subprocess.CompletedProcess(cmd, 124, "", "timed out after %d s\n%s" % (run_timeout, out))
     losses = [json.loads(l)["loss"] for l in open(metrics)] if p.returncode == 0 else []
     return p, losses
 
@@ -57,7 +62,8 @@ def train(ranks, device, name, sets, share_gpu=False):
 if case == "refusal":
     p, _ = train(gpus + 1, "cuda", "refused", ["parallel.dp=%d" % (gpus + 1)])
     said = "start at most one process per GPU" in p.stderr
-    print("%d ranks on %d GPU(s): exit %d, refused naming ranks and GPUs: %s" % (gpus + 1, gpus, p.returncode, said))
+    print("%d ranks on %d GPU(s): exit %d, refused naming ranks and GPUs: %s" % (gpus + 1, gpus, p.returncode, said),
+          flush=True)
     if p.returncode == 0 or not said:
         sys.exit("expected a refusal; stderr:\n" + p.stderr[-3000:])
     sys.exit(0)
@@ -79,12 +85,12 @@ for name, sets in layouts:
     pc, cpu = train(2, "cpu", name + "_cpu", sets)
     pg, gpu = train(2, "cuda", name + "_gpu", sets, share_gpu=gpus < 2)
     if pc.returncode or pg.returncode or len(cpu) != 10 or len(gpu) != 10:
-        print("%s: failed\n%s\n%s" % (name, pc.stderr[-2000:], pg.stderr[-2000:]))
+        print("%s: failed\n%s\n%s" % (name, pc.stderr[-2000:], pg.stderr[-2000:]), flush=True)
         ok = False
         continue
     diff = max(abs(a - b) / abs(b) for a, b in zip(gpu, cpu))
     print("%s: losses %.4f -> %.4f on the GPUs, max relative difference to the CPUs %.3g"
-          % (name, gpu[0], gpu[-1], diff))
+          % (name, gpu[0], gpu[-1], diff), flush=True)
     ok = ok and diff <= 1e-5
 print("every layout within 1e-5: %s" % ok)
 sys.exit(0 if ok else 1)

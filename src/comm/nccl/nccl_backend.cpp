@@ -190,8 +190,11 @@ std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, co
                                          Stream compute) {
   if (nccl_shares_gpus()) {  // before this process's first NCCL call, which reads them
     setenv("NCCL_HOSTID", concat("loom-rank-", bootstrap.rank()).c_str(), 0);
-    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    setenv("NCCL_NET", "Socket", 0);  // not a network plugin an image ships (IB, EFA)
+    setenv("NCCL_SOCKET_IFNAME", "=lo", 0);
     setenv("NCCL_IB_DISABLE", "1", 0);
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    setenv("NCCL_MNNVL_ENABLE", "0", 0);  // an NVLink fabric would join the "hosts" again
   }
   LOOM_REQUIRE(options.timeout_s > 0, "comm timeout_s = ", options.timeout_s,
                " is invalid: it must be > 0 seconds");

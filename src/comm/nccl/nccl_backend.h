@@ -94,8 +94,8 @@ std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, co
 // device of one host ("Duplicate GPU detected"), so nccl_world then tells
 // NCCL that each rank is a host of its own (NCCL_HOSTID=loom-rank-<rank>),
 // and the ranks connect through NCCL's socket transport on the loopback
-// interface (NCCL_SOCKET_IFNAME=lo, NCCL_IB_DISABLE=1); variables the user
-// set are kept.
+// interface (NCCL_NET=Socket, NCCL_SOCKET_IFNAME==lo, NCCL_IB_DISABLE=1,
+// NVLink SHARP and multi-node NVLink off); variables the user set are kept.
 bool nccl_shares_gpus();
 
 }  // namespace loom::comm
