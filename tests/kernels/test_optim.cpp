@@ -16,6 +16,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -254,6 +255,12 @@ TEST(SumSquaresBlocks, EachBlockIsSumSquaresOfItsSliceBitForBit) {
   const Tensor e = empty.view();
   kernels::sum_squares_blocks(none, {&e, 1}, 4096);  // no blocks: nothing to do
   kernels::sum_squares_blocks(none, {}, 4096);
+  // A block as large as int64 allows is one block (counting must not overflow).
+  Buffer small(DType::f32, {5}, {1.f, 2.f, 3.f, 4.f, 5.f});
+  const Tensor s5 = small.view();
+  std::vector<double> one(1, -1.0);
+  kernels::sum_squares_blocks(one, {&s5, 1}, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(one[0], 55.0);
 }
 
 // Several tensors' blocks in one call: each tensor's, in order, as alone.

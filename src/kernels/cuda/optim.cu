@@ -202,13 +202,15 @@ double global_norm(std::span<const Tensor> tensors) { return sum_of_squares(tens
 void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block) {
   constexpr int64_t kRound = 65535;
   int64_t most = 0;  // the partials of the largest round
-  for (const Tensor& t : tensors)
-    most = std::max(most, std::min(kRound, (t.numel() + block - 1) / block) * sum_blocks(std::min(block, t.numel())));
+  for (const Tensor& t : tensors) {
+    const int64_t n = t.numel(), count = n / block + (n % block != 0);  // not n + block - 1: block may be huge
+    most = std::max(most, std::min(kRound, count) * sum_blocks(std::min(block, n)));
+  }
   DeviceTemp partial(static_cast<size_t>(std::max<int64_t>(most, 1)) * sizeof(double));
   DeviceTemp out(sums.size() * sizeof(double));
   int64_t at = 0;  // the first sum of this tensor
   for (const Tensor& t : tensors) {
-    const int64_t n = t.numel(), count = (n + block - 1) / block, max_parts = sum_blocks(std::min(block, n));
+    const int64_t n = t.numel(), count = n / block + (n % block != 0), max_parts = sum_blocks(std::min(block, n));
     for (int64_t first = 0; first < count; first += kRound) {
       const int64_t slices = std::min(kRound, count - first);
       with_float_type(t.dtype(), [&]<typename T>(T) {
