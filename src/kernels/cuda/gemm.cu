@@ -182,7 +182,7 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
     fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " GEMM m=", g.m, " n=", g.n, " k=", g.k,
          " batch=", g.batch, " to ", dtype_name(g.c_dtype), (g.bias ? " with bias" : ""),
          (g.aux ? " and GELU" : ""), " (",
-         api.cublasLtGetStatusString(st), ")");
+         st != CUBLAS_STATUS_SUCCESS ? api.cublasLtGetStatusString(st) : "its heuristic returned none", ")");
   p.algo = result.algo;
   guard.keep = true;
   return p;
