@@ -1,7 +1,7 @@
 // A request's preparation (its chat template rendered, its prompt
 // tokenized) runs on the server's preparation pool, not on the HTTP thread
-// that writes other streams: while a chat whose template takes about half a
-// second to render is prepared, a stream already running keeps getting its
+// that writes other streams: while a chat whose template renders for about a
+// third of a second (then hits the loop budget) is prepared, a stream already running keeps getting its
 // tokens (slower, as the rendering takes a core: 2-8 times here on 2 cores;
 // before the preparation pool, none at all). The server runs with one HTTP thread (with_server.sh's default),
 // so before the preparation pool that stream stopped for as long as the
@@ -24,7 +24,9 @@ const stream = await openai.completions.create({ model, prompt: 'Once', max_toke
 const times = [];
 let bigStart = 0, bigEnd = 0, bigStatus = 0;
 // 2500 messages of words never seen twice, through a template whose
-// rendering grows as the square of the messages (tests/serve/slow_template.jinja).
+// rendering grows as the square of the messages (tests/serve/slow_template.jinja):
+// it stops at the evaluator's loop budget (1M iterations, serve/jinja/jinja_eval.h),
+// answered 400, after ~0.3 s on a fast core (Sapphire Rapids), more on slower ones.
 let seed = 7;
 const letter = () => String.fromCharCode(97 + ((seed = (seed * 1103515245 + 12345) % 2147483648) % 26));
 const words = (n) => Array.from({ length: n }, () => letter() + letter() + letter() + letter() + letter()).join(' ');
@@ -49,8 +51,10 @@ console.log(`the long request answered ${bigStatus} in ${took.toFixed(0)} ms; th
   `${(during * 1000).toFixed(0)} tokens/s meanwhile, ${(pace * 1000).toFixed(0)} before`);
 assert.equal(bigStatus, 400, 'the prompt is longer than the context');
 assert.ok(times.length < 4000, 'the stream ended before the long request was answered');
-assert.ok(took > 300, `the long request took ${took} ms: too quick to show anything`);
+assert.ok(took > 150, `the long request took ${took} ms: too quick to show anything`);
 // Blocked, it would get none (that was 0 tokens/s before the preparation pool);
-// the rendering thread takes one of the machine's cores from the engine meanwhile.
-assert.ok(during > pace / 20 && during * took >= 5, 'the running stream stopped while the long request was prepared');
+// the rendering thread takes one of the machine's cores from the engine
+// meanwhile, and under a loaded CI (8 MPI ranks beside it on 2 cores) the
+// stream has run at 1/21 of its pace: 1/50 still tells running from blocked.
+assert.ok(during > pace / 50 && during * took >= 5, 'the running stream stopped while the long request was prepared');
 console.log('prep_client: passed');
