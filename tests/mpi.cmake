@@ -308,3 +308,15 @@ if(TARGET loom)
   set_tests_properties(cli.PlanRefusesParameterServerLayouts PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
     "loom plan does not predict parameter-server training \\(parallel.mode = ps\\) yet.*\nexit=1")
 endif()
+
+# scripts/ompi-carry.sh (Open MPI's launcher and runtime carried to a GPU
+# machine without MPI): its copy, relocated by its env.sh, starts 2 ranks of
+# an MPI test here. That the copy needs nothing from /usr was shown once in a
+# fresh Debian 12 root without Open MPI; this keeps the script working.
+if(TARGET mpi_test_comm)
+  add_test(NAME mpi.cli.OmpiCarryStartsRanksFromItsCopy
+           COMMAND bash -c "d=$(mktemp -d) && bash \"$0\" \"$d\" > /dev/null && source \"$d/ompi/env.sh\" && [ \"$(command -v mpirun)\" = \"$d/ompi/usr/bin/mpirun\" ] && mpirun --oversubscribe --allow-run-as-root -np 2 \"$1\" --gtest_filter=AllGather.*:Broadcast.*; rc=$?; rm -rf \"$d\"; exit $rc"
+                   ${PROJECT_SOURCE_DIR}/scripts/ompi-carry.sh $<TARGET_FILE:mpi_test_comm>)
+  set_tests_properties(mpi.cli.OmpiCarryStartsRanksFromItsCopy PROPERTIES TIMEOUT 120 RESOURCE_LOCK loom_mpi
+    FAIL_REGULAR_EXPRESSION "FAILED")
+endif()
