@@ -451,11 +451,10 @@ void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, Tensor par
 
 // Sum of squares of all elements (f32, bf16 or f16), accumulated in double.
 double sum_squares(const Tensor& t);
-// Each tensor's sum_squares_block_count(numel, block) block sums of squares, tensors in order, sum i of t the
-// bits of sum_squares(t[i block, min((i + 1) block, numel))); one call (a device waits once). block >= 1;
-// sums.size(): all the blocks. The count is ceil(n / block), not through n + block - 1 (which overflows).
+// Each tensor's ceil(numel / block) block sums of squares, tensors in order,
+// sum i of t the bits of sum_squares(t[i block, min((i + 1) block, numel)));
+// one call (a device waits once). block >= 1; sums.size(): all the blocks.
 void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block);
-constexpr int64_t sum_squares_block_count(int64_t n, int64_t block) { return n / block + (n % block != 0); }
 // sqrt of the sum of squares over all the tensors.
 double global_norm(std::span<const Tensor> tensors);
 // False if any element is NaN or Inf (fp16 loss-scaling overflow check).

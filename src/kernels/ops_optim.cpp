@@ -55,7 +55,8 @@ void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors,
   int64_t blocks = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     check_float_tensor(op, {concat("tensors[", i, "]").c_str(), tensors[i]});
-    blocks += sum_squares_block_count(tensors[i].numel(), block);
+    const int64_t n = tensors[i].numel();
+    blocks += n / block + (n % block != 0);  // not n + block - 1: block may be as large as int64 allows
   }
   LOOM_REQUIRE(static_cast<int64_t>(sums.size()) == blocks, op, ": sums has ", sums.size(), " elements but the ",
                tensors.size(), " tensors make ", blocks, " blocks of ", block);

@@ -109,7 +109,7 @@ struct DataParallel::Impl {
 inline constexpr int64_t kNormBlock = OffloadedState::kGrain;
 inline std::vector<double> norm_block_sums(std::span<const Tensor> grads) {
   int64_t blocks = 0;
-  for (const Tensor& g : grads) blocks += kernels::sum_squares_block_count(g.numel(), kNormBlock);
+  for (const Tensor& g : grads) blocks += (g.numel() + kNormBlock - 1) / kNormBlock;
   std::vector<double> sums(static_cast<size_t>(blocks));
   kernels::sum_squares_blocks(sums, grads, kNormBlock);
   return sums;

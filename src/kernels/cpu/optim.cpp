@@ -14,7 +14,6 @@
 #include "kernels/adamw_scalars.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/rows.h"
-#include "kernels/ops.h"
 
 namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
@@ -145,7 +144,7 @@ double sum_squares(const Tensor& t) {
 void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors, int64_t block) {
   double* out = sums.data();
   for (const Tensor& t : tensors) {
-    const int64_t n = t.numel(), count = sum_squares_block_count(n, block);
+    const int64_t n = t.numel(), count = n / block + (n % block != 0);  // not n + block - 1: block may be huge
     dispatch_float(t.dtype(), [&]<typename T>() {
       const T* x = t.data_as<const T>();
       if (block >= kMinParallel) {

@@ -18,7 +18,6 @@
 #include "kernels/adamw_scalars.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/ops.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -204,14 +203,14 @@ void sum_squares_blocks(std::span<double> sums, std::span<const Tensor> tensors,
   constexpr int64_t kRound = 65535;
   int64_t most = 0;  // the partials of the largest round
   for (const Tensor& t : tensors) {
-    const int64_t n = t.numel();
-    most = std::max(most, std::min(kRound, sum_squares_block_count(n, block)) * sum_blocks(std::min(block, n)));
+    const int64_t n = t.numel(), count = n / block + (n % block != 0);  // not n + block - 1: block may be huge
+    most = std::max(most, std::min(kRound, count) * sum_blocks(std::min(block, n)));
   }
   DeviceTemp partial(static_cast<size_t>(std::max<int64_t>(most, 1)) * sizeof(double));
   DeviceTemp out(sums.size() * sizeof(double));
   int64_t at = 0;  // the first sum of this tensor
   for (const Tensor& t : tensors) {
-    const int64_t n = t.numel(), count = sum_squares_block_count(n, block), max_parts = sum_blocks(std::min(block, n));
+    const int64_t n = t.numel(), count = n / block + (n % block != 0), max_parts = sum_blocks(std::min(block, n));
     for (int64_t first = 0; first < count; first += kRound) {
       const int64_t slices = std::min(kRound, count - first);
       with_float_type(t.dtype(), [&]<typename T>(T) {
