@@ -181,19 +181,12 @@ void MpiCommunicator::run_all_gather(Tensor out, Tensor in) {
 void MpiCommunicator::check_all_to_all_v_counts(const std::vector<int64_t>& out_counts,
                                                 const std::vector<int64_t>& in_counts) {
   const int n = size();
-  std::vector<int64_t> mine(in_counts);
-  mine.insert(mine.end(), out_counts.begin(), out_counts.end());
-  std::vector<int64_t> all(static_cast<size_t>(2 * n) * n);  // rank r: in_counts, then out_counts
+  const std::vector<int64_t> mine = count_words(in_counts, out_counts);
+  std::vector<int64_t> all(static_cast<size_t>(2 * n) * n);
   MPI_Request req;
   MPI_Iallgather(mine.data(), 2 * n, MPI_INT64_T, all.data(), 2 * n, MPI_INT64_T, comm_, &req);
   complete(req);
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) {
-      const int64_t sends = all[static_cast<size_t>(2 * n) * i + j];           // rank i's in_counts[j]
-      const int64_t expects = all[static_cast<size_t>(2 * n) * j + n + i];     // rank j's out_counts[i]
-      LOOM_REQUIRE(sends == expects, "check_collectives: ", engine_->running_label(), ": rank ", i, " sends ", sends, " elements to rank ", j, " (in_counts[", j,
-                   "]) but rank ", j, " expects ", expects, " from rank ", i, " (out_counts[", i, "])");
-    }
+  all_to_all_v_counts_agree(engine_->running_label(), n, all);
 }
 
 void MpiCommunicator::run_all_to_all_v(Tensor out, std::vector<int64_t> out_counts, Tensor in,

@@ -104,4 +104,24 @@ void validate_all_to_all_v(const CallSite& at, const Tensor& out, std::span<cons
   }
 }
 
+std::vector<int64_t> count_words(std::span<const int64_t> in_counts, std::span<const int64_t> out_counts) {
+  std::vector<int64_t> words(in_counts.begin(), in_counts.end());
+  words.insert(words.end(), out_counts.begin(), out_counts.end());
+  return words;
+}
+
+void all_to_all_v_counts_agree(const std::string& label, int size, std::span<const int64_t> all_words) {
+  const auto n = static_cast<size_t>(size);
+  LOOM_CHECK(all_words.size() == 2 * n * n, "all_to_all_v_counts_agree: ", all_words.size(), " words for ", size,
+             " ranks");
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      const int64_t sends = all_words[2 * n * i + j];        // rank i's in_counts[j]
+      const int64_t expects = all_words[2 * n * j + n + i];  // rank j's out_counts[i]
+      LOOM_REQUIRE(sends == expects, "check_collectives: ", label, ": rank ", i, " sends ", sends,
+                   " elements to rank ", j, " (in_counts[", j, "]) but rank ", j, " expects ", expects,
+                   " from rank ", i, " (out_counts[", i, "])");
+    }
+}
+
 }  // namespace loom::comm

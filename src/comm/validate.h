@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
@@ -34,6 +35,13 @@ void validate_all_gather(const CallSite& at, int rank, const Tensor& out, const 
 void validate_all_to_all(const CallSite& at, const Tensor& out, const Tensor& in);
 void validate_all_to_all_v(const CallSite& at, const Tensor& out, std::span<const int64_t> out_counts,
                            const Tensor& in, std::span<const int64_t> in_counts);
+// check_collectives for all_to_all_v, where ranks pass different counts:
+// every rank contributes count_words(in_counts, out_counts) to an all-gather
+// (rank order), then all_to_all_v_counts_agree throws the same message on
+// every rank unless rank i's in_counts[j] is rank j's out_counts[i] for
+// every pair. `label` names the call ("all_to_all_v(...) #3 on communicator 'ep'").
+std::vector<int64_t> count_words(std::span<const int64_t> in_counts, std::span<const int64_t> out_counts);
+void all_to_all_v_counts_agree(const std::string& label, int size, std::span<const int64_t> all_words);
 
 // "f32, 1000 elements" for messages.
 std::string describe(const Tensor& t);

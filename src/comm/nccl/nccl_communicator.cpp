@@ -146,6 +146,19 @@ void NcclCommunicator::check_same_collective(CollDesc mine, const std::string& w
   }
 }
 
+// Every rank's counts through the bootstrap: a rank that sends j elements
+// to one that expects k != j would otherwise leave NCCL waiting or write past
+// a block.
+void NcclCommunicator::check_counts(const std::string& what, std::span<const int64_t> out_counts,
+                                    std::span<const int64_t> in_counts) {
+  std::vector<int64_t> mine = count_words(in_counts, out_counts);
+  std::vector<int64_t> all(mine.size() * size());
+  bootstrap_->all_gather(Tensor(all.data(), DType::i64, {static_cast<int64_t>(all.size())}),
+                         Tensor(mine.data(), DType::i64, {static_cast<int64_t>(mine.size())}))
+      ->wait();
+  all_to_all_v_counts_agree(concat(what, " on communicator '", name(), "'"), size(), all);
+}
+
 WorkPtr NcclCommunicator::all_reduce(Tensor buf, ReduceOp op) {
   const CallSite at{"all_reduce", name(), size(), device()};
   validate_buffer(at, "buf", buf);
@@ -338,6 +351,7 @@ WorkPtr NcclCommunicator::all_to_all_v(Tensor out, std::span<const int64_t> out_
   const int64_t seq = ++coll_seq_;
   std::string what = concat("all_to_all_v(", describe(in), " -> ", out.numel(), " elements)");
   check_same_collective({seq, kAllToAllV, -1, static_cast<int64_t>(in.dtype()), -1}, what);
+  if (state_->options.check_collectives) check_counts(concat(what, " #", seq), out_counts, in_counts);
   std::vector<int64_t> out_offsets(size()), in_offsets(size());
   for (int r = 1; r < size(); ++r) {
     out_offsets[r] = out_offsets[r - 1] + out_counts[r - 1];

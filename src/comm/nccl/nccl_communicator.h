@@ -7,6 +7,7 @@
 
 #include <array>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "comm/communicator.h"
@@ -95,6 +96,7 @@ class NcclCommunicator final : public Communicator {
   template <typename F>
   WorkPtr issue(NcclLink& link, std::string what, int64_t seq, F&& enqueue);
   void check_same_collective(CollDesc mine, const std::string& what);
+  void check_counts(const std::string& what, std::span<const int64_t> out_counts, std::span<const int64_t> in_counts);
   WorkPtr issue_p2p(bool is_send, Tensor buf, int peer, int tag);
   // The first point-to-point op's set-up (nccl_backend.h): the neighbour
   // links made and every link to a neighbour connected.
