@@ -10,6 +10,7 @@
 #include "comm/deadline.h"
 #include "comm/mpi_runtime.h"
 #include "comm/nccl/nccl_communicator.h"
+#include "comm/watchdog.h"
 #include "core/error.h"
 
 namespace loom::comm {
@@ -97,7 +98,18 @@ WorkPtr make_nccl_work(std::shared_ptr<NcclState> state, NcclLink& link, std::st
   return std::make_shared<NcclWork>(std::move(state), &link, event, std::move(what), seq);
 }
 
+std::function<void()> abort_when_late(const NcclState& state, std::string what) {
+  return [rank = state.rank, name = state.name, timeout_s = state.options.timeout_s, what = std::move(what)] {
+    mpi_abort_job(concat("[rank ", rank, " of '", name, "'] nccl watchdog: ", what, " did not complete within ",
+                         timeout_s, " s (a rank that never arrived, or a network NCCL cannot reach). Aborting the job."));
+  };
+}
+
+// Waits for the links' queued work and NCCL's teardown, both without a
+// deadline of their own: past timeout_s (a peer that died mid-op) the
+// watchdog aborts the job rather than hang it at exit.
 NcclState::~NcclState() {
+  const Watchdog dog(options.timeout_s, abort_when_late(*this, concat("tearing down communicator '", name, "'")));
   cudaSetDevice(device);
   std::vector<NcclLink*> links = {&coll};
   for (NcclLink& l : p2p) links.push_back(&l);
@@ -153,6 +165,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int 
   std::memcpy(ids.data(), words.data(), sizeof(ids));
 
   NcclLink* links[] = {&s.coll, &s.p2p[static_cast<int>(P2pLink::up)], &s.p2p[static_cast<int>(P2pLink::down)]};
+  const Watchdog dog(options.timeout_s, abort_when_late(s, concat("ncclCommInitRank for communicator '", s.name, "'")));
   for (size_t i = 0; i < ids.size(); ++i) {
     cuda_require(create_link_stream(&links[i]->stream), "cudaStreamCreate");
     nccl_require(ncclCommInitRank(&links[i]->comm, s.size, ids[i], s.rank), nullptr,

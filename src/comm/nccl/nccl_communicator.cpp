@@ -7,6 +7,7 @@
 
 #include "comm/nccl/convert.h"
 #include "comm/validate.h"
+#include "comm/watchdog.h"
 #include "core/error.h"
 
 // ncclAvg, ncclBfloat16 and ncclCommGetAsyncError's semantics used here.
@@ -279,6 +280,7 @@ WorkPtr NcclCommunicator::issue_p2p(bool is_send, Tensor buf, int peer, int tag)
 void NcclCommunicator::connect_p2p() {
   NcclState& s = *state_;
   const std::string what = concat("connecting the point-to-point links of communicator '", s.name, "'");
+  const Watchdog dog(s.options.timeout_s, abort_when_late(s, what));  // a neighbour that never sends blocks NCCL
   cuda_require(cudaSetDevice(s.device), concat("cudaSetDevice(", s.device, ")"));
   const auto link = [&](P2pLink l) -> NcclLink& { return s.p2p[static_cast<int>(l)]; };
   struct Exchange {

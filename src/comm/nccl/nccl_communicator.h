@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,6 +58,11 @@ cudaError_t create_link_stream(cudaStream_t* stream);
 // state.compute (the CUDA backend's ops): an op reads and writes its buffers
 // only after the compute issued before it.
 void order_after_compute(NcclState& state, NcclLink& link, const std::string& what);
+
+// For a Watchdog (comm/watchdog.h) over a blocking set-up or teardown step
+// of state's communicator: reports `what` as not done within
+// options.timeout_s and aborts the job.
+std::function<void()> abort_when_late(const NcclState& state, std::string what);
 
 // A Work for the ops just enqueued on link's stream: a CUDA event recorded
 // after them; seq and what name the op in watchdog messages.
