@@ -12,14 +12,14 @@
 // with a bf16 one is rounded to bf16 first (PyTorch autocast's rule); an f16
 // one paired with f32 is widened to f32; bf16 and f16 GEMMs take their
 // inputs as they are (products exact in f32, sums in f32).
-#include <atomic>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
+#include "core/lru_cache.h"
 #include "kernels/cuda/bias_grad.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cublaslt_api.h"
@@ -86,11 +86,23 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+void destroy_plan(Plan& p) {
+  const CublasLtApi& api = cublaslt();
+  for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+    if (l) api.cublasLtMatrixLayoutDestroy(l);
+  if (p.op) api.cublasLtMatmulDescDestroy(p.op);
+}
+
+// Plans kept: a model's GEMMs need a few dozen; MoE's per-expert row counts
+// vary by step, so the least recently used beyond this are destroyed (the
+// descriptors are host objects: an enqueued GEMM no longer reads them).
+constexpr size_t kMaxPlans = 1024;
+
 struct Lt {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::mutex mutex;
-  std::map<PlanKey, Plan> plans;
+  LruCache<PlanKey, Plan> plans{kMaxPlans, destroy_plan};
 };
 
 Lt& lt() {
@@ -124,11 +136,7 @@ struct PlanGuard {
   Plan& p;
   bool keep = false;
   ~PlanGuard() {
-    if (keep) return;
-    const CublasLtApi& api = cublaslt();
-    for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
-      if (l) api.cublasLtMatrixLayoutDestroy(l);
-    if (p.op) api.cublasLtMatmulDescDestroy(p.op);
+    if (!keep) destroy_plan(p);
   }
 };
 
@@ -188,21 +196,25 @@ Plan make_plan(Lt& s, const LtGemm& g, uint32_t al_a, uint32_t al_b, uint32_t al
   return p;
 }
 
+// Everything a plan depends on (the pointers only by their alignment).
+PlanKey plan_key(const LtGemm& g) {
+  const uint32_t al_bias = g.bias ? alignment_of(g.bias) : 0u, al_aux = g.aux ? alignment_of(g.aux) : 0u;
+  return {g.m,        g.n,        g.k,        g.batch, static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
+          g.trans_a,  g.trans_b,  g.lda,      g.ldb,   g.ldc,
+          g.stride_a, g.stride_b, g.stride_c, al_bias, alignment_of(g.a),      alignment_of(g.b),
+          alignment_of(g.c), al_aux};
+}
+
 void run(const LtGemm& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   const CublasLtApi& api = cublaslt();
   Lt& s = lt();
   const uint32_t al_a = alignment_of(g.a), al_b = alignment_of(g.b), al_c = alignment_of(g.c);
-  const uint32_t al_bias = g.bias ? alignment_of(g.bias) : 0u, al_aux = g.aux ? alignment_of(g.aux) : 0u;
-  const PlanKey key{g.m,     g.n,        g.k,       g.batch,    static_cast<int>(g.ab), static_cast<int>(g.c_dtype),
-                    g.trans_a, g.trans_b, g.lda,     g.ldb,      g.ldc,
-                    g.stride_a, g.stride_b, g.stride_c, al_bias, al_a, al_b, al_c, al_aux};
+  const PlanKey key = plan_key(g);
   // Held until the GEMM is enqueued: the plan's descriptor carries this
   // call's bias and aux pointers, which another thread's call would change.
   std::lock_guard lock(s.mutex);
-  auto it = s.plans.find(key);
-  if (it == s.plans.end()) it = s.plans.emplace(key, make_plan(s, g, al_a, al_b, al_c)).first;
-  const Plan* plan = &it->second;
+  const Plan* plan = &s.plans.get_or_make(key, [&] { return make_plan(s, g, al_a, al_b, al_c); });
   if (g.bias)
     LOOM_CUBLAS_CHECK(
         api.cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
@@ -397,29 +409,52 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& bi
   gemm(as_matrix(y), as_matrix(x), w, false, true, 1.f, 0.f, bias);
 }
 
+// The GEMMs (plan_key) whose GELU epilogue cuBLASLt refused: they take the
+// unfused path from then on, other shapes and alignments still try it.
+struct GeluRefusals {
+  std::mutex mutex;
+  LruCache<PlanKey, bool> keys{256};
+  bool warned = false;
+};
+
+GeluRefusals& gelu_refusals() {
+  static GeluRefusals* r = new GeluRefusals;  // for the process, like lt()
+  return *r;
+}
+
 // One GEMM with the GELU_AUX(_BIAS) epilogue: y = GELU(x w^T + bias) from
 // the f32 sum, pre = the sum, each rounded once to their dtype; bf16 and f16
 // only (NVIDIA does not state the epilogue's GELU error, which a 16-bit
 // result's rounding covers; f32 keeps loom's GELU). Where it does not apply
 // (f32, mixed dtypes, no products, an aux ld cuBLASLt refuses) or cuBLASLt
-// has no kernel for it (then never again for that dtype in this process,
-// with a warning), linear_forward then gelu_forward.
+// has no kernel for it (then never again for that GEMM in this process; a
+// warning the first time), linear_forward then gelu_forward.
 void linear_gelu_forward(Tensor y, Tensor pre, const Tensor& x, const Tensor& w, const Tensor& bias) {
-  static std::atomic<bool> refused[2] = {false, false};  // bf16, f16
   const Tensor pre2 = as_matrix(pre), x2 = as_matrix(x);
   const bool fits = x.dtype() != DType::f32 && x.dtype() == w.dtype() && pre.dtype() == x.dtype() &&
                     (!bias.defined() || (bias.dtype() == pre.dtype() && alignment_of(bias.data()) >= 16)) &&
                     x2.size(1) > 0 && pre2.size(0) > 0 && pre2.size(1) % 8 == 0;
-  std::atomic<bool>& refused_here = refused[x.dtype() == DType::bf16 ? 0 : 1];
-  if (fits && !refused_here.load()) {
+  if (fits) {
     LtGemm g = lt_gemm(as_matrix(y), x2, w, false, true, 1.f, 0.f, bias);
     g.aux = pre.data();
-    try {
-      return run(g);
-    } catch (const Error& e) {
-      refused_here = true;
-      std::fprintf(stderr, "warning: cuBLASLt's GELU epilogue failed for %s (%s): GPT-2's c_fc takes its GEMM, "
-                           "then the GELU kernel, from now on\n", std::string(dtype_name(x.dtype())).c_str(), e.what());
+    const PlanKey key = plan_key(g);
+    GeluRefusals& refusals = gelu_refusals();
+    bool refused = false;
+    {
+      std::lock_guard lock(refusals.mutex);
+      refused = refusals.keys.contains(key);
+    }
+    if (!refused) {
+      try {
+        return run(g);
+      } catch (const Error& e) {
+        std::lock_guard lock(refusals.mutex);
+        refusals.keys.get_or_make(key, [] { return true; });
+        if (!std::exchange(refusals.warned, true))
+          std::fprintf(stderr, "warning: cuBLASLt's GELU epilogue failed for a %s GEMM (%s): it takes the GEMM, "
+                               "then the GELU kernel, and so does every GEMM of that shape from now on\n",
+                       std::string(dtype_name(x.dtype())).c_str(), e.what());
+      }
     }
   }
   linear_forward(pre, x, w, bias);
