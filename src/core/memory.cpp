@@ -2,7 +2,9 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -118,6 +120,8 @@ void register_device_memory(Device::Kind kind, const DeviceMemory& m) {
   LOOM_REQUIRE(kind != Device::Kind::cpu, "register_device_memory: the host's memory is built in");
   LOOM_REQUIRE(m.allocate && m.free && m.zero && m.to_device && m.to_host && m.within,
                "register_device_memory: every function of the table is required");
+  LOOM_REQUIRE((m.pin_host == nullptr) == (m.unpin_host == nullptr),
+               "register_device_memory: pin_host and unpin_host come as a pair");
   const DeviceMemory* expected = nullptr;
   auto& slot = g_device_memory[static_cast<size_t>(kind)];
   if (!slot.compare_exchange_strong(expected, &m) && expected != &m)
@@ -168,11 +172,26 @@ void copy_tensor(Tensor dst, const Tensor& src) {
   else device_memory(dst.device()).within(dst.device().index, dst.data(), src.data(), src.nbytes());
 }
 
+namespace {
+// Said once per process: the copies work, only slower.
+void warn_unpinned(Device d, size_t bytes) {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  std::fprintf(stderr, "warning: %zu MiB of host memory could not be page-locked for %s: copies to and from it "
+                       "stay pageable (slower)\n", bytes >> 20, device_name(d).c_str());
+}
+}  // namespace
+
 Storage Pool::allocate(size_t bytes) {
   LOOM_REQUIRE(bytes <= SIZE_MAX - kAlignment, "pool ", mem_tag_name(tag_), ": cannot allocate ", bytes, " bytes");
   Storage s;
   if (!device_.is_cpu()) {
     if (bytes > 0) s.data_ = device_memory(device_).allocate(device_.index, bytes);
+  } else if (pins(bytes)) {  // whole pages, none shared with another buffer
+    const size_t align = bytes >= kHugeBytes ? kHugeBytes : kPageBytes;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    if (posix_memalign(&s.data_, align, rounded) != 0) s.data_ = nullptr;
+    if (s.data_ && !device_memory(pin_for_).pin_host(pin_for_.index, s.data_, rounded)) warn_unpinned(pin_for_, bytes);
   } else if (bytes >= kHugeBytes) {
     // Big buffers (weights, the KV cache, activations) start on a huge-page
     // boundary and ask the kernel for huge pages (Debian's transparent huge
@@ -199,10 +218,15 @@ Storage Pool::allocate(size_t bytes) {
   return s;
 }
 
+bool Pool::pins(size_t bytes) const {
+  return device_.is_cpu() && !pin_for_.is_cpu() && bytes > 0 && device_memory(pin_for_).pin_host;
+}
+
 void Pool::free(void* data, size_t bytes) {
   if (!device_.is_cpu()) {
     if (data) device_memory(device_).free(device_.index, data);
   } else {
+    if (data && pins(bytes)) device_memory(pin_for_).unpin_host(pin_for_.index, data);
     std::free(data);
   }
   tracker_->sub(tag_, bytes);
@@ -227,8 +251,11 @@ OwnedTensor Pool::zeros(DType dtype, Shape shape) {
   return t;
 }
 
-Pools::Pools(Device device) {
-  for (int i = 0; i < kNumMemTags; ++i) pools_[i] = std::make_unique<Pool>(static_cast<MemTag>(i), device, tracker_);
+Pools::Pools(Device device, Device pin_for) {
+  LOOM_REQUIRE(pin_for.is_cpu() || device.is_cpu(), "Pools: memory of ", device_name(device),
+               " cannot be pinned for ", device_name(pin_for), " (only host memory is page-locked)");
+  for (int i = 0; i < kNumMemTags; ++i)
+    pools_[i] = std::make_unique<Pool>(static_cast<MemTag>(i), device, tracker_, pin_for);
 }
 
 int64_t available_memory_bytes() {

@@ -23,6 +23,7 @@ std::string_view mem_tag_name(MemTag t);
 
 inline constexpr size_t kAlignment = 64;  // bytes: a cache line, and an AVX-512 vector
 inline constexpr size_t kHugeBytes = size_t{2} << 20;  // a huge page: buffers this big start on one (memory.cpp)
+inline constexpr size_t kPageBytes = 4096;            // a base page: pinned host memory is rounded to whole ones
 
 class Pool;
 
@@ -137,6 +138,13 @@ struct DeviceMemory {
   // The device's stream (Stream::handle) that the functions above and the
   // backend's ops are ordered on; optional (null: none is named).
   void* (*stream)(int index) = nullptr;
+  // Page-locks whole pages of host memory [data, data + bytes) for faster
+  // copies to and from the device (DMA without a bounce buffer); false where
+  // it cannot (the memory stays pageable, copies stay correct). unpin_host
+  // undoes it before the memory is freed and ignores memory never pinned.
+  // Optional, as a pair.
+  bool (*pin_host)(int index, void* data, size_t bytes) = nullptr;
+  void (*unpin_host)(int index, void* data) = nullptr;
 };
 // m must outlive every allocation (a static table). A second registration for
 // the same kind with another table is a loom::Error.
@@ -155,15 +163,22 @@ void copy_between_host_and_device(Tensor dst, const Tensor& src);
 void copy_tensor(Tensor dst, const Tensor& src);
 
 // Allocates 64-byte-aligned host memory (or a registered device's memory,
-// DeviceMemory) for one tag and counts it.
+// DeviceMemory) for one tag and counts it. A host pool made to pin for a
+// device (pin_for, not the host) page-locks each buffer, rounded to whole
+// pages (2 MiB ones from 2 MiB), for that device's copies
+// (DeviceMemory::pin_host): ZeRO-Offload's state beside a GPU's model,
+// copied every step. Keep such buffers long-lived: pinning costs about as
+// much as a copy.
 class Pool {
  public:
-  Pool(MemTag tag, Device device, MemoryTracker& tracker) : tag_(tag), device_(device), tracker_(&tracker) {}
+  Pool(MemTag tag, Device device, MemoryTracker& tracker, Device pin_for = Device::cpu())
+      : tag_(tag), device_(device), pin_for_(pin_for), tracker_(&tracker) {}
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
   MemTag tag() const { return tag_; }
   Device device() const { return device_; }
+  Device pin_for() const { return pin_for_; }
   Storage allocate(size_t bytes);
   // A contiguous tensor with uninitialised (allocate) or zeroed (zeros) data.
   OwnedTensor empty(DType dtype, Shape shape);
@@ -173,15 +188,19 @@ class Pool {
   friend class Storage;
   void free(void* data, size_t bytes);
 
+  bool pins(size_t bytes) const;
+
   MemTag tag_;
   Device device_;
+  Device pin_for_;
   MemoryTracker* tracker_;
 };
 
 // One pool per tag on a device, sharing a tracker.
 class Pools {
  public:
-  explicit Pools(Device device = Device::cpu());
+  // pin_for: host pools only (see Pool).
+  explicit Pools(Device device = Device::cpu(), Device pin_for = Device::cpu());
   Device device() const { return pools_[0]->device(); }
   Pool& operator[](MemTag tag) { return *pools_[static_cast<int>(tag)]; }
   MemoryReport report() const { return tracker_.report(); }

@@ -24,28 +24,36 @@ namespace {
 
 // param = master rounded to param's dtype; where the master weights are on
 // the host and param on a device (offload_optimizer beside a GPU's model),
-// rounded on the host into a buffer of `host` and copied over.
-void write_param(Tensor param, const Tensor& master, Pool& host) {
+// rounded on the host into `staging` and copied over (synchronously, so the
+// next piece may reuse it). staging grows from `host` to the largest piece
+// and is kept: `host` pins (memory.h), which is too slow to do per piece.
+void write_param(Tensor param, const Tensor& master, Pool& host, Storage& staging) {
   if (param.device() == master.device()) return kernels::cast(param, master);
-  OwnedTensor staged = host.empty(param.dtype(), param.shape());
+  const size_t bytes = static_cast<size_t>(param.numel()) * dtype_size(param.dtype());
+  if (staging.bytes() < bytes) {
+    staging = Storage();  // the old one back first
+    staging = host.allocate(bytes);
+  }
+  const Tensor staged(staging.data(), param.dtype(), param.shape());
   kernels::cast(staged, master);
   copy_tensor(param, staged);
 }
 
 // AdamW on piece u: the moments, the gradient and the master weights in one
 // place; the weights the model reads, if apart, written as write_param does.
-void adamw_piece(const parallel::UpdatePiece& u, Tensor m, Tensor v, const kernels::AdamWConfig& cfg, Pool& host) {
+void adamw_piece(const parallel::UpdatePiece& u, Tensor m, Tensor v, const kernels::AdamWConfig& cfg, Pool& host,
+                 Storage& staging) {
   if (!u.param.defined() || u.param.device() == u.master.device())
     return kernels::adamw_step(u.master, m, v, u.grad, u.param, cfg);
   kernels::adamw_step(u.master, m, v, u.grad, Tensor(), cfg);
-  write_param(u.param, u.master, host);
+  write_param(u.param, u.master, host, staging);
 }
 
 // The deltas' elements inside piece p, added to its master weights and
 // rounded into its compute weights; `pool` (where the master weights live)
 // stages them onto a device, or the rounded weights off the host.
 void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u, std::span<const ParamDelta> deltas,
-                  Pool& pool) {
+                  Pool& pool, Storage& staging) {
   for (const ParamDelta& d : deltas) {
     const int64_t end = d.offset + static_cast<int64_t>(d.values.size());
     const int64_t lo = std::max(p.offset, d.offset), hi = std::min(p.offset + p.count, end);
@@ -59,7 +67,7 @@ void apply_deltas(const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
     }
     const Tensor master = u.master.slice(0, lo - p.offset, hi - lo);
     kernels::add(master, master, values);
-    if (u.param.defined()) write_param(u.param.slice(0, lo - p.offset, hi - lo), master, pool);
+    if (u.param.defined()) write_param(u.param.slice(0, lo - p.offset, hi - lo), master, pool, staging);
   }
 }
 
@@ -80,8 +88,8 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
     dp_.stream_update([&](int, const parallel::ParamPiece& p, const parallel::UpdatePiece& u,
                           std::span<const Tensor> state) {
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
-      adamw_piece(u, state[0], state[1], cfg, *state_pool_);
-      if (!deltas.empty()) apply_deltas(p, u, deltas, *state_pool_);
+      adamw_piece(u, state[0], state[1], cfg, *state_pool_, staging_);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *state_pool_, staging_);
     });
     return dp_.update_finish();
   }
@@ -90,8 +98,9 @@ void AdamW::step(double lr, float grad_scale, std::span<const ParamDelta> deltas
     for (const parallel::ParamPiece& p : dp_.group(g).pieces) {
       const parallel::UpdatePiece u = dp_.update_piece(g, p);
       cfg.weight_decay = p.decay ? static_cast<float>(options_.weight_decay) : 0.f;
-      adamw_piece(u, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), cfg, *state_pool_);
-      if (!deltas.empty()) apply_deltas(p, u, deltas, *state_pool_);
+      adamw_piece(u, m.slice(0, p.shard_offset, p.count), v.slice(0, p.shard_offset, p.count), cfg, *state_pool_,
+                  staging_);
+      if (!deltas.empty()) apply_deltas(p, u, deltas, *state_pool_, staging_);
     }
   }
   dp_.update_finish();

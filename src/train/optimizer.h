@@ -9,10 +9,8 @@
 //   adamw.step(lr, grad_scale);    // every rank of every group, collective
 #pragma once
 
-#include <span>
-#include <vector>
-
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/memory.h"
@@ -82,6 +80,7 @@ class AdamW {
   // (the host's under offload_optimizer): the moments, and the staging of
   // bias deltas onto a device or of rounded weights off the host.
   Pool* state_pool_ = nullptr;
+  Storage staging_;  // the rounded weights off the host, reused (optimizer.cpp's write_param)
   int64_t steps_ = 0;
 };
 

@@ -12,7 +12,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -36,6 +38,30 @@ inline void* emulated_stream(int) {
   return &queue;
 }
 
+// Page-locking, as the tests see it: what is pinned now, and how often
+// pin_host was called (a pool that pins per step would show here).
+struct EmulatedPins {
+  std::mutex mutex;
+  std::map<void*, size_t> pinned;  // data -> bytes
+  int64_t calls = 0;
+};
+inline EmulatedPins& emulated_pins() {
+  static EmulatedPins pins;
+  return pins;
+}
+inline bool emulated_pin(int, void* data, size_t bytes) {
+  EmulatedPins& p = emulated_pins();
+  std::lock_guard lock(p.mutex);
+  ++p.calls;
+  if (reinterpret_cast<uintptr_t>(data) % 4096 != 0 || bytes % 4096 != 0) return false;  // whole pages only
+  return p.pinned.emplace(data, bytes).second;  // twice: refused, as cudaHostRegister does
+}
+inline void emulated_unpin(int, void* data) {
+  EmulatedPins& p = emulated_pins();
+  std::lock_guard lock(p.mutex);
+  p.pinned.erase(data);
+}
+
 // The device clock of the op tracer (kernels/op_trace.h): a mark is the
 // host's time, the device having run each op before it returned.
 inline void* emulated_mark() {
@@ -49,8 +75,9 @@ inline void emulated_release(void* mark) { delete static_cast<std::chrono::stead
 
 // Device::cuda(0)'s memory and kernels are the host's from here on.
 inline void register_emulated_device() {
-  static constexpr DeviceMemory memory{emulated_allocate, emulated_free, emulated_zero,  emulated_copy,
-                                       emulated_copy,     emulated_copy, emulated_stream};
+  static constexpr DeviceMemory memory{emulated_allocate, emulated_free,   emulated_zero, emulated_copy,
+                                       emulated_copy,     emulated_copy,   emulated_stream, emulated_pin,
+                                       emulated_unpin};
   static constexpr kernels::DeviceClock clock{emulated_mark, emulated_elapsed_us, emulated_release};
   static const kernels::Backend table = [] {
     kernels::Backend b = *kernels::find_backend(Device::cpu());

@@ -188,6 +188,53 @@ TEST_F(EmulatedDeviceTest, OptimizerOffloadedToTheHostEqualsTheHost) {
   EXPECT_EQ(chain_mixed.model, chain_host.model);
 }
 
+// A host pool pinned for the device page-locks each buffer in whole pages
+// (2 MiB ones from 2 MiB) and unlocks them before they go; other pools do not.
+TEST_F(EmulatedDeviceTest, HostPoolsPinnedForTheDevicePageLockTheirLargeBuffers) {
+  test::EmulatedPins& pins = test::emulated_pins();
+  Pools host(Device::cpu(), device());
+  EXPECT_EQ(host[MemTag::master].pin_for(), device());
+  {
+    OwnedTensor big = host[MemTag::master].zeros(DType::f32, {(3 << 20) / 4});  // 3 MiB
+    OwnedTensor small = host[MemTag::master].zeros(DType::f32, {1000});
+    Pools unpinned(Device::cpu());
+    OwnedTensor plain = unpinned[MemTag::master].zeros(DType::f32, {1000});
+    std::lock_guard lock(pins.mutex);
+    ASSERT_EQ(pins.pinned.count(big.data()), 1u);
+    EXPECT_EQ(pins.pinned.at(big.data()), size_t{4} << 20);  // whole 2 MiB pages
+    ASSERT_EQ(pins.pinned.count(small.data()), 1u);
+    EXPECT_EQ(pins.pinned.at(small.data()), 4096u);
+    EXPECT_EQ(pins.pinned.count(plain.data()), 0u);
+  }
+  std::lock_guard lock(pins.mutex);
+  EXPECT_TRUE(pins.pinned.empty());
+  expect_refused([] { Pools p(Device::cuda(0), Device::cuda(0)); }, "only host memory is page-locked");
+}
+
+// ZeRO-Offload beside a device's model pins its host state once: a longer
+// run pins no more often (the rounded weights' staging is reused, not
+// allocated per piece and step), and nothing stays pinned after the run.
+TEST_F(EmulatedDeviceTest, OffloadedStateIsPinnedOnceNotPerStep) {
+  test::EmulatedPins& pins = test::emulated_pins();
+  auto pin_calls = [&](int steps) {
+    RunConfig cfg = config();
+    cfg.parallel.offload_optimizer = true;
+    cfg.train.steps = steps;
+    cfg.train.eval_every = 0;
+    const int64_t before = [&] {
+      std::lock_guard lock(pins.mutex);
+      return pins.calls;
+    }();
+    run_on(cfg, device(), dir_ / ("pinned_" + std::to_string(steps)));
+    std::lock_guard lock(pins.mutex);
+    EXPECT_TRUE(pins.pinned.empty()) << steps << " steps";
+    return pins.calls - before;
+  };
+  const int64_t two = pin_calls(2);
+  EXPECT_GT(two, 0);
+  EXPECT_EQ(pin_calls(6), two);
+}
+
 // DESIGN.md §3: the Context carries the stream of its pools' device, the
 // one the device's backend names; the host's is a stream without a queue.
 TEST_F(EmulatedDeviceTest, TheContextCarriesItsDevicesStream) {

@@ -95,7 +95,19 @@ void within(int, void* dst, const void* src, size_t bytes) {
 
 void* compute_stream(int) { return g_stream; }
 
-constexpr DeviceMemory kMemory{allocate, release, zero, to_device, to_host, within, compute_stream};
+// Host memory registered with the driver: copies DMA it directly. Portable
+// (any device of the process may copy it). A failure clears CUDA's error.
+bool pin_host(int, void* data, size_t bytes) {
+  if (cudaHostRegister(data, bytes, cudaHostRegisterPortable) == cudaSuccess) return true;
+  cudaGetLastError();
+  return false;
+}
+void unpin_host(int, void* data) {
+  if (cudaHostUnregister(data) != cudaSuccess) cudaGetLastError();  // never pinned: nothing to undo
+}
+
+constexpr DeviceMemory kMemory{allocate, release,        zero,     to_device, to_host,
+                               within,   compute_stream, pin_host, unpin_host};
 
 // ---- the op tracer's clock (op_trace.h): events on the compute stream ---------
 
