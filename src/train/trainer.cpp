@@ -98,7 +98,8 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   if (cfg.train.eval_every > 0)
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
   ChunkOptions chunks = chunk_options(cfg);
-  if (on_device && cfg.parallel.offload_optimizer) host_state_ = std::make_unique<Pools>(Device::cpu());
+  if (on_device && cfg.parallel.offload_optimizer)  // page-locked: copied to and from the device every step
+    host_state_ = std::make_unique<Pools>(Device::cpu(), ctx.pools.device());
   chunks.dp.host_state = host_state_.get();  // ZeRO-Offload beside a device's model; null otherwise
   if (cfg.lora.adapters.enabled()) {
     const model::ModelDir base = model::load_model_dir(cfg.lora.base);
@@ -156,7 +157,7 @@ StepStats Trainer::pipeline_step() {
   const auto start = Clock::now();
   const int64_t accum = cfg_.train.grad_accum;
   StepStats s;
-  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0, scale = backward_scale(loss_scale);
   for (auto& dp : rank_.dps) dp->zero_grads();
   for (model::Model* m : rank_.model_ptrs()) m->reset_moe_stats();  // an evaluation's routing is not the step's
   std::vector<Tensor> tokens, targets;
@@ -172,7 +173,7 @@ StepStats Trainer::pipeline_step() {
   {
     TraceSpan span(trace_, "pipeline");
     rank_.pipe->set_trace(trace_);  // the runtime's actions nest inside "pipeline"
-    loss = rank_.pipe->run(tokens, targets, static_cast<float>(loss_scale / static_cast<double>(accum)), samples);
+    loss = rank_.pipe->run(tokens, targets, static_cast<float>(scale / static_cast<double>(accum)), samples);
   }
   double sum_squares = 0;
   {
@@ -182,9 +183,20 @@ StepStats Trainer::pipeline_step() {
     for (auto& dp : rank_.dps) sum_squares += dp->grad_sum_squares();
     sum_squares = parallel::exact_group_sum(mesh_.pp(), sum_squares);
   }
-  s.grad_norm = std::sqrt(sum_squares) / loss_scale;
+  s.grad_norm = std::sqrt(sum_squares) / scale;
   // The last stage's rank knows the loss; the sum over pp gives it to all.
   return finish_step(s, loss_scale, parallel::exact_group_sum(mesh_.pp(), loss), start);
+}
+
+// fp16's backward runs at loss_scale / (dp cp): each rank's tokens weighted
+// as in the mean over the global batch, so its f16 gradients have the single
+// process's magnitude and overflow at the same loss scale (DESIGN.md §1: the
+// skipped steps are part of the trajectory). The gradient reductions average
+// the dp cp ranks' shares, so the norm and the update divide by this scale
+// to unscale. Other dtypes cannot overflow there: loss_scale is 1, as before.
+double Trainer::backward_scale(double loss_scale) const {
+  if (!scaler_) return loss_scale;
+  return loss_scale / static_cast<double>(cfg_.parallel.dp * cfg_.parallel.cp);
 }
 
 // The update and the step's figures, once the gradients and their norm are
@@ -215,7 +227,7 @@ StepStats Trainer::finish_step(StepStats s, double loss_scale, double loss, std:
     for (size_t c = 0; !updated_by_servers() && c < rank_.optimizers.size(); ++c) {
       const std::span<const ParamDelta> deltas = moe.bias_deltas.empty() ? std::span<const ParamDelta>()
                                                                           : moe.bias_deltas[c];
-      rank_.optimizers[c]->step(s.lr, static_cast<float>(clip_factor / loss_scale), deltas);
+      rank_.optimizers[c]->step(s.lr, static_cast<float>(clip_factor / backward_scale(loss_scale)), deltas);
     }
   }
   if (rank_.dps[0]->state_on_disk()) {
@@ -253,7 +265,7 @@ StepStats Trainer::step() {
   rank_.models[0]->reset_moe_stats();  // an evaluation's routing is not the step's
   if (ps_) ps_->begin_step(steps_, train_data_.position());
   double loss_sum = 0;
-  const float dloss = static_cast<float>(loss_scale / static_cast<double>(accum));
+  const float dloss = static_cast<float>(backward_scale(loss_scale) / static_cast<double>(accum));
   for (int64_t k = 0; k < accum; ++k) {
     rank_.dps[0]->begin_micro_batch(k == accum - 1);
     rank_.models[0]->set_samples(train_data_.samples_at(train_data_.position()));  // LoRA dropout's keys
@@ -274,7 +286,7 @@ StepStats Trainer::step() {
       const parallel::PsStepResult r = ps_->pull(rank_.models[0]->params());
       s.grad_norm = r.grad_norm;
     } else {
-      s.grad_norm = rank_.dps[0]->grad_norm() / loss_scale;
+      s.grad_norm = rank_.dps[0]->grad_norm() / backward_scale(loss_scale);
     }
   }
   return finish_step(s, loss_scale, loss_sum / static_cast<double>(accum), start);

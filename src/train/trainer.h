@@ -180,6 +180,7 @@ class Trainer {
   // The mean of a per-rank value over the data-parallel replicas (an
   // asynchronous worker's own value).
   double mean_over_replicas(double value);
+  double backward_scale(double loss_scale) const;
   StepStats finish_step(StepStats s, double loss_scale, double loss, std::chrono::steady_clock::time_point start);
 
   // The host's memory of a device run: its batches, which the data loaders

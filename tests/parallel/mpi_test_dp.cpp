@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -178,6 +179,41 @@ TEST_F(DataParallelTest, Fp16ZeroStagesMatchSingleProcessFp16) {
            max_relative_difference(dp.grad_norms, one.grad_norms));
     EXPECT_LE(loss_diff, 2e-3) << "zero_stage " << stage;
   }
+}
+
+// fp16 overflows where the single process does: each rank's backward weighs
+// its tokens as the mean over the global batch does (Trainer's
+// backward_scale), so its f16 gradients are the single process's size, not
+// dp times it. Over loss scales a factor 2 apart, from where nothing
+// overflows to where it does, the same steps are skipped at the same scales.
+TEST_F(DataParallelTest, Fp16OverflowsAtTheSingleProcessLossScale) {
+  constexpr int64_t kScaledSteps = 3;
+  bool some_skip = false, some_clean = false;
+  for (int k = 20; k <= 27; ++k) {
+    RunConfig c = dp_config(dir_, world_size(), 1, micro_batch(), 1);
+    c.train.dtype = "fp16";
+    c.train.loss_scale = std::ldexp(1.0, k);
+    c.train.max_bad_steps = 1000;  // skipping is what is measured
+    c.train.steps = kScaledSteps;
+    auto skips = [](const std::vector<StepStats>& steps) {
+      std::vector<double> v;
+      for (const StepStats& s : steps) v.push_back(s.skipped ? s.loss_scale : 0.0);
+      return v;
+    };
+    TrainerOn on(c, &world());
+    const std::vector<double> dp = skips(train_until(on.t, kScaledSteps));
+    std::vector<double> one;
+    if (world().rank() == 0) {
+      TrainerOn alone_run(alone(c), nullptr);
+      one = skips(train_until(alone_run.t, kScaledSteps));
+    }
+    one = broadcast_values(world(), one, kScaledSteps);
+    EXPECT_EQ(dp, one) << "loss scale 2^" << k << " (each step: the scale it skipped at, or 0)";
+    const bool skipped = std::any_of(one.begin(), one.end(), [](double v) { return v > 0; });
+    some_skip = some_skip || skipped;
+    some_clean = some_clean || !skipped;
+  }
+  EXPECT_TRUE(some_skip && some_clean) << "the scales should span the single process's overflow threshold";
 }
 
 // Offloading moves the master weights and moments to host memory and runs
