@@ -60,7 +60,7 @@ class LocalServer {
         models_(store_model_manager(store_, [this]() -> const text::Tokenizer& { return gpt2(); }, a.served,
                                     serve::ManagerOptions{})),
         api_(serve::ApiOptions{.api_key = "", .access_log = false}),
-        ollama_(api_, *models_, &store_, "."),
+        ollama_(api_, *models_, &store_),
         server_(serve::HttpOptions{.host = "127.0.0.1", .port = 0},
                 [this](const serve::HttpRequest& r) { return api_.handle(r); },
                 [this](int status, const std::string& m, const std::string& path) { return api_.error_response(status, m, path); }) {

@@ -164,7 +164,7 @@ void run_serve(ServeArgs a) {
   options.keep_alive = std::chrono::seconds(static_cast<int64_t>(a.keep_alive_s));
   options.max_loaded = a.max_loaded;
   models = from_store ? store_model_manager(*store, tok, a.served, options) : directory_models(a, tok);
-  ollama = std::make_unique<serve::OllamaApi>(api, *models, store.get(), fs::current_path().string());
+  ollama = std::make_unique<serve::OllamaApi>(api, *models, store.get());
   api.ready(*models, catalog_of(a, store.get()), [&ollama](const serve::HttpRequest& r) { return ollama->handle(r); });
   if (from_store)
     log_info("serve: ready: the models of ", store->root(), " at http://", a.http.host, ":", server.port(), "/v1");

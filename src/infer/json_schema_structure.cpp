@@ -65,9 +65,20 @@ std::string Converter::visit_ref(const Json& s, const std::string& path) {
 // other keywords merged (a keyword given twice must agree).
 std::string Converter::visit_all_of(const Json& s, const std::string& path, const std::string& hint) {
   Json merged = Json::object();
-  std::vector<const Json*> parts = {&s};
-  if (!s["allOf"].is_array()) bad(path, "allOf must be a list");
-  for (const Json& m : s["allOf"]) parts.push_back(m.is_object() && m.contains("$ref") && m["$ref"].is_string() && m.size() == 1 ? &resolve(m["$ref"].get<std::string>(), path) : &m);
+  // s and its members, a member's own allOf flattened in (through $refs;
+  // nesting past 32 levels is a cycle or no schema anyone writes).
+  std::vector<const Json*> parts;
+  auto add = [&](auto& self, const Json& part, int depth) -> void {
+    if (depth > 32) bad(path + "/allOf", "allOf nests more than 32 levels deep (a $ref cycle?)");
+    parts.push_back(&part);
+    if (!part.is_object() || !part.contains("allOf")) return;
+    if (!part["allOf"].is_array()) bad(path, "allOf must be a list");
+    for (const Json& m : part["allOf"]) {
+      const bool only_ref = m.is_object() && m.contains("$ref") && m["$ref"].is_string() && m.size() == 1;
+      self(self, only_ref ? resolve(m["$ref"].get<std::string>(), path) : m, depth + 1);
+    }
+  };
+  add(add, s, 0);
   int with_properties = 0;
   bool with_additional = false;
   for (const Json* part : parts) {
@@ -86,7 +97,7 @@ std::string Converter::visit_all_of(const Json& s, const std::string& path, cons
         for (const Json& r : v)
           if (!merged.contains("required") || std::find(merged["required"].begin(), merged["required"].end(), r) == merged["required"].end())
             merged["required"].push_back(r);
-      } else if (k == "anyOf" || k == "oneOf" || k == "$ref" || k == "allOf") {
+      } else if (k == "anyOf" || k == "oneOf" || k == "$ref") {
         bad(path + "/allOf", concat("'", k, "' inside allOf cannot be merged"));
       } else {
         if (merged.contains(k) && merged[k] != v) bad(path + "/allOf", concat("'", k, "' is given two different values"));

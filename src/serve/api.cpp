@@ -184,9 +184,18 @@ HttpResponse Api::list_models() const {
   return json_response(200, {{"object", "list"}, {"data", data}});
 }
 
+// By the name the catalog lists or any the other routes take for it ("x"
+// for "x:latest" in store mode).
 HttpResponse Api::get_model(const std::string& id) const {
+  std::string canonical = id;
+  if (const ModelManager* m = models()) {
+    try {
+      canonical = m->canonical(id);
+    } catch (const ApiError&) {  // not a valid name: not found below
+    }
+  }
   for (const CatalogEntry& c : catalog_())
-    if (c.name == id)
+    if (c.name == id || c.name == canonical)
       return json_response(200, model_object(c));
   throw ApiError(404, "NotFoundError", "model", "The model '" + id + "' does not exist");
 }

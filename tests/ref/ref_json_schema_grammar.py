@@ -99,6 +99,11 @@ CASES = [
       {"dt": "2024-01-01 10:00:00Z"}, {"u": "123e4567e89b12d3a456426614174000"}]),
     ({"type": "array", "prefixItems": [{"type": "string"}, {"type": "boolean"}], "items": False, "minItems": 1},
      [["a"], ["a", True]], [[], [1], ["a", True, 3]]),
+    # allOf inside an allOf member, directly and through a $ref: flattened.
+    ({"allOf": [{"allOf": [{"type": "object", "properties": {"a": {"enum": ["yes", "no"]}}, "required": ["a"]}]},
+                {"allOf": [{"properties": {"b": {"type": "integer"}}}]}]},
+     [{"a": "yes"}, {"a": "no", "b": 2}], [{"a": "maybe"}, {"b": 1}, {"a": "yes", "b": "x"}, 1]),
+    ({"$defs": {"b": {"allOf": [{"const": "yes"}]}}, "allOf": [{"$ref": "#/$defs/b"}]}, ["yes"], ["no", 2]),
     ({}, [None, 1, "x", [1, {"a": {}}], {"k": [True]}], []),
     ({"type": "object"}, [{}, {"a": 1, "b": [None]}], [[], "x"]),
 ]

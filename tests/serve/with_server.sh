@@ -27,7 +27,9 @@ log="$work/serve.log"
 if ((store)); then
   printf 'FROM ./tiny\nPARAMETER temperature 0\nSYSTEM """You are terse."""\n' >"$work/Modelfile"
   "$loom" create tiny -f "$work/Modelfile" --models "$work/store" >/dev/null
-  "$loom" serve --models "$work/store" --port 0 --threads 1 "${flags[@]}" >"$log" 2>&1 &
+  # From WORKDIR, which holds the model folder ./tiny as well as the store's tiny: over the API a FROM names
+  # the store model only (ollama_client.mjs's createFromTheStoreNeverReadsAFolder).
+  (cd "$work" && exec "$loom" serve --models "$work/store" --port 0 --threads 1 "${flags[@]}") >"$log" 2>&1 &
 else
   "$loom" serve --model "$work/tiny" --port 0 --threads 1 "${flags[@]}" >"$log" 2>&1 &
 fi

@@ -211,7 +211,11 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool chunked = response_.chunked && version_ >= 11;
     if (!chunked || (!head_sent_ && source_done_ && status != response_.status)) {
       pending_ += out;
-      if (source_done_) write_whole(status, std::move(pending_), response_.source->content_type());
+      // The stream's own type when it ran as planned (text/event-stream,
+      // NDJSON); the source's (JSON) for the error it ended with instead.
+      if (source_done_)
+        write_whole(status, std::move(pending_),
+                    status == response_.status ? response_.content_type : response_.source->content_type());
       return;
     }
     if (out.empty() && !source_done_) return;

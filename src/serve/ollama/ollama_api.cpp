@@ -41,8 +41,7 @@ std::string hex(const std::string& digest) { return digest.rfind("sha256:", 0) =
 
 }  // namespace
 
-OllamaApi::OllamaApi(Api& api, ModelManager& models, ModelStore* store, std::string base_dir)
-    : api_(api), models_(models), store_(store), base_dir_(std::move(base_dir)) {}
+OllamaApi::OllamaApi(Api& api, ModelManager& models, ModelStore* store) : api_(api), models_(models), store_(store) {}
 
 OllamaApi::~OllamaApi() { wait_for_tasks(std::chrono::minutes(10)); }
 
@@ -78,9 +77,12 @@ HttpResponse OllamaApi::route(const HttpRequest& req) {
   if (is("/api/create", "POST")) return create(req);
   if (is("/api/delete", "DELETE")) return remove(req);
   if (is("/api/copy", "POST")) return copy(req);
+  if (is("/api/pull", "POST")) return pull(req);
+  if (is("/api/push", "POST"))
+    throw bad_request("model", "loom serve pushes to no registry: its models stay in this machine's store");
   if (is("/api/version", "GET")) return json_response(200, {{"version", "0.1.0-loom"}});
   for (const char* known : {"/api/generate", "/api/chat", "/api/embed", "/api/embeddings", "/api/tags", "/api/show", "/api/ps", "/api/create",
-                            "/api/delete", "/api/copy", "/api/version"})
+                            "/api/delete", "/api/copy", "/api/version", "/api/pull", "/api/push"})
     if (p == known) throw ApiError(405, "MethodNotAllowed", "", p + " does not take " + req.method);
   throw ApiError(404, "NotFoundError", "", "no route " + req.method + " " + p);
 }
@@ -107,7 +109,7 @@ HttpResponse OllamaApi::generate(const HttpRequest& req, bool chat) {
     return json_response(200, j);
   }
   if (format->generates()) format->precheck();  // answered now, not after loading the model
-  const bool stream = body.value("stream", nlohmann::ordered_json(true)) != nlohmann::ordered_json(false);
+  const bool stream = flag(body, "stream", true);
   auto source = std::make_shared<GenerationSource>(models_, model, std::move(format), api_.draw_seed(), keep_alive,
                                                    req.received);
   return api_.generation(req, std::move(source), stream, "application/x-ndjson");

@@ -24,7 +24,7 @@ class OllamaApi {
   // store: null when the server serves one directory (--model): the routes
   // that change the store then refuse. base_dir: where a relative FROM of
   // /api/create starts.
-  OllamaApi(Api& api, ModelManager& models, ModelStore* store, std::string base_dir);
+  OllamaApi(Api& api, ModelManager& models, ModelStore* store);
   ~OllamaApi();  // waits for the creates still running
   OllamaApi(const OllamaApi&) = delete;
   OllamaApi& operator=(const OllamaApi&) = delete;
@@ -44,12 +44,12 @@ class OllamaApi {
   HttpResponse create(const HttpRequest& req);
   HttpResponse remove(const HttpRequest& req);
   HttpResponse copy(const HttpRequest& req);
+  HttpResponse pull(const HttpRequest& req) const;
   ModelStore& store() const;
 
   Api& api_;
   ModelManager& models_;
   ModelStore* store_;
-  std::string base_dir_;
   std::atomic<int> tasks_{0};  // creates running on their threads
 };
 

@@ -87,6 +87,19 @@ std::string required_string(const ojson& body, const char* a, const char* b) {
   throw bad_request(a, std::string(a) + " is required");
 }
 
+namespace {
+template <typename Json>
+bool flag_of(const Json& body, const char* key, bool absent) {
+  const auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return absent;
+  if (!it->is_boolean()) throw bad_request(key, std::string(key) + " must be true or false");
+  return it->template get<bool>();
+}
+}  // namespace
+
+bool flag(const ojson& body, const char* key, bool absent) { return flag_of(body, key, absent); }
+bool flag(const json& body, const char* key, bool absent) { return flag_of(body, key, absent); }
+
 std::string human_count(int64_t n) {
   char buf[32];
   if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.1fB", n / 1e9);
@@ -117,7 +130,7 @@ std::string rfc3339(std::chrono::system_clock::time_point t) {
 
 OllamaFormat::OllamaFormat(ojson body, bool chat) : body_(std::move(body)), chat_(chat) {
   model_ = body_.value("model", ojson("")).is_string() ? body_.value("model", "") : "";
-  stream_ = body_.value("stream", ojson(true)) != ojson(false);
+  stream_ = flag(body_, "stream", true);
   const ojson empty = chat_ ? body_.value("messages", ojson::array()) : body_.value("prompt", ojson(""));
   generates_ = !(empty.is_null() || (empty.is_string() && empty.get<std::string>().empty()) ||
                  (empty.is_array() && empty.empty()));
@@ -274,7 +287,7 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
   const ojson& p = body_["prompt"];
   if (!p.is_string()) throw bad_request("prompt", "prompt must be a string");
   std::string text = p.get<std::string>();
-  const bool raw = body_.value("raw", ojson(false)) == ojson(true);
+  const bool raw = flag(body_, "raw", false);
   const std::string system = body_.value("system", ojson(m.system)).is_string() ? body_.value("system", m.system)
                                                                                 : m.system;
   std::vector<std::string> template_stops;
@@ -303,7 +316,11 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
   if (!openai.contains("max_tokens") && served.tokenizer != nullptr) {
     const auto len = static_cast<int64_t>(openai["prompt"].is_array() ? openai["prompt"].size()
                                                                        : served.tokenizer->encode_prompt(text).size());
-    openai["max_tokens"] = std::max<int64_t>(1, served.max_model_len - len);
+    if (len >= served.max_model_len)
+      throw bad_request("prompt", "the prompt takes " + std::to_string(len) + " tokens, which fills the model's " +
+                                      "context of " + std::to_string(served.max_model_len) +
+                                      " tokens (options.num_ctx): shorten the prompt or raise num_ctx");
+    openai["max_tokens"] = served.max_model_len - len;
   }
   openai.erase("chat_template_kwargs");  // the template's, not /v1/completions'
   // The template's answer: a family that frames every answer is read (chat_output.h).

@@ -80,6 +80,10 @@ HttpResponse ollama_error(const ApiError& e);
 // body[a] (or body[b] when a is absent: ollama's old field names), a string;
 // 400 when neither is there or it is no string.
 std::string required_string(const nlohmann::ordered_json& body, const char* a, const char* b = nullptr);
+// body[key] as a boolean (stream, raw): `absent` when missing or null; 400
+// for any other type, as ollama answers "stream": "no".
+bool flag(const nlohmann::ordered_json& body, const char* key, bool absent);
+bool flag(const nlohmann::json& body, const char* key, bool absent);
 // 1.2K / 3.4M / 7.0B: ollama's parameter_size.
 std::string human_count(int64_t n);
 // A model name from a request; 400 when malformed.

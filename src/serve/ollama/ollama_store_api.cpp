@@ -178,16 +178,16 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
   if (!st.get(model_name_of(mf.from)))
     throw bad_request("from", "FROM '" + mf.from + "' is not a model in the store: over the API a model is made "
                               "from another store model (use loom create -f Modelfile for a model directory)");
-  const bool stream = body.value("stream", json(true)) != json(false);
+  const bool stream = flag(body, "stream", true);
   // Copying and hashing the weights takes a while: on a thread of its own.
   ++tasks_;  // until the task ends: the server waits for it before it stops
-  auto task = [this, &st, name, mf, base = base_dir_, stream]() -> std::pair<int, std::string> {
+  auto task = [this, &st, name, mf, stream]() -> std::pair<int, std::string> {
     struct Done {
       std::atomic<int>& n;
       ~Done() { --n; }
     } done{tasks_};
     try {
-      create_model(st, name, mf, base, "modelfile");
+      create_model(st, name, mf, std::nullopt, "modelfile");  // FROM the store only
       std::string out;
       if (stream) out = dump(json{{"status", "reading model"}}) + "\n" + dump(json{{"status", "writing manifest"}}) + "\n";
       return {200, out + dump(json{{"status", "success"}}) + (stream ? "\n" : "")};
@@ -222,6 +222,30 @@ HttpResponse OllamaApi::copy(const HttpRequest& req) {
   if (!store_->copy(source, destination)) throw not_found(from);  // gone since the check
   HttpResponse r;
   r.body = "";
+  return r;
+}
+
+// loom reaches no registry: a model already here counts as pulled (clients
+// and front-ends pull before they use one), any other is a 404 saying so.
+HttpResponse OllamaApi::pull(const HttpRequest& req) const {
+  const json body = parse_body(req.body);
+  const std::string text = required_string(body, "model", "name");
+  const bool stream = flag(body, "stream", true);
+  bool here = false;
+  if (store_ == nullptr) {
+    for (const std::shared_ptr<LoadedModel>& m : models_.models())
+      here = here || m->name == text || m->name + ":latest" == text;
+  } else {
+    here = store_->get(model_name_of(text)).has_value();
+  }
+  if (!here)
+    throw ApiError(404, "NotFoundError", "model",
+                   "model '" + text + "' not found: loom serve pulls from no registry (make a model with loom " +
+                       "create, or POST /api/create from one here)");
+  if (!stream) return json_response(200, {{"status", "success"}});
+  HttpResponse r;
+  r.content_type = "application/x-ndjson";
+  r.body = dump(json{{"status", "pulling manifest"}}) + "\n" + dump(json{{"status", "success"}}) + "\n";
   return r;
 }
 

@@ -146,7 +146,10 @@ json chat_tools(const json& body, const ServedModel& m, CompletionRequest& r, st
   return *tools;
 }
 
-void refuse_unsupported_chat(const json& body) { refuse_logit_bias(body); }
+void refuse_unsupported_chat(const json& body) {
+  refuse_logit_bias(body);
+  refuse_unsupported_extensions(body);
+}
 
 // chat_template_kwargs: an object of variables that are not the template's
 // own (messages, tools, ...), with OpenAI's reasoning_effort as the variable
@@ -205,9 +208,8 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   r.gen.top_logprobs = integer(body, "top_logprobs", 0, 0, 20);
   if (r.gen.top_logprobs > 0 && !r.logprobs)
     throw bad_request("top_logprobs", "top_logprobs needs logprobs = true");
-  const int64_t rest = std::max<int64_t>(1, m.max_model_len - static_cast<int64_t>(r.prompts[0].size()));
   const char* name = field(body, "max_completion_tokens") != nullptr ? "max_completion_tokens" : "max_tokens";
-  token_limits(body, m, name, rest, r);
+  token_limits(body, m, name, m.max_model_len, r);  // not given: the room the messages leave
   structured_output(body, m, std::move(tool_grammar), r);
   return r;
 }
@@ -219,7 +221,7 @@ void precheck(const json& body, bool chat) {
   (void)boolean(body, "stream", false);
   (void)boolean(body, "ignore_eos", false);
   if (chat) {
-    refuse_logit_bias(body);
+    refuse_unsupported_chat(body);
     (void)boolean(body, "logprobs", false);
     (void)integer(body, "top_logprobs", 0, 0, 20);
     (void)chat_messages(body);

@@ -151,6 +151,19 @@ void refuse_logit_bias(const json& body) {
     throw bad_request("logit_bias", "logit_bias is not supported");
 }
 
+// vLLM's extensions that loom does not implement and that would change the
+// answer (guided_regex's output, a stop string kept, the last message
+// continued): an error rather than a silently different answer. Those that
+// change nothing here (guided_decoding_backend, skip_special_tokens) pass.
+void refuse_unsupported_extensions(const json& body) {
+  for (const char* name : {"guided_regex", "structured_outputs", "prompt_logprobs", "truncate_prompt_tokens",
+                           "logits_processors", "allowed_token_ids", "bad_words"})
+    if (const json* f = field(body, name); f != nullptr && !((f->is_array() || f->is_object()) && f->empty()))
+      throw bad_request(name, cat(name, " is not supported"));
+  for (const char* name : {"include_stop_str_in_output", "continue_final_message", "use_beam_search"})
+    if (boolean(body, name, false)) throw bad_request(name, cat(name, " = true is not supported"));
+}
+
 // Fields of OpenAI's API that loom does not implement: an error rather than
 // a silently different answer.
 void refuse_unsupported(const json& body) {
@@ -158,6 +171,7 @@ void refuse_unsupported(const json& body) {
   if (integer(body, "best_of", 1, 1, 1 << 20) > 1) throw bad_request("best_of", "best_of > 1 is not supported");
   if (!string(body, "suffix").empty()) throw bad_request("suffix", "suffix is not supported");
   refuse_logit_bias(body);
+  refuse_unsupported_extensions(body);
 }
 
 }  // namespace fields
@@ -254,8 +268,21 @@ void generation_fields(const json& body, const ServedModel& m, uint64_t seed, Co
 }
 
 // max_tokens (any positive count; one past the context is refused with both
-// numbers, as vLLM words it) and min_tokens.
+// numbers, as vLLM words it) and min_tokens. Not given: the fallback, or
+// the room the longest prompt leaves when that is less (a count the client
+// never asked for is no reason to refuse); a prompt that leaves none is
+// refused as too long.
 void token_limits(const json& body, const ServedModel& m, const char* name, int64_t fallback, CompletionRequest& r) {
+  if (field(body, name) == nullptr) {
+    int64_t longest = 0;
+    for (const std::vector<int32_t>& p : r.prompts) longest = std::max(longest, static_cast<int64_t>(p.size()));
+    const char* what = r.chat ? "messages" : "prompt";
+    if (longest >= m.max_model_len)
+      throw bad_request(what, cat("This model's maximum context length is ", m.max_model_len, " tokens. However, the ",
+                                  what, " take ", longest, " tokens, which leaves no room for the completion. ",
+                                  "Please reduce the length of the ", what, "."));
+    fallback = std::min(fallback, m.max_model_len - longest);
+  }
   r.gen.stop.max_tokens = integer(body, name, fallback, 1, INT32_MAX);
   r.gen.stop.min_tokens = integer(body, "min_tokens", 0, 0, r.gen.stop.max_tokens);
   for (const std::vector<int32_t>& p : r.prompts) {

@@ -43,7 +43,11 @@ std::vector<std::string> stop_strings(const json& body);
 infer::SamplerConfig sampler(const json& body, uint64_t seed);
 // logit_bias other than {}: an error rather than a silently different answer.
 void refuse_logit_bias(const json& body);
-// Fields of OpenAI's API loom does not implement (echo, best_of > 1, suffix, logit_bias).
+// vLLM's extensions loom does not implement that would change the answer
+// (guided_regex, include_stop_str_in_output, continue_final_message, ...).
+void refuse_unsupported_extensions(const json& body);
+// Fields of OpenAI's API loom does not implement (echo, best_of > 1, suffix,
+// logit_bias), and the extensions above.
 void refuse_unsupported(const json& body);
 // model, which must be m's: 404 for another.
 std::string model_of(const json& body, const ServedModel& m);

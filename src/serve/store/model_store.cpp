@@ -25,15 +25,16 @@ using json = nlohmann::json;
 
 bool name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'; }
 
+// what: "the tag" or "each part of the name" (the parts between slashes).
 void check_part(std::string_view part, std::string_view whole, const char* what) {
   LOOM_REQUIRE(!part.empty() && part.size() <= 128, "model name '", whole, "': ", what,
-               " parts must be 1 to 128 characters");
+               " must be 1 to 128 characters");
   LOOM_REQUIRE(std::isalnum(static_cast<unsigned char>(part[0])), "model name '", whole, "': ", what,
-               " parts must start with a letter or digit");
+               " must start with a letter or digit");
   LOOM_REQUIRE(std::all_of(part.begin(), part.end(), name_char), "model name '", whole, "': ", what,
                " may hold only letters, digits, '.', '_' and '-'");
   LOOM_REQUIRE(part.size() < 4 || part.substr(part.size() - 4) != ".tmp", "model name '", whole, "': ", what,
-               " parts may not end in .tmp (the store's temporary files do)");
+               " may not end in .tmp (the store's temporary files do)");
 }
 
 // The store's lock: writers (create, copy, remove) hold it, so collecting
@@ -105,7 +106,8 @@ ModelName ModelName::parse(std::string_view text) {
   size_t start = 0;
   while (true) {
     const size_t slash = name.find('/', start);
-    check_part(name.substr(start, slash == std::string_view::npos ? slash : slash - start), text, "the name's");
+    check_part(name.substr(start, slash == std::string_view::npos ? slash : slash - start), text,
+               "each part of the name");
     if (slash == std::string_view::npos) break;
     start = slash + 1;
   }

@@ -45,10 +45,11 @@ void add_tokenizer_layers(std::vector<LayerSource>& layers, const std::string& d
 
 // The layers FROM gives: a directory's (or a .gguf file's) config and
 // weights (and its chat template), or a store model's layers as they are.
-std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, const std::string& base_dir,
+std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, const std::optional<std::string>& base_dir,
                                      const std::string& where) {
-  const fs::path path = fs::path(mf.from).is_absolute() ? fs::path(mf.from) : fs::path(base_dir) / mf.from;
-  if (fs::is_directory(path) || (path.extension() == ".gguf" && fs::is_regular_file(path))) {
+  const fs::path from(mf.from);
+  const fs::path path = !base_dir || from.is_absolute() ? from : fs::path(*base_dir) / from;
+  if (base_dir && (fs::is_directory(path) || (path.extension() == ".gguf" && fs::is_regular_file(path)))) {
     const model::ModelDir dir = model::load_model_dir(path.string());
     const ChatTemplate chat = ChatTemplate::for_model_dir(path.string());
     std::vector<LayerSource> layers = {{kMediaConfig, "", config_layer(dir, chat), ""},
@@ -64,6 +65,9 @@ std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, con
   } catch (const loom::Error&) {
   }
   const std::optional<StoredModel> m = name ? store.get(*name) : std::nullopt;
+  if (!m && !base_dir)
+    throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from +
+                      "' is not a model in the store " + store.root() + " (loom list shows them)");
   if (!m)
     throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from +
                       "' is neither a model directory or .gguf file (" + path.string() + ") nor a model in the store " +
@@ -85,8 +89,8 @@ void set_layer(std::vector<LayerSource>& layers, const char* media, std::string 
 
 }  // namespace
 
-StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfile& mf, const std::string& base_dir,
-                         const std::string& where) {
+StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfile& mf,
+                         const std::optional<std::string>& base_dir, const std::string& where) {
   std::vector<LayerSource> layers = from_layers(store, mf, base_dir, where);
   if (mf.has_template) {
     try {

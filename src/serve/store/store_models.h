@@ -11,6 +11,7 @@
 // broken one is refused there, not when the model is first served.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -25,9 +26,11 @@ namespace loom::serve {
 
 // loom::Error naming the Modelfile line for a FROM that is neither a model
 // directory nor a store model, or a TEMPLATE the Jinja subset cannot parse.
-// base_dir: where a relative FROM path starts (the Modelfile's directory).
-StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfile& mf, const std::string& base_dir,
-                         const std::string& where);
+// base_dir: where a relative FROM path starts (the Modelfile's directory);
+// none: FROM names a store model only, never a path (the server's
+// /api/create: a client may not make the server read its disk).
+StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfile& mf,
+                         const std::optional<std::string>& base_dir, const std::string& where);
 
 // What serving a store model needs.
 struct ResolvedModel {

@@ -64,6 +64,11 @@ for (const [route, make] of [['completions', comp], ['chat', chat]]) {
   add(`${route} stream_options not an object`, path, make({ stream: true, stream_options: 'x' }), 400,
       'stream_options');
   add(`${route} logit_bias`, path, make({ logit_bias: { 1: 5 } }), 400, 'logit_bias');
+  // vLLM's extensions that would change the answer, not implemented: refused, not ignored.
+  for (const [field, v] of [['guided_regex', '[0-9]+'], ['include_stop_str_in_output', true],
+    ['continue_final_message', true], ['use_beam_search', true], ['structured_outputs', { regex: 'a' }],
+    ['allowed_token_ids', [1, 2]], ['prompt_logprobs', 1]])
+    add(`${route} ${field}=${JSON.stringify(v)}`, path, make({ [field]: v }), 400, field);
 }
 
 // prompt (completions)
@@ -94,6 +99,10 @@ for (const [field, v] of [['tools', { type: 'function', function: { name: 'f' } 
       field === 'max_completion_tokens' && v === 500 ? undefined : field);
 add('chat long messages', '/v1/chat/completions', chat({ messages: [{ role: 'user', content: 'x '.repeat(300) }] }),
     400);
+// No max_tokens: a prompt that fills the context is named, not the count the client never sent.
+add('chat long messages, no max_tokens', '/v1/chat/completions',
+    { model, messages: [{ role: 'user', content: 'x '.repeat(300) }] }, 400, 'messages');
+add('long prompt, no max_tokens', '/v1/completions', { model, prompt: 'x '.repeat(300) }, 400, 'prompt');
 
 // Routes, methods, sizes.
 add('unknown route', '/v1/engines', comp({}), 404);

@@ -227,6 +227,7 @@ const cases = {
     const [sse] = responses(await raw(post('1.0', completion({ stream: true })), 30000));
     assert.ok(Date.now() - start < 29000, 'the server closed the stream');
     assert.equal(sse.headers['transfer-encoding'], undefined);
+    assert.equal(sse.headers['content-type'].split(';')[0], 'text/event-stream', 'a stream sent whole is one still');
     assert.ok(sse.body.endsWith('data: [DONE]\n\n'), sse.body.slice(-100));
     const kept = responses(await raw('GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n' +
                                      'GET /health HTTP/1.0\r\n\r\n', 30000));

@@ -207,6 +207,26 @@ const cases = {
     await ollama.delete({ model: 'tiny-m' });
   },
 
+  // The server runs where a folder ./tiny also lies: FROM tiny is the store's (its SYSTEM and PARAMETERs come
+  // along), never the folder on the server's disk.
+  async createFromTheStoreNeverReadsAFolder() {
+    await ollama.create({ model: 'from-store', from: 'tiny' });
+    const show = await ollama.show({ model: 'from-store' });
+    assert.equal(show.system, 'You are terse.');
+    assert.match(show.parameters, /temperature/);
+    await ollama.delete({ model: 'from-store' });
+  },
+
+  // No registry is reached: a model already here is pulled at once (clients pull before use); another is a 404.
+  async pullSucceedsForAModelHereOnly() {
+    assert.equal((await ollama.pull({ model, stream: false })).status, 'success');
+    let last = null;
+    for await (const part of await ollama.pull({ model, stream: true })) last = part;
+    assert.equal(last.status, 'success');
+    await expectStatus(ollama.pull({ model: 'not-here', stream: false }), 404, /no registry/);
+    await expectStatus(ollama.push({ model, stream: false }), 400, /no registry/);
+  },
+
   async errors() {
     await expectStatus(ollama.generate({ model: 'nope', prompt: 'x' }), 404, /nope/);
     await expectStatus(ollama.generate({ model, prompt: 'x', options: { temperature: 9 } }), 400,
@@ -232,6 +252,15 @@ const cases = {
     await expectStatus(ollama.create({ model: 'go', from: model, template: '{{ .System }} {{ .Prompt }}' }), 400,
                        /^template: .*ollama Go template/);
     await expectStatus(ollama.chat({ model, messages: [{ role: 'user', content: 'x', images: ['aGk='] }] }), 400);
+    // Flags are booleans, as ollama checks them; a prompt that fills the context says so.
+    for (const [field, v] of [['stream', 'no'], ['stream', 0], ['raw', 'yes']]) {
+      const r = await fetch(`${process.env.LOOM_URL}/api/generate`, {
+        method: 'POST', body: JSON.stringify({ model, prompt: 'x', [field]: v }) });
+      assert.equal(r.status, 400, `${field}=${JSON.stringify(v)}`);
+      assert.match((await r.json()).error, new RegExp(`${field} must be true or false`));
+    }
+    await expectStatus(ollama.generate({ model, prompt: 'x '.repeat(40), options: { num_ctx: 8 } }), 400,
+                       /fills the model's context of 8 tokens/);
   },
 };
 

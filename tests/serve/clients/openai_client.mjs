@@ -44,6 +44,16 @@ const cases = {
     const page = await client.models.list();
     assert.deepEqual(page.data.map((m) => m.id), [model]);
     assert.equal(page.data[0].object, 'model');
+    // By any name the other routes take for it.
+    for (const id of [model, `${model}:latest`]) assert.equal((await client.models.retrieve(id)).id, model);
+    await expectError(client.models.retrieve('gpt-9'), OpenAI.NotFoundError, 404, /gpt-9/);
+  },
+
+  // No max_tokens: 16, or the room the prompt leaves when that is less (120 of the 128 tokens: 8).
+  async theDefaultLengthFitsTheContext() {
+    const r = await client.completions.create({ model, prompt: Array(120).fill(87), temperature: 0 });
+    assert.equal(r.usage.prompt_tokens, 120);
+    assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8, JSON.stringify(r.usage));
   },
 
   async completionAndStreamAgree() {
