@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "core/dtype.h"
@@ -36,6 +37,25 @@ void require_plain_rope(const io::GgufFile& f, const ModelConfig& cfg) {
     const auto d = f.get_int<int64_t>("llama.rope.dimension_count");
     LOOM_REQUIRE(d == cfg.head_size(), where(f), ": key 'llama.rope.dimension_count' is ", d,
                  " but the head size is ", cfg.head_size(), ": partial rotary embeddings are not implemented in loom");
+  }
+}
+
+// Every tensor of the file is one of the model's: a tensor loom would not
+// read changes the model (Llama 3.1's RoPE frequency factors, attention
+// biases, blocks past block_count) and is refused by name, as llama.cpp
+// refuses a tensor count it does not expect.
+void require_no_other_tensors(const io::GgufFile& f, const ModelConfig& cfg) {
+  std::set<std::string, std::less<>> known;
+  for (const ParamSpec& s : param_specs(cfg)) known.insert(gguf_tensor_name(cfg, s.name));
+  for (const io::GgufTensorInfo& t : f.tensors()) {
+    if (known.count(t.name) != 0) continue;
+    const std::string why = t.name == "rope_freqs.weight" ? "Llama 3.1-style RoPE frequency factors (rope scaling)"
+                            : t.name.ends_with(".bias") ? "a bias this model family has no place for"
+                            : t.name.starts_with("blk.") ? concat("a tensor of no block of the ", cfg.n_layer,
+                                                                  " the keys describe, or one loom has no place for")
+                                                         : "a tensor loom has no place for";
+    fail(where(f), ": tensor '", t.name, "' is ", why, ": not implemented in loom (loading without it would give ",
+         "another model)");
   }
 }
 
@@ -122,6 +142,7 @@ ModelConfig model_config_from_gguf(const io::GgufFile& f) {
     fail(where(f), ": the model its keys describe is not valid: ", e.what());
   }
   if (cfg.family == Family::llama) require_plain_rope(f, cfg);
+  require_no_other_tensors(f, cfg);
   return cfg;
 }
 

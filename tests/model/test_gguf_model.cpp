@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -202,6 +204,33 @@ TEST(GgufModel, AnArchitectureLoomDoesNotRunIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("general.architecture is 'mamba'; loom runs gpt2 and llama"), std::string::npos)
         << e.what();
+  }
+}
+
+// A tensor loom would not read changes the model: refused by name (the
+// model's own tensors still load).
+TEST(GgufModel, ATensorLoomWouldNotReadIsRefusedByName) {
+  const ModelConfig cfg = tiny_llama();
+  Params p = random_params(cfg);
+  const std::vector<float> ones(cfg.head_size() / 2, 1.f), bias(cfg.n_embd, 0.5f);
+  const auto bytes = [](const std::vector<float>& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(float));
+  };
+  for (const auto& [name, values, expect] :
+       {std::tuple{"rope_freqs.weight", &ones, "Llama 3.1-style RoPE frequency factors"},
+        std::tuple{"blk.0.attn_q.bias", &bias, "a bias this model family has no place for"},
+        std::tuple{"blk.3.attn_norm.weight", &bias, "a tensor of no block of the 3 the keys describe"}}) {
+    const std::string path = (fs::temp_directory_path() / "loom_test_gguf_model_extra.gguf").string();
+    io::GgufWriter w;
+    gguf_add_model(w, cfg, p.flat(), GgufWeights::f32, "test");
+    w.add_tensor(name, io::GgmlType::f32, {static_cast<int64_t>(values->size())}, bytes(*values));
+    w.write(path);
+    try {
+      read_back(path);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(concat("tensor '", name, "' is ", expect)), std::string::npos) << e.what();
+    }
   }
 }
 
