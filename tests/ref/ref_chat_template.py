@@ -699,6 +699,43 @@ FEATURES = [
     ("Llama-2 roles must alternate", LLAMA2, {"messages": CONVERSATIONS["roles do not alternate"],
                                               "bos_token": "<s>", "eos_token": "</s>"}, CHAT,
      "Conversation roles must alternate user/assistant/user/assistant/..."),
+    ("a dict's methods come before its keys on d.name, not on d['name']",
+     "{% set d = {'items': {'type': 'string'}, 'get': 1} %}{{ d.items is mapping }} {{ d.items is callable }} "
+     "{{ d.items.type is defined }} {{ d['items'].type }} {{ d.get('get') }} {{ d['get'] }} "
+     "{{ {}['keys'] is defined }} {{ d.update is defined }} {{ 'x'.upper is defined }} {{ 'x'.nope is defined }} "
+     "{{ d.items() | list | length }} "
+     "{{ d.keys is callable and d.keys() | list | length }} {{ [d] | map(attribute='items') | first is mapping }}",
+     {}, CHAT, None),
+    ("a JSON schema whose items is a property (command-r's json_to_python_type)",
+     "{% macro py(s) %}{% if s.type == 'array' %}List[{{ py(s.items) }}]{% elif s.type is string %}{{ s.type }}"
+     "{% else %}?{% endif %}{% endmacro %}{{ py(schema) }} {{ py(schema['items']) }}",
+     {"schema": {"type": "array", "items": {"type": "string"}}}, CHAT, None),
+    ("macros see the variables of the scopes they are defined in",
+     "{% for i in xs %}{% macro m() %}{{ i }}{{ j }}{% endmacro %}{% set j = i * 2 %}{{ m() }};{% endfor %} "
+     "{% macro outer(x) %}{% macro inner() %}{{ x }}{{ y }}{% endmacro %}{% set y = x + 1 %}{{ inner() }}"
+     "{% endmacro %}{{ outer(7) }} {% set z = 1 %}{% macro top() %}{{ z }}{% endmacro %}{% set z = 2 %}{{ top() }} "
+     "{% for message in messages %}{% macro render() %}{{ message.role }}{% endmacro %}{{ render() }} {% endfor %}"
+     "{% macro f(n) %}{% if n > 0 %}{% macro g() %}{{ n }}{% endmacro %}{{ g() }}{{ f(n - 1) }}{% endif %}"
+     "{% endmacro %}{{ f(3) }}", V, CHAT, None),
+    ("int reads integer strings exactly", "{{ '9007199254740993' | int }} {{ ' -1_000 ' | int }} {{ '+7' | int }} "
+     "{{ '007' | int }} {{ '42.9' | int }} {{ '-42.9' | int }} {{ '1e3' | int }} {{ 'nan' | int }} {{ '1__0' | int }} "
+     "{{ 'x' | int(5) }} {{ '-9223372036854775808' | int }} {{ '9223372036854775807' | int }} {{ 9.2e18 | int }}",
+     {}, CHAT, None),
+    ("int of infinity", "{{ 'inf' | int }}", {}, CHAT, "cannot convert float infinity to integer"),
+    ("select, reject and map of a false value give nothing",
+     "{% for c in n | selectattr('type', 'equalto', 'image') %}x{% endfor %}[{{ n | map(attribute='text') | join }}]"
+     "{{ '' | select | list }} {{ [] | reject('odd') | list }} {{ n | map('no_such_filter') | list }} "
+     "{{ 0 | rejectattr('x') | list }} {{ n | select('no_such_test') | list }}", V, CHAT, None),
+    ("str.format", "{{ '{} and {}'.format(1, 'a') }} {{ '{0}{1}{0}'.format('a', 'b') }} "
+     "{{ '{x}-{y}'.format(x=1, y=[1, 'a']) }} {{ '{{}}{}'.format(2.0) }} {{ '{} {}'.format(none, true) }} "
+     "{{ ('<{}>' | safe).format('<') }} {{ ('{}' | safe).format('<' | safe) }}", {}, CHAT, None),
+    ("str.format with a missing argument", "{{ '{}{}'.format(1) }}", {}, CHAT, "out of range"),
+    ("str.format mixing field numbering", "{{ '{}{0}'.format(1) }}", {}, CHAT,
+     "cannot switch from manual field specification to automatic field numbering"),
+    ("indent of an undefined value", "{{ d.zz | indent(4) }}", V, CHAT, "'dict object' has no attribute 'zz'"),
+    ("indent of none", "{{ n | indent }}", V, CHAT, "unsupported operand type(s) for +=: 'NoneType' and 'str'"),
+    ("str.replace takes no keyword arguments", "{{ s.replace('l', 'L', count=1) }}", V, CHAT,
+     "takes no keyword arguments"),
     ("raise_exception", "before {{ raise_exception('custom failure: ' ~ i) }} after", V, CHAT, "custom failure: 7"),
     ("undefined attribute of undefined", "{{ missing.attr }}", {}, CHAT, "'missing' is undefined"),
     ("attribute of a missing key", "{{ d.zz.yy }}", V, CHAT, "has no attribute 'zz'"),

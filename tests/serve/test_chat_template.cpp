@@ -188,6 +188,31 @@ TEST(Jinja, CallerKeptPastItsCallBlockIsAnError) {
             std::string::npos);
 }
 
+// jinja2's ints have no bound; loom's stop at 64 bits, with an error rather
+// than a wrong number.
+TEST(Jinja, IntFilterPast64BitsIsAnErrorNotZero) {
+  for (const char* source : {"{{ '99999999999999999999' | int }}", "{{ '-9223372036854775809' | int }}",
+                             "{{ 1e22 | int }}", "{{ '1e22' | int }}", "{{ -9.3e18 | int }}"}) {
+    SCOPED_TRACE(source);
+    EXPECT_NE(error_of(source).find("past loom's 64-bit integers"), std::string::npos) << error_of(source);
+  }
+}
+
+// transformers formats a naive datetime.now(): %z and %Z are empty.
+TEST(Jinja, StrftimeNowHasNoTimeZone) {
+  const Options at{.now_unix = 1752148800};  // 2025-07-10 12:00:00 UTC
+  EXPECT_EQ(Template::parse("{{ strftime_now('%H:%M%z%Z|%%z|%%%Z|%f') }}", at).render(json::object()),
+            "12:00|%z|%|000000");
+}
+
+// A str method loom lacks is named as such, whatever its arguments.
+TEST(Jinja, MissingStrMethodsAreNamed) {
+  EXPECT_NE(error_of("{{ 'abc'.find('c') }}").find("no str method 'find'"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'abc'.zfill(5) }}").find("no str method 'zfill'"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'a b'.rsplit(' ', maxsplit=1) }}").find("no str method 'rsplit'"), std::string::npos);
+  EXPECT_NE(error_of("{{ '{:>4}'.format(1) }}").find("fields other than"), std::string::npos);
+}
+
 TEST(Jinja, RunawayTemplatesStopWithAnError) {
   EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
                 .find("more than 1000000 loop iterations"),

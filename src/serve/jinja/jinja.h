@@ -21,10 +21,13 @@
 //
 // Not supported, each refused with an error: raw/with/autoescape blocks,
 // include/import/extends, tuples printed or passed outside a set, `%`
-// string formatting, integers past 64 bits, dict keys that are not strings.
+// string formatting and str.format fields other than {}, {0} and {name},
+// integers past 64 bits, dict keys that are not strings.
 // Differences that give other output: tuples print as lists; range() is a
 // list; select/map/... give lists where jinja2 gives generators; a call
-// block's caller kept and called after the block is an error.
+// block's caller kept and called after the block is an error; a macro kept
+// and called after the scope that defined it ended no longer sees that
+// scope's variables.
 //
 // Limits, each an error: nesting past 256 levels (blocks, brackets,
 // expressions, macro calls), data past 512 levels, 1M loop iterations per

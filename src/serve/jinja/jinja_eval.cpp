@@ -24,7 +24,7 @@ void Args::check(std::string_view callee, std::initializer_list<std::string_view
 
 Renderer::Renderer(const json& variables, const Options& options)
     : variables_(Value::from(std::shared_ptr<const json>(&variables, [](const json*) {}))), options_(options) {
-  frames_.emplace_back();
+  push_frame();
 }
 
 Renderer::~Renderer() {
@@ -58,15 +58,17 @@ Renderer::Flow Renderer::exec_stmt(const Stmt& s, std::string& out) {
       case StmtKind::Break: return Flow::Break;
       case StmtKind::Continue: return Flow::Continue;
       case StmtKind::Macro: {
-        Value& macro = frames_.back()[s.text];
+        auto closure = std::make_shared<Closure>(Closure{{frames_.begin(), frames_.end() - 1}, frames_.back()});
+        Value& macro = (*frames_.back())[s.text];
         macro = Value::function(s.text);
         macro.macro = &s;
+        macro.closure = std::move(closure);
         break;
       }
       case StmtKind::CallBlock: exec_call_block(s, out); break;
       case StmtKind::FilterBlock: exec_filter_block(s, out); break;
       case StmtKind::Block:
-        frames_.emplace_back();
+        push_frame();
         exec(s.bodies[0], out);
         frames_.pop_back();
         break;
@@ -86,8 +88,8 @@ Renderer::Flow Renderer::exec_for(const Stmt& s, std::string& out) {
     std::vector<Value> kept;
     for (Value& item : items) {
       count();
-      frames_.emplace_back();
-      bind(frames_.back(), s.targets, item);
+      push_frame();
+      bind(*frames_.back(), s.targets, item);
       const bool keep = truthy(eval(*s.exprs[1]));
       frames_.pop_back();
       if (keep) kept.push_back(std::move(item));
@@ -95,7 +97,7 @@ Renderer::Flow Renderer::exec_for(const Stmt& s, std::string& out) {
     items = std::move(kept);
   }
   if (items.empty()) {
-    frames_.emplace_back();
+    push_frame();
     exec(s.bodies[1], out);
     frames_.pop_back();
     return Flow::Normal;
@@ -103,9 +105,9 @@ Renderer::Flow Renderer::exec_for(const Stmt& s, std::string& out) {
   const auto shared = std::make_shared<const std::vector<Value>>(std::move(items));
   for (size_t i = 0; i < shared->size(); ++i) {
     count();
-    frames_.emplace_back();
-    bind(frames_.back(), s.targets, (*shared)[i]);
-    Value& loop = frames_.back()["loop"];
+    push_frame();
+    bind(*frames_.back(), s.targets, (*shared)[i]);
+    Value& loop = (*frames_.back())["loop"];
     loop.kind = Value::Kind::Object;
     loop.object = std::make_shared<Object>(Object{Object::Type::Loop, {}, shared, i});
     const Flow flow = exec(s.bodies[0], out);
@@ -133,7 +135,7 @@ void Renderer::exec_set(const Stmt& s, std::string& out) {
   Value value;
   if (s.kind == StmtKind::SetBlock) {
     std::string captured;
-    frames_.emplace_back();
+    push_frame();
     exec(s.bodies[0], captured);
     frames_.pop_back();
     value = Value::of(std::move(captured));
@@ -141,7 +143,7 @@ void Renderer::exec_set(const Stmt& s, std::string& out) {
     value = eval(*s.exprs[0]);
   }
   if (s.targets.size() == 1 || (s.flags & Stmt::kUnpack) != 0) {
-    bind(frames_.back(), s.targets, value);
+    bind(*frames_.back(), s.targets, value);
     return;
   }
   const Value ns = lookup(s.targets[0]);
@@ -152,8 +154,8 @@ void Renderer::exec_set(const Stmt& s, std::string& out) {
 
 Value Renderer::lookup(const std::string& name) const {
   for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
-    const auto found = it->find(name);
-    if (found != it->end()) return found->second;
+    const auto found = (*it)->find(name);
+    if (found != (*it)->end()) return found->second;
   }
   const auto var = variables_.j().find(name);
   if (var != variables_.j().end()) return Value::alias(variables_, *var);
@@ -256,14 +258,9 @@ Value Renderer::eval_call(const Expr& e) {
   const Expr& callee = *e.args[0];
   if (callee.kind == ExprKind::Attr) {  // a method: 'a'.strip(), d.items(), loop.cycle(...)
     const Value object = eval(*callee.args[0]);
-    if (object.is_undefined()) object.fail_undefined();
     // ...or a function or macro kept in a namespace or a dict: ns.render(x)
-    const bool holder = object.kind == Value::Kind::Object ? object.object->type == Object::Type::Namespace
-                                                           : object.is_data() && object.j().is_object();
-    if (holder) {
-      const Value held = get_attr(object, callee.name);
-      if (held.kind == Value::Kind::Function) return call_value(held, e);
-    }
+    const Value held = get_attr(object, callee.name);
+    if (held.kind == Value::Kind::Function) return call_value(held, e);
     return call_method(object, callee.name, eval_args(e));
   }
   return call_value(eval(callee), e);
@@ -271,6 +268,11 @@ Value Renderer::eval_call(const Expr& e) {
 
 Value Renderer::call_value(const Value& f, const Expr& e) {
   if (f.kind == Value::Kind::Function && f.macro != nullptr) return call_macro(f, eval_args(e), nullptr);
+  if (f.is_method()) {
+    Value self = Value::from(f.data);
+    self.safe = f.safe;
+    return call_method(self, f.name, eval_args(e));
+  }
   if (f.kind == Value::Kind::Function) {
     Value result = call_global(f.name, eval_args(e), options_.now_unix);
     if (result.kind == Value::Kind::Object) namespaces_.push_back(result.object);
@@ -331,9 +333,9 @@ void Renderer::exec_call_block(const Stmt& s, std::string& out) {
 
 void Renderer::exec_filter_block(const Stmt& s, std::string& out) {
   std::string captured;
-  frames_.emplace_back();
+  push_frame();
   exec(s.bodies[0], captured);
-  frames_.back()[std::string(kBlockText)] = Value::of(std::move(captured));
+  (*frames_.back())[std::string(kBlockText)] = Value::of(std::move(captured));
   out += to_str(eval(*s.exprs[0]));
   frames_.pop_back();
 }
@@ -342,16 +344,18 @@ Value Renderer::call_macro(const Value& macro, const Args& args, const Value* ca
   if (outer_.size() >= static_cast<size_t>(kMaxDepth))
     eval_fail("macros call each other more than ", kMaxDepth, " levels deep");
   const Stmt& m = *macro.macro;
-  // A macro sees the template's top level; caller() its call block's scope.
-  std::vector<Frame> scope;
+  // A macro sees the scopes it was defined in; caller() its call block's.
+  std::vector<std::shared_ptr<Frame>> scope;
   if (m.kind == StmtKind::CallBlock) {
     // Its call block's scope is on outer_ while the macro it called runs.
     if (macro.scope == 0 || macro.scope > outer_.size()) eval_fail("caller() called outside its call block");
     scope = outer_[macro.scope - 1];
   } else {
-    scope.push_back(frames_.front());
+    LOOM_CHECK(macro.closure != nullptr, "a macro without its closure", m.text);
+    scope = macro.closure->outer;
+    if (std::shared_ptr<Frame> own = macro.closure->own.lock()) scope.push_back(std::move(own));
   }
-  scope.emplace_back();
+  scope.push_back(std::make_shared<Frame>());
   outer_.push_back(std::move(frames_));
   frames_ = std::move(scope);
   std::string out;
@@ -374,7 +378,7 @@ Value Renderer::call_macro(const Value& macro, const Args& args, const Value* ca
 void Renderer::bind_params(const Stmt& m, const Args& args, const Value* caller) {
   const bool is_caller = m.kind == StmtKind::CallBlock;
   const std::string what = is_caller ? std::string("caller") : concat("macro '", m.text, "'");
-  Frame& frame = frames_.back();
+  Frame& frame = *frames_.back();
   const size_t n = m.targets.size();
   if (args.positional.size() > n && (m.flags & Stmt::kVarargs) == 0)
     eval_fail(what, " takes not more than ", n, " argument(s)");

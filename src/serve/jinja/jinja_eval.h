@@ -33,6 +33,17 @@ struct Args {
   void check(std::string_view callee, std::initializer_list<std::string_view> names) const;
 };
 
+using Frame = std::unordered_map<std::string, Value>;
+
+// The scopes a {% macro %} was defined in, which it sees by reference when
+// called, as jinja2's macros (nested Python functions) see their enclosing
+// variables. The frame holding the macro is weak (it would hold itself): a
+// macro kept past that frame's end sees the others only.
+struct Closure {
+  std::vector<std::shared_ptr<Frame>> outer;
+  std::weak_ptr<Frame> own;
+};
+
 class Renderer {
  public:
   Renderer(const json& variables, const Options& options);
@@ -44,8 +55,8 @@ class Renderer {
 
  private:
   enum class Flow : uint8_t { Normal, Break, Continue };
-  using Frame = std::unordered_map<std::string, Value>;
 
+  void push_frame() { frames_.push_back(std::make_shared<Frame>()); }
   Flow exec(const Body& body, std::string& out);
   Flow exec_stmt(const Stmt& s, std::string& out);
   Flow exec_for(const Stmt& s, std::string& out);
@@ -53,7 +64,7 @@ class Renderer {
   void exec_call_block(const Stmt& s, std::string& out);
   void exec_filter_block(const Stmt& s, std::string& out);
   // Runs a macro (or a call block's caller) with args, in its own scope: the
-  // template's top level for a macro, the call block's for caller.
+  // macro's Closure for a macro, the call block's for caller.
   Value call_macro(const Value& macro, const Args& args, const Value* caller);
   void bind_params(const Stmt& m, const Args& args, const Value* caller);
   void bind(Frame& frame, const std::vector<std::string>& targets, const Value& item);
@@ -68,10 +79,11 @@ class Renderer {
   CallableTable callables_;
   Value variables_;
   Options options_;
-  std::vector<Frame> frames_;
+  // Frames are shared: a macro's Closure holds those it was defined in.
+  std::vector<std::shared_ptr<Frame>> frames_;
   // The scopes macro calls left, innermost last: caller() runs in the one
   // its call block was in (Value::scope, 1-based).
-  std::vector<std::vector<Frame>> outer_;
+  std::vector<std::vector<std::shared_ptr<Frame>>> outer_;
   uint64_t iterations_ = 0;
   // Every namespace() made: `{% set ns.self = ns %}` is a reference cycle,
   // broken when the render ends.

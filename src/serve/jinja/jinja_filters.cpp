@@ -7,9 +7,11 @@
 // transformers' (a plain str).
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "serve/jinja/jinja_eval.h"
 #include "serve/jinja/jinja_text.h"
@@ -120,17 +122,39 @@ Value f_string(const Value& v, const Args& a) {
   return v.same_safety(to_str(v));
 }
 
-// Python's float(s) for a str: surrounding whitespace, '_' between digits,
-// inf and nan.
-bool parse_float(std::string s, double& out) {
+// s as Python's int() and float() read it: surrounding whitespace dropped,
+// '_' only between digits (then removed); false if misplaced.
+bool clean_number(std::string s, std::string& clean) {
   s = text::strip(s, nullptr, true, true);
-  std::string clean;
   for (size_t i = 0; i < s.size(); ++i) {
     const bool between = i > 0 && i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i - 1])) &&
                          std::isdigit(static_cast<unsigned char>(s[i + 1]));
     if (s[i] == '_' && !between) return false;
     if (s[i] != '_') clean += s[i];
   }
+  return true;
+}
+
+// Python's int(s) for a str in base 10, exactly; nothing if s is not an
+// integer; EvalError past 64 bits (Python's ints have no bound).
+std::optional<int64_t> parse_int(const std::string& s) {
+  std::string clean;
+  if (!clean_number(s, clean)) return std::nullopt;
+  const size_t body = !clean.empty() && (clean[0] == '+' || clean[0] == '-') ? 1 : 0;
+  if (clean.size() == body || clean.find_first_not_of("0123456789", body) != std::string::npos) return std::nullopt;
+  const char* first = clean.data() + (clean[0] == '+' ? 1 : 0);
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(first, clean.data() + clean.size(), n);
+  if (ec == std::errc::result_out_of_range) eval_fail("integer ", clean, " is past loom's 64-bit integers");
+  if (ec != std::errc() || end != clean.data() + clean.size()) return std::nullopt;
+  return n;
+}
+
+// Python's float(s) for a str: surrounding whitespace, '_' between digits,
+// inf and nan.
+bool parse_float(const std::string& s, double& out) {
+  std::string clean;
+  if (!clean_number(s, clean)) return false;
   const std::string lower = text::lower(clean);
   const size_t body = !lower.empty() && (lower[0] == '+' || lower[0] == '-') ? 1 : 0;
   const std::string word = lower.substr(body);
@@ -159,10 +183,17 @@ Value f_int(const Value& v, const Args& a) {
   double x = 0.0;
   if (j.is_number_float()) {
     x = j.get<double>();
-  } else if (!j.is_string() || !parse_float(j.get_ref<const std::string&>(), x)) {
+  } else if (!j.is_string()) {
+    return result;
+  } else if (const std::optional<int64_t> n = parse_int(j.get_ref<const std::string&>())) {
+    return Value::of(*n);
+  } else if (!parse_float(j.get_ref<const std::string&>(), x)) {
     return result;
   }
-  if (!std::isfinite(x) || std::fabs(x) >= 9.2e18) return result;
+  // int(float(s)): nan is a ValueError (the default), inf an OverflowError.
+  if (std::isnan(x)) return result;
+  if (std::isinf(x)) eval_fail("cannot convert float infinity to integer");
+  if (x >= 0x1p63 || x < -0x1p63) eval_fail("int(", float_repr(x), ") is past loom's 64-bit integers");
   return Value::of(static_cast<int64_t>(x));
 }
 
@@ -225,9 +256,12 @@ Value f_tojson(const Value& v, const Args& a) {
 
 // jinja2's indent(s, width=4, first=False, blank=False): a newline appended,
 // then the lines (splitlines) after the first indented, empty ones too only
-// with blank.
+// with blank. s must be a str: jinja2's `s += newline` fails for the rest.
 Value f_indent(const Value& v, const Args& a) {
   a.check("indent", {"width", "first", "blank"});
+  if (v.is_undefined()) v.fail_undefined();
+  if (v.is_data() && v.j().is_array()) eval_fail("'list' object has no attribute 'splitlines'");
+  if (!v.is_string()) eval_fail("unsupported operand type(s) for +=: '", type_name(v), "' and 'str'");
   const Value* width = a.get(0, "width");
   const Value* first = a.get(1, "first");
   const Value* blank = a.get(2, "blank");
@@ -240,7 +274,7 @@ Value f_indent(const Value& v, const Args& a) {
     if (n > 1024) eval_fail("indent(): width ", n, " is over loom's limit of 1024");
     pad.assign(static_cast<size_t>(std::max<int64_t>(0, n)), ' ');
   }
-  std::string subject = to_str(v);
+  std::string subject = v.str();
   subject += '\n';
   const std::vector<std::string> lines = text::splitlines(subject);
   std::string out;
@@ -305,7 +339,10 @@ Value f_items(const Value& v, const Args& a) {
 }
 
 // select / reject (attr false) and selectattr / rejectattr (attr true).
+// Like map, nothing for a false value (none, '', []): jinja2 checks
+// `if value:` before it reads the arguments.
 Value select_items(const Value& v, const Args& a, bool attr, bool keep) {
+  if (!truthy(v)) return generator_of({});
   if (!a.named.empty()) eval_fail("select filters take no keyword arguments in loom's jinja");
   const size_t test_at = attr ? 1 : 0;
   if (attr && a.positional.empty()) eval_fail("selectattr(): the attribute is missing");
@@ -331,6 +368,7 @@ Value f_selectattr(const Value& v, const Args& a) { return select_items(v, a, tr
 Value f_rejectattr(const Value& v, const Args& a) { return select_items(v, a, true, false); }
 
 Value f_map(const Value& v, const Args& a) {
+  if (!truthy(v)) return generator_of({});
   const Value* attribute = a.get(std::numeric_limits<size_t>::max(), "attribute");
   std::vector<Value> out;
   if (attribute != nullptr) {

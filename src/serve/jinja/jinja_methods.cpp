@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <iterator>
 
 #include "serve/jinja/jinja_eval.h"
 #include "serve/jinja/jinja_text.h"
@@ -65,9 +66,65 @@ Args escaped(const Value& subject, const Args& a) {
   return out;
 }
 
+// The argument one replacement field of str.format names: {} or {0} (a
+// positional one), {name} (a keyword one). auto_next counts {} fields; -1
+// once {0} is seen.
+const Value& format_field(const std::string& field, const Args& a, int64_t& auto_next) {
+  if (field.find_first_of(":!.[{") != std::string::npos)
+    eval_fail("loom's jinja takes no str.format fields other than {}, {0} and {name}: {", field, "}");
+  const bool number = !field.empty() && field.size() < 10 && field.find_first_not_of("0123456789") == std::string::npos;
+  if (!field.empty() && !number) {
+    for (const auto& [key, value] : a.named)
+      if (key == field) return value;
+    eval_fail("format(): no argument named '", field, "'");
+  }
+  if (field.empty() ? auto_next < 0 : auto_next > 0)  // one message both ways, as string.Formatter's
+    eval_fail("cannot switch from manual field specification to automatic field numbering");
+  const size_t index = field.empty() ? static_cast<size_t>(auto_next++) : std::stoul(field);
+  if (!field.empty()) auto_next = -1;
+  if (index >= a.positional.size()) eval_fail("format(): replacement index ", index, " out of range");
+  return a.positional[index];
+}
+
+// Python's str.format with plain fields (format_field) and {{ }} escapes.
+// Markup's escapes what it inserts (escaped() did the str arguments).
+Value str_format(const Value& subject, const Args& a) {
+  const std::string& s = subject.str();
+  std::string out;
+  int64_t auto_next = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool doubled = i + 1 < s.size() && s[i + 1] == s[i];
+    if ((s[i] == '{' || s[i] == '}') && doubled) {
+      out += s[i++];
+      continue;
+    }
+    if (s[i] == '}') eval_fail("Single '}' encountered in format string");
+    if (s[i] != '{') {
+      out += s[i];
+      continue;
+    }
+    const size_t close = s.find('}', i + 1);
+    if (close == std::string::npos) eval_fail("Single '{' encountered in format string");
+    const std::string field = s.substr(i + 1, close - i - 1);
+    const Value& arg = format_field(field, a, auto_next);
+    out += subject.safe && !arg.safe ? text::html_escape(to_str(arg)) : to_str(arg);
+    if (out.size() > kMaxSize) eval_fail("format(): the result is over ", kMaxSize, " bytes");
+    i = close;
+  }
+  return subject.same_safety(std::move(out));
+}
+
 Value string_method(const Value& subject, const std::string& name, const Args& args) {
   const std::string& s = subject.str();
+  static constexpr std::string_view kMethods[] = {"strip", "lstrip", "rstrip", "startswith", "endswith",
+                                                  "split", "replace", "join", "upper", "lower",
+                                                  "title", "capitalize", "format"};
+  if (std::find(std::begin(kMethods), std::end(kMethods), name) == std::end(kMethods))
+    eval_fail("loom's jinja has no str method '", name, "'");
   const Args a = escaped(subject, args);
+  if (name == "format") return str_format(subject, a);
+  // Of these, only split takes keyword arguments in Python.
+  if (name != "split" && !a.named.empty()) eval_fail("str.", name, "() takes no keyword arguments");
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     a.check(name, {"chars"});
     return subject.same_safety(text::strip(s, optional_str(a, 0, "chars", name), name != "rstrip", name != "lstrip"));
@@ -110,8 +167,7 @@ Value string_method(const Value& subject, const std::string& name, const Args& a
   if (name == "upper") return subject.same_safety(text::upper(s));
   if (name == "lower") return subject.same_safety(text::lower(s));
   if (name == "title") return subject.same_safety(text::str_title(s));
-  if (name == "capitalize") return subject.same_safety(text::capitalize(s));
-  eval_fail("loom's jinja has no str method '", name, "'");
+  return subject.same_safety(text::capitalize(s));
 }
 
 Value dict_method(const Value& subject, const std::string& name, const Args& a) {
@@ -203,7 +259,8 @@ Value make_namespace(const Args& a) {
 }  // namespace
 
 // transformers' strftime_now(format): datetime.now().strftime(format), in the
-// C locale; now_unix >= 0 fixes the time (read as UTC).
+// C locale; now_unix >= 0 fixes the time (read as UTC). The datetime is
+// naive, so %z and %Z give "".
 Value strftime_now(const Args& a, int64_t now_unix) {
   a.check("strftime_now", {"format"});
   const Value* format = a.get(0, "format");
@@ -217,8 +274,16 @@ Value strftime_now(const Args& a, int64_t now_unix) {
   std::string spec = format->str();  // datetime's %f (microseconds), which C's strftime lacks
   char micro_digits[8];
   std::snprintf(micro_digits, sizeof micro_digits, "%06d", now_unix >= 0 ? 0 : static_cast<int>(micros));
-  for (size_t at = 0; (at = spec.find('%', at)) != std::string::npos; at += 2) {
-    if (at + 1 < spec.size() && spec[at + 1] == 'f') spec.replace(at, 2, micro_digits), at += 4;
+  for (size_t at = 0; (at = spec.find('%', at)) != std::string::npos;) {
+    const char directive = at + 1 < spec.size() ? spec[at + 1] : '\0';
+    if (directive == 'z' || directive == 'Z') {
+      spec.erase(at, 2);  // datetime.now() is naive: no UTC offset, no zone name
+    } else if (directive == 'f') {
+      spec.replace(at, 2, micro_digits);
+      at += 6;
+    } else {
+      at += 2;
+    }
   }
   if (spec.size() > 4096 || spec.find('\0') != std::string::npos) eval_fail("strftime_now(): bad format");
   std::string out(spec.size() * 16 + 64, '\0');

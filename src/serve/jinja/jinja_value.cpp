@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <random>
 
@@ -60,6 +61,13 @@ Value Value::function(std::string function_name) {
   Value v;
   v.kind = Kind::Function;
   v.name = std::move(function_name);
+  return v;
+}
+
+Value Value::method(const Value& self, std::string method_name) {
+  Value v = function(std::move(method_name));
+  v.data = self.data;
+  v.safe = self.safe;
   return v;
 }
 
@@ -159,7 +167,8 @@ std::string type_name(const Value& v) {
     case Value::Kind::Undefined: return "Undefined";
     case Value::Kind::Data: return json_type_name(v.j());
     case Value::Kind::Object: return v.object->type == Object::Type::Loop ? "LoopContext" : "Namespace";
-    case Value::Kind::Function: return v.macro != nullptr ? "Macro" : "function";
+    case Value::Kind::Function:
+      return v.macro != nullptr ? "Macro" : v.is_method() ? "builtin_function_or_method" : "function";
   }
   return "object";
 }
@@ -278,6 +287,7 @@ std::string repr_at(const Value& v, int depth) {
     case Value::Kind::Undefined: return "Undefined";
     case Value::Kind::Data: return repr(v.j());
     case Value::Kind::Function:
+      if (v.is_method()) return concat("<built-in method ", v.name, " of ", type_name(Value::from(v.data)), " object>");
       return v.macro != nullptr ? concat("<Macro '", v.name, "'>") : concat("<function ", v.name, ">");
     case Value::Kind::Object: break;
   }
@@ -310,7 +320,7 @@ bool equal(const Value& a, const Value& b) {
     case Value::Kind::Undefined: return true;
     case Value::Kind::Data: return json_equal(a.j(), b.j());
     case Value::Kind::Object: return a.object == b.object;
-    case Value::Kind::Function: return a.name == b.name;
+    case Value::Kind::Function: return a.name == b.name && a.data == b.data;  // a method: of the same object
   }
   return false;
 }
@@ -387,21 +397,62 @@ Value loop_attr(const Object& loop, std::string_view attr) {
   return Value::undefined(concat("'LoopContext object' has no attribute '", attr, "'"));
 }
 
-Value get_attr(const Value& v, std::string_view attr) {
-  if (v.is_undefined()) v.fail_undefined();
-  if (v.kind == Value::Kind::Object && v.object->type == Object::Type::Loop) return loop_attr(*v.object, attr);
+namespace {
+
+// Python's methods of str and of dict, less those the immutable sandbox
+// hides (kDictMutators).
+constexpr std::string_view kStrMethods[] = {
+    "capitalize", "casefold", "center", "count", "encode", "endswith", "expandtabs", "find", "format",
+    "format_map", "index", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit", "isidentifier", "islower",
+    "isnumeric", "isprintable", "isspace", "istitle", "isupper", "join", "ljust", "lower", "lstrip", "maketrans",
+    "partition", "removeprefix", "removesuffix", "replace", "rfind", "rindex", "rjust", "rpartition", "rsplit",
+    "rstrip", "split", "splitlines", "startswith", "strip", "swapcase", "title", "translate", "upper", "zfill"};
+constexpr std::string_view kDictMethods[] = {"copy", "fromkeys", "get", "items", "keys", "values"};
+constexpr std::string_view kDictMutators[] = {"clear", "pop", "popitem", "setdefault", "update"};
+
+template <size_t N>
+bool listed(const std::string_view (&names)[N], std::string_view name) {
+  return std::find(std::begin(names), std::end(names), name) != std::end(names);
+}
+
+// getattr(v, attr) in jinja2's ImmutableSandboxedEnvironment for a str or
+// dict: a bound method, or undefined for a method that changes the dict;
+// nothing where Python has no such attribute.
+std::optional<Value> python_attr(const Value& v, std::string_view attr) {
+  if (!v.is_data() || !(v.j().is_string() || v.j().is_object())) return std::nullopt;
+  if (v.j().is_string() ? listed(kStrMethods, attr) : listed(kDictMethods, attr))
+    return Value::method(v, std::string(attr));
+  if (v.j().is_object() && listed(kDictMutators, attr))
+    return Value::undefined(concat("access to attribute '", attr, "' of 'dict' object is unsafe."));
+  return std::nullopt;
+}
+
+// v[key] for a dict, a namespace or the loop: the key, or the attribute.
+Value get_key(const Value& v, std::string_view key, bool attribute_first) {
+  if (attribute_first)
+    if (std::optional<Value> attr = python_attr(v, key)) return *attr;
+  if (v.kind == Value::Kind::Object && v.object->type == Object::Type::Loop) return loop_attr(*v.object, key);
   if (v.kind == Value::Kind::Object) {
-    if (const Value* found = v.object->find(attr)) return *found;
+    if (const Value* found = v.object->find(key)) return *found;
   } else if (v.is_data() && v.j().is_object()) {
-    const auto it = v.j().find(attr);
+    const auto it = v.j().find(key);
     if (it != v.j().end()) return Value::alias(v, *it);
   }
-  return Value::undefined(concat("'", object_type_repr(v), "' has no attribute '", attr, "'"));
+  if (!attribute_first)
+    if (std::optional<Value> attr = python_attr(v, key)) return *attr;
+  return Value::undefined(concat("'", object_type_repr(v), "' has no attribute '", key, "'"));
+}
+
+}  // namespace
+
+Value get_attr(const Value& v, std::string_view attr) {
+  if (v.is_undefined()) v.fail_undefined();
+  return get_key(v, attr, true);
 }
 
 Value get_item(const Value& v, const Value& key) {
   if (v.is_undefined()) v.fail_undefined();
-  if (key.is_string()) return get_attr(v, key.str());
+  if (key.is_string()) return get_key(v, key.str(), false);
   if (v.is_data() && key.is_data() && is_int(key.j()) && (v.j().is_array() || v.j().is_string())) {
     const int64_t n = length(v);
     int64_t i = as_int(key.j());

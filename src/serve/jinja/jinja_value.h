@@ -40,6 +40,7 @@ template <typename... Args>
   throw EvalError(concat(std::forward<Args>(args)...));
 }
 
+struct Closure;
 struct Object;
 struct Stmt;
 
@@ -49,9 +50,13 @@ struct Value {
   std::shared_ptr<const json> data;  // Data
   std::shared_ptr<Object> object;    // Object
   std::string name;                  // Undefined: the error using it gives; Function: its name
-  // A macro (a Function): its {% macro %}, or the {% call %} block whose
-  // body `caller` runs, and then the scope it runs in (Renderer's).
+  // A Function with data is a bound method of that str or dict (d.items,
+  // 'x'.upper): what jinja2's getattr finds before a dict's keys.
+  // A macro (a Function): its {% macro %} and the scopes it sees, or the
+  // {% call %} block whose body `caller` runs and the scope it runs in
+  // (Renderer's).
   const Stmt* macro = nullptr;
+  std::shared_ptr<const Closure> closure;
   size_t scope = 0;
   // A str that is jinja2's Markup (from tojson, safe, escape): `+` with a
   // plain str HTML-escapes the plain one, as markupsafe does.
@@ -75,6 +80,8 @@ struct Value {
   static Value alias(const Value& parent, const json& element);
   static Value undefined(std::string why);
   static Value function(std::string function_name);
+  static Value method(const Value& self, std::string method_name);
+  bool is_method() const { return kind == Kind::Function && data != nullptr; }
 
   bool is_undefined() const { return kind == Kind::Undefined; }
   bool is_data() const { return kind == Kind::Data; }
@@ -175,8 +182,10 @@ size_t data_depth(const Json& root) {
 std::vector<Value> iterate(const Value& v);
 int64_t length(const Value& v);  // len(v); undefined gives 0
 
-// v.attr and v[key] as jinja2 resolves them: a missing key, attribute or
-// index gives undefined; anything of undefined is an error.
+// v.attr and v[key] as jinja2's sandbox resolves them: v.attr is a str's or
+// dict's Python method before a dict's key, v['key'] the key first; a
+// missing key, attribute or index gives undefined; anything of undefined is
+// an error.
 Value get_attr(const Value& v, std::string_view attr);
 Value get_item(const Value& v, const Value& key);
 
