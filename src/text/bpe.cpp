@@ -124,6 +124,19 @@ std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+std::vector<int32_t> Gpt2Tokenizer::encode_special(std::string_view text) const {
+  static constexpr std::string_view kEot = "<|endoftext|>";
+  std::vector<int32_t> ids;
+  for (size_t pos = 0;;) {
+    const size_t at = text.find(kEot, pos);
+    const std::vector<int32_t> piece = encode(text.substr(pos, at == std::string_view::npos ? at : at - pos));
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    if (at == std::string_view::npos) return ids;
+    ids.push_back(eot_id_);
+    pos = at + kEot.size();
+  }
+}
+
 std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
   std::string text;
   for (const int32_t id : ids) {

@@ -35,6 +35,9 @@ class Gpt2Tokenizer : public Tokenizer {
   // "<|endoftext|>" in the text is ordinary text, as in encoder.py; append
   // eot_id() to mark a document end.
   std::vector<int32_t> encode(std::string_view text) const override;
+  // A prompt's text: "<|endoftext|>" written in it is eot_id() (llama.cpp's
+  // parse_special, transformers' GPT-2 tokenizer), the rest as encode().
+  std::vector<int32_t> encode_special(std::string_view text) const override;
   // Throws loom::Error for an id outside [0, vocab_size()).
   std::string decode(std::span<const int32_t> ids) const override;
   // The bytes token id stands for (loom::Error outside the vocabulary).

@@ -80,6 +80,9 @@ class SentencePieceTokenizer : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, const SpmEncodeOptions& options) const;
   std::vector<int32_t> encode(std::string_view text) const override { return encode(text, SpmEncodeOptions{}); }
+  std::vector<int32_t> encode_special(std::string_view text) const override {
+    return encode(text, SpmEncodeOptions{.parse_special = true});
+  }
   // Throws loom::Error for an id outside [0, vocab_size()).
   std::string decode(std::span<const int32_t> ids) const override;
   // The piece with ▁ as a space, a byte token's byte, nothing for a control

@@ -27,9 +27,18 @@ class Tokenizer {
   virtual std::string_view kind() const = 0;
   // text -> ids, no BOS or EOS added.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
-  // A prompt's ids: encode, with bos_id() first when add_bos() (Llama's
-  // tokenizers; GPT-2's adds nothing).
+  // text -> ids where control tokens written out in the text ("<s>",
+  // "[INST]", "<|endoftext|>") are their ids: llama.cpp's parse_special,
+  // transformers' split on added tokens; what a prompt or a rendered chat
+  // template needs. Kinds whose encode() already does so keep it.
+  virtual std::vector<int32_t> encode_special(std::string_view text) const { return encode(text); }
+  // A prompt's ids: encode_special, with bos_id() first when add_bos()
+  // (Llama's tokenizers; GPT-2's adds nothing).
   std::vector<int32_t> encode_prompt(std::string_view text) const;
+  // A rendered chat template's ids: encode_prompt's, but a BOS the template
+  // wrote itself ({{ bos_token }}) is not doubled, as vLLM (which tokenizes
+  // a template's text without special tokens) and llama.cpp give it.
+  std::vector<int32_t> encode_chat(std::string_view text) const;
   // ids -> text. loom::Error for an id outside [0, vocab_size()).
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // What one generated token adds to the text streamed so far: its bytes

@@ -17,10 +17,12 @@ n=16
 rm -rf "$work"
 mkdir -p "$work"
 /usr/bin/python3 "$here/write_llama_gguf.py" "$work/foreign.gguf" "$spm_model" 1
-prompts=("The quick brown fox jumps over the lazy dog" "  two  spaces, digits 12345 and é, 漢字, 🙂" "x")
+# Control tokens written in a prompt are their ids for both (llama.cpp's parse_special, as its server does).
+prompts=("The quick brown fox jumps over the lazy dog" "  two  spaces, digits 12345 and é, 漢字, 🙂" "x"
+         "<s>The quick</s> brown<unk> fox")
 checked=0
 for p in "${prompts[@]}"; do
-  "$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/foreign.gguf" >"$work/ref.json"
+  LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/foreign.gguf" >"$work/ref.json"
   "$loom" generate --model "$work/foreign.gguf" --prompt "$p" --max-tokens "$n" --temperature 0 --json \
     2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
   /usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"

@@ -4,14 +4,16 @@
 //     the arrays of a Llama GGUF's tokenizer.ggml.tokens/scores/token_type.
 //     Each stdin line is a text's bytes in hex (so invalid UTF-8 and NULs
 //     pass intact) -> a stdout line
-//     {"ids": encode(s), "prompt": encode_prompt(s), "text": decode(ids)}.
+//     {"ids": encode(s), "prompt": BOS + encode(s), "text": decode(ids)}.
 //
 // The tokenizer is built as `loom generate --model x.gguf` builds it
 // (src/cli/model_tokenizer.cpp: spm_vocab, then from_vocab) for a GGUF that
 // carries what llama.cpp's converters write for Llama 1/2: BOS 1, EOS 2,
 // unknown 0, add_bos_token true, add_eos_token false, add_space_prefix
-// true, no remove_extra_whitespaces, no precompiled_charsmap; the prompt is
-// encoded by Tokenizer::encode_prompt, as generate's encode_prompts does.
+// true, no remove_extra_whitespaces, no precompiled_charsmap. The prompt is
+// the text with its BOS, as llama-tokenizer-js encodes it: control tokens
+// written in the text stay text there (Tokenizer::encode_prompt parses them,
+// as llama.cpp does: tests/interop/gguf_foreign.sh checks that side).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -57,7 +59,9 @@ int encode(const std::string& vocab_path) {
     const std::string text = from_hex(line);
     const std::vector<int32_t> ids = as_generate_sees_it.encode(text);
     const nlohmann::json out = {
-        {"ids", ids}, {"prompt", as_generate_sees_it.encode_prompt(text)}, {"text", tok.decode(ids)}};
+        {"ids", ids},
+        {"prompt", tok.encode(text, loom::text::SpmEncodeOptions{.add_bos = true})},
+        {"text", tok.decode(ids)}};
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
   return 0;

@@ -71,6 +71,22 @@ TEST(Gpt2Bpe, VocabularyHas50257TokensAndEndOfTextIs50256) {
   EXPECT_EQ(tokenizer()->decode(std::span(&eot, 1)), "<|endoftext|>");
 }
 
+// In a prompt "<|endoftext|>" is the token (llama.cpp's parse_special,
+// transformers' GPT-2 tokenizer); in training text it stays text (encoder.py).
+TEST(Gpt2Bpe, PromptsParseEndOfTextButEncodeKeepsItText) {
+  REQUIRE_TOKENIZER();
+  const loom::text::Tokenizer& tok = *tokenizer();
+  const std::vector<int32_t> a = tok.encode("Hello"), b = tok.encode(" world");
+  std::vector<int32_t> want = a;
+  want.push_back(50256);
+  want.insert(want.end(), b.begin(), b.end());
+  want.push_back(50256);
+  EXPECT_EQ(tok.encode_special("Hello<|endoftext|> world<|endoftext|>"), want);
+  EXPECT_EQ(tok.encode_prompt("Hello<|endoftext|> world<|endoftext|>"), want);
+  EXPECT_GT(tok.encode("<|endoftext|>").size(), 1u);
+  EXPECT_EQ(tok.encode_special(""), std::vector<int32_t>{});
+}
+
 TEST(Gpt2Bpe, IdsMatchTheReferenceTokenizer) {
   REQUIRE_TOKENIZER();
   const auto cases = nlohmann::json::parse(read_all(kRepo / "tests" / "text" / "bpe_cases.json"));

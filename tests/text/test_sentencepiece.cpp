@@ -351,6 +351,24 @@ TEST(SentencePiece, ControlTokensInTextAreTextUnlessParseSpecial) {
   EXPECT_EQ(tok.decode(tok.encode("<s>hi</s>", {.parse_special = true})), "hi");
 }
 
+// A prompt or a chat template's text as llama.cpp's server reads it: control
+// tokens written out are their ids; a chat template's own BOS is not doubled
+// (a prompt's is: llama.cpp and transformers both give two there).
+TEST(SentencePiece, PromptsAndChatTemplatesParseControlTokens) {
+  auto v = tiny_vocab({{kU}, {"h"}, {"i"}, {"<"}, {">"}, {"s"}, {"/"}, {kU + "h", 0.5}, {kU + "hi", 1}});
+  v.add_bos = true;
+  const auto spm = SentencePieceTokenizer::from_vocab(std::move(v), "tiny");
+  const loom::text::Tokenizer& tok = spm;
+  const Ids hi = tok.encode_special("hi");
+  ASSERT_EQ(hi.size(), 1u);
+  EXPECT_EQ(tok.encode_special("<s>hi</s>"), (Ids{1, hi[0], 2}));
+  EXPECT_EQ(tok.encode_prompt("hi</s>"), (Ids{1, hi[0], 2}));
+  EXPECT_EQ(tok.encode_prompt("<s>hi"), (Ids{1, 1, hi[0]}));
+  EXPECT_EQ(tok.encode_chat("<s>hi"), (Ids{1, hi[0]}));
+  EXPECT_EQ(tok.encode_chat("hi"), (Ids{1, hi[0]}));
+  EXPECT_EQ(tok.encode("<s>hi").size(), 6u);  // encode() itself keeps SentencePiece's literal reading
+}
+
 TEST(SentencePiece, DecodeReassemblesBytesAndReplacesInvalidOnes) {
   const auto tok = SentencePieceTokenizer::from_vocab(tiny_vocab({{kU + "a"}}, true), "tiny");
   const int32_t a = tok.vocab_size() - 1;

@@ -307,7 +307,7 @@ CompletionRequest OllamaFormat::parse_generate_body(ojson& openai, const LoadedM
   const std::vector<int32_t> context = context_ids(body_, served);
   if (!context.empty() && served.tokenizer != nullptr) {
     std::vector<int32_t> ids = context;
-    for (int32_t t : served.tokenizer->encode(text)) ids.push_back(t);
+    for (int32_t t : served.tokenizer->encode_special(text)) ids.push_back(t);
     openai["prompt"] = ids;
   } else {
     openai["prompt"] = text;

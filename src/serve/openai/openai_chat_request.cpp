@@ -196,7 +196,7 @@ CompletionRequest parse_chat(const json& body, const ServedModel& m, uint64_t se
   } catch (const loom::Error& e) {
     throw bad_request("messages", cat("the chat template refused the messages: ", e.what()));
   }
-  r.prompts.push_back(m.tokenizer->encode_prompt(text));
+  r.prompts.push_back(m.tokenizer->encode_chat(text));  // the template may write the BOS itself
   if (r.prompts[0].empty()) throw bad_request("messages", "the messages render to an empty prompt");
   r.reading.split_reasoning = m.thinks;
   r.reading.think_tags = m.think_tags;
