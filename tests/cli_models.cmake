@@ -83,3 +83,11 @@ add_test(NAME Cli.InitModelOutThatIsAFileSaysSo
                  $<TARGET_FILE:loom> ${LOOM_CLI_MODELS_DIR}/file_init)
 set_tests_properties(Cli.InitModelOutThatIsAFileSaysSo PROPERTIES PASS_REGULAR_EXPRESSION
   "error: init-model: --out '[^']*/m/loom_config.json' is a file: give a new directory for --out\nexit=1")
+
+# Paths of the wrong kind say so: a directory given as the Modelfile, a file
+# given as the store, a negative --logprobs (not silently "off").
+add_test(NAME Cli.WrongKindsOfPathsAndNegativeLogprobsAreErrors
+         COMMAND sh -c "rm -rf \"$1\" && mkdir -p \"$1\" && echo x > \"$1/afile\" && \"$0\" create x -f \"$1\" --models \"$1/store\" 2>&1; echo \"exit=$?\"; \"$0\" list --models \"$1/afile\" 2>&1; echo \"exit=$?\"; \"$0\" init-model --preset gpt2-tiny --set vocab_size=50257 --out \"$1/m\" > /dev/null && \"$0\" generate --model \"$1/m\" --prompt hi --logprobs -5 --tokenizer \"$2\" 2>&1; echo \"exit=$?\""
+                 $<TARGET_FILE:loom> ${LOOM_CLI_MODELS_DIR}/wrong_kinds ${LOOM_CLI_TOKENIZER})
+set_tests_properties(Cli.WrongKindsOfPathsAndNegativeLogprobsAreErrors PROPERTIES PASS_REGULAR_EXPRESSION
+  "error: create: the Modelfile '[^']*' is a directory: give the Modelfile's path \\(-f DIR/Modelfile\\)\nexit=1\n[^\n]*error: the model store '[^']*/afile' is a file: a store is a directory \\(--models DIR\\)\nexit=1\n[^\n]*error: --logprobs = -5 is invalid: allowed 0 to 20\nexit=1")

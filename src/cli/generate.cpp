@@ -5,6 +5,7 @@
 // printed when all are done, in prompt order, or as JSON Lines (--json).
 // The KV cache report goes to stderr, so stdout holds only the text.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -31,11 +32,14 @@
 namespace loom::cli {
 namespace {
 
+// --logprobs not given (a value no one can type: any negative one given is refused).
+constexpr int64_t kNoLogprobs = INT64_MIN;
+
 struct GenerateArgs {
   std::string model_dir, tokenizer;  // tokenizer: model_tokenizer()'s --tokenizer
   std::vector<std::string> prompts, stops;
   infer::GenerationParams gen{.stop = {.max_tokens = 64}};
-  int64_t logprobs = -1;  // -1: none; 0: the chosen token's; N: and the N most likely
+  int64_t logprobs = kNoLogprobs;  // kNoLogprobs: none; 0: the chosen token's; N: and the N most likely
   bool json = false;
   infer::EngineArgs engine;
 };
@@ -175,7 +179,8 @@ void check_args(const GenerateArgs& args) {
   LOOM_REQUIRE(args.gen.n >= 1, "-n = ", args.gen.n, " is invalid: allowed values are >= 1");
   args.engine.validate();
   args.gen.validate();
-  LOOM_REQUIRE(args.logprobs <= 20, "--logprobs = ", args.logprobs, " is invalid: allowed 0 to 20");
+  LOOM_REQUIRE(args.logprobs == kNoLogprobs || (args.logprobs >= 0 && args.logprobs <= 20), "--logprobs = ",
+               args.logprobs, " is invalid: allowed 0 to 20");
   (void)infer::StopStrings(args.stops);  // empty stop strings are an error
 }
 

@@ -47,6 +47,8 @@ std::string age(int64_t unix_seconds) {
 
 void run_create(const std::string& name, const std::string& file, const std::string& models) {
   const serve::ModelName n = serve::ModelName::parse(name);
+  LOOM_REQUIRE(!fs::is_directory(file), "create: the Modelfile '", file, "' is a directory: give the Modelfile's ",
+               "path (-f DIR/Modelfile)");
   std::ifstream in(file);
   LOOM_REQUIRE(in.good(), "create: cannot read the Modelfile '", file, "'");
   std::ostringstream text;

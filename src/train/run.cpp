@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +30,7 @@
 #include "kernels/op_trace.h"
 #include "model/config_json.h"
 #include "train/checkpoint_dir.h"
+#include "train/run_outputs.h"
 #include "train/trainer.h"
 
 namespace loom::train {
@@ -57,11 +60,11 @@ class Reporter {
            int64_t first_step)
       : cfg_(cfg), options_(options), flops_per_token_(flops_per_token), peak_flops_(peak_flops),
         first_step_(first_step) {
-    const std::string path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
-    if (!path.empty()) {
-      if (first_step > 0) keep_records_up_to(path, first_step);
-      metrics_.open(path, first_step > 0 ? std::ios::app : std::ios::trunc);
-      LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path, "'");
+    path_ = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
+    if (!path_.empty()) {
+      if (first_step > 0) keep_records_up_to(path_, first_step);
+      metrics_.open(path_, first_step > 0 ? std::ios::app : std::ios::trunc);
+      LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path_, "'");
     }
   }
 
@@ -141,9 +144,14 @@ class Reporter {
     std::snprintf(buf, sizeof buf, "%.*f", digits, v);
     return buf;
   }
+  // A record the disk did not take stops the run (its checkpoints keep
+  // what was trained) rather than leave a metrics file cut short unsaid.
   void write(const nlohmann::ordered_json& j) {
+    errno = 0;
     metrics_ << j.dump() << "\n";
     metrics_.flush();
+    LOOM_REQUIRE(metrics_.good(), "cannot write the metrics file '", path_, "' at step ", j.value("step", 0), ": ",
+                 errno != 0 ? std::strerror(errno) : "the write failed", " (its last record may be cut short)");
   }
 
   const RunConfig& cfg_;
@@ -151,6 +159,7 @@ class Reporter {
   double flops_per_token_;
   double peak_flops_;
   int64_t first_step_;
+  std::string path_;
   std::ofstream metrics_;
 };
 
@@ -220,42 +229,6 @@ int agree_on_stop(Trainer& t, int signal) {
   float v = static_cast<float>(signal);
   comm::all_reduce_host(world, Tensor(&v, DType::f32, {1}), comm::ReduceOp::max);
   return static_cast<int>(v);
-}
-
-// Every output location is created and written to before the first step, so
-// that a bad path fails now and not after the last step; the directories the
-// run writes into are locked for it. Every rank writes into checkpoint.dir
-// and log.trace's directory, rank 0 of the mesh the rest.
-struct RunOutputs {
-  std::string out_dir;  // where the final model goes; "" = nowhere
-  std::vector<std::unique_ptr<DirLock>> locks;
-};
-
-std::string parent_dir(const std::string& file) {
-  const std::filesystem::path p = std::filesystem::path(file).parent_path();
-  return p.empty() ? "." : p.string();
-}
-
-RunOutputs prepare_outputs(const RunConfig& cfg, const TrainOptions& options, bool lead) {
-  RunOutputs o;
-  o.out_dir = options.out_dir.empty() ? cfg.checkpoint.dir : options.out_dir;
-  const std::string& ckpt = cfg.checkpoint.dir;
-  const bool saves = !ckpt.empty() && (cfg.checkpoint.every > 0 || ckpt == o.out_dir);
-  if (lead && saves) o.locks.push_back(std::make_unique<DirLock>(ckpt, "checkpoint.dir"));
-  if (lead && !o.out_dir.empty() && o.out_dir != ckpt) o.locks.push_back(std::make_unique<DirLock>(o.out_dir, "--out"));
-  if (saves) probe_writable_dir(ckpt, "checkpoint.dir");
-  if (!cfg.log.trace.empty()) probe_writable_dir(parent_dir(cfg.log.trace), "the directory of log.trace");
-  if (!lead) return o;
-  if (!o.out_dir.empty()) probe_writable_dir(o.out_dir, options.out_dir.empty() ? "checkpoint.dir" : "--out");
-  const std::string metrics = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
-  if (!metrics.empty()) {
-    probe_writable_dir(parent_dir(metrics), "the directory of the metrics file");
-    LOOM_REQUIRE(!std::filesystem::is_directory(metrics), "the metrics file '", metrics,
-                 "' is a directory: a file path is expected");
-  }
-  LOOM_REQUIRE(cfg.log.trace.empty() || !std::filesystem::is_directory(cfg.log.trace), "log.trace '",
-               cfg.log.trace, "' is a directory: a file path is expected");
-  return o;
 }
 
 std::string describe_bad_step(const StepStats& s) {
@@ -365,6 +338,19 @@ void print_plan_check(Trainer& trainer, Pools& pools, const MemoryReport& planne
 }
 
 // What save_model wrote into dir.
+// save_model, and when the disk does not take the model, where the run's
+// state is and how the same command finishes it (a previous model is kept).
+void write_final_model(Trainer& trainer, const std::string& out_dir, const std::string& newest) {
+  try {
+    save_model(trainer, out_dir);
+  } catch (const Error& e) {
+    fail("train: the final model was not written to '", out_dir, "': ", e.what(), ". ",
+         newest.empty() ? std::string("There is no checkpoint (checkpoint.every = 0): the run's steps are lost")
+                        : concat("The newest checkpoint is ", newest, ": make room and run the same command to ",
+                                 "train on from it and write the model"));
+  }
+}
+
 std::string written_model(const RunConfig& cfg, const std::string& dir) {
   if (!cfg.lora.adapters.enabled()) return concat(dir, "/model.safetensors and ", dir, "/loom_config.json");
   return concat("the LoRA adapter ", dir, "/", model::kPeftWeightsFile, " and ", model::kPeftConfigFile,
@@ -429,7 +415,7 @@ TrainSummary run_training(const RunConfig& cfg, const TrainOptions& run_options,
   // checkpoint.dir but has no model.
   const auto write_model = [&] {
     if (outputs.out_dir.empty()) return;
-    save_model(trainer, outputs.out_dir);
+    write_final_model(trainer, outputs.out_dir, checkpoints.newest());
     if (options.progress) log_info("train: wrote ", written_model(cfg, outputs.out_dir));
   };
   int64_t bad_in_a_row = 0;

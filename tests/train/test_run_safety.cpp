@@ -188,6 +188,34 @@ TEST_F(RunSafetyTest, AnUnwritableOutputFailsBeforeTheFirstStep) {
   EXPECT_NE(msg.find("is a directory: a file path is expected"), std::string::npos) << msg;
 }
 
+// A metrics or trace path that names a file a run did not write (the config,
+// a model, a checkpoint shard) is refused and the file kept; a metrics file
+// a run wrote is taken again.
+TEST_F(RunSafetyTest, AMetricsOrTracePathOfAnotherFileIsRefusedAndTheFileKept) {
+  const fs::path config = dir_ / "run.toml";
+  std::ofstream(config) << "[train]\nsteps = 3\n";
+  RunConfig c = run_config(2);
+  TrainOptions to_config;
+  to_config.metrics_path = config.string();
+  std::string msg = error_of(c, to_config);
+  EXPECT_NE(msg.find("the metrics file '" + config.string() + "' exists and is not a loom metrics file"),
+            std::string::npos) << msg;
+  c.log.trace = config.string();
+  msg = error_of(c);
+  EXPECT_NE(msg.find("log.trace '" + config.string() + "' exists and is not a trace loom wrote"), std::string::npos)
+      << msg;
+  std::ifstream in(config);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "[train]\nsteps = 3\n");
+  EXPECT_TRUE(step_names(ckpt()).empty()) << "a step ran before the error";
+  TrainOptions metrics;
+  metrics.metrics_path = (dir_ / "metrics.jsonl").string();
+  RunConfig fresh = run_config(2);
+  fresh.checkpoint.every = 0;
+  fresh.checkpoint.dir.clear();
+  run(fresh, metrics);
+  run(fresh, metrics);  // its own file: replaced
+}
+
 // Defect 8: two runs into one checkpoint.dir raced on the same files.
 TEST_F(RunSafetyTest, ASecondRunIntoALockedCheckpointDirIsRefusedNamingTheHolder) {
   const DirLock held((dir_ / "ckpt").string(), "checkpoint.dir");

@@ -148,6 +148,9 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
 }
 
 ModelStore::ModelStore(std::string root, bool create) : root_(std::move(root)) {
+  std::error_code exists;
+  LOOM_REQUIRE(!fs::exists(root_, exists) || fs::is_directory(root_, exists), "the model store '", root_,
+               "' is a file: a store is a directory (--models DIR)");
   if (!create) return;
   std::error_code ec;
   fs::create_directories(fs::path(root_) / "blobs", ec);
