@@ -270,15 +270,16 @@ HfTokenizer HfTokenizer::from_spec(HfBpeSpec spec, const std::string& where) {
 void HfTokenizer::build_added_index() {
   raw_added_.assign(256, {});
   normalized_added_.assign(256, {});
+  added_match_.clear();
   for (size_t i = 0; i < spec_.added_tokens.size(); ++i) {
     const HfAddedToken& t = spec_.added_tokens[i];
-    (t.normalized ? normalized_added_ : raw_added_)[static_cast<uint8_t>(t.content[0])].push_back(i);
+    added_match_.push_back(t.normalized && spec_.spm ? spm_normalize(t.content) : t.content);
+    (t.normalized ? normalized_added_ : raw_added_)[static_cast<uint8_t>(added_match_.back()[0])].push_back(i);
   }
   for (AddedIndex* index : {&raw_added_, &normalized_added_})
     for (std::vector<size_t>& list : *index)
-      std::stable_sort(list.begin(), list.end(), [this](size_t a, size_t b) {
-        return spec_.added_tokens[a].content.size() > spec_.added_tokens[b].content.size();
-      });
+      std::stable_sort(list.begin(), list.end(),
+                       [this](size_t a, size_t b) { return added_match_[a].size() > added_match_[b].size(); });
 }
 
 // Leftmost-longest matches of the index's tokens; a single_word token whose
@@ -288,13 +289,14 @@ std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, c
   size_t text_begin = 0;
   for (size_t i = 0; i < text.size();) {
     const HfAddedToken* match = nullptr;
+    size_t match_size = 0;
     for (const size_t k : index[static_cast<uint8_t>(text[i])]) {
       const HfAddedToken& t = spec_.added_tokens[k];
-      if (!text.substr(i).starts_with(t.content)) continue;
-      const size_t end = i + t.content.size();
+      if (!text.substr(i).starts_with(added_match_[k])) continue;
+      const size_t end = i + added_match_[k].size();
       const bool alone = !t.single_word || ((i == 0 || !is_word_char(char_before(text, i))) &&
                                             (end == text.size() || !is_word_char(utf8_char_at(text, end))));
-      if (alone) match = &t;
+      if (alone) match = &t, match_size = added_match_[k].size();
       break;
     }
     if (match == nullptr) {
@@ -302,7 +304,7 @@ std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, c
       continue;
     }
     const size_t begin = match->lstrip ? trailing_space_start(text, text_begin, i) : i;
-    const size_t end = match->rstrip ? leading_space_end(text, i + match->content.size()) : i + match->content.size();
+    const size_t end = match->rstrip ? leading_space_end(text, i + match_size) : i + match_size;
     if (begin > text_begin) parts.push_back({text_begin, begin, -1});
     parts.push_back({begin, end, match->id});
     i = text_begin = end;

@@ -150,6 +150,11 @@ class HfTokenizer : public Tokenizer {
   int32_t unk_id_ = -1;     // the SentencePiece form's unknown token
   bool spm_words_ = false;  // the SentencePiece form: no token has a ▁ after another character
   AddedIndex raw_added_, normalized_added_;
+  // What each added token matches: its content, or for a normalized one of
+  // the SentencePiece form the content normalized as the text is (Prepend
+  // and Replace: "hello world" -> "▁hello▁world"), as tokenizers'
+  // AddedVocabulary matches it.
+  std::vector<std::string> added_match_;
 };
 
 // The SentencePiece form's vocabulary as SentencePiece (and a GGUF file's

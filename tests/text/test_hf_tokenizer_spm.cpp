@@ -8,6 +8,7 @@
 // Face's own tokenizers on LLaMA's vocabulary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <string>
@@ -260,4 +261,26 @@ TEST(HfTokenizerSpm, SentencePieceVocabularyOfTheFileEncodesAlike) {
     ASSERT_EQ(sp.encode(s), tok.encode(s)) << s;
     ASSERT_EQ(sp.decode(sp.encode(s)), tok.decode(tok.encode(s))) << s;
   }
+}
+
+// An added token with normalized true matches the text as the normalizer
+// left it: its own content normalized too ("hello world" -> "▁hello▁world"),
+// as tokenizers' AddedVocabulary does; without that a token with a space
+// could never match.
+TEST(HfTokenizerSpm, NormalizedAddedTokensMatchTheirNormalizedContent) {
+  json doc = spm_json(true);
+  const auto id = static_cast<int32_t>(vocab().vocab.size());
+  json token = added(id, "hello world");
+  token["normalized"] = true;
+  token["special"] = false;
+  doc["added_tokens"].push_back(token);
+  const HfTokenizer tok = spm(doc);
+  const Vocab v = vocab();
+  EXPECT_EQ(tok.encode("hello world"), (Ids{id}));
+  const Ids longer = tok.encode("hello worldhello");
+  ASSERT_GT(longer.size(), 1u);
+  EXPECT_EQ(longer[0], id);
+  const Ids two_spaces = tok.encode("hello  world");  // "▁hello▁▁world": not the token's text
+  EXPECT_EQ(std::count(two_spaces.begin(), two_spaces.end(), id), 0);
+  EXPECT_EQ(two_spaces[0], v.id("▁hello"));
 }
