@@ -467,7 +467,11 @@ RunConfig parse_run_config(std::string_view toml_text, const std::string& source
   collect_file(p, toml_text, source);
   for (const std::string& arg : overrides) collect_override(p, arg);
   RunConfig c = apply_all(p);
-  validate_run_config(c, source);
+  // The rules across keys: any key they check may come from the file or a
+  // --set, so the message names both.
+  std::string where = source;
+  for (size_t i = 0; i < overrides.size(); ++i) where += concat(i == 0 ? " with --set " : ", --set ", overrides[i]);
+  validate_run_config(c, where);
   return c;
 }
 

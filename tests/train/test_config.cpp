@@ -134,6 +134,15 @@ TEST(RunConfig, SetOverridesTheFileWithTypedValues) {
   EXPECT_FALSE(c.model.tie_embeddings);
 }
 
+// A rule across keys names the file and the --set overrides: the value it
+// refuses may come from either.
+TEST(RunConfigErrors, RulesAcrossKeysNameTheOverridesToo) {
+  expect_error(kMinimal, {"train.seq_len=4096"},
+               {"run.toml with --set train.seq_len=4096: train.seq_len = 4096 is invalid"});
+  expect_error(kMinimal, {"train.steps=2", "train.seq_len=4096"},
+               {"run.toml with --set train.steps=2, --set train.seq_len=4096: "});
+}
+
 TEST(RunConfigErrors, UnknownSectionNamesTheFileLineAndSection) {
   expect_error(std::string(kMinimal) + "[optimiser]\nlr = 1\n", {},
                {"run.toml:8", "unknown section [optimiser]", "[model], [data], [train]"});
