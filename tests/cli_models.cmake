@@ -91,3 +91,10 @@ add_test(NAME Cli.WrongKindsOfPathsAndNegativeLogprobsAreErrors
                  $<TARGET_FILE:loom> ${LOOM_CLI_MODELS_DIR}/wrong_kinds ${LOOM_CLI_TOKENIZER})
 set_tests_properties(Cli.WrongKindsOfPathsAndNegativeLogprobsAreErrors PROPERTIES PASS_REGULAR_EXPRESSION
   "error: create: the Modelfile '[^']*' is a directory: give the Modelfile's path \\(-f DIR/Modelfile\\)\nexit=1\n[^\n]*error: the model store '[^']*/afile' is a file: a store is a directory \\(--models DIR\\)\nexit=1\n[^\n]*error: --logprobs = -5 is invalid: allowed 0 to 20\nexit=1")
+
+# A generation cut by --max-model-len says so, not the model's max_seq_len.
+add_test(NAME Cli.GenerateCutByMaxModelLenNamesIt
+         COMMAND sh -c "rm -rf \"$1\" && \"$0\" init-model --preset gpt2-tiny --set vocab_size=50257 --out \"$1/m\" > /dev/null && \"$0\" generate --model \"$1/m\" --prompt 'The jury' --max-model-len 3 --tokenizer \"$2\" 2>&1"
+                 $<TARGET_FILE:loom> ${LOOM_CLI_MODELS_DIR}/max_model_len ${LOOM_CLI_TOKENIZER})
+set_tests_properties(Cli.GenerateCutByMaxModelLenNamesIt PROPERTIES PASS_REGULAR_EXPRESSION
+  "warning: generate: prompt 1 stopped after 1 of --max-tokens 64 new tokens: the sequence reached --max-model-len 3")

@@ -228,7 +228,10 @@ void run_generate(const GenerateArgs& args) {
     const auto made = static_cast<int64_t>(o.tokens.size());
     if (o.finish == infer::FinishReason::length && made < gen.stop.max_tokens)
       log_warn("generate: prompt ", o.prompt + 1, " stopped after ", made, " of --max-tokens ", gen.stop.max_tokens,
-               " new tokens: the sequence reached the model's max_seq_len = ", dir.config.max_seq_len);
+               " new tokens: the sequence reached ",
+               args.engine.max_model_len > 0 && args.engine.max_model_len < dir.config.max_seq_len
+                   ? concat("--max-model-len ", args.engine.max_model_len)
+                   : concat("the model's max_seq_len = ", dir.config.max_seq_len));
   }
   std::fflush(stdout);
 }
