@@ -1,11 +1,13 @@
 #include "core/staged_dir.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -87,9 +89,37 @@ std::string exchange_or_rename(const std::string& staged, const std::string& tar
 
 }  // namespace
 
+namespace {
+
+// Staging directories of the same target and tag that a killed writer left
+// (SIGKILL, or a signal the command does not catch): their process is gone
+// from this machine and they have not changed for 10 minutes (a writer on
+// another host sharing the file system keeps its own fresh). Best effort.
+void remove_abandoned_stages(const fs::path& parent, const std::string& base) {
+  std::error_code ec;
+  const auto old = fs::file_time_type::clock::now() - std::chrono::minutes(10);
+  for (const fs::directory_entry& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(base)) continue;
+    const size_t dash = name.find('-', base.size());
+    if (dash == std::string::npos || dash == base.size()) continue;
+    const std::string pid_text = name.substr(base.size(), dash - base.size());
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
+    const auto pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code time_ec;
+    if (fs::last_write_time(e.path(), time_ec) > old || time_ec) continue;
+    fs::remove_all(e.path(), ec);
+  }
+}
+
+}  // namespace
+
 StagedDir::StagedDir(const std::string& target, const std::string& tag) {
   const fs::path t = target_path(target);
   target_ = t.string();
+  remove_abandoned_stages(t.parent_path().empty() ? fs::path(".") : t.parent_path(),
+                          concat(".", t.filename().string(), ".", tag, "-"));
   const std::string prefix = concat(".", t.filename().string(), ".", tag, "-", ::getpid(), "-");
   for (;;) {
     path_ = (t.parent_path() / concat(prefix, next_stage++)).string();

@@ -28,7 +28,9 @@ class StagedDir {
   // parent (NAME: target's last component; "m/" is "m"), with N counted per
   // process and the directory made by mkdir, so that two writers, in one
   // process or several, never share one. The parent must exist. loom::Error
-  // naming the path if it cannot be created.
+  // naming the path if it cannot be created. Staging directories of the same
+  // target and tag that a killed writer left (its process gone, unchanged
+  // for 10 minutes) are removed first.
   explicit StagedDir(const std::string& target, const std::string& tag = "staged");
   StagedDir(const StagedDir&) = delete;
   StagedDir& operator=(const StagedDir&) = delete;

@@ -2,8 +2,11 @@
 // the target's name whole, replaces an old one as a whole, and leaves nothing
 // behind when it is not committed.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -128,6 +131,34 @@ TEST(StagedDir, StagingNextToAMissingParentIsAnErrorNamingThePath) {
   expect_error([&] { StagedDir stage((root / "missing" / "out").string()); },
                {concat("cannot create the staging directory '", (root / "missing").string(), "/.out.staged-"),
                 "No such file or directory"});
+}
+
+// A killed writer's stage (its process gone, unchanged for 10 minutes) is
+// removed by the next writer of that target; a fresh one, a live process's
+// and another target's stay.
+TEST(StagedDir, AKilledWritersOldStageIsRemovedByTheNext) {
+  const fs::path root = fresh_dir("loom_staged_abandoned");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // a pid no process has now
+  const auto hour_ago = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  const auto stage = [&](const std::string& name, bool old) {
+    fs::create_directories(root / name);
+    write_text(root / name / "val_000000.bin.tmp", "x");
+    if (old) fs::last_write_time(root / name, hour_ago);
+  };
+  stage(concat(".out.prepare-", child, "-0"), true);
+  stage(concat(".out.prepare-", child, "-1"), false);
+  stage(concat(".out.prepare-", ::getppid(), "-0"), true);
+  stage(concat(".other.prepare-", child, "-0"), true);
+  {
+    StagedDir next((root / "out").string(), "prepare");
+    EXPECT_FALSE(fs::exists(root / concat(".out.prepare-", child, "-0")));
+    EXPECT_TRUE(fs::exists(root / concat(".out.prepare-", child, "-1")));
+    EXPECT_TRUE(fs::exists(root / concat(".out.prepare-", ::getppid(), "-0")));
+    EXPECT_TRUE(fs::exists(root / concat(".other.prepare-", child, "-0")));
+  }
 }
 
 TEST(PublishDir, GivenStagingPathReplacesTheTargetAndLeavesNeitherNameBehind) {
