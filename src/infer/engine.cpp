@@ -28,7 +28,8 @@ int64_t model_len(const EngineConfig& c, const model::ModelConfig& cfg) {
 
 EngineConfig resolve_engine_config(EngineConfig c, const model::ModelConfig& cfg) {
   c.max_model_len = model_len(c, cfg);
-  LOOM_REQUIRE(c.block_size >= 1, "KV block size ", c.block_size, " is invalid: allowed values are >= 1");
+  LOOM_REQUIRE(c.block_size >= 1 && c.block_size <= kMaxBlockSize, "KV block size ", c.block_size,
+               " is invalid: allowed 1 to ", kMaxBlockSize, " tokens");
   LOOM_REQUIRE(c.max_num_seqs >= 1, "max_num_seqs ", c.max_num_seqs, " is invalid: allowed values are >= 1");
   LOOM_REQUIRE(c.num_blocks >= 0 && c.kv_cache_bytes >= 0, "KV cache size is invalid: ", c.num_blocks,
                " blocks, ", c.kv_cache_bytes, " bytes; allowed values are >= 0 (0: the default)");

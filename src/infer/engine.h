@@ -31,6 +31,10 @@
 
 namespace loom::infer {
 
+// The largest KV cache block (tokens; --block-size): a block past any
+// context is memory no sequence uses (vLLM's largest is 256).
+inline constexpr int64_t kMaxBlockSize = 65536;
+
 struct EngineConfig {
   // The KV cache: num_blocks blocks (with the null block) if > 0, else as
   // many as kv_cache_bytes holds if > 0, else enough for max_num_seqs

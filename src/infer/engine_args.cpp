@@ -14,6 +14,8 @@ void EngineArgs::validate() const {
   LOOM_REQUIRE(block_size >= 1 && max_num_seqs >= 1 && max_num_batched_tokens >= 1,
                "--block-size, --max-num-seqs and --max-num-batched-tokens must be >= 1 (given ", block_size, ", ",
                max_num_seqs, ", ", max_num_batched_tokens, ")");
+  LOOM_REQUIRE(block_size <= kMaxBlockSize, "--block-size = ", block_size, " is invalid: allowed 1 to ",
+               kMaxBlockSize, " tokens");
   LOOM_REQUIRE(max_model_len >= 0, "--max-model-len = ", max_model_len, " is invalid: allowed >= 1 (0: the model's)");
   LOOM_REQUIRE(std::isfinite(kv_cache_mb) && kv_cache_mb >= 0 && kv_cache_mb <= double(1 << 30), "--kv-cache-mb = ",
                kv_cache_mb, " is invalid: allowed 0 (the default) to 2^30 MiB");

@@ -1,12 +1,14 @@
 // EngineArgs, the engine settings every command takes (generate, serve,
 // bench serve): what they become in an EngineConfig, and the errors that
 // name the flag.
+#include <cstdint>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "infer/engine_args.h"
+#include "model/paged_runner.h"
 
 namespace loom::infer {
 namespace {
@@ -61,10 +63,24 @@ TEST(EngineArgs, ErrorsNameTheFlag) {
   expect_error(a, "--kv-dtype");
   a = {}, a.block_size = 0;
   expect_error(a, "--block-size");
+  // Huge blocks were a division by a size that overflowed to 0 (SIGFPE).
+  for (const int64_t b : {kMaxBlockSize + 1, int64_t{1} << 54, INT64_MAX}) {
+    a = {}, a.block_size = b;
+    expect_error(a, "--block-size");
+  }
   a = {}, a.max_model_len = -1;
   expect_error(a, "--max-model-len");
   a = {}, a.kv_cache_mb = -1;
   expect_error(a, "--kv-cache-mb");
+}
+
+TEST(EngineConfig, AHugeBlockSizeIsAnErrorNotAnOverflow) {
+  model::ModelConfig cfg = model::model_preset("gpt2-tiny");
+  EngineConfig c;
+  c.block_size = int64_t{1} << 54;  // 2 * layers * block * heads * head_size * 4 bytes wrapped to 0
+  EXPECT_THROW(resolve_engine_config(c, cfg), Error);
+  EXPECT_THROW(model::kv_block_bytes(cfg, int64_t{1} << 54, DType::f32), Error);
+  EXPECT_EQ(model::kv_block_bytes(cfg, 16, DType::f32), 2 * cfg.n_layer * 16 * cfg.n_kv_head * cfg.head_size() * 4);
 }
 
 // The KV cache's default: max_num_seqs sequences of max_model_len, within a
