@@ -61,7 +61,7 @@ void PagedRunnerSizes::validate() const {
 int64_t kv_block_bytes(const ModelConfig& cfg, int64_t block_size, DType kv_dtype) {
   int64_t bytes = 2 * static_cast<int64_t>(dtype_size(kv_dtype));
   for (const int64_t f : {cfg.n_layer, block_size, cfg.n_kv_head, cfg.head_size()})
-    LOOM_REQUIRE(f > 0 && !__builtin_mul_overflow(bytes, f, &bytes), "a KV cache block of ", block_size,
+    LOOM_REQUIRE(f >= 0 && !__builtin_mul_overflow(bytes, f, &bytes), "a KV cache block of ", block_size,
                  " tokens of this model does not fit in 64-bit sizes: use a smaller block size");
   return bytes;
 }
