@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/mpi_backend.h"
+#include "comm/count_mismatch.h"
 #include "comm/rank_values.h"
 #include "common/mpi_env.h"
 #include "core/error.h"
@@ -431,25 +432,17 @@ TEST(SendRecv, RecvSmallerThanTheMessageIsAnErrorNamingRecvAndThePeer) {
   c.barrier()->wait();
 }
 
-// Rank i sends one element to every rank, but the last rank expects two
-// from rank 0: every rank throws the same message naming both ends.
+// The planted count mismatch (count_mismatch.h) through MPI.
 TEST(CheckCollectives, PlantedAllToAllVCountMismatchThrowsOnEveryRank) {
   if (world().size() < 2) GTEST_SKIP() << "a mismatch needs two ranks";
   Communicator& c = world_with(Algo::mpi, /*check=*/true);
-  const int last = c.size() - 1;
-  std::vector<int64_t> in_counts(c.size(), 1), out_counts(c.size(), 1);
-  if (c.rank() == last) out_counts[0] = 2;
-  std::vector<float> in(c.size(), 1.0f), out(std::accumulate(out_counts.begin(), out_counts.end(), int64_t{0}));
+  const PlantedCountMismatch m = planted_count_mismatch(c.size(), c.rank());
+  std::vector<float> in(c.size(), 1.0f), out(m.out_elements());
   try {
-    c.all_to_all_v(view(out), out_counts, view(in), in_counts)->wait();
+    c.all_to_all_v(view(out), m.out_counts, view(in), m.in_counts)->wait();
     FAIL() << "no error";
   } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what.rfind("check_collectives: all_to_all_v(", 0), 0u) << what;
-    EXPECT_NE(what.find(concat("on communicator 'world': rank 0 sends 1 elements to rank ", last, " (in_counts[",
-                               last, "]) but rank ", last, " expects 2 from rank 0 (out_counts[0])")),
-              std::string::npos)
-        << what;
+    expect_count_mismatch_named(e.what(), m);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/count_mismatch.h"
 #include "comm/rank_values.h"
 #include "common/mpi_env.h"
 #include "common/tensors.h"
@@ -346,9 +347,8 @@ TEST_F(Nccl, AllToAllAndAllToAllVDeliverEveryBlock) {
   }
 }
 
-// With --check-collectives, counts that do not pair up (the last rank
-// expects two elements from rank 0, which sends one) are the same error on
-// every rank before anything reaches NCCL.
+// With --check-collectives, the planted count mismatch (count_mismatch.h) is
+// the same error on every rank before anything reaches NCCL.
 TEST_F(Nccl, CheckedAllToAllVCountMismatchThrowsOnEveryRank) {
   if (world().size() < 2) GTEST_SKIP() << "a mismatch needs two ranks";
   static std::unique_ptr<Communicator> checked = [] {
@@ -357,20 +357,13 @@ TEST_F(Nccl, CheckedAllToAllVCountMismatchThrowsOnEveryRank) {
     return nccl_world(world(), world().rank() % cuda_device_count(), o);
   }();
   Communicator& c = *checked;
-  const int last = c.size() - 1;
-  std::vector<int64_t> in_counts(c.size(), 1), out_counts(c.size(), 1);
-  if (c.rank() == last) out_counts[0] = 2;
-  DeviceVec<float> in(c.size()), out(c.size() + (c.rank() == last ? 1 : 0));
+  const PlantedCountMismatch m = planted_count_mismatch(c.size(), c.rank());
+  DeviceVec<float> in(c.size()), out(m.out_elements());
   try {
-    c.all_to_all_v(out.tensor(), out_counts, in.tensor(), in_counts)->wait();
+    c.all_to_all_v(out.tensor(), m.out_counts, in.tensor(), m.in_counts)->wait();
     FAIL() << "no error";
   } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(what.rfind("check_collectives: all_to_all_v(", 0), 0u) << what;
-    EXPECT_NE(what.find(concat("on communicator 'world': rank 0 sends 1 elements to rank ", last, " (in_counts[",
-                               last, "]) but rank ", last, " expects 2 from rank 0 (out_counts[0])")),
-              std::string::npos)
-        << what;
+    expect_count_mismatch_named(e.what(), m);
   }
   c.barrier()->wait();  // the communicator still works
 }
