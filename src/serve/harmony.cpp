@@ -78,7 +78,7 @@ std::string harmony_call_header(const std::string& name) {
 
 HarmonyTokens harmony_tokens(const text::Tokenizer& tok) {
   const auto single = [&tok](std::string_view text) {
-    const std::vector<int32_t> ids = tok.encode(text);
+    const std::vector<int32_t> ids = tok.encode_special(text);
     return ids.size() == 1 ? ids[0] : -1;
   };
   HarmonyTokens t;

@@ -282,9 +282,11 @@ void HfTokenizer::build_added_index() {
                        [this](size_t a, size_t b) { return added_match_[a].size() > added_match_[b].size(); });
 }
 
-// Leftmost-longest matches of the index's tokens; a single_word token whose
-// match touches a word character is no match there.
-std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, const AddedIndex& index) const {
+// Leftmost-longest matches of the index's tokens (special ones only when
+// `specials`); a single_word token whose match touches a word character is
+// no match there.
+std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, const AddedIndex& index,
+                                                        bool specials) const {
   std::vector<Part> parts;
   size_t text_begin = 0;
   for (size_t i = 0; i < text.size();) {
@@ -292,7 +294,7 @@ std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, c
     size_t match_size = 0;
     for (const size_t k : index[static_cast<uint8_t>(text[i])]) {
       const HfAddedToken& t = spec_.added_tokens[k];
-      if (!text.substr(i).starts_with(added_match_[k])) continue;
+      if ((t.special && !specials) || !text.substr(i).starts_with(added_match_[k])) continue;
       const size_t end = i + added_match_[k].size();
       const bool alone = !t.single_word || ((i == 0 || !is_word_char(char_before(text, i))) &&
                                             (end == text.size() || !is_word_char(utf8_char_at(text, end))));
@@ -313,10 +315,14 @@ std::vector<HfTokenizer::Part> HfTokenizer::split_added(std::string_view text, c
   return parts;
 }
 
-std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
+std::vector<int32_t> HfTokenizer::encode(std::string_view text) const { return encode_with(text, false); }
+
+std::vector<int32_t> HfTokenizer::encode_special(std::string_view text) const { return encode_with(text, true); }
+
+std::vector<int32_t> HfTokenizer::encode_with(std::string_view text, bool specials) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3);
-  for (const Part& p : split_added(text, raw_added_)) {
+  for (const Part& p : split_added(text, raw_added_, specials)) {
     if (p.id >= 0) {
       ids.push_back(p.id);
       continue;
@@ -326,7 +332,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
     std::string normalized;
     std::string_view sub = text.substr(p.begin, p.end - p.begin);
     if (spec_.spm) sub = normalized = spm_normalize(sub);
-    for (const Part& q : split_added(sub, normalized_added_)) {
+    for (const Part& q : split_added(sub, normalized_added_, specials)) {
       if (q.id >= 0) ids.push_back(q.id);
       else encode_text(sub.substr(q.begin, q.end - q.begin), p.begin == 0 && q.begin == 0, ids);
     }

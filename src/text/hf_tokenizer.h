@@ -6,8 +6,10 @@
 // tokens split out of the text first. Reading and writing the files:
 // hf_tokenizer_json.h.
 //
-// encode(text), as the `tokenizers` library's encode(text,
-// add_special_tokens=False):
+// encode_special(text), as the `tokenizers` library's encode(text,
+// add_special_tokens=False); encode(text) the same with special added tokens
+// left as text (split_special_tokens=True: training data, as llm.c's
+// encode_ordinary):
 //   1. added tokens are split out of the text: at each position the longest
 //      one that matches (those with normalized false first, then the others
 //      in what is left, as `tokenizers` does; loom reads no normalizer, so
@@ -107,6 +109,7 @@ class HfTokenizer : public Tokenizer {
   static HfTokenizer from_spec(HfBpeSpec spec, const std::string& where);
 
   std::vector<int32_t> encode(std::string_view text) const override;
+  std::vector<int32_t> encode_special(std::string_view text) const override;
   // The bytes of the tokens (a token outside the byte alphabet: its UTF-8
   // text), special added tokens left out: a control token adds nothing.
   // loom::Error for an id outside [0, vocab_size()).
@@ -132,7 +135,8 @@ class HfTokenizer : public Tokenizer {
   struct Part;
 
   void build_added_index();
-  std::vector<Part> split_added(std::string_view text, const AddedIndex& index) const;
+  std::vector<int32_t> encode_with(std::string_view text, bool specials) const;
+  std::vector<Part> split_added(std::string_view text, const AddedIndex& index, bool specials) const;
   // text: a stretch between added tokens; at_start: it starts the whole text.
   void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const;
   void encode_pretoken(std::string_view piece, std::vector<int32_t>& ids) const;

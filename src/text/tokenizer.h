@@ -25,7 +25,9 @@ class Tokenizer {
 
   // "gpt2" or "llama" (GGUF's tokenizer.ggml.model names).
   virtual std::string_view kind() const = 0;
-  // text -> ids, no BOS or EOS added.
+  // text -> ids, no BOS or EOS added; control tokens written out in the
+  // text stay text (llm.c's encode_ordinary, transformers'
+  // split_special_tokens): what training data needs.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // text -> ids where control tokens written out in the text ("<s>",
   // "[INST]", "<|endoftext|>") are their ids: llama.cpp's parse_special,

@@ -48,7 +48,7 @@ int encode(const std::string& path) {
   std::string line;
   while (std::getline(std::cin, line)) {
     const std::string text = nlohmann::json::parse(line).get<std::string>();
-    const std::vector<int32_t> ids = tok->encode(text);
+    const std::vector<int32_t> ids = tok->encode_special(text);
     const nlohmann::json out = {{"ids", ids}, {"prompt", tok->encode_prompt(text)}, {"text", tok->decode(ids)}};
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }

@@ -19,6 +19,8 @@
 #include "text/bpe.h"
 #include "text/hf_tokenizer.h"
 #include "text/hf_tokenizer_json.h"
+#include "text/prepare.h"
+#include "text/shards.h"
 #include "text/tokenizer_files.h"
 
 namespace fs = std::filesystem;
@@ -135,12 +137,16 @@ TEST(HfTokenizer, RandomBytesRoundTripThroughGpt2TokenizerJson) {
   }
 }
 
-TEST(HfTokenizer, EndOfTextInTheTextIsTheSpecialTokenAndDecodesToNothing) {
+// In a prompt (encode_special) <|endoftext|> is the control token; in
+// training text (encode) it is text, as encoder.json's tokenizer and llm.c's
+// encode_ordinary read it: data prepare must not cut a document there.
+TEST(HfTokenizer, EndOfTextIsTheSpecialTokenInPromptsAndTextInTrainingData) {
   REQUIRE_GPT2();
   const loom::text::Tokenizer& hf = *gpt2_from_json();
-  const std::vector<int32_t> ids = hf.encode("a<|endoftext|>b");
+  const std::vector<int32_t> ids = hf.encode_special("a<|endoftext|>b");
   EXPECT_EQ(ids, (std::vector<int32_t>{64, 50256, 65}));
   EXPECT_GT(gpt2()->encode("a<|endoftext|>b").size(), 3u);  // encoder.py: ordinary text
+  EXPECT_EQ(hf.encode("a<|endoftext|>b"), gpt2()->encode("a<|endoftext|>b"));
   EXPECT_EQ(hf.decode(ids), "ab");
   EXPECT_EQ(hf.token_bytes(50256), "");
 }
@@ -261,20 +267,46 @@ TEST(HfTokenizer, LlamaStyleFileUsesIgnoreMergesArrayMergesAndSpecialTokens) {
   EXPECT_EQ(tok.encode("123"), (std::vector<int32_t>{256 + 10}));
   EXPECT_EQ(tok.encode("xyz"), (std::vector<int32_t>{xyz}));  // in the vocabulary: no merge needed
   EXPECT_EQ(llama_style(false).encode("xyz"), (std::vector<int32_t>{'x', 'y', 'z'}));
-  EXPECT_EQ(tok.encode("<|begin_of_text|>hello<|eot_id|>"), (std::vector<int32_t>{bos, 256 + 3, eot}));
+  EXPECT_EQ(tok.encode_special("<|begin_of_text|>hello<|eot_id|>"), (std::vector<int32_t>{bos, 256 + 3, eot}));
+  EXPECT_GT(tok.encode("<|eot_id|>").size(), 1u);  // training text: the letters (split_special_tokens)
   EXPECT_EQ(tok.encode_prompt("hello"), (std::vector<int32_t>{bos, 256 + 3}));
-  EXPECT_EQ(tok.decode(tok.encode("<|begin_of_text|>hello world")), "hello world");
+  EXPECT_EQ(tok.decode(tok.encode_special("<|begin_of_text|>hello world")), "hello world");
 }
 
 TEST(HfTokenizer, AddedTokensStripAndMatchWholeWordsAsAsked) {
   const HfTokenizer tok = llama_style();
   const int32_t mask = 256 + 11 + 4, hi = mask + 1;
-  // <mask> takes the whitespace around it (lstrip, rstrip).
+  // <mask> takes the whitespace around it (lstrip, rstrip); not special, it
+  // matches in training text too.
   EXPECT_EQ(tok.encode("a  <mask>  b"), (std::vector<int32_t>{'a', mask, 'b'}));
   // "hi" is single_word: not inside "this", but alone or next to punctuation.
   EXPECT_EQ(tok.encode("hi"), (std::vector<int32_t>{hi}));
   EXPECT_EQ(tok.encode("(hi)"), (std::vector<int32_t>{'(', hi, ')'}));
   EXPECT_EQ(tok.encode("this"), (std::vector<int32_t>{'t', 'h', 'i', 's'}));
+}
+
+// data prepare with a tokenizer.json reads a control token written in a
+// document as text (one document, one delimiter), as with encoder.json.
+TEST(HfTokenizer, DataPrepareKeepsControlTokensInTheTextAsText) {
+  REQUIRE_GPT2();
+  TempDir dir;
+  fs::create_directories(dir.path / "tok");
+  ASSERT_TRUE(loom::text::save_hf_tokenizer_files((dir.path / "tok").string(), *gpt2(), {}));
+  const std::string doc = "a<|endoftext|>b";
+  dir.write("doc.txt", doc);
+  loom::text::PrepareOptions opt;
+  opt.tokenizer = (dir.path / "tok").string();
+  opt.inputs = {(dir.path / "doc.txt").string()};
+  opt.output_dir = (dir.path / "out").string();
+  opt.val_fraction = 0;
+  const loom::text::PrepareSummary s = loom::text::prepare_shards(opt);
+  ASSERT_EQ(s.train.files.size(), 1u);
+  const loom::text::Shard shard = loom::text::Shard::open(s.train.files[0]);
+  std::vector<int32_t> got(static_cast<size_t>(shard.size()));
+  shard.copy(0, shard.size(), got.data());
+  std::vector<int32_t> want = {gpt2()->eot_id()};
+  for (const int32_t t : gpt2()->encode(doc)) want.push_back(t);
+  EXPECT_EQ(got, want);
 }
 
 TEST(HfTokenizer, LlamaStyleFileWrittenByLoomReadsBackAndEncodesTheSame) {

@@ -124,7 +124,7 @@ TEST(HfTokenizerSpm, Llama2FileEncodesWithTheNormalizersPrefixOnEveryStretch) {
   EXPECT_EQ(tok.encode("ü"), (Ids{v.id("▁"), byte(0xC3), byte(0xBC)}));
   EXPECT_EQ(tok.encode("hi"), (Ids{v.id("▁"), v.id("h"), byte('i')}));
   // Special tokens are cut out first; each stretch after one gets its own ▁.
-  EXPECT_EQ(tok.encode("hi</s>hello"), (Ids{v.id("▁"), v.id("h"), byte('i'), 2, v.id("▁hello")}));
+  EXPECT_EQ(tok.encode_special("hi</s>hello"), (Ids{v.id("▁"), v.id("h"), byte('i'), 2, v.id("▁hello")}));
   EXPECT_EQ(tok.encode(""), Ids{});
   // A byte that is not UTF-8 is its own byte token.
   EXPECT_EQ(tok.encode(std::string("\xff")), (Ids{v.id("▁"), byte(0xFF)}));
@@ -135,8 +135,8 @@ TEST(HfTokenizerSpm, MetaspaceFilePrependsOnlyAtTheStartAndNotTwice) {
   const Vocab v = vocab();
   EXPECT_EQ(tok.encode("hello world"), (Ids{v.id("▁hello"), v.id("▁world")}));
   EXPECT_EQ(tok.encode(" hello"), (Ids{v.id("▁hello")}));  // already starts with ▁
-  EXPECT_EQ(tok.encode("hi</s>hello"), (Ids{v.id("▁"), v.id("h"), byte('i'), 2, v.id("he"), v.id("llo")}));
-  EXPECT_EQ(tok.encode("</s>hello"), (Ids{2, v.id("he"), v.id("llo")}));
+  EXPECT_EQ(tok.encode_special("hi</s>hello"), (Ids{v.id("▁"), v.id("h"), byte('i'), 2, v.id("he"), v.id("llo")}));
+  EXPECT_EQ(tok.encode_special("</s>hello"), (Ids{2, v.id("he"), v.id("llo")}));
 }
 
 TEST(HfTokenizerSpm, UnknownCharactersFuseOrGoToBytesAsTheModelSays) {
