@@ -306,9 +306,16 @@ InputFiles expand_inputs(const std::vector<std::string>& inputs, CorpusFormat fo
       continue;
     }
     std::vector<std::string> found;
+    int64_t subdirectories = 0;
     for (const auto& entry : fs::directory_iterator(input)) {
-      if (!entry.is_regular_file()) continue;
       const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && !name.starts_with(".")) {  // not read, but said: its documents would be missing
+        ++subdirectories;
+        result.skipped.push_back(concat("data prepare: skipping '", entry.path().string(), "': a subdirectory (an ",
+                                        "input directory's own files are read, not its subdirectories'; give it ",
+                                        "as an input of its own to read it)"));
+      }
+      if (!entry.is_regular_file()) continue;
       if (format == CorpusFormat::brown ? is_brown_file_name(name) : !name.starts_with(".")) {
         found.push_back(entry.path().string());
       }
@@ -318,7 +325,8 @@ InputFiles expand_inputs(const std::vector<std::string>& inputs, CorpusFormat fo
     for (const std::string& file : found) added += add_file(file) ? 1 : 0;
     LOOM_REQUIRE(added > 0, "input directory '", input, "' holds no ",
                  format == CorpusFormat::brown ? "Brown corpus file (ca01 ... cr09)" : "file",
-                 found.empty() ? "" : " besides .bin token shards");
+                 found.empty() ? "" : " besides .bin token shards",
+                 subdirectories > 0 ? " (its subdirectories are not read: give them as inputs)" : "");
   }
   return result;
 }

@@ -69,7 +69,8 @@ struct InputFiles {
 // name (for brown: only Form C names, ca01 ... cr09, so the package's README,
 // CONTENTS and package.json are skipped). Skipped, with a line in `skipped`:
 // an input that is output_dir or lies inside it (data prepare's own output,
-// e.g. a shell glob that caught it), and a .bin token shard (by its magic).
+// e.g. a shell glob that caught it), a .bin token shard (by its magic), and
+// a subdirectory of an input directory (not read: an input of its own reads it).
 // Throws loom::Error for a missing input or a directory with no such file;
 // `files` is empty when every input was skipped.
 InputFiles expand_inputs(const std::vector<std::string>& inputs, CorpusFormat format,

@@ -408,6 +408,21 @@ TEST_F(PrepareText, TokenShardsAmongTheInputsAreSkippedWithAWarning) {
       << warnings_[0];
 }
 
+TEST_F(PrepareText, SubdirectoriesOfAnInputAreNamedAsSkipped) {
+  fs::create_directories(dir_ / "in" / "sub");
+  write_bytes(dir_ / "in" / "sub" / "c.txt", "A third document.\n");
+  const PrepareSummary s = prepare_shards(options(dir_ / "out"));
+  EXPECT_EQ(s.train.documents + s.val.documents, 2);
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_NE(warnings_[0].find("skipping '" + (dir_ / "in" / "sub").string() + "': a subdirectory"), std::string::npos)
+      << warnings_[0];
+  PrepareOptions only_sub = options(dir_ / "out2");
+  only_sub.inputs = {(dir_ / "in" / "sub" / "..").string()};
+  fs::remove(dir_ / "in" / "a.txt");
+  fs::remove(dir_ / "in" / "b.txt");
+  expect_error([&] { prepare_shards(only_sub); }, {"holds no file (its subdirectories are not read"});
+}
+
 TEST_F(PrepareText, RerunWithFewerShardsLeavesOnlyTheNewSet) {
   PrepareOptions opt = options(dir_ / "out");
   opt.shard_tokens = 3;
