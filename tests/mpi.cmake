@@ -280,11 +280,12 @@ endif()
 #     parallelism's losses over 20 steps (1e-5), and checkpoints pass between
 #     the two modes;
 #   Asynchronous...: (SSP) the staleness bound holds against a slow worker
-#     (checked from the workers' own clocks), a SIGKILLed worker is dropped
+#     (checked from the workers' own clocks), its checkpoints resume (the same
+#     command with more steps, then collective dp), a SIGKILLed worker is dropped
 #     and the rest finish, a SIGKILLed server ends the job naming it.
 if(TARGET loom)
   foreach(case PsSynchronousEqualsCollectiveDpAndSharesItsCheckpoints:ps_vs_collective
-          PsAsynchronousKeepsItsBoundAndSurvivesALostWorker:ps_async)
+          PsAsynchronousKeepsItsBoundResumesAndSurvivesALostWorker:ps_async)
     string(REPLACE ":" ";" parts ${case})
     list(GET parts 0 test_name)
     list(GET parts 1 script)

@@ -8,6 +8,8 @@ WORKDIR holds data/train_*.bin and data/val_*.bin.
            worker ever began step k before every other worker had sent at least
            k - 2 pushes, the fast workers did run the full 2 steps ahead (the
            bound was reached, so it was tested), and the loss fell.
+  resume   the servers' checkpoint (more optimizer updates than steps) resumed
+           by the same command with more steps, then by collective dp.
   worker   a worker SIGKILLed mid-run (mpirun --enable-recovery): the others
            finish every step and write the model, and the log names the lost
            worker.
@@ -93,6 +95,26 @@ check(server_lead == STALE, f"bound: the fast workers reached the bound (largest
 losses = [json.loads(l)["loss"] for l in open(f"{work}/bound.jsonl")]
 check(len(losses) == STEPS and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3,
       f"bound: worker 0's loss fell ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "bound: losses")
+
+
+# ---- resuming: the servers' checkpoint (about dp optimizer updates a step)
+# resumed by the same command with more steps, then by collective dp ----
+ck = f"{work}/async_ck"
+subprocess.run(["rm", "-rf", ck], check=True)
+ps_keys = ["parallel.dp=3", "parallel.ps_servers=1", "parallel.staleness=2", f"checkpoint.dir={ck}",
+           "checkpoint.every=4"]
+for name, np, keys, steps in (("resume_first", 4, ps_keys, 8), ("resume_ps", 4, ps_keys, 12),
+                              ("resume_collective", 2, ["parallel.mode=collective", "parallel.dp=2",
+                                                        f"checkpoint.dir={ck}", "checkpoint.every=4"], 16)):
+    out = subprocess.run(command(name, np, keys, steps), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=300)
+    resumed = name == "resume_first" or f"at step {steps - 4}" in out.stdout
+    check(out.returncode == 0 and resumed, f"resume: {name} ran to step {steps}" +
+          ("" if name == "resume_first" else f", resumed at step {steps - 4}"))
+    if out.returncode != 0 or not resumed:
+        print(out.stdout[-3000:])
+updates = json.load(open(f"{ck}/step_000008/manifest.json"))["optimizer"]["steps_taken"]
+check(updates > 8, f"resume: the asynchronous servers' checkpoint took more updates than steps ({updates} at step 8)")
 
 
 def rank_pids(parent):
