@@ -15,6 +15,7 @@
 #include "comm/host_values.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/staged_dir.h"
 #include "io/safetensors.h"
 #include "kernels/ops.h"
@@ -397,6 +398,22 @@ std::string save_checkpoint(Trainer& trainer, const std::string& root, int64_t k
   return dir.string();
 }
 
+namespace {
+
+// data.train is not compared by spelling (a glob, a path moved): the saved
+// loader's window count tells another data set (or seq_len) apart, whose
+// sample order the saved position does not continue.
+void warn_changed_data(const nlohmann::json& m, int64_t windows_per_epoch, const std::string& where) {
+  const nlohmann::json data = m.value("data", nlohmann::json::object());
+  if (!data.contains("windows_per_epoch") || data["windows_per_epoch"] == windows_per_epoch) return;
+  log_warn("resuming on training data of ", windows_per_epoch, " windows an epoch, but ", where, " was written ",
+           "reading ", data["windows_per_epoch"].dump(), " (from ", data.value("shards", nlohmann::json()).dump(),
+           "): data.train or train.seq_len changed, so the run does not go on with the samples the saved run ",
+           "would have read next");
+}
+
+}  // namespace
+
 int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
   const fs::path dir(step_dir);
   const std::string where = (dir / kCheckpointManifestFile).string();
@@ -424,6 +441,7 @@ int64_t load_checkpoint(Trainer& trainer, const std::string& step_dir) {
     for (int g = 0; g < trainer.chunk_dp(c).num_groups() && !trainer.chunk_dp(c).state_on_disk(); ++g)
       chunks[c].push_back(read_group_state(trainer, c, g, saved, files, pool));
   warn_changed_keys(m["config"], run_config_to_json(trainer.config()), where);
+  warn_changed_data(m, trainer.train_data().windows_per_epoch(), where);
   for (int c = 0; c < trainer.num_chunks(); ++c) {
     if (trainer.chunk_dp(c).state_on_disk()) {
       load_streamed_state(trainer, c, saved, files);

@@ -291,5 +291,33 @@ TEST_F(CheckpointTest, ResumeAutoWithoutStepDirsStartsFreshAndNeverIgnoresThem) 
   EXPECT_THROW(resume_checkpoint(t, c.checkpoint), Error);
 }
 
+// Resuming on another data set (another data.train with another window
+// count) says so; the same data set under another spelling does not.
+TEST_F(CheckpointTest, ResumeOnAnotherDataSetWarnsNamingBothWindowCounts) {
+  RunConfig c = config();
+  test::TestContext one;
+  Trainer saved(c, one.ctx());
+  saved.step();
+  save_checkpoint(saved, (dir_ / "ckpt").string(), 0);
+  const std::string step_dir = (dir_ / "ckpt" / "step_000001").string();
+  c.data.train = {(dir_ / "." / "train_000000.bin").string()};
+  Trainer same(c, one.ctx());
+  ::testing::internal::CaptureStderr();
+  load_checkpoint(same, step_dir);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("windows an epoch"), std::string::npos);
+  fs::create_directories(dir_ / "other");
+  text::write_shard((dir_ / "other" / "train_000000.bin").string(), counting_tokens(2500), 1);
+  c.data.train = {(dir_ / "other" / "train_*.bin").string()};
+  Trainer other(c, one.ctx());
+  ::testing::internal::CaptureStderr();
+  load_checkpoint(other, step_dir);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find(concat("resuming on training data of ", other.train_data().windows_per_epoch(),
+                            " windows an epoch, but ", step_dir, "/manifest.json was written reading ",
+                            saved.train_data().windows_per_epoch())),
+            std::string::npos)
+      << log;
+}
+
 }  // namespace
 }  // namespace loom::train
