@@ -304,7 +304,8 @@ void check_world_covers_run(const train::ParallelConfig& p, const mesh::MeshShap
 
 // loom train's work once its flags are parsed.
 void run_train(TrainArgs& a, int world_size, const comm::Launcher& launcher, int& exit_code) {
-  const StopSignals stop;  // first: a signal during start-up then stops the run cleanly too
+  // First: a signal during start-up then stops the run cleanly too.
+  const StopSignals stop("finishing the current step, then checkpointing (if checkpoint.every > 0) and stopping");
   a.options.stop = &stop;
   set_num_threads(a.threads);
   std::vector<std::string> overrides = a.overrides;
@@ -376,8 +377,8 @@ void add_train_command(CLI::App& app, int world_size, const comm::Launcher& laun
       "format (loom lora merge, eval --lora; README: \"Fine-tuning\"). With checkpoint.every > 0, checkpoints go to checkpoint.dir/step_NNNNNN every that "
       "many steps and at the end; checkpoint.resume = auto (the default) resumes from the newest complete step dir "
       "of checkpoint.dir, never starts fresh, a step dir resumes from it. SIGTERM, SIGINT or SIGUSR1: the "
-      "current step finishes and is checkpointed, then loom exits with 143, 130 or 138 (a second signal exits at "
-      "once). README: \"Long runs\".");
+      "current step finishes and is checkpointed (with checkpoint.every = 0 nothing is saved), then loom exits with "
+      "143, 130 or 138 (a second signal exits at once). README: \"Long runs\".");
   auto a = std::make_shared<TrainArgs>();
   a->threads = default_threads;
   cmd->add_option("--config", a->config, "TOML run config")->required();
