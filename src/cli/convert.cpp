@@ -150,7 +150,7 @@ void run_lora_merge(const ConvertArgs& args) {
   model::require_new_model_dir(args.out, "lora merge", args.model_dir);
   const model::ModelDir dir = model::load_model_dir(args.model_dir);
   std::string base_named;
-  const model::LoraConfig lora = model::read_peft_config(args.adapter, &base_named);
+  const model::LoraConfig lora = model::read_peft_config(args.adapter, dir.config, &base_named);
   std::string tokenizer_from;
   const std::unique_ptr<text::Tokenizer> tok = tokenizer_to_write(args, dir, &tokenizer_from);
   Pools pools;

@@ -62,7 +62,7 @@ int64_t add_adapter(infer::Engine& engine, DType dtype, const model::ModelConfig
                     const std::string& model_name) {
   try {
     std::string base_model;
-    const model::LoraConfig lora = model::read_peft_config(s.dir, &base_model);
+    const model::LoraConfig lora = model::read_peft_config(s.dir, cfg, &base_model);
     Pools pools;
     const OwnedTensor weights = pools[MemTag::workspace].empty(DType::f32, {model::lora_param_count(cfg, lora)});
     model::load_peft_adapter(s.dir, cfg, lora, weights);

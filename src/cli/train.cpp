@@ -87,7 +87,7 @@ void run_eval(const EvalArgs& a) {
   std::unique_ptr<model::FrozenWeights> base;
   model::ModelOptions options;
   if (!a.lora.empty()) {
-    options.lora.config = model::read_peft_config(a.lora);
+    options.lora.config = model::read_peft_config(a.lora, dir.config);
     base = model::load_frozen_base(dir, DType::f32, pools);
     options.lora.base = base.get();
   }

@@ -62,6 +62,19 @@ std::string layer_prefix(const ModelConfig& cfg, int64_t layer) {
   return cfg.family == Family::gpt2 ? concat("h.", layer, ".") : concat("model.layers.", layer, ".");
 }
 
+void check_peft_targets(const ModelConfig& cfg, const std::vector<std::string>& targets, const std::string& where,
+                        const std::string& base_model) {
+  for (const std::string& t : targets) {
+    bool known = t == "all-linear";
+    for (const ModuleName& m : family_modules(cfg.family))
+      known = known || t == m.module || std::find(m.names.begin(), m.names.end(), t) != m.names.end();
+    LOOM_REQUIRE(known, where, ": target_modules holds '", t, "', which is not a linear of a ",
+                 family_name(cfg.family), " block (allowed:", allowed_targets(cfg.family),
+                 "): the adapter was made for another model",
+                 base_model.empty() ? std::string() : concat(" (base_model_name_or_path = '", base_model, "')"));
+  }
+}
+
 std::vector<LoraModule> lora_modules(const ModelConfig& cfg, const LoraConfig& lora) {
   LOOM_REQUIRE(!cfg.is_moe(), "lora: adapters on a mixture-of-experts model (model.n_expert = ", cfg.n_expert,
                ") are not supported yet: allowed are dense GPT-2 and Llama models");

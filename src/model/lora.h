@@ -134,12 +134,18 @@ void lora_merge(Tensor base, const ModelConfig& cfg, const LoraConfig& lora, con
 // atomically); adapters: (lora_param_count) f32 in lora_param_specs order.
 void save_peft_adapter(const std::string& dir, const ModelConfig& cfg, const LoraConfig& lora, const Tensor& adapters,
                        const std::string& base_model);
-// The LoraConfig of an adapter directory. Options loom does not implement
-// (a bias, rsLoRA or DoRA, per-layer ranks or alphas, some layers only,
-// modules_to_save, a regex for target_modules, another peft_type) are a
-// loom::Error naming the key and what is allowed; lora_dropout is read as 0
-// (it only acts in training). base_model: base_model_name_or_path, or "".
-LoraConfig read_peft_config(const std::string& dir, std::string* base_model = nullptr);
+// The LoraConfig of an adapter directory for a model of cfg. Options loom
+// does not implement (a bias, rsLoRA or DoRA, per-layer ranks or alphas, some
+// layers only, layer replication, excluded modules, modules_to_save, a regex
+// for target_modules, an init that modifies the base, another peft_type) are a
+// loom::Error naming the key and what is allowed, as are target modules cfg's
+// family does not have (an adapter for another model); lora_dropout is read
+// as 0 (it only acts in training). base_model: base_model_name_or_path, or "".
+LoraConfig read_peft_config(const std::string& dir, const ModelConfig& cfg, std::string* base_model = nullptr);
+// target_modules that are no linear of cfg's blocks: a loom::Error naming
+// `where`, the module and the base model the adapter names.
+void check_peft_targets(const ModelConfig& cfg, const std::vector<std::string>& targets, const std::string& where,
+                        const std::string& base_model);
 // adapters (f32, lora_param_specs(cfg, lora) order) from the directory's
 // safetensors: every adapter present with its shape; a tensor that is none
 // of them is a loom::Error naming it.

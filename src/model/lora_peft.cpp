@@ -64,7 +64,25 @@ void save_peft_adapter(const std::string& dir, const ModelConfig& cfg, const Lor
   write_json_file((fs::path(dir) / kPeftConfigFile).string(), j);
 }
 
-LoraConfig read_peft_config(const std::string& dir, std::string* base_model) {
+namespace {
+
+// init_lora_weights: true, false, "gaussian" and "eva" only start A and B
+// differently, so the file is a plain adapter of the base. PiSSA, OLoRA,
+// CorDA and LoftQ subtract their start from the base weights too: such a file
+// (unless PEFT converted it on saving, when it writes true) adapts a base
+// loom does not have.
+void require_plain_init(const nlohmann::json& j, const std::string& where) {
+  if (!j.contains("init_lora_weights")) return;
+  const nlohmann::json& v = j["init_lora_weights"];
+  LOOM_REQUIRE(v.is_boolean() || v == "gaussian" || v == "eva", where, ": init_lora_weights = ", v.dump(),
+               " is not supported: such an adapter is relative to a base modified at its start (PEFT saves it as a ",
+               "plain adapter with path_initial_model_for_weight_conversion); allowed are true, false, \"gaussian\" ",
+               "and \"eva\"");
+}
+
+}  // namespace
+
+LoraConfig read_peft_config(const std::string& dir, const ModelConfig& cfg, std::string* base_model) {
   const std::string where = (fs::path(dir) / kPeftConfigFile).string();
   LOOM_REQUIRE(fs::is_regular_file(where), "adapter '", dir, "' has no ", kPeftConfigFile,
                ": give a PEFT LoRA adapter directory (adapter_config.json and adapter_model.safetensors)");
@@ -80,6 +98,12 @@ LoraConfig read_peft_config(const std::string& dir, std::string* base_model) {
   require_unused(j, "alpha_pattern", where, "one alpha for every layer");
   require_unused(j, "layers_to_transform", where, "adapters on every layer");
   require_unused(j, "modules_to_save", where, "no fully trained modules beside them (modules_to_save = null)");
+  require_unused(j, "layer_replication", where, "each layer its own base layer (layer_replication = null)");
+  require_unused(j, "lora_bias", where, "no bias on lora_B (lora_bias = false)");
+  require_unused(j, "exclude_modules", where, "every target module of every layer (exclude_modules = null)");
+  require_unused(j, "trainable_token_indices", where, "no trained token rows (trainable_token_indices = null)");
+  require_unused(j, "target_parameters", where, "linears as targets, not parameters (target_parameters = null)");
+  require_plain_init(j, where);
   LoraConfig l;
   l.rank = j["r"].get<int64_t>();
   l.alpha = j["lora_alpha"].get<double>();
@@ -91,7 +115,10 @@ LoraConfig read_peft_config(const std::string& dir, std::string* base_model) {
     LOOM_REQUIRE(m.is_string(), where, ": target_modules holds ", m.dump(), ": allowed are module names");
     l.targets.push_back(m.get<std::string>());
   }
-  if (base_model) *base_model = j.value("base_model_name_or_path", std::string());
+  const nlohmann::json& base = j.value("base_model_name_or_path", nlohmann::json());
+  const std::string base_name = base.is_string() ? base.get<std::string>() : std::string();
+  check_peft_targets(cfg, l.targets, where, base_name);
+  if (base_model) *base_model = base_name;
   return l;
 }
 

@@ -88,8 +88,8 @@ void check_ps(const RunConfig& c, const std::string& source) {
 void check_lora(const RunConfig& c, const std::string& source) {
   const LoraRunConfig& l = c.lora;
   if (!l.adapters.enabled() && l.base.empty() && l.init.empty()) return;
-  LOOM_REQUIRE(l.adapters.enabled(), source, ": lora.base is set but lora.rank is missing: set the adapters' rank ",
-               "(e.g. rank = 8)");
+  LOOM_REQUIRE(l.adapters.enabled(), source, ": ", l.base.empty() ? "lora.init" : "lora.base", " is set but ",
+               "lora.rank is missing: [lora] needs rank and base (the model directory the adapters train on)");
   LOOM_REQUIRE(!l.base.empty(), source, ": lora.rank is set but lora.base is missing: set it to the model directory ",
                "the adapters train on");
   try {

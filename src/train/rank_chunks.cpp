@@ -115,7 +115,7 @@ std::vector<parallel::ParamGroup> expert_groups(mesh::Mesh& mesh) {
 // [lora] init: the adapters' values from a PEFT adapter directory written
 // for the same adapters (rank, alpha, modules), each rank's slices of them.
 void start_adapters_from(const ChunkOptions& o, parallel::DataParallel& dp) {
-  const model::LoraConfig saved = model::read_peft_config(o.lora_init);
+  const model::LoraConfig saved = model::read_peft_config(o.lora_init, o.model);
   const auto modules = [&](const model::LoraConfig& l) { return model::lora_module_names(o.model, l); };
   LOOM_REQUIRE(saved.rank == o.lora.rank && saved.alpha == o.lora.alpha && modules(saved) == modules(o.lora),
                "lora.init = '", o.lora_init, "' holds adapters of rank ", saved.rank, ", alpha ", saved.alpha, " on ",

@@ -12,10 +12,16 @@
 // 3.4e-2 x max |e| ~ 2].
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "common/compare.h"
 #include "common/ref.h"
@@ -458,6 +464,45 @@ TEST(Lora, PeftKeysRoundTrip) {
   EXPECT_NE(error_of([&] { from_peft_key(gpt2, "base_model.model.transformer.h.0.attn.c_attn.weight"); })
                 .find("is not a LoRA weight of a gpt2 model"),
             std::string::npos);
+}
+
+// PEFT options that change what the adapter computes are refused by name
+// (each was read as a plain adapter before), and so are target modules of
+// another model family, naming the base the adapter was trained on.
+TEST(Lora, PeftOptionsLoomDoesNotImplementAndOtherFamiliesAreNamed) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("loom_test_peft_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  ModelConfig gpt2, llama;
+  llama.family = Family::llama;
+  const auto read_with = [&](const char* key, const nlohmann::json& value, const ModelConfig& cfg) {
+    nlohmann::json j = {{"peft_type", "LORA"},  {"r", 4},         {"lora_alpha", 8},
+                        {"target_modules", {"c_attn"}}, {"base_model_name_or_path", "gpt2"}};
+    if (key != nullptr) j[key] = value;
+    std::ofstream(dir / "adapter_config.json") << j.dump();
+    return error_of([&] { read_peft_config(dir.string(), cfg); });
+  };
+  EXPECT_EQ(read_with(nullptr, nullptr, gpt2), "");
+  EXPECT_EQ(read_with("init_lora_weights", "gaussian", gpt2), "");
+  EXPECT_EQ(read_with("layer_replication", nullptr, gpt2), "");
+  for (const auto& [key, value, why] : std::vector<std::tuple<const char*, nlohmann::json, const char*>>{
+           {"layer_replication", {{0, 1}, {0, 1}}, "each layer its own base layer"},
+           {"lora_bias", true, "no bias on lora_B"},
+           {"exclude_modules", {"h.0.attn.c_attn"}, "every target module of every layer"},
+           {"trainable_token_indices", {1, 2}, "no trained token rows"},
+           {"init_lora_weights", "pissa", "relative to a base modified at its start"},
+           {"init_lora_weights", "loftq", "relative to a base modified at its start"}}) {
+    const std::string e = read_with(key, value, gpt2);
+    EXPECT_NE(e.find(concat("adapter_config.json: ", key, " = ", value.dump(), " is not supported")),
+              std::string::npos) << e;
+    EXPECT_NE(e.find(why), std::string::npos) << e;
+  }
+  const std::string e = read_with(nullptr, nullptr, llama);
+  EXPECT_NE(e.find("adapter_config.json: target_modules holds 'c_attn', which is not a linear of a llama block"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("the adapter was made for another model (base_model_name_or_path = 'gpt2')"), std::string::npos)
+      << e;
+  std::filesystem::remove_all(dir);
 }
 
 // An adapted model's units: the base's count, the embeddings' and head's empty.

@@ -202,6 +202,13 @@ TEST(RunConfigErrors, ExpertParallelismSaysWhatMustDivideWhat) {
 // parallel.offload (ZeRO-Infinity's disk tier): a directory, one way of
 // offloading at a time, a budget the stream fits in, the parameters' tier
 // over ZeRO-3's shards only.
+// [lora] with only init names that key (it named lora.base, which was not
+// set) and both keys that are needed.
+TEST(RunConfigErrors, LoraWithoutARankNamesTheKeyThatIsSet) {
+  expect_error(kMinimal, {"lora.init=/tmp/adapter"},
+               {"lora.init is set but lora.rank is missing: [lora] needs rank and base"});
+}
+
 TEST(RunConfigErrors, OffloadNeedsADirAndABudgetAndParamsNeedZero3) {
   const std::string dir = "parallel.offload_dir=/tmp/loom-offload-config-test";
   expect_error(kMinimal, {"parallel.offload=optimizer"}, {"parallel.offload = optimizer needs parallel.offload_dir"});
