@@ -36,7 +36,9 @@ text::SpmVocab spm_vocab(const io::GgufFile& f) {
   v.add_bos = flag("tokenizer.ggml.add_bos_token", true);
   v.add_eos = flag("tokenizer.ggml.add_eos_token", false);
   v.add_dummy_prefix = flag("tokenizer.ggml.add_space_prefix", true);
-  v.remove_extra_whitespaces = flag("tokenizer.ggml.remove_extra_whitespaces", false);
+  // tokenizer.ggml.remove_extra_whitespaces and precompiled_charsmap are not
+  // read: llama.cpp's "llama" tokenizer (llm_tokenizer_spm) ignores both
+  // (they are its "t5" tokenizer's), so the text keeps its runs of spaces.
   return v;
 }
 
@@ -75,6 +77,22 @@ text::HfTokenizer bpe_tokenizer(const io::GgufFile& f, const std::string& where,
   const char* add_bos = "tokenizer.ggml.add_bos_token";
   spec.add_bos = spec.bos_id >= 0 && (f.has(add_bos) ? f.get_bool(add_bos) : llama3);
   return text::HfTokenizer::from_spec(std::move(spec), where + ": tokenizer.ggml.*");
+}
+
+// Whether a "gpt2" vocabulary is GPT-2's own as add_gpt2 writes it: no
+// control or user-defined token but <|endoftext|>, which is also the EOS if
+// one is named. Gpt2Tokenizer reads only that; any other added token
+// (ChatML's <|im_start|>) or EOS needs bpe_tokenizer, as llama.cpp reads them.
+bool gpt2_own(const io::GgufFile& f, const std::vector<std::string>& tokens) {
+  constexpr std::string_view kEot = "<|endoftext|>";
+  if (f.has("tokenizer.ggml.token_type")) {
+    const std::vector<int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
+    for (size_t i = 0; i < types.size() && i < tokens.size(); ++i)
+      if ((types[i] == 3 || types[i] == 4) && tokens[i] != kEot) return false;
+  }
+  if (!f.has("tokenizer.ggml.eos_token_id")) return true;
+  const auto eos = f.get_int<int64_t>("tokenizer.ggml.eos_token_id");
+  return eos >= 0 && eos < static_cast<int64_t>(tokens.size()) && tokens[static_cast<size_t>(eos)] == kEot;
 }
 
 // tokens padded to vocab_size with "[PAD<id>]", types with 5 (unused).
@@ -132,7 +150,27 @@ void add_hf(io::GgufWriter& w, const text::HfTokenizer& tok, int64_t vocab_size)
   w.add("tokenizer.ggml.add_bos_token", io::GgufValue::boolean(tok.add_bos()));
 }
 
+// llama.cpp's "llama" tokenizer only escapes spaces to ▁ and adds the dummy
+// prefix: a tokenizer.model that normalizes text otherwise (spm_train's
+// default nmt_nfkc rules, remove_extra_whitespaces) would tokenize text
+// differently from a GGUF file, so it has no GGUF form.
+void require_llama_normalizer(const text::SentencePieceTokenizer& tok) {
+  const text::SpmVocab& v = tok.vocab();
+  std::string rules;
+  const auto add = [&rules](const std::string& rule) { rules += (rules.empty() ? "" : "; ") + rule; };
+  if (!v.precompiled_charsmap.empty())
+    add(concat("a precompiled_charsmap of ", v.precompiled_charsmap.size(), " bytes (character rules such as ",
+               "NFKC's, which folds 'ＡＢＣ' to 'ABC')"));
+  if (v.remove_extra_whitespaces) add("remove_extra_whitespaces (runs of spaces collapsed, outer spaces dropped)");
+  if (!v.escape_whitespaces) add("escape_whitespaces false (spaces not written as ▁)");
+  LOOM_REQUIRE(rules.empty(), tok.source(), ": the SentencePiece normalizer '", v.normalizer_name, "' has ", rules,
+               ": llama.cpp's 'llama' GGUF tokenizer applies none of this, so the .gguf file would tokenize text ",
+               "differently from the tokenizer.model; only SentencePiece models normalized as Llama's ",
+               "('identity', remove_extra_whitespaces false) have a GGUF form");
+}
+
 void add_spm(io::GgufWriter& w, const text::SentencePieceTokenizer& tok, int64_t vocab_size) {
+  require_llama_normalizer(tok);
   const text::SpmVocab& v = tok.vocab();
   std::vector<std::string> tokens = v.tokens;
   std::vector<int32_t> types = v.token_types;
@@ -183,10 +221,12 @@ std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, con
                "model's): give the model's tokenizer with --tokenizer");
   if (pre == "llama-bpe")
     return std::make_unique<text::HfTokenizer>(bpe_tokenizer(f, dir.weights, text::SplitPattern::llama3));
-  if (f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token"))
+  std::vector<std::string> tokens = strings(f, "tokenizer.ggml.tokens");
+  const bool add_bos = f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token");
+  if (add_bos || !gpt2_own(f, tokens))
     return std::make_unique<text::HfTokenizer>(bpe_tokenizer(f, dir.weights, text::SplitPattern::gpt2));
   return std::make_unique<text::Gpt2Tokenizer>(text::Gpt2Tokenizer::from_strings(
-      strings(f, "tokenizer.ggml.tokens"), strings(f, "tokenizer.ggml.merges"),
+      std::move(tokens), strings(f, "tokenizer.ggml.merges"),
       {dir.weights + ": tokenizer.ggml.tokens", dir.weights + ": tokenizer.ggml.merges"}));
 }
 

@@ -36,7 +36,9 @@ std::unique_ptr<text::Tokenizer> model_tokenizer(const model::ModelDir& dir, con
 // llama.cpp's converter pads. GPT-2's <|endoftext|> is control, BOS and EOS,
 // with add_bos_token false (loom prepends nothing to its prompts). A
 // tokenizer.json's BPE: model "gpt2", pre "gpt-2" or "llama-bpe", its special
-// added tokens control, its BOS, EOS and add_bos.
+// added tokens control, its BOS, EOS and add_bos. A tokenizer.model whose
+// normalizer llama.cpp's "llama" tokenizer would not apply (a
+// precompiled_charsmap, remove_extra_whitespaces) is refused by name.
 void gguf_add_tokenizer(io::GgufWriter& w, const text::Tokenizer& tok, int64_t vocab_size);
 
 }  // namespace loom::cli

@@ -64,9 +64,13 @@ std::string spm_byte_token(int b) {
 // What a token of the SentencePiece form decodes to: its ▁ spaces (the
 // Metaspace decoder's too: it drops only the first token's, in decode), a
 // byte token its byte when the decoder has ByteFallback.
+bool is_spm_byte_token(const HfSpmForm& form, const std::string& token) {
+  return form.decode_bytes && token.size() == 6 && token.starts_with("<0x") && token.back() == '>' &&
+         std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4]));
+}
+
 std::string spm_token_bytes(const HfSpmForm& form, const std::string& token) {
-  if (form.decode_bytes && token.size() == 6 && token.starts_with("<0x") && token.back() == '>' &&
-      std::isxdigit(static_cast<unsigned char>(token[3])) && std::isxdigit(static_cast<unsigned char>(token[4])))
+  if (is_spm_byte_token(form, token))
     return std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
   std::string out;
   for (size_t pos = 0;;) {
@@ -76,6 +80,20 @@ std::string spm_token_bytes(const HfSpmForm& form, const std::string& token) {
     out += ' ';
     pos = at + kMetaspace.size();
   }
+}
+
+// ByteFallback's end of a run of byte tokens (decoders/byte_fallback.rs):
+// the bytes when they are valid UTF-8, else one U+FFFD per byte of the run.
+// (The JS port's TextDecoder replaces each invalid part instead; Rust's
+// tokenizers, which transformers runs, is the reference.)
+void flush_byte_run(std::string& run, std::string& text) {
+  bool valid = true;
+  for (size_t i = 0; i < run.size() && valid; i += utf8_char_at(run, i).len)
+    valid = utf8_char_at(run, i).cp != kNotUtf8;
+  if (valid) text += run;
+  else
+    for (size_t i = 0; i < run.size(); ++i) text += "\xEF\xBF\xBD";  // U+FFFD
+  run.clear();
 }
 
 // prefix, then text with each space a ▁ (normalizer Replace, Metaspace).
@@ -112,9 +130,9 @@ std::array<int32_t, 256> byte_level_ids(const std::unordered_map<std::string, in
   return byte_ids;
 }
 
-bool is_word_char(const Utf8Char& c) {
-  return c.cls == CharClass::kLetter || c.cls == CharClass::kNumber || c.cp == U'_';
-}
+// tokenizers' single_word test is regex's \w (added_vocabulary.rs:
+// Regex::new(r"\w$") and r"^\w", Rust's regex crate, Unicode-aware).
+bool is_word_char(const Utf8Char& c) { return text::is_word_char(c.cp); }
 
 // The character that ends at s[pos - 1] (pos > 0).
 Utf8Char char_before(std::string_view s, size_t pos) {
@@ -262,6 +280,7 @@ HfTokenizer HfTokenizer::from_spec(HfBpeSpec spec, const std::string& where) {
   for (const auto& [name, id] : {std::pair{"BOS", spec.bos_id}, {"EOS", spec.eos_id}})
     LOOM_REQUIRE(id >= -1 && id < n, where, ": the ", name, " token id ", id, " is outside the vocabulary [0, ", n,
                  ")");
+  if (spec.split == SplitPattern::llama3) spec.split_step = true;  // ByteLevel's own regex is GPT-2's only
   tok.spec_ = std::move(spec);
   tok.build_added_index();
   return tok;
@@ -397,16 +416,25 @@ std::vector<int32_t> HfTokenizer::spm_symbols(std::string_view piece) const {
 
 void HfTokenizer::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const {
   if (spec_.spm) return encode_spm_text(text, at_start, ids);
+  // tokenizers' ByteLevel prepends the space to each piece it is handed
+  // (byte_level.rs: inside pretokenized.split, `if self.add_prefix_space &&
+  // !normalized.get().starts_with(' ')`): the whole stretch before its own
+  // regex splits it, or each pre-token a Split step before it made.
+  const auto encode_prefixed = [this, &ids](std::string_view piece) {
+    if (!spec_.add_prefix_space || piece.starts_with(' ')) return encode_pretoken(piece, ids);
+    encode_pretoken(" " + std::string(piece), ids);
+  };
+  if (!spec_.split) return encode_prefixed(text);
   std::string prefixed;
-  if (spec_.add_prefix_space && !text.starts_with(' ')) {
+  if (spec_.add_prefix_space && !spec_.split_step && !text.starts_with(' ')) {
     prefixed = " ";
     prefixed += text;
     text = prefixed;
   }
-  if (!spec_.split) return encode_pretoken(text, ids);
   for (size_t pos = 0; pos < text.size();) {
     const size_t end = pretoken_end(*spec_.split, text, pos);
-    encode_pretoken(text.substr(pos, end - pos), ids);
+    if (spec_.split_step) encode_prefixed(text.substr(pos, end - pos));
+    else encode_pretoken(text.substr(pos, end - pos), ids);
     pos = end;
   }
 }
@@ -426,13 +454,19 @@ void HfTokenizer::encode_pretoken(std::string_view piece, std::vector<int32_t>& 
 }
 
 std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
-  std::string text;
+  std::string text, byte_run;
   bool first = true;
   for (const int32_t id : ids) {
     LOOM_REQUIRE(id >= 0 && id < vocab_size(), "decode: token id ", id, " is outside the vocabulary [0, ",
                  vocab_size(), ")");
     if (special_[id]) continue;
-    if (spec_.spm && spec_.spm->metaspace_decoder && std::exchange(first, false)) {
+    const bool is_first = std::exchange(first, false);
+    if (spec_.spm && is_spm_byte_token(*spec_.spm, token_strings_[id])) {
+      byte_run += bpe_.bytes(id);
+      continue;
+    }
+    flush_byte_run(byte_run, text);
+    if (spec_.spm && spec_.spm->metaspace_decoder && is_first) {
       // The Metaspace decoder drops the first token's ▁ instead of making them spaces.
       std::string token = token_strings_[id];
       for (size_t at; (at = token.find(kMetaspace)) != std::string::npos;) token.erase(at, kMetaspace.size());
@@ -441,6 +475,7 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids) const {
       text += bpe_.bytes(id);
     }
   }
+  flush_byte_run(byte_run, text);
   if (spec_.spm) {  // Strip: at most strip_spaces leading spaces of the whole
     size_t cut = 0;
     while (cut < text.size() && cut < static_cast<size_t>(spec_.spm->strip_spaces) && text[cut] == ' ') ++cut;

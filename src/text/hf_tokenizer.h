@@ -15,9 +15,12 @@
 //      in what is left, as `tokenizers` does; loom reads no normalizer, so
 //      both match the raw text). lstrip / rstrip take the whitespace before /
 //      after a match with it; a single_word token matches only between
-//      characters that are not letters, digits or '_'.
-//   2. the rest is pre-tokenised: a space prepended (add_prefix_space) when
-//      it does not start with one, then split by the pattern (split_patterns.h).
+//      characters that are not word characters (regex \w: is_word_char).
+//   2. the rest is pre-tokenised: split by the pattern (split_patterns.h),
+//      with a space prepended (add_prefix_space) where one is missing: to
+//      the whole stretch before ByteLevel's own regex splits it, to each
+//      pre-token of a Split step before ByteLevel (tokenizers' ByteLevel
+//      prefixes every piece it is handed).
 //   3. each pre-token's bytes are merged (byte_bpe.h); with ignore_merges a
 //      pre-token that is itself in the vocabulary is that token.
 // In the SentencePiece form steps 2 and 3 are instead:
@@ -89,6 +92,11 @@ struct HfBpeSpec {
   bool ignore_merges = false;
   std::vector<HfAddedToken> added_tokens;
   std::optional<SplitPattern> split;  // none: ByteLevel without its regex, the whole text one pre-token
+  // The split is a Split pre-tokenizer's before ByteLevel (use_regex false),
+  // not ByteLevel's own regex: add_prefix_space then prefixes each of its
+  // pre-tokens. Always so for Llama 3's, which ByteLevel's regex is not
+  // (HfTokenizer::from_spec sets it).
+  bool split_step = false;
   bool add_prefix_space = false;
   std::optional<HfSpmForm> spm;  // the SentencePiece form; none: byte-level (split, add_prefix_space)
   int32_t bos_id = -1;   // -1: none

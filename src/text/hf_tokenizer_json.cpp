@@ -173,6 +173,7 @@ void parse_pre_tokenizer(const Reader& r, const json& doc, HfBpeSpec& spec) {
     if (type != "Split") r.unsupported(split_field + ".type", "'" + type + "'");
     if (use_regex) r.unsupported(field + ".use_regex", "true after a Split (two regexes)");
     spec.split = parse_split(r, *steps[0].first, split_field);
+    spec.split_step = true;
   } else {
     spec.split = use_regex ? std::optional(SplitPattern::gpt2) : std::nullopt;
   }

@@ -25,7 +25,7 @@ ordered_json added_token_fields(const HfAddedToken& t) {
 }
 
 ordered_json pre_tokenizer(const HfBpeSpec& spec) {
-  if (spec.split != SplitPattern::llama3) return byte_level(spec.add_prefix_space, true, spec.split.has_value());
+  if (!spec.split_step) return byte_level(spec.add_prefix_space, true, spec.split.has_value());
   const ordered_json split = {{"type", "Split"},
                               {"pattern", {{"Regex", split_pattern_regex(*spec.split)}}},
                               {"behavior", "Isolated"},

@@ -199,6 +199,7 @@ SentencePieceTokenizer SentencePieceTokenizer::from_model(const SpmModel& m, con
   v.remove_extra_whitespaces = m.normalizer.remove_extra_whitespaces;
   v.escape_whitespaces = m.normalizer.escape_whitespaces;
   v.precompiled_charsmap = m.normalizer.precompiled_charsmap;
+  v.normalizer_name = m.normalizer.name;
   v.unk_surface = t.unk_surface;
   return from_vocab(std::move(v), source);
 }

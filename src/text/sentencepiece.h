@@ -53,9 +53,13 @@ struct SpmVocab {
   bool add_bos = true;                // tokenizer.ggml.add_bos_token
   bool add_eos = false;               // tokenizer.ggml.add_eos_token
   bool add_dummy_prefix = true;       // tokenizer.ggml.add_space_prefix
-  bool remove_extra_whitespaces = false;  // tokenizer.ggml.remove_extra_whitespaces
+  // The normalizer of a tokenizer.model. A "llama" GGUF carries none of it:
+  // llama.cpp's SentencePiece tokenizer reads remove_extra_whitespaces and
+  // precompiled_charsmap only for "t5" (Unigram) vocabularies.
+  bool remove_extra_whitespaces = false;
   bool escape_whitespaces = true;
-  std::string precompiled_charsmap;   // tokenizer.ggml.precompiled_charsmap; empty: identity
+  std::string precompiled_charsmap;   // empty: identity
+  std::string normalizer_name;        // NormalizerSpec.name ("identity", "nmt_nfkc"), for messages
   std::string unk_surface = " \xE2\x81\x87 ";  // what decode writes for the unknown token
 };
 
@@ -98,6 +102,8 @@ class SentencePieceTokenizer : public Tokenizer {
   bool add_eos() const { return vocab_.add_eos; }
   // The validated vocabulary, for writing it out (GGUF, tokenizer.json).
   const SpmVocab& vocab() const { return vocab_; }
+  // What the vocabulary was built from (a tokenizer.model's path), for messages.
+  const std::string& source() const { return source_; }
   SpmPieceType type(int32_t id) const { return types_.at(static_cast<size_t>(id)); }
 
  private:

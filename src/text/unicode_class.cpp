@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 
+#include "text/unicode_word.h"
+
 namespace loom::text {
 namespace {
 
@@ -431,6 +433,14 @@ CharClass char_class(char32_t cp) {
   if (it == std::begin(kRanges)) return CharClass::kOther;
   --it;
   return cp <= it->hi ? it->cls : CharClass::kOther;
+}
+
+bool is_word_char(char32_t cp) {
+  if (char_class(cp) == CharClass::kLetter) return true;
+  using unicode_word::kWordNotLetter;
+  const auto* it = std::upper_bound(std::begin(kWordNotLetter), std::end(kWordNotLetter), cp,
+                                    [](char32_t c, const unicode_word::Range& r) { return c < r.lo; });
+  return it != std::begin(kWordNotLetter) && cp <= (it - 1)->hi;
 }
 
 }  // namespace loom::text

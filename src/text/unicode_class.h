@@ -15,4 +15,10 @@ enum class CharClass : uint8_t { kOther, kLetter, kNumber, kSpace };
 // surrogates and values above U+10FFFF are kOther.
 CharClass char_class(char32_t cp);
 
+// Whether cp is a word character of a Unicode regex's \w (UTS #18 Annex C:
+// Alphabetic, Mark, Decimal_Number, Connector_Punctuation, Join_Control),
+// as Rust's `regex` crate and Python's `regex` module have it: 'é', U+0301
+// (a combining mark) and '‿' (U+203F) are, '²' (No) and '½' are not.
+bool is_word_char(char32_t cp);
+
 }  // namespace loom::text

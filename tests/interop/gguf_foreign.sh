@@ -5,6 +5,12 @@
 # sentencepiece trained; for each prompt, loom's and llama.cpp's prompt
 # lengths and greedy tokens must be equal. Then the file as a Modelfile's
 # FROM, created into a store and answered by loom run.
+# First the SentencePiece normalizer, which a "llama" GGUF cannot carry:
+# llama.cpp ignores tokenizer.ggml.remove_extra_whitespaces and
+# precompiled_charsmap in one (a file with both, from spm_train's default
+# nmt_nfkc model, runs in loom as in llama.cpp: spaces kept, no NFKC), so
+# convert --to gguf refuses a tokenizer.model with such a normalizer by name
+# (nfkc; trim: identity with remove_extra_whitespaces) and converts Llama's.
 #
 #   gguf_foreign.sh LOOM WORKDIR TOKENIZER_MODEL INTEROP_DIR
 set -euo pipefail
@@ -17,6 +23,30 @@ n=16
 rm -rf "$work"
 mkdir -p "$work"
 /usr/bin/python3 "$here/write_llama_gguf.py" "$work/foreign.gguf" "$spm_model" 1
+models=$(dirname "$spm_model")
+/usr/bin/python3 "$here/write_llama_gguf.py" "$work/normalizer.gguf" "$models/sentencepiece_nfkc.model" 1 normalizer
+for p in "hello   world  " "ＡＢＣ ｆｕｌｌ ﬁ"; do
+  LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" 4 "$p" "$work/normalizer.gguf" >"$work/ref.json"
+  "$loom" generate --model "$work/normalizer.gguf" --prompt "$p" --max-tokens 4 --temperature 0 --json \
+    2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
+  /usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"
+done
+"$loom" init-model --preset llama-tiny --set vocab_size=2000 --out "$work/m" >/dev/null
+for name in nfkc trim llama; do
+  cp "$models/sentencepiece_$name.model" "$work/m/tokenizer.model"
+  if "$loom" convert --to gguf --model "$work/m" --out "$work/$name.gguf" 2>"$work/$name.err" >/dev/null; then
+    [[ $name == llama ]] || { echo "gguf_foreign: convert wrote the $name normalizer's model as a GGUF" >&2; exit 1; }
+  elif [[ $name == llama ]]; then
+    cat "$work/$name.err"; exit 1
+  fi
+done
+[[ ! -e $work/nfkc.gguf && ! -e $work/trim.gguf ]] ||
+  { echo "gguf_foreign: a refused convert left a file" >&2; exit 1; }
+grep -q "normalizer 'nmt_nfkc' has a precompiled_charsmap of [0-9]* bytes" "$work/nfkc.err" ||
+  { cat "$work/nfkc.err"; exit 1; }
+grep -q "normalizer 'identity' has remove_extra_whitespaces" "$work/trim.err" || { cat "$work/trim.err"; exit 1; }
+echo "gguf_foreign: a SentencePiece normalizer llama.cpp ignores is ignored in a GGUF and refused by convert"
+
 # Control tokens written in a prompt are their ids for both (llama.cpp's parse_special, as its server does).
 prompts=("The quick brown fox jumps over the lazy dog" "  two  spaces, digits 12345 and é, 漢字, 🙂" "x"
          "<s>The quick</s> brown<unk> fox")

@@ -4,9 +4,12 @@ sharing no code with loom's): a small llama-architecture model with random
 f32 weights (GQA) and the SentencePiece vocabulary of a tokenizer.model, laid
 out by llama.cpp's conventions (tensor names, ggml dimension order, q/k rows
 as llama.cpp's converter permutes them). loom and llama.cpp then run the same
-file (tests/interop/gguf_foreign.sh).
+file (tests/interop/gguf_foreign.sh). With "normalizer" the file also
+carries the tokenizer.model's normalizer as a "t5" GGUF would
+(tokenizer.ggml.precompiled_charsmap, remove_extra_whitespaces), keys a
+"llama" tokenizer in llama.cpp ignores.
 
-    write_llama_gguf.py OUT.gguf TOKENIZER.model [SEED]
+    write_llama_gguf.py OUT.gguf TOKENIZER.model [SEED [normalizer]]
 """
 import struct
 import sys
@@ -14,7 +17,7 @@ import sys
 import numpy as np
 import sentencepiece as spm
 
-U32, I32, F32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
+U8, U32, I32, F32, BOOL, STRING, ARRAY = 0, 4, 5, 6, 7, 8, 9
 
 
 def s(text):
@@ -36,7 +39,43 @@ def kv(key, vtype, value):
     out += struct.pack("<IQ", etype, len(items))
     if etype == STRING:
         return out + b"".join(s(x) for x in items)
-    return out + np.asarray(items, dtype={I32: "<i4", F32: "<f4"}[etype]).tobytes()
+    return out + np.asarray(items, dtype={U8: "u1", I32: "<i4", F32: "<f4"}[etype]).tobytes()
+
+
+def proto_fields(data):
+    """(field number, value) of a serialized protobuf message, by wire type."""
+    i = 0
+
+    def varint():
+        nonlocal i
+        value = shift = 0
+        while True:
+            byte = data[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while i < len(data):
+        key = varint()
+        wire = key & 7
+        if wire == 0:
+            yield key >> 3, varint()
+        elif wire == 2:
+            n = varint()
+            yield key >> 3, data[i:i + n]
+            i += n
+        else:
+            n = {1: 8, 5: 4}[wire]
+            yield key >> 3, data[i:i + n]
+            i += n
+
+
+def charsmap(model_path):
+    """ModelProto.normalizer_spec (field 3).precompiled_charsmap (field 2)."""
+    spec = [v for f, v in proto_fields(open(model_path, "rb").read()) if f == 3][0]
+    return [v for f, v in proto_fields(spec) if f == 2][0]
 
 
 def vocab(model_path):
@@ -84,6 +123,9 @@ def main():
            kv("tokenizer.ggml.scores", ARRAY, (F32, scores)), kv("tokenizer.ggml.token_type", ARRAY, (I32, types)),
            kv("tokenizer.ggml.bos_token_id", U32, sp.bos_id()), kv("tokenizer.ggml.eos_token_id", U32, sp.eos_id()),
            kv("tokenizer.ggml.unknown_token_id", U32, sp.unk_id()), kv("tokenizer.ggml.add_bos_token", BOOL, True)]
+    if len(sys.argv) > 4 and sys.argv[4] == "normalizer":
+        kvs += [kv("tokenizer.ggml.remove_extra_whitespaces", BOOL, True),
+                kv("tokenizer.ggml.precompiled_charsmap", ARRAY, (U8, list(charsmap(model_path))))]
     infos, offset = b"", 0
     for name, t in tensors:
         dims = list(reversed(t.shape))  # ggml order: ne[0] varies fastest

@@ -285,6 +285,51 @@ TEST(HfTokenizer, AddedTokensStripAndMatchWholeWordsAsAsked) {
   EXPECT_EQ(tok.encode("this"), (std::vector<int32_t>{'t', 'h', 'i', 's'}));
 }
 
+// single_word as tokenizers tests it: regex \w (Rust's regex crate: Unicode
+// Alphabetic, Mark, Decimal_Number, Connector_Punctuation, Join_Control) must
+// not touch the match. A combining mark, '‿' (Pc) and a joiner are word
+// characters; '²' and '½' (No) are not, though \p{N}.
+TEST(HfTokenizer, SingleWordAddedTokensUseRegexWordCharacters) {
+  const HfTokenizer tok = llama_style();
+  const int32_t hi = 256 + 11 + 5;
+  const auto matched = [&](const std::string& s) {
+    const std::vector<int32_t> ids = tok.encode(s);
+    return std::count(ids.begin(), ids.end(), hi);
+  };
+  EXPECT_EQ(matched("\u00B2hi"), 1);
+  EXPECT_EQ(matched("hi\u00BD"), 1);
+  EXPECT_EQ(matched("x\u0301hi"), 0);
+  EXPECT_EQ(matched("\u203Fhi"), 0);
+  EXPECT_EQ(matched("hi\u200D"), 0);
+  EXPECT_EQ(matched("\u0663hi"), 0);  // ARABIC-INDIC DIGIT THREE: Nd
+  EXPECT_EQ(matched("\u2160hi"), 0);  // ROMAN NUMERAL ONE: Nl, Alphabetic
+  EXPECT_EQ(matched("_hi"), 0);
+  EXPECT_EQ(matched("-hi-"), 1);
+}
+
+// ByteLevel with add_prefix_space after a Split prefixes each of the Split's
+// pre-tokens that lacks a space (tokenizers' byte_level.rs prepends inside
+// pretokenized.split, once per piece), and the file written back keeps that
+// form; with ByteLevel's own regex, the whole text once.
+TEST(HfTokenizer, ByteLevelAddPrefixSpaceAfterASplitPrefixesEachPretoken) {
+  json doc = llama_style_json();
+  doc["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+  TempDir dir;
+  const HfTokenizer tok = loom::text::load_hf_tokenizer(dir.write("tokenizer.json", doc.dump()).string());
+  const int32_t hello = 256 + 3, world = 256 + 8, n123 = 256 + 10;
+  EXPECT_EQ(tok.encode("a\r\nb"), (std::vector<int32_t>{' ', 'a', ' ', '\r', '\n', ' ', 'b'}));
+  EXPECT_EQ(tok.encode("hello world"), (std::vector<int32_t>{' ', hello, world}));
+  EXPECT_EQ(tok.encode("x 123"), (std::vector<int32_t>{' ', 'x', ' ', ' ', n123}));
+  const std::string written = loom::text::tokenizer_json_text(tok);
+  const HfTokenizer back = loom::text::load_hf_tokenizer(dir.write("back.json", written).string());
+  EXPECT_EQ(back.encode("a\r\nb"), tok.encode("a\r\nb"));
+  EXPECT_EQ(back.encode("x 123"), tok.encode("x 123"));
+
+  doc["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
+  const HfTokenizer own = loom::text::load_hf_tokenizer(dir.write("own.json", doc.dump()).string());
+  EXPECT_EQ(own.encode("a\r\nb"), (std::vector<int32_t>{' ', 'a', '\r', '\n', 'b'}));
+}
+
 // data prepare with a tokenizer.json reads a control token written in a
 // document as text (one document, one delimiter), as with encoder.json.
 TEST(HfTokenizer, DataPrepareKeepsControlTokensInTheTextAsText) {

@@ -164,6 +164,21 @@ TEST(HfTokenizerSpm, DecodeTurnsMetaspaceAndBytesBackAndStripsOneLeadingSpace) {
   EXPECT_EQ(m.token_bytes(v.id("▁world")), " world");
 }
 
+// tokenizers' ByteFallback decoder (Rust, decoders/byte_fallback.rs): a run
+// of byte tokens is its text when it is valid UTF-8, else one U+FFFD for each
+// byte of the run, the valid ones included; special tokens are gone first, so
+// the bytes around one are one run.
+TEST(HfTokenizerSpm, DecodeGivesOneReplacementCharacterPerByteOfAnInvalidRun) {
+  const HfTokenizer tok = spm(spm_json(true));
+  const Vocab v = vocab();
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(tok.decode(Ids{byte(0xE4), byte(0xB8), byte(0xAD)}), "中");
+  EXPECT_EQ(tok.decode(Ids{byte(0xE4), 2, byte(0xB8), byte(0xAD)}), "中");
+  EXPECT_EQ(tok.decode(Ids{byte(0xE4), byte(0xB8)}), fffd + fffd);
+  EXPECT_EQ(tok.decode(Ids{byte(0x41), byte(0xFF), v.id("▁hello"), byte(0x42)}), fffd + fffd + " helloB");
+  EXPECT_EQ(tok.decode(Ids{v.id("h"), byte(0xC3), byte(0xA9), byte(0xE4), v.id("o")}), "h" + fffd + fffd + fffd + "o");
+}
+
 TEST(HfTokenizerSpm, WrittenFilesReadBackAndEncodeTheSame) {
   for (const bool legacy : {true, false}) {
     const HfTokenizer tok = spm(spm_json(legacy));
