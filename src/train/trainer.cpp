@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/sha256.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
 #include "train/checkpoint.h"
@@ -78,8 +79,14 @@ void require_device_can_run(const RunConfig& cfg, const Context& ctx) {
   if (!device.is_cpu()) return require_device_layout(cfg);
   if (cfg.train.dtype != "bf16") return;
   const std::string why = kernels::bf16_matmul_unsupported_reason();
-  LOOM_REQUIRE(why.empty(), "train.dtype = bf16: ", why,
-               "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX512_BF16 or AMX");
+  if (why.empty()) return;
+  using kernels::CpuIsa;
+  const CpuIsa supported = kernels::cpu_isa_supported(), level = kernels::cpu_isa();
+  LOOM_REQUIRE(supported < CpuIsa::avx512 || level >= CpuIsa::avx512, "train.dtype = bf16: --isa / LOOM_ISA caps ",
+               "this run at the ", kernels::cpu_isa_name(level), " level, where there is no bf16 GEMM (oneDNN needs ",
+               "AVX-512 for bf16); this CPU has ", kernels::cpu_isa_name(supported), ": raise the cap to avx512 or ",
+               "above, or train in fp32 (train.dtype = fp32)");
+  fail("train.dtype = bf16: ", why, "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX-512");
 }
 
 }  // namespace

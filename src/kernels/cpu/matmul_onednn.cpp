@@ -104,7 +104,7 @@ std::shared_ptr<GemmPrimitive> create_primitive(const GemmKey& key) {
     // oneDNN 2.6 has bf16 GEMMs only on CPUs with AVX-512 (avx512_core and
     // up): elsewhere a bf16 run is a user choice this machine cannot serve.
     if (e.status == dnnl_unimplemented && key.ab == DType::bf16)
-      fail("matmul: this CPU has no bf16 GEMM (oneDNN needs AVX-512 for bf16)");
+      fail("matmul: this CPU has no bf16 GEMM at the level oneDNN runs at (oneDNN needs AVX-512 for bf16)");
     LOOM_CHECK(false, "oneDNN matmul creation failed: ", e.what(), " (batch ", key.batch, ", m ", key.m, ", n ",
                key.n, ", k ", key.k, ", ", dtype_name(key.ab), " -> ", dtype_name(key.c_dtype), ")");
   }
