@@ -2,15 +2,18 @@
 // talks to a running loom serve (--host, or LOOM_HOST, default
 // http://127.0.0.1:8000) when one answers, else serves the store in this
 // process on a free loopback port and talks to that: one path either way
-// (POST /api/chat, NDJSON). With PROMPT: one answer, then exit. Without:
-// a conversation, line by line, with its history; """ starts and ends a
-// multi-line message; /set parameter NAME VALUE, /set system TEXT, /show,
-// /clear, /bye (or Ctrl-D) to leave; Ctrl-C stops the answer being written,
-// not the program. loom ps lists what a running server has loaded.
+// (POST /api/chat, NDJSON). With PROMPT, or stdin not a terminal: one
+// answer (to piped stdin, then PROMPT, as one message), then exit. Else a
+// conversation, line by line, with its history; """ starts and ends a
+// multi-line message; /set parameter NAME VALUE, /set system TEXT (or
+// """...""" over lines), /show, /clear, /bye (or Ctrl-D) to leave; Ctrl-C
+// stops the answer being written, not the program. loom ps lists what a
+// running server has loaded.
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -92,6 +95,54 @@ class LocalServer {
   std::thread thread_;
 };
 
+// One line from stdin; false at its end. Ctrl-C at the prompt only says how to leave.
+bool read_line(std::string& line, bool tty) {
+  while (true) {
+    if (std::getline(std::cin, line)) return true;
+    if (!g_interrupted) return false;
+    g_interrupted = false;
+    std::cin.clear();
+    clearerr(stdin);
+    if (tty) std::printf("\nUse Ctrl + d or /bye to exit.\n>>> ");
+    std::fflush(stdout);
+  }
+}
+
+// The rest of a message opened with """: lines up to one ending with """ (text holds what followed the
+// opening quotes). False when stdin ends first: the unfinished text is not sent, as ollama drops it.
+bool read_multiline(std::string& text, bool tty) {
+  std::string more;
+  while (!text.ends_with("\"\"\"")) {
+    if (!read_line(more, tty)) return false;
+    text += "\n" + more;
+  }
+  text.resize(text.size() - 3);
+  return true;
+}
+
+// /set parameter's values: words split at spaces, a "quoted" one (with \" and \\ inside) kept whole and
+// unquoted, so stop "User:" is User: as in a Modelfile rather than a stop string with quotes in it.
+std::vector<std::string> parameter_words(const std::string& text) {
+  std::vector<std::string> words;
+  for (size_t i = 0; i < text.size();) {
+    if (std::isspace(static_cast<unsigned char>(text[i]))) {
+      ++i;
+      continue;
+    }
+    std::string w;
+    if (text[i] == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        w += text[i] == '\\' && i + 1 < text.size() && (text[i + 1] == '"' || text[i + 1] == '\\') ? text[++i]
+                                                                                                   : text[i];
+      ++i;  // the closing quote (an unclosed one ends at the line's end)
+    } else {
+      while (i < text.size() && !std::isspace(static_cast<unsigned char>(text[i]))) w += text[i++];
+    }
+    words.push_back(std::move(w));
+  }
+  return words;
+}
+
 class Chat {
  public:
   Chat(std::string url, std::string model, std::string key)
@@ -126,7 +177,8 @@ class Chat {
   // written when the server refused before answering).
   int send(const std::string& user, std::string& text, std::string& error) {
     json messages = history_;
-    if (!system_.empty()) messages.insert(messages.begin(), {{"role", "system"}, {"content", system_}});
+    // One object: insert(pos, {{...}, {...}}) would read the braces as a list of two arrays.
+    if (!system_.empty()) messages.insert(messages.begin(), json{{"role", "system"}, {"content", system_}});
     messages.push_back({{"role", "user"}, {"content", user}});
     const json body = {{"model", model_}, {"messages", messages}, {"stream", true}, {"options", options_}};
     std::string pending;
@@ -159,8 +211,8 @@ class Chat {
     return done ? 1 : 0;
   }
 
-  // A /command; false for /bye.
-  bool command(const std::string& line) {
+  // A /command; false for /bye (or stdin ending inside a /set system """ text).
+  bool command(const std::string& line, bool tty) {
     std::istringstream in(line);
     std::string cmd, what;
     in >> cmd >> what;
@@ -169,65 +221,75 @@ class Chat {
       history_ = json::array();
       std::printf("Cleared the conversation.\n");
     } else if (cmd == "/set" && what == "parameter") {
-      std::string name, value;
+      std::string name, rest;
       in >> name;
-      std::getline(in >> std::ws, value);
-      try {
-        serve::set_parameter(options_, name, value);
-        std::printf("Set parameter '%s' to '%s'\n", name.c_str(), value.c_str());
-      } catch (const loom::Error& e) {
-        std::printf("%s\n", e.what());
-      }
+      std::getline(in >> std::ws, rest);
+      set_parameter(name, rest);
     } else if (cmd == "/set" && what == "system") {
-      std::getline(in >> std::ws, system_);
+      std::string text;
+      std::getline(in >> std::ws, text);
+      // /set system """ opens a system message of several lines, as ollama's interactive mode reads it.
+      if (text.starts_with("\"\"\"")) {
+        text.erase(0, 3);
+        if (!read_multiline(text, tty)) return false;
+      }
+      system_ = text;
       std::printf("Set the system message.\n");
     } else if (cmd == "/show") {
       std::printf("parameters: %s\nsystem: %s\n", options_.dump().c_str(), system_.c_str());
     } else {
-      std::printf("Commands:\n  /set parameter NAME VALUE   e.g. temperature 0.7, num_predict 64, stop \"User:\"\n"
-                  "  /set system TEXT            the system message\n  /show                       "
-                  "what is set\n  /clear                      forget the conversation\n  /bye                   "
-                  "     leave (or Ctrl-D)\n  \"\"\" ... \"\"\"                 a message of several lines\n");
+      std::printf("Commands:\n"
+                  "  /set parameter NAME VALUE   e.g. temperature 0.7, num_predict 64, stop \"User:\"\n"
+                  "  /set system TEXT            the system message (\"\"\" for several lines)\n"
+                  "  /show                       what is set\n"
+                  "  /clear                      forget the conversation\n"
+                  "  /bye                        leave (or Ctrl-D)\n"
+                  "  \"\"\" ... \"\"\"                 a message of several lines\n");
     }
     return true;
   }
 
  private:
+  // /set parameter NAME VALUE...: as ollama's, stop takes every word (stop A B is ["A", "B"]) and replaces
+  // the list set before; the others take their one value. A bad value leaves the options as they were.
+  void set_parameter(const std::string& name, const std::string& rest) {
+    const std::vector<std::string> words = parameter_words(rest);
+    json options = options_;
+    try {
+      if (name == "stop") {
+        options.erase("stop");
+        if (words.empty()) serve::set_parameter(options, name, "");  // says stop needs a string
+        for (const std::string& w : words) serve::set_parameter(options, name, w);
+      } else {
+        serve::set_parameter(options, name, words.size() == 1 ? words[0] : rest);
+      }
+    } catch (const loom::Error& e) {
+      std::printf("%s\n", e.what());
+      return;
+    }
+    options_ = std::move(options);
+    std::string shown;
+    for (const std::string& w : words) shown += (shown.empty() ? "" : ", ") + w;
+    std::printf("Set parameter '%s' to '%s'\n", name.c_str(), shown.c_str());
+  }
+
   std::string url_, model_, key_, system_;
   bool shifted_ = false;  // the oldest messages were left out once already
   json history_ = json::array(), options_ = json::object();
 };
 
-// One line from stdin; false at its end. Ctrl-C at the prompt only says how to leave.
-bool read_line(std::string& line, bool tty) {
-  while (true) {
-    if (std::getline(std::cin, line)) return true;
-    if (!g_interrupted) return false;
-    g_interrupted = false;
-    std::cin.clear();
-    clearerr(stdin);
-    if (tty) std::printf("\nUse Ctrl + d or /bye to exit.\n>>> ");
-    std::fflush(stdout);
-  }
-}
-
+// The conversation at a terminal (ollama's interactive mode).
 void converse(Chat& chat) {
-  const bool tty = ::isatty(STDIN_FILENO) != 0;
   std::string line;
   while (true) {
-    if (tty) std::printf(">>> ");
+    std::printf(">>> ");
     std::fflush(stdout);
-    if (!read_line(line, tty)) break;
-    if (line.rfind("\"\"\"", 0) == 0) {  // a message of several lines, up to a line ending with """
-      std::string text = line.substr(3), more;
-      while (text.size() < 3 || text.compare(text.size() - 3, 3, "\"\"\"") != 0) {
-        if (!read_line(more, tty)) break;
-        text += "\n" + more;
-      }
-      if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\"\"\"") == 0) text.resize(text.size() - 3);
-      line = text;
+    if (!read_line(line, true)) break;
+    if (line.starts_with("\"\"\"")) {  // a message of several lines, up to a line ending with """
+      line.erase(0, 3);
+      if (!read_multiline(line, true)) break;
     } else if (!line.empty() && line[0] == '/') {
-      if (!chat.command(line)) break;
+      if (!chat.command(line, true)) break;
       continue;
     }
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
@@ -243,6 +305,17 @@ void run_chat(const RunArgs& a) {
   set_num_threads(a.threads);
   set_log_progress_to_stderr(true);  // stdout is the answer, to pipe or read
   set_log_rank_prefix(false);        // one process, and a person reads stderr beside the chat
+  // As ollama run (cmd.go): stdin that is not a terminal is read whole and goes before the PROMPT words,
+  // joined by a space, as one message (a piped file is one message, not a turn per line); only a
+  // terminal without a PROMPT gets a conversation.
+  const bool tty = ::isatty(STDIN_FILENO) != 0;
+  std::string prompt;
+  if (!tty) {
+    std::ostringstream piped;
+    piped << std::cin.rdbuf();
+    prompt = piped.str();
+  }
+  for (const std::string& w : a.prompt) prompt += (prompt.empty() ? "" : " ") + w;
   std::unique_ptr<LocalServer> local;
   std::string url = a.host;
   if (!serve::server_is_up(url, std::chrono::milliseconds(500))) {
@@ -261,9 +334,8 @@ void run_chat(const RunArgs& a) {
   sa.sa_flags = 0;  // no SA_RESTART: a read at the prompt returns, and says how to leave
   sigaction(SIGINT, &sa, nullptr);
   Chat chat(url, a.name, local ? std::string() : a.api_key);
-  if (a.prompt.empty()) return converse(chat);
-  std::string prompt;
-  for (const std::string& w : a.prompt) prompt += (prompt.empty() ? "" : " ") + w;
+  if (tty && a.prompt.empty()) return converse(chat);
+  if (prompt.find_first_not_of(" \t\r\n") == std::string::npos) return;  // nothing to ask: an empty pipe
   chat.answer(prompt);
 }
 

@@ -1,15 +1,25 @@
 // serve::Api before the server is ready (the model still loading): /health
 // and the API answer 503 with the envelope, /metrics and GET / answer, an
 // unknown route is a 404 -- what a load balancer and ollama's clients see
-// while `loom serve` starts.
+// while `loom serve` starts. Then the model store and Modelfiles behind
+// ollama's store routes.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "serve/api.h"
+#include "serve/store/model_store.h"
+#include "serve/store/modelfile.h"
 
 namespace loom::serve {
 namespace {
@@ -102,6 +112,99 @@ TEST(ApiStarting, CorsOnlyForAllowedOrigins) {
       if (name == "Access-Control-Allow-Origin") return value;
     return std::string("(none)");
   }(), "*");
+}
+
+}  // namespace
+}  // namespace loom::serve
+
+// The model store and Modelfiles behind ollama's store routes (/api/create, /api/copy, /api/show).
+namespace loom::serve {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh store under the temporary directory, removed at the end.
+struct TempStore {
+  fs::path dir = fs::temp_directory_path() / ("loom_store_test_" + std::to_string(::getpid()) + "_" +
+                                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  TempStore() { fs::remove_all(dir); }
+  ~TempStore() { fs::remove_all(dir); }
+  size_t blobs() const {
+    return static_cast<size_t>(std::distance(fs::directory_iterator(dir / "blobs"), fs::directory_iterator()));
+  }
+};
+
+std::vector<LayerSource> layers(const std::string& weights, const std::string& system) {
+  return {{kMediaWeights, "", weights, ""}, {kMediaSystem, "", system, ""}};
+}
+
+TEST(ModelStore, RecreatingAModelRemovesItsOldBlobsButKeepsSharedOnes) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  store.put_model(ModelName::parse("m"), layers("weights one", "shared"));
+  store.put_model(ModelName::parse("other"), layers("weights other", "shared"));
+  EXPECT_EQ(t.blobs(), 3u);
+  store.put_model(ModelName::parse("m"), layers("weights two", "shared"));  // "weights one" is named by nothing now
+  EXPECT_EQ(t.blobs(), 3u);
+  EXPECT_EQ(store.read_blob(store.get(ModelName::parse("m"))->manifest.layers[0].digest), "weights two");
+}
+
+TEST(ModelStore, CopyOntoAnExistingNameRemovesTheReplacedModelsBlobs) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  store.put_model(ModelName::parse("a"), layers("weights a", "sys"));
+  store.put_model(ModelName::parse("b"), layers("weights b", "sys"));
+  ASSERT_TRUE(store.copy(ModelName::parse("a"), ModelName::parse("b")));
+  EXPECT_EQ(t.blobs(), 2u);  // "weights b" went with the model b replaced
+  ASSERT_TRUE(store.remove(ModelName::parse("a")));
+  EXPECT_EQ(t.blobs(), 2u);  // b names them still
+}
+
+TEST(Modelfile, QuotedValuesReadAsOllamasParserReadsThem) {
+  const Modelfile mf = Modelfile::parse("\xEF\xBB\xBF" "FROM ./m\n"
+                                        "SYSTEM \"\"\"Always answer \"yes\"\"\"\"\n"
+                                        "TEMPLATE \"line one\nline two\"\n"
+                                        "MESSAGE user \"C:\\dir\\file\"\n"
+                                        "LICENSE MIT for the code\nLICENSE \"\"\"CC-BY-4.0\"\"\"\n",
+                                        "M");
+  EXPECT_EQ(mf.from, "./m");  // the byte order mark is not part of FROM
+  EXPECT_EQ(mf.system, "Always answer \"yes\"");
+  EXPECT_EQ(mf.chat_template, "line one\nline two");
+  EXPECT_EQ(mf.messages.at(0).second, "C:\\dir\\file");  // backslashes kept
+  EXPECT_EQ(mf.license, "MIT for the code\nCC-BY-4.0");
+  EXPECT_THROW(Modelfile::parse("FROM m\nSYSTEM \"open\n", "M"), loom::Error);
+}
+
+// loom list takes no lock: a namespaced model copied and removed meanwhile (its folders come and go) is
+// listed or not, never an error.
+TEST(ModelStore, ListingWhileNamespacedModelsComeAndGoNeverFails) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  store.put_model(ModelName::parse("m"), layers("w", "s"));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; !stop; ++i) {
+      const ModelName n = ModelName::parse("n" + std::to_string(i % 3) + "/a/b/c:v" + std::to_string(i));
+      store.copy(ModelName::parse("m"), n);
+      store.remove(n);
+    }
+  });
+  for (int i = 0; i < 300; ++i) EXPECT_NO_THROW(store.list());
+  stop = true;
+  writer.join();
+}
+
+// (A text with a line ending in """ reads back in neither form: that line would close the value.)
+TEST(Modelfile, QuotedValuesWrittenByShowReadBackWhole) {
+  for (const std::string text : {"plain", "ends in a quote\"", "two\nlines", "\"\"\" opens a line\nthen more",
+                                 "a line ending \"\nthen \"\"\"", "{{ \"x\" }}\n\"\n", "\"", "\"\"", ""}) {
+    for (const bool triple : {true, false}) {
+      SCOPED_TRACE(modelfile_quote(text, triple));
+      const Modelfile mf = Modelfile::parse("FROM m\nSYSTEM " + modelfile_quote(text, triple) + "\nLICENSE x\n", "M");
+      EXPECT_EQ(mf.system, text) << modelfile_quote(text, triple);
+      EXPECT_EQ(mf.license, "x");
+    }
+  }
 }
 
 }  // namespace

@@ -22,21 +22,23 @@ ApiError not_found(const std::string& name) {
 }
 
 // A PARAMETER line's value as a Modelfile writes it.
-std::string param_text(const json& v) { return v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump(); }
+std::string param_text(const json& v) {
+  return v.is_string() ? modelfile_quote(v.get<std::string>(), false) : v.dump();
+}
 
 // A Modelfile that recreates m (what ollama show --modelfile prints).
 std::string modelfile_of(const StoredModel& m, const ResolvedModel& r) {
   std::string out = "# Modelfile of " + m.name.str() + "\nFROM " + m.name.str() + "\n";
-  if (!r.chat.is_plain) out += "TEMPLATE \"\"\"" + r.chat.source + "\"\"\"\n";
-  if (!r.system.empty()) out += "SYSTEM \"\"\"" + r.system + "\"\"\"\n";
+  if (!r.chat.is_plain) out += "TEMPLATE " + modelfile_quote(r.chat.source, true) + "\n";
+  if (!r.system.empty()) out += "SYSTEM " + modelfile_quote(r.system, true) + "\n";
   for (const auto& [k, v] : r.parameters.items()) {
     if (v.is_array())
       for (const json& one : v) out += "PARAMETER " + k + " " + param_text(one) + "\n";
     else out += "PARAMETER " + k + " " + param_text(v) + "\n";
   }
   for (const json& msg : r.messages)
-    out += "MESSAGE " + msg.value("role", "") + " \"\"\"" + msg.value("content", "") + "\"\"\"\n";
-  if (!r.license.empty()) out += "LICENSE \"\"\"" + r.license + "\"\"\"\n";
+    out += "MESSAGE " + msg.value("role", "") + " " + modelfile_quote(msg.value("content", ""), true) + "\n";
+  if (!r.license.empty()) out += "LICENSE " + modelfile_quote(r.license, true) + "\n";
   return out;
 }
 
@@ -73,13 +75,37 @@ Modelfile modelfile_from_fields(const json& body) {
         }
       }
   }
-  if (body.contains("messages") && body["messages"].is_array())
+  if (body.contains("messages") && !body["messages"].is_null()) {
+    if (!body["messages"].is_array())
+      throw bad_request("messages", "messages must be a list of {role, content} objects");
     for (const json& msg : body["messages"]) {
       if (!msg.is_object() || !msg.value("role", json()).is_string() || !msg.value("content", json()).is_string())
         throw bad_request("messages", "messages must be a list of {role, content} objects");
-      mf.messages.emplace_back(msg["role"], msg["content"]);
+      // Checked here, as a Modelfile's MESSAGE is: a bad role stored would make every chat with the model a 400.
+      const std::string role = msg["role"];
+      if (role != "system" && role != "user" && role != "assistant")
+        throw bad_request("messages", "messages: role '" + role + "' is invalid: system, user or assistant");
+      mf.messages.emplace_back(role, msg["content"]);
     }
+  }
   return mf;
+}
+
+// ollama's files and adapters name blobs a client uploaded (POST /api/blobs), which loom serve does not
+// take: refused by name rather than a "success" that made the model without them.
+void refuse_unsupported_fields(const json& body) {
+  const auto given = [&](const char* k) {
+    const auto f = body.find(k);
+    return f != body.end() && !f->is_null() && !f->empty();
+  };
+  if (given("files"))
+    throw bad_request("files", "files is not supported by /api/create: loom serve takes no uploaded blobs; make the "
+                               "model from a model directory or .gguf file with loom create -f Modelfile, or over "
+                               "the API from another store model (from)");
+  if (given("adapters"))
+    throw bad_request("adapters", "adapters is not supported by /api/create: serve a LoRA adapter (a PEFT directory) "
+                                  "with loom serve --lora NAME=DIR, or merge it into the weights with loom lora "
+                                  "merge and create the model from the result");
 }
 
 }  // namespace
@@ -166,6 +192,7 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
     throw bad_request("quantize", "quantize is not supported by /api/create: write a quantized GGUF with `loom "
                                   "quantize MODEL OUT.gguf --type " + (q->is_string() ? q->get<std::string>() : "q8_0") +
                                   "` and create the model FROM it with `loom create`");
+  refuse_unsupported_fields(body);
   Modelfile mf;
   if (body.contains("modelfile") && !body["modelfile"].is_null()) {
     if (!body["modelfile"].is_string()) throw bad_request("modelfile", "modelfile must be a string");

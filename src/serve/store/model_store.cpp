@@ -62,6 +62,17 @@ std::string hex_of(const std::string& digest) {
   return digest.substr(7);
 }
 
+// Every regular file under dir, depth first. Reading takes no lock: a concurrent loom rm may remove a file
+// or a namespace's folder mid-walk, so each step takes an error_code and what went is skipped, not thrown.
+void files_under(const fs::path& dir, std::vector<fs::path>& out) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code gone;
+    if (it->is_directory(gone)) files_under(it->path(), out);
+    else if (it->is_regular_file(gone)) out.push_back(it->path());
+  }
+}
+
 int64_t mtime_seconds(const fs::path& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
@@ -224,12 +235,25 @@ void ModelStore::collect_leftovers() {
   }
 }
 
+// The manifest name has now, before a write replaces it (none when it has none, or one that cannot be read:
+// then its blobs stay, as collect_garbage keeps every blob when a manifest cannot be read).
+std::optional<Manifest> ModelStore::replaced_manifest(const ModelName& name) const {
+  try {
+    if (std::optional<StoredModel> old = get(name)) return std::move(old->manifest);
+  } catch (const loom::Error&) {
+  }
+  return std::nullopt;
+}
+
 StoredModel ModelStore::put_model(const ModelName& name, const std::vector<LayerSource>& layers) {
   const StoreLock lock(root_);
   collect_leftovers();
+  const std::optional<Manifest> old = replaced_manifest(name);
   Manifest m;
   for (const LayerSource& src : layers) m.layers.push_back(put_layer(src));
   write_manifest(name, m);
+  // A re-created model's old blobs (its former weights, say) go when no manifest names them any more.
+  if (old) collect_garbage(&*old);
   return *get(name);
 }
 
@@ -248,10 +272,13 @@ std::optional<StoredModel> ModelStore::get(const ModelName& name) const {
 std::vector<StoredModel> ModelStore::list() const {
   std::vector<StoredModel> out;
   const fs::path base = fs::path(root_) / "manifests";
-  if (!fs::is_directory(base)) return out;  // a store never written to
-  for (const auto& entry : fs::recursive_directory_iterator(base)) {
-    if (!entry.is_regular_file() || entry.path().extension() == ".tmp") continue;
-    const fs::path rel = fs::relative(entry.path(), base);
+  std::error_code ec;
+  if (!fs::is_directory(base, ec)) return out;  // a store never written to
+  std::vector<fs::path> files;
+  files_under(base, files);
+  for (const fs::path& file : files) {
+    if (file.extension() == ".tmp") continue;
+    const fs::path rel = file.lexically_relative(base);
     try {
       const ModelName n = ModelName::parse(rel.parent_path().generic_string() + ":" + rel.filename().string());
       if (auto m = get(n)) out.push_back(std::move(*m));
@@ -270,7 +297,9 @@ bool ModelStore::copy(const ModelName& from, const ModelName& to) {
   collect_leftovers();
   const std::optional<StoredModel> m = get(from);
   if (!m) return false;
+  const std::optional<Manifest> old = replaced_manifest(to);
   write_manifest(to, m->manifest);
+  if (old) collect_garbage(&*old);  // the replaced model's blobs that nothing else names
   return true;
 }
 
@@ -291,8 +320,9 @@ bool ModelStore::remove(const ModelName& name) {
 
 // Every file under manifests/ must be read for its blobs to be known: if
 // one cannot be (unreadable, not JSON, not a manifest), nothing is removed,
-// rather than the blobs of a model that could not be read.
-void ModelStore::collect_garbage() {
+// rather than the blobs of a model that could not be read. only: just its
+// layers' blobs are candidates (a replaced manifest's); null: every blob.
+void ModelStore::collect_garbage(const Manifest* only) {
   std::set<std::string> named;
   const fs::path base = fs::path(root_) / "manifests";
   for (const auto& entry : fs::recursive_directory_iterator(base)) {
@@ -309,6 +339,12 @@ void ModelStore::collect_garbage() {
     } catch (const loom::Error&) {
       return;
     }
+  }
+  if (only != nullptr) {
+    std::error_code ec;
+    for (const Layer& l : only->layers)
+      if (named.count("sha256-" + hex_of(l.digest)) == 0) fs::remove(blob_path(l.digest), ec);
+    return;
   }
   for (const auto& entry : fs::directory_iterator(fs::path(root_) / "blobs"))
     if (named.count(entry.path().filename().string()) == 0) fs::remove(entry.path());

@@ -86,7 +86,9 @@ class ModelStore {
   std::string read_blob(const std::string& digest) const;
 
   // Adds the layers' blobs (a blob already present is kept) and writes (or
-  // replaces) name's manifest, as one step under the store's lock. Every
+  // replaces) name's manifest, as one step under the store's lock; a
+  // replaced manifest's blobs that no manifest names any more are removed
+  // (copy onto an existing name too). Every
   // write (put_model, copy, remove) first removes the *.tmp files a writer
   // killed mid-write left.
   StoredModel put_model(const ModelName& name, const std::vector<LayerSource>& layers);
@@ -104,7 +106,8 @@ class ModelStore {
   std::string manifest_path(const ModelName& name) const;
   Layer put_layer(const LayerSource& src);
   void write_manifest(const ModelName& name, const Manifest& m);
-  void collect_garbage();
+  std::optional<Manifest> replaced_manifest(const ModelName& name) const;
+  void collect_garbage(const Manifest* only = nullptr);
   void collect_leftovers();
 
   std::string root_;

@@ -17,6 +17,27 @@ std::string lower(std::string s) {
   return s;
 }
 
+}  // namespace
+
+std::string modelfile_quote(const std::string& text, bool triple) {
+  // A line of the text ending in the quotes would close the value there (Reader::value).
+  const auto closes_early = [&](std::string_view quotes) {
+    for (size_t nl = text.find('\n'); nl != std::string::npos; nl = text.find('\n', nl + 1)) {
+      std::string_view before(text.data(), nl);
+      while (!before.empty() && std::isspace(static_cast<unsigned char>(before.back()))) before.remove_suffix(1);
+      if (before.ends_with(quotes)) return true;
+    }
+    return false;
+  };
+  // "text" must not open with """ (a text "" or one starting with "").
+  const bool single_ok = !closes_early("\"") && !("\"" + text + "\"").starts_with("\"\"\"");
+  if (!triple && single_ok) return "\"" + text + "\"";
+  if (!closes_early("\"\"\"")) return "\"\"\"" + text + "\"\"\"";
+  return "\"" + text + "\"";  // a line ending in """ (so in " too): no form reads it back whole
+}
+
+namespace {
+
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
@@ -51,23 +72,33 @@ class Reader {
     return false;
   }
 
-  // The instruction's value: """...""" (any lines), "..." (escapes \" and
-  // \\), or the rest of the line, trimmed.
+  // The instruction's value, read as ollama's parser does: one opening with """ or " runs over as many
+  // lines as it takes, up to the first line end where it is closed (its text, trimmed, ends with the same
+  // quotes), so """...""""" holds a value ending in a quote; the quotes go, nothing inside is unescaped
+  // (C:\\dir stays as written). Else the rest of the line, trimmed.
   std::string value(int line) {
     skip_blanks();
-    if (text_.substr(pos_, 3) == "\"\"\"") {
-      const size_t end = text_.find("\"\"\"", pos_ + 3);
-      if (end == std::string_view::npos) fail(line, "a \"\"\" value is not closed");
-      std::string v(text_.substr(pos_ + 3, end - pos_ - 3));
-      line_ += static_cast<int>(std::count(v.begin(), v.end(), '\n'));
-      pos_ = end + 3;
-      expect_line_end(line);
+    const std::string_view open = text_.substr(pos_, 3) == "\"\"\"" ? "\"\"\""
+                                  : text_.substr(pos_, 1) == "\"" ? "\""
+                                                                   : "";
+    if (open.empty()) {
+      std::string v(trim(current_line()));
+      skip_line();
       return v;
     }
-    if (pos_ < text_.size() && text_[pos_] == '"') return quoted(line);
-    std::string v(trim(current_line()));
-    skip_line();
-    return v;
+    const size_t start = pos_;
+    for (size_t end = pos_;; ++line_) {
+      end = text_.find('\n', end);
+      const std::string_view v = trim(text_.substr(start, end == std::string_view::npos ? end : end - start));
+      if (v.size() >= 2 * open.size() && v.substr(v.size() - open.size()) == open) {
+        pos_ = end == std::string_view::npos ? text_.size() : end + 1;
+        ++line_;
+        return std::string(v.substr(open.size(), v.size() - 2 * open.size()));
+      }
+      if (end == std::string_view::npos) break;
+      ++end;
+    }
+    fail(line, open.size() == 3 ? "a \"\"\" value is not closed" : "a \" value is not closed");
   }
 
   // A single word (PARAMETER's name, MESSAGE's role).
@@ -94,26 +125,6 @@ class Reader {
   void skip_blanks() {
     while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r')) ++pos_;
   }
-  void expect_line_end(int line) {
-    if (!trim(current_line()).empty()) fail(line, "unexpected text after the closing quotes");
-    skip_line();
-  }
-  std::string quoted(int line) {
-    std::string v;
-    for (size_t i = pos_ + 1; i < text_.size() && text_[i] != '\n'; ++i) {
-      if (text_[i] == '\\' && i + 1 < text_.size() && (text_[i + 1] == '"' || text_[i + 1] == '\\')) {
-        v += text_[++i];
-      } else if (text_[i] == '"') {
-        pos_ = i + 1;
-        expect_line_end(line);
-        return v;
-      } else {
-        v += text_[i];
-      }
-    }
-    fail(line, "a \" value is not closed on its line (use \"\"\" for several lines)");
-  }
-
   std::string_view text_;
   std::string where_;
   size_t pos_ = 0;
@@ -164,6 +175,9 @@ void set_parameter(json& params, const std::string& name, const std::string& val
 }
 
 Modelfile Modelfile::parse(std::string_view text, const std::string& where) {
+  // A UTF-8 byte order mark (Windows editors write one) is not part of the first instruction, as ollama's
+  // parser drops it.
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   Modelfile mf;
   Reader r(text, where);
   std::string keyword;
@@ -186,7 +200,8 @@ Modelfile Modelfile::parse(std::string_view text, const std::string& where) {
         mf.system = r.value(line);
         mf.has_system = true;
       } else if (keyword == "license") {
-        mf.license = r.value(line);
+        // Every LICENSE is kept, one after the other (ollama keeps a list; /api/create joins its list so too).
+        mf.license += (mf.has_license ? "\n" : "") + r.value(line);
         mf.has_license = true;
       } else if (keyword == "message") {
         const std::string role = lower(r.word(line, "the message's role"));

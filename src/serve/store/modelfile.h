@@ -11,8 +11,10 @@
 //   MESSAGE assistant Hi!
 //   LICENSE """MIT ..."""
 //
-// Instructions are case-insensitive; a value is the rest of the line, a
-// "quoted" string or a """triple-quoted""" one spanning lines. TEMPLATE is a
+// Instructions are case-insensitive; a value is the rest of the line, or a
+// "quoted" or """triple-quoted""" string, either spanning lines up to the
+// first line end where it closes (ollama's parser; nothing inside is
+// unescaped). A UTF-8 byte order mark at the start is ignored. TEMPLATE is a
 // Jinja chat template (serve/jinja.h), not ollama's Go template. Every error
 // names the line.
 #pragma once
@@ -38,6 +40,11 @@ struct Modelfile {
   // where: the file's name, for errors ("Modelfile:3: ...").
   static Modelfile parse(std::string_view text, const std::string& where);
 };
+
+// text as a Modelfile value that reads back as text: in """quotes""" (triple)
+// or "quotes", whichever a line of text ending in those quotes would not
+// close early.
+std::string modelfile_quote(const std::string& text, bool triple);
 
 // A PARAMETER's value checked and converted (number, integer or string;
 // "stop" may repeat): loom::Error naming the parameter and what is allowed.

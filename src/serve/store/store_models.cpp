@@ -92,7 +92,9 @@ void set_layer(std::vector<LayerSource>& layers, const char* media, std::string 
 StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfile& mf,
                          const std::optional<std::string>& base_dir, const std::string& where) {
   std::vector<LayerSource> layers = from_layers(store, mf, base_dir, where);
-  if (mf.has_template) {
+  // An empty TEMPLATE or SYSTEM is one not given (the model keeps what it inherits), as ollama's create
+  // reads them: an empty template would render every chat as nothing.
+  if (mf.has_template && !mf.chat_template.empty()) {
     try {
       (void)jinja::Template::parse(mf.chat_template);
     } catch (const loom::Error& e) {
@@ -114,7 +116,7 @@ StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfi
     }
     set_layer(layers, kMediaTemplate, mf.chat_template);
   }
-  if (mf.has_system) set_layer(layers, kMediaSystem, mf.system);
+  if (mf.has_system && !mf.system.empty()) set_layer(layers, kMediaSystem, mf.system);
   if (mf.has_license) set_layer(layers, kMediaLicense, mf.license);
   if (!mf.parameters.empty()) {
     json params = json::object();

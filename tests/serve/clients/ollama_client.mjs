@@ -217,6 +217,38 @@ const cases = {
     await ollama.delete({ model: 'from-store' });
   },
 
+  // What /api/create cannot honour is refused by name (uploaded files, adapters, a role chats would refuse),
+  // nothing created; an empty template or system is one not given, as ollama's create reads them.
+  async createRefusesWhatItCannotHonourAndEmptyIsNotGiven() {
+    const digest = 'sha256:' + '0'.repeat(64);
+    await expectStatus(ollama.create({ model: 'f', from: model, files: { 'x.gguf': digest } }), 400, /^files is not/);
+    await expectStatus(ollama.create({ model: 'f', from: model, adapters: { 'a.safetensors': digest } }), 400,
+                       /^adapters is not supported.*--lora NAME=DIR.*lora merge/);
+    await expectStatus(ollama.create({ model: 'f', from: model, messages: [{ role: 'bogus', content: 'x' }] }), 400,
+                       /role 'bogus' is invalid/);
+    assert.ok(!(await ollama.list()).models.some((m) => m.name === 'f:latest'), 'nothing created');
+    await ollama.create({ model: 'empty', from: model, template: '', system: '', parameters: { num_predict: 2 } });
+    const show = await ollama.show({ model: 'empty' });
+    assert.equal(show.system, 'You are terse.');
+    assert.equal(show.template, '');
+    checkFinal(await ollama.chat({ model: 'empty', messages: [{ role: 'user', content: 'Hi' }] }), 2);
+    await ollama.delete({ model: 'empty' });
+  },
+
+  // show's modelfile creates the same model again: values with quotes and lines read back whole.
+  async showModelfileRoundTripsThroughCreate() {
+    const system = 'Always answer "yes"', license = 'MIT\n"quoted" line\nCC-BY-4.0';
+    await ollama.create({ model: 'quoted', from: model, system, license, parameters: { stop: ['User:', '"'] } });
+    const { modelfile } = await ollama.show({ model: 'quoted' });
+    await ollama.create({ model: 'again', modelfile });
+    const again = await ollama.show({ model: 'again' });
+    assert.equal(again.system, system);
+    assert.equal(again.license, license);
+    assert.equal(again.parameters, (await ollama.show({ model: 'quoted' })).parameters);
+    await ollama.delete({ model: 'quoted' });
+    await ollama.delete({ model: 'again' });
+  },
+
   // No registry is reached: a model already here is pulled at once (clients pull before use); another is a 404.
   async pullSucceedsForAModelHereOnly() {
     assert.equal((await ollama.pull({ model, stream: false })).status, 'success');
