@@ -201,7 +201,11 @@ void run_generate(const GenerateArgs& args) {
   print_kv_report(engine, dir.config, args, weights_description(weights, args.engine.dtype));
 
   infer::GenerationParams gen = args.gen;
+  // The tokenizer's end-of-text and the model's generation_config.json ids, as transformers' generate and vLLM stop.
   gen.stop.eos_token_ids = {tok.eos_id()};
+  for (int32_t id : dir.eos_token_ids)
+    if (std::find(gen.stop.eos_token_ids.begin(), gen.stop.eos_token_ids.end(), id) == gen.stop.eos_token_ids.end())
+      gen.stop.eos_token_ids.push_back(id);
   gen.top_logprobs = std::max<int64_t>(args.logprobs, 0);
   const bool stream = prompts.size() == 1 && gen.n == 1 && !args.json;
   std::map<infer::RequestId, size_t> which;

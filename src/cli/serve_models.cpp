@@ -36,7 +36,10 @@ serve::ServedModel served_model(const std::string& name, const model::ModelDir& 
                                 const serve::HarmonyTokens& harmony) {
   std::vector<int32_t> eos;
   if (tok.eos_id() >= 0) eos.push_back(tok.eos_id());
-  for (int32_t t : harmony.end)
+  // And an HF model's generation_config.json ids, which transformers' generate and vLLM stop at too.
+  std::vector<int32_t> ends = dir.eos_token_ids;
+  ends.insert(ends.end(), harmony.end.begin(), harmony.end.end());
+  for (int32_t t : ends)
     if (std::find(eos.begin(), eos.end(), t) == eos.end()) eos.push_back(t);
   return serve::ServedModel{
       .name = name,

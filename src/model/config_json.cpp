@@ -1,11 +1,8 @@
 #include "model/config_json.h"
 
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <cmath>
-#include <limits>
 #include <set>
 
 #include "core/atomic_file.h"
@@ -13,7 +10,9 @@
 #include "core/staged_dir.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/safetensors_index.h"
 #include "model/gguf_model.h"
+#include "model/json_keys.h"
 
 namespace loom::model {
 namespace {
@@ -21,73 +20,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// Typed access to one JSON object's keys with errors naming where and the key.
-class Keys {
- public:
-  Keys(const json& j, const std::string& where) : j_(j), where_(where) {
-    LOOM_REQUIRE(j.is_object(), where, ": expected a JSON object, got ", j.type_name());
-  }
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-  int64_t integer(const char* key) const {
-    const json& v = at(key);
-    LOOM_REQUIRE(v.is_number_integer(), where_, ": key '", key, "' = ", v.dump(), " is not an integer");
-    return v.get<int64_t>();
-  }
-  float number(const char* key) const {
-    const json& v = at(key);
-    LOOM_REQUIRE(v.is_number(), where_, ": key '", key, "' = ", v.dump(), " is not a number");
-    const double d = v.get<double>();
-    LOOM_REQUIRE(std::abs(d) <= std::numeric_limits<float>::max(), where_, ": key '", key, "' = ", v.dump(),
-                 " is out of range: at most ", std::numeric_limits<float>::max(), " in magnitude");
-    return static_cast<float>(d);
-  }
-  bool boolean(const char* key) const {
-    const json& v = at(key);
-    LOOM_REQUIRE(v.is_boolean(), where_, ": key '", key, "' = ", v.dump(), " is not true or false");
-    return v.get<bool>();
-  }
-  std::string string(const char* key) const {
-    const json& v = at(key);
-    LOOM_REQUIRE(v.is_string(), where_, ": key '", key, "' = ", v.dump(), " is not a string");
-    return v.get<std::string>();
-  }
-  const json& at(const char* key) const {
-    LOOM_REQUIRE(has(key), where_, ": key '", key, "' is missing");
-    return j_[key];
-  }
-  template <typename T, typename F>
-  void maybe(const char* key, T& dst, F get) const {
-    if (has(key)) dst = (this->*get)(key);
-  }
-
- private:
-  const json& j_;
-  const std::string& where_;
-};
-
-// Prefixes a config validation error with where it came from.
-void validate_at(const ModelConfig& cfg, const std::string& where) {
-  try {
-    cfg.validate();
-  } catch (const Error& e) {
-    fail(where, ": ", e.what());
-  }
-}
-
 const std::set<std::string> kLoomKeys = {"family",        "preset",    "n_layer",        "n_embd",
                                          "n_head",        "n_kv_head", "d_ff",           "vocab_size",
                                          "max_seq_len",   "rope_theta", "norm_eps",      "tie_embeddings",
                                          "n_expert",      "top_k",     "capacity_factor", "aux_loss_coef",
                                          "z_loss_coef",   "moe_every", "n_shared_expert", "router_score",
                                          "norm_topk_prob", "routing_group", "aux_free_rate"};
-
-// A float as the double with the same shortest decimal form, so 1e-5f is
-// written 1e-05, not 9.999999747378752e-06.
-double decimal(float f) {
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, f);
-  return std::stod(std::string(buf, r.ptr));
-}
 
 // The MoE keys beyond the four every loom_config.json carries.
 void moe_keys_to_json(json& j, const ModelConfig& c) {
@@ -167,88 +105,12 @@ ModelConfig model_config_from_sets(const std::string& preset, const std::vector<
   json j = {{"preset", preset}};
   for (const std::string& kv : sets) {
     const size_t eq = kv.find('=');
-    LOOM_REQUIRE(eq != std::string::npos && eq > 0, where, ": --set '", kv, "' is not key=value (e.g. vocab_size=50257)");
+    LOOM_REQUIRE(eq != std::string::npos && eq > 0, where, ": --set '", kv,
+                 "' is not key=value (e.g. vocab_size=50257)");
     const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
     j[key] = json::accept(value) ? json::parse(value) : json(value);
   }
   return model_config_from_json(j, where);
-}
-
-json hf_config_to_json(const ModelConfig& c) {
-  json j;
-  if (c.family == Family::gpt2) {
-    j["architectures"] = {"GPT2LMHeadModel"};
-    j["model_type"] = "gpt2";
-    j["n_layer"] = c.n_layer, j["n_embd"] = c.n_embd, j["n_head"] = c.n_head, j["n_inner"] = c.d_ff;
-    j["n_positions"] = c.max_seq_len, j["n_ctx"] = c.max_seq_len, j["vocab_size"] = c.vocab_size;
-    j["layer_norm_epsilon"] = decimal(c.norm_eps), j["activation_function"] = "gelu_new";
-  } else {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
-    j["hidden_size"] = c.n_embd, j["intermediate_size"] = c.d_ff, j["num_hidden_layers"] = c.n_layer;
-    j["num_attention_heads"] = c.n_head, j["num_key_value_heads"] = c.n_kv_head;
-    j["max_position_embeddings"] = c.max_seq_len, j["rms_norm_eps"] = decimal(c.norm_eps), j["rope_theta"] = decimal(c.rope_theta);
-    j["vocab_size"] = c.vocab_size, j["hidden_act"] = "silu", j["attention_bias"] = false, j["mlp_bias"] = false;
-    if (c.is_moe()) {  // Mixtral's keys; loom's other MoE keys ride along (transformers ignores them)
-      j["architectures"] = {"MixtralForCausalLM"};
-      j["model_type"] = "mixtral";
-      j["num_local_experts"] = c.n_expert, j["num_experts_per_tok"] = c.top_k;
-      j["router_aux_loss_coef"] = decimal(c.aux_loss_coef), j["capacity_factor"] = decimal(c.capacity_factor);
-      moe_keys_to_json(j, c);
-    }
-  }
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  j["torch_dtype"] = "float32";
-  return j;
-}
-
-ModelConfig model_config_from_hf_json(const json& j, const std::string& where) {
-  const Keys k(j, where);
-  const std::string type = k.string("model_type");
-  ModelConfig c;
-  if (type == "gpt2") {
-    c.family = Family::gpt2;
-    c.n_layer = k.integer("n_layer"), c.n_embd = k.integer("n_embd"), c.n_head = k.integer("n_head");
-    c.n_kv_head = c.n_head;
-    c.d_ff = k.has("n_inner") ? k.integer("n_inner") : 4 * c.n_embd;
-    c.max_seq_len = k.integer("n_positions"), c.vocab_size = k.integer("vocab_size");
-    c.norm_eps = k.has("layer_norm_epsilon") ? k.number("layer_norm_epsilon") : 1e-5f;
-    c.tie_embeddings = k.has("tie_word_embeddings") ? k.boolean("tie_word_embeddings") : true;
-    if (k.has("activation_function")) {
-      const std::string act = k.string("activation_function");
-      LOOM_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", where, ": key 'activation_function' = '", act,
-                   "' is not supported: allowed is gelu_new (tanh GELU)");
-    }
-  } else if (type == "llama" || type == "mixtral") {
-    c.family = Family::llama;
-    c.n_embd = k.integer("hidden_size"), c.d_ff = k.integer("intermediate_size");
-    c.n_layer = k.integer("num_hidden_layers"), c.n_head = k.integer("num_attention_heads");
-    c.n_kv_head = k.has("num_key_value_heads") ? k.integer("num_key_value_heads") : c.n_head;
-    c.max_seq_len = k.integer("max_position_embeddings"), c.vocab_size = k.integer("vocab_size");
-    c.norm_eps = k.has("rms_norm_eps") ? k.number("rms_norm_eps") : 1e-6f;
-    c.rope_theta = k.has("rope_theta") ? k.number("rope_theta") : 10000.f;
-    c.tie_embeddings = k.has("tie_word_embeddings") ? k.boolean("tie_word_embeddings") : false;
-    LOOM_REQUIRE(!k.has("rope_scaling"), where, ": key 'rope_scaling' is set: loom supports only plain RoPE ",
-                 "(rope_scaling null)");
-    for (const char* key : {"attention_bias", "mlp_bias"})
-      LOOM_REQUIRE(!k.has(key) || !k.boolean(key), where, ": key '", key, "' is true: loom's Llama has no biases");
-    if (k.has("hidden_act"))
-      LOOM_REQUIRE(k.string("hidden_act") == "silu", where, ": key 'hidden_act' = '", k.string("hidden_act"),
-                   "' is not supported: allowed is silu");
-    if (k.has("head_dim") && c.n_head > 0)
-      LOOM_REQUIRE(k.integer("head_dim") == c.n_embd / c.n_head, where, ": key 'head_dim' = ", k.integer("head_dim"),
-                   " is not hidden_size / num_attention_heads: loom needs head_dim = ", c.n_embd / c.n_head);
-    if (type == "mixtral") {
-      c.n_expert = k.integer("num_local_experts"), c.top_k = k.integer("num_experts_per_tok");
-      c.capacity_factor = k.has("capacity_factor") ? k.number("capacity_factor") : 0.f;  // transformers: dropless
-      k.maybe("router_aux_loss_coef", c.aux_loss_coef, &Keys::number);
-      moe_keys_from_json(k, c, where);
-    }
-  } else {
-    fail(where, ": key 'model_type' = '", type, "' is not supported: allowed values are gpt2, llama, mixtral");
-  }
-  validate_at(c, where);
-  return c;
 }
 
 json read_json_file(const std::string& path) {
@@ -354,12 +216,22 @@ ModelDir load_model_dir(const std::string& dir) {
          " (a Hugging Face model)");
   }
   m.weights = (fs::path(dir) / kWeightsFile).string();
-  LOOM_REQUIRE(has_model_file(dir, kWeightsFile), "model directory '", dir, "' has no ", kWeightsFile);
+  if (m.layout == ParamLayout::hf) m.eos_token_ids = hf_eos_token_ids(dir, m.config.vocab_size);
+  if (has_model_file(dir, kWeightsFile)) return m;
+  // transformers' save_pretrained shards a model over its shard size (5 GB);
+  // model.safetensors wins when both are there, as in transformers.
+  const bool hf = m.layout == ParamLayout::hf;
+  LOOM_REQUIRE(hf && has_model_file(dir, io::kSafetensorsIndexFile), "model directory '", dir, "' has no ",
+               kWeightsFile, hf ? concat(" nor ", io::kSafetensorsIndexFile, " (a sharded checkpoint)") : "");
+  m.weights = (fs::path(dir) / io::kSafetensorsIndexFile).string();
+  m.sharded = true;
   return m;
 }
 
 void load_model_params(const ModelDir& dir, Tensor flat) {
   if (dir.gguf) return load_params_from_gguf(flat, dir.config, io::GgufFile::open(dir.weights));
+  if (dir.sharded)
+    return load_params(flat, param_specs(dir.config), io::SafetensorsShards::open(dir.weights), dir.layout);
   load_params(flat, param_specs(dir.config), io::SafetensorsFile::open(dir.weights), dir.layout);
 }
 
@@ -392,6 +264,8 @@ namespace {
 
 void write_model_dir(const std::string& dir, const ModelConfig& cfg, const Tensor* params, const FlatReader* read,
                      ParamLayout layout) {
+  if (layout == ParamLayout::hf)
+    require_hf_exportable(cfg, concat("cannot write '", dir, "' as a Hugging Face model"));
   const fs::path target = dir_path(dir);
   std::error_code ec;
   if (fs::exists(target, ec)) {

@@ -4,10 +4,13 @@
 // loom model dir:  loom_config.json  {"family": "gpt2", "n_layer": 12, ...}:
 //                  the DESIGN.md §7 [model] keys, all written;
 //                  model.safetensors in loom's layout (params.h names).
-// HF model dir:    config.json (GPT2Config or LlamaConfig keys),
-//                  model.safetensors in HF's layout (GPT-2 Conv1D transposed).
+// HF model dir:    config.json (GPT2Config, LlamaConfig or MixtralConfig keys),
+//                  model.safetensors in HF's layout (GPT-2 Conv1D transposed),
+//                  or its shards and model.safetensors.index.json;
+//                  generation_config.json's eos_token_id, if any.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,7 @@ namespace loom::model {
 inline constexpr const char* kLoomConfigFile = "loom_config.json";
 inline constexpr const char* kHfConfigFile = "config.json";
 inline constexpr const char* kWeightsFile = "model.safetensors";
+inline constexpr const char* kHfGenerationConfigFile = "generation_config.json";
 
 // Every [model] key but preset.
 nlohmann::json model_config_to_json(const ModelConfig& cfg);
@@ -37,14 +41,29 @@ ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& w
 ModelConfig model_config_from_sets(const std::string& preset, const std::vector<std::string>& sets,
                                    const std::string& where);
 
-// Hugging Face config.json: GPT2Config ("model_type": "gpt2") or LlamaConfig
-// ("llama"), with "architectures" and "torch_dtype": "float32".
+// Hugging Face config.json: GPT2Config ("model_type": "gpt2"), LlamaConfig
+// ("llama") or MixtralConfig ("mixtral"), with "architectures" and
+// "torch_dtype": "float32". A MoE model transformers' Mixtral cannot
+// represent (require_hf_exportable) is a loom::Error.
 nlohmann::json hf_config_to_json(const ModelConfig& cfg);
+// A MoE model with moe_every != 1, shared experts, a sigmoid router, an
+// expert bias or norm_topk_prob = false is a loom::Error starting with
+// `where` and naming the key: transformers' Mixtral computes none of them.
+void require_hf_exportable(const ModelConfig& cfg, const std::string& where);
 // Reads the keys loom's models need; HF defaults apply where HF has one
 // (GPT-2 n_inner = 4 n_embd, Llama num_key_value_heads = num_attention_heads,
-// rope_theta 10000). Features loom does not implement (rope_scaling, biases
-// in Llama, another activation) are a loom::Error naming where and the key.
+// rope_theta 10000, Mixtral's 1e6; rope_theta also from transformers v5's
+// rope_parameters). A key that changes what transformers computes and that
+// loom does not implement (RoPE scaling, partial rotary, a sliding window
+// shorter than the context, biases in Llama, another activation, GPT-2's
+// other attention scalings, loom's MoE keys transformers' Mixtral ignores
+// set to what it would not compute) is a loom::Error naming where and the key.
 ModelConfig model_config_from_hf_json(const nlohmann::json& j, const std::string& where);
+// The end-of-sequence ids of an HF model directory, as transformers' generate
+// and vLLM stop at them: generation_config.json's eos_token_id (an id or a
+// list), else config.json's; none: empty. An id outside the vocabulary is a
+// loom::Error naming the file.
+std::vector<int32_t> hf_eos_token_ids(const std::string& dir, int64_t vocab_size);
 
 // Reads a JSON file; a missing or unparsable file is a loom::Error naming it.
 nlohmann::json read_json_file(const std::string& path);
@@ -53,17 +72,24 @@ void write_json_file(const std::string& path, const nlohmann::json& j);
 
 struct ModelDir {
   ModelConfig config;
-  std::string weights;  // path of model.safetensors, or of the .gguf file
+  // Path of model.safetensors, of the .gguf file, or (an HF sharded checkpoint)
+  // of model.safetensors.index.json, the shards beside it.
+  std::string weights;
   ParamLayout layout = ParamLayout::loom;
   bool gguf = false;    // weights is a GGUF file (model/gguf_model.h): config and tensors from it
+  bool sharded = false;  // weights is a shard index (io/safetensors_index.h)
+  // Ids that end a sequence besides the tokenizer's end-of-text
+  // (hf_eos_token_ids: an HF dir's generation_config.json).
+  std::vector<int32_t> eos_token_ids;
 };
 // Recognises a loom dir (loom_config.json) or else an HF dir (config.json),
-// or a .gguf file (as ollama and llama.cpp take a model); neither, a missing
-// model.safetensors, or a path that is no directory (e.g. the config file
-// itself) is a loom::Error naming the path and what to give.
+// or a .gguf file (as ollama and llama.cpp take a model); neither, missing
+// weights (model.safetensors, or in an HF dir the shard index
+// model.safetensors.index.json), or a path that is no directory (e.g. the
+// config file itself) is a loom::Error naming the path and what to give.
 ModelDir load_model_dir(const std::string& dir);
 // flat (P) f32 = the model's parameters in param_specs(dir.config) order,
-// from its safetensors file or its GGUF file (dequantized).
+// from its safetensors file, its shards or its GGUF file (dequantized).
 void load_model_params(const ModelDir& dir, Tensor flat);
 // Where `command` (convert, init-model) writes a new model: --out must not
 // be the input model's directory (`input`: the --model path, a directory or a

@@ -28,6 +28,7 @@
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
+#include "io/safetensors_index.h"
 #include "model/config.h"
 
 namespace loom::model {
@@ -187,6 +188,10 @@ void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed
 // GPT2LMHeadModel.save_pretrained writes).
 void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsFile& file,
                  ParamLayout layout = ParamLayout::loom);
+// The same from a sharded checkpoint, each tensor from the shard its index
+// names (a missing one is an error naming the index).
+void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsShards& shards,
+                 ParamLayout layout = ParamLayout::hf);
 // A flat f32 buffer in the dtype a model is served in: flat itself for f32,
 // else a copy in dtype (bf16 / f16, rounded once) from pool, flat released.
 OwnedTensor params_in_dtype(OwnedTensor flat, DType dtype, Pool& pool);

@@ -1,5 +1,6 @@
 // Whole-model parameter init, import and export over a flat buffer (params.h).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,11 +12,16 @@
 namespace loom::model {
 namespace {
 
-// The file's name for a spec: as is, or (hf layout) with transformers'
-// "transformer." prefix when only that one is present.
-std::string file_name_of(const io::SafetensorsFile& file, const std::string& name, ParamLayout layout) {
-  if (layout == ParamLayout::hf && !file.has(name) && file.has("transformer." + name)) return "transformer." + name;
-  return name;
+// Where a spec's tensor is: the file holding it (nullptr: none) and its name
+// there, which in the hf layout may carry transformers' "transformer." prefix
+// (when only that one is present).
+using FindTensor = std::function<const io::SafetensorsFile*(const std::string& name)>;
+std::pair<const io::SafetensorsFile*, std::string> locate(const FindTensor& find, const std::string& name,
+                                                          ParamLayout layout) {
+  if (const io::SafetensorsFile* f = find(name)) return {f, name};
+  if (layout == ParamLayout::hf)
+    if (const io::SafetensorsFile* f = find("transformer." + name)) return {f, "transformer." + name};
+  return {nullptr, name};
 }
 
 // dst (rows, cols) = src (cols, rows)^T
@@ -34,13 +40,18 @@ void init_params(Tensor flat, const std::vector<ParamSpec>& specs, uint64_t seed
   for (const ParamSpec& s : specs) init_param(param_view(flat, s), s, seed);
 }
 
-void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsFile& file,
-                 ParamLayout layout) {
+namespace {
+
+// Every spec's tensor, from whichever file `find` gives; `what` names the
+// checkpoint in the error of a missing tensor.
+void load_params_from(Tensor flat, const std::vector<ParamSpec>& specs, const FindTensor& find,
+                      const std::string& what, ParamLayout layout) {
   LOOM_CHECK(flat.numel() == param_count(specs), "flat buffer ", flat.str(), " for ", param_count(specs), " params");
   for (const ParamSpec& s : specs) {
-    const std::string name = file_name_of(file, s.name, layout);
-    LOOM_REQUIRE(file.has(name), file.path(), ": tensor '", s.name, "' is missing (the model needs ", specs.size(),
+    const auto [found, name] = locate(find, s.name, layout);
+    LOOM_REQUIRE(found != nullptr, what, ": tensor '", s.name, "' is missing (the model needs ", specs.size(),
                  " tensors)");
+    const io::SafetensorsFile& file = *found;
     const io::TensorInfo& info = file.info(name);
     const bool transposed = layout == ParamLayout::hf && s.hf_transposed;
     const Shape want = transposed ? Shape{s.shape[1], s.shape[0]} : s.shape;
@@ -67,6 +78,20 @@ void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::Saf
     if (transposed) transpose_into(dst.data_as<float>(), tmp.data(), s.shape[0], s.shape[1]);
     else kernels::copy(dst, wide.reshape(s.shape));
   }
+}
+
+}  // namespace
+
+void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsFile& file,
+                 ParamLayout layout) {
+  const FindTensor find = [&file](const std::string& name) { return file.has(name) ? &file : nullptr; };
+  load_params_from(flat, specs, find, file.path(), layout);
+}
+
+void load_params(Tensor flat, const std::vector<ParamSpec>& specs, const io::SafetensorsShards& shards,
+                 ParamLayout layout) {
+  const FindTensor find = [&shards](const std::string& name) { return shards.find(name); };
+  load_params_from(flat, specs, find, shards.path(), layout);
 }
 
 void save_params(const std::string& path, const std::vector<ParamSpec>& specs, const Tensor& flat, ParamLayout layout,

@@ -453,9 +453,7 @@ ManifestState manifest_state(const nlohmann::json& m, const fs::path& dir, const
   LOOM_REQUIRE(step >= 0 && position >= 0, where, ": step ", step, " or data.position ", position, " is negative");
   const auto updates = out.updates =
       manifest_value<int64_t>(m.value("optimizer", nlohmann::json::object()), "steps_taken", where);
-  // Not bounded by step: asynchronous parameter servers update once per
-  // worker's push (about dp updates a step), and a run resumed from their
-  // checkpoint, in any mode, carries that count on.
+  // Not bounded by step: asynchronous parameter servers update once a push.
   LOOM_REQUIRE(updates >= 0, where, ": optimizer.steps_taken ", updates, " is negative");
   if (scaler) {
     LOOM_REQUIRE(m.contains("loss_scale"), where, ": loss_scale is missing: the checkpoint was not written by an ",

@@ -7,7 +7,9 @@ they claim (one per prompt and sample, counts, tokens, logprobs with the top
 N); a prompt's greedy output is the same alone, beside another prompt and as
 each of n samples; a stop string found in the greedy text ends the text just
 before it with finish_reason stop; the streamed text equals the JSON text; a
-seed repeats its samples; bf16 weights and KV cache run.
+seed repeats its samples; bf16 weights and KV cache run; a Hugging Face
+model's generation_config.json eos_token_id list ends a sample at any of its
+ids, as transformers' generate and vLLM stop.
 """
 import json
 import shutil
@@ -65,4 +67,16 @@ check(s1[0]["tokens"] != s1[1]["tokens"], "the n samples draw their own tokens")
 
 low = generate("--prompt", A, "--max-tokens", "6", "--dtype", "bf16", "--kv-dtype", "bf16", "--temperature", "0")
 check(low[0]["completion_tokens"] == 6, "bf16 weights and KV cache")
+# The same weights as a Hugging Face directory, whose generation_config.json
+# lists a token the greedy text makes as an end of sequence.
+subprocess.run([loom, "convert", "--to", "hf", "--model", f"{work}/m", "--out", f"{work}/hf", "--tokenizer", tok],
+               check=True, stdout=subprocess.DEVNULL)
+end = alone["tokens"][4]
+first = alone["tokens"].index(end)
+with open(f"{work}/hf/generation_config.json", "w") as f:
+    json.dump({"bos_token_id": 50256, "eos_token_id": [50256, end]}, f)
+cmd = [loom, "generate", "--model", f"{work}/hf", "--prompt", A, "--max-tokens", "12", "--temperature", "0", "--json"]
+eos = json.loads(subprocess.run(cmd, check=True, capture_output=True).stdout.decode())
+check(eos["finish_reason"] == "stop" and eos["tokens"] == alone["tokens"][:first + 1],
+      f"generation_config.json's eos_token_id {end} ends the sample there: {eos}")
 print("generate-ok")

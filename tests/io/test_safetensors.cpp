@@ -16,6 +16,7 @@
 #include "common/ref.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "io/safetensors_index.h"
 
 namespace loom::io {
 namespace {
@@ -418,6 +419,58 @@ TEST(Safetensors, RandomMutationsNeverCrash) {
     }
   }
   EXPECT_GT(opened, 0);  // some mutations only touch tensor data
+}
+
+// A sharded checkpoint in a fresh directory: shard k holds the tensors
+// `shards[k]` names (one f32 each), and the index maps `weight_map`.
+std::string write_shards(const std::string& name, const std::vector<std::vector<std::string>>& shards,
+                         const std::string& weight_map) {
+  const fs::path dir = temp_path(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<float> values(16, 1.f);
+  for (size_t k = 0; k < shards.size(); ++k) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& t : shards[k]) tensors.emplace_back(t, Tensor(values.data(), DType::f32, {1}));
+    write_safetensors((dir / concat("s", k + 1, ".safetensors")).string(), tensors);
+  }
+  std::ofstream((dir / kSafetensorsIndexFile).string()) << R"({"metadata": {}, "weight_map": )" << weight_map << "}";
+  return (dir / kSafetensorsIndexFile).string();
+}
+
+void expect_shards_rejected(const std::string& index, const std::vector<std::string>& parts) {
+  try {
+    SafetensorsShards::open(index);
+    ADD_FAILURE() << "accepted " << index;
+  } catch (const Error& e) {
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(SafetensorsShards, EachTensorIsFoundInTheShardTheIndexNames) {
+  const std::string index = write_shards("ok", {{"a", "b"}, {"c"}},
+                                         R"({"a": "s1.safetensors", "b": "s1.safetensors", "c": "s2.safetensors"})");
+  const SafetensorsShards s = SafetensorsShards::open(index);
+  ASSERT_NE(s.find("c"), nullptr);
+  EXPECT_NE(s.find("c")->path().find("s2.safetensors"), std::string::npos);
+  EXPECT_NE(s.find("a")->path().find("s1.safetensors"), std::string::npos);
+  EXPECT_EQ(s.find("d"), nullptr);
+}
+
+TEST(SafetensorsShards, AmbiguousOrIncompleteShardsAreErrorsNamingTheIndexAndTensor) {
+  expect_shards_rejected(write_shards("missing", {{"a"}}, R"({"a": "s1.safetensors", "b": "s2.safetensors"})"),
+                         {"model.safetensors.index.json: shard 's2.safetensors' (of tensor 'b') is missing"});
+  expect_shards_rejected(write_shards("twice", {{"a"}, {"a", "b"}},
+                                      R"({"a": "s1.safetensors", "b": "s2.safetensors"})"),
+                         {"tensor 'a' is in two shards", "s1.safetensors' (as the weight_map says)", "s2.safetensors"});
+  expect_shards_rejected(write_shards("elsewhere", {{"a"}, {"b"}},
+                                      R"({"a": "s2.safetensors", "b": "s2.safetensors"})"),
+                         {"weight_map puts tensor 'a' in shard 's2.safetensors', which does not hold it"});
+  expect_shards_rejected(write_shards("unlisted", {{"a", "b"}}, R"({"a": "s1.safetensors"})"),
+                         {"tensor 'b' of shard", "is not in the weight_map"});
+  expect_shards_rejected(write_shards("path", {{"a"}}, R"({"a": "../s1.safetensors"})"),
+                         {"weight_map['a'] = '../s1.safetensors' is not a file name"});
+  expect_shards_rejected(write_shards("nomap", {{"a"}}, R"([])"), {"key 'weight_map' is missing or not an object"});
 }
 
 }  // namespace

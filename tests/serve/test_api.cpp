@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "serve/api.h"
 #include "serve/store/model_store.h"
 #include "serve/store/modelfile.h"
+#include "serve/store/store_models.h"
 
 namespace loom::serve {
 namespace {
@@ -147,6 +149,35 @@ TEST(ModelStore, RecreatingAModelRemovesItsOldBlobsButKeepsSharedOnes) {
   store.put_model(ModelName::parse("m"), layers("weights two", "shared"));  // "weights one" is named by nothing now
   EXPECT_EQ(t.blobs(), 3u);
   EXPECT_EQ(store.read_blob(store.get(ModelName::parse("m"))->manifest.layers[0].digest), "weights two");
+}
+
+// A Hugging Face directory's generation_config.json end ids travel with the
+// store model made FROM it; a sharded checkpoint is refused by name (one
+// weights layer would hold only its index).
+TEST(ModelStore, HfDirectoryEosIdsTravelAndShardedCheckpointsAreRefused) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  const fs::path hf = t.dir.parent_path() / (t.dir.filename().string() + "_hf");
+  fs::remove_all(hf);
+  fs::create_directories(hf);
+  nlohmann::json cfg = {{"model_type", "gpt2"}, {"n_layer", 1}, {"n_embd", 8},    {"n_head", 2},
+                        {"n_positions", 16},    {"vocab_size", 32}, {"eos_token_id", 3}};
+  std::ofstream(hf / "config.json") << cfg.dump();
+  std::ofstream(hf / "generation_config.json") << R"({"eos_token_id": [3, 9]})";
+  std::ofstream(hf / "model.safetensors") << "placeholder: create copies the file, serving reads it";
+  Modelfile mf;
+  mf.from = hf.string();
+  StoredModel m = create_model(store, ModelName::parse("m"), mf, std::string("."), "Modelfile");
+  EXPECT_EQ(resolve_model(store, m).dir.eos_token_ids, (std::vector<int32_t>{3, 9}));
+  fs::remove(hf / "model.safetensors");
+  std::ofstream(hf / "model.safetensors.index.json") << R"({"weight_map": {}})";
+  try {
+    create_model(store, ModelName::parse("sharded"), mf, std::string("."), "Modelfile");
+    ADD_FAILURE() << "a sharded checkpoint was stored";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a sharded checkpoint"), std::string::npos) << e.what();
+  }
+  fs::remove_all(hf);
 }
 
 TEST(ModelStore, CopyOntoAnExistingNameRemovesTheReplacedModelsBlobs) {

@@ -25,6 +25,7 @@ std::string config_layer(const model::ModelDir& dir, const ChatTemplate& chat) {
             {"bos_token", chat.bos_token},
             {"eos_token", chat.eos_token}};
   if (dir.gguf) c["format"] = "gguf";
+  if (!dir.eos_token_ids.empty()) c["eos_token_ids"] = dir.eos_token_ids;  // generation_config.json's
   return c.dump(2);
 }
 
@@ -51,6 +52,12 @@ std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, con
   const fs::path path = !base_dir || from.is_absolute() ? from : fs::path(*base_dir) / from;
   if (base_dir && (fs::is_directory(path) || (path.extension() == ".gguf" && fs::is_regular_file(path)))) {
     const model::ModelDir dir = model::load_model_dir(path.string());
+    // One weights layer: the shards of a sharded checkpoint would need one each.
+    if (dir.sharded)
+      throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from + "' is a sharded " +
+                        "checkpoint (" + dir.weights + "), which the store does not take yet: write it as one file " +
+                        "with loom convert --model " + mf.from + " --to hf --out DIR (or --to gguf) and create " +
+                        "the model FROM that");
     const ChatTemplate chat = ChatTemplate::for_model_dir(path.string());
     std::vector<LayerSource> layers = {{kMediaConfig, "", config_layer(dir, chat), ""},
                                        {kMediaWeights, dir.weights, "", ""}};
@@ -145,6 +152,7 @@ ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m) {
   r.dir.weights = store.blob_path(weights->digest);
   r.dir.layout = c.value("layout", "loom") == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
   r.dir.gguf = c.value("format", "") == "gguf";
+  if (c.contains("eos_token_ids")) r.dir.eos_token_ids = c["eos_token_ids"].get<std::vector<int32_t>>();
   r.chat = ChatTemplate::plain();
   if (const Layer* t = m.manifest.find(kMediaTemplate)) {
     r.chat.source = store.read_blob(t->digest);
