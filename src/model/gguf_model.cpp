@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/quant.h"
 
 namespace loom::model {
@@ -102,8 +103,9 @@ GgmlType ggml_of(GgufWeights w) {
   return GgmlType::f32;
 }
 
-// The type one GGUF tensor is stored in (gguf_model.h's rules).
-GgmlType tensor_type(const ModelConfig& cfg, const std::string& gguf_name, int64_t ne0, int ndim, GgufWeights w) {
+// The type one GGUF tensor is meant for, before its rows are fitted to the
+// type's block (gguf_model.h's rules).
+GgmlType intended_type(const ModelConfig& cfg, const std::string& gguf_name, int ndim, GgufWeights w) {
   if (ndim == 1 || gguf_name.find("ffn_gate_inp") != std::string::npos) return GgmlType::f32;
   const bool quantized = gguf_quant_type(ggml_of(w)).has_value();
   if (gguf_name == "position_embd.weight") return quantized ? GgmlType::f16 : ggml_of(w);
@@ -117,9 +119,24 @@ GgmlType tensor_type(const ModelConfig& cfg, const std::string& gguf_name, int64
       if (use_more_bits(layer, cfg.n_layer)) t = GgmlType::q6_K;
     }
   }
-  const int64_t block = io::ggml_type_traits(t).block_size;
-  if (ne0 % block == 0) return t;
+  return t;
+}
+
+// t, or for rows of ne0 values that t's blocks do not divide, q8_0 (blocks
+// of 32) or else f16, as llama-quantize falls back.
+GgmlType fitted_type(GgmlType t, int64_t ne0) {
+  if (ne0 % io::ggml_type_traits(t).block_size == 0) return t;
   return ne0 % 32 == 0 ? GgmlType::q8_0 : GgmlType::f16;
+}
+
+// Says which matrices fell back from their type (llama-quantize says so per
+// tensor): a file of "q4_K weights" that holds q8_0 ones should not surprise.
+void warn_fallbacks(const std::vector<std::pair<std::string, std::string>>& fell, size_t matrices) {
+  if (fell.empty()) return;
+  std::string shown;
+  for (size_t i = 0; i < fell.size() && i < 4; ++i) shown += concat(i ? ", " : "", fell[i].first, " ", fell[i].second);
+  log_warn("gguf: ", fell.size(), " of ", matrices, " weight matrices are stored in another type than asked, their ",
+           "rows not being a multiple of its block (", shown, fell.size() > 4 ? ", ..." : "", ")");
 }
 
 // One GGUF tensor and the loom rows it is made of: `sources` are (OC, IC)
@@ -290,6 +307,8 @@ void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& fla
   add_arch_keys(w, cfg);
   std::vector<Planned> plan;
   std::map<std::string, size_t> stacked;  // expert tensor -> its plan entry
+  std::vector<std::pair<std::string, std::string>> fell;  // tensors stored in another type than intended
+  size_t matrices = 0;
   for (const ParamSpec& s : specs) {
     const Tensor src = flat.slice(0, s.offset, s.numel()).reshape(s.shape);
     const std::string g = gguf_tensor_name(cfg, s.name);
@@ -304,9 +323,15 @@ void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& fla
       p.ne.push_back(1);
       stacked.emplace(g, plan.size());
     }
-    p.type = tensor_type(cfg, g, p.ne[0], s.shape.ndim(), weights);
+    const GgmlType want = intended_type(cfg, g, s.shape.ndim(), weights);
+    p.type = fitted_type(want, p.ne[0]);
+    matrices += s.shape.ndim() > 1 ? 1 : 0;
+    if (p.type != want)
+      fell.emplace_back(g, concat(io::ggml_type_traits(want).name, " -> ", io::ggml_type_traits(p.type).name, " (",
+                                  p.ne[0], " values a row)"));
     plan.push_back(std::move(p));
   }
+  warn_fallbacks(fell, matrices);
   const int64_t hs = cfg.head_size();
   for (Planned& p : plan) {
     auto shared = std::make_shared<Planned>(p);

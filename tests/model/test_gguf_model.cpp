@@ -188,9 +188,14 @@ TEST(GgufModel, Q4KMStoresTheOutputAndChosenLayersInQ6K) {
 TEST(GgufModel, RowsThatNoBlockDividesFallBackToQ8OrF16) {
   ModelConfig cfg = tiny_gpt2();  // rows of 64 and 256: q4_K's 256 divides only the latter
   Params p = random_params(cfg);
+  ::testing::internal::CaptureStderr();
   const io::GgufFile f = io::GgufFile::open(write(cfg, p, GgufWeights::q4_K, "fallback.gguf"));
+  const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(f.tensor("blk.0.attn_qkv.weight").type, io::GgmlType::q8_0);   // rows of C = 64
   EXPECT_EQ(f.tensor("blk.0.ffn_down.weight").type, io::GgmlType::q4_K);   // rows of F = 256
+  // And it says so, as llama-quantize does.
+  EXPECT_NE(log.find("weight matrices are stored in another type than asked"), std::string::npos) << log;
+  EXPECT_NE(log.find("blk.0.attn_qkv.weight q4_K -> q8_0 (64 values a row)"), std::string::npos) << log;
 }
 
 TEST(GgufModel, AnArchitectureLoomDoesNotRunIsAClearError) {
