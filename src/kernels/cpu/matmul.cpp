@@ -99,12 +99,23 @@ void widen_half(float* dst, const Tensor& src) {
 // rounded once from its f32 result (which started from c itself when beta
 // != 0, as oneDNN's sum post-op reads c).
 void gemm_widened(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float beta, Tensor bias) {
-  const auto need = [](const Tensor& t) { return widened(t) ? t.numel() : int64_t{0}; };
-  const int64_t na = need(a), nb = need(b), nc = need(c), nbias = need(bias);
+  // An f32 operand beside a bf16 one is rounded to bf16 values first, as the
+  // bf16 GEMM's path rounds it (gemm): the same gradient at every level.
+  const bool round_a = a.dtype() == DType::f32 && b.dtype() == DType::bf16;
+  const bool round_b = a.dtype() == DType::bf16 && b.dtype() == DType::f32;
+  const auto need = [](const Tensor& t, bool round = false) { return widened(t) || round ? t.numel() : int64_t{0}; };
+  const int64_t na = need(a, round_a), nb = need(b, round_b), nc = need(c), nbias = need(bias);
   float* ws = thread_scratch<float>(ScratchSlot::a, static_cast<size_t>(na + nb + nc + nbias));
-  const auto widen = [&](Tensor& t, int64_t n) {
-    if (!widened(t)) return;  // (an empty 16-bit operand too: it must leave as f32, or gemm comes back here)
-    widen_half(ws, t);
+  const auto widen = [&](Tensor& t, int64_t n, bool round = false) {
+    if (round) {
+      const float* src = t.data_as<const float>();
+#pragma omp parallel for schedule(static) if (n >= kMinParallel)
+      for (int64_t i = 0; i < n; ++i) ws[i] = from_bf16(to_bf16(src[i]));
+    } else if (widened(t)) {  // (an empty 16-bit operand too: it must leave as f32, or gemm comes back here)
+      widen_half(ws, t);
+    } else {
+      return;
+    }
     t = Tensor(ws, DType::f32, t.shape());
     ws += n;
   };
@@ -115,8 +126,8 @@ void gemm_widened(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, f
   } else {
     widen(c, nc);
   }
-  widen(a, na);
-  widen(b, nb);
+  widen(a, na, round_a);
+  widen(b, nb, round_b);
   widen(bias, nbias);
   gemm(c, a, b, ta, tb, alpha, beta, bias);
   if (!nc) return;
