@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <span>
 #include <thread>
 
@@ -89,6 +90,17 @@ void require_device_can_run(const RunConfig& cfg, const Context& ctx) {
   fail("train.dtype = bf16: ", why, "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX-512");
 }
 
+// A shard both splits read (data.train = "data/*.bin" catches val_*.bin)
+// makes the val loss one of training data: allowed, but said.
+void warn_shared_shards(const std::vector<std::string>& train, const std::vector<std::string>& val) {
+  std::set<std::filesystem::path> seen;
+  for (const std::string& t : train) seen.insert(std::filesystem::weakly_canonical(t));
+  for (const std::string& v : val)
+    if (seen.count(std::filesystem::weakly_canonical(v)) > 0)
+      log_warn("data: '", v, "' is both a train shard (data.train) and a val shard (data.val): the val loss is ",
+               "measured on data the model trains on");
+}
+
 }  // namespace
 
 Trainer::Trainer(const RunConfig& cfg, Context& ctx)
@@ -102,8 +114,10 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   checked_group("tp", cfg.parallel.tp, ctx.mesh.tp());
   checked_group("pp", cfg.parallel.pp, ctx.mesh.pp());
   checked_group("cp", cfg.parallel.cp, ctx.mesh.cp());
-  if (cfg.train.eval_every > 0)
+  if (cfg.train.eval_every > 0) {
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
+    if (ctx.mesh.world_rank() == 0) warn_shared_shards(train_data_.shard_paths(), val_data_->shard_paths());
+  }
   ChunkOptions chunks = chunk_options(cfg);
   if (on_device && cfg.parallel.offload_optimizer)  // page-locked: copied to and from the device every step
     host_state_ = std::make_unique<Pools>(Device::cpu(), ctx.pools.device());

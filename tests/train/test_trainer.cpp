@@ -60,6 +60,21 @@ void expect_two_runs_bitwise_identical(const RunConfig& c) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
 }
 
+// data.train = "dir/*.bin" also reads the val shard: the run says so.
+TEST_F(TrainerTest, AShardInBothSplitsIsNamed) {
+  RunConfig c = config();
+  test::TestContext one;
+  ::testing::internal::CaptureStderr();
+  { Trainer apart(c, one.ctx()); }
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("is both a train shard"), std::string::npos);
+  c.data.train = {(dir_ / "*.bin").string()};
+  ::testing::internal::CaptureStderr();
+  { Trainer both(c, one.ctx()); }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("val_000000.bin' is both a train shard (data.train) and a val shard (data.val)"),
+            std::string::npos) << log;
+}
+
 TEST_F(TrainerTest, SameConfigAndSeedGiveBitwiseIdenticalLosses) { expect_two_runs_bitwise_identical(config()); }
 
 TEST_F(TrainerTest, AnotherSeedGivesOtherLosses) {
