@@ -117,6 +117,11 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   if (cfg.train.eval_every > 0) {
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
     if (ctx.mesh.world_rank() == 0) warn_shared_shards(train_data_.shard_paths(), val_data_->shard_paths());
+    const int64_t eval_batch = cfg.train.micro_batch * ctx.mesh.dp().size();
+    if (ctx.mesh.world_rank() == 0 && val_data_->windows_per_epoch() < eval_batch)
+      log_warn("data.val holds ", val_data_->windows_per_epoch(), " windows of ", cfg.train.seq_len, " tokens, ",
+               "fewer than one evaluation batch of ", eval_batch, " (train.micro_batch x dp): the batch repeats ",
+               "windows, which the val loss then counts twice (loom eval counts each once)");
   }
   ChunkOptions chunks = chunk_options(cfg);
   if (on_device && cfg.parallel.offload_optimizer)  // page-locked: copied to and from the device every step

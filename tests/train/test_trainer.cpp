@@ -60,8 +60,9 @@ void expect_two_runs_bitwise_identical(const RunConfig& c) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
 }
 
-// data.train = "dir/*.bin" also reads the val shard: the run says so.
-TEST_F(TrainerTest, AShardInBothSplitsIsNamed) {
+// data.train = "dir/*.bin" also reads the val shard, and a val split holds
+// fewer windows than one evaluation batch: the run says so.
+TEST_F(TrainerTest, AShardInBothSplitsAndAValSplitBelowOneBatchAreNamed) {
   RunConfig c = config();
   test::TestContext one;
   ::testing::internal::CaptureStderr();
@@ -73,6 +74,15 @@ TEST_F(TrainerTest, AShardInBothSplitsIsNamed) {
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("val_000000.bin' is both a train shard (data.train) and a val shard (data.val)"),
             std::string::npos) << log;
+  EXPECT_EQ(log.find("fewer than one evaluation batch"), std::string::npos) << log;
+  // A val split smaller than one evaluation batch is said too.
+  c.train.micro_batch = 64;
+  c.data.train = config().data.train;
+  ::testing::internal::CaptureStderr();
+  { Trainer small(c, one.ctx()); }
+  const std::string small_log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(small_log.find("data.val holds 31 windows of 16 tokens, fewer than one evaluation batch of 64"),
+            std::string::npos) << small_log;
 }
 
 TEST_F(TrainerTest, SameConfigAndSeedGiveBitwiseIdenticalLosses) { expect_two_runs_bitwise_identical(config()); }
