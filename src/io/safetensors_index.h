@@ -26,6 +26,8 @@ class SafetensorsShards {
   static SafetensorsShards open(const std::string& index_path);
 
   const std::string& path() const { return path_; }  // the index
+  // The shards, in the order the index first names them.
+  const std::vector<SafetensorsFile>& files() const { return files_; }
   // The shard that holds tensor `name`; nullptr: none does.
   const SafetensorsFile* find(const std::string& name) const;
 

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/sha256.h"
+#include "io/safetensors_index.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/ops.h"
 #include "model/config_json.h"
@@ -90,6 +91,16 @@ void require_device_can_run(const RunConfig& cfg, const Context& ctx) {
   fail("train.dtype = bf16: ", why, "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX-512");
 }
 
+// The identity of a LoRA base's weights a checkpoint records: its file's
+// sha256, or a sharded checkpoint's of its index's and shards' hashes.
+std::string base_weights_sha256(const model::ModelDir& base) {
+  if (!base.sharded) return sha256_file_hex(base.weights);
+  std::string hashes = sha256_file_hex(base.weights);
+  for (const io::SafetensorsFile& f : io::SafetensorsShards::open(base.weights).files())
+    hashes += sha256_file_hex(f.path());
+  return sha256_hex(hashes);
+}
+
 // A shard both splits read (data.train = "data/*.bin" catches val_*.bin)
 // makes the val loss one of training data: allowed, but said.
 void warn_shared_shards(const std::vector<std::string>& train, const std::vector<std::string>& val) {
@@ -130,7 +141,7 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   if (cfg.lora.adapters.enabled()) {
     const model::ModelDir base = model::load_model_dir(cfg.lora.base);
     lora_base_ = model::load_frozen_base(base, chunks.compute, ctx.pools, {mesh_.shape().tp, mesh_.coord().tp});
-    lora_base_sha256_ = sha256_file_hex(base.weights);
+    lora_base_sha256_ = base_weights_sha256(base);
     chunks.lora_base = lora_base_.get();
   }
   rank_ = build_rank_chunks(chunks, ctx);
