@@ -101,15 +101,21 @@ std::string base_weights_sha256(const model::ModelDir& base) {
   return sha256_hex(hashes);
 }
 
-// A shard both splits read (data.train = "data/*.bin" catches val_*.bin)
-// makes the val loss one of training data: allowed, but said.
-void warn_shared_shards(const std::vector<std::string>& train, const std::vector<std::string>& val) {
+// Val data that makes the in-training val loss misleading, allowed but
+// said: a shard both splits read (data.train = "data/*.bin" catches
+// val_*.bin), or fewer windows than one evaluation batch (it repeats some).
+void warn_val_data(const RunConfig& cfg, const DataLoader& train, const DataLoader& val, int64_t dp) {
   std::set<std::filesystem::path> seen;
-  for (const std::string& t : train) seen.insert(std::filesystem::weakly_canonical(t));
-  for (const std::string& v : val)
+  for (const std::string& t : train.shard_paths()) seen.insert(std::filesystem::weakly_canonical(t));
+  for (const std::string& v : val.shard_paths())
     if (seen.count(std::filesystem::weakly_canonical(v)) > 0)
       log_warn("data: '", v, "' is both a train shard (data.train) and a val shard (data.val): the val loss is ",
                "measured on data the model trains on");
+  const int64_t eval_batch = cfg.train.micro_batch * dp;
+  if (val.windows_per_epoch() < eval_batch)
+    log_warn("data.val holds ", val.windows_per_epoch(), " windows of ", cfg.train.seq_len, " tokens, fewer ",
+             "than one evaluation batch of ", eval_batch, " (train.micro_batch x dp): the batch repeats windows, ",
+             "which the val loss then counts twice (loom eval counts each once)");
 }
 
 }  // namespace
@@ -127,12 +133,7 @@ Trainer::Trainer(const RunConfig& cfg, Context& ctx)
   checked_group("cp", cfg.parallel.cp, ctx.mesh.cp());
   if (cfg.train.eval_every > 0) {
     val_data_ = std::make_unique<DataLoader>(loader_options(cfg, cfg.data.val, false, ctx.mesh.dp()));
-    if (ctx.mesh.world_rank() == 0) warn_shared_shards(train_data_.shard_paths(), val_data_->shard_paths());
-    const int64_t eval_batch = cfg.train.micro_batch * ctx.mesh.dp().size();
-    if (ctx.mesh.world_rank() == 0 && val_data_->windows_per_epoch() < eval_batch)
-      log_warn("data.val holds ", val_data_->windows_per_epoch(), " windows of ", cfg.train.seq_len, " tokens, ",
-               "fewer than one evaluation batch of ", eval_batch, " (train.micro_batch x dp): the batch repeats ",
-               "windows, which the val loss then counts twice (loom eval counts each once)");
+    if (ctx.mesh.world_rank() == 0) warn_val_data(cfg, train_data_, *val_data_, ctx.mesh.dp().size());
   }
   ChunkOptions chunks = chunk_options(cfg);
   if (on_device && cfg.parallel.offload_optimizer)  // page-locked: copied to and from the device every step
