@@ -18,7 +18,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/memory.h"
+#include "infer/engine.h"
+#include "io/gguf.h"
+#include "model/gguf_model.h"
+#include "model/params.h"
 #include "serve/api.h"
+#include "serve/ollama/ollama_api.h"
 #include "serve/store/model_store.h"
 #include "serve/store/modelfile.h"
 #include "serve/store/store_models.h"
@@ -235,6 +241,165 @@ TEST(Modelfile, QuotedValuesWrittenByShowReadBackWhole) {
       EXPECT_EQ(mf.system, text) << modelfile_quote(text, triple);
       EXPECT_EQ(mf.license, "x");
     }
+  }
+}
+
+// A PARAMETER num_ctx below 2 would make every request a 500 (the engine cannot load it): refused at create,
+// saying the range. ollama's documented options: those that change nothing on a CPU are kept and ignored,
+// mirostat and repeat_last_n only at the value that is what loom does, num_predict -2 fills the context.
+TEST(Modelfile, OllamasParametersAreTakenIgnoredOrRefusedByName) {
+  nlohmann::json p = nlohmann::json::object();
+  const auto refused = [&](const std::string& name, const std::string& value) {
+    try {
+      set_parameter(p, name, value);
+    } catch (const loom::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(taken)");
+  };
+  EXPECT_NE(refused("num_ctx", "1").find("allowed 2 or more"), std::string::npos) << refused("num_ctx", "1");
+  EXPECT_NE(refused("mirostat", "2").find("loom has no mirostat"), std::string::npos);
+  EXPECT_NE(refused("repeat_last_n", "64").find("repeat_last_n -1"), std::string::npos);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"num_ctx", "2"}, {"num_predict", "-2"}, {"num_gpu", "1"}, {"num_thread", "8"}, {"use_mmap", "false"},
+           {"mirostat", "0"}, {"mirostat_tau", "5.0"}, {"repeat_last_n", "-1"}})
+    EXPECT_EQ(refused(name, value), "(taken)") << name;
+  EXPECT_EQ(p["num_predict"], -2);
+  EXPECT_EQ(p["use_mmap"], false);
+  EXPECT_NE(refused("tfs_z", "1").find("unknown PARAMETER 'tfs_z'"), std::string::npos);
+  try {
+    Modelfile::parse("FROM m\nADAPTER ./lora\n", "M");
+    ADD_FAILURE() << "ADAPTER was taken";
+  } catch (const loom::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("M:2: ADAPTER is not supported in a Modelfile"), std::string::npos) << what;
+    EXPECT_NE(what.find("--lora NAME=DIR"), std::string::npos) << what;
+    EXPECT_NE(what.find("loom lora merge"), std::string::npos) << what;
+  }
+}
+
+// 40 parts of 120 characters: the manifest's path is longer than the file system takes. The name is
+// said to be too long, with the limit, not to clash with another model's.
+TEST(ModelStore, ANameTooLongForTheFileSystemIsSaidToBeSo) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  std::string deep;
+  for (int i = 0; i < 40; ++i) deep += std::string(120, 'd') + "/";
+  const ModelName name = ModelName::parse(deep + "x");
+  EXPECT_FALSE(store.get(name).has_value());
+  try {
+    store.put_model(name, layers("w", "s"));
+    ADD_FAILURE() << "a 4800-character name was stored";
+  } catch (const loom::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("is too long for the file system"), std::string::npos) << what;
+    EXPECT_NE(what.find("ENAMETOOLONG"), std::string::npos) << what;
+    EXPECT_EQ(what.find("clashes"), std::string::npos) << what;
+  }
+}
+
+// An empty server: its store routes only (no model is loaded).
+struct StoreServer {
+  Api api{ApiOptions{.api_key = "", .access_log = false}};
+  ModelManager models{[](const std::string&) -> std::shared_ptr<LoadedModel> { throw loom::Error("no loads"); },
+                      [](const std::string& n) { return ModelName::parse(n).str(); }, ManagerOptions{}};
+  OllamaApi ollama;
+  explicit StoreServer(ModelStore* store) : ollama(api, models, store) {}
+  nlohmann::json call(const std::string& method, const std::string& path, const std::string& body, int& status) {
+    const HttpResponse r = ollama.handle(request(method, path, body));
+    status = r.status;
+    return r.body.empty() ? nlohmann::json() : nlohmann::json::parse(r.body);
+  }
+};
+
+// A store the server cannot write (here its lock is a folder; a read-only mount answers the same) is the
+// server's failure: the error gives the reason, and over the API it is a 500, not a 400 blaming the request.
+TEST(ModelStore, AStoreThatCannotBeWrittenIsAServerErrorWithTheReason) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  store.put_model(ModelName::parse("m"), layers("w", "s"));
+  fs::remove(t.dir / ".lock");
+  fs::create_directory(t.dir / ".lock");
+  try {
+    store.copy(ModelName::parse("m"), ModelName::parse("n"));
+    ADD_FAILURE() << "copied without the lock";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find(": Is a directory"), std::string::npos) << e.what();
+  }
+  StoreServer server(&store);
+  int status = 0;
+  const nlohmann::json j = server.call("POST", "/api/copy", R"({"source": "m", "destination": "n"})", status);
+  EXPECT_EQ(status, 500) << j.dump();
+  EXPECT_NE(j.value("error", "").find("cannot open the model store's lock"), std::string::npos) << j.dump();
+}
+
+// A q8_0 GGUF file named ~/TINY.GGUF (the home directory, an uppercase extension, as ollama takes them) makes
+// a model that /api/tags and /api/show describe as ollama does: format gguf, quantization_level Q8_0, and
+// every field of ModelDetails.
+TEST(ModelStore, AnUppercaseGgufUnderHomeIsListedAsGgufQ8_0) {
+  TempStore t;
+  ModelStore store((t.dir / "s").string());
+  model::ModelConfig cfg = model::model_preset("gpt2-tiny");
+  cfg.vocab_size = 64, cfg.max_seq_len = 32;
+  Pools pools;
+  OwnedTensor flat = pools[MemTag::params].empty(DType::f32, {model::param_count(model::param_specs(cfg))});
+  model::init_params(flat, model::param_specs(cfg), 5);
+  io::GgufWriter w;
+  model::gguf_add_model(w, cfg, flat, model::GgufWeights::q8_0, "tiny");
+  w.write((t.dir / "TINY.GGUF").string());
+  const std::string home = std::getenv("HOME") != nullptr ? std::getenv("HOME") : "";
+  ::setenv("HOME", t.dir.c_str(), 1);
+  Modelfile mf = Modelfile::parse("FROM ~/TINY.GGUF\n", "M");
+  const StoredModel m = create_model(store, ModelName::parse("q8"), mf, std::string("/nowhere"), "M");
+  ::setenv("HOME", home.c_str(), 1);
+  const ResolvedModel r = resolve_model(store, m);
+  EXPECT_EQ(r.format, "gguf");
+  EXPECT_EQ(r.quantization_level, "Q8_0");
+  StoreServer server(&store);
+  int status = 0;
+  const nlohmann::json tags = server.call("GET", "/api/tags", "", status);
+  const nlohmann::json show = server.call("POST", "/api/show", R"({"model": "q8"})", status);
+  for (const nlohmann::json& details : {tags["models"][0]["details"], show["details"]}) {
+    EXPECT_EQ(details.value("format", ""), "gguf") << details.dump();
+    EXPECT_EQ(details.value("quantization_level", ""), "Q8_0") << details.dump();
+    for (const char* key : {"parent_model", "family", "families", "parameter_size"})
+      EXPECT_TRUE(details.contains(key)) << key << " missing: " << details.dump();
+  }
+}
+
+// loom serve --model DIR: its model in /api/tags and /api/ps has a digest (ollama's CLI shows its first 12
+// characters), the same for the same model, and every field of ModelDetails.
+// A small random GPT-2 on an engine loop: what `loom serve --model DIR` pins.
+struct TinyEngine {
+  model::ModelConfig cfg = [] {
+    model::ModelConfig c = model::model_preset("gpt2-tiny");
+    c.vocab_size = 64, c.max_seq_len = 32;
+    return c;
+  }();
+  Pools pools;
+  OwnedTensor params = pools[MemTag::params].empty(DType::f32, {model::param_count(model::param_specs(cfg))});
+  infer::Engine engine{cfg, params, pools, {.block_size = 8, .max_num_batched_tokens = 32, .max_num_seqs = 2}};
+};
+
+TEST(ModelStore, ADirectoryModelHasADigestAndDetails) {
+  StoreServer server(nullptr);
+  auto owned = std::make_shared<TinyEngine>();
+  auto m = std::make_shared<LoadedModel>();
+  m->name = "tiny", m->config = owned->cfg, m->bytes = 1000;
+  m->loop = std::make_shared<EngineLoop>(owned->engine, nullptr, LoopOptions{});
+  m->owner = owned;
+  server.models.pin(m);
+  int status = 0;
+  const nlohmann::json tags = server.call("GET", "/api/tags", "", status);
+  const nlohmann::json ps = server.call("GET", "/api/ps", "", status);
+  ASSERT_EQ(tags["models"].size(), 1u) << tags.dump();
+  ASSERT_EQ(ps["models"].size(), 1u) << ps.dump();
+  EXPECT_EQ(tags["models"][0].value("digest", "").size(), 64u) << tags.dump();
+  EXPECT_EQ(ps["models"][0].value("digest", ""), tags["models"][0].value("digest", "")) << ps.dump();
+  for (const nlohmann::json& details : {tags["models"][0]["details"], ps["models"][0]["details"]}) {
+    EXPECT_EQ(details.value("family", ""), "gpt2") << details.dump();
+    for (const char* key : {"parent_model", "format", "families", "parameter_size", "quantization_level"})
+      EXPECT_TRUE(details.contains(key)) << key << " missing: " << details.dump();
   }
 }
 

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/sha256.h"
+#include "model/config_json.h"
 #include "model/params.h"
 #include "serve/embeddings.h"
 #include "serve/ollama/ollama_format.h"
@@ -19,27 +21,56 @@ namespace {
 using json = nlohmann::json;
 
 
-json details_of(const model::ModelConfig& c) {
-  const std::string family = c.family == model::Family::llama ? "llama" : "gpt2";
-  return {{"parent_model", ""},
-          {"format", "safetensors"},
-          {"family", family},
-          {"families", json::array({family})},
-          {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
-          {"quantization_level", "F32"}};
-}
-
+// A store model's details; {} for a model the store cannot read (a broken model still lists).
 json stored_details(const ModelStore& store, const StoredModel& m) {
   try {
-    return details_of(resolve_model(store, m).dir.config);
+    const ResolvedModel r = resolve_model(store, m);
+    return ollama_details(r.dir.config, r.format, r.quantization_level, "");
   } catch (const loom::Error&) {
-    return json::object();  // a broken model still lists
+    return json::object();
   }
 }
 
 std::string hex(const std::string& digest) { return digest.rfind("sha256:", 0) == 0 ? digest.substr(7) : digest; }
 
 }  // namespace
+
+json ollama_details(const model::ModelConfig& c, const std::string& format, const std::string& quantization_level,
+                    const std::string& parent_model) {
+  const std::string family = c.family == model::Family::llama ? "llama" : "gpt2";
+  return {{"parent_model", parent_model},
+          {"format", format},
+          {"family", family},
+          {"families", json::array({family})},
+          {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
+          {"quantization_level", quantization_level}};
+}
+
+// A --model directory's details: the server keeps no record of its weights' file (LoadedModel holds the
+// weights in the serving dtype), so format and quantization_level are "" (unknown).
+json OllamaApi::loaded_details(const std::string& name) const {
+  if (store_ != nullptr) {
+    try {
+      if (const std::optional<StoredModel> m = store_->get(ModelName::parse(name))) return stored_details(*store_, *m);
+    } catch (const loom::Error&) {
+    }
+  }
+  for (const std::shared_ptr<LoadedModel>& m : models_.models())
+    if (m->name == name) return ollama_details(m->config, "", "", m->parent);
+  return json::object();
+}
+
+// A store model's digest is its manifest's; a --model directory has none, and ollama's CLI shows the first 12
+// characters of one (ListHandler's m.Digest[:12]): the hash of what the model is served as, the same on
+// every start with the same directory and flags.
+std::string OllamaApi::served_digest(const LoadedModel& m) const {
+  if (!m.digest.empty()) return hex(m.digest);
+  const json identity = {{"name", m.name},         {"config", model::model_config_to_json(m.config)},
+                         {"parent", m.parent},     {"template", m.template_source},
+                         {"system", m.system},     {"parameters", m.parameters},
+                         {"messages", m.messages}};
+  return sha256_hex(identity.dump());
+}
 
 OllamaApi::OllamaApi(Api& api, ModelManager& models, ModelStore* store) : api_(api), models_(models), store_(store) {}
 
@@ -57,10 +88,12 @@ HttpResponse OllamaApi::handle(const HttpRequest& req) {
     return route(req);
   } catch (const ApiError& e) {
     return ollama_error(e);
+  } catch (const StoreError& e) {  // the store's disk, not the request: ollama answers its own disk failures 500
+    return ollama_error(ApiError(500, "InternalServerError", "", e.what()));
   } catch (const loom::Error& e) {
     return ollama_error(bad_request("", e.what()));
-  } catch (const std::filesystem::filesystem_error& e) {  // e.g. a name that clashes with a folder of models
-    return ollama_error(ApiError(409, "Conflict", "", std::string("the model store refused: ") + e.what()));
+  } catch (const std::filesystem::filesystem_error& e) {  // reading or cleaning the store's folders failed
+    return ollama_error(ApiError(500, "InternalServerError", "", std::string("the model store failed: ") + e.what()));
   } catch (const std::exception& e) {
     return ollama_error(ApiError(500, "InternalServerError", "", std::string("internal error: ") + e.what()));
   }
@@ -132,8 +165,8 @@ HttpResponse OllamaApi::tags() const {
   if (store_ == nullptr) {
     for (const auto& m : models_.models())
       models.push_back({{"name", m->name}, {"model", m->name}, {"modified_at", rfc3339(std::chrono::system_clock::now())},
-                        {"size", m->bytes}, {"digest", ""},
-                        {"details", m->parent.empty() ? json::object() : json{{"parent_model", m->parent}}}});
+                        {"size", m->bytes}, {"digest", served_digest(*m)},
+                        {"details", ollama_details(m->config, "", "", m->parent)}});
     return json_response(200, {{"models", models}});
   }
   for (const StoredModel& m : store_->list())

@@ -19,6 +19,12 @@
 
 namespace loom::serve {
 
+// ollama's ModelDetails, every field its clients read (ollama-js's .d.ts),
+// of a model with this configuration. format: "gguf" or "safetensors";
+// quantization_level: ollama's name of the weights' type ("Q8_0", "F32").
+nlohmann::json ollama_details(const model::ModelConfig& c, const std::string& format,
+                              const std::string& quantization_level, const std::string& parent_model);
+
 class OllamaApi {
  public:
   // store: null when the server serves one directory (--model): the routes
@@ -46,6 +52,10 @@ class OllamaApi {
   HttpResponse copy(const HttpRequest& req);
   HttpResponse pull(const HttpRequest& req) const;
   ModelStore& store() const;
+  // A loaded model's details and digest: a store model's from the store, a
+  // --model directory's from what the server loaded (null when not loaded).
+  nlohmann::json loaded_details(const std::string& name) const;
+  std::string served_digest(const LoadedModel& m) const;
 
   Api& api_;
   ModelManager& models_;

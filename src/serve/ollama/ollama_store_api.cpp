@@ -113,8 +113,9 @@ void refuse_unsupported_fields(const json& body) {
 namespace {
 
 // /api/show's body for a model with this configuration and these texts.
-json show_json(const model::ModelConfig& c, const std::string& modelfile, const std::string& parameters,
-               const std::string& template_source, bool renders_tools, const json& extra) {
+json show_json(const model::ModelConfig& c, const json& details, const std::string& modelfile,
+               const std::string& parameters, const std::string& template_source, bool renders_tools,
+               const json& extra) {
   const std::string arch = c.family == model::Family::llama ? "llama" : "gpt2";
   // What ollama's clients check before they call: text generation, and tools
   // where the template offers them (images are not read).
@@ -124,9 +125,7 @@ json show_json(const model::ModelConfig& c, const std::string& modelfile, const 
               {"parameters", parameters},
               {"template", template_source},
               {"capabilities", capabilities},
-              {"details", {{"format", "safetensors"}, {"family", arch}, {"families", json::array({arch})},
-                           {"parameter_size", human_count(model::param_count(model::param_specs(c)))},
-                           {"quantization_level", "F32"}}},
+              {"details", details},
               {"model_info", {{"general.architecture", arch},
                               {"general.parameter_count", model::param_count(model::param_specs(c))},
                               {arch + ".context_length", c.max_seq_len},
@@ -154,7 +153,8 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
   if (store_ == nullptr) {  // --model DIR: the model this server was started with
     for (const std::shared_ptr<LoadedModel>& m : models_.models())
       if (m->name == text)
-        return json_response(200, show_json(m->config, "FROM " + m->name + "\n", parameters_text(m->parameters),
+        return json_response(200, show_json(m->config, ollama_details(m->config, "", "", m->parent),
+                                            "FROM " + m->name + "\n", parameters_text(m->parameters),
                                             m->template_source, m->served.renders_tools,
                                             {{"system", m->system}, {"messages", m->messages}}));
     throw not_found(text);
@@ -163,7 +163,8 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
   const std::optional<StoredModel> m = store_->get(name);
   if (!m) throw not_found(text);
   const ResolvedModel r = resolve_model(*store_, *m);
-  return json_response(200, show_json(r.dir.config, modelfile_of(*m, r), parameters_text(r.parameters),
+  return json_response(200, show_json(r.dir.config, ollama_details(r.dir.config, r.format, r.quantization_level, ""),
+                                      modelfile_of(*m, r), parameters_text(r.parameters),
                                       r.chat.is_plain ? "" : r.chat.source, template_renders_tools(r.chat.source),
                                       {{"system", r.system}, {"license", r.license}, {"messages", r.messages},
                                        {"modified_at", rfc3339(std::chrono::system_clock::from_time_t(m->modified))}}));
@@ -171,14 +172,19 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
 
 HttpResponse OllamaApi::ps() const {
   json models = json::array();
-  for (const LoadedStatus& s : models_.loaded())
+  const std::vector<std::shared_ptr<LoadedModel>> loaded = models_.models();
+  for (const LoadedStatus& s : models_.loaded()) {
+    std::string digest = s.digest.rfind("sha256:", 0) == 0 ? s.digest.substr(7) : s.digest;
+    for (const std::shared_ptr<LoadedModel>& m : loaded)
+      if (digest.empty() && m->name == s.name) digest = served_digest(*m);
     models.push_back({{"name", s.name},
                       {"model", s.name},
                       {"size", s.bytes},
                       {"size_vram", 0},
-                      {"digest", s.digest.rfind("sha256:", 0) == 0 ? s.digest.substr(7) : s.digest},
-                      {"details", json::object()},
+                      {"digest", digest},
+                      {"details", loaded_details(s.name)},
                       {"expires_at", s.expires ? rfc3339(*s.expires) : "0001-01-01T00:00:00Z"}});
+  }
   return json_response(200, {{"models", models}});
 }
 
@@ -220,6 +226,8 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
       return {200, out + dump(json{{"status", "success"}}) + (stream ? "\n" : "")};
     } catch (const ApiError& e) {
       return {e.status(), dump(json{{"error", e.what()}})};
+    } catch (const StoreError& e) {  // the store's disk failed: the server's problem (handle's 500)
+      return {500, dump(json{{"error", e.what()}})};
     } catch (const std::exception& e) {
       return {400, dump(json{{"error", e.what()}})};
     }

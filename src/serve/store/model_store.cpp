@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -44,8 +47,15 @@ class StoreLock {
   explicit StoreLock(const std::string& root) {
     const std::string path = root + "/.lock";
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    LOOM_REQUIRE(fd_ >= 0, "cannot open the model store's lock ", path);
-    LOOM_REQUIRE(::flock(fd_, LOCK_EX) == 0, "cannot lock the model store ", root);
+    if (fd_ < 0)
+      throw StoreError(concat("cannot open the model store's lock ", path, ": ", std::strerror(errno),
+                              " (create, cp and rm write to the store: it must be writable; choose another with "
+                              "--models DIR)"));
+    if (::flock(fd_, LOCK_EX) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw StoreError(concat("cannot lock the model store ", root, ": ", std::strerror(err)));
+    }
   }
   ~StoreLock() { ::close(fd_); }
   StoreLock(const StoreLock&) = delete;
@@ -54,6 +64,15 @@ class StoreLock {
  private:
   int fd_ = -1;
 };
+
+// write_file_atomic's failure (the store's disk: read-only, full) as the store's own error.
+void write_store_file(const std::string& path, std::string_view bytes) {
+  try {
+    write_file_atomic(path, bytes);
+  } catch (const loom::Error& e) {
+    throw StoreError(concat("cannot write to the model store: ", e.what()));
+  }
+}
 
 std::string hex_of(const std::string& digest) {
   LOOM_REQUIRE(digest.rfind("sha256:", 0) == 0 && digest.size() == 7 + 64 &&
@@ -166,8 +185,9 @@ ModelStore::ModelStore(std::string root, bool create) : root_(std::move(root)) {
   std::error_code ec;
   fs::create_directories(fs::path(root_) / "blobs", ec);
   if (!ec) fs::create_directories(fs::path(root_) / "manifests", ec);
-  LOOM_REQUIRE(!ec, "cannot create the model store at ", root_, ": ", ec.message(),
-               " (choose another with --models DIR)");
+  if (ec)
+    throw StoreError(concat("cannot create the model store at ", root_, ": ", ec.message(),
+                            " (choose another with --models DIR)"));
 }
 
 std::string ModelStore::blob_path(const std::string& digest) const {
@@ -201,11 +221,11 @@ Layer ModelStore::put_layer(const LayerSource& src) {
       const std::string tmp = path + ".tmp";
       std::error_code ec;
       fs::copy_file(src.file, tmp, fs::copy_options::overwrite_existing, ec);
-      LOOM_REQUIRE(!ec, "cannot copy ", src.file, " into the model store: ", ec.message());
+      if (ec) throw StoreError(concat("cannot copy ", src.file, " into the model store: ", ec.message()));
       fs::rename(tmp, path, ec);
-      LOOM_REQUIRE(!ec, "cannot add blob ", path, ": ", ec.message());
+      if (ec) throw StoreError(concat("cannot add blob ", path, " to the model store: ", ec.message()));
     } else {
-      write_file_atomic(path, src.bytes);
+      write_store_file(path, src.bytes);
     }
   }
   return {src.media_type, digest, static_cast<int64_t>(fs::file_size(path))};
@@ -213,11 +233,26 @@ Layer ModelStore::put_layer(const LayerSource& src) {
 
 void ModelStore::write_manifest(const ModelName& name, const Manifest& m) {
   const fs::path path = manifest_path(name);
+  // A name of many parts makes a path longer than the file system takes (ENAMETOOLONG): the name is at
+  // fault, not a clash; checked with the temporary file's ".tmp" that write_file_atomic adds.
+  const long limit = ::pathconf(root_.c_str(), _PC_PATH_MAX);
+  const size_t max_path = limit > 0 ? static_cast<size_t>(limit) : PATH_MAX;
+  const std::string shown = name.str().size() > 60 ? name.str().substr(0, 60) + "..." : name.str();
+  const auto too_long = [&] {
+    return loom::Error(concat("model name '", shown, "' (", name.str().size(), " characters) is too long for the ",
+                              "file system: its manifest ", root_, "/manifests/<name>/<tag> would be a path of ",
+                              path.string().size() + 4, " bytes, and the limit here is ", max_path - 1,
+                              " (ENAMETOOLONG): use fewer or shorter parts"));
+  };
+  if (path.string().size() + 4 >= max_path) throw too_long();
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
-  LOOM_REQUIRE(!ec && !fs::is_directory(path), "model name '", name.str(), "' clashes with another model's name (",
-               name.name, " is both a model and a folder of models)");
-  write_file_atomic(path.string(), m.to_json().dump(2) + "\n");
+  if (ec == std::errc::filename_too_long) throw too_long();
+  LOOM_REQUIRE(ec != std::errc::not_a_directory && ec != std::errc::file_exists && !fs::is_directory(path),
+               "model name '", name.str(), "' clashes with another model's name (", name.name,
+               " is both a model and a folder of models)");
+  if (ec) throw StoreError(concat("cannot write the manifest of ", name.str(), " to the model store: ", ec.message()));
+  write_store_file(path.string(), m.to_json().dump(2) + "\n");
 }
 
 // Files a writer killed mid-write left behind (*.tmp under blobs/ and
@@ -259,7 +294,8 @@ StoredModel ModelStore::put_model(const ModelName& name, const std::vector<Layer
 
 std::optional<StoredModel> ModelStore::get(const ModelName& name) const {
   const std::string path = manifest_path(name);
-  if (!fs::is_regular_file(path)) return std::nullopt;
+  std::error_code ec;  // a name too long for the file system (ENAMETOOLONG) names no model
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
   LOOM_REQUIRE(in.good(), "cannot read the manifest ", path);
   std::ostringstream text;
@@ -307,10 +343,11 @@ bool ModelStore::remove(const ModelName& name) {
   const StoreLock lock(root_);
   collect_leftovers();
   const fs::path path = manifest_path(name);
-  if (!fs::is_regular_file(path)) return false;  // a folder of models a/b/ is not the model a:b
-  fs::remove(path);
-  // Empty name directories go too (manifests/<a>/<b>/ of a removed a/b:tag).
   std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;  // a folder of models a/b/ is not the model a:b
+  fs::remove(path, ec);
+  if (ec) throw StoreError(concat("cannot remove ", path.string(), " from the model store: ", ec.message()));
+  // Empty name directories go too (manifests/<a>/<b>/ of a removed a/b:tag).
   for (fs::path dir = path.parent_path(); dir != fs::path(root_) / "manifests" && fs::is_empty(dir, ec);
        dir = dir.parent_path())
     fs::remove(dir, ec);

@@ -21,7 +21,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+
 namespace loom::serve {
+
+// The store's own disk failed (read-only, full, no permission): the message
+// gives the reason. Over HTTP it is the server's problem (500, as ollama
+// answers its own disk failures), never blamed on the request.
+class StoreError : public loom::Error {
+ public:
+  using loom::Error::Error;
+};
 
 // "name[:tag]" (tag "latest" when absent): name is one or more parts of
 // letters, digits, '.', '_' and '-' separated by '/', each starting with a

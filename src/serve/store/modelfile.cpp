@@ -147,6 +147,42 @@ int64_t parse_integer(const std::string& name, const std::string& value) {
 
 }  // namespace
 
+namespace {
+
+// ollama's options that change nothing in loom's answer on a CPU (where the weights sit, threads, batching,
+// memory mapping): accepted, kept for show --modelfile, and ignored, so an ollama Modelfile works unchanged.
+constexpr const char* kIgnoredParameters[] = {"num_gpu",  "main_gpu", "num_thread", "num_batch",
+                                              "low_vram", "numa",     "use_mmap",   "use_mlock"};
+
+bool ignored_parameter(const std::string& name) {
+  return std::any_of(std::begin(kIgnoredParameters), std::end(kIgnoredParameters),
+                     [&](const char* n) { return name == n; });
+}
+
+// The ollama parameters loom has no counterpart for unless set to what loom does anyway: mirostat 0 (off:
+// loom samples by temperature, top_k, top_p, min_p), and repeat_last_n -1 (ollama's "the whole context",
+// the window loom's repeat_penalty covers: every token of the prompt and the answer). mirostat_eta and
+// mirostat_tau are read only when mirostat is on (llama.cpp's sampler), so with mirostat 0 they change nothing.
+bool sampling_parameter(json& params, const std::string& name, const std::string& value) {
+  if (name == "mirostat") {
+    LOOM_REQUIRE(parse_integer(name, value) == 0, "PARAMETER mirostat ", value, " is not supported: loom has no "
+                 "mirostat sampling (only mirostat 0, off); it samples with temperature, top_k, top_p and min_p");
+    params[name] = 0;
+  } else if (name == "mirostat_eta" || name == "mirostat_tau") {
+    params[name] = parse_number(name, value);
+  } else if (name == "repeat_last_n") {
+    LOOM_REQUIRE(parse_integer(name, value) == -1, "PARAMETER repeat_last_n ", value, " is not supported: loom's "
+                 "repeat_penalty covers every token of the prompt and the answer, which is repeat_last_n -1 (the "
+                 "whole context); a window of the last N tokens is not");
+    params[name] = -1;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void set_parameter(json& params, const std::string& name, const std::string& value) {
   const auto range = [&](double v, double lo, double hi, const char* allowed) {
     LOOM_REQUIRE(v >= lo && v <= hi, "PARAMETER ", name, " ", value, " is invalid: allowed ", allowed);
@@ -165,12 +201,19 @@ void set_parameter(json& params, const std::string& name, const std::string& val
     params[name] = range(parse_number(name, value), 1e-6, 1e6, "> 0");
   } else if (name == "top_k" || name == "num_predict" || name == "num_ctx" || name == "seed") {
     const int64_t v = parse_integer(name, value);
-    if (name == "num_predict") range(double(v), -1, 1e9, "-1 (no limit) or more");
-    else if (name != "seed") range(double(v), name == "top_k" ? 0 : 1, 1e9, name == "top_k" ? ">= 0" : ">= 1");
+    // num_predict: ollama's -1 is no limit and -2 fills the context; loom generates up to the context's end
+    // (or an end token) for both. num_ctx: a prompt token and a new one at least (the engine's minimum).
+    if (name == "num_predict") range(double(v), -2, 1e9, "-2 (fill the context), -1 (no limit) or 0 and more");
+    else if (name == "num_ctx") range(double(v), 2, 1e9, "2 or more (a prompt token and a new one)");
+    else if (name == "top_k") range(double(v), 0, 1e9, ">= 0");
     params[name] = v;
-  } else {
+  } else if (ignored_parameter(name)) {
+    params[name] = value == "true" || value == "false" ? json(value == "true") : json(parse_number(name, value));
+  } else if (!sampling_parameter(params, name, value)) {
     throw loom::Error("unknown PARAMETER '" + name + "': loom knows temperature, top_k, top_p, min_p, seed, "
-                      "num_predict, num_ctx, stop, repeat_penalty, presence_penalty, frequency_penalty");
+                      "num_predict, num_ctx, stop, repeat_penalty, presence_penalty, frequency_penalty, "
+                      "mirostat (0), mirostat_eta, mirostat_tau, repeat_last_n (-1), and ignores num_gpu, main_gpu, "
+                      "num_thread, num_batch, low_vram, numa, use_mmap, use_mlock");
   }
 }
 
@@ -209,7 +252,9 @@ Modelfile Modelfile::parse(std::string_view text, const std::string& where) {
           r.fail(line, "MESSAGE role '" + role + "' is invalid: system, user or assistant");
         mf.messages.emplace_back(role, r.value(line));
       } else if (keyword == "adapter") {
-        r.fail(line, "ADAPTER is not supported (loom has no LoRA adapters yet)");
+        r.fail(line, "ADAPTER is not supported in a Modelfile: serve a PEFT LoRA adapter beside its base with "
+                     "loom serve --model BASE --lora NAME=DIR, or merge it into the weights with loom lora merge "
+                     "--base BASE --adapter DIR --out MERGED and write FROM MERGED");
       } else {
         r.fail(line, "unknown instruction '" + keyword +
                          "': a Modelfile has FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE and LICENSE");

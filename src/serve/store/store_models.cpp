@@ -1,10 +1,17 @@
 #include "serve/store/store_models.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <vector>
 
 #include "core/error.h"
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/gguf_model.h"
 #include "serve/jinja/jinja.h"
 
 namespace loom::serve {
@@ -14,6 +21,62 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const char* layout_name(model::ParamLayout l) { return l == model::ParamLayout::hf ? "hf" : "loom"; }
+
+// ollama's name (fs/ggml's FileType.String) of llama.cpp's general.file_type (enum llama_ftype).
+std::string ftype_name(uint32_t t) {
+  static const std::map<uint32_t, const char*> names = {
+      {0, "F32"},     {1, "F16"},     {2, "Q4_0"},    {3, "Q4_1"},    {7, "Q8_0"},    {8, "Q5_0"},
+      {9, "Q5_1"},    {10, "Q2_K"},   {11, "Q3_K_S"}, {12, "Q3_K_M"}, {13, "Q3_K_L"}, {14, "Q4_K_S"},
+      {15, "Q4_K_M"}, {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},   {32, "BF16"}};
+  const auto it = names.find(t);
+  return it == names.end() ? "unknown" : it->second;
+}
+
+// What ollama's details.quantization_level says of the weights: a GGUF file's general.file_type, or the
+// dtype holding most of a safetensors file's bytes ("F32", "BF16", "F16"); "unknown" when unreadable.
+std::string quantization_level(const model::ModelDir& dir) {
+  try {
+    if (dir.gguf) {
+      const io::GgufFile f = io::GgufFile::open(dir.weights);
+      return f.has("general.file_type") ? ftype_name(f.get_int<uint32_t>("general.file_type")) : "unknown";
+    }
+    std::map<std::string, uint64_t> bytes;
+    const io::SafetensorsFile f = io::SafetensorsFile::open(dir.weights);
+    for (const auto& [name, info] : f.tensors())
+      bytes[io::safetensors_dtype_name(info.dtype)] += info.nbytes();
+    const auto most = std::max_element(bytes.begin(), bytes.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    return most == bytes.end() ? "unknown" : most->first;
+  } catch (const loom::Error&) {
+    return "unknown";
+  }
+}
+
+// A .gguf file, its extension in any case (FROM ./MODEL.GGUF), as ollama takes it: read here, as
+// load_model_dir reads a file ending in ".gguf".
+bool is_gguf_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::error_code ec;
+  return ext == ".gguf" && fs::is_regular_file(p, ec);
+}
+
+model::ModelDir model_dir_of(const fs::path& path) {
+  if (!is_gguf_file(path)) return model::load_model_dir(path.string());
+  model::ModelDir dir;
+  dir.config = model::model_config_from_gguf(io::GgufFile::open(path.string()));
+  dir.weights = path.string();
+  dir.gguf = true;
+  return dir;
+}
+
+// FROM's path: ~/ is the home directory (ollama's expandPath), a relative path starts at base_dir.
+fs::path from_path(const std::string& from, const std::string& base_dir) {
+  const char* home = std::getenv("HOME");
+  if (from.starts_with("~/") && home != nullptr && *home != '\0') return fs::path(home) / from.substr(2);
+  const fs::path p(from);
+  return p.is_absolute() ? p : fs::path(base_dir) / p;
+}
 
 // The config layer: the model's loom config, the weights' parameter layout
 // and the special tokens its template names.
@@ -25,6 +88,7 @@ std::string config_layer(const model::ModelDir& dir, const ChatTemplate& chat) {
             {"bos_token", chat.bos_token},
             {"eos_token", chat.eos_token}};
   if (dir.gguf) c["format"] = "gguf";
+  c["quantization_level"] = quantization_level(dir);  // read once here, not per /api/tags
   if (!dir.eos_token_ids.empty()) c["eos_token_ids"] = dir.eos_token_ids;  // generation_config.json's
   return c.dump(2);
 }
@@ -48,10 +112,9 @@ void add_tokenizer_layers(std::vector<LayerSource>& layers, const std::string& d
 // weights (and its chat template), or a store model's layers as they are.
 std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, const std::optional<std::string>& base_dir,
                                      const std::string& where) {
-  const fs::path from(mf.from);
-  const fs::path path = !base_dir || from.is_absolute() ? from : fs::path(*base_dir) / from;
-  if (base_dir && (fs::is_directory(path) || (path.extension() == ".gguf" && fs::is_regular_file(path)))) {
-    const model::ModelDir dir = model::load_model_dir(path.string());
+  const fs::path path = base_dir ? from_path(mf.from, *base_dir) : fs::path(mf.from);
+  if (base_dir && (fs::is_directory(path) || is_gguf_file(path))) {
+    const model::ModelDir dir = model_dir_of(path);
     // One weights layer: the shards of a sharded checkpoint would need one each.
     if (dir.sharded)
       throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from + "' is a sharded " +
@@ -152,6 +215,10 @@ ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m) {
   r.dir.weights = store.blob_path(weights->digest);
   r.dir.layout = c.value("layout", "loom") == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
   r.dir.gguf = c.value("format", "") == "gguf";
+  r.format = r.dir.gguf ? "gguf" : "safetensors";
+  // A model created before the level was recorded: read from its weights now.
+  r.quantization_level = c.contains("quantization_level") ? c.value("quantization_level", "unknown")
+                                                          : quantization_level(r.dir);
   if (c.contains("eos_token_ids")) r.dir.eos_token_ids = c["eos_token_ids"].get<std::vector<int32_t>>();
   r.chat = ChatTemplate::plain();
   if (const Layer* t = m.manifest.find(kMediaTemplate)) {

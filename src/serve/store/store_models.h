@@ -1,7 +1,8 @@
 // Store models: made from a Modelfile (`loom create`, POST /api/create) and
 // read back for serving. FROM names a model directory (loom's format, as
-// `loom train` writes it, or Hugging Face's; relative to the Modelfile) or
-// a model already in the store; the new model keeps the weights blob of
+// `loom train` writes it, or Hugging Face's; relative to the Modelfile, ~/
+// the home directory), a .gguf file (the extension in any case) or a model
+// already in the store; the new model keeps the weights blob of
 // what it came from (no copy for a store model, one for a directory) and
 // takes the Modelfile's template, system prompt, parameters, messages and
 // license over the inherited ones. A Hugging Face directory's
@@ -35,6 +36,9 @@ StoredModel create_model(ModelStore& store, const ModelName& name, const Modelfi
 // What serving a store model needs.
 struct ResolvedModel {
   model::ModelDir dir;  // config, the weights blob's path, its layout
+  // As ollama's ModelDetails names them: "gguf" or "safetensors", and the
+  // weights' type ("Q8_0", "Q4_K_M", "F32", "BF16", ...; "unknown").
+  std::string format, quantization_level;
   ChatTemplate chat;    // the model's template, or the plain one
   std::string system;   // default system prompt ("" when none)
   nlohmann::json parameters = nlohmann::json::object();
