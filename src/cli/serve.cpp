@@ -24,6 +24,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu_isa.h"
+#include "model/config_json.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
 #include "core/threads.h"
@@ -135,7 +136,7 @@ void run_serve(ServeArgs a) {
   a.http.request_timeout = a.http.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   const bool from_store = a.model_dir.empty();
   namespace fs = std::filesystem;
-  if (!from_store && a.name.empty() && fs::path(a.model_dir).extension() == ".gguf")
+  if (!from_store && a.name.empty() && model::is_gguf_path(a.model_dir))
     a.name = fs::path(a.model_dir).stem().string();  // m.gguf serves as "m", as ollama names it
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().filename().string();
   if (!from_store && a.name.empty()) a.name = fs::path(a.model_dir).lexically_normal().parent_path().filename().string();

@@ -63,7 +63,7 @@ struct EvalArgs {
 model::ModelDir open_model(const std::string& path) {
   namespace fs = std::filesystem;
   LOOM_REQUIRE(fs::exists(path), "--model '", path, "' does not exist");
-  if (fs::is_directory(path) || fs::path(path).extension() == ".gguf") return model::load_model_dir(path);
+  if (fs::is_directory(path) || model::is_gguf_path(path)) return model::load_model_dir(path);
   const fs::path parent = fs::path(path).parent_path();
   const std::string name = fs::path(path).filename().string();
   const bool config_file = name == model::kLoomConfigFile || name == model::kHfConfigFile;

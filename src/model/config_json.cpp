@@ -193,9 +193,15 @@ void write_model_dir(const std::string& dir, const ModelConfig& cfg, const Tenso
 
 }  // namespace
 
+bool is_gguf_path(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".gguf";
+}
+
 ModelDir load_model_dir(const std::string& dir) {
   std::error_code ec;
-  if (fs::path(dir).extension() == ".gguf" && fs::is_regular_file(dir, ec)) {
+  if (is_gguf_path(dir) && fs::is_regular_file(dir, ec)) {
     ModelDir m;
     m.config = model_config_from_gguf(io::GgufFile::open(dir));
     m.weights = dir;

@@ -88,6 +88,9 @@ struct ModelDir {
 // model.safetensors.index.json), or a path that is no directory (e.g. the
 // config file itself) is a loom::Error naming the path and what to give.
 ModelDir load_model_dir(const std::string& dir);
+// Whether path names a GGUF file by its extension, in any case (MODEL.GGUF),
+// as llama.cpp and ollama take one.
+bool is_gguf_path(const std::string& path);
 // flat (P) f32 = the model's parameters in param_specs(dir.config) order,
 // from its safetensors file, its shards or its GGUF file (dequantized).
 void load_model_params(const ModelDir& dir, Tensor flat);

@@ -252,6 +252,14 @@ TEST_F(ModelDirTest, HfExportOfAMoeMixtralCannotRepresentWritesNothing) {
 
 // transformers' generate and vLLM stop at generation_config.json's
 // eos_token_id (an id or a list), else at config.json's.
+TEST(ModelDir, GgufPathsAreKnownByTheirExtensionInAnyCase) {
+  EXPECT_TRUE(is_gguf_path("m.gguf"));
+  EXPECT_TRUE(is_gguf_path("/models/M.GGUF"));
+  EXPECT_TRUE(is_gguf_path("x.GgUf"));
+  EXPECT_FALSE(is_gguf_path("m.gguf.tmp"));
+  EXPECT_FALSE(is_gguf_path("gguf"));
+}
+
 TEST_F(ModelDirTest, HfGenerationConfigEosIdsAreTheModelsStopIds) {
   save_preset(path("hf"), "llama-tiny", 1, ParamLayout::hf);
   EXPECT_TRUE(load_model_dir(path("hf")).eos_token_ids.empty());

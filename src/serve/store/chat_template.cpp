@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "model/config_json.h"
 #include "serve/jinja/jinja.h"
 
 namespace loom::serve {
@@ -96,7 +97,7 @@ ChatTemplate ChatTemplate::for_gguf(const std::string& path) {
 }
 
 ChatTemplate ChatTemplate::for_model_dir(const std::string& dir) {
-  if (std::filesystem::path(dir).extension() == ".gguf" && std::filesystem::is_regular_file(dir)) return for_gguf(dir);
+  if (model::is_gguf_path(dir) && std::filesystem::is_regular_file(dir)) return for_gguf(dir);
   const json cfg = tokenizer_config(dir);
   if (cfg.is_null()) return plain();
   const std::string where = (std::filesystem::path(dir) / "tokenizer_config.json").string();

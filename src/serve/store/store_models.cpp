@@ -52,22 +52,10 @@ std::string quantization_level(const model::ModelDir& dir) {
   }
 }
 
-// A .gguf file, its extension in any case (FROM ./MODEL.GGUF), as ollama takes it: read here, as
-// load_model_dir reads a file ending in ".gguf".
+// A .gguf file, its extension in any case (FROM ./MODEL.GGUF), as ollama takes it.
 bool is_gguf_file(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   std::error_code ec;
-  return ext == ".gguf" && fs::is_regular_file(p, ec);
-}
-
-model::ModelDir model_dir_of(const fs::path& path) {
-  if (!is_gguf_file(path)) return model::load_model_dir(path.string());
-  model::ModelDir dir;
-  dir.config = model::model_config_from_gguf(io::GgufFile::open(path.string()));
-  dir.weights = path.string();
-  dir.gguf = true;
-  return dir;
+  return model::is_gguf_path(p.string()) && fs::is_regular_file(p, ec);
 }
 
 // FROM's path: ~/ is the home directory (ollama's expandPath), a relative path starts at base_dir.
@@ -114,7 +102,7 @@ std::vector<LayerSource> from_layers(ModelStore& store, const Modelfile& mf, con
                                      const std::string& where) {
   const fs::path path = base_dir ? from_path(mf.from, *base_dir) : fs::path(mf.from);
   if (base_dir && (fs::is_directory(path) || is_gguf_file(path))) {
-    const model::ModelDir dir = model_dir_of(path);
+    const model::ModelDir dir = model::load_model_dir(path.string());
     // One weights layer: the shards of a sharded checkpoint would need one each.
     if (dir.sharded)
       throw loom::Error(where + ":" + std::to_string(mf.from_line) + ": FROM '" + mf.from + "' is a sharded " +
