@@ -23,6 +23,8 @@ void SamplerConfig::validate() const {
                " is invalid: allowed values are in [-2, 2]");
   LOOM_REQUIRE(std::isfinite(repetition_penalty) && repetition_penalty > 0.f, "repetition_penalty = ",
                repetition_penalty, " is invalid: allowed values are > 0 (1 is none)");
+  LOOM_REQUIRE(repetition_window >= -1, "repeat_last_n = ", repetition_window,
+               " is invalid: allowed values are -1 (every token), 0 (none) or the last N tokens");
 }
 
 void apply_penalties(const SamplerConfig& cfg, std::span<float> logits, std::span<const int32_t> prompt,
@@ -33,7 +35,12 @@ void apply_penalties(const SamplerConfig& cfg, std::span<float> logits, std::spa
   };
   if (cfg.repetition_penalty != 1.f) {
     std::vector<bool> seen(static_cast<size_t>(V), false);
-    for (std::span<const int32_t> part : {prompt, output})
+    // The window's tokens: the last of the output, then the prompt's last.
+    const auto total = static_cast<int64_t>(prompt.size() + output.size());
+    const int64_t window = cfg.repetition_window < 0 ? total : std::min(cfg.repetition_window, total);
+    const auto from_output = std::min<int64_t>(window, static_cast<int64_t>(output.size()));
+    for (std::span<const int32_t> part : {prompt.last(static_cast<size_t>(window - from_output)),
+                                          output.last(static_cast<size_t>(from_output))})
       for (int32_t t : part) check(t), seen[static_cast<size_t>(t)] = true;
     for (int64_t t = 0; t < V; ++t)
       if (seen[static_cast<size_t>(t)])

@@ -25,12 +25,17 @@ struct SamplerConfig {
   // Hugging Face's (CTRL): a token of the prompt or output has its logit
   // divided by it when positive, multiplied when negative; > 0, 1 is none.
   float repetition_penalty = 1.f;
+  // The tokens repetition_penalty looks at: the last N of the prompt and the
+  // output together (llama.cpp's and ollama's repeat_last_n); -1: all of
+  // them; 0: none.
+  int64_t repetition_window = -1;
   // Throws loom::Error naming the option and what is allowed.
   void validate() const;
 };
 
 // The penalties of cfg applied to logits (V) in place: repetition over the
-// prompt's and the output's tokens, presence and frequency over the output's.
+// prompt's and the output's tokens (the last repetition_window of them),
+// presence and frequency over the output's.
 void apply_penalties(const SamplerConfig& cfg, std::span<float> logits, std::span<const int32_t> prompt,
                      std::span<const int32_t> output);
 

@@ -96,6 +96,25 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogitsOfSeenT
   EXPECT_EQ(logits, (std::vector<float>{1.f, -4.f, 2.f, -2.f, 0.5f}));
 }
 
+// repeat_last_n: only the last N tokens of the prompt and output together.
+TEST(Sampler, RepetitionWindowSeesOnlyTheLastTokensOfPromptAndOutput) {
+  const std::vector<int32_t> prompt = {0, 1, 2}, output = {3, 4};
+  const auto penalised = [&](int64_t window) {
+    std::vector<float> logits(5, 2.f);
+    apply_penalties({.repetition_penalty = 2.f, .repetition_window = window}, logits, prompt, output);
+    std::vector<int32_t> seen;
+    for (int32_t t = 0; t < 5; ++t)
+      if (logits[static_cast<size_t>(t)] == 1.f) seen.push_back(t);
+    return seen;
+  };
+  EXPECT_EQ(penalised(-1), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(penalised(0), std::vector<int32_t>{});
+  EXPECT_EQ(penalised(1), std::vector<int32_t>{4});
+  EXPECT_EQ(penalised(3), (std::vector<int32_t>{2, 3, 4}));
+  EXPECT_EQ(penalised(99), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  expect_error([] { SamplerConfig{.repetition_window = -2}.validate(); }, {"repeat_last_n = -2 is invalid"});
+}
+
 TEST(Sampler, PresenceAndFrequencyPenaltiesCountOnlyTheOutput) {
   std::vector<float> logits = {1.f, 1.f, 1.f, 1.f};
   const std::vector<int32_t> prompt = {0, 0, 0}, output = {1, 2, 2};

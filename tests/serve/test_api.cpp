@@ -246,7 +246,7 @@ TEST(Modelfile, QuotedValuesWrittenByShowReadBackWhole) {
 
 // A PARAMETER num_ctx below 2 would make every request a 500 (the engine cannot load it): refused at create,
 // saying the range. ollama's documented options: those that change nothing on a CPU are kept and ignored,
-// mirostat and repeat_last_n only at the value that is what loom does, num_predict -2 fills the context.
+// mirostat only at 0 (off, what loom does), repeat_last_n a window, num_predict -2 fills the context.
 TEST(Modelfile, OllamasParametersAreTakenIgnoredOrRefusedByName) {
   nlohmann::json p = nlohmann::json::object();
   const auto refused = [&](const std::string& name, const std::string& value) {
@@ -259,13 +259,14 @@ TEST(Modelfile, OllamasParametersAreTakenIgnoredOrRefusedByName) {
   };
   EXPECT_NE(refused("num_ctx", "1").find("allowed 2 or more"), std::string::npos) << refused("num_ctx", "1");
   EXPECT_NE(refused("mirostat", "2").find("loom has no mirostat"), std::string::npos);
-  EXPECT_NE(refused("repeat_last_n", "64").find("repeat_last_n -1"), std::string::npos);
+  EXPECT_NE(refused("repeat_last_n", "-2").find("allowed -1 (every token), 0 (none)"), std::string::npos);
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"num_ctx", "2"}, {"num_predict", "-2"}, {"num_gpu", "1"}, {"num_thread", "8"}, {"use_mmap", "false"},
-           {"mirostat", "0"}, {"mirostat_tau", "5.0"}, {"repeat_last_n", "-1"}})
+           {"mirostat", "0"}, {"mirostat_tau", "5.0"}, {"repeat_last_n", "-1"}, {"repeat_last_n", "64"}})
     EXPECT_EQ(refused(name, value), "(taken)") << name;
   EXPECT_EQ(p["num_predict"], -2);
   EXPECT_EQ(p["use_mmap"], false);
+  EXPECT_EQ(p["repeat_last_n"], 64);
   EXPECT_NE(refused("tfs_z", "1").find("unknown PARAMETER 'tfs_z'"), std::string::npos);
   try {
     Modelfile::parse("FROM m\nADAPTER ./lora\n", "M");

@@ -22,7 +22,8 @@ using Clock = std::chrono::steady_clock;
 const std::pair<const char*, const char*> kOptions[] = {
     {"temperature", "temperature"}, {"top_k", "top_k"}, {"top_p", "top_p"}, {"min_p", "min_p"}, {"seed", "seed"},
     {"num_predict", "max_tokens"}, {"stop", "stop"}, {"repeat_penalty", "repetition_penalty"},
-    {"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"}};
+    {"repeat_last_n", "repeat_last_n"}, {"presence_penalty", "presence_penalty"},
+    {"frequency_penalty", "frequency_penalty"}};
 
 
 // A Go-style duration: "300ms", "10s", "5m", "1h30m", "-1m", or a bare number of seconds.
@@ -146,6 +147,11 @@ ojson openai_fields(const ojson& body, const std::string& model, bool stream, bo
     if (!body["options"].is_object()) throw bad_request("options", "options must be an object");
     for (const auto& [ollama, field] : kOptions)
       if (body["options"].contains(ollama) && !body["options"][ollama].is_null()) openai[field] = body["options"][ollama];
+    // A Modelfile's rule for requests too: no mirostat sampling, refused rather than ignored.
+    const ojson& mirostat = body["options"].value("mirostat", ojson());
+    if (!mirostat.is_null() && mirostat != ojson(0))
+      throw bad_request("options.mirostat", "options.mirostat = " + mirostat.dump() + " is not supported: loom has "
+                        "no mirostat sampling (only 0, off); it samples with temperature, top_k, top_p and min_p");
   }
   for (const char* refused : {"images", "suffix"})
     if (body.contains(refused) && !body[refused].is_null() && body[refused] != ojson("") &&

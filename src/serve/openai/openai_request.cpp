@@ -129,7 +129,7 @@ std::vector<std::string> stop_strings(const json& body) {
 }
 
 // The sampler's fields (OpenAI's ranges; top_k, min_p and
-// repetition_penalty are vLLM's extensions).
+// repetition_penalty are vLLM's extensions, repeat_last_n llama.cpp's).
 infer::SamplerConfig sampler(const json& body, uint64_t seed) {
   infer::SamplerConfig s;
   s.temperature = static_cast<float>(number(body, "temperature", 1.0, 0.0, 2.0, "0 to 2"));
@@ -141,6 +141,7 @@ infer::SamplerConfig sampler(const json& body, uint64_t seed) {
   s.presence_penalty = static_cast<float>(number(body, "presence_penalty", 0.0, -2.0, 2.0, "-2 to 2"));
   s.frequency_penalty = static_cast<float>(number(body, "frequency_penalty", 0.0, -2.0, 2.0, "-2 to 2"));
   s.repetition_penalty = static_cast<float>(number(body, "repetition_penalty", 1.0, 1e-6, 1e6, "> 0"));
+  s.repetition_window = integer(body, "repeat_last_n", -1, -1, INT32_MAX);  // llama.cpp server's extension
   s.seed = static_cast<uint64_t>(integer(body, "seed", static_cast<int64_t>(seed >> 1), INT64_MIN, INT64_MAX));
   return s;
 }

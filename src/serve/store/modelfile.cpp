@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -159,10 +160,9 @@ bool ignored_parameter(const std::string& name) {
                      [&](const char* n) { return name == n; });
 }
 
-// The ollama parameters loom has no counterpart for unless set to what loom does anyway: mirostat 0 (off:
-// loom samples by temperature, top_k, top_p, min_p), and repeat_last_n -1 (ollama's "the whole context",
-// the window loom's repeat_penalty covers: every token of the prompt and the answer). mirostat_eta and
-// mirostat_tau are read only when mirostat is on (llama.cpp's sampler), so with mirostat 0 they change nothing.
+// mirostat, which loom has no counterpart for unless 0 (off: loom samples by temperature, top_k, top_p,
+// min_p); mirostat_eta and mirostat_tau are read only when mirostat is on (llama.cpp's sampler), so with
+// mirostat 0 they change nothing. repeat_last_n: the tokens repeat_penalty looks at (-1 all, 0 none).
 bool sampling_parameter(json& params, const std::string& name, const std::string& value) {
   if (name == "mirostat") {
     LOOM_REQUIRE(parse_integer(name, value) == 0, "PARAMETER mirostat ", value, " is not supported: loom has no "
@@ -171,10 +171,10 @@ bool sampling_parameter(json& params, const std::string& name, const std::string
   } else if (name == "mirostat_eta" || name == "mirostat_tau") {
     params[name] = parse_number(name, value);
   } else if (name == "repeat_last_n") {
-    LOOM_REQUIRE(parse_integer(name, value) == -1, "PARAMETER repeat_last_n ", value, " is not supported: loom's "
-                 "repeat_penalty covers every token of the prompt and the answer, which is repeat_last_n -1 (the "
-                 "whole context); a window of the last N tokens is not");
-    params[name] = -1;
+    const int64_t n = parse_integer(name, value);
+    LOOM_REQUIRE(n >= -1 && n <= INT32_MAX, "PARAMETER repeat_last_n ", value, " is invalid: allowed -1 (every ",
+                 "token), 0 (none) or the last N tokens of the prompt and answer");
+    params[name] = n;
   } else {
     return false;
   }
@@ -212,7 +212,7 @@ void set_parameter(json& params, const std::string& name, const std::string& val
   } else if (!sampling_parameter(params, name, value)) {
     throw loom::Error("unknown PARAMETER '" + name + "': loom knows temperature, top_k, top_p, min_p, seed, "
                       "num_predict, num_ctx, stop, repeat_penalty, presence_penalty, frequency_penalty, "
-                      "mirostat (0), mirostat_eta, mirostat_tau, repeat_last_n (-1), and ignores num_gpu, main_gpu, "
+                      "mirostat (0), mirostat_eta, mirostat_tau, repeat_last_n, and ignores num_gpu, main_gpu, "
                       "num_thread, num_batch, low_vram, numa, use_mmap, use_mlock");
   }
 }

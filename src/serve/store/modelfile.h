@@ -49,10 +49,10 @@ std::string modelfile_quote(const std::string& text, bool triple);
 // A PARAMETER's value checked and converted (number, integer or string;
 // "stop" may repeat): loom::Error naming the parameter and what is allowed.
 // The names are ollama's: temperature, top_k, top_p, min_p, seed,
-// num_predict, num_ctx, stop, repeat_penalty, presence_penalty,
-// frequency_penalty; mirostat and repeat_last_n only at the value that is
-// what loom does (0, -1); and the options that change nothing on a CPU
-// (num_gpu, num_thread, ...), kept and ignored.
+// num_predict, num_ctx, stop, repeat_penalty, repeat_last_n,
+// presence_penalty, frequency_penalty; mirostat only at 0 (off, what loom
+// does); and the options that change nothing on a CPU (num_gpu,
+// num_thread, ...), kept and ignored.
 void set_parameter(nlohmann::json& params, const std::string& name, const std::string& value);
 
 }  // namespace loom::serve

@@ -264,6 +264,13 @@ const cases = {
     await expectStatus(ollama.generate({ model, prompt: 'x', options: { temperature: 9 } }), 400,
                        /options\.temperature/);
     await expectStatus(ollama.generate({ model, prompt: 'x', keep_alive: 'soon' }), 400, /keep_alive/);
+    // mirostat is refused rather than ignored; repeat_last_n is the repeat_penalty's window.
+    await expectStatus(ollama.generate({ model, prompt: 'x', options: { mirostat: 2 } }), 400, /options\.mirostat/);
+    await expectStatus(ollama.generate({ model, prompt: 'x', options: { repeat_last_n: -5 } }), 400,
+                       /options\.repeat_last_n/);
+    const windowed = await ollama.generate({ model, prompt: 'x', stream: false,
+                                             options: { repeat_last_n: 64, repeat_penalty: 1.1, num_predict: 2 } });
+    if (windowed.eval_count !== 2) throw new Error(`repeat_last_n 64: ${JSON.stringify(windowed)}`);
     await expectStatus(ollama.show({ model: 'nope' }), 404);
     await expectStatus(ollama.create({ model: 'x', from: 'nothing-here' }), 400, /FROM/);
     // A malformed request is answered before its model would load, and loads nothing (both APIs).
