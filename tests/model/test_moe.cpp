@@ -17,6 +17,7 @@
 #include "common/compare.h"
 #include "common/ref.h"
 #include "common/tensors.h"
+#include "core/error.h"
 #include "core/memory.h"
 #include "io/safetensors.h"
 #include "model/config_json.h"
@@ -138,6 +139,10 @@ TEST(MoeExport, MixtralNamesAndConfigRoundTripBitwise) {
   Model b(cfg, 1, 8, pools);
   b.load_params(file, ParamLayout::hf);
   EXPECT_EQ(to_floats(a.params()), to_floats(b.params()));
+  // config.json: only what transformers' Mixtral computes (every layer MoE,
+  // no shared expert, no expert bias); this model's extras are refused.
+  EXPECT_THROW(hf_config_to_json(cfg), loom::Error);
+  cfg.n_shared_expert = 0, cfg.aux_free_rate = 0.f, cfg.moe_every = 1;
   const nlohmann::json hf = hf_config_to_json(cfg);
   EXPECT_EQ(hf["model_type"], "mixtral");
   EXPECT_EQ(hf["num_local_experts"], 4);

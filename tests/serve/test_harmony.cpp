@@ -215,7 +215,7 @@ TEST(Harmony, AStreamShowsTheMarkersItsReaderNeeds) {
   EXPECT_EQ(t.shown[1], (std::pair<int32_t, std::string>{50258, "<|channel|>"}));
   // <|return|>, <|call|>, and <|endoftext|> (GPT-2's EOS) end an answer.
   EXPECT_EQ(t.end, (std::vector<int32_t>{50262, 50263, 50256}));
-  const std::vector<int32_t> ids = tok.encode(kThinkThenCall);
+  const std::vector<int32_t> ids = tok.encode_special(kThinkThenCall);  // the markers as the model writes them
   EXPECT_EQ(tok.decode(ids).find("<|channel|>"), std::string::npos);  // a control token decodes to nothing...
   infer::TextStream shown(tok, {}, t.end, t.shown);
   std::string text;
@@ -224,11 +224,11 @@ TEST(Harmony, AStreamShowsTheMarkersItsReaderNeeds) {
   const std::string without_call = kThinkThenCall.substr(0, kThinkThenCall.size() - std::string("<|call|>").size());
   EXPECT_EQ(text, without_call);  // ...and shown, as its text; the end token adds none
   EXPECT_EQ(read(text).calls.size(), 1u);
-  // A vocabulary without the markers (GPT-2's own tokenizer reads no special
-  // token in text) shows nothing and adds no end token: its EOS stays the one.
+  // A vocabulary without the markers (GPT-2's own) shows nothing and adds no
+  // end token but its own EOS, <|endoftext|>.
   const HarmonyTokens none = harmony_tokens(gpt2());
   EXPECT_TRUE(none.shown.empty());
-  EXPECT_TRUE(none.end.empty());
+  EXPECT_EQ(none.end, std::vector<int32_t>{gpt2().eos_id()});
 }
 
 ServedModel gpt_oss_model(const std::string& source) {
