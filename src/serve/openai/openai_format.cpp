@@ -12,7 +12,8 @@ void apply_model_defaults(ojson& body, const LoadedModel& m, bool chat) {
   static const std::pair<const char*, const char*> names[] = {
       {"temperature", "temperature"}, {"top_p", "top_p"}, {"top_k", "top_k"}, {"min_p", "min_p"},
       {"seed", "seed"}, {"num_predict", "max_tokens"}, {"stop", "stop"}, {"repeat_penalty", "repetition_penalty"},
-      {"repeat_last_n", "repeat_last_n"}, {"presence_penalty", "presence_penalty"}, {"frequency_penalty", "frequency_penalty"}};
+      {"repeat_last_n", "repeat_last_n"}, {"presence_penalty", "presence_penalty"},
+      {"frequency_penalty", "frequency_penalty"}};
   for (const auto& [ollama, openai] : names) {
     const auto it = m.parameters.find(ollama);
     if (it == m.parameters.end() || (body.contains(openai) && !body[openai].is_null())) continue;
