@@ -90,6 +90,7 @@ std::shared_ptr<serve::LoadedModel> adapter_model(const std::shared_ptr<serve::L
   ad->templated = base->templated, ad->template_source = base->template_source;
   ad->parameters = base->parameters, ad->system = base->system, ad->messages = base->messages;
   ad->config = base->config;
+  ad->format = base->format, ad->quantization_level = base->quantization_level;
   ad->bytes = bytes;
   ad->owner = base;  // the base (its engine) stays while the adapter does
   ad->loop = base->loop;
@@ -144,6 +145,8 @@ std::vector<std::shared_ptr<serve::LoadedModel>> load_served_models(const std::s
   m->served = served_model(name, dir, extras.chat, tok, a, owned->engine->config().max_model_len, harmony);
   m->templated = !extras.chat.is_plain;
   m->config = dir.config;
+  m->format = dir.gguf ? "gguf" : "safetensors";
+  m->quantization_level = serve::weights_quantization_level(dir);
   if (m->templated) m->template_source = extras.chat.source;
   m->parameters = std::move(extras.parameters);
   m->system = std::move(extras.system);

@@ -92,6 +92,22 @@ const GgmlTypeTraits& ggml_type_traits(GgmlType type);
 std::string ggml_type_describe(uint32_t type);
 bool ggml_type_is_quantized(GgmlType type);
 
+// llama.cpp's general.file_type (enum llama_ftype): what most of a file's
+// matrices are stored as. The values loom writes, and the ones it names.
+enum class GgufFileType : uint32_t {
+  all_f32 = 0,
+  mostly_f16 = 1,
+  mostly_q4_0 = 2,
+  mostly_q8_0 = 7,
+  mostly_q4_K_S = 14,
+  mostly_q4_K_M = 15,
+  mostly_q6_K = 18,
+  mostly_bf16 = 32,
+};
+// ollama's name of a general.file_type (its FileType.String): "F32", "Q4_K_M", ...;
+// "unknown" for a number llama.cpp does not define.
+std::string_view gguf_file_type_name(uint32_t file_type);
+
 enum class GgufValueType : uint32_t {
   u8 = 0,
   i8 = 1,

@@ -174,6 +174,16 @@ bool ggml_type_is_quantized(GgmlType type) {
   return type != GgmlType::f32 && type != GgmlType::f16 && type != GgmlType::bf16;
 }
 
+std::string_view gguf_file_type_name(uint32_t file_type) {
+  static constexpr std::pair<uint32_t, std::string_view> kNames[] = {
+      {0, "F32"},     {1, "F16"},     {2, "Q4_0"},    {3, "Q4_1"},    {7, "Q8_0"},    {8, "Q5_0"},
+      {9, "Q5_1"},    {10, "Q2_K"},   {11, "Q3_K_S"}, {12, "Q3_K_M"}, {13, "Q3_K_L"}, {14, "Q4_K_S"},
+      {15, "Q4_K_M"}, {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},   {32, "BF16"}};
+  for (const auto& [id, name] : kNames)
+    if (id == file_type) return name;
+  return "unknown";
+}
+
 std::string gguf_value_type_name(uint32_t type) {
   if (type < kValueTypeNames.size()) return std::string(kValueTypeNames[type]);
   return concat("type ", type);

@@ -240,18 +240,19 @@ std::string_view gguf_weights_name(GgufWeights w) {
   return "?";
 }
 
-uint32_t gguf_file_type(GgufWeights w) {
-  switch (w) {  // llama.cpp's enum llama_ftype
-    case GgufWeights::f32: return 0;
-    case GgufWeights::f16: return 1;
-    case GgufWeights::q4_0: return 2;
-    case GgufWeights::q8_0: return 7;
-    case GgufWeights::q4_K: return 14;  // Q4_K_S
-    case GgufWeights::q4_K_M: return 15;
-    case GgufWeights::q6_K: return 18;
-    case GgufWeights::bf16: return 32;
+io::GgufFileType gguf_file_type(GgufWeights w) {
+  using T = io::GgufFileType;
+  switch (w) {
+    case GgufWeights::f32: return T::all_f32;
+    case GgufWeights::f16: return T::mostly_f16;
+    case GgufWeights::q4_0: return T::mostly_q4_0;
+    case GgufWeights::q8_0: return T::mostly_q8_0;
+    case GgufWeights::q4_K: return T::mostly_q4_K_S;
+    case GgufWeights::q4_K_M: return T::mostly_q4_K_M;
+    case GgufWeights::q6_K: return T::mostly_q6_K;
+    case GgufWeights::bf16: return T::mostly_bf16;
   }
-  return 0;
+  return T::all_f32;
 }
 
 bool gguf_rows_permuted(const ModelConfig& cfg, const std::string& gguf_name) {
@@ -302,7 +303,7 @@ void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& fla
   LOOM_CHECK(flat.dtype() == DType::f32 && flat.numel() == param_count(specs), "gguf_add_model: flat ", flat.str());
   w.add("general.architecture", GgufValue::string(arch_of(cfg)));
   w.add("general.name", GgufValue::string(name));
-  w.add("general.file_type", GgufValue::u32(gguf_file_type(weights)));
+  w.add("general.file_type", GgufValue::u32(static_cast<uint32_t>(gguf_file_type(weights))));
   if (gguf_quant_type(ggml_of(weights))) w.add("general.quantization_version", GgufValue::u32(2));
   add_arch_keys(w, cfg);
   std::vector<Planned> plan;

@@ -51,7 +51,7 @@ enum class GgufWeights { f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M };
 GgufWeights gguf_weights_from_name(std::string_view name);
 std::string_view gguf_weights_name(GgufWeights w);
 // llama.cpp's general.file_type (enum llama_ftype) of a file of such weights.
-uint32_t gguf_file_type(GgufWeights w);
+io::GgufFileType gguf_file_type(GgufWeights w);
 
 // Adds general.architecture, general.name, general.file_type,
 // general.quantization_version and the architecture's keys, then every

@@ -52,6 +52,8 @@ struct LoadedModel {
   std::string system;
   nlohmann::json messages = nlohmann::json::array();
   model::ModelConfig config{};  // for /api/show
+  // ollama's details: "gguf" or "safetensors", and the weights' type ("Q8_0", "BF16"; serve::ResolvedModel's).
+  std::string format, quantization_level;
   std::string template_source;  // its own chat template ("" for loom's plain one)
   int64_t bytes = 0;  // weights + KV cache
   std::shared_ptr<void> owner;  // weights, engine (destroyed after loop)

@@ -46,8 +46,8 @@ json ollama_details(const model::ModelConfig& c, const std::string& format, cons
           {"quantization_level", quantization_level}};
 }
 
-// A --model directory's details: the server keeps no record of its weights' file (LoadedModel holds the
-// weights in the serving dtype), so format and quantization_level are "" (unknown).
+// A loaded model's details: a store model's as the store resolves it, else (a --model directory, an adapter)
+// what load_served_models read of its weights.
 json OllamaApi::loaded_details(const std::string& name) const {
   if (store_ != nullptr) {
     try {
@@ -56,7 +56,7 @@ json OllamaApi::loaded_details(const std::string& name) const {
     }
   }
   for (const std::shared_ptr<LoadedModel>& m : models_.models())
-    if (m->name == name) return ollama_details(m->config, "", "", m->parent);
+    if (m->name == name) return ollama_details(m->config, m->format, m->quantization_level, m->parent);
   return json::object();
 }
 
@@ -166,7 +166,7 @@ HttpResponse OllamaApi::tags() const {
     for (const auto& m : models_.models())
       models.push_back({{"name", m->name}, {"model", m->name}, {"modified_at", rfc3339(std::chrono::system_clock::now())},
                         {"size", m->bytes}, {"digest", served_digest(*m)},
-                        {"details", ollama_details(m->config, "", "", m->parent)}});
+                        {"details", ollama_details(m->config, m->format, m->quantization_level, m->parent)}});
     return json_response(200, {{"models", models}});
   }
   for (const StoredModel& m : store_->list())

@@ -152,11 +152,12 @@ HttpResponse OllamaApi::show(const HttpRequest& req) const {
   const std::string text = required_string(body, "model", "name");
   if (store_ == nullptr) {  // --model DIR: the model this server was started with
     for (const std::shared_ptr<LoadedModel>& m : models_.models())
-      if (m->name == text)
-        return json_response(200, show_json(m->config, ollama_details(m->config, "", "", m->parent),
-                                            "FROM " + m->name + "\n", parameters_text(m->parameters),
-                                            m->template_source, m->served.renders_tools,
+      if (m->name == text) {
+        const json details = ollama_details(m->config, m->format, m->quantization_level, m->parent);
+        return json_response(200, show_json(m->config, details, "FROM " + m->name + "\n",
+                                            parameters_text(m->parameters), m->template_source, m->served.renders_tools,
                                             {{"system", m->system}, {"messages", m->messages}}));
+      }
     throw not_found(text);
   }
   const ModelName name = model_name_of(text);

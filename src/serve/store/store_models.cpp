@@ -5,12 +5,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "io/safetensors_index.h"
 #include "model/gguf_model.h"
 #include "serve/jinja/jinja.h"
 
@@ -22,28 +24,24 @@ using json = nlohmann::json;
 
 const char* layout_name(model::ParamLayout l) { return l == model::ParamLayout::hf ? "hf" : "loom"; }
 
-// ollama's name (fs/ggml's FileType.String) of llama.cpp's general.file_type (enum llama_ftype).
-std::string ftype_name(uint32_t t) {
-  static const std::map<uint32_t, const char*> names = {
-      {0, "F32"},     {1, "F16"},     {2, "Q4_0"},    {3, "Q4_1"},    {7, "Q8_0"},    {8, "Q5_0"},
-      {9, "Q5_1"},    {10, "Q2_K"},   {11, "Q3_K_S"}, {12, "Q3_K_M"}, {13, "Q3_K_L"}, {14, "Q4_K_S"},
-      {15, "Q4_K_M"}, {16, "Q5_K_S"}, {17, "Q5_K_M"}, {18, "Q6_K"},   {32, "BF16"}};
-  const auto it = names.find(t);
-  return it == names.end() ? "unknown" : it->second;
-}
+}  // namespace
 
-// What ollama's details.quantization_level says of the weights: a GGUF file's general.file_type, or the
-// dtype holding most of a safetensors file's bytes ("F32", "BF16", "F16"); "unknown" when unreadable.
-std::string quantization_level(const model::ModelDir& dir) {
+std::string weights_quantization_level(const model::ModelDir& dir) {
   try {
     if (dir.gguf) {
       const io::GgufFile f = io::GgufFile::open(dir.weights);
-      return f.has("general.file_type") ? ftype_name(f.get_int<uint32_t>("general.file_type")) : "unknown";
+      if (!f.has("general.file_type")) return "unknown";
+      return std::string(io::gguf_file_type_name(f.get_int<uint32_t>("general.file_type")));
     }
     std::map<std::string, uint64_t> bytes;
-    const io::SafetensorsFile f = io::SafetensorsFile::open(dir.weights);
-    for (const auto& [name, info] : f.tensors())
-      bytes[io::safetensors_dtype_name(info.dtype)] += info.nbytes();
+    const auto count = [&bytes](const io::SafetensorsFile& f) {
+      for (const auto& [name, info] : f.tensors()) bytes[io::safetensors_dtype_name(info.dtype)] += info.nbytes();
+    };
+    if (dir.sharded) {
+      for (const io::SafetensorsFile& f : io::SafetensorsShards::open(dir.weights).files()) count(f);
+    } else {
+      count(io::SafetensorsFile::open(dir.weights));
+    }
     const auto most = std::max_element(bytes.begin(), bytes.end(),
                                        [](const auto& a, const auto& b) { return a.second < b.second; });
     return most == bytes.end() ? "unknown" : most->first;
@@ -51,6 +49,8 @@ std::string quantization_level(const model::ModelDir& dir) {
     return "unknown";
   }
 }
+
+namespace {
 
 // A .gguf file, its extension in any case (FROM ./MODEL.GGUF), as ollama takes it.
 bool is_gguf_file(const fs::path& p) {
@@ -66,6 +66,20 @@ fs::path from_path(const std::string& from, const std::string& base_dir) {
   return p.is_absolute() ? p : fs::path(base_dir) / p;
 }
 
+// A model created before its config layer recorded the level: read from its weights once per blob and process
+// (a GGUF file's header holds its vocabulary: megabytes, not to be read on every /api/tags).
+std::string old_model_quantization_level(const model::ModelDir& dir, const std::string& weights_digest) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> levels;  // weights digest -> level; blobs never change
+  {
+    const std::lock_guard lock(mu);
+    if (const auto it = levels.find(weights_digest); it != levels.end()) return it->second;
+  }
+  std::string level = weights_quantization_level(dir);
+  const std::lock_guard lock(mu);
+  return levels.emplace(weights_digest, std::move(level)).first->second;
+}
+
 // The config layer: the model's loom config, the weights' parameter layout
 // and the special tokens its template names.
 // The weights layer of a GGUF model is the file itself ("format": "gguf"):
@@ -76,7 +90,7 @@ std::string config_layer(const model::ModelDir& dir, const ChatTemplate& chat) {
             {"bos_token", chat.bos_token},
             {"eos_token", chat.eos_token}};
   if (dir.gguf) c["format"] = "gguf";
-  c["quantization_level"] = quantization_level(dir);  // read once here, not per /api/tags
+  c["quantization_level"] = weights_quantization_level(dir);  // read once here, not per /api/tags
   if (!dir.eos_token_ids.empty()) c["eos_token_ids"] = dir.eos_token_ids;  // generation_config.json's
   return c.dump(2);
 }
@@ -204,9 +218,8 @@ ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m) {
   r.dir.layout = c.value("layout", "loom") == "hf" ? model::ParamLayout::hf : model::ParamLayout::loom;
   r.dir.gguf = c.value("format", "") == "gguf";
   r.format = r.dir.gguf ? "gguf" : "safetensors";
-  // A model created before the level was recorded: read from its weights now.
   r.quantization_level = c.contains("quantization_level") ? c.value("quantization_level", "unknown")
-                                                          : quantization_level(r.dir);
+                                                          : old_model_quantization_level(r.dir, weights->digest);
   if (c.contains("eos_token_ids")) r.dir.eos_token_ids = c["eos_token_ids"].get<std::vector<int32_t>>();
   r.chat = ChatTemplate::plain();
   if (const Layer* t = m.manifest.find(kMediaTemplate)) {

@@ -50,4 +50,10 @@ struct ResolvedModel {
 };
 ResolvedModel resolve_model(const ModelStore& store, const StoredModel& m);
 
+// ollama's details.quantization_level of a model directory's (or .gguf
+// file's) weights: the GGUF file's general.file_type ("Q8_0", "Q4_K_M"), or
+// the dtype holding most of a safetensors file's bytes ("F32", "BF16");
+// "unknown" when unreadable. Reads the weights' header.
+std::string weights_quantization_level(const model::ModelDir& dir);
+
 }  // namespace loom::serve

@@ -49,6 +49,16 @@ const cases = {
     await expectError(client.models.retrieve('gpt-9'), OpenAI.NotFoundError, 404, /gpt-9/);
   },
 
+  // The directory this server was started on (--model) is described as ollama describes a model: its weights'
+  // file format and type (loom init-model writes f32 safetensors), not empty strings.
+  async aDirectoryModelsDetailsNameItsWeights() {
+    const headers = { authorization: `Bearer ${process.env.LOOM_API_KEY ?? 'none'}` };
+    const { models } = await (await fetch(`${process.env.LOOM_URL}/api/tags`, { headers })).json();
+    assert.equal(models.length, 1);
+    assert.equal(models[0].details.format, 'safetensors', JSON.stringify(models[0]));
+    assert.equal(models[0].details.quantization_level, 'F32', JSON.stringify(models[0]));
+  },
+
   // No max_tokens: 16, or the room the prompt leaves when that is less (120 of the 128 tokens: 8).
   async theDefaultLengthFitsTheContext() {
     const r = await client.completions.create({ model, prompt: Array(120).fill(87), temperature: 0 });
