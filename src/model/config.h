@@ -41,8 +41,8 @@ struct ModelConfig {
   // experts of d_ff hidden units (Mixtral's layout and names).
   int64_t n_expert = 0;           // 0: a dense model
   int64_t top_k = 2;              // experts per token
-  float capacity_factor = 1.25f;  // per routing group; 0: dropless
-  float aux_loss_coef = 0.01f;    // Switch / GShard load-balancing loss
+  float capacity_factor = 1.25f;  // per routing group, in training; 0: dropless (evaluation and serving always)
+  float aux_loss_coef = 0.01f;    // Switch / GShard load-balancing loss, per MoE layer (Megatron's; config_hf.cpp)
   float z_loss_coef = 0.f;        // ST-MoE router z-loss
   int64_t moe_every = 1;
   int64_t n_shared_expert = 0;    // shared experts every token uses (one SwiGLU of n_shared_expert x d_ff)
@@ -53,6 +53,7 @@ struct ModelConfig {
 
   bool is_moe() const { return n_expert > 0; }
   bool is_moe_layer(int64_t layer) const { return n_expert > 0 && (layer + 1) % moe_every == 0; }
+  int64_t n_moe_layers() const { return n_expert > 0 ? n_layer / moe_every : 0; }
   bool has_expert_bias() const { return aux_free_rate > 0.f; }
 
   int64_t head_size() const { return n_embd / n_head; }  // HS

@@ -63,6 +63,19 @@ const std::vector<Neutral>& mixtral_ignored_keys() {
   return keys;
 }
 
+// The balancing loss's coefficient in transformers' Mixtral and in loom mean different things. transformers'
+// (load_balancing_loss_func) is one loss over every layer's router at once, E sum_e f_e P_e with f counting
+// all k choices (k when balanced), added once. loom's (Megatron's) is per MoE layer, f counted per choice
+// (1 when balanced), summed over the L MoE layers. The same balance pressure, value and gradient per
+// router probability (where the layers route alike): loom's = transformers' x k / L.
+float loom_aux_loss_coef(double hf_coef, const ModelConfig& c) {
+  return static_cast<float>(hf_coef * static_cast<double>(c.top_k) / static_cast<double>(c.n_moe_layers()));
+}
+double hf_router_aux_loss_coef(const ModelConfig& c) {
+  return static_cast<double>(c.aux_loss_coef) * static_cast<double>(c.n_moe_layers()) /
+         static_cast<double>(c.top_k);
+}
+
 void require_neutral(const Keys& k, const std::vector<Neutral>& keys) {
   for (const Neutral& n : keys) {
     if (!k.has(n.key) || k.at(n.key) == n.value) continue;
@@ -169,7 +182,11 @@ ModelConfig llama_from_hf_json(const Keys& k, bool mixtral) {
   if (!mixtral) return c;
   c.n_expert = k.integer("num_local_experts"), c.top_k = k.integer("num_experts_per_tok");
   c.capacity_factor = k.has("capacity_factor") ? k.number("capacity_factor") : 0.f;  // transformers: dropless
-  k.maybe("router_aux_loss_coef", c.aux_loss_coef, &Keys::number);
+  if (k.has("aux_loss_coef")) {  // loom's own coefficient, as loom wrote it (exact)
+    c.aux_loss_coef = k.number("aux_loss_coef");
+  } else if (k.has("router_aux_loss_coef")) {
+    c.aux_loss_coef = loom_aux_loss_coef(k.number("router_aux_loss_coef"), c);
+  }
   // loom's training-only MoE keys, which change no output.
   k.maybe("z_loss_coef", c.z_loss_coef, &Keys::number), k.maybe("routing_group", c.routing_group, &Keys::integer);
   require_neutral(k, mixtral_ignored_keys());
@@ -235,7 +252,8 @@ json hf_config_to_json(const ModelConfig& c) {
       j["architectures"] = {"MixtralForCausalLM"};
       j["model_type"] = "mixtral";
       j["num_local_experts"] = c.n_expert, j["num_experts_per_tok"] = c.top_k;
-      j["router_aux_loss_coef"] = decimal(c.aux_loss_coef), j["capacity_factor"] = decimal(c.capacity_factor);
+      j["router_aux_loss_coef"] = decimal(static_cast<float>(hf_router_aux_loss_coef(c)));
+      j["aux_loss_coef"] = decimal(c.aux_loss_coef), j["capacity_factor"] = decimal(c.capacity_factor);
       j["z_loss_coef"] = decimal(c.z_loss_coef), j["routing_group"] = c.routing_group;
     }
   }

@@ -286,6 +286,10 @@ void Model::reset_moe_stats() {
   if (state_->moe_run) state_->moe_run->stats = {};
 }
 
+void Model::set_training(bool training) {
+  if (state_->moe_run) state_->moe_run->training = training;
+}
+
 void Model::set_samples(std::span<const int64_t> samples, int slot) {
   LOOM_REQUIRE(samples.empty() || static_cast<int64_t>(samples.size()) == B_, "Model::set_samples: ", samples.size(),
                " sample indices for a batch of ", B_, " sequences");

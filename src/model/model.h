@@ -298,6 +298,11 @@ class Model final : public Stage {
   // MoeStats; empty for a dense model).
   const MoeStats& moe_stats() const;
   void reset_moe_stats();
+  // false: the forwards that follow are an evaluation's (loom eval, the val
+  // loss): MoE layers keep every routing choice (no capacity, as serving and
+  // transformers' Mixtral do) and count no statistics. A training forward
+  // (true, the default) drops choices past capacity_factor.
+  void set_training(bool training);
 
   // (P) f32 master weights: params() under f32 compute, else their own
   // buffer (undefined when Storage::master is false).

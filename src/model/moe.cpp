@@ -268,6 +268,16 @@ void experts_forward(MoeRun& run, const Dims& d, const LayerWeights& w, MoeActs&
   ops.start_rows(a.ys, p.send_rows, a.xr, p.recv_rows);
 }
 
+// An evaluation keeps every routing choice, but the experts' rows are sized for training's capacity: its
+// tokens go through in passes whose every choice fits (a rank's experts receive at most min(k, E / ep) of a
+// token's choices from each of ep ranks). Training routes its N tokens in one pass.
+int64_t pass_tokens(const MoeRun& run, const MoeActs& a, int64_t N) {
+  if (run.training) return std::max<int64_t>(N, 1);
+  const int64_t ep = run.ep.ep.size, E = run.cfg->n_expert;
+  const int64_t per_token = ep * std::min(run.cfg->top_k, E / ep);
+  return std::clamp<int64_t>(a.fc.size(0) / per_token, 1, std::max<int64_t>(N, 1));
+}
+
 }  // namespace
 
 void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, LayerActs& la,
@@ -277,21 +287,25 @@ void MoeMlp::forward(Tensor out, const Tensor& h_rows, const LayerWeights& w, La
   MoeActs& a = la.moe;
   const int64_t C = d.C, E = run_.cfg->n_expert;
   const Tensor h = rows_of(tp_enter(d, h_rows), C);  // (N, C): every token of the tp group
-  const int64_t N = h.size(0);
-  const int64_t sent = route(run_, h, w, a, d, c.layer);
-  const Tensor rows = a.rows.slice(0, 0, N);
-  moe_dispatch(a.xs, h, rows);
-  if (run_.ep.active()) {
-    experts_forward(run_, d, w, a);
-  } else {
-    a.plan[at(2 * E)] = sent;
-    run_experts(d, w, a, row_plan(a.plan, E, 1, 0), 0);
-  }
-  shared_forward(d, h, w, a);  // under ep while the outputs travel back
-  if (run_.ep.active()) run_.ep.ops->finish_rows();
+  const int64_t N = h.size(0), pass = pass_tokens(run_, a, N);
   // The combine (and shared experts) give partial sums under tp: summed as g.
   const Tensor y = tp.sp ? tp.partial : rows_of(out, C);
-  moe_combine(y, a.ys, rows, a.weight.slice(0, 0, N));
+  for (int64_t first = 0; first < N; first += pass) {  // every ep rank makes the same passes
+    const int64_t n = std::min(pass, N - first);
+    const Tensor hs = h.slice(0, first, n);
+    const int64_t sent = route(run_, hs, w, a, d, c.layer);
+    const Tensor rows = a.rows.slice(0, 0, n);
+    moe_dispatch(a.xs, hs, rows);
+    if (run_.ep.active()) {
+      experts_forward(run_, d, w, a);
+    } else {
+      a.plan[at(2 * E)] = sent;
+      run_experts(d, w, a, row_plan(a.plan, E, 1, 0), 0);
+    }
+    if (first + n >= N) shared_forward(d, h, w, a);  // under ep while the outputs travel back
+    if (run_.ep.active()) run_.ep.ops->finish_rows();
+    moe_combine(y.slice(0, first, n), a.ys, rows, a.weight.slice(0, 0, n));
+  }
   if (w.sh_gate.defined()) add(y, y, a.sh_out.slice(0, 0, N));
   if (tp.ops) tp.ops->reduce(tp.sp ? rows_of(out, C) : out, tp.sp ? tp.partial : out);
 }

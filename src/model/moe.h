@@ -40,7 +40,7 @@ struct MoeRun {
   const ModelConfig* cfg = nullptr;
   int64_t group_tokens = 0;  // tokens per routing group: routing_group x the sequence length
   EpOptions ep;
-  bool training = true;      // false (serving): no capacity, no statistics
+  bool training = true;      // false (serving, evaluation): no capacity, no statistics
   bool recomputing = false;  // full recompute's second forward of a layer: not counted again
   float dloss = 1.f;         // the backward's loss scale, for the aux and z losses' gradients
   MoeStats stats;

@@ -21,6 +21,7 @@ EvalResult evaluate_shards(model::Model& model, const std::vector<std::string>& 
   OwnedTensor tokens = pools[MemTag::activations].zeros(DType::i32, {B, T});
   OwnedTensor targets = pools[MemTag::activations].zeros(DType::i32, {B, T});
   const std::span<int32_t> tok(tokens.data_as<int32_t>(), B * T), tgt(targets.data_as<int32_t>(), B * T);
+  const EvaluationForwards evaluating({&model});
   EvalResult r;
   r.windows = data.windows_per_epoch();
   double sum = 0;  // loss summed over tokens

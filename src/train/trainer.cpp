@@ -25,6 +25,7 @@
 #include "kernels/ops.h"
 #include "model/config_json.h"
 #include "train/checkpoint.h"
+#include "train/evaluate.h"
 
 namespace loom::train {
 namespace {
@@ -337,6 +338,7 @@ double Trainer::evaluate() {
   const int64_t global_batch = cfg_.train.micro_batch * mesh_.dp().size();
   const int64_t batches =
       std::min(cfg_.train.eval_steps, std::max<int64_t>(1, val_data_->windows_per_epoch() / global_batch));
+  const EvaluationForwards evaluating(rank_.model_ptrs());
   double sum = 0;
   if (!rank_.pipe) rank_.models[0]->set_samples({});  // nothing drawn in evaluation (the pipeline's sets none)
   for (int64_t k = 0; k < batches; ++k) {

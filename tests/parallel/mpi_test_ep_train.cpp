@@ -3,7 +3,8 @@
 // Llama MoE model like one process on the same global batch, 20 steps,
 // fp32, losses within 1e-5; the aux loss and the fraction of dropped
 // choices of every step are the single process's (the drops are decided
-// per routing group of whole sequences, never per rank).
+// per routing group of whole sequences, never per rank), and so is the val
+// loss after them (an evaluation drops nothing: it routes in passes that fit).
 //
 // N = 2: ep 2 = dp, top-2 dropless and top-1 at capacity 1.0 (drops), ZeRO-1,
 // the loss-free balancing bias; cp 2 alone at capacity 1.0. N = 4: ep 4 = dp, ep 2 with dp 4 = 2 ep,
@@ -75,6 +76,8 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     c.parallel.ep = l.ep, c.parallel.tp = l.tp, c.parallel.sequence_parallel = l.tp > 1, c.parallel.pp = l.pp;
     c.parallel.cp = l.cp;
     c.model.tie_embeddings = l.tied, c.model.moe_every = l.tied ? 4 : 1;
+    c.data.val = c.data.train;  // the val loss after the run: an evaluation keeps every choice, in passes
+    c.train.eval_every = kSteps, c.train.eval_steps = 4;
     return c;
   }
   static RunConfig alone(RunConfig c) {
@@ -103,12 +106,15 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
       TrainerOn on(c, &world());
       if (l.zero_router) zero_routers(on.t);
       mesh = figures(train_until(on.t, kSteps));
+      mesh.push_back(on.t.evaluate());
     }
     const std::string key = train::run_config_to_json(alone(c)).dump() + (l.zero_router ? " zero router" : "");
-    if (!references_.count(key)) references_[key] = rank_zero_values(n, [&] {
+    if (!references_.count(key)) references_[key] = rank_zero_values(n + 1, [&] {
       TrainerOn on(alone(c), nullptr);
       if (l.zero_router) zero_routers(on.t);
-      return figures(train_until(on.t, kSteps));
+      std::vector<double> f = figures(train_until(on.t, kSteps));
+      f.push_back(on.t.evaluate());
+      return f;
     });
     const std::vector<double>& one = references_[key];
     double loss = 0, aux = 0, dropped = 0, load = 0, norm = 0;
@@ -137,6 +143,8 @@ class ExpertParallelTrainTest : public SharedDataTest<"loom_mpi_ep", 8000> {
     EXPECT_LE(loss, kTolerance) << l.name();
     EXPECT_LE(aux, kTolerance) << l.name();
     EXPECT_LE(norm, kTolerance) << l.name() << ": the gradient norm before clipping";
+    if (!l.zero_router)  // the val loss after 20 steps (zeroed routers: ties decide from step 2)
+      EXPECT_LE(std::fabs(mesh[n] - one[n]), kTolerance * one[n]) << l.name() << ": the val loss";
     EXPECT_EQ(dropped, 0.0) << l.name() << ": the same choices dropped at every step";
     EXPECT_EQ(load, 0.0) << l.name() << ": the same expert loads at every step";
     EXPECT_LT(one[n - kFigures], 0.8 * one[0]) << "the reference run should learn the data";

@@ -272,5 +272,36 @@ TEST_F(TrainerTest, EvaluateShardsCoversEveryWindowOnce) {
   EXPECT_NEAR(r.loss, std::log(512.0), 0.5);  // an untrained model is near uniform
 }
 
+// A MoE model whose capacity drops choices in training (capacity_factor 0.5) evaluates dropless: `loom eval`
+// and the in-training val loss equal the same weights' with capacity_factor 0 (what serving and transformers'
+// Mixtral compute), bit for bit, and differ from a training forward's.
+TEST_F(TrainerTest, AMoeModelEvaluatesWithoutCapacityDrops) {
+  const auto moe = [](float capacity_factor) {
+    model::ModelConfig c = model::model_preset("llama-tiny");
+    c.n_expert = 4, c.top_k = 2, c.capacity_factor = capacity_factor;
+    return c;
+  };
+  Pools pools;
+  const std::vector<std::string> val = {(dir_ / "val_000000.bin").string()};
+  model::Model dropping(moe(0.5f), 3, 16, pools), dropless(moe(0.f), 3, 16, pools);
+  dropping.init_params(3), dropless.init_params(3);
+  const double eval = evaluate_shards(dropping, val).loss;
+  EXPECT_EQ(eval, evaluate_shards(dropless, val).loss);
+  // The same model's training forward drops (the evaluation left it training again).
+  std::vector<int32_t> tokens(3 * 16), targets(3 * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 37), targets[i] = int32_t((i + 1) % 37);
+  const Tensor tok(tokens.data(), DType::i32, {3, 16}), tgt(targets.data(), DType::i32, {3, 16});
+  EXPECT_NE(dropping.forward(tok, tgt), dropless.forward(tok, tgt));
+  EXPECT_GT(dropping.moe_stats().dropped, 0);
+
+  RunConfig c = config();
+  test::TestContext a, b;
+  c.model = moe(0.5f);
+  Trainer t_dropping(c, a.ctx());
+  c.model = moe(0.f);
+  Trainer t_dropless(c, b.ctx());
+  EXPECT_EQ(t_dropping.evaluate(), t_dropless.evaluate());
+}
+
 }  // namespace
 }  // namespace loom::train
