@@ -110,14 +110,18 @@ GgmlType intended_type(const ModelConfig& cfg, const std::string& gguf_name, int
   const bool quantized = gguf_quant_type(ggml_of(w)).has_value();
   if (gguf_name == "position_embd.weight") return quantized ? GgmlType::f16 : ggml_of(w);
   GgmlType t = ggml_of(w);
-  if (w == GgufWeights::q4_K_M) {
-    const bool more_bits_tensor = gguf_name.ends_with("ffn_down.weight") || gguf_name.ends_with("attn_v.weight") ||
-                                  gguf_name.ends_with("attn_qkv.weight") || gguf_name.ends_with("ffn_down_exps.weight");
-    if (gguf_name == "output.weight") t = GgmlType::q6_K;
-    else if (more_bits_tensor && gguf_name.starts_with("blk.")) {
-      const int64_t layer = std::stoll(gguf_name.substr(4, gguf_name.find('.', 4) - 4));
-      if (use_more_bits(layer, cfg.n_layer)) t = GgmlType::q6_K;
-    }
+  if (w != GgufWeights::q4_K_M) return t;
+  // llama.cpp's llama_tensor_get_type for Q4_K_M. Where it picks q5_K, which loom does not write, the next
+  // type up: q6_K (gpt2's attn_qkv; an 8-expert model's attn_output).
+  const bool eight_experts = cfg.n_expert == 8;
+  const auto is = [&gguf_name](const char* suffix) { return gguf_name.ends_with(suffix); };
+  if (gguf_name == "output.weight") return GgmlType::q6_K;
+  if (eight_experts && (is("attn_k.weight") || is("attn_v.weight"))) return GgmlType::q8_0;
+  if (is("attn_qkv.weight") || (eight_experts && is("attn_output.weight"))) return GgmlType::q6_K;
+  const bool more_bits_tensor = is("ffn_down.weight") || is("attn_v.weight") || is("ffn_down_exps.weight");
+  if (more_bits_tensor && gguf_name.starts_with("blk.")) {
+    const int64_t layer = std::stoll(gguf_name.substr(4, gguf_name.find('.', 4) - 4));
+    if (use_more_bits(layer, cfg.n_layer)) t = GgmlType::q6_K;
   }
   return t;
 }

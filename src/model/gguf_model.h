@@ -42,10 +42,13 @@ class QuantWeights;  // model/quant_weights.h
 
 // What a GGUF file loom writes stores its weight matrices as. Vectors (norms,
 // biases) stay f32. q4_K_M is llama.cpp's mix: q4_K, with q6_K for the output
-// matrix and for ffn_down and attn_v (gpt2: attn_qkv) of the layers
-// llama.cpp's use_more_bits picks (the first and last eighth, and every third
-// between). A matrix whose rows (ne[0]) are not a multiple of the type's
-// block is stored in the largest type that fits: q8_0 (32) if it can, else f16.
+// matrix and for ffn_down and attn_v of the layers llama.cpp's use_more_bits
+// picks (the first and last eighth, and every third between); an 8-expert
+// model's attn_k and attn_v in q8_0. Where llama.cpp takes q5_K (gpt2's
+// attn_qkv, an 8-expert model's attn_output), which loom does not write, q6_K.
+// A matrix whose rows (ne[0]) are not a multiple of the type's block is
+// stored in the largest type that fits: q8_0 (32) if it can, else f16
+// (llama.cpp: q4_K falls back to q5_0, which loom does not write either).
 enum class GgufWeights { f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M };
 // "f32", ..., "q4_K_M"; another name is a loom::Error listing the allowed ones.
 GgufWeights gguf_weights_from_name(std::string_view name);

@@ -185,6 +185,32 @@ TEST(GgufModel, Q4KMStoresTheOutputAndChosenLayersInQ6K) {
   expect_same_config(cfg, back_cfg);
 }
 
+// llama.cpp's Q4_K_M for an 8-expert model (Mixtral): attn_k and attn_v in q8_0, attn_output where llama.cpp
+// takes q5_K in q6_K; the experts' ffn_down_exps follow use_more_bits. GPT-2's attn_qkv (q5_K there): q6_K.
+TEST(GgufModel, Q4KMFollowsLlamaCppsMixForEightExpertsAndGpt2) {
+  ModelConfig cfg = tiny_llama();
+  cfg.n_layer = 8, cfg.n_embd = 256, cfg.n_head = 4, cfg.n_kv_head = 2, cfg.d_ff = 256;
+  cfg.n_expert = 8, cfg.top_k = 2, cfg.capacity_factor = 0.f;
+  Params p = random_params(cfg);
+  const io::GgufFile f = io::GgufFile::open(write(cfg, p, GgufWeights::q4_K_M, "q4km_moe.gguf"));
+  for (int i = 0; i < 8; ++i) {
+    const bool more = i == 0 || i == 7 || (i - 1) % 3 == 2;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_k.weight")).type, io::GgmlType::q8_0) << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_v.weight")).type, io::GgmlType::q8_0) << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_output.weight")).type, io::GgmlType::q6_K) << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_q.weight")).type, io::GgmlType::q4_K) << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".ffn_down_exps.weight")).type, more ? io::GgmlType::q6_K : io::GgmlType::q4_K)
+        << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".ffn_up_exps.weight")).type, io::GgmlType::q4_K) << i;
+  }
+  ModelConfig gpt2 = tiny_gpt2();
+  gpt2.n_embd = 256, gpt2.d_ff = 1024;
+  Params q = random_params(gpt2);
+  const io::GgufFile g = io::GgufFile::open(write(gpt2, q, GgufWeights::q4_K_M, "q4km_gpt2.gguf"));
+  for (int i = 0; i < gpt2.n_layer; ++i)
+    EXPECT_EQ(g.tensor(concat("blk.", i, ".attn_qkv.weight")).type, io::GgmlType::q6_K) << i;
+}
+
 TEST(GgufModel, RowsThatNoBlockDividesFallBackToQ8OrF16) {
   ModelConfig cfg = tiny_gpt2();  // rows of 64 and 256: q4_K's 256 divides only the latter
   Params p = random_params(cfg);
