@@ -154,7 +154,8 @@ void print_text(const Output& o, const GenerateArgs& args, bool header, const te
 // that ends it, or the engine's own end.
 void on_token(infer::Engine& engine, Output& o, const infer::TokenEvent& e, infer::RequestId id, bool stream) {
   o.tokens.push_back(e);
-  infer::TextStream::Piece piece = o.text->feed(e.token);
+  // An EOS or stop token that ended the sample adds no text (as the servers, vLLM's detokenizer).
+  infer::TextStream::Piece piece = o.text->feed(e.token, e.finish == infer::FinishReason::stop);
   std::string text = std::move(piece.text);
   if (piece.stopped) {
     o.finish = infer::FinishReason::stop;
@@ -212,9 +213,11 @@ void run_generate(const GenerateArgs& args) {
   std::vector<Output> outputs;
   for (size_t i = 0; i < prompts.size(); ++i) {
     which[engine.add_request(prompts[i], gen)] = i;
-    for (int64_t k = 0; k < gen.n; ++k)
-      outputs.push_back({i, k, std::make_unique<infer::TextStream>(tok, args.stops, gen.stop.eos_token_ids), {},
-                         infer::FinishReason::none, {}});
+    for (int64_t k = 0; k < gen.n; ++k) {
+      auto text = std::make_unique<infer::TextStream>(tok, args.stops, gen.stop.eos_token_ids, text::ShownTokens{},
+                                                      gen.stop.min_tokens);
+      outputs.push_back({i, k, std::move(text), {}, infer::FinishReason::none, {}});
+    }
   }
   if (stream) {
     std::fwrite(args.prompts[0].data(), 1, args.prompts[0].size(), stdout);

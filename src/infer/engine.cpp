@@ -120,6 +120,14 @@ uint64_t sequence_seed(uint64_t seed, int64_t index) {
   return z ^ (z >> 31);
 }
 
+// What min_tokens keeps from being sampled: vLLM's all_stop_token_ids, the
+// stop tokens and EOS (even ignored: vLLM adds the model's EOS regardless).
+std::vector<int32_t> stop_tokens(const StopParams& stop) {
+  std::vector<int32_t> ids = stop.stop_token_ids;
+  ids.insert(ids.end(), stop.eos_token_ids.begin(), stop.eos_token_ids.end());
+  return ids;
+}
+
 }  // namespace
 
 const char* pooling_name(Pooling p) {
@@ -281,14 +289,26 @@ void Engine::pool(const SchedulerOutput& out, const Tensor& hidden, std::vector<
   }
 }
 
-void Engine::fork_siblings(RequestId id) {
+// n > 1 never runs more than max_num_seqs sequences: the children that fit
+// run at once and sample from the parent's logits row; the rest wait in the
+// queue (Scheduler::fork) and, admitted as a slot frees, compute their
+// prompt's last token again (its other blocks from the prefix cache) and
+// sample from their own row. That row is bitwise the parent's (the runner is
+// batch- and chunk-invariant, as after a preemption) and a child's draw
+// depends only on its seed, index and position: a child that waited samples
+// the tokens it would have sampled at once.
+std::vector<RequestId> Engine::fork_siblings(RequestId id) {
   Sequence& parent = sequences_.at(id);
   parent.forked = true;
-  for (int64_t k = 1; k < parent.params.n; ++k) {
-    const RequestId child = next_id_++;
-    scheduler_.fork(id, child);
-    sequences_[child] = new_sequence(parent.request, k, parent.params, true);
+  const RequestId request = parent.request;
+  const GenerationParams params = parent.params;  // parent may move: sequences_ grows below
+  std::vector<RequestId> children;
+  for (int64_t k = 1; k < params.n; ++k) {
+    children.push_back(next_id_++);
+    sequences_[children.back()] = new_sequence(request, k, params, true);
   }
+  children.resize(static_cast<size_t>(scheduler_.fork(id, children)));
+  return children;
 }
 
 std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor& logits) {
@@ -301,10 +321,8 @@ std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor&
     const Sequence& seq = sequences_.at(s.id);
     const bool first_token = scheduler_.request(s.id).num_output_tokens() == 0;
     if (seq.params.n > 1 && !seq.forked && first_token) {
-      const RequestId first_child = next_id_;
-      fork_siblings(s.id);
       rows.emplace_back(s.id, row);
-      for (RequestId c = first_child; c < next_id_; ++c) rows.emplace_back(c, row);
+      for (RequestId c : fork_siblings(s.id)) rows.emplace_back(c, row);
     } else {
       rows.emplace_back(s.id, row);
     }
@@ -322,6 +340,7 @@ std::vector<TokenEvent> Engine::sample(const SchedulerOutput& out, const Tensor&
                      seq.params.top_logprobs});
     if (seq.grammar)  // the constrained rows' masks, walked in the rows' parallel loop
       draws.back().allowed_of = [g = seq.grammar.get()](std::vector<uint8_t>& mask) { g->allowed(mask); };
+    if (r.num_output_tokens() < seq.params.stop.min_tokens) draws.back().banned = stop_tokens(seq.params.stop);
   }
   std::vector<SampleResult> results;
   try {

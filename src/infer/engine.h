@@ -12,7 +12,13 @@
 //
 // n > 1: the prompt is computed once; when its first token is sampled the
 // request forks into n sequences sharing every KV block (copy-on-write), each
-// sampling with its own seed; events name the sequence and its index.
+// sampling with its own seed; events name the sequence and its index. The
+// sequences count against max_num_seqs: those that do not fit wait, and
+// sample the same tokens when they run (fork_siblings).
+//
+// min_tokens: until a sequence has that many tokens, its EOS and stop tokens
+// are never sampled (their logits -inf, as vLLM's MinTokensLogitsProcessor);
+// the logprobs reported stay the model's own (vLLM's raw_logprobs).
 #pragma once
 
 #include <cstdint>
@@ -164,7 +170,7 @@ class Engine {
     std::vector<double> pooled{};  // pooling mean: the hidden rows computed so far, summed in row order
   };
   Sequence new_sequence(RequestId request, int64_t index, const GenerationParams& params, bool forked) const;
-  void fork_siblings(RequestId id);
+  std::vector<RequestId> fork_siblings(RequestId id);  // the children that run now
   std::vector<TokenEvent> sample(const SchedulerOutput& out, const Tensor& logits);
   void pool(const SchedulerOutput& out, const Tensor& hidden, std::vector<TokenEvent>& events);
 

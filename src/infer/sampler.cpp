@@ -74,9 +74,17 @@ std::vector<TokenProb> sampling_distribution(const SamplerConfig& cfg, std::span
   LOOM_REQUIRE(!ids.empty(), "sampling_distribution: every token is -inf");
   const auto n = static_cast<int64_t>(ids.size());
   const int64_t k = cfg.top_k > 0 ? std::min(cfg.top_k, n) : n;
-  if (k == n) std::sort(ids.begin(), ids.end(), more_likely);  // a strict total order: the same as partial_sort
-  else std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
-  ids.resize(static_cast<size_t>(k));
+  if (k == n) {
+    std::sort(ids.begin(), ids.end(), more_likely);  // a strict total order: the same as partial_sort
+  } else {
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), more_likely);
+    // Every token tied with the k-th stays (vLLM's apply_top_k_top_p drops only logits < the k-th value). The
+    // ties left after the first k have higher ids than those in it, so in id order they extend the total order.
+    const float kth = logits[ids[static_cast<size_t>(k - 1)]];
+    const auto tied_end = std::partition(ids.begin() + k, ids.end(), [&](int32_t i) { return logits[i] == kth; });
+    std::sort(ids.begin() + k, tied_end);
+    ids.erase(tied_end, ids.end());
+  }
   // softmax(logits / temperature) over the kept tokens, in double.
   const double top = logits[ids[0]], inv_t = 1.0 / cfg.temperature;
   std::vector<double> p(ids.size());
@@ -131,6 +139,16 @@ void fill_logprobs(SampleResult& r, std::span<const float> logits, int64_t n) {
   for (int64_t i = 0; i < k; ++i) r.top.push_back({ids[i], static_cast<float>(logits[ids[i]] - log_z)});
 }
 
+// allowed (V, or empty: all) less banned; allowed itself when that leaves no token.
+std::vector<uint8_t> without(std::span<const uint8_t> allowed, std::span<const int32_t> banned, size_t V) {
+  std::vector<uint8_t> mask(allowed.begin(), allowed.end());
+  if (allowed.empty()) mask.assign(V, 1);
+  for (int32_t t : banned)
+    if (t >= 0 && static_cast<size_t>(t) < V) mask[static_cast<size_t>(t)] = 0;
+  if (std::find(mask.begin(), mask.end(), uint8_t{1}) != mask.end()) return mask;
+  return allowed.empty() ? std::vector<uint8_t>{} : std::vector<uint8_t>(allowed.begin(), allowed.end());
+}
+
 }  // namespace
 
 SampleResult sample_at(const SamplerConfig& cfg, std::span<const float> logits, std::span<const int32_t> prompt,
@@ -180,8 +198,9 @@ std::vector<SampleResult> sample_rows(std::span<const SampleRow> rows) {
       const SampleRow& w = rows[r];
       std::vector<uint8_t> mask;
       if (w.allowed_of) w.allowed_of(mask);
-      out[r] = sample_at(w.cfg, w.logits, w.prompt, w.output, w.draw, w.top_logprobs,
-                         w.allowed_of ? std::span<const uint8_t>(mask) : w.allowed);
+      std::span<const uint8_t> allowed = w.allowed_of ? std::span<const uint8_t>(mask) : w.allowed;
+      if (!w.banned.empty()) mask = without(allowed, w.banned, w.logits.size()), allowed = mask;
+      out[r] = sample_at(w.cfg, w.logits, w.prompt, w.output, w.draw, w.top_logprobs, allowed);
     } catch (const std::exception& e) {
       errors[r] = e.what();
     }

@@ -15,7 +15,7 @@ namespace loom::infer {
 
 struct SamplerConfig {
   float temperature = 1.f;  // 0: greedy (argmax); > 0 divides the logits
-  int64_t top_k = 0;        // keep the k most likely tokens; 0: all
+  int64_t top_k = 0;        // keep the k most likely tokens, and every token tied with the k-th; 0: all
   float top_p = 1.f;        // keep the smallest most-likely set with mass >= top_p; in (0, 1]
   uint64_t seed = 0;
   float min_p = 0.f;  // keep tokens with probability >= min_p * the most likely one's; in [0, 1]
@@ -77,6 +77,11 @@ struct SampleRow {
   // Or, when set, what fills the mask (a grammar's walk over the vocabulary),
   // called in the row's own parallel iteration.
   std::function<void(std::vector<uint8_t>&)> allowed_of{};
+  // Tokens never drawn on top of the mask (min_tokens: the stop tokens, as
+  // vLLM's MinTokensLogitsProcessor sets them to -inf, greedy too), unless
+  // they are all the mask leaves: a grammar that allows only an end token
+  // ends the output. Logprobs stay the model's own.
+  std::vector<int32_t> banned{};
 };
 
 // sample_at over many rows at once (the engine's step); rows run in

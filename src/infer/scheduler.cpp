@@ -131,18 +131,32 @@ std::vector<TokenUpdate> Scheduler::update(std::span<const SampledToken> sampled
   return updates;
 }
 
-void Scheduler::fork(RequestId parent, RequestId child) {
+int64_t Scheduler::fork(RequestId parent, const std::vector<RequestId>& children) {
   const Request& p = request(parent);
   LOOM_REQUIRE(p.status == RequestStatus::running && p.awaits_token(), "fork: request ", parent,
                " is not running with its tokens computed");
-  LOOM_REQUIRE(!requests_.contains(child) && !kv_.has_request(child), "fork: request id ", child,
-               " is already in use");
-  Request c = p;
-  c.id = child;
+  Request c = p;  // p may move: requests_ grows below
   c.num_preemptions = 0;
-  kv_.fork(parent, child);
-  requests_.emplace(child, std::move(c));
-  running_.push_back(child);
+  int64_t num_running = 0;
+  std::vector<RequestId> queued;
+  for (RequestId child : children) {
+    LOOM_REQUIRE(!requests_.contains(child) && !kv_.has_request(child), "fork: request id ", child,
+                 " is already in use");
+    c.id = child;
+    if (queued.empty() && static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
+      kv_.fork(parent, child);
+      running_.push_back(child);
+      ++num_running;
+      requests_.emplace(child, c);
+      continue;
+    }
+    queued.push_back(child);
+    Request& w = requests_.emplace(child, c).first->second;
+    w.status = RequestStatus::waiting;
+    w.num_computed_tokens = 0;
+  }
+  waiting_.insert(waiting_.begin(), queued.begin(), queued.end());  // they came with their parent: first served
+  return num_running;
 }
 
 bool Scheduler::finish(RequestId id, FinishReason reason) {

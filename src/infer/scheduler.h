@@ -105,9 +105,13 @@ class Scheduler {
   std::vector<TokenUpdate> update(std::span<const SampledToken> sampled);
 
   // n > 1: after parent's prompt is computed and before its first token is
-  // passed to update(), child becomes a running request with the same
-  // tokens, sharing every KV block (copy-on-write), to be sampled on its own.
-  void fork(RequestId parent, RequestId child);
+  // passed to update(), each child becomes a request with the same tokens,
+  // to be sampled on its own. In order, while max_num_seqs allows, a child
+  // runs at once sharing every KV block (copy-on-write); the rest wait at the
+  // front of the queue, in order, as if preempted at once (no blocks: when
+  // admitted they take the prompt's cached blocks and compute the rest, at
+  // least its last token). Returns how many run (the first ones).
+  int64_t fork(RequestId parent, const std::vector<RequestId>& children);
 
   // Ends a request now (abort: the client left; stop: the engine matched a
   // stop string) and frees its blocks. Between steps only. False when id is

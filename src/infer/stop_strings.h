@@ -22,7 +22,10 @@ class StopStrings {
     std::string matched;   // which one
   };
   // The next piece. After a stop, every later piece returns nothing.
-  Result feed(std::string_view piece);
+  // quiet: text of the first min_tokens tokens, where no stop string may
+  // end (vLLM's detokenizer moves its stop check past that text); one that
+  // starts in it and ends in a later piece still stops.
+  Result feed(std::string_view piece, bool quiet = false);
   // The end of the output (any finish reason): the held-back tail, which
   // turned out not to start a stop string.
   std::string flush();
@@ -32,6 +35,7 @@ class StopStrings {
  private:
   std::vector<std::string> stops_;
   std::string pending_;  // text not yet emitted: a suffix that is a prefix of some stop string
+  size_t quiet_ = 0;     // the first quiet_ bytes of pending_ came in quiet pieces
   bool stopped_ = false;
 };
 

@@ -21,18 +21,21 @@ size_t incomplete_utf8_tail(const std::string& s) {
 }
 
 TextStream::TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent,
-                       text::ShownTokens shown)
-    : tok_(tok), stops_(std::move(stops)), silent_(std::move(silent)), shown_(std::move(shown)) {}
+                       text::ShownTokens shown, int64_t min_tokens)
+    : tok_(tok), stops_(std::move(stops)), silent_(std::move(silent)), shown_(std::move(shown)),
+      min_tokens_(min_tokens) {}
 
-TextStream::Piece TextStream::feed(int32_t token) {
+TextStream::Piece TextStream::feed(int32_t token, bool ended) {
   Piece p;
   if (stops_.stopped()) return p;
-  const bool silent = token < 0 || token >= tok_.vocab_size() ||
+  ++num_tokens_;
+  const bool silent = ended || token < 0 || token >= tok_.vocab_size() ||
                       std::find(silent_.begin(), silent_.end(), token) != silent_.end();
   const auto shown = std::find_if(shown_.begin(), shown_.end(), [token](const auto& s) { return s.first == token; });
   if (!silent) bytes_ += shown != shown_.end() ? shown->second : tok_.token_bytes(token);
   const size_t hold = incomplete_utf8_tail(bytes_);
-  StopStrings::Result r = stops_.feed(std::string_view(bytes_).substr(0, bytes_.size() - hold));
+  StopStrings::Result r =
+      stops_.feed(std::string_view(bytes_).substr(0, bytes_.size() - hold), num_tokens_ <= min_tokens_);
   bytes_.erase(0, bytes_.size() - hold);
   p.text = std::move(r.text);
   p.stopped = r.stopped;

@@ -6,7 +6,10 @@
 // so every piece handed out is whole characters (bytes that can never become
 // one are passed on as they are); stop strings are matched on the text with
 // their own hold-back (StopStrings): the stop string and what follows it are
-// never emitted.
+// never emitted. As vLLM's detokenizer: no stop string ends in the text of
+// the first min_tokens tokens, and the token that ended the sequence as EOS
+// or a stop token adds no text (it is shown only with
+// include_stop_str_in_output, which loom does not offer).
 //
 //   TextStream ts(tok, {"\n\n"}, {tok.eos_id()});
 //   for each token: TextStream::Piece p = ts.feed(token); emit p.text; if (p.stopped) end the sequence;
@@ -30,16 +33,18 @@ class TextStream {
  public:
   // tok must outlive the stream. stops: stop strings (none empty); silent:
   // token ids that add no text (EOS); shown: control tokens that add their
-  // text (a control token otherwise adds nothing).
+  // text (a control token otherwise adds nothing); min_tokens: the request's.
   TextStream(const text::Tokenizer& tok, std::vector<std::string> stops, std::vector<int32_t> silent = {},
-             text::ShownTokens shown = {});
+             text::ShownTokens shown = {}, int64_t min_tokens = 0);
 
   struct Piece {
     std::string text;      // safe to emit now (maybe empty)
     bool stopped = false;  // a stop string ended the text; later tokens add nothing
     std::string matched;   // the stop string
   };
-  Piece feed(int32_t token);
+  // ended: the token ended the sequence as EOS or a stop token (the
+  // engine's finish reason stop): it counts, and adds no text.
+  Piece feed(int32_t token, bool ended = false);
   // The end of the sequence: everything still held back.
   std::string flush();
   // Everything handed out so far (feed and flush pieces together).
@@ -51,6 +56,8 @@ class TextStream {
   StopStrings stops_;
   std::vector<int32_t> silent_;
   text::ShownTokens shown_;
+  int64_t min_tokens_ = 0;
+  int64_t num_tokens_ = 0;  // fed so far
   std::string bytes_;  // decoded bytes not yet passed to stops_ (an incomplete character)
   std::string text_;
 };

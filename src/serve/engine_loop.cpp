@@ -212,9 +212,9 @@ void EngineLoop::admit(std::vector<Pending>& pending, bool abort_all) {
     }
     if (tok_ != nullptr)
       for (int64_t i = 0; i < n; ++i)
-        entry.text.push_back(
-            std::make_unique<infer::TextStream>(*tok_, p.params.stop_strings, p.params.gen.stop.eos_token_ids,
-                                                options_.shown_tokens));
+        entry.text.push_back(std::make_unique<infer::TextStream>(*tok_, p.params.stop_strings,
+                                                                 p.params.gen.stop.eos_token_ids,
+                                                                 options_.shown_tokens, p.params.gen.stop.min_tokens));
     std::lock_guard lk(mu_);
     stats_.prompt_tokens += static_cast<int64_t>(p.params.prompt.size());
     entries_.emplace(id, std::move(entry));
@@ -251,10 +251,11 @@ void EngineLoop::deliver(const infer::TokenEvent& e) {
   }
   if (!entry.text.empty()) {
     infer::TextStream& ts = *entry.text[static_cast<size_t>(e.index)];
-    infer::TextStream::Piece piece = ts.feed(e.token);
+    // The engine's stop is an EOS or stop token: its text is left out (vLLM's detokenizer skips it).
+    infer::TextStream::Piece piece = ts.feed(e.token, e.finish == infer::FinishReason::stop);
     d.text = std::move(piece.text);
-    if (piece.stopped && d.finish == infer::FinishReason::none) {
-      engine_.finish_sequence(e.request, e.index, infer::FinishReason::stop);
+    if (piece.stopped) {  // a stop string: reason stop, even on the last allowed token (vLLM's overrides length)
+      if (d.finish == infer::FinishReason::none) engine_.finish_sequence(e.request, e.index, infer::FinishReason::stop);
       d.finish = infer::FinishReason::stop;
     }
     if (d.finish != infer::FinishReason::none) d.text += ts.flush();

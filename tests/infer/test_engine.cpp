@@ -5,6 +5,7 @@
 // batch, in chunks and after preemption; n > 1 shares the prompt's blocks;
 // aborts and bad requests leave nothing behind.
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,66 @@ TEST(Engine, NSequencesShareThePromptAndDrawTheirOwnTokens) {
     }
   EXPECT_NE(seqs[0], seqs[1]);
   EXPECT_NE(seqs[1], seqs[2]);
+  expect_empty(engine);
+}
+
+// vLLM splits n into requests that each count against max_num_seqs; here
+// the children that do not fit wait, and must sample exactly what they
+// would have sampled forked at once.
+TEST(Engine, NSequencesNeverRunMoreThanMaxNumSeqsAndDrawTheSameTokens) {
+  Fixture f;
+  const GenerationParams p{.sampler = {.temperature = 1.f, .seed = 7}, .stop = {.max_tokens = 9}, .n = 6,
+                           .top_logprobs = 2};
+  const std::vector<Tokens> prompts = {prompt(18, 3, f.cfg.vocab_size), prompt(7, 4, f.cfg.vocab_size)};
+  Engine wide(f.cfg, f.params, f.pools, {.block_size = 4, .max_num_seqs = 16});
+  const auto want = wide.generate(prompts, p);
+  for (const bool prefix_caching : {true, false}) {
+    Engine narrow(f.cfg, f.params, f.pools, {.block_size = 4, .max_num_seqs = 2, .prefix_caching = prefix_caching});
+    std::map<RequestId, size_t> which;
+    for (size_t i = 0; i < prompts.size(); ++i) which[narrow.add_request(prompts[i], p)] = i;
+    std::vector<std::vector<Tokens>> got(prompts.size(), std::vector<Tokens>(6));
+    std::vector<std::vector<std::vector<float>>> logprobs(prompts.size(), std::vector<std::vector<float>>(6));
+    while (narrow.has_unfinished()) {
+      const std::vector<TokenEvent> events = narrow.step();
+      EXPECT_LE(events.size(), 2u);
+      for (const TokenEvent& e : events) {
+        got[which.at(e.request)][static_cast<size_t>(e.index)].push_back(e.token);
+        logprobs[which.at(e.request)][static_cast<size_t>(e.index)].push_back(e.logprob);
+      }
+      EXPECT_LE(narrow.scheduler().stats().num_running, 2);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i)
+      for (size_t k = 0; k < 6; ++k) {
+        EXPECT_EQ(got[i][k], want[i][k].tokens) << "prompt " << i << " sequence " << k;
+        EXPECT_EQ(logprobs[i][k], want[i][k].logprobs) << "prompt " << i << " sequence " << k;
+      }
+    expect_empty(narrow);
+  }
+  EXPECT_NE(want[0][0].tokens, want[0][5].tokens);
+}
+
+// vLLM's MinTokensLogitsProcessor: EOS and stop tokens get -inf until
+// min_tokens are out, greedy too; the logprobs stay the model's own.
+TEST(Engine, MinTokensNeverSamplesEosOrAStopTokenBeforeThenEvenGreedy) {
+  Fixture f;
+  Engine engine(f.cfg, f.params, f.pools, {.block_size = 4, .max_num_batched_tokens = 64});
+  const Tokens pr = prompt(9, 1, f.cfg.vocab_size);
+  GenerationParams p{.sampler = {.temperature = 0.f}, .stop = {.max_tokens = 6}, .top_logprobs = 1};
+  const GenerationOutput free = engine.generate({pr}, p)[0][0];
+  const int32_t first = free.tokens[0];
+  p.stop.min_tokens = 4;
+  for (int stop_token = 0; stop_token < 2; ++stop_token) {
+    p.stop.eos_token_ids = stop_token ? Tokens{} : Tokens{first};
+    p.stop.stop_token_ids = stop_token ? Tokens{first} : Tokens{};
+    engine.add_request(pr, p);
+    std::vector<TokenEvent> events;
+    while (engine.has_unfinished())
+      for (TokenEvent& e : engine.step()) events.push_back(std::move(e));
+    ASSERT_GE(events.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_NE(events[i].token, first) << "output token " << i;
+    EXPECT_EQ(events[0].top[0].token, first) << "the logprobs are the model's, before the mask";
+    EXPECT_EQ(events[0].top[0].logprob, free.logprobs[0]);
+  }
   expect_empty(engine);
 }
 

@@ -20,9 +20,25 @@ TEST(Sampler, TemperatureZeroIsArgmax) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(kLogits), 1);
 }
 
-TEST(Sampler, TopKOneIsGreedy) {
+TEST(Sampler, TopKOneIsGreedyWhenTheMostLikelyIsUnique) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.0f, 1.9f, 0.0f};
   Sampler s({.temperature = 1.5f, .top_k = 1, .seed = 9});
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(kLogits), 1);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(logits), 1);
+}
+
+// vLLM's apply_top_k_top_p masks only logits below the k-th value.
+TEST(Sampler, TopKKeepsEveryTokenTiedWithTheKth) {
+  const std::vector<float> logits = {3.f, 2.f, 1.f, 2.f, 0.f, 2.f};
+  const std::vector<TokenProb> d = sampling_distribution({.top_k = 2}, logits);
+  ASSERT_EQ(d.size(), 4u);
+  const int32_t order[] = {0, 1, 3, 5};  // ties: lower id first
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i].token, order[i]);
+  EXPECT_EQ(d[1].prob, d[3].prob);
+  EXPECT_EQ(sampling_distribution({.top_k = 1}, kLogits).size(), 2u);  // 1 and 4 tie for the most likely
+  EXPECT_EQ(sampling_distribution({.temperature = 0.f, .top_k = 1}, kLogits)[0].token, 1);  // greedy: lower id
+  for (uint64_t draw = 0; draw < 10; ++draw)  // a draw is still a function of (seed, index)
+    EXPECT_EQ(sample_at({.top_k = 2, .seed = 4}, logits, {}, {}, draw).token,
+              sample_at({.top_k = 2, .seed = 4}, logits, {}, {}, draw).token);
 }
 
 TEST(Sampler, TopKKeepsTheKMostLikely) {
@@ -176,6 +192,35 @@ TEST(Sampler, RowsSampledTogetherEqualEachRowAlone) {
   }
   cfgs[5].top_p = 2.f;
   expect_error([&] { sample_rows(logits, V, cfgs, prompts, outputs, draws, tops); }, {"row 5", "top-p = 2"});
+}
+
+// min_tokens' stop tokens: never drawn, greedy or not, and the logprobs are
+// still the model's own; a mask that leaves only banned tokens keeps them.
+TEST(Sampler, BannedTokensAreNeverDrawnUnlessTheyAreAllTheMaskLeaves) {
+  std::vector<SampleRow> rows;
+  for (float t : {0.f, 1.f})
+    for (uint64_t draw = 0; draw < 20; ++draw)
+      rows.push_back({.cfg = {.temperature = t, .seed = 3}, .logits = kLogits, .prompt = {}, .output = {}, .draw = draw,
+                      .top_logprobs = 1, .banned = {1, 4}});
+  double z = 0;
+  for (float x : kLogits) z += std::exp(double(x));
+  for (const SampleResult& r : sample_rows(rows)) {
+    EXPECT_NE(r.token, 1);
+    EXPECT_NE(r.token, 4);
+    EXPECT_NEAR(r.logprob, kLogits[r.token] - std::log(z), 1e-6);
+    ASSERT_EQ(r.top.size(), 1u);
+    EXPECT_EQ(r.top[0].token, 1);  // the raw top, banned or not
+  }
+  EXPECT_EQ(sample_rows(rows)[0].token, 3);  // greedy: the most likely left
+  const std::vector<uint8_t> only_ends = {0, 1, 0, 0, 1, 0};
+  const SampleRow end_row{
+      .cfg = {.temperature = 0.f}, .logits = kLogits, .prompt = {}, .output = {}, .allowed = only_ends};
+  rows = {end_row, end_row};
+  rows[0].banned = {1, 4};
+  rows[1].banned = {1};
+  const std::vector<SampleResult> ends = sample_rows(rows);
+  EXPECT_EQ(ends[0].token, 1);
+  EXPECT_EQ(ends[1].token, 4);
 }
 
 TEST(Sampler, BadArgumentsAreErrors) {

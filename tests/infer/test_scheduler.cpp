@@ -245,8 +245,7 @@ TEST(Scheduler, ForkedChildrenShareThePromptAndCopyOnlyThePartialBlock) {
   e.s.add_request(1, count_up(10, 0), max_new(3));  // blocks: 4 + 4 + 2
   SchedulerOutput out = e.s.schedule();
   ASSERT_TRUE(out.scheduled[0].samples);
-  e.s.fork(1, 2);
-  e.s.fork(1, 3);
+  EXPECT_EQ(e.s.fork(1, {2, 3}), 2);
   EXPECT_EQ(e.kv.pool().num_used(), 3);
   e.s.update(std::vector<SampledToken>{{1, 11}, {2, 12}, {3, 13}});
   out = e.s.schedule();
@@ -262,9 +261,39 @@ TEST(Scheduler, ForkedChildrenShareThePromptAndCopyOnlyThePartialBlock) {
 TEST(Scheduler, ForkNeedsARunningParentWithItsTokensComputed) {
   Engine e(64, 4, config(4, 64));
   e.s.add_request(1, count_up(10, 0), max_new(3));
-  expect_error([&] { e.s.fork(1, 2); }, {"fork: request 1 is not running"});
+  expect_error([&] { e.s.fork(1, {2}); }, {"fork: request 1 is not running"});
   e.s.schedule();  // 4 of 10
-  expect_error([&] { e.s.fork(1, 2); }, {"fork: request 1 is not running"});
+  expect_error([&] { e.s.fork(1, {2}); }, {"fork: request 1 is not running"});
+  drain(e);
+}
+
+// n > 1 under max_num_seqs: the children that do not fit wait at the front
+// of the queue in order, with no blocks, and when admitted compute only what
+// the prefix cache lacks (the prompt's last token at least).
+TEST(Scheduler, ForkedChildrenBeyondMaxNumSeqsWaitAtTheFrontInOrder) {
+  SchedulerConfig cfg = config(100, 64);
+  cfg.max_num_seqs = 2;
+  Engine e(64, 4, cfg);
+  e.s.add_request(1, count_up(8, 0), max_new(2));  // two full blocks
+  e.s.add_request(9, count_up(5, 100), max_new(2));
+  e.s.schedule();  // 1 and 9 run
+  e.s.update(std::vector<SampledToken>{{9, 1}});
+  EXPECT_EQ(e.s.fork(1, {2, 3, 4}), 0);  // 1 and 9 run: every child waits
+  EXPECT_EQ(e.kv.pool().num_used(), 2 + 2);
+  EXPECT_EQ(e.s.stats().num_waiting, 3);
+  EXPECT_EQ(e.s.request(3).status, RequestStatus::waiting);
+  EXPECT_EQ(e.s.request(3).num_computed_tokens, 0);
+  EXPECT_EQ(e.s.request(3).tokens, count_up(8, 0));
+  e.s.add_request(5, count_up(3, 200), max_new(1));  // arrives later: served after the children
+  e.s.update(std::vector<SampledToken>{{1, 1}});
+  SchedulerOutput out = e.s.schedule();  // 1 and 9 decode; no room
+  EXPECT_EQ(out.scheduled.size(), 2u);
+  e.s.update(std::vector<SampledToken>{{1, 1}, {9, 1}});  // both end (max_tokens 2)
+  out = e.s.schedule();
+  ASSERT_EQ(out.scheduled.size(), 2u);
+  expect_scheduled(out.scheduled[0], 2, 4, 4, true);  // its first block from the cache, the rest computed
+  expect_scheduled(out.scheduled[1], 3, 4, 4, true);
+  e.s.update(std::vector<SampledToken>{{2, 1}, {3, 1}});
   drain(e);
 }
 

@@ -116,6 +116,25 @@ TEST(StopStrings, AStopInThePieceThatCompletesItIsCutThere) {
   EXPECT_EQ(s.feed("more").text, "");
 }
 
+// min_tokens (vLLM's detokenizer): a stop string that ends in quiet text
+// does not count; one that starts there and ends later does.
+TEST(StopStrings, NoStopEndsInQuietTextButOneThatEndsAfterItDoes) {
+  StopStrings s({"ab", "cde"});
+  EXPECT_EQ(s.feed("xab", true).text, "xab");
+  EXPECT_EQ(s.feed("yabc", true).text, "yab");  // "c" may start "cde": held
+  EXPECT_FALSE(s.stopped());
+  const StopStrings::Result r = s.feed("de ab");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.matched, "cde");
+  EXPECT_EQ(r.text, "");
+  StopStrings t({"ab"});
+  EXPECT_EQ(t.feed("xa", true).text, "x");
+  EXPECT_TRUE(t.feed("b").stopped);
+  StopStrings u({"ab"});
+  EXPECT_EQ(u.feed("abab", true).text, "abab");
+  EXPECT_EQ(u.feed("zab").text, "z");
+}
+
 TEST(StopStrings, EmptyStopStringIsAClearError) {
   expect_error([] { StopStrings({"a", ""}); }, {"stop string 1 is empty"});
 }

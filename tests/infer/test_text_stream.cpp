@@ -114,5 +114,41 @@ TEST(TextStream, TextThatOnlyStartsAStopStringIsHeldThenReleased) {
   EXPECT_EQ(out, "x ab c");
 }
 
+// vLLM's detokenizer: stop strings are looked for only in text past the
+// first min_tokens tokens (one may start before and end after).
+TEST(TextStream, NoStopStringEndsInTheTextOfTheFirstMinTokensTokens) {
+  REQUIRE_TOKENIZER();
+  const text::Gpt2Tokenizer& tok = *tokenizer();
+  const std::string s = " over and over and over again";
+  const std::vector<int32_t> ids = tok.encode(s);
+  ASSERT_EQ(ids.size(), 6u);
+  ASSERT_EQ(tok.token_bytes(ids[0]), " over");
+  for (int64_t min_tokens : {0, 1, 3, 5}) {
+    TextStream ts(tok, {"over"}, {}, {}, min_tokens);
+    for (int32_t id : ids) ts.feed(id);
+    ts.flush();
+    std::string want;
+    for (int64_t i = 0; i < min_tokens; ++i) want += tok.token_bytes(ids[static_cast<size_t>(i)]);
+    want += s.substr(want.size(), s.find("over", want.size()) - want.size());
+    EXPECT_EQ(ts.text(), want) << "min_tokens " << min_tokens;
+  }
+}
+
+// vLLM leaves out the text of the token that ended the sequence (EOS or a
+// stop token) unless include_stop_str_in_output.
+TEST(TextStream, TheTokenThatEndedTheSequenceAddsNoText) {
+  REQUIRE_TOKENIZER();
+  const text::Gpt2Tokenizer& tok = *tokenizer();
+  const std::vector<int32_t> ids = tok.encode("Hello there world");
+  TextStream ts(tok, {"world"});
+  const std::string hello = ts.feed(ids[0]).text;
+  EXPECT_EQ(hello + ts.feed(ids[1]).text, "Hello there");
+  const TextStream::Piece last = ts.feed(ids[2], /*ended=*/true);
+  EXPECT_EQ(last.text, "");
+  EXPECT_FALSE(last.stopped) << "its text is not there to match";
+  EXPECT_EQ(ts.flush(), "");
+  EXPECT_EQ(ts.text(), "Hello there");
+}
+
 }  // namespace
 }  // namespace loom::infer

@@ -6,6 +6,7 @@
 // bad requests are errors that queue nothing; an engine that fails ends
 // every stream with its error, and from then on the loop refuses and the
 // server's /health and /metrics say so.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -183,6 +184,60 @@ TEST(EngineLoop, AStopStringEndsTheTextJustBeforeIt) {
   EXPECT_LT(cut[0].tokens.size(), full[0].tokens.size());
   wait_until_idle(loop);
   EXPECT_EQ(loop.stats().kv_used_blocks, 0);
+}
+
+// As vLLM's detokenizer and output processor: a stop token's text is left
+// out; a stop string in the last allowed token ends with stop, not length;
+// no stop string ends in the text of the first min_tokens tokens.
+TEST(EngineLoop, StopTokensStopStringsAndMinTokensCutTheTextAsVllmDoes) {
+  Model& m = model();
+  infer::GenerationParams g = params(1, 12);  // seeded: the same tokens every run (greedy repeats one here)
+  g.stop.eos_token_ids = {};
+  g.top_logprobs = 0;
+  Pools pools;
+  infer::Engine engine(m.cfg, m.params, pools, engine_config());
+  EngineLoop loop(engine, &tokenizer(), {});
+  const auto run = [&](infer::GenerationParams q, std::vector<std::string> stops) {
+    return read_all(*loop.submit({prompt(9, 3), q, std::move(stops)}).stream)[0];
+  };
+  const auto text_of = [&](int64_t n) {  // the text of the first n tokens
+    infer::GenerationParams q = g;
+    q.stop.max_tokens = n;
+    return run(q, {}).text;
+  };
+  const Seq full = run(g, {});
+  ASSERT_EQ(full.tokens.size(), 12u);
+  size_t k = 1;  // a token first sampled at output position k > 0
+  while (k < 12 && std::find(full.tokens.begin(), full.tokens.begin() + k, full.tokens[k]) != full.tokens.begin() + k)
+    ++k;
+  ASSERT_LT(k, 12u);
+  infer::GenerationParams q = g;
+  q.stop.stop_token_ids = {full.tokens[k]};
+  const Seq stopped = run(q, {});
+  EXPECT_EQ(stopped.finish, FinishReason::stop);
+  EXPECT_EQ(stopped.tokens.size(), k + 1);
+  EXPECT_EQ(stopped.text, text_of(static_cast<int64_t>(k))) << "the stop token's text is left out";
+
+  int64_t last = 12;  // a last allowed token whose text starts a stop string found nowhere before
+  std::string before = text_of(last - 1), stop = full.text.substr(before.size());
+  while (last > 2 && (stop.empty() || full.text.find(stop) != before.size())) {
+    const std::string shorter = text_of(--last - 1);
+    stop = before.substr(shorter.size()), before = shorter;
+  }
+  ASSERT_GT(last, 2);
+  q = g;
+  q.stop.max_tokens = last;
+  const Seq at_the_end = run(q, {stop});
+  EXPECT_EQ(at_the_end.finish, FinishReason::stop) << "the stop string, not the length, ended it";
+  EXPECT_EQ(at_the_end.text, before);
+
+  const std::string first = text_of(1), quiet = text_of(4);
+  ASSERT_FALSE(first.empty());
+  q = g;
+  q.stop.min_tokens = 4;
+  const size_t at = full.text.find(first, quiet.size() >= first.size() ? quiet.size() - first.size() + 1 : 0);
+  EXPECT_EQ(run(q, {first}).text, full.text.substr(0, at)) << "no stop ends in the first 4 tokens' text";
+  wait_until_idle(loop);
 }
 
 TEST(EngineLoop, ACancelledStreamAbortsItsRequestAndFreesItsBlocks) {

@@ -69,9 +69,12 @@ CompletionResponse::CompletionResponse(const CompletionRequest& request, std::st
 
 // The legacy logprobs of one token: its text, log-probability, the top
 // alternatives (text -> logprob) and where its text starts in the choice.
+// The sampled token is one of the alternatives even when it is not among the
+// top N (OpenAI: "up to logprobs+1 elements"; vLLM merges it in).
 json CompletionResponse::logprobs_of(const Delta& d, int64_t text_offset) const {
   json top = json::object();
   for (const infer::TokenLogprob& t : d.top) top[token_text(tok_, t.token)] = t.logprob;
+  if (const std::string sampled = token_text(tok_, d.token); !top.contains(sampled)) top[sampled] = d.logprob;
   return {{"tokens", {token_text(tok_, d.token)}},
           {"token_logprobs", {d.logprob}},
           {"top_logprobs", {top}},

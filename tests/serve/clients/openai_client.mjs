@@ -39,6 +39,17 @@ async function expectError(promise, cls, status, pattern) {
   });
 }
 
+// A greedy answer's token ids, through ollama's /api/generate: its context
+// is the prompt's ids, then the answer's.
+async function greedyIds(prompt, n) {
+  const headers = { authorization: `Bearer ${process.env.LOOM_API_KEY ?? 'none'}`,
+                    'content-type': 'application/json' };
+  const body = { model, prompt, raw: true, stream: false, options: { temperature: 0, num_predict: n } };
+  const r = await (await fetch(`${process.env.LOOM_URL}/api/generate`,
+                               { method: 'POST', headers, body: JSON.stringify(body) })).json();
+  return { prompt: r.context.slice(0, -r.eval_count), answer: r.context.slice(-r.eval_count) };
+}
+
 const cases = {
   async models() {
     const page = await client.models.list();
@@ -120,6 +131,68 @@ const cases = {
       assert.ok(Math.abs(Math.max(...top) - x) < 1e-5, 'greedy: the chosen token is the most likely');
     });
     assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) => lp.tokens.slice(0, i).join('').length));
+  },
+
+  // As vLLM: the token that ends a choice through stop_token_ids adds no text, whole or streamed.
+  async aStopTokensTextIsLeftOut() {
+    const { prompt, answer } = await greedyIds('The quick brown fox', 10);
+    const k = answer.findIndex((t, i) => i > 0 && !answer.slice(0, i).includes(t));
+    assert.ok(k > 0, JSON.stringify(answer));
+    const body = { model, prompt, max_tokens: 10, temperature: 0, stop_token_ids: [answer[k]] };
+    const before = (await client.completions.create({ ...body, stop_token_ids: [], max_tokens: k })).choices[0].text;
+    const cut = await client.completions.create(body);
+    assert.equal(cut.choices[0].text, before);
+    assert.equal(cut.choices[0].finish_reason, 'stop');
+    assert.equal(cut.usage.completion_tokens, k + 1);
+    const streamed = await collect(await client.completions.create({ ...body, stream: true }));
+    assert.equal(streamed.texts[0], before);
+    assert.equal(streamed.finish[0], 'stop');
+  },
+
+  // As vLLM's output processor: a stop string in the last allowed token overrides the length.
+  async aStopStringInTheLastAllowedTokenIsAStop() {
+    const body = { model, prompt: 'The quick brown fox', temperature: 0 };
+    const full = await client.completions.create({ ...body, max_tokens: 12, logprobs: 0 });
+    const { tokens } = full.choices[0].logprobs, text = full.choices[0].text;
+    const at = (i) => tokens.slice(0, i).join('').length;
+    let last = tokens.length;
+    while (last > 1 && (!tokens[last - 1] || tokens[last - 1].startsWith('bytes:') ||
+                        text.indexOf(tokens[last - 1]) !== at(last - 1))) --last;
+    assert.ok(last > 1 && text.startsWith(tokens.slice(0, last).join('')), JSON.stringify(tokens));
+    const stop = { ...body, max_tokens: last, stop: [tokens[last - 1]] };
+    const r = await client.completions.create(stop);
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].text, text.slice(0, at(last - 1)));
+    const streamed = await collect(await client.completions.create({ ...stop, stream: true }));
+    assert.equal(streamed.finish[0], 'stop');
+    assert.equal(streamed.texts[0], r.choices[0].text);
+  },
+
+  // As vLLM's detokenizer: no stop string ends in the text of the first min_tokens tokens.
+  async minTokensHoldsOffStopStrings() {
+    const body = { model, prompt: 'The quick brown fox', temperature: 0, max_tokens: 12 };
+    const full = await client.completions.create({ ...body, logprobs: 0 });
+    const { tokens } = full.choices[0].logprobs, text = full.choices[0].text;
+    const stop = tokens[0], quiet = tokens.slice(0, 4).join('');
+    assert.ok(stop && !stop.startsWith('bytes:') && text.startsWith(quiet), JSON.stringify(tokens));
+    const at = text.indexOf(stop, Math.max(0, quiet.length - stop.length + 1));
+    const r = await client.completions.create({ ...body, stop: [stop], min_tokens: 4 });
+    assert.equal(r.choices[0].text, at < 0 ? text : text.slice(0, at));
+    assert.ok(r.usage.completion_tokens >= 5, JSON.stringify(r.usage));
+  },
+
+  // OpenAI: "up to logprobs+1" alternatives; the sampled token is always one of them (vLLM merges it in).
+  async legacyTopLogprobsHoldTheSampledToken() {
+    for (const logprobs of [0, 1]) {
+      const r = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 16,
+                                                  temperature: 1.5, seed: 3, logprobs });
+      const lp = r.choices[0].logprobs;
+      lp.tokens.forEach((t, i) => {
+        const top = lp.top_logprobs[i];
+        assert.equal(top[t], lp.token_logprobs[i], `logprobs ${logprobs}, step ${i}: ${JSON.stringify(top)}`);
+        assert.ok(Object.keys(top).length <= logprobs + 1, JSON.stringify(top));
+      });
+    }
   },
 
   async tokenIdPromptsAndSeveralPrompts() {
