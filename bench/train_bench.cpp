@@ -157,6 +157,7 @@ void check_options(const TrainBenchOptions& o) {
   LOOM_REQUIRE(!o.ops || (!o.json && o.moe == 0 && o.pp == 1 && !o.cp_bench), "bench train: --ops prints a table "
                "after the dense, dp and tp figures: it does not go with --json, --moe, --pp or --cp");
   precision_dtype(o.dtype, "bench train: --dtype");  // a loom::Error for a name other than fp32, bf16, fp16
+  if (o.dtype == "bf16") train::require_cpu_bf16_gemm("bench train: --dtype bf16", "--dtype fp32");  // as loom train
   LOOM_REQUIRE(o.zero_stage >= 0 && o.zero_stage <= 3, "bench train: --zero-stage ", o.zero_stage,
                " is invalid: allowed are 0, 1, 2 and 3");
   LOOM_REQUIRE(o.tp >= 1 && o.pp >= 1, "bench train: --tp ", o.tp, " / --pp ", o.pp, " is invalid: allowed >= 1");

@@ -80,16 +80,7 @@ void require_device_can_run(const RunConfig& cfg, const Context& ctx) {
                ") is not the stream of its pools' device ", device_name(device),
                ": a run's ops go to that device's one stream (device_stream)");
   if (!device.is_cpu()) return require_device_layout(cfg);
-  if (cfg.train.dtype != "bf16") return;
-  const std::string why = kernels::bf16_matmul_unsupported_reason();
-  if (why.empty()) return;
-  using kernels::CpuIsa;
-  const CpuIsa supported = kernels::cpu_isa_supported(), level = kernels::cpu_isa();
-  LOOM_REQUIRE(supported < CpuIsa::avx512 || level >= CpuIsa::avx512, "train.dtype = bf16: --isa / LOOM_ISA caps ",
-               "this run at the ", kernels::cpu_isa_name(level), " level, where there is no bf16 GEMM (oneDNN needs ",
-               "AVX-512 for bf16); this CPU has ", kernels::cpu_isa_name(supported), ": raise the cap to avx512 or ",
-               "above, or train in fp32 (train.dtype = fp32)");
-  fail("train.dtype = bf16: ", why, "; train in fp32 here (train.dtype = fp32), or in bf16 on a CPU with AVX-512");
+  if (cfg.train.dtype == "bf16") require_cpu_bf16_gemm("train.dtype = bf16", "train.dtype = fp32");
 }
 
 // The identity of a LoRA base's weights a checkpoint records: its file's
@@ -120,6 +111,18 @@ void warn_val_data(const RunConfig& cfg, const DataLoader& train, const DataLoad
 }
 
 }  // namespace
+
+void require_cpu_bf16_gemm(const std::string& what, const std::string& fp32) {
+  const std::string why = kernels::bf16_matmul_unsupported_reason();
+  if (why.empty()) return;
+  using kernels::CpuIsa;
+  const CpuIsa supported = kernels::cpu_isa_supported(), level = kernels::cpu_isa();
+  LOOM_REQUIRE(supported < CpuIsa::avx512 || level >= CpuIsa::avx512, what, ": --isa / LOOM_ISA caps this run at ",
+               "the ", kernels::cpu_isa_name(level), " level, where there is no bf16 GEMM (oneDNN needs AVX-512 for ",
+               "bf16); this CPU has ", kernels::cpu_isa_name(supported), ": raise the cap to avx512 or above, or ",
+               "train in fp32 (", fp32, ")");
+  fail(what, ": ", why, "; train in fp32 here (", fp32, "), or in bf16 on a CPU with AVX-512");
+}
 
 Trainer::Trainer(const RunConfig& cfg, Context& ctx)
     : cfg_(cfg),

@@ -265,6 +265,11 @@ struct TrainSummary {
 // written, no final model, and summary.stop_signal says which signal.
 TrainSummary run_training(const RunConfig& cfg, const TrainOptions& options, Context& ctx);
 
+// A bf16 run on the CPU needs a bf16 GEMM (without one the matmuls would widen bf16 to f32: slower than fp32
+// with bf16's rounding): a loom::Error naming `what` ("train.dtype = bf16"), the --isa cap or the CPU that
+// lacks it, and how to ask for fp32 (`fp32`) otherwise. The Trainer checks its config with it.
+void require_cpu_bf16_gemm(const std::string& what, const std::string& fp32);
+
 // Writes dir/model.safetensors (every parameter, f32 master weights, under
 // its spec name, loom layout) and dir/loom_config.json (model/config_json.h);
 // creates dir. Collective: every rank gathers the weights (over dp, then
