@@ -200,9 +200,9 @@ std::unique_ptr<serve::ModelManager> store_model_manager(const serve::ModelStore
         log_info("serve: loading model ", n);
         return load_served_model(n, r.dir, std::move(extras), extras.tokenizer ? *extras.tokenizer : tok(), served);
       },
-      [](const std::string& n) {
+      [&store](const std::string& n) {
         try {
-          return serve::ModelName::parse(n).str();
+          return store.existing_name(serve::ModelName::parse(n)).str();  // FOO is the stored foo, loaded once
         } catch (const loom::Error& e) {
           throw serve::bad_request("model", e.what());
         }

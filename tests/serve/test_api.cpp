@@ -197,6 +197,29 @@ TEST(ModelStore, CopyOntoAnExistingNameRemovesTheReplacedModelsBlobs) {
   EXPECT_EQ(t.blobs(), 2u);  // b names them still
 }
 
+// Names match in any case, as ollama's getExistingName: My/Model finds, replaces, copies onto and removes
+// the stored my/model:v1, keeping its spelling; a name no model has is stored as given.
+TEST(ModelStore, NamesMatchInAnyCaseAndKeepTheStoredSpelling) {
+  TempStore t;
+  ModelStore store(t.dir.string());
+  store.put_model(ModelName::parse("my/Model:v1"), layers("weights one", "sys"));
+  const std::optional<StoredModel> m = store.get(ModelName::parse("MY/model:V1"));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->name.str(), "my/Model:v1");
+  EXPECT_EQ(store.existing_name(ModelName::parse("my/model:V1")).str(), "my/Model:v1");
+  EXPECT_EQ(store.existing_name(ModelName::parse("New")).str(), "New:latest");
+  store.put_model(ModelName::parse("MY/MODEL:v1"), layers("weights two", "sys"));  // replaces, not a second model
+  ASSERT_EQ(store.list().size(), 1u);
+  EXPECT_EQ(store.list()[0].name.str(), "my/Model:v1");
+  EXPECT_EQ(store.read_blob(store.list()[0].manifest.layers[0].digest), "weights two");
+  store.put_model(ModelName::parse("other"), layers("weights other", "sys"));
+  ASSERT_TRUE(store.copy(ModelName::parse("OTHER"), ModelName::parse("my/model:v1")));
+  ASSERT_EQ(store.list().size(), 2u);
+  EXPECT_EQ(store.read_blob(store.get(ModelName::parse("my/Model:v1"))->manifest.layers[0].digest), "weights other");
+  EXPECT_TRUE(store.remove(ModelName::parse("My/Model:V1")));
+  EXPECT_FALSE(store.get(ModelName::parse("my/Model:v1")).has_value());
+}
+
 TEST(Modelfile, QuotedValuesReadAsOllamasParserReadsThem) {
   const Modelfile mf = Modelfile::parse("\xEF\xBB\xBF" "FROM ./m\n"
                                         "SYSTEM \"\"\"Always answer \"yes\"\"\"\"\n"

@@ -280,8 +280,9 @@ std::optional<Manifest> ModelStore::replaced_manifest(const ModelName& name) con
   return std::nullopt;
 }
 
-StoredModel ModelStore::put_model(const ModelName& name, const std::vector<LayerSource>& layers) {
+StoredModel ModelStore::put_model(const ModelName& asked, const std::vector<LayerSource>& layers) {
   const StoreLock lock(root_);
+  const ModelName name = existing_name(asked);  // ollama: re-creating Foo over foo replaces foo
   collect_leftovers();
   const std::optional<Manifest> old = replaced_manifest(name);
   Manifest m;
@@ -292,7 +293,32 @@ StoredModel ModelStore::put_model(const ModelName& name, const std::vector<Layer
   return *get(name);
 }
 
-std::optional<StoredModel> ModelStore::get(const ModelName& name) const {
+ModelName ModelStore::existing_name(const ModelName& name) const {
+  std::error_code ec;
+  const fs::path base = fs::path(root_) / "manifests";
+  if (fs::is_regular_file(manifest_path(name), ec) || !fs::is_directory(base, ec)) return name;
+  const auto lower = [](std::string t) {
+    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return t;
+  };
+  const std::string want = lower(name.str());
+  std::vector<fs::path> files;
+  files_under(base, files);
+  std::sort(files.begin(), files.end());  // the first in name order, when two spellings are stored
+  for (const fs::path& file : files) {
+    const fs::path rel = file.lexically_relative(base);
+    const std::string text = rel.parent_path().generic_string() + ":" + rel.filename().string();
+    if (file.extension() == ".tmp" || lower(text) != want) continue;
+    try {
+      return ModelName::parse(text);
+    } catch (const loom::Error&) {
+    }
+  }
+  return name;
+}
+
+std::optional<StoredModel> ModelStore::get(const ModelName& asked) const {
+  const ModelName name = existing_name(asked);
   const std::string path = manifest_path(name);
   std::error_code ec;  // a name too long for the file system (ENAMETOOLONG) names no model
   if (!fs::is_regular_file(path, ec)) return std::nullopt;
@@ -333,8 +359,9 @@ bool ModelStore::copy(const ModelName& from, const ModelName& to) {
   collect_leftovers();
   const std::optional<StoredModel> m = get(from);
   if (!m) return false;
-  const std::optional<Manifest> old = replaced_manifest(to);
-  write_manifest(to, m->manifest);
+  const ModelName target = existing_name(to);
+  const std::optional<Manifest> old = replaced_manifest(target);
+  write_manifest(target, m->manifest);
   if (old) collect_garbage(&*old);  // the replaced model's blobs that nothing else names
   return true;
 }
@@ -342,7 +369,7 @@ bool ModelStore::copy(const ModelName& from, const ModelName& to) {
 bool ModelStore::remove(const ModelName& name) {
   const StoreLock lock(root_);
   collect_leftovers();
-  const fs::path path = manifest_path(name);
+  const fs::path path = manifest_path(existing_name(name));
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;  // a folder of models a/b/ is not the model a:b
   fs::remove(path, ec);

@@ -103,6 +103,10 @@ class ModelStore {
   // killed mid-write left.
   StoredModel put_model(const ModelName& name, const std::vector<LayerSource>& layers);
   std::optional<StoredModel> get(const ModelName& name) const;
+  // The stored spelling of name: names match in any case (ollama's
+  // getExistingName), so `FOO` finds, replaces or removes the model `foo`;
+  // name itself when no model matches.
+  ModelName existing_name(const ModelName& name) const;
   std::vector<StoredModel> list() const;  // sorted by name
   // to (replaced if present) names from's layers; false when from is
   // missing (checked under the lock: it may go between a caller's check and
