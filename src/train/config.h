@@ -43,6 +43,11 @@ struct TrainConfig {
   double min_lr = 6e-5;       // end of the cosine decay
   int64_t warmup_steps = 100;
   double weight_decay = 0.1;  // 2-D weights only (parallel/dp.h)
+  // AdamW's betas and epsilon (Megatron's adam_beta1 / adam_beta2 / adam_eps;
+  // Hugging Face's defaults are 0.9 / 0.999 / 1e-8).
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;   // GPT-3, nanoGPT, llm.c
+  double adam_eps = 1e-8;
   double grad_clip = 1.0;     // max global grad norm; 0 = no clipping
   std::string dtype = "fp32";      // fp32, or bf16 / fp16 mixed precision (DESIGN.md §6)
   // fp16 only: dynamic loss scaling (train/loss_scaler.h) starts at

@@ -44,6 +44,7 @@ ChunkOptions chunk_options(const RunConfig& cfg) {
     o.offload_dir = cfg.parallel.offload_dir;
   }
   o.adamw.weight_decay = cfg.train.weight_decay;
+  o.adamw.beta1 = cfg.train.adam_beta1, o.adamw.beta2 = cfg.train.adam_beta2, o.adamw.eps = cfg.train.adam_eps;
   o.seed = cfg.train.seed;
   o.pp_schedule = cfg.parallel.pp_schedule;
   o.micro_batches = cfg.train.grad_accum;  // a step's micro-batches are the pipeline's (Megatron)

@@ -272,6 +272,21 @@ TEST_F(TrainerTest, EvaluateShardsCoversEveryWindowOnce) {
   EXPECT_NEAR(r.loss, std::log(512.0), 0.5);  // an untrained model is near uniform
 }
 
+// train.adam_beta1 / adam_beta2 / adam_eps reach AdamW (Hugging Face's 0.999 here) and change the update.
+TEST_F(TrainerTest, AdamBetasAndEpsilonAreTheConfigs) {
+  RunConfig c = config();
+  test::TestContext a, b;
+  Trainer defaults(c, a.ctx());
+  c.train.adam_beta1 = 0.8, c.train.adam_beta2 = 0.999, c.train.adam_eps = 1e-6;
+  Trainer hf(c, b.ctx());
+  EXPECT_EQ(hf.optimizer().options().beta1, 0.8);
+  EXPECT_EQ(hf.optimizer().options().beta2, 0.999);
+  EXPECT_EQ(hf.optimizer().options().eps, 1e-6);
+  EXPECT_EQ(defaults.optimizer().options().beta2, 0.95);
+  defaults.step(), hf.step();
+  EXPECT_NE(defaults.step().loss, hf.step().loss);
+}
+
 // A MoE model whose capacity drops choices in training (capacity_factor 0.5) evaluates dropless: `loom eval`
 // and the in-training val loss equal the same weights' with capacity_factor 0 (what serving and transformers'
 // Mixtral compute), bit for bit, and differ from a training forward's.
