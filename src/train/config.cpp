@@ -60,12 +60,11 @@ class Value {
     return *v;
   }
   // A float or an integer in [lo, hi] (lo excluded when lo_open).
-  double number(double lo, bool lo_open, double hi = kInf, bool hi_open = false) const {
+  double number(double lo, bool lo_open, double hi = kInf) const {
     std::optional<double> v;
     if (node_ != nullptr && (node_->is_floating_point() || node_->is_integer())) v = node_->value<double>();
-    if (!v || !std::isfinite(*v) || *v < lo || (lo_open && *v == lo) || *v > hi || (hi_open && *v == hi))
-      invalid(concat("numbers ", lo_open ? "> " : ">= ", lo,
-                     hi < kInf ? concat(hi_open ? " and < " : " and <= ", hi) : ""));
+    if (!v || !std::isfinite(*v) || *v < lo || (lo_open && *v == lo) || *v > hi)
+      invalid(concat("numbers ", lo_open ? "> " : ">= ", lo, hi < kInf ? concat(" and <= ", hi) : ""));
     return *v;
   }
   bool boolean() const {
@@ -254,8 +253,8 @@ const std::vector<KeySpec>& base_key_specs() {
       {"train", "min_lr", [](R& c, const V& v) { c.train.min_lr = v.number(0, false, 10); }},
       {"train", "warmup_steps", [](R& c, const V& v) { c.train.warmup_steps = v.integer(0, kMaxSteps); }},
       {"train", "weight_decay", [](R& c, const V& v) { c.train.weight_decay = v.number(0, false, 10); }},
-      {"train", "adam_beta1", [](R& c, const V& v) { c.train.adam_beta1 = v.number(0, false, 1, true); }},
-      {"train", "adam_beta2", [](R& c, const V& v) { c.train.adam_beta2 = v.number(0, false, 1, true); }},
+      {"train", "adam_beta1", [](R& c, const V& v) { c.train.adam_beta1 = v.number(0, false, 0.999999); }},
+      {"train", "adam_beta2", [](R& c, const V& v) { c.train.adam_beta2 = v.number(0, false, 0.999999); }},
       {"train", "adam_eps", [](R& c, const V& v) { c.train.adam_eps = v.number(0, true, 1); }},
       {"train", "grad_clip", [](R& c, const V& v) { c.train.grad_clip = v.number(0, false, 1e6); }},
       {"train", "dtype", [](R& c, const V& v) { c.train.dtype = v.choice(kPrecisionNames); }},
@@ -462,7 +461,6 @@ RunConfig apply_all(const Parsed& p) {
   return c;
 }
 
-// Constraints across keys, checked once every key is set.
 }  // namespace
 
 RunConfig parse_run_config(std::string_view toml_text, const std::string& source,

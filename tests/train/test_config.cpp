@@ -352,7 +352,7 @@ TEST(RunConfigErrors, NumericKeysPastTheirUpperBoundNameTheBound) {
       {"train.grad_accum=2000000", "integers >= 1 and <= 1048576"},
       {"train.global_batch=2000000000000", "integers >= 0 and <= 1099511627776"},
       {"train.weight_decay=100", "numbers >= 0 and <= 10"},
-      {"train.adam_beta2=1", "train.adam_beta2 = 1 is invalid: allowed values are numbers >= 0 and < 1"},
+      {"train.adam_beta2=1", "train.adam_beta2 = 1 is invalid: allowed values are numbers >= 0 and <= 0.999999"},
       {"train.adam_eps=0", "numbers > 0 and <= 1"},
       {"train.grad_clip=1e7", "numbers >= 0 and <= 1e+06"},
       {"train.loss_scale=1e30", "numbers > 0 and <= 1e+20"},
