@@ -79,8 +79,9 @@ struct SampleRow {
   std::function<void(std::vector<uint8_t>&)> allowed_of{};
   // Tokens never drawn on top of the mask (min_tokens: the stop tokens, as
   // vLLM's MinTokensLogitsProcessor sets them to -inf, greedy too), unless
-  // they are all the mask leaves: a grammar that allows only an end token
-  // ends the output. Logprobs stay the model's own.
+  // they are all the mask leaves (a complete grammar allows only its end
+  // tokens: one is drawn, and before min_tokens the next step draws again).
+  // Logprobs stay the model's own.
   std::vector<int32_t> banned{};
 };
 

@@ -182,10 +182,14 @@ ModelConfig llama_from_hf_json(const Keys& k, bool mixtral) {
   if (!mixtral) return c;
   c.n_expert = k.integer("num_local_experts"), c.top_k = k.integer("num_experts_per_tok");
   c.capacity_factor = k.has("capacity_factor") ? k.number("capacity_factor") : 0.f;  // transformers: dropless
-  if (k.has("aux_loss_coef")) {  // loom's own coefficient, as loom wrote it (exact)
+  // loom's own coefficient, as loom writes it (exact); a config.json loom wrote before it wrote that key (it has
+  // loom's routing_group) holds loom's value under transformers' name; another's is converted.
+  if (k.has("aux_loss_coef")) {
     c.aux_loss_coef = k.number("aux_loss_coef");
   } else if (k.has("router_aux_loss_coef")) {
-    c.aux_loss_coef = loom_aux_loss_coef(k.number("router_aux_loss_coef"), c);
+    const double coef = k.number("router_aux_loss_coef");
+    const bool older_loom = k.has("routing_group") || c.n_moe_layers() == 0;
+    c.aux_loss_coef = older_loom ? static_cast<float>(coef) : loom_aux_loss_coef(coef, c);
   }
   // loom's training-only MoE keys, which change no output.
   k.maybe("z_loss_coef", c.z_loss_coef, &Keys::number), k.maybe("routing_group", c.routing_group, &Keys::integer);

@@ -152,16 +152,19 @@ TEST(MoeExport, MixtralNamesAndConfigRoundTripBitwise) {
 }
 
 // transformers' router_aux_loss_coef weighs one balancing loss over every layer at once (k when balanced);
-// loom's aux_loss_coef each MoE layer's (1 when balanced): loom's = transformers' x k / L both ways, and
-// loom's own key, when it wrote one, is read exactly.
+// loom's aux_loss_coef each MoE layer's (1 when balanced): loom's = transformers' x k / L both ways; loom's
+// own key is read exactly, and a config.json loom wrote before it had that key keeps loom's value.
 TEST(MoeExport, TheBalancingCoefficientIsConvertedToTransformersMeaning) {
   ModelConfig cfg = model_preset("llama-tiny");
   cfg.n_layer = 8, cfg.n_expert = 8, cfg.top_k = 2, cfg.aux_loss_coef = 0.005f;
   nlohmann::json hf = hf_config_to_json(cfg);
   EXPECT_FLOAT_EQ(hf["router_aux_loss_coef"].get<float>(), 0.005f * 8 / 2);
   EXPECT_EQ(model_config_from_hf_json(hf, "config.json").aux_loss_coef, 0.005f);
-  hf.erase("aux_loss_coef");  // a Mixtral config.json from elsewhere (Mixtral-8x7B: 0.02, 32 layers, top 2)
-  hf["num_hidden_layers"] = 32, hf["router_aux_loss_coef"] = 0.02;
+  hf.erase("aux_loss_coef");  // as loom wrote config.json before: its own value under transformers' name
+  hf["router_aux_loss_coef"] = 0.005;
+  EXPECT_EQ(model_config_from_hf_json(hf, "config.json").aux_loss_coef, 0.005f);
+  for (const char* key : {"routing_group", "z_loss_coef", "capacity_factor"}) hf.erase(key);
+  hf["num_hidden_layers"] = 32, hf["router_aux_loss_coef"] = 0.02;  // Mixtral-8x7B's: 32 layers, top 2
   EXPECT_FLOAT_EQ(model_config_from_hf_json(hf, "config.json").aux_loss_coef, 0.02f * 2 / 32);
 }
 

@@ -242,7 +242,7 @@ HttpResponse OllamaApi::create(const HttpRequest& req) {
 HttpResponse OllamaApi::remove(const HttpRequest& req) {
   const json body = parse_body(req.body);
   const std::string text = required_string(body, "model", "name");
-  const ModelName name = model_name_of(text);
+  const ModelName name = store().existing_name(model_name_of(text));  // as loaded: its stored spelling
   if (!store().remove(name)) throw not_found(text);
   models_.unload(name.str());  // if loaded: goes when idle
   HttpResponse r;
