@@ -252,24 +252,22 @@ void bench_serving_linear(Pools& pools, const KernelBenchOptions& opts, const ch
 // counts 2 M N K; GB/s counts w's bytes once, as linear_invariant's does.
 constexpr ServingLinear kQuantLinears[] = {{"fc", kC, 4 * kC}, {"mlp_proj", 4 * kC, kC}};
 constexpr int64_t kQuantRows[] = {1, 4, 8, 64, 512};
-constexpr kernels::QuantType kQuantTypes[] = {kernels::QuantType::q8_0, kernels::QuantType::q4_0,
-                                              kernels::QuantType::q4_K, kernels::QuantType::q6_K};
+constexpr kernels::QuantType kQuantTypes[] = {
+    kernels::QuantType::q8_0, kernels::QuantType::q4_0, kernels::QuantType::q4_1, kernels::QuantType::q5_0,
+    kernels::QuantType::q5_1, kernels::QuantType::q2_K, kernels::QuantType::q3_K, kernels::QuantType::q4_K,
+    kernels::QuantType::q5_K, kernels::QuantType::q6_K};
 
-// Random block bytes with every f16 scale (the first field of q8_0, q4_0
-// and q4_K blocks, q4_K's second, q6_K's last) set to a small finite value.
+// Random block bytes with every f16 scale (kernels::quant_f16_offsets) set
+// to a small finite value.
 void fill_quantized(Tensor w, kernels::QuantType t) {
   fill_random_bytes(w, 12);
   const size_t bytes = kernels::quant_block_bytes(t), n = static_cast<size_t>(w.numel());
   const f16 scale = to_f16(1e-3f);
   auto* p = w.data_as<uint8_t>();
-  for (size_t off = 0; off < n; off += bytes) {
-    if (t == kernels::QuantType::q6_K) {
-      std::memcpy(p + off + bytes - sizeof scale, &scale, sizeof scale);
-    } else {
-      std::memcpy(p + off, &scale, sizeof scale);
-      if (t == kernels::QuantType::q4_K) std::memcpy(p + off + sizeof scale, &scale, sizeof scale);
-    }
-  }
+  size_t at[2];
+  const int fields = kernels::quant_f16_offsets(t, at);
+  for (size_t off = 0; off < n; off += bytes)
+    for (int i = 0; i < fields; ++i) std::memcpy(p + off + at[i], &scale, sizeof scale);
 }
 
 void bench_quant_linear(Pools& pools, const KernelBenchOptions& opts, kernels::QuantType type, const ServingLinear& l,

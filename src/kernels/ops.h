@@ -99,10 +99,10 @@ void linear_forward_invariant(Tensor y, const Tensor& x, const Tensor& w, const 
 // kernels/quant.h), never dequantized whole: the inference GEMV (N = 1) and
 // GEMM of a model loaded from a quantized file.
 // w: u8 (OC, quant_row_bytes(wtype, IC)), row n holding W's row n as blocks
-// of wtype (q8_0, q4_0, q4_K or q6_K); x: (N, IC) f32 (leading dims
-// flattened), IC a multiple of wtype's block size (32 or 256); bias: (OC)
-// f32 or undefined; y: (N, OC) f32.
-// Each row of x is quantized to quant_dot_type(wtype) (q8_0 or q8_K) by
+// of wtype (a weight type of quant.h: q8_0, q4_0, ..., q6_K); x: (N, IC)
+// f32 (leading dims flattened), IC a multiple of wtype's block size (32 or
+// 256); bias: (OC) f32 or undefined; y: (N, OC) f32.
+// Each row of x is quantized to quant_dot_type(wtype) (q8_0, q8_1 or q8_K) by
 // quantize_row, as llama.cpp does, then y[m][n] = vec_dot(wtype, W row n,
 // x row m) (+ bias[n], one f32 add): integer block sums (exact) scaled and
 // accumulated in f32 in block order (quant.h). So y's bits are those of that

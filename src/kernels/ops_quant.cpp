@@ -9,9 +9,9 @@ namespace {
 // w's type is a weight type, IC a whole number of its blocks and w's rows
 // exactly one row of IC values in it.
 void check_quantized_weight(const char* op, const Tensor& x, const Tensor& w, QuantType wtype) {
-  if (wtype == QuantType::q8_K)
-    op_fail(op, {{"x", x}, {"w", w}}, "wtype q8_K is an activation type, not a weight type (allowed: q8_0, q4_0, ",
-            "q4_K, q6_K)");
+  if (quant_is_activation_type(wtype))
+    op_fail(op, {{"x", x}, {"w", w}}, "wtype ", quant_name(wtype), " is an activation type, not a weight type ",
+            "(allowed: q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K)");
   if (w.dtype() != DType::u8)
     op_fail(op, {{"w", w}}, "w has dtype ", dtype_name(w.dtype()), ", expected u8 (the bytes of ", quant_name(wtype),
             " blocks)");

@@ -6,40 +6,135 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/quant_detail.h"
 
 namespace loom::kernels {
+namespace quant_detail {
+
+static float weighted_error(const float* x, const float* w, const uint8_t* L, int n, float scale, float min, bool use_mad) {
+  float err = 0;
+  for (int i = 0; i < n; ++i) {
+    float diff = scale * L[i] + min - x[i];
+    diff = use_mad ? std::fabs(diff) : diff * diff;
+    err += w[i] * diff;
+  }
+  return err;
+}
+
+// ggml-quants.c make_qkx2_quants: an affine fit x ~ scale * L - the_min of n
+// values to L in 0..nmax, minimising the weighted error (|.| if use_mad, else
+// squared) over nstep + 1 trial inverse scales (rmin + rdelta * is + nmax) /
+// (max - min), each refined by weighted least squares. Returns scale.
+float make_qkx2_quants(int n, const Qkx2Search& s, const float* x, const float* w, uint8_t* L, float* the_min) {
+  float min = x[0], max = x[0];
+  float sum_w = w[0];
+  float sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < min) min = x[i];
+    if (x[i] > max) max = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (min > 0) min = 0;
+  if (max == min) {
+    std::fill(L, L + n, uint8_t{0});
+    *the_min = -min;
+    return 0.f;
+  }
+  float iscale = s.nmax / (max - min);
+  float scale = 1 / iscale;
+  for (int i = 0; i < n; ++i) L[i] = static_cast<uint8_t>(clamp_int(nearest_int(iscale * (x[i] - min)), 0, s.nmax));
+  float best_error = weighted_error(x, w, L, n, scale, min, s.use_mad);
+  uint8_t Laux[kQK];
+  for (int is = 0; is <= s.nstep; ++is) {
+    iscale = (s.rmin + s.rdelta * is + s.nmax) / (max - min);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, s.nmax);
+      Laux[i] = static_cast<uint8_t>(l);
+      sum_l += w[i] * l;
+      sum_l2 += w[i] * l * l;
+      sum_xl += w[i] * l * x[i];
+    }
+    const float D = sum_w * sum_l2 - sum_l * sum_l;
+    if (!(D > 0)) continue;
+    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+    if (this_min > 0) {
+      this_min = 0;
+      this_scale = sum_xl / sum_l2;
+    }
+    const float cur_error = weighted_error(x, w, Laux, n, this_scale, this_min, s.use_mad);
+    if (cur_error < best_error) {
+      std::copy(Laux, Laux + n, L);
+      best_error = cur_error;
+      scale = this_scale;
+      min = this_min;
+    }
+  }
+  *the_min = -min;
+  return scale;
+}
+
 namespace {
 
-// Round to nearest, ties to even, for |f| <= 2^22: adding 1.5 * 2^23 leaves
-// the rounded value in the low mantissa bits (ggml-quants.c nearest_int).
-inline int nearest_int(float f) {
-  const float v = f + 12582912.f;
-  return static_cast<int>(std::bit_cast<uint32_t>(v) & 0x7fffffu) - 0x400000;
+void q4_K_pack_scales(const float* scales, const float* mins, float max_scale, float max_min, uint8_t* out) {
+  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+  for (int j = 0; j < kQKK / 32; ++j) {
+    // ggml stores nearest_int's int into a uint8_t before the min: modulo 256.
+    const auto ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+    const auto lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+    if (j < 4) {
+      out[j] = ls;
+      out[j + 4] = lm;
+    } else {
+      out[j + 4] = static_cast<uint8_t>((ls & 0xf) | ((lm & 0xf) << 4));
+      out[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+      out[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+    }
+  }
 }
 
-// ggml's C converts a float to int8_t with x86's cvttss2si and keeps the low
-// byte: truncation, modulo 256, and 0 for NaN or out of the int32 range
-// (0x80000000). Only a block whose scale's inverse overflows (max |x| below
-// about 1e-36) gets there, and then its f16 scale is 0 anyway.
-inline int8_t to_int8_as_x86(float v) {
-  if (!(std::fabs(v) < 2147483648.f)) return 0;
-  return static_cast<int8_t>(static_cast<int32_t>(v));
+}  // namespace
+
+void fit_k_super_block(const float* x, const Qkx2Search& search, uint8_t* L, f16* d, f16* dmin, uint8_t* scales) {
+  float weights[kQK], sub_scales[kQKK / 32], mins[kQKK / 32];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < kQKK / 32; ++j) {
+    const float* xs = x + kQK * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < kQK; ++l) sum_x2 += xs[l] * xs[l];
+    const float av_x = std::sqrt(sum_x2 / kQK);
+    for (int l = 0; l < kQK; ++l) weights[l] = av_x + std::fabs(xs[l]);
+    sub_scales[j] = make_qkx2_quants(kQK, search, xs, weights, L + kQK * j, &mins[j]);
+    if (sub_scales[j] > max_scale) max_scale = sub_scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  q4_K_pack_scales(sub_scales, mins, max_scale, max_min, scales);
+  *d = to_f16(max_scale / 63.f);
+  *dmin = to_f16(max_min / 63.f);
+  for (int j = 0; j < kQKK / 32; ++j) {
+    uint8_t sc, m;
+    q4_K_scale_min(j, scales, &sc, &m);
+    const float dj = from_f16(*d) * sc;
+    if (dj == 0.f) continue;  // keeps the fit's L, as ggml does
+    const float dm = from_f16(*dmin) * m;
+    for (int l = 0; l < kQK; ++l)
+      L[kQK * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[kQK * j + l] + dm) / dj), 0, search.nmax));
+  }
 }
 
-// to_int8_as_x86(roundf(v)) without the libm call: truncate, then step away
-// from zero when the (exact) remainder is at least one half.
-inline int8_t round_to_int8_as_x86(float v) {
-  if (!(std::fabs(v) < 2147483648.f)) return 0;
-  int32_t i = static_cast<int32_t>(v);
-  const float frac = v - static_cast<float>(i);
-  i += (frac >= 0.5f) - (frac <= -0.5f);
-  return static_cast<int8_t>(i);
-}
+}  // namespace quant_detail
 
-inline int clamp_int(int v, int lo, int hi) { return std::max(lo, std::min(hi, v)); }
+namespace {
+
+using namespace quant_detail;
+
 
 // ---- q8_0, q4_0 ------------------------------------------------------------
 
@@ -96,125 +191,11 @@ void dequantize_q4_0(const block_q4_0* x, float* y, int64_t nb) {
 
 // ---- q4_K ------------------------------------------------------------------
 
-// ggml-quants.c make_qkx2_quants: an affine fit x ~ scale * L - the_min of n
-// values to L in 0..nmax, minimising the weighted error (|.| if use_mad, else
-// squared) over nstep + 1 trial inverse scales (rmin + rdelta * is + nmax) /
-// (max - min), each refined by weighted least squares. Returns scale.
-struct Qkx2Search {
-  int nmax;
-  float rmin, rdelta;
-  int nstep;
-  bool use_mad;
-};
-
-float weighted_error(const float* x, const float* w, const uint8_t* L, int n, float scale, float min, bool use_mad) {
-  float err = 0;
-  for (int i = 0; i < n; ++i) {
-    float diff = scale * L[i] + min - x[i];
-    diff = use_mad ? std::fabs(diff) : diff * diff;
-    err += w[i] * diff;
-  }
-  return err;
-}
-
-float make_qkx2_quants(int n, const Qkx2Search& s, const float* x, const float* w, uint8_t* L, float* the_min) {
-  float min = x[0], max = x[0];
-  float sum_w = w[0];
-  float sum_x = sum_w * x[0];
-  for (int i = 1; i < n; ++i) {
-    if (x[i] < min) min = x[i];
-    if (x[i] > max) max = x[i];
-    sum_w += w[i];
-    sum_x += w[i] * x[i];
-  }
-  if (min > 0) min = 0;
-  if (max == min) {
-    std::fill(L, L + n, uint8_t{0});
-    *the_min = -min;
-    return 0.f;
-  }
-  float iscale = s.nmax / (max - min);
-  float scale = 1 / iscale;
-  for (int i = 0; i < n; ++i) L[i] = static_cast<uint8_t>(clamp_int(nearest_int(iscale * (x[i] - min)), 0, s.nmax));
-  float best_error = weighted_error(x, w, L, n, scale, min, s.use_mad);
-  uint8_t Laux[kQK];
-  for (int is = 0; is <= s.nstep; ++is) {
-    iscale = (s.rmin + s.rdelta * is + s.nmax) / (max - min);
-    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-    for (int i = 0; i < n; ++i) {
-      const int l = clamp_int(nearest_int(iscale * (x[i] - min)), 0, s.nmax);
-      Laux[i] = static_cast<uint8_t>(l);
-      sum_l += w[i] * l;
-      sum_l2 += w[i] * l * l;
-      sum_xl += w[i] * l * x[i];
-    }
-    const float D = sum_w * sum_l2 - sum_l * sum_l;
-    if (!(D > 0)) continue;
-    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-    if (this_min > 0) {
-      this_min = 0;
-      this_scale = sum_xl / sum_l2;
-    }
-    const float cur_error = weighted_error(x, w, Laux, n, this_scale, this_min, s.use_mad);
-    if (cur_error < best_error) {
-      std::copy(Laux, Laux + n, L);
-      best_error = cur_error;
-      scale = this_scale;
-      min = this_min;
-    }
-  }
-  *the_min = -min;
-  return scale;
-}
-
-void q4_K_pack_scales(const float* scales, const float* mins, float max_scale, float max_min, uint8_t* out) {
-  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-  for (int j = 0; j < kQKK / 32; ++j) {
-    // ggml stores nearest_int's int into a uint8_t before the min: modulo 256.
-    const auto ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
-    const auto lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
-    if (j < 4) {
-      out[j] = ls;
-      out[j + 4] = lm;
-    } else {
-      out[j + 4] = static_cast<uint8_t>((ls & 0xf) | ((lm & 0xf) << 4));
-      out[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
-      out[j] |= static_cast<uint8_t>((lm >> 4) << 6);
-    }
-  }
-}
-
-// One super-block: fit each sub-block of 32 (weights av_x + |x|), quantize
-// the 8 scales and 8 mins to 6 bits against their maxima, then requantize
-// every value against the rounded scales (ggml quantize_row_q4_K_ref).
+// One super-block (ggml quantize_row_q4_K_ref): fit_k_super_block's values
+// 0..15, nibbles of runs of 64.
 void quantize_q4_K_block(const float* x, block_q4_K* y) {
-  static constexpr Qkx2Search kSearch{15, -1.f, 0.1f, 20, false};
   uint8_t L[kQKK];
-  float weights[kQK], scales[kQKK / 32], mins[kQKK / 32];
-  float max_scale = 0, max_min = 0;
-  for (int j = 0; j < kQKK / 32; ++j) {
-    const float* xs = x + kQK * j;
-    float sum_x2 = 0;
-    for (int l = 0; l < kQK; ++l) sum_x2 += xs[l] * xs[l];
-    const float av_x = std::sqrt(sum_x2 / kQK);
-    for (int l = 0; l < kQK; ++l) weights[l] = av_x + std::fabs(xs[l]);
-    scales[j] = make_qkx2_quants(kQK, kSearch, xs, weights, L + kQK * j, &mins[j]);
-    if (scales[j] > max_scale) max_scale = scales[j];
-    if (mins[j] > max_min) max_min = mins[j];
-  }
-  q4_K_pack_scales(scales, mins, max_scale, max_min, y->scales);
-  y->d = to_f16(max_scale / 63.f);
-  y->dmin = to_f16(max_min / 63.f);
-  for (int j = 0; j < kQKK / 32; ++j) {
-    uint8_t sc, m;
-    q4_K_scale_min(j, y->scales, &sc, &m);
-    const float d = from_f16(y->d) * sc;
-    if (d == 0.f) continue;  // keeps the fit's L, as ggml does
-    const float dm = from_f16(y->dmin) * m;
-    for (int l = 0; l < kQK; ++l) L[kQK * j + l] = static_cast<uint8_t>(clamp_int(nearest_int((x[kQK * j + l] + dm) / d), 0, 15));
-  }
+  fit_k_super_block(x, Qkx2Search{15, -1.f, 0.1f, 20, false}, L, &y->d, &y->dmin, y->scales);
   for (int r = 0; r < 4; ++r)
     for (int l = 0; l < kQK; ++l) y->qs[kQK * r + l] = static_cast<uint8_t>(L[64 * r + l] | (L[64 * r + l + 32] << 4));
 }
@@ -389,7 +370,15 @@ void require_blocks(const char* op, QuantType t, int64_t n) {
 }  // namespace
 
 int64_t quant_block_size(QuantType t) {
-  return t == QuantType::q8_0 || t == QuantType::q4_0 ? kQK : kQKK;
+  switch (t) {
+    case QuantType::q8_0:
+    case QuantType::q4_0:
+    case QuantType::q4_1:
+    case QuantType::q5_0:
+    case QuantType::q5_1:
+    case QuantType::q8_1: return kQK;
+    default: return kQKK;
+  }
 }
 
 size_t quant_block_bytes(QuantType t) {
@@ -399,6 +388,13 @@ size_t quant_block_bytes(QuantType t) {
     case QuantType::q4_K: return sizeof(block_q4_K);
     case QuantType::q6_K: return sizeof(block_q6_K);
     case QuantType::q8_K: return sizeof(block_q8_K);
+    case QuantType::q4_1: return sizeof(block_q4_1);
+    case QuantType::q5_0: return sizeof(block_q5_0);
+    case QuantType::q5_1: return sizeof(block_q5_1);
+    case QuantType::q2_K: return sizeof(block_q2_K);
+    case QuantType::q3_K: return sizeof(block_q3_K);
+    case QuantType::q5_K: return sizeof(block_q5_K);
+    case QuantType::q8_1: return sizeof(block_q8_1);
   }
   LOOM_CHECK(false, "unknown quant type ", static_cast<int>(t));
 }
@@ -410,6 +406,13 @@ std::string_view quant_name(QuantType t) {
     case QuantType::q4_K: return "q4_K";
     case QuantType::q6_K: return "q6_K";
     case QuantType::q8_K: return "q8_K";
+    case QuantType::q4_1: return "q4_1";
+    case QuantType::q5_0: return "q5_0";
+    case QuantType::q5_1: return "q5_1";
+    case QuantType::q2_K: return "q2_K";
+    case QuantType::q3_K: return "q3_K";
+    case QuantType::q5_K: return "q5_K";
+    case QuantType::q8_1: return "q8_1";
   }
   LOOM_CHECK(false, "unknown quant type ", static_cast<int>(t));
 }
@@ -419,15 +422,37 @@ size_t quant_row_bytes(QuantType t, int64_t n) {
   return static_cast<size_t>(n / quant_block_size(t)) * quant_block_bytes(t);
 }
 
+int quant_f16_offsets(QuantType t, size_t (&offsets)[2]) {
+  offsets[0] = 0, offsets[1] = 2;  // d, then the second f16 of the 32-value types and q4_K / q5_K
+  switch (t) {
+    case QuantType::q8_0:
+    case QuantType::q4_0:
+    case QuantType::q5_0: return 1;
+    case QuantType::q6_K: return offsets[0] = offsetof(block_q6_K, d), 1;
+    case QuantType::q3_K: return offsets[0] = offsetof(block_q3_K, d), 1;
+    case QuantType::q2_K: return offsets[0] = offsetof(block_q2_K, d), offsets[1] = offsetof(block_q2_K, dmin), 2;
+    case QuantType::q8_K: return 0;
+    default: return 2;  // q4_1, q5_1, q8_1, q4_K, q5_K
+  }
+}
+
+bool quant_is_activation_type(QuantType t) { return t == QuantType::q8_K || t == QuantType::q8_1; }
+
+bool quant_can_write(QuantType t) { return t != QuantType::q3_K; }
+
 QuantType quant_dot_type(QuantType weight) {
   switch (weight) {
     case QuantType::q8_0:
-    case QuantType::q4_0: return QuantType::q8_0;
-    case QuantType::q4_K:
-    case QuantType::q6_K: return QuantType::q8_K;
-    case QuantType::q8_K: break;
+    case QuantType::q4_0:
+    case QuantType::q5_0: return QuantType::q8_0;
+    case QuantType::q4_1:
+    case QuantType::q5_1: return QuantType::q8_1;
+    case QuantType::q8_K:
+    case QuantType::q8_1:
+      fail("quant_dot_type: ", quant_name(weight), " is an activation type, not a weight type (allowed: q8_0, ",
+           "q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K)");
+    default: return QuantType::q8_K;
   }
-  fail("quant_dot_type: q8_K is an activation type, not a weight type (allowed: q8_0, q4_0, q4_K, q6_K)");
 }
 
 void quantize_row(QuantType t, const float* x, void* blocks, int64_t n) {
@@ -446,6 +471,9 @@ void quantize_row(QuantType t, const float* x, void* blocks, int64_t n) {
       for (int64_t i = 0; i < nb; ++i) quantize_q6_K_block(x + kQKK * i, static_cast<block_q6_K*>(blocks) + i);
       return;
     case QuantType::q8_K: return quantize_q8_K(x, static_cast<block_q8_K*>(blocks), nb);
+    default:
+      LOOM_REQUIRE(quantize_more(t, x, blocks, nb), "quantize_row: loom reads ", quant_name(t),
+                   " but does not write it (llama-quantize does)");
   }
 }
 
@@ -458,6 +486,7 @@ void dequantize_row(QuantType t, const void* blocks, float* y, int64_t n) {
     case QuantType::q4_K: return dequantize_q4_K(static_cast<const block_q4_K*>(blocks), y, nb);
     case QuantType::q6_K: return dequantize_q6_K(static_cast<const block_q6_K*>(blocks), y, nb);
     case QuantType::q8_K: return dequantize_q8_K(static_cast<const block_q8_K*>(blocks), y, nb);
+    default: LOOM_CHECK(dequantize_more(t, blocks, y, nb), "dequantize_row: unknown type ", quant_name(t));
   }
 }
 

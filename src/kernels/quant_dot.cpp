@@ -2,6 +2,8 @@
 // formulas). The integer loops are written for the compiler to vectorise.
 #include "kernels/quant.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace loom::kernels {
@@ -97,6 +99,129 @@ float vec_dot_q6_K_q8_K(const block_q6_K* x, const block_q8_K* y, int64_t n) {
   return s;
 }
 
+namespace {
+
+// A q5_0 / q5_1 block's 32 values (0..31) from its nibbles and fifth bits.
+template <class Block>
+void unpack5(const Block& x, int8_t* q) {
+  uint32_t qh;
+  std::memcpy(&qh, x.qh, sizeof qh);
+  for (int j = 0; j < kQK / 2; ++j) {
+    q[j] = static_cast<int8_t>((x.qs[j] & 0xf) | ((qh >> j) & 1) << 4);
+    q[j + kQK / 2] = static_cast<int8_t>((x.qs[j] >> 4) | ((qh >> (j + kQK / 2)) & 1) << 4);
+  }
+}
+
+}  // namespace
+
+float vec_dot_q5_0_q8_0(const block_q5_0* x, const block_q8_0* y, int64_t n) {
+  float s = 0;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    int8_t q[kQK];
+    unpack5(x[i], q);
+    int isum = 0;
+    for (int j = 0; j < kQK; ++j) isum += (q[j] - 16) * y[i].qs[j];
+    s += static_cast<float>(isum) * (from_f16(x[i].d) * from_f16(y[i].d));
+  }
+  return s;
+}
+
+namespace {
+
+// s += (dx * dy) * isum + mx * sy over blocks whose values are q (0..31).
+template <class Block, class Unpack>
+float dot_with_min(const Block* x, const block_q8_1* y, int64_t n, Unpack unpack) {
+  float s = 0;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    int8_t q[kQK];
+    unpack(x[i], q);
+    int isum = 0;
+    for (int j = 0; j < kQK; ++j) isum += q[j] * y[i].qs[j];
+    s += (from_f16(x[i].d) * from_f16(y[i].d)) * static_cast<float>(isum) + from_f16(x[i].m) * from_f16(y[i].s);
+  }
+  return s;
+}
+
+}  // namespace
+
+float vec_dot_q4_1_q8_1(const block_q4_1* x, const block_q8_1* y, int64_t n) {
+  return dot_with_min(x, y, n, [](const block_q4_1& b, int8_t* q) {
+    for (int j = 0; j < kQK / 2; ++j) {
+      q[j] = static_cast<int8_t>(b.qs[j] & 0xf);
+      q[j + kQK / 2] = static_cast<int8_t>(b.qs[j] >> 4);
+    }
+  });
+}
+
+float vec_dot_q5_1_q8_1(const block_q5_1* x, const block_q8_1* y, int64_t n) {
+  return dot_with_min(x, y, n, [](const block_q5_1& b, int8_t* q) { unpack5(b, q); });
+}
+
+float vec_dot_q2_K_q8_K(const block_q2_K* x, const block_q8_K* y, int64_t n) {
+  float s = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    int isum = 0, msum = 0;
+    for (int j = 0; j < kQKK / 16; ++j) {
+      // sub-block j: values 128h + 32k + 16 half + l, bits 2k of qs[32h + 16 half + l]
+      const int h = j / 8, k = j % 8 / 2, half = j % 2;
+      const uint8_t* q = x[i].qs + 32 * h + 16 * half;
+      const int8_t* qy = y[i].qs + 16 * j;
+      int sub = 0;
+      for (int l = 0; l < 16; ++l) sub += ((q[l] >> (2 * k)) & 3) * qy[l];
+      isum += (x[i].scales[j] & 0xf) * sub;
+      msum += (x[i].scales[j] >> 4) * y[i].bsums[j];
+    }
+    const float d = from_f16(x[i].d) * y[i].d;
+    const float dmin = from_f16(x[i].dmin) * y[i].d;
+    s += d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+  }
+  return s;
+}
+
+float vec_dot_q3_K_q8_K(const block_q3_K* x, const block_q8_K* y, int64_t n) {
+  float s = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    uint8_t sc[16];
+    q3_K_scales(x[i].scales, sc);
+    int isum = 0;
+    for (int j = 0; j < kQKK / 16; ++j) {
+      const int h = j / 8, k = j % 8 / 2, half = j % 2;
+      const uint8_t* q = x[i].qs + 32 * h + 16 * half;
+      const uint8_t* hm = x[i].hmask + 16 * half;
+      const int8_t* qy = y[i].qs + 16 * j;
+      int sub = 0;
+      for (int l = 0; l < 16; ++l) sub += (((q[l] >> (2 * k)) & 3) + 4 * ((hm[l] >> (4 * h + k)) & 1) - 4) * qy[l];
+      isum += (sc[j] - 32) * sub;
+    }
+    s += (from_f16(x[i].d) * y[i].d) * static_cast<float>(isum);
+  }
+  return s;
+}
+
+float vec_dot_q5_K_q8_K(const block_q5_K* x, const block_q8_K* y, int64_t n) {
+  float s = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    int isum = 0, msum = 0;
+    for (int j = 0; j < kQKK / 32; ++j) {
+      uint8_t sc, m;
+      q4_K_scale_min(j, x[i].scales, &sc, &m);
+      const uint8_t* ql = x[i].qs + kQK * (j / 2);
+      const int8_t* qy = y[i].qs + kQK * j;
+      int sub = 0;
+      for (int l = 0; l < kQK; ++l) {
+        const int low = j % 2 == 0 ? ql[l] & 0xf : ql[l] >> 4;
+        sub += (low | ((x[i].qh[l] >> j) & 1) << 4) * qy[l];
+      }
+      isum += sc * sub;
+      msum += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    }
+    const float d = from_f16(x[i].d) * y[i].d;
+    const float dmin = from_f16(x[i].dmin) * y[i].d;
+    s += d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+  }
+  return s;
+}
+
 float vec_dot(QuantType weight, const void* w, const void* a, int64_t n) {
   LOOM_REQUIRE(n >= 0 && n % quant_block_size(weight) == 0, "vec_dot ", quant_name(weight), ": ", n,
                " values is not a multiple of the block size ", quant_block_size(weight));
@@ -105,9 +230,16 @@ float vec_dot(QuantType weight, const void* w, const void* a, int64_t n) {
     case QuantType::q4_0: return vec_dot_q4_0_q8_0(static_cast<const block_q4_0*>(w), static_cast<const block_q8_0*>(a), n);
     case QuantType::q4_K: return vec_dot_q4_K_q8_K(static_cast<const block_q4_K*>(w), static_cast<const block_q8_K*>(a), n);
     case QuantType::q6_K: return vec_dot_q6_K_q8_K(static_cast<const block_q6_K*>(w), static_cast<const block_q8_K*>(a), n);
-    case QuantType::q8_K: break;
+    case QuantType::q5_0: return vec_dot_q5_0_q8_0(static_cast<const block_q5_0*>(w), static_cast<const block_q8_0*>(a), n);
+    case QuantType::q4_1: return vec_dot_q4_1_q8_1(static_cast<const block_q4_1*>(w), static_cast<const block_q8_1*>(a), n);
+    case QuantType::q5_1: return vec_dot_q5_1_q8_1(static_cast<const block_q5_1*>(w), static_cast<const block_q8_1*>(a), n);
+    case QuantType::q2_K: return vec_dot_q2_K_q8_K(static_cast<const block_q2_K*>(w), static_cast<const block_q8_K*>(a), n);
+    case QuantType::q3_K: return vec_dot_q3_K_q8_K(static_cast<const block_q3_K*>(w), static_cast<const block_q8_K*>(a), n);
+    case QuantType::q5_K: return vec_dot_q5_K_q8_K(static_cast<const block_q5_K*>(w), static_cast<const block_q8_K*>(a), n);
+    case QuantType::q8_K:
+    case QuantType::q8_1: break;
   }
-  fail("vec_dot: q8_K is an activation type, not a weight type (allowed: q8_0, q4_0, q4_K, q6_K)");
+  fail("vec_dot: ", quant_name(weight), " is an activation type, not a weight type");
 }
 
 }  // namespace loom::kernels

@@ -26,7 +26,9 @@ namespace {
 
 using test::expect_error;
 
-constexpr QuantType kWeightTypes[] = {QuantType::q8_0, QuantType::q4_0, QuantType::q4_K, QuantType::q6_K};
+constexpr QuantType kWeightTypes[] = {QuantType::q8_0, QuantType::q4_0, QuantType::q4_K, QuantType::q6_K,
+                                      QuantType::q4_1, QuantType::q5_0, QuantType::q5_1, QuantType::q2_K,
+                                      QuantType::q3_K, QuantType::q5_K};
 
 std::vector<float> gaussian(size_t n, std::mt19937& rng, float sigma) {
   std::normal_distribution<float> dist(0.f, sigma);
@@ -35,8 +37,12 @@ std::vector<float> gaussian(size_t n, std::mt19937& rng, float sigma) {
   return v;
 }
 
-// OC rows of IC values quantized to type t: rows of different magnitudes.
+std::vector<uint8_t> random_weight_bytes(QuantType t, int64_t OC, int64_t IC, std::mt19937& rng);
+
+// OC rows of IC values quantized to type t: rows of different magnitudes
+// (q3_K, which loom does not write: random blocks).
 std::vector<uint8_t> quantized_weight(QuantType t, int64_t OC, int64_t IC, std::mt19937& rng) {
+  if (!quant_can_write(t)) return random_weight_bytes(t, OC, IC, rng);
   const size_t row = quant_row_bytes(t, IC);
   std::vector<uint8_t> w(row * static_cast<size_t>(OC));
   for (int64_t n = 0; n < OC; ++n) {
@@ -60,12 +66,8 @@ std::vector<uint8_t> random_weight_bytes(QuantType t, int64_t OC, int64_t IC, st
   const size_t bytes = quant_block_bytes(t);
   for (size_t off = 0; off < w.size(); off += bytes) {
     uint8_t* b = w.data() + off;
-    if (t == QuantType::q6_K) {
-      set(b + offsetof(block_q6_K, d));
-    } else {
-      set(b);                                                // d
-      if (t == QuantType::q4_K) set(b + offsetof(block_q4_K, dmin));
-    }
+    size_t at[2];
+    for (int i = 0, n = quant_f16_offsets(t, at); i < n; ++i) set(b + at[i]);
   }
   return w;
 }

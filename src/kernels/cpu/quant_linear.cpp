@@ -28,6 +28,14 @@
 //   q6_K . q8_K: 6-bit q (0..63) times y (pairs <= 16002), times the signed
 //     scale; minus 32 * sum_j scale_j * bsums_j (q - 32 without a signed
 //     unpack).
+//   q5_K . q8_K: q4_K's with the fifth bit ORed into each nibble (0..31,
+//     pairs <= 7874); q5_0 . q8_0: q4_0's with 16 for 8.
+//   q4_1, q5_1 . q8_1: q (0..31) times y in int16 pairs, then int32; the
+//     min times q8_1's s is the float step's second term.
+//   q2_K . q8_K: q (0..3) times y, times the 4-bit scale (pairs <= 768);
+//     the 4-bit mins against bsums as q4_K's.
+//   q3_K . q8_K: q + 4 (0..7) times y, times the signed scale (sc - 32);
+//     minus 4 * sum_j scale_j * bsums_j, as q6_K's offset.
 // The generic level calls the reference dot products themselves.
 #include <omp.h>
 
@@ -38,18 +46,11 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define LOOM_QUANT_AVX2 1
-#include <immintrin.h>
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define LOOM_QUANT_VNNI 1
-#endif
-#endif
-
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/linear_amx.h"
 #include "kernels/cpu/quant_prefill.h"
 #include "kernels/cpu/quant_prefill_run.h"
+#include "kernels/cpu/quant_tile.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/quant.h"
@@ -57,224 +58,17 @@
 namespace loom::kernels::cpu::LOOM_ISA {
 namespace {
 
-constexpr int kPairs = 8;  // outputs per tile: one per f32 lane
-
-// Per weight type: the blocks, the reference dot product and (vector
-// levels) the unpacked weight block, its integer sums against one
-// activation block and the block's float step over a tile's 8 lanes.
-struct Q8_0 {
-  using W = block_q8_0;
-  using A = block_q8_0;
-  static constexpr int64_t kBlock = kQK;
-  static float reference(const W* w, const A* a, int64_t n) { return vec_dot_q8_0_q8_0(w, a, n); }
-};
-struct Q4_0 {
-  using W = block_q4_0;
-  using A = block_q8_0;
-  static constexpr int64_t kBlock = kQK;
-  static float reference(const W* w, const A* a, int64_t n) { return vec_dot_q4_0_q8_0(w, a, n); }
-};
-struct Q4_K {
-  using W = block_q4_K;
-  using A = block_q8_K;
-  static constexpr int64_t kBlock = kQKK;
-  static float reference(const W* w, const A* a, int64_t n) { return vec_dot_q4_K_q8_K(w, a, n); }
-};
-struct Q6_K {
-  using W = block_q6_K;
-  using A = block_q8_K;
-  static constexpr int64_t kBlock = kQKK;
-  static float reference(const W* w, const A* a, int64_t n) { return vec_dot_q6_K_q8_K(w, a, n); }
-};
+using namespace quant_tile;
 
 #if defined(LOOM_QUANT_AVX2)
 
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-// Lane p of the sum of each v[p]'s 8 lanes (integer adds: exact in any
-// order). A transposing tree of blends and one shuffle per step (7 shuffles
-// where hadd takes 14: the shuffle port is this kernel's bottleneck).
-inline __m256i hsum8(const __m256i (&v)[kPairs]) {
-  const auto swap32 = [](__m256i x) { return _mm256_shuffle_epi32(x, _MM_SHUFFLE(2, 3, 0, 1)); };
-  const auto swap64 = [](__m256i x) { return _mm256_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 3, 2)); };
-  // Odd lanes of b, even of a: lanes [a, b, a, b, ...] hold partial sums.
-  const auto pair32 = [&](__m256i a, __m256i b) {
-    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xaa), swap32(_mm256_blend_epi32(b, a, 0xaa)));
-  };
-  const auto pair64 = [&](__m256i a, __m256i b) {
-    return _mm256_add_epi32(_mm256_blend_epi32(a, b, 0xcc), swap64(_mm256_blend_epi32(b, a, 0xcc)));
-  };
-  const __m256i lo = pair64(pair32(v[0], v[1]), pair32(v[2], v[3]));  // [v0 v1 v2 v3 | v0 v1 v2 v3]
-  const __m256i hi = pair64(pair32(v[4], v[5]), pair32(v[6], v[7]));
-  return _mm256_add_epi32(_mm256_blend_epi32(lo, hi, 0xf0), _mm256_permute2x128_si256(lo, hi, 0x21));
-}
-
-// Sum of w[i] * y[i] over 32 signed bytes (in 8 int32 lanes), w_abs = |w|.
-inline __m256i dot_s8(__m256i w_abs, __m256i w, __m256i y) {
-  const __m256i sy = _mm256_sign_epi8(y, w);
-#if defined(LOOM_QUANT_VNNI)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_abs, sy);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, sy), _mm256_set1_epi16(1));
-#endif
-}
-
-// Lane p = a weight row's f16 (row p % C) widened, an activation row's f16
-// (p / C) widened, or its f32.
-template <int C, typename Get>
-inline __m256 w_lanes(Get get) {
-  return _mm256_cvtph_ps(_mm_setr_epi16(get(0 % C).bits, get(1 % C).bits, get(2 % C).bits, get(3 % C).bits,
-                                        get(4 % C).bits, get(5 % C).bits, get(6 % C).bits, get(7 % C).bits));
-}
-template <int C, typename Get>
-inline __m256 a_lanes_f16(Get get) {
-  return _mm256_cvtph_ps(_mm_setr_epi16(get(0 / C).bits, get(1 / C).bits, get(2 / C).bits, get(3 / C).bits,
-                                        get(4 / C).bits, get(5 / C).bits, get(6 / C).bits, get(7 / C).bits));
-}
-template <int C, typename Get>
-inline __m256 a_lanes_f32(Get get) {
-  return _mm256_setr_ps(get(0 / C), get(1 / C), get(2 / C), get(3 / C), get(4 / C), get(5 / C), get(6 / C),
-                        get(7 / C));
-}
-
-// s += isum * (dw * da), lane by lane (q8_0 and q4_0).
-template <class Q, int R, int C>
-inline __m256 step_d(__m256 s, __m256i isum, const typename Q::W* const* w, const typename Q::A* const* a,
-                     int64_t b) {
-  const __m256 dw = w_lanes<C>([&](int j) { return w[j][b].d; });
-  const __m256 da = a_lanes_f16<C>([&](int i) { return a[i][b].d; });
-  return _mm256_add_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, da)));
-}
-
-struct Q8_0Simd : Q8_0 {
-  struct Unpacked {
-    __m256i w, w_abs;
-  };
-  static Unpacked unpack(const W& x) {
-    const __m256i w = load256(x.qs);
-    return {w, _mm256_abs_epi8(w)};
-  }
-  static __m256i dot(const Unpacked& u, const A& y, __m256i*) { return dot_s8(u.w_abs, u.w, load256(y.qs)); }
-  template <int R, int C>
-  static __m256 step(__m256 s, __m256i isum, __m256i, const W* const* w, const A* const* a, int64_t b) {
-    return step_d<Q8_0Simd, R, C>(s, isum, w, a, b);
-  }
-};
-
-// q4_0's nibbles q (0..15) as the unsigned side as they are, the offset
-// taken back in int16: (q0 y0 + q1 y1) - (8 y0 + 8 y1) per pair, exact (the
-// second vpmaddubsw depends on y alone, shared by a tile's rows of W).
-struct Q4_0Simd : Q4_0 {
-  struct Unpacked {
-    __m256i q;
-  };
-  static Unpacked unpack(const W& x) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs));
-    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf))};
-  }
-  static __m256i dot(const Unpacked& u, const A& y, __m256i*) {
-    const __m256i yv = load256(y.qs);
-    const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(u.q, yv), _mm256_maddubs_epi16(_mm256_set1_epi8(8), yv));
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-  }
-  template <int R, int C>
-  static __m256 step(__m256 s, __m256i isum, __m256i, const W* const* w, const A* const* a, int64_t b) {
-    return step_d<Q4_0Simd, R, C>(s, isum, w, a, b);
-  }
-};
-
-struct Q4_KSimd : Q4_K {
-  struct Unpacked {
-    __m256i q[8];      // sub-block j's 32 nibbles
-    __m256i mins;      // m[j] at int16 lanes 2j and 2j + 1 (against bsums)
-    int16_t sc[8];
-  };
-  // quant.h's scale and min unpacking, four bytes at a time.
-  static Unpacked unpack(const W& x) {
-    Unpacked u;
-    uint32_t s[3];
-    std::memcpy(s, x.scales, sizeof s);
-    const uint32_t sc[2] = {s[0] & 0x3f3f3f3fu, (s[2] & 0x0f0f0f0fu) | ((s[0] >> 6) & 0x03030303u) << 4};
-    const uint32_t m[2] = {s[1] & 0x3f3f3f3fu, ((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 6) & 0x03030303u) << 4};
-    uint8_t scb[8], mb[8];
-    std::memcpy(scb, sc, 8);
-    std::memcpy(mb, m, 8);
-    for (int j = 0; j < 8; ++j) u.sc[j] = scb[j];
-    const __m128i m8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mb));
-    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    u.mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(m8, dup));
-    const __m256i m4 = _mm256_set1_epi8(0xf);
-    for (int r = 0; r < 4; ++r) {
-      const __m256i raw = load256(x.qs + 32 * r);
-      u.q[2 * r] = _mm256_and_si256(raw, m4);
-      u.q[2 * r + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    }
-    return u;
-  }
-  static __m256i dot(const Unpacked& u, const A& y, __m256i* msum) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const __m256i p = _mm256_maddubs_epi16(u.q[j], load256(y.qs + 32 * j));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(u.sc[j])));
-    }
-    *msum = _mm256_madd_epi16(load256(y.bsums), u.mins);
-    return acc;
-  }
-  // s += (dw * da) * isum - (dminw * da) * msum
-  template <int R, int C>
-  static __m256 step(__m256 s, __m256i isum, __m256i msum, const W* const* w, const A* const* a, int64_t b) {
-    const __m256 dy = a_lanes_f32<C>([&](int i) { return a[i][b].d; });
-    const __m256 d = _mm256_mul_ps(w_lanes<C>([&](int j) { return w[j][b].d; }), dy);
-    const __m256 dm = _mm256_mul_ps(w_lanes<C>([&](int j) { return w[j][b].dmin; }), dy);
-    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)), _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum)));
-    return _mm256_add_ps(s, t);
-  }
-};
-
-struct Q6_KSimd : Q6_K {
-  struct Unpacked {
-    __m256i q[8];      // values 32g .. 32g + 31, 0..63
-    __m256i sc[8];     // int16: scales[2g] in lanes 0-7, scales[2g + 1] in 8-15
-    __m256i sc_all;    // int16: scales[0..15]
-  };
-  static Unpacked unpack(const W& x) {
-    Unpacked u;
-    quant_packed::unpack_q6_K_avx2(x, u.q);
-    for (int g = 0; g < 8; ++g)
-      u.sc[g] = _mm256_set_m128i(_mm_set1_epi16(x.scales[2 * g + 1]), _mm_set1_epi16(x.scales[2 * g]));
-    u.sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
-    return u;
-  }
-  static __m256i dot(const Unpacked& u, const A& y, __m256i*) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int g = 0; g < 8; ++g)
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u.q[g], load256(y.qs + 32 * g)), u.sc[g]));
-    const __m256i offset = _mm256_madd_epi16(load256(y.bsums), u.sc_all);  // sum_j scale_j * bsums_j
-    return _mm256_sub_epi32(acc, _mm256_slli_epi32(offset, 5));
-  }
-  template <int R, int C>
-  static __m256 step(__m256 s, __m256i isum, __m256i, const W* const* w, const A* const* a, int64_t b) {
-    const __m256 d = _mm256_mul_ps(w_lanes<C>([&](int j) { return w[j][b].d; }),
-                                   a_lanes_f32<C>([&](int i) { return a[i][b].d; }));
-    return _mm256_add_ps(s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
-  }
-};
-
-template <class Q>
-struct Simd;
-template <> struct Simd<Q8_0> { using T = Q8_0Simd; };
-template <> struct Simd<Q4_0> { using T = Q4_0Simd; };
-template <> struct Simd<Q4_K> { using T = Q4_KSimd; };
-template <> struct Simd<Q6_K> { using T = Q6_KSimd; };
-
-// out[i * C + j] = dot(W row w[j], activation row a[i]) over nb blocks; the
-// bytes at `ahead` (the next tile's weight rows, when decoding) asked for
-// into L2 meanwhile, lines_ahead lines a block.
-template <class Q, int R, int C>
-void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out, const char* ahead,
-          int64_t lines_ahead) {
+// out[i * C + j] = dot(W row w[j], activation row a[i]) over nb blocks (S:
+// the type's vector version); the bytes at `ahead` (the next tile's weight
+// rows, when decoding) asked for into L2 meanwhile, lines_ahead lines a block.
+template <class Q, class S, int R, int C>
+void tile_simd(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out,
+               const char* ahead, int64_t lines_ahead) {
   static_assert(R * C == kPairs);
-  using S = typename Simd<Q>::T;
   __m256 s = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     if (ahead != nullptr)
@@ -285,10 +79,22 @@ void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t 
       for (int i = 0; i < R; ++i) isum[i * C + j] = S::dot(u, a[i][b], &msum[i * C + j]);
     }
     __m256i msums = _mm256_setzero_si256();
-    if constexpr (std::is_same_v<Q, Q4_K>) msums = hsum8(msum);
+    if constexpr (S::kMins) msums = hsum8(msum);
     s = S::template step<R, C>(s, hsum8(isum), msums, w, a, b);
   }
   _mm256_storeu_ps(out, s);
+}
+
+template <class Q, int R, int C>
+void tile(const typename Q::W* const* w, const typename Q::A* const* a, int64_t nb, float* out, const char* ahead,
+          int64_t lines_ahead) {
+  using S = typename Simd<Q>::T;
+  if constexpr (std::is_void_v<S>) {
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < C; ++j) out[i * C + j] = Q::reference(w[j], a[i], nb * Q::kBlock);
+  } else {
+    tile_simd<Q, S, R, C>(w, a, nb, out, ahead, lines_ahead);
+  }
 }
 
 #else  // generic: the reference dot products, one output at a time
@@ -438,7 +244,14 @@ void quantized_linear(Tensor y, const Tensor& x, const Tensor& w, QuantType wtyp
     case QuantType::q4_0: return run<Q4_0>(o);
     case QuantType::q4_K: return run<Q4_K>(o);
     case QuantType::q6_K: return run<Q6_K>(o);
-    case QuantType::q8_K: break;
+    case QuantType::q5_0: return run<Q5_0>(o);
+    case QuantType::q4_1: return run<Q4_1>(o);
+    case QuantType::q5_1: return run<Q5_1>(o);
+    case QuantType::q2_K: return run<Q2_K>(o);
+    case QuantType::q3_K: return run<Q3_K>(o);
+    case QuantType::q5_K: return run<Q5_K>(o);
+    case QuantType::q8_K:
+    case QuantType::q8_1: break;
   }
   LOOM_CHECK(false, "linear_forward_quantized: weight type ", quant_name(wtype), " reached the CPU kernel");
 }

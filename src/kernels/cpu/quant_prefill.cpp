@@ -1,5 +1,5 @@
-// linear_forward_quantized for many rows (quant_prefill.h): q8_0 and q4_0
-// weights against q8_0 activations, q4_K and q6_K against q8_K, with
+// linear_forward_quantized for many rows (quant_prefill.h): q8_0, q4_0 and
+// q5_0 weights against q8_0 activations, q4_K, q5_K and q6_K against q8_K, with
 // AVX512_VNNI, 16 outputs to a vector.
 //
 // quant_linear.cpp's tiles put one output's 32 products of a block in one
@@ -10,8 +10,9 @@
 // consecutive values of row c: one vpdpbusd against four bytes of x
 // broadcast adds four products to each of the 16 outputs, and eight of them
 // leave a block's 16 integer sums in 16 lanes, no reduction. vpdpbusd takes
-// unsigned weights, so the repacked values are q8_0's qs + 128 and q4_0's
-// nibbles (0..15), and the block's sum of x times that offset is subtracted:
+// unsigned weights, so the repacked values are q8_0's qs + 128, q4_0's
+// nibbles (0..15) and q5_0's 0..31 as stored, and the block's sum of x
+// times that offset (128, 8, 16) is subtracted:
 // exact in int32 (|sum| <= 32 * 255 * 128). The float step is the
 // reference's per lane, in its order (isum * (dw * da), added to the sum of
 // the earlier blocks; no FMA), then + bias: quant.h's vec_dot bit for bit,
@@ -23,10 +24,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/quant_tile.h"
 #include "kernels/cpu/scratch.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
@@ -53,10 +56,10 @@ struct alignas(64) PackedBlock {
   uint8_t q[kQK * kLanes];
 };
 
-// What the u8 form adds to a weight value (q8_0: qs + 128; q4_0: the nibble
-// is already value + 8).
+// What the u8 form adds to a weight value (q8_0: qs + 128; q4_0, q5_0: the
+// stored value is already value + 8, value + 16).
 template <QuantType T>
-constexpr int32_t kOffset = T == QuantType::q8_0 ? 128 : 8;
+constexpr int32_t kOffset = T == QuantType::q8_0 ? 128 : T == QuantType::q5_0 ? 16 : 8;
 
 // Rows [n0, n0 + 16) of W (the last row repeated past OC) into p, nb blocks.
 template <QuantType T>
@@ -69,11 +72,14 @@ void pack_group(PackedBlock* p, const QuantOperands& o, int64_t n0) {
         const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
         p[b].d[c] = half_to_float(blk.d);
         v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs)), _mm256_set1_epi8(-128));
-      } else {
+      } else if constexpr (T == QuantType::q4_0) {
         const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
         p[b].d[c] = half_to_float(blk.d);
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-        v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
+        v = quant_tile::nibbles32(blk.qs);
+      } else {
+        const auto& blk = reinterpret_cast<const block_q5_0*>(row)[b];
+        p[b].d[c] = half_to_float(blk.d);
+        v = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
       }
       alignas(32) uint32_t four[8];
       _mm256_store_si256(reinterpret_cast<__m256i*>(four), v);
@@ -119,7 +125,7 @@ void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_
   store_rows<R>(s, o, m, n0);
 }
 
-// q8_0 / q4_0 weights: what run_packed needs of a weight type.
+// q8_0 / q4_0 / q5_0 weights: what run_packed needs of a weight type.
 template <QuantType T>
 struct Block32 {
   using Packed = PackedBlock;
@@ -133,21 +139,30 @@ struct Block32 {
   }
 };
 
-// q4_K against q8_K (quant.h's vec_dot_q4_K_q8_K): per super-block an
-// integer isum = sum_j sc_j * dot_j over the 8 sub-blocks of 32 (dot_j of
-// the nibbles 0..15 with x: vpdpbusd as is) and msum = sum_j m_j * (x's sum
-// over sub-block j, from its bsums), exact in int32; then the reference's
-// d * isum - dmin * msum, added in super-block order.
+// q4_K and q5_K against q8_K (quant.h's vec_dot_q4_K_q8_K, _q5_K_q8_K): per
+// super-block an integer isum = sum_j sc_j * dot_j over the 8 sub-blocks of
+// 32 (dot_j of the values 0..15 or 0..31 with x: vpdpbusd as is) and msum =
+// sum_j m_j * (x's sum over sub-block j, from its bsums), exact in int32;
+// then the reference's d * isum - dmin * msum, added in super-block order.
+struct NoFifthBits {};
+struct FifthBits {
+  uint8_t qh[8][64];  // [k]: lane c's 4 bytes qh[4 k ..] of row c
+};
+template <bool kFive>
 struct alignas(64) PackedSuperK {
   float d[kLanes], dmin[kLanes];
   int32_t sc[8][kLanes], m[8][kLanes];
   // [r][k]: lane c's 4 bytes qs[32 r + 4 k ..] of row c: low nibbles values of
-  // sub-block 2 r, high nibbles of sub-block 2 r + 1.
+  // sub-block 2 r, high nibbles of sub-block 2 r + 1 (q5_K: the fifth bits
+  // 2 r and 2 r + 1 of qh).
   uint8_t q[4][8][64];
+  [[no_unique_address]] std::conditional_t<kFive, FifthBits, NoFifthBits> h;
 };
 
-struct SuperK4 {
-  using Packed = PackedSuperK;
+template <bool kFive>
+struct SuperK {
+  using Packed = PackedSuperK<kFive>;
+  using Block = std::conditional_t<kFive, block_q5_K, block_q4_K>;
   using Rows = RowSupers;
   static constexpr int kTile = 4;
 
@@ -155,9 +170,9 @@ struct SuperK4 {
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
-      const auto* row = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+      const auto* row = row_at<Block>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
-        const block_q4_K& blk = row[b];
+        const Block& blk = row[b];
         p[b].d[c] = half_to_float(blk.d), p[b].dmin[c] = half_to_float(blk.dmin);
         for (int j = 0; j < 8; ++j) {
           uint8_t sc = 0, mn = 0;
@@ -166,21 +181,28 @@ struct SuperK4 {
         }
         for (int r = 0; r < 4; ++r)
           for (int k = 0; k < 8; ++k) std::memcpy(p[b].q[r][k] + 4 * c, blk.qs + 32 * r + 4 * k, 4);
+        if constexpr (kFive)
+          for (int k = 0; k < 8; ++k) std::memcpy(p[b].h.qh[k] + 4 * c, blk.qh + 4 * k, 4);
       }
     }
   }
 
   // isum[i] of rows [m, m + R) for super-block b of the group.
   template <int R>
-  static void isums(const PackedSuperK& w, const block_q8_K* const* a, int64_t b, __m512i (&isum)[R]) {
-    const __m512i low = _mm512_set1_epi8(0xf);
+  static void isums(const Packed& w, const block_q8_K* const* a, int64_t b, __m512i (&isum)[R]) {
+    const __m512i low = _mm512_set1_epi8(0xf), bit4 = _mm512_set1_epi8(0x10);
     for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
     for (int r = 0; r < 4; ++r) {
       __m512i lo[R], hi[R];
       for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {
         const __m512i v = _mm512_load_si512(w.q[r][k]);
-        const __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if constexpr (kFive) {  // bit 2 r (2 r + 1) of each qh byte moved to bit 4
+          const __m512i h = _mm512_load_si512(w.h.qh[k]);
+          vl = _mm512_or_si512(vl, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(h, 2 * r), 4), bit4));
+          vh = _mm512_or_si512(vh, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(h, 2 * r + 1), 4), bit4));
+        }
         for (int i = 0; i < R; ++i) {
           int32_t y[2];
           std::memcpy(&y[0], a[i][b].qs + 64 * r + 4 * k, 4);
@@ -300,7 +322,9 @@ bool quant_prefill(QuantType wtype, const QuantOperands& o) {
   if (o.N < kQuantPrefillRows) return false;
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
-  if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;
+  if (wtype == QuantType::q5_0) return run<Block32<QuantType::q5_0>>(o), true;
+  if (wtype == QuantType::q4_K) return run<SuperK<false>>(o), true;
+  if (wtype == QuantType::q5_K) return run<SuperK<true>>(o), true;
   if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;
   return false;
 #else

@@ -1,5 +1,6 @@
 // quant_prefill.cpp's repacked path at 8 outputs a vector, for levels with
-// AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0, q4_K and q6_K.
+// AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0, q5_0,
+// q4_K, q5_K and q6_K.
 //
 // Lane c of a 32-byte vector holds four consecutive values of weight row c;
 // vpmaddubsw multiplies them with four bytes of x broadcast (unsigned times
@@ -8,7 +9,7 @@
 // saturate: q4_0's and q4_K's nibbles (0..15) go as they are (|pair| <= 2 *
 // 15 * 128), q8_0's values as |w| against x with w's sign (|pair| <= 2 *
 // 128 * 127), as quant_linear.cpp's dot_s8 does. Where the int16 sums have
-// room (q4_0's and q4_K's 8 pair sums of a 32-value block, q6_K's two), they
+// room (q4_0's and q4_K's 8 pair sums of a 32-value block, q5_K's 4, q6_K's two), they
 // add up in int16 and are widened once (with q4_K's and q6_K's scale as the
 // multiplier): half the multiplies. All integer steps are exact;
 // the float steps are the reference's per lane in its order, so the bits are
@@ -20,9 +21,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/cpu/half.h"
+#include "kernels/cpu/quant_tile.h"
 #include "kernels/cpu/scratch.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && !(defined(__AVX512F__) && defined(__AVX512VNNI__))
@@ -91,17 +94,17 @@ void store_rows(const __m256 (&s)[R], const QuantOperands& o, int64_t m, int64_t
   }
 }
 
-// q8_0 / q4_0 against q8_0 activations.
+// q8_0 / q4_0 / q5_0 against q8_0 activations.
 struct alignas(32) Packed32 {
   float d[kLanes];
-  uint8_t u[8][32];  // q8_0: |w|; q4_0: the nibble (value + 8)
+  uint8_t u[8][32];  // q8_0: |w|; q4_0: the nibble (value + 8); q5_0: value + 16
   int8_t w[8][32];   // q8_0: w, for its sign
 };
 
 template <QuantType T>
 struct Block32 {
   using Packed = Packed32;
-  using Rows = RowBlocks;  // q4_0's offset: the block's sum of x
+  using Rows = RowBlocks;  // q4_0's and q5_0's offset: the block's sum of x
   static constexpr int kTile = kRowTile;
 
   static Rows prepare(const QuantOperands& o) { return prepare_q8_0(o); }
@@ -117,11 +120,14 @@ struct Block32 {
           p[b].d[c] = half_to_float(blk.d);
           w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
           u[c] = _mm256_abs_epi8(w[c]);
-        } else {
+        } else if constexpr (T == QuantType::q4_0) {
           const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(rows[c])[b];
           p[b].d[c] = half_to_float(blk.d);
-          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
-          u[c] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0xf));
+          u[c] = quant_tile::nibbles32(blk.qs);
+        } else {
+          const block_q5_0& blk = reinterpret_cast<const block_q5_0*>(rows[c])[b];
+          p[b].d[c] = half_to_float(blk.d);
+          u[c] = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
         }
       }
       store_lanes(&p[b].u[0][0], u);
@@ -145,20 +151,28 @@ struct Block32 {
             keep_order(acc[r]);
           }
         }
-      } else {  // the block's 8 pair sums in int16 (8 * 2 * 15 * 128 < 2^15), widened once
+      } else {  // the block's 8 pair sums in int16 (8 * 2 * 15 * 128 < 2^15), widened once;
+                // q5_0's (values to 31) 4 at a time (4 * 2 * 31 * 128 < 2^15)
+        __m256i first[R] = {};
         for (int k = 0; k < 8; ++k) {
           const __m256i u = load(p[b].u[k]);
           for (int r = 0; r < R; ++r) {
             acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(u, bcast4(a[r][b].qs + 4 * k)));
             keep_order(acc[r]);
           }
+          if (T == QuantType::q5_0 && k == 3)
+            for (int r = 0; r < R; ++r) first[r] = _mm256_madd_epi16(acc[r], _mm256_set1_epi16(1)), acc[r] = _mm256_setzero_si256();
         }
-        for (int r = 0; r < R; ++r) acc[r] = _mm256_madd_epi16(acc[r], _mm256_set1_epi16(1));
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm256_madd_epi16(acc[r], _mm256_set1_epi16(1));
+          if constexpr (T == QuantType::q5_0) acc[r] = _mm256_add_epi32(acc[r], first[r]);
+        }
       }
       const __m256 dw = _mm256_load_ps(p[b].d);
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m + r) * o.nb + b;
-        if constexpr (T == QuantType::q4_0) acc[r] = _mm256_sub_epi32(acc[r], _mm256_set1_epi32(8 * x.sum[at]));
+        if constexpr (T != QuantType::q8_0)
+          acc[r] = _mm256_sub_epi32(acc[r], _mm256_set1_epi32((T == QuantType::q5_0 ? 16 : 8) * x.sum[at]));
         const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at]));
         s[r] = _mm256_add_ps(s[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), d));
       }
@@ -167,8 +181,9 @@ struct Block32 {
   }
 };
 
-// q4_K against q8_K: as quant_prefill.cpp's SuperK4, 8 lanes. A sub-block's
-// 8 vpmaddubsw pair sums add up in int16 (8 * 2 * 15 * 128 < 2^15) and
+// q4_K and q5_K against q8_K: as quant_prefill.cpp's SuperK, 8 lanes. A
+// sub-block's 8 vpmaddubsw pair sums add up in int16 (8 * 2 * 15 * 128 <
+// 2^15; q5_K's values 0..31 four at a time, 4 * 2 * 31 * 128 < 2^15) and
 // vpmaddwd multiplies them by the sub-block's scale (sc_j in both int16
 // halves of lane c) into int32: one widening a sub-block instead of eight,
 // and no 32-bit multiply. The mins likewise: vpmaddwd of two sub-blocks'
@@ -180,20 +195,22 @@ struct alignas(32) PackedK4 {
   uint8_t q[8][8][32];        // [j][k]: lane c's values 4 k .. 4 k + 3 of sub-block j (nibbles unpacked)
 };
 
-struct SuperK4 {
+template <bool kFive>
+struct SuperK {
   using Packed = PackedK4;
+  using Block = std::conditional_t<kFive, block_q5_K, block_q4_K>;
   using Rows = RowSupersOf<int16_t>;  // x's sums over sub-blocks of 32, for vpmaddwd
   static constexpr int kTile = kRowTile;
 
   static Rows prepare(const QuantOperands& o) { return prepare_q8_K<32, int16_t>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
-    const block_q4_K* rows[kLanes];
-    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<block_q4_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+    const Block* rows[kLanes];
+    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<Block>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
     const __m256i low = _mm256_set1_epi8(0xf);
     for (int64_t b = 0; b < o.nb; ++b) {
       for (int c = 0; c < kLanes; ++c) {
-        const block_q4_K& x = rows[c][b];
+        const Block& x = rows[c][b];
         p[b].d[c] = half_to_float(x.d), p[b].dmin[c] = half_to_float(x.dmin);
         for (int j = 0; j < 8; ++j) {
           uint8_t sc = 0, mn = 0;
@@ -207,6 +224,12 @@ struct SuperK4 {
         for (int c = 0; c < kLanes; ++c) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[c][b].qs + 32 * r));
           lo[c] = _mm256_and_si256(v, low), hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          if constexpr (kFive) {  // q5_K: bits 2 r and 2 r + 1 of qh as 16
+            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[c][b].qh));
+            const __m256i bit4 = _mm256_set1_epi8(0x10);
+            lo[c] = _mm256_or_si256(lo[c], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h, 2 * r), 4), bit4));
+            hi[c] = _mm256_or_si256(hi[c], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(h, 2 * r + 1), 4), bit4));
+          }
         }
         store_lanes(&p[b].q[2 * r][0][0], lo);
         store_lanes(&p[b].q[2 * r + 1][0][0], hi);
@@ -226,14 +249,17 @@ struct SuperK4 {
       for (int j = 0; j < 8; ++j) {  // one sub-block at a time: few live registers, no spills
         __m256i acc[R];
         for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_si256();
+        const __m256i sc = load(p[b].sc[j]);
         for (int k = 0; k < 8; ++k) {
           const __m256i q = load(p[b].q[j][k]);
           for (int i = 0; i < R; ++i) {
             acc[i] = _mm256_add_epi16(acc[i], _mm256_maddubs_epi16(q, bcast4(a[i][b].qs + 32 * j + 4 * k)));
             keep_order(acc[i]);
           }
+          if (kFive && k == 3)  // q5_K: four pair sums fill int16
+            for (int i = 0; i < R; ++i)
+              isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(acc[i], sc)), acc[i] = _mm256_setzero_si256();
         }
-        const __m256i sc = load(p[b].sc[j]);
         for (int i = 0; i < R; ++i) isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(acc[i], sc));
       }
       for (int i = 0; i < R; ++i) {
@@ -345,7 +371,9 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
   if (o.N < kPackedMinRows) return false;
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
-  if (wtype == QuantType::q4_K) return run<SuperK4>(o), true;
+  if (wtype == QuantType::q5_0) return run<Block32<QuantType::q5_0>>(o), true;
+  if (wtype == QuantType::q4_K) return run<SuperK<false>>(o), true;
+  if (wtype == QuantType::q5_K) return run<SuperK<true>>(o), true;
   if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;
 #else
   (void)wtype, (void)o;

@@ -226,7 +226,7 @@ __device__ float dequant_value(QuantType t, const uint8_t* row, int64_t i) {
       const int q = (lo | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
       return f16_value(b.d) * b.scales[j / 16] * q;
     }
-    case QuantType::q8_K: break;
+    default: break;  // refused by require_cuda_type
   }
   return 0.f;
 }
@@ -238,12 +238,20 @@ __global__ void dequantize_rows_kernel(float* out, const uint8_t* w, QuantType t
   out[i] = dequant_value(t, w + (i / ic) * row_bytes, i % ic);
 }
 
+// The weight types this backend has kernels for; the others (read from
+// llama.cpp's files: q4_1, q5_0, q5_1, q2_K, q3_K, q5_K) run on the CPU.
+void require_cuda_type(const char* op, QuantType t) {
+  if (t == QuantType::q8_0 || t == QuantType::q4_0 || t == QuantType::q4_K || t == QuantType::q6_K) return;
+  fail(op, ": weight type ", quant_name(t), " has no CUDA kernel (the CUDA backend multiplies q8_0, q4_0, q4_K and ",
+       "q6_K blocks); serve this file on the CPU");
+}
+
 }  // namespace
 
 void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first_row) {
   const int64_t R = out.size(0), IC = out.size(1), row_bytes = w.size(1);
   if (R * IC == 0) return;
-  LOOM_CHECK(wtype != QuantType::q8_K, "dequantize_rows: q8_K is an activation type");
+  require_cuda_type("dequantize_rows", wtype);
   const auto* src = static_cast<const uint8_t*>(w.data()) + first_row * row_bytes;
   dequantize_rows_kernel<<<static_cast<unsigned>((R * IC + 255) / 256), 256, 0, stream()>>>(ptr<float>(out), src,
                                                                                           wtype, R, IC, row_bytes);
@@ -253,6 +261,7 @@ void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first
 void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantType wtype, const Tensor& bias) {
   const int64_t OC = w.size(0), IC = x.size(-1), N = IC > 0 ? x.numel() / IC : y.numel() / std::max<int64_t>(OC, 1);
   if (N == 0 || OC == 0) return;
+  require_cuda_type("linear_forward_quantized", wtype);
   const QuantType at = quant_dot_type(wtype);
   DeviceTemp a(static_cast<size_t>(N) * quant_row_bytes(at, IC));
   if (IC > 0) quantize_rows(a.as<void>(), ptr<const float>(x), N, IC, at);
@@ -264,7 +273,7 @@ void linear_forward_quantized(Tensor y, const Tensor& x, const Tensor& w, QuantT
     case QuantType::q4_0: return quant_dot<block_q4_0, block_q8_0>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
     case QuantType::q4_K: return quant_dot<block_q4_K, block_q8_K>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
     case QuantType::q6_K: return quant_dot<block_q6_K, block_q8_K>(yp, w.data(), a.as<void>(), bp, N, OC, nb);
-    case QuantType::q8_K: break;
+    default: break;
   }
   LOOM_CHECK(false, "linear_forward_quantized: weight type ", quant_name(wtype), " reached the CUDA kernel");
 }
