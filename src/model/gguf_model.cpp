@@ -21,6 +21,12 @@ std::optional<kernels::QuantType> gguf_quant_type(io::GgmlType t) {
     case io::GgmlType::q4_0: return kernels::QuantType::q4_0;
     case io::GgmlType::q4_K: return kernels::QuantType::q4_K;
     case io::GgmlType::q6_K: return kernels::QuantType::q6_K;
+    case io::GgmlType::q4_1: return kernels::QuantType::q4_1;
+    case io::GgmlType::q5_0: return kernels::QuantType::q5_0;
+    case io::GgmlType::q5_1: return kernels::QuantType::q5_1;
+    case io::GgmlType::q2_K: return kernels::QuantType::q2_K;
+    case io::GgmlType::q3_K: return kernels::QuantType::q3_K;
+    case io::GgmlType::q5_K: return kernels::QuantType::q5_K;
     default: return std::nullopt;
   }
 }
@@ -29,15 +35,12 @@ namespace {
 using io::GgmlType;
 using io::GgufValue;
 
-constexpr std::array<std::pair<GgufWeights, std::string_view>, 8> kWeightNames{{
-    {GgufWeights::f32, "f32"},
-    {GgufWeights::f16, "f16"},
-    {GgufWeights::bf16, "bf16"},
-    {GgufWeights::q8_0, "q8_0"},
-    {GgufWeights::q4_0, "q4_0"},
-    {GgufWeights::q4_K, "q4_K"},
-    {GgufWeights::q6_K, "q6_K"},
-    {GgufWeights::q4_K_M, "q4_K_M"},
+constexpr std::array<std::pair<GgufWeights, std::string_view>, 14> kWeightNames{{
+    {GgufWeights::f32, "f32"},       {GgufWeights::f16, "f16"},       {GgufWeights::bf16, "bf16"},
+    {GgufWeights::q8_0, "q8_0"},     {GgufWeights::q4_0, "q4_0"},     {GgufWeights::q4_1, "q4_1"},
+    {GgufWeights::q5_0, "q5_0"},     {GgufWeights::q5_1, "q5_1"},     {GgufWeights::q2_K, "q2_K"},
+    {GgufWeights::q4_K, "q4_K"},     {GgufWeights::q5_K, "q5_K"},     {GgufWeights::q6_K, "q6_K"},
+    {GgufWeights::q4_K_M, "q4_K_M"}, {GgufWeights::q5_K_M, "q5_K_M"},
 }};
 
 const std::map<std::string, std::string, std::less<>> kGpt2Layer = {
@@ -99,6 +102,11 @@ GgmlType ggml_of(GgufWeights w) {
     case GgufWeights::q4_0: return GgmlType::q4_0;
     case GgufWeights::q4_K: case GgufWeights::q4_K_M: return GgmlType::q4_K;
     case GgufWeights::q6_K: return GgmlType::q6_K;
+    case GgufWeights::q4_1: return GgmlType::q4_1;
+    case GgufWeights::q5_0: return GgmlType::q5_0;
+    case GgufWeights::q5_1: return GgmlType::q5_1;
+    case GgufWeights::q2_K: return GgmlType::q2_K;
+    case GgufWeights::q5_K: case GgufWeights::q5_K_M: return GgmlType::q5_K;
   }
   return GgmlType::f32;
 }
@@ -110,15 +118,18 @@ GgmlType intended_type(const ModelConfig& cfg, const std::string& gguf_name, int
   const bool quantized = gguf_quant_type(ggml_of(w)).has_value();
   if (gguf_name == "position_embd.weight") return quantized ? GgmlType::f16 : ggml_of(w);
   GgmlType t = ggml_of(w);
-  if (w != GgufWeights::q4_K_M) return t;
-  // llama.cpp's llama_tensor_get_type for Q4_K_M. Where it picks q5_K, which loom does not write, the next
-  // type up: q6_K (gpt2's attn_qkv; an 8-expert model's attn_output).
+  if (w != GgufWeights::q4_K_M && w != GgufWeights::q5_K_M) return t;
+  // llama.cpp's llama_tensor_get_type for Q4_K_M and Q5_K_M (the release
+  // tests/interop pins, where gpt2's fused attn_qkv takes attn_v's rules).
   const bool eight_experts = cfg.n_expert == 8;
   const auto is = [&gguf_name](const char* suffix) { return gguf_name.ends_with(suffix); };
-  if (gguf_name == "output.weight") return GgmlType::q6_K;
-  if (eight_experts && (is("attn_k.weight") || is("attn_v.weight"))) return GgmlType::q8_0;
-  if (is("attn_qkv.weight") || (eight_experts && is("attn_output.weight"))) return GgmlType::q6_K;
-  const bool more_bits_tensor = is("ffn_down.weight") || is("attn_v.weight") || is("ffn_down_exps.weight");
+  const bool attn_v = is("attn_v.weight") || is("attn_qkv.weight");
+  // The output matrix (token_embd where the head is tied to it, as llama.cpp
+  // treats a file without output.weight).
+  if (gguf_name == "output.weight" || (cfg.tie_embeddings && gguf_name == "token_embd.weight")) return GgmlType::q6_K;
+  if (eight_experts && (is("attn_k.weight") || attn_v)) return GgmlType::q8_0;
+  if (eight_experts && is("attn_output.weight")) return GgmlType::q5_K;
+  const bool more_bits_tensor = is("ffn_down.weight") || attn_v || is("ffn_down_exps.weight");
   if (more_bits_tensor && gguf_name.starts_with("blk.")) {
     const int64_t layer = std::stoll(gguf_name.substr(4, gguf_name.find('.', 4) - 4));
     if (use_more_bits(layer, cfg.n_layer)) t = GgmlType::q6_K;
@@ -126,11 +137,16 @@ GgmlType intended_type(const ModelConfig& cfg, const std::string& gguf_name, int
   return t;
 }
 
-// t, or for rows of ne0 values that t's blocks do not divide, q8_0 (blocks
-// of 32) or else f16, as llama-quantize falls back.
+// t, or for rows of ne0 values that t's blocks do not divide, llama-quantize's
+// fallback (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, q2_K -> q4_0; another
+// type -> q8_0), and f16 where that does not divide them either.
 GgmlType fitted_type(GgmlType t, int64_t ne0) {
   if (ne0 % io::ggml_type_traits(t).block_size == 0) return t;
-  return ne0 % 32 == 0 ? GgmlType::q8_0 : GgmlType::f16;
+  GgmlType fallback = GgmlType::q8_0;
+  if (t == GgmlType::q4_K) fallback = GgmlType::q5_0;
+  if (t == GgmlType::q5_K) fallback = GgmlType::q5_1;
+  if (t == GgmlType::q2_K) fallback = GgmlType::q4_0;
+  return ne0 % io::ggml_type_traits(fallback).block_size == 0 ? fallback : GgmlType::f16;
 }
 
 // Says which matrices fell back from their type (llama-quantize says so per
@@ -255,6 +271,12 @@ io::GgufFileType gguf_file_type(GgufWeights w) {
     case GgufWeights::q4_K_M: return T::mostly_q4_K_M;
     case GgufWeights::q6_K: return T::mostly_q6_K;
     case GgufWeights::bf16: return T::mostly_bf16;
+    case GgufWeights::q4_1: return T::mostly_q4_1;
+    case GgufWeights::q5_0: return T::mostly_q5_0;
+    case GgufWeights::q5_1: return T::mostly_q5_1;
+    case GgufWeights::q2_K: return T::mostly_q2_K;
+    case GgufWeights::q5_K: return T::mostly_q5_K_S;
+    case GgufWeights::q5_K_M: return T::mostly_q5_K_M;
   }
   return T::all_f32;
 }

@@ -41,15 +41,16 @@ namespace loom::model {
 class QuantWeights;  // model/quant_weights.h
 
 // What a GGUF file loom writes stores its weight matrices as. Vectors (norms,
-// biases) stay f32. q4_K_M is llama.cpp's mix: q4_K, with q6_K for the output
-// matrix and for ffn_down and attn_v of the layers llama.cpp's use_more_bits
-// picks (the first and last eighth, and every third between); an 8-expert
-// model's attn_k and attn_v in q8_0. Where llama.cpp takes q5_K (gpt2's
-// attn_qkv, an 8-expert model's attn_output), which loom does not write, q6_K.
-// A matrix whose rows (ne[0]) are not a multiple of the type's block is
-// stored in the largest type that fits: q8_0 (32) if it can, else f16
-// (llama.cpp: q4_K falls back to q5_0, which loom does not write either).
-enum class GgufWeights { f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M };
+// biases) stay f32. q4_K_M and q5_K_M are llama.cpp's mixes: q4_K (q5_K),
+// with q6_K for the output matrix (token_embd when tied) and for ffn_down
+// and attn_v (gpt2's attn_qkv likewise) of the layers llama.cpp's
+// use_more_bits picks (the first and last eighth, and every third between);
+// an 8-expert model's attn_k and attn_v in q8_0 and its attn_output in
+// q5_K. A matrix whose rows (ne[0]) are not a multiple of the type's block
+// takes llama-quantize's fallback (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0,
+// q2_K -> q4_0), or f16 where that does not fit either. loom reads q3_K
+// (and every type here) but does not write it.
+enum class GgufWeights { f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M, q4_1, q5_0, q5_1, q2_K, q5_K, q5_K_M };
 // "f32", ..., "q4_K_M"; another name is a loom::Error listing the allowed ones.
 GgufWeights gguf_weights_from_name(std::string_view name);
 std::string_view gguf_weights_name(GgufWeights w);
@@ -69,7 +70,7 @@ void gguf_add_model(io::GgufWriter& w, const ModelConfig& cfg, const Tensor& fla
 // loom::Error naming the file and the key.
 ModelConfig model_config_from_gguf(const io::GgufFile& f);
 // flat (P) f32 in param_specs(cfg) order, from the file's tensors of any type
-// loom can dequantize (f32, f16, bf16, q8_0, q4_0, q4_K, q6_K); a missing
+// loom can dequantize (f32, f16, bf16 and the block types of gguf_quant_type); a missing
 // tensor, a shape that differs, or another type is a loom::Error naming it.
 // The parameters `skip` holds (served in their blocks: quant_weights.h) are
 // left unwritten. layout: where flat holds each parameter instead (a subset
@@ -90,7 +91,8 @@ int64_t gguf_loom_row(int64_t r, int64_t head_size);
 int64_t gguf_row_of_loom(int64_t r, int64_t head_size);
 
 // The block type of a GGUF tensor type loom computes with in blocks (q8_0,
-// q4_0, q4_K, q6_K: kernels/quant.h), or none (f32, f16, bf16, others).
+// q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K: kernels/quant.h), or
+// none (f32, f16, bf16, others: the i-quants, ternary and fp4 types).
 std::optional<kernels::QuantType> gguf_quant_type(io::GgmlType t);
 
 // The GGUF name of a loom parameter name ("h.3.attn.c_attn.weight" ->

@@ -75,7 +75,8 @@ void to_floats(float* dst, const uint8_t* bytes, GgmlType t, int64_t n, const st
       if (const auto q = gguf_quant_type(t)) return kernels::dequantize_row(*q, bytes, dst, n);
   }
   fail("tensor '", name, "' has type ", io::ggml_type_describe(static_cast<uint32_t>(t)),
-       ", which loom cannot compute with: it reads f32, f16, bf16, q8_0, q4_0, q4_K and q6_K");
+       ", which loom cannot compute with: it reads f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, ",
+       "q4_K, q5_K and q6_K");
 }
 
 

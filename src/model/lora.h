@@ -81,8 +81,8 @@ std::vector<ParamSpec> trainable_param_specs(const ModelConfig& cfg, const LoraC
 // The frozen weights an adapted model reads (model.h LoraOptions::base): a
 // whole model's parameters, param_specs(cfg) order, in the dtype it computes
 // in (f32, bf16 or f16), with views by name; with `quant` (QLoRA: a GGUF
-// file's q8_0 / q4_0 / q4_K / q6_K linears) those views are the blocks
-// instead, which the model reads a tile of rows at a time (kernels::
+// file's quantized linears, any block type of kernels/quant.h) those views
+// are the blocks instead, which the model reads a tile of rows at a time (kernels::
 // dequantize_rows), never whole, and the compute dtype is f32. flat() then
 // holds only the other parameters (norms, biases, embeddings).
 class FrozenWeights {

@@ -7,11 +7,12 @@
 // mlp c_proj; Llama q/k/v/o, gate/up/down), a Mixtral layer's routed experts
 // (w1 / w2 / w3, each expert's rows of ffn_{gate,down,up}_exps) and the LM
 // head (lm_head, or token_embd when the embeddings are tied), where the file
-// holds them as q8_0, q4_0, q4_K or q6_K. Everything else (embeddings for
-// the lookup, norms, biases, MoE routers, and any linear stored as f32 / f16
-// / bf16) is dequantized into the flat f32 parameters as before
+// holds them in a block type of kernels/quant.h (q8_0, q4_0, q4_1, q5_0,
+// q5_1, q2_K, q3_K, q4_K, q5_K, q6_K). Everything else (embeddings for the
+// lookup, norms, biases, MoE routers, and any linear stored as f32 / f16 /
+// bf16) is dequantized into the flat f32 parameters as before
 // (load_params_from_gguf with `skip`). The activations stay f32: each row is
-// quantized to q8_0 / q8_K inside the op, as llama.cpp does.
+// quantized to q8_0 / q8_1 / q8_K inside the op, as llama.cpp does.
 //
 // The blocks are copied out of the file's mapping into the params pool, whose
 // big buffers ask for huge pages: decode streams every weight once a token,

@@ -185,8 +185,9 @@ TEST(GgufModel, Q4KMStoresTheOutputAndChosenLayersInQ6K) {
   expect_same_config(cfg, back_cfg);
 }
 
-// llama.cpp's Q4_K_M for an 8-expert model (Mixtral): attn_k and attn_v in q8_0, attn_output where llama.cpp
-// takes q5_K in q6_K; the experts' ffn_down_exps follow use_more_bits. GPT-2's attn_qkv (q5_K there): q6_K.
+// llama.cpp's Q4_K_M for an 8-expert model (Mixtral): attn_k and attn_v in q8_0, attn_output in q5_K; the
+// experts' ffn_down_exps follow use_more_bits. GPT-2's fused attn_qkv takes attn_v's rule (q6_K in the layers
+// use_more_bits picks), as the llama.cpp release tests/interop pins does; its tied token_embd q6_K (the output).
 TEST(GgufModel, Q4KMFollowsLlamaCppsMixForEightExpertsAndGpt2) {
   ModelConfig cfg = tiny_llama();
   cfg.n_layer = 8, cfg.n_embd = 256, cfg.n_head = 4, cfg.n_kv_head = 2, cfg.d_ff = 256;
@@ -197,7 +198,7 @@ TEST(GgufModel, Q4KMFollowsLlamaCppsMixForEightExpertsAndGpt2) {
     const bool more = i == 0 || i == 7 || (i - 1) % 3 == 2;
     EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_k.weight")).type, io::GgmlType::q8_0) << i;
     EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_v.weight")).type, io::GgmlType::q8_0) << i;
-    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_output.weight")).type, io::GgmlType::q6_K) << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_output.weight")).type, io::GgmlType::q5_K) << i;
     EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_q.weight")).type, io::GgmlType::q4_K) << i;
     EXPECT_EQ(f.tensor(concat("blk.", i, ".ffn_down_exps.weight")).type, more ? io::GgmlType::q6_K : io::GgmlType::q4_K)
         << i;
@@ -207,21 +208,49 @@ TEST(GgufModel, Q4KMFollowsLlamaCppsMixForEightExpertsAndGpt2) {
   gpt2.n_embd = 256, gpt2.d_ff = 1024;
   Params q = random_params(gpt2);
   const io::GgufFile g = io::GgufFile::open(write(gpt2, q, GgufWeights::q4_K_M, "q4km_gpt2.gguf"));
-  for (int i = 0; i < gpt2.n_layer; ++i)
-    EXPECT_EQ(g.tensor(concat("blk.", i, ".attn_qkv.weight")).type, io::GgmlType::q6_K) << i;
+  // use_more_bits(i, 2): layer 1 only (i >= 7 * 2 / 8).
+  EXPECT_EQ(g.tensor("blk.0.attn_qkv.weight").type, io::GgmlType::q4_K);
+  EXPECT_EQ(g.tensor("blk.1.attn_qkv.weight").type, io::GgmlType::q6_K);
+  EXPECT_EQ(g.tensor("token_embd.weight").type, io::GgmlType::q6_K);
 }
 
-TEST(GgufModel, RowsThatNoBlockDividesFallBackToQ8OrF16) {
+// Q5_K_M: q5_K, q6_K where Q4_K_M takes it; general.file_type 17.
+TEST(GgufModel, Q5KMFollowsLlamaCppsMix) {
+  ModelConfig cfg = tiny_llama();
+  cfg.n_layer = 8, cfg.n_embd = 256, cfg.n_head = 4, cfg.n_kv_head = 2, cfg.d_ff = 512;
+  Params p = random_params(cfg);
+  const io::GgufFile f = io::GgufFile::open(write(cfg, p, GgufWeights::q5_K_M, "q5km.gguf"));
+  EXPECT_EQ(f.tensor("output.weight").type, io::GgmlType::q6_K);
+  EXPECT_EQ(f.tensor("token_embd.weight").type, io::GgmlType::q5_K);
+  for (int i = 0; i < 8; ++i) {
+    const bool more = i == 0 || i == 7 || (i - 1) % 3 == 2;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".ffn_down.weight")).type, more ? io::GgmlType::q6_K : io::GgmlType::q5_K) << i;
+    EXPECT_EQ(f.tensor(concat("blk.", i, ".attn_q.weight")).type, io::GgmlType::q5_K) << i;
+  }
+  EXPECT_EQ(f.get_int<uint32_t>("general.file_type"), 17u);
+  ModelConfig gpt2 = tiny_gpt2();
+  gpt2.n_embd = 256, gpt2.d_ff = 1024;
+  Params q = random_params(gpt2);
+  const io::GgufFile g = io::GgufFile::open(write(gpt2, q, GgufWeights::q5_K_M, "q5km_gpt2.gguf"));
+  EXPECT_EQ(g.tensor("blk.0.attn_qkv.weight").type, io::GgmlType::q5_K);
+  EXPECT_EQ(g.tensor("blk.1.attn_qkv.weight").type, io::GgmlType::q6_K);
+}
+
+// llama-quantize's fallbacks: q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0.
+TEST(GgufModel, RowsThatNoBlockDividesFallBackAsLlamaQuantizes) {
   ModelConfig cfg = tiny_gpt2();  // rows of 64 and 256: q4_K's 256 divides only the latter
   Params p = random_params(cfg);
+  for (const auto& [w, fallback] : {std::pair{GgufWeights::q5_K, io::GgmlType::q5_1},
+                                    std::pair{GgufWeights::q6_K, io::GgmlType::q8_0}})
+    EXPECT_EQ(io::GgufFile::open(write(cfg, p, w, "fallback_k.gguf")).tensor("blk.0.attn_qkv.weight").type, fallback);
   ::testing::internal::CaptureStderr();
   const io::GgufFile f = io::GgufFile::open(write(cfg, p, GgufWeights::q4_K, "fallback.gguf"));
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(f.tensor("blk.0.attn_qkv.weight").type, io::GgmlType::q8_0);   // rows of C = 64
+  EXPECT_EQ(f.tensor("blk.0.attn_qkv.weight").type, io::GgmlType::q5_0);   // rows of C = 64
   EXPECT_EQ(f.tensor("blk.0.ffn_down.weight").type, io::GgmlType::q4_K);   // rows of F = 256
   // And it says so, as llama-quantize does.
   EXPECT_NE(log.find("weight matrices are stored in another type than asked"), std::string::npos) << log;
-  EXPECT_NE(log.find("blk.0.attn_qkv.weight q4_K -> q8_0 (64 values a row)"), std::string::npos) << log;
+  EXPECT_NE(log.find("blk.0.attn_qkv.weight q4_K -> q5_0 (64 values a row)"), std::string::npos) << log;
 }
 
 TEST(GgufModel, AnArchitectureLoomDoesNotRunIsAClearError) {

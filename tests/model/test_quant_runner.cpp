@@ -151,7 +151,11 @@ TEST(QuantRunner, Gpt2LogitsFollowTheDequantizedFileInEveryType) {
   expect_follows_dequantized(config(Family::gpt2), GgufWeights::q8_0, "q8_0 9");
   expect_follows_dequantized(config(Family::gpt2), GgufWeights::q4_0, "q4_0 9");
   expect_follows_dequantized(config(Family::gpt2), GgufWeights::q6_K, "q6_K 9");
+  // q4_K_M: the tied head (token_embd) and the last layer's attn_qkv and ffn_down in q6_K.
   expect_follows_dequantized(config(Family::gpt2), GgufWeights::q4_K_M, "q4_K 6, q6_K 3");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q4_1, "q4_1 9");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q5_K, "q5_K 9");
+  expect_follows_dequantized(config(Family::gpt2), GgufWeights::q5_K_M, "q5_K 6, q6_K 3");
 }
 
 TEST(QuantRunner, LlamaGqaLogitsFollowTheDequantizedFileInEveryType) {
@@ -159,6 +163,10 @@ TEST(QuantRunner, LlamaGqaLogitsFollowTheDequantizedFileInEveryType) {
   expect_follows_dequantized(config(Family::llama), GgufWeights::q4_0, "q4_0 15");
   expect_follows_dequantized(config(Family::llama), GgufWeights::q6_K, "q6_K 15");
   expect_follows_dequantized(config(Family::llama), GgufWeights::q4_K_M, "q4_K 12, q6_K 3");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q5_0, "q5_0 15");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q5_1, "q5_1 15");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q2_K, "q2_K 15");
+  expect_follows_dequantized(config(Family::llama), GgufWeights::q5_K_M, "q5_K 12, q6_K 3");
 }
 
 // A Mixtral layer's experts are held too, each its rows of the stacked
