@@ -1,7 +1,7 @@
 // `loom bench kernels`: matmul GFLOP/s at square shapes and at every GEMM of a
 // GPT-2 124M training step, attention forward+backward tokens/s, and the
 // serving linears (oneDNN vs the batch-invariant kernel) at 1 to 512 rows,
-// the quantized serving linear (q8_0, q4_0, q4_K, q6_K weights) at 1 and 64
+// the quantized serving linear (every weight type of kernels/quant.h) at 1 and 64
 // rows, the paged attention of a decode step (K/V GB/s), and the memory-bound
 // ops of a training and a decode step (GB/s, kernels_bench_ops.cpp).
 //
@@ -410,7 +410,7 @@ constexpr const char* kFilterHelp =
     "linear_quant, paged_attention_decode, paged_attention_prefill, layernorm_fwd, layernorm_bwd, rmsnorm_fwd, "
     "rmsnorm_bwd, gelu_fwd, gelu_bwd, swiglu_fwd, swiglu_bwd, rope_fwd, rope_bwd, softmax_fwd, softmax_bwd, cross_entropy_fwd_bwd, "
     "adamw_step, embedding_fwd, embedding_bwd, add, cast), a dtype (f32, bf16, f32_to_bf16, bf16_to_f32), a "
-    "weight type (q8_0, q4_0, q4_K, q6_K) or a case name (square_1024, gpt2_lm_head_dw, train_b4t128, decode_s32, "
+    "weight type (q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K) or a case name (square_1024, gpt2_lm_head_dw, train_b4t128, decode_s32, "
     "...)";
 
 }  // namespace

@@ -30,7 +30,7 @@ add_test(NAME Cli.Gguf.AnUnknownWeightTypeListsTheAllowedOnes
          COMMAND sh -c "${LOOM_GGUF_MODEL}\"$0\" convert --to gguf --model \"$1/m\" --out \"$1/m.gguf\" --quantize q3_K 2>&1; echo \"exit=$?\"; ls \"$1\""
                  $<TARGET_FILE:loom> ${LOOM_GGUF_DIR}/bad_type)
 set_tests_properties(Cli.Gguf.AnUnknownWeightTypeListsTheAllowedOnes PROPERTIES PASS_REGULAR_EXPRESSION
-  "error: GGUF weight type 'q3_K' is invalid: allowed values are f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q4_K, q5_K, q6_K, q4_K_M, q5_K_M\nexit=1\nm\n$")
+  "error: GGUF weight type 'q3_K' is invalid: loom reads and serves q3_K but does not write it \\(llama-quantize's Q3_K_M does\\); allowed values are f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q4_K, q5_K, q6_K, q4_K_M, q5_K_M\nexit=1\nm\n$")
 
 # The same files through Hugging Face's independent GGUF parser.
 add_executable(gguf_describe interop/gguf_describe.cpp)

@@ -19,8 +19,8 @@
 //   q6_K  x = d * scales[j] * (q[i] - 32), q in 0..63    (256 values, 16 sub-blocks of 16)
 //   q8_K  x = d * qs[i], d an f32                        (256 values; activations only)
 // and the types loom reads from llama.cpp's files and multiplies in their
-// blocks (quant_more.cpp; quantize_row writes q4_1, q5_0, q5_1 and q5_K,
-// llama.cpp's writers being the only source of q2_K and q3_K):
+// blocks (quant_more.cpp; quantize_row writes all but q3_K, which only
+// llama.cpp's writers make):
 //   q4_1  x = d * q[i] + m, q in 0..15                   (32 values)
 //   q5_0  x = d * (q[i] - 16), q in 0..31                (32 values)
 //   q5_1  x = d * q[i] + m, q in 0..31                   (32 values)
@@ -189,7 +189,7 @@ QuantType quant_dot_type(QuantType weight);
 int quant_f16_offsets(QuantType t, size_t (&offsets)[2]);
 // Whether t is an activation type (q8_K, q8_1): never a weight's.
 bool quant_is_activation_type(QuantType t);
-// Whether quantize_row writes t (every type but q2_K and q3_K).
+// Whether quantize_row writes t (every type but q3_K).
 bool quant_can_write(QuantType t);
 
 // x: (n) f32 -> n / block_size blocks of type t. n a multiple of the block

@@ -88,7 +88,7 @@ std::optional<std::pair<std::string, int64_t>> expert_of(const std::string& rest
   return std::make_pair(it->second, std::stoll(rest.substr(kExperts.size(), dot - kExperts.size())));
 }
 
-// llama.cpp's use_more_bits (llama-quant.cpp): the layers q4_K_M stores in q6_K.
+// llama.cpp's use_more_bits (llama-quant.cpp): the layers q4_K_M and q5_K_M store in q6_K.
 bool use_more_bits(int64_t layer, int64_t n_layers) {
   return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
 }
@@ -251,6 +251,9 @@ GgufWeights gguf_weights_from_name(std::string_view name) {
     if (n == name) return w;
     allowed += (allowed.empty() ? "" : ", ") + std::string(n);
   }
+  if (name == "q3_K")
+    fail("GGUF weight type 'q3_K' is invalid: loom reads and serves q3_K but does not write it (llama-quantize's ",
+         "Q3_K_M does); allowed values are ", allowed);
   fail("GGUF weight type '", name, "' is invalid: allowed values are ", allowed);
 }
 

@@ -51,7 +51,7 @@ class QuantWeights;  // model/quant_weights.h
 // q2_K -> q4_0), or f16 where that does not fit either. loom reads q3_K
 // (and every type here) but does not write it.
 enum class GgufWeights { f32, f16, bf16, q8_0, q4_0, q4_K, q6_K, q4_K_M, q4_1, q5_0, q5_1, q2_K, q5_K, q5_K_M };
-// "f32", ..., "q4_K_M"; another name is a loom::Error listing the allowed ones.
+// "f32", ..., "q5_K_M"; another name is a loom::Error listing the allowed ones.
 GgufWeights gguf_weights_from_name(std::string_view name);
 std::string_view gguf_weights_name(GgufWeights w);
 // llama.cpp's general.file_type (enum llama_ftype) of a file of such weights.

@@ -3,7 +3,7 @@
 // never dequantized.
 //
 // Each row of x is quantized once per call into scratch by quantize_row
-// (q8_0 or q8_K, the weight type's dot type: the reference's bytes). Then
+// (q8_0, q8_1 or q8_K, the weight type's dot type: the reference's bytes). Then
 // every output is vec_dot(W row n, x row m) of kernels/quant.h exactly: per
 // block an integer sum, exact in any order, then the block's float steps in
 // f32, accumulated in block order. The vector paths compute 8 outputs at a

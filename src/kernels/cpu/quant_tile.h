@@ -142,7 +142,7 @@ inline __m256 a_lanes_f32(Get get) {
                         get(7 / C));
 }
 
-// s += isum * (dw * da), lane by lane (q8_0 and q4_0).
+// s += isum * (dw * da), lane by lane (q8_0, q4_0 and q5_0).
 template <class Q, int R, int C>
 inline __m256 step_d(__m256 s, __m256i isum, const typename Q::W* const* w, const typename Q::A* const* a,
                      int64_t b) {

@@ -195,6 +195,58 @@ void quant_dot(float* y, const void* w, const void* a, const float* bias, int64_
   LOOM_CUDA_LAUNCHED();
 }
 
+// Bit 0 or 16: the fifth bit of value j (0..31) of a q5_0 / q5_1 block.
+__device__ __forceinline__ int fifth_bit(const uint8_t* qh, int j) { return (qh[j / 8] >> (j % 8) & 1) << 4; }
+
+// Value i of a row of the types read from llama.cpp's files, as
+// quant_more.cpp's dequantizers compute it.
+__device__ float dequant_more(QuantType t, const uint8_t* row, int64_t i) {
+  switch (t) {
+    case QuantType::q4_1: case QuantType::q5_1: case QuantType::q5_0: {
+      const int j = static_cast<int>(i % kQK), l = j % (kQK / 2);
+      const uint8_t* qs = t == QuantType::q4_1   ? reinterpret_cast<const block_q4_1*>(row)[i / kQK].qs
+                          : t == QuantType::q5_1 ? reinterpret_cast<const block_q5_1*>(row)[i / kQK].qs
+                                                 : reinterpret_cast<const block_q5_0*>(row)[i / kQK].qs;
+      int q = j < kQK / 2 ? (qs[l] & 0xf) : (qs[l] >> 4);
+      if (t == QuantType::q4_1) {
+        const block_q4_1& b = reinterpret_cast<const block_q4_1*>(row)[i / kQK];
+        return q * f16_value(b.d) + f16_value(b.m);
+      }
+      if (t == QuantType::q5_1) {
+        const block_q5_1& b = reinterpret_cast<const block_q5_1*>(row)[i / kQK];
+        return (q | fifth_bit(b.qh, j)) * f16_value(b.d) + f16_value(b.m);
+      }
+      const block_q5_0& b = reinterpret_cast<const block_q5_0*>(row)[i / kQK];
+      return ((q | fifth_bit(b.qh, j)) - 16) * f16_value(b.d);
+    }
+    case QuantType::q2_K: {
+      const block_q2_K& b = reinterpret_cast<const block_q2_K*>(row)[i / kQKK];
+      const int j = static_cast<int>(i % kQKK), sub = j / 16, h = j / 128, k = (j % 128) / 32, l = j % 32;
+      const uint8_t sc = b.scales[sub];
+      const float dl = f16_value(b.d) * (sc & 0xf), ml = f16_value(b.dmin) * (sc >> 4);
+      return dl * ((b.qs[32 * h + l] >> (2 * k)) & 3) - ml;
+    }
+    case QuantType::q3_K: {
+      const block_q3_K& b = reinterpret_cast<const block_q3_K*>(row)[i / kQKK];
+      const int j = static_cast<int>(i % kQKK), sub = j / 16, h = j / 128, k = (j % 128) / 32, l = j % 32;
+      const int low = sub < 8 ? b.scales[sub] & 0xf : b.scales[sub - 8] >> 4;
+      const int sc = low | ((b.scales[8 + sub % 4] >> (2 * (sub / 4))) & 3) << 4;
+      const int q = ((b.qs[32 * h + l] >> (2 * k)) & 3) - ((b.hmask[l] >> (4 * h + k) & 1) ? 0 : 4);
+      return f16_value(b.d) * (sc - 32) * q;
+    }
+    case QuantType::q5_K: {
+      const block_q5_K& b = reinterpret_cast<const block_q5_K*>(row)[i / kQKK];
+      const int j = static_cast<int>(i % kQKK), sub = j / 32, l = j % 32;
+      const uint8_t byte = b.qs[32 * (sub / 2) + l];
+      const int q = (sub % 2 == 0 ? (byte & 0xf) : (byte >> 4)) + ((b.qh[l] >> sub) & 1) * 16;
+      int sc = 0, m = 0;
+      q4_K_scale_min_dev(sub, b.scales, &sc, &m);
+      return f16_value(b.d) * sc * q - f16_value(b.dmin) * m;
+    }
+    default: return 0.f;  // activation types: refused by ops.h
+  }
+}
+
 // Value i of a row of blocks of type t, as quant.cpp's dequantize_row computes it.
 __device__ float dequant_value(QuantType t, const uint8_t* row, int64_t i) {
   switch (t) {
@@ -226,9 +278,8 @@ __device__ float dequant_value(QuantType t, const uint8_t* row, int64_t i) {
       const int q = (lo | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
       return f16_value(b.d) * b.scales[j / 16] * q;
     }
-    default: break;  // refused by require_cuda_type
+    default: return dequant_more(t, row, i);
   }
-  return 0.f;
 }
 
 __global__ void dequantize_rows_kernel(float* out, const uint8_t* w, QuantType t, int64_t rows, int64_t ic,
@@ -238,12 +289,13 @@ __global__ void dequantize_rows_kernel(float* out, const uint8_t* w, QuantType t
   out[i] = dequant_value(t, w + (i / ic) * row_bytes, i % ic);
 }
 
-// The weight types this backend has kernels for; the others (read from
-// llama.cpp's files: q4_1, q5_0, q5_1, q2_K, q3_K, q5_K) run on the CPU.
+// The weight types this backend multiplies in their blocks; the others
+// (q4_1, q5_0, q5_1, q2_K, q3_K, q5_K) it only dequantizes (dequantize_rows:
+// QLoRA's tiles).
 void require_cuda_type(const char* op, QuantType t) {
   if (t == QuantType::q8_0 || t == QuantType::q4_0 || t == QuantType::q4_K || t == QuantType::q6_K) return;
   fail(op, ": weight type ", quant_name(t), " has no CUDA kernel (the CUDA backend multiplies q8_0, q4_0, q4_K and ",
-       "q6_K blocks); serve this file on the CPU");
+       "q6_K blocks); run this model on the CPU");
 }
 
 }  // namespace
@@ -251,7 +303,6 @@ void require_cuda_type(const char* op, QuantType t) {
 void dequantize_rows(Tensor out, const Tensor& w, QuantType wtype, int64_t first_row) {
   const int64_t R = out.size(0), IC = out.size(1), row_bytes = w.size(1);
   if (R * IC == 0) return;
-  require_cuda_type("dequantize_rows", wtype);
   const auto* src = static_cast<const uint8_t*>(w.data()) + first_row * row_bytes;
   dequantize_rows_kernel<<<static_cast<unsigned>((R * IC + 255) / 256), 256, 0, stream()>>>(ptr<float>(out), src,
                                                                                           wtype, R, IC, row_bytes);
