@@ -144,19 +144,20 @@ struct Block32 {
 // 32 (dot_j of the values 0..15 or 0..31 with x: vpdpbusd as is) and msum =
 // sum_j m_j * (x's sum over sub-block j, from its bsums), exact in int32;
 // then the reference's d * isum - dmin * msum, added in super-block order.
-struct NoFifthBits {};
-struct FifthBits {
-  uint8_t qh[8][64];  // [k]: lane c's 4 bytes qh[4 k ..] of row c
+struct NoHigh {};
+struct High {
+  uint8_t v[4][8][64];  // q5_K: [r][k]: lane c's values 4 k .. 4 k + 3 of sub-block 2 r + 1
 };
 template <bool kFive>
 struct alignas(64) PackedSuperK {
   float d[kLanes], dmin[kLanes];
   int32_t sc[8][kLanes], m[8][kLanes];
   // [r][k]: lane c's 4 bytes qs[32 r + 4 k ..] of row c: low nibbles values of
-  // sub-block 2 r, high nibbles of sub-block 2 r + 1 (q5_K: the fifth bits
-  // 2 r and 2 r + 1 of qh).
+  // sub-block 2 r, high nibbles of sub-block 2 r + 1. q5_K: the values of
+  // sub-block 2 r (0..31, the fifth bit joined when packing), and those of
+  // 2 r + 1 in hi: no unpacking per row tile.
   uint8_t q[4][8][64];
-  [[no_unique_address]] std::conditional_t<kFive, FifthBits, NoFifthBits> h;
+  [[no_unique_address]] std::conditional_t<kFive, High, NoHigh> hi;
 };
 
 template <bool kFive>
@@ -179,10 +180,22 @@ struct SuperK {
           q4_K_scale_min(j, blk.scales, &sc, &mn);
           p[b].sc[j][c] = sc, p[b].m[j][c] = mn;
         }
-        for (int r = 0; r < 4; ++r)
-          for (int k = 0; k < 8; ++k) std::memcpy(p[b].q[r][k] + 4 * c, blk.qs + 32 * r + 4 * k, 4);
-        if constexpr (kFive)
-          for (int k = 0; k < 8; ++k) std::memcpy(p[b].h.qh[k] + 4 * c, blk.qh + 4 * k, 4);
+        if constexpr (kFive) {
+          // quant_tile.h's unpacking: sub-block j's 32 values (0..31) in q[j].
+          const quant_tile::KUnpacked u = quant_tile::Q5_KSimd::unpack(blk);
+          for (int r = 0; r < 4; ++r) {
+            alignas(32) uint32_t lo[8], hi[8];
+            _mm256_store_si256(reinterpret_cast<__m256i*>(lo), u.q[2 * r]);
+            _mm256_store_si256(reinterpret_cast<__m256i*>(hi), u.q[2 * r + 1]);
+            for (int k = 0; k < 8; ++k) {
+              std::memcpy(p[b].q[r][k] + 4 * c, &lo[k], 4);
+              std::memcpy(p[b].hi.v[r][k] + 4 * c, &hi[k], 4);
+            }
+          }
+        } else {
+          for (int r = 0; r < 4; ++r)
+            for (int k = 0; k < 8; ++k) std::memcpy(p[b].q[r][k] + 4 * c, blk.qs + 32 * r + 4 * k, 4);
+        }
       }
     }
   }
@@ -190,18 +203,18 @@ struct SuperK {
   // isum[i] of rows [m, m + R) for super-block b of the group.
   template <int R>
   static void isums(const Packed& w, const block_q8_K* const* a, int64_t b, __m512i (&isum)[R]) {
-    const __m512i low = _mm512_set1_epi8(0xf), bit4 = _mm512_set1_epi8(0x10);
+    const __m512i low = _mm512_set1_epi8(0xf);
     for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
     for (int r = 0; r < 4; ++r) {
       __m512i lo[R], hi[R];
       for (int i = 0; i < R; ++i) lo[i] = hi[i] = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) {
         const __m512i v = _mm512_load_si512(w.q[r][k]);
-        __m512i vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        if constexpr (kFive) {  // bit 2 r (2 r + 1) of each qh byte moved to bit 4
-          const __m512i h = _mm512_load_si512(w.h.qh[k]);
-          vl = _mm512_or_si512(vl, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(h, 2 * r), 4), bit4));
-          vh = _mm512_or_si512(vh, _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(h, 2 * r + 1), 4), bit4));
+        __m512i vl, vh;
+        if constexpr (kFive) {
+          vl = v, vh = _mm512_load_si512(w.hi.v[r][k]);
+        } else {
+          vl = _mm512_and_si512(v, low), vh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
         for (int i = 0; i < R; ++i) {
           int32_t y[2];
