@@ -1,5 +1,6 @@
 // linear_forward_quantized for many rows (quant_prefill.h): q8_0, q4_0 and
-// q5_0 weights against q8_0 activations, q4_K, q5_K and q6_K against q8_K, with
+// q5_0 weights against q8_0 activations, q4_1 and q5_1 against q8_1, q4_K,
+// q5_K and q6_K against q8_K, with
 // AVX512_VNNI, 16 outputs to a vector.
 //
 // quant_linear.cpp's tiles put one output's 32 products of a block in one
@@ -53,8 +54,30 @@ constexpr int kRowTile = 8;             // rows sharing one block's weight vecto
 // vpdpbusd takes them: value j of row c at q[(j / 4) * 64 + 4 c + j % 4].
 struct alignas(64) PackedBlock {
   float d[kLanes];
+  float m[kLanes];  // q4_1, q5_1: the block's min
   uint8_t q[kQK * kLanes];
 };
+
+// q4_1 and q5_1: a min per block, against q8_1 activations (quant.h's
+// dot_with_min: (dw * da) * isum + mw * sa, the values 0..15 / 0..31 as they
+// are, no offset).
+template <QuantType T>
+constexpr bool kMin = T == QuantType::q4_1 || T == QuantType::q5_1;
+template <QuantType T>
+using ActivationBlock = std::conditional_t<kMin<T>, block_q8_1, block_q8_0>;
+
+// q8_1 rows: each block's d and s widened (RowBlocks' s; no sum).
+RowBlocks prepare_q8_1(const QuantOperands& o) {
+  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+  auto* s = thread_scratch<float>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < o.N; ++m)
+    for (int64_t b = 0; b < o.nb; ++b) {
+      const block_q8_1& blk = row_at<block_q8_1>(o.a, o.a_row, m)[b];
+      d[m * o.nb + b] = half_to_float(blk.d), s[m * o.nb + b] = half_to_float(blk.s);
+    }
+  return {d, nullptr, s};
+}
 
 // What the u8 form adds to a weight value (q8_0: qs + 128; q4_0, q5_0: the
 // stored value is already value + 8, value + 16).
@@ -76,6 +99,14 @@ void pack_group(PackedBlock* p, const QuantOperands& o, int64_t n0) {
         const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
         p[b].d[c] = half_to_float(blk.d);
         v = quant_tile::nibbles32(blk.qs);
+      } else if constexpr (T == QuantType::q4_1) {
+        const auto& blk = reinterpret_cast<const block_q4_1*>(row)[b];
+        p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
+        v = quant_tile::nibbles32(blk.qs);
+      } else if constexpr (T == QuantType::q5_1) {
+        const auto& blk = reinterpret_cast<const block_q5_1*>(row)[b];
+        p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
+        v = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
       } else {
         const auto& blk = reinterpret_cast<const block_q5_0*>(row)[b];
         p[b].d[c] = half_to_float(blk.d);
@@ -102,10 +133,10 @@ void store_rows(const __m512 (&s)[R], const QuantOperands& o, int64_t m, int64_t
 // y's rows [m, m + R), outputs [n0, n0 + 16) (those below OC).
 template <QuantType T, int R>
 void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_t m, int64_t n0) {
+  using A = ActivationBlock<T>;
   __m512 s[R];
-  const block_q8_0* a[R];
-  for (int r = 0; r < R; ++r)
-    s[r] = _mm512_setzero_ps(), a[r] = row_at<block_q8_0>(o.a, o.a_row, m + r);
+  const A* a[R];
+  for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps(), a[r] = row_at<A>(o.a, o.a_row, m + r);
   for (int64_t b = 0; b < o.nb; ++b) {
     const __m512 dw = _mm512_load_ps(p[b].d);
     __m512i wq[8];
@@ -116,22 +147,24 @@ void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_
       __m512i acc = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) acc = _mm512_dpbusd_epi32(acc, wq[k], _mm512_set1_epi32(xq[k]));
       const int64_t at = (m + r) * o.nb + b;
-      acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(kOffset<T> * x.sum[at]));
+      if constexpr (!kMin<T>) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(kOffset<T> * x.sum[at]));
       const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
       // (maskz: GCC 12 warns that plain cvtepi32_ps's undefined source may be uninitialized.)
-      s[r] = _mm512_add_ps(s[r], _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, acc), d));
+      __m512 t = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, acc), d);
+      if constexpr (kMin<T>) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_load_ps(p[b].m), _mm512_set1_ps(x.s[at])));
+      s[r] = _mm512_add_ps(s[r], t);
     }
   }
   store_rows<R>(s, o, m, n0);
 }
 
-// q8_0 / q4_0 / q5_0 weights: what run_packed needs of a weight type.
+// q8_0 / q4_0 / q5_0 / q4_1 / q5_1 weights: what run_packed needs of a weight type.
 template <QuantType T>
 struct Block32 {
   using Packed = PackedBlock;
   using Rows = RowBlocks;
   static constexpr int kTile = kRowTile;
-  static Rows prepare(const QuantOperands& o) { return prepare_q8_0(o); }
+  static Rows prepare(const QuantOperands& o) { return kMin<T> ? prepare_q8_1(o) : prepare_q8_0(o); }
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) { pack_group<T>(p, o, n0); }
   template <int R>
   static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
@@ -336,6 +369,8 @@ bool quant_prefill(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q5_0) return run<Block32<QuantType::q5_0>>(o), true;
+  if (wtype == QuantType::q4_1) return run<Block32<QuantType::q4_1>>(o), true;
+  if (wtype == QuantType::q5_1) return run<Block32<QuantType::q5_1>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK<false>>(o), true;
   if (wtype == QuantType::q5_K) return run<SuperK<true>>(o), true;
   if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;

@@ -34,7 +34,8 @@ const B* row_at(const std::byte* base, size_t bytes, int64_t i) {
 // of the block's values.
 struct RowBlocks {
   const float* d;
-  const int32_t* sum;  // [m * nb + b]
+  const int32_t* sum;        // [m * nb + b]
+  const float* s = nullptr;  // q8_1 rows: d * sum(qs) as stored (f16), widened
 };
 inline RowBlocks prepare_q8_0(const QuantOperands& o) {
   auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
