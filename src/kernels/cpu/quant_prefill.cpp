@@ -1,6 +1,6 @@
 // linear_forward_quantized for many rows (quant_prefill.h): q8_0, q4_0 and
-// q5_0 weights against q8_0 activations, q4_1 and q5_1 against q8_1, q4_K,
-// q5_K and q6_K against q8_K, with
+// q5_0 weights against q8_0 activations, q4_1 and q5_1 against q8_1, q2_K,
+// q3_K, q4_K, q5_K and q6_K against q8_K, with
 // AVX512_VNNI, 16 outputs to a vector.
 //
 // quant_linear.cpp's tiles put one output's 32 products of a block in one
@@ -289,31 +289,70 @@ struct SuperK {
   }
 };
 
-// q6_K against q8_K (quant.h's vec_dot_q6_K_q8_K): per super-block isum =
-// sum_j scale_j * (dot_j - 32 * bsum_j) over its 16 sub-blocks of 16, dot_j
-// of the 6-bit values 0..63 with x (vpdpbusd as is) and bsum_j x's sum there
-// (q8_K's bsums), exact in int32; then (dw * dy) * isum.
-struct alignas(64) PackedSuper6 {
+// q6_K, q3_K and q2_K against q8_K (quant.h's vec_dot_q6_K_q8_K, _q3_K_,
+// _q2_K_): 16 sub-blocks of 16 values, unpacked to bytes when W is repacked
+// (q6_K 0..63, q3_K q + 4 in 0..7, q2_K 0..3) and dot_j of them with x
+// (vpdpbusd as is); per super-block isum = sum_j sc_j * (dot_j - off *
+// bsum_j) (off 32, 4, 0; bsum_j x's sum there, q8_K's bsums; q3_K's scales
+// signed, sc - 32) exact in int32, then (dw * dy) * isum; q2_K also msum =
+// sum_j m_j * bsum_j and d * isum - dmin * msum, as the reference.
+struct NoMins {};
+struct Mins {
+  float dmin[kLanes];
+  int32_t m[16][kLanes];
+};
+template <QuantType T>
+struct alignas(64) PackedSuper16 {
   float d[kLanes];
   int32_t sc[16][kLanes];
   uint8_t q[64][64];  // [k]: lane c's values 4 k .. 4 k + 3 of row c
+  [[no_unique_address]] std::conditional_t<T == QuantType::q2_K, Mins, NoMins> mins;
 };
 
-struct SuperK6 {
-  using Packed = PackedSuper6;
+// Values 128 h + 32 k + l of a q2_K / q3_K super-block: bits 2k of qs[32 h + l]
+// (q3_K: + 4 * bit 4 h + k of hmask[l]).
+template <class Block>
+void unpack_low_bits(const Block& x, uint8_t (&v)[kQKK]) {
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        int q = (x.qs[32 * h + l] >> (2 * k)) & 3;
+        if constexpr (std::is_same_v<Block, block_q3_K>) q += 4 * ((x.hmask[l] >> (4 * h + k)) & 1);
+        v[128 * h + 32 * k + l] = static_cast<uint8_t>(q);
+      }
+}
+
+template <QuantType T>
+struct Super16 {
+  using Packed = PackedSuper16<T>;
   using Rows = RowSupers;  // sums over sub-blocks of 16: q8_K's bsums
+  using Block = std::conditional_t<T == QuantType::q6_K, block_q6_K,
+                                   std::conditional_t<T == QuantType::q3_K, block_q3_K, block_q2_K>>;
   static constexpr int kTile = 4;
+  static constexpr int32_t kOff = T == QuantType::q6_K ? 32 : T == QuantType::q3_K ? 4 : 0;
 
   static Rows prepare(const QuantOperands& o) { return prepare_q8_K<16>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     for (int c = 0; c < kLanes; ++c) {
-      const auto* row = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+      const auto* row = row_at<Block>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
       for (int64_t b = 0; b < o.nb; ++b) {
-        p[b].d[c] = half_to_float(row[b].d);
-        for (int j = 0; j < 16; ++j) p[b].sc[j][c] = row[b].scales[j];
+        const Block& x = row[b];
+        p[b].d[c] = half_to_float(x.d);
         uint8_t v[kQKK];
-        unpack_q6_K(row[b], v);
+        if constexpr (T == QuantType::q6_K) {
+          for (int j = 0; j < 16; ++j) p[b].sc[j][c] = x.scales[j];
+          unpack_q6_K(x, v);
+        } else if constexpr (T == QuantType::q3_K) {
+          uint8_t sc[16];
+          q3_K_scales(x.scales, sc);
+          for (int j = 0; j < 16; ++j) p[b].sc[j][c] = sc[j] - 32;
+          unpack_low_bits(x, v);
+        } else {
+          p[b].mins.dmin[c] = half_to_float(x.dmin);
+          for (int j = 0; j < 16; ++j) p[b].sc[j][c] = x.scales[j] & 0xf, p[b].mins.m[j][c] = x.scales[j] >> 4;
+          unpack_low_bits(x, v);
+        }
         for (int k = 0; k < 64; ++k) std::memcpy(p[b].q[k] + 4 * c, v + 4 * k, 4);
       }
     }
@@ -326,8 +365,8 @@ struct SuperK6 {
     for (int i = 0; i < R; ++i)
       s[i] = _mm512_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
     for (int64_t b = 0; b < o.nb; ++b) {
-      __m512i isum[R];
-      for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+      __m512i isum[R], msum[R];
+      for (int i = 0; i < R; ++i) isum[i] = msum[i] = _mm512_setzero_si512();
       for (int j = 0; j < 16; ++j) {
         __m512i acc[R];
         for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_si512();
@@ -341,14 +380,22 @@ struct SuperK6 {
         }
         const __m512i sc = _mm512_load_si512(p[b].sc[j]);
         for (int i = 0; i < R; ++i) {
-          const __m512i off = _mm512_set1_epi32(32 * x.sums[((m + i) * o.nb + b) * 16 + j]);
-          isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(sc, _mm512_sub_epi32(acc[i], off)));
+          const int32_t bsum = x.sums[((m + i) * o.nb + b) * 16 + j];
+          if constexpr (kOff != 0) acc[i] = _mm512_sub_epi32(acc[i], _mm512_set1_epi32(kOff * bsum));
+          isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(sc, acc[i]));
+          if constexpr (T == QuantType::q2_K)
+            msum[i] = _mm512_add_epi32(msum[i], _mm512_mullo_epi32(_mm512_load_si512(p[b].mins.m[j]),
+                                                                     _mm512_set1_epi32(bsum)));
         }
       }
       const __m512 dw = _mm512_load_ps(p[b].d);
       for (int i = 0; i < R; ++i) {
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(m + i) * o.nb + b]));
-        s[i] = _mm512_add_ps(s[i], _mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(0xffff, isum[i])));
+        const __m512 dy = _mm512_set1_ps(x.d[(m + i) * o.nb + b]);
+        __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, dy), _mm512_maskz_cvtepi32_ps(0xffff, isum[i]));
+        if constexpr (T == QuantType::q2_K)
+          t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(p[b].mins.dmin), dy),
+                                             _mm512_maskz_cvtepi32_ps(0xffff, msum[i])));
+        s[i] = _mm512_add_ps(s[i], t);
       }
     }
     store_rows<R>(s, o, m, n0);
@@ -373,7 +420,9 @@ bool quant_prefill(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q5_1) return run<Block32<QuantType::q5_1>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK<false>>(o), true;
   if (wtype == QuantType::q5_K) return run<SuperK<true>>(o), true;
-  if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;
+  if (wtype == QuantType::q6_K) return run<Super16<QuantType::q6_K>>(o), true;
+  if (wtype == QuantType::q3_K) return run<Super16<QuantType::q3_K>>(o), true;
+  if (wtype == QuantType::q2_K) return run<Super16<QuantType::q2_K>>(o), true;
   return false;
 #else
   return quant_prefill8(wtype, o);

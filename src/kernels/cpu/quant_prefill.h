@@ -27,7 +27,7 @@ struct QuantOperands {
 };
 
 // All of y, with the scalar reference's bits (quant.h's vec_dot, then + bias),
-// for q8_0, q4_0, q5_0, q4_1, q5_1, q4_K, q5_K and q6_K weights and at least
+// for q8_0, q4_0, q5_0, q4_1, q5_1, q2_K, q3_K, q4_K, q5_K and q6_K weights and at least
 // kQuantPrefillRows rows, at levels with AVX512_VNNI; false (nothing
 // written) otherwise. Levels with AVX2 but not AVX512_VNNI take
 // quant_prefill8 (8 outputs a vector; q8_0, q4_0, q5_0, q4_K, q5_K, q6_K)
