@@ -401,11 +401,16 @@ struct Q2_KSimd : Q2_K {
   };
   static Unpacked unpack(const W& x) {
     Unpacked u;
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    // The 4-bit scales in both halves; scale 2g widened to int16 lanes 0-7
+    // and 2g + 1 to lanes 8-15 by one byte shuffle each (0x80: a zero byte).
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(raw, _mm_set1_epi8(0xf)));
     for (int g = 0; g < 8; ++g) {
       u.q[g] = low_bits2(x.qs, g / 4, g % 4);
-      u.sc[g] = two_scales(x.scales[2 * g] & 0xf, x.scales[2 * g + 1] & 0xf);
+      const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x8000 | (2 * g + 1))),
+                                            _mm_set1_epi16(static_cast<int16_t>(0x8000 | (2 * g))));
+      u.sc[g] = _mm256_shuffle_epi8(scales, pick);
     }
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
     u.mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0xf)));
     return u;
   }
