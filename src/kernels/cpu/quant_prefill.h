@@ -30,7 +30,8 @@ struct QuantOperands {
 // for q8_0, q4_0, q5_0, q4_1, q5_1, q2_K, q3_K, q4_K, q5_K and q6_K weights and at least
 // kQuantPrefillRows rows, at levels with AVX512_VNNI; false (nothing
 // written) otherwise. Levels with AVX2 but not AVX512_VNNI take
-// quant_prefill8 (8 outputs a vector; q8_0, q4_0, q5_0, q4_K, q5_K, q6_K)
+// quant_prefill8 (8 outputs a vector; q8_0, q4_0, q5_0, q2_K, q3_K, q4_K,
+// q5_K, q6_K)
 // from 4 rows (its kPackedMinRows).
 inline constexpr int64_t kQuantPrefillRows = 16;
 bool quant_prefill(QuantType wtype, const QuantOperands& o);

@@ -1,6 +1,6 @@
 // quant_prefill.cpp's repacked path at 8 outputs a vector, for levels with
 // AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0, q5_0,
-// q4_K, q5_K and q6_K.
+// q2_K, q3_K, q4_K, q5_K and q6_K.
 //
 // Lane c of a 32-byte vector holds four consecutive values of weight row c;
 // vpmaddubsw multiplies them with four bytes of x broadcast (unsigned times
@@ -278,41 +278,65 @@ struct SuperK {
   }
 };
 
-// q6_K against q8_K (quant.h's vec_dot_q6_K_q8_K): per super-block the
-// integer isum = sum_j sc_j * dot_j - 32 * sum_j sc_j * bsum_j over its 16
-// sub-blocks of 16, then (dw * dy) * isum. The scale enters with the pair
-// sums: vpmaddwd multiplies vpmaddubsw's int16 pairs (2 * 63 * 128 < 32768)
-// by sc_j instead of by ones, so sc_j * dot_j needs no 32-bit multiply; and
-// the offset's sum_j sc_j * bsum_j is vpmaddwd of two sub-blocks' scales
+// q6_K, q3_K and q2_K against q8_K (quant.h's vec_dot_q6_K_q8_K, _q3_K_,
+// _q2_K_): per super-block the integer isum = sum_j sc_j * dot_j - off *
+// sum_j sc_j * bsum_j over its 16 sub-blocks of 16 (values q6_K 0..63, q3_K
+// q + 4 in 0..7, q2_K 0..3; off 32, 4, 0; q3_K's scales signed, sc - 32),
+// then (dw * dy) * isum; q2_K also msum = sum_j m_j * bsum_j and d * isum -
+// dmin * msum. The scale enters with the pair sums: vpmaddwd multiplies
+// vpmaddubsw's int16 pairs (2 * 63 * 128 < 32768) by sc_j instead of by
+// ones, so sc_j * dot_j needs no 32-bit multiply; and the offset's (and
+// q2_K's mins') sum_j sc_j * bsum_j is vpmaddwd of two sub-blocks' scales
 // against x's bsums (int16 in q8_K). Every integer is exact in int32
 // (|isum| < 16 * 128 * (16 * 63 * 128 + 32 * 2048) < 2^31).
-struct alignas(32) PackedK6 {
-  float d[kLanes];
-  int16_t sc[16][2 * kLanes];    // [j]: sc_j of row c in int16 lanes 2 c and 2 c + 1
-  int16_t pairs[8][2 * kLanes];  // [i]: sc_2i and sc_2i+1 of row c in lanes 2 c, 2 c + 1
-  uint8_t q[64][32];             // [k]: lane c's values 4 k .. 4 k + 3 of row c
+struct alignas(32) PackedK16 {
+  float d[kLanes], dmin[kLanes];  // dmin: q2_K
+  int16_t sc[16][2 * kLanes];     // [j]: sc_j of row c in int16 lanes 2 c and 2 c + 1
+  int16_t pairs[8][2 * kLanes];   // [i]: sc_2i and sc_2i+1 of row c in lanes 2 c, 2 c + 1
+  int16_t mins[8][2 * kLanes];    // q2_K: m_2i and m_2i+1 likewise
+  uint8_t q[64][32];              // [k]: lane c's values 4 k .. 4 k + 3 of row c
 };
 
-struct SuperK6 {
-  using Packed = PackedK6;
+template <QuantType T>
+struct Super16 {
+  using Packed = PackedK16;
   using Rows = RowSupers;
+  using Block = std::conditional_t<T == QuantType::q6_K, block_q6_K,
+                                   std::conditional_t<T == QuantType::q3_K, block_q3_K, block_q2_K>>;
   static constexpr int kTile = kRowTile;
+  static constexpr int kOffShift = T == QuantType::q6_K ? 5 : T == QuantType::q3_K ? 2 : -1;  // off = 1 << shift
 
   static Rows prepare(const QuantOperands& o) { return prepare_q8_K<16>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
-    const block_q6_K* rows[kLanes];
-    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<block_q6_K>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
+    const Block* rows[kLanes];
+    for (int c = 0; c < kLanes; ++c) rows[c] = row_at<Block>(o.w, o.w_row, std::min(n0 + c, o.OC - 1));
     for (int64_t b = 0; b < o.nb; ++b) {
       __m256i v[kLanes][8];  // row c's values 32 g .. 32 g + 31
       for (int c = 0; c < kLanes; ++c) {
-        const block_q6_K& x = rows[c][b];
+        const Block& x = rows[c][b];
         p[b].d[c] = half_to_float(x.d);
-        for (int j = 0; j < 16; ++j) {
-          p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = x.scales[j];
-          p[b].pairs[j / 2][2 * c + j % 2] = x.scales[j];
+        int sc[16], mn[16] = {};
+        if constexpr (T == QuantType::q6_K) {
+          for (int j = 0; j < 16; ++j) sc[j] = x.scales[j];
+          unpack_q6_K_avx2(x, v[c]);
+        } else if constexpr (T == QuantType::q3_K) {
+          uint8_t s3[16];
+          q3_K_scales(x.scales, s3);
+          for (int j = 0; j < 16; ++j) sc[j] = s3[j] - 32;
+          const auto u = quant_tile::Q3_KSimd::unpack(x);
+          for (int g = 0; g < 8; ++g) v[c][g] = u.q[g];
+        } else {
+          p[b].dmin[c] = half_to_float(x.dmin);
+          for (int j = 0; j < 16; ++j) sc[j] = x.scales[j] & 0xf, mn[j] = x.scales[j] >> 4;
+          const auto u = quant_tile::Q2_KSimd::unpack(x);
+          for (int g = 0; g < 8; ++g) v[c][g] = u.q[g];
         }
-        unpack_q6_K_avx2(x, v[c]);
+        for (int j = 0; j < 16; ++j) {
+          p[b].sc[j][2 * c] = p[b].sc[j][2 * c + 1] = static_cast<int16_t>(sc[j]);
+          p[b].pairs[j / 2][2 * c + j % 2] = static_cast<int16_t>(sc[j]);
+          p[b].mins[j / 2][2 * c + j % 2] = static_cast<int16_t>(mn[j]);
+        }
       }
       for (int g = 0; g < 8; ++g) {
         __m256i t[kLanes];
@@ -322,14 +346,27 @@ struct SuperK6 {
     }
   }
 
+  // sum_j w_j * bsum_j of rows [m, m + R): w's two sub-blocks' int16 pairs against x's bsums.
+  template <int R>
+  static void against_bsums(const int16_t (&w)[8][2 * kLanes], const block_q8_K* const* a, int64_t b,
+                            __m256i (&out)[R]) {
+    for (int i = 0; i < R; ++i) out[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i wk = load(w[k]);
+      for (int i = 0; i < R; ++i)
+        out[i] = _mm256_add_epi32(out[i],
+                                  _mm256_madd_epi16(wk, bcast4(reinterpret_cast<const int8_t*>(a[i][b].bsums + 2 * k))));
+    }
+  }
+
   template <int R>
   static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
     __m256 s[R];
     const block_q8_K* a[R];
     for (int i = 0; i < R; ++i) s[i] = _mm256_setzero_ps(), a[i] = row_at<block_q8_K>(o.a, o.a_row, m + i);
     for (int64_t b = 0; b < o.nb; ++b) {
-      __m256i isum[R], off[R];
-      for (int i = 0; i < R; ++i) isum[i] = off[i] = _mm256_setzero_si256();
+      __m256i isum[R];
+      for (int i = 0; i < R; ++i) isum[i] = _mm256_setzero_si256();
       for (int j = 0; j < 16; ++j) {
         const __m256i sc = load(p[b].sc[j]);
         for (int t = 0; t < 4; t += 2) {  // two pair sums in int16 (2 * 2 * 63 * 128 < 2^15), then the scale
@@ -342,16 +379,20 @@ struct SuperK6 {
           }
         }
       }
-      for (int k = 0; k < 8; ++k) {
-        const __m256i sc = load(p[b].pairs[k]);
-        for (int i = 0; i < R; ++i)
-          off[i] = _mm256_add_epi32(off[i], _mm256_madd_epi16(sc, bcast4(reinterpret_cast<const int8_t*>(a[i][b].bsums + 2 * k))));
+      if constexpr (kOffShift >= 0) {
+        __m256i off[R];
+        against_bsums<R>(p[b].pairs, a, b, off);
+        for (int i = 0; i < R; ++i) isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(off[i], kOffShift));
       }
+      __m256i msum[R];
+      if constexpr (T == QuantType::q2_K) against_bsums<R>(p[b].mins, a, b, msum);
       const __m256 dw = _mm256_load_ps(p[b].d);
       for (int i = 0; i < R; ++i) {
-        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(off[i], 5));
-        const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[(m + i) * o.nb + b]));
-        s[i] = _mm256_add_ps(s[i], _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[i])));
+        const __m256 dy = _mm256_set1_ps(x.d[(m + i) * o.nb + b]);
+        __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(isum[i]));
+        if constexpr (T == QuantType::q2_K)
+          t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(p[b].dmin), dy), _mm256_cvtepi32_ps(msum[i])));
+        s[i] = _mm256_add_ps(s[i], t);
       }
     }
     store_rows<R>(s, o, m, n0);
@@ -374,7 +415,9 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q5_0) return run<Block32<QuantType::q5_0>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK<false>>(o), true;
   if (wtype == QuantType::q5_K) return run<SuperK<true>>(o), true;
-  if (wtype == QuantType::q6_K) return run<SuperK6>(o), true;
+  if (wtype == QuantType::q6_K) return run<Super16<QuantType::q6_K>>(o), true;
+  if (wtype == QuantType::q3_K) return run<Super16<QuantType::q3_K>>(o), true;
+  if (wtype == QuantType::q2_K) return run<Super16<QuantType::q2_K>>(o), true;
 #else
   (void)wtype, (void)o;
 #endif
