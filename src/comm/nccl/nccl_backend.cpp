@@ -143,14 +143,14 @@ void order_after_compute(NcclState& state, NcclLink& link, const std::string& wh
 // bootstrap as i64 words; every rank then joins the three NCCL communicators
 // in the same order.
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device,
-                                   const Options& options, cudaStream_t compute)
+                                   const Options& options, cudaStream_t compute, std::string name)
     : bootstrap_(std::move(bootstrap)), state_(std::make_shared<NcclState>()) {
   NcclState& s = *state_;
   s.device = device;
   s.compute = compute;
   s.rank = bootstrap_->rank();
   s.size = bootstrap_->size();
-  s.name = bootstrap_->name();
+  s.name = name.empty() ? bootstrap_->name() : std::move(name);
   s.options = options;
   cuda_require(cudaSetDevice(device), concat("cudaSetDevice(", device, ")"));
 
@@ -220,7 +220,7 @@ std::unique_ptr<Communicator> nccl_world(Communicator& bootstrap, int device, co
                "stream given is on ", device_name(compute.device), ", not on cuda:", device,
                " (this communicator's device)");
   return std::make_unique<NcclCommunicator>(bootstrap.split(0, bootstrap.rank(), "world"), device, options,
-                                            static_cast<cudaStream_t>(compute.handle));
+                                            static_cast<cudaStream_t>(compute.handle), "world");
 }
 
 }  // namespace loom::comm

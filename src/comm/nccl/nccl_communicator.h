@@ -70,12 +70,13 @@ WorkPtr make_nccl_work(std::shared_ptr<NcclState> state, NcclLink& link, std::st
 
 class NcclCommunicator final : public Communicator {
  public:
-  // Collective over `bootstrap` (whose ranks and name it takes): creates the
-  // NCCL communicators over all ranks (collectives, up, down) from unique
+  // Collective over `bootstrap` (whose ranks it takes, and its name unless
+  // `name` is given: nccl_world's "world", as MPI's world is named): creates
+  // the NCCL communicators over all ranks (collectives, up, down) from unique
   // ids made on rank 0; the neighbour links wait for the first send or recv.
   // Ops wait for `compute` (nccl_world's).
   NcclCommunicator(std::unique_ptr<Communicator> bootstrap, int device, const Options& options,
-                   cudaStream_t compute);
+                   cudaStream_t compute, std::string name = {});
 
   int rank() const override { return state_->rank; }
   int size() const override { return state_->size; }
