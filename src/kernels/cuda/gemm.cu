@@ -422,10 +422,12 @@ GeluRefusals& gelu_refusals() {
   return *r;
 }
 
-// One GEMM with the GELU_AUX(_BIAS) epilogue: y = GELU(x w^T + bias) from
-// the f32 sum, pre = the sum, each rounded once to their dtype; bf16 and f16
-// only (NVIDIA does not state the epilogue's GELU error, which a 16-bit
-// result's rounding covers; f32 keeps loom's GELU). Where it does not apply
+// One GEMM with the GELU_AUX(_BIAS) epilogue: pre = x w^T + bias, y =
+// GELU(pre); cuBLASLt rounds x w^T to the 16-bit type before it adds the
+// bias (seen on an H200: docs/numerics.md), so pre is within half an ulp of
+// |x w^T|, not of |pre|. bf16 and f16 only (NVIDIA does not state the
+// epilogue's GELU error, which a 16-bit result's rounding covers; f32 keeps
+// loom's GELU). Where it does not apply
 // (f32, mixed dtypes, no products, an aux ld cuBLASLt refuses) or cuBLASLt
 // has no kernel for it (then never again for that GEMM in this process; a
 // warning the first time), linear_forward then gelu_forward.
