@@ -71,14 +71,17 @@ TEST(CudaLarge, BatchedMatmulWithSharedOperand) {
 }
 
 // Attention over T = 257 keys (no tile divides it), GQA 12 heads over 4.
-template <int64_t T, int64_t NH, int64_t NKV, int64_t HS>
+// F32Dout: dout in f32 whatever t (a bf16 run's activation gradients; CUDA
+// rounds it to t for the tensor cores).
+template <int64_t T, int64_t NH, int64_t NKV, int64_t HS, bool F32Dout = false>
 void attention_case(Io& io, DType t) {
   const Tensor q = io.normal("q", t, {2, T, NH, HS}), k = io.normal("k", t, {2, T, NKV, HS});
   const Tensor v = io.normal("v", t, {2, T, NKV, HS});
   const Tensor out = io.normal("out", t, {2, T, NH, HS}), lse = io.normal("lse", f32, {2, NH, T});
   attention_forward(out, lse, q, k, v);
   attention_backward(io.normal("dq", t, {2, T, NH, HS}), io.normal("dk", t, {2, T, NKV, HS}),
-                     io.normal("dv", t, {2, T, NKV, HS}), io.normal("dout", t, {2, T, NH, HS}), q, k, v, out, lse);
+                     io.normal("dv", t, {2, T, NKV, HS}), io.normal("dout", F32Dout ? f32 : t, {2, T, NH, HS}), q, k,
+                     v, out, lse);
 }
 
 // 70 queries at positions 230 .. 299 of 300 keys, GQA 8 over 2 heads.
@@ -95,6 +98,11 @@ void prefix_case(Io& io, DType t) {
 TEST(CudaLarge, AttentionForwardBackwardHs64Gqa) {
   for (DType dt : {f32, bf16, f16})  // bf16 / f16: the tensor-core kernels (attention_mma*.cu)
     check({"attention hs64", dt, attention_tolerance(dt), attention_case<257, 12, 4, 64>});
+}
+
+TEST(CudaLarge, AttentionBackwardOfAnF32GradientOf16BitInputs) {
+  for (DType dt : {bf16, f16})
+    check({"attention hs64 f32 dout", dt, attention_tolerance(dt), attention_case<257, 12, 4, 64, true>});
 }
 
 TEST(CudaLarge, AttentionForwardBackwardHs128) {

@@ -419,16 +419,24 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   if (g.B == 0 || g.Tq == 0 || g.NH == 0 || g.Tk == 0) return;
   const auto opt = [](const Tensor& t) { return t.defined() ? t.data() : nullptr; };
   const auto opt_kind = [](const Tensor& t) { return t.defined() ? float_kind(t.dtype()) : kF32; };
+  // An f32 dout of 16-bit q, k, v (a bf16 run's activation gradients) is
+  // rounded to their type once, as linear_backward rounds dy, so that the
+  // tensor cores take it (FlashAttention-2's dO is 16-bit too); D below is
+  // then rowsum of the rounded dout times out, the dO the products see.
+  DeviceTemp dout_16;
+  const Tensor dO = dout.dtype() == DType::f32 && q.dtype() != DType::f32 && attention_mma_applies(out, q, k, v)
+                        ? converted(dout, q.dtype(), dout_16)
+                        : dout;
   const int64_t rows = g.B * g.Tq * g.NH;
   DeviceTemp D(static_cast<size_t>(rows) * sizeof(float));
-  const Grads gr{dout.data(), float_kind(dout.dtype()), lse.data_as<const float>(), D.as<const float>(),
+  const Grads gr{dO.data(), float_kind(dO.dtype()), lse.data_as<const float>(), D.as<const float>(),
                  opt(dq), opt(dk), opt(dv), opt_kind(dq), opt_kind(dk), opt_kind(dv)};
   const unsigned warps_per_block = kThreads / 32;
   rowdot_kernel<<<static_cast<unsigned>((rows + warps_per_block - 1) / warps_per_block), kThreads, 0, stream()>>>(
-      D.as<float>(), dout.data(), float_kind(dout.dtype()), out.data(), float_kind(out.dtype()), g.B, g.Tq, g.NH, g.HS);
+      D.as<float>(), dO.data(), float_kind(dO.dtype()), out.data(), float_kind(out.dtype()), g.B, g.Tq, g.NH, g.HS);
   LOOM_CUDA_LAUNCHED();
-  if (attention_mma_backward_applies(dout, q, k, v))
-    return attention_backward_mma(dq, dk, dv, dout, q, k, v, lse, D.as<const float>(), g.off);
+  if (attention_mma_backward_applies(dO, q, k, v))
+    return attention_backward_mma(dq, dk, dv, dO, q, k, v, lse, D.as<const float>(), g.off);
   with_head_tiles(op, g.HS, [&](auto nj) {
     constexpr int NJ = decltype(nj)::value, KB = kBwdRows<NJ>;
     constexpr size_t smem = bwd_smem<NJ, KB>();

@@ -60,6 +60,10 @@ class DeviceTemp {
   void* ptr_ = nullptr;
 };
 
+// t (contiguous) converted to dtype `to` in `temp`, one rounding a value
+// (stream-ordered, freed with temp; gemm.cu). temp must be empty.
+Tensor converted(const Tensor& t, DType to, DeviceTemp& temp);
+
 // Copies n values from the device to the host and waits for them.
 void read_back(void* host, const void* device, size_t bytes);
 

@@ -243,7 +243,8 @@ __global__ void convert_kernel(TO* out, const TI* in, int64_t n) {
     out[i] = from_float<TO>(to_float(in[i]));
 }
 
-// t converted to dtype `to` in `temp` (stream-ordered, freed with temp).
+}  // namespace
+
 Tensor converted(const Tensor& t, DType to, DeviceTemp& temp) {
   LOOM_CHECK(temp.as<void>() == nullptr, "converted: its temporary is in use (it may hold t)");
   temp = DeviceTemp(static_cast<size_t>(t.numel()) * dtype_size(to));
@@ -257,6 +258,8 @@ Tensor converted(const Tensor& t, DType to, DeviceTemp& temp) {
   });
   return Tensor(temp.as<void>(), to, t.shape(), t.device());
 }
+
+namespace {
 
 template <typename TO>
 __global__ void add_f32_kernel(TO* out, const float* in, int64_t n) {
