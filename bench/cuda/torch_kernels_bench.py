@@ -50,7 +50,7 @@ def main():
         del a, b
     n = 8192
     for name, cin, cout in (("qkv", 768, 2304), ("attn_proj", 768, 768), ("fc", 768, 3072),
-                            ("mlp_proj", 3072, 768), ("lm_head", 768, 50304)):
+                            ("mlp_proj", 3072, 768), ("lm_head", 768, 50304), ("lm_head_v50257", 768, 50257)):
         x = torch.full((n, cin), 0.01, device=dev, dtype=torch.bfloat16, requires_grad=True)
         w = torch.full((cout, cin), 0.01, device=dev, dtype=torch.bfloat16, requires_grad=True)
         bias = torch.full((cout,), 0.01, device=dev, dtype=torch.bfloat16, requires_grad=True)

@@ -53,6 +53,23 @@ TEST(CudaLarge, LinearBackwardGpt2Mlp) {
            }});
 }
 
+// GPT-2's LM head at its 50257 columns, which gemm.cu pads to 50304 in bf16
+// (the logits and W forward; their gradient and W for dx, with zeros along
+// K; dW's rows); 66 rows, padded to 72 where they are dW's K. An f32
+// gradient is rounded first. f32 takes the GEMMs unpadded.
+TEST(CudaLarge, LinearGpt2LmHeadOfUnalignedRows) {
+  for (DType dt : {f32, bf16})
+    check({"lm head 50257", dt, dt == f32 ? kGemmF32 : kGemmBf16, [](Io& io, DType t) {
+             const Tensor x = io.normal("x", t, {2, 33, 96}), w = io.normal("w", t, {50257, 96}, 0.1);
+             linear_forward(io.normal("y", t, {2, 33, 50257}), x, w, Tensor());
+             linear_backward(io.normal("dx", t, {2, 33, 96}), io.normal("dw", f32, {50257, 96}), Tensor(),
+                             io.normal("dy", t, {2, 33, 50257}, 0.1), x, w);
+             if (t == bf16)
+               linear_backward(io.normal("dx_of_f32", t, {2, 33, 96}), io.normal("dw_of_f32", t, {50257, 96}),
+                               Tensor(), io.normal("dy_f32", f32, {2, 33, 50257}, 0.1), x, w);
+           }});
+}
+
 TEST(CudaLarge, LinearInvariantDecodeRows) {
   for (DType dt : {f32, bf16})
     check({"linear_forward_invariant", dt, dt == f32 ? kGemmF32 : kGemmBf16, [](Io& io, DType t) {
