@@ -42,22 +42,7 @@ for m in gpt2 llama moe; do
     files+=("$work/$m-$q.gguf")
   done
 done
-"$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$prompt" "${files[@]}" >"$work/llama_cpp.jsonl"
-for f in "${files[@]}"; do
-  loom_tokens=$("$loom" generate --model "$f" --prompt "$prompt" --max-tokens "$n" --temperature 0 --json \
-    2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
-  python3 - "$f" "$loom_tokens" "$work/llama_cpp.jsonl" <<'PY'
-import json, os, sys
-f, loom, lines = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-ref = next(json.loads(l) for l in open(lines) if json.loads(l)["file"] == f)
-agree = 0
-while agree < min(len(loom), len(ref["tokens"])) and loom[agree] == ref["tokens"][agree]:
-    agree += 1
-name = os.path.basename(f)[:-5]
-print(f"{name}: {agree} of {len(loom)} tokens agree; loom {loom}; llama.cpp {ref['tokens']}")
-sys.exit(0 if agree == len(loom) == len(ref["tokens"]) else 1)
-PY
-done
+greedy_as_llama_cpp "$n" "$prompt" "${files[@]}"
 echo "gguf_llama_cpp: every file gives llama.cpp loom's $n greedy tokens"
 
 # Quality by weight type: perplexity on the validation shard, each type

@@ -76,20 +76,5 @@ if not want <= seen:
     sys.exit(f"gguf_llama_quantize: llama.cpp wrote no tensor of {sorted(want - seen)}")
 PY
 
-"$node" "$here/llama_cpp_greedy.mjs" "$interop" "$n" "$prompt" "${files[@]}" >"$work/llama_cpp.jsonl"
-for f in "${files[@]}"; do
-  loom_tokens=$("$loom" generate --model "$f" --prompt "$prompt" --max-tokens "$n" --temperature 0 --json \
-    2>"$work/err" | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])') || { cat "$work/err"; exit 1; }
-  python3 - "$f" "$loom_tokens" "$work/llama_cpp.jsonl" <<'PY'
-import json, os, sys
-f, loom, lines = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-ref = next(json.loads(l) for l in open(lines) if json.loads(l)["file"] == f)
-agree = 0
-while agree < min(len(loom), len(ref["tokens"])) and loom[agree] == ref["tokens"][agree]:
-    agree += 1
-name = os.path.basename(f)[:-5]
-print(f"{name}: {agree} of {len(loom)} tokens agree; loom {loom}; llama.cpp {ref['tokens']}")
-sys.exit(0 if agree == len(loom) == len(ref["tokens"]) else 1)
-PY
-done
+greedy_as_llama_cpp "$n" "$prompt" "${files[@]}"
 echo "gguf_llama_quantize: loom decodes llama.cpp's ${#files[@]} quantized files as llama.cpp does ($n tokens each)"
