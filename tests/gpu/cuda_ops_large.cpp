@@ -53,10 +53,9 @@ TEST(CudaLarge, LinearBackwardGpt2Mlp) {
            }});
 }
 
-// GPT-2's LM head at its 50257 columns, which gemm.cu pads to 50304 in bf16
-// (the logits and W forward; their gradient and W for dx, with zeros along
-// K; dW's rows); 66 rows, padded to 72 where they are dW's K. An f32
-// gradient is rounded first. f32 takes the GEMMs unpadded.
+// GPT-2's LM head at its 50257 columns (rows not a multiple of 16 bytes, a
+// shape cuBLASLt is slow at: BENCHMARKS.md), 66 rows; an f32 gradient of
+// bf16 weights is rounded first.
 TEST(CudaLarge, LinearGpt2LmHeadOfUnalignedRows) {
   for (DType dt : {f32, bf16})
     check({"lm head 50257", dt, dt == f32 ? kGemmF32 : kGemmBf16, [](Io& io, DType t) {

@@ -288,41 +288,6 @@ void no_products(const Tensor& c, const Tensor& bias, float beta) {
   });
 }
 
-// Dimensions cuBLASLt is slow at. On an H200 (CUDA 13.0) GPT-2's LM head,
-// 8192 x 768 -> 50257 in bf16, took 7.6 ms forward and 7.0 backward against
-// 0.85 and 1.69 at 50304 columns (PyTorch's cuBLAS: 6.9 and 9.1), and
-// padding only the rows' stride to 16 bytes did not help: the dimension
-// itself must be a multiple. So in a 16-bit GEMM (f32's kernels were not
-// measured) with an operand of at least kPadMinBytes, each dimension that is some 2-D operand's row width (N: b's
-// and c's, K: a's unless transposed and b's if, M: a's if transposed) and
-// not a multiple of 8 is padded: to a multiple of 64 from 4096 up (50257 ->
-// 50304, as llm.c pads its vocabulary), else of 8. The operands are copied
-// into zero-padded buffers (zeros along K add nothing), c's part copied
-// back: passes over the operands, a fraction of what the GEMM saves.
-constexpr int64_t kPadMinBytes = int64_t{1} << 22;
-
-int64_t padded_dim(int64_t d) {
-  const int64_t to = d >= 4096 ? 64 : 8;
-  return d % 8 == 0 ? d : (d + to - 1) / to * to;
-}
-
-// t (R, C), contiguous, in the top-left corner of an (rows, cols) buffer in
-// temp (empty) whose other elements are zero; t's values copied unless the
-// caller overwrites them (a c at beta 0). t itself where it fits already.
-Tensor zero_padded(const Tensor& t, int64_t rows, int64_t cols, DeviceTemp& temp, bool copy_values) {
-  const int64_t R = t.size(0), C = t.size(1);
-  if (rows == R && cols == C) return t;
-  const size_t es = dtype_size(t.dtype());
-  temp = DeviceTemp(static_cast<size_t>(rows * cols) * es);
-  auto* base = temp.as<char>();
-  if (copy_values)
-    LOOM_CUDA_CHECK(
-        cudaMemcpy2DAsync(base, cols * es, t.data(), C * es, C * es, R, cudaMemcpyDeviceToDevice, stream()));
-  if (cols > C) LOOM_CUDA_CHECK(cudaMemset2DAsync(base + C * es, cols * es, 0, (cols - C) * es, R, stream()));
-  if (rows > R) LOOM_CUDA_CHECK(cudaMemsetAsync(base + R * cols * es, 0, (rows - R) * cols * es, stream()));
-  return Tensor(temp.as<void>(), t.dtype(), {rows, cols}, t.device());
-}
-
 // c = alpha op(a) op(b) (+ bias) + beta c on checked device operands.
 // c = alpha op(a) op(b) + beta c (+ bias) in cuBLASLt's terms (see the top),
 // for operands of one dtype (c's may differ) and a bias of c's.
@@ -379,32 +344,9 @@ void gemm(Tensor c, Tensor a, Tensor b, bool ta, bool tb, float alpha, float bet
   // CUDA context): a bias view less aligned (a packed parameter buffer whose
   // widths are not multiples of 8) is copied to fresh, aligned memory.
   if (bias.defined() && alignment_of(bias.data()) < 16) bias = converted(bias, bias.dtype(), bias_copy);
-  // Slow dimensions padded (see kPadMinBytes); k = 0 takes no_products.
-  DeviceTemp a_pad, b_pad, c_pad, bias_pad;
-  Tensor c_unpadded;
-  const int64_t M = c.size(-2), N = c.size(-1), K = a.size(ta ? -2 : -1);
-  const auto bytes = [](const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); };
-  const bool plain = c.ndim() == 2 && a.ndim() == 2 && b.ndim() == 2 && a.is_contiguous() && b.is_contiguous() &&
-                     c.is_contiguous();
-  if (a.dtype() != DType::f32 && plain && K > 0 && std::max({bytes(a), bytes(b), bytes(c)}) >= kPadMinBytes) {
-    const int64_t Mp = ta ? padded_dim(M) : M, Np = padded_dim(N), Kp = padded_dim(K);
-    if (Mp != M || Np != N || Kp != K) {
-      a = ta ? zero_padded(a, Kp, Mp, a_pad, true) : zero_padded(a, Mp, Kp, a_pad, true);
-      b = tb ? zero_padded(b, Np, Kp, b_pad, true) : zero_padded(b, Kp, Np, b_pad, true);
-      if (bias.defined()) bias = zero_padded(bias.reshape({1, N}), 1, Np, bias_pad, true).reshape({Np});
-      c_unpadded = c;
-      c = zero_padded(c, Mp, Np, c_pad, beta != 0.f);
-    }
-  }
   const LtGemm g = lt_gemm(c, a, b, ta, tb, alpha, beta, bias);
   if (g.k == 0) no_products(c, bias, beta);
   else run(g);
-  if (c_unpadded.defined() && c.data() != c_unpadded.data()) {
-    const size_t es = dtype_size(c.dtype());
-    LOOM_CUDA_CHECK(cudaMemcpy2DAsync(c_unpadded.data(), N * es, c.data(), c.size(1) * es, N * es, M,
-                                      cudaMemcpyDeviceToDevice, stream()));
-    c = c_unpadded;
-  }
   if (c.data() != c_out.data()) {
     // c was redirected to f32: round once into the caller's c.
     with_float_type(c_out.dtype(), [&](auto o) {
