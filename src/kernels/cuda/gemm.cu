@@ -243,24 +243,6 @@ __global__ void convert_kernel(TO* out, const TI* in, int64_t n) {
     out[i] = from_float<TO>(to_float(in[i]));
 }
 
-}  // namespace
-
-Tensor converted(const Tensor& t, DType to, DeviceTemp& temp) {
-  LOOM_CHECK(temp.as<void>() == nullptr, "converted: its temporary is in use (it may hold t)");
-  temp = DeviceTemp(static_cast<size_t>(t.numel()) * dtype_size(to));
-  with_float_type(to, [&](auto o) {
-    with_float_type(t.dtype(), [&](auto i) {
-      using TO = decltype(o);
-      using TI = decltype(i);
-      convert_kernel<<<grid_for(t.numel()), 256, 0, stream()>>>(temp.as<TO>(), ptr<const TI>(t), t.numel());
-      LOOM_CUDA_LAUNCHED();
-    });
-  });
-  return Tensor(temp.as<void>(), to, t.shape(), t.device());
-}
-
-namespace {
-
 template <typename TO>
 __global__ void add_f32_kernel(TO* out, const float* in, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -389,6 +371,20 @@ void accumulate(Tensor out, const Tensor& x, const Tensor& y, bool tx, bool ty, 
 
 }  // namespace
 
+Tensor converted(const Tensor& t, DType to, DeviceTemp& temp) {
+  LOOM_CHECK(temp.as<void>() == nullptr, "converted: its temporary is in use (it may hold t)");
+  temp = DeviceTemp(static_cast<size_t>(t.numel()) * dtype_size(to));
+  with_float_type(to, [&](auto o) {
+    with_float_type(t.dtype(), [&](auto i) {
+      using TO = decltype(o);
+      using TI = decltype(i);
+      convert_kernel<<<grid_for(t.numel()), 256, 0, stream()>>>(temp.as<TO>(), ptr<const TI>(t), t.numel());
+      LOOM_CUDA_LAUNCHED();
+    });
+  });
+  return Tensor(temp.as<void>(), to, t.shape(), t.device());
+}
+
 void matmul(Tensor c, const Tensor& a, const Tensor& b, const MatmulOpts& opts) {
   gemm(c, a, b, opts.trans_a, opts.trans_b, opts.alpha, opts.beta);
 }
@@ -426,11 +422,9 @@ GeluRefusals& gelu_refusals() {
 }
 
 // One GEMM with the GELU_AUX(_BIAS) epilogue: pre = x w^T + bias, y =
-// GELU(pre); cuBLASLt rounds x w^T to the 16-bit type before it adds the
-// bias (seen on an H200: docs/numerics.md), so pre is within half an ulp of
-// |x w^T|, not of |pre|. bf16 and f16 only (NVIDIA does not state the
-// epilogue's GELU error, which a 16-bit result's rounding covers; f32 keeps
-// loom's GELU). Where it does not apply
+// GELU(pre), x w^T rounded to bf16 / f16 before the bias (cuBLASLt's way:
+// docs/numerics.md); 16-bit only (NVIDIA does not state the epilogue's GELU
+// error, which f32's tolerance might not cover). Where it does not apply
 // (f32, mixed dtypes, no products, an aux ld cuBLASLt refuses) or cuBLASLt
 // has no kernel for it (then never again for that GEMM in this process; a
 // warning the first time), linear_forward then gelu_forward.
