@@ -88,7 +88,8 @@ TEST(CudaLarge, BatchedMatmulWithSharedOperand) {
 
 // Attention over T = 257 keys (no tile divides it), GQA 12 heads over 4.
 // F32Dout: dout in f32 whatever t (a bf16 run's activation gradients; CUDA
-// rounds it to t for the tensor cores).
+// rounds it to bf16 for the tensor cores, and keeps f16's in f32 on the f32
+// kernels).
 template <int64_t T, int64_t NH, int64_t NKV, int64_t HS, bool F32Dout = false>
 void attention_case(Io& io, DType t) {
   const Tensor q = io.normal("q", t, {2, T, NH, HS}), k = io.normal("k", t, {2, T, NKV, HS});

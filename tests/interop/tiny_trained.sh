@@ -1,7 +1,7 @@
 # Sourced by the GGUF interop scripts (gguf_llama_cpp.sh, gguf_llama_quantize.sh):
 # tiny models trained on one repeated sentence (so greedy decoding has clear
 # winners) and their greedy tokens against llama.cpp's. Needs $loom, $tokenizer,
-# $here and $work set by the caller.
+# $here and $work set by the caller ($node and $interop too for greedy_as_llama_cpp).
 #
 #   sentence_data WORK                    # WORK/data: shards of the sentence
 #   train_tiny WORK NAME STEPS key=value...  # WORK/NAME: a checkpoint after STEPS steps of configs/tiny.toml

@@ -93,8 +93,9 @@ std::vector<OpCase> gemm_cases() {
       // cuBLASLt's GELU_AUX_BIAS epilogue (CUDA, bf16 / f16) rounds x w^T to
       // the 16-bit type before it adds the bias (docs/numerics.md): pre is off
       // by up to half an ulp of |x w^T|, whatever |pre| is. x at scale 1/2
-      // keeps |x w^T| < 4 here (2.2 in bf16, 3.1 in f16), so the bound is
-      // 2^-7 for pre and 1.13 times that for y (GELU's slope): atol 2^-6.
+      // keeps |x w^T| < 4 here (2.2 in bf16, 3.1 in f16), so that bound is
+      // 2^-7 for pre and 1.13 times that for y (GELU's slope): atol 2^-6
+      // leaves about as much again for the two results' own roundings.
       {"linear_gelu_forward", gemm_dtypes(), f32_tol, Tolerance{1.0 / 256, 1.0 / 64},
        [](Io& io, DType dt) {  // 8 outputs: the width a GPU's epilogue needs
          const Tensor x = io.normal("x", dt, {2, 3, 5}, 0.5), w = io.normal("w", dt, {8, 5});

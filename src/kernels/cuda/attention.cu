@@ -419,13 +419,15 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   if (g.B == 0 || g.Tq == 0 || g.NH == 0 || g.Tk == 0) return;
   const auto opt = [](const Tensor& t) { return t.defined() ? t.data() : nullptr; };
   const auto opt_kind = [](const Tensor& t) { return t.defined() ? float_kind(t.dtype()) : kF32; };
-  // An f32 dout of 16-bit q, k, v (a bf16 run's activation gradients) is
-  // rounded to their type once, as linear_backward rounds dy, so that the
-  // tensor cores take it (FlashAttention-2's dO is 16-bit too); D below is
-  // then rowsum of the rounded dout times out, the dO the products see.
+  // An f32 dout of bf16 q, k, v (a bf16 run's activation gradients) is
+  // rounded to bf16 once, as linear_backward rounds dy, so that the tensor
+  // cores take it (FlashAttention-2's dO is 16-bit too); D below is then
+  // rowsum of the rounded dout times out, the dO the products see. Not f16:
+  // an fp16 run's loss-scaled gradient may overflow its range, so it keeps
+  // the f32 kernels (gemm.cu likewise widens f16 paired with f32).
   DeviceTemp dout_16;
-  const Tensor dO = dout.dtype() == DType::f32 && q.dtype() != DType::f32 && attention_mma_applies(out, q, k, v)
-                        ? converted(dout, q.dtype(), dout_16)
+  const Tensor dO = dout.dtype() == DType::f32 && q.dtype() == DType::bf16 && attention_mma_applies(out, q, k, v)
+                        ? converted(dout, DType::bf16, dout_16)
                         : dout;
   const int64_t rows = g.B * g.Tq * g.NH;
   DeviceTemp D(static_cast<size_t>(rows) * sizeof(float));
