@@ -1,28 +1,32 @@
 // linear_forward_quantized for few rows (decode: fewer than
-// kQuantPrefillRows) at levels with AVX512_VNNI, q8_0 and q4_0 weights
-// (quant_prefill.h): 16 weight rows at a time, read in place.
+// kQuantPrefillRows) at levels with AVX512_VNNI, q8_0, q4_0, q5_0, q4_1 and
+// q5_1 weights (quant_prefill.h): 16 weight rows at a time, read in place.
 //
 // Decode reads every weight byte once per step, so it is bound by memory:
 // the work per byte must stay below what the bandwidth leaves. quant_linear's
 // 8-output tiles spent it on the shuffle port (each block's 8 partial sums
 // reduced across lanes per output, its 8 f16 scales assembled one by one).
-// Here a block's bytes of 16 rows fill 512-bit vectors -- q8_0: rows c and
-// c + 8 in the two halves; q4_0: rows c, c + 4, c + 8, c + 12 in the four
-// quarters -- against x's block broadcast the same way, vpdpbusd straight
-// into int32 (q8_0's values + 128 and q4_0's nibbles as the unsigned side;
-// the block's sum of x times the offset taken back, exact). One reduction
-// tree of blends, in-lane shuffles and adds then leaves the 16 rows' integer
-// sums in 16 lanes, the 16 f16 scales come in one gather, and the float step
-// is the reference's per lane in its order (isum * (dw * da) added to the
-// sum of the earlier blocks; no FMA). So every output has quant.h's
-// vec_dot bits, as on every other path (tests/kernels/test_quant_linear.cpp
-// at every level), and a row's bits do not depend on the other rows.
+// Here a block's bytes of 16 rows fill 512-bit vectors -- q8_0, q5_0, q4_1,
+// q5_1: rows c and c + 8's 32 values in the two halves; q4_0: rows c, c + 4,
+// c + 8, c + 12's nibbles in the four quarters -- against x's block
+// broadcast the same way, vpdpbusd straight into int32 (q8_0's values + 128
+// and the nibble types' stored values as the unsigned side; where those
+// carry an offset, the block's sum of x times it taken back, exact). One
+// reduction tree of blends, in-lane shuffles and adds then leaves the 16
+// rows' integer sums in 16 lanes, the 16 f16 scales (and q4_1 / q5_1's
+// minima beside them) come in one gather, and the float step is the
+// reference's per lane in its order (isum * (dw * da), + mw * sa for the
+// types with a min, added to the sum of the earlier blocks; no FMA). So
+// every output has quant.h's vec_dot bits, as on every other path
+// (tests/kernels/test_quant_linear.cpp at every level), and a row's bits do
+// not depend on the other rows.
 #include <omp.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -81,13 +85,6 @@ inline __m512i reduce_quarters(const __m512i (&acc)[4]) {
   return pair64(pair32(acc[0], acc[1]), pair32(acc[2], acc[3]));
 }
 
-// The 16 rows' f16 scales of block b, widened: one gather of the 4 bytes at
-// each row's block start (d comes first; the 2 after it are dropped).
-inline __m512 scales(const std::byte* w0, __m512i offsets, int64_t b, size_t block_bytes) {
-  const __m512i raw = _mm512_i32gather_epi32(offsets, w0 + static_cast<size_t>(b) * block_bytes, 1);
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
-}
-
 // Where the next panel's bytes lie, to be asked for while this one is
 // computed: the panel's 16 rows are one stretch of memory, read as 16
 // interleaved streams, which the hardware prefetcher followed too late
@@ -99,49 +96,101 @@ struct Ahead {
   int64_t lines_per_block = 0;
 };
 
+// Where a weight type's bytes lie in its block (quant.h), and what its u8
+// form adds to a value (q8_0: qs + 128; q4_0, q5_0: the stored nibbles are
+// value + 8, value + 16; q4_1, q5_1 store values 0..15 / 0..31 and a min).
+struct Layout {
+  size_t bytes, qs;
+  int qh;  // the fifth bits' offset, or -1
+  bool min;
+  int32_t offset;
+};
+template <QuantType T>
+constexpr Layout kLayout = T == QuantType::q8_0   ? Layout{sizeof(block_q8_0), 2, -1, false, 128}
+                           : T == QuantType::q4_0 ? Layout{sizeof(block_q4_0), 2, -1, false, 8}
+                           : T == QuantType::q5_0 ? Layout{sizeof(block_q5_0), 6, 2, false, 16}
+                           : T == QuantType::q4_1 ? Layout{sizeof(block_q4_1), 4, -1, true, 0}
+                                                  : Layout{sizeof(block_q5_1), 8, 4, true, 0};
+template <QuantType T>
+using Activations = std::conditional_t<kLayout<T>.min, block_q8_1, block_q8_0>;
+
+// q4_1, q5_0, q5_1: rows k and k + 8's 32 values (0..31) of one block in the
+// two 256-bit halves, as q8_0's (x's 32 values broadcast to both): each
+// row's 16 nibble bytes in two 128-bit lanes, the high lane shifted down by
+// 4, both masked to the nibble; the fifth bits of value j of the two rows
+// are bits j and 32 + j of one 64-bit mask, added as 16 where set.
+inline __m512i values32(const std::byte* r0, const std::byte* r1, size_t qs, int qh) {
+  const auto lane = [&](const std::byte* r) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + qs)));
+  };
+  __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lane(r0)), lane(r1), 1);
+  v = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xff00ff00, v, 4), _mm512_set1_epi8(0xf));
+  if (qh >= 0) {
+    uint32_t h0, h1;
+    std::memcpy(&h0, r0 + qh, 4), std::memcpy(&h1, r1 + qh, 4);
+    v = _mm512_mask_add_epi8(v, _cvtu64_mask64(static_cast<uint64_t>(h1) << 32 | h0), v, _mm512_set1_epi8(16));
+  }
+  return v;
+}
+
 // y[m][n0 .. n0 + 16) below OC, for x's row m: the 16 outputs of rows[] (the
 // last row repeated past OC).
 template <QuantType T>
 __m512 panel_row(const std::byte* const (&rows)[kT], __m512i offsets, const QuantOperands& o, RowBlocks x,
                  int64_t m, Ahead ahead) {
-  constexpr size_t kBytes = T == QuantType::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
-  constexpr int32_t kOffset = T == QuantType::q8_0 ? 128 : 8;
-  const auto* a = row_at<block_q8_0>(o.a, o.a_row, m);
+  constexpr Layout L = kLayout<T>;
+  const auto* a = row_at<Activations<T>>(o.a, o.a_row, m);
   __m512 s = _mm512_setzero_ps();
   for (int64_t b = 0; b < o.nb; ++b) {
     if (ahead.next != nullptr)
       for (int64_t l = 0; l < ahead.lines_per_block; ++l)
         _mm_prefetch(ahead.next + (b * ahead.lines_per_block + l) * 64, _MM_HINT_T1);
-    const size_t at = static_cast<size_t>(b) * kBytes + sizeof(f16);  // the block's values
+    const size_t at = static_cast<size_t>(b) * L.bytes;  // the block's first byte
     __m512i isum;
-    if constexpr (T == QuantType::q8_0) {
-      const __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs)));
-      __m512i acc[8];
-      for (int k = 0; k < 8; ++k) {
-        const __m512i w = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k] + at))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[k + 8] + at)), 1);
-        acc[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(w, _mm512_set1_epi8(-128)), xq);
-      }
-      isum = reduce_halves(acc);
-    } else {
+    if constexpr (T == QuantType::q4_0) {
       const __m128i* xv = reinterpret_cast<const __m128i*>(a[b].qs);
       const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(xv));
       const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(xv + 1));
       const __m512i low = _mm512_set1_epi8(0xf);
       __m512i acc[4];
       for (int g = 0; g < 4; ++g) {
-        const auto q = [&](int r) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[g + 4 * r] + at)); };
+        const auto q = [&](int r) {
+          return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[g + 4 * r] + at + L.qs));
+        };
         __m512i v = _mm512_castsi128_si512(q(0));
         v = _mm512_inserti32x4(v, q(1), 1), v = _mm512_inserti32x4(v, q(2), 2), v = _mm512_inserti32x4(v, q(3), 3);
         const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         acc[g] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo), hi, x_hi);
       }
       isum = reduce_quarters(acc);
+    } else {
+      const __m512i xq = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs)));
+      __m512i acc[8];
+      for (int k = 0; k < 8; ++k) {
+        __m512i w;
+        if constexpr (T == QuantType::q8_0) {
+          const auto half = [&](const std::byte* r) {
+            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + at + L.qs));
+          };
+          w = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(half(rows[k])), half(rows[k + 8]), 1),
+                               _mm512_set1_epi8(-128));
+        } else {
+          w = values32(rows[k] + at, rows[k + 8] + at, L.qs, L.qh);
+        }
+        acc[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xq);
+      }
+      isum = reduce_halves(acc);
     }
-    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(kOffset * x.sum[m * o.nb + b]));
-    const __m512 d = _mm512_mul_ps(scales(rows[0], offsets, b, kBytes), _mm512_set1_ps(x.d[m * o.nb + b]));
-    s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), d));
+    const int64_t xb = m * o.nb + b;
+    const __m512i raw = _mm512_i32gather_epi32(offsets, rows[0] + at, 1);  // each row's block start: d, then m
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+    if constexpr (L.offset != 0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(L.offset * x.sum[xb]));
+    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[xb])));
+    if constexpr (L.min) {
+      const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
+      t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_set1_ps(x.s[xb])));
+    }
+    s = _mm512_add_ps(s, t);
   }
   return s;
 }
@@ -174,7 +223,7 @@ void panel(const QuantOperands& o, RowBlocks x, int64_t p) {
 
 template <QuantType T>
 void run(const QuantOperands& o) {
-  const RowBlocks x = prepare_q8_0(o);
+  const RowBlocks x = kLayout<T>.min ? prepare_q8_1(o) : prepare_q8_0(o);
   const int64_t panels = (o.OC + kT - 1) / kT;
   const bool parallel = o.N * o.OC * o.nb * kQK >= kMinParallel;
   // Each thread one contiguous run of panels (every panel costs the same):
@@ -194,6 +243,9 @@ bool quant_decode16(QuantType wtype, const QuantOperands& o) {
   if (o.N >= kQuantPrefillRows || static_cast<int64_t>(o.w_row) * (kT - 1) > INT32_MAX) return false;
   if (wtype == QuantType::q8_0) return run<QuantType::q8_0>(o), true;
   if (wtype == QuantType::q4_0) return run<QuantType::q4_0>(o), true;
+  if (wtype == QuantType::q5_0) return run<QuantType::q5_0>(o), true;
+  if (wtype == QuantType::q4_1) return run<QuantType::q4_1>(o), true;
+  if (wtype == QuantType::q5_1) return run<QuantType::q5_1>(o), true;
 #else
   (void)wtype, (void)o;
 #endif

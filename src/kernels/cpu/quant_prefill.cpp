@@ -66,19 +66,6 @@ constexpr bool kMin = T == QuantType::q4_1 || T == QuantType::q5_1;
 template <QuantType T>
 using ActivationBlock = std::conditional_t<kMin<T>, block_q8_1, block_q8_0>;
 
-// q8_1 rows: each block's d and s widened (RowBlocks' s; no sum).
-RowBlocks prepare_q8_1(const QuantOperands& o) {
-  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
-  auto* s = thread_scratch<float>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
-#pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < o.N; ++m)
-    for (int64_t b = 0; b < o.nb; ++b) {
-      const block_q8_1& blk = row_at<block_q8_1>(o.a, o.a_row, m)[b];
-      d[m * o.nb + b] = half_to_float(blk.d), s[m * o.nb + b] = half_to_float(blk.s);
-    }
-  return {d, nullptr, s};
-}
-
 // What the u8 form adds to a weight value (q8_0: qs + 128; q4_0, q5_0: the
 // stored value is already value + 8, value + 16).
 template <QuantType T>

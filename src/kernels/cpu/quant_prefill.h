@@ -26,13 +26,12 @@ struct QuantOperands {
   int64_t N, OC, nb;
 };
 
-// All of y, with the scalar reference's bits (quant.h's vec_dot, then + bias),
-// for q8_0, q4_0, q5_0, q4_1, q5_1, q2_K, q3_K, q4_K, q5_K and q6_K weights and at least
-// kQuantPrefillRows rows, at levels with AVX512_VNNI; false (nothing
-// written) otherwise. Levels with AVX2 but not AVX512_VNNI take
-// quant_prefill8 (8 outputs a vector; q8_0, q4_0, q5_0, q2_K, q3_K, q4_K,
-// q5_K, q6_K)
-// from 4 rows (its kPackedMinRows).
+// All of y, with the scalar reference's bits (quant.h's vec_dot, then +
+// bias), for q8_0, q4_0, q5_0, q4_1, q5_1, q2_K, q3_K, q4_K, q5_K and q6_K
+// weights and at least kQuantPrefillRows rows, at levels with AVX512_VNNI;
+// false (nothing written) otherwise. Levels with AVX2 but not AVX512_VNNI
+// take quant_prefill8 (8 outputs a vector, the same types) from 4 rows (its
+// kPackedMinRows).
 inline constexpr int64_t kQuantPrefillRows = 16;
 bool quant_prefill(QuantType wtype, const QuantOperands& o);
 bool quant_prefill8(QuantType wtype, const QuantOperands& o);  // quant_prefill8.cpp
@@ -42,9 +41,9 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o);  // quant_prefill8
 bool quant_prefill_amx(QuantType wtype, const QuantOperands& o);
 bool quant_prefill_amx_k(QuantType wtype, const QuantOperands& o);  // q4_K, q6_K: quant_prefill_amx_k.cpp
 
-// All of y as quant_prefill, for q8_0 and q4_0 weights and fewer than
-// kQuantPrefillRows rows (decode), at levels with AVX512_VNNI
-// (quant_decode.cpp); false (nothing written) otherwise.
+// All of y as quant_prefill, for q8_0, q4_0, q5_0, q4_1 and q5_1 weights
+// and fewer than kQuantPrefillRows rows (decode), at levels with
+// AVX512_VNNI (quant_decode.cpp); false (nothing written) otherwise.
 bool quant_decode16(QuantType wtype, const QuantOperands& o);
 
 // quantize_row's bytes for the activation types q8_0 and q8_K, in vector

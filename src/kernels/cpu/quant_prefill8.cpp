@@ -1,6 +1,6 @@
 // quant_prefill.cpp's repacked path at 8 outputs a vector, for levels with
 // AVX2 but not AVX512_VNNI (the avx2 and avx512 levels): q8_0, q4_0, q5_0,
-// q2_K, q3_K, q4_K, q5_K and q6_K.
+// q4_1, q5_1, q2_K, q3_K, q4_K, q5_K and q6_K.
 //
 // Lane c of a 32-byte vector holds four consecutive values of weight row c;
 // vpmaddubsw multiplies them with four bytes of x broadcast (unsigned times
@@ -9,7 +9,8 @@
 // saturate: q4_0's and q4_K's nibbles (0..15) go as they are (|pair| <= 2 *
 // 15 * 128), q8_0's values as |w| against x with w's sign (|pair| <= 2 *
 // 128 * 127), as quant_linear.cpp's dot_s8 does. Where the int16 sums have
-// room (q4_0's and q4_K's 8 pair sums of a 32-value block, q5_K's 4, q6_K's two), they
+// room (q4_0's, q4_1's and q4_K's 8 pair sums of a 32-value block, q5_0's,
+// q5_1's and q5_K's 4, q6_K's two), they
 // add up in int16 and are widened once (with q4_K's and q6_K's scale as the
 // multiplier): half the multiplies. All integer steps are exact;
 // the float steps are the reference's per lane in its order, so the bits are
@@ -94,20 +95,26 @@ void store_rows(const __m256 (&s)[R], const QuantOperands& o, int64_t m, int64_t
   }
 }
 
-// q8_0 / q4_0 / q5_0 against q8_0 activations.
+// q8_0 / q4_0 / q5_0 against q8_0 activations; q4_1 / q5_1 against q8_1
+// (quant.h's dot_with_min: (dw * da) * isum + mw * sa, the values 0..15 /
+// 0..31 as they are, no offset).
 struct alignas(32) Packed32 {
   float d[kLanes];
-  uint8_t u[8][32];  // q8_0: |w|; q4_0: the nibble (value + 8); q5_0: value + 16
+  float m[kLanes];   // q4_1, q5_1: the block's min
+  uint8_t u[8][32];  // q8_0: |w|; q4_0: the nibble (value + 8); q5_0: value + 16; q4_1, q5_1: the value
   int8_t w[8][32];   // q8_0: w, for its sign
 };
 
 template <QuantType T>
 struct Block32 {
+  static constexpr bool kMin = T == QuantType::q4_1 || T == QuantType::q5_1;
+  static constexpr bool kFive = T == QuantType::q5_0 || T == QuantType::q5_1;  // values to 31
   using Packed = Packed32;
-  using Rows = RowBlocks;  // q4_0's and q5_0's offset: the block's sum of x
+  using Rows = RowBlocks;  // q4_0's and q5_0's offset: the block's sum of x; q4_1's and q5_1's min: x's s
+  using A = std::conditional_t<kMin, block_q8_1, block_q8_0>;
   static constexpr int kTile = kRowTile;
 
-  static Rows prepare(const QuantOperands& o) { return prepare_q8_0(o); }
+  static Rows prepare(const QuantOperands& o) { return kMin ? prepare_q8_1(o) : prepare_q8_0(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     const std::byte* rows[kLanes];
@@ -124,9 +131,17 @@ struct Block32 {
           const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(rows[c])[b];
           p[b].d[c] = half_to_float(blk.d);
           u[c] = quant_tile::nibbles32(blk.qs);
-        } else {
+        } else if constexpr (T == QuantType::q5_0) {
           const block_q5_0& blk = reinterpret_cast<const block_q5_0*>(rows[c])[b];
           p[b].d[c] = half_to_float(blk.d);
+          u[c] = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
+        } else if constexpr (T == QuantType::q4_1) {
+          const block_q4_1& blk = reinterpret_cast<const block_q4_1*>(rows[c])[b];
+          p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
+          u[c] = quant_tile::nibbles32(blk.qs);
+        } else {
+          const block_q5_1& blk = reinterpret_cast<const block_q5_1*>(rows[c])[b];
+          p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
           u[c] = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
         }
       }
@@ -138,8 +153,8 @@ struct Block32 {
   template <int R>
   static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {
     __m256 s[R];
-    const block_q8_0* a[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps(), a[r] = row_at<block_q8_0>(o.a, o.a_row, m + r);
+    const A* a[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps(), a[r] = row_at<A>(o.a, o.a_row, m + r);
     for (int64_t b = 0; b < o.nb; ++b) {
       __m256i acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
@@ -152,7 +167,7 @@ struct Block32 {
           }
         }
       } else {  // the block's 8 pair sums in int16 (8 * 2 * 15 * 128 < 2^15), widened once;
-                // q5_0's (values to 31) 4 at a time (4 * 2 * 31 * 128 < 2^15)
+                // q5_0's and q5_1's (values to 31) 4 at a time (4 * 2 * 31 * 128 < 2^15)
         __m256i first[R] = {};
         for (int k = 0; k < 8; ++k) {
           const __m256i u = load(p[b].u[k]);
@@ -160,21 +175,23 @@ struct Block32 {
             acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(u, bcast4(a[r][b].qs + 4 * k)));
             keep_order(acc[r]);
           }
-          if (T == QuantType::q5_0 && k == 3)
+          if (kFive && k == 3)
             for (int r = 0; r < R; ++r) first[r] = _mm256_madd_epi16(acc[r], _mm256_set1_epi16(1)), acc[r] = _mm256_setzero_si256();
         }
         for (int r = 0; r < R; ++r) {
           acc[r] = _mm256_madd_epi16(acc[r], _mm256_set1_epi16(1));
-          if constexpr (T == QuantType::q5_0) acc[r] = _mm256_add_epi32(acc[r], first[r]);
+          if constexpr (kFive) acc[r] = _mm256_add_epi32(acc[r], first[r]);
         }
       }
       const __m256 dw = _mm256_load_ps(p[b].d);
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m + r) * o.nb + b;
-        if constexpr (T != QuantType::q8_0)
-          acc[r] = _mm256_sub_epi32(acc[r], _mm256_set1_epi32((T == QuantType::q5_0 ? 16 : 8) * x.sum[at]));
+        if constexpr (T == QuantType::q4_0 || T == QuantType::q5_0)
+          acc[r] = _mm256_sub_epi32(acc[r], _mm256_set1_epi32((kFive ? 16 : 8) * x.sum[at]));
         const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at]));
-        s[r] = _mm256_add_ps(s[r], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), d));
+        __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), d);
+        if constexpr (kMin) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_load_ps(p[b].m), _mm256_set1_ps(x.s[at])));
+        s[r] = _mm256_add_ps(s[r], t);
       }
     }
     store_rows<R>(s, o, m, n0);
@@ -413,6 +430,8 @@ bool quant_prefill8(QuantType wtype, const QuantOperands& o) {
   if (wtype == QuantType::q8_0) return run<Block32<QuantType::q8_0>>(o), true;
   if (wtype == QuantType::q4_0) return run<Block32<QuantType::q4_0>>(o), true;
   if (wtype == QuantType::q5_0) return run<Block32<QuantType::q5_0>>(o), true;
+  if (wtype == QuantType::q4_1) return run<Block32<QuantType::q4_1>>(o), true;
+  if (wtype == QuantType::q5_1) return run<Block32<QuantType::q5_1>>(o), true;
   if (wtype == QuantType::q4_K) return run<SuperK<false>>(o), true;
   if (wtype == QuantType::q5_K) return run<SuperK<true>>(o), true;
   if (wtype == QuantType::q6_K) return run<Super16<QuantType::q6_K>>(o), true;

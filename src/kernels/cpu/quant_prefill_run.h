@@ -51,6 +51,19 @@ inline RowBlocks prepare_q8_0(const QuantOperands& o) {
   return {d, sum};
 }
 
+// q8_1 rows: each block's d and s widened (RowBlocks' s; no sum).
+inline RowBlocks prepare_q8_1(const QuantOperands& o) {
+  auto* d = thread_scratch<float>(ScratchSlot::b, static_cast<size_t>(o.N * o.nb));
+  auto* s = thread_scratch<float>(ScratchSlot::c, static_cast<size_t>(o.N * o.nb));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < o.N; ++m)
+    for (int64_t b = 0; b < o.nb; ++b) {
+      const block_q8_1& blk = row_at<block_q8_1>(o.a, o.a_row, m)[b];
+      d[m * o.nb + b] = half_to_float(blk.d), s[m * o.nb + b] = half_to_float(blk.s);
+    }
+  return {d, nullptr, s};
+}
+
 // Per row m and super-block b of q8_K activations: the scale, and the sums of
 // x over its sub-blocks of Span values (q8_K's bsums cover 16 each).
 template <typename Sum>
