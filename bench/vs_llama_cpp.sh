@@ -56,8 +56,12 @@ for line in sys.stdin:
 measure() {  # measure FILE KIND COMMAND...
   local file=$1 kind=$2
   shift 2
+  # A failure keeps its stderr (OUT.KIND.FILE.err) and prints its last lines
+  # that are not stack frames (node's "    at ..."), where the error is.
+  local err="$out.$kind.$(basename "$file").err"
   "$@" 2>"$out.err" | record "$file" "$kind" ||
-    { echo "vs_llama_cpp: $kind on $file failed: $(tail -n 3 "$out.err")" >&2; }
+    { cp "$out.err" "$err"
+      echo "vs_llama_cpp: $kind on $file failed (stderr in $err): $(grep -v '^    at ' "$out.err" | tail -n 3)" >&2; }
 }
 
 for f in "$@"; do
