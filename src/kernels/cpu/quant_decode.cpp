@@ -93,23 +93,21 @@ struct Ahead {
   int64_t lines_per_block = 0;
 };
 
-// Where a weight type's bytes lie in its block (quant.h), and what its u8
+// Where a weight type's values lie in its block (quant.h), and what its u8
 // form adds to a value (q8_0: qs + 128; q4_0, q5_0: the stored nibbles are
-// value + 8, value + 16; q4_1, q5_1 store values 0..15 / 0..31 and a min).
+// value + 8, value + 16; q4_1, q5_1 store values 0..15 / 0..31 and a min,
+// kHasMin).
 struct Layout {
-  size_t bytes, qs;
+  size_t qs;
   int qh;  // the fifth bits' offset, or -1
-  bool min;
   int32_t offset;
 };
 template <QuantType T>
-constexpr Layout kLayout = T == QuantType::q8_0   ? Layout{sizeof(block_q8_0), 2, -1, false, 128}
-                           : T == QuantType::q4_0 ? Layout{sizeof(block_q4_0), 2, -1, false, 8}
-                           : T == QuantType::q5_0 ? Layout{sizeof(block_q5_0), 6, 2, false, 16}
-                           : T == QuantType::q4_1 ? Layout{sizeof(block_q4_1), 4, -1, true, 0}
-                                                  : Layout{sizeof(block_q5_1), 8, 4, true, 0};
-template <QuantType T>
-using Activations = std::conditional_t<kLayout<T>.min, block_q8_1, block_q8_0>;
+constexpr Layout kLayout = T == QuantType::q8_0   ? Layout{2, -1, 128}
+                           : T == QuantType::q4_0 ? Layout{2, -1, 8}
+                           : T == QuantType::q5_0 ? Layout{6, 2, 16}
+                           : T == QuantType::q4_1 ? Layout{4, -1, 0}
+                                                  : Layout{8, 4, 0};
 
 // q4_1, q5_0, q5_1: rows k and k + 8's 32 values (0..31) of one block in the
 // two 256-bit halves, as q8_0's (x's 32 values broadcast to both): each
@@ -147,7 +145,7 @@ struct Sums {
 };
 
 template <QuantType T, int R>
-IntSums<R> block_sums(const std::byte* const (&rows)[kT], size_t at, const Activations<T>* const (&a)[R],
+IntSums<R> block_sums(const std::byte* const (&rows)[kT], size_t at, const Activations32<T>* const (&a)[R],
                       int64_t b) {
   constexpr Layout L = kLayout<T>;
   IntSums<R> sums;
@@ -214,25 +212,25 @@ template <QuantType T, int R>
 Sums<R> panel_rows(const std::byte* const (&rows)[kT], __m512i offsets, const QuantOperands& o, RowBlocks x,
                    int64_t m0, Ahead ahead) {
   constexpr Layout L = kLayout<T>;
-  const Activations<T>* a[R];
+  const Activations32<T>* a[R];
   Sums<R> sums;
   __m512(&s)[R] = sums.v;
-  for (int r = 0; r < R; ++r) a[r] = row_at<Activations<T>>(o.a, o.a_row, m0 + r), s[r] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) a[r] = row_at<Activations32<T>>(o.a, o.a_row, m0 + r), s[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < o.nb; ++b) {
     if (ahead.next != nullptr)
       for (int64_t l = 0; l < ahead.lines_per_block; ++l)
         _mm_prefetch(ahead.next + (b * ahead.lines_per_block + l) * 64, _MM_HINT_T1);
-    const size_t at = static_cast<size_t>(b) * L.bytes;  // the block's first byte
+    const size_t at = static_cast<size_t>(b) * sizeof(WeightBlock32<T>);  // the block's first byte
     IntSums<R> isum = block_sums<T, R>(rows, at, a, b);
     const __m512i raw = _mm512_i32gather_epi32(offsets, rows[0] + at, 1);  // each row's block start: d, then m
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
     __m512 mw;
-    if constexpr (L.min) mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
+    if constexpr (kHasMin<T>) mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
     for (int r = 0; r < R; ++r) {
       const int64_t xb = (m0 + r) * o.nb + b;
       if constexpr (L.offset != 0) isum.v[r] = _mm512_sub_epi32(isum.v[r], _mm512_set1_epi32(L.offset * x.sum[xb]));
       __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum.v[r]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[xb])));
-      if constexpr (L.min) t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_set1_ps(x.s[xb])));
+      if constexpr (kHasMin<T>) t = _mm512_add_ps(t, _mm512_mul_ps(mw, _mm512_set1_ps(x.s[xb])));
       s[r] = _mm512_add_ps(s[r], t);
     }
   }
@@ -287,7 +285,7 @@ void panel(const QuantOperands& o, RowBlocks x, int64_t p) {
 
 template <QuantType T>
 void run(const QuantOperands& o) {
-  const RowBlocks x = kLayout<T>.min ? prepare_q8_1(o) : prepare_q8_0(o);
+  const RowBlocks x = prepare_q8<T>(o);
   const int64_t panels = (o.OC + kT - 1) / kT;
   const bool parallel = o.N * o.OC * o.nb * kQK >= kMinParallel;
   // Each thread one contiguous run of panels (every panel costs the same):

@@ -58,14 +58,6 @@ struct alignas(64) PackedBlock {
   uint8_t q[kQK * kLanes];
 };
 
-// q4_1 and q5_1: a min per block, against q8_1 activations (quant.h's
-// dot_with_min: (dw * da) * isum + mw * sa, the values 0..15 / 0..31 as they
-// are, no offset).
-template <QuantType T>
-constexpr bool kMin = T == QuantType::q4_1 || T == QuantType::q5_1;
-template <QuantType T>
-using ActivationBlock = std::conditional_t<kMin<T>, block_q8_1, block_q8_0>;
-
 // What the u8 form adds to a weight value (q8_0: qs + 128; q4_0, q5_0: the
 // stored value is already value + 8, value + 16).
 template <QuantType T>
@@ -82,22 +74,8 @@ void pack_group(PackedBlock* p, const QuantOperands& o, int64_t n0) {
         const auto& blk = reinterpret_cast<const block_q8_0*>(row)[b];
         p[b].d[c] = half_to_float(blk.d);
         v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs)), _mm256_set1_epi8(-128));
-      } else if constexpr (T == QuantType::q4_0) {
-        const auto& blk = reinterpret_cast<const block_q4_0*>(row)[b];
-        p[b].d[c] = half_to_float(blk.d);
-        v = quant_tile::nibbles32(blk.qs);
-      } else if constexpr (T == QuantType::q4_1) {
-        const auto& blk = reinterpret_cast<const block_q4_1*>(row)[b];
-        p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
-        v = quant_tile::nibbles32(blk.qs);
-      } else if constexpr (T == QuantType::q5_1) {
-        const auto& blk = reinterpret_cast<const block_q5_1*>(row)[b];
-        p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
-        v = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
-      } else {
-        const auto& blk = reinterpret_cast<const block_q5_0*>(row)[b];
-        p[b].d[c] = half_to_float(blk.d);
-        v = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
+      } else {  // q4_0, q5_0, q4_1 (values 0..15, or 0..31), q5_1, with the min beside d
+        v = quant_tile::nibble_block32<T>(row, b, &p[b].d[c], &p[b].m[c]);
       }
       alignas(32) uint32_t four[8];
       _mm256_store_si256(reinterpret_cast<__m256i*>(four), v);
@@ -120,7 +98,7 @@ void store_rows(const __m512 (&s)[R], const QuantOperands& o, int64_t m, int64_t
 // y's rows [m, m + R), outputs [n0, n0 + 16) (those below OC).
 template <QuantType T, int R>
 void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_t m, int64_t n0) {
-  using A = ActivationBlock<T>;
+  using A = Activations32<T>;
   __m512 s[R];
   const A* a[R];
   for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps(), a[r] = row_at<A>(o.a, o.a_row, m + r);
@@ -134,11 +112,11 @@ void rows_tile(const PackedBlock* p, const QuantOperands& o, RowBlocks x, int64_
       __m512i acc = _mm512_setzero_si512();
       for (int k = 0; k < 8; ++k) acc = _mm512_dpbusd_epi32(acc, wq[k], _mm512_set1_epi32(xq[k]));
       const int64_t at = (m + r) * o.nb + b;
-      if constexpr (!kMin<T>) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(kOffset<T> * x.sum[at]));
+      if constexpr (!kHasMin<T>) acc = _mm512_sub_epi32(acc, _mm512_set1_epi32(kOffset<T> * x.sum[at]));
       const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
       // (maskz: GCC 12 warns that plain cvtepi32_ps's undefined source may be uninitialized.)
       __m512 t = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, acc), d);
-      if constexpr (kMin<T>) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_load_ps(p[b].m), _mm512_set1_ps(x.s[at])));
+      if constexpr (kHasMin<T>) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_load_ps(p[b].m), _mm512_set1_ps(x.s[at])));
       s[r] = _mm512_add_ps(s[r], t);
     }
   }
@@ -151,7 +129,7 @@ struct Block32 {
   using Packed = PackedBlock;
   using Rows = RowBlocks;
   static constexpr int kTile = kRowTile;
-  static Rows prepare(const QuantOperands& o) { return kMin<T> ? prepare_q8_1(o) : prepare_q8_0(o); }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8<T>(o); }
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) { pack_group<T>(p, o, n0); }
   template <int R>
   static void tile(const Packed* p, const QuantOperands& o, Rows x, int64_t m, int64_t n0) {

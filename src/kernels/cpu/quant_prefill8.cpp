@@ -107,14 +107,13 @@ struct alignas(32) Packed32 {
 
 template <QuantType T>
 struct Block32 {
-  static constexpr bool kMin = T == QuantType::q4_1 || T == QuantType::q5_1;
   static constexpr bool kFive = T == QuantType::q5_0 || T == QuantType::q5_1;  // values to 31
   using Packed = Packed32;
   using Rows = RowBlocks;  // q4_0's and q5_0's offset: the block's sum of x; q4_1's and q5_1's min: x's s
-  using A = std::conditional_t<kMin, block_q8_1, block_q8_0>;
+  using A = Activations32<T>;
   static constexpr int kTile = kRowTile;
 
-  static Rows prepare(const QuantOperands& o) { return kMin ? prepare_q8_1(o) : prepare_q8_0(o); }
+  static Rows prepare(const QuantOperands& o) { return prepare_q8<T>(o); }
 
   static void pack(Packed* p, const QuantOperands& o, int64_t n0) {
     const std::byte* rows[kLanes];
@@ -127,22 +126,8 @@ struct Block32 {
           p[b].d[c] = half_to_float(blk.d);
           w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
           u[c] = _mm256_abs_epi8(w[c]);
-        } else if constexpr (T == QuantType::q4_0) {
-          const block_q4_0& blk = reinterpret_cast<const block_q4_0*>(rows[c])[b];
-          p[b].d[c] = half_to_float(blk.d);
-          u[c] = quant_tile::nibbles32(blk.qs);
-        } else if constexpr (T == QuantType::q5_0) {
-          const block_q5_0& blk = reinterpret_cast<const block_q5_0*>(rows[c])[b];
-          p[b].d[c] = half_to_float(blk.d);
-          u[c] = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
-        } else if constexpr (T == QuantType::q4_1) {
-          const block_q4_1& blk = reinterpret_cast<const block_q4_1*>(rows[c])[b];
-          p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
-          u[c] = quant_tile::nibbles32(blk.qs);
         } else {
-          const block_q5_1& blk = reinterpret_cast<const block_q5_1*>(rows[c])[b];
-          p[b].d[c] = half_to_float(blk.d), p[b].m[c] = half_to_float(blk.m);
-          u[c] = _mm256_or_si256(quant_tile::nibbles32(blk.qs), quant_tile::fifth_bits32(blk.qh));
+          u[c] = quant_tile::nibble_block32<T>(rows[c], b, &p[b].d[c], &p[b].m[c]);
         }
       }
       store_lanes(&p[b].u[0][0], u);
@@ -190,7 +175,7 @@ struct Block32 {
           acc[r] = _mm256_sub_epi32(acc[r], _mm256_set1_epi32((kFive ? 16 : 8) * x.sum[at]));
         const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at]));
         __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), d);
-        if constexpr (kMin) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_load_ps(p[b].m), _mm256_set1_ps(x.s[at])));
+        if constexpr (kHasMin<T>) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_load_ps(p[b].m), _mm256_set1_ps(x.s[at])));
         s[r] = _mm256_add_ps(s[r], t);
       }
     }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/cpu/half.h"
@@ -62,6 +63,25 @@ inline RowBlocks prepare_q8_1(const QuantOperands& o) {
       d[m * o.nb + b] = half_to_float(blk.d), s[m * o.nb + b] = half_to_float(blk.s);
     }
   return {d, nullptr, s};
+}
+
+// The 32-value weight types (quant.h): q4_1 and q5_1 carry a min per block
+// and take q8_1 activations (quant.h's dot_with_min: (dw * da) * isum + mw *
+// sa); q8_0, q4_0 and q5_0 take q8_0.
+template <QuantType T>
+inline constexpr bool kHasMin = T == QuantType::q4_1 || T == QuantType::q5_1;
+template <QuantType T>
+using WeightBlock32 = std::conditional_t<
+    T == QuantType::q8_0, block_q8_0,
+    std::conditional_t<T == QuantType::q4_0, block_q4_0,
+                       std::conditional_t<T == QuantType::q5_0, block_q5_0,
+                                          std::conditional_t<T == QuantType::q4_1, block_q4_1, block_q5_1>>>>;
+template <QuantType T>
+using Activations32 = std::conditional_t<kHasMin<T>, block_q8_1, block_q8_0>;
+// x's per-block figures for weight type T's activations.
+template <QuantType T>
+RowBlocks prepare_q8(const QuantOperands& o) {
+  return kHasMin<T> ? prepare_q8_1(o) : prepare_q8_0(o);
 }
 
 // Per row m and super-block b of q8_K activations: the scale, and the sums of

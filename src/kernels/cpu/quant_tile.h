@@ -17,6 +17,7 @@
 #endif
 #endif
 
+#include "kernels/cpu/half.h"
 #include "kernels/cpu/quant_prefill_run.h"
 #include "kernels/quant.h"
 
@@ -308,6 +309,18 @@ inline __m256i fifth_bits32(const uint8_t* qh) {
       _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
   const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(0x10));
+}
+// Block b of a q4_0 / q5_0 / q4_1 / q5_1 row: its 32 stored values in order
+// (0..15, or 0..31 with the fifth bits) as bytes; *d its scale widened and,
+// for q4_1 / q5_1, *m its min.
+template <QuantType T>
+__m256i nibble_block32(const std::byte* row, int64_t b, float* d, float* m) {
+  const auto& blk = reinterpret_cast<const quant_packed::WeightBlock32<T>*>(row)[b];
+  *d = half_to_float(blk.d);
+  if constexpr (quant_packed::kHasMin<T>) *m = half_to_float(blk.m);
+  const __m256i v = nibbles32(blk.qs);
+  if constexpr (T == QuantType::q5_0 || T == QuantType::q5_1) return _mm256_or_si256(v, fifth_bits32(blk.qh));
+  return v;
 }
 
 // q5_0: values 0..31 as the unsigned side, 16 y taken back per pair, as q4_0.
