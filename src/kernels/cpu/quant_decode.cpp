@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -103,11 +104,15 @@ struct Layout {
   int32_t offset;
 };
 template <QuantType T>
-constexpr Layout kLayout = T == QuantType::q8_0   ? Layout{2, -1, 128}
-                           : T == QuantType::q4_0 ? Layout{2, -1, 8}
-                           : T == QuantType::q5_0 ? Layout{6, 2, 16}
-                           : T == QuantType::q4_1 ? Layout{4, -1, 0}
-                                                  : Layout{8, 4, 0};
+constexpr Layout layout() {
+  using B = WeightBlock32<T>;
+  if constexpr (T == QuantType::q5_0 || T == QuantType::q5_1)
+    return {offsetof(B, qs), static_cast<int>(offsetof(B, qh)), T == QuantType::q5_0 ? 16 : 0};
+  else
+    return {offsetof(B, qs), -1, T == QuantType::q8_0 ? 128 : T == QuantType::q4_0 ? 8 : 0};
+}
+template <QuantType T>
+constexpr Layout kLayout = layout<T>();
 
 // q4_1, q5_0, q5_1: rows k and k + 8's 32 values (0..31) of one block in the
 // two 256-bit halves, as q8_0's (x's 32 values broadcast to both): each
@@ -128,11 +133,6 @@ inline __m512i values32(const std::byte* r0, const std::byte* r1, size_t qs, int
   return v;
 }
 
-// The sums of the 16 rows' block b for R rows of x, built as the block's
-// weight vectors are: each weight vector is unpacked once and taken by the R
-// rows' vpdpbusd, and each row's partial sums are paired as soon as two
-// exist, so that R = 4 rows' stay in registers. Each row's integer sums are
-// the one-row reduction's, as are its bits.
 // R rows' vectors, returned by value (a template argument of __m512 type
 // loses its attributes, so no std::array).
 template <int R>
@@ -144,6 +144,11 @@ struct Sums {
   __m512 v[R];
 };
 
+// The sums of the 16 rows' block b for R rows of x, built as the block's
+// weight vectors are: each weight vector is unpacked once and taken by the R
+// rows' vpdpbusd, and each row's partial sums are paired as soon as two
+// exist, so that R = 4 rows' stay in registers. Each row's integer sums are
+// the one-row reduction's, as are its bits.
 template <QuantType T, int R>
 IntSums<R> block_sums(const std::byte* const (&rows)[kT], size_t at, const Activations32<T>* const (&a)[R],
                       int64_t b) {
@@ -243,8 +248,9 @@ constexpr int kRows = 4;  // rows of x a pass over a panel takes (R above)
 // One function per R: with the four inlined into panel, the one-row pass
 // measured 20% slower (q4_1, 3072 x 768: 74 -> 57 GFLOP/s a core).
 template <QuantType T, int R>
-[[gnu::noinline]] void store_panel_rows(const std::byte* const (&rows)[kT], __m512i offsets, const QuantOperands& o, RowBlocks x,
-                      int64_t m0, Ahead ahead, int64_t n0, __mmask16 mask, __m512 bias) {
+[[gnu::noinline]] void store_panel_rows(const std::byte* const (&rows)[kT], __m512i offsets, const QuantOperands& o,
+                                        RowBlocks x, int64_t m0, Ahead ahead, int64_t n0, __mmask16 mask,
+                                        __m512 bias) {
   Sums<R> s = panel_rows<T, R>(rows, offsets, o, x, m0, ahead);
   for (int r = 0; r < R; ++r) {
     if (o.bias != nullptr) s.v[r] = _mm512_add_ps(s.v[r], bias);
